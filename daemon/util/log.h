@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/* Logging with systemd's conventions: levels are syslog's, error helpers return -|errno| so a
+ * caller writes `return log_error_errno(r, "...")`. The last error message of each thread is kept
+ * so callers that answer a client (daemon, tools) and tests can show/assert the exact text. */
+#pragma once
+
+#include <errno.h>
+#include <syslog.h>
+
+#include "macro.h"
+
+typedef void (*log_sink_t)(int level, const char *message, void *userdata);
+
+/* Messages above max_level (numerically) are dropped; default LOG_INFO. */
+void log_set_max_level(int level);
+int log_get_max_level(void);
+/* Replace the stderr sink (NULL restores it). Used by tests to capture messages. */
+void log_set_sink(log_sink_t sink, void *userdata);
+/* Prefix every line with this name ("xing4d"); NULL for none. */
+void log_set_ident(const char *ident);
+
+/* The last message logged at LOG_ERR or LOG_WARNING by this thread ("" if none). It is kept even
+ * when the level is filtered out, so library errors are always retrievable. */
+const char *log_last_error(void);
+void log_clear_last_error(void);
+
+int log_internal(int level, int error, const char *file, int line, const char *func,
+                 const char *format, ...) _printf_(6, 7);
+
+/* Returns -|error| (or -EINVAL when error is 0) so it can be returned directly. */
+#define log_error_errno(error, ...)                                                                \
+        log_internal(LOG_ERR, (error), __FILE__, __LINE__, __func__, __VA_ARGS__)
+#define log_warning_errno(error, ...)                                                              \
+        log_internal(LOG_WARNING, (error), __FILE__, __LINE__, __func__, __VA_ARGS__)
+#define log_error(...) (void) log_internal(LOG_ERR, 0, __FILE__, __LINE__, __func__, __VA_ARGS__)
+#define log_warning(...)                                                                           \
+        (void) log_internal(LOG_WARNING, 0, __FILE__, __LINE__, __func__, __VA_ARGS__)
+#define log_info(...) (void) log_internal(LOG_INFO, 0, __FILE__, __LINE__, __func__, __VA_ARGS__)
+#define log_debug(...) (void) log_internal(LOG_DEBUG, 0, __FILE__, __LINE__, __func__, __VA_ARGS__)

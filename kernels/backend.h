@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT */
+/* The backend seam (design.md "The backend seam"): model-level, not op-level. A backend runs the
+ * whole Xing4 trunk forward for a batch of sequences and owns the memory of the paged latent cache.
+ *
+ * Cache: `n_pages` pages of `page_tokens` tokens; a page holds, for every trunk layer, the
+ * 576-wide latent row of each of its tokens (kv_lora_rank normed latent + qk_rope roped k_pe,
+ * spec §4 absorbed form). A sequence's page table lists its pages in position order: position p
+ * lives in pages[p / page_tokens] at slot p % page_tokens.
+ *
+ * Determinism (design.md "Numerics"): a sequence's logits do not depend on its batch-mates, on how
+ * its prompt was chunked, or on the number of threads. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct x4_model;
+
+enum x4_cache_type {
+        X4_CACHE_F32 = 0,
+        X4_CACHE_F16 = 1,
+};
+
+enum x4_logits_mode {
+        X4_LOGITS_NONE = 0, /* prefill chunk that is not the last one */
+        X4_LOGITS_LAST = 1, /* one row: the sequence's last new token */
+        X4_LOGITS_ALL = 2,  /* one row per new token (parity tests, prompt logprobs) */
+};
+
+struct x4_seq {
+        const int32_t *tokens; /* new token ids */
+        uint32_t n_tokens;
+        uint32_t pos0;         /* absolute position of tokens[0]; positions < pos0 are cached */
+        const uint32_t *pages; /* page table covering positions [0, pos0 + n_tokens) */
+        uint32_t n_pages;
+        uint32_t logits;       /* enum x4_logits_mode */
+};
+
+struct x4_batch {
+        const struct x4_seq *seqs;
+        uint32_t n_seqs;
+};
+
+struct x4_backend_params {
+        uint32_t n_threads;     /* CPU: worker threads (0 = online CPUs) */
+        uint32_t page_tokens;   /* tokens per cache page (e.g. 256) */
+        uint32_t n_pages;       /* cache pages to allocate (0 = derive from memory_limit) */
+        uint32_t cache_type;    /* enum x4_cache_type */
+        uint64_t memory_limit;  /* bytes the backend may use (0 = what the device has) */
+        int device;             /* GPU ordinal */
+        void (*progress)(double fraction, const char *what, void *userdata); /* load progress */
+        void *progress_userdata;
+};
+
+struct x4_backend_caps {
+        const char *name;        /* "cpu", "cuda:NVIDIA H200" */
+        uint32_t n_pages;        /* allocated pages */
+        uint32_t page_tokens;
+        uint32_t max_batch_tokens; /* most new tokens one forward takes */
+        uint32_t cache_type;
+        uint64_t memory_used;    /* weights + cache + workspace, bytes */
+        uint64_t memory_total;   /* what the device has */
+};
+
+struct x4_backend;
+
+struct x4_backend_ops {
+        const char *name;
+        /* Make the model's weights resident and allocate the cache; -errno with a logged reason. */
+        int (*create)(const struct x4_model *model, const struct x4_backend_params *params,
+                      struct x4_backend **ret);
+        void (*destroy)(struct x4_backend *b);
+        /* Run the batch; write logits rows (n_vocab floats each) for every sequence's requested
+         * rows in batch order into `logits`. Also writes the new tokens' cache rows. */
+        int (*forward)(struct x4_backend *b, const struct x4_batch *batch, float *logits);
+        void (*caps)(struct x4_backend *b, struct x4_backend_caps *ret);
+        /* Copy one page's bytes out of / into the cache (snapshots, prefix store). */
+        size_t (*page_bytes)(struct x4_backend *b);
+        int (*page_read)(struct x4_backend *b, uint32_t page, void *dst);
+        int (*page_write)(struct x4_backend *b, uint32_t page, const void *src);
+        /* Copy page src to page dst (copy-on-write of a shared prefix page). */
+        int (*page_copy)(struct x4_backend *b, uint32_t dst, uint32_t src);
+};
+
+/* The number of logits rows a batch produces. */
+uint32_t x4_batch_logits_rows(const struct x4_batch *batch);
+
+extern const struct x4_backend_ops x4_backend_cpu;
+
+/* Find a backend by name ("cpu", "cuda"); the CUDA one is dlopen'ed from xing4d-cuda.so. */
+int x4_backend_get(const char *name, const struct x4_backend_ops **ret);
