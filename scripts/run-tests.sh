@@ -1,0 +1,44 @@
+#!/bin/bash
+# Runs every test of xing4d on a Debian 12 machine as root: installs what it needs, then
+#  1. a gcc build with -Werror (plus the CUDA module for one architecture when nvcc is present:
+#     CI has nvcc but no GPU, so the kernels are compiled, not run) and its unit + integration tests;
+#  2. a clang build with ASan+UBSan: the unit tests again, and every libFuzzer target for a bounded
+#     time (X4_FUZZ_SECONDS, default 60);
+#  3. the client-compatibility tests (node --test with the official openai client), when present.
+# Results: build-ci-gcc/meson-logs/testlog.json, build-ci-asan/meson-logs/testlog.json,
+# build-ci-gcc/junit-*.xml. scripts/count-results.py prints the "N passed, N failed" line.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh test || { echo "dependency installation failed"; exit 1; }
+
+status=0
+cuda_opt="-Dcuda=disabled"
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+        export PATH=/usr/local/cuda/bin:$PATH
+        cuda_opt="-Dcuda=enabled -Dgpu_archs=${X4_GPU_ARCHS:-90}"
+fi
+
+echo "== gcc build (-Werror) =="
+rm -rf build-ci-gcc
+# shellcheck disable=SC2086
+meson setup build-ci-gcc -Dwerror=true $cuda_opt >build-ci-gcc.log 2>&1 || { cat build-ci-gcc.log; exit 1; }
+ninja -C build-ci-gcc >>build-ci-gcc.log 2>&1 || { tail -50 build-ci-gcc.log; exit 1; }
+meson test -C build-ci-gcc --no-rebuild --print-errorlogs --suite unit --suite integration \
+        --num-processes 2 || status=1
+
+echo "== clang ASan+UBSan build, unit tests and fuzzers =="
+rm -rf build-ci-asan
+CC=clang meson setup build-ci-asan -Dwerror=true -Dcuda=disabled -Dfuzz=true \
+        -Db_sanitize=address,undefined -Db_lundef=false >build-ci-asan.log 2>&1 || { cat build-ci-asan.log; exit 1; }
+ninja -C build-ci-asan >>build-ci-asan.log 2>&1 || { tail -50 build-ci-asan.log; exit 1; }
+X4_FUZZ_SECONDS=${X4_FUZZ_SECONDS:-60} meson test -C build-ci-asan --no-rebuild --print-errorlogs \
+        --suite unit --suite fuzz --num-processes 2 || status=1
+
+if [ -f tests/compat/package.json ]; then
+        echo "== client compatibility (node --test) =="
+        tests/compat/run.sh build-ci-gcc || status=1
+fi
+
+/usr/bin/python3 scripts/count-results.py build-ci-gcc build-ci-asan
+exit $status
