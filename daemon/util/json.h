@@ -23,12 +23,19 @@ enum json_type {
 struct json_value;
 
 /* Parse UTF-8 text (must be valid UTF-8; surrogate escapes paired). On error returns -EBADMSG
- * and logs "<what>: line L column C: <why>" (what = name, e.g. the path). Depth limited to 256. */
+ * and logs "<what>: line L column C: <why>" (what = name, e.g. the path; columns count characters,
+ * both 1-based). Depth limited to 256. Strict RFC 8259: no NaN/Infinity literals, no trailing
+ * commas, no comments; a leading UTF-8 BOM is skipped. Integers outside int64 and numbers with a
+ * fraction or exponent become JSON_DOUBLE (strtod in the C locale; overflow gives ±inf like
+ * Python's float()). Duplicate keys: the last value wins at the first key's position.
+ * json_parse_file logs "<path>: cannot open: <strerror>" and returns -errno when it can't read. */
 int json_parse(const char *text, size_t len, const char *what, struct json_value **ret);
 int json_parse_file(const char *path, struct json_value **ret);
 void json_free(struct json_value *v);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct json_value *, json_free);
 
+/* Accessors accept NULL (e.g. a missing json_object_get result) and values of the wrong type:
+ * they answer JSON_NULL / false / 0 / NULL / 0 then. json_int is 0 for a DOUBLE. */
 enum json_type json_type(const struct json_value *v);
 bool json_bool(const struct json_value *v);
 int64_t json_int(const struct json_value *v);
@@ -41,7 +48,10 @@ const char *json_object_key_at(const struct json_value *v, size_t i);
 struct json_value *json_object_value_at(const struct json_value *v, size_t i);
 struct json_value *json_object_get(const struct json_value *v, const char *key); /* NULL if absent */
 
-/* Builders (return NULL on OOM). Containers take ownership of added values. */
+/* Builders (return NULL on OOM). Containers take ownership of added values, also when they fail
+ * (the value is freed then), so `json_array_append(a, json_new_int(1))` needs no check of the inner
+ * call: a NULL value gives -ENOMEM, a non-container -EINVAL. Strings are copied; they should be
+ * UTF-8 (json_dump writes invalid bytes as U+FFFD). */
 struct json_value *json_new_null(void);
 struct json_value *json_new_bool(bool b);
 struct json_value *json_new_int(int64_t i);
@@ -52,9 +62,12 @@ struct json_value *json_new_object(void);
 int json_array_append(struct json_value *arr, struct json_value *v);
 int json_object_set(struct json_value *obj, const char *key, struct json_value *v); /* replaces */
 
-/* Serialize. flags: JSON_COMPACT (no spaces) or Python json.dumps style ", " / ": " separators
- * (the default, what HF's tojson produces), JSON_ASCII escapes non-ASCII as \uXXXX, JSON_SORT_KEYS.
- * indent > 0 pretty-prints like json.dumps(indent=N). Returns a malloc'ed string. */
+/* Serialize, byte-exact with CPython's json.dumps. flags: JSON_COMPACT (no spaces) or Python
+ * json.dumps style ", " / ": " separators (the default, what HF's tojson produces), JSON_ASCII
+ * escapes non-ASCII (and DEL) as \uxxxx like ensure_ascii=True, JSON_SORT_KEYS (code point order).
+ * indent > 0 pretty-prints like json.dumps(indent=N) (item separator "," then); indent <= 0 is one
+ * line. Doubles print like repr(float) (inf/nan as Infinity/NaN, as Python does). Returns a
+ * malloc'ed string, NULL on OOM. */
 #define JSON_COMPACT 1u
 #define JSON_ASCII 2u
 #define JSON_SORT_KEYS 4u
