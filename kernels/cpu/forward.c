@@ -1,0 +1,1007 @@
+/* SPDX-License-Identifier: MIT */
+/* The CPU reference backend: the whole Xing4 trunk forward (spec §3-§5) behind the backend seam
+ * (kernels/backend.h). Read it top to bottom: numeric helpers, the matrix-vector engine, then one
+ * function per spec step (HC pre/post §3.1, MLA §4 with YaRN §4.1, dense FFN and MoE §5), the trunk
+ * (§3) that strings them together for a micro-batch of tokens, and finally the seam glue
+ * (create, forward, pages).
+ *
+ * Numerics: fp32 everywhere (streams, statistics, gates, softmax, router, accumulations); weights
+ * are consumed in their stored formats through quant_dot_row / quant_dequantize_row (nothing is
+ * dequantized up front, so memory stays about the size of the mapped file plus the cache).
+ *
+ * Determinism (design.md "Numerics"): every output element is one fixed-order loop over its
+ * inputs. Threads split OUTPUT elements (matrix rows, (token, head) pairs, experts), never a
+ * reduction; a batch of tokens is handled by looping tokens inside the loop over one weight row
+ * (weight reuse), which does not change any single dot product. Prefill and decode use the same
+ * absorbed attention code. So a token's logits are bit-identical however its prompt was chunked,
+ * whatever its batch-mates, and with any number of threads. */
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cpu/quant.h"
+#include "cpu/threadpool.h"
+#include "model/ggml.h"
+#include "model/gguf.h"
+#include "model/xing4.h"
+#include "util/log.h"
+
+/* Tokens per internal micro-batch. A forward call of any size is cut into micro-batches in batch
+ * order; since every token's computation is independent of its batch-mates, the cut is invisible
+ * in the results. 256 keeps the workspace of the full model (H = 3584) around 70 MB. */
+#define CPU_MICROBATCH 256u
+
+/* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
+struct cpu_work {
+        float *x;       /* [T][hc][H] the four residual streams (spec §3) */
+        float *tmp;     /* [T][hc][H] normalised HC input ẑ, then the new streams */
+        float *hcw;     /* [T][2hc + hc²] HC projection w */
+        float *pre;     /* [T][hc] */
+        float *post;    /* [T][hc] */
+        float *comb;    /* [T][hc][hc] C[d][s] */
+        float *u;       /* [T][H] collapsed input of the sublayer, then its RMSNorm */
+        float *out;     /* [T][H] sublayer output */
+        float *qa;      /* [T][q_lora] */
+        float *q;       /* [T][n_head][qk_nope + qk_rope] */
+        float *kv;      /* [T][kv_lora + qk_rope] */
+        float *qc;      /* [T][n_head][kv_lora] absorbed queries */
+        float *ohat;    /* [T][n_head][kv_lora] attention-weighted latent */
+        float *o;       /* [T][n_head][v_head] */
+        float *gate;    /* [T][max(n_ff, n_ff_exp)] */
+        float *up;      /* [T][max(n_ff, n_ff_exp)] */
+        float *router;  /* [T][n_expert] */
+        int32_t *sel;   /* [T][k] selected experts, in selection order */
+        float *gw;      /* [T][k] their weights */
+        float *xe;      /* [T][H] inputs gathered for one expert */
+        float *ye;      /* [T][H] that expert's outputs */
+        float *yk;      /* [T][k][H] routed expert outputs per (token, slot) */
+        uint32_t *slot; /* [T] (t * k + slot) of each gathered token */
+        float *shared;  /* [T][H] shared expert output */
+        float *hidden;  /* [T][H] final normed hidden of tokens that want logits */
+        float **scores; /* per thread: [max context] attention scores */
+};
+
+/* One token of a micro-batch. */
+struct cpu_token {
+        int32_t id;
+        uint32_t pos;          /* absolute position in its sequence */
+        const uint32_t *pages; /* its sequence's page table */
+        int64_t logits_row;    /* row of the caller's logits, or -1 */
+};
+
+struct x4_backend {
+        const struct x4_model *model;
+        const struct x4_config *cfg;
+        const struct x4_weights *w;
+        struct threadpool *pool;
+
+        uint32_t n_pages, page_tokens;
+        uint32_t row_width;  /* kv_lora + qk_rope = 576 on the release */
+        size_t page_floats;  /* n_layer * page_tokens * row_width */
+        float *cache;        /* [n_pages][n_layer][page_tokens][row_width] */
+
+        float inv_freq[64];  /* spec §4.1 YaRN inverse frequencies, qk_rope/2 of them */
+        struct cpu_work work;
+        struct cpu_token tokens[CPU_MICROBATCH];
+        uint64_t memory_used;
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Numeric helpers. Every reduction has a fixed order that depends only on the vector length. */
+
+static inline float sigmoidf(float x) {
+        return 1.0f / (1.0f + expf(-x));
+}
+
+static inline float siluf(float x) {
+        return x / (1.0f + expf(-x));
+}
+
+/* Eight interleaved partial sums combined in a fixed tree: fast (the compiler may vectorise the
+ * lanes) and order-stable. */
+static float dot_f32(const float *a, const float *b, size_t n) {
+        float acc[8] = { 0 };
+        size_t i = 0;
+
+        for (; i + 8 <= n; i += 8)
+                for (size_t k = 0; k < 8; k++)
+                        acc[k] += a[i + k] * b[i + k];
+        float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < n; i++)
+                s += a[i] * b[i];
+        return s;
+}
+
+/* spec §3: RMSNorm(x, w) = w ⊙ x / sqrt(mean(x²) + eps); w == NULL is the unweighted form. */
+static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps) {
+        float ss = dot_f32(x, x, n);
+        float r = 1.0f / sqrtf(ss / (float) n + eps);
+
+        if (w)
+                for (size_t i = 0; i < n; i++)
+                        out[i] = w[i] * (x[i] * r);
+        else
+                for (size_t i = 0; i < n; i++)
+                        out[i] = x[i] * r;
+}
+
+static const float *tensor_f32(const struct gguf_tensor *t) {
+        return t ? (const float *) t->data : NULL;
+}
+
+static size_t tensor_row_bytes(const struct gguf_tensor *t) {
+        uint64_t rb = 0;
+
+        /* validated at create(): every tensor we dot has whole blocks per row */
+        (void) ggml_row_bytes(t->type, t->ne[0], &rb);
+        return (size_t) rb;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The matrix-vector engine: y[t][n] = W[row0 + n] · x_t for n < n_rows, t < T.
+ *
+ * Threads take contiguous ranges of rows; within a row the tokens run in the inner loop, so one
+ * weight row is read once per micro-batch (weight reuse) and each dot is still one fixed-order
+ * quant_dot_row. A "grouped" product feeds row n the input x + (n / rows_per_group) * group_stride:
+ * that is how the per-head absorbed products Kbᵀ q_nope and Vb ô run as one job. */
+
+struct matmul_job {
+        const uint8_t *w; /* first row */
+        size_t row_bytes;
+        uint32_t type;
+        size_t k;               /* row length */
+        const float *x;
+        size_t x_stride;        /* floats between tokens */
+        size_t rows_per_group;
+        size_t group_stride;    /* floats between groups' inputs */
+        float *y;
+        size_t y_stride;        /* floats between tokens */
+        size_t n_tokens;
+};
+
+static void matmul_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct matmul_job *j = ctx;
+
+        (void) thread;
+        for (size_t n = begin; n < end; n++) {
+                const uint8_t *row = j->w + n * j->row_bytes;
+                const float *x = j->x + (n / j->rows_per_group) * j->group_stride;
+
+                for (size_t t = 0; t < j->n_tokens; t++)
+                        j->y[t * j->y_stride + n] = quant_dot_row(j->type, row, x + t * j->x_stride,
+                                                                  j->k);
+        }
+}
+
+static void matmul_grouped(struct x4_backend *b, const struct gguf_tensor *W, size_t row0,
+                           size_t n_rows, size_t rows_per_group, size_t group_stride,
+                           const float *x, size_t x_stride, float *y, size_t y_stride, size_t T) {
+        size_t rb = tensor_row_bytes(W);
+        struct matmul_job j = {
+                .w = (const uint8_t *) W->data + row0 * rb,
+                .row_bytes = rb,
+                .type = W->type,
+                .k = W->ne[0],
+                .x = x,
+                .x_stride = x_stride,
+                .rows_per_group = rows_per_group,
+                .group_stride = group_stride,
+                .y = y,
+                .y_stride = y_stride,
+                .n_tokens = T,
+        };
+
+        if (T == 0)
+                return;
+        threadpool_run(b->pool, n_rows, matmul_rows, &j);
+}
+
+static void matmul(struct x4_backend *b, const struct gguf_tensor *W, size_t row0, size_t n_rows,
+                   const float *x, size_t x_stride, float *y, size_t y_stride, size_t T) {
+        matmul_grouped(b, W, row0, n_rows, n_rows, 0, x, x_stride, y, y_stride, T);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * spec §3.1: the mHC pre-mapping. From the four streams X of each token: the gates pre/post, the
+ * doubly-stochastic mixing C, and the sublayer input u = Σ_s pre[s]·X[s]. */
+
+static void hc_gates(const struct x4_config *c, const float *w, const float *base,
+                     const float *scale, float *pre, float *post, float *C) {
+        const uint32_t hc = c->hc_mult;
+        float M[X4_HC_MAX][X4_HC_MAX];
+
+        /* spec §3.1 step 4: pre[s] = σ(w[s]·scale[0] + base[s]), no eps */
+        for (uint32_t s = 0; s < hc; s++)
+                pre[s] = sigmoidf(w[s] * scale[0] + base[s]);
+        /* step 5: post[s] = 2σ(w[hc+s]·scale[1] + base[hc+s]) */
+        for (uint32_t s = 0; s < hc; s++)
+                post[s] = 2.0f * sigmoidf(w[hc + s] * scale[1] + base[hc + s]);
+        /* step 6: comb logits, flat index dst·hc + src, clamped BEFORE exp (spec §11.6) */
+        for (uint32_t d = 0; d < hc; d++)
+                for (uint32_t r = 0; r < hc; r++) {
+                        uint32_t i = 2 * hc + d * hc + r;
+                        float L = w[i] * scale[2] + base[i];
+
+                        if (c->hc_clamp > 0.0f)
+                                L = fminf(fmaxf(L, -c->hc_clamp), c->hc_clamp);
+                        M[d][r] = L;
+                }
+        /* step 7: exp after subtracting the row max (over src, per dst) */
+        for (uint32_t d = 0; d < hc; d++) {
+                float mx = M[d][0];
+
+                for (uint32_t r = 1; r < hc; r++)
+                        mx = fmaxf(mx, M[d][r]);
+                for (uint32_t r = 0; r < hc; r++)
+                        M[d][r] = expf(M[d][r] - mx);
+        }
+        /* step 8: Sinkhorn, eps only in the denominators: (a) each dst row over src, (b) each src
+         * column over dst */
+        for (uint32_t it = 0; it < c->hc_sinkhorn_iters; it++) {
+                for (uint32_t d = 0; d < hc; d++) {
+                        float sum = 0.0f;
+
+                        for (uint32_t r = 0; r < hc; r++)
+                                sum += M[d][r];
+                        for (uint32_t r = 0; r < hc; r++)
+                                M[d][r] /= sum + c->hc_eps;
+                }
+                for (uint32_t r = 0; r < hc; r++) {
+                        float sum = 0.0f;
+
+                        for (uint32_t d = 0; d < hc; d++)
+                                sum += M[d][r];
+                        for (uint32_t d = 0; d < hc; d++)
+                                M[d][r] /= sum + c->hc_eps;
+                }
+        }
+        /* step 9: C = M, C[d][s] at d·hc + s */
+        for (uint32_t d = 0; d < hc; d++)
+                for (uint32_t r = 0; r < hc; r++)
+                        C[d * hc + r] = M[d][r];
+}
+
+static void hc_pre(struct x4_backend *b, const struct gguf_tensor *fn,
+                   const struct gguf_tensor *base, const struct gguf_tensor *scale, size_t T) {
+        const struct x4_config *c = b->cfg;
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H, nw = 2 * hc + hc * hc;
+
+        /* spec §3.1 steps 1-2: z = concat(X[0..hc)) is each token's stream block as stored;
+         * ẑ = z / sqrt(mean(z²) + eps), unweighted, over all hc·H values at once */
+        for (size_t t = 0; t < T; t++)
+                rmsnorm(w->tmp + t * zlen, w->x + t * zlen, NULL, zlen, c->rms_eps);
+        /* step 3: w = Wfn · ẑ (2hc + hc² values: pre, post, comb) */
+        matmul(b, fn, 0, nw, w->tmp, zlen, w->hcw, nw, T);
+        /* steps 4-9 */
+        for (size_t t = 0; t < T; t++) {
+                const float *X = w->x + t * zlen;
+                const float *pre;
+                float *u = w->u + t * H;
+
+                hc_gates(c, w->hcw + t * nw, tensor_f32(base), tensor_f32(scale), w->pre + t * hc,
+                         w->post + t * hc, w->comb + t * hc * hc);
+                /* u = Σ_s pre[s]·X[s], s in order */
+                pre = w->pre + t * hc;
+                for (size_t i = 0; i < H; i++)
+                        u[i] = pre[0] * X[i];
+                for (size_t s = 1; s < hc; s++)
+                        for (size_t i = 0; i < H; i++)
+                                u[i] += pre[s] * X[s * H + i];
+        }
+}
+
+/* spec §3.1 post-mapping: X_new[d] = post[d]·out + Σ_s C[d][s]·X[s], all d from the OLD X. */
+static void hc_post(struct x4_backend *b, size_t T) {
+        const struct x4_config *c = b->cfg;
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H;
+
+        for (size_t t = 0; t < T; t++) {
+                const float *X = w->x + t * zlen, *out = w->out + t * H;
+                const float *post = w->post + t * hc, *C = w->comb + t * hc * hc;
+                float *Xn = w->tmp + t * zlen;
+
+                for (size_t d = 0; d < hc; d++) {
+                        float *y = Xn + d * H;
+
+                        for (size_t i = 0; i < H; i++)
+                                y[i] = post[d] * out[i];
+                        for (size_t s = 0; s < hc; s++)
+                                for (size_t i = 0; i < H; i++)
+                                        y[i] += C[d * hc + s] * X[s * H + i];
+                }
+        }
+        memcpy(w->x, w->tmp, T * zlen * sizeof(float));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * spec §4.1: RoPE with YaRN frequencies. cos/sin are not magnitude-scaled. The angle p·inv_freq
+ * is formed in double: at p ~ 2.6e5 a float angle would be off by ~0.03 rad. */
+
+static void rope(const struct x4_backend *b, float *x, uint32_t pos) {
+        const uint32_t half = b->cfg->qk_rope / 2;
+
+        for (uint32_t i = 0; i < half; i++) {
+                double theta = (double) pos * (double) b->inv_freq[i];
+                float cs = (float) cos(theta), sn = (float) sin(theta);
+                /* interleaved: adjacent pairs (x[2i], x[2i+1]); otherwise halves (x[i], x[i+half]) */
+                uint32_t i0 = b->cfg->rope_interleave ? 2 * i : i;
+                uint32_t i1 = b->cfg->rope_interleave ? 2 * i + 1 : i + half;
+                float x0 = x[i0], x1 = x[i1];
+
+                x[i0] = x0 * cs - x1 * sn;
+                x[i1] = x0 * sn + x1 * cs;
+        }
+}
+
+/* Cache row of (pages, pos) in layer l: [kv_lora normed latent c | qk_rope roped k_pe]. */
+static float *cache_row(const struct x4_backend *b, const uint32_t *pages, uint32_t pos,
+                        uint32_t layer) {
+        uint32_t page = pages[pos / b->page_tokens], slot = pos % b->page_tokens;
+
+        return b->cache + (size_t) page * b->page_floats +
+               ((size_t) layer * b->page_tokens + slot) * b->row_width;
+}
+
+/* spec §4 absorbed attention for one (token, head): scores over positions 0..pos of the token's
+ * own sequence, fp32 softmax, ô = Σ P·c. */
+struct attention_job {
+        struct x4_backend *b;
+        uint32_t layer;
+};
+
+static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct attention_job *j = ctx;
+        struct x4_backend *b = j->b;
+        const struct x4_config *c = b->cfg;
+        const size_t nh = c->n_head, kvl = c->kv_lora_rank, rd = c->qk_rope;
+        const size_t qkd = c->qk_nope + c->qk_rope;
+        float *sc = b->work.scores[thread];
+
+        for (size_t idx = begin; idx < end; idx++) {
+                size_t t = idx / nh, h = idx % nh;
+                const struct cpu_token *tok = &b->tokens[t];
+                const float *qc = b->work.qc + (t * nh + h) * kvl;
+                const float *qpe = b->work.q + (t * nh + h) * qkd + c->qk_nope;
+                float *oh = b->work.ohat + (t * nh + h) * kvl;
+                float mx = -INFINITY, sum = 0.0f, inv;
+
+                /* s(t') = scale·(q_c·c(t') + q_pe·k_pe(t')), causal over t' ≤ pos */
+                for (uint32_t p = 0; p <= tok->pos; p++) {
+                        const float *row = cache_row(b, tok->pages, p, j->layer);
+                        float s = c->attn_scale * (dot_f32(qc, row, kvl) + dot_f32(qpe, row + kvl, rd));
+
+                        sc[p] = s;
+                        mx = fmaxf(mx, s);
+                }
+                for (uint32_t p = 0; p <= tok->pos; p++) {
+                        sc[p] = expf(sc[p] - mx);
+                        sum += sc[p];
+                }
+                inv = 1.0f / sum;
+                memset(oh, 0, kvl * sizeof(float));
+                for (uint32_t p = 0; p <= tok->pos; p++) {
+                        const float *row = cache_row(b, tok->pages, p, j->layer);
+                        float pw = sc[p] * inv;
+
+                        for (size_t i = 0; i < kvl; i++)
+                                oh[i] += pw * row[i];
+                }
+        }
+}
+
+/* spec §4: MLA of block l for the micro-batch; input w->u (normed), output w->out. */
+static void mla(struct x4_backend *b, uint32_t l, size_t T) {
+        const struct x4_config *c = b->cfg;
+        const struct x4_layer_weights *L = &b->w->layers[l];
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd, nh = c->n_head, kvl = c->kv_lora_rank, rw = b->row_width;
+        const size_t qkd = c->qk_nope + c->qk_rope, ql = c->q_lora_rank;
+
+        /* step 1: qa = RMSNorm(W_qa·a, q_a_norm); q = W_qb·qa */
+        matmul(b, L->attn_q_a, 0, ql, w->u, H, w->qa, ql, T);
+        for (size_t t = 0; t < T; t++)
+                rmsnorm(w->qa + t * ql, w->qa + t * ql, tensor_f32(L->attn_q_a_norm), ql, c->rms_eps);
+        matmul(b, L->attn_q_b, 0, nh * qkd, w->qa, ql, w->q, nh * qkd, T);
+        /* step 2: kv = W_kva·a; c = RMSNorm(kv[0:kvl], kv_a_norm); k_pe = kv[kvl:] (not normed) */
+        matmul(b, L->attn_kv_a_mqa, 0, rw, w->u, H, w->kv, rw, T);
+        for (size_t t = 0; t < T; t++) {
+                const struct cpu_token *tok = &b->tokens[t];
+                float *kv = w->kv + t * rw;
+
+                rmsnorm(kv, kv, tensor_f32(L->attn_kv_a_norm), kvl, c->rms_eps);
+                /* step 3: RoPE on the one shared k_pe and on every head's q_pe, same position */
+                rope(b, kv + kvl, tok->pos);
+                for (size_t h = 0; h < nh; h++)
+                        rope(b, w->q + (t * nh + h) * qkd + c->qk_nope, tok->pos);
+                /* the 576-wide latent row of this token goes into its sequence's page */
+                memcpy(cache_row(b, tok->pages, tok->pos, l), kv, rw * sizeof(float));
+        }
+        /* absorbed form: q_c[h][j] = Σ_i Kb[h][j][i]·q_nope[h][i]; attn_k_b rows are (h, j) */
+        matmul_grouped(b, L->attn_k_b, 0, nh * kvl, kvl, qkd, w->q, nh * qkd, w->qc, nh * kvl, T);
+        /* scores, softmax and ô over the cache, every (token, head) on its own */
+        struct attention_job aj = { .b = b, .layer = l };
+        threadpool_run(b->pool, T * nh, attention_rows, &aj);
+        /* o[h][d] = Σ_j Vb[h][d][j]·ô[h][j]; attn_v_b rows are (h, d) */
+        matmul_grouped(b, L->attn_v_b, 0, nh * c->v_head, c->v_head, kvl, w->ohat, nh * kvl, w->o,
+                       nh * c->v_head, T);
+        /* step 5: out = W_o · concat_h o[h] */
+        matmul(b, L->attn_output, 0, H, w->o, nh * c->v_head, w->out, H, T);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * spec §5: FFN. SwiGLU y = Down(silu(Gate f) ⊙ Up f) with f = w->u; the result lands in `y`. */
+
+static void swiglu(struct x4_backend *b, const struct gguf_tensor *gate,
+                   const struct gguf_tensor *up, const struct gguf_tensor *down, size_t expert,
+                   const float *x, float *y, size_t T) {
+        struct cpu_work *w = &b->work;
+        const size_t H = b->cfg->n_embd, ff = gate->ne[1];
+
+        matmul(b, gate, expert * ff, ff, x, H, w->gate, ff, T);
+        matmul(b, up, expert * ff, ff, x, H, w->up, ff, T);
+        for (size_t i = 0; i < T * ff; i++)
+                w->gate[i] = siluf(w->gate[i]) * w->up[i];
+        matmul(b, down, expert * H, H, w->gate, ff, y, H, T);
+}
+
+/* spec §5 MoE steps 1-3: fp32 router, sigmoid scores, top-k of s + bias (bias for selection only;
+ * ties go to the lower expert id), weights from the unbiased scores. */
+static void moe_route(const struct x4_config *c, const float *z, const float *bias, int32_t *sel,
+                      float *gw) {
+        const uint32_t E = c->n_expert, K = c->n_expert_used;
+        float s[256], sum = 0.0f;
+        bool taken[256] = { false };
+
+        if (c->expert_gating == 1) {
+                /* softmax gating (not the release; kept for other DeepSeek-shaped files) */
+                float mx = z[0], tot = 0.0f;
+
+                for (uint32_t e = 1; e < E; e++)
+                        mx = fmaxf(mx, z[e]);
+                for (uint32_t e = 0; e < E; e++) {
+                        s[e] = expf(z[e] - mx);
+                        tot += s[e];
+                }
+                for (uint32_t e = 0; e < E; e++)
+                        s[e] /= tot;
+        } else
+                for (uint32_t e = 0; e < E; e++)
+                        s[e] = sigmoidf(z[e]);
+
+        for (uint32_t k = 0; k < K; k++) {
+                int32_t best = -1;
+                float best_v = 0.0f;
+
+                for (uint32_t e = 0; e < E; e++) {
+                        float v = s[e] + (bias ? bias[e] : 0.0f);
+
+                        /* strict > keeps the lower id on ties */
+                        if (!taken[e] && (best < 0 || v > best_v)) {
+                                best = (int32_t) e;
+                                best_v = v;
+                        }
+                }
+                taken[best] = true;
+                sel[k] = best;
+                gw[k] = s[best];
+        }
+        if (c->expert_weights_norm) {
+                for (uint32_t k = 0; k < K; k++)
+                        sum += gw[k];
+                for (uint32_t k = 0; k < K; k++)
+                        gw[k] /= sum + 1e-20f;
+        }
+        for (uint32_t k = 0; k < K; k++)
+                gw[k] *= c->expert_weights_scale;
+}
+
+static void moe(struct x4_backend *b, uint32_t l, size_t T) {
+        const struct x4_config *c = b->cfg;
+        const struct x4_layer_weights *L = &b->w->layers[l];
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd, E = c->n_expert, K = c->n_expert_used;
+
+        /* steps 1-3 */
+        matmul(b, L->ffn_gate_inp, 0, E, w->u, H, w->router, E, T);
+        for (size_t t = 0; t < T; t++)
+                moe_route(c, w->router + t * E, tensor_f32(L->exp_probs_b), w->sel + t * K,
+                          w->gw + t * K);
+
+        /* step 4, routed part, grouped by expert (prefill reads each expert's rows once): gather
+         * the tokens that chose expert e, run its SwiGLU, scatter to their (token, slot) */
+        for (size_t e = 0; e < E; e++) {
+                size_t n = 0;
+
+                for (size_t t = 0; t < T; t++)
+                        for (size_t k = 0; k < K; k++)
+                                if (w->sel[t * K + k] == (int32_t) e) {
+                                        memcpy(w->xe + n * H, w->u + t * H, H * sizeof(float));
+                                        w->slot[n++] = (uint32_t) (t * K + k);
+                                }
+                if (n == 0)
+                        continue;
+                swiglu(b, L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps, e, w->xe, w->ye, n);
+                for (size_t i = 0; i < n; i++)
+                        memcpy(w->yk + (size_t) w->slot[i] * H, w->ye + i * H, H * sizeof(float));
+        }
+        /* shared expert, weight 1, always on */
+        if (L->ffn_gate_shexp)
+                swiglu(b, L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp, 0, w->u, w->shared,
+                       T);
+        /* y = Σ_k g_k·y_k (selection order) + shared: a fixed summation order */
+        for (size_t t = 0; t < T; t++) {
+                float *y = w->out + t * H;
+                const float *gw = w->gw + t * K;
+
+                for (size_t i = 0; i < H; i++)
+                        y[i] = gw[0] * w->yk[(t * K) * H + i];
+                for (size_t k = 1; k < K; k++)
+                        for (size_t i = 0; i < H; i++)
+                                y[i] += gw[k] * w->yk[(t * K + k) * H + i];
+                if (L->ffn_gate_shexp)
+                        for (size_t i = 0; i < H; i++)
+                                y[i] += w->shared[t * H + i];
+        }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * spec §3: the trunk for one micro-batch of T tokens (b->tokens). Writes each token's cache rows
+ * and, for tokens with a logits row, that row of `logits`. */
+
+static void trunk(struct x4_backend *b, size_t T, float *logits) {
+        const struct x4_config *c = b->cfg;
+        const struct x4_weights *W = b->w;
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H;
+        size_t emb_rb = tensor_row_bytes(W->token_embd), n_out = 0;
+        int64_t row0 = -1;
+
+        /* step 1: e = token_embd[id]; X[s] = e for all s */
+        for (size_t t = 0; t < T; t++) {
+                float *X = w->x + t * zlen;
+
+                quant_dequantize_row(W->token_embd->type,
+                                     (const uint8_t *) W->token_embd->data +
+                                             (size_t) b->tokens[t].id * emb_rb,
+                                     X, H);
+                for (size_t s = 1; s < hc; s++)
+                        memcpy(X + s * H, X, H * sizeof(float));
+        }
+
+        /* step 2: the blocks */
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+                const struct x4_layer_weights *L = &W->layers[l];
+
+                /* attention sublayer: HC, a = RMSNorm(u, attn_norm), o = MLA(a), post-map */
+                hc_pre(b, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, T);
+                for (size_t t = 0; t < T; t++)
+                        rmsnorm(w->u + t * H, w->u + t * H, tensor_f32(L->attn_norm), H, c->rms_eps);
+                mla(b, l, T);
+                hc_post(b, T);
+
+                /* FFN sublayer: HC, f = RMSNorm(u, ffn_norm), m = FFN(f), post-map */
+                hc_pre(b, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, T);
+                for (size_t t = 0; t < T; t++)
+                        rmsnorm(w->u + t * H, w->u + t * H, tensor_f32(L->ffn_norm), H, c->rms_eps);
+                if (L->ffn_gate_inp)
+                        moe(b, l, T);
+                else
+                        swiglu(b, L->ffn_gate, L->ffn_up, L->ffn_down, 0, w->u, w->out, T);
+                hc_post(b, T);
+        }
+
+        /* steps 3-4 for the tokens that want logits (their rows are consecutive: batch order):
+         * h = mean of the streams (÷hc, not a sum), RMSNorm(h, output_norm), output · h */
+        for (size_t t = 0; t < T; t++) {
+                const float *X = w->x + t * zlen;
+                float *h = w->hidden + n_out * H;
+
+                if (b->tokens[t].logits_row < 0)
+                        continue;
+                if (row0 < 0)
+                        row0 = b->tokens[t].logits_row;
+                assert(b->tokens[t].logits_row == row0 + (int64_t) n_out);
+                for (size_t i = 0; i < H; i++) {
+                        float s = X[i];
+
+                        for (size_t k = 1; k < hc; k++)
+                                s += X[k * H + i];
+                        h[i] = s / (float) hc;
+                }
+                rmsnorm(h, h, tensor_f32(W->output_norm), H, c->rms_eps);
+                n_out++;
+        }
+        if (n_out > 0)
+                matmul(b, W->output, 0, c->n_vocab, w->hidden, H, logits + (size_t) row0 * c->n_vocab,
+                       c->n_vocab, n_out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The seam. */
+
+static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
+        const struct x4_config *c = b->cfg;
+        uint32_t capacity;
+        size_t T = 0;
+        int64_t row = 0;
+
+        if (!batch || batch->n_seqs == 0 || !batch->seqs)
+                return log_error_errno(EINVAL, "cpu forward: batch has no sequences, at least 1 expected");
+        /* validate everything before touching the cache */
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                const struct x4_seq *s = &batch->seqs[i];
+                uint64_t end = (uint64_t) s->pos0 + s->n_tokens;
+
+                if (s->n_tokens == 0 || !s->tokens)
+                        return log_error_errno(EINVAL, "sequence %u: n_tokens is 0, at least 1 expected", i);
+                for (uint32_t k = 0; k < s->n_tokens; k++)
+                        if (s->tokens[k] < 0 || (uint32_t) s->tokens[k] >= c->n_vocab)
+                                return log_error_errno(EINVAL,
+                                                       "sequence %u token %u: id %d out of range, expected 0..%u",
+                                                       i, k, s->tokens[k], c->n_vocab - 1);
+                capacity = s->pages ? s->n_pages * b->page_tokens : 0;
+                if (end > capacity)
+                        return log_error_errno(ERANGE,
+                                               "sequence %u: positions up to %" PRIu64 " need %" PRIu64
+                                               " pages of %u tokens, its page table has %u",
+                                               i, end - 1, DIV_ROUND_UP(end, b->page_tokens),
+                                               b->page_tokens, s->n_pages);
+                if (end > (uint64_t) b->n_pages * b->page_tokens)
+                        return log_error_errno(ERANGE,
+                                               "sequence %u: position %" PRIu64 " beyond the cache's %" PRIu64 " tokens",
+                                               i, end - 1, (uint64_t) b->n_pages * b->page_tokens);
+                for (uint32_t k = 0; k < DIV_ROUND_UP(end, b->page_tokens); k++)
+                        if (s->pages[k] >= b->n_pages)
+                                return log_error_errno(ERANGE,
+                                                       "sequence %u: page table entry %u is page %u, the cache has pages 0..%u",
+                                                       i, k, s->pages[k], b->n_pages - 1);
+                if (s->logits > X4_LOGITS_ALL)
+                        return log_error_errno(EINVAL, "sequence %u: logits mode %u, expected 0..2", i,
+                                               s->logits);
+                if (s->logits != X4_LOGITS_NONE && !logits)
+                        return log_error_errno(EINVAL, "sequence %u: logits requested but no output buffer", i);
+        }
+
+        /* cut into micro-batches in batch order and run the trunk on each */
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                const struct x4_seq *s = &batch->seqs[i];
+
+                for (uint32_t k = 0; k < s->n_tokens; k++) {
+                        struct cpu_token *tok = &b->tokens[T++];
+                        bool want = s->logits == X4_LOGITS_ALL ||
+                                    (s->logits == X4_LOGITS_LAST && k == s->n_tokens - 1);
+
+                        tok->id = s->tokens[k];
+                        tok->pos = s->pos0 + k;
+                        tok->pages = s->pages;
+                        tok->logits_row = want ? row++ : -1;
+                        if (T == CPU_MICROBATCH) {
+                                trunk(b, T, logits);
+                                T = 0;
+                        }
+                }
+        }
+        if (T > 0)
+                trunk(b, T, logits);
+        return 0;
+}
+
+static void work_free(struct cpu_work *w, unsigned n_threads) {
+        float **fields[] = { &w->x, &w->tmp, &w->hcw, &w->pre, &w->post, &w->comb, &w->u, &w->out,
+                             &w->qa, &w->q, &w->kv, &w->qc, &w->ohat, &w->o, &w->gate, &w->up,
+                             &w->router, &w->gw, &w->xe, &w->ye, &w->yk, &w->shared, &w->hidden };
+
+        for (size_t i = 0; i < ELEMENTSOF(fields); i++)
+                free(*fields[i]);
+        free(w->sel);
+        free(w->slot);
+        if (w->scores)
+                for (unsigned i = 0; i < n_threads; i++)
+                        free(w->scores[i]);
+        free(w->scores);
+        memset(w, 0, sizeof *w);
+}
+
+static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
+        const struct x4_config *c = b->cfg;
+        struct cpu_work *w = &b->work;
+        const size_t T = CPU_MICROBATCH, H = c->n_embd, hc = c->hc_mult, nh = c->n_head;
+        const size_t K = c->n_expert_used;
+        size_t ff = 1;
+        const size_t ctx = (size_t) b->n_pages * b->page_tokens;
+        const unsigned nt = threadpool_size(b->pool);
+
+        /* the widest gate/up of any FFN (dense, routed expert, shared expert) */
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+                const struct x4_layer_weights *L = &b->w->layers[l];
+                const struct gguf_tensor *g[] = { L->ffn_gate, L->ffn_gate_exps, L->ffn_gate_shexp };
+
+                for (size_t i = 0; i < ELEMENTSOF(g); i++)
+                        if (g[i])
+                                ff = MAX(ff, (size_t) g[i]->ne[1]);
+        }
+
+        struct {
+                float **p;
+                size_t n;
+        } f[] = {
+                { &w->x, T * hc * H },
+                { &w->tmp, T * hc * H },
+                { &w->hcw, T * (2 * hc + hc * hc) },
+                { &w->pre, T * hc },
+                { &w->post, T * hc },
+                { &w->comb, T * hc * hc },
+                { &w->u, T * H },
+                { &w->out, T * H },
+                { &w->qa, T * c->q_lora_rank },
+                { &w->q, T * nh * (c->qk_nope + c->qk_rope) },
+                { &w->kv, T * b->row_width },
+                { &w->qc, T * nh * c->kv_lora_rank },
+                { &w->ohat, T * nh * c->kv_lora_rank },
+                { &w->o, T * nh * c->v_head },
+                { &w->gate, 0 }, /* T × the widest FFN, set below */
+                { &w->up, 0 },
+                { &w->router, T * MAX(c->n_expert, 1u) },
+                { &w->gw, T * MAX(K, 1u) },
+                /* an expert can be chosen by every token at most once */
+                { &w->xe, T * H },
+                { &w->ye, T * H },
+                { &w->yk, T * MAX(K, 1u) * H },
+                { &w->shared, T * H },
+                { &w->hidden, T * H },
+        };
+
+        *bytes = 0;
+        for (size_t i = 0; i < ELEMENTSOF(f); i++) {
+                if (f[i].p == &w->gate || f[i].p == &w->up)
+                        f[i].n = T * ff;
+                *f[i].p = calloc(f[i].n, sizeof(float));
+                if (!*f[i].p)
+                        return -ENOMEM;
+                *bytes += f[i].n * sizeof(float);
+        }
+        w->sel = calloc(T * MAX(K, 1u), sizeof(int32_t));
+        w->slot = calloc(T, sizeof(uint32_t));
+        w->scores = calloc(nt, sizeof(float *));
+        if (!w->sel || !w->slot || !w->scores)
+                return -ENOMEM;
+        for (unsigned i = 0; i < nt; i++) {
+                w->scores[i] = calloc(ctx, sizeof(float));
+                if (!w->scores[i])
+                        return -ENOMEM;
+        }
+        *bytes += (T * K + T) * 4 + (uint64_t) nt * ctx * sizeof(float);
+        return 0;
+}
+
+static void cpu_destroy(struct x4_backend *b) {
+        if (!b)
+                return;
+        if (b->pool)
+                work_free(&b->work, threadpool_size(b->pool));
+        threadpool_free(b->pool);
+        free(b->cache);
+        free(b);
+}
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct x4_backend *, cpu_destroy);
+
+/* Check a tensor the forward reads: present, of a type quant.c computes (dot/dequant), or F32
+ * when it is read directly as a vector. */
+static int check_tensor(const char *what, uint32_t layer, const struct gguf_tensor *t, bool f32) {
+        const struct ggml_type_info *ti;
+
+        if (!t)
+                return log_error_errno(EINVAL, "cpu backend: blk.%u.%s missing from the weight table",
+                                       layer, what);
+        ti = ggml_type_get(t->type);
+        if (f32 && t->type != GGML_TYPE_F32)
+                return log_error_errno(EINVAL, "%s: type F32 expected by the cpu backend, file has %s",
+                                       t->name, ggml_type_name(t->type));
+        if (!ti || !ti->computable)
+                return log_error_errno(EOPNOTSUPP, "%s: type %s is not computable by the cpu backend",
+                                       t->name, ggml_type_name(t->type));
+        return 0;
+}
+
+static int check_weights(const struct x4_config *c, const struct x4_weights *W) {
+        int r;
+
+        if (c->hc_mult < 1 || c->hc_mult > X4_HC_MAX)
+                return log_error_errno(EINVAL, "cpu backend: hc_mult %u, expected 1..%u", c->hc_mult,
+                                       X4_HC_MAX);
+        if (c->qk_rope / 2 > 64 || c->qk_rope % 2)
+                return log_error_errno(EINVAL, "cpu backend: qk_rope %u, expected an even value <= 128",
+                                       c->qk_rope);
+        if (c->n_expert > 256 || c->n_expert_used > c->n_expert)
+                return log_error_errno(EINVAL,
+                                       "cpu backend: %u experts with %u used, expected used <= experts <= 256",
+                                       c->n_expert, c->n_expert_used);
+        if ((r = check_tensor("token_embd", 0, W->token_embd, false)) < 0 ||
+            (r = check_tensor("output_norm", 0, W->output_norm, true)) < 0 ||
+            (r = check_tensor("output", 0, W->output, false)) < 0)
+                return r;
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+                const struct x4_layer_weights *L = &W->layers[l];
+                bool is_moe = L->ffn_gate_inp != NULL;
+                struct {
+                        const char *name;
+                        const struct gguf_tensor *t;
+                        bool f32;
+                } list[] = {
+                        { "hc_attn_fn", L->hc_attn_fn, false },
+                        { "hc_attn_base", L->hc_attn_base, true },
+                        { "hc_attn_scale", L->hc_attn_scale, true },
+                        { "hc_ffn_fn", L->hc_ffn_fn, false },
+                        { "hc_ffn_base", L->hc_ffn_base, true },
+                        { "hc_ffn_scale", L->hc_ffn_scale, true },
+                        { "attn_norm", L->attn_norm, true },
+                        { "ffn_norm", L->ffn_norm, true },
+                        { "attn_q_a", L->attn_q_a, false },
+                        { "attn_q_a_norm", L->attn_q_a_norm, true },
+                        { "attn_q_b", L->attn_q_b, false },
+                        { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
+                        { "attn_kv_a_norm", L->attn_kv_a_norm, true },
+                        { "attn_k_b", L->attn_k_b, false },
+                        { "attn_v_b", L->attn_v_b, false },
+                        { "attn_output", L->attn_output, false },
+                        { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
+                        { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
+                        { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
+                };
+
+                for (size_t i = 0; i < ELEMENTSOF(list); i++)
+                        if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
+                                return r;
+                if (is_moe && L->exp_probs_b &&
+                    (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
+                        return r;
+                if (is_moe && L->ffn_gate_shexp &&
+                    ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
+                     (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
+                        return r;
+        }
+        return 0;
+}
+
+static int cpu_create(const struct x4_model *model, const struct x4_backend_params *params,
+                      struct x4_backend **ret) {
+        _cleanup_(cpu_destroyp) struct x4_backend *b = NULL;
+        const struct x4_config *c = x4_model_config(model);
+        unsigned n_threads = params->n_threads;
+        uint64_t page_bytes, work_bytes, cache_bytes;
+        int r;
+
+        r = check_weights(c, x4_model_weights(model));
+        if (r < 0)
+                return r;
+        if (params->cache_type != X4_CACHE_F32)
+                return log_error_errno(EOPNOTSUPP,
+                                       "cpu backend: cache type %u not supported, F32 (%u) expected",
+                                       params->cache_type, X4_CACHE_F32);
+        if (params->page_tokens == 0)
+                return log_error_errno(EINVAL, "cpu backend: page_tokens is 0, at least 1 expected");
+
+        b = calloc(1, sizeof *b);
+        if (!b)
+                return log_error_errno(ENOMEM, "cpu backend: out of memory");
+        b->model = model;
+        b->cfg = c;
+        b->w = x4_model_weights(model);
+        b->page_tokens = params->page_tokens;
+        b->row_width = c->kv_lora_rank + c->qk_rope;
+        b->page_floats = (size_t) c->n_layer * b->page_tokens * b->row_width;
+        page_bytes = b->page_floats * sizeof(float);
+        b->n_pages = params->n_pages;
+        if (b->n_pages == 0) {
+                /* derive: the memory limit (default 1 GiB of cache) minus the mapped file */
+                uint64_t file = gguf_file_size(x4_model_gguf(model));
+                uint64_t budget = params->memory_limit > file ? params->memory_limit - file :
+                                  params->memory_limit ? 0 : (uint64_t) 1 << 30;
+                uint64_t max_pages = DIV_ROUND_UP((uint64_t) c->n_ctx_train, b->page_tokens);
+
+                b->n_pages = (uint32_t) MIN(MAX(budget / page_bytes, 1), max_pages);
+        }
+        if (!mul_u64_ok(page_bytes, b->n_pages, &cache_bytes) || cache_bytes > SIZE_MAX / 2)
+                return log_error_errno(EOVERFLOW, "cpu backend: %u pages of %" PRIu64 " bytes overflow",
+                                       b->n_pages, page_bytes);
+
+        if (n_threads == 0) {
+                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                n_threads = n > 0 ? (unsigned) n : 1;
+        }
+        r = threadpool_new(n_threads, &b->pool);
+        if (r < 0)
+                return r;
+
+        for (uint32_t i = 0; i < c->qk_rope / 2; i++)
+                b->inv_freq[i] = 0.0f;
+        x4_config_rope_inv_freq(c, b->inv_freq);
+
+        b->cache = calloc(b->n_pages, page_bytes);
+        if (!b->cache)
+                return log_error_errno(ENOMEM, "cpu backend: cannot allocate the latent cache: %u pages of %" PRIu64 " bytes",
+                                       b->n_pages, page_bytes);
+        r = work_alloc(b, &work_bytes);
+        if (r < 0)
+                return log_error_errno(r, "cpu backend: cannot allocate the workspace for %u tokens",
+                                       CPU_MICROBATCH);
+        b->memory_used = gguf_file_size(x4_model_gguf(model)) + cache_bytes + work_bytes;
+        if (params->progress)
+                params->progress(1.0, "cpu: weights mapped", params->progress_userdata);
+        *ret = TAKE_PTR(b);
+        return 0;
+}
+
+static void cpu_caps(struct x4_backend *b, struct x4_backend_caps *ret) {
+        long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+
+        *ret = (struct x4_backend_caps) {
+                .name = "cpu",
+                .n_pages = b->n_pages,
+                .page_tokens = b->page_tokens,
+                .max_batch_tokens = CPU_MICROBATCH,
+                .cache_type = X4_CACHE_F32,
+                .memory_used = b->memory_used,
+                .memory_total = pages > 0 && psize > 0 ? (uint64_t) pages * (uint64_t) psize : 0,
+        };
+}
+
+static size_t cpu_page_bytes(struct x4_backend *b) {
+        return b->page_floats * sizeof(float);
+}
+
+static int check_page(struct x4_backend *b, uint32_t page, const char *what) {
+        if (page >= b->n_pages)
+                return log_error_errno(ERANGE, "cpu backend: %s page %u out of range, the cache has pages 0..%u",
+                                       what, page, b->n_pages - 1);
+        return 0;
+}
+
+static int cpu_page_read(struct x4_backend *b, uint32_t page, void *dst) {
+        int r = check_page(b, page, "read of");
+
+        if (r < 0)
+                return r;
+        memcpy(dst, b->cache + (size_t) page * b->page_floats, cpu_page_bytes(b));
+        return 0;
+}
+
+static int cpu_page_write(struct x4_backend *b, uint32_t page, const void *src) {
+        int r = check_page(b, page, "write of");
+
+        if (r < 0)
+                return r;
+        memcpy(b->cache + (size_t) page * b->page_floats, src, cpu_page_bytes(b));
+        return 0;
+}
+
+static int cpu_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
+        int r;
+
+        if ((r = check_page(b, dst, "copy to")) < 0 || (r = check_page(b, src, "copy from")) < 0)
+                return r;
+        if (dst != src)
+                memcpy(b->cache + (size_t) dst * b->page_floats,
+                       b->cache + (size_t) src * b->page_floats, cpu_page_bytes(b));
+        return 0;
+}
+
+const struct x4_backend_ops x4_backend_cpu = {
+        .name = "cpu",
+        .create = cpu_create,
+        .destroy = cpu_destroy,
+        .forward = cpu_forward,
+        .caps = cpu_caps,
+        .page_bytes = cpu_page_bytes,
+        .page_read = cpu_page_read,
+        .page_write = cpu_page_write,
+        .page_copy = cpu_page_copy,
+};

@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/* A small pthread pool for the CPU backend: run fn over [0, n) split into one fixed contiguous
+ * range per thread. The split depends only on (n, n_threads), and callers only ever split OUTPUT
+ * elements (rows, tokens, heads), never a reduction, so results do not depend on the thread count
+ * (design.md "Numerics"). The calling thread does range 0 itself; workers sleep on a condition
+ * variable between jobs (the machines we share have few cores: no spinning). */
+#pragma once
+
+#include <stddef.h>
+
+#include "util/macro.h"
+
+struct threadpool;
+
+/* fn(ctx, begin, end, thread): process [begin, end); thread in [0, n_threads) indexes per-thread
+ * scratch. Called at most once per thread per run, never with an empty range. */
+typedef void (*threadpool_fn_t)(void *ctx, size_t begin, size_t end, unsigned thread);
+
+/* n_threads >= 1 (the caller counts as one). -errno (logged) if a thread cannot be started. */
+int threadpool_new(unsigned n_threads, struct threadpool **ret);
+void threadpool_free(struct threadpool *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct threadpool *, threadpool_free);
+
+unsigned threadpool_size(const struct threadpool *p);
+
+/* Run fn over [0, n) and return when every range is done. Not reentrant: one run at a time. */
+void threadpool_run(struct threadpool *p, size_t n, threadpool_fn_t fn, void *ctx);
