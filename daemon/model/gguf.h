@@ -107,10 +107,13 @@ int gguf_get_string(const struct gguf_file *f, const char *key, struct gguf_stri
 /* The value of an array key with its element type and count. */
 int gguf_get_array(const struct gguf_file *f, const char *key, const struct gguf_value **ret);
 
-/* Element access for an array value (bounds are the caller's: i < arr.n). */
+/* Element access for an array value. Same conversions as the kv getters; -EBADMSG (logged) on an
+ * element type mismatch, -ERANGE (logged) when i >= arr.n or the value does not fit. The
+ * messages say "array element I"; callers that know the key add it. */
 int gguf_array_get_u64(const struct gguf_value *arr, uint64_t i, uint64_t *ret);
 int gguf_array_get_i64(const struct gguf_value *arr, uint64_t i, int64_t *ret);
 int gguf_array_get_f64(const struct gguf_value *arr, uint64_t i, double *ret);
+int gguf_array_get_bool(const struct gguf_value *arr, uint64_t i, bool *ret);
 int gguf_array_get_string(const struct gguf_value *arr, uint64_t i, struct gguf_string *ret);
 /* A nested array element, decoded into *ret. */
 int gguf_array_get_array(const struct gguf_value *arr, uint64_t i, struct gguf_value *ret);
