@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: MIT */
+/* x4-logits: run a prompt (and teacher-forced decode ids) through a backend and write the logits.
+ *
+ *   x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5] [--last N]
+ *             [--device cpu|cuda] [--threads N] [--chunk N] [--assume-release-defaults]
+ *             --out F.bin
+ *
+ * Output: little-endian float32 rows of vocab width: the logits of every prompt position (only the
+ * last N with --last N), then one row per decode id (the logits after feeding that id at the next
+ * position). The prompt runs as one batch, or in --chunk N pieces. Any error: one line on stderr,
+ * exit status 1. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "model/xing4.h"
+#include "util/log.h"
+#include "util/macro.h"
+
+#define PAGE_TOKENS 256u
+
+static void usage(FILE *f) {
+        fputs("usage: x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5]\n"
+              "                 [--last N] [--device cpu|cuda] [--threads N] [--chunk N]\n"
+              "                 [--assume-release-defaults] --out F.bin\n",
+              f);
+}
+
+/* "1,7,3" → ids; an empty list is allowed only where `allow_empty`. */
+static int parse_ids(const char *opt, const char *s, bool allow_empty, int32_t **ret, uint32_t *n_ret) {
+        _cleanup_free_ int32_t *ids = NULL;
+        uint32_t n = 0, cap = 0;
+        const char *p = s;
+
+        if (*s == '\0') {
+                if (!allow_empty)
+                        return log_error_errno(EINVAL, "%s: empty list, at least one token id expected", opt);
+                *ret = NULL;
+                *n_ret = 0;
+                return 0;
+        }
+        for (;;) {
+                char *end;
+                long long v;
+
+                errno = 0;
+                v = strtoll(p, &end, 10);
+                if (end == p || errno != 0 || v < 0 || v > INT32_MAX || (*end != ',' && *end != '\0'))
+                        return log_error_errno(EINVAL,
+                                               "%s: '%s' is not a comma-separated list of token ids (bad entry at offset %td)",
+                                               opt, s, p - s);
+                if (n == cap) {
+                        int32_t *t;
+
+                        cap = cap ? cap * 2 : 64;
+                        t = realloc(ids, cap * sizeof *ids);
+                        if (!t)
+                                return log_error_errno(ENOMEM, "%s: out of memory", opt);
+                        ids = t;
+                }
+                ids[n++] = (int32_t) v;
+                if (*end == '\0')
+                        break;
+                p = end + 1;
+        }
+        *ret = TAKE_PTR(ids);
+        *n_ret = n;
+        return 0;
+}
+
+static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
+        char *end;
+        unsigned long long v;
+
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (end == s || *end || errno || v < min || v > UINT32_MAX || s[0] == '-')
+                return log_error_errno(EINVAL, "%s: '%s' is not an integer >= %u", opt, s, min);
+        *ret = (uint32_t) v;
+        return 0;
+}
+
+struct run {
+        const struct x4_backend_ops *ops;
+        struct x4_backend *b;
+        const uint32_t *pages;
+        uint32_t n_pages;
+        uint32_t n_vocab;
+        FILE *out;
+        const char *out_path;
+};
+
+static int write_rows(struct run *r, const float *rows, size_t n) {
+        if (fwrite(rows, sizeof(float) * r->n_vocab, n, r->out) != n)
+                return log_error_errno(errno ? errno : EIO, "%s: write failed: %m", r->out_path);
+        return 0;
+}
+
+/* Feed tokens[0..n) at pos0; write the rows of positions >= first_wanted. */
+static int feed(struct run *r, const int32_t *tokens, uint32_t n, uint32_t pos0, uint64_t first_wanted,
+                float *buf) {
+        uint64_t end = (uint64_t) pos0 + n;
+        struct x4_seq seq = {
+                .tokens = tokens,
+                .n_tokens = n,
+                .pos0 = pos0,
+                .pages = r->pages,
+                .n_pages = r->n_pages,
+                .logits = X4_LOGITS_NONE,
+        };
+        struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
+        uint32_t skip = 0, rows = 0;
+        int k;
+
+        if (first_wanted < end) {
+                if (first_wanted + 1 == end) {
+                        seq.logits = X4_LOGITS_LAST;
+                        rows = 1;
+                } else {
+                        seq.logits = X4_LOGITS_ALL;
+                        rows = n;
+                        skip = first_wanted > pos0 ? (uint32_t) (first_wanted - pos0) : 0;
+                }
+        }
+        k = r->ops->forward(r->b, &batch, buf);
+        if (k < 0)
+                return k;
+        return rows > skip ? write_rows(r, buf + (size_t) skip * r->n_vocab, rows - skip) : 0;
+}
+
+static void backend_destroy(struct run *r) {
+        if (r->b)
+                r->ops->destroy(r->b);
+}
+
+int main(int argc, char **argv) {
+        static const struct option options[] = {
+                { "model", required_argument, NULL, 'm' },
+                { "config", required_argument, NULL, 'c' },
+                { "prompt", required_argument, NULL, 'p' },
+                { "decode", required_argument, NULL, 'd' },
+                { "last", required_argument, NULL, 'l' },
+                { "device", required_argument, NULL, 'D' },
+                { "threads", required_argument, NULL, 't' },
+                { "chunk", required_argument, NULL, 'k' },
+                { "assume-release-defaults", no_argument, NULL, 'R' },
+                { "out", required_argument, NULL, 'o' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        struct x4_model_params mp = {};
+        _cleanup_(x4_model_freep) struct x4_model *model = NULL;
+        _cleanup_free_ int32_t *prompt = NULL, *decode = NULL;
+        _cleanup_free_ uint32_t *pages = NULL;
+        _cleanup_free_ float *buf = NULL;
+        _cleanup_fclose_ FILE *out = NULL;
+        const char *device = "cpu", *out_path = NULL, *prompt_s = NULL, *decode_s = "";
+        uint32_t n_prompt = 0, n_decode = 0, last = 0, threads = 0, chunk = 0;
+        bool have_last = false;
+        struct run run = {};
+        int c, r;
+
+        /* errors are printed once, by main, as one line */
+        log_set_max_level(LOG_CRIT);
+
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                r = 0;
+                switch (c) {
+                case 'm':
+                        mp.path = optarg;
+                        break;
+                case 'c':
+                        mp.config_path = optarg;
+                        break;
+                case 'p':
+                        prompt_s = optarg;
+                        break;
+                case 'd':
+                        decode_s = optarg;
+                        break;
+                case 'l':
+                        r = parse_u32("--last", optarg, 1, &last);
+                        have_last = true;
+                        break;
+                case 'D':
+                        device = optarg;
+                        break;
+                case 't':
+                        r = parse_u32("--threads", optarg, 1, &threads);
+                        break;
+                case 'k':
+                        r = parse_u32("--chunk", optarg, 1, &chunk);
+                        break;
+                case 'R':
+                        mp.assume_release_defaults = true;
+                        break;
+                case 'o':
+                        out_path = optarg;
+                        break;
+                case 'h':
+                        usage(stdout);
+                        return 0;
+                default:
+                        usage(stderr);
+                        return 1;
+                }
+                if (r < 0)
+                        goto fail;
+        }
+        if (optind < argc) {
+                log_error("unexpected argument '%s'", argv[optind]);
+                goto fail;
+        }
+        if (!mp.path || !prompt_s || !out_path) {
+                log_error("--model, --prompt and --out are required");
+                goto fail;
+        }
+        if ((r = parse_ids("--prompt", prompt_s, false, &prompt, &n_prompt)) < 0 ||
+            (r = parse_ids("--decode", decode_s, true, &decode, &n_decode)) < 0)
+                goto fail;
+        if (!have_last)
+                last = n_prompt;
+        if (last > n_prompt) {
+                log_error("--last %u: the prompt has only %u tokens", last, n_prompt);
+                goto fail;
+        }
+
+        r = x4_model_open(&mp, &model);
+        if (r < 0)
+                goto fail;
+        const struct x4_config *cfg = x4_model_config(model);
+        for (uint32_t i = 0; i < n_prompt + n_decode; i++) {
+                int32_t id = i < n_prompt ? prompt[i] : decode[i - n_prompt];
+                if ((uint32_t) id >= cfg->n_vocab) {
+                        log_error("%s entry %u: token id %d out of range, the model's vocab is 0..%u",
+                                  i < n_prompt ? "--prompt" : "--decode", i < n_prompt ? i : i - n_prompt,
+                                  id, cfg->n_vocab - 1);
+                        goto fail;
+                }
+        }
+
+        r = x4_backend_get(device, &run.ops);
+        if (r < 0)
+                goto fail;
+        run.n_pages = DIV_ROUND_UP(n_prompt + n_decode, PAGE_TOKENS);
+        pages = calloc(run.n_pages, sizeof *pages);
+        if (!pages)
+                goto oom;
+        for (uint32_t i = 0; i < run.n_pages; i++)
+                pages[i] = i;
+        run.pages = pages;
+        run.n_vocab = cfg->n_vocab;
+        struct x4_backend_params bp = {
+                .n_threads = threads,
+                .page_tokens = PAGE_TOKENS,
+                .n_pages = run.n_pages,
+                .cache_type = X4_CACHE_F32,
+        };
+        r = run.ops->create(model, &bp, &run.b);
+        if (r < 0)
+                goto fail;
+
+        if (chunk == 0)
+                chunk = n_prompt;
+        buf = malloc((size_t) MAX(chunk, 1u) * cfg->n_vocab * sizeof(float));
+        if (!buf)
+                goto oom_b;
+        out = fopen(out_path, "we");
+        if (!out) {
+                log_error("%s: cannot open for writing: %m", out_path);
+                goto fail_b;
+        }
+        run.out = out;
+        run.out_path = out_path;
+
+        for (uint32_t pos = 0; pos < n_prompt; pos += chunk) {
+                r = feed(&run, prompt + pos, MIN(chunk, n_prompt - pos), pos, n_prompt - last, buf);
+                if (r < 0)
+                        goto fail_b;
+        }
+        for (uint32_t i = 0; i < n_decode; i++) {
+                r = feed(&run, decode + i, 1, n_prompt + i, n_prompt + i, buf);
+                if (r < 0)
+                        goto fail_b;
+        }
+        if (fflush(out) != 0 || ferror(out)) {
+                log_error("%s: write failed: %m", out_path);
+                goto fail_b;
+        }
+        backend_destroy(&run);
+        return 0;
+
+oom_b:
+        log_error("out of memory");
+fail_b:
+        backend_destroy(&run);
+        goto fail;
+oom:
+        log_error("out of memory");
+fail:
+        fprintf(stderr, "x4-logits: %s\n", *log_last_error() ? log_last_error() : "failed");
+        return 1;
+}
