@@ -1,0 +1,1049 @@
+/* SPDX-License-Identifier: MIT */
+/* x4ctl: the command-line client of xing4d, built on libx4client only (no daemon internals), so
+ * it is also the reference for what the public API can do. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "x4client.h"
+
+#define X4CTL_VERSION "0.1.0"
+
+static bool streq_(const char *a, const char *b) {
+        return strcmp(a, b) == 0;
+}
+
+/* Exit codes (documented in --help). */
+enum {
+        EXIT_OK = 0,
+        EXIT_FAIL = 1,        /* the server refused the request or failed */
+        EXIT_USAGE = 2,       /* bad command line */
+        EXIT_CONNECT = 3,     /* daemon not reachable */
+        EXIT_TIMEOUT = 4,
+        EXIT_NOT_FOUND = 5,   /* snapshot / request id unknown */
+        EXIT_UNAVAILABLE = 6, /* daemon draining or full */
+        EXIT_INTERRUPTED = 130,
+};
+
+static struct {
+        const char *socket;
+        int connect_ms, response_ms;
+        bool json;
+} arg = { .connect_ms = 30000, .response_ms = 300000 };
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+        (void) sig;
+        interrupted = 1;
+}
+
+static int exit_code_of(int e) {
+        switch (e) {
+        case X4_OK: return EXIT_OK;
+        case X4_E_CONNECT: return EXIT_CONNECT;
+        case X4_E_TIMEOUT: return EXIT_TIMEOUT;
+        case X4_E_NOT_FOUND: return EXIT_NOT_FOUND;
+        case X4_E_UNAVAILABLE: return EXIT_UNAVAILABLE;
+        default: return EXIT_FAIL;
+        }
+}
+
+static int fail_client(x4_client *c, int e) {
+        fprintf(stderr, "x4ctl: %s\n", c ? x4_client_last_error(c) : x4_strerror(e));
+        return exit_code_of(e);
+}
+
+static int usage_error(const char *fmt, const char *what) {
+        fprintf(stderr, "x4ctl: ");
+        fprintf(stderr, fmt, what);
+        fprintf(stderr, " (see x4ctl --help)\n");
+        return EXIT_USAGE;
+}
+
+static int open_client(x4_client **ret) {
+        x4_client *c;
+        int e = x4_client_new(&c);
+        if (e < 0) {
+                fprintf(stderr, "x4ctl: %s\n", x4_strerror(e));
+                return exit_code_of(e);
+        }
+        x4_client_set_name(c, "x4ctl " X4CTL_VERSION);
+        x4_client_set_timeouts(c, arg.connect_ms, arg.response_ms);
+        e = x4_client_connect(c, arg.socket);
+        if (e < 0) {
+                int code = fail_client(c, e);
+                x4_client_free(c);
+                return code;
+        }
+        *ret = c;
+        return 0;
+}
+
+/* ---- JSON output ---------------------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s, size_t n) {
+        fputc('"', f);
+        for (size_t i = 0; i < n; i++) {
+                unsigned char ch = (unsigned char) s[i];
+                switch (ch) {
+                case '"': fputs("\\\"", f); break;
+                case '\\': fputs("\\\\", f); break;
+                case '\n': fputs("\\n", f); break;
+                case '\r': fputs("\\r", f); break;
+                case '\t': fputs("\\t", f); break;
+                default:
+                        if (ch < 0x20)
+                                fprintf(f, "\\u%04x", ch);
+                        else
+                                fputc(ch, f);
+                }
+        }
+        fputc('"', f);
+}
+
+static const char *channel_name(int ch) {
+        switch (ch) {
+        case X4_CHANNEL_REASONING: return "reasoning";
+        case X4_CHANNEL_TOOL_CALL: return "tool_call";
+        default: return "content";
+        }
+}
+
+static const char *finish_name(int f) {
+        switch (f) {
+        case X4_FINISH_STOP: return "stop";
+        case X4_FINISH_LENGTH: return "length";
+        case X4_FINISH_CANCELLED: return "cancelled";
+        case X4_FINISH_TOOL_CALLS: return "tool_calls";
+        default: return "error";
+        }
+}
+
+/* ---- number parsing ------------------------------------------------------------------------- */
+
+static int parse_u64(const char *s, uint64_t *ret) {
+        char *end;
+        errno = 0;
+        if (!s || !*s || *s == '-')
+                return -EINVAL;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno || *end)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int parse_u32(const char *s, uint32_t *ret) {
+        uint64_t v;
+        if (parse_u64(s, &v) < 0 || v > UINT32_MAX)
+                return -EINVAL;
+        *ret = (uint32_t) v;
+        return 0;
+}
+
+static int parse_i32(const char *s, int32_t *ret) {
+        char *end;
+        errno = 0;
+        if (!s || !*s)
+                return -EINVAL;
+        long v = strtol(s, &end, 10);
+        if (errno || *end || v < INT32_MIN || v > INT32_MAX)
+                return -EINVAL;
+        *ret = (int32_t) v;
+        return 0;
+}
+
+static int parse_float(const char *s, float *ret) {
+        char *end;
+        errno = 0;
+        if (!s || !*s)
+                return -EINVAL;
+        float v = strtof(s, &end);
+        if (errno || *end || !isfinite(v))
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+/* "1,2,3" or "1 2 3" */
+static int parse_ids(const char *s, int32_t **ret, size_t *n) {
+        size_t cap = 16, k = 0;
+        int32_t *a = malloc(cap * sizeof *a);
+        char *copy = strdup(s), *save = NULL;
+        if (!a || !copy) {
+                free(a);
+                free(copy);
+                return -ENOMEM;
+        }
+        for (char *t = strtok_r(copy, ", \t\n", &save); t; t = strtok_r(NULL, ", \t\n", &save)) {
+                int32_t v;
+                if (parse_i32(t, &v) < 0 || v < 0) {
+                        free(a);
+                        free(copy);
+                        return -EINVAL;
+                }
+                if (k == cap) {
+                        int32_t *b = realloc(a, (cap *= 2) * sizeof *a);
+                        if (!b) {
+                                free(a);
+                                free(copy);
+                                return -ENOMEM;
+                        }
+                        a = b;
+                }
+                a[k++] = v;
+        }
+        free(copy);
+        if (k == 0) {
+                free(a);
+                return -EINVAL;
+        }
+        *ret = a;
+        *n = k;
+        return 0;
+}
+
+static char *read_all(FILE *f) {
+        size_t cap = 4096, n = 0;
+        char *b = malloc(cap);
+        if (!b)
+                return NULL;
+        for (;;) {
+                if (n + 1 >= cap) {
+                        char *nb = realloc(b, cap *= 2);
+                        if (!nb) {
+                                free(b);
+                                return NULL;
+                        }
+                        b = nb;
+                }
+                size_t r = fread(b + n, 1, cap - n - 1, f);
+                n += r;
+                if (r == 0)
+                        break;
+        }
+        b[n] = 0;
+        return b;
+}
+
+/* ---- generate / chat ------------------------------------------------------------------------ */
+
+/* Options shared by generate and chat. */
+struct gen_opts {
+        x4_request *req;
+        const char *system;
+        const char *tokens;
+        bool raw;
+        bool show_think;
+        int thinking; /* -1 default */
+};
+
+enum {
+        OPT_TEMPERATURE = 1000, OPT_TOP_P, OPT_TOP_K, OPT_MIN_P, OPT_SEED, OPT_REP, OPT_PRES,
+        OPT_FREQ, OPT_MAX_TOKENS, OPT_STOP, OPT_STOP_ID, OPT_SNAPSHOT, OPT_LOGPROBS,
+        OPT_THINK_BUDGET, OPT_IGNORE_EOS, OPT_SYSTEM, OPT_NO_THINK, OPT_SHOW_THINK, OPT_TOKENS,
+        OPT_RAW, OPT_JSON, OPT_WATCH, OPT_SOCKET, OPT_CONNECT_TIMEOUT, OPT_TIMEOUT, OPT_REQUESTS,
+        OPT_FROM_REQUEST,
+};
+
+static const struct option gen_longopts[] = {
+        { "temperature", required_argument, NULL, OPT_TEMPERATURE },
+        { "top-p", required_argument, NULL, OPT_TOP_P },
+        { "top-k", required_argument, NULL, OPT_TOP_K },
+        { "min-p", required_argument, NULL, OPT_MIN_P },
+        { "seed", required_argument, NULL, OPT_SEED },
+        { "repetition-penalty", required_argument, NULL, OPT_REP },
+        { "presence-penalty", required_argument, NULL, OPT_PRES },
+        { "frequency-penalty", required_argument, NULL, OPT_FREQ },
+        { "max-tokens", required_argument, NULL, OPT_MAX_TOKENS },
+        { "stop", required_argument, NULL, OPT_STOP },
+        { "stop-id", required_argument, NULL, OPT_STOP_ID },
+        { "snapshot", required_argument, NULL, OPT_SNAPSHOT },
+        { "logprobs", required_argument, NULL, OPT_LOGPROBS },
+        { "thinking-budget", required_argument, NULL, OPT_THINK_BUDGET },
+        { "ignore-eos", no_argument, NULL, OPT_IGNORE_EOS },
+        { "system", required_argument, NULL, OPT_SYSTEM },
+        { "no-think", no_argument, NULL, OPT_NO_THINK },
+        { "show-think", no_argument, NULL, OPT_SHOW_THINK },
+        { "tokens", required_argument, NULL, OPT_TOKENS },
+        { "raw", no_argument, NULL, OPT_RAW },
+        { "json", no_argument, NULL, OPT_JSON },
+        {}
+};
+
+/* Parse generate/chat options. Returns 0, or an exit code. */
+static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
+        int c;
+        o->thinking = -1;
+        o->req = x4_request_new();
+        if (!o->req) {
+                fprintf(stderr, "x4ctl: out of memory\n");
+                return EXIT_FAIL;
+        }
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "", gen_longopts, NULL)) >= 0) {
+                float f;
+                uint32_t u;
+                uint64_t u64;
+                int32_t i;
+                switch (c) {
+#define FLOAT_OPT(ID, setter, name)                                                                \
+        case ID:                                                                                   \
+                if (parse_float(optarg, &f) < 0)                                                   \
+                        return usage_error("--" name ": '%s' is not a number", optarg);            \
+                setter(o->req, f);                                                                 \
+                break;
+                        FLOAT_OPT(OPT_TEMPERATURE, x4_request_set_temperature, "temperature")
+                        FLOAT_OPT(OPT_TOP_P, x4_request_set_top_p, "top-p")
+                        FLOAT_OPT(OPT_MIN_P, x4_request_set_min_p, "min-p")
+                        FLOAT_OPT(OPT_REP, x4_request_set_repetition_penalty, "repetition-penalty")
+                        FLOAT_OPT(OPT_PRES, x4_request_set_presence_penalty, "presence-penalty")
+                        FLOAT_OPT(OPT_FREQ, x4_request_set_frequency_penalty, "frequency-penalty")
+#undef FLOAT_OPT
+                case OPT_TOP_K:
+                        if (parse_u32(optarg, &u) < 0)
+                                return usage_error("--top-k: '%s' is not a count", optarg);
+                        x4_request_set_top_k(o->req, u);
+                        break;
+                case OPT_SEED:
+                        if (parse_u64(optarg, &u64) < 0)
+                                return usage_error("--seed: '%s' is not an unsigned integer", optarg);
+                        x4_request_set_seed(o->req, u64);
+                        break;
+                case OPT_MAX_TOKENS:
+                        if (parse_u32(optarg, &u) < 0)
+                                return usage_error("--max-tokens: '%s' is not a count", optarg);
+                        x4_request_set_max_tokens(o->req, u);
+                        break;
+                case OPT_STOP:
+                        x4_request_add_stop(o->req, optarg);
+                        break;
+                case OPT_STOP_ID:
+                        if (parse_i32(optarg, &i) < 0)
+                                return usage_error("--stop-id: '%s' is not a token id", optarg);
+                        x4_request_add_stop_id(o->req, i);
+                        break;
+                case OPT_SNAPSHOT:
+                        x4_request_set_snapshot(o->req, optarg);
+                        break;
+                case OPT_LOGPROBS:
+                        if (parse_u32(optarg, &u) < 0)
+                                return usage_error("--logprobs: '%s' is not a count", optarg);
+                        x4_request_set_logprobs(o->req, u);
+                        break;
+                case OPT_THINK_BUDGET:
+                        if (parse_i32(optarg, &i) < 0)
+                                return usage_error("--thinking-budget: '%s' is not a count", optarg);
+                        x4_request_set_thinking_budget(o->req, i);
+                        break;
+                case OPT_IGNORE_EOS:
+                        x4_request_set_ignore_eos(o->req, true);
+                        break;
+                case OPT_SYSTEM:
+                        o->system = optarg;
+                        break;
+                case OPT_NO_THINK:
+                        o->thinking = 0;
+                        break;
+                case OPT_SHOW_THINK:
+                        o->show_think = true;
+                        break;
+                case OPT_TOKENS:
+                        o->tokens = optarg;
+                        break;
+                case OPT_RAW:
+                        o->raw = true;
+                        break;
+                case OPT_JSON:
+                        arg.json = true;
+                        break;
+                default:
+                        return EXIT_USAGE;
+                }
+        }
+        return 0;
+}
+
+struct gen_state {
+        bool show_think;
+        bool json;
+        int last_channel;
+        bool any_output;
+        char *reply;   /* chat: the assistant's content, for the history */
+        size_t reply_len;
+};
+
+static int on_chunk(const struct x4_chunk *ch, void *userdata) {
+        struct gen_state *s = userdata;
+
+        if (s->json) {
+                printf("{\"type\":\"chunk\",\"channel\":\"%s\",\"text\":", channel_name(ch->channel));
+                json_str(stdout, ch->text, ch->text_len);
+                printf(",\"token_ids\":[");
+                for (size_t i = 0; i < ch->n_token_ids; i++)
+                        printf("%s%" PRId32, i ? "," : "", ch->token_ids[i]);
+                printf("]");
+                if (ch->n_logprobs) {
+                        printf(",\"logprobs\":[");
+                        for (size_t i = 0; i < ch->n_logprobs; i++) {
+                                const struct x4_token_logprob *l = &ch->logprobs[i];
+                                printf("%s{\"token_id\":%" PRId32 ",\"logprob\":%.6g,\"top\":[",
+                                       i ? "," : "", l->token_id, (double) l->logprob);
+                                for (size_t j = 0; j < l->n_top; j++)
+                                        printf("%s{\"token_id\":%" PRId32 ",\"logprob\":%.6g}",
+                                               j ? "," : "", l->top[j].token_id,
+                                               (double) l->top[j].logprob);
+                                printf("]}");
+                        }
+                        printf("]");
+                }
+                printf("}\n");
+        } else if (ch->channel == X4_CHANNEL_REASONING) {
+                /* reasoning goes to stderr so stdout stays the answer (pipe-friendly) */
+                if (s->show_think) {
+                        fwrite(ch->text, 1, ch->text_len, stderr);
+                        fflush(stderr);
+                }
+        } else {
+                if (s->show_think && s->last_channel == X4_CHANNEL_REASONING)
+                        fputc('\n', stderr);
+                fwrite(ch->text, 1, ch->text_len, stdout);
+                s->any_output = ch->text_len > 0 || s->any_output;
+        }
+        if (ch->channel == X4_CHANNEL_CONTENT && ch->text_len) {
+                char *n = realloc(s->reply, s->reply_len + ch->text_len + 1);
+                if (n) {
+                        memcpy(n + s->reply_len, ch->text, ch->text_len);
+                        s->reply_len += ch->text_len;
+                        n[s->reply_len] = 0;
+                        s->reply = n;
+                }
+        }
+        s->last_channel = ch->channel;
+        fflush(stdout);
+        return interrupted ? 1 : 0;
+}
+
+static void print_done(const struct x4_done *d) {
+        printf("{\"type\":\"done\",\"finish_reason\":\"%s\",\"server_request_id\":%" PRIu64
+               ",\"usage\":{\"prompt_tokens\":%u,\"cached_tokens\":%u,\"completion_tokens\":%u,"
+               "\"reasoning_tokens\":%u},\"timings\":{\"queue_ms\":%.3f,\"prefill_ms\":%.3f,"
+               "\"decode_ms\":%.3f,\"total_ms\":%.3f}",
+               finish_name(d->finish_reason), d->server_request_id, d->prompt_tokens,
+               d->cached_tokens, d->completion_tokens, d->reasoning_tokens, d->queue_ms,
+               d->prefill_ms, d->decode_ms, d->total_ms);
+        if (d->stop) {
+                printf(",\"stop\":");
+                json_str(stdout, d->stop, strlen(d->stop));
+        }
+        printf("}\n");
+}
+
+/* Run one request to its end; returns an exit code. */
+static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
+        struct x4_done d;
+        int e = x4_client_generate(c, req, on_chunk, s, &d);
+        if (!s->json && s->any_output)
+                putchar('\n');
+        if (e < 0) {
+                if (s->json) {
+                        printf("{\"type\":\"error\",\"code\":\"%s\",\"message\":", x4_strerror(e));
+                        const char *m = x4_client_last_error(c);
+                        json_str(stdout, m, strlen(m));
+                        printf("}\n");
+                }
+                return fail_client(c, e);
+        }
+        if (s->json)
+                print_done(&d);
+        fflush(stdout);
+        if (d.finish_reason == X4_FINISH_CANCELLED && interrupted)
+                return EXIT_INTERRUPTED;
+        return EXIT_OK;
+}
+
+static int cmd_generate(int argc, char **argv) {
+        struct gen_opts o = {};
+        int r = parse_gen_opts(argc, argv, &o);
+        x4_client *c = NULL;
+        char *prompt = NULL;
+
+        if (r != 0)
+                goto out;
+        if (o.tokens) {
+                int32_t *ids;
+                size_t n;
+                if (optind < argc) {
+                        r = usage_error("generate: --tokens and a text prompt ('%s') exclude each other",
+                                        argv[optind]);
+                        goto out;
+                }
+                if (parse_ids(o.tokens, &ids, &n) < 0) {
+                        r = usage_error("--tokens: '%s' is not a list of token ids", o.tokens);
+                        goto out;
+                }
+                x4_request_set_tokens(o.req, ids, n);
+                free(ids);
+        } else {
+                if (optind < argc && strcmp(argv[optind], "-") != 0) {
+                        size_t len = 0;
+                        for (int i = optind; i < argc; i++)
+                                len += strlen(argv[i]) + 1;
+                        prompt = calloc(1, len + 1);
+                        for (int i = optind; prompt && i < argc; i++) {
+                                if (i > optind)
+                                        strcat(prompt, " ");
+                                strcat(prompt, argv[i]);
+                        }
+                } else
+                        prompt = read_all(stdin);
+                if (!prompt) {
+                        fprintf(stderr, "x4ctl: out of memory\n");
+                        r = EXIT_FAIL;
+                        goto out;
+                }
+                if (o.raw)
+                        x4_request_set_text(o.req, prompt);
+                else {
+                        if (o.system)
+                                x4_request_add_message(o.req, "system", o.system);
+                        x4_request_add_message(o.req, "user", prompt);
+                        if (o.thinking >= 0)
+                                x4_request_set_thinking(o.req, o.thinking);
+                }
+        }
+        r = open_client(&c);
+        if (r != 0)
+                goto out;
+        struct gen_state s = { .show_think = o.show_think, .json = arg.json };
+        r = run_generate(c, o.req, &s);
+        free(s.reply);
+out:
+        x4_client_free(c);
+        x4_request_free(o.req);
+        free(prompt);
+        return r;
+}
+
+/* Interactive chat: one line = one user turn. The request object accumulates the conversation
+ * (the sampling options parsed into it stay), so each turn resends the history; the daemon's
+ * prefix store makes the repeated part cheap. Ctrl-C stops the current answer; Ctrl-D ends. */
+static int cmd_chat(int argc, char **argv) {
+        struct gen_opts o = {};
+        int r = parse_gen_opts(argc, argv, &o);
+        x4_client *c = NULL;
+        char *line = NULL;
+        size_t cap = 0;
+
+        if (r != 0)
+                goto out;
+        if (optind < argc) {
+                r = usage_error("chat: unexpected argument '%s' (type the prompts on stdin)",
+                                argv[optind]);
+                goto out;
+        }
+        r = open_client(&c);
+        if (r != 0)
+                goto out;
+        if (o.system)
+                x4_request_add_message(o.req, "system", o.system);
+        if (o.thinking >= 0)
+                x4_request_set_thinking(o.req, o.thinking);
+        bool tty = isatty(STDIN_FILENO);
+        for (;;) {
+                if (tty) {
+                        fputs("> ", stdout);
+                        fflush(stdout);
+                }
+                ssize_t len = getline(&line, &cap, stdin);
+                if (len < 0)
+                        break;
+                while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+                        line[--len] = 0;
+                if (len == 0)
+                        continue;
+                if (x4_request_add_message(o.req, "user", line) < 0) {
+                        fprintf(stderr, "x4ctl: out of memory\n");
+                        r = EXIT_FAIL;
+                        goto out;
+                }
+                interrupted = 0;
+                struct gen_state s = { .show_think = o.show_think, .json = arg.json };
+                r = run_generate(c, o.req, &s);
+                x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "");
+                free(s.reply);
+                if (r != EXIT_OK && r != EXIT_INTERRUPTED)
+                        goto out;
+        }
+        r = EXIT_OK;
+out:
+        free(line);
+        x4_client_free(c);
+        x4_request_free(o.req);
+        return r;
+}
+
+/* ---- stats / info / health / cancel / snapshot ---------------------------------------------- */
+
+static void print_stats_json(const struct x4_stats *s, const struct x4_request_state *q, size_t n) {
+        printf("{\"uptime_ms\":%" PRIu64 ",\"connections\":%u,\"requests_running\":%u,"
+               "\"requests_waiting\":%u,\"requests_total\":%" PRIu64 ",\"requests_failed\":%" PRIu64
+               ",\"requests_cancelled\":%" PRIu64 ",\"prompt_tokens_total\":%" PRIu64
+               ",\"completion_tokens_total\":%" PRIu64 ",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,"
+               "\"cache_pages_total\":%u,\"cache_pages_used\":%u,\"cache_page_tokens\":%u,"
+               "\"memory_used\":%" PRIu64 ",\"memory_total\":%" PRIu64 ",\"prefix_hits\":%" PRIu64
+               ",\"prefix_tokens_reused\":%" PRIu64 ",\"requests\":[",
+               s->uptime_ms, s->connections, s->requests_running, s->requests_waiting,
+               s->requests_total, s->requests_failed, s->requests_cancelled,
+               s->prompt_tokens_total, s->completion_tokens_total, s->prefill_tok_s,
+               s->decode_tok_s, s->cache_pages_total, s->cache_pages_used, s->cache_page_tokens,
+               s->memory_used, s->memory_total, s->prefix_hits, s->prefix_tokens_reused);
+        for (size_t i = 0; i < n; i++) {
+                printf("%s{\"server_request_id\":%" PRIu64 ",\"running\":%s,\"prompt_tokens\":%u,"
+                       "\"prefilled_tokens\":%u,\"completion_tokens\":%u,\"age_ms\":%" PRIu64
+                       ",\"peer_pid\":%u,\"peer_uid\":%u,\"client\":",
+                       i ? "," : "", q[i].server_request_id, q[i].running ? "true" : "false",
+                       q[i].prompt_tokens, q[i].prefilled_tokens, q[i].completion_tokens,
+                       q[i].age_ms, q[i].peer_pid, q[i].peer_uid);
+                json_str(stdout, q[i].client, strlen(q[i].client));
+                printf("}");
+        }
+        printf("]}\n");
+}
+
+static void print_stats_table(const struct x4_stats *s, const struct x4_request_state *q,
+                              size_t n) {
+        double mib = 1024.0 * 1024.0;
+        printf("uptime          %.1f s\n", s->uptime_ms / 1000.0);
+        printf("connections     %u\n", s->connections);
+        printf("requests        %u running, %u waiting, %" PRIu64 " total, %" PRIu64
+               " failed, %" PRIu64 " cancelled\n",
+               s->requests_running, s->requests_waiting, s->requests_total, s->requests_failed,
+               s->requests_cancelled);
+        printf("tokens          %" PRIu64 " prompt, %" PRIu64 " completion\n",
+               s->prompt_tokens_total, s->completion_tokens_total);
+        printf("rates           %.1f tok/s prefill, %.1f tok/s decode\n", s->prefill_tok_s,
+               s->decode_tok_s);
+        printf("cache pages     %u / %u used (%u tokens each)\n", s->cache_pages_used,
+               s->cache_pages_total, s->cache_page_tokens);
+        printf("memory          %.1f / %.1f MiB\n", s->memory_used / mib, s->memory_total / mib);
+        printf("prefix cache    %" PRIu64 " hits, %" PRIu64 " tokens reused\n", s->prefix_hits,
+               s->prefix_tokens_reused);
+        if (n) {
+                printf("\n%8s %-8s %8s %9s %8s %9s %8s  %s\n", "ID", "STATE", "PROMPT", "PREFILLED",
+                       "OUTPUT", "AGE", "PID", "CLIENT");
+                for (size_t i = 0; i < n; i++)
+                        printf("%8" PRIu64 " %-8s %8u %9u %8u %8.1fs %8u  %s\n",
+                               q[i].server_request_id, q[i].running ? "running" : "waiting",
+                               q[i].prompt_tokens, q[i].prefilled_tokens, q[i].completion_tokens,
+                               q[i].age_ms / 1000.0, q[i].peer_pid, q[i].client);
+        }
+}
+
+static int cmd_stats(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "json", no_argument, NULL, OPT_JSON },
+                { "watch", optional_argument, NULL, OPT_WATCH },
+                {}
+        };
+        double watch = 0;
+        int c;
+        x4_client *cl = NULL;
+
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
+                if (c == OPT_JSON)
+                        arg.json = true;
+                else if (c == OPT_WATCH) {
+                        float f = 1.0f;
+                        if (optarg && (parse_float(optarg, &f) < 0 || f < 0.1f))
+                                return usage_error("--watch: '%s' is not an interval >= 0.1 s",
+                                                   optarg);
+                        watch = f;
+                } else
+                        return EXIT_USAGE;
+        }
+        if (optind < argc)
+                return usage_error("stats: unexpected argument '%s'", argv[optind]);
+        int r = open_client(&cl);
+        if (r != 0)
+                return r;
+        do {
+                struct x4_stats s;
+                struct x4_request_state *q = NULL;
+                size_t n = 0;
+                int e = x4_client_stats(cl, &s);
+                if (e >= 0)
+                        e = x4_client_requests(cl, &q, &n);
+                if (e < 0) {
+                        r = fail_client(cl, e);
+                        break;
+                }
+                if (arg.json)
+                        print_stats_json(&s, q, n);
+                else {
+                        if (watch > 0 && isatty(STDOUT_FILENO))
+                                fputs("\033[H\033[2J", stdout);
+                        print_stats_table(&s, q, n);
+                }
+                free(q);
+                fflush(stdout);
+                if (watch > 0) {
+                        struct timespec ts = { (time_t) watch,
+                                               (long) ((watch - (time_t) watch) * 1e9) };
+                        while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !interrupted)
+                                ;
+                        if (!arg.json)
+                                putchar('\n');
+                }
+        } while (watch > 0 && !interrupted);
+        x4_client_free(cl);
+        return r;
+}
+
+static int cmd_info(int argc, char **argv) {
+        x4_client *c;
+        struct x4_info i;
+        if (argc > 1 && strcmp(argv[1], "--json") == 0)
+                arg.json = true;
+        else if (argc > 1)
+                return usage_error("info: unexpected argument '%s'", argv[1]);
+        int r = open_client(&c);
+        if (r != 0)
+                return r;
+        int e = x4_client_info(c, &i);
+        if (e < 0) {
+                r = fail_client(c, e);
+                x4_client_free(c);
+                return r;
+        }
+        if (arg.json) {
+                printf("{\"server_version\":");
+                json_str(stdout, i.server_version, strlen(i.server_version));
+                printf(",\"backend\":");
+                json_str(stdout, i.backend, strlen(i.backend));
+                printf(",\"model\":{\"architecture\":");
+                json_str(stdout, i.model_architecture, strlen(i.model_architecture));
+                printf(",\"name\":");
+                json_str(stdout, i.model_name, strlen(i.model_name));
+                printf(",\"fingerprint\":");
+                json_str(stdout, i.model_fingerprint, strlen(i.model_fingerprint));
+                printf(",\"path\":");
+                json_str(stdout, i.model_path, strlen(i.model_path));
+                printf(",\"config_source\":");
+                json_str(stdout, i.config_source, strlen(i.config_source));
+                printf(",\"n_vocab\":%u,\"n_ctx\":%u,\"n_layer\":%u,\"n_embd\":%u,\"n_expert\":%u,"
+                       "\"n_expert_used\":%u,\"bos_id\":%d,\"eos_id\":%d,\"has_tokenizer\":%s},"
+                       "\"max_frame\":%u,\"max_tokens_default\":%u,\"max_running\":%u,"
+                       "\"cache_pages_total\":%u,\"cache_page_tokens\":%u}\n",
+                       i.n_vocab, i.n_ctx, i.n_layer, i.n_embd, i.n_expert, i.n_expert_used,
+                       i.bos_id, i.eos_id, i.has_tokenizer ? "true" : "false", i.max_frame,
+                       i.max_tokens_default, i.max_running, i.cache_pages_total,
+                       i.cache_page_tokens);
+        } else {
+                printf("server          %s\n", i.server_version);
+                printf("backend         %s\n", i.backend);
+                printf("model           %s (%s)\n", i.model_name, i.model_architecture);
+                printf("path            %s\n", i.model_path);
+                printf("config          %s\n", i.config_source);
+                printf("fingerprint     %s\n", i.model_fingerprint);
+                printf("shape           %u layers, embd %u, vocab %u, %u/%u experts\n", i.n_layer,
+                       i.n_embd, i.n_vocab, i.n_expert_used, i.n_expert);
+                printf("context         %u tokens\n", i.n_ctx);
+                printf("tokenizer       %s\n", i.has_tokenizer ? "yes" : "no (token ids only)");
+                printf("limits          %u running, %u max tokens default, %u bytes per frame\n",
+                       i.max_running, i.max_tokens_default, i.max_frame);
+                printf("cache           %u pages of %u tokens\n", i.cache_pages_total,
+                       i.cache_page_tokens);
+        }
+        x4_client_free(c);
+        return EXIT_OK;
+}
+
+static int cmd_health(int argc, char **argv) {
+        x4_client *c;
+        int status;
+        char detail[256];
+        if (argc > 1)
+                return usage_error("health: unexpected argument '%s'", argv[1]);
+        int r = open_client(&c);
+        if (r != 0)
+                return r;
+        int e = x4_client_health(c, &status, detail, sizeof detail);
+        if (e < 0) {
+                r = fail_client(c, e);
+                x4_client_free(c);
+                return r;
+        }
+        static const char *names[] = { "unknown", "serving", "loading", "draining" };
+        const char *name = status >= 0 && status < 4 ? names[status] : "unknown";
+        if (arg.json) {
+                printf("{\"status\":\"%s\",\"detail\":", name);
+                json_str(stdout, detail, strlen(detail));
+                printf("}\n");
+        } else
+                printf("%s%s%s\n", name, *detail ? ": " : "", detail);
+        x4_client_free(c);
+        return status == X4_HEALTH_SERVING ? EXIT_OK : EXIT_UNAVAILABLE;
+}
+
+static int cmd_cancel(int argc, char **argv) {
+        x4_client *c;
+        uint64_t id;
+        if (argc != 2)
+                return usage_error("cancel: expects one server request id (see x4ctl stats)%s", "");
+        if (parse_u64(argv[1], &id) < 0)
+                return usage_error("cancel: '%s' is not a request id", argv[1]);
+        int r = open_client(&c);
+        if (r != 0)
+                return r;
+        int e = x4_client_cancel_server(c, id);
+        if (e < 0)
+                r = fail_client(c, e);
+        x4_client_free(c);
+        return r;
+}
+
+static int cmd_snapshot(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "tokens", required_argument, NULL, OPT_TOKENS },
+                { "raw", no_argument, NULL, OPT_RAW },
+                { "system", required_argument, NULL, OPT_SYSTEM },
+                { "json", no_argument, NULL, OPT_JSON },
+                {}
+        };
+        const char *tokens = NULL, *system = NULL;
+        bool raw = false;
+        x4_client *c = NULL;
+        int r, e, o;
+
+        if (argc < 2)
+                return usage_error("snapshot: expects create, list or drop%s", "");
+        const char *op = argv[1];
+        argc--;
+        argv++;
+        optind = 1;
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
+                if (o == OPT_TOKENS)
+                        tokens = optarg;
+                else if (o == OPT_RAW)
+                        raw = true;
+                else if (o == OPT_SYSTEM)
+                        system = optarg;
+                else if (o == OPT_JSON)
+                        arg.json = true;
+                else
+                        return EXIT_USAGE;
+        }
+        if (streq_(op, "list")) {
+                struct x4_snapshot_info *a;
+                size_t n;
+                if (optind < argc)
+                        return usage_error("snapshot list: unexpected argument '%s'", argv[optind]);
+                r = open_client(&c);
+                if (r != 0)
+                        return r;
+                e = x4_client_snapshot_list(c, &a, &n);
+                if (e < 0) {
+                        r = fail_client(c, e);
+                        x4_client_free(c);
+                        return r;
+                }
+                if (arg.json) {
+                        printf("[");
+                        for (size_t i = 0; i < n; i++) {
+                                printf("%s{\"name\":", i ? "," : "");
+                                json_str(stdout, a[i].name, strlen(a[i].name));
+                                printf(",\"n_tokens\":%u,\"bytes\":%" PRIu64 ",\"created_unix\":%" PRIu64 "}",
+                                       a[i].n_tokens, a[i].bytes, a[i].created_unix);
+                        }
+                        printf("]\n");
+                } else {
+                        if (n)
+                                printf("%-32s %10s %12s\n", "NAME", "TOKENS", "BYTES");
+                        for (size_t i = 0; i < n; i++)
+                                printf("%-32s %10u %12" PRIu64 "\n", a[i].name, a[i].n_tokens,
+                                       a[i].bytes);
+                }
+                free(a);
+                x4_client_free(c);
+                return EXIT_OK;
+        }
+        if (streq_(op, "drop")) {
+                if (argc - optind != 1)
+                        return usage_error("snapshot drop: expects one NAME%s", "");
+                r = open_client(&c);
+                if (r != 0)
+                        return r;
+                e = x4_client_snapshot_drop(c, argv[optind]);
+                r = e < 0 ? fail_client(c, e) : EXIT_OK;
+                x4_client_free(c);
+                return r;
+        }
+        if (streq_(op, "create")) {
+                if (argc - optind < 1)
+                        return usage_error("snapshot create: expects NAME [PROMPT...]%s", "");
+                const char *name = argv[optind++];
+                x4_request *src = x4_request_new();
+                char *prompt = NULL;
+                if (!src)
+                        return EXIT_FAIL;
+                if (tokens) {
+                        int32_t *ids;
+                        size_t n;
+                        if (parse_ids(tokens, &ids, &n) < 0) {
+                                x4_request_free(src);
+                                return usage_error("--tokens: '%s' is not a list of token ids", tokens);
+                        }
+                        x4_request_set_tokens(src, ids, n);
+                        free(ids);
+                } else {
+                        if (optind < argc) {
+                                size_t len = 0;
+                                for (int i = optind; i < argc; i++)
+                                        len += strlen(argv[i]) + 1;
+                                prompt = calloc(1, len + 1);
+                                for (int i = optind; prompt && i < argc; i++) {
+                                        if (i > optind)
+                                                strcat(prompt, " ");
+                                        strcat(prompt, argv[i]);
+                                }
+                        } else
+                                prompt = read_all(stdin);
+                        if (!prompt) {
+                                x4_request_free(src);
+                                return EXIT_FAIL;
+                        }
+                        if (raw)
+                                x4_request_set_text(src, prompt);
+                        else {
+                                if (system)
+                                        x4_request_add_message(src, "system", system);
+                                x4_request_add_message(src, "user", prompt);
+                        }
+                }
+                r = open_client(&c);
+                if (r == 0) {
+                        struct x4_snapshot_info info;
+                        e = x4_client_snapshot_create(c, name, src, 0, &info);
+                        if (e < 0)
+                                r = fail_client(c, e);
+                        else if (arg.json)
+                                printf("{\"name\":\"%s\",\"n_tokens\":%u,\"bytes\":%" PRIu64 "}\n",
+                                       info.name, info.n_tokens, info.bytes);
+                        else
+                                printf("%s: %u tokens, %" PRIu64 " bytes\n", info.name,
+                                       info.n_tokens, info.bytes);
+                }
+                x4_client_free(c);
+                x4_request_free(src);
+                free(prompt);
+                return r;
+        }
+        return usage_error("snapshot: unknown operation '%s' (create, list, drop)", op);
+}
+
+static void help(void) {
+        printf("x4ctl [OPTIONS] COMMAND [ARGS]  -- talk to the xing4d inference daemon\n\n"
+               "Commands:\n"
+               "  generate [OPTS] [PROMPT...]   generate, streaming to stdout (prompt from stdin if none or '-')\n"
+               "  chat [OPTS]                   interactive chat (one line per turn; Ctrl-C stops an answer)\n"
+               "  stats [--json] [--watch[=S]]  server counters and the requests in flight\n"
+               "  cancel ID                     cancel a request by its server id (from stats)\n"
+               "  snapshot create NAME [--tokens IDS|--raw|--system TEXT] [PROMPT...]\n"
+               "  snapshot list | snapshot drop NAME\n"
+               "  info [--json]                 model, backend and limits\n"
+               "  health                        serving / draining (exit 0 only when serving)\n\n"
+               "Global options:\n"
+               "  --socket PATH                 daemon socket (default $X4_SOCKET, else " X4_DEFAULT_SOCKET ")\n"
+               "  --connect-timeout MS          connect + handshake limit (default 30000; -1 = none)\n"
+               "  --timeout MS                  longest wait for the next reply frame (default 300000)\n"
+               "  --json                        machine-readable output (generate: one JSON object per line)\n\n"
+               "Generate/chat options:\n"
+               "  --system TEXT  --no-think  --show-think (reasoning to stderr)  --raw (no chat template)\n"
+               "  --tokens IDS (token-id prompt, e.g. 1,2,3)  --max-tokens N  --temperature T  --top-p P\n"
+               "  --top-k K  --min-p P  --seed N  --repetition-penalty R  --presence-penalty P\n"
+               "  --frequency-penalty F  --stop STR  --stop-id ID  --snapshot NAME  --logprobs N\n"
+               "  --thinking-budget N  --ignore-eos\n\n"
+               "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect, 4 timeout,\n"
+               "             5 not found, 6 daemon unavailable (draining/full), 130 interrupted\n");
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "socket", required_argument, NULL, OPT_SOCKET },
+                { "connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT },
+                { "timeout", required_argument, NULL, OPT_TIMEOUT },
+                { "json", no_argument, NULL, OPT_JSON },
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, 'V' },
+                {}
+        };
+        int c;
+        int32_t ms;
+
+        signal(SIGPIPE, SIG_IGN);
+        struct sigaction sa = { .sa_handler = on_sigint };
+        sigaction(SIGINT, &sa, NULL);
+
+        /* global options stop at the command name */
+        while ((c = getopt_long(argc, argv, "+hV", opts, NULL)) >= 0) {
+                switch (c) {
+                case OPT_SOCKET:
+                        arg.socket = optarg;
+                        break;
+                case OPT_CONNECT_TIMEOUT:
+                        if (parse_i32(optarg, &ms) < 0 || ms < -1)
+                                return usage_error("--connect-timeout: '%s' is not milliseconds", optarg);
+                        arg.connect_ms = ms;
+                        break;
+                case OPT_TIMEOUT:
+                        if (parse_i32(optarg, &ms) < 0 || ms < -1)
+                                return usage_error("--timeout: '%s' is not milliseconds", optarg);
+                        arg.response_ms = ms;
+                        break;
+                case OPT_JSON:
+                        arg.json = true;
+                        break;
+                case 'h':
+                        help();
+                        return EXIT_OK;
+                case 'V':
+                        printf("x4ctl " X4CTL_VERSION "\n");
+                        return EXIT_OK;
+                default:
+                        return EXIT_USAGE;
+                }
+        }
+        if (optind >= argc)
+                return usage_error("no command given%s", "");
+        const char *cmd = argv[optind];
+        argc -= optind;
+        argv += optind;
+        if (streq_(cmd, "generate") || streq_(cmd, "gen"))
+                return cmd_generate(argc, argv);
+        if (streq_(cmd, "chat"))
+                return cmd_chat(argc, argv);
+        if (streq_(cmd, "stats"))
+                return cmd_stats(argc, argv);
+        if (streq_(cmd, "cancel"))
+                return cmd_cancel(argc, argv);
+        if (streq_(cmd, "snapshot"))
+                return cmd_snapshot(argc, argv);
+        if (streq_(cmd, "info"))
+                return cmd_info(argc, argv);
+        if (streq_(cmd, "health"))
+                return cmd_health(argc, argv);
+        return usage_error("unknown command '%s'", cmd);
+}
