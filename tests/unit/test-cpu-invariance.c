@@ -1,0 +1,273 @@
+/* SPDX-License-Identifier: MIT */
+/* Determinism of the CPU backend (design.md "Numerics"): a token's logits are BIT-identical
+ * however the prompt is chunked (1, 3, 7, all at once, and across the backend's internal
+ * micro-batch boundary), with 1 or 2 threads, whatever the batch-mates, and for decode steps vs
+ * the rows of a one-batch prefill (prefill and decode share one absorbed attention code path).
+ * Plus the forward's refusals, asserted by their messages. Runs on the xing4-tiny-a fixture. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "model/xing4.h"
+#include "util/log.h"
+
+#define PAGE_TOKENS 16u /* small pages, so sequences span several (non-contiguous) pages */
+#define N_PAGES 64u
+#define N_PROMPT 40u
+#define N_LONG 300u /* crosses the cpu backend's 256-token micro-batch */
+
+struct fixture {
+        struct x4_model *model;
+        const struct x4_backend_ops *ops;
+        struct x4_backend *b1, *b2; /* 1 and 2 threads */
+        uint32_t n_vocab;
+        int32_t prompt[N_LONG];
+        float *ref;      /* [N_PROMPT][vocab]: 1 thread, one batch */
+        float *ref_long; /* [N_LONG][vocab] */
+};
+
+/* Pages of "sequence slot" k: interleaved with other slots' pages, in reverse order, so page
+ * table lookups are really exercised. */
+static void slot_pages(uint32_t k, uint32_t *pages, uint32_t n) {
+        for (uint32_t i = 0; i < n; i++)
+                pages[i] = N_PAGES - 1 - (i * 3 + k);
+}
+
+static int feed(struct fixture *f, struct x4_backend *b, const int32_t *tokens, uint32_t n,
+                uint32_t pos0, const uint32_t *pages, uint32_t mode, float *out) {
+        struct x4_seq seq = { .tokens = tokens, .n_tokens = n, .pos0 = pos0, .pages = pages,
+                              .n_pages = DIV_ROUND_UP(pos0 + n, PAGE_TOKENS), .logits = mode };
+        struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
+
+        return f->ops->forward(b, &batch, out);
+}
+
+/* Prefill tokens[0..n) in chunks of `chunk` with logits for every row into out[n][vocab]. */
+static void prefill_chunked(struct fixture *f, struct x4_backend *b, const int32_t *tokens,
+                            uint32_t n, uint32_t chunk, uint32_t slot, float *out) {
+        uint32_t pages[N_PAGES / 3];
+
+        slot_pages(slot, pages, DIV_ROUND_UP(n, PAGE_TOKENS));
+        for (uint32_t p = 0; p < n; p += chunk)
+                assert_int_equal(feed(f, b, tokens + p, MIN(chunk, n - p), p, pages, X4_LOGITS_ALL,
+                                      out + (size_t) p * f->n_vocab),
+                                 0);
+}
+
+static void assert_rows_identical(const struct fixture *f, const float *a, const float *b,
+                                  uint32_t rows, const char *what) {
+        for (uint32_t r = 0; r < rows; r++)
+                if (memcmp(a + (size_t) r * f->n_vocab, b + (size_t) r * f->n_vocab,
+                           f->n_vocab * sizeof(float)) != 0)
+                        fail_msg("%s: row %u differs from the one-batch 1-thread prefill", what, r);
+}
+
+static int setup(void **state) {
+        struct fixture *f = calloc(1, sizeof *f);
+        const char *env = getenv("X4_FIXTURES");
+        char path[4096];
+        uint32_t rng = 12345;
+
+        assert_non_null(f);
+        snprintf(path, sizeof path, "%s/xing4-tiny-a/model.gguf", env && *env ? env : X4_FIXTURES);
+        struct x4_model_params mp = { .path = path };
+        assert_int_equal(x4_model_open(&mp, &f->model), 0);
+        f->n_vocab = x4_model_config(f->model)->n_vocab;
+        assert_int_equal(x4_backend_get("cpu", &f->ops), 0);
+        struct x4_backend_params bp = { .n_threads = 1, .page_tokens = PAGE_TOKENS,
+                                        .n_pages = N_PAGES, .cache_type = X4_CACHE_F32 };
+        assert_int_equal(f->ops->create(f->model, &bp, &f->b1), 0);
+        bp.n_threads = 2;
+        assert_int_equal(f->ops->create(f->model, &bp, &f->b2), 0);
+
+        for (uint32_t i = 0; i < N_LONG; i++) {
+                rng = rng * 1103515245u + 12345u;
+                f->prompt[i] = (int32_t) ((rng >> 8) % f->n_vocab);
+        }
+        f->ref = malloc((size_t) N_PROMPT * f->n_vocab * sizeof(float));
+        f->ref_long = malloc((size_t) N_LONG * f->n_vocab * sizeof(float));
+        assert_non_null(f->ref);
+        assert_non_null(f->ref_long);
+        prefill_chunked(f, f->b1, f->prompt, N_PROMPT, N_PROMPT, 0, f->ref);
+        prefill_chunked(f, f->b1, f->prompt, N_LONG, N_LONG, 0, f->ref_long);
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        struct fixture *f = *state;
+
+        f->ops->destroy(f->b1);
+        f->ops->destroy(f->b2);
+        x4_model_free(f->model);
+        free(f->ref);
+        free(f->ref_long);
+        free(f);
+        return 0;
+}
+
+static void test_chunking(void **state) {
+        struct fixture *f = *state;
+        _cleanup_free_ float *out = malloc((size_t) N_LONG * f->n_vocab * sizeof(float));
+        static const uint32_t chunks[] = { 1, 3, 7, N_PROMPT };
+        char what[64];
+
+        assert_non_null(out);
+        for (size_t i = 0; i < ELEMENTSOF(chunks); i++) {
+                memset(out, 0, (size_t) N_PROMPT * f->n_vocab * sizeof(float));
+                prefill_chunked(f, f->b1, f->prompt, N_PROMPT, chunks[i], 1, out);
+                snprintf(what, sizeof what, "chunks of %u", chunks[i]);
+                assert_rows_identical(f, f->ref, out, N_PROMPT, what);
+        }
+        /* 300 tokens at once cross the 256-token micro-batch; chunks of 7 never align with it */
+        prefill_chunked(f, f->b1, f->prompt, N_LONG, 7, 1, out);
+        assert_rows_identical(f, f->ref_long, out, N_LONG, "300 tokens in chunks of 7");
+}
+
+static void test_threads(void **state) {
+        struct fixture *f = *state;
+        _cleanup_free_ float *out = malloc((size_t) N_LONG * f->n_vocab * sizeof(float));
+
+        assert_non_null(out);
+        prefill_chunked(f, f->b2, f->prompt, N_PROMPT, N_PROMPT, 2, out);
+        assert_rows_identical(f, f->ref, out, N_PROMPT, "2 threads, one batch");
+        prefill_chunked(f, f->b2, f->prompt, N_PROMPT, 3, 2, out);
+        assert_rows_identical(f, f->ref, out, N_PROMPT, "2 threads, chunks of 3");
+        prefill_chunked(f, f->b2, f->prompt, N_LONG, N_LONG, 2, out);
+        assert_rows_identical(f, f->ref_long, out, N_LONG, "2 threads, 300 tokens");
+}
+
+/* The sequence under test in the middle of a batch with two others of different lengths, one of
+ * them a continuation (pos0 > 0) of an earlier prefill. */
+static void test_batch_mates(void **state) {
+        struct fixture *f = *state;
+        const size_t V = f->n_vocab;
+        _cleanup_free_ float *out = malloc((size_t) (17 + N_PROMPT + 1) * V * sizeof(float));
+        _cleanup_free_ float *alone = malloc(V * sizeof(float));
+        int32_t other[64];
+        uint32_t pa[N_PAGES / 3], pb[N_PAGES / 3], pc[N_PAGES / 3];
+
+        assert_non_null(out);
+        assert_non_null(alone);
+        for (uint32_t i = 0; i < ELEMENTSOF(other); i++)
+                other[i] = (int32_t) ((i * 37 + 11) % f->n_vocab);
+        slot_pages(0, pa, 4);
+        slot_pages(1, pb, 4);
+        slot_pages(2, pc, 4);
+
+        for (int pass = 0; pass < 2; pass++) {
+                struct x4_backend *b = pass ? f->b2 : f->b1;
+
+                /* C: 29 tokens of history, prefilled alone */
+                assert_int_equal(feed(f, b, other, 29, 0, pc, X4_LOGITS_NONE, NULL), 0);
+                struct x4_seq seqs[3] = {
+                        { .tokens = other + 30, .n_tokens = 17, .pos0 = 0, .pages = pb, .n_pages = 2,
+                          .logits = X4_LOGITS_ALL },
+                        { .tokens = f->prompt, .n_tokens = N_PROMPT, .pos0 = 0, .pages = pa,
+                          .n_pages = 3, .logits = X4_LOGITS_ALL },
+                        { .tokens = other + 29, .n_tokens = 1, .pos0 = 29, .pages = pc, .n_pages = 2,
+                          .logits = X4_LOGITS_LAST },
+                };
+                struct x4_batch batch = { .seqs = seqs, .n_seqs = 3 };
+
+                assert_int_equal(x4_batch_logits_rows(&batch), 17 + N_PROMPT + 1);
+                assert_int_equal(f->ops->forward(b, &batch, out), 0);
+                assert_rows_identical(f, f->ref, out + 17 * V, N_PROMPT,
+                                      pass ? "2 threads, between batch-mates" : "between batch-mates");
+                /* and the continuation's row equals C decoding that token on its own */
+                assert_int_equal(feed(f, b, other + 29, 1, 29, pc, X4_LOGITS_LAST, alone), 0);
+                assert_memory_equal(alone, out + (17 + N_PROMPT) * V, V * sizeof(float));
+        }
+}
+
+static void test_decode_vs_prefill(void **state) {
+        struct fixture *f = *state;
+        _cleanup_free_ float *out = malloc((size_t) N_PROMPT * f->n_vocab * sizeof(float));
+        uint32_t pages[N_PAGES / 3];
+
+        assert_non_null(out);
+        slot_pages(3, pages, DIV_ROUND_UP(N_PROMPT, PAGE_TOKENS));
+        /* 30 tokens of prefill with only the last row, then one token per step like a decoder */
+        assert_int_equal(feed(f, f->b2, f->prompt, 30, 0, pages, X4_LOGITS_LAST,
+                              out + 29 * f->n_vocab),
+                         0);
+        for (uint32_t p = 30; p < N_PROMPT; p++)
+                assert_int_equal(feed(f, f->b2, f->prompt + p, 1, p, pages, X4_LOGITS_LAST,
+                                      out + (size_t) p * f->n_vocab),
+                                 0);
+        assert_rows_identical(f, f->ref + 29 * f->n_vocab, out + 29 * f->n_vocab, N_PROMPT - 29,
+                              "decode steps");
+}
+
+static void test_errors(void **state) {
+        struct fixture *f = *state;
+        _cleanup_free_ float *out = malloc(8 * (size_t) f->n_vocab * sizeof(float));
+        int32_t bad[3] = { 5, 6, (int32_t) f->n_vocab };
+        int32_t neg[1] = { -1 };
+        uint32_t pages[4] = { 0, 1, 2, N_PAGES };
+        struct x4_seq seqs[2] = {
+                { .tokens = f->prompt, .n_tokens = 2, .pos0 = 0, .pages = pages, .n_pages = 1,
+                  .logits = X4_LOGITS_LAST },
+                { .tokens = bad, .n_tokens = 3, .pos0 = 0, .pages = pages + 1, .n_pages = 1,
+                  .logits = X4_LOGITS_LAST },
+        };
+        struct x4_batch batch = { .seqs = seqs, .n_seqs = 2 };
+        char want[128];
+
+        assert_non_null(out);
+        /* token id = vocab size, in the second sequence */
+        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        snprintf(want, sizeof want, "sequence 1 token 2: id %u out of range, expected 0..%u",
+                 f->n_vocab, f->n_vocab - 1);
+        assert_string_equal(log_last_error(), want);
+
+        seqs[1].tokens = neg;
+        seqs[1].n_tokens = 1;
+        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        assert_string_equal(log_last_error(), "sequence 1 token 0: id -1 out of range, expected 0..511");
+
+        /* no tokens */
+        seqs[1].n_tokens = 0;
+        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        assert_string_equal(log_last_error(), "sequence 1: n_tokens is 0, at least 1 expected");
+
+        /* positions beyond the sequence's page table: pos 16 needs a second page */
+        seqs[1].tokens = f->prompt;
+        seqs[1].n_tokens = 2;
+        seqs[1].pos0 = PAGE_TOKENS - 1;
+        assert_int_equal(f->ops->forward(f->b1, &batch, out), -ERANGE);
+        assert_string_equal(log_last_error(),
+                            "sequence 1: positions up to 16 need 2 pages of 16 tokens, its page table has 1");
+
+        /* a page the cache does not have */
+        seqs[1].pages = pages + 2;
+        seqs[1].n_pages = 2;
+        assert_int_equal(f->ops->forward(f->b1, &batch, out), -ERANGE);
+        assert_string_equal(log_last_error(),
+                            "sequence 1: page table entry 1 is page 64, the cache has pages 0..63");
+
+        /* an empty batch */
+        batch.n_seqs = 0;
+        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        assert_string_equal(log_last_error(), "cpu forward: batch has no sequences, at least 1 expected");
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_chunking),
+                cmocka_unit_test(test_threads),
+                cmocka_unit_test(test_batch_mates),
+                cmocka_unit_test(test_decode_vs_prefill),
+                cmocka_unit_test(test_errors),
+        };
+
+        log_set_max_level(LOG_CRIT);
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
