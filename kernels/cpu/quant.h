@@ -3,7 +3,10 @@
  * a stored row with an fp32 vector, for F32, F16, BF16, Q8_0, Q6_K and IQ4_NL.
  *
  * The dot products accumulate in a fixed order that depends only on the row length (never on
- * threads or batch), so a token's result is the same however the work is split. */
+ * threads or batch), so a token's result is the same however the work is split. That order is
+ * documented at the top of quant.c: 8 lanes (index mod 8), per-block lane sums scaled by the block's
+ * scale, a fixed reduction tree. The AVX2 variant (chosen at run time on x86-64) performs the same
+ * operations in the same order (no FMA), so its results are bit-identical to the portable code. */
 #pragma once
 
 #include <stddef.h>
@@ -48,3 +51,7 @@ int quant_dequantize_row(uint32_t type, const void *row, float *out, size_t n);
 /* sum_i row[i] * x[i] over n values. The caller guarantees type support and n % block == 0
  * (checked at load); asserts otherwise. */
 float quant_dot_row(uint32_t type, const void *row, const float *x, size_t n);
+
+/* Tests and benchmarks: 0 forces the portable kernels, 1 the best the CPU has. Returns 1 if a SIMD
+ * variant (AVX2) is now in use, else 0. Not for use while other threads compute dots. */
+int quant_set_simd(int enable);

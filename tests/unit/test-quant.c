@@ -1,0 +1,465 @@
+/* SPDX-License-Identifier: MIT */
+/* quant (spec §6): half/bfloat conversions checked exhaustively against ldexp/rint references,
+ * hand-made blocks with known values for every quant format, and dot products against both a
+ * double-precision sum and the documented summation order (bit for bit, SIMD and portable). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/quant.h"
+#include "model/ggml.h"
+#include "util/log.h"
+
+static uint32_t bits_of(float f) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        return u;
+}
+
+static float float_of(uint32_t u) {
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+}
+
+/* xorshift64*: deterministic test data */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+        rng_state ^= rng_state >> 12;
+        rng_state ^= rng_state << 25;
+        rng_state ^= rng_state >> 27;
+        return rng_state * 0x2545f4914f6cdd1dull;
+}
+static float rndf(void) { /* uniform in [-1, 1) */
+        return (float) ((double) (rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* IEEE half value by definition: (-1)^s · 2^(e-15) · 1.m, or 2^-14 · 0.m for e = 0 */
+static double half_ref(uint16_t h) {
+        int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+        double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+        return s ? -v : v;
+}
+
+static void test_fp16_to_f32(void **state) {
+        (void) state;
+        /* spot values */
+        assert_true(quant_fp16_to_f32(0x3c00) == 1.0f);
+        assert_true(quant_fp16_to_f32(0xc000) == -2.0f);
+        assert_true(quant_fp16_to_f32(0x7bff) == 65504.0f);
+        assert_true(quant_fp16_to_f32(0x0400) == 0x1p-14f);    /* smallest normal */
+        assert_true(quant_fp16_to_f32(0x0001) == 0x1p-24f);    /* smallest subnormal */
+        assert_true(quant_fp16_to_f32(0x03ff) == 1023 * 0x1p-24f);
+        assert_true(quant_fp16_to_f32(0x3555) == 0.333251953125f);
+        assert_true(quant_fp16_to_f32(0x0000) == 0.0f && !signbit(quant_fp16_to_f32(0x0000)));
+        assert_true(quant_fp16_to_f32(0x8000) == 0.0f && signbit(quant_fp16_to_f32(0x8000)));
+        assert_true(isinf(quant_fp16_to_f32(0x7c00)) && quant_fp16_to_f32(0x7c00) > 0);
+        assert_true(isinf(quant_fp16_to_f32(0xfc00)) && quant_fp16_to_f32(0xfc00) < 0);
+        assert_true(isnan(quant_fp16_to_f32(0x7e00)));
+        assert_true(isnan(quant_fp16_to_f32(0x7c01))); /* signalling NaN stays NaN, not inf */
+        assert_true(isnan(quant_fp16_to_f32(0xfc01)));
+        /* every half: exact value, and back to the same bits */
+        for (uint32_t h = 0; h < 65536; h++) {
+                float f = quant_fp16_to_f32((uint16_t) h);
+                if (((h >> 10) & 31) == 31) {
+                        assert_true((h & 1023) ? isnan(f) : isinf(f));
+                        continue;
+                }
+                if ((double) f != half_ref((uint16_t) h) || !signbit(f) != !(h >> 15))
+                        fail_msg("fp16 0x%04x -> %a, want %a", h, f, half_ref((uint16_t) h));
+                if (quant_f32_to_fp16(f) != h)
+                        fail_msg("fp16 0x%04x does not round-trip: 0x%04x", h, quant_f32_to_fp16(f));
+        }
+}
+
+/* Reference f32 -> half with rint (the FPU's round-to-nearest-even) on the scaled value. */
+static uint16_t half_from_ref(float f) {
+        uint16_t sign = signbit(f) ? 0x8000 : 0;
+        double a = fabs((double) f);
+        if (isnan(f))
+                return 0x7e00;
+        if (a < 0x1p-14) /* subnormal range: units of 2^-24 (rint may give 0x400 = normal) */
+                return sign | (uint16_t) rint(a * 0x1p24);
+        int e;
+        frexp(a, &e); /* a = fr · 2^e, fr in [0.5, 1): leading bit is 2^(e-1) */
+        double m = rint(ldexp(a, 11 - e)); /* 11 significant bits */
+        if (m == 2048) {
+                m = 1024;
+                e++;
+        }
+        int he = e - 1 + 15;
+        if (he >= 31)
+                return sign | 0x7c00;
+        return sign | (uint16_t) (he << 10) | (uint16_t) ((int) m - 1024);
+}
+
+static void test_f32_to_fp16(void **state) {
+        (void) state;
+        assert_int_equal(quant_f32_to_fp16(1.0f), 0x3c00);
+        assert_int_equal(quant_f32_to_fp16(-0.0f), 0x8000);
+        assert_int_equal(quant_f32_to_fp16(65504.0f), 0x7bff);
+        assert_int_equal(quant_f32_to_fp16(65519.996f), 0x7bff); /* just below the halfway point */
+        assert_int_equal(quant_f32_to_fp16(65520.0f), 0x7c00);   /* halfway: ties to even = inf */
+        assert_int_equal(quant_f32_to_fp16(1e10f), 0x7c00);
+        assert_int_equal(quant_f32_to_fp16(-1e10f), 0xfc00);
+        assert_int_equal(quant_f32_to_fp16(INFINITY), 0x7c00);
+        assert_int_equal(quant_f32_to_fp16(-INFINITY), 0xfc00);
+        uint16_t n = quant_f32_to_fp16(NAN);
+        assert_true((n & 0x7c00) == 0x7c00 && (n & 0x3ff) != 0);
+        n = quant_f32_to_fp16(float_of(0x7f800001)); /* payload only in low bits: still NaN */
+        assert_true((n & 0x7c00) == 0x7c00 && (n & 0x3ff) != 0);
+        /* ties to even */
+        assert_int_equal(quant_f32_to_fp16(1.0f + 0x1p-11f), 0x3c00);
+        assert_int_equal(quant_f32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3c02);
+        assert_int_equal(quant_f32_to_fp16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
+        /* subnormals */
+        assert_int_equal(quant_f32_to_fp16(0x1p-25f), 0x0000); /* tie -> even 0 */
+        assert_int_equal(quant_f32_to_fp16(0x1.000002p-25f), 0x0001);
+        assert_int_equal(quant_f32_to_fp16(3 * 0x1p-25f), 0x0002); /* tie 1|2 -> 2 */
+        assert_int_equal(quant_f32_to_fp16(0x1p-24f), 0x0001);
+        assert_int_equal(quant_f32_to_fp16(0x1p-14f - 0x1p-25f), 0x0400); /* tie 0x3ff|0x400 */
+        assert_int_equal(quant_f32_to_fp16(-0x1p-30f), 0x8000);
+        assert_int_equal(quant_f32_to_fp16(FLT_MIN), 0x0000);
+        /* every f32 exponent from far below the subnormals to overflow, random mantissas, plus
+         * the exact halfway points of each exponent */
+        for (int i = 0; i < 400000; i++) {
+                uint32_t e = 90 + (uint32_t) (rnd() % 60); /* 2^-37 .. 2^22 */
+                uint32_t m = (uint32_t) rnd() & 0x7fffff;
+                if (i % 4 == 0)
+                        m = (m & ~0x1fffu) | 0x1000; /* normal-half halfway point */
+                uint32_t u = (uint32_t) (rnd() & 1) << 31 | e << 23 | m;
+                float f = float_of(u);
+                if (quant_f32_to_fp16(f) != half_from_ref(f))
+                        fail_msg("f32 %a -> fp16 0x%04x, want 0x%04x", f, quant_f32_to_fp16(f),
+                                 half_from_ref(f));
+        }
+}
+
+static void test_bf16(void **state) {
+        (void) state;
+        assert_true(quant_bf16_to_f32(0x3f80) == 1.0f);
+        assert_true(quant_bf16_to_f32(0xc0a0) == -5.0f);
+        for (uint32_t b = 0; b < 65536; b++) {
+                float f = quant_bf16_to_f32((uint16_t) b);
+                assert_int_equal(bits_of(f), b << 16);
+                if (!isnan(f))
+                        assert_int_equal(quant_f32_to_bf16(f), b);
+        }
+        assert_int_equal(quant_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);     /* tie -> even */
+        assert_int_equal(quant_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82); /* tie -> even */
+        assert_int_equal(quant_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+        assert_int_equal(quant_f32_to_bf16(FLT_MAX), 0x7f80); /* rounds up to inf */
+        assert_int_equal(quant_f32_to_bf16(-INFINITY), 0xff80);
+        /* a NaN whose payload is only in the low 16 bits must not become inf */
+        assert_true(isnan(quant_bf16_to_f32(quant_f32_to_bf16(float_of(0x7f800001)))));
+        assert_true(isnan(quant_bf16_to_f32(quant_f32_to_bf16(float_of(0xff800001)))));
+        assert_true(isnan(quant_bf16_to_f32(quant_f32_to_bf16(NAN))));
+}
+
+static const int K[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
+static void test_iq4nl_blocks(void **state) {
+        (void) state;
+        struct block_iq4_nl b[4];
+        float y[128];
+        /* scales: 1, -0.5, the smallest subnormal 2^-24, and 2^-24·1023 */
+        const uint16_t d[4] = { 0x3c00, 0xb800, 0x0001, 0x03ff };
+        const float dv[4] = { 1.0f, -0.5f, 0x1p-24f, 1023 * 0x1p-24f };
+
+        for (int k = 0; k < 16; k++)
+                assert_int_equal(quant_iq4nl_values[k], K[k]);
+        for (int i = 0; i < 4; i++) {
+                b[i].d = d[i];
+                /* every codebook index in the low nibble and, reversed, in the high nibble;
+                 * block 1 and 3 swap the roles so each index is seen in both halves */
+                for (int j = 0; j < 16; j++) {
+                        int lo = i % 2 ? 15 - j : j, hi = 15 - lo;
+                        b[i].qs[j] = (uint8_t) (lo | hi << 4);
+                }
+        }
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_IQ4_NL, b, y, 128), 0);
+        for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 16; j++) {
+                        int lo = i % 2 ? 15 - j : j, hi = 15 - lo;
+                        /* spec §6: low nibbles are the first 16 values, high the second 16 */
+                        assert_true(y[32 * i + j] == dv[i] * (float) K[lo]);
+                        assert_true(y[32 * i + j + 16] == dv[i] * (float) K[hi]);
+                }
+        assert_true(y[0] == -127.0f && y[16] == 113.0f);
+        assert_true(y[32] == -56.5f && y[48] == 63.5f); /* -0.5·113, -0.5·-127 */
+        assert_true(y[64] == -127 * 0x1p-24f);
+}
+
+static void test_q8_0_blocks(void **state) {
+        (void) state;
+        struct block_q8_0 b[8];
+        float y[256];
+        for (int i = 0; i < 8; i++) {
+                b[i].d = i % 2 ? 0xb400 : 0x0001; /* -0.25, 2^-24 */
+                for (int j = 0; j < 32; j++)
+                        b[i].qs[j] = (int8_t) (-128 + 32 * i + j);
+        }
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q8_0, b, y, 256), 0);
+        for (int i = 0; i < 8; i++)
+                for (int j = 0; j < 32; j++)
+                        assert_true(y[32 * i + j] == (i % 2 ? -0.25f : 0x1p-24f) * (float) (-128 + 32 * i + j));
+        assert_true(y[0] == -128 * 0x1p-24f);
+        assert_true(y[255] == -0.25f * 127);
+}
+
+/* Packs 256 quants (-32..31, output order) into a Q6_K block by inverting the spec §6 loop. */
+static void q6k_pack(const int q[256], struct block_q6_k *b) {
+        memset(b->ql, 0, sizeof b->ql);
+        memset(b->qh, 0, sizeof b->qh);
+        for (int n = 0; n < 2; n++)
+                for (int l = 0; l < 32; l++) {
+                        int v1 = q[128 * n + l] + 32, v2 = q[128 * n + l + 32] + 32,
+                            v3 = q[128 * n + l + 64] + 32, v4 = q[128 * n + l + 96] + 32;
+                        uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+                        ql[l] = (uint8_t) ((v1 & 0xf) | (v3 & 0xf) << 4);
+                        ql[l + 32] = (uint8_t) ((v2 & 0xf) | (v4 & 0xf) << 4);
+                        qh[l] = (uint8_t) ((v1 >> 4) | (v2 >> 4) << 2 | (v3 >> 4) << 4 | (v4 >> 4) << 6);
+                }
+}
+
+static void test_q6k_blocks(void **state) {
+        (void) state;
+        struct block_q6_k b;
+        float y[256];
+
+        /* hand-made: first output of each quarter of each half, and the is = 1 run */
+        memset(&b, 0, sizeof b);
+        b.d = 0x3c00; /* 1.0 */
+        for (int i = 0; i < 16; i++)
+                b.scales[i] = (int8_t) ((i + 1) * (i % 2 ? -1 : 1)); /* 1 -2 3 -4 ... */
+        b.ql[0] = 0x21;          /* q1 low 1, q3 low 2 */
+        b.ql[32] = 0x43;         /* q2 low 3, q4 low 4 */
+        b.qh[0] = 0xe4;          /* 0b11'10'01'00: q1 hi 0, q2 hi 1, q3 hi 2, q4 hi 3 */
+        b.ql[16] = 0x0f;         /* l = 16: is = 1 */
+        b.qh[16] = 0x03;
+        b.ql[64] = 0xff;         /* second half, l = 0 */
+        b.qh[32] = 0xff;
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q6_K, &b, y, 256), 0);
+        assert_true(y[0] == 1.0f * (1 - 32));          /* sc[0] = 1, q1 = 1 | 0<<4 */
+        assert_true(y[32] == 3.0f * (3 + 16 - 32));    /* sc[2] = 3, q2 = 3 | 1<<4 */
+        assert_true(y[64] == 5.0f * (2 + 32 - 32));    /* sc[4] = 5, q3 = 2 | 2<<4 = 34 */
+        assert_true(y[96] == 7.0f * (4 + 48 - 32));    /* sc[6] = 7, q4 = 4 | 3<<4 = 52 */
+        assert_true(y[16] == -2.0f * (15 + 48 - 32));  /* sc[1] = -2 (negative scale), q = 63 */
+        assert_true(y[1] == 1.0f * -32);               /* all-zero bits: the -32 offset */
+        assert_true(y[128] == 9.0f * 31);              /* second half: sc[8] = 9, q = 63 - 32 */
+        assert_true(y[128 + 32] == 11.0f * 16);        /* sc[10] = 11, q2 = 0 | 3<<4 */
+        assert_true(y[128 + 64] == 13.0f * 31);        /* sc[12] = 13, q3 = 15 | 3<<4 */
+        assert_true(y[128 + 96] == 15.0f * 16);        /* sc[14] = 15, q4 = 0 | 3<<4 */
+        assert_true(y[255] == -16.0f * -32);           /* sc[15] = -16, q = -32 */
+
+        /* every quant value at every position through the inverse packer, negative d */
+        int q[256];
+        for (int i = 0; i < 256; i++)
+                q[i] = (int) ((i * 37 + 11) % 64) - 32;
+        q6k_pack(q, &b);
+        b.d = quant_f32_to_fp16(-0.125f);
+        for (int i = 0; i < 16; i++)
+                b.scales[i] = (int8_t) (i % 3 == 0 ? -128 : 127 - 9 * i);
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q6_K, &b, y, 256), 0);
+        for (int i = 0; i < 256; i++) {
+                int half = i / 128, l = i % 32, quarter = (i % 128) / 32;
+                int sc = b.scales[8 * half + l / 16 + 2 * quarter];
+                if (y[i] != -0.125f * (float) sc * (float) q[i])
+                        fail_msg("Q6_K value %d: %g, want %g", i, y[i], -0.125 * sc * q[i]);
+        }
+}
+
+static void test_bad_rows(void **state) {
+        (void) state;
+        float y[64];
+        struct block_iq4_nl b[2] = { 0 };
+        log_set_max_level(LOG_CRIT);
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_IQ4_NL, b, y, 33), -EINVAL);
+        assert_string_equal(log_last_error(),
+                            "quant: a IQ4_NL row of 33 values is not a whole number of 32-value blocks");
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q6_K, b, y, 32), -EINVAL);
+        assert_string_equal(log_last_error(),
+                            "quant: a Q6_K row of 32 values is not a whole number of 256-value blocks");
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q4_0, b, y, 32), -EINVAL);
+        assert_string_equal(log_last_error(), "quant: type Q4_0 cannot be dequantized on the CPU");
+        assert_int_equal(quant_dequantize_row(77, b, y, 32), -EINVAL);
+        assert_string_equal(log_last_error(), "quant: type type#77 cannot be dequantized on the CPU");
+        log_set_max_level(LOG_INFO);
+}
+
+/* A random row of n values of `type` with realistic scales (fp16 around 0.01). */
+static void *random_row(uint32_t type, size_t n) {
+        uint64_t bytes;
+        assert_int_equal(ggml_row_bytes(type, n, &bytes), 0);
+        uint8_t *row = malloc(bytes);
+        for (uint64_t i = 0; i < bytes; i++)
+                row[i] = (uint8_t) rnd();
+        switch (type) {
+        case GGML_TYPE_F32:
+                for (size_t i = 0; i < n; i++)
+                        ((float *) row)[i] = rndf();
+                break;
+        case GGML_TYPE_F16:
+                for (size_t i = 0; i < n; i++)
+                        ((uint16_t *) row)[i] = quant_f32_to_fp16(rndf());
+                break;
+        case GGML_TYPE_BF16:
+                for (size_t i = 0; i < n; i++)
+                        ((uint16_t *) row)[i] = quant_f32_to_bf16(rndf());
+                break;
+        case GGML_TYPE_Q8_0:
+                for (size_t i = 0; i < n / 32; i++)
+                        ((struct block_q8_0 *) row)[i].d = quant_f32_to_fp16(0.01f * rndf());
+                break;
+        case GGML_TYPE_IQ4_NL:
+                for (size_t i = 0; i < n / 32; i++)
+                        ((struct block_iq4_nl *) row)[i].d = quant_f32_to_fp16(0.01f * rndf());
+                break;
+        case GGML_TYPE_Q6_K:
+                for (size_t i = 0; i < n / 256; i++)
+                        ((struct block_q6_k *) row)[i].d = quant_f32_to_fp16(0.001f * rndf());
+                break;
+        }
+        return row;
+}
+
+/* The documented order (quant.c header comment), written independently: lanes = index mod 8,
+ * per-run lane sums (runs of 32, or 16 for Q6_K) scaled by the run's scale, fixed tree. Needs the
+ * unscaled weights and the per-run scales. */
+static float documented_dot(const float *w, const float *scale, size_t run, const float *x, size_t n) {
+        float acc[8] = { 0 };
+        for (size_t r = 0; r < n / run; r++) {
+                float b[8];
+                for (int k = 0; k < 8; k++) {
+                        b[k] = w[r * run + k] * x[r * run + k];
+                        for (size_t g = 8; g < run; g += 8)
+                                b[k] = b[k] + w[r * run + g + k] * x[r * run + g + k];
+                }
+                for (int k = 0; k < 8; k++)
+                        acc[k] = acc[k] + scale[r] * b[k];
+        }
+        return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* Unscaled weights and scales of a row, derived from the block structs by the test itself. */
+static size_t split_row(uint32_t type, const void *row, size_t n, float *w, float *scale) {
+        switch (type) {
+        case GGML_TYPE_IQ4_NL:
+                for (size_t i = 0; i < n / 32; i++) {
+                        const struct block_iq4_nl *b = (const struct block_iq4_nl *) row + i;
+                        scale[i] = quant_fp16_to_f32(b->d);
+                        for (int j = 0; j < 16; j++) {
+                                w[32 * i + j] = (float) K[b->qs[j] & 15];
+                                w[32 * i + j + 16] = (float) K[b->qs[j] >> 4];
+                        }
+                }
+                return 32;
+        case GGML_TYPE_Q8_0:
+                for (size_t i = 0; i < n / 32; i++) {
+                        const struct block_q8_0 *b = (const struct block_q8_0 *) row + i;
+                        scale[i] = quant_fp16_to_f32(b->d);
+                        for (int j = 0; j < 32; j++)
+                                w[32 * i + j] = (float) b->qs[j];
+                }
+                return 32;
+        case GGML_TYPE_Q6_K:
+                for (size_t i = 0; i < n / 256; i++) {
+                        const struct block_q6_k *b = (const struct block_q6_k *) row + i;
+                        struct block_q6_k unit = *b;
+                        float y[256];
+                        unit.d = 0x3c00;
+                        memset(unit.scales, 1, sizeof unit.scales); /* all scales 1: raw q */
+                        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q6_K, &unit, y, 256), 0);
+                        memcpy(w + 256 * i, y, sizeof y);
+                        float d = quant_fp16_to_f32(b->d);
+                        for (int s = 0; s < 16; s++) {
+                                int half = s / 8, l = (s % 2) * 16, quarter = (s % 8) / 2;
+                                scale[16 * i + s] = d * (float) b->scales[8 * half + l / 16 + 2 * quarter];
+                        }
+                }
+                return 16;
+        default:
+                assert_int_equal(quant_dequantize_row(type, row, w, n), 0);
+                for (size_t i = 0; i < n / 32; i++)
+                        scale[i] = 1.0f;
+                return 32;
+        }
+}
+
+static void test_dot(void **state) {
+        static const uint32_t types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
+                                          GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL };
+        const size_t n = 3584; /* the model's hidden width: 112 IQ4_NL blocks, 14 Q6_K blocks */
+        float *x = malloc(n * sizeof *x), *w = malloc(n * sizeof *w), *y = malloc(n * sizeof *y);
+        float scale[256];
+        int simd = quant_set_simd(1);
+
+        (void) state;
+        for (size_t i = 0; i < n; i++)
+                x[i] = rndf();
+        for (size_t t = 0; t < ELEMENTSOF(types); t++)
+                for (int rep = 0; rep < 20; rep++) {
+                        void *row = random_row(types[t], n);
+                        assert_int_equal(quant_dequantize_row(types[t], row, y, n), 0);
+                        double ref = 0, mag = 0;
+                        for (size_t i = 0; i < n; i++) {
+                                ref += (double) y[i] * x[i];
+                                mag += fabs((double) y[i] * x[i]);
+                        }
+                        quant_set_simd(1);
+                        float fast = quant_dot_row(types[t], row, x, n);
+                        quant_set_simd(0);
+                        float portable = quant_dot_row(types[t], row, x, n);
+                        /* float accumulation over 3584 products in 8 lanes: error well under
+                         * 1e-6 of sum|w·x| (measured max ~2e-7) */
+                        if (fabs(fast - ref) > 1e-6 * mag)
+                                fail_msg("%s dot %.9g, double sum %.9g (sum|wx| %g)",
+                                         ggml_type_name(types[t]), fast, ref, mag);
+                        /* SIMD and portable kernels agree bit for bit */
+                        if (bits_of(fast) != bits_of(portable))
+                                fail_msg("%s: SIMD %a != portable %a", ggml_type_name(types[t]),
+                                         fast, portable);
+                        /* and both follow the documented order exactly */
+                        size_t run = split_row(types[t], row, n, w, scale);
+                        float doc = documented_dot(w, scale, run, x, n);
+                        if (bits_of(doc) != bits_of(portable))
+                                fail_msg("%s: %a, documented order gives %a",
+                                         ggml_type_name(types[t]), portable, doc);
+                        free(row);
+                }
+        /* F32/F16/BF16 rows that are not a multiple of 32 */
+        for (size_t t = 0; t < 3; t++) {
+                size_t m = 37;
+                void *row = random_row(types[t], m);
+                assert_int_equal(quant_dequantize_row(types[t], row, y, m), 0);
+                double ref = 0, mag = 0;
+                for (size_t i = 0; i < m; i++) {
+                        ref += (double) y[i] * x[i];
+                        mag += fabs((double) y[i] * x[i]);
+                }
+                assert_true(fabs(quant_dot_row(types[t], row, x, m) - ref) <= 1e-6 * mag);
+                free(row);
+        }
+        quant_set_simd(1);
+        print_message("SIMD kernels %s\n", simd ? "used (AVX2) and compared" : "not available");
+        free(x);
+        free(w);
+        free(y);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_fp16_to_f32), cmocka_unit_test(test_f32_to_fp16),
+                cmocka_unit_test(test_bf16),        cmocka_unit_test(test_iq4nl_blocks),
+                cmocka_unit_test(test_q8_0_blocks), cmocka_unit_test(test_q6k_blocks),
+                cmocka_unit_test(test_bad_rows),    cmocka_unit_test(test_dot),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
