@@ -1,0 +1,578 @@
+/* SPDX-License-Identifier: MIT */
+/* xing4d: arguments and config, model load with progress reported to systemd, the engine thread,
+ * the socket (socket activation, else --listen), and the lifecycle (design.md "systemd and
+ * files"): READY=1 once serving, STOPPING=1 on SIGTERM, exit 0 after draining. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "../kernels/backend.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/xing4.h"
+#include "scheduler.h"
+#include "server.h"
+#include "util/frame.h"
+#include "util/log.h"
+
+#define XING4D_VERSION "0.1.0"
+#define DEFAULT_CONFIG "/etc/xing4d/xing4d.conf"
+
+struct options {
+        char *model;
+        char *config_json;
+        char *tokenizer_path;
+        bool assume_release_defaults;
+        char *device; /* cpu | cuda | auto */
+        uint32_t threads;
+        char *listen;
+        char *state_dir;
+        uint32_t max_running;
+        uint32_t max_waiting;
+        uint32_t max_tokens;
+        uint32_t max_frame;
+        uint32_t max_connections;
+        uint32_t page_tokens;
+        uint32_t cache_pages;
+        uint64_t memory_limit;
+        uint32_t prefill_chunk;
+        double grace_s;
+        int log_level;
+};
+
+static void options_free(struct options *o) {
+        free(o->model);
+        free(o->config_json);
+        free(o->tokenizer_path);
+        free(o->device);
+        free(o->listen);
+        free(o->state_dir);
+}
+
+static int set_str(char **dst, const char *v) {
+        char *d = strdup(v);
+        if (!d)
+                return -ENOMEM;
+        free(*dst);
+        *dst = d;
+        return 0;
+}
+
+static int parse_u32(const char *v, uint32_t *ret) {
+        char *end;
+        errno = 0;
+        if (!*v || *v == '-')
+                return -EINVAL;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno || *end || x > UINT32_MAX)
+                return -EINVAL;
+        *ret = (uint32_t) x;
+        return 0;
+}
+
+/* "8G", "512M", "1048576" */
+static int parse_size(const char *v, uint64_t *ret) {
+        char *end;
+        errno = 0;
+        if (!*v || *v == '-')
+                return -EINVAL;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno)
+                return -EINVAL;
+        unsigned shift = 0;
+        if (*end == 'K' || *end == 'k')
+                shift = 10;
+        else if (*end == 'M')
+                shift = 20;
+        else if (*end == 'G')
+                shift = 30;
+        else if (*end == 'T')
+                shift = 40;
+        else if (*end)
+                return -EINVAL;
+        if (shift && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) && !(end[1] == 'B' && !end[2]))
+                return -EINVAL;
+        if (shift && x > (UINT64_MAX >> shift))
+                return -EINVAL;
+        *ret = (uint64_t) x << shift;
+        return 0;
+}
+
+static int parse_bool(const char *v, bool *ret) {
+        if (streq(v, "1") || streq(v, "yes") || streq(v, "true") || streq(v, "on"))
+                *ret = true;
+        else if (streq(v, "0") || streq(v, "no") || streq(v, "false") || streq(v, "off"))
+                *ret = false;
+        else
+                return -EINVAL;
+        return 0;
+}
+
+/* One setting by its long name, from a flag or a config line. `where` names the source for
+ * messages ("--threads", "/etc/xing4d/xing4d.conf:7"). */
+static int apply_option(struct options *o, const char *key, const char *v, const char *where) {
+        int r = 0;
+        if (streq(key, "model"))
+                r = set_str(&o->model, v);
+        else if (streq(key, "config-json"))
+                r = set_str(&o->config_json, v);
+        else if (streq(key, "tokenizer-path"))
+                r = set_str(&o->tokenizer_path, v);
+        else if (streq(key, "assume-release-defaults")) {
+                if (parse_bool(v, &o->assume_release_defaults) < 0)
+                        return log_error_errno(EINVAL, "%s: '%s' is not a boolean (yes/no)", where, v);
+        } else if (streq(key, "device")) {
+                if (!streq(v, "cpu") && !streq(v, "cuda") && !streq(v, "auto"))
+                        return log_error_errno(EINVAL, "%s: device '%s', one of cpu, cuda, auto expected",
+                                               where, v);
+                r = set_str(&o->device, v);
+        } else if (streq(key, "listen"))
+                r = set_str(&o->listen, v);
+        else if (streq(key, "state-dir"))
+                r = set_str(&o->state_dir, v);
+        else if (streq(key, "memory-limit")) {
+                if (parse_size(v, &o->memory_limit) < 0)
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)", where, v);
+        } else if (streq(key, "grace")) {
+                char *end;
+                errno = 0;
+                double g = strtod(v, &end);
+                if (errno || *end || !(g >= 0 && g <= 3600))
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
+                                               where, v);
+                o->grace_s = g;
+        } else if (streq(key, "log-level")) {
+                static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice",
+                                               "info", "debug" };
+                int lvl = -1;
+                for (int i = 0; i < 8; i++)
+                        if (streq(v, names[i]))
+                                lvl = i;
+                if (lvl < 0)
+                        return log_error_errno(EINVAL, "%s: log level '%s', one of err, warning, "
+                                                       "info, debug expected", where, v);
+                o->log_level = lvl;
+        } else {
+                static const struct { const char *name; size_t off; uint32_t min, max; } nums[] = {
+                        { "threads", offsetof(struct options, threads), 0, 4096 },
+                        { "max-running", offsetof(struct options, max_running), 1, 4096 },
+                        { "max-waiting", offsetof(struct options, max_waiting), 0, 1u << 20 },
+                        { "max-tokens", offsetof(struct options, max_tokens), 1, 1u << 24 },
+                        { "max-frame", offsetof(struct options, max_frame), 1024, FRAME_MAX_LIMIT },
+                        { "max-connections", offsetof(struct options, max_connections), 1, 1u << 20 },
+                        { "page-tokens", offsetof(struct options, page_tokens), 1, 65536 },
+                        { "cache-pages", offsetof(struct options, cache_pages), 0, 1u << 24 },
+                        { "prefill-chunk", offsetof(struct options, prefill_chunk), 1, 65536 },
+                };
+                for (size_t i = 0; i < ELEMENTSOF(nums); i++)
+                        if (streq(key, nums[i].name)) {
+                                uint32_t x;
+                                if (parse_u32(v, &x) < 0 || x < nums[i].min || x > nums[i].max)
+                                        return log_error_errno(EINVAL, "%s: '%s' is not an integer in [%u, %u]",
+                                                               where, v, nums[i].min, nums[i].max);
+                                *(uint32_t *) ((char *) o + nums[i].off) = x;
+                                return 0;
+                        }
+                return log_error_errno(EINVAL, "%s: unknown setting '%s'", where, key);
+        }
+        if (r < 0)
+                return log_error_errno(r, "%s: out of memory", where);
+        return 0;
+}
+
+static char *strip(char *s) {
+        while (*s == ' ' || *s == '\t')
+                s++;
+        size_t n = strlen(s);
+        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
+                s[--n] = 0;
+        return s;
+}
+
+/* INI: `key = value` lines, `[section]` headers (only [xing4d] and [daemon] hold our keys),
+ * `#`/`;` comments. A missing default file is fine; a missing --config file is an error. */
+static int load_config(struct options *o, const char *path, bool required) {
+        _cleanup_fclose_ FILE *f = fopen(path, "re");
+        char line[4096], where[PATH_MAX + 32];
+        unsigned lineno = 0;
+        bool ours = true;
+
+        if (!f) {
+                if (errno == ENOENT && !required)
+                        return 0;
+                return log_error_errno(errno, "config %s: cannot open: %m", path);
+        }
+        while (fgets(line, sizeof line, f)) {
+                lineno++;
+                snprintf(where, sizeof where, "%s:%u", path, lineno);
+                char *s = strip(line);
+                if (!*s || *s == '#' || *s == ';')
+                        continue;
+                if (*s == '[') {
+                        char *e = strchr(s, ']');
+                        if (!e || e[1])
+                                return log_error_errno(EINVAL, "%s: section header '%s' lacks its ']'",
+                                                       where, s);
+                        *e = 0;
+                        ours = streq(s + 1, "xing4d") || streq(s + 1, "daemon");
+                        continue;
+                }
+                char *eq = strchr(s, '=');
+                if (!eq)
+                        return log_error_errno(EINVAL, "%s: 'key = value' expected, got '%s'", where, s);
+                *eq = 0;
+                char *key = strip(s), *val = strip(eq + 1);
+                if (!ours)
+                        continue;
+                /* underscores are accepted for dashes (max_running = max-running) */
+                for (char *p = key; *p; p++)
+                        if (*p == '_')
+                                *p = '-';
+                int r = apply_option(o, key, val, where);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static void help(void) {
+        printf("xing4d [OPTIONS]  -- serve a Xing4 (xing4_0) GGUF model over a Unix socket\n\n"
+               "  --config PATH                INI config (default " DEFAULT_CONFIG "); flags override it\n"
+               "  --model PATH                 the .gguf\n"
+               "  --config-json PATH           the model's config.json\n"
+               "  --tokenizer-path DIR         folder holding config.json\n"
+               "  --assume-release-defaults    no config.json: use the release's values (spec §2.2)\n"
+               "  --device cpu|cuda|auto       backend (default auto: cuda if it loads, else cpu)\n"
+               "  --threads N                  CPU backend threads (0 = all)\n"
+               "  --listen PATH                bind this socket (else take it from systemd)\n"
+               "  --state-dir DIR              snapshots (default /var/lib/xing4d)\n"
+               "  --max-running N              requests decoding at once (16)\n"
+               "  --max-waiting N              queued requests beyond that (256)\n"
+               "  --max-tokens N               default output limit per request (1024)\n"
+               "  --max-frame BYTES            largest accepted frame (16 MiB)\n"
+               "  --max-connections N          (1024)\n"
+               "  --page-tokens N              tokens per cache page (256)\n"
+               "  --cache-pages N              cache pages (0 = from the memory limit)\n"
+               "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
+               "  --prefill-chunk N            prompt tokens per engine step (256)\n"
+               "  --grace SECONDS              SIGTERM: time running requests get to finish (30)\n"
+               "  --log-level LEVEL            err, warning, info, debug\n"
+               "  --version\n");
+}
+
+struct progress_state {
+        int last_pct;
+};
+
+static void load_progress(double fraction, const char *what, void *userdata) {
+        struct progress_state *p = userdata;
+        int pct = (int) (fraction * 100.0);
+        if (pct == p->last_pct)
+                return;
+        p->last_pct = pct;
+        /* each report buys another 60 s of start-up time (a 17 GB load from a slow disk) */
+        (void) sd_notifyf(0, "STATUS=loading %d%% (%s)\nEXTEND_TIMEOUT_USEC=60000000", pct,
+                          what ? what : "weights");
+}
+
+/* The listening socket: from systemd (socket activation), else bound at --listen. */
+static int get_listen_fd(const struct options *o, int *ret, bool *owned) {
+        int n = sd_listen_fds(1);
+        if (n < 0)
+                return log_error_errno(n, "sd_listen_fds: %s", strerror(-n));
+        if (n > 1)
+                return log_error_errno(EINVAL, "socket activation passed %d sockets, one expected", n);
+        if (n == 1) {
+                int fd = SD_LISTEN_FDS_START;
+                if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0)
+                        return log_error_errno(EINVAL, "socket activation: fd %d is not a listening "
+                                                       "AF_UNIX stream socket", fd);
+                if (o->listen)
+                        log_warning("--listen %s ignored: using the socket systemd passed", o->listen);
+                *ret = fd;
+                *owned = false;
+                return 0;
+        }
+        if (!o->listen)
+                return log_error_errno(EINVAL, "no socket: not socket-activated and no --listen PATH given");
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(o->listen) >= sizeof sa.sun_path)
+                return log_error_errno(ENAMETOOLONG, "--listen %s: longer than %zu bytes", o->listen,
+                                       sizeof sa.sun_path - 1);
+        strcpy(sa.sun_path, o->listen);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return log_error_errno(errno, "socket: %m");
+        /* a stale socket file from an earlier run would make bind fail */
+        struct stat st;
+        if (lstat(o->listen, &st) == 0 && S_ISSOCK(st.st_mode))
+                (void) unlink(o->listen);
+        if (bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(fd, 128) < 0) {
+                int r = log_error_errno(errno, "--listen %s: %m", o->listen);
+                close(fd);
+                return r;
+        }
+        *ret = fd;
+        *owned = true;
+        return 0;
+}
+
+static char *model_name(const struct x4_model *m, const char *path) {
+        struct gguf_string s;
+        if (gguf_get_string(x4_model_gguf(m), "general.name", &s) >= 0 && s.len > 0 && s.len < 256)
+                return strndup(s.data, s.len);
+        const char *b = strrchr(path, '/');
+        return strdup(b ? b + 1 : path);
+}
+
+enum {
+        OPT_CONFIG = 1000, OPT_MODEL, OPT_CONFIG_JSON, OPT_TOKENIZER, OPT_RELEASE, OPT_DEVICE,
+        OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
+        OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
+        OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION,
+};
+
+static const struct option longopts[] = {
+        { "config", required_argument, NULL, OPT_CONFIG },
+        { "model", required_argument, NULL, OPT_MODEL },
+        { "config-json", required_argument, NULL, OPT_CONFIG_JSON },
+        { "tokenizer-path", required_argument, NULL, OPT_TOKENIZER },
+        { "assume-release-defaults", no_argument, NULL, OPT_RELEASE },
+        { "device", required_argument, NULL, OPT_DEVICE },
+        { "threads", required_argument, NULL, OPT_THREADS },
+        { "listen", required_argument, NULL, OPT_LISTEN },
+        { "state-dir", required_argument, NULL, OPT_STATE_DIR },
+        { "max-running", required_argument, NULL, OPT_MAX_RUNNING },
+        { "max-waiting", required_argument, NULL, OPT_MAX_WAITING },
+        { "max-tokens", required_argument, NULL, OPT_MAX_TOKENS },
+        { "max-frame", required_argument, NULL, OPT_MAX_FRAME },
+        { "max-connections", required_argument, NULL, OPT_MAX_CONN },
+        { "page-tokens", required_argument, NULL, OPT_PAGE_TOKENS },
+        { "cache-pages", required_argument, NULL, OPT_CACHE_PAGES },
+        { "memory-limit", required_argument, NULL, OPT_MEMORY },
+        { "prefill-chunk", required_argument, NULL, OPT_PREFILL },
+        { "grace", required_argument, NULL, OPT_GRACE },
+        { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, OPT_VERSION },
+        {}
+};
+
+/* Two passes: the first finds --config (and --help/--version), the second applies the flags
+ * over the config. Returns 1 when the program should exit 0 (help/version). */
+static int parse_args(int argc, char **argv, struct options *o) {
+        const char *config = NULL;
+        int c, r;
+
+        opterr = 1;
+        while ((c = getopt_long(argc, argv, "h", longopts, NULL)) >= 0) {
+                if (c == 'h') {
+                        help();
+                        return 1;
+                }
+                if (c == OPT_VERSION) {
+                        printf("xing4d " XING4D_VERSION "\n");
+                        return 1;
+                }
+                if (c == OPT_CONFIG)
+                        config = optarg;
+                if (c == '?')
+                        return log_error_errno(EINVAL, "bad command line (see xing4d --help)");
+        }
+        if (optind < argc)
+                return log_error_errno(EINVAL, "unexpected argument '%s' (see xing4d --help)",
+                                       argv[optind]);
+        r = load_config(o, config ? config : DEFAULT_CONFIG, config != NULL);
+        if (r < 0)
+                return r;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "h", longopts, NULL)) >= 0) {
+                if (c == OPT_CONFIG)
+                        continue;
+                if (c == OPT_RELEASE) {
+                        o->assume_release_defaults = true;
+                        continue;
+                }
+                const char *name = NULL;
+                for (const struct option *l = longopts; l->name; l++)
+                        if (l->val == c)
+                                name = l->name;
+                if (!name)
+                        continue;
+                char where[64];
+                snprintf(where, sizeof where, "--%s", name);
+                r = apply_option(o, name, optarg, where);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int main(int argc, char **argv) {
+        struct options o = { .grace_s = 30.0, .page_tokens = 256, .log_level = LOG_INFO };
+        _cleanup_(x4_model_freep) struct x4_model *model = NULL;
+        struct tokenizer *tok = NULL;
+        const struct x4_backend_ops *ops = NULL;
+        struct x4_backend *backend = NULL;
+        struct sched *sched = NULL;
+        struct server *server = NULL;
+        _cleanup_free_ char *name = NULL;
+        char backend_name[160];
+        int listen_fd = -1, r, ret = EXIT_FAILURE;
+        bool listen_owned = false;
+
+        log_set_ident("xing4d");
+        signal(SIGPIPE, SIG_IGN);
+        r = parse_args(argc, argv, &o);
+        if (r != 0) {
+                options_free(&o);
+                return r > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        }
+        log_set_max_level(o.log_level);
+        if (!o.model) {
+                log_error("no model: give --model PATH or model= in the config");
+                goto out;
+        }
+        /* SIGTERM during the load: the default action (exit) is right, nothing is served yet.
+         * Once serving, libevent handles it (block it now so no signal is lost in between). */
+        (void) sd_notifyf(0, "STATUS=loading %s", o.model);
+        struct x4_model_params mp = {
+                .path = o.model,
+                .config_path = o.config_json,
+                .tokenizer_dir = o.tokenizer_path,
+                .assume_release_defaults = o.assume_release_defaults,
+        };
+        r = x4_model_open(&mp, &model);
+        if (r < 0) {
+                (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
+                goto out;
+        }
+        name = model_name(model, o.model);
+        r = tokenizer_new_from_gguf(x4_model_gguf(model), &tok);
+        if (r < 0) {
+                log_warning("%s: no usable tokenizer (%s): only token-id prompts will be served",
+                            o.model, log_last_error());
+                tok = NULL;
+        }
+
+        const char *device = o.device ? o.device : "auto";
+        struct progress_state ps = { .last_pct = -1 };
+        struct x4_backend_params bp = {
+                .n_threads = o.threads,
+                .page_tokens = o.page_tokens,
+                .n_pages = o.cache_pages,
+                .cache_type = X4_CACHE_F32,
+                .memory_limit = o.memory_limit,
+                .progress = load_progress,
+                .progress_userdata = &ps,
+        };
+        if (streq(device, "auto") || streq(device, "cuda")) {
+                /* auto: a missing CUDA module is expected, not an error worth a red line */
+                int level = log_get_max_level();
+                if (streq(device, "auto"))
+                        log_set_max_level(LOG_CRIT);
+                r = x4_backend_get("cuda", &ops);
+                log_set_max_level(level);
+                if (r >= 0) {
+                        bp.cache_type = X4_CACHE_F16;
+                        r = ops->create(model, &bp, &backend);
+                }
+                if (r < 0 && streq(device, "cuda"))
+                        goto out;
+                if (r < 0)
+                        log_info("CUDA backend not available (%s), using the CPU", log_last_error());
+        }
+        if (!backend) {
+                bp.cache_type = X4_CACHE_F32;
+                r = x4_backend_get("cpu", &ops);
+                if (r >= 0)
+                        r = ops->create(model, &bp, &backend);
+                if (r < 0) {
+                        (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
+                        goto out;
+                }
+        }
+        struct x4_backend_caps caps;
+        ops->caps(backend, &caps);
+        snprintf(backend_name, sizeof backend_name, "%s", caps.name ? caps.name : ops->name);
+
+        struct sched_params sp = {
+                .model = model,
+                .ops = ops,
+                .backend = backend,
+                .tokenizer = tok,
+                .max_running = o.max_running,
+                .max_waiting = o.max_waiting,
+                .max_tokens_default = o.max_tokens,
+                .prefill_chunk = o.prefill_chunk,
+        };
+        r = sched_new(&sp, &sched);
+        if (r < 0)
+                goto out;
+        r = sched_start(sched);
+        if (r < 0)
+                goto out;
+
+        r = get_listen_fd(&o, &listen_fd, &listen_owned);
+        if (r < 0)
+                goto out;
+
+        const struct x4_config *cfg = x4_model_config(model);
+        struct server_params sv = {
+                .listen_fd = listen_fd,
+                .sched = sched,
+                .max_frame = o.max_frame ? o.max_frame : FRAME_MAX_DEFAULT,
+                .max_connections = o.max_connections ? o.max_connections : 1024,
+                .grace_s = o.grace_s,
+                .server_version = "xing4d " XING4D_VERSION,
+                .model = {
+                        .architecture = "xing4_0",
+                        .name = name,
+                        .fingerprint = x4_model_fingerprint(model),
+                        .backend = backend_name,
+                        .model_path = o.model,
+                        .config_source = x4_model_config_source(model),
+                        .n_vocab = cfg->n_vocab,
+                        .n_ctx = sched_context_limit(sched),
+                        .n_layer = cfg->n_layer,
+                        .n_embd = cfg->n_embd,
+                        .n_expert = cfg->n_expert,
+                        .n_expert_used = cfg->n_expert_used,
+                        .bos_id = cfg->bos_id,
+                        .eos_id = cfg->eos_id,
+                        .has_tokenizer = tok != NULL,
+                },
+        };
+        r = server_new(&sv, &server);
+        if (r < 0)
+                goto out;
+        log_info("serving %s (%s) on %s: %u cache pages of %u tokens, context %u tokens", name,
+                 o.model, backend_name, caps.n_pages, caps.page_tokens, sched_context_limit(sched));
+        (void) sd_notifyf(0, "READY=1\nSTATUS=serving %s on %s", name, backend_name);
+        r = server_run(server);
+        if (r >= 0)
+                ret = EXIT_SUCCESS;
+out:
+        server_free(server);
+        sched_free(sched);
+        if (backend)
+                ops->destroy(backend);
+        tokenizer_free(tok);
+        if (listen_fd >= 0 && listen_owned) {
+                close(listen_fd);
+                if (o.listen)
+                        (void) unlink(o.listen);
+        }
+        options_free(&o);
+        return ret;
+}

@@ -1,0 +1,1292 @@
+/* SPDX-License-Identifier: MIT */
+/* The engine thread. One iteration:
+ *   1. take new requests and cancels from the loop thread (one mutex);
+ *   2. finish cancelled requests (their pages go back at once);
+ *   3. admit waiting requests in FIFO order while cache pages and running slots allow; each
+ *      reserves the pages for prompt + max output up front, so it never waits mid-generation;
+ *   4. one backend forward: one decode token of every running request + one prefill chunk of the
+ *      oldest request still prefilling (continuous batching, design.md "Threads and flow");
+ *   5. sample, detokenize, split channels, check stops, push events, wake the loop thread.
+ * No socket I/O here; the loop thread is woken through an eventfd. */
+#include "scheduler.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../kernels/backend.h"
+#include "engine/kvcache.h"
+#include "model/chat_xing4.h"
+#include "model/tokenizer.h"
+#include "model/xing4.h"
+#include "util/json.h"
+#include "util/log.h"
+
+#define MAX_LOGPROBS 20u
+#define MAX_STOP_LEN 256u
+
+enum job_state {
+        JOB_WAITING,
+        JOB_PREFILL,
+        JOB_DECODE,
+};
+
+struct job {
+        struct job *next;
+        struct sched_request *r;
+        enum job_state state;
+        bool prepared, cancel;
+        int32_t *seq; /* prompt + output */
+        uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;
+        uint32_t *pages;
+        uint32_t n_pages;
+        uint32_t *counts;   /* per vocab id: occurrences in the output (penalties) */
+        int32_t *distinct;  /* output ids with counts > 0 */
+        uint32_t n_distinct;
+        struct tokenizer_stream *ts;
+        int channel;
+        uint32_t reasoning_tokens;
+        bool force_end_think, tool_call_seen;
+        char *held; /* text not emitted yet: could be the start of a stop string */
+        size_t held_len, held_cap;
+        uint64_t rng;
+        double t_submit, t_admit, t_first, t_last;
+};
+
+struct sched {
+        struct sched_params p;
+        const struct x4_config *cfg;
+        struct kvcache *kv;
+        struct x4_backend_caps caps;
+        uint32_t ctx_limit;
+        int32_t eos_id, think_id, end_think_id, tool_call_id, end_tool_call_id;
+        int efd;
+        pthread_t thread;
+        bool started;
+
+        pthread_mutex_t lock;
+        pthread_cond_t wake;
+        /* guarded by lock */
+        bool quit, draining;
+        struct job *in_head, *in_tail;
+        uint64_t *cancels;
+        size_t n_cancels, cap_cancels;
+        uint64_t *live; /* ids submitted whose final event is not pushed yet */
+        size_t n_live, cap_live;
+        struct sched_event *ev_head, *ev_tail;
+        uint64_t next_id;
+        struct sched_stats stats;
+        struct sched_request_state *states;
+        size_t n_states;
+
+        /* engine thread only */
+        struct job *jobs; /* waiting and running, FIFO */
+        float *logits;
+        size_t logits_cap;
+        uint64_t total, failed, cancelled, prompt_total, completion_total;
+        double prefill_rate, decode_rate;
+};
+
+static double now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- requests and events -------------------------------------------------------------------- */
+
+void sched_request_free(struct sched_request *r) {
+        if (!r)
+                return;
+        free(r->tokens);
+        free(r->text);
+        for (size_t i = 0; i < r->n_messages; i++) {
+                free(r->messages[i].role);
+                free(r->messages[i].content);
+                free(r->messages[i].reasoning);
+                free(r->messages[i].tool_calls_json);
+                free(r->messages[i].name);
+        }
+        free(r->messages);
+        free(r->tools_json);
+        for (size_t i = 0; i < r->n_stop; i++)
+                free(r->stop[i]);
+        free(r->stop);
+        free(r->stop_ids);
+        free(r->snapshot);
+        free(r);
+}
+
+void sched_event_free(struct sched_event *e) {
+        if (!e)
+                return;
+        free(e->text);
+        free(e->tokens);
+        for (uint32_t i = 0; i < e->n_logprobs; i++)
+                free(e->logprobs[i].top);
+        free(e->logprobs);
+        free(e->stop);
+        free(e->message);
+        free(e);
+}
+
+static void push_event(struct sched *s, struct sched_event *e, bool final) {
+        uint64_t one = 1;
+        pthread_mutex_lock(&s->lock);
+        if (s->ev_tail)
+                s->ev_tail->next = e;
+        else
+                s->ev_head = e;
+        s->ev_tail = e;
+        if (final)
+                for (size_t i = 0; i < s->n_live; i++)
+                        if (s->live[i] == e->id) {
+                                s->live[i] = s->live[--s->n_live];
+                                break;
+                        }
+        pthread_mutex_unlock(&s->lock);
+        /* the counter only needs to become nonzero; a full counter (never here) is harmless */
+        if (write(s->efd, &one, sizeof one) < 0 && errno != EAGAIN)
+                log_warning("scheduler: eventfd write failed: %m");
+}
+
+struct sched_event *sched_pop_events(struct sched *s) {
+        struct sched_event *e;
+        pthread_mutex_lock(&s->lock);
+        e = s->ev_head;
+        s->ev_head = s->ev_tail = NULL;
+        pthread_mutex_unlock(&s->lock);
+        return e;
+}
+
+int sched_event_fd(const struct sched *s) {
+        return s->efd;
+}
+
+/* ---- validation (any thread) ---------------------------------------------------------------- */
+
+_printf_(4, 5) static int verr(char *err, size_t size, int code, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, size, fmt, ap);
+        va_end(ap);
+        return code;
+}
+
+#define CHECK_RANGE(has, v, cond, name, range)                                                     \
+        do {                                                                                       \
+                if ((has) && (!isfinite(v) || !(cond)))                                            \
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,                         \
+                                    "sampling." name ": %g is out of range " range, (double) (v)); \
+        } while (0)
+
+int sched_validate(const struct sched *s, const struct sched_request *r, char *err, size_t size) {
+        const struct sched_sampling *sp = &r->sampling;
+        uint32_t n_vocab = s->cfg->n_vocab;
+
+        CHECK_RANGE(sp->has_temperature, sp->temperature,
+                    sp->temperature >= 0 && sp->temperature <= 100, "temperature", "[0, 100]");
+        CHECK_RANGE(sp->has_top_p, sp->top_p, sp->top_p > 0 && sp->top_p <= 1, "top_p", "(0, 1]");
+        CHECK_RANGE(sp->has_min_p, sp->min_p, sp->min_p >= 0 && sp->min_p <= 1, "min_p", "[0, 1]");
+        CHECK_RANGE(sp->has_repetition_penalty, sp->repetition_penalty,
+                    sp->repetition_penalty > 0 && sp->repetition_penalty <= 10,
+                    "repetition_penalty", "(0, 10]");
+        CHECK_RANGE(sp->has_presence_penalty, sp->presence_penalty,
+                    sp->presence_penalty >= -2 && sp->presence_penalty <= 2, "presence_penalty",
+                    "[-2, 2]");
+        CHECK_RANGE(sp->has_frequency_penalty, sp->frequency_penalty,
+                    sp->frequency_penalty >= -2 && sp->frequency_penalty <= 2, "frequency_penalty",
+                    "[-2, 2]");
+
+        switch (r->prompt) {
+        case SCHED_PROMPT_TOKENS:
+                if (r->n_tokens == 0)
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "prompt.tokens: empty, at least one token id expected");
+                for (uint32_t i = 0; i < r->n_tokens; i++)
+                        if (r->tokens[i] < 0 || (uint32_t) r->tokens[i] >= n_vocab)
+                                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                            "prompt.tokens[%u]: id %d is out of range [0, %u)", i,
+                                            r->tokens[i], n_vocab);
+                if (r->n_tokens >= s->ctx_limit)
+                        return verr(err, size, SCHED_ERR_TOO_LARGE,
+                                    "prompt of %u tokens leaves no room for output in the context "
+                                    "limit of %u tokens",
+                                    r->n_tokens, s->ctx_limit);
+                break;
+        case SCHED_PROMPT_TEXT:
+        case SCHED_PROMPT_CHAT:
+                if (!s->p.tokenizer)
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "prompt.%s: this model has no tokenizer, send token ids",
+                                    r->prompt == SCHED_PROMPT_TEXT ? "text" : "chat");
+                if (r->prompt == SCHED_PROMPT_TEXT && (!r->text || !r->text[0]))
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "prompt.text: empty, some text expected");
+                if (r->prompt == SCHED_PROMPT_CHAT) {
+                        if (r->n_messages == 0)
+                                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                            "prompt.chat.messages: empty, at least one message "
+                                            "expected");
+                        for (size_t i = 0; i < r->n_messages; i++) {
+                                const char *role = r->messages[i].role;
+                                if (!streq(role, "system") && !streq(role, "user") &&
+                                    !streq(role, "assistant") && !streq(role, "tool"))
+                                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                                    "prompt.chat.messages[%zu].role: '%s', one of "
+                                                    "system, user, assistant, tool expected",
+                                                    i, role ? role : "");
+                        }
+                }
+                break;
+        default:
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "prompt: none given, text, tokens or chat expected");
+        }
+        if (r->has_max_tokens && r->max_tokens == 0)
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "max_tokens: 0, at least 1 expected");
+        if (r->n_stop > s->p.max_stop)
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "stop: %zu strings, at most %u accepted", r->n_stop, s->p.max_stop);
+        for (size_t i = 0; i < r->n_stop; i++) {
+                size_t n = strlen(r->stop[i]);
+                if (n == 0 || n > MAX_STOP_LEN)
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "stop[%zu]: %zu bytes, 1..%u expected", i, n, MAX_STOP_LEN);
+        }
+        for (size_t i = 0; i < r->n_stop_ids; i++)
+                if (r->stop_ids[i] < 0 || (uint32_t) r->stop_ids[i] >= n_vocab)
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "stop_ids[%zu]: id %d is out of range [0, %u)", i,
+                                    r->stop_ids[i], n_vocab);
+        if (r->logprobs > MAX_LOGPROBS)
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "logprobs: %u, at most %u supported", r->logprobs, MAX_LOGPROBS);
+        if (r->has_thinking_budget && r->thinking_budget < -1)
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "thinking_budget: %d, -1 (unlimited) or a token count expected",
+                            r->thinking_budget);
+        if (r->snapshot && r->snapshot[0])
+                return verr(err, size, SCHED_ERR_UNIMPLEMENTED,
+                            "snapshot '%s': resuming from snapshots is not implemented yet",
+                            r->snapshot);
+        return 0;
+}
+
+/* ---- submit / cancel (loop thread) ---------------------------------------------------------- */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+        if (need <= *cap)
+                return 0;
+        size_t n = MAX(*cap * 2, MAX(need, (size_t) 16));
+        void *q = realloc(*p, n * elem);
+        if (!q)
+                return -ENOMEM;
+        *p = q;
+        *cap = n;
+        return 0;
+}
+
+int sched_submit(struct sched *s, struct sched_request *r) {
+        struct job *j = calloc(1, sizeof *j);
+        int ret = 0;
+
+        if (!j)
+                return -ENOMEM;
+        pthread_mutex_lock(&s->lock);
+        if (s->draining)
+                ret = -ESHUTDOWN;
+        else if (s->n_live >= (size_t) s->p.max_running + s->p.max_waiting)
+                ret = -EAGAIN;
+        else if (grow((void **) &s->live, &s->cap_live, s->n_live + 1, sizeof *s->live) < 0)
+                ret = -ENOMEM;
+        if (ret == 0) {
+                r->id = s->next_id++;
+                s->live[s->n_live++] = r->id;
+                j->r = r;
+                j->t_submit = now_ms();
+                if (s->in_tail)
+                        s->in_tail->next = j;
+                else
+                        s->in_head = j;
+                s->in_tail = j;
+                pthread_cond_signal(&s->wake);
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (ret < 0)
+                free(j);
+        return ret;
+}
+
+int sched_cancel(struct sched *s, uint64_t id) {
+        int ret = -ENOENT;
+        pthread_mutex_lock(&s->lock);
+        for (size_t i = 0; i < s->n_live; i++)
+                if (s->live[i] == id) {
+                        ret = grow((void **) &s->cancels, &s->cap_cancels, s->n_cancels + 1,
+                                   sizeof *s->cancels);
+                        if (ret == 0) {
+                                s->cancels[s->n_cancels++] = id;
+                                pthread_cond_signal(&s->wake);
+                        }
+                        break;
+                }
+        pthread_mutex_unlock(&s->lock);
+        return ret;
+}
+
+void sched_drain(struct sched *s, bool cancel_all) {
+        pthread_mutex_lock(&s->lock);
+        s->draining = true;
+        if (cancel_all)
+                for (size_t i = 0; i < s->n_live; i++)
+                        if (grow((void **) &s->cancels, &s->cap_cancels, s->n_cancels + 1,
+                                 sizeof *s->cancels) == 0)
+                                s->cancels[s->n_cancels++] = s->live[i];
+        pthread_cond_signal(&s->wake);
+        pthread_mutex_unlock(&s->lock);
+}
+
+uint32_t sched_in_flight(struct sched *s) {
+        uint32_t n;
+        pthread_mutex_lock(&s->lock);
+        n = (uint32_t) s->n_live;
+        pthread_mutex_unlock(&s->lock);
+        return n;
+}
+
+uint32_t sched_context_limit(const struct sched *s) {
+        return s->ctx_limit;
+}
+
+uint32_t sched_max_tokens_default(const struct sched *s) {
+        return s->p.max_tokens_default;
+}
+
+uint32_t sched_max_running(const struct sched *s) {
+        return s->p.max_running;
+}
+
+void sched_get_stats(struct sched *s, struct sched_stats *ret) {
+        pthread_mutex_lock(&s->lock);
+        *ret = s->stats;
+        pthread_mutex_unlock(&s->lock);
+}
+
+int sched_get_requests(struct sched *s, struct sched_request_state **ret, size_t *n) {
+        int r = 0;
+        pthread_mutex_lock(&s->lock);
+        struct sched_request_state *a = malloc(MAX(s->n_states, (size_t) 1) * sizeof *a);
+        if (!a)
+                r = -ENOMEM;
+        else {
+                if (s->n_states)
+                        memcpy(a, s->states, s->n_states * sizeof *a);
+                double t = now_ms();
+                /* ages are relative to now, stored as the submit time */
+                for (size_t i = 0; i < s->n_states; i++)
+                        a[i].age_ms = (uint64_t) MAX(0.0, t - (double) a[i].age_ms);
+                *ret = a;
+                *n = s->n_states;
+        }
+        pthread_mutex_unlock(&s->lock);
+        return r;
+}
+
+/* ---- jobs (engine thread) ------------------------------------------------------------------- */
+
+static void job_free(struct sched *s, struct job *j) {
+        if (j->n_pages)
+                (void) kvcache_release(s->kv, j->pages, j->n_pages);
+        free(j->pages);
+        free(j->seq);
+        free(j->counts);
+        free(j->distinct);
+        free(j->held);
+        tokenizer_stream_free(j->ts);
+        sched_request_free(j->r);
+        free(j);
+}
+
+static void unlink_job(struct sched *s, struct job *j) {
+        for (struct job **l = &s->jobs; *l; l = &(*l)->next)
+                if (*l == j) {
+                        *l = j->next;
+                        return;
+                }
+}
+
+static void fail_job(struct sched *s, struct job *j, int code, const char *fmt, ...) _printf_(4, 5);
+static void fail_job(struct sched *s, struct job *j, int code, const char *fmt, ...) {
+        struct sched_event *e = calloc(1, sizeof *e);
+        char buf[1024];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        unlink_job(s, j);
+        s->failed++;
+        if (e) {
+                e->kind = SCHED_EVENT_ERROR;
+                e->cookie = j->r->cookie;
+                e->id = j->r->id;
+                e->code = code;
+                e->message = strdup(buf);
+                push_event(s, e, true);
+        } else
+                log_error("scheduler: out of memory reporting the failure of request %llu: %s",
+                          (unsigned long long) j->r->id, buf);
+        job_free(s, j);
+}
+
+static void emit_chunk(struct sched *s, struct job *j, const char *text, size_t len,
+                       const int32_t *tok, struct sched_logprob *lp) {
+        struct sched_event *e = calloc(1, sizeof *e);
+        if (!e)
+                goto oom;
+        e->kind = SCHED_EVENT_CHUNK;
+        e->cookie = j->r->cookie;
+        e->id = j->r->id;
+        e->channel = j->channel;
+        e->text = malloc(len + 1);
+        if (!e->text)
+                goto oom;
+        memcpy(e->text, text, len);
+        e->text[len] = 0;
+        e->text_len = len;
+        if (tok && j->r->echo_ids) {
+                e->tokens = malloc(sizeof *e->tokens);
+                if (!e->tokens)
+                        goto oom;
+                e->tokens[0] = *tok;
+                e->n_tokens = 1;
+        }
+        if (lp) {
+                e->logprobs = lp;
+                e->n_logprobs = 1;
+                lp = NULL;
+        }
+        push_event(s, e, false);
+        return;
+oom:
+        if (lp)
+                free(lp->top);
+        free(lp);
+        sched_event_free(e);
+        log_error("scheduler: out of memory, a chunk of request %llu is lost",
+                  (unsigned long long) j->r->id);
+}
+
+static void emit_held(struct sched *s, struct job *j) {
+        if (j->held_len)
+                emit_chunk(s, j, j->held, j->held_len, NULL, NULL);
+        j->held_len = 0;
+}
+
+static void finish_job(struct sched *s, struct job *j, int reason, const char *stop) {
+        struct sched_event *e;
+        double t = now_ms();
+
+        if (!stop) {
+                const char *text;
+                size_t len;
+                if (j->ts && tokenizer_stream_flush(j->ts, &text, &len) >= 0 && len)
+                        if (grow((void **) &j->held, &j->held_cap, j->held_len + len, 1) == 0) {
+                                memcpy(j->held + j->held_len, text, len);
+                                j->held_len += len;
+                        }
+                emit_held(s, j);
+        }
+        if (reason == SCHED_FINISH_STOP && j->tool_call_seen)
+                reason = SCHED_FINISH_TOOL_CALLS;
+        unlink_job(s, j);
+        if (reason == SCHED_FINISH_CANCELLED)
+                s->cancelled++;
+        s->completion_total += j->n_out;
+        e = calloc(1, sizeof *e);
+        if (!e) {
+                log_error("scheduler: out of memory ending request %llu",
+                          (unsigned long long) j->r->id);
+                job_free(s, j);
+                return;
+        }
+        e->kind = SCHED_EVENT_DONE;
+        e->cookie = j->r->cookie;
+        e->id = j->r->id;
+        e->finish_reason = reason;
+        e->stop = stop ? strdup(stop) : NULL;
+        e->prompt_tokens = j->n_prompt;
+        e->cached_tokens = 0;
+        e->completion_tokens = j->n_out;
+        e->reasoning_tokens = j->reasoning_tokens;
+        double admit = j->t_admit ? j->t_admit : t;
+        e->queue_ms = admit - j->t_submit;
+        e->prefill_ms = j->t_first ? j->t_first - admit : 0;
+        e->decode_ms = j->t_first ? j->t_last - j->t_first : 0;
+        e->total_ms = t - j->t_submit;
+        push_event(s, e, true);
+        job_free(s, j);
+}
+
+/* Text, tokens or chat → token ids. On failure the job is failed (and freed): returns false. */
+static bool prepare(struct sched *s, struct job *j) {
+        struct sched_request *r = j->r;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        int ret;
+
+        if (r->prompt == SCHED_PROMPT_TOKENS) {
+                ids = malloc(r->n_tokens * sizeof *ids);
+                if (!ids) {
+                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory");
+                        return false;
+                }
+                memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
+                n = r->n_tokens;
+        } else if (r->prompt == SCHED_PROMPT_TEXT) {
+                ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n);
+                if (ret < 0) {
+                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
+                                 log_last_error());
+                        return false;
+                }
+        } else {
+                _cleanup_(json_freep) struct json_value *ctx = json_new_object();
+                struct json_value *msgs = json_new_array();
+                _cleanup_free_ char *rendered = NULL;
+                bool ok = ctx && msgs && json_object_set(ctx, "messages", msgs) == 0;
+                if (!ok)
+                        json_free(msgs);
+                for (size_t i = 0; ok && i < r->n_messages; i++) {
+                        const struct sched_message *m = &r->messages[i];
+                        struct json_value *o = json_new_object();
+                        ok = o && json_array_append(msgs, o) == 0;
+                        if (!ok) {
+                                json_free(o);
+                                break;
+                        }
+                        ok = json_object_set(o, "role", json_new_string(m->role, strlen(m->role))) == 0 &&
+                             json_object_set(o, "content",
+                                             json_new_string(m->content ? m->content : "",
+                                                             m->content ? strlen(m->content) : 0)) == 0;
+                        if (ok && m->name)
+                                ok = json_object_set(o, "name", json_new_string(m->name, strlen(m->name))) == 0;
+                        if (ok && m->reasoning)
+                                ok = json_object_set(o, "reasoning_content",
+                                                     json_new_string(m->reasoning, strlen(m->reasoning))) == 0;
+                        if (ok && m->tool_calls_json) {
+                                struct json_value *tc;
+                                char what[64];
+                                snprintf(what, sizeof what, "prompt.chat.messages[%zu].tool_calls_json", i);
+                                if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc) < 0) {
+                                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                        return false;
+                                }
+                                ok = json_object_set(o, "tool_calls", tc) == 0;
+                        }
+                }
+                if (ok && r->tools_json) {
+                        struct json_value *tools;
+                        if (json_parse(r->tools_json, strlen(r->tools_json), "prompt.chat.tools_json",
+                                       &tools) < 0) {
+                                fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                return false;
+                        }
+                        ok = json_object_set(ctx, "tools", tools) == 0;
+                }
+                if (ok)
+                        ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(true)) == 0;
+                if (ok && r->enable_thinking >= 0)
+                        ok = json_object_set(ctx, "enable_thinking",
+                                             json_new_bool(r->enable_thinking)) == 0;
+                if (!ok) {
+                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
+                        return false;
+                }
+                ret = chat_xing4_render(ctx, &rendered);
+                if (ret < 0) {
+                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        return false;
+                }
+                ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, &ids, &n);
+                if (ret < 0) {
+                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        return false;
+                }
+                /* the generation prompt ends inside <think> unless thinking is off */
+                if (r->enable_thinking != 0 && s->think_id >= 0)
+                        j->channel = SCHED_CHANNEL_REASONING;
+        }
+        if (n == 0) {
+                free(ids);
+                fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
+                return false;
+        }
+        if (n >= s->ctx_limit) {
+                free(ids);
+                fail_job(s, j, SCHED_ERR_TOO_LARGE,
+                         "prompt of %zu tokens leaves no room for output in the context limit of "
+                         "%u tokens", n, s->ctx_limit);
+                return false;
+        }
+        j->n_prompt = (uint32_t) n;
+        j->max_tokens = r->has_max_tokens ? r->max_tokens : s->p.max_tokens_default;
+        if (j->max_tokens > s->ctx_limit - j->n_prompt)
+                j->max_tokens = s->ctx_limit - j->n_prompt; /* ends with LENGTH at the limit */
+        j->seq = realloc(ids, ((size_t) j->n_prompt + j->max_tokens) * sizeof *ids);
+        if (!j->seq) {
+                free(ids);
+                fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for %u tokens",
+                         j->n_prompt + j->max_tokens);
+                return false;
+        }
+        j->n_seq = j->n_prompt;
+        j->counts = calloc(s->cfg->n_vocab, sizeof *j->counts);
+        j->distinct = malloc(MAX(j->max_tokens, 1u) * sizeof *j->distinct);
+        if (!j->counts || !j->distinct) {
+                fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for sampling state");
+                return false;
+        }
+        if (s->p.tokenizer &&
+            tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0) {
+                fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                return false;
+        }
+        uint64_t seed = r->sampling.has_seed ? r->sampling.seed
+                                             : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32);
+        j->rng = seed ^ 0x9e3779b97f4a7c15ull;
+        j->prepared = true;
+        return true;
+}
+
+/* ---- sampling ------------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+        uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+}
+
+struct cand {
+        float logit;
+        int32_t id;
+};
+
+static int cand_desc(const void *a, const void *b) {
+        const struct cand *x = a, *y = b;
+        if (x->logit != y->logit)
+                return x->logit < y->logit ? 1 : -1;
+        return x->id - y->id; /* ties: lower id first, deterministic */
+}
+
+/* log-softmax of the raw logits for the chosen token + the top n (before any sampling
+ * transformation: what the model thinks). */
+static struct sched_logprob *logprobs_of(const float *logits, uint32_t n_vocab, int32_t chosen,
+                                         uint32_t top_n) {
+        double mx = -INFINITY, sum = 0;
+        for (uint32_t i = 0; i < n_vocab; i++)
+                mx = MAX(mx, (double) logits[i]);
+        for (uint32_t i = 0; i < n_vocab; i++)
+                sum += exp((double) logits[i] - mx);
+        double lse = mx + log(sum);
+        struct sched_logprob *lp = calloc(1, sizeof *lp);
+        if (!lp)
+                return NULL;
+        lp->token_id = chosen;
+        lp->logprob = (float) (logits[chosen] - lse);
+        if (top_n == 0)
+                return lp;
+        lp->top = calloc(top_n, sizeof *lp->top);
+        if (!lp->top) {
+                free(lp);
+                return NULL;
+        }
+        /* insertion into a small sorted array: n_vocab * top_n worst case, top_n <= 20 */
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n_vocab; i++) {
+                float l = logits[i];
+                if (k == top_n && l <= lp->top[k - 1].logprob)
+                        continue;
+                uint32_t pos = k < top_n ? k++ : top_n - 1;
+                while (pos > 0 && lp->top[pos - 1].logprob < l) {
+                        lp->top[pos] = lp->top[pos - 1];
+                        pos--;
+                }
+                lp->top[pos].token_id = (int32_t) i;
+                lp->top[pos].logprob = l;
+        }
+        for (uint32_t i = 0; i < k; i++)
+                lp->top[i].logprob = (float) (lp->top[i].logprob - lse);
+        lp->n_top = k;
+        return lp;
+}
+
+/* Penalties, temperature, top-k, min-p, top-p, then a draw. logits is modified. */
+static int32_t sample(struct sched *s, struct job *j, float *logits) {
+        const struct sched_sampling *sp = &j->r->sampling;
+        uint32_t n = s->cfg->n_vocab;
+        float temp = sp->has_temperature ? sp->temperature : 1.0f;
+        float rep = sp->has_repetition_penalty ? sp->repetition_penalty : 1.0f;
+        float pres = sp->has_presence_penalty ? sp->presence_penalty : 0.0f;
+        float freq = sp->has_frequency_penalty ? sp->frequency_penalty : 0.0f;
+
+        for (uint32_t i = 0; i < j->n_distinct; i++) {
+                int32_t t = j->distinct[i];
+                float *l = &logits[t];
+                if (rep != 1.0f)
+                        *l = *l > 0 ? *l / rep : *l * rep;
+                *l -= pres + freq * (float) j->counts[t];
+        }
+        if (temp <= 0.0f) {
+                int32_t best = 0;
+                for (uint32_t i = 1; i < n; i++)
+                        if (logits[i] > logits[best])
+                                best = (int32_t) i;
+                return best;
+        }
+
+        uint32_t top_k = sp->has_top_k && sp->top_k > 0 && sp->top_k < n ? sp->top_k : n;
+        float top_p = sp->has_top_p ? sp->top_p : 1.0f;
+        float min_p = sp->has_min_p ? sp->min_p : 0.0f;
+        struct cand *c = malloc(n * sizeof *c);
+        if (!c) {
+                /* out of memory: fall back to greedy rather than failing the request */
+                int32_t best = 0;
+                for (uint32_t i = 1; i < n; i++)
+                        if (logits[i] > logits[best])
+                                best = (int32_t) i;
+                return best;
+        }
+        for (uint32_t i = 0; i < n; i++)
+                c[i] = (struct cand){ logits[i] / temp, (int32_t) i };
+        uint32_t m = n;
+        if (top_k < n || top_p < 1.0f || min_p > 0.0f) {
+                qsort(c, n, sizeof *c, cand_desc);
+                m = top_k;
+        }
+        double mx = -INFINITY;
+        for (uint32_t i = 0; i < m; i++)
+                mx = MAX(mx, (double) c[i].logit);
+        double total = 0;
+        for (uint32_t i = 0; i < m; i++)
+                total += exp((double) c[i].logit - mx);
+        if (min_p > 0.0f) {
+                /* c is sorted: the first is the most likely, p = 1/total relative */
+                uint32_t keep = 1;
+                double pmax = 1.0 / total;
+                while (keep < m && exp((double) c[keep].logit - mx) / total >= min_p * pmax)
+                        keep++;
+                m = keep;
+        }
+        if (top_p < 1.0f) {
+                double cum = 0, t2 = 0;
+                for (uint32_t i = 0; i < m; i++)
+                        t2 += exp((double) c[i].logit - mx);
+                uint32_t keep = 0;
+                while (keep < m) {
+                        cum += exp((double) c[keep].logit - mx) / t2;
+                        keep++;
+                        if (cum >= top_p)
+                                break;
+                }
+                m = keep;
+        }
+        total = 0;
+        for (uint32_t i = 0; i < m; i++)
+                total += exp((double) c[i].logit - mx);
+        double u = (double) (splitmix64(&j->rng) >> 11) * (1.0 / 9007199254740992.0) * total;
+        int32_t pick = c[m - 1].id;
+        double acc = 0;
+        for (uint32_t i = 0; i < m; i++) {
+                acc += exp((double) c[i].logit - mx);
+                if (u < acc) {
+                        pick = c[i].id;
+                        break;
+                }
+        }
+        free(c);
+        return pick;
+}
+
+/* ---- output --------------------------------------------------------------------------------- */
+
+static bool is_stop_id(const struct sched *s, const struct job *j, int32_t t) {
+        if (!j->r->ignore_eos && t == s->eos_id)
+                return true;
+        for (size_t i = 0; i < j->r->n_stop_ids; i++)
+                if (j->r->stop_ids[i] == t)
+                        return true;
+        return false;
+}
+
+/* Longest suffix of text that is a proper prefix of some stop string. */
+static size_t stop_prefix_len(const struct job *j, const char *text, size_t len) {
+        size_t best = 0;
+        for (size_t i = 0; i < j->r->n_stop; i++) {
+                const char *st = j->r->stop[i];
+                size_t sl = strlen(st);
+                for (size_t k = MIN(len, sl - 1); k > best; k--)
+                        if (memcmp(text + len - k, st, k) == 0) {
+                                best = k;
+                                break;
+                        }
+        }
+        return best;
+}
+
+/* A token was sampled (or forced) for j. Returns true if j ended (and was freed). */
+static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched_logprob *lp) {
+        double now = now_ms();
+
+        if (j->state == JOB_PREFILL) {
+                j->state = JOB_DECODE;
+                j->t_first = now;
+        }
+        j->t_last = now;
+        j->seq[j->n_seq++] = t;
+        j->n_out++;
+        if (j->counts[t]++ == 0)
+                j->distinct[j->n_distinct++] = t;
+
+        if (is_stop_id(s, j, t)) {
+                if (lp) {
+                        free(lp->top);
+                        free(lp);
+                }
+                finish_job(s, j, SCHED_FINISH_STOP, NULL);
+                return true;
+        }
+
+        /* channels follow the special tokens (spec §7); the specials themselves show no text */
+        int new_channel = j->channel;
+        if (t == s->think_id)
+                new_channel = SCHED_CHANNEL_REASONING;
+        else if (t == s->end_think_id || t == s->end_tool_call_id)
+                new_channel = SCHED_CHANNEL_CONTENT;
+        else if (t == s->tool_call_id) {
+                new_channel = SCHED_CHANNEL_TOOL_CALL;
+                j->tool_call_seen = true;
+        }
+        if (j->channel == SCHED_CHANNEL_REASONING)
+                j->reasoning_tokens++;
+        if (new_channel != j->channel) {
+                emit_held(s, j);
+                j->channel = new_channel;
+        }
+        if (t == s->end_think_id)
+                j->force_end_think = false;
+
+        const char *text = "";
+        size_t len = 0;
+        if (j->ts && tokenizer_stream_feed(j->ts, t, &text, &len) < 0) {
+                text = "";
+                len = 0;
+        }
+        if (len && grow((void **) &j->held, &j->held_cap, j->held_len + len, 1) == 0) {
+                memcpy(j->held + j->held_len, text, len);
+                j->held_len += len;
+        }
+        /* stop strings: cut at the earliest match; hold back a possible partial match */
+        const char *hit = NULL;
+        size_t hit_pos = SIZE_MAX;
+        for (size_t i = 0; i < j->r->n_stop; i++) {
+                const char *m = memmem(j->held, j->held_len, j->r->stop[i], strlen(j->r->stop[i]));
+                if (m && (size_t) (m - j->held) < hit_pos) {
+                        hit_pos = (size_t) (m - j->held);
+                        hit = j->r->stop[i];
+                }
+        }
+        if (hit) {
+                emit_chunk(s, j, j->held, hit_pos, &t, lp);
+                j->held_len = 0;
+                finish_job(s, j, SCHED_FINISH_STOP, hit);
+                return true;
+        }
+        size_t keep = stop_prefix_len(j, j->held, j->held_len);
+        emit_chunk(s, j, j->held, j->held_len - keep, &t, lp);
+        memmove(j->held, j->held + j->held_len - keep, keep);
+        j->held_len = keep;
+
+        if (j->channel == SCHED_CHANNEL_REASONING && j->r->has_thinking_budget &&
+            j->r->thinking_budget >= 0 && j->reasoning_tokens >= (uint32_t) j->r->thinking_budget &&
+            s->end_think_id >= 0)
+                j->force_end_think = true;
+
+        if (j->n_out >= j->max_tokens) {
+                finish_job(s, j, SCHED_FINISH_LENGTH, NULL);
+                return true;
+        }
+        return false;
+}
+
+/* ---- the step ------------------------------------------------------------------------------- */
+
+static void take_inputs(struct sched *s) {
+        pthread_mutex_lock(&s->lock);
+        struct job *in = s->in_head;
+        s->in_head = s->in_tail = NULL;
+        uint64_t *cancels = s->cancels;
+        size_t n_cancels = s->n_cancels;
+        s->cancels = NULL;
+        s->n_cancels = s->cap_cancels = 0;
+        pthread_mutex_unlock(&s->lock);
+
+        struct job **tail = &s->jobs;
+        while (*tail)
+                tail = &(*tail)->next;
+        *tail = in;
+        for (size_t i = 0; i < n_cancels; i++)
+                for (struct job *j = s->jobs; j; j = j->next)
+                        if (j->r->id == cancels[i])
+                                j->cancel = true;
+        free(cancels);
+        for (struct job *j = s->jobs, *next; j; j = next) {
+                next = j->next;
+                if (j->cancel)
+                        finish_job(s, j, SCHED_FINISH_CANCELLED, NULL);
+        }
+}
+
+static void admit(struct sched *s) {
+        uint32_t running = 0;
+        for (struct job *j = s->jobs; j; j = j->next)
+                running += j->state != JOB_WAITING;
+        for (struct job *j = s->jobs, *next; j; j = next) {
+                next = j->next;
+                if (j->state != JOB_WAITING)
+                        continue;
+                if (!j->prepared && !prepare(s, j))
+                        continue; /* failed and freed */
+                uint32_t need = kvcache_pages_for(s->kv, (uint64_t) j->n_prompt + j->max_tokens);
+                if (need > kvcache_n_pages(s->kv)) {
+                        fail_job(s, j, SCHED_ERR_RESOURCE_EXHAUSTED,
+                                 "request needs %u cache pages (%u prompt + %u output tokens), the "
+                                 "cache has %u",
+                                 need, j->n_prompt, j->max_tokens, kvcache_n_pages(s->kv));
+                        continue;
+                }
+                if (running >= s->p.max_running || need > kvcache_n_free(s->kv))
+                        break; /* FIFO: later requests wait behind this one */
+                j->pages = malloc(need * sizeof *j->pages);
+                if (!j->pages) {
+                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for a page table");
+                        continue;
+                }
+                if (kvcache_alloc(s->kv, need, j->pages) < 0) {
+                        free(j->pages);
+                        j->pages = NULL;
+                        break;
+                }
+                j->n_pages = need;
+                j->state = JOB_PREFILL;
+                j->t_admit = now_ms();
+                s->prompt_total += j->n_prompt;
+                s->total++;
+                running++;
+        }
+}
+
+static void step(struct sched *s) {
+        struct x4_seq *seqs;
+        struct job **owners;
+        uint32_t n = 0, cap = 0, rows = 0;
+        uint32_t prefill_tokens = 0, decode_tokens = 0;
+        struct job *prefill = NULL;
+
+        for (struct job *j = s->jobs; j; j = j->next) {
+                cap += j->state != JOB_WAITING;
+                if (!prefill && j->state == JOB_PREFILL)
+                        prefill = j;
+        }
+        if (cap == 0)
+                return;
+        seqs = calloc(cap, sizeof *seqs);
+        owners = calloc(cap, sizeof *owners);
+        if (!seqs || !owners) {
+                free(seqs);
+                free(owners);
+                log_error("scheduler: out of memory building a batch of %u sequences", cap);
+                return;
+        }
+        for (struct job *j = s->jobs; j; j = j->next) {
+                if (j->state == JOB_DECODE) {
+                        seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = 1,
+                                                   .pos0 = j->n_cached, .pages = j->pages,
+                                                   .n_pages = j->n_pages, .logits = X4_LOGITS_LAST };
+                        owners[n++] = j;
+                        decode_tokens++;
+                        rows++;
+                } else if (j == prefill) {
+                        uint32_t chunk = MIN(s->p.prefill_chunk, j->n_prompt - j->n_cached);
+                        bool last = j->n_cached + chunk == j->n_prompt;
+                        seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
+                                                   .pos0 = j->n_cached, .pages = j->pages,
+                                                   .n_pages = j->n_pages,
+                                                   .logits = last ? X4_LOGITS_LAST : X4_LOGITS_NONE };
+                        owners[n++] = j;
+                        prefill_tokens += chunk;
+                        rows += last;
+                }
+        }
+        size_t need = (size_t) MAX(rows, 1u) * s->cfg->n_vocab;
+        if (need > s->logits_cap) {
+                float *l = realloc(s->logits, need * sizeof *l);
+                if (!l) {
+                        log_error("scheduler: out of memory for %u logits rows", rows);
+                        free(seqs);
+                        free(owners);
+                        return;
+                }
+                s->logits = l;
+                s->logits_cap = need;
+        }
+        struct x4_batch batch = { .seqs = seqs, .n_seqs = n };
+        double t0 = now_ms();
+        int r = s->p.ops->forward(s->p.backend, &batch, s->logits);
+        double dt = now_ms() - t0;
+        if (r < 0) {
+                char msg[1024];
+                snprintf(msg, sizeof msg, "%s", log_last_error());
+                for (uint32_t i = 0; i < n; i++)
+                        fail_job(s, owners[i], SCHED_ERR_INTERNAL, "backend forward failed: %s", msg);
+                free(seqs);
+                free(owners);
+                return;
+        }
+        /* recent rates: exponential moving average over steps */
+        if (dt > 0) {
+                double a = 0.2;
+                if (prefill_tokens)
+                        s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
+                if (decode_tokens)
+                        s->decode_rate = (1 - a) * s->decode_rate + a * (decode_tokens * 1e3 / dt);
+        }
+        uint32_t row = 0;
+        for (uint32_t i = 0; i < n; i++) {
+                struct job *j = owners[i];
+                j->n_cached += seqs[i].n_tokens;
+                if (seqs[i].logits != X4_LOGITS_LAST)
+                        continue;
+                float *l = s->logits + (size_t) row++ * s->cfg->n_vocab;
+                struct sched_logprob *lp = NULL;
+                int32_t t;
+                if (j->force_end_think)
+                        t = s->end_think_id;
+                else {
+                        /* logprobs are of the raw distribution: keep the row before sample()
+                         * rewrites it */
+                        float *raw = NULL;
+                        if (j->r->logprobs > 0) {
+                                raw = malloc(s->cfg->n_vocab * sizeof *raw);
+                                if (raw)
+                                        memcpy(raw, l, s->cfg->n_vocab * sizeof *raw);
+                        }
+                        t = sample(s, j, l);
+                        if (raw) {
+                                lp = logprobs_of(raw, s->cfg->n_vocab, t, j->r->logprobs);
+                                free(raw);
+                        }
+                }
+                (void) accept_token(s, j, t, lp);
+        }
+        free(seqs);
+        free(owners);
+}
+
+static void publish_stats(struct sched *s) {
+        struct sched_stats st = {
+                .total = s->total,
+                .failed = s->failed,
+                .cancelled = s->cancelled,
+                .prompt_tokens = s->prompt_total,
+                .completion_tokens = s->completion_total,
+                .prefill_tok_s = s->prefill_rate,
+                .decode_tok_s = s->decode_rate,
+                .pages_total = kvcache_n_pages(s->kv),
+                .pages_used = kvcache_n_pages(s->kv) - kvcache_n_free(s->kv),
+                .page_tokens = kvcache_page_tokens(s->kv),
+                .memory_used = s->caps.memory_used,
+                .memory_total = s->caps.memory_total,
+        };
+        size_t n = 0;
+        for (struct job *j = s->jobs; j; j = j->next)
+                n++;
+        struct sched_request_state *a = calloc(MAX(n, (size_t) 1), sizeof *a);
+        size_t k = 0;
+        for (struct job *j = s->jobs; a && j; j = j->next, k++) {
+                a[k].id = j->r->id;
+                a[k].running = j->state != JOB_WAITING;
+                a[k].prompt_tokens = j->n_prompt ? j->n_prompt : j->r->n_tokens;
+                a[k].prefilled_tokens = MIN(j->n_cached, j->n_prompt);
+                a[k].completion_tokens = j->n_out;
+                a[k].age_ms = (uint64_t) j->t_submit; /* made relative on read */
+                a[k].peer_pid = j->r->peer_pid;
+                a[k].peer_uid = j->r->peer_uid;
+                memcpy(a[k].client, j->r->client, sizeof a[k].client);
+                if (a[k].running)
+                        st.running++;
+                else
+                        st.waiting++;
+        }
+        pthread_mutex_lock(&s->lock);
+        /* requests handed over but not yet taken by the engine count as waiting */
+        for (struct job *j = s->in_head; j; j = j->next)
+                st.waiting++;
+        s->stats = st;
+        if (a) {
+                free(s->states);
+                s->states = a;
+                s->n_states = k;
+        }
+        pthread_mutex_unlock(&s->lock);
+}
+
+static void *engine_main(void *userdata) {
+        struct sched *s = userdata;
+
+        log_set_ident("xing4d");
+        for (;;) {
+                pthread_mutex_lock(&s->lock);
+                while (!s->quit && !s->in_head && s->n_cancels == 0 && !s->jobs)
+                        pthread_cond_wait(&s->wake, &s->lock);
+                bool quit = s->quit;
+                pthread_mutex_unlock(&s->lock);
+                if (quit)
+                        break;
+                take_inputs(s);
+                admit(s);
+                step(s);
+                publish_stats(s);
+                /* a request that cannot be admitted yet and nothing running: sleep until a new
+                 * input (pages only come back when a job ends, which happens in this thread) */
+                bool busy = false;
+                for (struct job *j = s->jobs; j; j = j->next)
+                        busy |= j->state != JOB_WAITING;
+                if (!busy && s->jobs) {
+                        pthread_mutex_lock(&s->lock);
+                        while (!s->quit && !s->in_head && s->n_cancels == 0)
+                                pthread_cond_wait(&s->wake, &s->lock);
+                        pthread_mutex_unlock(&s->lock);
+                }
+        }
+        return NULL;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------ */
+
+int sched_new(const struct sched_params *params, struct sched **ret) {
+        struct sched *s = calloc(1, sizeof *s);
+        int r;
+
+        if (!s)
+                return log_error_errno(ENOMEM, "scheduler: out of memory");
+        s->p = *params;
+        if (!s->p.max_running)
+                s->p.max_running = 16;
+        if (!s->p.max_waiting)
+                s->p.max_waiting = 256;
+        if (!s->p.max_tokens_default)
+                s->p.max_tokens_default = 1024;
+        if (!s->p.prefill_chunk)
+                s->p.prefill_chunk = 256;
+        if (!s->p.max_stop)
+                s->p.max_stop = 16;
+        s->efd = -1;
+        s->next_id = 1;
+        s->cfg = x4_model_config(s->p.model);
+        s->p.ops->caps(s->p.backend, &s->caps);
+        r = kvcache_new(s->caps.n_pages, s->caps.page_tokens, &s->kv);
+        if (r < 0) {
+                free(s);
+                return r;
+        }
+        uint64_t cache_tokens = (uint64_t) s->caps.n_pages * s->caps.page_tokens;
+        s->ctx_limit = (uint32_t) MIN(cache_tokens, (uint64_t) s->cfg->n_ctx_train);
+        s->eos_id = s->cfg->eos_id;
+        s->think_id = s->end_think_id = s->tool_call_id = s->end_tool_call_id = -1;
+        if (s->p.tokenizer) {
+                int32_t e = tokenizer_eos_id(s->p.tokenizer);
+                if (e >= 0)
+                        s->eos_id = e;
+                s->think_id = tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_THINK);
+                s->end_think_id = tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_END_THINK);
+                s->tool_call_id = tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_TOOL_CALL);
+                s->end_tool_call_id =
+                        tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_END_TOOL_CALL);
+                if (s->think_id < 0)
+                        s->think_id = -1;
+                if (s->end_think_id < 0)
+                        s->end_think_id = -1;
+                if (s->tool_call_id < 0)
+                        s->tool_call_id = -1;
+                if (s->end_tool_call_id < 0)
+                        s->end_tool_call_id = -1;
+        }
+        s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (s->efd < 0) {
+                r = log_error_errno(errno, "scheduler: eventfd: %m");
+                kvcache_free(s->kv);
+                free(s);
+                return r;
+        }
+        pthread_mutex_init(&s->lock, NULL);
+        pthread_cond_init(&s->wake, NULL);
+        publish_stats(s);
+        *ret = s;
+        return 0;
+}
+
+int sched_start(struct sched *s) {
+        int r = pthread_create(&s->thread, NULL, engine_main, s);
+        if (r != 0)
+                return log_error_errno(r, "scheduler: cannot start the engine thread: %s",
+                                       strerror(r));
+        s->started = true;
+        return 0;
+}
+
+void sched_free(struct sched *s) {
+        if (!s)
+                return;
+        if (s->started) {
+                pthread_mutex_lock(&s->lock);
+                s->quit = true;
+                pthread_cond_signal(&s->wake);
+                pthread_mutex_unlock(&s->lock);
+                pthread_join(s->thread, NULL);
+        }
+        while (s->jobs) {
+                struct job *j = s->jobs;
+                s->jobs = j->next;
+                job_free(s, j);
+        }
+        while (s->in_head) {
+                struct job *j = s->in_head;
+                s->in_head = j->next;
+                job_free(s, j);
+        }
+        for (struct sched_event *e = s->ev_head, *next; e; e = next) {
+                next = e->next;
+                sched_event_free(e);
+        }
+        free(s->cancels);
+        free(s->live);
+        free(s->states);
+        free(s->logits);
+        kvcache_free(s->kv);
+        if (s->efd >= 0)
+                close(s->efd);
+        pthread_mutex_destroy(&s->lock);
+        pthread_cond_destroy(&s->wake);
+        free(s);
+}

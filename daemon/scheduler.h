@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: MIT */
+/* The engine thread (design.md "Threads and flow of one request"): admission against the cache
+ * page budget, prompt preparation (chat template, tokenizer), continuous batching (each step is one
+ * backend forward holding one decode token of every running request plus at most one prefill chunk
+ * of a request being admitted), sampling, output channels, stop conditions, cancellation.
+ *
+ * It knows nothing of sockets or protobuf. The loop thread talks to it through two queues guarded
+ * by one mutex: requests/cancels in (sched_submit, sched_cancel), events out (sched_pop_events),
+ * with an eventfd (sched_event_fd) that becomes readable when events are waiting. Every submitted
+ * request gets exactly one final event (DONE or ERROR), after which the scheduler no longer
+ * touches its cookie. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/macro.h"
+
+struct x4_model;
+struct x4_backend;
+struct x4_backend_ops;
+struct tokenizer;
+
+/* Error codes of ERROR events and sched_validate(); the values are the protocol's ErrorCode. */
+enum sched_error {
+        SCHED_ERR_INVALID_ARGUMENT = 1,
+        SCHED_ERR_NOT_FOUND = 2,
+        SCHED_ERR_UNAVAILABLE = 3,
+        SCHED_ERR_TOO_LARGE = 4,
+        SCHED_ERR_INTERNAL = 7,
+        SCHED_ERR_RESOURCE_EXHAUSTED = 8,
+        SCHED_ERR_UNIMPLEMENTED = 9,
+};
+
+/* The values are the protocol's FinishReason / Channel. */
+enum sched_finish {
+        SCHED_FINISH_STOP = 1,
+        SCHED_FINISH_LENGTH = 2,
+        SCHED_FINISH_CANCELLED = 3,
+        SCHED_FINISH_TOOL_CALLS = 4,
+};
+
+enum sched_channel {
+        SCHED_CHANNEL_CONTENT = 0,
+        SCHED_CHANNEL_REASONING = 1,
+        SCHED_CHANNEL_TOOL_CALL = 2,
+};
+
+enum sched_prompt {
+        SCHED_PROMPT_TOKENS = 0,
+        SCHED_PROMPT_TEXT = 1,
+        SCHED_PROMPT_CHAT = 2,
+};
+
+struct sched_message {
+        char *role, *content, *reasoning, *tool_calls_json, *name;
+};
+
+struct sched_sampling {
+        bool has_temperature, has_top_p, has_top_k, has_min_p, has_seed;
+        bool has_repetition_penalty, has_presence_penalty, has_frequency_penalty;
+        float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+        uint32_t top_k;
+        uint64_t seed;
+};
+
+/* A request as the loop thread hands it over; everything malloc'ed, owned by the scheduler after
+ * a successful sched_submit (freed with sched_request_free). */
+struct sched_request {
+        void *cookie; /* the server's handle, returned in every event */
+        uint64_t id;  /* set by sched_submit: the server-wide request id */
+        enum sched_prompt prompt;
+        int32_t *tokens;
+        uint32_t n_tokens;
+        char *text;
+        struct sched_message *messages;
+        size_t n_messages;
+        char *tools_json;
+        int enable_thinking; /* -1 unset (= on), 0, 1 */
+        struct sched_sampling sampling;
+        bool has_max_tokens;
+        uint32_t max_tokens;
+        char **stop;
+        size_t n_stop;
+        int32_t *stop_ids;
+        size_t n_stop_ids;
+        char *snapshot;
+        uint32_t logprobs;
+        bool has_thinking_budget;
+        int32_t thinking_budget;
+        bool ignore_eos;
+        bool echo_ids; /* fill token ids in CHUNK events */
+        /* who asked, for stats */
+        uint32_t peer_pid, peer_uid;
+        char client[64];
+};
+
+void sched_request_free(struct sched_request *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct sched_request *, sched_request_free);
+
+enum sched_event_kind {
+        SCHED_EVENT_CHUNK,
+        SCHED_EVENT_DONE,
+        SCHED_EVENT_ERROR,
+};
+
+struct sched_top_logprob {
+        int32_t token_id;
+        float logprob;
+};
+
+struct sched_logprob {
+        int32_t token_id;
+        float logprob;
+        struct sched_top_logprob *top;
+        uint32_t n_top;
+};
+
+struct sched_event {
+        struct sched_event *next;
+        enum sched_event_kind kind;
+        void *cookie;
+        uint64_t id;
+        /* CHUNK */
+        char *text;
+        size_t text_len;
+        int32_t *tokens;
+        uint32_t n_tokens;
+        int channel;
+        struct sched_logprob *logprobs;
+        uint32_t n_logprobs;
+        /* DONE */
+        int finish_reason;
+        char *stop; /* matched stop string */
+        uint32_t prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens;
+        double queue_ms, prefill_ms, decode_ms, total_ms;
+        /* ERROR */
+        int code; /* enum sched_error */
+        char *message;
+};
+
+void sched_event_free(struct sched_event *e); /* frees one event (not its next) */
+
+struct sched_params {
+        const struct x4_model *model;
+        const struct x4_backend_ops *ops;
+        struct x4_backend *backend;
+        const struct tokenizer *tokenizer; /* NULL: token-id prompts only */
+        uint32_t max_running;   /* requests decoding at once (default 16) */
+        uint32_t max_waiting;   /* queued beyond that before UNAVAILABLE (default 256) */
+        uint32_t max_tokens_default; /* when a request sets none (default 1024) */
+        uint32_t prefill_chunk; /* prompt tokens per step (default 256) */
+        uint32_t max_stop;      /* stop strings per request (default 16) */
+};
+
+/* The numbers a StatsReply carries (engine side). */
+struct sched_stats {
+        uint32_t running, waiting;
+        uint64_t total, failed, cancelled;
+        uint64_t prompt_tokens, completion_tokens;
+        double prefill_tok_s, decode_tok_s;
+        uint32_t pages_total, pages_used, page_tokens;
+        uint64_t memory_used, memory_total;
+        uint64_t prefix_hits, prefix_tokens_reused;
+};
+
+struct sched_request_state {
+        uint64_t id;
+        bool running;
+        uint32_t prompt_tokens, prefilled_tokens, completion_tokens;
+        uint64_t age_ms;
+        uint32_t peer_pid, peer_uid;
+        char client[64];
+};
+
+struct sched;
+
+int sched_new(const struct sched_params *params, struct sched **ret);
+/* Stops the engine thread (requests in flight are dropped without events) and frees. */
+void sched_free(struct sched *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct sched *, sched_free);
+
+int sched_start(struct sched *s);
+
+/* Context limit: the most positions (prompt + output) one request may use. */
+uint32_t sched_context_limit(const struct sched *s);
+uint32_t sched_max_tokens_default(const struct sched *s);
+uint32_t sched_max_running(const struct sched *s);
+
+/* Check what can be checked before tokenizing (ranges, ids, counts). Returns 0, or an enum
+ * sched_error with a one-line message naming the field in err. Read-only: safe from any thread. */
+int sched_validate(const struct sched *s, const struct sched_request *r, char *err, size_t err_size);
+
+/* Hand a validated request to the engine; sets r->id. On success the scheduler owns r. Returns
+ * -EAGAIN (queue full) or -ESHUTDOWN (draining) without taking it. */
+int sched_submit(struct sched *s, struct sched_request *r);
+/* Cancel by server id: the request ends with DONE{CANCELLED} at the next step boundary.
+ * -ENOENT if it is not waiting or running. */
+int sched_cancel(struct sched *s, uint64_t id);
+/* Stop admitting (submit fails with -ESHUTDOWN); with cancel_all, cancel everything in flight. */
+void sched_drain(struct sched *s, bool cancel_all);
+/* Requests submitted whose final event has not been popped yet. */
+uint32_t sched_in_flight(struct sched *s);
+
+/* eventfd: readable while events wait. Read it (8 bytes) then pop. */
+int sched_event_fd(const struct sched *s);
+/* Take all pending events, oldest first (a list linked by next); NULL if none. */
+struct sched_event *sched_pop_events(struct sched *s);
+
+void sched_get_stats(struct sched *s, struct sched_stats *ret);
+/* Requests waiting or running now; *ret malloc'ed. */
+int sched_get_requests(struct sched *s, struct sched_request_state **ret, size_t *n);

@@ -1,0 +1,924 @@
+/* SPDX-License-Identifier: MIT */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <systemd/sd-daemon.h>
+
+#include "scheduler.h"
+#include "util/frame.h"
+#include "util/log.h"
+#include "xing4.pb-c.h"
+
+/* A connection whose unsent output passes this stops being read until it drains: its requests
+ * keep running but the client cannot pile up more work (design.md back-pressure, first step). */
+#define OUTPUT_HIGH_WATER (8u << 20)
+
+struct conn;
+
+/* A generation request in flight, owned by the loop thread. It outlives its connection (conn set
+ * to NULL) until the scheduler's final event for it arrives. */
+struct sreq {
+        struct sreq *next;
+        struct conn *conn;
+        uint64_t client_id;
+        uint64_t server_id;
+};
+
+struct conn {
+        struct conn *next;
+        struct server *server;
+        struct bufferevent *bev;
+        struct frame_decoder *decoder;
+        struct sreq *reqs;
+        bool hello_done;
+        bool closing; /* flush the output, then free */
+        pid_t pid;
+        uid_t uid;
+        char client[64];
+        unsigned id;
+};
+
+struct server {
+        struct server_params p;
+        struct event_base *base;
+        struct evconnlistener *listener;
+        struct event *ev_sched, *ev_term, *ev_int, *ev_grace, *ev_watchdog;
+        struct conn *conns;
+        unsigned n_conns, next_conn_id;
+        unsigned n_reqs; /* sreqs alive, orphans included */
+        bool draining;
+        double t_start;
+};
+
+static double now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- sending -------------------------------------------------------------------------------- */
+
+static void send_frame(struct conn *c, const Xing4__Frame *f) {
+        size_t n = xing4__frame__get_packed_size(f);
+        uint8_t stackbuf[4096], *buf = stackbuf;
+
+        if (c->closing && !c->bev)
+                return;
+        if (n + FRAME_HEADER_SIZE > sizeof stackbuf) {
+                buf = malloc(n + FRAME_HEADER_SIZE);
+                if (!buf) {
+                        log_error("connection %u: out of memory sending a %zu-byte frame", c->id, n);
+                        return;
+                }
+        }
+        (void) frame_encode_header(n, FRAME_MAX_LIMIT, buf);
+        xing4__frame__pack(f, buf + FRAME_HEADER_SIZE);
+        if (bufferevent_write(c->bev, buf, n + FRAME_HEADER_SIZE) < 0)
+                log_error("connection %u: cannot queue a %zu-byte frame", c->id, n);
+        if (buf != stackbuf)
+                free(buf);
+}
+
+_printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int code,
+                                       const char *fmt, ...) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+
+        Xing4__Error e = XING4__ERROR__INIT;
+        e.has_code = 1;
+        e.code = (Xing4__ErrorCode) code;
+        e.message = msg;
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = request_id;
+        f.body_case = XING4__FRAME__BODY_ERROR;
+        f.error = &e;
+        log_info("connection %u (pid %d): request %llu refused: %s", c->id, (int) c->pid,
+                 (unsigned long long) request_id, msg);
+        send_frame(c, &f);
+}
+
+/* ---- connections ---------------------------------------------------------------------------- */
+
+static void maybe_finish_drain(struct server *s);
+
+static void conn_free(struct conn *c) {
+        struct server *s = c->server;
+
+        for (struct conn **l = &s->conns; *l; l = &(*l)->next)
+                if (*l == c) {
+                        *l = c->next;
+                        break;
+                }
+        s->n_conns--;
+        /* its requests are cancelled; their sreqs live on as orphans until the final event */
+        for (struct sreq *r = c->reqs, *next; r; r = next) {
+                next = r->next;
+                r->conn = NULL;
+                r->next = NULL;
+                (void) sched_cancel(s->p.sched, r->server_id);
+        }
+        if (c->bev)
+                bufferevent_free(c->bev);
+        frame_decoder_free(c->decoder);
+        log_debug("connection %u closed", c->id);
+        free(c);
+}
+
+/* Close once the queued output (typically an Error) is written. Only called from within
+ * conn_read_cb, which frees the connection itself if nothing is left to write. */
+static void conn_close_after_flush(struct conn *c) {
+        c->closing = true;
+        bufferevent_disable(c->bev, EV_READ);
+}
+
+static struct sreq *conn_find(struct conn *c, uint64_t client_id) {
+        for (struct sreq *r = c->reqs; r; r = r->next)
+                if (r->client_id == client_id)
+                        return r;
+        return NULL;
+}
+
+/* ---- GenerateRequest → sched_request -------------------------------------------------------- */
+
+static char *dup0(const char *s) {
+        return s ? strdup(s) : NULL;
+}
+
+static int convert_generate(const Xing4__GenerateRequest *g, struct sched_request **ret) {
+        _cleanup_(sched_request_freep) struct sched_request *r = calloc(1, sizeof *r);
+        if (!r)
+                return -ENOMEM;
+        r->enable_thinking = -1;
+        r->echo_ids = !g->has_echo_token_ids || g->echo_token_ids;
+        switch (g->prompt_case) {
+        case XING4__GENERATE_REQUEST__PROMPT_TOKENS:
+                r->prompt = SCHED_PROMPT_TOKENS;
+                r->n_tokens = (uint32_t) g->tokens->n_ids;
+                r->tokens = malloc(MAX(g->tokens->n_ids, (size_t) 1) * sizeof *r->tokens);
+                if (!r->tokens)
+                        return -ENOMEM;
+                if (g->tokens->n_ids)
+                        memcpy(r->tokens, g->tokens->ids, g->tokens->n_ids * sizeof *r->tokens);
+                break;
+        case XING4__GENERATE_REQUEST__PROMPT_TEXT:
+                r->prompt = SCHED_PROMPT_TEXT;
+                r->text = strdup(g->text);
+                if (!r->text)
+                        return -ENOMEM;
+                break;
+        case XING4__GENERATE_REQUEST__PROMPT_CHAT: {
+                const Xing4__Chat *ch = g->chat;
+                r->prompt = SCHED_PROMPT_CHAT;
+                r->messages = calloc(MAX(ch->n_messages, (size_t) 1), sizeof *r->messages);
+                if (!r->messages)
+                        return -ENOMEM;
+                r->n_messages = ch->n_messages;
+                for (size_t i = 0; i < ch->n_messages; i++) {
+                        const Xing4__ChatMessage *m = ch->messages[i];
+                        r->messages[i].role = dup0(m->role ? m->role : "");
+                        r->messages[i].content = dup0(m->content);
+                        r->messages[i].reasoning = dup0(m->reasoning);
+                        r->messages[i].tool_calls_json = dup0(m->tool_calls_json);
+                        r->messages[i].name = dup0(m->name);
+                        if (!r->messages[i].role)
+                                return -ENOMEM;
+                }
+                r->tools_json = dup0(ch->tools_json);
+                if (ch->has_enable_thinking)
+                        r->enable_thinking = ch->enable_thinking;
+                break;
+        }
+        default:
+                r->prompt = (enum sched_prompt) - 1;
+                break;
+        }
+        if (g->sampling) {
+                const Xing4__SamplingParams *sp = g->sampling;
+                struct sched_sampling *d = &r->sampling;
+                d->has_temperature = sp->has_temperature;
+                d->temperature = sp->temperature;
+                d->has_top_p = sp->has_top_p;
+                d->top_p = sp->top_p;
+                d->has_top_k = sp->has_top_k;
+                d->top_k = sp->top_k;
+                d->has_min_p = sp->has_min_p;
+                d->min_p = sp->min_p;
+                d->has_seed = sp->has_seed;
+                d->seed = sp->seed;
+                d->has_repetition_penalty = sp->has_repetition_penalty;
+                d->repetition_penalty = sp->repetition_penalty;
+                d->has_presence_penalty = sp->has_presence_penalty;
+                d->presence_penalty = sp->presence_penalty;
+                d->has_frequency_penalty = sp->has_frequency_penalty;
+                d->frequency_penalty = sp->frequency_penalty;
+        }
+        r->has_max_tokens = g->has_max_tokens;
+        r->max_tokens = g->max_tokens;
+        if (g->n_stop) {
+                r->stop = calloc(g->n_stop, sizeof *r->stop);
+                if (!r->stop)
+                        return -ENOMEM;
+                r->n_stop = g->n_stop;
+                for (size_t i = 0; i < g->n_stop; i++)
+                        if (!(r->stop[i] = strdup(g->stop[i])))
+                                return -ENOMEM;
+        }
+        if (g->n_stop_ids) {
+                r->stop_ids = malloc(g->n_stop_ids * sizeof *r->stop_ids);
+                if (!r->stop_ids)
+                        return -ENOMEM;
+                memcpy(r->stop_ids, g->stop_ids, g->n_stop_ids * sizeof *r->stop_ids);
+                r->n_stop_ids = g->n_stop_ids;
+        }
+        r->snapshot = dup0(g->snapshot);
+        r->logprobs = g->has_logprobs ? g->logprobs : 0;
+        r->has_thinking_budget = g->has_thinking_budget;
+        r->thinking_budget = g->thinking_budget;
+        r->ignore_eos = g->has_ignore_eos && g->ignore_eos;
+        *ret = TAKE_PTR(r);
+        return 0;
+}
+
+/* ---- frame handlers ------------------------------------------------------------------------- */
+
+static void fill_model_info(const struct server *s, Xing4__ModelInfo *m) {
+        const struct server_model_info *i = &s->p.model;
+        m->architecture = (char *) i->architecture;
+        m->name = (char *) i->name;
+        m->fingerprint = (char *) i->fingerprint;
+        m->has_n_vocab = m->has_n_ctx = m->has_n_layer = m->has_n_embd = 1;
+        m->has_n_expert = m->has_n_expert_used = m->has_bos_id = m->has_eos_id = 1;
+        m->has_has_tokenizer = 1;
+        m->n_vocab = i->n_vocab;
+        m->n_ctx = i->n_ctx;
+        m->n_layer = i->n_layer;
+        m->n_embd = i->n_embd;
+        m->n_expert = i->n_expert;
+        m->n_expert_used = i->n_expert_used;
+        m->bos_id = i->bos_id;
+        m->eos_id = i->eos_id;
+        m->has_tokenizer = i->has_tokenizer;
+}
+
+static void handle_hello(struct conn *c, uint64_t id, const Xing4__Hello *h) {
+        struct server *s = c->server;
+
+        if (c->hello_done) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                           "Hello: already received on this connection");
+                return;
+        }
+        if (!h->has_proto_major || h->proto_major != X4_PROTO_MAJOR) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_VERSION_MISMATCH,
+                           "Hello.proto_major: %u, this server speaks protocol %u.%u",
+                           h->has_proto_major ? h->proto_major : 0, X4_PROTO_MAJOR, X4_PROTO_MINOR);
+                conn_close_after_flush(c);
+                return;
+        }
+        snprintf(c->client, sizeof c->client, "%s", h->client ? h->client : "");
+        c->hello_done = true;
+        log_info("connection %u: pid %d uid %u, client '%s', protocol %u.%u", c->id, (int) c->pid,
+                 (unsigned) c->uid, c->client, h->proto_major, h->proto_minor);
+
+        Xing4__ModelInfo m = XING4__MODEL_INFO__INIT;
+        fill_model_info(s, &m);
+        Xing4__HelloReply hr = XING4__HELLO_REPLY__INIT;
+        hr.has_proto_major = hr.has_proto_minor = hr.has_max_frame = 1;
+        hr.proto_major = X4_PROTO_MAJOR;
+        hr.proto_minor = X4_PROTO_MINOR;
+        hr.server_version = (char *) s->p.server_version;
+        hr.model = &m;
+        hr.max_frame = s->p.max_frame;
+        hr.backend = (char *) s->p.model.backend;
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = id;
+        f.body_case = XING4__FRAME__BODY_HELLO_REPLY;
+        f.hello_reply = &hr;
+        send_frame(c, &f);
+}
+
+static void handle_generate(struct conn *c, uint64_t id, const Xing4__GenerateRequest *g) {
+        struct server *s = c->server;
+        struct sched_request *r = NULL;
+        char err[1024];
+        int code, ret;
+
+        if (id == 0) {
+                send_error(c, 0, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                           "GenerateRequest: request_id 0 is reserved for connection frames, "
+                           "choose a nonzero id");
+                return;
+        }
+        if (conn_find(c, id)) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                           "GenerateRequest: request_id %llu is already in flight on this "
+                           "connection", (unsigned long long) id);
+                return;
+        }
+        if (s->draining) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_UNAVAILABLE,
+                           "the daemon is shutting down and accepts no new requests");
+                return;
+        }
+        if (convert_generate(g, &r) < 0) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+                return;
+        }
+        code = sched_validate(s->p.sched, r, err, sizeof err);
+        if (code != 0) {
+                send_error(c, id, code, "%s", err);
+                sched_request_free(r);
+                return;
+        }
+        struct sreq *q = calloc(1, sizeof *q);
+        if (!q) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+                sched_request_free(r);
+                return;
+        }
+        r->cookie = q;
+        r->peer_pid = (uint32_t) c->pid;
+        r->peer_uid = (uint32_t) c->uid;
+        memcpy(r->client, c->client, sizeof r->client);
+        ret = sched_submit(s->p.sched, r);
+        if (ret < 0) {
+                free(q);
+                sched_request_free(r);
+                if (ret == -ESHUTDOWN)
+                        send_error(c, id, XING4__ERROR_CODE__ERROR_UNAVAILABLE,
+                                   "the daemon is shutting down and accepts no new requests");
+                else if (ret == -EAGAIN)
+                        send_error(c, id, XING4__ERROR_CODE__ERROR_UNAVAILABLE,
+                                   "the request queue is full (%u requests in flight), retry later",
+                                   sched_in_flight(s->p.sched));
+                else
+                        send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL,
+                                   "cannot queue the request: %s", strerror(-ret));
+                return;
+        }
+        q->conn = c;
+        q->client_id = id;
+        q->server_id = r->id; /* r belongs to the scheduler now; the id was set before */
+        q->next = c->reqs;
+        c->reqs = q;
+        s->n_reqs++;
+}
+
+static void handle_cancel(struct conn *c, uint64_t id, const Xing4__Cancel *k) {
+        struct server *s = c->server;
+
+        if (k->has_server_request_id) {
+                if (sched_cancel(s->p.sched, k->server_request_id) < 0) {
+                        send_error(c, id, XING4__ERROR_CODE__ERROR_NOT_FOUND,
+                                   "Cancel.server_request_id: request %llu is not waiting or "
+                                   "running", (unsigned long long) k->server_request_id);
+                        return;
+                }
+                log_info("connection %u (pid %d): cancelled request %llu", c->id, (int) c->pid,
+                         (unsigned long long) k->server_request_id);
+                Xing4__Cancel echo = XING4__CANCEL__INIT;
+                echo.has_server_request_id = 1;
+                echo.server_request_id = k->server_request_id;
+                Xing4__Frame f = XING4__FRAME__INIT;
+                f.has_request_id = 1;
+                f.request_id = id;
+                f.body_case = XING4__FRAME__BODY_CANCEL;
+                f.cancel = &echo;
+                send_frame(c, &f);
+                return;
+        }
+        struct sreq *q = conn_find(c, id);
+        if (!q) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_NOT_FOUND,
+                           "Cancel: request_id %llu is not in flight on this connection",
+                           (unsigned long long) id);
+                return;
+        }
+        (void) sched_cancel(s->p.sched, q->server_id); /* ENOENT: ended already, Done is queued */
+}
+
+static void handle_stats(struct conn *c, uint64_t id) {
+        struct server *s = c->server;
+        struct sched_stats st;
+        struct sched_request_state *reqs = NULL;
+        size_t n = 0;
+
+        sched_get_stats(s->p.sched, &st);
+        (void) sched_get_requests(s->p.sched, &reqs, &n);
+        Xing4__StatsReply r = XING4__STATS_REPLY__INIT;
+        r.has_uptime_ms = r.has_connections = r.has_requests_running = r.has_requests_waiting = 1;
+        r.has_requests_total = r.has_requests_failed = r.has_requests_cancelled = 1;
+        r.has_prompt_tokens_total = r.has_completion_tokens_total = 1;
+        r.has_prefill_tok_s = r.has_decode_tok_s = 1;
+        r.has_cache_pages_total = r.has_cache_pages_used = r.has_cache_page_tokens = 1;
+        r.has_memory_used = r.has_memory_total = r.has_prefix_hits = r.has_prefix_tokens_reused = 1;
+        r.uptime_ms = (uint64_t) (now_ms() - s->t_start);
+        r.connections = s->n_conns;
+        r.requests_running = st.running;
+        r.requests_waiting = st.waiting;
+        r.requests_total = st.total;
+        r.requests_failed = st.failed;
+        r.requests_cancelled = st.cancelled;
+        r.prompt_tokens_total = st.prompt_tokens;
+        r.completion_tokens_total = st.completion_tokens;
+        r.prefill_tok_s = st.prefill_tok_s;
+        r.decode_tok_s = st.decode_tok_s;
+        r.cache_pages_total = st.pages_total;
+        r.cache_pages_used = st.pages_used;
+        r.cache_page_tokens = st.page_tokens;
+        r.memory_used = st.memory_used;
+        r.memory_total = st.memory_total;
+        r.prefix_hits = st.prefix_hits;
+        r.prefix_tokens_reused = st.prefix_tokens_reused;
+        Xing4__RequestState *states = calloc(MAX(n, (size_t) 1), sizeof *states);
+        Xing4__RequestState **ptrs = calloc(MAX(n, (size_t) 1), sizeof *ptrs);
+        if (states && ptrs) {
+                for (size_t i = 0; i < n; i++) {
+                        Xing4__RequestState q = XING4__REQUEST_STATE__INIT;
+                        q.has_server_request_id = q.has_running = q.has_prompt_tokens = 1;
+                        q.has_prefilled_tokens = q.has_completion_tokens = q.has_age_ms = 1;
+                        q.has_peer_pid = q.has_peer_uid = 1;
+                        q.server_request_id = reqs[i].id;
+                        q.running = reqs[i].running;
+                        q.prompt_tokens = reqs[i].prompt_tokens;
+                        q.prefilled_tokens = reqs[i].prefilled_tokens;
+                        q.completion_tokens = reqs[i].completion_tokens;
+                        q.age_ms = reqs[i].age_ms;
+                        q.peer_pid = reqs[i].peer_pid;
+                        q.peer_uid = reqs[i].peer_uid;
+                        q.client = reqs[i].client;
+                        states[i] = q;
+                        ptrs[i] = &states[i];
+                }
+                r.n_requests = n;
+                r.requests = ptrs;
+        }
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = id;
+        f.body_case = XING4__FRAME__BODY_STATS_REPLY;
+        f.stats_reply = &r;
+        send_frame(c, &f);
+        free(states);
+        free(ptrs);
+        free(reqs);
+}
+
+static void handle_info(struct conn *c, uint64_t id) {
+        struct server *s = c->server;
+        struct sched_stats st;
+
+        sched_get_stats(s->p.sched, &st);
+        Xing4__ModelInfo m = XING4__MODEL_INFO__INIT;
+        fill_model_info(s, &m);
+        Xing4__InfoReply r = XING4__INFO_REPLY__INIT;
+        r.server_version = (char *) s->p.server_version;
+        r.model = &m;
+        r.backend = (char *) s->p.model.backend;
+        r.model_path = (char *) s->p.model.model_path;
+        r.config_source = (char *) s->p.model.config_source;
+        r.has_max_frame = r.has_max_tokens_default = r.has_max_running = 1;
+        r.has_cache_pages_total = r.has_cache_page_tokens = 1;
+        r.max_frame = s->p.max_frame;
+        r.max_tokens_default = sched_max_tokens_default(s->p.sched);
+        r.max_running = sched_max_running(s->p.sched);
+        r.cache_pages_total = st.pages_total;
+        r.cache_page_tokens = st.page_tokens;
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = id;
+        f.body_case = XING4__FRAME__BODY_INFO_REPLY;
+        f.info_reply = &r;
+        send_frame(c, &f);
+}
+
+static void handle_health(struct conn *c, uint64_t id) {
+        struct server *s = c->server;
+        char detail[128];
+        Xing4__HealthReply r = XING4__HEALTH_REPLY__INIT;
+
+        r.has_status = 1;
+        if (s->draining) {
+                r.status = XING4__HEALTH_REPLY__STATUS__STATUS_DRAINING;
+                snprintf(detail, sizeof detail, "shutting down, %u requests finishing",
+                         sched_in_flight(s->p.sched));
+        } else {
+                r.status = XING4__HEALTH_REPLY__STATUS__STATUS_SERVING;
+                snprintf(detail, sizeof detail, "%s on %s", s->p.model.name, s->p.model.backend);
+        }
+        r.detail = detail;
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = id;
+        f.body_case = XING4__FRAME__BODY_HEALTH_REPLY;
+        f.health_reply = &r;
+        send_frame(c, &f);
+}
+
+static const char *body_name(Xing4__Frame__BodyCase b) {
+        switch (b) {
+        case XING4__FRAME__BODY_HELLO: return "hello";
+        case XING4__FRAME__BODY_HELLO_REPLY: return "hello_reply";
+        case XING4__FRAME__BODY_GENERATE: return "generate";
+        case XING4__FRAME__BODY_CHUNK: return "chunk";
+        case XING4__FRAME__BODY_DONE: return "done";
+        case XING4__FRAME__BODY_CANCEL: return "cancel";
+        case XING4__FRAME__BODY_SNAPSHOT: return "snapshot";
+        case XING4__FRAME__BODY_SNAPSHOT_REPLY: return "snapshot_reply";
+        case XING4__FRAME__BODY_STATS: return "stats";
+        case XING4__FRAME__BODY_STATS_REPLY: return "stats_reply";
+        case XING4__FRAME__BODY_INFO: return "info";
+        case XING4__FRAME__BODY_INFO_REPLY: return "info_reply";
+        case XING4__FRAME__BODY_HEALTH: return "health";
+        case XING4__FRAME__BODY_HEALTH_REPLY: return "health_reply";
+        case XING4__FRAME__BODY_ERROR: return "error";
+        default: return "none";
+        }
+}
+
+static void handle_payload(struct conn *c, const uint8_t *data, size_t len) {
+        Xing4__Frame *f = xing4__frame__unpack(NULL, len, data);
+        if (!f) {
+                /* framing is intact, so the connection can go on */
+                send_error(c, 0, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                           "frame of %zu bytes is not a valid xing4.Frame message", len);
+                return;
+        }
+        uint64_t id = f->has_request_id ? f->request_id : 0;
+
+        if (!c->hello_done && f->body_case != XING4__FRAME__BODY_HELLO) {
+                send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                           "first frame must be Hello, got '%s'", body_name(f->body_case));
+                conn_close_after_flush(c);
+                xing4__frame__free_unpacked(f, NULL);
+                return;
+        }
+        switch (f->body_case) {
+        case XING4__FRAME__BODY_HELLO:
+                handle_hello(c, id, f->hello);
+                break;
+        case XING4__FRAME__BODY_GENERATE:
+                handle_generate(c, id, f->generate);
+                break;
+        case XING4__FRAME__BODY_CANCEL:
+                handle_cancel(c, id, f->cancel);
+                break;
+        case XING4__FRAME__BODY_STATS:
+                handle_stats(c, id);
+                break;
+        case XING4__FRAME__BODY_INFO:
+                handle_info(c, id);
+                break;
+        case XING4__FRAME__BODY_HEALTH:
+                handle_health(c, id);
+                break;
+        case XING4__FRAME__BODY_SNAPSHOT:
+                send_error(c, id, XING4__ERROR_CODE__ERROR_UNIMPLEMENTED,
+                           "snapshots are not implemented in this build yet");
+                break;
+        case XING4__FRAME__BODY__NOT_SET:
+                send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                           "frame has no body (or one this server does not know)");
+                break;
+        default:
+                send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                           "frame body '%s' is sent by the server, not by clients",
+                           body_name(f->body_case));
+                break;
+        }
+        xing4__frame__free_unpacked(f, NULL);
+}
+
+/* ---- libevent callbacks --------------------------------------------------------------------- */
+
+static void conn_read_cb(struct bufferevent *bev, void *userdata) {
+        struct conn *c = userdata;
+        struct evbuffer *in = bufferevent_get_input(bev);
+        uint8_t buf[16384];
+
+        while (!c->closing && evbuffer_get_length(in) > 0) {
+                int n = evbuffer_remove(in, buf, sizeof buf);
+                if (n <= 0)
+                        break;
+                for (size_t off = 0; off < (size_t) n && !c->closing;) {
+                        size_t used;
+                        int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used);
+                        off += used;
+                        if (r < 0) {
+                                /* the stream lost sync: say why, then hang up */
+                                send_error(c, 0,
+                                           r == -EMSGSIZE ? XING4__ERROR_CODE__ERROR_TOO_LARGE
+                                                          : XING4__ERROR_CODE__ERROR_PROTOCOL,
+                                           "%s", log_last_error());
+                                conn_close_after_flush(c);
+                                break;
+                        }
+                        if (r == 1) {
+                                const uint8_t *p;
+                                size_t len;
+                                frame_decoder_payload(c->decoder, &p, &len);
+                                handle_payload(c, p, len);
+                        }
+                }
+        }
+        if (c->closing) {
+                if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+                        conn_free(c);
+                return;
+        }
+        /* back-pressure: stop reading while the client does not read our output */
+        if (evbuffer_get_length(bufferevent_get_output(bev)) > OUTPUT_HIGH_WATER)
+                bufferevent_disable(bev, EV_READ);
+}
+
+static void conn_write_cb(struct bufferevent *bev, void *userdata) {
+        struct conn *c = userdata;
+        if (c->closing) {
+                if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+                        conn_free(c);
+                return;
+        }
+        if (!(bufferevent_get_enabled(bev) & EV_READ))
+                bufferevent_enable(bev, EV_READ);
+}
+
+static void conn_event_cb(struct bufferevent *bev, short what, void *userdata) {
+        struct conn *c = userdata;
+        if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
+                if (frame_decoder_pending(c->decoder))
+                        log_info("connection %u: closed in the middle of a frame (%zu bytes held)",
+                                 c->id, frame_decoder_pending(c->decoder));
+                conn_free(c);
+        }
+}
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                      int socklen, void *userdata) {
+        struct server *s = userdata;
+        struct ucred cred = { .pid = 0, .uid = (uid_t) -1 };
+        socklen_t cl = sizeof cred;
+
+        if (s->p.max_connections && s->n_conns >= s->p.max_connections) {
+                log_warning("refusing a connection: %u connections open, limit %u", s->n_conns,
+                            s->p.max_connections);
+                close(fd);
+                return;
+        }
+        struct conn *c = calloc(1, sizeof *c);
+        if (!c || frame_decoder_new(s->p.max_frame, &c->decoder) < 0) {
+                free(c);
+                close(fd);
+                log_error("out of memory accepting a connection");
+                return;
+        }
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
+                c->pid = cred.pid;
+                c->uid = cred.uid;
+        }
+        c->server = s;
+        c->id = ++s->next_conn_id;
+        c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->bev) {
+                frame_decoder_free(c->decoder);
+                free(c);
+                close(fd);
+                return;
+        }
+        bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+        c->next = s->conns;
+        s->conns = c;
+        s->n_conns++;
+        log_debug("connection %u from pid %d uid %u", c->id, (int) c->pid, (unsigned) c->uid);
+}
+
+/* ---- scheduler events → frames -------------------------------------------------------------- */
+
+static void deliver(struct server *s, struct sched_event *e) {
+        struct sreq *q = e->cookie;
+        struct conn *c = q->conn;
+        bool final = e->kind != SCHED_EVENT_CHUNK;
+
+        if (c && !c->closing) {
+                Xing4__Frame f = XING4__FRAME__INIT;
+                f.has_request_id = 1;
+                f.request_id = q->client_id;
+                if (e->kind == SCHED_EVENT_CHUNK) {
+                        Xing4__TokenChunk tc = XING4__TOKEN_CHUNK__INIT;
+                        Xing4__TokenLogprob lps[1], *lpp[1];
+                        Xing4__TopLogprob tops[32], *topp[32];
+                        tc.text = e->text;
+                        tc.n_token_ids = e->n_tokens;
+                        tc.token_ids = e->tokens;
+                        tc.has_channel = e->channel != 0;
+                        tc.channel = (Xing4__Channel) e->channel;
+                        if (e->n_logprobs) {
+                                Xing4__TokenLogprob l = XING4__TOKEN_LOGPROB__INIT;
+                                l.has_token_id = l.has_logprob = 1;
+                                l.token_id = e->logprobs[0].token_id;
+                                l.logprob = e->logprobs[0].logprob;
+                                uint32_t nt = MIN(e->logprobs[0].n_top, 32u);
+                                for (uint32_t i = 0; i < nt; i++) {
+                                        Xing4__TopLogprob t = XING4__TOP_LOGPROB__INIT;
+                                        t.has_token_id = t.has_logprob = 1;
+                                        t.token_id = e->logprobs[0].top[i].token_id;
+                                        t.logprob = e->logprobs[0].top[i].logprob;
+                                        tops[i] = t;
+                                        topp[i] = &tops[i];
+                                }
+                                l.n_top = nt;
+                                l.top = topp;
+                                lps[0] = l;
+                                lpp[0] = &lps[0];
+                                tc.n_logprobs = 1;
+                                tc.logprobs = lpp;
+                        }
+                        f.body_case = XING4__FRAME__BODY_CHUNK;
+                        f.chunk = &tc;
+                        send_frame(c, &f);
+                } else if (e->kind == SCHED_EVENT_DONE) {
+                        Xing4__Usage u = XING4__USAGE__INIT;
+                        Xing4__Timings t = XING4__TIMINGS__INIT;
+                        Xing4__Done d = XING4__DONE__INIT;
+                        u.has_prompt_tokens = u.has_cached_tokens = u.has_completion_tokens = 1;
+                        u.has_reasoning_tokens = 1;
+                        u.prompt_tokens = e->prompt_tokens;
+                        u.cached_tokens = e->cached_tokens;
+                        u.completion_tokens = e->completion_tokens;
+                        u.reasoning_tokens = e->reasoning_tokens;
+                        t.has_queue_ms = t.has_prefill_ms = t.has_decode_ms = t.has_total_ms = 1;
+                        t.queue_ms = e->queue_ms;
+                        t.prefill_ms = e->prefill_ms;
+                        t.decode_ms = e->decode_ms;
+                        t.total_ms = e->total_ms;
+                        d.has_finish_reason = 1;
+                        d.finish_reason = (Xing4__FinishReason) e->finish_reason;
+                        d.usage = &u;
+                        d.timings = &t;
+                        d.stop = e->stop;
+                        d.has_server_request_id = 1;
+                        d.server_request_id = e->id;
+                        f.body_case = XING4__FRAME__BODY_DONE;
+                        f.done = &d;
+                        send_frame(c, &f);
+                } else {
+                        send_error(c, q->client_id, e->code, "%s", e->message ? e->message : "");
+                }
+        }
+        if (final) {
+                if (c)
+                        for (struct sreq **l = &c->reqs; *l; l = &(*l)->next)
+                                if (*l == q) {
+                                        *l = q->next;
+                                        break;
+                                }
+                free(q);
+                s->n_reqs--;
+        }
+}
+
+static void sched_cb(evutil_socket_t fd, short what, void *userdata) {
+        struct server *s = userdata;
+        uint64_t v;
+
+        if (read(fd, &v, sizeof v) < 0 && errno != EAGAIN)
+                log_warning("eventfd read failed: %m");
+        for (struct sched_event *e = sched_pop_events(s->p.sched), *next; e; e = next) {
+                next = e->next;
+                deliver(s, e);
+                sched_event_free(e);
+        }
+        maybe_finish_drain(s);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------ */
+
+static void maybe_finish_drain(struct server *s) {
+        if (s->draining && s->n_reqs == 0) {
+                log_info("all requests ended, stopping");
+                event_base_loopexit(s->base, NULL);
+        }
+}
+
+static void grace_cb(evutil_socket_t fd, short what, void *userdata) {
+        struct server *s = userdata;
+        log_info("grace period of %.1f s over: cancelling %u running requests", s->p.grace_s,
+                 s->n_reqs);
+        sched_drain(s->p.sched, true);
+}
+
+static void term_cb(evutil_socket_t sig, short what, void *userdata) {
+        struct server *s = userdata;
+
+        if (s->draining) {
+                /* a second signal: do not wait for the grace period */
+                sched_drain(s->p.sched, true);
+                return;
+        }
+        s->draining = true;
+        (void) sd_notify(0, "STOPPING=1\nSTATUS=draining");
+        log_info("signal %d: no new requests, %u in flight get %.1f s to finish", (int) sig,
+                 s->n_reqs, s->p.grace_s);
+        if (s->listener)
+                evconnlistener_disable(s->listener);
+        sched_drain(s->p.sched, false);
+        struct timeval tv = { (time_t) s->p.grace_s,
+                              (suseconds_t) ((s->p.grace_s - (time_t) s->p.grace_s) * 1e6) };
+        s->ev_grace = evtimer_new(s->base, grace_cb, s);
+        if (s->ev_grace)
+                evtimer_add(s->ev_grace, &tv);
+        maybe_finish_drain(s);
+}
+
+static void watchdog_cb(evutil_socket_t fd, short what, void *userdata) {
+        (void) sd_notify(0, "WATCHDOG=1");
+}
+
+int server_new(const struct server_params *params, struct server **ret) {
+        struct server *s = calloc(1, sizeof *s);
+        uint64_t wd_usec = 0;
+
+        if (!s)
+                return log_error_errno(ENOMEM, "server: out of memory");
+        s->p = *params;
+        s->t_start = now_ms();
+        s->base = event_base_new();
+        if (!s->base) {
+                server_free(s);
+                return log_error_errno(ENOMEM, "server: cannot create the event loop");
+        }
+        if (evutil_make_socket_nonblocking(s->p.listen_fd) < 0) {
+                server_free(s);
+                return log_error_errno(EINVAL, "server: cannot make the listening socket "
+                                               "nonblocking");
+        }
+        s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_EXEC, -1,
+                                         s->p.listen_fd);
+        s->ev_sched = event_new(s->base, sched_event_fd(s->p.sched), EV_READ | EV_PERSIST,
+                                sched_cb, s);
+        s->ev_term = evsignal_new(s->base, SIGTERM, term_cb, s);
+        s->ev_int = evsignal_new(s->base, SIGINT, term_cb, s);
+        if (!s->listener || !s->ev_sched || !s->ev_term || !s->ev_int ||
+            event_add(s->ev_sched, NULL) < 0 || event_add(s->ev_term, NULL) < 0 ||
+            event_add(s->ev_int, NULL) < 0) {
+                server_free(s);
+                return log_error_errno(ENOMEM, "server: cannot set up the event loop");
+        }
+        if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
+                /* ping at half the interval, from the loop: a stuck loop stops the pings */
+                struct timeval tv = { (time_t) (wd_usec / 2 / 1000000),
+                                      (suseconds_t) (wd_usec / 2 % 1000000) };
+                s->ev_watchdog = event_new(s->base, -1, EV_PERSIST, watchdog_cb, s);
+                if (s->ev_watchdog)
+                        event_add(s->ev_watchdog, &tv);
+        }
+        *ret = s;
+        return 0;
+}
+
+int server_run(struct server *s) {
+        if (event_base_dispatch(s->base) < 0)
+                return log_error_errno(EIO, "server: event loop failed");
+        return 0;
+}
+
+void server_free(struct server *s) {
+        if (!s)
+                return;
+        while (s->conns)
+                conn_free(s->conns);
+        if (s->ev_sched)
+                event_free(s->ev_sched);
+        if (s->ev_term)
+                event_free(s->ev_term);
+        if (s->ev_int)
+                event_free(s->ev_int);
+        if (s->ev_grace)
+                event_free(s->ev_grace);
+        if (s->ev_watchdog)
+                event_free(s->ev_watchdog);
+        if (s->listener)
+                evconnlistener_free(s->listener);
+        if (s->base)
+                event_base_free(s->base);
+        free(s);
+}
