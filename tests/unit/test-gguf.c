@@ -455,6 +455,10 @@ static void test_getter_errors(void **state) {
         assert_int_equal(gguf_get_u64(f, "arr.u8", &u), -EBADMSG);
         assert_contains(log_last_error(), "file has array");
 
+        assert_string_equal(gguf_value_type_name(GGUF_TYPE_FLOAT64), "float64");
+        assert_string_equal(gguf_value_type_name(GGUF_TYPE_ARRAY), "array");
+        assert_string_equal(gguf_value_type_name(13), "type#13");
+
         /* values that do not fit */
         assert_int_equal(gguf_get_u64(f, "i64", &u), -ERANGE);
         assert_string_equal(log_last_error(),
@@ -632,6 +636,24 @@ static void test_bad_counts_and_strings(void **state) {
         put_u32(&b, GGUF_TYPE_UINT8);
         put_u8(&b, 1);
         expect_refused(&b, EBADMSG, "key #0 at offset 24 contains a NUL byte", NULL);
+
+        /* over-long key (GGUF caps keys at 65535 bytes) */
+        {
+                char *key = malloc(65537);
+                assert_non_null(key);
+                memset(key, 'k', 65536);
+                key[65536] = 0;
+                put_header(&b, 3, 0, 1);
+                put_kv_u32(&b, key, 1);
+                free(key);
+                expect_refused(&b, EBADMSG, "key #0 at offset 24 is 65536 bytes long",
+                               "(at most 65535 expected)");
+        }
+        put_header(&b, 3, 1, 0);
+        put_tensor_info(&b, "", 1, (const uint64_t[]) { 1 }, GGML_TYPE_F32, 0);
+        pad_to(&b, 32);
+        put_data(&b, 4);
+        expect_refused(&b, EBADMSG, "name of tensor #0 at offset 24 is empty", NULL);
 
         /* bad UTF-8: key, value, array element, tensor name; overlong and surrogate forms */
         put_header(&b, 3, 0, 1);
@@ -1045,9 +1067,10 @@ static void test_scale(void **state) {
         assert_memory_equal(s.data, "\xe2\x96\x81tok131071", s.len);
         print_message("977 tensors + 131072 tokens (%zu bytes): open %.2f ms, 9770 finds %.2f ms\n",
                       b.n, open_ms, find_ms);
-        /* milliseconds, not seconds: a per-element allocation or a linear lookup would show */
-        assert_true(open_ms < 250.0);
-        assert_true(find_ms < 100.0);
+        /* Milliseconds, not seconds: ~6 ms / 2 ms unloaded at -O2 (~40 ms under ASan). The bounds
+         * leave room for a loaded CI machine and sanitizers; quadratic work would take seconds. */
+        assert_true(open_ms < 500.0);
+        assert_true(find_ms < 500.0);
         gguf_close(f);
         free(copy);
         free(b.d);
@@ -1071,8 +1094,8 @@ static void test_scale(void **state) {
         }
         find_ms = now_ms() - t0;
         print_message("100000 keys: open %.2f ms, 100000 gets %.2f ms\n", open_ms, find_ms);
-        assert_true(open_ms < 250.0);
-        assert_true(find_ms < 250.0);
+        assert_true(open_ms < 1000.0);
+        assert_true(find_ms < 1000.0);
         gguf_close(f);
         free(copy);
         free(b.d);
