@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: MIT */
+/* Device helpers shared by the kernels: exact dequantization of one 32-value chunk of a stored row
+ * (spec §6) and fixed-order reductions. */
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "launch.h"
+
+#define CU_FULL_MASK 0xffffffffu
+
+/* spec §6: the IQ4_NL codebook */
+__constant__ static const float cu_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                       1,    13,   25,  38,  53,  69,  89,  113};
+
+static __device__ __forceinline__ float cu_fp16(const uint8_t *p) {
+        uint16_t h = (uint16_t) p[0] | ((uint16_t) p[1] << 8);
+        return __half2float(__ushort_as_half(h));
+}
+
+static __device__ __forceinline__ float cu_bf16(uint16_t b) {
+        return __uint_as_float((uint32_t) b << 16);
+}
+
+/* Values [32·c, 32·c + 32) of a row, exactly as stored (no rounding: every product below is exact
+ * in fp32 except Q6_K's d·sc·q, which rounds once). */
+template <int TYPE>
+static __device__ __forceinline__ void cu_dequant32(const uint8_t *row, uint32_t c, float *out) {
+        if (TYPE == CU_TYPE_F32) {
+                const float *r = (const float *) row + 32 * c;
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                        out[i] = r[i];
+        } else if (TYPE == CU_TYPE_F16) {
+                const __half *r = (const __half *) row + 32 * c;
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                        out[i] = __half2float(r[i]);
+        } else if (TYPE == CU_TYPE_BF16) {
+                const uint16_t *r = (const uint16_t *) row + 32 * c;
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                        out[i] = cu_bf16(r[i]);
+        } else if (TYPE == CU_TYPE_Q8_0) {
+                const uint8_t *b = row + 34 * c;
+                float d = cu_fp16(b);
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                        out[i] = d * (float) (int8_t) b[2 + i];
+        } else if (TYPE == CU_TYPE_IQ4_NL) {
+                const uint8_t *b = row + 18 * c;
+                float d = cu_fp16(b);
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                        uint8_t q = b[2 + j];
+                        out[j] = d * cu_iq4nl_values[q & 0xF];
+                        out[j + 16] = d * cu_iq4nl_values[q >> 4];
+                }
+        } else if (TYPE == CU_TYPE_Q6_K) {
+                /* chunk c is quarter q of half n of super-block c/8 (spec §6 loop order) */
+                const uint8_t *b = row + 210 * (c / 8);
+                uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
+                const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+                const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
+                float d = cu_fp16(b + 208);
+                uint32_t lo_off = (q & 1) ? 32 : 0; /* q1,q3 use ql[l]; q2,q4 use ql[l+32] */
+                uint32_t shift_lo = (q & 2) ? 4 : 0; /* q3,q4 take the high nibble */
+                uint32_t shift_hi = 2 * q;
+#pragma unroll
+                for (int l = 0; l < 32; l++) {
+                        int v = (int) (((ql[l + lo_off] >> shift_lo) & 0xF) |
+                                       (((qh[l] >> shift_hi) & 3) << 4)) -
+                                32;
+                        float ds = d * (float) sc[l / 16 + 2 * q];
+                        out[l] = ds * (float) v;
+                }
+        }
+}
+
+/* Runtime-typed variant for small, cold matrices (HC projection, router). */
+static __device__ __forceinline__ void cu_dequant32_any(uint32_t type, const uint8_t *row,
+                                                        uint32_t c, float *out) {
+        switch (type) {
+        case CU_TYPE_F32: cu_dequant32<CU_TYPE_F32>(row, c, out); break;
+        case CU_TYPE_F16: cu_dequant32<CU_TYPE_F16>(row, c, out); break;
+        case CU_TYPE_BF16: cu_dequant32<CU_TYPE_BF16>(row, c, out); break;
+        case CU_TYPE_Q8_0: cu_dequant32<CU_TYPE_Q8_0>(row, c, out); break;
+        case CU_TYPE_IQ4_NL: cu_dequant32<CU_TYPE_IQ4_NL>(row, c, out); break;
+        default: cu_dequant32<CU_TYPE_Q6_K>(row, c, out); break;
+        }
+}
+
+/* Butterfly sum over the warp: the same fixed pattern on every call, every lane gets the sum. */
+static __device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(CU_FULL_MASK, v, o);
+        return v;
+}
+
+static __device__ __forceinline__ float cu_warp_max(float v) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+                v = fmaxf(v, __shfl_xor_sync(CU_FULL_MASK, v, o));
+        return v;
+}
+
+/* Sum of one value per thread over a block of blockDim.x (a multiple of 32, ≤ 1024) threads in a
+ * fixed order; `red` is 32 floats of shared memory. Every thread gets the result. */
+static __device__ __forceinline__ float cu_block_sum(float v, float *red) {
+        int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+        v = cu_warp_sum(v);
+        __syncthreads(); /* red may still be read by a previous call */
+        if (lane == 0)
+                red[warp] = v;
+        __syncthreads();
+        v = lane < nw ? red[lane] : 0.0f;
+        return cu_warp_sum(v);
+}
+
+static __device__ __forceinline__ float cu_block_max(float v, float *red) {
+        int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+        v = cu_warp_max(v);
+        __syncthreads();
+        if (lane == 0)
+                red[warp] = v;
+        __syncthreads();
+        v = lane < nw ? red[lane] : -INFINITY;
+        return cu_warp_max(v);
+}
+
+/* Rotate one pair by the YaRN angle of position pos (spec §4.1). The angle is formed in double:
+ * p·inv_freq reaches 2.6e5 rad and fp32 would lose ~1e-2 rad there. */
+static __device__ __forceinline__ void cu_rope_pair(float x0, float x1, uint32_t pos,
+                                                    double inv_freq, float *y0, float *y1) {
+        double sn, cs;
+        sincos((double) pos * inv_freq, &sn, &cs);
+        float c = (float) cs, s = (float) sn;
+        *y0 = x0 * c - x1 * s;
+        *y1 = x0 * s + x1 * c;
+}

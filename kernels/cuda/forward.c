@@ -1,0 +1,1122 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA backend (kernels/backend.h seam), host side: load the weights as stored, plan memory,
+ * and run the whole Xing4 trunk forward of a batch on one stream. Read top to bottom, it follows
+ * a token through the model with the spec section at each step; the kernels are in *.cu.
+ *
+ * Built as the loadable module xing4d-cuda.so (see meson.build for how it gets the core symbols).
+ *
+ * Numerics: fp32 streams, activations and accumulation everywhere; weights are read as stored
+ * (BF16, IQ4_NL, Q6_K, F32) and dequantized exactly in registers. Prefill and decode run the same
+ * kernels, so both are held to the decode tolerance. No host synchronization happens inside the
+ * forward except the final copy of the logits (the API returns them in host memory). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend.h"
+#include "launch.h"
+#include "model/ggml.h"
+#include "model/xing4.h"
+#include "util/log.h"
+
+/* Tokens one pass of the layer stack takes; a longer batch runs as consecutive passes (each
+ * sequence's tokens stay in order, so causality holds and results do not change). */
+#define CUDA_MAX_BATCH_TOKENS 512
+#define CUDA_DEFAULT_PAGE_TOKENS 256
+#define CUDA_STAGING_BYTES (32u << 20)
+/* Kept free of the device's reported free memory for the CUDA runtime's own allocations. */
+#define CUDA_MEMORY_MARGIN (256ull << 20)
+#define CUDA_ALIGN 256
+
+struct cu_w {
+        void *d;
+        uint32_t type;
+        uint64_t row_bytes;
+        uint32_t K, N;
+        uint64_t expert_bytes;
+};
+
+struct cu_layer {
+        struct cu_w hc_attn_fn, hc_ffn_fn;
+        float *hc_attn_base, *hc_attn_scale, *hc_ffn_base, *hc_ffn_scale;
+        float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;
+        struct cu_w qkv_a; /* attn_q_a ‖ attn_kv_a_mqa: one projection of the same input */
+        struct cu_w q_b, k_b, v_b, o;
+        bool moe;
+        /* dense: ffn_gate ‖ ffn_up rows and ffn_down; MoE: per expert [gate ‖ up] and down,
+         * the shared expert stacked after the routed ones as expert n_expert */
+        struct cu_w gateup, down;
+        struct cu_w router;
+        float *router_bias;
+};
+
+struct x4_backend {
+        struct x4_config cfg;
+        int device;
+        char name[320];
+        cudaStream_t stream;
+        uint64_t mem_total;
+
+        uint8_t *wmem;
+        uint64_t wbytes;
+        struct cu_w embd, output;
+        float *output_norm;
+        struct cu_layer *layers;
+        double *inv_freq;
+
+        void *cache;
+        uint32_t n_pages, page_tokens, cache_type;
+        uint64_t page_bytes;
+
+        uint32_t T_max, part_slots, n_slots_max;
+        uint64_t hw;
+        void *ws;
+        uint64_t ws_bytes;
+        float *X, *a, *hcp, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *h, *act, *dn, *hn, *logits,
+                *part;
+        int32_t *sel;
+
+        uint32_t *meta_d, *meta_h;
+        size_t meta_cap; /* u32 elements of both */
+};
+
+#define CU_TRY(call, err, what)                                                                    \
+        ({                                                                                         \
+                cudaError_t _e = (call);                                                           \
+                _e == cudaSuccess ? 0 : log_error_errno((err), "CUDA backend: %s: %s", (what),     \
+                                                        cudaGetErrorString(_e));                   \
+        })
+
+static uint64_t align_up(uint64_t v) {
+        return (v + CUDA_ALIGN - 1) / CUDA_ALIGN * CUDA_ALIGN;
+}
+
+/* ---- loading (design.md: weights resident as stored) ---------------------------------------- */
+
+/* The loader runs twice over the same code: once to plan (sizes, checks), once to copy. */
+struct loader {
+        bool plan;
+        uint64_t off;   /* bytes placed so far */
+        uint8_t *base;  /* device allocation (copy pass) */
+        void *stage[2];
+        cudaEvent_t ev[2];
+        int cur;
+        cudaStream_t stream;
+        uint64_t total, done;
+        const struct x4_backend_params *params;
+};
+
+static int ld_copy(struct loader *L, uint64_t dst, const void *src, uint64_t n) {
+        const uint8_t *s = src;
+        int r;
+
+        while (n > 0) {
+                size_t c = n < CUDA_STAGING_BYTES ? n : CUDA_STAGING_BYTES;
+                /* staging buffer `cur` may still feed the copy enqueued two chunks ago */
+                r = CU_TRY(cudaEventSynchronize(L->ev[L->cur]), EIO, "waiting for a weight upload");
+                if (r < 0)
+                        return r;
+                memcpy(L->stage[L->cur], s, c);
+                r = CU_TRY(cudaMemcpyAsync(L->base + dst, L->stage[L->cur], c,
+                                           cudaMemcpyHostToDevice, L->stream),
+                           EIO, "uploading weights");
+                if (r < 0)
+                        return r;
+                r = CU_TRY(cudaEventRecord(L->ev[L->cur], L->stream), EIO, "recording an event");
+                if (r < 0)
+                        return r;
+                L->cur ^= 1;
+                s += c;
+                dst += c;
+                n -= c;
+        }
+        return 0;
+}
+
+static void ld_progress(struct loader *L, uint64_t bytes, const char *what) {
+        L->done += bytes;
+        if (!L->plan && L->params->progress && L->total > 0)
+                L->params->progress((double) L->done / (double) L->total, what,
+                                    L->params->progress_userdata);
+}
+
+static int check_present(const struct gguf_tensor *t, const char *name) {
+        if (!t)
+                return log_error_errno(ENOENT, "CUDA backend: tensor %s missing from the model",
+                                       name);
+        return 0;
+}
+
+static int check_shape(const struct gguf_tensor *t, uint64_t ne0, uint64_t ne1, uint64_t ne2) {
+        if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2 || t->ne[3] != 1)
+                return log_error_errno(EINVAL,
+                                       "%s: shape [%llu, %llu, %llu] expected, file has [%llu, "
+                                       "%llu, %llu, %llu]",
+                                       t->name, (unsigned long long) ne0,
+                                       (unsigned long long) ne1, (unsigned long long) ne2,
+                                       (unsigned long long) t->ne[0], (unsigned long long) t->ne[1],
+                                       (unsigned long long) t->ne[2],
+                                       (unsigned long long) t->ne[3]);
+        return 0;
+}
+
+static int check_matrix_type(const struct gguf_tensor *t) {
+        if (!cu_type_supported(t->type))
+                return log_error_errno(EOPNOTSUPP,
+                                       "%s: type %s is not supported by the CUDA backend (F32, "
+                                       "F16, BF16, Q8_0, Q6_K, IQ4_NL)",
+                                       t->name, ggml_type_name(t->type));
+        if (t->ne[0] % CU_CHUNK != 0)
+                return log_error_errno(EINVAL,
+                                       "%s: row length %llu is not a multiple of %u, which the "
+                                       "CUDA kernels need",
+                                       t->name, (unsigned long long) t->ne[0], CU_CHUNK);
+        return 0;
+}
+
+/* Place a byte range; in the copy pass, copy `n_src` source ranges into it back to back. */
+static int ld_place(struct loader *L, uint64_t bytes, uint64_t *ret_off) {
+        *ret_off = L->off;
+        L->off = align_up(L->off + bytes);
+        return 0;
+}
+
+/* An F32 vector of n values (norm weights, HC base/scale, router bias). */
+static int ld_vec(struct loader *L, const struct gguf_tensor *t, const char *name, uint64_t n,
+                  float **ret) {
+        uint64_t off;
+        int r;
+
+        r = check_present(t, name);
+        if (r < 0)
+                return r;
+        if (t->type != GGML_TYPE_F32)
+                return log_error_errno(EINVAL, "%s: type F32 expected, file has %s", t->name,
+                                       ggml_type_name(t->type));
+        if (t->n_elements != n)
+                return log_error_errno(EINVAL, "%s: %llu values expected, file has %llu", t->name,
+                                       (unsigned long long) n,
+                                       (unsigned long long) t->n_elements);
+        ld_place(L, t->size, &off);
+        if (!L->plan) {
+                r = ld_copy(L, off, t->data, t->size);
+                if (r < 0)
+                        return r;
+                *ret = (float *) (L->base + off);
+        }
+        ld_progress(L, t->size, t->name);
+        return 0;
+}
+
+/* A matrix made of `n` stored tensors of one type and row length, their rows stacked in order.
+ * With `experts` > 0 each tensor holds `experts` matrices and they are interleaved per expert:
+ * [t0 expert e | t1 expert e | ...] for e = 0.., then the tensors listed in `extra` (one
+ * matrix each) as a final expert. */
+static int ld_matrix(struct loader *L, const struct gguf_tensor *const *ts, size_t n,
+                     uint32_t experts, const struct gguf_tensor *const *extra, size_t n_extra,
+                     struct cu_w *ret) {
+        uint64_t rows = 0, bytes = 0, off, row_bytes;
+        const struct gguf_tensor *t0 = ts[0];
+        int r;
+
+        for (size_t i = 0; i < n + n_extra; i++) {
+                const struct gguf_tensor *t = i < n ? ts[i] : extra[i - n];
+                r = check_matrix_type(t);
+                if (r < 0)
+                        return r;
+                if (t->type != t0->type || t->ne[0] != t0->ne[0])
+                        return log_error_errno(EINVAL,
+                                               "%s: type %s with rows of %llu expected (as %s, "
+                                               "which the CUDA backend stacks it with), file has "
+                                               "%s with rows of %llu",
+                                               t->name, ggml_type_name(t0->type),
+                                               (unsigned long long) t0->ne[0], t0->name,
+                                               ggml_type_name(t->type),
+                                               (unsigned long long) t->ne[0]);
+                bytes += t->size;
+        }
+        r = ggml_row_bytes(t0->type, t0->ne[0], &row_bytes);
+        if (r < 0)
+                return log_error_errno(r, "%s: cannot size a row of %llu %s values", t0->name,
+                                       (unsigned long long) t0->ne[0],
+                                       ggml_type_name(t0->type));
+        for (size_t i = 0; i < n; i++)
+                rows += ts[i]->ne[1];
+        ld_place(L, bytes, &off);
+        if (!L->plan) {
+                uint64_t dst = off;
+                uint32_t ne = experts ? experts : 1;
+                for (uint32_t e = 0; e < ne; e++)
+                        for (size_t i = 0; i < n; i++) {
+                                uint64_t part = ts[i]->size / ne;
+                                r = ld_copy(L, dst, (const uint8_t *) ts[i]->data + e * part, part);
+                                if (r < 0)
+                                        return r;
+                                dst += part;
+                        }
+                for (size_t i = 0; i < n_extra; i++) {
+                        r = ld_copy(L, dst, extra[i]->data, extra[i]->size);
+                        if (r < 0)
+                                return r;
+                        dst += extra[i]->size;
+                }
+        }
+        *ret = (struct cu_w){
+                .d = L->plan ? NULL : L->base + off,
+                .type = t0->type,
+                .row_bytes = row_bytes,
+                .K = (uint32_t) t0->ne[0],
+                .N = (uint32_t) rows,
+                .expert_bytes = rows * row_bytes,
+        };
+        ld_progress(L, bytes, t0->name);
+        return 0;
+}
+
+static int ld_one(struct loader *L, const struct gguf_tensor *t, const char *name, uint64_t ne0,
+                  uint64_t ne1, uint64_t ne2, struct cu_w *ret) {
+        int r = check_present(t, name);
+        if (r < 0)
+                return r;
+        r = check_shape(t, ne0, ne1, ne2);
+        if (r < 0)
+                return r;
+        return ld_matrix(L, &t, 1, 0, NULL, 0, ret);
+}
+
+#define LNAME(buf, l, what) (snprintf((buf), sizeof(buf), "blk.%u.%s", (l), (what)), (buf))
+
+static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4_layer_weights *w,
+                    uint32_t l, struct cu_layer *cl) {
+        uint32_t H = c->n_embd, n_hc = c->hc_mult, nh = c->n_head;
+        uint32_t QL = c->q_lora_rank, KV = c->kv_lora_rank, R = c->qk_rope, nope = c->qk_nope;
+        uint32_t hc_rows = n_hc * (2 + n_hc);
+        char nb[96];
+        int r;
+
+        /* spec §3.1 HC tensors */
+        r = ld_one(L, w->hc_attn_fn, LNAME(nb, l, "hc_attn_fn.weight"), (uint64_t) n_hc * H,
+                   hc_rows, 1, &cl->hc_attn_fn);
+        if (r >= 0)
+                r = ld_one(L, w->hc_ffn_fn, LNAME(nb, l, "hc_ffn_fn.weight"), (uint64_t) n_hc * H,
+                           hc_rows, 1, &cl->hc_ffn_fn);
+        if (r >= 0)
+                r = ld_vec(L, w->hc_attn_base, LNAME(nb, l, "hc_attn_base.weight"), hc_rows,
+                           &cl->hc_attn_base);
+        if (r >= 0)
+                r = ld_vec(L, w->hc_ffn_base, LNAME(nb, l, "hc_ffn_base.weight"), hc_rows,
+                           &cl->hc_ffn_base);
+        if (r >= 0)
+                r = ld_vec(L, w->hc_attn_scale, LNAME(nb, l, "hc_attn_scale.weight"), 3,
+                           &cl->hc_attn_scale);
+        if (r >= 0)
+                r = ld_vec(L, w->hc_ffn_scale, LNAME(nb, l, "hc_ffn_scale.weight"), 3,
+                           &cl->hc_ffn_scale);
+        if (r >= 0)
+                r = ld_vec(L, w->attn_norm, LNAME(nb, l, "attn_norm.weight"), H, &cl->attn_norm);
+        if (r >= 0)
+                r = ld_vec(L, w->ffn_norm, LNAME(nb, l, "ffn_norm.weight"), H, &cl->ffn_norm);
+        if (r < 0)
+                return r;
+
+        /* spec §4 MLA tensors; q_a and kv_a read the same input: one stacked projection */
+        r = check_present(w->attn_q_a, LNAME(nb, l, "attn_q_a.weight"));
+        if (r >= 0)
+                r = check_present(w->attn_kv_a_mqa, LNAME(nb, l, "attn_kv_a_mqa.weight"));
+        if (r >= 0)
+                r = check_shape(w->attn_q_a, H, QL, 1);
+        if (r >= 0)
+                r = check_shape(w->attn_kv_a_mqa, H, KV + R, 1);
+        if (r < 0)
+                return r;
+        const struct gguf_tensor *qkv[2] = {w->attn_q_a, w->attn_kv_a_mqa};
+        r = ld_matrix(L, qkv, 2, 0, NULL, 0, &cl->qkv_a);
+        if (r >= 0)
+                r = ld_vec(L, w->attn_q_a_norm, LNAME(nb, l, "attn_q_a_norm.weight"), QL,
+                           &cl->q_a_norm);
+        if (r >= 0)
+                r = ld_vec(L, w->attn_kv_a_norm, LNAME(nb, l, "attn_kv_a_norm.weight"), KV,
+                           &cl->kv_a_norm);
+        if (r >= 0)
+                r = ld_one(L, w->attn_q_b, LNAME(nb, l, "attn_q_b.weight"), QL,
+                           (uint64_t) nh * (nope + R), 1, &cl->q_b);
+        if (r >= 0)
+                r = ld_one(L, w->attn_k_b, LNAME(nb, l, "attn_k_b.weight"), nope, KV, nh, &cl->k_b);
+        if (r >= 0)
+                r = ld_one(L, w->attn_v_b, LNAME(nb, l, "attn_v_b.weight"), KV, c->v_head, nh,
+                           &cl->v_b);
+        if (r >= 0)
+                r = ld_one(L, w->attn_output, LNAME(nb, l, "attn_output.weight"),
+                           (uint64_t) nh * c->v_head, H, 1, &cl->o);
+        if (r < 0)
+                return r;
+
+        /* spec §5 FFN */
+        cl->moe = l >= c->n_dense;
+        if (!cl->moe) {
+                uint32_t F = c->n_ff;
+                r = check_present(w->ffn_gate, LNAME(nb, l, "ffn_gate.weight"));
+                if (r >= 0)
+                        r = check_present(w->ffn_up, LNAME(nb, l, "ffn_up.weight"));
+                if (r >= 0)
+                        r = check_shape(w->ffn_gate, H, F, 1);
+                if (r >= 0)
+                        r = check_shape(w->ffn_up, H, F, 1);
+                if (r < 0)
+                        return r;
+                const struct gguf_tensor *gu[2] = {w->ffn_gate, w->ffn_up};
+                r = ld_matrix(L, gu, 2, 0, NULL, 0, &cl->gateup);
+                if (r >= 0)
+                        r = ld_one(L, w->ffn_down, LNAME(nb, l, "ffn_down.weight"), F, H, 1,
+                                   &cl->down);
+                return r;
+        }
+
+        uint32_t E = c->n_expert, F = c->n_ff_exp;
+        bool shared = c->n_expert_shared > 0;
+        r = check_present(w->ffn_gate_exps, LNAME(nb, l, "ffn_gate_exps.weight"));
+        if (r >= 0)
+                r = check_present(w->ffn_up_exps, LNAME(nb, l, "ffn_up_exps.weight"));
+        if (r >= 0)
+                r = check_present(w->ffn_down_exps, LNAME(nb, l, "ffn_down_exps.weight"));
+        if (r >= 0)
+                r = check_shape(w->ffn_gate_exps, H, F, E);
+        if (r >= 0)
+                r = check_shape(w->ffn_up_exps, H, F, E);
+        if (r >= 0)
+                r = check_shape(w->ffn_down_exps, F, H, E);
+        if (r >= 0 && shared) {
+                r = check_present(w->ffn_gate_shexp, LNAME(nb, l, "ffn_gate_shexp.weight"));
+                if (r >= 0)
+                        r = check_present(w->ffn_up_shexp, LNAME(nb, l, "ffn_up_shexp.weight"));
+                if (r >= 0)
+                        r = check_present(w->ffn_down_shexp,
+                                          LNAME(nb, l, "ffn_down_shexp.weight"));
+                /* the shared expert is stacked as expert E: it must have the routed width */
+                if (r >= 0)
+                        r = check_shape(w->ffn_gate_shexp, H, F, 1);
+                if (r >= 0)
+                        r = check_shape(w->ffn_up_shexp, H, F, 1);
+                if (r >= 0)
+                        r = check_shape(w->ffn_down_shexp, F, H, 1);
+        }
+        if (r < 0)
+                return r;
+        const struct gguf_tensor *gu[2] = {w->ffn_gate_exps, w->ffn_up_exps};
+        const struct gguf_tensor *gu_sh[2] = {w->ffn_gate_shexp, w->ffn_up_shexp};
+        r = ld_matrix(L, gu, 2, E, gu_sh, shared ? 2 : 0, &cl->gateup);
+        if (r < 0)
+                return r;
+        cl->gateup.N = 2 * F;
+        cl->gateup.expert_bytes = 2 * F * cl->gateup.row_bytes;
+        const struct gguf_tensor *dn[1] = {w->ffn_down_exps};
+        const struct gguf_tensor *dn_sh[1] = {w->ffn_down_shexp};
+        r = ld_matrix(L, dn, 1, E, dn_sh, shared ? 1 : 0, &cl->down);
+        if (r < 0)
+                return r;
+        cl->down.N = H;
+        cl->down.expert_bytes = (uint64_t) H * cl->down.row_bytes;
+
+        r = ld_one(L, w->ffn_gate_inp, LNAME(nb, l, "ffn_gate_inp.weight"), H, E, 1, &cl->router);
+        if (r < 0)
+                return r;
+        cl->router_bias = NULL;
+        if (w->exp_probs_b)
+                r = ld_vec(L, w->exp_probs_b, LNAME(nb, l, "exp_probs_b.bias"), E,
+                           &cl->router_bias);
+        return r;
+}
+
+static int ld_all(struct loader *L, struct x4_backend *b, const struct x4_weights *w) {
+        const struct x4_config *c = &b->cfg;
+        int r;
+
+        r = ld_one(L, w->token_embd, "token_embd.weight", c->n_embd, c->n_vocab, 1, &b->embd);
+        if (r < 0)
+                return r;
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+                r = ld_layer(L, c, &w->layers[l], l, &b->layers[l]);
+                if (r < 0)
+                        return r;
+        }
+        r = ld_vec(L, w->output_norm, "output_norm.weight", c->n_embd, &b->output_norm);
+        if (r < 0)
+                return r;
+        return ld_one(L, w->output, "output.weight", c->n_embd, c->n_vocab, 1, &b->output);
+}
+
+/* ---- configuration checks and derived values -------------------------------------------------- */
+
+static int check_config(const struct x4_config *c) {
+        if (c->hc_mult == 0 || c->hc_mult > CU_HC_MAX)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: hyper_connection.count %u is not supported "
+                                       "(1..%u)",
+                                       c->hc_mult, CU_HC_MAX);
+        if (c->n_layer > X4_MAX_LAYERS)
+                return log_error_errno(EINVAL, "CUDA backend: %u trunk layers, at most %u",
+                                       c->n_layer, X4_MAX_LAYERS);
+        if (c->n_embd % CU_CHUNK || c->qk_nope % CU_CHUNK || c->kv_lora_rank % CU_CHUNK ||
+            c->q_lora_rank % CU_CHUNK || c->v_head % CU_CHUNK || c->n_ff % CU_CHUNK ||
+            c->n_ff_exp % CU_CHUNK)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: model widths (embedding %u, q_lora %u, "
+                                       "kv_lora %u, qk_nope %u, v_head %u, ffn %u, expert ffn %u) "
+                                       "must be multiples of %u",
+                                       c->n_embd, c->q_lora_rank, c->kv_lora_rank, c->qk_nope,
+                                       c->v_head, c->n_ff, c->n_ff_exp, CU_CHUNK);
+        if (c->qk_rope % 4 || c->qk_rope == 0)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: rope dimension %u must be a positive "
+                                       "multiple of 4",
+                                       c->qk_rope);
+        if (c->n_expert > 256 || c->n_expert_used > c->n_expert || c->n_expert_shared > 1)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: %u experts, %u used, %u shared: at most 256 "
+                                       "experts and 1 shared expert are supported",
+                                       c->n_expert, c->n_expert_used, c->n_expert_shared);
+        if (c->expert_gating != 1 && c->expert_gating != 2 && c->n_dense < c->n_layer)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: expert_gating_func %u unknown (1 softmax, 2 "
+                                       "sigmoid)",
+                                       c->expert_gating);
+        return 0;
+}
+
+/* spec §4.1 in double: f_i = base^(-2i/d), YaRN ramp over pair indices between the correction
+ * bounds (HF yarn_find_correction_range: floor/ceil, clamped to [0, d-1]). */
+static void rope_inv_freq(const struct x4_config *c, double *out) {
+        double d = c->qk_rope, base = c->rope_freq_base;
+        double low = 0, high = 0;
+
+        if (c->yarn) {
+                low = floor(d * log(c->yarn_orig_ctx / (c->yarn_beta_fast * 2 * M_PI)) /
+                            (2 * log(base)));
+                high = ceil(d * log(c->yarn_orig_ctx / (c->yarn_beta_slow * 2 * M_PI)) /
+                            (2 * log(base)));
+                low = MAX(low, 0.0);
+                high = MIN(high, d - 1);
+                if (low == high)
+                        high += 0.001;
+        }
+        for (uint32_t i = 0; i < c->qk_rope / 2; i++) {
+                double f = pow(base, -2.0 * i / d);
+                if (!c->yarn) {
+                        out[i] = f;
+                        continue;
+                }
+                double ramp = (i - low) / (high - low);
+                ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+                out[i] = f * (1 - ramp) + f / c->yarn_factor * ramp;
+        }
+}
+
+/* ---- workspace ------------------------------------------------------------------------------ */
+
+static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
+        const struct x4_config *c = &b->cfg;
+        uint64_t T = b->T_max, H = c->n_embd, nh = c->n_head;
+        uint64_t QL = c->q_lora_rank, KV = c->kv_lora_rank, R = c->qk_rope, D = KV + R;
+        uint64_t S = b->n_slots_max, off = 0;
+
+#define WS(ptr, type, n)                                                                           \
+        do {                                                                                       \
+                (ptr) = base ? (type *) (base + off) : NULL;                                       \
+                off = align_up(off + (uint64_t) (n) * sizeof(type));                              \
+        } while (0)
+        WS(b->X, float, T * c->hc_mult * H);
+        WS(b->a, float, T * H);
+        WS(b->hcp, float, T * CU_HCP_STRIDE);
+        WS(b->qkv, float, T * (QL + D));
+        WS(b->q, float, T * nh * (c->qk_nope + R));
+        WS(b->qabs, float, T * nh * D);
+        WS(b->lat, float, T * nh * KV);
+        WS(b->ao, float, T * nh * c->v_head);
+        WS(b->o, float, T * H);
+        WS(b->sel, int32_t, T * S);
+        WS(b->gw, float, T * S);
+        WS(b->h, float, T * 2 * b->hw);
+        WS(b->act, float, T * b->hw);
+        WS(b->dn, float, T * S * H);
+        WS(b->hn, float, T * H);
+        WS(b->logits, float, T * c->n_vocab);
+        WS(b->part, float, (uint64_t) b->part_slots * nh * (KV + 2));
+#undef WS
+        return off;
+}
+
+/* ---- create / destroy ----------------------------------------------------------------------- */
+
+static void cuda_destroy(struct x4_backend *b) {
+        if (!b)
+                return;
+        if (b->stream)
+                cudaStreamSynchronize(b->stream);
+        cudaFree(b->wmem);
+        cudaFree(b->cache);
+        cudaFree(b->ws);
+        cudaFree(b->meta_d);
+        cudaFree(b->inv_freq);
+        cudaFreeHost(b->meta_h);
+        if (b->stream)
+                cudaStreamDestroy(b->stream);
+        free(b->layers);
+        free(b);
+}
+
+static void cuda_destroyp(struct x4_backend **b) {
+        cuda_destroy(*b);
+}
+
+static int gib_fmt(char *buf, size_t n, uint64_t bytes) {
+        return snprintf(buf, n, "%.2f GiB", (double) bytes / (1024.0 * 1024.0 * 1024.0));
+}
+
+static int cuda_create(const struct x4_model *model, const struct x4_backend_params *params,
+                       struct x4_backend **ret) {
+        _cleanup_(cuda_destroyp) struct x4_backend *b = NULL;
+        struct cudaDeviceProp prop;
+        size_t mem_free = 0, mem_total = 0;
+        int r, n_dev = 0;
+
+        b = calloc(1, sizeof *b);
+        if (!b)
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+        b->cfg = *x4_model_config(model);
+        const struct x4_config *c = &b->cfg;
+        r = check_config(c);
+        if (r < 0)
+                return r;
+
+        r = CU_TRY(cudaGetDeviceCount(&n_dev), ENODEV, "no usable CUDA device");
+        if (r < 0)
+                return r;
+        if (params->device < 0 || params->device >= n_dev)
+                return log_error_errno(ENODEV, "CUDA backend: device %d requested, %d present",
+                                       params->device, n_dev);
+        b->device = params->device;
+        r = CU_TRY(cudaSetDevice(b->device), ENODEV, "selecting the device");
+        if (r >= 0)
+                r = CU_TRY(cudaGetDeviceProperties(&prop, b->device), ENODEV,
+                           "reading device properties");
+        if (r < 0)
+                return r;
+        if (prop.major * 10 + prop.minor < 75)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: %s is sm_%d%d; this module is built for "
+                                       "sm_75 and newer",
+                                       prop.name, prop.major, prop.minor);
+        snprintf(b->name, sizeof b->name, "cuda:%s", prop.name);
+        r = CU_TRY(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), EIO,
+                   "creating a stream");
+        if (r < 0)
+                return r;
+        r = CU_TRY(cudaMemGetInfo(&mem_free, &mem_total), EIO, "reading free memory");
+        if (r < 0)
+                return r;
+        b->mem_total = mem_total;
+
+        b->layers = calloc(c->n_layer ? c->n_layer : 1, sizeof *b->layers);
+        if (!b->layers)
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+
+        /* plan: weights, workspace, cache pages against what the card (or the limit) has */
+        struct loader L = {.plan = true, .params = params, .stream = b->stream};
+        r = ld_all(&L, b, x4_model_weights(model));
+        if (r < 0)
+                return r;
+        b->wbytes = L.off;
+
+        bool any_moe = c->n_dense < c->n_layer;
+        b->T_max = CUDA_MAX_BATCH_TOKENS;
+        b->n_slots_max = any_moe ? c->n_expert_used + (c->n_expert_shared ? 1 : 0) : 1;
+        if (b->n_slots_max == 0)
+                b->n_slots_max = 1;
+        /* FFN rows per token: k+1 expert slots of n_ff_exp, or one dense slot of n_ff */
+        b->hw = MAX(any_moe ? (uint64_t) b->n_slots_max * c->n_ff_exp : 0,
+                    c->n_dense > 0 ? (uint64_t) c->n_ff : 0);
+        uint32_t ctx_parts = DIV_ROUND_UP(MAX(c->n_ctx_train, 65536u), CU_ATTN_PART);
+        b->part_slots = MAX(b->T_max * 8, ctx_parts);
+        b->ws_bytes = ws_layout(b, NULL);
+
+        b->page_tokens = params->page_tokens ? params->page_tokens : CUDA_DEFAULT_PAGE_TOKENS;
+        b->cache_type = params->cache_type;
+        if (b->cache_type != X4_CACHE_F32 && b->cache_type != X4_CACHE_F16)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: cache type %u not supported (0 = f32, 1 = "
+                                       "f16)",
+                                       b->cache_type);
+        uint64_t D = (uint64_t) c->kv_lora_rank + c->qk_rope;
+        b->page_bytes = (uint64_t) c->n_layer * b->page_tokens * D *
+                        (b->cache_type == X4_CACHE_F16 ? 2 : 4);
+
+        uint64_t room = mem_free > CUDA_MEMORY_MARGIN ? mem_free - CUDA_MEMORY_MARGIN : 0;
+        if (params->memory_limit && params->memory_limit < room)
+                room = params->memory_limit;
+        uint64_t fixed = b->wbytes + b->ws_bytes;
+        char s_room[32], s_w[32], s_ws[32], s_need[32];
+        gib_fmt(s_room, sizeof s_room, room);
+        gib_fmt(s_w, sizeof s_w, b->wbytes);
+        gib_fmt(s_ws, sizeof s_ws, b->ws_bytes);
+        if (params->n_pages) {
+                uint64_t need = fixed + (uint64_t) params->n_pages * b->page_bytes;
+                gib_fmt(s_need, sizeof s_need, need);
+                if (need > room)
+                        return log_error_errno(ENOMEM,
+                                               "CUDA backend: %u cache pages of %u tokens (%u "
+                                               "tokens of context) + weights %s + workspace %s "
+                                               "need %s, %s has room for %s",
+                                               params->n_pages, b->page_tokens,
+                                               params->n_pages * b->page_tokens, s_w, s_ws, s_need,
+                                               prop.name, s_room);
+                b->n_pages = params->n_pages;
+        } else {
+                uint64_t pages = room > fixed ? (room - fixed) / b->page_bytes : 0;
+                gib_fmt(s_need, sizeof s_need, fixed + b->page_bytes);
+                if (pages == 0)
+                        return log_error_errno(ENOMEM,
+                                               "CUDA backend: weights %s + workspace %s + one "
+                                               "cache page (%u tokens) need %s, %s has room for %s",
+                                               s_w, s_ws, b->page_tokens, s_need, prop.name,
+                                               s_room);
+                b->n_pages = pages > UINT32_MAX ? UINT32_MAX : (uint32_t) pages;
+        }
+
+        /* allocate and stream the weights through pinned staging buffers */
+        r = CU_TRY(cudaMalloc((void **) &b->wmem, b->wbytes), ENOMEM, "allocating the weights");
+        if (r < 0)
+                return r;
+        L = (struct loader){.plan = false,
+                            .base = b->wmem,
+                            .params = params,
+                            .stream = b->stream,
+                            .total = b->wbytes};
+        for (int i = 0; i < 2; i++) {
+                r = CU_TRY(cudaHostAlloc(&L.stage[i], CUDA_STAGING_BYTES, cudaHostAllocDefault),
+                           ENOMEM, "allocating pinned staging memory");
+                if (r >= 0)
+                        r = CU_TRY(cudaEventCreateWithFlags(&L.ev[i], cudaEventDisableTiming), EIO,
+                                   "creating an event");
+                if (r < 0)
+                        break;
+        }
+        if (r >= 0)
+                r = ld_all(&L, b, x4_model_weights(model));
+        if (r >= 0)
+                r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "finishing the weight upload");
+        for (int i = 0; i < 2; i++) {
+                if (L.ev[i])
+                        cudaEventDestroy(L.ev[i]);
+                if (L.stage[i])
+                        cudaFreeHost(L.stage[i]);
+        }
+        if (r < 0)
+                return r;
+
+        double inv[128];
+        rope_inv_freq(c, inv);
+        r = CU_TRY(cudaMalloc((void **) &b->inv_freq, sizeof(double) * (c->qk_rope / 2)), ENOMEM,
+                   "allocating rope frequencies");
+        if (r >= 0)
+                r = CU_TRY(cudaMemcpyAsync(b->inv_freq, inv, sizeof(double) * (c->qk_rope / 2),
+                                           cudaMemcpyHostToDevice, b->stream),
+                           EIO, "uploading rope frequencies");
+        if (r >= 0)
+                r = CU_TRY(cudaMalloc(&b->ws, b->ws_bytes), ENOMEM, "allocating the workspace");
+        if (r < 0)
+                return r;
+        ws_layout(b, b->ws);
+        r = CU_TRY(cudaMalloc(&b->cache, (uint64_t) b->n_pages * b->page_bytes), ENOMEM,
+                   "allocating the latent cache");
+        /* zeroed so a page never read back holds stale data of another run */
+        if (r >= 0)
+                r = CU_TRY(cudaMemsetAsync(b->cache, 0, (uint64_t) b->n_pages * b->page_bytes,
+                                           b->stream),
+                           EIO, "clearing the latent cache");
+        if (r >= 0)
+                r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "clearing the latent cache");
+        if (r < 0)
+                return r;
+
+        log_debug("CUDA backend on %s: weights %s, workspace %s, %u pages of %u tokens", prop.name,
+                  s_w, s_ws, b->n_pages, b->page_tokens);
+        *ret = TAKE_PTR(b);
+        return 0;
+}
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
+static int meta_reserve(struct x4_backend *b, size_t n) {
+        int r;
+
+        if (n <= b->meta_cap)
+                return 0;
+        n = MAX(n, b->meta_cap * 2);
+        cudaFree(b->meta_d);
+        cudaFreeHost(b->meta_h);
+        b->meta_d = NULL;
+        b->meta_h = NULL;
+        b->meta_cap = 0;
+        r = CU_TRY(cudaMalloc((void **) &b->meta_d, n * sizeof(uint32_t)), ENOMEM,
+                   "allocating batch metadata");
+        if (r >= 0)
+                r = CU_TRY(cudaHostAlloc((void **) &b->meta_h, n * sizeof(uint32_t),
+                                         cudaHostAllocDefault),
+                           ENOMEM, "allocating pinned batch metadata");
+        if (r < 0)
+                return r;
+        b->meta_cap = n;
+        return 0;
+}
+
+static void mv(struct x4_backend *b, const struct cu_w *w, const float *x, uint64_t x_pstride,
+               float *y, uint64_t y_pstride, uint32_t P) {
+        struct cu_mv a = {
+                .w = w->d, .type = w->type, .row_bytes = w->row_bytes, .K = w->K, .N = w->N,
+                .G = w->N, .x = x, .x_pstride = x_pstride, .x_div = 1, .y = y,
+                .y_pstride = y_pstride, .P = P,
+        };
+        cu_matvec(&a, b->stream);
+}
+
+/* One pass of ≤ T_max consecutive tokens of the batch through the trunk. */
+static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
+                         const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
+                         const uint32_t *att, uint32_t n_att) {
+        const struct x4_config *c = &b->cfg;
+        uint32_t H = c->n_embd, n_hc = c->hc_mult, nh = c->n_head, nope = c->qk_nope;
+        uint32_t QL = c->q_lora_rank, KV = c->kv_lora_rank, R = c->qk_rope, D = KV + R;
+        uint32_t V = c->v_head;
+        cudaStream_t s = b->stream;
+        struct cu_cache cache = {
+                .base = b->cache, .f16 = b->cache_type == X4_CACHE_F16, .n_layer = c->n_layer,
+                .page_tokens = b->page_tokens, .D = D, .pt = d_pt, .tok_pt = d_tokpt,
+                .tok_pos = d_pos,
+        };
+
+        /* spec §3 step 1: embedding into all streams */
+        cu_embed(b->embd.d, b->embd.type, b->embd.row_bytes, (const int32_t *) d_ids, T, H, n_hc,
+                 b->X, s);
+
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+                const struct cu_layer *cl = &b->layers[l];
+                struct cu_hc hc = {
+                        .H = H, .n_hc = n_hc, .iters = c->hc_sinkhorn_iters,
+                        .rms_eps = c->rms_eps, .hc_eps = c->hc_eps, .clamp = c->hc_clamp,
+                };
+
+                /* spec §3.1: HC pre-mapping + attn_norm → a */
+                hc.fn = cl->hc_attn_fn.d;
+                hc.fn_type = cl->hc_attn_fn.type;
+                hc.fn_row_bytes = cl->hc_attn_fn.row_bytes;
+                hc.base = cl->hc_attn_base;
+                hc.scale = cl->hc_attn_scale;
+                hc.norm_w = cl->attn_norm;
+                cu_hc_pre(&hc, b->X, T, b->hcp, b->a, s);
+
+                /* spec §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
+                mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
+                cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
+                            b->inv_freq, c->rope_interleave, &cache, l, s);
+                /* q = W_qb · qa; rope q_pe into qabs; absorb: q_c[h] = Kb[h]ᵀ q_nope[h] */
+                mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
+                cu_q_rope(b->q, T, nh, nope, R, b->qabs, KV, b->inv_freq, c->rope_interleave,
+                          d_pos, s);
+                struct cu_mv kb = {
+                        .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,
+                        .K = nope, .N = nh * KV, .G = KV, .x = b->q,
+                        .x_pstride = (uint64_t) nh * (nope + R), .x_gstride = nope + R,
+                        .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * D,
+                        .y_gstride = D, .P = T,
+                };
+                cu_matvec(&kb, s);
+                /* attention over the cache, in token groups that fit the part workspace */
+                for (uint32_t i = 0; i < n_att; i++)
+                        cu_attention(b->qabs, att[3 * i], att[3 * i + 1], att[3 * i + 2], nh, KV,
+                                     c->attn_scale, &cache, l, b->part, b->lat, s);
+                /* o[h] = Vb[h] · ô[h]; out = W_o · o */
+                struct cu_mv vb = {
+                        .w = cl->v_b.d, .type = cl->v_b.type, .row_bytes = cl->v_b.row_bytes,
+                        .K = KV, .N = nh * V, .G = V, .x = b->lat,
+                        .x_pstride = (uint64_t) nh * KV, .x_gstride = KV, .x_div = 1,
+                        .y = b->ao, .y_pstride = (uint64_t) nh * V, .y_gstride = V, .P = T,
+                };
+                cu_matvec(&vb, s);
+                mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
+                /* spec §3.1 post-mapping */
+                cu_hc_post(b->X, b->hcp, b->o, H, 1, NULL, T, H, n_hc, s);
+
+                /* spec §3.1 + §5: HC pre-mapping + ffn_norm → f (in a) */
+                hc.fn = cl->hc_ffn_fn.d;
+                hc.fn_type = cl->hc_ffn_fn.type;
+                hc.fn_row_bytes = cl->hc_ffn_fn.row_bytes;
+                hc.base = cl->hc_ffn_base;
+                hc.scale = cl->hc_ffn_scale;
+                hc.norm_w = cl->ffn_norm;
+                cu_hc_pre(&hc, b->X, T, b->hcp, b->a, s);
+
+                if (!cl->moe) {
+                        uint32_t F = c->n_ff;
+                        mv(b, &cl->gateup, b->a, H, b->h, 2 * F, T);
+                        cu_swiglu(b->h, T, F, b->act, s);
+                        mv(b, &cl->down, b->act, F, b->dn, H, T);
+                        cu_hc_post(b->X, b->hcp, b->dn, H, 1, NULL, T, H, n_hc, s);
+                        continue;
+                }
+
+                uint32_t F = c->n_ff_exp, S = c->n_expert_used + (c->n_expert_shared ? 1 : 0);
+                struct cu_router ra = {
+                        .w = cl->router.d, .type = cl->router.type,
+                        .row_bytes = cl->router.row_bytes, .bias = cl->router_bias, .H = H,
+                        .n_expert = c->n_expert, .k = c->n_expert_used,
+                        .shared = c->n_expert_shared > 0, .sigmoid = c->expert_gating == 2,
+                        .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
+                };
+                cu_route(&ra, b->a, T, b->sel, b->gw, s);
+                /* the token's k routed experts and the shared one, as (token, slot) pairs */
+                struct cu_mv gu = {
+                        .w = cl->gateup.d, .type = cl->gateup.type,
+                        .row_bytes = cl->gateup.row_bytes, .expert_bytes = cl->gateup.expert_bytes,
+                        .K = H, .N = 2 * F, .G = 2 * F, .x = b->a, .x_pstride = H, .x_div = S,
+                        .y = b->h, .y_pstride = 2 * F, .sel = b->sel, .P = T * S,
+                };
+                cu_matvec(&gu, s);
+                cu_swiglu(b->h, T * S, F, b->act, s);
+                struct cu_mv dn = {
+                        .w = cl->down.d, .type = cl->down.type, .row_bytes = cl->down.row_bytes,
+                        .expert_bytes = cl->down.expert_bytes, .K = F, .N = H, .G = H,
+                        .x = b->act, .x_pstride = F, .x_div = 1, .y = b->dn, .y_pstride = H,
+                        .sel = b->sel, .P = T * S,
+                };
+                cu_matvec(&dn, s);
+                /* y = Σ_k g_k·Down_k + shared (slot order fixed), then the post-mapping */
+                cu_hc_post(b->X, b->hcp, b->dn, H, S, b->gw, T, H, n_hc, s);
+        }
+}
+
+static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
+        const struct x4_config *c = &b->cfg;
+        uint64_t T_tot = 0, R_tot = 0, pt_tot = 0;
+        int r;
+
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                const struct x4_seq *sq = &batch->seqs[i];
+                uint64_t end = (uint64_t) sq->pos0 + sq->n_tokens;
+                if (sq->logits > X4_LOGITS_ALL)
+                        return log_error_errno(EINVAL, "sequence %u: logits mode %u unknown", i,
+                                               sq->logits);
+                if (sq->n_tokens == 0)
+                        continue;
+                if ((uint64_t) sq->n_pages * b->page_tokens < end)
+                        return log_error_errno(EINVAL,
+                                               "sequence %u: %u pages of %u tokens cannot hold "
+                                               "positions up to %llu",
+                                               i, sq->n_pages, b->page_tokens,
+                                               (unsigned long long) end - 1);
+                if (end > UINT32_MAX - CU_ATTN_PART)
+                        return log_error_errno(EINVAL, "sequence %u: position %llu too large", i,
+                                               (unsigned long long) end);
+                uint64_t need = DIV_ROUND_UP(end, b->page_tokens);
+                for (uint64_t p = 0; p < need; p++)
+                        if (sq->pages[p] >= b->n_pages)
+                                return log_error_errno(EINVAL,
+                                                       "sequence %u: page %u at table index %llu, "
+                                                       "the cache has %u pages",
+                                                       i, sq->pages[p], (unsigned long long) p,
+                                                       b->n_pages);
+                for (uint32_t k = 0; k < sq->n_tokens; k++)
+                        if (sq->tokens[k] < 0 || (uint32_t) sq->tokens[k] >= c->n_vocab)
+                                return log_error_errno(EINVAL,
+                                                       "sequence %u: token %d at index %u is "
+                                                       "outside the vocabulary of %u",
+                                                       i, sq->tokens[k], k, c->n_vocab);
+                uint32_t parts = (uint32_t) ((end - 1) / CU_ATTN_PART + 1);
+                if (parts > b->part_slots)
+                        return log_error_errno(EINVAL,
+                                               "sequence %u: position %llu needs %u attention "
+                                               "parts, the workspace has %u",
+                                               i, (unsigned long long) end - 1, parts,
+                                               b->part_slots);
+                T_tot += sq->n_tokens;
+                R_tot += sq->logits == X4_LOGITS_ALL ? sq->n_tokens
+                         : sq->logits == X4_LOGITS_LAST ? 1
+                                                         : 0;
+                pt_tot += need;
+        }
+        if (T_tot == 0)
+                return 0;
+        if (T_tot > UINT32_MAX / 8 || pt_tot > UINT32_MAX / 2)
+                return log_error_errno(E2BIG, "CUDA backend: batch of %llu tokens too large",
+                                       (unsigned long long) T_tot);
+
+        /* metadata, uploaded once: ids | pos | table offset | logits rows (pass-relative) | pages |
+         * attention groups (t0, n, parts) per pass */
+        size_t n_meta = 3 * T_tot + R_tot + pt_tot + 3 * T_tot;
+        r = meta_reserve(b, n_meta);
+        if (r < 0)
+                return r;
+        _cleanup_free_ uint64_t *row_tok = malloc(MAX(R_tot, 1) * sizeof(uint64_t));
+        if (!row_tok)
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+        uint32_t *ids = b->meta_h, *pos = ids + T_tot, *tokpt = pos + T_tot;
+        uint32_t *rows = tokpt + T_tot, *pt = rows + R_tot, *att = pt + pt_tot;
+        uint64_t t = 0, nr = 0, np = 0;
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                const struct x4_seq *sq = &batch->seqs[i];
+                if (sq->n_tokens == 0)
+                        continue;
+                uint64_t need = DIV_ROUND_UP((uint64_t) sq->pos0 + sq->n_tokens, b->page_tokens);
+                memcpy(pt + np, sq->pages, need * sizeof(uint32_t));
+                for (uint32_t k = 0; k < sq->n_tokens; k++, t++) {
+                        ids[t] = (uint32_t) sq->tokens[k];
+                        pos[t] = sq->pos0 + k;
+                        tokpt[t] = (uint32_t) np;
+                        if (sq->logits == X4_LOGITS_ALL ||
+                            (sq->logits == X4_LOGITS_LAST && k + 1 == sq->n_tokens))
+                        {
+                                row_tok[nr] = t;
+                                rows[nr++] = (uint32_t) (t % b->T_max);
+                        }
+                }
+                np += need;
+        }
+        /* attention groups per pass: as many tokens as the part workspace holds */
+        uint64_t n_att = 0;
+        for (uint64_t p0 = 0; p0 < T_tot; p0 += b->T_max) {
+                uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, T_tot - p0);
+                uint32_t g0 = 0;
+                while (g0 < T) {
+                        uint32_t maxp = 0, n = 0;
+                        while (g0 + n < T) {
+                                uint32_t parts = pos[p0 + g0 + n] / CU_ATTN_PART + 1;
+                                uint32_t m = MAX(maxp, parts);
+                                if ((uint64_t) m * (n + 1) > b->part_slots)
+                                        break;
+                                maxp = m;
+                                n++;
+                        }
+                        att[3 * n_att] = g0;
+                        att[3 * n_att + 1] = n;
+                        att[3 * n_att + 2] = maxp;
+                        n_att++;
+                        g0 += n;
+                }
+        }
+        r = CU_TRY(cudaMemcpyAsync(b->meta_d, b->meta_h, n_meta * sizeof(uint32_t),
+                                   cudaMemcpyHostToDevice, b->stream),
+                   EIO, "uploading batch metadata");
+        if (r < 0)
+                return r;
+
+        const uint32_t *d_ids = b->meta_d, *d_pos = d_ids + T_tot, *d_tokpt = d_pos + T_tot;
+        const uint32_t *d_rows = d_tokpt + T_tot, *d_pt = d_rows + R_tot;
+        uint64_t ai = 0, r0 = 0;
+        for (uint64_t p0 = 0; p0 < T_tot; p0 += b->T_max) {
+                uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, T_tot - p0);
+                uint64_t a0 = ai;
+                for (uint32_t g = 0; g < T; g += att[3 * ai + 1], ai++)
+                        ;
+                forward_pass(b, T, d_ids + p0, d_pos + p0, d_tokpt + p0, d_pt, att + 3 * a0,
+                             (uint32_t) (ai - a0));
+                /* rows of this pass: those whose token index falls in [p0, p0 + T) */
+                uint64_t r1 = r0;
+                while (r1 < R_tot && row_tok[r1] < p0 + T)
+                        r1++;
+                uint32_t R = (uint32_t) (r1 - r0);
+                if (R > 0) {
+                        cu_head_norm(b->X, (const int32_t *) d_rows + r0, R, c->n_embd,
+                                     c->hc_mult, b->output_norm, c->rms_eps, b->hn, b->stream);
+                        mv(b, &b->output, b->hn, c->n_embd, b->logits, c->n_vocab, R);
+                        r = CU_TRY(cudaMemcpyAsync(logits + r0 * c->n_vocab, b->logits,
+                                                   (uint64_t) R * c->n_vocab * sizeof(float),
+                                                   cudaMemcpyDeviceToHost, b->stream),
+                                   EIO, "copying logits");
+                        if (r < 0)
+                                return r;
+                }
+                r0 = r1;
+        }
+        r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "running the forward");
+        if (r < 0)
+                return r;
+        return CU_TRY(cudaGetLastError(), EIO, "launching the forward's kernels");
+}
+
+/* ---- caps and pages ------------------------------------------------------------------------- */
+
+static void cuda_caps(struct x4_backend *b, struct x4_backend_caps *ret) {
+        *ret = (struct x4_backend_caps){
+                .name = b->name,
+                .n_pages = b->n_pages,
+                .page_tokens = b->page_tokens,
+                .max_batch_tokens = b->T_max,
+                .cache_type = b->cache_type,
+                .memory_used = b->wbytes + b->ws_bytes + (uint64_t) b->n_pages * b->page_bytes,
+                .memory_total = b->mem_total,
+        };
+}
+
+static size_t cuda_page_bytes(struct x4_backend *b) {
+        return b->page_bytes;
+}
+
+static int check_page(struct x4_backend *b, uint32_t page) {
+        if (page >= b->n_pages)
+                return log_error_errno(EINVAL, "cache page %u out of range: the cache has %u pages",
+                                       page, b->n_pages);
+        return 0;
+}
+
+static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst) {
+        int r = check_page(b, page);
+        if (r < 0)
+                return r;
+        r = CU_TRY(cudaMemcpyAsync(dst, (uint8_t *) b->cache + (uint64_t) page * b->page_bytes,
+                                   b->page_bytes, cudaMemcpyDeviceToHost, b->stream),
+                   EIO, "reading a cache page");
+        if (r < 0)
+                return r;
+        return CU_TRY(cudaStreamSynchronize(b->stream), EIO, "reading a cache page");
+}
+
+static int cuda_page_write(struct x4_backend *b, uint32_t page, const void *src) {
+        int r = check_page(b, page);
+        if (r < 0)
+                return r;
+        r = CU_TRY(cudaMemcpyAsync((uint8_t *) b->cache + (uint64_t) page * b->page_bytes, src,
+                                   b->page_bytes, cudaMemcpyHostToDevice, b->stream),
+                   EIO, "writing a cache page");
+        if (r < 0)
+                return r;
+        return CU_TRY(cudaStreamSynchronize(b->stream), EIO, "writing a cache page");
+}
+
+static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
+        int r = check_page(b, dst);
+        if (r >= 0)
+                r = check_page(b, src);
+        if (r < 0)
+                return r;
+        r = CU_TRY(cudaMemcpyAsync((uint8_t *) b->cache + (uint64_t) dst * b->page_bytes,
+                                   (uint8_t *) b->cache + (uint64_t) src * b->page_bytes,
+                                   b->page_bytes, cudaMemcpyDeviceToDevice, b->stream),
+                   EIO, "copying a cache page");
+        if (r < 0)
+                return r;
+        return CU_TRY(cudaStreamSynchronize(b->stream), EIO, "copying a cache page");
+}
+
+__attribute__((visibility("default"))) const struct x4_backend_ops x4_backend_cuda = {
+        .name = "cuda",
+        .create = cuda_create,
+        .destroy = cuda_destroy,
+        .forward = cuda_forward,
+        .caps = cuda_caps,
+        .page_bytes = cuda_page_bytes,
+        .page_read = cuda_page_read,
+        .page_write = cuda_page_write,
+        .page_copy = cuda_page_copy,
+};

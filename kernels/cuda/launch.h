@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA kernels of the Xing4 forward, as plain C launchers (the host side, forward.c, is C11;
+ * the kernels are CUDA C++ in *.cu). Every launcher only enqueues work on `stream`: none of them
+ * synchronizes with the host, so a forward can later be captured as a CUDA graph.
+ *
+ * Determinism (design.md "Numerics"): every reduction has a fixed order that depends only on the
+ * row length, the position of the token and the model, never on how many tokens are in the launch
+ * or which other sequences share it. Nothing uses floating-point atomics. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weight storage types the kernels read (ggml ids, spec §6). */
+#define CU_TYPE_F32 0
+#define CU_TYPE_F16 1
+#define CU_TYPE_Q8_0 8
+#define CU_TYPE_Q6_K 14
+#define CU_TYPE_IQ4_NL 20
+#define CU_TYPE_BF16 30
+
+bool cu_type_supported(uint32_t type);
+
+/* Values a matvec lane dequantizes at once: every supported row length is a multiple of it. */
+#define CU_CHUNK 32
+
+/* Positions of the latent cache one attention block reads (split-K unit over the context). A
+ * query at position p is reduced over ceil((p+1)/CU_ATTN_PART) parts, combined in part order:
+ * the arithmetic depends on p alone. */
+#define CU_ATTN_PART 512
+
+/* y = W·x for P input vectors. Row r of the weight is dotted with the input slice
+ *   x + (p / x_div)·x_pstride + (r / G)·x_gstride      (K values)
+ * and written to
+ *   y + p·y_pstride + (r / G)·y_gstride + r % G.
+ * With `sel`, input p uses expert sel[p]: its weight starts at w + sel[p]·expert_bytes (MoE pairs).
+ * G = N for a plain matvec; grouped (per-head) matrices like attn_k_b use G = rows per head. */
+struct cu_mv {
+        const void *w;
+        uint32_t type;
+        uint64_t row_bytes;
+        uint64_t expert_bytes;
+        uint32_t K, N, G;
+        const float *x;
+        uint64_t x_pstride, x_gstride;
+        uint32_t x_div;
+        float *y;
+        uint64_t y_pstride, y_gstride;
+        const int32_t *sel;
+        uint32_t P;
+};
+void cu_matvec(const struct cu_mv *a, cudaStream_t s);
+
+/* spec §3 step 1: X[t][s] = token_embd[ids[t]] for every stream s. */
+void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids, uint32_t T,
+              uint32_t H, uint32_t n_hc, float *X, cudaStream_t s);
+
+/* spec §3.1 HC pre-mapping fused with the sublayer's RMSNorm: per token, the unweighted RMS over
+ * the n_hc·H concatenated streams, the (2+n_hc)·n_hc projection, sigmoid/clamp/exp/Sinkhorn, the
+ * collapse u = Σ pre[s]·X[s] and a = RMSNorm(u, norm_w). hcp gets per token [pre, post, C]
+ * (CU_HCP_STRIDE floats). */
+#define CU_HCP_STRIDE 32
+#define CU_HC_MAX 4 /* streams the kernels hold in registers (spec: hc_mult 4) */
+struct cu_hc {
+        const void *fn;
+        uint32_t fn_type;
+        uint64_t fn_row_bytes;
+        const float *base, *scale, *norm_w;
+        uint32_t H, n_hc, iters;
+        float rms_eps, hc_eps, clamp;
+};
+void cu_hc_pre(const struct cu_hc *a, const float *X, uint32_t T, float *hcp, float *out,
+               cudaStream_t s);
+/* spec §3.1 post-mapping: X[d] = post[d]·o + Σ_s C[d][s]·X[s], with o = Σ_k w[k]·y[k] over the
+ * token's n_slots sublayer outputs (slot order fixed; w NULL means one slot of weight 1). */
+void cu_hc_post(float *X, const float *hcp, const float *y, uint64_t y_slot_stride,
+                uint32_t n_slots, const float *w, uint32_t T, uint32_t H, uint32_t n_hc,
+                cudaStream_t s);
+/* spec §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w). */
+void cu_head_norm(const float *X, const int32_t *rows, uint32_t R, uint32_t H, uint32_t n_hc,
+                  const float *norm_w, float eps, float *out, cudaStream_t s);
+
+/* Where the latent cache row of (token, layer) lives. */
+struct cu_cache {
+        void *base;          /* n_pages × n_layer × page_tokens × D elements */
+        uint32_t f16;        /* element type: 0 = f32, 1 = f16 */
+        uint32_t n_layer, page_tokens, D;
+        const uint32_t *pt;  /* flattened page tables of the batch */
+        const uint32_t *tok_pt; /* per token: offset of its sequence's table in pt */
+        const uint32_t *tok_pos; /* per token: absolute position */
+};
+
+/* spec §4 steps 1-3: per token, RMSNorm of q_a (in place in qkv), RMSNorm of the latent, RoPE of
+ * k_pe, and the store of [c ; k_pe] into the cache row of its position. qkv rows are
+ * [q_a (QL) | latent (KV) | k_pe (R)]. */
+void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, uint32_t R,
+                 const float *q_a_norm, const float *kv_a_norm, float eps, const double *inv_freq,
+                 bool interleave, const struct cu_cache *c, uint32_t layer, cudaStream_t s);
+/* RoPE of every head's q_pe (q rows: n_head × (nope + R)) into qabs[t][h][KV..KV+R). */
+void cu_q_rope(const float *q, uint32_t T, uint32_t n_head, uint32_t nope, uint32_t R,
+               float *qabs, uint32_t KV, const double *inv_freq, bool interleave,
+               const uint32_t *tok_pos, cudaStream_t s);
+/* spec §4 absorbed attention for tokens [t0, t0+n): softmax(scale·qabs·cache) over positions
+ * 0..p, out[t][h] = Σ P·c (KV values). part holds n × max_parts × n_head × (KV+2) floats. */
+void cu_attention(const float *qabs, uint32_t t0, uint32_t n, uint32_t max_parts,
+                  uint32_t n_head, uint32_t KV, float scale, const struct cu_cache *c,
+                  uint32_t layer, float *part, float *out, cudaStream_t s);
+
+/* spec §5 router: per token, z = W_r·f (fp32), scores, top-k of score + bias, weights. Writes
+ * per token n_slots = k (+1 for the shared expert, id n_expert, weight 1). */
+struct cu_router {
+        const void *w;
+        uint32_t type;
+        uint64_t row_bytes;
+        const float *bias; /* NULL: none */
+        uint32_t H, n_expert, k;
+        bool shared, sigmoid, norm;
+        float scale;
+};
+void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel, float *w,
+              cudaStream_t s);
+/* act[p][i] = silu(h[p][i]) · h[p][F + i] for P rows of 2F. */
+void cu_swiglu(const float *h, uint32_t P, uint32_t F, float *act, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,601 @@
+/* SPDX-License-Identifier: MIT */
+/* GPU tests of the CUDA backend (tests/gpu), through the backend seam exactly as the daemon and
+ * x4-logits use it. Plain C with its own checks: the GPU machine has no cmocka.
+ *
+ *   x4-gpu-check fixture DIR      xing4-tiny-a cases vs the float64 reference (and vs the CPU)
+ *   x4-gpu-check parity MODEL     CUDA vs CPU: 512-token prompt, every position, then 64 greedy
+ *                                 tokens on each backend (divergences only at near-ties)
+ *   x4-gpu-check batch MODEL      a sequence's logits bit-identical alone and in a batch of 16
+ *   x4-gpu-check chunks MODEL     prefill in chunks of 1, 64, 512 and whole: bit-identical
+ *   x4-gpu-check errors MODEL     refusals name the cause (messages asserted)
+ *   x4-gpu-check quick MODEL      small prefill + decode + batch (for compute-sanitizer)
+ *
+ * Tolerances (the CUDA forward runs fp32 activations everywhere, prefill included, with exact
+ * dequantization, so prefill and decode rows are held to the same bound):
+ *   vs the float64 reference: max |err| <= 1e-3 × max |ref| per case, decode and prefill rows;
+ *   vs the CPU backend: max |cuda - cpu| <= 1e-3 × max |cpu| per position.
+ * Exit status: 0 when every check passed, 1 otherwise; every measured number is printed. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "model/xing4.h"
+#include "util/json.h"
+#include "util/log.h"
+
+#define PAGE_TOKENS 256u
+#define TOL_DECODE 1e-3
+#define TOL_PREFILL 1e-3
+#define NEAR_TIE 1e-2
+
+static int n_fail, n_check;
+
+#define CHECK(cond, ...)                                                                           \
+        do {                                                                                       \
+                n_check++;                                                                         \
+                if (!(cond)) {                                                                     \
+                        n_fail++;                                                                  \
+                        printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
+                        printf(__VA_ARGS__);                                                       \
+                        printf("\n");                                                              \
+                }                                                                                  \
+        } while (0)
+
+#define REQUIRE(cond, ...)                                                                         \
+        do {                                                                                       \
+                if (!(cond)) {                                                                     \
+                        printf("FATAL %s:%d: ", __FILE__, __LINE__);                               \
+                        printf(__VA_ARGS__);                                                       \
+                        printf(" (last error: %s)\n", log_last_error());                           \
+                        exit(1);                                                                   \
+                }                                                                                  \
+        } while (0)
+
+struct bk {
+        const struct x4_backend_ops *ops;
+        struct x4_backend *b;
+        uint32_t n_vocab;
+};
+
+static void bk_open(struct bk *k, const char *dev, const struct x4_model *m, uint32_t n_pages) {
+        struct x4_backend_params p = {
+                .page_tokens = PAGE_TOKENS,
+                .n_pages = n_pages,
+                .cache_type = X4_CACHE_F32,
+        };
+        REQUIRE(x4_backend_get(dev, &k->ops) == 0, "backend %s not available", dev);
+        REQUIRE(k->ops->create(m, &p, &k->b) == 0, "creating the %s backend", dev);
+        k->n_vocab = x4_model_config(m)->n_vocab;
+}
+
+static void bk_close(struct bk *k) {
+        if (k->b)
+                k->ops->destroy(k->b);
+        k->b = NULL;
+}
+
+/* Run n tokens of one sequence at pos0 (pages: a contiguous range from page0). */
+static void feed(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0, const uint32_t *pages,
+                 uint32_t n_pages, uint32_t mode, float *out) {
+        struct x4_seq s = {.tokens = toks, .n_tokens = n, .pos0 = pos0, .pages = pages,
+                           .n_pages = n_pages, .logits = mode};
+        struct x4_batch batch = {.seqs = &s, .n_seqs = 1};
+        REQUIRE(k->ops->forward(k->b, &batch, out) == 0, "forward of %u tokens at %u", n, pos0);
+}
+
+static struct x4_model *open_model(const char *path) {
+        struct x4_model *m = NULL;
+        struct x4_model_params mp = {.path = path};
+        REQUIRE(x4_model_open(&mp, &m) == 0, "opening %s", path);
+        return m;
+}
+
+static uint32_t *page_range(uint32_t first, uint32_t n) {
+        uint32_t *p = calloc(n ? n : 1, sizeof *p);
+        REQUIRE(p, "out of memory");
+        for (uint32_t i = 0; i < n; i++)
+                p[i] = first + i;
+        return p;
+}
+
+static uint32_t lcg(uint64_t *s) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        return (uint32_t) (*s >> 33);
+}
+
+static int32_t *random_tokens(uint32_t n, uint32_t n_vocab, uint64_t seed) {
+        int32_t *t = malloc((n ? n : 1) * sizeof *t);
+        REQUIRE(t, "out of memory");
+        for (uint32_t i = 0; i < n; i++)
+                t[i] = (int32_t) (lcg(&seed) % n_vocab);
+        return t;
+}
+
+static void top2(const float *row, uint32_t n, uint32_t *arg, float *margin) {
+        uint32_t a = 0;
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (uint32_t i = 0; i < n; i++) {
+                if (row[i] > b1) {
+                        b2 = b1;
+                        b1 = row[i];
+                        a = i;
+                } else if (row[i] > b2)
+                        b2 = row[i];
+        }
+        *arg = a;
+        *margin = b1 - b2;
+}
+
+/* max |a - b| / max |b| over rows [r0, r1) */
+static double rel_err(const float *a, const float *b, size_t r0, size_t r1, size_t n_vocab,
+                      double *max_abs_ret, double *max_ref_ret) {
+        double me = 0, mr = 0;
+        for (size_t i = r0 * n_vocab; i < r1 * n_vocab; i++) {
+                if (!isfinite(a[i]))
+                        return INFINITY;
+                me = fmax(me, fabs((double) a[i] - b[i]));
+                mr = fmax(mr, fabs((double) b[i]));
+        }
+        if (max_abs_ret)
+                *max_abs_ret = me;
+        if (max_ref_ret)
+                *max_ref_ret = mr;
+        return mr > 0 ? me / mr : me;
+}
+
+static float *read_rows(const char *dir, const char *name, size_t rows, size_t vocab) {
+        char path[4096];
+        float *buf = malloc(rows * vocab * sizeof(float));
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        FILE *f = fopen(path, "re");
+        REQUIRE(f && buf, "opening %s", path);
+        REQUIRE(fread(buf, sizeof(float) * vocab, rows, f) == rows, "%s: %zu rows expected", path,
+                rows);
+        fclose(f);
+        return buf;
+}
+
+static int32_t *json_ids(const struct json_value *arr, size_t *n) {
+        REQUIRE(arr && json_type(arr) == JSON_ARRAY, "cases.json: array expected");
+        *n = json_count(arr);
+        int32_t *ids = calloc(*n ? *n : 1, sizeof *ids);
+        REQUIRE(ids, "out of memory");
+        for (size_t i = 0; i < *n; i++)
+                ids[i] = (int32_t) json_int(json_array_at(arr, i));
+        return ids;
+}
+
+/* ---- fixture: xing4-tiny-a vs the float64 reference ----------------------------------------- */
+
+static void run_case_rows(struct bk *k, const int32_t *prompt, size_t n_prompt,
+                          const int32_t *decode, size_t n_decode, float *all) {
+        uint32_t n_pages = (uint32_t) ((n_prompt + n_decode + PAGE_TOKENS - 1) / PAGE_TOKENS);
+        _cleanup_free_ uint32_t *pages = page_range(0, n_pages);
+        /* the prompt as one batch, logits for every position; then each decode id alone */
+        feed(k, prompt, (uint32_t) n_prompt, 0, pages, n_pages, X4_LOGITS_ALL, all);
+        for (size_t i = 0; i < n_decode; i++)
+                feed(k, decode + i, 1, (uint32_t) (n_prompt + i), pages, n_pages, X4_LOGITS_LAST,
+                     all + (n_prompt + i) * k->n_vocab);
+}
+
+static void test_fixture(const char *dir, bool with_cpu) {
+        char path[4096];
+        _cleanup_(json_freep) struct json_value *cases = NULL;
+        snprintf(path, sizeof path, "%s/model.gguf", dir);
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(path);
+        snprintf(path, sizeof path, "%s/cases.json", dir);
+        REQUIRE(json_parse_file(path, &cases) == 0, "parsing %s", path);
+        const struct json_value *list = json_object_get(cases, "cases");
+        REQUIRE(list && json_count(list) > 0, "%s: no cases", path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+
+        size_t max_tok = 0;
+        for (size_t c = 0; c < json_count(list); c++) {
+                const struct json_value *cs = json_array_at(list, c);
+                size_t n = json_count(json_object_get(cs, "prompt_ids")) +
+                            json_count(json_object_get(cs, "decode_ids"));
+                max_tok = MAX(max_tok, n);
+        }
+        uint32_t n_pages = (uint32_t) DIV_ROUND_UP(max_tok, PAGE_TOKENS);
+        struct bk cu = {0}, cpu = {0};
+        bk_open(&cu, "cuda", m, n_pages);
+        if (with_cpu)
+                bk_open(&cpu, "cpu", m, n_pages);
+
+        for (size_t c = 0; c < json_count(list); c++) {
+                const struct json_value *cs = json_array_at(list, c);
+                const char *id = json_string(json_object_get(cs, "id"));
+                size_t n_prompt, n_decode, n_rows;
+                _cleanup_free_ int32_t *prompt = json_ids(json_object_get(cs, "prompt_ids"), &n_prompt);
+                _cleanup_free_ int32_t *decode = json_ids(json_object_get(cs, "decode_ids"), &n_decode);
+                _cleanup_free_ int32_t *rowpos = json_ids(json_object_get(cs, "row_positions"), &n_rows);
+                size_t n_all = n_prompt + n_decode;
+                _cleanup_free_ float *all = malloc(n_all * V * sizeof(float));
+                _cleanup_free_ float *ours = malloc(n_rows * V * sizeof(float));
+                REQUIRE(all && ours, "out of memory");
+
+                run_case_rows(&cu, prompt, n_prompt, decode, n_decode, all);
+                for (size_t r = 0; r < n_rows; r++)
+                        memcpy(ours + r * V, all + (size_t) rowpos[r] * V, V * sizeof(float));
+                _cleanup_free_ float *ref = read_rows(
+                        dir, json_string(json_object_get(cs, "reference_f64_logits_file")), n_rows, V);
+                /* stored rows: prompt positions first, then the decode rows */
+                size_t n_pre = 0;
+                while (n_pre < n_rows && (size_t) rowpos[n_pre] < n_prompt)
+                        n_pre++;
+                double ma, mr;
+                double e_pre = n_pre ? rel_err(ours, ref, 0, n_pre, V, &ma, &mr) : 0;
+                double e_dec = n_rows > n_pre ? rel_err(ours, ref, n_pre, n_rows, V, &ma, &mr) : 0;
+                double e_all = rel_err(ours, ref, 0, n_rows, V, &ma, &mr);
+                printf("fixture %-16s rows %2zu (prefill %zu, decode %zu) vs f64: prefill rel %.3g "
+                       "(<= %g), decode rel %.3g (<= %g), max abs %.3g, max |ref| %.3g\n",
+                       id, n_rows, n_pre, n_rows - n_pre, e_pre, TOL_PREFILL, e_dec, TOL_DECODE,
+                       ma, mr);
+                (void) e_all;
+                CHECK(e_pre <= TOL_PREFILL, "%s: prefill rows rel err %.3g", id, e_pre);
+                CHECK(e_dec <= TOL_DECODE, "%s: decode rows rel err %.3g", id, e_dec);
+
+                if (with_cpu) {
+                        _cleanup_free_ float *call = malloc(n_all * V * sizeof(float));
+                        REQUIRE(call, "out of memory");
+                        run_case_rows(&cpu, prompt, n_prompt, decode, n_decode, call);
+                        double worst = 0;
+                        for (size_t r = 0; r < n_all; r++)
+                                worst = fmax(worst, rel_err(all, call, r, r + 1, V, NULL, NULL));
+                        printf("fixture %-16s all %zu positions vs cpu: worst per-position rel "
+                               "%.3g (<= %g)\n",
+                               id, n_all, worst, TOL_DECODE);
+                        CHECK(worst <= TOL_DECODE, "%s: cuda vs cpu rel err %.3g", id, worst);
+                }
+        }
+        bk_close(&cu);
+        bk_close(&cpu);
+}
+
+/* ---- parity: CUDA vs CPU on a model, 512 prompt + 64 greedy -------------------------------- */
+
+static void greedy(struct bk *k, const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen,
+                   const uint32_t *pages, uint32_t n_pages, float *prompt_rows, int32_t *gen,
+                   float *gen_rows) {
+        uint32_t V = k->n_vocab, arg;
+        float margin;
+        feed(k, prompt, n_prompt, 0, pages, n_pages, X4_LOGITS_ALL, prompt_rows);
+        const float *last = prompt_rows + (size_t) (n_prompt - 1) * V;
+        for (uint32_t i = 0; i < n_gen; i++) {
+                top2(last, V, &arg, &margin);
+                gen[i] = (int32_t) arg;
+                feed(k, &gen[i], 1, n_prompt + i, pages, n_pages, X4_LOGITS_LAST,
+                     gen_rows + (size_t) i * V);
+                last = gen_rows + (size_t) i * V;
+        }
+}
+
+static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_gen) {
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+        uint32_t n_pages = DIV_ROUND_UP(n_prompt + n_gen + 1, PAGE_TOKENS);
+        _cleanup_free_ uint32_t *pages = page_range(0, n_pages);
+        _cleanup_free_ int32_t *prompt = random_tokens(n_prompt, V, 42);
+        _cleanup_free_ float *pc = malloc((size_t) n_prompt * V * sizeof(float));
+        _cleanup_free_ float *pg = malloc((size_t) n_prompt * V * sizeof(float));
+        _cleanup_free_ float *gc = malloc((size_t) n_gen * V * sizeof(float));
+        _cleanup_free_ float *gg = malloc((size_t) n_gen * V * sizeof(float));
+        _cleanup_free_ int32_t *tc = calloc(n_gen, sizeof(int32_t));
+        _cleanup_free_ int32_t *tg = calloc(n_gen, sizeof(int32_t));
+        REQUIRE(pc && pg && gc && gg && tc && tg, "out of memory");
+        struct bk cu = {0}, cpu = {0};
+
+        bk_open(&cu, "cuda", m, n_pages);
+        greedy(&cu, prompt, n_prompt, n_gen, pages, n_pages, pg, tg, gg);
+        bk_close(&cu);
+        bk_open(&cpu, "cpu", m, n_pages);
+        greedy(&cpu, prompt, n_prompt, n_gen, pages, n_pages, pc, tc, gc);
+        bk_close(&cpu);
+
+        double worst = 0;
+        for (uint32_t r = 0; r < n_prompt; r++)
+                worst = fmax(worst, rel_err(pg, pc, r, r + 1, V, NULL, NULL));
+        printf("parity %s: %u prompt positions, worst per-position rel %.3g (<= %g)\n",
+               model_path, n_prompt, worst, TOL_PREFILL);
+        CHECK(worst <= TOL_PREFILL, "prompt logits cuda vs cpu rel %.3g", worst);
+
+        /* greedy: identical until a divergence; a divergence must sit on a near-tie */
+        uint32_t same = 0, near_ties = 0, diverged_at = n_gen;
+        double worst_gen = 0;
+        for (uint32_t i = 0; i < n_gen; i++) {
+                uint32_t a1, a2;
+                float m1, m2;
+                const float *l1 = i == 0 ? pg + (size_t) (n_prompt - 1) * V : gg + (size_t) (i - 1) * V;
+                const float *l2 = i == 0 ? pc + (size_t) (n_prompt - 1) * V : gc + (size_t) (i - 1) * V;
+                top2(l1, V, &a1, &m1);
+                top2(l2, V, &a2, &m2);
+                if (m1 < NEAR_TIE || m2 < NEAR_TIE)
+                        near_ties++;
+                if (tg[i] != tc[i]) {
+                        diverged_at = i;
+                        printf("parity: tokens diverge at step %u (cuda %d margin %.3g, cpu %d "
+                               "margin %.3g)\n",
+                               i, tg[i], m1, tc[i], m2);
+                        CHECK(m1 < NEAR_TIE || m2 < NEAR_TIE,
+                              "divergence at step %u is not a near-tie (margins %.3g, %.3g)", i,
+                              m1, m2);
+                        break;
+                }
+                same++;
+                worst_gen = fmax(worst_gen, rel_err(gg + (size_t) i * V, gc + (size_t) i * V, 0, 1,
+                                                    V, NULL, NULL));
+        }
+        printf("parity: %u/%u greedy tokens identical%s, near-ties (top-2 margin < %g on either "
+               "side) among the compared steps: %u, worst decode rel %.3g (<= %g)\n",
+               same, n_gen, diverged_at < n_gen ? " (then diverged)" : "", NEAR_TIE, near_ties,
+               worst_gen, TOL_DECODE);
+        CHECK(worst_gen <= TOL_DECODE, "decode logits cuda vs cpu rel %.3g", worst_gen);
+}
+
+/* ---- batch invariance ---------------------------------------------------------------------- */
+
+#define N_SEQ 16
+#define N_DEC 3
+
+static void test_batch(const char *model_path) {
+        static const uint32_t len[N_SEQ] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 300, 377,
+                                            420, 600};
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+        int32_t *toks[N_SEQ];
+        uint32_t *pages[N_SEQ], np[N_SEQ], first = 0, total = 0;
+        size_t rows = 0, row0[N_SEQ];
+
+        for (int i = 0; i < N_SEQ; i++) {
+                toks[i] = random_tokens(len[i] + N_DEC, V, 1000 + i);
+                np[i] = DIV_ROUND_UP(len[i] + N_DEC, PAGE_TOKENS);
+                pages[i] = page_range(first, np[i]);
+                first += np[i];
+                row0[i] = rows;
+                rows += len[i] + N_DEC;
+                total += len[i];
+        }
+        float *alone = malloc(rows * V * sizeof(float)), *batched = malloc(rows * V * sizeof(float));
+        REQUIRE(alone && batched, "out of memory");
+        struct bk cu = {0};
+        bk_open(&cu, "cuda", m, first);
+
+        /* each sequence alone: prefill (all rows), then N_DEC single-token steps */
+        for (int i = 0; i < N_SEQ; i++) {
+                feed(&cu, toks[i], len[i], 0, pages[i], np[i], X4_LOGITS_ALL, alone + row0[i] * V);
+                for (int d = 0; d < N_DEC; d++)
+                        feed(&cu, toks[i] + len[i] + d, 1, len[i] + d, pages[i], np[i],
+                             X4_LOGITS_LAST, alone + (row0[i] + len[i] + d) * V);
+        }
+        /* all 16 prefills in one batch (>512 tokens: several passes), then batched decodes */
+        struct x4_seq seqs[N_SEQ];
+        struct x4_batch batch = {.seqs = seqs, .n_seqs = N_SEQ};
+        float *out = malloc((size_t) total * V * sizeof(float));
+        REQUIRE(out, "out of memory");
+        for (int i = 0; i < N_SEQ; i++)
+                seqs[i] = (struct x4_seq){.tokens = toks[i], .n_tokens = len[i], .pos0 = 0,
+                                          .pages = pages[i], .n_pages = np[i],
+                                          .logits = X4_LOGITS_ALL};
+        REQUIRE(cu.ops->forward(cu.b, &batch, out) == 0, "batched prefill");
+        size_t o = 0;
+        for (int i = 0; i < N_SEQ; i++) {
+                memcpy(batched + row0[i] * V, out + o * V, (size_t) len[i] * V * sizeof(float));
+                o += len[i];
+        }
+        for (int d = 0; d < N_DEC; d++) {
+                for (int i = 0; i < N_SEQ; i++)
+                        seqs[i] = (struct x4_seq){.tokens = toks[i] + len[i] + d, .n_tokens = 1,
+                                                  .pos0 = len[i] + d, .pages = pages[i],
+                                                  .n_pages = np[i], .logits = X4_LOGITS_LAST};
+                REQUIRE(cu.ops->forward(cu.b, &batch, out) == 0, "batched decode");
+                for (int i = 0; i < N_SEQ; i++)
+                        memcpy(batched + (row0[i] + len[i] + d) * V, out + (size_t) i * V,
+                               V * sizeof(float));
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < rows * V; i++)
+                differ += memcmp(&alone[i], &batched[i], sizeof(float)) != 0;
+        double rel = rel_err(batched, alone, 0, rows, V, NULL, NULL);
+        printf("batch: %d sequences (lengths 1..600, %u prompt tokens) + %d decode steps: %zu of "
+               "%zu logits differ between alone and batched (max rel %.3g); bit-identical "
+               "expected\n",
+               N_SEQ, total, N_DEC, differ, rows * V, rel);
+        CHECK(differ == 0, "batch invariance: %zu logits differ", differ);
+
+        bk_close(&cu);
+        for (int i = 0; i < N_SEQ; i++) {
+                free(toks[i]);
+                free(pages[i]);
+        }
+        free(alone);
+        free(batched);
+        free(out);
+}
+
+/* ---- chunk invariance ---------------------------------------------------------------------- */
+
+static void test_chunks(const char *model_path) {
+        static const uint32_t chunks[] = {1, 64, 512};
+        const uint32_t n = 600; /* crosses a 512-position attention part and a 256-token page */
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+        uint32_t n_pages = DIV_ROUND_UP(n, PAGE_TOKENS);
+        _cleanup_free_ uint32_t *pages = page_range(0, n_pages);
+        _cleanup_free_ int32_t *toks = random_tokens(n, V, 7);
+        _cleanup_free_ float *whole = malloc((size_t) n * V * sizeof(float));
+        _cleanup_free_ float *part = malloc((size_t) n * V * sizeof(float));
+        REQUIRE(whole && part, "out of memory");
+        struct bk cu = {0};
+        bk_open(&cu, "cuda", m, n_pages);
+
+        feed(&cu, toks, n, 0, pages, n_pages, X4_LOGITS_ALL, whole);
+        for (size_t c = 0; c < ELEMENTSOF(chunks); c++) {
+                for (uint32_t p = 0; p < n; p += chunks[c]) {
+                        uint32_t k = MIN(chunks[c], n - p);
+                        feed(&cu, toks + p, k, p, pages, n_pages, X4_LOGITS_ALL,
+                             part + (size_t) p * V);
+                }
+                size_t differ = 0;
+                for (size_t i = 0; i < (size_t) n * V; i++)
+                        differ += memcmp(&whole[i], &part[i], sizeof(float)) != 0;
+                printf("chunks: %u-token prompt in chunks of %u vs one call: %zu of %zu logits "
+                       "differ (bit-identical expected)\n",
+                       n, chunks[c], differ, (size_t) n * V);
+                CHECK(differ == 0, "chunk %u: %zu logits differ", chunks[c], differ);
+        }
+        bk_close(&cu);
+}
+
+/* ---- refusals name their cause -------------------------------------------------------------- */
+
+/* The module keeps its own copy of log.c (see kernels/cuda/meson.build), so its messages are read
+ * from stderr: run f with fd 2 redirected to a file and return what was written. */
+static char *capture_stderr(int (*f)(void *), void *arg, int *ret) {
+        static char buf[8192];
+        char path[] = "/tmp/x4-gpu-check-XXXXXX";
+        int fd = mkstemp(path), saved = dup(2);
+        REQUIRE(fd >= 0 && saved >= 0, "capturing stderr");
+        fflush(stderr);
+        dup2(fd, 2);
+        *ret = f(arg);
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+        buf[n > 0 ? n : 0] = '\0';
+        close(fd);
+        unlink(path);
+        return buf;
+}
+
+struct err_ctx {
+        struct bk *k;
+        const struct x4_model *m;
+        struct x4_seq seq;
+        uint64_t memory_limit;
+};
+
+static int do_forward(void *p) {
+        struct err_ctx *e = p;
+        struct x4_batch batch = {.seqs = &e->seq, .n_seqs = 1};
+        float *out = malloc((size_t) e->k->n_vocab * sizeof(float) * 4);
+        int r = e->k->ops->forward(e->k->b, &batch, out);
+        free(out);
+        return r;
+}
+
+static int do_create(void *p) {
+        struct err_ctx *e = p;
+        struct x4_backend *b = NULL;
+        struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 4,
+                                       .memory_limit = e->memory_limit};
+        int r = e->k->ops->create(e->m, &bp, &b);
+        if (b)
+                e->k->ops->destroy(b);
+        return r;
+}
+
+static void expect_error(const char *what, int (*f)(void *), struct err_ctx *e, const char *needle) {
+        int r;
+        const char *msg = capture_stderr(f, e, &r);
+        printf("errors: %s -> %d, message: %s", what, r, *msg ? msg : "(none)\n");
+        CHECK(r < 0, "%s: failure expected", what);
+        CHECK(strstr(msg, needle) != NULL, "%s: message should contain '%s'", what, needle);
+}
+
+static void test_errors(const char *model_path) {
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+        uint32_t pages[2] = {0, 1};
+        int32_t toks[3] = {1, 2, 3};
+        struct bk cu = {0};
+        bk_open(&cu, "cuda", m, 2);
+        struct err_ctx e = {.k = &cu, .m = m};
+
+        toks[1] = (int32_t) V;
+        e.seq = (struct x4_seq){.tokens = toks, .n_tokens = 3, .pages = pages, .n_pages = 2,
+                                .logits = X4_LOGITS_LAST};
+        expect_error("token id = vocab size", do_forward, &e, "outside the vocabulary");
+        toks[1] = 2;
+        pages[0] = 7;
+        expect_error("page 7 of a 2-page cache", do_forward, &e, "the cache has 2 pages");
+        pages[0] = 0;
+        e.seq.pos0 = 600;
+        expect_error("position 600 with 2 pages", do_forward, &e, "cannot hold positions up to 602");
+        e.memory_limit = 1 << 20;
+        expect_error("1 MiB memory limit", do_create, &e, "has room for");
+        /* the backend still works after refusals */
+        e.seq.pos0 = 0;
+        float *out = malloc(V * sizeof(float));
+        CHECK(cu.ops->forward(cu.b, &(struct x4_batch){.seqs = &e.seq, .n_seqs = 1}, out) == 0,
+              "forward after refusals");
+        free(out);
+        bk_close(&cu);
+}
+
+/* ---- quick: a small run for compute-sanitizer ---------------------------------------------- */
+
+static void test_quick(const char *model_path) {
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+        _cleanup_free_ int32_t *toks = random_tokens(40, V, 3);
+        _cleanup_free_ float *out = malloc((size_t) 40 * V * sizeof(float));
+        uint32_t pa[1] = {0}, pb[1] = {1};
+        struct bk cu = {0};
+        bk_open(&cu, "cuda", m, 2);
+        feed(&cu, toks, 20, 0, pa, 1, X4_LOGITS_ALL, out);
+        for (uint32_t i = 0; i < 3; i++)
+                feed(&cu, toks + 20 + i, 1, 20 + i, pa, 1, X4_LOGITS_LAST, out);
+        struct x4_seq seqs[2] = {
+                {.tokens = toks + 23, .n_tokens = 1, .pos0 = 23, .pages = pa, .n_pages = 1,
+                 .logits = X4_LOGITS_LAST},
+                {.tokens = toks + 24, .n_tokens = 9, .pos0 = 0, .pages = pb, .n_pages = 1,
+                 .logits = X4_LOGITS_ALL},
+        };
+        CHECK(cu.ops->forward(cu.b, &(struct x4_batch){.seqs = seqs, .n_seqs = 2}, out) == 0,
+              "mixed batch");
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t) 10 * V; i++)
+                bad += !isfinite(out[i]);
+        printf("quick: prefill 20 + 3 decodes + mixed batch: %zu non-finite logits\n", bad);
+        CHECK(bad == 0, "non-finite logits");
+        bk_close(&cu);
+}
+
+int main(int argc, char **argv) {
+        if (argc < 3) {
+                fprintf(stderr, "usage: x4-gpu-check fixture DIR [--no-cpu] | parity MODEL "
+                                "[N_PROMPT N_GEN] | batch MODEL | chunks MODEL | errors MODEL | "
+                                "quick MODEL\n");
+                return 2;
+        }
+        log_set_max_level(LOG_WARNING);
+#ifdef X4_CUDA_MODULE_BUILD
+        setenv("X4_CUDA_MODULE", X4_CUDA_MODULE_BUILD, 0); /* the module built beside this program */
+#endif
+        const char *t = argv[1], *arg = argv[2];
+        if (streq(t, "fixture"))
+                test_fixture(arg, !(argc > 3 && streq(argv[3], "--no-cpu")));
+        else if (streq(t, "parity"))
+                test_parity(arg, argc > 4 ? (uint32_t) atoi(argv[3]) : 512,
+                            argc > 4 ? (uint32_t) atoi(argv[4]) : 64);
+        else if (streq(t, "batch"))
+                test_batch(arg);
+        else if (streq(t, "chunks"))
+                test_chunks(arg);
+        else if (streq(t, "errors"))
+                test_errors(arg);
+        else if (streq(t, "quick"))
+                test_quick(arg);
+        else {
+                fprintf(stderr, "unknown test '%s'\n", t);
+                return 2;
+        }
+        printf("%s: %d checks, %d failed\n", t, n_check, n_fail);
+        return n_fail ? 1 : 0;
+}

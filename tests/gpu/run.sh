@@ -1,0 +1,99 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# The GPU tests in one command, on a machine with an NVIDIA GPU (sm_75 or newer):
+#
+#   bash tests/gpu/run.sh
+#
+# Builds build-gpu (meson setup -Drpc=disabled -Dgpu_archs=$X4_GPU_ARCHS, default 90: set it to
+# your card, e.g. 86 or 89), then runs every check of tests/gpu/gpu-check.c and compute-sanitizer.
+# The log goes to $OUT/gpu-tests.log when OUT is set (else build-gpu/gpu-tests.log) and a summary
+# table to stdout. Exit status: 0 when every step passed.
+#
+# Steps: the xing4-tiny-a fixture vs the float64 reference and vs the CPU backend; batch
+# invariance (16 sequences, alone vs batched); chunk invariance (1/64/512/whole); refusal
+# messages; CUDA vs CPU on the x4-mkmodel `demo` model (512-token prompt + 64 greedy tokens);
+# compute-sanitizer memcheck and racecheck on a tiny prefill + decode. X4_GPU_FULL_MODEL=PATH adds
+# the CUDA vs CPU parity on that model (e.g. the real 20 GB GGUF; slow on the CPU side).
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+
+build=${X4_GPU_BUILD:-build-gpu}
+archs=${X4_GPU_ARCHS:-90}
+outdir=${OUT:-$build}
+mkdir -p "$outdir"
+log=$outdir/gpu-tests.log
+: >"$log"
+fixture=tests/fixtures/xing4-tiny-a
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+results=()
+failed=0
+
+step() { # name, command...
+        local name=$1 t0 rc
+        shift
+        t0=$(date +%s.%N)
+        echo "=== $name: $*" >>"$log"
+        "$@" >>"$log" 2>&1
+        rc=$?
+        local dt
+        dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+        if [ $rc -eq 0 ]; then
+                results+=("PASS  $name (${dt}s)")
+        else
+                results+=("FAIL  $name (rc $rc, ${dt}s)")
+                failed=1
+        fi
+        echo "=== $name: rc $rc, ${dt}s" >>"$log"
+        return $rc
+}
+
+{
+        echo "date: $(date -u +%FT%TZ)"
+        echo "commit: $(git rev-parse HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) files changed"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+        nvcc --version 2>&1 | tail -1
+} >>"$log"
+
+if [ ! -f "$build/build.ninja" ]; then
+        step "meson setup" meson setup "$build" -Drpc=disabled -Dgpu_archs="$archs" -Dcuda=enabled
+fi
+if ! step "build" ninja -C "$build" -j"$(nproc)"; then
+        printf '%s\n' "${results[@]}"
+        echo "log: $log"
+        exit 1
+fi
+
+check=$build/kernels/cuda/x4-gpu-check
+export X4_CUDA_MODULE=$PWD/$build/kernels/cuda/xing4d-cuda.so
+tiny=$fixture/model.gguf
+
+step "fixture vs f64 reference and cpu" "$check" fixture "$fixture"
+step "batch invariance (16 seqs)" "$check" batch "$tiny"
+step "chunk invariance (1/64/512)" "$check" chunks "$tiny"
+step "refusal messages" "$check" errors "$tiny"
+step "quick prefill+decode" "$check" quick "$tiny"
+if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out "$tmp/demo.gguf"; then
+        step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
+        step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
+fi
+if [ -n "${X4_GPU_FULL_MODEL:-}" ]; then
+        step "cuda vs cpu, $X4_GPU_FULL_MODEL, 512 + 64 greedy" "$check" parity "$X4_GPU_FULL_MODEL" 512 64
+fi
+if command -v compute-sanitizer >/dev/null; then
+        step "compute-sanitizer memcheck" compute-sanitizer --tool memcheck --error-exitcode 9 \
+                --leak-check full "$check" quick "$tiny"
+        step "compute-sanitizer racecheck" compute-sanitizer --tool racecheck --error-exitcode 9 \
+                "$check" quick "$tiny"
+        step "compute-sanitizer synccheck" compute-sanitizer --tool synccheck --error-exitcode 9 \
+                "$check" quick "$tiny"
+else
+        results+=("FAIL  compute-sanitizer not found")
+        failed=1
+fi
+
+grep -E '^(fixture|parity|batch|chunks|errors|quick)' "$log" | grep -v ' checks, ' || true
+echo
+printf '%s\n' "${results[@]}" | tee -a "$log"
+echo "log: $log"
+exit $failed
