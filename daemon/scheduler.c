@@ -403,6 +403,17 @@ int sched_get_requests(struct sched *s, struct sched_request_state **ret, size_t
 
 /* ---- jobs (engine thread) ------------------------------------------------------------------- */
 
+static void publish_stats(struct sched *s);
+
+/* Give the pages back and make the stats say so BEFORE the final event is pushed: a client that
+ * asks for stats right after its Done sees its pages free. */
+static void job_release(struct sched *s, struct job *j) {
+        if (j->n_pages)
+                (void) kvcache_release(s->kv, j->pages, j->n_pages);
+        j->n_pages = 0;
+        publish_stats(s);
+}
+
 static void job_free(struct sched *s, struct job *j) {
         if (j->n_pages)
                 (void) kvcache_release(s->kv, j->pages, j->n_pages);
@@ -435,6 +446,7 @@ static void fail_job(struct sched *s, struct job *j, int code, const char *fmt, 
         va_end(ap);
         unlink_job(s, j);
         s->failed++;
+        job_release(s, j);
         if (e) {
                 e->kind = SCHED_EVENT_ERROR;
                 e->cookie = j->r->cookie;
@@ -512,6 +524,7 @@ static void finish_job(struct sched *s, struct job *j, int reason, const char *s
         if (reason == SCHED_FINISH_CANCELLED)
                 s->cancelled++;
         s->completion_total += j->n_out;
+        job_release(s, j);
         e = calloc(1, sizeof *e);
         if (!e) {
                 log_error("scheduler: out of memory ending request %llu",

@@ -60,7 +60,7 @@ struct server {
         struct conn *conns;
         unsigned n_conns, next_conn_id;
         unsigned n_reqs; /* sreqs alive, orphans included */
-        bool draining;
+        bool draining, exiting;
         double t_start;
 };
 
@@ -140,6 +140,8 @@ static void conn_free(struct conn *c) {
         frame_decoder_free(c->decoder);
         log_debug("connection %u closed", c->id);
         free(c);
+        if (s->exiting && !s->conns)
+                event_base_loopexit(s->base, NULL);
 }
 
 /* Close once the queued output (typically an Error) is written. Only called from within
@@ -677,6 +679,10 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         struct ucred cred = { .pid = 0, .uid = (uid_t) -1 };
         socklen_t cl = sizeof cred;
 
+        if (s->exiting) {
+                close(fd);
+                return;
+        }
         if (s->p.max_connections && s->n_conns >= s->p.max_connections) {
                 log_warning("refusing a connection: %u connections open, limit %u", s->n_conns,
                             s->p.max_connections);
@@ -812,11 +818,26 @@ static void sched_cb(evutil_socket_t fd, short what, void *userdata) {
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
+/* Draining and nothing in flight: let every connection flush what is queued (the last Done
+ * frames), close them, then leave the loop. A client that does not read gets 5 s. */
 static void maybe_finish_drain(struct server *s) {
-        if (s->draining && s->n_reqs == 0) {
+        if (!s->draining || s->n_reqs > 0)
+                return;
+        if (!s->exiting) {
+                struct timeval tv = { 5, 0 };
+                s->exiting = true;
                 log_info("all requests ended, stopping");
-                event_base_loopexit(s->base, NULL);
+                event_base_loopexit(s->base, &tv);
+                for (struct conn *c = s->conns, *next; c; c = next) {
+                        next = c->next;
+                        c->closing = true;
+                        bufferevent_disable(c->bev, EV_READ);
+                        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+                                conn_free(c);
+                }
         }
+        if (!s->conns)
+                event_base_loopexit(s->base, NULL);
 }
 
 static void grace_cb(evutil_socket_t fd, short what, void *userdata) {
@@ -838,8 +859,8 @@ static void term_cb(evutil_socket_t sig, short what, void *userdata) {
         (void) sd_notify(0, "STOPPING=1\nSTATUS=draining");
         log_info("signal %d: no new requests, %u in flight get %.1f s to finish", (int) sig,
                  s->n_reqs, s->p.grace_s);
-        if (s->listener)
-                evconnlistener_disable(s->listener);
+        /* keep accepting: a client that connects now gets a clear UNAVAILABLE ("shutting
+         * down") and a draining health status instead of hanging in the listen backlog */
         sched_drain(s->p.sched, false);
         struct timeval tv = { (time_t) s->p.grace_s,
                               (suseconds_t) ((s->p.grace_s - (time_t) s->p.grace_s) * 1e6) };

@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: MIT
+"""The real daemon, started the way systemd starts it: systemd-socket-activate holds the socket,
+execs xing4d on the first connection with LISTEN_FDS, and we read READY=1 / STATUS= / STOPPING=1
+from our own NOTIFY_SOCKET, exactly what a Type=notify unit would see.
+
+Binaries come from X4_XING4D / X4_X4CTL / X4_CLIENT_TEST (set by tests/integration/meson.build),
+else from X4_BUILD_DIR (default <source>/build)."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SRC = Path(os.environ.get("X4_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+BUILD = Path(os.environ.get("X4_BUILD_DIR", SRC / "build"))
+XING4D = Path(os.environ.get("X4_XING4D", BUILD / "daemon" / "xing4d"))
+X4CTL = Path(os.environ.get("X4_X4CTL", BUILD / "cli" / "x4ctl"))
+FIXTURES = Path(os.environ.get("X4_FIXTURES", SRC / "tests" / "fixtures"))
+MODEL = FIXTURES / "xing4-tiny-a" / "model.gguf"
+N_VOCAB = 512  # the fixture's vocabulary (tests/fixtures/xing4-tiny-a/README.md)
+
+# A context of 64 pages x 256 tokens: a request asking for "as many tokens as fit" runs for
+# seconds on the tiny model, long enough to observe and cancel it.
+DEFAULT_CONF = "[xing4d]\n# test settings\ncache-pages = 64\npage_tokens = 256\nmax-running = 4\n"
+
+
+class Daemon:
+    def __init__(self, tmp: Path, conf: str = DEFAULT_CONF, args=()):
+        for p in (XING4D, X4CTL, MODEL):
+            if not p.exists():
+                pytest.fail(f"{p} does not exist: build first (meson compile) or set X4_BUILD_DIR")
+        self.dir = tmp
+        self.sock = str(tmp / "xing4d.sock")
+        self.conf = tmp / "xing4d.conf"
+        self.conf.write_text(conf)
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify_path = str(tmp / "notify.sock")
+        self.notify.bind(self.notify_path)
+        self.messages = []
+        self.log = []
+        cmd = ["systemd-socket-activate", "-l", self.sock,
+               "-E", f"NOTIFY_SOCKET={self.notify_path}",
+               "--", str(XING4D), "--config", str(self.conf), "--model", str(MODEL),
+               "--threads", "1", "--device", "cpu", *args]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        # systemd-socket-activate says "Listening on PATH as 3." once the socket exists
+        line = self.proc.stderr.readline()
+        assert "Listening on" in line, f"systemd-socket-activate: {line!r}"
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        # the first connection starts the daemon; it stays in the backlog until accepted
+        self.trigger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.trigger.connect(self.sock)
+        self.wait_notify("READY=1", timeout=60)
+        self.trigger.close()
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip("\n"))
+
+    def wait_notify(self, what, timeout):
+        """Block until a notify datagram containing the line `what` arrives (or fail)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(what in m.split("\n") for m in self.messages):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                pytest.fail(f"no {what} from xing4d (rc {self.proc.poll()}); notify: "
+                            f"{self.messages}; log: {self.log[-20:]}")
+            self.notify.settimeout(left)
+            try:
+                self.messages.append(self.notify.recv(4096).decode())
+            except socket.timeout:
+                pass
+
+    def x4ctl(self, *args, timeout=60, **kw):
+        return subprocess.run([str(X4CTL), "--socket", self.sock, *args], capture_output=True,
+                              text=True, timeout=timeout, **kw)
+
+    def x4ctl_popen(self, *args):
+        return subprocess.Popen([str(X4CTL), "--socket", self.sock, *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stats(self):
+        r = self.x4ctl("stats", "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def wait_stats(self, pred, timeout=30, what="condition"):
+        """Poll the daemon's stats until pred(stats) holds: waiting on observable state, with a
+        deadline, instead of sleeping a guessed time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.stats()
+            if pred(s):
+                return s
+            if time.monotonic() > deadline:
+                pytest.fail(f"stats never showed {what}: {s}")
+
+    def terminate(self, timeout=30):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        # collect what was sent before the exit (STOPPING=1)
+        self.notify.settimeout(0.01)
+        try:
+            while True:
+                self.messages.append(self.notify.recv(4096).decode())
+        except (socket.timeout, BlockingIOError):
+            pass
+        return rc
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.notify.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("xing4d"))
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def fresh_daemon(tmp_path):
+    made = []
+
+    def make(conf=DEFAULT_CONF, args=()):
+        d = Daemon(tmp_path, conf, args)
+        made.append(d)
+        return d
+    yield make
+    for d in made:
+        d.close()
+
+
+@pytest.fixture(scope="session")
+def client_test(tmp_path_factory):
+    """The C test client: built by meson (X4_CLIENT_TEST), else compiled here against the
+    build tree's libx4client through its uninstalled pkg-config file, like a user would."""
+    exe = os.environ.get("X4_CLIENT_TEST")
+    if exe:
+        return exe
+    out = tmp_path_factory.mktemp("client") / "client-test"
+    env = dict(os.environ, PKG_CONFIG_PATH=str(BUILD / "meson-uninstalled"))
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libx4client-uninstalled"],
+                           capture_output=True, text=True, env=env, check=True).stdout.split()
+    cc = shutil.which("cc") or "gcc"
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-o", str(out),
+                    str(Path(__file__).parent / "client-test.c"), *flags,
+                    f"-Wl,-rpath,{BUILD / 'libclient'}"], check=True)
+    return str(out)

@@ -1,0 +1,342 @@
+# SPDX-License-Identifier: MIT
+"""The whole daemon on the CPU backend with the tiny fixture model, driven by x4ctl, a C program
+linked against libx4client, and raw frames for the inputs no client library would send."""
+import json
+import signal
+import struct
+import subprocess
+
+import pytest
+
+import x4wire as w
+from conftest import N_VOCAB
+
+PROMPT = "5,6,7,8,9,10,11,12"
+
+
+def gen_json(daemon, *args):
+    r = daemon.x4ctl("--json", "generate", *args)
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    return r, lines
+
+
+# ---- start-up, handshake, info -------------------------------------------------------------------
+
+def test_socket_activation_reports_loading_then_ready(daemon):
+    # STATUS=loading came before READY=1, as a Type=notify unit's `systemctl status` shows it
+    joined = "\n".join(daemon.messages)
+    assert "STATUS=loading" in joined
+    assert joined.index("STATUS=loading") < joined.index("READY=1")
+    r = daemon.x4ctl("health")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("serving")
+
+
+def test_info_describes_the_model(daemon):
+    r = daemon.x4ctl("info", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["server_version"] == "xing4d 0.1.0"
+    assert info["backend"] == "cpu"
+    m = info["model"]
+    assert (m["architecture"], m["n_vocab"], m["n_layer"], m["n_embd"]) == ("xing4_0", N_VOCAB, 3, 256)
+    assert (m["n_expert"], m["n_expert_used"]) == (8, 2)
+    # 64 pages x 256 tokens from the test config, below the model's trained context
+    assert m["n_ctx"] == 64 * 256
+    assert info["cache_pages_total"] == 64 and info["cache_page_tokens"] == 256
+    assert info["max_running"] == 4  # from the INI file
+
+
+# ---- generation ------------------------------------------------------------------------------------
+
+def test_greedy_generation_is_reproducible(daemon):
+    r1, a = gen_json(daemon, "--tokens", PROMPT, "--temperature", "0", "--max-tokens", "12")
+    r2, b = gen_json(daemon, "--tokens", PROMPT, "--temperature", "0", "--max-tokens", "12")
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    ids_a = [i for x in a if x["type"] == "chunk" for i in x["token_ids"]]
+    ids_b = [i for x in b if x["type"] == "chunk" for i in x["token_ids"]]
+    assert ids_a == ids_b
+    assert all(0 <= i < N_VOCAB for i in ids_a)
+    done = a[-1]
+    assert done["type"] == "done"
+    assert done["usage"]["prompt_tokens"] == 8
+    # EOS may end it early, otherwise exactly max_tokens
+    assert done["usage"]["completion_tokens"] == len(ids_a)
+    assert (done["finish_reason"], len(ids_a)) in {("length", 12)} or done["finish_reason"] == "stop"
+
+
+def test_seeded_sampling_is_reproducible_and_seed_matters(daemon):
+    def run(seed):
+        r, lines = gen_json(daemon, "--tokens", PROMPT, "--temperature", "1.5", "--seed", str(seed),
+                            "--max-tokens", "24", "--ignore-eos")
+        assert r.returncode == 0, r.stderr
+        return [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
+    a, b, c = run(1), run(1), run(2)
+    assert a == b and len(a) == 24
+    assert a != c  # 24 draws at temperature 1.5 from 512 ids: equal only by a bug
+
+
+def test_logprobs_are_normalised(daemon):
+    r, lines = gen_json(daemon, "--tokens", PROMPT, "--temperature", "0", "--max-tokens", "3",
+                        "--logprobs", "5", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    chunks = [x for x in lines if x["type"] == "chunk"]
+    assert len(chunks) == 3
+    for ch in chunks:
+        lp = ch["logprobs"][0]
+        top = lp["top"]
+        assert len(top) == 5
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        # greedy: the chosen token is the most likely one, and log-probabilities are <= 0
+        assert lp["token_id"] == top[0]["token_id"] == ch["token_ids"][0]
+        assert abs(lp["logprob"] - top[0]["logprob"]) < 1e-6
+        assert all(t["logprob"] <= 1e-6 for t in top)
+
+
+def test_text_and_chat_prompts_are_tokenized(daemon):
+    r = daemon.x4ctl("generate", "--raw", "--temperature", "0", "--max-tokens", "5", "hello world")
+    assert r.returncode == 0, r.stderr
+    r, lines = gen_json(daemon, "--no-think", "--temperature", "0", "--max-tokens", "5",
+                        "--system", "be brief", "hello")
+    assert r.returncode == 0, r.stderr
+    done = lines[-1]
+    assert done["type"] == "done"
+    # the chat template adds its markers around the 2 messages: more tokens than the words
+    assert done["usage"]["prompt_tokens"] > 4
+
+
+def test_stop_id_ends_generation(daemon):
+    _, lines = gen_json(daemon, "--tokens", PROMPT, "--temperature", "0", "--max-tokens", "6",
+                        "--ignore-eos")
+    ids = [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
+    stop_at = ids[3]
+    first = ids.index(stop_at)
+    r, lines = gen_json(daemon, "--tokens", PROMPT, "--temperature", "0", "--max-tokens", "6",
+                        "--ignore-eos", "--stop-id", str(stop_at))
+    assert r.returncode == 0, r.stderr
+    got = [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
+    assert got == ids[:first] and lines[-1]["finish_reason"] == "stop"
+
+
+# ---- bad input: each refused with a message naming the problem ------------------------------------
+
+@pytest.mark.parametrize("args,message", [
+    (["--tokens", PROMPT, "--top-p", "1.5"], "sampling.top_p: 1.5 is out of range (0, 1]"),
+    (["--tokens", PROMPT, "--temperature", "-1"], "sampling.temperature: -1 is out of range [0, 100]"),
+    (["--tokens", "5,99999"], f"prompt.tokens[1]: id 99999 is out of range [0, {N_VOCAB})"),
+    (["--tokens", PROMPT, "--max-tokens", "0"], "max_tokens: 0, at least 1 expected"),
+    (["--tokens", PROMPT, "--logprobs", "21"], "logprobs: 21, at most 20 supported"),
+    (["--tokens", PROMPT, "--stop-id", "600"], f"stop_ids[0]: id 600 is out of range [0, {N_VOCAB})"),
+    (["--tokens", PROMPT, "--snapshot", "s1"],
+     "snapshot 's1': resuming from snapshots is not implemented yet"),
+])
+def test_bad_requests_are_refused_with_a_message(daemon, args, message):
+    r = daemon.x4ctl("generate", *args)
+    assert r.returncode == 1
+    assert r.stderr == f"x4ctl: {message}\n"
+    # and the daemon keeps serving
+    assert daemon.x4ctl("health").returncode == 0
+
+
+def test_prompt_longer_than_the_context_is_too_large(daemon):
+    ids = ",".join(["5"] * (64 * 256))
+    r = daemon.x4ctl("generate", "--tokens", ids)
+    assert r.returncode == 1
+    assert r.stderr == ("x4ctl: prompt of 16384 tokens leaves no room for output in the context "
+                        "limit of 16384 tokens\n")
+
+
+def test_x4ctl_usage_and_connection_errors(daemon, tmp_path):
+    r = daemon.x4ctl("generate", "--top-p", "abc", "x")
+    assert r.returncode == 2 and "--top-p: 'abc' is not a number" in r.stderr
+    r = subprocess.run([str(daemon_x4ctl()), "--socket", str(tmp_path / "none.sock"), "health"],
+                       capture_output=True, text=True)
+    assert r.returncode == 3
+    assert r.stderr == f"x4ctl: {tmp_path / 'none.sock'}: cannot connect: No such file or directory\n"
+    r = daemon.x4ctl("cancel", "999999")
+    assert r.returncode == 5
+    assert r.stderr == "x4ctl: Cancel.server_request_id: request 999999 is not waiting or running\n"
+
+
+def daemon_x4ctl():
+    from conftest import X4CTL
+    return X4CTL
+
+
+# ---- raw protocol abuse ----------------------------------------------------------------------------
+
+def test_oversized_frame_is_refused_before_allocating(daemon):
+    c = w.Conn(daemon.sock)
+    c.hello()
+    c.send_raw(struct.pack(">I", 0xFFFFFFFF) + b"x" * 16)
+    code, msg = w.error_of(c.recv())
+    assert code == "TOO_LARGE"
+    assert msg == "frame payload of 4294967295 bytes exceeds the limit of 16777216 bytes"
+    assert c.closed_by_server()  # the stream lost sync: hang up
+    assert daemon.x4ctl("health").returncode == 0
+
+
+def test_undecodable_and_bodiless_frames_keep_the_connection(daemon):
+    c = w.Conn(daemon.sock)
+    c.hello()
+    c.send(b"\xff\xff\xff")
+    code, msg = w.error_of(c.recv())
+    assert (code, msg) == ("PROTOCOL", "frame of 3 bytes is not a valid xing4.Frame message")
+    c.send(b"")
+    assert w.error_of(c.recv()) == ("PROTOCOL", "frame has no body (or one this server does not know)")
+    c.send(w.frame(3, w.DONE))
+    assert w.error_of(c.recv()) == ("PROTOCOL", "frame body 'done' is sent by the server, not by clients")
+    c.send(w.frame(0, w.GENERATE, w.generate_tokens([5, 6], max_tokens=2)))
+    assert w.error_of(c.recv()) == ("PROTOCOL", "GenerateRequest: request_id 0 is reserved for "
+                                                "connection frames, choose a nonzero id")
+    # still serving this connection
+    c.send(w.frame(7, w.HEALTH))
+    f = c.recv()
+    assert w.HEALTH_REPLY in f and f[1] == [7]
+    c.close()
+
+
+def test_first_frame_must_be_hello(daemon):
+    c = w.Conn(daemon.sock)
+    c.send(w.frame(1, w.STATS))
+    assert w.error_of(c.recv()) == ("PROTOCOL", "first frame must be Hello, got 'stats'")
+    assert c.closed_by_server()
+
+
+def test_protocol_major_mismatch(daemon):
+    c = w.Conn(daemon.sock)
+    c.send(w.frame(0, w.HELLO, w.hello(major=2)))
+    assert w.error_of(c.recv()) == ("VERSION_MISMATCH",
+                                    "Hello.proto_major: 2, this server speaks protocol 1.0")
+    assert c.closed_by_server()
+
+
+def test_duplicate_request_id_and_closing_cancels(daemon):
+    c = w.Conn(daemon.sock)
+    c.hello()
+    long_req = w.generate_tokens([5, 6, 7], max_tokens=100000, temperature=0.0)
+    c.send(w.frame(5, w.GENERATE, long_req))
+    c.send(w.frame(5, w.GENERATE, long_req))
+    while True:  # chunks of the first one stream in before/after the refusal
+        f = c.recv()
+        if w.ERROR in f:
+            break
+    assert w.error_of(f) == ("PROTOCOL", "GenerateRequest: request_id 5 is already in flight on "
+                                         "this connection")
+    before = daemon.stats()["requests_cancelled"]
+    c.close()  # hanging up cancels the request and frees its pages
+    s = daemon.wait_stats(lambda s: s["requests_running"] == 0, what="the request ending")
+    assert s["cache_pages_used"] == 0
+    assert s["requests_cancelled"] == before + 1
+
+
+# ---- cancellation ----------------------------------------------------------------------------------
+
+def start_long(daemon):
+    before = daemon.stats()
+    p = daemon.x4ctl_popen("--json", "generate", "--tokens", PROMPT, "--ignore-eos",
+                           "--max-tokens", "100000")
+    s = daemon.wait_stats(lambda s: s["requests_running"] == 1 and s["requests"],
+                          what="the long request running")
+    return p, s, before
+
+
+def test_x4ctl_cancel_frees_the_pages(daemon):
+    p, s, before = start_long(daemon)
+    assert s["cache_pages_used"] == 64  # prompt + max output reserved up front: the whole cache
+    req = s["requests"][0]
+    assert req["client"] == "x4ctl 0.1.0" and req["peer_pid"] == p.pid
+    r = daemon.x4ctl("cancel", str(req["server_request_id"]))
+    assert r.returncode == 0, r.stderr
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    done = json.loads(out.splitlines()[-1])
+    assert done["finish_reason"] == "cancelled"
+    assert done["server_request_id"] == req["server_request_id"]
+    s = daemon.stats()
+    assert s["cache_pages_used"] == 0 and s["requests_running"] == 0
+    assert s["requests_cancelled"] == before["requests_cancelled"] + 1
+
+
+def test_ctrl_c_cancels_and_exits_130(daemon):
+    p, s, _ = start_long(daemon)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert json.loads(out.splitlines()[-1])["finish_reason"] == "cancelled"
+    assert daemon.stats()["cache_pages_used"] == 0
+
+
+# ---- the C client --------------------------------------------------------------------------------
+
+def run_client(client_test, daemon, *args):
+    r = subprocess.run([client_test, daemon.sock, *args], capture_output=True, text=True, timeout=120)
+    facts = {}
+    for line in r.stdout.splitlines():
+        k, _, v = line.partition(" ")
+        facts[k] = v
+    return r, facts
+
+
+def test_c_client_blocking_matches_x4ctl(daemon, client_test):
+    r, f = run_client(client_test, daemon, "blocking", "10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f["server"] == "xing4d 0.1.0"
+    _, lines = gen_json(daemon, "--tokens", "5,6,7,8,9", "--temperature", "0", "--max-tokens", "10")
+    ids = [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
+    assert f["ids"] == ",".join(map(str, ids))
+    assert int(f["completion_tokens"]) == len(ids) and int(f["prompt_tokens"]) == 5
+
+
+def test_c_client_event_loop_runs_requests_concurrently(daemon, client_test):
+    r, f = run_client(client_test, daemon, "concurrent", "3", "16")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f["pending"] == "3"
+    # batched together, each request's greedy output is what it would be alone (design.md
+    # "Numerics": a sequence does not depend on its batch-mates)
+    _, alone = run_client(client_test, daemon, "blocking", "16")
+    for i in range(3):
+        assert f[f"ids{i}"] == alone["ids"]
+        done_count, finish, n = f[f"done{i}"].split()
+        assert done_count == "1"  # exactly one end per request
+
+
+def test_c_client_cancel_from_callback(daemon, client_test):
+    r, f = run_client(client_test, daemon, "cancel-after", "5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f["status"] == "0" and f["finish"] == "3"  # X4_FINISH_CANCELLED
+    assert int(f["chunks"]) == 5  # no chunk is delivered after the callback asked to stop
+    assert f["stats"] == "0" and f["pages_used"] == "0" and f["running"] == "0"
+
+
+def test_c_client_reports_server_errors(daemon, client_test):
+    r, f = run_client(client_test, daemon, "bad-top-p")
+    assert f["status"] == "-1 invalid argument"
+    assert f["message"] == "sampling.top_p: 1.5 is out of range (0, 1]"
+    assert f["health"] == "0"
+
+
+# ---- shutdown --------------------------------------------------------------------------------------
+
+def test_sigterm_when_idle_exits_0(fresh_daemon):
+    d = fresh_daemon()
+    assert d.terminate() == 0
+    assert any("STOPPING=1" in m.split("\n") for m in d.messages)
+
+
+def test_sigterm_drains_then_cancels_after_the_grace_period(fresh_daemon):
+    d = fresh_daemon(args=("--grace", "1"))
+    p, s, _ = start_long(d)
+    d.proc.send_signal(signal.SIGTERM)
+    d.wait_notify("STOPPING=1", timeout=30)
+    # while draining: health says so, and new work is refused with a reason
+    r = d.x4ctl("health")
+    assert r.returncode == 6 and r.stdout.startswith("draining")
+    r = d.x4ctl("generate", "--tokens", PROMPT)
+    assert r.returncode == 6
+    assert r.stderr == "x4ctl: the daemon is shutting down and accepts no new requests\n"
+    # the running request is cancelled once the grace period is over, then the daemon exits 0
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["finish_reason"] == "cancelled"
+    assert d.proc.wait(timeout=30) == 0
