@@ -473,11 +473,13 @@ static int finish_tool(struct outparse *p, bool closed) {
                 return p->c.emit(&ev, p->c.userdata);
         }
         /* malformed: the user sees what the model wrote */
-        _cleanup_free_ char *body = p->tool.n ? strndup(s, p->tool.n) : strdup("");
+        /* a copy: channel_text() may run while p->tool is reused; the body may hold NUL bytes */
         size_t blen = p->tool.n;
-        p->tool.n = 0;
+        _cleanup_free_ char *body = malloc(blen + 1);
         if (!body)
                 return -ENOMEM;
+        memcpy(body, s, blen);
+        p->tool.n = 0;
         if ((r = channel_text(p, "<tool_call>", strlen("<tool_call>"))) != 0)
                 return r;
         if ((r = channel_text(p, body, blen)) != 0)
