@@ -1061,40 +1061,50 @@ static int value_integer(const struct gguf_value *v, bool *neg, uint64_t *u) {
         return -EBADMSG;
 }
 
-static int value_to_u64(const struct gguf_value *v, uint64_t max, const char *what,
+/* What a getter message names: the key, or "array element I" (formatted only on error, so the
+ * per-element getters the tokenizer calls 131072 times stay cheap). */
+#define SUBJECT(key, idx)                                                                          \
+        ((key) ? (key) : (snprintf(_subject, sizeof _subject, "array element %" PRIu64, (idx)),    \
+                          _subject))
+
+static int value_to_u64(const struct gguf_value *v, uint64_t max, const char *key, uint64_t idx,
                         const char *target, uint64_t *ret) {
+        char _subject[48];
         bool neg;
         uint64_t u;
 
         if (value_integer(v, &neg, &u) < 0)
                 return log_error_errno(EBADMSG, "%s: type %s expected (any integer), file has %s",
-                                       what, target, gguf_value_type_name(v->type));
+                                       SUBJECT(key, idx), target, gguf_value_type_name(v->type));
         if (neg)
-                return log_error_errno(ERANGE, "%s: value %" PRId64 " does not fit in %s", what,
-                                       (int64_t) u, target);
+                return log_error_errno(ERANGE, "%s: value %" PRId64 " does not fit in %s",
+                                       SUBJECT(key, idx), (int64_t) u, target);
         if (u > max)
-                return log_error_errno(ERANGE, "%s: value %" PRIu64 " does not fit in %s", what,
-                                       u, target);
+                return log_error_errno(ERANGE, "%s: value %" PRIu64 " does not fit in %s",
+                                       SUBJECT(key, idx), u, target);
         *ret = u;
         return 0;
 }
 
-static int value_to_i64(const struct gguf_value *v, const char *what, int64_t *ret) {
+static int value_to_i64(const struct gguf_value *v, const char *key, uint64_t idx, int64_t *ret) {
+        char _subject[48];
         bool neg;
         uint64_t u;
 
         if (value_integer(v, &neg, &u) < 0)
                 return log_error_errno(EBADMSG,
-                                       "%s: type int64 expected (any integer), file has %s", what,
-                                       gguf_value_type_name(v->type));
+                                       "%s: type int64 expected (any integer), file has %s",
+                                       SUBJECT(key, idx), gguf_value_type_name(v->type));
         if (!neg && u > (uint64_t) INT64_MAX)
                 return log_error_errno(ERANGE, "%s: value %" PRIu64 " does not fit in int64",
-                                       what, u);
+                                       SUBJECT(key, idx), u);
         *ret = (int64_t) u;
         return 0;
 }
 
-static int value_to_f64(const struct gguf_value *v, const char *what, double *ret) {
+static int value_to_f64(const struct gguf_value *v, const char *key, uint64_t idx, double *ret) {
+        char _subject[48];
+
         if (type_is_float(v->type))
                 *ret = v->f64;
         else if (type_is_unsigned(v->type))
@@ -1105,7 +1115,7 @@ static int value_to_f64(const struct gguf_value *v, const char *what, double *re
                 return log_error_errno(EBADMSG,
                                        "%s: type float64 expected (any float or integer), file "
                                        "has %s",
-                                       what, gguf_value_type_name(v->type));
+                                       SUBJECT(key, idx), gguf_value_type_name(v->type));
         return 0;
 }
 
@@ -1116,7 +1126,7 @@ static const struct gguf_value *find_value(const struct gguf_file *f, const char
 
 int gguf_get_u64(const struct gguf_file *f, const char *key, uint64_t *ret) {
         const struct gguf_value *v = find_value(f, key);
-        return v ? value_to_u64(v, UINT64_MAX, key, "uint64", ret) : -ENOENT;
+        return v ? value_to_u64(v, UINT64_MAX, key, 0, "uint64", ret) : -ENOENT;
 }
 
 int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *ret) {
@@ -1126,7 +1136,7 @@ int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *ret) {
 
         if (!v)
                 return -ENOENT;
-        r = value_to_u64(v, UINT32_MAX, key, "uint32", &u);
+        r = value_to_u64(v, UINT32_MAX, key, 0, "uint32", &u);
         if (r < 0)
                 return r;
         *ret = (uint32_t) u;
@@ -1135,12 +1145,12 @@ int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *ret) {
 
 int gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *ret) {
         const struct gguf_value *v = find_value(f, key);
-        return v ? value_to_i64(v, key, ret) : -ENOENT;
+        return v ? value_to_i64(v, key, 0, ret) : -ENOENT;
 }
 
 int gguf_get_f64(const struct gguf_file *f, const char *key, double *ret) {
         const struct gguf_value *v = find_value(f, key);
-        return v ? value_to_f64(v, key, ret) : -ENOENT;
+        return v ? value_to_f64(v, key, 0, ret) : -ENOENT;
 }
 
 int gguf_get_bool(const struct gguf_file *f, const char *key, bool *ret) {
@@ -1205,39 +1215,34 @@ static int array_scalar(const struct gguf_value *arr, uint64_t i, struct gguf_va
         return 0;
 }
 
-#define ARRAY_WHAT(buf, i) (snprintf(buf, sizeof buf, "array element %" PRIu64, i), buf)
-
 int gguf_array_get_u64(const struct gguf_value *arr, uint64_t i, uint64_t *ret) {
         struct gguf_value v = { .type = arr ? arr->arr.elem_type : 0 };
-        char what[48];
         int r = array_check(arr, i);
 
         if (r < 0)
                 return r;
         (void) array_scalar(arr, i, &v);
-        return value_to_u64(&v, UINT64_MAX, ARRAY_WHAT(what, i), "uint64", ret);
+        return value_to_u64(&v, UINT64_MAX, NULL, i, "uint64", ret);
 }
 
 int gguf_array_get_i64(const struct gguf_value *arr, uint64_t i, int64_t *ret) {
         struct gguf_value v = { .type = arr ? arr->arr.elem_type : 0 };
-        char what[48];
         int r = array_check(arr, i);
 
         if (r < 0)
                 return r;
         (void) array_scalar(arr, i, &v);
-        return value_to_i64(&v, ARRAY_WHAT(what, i), ret);
+        return value_to_i64(&v, NULL, i, ret);
 }
 
 int gguf_array_get_f64(const struct gguf_value *arr, uint64_t i, double *ret) {
         struct gguf_value v = { .type = arr ? arr->arr.elem_type : 0 };
-        char what[48];
         int r = array_check(arr, i);
 
         if (r < 0)
                 return r;
         (void) array_scalar(arr, i, &v);
-        return value_to_f64(&v, ARRAY_WHAT(what, i), ret);
+        return value_to_f64(&v, NULL, i, ret);
 }
 
 int gguf_array_get_bool(const struct gguf_value *arr, uint64_t i, bool *ret) {

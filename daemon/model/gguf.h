@@ -5,7 +5,13 @@
  * Everything read from the file is checked: offsets and sizes against the file, overlapping
  * tensors, overflow in dimension products, unknown ggml types, bad UTF-8 in keys and strings,
  * absurd counts. Errors are logged (log.h) naming the key or tensor and the expectation, and
- * returned as -errno (-EBADMSG for malformed content, -EOVERFLOW, -ENOMEM, -EIO...).
+ * returned as -errno (-EBADMSG for malformed content, -EPROTONOSUPPORT for GGUF v1 / unknown
+ * versions / big-endian files, -EOVERFLOW for shapes whose element count or byte size overflows,
+ * -ENOMEM, or open/mmap's errno such as -ENOENT).
+ *
+ * Limits beyond the format: keys and tensor names are 1..65535 bytes, valid UTF-8, without NUL;
+ * string values are valid UTF-8; arrays nest at most 8 levels; bools are 0 or 1; every tensor
+ * dimension is >= 1 and the element count fits in 63 bits.
  *
  * The file owns all memory; pointers stay valid until gguf_close(). */
 #pragma once

@@ -1034,8 +1034,12 @@ static void test_scale(void **state) {
 
         (void) state;
         /* 977 tensors and a 131072-piece vocabulary (spec §2.4, §2.3) */
-        put_header(&b, 3, n_tensors, 2);
+        put_header(&b, 3, n_tensors, 3);
         put_kv_str(&b, "general.architecture", "xing4_0");
+        put_kv(&b, "tokenizer.ggml.scores", GGUF_TYPE_ARRAY);
+        put_arr_head(&b, GGUF_TYPE_FLOAT32, n_vocab);
+        for (size_t i = 0; i < n_vocab; i++)
+                put_f32(&b, -(float) i);
         put_kv(&b, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
         put_arr_head(&b, GGUF_TYPE_STRING, n_vocab);
         for (size_t i = 0; i < n_vocab; i++) {
@@ -1065,6 +1069,24 @@ static void test_scale(void **state) {
         assert_int_equal(gguf_array_get_string(tokens, n_vocab - 1, &s), 0);
         assert_int_equal(s.len, strlen("\xe2\x96\x81tok131071"));
         assert_memory_equal(s.data, "\xe2\x96\x81tok131071", s.len);
+        /* what the tokenizer does at load: every piece and score through the element getters */
+        {
+                const struct gguf_value *scores;
+                uint64_t bytes = 0;
+                double d, sum = 0;
+                t0 = now_ms();
+                assert_int_equal(gguf_get_array(f, "tokenizer.ggml.scores", &scores), 0);
+                for (size_t i = 0; i < n_vocab; i++) {
+                        assert_int_equal(gguf_array_get_string(tokens, i, &s), 0);
+                        bytes += s.len;
+                        assert_int_equal(gguf_array_get_f64(scores, i, &d), 0);
+                        sum += d;
+                }
+                print_message("131072 pieces + scores read in %.2f ms\n", now_ms() - t0);
+                assert_true(now_ms() - t0 < 500.0);
+                assert_true(sum == -(double) n_vocab * (n_vocab - 1) / 2);
+                assert_true(bytes > 3 * n_vocab);
+        }
         print_message("977 tensors + 131072 tokens (%zu bytes): open %.2f ms, 9770 finds %.2f ms\n",
                       b.n, open_ms, find_ms);
         /* Milliseconds, not seconds: ~6 ms / 2 ms unloaded at -O2 (~40 ms under ASan). The bounds
