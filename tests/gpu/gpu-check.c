@@ -8,6 +8,8 @@
  *   x4-gpu-check batch MODEL      a sequence's logits bit-identical alone and in a batch of 16
  *   x4-gpu-check chunks MODEL     prefill in chunks of 1, 64, 512 and whole: bit-identical
  *   x4-gpu-check errors MODEL     refusals name the cause (messages asserted)
+ *   x4-gpu-check pages MODEL      page_read/page_write/page_copy continue a decode identically;
+ *                                 n_pages = 0 derives the page count from memory_limit
  *   x4-gpu-check quick MODEL      small prefill + decode + batch (for compute-sanitizer)
  *
  * Tolerances (the CUDA forward runs fp32 activations everywhere, prefill included, with exact
@@ -29,11 +31,16 @@
 #include "util/log.h"
 
 #define PAGE_TOKENS 256u
-#define TOL_DECODE 1e-3
-#define TOL_PREFILL 1e-3
+#define TOL_DECODE tol
+#define TOL_PREFILL tol
 #define NEAR_TIE 1e-2
 
 static int n_fail, n_check;
+/* X4_GPU_CACHE=f16 runs the CUDA backend with the fp16 latent cache (CPU stays f32); the fixture
+ * and parity bounds then widen to TOL_F16_CACHE. */
+static uint32_t cuda_cache = X4_CACHE_F32;
+static double tol = 1e-3;
+#define TOL_F16_CACHE 1e-2
 
 #define CHECK(cond, ...)                                                                           \
         do {                                                                                       \
@@ -66,7 +73,7 @@ static void bk_open(struct bk *k, const char *dev, const struct x4_model *m, uin
         struct x4_backend_params p = {
                 .page_tokens = PAGE_TOKENS,
                 .n_pages = n_pages,
-                .cache_type = X4_CACHE_F32,
+                .cache_type = streq(dev, "cuda") ? cuda_cache : X4_CACHE_F32,
         };
         REQUIRE(x4_backend_get(dev, &k->ops) == 0, "backend %s not available", dev);
         REQUIRE(k->ops->create(m, &p, &k->b) == 0, "creating the %s backend", dev);
@@ -538,6 +545,77 @@ static void test_errors(const char *model_path) {
         bk_close(&cu);
 }
 
+/* ---- cache pages: snapshot out and back in, copy-on-write copies -------------------------- */
+
+struct page_ctx {
+        struct bk *k;
+        void *buf;
+};
+
+static int do_page_read(void *p) {
+        struct page_ctx *e = p;
+        return e->k->ops->page_read(e->k->b, 6, e->buf);
+}
+
+static void test_pages(const char *model_path) {
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+        _cleanup_free_ int32_t *toks = random_tokens(302, V, 11);
+        struct bk cu = {0};
+        bk_open(&cu, "cuda", m, 6);
+        size_t pb = cu.ops->page_bytes(cu.b);
+        _cleanup_free_ uint8_t *snap = malloc(2 * pb);
+        _cleanup_free_ float *a = malloc(2 * V * sizeof(float)), *b = malloc(2 * V * sizeof(float));
+        _cleanup_free_ float *first = malloc(V * sizeof(float));
+        REQUIRE(snap && a && b && first, "out of memory");
+        uint32_t pa[2] = {0, 1}, pw[2] = {2, 3}, pc[2] = {4, 5};
+
+        /* prefill 300 tokens into pages 0-1, snapshot them, decode 2 tokens */
+        feed(&cu, toks, 300, 0, pa, 2, X4_LOGITS_LAST, first);
+        CHECK(cu.ops->page_read(cu.b, 0, snap) == 0 && cu.ops->page_read(cu.b, 1, snap + pb) == 0,
+              "page_read");
+        for (uint32_t i = 0; i < 2; i++)
+                feed(&cu, toks + 300 + i, 1, 300 + i, pa, 2, X4_LOGITS_LAST, a + (size_t) i * V);
+        /* the snapshot written into pages 2-3 continues identically */
+        CHECK(cu.ops->page_write(cu.b, 2, snap) == 0 && cu.ops->page_write(cu.b, 3, snap + pb) == 0,
+              "page_write");
+        for (uint32_t i = 0; i < 2; i++)
+                feed(&cu, toks + 300 + i, 1, 300 + i, pw, 2, X4_LOGITS_LAST, b + (size_t) i * V);
+        CHECK(memcmp(a, b, 2 * V * sizeof(float)) == 0, "decode after page_write differs");
+        /* device-side copies of pages 0-1 into 4-5 likewise */
+        CHECK(cu.ops->page_copy(cu.b, 4, 0) == 0 && cu.ops->page_copy(cu.b, 5, 1) == 0, "page_copy");
+        for (uint32_t i = 0; i < 2; i++)
+                feed(&cu, toks + 300 + i, 1, 300 + i, pc, 2, X4_LOGITS_LAST, b + (size_t) i * V);
+        CHECK(memcmp(a, b, 2 * V * sizeof(float)) == 0, "decode after page_copy differs");
+        printf("pages: %zu-byte pages; snapshot out/in (page_read/page_write) and page_copy "
+               "continue the decode bit-identically\n", pb);
+
+        struct page_ctx e = {&cu, snap};
+        int r;
+        const char *msg = capture_stderr(do_page_read, &e, &r);
+        printf("errors: page_read(6) of 6 pages -> %d, message: %s", r, msg);
+        CHECK(r < 0 && strstr(msg, "cache page 6 out of range: the cache has 6 pages"),
+              "page_read out of range message");
+
+        /* n_pages = 0: as many pages as memory_limit leaves after weights and workspace */
+        struct x4_backend_caps caps;
+        cu.ops->caps(cu.b, &caps);
+        uint64_t fixed = caps.memory_used - 6 * (uint64_t) pb;
+        bk_close(&cu);
+        struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 0,
+                                       .cache_type = cuda_cache,
+                                       .memory_limit = fixed + 10 * (uint64_t) pb + pb / 2};
+        struct x4_backend *bk = NULL;
+        CHECK(cu.ops->create(m, &bp, &bk) == 0, "create with a memory limit");
+        if (bk) {
+                cu.ops->caps(bk, &caps);
+                printf("pages: memory_limit = weights + workspace + 10.5 pages -> %u pages (10 "
+                       "expected), %s\n", caps.n_pages, caps.name);
+                CHECK(caps.n_pages == 10, "derived pages %u", caps.n_pages);
+                cu.ops->destroy(bk);
+        }
+}
+
 /* ---- quick: a small run for compute-sanitizer ---------------------------------------------- */
 
 static void test_quick(const char *model_path) {
@@ -571,10 +649,16 @@ int main(int argc, char **argv) {
         if (argc < 3) {
                 fprintf(stderr, "usage: x4-gpu-check fixture DIR [--no-cpu] | parity MODEL "
                                 "[N_PROMPT N_GEN] | batch MODEL | chunks MODEL | errors MODEL | "
-                                "quick MODEL\n");
+                                "pages MODEL | quick MODEL\n");
                 return 2;
         }
         log_set_max_level(LOG_WARNING);
+        const char *cache = getenv("X4_GPU_CACHE");
+        if (cache && streq(cache, "f16")) {
+                cuda_cache = X4_CACHE_F16;
+                tol = TOL_F16_CACHE;
+                printf("CUDA latent cache: f16 (tolerance %g)\n", tol);
+        }
 #ifdef X4_CUDA_MODULE_BUILD
         setenv("X4_CUDA_MODULE", X4_CUDA_MODULE_BUILD, 0); /* the module built beside this program */
 #endif
@@ -590,6 +674,8 @@ int main(int argc, char **argv) {
                 test_chunks(arg);
         else if (streq(t, "errors"))
                 test_errors(arg);
+        else if (streq(t, "pages"))
+                test_pages(arg);
         else if (streq(t, "quick"))
                 test_quick(arg);
         else {

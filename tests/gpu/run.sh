@@ -73,6 +73,31 @@ step "batch invariance (16 seqs)" "$check" batch "$tiny"
 step "chunk invariance (1/64/512)" "$check" chunks "$tiny"
 step "refusal messages" "$check" errors "$tiny"
 step "quick prefill+decode" "$check" quick "$tiny"
+step "cache pages (snapshot, copy, n_pages from memory_limit)" "$check" pages "$tiny"
+step "fixture, f16 latent cache (rel <= 1e-2)" env X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
+step "chunk invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" chunks "$tiny"
+
+# x4-logits --device cuda (the tool users run) on fixture case1 vs the f64 reference and the CPU
+py=
+for p in /usr/bin/python3 python3; do
+        if "$p" -c 'import numpy' 2>/dev/null; then py=$p; break; fi
+done
+c1_prompt=1,1,468,201,75,111,216,192,175,5,9,486
+c1_decode=446,303,505,189
+if step "x4-logits --device cuda" "$build/tools/x4-logits" --model "$tiny" --prompt $c1_prompt \
+        --decode $c1_decode --device cuda --out "$tmp/c1-cuda.bin" &&
+        step "x4-logits --device cpu" "$build/tools/x4-logits" --model "$tiny" --prompt $c1_prompt \
+                --decode $c1_decode --device cpu --out "$tmp/c1-cpu.bin"; then
+        if [ -n "$py" ]; then
+                step "x4-logits cuda vs f64 reference" "$py" tests/gpu/compare.py "$tmp/c1-cuda.bin" \
+                        "$fixture/case1_short.ref_f64.f32.bin" 512 1e-3 "x4-logits cuda vs f64"
+                step "x4-logits cuda vs cpu" "$py" tests/gpu/compare.py "$tmp/c1-cuda.bin" \
+                        "$tmp/c1-cpu.bin" 512 1e-3 "x4-logits cuda vs cpu"
+        else
+                results+=("FAIL  no python3 with numpy for the x4-logits comparison")
+                failed=1
+        fi
+fi
 if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out "$tmp/demo.gguf"; then
         step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
@@ -92,7 +117,7 @@ else
         failed=1
 fi
 
-grep -E '^(fixture|parity|batch|chunks|errors|quick)' "$log" | grep -v ' checks, ' || true
+grep -E '^(CUDA|fixture|parity|batch|chunks|errors|pages|quick|x4-logits|FAIL)' "$log" | grep -v ' checks, ' || true
 echo
 printf '%s\n' "${results[@]}" | tee -a "$log"
 echo "log: $log"
