@@ -243,6 +243,15 @@ static bool utf8_valid(const uint8_t *s, uint64_t n, uint64_t *bad_at) {
                 uint8_t c = s[i];
                 uint32_t len, cp;
 
+                /* ASCII runs 8 bytes at a time: the bulk of a vocabulary and a chat template */
+                if (c < 0x80 && n - i >= 8) {
+                        uint64_t w;
+                        memcpy(&w, s + i, 8);
+                        if ((w & UINT64_C(0x8080808080808080)) == 0) {
+                                i += 8;
+                                continue;
+                        }
+                }
                 if (c < 0x80) {
                         i++;
                         continue;

@@ -664,6 +664,10 @@ static void test_bad_counts_and_strings(void **state) {
         put_kv_u32(&b, "ok", 1);
         put_kv_str(&b, "v", "x\xc0\xafy");
         expect_refused(&b, EBADMSG, "string value of key 'v'", "invalid UTF-8 at byte 1 (0xc0)");
+        /* long ASCII runs with valid multi-byte characters, then a stray continuation byte */
+        put_header(&b, 3, 0, 1);
+        put_kv_str(&b, "v", "abcdefghij\xc3\xa9klmnopqrstuvwxyz\xe2\x96\x81" "ABCDEFGHIJKLMNOP\x80" "QRS");
+        expect_refused(&b, EBADMSG, "invalid UTF-8 at byte 47 (0x80) of 51", NULL);
         put_header(&b, 3, 0, 1);
         put_kv_str(&b, "v", "\xed\xa0\x80");
         expect_refused(&b, EBADMSG, "invalid UTF-8 at byte 0 (0xed)", NULL);
