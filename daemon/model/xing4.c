@@ -849,7 +849,7 @@ int x4_model_open(const struct x4_model_params *params, struct x4_model **ret) {
 
         r = gguf_open(params->path, &m->gguf);
         if (r < 0)
-                return log_error_errno(r, "%s: not a readable GGUF file: %s", params->path, log_last_error());
+                return r; /* the reader named the path and the fault */
         r = read_gguf_config(m->gguf, m->path, &m->cfg);
         if (r < 0)
                 return r;
