@@ -394,6 +394,13 @@ static int on_chunk(const struct x4_chunk *ch, void *userdata) {
                 for (size_t i = 0; i < ch->n_token_ids; i++)
                         printf("%s%" PRId32, i ? "," : "", ch->token_ids[i]);
                 printf("]");
+                if (ch->tool_name) {
+                        printf(",\"tool_call\":{\"name\":");
+                        json_str(stdout, ch->tool_name, strlen(ch->tool_name));
+                        /* arguments are a JSON object already */
+                        printf(",\"arguments\":%s}",
+                               ch->tool_arguments_json ? ch->tool_arguments_json : "{}");
+                }
                 if (ch->n_logprobs) {
                         printf(",\"logprobs\":[");
                         for (size_t i = 0; i < ch->n_logprobs; i++) {
@@ -415,6 +422,9 @@ static int on_chunk(const struct x4_chunk *ch, void *userdata) {
                         fwrite(ch->text, 1, ch->text_len, stderr);
                         fflush(stderr);
                 }
+        } else if (ch->tool_name) {
+                printf("[tool call] %s %s\n", ch->tool_name,
+                       ch->tool_arguments_json ? ch->tool_arguments_json : "{}");
         } else {
                 if (s->show_think && s->last_channel == X4_CHANNEL_REASONING)
                         fputc('\n', stderr);

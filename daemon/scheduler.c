@@ -24,6 +24,7 @@
 #include "../kernels/backend.h"
 #include "engine/kvcache.h"
 #include "model/chat_xing4.h"
+#include "model/outparse.h"
 #include "model/tokenizer.h"
 #include "model/xing4.h"
 #include "util/json.h"
@@ -51,11 +52,15 @@ struct job {
         int32_t *distinct;  /* output ids with counts > 0 */
         uint32_t n_distinct;
         struct tokenizer_stream *ts;
-        int channel;
-        uint32_t reasoning_tokens;
-        bool force_end_think, tool_call_seen;
-        char *held; /* text not emitted yet: could be the start of a stop string */
-        size_t held_len, held_cap;
+        struct outparse *op; /* channels, tool calls, stops (NULL without a tokenizer) */
+        struct sched *s;
+        bool force_end_think, tool_call_seen, op_stopped;
+        int op_finish;
+        char *op_stop_string;
+        /* the token being fed to outparse: attached to the first chunk it produces */
+        int32_t cur_tok;
+        struct sched_logprob *cur_lp;
+        bool cur_sent;
         uint64_t rng;
         double t_submit, t_admit, t_first, t_last;
 };
@@ -66,7 +71,9 @@ struct sched {
         struct kvcache *kv;
         struct x4_backend_caps caps;
         uint32_t ctx_limit;
-        int32_t eos_id, think_id, end_think_id, tool_call_id, end_tool_call_id;
+        int32_t eos_id, think_id;
+        int32_t turn_end_ids[8]; /* specials that end a turn (outparse.h), ignored by ignore_eos */
+        size_t n_turn_end_ids;
         int efd;
         pthread_t thread;
         bool started;
@@ -132,6 +139,8 @@ void sched_event_free(struct sched_event *e) {
         for (uint32_t i = 0; i < e->n_logprobs; i++)
                 free(e->logprobs[i].top);
         free(e->logprobs);
+        free(e->tool_name);
+        free(e->tool_arguments);
         free(e->stop);
         free(e->message);
         free(e);
@@ -421,7 +430,11 @@ static void job_free(struct sched *s, struct job *j) {
         free(j->seq);
         free(j->counts);
         free(j->distinct);
-        free(j->held);
+        outparse_free(j->op);
+        free(j->op_stop_string);
+        if (j->cur_lp)
+                free(j->cur_lp->top);
+        free(j->cur_lp);
         tokenizer_stream_free(j->ts);
         sched_request_free(j->r);
         free(j);
@@ -460,15 +473,16 @@ static void fail_job(struct sched *s, struct job *j, int code, const char *fmt, 
         job_free(s, j);
 }
 
-static void emit_chunk(struct sched *s, struct job *j, const char *text, size_t len,
-                       const int32_t *tok, struct sched_logprob *lp) {
+static void emit_chunk(struct sched *s, struct job *j, int channel, const char *text, size_t len,
+                       const int32_t *tok, struct sched_logprob *lp, const char *tool_name,
+                       const char *tool_arguments) {
         struct sched_event *e = calloc(1, sizeof *e);
         if (!e)
                 goto oom;
         e->kind = SCHED_EVENT_CHUNK;
         e->cookie = j->r->cookie;
         e->id = j->r->id;
-        e->channel = j->channel;
+        e->channel = channel;
         e->text = malloc(len + 1);
         if (!e->text)
                 goto oom;
@@ -481,6 +495,12 @@ static void emit_chunk(struct sched *s, struct job *j, const char *text, size_t 
                         goto oom;
                 e->tokens[0] = *tok;
                 e->n_tokens = 1;
+        }
+        if (tool_name) {
+                e->tool_name = strdup(tool_name);
+                e->tool_arguments = strdup(tool_arguments ? tool_arguments : "{}");
+                if (!e->tool_name || !e->tool_arguments)
+                        goto oom;
         }
         if (lp) {
                 e->logprobs = lp;
@@ -498,25 +518,61 @@ oom:
                   (unsigned long long) j->r->id);
 }
 
-static void emit_held(struct sched *s, struct job *j) {
-        if (j->held_len)
-                emit_chunk(s, j, j->held, j->held_len, NULL, NULL);
-        j->held_len = 0;
+static int channel_of(enum outparse_channel c) {
+        switch (c) {
+        case OUTPARSE_REASONING: return SCHED_CHANNEL_REASONING;
+        case OUTPARSE_TOOL_CALL: return SCHED_CHANNEL_TOOL_CALL;
+        default: return SCHED_CHANNEL_CONTENT;
+        }
+}
+
+/* outparse's events → chunks; the token being fed rides on the first chunk it produces. */
+static int on_outparse(const struct outparse_event *ev, void *userdata) {
+        struct job *j = userdata;
+        const int32_t *tok = NULL;
+        struct sched_logprob *lp = NULL;
+
+        if (ev->type == OUTPARSE_EVENT_STOP) {
+                j->op_stopped = true;
+                j->op_finish = streq(ev->finish_reason, "length")      ? SCHED_FINISH_LENGTH
+                               : streq(ev->finish_reason, "cancelled") ? SCHED_FINISH_CANCELLED
+                                                                       : SCHED_FINISH_STOP;
+                free(j->op_stop_string);
+                j->op_stop_string = ev->stop_string ? strdup(ev->stop_string) : NULL;
+                return 0;
+        }
+        if (!j->cur_sent) {
+                tok = &j->cur_tok;
+                lp = TAKE_PTR(j->cur_lp);
+                j->cur_sent = true;
+        }
+        if (ev->type == OUTPARSE_EVENT_TOOL_CALL) {
+                j->tool_call_seen = true;
+                emit_chunk(j->s, j, SCHED_CHANNEL_TOOL_CALL, "", 0, tok, lp, ev->tool_name,
+                           ev->tool_arguments);
+        } else
+                emit_chunk(j->s, j, channel_of(ev->channel), ev->text, ev->len, tok, lp, NULL,
+                           NULL);
+        return 0;
+}
+
+static const char *finish_name(int reason) {
+        switch (reason) {
+        case SCHED_FINISH_LENGTH: return "length";
+        case SCHED_FINISH_CANCELLED: return "cancelled";
+        default: return "stop";
+        }
 }
 
 static void finish_job(struct sched *s, struct job *j, int reason, const char *stop) {
         struct sched_event *e;
         double t = now_ms();
 
-        if (!stop) {
-                const char *text;
-                size_t len;
-                if (j->ts && tokenizer_stream_flush(j->ts, &text, &len) >= 0 && len)
-                        if (grow((void **) &j->held, &j->held_cap, j->held_len + len, 1) == 0) {
-                                memcpy(j->held + j->held_len, text, len);
-                                j->held_len += len;
-                        }
-                emit_held(s, j);
+        if (j->op && !j->op_stopped) {
+                /* emit what outparse holds back (a possible stop-string start, an unfinished
+                 * tool call as text) */
+                j->cur_sent = true;
+                (void) outparse_finish(j->op, finish_name(reason));
         }
         if (reason == SCHED_FINISH_STOP && j->tool_call_seen)
                 reason = SCHED_FINISH_TOOL_CALLS;
@@ -540,7 +596,7 @@ static void finish_job(struct sched *s, struct job *j, int reason, const char *s
         e->prompt_tokens = j->n_prompt;
         e->cached_tokens = 0;
         e->completion_tokens = j->n_out;
-        e->reasoning_tokens = j->reasoning_tokens;
+        e->reasoning_tokens = j->op ? (uint32_t) outparse_reasoning_tokens(j->op) : 0;
         double admit = j->t_admit ? j->t_admit : t;
         e->queue_ms = admit - j->t_submit;
         e->prefill_ms = j->t_first ? j->t_first - admit : 0;
@@ -635,9 +691,6 @@ static bool prepare(struct sched *s, struct job *j) {
                         fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
                         return false;
                 }
-                /* the generation prompt ends inside <think> unless thinking is off */
-                if (r->enable_thinking != 0 && s->think_id >= 0)
-                        j->channel = SCHED_CHANNEL_REASONING;
         }
         if (n == 0) {
                 free(ids);
@@ -669,14 +722,29 @@ static bool prepare(struct sched *s, struct job *j) {
                 fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for sampling state");
                 return false;
         }
-        if (s->p.tokenizer &&
-            tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0) {
-                fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
-                return false;
+        if (s->p.tokenizer) {
+                /* the chat generation prompt ends inside <think> unless thinking is off */
+                struct outparse_config oc = {
+                        .thinking = r->prompt == SCHED_PROMPT_CHAT && r->enable_thinking != 0 &&
+                                    s->think_id >= 0,
+                        .thinking_budget = r->has_thinking_budget ? r->thinking_budget : -1,
+                        .stop_strings = (const char *const *) r->stop,
+                        .n_stop_strings = r->n_stop,
+                        .stop_ids = r->stop_ids,
+                        .n_stop_ids = r->n_stop_ids,
+                        .emit = on_outparse,
+                        .userdata = j,
+                };
+                if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0 ||
+                    outparse_new(s->p.tokenizer, &oc, &j->op) < 0) {
+                        fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        return false;
+                }
         }
         uint64_t seed = r->sampling.has_seed ? r->sampling.seed
                                              : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32);
         j->rng = seed ^ 0x9e3779b97f4a7c15ull;
+        j->s = s;
         j->prepared = true;
         return true;
 }
@@ -833,28 +901,11 @@ static int32_t sample(struct sched *s, struct job *j, float *logits) {
 
 /* ---- output --------------------------------------------------------------------------------- */
 
-static bool is_stop_id(const struct sched *s, const struct job *j, int32_t t) {
-        if (!j->r->ignore_eos && t == s->eos_id)
-                return true;
-        for (size_t i = 0; i < j->r->n_stop_ids; i++)
-                if (j->r->stop_ids[i] == t)
+static bool is_turn_end(const struct sched *s, int32_t t) {
+        for (size_t i = 0; i < s->n_turn_end_ids; i++)
+                if (s->turn_end_ids[i] == t)
                         return true;
         return false;
-}
-
-/* Longest suffix of text that is a proper prefix of some stop string. */
-static size_t stop_prefix_len(const struct job *j, const char *text, size_t len) {
-        size_t best = 0;
-        for (size_t i = 0; i < j->r->n_stop; i++) {
-                const char *st = j->r->stop[i];
-                size_t sl = strlen(st);
-                for (size_t k = MIN(len, sl - 1); k > best; k--)
-                        if (memcmp(text + len - k, st, k) == 0) {
-                                best = k;
-                                break;
-                        }
-        }
-        return best;
 }
 
 /* A token was sampled (or forced) for j. Returns true if j ended (and was freed). */
@@ -871,70 +922,37 @@ static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched
         if (j->counts[t]++ == 0)
                 j->distinct[j->n_distinct++] = t;
 
-        if (is_stop_id(s, j, t)) {
-                if (lp) {
-                        free(lp->top);
-                        free(lp);
+        if (j->op) {
+                const char *text = "";
+                size_t len = 0;
+                if (tokenizer_stream_feed(j->ts, t, &text, &len) < 0)
+                        len = 0;
+                j->cur_tok = t;
+                j->cur_lp = lp;
+                j->cur_sent = false;
+                /* ignore_eos (benchmarks): a turn-ending special is just another token */
+                if (!(j->r->ignore_eos && is_turn_end(s, t)))
+                        (void) outparse_feed(j->op, t, len ? text : "", len);
+                if (!j->cur_sent) /* no text for this token (held back, or a special) */
+                        emit_chunk(s, j, channel_of(outparse_channel(j->op)), "", 0, &t,
+                                   TAKE_PTR(j->cur_lp), NULL, NULL);
+                j->cur_sent = true;
+                if (j->op_stopped) {
+                        finish_job(s, j, j->op_finish, j->op_stop_string);
+                        return true;
                 }
-                finish_job(s, j, SCHED_FINISH_STOP, NULL);
-                return true;
-        }
-
-        /* channels follow the special tokens (spec §7); the specials themselves show no text */
-        int new_channel = j->channel;
-        if (t == s->think_id)
-                new_channel = SCHED_CHANNEL_REASONING;
-        else if (t == s->end_think_id || t == s->end_tool_call_id)
-                new_channel = SCHED_CHANNEL_CONTENT;
-        else if (t == s->tool_call_id) {
-                new_channel = SCHED_CHANNEL_TOOL_CALL;
-                j->tool_call_seen = true;
-        }
-        if (j->channel == SCHED_CHANNEL_REASONING)
-                j->reasoning_tokens++;
-        if (new_channel != j->channel) {
-                emit_held(s, j);
-                j->channel = new_channel;
-        }
-        if (t == s->end_think_id)
-                j->force_end_think = false;
-
-        const char *text = "";
-        size_t len = 0;
-        if (j->ts && tokenizer_stream_feed(j->ts, t, &text, &len) < 0) {
-                text = "";
-                len = 0;
-        }
-        if (len && grow((void **) &j->held, &j->held_cap, j->held_len + len, 1) == 0) {
-                memcpy(j->held + j->held_len, text, len);
-                j->held_len += len;
-        }
-        /* stop strings: cut at the earliest match; hold back a possible partial match */
-        const char *hit = NULL;
-        size_t hit_pos = SIZE_MAX;
-        for (size_t i = 0; i < j->r->n_stop; i++) {
-                const char *m = memmem(j->held, j->held_len, j->r->stop[i], strlen(j->r->stop[i]));
-                if (m && (size_t) (m - j->held) < hit_pos) {
-                        hit_pos = (size_t) (m - j->held);
-                        hit = j->r->stop[i];
+                j->force_end_think = outparse_should_force_end_think(j->op);
+        } else {
+                /* no tokenizer: ids only; EOS and stop ids end the request */
+                bool stop = !j->r->ignore_eos && t == s->eos_id;
+                for (size_t i = 0; i < j->r->n_stop_ids; i++)
+                        stop |= j->r->stop_ids[i] == t;
+                emit_chunk(s, j, SCHED_CHANNEL_CONTENT, "", 0, &t, lp, NULL, NULL);
+                if (stop) {
+                        finish_job(s, j, SCHED_FINISH_STOP, NULL);
+                        return true;
                 }
         }
-        if (hit) {
-                emit_chunk(s, j, j->held, hit_pos, &t, lp);
-                j->held_len = 0;
-                finish_job(s, j, SCHED_FINISH_STOP, hit);
-                return true;
-        }
-        size_t keep = stop_prefix_len(j, j->held, j->held_len);
-        emit_chunk(s, j, j->held, j->held_len - keep, &t, lp);
-        memmove(j->held, j->held + j->held_len - keep, keep);
-        j->held_len = keep;
-
-        if (j->channel == SCHED_CHANNEL_REASONING && j->r->has_thinking_budget &&
-            j->r->thinking_budget >= 0 && j->reasoning_tokens >= (uint32_t) j->r->thinking_budget &&
-            s->end_think_id >= 0)
-                j->force_end_think = true;
-
         if (j->n_out >= j->max_tokens) {
                 finish_job(s, j, SCHED_FINISH_LENGTH, NULL);
                 return true;
@@ -1094,7 +1112,7 @@ static void step(struct sched *s) {
                 struct sched_logprob *lp = NULL;
                 int32_t t;
                 if (j->force_end_think)
-                        t = s->end_think_id;
+                        t = outparse_end_think_id(j->op);
                 else {
                         /* logprobs are of the raw distribution: keep the row before sample()
                          * rewrites it */
@@ -1226,24 +1244,22 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         uint64_t cache_tokens = (uint64_t) s->caps.n_pages * s->caps.page_tokens;
         s->ctx_limit = (uint32_t) MIN(cache_tokens, (uint64_t) s->cfg->n_ctx_train);
         s->eos_id = s->cfg->eos_id;
-        s->think_id = s->end_think_id = s->tool_call_id = s->end_tool_call_id = -1;
+        s->think_id = -1;
         if (s->p.tokenizer) {
+                static const enum tokenizer_special ends[] = {
+                        TOKENIZER_SPECIAL_END, TOKENIZER_SPECIAL_USER, TOKENIZER_SPECIAL_BOT,
+                        TOKENIZER_SPECIAL_SYSTEM, TOKENIZER_SPECIAL_START, TOKENIZER_SPECIAL_PAD,
+                        TOKENIZER_SPECIAL_TOOL_RESPONSE, TOKENIZER_SPECIAL_END_TOOL_RESPONSE,
+                };
                 int32_t e = tokenizer_eos_id(s->p.tokenizer);
                 if (e >= 0)
                         s->eos_id = e;
-                s->think_id = tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_THINK);
-                s->end_think_id = tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_END_THINK);
-                s->tool_call_id = tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_TOOL_CALL);
-                s->end_tool_call_id =
-                        tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_END_TOOL_CALL);
-                if (s->think_id < 0)
-                        s->think_id = -1;
-                if (s->end_think_id < 0)
-                        s->end_think_id = -1;
-                if (s->tool_call_id < 0)
-                        s->tool_call_id = -1;
-                if (s->end_tool_call_id < 0)
-                        s->end_tool_call_id = -1;
+                s->think_id = MAX(tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_THINK), -1);
+                for (size_t i = 0; i < ELEMENTSOF(ends); i++) {
+                        int32_t id = tokenizer_special_id(s->p.tokenizer, ends[i]);
+                        if (id >= 0)
+                                s->turn_end_ids[s->n_turn_end_ids++] = id;
+                }
         }
         s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (s->efd < 0) {

@@ -130,6 +130,8 @@ struct sched_event {
         int channel;
         struct sched_logprob *logprobs;
         uint32_t n_logprobs;
+        char *tool_name;      /* a finished tool call (channel TOOL_CALL) */
+        char *tool_arguments; /* its JSON object */
         /* DONE */
         int finish_reason;
         char *stop; /* matched stop string */

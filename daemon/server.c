@@ -758,6 +758,12 @@ static void deliver(struct server *s, struct sched_event *e) {
                                 tc.n_logprobs = 1;
                                 tc.logprobs = lpp;
                         }
+                        Xing4__ToolCall call = XING4__TOOL_CALL__INIT;
+                        if (e->tool_name) {
+                                call.name = e->tool_name;
+                                call.arguments_json = e->tool_arguments;
+                                tc.tool_call = &call;
+                        }
                         f.body_case = XING4__FRAME__BODY_CHUNK;
                         f.chunk = &tc;
                         send_frame(c, &f);

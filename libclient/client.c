@@ -608,6 +608,8 @@ static void handle_chunk(x4_client *c, struct pending *p, const Xing4__TokenChun
                 .channel = tc->has_channel ? (int) tc->channel : X4_CHANNEL_CONTENT,
                 .logprobs = lps,
                 .n_logprobs = lps ? tc->n_logprobs : 0,
+                .tool_name = tc->tool_call ? tc->tool_call->name : NULL,
+                .tool_arguments_json = tc->tool_call ? tc->tool_call->arguments_json : NULL,
         };
         if (p->on_chunk(&ch, p->userdata) != 0)
                 (void) x4_client_cancel(c, id);

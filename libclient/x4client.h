@@ -138,6 +138,9 @@ struct x4_chunk {
         int channel; /* enum x4_channel */
         const struct x4_token_logprob *logprobs;
         size_t n_logprobs;
+        /* a finished tool call (channel X4_CHANNEL_TOOL_CALL), else NULL */
+        const char *tool_name;
+        const char *tool_arguments_json;
 };
 
 /* How a request ended. Strings are valid during the done callback, or for x4_client_generate()

@@ -115,7 +115,10 @@ def test_stop_id_ends_generation(daemon):
                         "--ignore-eos", "--stop-id", str(stop_at))
     assert r.returncode == 0, r.stderr
     got = [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
-    assert got == ids[:first] and lines[-1]["finish_reason"] == "stop"
+    # the stop token itself is reported (and counted) but shows no text
+    assert got == ids[:first + 1] and lines[-1]["finish_reason"] == "stop"
+    assert lines[-2]["token_ids"] == [stop_at] and lines[-2]["text"] == ""
+    assert lines[-1]["usage"]["completion_tokens"] == first + 1
 
 
 # ---- bad input: each refused with a message naming the problem ------------------------------------
