@@ -291,7 +291,7 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                 fprintf(stderr, "x4ctl: out of memory\n");
                 return EXIT_FAIL;
         }
-        optind = 1;
+        optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
         while ((c = getopt_long(argc, argv, "", gen_longopts, NULL)) >= 0) {
                 float f;
                 uint32_t u;
@@ -671,7 +671,7 @@ static int cmd_stats(int argc, char **argv) {
         int c;
         x4_client *cl = NULL;
 
-        optind = 1;
+        optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
         while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
                 if (c == OPT_JSON)
                         arg.json = true;
@@ -843,7 +843,7 @@ static int cmd_snapshot(int argc, char **argv) {
         const char *op = argv[1];
         argc--;
         argv++;
-        optind = 1;
+        optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
         while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
                 if (o == OPT_TOKENS)
                         tokens = optarg;

@@ -395,7 +395,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
         r = load_config(o, config ? config : DEFAULT_CONFIG, config != NULL);
         if (r < 0)
                 return r;
-        optind = 1;
+        optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
         while ((c = getopt_long(argc, argv, "h", longopts, NULL)) >= 0) {
                 if (c == OPT_CONFIG)
                         continue;

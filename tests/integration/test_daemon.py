@@ -343,3 +343,44 @@ def test_sigterm_drains_then_cancels_after_the_grace_period(fresh_daemon):
     assert p.returncode == 0, err
     assert json.loads(out.splitlines()[-1])["finish_reason"] == "cancelled"
     assert d.proc.wait(timeout=30) == 0
+
+
+# ---- text output: stop strings, reasoning channel, thinking budget -------------------------------
+
+def content_text(lines):
+    return "".join(x["text"] for x in lines if x["type"] == "chunk" and x["channel"] == "content")
+
+
+def test_stop_string_cuts_the_output(daemon):
+    args = ("--raw", "--temperature", "0", "--max-tokens", "30", "--ignore-eos", "hello world")
+    r, lines = gen_json(daemon, *args)
+    assert r.returncode == 0, r.stderr
+    full = content_text(lines)
+    # the fixture's greedy output is fixed: pick its first 3-letter ASCII alphanumeric run after
+    # the start as the stop string
+    import re
+    m = re.search(r"[A-Za-z0-9]{3}", full[1:])
+    assert m, f"greedy output has no ASCII run to stop on: {full!r}"
+    stop = m.group(0)
+    cut = full.index(stop)
+    r, lines = gen_json(daemon, *args, "--stop", stop)
+    assert r.returncode == 0, r.stderr
+    assert content_text(lines) == full[:cut]
+    done = lines[-1]
+    assert done["finish_reason"] == "stop" and done["stop"] == stop
+
+
+def test_thinking_budget_forces_the_end_of_reasoning(daemon):
+    r, lines = gen_json(daemon, "--temperature", "0", "--max-tokens", "10", "--ignore-eos",
+                        "--thinking-budget", "3", "hi")
+    assert r.returncode == 0, r.stderr
+    chunks = [x for x in lines if x["type"] == "chunk"]
+    channels = [x["channel"] for x in chunks]
+    # chat with thinking on: the answer starts in reasoning; after 3 reasoning tokens the server
+    # feeds </think> itself and the rest is content
+    assert channels[:3] == ["reasoning"] * 3
+    assert set(channels[3:]) == {"content"}
+    assert lines[-1]["usage"]["reasoning_tokens"] == 3
+    r, lines = gen_json(daemon, "--temperature", "0", "--max-tokens", "5", "--no-think", "hi")
+    assert {x["channel"] for x in lines if x["type"] == "chunk"} == {"content"}
+    assert lines[-1]["usage"]["reasoning_tokens"] == 0
