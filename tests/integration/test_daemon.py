@@ -384,3 +384,30 @@ def test_thinking_budget_forces_the_end_of_reasoning(daemon):
     r, lines = gen_json(daemon, "--temperature", "0", "--max-tokens", "5", "--no-think", "hi")
     assert {x["channel"] for x in lines if x["type"] == "chunk"} == {"content"}
     assert lines[-1]["usage"]["reasoning_tokens"] == 0
+
+
+# ---- x4ctl chat and timeouts -----------------------------------------------------------------------
+
+def test_interactive_chat_keeps_the_history(daemon):
+    p = subprocess.run([str(daemon_x4ctl()), "--socket", daemon.sock, "--json", "chat",
+                        "--no-think", "--temperature", "0", "--max-tokens", "3"],
+                       input="hello\nand again\n", capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    dones = [json.loads(x) for x in p.stdout.splitlines() if '"type":"done"' in x]
+    assert len(dones) == 2
+    # the second turn's prompt holds the first turn and its answer
+    assert dones[1]["usage"]["prompt_tokens"] > dones[0]["usage"]["prompt_tokens"] + 3
+
+
+def test_handshake_timeout_when_nobody_answers(tmp_path):
+    import socket as so
+    path = str(tmp_path / "silent.sock")
+    srv = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)  # never accepts: connect succeeds into the backlog, no Hello reply comes
+    r = subprocess.run([str(daemon_x4ctl()), "--socket", path, "--connect-timeout", "300", "health"],
+                       capture_output=True, text=True, timeout=30)
+    srv.close()
+    assert r.returncode == 4
+    assert r.stderr == (f"x4ctl: {path}: no handshake reply within 300 ms (is the daemon still "
+                        "loading its model?)\n")
