@@ -57,7 +57,8 @@ struct x4_backend_caps {
         const char *name;        /* "cpu", "cuda:NVIDIA H200" */
         uint32_t n_pages;        /* allocated pages */
         uint32_t page_tokens;
-        uint32_t max_batch_tokens; /* most new tokens one forward takes */
+        uint32_t max_batch_tokens; /* most new tokens one forward takes (cpu: the micro-batch it
+                                    * cuts larger batches into; it accepts any size) */
         uint32_t cache_type;
         uint64_t memory_used;    /* weights + cache + workspace, bytes */
         uint64_t memory_total;   /* what the device has */
@@ -72,7 +73,13 @@ struct x4_backend_ops {
                       struct x4_backend **ret);
         void (*destroy)(struct x4_backend *b);
         /* Run the batch; write logits rows (n_vocab floats each) for every sequence's requested
-         * rows in batch order into `logits`. Also writes the new tokens' cache rows. */
+         * rows in batch order into `logits` (x4_batch_logits_rows() of them; may be NULL when no
+         * row is requested). Also writes the new tokens' cache rows. A token at position p
+         * attends to positions 0..p of its own sequence, read through its page table.
+         * The whole batch is validated before anything runs; refusals name the sequence index
+         * and the value: -EINVAL for an empty batch, n_tokens 0, a token id outside
+         * [0, n_vocab), a bad logits mode or a missing logits buffer; -ERANGE for positions
+         * beyond the sequence's page table or a page id beyond the cache. */
         int (*forward)(struct x4_backend *b, const struct x4_batch *batch, float *logits);
         void (*caps)(struct x4_backend *b, struct x4_backend_caps *ret);
         /* Copy one page's bytes out of / into the cache (snapshots, prefix store). */
