@@ -515,6 +515,7 @@ int main(int argc, char **argv) {
                 .max_waiting = o.max_waiting,
                 .max_tokens_default = o.max_tokens,
                 .prefill_chunk = o.prefill_chunk,
+                .state_dir = o.state_dir ? o.state_dir : "/var/lib/xing4d",
         };
         r = sched_new(&sp, &sched);
         if (r < 0)

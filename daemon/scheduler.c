@@ -10,7 +10,9 @@
  * No socket I/O here; the loop thread is woken through an eventfd. */
 #include "scheduler.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +66,11 @@ struct job {
         bool cur_sent;
         uint64_t rng;
         double t_submit, t_admit, t_first, t_last;
+        /* snapshots: resume (pages loaded at prepare, written into the cache at admission) */
+        uint32_t snap_n;      /* tokens the snapshot holds: cached at admission */
+        uint8_t *snap_data;   /* snap_pages pages of page_bytes */
+        uint32_t snap_pages;
+        bool create;          /* r->snapshot_create: prefill only, then save */
 };
 
 struct sched {
@@ -128,6 +136,7 @@ void sched_request_free(struct sched_request *r) {
         free(r->stop);
         free(r->stop_ids);
         free(r->snapshot);
+        free(r->snapshot_create);
         free(r);
 }
 
@@ -283,10 +292,32 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                 return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                             "thinking_budget: %d, -1 (unlimited) or a token count expected",
                             r->thinking_budget);
-        if (r->snapshot && r->snapshot[0])
-                return verr(err, size, SCHED_ERR_UNIMPLEMENTED,
-                            "snapshot '%s': resuming from snapshots is not implemented yet",
-                            r->snapshot);
+        if (r->snapshot || r->snapshot_create) {
+                const char *name = r->snapshot ? r->snapshot : r->snapshot_create;
+                int code = sched_snapshot_check_name(name, err, size);
+                if (code)
+                        return code;
+                if (!s->p.state_dir)
+                        return verr(err, size, SCHED_ERR_UNAVAILABLE,
+                                    "snapshot '%s': this daemon has no state directory", name);
+        }
+        return 0;
+}
+
+int sched_snapshot_check_name(const char *name, char *err, size_t size) {
+        size_t n = name ? strlen(name) : 0;
+        if (n == 0 || n > 64 || name[0] == '.')
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "snapshot name '%s': 1 to 64 characters of A-Z a-z 0-9 . _ - expected, "
+                            "not starting with '.'", name ? name : "");
+        for (size_t i = 0; i < n; i++) {
+                char c = name[i];
+                if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '_' || c == '-'))
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "snapshot name '%s': character %zu is not one of A-Z a-z 0-9 "
+                                    ". _ -", name, i + 1);
+        }
         return 0;
 }
 
@@ -432,6 +463,7 @@ static void job_free(struct sched *s, struct job *j) {
         free(j->distinct);
         outparse_free(j->op);
         free(j->op_stop_string);
+        free(j->snap_data);
         if (j->cur_lp)
                 free(j->cur_lp->top);
         free(j->cur_lp);
@@ -594,7 +626,7 @@ static void finish_job(struct sched *s, struct job *j, int reason, const char *s
         e->finish_reason = reason;
         e->stop = stop ? strdup(stop) : NULL;
         e->prompt_tokens = j->n_prompt;
-        e->cached_tokens = 0;
+        e->cached_tokens = j->snap_n;
         e->completion_tokens = j->n_out;
         e->reasoning_tokens = j->op ? (uint32_t) outparse_reasoning_tokens(j->op) : 0;
         double admit = j->t_admit ? j->t_admit : t;
@@ -604,6 +636,257 @@ static void finish_job(struct sched *s, struct job *j, int reason, const char *s
         e->total_ms = t - j->t_submit;
         push_event(s, e, true);
         job_free(s, j);
+}
+
+/* ---- snapshot files ------------------------------------------------------------------------ */
+
+/* state_dir/NAME.x4snap: this header, the token ids, then the cache pages as the backend's
+ * page_read() gives them. Native byte order: a snapshot belongs to the daemon build and model
+ * (fingerprint) that wrote it. */
+#define SNAP_MAGIC "X4SNAP1\n"
+struct snap_header {
+        char magic[8];
+        uint32_t version;
+        uint32_t page_tokens;
+        uint64_t page_bytes;
+        uint32_t n_tokens;
+        uint32_t n_pages;
+        uint64_t created_unix;
+        char fingerprint[64];
+};
+
+static void snap_path(const struct sched *s, const char *name, char *buf, size_t size,
+                      const char *suffix) {
+        snprintf(buf, size, "%s/%s.x4snap%s", s->p.state_dir, name, suffix);
+}
+
+static int read_full(int fd, void *buf, size_t n) {
+        uint8_t *p = buf;
+        while (n > 0) {
+                ssize_t r = read(fd, p, n);
+                if (r < 0 && errno == EINTR)
+                        continue;
+                if (r <= 0)
+                        return r < 0 ? -errno : -EIO;
+                p += r;
+                n -= (size_t) r;
+        }
+        return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n) {
+        const uint8_t *p = buf;
+        while (n > 0) {
+                ssize_t r = write(fd, p, n);
+                if (r < 0 && errno == EINTR)
+                        continue;
+                if (r < 0)
+                        return -errno;
+                p += r;
+                n -= (size_t) r;
+        }
+        return 0;
+}
+
+/* Read and check a header; code + message on failure. */
+static int snap_open(const struct sched *s, const char *name, struct snap_header *h, int *ret_fd,
+                     char *err, size_t size) {
+        char path[4096];
+        snap_path(s, name, path, sizeof path, "");
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? verr(err, size, SCHED_ERR_NOT_FOUND,
+                                              "snapshot '%s': not found in %s", name, s->p.state_dir)
+                                       : verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s",
+                                              path, strerror(errno));
+        if (read_full(fd, h, sizeof *h) < 0 || memcmp(h->magic, SNAP_MAGIC, 8) != 0 ||
+            h->version != 1) {
+                close(fd);
+                return verr(err, size, SCHED_ERR_INTERNAL,
+                            "snapshot %s: not a version 1 xing4d snapshot file", path);
+        }
+        h->fingerprint[sizeof h->fingerprint - 1] = 0;
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Load a snapshot for resuming into j: its tokens become the start of j's sequence. */
+static int snap_load(struct sched *s, struct job *j, int32_t **ret_tokens, char *err, size_t size) {
+        const char *name = j->r->snapshot;
+        struct snap_header h;
+        int fd, code;
+        size_t pb = s->p.ops->page_bytes(s->p.backend);
+
+        code = snap_open(s, name, &h, &fd, err, size);
+        if (code)
+                return code;
+        if (strcmp(h.fingerprint, x4_model_fingerprint(s->p.model)) != 0) {
+                close(fd);
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "snapshot '%s': made with model %s, this daemon serves %s", name,
+                            h.fingerprint, x4_model_fingerprint(s->p.model));
+        }
+        if (h.page_tokens != kvcache_page_tokens(s->kv) || h.page_bytes != pb) {
+                close(fd);
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "snapshot '%s': pages of %u tokens / %llu bytes, this cache has %u / %zu",
+                            name, h.page_tokens, (unsigned long long) h.page_bytes,
+                            kvcache_page_tokens(s->kv), pb);
+        }
+        if (h.n_tokens == 0 || h.n_pages != kvcache_pages_for(s->kv, h.n_tokens) ||
+            h.n_tokens >= s->ctx_limit) {
+                close(fd);
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "snapshot '%s': %u tokens in %u pages does not fit this cache", name,
+                            h.n_tokens, h.n_pages);
+        }
+        int32_t *tokens = malloc((size_t) h.n_tokens * sizeof *tokens);
+        uint8_t *data = malloc((size_t) h.n_pages * pb);
+        if (!tokens || !data || read_full(fd, tokens, (size_t) h.n_tokens * sizeof *tokens) < 0 ||
+            read_full(fd, data, (size_t) h.n_pages * pb) < 0) {
+                free(tokens);
+                free(data);
+                close(fd);
+                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot '%s': truncated or unreadable",
+                            name);
+        }
+        close(fd);
+        j->snap_n = h.n_tokens;
+        j->snap_data = data;
+        j->snap_pages = h.n_pages;
+        *ret_tokens = tokens;
+        return 0;
+}
+
+/* j (a create job) has prefilled its whole prompt: write its pages. */
+static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info *info, char *err,
+                     size_t size) {
+        char path[4096], tmp[4096];
+        size_t pb = s->p.ops->page_bytes(s->p.backend);
+        uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
+        struct snap_header h = { .version = 1, .page_tokens = kvcache_page_tokens(s->kv),
+                                 .page_bytes = pb, .n_tokens = j->n_prompt, .n_pages = n_pages,
+                                 .created_unix = (uint64_t) time(NULL) };
+        const char *name = j->r->snapshot_create;
+        int r = 0;
+
+        memcpy(h.magic, SNAP_MAGIC, 8);
+        snprintf(h.fingerprint, sizeof h.fingerprint, "%s", x4_model_fingerprint(s->p.model));
+        snap_path(s, name, path, sizeof path, "");
+        snap_path(s, name, tmp, sizeof tmp, ".tmp");
+        uint8_t *page = malloc(pb);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+        if (!page || fd < 0) {
+                int e = errno;
+                free(page);
+                if (fd >= 0)
+                        close(fd);
+                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", tmp, strerror(e));
+        }
+        r = write_full(fd, &h, sizeof h);
+        if (r >= 0)
+                r = write_full(fd, j->seq, (size_t) j->n_prompt * sizeof *j->seq);
+        for (uint32_t i = 0; r >= 0 && i < n_pages; i++) {
+                r = s->p.ops->page_read(s->p.backend, j->pages[i], page);
+                if (r >= 0)
+                        r = write_full(fd, page, pb);
+        }
+        free(page);
+        if (close(fd) < 0 && r >= 0)
+                r = -errno;
+        if (r >= 0 && rename(tmp, path) < 0)
+                r = -errno;
+        if (r < 0) {
+                (void) unlink(tmp);
+                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(-r));
+        }
+        memset(info, 0, sizeof *info);
+        snprintf(info->name, sizeof info->name, "%s", name);
+        info->n_tokens = j->n_prompt;
+        info->bytes = sizeof h + (uint64_t) j->n_prompt * sizeof *j->seq + (uint64_t) n_pages * pb;
+        info->created_unix = h.created_unix;
+        return 0;
+}
+
+int sched_snapshot_list(const struct sched *s, struct sched_snapshot_info **ret, size_t *n,
+                        char *err, size_t size) {
+        struct sched_snapshot_info *a = NULL;
+        size_t k = 0, cap = 0;
+
+        if (!s->p.state_dir)
+                return verr(err, size, SCHED_ERR_UNAVAILABLE, "this daemon has no state directory");
+        DIR *d = opendir(s->p.state_dir);
+        if (!d) {
+                if (errno == ENOENT) {
+                        *ret = calloc(1, sizeof **ret);
+                        *n = 0;
+                        return *ret ? 0 : verr(err, size, SCHED_ERR_INTERNAL, "out of memory");
+                }
+                return verr(err, size, SCHED_ERR_INTERNAL, "%s: %s", s->p.state_dir, strerror(errno));
+        }
+        for (struct dirent *de; (de = readdir(d));) {
+                size_t len = strlen(de->d_name);
+                char name[72], e2[8];
+                struct snap_header h;
+                int fd;
+                struct stat st;
+                if (len <= 7 || strcmp(de->d_name + len - 7, ".x4snap") != 0 || len - 7 >= sizeof name)
+                        continue;
+                memcpy(name, de->d_name, len - 7);
+                name[len - 7] = 0;
+                if (sched_snapshot_check_name(name, e2, sizeof e2) != 0 ||
+                    snap_open(s, name, &h, &fd, e2, sizeof e2) != 0)
+                        continue;
+                if (fstat(fd, &st) < 0)
+                        st.st_size = 0;
+                close(fd);
+                if (grow((void **) &a, &cap, k + 1, sizeof *a) < 0) {
+                        closedir(d);
+                        free(a);
+                        return verr(err, size, SCHED_ERR_INTERNAL, "out of memory");
+                }
+                memset(&a[k], 0, sizeof a[k]);
+                snprintf(a[k].name, sizeof a[k].name, "%s", name);
+                a[k].n_tokens = h.n_tokens;
+                a[k].bytes = (uint64_t) st.st_size;
+                a[k].created_unix = h.created_unix;
+                k++;
+        }
+        closedir(d);
+        if (!a && !(a = calloc(1, sizeof *a)))
+                return verr(err, size, SCHED_ERR_INTERNAL, "out of memory");
+        *ret = a;
+        *n = k;
+        return 0;
+}
+
+int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_snapshot_info *ret,
+                        char *err, size_t size) {
+        struct snap_header h;
+        struct stat st;
+        char path[4096];
+        int fd, code;
+
+        code = sched_snapshot_check_name(name, err, size);
+        if (code)
+                return code;
+        if (!s->p.state_dir)
+                return verr(err, size, SCHED_ERR_UNAVAILABLE, "this daemon has no state directory");
+        code = snap_open(s, name, &h, &fd, err, size);
+        if (code)
+                return code;
+        if (fstat(fd, &st) < 0)
+                st.st_size = 0;
+        close(fd);
+        snap_path(s, name, path, sizeof path, "");
+        if (unlink(path) < 0)
+                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(errno));
+        memset(ret, 0, sizeof *ret);
+        snprintf(ret->name, sizeof ret->name, "%s", name);
+        ret->n_tokens = h.n_tokens;
+        ret->bytes = (uint64_t) st.st_size;
+        ret->created_unix = h.created_unix;
+        return 0;
 }
 
 /* Text, tokens or chat → token ids. On failure the job is failed (and freed): returns false. */
@@ -697,6 +980,31 @@ static bool prepare(struct sched *s, struct job *j) {
                 fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
                 return false;
         }
+        if (r->snapshot) {
+                /* the snapshot's tokens come first; they are cached once admitted */
+                int32_t *prefix = NULL;
+                char err[512];
+                int code = snap_load(s, j, &prefix, err, sizeof err);
+                if (code) {
+                        free(ids);
+                        fail_job(s, j, code, "%s", err);
+                        return false;
+                }
+                int32_t *all = malloc(((size_t) j->snap_n + n) * sizeof *all);
+                if (!all) {
+                        free(ids);
+                        free(prefix);
+                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory");
+                        return false;
+                }
+                memcpy(all, prefix, (size_t) j->snap_n * sizeof *all);
+                memcpy(all + j->snap_n, ids, n * sizeof *all);
+                free(prefix);
+                free(ids);
+                ids = all;
+                n += j->snap_n;
+        }
+        j->create = r->snapshot_create != NULL;
         if (n >= s->ctx_limit) {
                 free(ids);
                 fail_job(s, j, SCHED_ERR_TOO_LARGE,
@@ -705,7 +1013,7 @@ static bool prepare(struct sched *s, struct job *j) {
                 return false;
         }
         j->n_prompt = (uint32_t) n;
-        j->max_tokens = r->has_max_tokens ? r->max_tokens : s->p.max_tokens_default;
+        j->max_tokens = j->create ? 0 : r->has_max_tokens ? r->max_tokens : s->p.max_tokens_default;
         if (j->max_tokens > s->ctx_limit - j->n_prompt)
                 j->max_tokens = s->ctx_limit - j->n_prompt; /* ends with LENGTH at the limit */
         j->seq = realloc(ids, ((size_t) j->n_prompt + j->max_tokens) * sizeof *ids);
@@ -722,7 +1030,7 @@ static bool prepare(struct sched *s, struct job *j) {
                 fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for sampling state");
                 return false;
         }
-        if (s->p.tokenizer) {
+        if (s->p.tokenizer && !j->create) {
                 /* the chat generation prompt ends inside <think> unless thinking is off */
                 struct outparse_config oc = {
                         .thinking = r->prompt == SCHED_PROMPT_CHAT && r->enable_thinking != 0 &&
@@ -960,6 +1268,30 @@ static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched
         return false;
 }
 
+static void finish_snapshot(struct sched *s, struct job *j) {
+        struct sched_snapshot_info info;
+        char err[512];
+        int code = snap_save(s, j, &info, err, sizeof err);
+        if (code) {
+                fail_job(s, j, code, "%s", err);
+                return;
+        }
+        log_info("snapshot '%s': %u tokens saved (%llu bytes)", info.name, info.n_tokens,
+                 (unsigned long long) info.bytes);
+        unlink_job(s, j);
+        job_release(s, j);
+        struct sched_event *e = calloc(1, sizeof *e);
+        if (e) {
+                e->kind = SCHED_EVENT_SNAPSHOT;
+                e->cookie = j->r->cookie;
+                e->id = j->r->id;
+                e->snapshot = info;
+                push_event(s, e, true);
+        } else
+                log_error("scheduler: out of memory reporting snapshot '%s'", info.name);
+        job_free(s, j);
+}
+
 /* ---- the step ------------------------------------------------------------------------------- */
 
 static void take_inputs(struct sched *s) {
@@ -1019,6 +1351,21 @@ static void admit(struct sched *s) {
                         break;
                 }
                 j->n_pages = need;
+                if (j->snap_data) {
+                        size_t pb = s->p.ops->page_bytes(s->p.backend);
+                        int ret = 0;
+                        for (uint32_t i = 0; ret >= 0 && i < j->snap_pages; i++)
+                                ret = s->p.ops->page_write(s->p.backend, j->pages[i],
+                                                           j->snap_data + (size_t) i * pb);
+                        free(j->snap_data);
+                        j->snap_data = NULL;
+                        if (ret < 0) {
+                                fail_job(s, j, SCHED_ERR_INTERNAL, "snapshot '%s': %s",
+                                         j->r->snapshot, log_last_error());
+                                continue;
+                        }
+                        j->n_cached = j->snap_n;
+                }
                 j->state = JOB_PREFILL;
                 j->t_admit = now_ms();
                 s->prompt_total += j->n_prompt;
@@ -1059,7 +1406,7 @@ static void step(struct sched *s) {
                         rows++;
                 } else if (j == prefill) {
                         uint32_t chunk = MIN(s->p.prefill_chunk, j->n_prompt - j->n_cached);
-                        bool last = j->n_cached + chunk == j->n_prompt;
+                        bool last = j->n_cached + chunk == j->n_prompt && !j->create;
                         seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
                                                    .pos0 = j->n_cached, .pages = j->pages,
                                                    .n_pages = j->n_pages,
@@ -1106,6 +1453,10 @@ static void step(struct sched *s) {
         for (uint32_t i = 0; i < n; i++) {
                 struct job *j = owners[i];
                 j->n_cached += seqs[i].n_tokens;
+                if (j->create && j->n_cached == j->n_prompt) {
+                        finish_snapshot(s, j);
+                        continue;
+                }
                 if (seqs[i].logits != X4_LOGITS_LAST)
                         continue;
                 float *l = s->logits + (size_t) row++ * s->cfg->n_vocab;

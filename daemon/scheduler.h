@@ -85,7 +85,8 @@ struct sched_request {
         size_t n_stop;
         int32_t *stop_ids;
         size_t n_stop_ids;
-        char *snapshot;
+        char *snapshot;        /* resume from this snapshot: its tokens precede the prompt */
+        char *snapshot_create; /* not a generation: prefill the prompt, save it under this name */
         uint32_t logprobs;
         bool has_thinking_budget;
         int32_t thinking_budget;
@@ -103,6 +104,15 @@ enum sched_event_kind {
         SCHED_EVENT_CHUNK,
         SCHED_EVENT_DONE,
         SCHED_EVENT_ERROR,
+        SCHED_EVENT_SNAPSHOT, /* final event of a snapshot_create request */
+};
+
+/* A saved snapshot (state_dir/NAME.x4snap). */
+struct sched_snapshot_info {
+        char name[72];
+        uint32_t n_tokens;
+        uint64_t bytes;
+        uint64_t created_unix;
 };
 
 struct sched_top_logprob {
@@ -140,6 +150,8 @@ struct sched_event {
         /* ERROR */
         int code; /* enum sched_error */
         char *message;
+        /* SNAPSHOT */
+        struct sched_snapshot_info snapshot;
 };
 
 void sched_event_free(struct sched_event *e); /* frees one event (not its next) */
@@ -154,6 +166,7 @@ struct sched_params {
         uint32_t max_tokens_default; /* when a request sets none (default 1024) */
         uint32_t prefill_chunk; /* prompt tokens per step (default 256) */
         uint32_t max_stop;      /* stop strings per request (default 16) */
+        const char *state_dir;  /* snapshots live here; NULL: snapshots unavailable */
 };
 
 /* The numbers a StatsReply carries (engine side). */
@@ -209,6 +222,15 @@ uint32_t sched_in_flight(struct sched *s);
 int sched_event_fd(const struct sched *s);
 /* Take all pending events, oldest first (a list linked by next); NULL if none. */
 struct sched_event *sched_pop_events(struct sched *s);
+
+/* Snapshots on disk (any thread: file operations only). Names: [A-Za-z0-9._-]{1,64}, not
+ * starting with '.'. Errors are an enum sched_error with a message in err. */
+int sched_snapshot_list(const struct sched *s, struct sched_snapshot_info **ret, size_t *n,
+                        char *err, size_t err_size);
+int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_snapshot_info *ret,
+                        char *err, size_t err_size);
+/* 0 if name is a valid snapshot name, else SCHED_ERR_INVALID_ARGUMENT with a message. */
+int sched_snapshot_check_name(const char *name, char *err, size_t err_size);
 
 void sched_get_stats(struct sched *s, struct sched_stats *ret);
 /* Requests waiting or running now; *ret malloc'ed. */

@@ -318,33 +318,48 @@ static void handle_hello(struct conn *c, uint64_t id, const Xing4__Hello *h) {
         send_frame(c, &f);
 }
 
-static void handle_generate(struct conn *c, uint64_t id, const Xing4__GenerateRequest *g) {
-        struct server *s = c->server;
-        struct sched_request *r = NULL;
-        char err[1024];
-        int code, ret;
-
+/* Checks shared by everything that becomes a scheduler request. */
+static bool check_new_request(struct conn *c, uint64_t id, const char *what) {
         if (id == 0) {
                 send_error(c, 0, XING4__ERROR_CODE__ERROR_PROTOCOL,
-                           "GenerateRequest: request_id 0 is reserved for connection frames, "
-                           "choose a nonzero id");
-                return;
+                           "%s: request_id 0 is reserved for connection frames, choose a nonzero id",
+                           what);
+                return false;
         }
         if (conn_find(c, id)) {
                 send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
-                           "GenerateRequest: request_id %llu is already in flight on this "
-                           "connection", (unsigned long long) id);
-                return;
+                           "%s: request_id %llu is already in flight on this connection", what,
+                           (unsigned long long) id);
+                return false;
         }
-        if (s->draining) {
+        if (c->server->draining) {
                 send_error(c, id, XING4__ERROR_CODE__ERROR_UNAVAILABLE,
                            "the daemon is shutting down and accepts no new requests");
-                return;
+                return false;
         }
+        return true;
+}
+
+static void submit_request(struct conn *c, uint64_t id, struct sched_request *r);
+
+static void handle_generate(struct conn *c, uint64_t id, const Xing4__GenerateRequest *g) {
+        struct sched_request *r = NULL;
+
+        if (!check_new_request(c, id, "GenerateRequest"))
+                return;
         if (convert_generate(g, &r) < 0) {
                 send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
                 return;
         }
+        submit_request(c, id, r);
+}
+
+/* Validate and hand r (owned) to the scheduler; answers errors itself. */
+static void submit_request(struct conn *c, uint64_t id, struct sched_request *r) {
+        struct server *s = c->server;
+        char err[1024];
+        int code, ret;
+
         code = sched_validate(s->p.sched, r, err, sizeof err);
         if (code != 0) {
                 send_error(c, id, code, "%s", err);
@@ -536,6 +551,120 @@ static void handle_health(struct conn *c, uint64_t id) {
         send_frame(c, &f);
 }
 
+static void send_snapshot_reply(struct conn *c, uint64_t id, const struct sched_snapshot_info *a,
+                                size_t n) {
+        Xing4__SnapshotInfo *infos = calloc(MAX(n, (size_t) 1), sizeof *infos);
+        Xing4__SnapshotInfo **ptrs = calloc(MAX(n, (size_t) 1), sizeof *ptrs);
+        Xing4__SnapshotReply r = XING4__SNAPSHOT_REPLY__INIT;
+        if (!infos || !ptrs) {
+                free(infos);
+                free(ptrs);
+                send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+                return;
+        }
+        for (size_t i = 0; i < n; i++) {
+                Xing4__SnapshotInfo x = XING4__SNAPSHOT_INFO__INIT;
+                x.name = (char *) a[i].name;
+                x.has_n_tokens = x.has_bytes = x.has_created_unix = 1;
+                x.n_tokens = a[i].n_tokens;
+                x.bytes = a[i].bytes;
+                x.created_unix = a[i].created_unix;
+                infos[i] = x;
+                ptrs[i] = &infos[i];
+        }
+        r.n_snapshots = n;
+        r.snapshots = ptrs;
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = id;
+        f.body_case = XING4__FRAME__BODY_SNAPSHOT_REPLY;
+        f.snapshot_reply = &r;
+        send_frame(c, &f);
+        free(infos);
+        free(ptrs);
+}
+
+static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRequest *q) {
+        struct server *s = c->server;
+        char err[1024];
+        int code;
+
+        switch (q->has_op ? q->op : XING4__SNAPSHOT_REQUEST__OP__OP_UNSPECIFIED) {
+        case XING4__SNAPSHOT_REQUEST__OP__OP_LIST: {
+                struct sched_snapshot_info *a;
+                size_t n;
+                code = sched_snapshot_list(s->p.sched, &a, &n, err, sizeof err);
+                if (code) {
+                        send_error(c, id, code, "%s", err);
+                        return;
+                }
+                send_snapshot_reply(c, id, a, n);
+                free(a);
+                return;
+        }
+        case XING4__SNAPSHOT_REQUEST__OP__OP_DROP: {
+                struct sched_snapshot_info info;
+                code = sched_snapshot_drop(s->p.sched, q->name, &info, err, sizeof err);
+                if (code) {
+                        send_error(c, id, code, "%s", err);
+                        return;
+                }
+                log_info("connection %u (pid %d): dropped snapshot '%s'", c->id, (int) c->pid,
+                         info.name);
+                send_snapshot_reply(c, id, &info, 1);
+                return;
+        }
+        case XING4__SNAPSHOT_REQUEST__OP__OP_CREATE: {
+                Xing4__GenerateRequest g = XING4__GENERATE_REQUEST__INIT;
+                Xing4__TokenIds ids = XING4__TOKEN_IDS__INIT;
+                struct sched_request *r = NULL;
+
+                if (!check_new_request(c, id, "SnapshotRequest"))
+                        return;
+                code = sched_snapshot_check_name(q->name, err, sizeof err);
+                if (code) {
+                        send_error(c, id, code, "%s", err);
+                        return;
+                }
+                switch (q->source_case) {
+                case XING4__SNAPSHOT_REQUEST__SOURCE_TEXT:
+                        g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_TEXT;
+                        g.text = q->text;
+                        break;
+                case XING4__SNAPSHOT_REQUEST__SOURCE_TOKENS:
+                        g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_TOKENS;
+                        g.tokens = q->tokens ? q->tokens : &ids;
+                        break;
+                case XING4__SNAPSHOT_REQUEST__SOURCE_CHAT:
+                        g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_CHAT;
+                        g.chat = q->chat;
+                        break;
+                case XING4__SNAPSHOT_REQUEST__SOURCE_FROM_REQUEST:
+                        send_error(c, id, XING4__ERROR_CODE__ERROR_UNIMPLEMENTED,
+                                   "SnapshotRequest.from_request: snapshots of finished requests "
+                                   "are not implemented yet, send the text or tokens");
+                        return;
+                default:
+                        send_error(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
+                                   "SnapshotRequest.source: none given, text, tokens or chat "
+                                   "expected");
+                        return;
+                }
+                if (convert_generate(&g, &r) < 0 || !(r->snapshot_create = strdup(q->name))) {
+                        sched_request_free(r);
+                        send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+                        return;
+                }
+                submit_request(c, id, r);
+                return;
+        }
+        default:
+                send_error(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
+                           "SnapshotRequest.op: OP_CREATE, OP_LIST or OP_DROP expected");
+                return;
+        }
+}
+
 static const char *body_name(Xing4__Frame__BodyCase b) {
         switch (b) {
         case XING4__FRAME__BODY_HELLO: return "hello";
@@ -594,8 +723,7 @@ static void handle_payload(struct conn *c, const uint8_t *data, size_t len) {
                 handle_health(c, id);
                 break;
         case XING4__FRAME__BODY_SNAPSHOT:
-                send_error(c, id, XING4__ERROR_CODE__ERROR_UNIMPLEMENTED,
-                           "snapshots are not implemented in this build yet");
+                handle_snapshot(c, id, f->snapshot);
                 break;
         case XING4__FRAME__BODY__NOT_SET:
                 send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
@@ -792,6 +920,8 @@ static void deliver(struct server *s, struct sched_event *e) {
                         f.body_case = XING4__FRAME__BODY_DONE;
                         f.done = &d;
                         send_frame(c, &f);
+                } else if (e->kind == SCHED_EVENT_SNAPSHOT) {
+                        send_snapshot_reply(c, q->client_id, &e->snapshot, 1);
                 } else {
                         send_error(c, q->client_id, e->code, "%s", e->message ? e->message : "");
                 }

@@ -38,7 +38,9 @@ class Daemon:
         self.dir = tmp
         self.sock = str(tmp / "xing4d.sock")
         self.conf = tmp / "xing4d.conf"
-        self.conf.write_text(conf)
+        self.state = tmp / "state"
+        self.state.mkdir()
+        self.conf.write_text(conf + f"state-dir = {self.state}\n")
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify_path = str(tmp / "notify.sock")
         self.notify.bind(self.notify_path)

@@ -130,8 +130,8 @@ def test_stop_id_ends_generation(daemon):
     (["--tokens", PROMPT, "--max-tokens", "0"], "max_tokens: 0, at least 1 expected"),
     (["--tokens", PROMPT, "--logprobs", "21"], "logprobs: 21, at most 20 supported"),
     (["--tokens", PROMPT, "--stop-id", "600"], f"stop_ids[0]: id 600 is out of range [0, {N_VOCAB})"),
-    (["--tokens", PROMPT, "--snapshot", "s1"],
-     "snapshot 's1': resuming from snapshots is not implemented yet"),
+    (["--tokens", PROMPT, "--snapshot", "no/such"],
+     "snapshot name 'no/such': character 3 is not one of A-Z a-z 0-9 . _ -"),
 ])
 def test_bad_requests_are_refused_with_a_message(daemon, args, message):
     r = daemon.x4ctl("generate", *args)
@@ -411,3 +411,53 @@ def test_handshake_timeout_when_nobody_answers(tmp_path):
     assert r.returncode == 4
     assert r.stderr == (f"x4ctl: {path}: no handshake reply within 300 ms (is the daemon still "
                         "loading its model?)\n")
+
+
+# ---- snapshots -------------------------------------------------------------------------------------
+
+def ids_of(lines):
+    return [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
+
+
+def test_snapshot_resume_equals_the_full_prompt(daemon):
+    r = daemon.x4ctl("snapshot", "create", "sys1", "--tokens", PROMPT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("sys1: 8 tokens, ")
+    assert (daemon.state / "sys1.x4snap").exists()
+    r = daemon.x4ctl("snapshot", "list", "--json")
+    assert [x["name"] for x in json.loads(r.stdout)] == ["sys1"]
+    assert json.loads(r.stdout)[0]["n_tokens"] == 8
+    # resuming = the snapshot's 8 tokens are cached, only the new ones are prefilled, and the
+    # output is what the whole prompt gives
+    _, resumed = gen_json(daemon, "--tokens", "13,14", "--snapshot", "sys1", "--temperature", "0",
+                          "--max-tokens", "6", "--ignore-eos")
+    _, full = gen_json(daemon, "--tokens", PROMPT + ",13,14", "--temperature", "0",
+                       "--max-tokens", "6", "--ignore-eos")
+    assert ids_of(resumed) == ids_of(full) and len(ids_of(full)) == 6
+    usage = resumed[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["cached_tokens"]) == (10, 8)
+    assert full[-1]["usage"]["cached_tokens"] == 0
+    r = daemon.x4ctl("snapshot", "drop", "sys1")
+    assert r.returncode == 0, r.stderr
+    assert not (daemon.state / "sys1.x4snap").exists()
+    r = daemon.x4ctl("snapshot", "drop", "sys1")
+    assert r.returncode == 5
+    assert r.stderr == f"x4ctl: snapshot 'sys1': not found in {daemon.state}\n"
+    r = daemon.x4ctl("generate", "--tokens", "13", "--snapshot", "sys1")
+    assert r.returncode == 5
+    assert r.stderr == f"x4ctl: snapshot 'sys1': not found in {daemon.state}\n"
+
+
+def test_snapshot_of_another_model_is_refused(daemon):
+    r = daemon.x4ctl("snapshot", "create", "fp", "--tokens", PROMPT)
+    assert r.returncode == 0, r.stderr
+    path = daemon.state / "fp.x4snap"
+    data = bytearray(path.read_bytes())
+    # the header's fingerprint field starts at byte 40 (proto/../daemon/scheduler.c snap_header)
+    data[40:44] = b"ffff"
+    path.write_bytes(bytes(data))
+    r = daemon.x4ctl("generate", "--tokens", "13", "--snapshot", "fp")
+    assert r.returncode == 1
+    assert "snapshot 'fp': made with model ffff" in r.stderr
+    assert "this daemon serves" in r.stderr
+    path.unlink()
