@@ -75,7 +75,7 @@ struct x4_backend {
         uint64_t hw;
         void *ws;
         uint64_t ws_bytes;
-        float *X, *a, *hcp, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *h, *act, *dn, *hn, *logits,
+        float *X, *a, *hcp, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part;
         int32_t *sel;
 
@@ -96,7 +96,9 @@ static uint64_t align_up(uint64_t v) {
 
 /* ---- loading (design.md: weights resident as stored) ---------------------------------------- */
 
-/* The loader runs twice over the same code: once to plan (sizes, checks), once to copy. */
+/* The loader runs twice over the same code: once to plan (sizes, checks), once to copy. The copy
+ * pass writes through two pinned staging buffers: while one is in flight to the device the other
+ * is filled from the mmap, so the upload streams at the slower of disk/page cache and PCIe. */
 struct loader {
         bool plan;
         uint64_t off;   /* bytes placed so far */
@@ -104,36 +106,75 @@ struct loader {
         void *stage[2];
         cudaEvent_t ev[2];
         int cur;
+        size_t fill;    /* bytes waiting in stage[cur] */
+        uint64_t wdst;  /* device offset stage[cur] goes to */
         cudaStream_t stream;
         uint64_t total, done;
         const struct x4_backend_params *params;
 };
 
-static int ld_copy(struct loader *L, uint64_t dst, const void *src, uint64_t n) {
+static int ld_flush(struct loader *L) {
+        int r;
+
+        if (L->fill == 0)
+                return 0;
+        r = CU_TRY(cudaMemcpyAsync(L->base + L->wdst, L->stage[L->cur], L->fill,
+                                   cudaMemcpyHostToDevice, L->stream),
+                   EIO, "uploading weights");
+        if (r >= 0)
+                r = CU_TRY(cudaEventRecord(L->ev[L->cur], L->stream), EIO, "recording an event");
+        if (r < 0)
+                return r;
+        L->wdst += L->fill;
+        L->fill = 0;
+        L->cur ^= 1;
+        return 0;
+}
+
+/* The next bytes go to device offset dst. */
+static int ld_seek(struct loader *L, uint64_t dst) {
+        int r;
+
+        if (L->fill > 0 && dst == L->wdst + L->fill)
+                return 0;
+        r = ld_flush(L);
+        if (r < 0)
+                return r;
+        L->wdst = dst;
+        return 0;
+}
+
+static int ld_put(struct loader *L, const void *src, uint64_t n) {
         const uint8_t *s = src;
         int r;
 
         while (n > 0) {
-                size_t c = n < CUDA_STAGING_BYTES ? n : CUDA_STAGING_BYTES;
-                /* staging buffer `cur` may still feed the copy enqueued two chunks ago */
-                r = CU_TRY(cudaEventSynchronize(L->ev[L->cur]), EIO, "waiting for a weight upload");
-                if (r < 0)
-                        return r;
-                memcpy(L->stage[L->cur], s, c);
-                r = CU_TRY(cudaMemcpyAsync(L->base + dst, L->stage[L->cur], c,
-                                           cudaMemcpyHostToDevice, L->stream),
-                           EIO, "uploading weights");
-                if (r < 0)
-                        return r;
-                r = CU_TRY(cudaEventRecord(L->ev[L->cur], L->stream), EIO, "recording an event");
-                if (r < 0)
-                        return r;
-                L->cur ^= 1;
+                if (L->fill == 0) {
+                        /* stage[cur] may still feed the copy enqueued two flushes ago */
+                        r = CU_TRY(cudaEventSynchronize(L->ev[L->cur]), EIO,
+                                   "waiting for a weight upload");
+                        if (r < 0)
+                                return r;
+                }
+                size_t c = MIN(n, (uint64_t) CUDA_STAGING_BYTES - L->fill);
+                memcpy((uint8_t *) L->stage[L->cur] + L->fill, s, c);
+                L->fill += c;
                 s += c;
-                dst += c;
                 n -= c;
+                if (L->fill == CUDA_STAGING_BYTES) {
+                        r = ld_flush(L);
+                        if (r < 0)
+                                return r;
+                }
         }
         return 0;
+}
+
+static int ld_copy(struct loader *L, uint64_t dst, const void *src, uint64_t n) {
+        int r = ld_seek(L, dst);
+        if (r < 0)
+                return r;
+        return ld_put(L, src, n);
 }
 
 static void ld_progress(struct loader *L, uint64_t bytes, const char *what) {
@@ -211,19 +252,15 @@ static int ld_vec(struct loader *L, const struct gguf_tensor *t, const char *nam
         return 0;
 }
 
-/* A matrix made of `n` stored tensors of one type and row length, their rows stacked in order.
- * With `experts` > 0 each tensor holds `experts` matrices and they are interleaved per expert:
- * [t0 expert e | t1 expert e | ...] for e = 0.., then the tensors listed in `extra` (one
- * matrix each) as a final expert. */
+/* A matrix made of `n` stored tensors of one type and row length, their rows stacked in order. */
 static int ld_matrix(struct loader *L, const struct gguf_tensor *const *ts, size_t n,
-                     uint32_t experts, const struct gguf_tensor *const *extra, size_t n_extra,
                      struct cu_w *ret) {
         uint64_t rows = 0, bytes = 0, off, row_bytes;
         const struct gguf_tensor *t0 = ts[0];
         int r;
 
-        for (size_t i = 0; i < n + n_extra; i++) {
-                const struct gguf_tensor *t = i < n ? ts[i] : extra[i - n];
+        for (size_t i = 0; i < n; i++) {
+                const struct gguf_tensor *t = ts[i];
                 r = check_matrix_type(t);
                 if (r < 0)
                         return r;
@@ -237,32 +274,20 @@ static int ld_matrix(struct loader *L, const struct gguf_tensor *const *ts, size
                                                ggml_type_name(t->type),
                                                (unsigned long long) t->ne[0]);
                 bytes += t->size;
+                rows += t->ne[1] * t->ne[2];
         }
         r = ggml_row_bytes(t0->type, t0->ne[0], &row_bytes);
         if (r < 0)
                 return log_error_errno(r, "%s: cannot size a row of %llu %s values", t0->name,
                                        (unsigned long long) t0->ne[0],
                                        ggml_type_name(t0->type));
-        for (size_t i = 0; i < n; i++)
-                rows += ts[i]->ne[1];
         ld_place(L, bytes, &off);
         if (!L->plan) {
-                uint64_t dst = off;
-                uint32_t ne = experts ? experts : 1;
-                for (uint32_t e = 0; e < ne; e++)
-                        for (size_t i = 0; i < n; i++) {
-                                uint64_t part = ts[i]->size / ne;
-                                r = ld_copy(L, dst, (const uint8_t *) ts[i]->data + e * part, part);
-                                if (r < 0)
-                                        return r;
-                                dst += part;
-                        }
-                for (size_t i = 0; i < n_extra; i++) {
-                        r = ld_copy(L, dst, extra[i]->data, extra[i]->size);
-                        if (r < 0)
-                                return r;
-                        dst += extra[i]->size;
-                }
+                r = ld_seek(L, off);
+                for (size_t i = 0; r >= 0 && i < n; i++)
+                        r = ld_put(L, ts[i]->data, ts[i]->size);
+                if (r < 0)
+                        return r;
         }
         *ret = (struct cu_w){
                 .d = L->plan ? NULL : L->base + off,
@@ -276,6 +301,71 @@ static int ld_matrix(struct loader *L, const struct gguf_tensor *const *ts, size
         return 0;
 }
 
+/* spec §5 gate and up projections of `experts` experts (1 for a dense FFN), their rows
+ * interleaved [gate 0, up 0, gate 1, up 1, ...] per expert so one warp computes silu(gate)·up
+ * (cu_mv.swiglu); the shared expert, if given, follows as expert `experts`. */
+static int ld_gateup(struct loader *L, const struct gguf_tensor *gate, const struct gguf_tensor *up,
+                     uint32_t experts, const struct gguf_tensor *gate_sh,
+                     const struct gguf_tensor *up_sh, struct cu_w *ret) {
+        const struct gguf_tensor *ts[4] = {gate, up, gate_sh, up_sh};
+        size_t n = gate_sh ? 4 : 2;
+        uint64_t F = gate->ne[1], off, rb, bytes = 0;
+        int r;
+
+        for (size_t i = 0; i < n; i++) {
+                r = check_matrix_type(ts[i]);
+                if (r < 0)
+                        return r;
+                if (ts[i]->type != gate->type || ts[i]->ne[0] != gate->ne[0] ||
+                    ts[i]->ne[1] != F)
+                        return log_error_errno(EINVAL,
+                                               "%s: type %s with %llu rows of %llu expected (as "
+                                               "%s, which the CUDA backend interleaves it with), "
+                                               "file has %s with %llu rows of %llu",
+                                               ts[i]->name, ggml_type_name(gate->type),
+                                               (unsigned long long) F,
+                                               (unsigned long long) gate->ne[0], gate->name,
+                                               ggml_type_name(ts[i]->type),
+                                               (unsigned long long) ts[i]->ne[1],
+                                               (unsigned long long) ts[i]->ne[0]);
+                bytes += ts[i]->size;
+        }
+        r = ggml_row_bytes(gate->type, gate->ne[0], &rb);
+        if (r < 0)
+                return log_error_errno(r, "%s: cannot size a row", gate->name);
+        ld_place(L, bytes, &off);
+        if (!L->plan) {
+                const uint8_t *g = gate->data, *u = up->data;
+                r = ld_seek(L, off);
+                for (uint64_t i = 0; r >= 0 && i < (uint64_t) experts * F; i++) {
+                        r = ld_put(L, g + i * rb, rb);
+                        if (r >= 0)
+                                r = ld_put(L, u + i * rb, rb);
+                }
+                if (gate_sh) {
+                        g = gate_sh->data;
+                        u = up_sh->data;
+                        for (uint64_t i = 0; r >= 0 && i < F; i++) {
+                                r = ld_put(L, g + i * rb, rb);
+                                if (r >= 0)
+                                        r = ld_put(L, u + i * rb, rb);
+                        }
+                }
+                if (r < 0)
+                        return r;
+        }
+        *ret = (struct cu_w){
+                .d = L->plan ? NULL : L->base + off,
+                .type = gate->type,
+                .row_bytes = rb,
+                .K = (uint32_t) gate->ne[0],
+                .N = (uint32_t) (2 * F),
+                .expert_bytes = 2 * F * rb,
+        };
+        ld_progress(L, bytes, gate->name);
+        return 0;
+}
+
 static int ld_one(struct loader *L, const struct gguf_tensor *t, const char *name, uint64_t ne0,
                   uint64_t ne1, uint64_t ne2, struct cu_w *ret) {
         int r = check_present(t, name);
@@ -284,7 +374,7 @@ static int ld_one(struct loader *L, const struct gguf_tensor *t, const char *nam
         r = check_shape(t, ne0, ne1, ne2);
         if (r < 0)
                 return r;
-        return ld_matrix(L, &t, 1, 0, NULL, 0, ret);
+        return ld_matrix(L, &t, 1, ret);
 }
 
 #define LNAME(buf, l, what) (snprintf((buf), sizeof(buf), "blk.%u.%s", (l), (what)), (buf))
@@ -333,7 +423,7 @@ static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4
         if (r < 0)
                 return r;
         const struct gguf_tensor *qkv[2] = {w->attn_q_a, w->attn_kv_a_mqa};
-        r = ld_matrix(L, qkv, 2, 0, NULL, 0, &cl->qkv_a);
+        r = ld_matrix(L, qkv, 2, &cl->qkv_a);
         if (r >= 0)
                 r = ld_vec(L, w->attn_q_a_norm, LNAME(nb, l, "attn_q_a_norm.weight"), QL,
                            &cl->q_a_norm);
@@ -367,8 +457,7 @@ static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4
                         r = check_shape(w->ffn_up, H, F, 1);
                 if (r < 0)
                         return r;
-                const struct gguf_tensor *gu[2] = {w->ffn_gate, w->ffn_up};
-                r = ld_matrix(L, gu, 2, 0, NULL, 0, &cl->gateup);
+                r = ld_gateup(L, w->ffn_gate, w->ffn_up, 1, NULL, NULL, &cl->gateup);
                 if (r >= 0)
                         r = ld_one(L, w->ffn_down, LNAME(nb, l, "ffn_down.weight"), F, H, 1,
                                    &cl->down);
@@ -405,16 +494,12 @@ static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4
         }
         if (r < 0)
                 return r;
-        const struct gguf_tensor *gu[2] = {w->ffn_gate_exps, w->ffn_up_exps};
-        const struct gguf_tensor *gu_sh[2] = {w->ffn_gate_shexp, w->ffn_up_shexp};
-        r = ld_matrix(L, gu, 2, E, gu_sh, shared ? 2 : 0, &cl->gateup);
+        r = ld_gateup(L, w->ffn_gate_exps, w->ffn_up_exps, E, shared ? w->ffn_gate_shexp : NULL,
+                      shared ? w->ffn_up_shexp : NULL, &cl->gateup);
         if (r < 0)
                 return r;
-        cl->gateup.N = 2 * F;
-        cl->gateup.expert_bytes = 2 * F * cl->gateup.row_bytes;
-        const struct gguf_tensor *dn[1] = {w->ffn_down_exps};
-        const struct gguf_tensor *dn_sh[1] = {w->ffn_down_shexp};
-        r = ld_matrix(L, dn, 1, E, dn_sh, shared ? 1 : 0, &cl->down);
+        const struct gguf_tensor *dn[2] = {w->ffn_down_exps, w->ffn_down_shexp};
+        r = ld_matrix(L, dn, shared ? 2 : 1, &cl->down);
         if (r < 0)
                 return r;
         cl->down.N = H;
@@ -532,13 +617,12 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->hcp, float, T * CU_HCP_STRIDE);
         WS(b->qkv, float, T * (QL + D));
         WS(b->q, float, T * nh * (c->qk_nope + R));
-        WS(b->qabs, float, T * nh * D);
+        WS(b->qabs, float, T * nh * KV);
         WS(b->lat, float, T * nh * KV);
         WS(b->ao, float, T * nh * c->v_head);
         WS(b->o, float, T * H);
         WS(b->sel, int32_t, T * S);
         WS(b->gw, float, T * S);
-        WS(b->h, float, T * 2 * b->hw);
         WS(b->act, float, T * b->hw);
         WS(b->dn, float, T * S * H);
         WS(b->hn, float, T * H);
@@ -706,6 +790,8 @@ static int cuda_create(const struct x4_model *model, const struct x4_backend_par
         if (r >= 0)
                 r = ld_all(&L, b, x4_model_weights(model));
         if (r >= 0)
+                r = ld_flush(&L);
+        if (r >= 0)
                 r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "finishing the weight upload");
         for (int i = 0; i < 2; i++) {
                 if (L.ev[i])
@@ -782,7 +868,12 @@ static void mv(struct x4_backend *b, const struct cu_w *w, const float *x, uint6
         cu_matvec(&a, b->stream);
 }
 
-/* One pass of ≤ T_max consecutive tokens of the batch through the trunk. */
+/* One pass of ≤ T_max consecutive tokens of the batch through the trunk: per layer 12 kernels
+ * (spec step in brackets) and no host synchronization.
+ *   hc_pre [§3.1 post of the previous sublayer + pre + attn_norm] · matvec q_a‖kv_a [§4.1-2] ·
+ *   mla_prep [norms, RoPE k_pe, cache store] · matvec q_b · matvec k_b [absorb] ·
+ *   attention part + combine [§4 absorbed, split over the context] · matvec v_b · matvec o ·
+ *   hc_pre [post + pre + ffn_norm] · router [§5] · matvec gate‖up+SwiGLU · matvec down */
 static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
                          const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                          const uint32_t *att, uint32_t n_att) {
@@ -796,6 +887,13 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 .page_tokens = b->page_tokens, .D = D, .pt = d_pt, .tok_pt = d_tokpt,
                 .tok_pos = d_pos,
         };
+        struct cu_attn attn = {
+                .qc = b->qabs, .q = b->q, .n_head = nh, .nope = nope, .R = R, .KV = KV,
+                .scale = c->attn_scale, .inv_freq = b->inv_freq,
+                .interleave = c->rope_interleave,
+        };
+        /* the sublayer output the next hc_pre post-maps first (none after the embedding) */
+        struct cu_post post = {0};
 
         /* spec §3 step 1: embedding into all streams */
         cu_embed(b->embd.d, b->embd.type, b->embd.row_bytes, (const int32_t *) d_ids, T, H, n_hc,
@@ -808,35 +906,33 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .rms_eps = c->rms_eps, .hc_eps = c->hc_eps, .clamp = c->hc_clamp,
                 };
 
-                /* spec §3.1: HC pre-mapping + attn_norm → a */
+                /* spec §3.1: (post-mapping of the previous FFN) HC pre-mapping + attn_norm → a */
                 hc.fn = cl->hc_attn_fn.d;
                 hc.fn_type = cl->hc_attn_fn.type;
                 hc.fn_row_bytes = cl->hc_attn_fn.row_bytes;
                 hc.base = cl->hc_attn_base;
                 hc.scale = cl->hc_attn_scale;
                 hc.norm_w = cl->attn_norm;
-                cu_hc_pre(&hc, b->X, T, b->hcp, b->a, s);
+                cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
 
                 /* spec §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
                 mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
                 cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
                             b->inv_freq, c->rope_interleave, &cache, l, s);
-                /* q = W_qb · qa; rope q_pe into qabs; absorb: q_c[h] = Kb[h]ᵀ q_nope[h] */
+                /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h] (q_pe is roped in attention) */
                 mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
-                cu_q_rope(b->q, T, nh, nope, R, b->qabs, KV, b->inv_freq, c->rope_interleave,
-                          d_pos, s);
                 struct cu_mv kb = {
                         .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,
                         .K = nope, .N = nh * KV, .G = KV, .x = b->q,
                         .x_pstride = (uint64_t) nh * (nope + R), .x_gstride = nope + R,
-                        .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * D,
-                        .y_gstride = D, .P = T,
+                        .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * KV,
+                        .y_gstride = KV, .P = T,
                 };
                 cu_matvec(&kb, s);
                 /* attention over the cache, in token groups that fit the part workspace */
                 for (uint32_t i = 0; i < n_att; i++)
-                        cu_attention(b->qabs, att[3 * i], att[3 * i + 1], att[3 * i + 2], nh, KV,
-                                     c->attn_scale, &cache, l, b->part, b->lat, s);
+                        cu_attention(&attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], &cache, l,
+                                     b->part, b->lat, s);
                 /* o[h] = Vb[h] · ô[h]; out = W_o · o */
                 struct cu_mv vb = {
                         .w = cl->v_b.d, .type = cl->v_b.type, .row_bytes = cl->v_b.row_bytes,
@@ -846,27 +942,34 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 };
                 cu_matvec(&vb, s);
                 mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
-                /* spec §3.1 post-mapping */
-                cu_hc_post(b->X, b->hcp, b->o, H, 1, NULL, T, H, n_hc, s);
 
-                /* spec §3.1 + §5: HC pre-mapping + ffn_norm → f (in a) */
+                /* spec §3.1: post-mapping of the attention, HC pre-mapping + ffn_norm → f (in a) */
+                post = (struct cu_post){.y = b->o, .y_slot_stride = H, .n_slots = 1};
                 hc.fn = cl->hc_ffn_fn.d;
                 hc.fn_type = cl->hc_ffn_fn.type;
                 hc.fn_row_bytes = cl->hc_ffn_fn.row_bytes;
                 hc.base = cl->hc_ffn_base;
                 hc.scale = cl->hc_ffn_scale;
                 hc.norm_w = cl->ffn_norm;
-                cu_hc_pre(&hc, b->X, T, b->hcp, b->a, s);
+                cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
 
                 if (!cl->moe) {
+                        /* spec §5 dense: Down(silu(Gate f) ⊙ Up f) */
                         uint32_t F = c->n_ff;
-                        mv(b, &cl->gateup, b->a, H, b->h, 2 * F, T);
-                        cu_swiglu(b->h, T, F, b->act, s);
+                        struct cu_mv gu = {
+                                .w = cl->gateup.d, .type = cl->gateup.type,
+                                .row_bytes = cl->gateup.row_bytes, .K = H, .N = 2 * F, .G = F,
+                                .x = b->a, .x_pstride = H, .x_div = 1, .y = b->act,
+                                .y_pstride = F, .P = T, .swiglu = true,
+                        };
+                        cu_matvec(&gu, s);
                         mv(b, &cl->down, b->act, F, b->dn, H, T);
-                        cu_hc_post(b->X, b->hcp, b->dn, H, 1, NULL, T, H, n_hc, s);
+                        post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = 1};
                         continue;
                 }
 
+                /* spec §5 MoE: router, then the token's k routed experts and the shared one as
+                 * (token, slot) pairs */
                 uint32_t F = c->n_ff_exp, S = c->n_expert_used + (c->n_expert_shared ? 1 : 0);
                 struct cu_router ra = {
                         .w = cl->router.d, .type = cl->router.type,
@@ -876,15 +979,13 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
                 };
                 cu_route(&ra, b->a, T, b->sel, b->gw, s);
-                /* the token's k routed experts and the shared one, as (token, slot) pairs */
                 struct cu_mv gu = {
                         .w = cl->gateup.d, .type = cl->gateup.type,
                         .row_bytes = cl->gateup.row_bytes, .expert_bytes = cl->gateup.expert_bytes,
-                        .K = H, .N = 2 * F, .G = 2 * F, .x = b->a, .x_pstride = H, .x_div = S,
-                        .y = b->h, .y_pstride = 2 * F, .sel = b->sel, .P = T * S,
+                        .K = H, .N = 2 * F, .G = F, .x = b->a, .x_pstride = H, .x_div = S,
+                        .y = b->act, .y_pstride = F, .sel = b->sel, .P = T * S, .swiglu = true,
                 };
                 cu_matvec(&gu, s);
-                cu_swiglu(b->h, T * S, F, b->act, s);
                 struct cu_mv dn = {
                         .w = cl->down.d, .type = cl->down.type, .row_bytes = cl->down.row_bytes,
                         .expert_bytes = cl->down.expert_bytes, .K = F, .N = H, .G = H,
@@ -892,9 +993,11 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .sel = b->sel, .P = T * S,
                 };
                 cu_matvec(&dn, s);
-                /* y = Σ_k g_k·Down_k + shared (slot order fixed), then the post-mapping */
-                cu_hc_post(b->X, b->hcp, b->dn, H, S, b->gw, T, H, n_hc, s);
+                /* y = Σ_k g_k·Down_k + shared (slot order fixed), post-mapped by the next hc_pre */
+                post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = S, .w = b->gw};
         }
+        /* the last sublayer's post-mapping */
+        cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
 }
 
 static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {

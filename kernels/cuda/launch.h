@@ -40,7 +40,9 @@ bool cu_type_supported(uint32_t type);
  * and written to
  *   y + p·y_pstride + (r / G)·y_gstride + r % G.
  * With `sel`, input p uses expert sel[p]: its weight starts at w + sel[p]·expert_bytes (MoE pairs).
- * G = N for a plain matvec; grouped (per-head) matrices like attn_k_b use G = rows per head. */
+ * G = N for a plain matvec; grouped (per-head) matrices like attn_k_b use G = rows per head.
+ * With `swiglu` the rows come in (gate, up) pairs (interleaved at load) and output j of input p
+ * is silu(row 2j · x)·(row 2j+1 · x), written to y + p·y_pstride + j (spec §5 SwiGLU fused). */
 struct cu_mv {
         const void *w;
         uint32_t type;
@@ -54,6 +56,7 @@ struct cu_mv {
         uint64_t y_pstride, y_gstride;
         const int32_t *sel;
         uint32_t P;
+        bool swiglu;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
 
@@ -75,13 +78,23 @@ struct cu_hc {
         uint32_t H, n_hc, iters;
         float rms_eps, hc_eps, clamp;
 };
-void cu_hc_pre(const struct cu_hc *a, const float *X, uint32_t T, float *hcp, float *out,
-               cudaStream_t s);
-/* spec §3.1 post-mapping: X[d] = post[d]·o + Σ_s C[d][s]·X[s], with o = Σ_k w[k]·y[k] over the
- * token's n_slots sublayer outputs (slot order fixed; w NULL means one slot of weight 1). */
-void cu_hc_post(float *X, const float *hcp, const float *y, uint64_t y_slot_stride,
-                uint32_t n_slots, const float *w, uint32_t T, uint32_t H, uint32_t n_hc,
-                cudaStream_t s);
+/* The previous sublayer's output to post-map into X first (y NULL: none, as after the
+ * embedding): o = Σ_k w[k]·y[k] over the token's n_slots outputs (slot order fixed; w NULL means
+ * one slot of weight 1), then X[d] = post[d]·o + Σ_s C[d][s]·X[s] with the hcp the previous
+ * pre-mapping left. */
+struct cu_post {
+        const float *y;
+        uint64_t y_slot_stride;
+        uint32_t n_slots;
+        const float *w;
+};
+/* Post-mapping of the previous sublayer (if any) and pre-mapping of the next, one block per
+ * token: one kernel between two sublayers. */
+void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp,
+               float *out, cudaStream_t s);
+/* spec §3.1 post-mapping alone (after the last sublayer). */
+void cu_hc_post(float *X, const float *hcp, const struct cu_post *post, uint32_t T, uint32_t H,
+                uint32_t n_hc, cudaStream_t s);
 /* spec §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w). */
 void cu_head_norm(const float *X, const int32_t *rows, uint32_t R, uint32_t H, uint32_t n_hc,
                   const float *norm_w, float eps, float *out, cudaStream_t s);
@@ -102,15 +115,20 @@ struct cu_cache {
 void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, uint32_t R,
                  const float *q_a_norm, const float *kv_a_norm, float eps, const double *inv_freq,
                  bool interleave, const struct cu_cache *c, uint32_t layer, cudaStream_t s);
-/* RoPE of every head's q_pe (q rows: n_head × (nope + R)) into qabs[t][h][KV..KV+R). */
-void cu_q_rope(const float *q, uint32_t T, uint32_t n_head, uint32_t nope, uint32_t R,
-               float *qabs, uint32_t KV, const double *inv_freq, bool interleave,
-               const uint32_t *tok_pos, cudaStream_t s);
-/* spec §4 absorbed attention for tokens [t0, t0+n): softmax(scale·qabs·cache) over positions
- * 0..p, out[t][h] = Σ P·c (KV values). part holds n × max_parts × n_head × (KV+2) floats. */
-void cu_attention(const float *qabs, uint32_t t0, uint32_t n, uint32_t max_parts,
-                  uint32_t n_head, uint32_t KV, float scale, const struct cu_cache *c,
-                  uint32_t layer, float *part, float *out, cudaStream_t s);
+/* spec §4 absorbed attention for tokens [t0, t0+n): per head the query is [q_c (qc, KV values) ;
+ * RoPE(q_pe) (from q rows of n_head × (nope + R), roped here)], softmax(scale·query·cache) over
+ * positions 0..p, out[t][h] = Σ P·c (KV values). part holds n × max_parts × n_head × (KV+2)
+ * floats. */
+struct cu_attn {
+        const float *qc, *q;
+        uint32_t n_head, nope, R, KV;
+        float scale;
+        const double *inv_freq;
+        bool interleave;
+};
+void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                  const struct cu_cache *c, uint32_t layer, float *part, float *out,
+                  cudaStream_t s);
 
 /* spec §5 router: per token, z = W_r·f (fp32), scores, top-k of score + bias, weights. Writes
  * per token n_slots = k (+1 for the shared expert, id n_expert, weight 1). */
@@ -125,9 +143,6 @@ struct cu_router {
 };
 void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel, float *w,
               cudaStream_t s);
-/* act[p][i] = silu(h[p][i]) · h[p][F + i] for P rows of 2F. */
-void cu_swiglu(const float *h, uint32_t P, uint32_t F, float *act, cudaStream_t s);
-
 #ifdef __cplusplus
 }
 #endif

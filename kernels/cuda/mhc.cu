@@ -32,9 +32,35 @@ extern "C" void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, co
         k_embed<<<grid, 128, 0, s>>>((const uint8_t *) embd, type, row_bytes, ids, H, n_hc, X);
 }
 
+/* spec §3.1 post-mapping of element i of token t: X[d][i] = post[d]·o + Σ_s C[d][s]·X[s][i]. */
+static __device__ __forceinline__ void hc_post_elem(float *X, const float *hp, const struct cu_post &p,
+                                                    uint32_t t, uint32_t i, uint32_t H,
+                                                    uint32_t n_hc) {
+        const float *post = hp + n_hc, *C = hp + 2 * n_hc;
+        float o;
+        if (p.w) {
+                o = 0.0f;
+                for (uint32_t k = 0; k < p.n_slots; k++)
+                        o += p.w[(uint64_t) t * p.n_slots + k] *
+                             p.y[((uint64_t) t * p.n_slots + k) * p.y_slot_stride + i];
+        } else {
+                o = p.y[(uint64_t) t * p.y_slot_stride + i];
+        }
+        float *x = X + (uint64_t) t * n_hc * H + i;
+        float old[CU_HC_MAX];
+        for (uint32_t s = 0; s < n_hc; s++)
+                old[s] = x[(uint64_t) s * H];
+        for (uint32_t d = 0; d < n_hc; d++) {
+                float v = post[d] * o;
+                for (uint32_t s = 0; s < n_hc; s++)
+                        v += C[d * n_hc + s] * old[s];
+                x[(uint64_t) d * H] = v;
+        }
+}
+
 /* One block per token. Dynamic shared memory: H floats (u). */
-__global__ void __launch_bounds__(HC_THREADS) k_hc_pre(struct cu_hc a, const float *X, float *hcp,
-                                                       float *out) {
+__global__ void __launch_bounds__(HC_THREADS) k_hc_pre(struct cu_hc a, struct cu_post post,
+                                                       float *X, float *hcp, float *out) {
         extern __shared__ float u[];
         __shared__ float red[32];
         __shared__ float w[CU_HCP_STRIDE];
@@ -42,6 +68,16 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_pre(struct cu_hc a, const flo
         uint32_t t = blockIdx.x, H = a.H, n_hc = a.n_hc, W = n_hc * H;
         const float *z = X + (uint64_t) t * W;
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+
+        /* the previous sublayer's post-mapping, with the gates its pre-mapping left in hcp */
+        if (post.y) {
+                if (threadIdx.x < CU_HCP_STRIDE)
+                        g[threadIdx.x] = hcp[(uint64_t) t * CU_HCP_STRIDE + threadIdx.x];
+                __syncthreads();
+                for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+                        hc_post_elem(X, g, post, t, i, H, n_hc);
+                __syncthreads();
+        }
 
         /* step 2: unweighted RMS over all n_hc·H values */
         float ss = 0.0f;
@@ -125,49 +161,29 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_pre(struct cu_hc a, const flo
                 out[(uint64_t) t * H + i] = a.norm_w[i] * (u[i] * rinv2);
 }
 
-extern "C" void cu_hc_pre(const struct cu_hc *a, const float *X, uint32_t T, float *hcp, float *out,
-                          cudaStream_t s) {
+extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T,
+                          float *hcp, float *out, cudaStream_t s) {
         if (T == 0)
                 return;
-        k_hc_pre<<<T, HC_THREADS, a->H * sizeof(float), s>>>(*a, X, hcp, out);
+        struct cu_post none = {};
+        k_hc_pre<<<T, HC_THREADS, a->H * sizeof(float), s>>>(*a, post ? *post : none, X, hcp, out);
 }
 
-__global__ void k_hc_post(float *X, const float *hcp, const float *y, uint64_t y_slot_stride,
-                          uint32_t n_slots, const float *w, uint32_t H, uint32_t n_hc) {
+__global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
+                          uint32_t n_hc) {
         uint32_t t = blockIdx.y;
         uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
         if (i >= H)
                 return;
-        const float *hp = hcp + (uint64_t) t * CU_HCP_STRIDE;
-        const float *post = hp + n_hc, *C = hp + 2 * n_hc;
-        float o;
-        if (w) {
-                o = 0.0f;
-                for (uint32_t k = 0; k < n_slots; k++)
-                        o += w[(uint64_t) t * n_slots + k] *
-                             y[((uint64_t) t * n_slots + k) * y_slot_stride + i];
-        } else {
-                o = y[(uint64_t) t * y_slot_stride + i];
-        }
-        float *x = X + (uint64_t) t * n_hc * H + i;
-        float old[CU_HC_MAX];
-        for (uint32_t s = 0; s < n_hc; s++)
-                old[s] = x[(uint64_t) s * H];
-        for (uint32_t d = 0; d < n_hc; d++) {
-                float v = post[d] * o;
-                for (uint32_t s = 0; s < n_hc; s++)
-                        v += C[d * n_hc + s] * old[s];
-                x[(uint64_t) d * H] = v;
-        }
+        hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
 }
 
-extern "C" void cu_hc_post(float *X, const float *hcp, const float *y, uint64_t y_slot_stride,
-                           uint32_t n_slots, const float *w, uint32_t T, uint32_t H, uint32_t n_hc,
-                           cudaStream_t s) {
+extern "C" void cu_hc_post(float *X, const float *hcp, const struct cu_post *post, uint32_t T,
+                           uint32_t H, uint32_t n_hc, cudaStream_t s) {
         if (T == 0)
                 return;
         dim3 grid((H + 255) / 256, T);
-        k_hc_post<<<grid, 256, 0, s>>>(X, hcp, y, y_slot_stride, n_slots, w, H, n_hc);
+        k_hc_post<<<grid, 256, 0, s>>>(X, hcp, *post, H, n_hc);
 }
 
 __global__ void k_head_norm(const float *X, const int32_t *rows, uint32_t H, uint32_t n_hc,

@@ -89,41 +89,17 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
                                                     inv_freq, interleave, *c, layer);
 }
 
-__global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_t R, float *qabs,
-                         uint32_t KV, const double *inv_freq, bool interleave,
-                         const uint32_t *tok_pos) {
-        uint32_t t = blockIdx.x, pos = tok_pos[t], D = KV + R;
-        for (uint32_t j = threadIdx.x; j < n_head * (R / 2); j += blockDim.x) {
-                uint32_t h = j / (R / 2), i = j % (R / 2);
-                const float *qp = q + ((uint64_t) t * n_head + h) * (nope + R) + nope;
-                float *o = qabs + ((uint64_t) t * n_head + h) * D + KV;
-                uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + R / 2;
-                float y0, y1;
-                cu_rope_pair(qp[i0], qp[i1], pos, inv_freq[i], &y0, &y1);
-                o[i0] = y0;
-                o[i1] = y1;
-        }
-}
-
-extern "C" void cu_q_rope(const float *q, uint32_t T, uint32_t n_head, uint32_t nope, uint32_t R,
-                          float *qabs, uint32_t KV, const double *inv_freq, bool interleave,
-                          const uint32_t *tok_pos, cudaStream_t s) {
-        if (T == 0)
-                return;
-        k_q_rope<<<T, 256, 0, s>>>(q, n_head, nope, R, qabs, KV, inv_freq, interleave, tok_pos);
-}
-
 #define ATT_THREADS 256
 
-/* One block per (part, head, token). Dynamic shared memory: D floats of q, CU_ATTN_PART scores
- * and CU_ATTN_PART row offsets. part[t][part][h] = [o (KV) | max | sum]. */
+/* One block per (part, head, token). Dynamic shared memory: D floats of the query, CU_ATTN_PART
+ * scores and CU_ATTN_PART row offsets. part[t][part][h] = [o (KV) | max | sum]. */
 template <typename CT>
 __global__ void __launch_bounds__(ATT_THREADS)
-        k_attn_part(const float *qabs, uint32_t t0, uint32_t max_parts, uint32_t n_head,
-                    uint32_t KV, float scale, struct cu_cache c, uint32_t layer, float *part) {
+        k_attn_part(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
+                    uint32_t layer, float *part) {
         extern __shared__ float smem[];
         __shared__ float red[32];
-        uint32_t D = c.D;
+        uint32_t D = c.D, KV = a.KV, R = a.R, n_head = a.n_head;
         float *sq = smem, *sc = smem + D;
         uint64_t *roff = (uint64_t *) (smem + ((D + CU_ATTN_PART + 1) & ~1u));
         uint32_t pi = blockIdx.x, h = blockIdx.y, tl = blockIdx.z, t = t0 + tl;
@@ -135,9 +111,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const CT *cache = (const CT *) c.base;
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
 
-        const float *q = qabs + ((uint64_t) t * n_head + h) * D;
-        for (uint32_t i = threadIdx.x; i < D; i += blockDim.x)
-                sq[i] = q[i];
+        /* query = [q_c ; RoPE(q_pe)] (spec §4 absorbed form, §4.1 rope at the query's position) */
+        const float *qc = a.qc + ((uint64_t) t * n_head + h) * KV;
+        const float *qp = a.q + ((uint64_t) t * n_head + h) * (a.nope + R) + a.nope;
+        for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
+                sq[i] = qc[i];
+        for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
+                uint32_t i0 = a.interleave ? 2 * i : i, i1 = a.interleave ? 2 * i + 1 : i + R / 2;
+                cu_rope_pair(qp[i0], qp[i1], pos_q, a.inv_freq[i], &sq[KV + i0], &sq[KV + i1]);
+        }
         for (uint32_t j = threadIdx.x; j < n; j += blockDim.x)
                 roff[j] = cu_cache_row(c, layer, t, start + j);
         __syncthreads();
@@ -150,7 +132,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
                         acc += sq[i] * cu_ld<CT>(kr + i);
                 acc = cu_warp_sum(acc);
                 if (lane == 0)
-                        sc[j] = scale * acc;
+                        sc[j] = a.scale * acc;
         }
         __syncthreads();
 
@@ -200,20 +182,20 @@ __global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_part
         }
 }
 
-extern "C" void cu_attention(const float *qabs, uint32_t t0, uint32_t n, uint32_t max_parts,
-                             uint32_t n_head, uint32_t KV, float scale, const struct cu_cache *c,
-                             uint32_t layer, float *part, float *out, cudaStream_t s) {
+extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
+                             uint32_t max_parts, const struct cu_cache *c, uint32_t layer,
+                             float *part, float *out, cudaStream_t s) {
         if (n == 0)
                 return;
-        dim3 grid(max_parts, n_head, n);
+        dim3 grid(max_parts, a->n_head, n);
         size_t smem = ((c->D + CU_ATTN_PART + 1) & ~1u) * sizeof(float) +
                       CU_ATTN_PART * sizeof(uint64_t);
         if (c->f16)
-                k_attn_part<__half><<<grid, ATT_THREADS, smem, s>>>(qabs, t0, max_parts, n_head,
-                                                                   KV, scale, *c, layer, part);
+                k_attn_part<__half><<<grid, ATT_THREADS, smem, s>>>(*a, t0, max_parts, *c, layer,
+                                                                   part);
         else
-                k_attn_part<float><<<grid, ATT_THREADS, smem, s>>>(qabs, t0, max_parts, n_head, KV,
-                                                                  scale, *c, layer, part);
-        k_attn_combine<<<dim3(n, n_head), 256, 0, s>>>(part, t0, max_parts, n_head, KV, c->tok_pos,
-                                                     out);
+                k_attn_part<float><<<grid, ATT_THREADS, smem, s>>>(*a, t0, max_parts, *c, layer,
+                                                                  part);
+        k_attn_combine<<<dim3(n, a->n_head), 256, 0, s>>>(part, t0, max_parts, a->n_head, a->KV,
+                                                        c->tok_pos, out);
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* MoE routing and the SwiGLU activation (spec §5). The router runs in fp32 on the F32 router
- * weight; selection uses score + bias, the weights the unbiased scores. The expert products
- * themselves are cu_matvec over (token, slot) pairs. */
+/* MoE routing (spec §5). The router runs in fp32 on the F32 router weight; selection uses
+ * score + bias, the weights the unbiased scores. The expert products themselves (with SwiGLU
+ * fused) are cu_matvec over (token, slot) pairs. */
 #include "common.cuh"
 
 #define ROUTER_THREADS 256
@@ -88,18 +88,4 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
         if (T == 0)
                 return;
         k_route<<<T, ROUTER_THREADS, 0, s>>>(*a, f, sel, w);
-}
-
-__global__ void k_swiglu(const float *h, uint32_t F, float *act) {
-        uint32_t p = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
-        if (i >= F)
-                return;
-        float g = h[(uint64_t) p * 2 * F + i], u = h[(uint64_t) p * 2 * F + F + i];
-        act[(uint64_t) p * F + i] = g / (1.0f + expf(-g)) * u;
-}
-
-extern "C" void cu_swiglu(const float *h, uint32_t P, uint32_t F, float *act, cudaStream_t s) {
-        if (P == 0)
-                return;
-        k_swiglu<<<dim3((F + 255) / 256, P), 256, 0, s>>>(h, F, act);
 }

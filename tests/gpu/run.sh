@@ -105,6 +105,19 @@ fi
 if [ -n "${X4_GPU_FULL_MODEL:-}" ]; then
         step "cuda vs cpu, $X4_GPU_FULL_MODEL, 512 + 64 greedy" "$check" parity "$X4_GPU_FULL_MODEL" 512 64
 fi
+# X4_GPU_BENCH=1: decode/prefill rates on full-width synthetic models of a few layers (x4-mkmodel
+# preset full with --layers N): per-layer cost at the real shapes without the 20 GB file.
+if [ -n "${X4_GPU_BENCH:-}" ]; then
+        for layers in 2 6; do
+                if step "make full-width model, $layers layers" "$build/tools/x4-mkmodel" --preset full \
+                        --layers $layers --dense 1 --nextn 0 --quiet --out "$tmp/full$layers.gguf"; then
+                        step "x4-bench cuda, full width, $layers layers" "$build/tools/x4-bench" \
+                                --model "$tmp/full$layers.gguf" --device cuda --prefill 512,4096 \
+                                --decode-ctx 512,4096 --batch 1,16 --decode-tokens 16 --repeats 3
+                fi
+                rm -f "$tmp/full$layers.gguf"
+        done
+fi
 if command -v compute-sanitizer >/dev/null; then
         step "compute-sanitizer memcheck" compute-sanitizer --tool memcheck --error-exitcode 9 \
                 --leak-check full "$check" quick "$tiny"
