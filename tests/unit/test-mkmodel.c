@@ -1,0 +1,444 @@
+/* SPDX-License-Identifier: MIT */
+/* x4-mkmodel: the presets load through x4_model_open, are deterministic (seed, not threads,
+ * decides the bytes), carry the documented weight statistics and vocabulary invariants, and the
+ * `full` preset's table is the release's (spec §2.4), checked on a sparse --header-only file. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/cpu/quant.h"
+#include "model/ggml.h"
+#include "model/gguf.h"
+#include "model/mkmodel.h"
+#include "model/tokenizer.h"
+#include "model/xing4.h"
+#include "util/log.h"
+
+struct tmpdir {
+        char dir[128], gguf[160], config[160];
+};
+
+static void tmp_make(struct tmpdir *t) {
+        snprintf(t->dir, sizeof t->dir, "/tmp/x4-test-mkmodel-XXXXXX");
+        assert_non_null(mkdtemp(t->dir));
+        snprintf(t->gguf, sizeof t->gguf, "%s/model.gguf", t->dir);
+        snprintf(t->config, sizeof t->config, "%s/config.json", t->dir);
+}
+
+static void tmp_remove(struct tmpdir *t) {
+        unlink(t->gguf);
+        unlink(t->config);
+        assert_int_equal(rmdir(t->dir), 0);
+}
+
+static void write_preset(const char *preset, uint64_t seed, unsigned threads, bool header_only,
+                         struct tmpdir *t) {
+        struct x4_mkmodel_shape s;
+        struct x4_mkmodel_options o = { .out = t->gguf, .seed = seed, .threads = threads,
+                                        .header_only = header_only };
+
+        assert_int_equal(x4_mkmodel_preset(preset, &s), 0);
+        assert_int_equal(x4_mkmodel_write(&s, &o), 0);
+}
+
+/* 64-bit FNV-1a of a whole file */
+static uint64_t file_hash(const char *path) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        uint8_t buf[1 << 16];
+        ssize_t n;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+        assert_true(fd >= 0);
+        while ((n = read(fd, buf, sizeof buf)) > 0)
+                for (ssize_t i = 0; i < n; i++)
+                        h = (h ^ buf[i]) * 0x100000001b3ull;
+        assert_int_equal(n, 0);
+        close(fd);
+        return h;
+}
+
+static int open_model(const char *path, struct x4_model **ret) {
+        struct x4_model_params p = { .path = path };
+        log_clear_last_error();
+        return x4_model_open(&p, ret);
+}
+
+/* ---- tiny --------------------------------------------------------------------------------- */
+
+static void test_tiny_loads_and_matches_fixture(void **state) {
+        _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+        _cleanup_(gguf_closep) struct gguf_file *fx = NULL;
+        char fixture[4096];
+        const char *fxdir = getenv("X4_FIXTURES");
+        const struct gguf_file *g;
+        struct tmpdir t;
+
+        (void) state;
+        tmp_make(&t);
+        write_preset("tiny", 1, 2, false, &t);
+        assert_int_equal(open_model(t.gguf, &m), 0);
+        /* nothing to report: no unknown tensor, no missing NextN */
+        assert_string_equal(log_last_error(), "");
+        assert_string_equal(x4_model_config_source(m), t.config);
+        assert_int_equal(x4_model_config(m)->n_layer, 3);
+        assert_int_equal(x4_model_config(m)->n_dense, 1);
+        assert_int_equal(x4_model_config(m)->n_vocab, 512);
+        assert_float_equal(x4_model_config(m)->hc_clamp, 30, 0);
+
+        /* the fixture's table exactly: names, order, types, shapes */
+        snprintf(fixture, sizeof fixture, "%s/xing4-tiny-a/model.gguf", fxdir ? fxdir : X4_FIXTURES);
+        assert_int_equal(gguf_open(fixture, &fx), 0);
+        g = x4_model_gguf(m);
+        assert_int_equal(gguf_tensor_count(g), gguf_tensor_count(fx));
+        for (size_t i = 0; i < gguf_tensor_count(g); i++) {
+                const struct gguf_tensor *a = gguf_tensor_at(g, i), *b = gguf_tensor_at(fx, i);
+                assert_string_equal(a->name, b->name);
+                assert_int_equal(a->type, b->type);
+                assert_memory_equal(a->ne, b->ne, sizeof a->ne);
+        }
+        tmp_remove(&t);
+}
+
+static void test_deterministic(void **state) {
+        struct tmpdir a, b, c;
+        uint64_t ha, hb, hc;
+
+        (void) state;
+        tmp_make(&a);
+        tmp_make(&b);
+        tmp_make(&c);
+        /* the seed decides the bytes, not the thread count */
+        write_preset("tiny", 42, 1, false, &a);
+        write_preset("tiny", 42, 3, false, &b);
+        write_preset("tiny", 43, 2, false, &c);
+        ha = file_hash(a.gguf);
+        hb = file_hash(b.gguf);
+        hc = file_hash(c.gguf);
+        assert_true(ha == hb);
+        assert_true(ha != hc);
+        assert_true(file_hash(a.config) == file_hash(c.config));
+        tmp_remove(&a);
+        tmp_remove(&b);
+        tmp_remove(&c);
+}
+
+/* ---- weight statistics (tools/README.md) ------------------------------------------------ */
+
+static double tensor_std(const struct gguf_tensor *t, double *mean_ret, size_t max_values) {
+        size_t n = (size_t) MIN(t->n_elements, (uint64_t) max_values);
+        float *v;
+        double s = 0, s2 = 0;
+
+        n -= n % 256;
+        if (n == 0)
+                n = (size_t) t->n_elements;
+        v = malloc(n * sizeof *v);
+        assert_non_null(v);
+        assert_int_equal(quant_dequantize_row(t->type, t->data, v, n), 0);
+        for (size_t i = 0; i < n; i++) {
+                s += v[i];
+                s2 += (double) v[i] * v[i];
+        }
+        free(v);
+        if (mean_ret)
+                *mean_ret = s / (double) n;
+        return sqrt(s2 / (double) n - (s / (double) n) * (s / (double) n));
+}
+
+static void test_weight_statistics(void **state) {
+        _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+        const struct x4_weights *w;
+        const struct x4_layer_weights *L;
+        struct tmpdir t;
+        double mean, sd;
+        const double H = 256;
+
+        (void) state;
+        tmp_make(&t);
+        write_preset("tiny", 5, 2, false, &t);
+        assert_int_equal(open_model(t.gguf, &m), 0);
+        w = x4_model_weights(m);
+        L = &w->layers[1];
+
+        /* matrices: element std 1/sqrt(fan_in) within 15% (unit-variance in, unit-variance out) */
+        sd = tensor_std(L->attn_q_a, &mean, 1 << 20);
+        assert_float_equal(sd, 1 / sqrt(H), 0.15 / sqrt(H));
+        sd = tensor_std(L->ffn_gate_exps, &mean, 1 << 20); /* IQ4_NL random blocks */
+        assert_float_equal(sd, 1 / sqrt(H), 0.15 / sqrt(H));
+        sd = tensor_std(L->ffn_down_exps, &mean, 1 << 20); /* fan_in 64 */
+        assert_float_equal(sd, 1 / 8.0, 0.15 / 8.0);
+        sd = tensor_std(w->output, &mean, 1 << 20); /* Q6_K, logits std ~2 */
+        assert_float_equal(sd, 2 / sqrt(H), 0.3 / sqrt(H));
+        sd = tensor_std(w->token_embd, &mean, 1 << 20);
+        assert_float_equal(sd, 1.0, 0.05);
+        sd = tensor_std(L->hc_attn_fn, &mean, 1 << 20);
+        assert_float_equal(sd, 0.05, 0.005);
+        sd = tensor_std(L->ffn_gate_inp, &mean, 1 << 20); /* router 1.6/sqrt(H) */
+        assert_float_equal(sd, 1.6 / sqrt(H), 0.15 * 1.6 / sqrt(H));
+
+        /* norms 1 ± 0.05, hc_scale (0.75, 1.25, -0.6) ± 10%, exp_probs_b a permutation of
+         * linspace(-0.08, 0.08) */
+        const float *norm = L->attn_norm->data;
+        for (int i = 0; i < 256; i++)
+                assert_true(norm[i] >= 0.95f && norm[i] <= 1.05f);
+        const float *sc = L->hc_ffn_scale->data;
+        assert_float_equal(sc[0], 0.75, 0.075 + 1e-6);
+        assert_float_equal(sc[1], 1.25, 0.125 + 1e-6);
+        assert_float_equal(sc[2], -0.6, 0.06 + 1e-6);
+        const float *bias = L->exp_probs_b->data;
+        float sorted[8];
+        memcpy(sorted, bias, sizeof sorted);
+        bool moved = false;
+        for (int i = 0; i < 8; i++) {
+                moved |= fabsf(bias[i] - (float) (-0.08 + 0.16 * i / 7)) > 1e-7f;
+                for (int k = i + 1; k < 8; k++)
+                        if (sorted[k] < sorted[i]) {
+                                float x = sorted[i];
+                                sorted[i] = sorted[k];
+                                sorted[k] = x;
+                        }
+        }
+        for (int i = 0; i < 8; i++)
+                assert_float_equal(sorted[i], -0.08 + 0.16 * i / 7, 1e-7);
+        assert_true(moved); /* shuffled */
+        tmp_remove(&t);
+}
+
+/* ---- demo --------------------------------------------------------------------------------- */
+
+static void test_demo_loads_and_tokenizes(void **state) {
+        _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+        _cleanup_(tokenizer_freep) struct tokenizer *tok = NULL;
+        const char *prompt = "What is the capital of France?";
+        _cleanup_free_ int32_t *ids = NULL;
+        _cleanup_free_ char *text = NULL;
+        const struct x4_config *c;
+        struct tmpdir t, t2;
+        size_t n;
+
+        (void) state;
+        tmp_make(&t);
+        write_preset("demo", 1, 2, false, &t);
+        assert_int_equal(open_model(t.gguf, &m), 0);
+        /* the NextN block is recognised: no warning about unknown or missing tensors */
+        assert_string_equal(log_last_error(), "");
+        c = x4_model_config(m);
+        assert_int_equal(c->n_layer, 4);
+        assert_int_equal(c->n_block, 5);
+        assert_int_equal(c->n_nextn, 1);
+        assert_int_equal(c->n_expert, 16);
+        assert_int_equal(c->n_vocab, 4096);
+        assert_non_null(gguf_tensor_find(x4_model_gguf(m), "blk.4.nextn.eh_proj.weight"));
+        assert_null(x4_model_weights(m)->layers[4].attn_norm); /* not loaded into the trunk */
+
+        /* a real-looking vocabulary: the demo prompt is word pieces, and decodes back */
+        assert_int_equal(tokenizer_load(t.gguf, &tok), 0);
+        assert_int_equal(tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n), 0);
+        assert_true(n >= 6 && n <= 8);
+        assert_int_equal(tokenizer_decode(tok, ids, n, 0, &text, NULL), 0);
+        assert_string_equal(text, prompt);
+
+        /* deterministic at this size too */
+        tmp_make(&t2);
+        write_preset("demo", 1, 1, false, &t2);
+        assert_true(file_hash(t.gguf) == file_hash(t2.gguf));
+        tmp_remove(&t2);
+        tmp_remove(&t);
+}
+
+/* ---- vocabulary invariants (spec §7) --------------------------------------------------------- */
+
+static void check_vocab(uint32_t n_vocab) {
+        struct x4_mkmodel_vocab v;
+        uint32_t n_normal = 0;
+
+        assert_int_equal(x4_mkmodel_vocab_build(n_vocab, &v), 0);
+        assert_int_equal(v.n, n_vocab);
+        assert_string_equal(v.pieces[0], "<_unk>");
+        assert_int_equal(v.types[0], 2);
+        assert_string_equal(v.pieces[1], "<_start>");
+        assert_string_equal(v.pieces[2], "<_end>");
+        assert_string_equal(v.pieces[3], "<_pad>");
+        assert_string_equal(v.pieces[7], "<_observation>");
+        assert_string_equal(v.pieces[9], "<think>");
+        assert_string_equal(v.pieces[14], "</tool_response>");
+        assert_string_equal(v.pieces[23], "<_control9>");
+        for (int i = 1; i < 24; i++)
+                assert_int_equal(v.types[i], 3);
+        for (int i = 24; i < 140; i++)
+                assert_int_equal(v.types[i], 4);
+        assert_string_equal(v.pieces[24], "0");
+        assert_string_equal(v.pieces[140], "<0x00>");
+        assert_string_equal(v.pieces[395], "<0xFF>");
+        for (int i = 140; i < 396; i++)
+                assert_int_equal(v.types[i], 6);
+        assert_string_equal(v.pieces[396], "\xe2\x96\x81");
+
+        for (uint32_t i = 396; i < v.n; i++) {
+                size_t len = strlen(v.pieces[i]);
+                if (v.types[i] != 1)
+                        continue;
+                /* unique scores, falling with the id */
+                assert_float_equal(v.scores[i], -(float) n_normal, 0);
+                n_normal++;
+                /* a multi-character piece is two shorter NORMAL pieces (BPE reachability) */
+                size_t first = 1;
+                while (first < len && ((uint8_t) v.pieces[i][first] & 0xc0) == 0x80)
+                        first++;
+                if (first == len)
+                        continue; /* one character */
+                bool ok = false;
+                for (size_t cut = 1; cut < len && !ok; cut++) {
+                        bool left = false, right = false;
+                        for (uint32_t k = 396; k < i && !(left && right); k++) {
+                                if (v.types[k] != 1)
+                                        continue;
+                                left |= strlen(v.pieces[k]) == cut && memcmp(v.pieces[k], v.pieces[i], cut) == 0;
+                                right |= streq(v.pieces[k], v.pieces[i] + cut);
+                        }
+                        ok = left && right;
+                }
+                if (!ok)
+                        fail_msg("piece %u \"%s\" is not the merge of two earlier pieces", i, v.pieces[i]);
+        }
+        /* no padding needed below the word list's capacity */
+        assert_int_equal(n_normal, n_vocab - 396 - 0);
+        for (uint32_t i = 0; i < v.n; i++)
+                for (uint32_t k = i + 1; k < v.n; k++)
+                        assert_false(streq(v.pieces[i], v.pieces[k]));
+        x4_mkmodel_vocab_free(&v);
+}
+
+static void test_vocab(void **state) {
+        (void) state;
+        check_vocab(512);
+        check_vocab(4096);
+}
+
+/* ---- full, header only ------------------------------------------------------------------- */
+
+static void test_full_header_only(void **state) {
+        _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+        const struct gguf_file *g;
+        struct tmpdir t;
+        struct stat st;
+        uint64_t count[GGML_TYPE_COUNT] = {}, bytes[GGML_TYPE_COUNT] = {};
+        uint64_t trunk_n = 0, trunk_b = 0, nextn_n = 0, nextn_b = 0;
+        const double GiB = 1024.0 * 1024 * 1024;
+
+        (void) state;
+        tmp_make(&t);
+        write_preset("full", 1, 0, true, &t);
+        assert_int_equal(stat(t.gguf, &st), 0);
+        /* 18.72 GiB of tensors + ~3.9 MB of metadata, almost all of it a hole */
+        assert_true(st.st_size > 20100000000ll && st.st_size < 20110000000ll);
+        assert_true((uint64_t) st.st_blocks * 512 < 64u << 20);
+
+        assert_int_equal(open_model(t.gguf, &m), 0);
+        assert_string_equal(log_last_error(), "");
+        g = x4_model_gguf(m);
+        assert_int_equal(gguf_tensor_count(g), 977);
+        for (size_t i = 0; i < gguf_tensor_count(g); i++) {
+                const struct gguf_tensor *tt = gguf_tensor_at(g, i);
+                count[tt->type]++;
+                bytes[tt->type] += tt->size;
+                if (strncmp(tt->name, "blk.40.", 7) == 0) {
+                        nextn_n++;
+                        nextn_b += tt->size;
+                } else {
+                        trunk_n++;
+                        trunk_b += tt->size;
+                }
+        }
+        /* spec §2.4 type histogram, to the decimals given there */
+        assert_int_equal(count[GGML_TYPE_IQ4_NL], 243);
+        assert_float_equal(round(bytes[GGML_TYPE_IQ4_NL] / GiB * 1e4) / 1e4, 15.2309, 1e-9);
+        assert_int_equal(count[GGML_TYPE_BF16], 327);
+        assert_float_equal(round(bytes[GGML_TYPE_BF16] / GiB * 1e4) / 1e4, 3.0959, 1e-9);
+        assert_int_equal(count[GGML_TYPE_F32], 406);
+        assert_float_equal(round(bytes[GGML_TYPE_F32] / GiB * 1e4) / 1e4, 0.0347, 1e-9);
+        assert_int_equal(count[GGML_TYPE_Q6_K], 1);
+        assert_float_equal(round(bytes[GGML_TYPE_Q6_K] / GiB * 1e4) / 1e4, 0.3589, 1e-9);
+        assert_int_equal(trunk_n, 953);
+        assert_float_equal(round(trunk_b / GiB * 1e3) / 1e3, 17.786, 1e-9);
+        assert_int_equal(nextn_n, 24);
+        assert_float_equal(round(nextn_b / GiB * 1e4) / 1e4, 0.9344, 1e-9);
+
+        /* spec §1 / §4.1 */
+        const struct x4_config *c = x4_model_config(m);
+        assert_int_equal(c->n_layer, 40);
+        assert_int_equal(c->n_block, 41);
+        assert_int_equal(c->n_dense, 2);
+        assert_int_equal(c->n_vocab, 131072);
+        assert_int_equal(c->qk_nope, 128);
+        assert_float_equal(c->attn_scale, 0.14467963, 5e-8);
+        assert_int_equal(x4_model_weights(m)->layers[39].ffn_down_exps->ne[2], 64);
+        assert_int_equal(x4_model_weights(m)->layers[1].ffn_gate->type, GGML_TYPE_IQ4_NL);
+        assert_int_equal(x4_model_weights(m)->output->type, GGML_TYPE_Q6_K);
+        x4_model_free(TAKE_PTR(m));
+        tmp_remove(&t);
+}
+
+/* ---- refusals ----------------------------------------------------------------------------- */
+
+static void test_bad_shapes(void **state) {
+        struct x4_mkmodel_shape s;
+        struct tmpdir t;
+        struct x4_mkmodel_options o = { .seed = 1 };
+
+        (void) state;
+        log_clear_last_error();
+        assert_int_equal(x4_mkmodel_preset("huge", &s), -EINVAL);
+        assert_string_equal(log_last_error(), "mkmodel: unknown preset \"huge\"; tiny, demo or full expected");
+
+        tmp_make(&t);
+        o.out = t.gguf;
+        assert_int_equal(x4_mkmodel_preset("tiny", &s), 0);
+        s.n_dense = 4;
+        assert_int_equal(x4_mkmodel_write(&s, &o), -EINVAL);
+        assert_string_equal(log_last_error(), "mkmodel: 4 dense blocks, at most the 3 layers expected");
+
+        assert_int_equal(x4_mkmodel_preset("tiny", &s), 0);
+        s.n_embd = 200; /* not a whole number of Q6_K blocks (256) */
+        assert_int_equal(x4_mkmodel_write(&s, &o), -EINVAL);
+        assert_non_null(strstr(log_last_error(), "output.weight"));
+        assert_non_null(strstr(log_last_error(), "type Q6_K cannot hold rows of 200 values"));
+
+        /* a custom shape with other types loads */
+        assert_int_equal(x4_mkmodel_preset("tiny", &s), 0);
+        s.n_embd = 128, s.n_expert = 4, s.type_ffn = GGML_TYPE_Q8_0, s.type_output = GGML_TYPE_F16,
+        s.type_attn = GGML_TYPE_F32;
+        assert_int_equal(x4_mkmodel_write(&s, &o), 0);
+        {
+                _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+                assert_int_equal(open_model(t.gguf, &m), 0);
+                assert_int_equal(x4_model_config(m)->n_embd, 128);
+                assert_int_equal(x4_model_weights(m)->layers[2].ffn_up_exps->type, GGML_TYPE_Q8_0);
+        }
+        tmp_remove(&t);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_tiny_loads_and_matches_fixture),
+                cmocka_unit_test(test_deterministic),
+                cmocka_unit_test(test_weight_statistics),
+                cmocka_unit_test(test_demo_loads_and_tokenizes),
+                cmocka_unit_test(test_vocab),
+                cmocka_unit_test(test_full_header_only),
+                cmocka_unit_test(test_bad_shapes),
+        };
+
+        log_set_max_level(LOG_CRIT);
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
