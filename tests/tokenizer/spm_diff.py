@@ -91,6 +91,17 @@ def main():
                     [sp.id_to_piece(x) for x in want][:60]))
     print('encode: %d/%d lines identical' % (enc_ok, len(lines)))
 
+    # long texts (the encoder caches words within one long text): 200 lines joined by spaces
+    long_texts = [b' '.join(lines[i:i + 200]) for i in range(0, len(lines), 200)]
+    p = subprocess.run([tool, '--model', gguf], input=b'\n'.join(long_texts) + b'\n',
+                       capture_output=True, check=False)
+    long_ours = [[int(x) for x in l.split()] for l in p.stdout.decode().split('\n')[:-1]]
+    long_ok = sum(got == ref_encode(t) for t, got in zip(long_texts, long_ours))
+    if p.returncode != 0 or long_ok != len(long_texts):
+        fails += 1
+    print('encode: %d/%d long texts (%d KB) identical' % (long_ok, len(long_texts),
+                                                          sum(map(len, long_texts)) // 1024))
+
     def decode_all(seqs, extra=()):
         inp = '\n'.join(' '.join(map(str, s)) for s in seqs) + '\n'
         p = subprocess.run([tool, '--model', gguf, '--decode', *extra], input=inp.encode(),
