@@ -123,7 +123,9 @@ typedef float v8f __attribute__((vector_size(32)));
 
 /* Lane k sums the products of indices ≡ k (mod 8) in index order; the lanes are combined in a
  * fixed tree, then the tail (n % 8) is added in order. Order-stable and vectorised. */
-static float dot_f32(const float *a, const float *b, size_t n) {
+/* always_inline: so the AVX2 clone of attention_rows gets them in AVX2 too */
+static inline __attribute__((always_inline)) float
+dot_f32(const float *a, const float *b, size_t n) {
         v8f acc = { 0 };
         size_t i = 0;
 
@@ -136,7 +138,8 @@ static float dot_f32(const float *a, const float *b, size_t n) {
 }
 
 /* y += a·x, elementwise (no reduction: vectorising cannot change a result). */
-static void axpy_f32(float *y, float a, const float *x, size_t n) {
+static inline __attribute__((always_inline)) void
+axpy_f32(float *y, float a, const float *x, size_t n) {
         v8f va = { a, a, a, a, a, a, a, a };
         size_t i = 0;
 
@@ -385,6 +388,9 @@ struct attention_job {
         uint32_t layer;
 };
 
+/* An AVX2 clone where the CPU has it (picked at load time): the same lane-wise operations in
+ * wider registers, no FMA (ISO C11 does not contract a*b+c), so the same bits as the default. */
+__attribute__((target_clones("avx2", "default")))
 static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
         const struct attention_job *j = ctx;
         struct x4_backend *b = j->b;
