@@ -157,7 +157,11 @@ int main(int argc, char **argv) {
         r = tokenizer_load(model, &t);
         if (r < 0) {
                 const char *e = log_last_error();
-                fprintf(stderr, "x4-tokenize: %s: %s\n", model, *e ? e : strerror(-r));
+                /* the reader's and tokenizer's messages name the file themselves */
+                if (*e)
+                        fprintf(stderr, "x4-tokenize: %s\n", e);
+                else
+                        fprintf(stderr, "x4-tokenize: %s: %s\n", model, strerror(-r));
                 return 1;
         }
         if (bench_s > 0)
