@@ -1549,8 +1549,9 @@ static void *engine_main(void *userdata) {
                 admit(s);
                 step(s);
                 publish_stats(s);
-                /* a request that cannot be admitted yet and nothing running: sleep until a new
-                 * input (pages only come back when a job ends, which happens in this thread) */
+                /* requests that ended in this step gave pages back: admit waiting ones now.
+                 * If still nothing runs, nothing can free pages but a new input: sleep. */
+                admit(s);
                 bool busy = false;
                 for (struct job *j = s->jobs; j; j = j->next)
                         busy |= j->state != JOB_WAITING;

@@ -1,0 +1,260 @@
+/* SPDX-License-Identifier: MIT */
+/* The engine thread on the CPU backend with the tiny fixture model: requests complete with
+ * exactly one final event, batching does not change a request's output, cancellation and the end
+ * of a request give their pages back, admission respects the page budget, refusals name the
+ * field. Events are awaited on the scheduler's eventfd (poll with a deadline), never by sleeping. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <poll.h>
+
+#include "../kernels/backend.h"
+#include "model/xing4.h"
+#include "scheduler.h"
+#include "util/log.h"
+
+struct env {
+        struct x4_model *model;
+        struct x4_backend *backend;
+        struct sched *sched;
+};
+
+static int setup_with(void **state, uint32_t n_pages, uint32_t page_tokens) {
+        struct env *e = calloc(1, sizeof *e);
+        struct x4_model_params mp = { .path = X4_FIXTURES "/xing4-tiny-a/model.gguf" };
+        struct x4_backend_params bp = { .n_threads = 1, .page_tokens = page_tokens,
+                                        .n_pages = n_pages };
+        assert_non_null(e);
+        assert_int_equal(x4_model_open(&mp, &e->model), 0);
+        assert_int_equal(x4_backend_cpu.create(e->model, &bp, &e->backend), 0);
+        struct sched_params sp = { .model = e->model, .ops = &x4_backend_cpu,
+                                   .backend = e->backend, .max_running = 4, .max_waiting = 4,
+                                   .prefill_chunk = 5 };
+        assert_int_equal(sched_new(&sp, &e->sched), 0);
+        assert_int_equal(sched_start(e->sched), 0);
+        *state = e;
+        return 0;
+}
+
+static int setup(void **state) {
+        return setup_with(state, 16, 16);
+}
+
+static int setup_small(void **state) {
+        return setup_with(state, 4, 16); /* 64 positions in all */
+}
+
+static int teardown(void **state) {
+        struct env *e = *state;
+        sched_free(e->sched);
+        x4_backend_cpu.destroy(e->backend);
+        x4_model_free(e->model);
+        free(e);
+        return 0;
+}
+
+static struct sched_request *tokens_request(const int32_t *ids, uint32_t n, uint32_t max_tokens,
+                                            void *cookie) {
+        struct sched_request *r = calloc(1, sizeof *r);
+        assert_non_null(r);
+        r->prompt = SCHED_PROMPT_TOKENS;
+        r->tokens = malloc(n * sizeof *ids);
+        memcpy(r->tokens, ids, n * sizeof *ids);
+        r->n_tokens = n;
+        r->has_max_tokens = true;
+        r->max_tokens = max_tokens;
+        r->sampling.has_temperature = true;
+        r->sampling.temperature = 0.0f;
+        r->ignore_eos = true;
+        r->echo_ids = true;
+        r->enable_thinking = -1;
+        r->cookie = cookie;
+        return r;
+}
+
+/* What one request produced. */
+struct outcome {
+        int32_t ids[256];
+        uint32_t n;
+        int finals;
+        int kind; /* of the final event */
+        int finish;
+        int code;
+        char message[256];
+};
+
+/* Wait for events until every outcome in outs[0..n) has its final event. */
+static void run_until_final(struct sched *s, struct outcome *outs, size_t n) {
+        for (;;) {
+                size_t done = 0;
+                for (size_t i = 0; i < n; i++)
+                        done += outs[i].finals > 0;
+                if (done == n)
+                        return;
+                struct pollfd p = { .fd = sched_event_fd(s), .events = POLLIN };
+                assert_true(poll(&p, 1, 60000) == 1); /* a stuck engine fails, not hangs */
+                uint64_t v;
+                (void) !read(p.fd, &v, sizeof v);
+                for (struct sched_event *e = sched_pop_events(s), *next; e; e = next) {
+                        struct outcome *o = e->cookie;
+                        next = e->next;
+                        assert_int_equal(o->finals, 0); /* nothing after the final event */
+                        if (e->kind == SCHED_EVENT_CHUNK) {
+                                for (uint32_t k = 0; k < e->n_tokens && o->n < 256; k++)
+                                        o->ids[o->n++] = e->tokens[k];
+                        } else {
+                                o->finals++;
+                                o->kind = e->kind;
+                                o->finish = e->finish_reason;
+                                o->code = e->code;
+                                snprintf(o->message, sizeof o->message, "%s",
+                                         e->message ? e->message : "");
+                        }
+                        sched_event_free(e);
+                }
+        }
+}
+
+static const int32_t prompt[] = { 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
+
+static void test_generate_and_batch_invariance(void **state) {
+        struct env *e = *state;
+        struct outcome alone, batch[3];
+
+        memset(&alone, 0, sizeof alone);
+        memset(batch, 0, sizeof batch);
+
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 12, &alone)), 0);
+        run_until_final(e->sched, &alone, 1);
+        assert_int_equal(alone.kind, SCHED_EVENT_DONE);
+        assert_int_equal(alone.finish, SCHED_FINISH_LENGTH);
+        assert_int_equal(alone.n, 12);
+        /* three at once: continuous batching (prefill chunks of 5 interleaved with decode steps)
+         * gives each the tokens it gets alone (design.md "Numerics") */
+        for (int i = 0; i < 3; i++)
+                assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 12, &batch[i])), 0);
+        run_until_final(e->sched, batch, 3);
+        for (int i = 0; i < 3; i++) {
+                assert_int_equal(batch[i].finals, 1);
+                assert_int_equal(batch[i].n, 12);
+                assert_memory_equal(batch[i].ids, alone.ids, 12 * sizeof(int32_t));
+        }
+        struct sched_stats st;
+        sched_get_stats(e->sched, &st);
+        assert_int_equal(st.pages_used, 0);
+        assert_int_equal(st.total, 4);
+        assert_int_equal(st.completion_tokens, 48);
+        assert_int_equal(sched_in_flight(e->sched), 0);
+}
+
+static void test_cancel_frees_pages(void **state) {
+        struct env *e = *state;
+        struct outcome o;
+
+        memset(&o, 0, sizeof o);
+        struct sched_request *r = tokens_request(prompt, 11, 200, &o);
+
+        assert_int_equal(sched_submit(e->sched, r), 0);
+        uint64_t id = r->id; /* r belongs to the scheduler now; its id was set by submit */
+        assert_int_equal(sched_cancel(e->sched, id), 0);
+        run_until_final(e->sched, &o, 1);
+        assert_int_equal(o.kind, SCHED_EVENT_DONE);
+        /* cancelled at the first step boundary it reached: well before 200 tokens */
+        assert_int_equal(o.finish, SCHED_FINISH_CANCELLED);
+        assert_true(o.n < 200);
+        struct sched_stats st;
+        sched_get_stats(e->sched, &st);
+        assert_int_equal(st.pages_used, 0);
+        assert_int_equal(st.cancelled, 1);
+        assert_int_equal(sched_cancel(e->sched, id), -ENOENT);
+}
+
+static void test_page_budget(void **state) {
+        struct env *e = *state;
+        struct outcome big, a, b;
+        struct sched_stats st;
+
+        memset(&big, 0, sizeof big);
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        /* the cache is the context: 4 pages of 16 = 64 positions, so 11 prompt tokens leave room
+         * for 53, whatever max_tokens says, and the request ends with LENGTH there */
+        assert_int_equal(sched_context_limit(e->sched), 64);
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 100, &big)), 0);
+        run_until_final(e->sched, &big, 1);
+        assert_int_equal(big.kind, SCHED_EVENT_DONE);
+        assert_int_equal(big.finish, SCHED_FINISH_LENGTH);
+        assert_int_equal(big.n, 53);
+        /* two requests of 3 pages each (41 positions): the second waits for the first's pages */
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 30, &a)), 0);
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 30, &b)), 0);
+        run_until_final(e->sched, &a, 1);
+        run_until_final(e->sched, &b, 1);
+        assert_int_equal(a.n, 30);
+        assert_int_equal(b.n, 30);
+        assert_memory_equal(a.ids, b.ids, 30 * sizeof(int32_t));
+        assert_memory_equal(a.ids, big.ids, 30 * sizeof(int32_t));
+        sched_get_stats(e->sched, &st);
+        assert_int_equal(st.pages_used, 0);
+        assert_int_equal(st.total, 3);
+}
+
+static void test_validation_messages(void **state) {
+        struct env *e = *state;
+        char err[256];
+        struct sched_request *r = tokens_request(prompt, 11, 4, NULL);
+
+        r->sampling.has_top_p = true;
+        r->sampling.top_p = 0.0f;
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
+        assert_string_equal(err, "sampling.top_p: 0 is out of range (0, 1]");
+        r->sampling.top_p = 1.0f;
+        r->tokens[3] = 512;
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
+        assert_string_equal(err, "prompt.tokens[3]: id 512 is out of range [0, 512)");
+        r->tokens[3] = 8;
+        r->prompt = SCHED_PROMPT_TEXT;
+        r->text = strdup("hi");
+        /* no tokenizer was given to this scheduler */
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
+        assert_string_equal(err, "prompt.text: this model has no tokenizer, send token ids");
+        r->prompt = SCHED_PROMPT_TOKENS;
+        r->snapshot = strdup("ok-name");
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_UNAVAILABLE);
+        assert_string_equal(err, "snapshot 'ok-name': this daemon has no state directory");
+        free(r->snapshot);
+        r->snapshot = NULL;
+        r->logprobs = 21;
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
+        assert_string_equal(err, "logprobs: 21, at most 20 supported");
+        r->logprobs = 0;
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), 0);
+        assert_int_equal(sched_snapshot_check_name(".hidden", err, sizeof err),
+                         SCHED_ERR_INVALID_ARGUMENT);
+        sched_request_free(r);
+}
+
+static void test_drain_refuses_new_work(void **state) {
+        struct env *e = *state;
+        struct sched_request *r = tokens_request(prompt, 11, 4, NULL);
+
+        sched_drain(e->sched, false);
+        assert_int_equal(sched_submit(e->sched, r), -ESHUTDOWN);
+        sched_request_free(r);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_generate_and_batch_invariance, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_cancel_frees_pages, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_page_budget, setup_small, teardown),
+                cmocka_unit_test_setup_teardown(test_validation_messages, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_drain_refuses_new_work, setup, teardown),
+        };
+        log_set_max_level(LOG_CRIT);
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
