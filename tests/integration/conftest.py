@@ -31,11 +31,12 @@ DEFAULT_CONF = "[xing4d]\n# test settings\ncache-pages = 64\npage_tokens = 256\n
 
 
 class Daemon:
-    def __init__(self, tmp: Path, conf: str = DEFAULT_CONF, args=()):
+    def __init__(self, tmp: Path, conf: str = DEFAULT_CONF, args=(), env=()):
         for p in (XING4D, X4CTL, MODEL):
             if not p.exists():
                 pytest.fail(f"{p} does not exist: build first (meson compile) or set X4_BUILD_DIR")
         self.dir = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         self.sock = str(tmp / "xing4d.sock")
         self.conf = tmp / "xing4d.conf"
         self.state = tmp / "state"
@@ -48,6 +49,7 @@ class Daemon:
         self.log = []
         cmd = ["systemd-socket-activate", "-l", self.sock,
                "-E", f"NOTIFY_SOCKET={self.notify_path}",
+               *[x for e in env for x in ("-E", e)],
                "--", str(XING4D), "--config", str(self.conf), "--model", str(MODEL),
                "--threads", "1", "--device", "cpu", *args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -138,8 +140,8 @@ def daemon(tmp_path_factory):
 def fresh_daemon(tmp_path):
     made = []
 
-    def make(conf=DEFAULT_CONF, args=()):
-        d = Daemon(tmp_path, conf, args)
+    def make(conf=DEFAULT_CONF, args=(), env=()):
+        d = Daemon(tmp_path / f"d{len(made)}", conf, args, env)
         made.append(d)
         return d
     yield make

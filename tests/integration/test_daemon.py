@@ -461,3 +461,56 @@ def test_snapshot_of_another_model_is_refused(daemon):
     assert "snapshot 'fp': made with model ffff" in r.stderr
     assert "this daemon serves" in r.stderr
     path.unlink()
+
+
+# ---- configuration, limits, watchdog ---------------------------------------------------------------
+
+def run_xing4d(*args, timeout=60):
+    from conftest import XING4D, MODEL
+    return subprocess.run([str(XING4D), "--model", str(MODEL), "--device", "cpu", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_config_errors_name_the_line(tmp_path):
+    conf = tmp_path / "bad.conf"
+    conf.write_text("[xing4d]\nthreads = 1\nfrobnicate = yes\n")
+    r = run_xing4d("--config", str(conf), "--listen", str(tmp_path / "s.sock"))
+    assert r.returncode == 1
+    assert f"{conf}:3: unknown setting 'frobnicate'" in r.stderr
+    conf.write_text("max-running = lots\n")
+    r = run_xing4d("--config", str(conf))
+    assert r.returncode == 1
+    assert f"{conf}:1: 'lots' is not an integer in [1, 4096]" in r.stderr
+    r = run_xing4d("--config", str(tmp_path / "missing.conf"))
+    assert r.returncode == 1
+    assert f"config {tmp_path / 'missing.conf'}: cannot open: No such file or directory" in r.stderr
+    r = run_xing4d("--config", "/dev/null", "--device", "tpu")
+    assert r.returncode == 1 and "--device: device 'tpu', one of cpu, cuda, auto expected" in r.stderr
+    # neither socket activation nor --listen: nothing to serve on
+    r = run_xing4d("--config", "/dev/null")
+    assert r.returncode == 1
+    assert "no socket: not socket-activated and no --listen PATH given" in r.stderr
+
+
+def test_flags_override_the_config_and_frame_limit(fresh_daemon):
+    d = fresh_daemon(args=("--max-running", "2", "--max-frame", "2048"))
+    info = json.loads(d.x4ctl("info", "--json").stdout)
+    assert info["max_running"] == 2  # the config file says 4
+    assert info["max_frame"] == 2048
+    # 1500 token ids (2 bytes each as varints) do not fit 2 KiB: the client refuses before sending, naming both sizes
+    r = d.x4ctl("generate", "--tokens", ",".join(["300"] * 1500))
+    assert r.returncode == 1
+    assert "exceeds the server's frame limit of 2048 bytes" in r.stderr
+    # a raw client that sends it anyway gets TOO_LARGE and is disconnected
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(9, w.GENERATE, w.generate_tokens([300] * 1500)))
+    assert w.error_of(c.recv())[0] == "TOO_LARGE"
+    assert c.closed_by_server()
+
+
+def test_watchdog_pings_come_from_the_loop(fresh_daemon):
+    # as under WatchdogSec=: the daemon pings from its event loop at half the interval
+    d = fresh_daemon(env=("WATCHDOG_USEC=200000",))
+    d.wait_notify("WATCHDOG=1", timeout=10)
+    assert d.terminate() == 0
