@@ -3,7 +3,10 @@
 """SentencePiece differential test: our tokenizer (through x4-tokenize) against
 python3-sentencepiece on the same model.
 
-usage: spm_diff.py X4_TOKENIZE [SOURCE_DIR]
+usage: spm_diff.py X4_TOKENIZE [SOURCE_DIR [MODEL GGUF]]
+
+Without MODEL GGUF: the committed model, then its spm_variants.py variants (unused pieces;
+no byte pieces), each checked the same way.
 
 1. encode: every line of corpus.txt (bytes, invalid UTF-8 included) through `x4-tokenize
    --model spm-bpe8k.gguf`; the reference is what Xing4_0Tokenizer does (spec §7): split on the
@@ -19,6 +22,7 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 
 try:
     import sentencepiece as spm
@@ -30,13 +34,10 @@ SPECIALS = ['<_start>', '<_end>', '<_pad>', '<_user>', '<_bot>', '<_system>', '<
             '</think>', '<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>']
 
 
-def main():
-    tool = sys.argv[1]
-    src = sys.argv[2] if len(sys.argv) > 2 else os.environ.get(
-        'X4_SOURCE_DIR', os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
-    here = os.path.join(src, 'tests', 'tokenizer')
-    gguf = os.path.join(here, 'spm-bpe8k.gguf')
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(here, 'spm-bpe8k.model'))
+def compare(tool, here, model, gguf):
+    """Number of mismatches of x4-tokenize on GGUF against sentencepiece on MODEL."""
+    print('== %s' % os.path.basename(model))
+    sp = spm.SentencePieceProcessor(model_file=model)
     special_id = {s: sp.piece_to_id(s) for s in SPECIALS}
     id_special = {v: k for k, v in special_id.items()}
     split_re = re.compile(b'(' + b'|'.join(re.escape(s.encode()) for s in SPECIALS) + b')')
@@ -154,6 +155,28 @@ def main():
                 print('random decode mismatch: %s ours %r sp %r' % (
                     [sp.id_to_piece(x) for x in s], got, ref_decode(s)))
     print('random id sequences: %d/%d decodes identical' % (rnd_ok, len(seqs)))
+    return fails
+
+
+def main():
+    tool = sys.argv[1]
+    src = sys.argv[2] if len(sys.argv) > 2 else os.environ.get(
+        'X4_SOURCE_DIR', os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+    here = os.path.join(src, 'tests', 'tokenizer')
+    if len(sys.argv) > 4:  # another model and its GGUF
+        return 1 if compare(tool, here, sys.argv[3], sys.argv[4]) else 0
+    model = os.path.join(here, 'spm-bpe8k.model')
+    fails = compare(tool, here, model, os.path.join(here, 'spm-bpe8k.gguf'))
+    # the variants (spm_variants.py): unused pieces; no byte pieces (unknown characters)
+    sys.path.insert(0, here)
+    import spm_to_gguf
+    import spm_variants
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ('unused', 'nobyte'):
+            vm, vg = os.path.join(tmp, kind + '.model'), os.path.join(tmp, kind + '.gguf')
+            spm_variants.make(model, kind, vm)
+            spm_to_gguf.convert(vm, vg)
+            fails += compare(tool, here, vm, vg)
     return 1 if fails else 0
 
 

@@ -72,7 +72,11 @@ def kv(key, vtype, payload):
 
 
 def main():
-    pieces, add_dummy_prefix = read_model(sys.argv[1])
+    convert(sys.argv[1], sys.argv[2])
+
+
+def convert(model, out_path):
+    pieces, add_dummy_prefix = read_model(model)
     ids = {p: i for i, (p, _, _) in reversed(list(enumerate(pieces)))}
     kvs = [
         kv('general.architecture', 8, gstr(b'xing4_0')),
@@ -94,7 +98,7 @@ def main():
     ]
     out = b'GGUF' + struct.pack('<IQQ', 3, 0, len(kvs)) + b''.join(kvs)
     out += b'\0' * (-len(out) % 32)  # the (empty) data section starts aligned
-    with open(sys.argv[2], 'wb') as f:
+    with open(out_path, 'wb') as f:
         f.write(out)
 
 

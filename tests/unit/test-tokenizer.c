@@ -310,6 +310,9 @@ static void test_bpe_synthetic(void **state) {
         expect_t(t, "a b", (const int32_t[]) { 1, 5 }, 2);
         /* no byte pieces: an unknown character is the unknown id */
         expect_t(t, "a c", (const int32_t[]) { 1, 4, 0 }, 3);
+        /* a run of unknown characters is one unknown id (as sentencepiece does) */
+        expect_t(t, "a cd\xc3\xa9", (const int32_t[]) { 1, 4, 0 }, 3);
+        expect_t(t, "cab", (const int32_t[]) { 1, 0, 2, 3 }, 4);
 
         /* tie-break leftmost: "aaa" → "aa" "a"; higher score wins over position: "abb" → "a" "bb" */
         static const char *const p2[] = { "<unk>", "\xe2\x96\x81", "a", "b", "aa", "bb", "ab" };
