@@ -58,10 +58,11 @@ struct cpu_work {
         float *router;  /* [T][n_expert] */
         int32_t *sel;   /* [T][k] selected experts, in selection order */
         float *gw;      /* [T][k] their weights */
-        float *xe;      /* [T][H] inputs gathered for one expert */
-        float *ye;      /* [T][H] that expert's outputs */
-        float *yk;      /* [T][k][H] routed expert outputs per (token, slot) */
-        uint32_t *slot; /* [T] (t * k + slot) of each gathered token */
+        float *xe;      /* [T·k][H] inputs gathered by expert */
+        float *ge;      /* [T·k][n_ff_exp] their gate, then silu(gate) ⊙ up */
+        float *ue;      /* [T·k][n_ff_exp] their up */
+        float *ye;      /* [T·k][H] their outputs */
+        uint32_t *row_of; /* [T][k] row of xe/ye holding (token, slot) */
         float *shared;  /* [T][H] shared expert output */
         float *hidden;  /* [T][H] final normed hidden of tokens that want logits */
         float **scores; /* per thread: [max context] attention scores */
@@ -89,6 +90,7 @@ struct x4_backend {
         float inv_freq[64];  /* spec §4.1 YaRN inverse frequencies, qk_rope/2 of them */
         struct cpu_work work;
         struct cpu_token tokens[CPU_MICROBATCH];
+        struct matmul_set *mm; /* products queued for one hand-off to the pool */
         uint64_t memory_used;
 };
 
@@ -194,12 +196,10 @@ struct matmul_job {
         float *y;
         size_t y_stride;        /* floats between tokens */
         size_t n_tokens;
+        size_t start, n_rows;   /* this job's rows in the set's index space */
 };
 
-static void matmul_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
-        const struct matmul_job *j = ctx;
-
-        (void) thread;
+static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end) {
         for (size_t n = begin; n < end; n++) {
                 const uint8_t *row = j->w + n * j->row_bytes;
                 const float *x = j->x + (n / j->rows_per_group) * j->group_stride;
@@ -210,11 +210,44 @@ static void matmul_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
         }
 }
 
-static void matmul_grouped(struct x4_backend *b, const struct gguf_tensor *W, size_t row0,
-                           size_t n_rows, size_t rows_per_group, size_t group_stride,
-                           const float *x, size_t x_stride, float *y, size_t y_stride, size_t T) {
+/* Several products go to the pool in one hand-off: their rows form one index space, job after
+ * job, split into contiguous ranges like a single product (so still one dot per output). This
+ * keeps the wake-ups per token low: MoE runs every chosen expert's gate and up in one hand-off
+ * and all their downs in a second. */
+#define MATMUL_MAX_JOBS (2 * 256 + 4) /* gate + up of every expert and of the shared one */
+
+struct matmul_set {
+        struct matmul_job jobs[MATMUL_MAX_JOBS];
+        size_t n_jobs, n_rows;
+};
+
+static void matmul_set_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct matmul_set *s = ctx;
+        size_t i = 0;
+
+        (void) thread;
+        while (s->jobs[i].start + s->jobs[i].n_rows <= begin)
+                i++;
+        for (; i < s->n_jobs && s->jobs[i].start < end; i++) {
+                const struct matmul_job *j = &s->jobs[i];
+
+                matmul_rows(j, MAX(begin, j->start) - j->start,
+                            MIN(end, j->start + j->n_rows) - j->start);
+        }
+}
+
+/* Queue y[t][n] = W[row0 + n] · x_{t, group(n)} for n < n_rows, t < T. */
+static void matmul_add_grouped(struct x4_backend *b, const struct gguf_tensor *W, size_t row0,
+                               size_t n_rows, size_t rows_per_group, size_t group_stride,
+                               const float *x, size_t x_stride, float *y, size_t y_stride,
+                               size_t T) {
+        struct matmul_set *s = b->mm;
         size_t rb = tensor_row_bytes(W);
-        struct matmul_job j = {
+
+        if (T == 0 || n_rows == 0)
+                return;
+        assert(s->n_jobs < MATMUL_MAX_JOBS);
+        s->jobs[s->n_jobs++] = (struct matmul_job) {
                 .w = (const uint8_t *) W->data + row0 * rb,
                 .row_bytes = rb,
                 .type = W->type,
@@ -226,16 +259,36 @@ static void matmul_grouped(struct x4_backend *b, const struct gguf_tensor *W, si
                 .y = y,
                 .y_stride = y_stride,
                 .n_tokens = T,
+                .start = s->n_rows,
+                .n_rows = n_rows,
         };
+        s->n_rows += n_rows;
+}
 
-        if (T == 0)
-                return;
-        threadpool_run(b->pool, n_rows, matmul_rows, &j);
+static void matmul_add(struct x4_backend *b, const struct gguf_tensor *W, size_t row0,
+                       size_t n_rows, const float *x, size_t x_stride, float *y, size_t y_stride,
+                       size_t T) {
+        matmul_add_grouped(b, W, row0, n_rows, n_rows, 0, x, x_stride, y, y_stride, T);
+}
+
+/* Run the queued products and empty the set. */
+static void matmul_run(struct x4_backend *b) {
+        threadpool_run(b->pool, b->mm->n_rows, matmul_set_rows, b->mm);
+        b->mm->n_jobs = b->mm->n_rows = 0;
 }
 
 static void matmul(struct x4_backend *b, const struct gguf_tensor *W, size_t row0, size_t n_rows,
                    const float *x, size_t x_stride, float *y, size_t y_stride, size_t T) {
-        matmul_grouped(b, W, row0, n_rows, n_rows, 0, x, x_stride, y, y_stride, T);
+        matmul_add(b, W, row0, n_rows, x, x_stride, y, y_stride, T);
+        matmul_run(b);
+}
+
+static void matmul_grouped(struct x4_backend *b, const struct gguf_tensor *W, size_t row0,
+                           size_t n_rows, size_t rows_per_group, size_t group_stride,
+                           const float *x, size_t x_stride, float *y, size_t y_stride, size_t T) {
+        matmul_add_grouped(b, W, row0, n_rows, rows_per_group, group_stride, x, x_stride, y,
+                           y_stride, T);
+        matmul_run(b);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -437,13 +490,15 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
         const size_t H = c->n_embd, nh = c->n_head, kvl = c->kv_lora_rank, rw = b->row_width;
         const size_t qkd = c->qk_nope + c->qk_rope, ql = c->q_lora_rank;
 
+        /* steps 1-2, the two products of a (one hand-off): W_qa·a and kv = W_kva·a */
+        matmul_add(b, L->attn_q_a, 0, ql, w->u, H, w->qa, ql, T);
+        matmul_add(b, L->attn_kv_a_mqa, 0, rw, w->u, H, w->kv, rw, T);
+        matmul_run(b);
         /* step 1: qa = RMSNorm(W_qa·a, q_a_norm); q = W_qb·qa */
-        matmul(b, L->attn_q_a, 0, ql, w->u, H, w->qa, ql, T);
         for (size_t t = 0; t < T; t++)
                 rmsnorm(w->qa + t * ql, w->qa + t * ql, tensor_f32(L->attn_q_a_norm), ql, c->rms_eps);
         matmul(b, L->attn_q_b, 0, nh * qkd, w->qa, ql, w->q, nh * qkd, T);
-        /* step 2: kv = W_kva·a; c = RMSNorm(kv[0:kvl], kv_a_norm); k_pe = kv[kvl:] (not normed) */
-        matmul(b, L->attn_kv_a_mqa, 0, rw, w->u, H, w->kv, rw, T);
+        /* step 2: c = RMSNorm(kv[0:kvl], kv_a_norm); k_pe = kv[kvl:] (not normed) */
         for (size_t t = 0; t < T; t++) {
                 const struct cpu_token *tok = &b->tokens[t];
                 float *kv = w->kv + t * rw;
@@ -477,8 +532,9 @@ static void swiglu(struct x4_backend *b, const struct gguf_tensor *gate,
         struct cpu_work *w = &b->work;
         const size_t H = b->cfg->n_embd, ff = gate->ne[1];
 
-        matmul(b, gate, expert * ff, ff, x, H, w->gate, ff, T);
-        matmul(b, up, expert * ff, ff, x, H, w->up, ff, T);
+        matmul_add(b, gate, expert * ff, ff, x, H, w->gate, ff, T);
+        matmul_add(b, up, expert * ff, ff, x, H, w->up, ff, T);
+        matmul_run(b);
         for (size_t i = 0; i < T * ff; i++)
                 w->gate[i] = siluf(w->gate[i]) * w->up[i];
         matmul(b, down, expert * H, H, w->gate, ff, y, H, T);
@@ -547,38 +603,65 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
                 moe_route(c, w->router + t * E, tensor_f32(L->exp_probs_b), w->sel + t * K,
                           w->gw + t * K);
 
-        /* step 4, routed part, grouped by expert (prefill reads each expert's rows once): gather
-         * the tokens that chose expert e, run its SwiGLU, scatter to their (token, slot) */
+        /* step 4, grouped by expert (prefill reads each expert's rows once): the inputs of the
+         * (token, slot) pairs that chose expert e are gathered into rows first[e]..first[e+1) of
+         * xe, in token order; row_of[t·K + k] remembers where each pair went */
+        size_t n = 0, first[257];
         for (size_t e = 0; e < E; e++) {
-                size_t n = 0;
-
+                first[e] = n;
                 for (size_t t = 0; t < T; t++)
                         for (size_t k = 0; k < K; k++)
                                 if (w->sel[t * K + k] == (int32_t) e) {
                                         memcpy(w->xe + n * H, w->u + t * H, H * sizeof(float));
-                                        w->slot[n++] = (uint32_t) (t * K + k);
+                                        w->row_of[t * K + k] = (uint32_t) n++;
                                 }
-                if (n == 0)
-                        continue;
-                swiglu(b, L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps, e, w->xe, w->ye, n);
-                for (size_t i = 0; i < n; i++)
-                        memcpy(w->yk + (size_t) w->slot[i] * H, w->ye + i * H, H * sizeof(float));
         }
-        /* shared expert, weight 1, always on */
-        if (L->ffn_gate_shexp)
-                swiglu(b, L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp, 0, w->u, w->shared,
-                       T);
-        /* y = Σ_k g_k·y_k (selection order) + shared: a fixed summation order */
+        first[E] = n;
+
+        /* gate and up of every chosen expert and of the shared expert: one hand-off */
+        const size_t ffe = L->ffn_gate_exps->ne[1];
+        const size_t ffs = L->ffn_gate_shexp ? L->ffn_gate_shexp->ne[1] : 0;
+        for (size_t e = 0; e < E; e++) {
+                size_t ne = first[e + 1] - first[e];
+
+                matmul_add(b, L->ffn_gate_exps, e * ffe, ffe, w->xe + first[e] * H, H,
+                           w->ge + first[e] * ffe, ffe, ne);
+                matmul_add(b, L->ffn_up_exps, e * ffe, ffe, w->xe + first[e] * H, H,
+                           w->ue + first[e] * ffe, ffe, ne);
+        }
+        if (ffs) {
+                matmul_add(b, L->ffn_gate_shexp, 0, ffs, w->u, H, w->gate, ffs, T);
+                matmul_add(b, L->ffn_up_shexp, 0, ffs, w->u, H, w->up, ffs, T);
+        }
+        matmul_run(b);
+        /* silu(g) ⊙ u in fp32 */
+        for (size_t i = 0; i < n * ffe; i++)
+                w->ge[i] = siluf(w->ge[i]) * w->ue[i];
+        for (size_t i = 0; i < T * ffs; i++)
+                w->gate[i] = siluf(w->gate[i]) * w->up[i];
+        /* the downs: one hand-off */
+        for (size_t e = 0; e < E; e++)
+                matmul_add(b, L->ffn_down_exps, e * H, H, w->ge + first[e] * ffe, ffe,
+                           w->ye + first[e] * H, H, first[e + 1] - first[e]);
+        if (ffs)
+                matmul_add(b, L->ffn_down_shexp, 0, H, w->gate, ffs, w->shared, H, T);
+        matmul_run(b);
+
+        /* y = Σ_k g_k·y_k (selection order) + shared (weight 1, always on): a fixed order */
         for (size_t t = 0; t < T; t++) {
                 float *y = w->out + t * H;
                 const float *gw = w->gw + t * K;
+                const float *y0 = w->ye + (size_t) w->row_of[t * K] * H;
 
                 for (size_t i = 0; i < H; i++)
-                        y[i] = gw[0] * w->yk[(t * K) * H + i];
-                for (size_t k = 1; k < K; k++)
+                        y[i] = gw[0] * y0[i];
+                for (size_t k = 1; k < K; k++) {
+                        const float *yk = w->ye + (size_t) w->row_of[t * K + k] * H;
+
                         for (size_t i = 0; i < H; i++)
-                                y[i] += gw[k] * w->yk[(t * K + k) * H + i];
-                if (L->ffn_gate_shexp)
+                                y[i] += gw[k] * yk[i];
+                }
+                if (ffs)
                         for (size_t i = 0; i < H; i++)
                                 y[i] += w->shared[t * H + i];
         }
@@ -729,12 +812,12 @@ static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float
 static void work_free(struct cpu_work *w, unsigned n_threads) {
         float **fields[] = { &w->x, &w->tmp, &w->hcw, &w->pre, &w->post, &w->comb, &w->u, &w->out,
                              &w->qa, &w->q, &w->kv, &w->qc, &w->ohat, &w->o, &w->gate, &w->up,
-                             &w->router, &w->gw, &w->xe, &w->ye, &w->yk, &w->shared, &w->hidden };
+                             &w->router, &w->gw, &w->xe, &w->ge, &w->ue, &w->ye, &w->shared, &w->hidden };
 
         for (size_t i = 0; i < ELEMENTSOF(fields); i++)
                 free(*fields[i]);
         free(w->sel);
-        free(w->slot);
+        free(w->row_of);
         if (w->scores)
                 for (unsigned i = 0; i < n_threads; i++)
                         free(w->scores[i]);
@@ -783,10 +866,10 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
                 { &w->up, 0 },
                 { &w->router, T * MAX(c->n_expert, 1u) },
                 { &w->gw, T * MAX(K, 1u) },
-                /* an expert can be chosen by every token at most once */
-                { &w->xe, T * H },
-                { &w->ye, T * H },
-                { &w->yk, T * MAX(K, 1u) * H },
+                { &w->xe, T * MAX(K, 1u) * H },
+                { &w->ge, T * MAX(K, 1u) * MAX(c->n_ff_exp, 1u) },
+                { &w->ue, T * MAX(K, 1u) * MAX(c->n_ff_exp, 1u) },
+                { &w->ye, T * MAX(K, 1u) * H },
                 { &w->shared, T * H },
                 { &w->hidden, T * H },
         };
@@ -801,16 +884,16 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
                 *bytes += f[i].n * sizeof(float);
         }
         w->sel = calloc(T * MAX(K, 1u), sizeof(int32_t));
-        w->slot = calloc(T, sizeof(uint32_t));
+        w->row_of = calloc(T * MAX(K, 1u), sizeof(uint32_t));
         w->scores = calloc(nt, sizeof(float *));
-        if (!w->sel || !w->slot || !w->scores)
+        if (!w->sel || !w->row_of || !w->scores)
                 return -ENOMEM;
         for (unsigned i = 0; i < nt; i++) {
                 w->scores[i] = calloc(ctx, sizeof(float));
                 if (!w->scores[i])
                         return -ENOMEM;
         }
-        *bytes += (T * K + T) * 4 + (uint64_t) nt * ctx * sizeof(float);
+        *bytes += 2 * T * K * 4 + (uint64_t) nt * ctx * sizeof(float);
         return 0;
 }
 
@@ -821,6 +904,7 @@ static void cpu_destroy(struct x4_backend *b) {
                 work_free(&b->work, threadpool_size(b->pool));
         threadpool_free(b->pool);
         free(b->cache);
+        free(b->mm);
         free(b);
 }
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct x4_backend *, cpu_destroy);
@@ -957,6 +1041,9 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
                 b->inv_freq[i] = 0.0f;
         x4_config_rope_inv_freq(c, b->inv_freq);
 
+        b->mm = calloc(1, sizeof *b->mm);
+        if (!b->mm)
+                return log_error_errno(ENOMEM, "cpu backend: out of memory");
         b->cache = calloc(b->n_pages, page_bytes);
         if (!b->cache)
                 return log_error_errno(ENOMEM, "cpu backend: cannot allocate the latent cache: %u pages of %" PRIu64 " bytes",
