@@ -1,0 +1,920 @@
+/* SPDX-License-Identifier: MIT */
+/* xing4-http: OpenAI's HTTP API on one side, xing4d's protocol (libx4client) on the other.
+ *
+ * One thread, one libevent loop: evhttp serves the clients; each daemon socket is one multiplexed
+ * libx4client connection whose fd sits in the same loop (x4_client_dispatch() on readable). A
+ * request's life: parse + check (openai.c) → pick a daemon (least loaded, prefix affinity) →
+ * x4_client_submit() → chunks become SSE events or are gathered → Done/Error ends the HTTP reply.
+ * A client that goes away (evhttp's close callback) gets its request cancelled in the daemon.
+ *
+ * Job lifetime: a job is freed only in its on_done callback, which libx4client calls exactly once
+ * per submitted request (also when the daemon connection breaks); the HTTP side just drops its
+ * evhttp_request pointer when the reply is complete or the client is gone. */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <getopt.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bridge.h"
+#include "util/log.h"
+#include "util/macro.h"
+
+#define BRIDGE_VERSION "0.1.0"
+#define MAX_SOCKETS 16
+#define DEFAULT_CONFIG "/etc/xing4d/xing4-http.conf"
+
+/* ---- configuration ------------------------------------------------------------------------------- */
+
+struct config {
+        char listen[256];               /* HOST:PORT */
+        char *sockets[MAX_SOCKETS];
+        size_t n_sockets;
+        char api_key_file[512];
+        char model_name[128];           /* "" = the daemon's model name */
+        size_t max_body;                /* bytes of a request body */
+        unsigned max_concurrent;        /* generations in flight before 429 */
+        int timeout_s;                  /* header/body read and write inactivity */
+        int connect_timeout_ms;         /* daemon connect + handshake */
+        int retry_after_s;
+};
+
+static struct config cfg = {
+        .listen = "127.0.0.1:8000",
+        .max_body = 4u << 20,
+        .max_concurrent = 64,
+        .timeout_s = 60,
+        .connect_timeout_ms = 3000,
+        .retry_after_s = 1,
+};
+static char api_key[512];
+
+static int config_set(const char *key, const char *value, const char *where) {
+        char *end;
+        if (streq(key, "listen"))
+                snprintf(cfg.listen, sizeof cfg.listen, "%s", value);
+        else if (streq(key, "socket")) {
+                if (cfg.n_sockets >= MAX_SOCKETS)
+                        return log_error_errno(E2BIG, "%s: socket: at most %d daemon sockets", where, MAX_SOCKETS);
+                cfg.sockets[cfg.n_sockets++] = strdup(value);
+        } else if (streq(key, "api-key-file"))
+                snprintf(cfg.api_key_file, sizeof cfg.api_key_file, "%s", value);
+        else if (streq(key, "model-name"))
+                snprintf(cfg.model_name, sizeof cfg.model_name, "%s", value);
+        else {
+                errno = 0;
+                long long v = strtoll(value, &end, 10);
+                if (errno || end == value || *end || v < 1 || v > INT_MAX)
+                        return log_error_errno(EINVAL, "%s: %s: \"%s\" is not a positive integer", where, key, value);
+                if (streq(key, "max-body-bytes"))
+                        cfg.max_body = (size_t) v;
+                else if (streq(key, "max-concurrent"))
+                        cfg.max_concurrent = (unsigned) v;
+                else if (streq(key, "timeout"))
+                        cfg.timeout_s = (int) v;
+                else if (streq(key, "connect-timeout-ms"))
+                        cfg.connect_timeout_ms = (int) v;
+                else if (streq(key, "retry-after"))
+                        cfg.retry_after_s = (int) v;
+                else
+                        return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
+        }
+        return 0;
+}
+
+static char *trim(char *s) {
+        while (*s == ' ' || *s == '\t')
+                s++;
+        size_t n = strlen(s);
+        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
+                s[--n] = 0;
+        return s;
+}
+
+/* INI: [xing4-http] section, key = value, # or ; comments. A missing default file is fine. */
+static int config_load(const char *path, bool required) {
+        _cleanup_fclose_ FILE *f = fopen(path, "re");
+        char line[1024], where[600];
+        bool in_section = false;
+        unsigned lineno = 0;
+        if (!f) {
+                if (!required && errno == ENOENT)
+                        return 0;
+                return log_error_errno(errno, "%s: cannot open the config file: %m", path);
+        }
+        while (fgets(line, sizeof line, f)) {
+                char *s = trim(line);
+                lineno++;
+                snprintf(where, sizeof where, "%s:%u", path, lineno);
+                if (!*s || *s == '#' || *s == ';')
+                        continue;
+                if (*s == '[') {
+                        in_section = streq(s, "[xing4-http]");
+                        if (!in_section)
+                                return log_error_errno(EINVAL, "%s: section %s: [xing4-http] expected", where, s);
+                        continue;
+                }
+                char *eq = strchr(s, '=');
+                if (!eq)
+                        return log_error_errno(EINVAL, "%s: \"%s\": key = value expected", where, s);
+                if (!in_section)
+                        return log_error_errno(EINVAL, "%s: setting before the [xing4-http] section", where);
+                *eq = 0;
+                int r = config_set(trim(s), trim(eq + 1), where);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* ---- daemons ------------------------------------------------------------------------------------- */
+
+struct backend {
+        char *path;
+        x4_client *c;
+        struct event *ev;
+        unsigned inflight;
+        int64_t last_fail_ms;
+        char last_error[256];
+        char model_name[128];
+        char fingerprint[80];
+};
+
+static struct backend backends[MAX_SOCKETS];
+static size_t n_backends;
+static struct event_base *base;
+static char served_model[128] = "xing4";
+static int64_t started_unix;
+
+static int64_t now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void backend_drop(struct backend *be) {
+        if (be->ev) {
+                event_free(be->ev);
+                be->ev = NULL;
+        }
+        if (be->c) {
+                x4_client_free(be->c);
+                be->c = NULL;
+        }
+}
+
+static void backend_readable(evutil_socket_t fd, short what, void *arg) {
+        struct backend *be = arg;
+        int r = x4_client_dispatch(be->c);
+        if (r < 0) {
+                /* every pending request has had its on_done with the error already */
+                snprintf(be->last_error, sizeof be->last_error, "%s", x4_client_last_error(be->c));
+                log_warning("%s: daemon connection lost: %s", be->path, be->last_error);
+                be->last_fail_ms = now_ms();
+                backend_drop(be);
+        }
+}
+
+/* Connect (and handshake) if not connected. A daemon that failed within the last second is not
+ * retried, so a flood of requests to a dead socket does not stall the loop on connects. */
+static int backend_ensure(struct backend *be) {
+        if (be->c)
+                return 0;
+        if (be->last_fail_ms && now_ms() - be->last_fail_ms < 1000)
+                return X4_E_CONNECT;
+        x4_client *c = NULL;
+        int r = x4_client_new(&c);
+        if (r < 0)
+                return r;
+        x4_client_set_name(c, "xing4-http " BRIDGE_VERSION);
+        /* blocking calls here (health, stats, info) must not stall the loop for long */
+        x4_client_set_timeouts(c, cfg.connect_timeout_ms, cfg.connect_timeout_ms);
+        r = x4_client_connect(c, be->path);
+        if (r < 0) {
+                snprintf(be->last_error, sizeof be->last_error, "%s", x4_client_last_error(c));
+                x4_client_free(c);
+                be->last_fail_ms = now_ms();
+                return r;
+        }
+        struct x4_info info;
+        if (x4_client_info(c, &info) == 0) {
+                snprintf(be->model_name, sizeof be->model_name, "%s", info.model_name);
+                snprintf(be->fingerprint, sizeof be->fingerprint, "%s", info.model_fingerprint);
+        }
+        be->c = c;
+        be->ev = event_new(base, x4_client_fd(c), EV_READ | EV_PERSIST, backend_readable, be);
+        if (!be->ev || event_add(be->ev, NULL) < 0) {
+                backend_drop(be);
+                return X4_E_NOMEM;
+        }
+        be->last_fail_ms = 0;
+        be->last_error[0] = 0;
+
+        log_info("%s: connected to %s", be->path, x4_client_server_version(c));
+        return 0;
+}
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a */
+        for (size_t i = 0; i < n; i++)
+                h = (h ^ (unsigned char) s[i]) * 1099511628211ull;
+        return h;
+}
+
+/* Least loaded daemon; the one the prompt's opening bytes hash to wins ties and near-ties (one
+ * request of slack), since it probably holds that prefix in its cache. */
+static struct backend *backend_pick(const char *key, size_t key_len) {
+        struct backend *best = NULL;
+        size_t pref = n_backends > 1 && key ? hash_bytes(key, key_len) % n_backends : 0;
+        for (size_t i = 0; i < n_backends; i++) {
+                struct backend *be = &backends[i];
+                if (!be->c && be->last_fail_ms && now_ms() - be->last_fail_ms < 1000)
+                        continue;
+                if (!best || be->inflight < best->inflight)
+                        best = be;
+        }
+        if (best && n_backends > 1) {
+                struct backend *p = &backends[pref];
+                if ((p->c || !p->last_fail_ms || now_ms() - p->last_fail_ms >= 1000) &&
+                    p->inflight <= best->inflight + 1)
+                        best = p;
+        }
+        return best ? best : &backends[pref];
+}
+
+/* ---- HTTP helpers -------------------------------------------------------------------------------- */
+
+static void send_json(struct evhttp_request *req, int status, json_t *j, const char *endpoint) {
+        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        json_decref(j);
+        struct evbuffer *b = evhttp_request_get_output_buffer(req);
+        if (s) {
+                evbuffer_add(b, s, strlen(s));
+                evbuffer_add(b, "\n", 1);
+                free(s);
+        }
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+        const char *reason = status == 200 ? "OK" : status == 400 ? "Bad Request" : status == 401 ? "Unauthorized"
+                : status == 404 ? "Not Found" : status == 405 ? "Method Not Allowed" : status == 413 ? "Payload Too Large"
+                : status == 429 ? "Too Many Requests" : status == 503 ? "Service Unavailable" : "Error";
+        evhttp_send_reply(req, status, reason, NULL);
+        metrics_count_request(endpoint, status);
+}
+
+static void send_error(struct evhttp_request *req, const struct api_error *e, const char *endpoint) {
+        if (e->retry_after > 0) {
+                char v[16];
+                snprintf(v, sizeof v, "%d", e->retry_after);
+                evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", v);
+        }
+        log_debug("%s: %d %s", endpoint, e->status, e->message);
+        json_t *j = api_error_json(e);
+        if (!j)
+                log_error("%s: cannot encode the error \"%s\"", endpoint, e->message);
+        send_json(req, e->status, j, endpoint);
+}
+
+/* ---- generations --------------------------------------------------------------------------------- */
+
+struct job {
+        struct job *prev, *next;
+        uint64_t id;
+        char idstr[48];
+        const char *endpoint;
+        struct backend *be;
+        uint64_t rid;                   /* libx4client's id on be->c */
+        struct evhttp_request *req;     /* NULL once answered or the client is gone */
+        struct evhttp_connection *conn;
+        enum api_kind kind;
+        bool stream, include_usage;
+        bool headers_sent, role_sent;
+        bool submitting, done_early;
+        struct x4_done early;           /* on_done that ran inside x4_client_submit() */
+        struct api_result res;
+        size_t n_calls;
+        double t_start, t_last;
+        bool got_first;
+        int64_t created;
+};
+
+static struct job *jobs;
+static unsigned n_jobs;
+static uint64_t next_job_id = 1;
+
+static void job_unlink(struct job *j) {
+        if (j->prev)
+                j->prev->next = j->next;
+        else
+                jobs = j->next;
+        if (j->next)
+                j->next->prev = j->prev;
+        n_jobs--;
+}
+
+static void job_free(struct job *j) {
+        api_result_done(&j->res);
+        free(j);
+}
+
+/* The HTTP side is done with this job (reply sent): stop listening for its connection's close. */
+static void job_release_http(struct job *j) {
+        if (j->conn)
+                evhttp_connection_set_closecb(j->conn, NULL, NULL);
+        j->req = NULL;
+        j->conn = NULL;
+}
+
+static void on_client_close(struct evhttp_connection *conn, void *arg) {
+        struct job *j = arg;
+        j->req = NULL;
+        j->conn = NULL;
+        evhttp_connection_set_closecb(conn, NULL, NULL);
+        log_info("%s: client went away, cancelling its request", j->idstr);
+        if (j->be->c)
+                (void) x4_client_cancel(j->be->c, j->rid); /* may run on_done: j is gone after this */
+}
+
+static void stream_begin(struct job *j) {
+        if (!j->headers_sent) {
+                sse_start(j->req);
+                j->headers_sent = true;
+        }
+        if (j->kind == API_CHAT && !j->role_sent) {
+                j->role_sent = true;
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model,
+                                                     json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                                                     NULL, NULL));
+        }
+}
+
+/* A finished tool call as OpenAI streams it: a first delta naming the call, then the arguments in
+ * fragments (the daemon reports a call once it is complete, so the fragments follow each other). */
+static void stream_tool_call(struct job *j, const char *name, const char *args) {
+        char cid[96];
+        size_t idx = j->n_calls++;
+        snprintf(cid, sizeof cid, "call_%s_%zu", j->idstr, idx);
+        json_t *d = json_pack("{s:[{s:I, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", (json_int_t) idx, "id",
+                              cid, "type", "function", "function", "name", name, "arguments", "");
+        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model, d, NULL, NULL));
+        size_t n = strlen(args), off = 0;
+        while (off < n) {
+                size_t k = n - off < 24 ? n - off : 24;
+                while (off + k < n && ((unsigned char) args[off + k] & 0xC0) == 0x80)
+                        k++; /* never split a UTF-8 sequence */
+                d = json_pack("{s:[{s:I, s:{s:s%}}]}", "tool_calls", "index", (json_int_t) idx, "function",
+                              "arguments", args + off, k);
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model, d, NULL, NULL));
+                off += k;
+        }
+}
+
+static int on_chunk(const struct x4_chunk *c, void *arg) {
+        struct job *j = arg;
+        if (!j->req)
+                return 1; /* client gone: make sure the daemon stops */
+        if (c->n_token_ids > 0) {
+                double t = now_s();
+                if (!j->got_first) {
+                        metrics_observe_ttft(t - j->t_start);
+                        j->got_first = true;
+                } else
+                        metrics_observe_token_latency(t - j->t_last);
+                j->t_last = t;
+        }
+        bool call = c->channel == X4_CHANNEL_TOOL_CALL && c->tool_name;
+        if (!j->stream) {
+                if (j->kind == API_COMPLETION) {
+                        if (c->text_len)
+                                api_result_add_text(&j->res, false, c->text, c->text_len);
+                } else if (call)
+                        api_result_add_call(&j->res, c->tool_name, c->tool_arguments_json);
+                else if (c->text_len && c->channel != X4_CHANNEL_TOOL_CALL)
+                        api_result_add_text(&j->res, c->channel == X4_CHANNEL_REASONING, c->text, c->text_len);
+                if (j->res.logprobs || c->n_logprobs)
+                        api_result_add_logprobs(&j->res, j->kind, c);
+                return 0;
+        }
+        json_t *lp = api_chunk_logprobs(j->kind, c);
+        if (!c->text_len && !call && !lp)
+                return 0;
+        stream_begin(j);
+        if (j->kind == API_COMPLETION) {
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model,
+                                                     json_stringn(c->text, c->text_len), NULL, lp));
+                return 0;
+        }
+        if (call) {
+                json_decref(lp);
+                stream_tool_call(j, c->tool_name, c->tool_arguments_json ? c->tool_arguments_json : "{}");
+                return 0;
+        }
+        if (c->channel == X4_CHANNEL_TOOL_CALL) {
+                json_decref(lp); /* the call's raw text: it arrives parsed when the call ends */
+                return 0;
+        }
+        json_t *d;
+        if (c->channel == X4_CHANNEL_REASONING)
+                d = json_pack("{s:s%, s:s%}", "reasoning_content", c->text, c->text_len, "reasoning", c->text,
+                              c->text_len);
+        else
+                d = json_pack("{s:s%}", "content", c->text, c->text_len);
+        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model, d, NULL, lp));
+        return 0;
+}
+
+static void job_answer(struct job *j, const struct x4_done *d) {
+        if (d->status != X4_OK) {
+                struct api_error e;
+                api_error_from_x4(&e, d->status, d->error_message);
+                if (j->headers_sent) {
+                        /* too late for a status: an error event ends the stream */
+                        sse_send_json(j->req, api_error_json(&e));
+                        evhttp_send_reply_end(j->req);
+                        metrics_count_request(j->endpoint, e.status);
+                } else
+                        send_error(j->req, &e, j->endpoint);
+                return;
+        }
+        bool had_calls = j->stream ? j->n_calls > 0 : j->res.n_calls > 0;
+        if (j->stream) {
+                stream_begin(j);
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model,
+                                                     j->kind == API_CHAT ? json_object() : json_string(""),
+                                                     api_finish_reason(d->finish_reason, had_calls), NULL));
+                if (j->include_usage)
+                        sse_send_json(j->req, api_usage_chunk_json(j->kind, j->idstr, j->created, served_model, d));
+                sse_finish(j->req);
+                metrics_count_request(j->endpoint, 200);
+        } else
+                send_json(j->req, 200, api_response_json(j->kind, j->idstr, j->created, served_model, &j->res, d),
+                          j->endpoint);
+}
+
+static void on_done(const struct x4_done *d, void *arg) {
+        struct job *j = arg;
+        if (j->submitting) {
+                /* the connection broke while sending: the submitter answers */
+                j->done_early = true;
+                j->early = *d;
+                return;
+        }
+        if (d->status == X4_OK)
+                metrics_add_tokens(d->prompt_tokens, d->completion_tokens, d->cached_tokens);
+        if (d->finish_reason == X4_FINISH_CANCELLED)
+                metrics_count_cancelled();
+        if (j->req) {
+                job_answer(j, d);
+                job_release_http(j);
+        }
+        j->be->inflight--;
+        job_unlink(j);
+        job_free(j);
+}
+
+static void handle_generate(struct evhttp_request *req, enum api_kind kind, const char *endpoint) {
+        struct api_error e = { 0 };
+        struct evbuffer *in = evhttp_request_get_input_buffer(req);
+        size_t len = evbuffer_get_length(in);
+        if (len > cfg.max_body) {
+                api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                         "request body of %zu bytes exceeds this server's limit of %zu bytes (max-body-bytes)",
+                         len, cfg.max_body);
+                return send_error(req, &e, endpoint);
+        }
+        if (n_jobs >= cfg.max_concurrent) {
+                api_fail(&e, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                         "%u requests are in flight, the limit of this server (max-concurrent); retry later",
+                         n_jobs);
+                e.retry_after = cfg.retry_after_s;
+                return send_error(req, &e, endpoint);
+        }
+        const char *body = (const char *) evbuffer_pullup(in, -1);
+        struct api_request ar;
+        if (api_parse_request(kind, body ? body : "", len, served_model, &ar, &e) < 0)
+                return send_error(req, &e, endpoint);
+
+        struct job *j = calloc(1, sizeof *j);
+        if (!j) {
+                api_request_done(&ar);
+                api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+                return send_error(req, &e, endpoint);
+        }
+        j->id = next_job_id++;
+        snprintf(j->idstr, sizeof j->idstr, "%s-%llu", kind == API_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long) j->id);
+        j->endpoint = endpoint;
+        j->kind = kind;
+        j->stream = ar.stream;
+        j->include_usage = ar.include_usage;
+        j->created = time(NULL);
+        j->t_start = now_s();
+
+        int r = X4_E_CONNECT;
+        const char *why = "";
+        for (int attempt = 0; attempt < 2; attempt++) {
+                struct backend *be = backend_pick(ar.affinity_key, ar.affinity_len);
+                j->be = be;
+                r = backend_ensure(be);
+                if (r < 0) {
+                        why = be->last_error;
+                        continue;
+                }
+                j->submitting = true;
+                j->done_early = false;
+                r = x4_client_submit(be->c, ar.req, on_chunk, on_done, j, &j->rid);
+                j->submitting = false;
+                if (r >= 0)
+                        break;
+                why = x4_client_last_error(be->c);
+                if (r == X4_E_TOO_LARGE || r == X4_E_NOMEM)
+                        break;
+                /* the connection is broken: drop it and try a fresh one */
+                snprintf(be->last_error, sizeof be->last_error, "%s", why);
+                why = be->last_error;
+                backend_drop(be);
+        }
+        api_request_done(&ar);
+        if (r < 0) {
+                api_error_from_x4(&e, r, why);
+                free(j);
+                return send_error(req, &e, endpoint);
+        }
+        j->be->inflight++;
+        j->req = req;
+        j->conn = evhttp_request_get_connection(req);
+        evhttp_connection_set_closecb(j->conn, on_client_close, j);
+        j->next = jobs;
+        if (jobs)
+                jobs->prev = j;
+        jobs = j;
+        n_jobs++;
+}
+
+/* DELETE /v1/requests/{id}: id is a response's "id" (chatcmpl-N, cmpl-N) or N. */
+static void handle_cancel(struct evhttp_request *req, const char *id) {
+        const char *num = strrchr(id, '-');
+        num = num ? num + 1 : id;
+        char *end;
+        unsigned long long n = strtoull(num, &end, 10);
+        struct api_error e;
+        for (struct job *j = jobs; j && *num && !*end; j = j->next) {
+                if (j->id != n)
+                        continue;
+                char idcopy[48];
+                snprintf(idcopy, sizeof idcopy, "%s", j->idstr);
+                log_info("%s: cancelled by DELETE", idcopy);
+                (void) x4_client_cancel(j->be->c, j->rid);
+                send_json(req, 200, json_pack("{s:s, s:s, s:b}", "id", idcopy, "object", "request.cancel", "cancelled",
+                                              1), "cancel");
+                return;
+        }
+        api_fail(&e, 404, "invalid_request_error", "not_found", "id",
+                 "request \"%s\" is not in flight on this server", id);
+        send_error(req, &e, "cancel");
+}
+
+static void handle_models(struct evhttp_request *req) {
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", served_model, "object", "model", "created",
+                              (json_int_t) started_unix, "owned_by", "xing4d");
+        /* what the daemons actually load (general.name and fingerprint), for humans */
+        for (size_t i = 0; i < n_backends; i++)
+                if (backends[i].model_name[0]) {
+                        json_object_set_new(m, "xing4d_model", json_string(backends[i].model_name));
+                        json_object_set_new(m, "xing4d_fingerprint", json_string(backends[i].fingerprint));
+                        break;
+                }
+        send_json(req, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m), "models");
+}
+
+/* 200 when at least one daemon serves; 503 (with Retry-After) while they load or are unreachable. */
+static void handle_health(struct evhttp_request *req, bool ready) {
+        json_t *list = json_array();
+        unsigned serving = 0, loading = 0;
+        for (size_t i = 0; i < n_backends; i++) {
+                struct backend *be = &backends[i];
+                const char *state = "unreachable";
+                char detail[256] = "";
+                int st = 0;
+                if (backend_ensure(be) == 0 && x4_client_health(be->c, &st, detail, sizeof detail) == 0) {
+                        state = st == X4_HEALTH_SERVING ? "serving" : st == X4_HEALTH_LOADING ? "loading"
+                                : st == X4_HEALTH_DRAINING ? "draining" : "unknown";
+                        serving += st == X4_HEALTH_SERVING;
+                        loading += st == X4_HEALTH_LOADING;
+                } else
+                        snprintf(detail, sizeof detail, "%s", be->last_error);
+                json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:I}", "socket", be->path, "state", state,
+                                                      "detail", detail, "in_flight", (json_int_t) be->inflight));
+        }
+        bool ok = serving > 0 && (!ready || n_jobs < cfg.max_concurrent);
+        const char *status = ok ? "ok" : serving ? "busy" : loading ? "loading" : "unavailable";
+        if (!ok)
+                evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+        send_json(req, ok ? 200 : 503, json_pack("{s:s, s:o}", "status", status, "daemons", list),
+                  ready ? "ready" : "health");
+}
+
+static void handle_metrics(struct evhttp_request *req) {
+        struct evbuffer *b = evhttp_request_get_output_buffer(req);
+        metrics_render(b);
+        evbuffer_add_printf(b, "# HELP xing4_http_requests_in_flight Generations in flight through the bridge.\n"
+                               "# TYPE xing4_http_requests_in_flight gauge\nxing4_http_requests_in_flight %u\n",
+                            n_jobs);
+        static const char *const names[] = { "xing4_daemon_up", "xing4_daemon_queue_depth",
+                                             "xing4_daemon_requests_running", "xing4_daemon_prefix_hits_total",
+                                             "xing4_daemon_prefix_tokens_reused_total" };
+        static const char *const helps[] = { "1 if the daemon answered its stats on this scrape.",
+                                             "Requests waiting for admission in the daemon.",
+                                             "Requests running in the daemon.",
+                                             "Prompts that reused the daemon's prefix cache.",
+                                             "Prompt tokens taken from the daemon's prefix cache." };
+        static const char *const types[] = { "gauge", "gauge", "gauge", "counter", "counter" };
+        struct x4_stats st[MAX_SOCKETS];
+        bool up[MAX_SOCKETS];
+        for (size_t i = 0; i < n_backends; i++)
+                up[i] = backend_ensure(&backends[i]) == 0 && x4_client_stats(backends[i].c, &st[i]) == 0;
+        for (size_t k = 0; k < ELEMENTSOF(names); k++) {
+                evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", names[k], helps[k], names[k], types[k]);
+                for (size_t i = 0; i < n_backends; i++) {
+                        uint64_t v = k == 0 ? up[i] : !up[i] ? 0 : k == 1 ? st[i].requests_waiting
+                                : k == 2 ? st[i].requests_running : k == 3 ? st[i].prefix_hits : st[i].prefix_tokens_reused;
+                        if (k > 0 && !up[i])
+                                continue;
+                        evbuffer_add_printf(b, "%s{socket=\"", names[k]);
+                        metrics_label_escape(b, backends[i].path);
+                        evbuffer_add_printf(b, "\"} %llu\n", (unsigned long long) v);
+                }
+        }
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                          "text/plain; version=0.0.4; charset=utf-8");
+        evhttp_send_reply(req, 200, "OK", NULL);
+        metrics_count_request("metrics", 200);
+}
+
+static bool authorized(struct evhttp_request *req) {
+        if (!api_key[0])
+                return true;
+        const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+        if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+                return false;
+        h += 7;
+        size_t n = strlen(api_key), m = strlen(h);
+        unsigned char diff = n != m;
+        for (size_t i = 0; i < n; i++)
+                diff |= (unsigned char) api_key[i] ^ (unsigned char) (i < m ? h[i] : 0);
+        return diff == 0;
+}
+
+static void route(struct evhttp_request *req, void *arg) {
+        const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+        const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+        enum evhttp_cmd_type m = evhttp_request_get_command(req);
+        struct api_error e;
+        if (!path)
+                path = "/";
+        if (streq(path, "/health") || streq(path, "/ready") || streq(path, "/metrics")) {
+                if (m != EVHTTP_REQ_GET) {
+                        api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only GET", path);
+                        return send_error(req, &e, "other");
+                }
+                if (streq(path, "/metrics"))
+                        return handle_metrics(req);
+                return handle_health(req, streq(path, "/ready"));
+        }
+        if (!authorized(req)) {
+                evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+                api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                         "missing or wrong API key: send \"Authorization: Bearer KEY\" with the key in this "
+                         "server's api-key-file");
+                return send_error(req, &e, "unauthorized");
+        }
+        const char *endpoint = NULL;
+        if (streq(path, "/v1/chat/completions"))
+                endpoint = "chat";
+        else if (streq(path, "/v1/completions"))
+                endpoint = "completions";
+        else if (streq(path, "/v1/models"))
+                endpoint = "models";
+        else if (strncmp(path, "/v1/requests/", 13) == 0 && path[13])
+                endpoint = "cancel";
+        if (!endpoint) {
+                api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %s",
+                         m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE" : "",
+                         path);
+                return send_error(req, &e, "other");
+        }
+        enum evhttp_cmd_type want = streq(endpoint, "models") ? EVHTTP_REQ_GET
+                : streq(endpoint, "cancel") ? EVHTTP_REQ_DELETE : EVHTTP_REQ_POST;
+        if (m != want) {
+                api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only %s", path,
+                         want == EVHTTP_REQ_GET ? "GET" : want == EVHTTP_REQ_POST ? "POST" : "DELETE");
+                return send_error(req, &e, endpoint);
+        }
+        if (streq(endpoint, "models"))
+                return handle_models(req);
+        if (streq(endpoint, "cancel"))
+                return handle_cancel(req, path + 13);
+        handle_generate(req, streq(endpoint, "chat") ? API_CHAT : API_COMPLETION, endpoint);
+}
+
+/* ---- main ---------------------------------------------------------------------------------------- */
+
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+        log_info("signal %d: stopping", (int) sig);
+        event_base_loopexit(base, NULL);
+}
+
+static int read_api_key(const char *path) {
+        _cleanup_fclose_ FILE *f = fopen(path, "re");
+        if (!f)
+                return log_error_errno(errno, "%s: cannot read the API key file: %m", path);
+        if (!fgets(api_key, sizeof api_key, f))
+                api_key[0] = 0;
+        char *k = trim(api_key);
+        memmove(api_key, k, strlen(k) + 1);
+        if (!api_key[0])
+                return log_error_errno(EINVAL, "%s: the API key file is empty", path);
+        return 0;
+}
+
+static void usage(void) {
+        printf("Usage: xing4-http [OPTIONS]\n"
+               "OpenAI-compatible HTTP API for xing4d.\n\n"
+               "  --config PATH         INI file (default " DEFAULT_CONFIG ", if present)\n"
+               "  --listen HOST:PORT    address to serve (default 127.0.0.1:8000; port 0 = any free)\n"
+               "  --socket PATH         xing4d socket; repeat for several daemons (default $X4_SOCKET or "
+               X4_DEFAULT_SOCKET ")\n"
+               "  --api-key-file PATH   require \"Authorization: Bearer KEY\" with the key in PATH\n"
+               "  --model-name NAME     model id to list and accept (default xing4)\n"
+               "  --max-body-bytes N    largest request body (default 4194304)\n"
+               "  --max-concurrent N    generations in flight before 429 (default 64)\n"
+               "  --timeout S           read/write inactivity timeout of HTTP connections (default 60)\n"
+               "  --connect-timeout-ms N  daemon connect + handshake limit (default 3000)\n"
+               "  --version, --help\n");
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "config", required_argument, NULL, 'c' },
+                { "listen", required_argument, NULL, 'l' },
+                { "socket", required_argument, NULL, 's' },
+                { "api-key-file", required_argument, NULL, 'k' },
+                { "model-name", required_argument, NULL, 'm' },
+                { "max-body-bytes", required_argument, NULL, 'b' },
+                { "max-concurrent", required_argument, NULL, 'n' },
+                { "timeout", required_argument, NULL, 't' },
+                { "connect-timeout-ms", required_argument, NULL, 'T' },
+                { "version", no_argument, NULL, 'V' },
+                { "help", no_argument, NULL, 'h' },
+                {}
+        };
+        const char *config_path = NULL;
+        int o;
+        log_set_ident("xing4-http");
+        /* the config file first, so flags override it whatever their order */
+        opterr = 0;
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1)
+                if (o == 'c')
+                        config_path = optarg;
+        if (config_load(config_path ? config_path : DEFAULT_CONFIG, config_path != NULL) < 0)
+                return 2;
+        bool sockets_from_flags = false;
+        optind = 0;
+        opterr = 1;
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+                int r = 0;
+                switch (o) {
+                case 'c':
+                        break;
+                case 's':
+                        if (!sockets_from_flags) {
+                                /* flags replace the config file's list */
+                                for (size_t i = 0; i < cfg.n_sockets; i++)
+                                        free(cfg.sockets[i]);
+                                cfg.n_sockets = 0;
+                                sockets_from_flags = true;
+                        }
+                        r = config_set("socket", optarg, "--socket");
+                        break;
+                case 'l': r = config_set("listen", optarg, "--listen"); break;
+                case 'k': r = config_set("api-key-file", optarg, "--api-key-file"); break;
+                case 'm': r = config_set("model-name", optarg, "--model-name"); break;
+                case 'b': r = config_set("max-body-bytes", optarg, "--max-body-bytes"); break;
+                case 'n': r = config_set("max-concurrent", optarg, "--max-concurrent"); break;
+                case 't': r = config_set("timeout", optarg, "--timeout"); break;
+                case 'T': r = config_set("connect-timeout-ms", optarg, "--connect-timeout-ms"); break;
+                case 'V':
+                        printf("xing4-http " BRIDGE_VERSION "\n");
+                        return 0;
+                case 'h':
+                        usage();
+                        return 0;
+                default:
+                        fprintf(stderr, "xing4-http: see --help\n");
+                        return 2;
+                }
+                if (r < 0)
+                        return 2;
+        }
+        if (optind < argc) {
+                log_error("unexpected argument \"%s\"; see --help", argv[optind]);
+                return 2;
+        }
+        if (cfg.n_sockets == 0) {
+                const char *env = getenv(X4_SOCKET_ENV);
+                config_set("socket", env && *env ? env : X4_DEFAULT_SOCKET, "default");
+        }
+        if (cfg.api_key_file[0] && read_api_key(cfg.api_key_file) < 0)
+                return 2;
+
+        char host[256];
+        snprintf(host, sizeof host, "%s", cfg.listen);
+        char *colon = strrchr(host, ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : -1;
+        if (!colon || !end || *end || colon[1] == 0 || port < 0 || port > 65535) {
+                log_error("--listen %s: HOST:PORT expected (e.g. 127.0.0.1:8000)", cfg.listen);
+                return 2;
+        }
+        *colon = 0;
+        if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+                memmove(host, host + 1, strlen(host));
+                host[strlen(host) - 1] = 0;
+        }
+
+        signal(SIGPIPE, SIG_IGN);
+        started_unix = time(NULL);
+        base = event_base_new();
+        struct evhttp *http = base ? evhttp_new(base) : NULL;
+        if (!http) {
+                log_error("cannot create the event loop");
+                return 1;
+        }
+        n_backends = cfg.n_sockets;
+        for (size_t i = 0; i < n_backends; i++)
+                backends[i].path = cfg.sockets[i];
+        /* the hard cap protects memory; bodies between max_body and it get an OpenAI-shaped 413 */
+        evhttp_set_max_body_size(http, (ev_ssize_t) cfg.max_body * 2 + 65536);
+        evhttp_set_max_headers_size(http, 64 * 1024);
+        evhttp_set_timeout(http, cfg.timeout_s);
+        evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE |
+                                                 EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PUT);
+        evhttp_set_gencb(http, route, NULL);
+        struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(http, host, (uint16_t) port);
+        if (!bs) {
+                log_error("--listen %s: cannot listen there: %m", cfg.listen);
+                return 1;
+        }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int bound_port = (int) port;
+        if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *) &ss, &sl) == 0)
+                bound_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *) &ss)->sin6_port)
+                                                      : ntohs(((struct sockaddr_in *) &ss)->sin_port);
+
+        if (cfg.model_name[0])
+                snprintf(served_model, sizeof served_model, "%s", cfg.model_name);
+        for (size_t i = 0; i < n_backends; i++)
+                (void) backend_ensure(&backends[i]); /* fine if not up yet: retried per request */
+
+        struct event *sigint = evsignal_new(base, SIGINT, on_signal, NULL);
+        struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, NULL);
+        event_add(sigint, NULL);
+        event_add(sigterm, NULL);
+        log_info("listening on http://%s:%d/v1 (model \"%s\", %zu daemon socket%s)",
+                 strchr(host, ':') ? "[::]" : host, bound_port, served_model, n_backends,
+                 n_backends == 1 ? "" : "s");
+        event_base_dispatch(base);
+
+        for (size_t i = 0; i < n_backends; i++)
+                backend_drop(&backends[i]);
+        evhttp_free(http);
+        event_free(sigint);
+        event_free(sigterm);
+        /* libx4client does not call on_done when a client is freed: the jobs left are abandoned */
+        while (jobs) {
+                struct job *j = jobs;
+                job_unlink(j);
+                job_free(j);
+        }
+        event_base_free(base);
+        for (size_t i = 0; i < cfg.n_sockets; i++)
+                free(cfg.sockets[i]);
+        return 0;
+}

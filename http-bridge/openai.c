@@ -1,0 +1,789 @@
+/* SPDX-License-Identifier: MIT */
+/* OpenAI's JSON ⇄ libx4client. Requests are checked here with OpenAI's parameter names, so a bad
+ * value is answered as `{"error":{"param":"top_p",...}}` the way the SDKs expect, before anything
+ * reaches the daemon (which checks again, with its own field names). */
+#include <event2/buffer.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bridge.h"
+#include "util/macro.h"
+
+/* ---- errors ------------------------------------------------------------------------------------ */
+
+int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) {
+        va_list ap;
+        e->status = status;
+        e->type = type;
+        e->code = code;
+        e->retry_after = 0;
+        snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+        va_start(ap, fmt);
+        vsnprintf(e->message, sizeof e->message, fmt, ap);
+        va_end(ap);
+        return -1;
+}
+
+json_t *api_error_json(const struct api_error *e) {
+        return json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type", e->type,
+                         "param", e->param[0] ? json_string(e->param) : json_null(), "code",
+                         e->code ? json_string(e->code) : json_null());
+}
+
+void api_error_from_x4(struct api_error *e, int st, const char *msg) {
+        if (!msg || !*msg)
+                msg = x4_strerror(st);
+        switch (st) {
+        case X4_E_INVALID_ARGUMENT:
+                api_fail(e, 400, "invalid_request_error", NULL, NULL, "%s", msg);
+                break;
+        case X4_E_TOO_LARGE:
+                api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "messages", "%s", msg);
+                break;
+        case X4_E_RESOURCE_EXHAUSTED:
+                api_fail(e, 400, "invalid_request_error", "context_length_exceeded", NULL, "%s", msg);
+                break;
+        case X4_E_NOT_FOUND:
+                api_fail(e, 404, "invalid_request_error", "not_found", NULL, "%s", msg);
+                break;
+        case X4_E_UNIMPLEMENTED:
+                api_fail(e, 400, "invalid_request_error", "unsupported", NULL, "%s", msg);
+                break;
+        case X4_E_UNAVAILABLE:
+                api_fail(e, 503, "server_error", "unavailable", NULL, "xing4d is not taking requests: %s", msg);
+                e->retry_after = 1;
+                break;
+        case X4_E_CONNECT:
+        case X4_E_TIMEOUT:
+        case X4_E_IO:
+        case X4_E_CLOSED:
+                api_fail(e, 503, "server_error", "daemon_unreachable", NULL, "xing4d is unreachable: %s", msg);
+                e->retry_after = 2;
+                break;
+        default:
+                api_fail(e, 500, "server_error", "internal_error", NULL, "%s", msg);
+                break;
+        }
+}
+
+/* ---- request parsing ----------------------------------------------------------------------------- */
+
+void api_request_done(struct api_request *r) {
+        x4_request_free(r->req);
+        free(r->affinity_key);
+        r->req = NULL;
+        r->affinity_key = NULL;
+}
+
+static int bad(struct api_error *e, const char *param, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static int bad(struct api_error *e, const char *param, const char *fmt, ...) {
+        char msg[400];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        return api_fail(e, 400, "invalid_request_error", "invalid_value", param, "%s: %s", param, msg);
+}
+
+static int unsupported(struct api_error *e, const char *param, const char *what) {
+        return api_fail(e, 400, "invalid_request_error", "unsupported_parameter", param,
+                        "%s: %s is not supported by xing4d", param, what);
+}
+
+static const char *type_name(const json_t *v) {
+        switch (json_typeof(v)) {
+        case JSON_OBJECT: return "an object";
+        case JSON_ARRAY: return "an array";
+        case JSON_STRING: return "a string";
+        case JSON_INTEGER: return "an integer";
+        case JSON_REAL: return "a number";
+        case JSON_TRUE:
+        case JSON_FALSE: return "a boolean";
+        default: return "null";
+        }
+}
+
+/* A number field within [lo, hi]; absent or null: *set = false. */
+static int get_number(json_t *o, const char *key, double lo, double hi, bool lo_open, double *v,
+                      bool *set, struct api_error *e) {
+        json_t *x = json_object_get(o, key);
+        *set = false;
+        if (!x || json_is_null(x))
+                return 0;
+        if (!json_is_number(x))
+                return bad(e, key, "a number expected, got %s", type_name(x));
+        *v = json_number_value(x);
+        if (!isfinite(*v) || *v > hi || (lo_open ? *v <= lo : *v < lo))
+                return bad(e, key, "%g is out of range %s%g, %g]", *v, lo_open ? "(" : "[", lo, hi);
+        *set = true;
+        return 0;
+}
+
+static int get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
+                   struct api_error *e) {
+        json_t *x = json_object_get(o, key);
+        *set = false;
+        if (!x || json_is_null(x))
+                return 0;
+        if (!json_is_integer(x))
+                return bad(e, key, "an integer expected, got %s", type_name(x));
+        *v = json_integer_value(x);
+        if (*v < lo || *v > hi)
+                return bad(e, key, "%lld is out of range [%lld, %lld]", (long long) *v, (long long) lo,
+                           (long long) hi);
+        *set = true;
+        return 0;
+}
+
+static int get_bool(json_t *o, const char *key, bool *v, struct api_error *e) {
+        json_t *x = json_object_get(o, key);
+        if (!x || json_is_null(x))
+                return 0;
+        if (!json_is_boolean(x))
+                return bad(e, key, "true or false expected, got %s", type_name(x));
+        *v = json_is_true(x);
+        return 0;
+}
+
+/* A growing string. */
+struct sbuf {
+        char *s;
+        size_t len, cap;
+};
+
+static int sbuf_add(struct sbuf *b, const char *s, size_t n) {
+        if (b->len + n + 1 > b->cap) {
+                size_t cap = b->cap ? b->cap * 2 : 256;
+                while (cap < b->len + n + 1)
+                        cap *= 2;
+                char *p = realloc(b->s, cap);
+                if (!p)
+                        return -1;
+                b->s = p;
+                b->cap = cap;
+        }
+        memcpy(b->s + b->len, s, n);
+        b->len += n;
+        b->s[b->len] = 0;
+        return 0;
+}
+
+/* Message content: a string, null, or an array of parts of which only "text" ones are accepted
+ * (the model reads text only). */
+static int content_text(json_t *content, size_t msg, struct sbuf *out, struct api_error *e) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu].content", msg);
+        if (!content || json_is_null(content))
+                return 0;
+        if (json_is_string(content))
+                return sbuf_add(out, json_string_value(content), json_string_length(content));
+        if (!json_is_array(content))
+                return bad(e, param, "a string or an array of content parts expected, got %s",
+                           type_name(content));
+        size_t i;
+        json_t *part;
+        json_array_foreach(content, i, part) {
+                snprintf(param, sizeof param, "messages[%zu].content[%zu]", msg, i);
+                const char *type = json_string_value(json_object_get(part, "type"));
+                if (!json_is_object(part) || !type)
+                        return bad(e, param, "an object with a \"type\" expected");
+                if (strcmp(type, "text") != 0)
+                        return api_fail(e, 400, "invalid_request_error", "unsupported_content_type", param,
+                                        "%s: content part type \"%s\" is not supported; the model reads "
+                                        "\"text\" parts only", param, type);
+                json_t *t = json_object_get(part, "text");
+                if (!json_is_string(t))
+                        return bad(e, param, "\"text\" must be a string");
+                if (sbuf_add(out, json_string_value(t), json_string_length(t)) < 0)
+                        return -1;
+        }
+        return 0;
+}
+
+/* An assistant message's earlier tool calls, written the way the model's chat template writes
+ * them after the content (spec §7 JSON syntax; the template's string-arguments branch), so the
+ * daemon sees the same tokens it would render from ChatMessage.tool_calls_json. libx4client has
+ * no setter for tool_calls_json yet. */
+static int render_tool_calls(json_t *calls, size_t msg, struct sbuf *out, struct api_error *e) {
+        char param[64];
+        size_t i;
+        json_t *tc;
+        snprintf(param, sizeof param, "messages[%zu].tool_calls", msg);
+        if (!json_is_array(calls))
+                return bad(e, param, "an array expected, got %s", type_name(calls));
+        json_array_foreach(calls, i, tc) {
+                json_t *fn = json_object_get(tc, "function");
+                const char *name = json_string_value(json_object_get(fn, "name"));
+                json_t *args = json_object_get(fn, "arguments");
+                if (!name)
+                        return bad(e, param, "entry %zu has no function.name", i);
+                _cleanup_free_ char *args_s = NULL;
+                if (json_is_string(args))
+                        args_s = strdup(json_string_value(args));
+                else if (json_is_object(args))
+                        args_s = json_dumps(args, JSON_COMPACT);
+                else
+                        args_s = strdup("{}");
+                json_t *n = json_string(name);
+                _cleanup_free_ char *name_json = json_dumps(n, JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
+                json_decref(n);
+                if (!args_s || !name_json)
+                        return -1;
+                if (sbuf_add(out, "<tool_call>{\"name\": ", 20) < 0 ||
+                    sbuf_add(out, name_json, strlen(name_json)) < 0 ||
+                    sbuf_add(out, ", \"arguments\": ", 15) < 0 || sbuf_add(out, args_s, strlen(args_s)) < 0 ||
+                    sbuf_add(out, "}</tool_call>\n", 14) < 0)
+                        return -1;
+        }
+        return 0;
+}
+
+static void affinity_add(struct api_request *r, const char *s, size_t n) {
+        /* the first 256 bytes of the prompt decide which daemon probably has it cached */
+        const size_t max = 256;
+        if (r->affinity_len >= max)
+                return;
+        if (!r->affinity_key && !(r->affinity_key = calloc(1, max + 1)))
+                return;
+        n = n < max - r->affinity_len ? n : max - r->affinity_len;
+        memcpy(r->affinity_key + r->affinity_len, s, n);
+        r->affinity_len += n;
+}
+
+static int parse_messages(json_t *root, struct api_request *r, struct api_error *e) {
+        json_t *msgs = json_object_get(root, "messages");
+        size_t i;
+        json_t *m;
+        if (!msgs)
+                return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
+                                "messages: required (an array of {role, content} objects)");
+        if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+                return bad(e, "messages", "a non-empty array expected");
+        json_array_foreach(msgs, i, m) {
+                char param[64];
+                snprintf(param, sizeof param, "messages[%zu].role", i);
+                const char *role = json_string_value(json_object_get(m, "role"));
+                if (!json_is_object(m) || !role)
+                        return bad(e, param, "required (system, developer, user, assistant or tool)");
+                if (strcmp(role, "developer") == 0)
+                        role = "system";
+                if (strcmp(role, "system") != 0 && strcmp(role, "user") != 0 &&
+                    strcmp(role, "assistant") != 0 && strcmp(role, "tool") != 0)
+                        return bad(e, param, "\"%s\" is not a role; system, developer, user, assistant or "
+                                   "tool expected", role);
+                struct sbuf text = { 0 };
+                int ret = content_text(json_object_get(m, "content"), i, &text, e);
+                json_t *calls = json_object_get(m, "tool_calls");
+                if (ret == 0 && strcmp(role, "assistant") == 0 && calls && !json_is_null(calls))
+                        ret = render_tool_calls(calls, i, &text, e);
+                if (ret == 0 && !text.s)
+                        ret = sbuf_add(&text, "", 0);
+                if (ret < 0) {
+                        free(text.s);
+                        if (e->status == 0)
+                                api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return -1;
+                }
+                affinity_add(r, text.s, text.len);
+                ret = x4_request_add_message(r->req, role, text.s);
+                free(text.s);
+                if (ret < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        return 0;
+}
+
+static int parse_stop(json_t *root, x4_request *req, struct api_error *e) {
+        json_t *stop = json_object_get(root, "stop");
+        if (!stop || json_is_null(stop))
+                return 0;
+        if (json_is_string(stop)) {
+                if (json_string_length(stop) == 0)
+                        return bad(e, "stop", "an empty stop string would match everywhere");
+                return x4_request_add_stop(req, json_string_value(stop)) < 0 ? bad(e, "stop", "out of memory") : 0;
+        }
+        if (!json_is_array(stop))
+                return bad(e, "stop", "a string or an array of up to 4 strings expected, got %s", type_name(stop));
+        if (json_array_size(stop) > 4)
+                return bad(e, "stop", "at most 4 stop strings, got %zu", json_array_size(stop));
+        size_t i;
+        json_t *s;
+        json_array_foreach(stop, i, s) {
+                if (!json_is_string(s) || json_string_length(s) == 0)
+                        return bad(e, "stop", "entry %zu: a non-empty string expected", i);
+                if (x4_request_add_stop(req, json_string_value(s)) < 0)
+                        return bad(e, "stop", "out of memory");
+        }
+        return 0;
+}
+
+static int parse_sampling(json_t *root, struct api_request *r, struct api_error *e) {
+        double v;
+        json_int_t iv;
+        bool set;
+        if (get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_temperature(r->req, (float) v);
+        if (get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_top_p(r->req, (float) v);
+        if (get_number(root, "min_p", 0, 1, false, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_min_p(r->req, (float) v);
+        if (get_number(root, "presence_penalty", -2, 2, false, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_presence_penalty(r->req, (float) v);
+        if (get_number(root, "frequency_penalty", -2, 2, false, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_frequency_penalty(r->req, (float) v);
+        if (get_number(root, "repetition_penalty", 0, 10, true, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_repetition_penalty(r->req, (float) v);
+        if (get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_top_k(r->req, (uint32_t) iv);
+        json_t *seed = json_object_get(root, "seed");
+        if (seed && !json_is_null(seed)) {
+                if (!json_is_integer(seed))
+                        return bad(e, "seed", "an integer expected, got %s", type_name(seed));
+                x4_request_set_seed(r->req, (uint64_t) json_integer_value(seed));
+        }
+        /* max_completion_tokens is the newer name; both accepted, the newer wins */
+        json_int_t max = 0;
+        bool has_max = false;
+        if (get_int(root, "max_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
+                return -1;
+        if (set)
+                max = iv, has_max = true;
+        if (get_int(root, "max_completion_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
+                return -1;
+        if (set)
+                max = iv, has_max = true;
+        if (has_max)
+                x4_request_set_max_tokens(r->req, (uint32_t) max);
+        if (get_int(root, "n", 1, 1 << 20, &iv, &set, e) < 0)
+                return -1;
+        if (set && iv != 1)
+                return api_fail(e, 400, "invalid_request_error", "unsupported_value", "n",
+                                "n: only 1 choice per request is supported, got %lld (send %lld "
+                                "requests instead)", (long long) iv, (long long) iv);
+        json_t *user = json_object_get(root, "user");
+        if (user && !json_is_null(user) && !json_is_string(user))
+                return bad(e, "user", "a string expected, got %s", type_name(user));
+        /* thinking budget (Xing4 extension): reasoning tokens before </think> is forced */
+        if (get_int(root, "thinking_budget", -1, INT32_MAX, &iv, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_thinking_budget(r->req, (int32_t) iv);
+        return parse_stop(root, r->req, e);
+}
+
+static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) {
+        if (parse_messages(root, r, e) < 0)
+                return -1;
+        /* logprobs: bool + top_logprobs 0..20 */
+        if (get_bool(root, "logprobs", &r->logprobs, e) < 0)
+                return -1;
+        json_int_t iv;
+        bool set;
+        if (get_int(root, "top_logprobs", 0, 20, &iv, &set, e) < 0)
+                return -1;
+        if (set) {
+                if (!r->logprobs)
+                        return bad(e, "top_logprobs", "requires \"logprobs\": true");
+                r->top_logprobs = (unsigned) iv;
+        }
+        if (r->logprobs)
+                x4_request_set_logprobs(r->req, r->top_logprobs > 0 ? r->top_logprobs : 1);
+
+        json_t *tools = json_object_get(root, "tools");
+        json_t *choice = json_object_get(root, "tool_choice");
+        bool send_tools = tools && !json_is_null(tools);
+        if (send_tools && !json_is_array(tools))
+                return bad(e, "tools", "an array of {type: \"function\", function: {...}} expected");
+        if (choice && !json_is_null(choice)) {
+                const char *c = json_string_value(choice);
+                if (c && strcmp(c, "none") == 0)
+                        send_tools = false; /* the model is not told about them */
+                else if (!c || strcmp(c, "auto") != 0)
+                        return unsupported(e, "tool_choice",
+                                           "forcing a tool call (\"required\" or a named function)");
+        }
+        if (send_tools && json_array_size(tools) > 0) {
+                size_t i;
+                json_t *t;
+                json_array_foreach(tools, i, t) {
+                        if (!json_is_object(t) || !json_is_object(json_object_get(t, "function")) ||
+                            !json_is_string(json_object_get(json_object_get(t, "function"), "name")))
+                                return bad(e, "tools", "entry %zu: {type: \"function\", function: {name, "
+                                           "description, parameters}} expected", i);
+                }
+                _cleanup_free_ char *s = json_dumps(tools, JSON_COMPACT);
+                if (!s || x4_request_set_tools_json(r->req, s) < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        json_t *rf = json_object_get(root, "response_format");
+        if (rf && !json_is_null(rf)) {
+                const char *t = json_string_value(json_object_get(rf, "type"));
+                if (!t || strcmp(t, "text") != 0)
+                        return unsupported(e, "response_format",
+                                           "a response_format other than {\"type\": \"text\"} (JSON mode "
+                                           "needs constrained decoding, which xing4d does not do yet)");
+        }
+        r->thinking = true; /* the daemon's default (spec §7: the generation prompt opens <think>) */
+        json_t *kw = json_object_get(root, "chat_template_kwargs");
+        if (kw && !json_is_null(kw)) {
+                if (!json_is_object(kw))
+                        return bad(e, "chat_template_kwargs", "an object expected");
+                json_t *et = json_object_get(kw, "enable_thinking");
+                if (et && !json_is_boolean(et))
+                        return bad(e, "chat_template_kwargs.enable_thinking", "true or false expected");
+                if (et) {
+                        r->thinking = json_is_true(et);
+                        x4_request_set_thinking(r->req, r->thinking);
+                }
+                json_int_t b;
+                if (get_int(kw, "thinking_budget", -1, INT32_MAX, &b, &set, e) < 0)
+                        return -1;
+                if (set)
+                        x4_request_set_thinking_budget(r->req, (int32_t) b);
+        }
+        return 0;
+}
+
+static int parse_completion(json_t *root, struct api_request *r, struct api_error *e) {
+        json_t *p = json_object_get(root, "prompt");
+        if (!p)
+                return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "prompt",
+                                "prompt: required (a string)");
+        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+                p = json_array_get(p, 0);
+        if (json_is_string(p)) {
+                affinity_add(r, json_string_value(p), json_string_length(p));
+                if (x4_request_set_text(r->req, json_string_value(p)) < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
+                size_t n = json_array_size(p), i;
+                _cleanup_free_ int32_t *ids = calloc(n, sizeof *ids);
+                json_t *x;
+                if (!ids)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                json_array_foreach(p, i, x) {
+                        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
+                                return bad(e, "prompt", "entry %zu: a token id expected", i);
+                        ids[i] = (int32_t) json_integer_value(x);
+                }
+                affinity_add(r, (const char *) ids, n * sizeof *ids);
+                if (x4_request_set_tokens(r->req, ids, n) < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        } else
+                return bad(e, "prompt", "a string, or an array of token ids, expected (one prompt per "
+                           "request)");
+        json_int_t iv;
+        bool set, echo = false;
+        if (get_int(root, "logprobs", 0, 20, &iv, &set, e) < 0)
+                return -1;
+        if (set && iv > 0) {
+                r->logprobs = true;
+                r->top_logprobs = (unsigned) iv;
+                x4_request_set_logprobs(r->req, (uint32_t) iv);
+        }
+        if (get_bool(root, "echo", &echo, e) < 0)
+                return -1;
+        if (echo)
+                return unsupported(e, "echo", "echoing the prompt");
+        json_t *suffix = json_object_get(root, "suffix");
+        if (suffix && !json_is_null(suffix))
+                return unsupported(e, "suffix", "a suffix (fill-in-the-middle)");
+        if (get_int(root, "best_of", 1, 1 << 20, &iv, &set, e) < 0)
+                return -1;
+        if (set && iv != 1)
+                return unsupported(e, "best_of", "best_of other than 1");
+        return 0;
+}
+
+int api_parse_request(enum api_kind kind, const char *body, size_t len, const char *model_id,
+                      struct api_request *r, struct api_error *e) {
+        json_error_t je;
+        memset(r, 0, sizeof *r);
+        memset(e, 0, sizeof *e);
+        r->kind = kind;
+        json_t *root = json_loadb(body, len, 0, &je);
+        if (!root)
+                return api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
+                                "request body is not valid JSON: %s (line %d, column %d)", je.text,
+                                je.line, je.column);
+        int ret = -1;
+        if (!json_is_object(root)) {
+                api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
+                         "request body must be a JSON object, got %s", type_name(root));
+                goto out;
+        }
+        json_t *model = json_object_get(root, "model");
+        if (!model) {
+                api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "model",
+                         "model: required; this server serves \"%s\"", model_id);
+                goto out;
+        }
+        if (!json_is_string(model)) {
+                bad(e, "model", "a string expected, got %s", type_name(model));
+                goto out;
+        }
+        if (strcmp(json_string_value(model), model_id) != 0) {
+                api_fail(e, 404, "invalid_request_error", "model_not_found", "model",
+                         "The model \"%s\" does not exist; this server serves \"%s\" (GET /v1/models)",
+                         json_string_value(model), model_id);
+                goto out;
+        }
+        r->req = x4_request_new();
+        if (!r->req) {
+                api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                goto out;
+        }
+        if (get_bool(root, "stream", &r->stream, e) < 0)
+                goto out;
+        json_t *so = json_object_get(root, "stream_options");
+        if (so && !json_is_null(so)) {
+                if (!json_is_object(so)) {
+                        bad(e, "stream_options", "an object expected");
+                        goto out;
+                }
+                if (!r->stream) {
+                        bad(e, "stream_options", "only allowed when \"stream\" is true");
+                        goto out;
+                }
+                if (get_bool(so, "include_usage", &r->include_usage, e) < 0)
+                        goto out;
+        }
+        if (parse_sampling(root, r, e) < 0)
+                goto out;
+        if ((kind == API_CHAT ? parse_chat(root, r, e) : parse_completion(root, r, e)) < 0)
+                goto out;
+        ret = 0;
+out:
+        json_decref(root);
+        if (ret < 0)
+                api_request_done(r);
+        return ret;
+}
+
+/* ---- results ------------------------------------------------------------------------------------- */
+
+void api_result_done(struct api_result *r) {
+        free(r->content);
+        free(r->reasoning);
+        for (size_t i = 0; i < r->n_calls; i++) {
+                free(r->calls[i].name);
+                free(r->calls[i].arguments);
+        }
+        free(r->calls);
+        json_decref(r->logprobs);
+        memset(r, 0, sizeof *r);
+}
+
+int api_result_add_text(struct api_result *r, bool reasoning, const char *text, size_t len) {
+        struct sbuf b = { reasoning ? r->reasoning : r->content, reasoning ? r->reasoning_len : r->content_len,
+                          reasoning ? r->reasoning_cap : r->content_cap };
+        int ret = sbuf_add(&b, text, len);
+        if (reasoning)
+                r->reasoning = b.s, r->reasoning_len = b.len, r->reasoning_cap = b.cap;
+        else
+                r->content = b.s, r->content_len = b.len, r->content_cap = b.cap;
+        return ret;
+}
+
+int api_result_add_call(struct api_result *r, const char *name, const char *args) {
+        struct tool_call_out *n = realloc(r->calls, (r->n_calls + 1) * sizeof *n);
+        if (!n)
+                return -1;
+        r->calls = n;
+        n[r->n_calls].name = strdup(name ? name : "");
+        n[r->n_calls].arguments = strdup(args ? args : "{}");
+        r->n_calls++;
+        return 0;
+}
+
+/* The bytes of a token's text, as OpenAI's "bytes" field. */
+static json_t *bytes_of(const char *s) {
+        json_t *a = json_array();
+        for (; s && *s; s++)
+                json_array_append_new(a, json_integer((unsigned char) *s));
+        return a;
+}
+
+static const char *token_text(const struct x4_token_logprob *lp, const struct x4_chunk *c) {
+        for (size_t j = 0; j < lp->n_top; j++)
+                if (lp->top[j].token_id == lp->token_id && lp->top[j].text)
+                        return lp->top[j].text;
+        return c->n_logprobs == 1 && c->text ? c->text : "";
+}
+
+static json_t *chat_logprob_entries(const struct x4_chunk *c) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < c->n_logprobs; i++) {
+                const struct x4_token_logprob *lp = &c->logprobs[i];
+                const char *t = token_text(lp, c);
+                json_t *top = json_array();
+                for (size_t j = 0; j < lp->n_top; j++) {
+                        const char *tt = lp->top[j].text ? lp->top[j].text : "";
+                        json_array_append_new(top, json_pack("{s:s, s:f, s:o}", "token", tt, "logprob",
+                                                             (double) lp->top[j].logprob, "bytes", bytes_of(tt)));
+                }
+                json_array_append_new(arr, json_pack("{s:s, s:f, s:o, s:o}", "token", t, "logprob",
+                                                     (double) lp->logprob, "bytes", bytes_of(t),
+                                                     "top_logprobs", top));
+        }
+        return arr;
+}
+
+static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c) {
+        json_t *tokens = json_object_get(obj, "tokens"), *lps = json_object_get(obj, "token_logprobs"),
+               *tops = json_object_get(obj, "top_logprobs");
+        for (size_t i = 0; i < c->n_logprobs; i++) {
+                const struct x4_token_logprob *lp = &c->logprobs[i];
+                json_array_append_new(tokens, json_string(token_text(lp, c)));
+                json_array_append_new(lps, json_real(lp->logprob));
+                json_t *top = json_object();
+                for (size_t j = 0; j < lp->n_top; j++)
+                        json_object_set_new(top, lp->top[j].text ? lp->top[j].text : "",
+                                            json_real(lp->top[j].logprob));
+                json_array_append_new(tops, top);
+        }
+}
+
+static json_t *completion_logprobs_new(void) {
+        return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                         "text_offset");
+}
+
+void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c) {
+        if (c->n_logprobs == 0)
+                return;
+        if (kind == API_CHAT) {
+                if (!r->logprobs)
+                        r->logprobs = json_array();
+                json_t *entries = chat_logprob_entries(c);
+                json_array_extend(r->logprobs, entries);
+                json_decref(entries);
+        } else {
+                if (!r->logprobs)
+                        r->logprobs = completion_logprobs_new();
+                completion_logprobs_append(r->logprobs, c);
+        }
+}
+
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c) {
+        if (c->n_logprobs == 0)
+                return NULL;
+        if (kind == API_CHAT)
+                return json_pack("{s:o}", "content", chat_logprob_entries(c));
+        json_t *o = completion_logprobs_new();
+        completion_logprobs_append(o, c);
+        return o;
+}
+
+const char *api_finish_reason(int f, bool had_tool_calls) {
+        switch (f) {
+        case X4_FINISH_LENGTH:
+                return "length";
+        case X4_FINISH_TOOL_CALLS:
+                return "tool_calls";
+        case X4_FINISH_CANCELLED:
+                return "cancelled";
+        default:
+                /* the model may end its turn right after a call without the daemon saying so */
+                return had_tool_calls ? "tool_calls" : "stop";
+        }
+}
+
+json_t *api_usage_json(const struct x4_done *d) {
+        return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:I}}", "prompt_tokens", (json_int_t) d->prompt_tokens,
+                         "completion_tokens", (json_int_t) d->completion_tokens, "total_tokens",
+                         (json_int_t) d->prompt_tokens + d->completion_tokens, "prompt_tokens_details",
+                         "cached_tokens", (json_int_t) d->cached_tokens, "completion_tokens_details",
+                         "reasoning_tokens", (json_int_t) d->reasoning_tokens);
+}
+
+static json_t *string_or_null(const char *s, size_t n) {
+        return s ? json_stringn(s, n) : json_null();
+}
+
+json_t *api_response_json(enum api_kind kind, const char *id, int64_t created, const char *model,
+                          const struct api_result *res, const struct x4_done *d) {
+        json_t *choice;
+        const char *finish = api_finish_reason(d->finish_reason, res->n_calls > 0);
+        if (kind == API_CHAT) {
+                json_t *msg = json_pack("{s:s}", "role", "assistant");
+                if (res->content || res->n_calls == 0)
+                        json_object_set_new(msg, "content", json_stringn(res->content ? res->content : "",
+                                                                         res->content_len));
+                else
+                        json_object_set_new(msg, "content", json_null());
+                if (res->reasoning) {
+                        json_object_set_new(msg, "reasoning_content",
+                                            string_or_null(res->reasoning, res->reasoning_len));
+                        json_object_set_new(msg, "reasoning", string_or_null(res->reasoning, res->reasoning_len));
+                }
+                if (res->n_calls > 0) {
+                        json_t *calls = json_array();
+                        for (size_t i = 0; i < res->n_calls; i++) {
+                                char cid[96];
+                                snprintf(cid, sizeof cid, "call_%s_%zu", id, i);
+                                json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", cid,
+                                                                       "type", "function", "function", "name",
+                                                                       res->calls[i].name, "arguments",
+                                                                       res->calls[i].arguments));
+                        }
+                        json_object_set_new(msg, "tool_calls", calls);
+                }
+                choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs",
+                                   json_null(), "finish_reason", finish);
+                if (res->logprobs) {
+                        json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", res->logprobs));
+                }
+        } else {
+                choice = json_pack("{s:s%, s:i, s:O, s:s}", "text", res->content ? res->content : "",
+                                   res->content_len, "index", 0, "logprobs",
+                                   res->logprobs ? res->logprobs : json_null(), "finish_reason", finish);
+        }
+        return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+                         kind == API_CHAT ? "chat.completion" : "text_completion", "created",
+                         (json_int_t) created, "model", model, "choices", choice, "usage", api_usage_json(d));
+}
+
+json_t *api_chunk_json(enum api_kind kind, const char *id, int64_t created, const char *model,
+                       json_t *delta, const char *finish_reason, json_t *logprobs) {
+        json_t *choice;
+        json_t *fr = finish_reason ? json_string(finish_reason) : json_null();
+        json_t *lp = logprobs ? logprobs : json_null();
+        if (kind == API_CHAT)
+                choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta ? delta : json_object(),
+                                   "logprobs", lp, "finish_reason", fr);
+        else {
+                /* completions: delta is a JSON string (the text) */
+                choice = json_pack("{s:o, s:i, s:o, s:o}", "text", delta ? delta : json_string(""), "index", 0,
+                                   "logprobs", lp, "finish_reason", fr);
+        }
+        return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
+                         kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                         (json_int_t) created, "model", model, "choices", choice);
+}
+
+json_t *api_usage_chunk_json(enum api_kind kind, const char *id, int64_t created, const char *model,
+                             const struct x4_done *d) {
+        return json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", id, "object",
+                         kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                         (json_int_t) created, "model", model, "choices", "usage", api_usage_json(d));
+}

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/* Server-Sent Events the way OpenAI's streaming endpoints frame them: every event is one
+ * `data: <json>` line followed by a blank line, the stream ends with `data: [DONE]`. JSON is
+ * printed compact, so an event never contains a newline (jansson escapes the ones in strings). */
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bridge.h"
+
+int sse_format(struct evbuffer *buf, const char *data, size_t len) {
+        /* a payload with a newline would need one data: line per line; ours never has one */
+        if (memchr(data, '\n', len))
+                return -1;
+        if (evbuffer_add(buf, "data: ", 6) < 0 || evbuffer_add(buf, data, len) < 0 ||
+            evbuffer_add(buf, "\n\n", 2) < 0)
+                return -1;
+        return 0;
+}
+
+void sse_start(struct evhttp_request *req) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
+        evhttp_add_header(h, "Cache-Control", "no-cache");
+        /* reverse proxies (nginx) would otherwise buffer the stream */
+        evhttp_add_header(h, "X-Accel-Buffering", "no");
+        evhttp_send_reply_start(req, 200, "OK");
+}
+
+void sse_send_json(struct evhttp_request *req, json_t *j) {
+        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        json_decref(j);
+        if (!s)
+                return;
+        struct evbuffer *b = evbuffer_new();
+        if (b && sse_format(b, s, strlen(s)) == 0)
+                evhttp_send_reply_chunk(req, b);
+        if (b)
+                evbuffer_free(b);
+        free(s);
+}
+
+void sse_finish(struct evhttp_request *req) {
+        struct evbuffer *b = evbuffer_new();
+        if (b) {
+                static const char done[] = "[DONE]";
+                sse_format(b, done, sizeof done - 1);
+                evhttp_send_reply_chunk(req, b);
+                evbuffer_free(b);
+        }
+        evhttp_send_reply_end(req);
+}
