@@ -12,6 +12,7 @@
  * evhttp_request pointer when the reply is complete or the client is gone. */
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -302,6 +303,7 @@ struct job {
         uint64_t rid;                   /* libx4client's id on be->c */
         struct evhttp_request *req;     /* NULL once answered or the client is gone */
         struct evhttp_connection *conn;
+        struct event *watch;            /* EV_CLOSED on the client's socket */
         enum api_kind kind;
         bool stream, include_usage;
         bool headers_sent, role_sent;
@@ -334,7 +336,15 @@ static void job_free(struct job *j) {
 }
 
 /* The HTTP side is done with this job (reply sent): stop listening for its connection's close. */
+static void job_unwatch(struct job *j) {
+        if (j->watch) {
+                event_free(j->watch);
+                j->watch = NULL;
+        }
+}
+
 static void job_release_http(struct job *j) {
+        job_unwatch(j);
         if (j->conn)
                 evhttp_connection_set_closecb(j->conn, NULL, NULL);
         j->req = NULL;
@@ -343,12 +353,34 @@ static void job_release_http(struct job *j) {
 
 static void on_client_close(struct evhttp_connection *conn, void *arg) {
         struct job *j = arg;
+        job_unwatch(j);
         j->req = NULL;
         j->conn = NULL;
         evhttp_connection_set_closecb(conn, NULL, NULL);
         log_info("%s: client went away, cancelling its request", j->idstr);
         if (j->be->c)
                 (void) x4_client_cancel(j->be->c, j->rid); /* may run on_done: j is gone after this */
+}
+
+/* libevent 2.1's evhttp stops reading a connection while its request is being answered, so it
+ * would only notice a vanished client at the next write (never, for a non-streaming request that
+ * is still generating). An EV_CLOSED watch (EPOLLRDHUP) on the socket sees the hang-up at once;
+ * freeing the connection then runs on_client_close(), which cancels the generation. */
+static void on_peer_closed(evutil_socket_t fd, short what, void *arg) {
+        struct job *j = arg;
+        job_unwatch(j);
+        if (j->conn)
+                evhttp_connection_free(j->conn); /* j may be freed from here on */
+}
+
+static void job_watch(struct job *j) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(j->conn);
+        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+        if (fd < 0 || !(event_base_get_features(base) & EV_FEATURE_EARLY_CLOSE))
+                return; /* then only a failed write tells (streaming) */
+        j->watch = event_new(base, fd, EV_CLOSED, on_peer_closed, j);
+        if (j->watch && event_add(j->watch, NULL) < 0)
+                job_unwatch(j);
 }
 
 static void stream_begin(struct job *j) {
@@ -560,6 +592,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, cons
         j->req = req;
         j->conn = evhttp_request_get_connection(req);
         evhttp_connection_set_closecb(j->conn, on_client_close, j);
+        job_watch(j);
         j->next = jobs;
         if (jobs)
                 jobs->prev = j;
