@@ -24,42 +24,73 @@ static __device__ __forceinline__ float cu_bf16(uint16_t b) {
 }
 
 /* Values [32·c, 32·c + 32) of a row, exactly as stored (no rounding: every product below is exact
- * in fp32 except Q6_K's d·sc·q, which rounds once). */
+ * in fp32 except Q6_K's d·sc·q, which rounds once). Loads are as wide as the layout allows: rows
+ * of F32/F16/BF16 start 64-byte aligned (K % 32 == 0 and 256-aligned tensors), IQ4_NL/Q8_0 blocks
+ * only 2-byte aligned. `iq4` is the IQ4_NL codebook, in shared memory in hot kernels: a
+ * __constant__ table indexed by per-lane nibbles serializes (measured: 1.4 ms per MoE layer of
+ * decode on an H200 before, see bench/RESULTS.md). */
 template <int TYPE>
-static __device__ __forceinline__ void cu_dequant32(const uint8_t *row, uint32_t c, float *out) {
+static __device__ __forceinline__ void cu_dequant32(const uint8_t *row, uint32_t c, float *out,
+                                                    const float *iq4) {
         if (TYPE == CU_TYPE_F32) {
-                const float *r = (const float *) row + 32 * c;
+                const float4 *r = (const float4 *) (row + 128 * (uint64_t) c);
 #pragma unroll
-                for (int i = 0; i < 32; i++)
-                        out[i] = r[i];
+                for (int i = 0; i < 8; i++) {
+                        float4 v = r[i];
+                        out[4 * i] = v.x;
+                        out[4 * i + 1] = v.y;
+                        out[4 * i + 2] = v.z;
+                        out[4 * i + 3] = v.w;
+                }
         } else if (TYPE == CU_TYPE_F16) {
-                const __half *r = (const __half *) row + 32 * c;
+                const uint4 *r = (const uint4 *) (row + 64 * (uint64_t) c);
 #pragma unroll
-                for (int i = 0; i < 32; i++)
-                        out[i] = __half2float(r[i]);
+                for (int i = 0; i < 4; i++) {
+                        uint4 v = r[i];
+                        uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                                out[8 * i + 2 * j] = __half2float(__ushort_as_half((uint16_t) wv[j]));
+                                out[8 * i + 2 * j + 1] =
+                                        __half2float(__ushort_as_half((uint16_t) (wv[j] >> 16)));
+                        }
+                }
         } else if (TYPE == CU_TYPE_BF16) {
-                const uint16_t *r = (const uint16_t *) row + 32 * c;
+                const uint4 *r = (const uint4 *) (row + 64 * (uint64_t) c);
 #pragma unroll
-                for (int i = 0; i < 32; i++)
-                        out[i] = cu_bf16(r[i]);
+                for (int i = 0; i < 4; i++) {
+                        uint4 v = r[i];
+                        uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                                out[8 * i + 2 * j] = __uint_as_float(wv[j] << 16);
+                                out[8 * i + 2 * j + 1] = __uint_as_float(wv[j] & 0xffff0000u);
+                        }
+                }
         } else if (TYPE == CU_TYPE_Q8_0) {
-                const uint8_t *b = row + 34 * c;
-                float d = cu_fp16(b);
-#pragma unroll
-                for (int i = 0; i < 32; i++)
-                        out[i] = d * (float) (int8_t) b[2 + i];
-        } else if (TYPE == CU_TYPE_IQ4_NL) {
-                const uint8_t *b = row + 18 * c;
-                float d = cu_fp16(b);
+                const uint16_t *b = (const uint16_t *) (row + 34 * (uint64_t) c);
+                float d = __half2float(__ushort_as_half(b[0]));
 #pragma unroll
                 for (int j = 0; j < 16; j++) {
-                        uint8_t q = b[2 + j];
-                        out[j] = d * cu_iq4nl_values[q & 0xF];
-                        out[j + 16] = d * cu_iq4nl_values[q >> 4];
+                        uint16_t q = b[1 + j];
+                        out[2 * j] = d * (float) (int8_t) (q & 0xff);
+                        out[2 * j + 1] = d * (float) (int8_t) (q >> 8);
+                }
+        } else if (TYPE == CU_TYPE_IQ4_NL) {
+                const uint16_t *b = (const uint16_t *) (row + 18 * (uint64_t) c);
+                float d = __half2float(__ushort_as_half(b[0]));
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                        uint16_t q = b[1 + j];
+                        uint8_t q0 = q & 0xff, q1 = q >> 8;
+                        out[2 * j] = d * iq4[q0 & 0xF];
+                        out[2 * j + 16] = d * iq4[q0 >> 4];
+                        out[2 * j + 1] = d * iq4[q1 & 0xF];
+                        out[2 * j + 17] = d * iq4[q1 >> 4];
                 }
         } else if (TYPE == CU_TYPE_Q6_K) {
                 /* chunk c is quarter q of half n of super-block c/8 (spec §6 loop order) */
-                const uint8_t *b = row + 210 * (c / 8);
+                const uint8_t *b = row + 210 * (uint64_t) (c / 8);
                 uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
                 const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
                 const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
@@ -82,12 +113,12 @@ static __device__ __forceinline__ void cu_dequant32(const uint8_t *row, uint32_t
 static __device__ __forceinline__ void cu_dequant32_any(uint32_t type, const uint8_t *row,
                                                         uint32_t c, float *out) {
         switch (type) {
-        case CU_TYPE_F32: cu_dequant32<CU_TYPE_F32>(row, c, out); break;
-        case CU_TYPE_F16: cu_dequant32<CU_TYPE_F16>(row, c, out); break;
-        case CU_TYPE_BF16: cu_dequant32<CU_TYPE_BF16>(row, c, out); break;
-        case CU_TYPE_Q8_0: cu_dequant32<CU_TYPE_Q8_0>(row, c, out); break;
-        case CU_TYPE_IQ4_NL: cu_dequant32<CU_TYPE_IQ4_NL>(row, c, out); break;
-        default: cu_dequant32<CU_TYPE_Q6_K>(row, c, out); break;
+        case CU_TYPE_F32: cu_dequant32<CU_TYPE_F32>(row, c, out, cu_iq4nl_values); break;
+        case CU_TYPE_F16: cu_dequant32<CU_TYPE_F16>(row, c, out, cu_iq4nl_values); break;
+        case CU_TYPE_BF16: cu_dequant32<CU_TYPE_BF16>(row, c, out, cu_iq4nl_values); break;
+        case CU_TYPE_Q8_0: cu_dequant32<CU_TYPE_Q8_0>(row, c, out, cu_iq4nl_values); break;
+        case CU_TYPE_IQ4_NL: cu_dequant32<CU_TYPE_IQ4_NL>(row, c, out, cu_iq4nl_values); break;
+        default: cu_dequant32<CU_TYPE_Q6_K>(row, c, out, cu_iq4nl_values); break;
         }
 }
 

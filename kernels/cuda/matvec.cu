@@ -18,9 +18,15 @@
  * with the same per-row arithmetic as NR = 1 and writes silu(gate)·up. */
 template <int TYPE, int TP, int NR>
 __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
+        __shared__ float iq4[16];
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t r = blockIdx.x * MV_WARPS + warp; /* output index */
         uint32_t p0 = blockIdx.y * TP;
+        if (TYPE == CU_TYPE_IQ4_NL) {
+                if (threadIdx.x < 16)
+                        iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x];
+                __syncthreads();
+        }
         if (r >= a.N / NR)
                 return;
 
@@ -44,7 +50,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
 #pragma unroll
                 for (int k = 0; k < NR; k++) {
                         float wv[CU_CHUNK];
-                        cu_dequant32<TYPE>(w + k * a.row_bytes, c, wv);
+                        cu_dequant32<TYPE>(w + k * a.row_bytes, c, wv, iq4);
 #pragma unroll
                         for (int t = 0; t < TP; t++) {
                                 const float4 *xv = (const float4 *) (x[t] + CU_CHUNK * c);

@@ -150,7 +150,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
         float *out = part + (((uint64_t) tl * max_parts + pi) * n_head + h) * (KV + 2);
         for (uint32_t k = threadIdx.x; k < KV; k += blockDim.x) {
+                /* unrolled so the loads of 8 positions are in flight together; the sum stays
+                 * sequential in j */
                 float acc = 0.0f;
+#pragma unroll 8
                 for (uint32_t j = 0; j < n; j++)
                         acc += sc[j] * cu_ld<CT>(cache + roff[j] + k);
                 out[k] = acc;
