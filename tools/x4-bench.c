@@ -10,7 +10,9 @@
  * tokens (sequence 0 is prefilled once, the others get copies of its pages), step together one
  * token each for --decode-tokens steps; rate B·steps / time. Every number is the median of
  * --repeats runs after a warm-up run. One JSON line per measurement on stdout as it completes
- * (including the load time), then a human table (--json: the JSON lines only).
+ * (including the load time), then a human table (--json: the JSON lines only). Each measurement
+ * also gives the process CPU time (all threads) of the same run, "cpu_ms": on a shared machine
+ * it shows what the work cost when the wall clock mostly measures waiting for a core.
  *
  * The commit is $X4_COMMIT, else `git rev-parse --short HEAD` run in $X4_SOURCE_DIR or in the
  * folder of this executable (an in-tree build dir), else "unknown". */
@@ -37,7 +39,7 @@
 struct result {
         char what[16];
         uint32_t len, ctx, batch;
-        double tok_s, ms;
+        double tok_s, ms, cpu_ms;
 };
 
 struct bench {
@@ -58,6 +60,15 @@ static double now_s(void) {
         struct timespec ts;
 
         clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the whole process (all threads): on a shared machine it says what the work cost
+ * even when the wall clock mostly measures waiting for a core. */
+static double cpu_s(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
         return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
@@ -140,7 +151,7 @@ static void find_commit(char *buf, size_t size) {
 }
 
 static void report(struct bench *B, const char *what, uint32_t len, uint32_t ctx, uint32_t batch,
-                   double tok_s, double ms) {
+                   double tok_s, double ms, double cpu_ms) {
         struct result *r;
 
         if (strcmp(what, "load") == 0)
@@ -150,6 +161,8 @@ static void report(struct bench *B, const char *what, uint32_t len, uint32_t ctx
         else
                 printf("{\"what\":\"decode\",\"ctx\":%u,\"batch\":%u,\"tok_s\":%.2f,\"ms_per_step\":%.3f",
                        ctx, batch, tok_s, ms);
+        if (strcmp(what, "load") != 0)
+                printf(",\"cpu_ms\":%.3f", cpu_ms);
         printf(",\"device\":\"%s\",\"model\":\"%s\",\"commit\":\"%s\"}\n", B->device, B->model, B->commit);
         fflush(stdout);
         if (B->n_results == MAX_RESULTS)
@@ -161,6 +174,7 @@ static void report(struct bench *B, const char *what, uint32_t len, uint32_t ctx
         r->batch = batch;
         r->tok_s = tok_s;
         r->ms = ms;
+        r->cpu_ms = cpu_ms;
 }
 
 static int run_seq(struct bench *B, uint32_t seq_slot, uint32_t n, uint32_t pos0, uint32_t mode) {
@@ -178,36 +192,37 @@ static int run_seq(struct bench *B, uint32_t seq_slot, uint32_t n, uint32_t pos0
 }
 
 static int bench_prefill(struct bench *B, uint32_t len, uint32_t repeats) {
-        _cleanup_free_ double *t = calloc(repeats, sizeof *t);
+        _cleanup_free_ double *t = calloc(repeats, sizeof *t), *ct = calloc(repeats, sizeof *ct);
         int r;
 
-        if (!t)
+        if (!t || !ct)
                 return log_error_errno(ENOMEM, "out of memory");
         /* warm-up: the same shape once */
         r = run_seq(B, 0, len, 0, X4_LOGITS_LAST);
         if (r < 0)
                 return r;
         for (uint32_t i = 0; i < repeats; i++) {
-                double t0 = now_s();
+                double t0 = now_s(), c0 = cpu_s();
 
                 r = run_seq(B, 0, len, 0, X4_LOGITS_LAST);
                 if (r < 0)
                         return r;
                 t[i] = now_s() - t0;
+                ct[i] = cpu_s() - c0;
         }
         double m = median(t, repeats);
-        report(B, "prefill", len, 0, 0, len / m, m * 1000);
+        report(B, "prefill", len, 0, 0, len / m, m * 1000, median(ct, repeats) * 1000);
         return 0;
 }
 
 static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t steps,
                         uint32_t repeats) {
         _cleanup_free_ struct x4_seq *seqs = calloc(batch, sizeof *seqs);
-        _cleanup_free_ double *t = calloc(repeats, sizeof *t);
+        _cleanup_free_ double *t = calloc(repeats, sizeof *t), *ct = calloc(repeats, sizeof *ct);
         uint32_t used = DIV_ROUND_UP(ctx, PAGE_TOKENS);
         int r;
 
-        if (!seqs || !t)
+        if (!seqs || !t || !ct)
                 return log_error_errno(ENOMEM, "out of memory");
         /* C cached tokens: prefill sequence 0 once, copy its pages to the others */
         r = run_seq(B, 0, ctx, 0, X4_LOGITS_NONE);
@@ -231,7 +246,7 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
 
         /* run 0 is the warm-up; every run rewrites positions ctx .. ctx+steps-1 */
         for (uint32_t rep = 0; rep <= repeats; rep++) {
-                double t0 = now_s();
+                double t0 = now_s(), c0 = cpu_s();
 
                 for (uint32_t s = 0; s < steps; s++) {
                         for (uint32_t i = 0; i < batch; i++)
@@ -240,17 +255,19 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
                         if (r < 0)
                                 return r;
                 }
-                if (rep > 0)
+                if (rep > 0) {
                         t[rep - 1] = (now_s() - t0) / steps;
+                        ct[rep - 1] = (cpu_s() - c0) / steps;
+                }
         }
         double m = median(t, repeats);
-        report(B, "decode", 0, ctx, batch, batch / m, m * 1000);
+        report(B, "decode", 0, ctx, batch, batch / m, m * 1000, median(ct, repeats) * 1000);
         return 0;
 }
 
 static void print_table(const struct bench *B) {
         printf("\nx4-bench  model %s  device %s  commit %s\n", B->model, B->device, B->commit);
-        printf("%-8s %-22s %12s %14s\n", "what", "shape", "tok/s", "ms");
+        printf("%-8s %-22s %12s %14s %14s\n", "what", "shape", "tok/s", "ms", "cpu ms");
         for (size_t i = 0; i < B->n_results; i++) {
                 const struct result *r = &B->results[i];
                 char shape[64] = "";
@@ -262,8 +279,8 @@ static void print_table(const struct bench *B) {
                 if (strcmp(r->what, "load") == 0)
                         printf("%-8s %-22s %12s %14.1f\n", r->what, shape, "", r->ms);
                 else
-                        printf("%-8s %-22s %12.2f %14.2f%s\n", r->what, shape, r->tok_s, r->ms,
-                               strcmp(r->what, "decode") == 0 ? " /step" : "");
+                        printf("%-8s %-22s %12.2f %14.2f %14.2f%s\n", r->what, shape, r->tok_s, r->ms,
+                               r->cpu_ms, strcmp(r->what, "decode") == 0 ? "  per step" : "");
         }
 }
 
@@ -408,7 +425,7 @@ int main(int argc, char **argv) {
                 B.tokens[i] = (int32_t) ((x >> 8) % B.n_vocab);
         }
 
-        report(&B, "load", 0, 0, 0, 0, load_s * 1000);
+        report(&B, "load", 0, 0, 0, 0, load_s * 1000, 0);
         /* page in the weights once before any timing */
         r = run_seq(&B, 0, 1, 0, X4_LOGITS_LAST);
         if (r < 0)
