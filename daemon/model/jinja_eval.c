@@ -31,6 +31,7 @@ enum vtype {
         V_MACRO,
         V_BUILTIN,
         V_METHOD,
+        V_LOOP,
 };
 
 struct jstr {
@@ -54,6 +55,7 @@ typedef struct jv {
                 struct jdict *d;
                 struct jmacro *m;
                 struct jmethod *meth;
+                struct jloop *loop;
                 int builtin;
                 const char *undef_name;
         };
@@ -70,9 +72,19 @@ struct jdict {
         size_t n, cap;
         jv *k, *v;
 };
+/* A scope: names point into the template's AST (or are literals), so binding allocates nothing
+ * per name; a loop reuses one frame, cleared per iteration. */
 struct frame {
         struct frame *parent;
-        struct jdict vars;
+        size_t n, cap;
+        const char **names;
+        jv *vals;
+};
+/* loop.* of one iteration, computed on access */
+struct jloop {
+        struct jlist *items; /* NULL: a range, item k = lo + k * step */
+        int64_t lo, step;
+        size_t i, len;
 };
 struct jmacro {
         const struct jnode *node;
@@ -252,6 +264,8 @@ static const char *type_name(jv v) {
         case V_BUILTIN:
         case V_METHOD:
                 return "builtin_function_or_method";
+        case V_LOOP:
+                return "LoopContext";
         }
         return "?";
 }
@@ -481,6 +495,8 @@ static void put_repr(struct rstate *st, struct sbuf *b, jv v) {
         case V_METHOD:
                 sb_puts(st, b, "<built-in function>");
                 return;
+        case V_LOOP:
+                fail(st, "unsupported construct: printing the loop object");
         }
 }
 
@@ -794,11 +810,35 @@ static struct frame *push_frame(struct rstate *st, struct frame *parent) {
         return f;
 }
 
+static void frame_set(struct rstate *st, struct frame *f, const char *name, jv v) {
+        for (size_t i = 0; i < f->n; i++)
+                if (streq(f->names[i], name)) {
+                        f->vals[i] = v;
+                        return;
+                }
+        if (f->n == f->cap) {
+                size_t cap = MAX(f->cap * 2, (size_t) 4);
+                const char **nn = ralloc(st, cap * sizeof(*nn));
+                jv *nv = ralloc(st, cap * sizeof(jv));
+                if (f->n) {
+                        memcpy(nn, f->names, f->n * sizeof(*nn));
+                        memcpy(nv, f->vals, f->n * sizeof(jv));
+                }
+                f->names = nn;
+                f->vals = nv;
+                f->cap = cap;
+        }
+        f->names[f->n] = name;
+        f->vals[f->n] = v;
+        f->n++;
+}
+
 static jv lookup(struct rstate *st, struct frame *f, const char *name) {
         jv r;
         for (; f; f = f->parent)
-                if (dict_get_c(&f->vars, name, &r))
-                        return r;
+                for (size_t i = 0; i < f->n; i++)
+                        if (streq(f->names[i], name))
+                                return f->vals[i];
         if (dict_get_c(&st->globals, name, &r))
                 return r;
         static const char *const builtins[] = {
@@ -853,6 +893,34 @@ static jv get_attr(struct rstate *st, jv obj, const char *name) {
                 if (dict_get_c(obj.d, name, &r))
                         return r;
                 break;
+        case V_LOOP: {
+                struct jloop *l = obj.loop;
+                if (streq(name, "index"))
+                        return mkint((int64_t) l->i + 1);
+                if (streq(name, "index0"))
+                        return mkint((int64_t) l->i);
+                if (streq(name, "revindex"))
+                        return mkint((int64_t) (l->len - l->i));
+                if (streq(name, "revindex0"))
+                        return mkint((int64_t) (l->len - l->i - 1));
+                if (streq(name, "first"))
+                        return mkbool(l->i == 0);
+                if (streq(name, "last"))
+                        return mkbool(l->i + 1 == l->len);
+                if (streq(name, "length"))
+                        return mkint((int64_t) l->len);
+                if (streq(name, "depth"))
+                        return mkint(1);
+                if (streq(name, "depth0"))
+                        return mkint(0);
+                if (streq(name, "previtem") && l->i > 0)
+                        return l->items ? l->items->v[l->i - 1] : mkint(l->lo + (int64_t) (l->i - 1) * l->step);
+                if (streq(name, "nextitem") && l->i + 1 < l->len)
+                        return l->items ? l->items->v[l->i + 1] : mkint(l->lo + (int64_t) (l->i + 1) * l->step);
+                if (streq(name, "cycle") || streq(name, "changed"))
+                        fail(st, "unsupported construct: loop.%s()", name);
+                break;
+        }
         case V_STR:
                 if (in_names(STR_METHODS, name))
                         return mkmethod(st, obj, name);
@@ -1133,10 +1201,13 @@ static jv arith(struct rstate *st, int op, jv a, jv b) {
                 int64_t n = num_i(a.t == V_STR ? b : a);
                 struct sbuf sb = {};
                 sb_put(st, &sb, "", 0);
-                for (int64_t k = 0; k < n; k++) {
-                        step(st, 1);
-                        sb_put(st, &sb, s.s->s, s.s->len);
+                if (n > 0 && s.s->len > 0 && (uint64_t) n > st->lim->max_output / s.s->len) {
+                        st->err = E2BIG;
+                        fail(st, "template render exceeded the output limit of %zu bytes", st->lim->max_output);
                 }
+                step(st, n > 0 ? (uint64_t) n / 64 + 1 : 1);
+                for (int64_t k = 0; k < n; k++)
+                        sb_put(st, &sb, s.s->s, s.s->len);
                 return sb_value(st, &sb);
         }
         if (op == '*' && ((is_seq(a) && (b.t == V_INT || b.t == V_BOOL)) || (is_seq(b) && (a.t == V_INT || a.t == V_BOOL)))) {
@@ -1824,7 +1895,7 @@ static jv call_macro(struct rstate *st, struct jmacro *m, const struct args *a) 
                 if (!given(v))
                         v = def->kw_vals[i] ? eval(st, mf, def->kw_vals[i])
                                             : (jv) {.t = V_UNDEF, .undef_name = def->targets[i]};
-                dict_set_c(st, &mf->vars, def->targets[i], v);
+                frame_set(st, mf, def->targets[i], v);
         }
         struct sbuf buf = {}, *saved = st->out;
         sb_put(st, &buf, "", 0);
@@ -2014,7 +2085,7 @@ static jv eval(struct rstate *st, struct frame *f, const struct jnode *n) {
 static void assign(struct rstate *st, struct frame *f, const struct jnode *n, const char *const *targets, size_t nt,
                    jv v) {
         if (nt == 1) {
-                dict_set_c(st, &f->vars, targets[0], v);
+                frame_set(st, f, targets[0], v);
                 return;
         }
         struct jlist *l;
@@ -2029,46 +2100,67 @@ static void assign(struct rstate *st, struct frame *f, const struct jnode *n, co
                 fail(st, "%s values to unpack (expected %zu, got %zu)", l->n > nt ? "too many" : "not enough", nt, l->n);
         }
         for (size_t i = 0; i < nt; i++)
-                dict_set_c(st, &f->vars, targets[i], l->v[i]);
+                frame_set(st, f, targets[i], l->v[i]);
+}
+
+/* `for i in range(...)` without a filter iterates without building the list */
+static bool lazy_range(struct rstate *st, struct frame *f, const struct jnode *n, struct jloop *l) {
+        const struct jnode *c = n->a;
+        if (n->b || c->kind != JN_CALL || c->a->kind != JN_NAME || c->n_kw || c->n_kids < 1 || c->n_kids > 3)
+                return false;
+        jv fn = lookup(st, f, c->a->str);
+        if (fn.t != V_BUILTIN || fn.builtin != B_RANGE)
+                return false;
+        int64_t a[3];
+        for (size_t i = 0; i < c->n_kids; i++)
+                a[i] = arg_int(st, "range", eval(st, f, c->kids[i]));
+        st->at = c;
+        int64_t lo = c->n_kids == 1 ? 0 : a[0], hi = c->n_kids == 1 ? a[0] : a[1], sp = c->n_kids == 3 ? a[2] : 1;
+        if (sp == 0)
+                fail(st, "range() arg 3 must not be zero");
+        __int128 cnt = 0;
+        if (sp > 0 && hi > lo)
+                cnt = ((__int128) hi - lo + sp - 1) / sp;
+        else if (sp < 0 && hi < lo)
+                cnt = ((__int128) lo - hi - sp - 1) / -sp;
+        *l = (struct jloop) {.lo = lo, .step = sp, .len = (size_t) MIN(cnt, (__int128) SIZE_MAX / 2)};
+        return true;
 }
 
 static int exec_for(struct rstate *st, struct frame *f, const struct jnode *n) {
-        jv it = eval(st, f, n->a);
-        st->at = n;
-        if (it.t == V_NONE || is_num(it))
-                fail(st, "'%s' object is not iterable", type_name(it));
-        struct jlist *items = iter_list(st, it);
-        if (n->b) {
-                /* `for x in xs if cond`: filter first, loop variables count the kept items */
-                jv kept = mklist(st, V_LIST, 0);
-                for (size_t i = 0; i < items->n; i++) {
+        struct jloop proto = {};
+        if (!lazy_range(st, f, n, &proto)) {
+                jv it = eval(st, f, n->a);
+                st->at = n;
+                if (it.t == V_NONE || is_num(it))
+                        fail(st, "'%s' object is not iterable", type_name(it));
+                struct jlist *items = iter_list(st, it);
+                if (n->b) {
+                        /* `for x in xs if cond`: filter first, loop variables count the kept items */
+                        jv kept = mklist(st, V_LIST, 0);
                         struct frame *tf = push_frame(st, f);
-                        assign(st, tf, n, n->targets, n->n_targets, items->v[i]);
-                        if (truthy(eval(st, tf, n->b)))
-                                list_push(st, kept.l, items->v[i]);
+                        for (size_t i = 0; i < items->n; i++) {
+                                tf->n = 0;
+                                assign(st, tf, n, n->targets, n->n_targets, items->v[i]);
+                                if (truthy(eval(st, tf, n->b)))
+                                        list_push(st, kept.l, items->v[i]);
+                        }
+                        items = kept.l;
                 }
-                items = kept.l;
+                proto.items = items;
+                proto.len = items->n;
         }
-        size_t len = items->n;
+        size_t len = proto.len;
+        struct frame *lf = push_frame(st, f);
         for (size_t i = 0; i < len; i++) {
                 step(st, 1);
-                struct frame *lf = push_frame(st, f);
-                jv loop = mkdict(st, V_DICT);
-                dict_set_c(st, loop.d, "index", mkint((int64_t) i + 1));
-                dict_set_c(st, loop.d, "index0", mkint((int64_t) i));
-                dict_set_c(st, loop.d, "revindex", mkint((int64_t) (len - i)));
-                dict_set_c(st, loop.d, "revindex0", mkint((int64_t) (len - i - 1)));
-                dict_set_c(st, loop.d, "first", mkbool(i == 0));
-                dict_set_c(st, loop.d, "last", mkbool(i + 1 == len));
-                dict_set_c(st, loop.d, "length", mkint((int64_t) len));
-                dict_set_c(st, loop.d, "depth", mkint(1));
-                dict_set_c(st, loop.d, "depth0", mkint(0));
-                if (i > 0)
-                        dict_set_c(st, loop.d, "previtem", items->v[i - 1]);
-                if (i + 1 < len)
-                        dict_set_c(st, loop.d, "nextitem", items->v[i + 1]);
-                dict_set_c(st, &lf->vars, "loop", loop);
-                assign(st, lf, n, n->targets, n->n_targets, items->v[i]);
+                struct jloop *loop = ralloc(st, sizeof(*loop));
+                *loop = proto;
+                loop->i = i;
+                lf->n = 0; /* a fresh scope per iteration, as in Jinja2 */
+                frame_set(st, lf, "loop", (jv) {.t = V_LOOP, .loop = loop});
+                jv item = proto.items ? proto.items->v[i] : mkint(proto.lo + (int64_t) i * proto.step);
+                assign(st, lf, n, n->targets, n->n_targets, item);
                 int c = exec_body(st, lf, n->kids, n->n_kids);
                 if (c == CTRL_BREAK)
                         break;
@@ -2126,7 +2218,7 @@ static int exec_body(struct rstate *st, struct frame *f, struct jnode *const *bo
                         st->out = &buf;
                         int c = exec_body(st, f, n->kids, n->n_kids);
                         st->out = saved;
-                        dict_set_c(st, &f->vars, n->targets[0], sb_value(st, &buf));
+                        frame_set(st, f, n->targets[0], sb_value(st, &buf));
                         if (c != CTRL_NONE)
                                 return c;
                         break;
@@ -2135,7 +2227,7 @@ static int exec_body(struct rstate *st, struct frame *f, struct jnode *const *bo
                         struct jmacro *m = ralloc(st, sizeof(*m));
                         m->node = n;
                         m->scope = f;
-                        dict_set_c(st, &f->vars, n->str, (jv) {.t = V_MACRO, .m = m});
+                        frame_set(st, f, n->str, (jv) {.t = V_MACRO, .m = m});
                         break;
                 }
                 case JN_BREAK:
