@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # keep the source tree clean when meson runs this
+
 try:
     import sentencepiece as spm
 except ImportError:
