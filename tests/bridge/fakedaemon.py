@@ -1,0 +1,238 @@
+# SPDX-License-Identifier: MIT
+"""A scripted stand-in for xing4d speaking the real protocol (proto/xing4.proto, hand-encoded),
+so the bridge's mapping of outputs a random synthetic model never produces (tool calls, a daemon
+error after the first token, exact chunk sequences) can be tested deterministically.
+
+What it answers depends on the request:
+  - chat whose last message is a tool result: content "It is sunny in Paris." (finish stop)
+  - chat with tools: a reasoning chunk, then a finished tool call get_weather {"city": "Paris"}
+    (channel TOOL_CALL, finish TOOL_CALLS)
+  - last user message "error-after-start": one content chunk, then Error{INTERNAL}
+  - last user message "error-internal": Error{INTERNAL} at once
+  - last user message "error-invalid": Error{INVALID_ARGUMENT}
+  - anything else: reasoning "Let me think.", content "Hello" + ", world", finish stop,
+    usage 7 prompt / 3 cached / 3 completion / 1 reasoning
+Every GenerateRequest is appended (decoded) to --record as a JSON line.
+
+Run: python3 fakedaemon.py --socket PATH [--record FILE]; prints "ready" when listening."""
+import argparse
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+
+# ---- protobuf wire format (just what is needed) ---------------------------------------------------
+
+
+def varint(v):
+    out = bytearray()
+    v &= (1 << 64) - 1
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def fv(num, v):
+    return varint(num << 3) + varint(v)
+
+
+def fb(num, data):
+    if isinstance(data, str):
+        data = data.encode()
+    return varint(num << 3 | 2) + varint(len(data)) + data
+
+
+def parse(data):
+    out = {}
+    i = 0
+    while i < len(data):
+        key, i = _rv(data, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _rv(data, i)
+        elif wt == 2:
+            n, i = _rv(data, i)
+            v = data[i:i + n]
+            i += n
+        elif wt == 5:
+            v = data[i:i + 4]
+            i += 4
+        elif wt == 1:
+            v = data[i:i + 8]
+            i += 8
+        else:
+            raise ValueError(f"wire type {wt}")
+        out.setdefault(num, []).append(v)
+    return out
+
+
+def _rv(data, i):
+    v = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
+def s(m, k, default=""):
+    return m[k][0].decode() if k in m else default
+
+
+# Frame body fields
+HELLO, HELLO_REPLY, GENERATE, CHUNK, DONE, CANCEL = 10, 11, 12, 13, 14, 15
+STATS, STATS_REPLY, INFO, INFO_REPLY, HEALTH, HEALTH_REPLY, ERROR = 18, 19, 20, 21, 22, 23, 24
+CONTENT, REASONING, TOOL_CALL = 0, 1, 2
+FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_TOOL_CALLS = 1, 2, 3, 4
+E_INVALID, E_INTERNAL = 1, 7
+
+MODEL = fb(1, "xing4_0") + fb(2, "fake xing4d") + fb(3, "fake-fingerprint") + fv(4, 512) + fv(5, 4096)
+
+
+def decode_generate(g):
+    out = {}
+    if 1 in g:
+        out["text"] = s(g, 1)
+    if 3 in g:
+        chat = parse(g[3][0])
+        out["messages"] = []
+        for m in chat.get(1, []):
+            pm = parse(m)
+            out["messages"].append({"role": s(pm, 1), "content": s(pm, 2)})
+        if 2 in chat:
+            out["tools"] = json.loads(s(chat, 2))
+        if 3 in chat:
+            out["enable_thinking"] = bool(chat[3][0])
+    if 5 in g:
+        out["max_tokens"] = g[5][0]
+    if 6 in g:
+        out["stop"] = [x.decode() for x in g[6]]
+    if 4 in g:
+        sp = parse(g[4][0])
+        out["sampling_fields"] = sorted(sp)
+    return out
+
+
+def chunk(text, channel=CONTENT, tool=None, token=1):
+    body = fb(1, text) + fb(2, varint(token)) + fv(3, channel)
+    if tool:
+        body += fb(5, fb(1, tool[0]) + fb(2, tool[1]))
+    return body
+
+
+def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42):
+    usage = fv(1, prompt) + fv(2, cached) + fv(3, completion) + fv(4, reasoning)
+    return fv(1, finish) + fb(2, usage) + fv(5, srid)
+
+
+def error(code, msg):
+    return fv(1, code) + fb(2, msg)
+
+
+def script(req):
+    """The list of (body field, body bytes) answering one GenerateRequest."""
+    msgs = req.get("messages", [])
+    last = msgs[-1] if msgs else {"role": "user", "content": req.get("text", "")}
+    if last["role"] == "tool":
+        return [(CHUNK, chunk("It is sunny in Paris.")), (DONE, done(FINISH_STOP))]
+    if req.get("tools"):
+        return [(CHUNK, chunk("Need weather.", REASONING)),
+                (CHUNK, chunk("", TOOL_CALL, token=5)),
+                (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
+                (DONE, done(FINISH_TOOL_CALLS))]
+    if last["content"] == "error-after-start":
+        return [(CHUNK, chunk("partial")), (ERROR, error(E_INTERNAL, "scripted failure after the first token"))]
+    if last["content"] == "error-internal":
+        return [(ERROR, error(E_INTERNAL, "scripted internal failure"))]
+    if last["content"] == "error-invalid":
+        return [(ERROR, error(E_INVALID, "sampling.top_k: scripted refusal"))]
+    return [(CHUNK, chunk("Let me think.", REASONING)), (CHUNK, chunk("Hello")),
+            (CHUNK, chunk(", world")), (DONE, done(FINISH_STOP))]
+
+
+class Conn(threading.Thread):
+    def __init__(self, sock, record):
+        super().__init__(daemon=True)
+        self.sock = sock
+        self.record = record
+
+    def send(self, rid, field, body):
+        payload = fv(1, rid) + fb(field, body)
+        self.sock.sendall(struct.pack(">I", len(payload)) + payload)
+
+    def run(self):
+        buf = b""
+        try:
+            while True:
+                while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+                    d = self.sock.recv(65536)
+                    if not d:
+                        return
+                    buf += d
+                n = struct.unpack(">I", buf[:4])[0]
+                f, buf = parse(buf[4:4 + n]), buf[4 + n:]
+                rid = f.get(1, [0])[0]
+                if HELLO in f:
+                    self.send(0, HELLO_REPLY, fv(1, 1) + fv(2, 0) + fb(3, "xing4d 0.1.0 (fake)") +
+                              fb(4, MODEL) + fv(5, 16 << 20) + fb(6, "fake"))
+                elif INFO in f:
+                    self.send(rid, INFO_REPLY, fb(1, "xing4d 0.1.0 (fake)") + fb(2, MODEL) + fb(3, "fake"))
+                elif HEALTH in f:
+                    self.send(rid, HEALTH_REPLY, fv(1, 1) + fb(2, "fake daemon"))
+                elif STATS in f:
+                    self.send(rid, STATS_REPLY, fv(1, 1) + fv(4, 0) + fv(17, 5))
+                elif GENERATE in f:
+                    req = decode_generate(parse(f[GENERATE][0]))
+                    if self.record:
+                        with open(self.record, "a") as out:
+                            out.write(json.dumps(req) + "\n")
+                    for field, body in script(req):
+                        self.send(rid, field, body)
+                elif CANCEL in f:
+                    pass
+        except OSError:
+            return
+        finally:
+            self.sock.close()
+
+
+def serve(path, record=None):
+    if os.path.exists(path):
+        os.unlink(path)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(16)
+
+    def loop():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            Conn(c, record).start()
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return srv
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--record")
+    a = ap.parse_args()
+    srv = serve(a.socket, a.record)
+    print("ready", flush=True)
+    try:
+        sys.stdin.read()  # until the parent closes our stdin (or kills us)
+    except KeyboardInterrupt:
+        pass
+    srv.close()
