@@ -160,6 +160,31 @@ def compare(tool, here, model, gguf):
     return fails
 
 
+def cli_errors(tool, gguf):
+    """x4-tokenize's errors: one line on stderr naming the problem, exit status 1."""
+    cases = [
+        # the rest of this line is the GGUF reader's wording: only its start is ours
+        (['--model', '/nonexistent/x.gguf'], b'', 'x4-tokenize: /nonexistent/x.gguf: ...'),
+        (['--model', gguf, '--decode'], b'5 x\n',
+         'x4-tokenize: stdin line 1: "x" is not a token id, integers expected\n'),
+        (['--model', gguf, '--decode'], b'1\n303 8000\n',
+         'x4-tokenize: stdin line 2: tokenizer: token id 8000 at position 1 out of range, 0..7999 expected\n'),
+        ([], b'', 'x4-tokenize: --model M.gguf is required\n'),
+    ]
+    fails = 0
+    for args, stdin, want in cases:
+        p = subprocess.run([tool, *args], input=stdin, capture_output=True, check=False)
+        err = p.stderr.decode()
+        ok = (err.startswith(want[:-3]) and err.count('\n') == 1 and err.endswith('\n')
+              if want.endswith('...') else err == want)
+        if p.returncode != 1 or not ok:
+            fails += 1
+            print('x4-tokenize %s: exit %d, stderr %r; expected exit 1, %r' % (
+                ' '.join(args), p.returncode, p.stderr.decode(), want))
+    print('x4-tokenize errors: %d/%d as expected' % (len(cases) - fails, len(cases)))
+    return fails
+
+
 def main():
     tool = sys.argv[1]
     src = sys.argv[2] if len(sys.argv) > 2 else os.environ.get(
@@ -169,6 +194,7 @@ def main():
         return 1 if compare(tool, here, sys.argv[3], sys.argv[4]) else 0
     model = os.path.join(here, 'spm-bpe8k.model')
     fails = compare(tool, here, model, os.path.join(here, 'spm-bpe8k.gguf'))
+    fails += cli_errors(tool, os.path.join(here, 'spm-bpe8k.gguf'))
     # the variants (spm_variants.py): unused pieces; no byte pieces (unknown characters)
     sys.path.insert(0, here)
     import spm_to_gguf
