@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: MIT
+"""Responses: SSE framing byte for byte (against the scripted fake daemon, whose output is known),
+the chunk sequence OpenAI clients rely on, reasoning and tool-call mapping, and cancellation."""
+import json
+import threading
+import time
+
+from conftest import chat
+
+
+def raw_stream(bridge, body):
+    c = bridge.conn()
+    c.request("POST", "/v1/chat/completions" if "messages" in body else "/v1/completions",
+              body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()  # http.client undoes the chunked transfer encoding
+    c.close()
+    return r, data
+
+
+def test_sse_bytes_are_exact(fake_bridge):
+    r, data = raw_stream(fake_bridge, chat("hi", stream=True, stream_options={"include_usage": True}))
+    assert r.status == 200
+    assert r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
+    assert r.getheader("Cache-Control") == "no-cache"
+    first = json.loads(data.split(b"\n\n")[0][len(b"data: "):])
+    cid, created = first["id"], first["created"]
+    head = '{"id":"%s","object":"chat.completion.chunk","created":%d,"model":"xing4","choices":' % (cid, created)
+
+    def ev(choices):
+        return "data: " + head + choices + "}\n\n"
+    expected = (
+        ev('[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]')
+        + ev('[{"index":0,"delta":{"reasoning_content":"Let me think.","reasoning":"Let me think."},'
+             '"logprobs":null,"finish_reason":null}]')
+        + ev('[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}]')
+        + ev('[{"index":0,"delta":{"content":", world"},"logprobs":null,"finish_reason":null}]')
+        + ev('[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]')
+        + "data: " + head + '[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,'
+        '"prompt_tokens_details":{"cached_tokens":3},"completion_tokens_details":{"reasoning_tokens":1}}}\n\n'
+        + "data: [DONE]\n\n")
+    assert data.decode() == expected
+
+
+def test_completions_stream_bytes_are_exact(fake_bridge):
+    r, data = raw_stream(fake_bridge, {"model": "xing4", "prompt": "hi", "stream": True})
+    first = json.loads(data.split(b"\n\n")[0][len(b"data: "):])
+    head = '{"id":"%s","object":"text_completion","created":%d,"model":"xing4","choices":' % (
+        first["id"], first["created"])
+    expected = "".join("data: " + head + '[{"text":%s,"index":0,"logprobs":null,"finish_reason":%s}]}\n\n' % (
+        json.dumps(t), f) for t, f in [("Let me think.", "null"), ("Hello", "null"), (", world", "null"),
+                                       ("", '"stop"')]) + "data: [DONE]\n\n"
+    assert data.decode() == expected
+
+
+def test_non_streaming_maps_reasoning_and_usage(fake_bridge):
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("hi"))
+    assert st == 200
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    msg = body["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": "Hello, world", "reasoning_content": "Let me think.",
+                   "reasoning": "Let me think."}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                             "prompt_tokens_details": {"cached_tokens": 3},
+                             "completion_tokens_details": {"reasoning_tokens": 1}}
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_tool_call_non_streaming(fake_bridge, fake):
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("weather in Paris?", tools=TOOLS))
+    assert st == 200, body
+    ch = body["choices"][0]
+    assert ch["finish_reason"] == "tool_calls"
+    assert ch["message"]["content"] is None
+    (call,) = ch["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    # the daemon got the tool definitions as given
+    sent = json.loads(fake["record"].read_text().splitlines()[-1])
+    assert sent["tools"] == TOOLS
+
+
+def test_tool_call_streaming_fragments_concatenate(fake_bridge):
+    r, data = raw_stream(fake_bridge, chat("weather?", tools=TOOLS, stream=True))
+    events = [json.loads(x[6:]) for x in data.decode().split("\n\n") if x and x != "data: [DONE]"]
+    deltas = [e["choices"][0]["delta"] for e in events]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert all(c["index"] == 0 for c in calls)
+    assert len(calls) >= 2  # a naming delta, then argument fragments
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Paris"}'
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # the raw tool-call channel text is not leaked as content
+    assert not any(d.get("content") for d in deltas)
+
+
+def test_tool_result_round_trip_reaches_the_template(fake_bridge, fake):
+    msgs = [{"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24C"}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs, "tools": TOOLS})
+    assert st == 200, body
+    assert body["choices"][0]["message"]["content"] == "It is sunny in Paris."
+    sent = json.loads(fake["record"].read_text().splitlines()[-1])
+    # the assistant's call is written the way the chat template writes tool_calls (spec §7)
+    assert sent["messages"][1] == {"role": "assistant", "content":
+                                   '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+                                   '</tool_call>\n'}
+    assert sent["messages"][2] == {"role": "tool", "content": "sunny, 24C"}
+
+
+def test_tool_round_trip_is_accepted_by_the_real_daemon(bridge):
+    msgs = [{"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs, "tools": TOOLS,
+                                                      "max_tokens": 4})
+    assert st == 200, body
+    assert body["usage"]["prompt_tokens"] > 40  # tool definitions + call + result were rendered
+
+
+def test_thinking_switch_on_the_real_daemon(bridge):
+    st, _, on = bridge.post("/v1/chat/completions", chat("hi", max_tokens=6, temperature=0))
+    st2, _, off = bridge.post("/v1/chat/completions",
+                              chat("hi", max_tokens=6, temperature=0,
+                                   chat_template_kwargs={"enable_thinking": False}))
+    assert st == 200 and st2 == 200
+    # thinking on: the generation prompt opens <think>, so output starts in the reasoning channel
+    assert "reasoning_content" in on["choices"][0]["message"]
+    assert on["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+    assert "reasoning_content" not in off["choices"][0]["message"]
+    assert off["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_parameters_reach_the_daemon(fake_bridge, fake):
+    body = chat("hi", temperature=0.5, top_p=0.9, top_k=5, min_p=0.1, seed=7, presence_penalty=0.5,
+                frequency_penalty=0.25, stop=["x", "y"], max_completion_tokens=33, user="u1")
+    assert fake_bridge.post("/v1/chat/completions", body)[0] == 200
+    sent = json.loads(fake["record"].read_text().splitlines()[-1])
+    assert sent["max_tokens"] == 33 and sent["stop"] == ["x", "y"]
+    # SamplingParams fields 1,2,3,4,5,7,8 (temperature..seed, presence, frequency)
+    assert sent["sampling_fields"] == [1, 2, 3, 4, 5, 7, 8]
+
+
+def test_seeded_greedy_is_reproducible_through_the_bridge(bridge):
+    a = bridge.post("/v1/completions", {"model": "xing4", "prompt": "The cloud", "max_tokens": 8,
+                                        "temperature": 0})[2]
+    b = bridge.post("/v1/completions", {"model": "xing4", "prompt": "The cloud", "max_tokens": 8,
+                                        "temperature": 0})[2]
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    assert a["usage"]["completion_tokens"] <= 8
+
+
+def test_logprobs_are_mapped(bridge):
+    st, _, body = bridge.post("/v1/chat/completions", chat("hi", max_tokens=3, logprobs=True, top_logprobs=2,
+                                                           chat_template_kwargs={"enable_thinking": False}))
+    assert st == 200, body
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == body["usage"]["completion_tokens"]
+    for t in content:
+        assert t["logprob"] <= 0 and len(t["top_logprobs"]) == 2
+        assert t["top_logprobs"][0]["logprob"] >= t["top_logprobs"][1]["logprob"]
+
+
+def test_delete_cancels_a_running_request(bridge, daemon):
+    before = daemon.stats()["requests_cancelled"]
+    c = bridge.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    first = json.loads(r.readline().decode()[6:])
+    st, _, body = bridge.request("DELETE", f"/v1/requests/{first['id']}")
+    assert st == 200 and body["id"] == first["id"] and body["cancelled"] is True
+    rest = r.read().decode()
+    events = [json.loads(x[6:]) for x in rest.split("\n\n") if x.startswith("data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "cancelled"
+    assert rest.endswith("data: [DONE]\n\n")
+    c.close()
+    assert daemon.stats()["requests_cancelled"] == before + 1
+
+
+def test_client_disconnect_cancels_in_the_daemon(bridge, daemon):
+    for stream in (False, True):
+        before = daemon.stats()["requests_cancelled"]
+        c = bridge.conn()
+        c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=stream)),
+                  headers={"Content-Type": "application/json"})
+        # wait until the daemon runs it, then hang up without reading
+        deadline = time.monotonic() + 30
+        while not daemon.stats()["requests"]:
+            assert time.monotonic() < deadline, "request never started"
+        c.sock.close()
+        c.close()
+        deadline = time.monotonic() + 30
+        while True:
+            s = daemon.stats()
+            if s["requests_cancelled"] == before + 1 and not s["requests"]:
+                break
+            assert time.monotonic() < deadline, f"not cancelled (stream={stream}): {s}"
