@@ -509,7 +509,9 @@ static int find_and_read_config(struct x4_model *m, const struct x4_model_params
                         return -ENOMEM;
                 if (p->tokenizer_dir)
                         snprintf(tried[n_tried++], sizeof tried[0], "%s/config.json", p->tokenizer_dir);
-                snprintf(tried[n_tried++], sizeof tried[0], "%s/config.json", dirname(copy));
+                snprintf(tried[n_tried], sizeof tried[0], "%s/config.json", dirname(copy));
+                if (n_tried == 0 || !streq(tried[0], tried[n_tried]))
+                        n_tried++;
         }
         for (size_t i = 0; i < n_tried; i++) {
                 if (!file_exists(tried[i]))

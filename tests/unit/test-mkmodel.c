@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kernels/cpu/quant.h"
@@ -428,6 +429,65 @@ static void test_bad_shapes(void **state) {
         tmp_remove(&t);
 }
 
+/* ---- the CLI -------------------------------------------------------------------------------- */
+
+/* Run x4-mkmodel with args; returns the exit status, output (stdout+stderr) in out. */
+static int run_cli(const char *args, char *out, size_t size) {
+        const char *bdir = getenv("X4_BUILD_DIR");
+        char cmd[2048];
+        FILE *p;
+        size_t n;
+        int status;
+
+        if (!bdir)
+                skip();
+        snprintf(cmd, sizeof cmd, "'%s/tools/x4-mkmodel' %s 2>&1", bdir, args);
+        p = popen(cmd, "r");
+        assert_non_null(p);
+        n = fread(out, 1, size - 1, p);
+        out[n] = 0;
+        status = pclose(p);
+        assert_true(WIFEXITED(status));
+        return WEXITSTATUS(status);
+}
+
+static void test_cli(void **state) {
+        _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+        struct x4_model_params p = {};
+        struct tmpdir t;
+        char args[1024], out[4096], cfg[256];
+
+        (void) state;
+        tmp_make(&t);
+        snprintf(cfg, sizeof cfg, "%s/cfg.json", t.dir);
+        /* flags override the preset whatever their order; --config-out names the config */
+        snprintf(args, sizeof args, "--hidden 512 --preset tiny --experts 4 --seed 9 --threads 2 --quiet "
+                 "--out %s --config-out %s", t.gguf, cfg);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        assert_string_equal(out, "");
+        p.path = t.gguf;
+        p.config_path = cfg;
+        assert_int_equal(x4_model_open(&p, &m), 0);
+        assert_int_equal(x4_model_config(m)->n_embd, 512);
+        assert_int_equal(x4_model_config(m)->n_expert, 4);
+        assert_int_equal(x4_model_config(m)->n_layer, 3);
+        unlink(cfg);
+
+        assert_int_equal(run_cli("--preset huge --out /nonexistent/x.gguf", out, sizeof out), 2);
+        assert_non_null(strstr(out, "unknown preset \"huge\"; tiny, demo or full expected"));
+        assert_int_equal(run_cli("--hidden 12x --out /nonexistent/x.gguf", out, sizeof out), 2);
+        assert_non_null(strstr(out, "--hidden: \"12x\" is not an unsigned 32-bit integer"));
+        assert_int_equal(run_cli("--ffn-type Q4_X --out /nonexistent/x.gguf", out, sizeof out), 2);
+        assert_non_null(strstr(out, "--ffn-type: unknown type \"Q4_X\""));
+        assert_int_equal(run_cli("--ffn-type Q4_K --out /nonexistent/x.gguf", out, sizeof out), 1);
+        assert_non_null(strstr(out, "mkmodel: type Q4_K: one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL expected"));
+        assert_int_equal(run_cli("--out /nonexistent/x.gguf", out, sizeof out), 1);
+        assert_non_null(strstr(out, "/nonexistent/x.gguf: cannot create: No such file or directory"));
+        assert_int_equal(run_cli("--preset tiny", out, sizeof out), 2);
+        assert_non_null(strstr(out, "--out FILE.gguf is required"));
+        tmp_remove(&t);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_tiny_loads_and_matches_fixture),
@@ -437,6 +497,7 @@ int main(void) {
                 cmocka_unit_test(test_vocab),
                 cmocka_unit_test(test_full_header_only),
                 cmocka_unit_test(test_bad_shapes),
+                cmocka_unit_test(test_cli),
         };
 
         log_set_max_level(LOG_CRIT);
