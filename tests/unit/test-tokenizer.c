@@ -303,7 +303,7 @@ static void expect_t(struct tokenizer *t, const char *text, const int32_t *want,
 
 static void test_bpe_synthetic(void **state) {
         /* merges across a ▁ (a piece "a▁b"): words may not be cut at spaces for such a vocab */
-        static const char *const p1[] = { "<unk>", "\xe2\x96\x81", "a", "b", "a\xe2\x96\x81", "a\xe2\x96\x81" "b" };
+        static const char *const p1[] = { "<unk>", "\xe2\x96\x81", "a", "b", "a\xe2\x96\x81", "a\u2581b" };
         static const float s1[] = { 0, -10, -10, -10, -2, -1 };
         static const int32_t t1[] = { 2, 1, 1, 1, 1, 1 };
         _cleanup_(tokenizer_freep) struct tokenizer *t = make_vocab(p1, s1, t1, 6, 0);
