@@ -34,7 +34,7 @@
 
 /* Tokens per internal micro-batch. A forward call of any size is cut into micro-batches in batch
  * order; since every token's computation is independent of its batch-mates, the cut is invisible
- * in the results. 256 keeps the workspace of the full model (H = 3584) around 70 MB. */
+ * in the results. 256 keeps the workspace of the full model (H = 3584) near 80 MB. */
 #define CPU_MICROBATCH 256u
 
 /* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
@@ -53,8 +53,8 @@ struct cpu_work {
         float *qc;      /* [T][n_head][kv_lora] absorbed queries */
         float *ohat;    /* [T][n_head][kv_lora] attention-weighted latent */
         float *o;       /* [T][n_head][v_head] */
-        float *gate;    /* [T][max(n_ff, n_ff_exp)] */
-        float *up;      /* [T][max(n_ff, n_ff_exp)] */
+        float *gate;    /* [T][widest FFN] dense or shared expert gate, then silu(gate) ⊙ up */
+        float *up;      /* [T][widest FFN] */
         float *router;  /* [T][n_expert] */
         int32_t *sel;   /* [T][k] selected experts, in selection order */
         float *gw;      /* [T][k] their weights */
@@ -936,9 +936,10 @@ static int check_weights(const struct x4_config *c, const struct x4_weights *W) 
         if (c->qk_rope / 2 > 64 || c->qk_rope % 2)
                 return log_error_errno(EINVAL, "cpu backend: qk_rope %u, expected an even value <= 128",
                                        c->qk_rope);
-        if (c->n_expert > 256 || c->n_expert_used > c->n_expert)
+        if (c->n_expert > 256 || c->n_expert_used > c->n_expert ||
+            (c->n_expert > 0 && c->n_expert_used == 0))
                 return log_error_errno(EINVAL,
-                                       "cpu backend: %u experts with %u used, expected used <= experts <= 256",
+                                       "cpu backend: %u experts with %u used, expected 1 <= used <= experts <= 256",
                                        c->n_expert, c->n_expert_used);
         if ((r = check_tensor("token_embd", 0, W->token_embd, false)) < 0 ||
             (r = check_tensor("output_norm", 0, W->output_norm, true)) < 0 ||
