@@ -1071,6 +1071,11 @@ static struct jlist *iter_list(struct rstate *st, jv v) {
 
 /* ---- arithmetic ---- */
 
+/* Python integers are unbounded; ours are not, and a wrong number is worse than an error. */
+static _Noreturn void fail_bigint(struct rstate *st) {
+        fail(st, "unsupported construct: integer result outside the 64-bit range");
+}
+
 /* Markup + str escapes the plain side the way markupsafe.escape does. */
 static void put_maybe_escaped(struct rstate *st, struct sbuf *b, const struct jstr *s, bool escape) {
         if (!escape || s->safe) {
@@ -1121,17 +1126,17 @@ static jv arith(struct rstate *st, int op, jv a, jv b) {
                 double fx = num_f(a), fy = num_f(b);
                 switch (op) {
                 case '+':
-                        if (!fl && !__builtin_add_overflow(x, y, &r))
-                                return mkint(r);
-                        return mkfloat(fx + fy);
+                        if (!fl && __builtin_add_overflow(x, y, &r))
+                                fail_bigint(st);
+                        return fl ? mkfloat(fx + fy) : mkint(r);
                 case '-':
-                        if (!fl && !__builtin_sub_overflow(x, y, &r))
-                                return mkint(r);
-                        return mkfloat(fx - fy);
+                        if (!fl && __builtin_sub_overflow(x, y, &r))
+                                fail_bigint(st);
+                        return fl ? mkfloat(fx - fy) : mkint(r);
                 case '*':
-                        if (!fl && !__builtin_mul_overflow(x, y, &r))
-                                return mkint(r);
-                        return mkfloat(fx * fy);
+                        if (!fl && __builtin_mul_overflow(x, y, &r))
+                                fail_bigint(st);
+                        return fl ? mkfloat(fx * fy) : mkint(r);
                 case '/':
                         if (fy == 0.0)
                                 fail(st, "division by zero");
@@ -1141,7 +1146,7 @@ static jv arith(struct rstate *st, int op, jv a, jv b) {
                                 fail(st, "integer division or modulo by zero");
                         if (!fl) {
                                 if (x == INT64_MIN && y == -1)
-                                        return mkfloat(-(double) INT64_MIN);
+                                        fail_bigint(st);
                                 int64_t q = x / y;
                                 if ((x % y != 0) && ((x < 0) != (y < 0)))
                                         q--;
@@ -1170,7 +1175,7 @@ static jv arith(struct rstate *st, int op, jv a, jv b) {
                                 for (int64_t k = 0; k < y; k++) {
                                         step(st, 1);
                                         if (__builtin_mul_overflow(acc, x, &acc))
-                                                return mkfloat(pow(fx, fy));
+                                                fail_bigint(st);
                                 }
                                 return mkint(acc);
                         }
@@ -1658,6 +1663,26 @@ static jv call_method(struct rstate *st, struct jmethod *m, const struct args *a
                 }
                 if (streq(name, "copy"))
                         return do_slice(st, self, NONE, NONE, NONE);
+                /* Jinja2's ImmutableSandbox refuses only append/reverse/insert/sort/extend/remove on
+                 * lists; pop and clear go through and mutate, as there */
+                if (self.t == V_LIST && streq(name, "pop")) {
+                        static const char *const ps[] = {"index"};
+                        bind(st, what, a, ps, 1, p);
+                        size_t idx;
+                        if (self.l->n == 0)
+                                fail(st, "pop from empty list");
+                        if (!norm_index(given(p[0]) ? arg_int(st, what, p[0]) : -1, self.l->n, &idx))
+                                fail(st, "pop index out of range");
+                        jv r = self.l->v[idx];
+                        memmove(self.l->v + idx, self.l->v + idx + 1, (self.l->n - idx - 1) * sizeof(jv));
+                        self.l->n--;
+                        return r;
+                }
+                if (self.t == V_LIST && streq(name, "clear")) {
+                        bind(st, what, a, NULL, 0, p);
+                        self.l->n = 0;
+                        return NONE;
+                }
                 fail(st, "access to attribute '%s' of '%s' object is unsafe", name, type_name(self));
         }
         struct jstr *s = self.s;
@@ -2017,7 +2042,7 @@ static jv eval(struct rstate *st, struct frame *f, const struct jnode *n) {
                 if (v.t == V_FLOAT)
                         return mkfloat(-v.f);
                 if (num_i(v) == INT64_MIN)
-                        return mkfloat(-(double) INT64_MIN);
+                        fail_bigint(st);
                 return mkint(-num_i(v));
         }
         case JN_NOT:
@@ -2405,7 +2430,28 @@ static jv apply_filter(struct rstate *st, const char *name, jv in, const struct 
                 }
                 return (jv) {.t = V_STR, .s = s};
         }
-        if (streq(name, "upper") || streq(name, "lower") || streq(name, "capitalize") || streq(name, "title")) {
+        if (streq(name, "title")) {
+                /* Jinja2's do_title: after each run of [-\\s({[<], first char upper, rest lower */
+                bind(st, what, a, NULL, 0, p);
+                struct jstr *s = str_case(st, to_str(st, in), 'l').s;
+                struct sbuf sb = {};
+                sb_put(st, &sb, "", 0);
+                bool start = true;
+                for (size_t i = 0; i < s->len;) {
+                        size_t nx = u8_next(s->s, s->len, i);
+                        uint32_t cp = u8_decode(s->s, s->len, i);
+                        bool sep = py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
+                        if (start && !sep) {
+                                struct jstr *one = str_case(st, mkstr_raw(st, s->s + i, nx - i), 'u').s;
+                                sb_put(st, &sb, one->s, one->len);
+                        } else
+                                sb_put(st, &sb, s->s + i, nx - i);
+                        start = sep;
+                        i = nx;
+                }
+                return sb_value(st, &sb);
+        }
+        if (streq(name, "upper") || streq(name, "lower") || streq(name, "capitalize")) {
                 bind(st, what, a, NULL, 0, p);
                 return str_case(st, to_str(st, in), name[0] == 'c' ? 'c' : name[0] == 't' ? 't' : name[0] == 'u' ? 'u' : 'l');
         }
@@ -2623,8 +2669,12 @@ static jv apply_filter(struct rstate *st, const char *name, jv in, const struct 
                 if (!is_num(in))
                         fail(st, "round: expected a number, got %s", type_name(in));
                 double x = num_f(in), m = pow(10.0, (double) prec);
-                if (streq(method, "common"))
-                        return mkfloat(round(x * m) / m);
+                if (streq(method, "common")) {
+                        /* Python's round(): ints stay ints, halves go to even */
+                        if (in.t != V_FLOAT && prec >= 0)
+                                return mkint(num_i(in));
+                        return mkfloat(nearbyint(x * m) / m);
+                }
                 if (streq(method, "floor"))
                         return mkfloat(floor(x * m) / m);
                 if (streq(method, "ceil"))

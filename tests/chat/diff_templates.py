@@ -3,8 +3,9 @@
 """Differential test of x4-template against python3-jinja2 (reference.py).
 
 diff_templates.py X4_TEMPLATE [--report] [--only NAME...]
-Renders every template of tests/fixtures/chat-templates with every context of
-tests/chat/contexts, with both renderers. A template passes when, for every context, both give the
+Renders every template of tests/fixtures/chat-templates (and the built-in xing4.jinja) with every
+context of tests/chat/contexts, and every snippet of snippets.txt with one context, with both
+renderers. A template passes when, for every context, both give the
 same bytes, or the reference raises and x4-template exits non-zero with a message. Every template
 named in tests/chat/supported.txt must pass (exit 1 otherwise); --report prints every template's
 status and the first difference."""
@@ -13,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference  # noqa: E402
@@ -89,9 +91,26 @@ def main():
             passed += 1
             if report:
                 print("ok   %s" % name)
+    # semantics snippets (snippets.txt, separated by "----" lines) on one conversation
+    snippet_fail = 0
+    if not only:
+        with open(os.path.join(HERE, "snippets.txt"), encoding="utf-8") as f:
+            snippets = f.read().rstrip("\n").split("\n----\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, text in enumerate(snippets):
+                path = os.path.join(tmp, "snippet-%03d.jinja" % i)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+                problems = check(x4, env, path, [os.path.join(CONTEXTS, "03-multi-turn.json")])
+                if problems:
+                    snippet_fail += 1
+                    print("FAIL snippet %d: %r" % (i, text[:100]))
+                    for p in problems:
+                        print("    " + p)
+        print("%d of %d semantics snippets identical" % (len(snippets) - snippet_fail, len(snippets)))
     print("%d of %d templates identical on %d contexts (%d listed in supported.txt, plus the built-in xing4.jinja)"
           % (passed, len(names), len(contexts), len(supported) - (0 if only else 1)))
-    return 1 if any(n in supported for n in failed) else 0
+    return 1 if snippet_fail or any(n in supported for n in failed) else 0
 
 
 if __name__ == "__main__":
