@@ -622,10 +622,10 @@ static void print_stats_json(const struct x4_stats *s, const struct x4_request_s
         for (size_t i = 0; i < n; i++) {
                 printf("%s{\"server_request_id\":%" PRIu64 ",\"running\":%s,\"prompt_tokens\":%u,"
                        "\"prefilled_tokens\":%u,\"completion_tokens\":%u,\"age_ms\":%" PRIu64
-                       ",\"peer_pid\":%u,\"peer_uid\":%u,\"client\":",
+                       ",\"peer_pid\":%u,\"peer_uid\":%u,\"paused\":%s,\"client\":",
                        i ? "," : "", q[i].server_request_id, q[i].running ? "true" : "false",
                        q[i].prompt_tokens, q[i].prefilled_tokens, q[i].completion_tokens,
-                       q[i].age_ms, q[i].peer_pid, q[i].peer_uid);
+                       q[i].age_ms, q[i].peer_pid, q[i].peer_uid, q[i].paused ? "true" : "false");
                 json_str(stdout, q[i].client, strlen(q[i].client));
                 printf("}");
         }
@@ -655,7 +655,8 @@ static void print_stats_table(const struct x4_stats *s, const struct x4_request_
                        "OUTPUT", "AGE", "PID", "CLIENT");
                 for (size_t i = 0; i < n; i++)
                         printf("%8" PRIu64 " %-8s %8u %9u %8u %8.1fs %8u  %s\n",
-                               q[i].server_request_id, q[i].running ? "running" : "waiting",
+                               q[i].server_request_id,
+                               q[i].paused ? "paused" : q[i].running ? "running" : "waiting",
                                q[i].prompt_tokens, q[i].prefilled_tokens, q[i].completion_tokens,
                                q[i].age_ms / 1000.0, q[i].peer_pid, q[i].client);
         }

@@ -45,6 +45,7 @@ struct options {
         uint32_t page_tokens;
         uint32_t cache_pages;
         uint64_t memory_limit;
+        uint64_t output_buffer;
         uint32_t prefill_chunk;
         double grace_s;
         int log_level;
@@ -143,6 +144,10 @@ static int apply_option(struct options *o, const char *key, const char *v, const
         else if (streq(key, "memory-limit")) {
                 if (parse_size(v, &o->memory_limit) < 0)
                         return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)", where, v);
+        } else if (streq(key, "output-buffer")) {
+                if (parse_size(v, &o->output_buffer) < 0 || o->output_buffer < 1024 ||
+                    o->output_buffer > (1u << 30))
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [1K, 1G]", where, v);
         } else if (streq(key, "grace")) {
                 char *end;
                 errno = 0;
@@ -266,6 +271,7 @@ static void help(void) {
                "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
                "  --prefill-chunk N            prompt tokens per engine step (256)\n"
                "  --grace SECONDS              SIGTERM: time running requests get to finish (30)\n"
+               "  --output-buffer SIZE         output queued to a client before its requests pause (8M)\n"
                "  --log-level LEVEL            err, warning, info, debug\n"
                "  --version\n");
 }
@@ -339,7 +345,7 @@ enum {
         OPT_CONFIG = 1000, OPT_MODEL, OPT_CONFIG_JSON, OPT_TOKENIZER, OPT_RELEASE, OPT_DEVICE,
         OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
-        OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION,
+        OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER,
 };
 
 static const struct option longopts[] = {
@@ -362,6 +368,7 @@ static const struct option longopts[] = {
         { "memory-limit", required_argument, NULL, OPT_MEMORY },
         { "prefill-chunk", required_argument, NULL, OPT_PREFILL },
         { "grace", required_argument, NULL, OPT_GRACE },
+        { "output-buffer", required_argument, NULL, OPT_OUTPUT_BUFFER },
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, OPT_VERSION },
@@ -535,6 +542,7 @@ int main(int argc, char **argv) {
                 .max_frame = o.max_frame ? o.max_frame : FRAME_MAX_DEFAULT,
                 .max_connections = o.max_connections ? o.max_connections : 1024,
                 .grace_s = o.grace_s,
+                .output_high_water = (uint32_t) o.output_buffer,
                 .server_version = "xing4d " XING4D_VERSION,
                 .model = {
                         .architecture = "xing4_0",

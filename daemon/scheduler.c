@@ -46,7 +46,7 @@ struct job {
         struct job *next;
         struct sched_request *r;
         enum job_state state;
-        bool prepared, cancel;
+        bool prepared, cancel, paused;
         int32_t *seq; /* prompt + output */
         uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;
         uint32_t *pages;
@@ -93,6 +93,8 @@ struct sched {
         struct job *in_head, *in_tail;
         uint64_t *cancels;
         size_t n_cancels, cap_cancels;
+        struct pause_op { uint64_t id; bool paused; } *pauses;
+        size_t n_pauses, cap_pauses;
         uint64_t *live; /* ids submitted whose final event is not pushed yet */
         size_t n_live, cap_live;
         struct sched_event *ev_head, *ev_tail;
@@ -375,6 +377,23 @@ int sched_cancel(struct sched *s, uint64_t id) {
                                    sizeof *s->cancels);
                         if (ret == 0) {
                                 s->cancels[s->n_cancels++] = id;
+                                pthread_cond_signal(&s->wake);
+                        }
+                        break;
+                }
+        pthread_mutex_unlock(&s->lock);
+        return ret;
+}
+
+int sched_pause(struct sched *s, uint64_t id, bool paused) {
+        int ret = -ENOENT;
+        pthread_mutex_lock(&s->lock);
+        for (size_t i = 0; i < s->n_live; i++)
+                if (s->live[i] == id) {
+                        ret = grow((void **) &s->pauses, &s->cap_pauses, s->n_pauses + 1,
+                                   sizeof *s->pauses);
+                        if (ret == 0) {
+                                s->pauses[s->n_pauses++] = (struct pause_op){ id, paused };
                                 pthread_cond_signal(&s->wake);
                         }
                         break;
@@ -1302,6 +1321,10 @@ static void take_inputs(struct sched *s) {
         size_t n_cancels = s->n_cancels;
         s->cancels = NULL;
         s->n_cancels = s->cap_cancels = 0;
+        struct pause_op *pauses = s->pauses;
+        size_t n_pauses = s->n_pauses;
+        s->pauses = NULL;
+        s->n_pauses = s->cap_pauses = 0;
         pthread_mutex_unlock(&s->lock);
 
         struct job **tail = &s->jobs;
@@ -1313,6 +1336,11 @@ static void take_inputs(struct sched *s) {
                         if (j->r->id == cancels[i])
                                 j->cancel = true;
         free(cancels);
+        for (size_t i = 0; i < n_pauses; i++)
+                for (struct job *j = s->jobs; j; j = j->next)
+                        if (j->r->id == pauses[i].id)
+                                j->paused = pauses[i].paused;
+        free(pauses);
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
                 if (j->cancel)
@@ -1382,8 +1410,8 @@ static void step(struct sched *s) {
         struct job *prefill = NULL;
 
         for (struct job *j = s->jobs; j; j = j->next) {
-                cap += j->state != JOB_WAITING;
-                if (!prefill && j->state == JOB_PREFILL)
+                cap += j->state != JOB_WAITING && !j->paused;
+                if (!prefill && j->state == JOB_PREFILL && !j->paused)
                         prefill = j;
         }
         if (cap == 0)
@@ -1397,7 +1425,7 @@ static void step(struct sched *s) {
                 return;
         }
         for (struct job *j = s->jobs; j; j = j->next) {
-                if (j->state == JOB_DECODE) {
+                if (j->state == JOB_DECODE && !j->paused) {
                         seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = 1,
                                                    .pos0 = j->n_cached, .pages = j->pages,
                                                    .n_pages = j->n_pages, .logits = X4_LOGITS_LAST };
@@ -1508,6 +1536,7 @@ static void publish_stats(struct sched *s) {
         for (struct job *j = s->jobs; a && j; j = j->next, k++) {
                 a[k].id = j->r->id;
                 a[k].running = j->state != JOB_WAITING;
+                a[k].paused = j->paused;
                 a[k].prompt_tokens = j->n_prompt ? j->n_prompt : j->r->n_tokens;
                 a[k].prefilled_tokens = MIN(j->n_cached, j->n_prompt);
                 a[k].completion_tokens = j->n_out;
@@ -1539,7 +1568,7 @@ static void *engine_main(void *userdata) {
         log_set_ident("xing4d");
         for (;;) {
                 pthread_mutex_lock(&s->lock);
-                while (!s->quit && !s->in_head && s->n_cancels == 0 && !s->jobs)
+                while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 && !s->jobs)
                         pthread_cond_wait(&s->wake, &s->lock);
                 bool quit = s->quit;
                 pthread_mutex_unlock(&s->lock);
@@ -1554,10 +1583,10 @@ static void *engine_main(void *userdata) {
                 admit(s);
                 bool busy = false;
                 for (struct job *j = s->jobs; j; j = j->next)
-                        busy |= j->state != JOB_WAITING;
+                        busy |= j->state != JOB_WAITING && !j->paused;
                 if (!busy && s->jobs) {
                         pthread_mutex_lock(&s->lock);
-                        while (!s->quit && !s->in_head && s->n_cancels == 0)
+                        while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0)
                                 pthread_cond_wait(&s->wake, &s->lock);
                         pthread_mutex_unlock(&s->lock);
                 }
@@ -1661,6 +1690,7 @@ void sched_free(struct sched *s) {
                 sched_event_free(e);
         }
         free(s->cancels);
+        free(s->pauses);
         free(s->live);
         free(s->states);
         free(s->logits);

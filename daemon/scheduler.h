@@ -183,6 +183,7 @@ struct sched_stats {
 struct sched_request_state {
         uint64_t id;
         bool running;
+        bool paused;
         uint32_t prompt_tokens, prefilled_tokens, completion_tokens;
         uint64_t age_ms;
         uint32_t peer_pid, peer_uid;
@@ -213,6 +214,9 @@ int sched_submit(struct sched *s, struct sched_request *r);
 /* Cancel by server id: the request ends with DONE{CANCELLED} at the next step boundary.
  * -ENOENT if it is not waiting or running. */
 int sched_cancel(struct sched *s, uint64_t id);
+/* Back-pressure: a paused request keeps its pages but takes no decode steps until resumed (its
+ * client is not reading). -ENOENT if it is not waiting or running. */
+int sched_pause(struct sched *s, uint64_t id, bool paused);
 /* Stop admitting (submit fails with -ESHUTDOWN); with cancel_all, cancel everything in flight. */
 void sched_drain(struct sched *s, bool cancel_all);
 /* Requests submitted whose final event has not been popped yet. */

@@ -23,9 +23,10 @@
 #include "util/log.h"
 #include "xing4.pb-c.h"
 
-/* A connection whose unsent output passes this stops being read until it drains: its requests
- * keep running but the client cannot pile up more work (design.md back-pressure, first step). */
-#define OUTPUT_HIGH_WATER (8u << 20)
+/* Back-pressure (design.md): a connection whose unsent output passes output_high_water (8 MiB by
+ * default) is no longer read and its requests are paused in the engine (pages kept, no decode
+ * steps); both resume once the output has drained to half of it. */
+#define OUTPUT_HIGH_WATER_DEFAULT (8u << 20)
 
 struct conn;
 
@@ -46,6 +47,7 @@ struct conn {
         struct sreq *reqs;
         bool hello_done;
         bool closing; /* flush the output, then free */
+        bool paused;  /* its requests are paused: the client is not reading */
         pid_t pid;
         uid_t uid;
         char client[64];
@@ -398,6 +400,8 @@ static void submit_request(struct conn *c, uint64_t id, struct sched_request *r)
         q->next = c->reqs;
         c->reqs = q;
         s->n_reqs++;
+        if (c->paused)
+                (void) sched_pause(s->p.sched, q->server_id, true);
 }
 
 static void handle_cancel(struct conn *c, uint64_t id, const Xing4__Cancel *k) {
@@ -483,6 +487,8 @@ static void handle_stats(struct conn *c, uint64_t id) {
                         q.peer_pid = reqs[i].peer_pid;
                         q.peer_uid = reqs[i].peer_uid;
                         q.client = reqs[i].client;
+                        q.has_paused = 1;
+                        q.paused = reqs[i].paused;
                         states[i] = q;
                         ptrs[i] = &states[i];
                 }
@@ -776,10 +782,20 @@ static void conn_read_cb(struct bufferevent *bev, void *userdata) {
                 return;
         }
         /* back-pressure: stop reading while the client does not read our output */
-        if (evbuffer_get_length(bufferevent_get_output(bev)) > OUTPUT_HIGH_WATER)
+        if (evbuffer_get_length(bufferevent_get_output(bev)) > c->server->p.output_high_water)
                 bufferevent_disable(bev, EV_READ);
 }
 
+static void conn_set_paused(struct conn *c, bool paused) {
+        c->paused = paused;
+        for (struct sreq *r = c->reqs; r; r = r->next)
+                (void) sched_pause(c->server->p.sched, r->server_id, paused);
+        log_debug("connection %u: requests %s (%zu bytes queued)", c->id,
+                  paused ? "paused" : "resumed",
+                  evbuffer_get_length(bufferevent_get_output(c->bev)));
+}
+
+/* Called whenever the output is at or below half the high-water mark (the write watermark). */
 static void conn_write_cb(struct bufferevent *bev, void *userdata) {
         struct conn *c = userdata;
         if (c->closing) {
@@ -787,6 +803,8 @@ static void conn_write_cb(struct bufferevent *bev, void *userdata) {
                         conn_free(c);
                 return;
         }
+        if (c->paused)
+                conn_set_paused(c, false);
         if (!(bufferevent_get_enabled(bev) & EV_READ))
                 bufferevent_enable(bev, EV_READ);
 }
@@ -838,6 +856,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
                 return;
         }
         bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+        bufferevent_setwatermark(c->bev, EV_WRITE, s->p.output_high_water / 2, 0);
         bufferevent_enable(c->bev, EV_READ | EV_WRITE);
         c->next = s->conns;
         s->conns = c;
@@ -925,6 +944,9 @@ static void deliver(struct server *s, struct sched_event *e) {
                 } else {
                         send_error(c, q->client_id, e->code, "%s", e->message ? e->message : "");
                 }
+                if (!final && !c->paused &&
+                    evbuffer_get_length(bufferevent_get_output(c->bev)) > s->p.output_high_water)
+                        conn_set_paused(c, true);
         }
         if (final) {
                 if (c)
@@ -1017,6 +1039,8 @@ int server_new(const struct server_params *params, struct server **ret) {
         if (!s)
                 return log_error_errno(ENOMEM, "server: out of memory");
         s->p = *params;
+        if (!s->p.output_high_water)
+                s->p.output_high_water = OUTPUT_HIGH_WATER_DEFAULT;
         s->t_start = now_ms();
         s->base = event_base_new();
         if (!s->base) {

@@ -1164,6 +1164,7 @@ X4_API int x4_client_requests(x4_client *c, struct x4_request_state **ret, size_
                 a[i].peer_pid = q->peer_pid;
                 a[i].peer_uid = q->peer_uid;
                 copy_str(a[i].client, sizeof a[i].client, q->client);
+                a[i].paused = q->paused;
         }
         *n = s->n_requests;
         *ret = a;

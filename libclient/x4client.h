@@ -268,6 +268,7 @@ struct x4_request_state {
         uint64_t age_ms;
         uint32_t peer_pid, peer_uid;
         char client[64];
+        bool paused; /* its client is not reading its output: no decode steps meanwhile */
 };
 
 X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret);

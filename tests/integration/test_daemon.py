@@ -514,3 +514,34 @@ def test_watchdog_pings_come_from_the_loop(fresh_daemon):
     d = fresh_daemon(env=("WATCHDOG_USEC=200000",))
     d.wait_notify("WATCHDOG=1", timeout=10)
     assert d.terminate() == 0
+
+
+def test_a_client_that_does_not_read_is_paused_not_buffered(fresh_daemon):
+    # 16 KiB of queued output: each chunk with 20 logprobs is a few hundred bytes, so a client
+    # that stops reading fills the socket buffer and then this within about a thousand tokens
+    d = fresh_daemon(args=("--output-buffer", "16K"))
+    c = w.Conn(d.sock)
+    c.hello()
+    # logprobs 20 (field 9), ignore_eos (field 11)
+    req = (w.generate_tokens([5, 6, 7], max_tokens=100000, temperature=0.0) + w.field_varint(9, 20)
+           + w.field_varint(11, 1))
+    c.send(w.frame(1, w.GENERATE, req))
+    s = d.wait_stats(lambda s: s["requests"] and s["requests"][0]["paused"], timeout=120,
+                     what="the request paused")
+    n1 = s["requests"][0]["completion_tokens"]
+    assert n1 < 64 * 256 - 3  # paused well before the context limit
+    # paused means no decode steps: the count stays put while nobody reads
+    assert d.stats()["requests"][0]["completion_tokens"] == n1
+    # reading resumes it: more chunks come than had been generated when it paused
+    for _ in range(n1 + 50):
+        f = c.recv()
+        assert w.CHUNK in f, f
+    c.send(w.frame(1, w.CANCEL))
+    while True:
+        f = c.recv()
+        if w.DONE in f:
+            break
+    done = w.parse(f[w.DONE][0])
+    assert done[1] == [3]  # FINISH_CANCELLED
+    assert w.parse(done[2][0])[3][0] >= n1 + 50  # usage.completion_tokens
+    assert d.stats()["cache_pages_used"] == 0
