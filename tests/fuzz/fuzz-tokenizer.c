@@ -5,7 +5,8 @@
  *    return half a UTF-8 character;
  *  - decode(encode(x)) == x when x is valid UTF-8 without U+2581 (the escaped-space mark);
  *  - the same bytes read as ids (any mix of byte pieces, controls, specials) decode the same
- *    both ways, and go through the output parser without a crash.
+ *    both ways, and go through the output parser without a crash;
+ *  - the bytes as hand-made tokens (specials and text) through the output parser.
  * Fixture path: $X4_TOKENIZER_FIXTURE, else $X4_SOURCE_DIR/tests/tokenizer/spm-bpe8k.gguf, else
  * the source tree this file was compiled from. */
 #include <stdio.h>
@@ -125,6 +126,40 @@ static void stream_check(const int32_t *ids, size_t n, unsigned flags, bool thin
         free(got);
 }
 
+/* The output parser on hand-made tokens: bytes below 0x10 pick a special (tool-call markers,
+ * </think>, <_end>...), everything between them is one text token (made valid UTF-8). */
+static void parser_tokens(const uint8_t *data, size_t size) {
+        static const int32_t specials[16] = { 9, 10, 11, 12, 11, 12, 10, 11, 12, 2, 4, 13, 8, 0, 1, 303 };
+        static const char *stops[] = { "</param", "}}" };
+        size_t parsed = 0;
+        struct outparse *op = NULL;
+        struct outparse_config c = { .thinking = size > 0 && (data[0] & 1), .thinking_budget = -1,
+                                     .stop_strings = stops, .n_stop_strings = size > 1 && (data[1] & 1) ? 2 : 0,
+                                     .emit = ignore, .userdata = &parsed };
+        char *text = malloc(size + 1);
+        if (!text || outparse_new(tok, &c, &op) < 0)
+                abort();
+        for (size_t i = 0; i < size;) {
+                if (data[i] < 0x10) {
+                        if (outparse_feed(op, specials[data[i]], "", 0) < 0)
+                                abort();
+                        i++;
+                        continue;
+                }
+                size_t n = 0;
+                while (i < size && data[i] >= 0x10) {
+                        uint8_t b = data[i++];
+                        text[n++] = b < 0x80 ? (char) b : '?';
+                }
+                if (outparse_feed(op, 303, text, n) < 0)
+                        abort();
+        }
+        if (outparse_finish(op, "length") < 0)
+                abort();
+        outparse_free(op);
+        free(text);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!tok)
                 load();
@@ -160,5 +195,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 raw[i] = (int32_t) ((data[2 * i] | data[2 * i + 1] << 8) % tokenizer_n_vocab(tok));
         stream_check(raw, m, 0, size > 0 && (data[0] & 2));
         free(raw);
+        parser_tokens(data, size);
         return 0;
 }
