@@ -20,6 +20,7 @@
 #include "kernels/cpu/quant.h"
 #include "model/ggml.h"
 #include "model/gguf.h"
+#include "model/gguf_writer.h"
 #include "model/mkmodel.h"
 #include "model/tokenizer.h"
 #include "model/xing4.h"
@@ -488,6 +489,126 @@ static void test_cli(void **state) {
         tmp_remove(&t);
 }
 
+/* ---- the GGUF writer (daemon/model/gguf_writer.h), read back by the reader ------------------- */
+
+static void test_gguf_writer_roundtrip(void **state) {
+        _cleanup_(gguf_writer_freep) struct gguf_writer *w = NULL;
+        _cleanup_(gguf_closep) struct gguf_file *f = NULL;
+        const char *strs[3] = { "a", "", "\xe2\x96\x81x" };
+        const float fa[3] = { 1.5f, -2.0f, 0.25f };
+        const int32_t ia[2] = { -7, 9 };
+        const uint64_t ne1[1] = { 64 }, ne2[2] = { 64, 3 }, ne3[3] = { 32, 2, 2 };
+        const struct gguf_value *arr;
+        struct gguf_string gs;
+        struct tmpdir t;
+        uint64_t u;
+        int64_t i;
+        double d;
+        bool b;
+        float data1[64];
+        uint8_t data2[64 / 32 * 18 * 3];
+
+        (void) state;
+        tmp_make(&t);
+        assert_int_equal(gguf_writer_new(&w), 0);
+        assert_int_equal(gguf_writer_set_alignment(w, 64), 0);
+        assert_int_equal(gguf_writer_add_u8(w, "k.u8", 200), 0);
+        assert_int_equal(gguf_writer_add_i8(w, "k.i8", -100), 0);
+        assert_int_equal(gguf_writer_add_u16(w, "k.u16", 60000), 0);
+        assert_int_equal(gguf_writer_add_i16(w, "k.i16", -30000), 0);
+        assert_int_equal(gguf_writer_add_u32(w, "k.u32", 4000000000u), 0);
+        assert_int_equal(gguf_writer_add_i32(w, "k.i32", -2000000000), 0);
+        assert_int_equal(gguf_writer_add_u64(w, "k.u64", UINT64_MAX - 1), 0);
+        assert_int_equal(gguf_writer_add_i64(w, "k.i64", INT64_MIN + 1), 0);
+        assert_int_equal(gguf_writer_add_f32(w, "k.f32", 0.1f), 0);
+        assert_int_equal(gguf_writer_add_f64(w, "k.f64", 0.1), 0);
+        assert_int_equal(gguf_writer_add_bool(w, "k.bool", true), 0);
+        assert_int_equal(gguf_writer_add_string(w, "k.str", "hello"), 0);
+        assert_int_equal(gguf_writer_add_string_array(w, "k.strs", strs, 3), 0);
+        assert_int_equal(gguf_writer_add_array(w, "k.f32s", GGUF_TYPE_FLOAT32, fa, 3), 0);
+        assert_int_equal(gguf_writer_add_array(w, "k.i32s", GGUF_TYPE_INT32, ia, 2), 0);
+        assert_int_equal(gguf_writer_add_u32(w, "k.gone", 1), 0);
+        assert_int_equal(gguf_writer_remove_kv(w, "k.gone"), 0);
+        assert_int_equal(gguf_writer_remove_kv(w, "k.gone"), -ENOENT);
+        log_clear_last_error();
+        assert_int_equal(gguf_writer_add_u32(w, "k.u8", 1), -EEXIST);
+        assert_string_equal(log_last_error(), "gguf writer: key k.u8 added twice");
+
+        assert_int_equal(gguf_writer_add_tensor(w, "t.f32", GGML_TYPE_F32, 1, ne1), 0);
+        assert_int_equal(gguf_writer_add_tensor(w, "t.iq4", GGML_TYPE_IQ4_NL, 2, ne2), 1);
+        assert_int_equal(gguf_writer_add_tensor(w, "t.bf16", GGML_TYPE_BF16, 3, ne3), 2);
+        assert_int_equal(gguf_writer_add_tensor(w, "t.bad", GGML_TYPE_Q6_K, 1, ne1), -EINVAL);
+        assert_string_equal(log_last_error(), "gguf writer: tensor t.bad: type Q6_K cannot hold rows of 64 values");
+        assert_int_equal(gguf_writer_set_alignment(w, 32), -EBUSY);
+        assert_int_equal(gguf_writer_tensor_size(w, 1), 3 * 2 * 18);
+        for (size_t k = 0; k < 3; k++)
+                assert_int_equal(gguf_writer_tensor_file_offset(w, k) % 64, 0);
+
+        for (int k = 0; k < 64; k++)
+                data1[k] = (float) k;
+        memset(data2, 0x5a, sizeof data2);
+        assert_int_equal(gguf_writer_write_file(w, t.gguf, (const void *[]){ data1, data2, NULL }), 0);
+
+        assert_int_equal(gguf_open(t.gguf, &f), 0);
+        assert_int_equal(gguf_version(f), 3);
+        assert_int_equal(gguf_alignment(f), 64);
+        assert_int_equal(gguf_data_offset(f), gguf_writer_data_offset(w));
+        assert_int_equal(gguf_file_size(f), gguf_writer_file_size(w));
+        assert_int_equal(gguf_kv_count(f), 16); /* 15 + general.alignment */
+        assert_int_equal(gguf_get_u64(f, "k.u8", &u), 0);
+        assert_int_equal(u, 200);
+        assert_int_equal(gguf_get_i64(f, "k.i8", &i), 0);
+        assert_int_equal(i, -100);
+        assert_int_equal(gguf_get_u64(f, "k.u16", &u), 0);
+        assert_int_equal(u, 60000);
+        assert_int_equal(gguf_get_i64(f, "k.i16", &i), 0);
+        assert_int_equal(i, -30000);
+        assert_int_equal(gguf_get_u64(f, "k.u32", &u), 0);
+        assert_int_equal(u, 4000000000u);
+        assert_int_equal(gguf_get_i64(f, "k.i32", &i), 0);
+        assert_int_equal(i, -2000000000);
+        assert_int_equal(gguf_get_u64(f, "k.u64", &u), 0);
+        assert_true(u == UINT64_MAX - 1);
+        assert_int_equal(gguf_get_i64(f, "k.i64", &i), 0);
+        assert_true(i == INT64_MIN + 1);
+        assert_int_equal(gguf_get_f64(f, "k.f32", &d), 0);
+        assert_true(d == (double) 0.1f);
+        assert_int_equal(gguf_get_f64(f, "k.f64", &d), 0);
+        assert_true(d == 0.1);
+        assert_int_equal(gguf_get_bool(f, "k.bool", &b), 0);
+        assert_true(b);
+        assert_int_equal(gguf_get_string(f, "k.str", &gs), 0);
+        assert_int_equal(gs.len, 5);
+        assert_memory_equal(gs.data, "hello", 5);
+        assert_int_equal(gguf_get_array(f, "k.strs", &arr), 0);
+        assert_int_equal(arr->arr.n, 3);
+        for (uint64_t k = 0; k < 3; k++) {
+                assert_int_equal(gguf_array_get_string(arr, k, &gs), 0);
+                assert_int_equal(gs.len, strlen(strs[k]));
+                assert_memory_equal(gs.data, strs[k], gs.len);
+        }
+        assert_int_equal(gguf_get_array(f, "k.f32s", &arr), 0);
+        assert_int_equal(gguf_array_get_f64(arr, 2, &d), 0);
+        assert_true(d == 0.25);
+        assert_int_equal(gguf_get_array(f, "k.i32s", &arr), 0);
+        assert_int_equal(gguf_array_get_i64(arr, 0, &i), 0);
+        assert_int_equal(i, -7);
+        assert_null(gguf_kv_find(f, "k.gone"));
+
+        assert_int_equal(gguf_tensor_count(f), 3);
+        const struct gguf_tensor *t0 = gguf_tensor_find(f, "t.f32"), *t1 = gguf_tensor_find(f, "t.iq4"),
+                                 *t2 = gguf_tensor_find(f, "t.bf16");
+        assert_memory_equal(t0->data, data1, sizeof data1);
+        assert_int_equal(t1->ne[1], 3);
+        assert_memory_equal(t1->data, data2, sizeof data2);
+        assert_int_equal(t2->n_dims, 3);
+        assert_int_equal(t2->ne[2], 2);
+        assert_int_equal(t2->size, 32 * 2 * 2 * 2);
+        for (uint64_t k = 0; k < t2->size; k++) /* never written: zeros */
+                assert_int_equal(((const uint8_t *) t2->data)[k], 0);
+        tmp_remove(&t);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_tiny_loads_and_matches_fixture),
@@ -498,6 +619,7 @@ int main(void) {
                 cmocka_unit_test(test_full_header_only),
                 cmocka_unit_test(test_bad_shapes),
                 cmocka_unit_test(test_cli),
+                cmocka_unit_test(test_gguf_writer_roundtrip),
         };
 
         log_set_max_level(LOG_CRIT);
