@@ -206,3 +206,15 @@ def test_client_disconnect_cancels_in_the_daemon(bridge, daemon):
             if s["requests_cancelled"] == before + 1 and not s["requests"]:
                 break
             assert time.monotonic() < deadline, f"not cancelled (stream={stream}): {s}"
+
+
+def test_thinking_budget_caps_reasoning(bridge):
+    for extra, budget in (({"thinking_budget": 3}, 3),
+                          ({"chat_template_kwargs": {"thinking_budget": 5}}, 5)):
+        st, _, body = bridge.post("/v1/chat/completions", chat("hi", max_tokens=20, temperature=0, **extra))
+        assert st == 200, body
+        # the daemon forces </think> after the budget; the rest of the 20 tokens are content
+        assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == budget
+        assert body["choices"][0]["message"]["content"]
+    st, _, body = bridge.post("/v1/chat/completions", chat(thinking_budget=-2))
+    assert st == 400 and body["error"]["param"] == "thinking_budget"
