@@ -63,11 +63,11 @@ int main(int argc, char **argv) {
                 return 2;
         }
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
-        if (chat_template_parse(text, len, &t) < 0)
+        if (chat_template_parse_len(text, len, &t) < 0)
                 return 1;
         _cleanup_free_ char *out = NULL;
         size_t out_len = 0;
-        if (chat_template_render(t, ctx, &out, &out_len) < 0)
+        if (chat_template_render_len(t, ctx, &out, &out_len) < 0)
                 return 1;
         if (fwrite(out, 1, out_len, stdout) != out_len || fflush(stdout) != 0) {
                 log_error("stdout: write error");

@@ -21,7 +21,11 @@ static const struct jinja_limits default_limits = {
         .max_memory = 512u << 20,
 };
 
-int chat_template_parse(const char *text, size_t len, struct chat_template **ret) {
+int chat_template_parse(const char *text, struct chat_template **ret) {
+        return chat_template_parse_len(text, strlen(text), ret);
+}
+
+int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret) {
         struct chat_template *t = calloc(1, sizeof(*t));
         if (!t)
                 return log_error_errno(ENOMEM, "chat template: out of memory");
@@ -51,9 +55,13 @@ void chat_template_set_limits(struct chat_template *t, const struct chat_limits 
         };
 }
 
-int chat_template_render(const struct chat_template *t, const struct json_value *context, char **ret,
-                         size_t *ret_len) {
+int chat_template_render_len(const struct chat_template *t, const struct json_value *context, char **ret,
+                             size_t *ret_len) {
         return jinja_render(t->tmpl, context, &t->limits, ret, ret_len);
+}
+
+int chat_template_render(const struct chat_template *t, const struct json_value *context, char **ret) {
+        return jinja_render(t->tmpl, context, &t->limits, ret, NULL);
 }
 
 /* Deep copy through serialization: json.h has no clone, and contexts are small. */

@@ -27,18 +27,22 @@ struct chat_limits {
         size_t max_memory;   /* bytes allocated by one render; default 512 MiB */
 };
 
-/* text need not be NUL-terminated. -EINVAL with "template:L:C: why" on a syntax error or an
- * unsupported construct. */
-int chat_template_parse(const char *text, size_t len, struct chat_template **ret);
+/* -EINVAL with "template:L:C: why" on a syntax error or an unsupported construct.
+ * chat_template_parse_len takes text that need not be NUL-terminated. */
+int chat_template_parse(const char *text, struct chat_template **ret);
+int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret);
 void chat_template_free(struct chat_template *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct chat_template *, chat_template_free);
 void chat_template_set_limits(struct chat_template *t, const struct chat_limits *limits);
 
-/* Renders with context's members (a JSON object) as the template's variables. Returns 0 and a
- * malloc'ed NUL-terminated string (*ret_len its length, may be NULL); -EINVAL on a template error
- * (undefined attribute, type error, raise_exception), -E2BIG when a limit was exceeded. */
-int chat_template_render(const struct chat_template *t, const struct json_value *context, char **ret,
-                         size_t *ret_len);
+/* Renders with context's members (a JSON object, or NULL for none) as the template's variables.
+ * Returns 0 and a malloc'ed NUL-terminated string; -EINVAL on a template error (undefined
+ * attribute, type error, raise_exception: "template:L:C: raise_exception: TEXT"), -E2BIG when a
+ * limit was exceeded. chat_template_render_len also returns the length (the output holds NUL
+ * bytes when the context's strings do). */
+int chat_template_render(const struct chat_template *t, const struct json_value *context, char **ret);
+int chat_template_render_len(const struct chat_template *t, const struct json_value *context, char **ret,
+                             size_t *ret_len);
 
 /* Builds the context the daemon renders with: {"messages": [...], "tools": [...] (only when
  * tools is a non-empty list), "add_generation_prompt": b, "enable_thinking": b (only when

@@ -91,6 +91,20 @@ def main():
             passed += 1
             if report:
                 print("ok   %s" % name)
+    # x4-template's contract on bad input: non-zero exit and a message naming place and construct
+    cli_fail = 0
+    if not only:
+        with tempfile.TemporaryDirectory() as tmp:
+            for text, expect in (("a\n {% call m() %}x{% endcall %}", "template:2:5: unsupported tag 'call'"),
+                                 ("{{ x | xmlattr }}", "template:1:8: unsupported filter 'xmlattr'"),
+                                 ("{% if %}", "template:1:7: unexpected '%}' in expression")):
+                path = os.path.join(tmp, "bad.jinja")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+                p = subprocess.run([x4, path, contexts[0]], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                if p.returncode == 0 or expect not in p.stderr.decode(errors="replace"):
+                    cli_fail += 1
+                    print("FAIL x4-template on %r: rc %d, stderr %r (expected %r)" % (text, p.returncode, p.stderr, expect))
     # semantics snippets (snippets.txt, separated by "----" lines) on one conversation
     snippet_fail = 0
     if not only:
@@ -110,7 +124,7 @@ def main():
         print("%d of %d semantics snippets identical" % (len(snippets) - snippet_fail, len(snippets)))
     print("%d of %d templates identical on %d contexts (%d listed in supported.txt, plus the built-in xing4.jinja)"
           % (passed, len(names), len(contexts), len(supported) - (0 if only else 1)))
-    return 1 if snippet_fail or any(n in supported for n in failed) else 0
+    return 1 if snippet_fail or cli_fail or any(n in supported for n in failed) else 0
 
 
 if __name__ == "__main__":

@@ -30,10 +30,10 @@ static char *render(const char *tmpl, const char *json, int *r) {
         _cleanup_(json_freep) struct json_value *ctx = ctx_from(json ? json : "{}");
         char *out = NULL;
         log_clear_last_error();
-        *r = chat_template_parse(tmpl, strlen(tmpl), &t);
+        *r = chat_template_parse(tmpl, &t);
         if (*r < 0)
                 return NULL;
-        *r = chat_template_render(t, ctx, &out, NULL);
+        *r = chat_template_render(t, ctx, &out);
         return *r < 0 ? NULL : out;
 }
 
@@ -118,13 +118,13 @@ static const char *const AGREE[] = {
 static void test_xing4_c_renderer_agrees(void **state) {
         (void) state;
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
-        assert_int_equal(chat_template_parse(chat_xing4_template, strlen(chat_xing4_template), &t), 0);
+        assert_int_equal(chat_template_parse(chat_xing4_template, &t), 0);
         for (size_t i = 0; i < ELEMENTSOF(AGREE); i++) {
                 _cleanup_(json_freep) struct json_value *ctx = ctx_from(AGREE[i]);
                 _cleanup_free_ char *a = NULL, *b = NULL;
                 char ea[512] = "", eb[512] = "";
                 log_clear_last_error();
-                int ra = chat_template_render(t, ctx, &a, NULL);
+                int ra = chat_template_render(t, ctx, &a);
                 snprintf(ea, sizeof(ea), "%s", log_last_error());
                 log_clear_last_error();
                 int rb = chat_xing4_render(ctx, &b);
@@ -277,10 +277,10 @@ static void test_limits(void **state) {
         /* limits are settable per template */
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
         const char *src = "{% for i in range(50) %}{{ i }}{% endfor %}";
-        assert_int_equal(chat_template_parse(src, strlen(src), &t), 0);
+        assert_int_equal(chat_template_parse(src, &t), 0);
         chat_template_set_limits(t, &(struct chat_limits) {.max_output = 20});
         char *out = NULL;
-        assert_int_equal(chat_template_render(t, NULL, &out, NULL), -E2BIG);
+        assert_int_equal(chat_template_render(t, NULL, &out), -E2BIG);
         assert_non_null(strstr(log_last_error(), "output limit of 20 bytes"));
         log_set_max_level(LOG_INFO);
 }
