@@ -577,6 +577,16 @@ int outparse_feed(struct outparse *p, int32_t id, const char *text, size_t len) 
         return r < 0 ? r : 0;
 }
 
+int outparse_feed_text(struct outparse *p, const char *text, size_t len) {
+        int r;
+        if (p->stopped || len == 0)
+                return 0;
+        if (p->in_tool)
+                return buf_put(&p->tool, text, len);
+        r = channel_text(p, text, len);
+        return r < 0 ? r : 0;
+}
+
 int outparse_finish(struct outparse *p, const char *finish_reason) {
         if (p->stopped)
                 return 0;

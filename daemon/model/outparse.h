@@ -85,6 +85,9 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct outparse *, outparse_free);
  * TOKENIZER_DECODE_SKIP_SPECIALS or not: the text of specials is not used). After the STOP
  * event further feeds are ignored (return 0). */
 int outparse_feed(struct outparse *p, int32_t id, const char *text, size_t len);
+/* Text that belongs to no new token: what tokenizer_stream_flush() returns at the end of the
+ * output (bytes of an unfinished character, as U+FFFD). Call it before outparse_finish(). */
+int outparse_feed_text(struct outparse *p, const char *text, size_t len);
 /* Generation ended for another reason (e.g. "length", "cancelled"): emit everything held back
  * (an unfinished tool call as content text) and a STOP event with this reason. No-op after a
  * STOP. */

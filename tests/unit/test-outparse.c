@@ -181,6 +181,16 @@ static void test_end_think_missing(void **state) {
         assert_string_equal(s.reason, "length");
         assert_int_equal(s.stop_id, -1);
 
+        /* the detokenizer's flush at the end (an unfinished character) is still reasoning */
+        _cleanup_(outparse_freep) struct outparse *f = new_parser(&s, true, -1, NULL, 0, NULL, 0);
+        feed(f, ID_TEXT, "x");
+        assert_int_equal(outparse_feed_text(f, "\xef\xbf\xbd", 3), 0);
+        assert_int_equal(outparse_reasoning_tokens(f), 1);
+        assert_int_equal(outparse_finish(f, "length"), 0);
+        assert_string_equal(s.reasoning, "x\xef\xbf\xbd");
+        assert_int_equal(outparse_feed_text(f, "y", 1), 0); /* after the stop: ignored */
+        assert_string_equal(s.reasoning, "x\xef\xbf\xbd");
+
         /* and ended by <_end> inside reasoning: everything is reasoning */
         _cleanup_(outparse_freep) struct outparse *q = new_parser(&s, true, -1, NULL, 0, NULL, 0);
         feed_model_text(q, "a\n<_end>");
