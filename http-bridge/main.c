@@ -74,6 +74,13 @@ static int config_set(const char *key, const char *value, const char *where) {
         else if (streq(key, "model-name"))
                 snprintf(cfg.model_name, sizeof cfg.model_name, "%s", value);
         else {
+                static const char *const numeric[] = { "max-body-bytes", "max-concurrent", "timeout",
+                                                       "connect-timeout-ms", "retry-after" };
+                bool known = false;
+                for (size_t i = 0; i < ELEMENTSOF(numeric); i++)
+                        known = known || streq(key, numeric[i]);
+                if (!known)
+                        return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
                 errno = 0;
                 long long v = strtoll(value, &end, 10);
                 if (errno || end == value || *end || v < 1 || v > INT_MAX)

@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: MIT
+"""xing4-http's INI file and flags: settings take effect, flags override the file, mistakes are
+refused with the file, line and what was expected."""
+import re
+import subprocess
+
+from conftest import HTTP, Bridge, chat, need
+
+
+def run_http(*args):
+    need(HTTP)
+    return subprocess.run([str(HTTP), *args], capture_output=True, text=True, timeout=30)
+
+
+def test_config_file_settings_apply(daemon, tmp_path):
+    conf = tmp_path / "xing4-http.conf"
+    conf.write_text("# test\n[xing4-http]\nlisten = 127.0.0.1:1\n"
+                    f"socket = {daemon.sock}\nmodel-name = house-model\nmax-body-bytes = 1500\n")
+    # --listen on the command line overrides the file's (unusable) port 1
+    b = Bridge([], "--config", str(conf))
+    try:
+        # Bridge() passes --config /dev/null first; the later --config wins, as getopt reads both
+        st, _, body = b.request("GET", "/v1/models")
+        assert st == 200 and body["data"][0]["id"] == "house-model"
+        st, _, body = b.post("/v1/chat/completions", chat("x" * 2000, model="house-model"))
+        assert st == 413 and "limit of 1500 bytes" in body["error"]["message"]
+        st, _, body = b.post("/v1/chat/completions", chat("hi", model="house-model", max_tokens=2))
+        assert st == 200, body
+    finally:
+        b.close()
+
+
+def test_config_mistakes_are_named(tmp_path):
+    conf = tmp_path / "bad.conf"
+    conf.write_text("[xing4-http]\nlisten = 127.0.0.1:0\nmax-concurrent = lots\n")
+    r = run_http("--config", str(conf))
+    assert r.returncode == 2
+    assert f'{conf}:3: max-concurrent: "lots" is not a positive integer' in r.stderr
+    conf.write_text("[xing4-http]\ncolour = blue\n")
+    r = run_http("--config", str(conf))
+    assert r.returncode == 2 and f'{conf}:2: unknown setting "colour"' in r.stderr
+    conf.write_text("[server]\n")
+    r = run_http("--config", str(conf))
+    assert r.returncode == 2 and "section [server]: [xing4-http] expected" in r.stderr
+    r = run_http("--config", str(tmp_path / "missing.conf"))
+    assert r.returncode == 2 and "missing.conf: cannot open the config file" in r.stderr
+    r = run_http("--config", "/dev/null", "--listen", "localhost")
+    assert r.returncode == 2 and "--listen localhost: HOST:PORT expected" in r.stderr
+    r = run_http("--config", "/dev/null", "--api-key-file", str(tmp_path / "nokey"))
+    assert r.returncode == 2 and "nokey: cannot read the API key file" in r.stderr
+
+
+def test_version_and_help():
+    r = run_http("--version")
+    assert r.returncode == 0 and re.fullmatch(r"xing4-http \d+\.\d+\.\d+\n", r.stdout)
+    r = run_http("--help")
+    assert r.returncode == 0 and "--socket PATH" in r.stdout and "--api-key-file" in r.stdout
