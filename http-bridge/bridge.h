@@ -77,8 +77,10 @@ struct api_result {
 void api_result_done(struct api_result *r);
 int api_result_add_text(struct api_result *r, bool reasoning, const char *text, size_t len);
 int api_result_add_call(struct api_result *r, const char *name, const char *args);
-/* Append the logprobs of one chunk (chat shape or completion shape). */
-void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c);
+/* Append the logprobs of one chunk (chat shape or completion shape), top_n alternatives each (the
+ * daemon is asked for at least one, to learn each token's text). */
+void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c,
+                             unsigned top_n);
 
 const char *api_finish_reason(int x4_finish, bool had_tool_calls);
 json_t *api_usage_json(const struct x4_done *d);
@@ -92,7 +94,7 @@ json_t *api_chunk_json(enum api_kind kind, const char *id, int64_t created, cons
 json_t *api_usage_chunk_json(enum api_kind kind, const char *id, int64_t created, const char *model,
                              const struct x4_done *d);
 /* The logprobs value of one chunk in streaming form (NULL when none). */
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c);
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n);
 
 /* ---- Server-Sent Events -------------------------------------------------------------------------- */
 

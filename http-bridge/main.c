@@ -313,6 +313,7 @@ struct job {
         struct event *watch;            /* EV_CLOSED on the client's socket */
         enum api_kind kind;
         bool stream, include_usage;
+        unsigned top_logprobs;
         bool headers_sent, role_sent;
         bool submitting, done_early;
         struct x4_done early;           /* on_done that ran inside x4_client_submit() */
@@ -447,10 +448,10 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 else if (c->text_len && c->channel != X4_CHANNEL_TOOL_CALL)
                         api_result_add_text(&j->res, c->channel == X4_CHANNEL_REASONING, c->text, c->text_len);
                 if (j->res.logprobs || c->n_logprobs)
-                        api_result_add_logprobs(&j->res, j->kind, c);
+                        api_result_add_logprobs(&j->res, j->kind, c, j->top_logprobs);
                 return 0;
         }
-        json_t *lp = api_chunk_logprobs(j->kind, c);
+        json_t *lp = api_chunk_logprobs(j->kind, c, j->top_logprobs);
         if (!c->text_len && !call && !lp)
                 return 0;
         stream_begin(j);
@@ -562,6 +563,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, cons
         j->kind = kind;
         j->stream = ar.stream;
         j->include_usage = ar.include_usage;
+        j->top_logprobs = ar.top_logprobs;
         j->created = time(NULL);
         j->t_start = now_s();
 
@@ -620,7 +622,8 @@ static void handle_cancel(struct evhttp_request *req, const char *id) {
                 char idcopy[48];
                 snprintf(idcopy, sizeof idcopy, "%s", j->idstr);
                 log_info("%s: cancelled by DELETE", idcopy);
-                (void) x4_client_cancel(j->be->c, j->rid);
+                if (j->be->c)
+                        (void) x4_client_cancel(j->be->c, j->rid); /* may free j */
                 send_json(req, 200, json_pack("{s:s, s:s, s:b}", "id", idcopy, "object", "request.cancel", "cancelled",
                                               1), "cancel");
                 return;

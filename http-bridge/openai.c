@@ -623,6 +623,15 @@ static json_t *bytes_of(const char *s) {
         return a;
 }
 
+/* An alternative's text; the daemon may leave it out (TopLogprob.text is optional), and the bridge
+ * has no tokenizer, so it is then named by its id. */
+static const char *top_text(const struct x4_top_logprob *t, char *buf, size_t size) {
+        if (t->text)
+                return t->text;
+        snprintf(buf, size, "<token %d>", t->token_id);
+        return buf;
+}
+
 static const char *token_text(const struct x4_token_logprob *lp, const struct x4_chunk *c) {
         for (size_t j = 0; j < lp->n_top; j++)
                 if (lp->top[j].token_id == lp->token_id && lp->top[j].text)
@@ -630,14 +639,15 @@ static const char *token_text(const struct x4_token_logprob *lp, const struct x4
         return c->n_logprobs == 1 && c->text ? c->text : "";
 }
 
-static json_t *chat_logprob_entries(const struct x4_chunk *c) {
+static json_t *chat_logprob_entries(const struct x4_chunk *c, unsigned top_n) {
         json_t *arr = json_array();
         for (size_t i = 0; i < c->n_logprobs; i++) {
                 const struct x4_token_logprob *lp = &c->logprobs[i];
                 const char *t = token_text(lp, c);
                 json_t *top = json_array();
-                for (size_t j = 0; j < lp->n_top; j++) {
-                        const char *tt = lp->top[j].text ? lp->top[j].text : "";
+                for (size_t j = 0; j < lp->n_top && j < top_n; j++) {
+                        char buf[32];
+                        const char *tt = lp->top[j].token_id == lp->token_id ? t : top_text(&lp->top[j], buf, sizeof buf);
                         json_array_append_new(top, json_pack("{s:s, s:f, s:o}", "token", tt, "logprob",
                                                              (double) lp->top[j].logprob, "bytes", bytes_of(tt)));
                 }
@@ -648,7 +658,7 @@ static json_t *chat_logprob_entries(const struct x4_chunk *c) {
         return arr;
 }
 
-static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c) {
+static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, unsigned top_n) {
         json_t *tokens = json_object_get(obj, "tokens"), *lps = json_object_get(obj, "token_logprobs"),
                *tops = json_object_get(obj, "top_logprobs");
         for (size_t i = 0; i < c->n_logprobs; i++) {
@@ -656,9 +666,12 @@ static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c) {
                 json_array_append_new(tokens, json_string(token_text(lp, c)));
                 json_array_append_new(lps, json_real(lp->logprob));
                 json_t *top = json_object();
-                for (size_t j = 0; j < lp->n_top; j++)
-                        json_object_set_new(top, lp->top[j].text ? lp->top[j].text : "",
+                for (size_t j = 0; j < lp->n_top && j < top_n; j++) {
+                        char buf[32];
+                        json_object_set_new(top, lp->top[j].token_id == lp->token_id ? token_text(lp, c)
+                                                                                     : top_text(&lp->top[j], buf, sizeof buf),
                                             json_real(lp->top[j].logprob));
+                }
                 json_array_append_new(tops, top);
         }
 }
@@ -668,29 +681,30 @@ static json_t *completion_logprobs_new(void) {
                          "text_offset");
 }
 
-void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c) {
+void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c,
+                             unsigned top_n) {
         if (c->n_logprobs == 0)
                 return;
         if (kind == API_CHAT) {
                 if (!r->logprobs)
                         r->logprobs = json_array();
-                json_t *entries = chat_logprob_entries(c);
+                json_t *entries = chat_logprob_entries(c, top_n);
                 json_array_extend(r->logprobs, entries);
                 json_decref(entries);
         } else {
                 if (!r->logprobs)
                         r->logprobs = completion_logprobs_new();
-                completion_logprobs_append(r->logprobs, c);
+                completion_logprobs_append(r->logprobs, c, top_n);
         }
 }
 
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c) {
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n) {
         if (c->n_logprobs == 0)
                 return NULL;
         if (kind == API_CHAT)
-                return json_pack("{s:o}", "content", chat_logprob_entries(c));
+                return json_pack("{s:o}", "content", chat_logprob_entries(c, top_n));
         json_t *o = completion_logprobs_new();
-        completion_logprobs_append(o, c);
+        completion_logprobs_append(o, c, top_n);
         return o;
 }
 

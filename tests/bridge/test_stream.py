@@ -218,3 +218,18 @@ def test_thinking_budget_caps_reasoning(bridge):
         assert body["choices"][0]["message"]["content"]
     st, _, body = bridge.post("/v1/chat/completions", chat(thinking_budget=-2))
     assert st == 400 and body["error"]["param"] == "thinking_budget"
+
+
+def test_logprobs_without_alternatives_and_completions_logprobs(bridge):
+    st, _, body = bridge.post("/v1/chat/completions", chat("hi", max_tokens=2, logprobs=True))
+    assert st == 200
+    assert all(t["top_logprobs"] == [] for t in body["choices"][0]["logprobs"]["content"])
+    st, _, body = bridge.post("/v1/completions", {"model": "xing4", "prompt": "The cloud", "max_tokens": 3,
+                                                  "logprobs": 3, "temperature": 0})
+    lp = body["choices"][0]["logprobs"]
+    n = body["usage"]["completion_tokens"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n
+    assert all(len(t) <= 3 for t in lp["top_logprobs"]) and all(x <= 0 for x in lp["token_logprobs"])
+    # greedy: the chosen token is the most likely one
+    for tok, lpv, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert abs(max(top.values()) - lpv) < 1e-6
