@@ -1068,6 +1068,7 @@ int x4_mkmodel_write(const struct x4_mkmodel_shape *s, const struct x4_mkmodel_o
         _cleanup_(gguf_writer_freep) struct gguf_writer *w = NULL;
         _cleanup_free_ struct chunk *chunks = NULL;
         _cleanup_free_ char *config_path = NULL;
+        char *tmp_path = NULL;
         _cleanup_close_ int fd = -1;
         struct plan plan = {};
         size_t n_chunks = 0;
@@ -1092,11 +1093,21 @@ int x4_mkmodel_write(const struct x4_mkmodel_shape *s, const struct x4_mkmodel_o
         if (r < 0)
                 goto out;
 
-        fd = open(o->out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-                r = log_error_errno(errno, "%s: cannot create: %m", o->out);
+        /* written under a temporary name and renamed at the end, so a daemon that has the old
+         * file mapped never sees it truncated, and an interrupted run leaves no half model */
+        if (asprintf(&tmp_path, "%s.XXXXXX", o->out) < 0) {
+                tmp_path = NULL;
+                r = -ENOMEM;
                 goto out;
         }
+        fd = mkostemp(tmp_path, O_CLOEXEC);
+        if (fd < 0) {
+                r = log_error_errno(errno, "%s: cannot create: %m", o->out);
+                free(tmp_path);
+                tmp_path = NULL;
+                goto out;
+        }
+        (void) fchmod(fd, 0644);
         r = gguf_writer_write_header(w, fd);
         if (r < 0)
                 goto out;
@@ -1141,9 +1152,15 @@ int x4_mkmodel_write(const struct x4_mkmodel_shape *s, const struct x4_mkmodel_o
         if (r < 0)
                 goto out;
         if (close(TAKE_FD(fd)) < 0) {
-                r = log_error_errno(errno, "%s: close: %m", o->out);
+                r = log_error_errno(errno, "%s: close: %m", tmp_path);
                 goto out;
         }
+        if (rename(tmp_path, o->out) < 0) {
+                r = log_error_errno(errno, "%s: cannot rename to %s: %m", tmp_path, o->out);
+                goto out;
+        }
+        free(tmp_path);
+        tmp_path = NULL;
 
         if (!o->config_out) {
                 _cleanup_free_ char *copy = strdup(o->out);
@@ -1161,6 +1178,10 @@ int x4_mkmodel_write(const struct x4_mkmodel_shape *s, const struct x4_mkmodel_o
         if (config_path)
                 r = write_config_json(s, config_path);
 out:
+        if (tmp_path) {
+                (void) unlink(tmp_path);
+                free(tmp_path);
+        }
         free(plan.init);
         return r;
 }
