@@ -1132,7 +1132,8 @@ static int stream_piece(struct tokenizer_stream *s, int32_t id) {
         }
         const char *p = t->blob + t->offset[id];
         size_t n = t->len[id];
-        if (s->run_start && n >= 3 && memcmp(p, SPACE_MARK, 3) == 0) {
+        /* sentencepiece drops it only when it adds one (add_dummy_prefix; the noprefix variant) */
+        if (s->run_start && t->add_space_prefix && n >= 3 && memcmp(p, SPACE_MARK, 3) == 0) {
                 p += 3;
                 n -= 3;
         }

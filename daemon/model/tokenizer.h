@@ -12,7 +12,7 @@
  * unknown becomes its UTF-8 bytes as `<0xXX>` pieces (byte fallback) or the unknown id.
  *
  * Decode: split at registered specials; per run, sentencepiece's decode: the first piece that
- * produces text loses one leading `▁`, `▁` → ' ', runs of byte pieces are decoded as UTF-8 with
+ * produces text loses one leading `▁` (only with add_space_prefix), `▁` → ' ', runs of byte pieces are decoded as UTF-8 with
  * one U+FFFD per byte that does not start a complete valid character (sentencepiece's rule, not
  * Python's "maximal subpart" one), the unknown piece is " ⁇ ", control pieces are "".
  *

@@ -6,7 +6,7 @@ python3-sentencepiece on the same model.
 usage: spm_diff.py X4_TOKENIZE [SOURCE_DIR [MODEL GGUF]]
 
 Without MODEL GGUF: the committed model, then its spm_variants.py variants (unused pieces;
-no byte pieces), each checked the same way.
+no byte pieces; no dummy prefix), each checked the same way.
 
 1. encode: every line of corpus.txt (bytes, invalid UTF-8 included) through `x4-tokenize
    --model spm-bpe8k.gguf`; the reference is what Xing4_0Tokenizer does (spec §7): split on the
@@ -195,12 +195,13 @@ def main():
     model = os.path.join(here, 'spm-bpe8k.model')
     fails = compare(tool, here, model, os.path.join(here, 'spm-bpe8k.gguf'))
     fails += cli_errors(tool, os.path.join(here, 'spm-bpe8k.gguf'))
-    # the variants (spm_variants.py): unused pieces; no byte pieces (unknown characters)
+    # the variants (spm_variants.py): unused pieces; no byte pieces (unknown characters); no
+    # dummy prefix
     sys.path.insert(0, here)
     import spm_to_gguf
     import spm_variants
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ('unused', 'nobyte'):
+        for kind in ('unused', 'nobyte', 'noprefix'):
             vm, vg = os.path.join(tmp, kind + '.model'), os.path.join(tmp, kind + '.gguf')
             spm_variants.make(model, kind, vm)
             spm_to_gguf.convert(vm, vg)

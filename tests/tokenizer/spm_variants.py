@@ -7,7 +7,9 @@ trainer_spec = 2, self_test_data = 4; SentencePiece.type = 3; TrainerSpec.byte_f
 - unused: every 5th normal piece of two or more characters becomes UNUSED (type 5): BPE may
   merge through such a piece but never outputs it (it is split back into its halves);
 - nobyte: the 256 byte pieces are removed and byte_fallback turned off: unknown characters
-  become <unk>, a run of them one <unk>.
+  become <unk>, a run of them one <unk>;
+- noprefix: NormalizerSpec.add_dummy_prefix (field 3 of ModelProto field 3) off: no `▁` is
+  added, and decode then keeps a leading `▁` as a space.
 
 usage: spm_variants.py MODEL KIND OUT.model"""
 import sys
@@ -33,10 +35,12 @@ def enc_field(fn, wt, v):
     return key + v
 
 
-def rebuild(data, piece_fn, trainer_fn=None):
+def rebuild(data, piece_fn, trainer_fn=None, normalizer_fn=None):
     out = b''
     for fn, wt, v in spm_to_gguf.fields(data):
-        if fn == 1 and wt == 2:
+        if fn == 3 and wt == 2 and normalizer_fn:
+            v = b''.join(enc_field(*f) for f in normalizer_fn(list(spm_to_gguf.fields(v))))
+        elif fn == 1 and wt == 2:
             fl = piece_fn(list(spm_to_gguf.fields(v)))
             if fl is None:
                 continue
@@ -72,6 +76,8 @@ def make(model, kind, out):
         m = rebuild(data, unused)
     elif kind == 'nobyte':
         m = rebuild(data, nobyte, no_byte_fallback)
+    elif kind == 'noprefix':
+        m = rebuild(data, lambda fl: fl, None, lambda fl: [f for f in fl if f[0] != 3] + [(3, 0, 0)])
     else:
         raise ValueError(kind)
     with open(out, 'wb') as f:
