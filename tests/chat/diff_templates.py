@@ -97,7 +97,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             for text, expect in (("a\n {% call m() %}x{% endcall %}", "template:2:5: unsupported tag 'call'"),
                                  ("{{ x | xmlattr }}", "template:1:8: unsupported filter 'xmlattr'"),
-                                 ("{% if %}", "template:1:7: unexpected '%}' in expression")):
+                                 ("{% if %}", "template:1:7: expected an expression, got '%}'")):
                 path = os.path.join(tmp, "bad.jinja")
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(text)
