@@ -35,6 +35,8 @@
 #define BRIDGE_VERSION "0.1.0"
 #define MAX_SOCKETS 16
 #define DEFAULT_CONFIG "/etc/xing4d/xing4-http.conf"
+/* unsent SSE bytes of one client before its generation is cancelled (~30k chunks of ~250 B) */
+#define STREAM_BACKLOG_MAX (8u << 20)
 
 /* ---- configuration ------------------------------------------------------------------------------- */
 
@@ -327,6 +329,21 @@ struct job {
 static struct job *jobs;
 static unsigned n_jobs;
 static uint64_t next_job_id = 1;
+/* SIGTERM: no new generations; exit when the running ones are answered or the grace time ends */
+static bool draining;
+#define DRAIN_GRACE_S 30
+/* generation replies handed to evhttp but not yet written out: exiting earlier would cut them */
+static unsigned replies_unsent;
+
+static void maybe_exit_drained(void) {
+        if (draining && n_jobs == 0 && replies_unsent == 0)
+                event_base_loopexit(base, NULL);
+}
+
+static void on_reply_sent(struct evhttp_request *req, void *arg) {
+        replies_unsent--;
+        maybe_exit_drained();
+}
 
 static void job_unlink(struct job *j) {
         if (j->prev)
@@ -364,6 +381,7 @@ static void on_client_close(struct evhttp_connection *conn, void *arg) {
         job_unwatch(j);
         j->req = NULL;
         j->conn = NULL;
+        replies_unsent--; /* its reply will never be sent */
         evhttp_connection_set_closecb(conn, NULL, NULL);
         log_info("%s: client went away, cancelling its request", j->idstr);
         if (j->be->c)
@@ -451,6 +469,13 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                         api_result_add_logprobs(&j->res, j->kind, c, j->top_logprobs);
                 return 0;
         }
+        /* a client that does not read: stop generating rather than buffer without bound */
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(j->conn);
+        if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > STREAM_BACKLOG_MAX) {
+                log_warning("%s: client is not reading (%zu bytes unsent), cancelling", j->idstr,
+                            evbuffer_get_length(bufferevent_get_output(bev)));
+                return 1;
+        }
         json_t *lp = api_chunk_logprobs(j->kind, c, j->top_logprobs);
         if (!c->text_len && !call && !lp)
                 return 0;
@@ -526,6 +551,7 @@ static void on_done(const struct x4_done *d, void *arg) {
         j->be->inflight--;
         job_unlink(j);
         job_free(j);
+        maybe_exit_drained();
 }
 
 static void handle_generate(struct evhttp_request *req, enum api_kind kind, const char *endpoint) {
@@ -536,6 +562,12 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, cons
                 api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
                          "request body of %zu bytes exceeds this server's limit of %zu bytes (max-body-bytes)",
                          len, cfg.max_body);
+                return send_error(req, &e, endpoint);
+        }
+        if (draining) {
+                api_fail(&e, 503, "server_error", "shutting_down",
+                         NULL, "xing4-http is shutting down; retry against another instance");
+                e.retry_after = cfg.retry_after_s;
                 return send_error(req, &e, endpoint);
         }
         if (n_jobs >= cfg.max_concurrent) {
@@ -601,6 +633,8 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, cons
         j->req = req;
         j->conn = evhttp_request_get_connection(req);
         evhttp_connection_set_closecb(j->conn, on_client_close, j);
+        evhttp_request_set_on_complete_cb(req, on_reply_sent, NULL);
+        replies_unsent++;
         job_watch(j);
         j->next = jobs;
         if (jobs)
@@ -665,8 +699,8 @@ static void handle_health(struct evhttp_request *req, bool ready) {
                 json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:I}", "socket", be->path, "state", state,
                                                       "detail", detail, "in_flight", (json_int_t) be->inflight));
         }
-        bool ok = serving > 0 && (!ready || n_jobs < cfg.max_concurrent);
-        const char *status = ok ? "ok" : serving ? "busy" : loading ? "loading" : "unavailable";
+        bool ok = serving > 0 && !draining && (!ready || n_jobs < cfg.max_concurrent);
+        const char *status = ok ? "ok" : draining ? "draining" : serving ? "busy" : loading ? "loading" : "unavailable";
         if (!ok)
                 evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
         send_json(req, ok ? 200 : 503, json_pack("{s:s, s:o}", "status", status, "daemons", list),
@@ -779,8 +813,17 @@ static void route(struct evhttp_request *req, void *arg) {
 /* ---- main ---------------------------------------------------------------------------------------- */
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
-        log_info("signal %d: stopping", (int) sig);
-        event_base_loopexit(base, NULL);
+        if (draining || (n_jobs == 0 && replies_unsent == 0)) {
+                log_info("signal %d: stopping", (int) sig);
+                event_base_loopexit(base, NULL);
+                return;
+        }
+        /* let the generations in flight finish (a second signal stops at once) */
+        draining = true;
+        log_info("signal %d: draining %u request%s (at most %d s)", (int) sig, n_jobs, n_jobs == 1 ? "" : "s",
+                 DRAIN_GRACE_S);
+        struct timeval grace = { DRAIN_GRACE_S, 0 };
+        event_base_loopexit(base, &grace);
 }
 
 static int read_api_key(const char *path) {

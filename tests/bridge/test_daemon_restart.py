@@ -45,3 +45,29 @@ def test_daemon_crash_then_restart(demo_model, make_bridge, tmp_path):
         assert b.request("GET", "/health")[0] == 200
     finally:
         d2.close()
+
+
+def test_sigterm_drains_running_requests(bridge, daemon, make_bridge):
+    import signal
+    b = make_bridge([daemon.sock])
+    c = b.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go", max_tokens=4000, stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    first = json.loads(r.readline().decode()[6:])
+    b.proc.send_signal(signal.SIGTERM)
+    # still serving the running stream, refusing new work
+    deadline = time.monotonic() + 10
+    while True:
+        st, hdrs, body = b.post("/v1/chat/completions", chat(max_tokens=2))
+        if st == 503 or time.monotonic() > deadline:
+            break
+    assert st == 503 and body["error"]["code"] == "shutting_down" and hdrs["retry-after"] == "1"
+    st, _, body = b.request("GET", "/ready")
+    assert st == 503 and body["status"] == "draining"
+    assert b.proc.poll() is None
+    # the running request ends (cancelled here, to keep the test short): the bridge exits cleanly
+    assert b.request("DELETE", f"/v1/requests/{first['id']}")[0] == 200
+    assert r.read().decode().endswith("data: [DONE]\n\n")
+    c.close()
+    assert b.proc.wait(timeout=10) == 0
