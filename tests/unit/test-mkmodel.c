@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
 #include "model/ggml.h"
 #include "model/gguf.h"
@@ -249,6 +250,49 @@ static void test_demo_loads_and_tokenizes(void **state) {
         assert_true(n >= 6 && n <= 8);
         assert_int_equal(tokenizer_decode(tok, ids, n, 0, &text, NULL), 0);
         assert_string_equal(text, prompt);
+
+        /* the weight statistics keep activations O(1): through the CPU reference forward, every
+         * logit is finite and each row's std is ~2 (tools/README.md), and the rows differ */
+        {
+                const struct x4_backend_ops *ops = &x4_backend_cpu;
+                struct x4_backend_params bp = { .n_threads = 2, .page_tokens = 16, .n_pages = 1 };
+                struct x4_backend *be = NULL;
+                const uint32_t page = 0;
+                int32_t prompt[12];
+                float *logits = malloc(12 * 4096 * sizeof *logits);
+                uint32_t distinct = 0, argmax[12];
+
+                assert_non_null(logits);
+                for (int k = 0; k < 12; k++)
+                        prompt[k] = ids[k % n];
+                prompt[11] = 3000;
+                struct x4_seq seq = { .tokens = prompt, .n_tokens = 12, .pos0 = 0, .pages = &page,
+                                      .n_pages = 1, .logits = X4_LOGITS_ALL };
+                struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
+                assert_int_equal(ops->create(m, &bp, &be), 0);
+                assert_int_equal(ops->forward(be, &batch, logits), 0);
+                for (int row = 0; row < 12; row++) {
+                        double sum = 0, sum2 = 0;
+                        const float *l = logits + (size_t) row * 4096;
+                        argmax[row] = 0;
+                        for (int v = 0; v < 4096; v++) {
+                                assert_true(isfinite(l[v]));
+                                sum += l[v];
+                                sum2 += (double) l[v] * l[v];
+                                if (l[v] > l[argmax[row]])
+                                        argmax[row] = (uint32_t) v;
+                        }
+                        double sd = sqrt(sum2 / 4096 - (sum / 4096) * (sum / 4096));
+                        assert_true(sd > 1.5 && sd < 2.5);
+                        bool seen = false;
+                        for (int k = 0; k < row; k++)
+                                seen |= argmax[k] == argmax[row];
+                        distinct += !seen;
+                }
+                assert_true(distinct >= 4);
+                ops->destroy(be);
+                free(logits);
+        }
 
         /* deterministic at this size too */
         tmp_make(&t2);
