@@ -738,8 +738,9 @@ static int validate_tensors(struct x4_model *m) {
                         *e->slot = t;
         }
         if (n_nextn_missing > 0)
-                log_warning("%s: %zu NextN (MTP) tensors missing, e.g. %s: the model runs without speculative "
-                            "decoding", m->path, n_nextn_missing, first_nextn_missing);
+                log_warning("%s: %zu NextN (MTP) tensor%s missing, e.g. %s: the model runs without "
+                            "speculative decoding", m->path, n_nextn_missing, n_nextn_missing == 1 ? "" : "s",
+                            first_nextn_missing);
 
         /* Anything else in the file is reported, not fatal: it is never read. */
         qsort(l.v, l.n, sizeof *l.v, cmp_expect_name);

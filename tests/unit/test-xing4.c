@@ -19,6 +19,7 @@
 #include "model/ggml.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
+#include "model/mkmodel.h"
 #include "model/xing4.h"
 #include "util/log.h"
 
@@ -79,6 +80,7 @@ struct edit {
         uint32_t n_dims;    /* 0: keep */
         uint64_t ne[GGUF_MAX_DIMS];
         const char *extra_tensor; /* add an F32 [16] tensor of this name */
+        bool drop_tensor;         /* leave `tensor` out */
 };
 
 /* Rewrite `src` to `dst` through gguf_writer with one edit. */
@@ -152,6 +154,8 @@ static void rewrite_gguf(const char *src, const char *dst, const struct edit *e)
                 const uint64_t *ne = t->ne;
                 int k;
 
+                if (streq(name, e->tensor) && e->drop_tensor)
+                        continue;
                 if (streq(name, e->tensor)) {
                         if (e->rename)
                                 name = e->rename;
@@ -163,9 +167,9 @@ static void rewrite_gguf(const char *src, const char *dst, const struct edit *e)
                         }
                 }
                 k = gguf_writer_add_tensor(w, name, type, n_dims, ne);
-                assert_int_equal(k, (int) i);
+                assert_true(k >= 0);
                 /* same byte size: keep the bytes, else zeros */
-                data[i] = gguf_writer_tensor_size(w, i) == t->size ? t->data : NULL;
+                data[k] = gguf_writer_tensor_size(w, (size_t) k) == t->size ? t->data : NULL;
         }
         if (e->extra_tensor) {
                 const uint64_t ne[1] = { 16 };
@@ -576,6 +580,78 @@ static void test_config_from_params(void **state) {
         tmpmodel_remove(&t);
 }
 
+/* ---- NextN (spec §8): recognised, checked, not loaded --------------------------------------- */
+
+struct captured {
+        char text[4096];
+};
+
+static void capture_sink(int level, const char *message, void *userdata) {
+        struct captured *c = userdata;
+        if (level <= LOG_WARNING) {
+                size_t n = strlen(c->text);
+                snprintf(c->text + n, sizeof c->text - n, "%s\n", message);
+        }
+}
+
+static void test_nextn(void **state) {
+        struct x4_mkmodel_shape s;
+        struct tmpmodel src, t;
+        struct x4_model *m = NULL;
+        struct captured cap = {};
+        char want[1024];
+
+        (void) state;
+        /* tiny + one NextN block: blk.3 */
+        snprintf(src.dir, sizeof src.dir, "/tmp/x4-test-xing4-XXXXXX");
+        assert_non_null(mkdtemp(src.dir));
+        snprintf(src.gguf, sizeof src.gguf, "%s/model.gguf", src.dir);
+        snprintf(src.config, sizeof src.config, "%s/config.json", src.dir);
+        assert_int_equal(x4_mkmodel_preset("tiny", &s), 0);
+        s.n_nextn = 1;
+        assert_int_equal(x4_mkmodel_write(&s, &(struct x4_mkmodel_options){ .out = src.gguf, .seed = 3 }), 0);
+
+        assert_int_equal(open_model(src.gguf, NULL, NULL, false, &m), 0);
+        assert_string_equal(log_last_error(), "");
+        assert_int_equal(x4_model_config(m)->n_block, 4);
+        assert_int_equal(x4_model_config(m)->n_layer, 3);
+        assert_int_equal(x4_model_config(m)->n_nextn, 1);
+        assert_null(x4_model_weights(m)->layers[3].attn_q_a);
+        x4_model_free(m);
+        m = NULL;
+
+        /* a missing NextN tensor only disables MTP; the renamed one is reported as unknown */
+        snprintf(t.dir, sizeof t.dir, "/tmp/x4-test-xing4-XXXXXX");
+        assert_non_null(mkdtemp(t.dir));
+        snprintf(t.gguf, sizeof t.gguf, "%s/model.gguf", t.dir);
+        snprintf(t.config, sizeof t.config, "%s/config.json", t.dir);
+        rewrite_gguf(src.gguf, t.gguf, &(struct edit){ .tensor = "blk.3.nextn.eh_proj.weight",
+                                                      .rename = "blk.3.nextn.eh_proj_old.weight", .type = -1 });
+        write_config(t.config, "\"num_nextn_predict_layers\": 0", "\"num_nextn_predict_layers\": 1");
+        log_set_max_level(LOG_WARNING);
+        log_set_sink(capture_sink, &cap);
+        assert_int_equal(open_model(t.gguf, NULL, NULL, false, &m), 0);
+        log_set_sink(NULL, NULL);
+        log_set_max_level(LOG_CRIT);
+        snprintf(want, sizeof want,
+                 "%s: 1 NextN (MTP) tensor missing, e.g. blk.3.nextn.eh_proj.weight: the model runs without "
+                 "speculative decoding\n"
+                 "%s: 1 unknown tensor ignored: blk.3.nextn.eh_proj_old.weight\n", t.gguf, t.gguf);
+        assert_string_equal(cap.text, want);
+        x4_model_free(m);
+        m = NULL;
+
+        /* but a present one with a wrong shape is refused */
+        rewrite_gguf(src.gguf, t.gguf, &(struct edit){ .tensor = "blk.3.nextn.eh_proj.weight", .type = -1,
+                                                      .n_dims = 2, .ne = { 256, 512 } });
+        assert_true(open_model(t.gguf, NULL, NULL, false, &m) < 0);
+        snprintf(want, sizeof want, "%s: tensor blk.3.nextn.eh_proj.weight shape [256, 512] expected [512, 256]",
+                 t.gguf);
+        assert_string_equal(log_last_error(), want);
+        tmpmodel_remove(&t);
+        tmpmodel_remove(&src);
+}
+
 int main(void) {
         const char *fx = getenv("X4_FIXTURES");
         const struct CMUnitTest tests[] = {
@@ -594,6 +670,7 @@ int main(void) {
                 cmocka_unit_test(test_config_missing),
                 cmocka_unit_test(test_assume_release_defaults),
                 cmocka_unit_test(test_config_from_params),
+                cmocka_unit_test(test_nextn),
         };
 
         snprintf(fixture_dir, sizeof fixture_dir, "%s/xing4-tiny-a", fx ? fx : X4_FIXTURES);
