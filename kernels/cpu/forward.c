@@ -37,6 +37,12 @@
  * in the results. 256 keeps the workspace of the full model (H = 3584) near 80 MB. */
 #define CPU_MICROBATCH 256u
 
+/* Work (multiply-adds) below which a product or the attention runs on the calling thread alone: a
+ * hand-off to the pool costs ~50 µs on the VMs we measured (2 threads decoding the demo model
+ * were slower than 1: bench/RESULTS.md), about the time of 280k weight values of quant_dot_row.
+ * Which thread computes an output never changes its value, so this only moves time. */
+#define CPU_PARALLEL_MIN_WORK (1u << 20)
+
 /* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
 struct cpu_work {
         float *x;       /* [T][hc][H] the four residual streams (spec §3) */
@@ -219,6 +225,7 @@ static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end) {
 struct matmul_set {
         struct matmul_job jobs[MATMUL_MAX_JOBS];
         size_t n_jobs, n_rows;
+        uint64_t work; /* multiply-adds queued */
 };
 
 static void matmul_set_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
@@ -263,6 +270,7 @@ static void matmul_add_grouped(struct x4_backend *b, const struct gguf_tensor *W
                 .n_rows = n_rows,
         };
         s->n_rows += n_rows;
+        s->work += (uint64_t) n_rows * W->ne[0] * T;
 }
 
 static void matmul_add(struct x4_backend *b, const struct gguf_tensor *W, size_t row0,
@@ -273,8 +281,14 @@ static void matmul_add(struct x4_backend *b, const struct gguf_tensor *W, size_t
 
 /* Run the queued products and empty the set. */
 static void matmul_run(struct x4_backend *b) {
-        threadpool_run(b->pool, b->mm->n_rows, matmul_set_rows, b->mm);
+        if (b->mm->n_rows == 0)
+                return;
+        if (b->mm->work < CPU_PARALLEL_MIN_WORK)
+                matmul_set_rows(b->mm, 0, b->mm->n_rows, 0);
+        else
+                threadpool_run(b->pool, b->mm->n_rows, matmul_set_rows, b->mm);
         b->mm->n_jobs = b->mm->n_rows = 0;
+        b->mm->work = 0;
 }
 
 static void matmul(struct x4_backend *b, const struct gguf_tensor *W, size_t row0, size_t n_rows,
@@ -515,7 +529,13 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
         matmul_grouped(b, L->attn_k_b, 0, nh * kvl, kvl, qkd, w->q, nh * qkd, w->qc, nh * kvl, T);
         /* scores, softmax and ô over the cache, every (token, head) on its own */
         struct attention_job aj = { .b = b, .layer = l };
-        threadpool_run(b->pool, T * nh, attention_rows, &aj);
+        uint64_t work = 0;
+        for (size_t t = 0; t < T; t++)
+                work += ((uint64_t) b->tokens[t].pos + 1) * nh * rw * 2;
+        if (work < CPU_PARALLEL_MIN_WORK)
+                attention_rows(&aj, 0, T * nh, 0);
+        else
+                threadpool_run(b->pool, T * nh, attention_rows, &aj);
         /* o[h][d] = Σ_j Vb[h][d][j]·ô[h][j]; attn_v_b rows are (h, d) */
         matmul_grouped(b, L->attn_v_b, 0, nh * c->v_head, c->v_head, kvl, w->ohat, nh * kvl, w->o,
                        nh * c->v_head, T);
