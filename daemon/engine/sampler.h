@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/* Token sampling for one request: penalties, temperature, top-k / top-p / min-p truncation, a
+ * seeded per-request RNG, and OpenAI-style logprobs.
+ *
+ * Order (the sampled distribution), from the raw logits l of one step:
+ *   1. penalties (over the tokens this sampler was told about):
+ *      repetition (HF/llama.cpp): for every token seen in the sequence so far, prompt and generated,
+ *        l > 0 ? l / r : l * r;
+ *      presence / frequency (OpenAI): for every generated token with count c > 0,
+ *        l -= presence + frequency * c.
+ *      The result is the "raw distribution" that logprobs report (as OpenAI does: before
+ *      temperature and truncation).
+ *   2. temperature == 0: greedy, the argmax (lowest id among equal maxima); nothing below applies
+ *      and no random number is drawn.
+ *   3. temperature: l / T.
+ *   4. top-k (0 = off): the k most likely tokens.
+ *   5. top-p (1 = off): the smallest prefix of the remaining tokens in order of probability whose
+ *      mass (renormalized over what is left) reaches top_p; a prefix whose mass is within 1e-6 of
+ *      top_p counts as reaching it, so a cut that lands exactly on a boundary is not defeated by
+ *      rounding.
+ *   6. min-p (0 = off): drop tokens whose probability is below min_p times the most likely one.
+ *   7. draw from what is left (renormalized) with the request's xoshiro256** stream.
+ * This is the order of HF transformers and vLLM (temperature before the truncations; llama.cpp
+ * applies temperature last, which makes top-p/min-p see the untempered distribution): OpenAI-API
+ * clients expect top_p to act on the tempered distribution.
+ * Equal probabilities are ordered by token id (lower first), so results are reproducible: the same
+ * seed, parameters, tokens and logits give the same tokens.
+ *
+ * Cost for a 131072-token vocabulary: one copy and O(vocab) passes; top-k and top-p never sort
+ * the vocabulary, they select the best k (quickselect) and sort only those, growing k only while
+ * the kept mass has not reached top_p. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/macro.h"
+
+struct sampler_params {
+        float temperature;        /* >= 0; 0 = greedy. Default 1. */
+        int32_t top_k;            /* >= 0; 0 = off. Default 0. */
+        float top_p;              /* (0, 1]; 1 = off. Default 1. */
+        float min_p;              /* [0, 1); 0 = off. Default 0. */
+        float repetition_penalty; /* > 0; 1 = off. Default 1. */
+        float presence_penalty;   /* [-2, 2]; 0 = off. Default 0. */
+        float frequency_penalty;  /* [-2, 2]; 0 = off. Default 0. */
+        uint64_t seed;
+};
+
+#define SAMPLER_TOP_LOGPROBS_MAX 20
+#define SAMPLER_MESSAGE_MAX 128
+
+void sampler_params_default(struct sampler_params *p);
+
+/* 0 if usable, else -EINVAL and a message for the client naming the parameter, the allowed range
+ * and the value, e.g. "top_p must be in (0, 1], got 0". NaN and infinities are refused. */
+int sampler_params_validate(const struct sampler_params *p, char msg[static SAMPLER_MESSAGE_MAX]);
+
+struct sampler;
+
+/* Validates (-EINVAL, logging the message) and allocates the per-request state and scratch. */
+int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler **ret);
+void sampler_free(struct sampler *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct sampler *, sampler_free);
+
+/* Tell the sampler about tokens of the sequence: prompt tokens count for the repetition penalty
+ * only; accepted (generated) tokens count for all penalties. sampler_sample() does not accept
+ * the token it returns (speculative decoding may reject it): call sampler_accept() for each
+ * token that becomes part of the output. -EINVAL for ids outside the vocabulary. */
+int sampler_add_prompt(struct sampler *s, const int32_t *tokens, size_t n);
+int sampler_accept(struct sampler *s, int32_t token);
+
+struct sampler_logprob {
+        int32_t token;
+        float logprob;
+};
+
+struct sampler_result {
+        int32_t token;
+        float logprob; /* of token under the raw (penalized, untempered) distribution */
+        uint32_t n_top;
+        struct sampler_logprob top[SAMPLER_TOP_LOGPROBS_MAX]; /* most likely first, ties by id */
+};
+
+/* Samples one token from n_vocab logits (not modified). NaN logits count as -inf, +inf as the
+ * largest float. With ret, also fills the chosen token's logprob and the n_top most likely
+ * alternatives (n_top <= SAMPLER_TOP_LOGPROBS_MAX). Returns the token id, -EINVAL for n_top too
+ * large, -EDOM if every logit is -inf or NaN. */
+int sampler_sample(struct sampler *s, const float *logits, struct sampler_result *ret,
+                   uint32_t n_top);
