@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(os.environ.get("X4_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-BUILD = Path(os.environ.get("X4_BUILD_DIR", SRC / "build"))
+BUILD = Path(os.environ.get("X4_BUILD_DIR", SRC / "build")).resolve()
 XING4D = Path(os.environ.get("X4_XING4D", BUILD / "daemon" / "xing4d"))
 X4CTL = Path(os.environ.get("X4_X4CTL", BUILD / "cli" / "x4ctl"))
 HTTP = Path(os.environ.get("X4_HTTP", BUILD / "http-bridge" / "xing4-http"))
