@@ -182,6 +182,8 @@ static const char *const extra_letters[] = {
 #define VOCAB_FIRST_BYTE 140
 #define VOCAB_FIRST_NORMAL 396
 #define SPACE_PIECE "\xe2\x96\x81" /* U+2581 ▁ */
+#define RELEASE_VOCAB 131072
+#define RELEASE_SPACE_ID 124361
 
 struct vocab_builder {
         struct x4_mkmodel_vocab *v;
@@ -450,6 +452,12 @@ int x4_mkmodel_vocab_build(uint32_t n_vocab, struct x4_mkmodel_vocab *ret) {
                 snprintf(buf, sizeof buf, "<0x%02X>", i);
                 ADD(buf, TOKEN_BYTE);
         }
+        /* The release's vocabulary (spec §7) has "▁" at id 124361 with 6,711 ids after it: at
+         * that size the padding goes first so the NORMAL pieces land at the release's ids. */
+        for (unsigned i = v.n; n_vocab == RELEASE_VOCAB && v.n < RELEASE_SPACE_ID; i++) {
+                snprintf(buf, sizeof buf, "<unused%u>", i);
+                ADD(buf, TOKEN_CONTROL);
+        }
         ADD(SPACE_PIECE, TOKEN_NORMAL);
         /* printable ASCII except the space (escaped to ▁), digits and '_' (user-defined) */
         for (char c = '!'; c <= '~'; c++) {
@@ -473,7 +481,7 @@ int x4_mkmodel_vocab_build(uint32_t n_vocab, struct x4_mkmodel_vocab *ret) {
                 if (r < 0 && r != -ENOSPC)
                         goto fail;
         }
-        for (unsigned i = 0; v.n < n_vocab; i++) {
+        for (unsigned i = v.n; v.n < n_vocab; i++) {
                 snprintf(buf, sizeof buf, "<unused%u>", i);
                 ADD(buf, TOKEN_CONTROL);
         }

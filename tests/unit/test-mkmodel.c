@@ -420,6 +420,18 @@ static void test_full_header_only(void **state) {
         assert_int_equal(nextn_n, 24);
         assert_float_equal(round(nextn_b / GiB * 1e4) / 1e4, 0.9344, 1e-9);
 
+        /* spec §7: "▁" at the release's id, the padding before it */
+        const struct gguf_value *tokens;
+        struct gguf_string gs;
+        assert_int_equal(gguf_get_array(g, "tokenizer.ggml.tokens", &tokens), 0);
+        assert_int_equal(tokens->arr.n, 131072);
+        assert_int_equal(gguf_array_get_string(tokens, 124361, &gs), 0);
+        assert_int_equal(gs.len, 3);
+        assert_memory_equal(gs.data, "\xe2\x96\x81", 3);
+        assert_int_equal(gguf_array_get_string(tokens, 124360, &gs), 0);
+        assert_int_equal(gs.len, strlen("<unused124360>"));
+        assert_memory_equal(gs.data, "<unused124360>", gs.len);
+
         /* spec §1 / §4.1 */
         const struct x4_config *c = x4_model_config(m);
         assert_int_equal(c->n_layer, 40);
