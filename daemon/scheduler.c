@@ -337,7 +337,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
         return 0;
 }
 
-int sched_submit(struct sched *s, struct sched_request *r) {
+int sched_submit(struct sched *s, struct sched_request *r, uint64_t *ret_id) {
         struct job *j = calloc(1, sizeof *j);
         int ret = 0;
 
@@ -353,6 +353,8 @@ int sched_submit(struct sched *s, struct sched_request *r) {
         if (ret == 0) {
                 r->id = s->next_id++;
                 s->live[s->n_live++] = r->id;
+                if (ret_id)
+                        *ret_id = r->id;
                 j->r = r;
                 j->t_submit = now_ms();
                 if (s->in_tail)

@@ -208,9 +208,10 @@ uint32_t sched_max_running(const struct sched *s);
  * sched_error with a one-line message naming the field in err. Read-only: safe from any thread. */
 int sched_validate(const struct sched *s, const struct sched_request *r, char *err, size_t err_size);
 
-/* Hand a validated request to the engine; sets r->id. On success the scheduler owns r. Returns
+/* Hand a validated request to the engine. On success the scheduler owns r (it may already be
+ * freed when this returns: do not touch it) and *ret_id (may be NULL) is its server id. Returns
  * -EAGAIN (queue full) or -ESHUTDOWN (draining) without taking it. */
-int sched_submit(struct sched *s, struct sched_request *r);
+int sched_submit(struct sched *s, struct sched_request *r, uint64_t *ret_id);
 /* Cancel by server id: the request ends with DONE{CANCELLED} at the next step boundary.
  * -ENOENT if it is not waiting or running. */
 int sched_cancel(struct sched *s, uint64_t id);

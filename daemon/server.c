@@ -378,7 +378,8 @@ static void submit_request(struct conn *c, uint64_t id, struct sched_request *r)
         r->peer_pid = (uint32_t) c->pid;
         r->peer_uid = (uint32_t) c->uid;
         memcpy(r->client, c->client, sizeof r->client);
-        ret = sched_submit(s->p.sched, r);
+        uint64_t server_id;
+        ret = sched_submit(s->p.sched, r, &server_id);
         if (ret < 0) {
                 free(q);
                 sched_request_free(r);
@@ -396,7 +397,7 @@ static void submit_request(struct conn *c, uint64_t id, struct sched_request *r)
         }
         q->conn = c;
         q->client_id = id;
-        q->server_id = r->id; /* r belongs to the scheduler now; the id was set before */
+        q->server_id = server_id; /* r belongs to the engine now, maybe already freed */
         q->next = c->reqs;
         c->reqs = q;
         s->n_reqs++;

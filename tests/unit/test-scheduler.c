@@ -128,7 +128,7 @@ static void test_generate_and_batch_invariance(void **state) {
         memset(&alone, 0, sizeof alone);
         memset(batch, 0, sizeof batch);
 
-        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 12, &alone)), 0);
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 12, &alone), NULL), 0);
         run_until_final(e->sched, &alone, 1);
         assert_int_equal(alone.kind, SCHED_EVENT_DONE);
         assert_int_equal(alone.finish, SCHED_FINISH_LENGTH);
@@ -136,7 +136,7 @@ static void test_generate_and_batch_invariance(void **state) {
         /* three at once: continuous batching (prefill chunks of 5 interleaved with decode steps)
          * gives each the tokens it gets alone (design.md "Numerics") */
         for (int i = 0; i < 3; i++)
-                assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 12, &batch[i])), 0);
+                assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 12, &batch[i]), NULL), 0);
         run_until_final(e->sched, batch, 3);
         for (int i = 0; i < 3; i++) {
                 assert_int_equal(batch[i].finals, 1);
@@ -158,8 +158,8 @@ static void test_cancel_frees_pages(void **state) {
         memset(&o, 0, sizeof o);
         struct sched_request *r = tokens_request(prompt, 11, 200, &o);
 
-        assert_int_equal(sched_submit(e->sched, r), 0);
-        uint64_t id = r->id; /* r belongs to the scheduler now; its id was set by submit */
+        uint64_t id;
+        assert_int_equal(sched_submit(e->sched, r, &id), 0);
         assert_int_equal(sched_cancel(e->sched, id), 0);
         run_until_final(e->sched, &o, 1);
         assert_int_equal(o.kind, SCHED_EVENT_DONE);
@@ -184,14 +184,14 @@ static void test_page_budget(void **state) {
         /* the cache is the context: 4 pages of 16 = 64 positions, so 11 prompt tokens leave room
          * for 53, whatever max_tokens says, and the request ends with LENGTH there */
         assert_int_equal(sched_context_limit(e->sched), 64);
-        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 100, &big)), 0);
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 100, &big), NULL), 0);
         run_until_final(e->sched, &big, 1);
         assert_int_equal(big.kind, SCHED_EVENT_DONE);
         assert_int_equal(big.finish, SCHED_FINISH_LENGTH);
         assert_int_equal(big.n, 53);
         /* two requests of 3 pages each (41 positions): the second waits for the first's pages */
-        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 30, &a)), 0);
-        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 30, &b)), 0);
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 30, &a), NULL), 0);
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 30, &b), NULL), 0);
         run_until_final(e->sched, &a, 1);
         run_until_final(e->sched, &b, 1);
         assert_int_equal(a.n, 30);
@@ -243,7 +243,7 @@ static void test_drain_refuses_new_work(void **state) {
         struct sched_request *r = tokens_request(prompt, 11, 4, NULL);
 
         sched_drain(e->sched, false);
-        assert_int_equal(sched_submit(e->sched, r), -ESHUTDOWN);
+        assert_int_equal(sched_submit(e->sched, r, NULL), -ESHUTDOWN);
         sched_request_free(r);
 }
 
