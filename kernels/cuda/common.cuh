@@ -89,22 +89,28 @@ static __device__ __forceinline__ void cu_dequant32(const uint8_t *row, uint32_t
                         out[2 * j + 17] = d * iq4[q1 >> 4];
                 }
         } else if (TYPE == CU_TYPE_Q6_K) {
-                /* chunk c is quarter q of half n of super-block c/8 (spec §6 loop order) */
+                /* chunk c is quarter q of half n of super-block c/8 (spec §6 loop order); the
+                 * 210-byte blocks are 2-byte aligned: 16-bit loads */
                 const uint8_t *b = row + 210 * (uint64_t) (c / 8);
                 uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
-                const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+                const uint16_t *ql = (const uint16_t *) (b + 64 * n + ((q & 1) ? 32 : 0));
+                const uint16_t *qh = (const uint16_t *) (b + 128 + 32 * n);
                 const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
                 float d = cu_fp16(b + 208);
-                uint32_t lo_off = (q & 1) ? 32 : 0; /* q1,q3 use ql[l]; q2,q4 use ql[l+32] */
                 uint32_t shift_lo = (q & 2) ? 4 : 0; /* q3,q4 take the high nibble */
                 uint32_t shift_hi = 2 * q;
+                float ds0 = d * (float) sc[2 * q], ds1 = d * (float) sc[1 + 2 * q];
 #pragma unroll
-                for (int l = 0; l < 32; l++) {
-                        int v = (int) (((ql[l + lo_off] >> shift_lo) & 0xF) |
-                                       (((qh[l] >> shift_hi) & 3) << 4)) -
-                                32;
-                        float ds = d * (float) sc[l / 16 + 2 * q];
-                        out[l] = ds * (float) v;
+                for (int j = 0; j < 16; j++) {
+                        uint32_t lo = ql[j], hi = qh[j];
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                                int l = 2 * j + e;
+                                int v = (int) ((((lo >> (8 * e)) >> shift_lo) & 0xF) |
+                                               ((((hi >> (8 * e)) >> shift_hi) & 3) << 4)) -
+                                        32;
+                                out[l] = (l < 16 ? ds0 : ds1) * (float) v;
+                        }
                 }
         }
 }

@@ -57,6 +57,10 @@ struct cu_mv {
         const int32_t *sel;
         uint32_t P;
         bool swiglu;
+        /* A matrix of few long rows (HC projection 24 × 14336, router 64 × 3584): one block per
+         * row, its 8 warps splitting the row and summed in warp order. F32/F16/BF16 only (others
+         * take the normal path). Fixed per matrix, so batch invariance holds. */
+        bool few_rows;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
 
@@ -75,6 +79,7 @@ struct cu_hc {
         uint32_t fn_type;
         uint64_t fn_row_bytes;
         const float *base, *scale, *norm_w;
+        float *hw; /* workspace: T × CU_HCP_STRIDE raw projections */
         uint32_t H, n_hc, iters;
         float rms_eps, hc_eps, clamp;
 };
@@ -88,8 +93,9 @@ struct cu_post {
         uint32_t n_slots;
         const float *w;
 };
-/* Post-mapping of the previous sublayer (if any) and pre-mapping of the next, one block per
- * token: one kernel between two sublayers. */
+/* Post-mapping of the previous sublayer (if any) and pre-mapping of the next: the elementwise
+ * post kernel, the projection as a cu_matvec over all tokens, and the gates/Sinkhorn/collapse/
+ * norm kernel (one block per token). */
 void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp,
                float *out, cudaStream_t s);
 /* spec §3.1 post-mapping alone (after the last sublayer). */
@@ -137,6 +143,7 @@ struct cu_router {
         uint32_t type;
         uint64_t row_bytes;
         const float *bias; /* NULL: none */
+        float *z;          /* workspace: T × n_expert router logits */
         uint32_t H, n_expert, k;
         bool shared, sigmoid, norm;
         float scale;

@@ -58,26 +58,17 @@ static __device__ __forceinline__ void hc_post_elem(float *X, const float *hp, c
         }
 }
 
-/* One block per token. Dynamic shared memory: H floats (u). */
-__global__ void __launch_bounds__(HC_THREADS) k_hc_pre(struct cu_hc a, struct cu_post post,
-                                                       float *X, float *hcp, float *out) {
+/* The gates of spec §3.1 steps 2-9 for one token per block, from the raw projection
+ * hw = Wfn · z (cu_matvec): w = hw / rms(z) (unweighted RMS over all n_hc·H values), then
+ * sigmoid/clamp/exp/Sinkhorn, the collapse u = Σ pre[s]·X[s] and a = RMSNorm(u, norm_w).
+ * Dynamic shared memory: H floats (u). */
+__global__ void __launch_bounds__(HC_THREADS) k_hc_gate(struct cu_hc a, const float *X,
+                                                        float *hcp, float *out) {
         extern __shared__ float u[];
         __shared__ float red[32];
-        __shared__ float w[CU_HCP_STRIDE];
         __shared__ float g[CU_HCP_STRIDE];
         uint32_t t = blockIdx.x, H = a.H, n_hc = a.n_hc, W = n_hc * H;
         const float *z = X + (uint64_t) t * W;
-        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-
-        /* the previous sublayer's post-mapping, with the gates its pre-mapping left in hcp */
-        if (post.y) {
-                if (threadIdx.x < CU_HCP_STRIDE)
-                        g[threadIdx.x] = hcp[(uint64_t) t * CU_HCP_STRIDE + threadIdx.x];
-                __syncthreads();
-                for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-                        hc_post_elem(X, g, post, t, i, H, n_hc);
-                __syncthreads();
-        }
 
         /* step 2: unweighted RMS over all n_hc·H values */
         float ss = 0.0f;
@@ -86,61 +77,67 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_pre(struct cu_hc a, struct cu
         ss = cu_block_sum(ss, red);
         float rinv = 1.0f / sqrtf(ss / (float) W + a.rms_eps);
 
-        /* step 3: w = Wfn · ẑ, one warp per row */
-        uint32_t n_rows = n_hc * (2 + n_hc);
-        for (uint32_t r = warp; r < n_rows; r += nw) {
-                const uint8_t *row = (const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes;
-                float acc = 0.0f;
-                for (uint32_t c = lane; c < W / CU_CHUNK; c += 32) {
-                        float v[CU_CHUNK];
-                        cu_dequant32_any(a.fn_type, row, c, v);
-                        float s = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < CU_CHUNK; i++)
-                                s += v[i] * (z[CU_CHUNK * c + i] * rinv);
-                        acc += s;
-                }
-                acc = cu_warp_sum(acc);
-                if (lane == 0)
-                        w[r] = acc;
-        }
-        __syncthreads();
-
-        /* steps 4-9 on one thread: 4+4+16 gates and 20 Sinkhorn sweeps over 4×4 */
+        /* steps 3-9 on one thread: 4+4+16 gates and 20 Sinkhorn sweeps over 4×4, all in
+         * registers: streams beyond n_hc are zero entries, which leave every sum unchanged */
         if (threadIdx.x == 0) {
-                float *pre = g, *post = g + n_hc, *C = g + 2 * n_hc;
-                for (uint32_t s = 0; s < n_hc; s++) {
-                        pre[s] = 1.0f / (1.0f + expf(-(w[s] * a.scale[0] + a.base[s])));
-                        post[s] = 2.0f / (1.0f + expf(-(w[n_hc + s] * a.scale[1] + a.base[n_hc + s])));
+                const float *w = a.hw + (uint64_t) t * CU_HCP_STRIDE;
+                const uint32_t N = CU_HC_MAX;
+                float s0 = a.scale[0], s1 = a.scale[1], s2 = a.scale[2];
+                float C[N][N];
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++) {
+                        if (s < n_hc) {
+                                g[s] = 1.0f / (1.0f + expf(-(w[s] * rinv * s0 + a.base[s])));
+                                g[n_hc + s] = 2.0f / (1.0f + expf(-(w[n_hc + s] * rinv * s1 +
+                                                                    a.base[n_hc + s])));
+                        }
                 }
-                for (uint32_t d = 0; d < n_hc; d++) {
-                        float L[CU_HC_MAX], m = -INFINITY;
-                        for (uint32_t r = 0; r < n_hc; r++) {
+#pragma unroll
+                for (uint32_t d = 0; d < N; d++) {
+                        float L[N], m = -INFINITY;
+#pragma unroll
+                        for (uint32_t r = 0; r < N; r++) {
                                 uint32_t i = 2 * n_hc + d * n_hc + r;
-                                L[r] = fminf(fmaxf(w[i] * a.scale[2] + a.base[i], -a.clamp), a.clamp);
+                                L[r] = d < n_hc && r < n_hc
+                                               ? fminf(fmaxf(w[i] * rinv * s2 + a.base[i], -a.clamp),
+                                                       a.clamp)
+                                               : -INFINITY;
                                 m = fmaxf(m, L[r]);
                         }
-                        for (uint32_t r = 0; r < n_hc; r++)
-                                C[d * n_hc + r] = expf(L[r] - m);
+#pragma unroll
+                        for (uint32_t r = 0; r < N; r++)
+                                C[d][r] = d < n_hc && r < n_hc ? expf(L[r] - m) : 0.0f;
                 }
                 for (uint32_t it = 0; it < a.iters; it++) {
-                        for (uint32_t d = 0; d < n_hc; d++) { /* normalize over src */
+#pragma unroll
+                        for (uint32_t d = 0; d < N; d++) { /* normalize over src */
                                 float sum = 0.0f;
-                                for (uint32_t r = 0; r < n_hc; r++)
-                                        sum += C[d * n_hc + r];
+#pragma unroll
+                                for (uint32_t r = 0; r < N; r++)
+                                        sum += C[d][r];
                                 sum += a.hc_eps;
-                                for (uint32_t r = 0; r < n_hc; r++)
-                                        C[d * n_hc + r] /= sum;
+#pragma unroll
+                                for (uint32_t r = 0; r < N; r++)
+                                        C[d][r] /= sum;
                         }
-                        for (uint32_t r = 0; r < n_hc; r++) { /* normalize over dst */
+#pragma unroll
+                        for (uint32_t r = 0; r < N; r++) { /* normalize over dst */
                                 float sum = 0.0f;
-                                for (uint32_t d = 0; d < n_hc; d++)
-                                        sum += C[d * n_hc + r];
+#pragma unroll
+                                for (uint32_t d = 0; d < N; d++)
+                                        sum += C[d][r];
                                 sum += a.hc_eps;
-                                for (uint32_t d = 0; d < n_hc; d++)
-                                        C[d * n_hc + r] /= sum;
+#pragma unroll
+                                for (uint32_t d = 0; d < N; d++)
+                                        C[d][r] /= sum;
                         }
                 }
+#pragma unroll
+                for (uint32_t d = 0; d < N; d++)
+#pragma unroll
+                        for (uint32_t r = 0; r < N; r++)
+                                if (d < n_hc && r < n_hc)
+                                        g[2 * n_hc + d * n_hc + r] = C[d][r];
                 for (uint32_t i = 0; i < 2 * n_hc + n_hc * n_hc; i++)
                         hcp[(uint64_t) t * CU_HCP_STRIDE + i] = g[i];
         }
@@ -161,12 +158,25 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_pre(struct cu_hc a, struct cu
                 out[(uint64_t) t * H + i] = a.norm_w[i] * (u[i] * rinv2);
 }
 
+__global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
+                          uint32_t n_hc);
+
 extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T,
                           float *hcp, float *out, cudaStream_t s) {
         if (T == 0)
                 return;
-        struct cu_post none = {};
-        k_hc_pre<<<T, HC_THREADS, a->H * sizeof(float), s>>>(*a, post ? *post : none, X, hcp, out);
+        if (post && post->y) {
+                dim3 grid((a->H + 255) / 256, T);
+                k_hc_post<<<grid, 256, 0, s>>>(X, hcp, *post, a->H, a->n_hc);
+        }
+        uint32_t W = a->n_hc * a->H, n_rows = a->n_hc * (2 + a->n_hc);
+        struct cu_mv mv = {
+                .w = a->fn, .type = a->fn_type, .row_bytes = a->fn_row_bytes, .K = W, .N = n_rows,
+                .G = n_rows, .x = X, .x_pstride = W, .x_div = 1, .y = a->hw,
+                .y_pstride = CU_HCP_STRIDE, .P = T, .few_rows = true,
+        };
+        cu_matvec(&mv, s);
+        k_hc_gate<<<T, HC_THREADS, a->H * sizeof(float), s>>>(*a, X, hcp, out);
 }
 
 __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,

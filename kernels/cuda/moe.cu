@@ -4,74 +4,92 @@
  * fused) are cu_matvec over (token, slot) pairs. */
 #include "common.cuh"
 
-#define ROUTER_THREADS 256
 #define ROUTER_MAX_EXPERTS 256
 
-__global__ void __launch_bounds__(ROUTER_THREADS) k_route(struct cu_router a, const float *f,
-                                                           int32_t *sel, float *wout) {
-        __shared__ float z[ROUTER_MAX_EXPERTS];
-        uint32_t t = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        uint32_t nw = blockDim.x / 32;
-        const float *x = f + (uint64_t) t * a.H;
+/* Selection for one token per warp from the router logits z (cu_matvec): lane l holds experts
+ * l, l+32, ...; each of the k rounds is a butterfly argmax (highest score + bias, ties to the
+ * lower id), so the choice does not depend on the order of the reduction. */
+#define ROUTER_PER_LANE (ROUTER_MAX_EXPERTS / 32)
 
-        for (uint32_t e = warp; e < a.n_expert; e += nw) {
-                const uint8_t *row = (const uint8_t *) a.w + (uint64_t) e * a.row_bytes;
-                float acc = 0.0f;
-                for (uint32_t c = lane; c < a.H / CU_CHUNK; c += 32) {
-                        float v[CU_CHUNK];
-                        cu_dequant32_any(a.type, row, c, v);
-                        float s = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < CU_CHUNK; i++)
-                                s += v[i] * x[CU_CHUNK * c + i];
-                        acc += s;
-                }
-                acc = cu_warp_sum(acc);
-                if (lane == 0)
-                        z[e] = acc;
-        }
-        __syncthreads();
-        if (threadIdx.x != 0)
+__global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wout) {
+        uint32_t t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (t >= T)
                 return;
+        const float *zt = a.z + (uint64_t) t * a.n_expert;
+        float sc[ROUTER_PER_LANE], key[ROUTER_PER_LANE];
+        /* scores: sigmoid (xing4) or softmax over the experts */
+        float m = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < ROUTER_PER_LANE; j++) {
+                uint32_t e = lane + 32 * j;
+                sc[j] = e < a.n_expert ? zt[e] : -INFINITY;
+                m = fmaxf(m, sc[j]);
+        }
+        if (a.sigmoid) {
+#pragma unroll
+                for (int j = 0; j < ROUTER_PER_LANE; j++)
+                        sc[j] = 1.0f / (1.0f + expf(-sc[j]));
+        } else {
+                m = cu_warp_max(m);
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < ROUTER_PER_LANE; j++) {
+                        sc[j] = expf(sc[j] - m);
+                        sum += sc[j];
+                }
+                sum = cu_warp_sum(sum);
+#pragma unroll
+                for (int j = 0; j < ROUTER_PER_LANE; j++)
+                        sc[j] /= sum;
+        }
+#pragma unroll
+        for (int j = 0; j < ROUTER_PER_LANE; j++) {
+                uint32_t e = lane + 32 * j;
+                key[j] = e < a.n_expert ? sc[j] + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
+        }
 
         uint32_t n_slots = a.k + (a.shared ? 1 : 0);
-        /* scores: sigmoid (xing4) or softmax over the experts */
-        if (a.sigmoid) {
-                for (uint32_t e = 0; e < a.n_expert; e++)
-                        z[e] = 1.0f / (1.0f + expf(-z[e]));
-        } else {
-                float m = -INFINITY, sum = 0.0f;
-                for (uint32_t e = 0; e < a.n_expert; e++)
-                        m = fmaxf(m, z[e]);
-                for (uint32_t e = 0; e < a.n_expert; e++) {
-                        z[e] = expf(z[e] - m);
-                        sum += z[e];
-                }
-                for (uint32_t e = 0; e < a.n_expert; e++)
-                        z[e] /= sum;
-        }
-        /* top-k of score + bias, highest first, ties to the lower id */
         int32_t *s = sel + (uint64_t) t * n_slots;
         float *w = wout + (uint64_t) t * n_slots;
-        uint64_t taken[ROUTER_MAX_EXPERTS / 64] = {0};
         float wsum = 0.0f;
         for (uint32_t k = 0; k < a.k; k++) {
-                int32_t best = -1;
                 float bv = -INFINITY;
-                for (uint32_t e = 0; e < a.n_expert; e++) {
-                        if (taken[e / 64] >> (e % 64) & 1)
-                                continue;
-                        float v = z[e] + (a.bias ? a.bias[e] : 0.0f);
-                        if (best < 0 || v > bv) {
-                                best = (int32_t) e;
-                                bv = v;
+                int32_t bi = INT32_MAX;
+#pragma unroll
+                for (int j = 0; j < ROUTER_PER_LANE; j++) {
+                        int32_t e = (int32_t) (lane + 32 * j);
+                        if (e < (int32_t) a.n_expert && key[j] != -INFINITY &&
+                            (key[j] > bv || (key[j] == bv && e < bi))) {
+                                bv = key[j];
+                                bi = e;
                         }
                 }
-                taken[best / 64] |= 1ull << (best % 64);
-                s[k] = best;
-                w[k] = z[best];
-                wsum += z[best];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                        float ov = __shfl_xor_sync(CU_FULL_MASK, bv, o);
+                        int32_t oi = __shfl_xor_sync(CU_FULL_MASK, bi, o);
+                        if (ov > bv || (ov == bv && oi < bi)) {
+                                bv = ov;
+                                bi = oi;
+                        }
+                }
+                /* the owner lane retires the expert and hands out its unbiased score */
+                float score = 0.0f;
+#pragma unroll
+                for (int j = 0; j < ROUTER_PER_LANE; j++)
+                        if (lane + 32 * j == (uint32_t) bi) {
+                                score = sc[j];
+                                key[j] = -INFINITY;
+                        }
+                score = __shfl_sync(CU_FULL_MASK, score, bi % 32);
+                if (lane == 0) {
+                        s[k] = bi;
+                        w[k] = score;
+                }
+                wsum += score;
         }
+        if (lane != 0)
+                return;
         for (uint32_t k = 0; k < a.k; k++) {
                 if (a.norm)
                         w[k] = w[k] / (wsum + 1e-20f);
@@ -87,5 +105,11 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                          float *w, cudaStream_t s) {
         if (T == 0)
                 return;
-        k_route<<<T, ROUTER_THREADS, 0, s>>>(*a, f, sel, w);
+        struct cu_mv mv = {
+                .w = a->w, .type = a->type, .row_bytes = a->row_bytes, .K = a->H,
+                .N = a->n_expert, .G = a->n_expert, .x = f, .x_pstride = a->H, .x_div = 1,
+                .y = a->z, .y_pstride = a->n_expert, .P = T, .few_rows = true,
+        };
+        cu_matvec(&mv, s);
+        k_route<<<(T + 7) / 8, 256, 0, s>>>(*a, T, sel, w); /* 8 tokens (warps) a block */
 }
