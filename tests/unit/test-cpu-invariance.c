@@ -2,8 +2,9 @@
 /* Determinism of the CPU backend (design.md "Numerics"): a token's logits are BIT-identical
  * however the prompt is chunked (1, 3, 7, all at once, and across the backend's internal
  * micro-batch boundary), with 1 or 2 threads, whatever the batch-mates, and for decode steps vs
- * the rows of a one-batch prefill (prefill and decode share one absorbed attention code path).
- * Plus the forward's refusals, asserted by their messages. Runs on the xing4-tiny-a fixture. */
+ * the rows of a one-batch prefill (prefill and decode share one absorbed attention code path),
+ * and for a sequence continued from copied / written-back cache pages. Plus the refusals,
+ * asserted by their messages. Runs on the xing4-tiny-a fixture. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,7 +35,9 @@ struct fixture {
 };
 
 /* Pages of "sequence slot" k: interleaved with other slots' pages, in reverse order, so page
- * table lookups are really exercised. */
+ * table lookups are really exercised. Slots 0, 1 and 2 never share a page; slots 3 and 4 reuse
+ * pages of the others and are only used while those hold nothing still needed (a sequence
+ * writes positions 0.. before it reads them). */
 static void slot_pages(uint32_t k, uint32_t *pages, uint32_t n) {
         for (uint32_t i = 0; i < n; i++)
                 pages[i] = N_PAGES - 1 - (i * 3 + k);
@@ -206,6 +209,58 @@ static void test_decode_vs_prefill(void **state) {
                               "decode steps");
 }
 
+/* Pages moved with page_copy / page_read / page_write (prefix store, snapshots) carry a
+ * sequence's state exactly: continuing from the copies gives the same bits as continuing the
+ * original, and as prefilling the whole prompt at once. */
+static void test_pages(void **state) {
+        struct fixture *f = *state;
+        const size_t V = f->n_vocab;
+        _cleanup_free_ float *ref = malloc((N_PROMPT + 1) * V * sizeof(float));
+        _cleanup_free_ float *a = malloc(V * sizeof(float)), *b = malloc(V * sizeof(float));
+        _cleanup_free_ float *c = malloc(V * sizeof(float));
+        size_t bytes = f->ops->page_bytes(f->b2);
+        _cleanup_free_ uint8_t *buf = malloc(bytes), *back = malloc(bytes);
+        uint32_t pa[N_PAGES / 3], pb[N_PAGES / 3], pc[N_PAGES / 3];
+        const uint32_t n_pg = DIV_ROUND_UP(N_PROMPT + 1, PAGE_TOKENS);
+
+        assert_non_null(ref);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_non_null(c);
+        assert_non_null(buf);
+        assert_non_null(back);
+        /* a page holds every layer's 576-wide rows (here kv_lora 64 + rope 16) of 16 tokens */
+        assert_int_equal(bytes, (size_t) x4_model_config(f->model)->n_layer * PAGE_TOKENS * 80 * 4);
+
+        prefill_chunked(f, f->b2, f->prompt, N_PROMPT + 1, N_PROMPT + 1, 4, ref);
+        slot_pages(0, pa, n_pg);
+        slot_pages(1, pb, n_pg);
+        slot_pages(2, pc, n_pg);
+        assert_int_equal(feed(f, f->b2, f->prompt, N_PROMPT, 0, pa, X4_LOGITS_NONE, NULL), 0);
+        for (uint32_t i = 0; i < DIV_ROUND_UP(N_PROMPT, PAGE_TOKENS); i++) {
+                assert_int_equal(f->ops->page_copy(f->b2, pb[i], pa[i]), 0);
+                assert_int_equal(f->ops->page_read(f->b2, pa[i], buf), 0);
+                assert_int_equal(f->ops->page_write(f->b2, pc[i], buf), 0);
+                assert_int_equal(f->ops->page_read(f->b2, pc[i], back), 0);
+                assert_memory_equal(buf, back, bytes);
+        }
+        /* token 40 continued from the original, the copy and the written-back pages */
+        assert_int_equal(feed(f, f->b2, f->prompt + N_PROMPT, 1, N_PROMPT, pa, X4_LOGITS_LAST, a), 0);
+        assert_int_equal(feed(f, f->b2, f->prompt + N_PROMPT, 1, N_PROMPT, pb, X4_LOGITS_LAST, b), 0);
+        assert_int_equal(feed(f, f->b2, f->prompt + N_PROMPT, 1, N_PROMPT, pc, X4_LOGITS_LAST, c), 0);
+        assert_memory_equal(a, ref + N_PROMPT * V, V * sizeof(float));
+        assert_memory_equal(b, ref + N_PROMPT * V, V * sizeof(float));
+        assert_memory_equal(c, ref + N_PROMPT * V, V * sizeof(float));
+
+        /* pages the cache does not have */
+        assert_int_equal(f->ops->page_read(f->b2, N_PAGES, buf), -ERANGE);
+        assert_string_equal(log_last_error(),
+                            "cpu backend: read of page 64 out of range, the cache has pages 0..63");
+        assert_int_equal(f->ops->page_copy(f->b2, 0, N_PAGES + 5), -ERANGE);
+        assert_string_equal(log_last_error(),
+                            "cpu backend: copy from page 69 out of range, the cache has pages 0..63");
+}
+
 static void test_errors(void **state) {
         struct fixture *f = *state;
         _cleanup_free_ float *out = malloc(8 * (size_t) f->n_vocab * sizeof(float));
@@ -265,6 +320,7 @@ int main(void) {
                 cmocka_unit_test(test_threads),
                 cmocka_unit_test(test_batch_mates),
                 cmocka_unit_test(test_decode_vs_prefill),
+                cmocka_unit_test(test_pages),
                 cmocka_unit_test(test_errors),
         };
 
