@@ -1122,7 +1122,7 @@ static jv arith(struct rstate *st, int op, jv a, jv b) {
         }
         if (is_num(a) && is_num(b)) {
                 bool fl = a.t == V_FLOAT || b.t == V_FLOAT;
-                int64_t x = num_i(a), y = num_i(b), r;
+                int64_t x = fl ? 0 : num_i(a), y = fl ? 0 : num_i(b), r;
                 double fx = num_f(a), fy = num_f(b);
                 switch (op) {
                 case '+':
@@ -2355,7 +2355,7 @@ static jv select_common(struct rstate *st, jv input, const struct args *a, bool 
         if (by_attr && a->n_pos < 1)
                 fail(st, "%s: missing attribute name", keep ? "selectattr" : "rejectattr");
         const char *test = a->n_pos > first_arg ? arg_str(st, "test name", a->pos[first_arg])->s : NULL;
-        struct args ta = {.pos = a->pos + MIN(a->n_pos, first_arg + 1), .n_pos = a->n_pos > first_arg + 1 ? a->n_pos - first_arg - 1 : 0};
+        struct args ta = {.pos = a->n_pos ? a->pos + MIN(a->n_pos, first_arg + 1) : NULL, .n_pos = a->n_pos > first_arg + 1 ? a->n_pos - first_arg - 1 : 0};
         for (size_t i = 0; i < l->n; i++) {
                 step(st, 1);
                 jv v = by_attr ? attr_path(st, l->v[i], a->pos[0]) : l->v[i];
@@ -2568,7 +2568,7 @@ static jv apply_filter(struct rstate *st, const char *name, jv in, const struct 
                         return r;
                 }
                 const char *fname = arg_str(st, what, a->pos[0])->s;
-                struct args fa = {.pos = a->pos + 1, .n_pos = a->n_pos - 1, .kw_names = a->kw_names, .kw = a->kw, .n_kw = a->n_kw};
+                struct args fa = {.pos = a->n_pos > 1 ? a->pos + 1 : NULL, .n_pos = a->n_pos - 1, .kw_names = a->kw_names, .kw = a->kw, .n_kw = a->n_kw};
                 if (!in_names(KNOWN_FILTERS, fname))
                         fail(st, "no filter named '%s'", fname);
                 for (size_t i = 0; i < l->n; i++)
@@ -2659,6 +2659,8 @@ static jv apply_filter(struct rstate *st, const char *name, jv in, const struct 
                         fail(st, "bad operand type for abs(): '%s'", type_name(in));
                 if (in.t == V_FLOAT)
                         return mkfloat(fabs(in.f));
+                if (num_i(in) == INT64_MIN)
+                        fail_bigint(st);
                 return mkint(num_i(in) < 0 ? -num_i(in) : num_i(in));
         }
         if (streq(name, "round")) {
