@@ -26,6 +26,7 @@
 
 #include "../kernels/backend.h"
 #include "engine/kvcache.h"
+#include "engine/sampler.h"
 #include "model/chat_xing4.h"
 #include "model/outparse.h"
 #include "model/tokenizer.h"
@@ -51,9 +52,7 @@ struct job {
         uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;
         uint32_t *pages;
         uint32_t n_pages;
-        uint32_t *counts;   /* per vocab id: occurrences in the output (penalties) */
-        int32_t *distinct;  /* output ids with counts > 0 */
-        uint32_t n_distinct;
+        struct sampler *sampler; /* engine/sampler: penalties, truncation, seeded draws */
         struct tokenizer_stream *ts;
         struct outparse *op; /* channels, tool calls, stops (NULL without a tokenizer) */
         struct sched *s;
@@ -64,7 +63,6 @@ struct job {
         int32_t cur_tok;
         struct sched_logprob *cur_lp;
         bool cur_sent;
-        uint64_t rng;
         double t_submit, t_admit, t_first, t_last;
         /* snapshots: resume (pages loaded at prepare, written into the cache at admission) */
         uint32_t snap_n;      /* tokens the snapshot holds: cached at admission */
@@ -214,7 +212,7 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
         CHECK_RANGE(sp->has_temperature, sp->temperature,
                     sp->temperature >= 0 && sp->temperature <= 100, "temperature", "[0, 100]");
         CHECK_RANGE(sp->has_top_p, sp->top_p, sp->top_p > 0 && sp->top_p <= 1, "top_p", "(0, 1]");
-        CHECK_RANGE(sp->has_min_p, sp->min_p, sp->min_p >= 0 && sp->min_p <= 1, "min_p", "[0, 1]");
+        CHECK_RANGE(sp->has_min_p, sp->min_p, sp->min_p >= 0 && sp->min_p < 1, "min_p", "[0, 1)");
         CHECK_RANGE(sp->has_repetition_penalty, sp->repetition_penalty,
                     sp->repetition_penalty > 0 && sp->repetition_penalty <= 10,
                     "repetition_penalty", "(0, 10]");
@@ -480,8 +478,7 @@ static void job_free(struct sched *s, struct job *j) {
                 (void) kvcache_release(s->kv, j->pages, j->n_pages);
         free(j->pages);
         free(j->seq);
-        free(j->counts);
-        free(j->distinct);
+        sampler_free(j->sampler);
         outparse_free(j->op);
         free(j->op_stop_string);
         free(j->snap_data);
@@ -1045,11 +1042,36 @@ static bool prepare(struct sched *s, struct job *j) {
                 return false;
         }
         j->n_seq = j->n_prompt;
-        j->counts = calloc(s->cfg->n_vocab, sizeof *j->counts);
-        j->distinct = malloc(MAX(j->max_tokens, 1u) * sizeof *j->distinct);
-        if (!j->counts || !j->distinct) {
-                fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for sampling state");
-                return false;
+        if (!j->create) {
+                const struct sched_sampling *q = &r->sampling;
+                struct sampler_params sp;
+                sampler_params_default(&sp);
+                if (q->has_temperature)
+                        sp.temperature = q->temperature;
+                if (q->has_top_k)
+                        sp.top_k = (int32_t) MIN(q->top_k, s->cfg->n_vocab);
+                if (q->has_top_p)
+                        sp.top_p = q->top_p;
+                if (q->has_min_p)
+                        sp.min_p = q->min_p;
+                if (q->has_repetition_penalty)
+                        sp.repetition_penalty = q->repetition_penalty;
+                if (q->has_presence_penalty)
+                        sp.presence_penalty = q->presence_penalty;
+                if (q->has_frequency_penalty)
+                        sp.frequency_penalty = q->frequency_penalty;
+                /* no seed: a different stream per request */
+                sp.seed = q->has_seed ? q->seed
+                                      : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32) ^ 0x9e3779b97f4a7c15ull;
+                if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler) < 0) {
+                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
+                        return false;
+                }
+                /* prompt tokens count for the repetition penalty */
+                if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt) < 0) {
+                        fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        return false;
+                }
         }
         if (s->p.tokenizer && !j->create) {
                 /* the chat generation prompt ends inside <think> unless thinking is off */
@@ -1070,162 +1092,9 @@ static bool prepare(struct sched *s, struct job *j) {
                         return false;
                 }
         }
-        uint64_t seed = r->sampling.has_seed ? r->sampling.seed
-                                             : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32);
-        j->rng = seed ^ 0x9e3779b97f4a7c15ull;
         j->s = s;
         j->prepared = true;
         return true;
-}
-
-/* ---- sampling ------------------------------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *x) {
-        uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-struct cand {
-        float logit;
-        int32_t id;
-};
-
-static int cand_desc(const void *a, const void *b) {
-        const struct cand *x = a, *y = b;
-        if (x->logit != y->logit)
-                return x->logit < y->logit ? 1 : -1;
-        return x->id - y->id; /* ties: lower id first, deterministic */
-}
-
-/* log-softmax of the raw logits for the chosen token + the top n (before any sampling
- * transformation: what the model thinks). */
-static struct sched_logprob *logprobs_of(const float *logits, uint32_t n_vocab, int32_t chosen,
-                                         uint32_t top_n) {
-        double mx = -INFINITY, sum = 0;
-        for (uint32_t i = 0; i < n_vocab; i++)
-                mx = MAX(mx, (double) logits[i]);
-        for (uint32_t i = 0; i < n_vocab; i++)
-                sum += exp((double) logits[i] - mx);
-        double lse = mx + log(sum);
-        struct sched_logprob *lp = calloc(1, sizeof *lp);
-        if (!lp)
-                return NULL;
-        lp->token_id = chosen;
-        lp->logprob = (float) (logits[chosen] - lse);
-        if (top_n == 0)
-                return lp;
-        lp->top = calloc(top_n, sizeof *lp->top);
-        if (!lp->top) {
-                free(lp);
-                return NULL;
-        }
-        /* insertion into a small sorted array: n_vocab * top_n worst case, top_n <= 20 */
-        uint32_t k = 0;
-        for (uint32_t i = 0; i < n_vocab; i++) {
-                float l = logits[i];
-                if (k == top_n && l <= lp->top[k - 1].logprob)
-                        continue;
-                uint32_t pos = k < top_n ? k++ : top_n - 1;
-                while (pos > 0 && lp->top[pos - 1].logprob < l) {
-                        lp->top[pos] = lp->top[pos - 1];
-                        pos--;
-                }
-                lp->top[pos].token_id = (int32_t) i;
-                lp->top[pos].logprob = l;
-        }
-        for (uint32_t i = 0; i < k; i++)
-                lp->top[i].logprob = (float) (lp->top[i].logprob - lse);
-        lp->n_top = k;
-        return lp;
-}
-
-/* Penalties, temperature, top-k, min-p, top-p, then a draw. logits is modified. */
-static int32_t sample(struct sched *s, struct job *j, float *logits) {
-        const struct sched_sampling *sp = &j->r->sampling;
-        uint32_t n = s->cfg->n_vocab;
-        float temp = sp->has_temperature ? sp->temperature : 1.0f;
-        float rep = sp->has_repetition_penalty ? sp->repetition_penalty : 1.0f;
-        float pres = sp->has_presence_penalty ? sp->presence_penalty : 0.0f;
-        float freq = sp->has_frequency_penalty ? sp->frequency_penalty : 0.0f;
-
-        for (uint32_t i = 0; i < j->n_distinct; i++) {
-                int32_t t = j->distinct[i];
-                float *l = &logits[t];
-                if (rep != 1.0f)
-                        *l = *l > 0 ? *l / rep : *l * rep;
-                *l -= pres + freq * (float) j->counts[t];
-        }
-        if (temp <= 0.0f) {
-                int32_t best = 0;
-                for (uint32_t i = 1; i < n; i++)
-                        if (logits[i] > logits[best])
-                                best = (int32_t) i;
-                return best;
-        }
-
-        uint32_t top_k = sp->has_top_k && sp->top_k > 0 && sp->top_k < n ? sp->top_k : n;
-        float top_p = sp->has_top_p ? sp->top_p : 1.0f;
-        float min_p = sp->has_min_p ? sp->min_p : 0.0f;
-        struct cand *c = malloc(n * sizeof *c);
-        if (!c) {
-                /* out of memory: fall back to greedy rather than failing the request */
-                int32_t best = 0;
-                for (uint32_t i = 1; i < n; i++)
-                        if (logits[i] > logits[best])
-                                best = (int32_t) i;
-                return best;
-        }
-        for (uint32_t i = 0; i < n; i++)
-                c[i] = (struct cand){ logits[i] / temp, (int32_t) i };
-        uint32_t m = n;
-        if (top_k < n || top_p < 1.0f || min_p > 0.0f) {
-                qsort(c, n, sizeof *c, cand_desc);
-                m = top_k;
-        }
-        double mx = -INFINITY;
-        for (uint32_t i = 0; i < m; i++)
-                mx = MAX(mx, (double) c[i].logit);
-        double total = 0;
-        for (uint32_t i = 0; i < m; i++)
-                total += exp((double) c[i].logit - mx);
-        if (min_p > 0.0f) {
-                /* c is sorted: the first is the most likely, p = 1/total relative */
-                uint32_t keep = 1;
-                double pmax = 1.0 / total;
-                while (keep < m && exp((double) c[keep].logit - mx) / total >= min_p * pmax)
-                        keep++;
-                m = keep;
-        }
-        if (top_p < 1.0f) {
-                double cum = 0, t2 = 0;
-                for (uint32_t i = 0; i < m; i++)
-                        t2 += exp((double) c[i].logit - mx);
-                uint32_t keep = 0;
-                while (keep < m) {
-                        cum += exp((double) c[keep].logit - mx) / t2;
-                        keep++;
-                        if (cum >= top_p)
-                                break;
-                }
-                m = keep;
-        }
-        total = 0;
-        for (uint32_t i = 0; i < m; i++)
-                total += exp((double) c[i].logit - mx);
-        double u = (double) (splitmix64(&j->rng) >> 11) * (1.0 / 9007199254740992.0) * total;
-        int32_t pick = c[m - 1].id;
-        double acc = 0;
-        for (uint32_t i = 0; i < m; i++) {
-                acc += exp((double) c[i].logit - mx);
-                if (u < acc) {
-                        pick = c[i].id;
-                        break;
-                }
-        }
-        free(c);
-        return pick;
 }
 
 /* ---- output --------------------------------------------------------------------------------- */
@@ -1248,8 +1117,7 @@ static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched
         j->t_last = now;
         j->seq[j->n_seq++] = t;
         j->n_out++;
-        if (j->counts[t]++ == 0)
-                j->distinct[j->n_distinct++] = t;
+        (void) sampler_accept(j->sampler, t); /* generated tokens count for all penalties */
 
         if (j->op) {
                 const char *text = "";
@@ -1495,18 +1363,24 @@ static void step(struct sched *s) {
                 if (j->force_end_think)
                         t = outparse_end_think_id(j->op);
                 else {
-                        /* logprobs are of the raw distribution: keep the row before sample()
-                         * rewrites it */
-                        float *raw = NULL;
-                        if (j->r->logprobs > 0) {
-                                raw = malloc(s->cfg->n_vocab * sizeof *raw);
-                                if (raw)
-                                        memcpy(raw, l, s->cfg->n_vocab * sizeof *raw);
+                        struct sampler_result res;
+                        bool want = j->r->logprobs > 0;
+                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
+                        if (t < 0) {
+                                fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", log_last_error());
+                                continue;
                         }
-                        t = sample(s, j, l);
-                        if (raw) {
-                                lp = logprobs_of(raw, s->cfg->n_vocab, t, j->r->logprobs);
-                                free(raw);
+                        if (want && (lp = calloc(1, sizeof *lp)) &&
+                            (lp->top = calloc(MAX(res.n_top, 1u), sizeof *lp->top))) {
+                                lp->token_id = res.token;
+                                lp->logprob = res.logprob;
+                                lp->n_top = res.n_top;
+                                for (uint32_t k = 0; k < res.n_top; k++)
+                                        lp->top[k] = (struct sched_top_logprob){ res.top[k].token,
+                                                                                 res.top[k].logprob };
+                        } else if (lp) {
+                                free(lp);
+                                lp = NULL;
                         }
                 }
                 (void) accept_token(s, j, t, lp);
