@@ -267,7 +267,9 @@ int main(int argc, char **argv) {
 
         if (chunk == 0)
                 chunk = n_prompt;
-        buf = malloc((size_t) MAX(chunk, 1u) * cfg->n_vocab * sizeof(float));
+        /* a chunk asks for all its rows when it holds more than one wanted row, else at most its
+         * last one (so --last 1 on a long prompt needs one row, not prompt × vocab floats) */
+        buf = malloc((size_t) (last > 1 ? MIN(chunk, n_prompt) : 1u) * cfg->n_vocab * sizeof(float));
         if (!buf)
                 goto oom_b;
         out = fopen(out_path, "we");
