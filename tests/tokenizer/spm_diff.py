@@ -40,9 +40,11 @@ def compare(tool, here, model, gguf):
     """Number of mismatches of x4-tokenize on GGUF against sentencepiece on MODEL."""
     print('== %s' % os.path.basename(model))
     sp = spm.SentencePieceProcessor(model_file=model)
-    special_id = {s: sp.piece_to_id(s) for s in SPECIALS}
+    # the registered specials this vocab has (a vocab without them has no special rules)
+    special_id = {s: sp.piece_to_id(s) for s in SPECIALS if sp.id_to_piece(sp.piece_to_id(s)) == s}
     id_special = {v: k for k, v in special_id.items()}
-    split_re = re.compile(b'(' + b'|'.join(re.escape(s.encode()) for s in SPECIALS) + b')')
+    split_re = re.compile(b'(' + b'|'.join(re.escape(s.encode()) for s in special_id) + b')'
+                          if special_id else b'(?!)')
 
     def ref_encode(line):
         ids = []
@@ -143,6 +145,8 @@ def compare(tool, here, model, gguf):
     # no <0x0A>: the tool prints one decoded text per line
     pools = [list(range(0, 40)), [sp.piece_to_id('<0x%02X>' % b) for b in range(256) if b != 10],
              list(range(296, n)), [sp.piece_to_id('▁'), sp.piece_to_id('▁▁')]]
+    nl = sp.piece_to_id('<0x0A>')
+    pools = [[i for i in pool if i != nl or nl == sp.unk_id()] for pool in pools]
     seqs = []
     for _ in range(3000):
         seqs.append([rng.choice(rng.choice(pools)) for _ in range(rng.randint(0, 24))])

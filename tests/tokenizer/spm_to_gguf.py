@@ -88,14 +88,16 @@ def convert(model, out_path):
            b''.join(struct.pack('<f', s) for _, s, _ in pieces)),
         kv('tokenizer.ggml.token_type', 9, struct.pack('<IQ', 5, len(pieces)) +
            b''.join(struct.pack('<i', t) for _, _, t in pieces)),
-        kv('tokenizer.ggml.unknown_token_id', 4, struct.pack('<I', ids[b'<_unk>'])),
-        kv('tokenizer.ggml.bos_token_id', 4, struct.pack('<I', ids[b'<_start>'])),
-        kv('tokenizer.ggml.eos_token_id', 4, struct.pack('<I', ids[b'<_end>'])),
-        kv('tokenizer.ggml.padding_token_id', 4, struct.pack('<I', ids[b'<_pad>'])),
         kv('tokenizer.ggml.add_bos_token', 7, b'\0'),
         kv('tokenizer.ggml.add_eos_token', 7, b'\0'),
         kv('tokenizer.ggml.add_space_prefix', 7, b'\1' if add_dummy_prefix else b'\0'),
     ]
+    # ids by piece text (Xing4 names first, sentencepiece's defaults second); absent: no key
+    for key, names in (('unknown', [b'<_unk>', b'<unk>']), ('bos', [b'<_start>', b'<s>']),
+                       ('eos', [b'<_end>', b'</s>']), ('padding', [b'<_pad>', b'<pad>'])):
+        found = [ids[n] for n in names if n in ids]
+        if found:
+            kvs.append(kv('tokenizer.ggml.%s_token_id' % key, 4, struct.pack('<I', found[0])))
     out = b'GGUF' + struct.pack('<IQQ', 3, 0, len(kvs)) + b''.join(kvs)
     out += b'\0' * (-len(out) % 32)  # the (empty) data section starts aligned
     with open(out_path, 'wb') as f:
