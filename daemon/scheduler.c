@@ -27,7 +27,9 @@
 #include "../kernels/backend.h"
 #include "engine/kvcache.h"
 #include "engine/sampler.h"
+#include "model/chat.h"
 #include "model/chat_xing4.h"
+#include "model/gguf.h"
 #include "model/outparse.h"
 #include "model/tokenizer.h"
 #include "model/xing4.h"
@@ -69,6 +71,7 @@ struct job {
         uint8_t *snap_data;   /* snap_pages pages of page_bytes */
         uint32_t snap_pages;
         bool create;          /* r->snapshot_create: prefill only, then save */
+        bool thinking;        /* the prompt ends inside <think> */
 };
 
 struct sched {
@@ -78,6 +81,8 @@ struct sched {
         struct x4_backend_caps caps;
         uint32_t ctx_limit;
         int32_t eos_id, think_id;
+        struct chat_template *tmpl; /* the GGUF's tokenizer.chat_template, NULL: built-in */
+        char *bos_text, *eos_text;
         int32_t turn_end_ids[8]; /* specials that end a turn (outparse.h), ignored by ignore_eos */
         size_t n_turn_end_ids;
         int efd;
@@ -907,6 +912,25 @@ int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_sn
         return 0;
 }
 
+/* The last `<think>` among the prompt's final tokens, followed only by whitespace. */
+static bool prompt_ends_in_think(const struct sched *s, const int32_t *ids, size_t n) {
+        if (s->think_id < 0 || !s->p.tokenizer)
+                return false;
+        for (size_t k = n; k > 0 && k + 4 > n; k--) {
+                if (ids[k - 1] != s->think_id)
+                        continue;
+                _cleanup_free_ char *tail = NULL;
+                size_t len = 0;
+                if (tokenizer_decode(s->p.tokenizer, ids + k, n - k, 0, &tail, &len) < 0)
+                        return false;
+                for (size_t i = 0; i < len; i++)
+                        if (tail[i] != ' ' && tail[i] != '\n' && tail[i] != '\r' && tail[i] != '\t')
+                                return false;
+                return true;
+        }
+        return false;
+}
+
 /* Text, tokens or chat → token ids. On failure the job is failed (and freed): returns false. */
 static bool prepare(struct sched *s, struct job *j) {
         struct sched_request *r = j->r;
@@ -982,7 +1006,17 @@ static bool prepare(struct sched *s, struct job *j) {
                         fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
                         return false;
                 }
-                ret = chat_xing4_render(ctx, &rendered);
+                if (s->tmpl) {
+                        /* the model's own template (spec §7 best practice), HF-style context */
+                        _cleanup_(json_freep) struct json_value *full = NULL;
+                        ret = chat_context_build(json_object_get(ctx, "messages"),
+                                                 json_object_get(ctx, "tools"), true,
+                                                 r->enable_thinking, s->bos_text, s->eos_text,
+                                                 &full);
+                        if (ret >= 0)
+                                ret = chat_template_render(s->tmpl, full, &rendered);
+                } else
+                        ret = chat_xing4_render(ctx, &rendered);
                 if (ret < 0) {
                         fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
                         return false;
@@ -998,6 +1032,9 @@ static bool prepare(struct sched *s, struct job *j) {
                 fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
                 return false;
         }
+        /* a prompt ending in `<think>` or `<think>\n` (the generation prompt with thinking on,
+         * whatever rendered it) makes the output start in the reasoning channel */
+        j->thinking = prompt_ends_in_think(s, ids, n);
         if (r->snapshot) {
                 /* the snapshot's tokens come first; they are cached once admitted */
                 int32_t *prefix = NULL;
@@ -1076,8 +1113,7 @@ static bool prepare(struct sched *s, struct job *j) {
         if (s->p.tokenizer && !j->create) {
                 /* the chat generation prompt ends inside <think> unless thinking is off */
                 struct outparse_config oc = {
-                        .thinking = r->prompt == SCHED_PROMPT_CHAT && r->enable_thinking != 0 &&
-                                    s->think_id >= 0,
+                        .thinking = j->thinking,
                         .thinking_budget = r->has_thinking_budget ? r->thinking_budget : -1,
                         .stop_strings = (const char *const *) r->stop,
                         .n_stop_strings = r->n_stop,
@@ -1512,6 +1548,23 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                 if (e >= 0)
                         s->eos_id = e;
                 s->think_id = MAX(tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_THINK), -1);
+                const struct gguf_file *g = x4_model_gguf(s->p.model);
+                const char *piece;
+                if ((piece = tokenizer_piece(s->p.tokenizer, tokenizer_bos_id(s->p.tokenizer), NULL)))
+                        s->bos_text = strdup(piece);
+                if ((piece = tokenizer_piece(s->p.tokenizer, tokenizer_eos_id(s->p.tokenizer), NULL)))
+                        s->eos_text = strdup(piece);
+                if (gguf_kv_find(g, "tokenizer.chat_template")) {
+                        struct gguf_string t;
+                        if (gguf_get_string(g, "tokenizer.chat_template", &t) < 0 ||
+                            chat_template_parse_len(t.data, t.len, &s->tmpl) < 0) {
+                                log_warning("tokenizer.chat_template unusable (%s): chat prompts "
+                                            "use the built-in Xing4 template", log_last_error());
+                                s->tmpl = NULL;
+                        }
+                }
+                log_info("chat template: %s", s->tmpl ? "the model's tokenizer.chat_template"
+                                                      : "built-in Xing4 (spec §7)");
                 for (size_t i = 0; i < ELEMENTSOF(ends); i++) {
                         int32_t id = tokenizer_special_id(s->p.tokenizer, ends[i]);
                         if (id >= 0)
@@ -1571,6 +1624,9 @@ void sched_free(struct sched *s) {
         free(s->states);
         free(s->logits);
         kvcache_free(s->kv);
+        chat_template_free(s->tmpl);
+        free(s->bos_text);
+        free(s->eos_text);
         if (s->efd >= 0)
                 close(s->efd);
         pthread_mutex_destroy(&s->lock);

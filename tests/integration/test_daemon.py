@@ -382,9 +382,22 @@ def test_thinking_budget_forces_the_end_of_reasoning(daemon):
     assert channels[:3] == ["reasoning"] * 3
     assert set(channels[3:]) == {"content"}
     assert lines[-1]["usage"]["reasoning_tokens"] == 3
-    r, lines = gen_json(daemon, "--temperature", "0", "--max-tokens", "5", "--no-think", "hi")
+    # a prompt that does not end inside <think> starts in content
+    r, lines = gen_json(daemon, "--raw", "--temperature", "0", "--max-tokens", "5", "hi")
     assert {x["channel"] for x in lines if x["type"] == "chunk"} == {"content"}
     assert lines[-1]["usage"]["reasoning_tokens"] == 0
+
+
+def test_chat_uses_the_models_own_template(daemon):
+    # the fixture's tokenizer.chat_template renders a user turn as <_user>{content} and always
+    # ends with the generation prompt <_bot><think>\n (it ignores enable_thinking)
+    args = ("--temperature", "0", "--max-tokens", "4", "--ignore-eos")
+    _, chat = gen_json(daemon, *args, "hello there")
+    _, raw = gen_json(daemon, *args, "--raw", "<_user>hello there<_bot><think>\n")
+    assert chat[-1]["usage"]["prompt_tokens"] == raw[-1]["usage"]["prompt_tokens"]
+    assert ids_of(chat) == ids_of(raw)
+    assert {x["channel"] for x in chat if x["type"] == "chunk"} <= {"reasoning", "content"}
+    assert chat[0]["channel"] == "reasoning"
 
 
 # ---- x4ctl chat and timeouts -----------------------------------------------------------------------
