@@ -95,9 +95,16 @@ static void feed(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0, c
         REQUIRE(k->ops->forward(k->b, &batch, out) == 0, "forward of %u tokens at %u", n, pos0);
 }
 
+/* X4_GPU_CONFIG=config.json names the model's config (the real checkpoint keeps it apart);
+ * X4_GPU_RELEASE_DEFAULTS=1 assumes the release values instead (spec §2.2). */
 static struct x4_model *open_model(const char *path) {
         struct x4_model *m = NULL;
-        struct x4_model_params mp = {.path = path};
+        const char *cfg = getenv("X4_GPU_CONFIG"), *rel = getenv("X4_GPU_RELEASE_DEFAULTS");
+        struct x4_model_params mp = {
+                .path = path,
+                .config_path = cfg && *cfg ? cfg : NULL,
+                .assume_release_defaults = rel && streq(rel, "1"),
+        };
         REQUIRE(x4_model_open(&mp, &m) == 0, "opening %s", path);
         return m;
 }

@@ -13,7 +13,9 @@
 # invariance (16 sequences, alone vs batched); chunk invariance (1/64/512/whole); refusal
 # messages; CUDA vs CPU on the x4-mkmodel `demo` model (512-token prompt + 64 greedy tokens);
 # compute-sanitizer memcheck and racecheck on a tiny prefill + decode. X4_GPU_FULL_MODEL=PATH adds
-# the CUDA vs CPU parity on that model (e.g. the real 20 GB GGUF; slow on the CPU side).
+# the CUDA vs CPU parity on that model (e.g. the real 20 GB GGUF; minutes on the CPU side), with
+# X4_GPU_CONFIG=config.json or X4_GPU_RELEASE_DEFAULTS=1 when no config.json sits beside it.
+# X4_GPU_BENCH=1 adds x4-bench on full-width synthetic models of 2 and 6 layers.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 
