@@ -94,7 +94,18 @@ struct x4_model_params {
 struct x4_model;
 
 /* Open, parse and validate. Every refusal is logged naming the cause (key/tensor/path and the
- * expectation) and returns -errno. Without a config.json the error lists the paths looked at. */
+ * expectation) and returns -errno. Without a config.json the error lists the paths looked at.
+ *
+ * config.json: params->config_path if set (must exist), else <tokenizer_dir>/config.json, else
+ * config.json in the folder of the .gguf. Every key it shares with the GGUF must agree (floats to
+ * 1e-6 relative), else the load is refused naming both values and both files. It supplies the
+ * comb clamp (mhc_h_res_clamp_min/max, must be -c/+c), rope_interleave and the YaRN mscales.
+ * No file found: refused, unless assume_release_defaults (then X4_RELEASE_*, logged at info).
+ *
+ * Tensors: every spec §2.4 tensor of the trunk must be present with the exact shape; matrices may
+ * be F32/F16/BF16/Q8_0/Q6_K/IQ4_NL, norms/router/hc_base/hc_scale/exp_probs_b F32. NextN blocks
+ * (blk.n_layer..) are checked the same way but only warned about when missing, and are not put in
+ * x4_weights. Tensors the table does not know are listed in one warning and ignored. */
 int x4_model_open(const struct x4_model_params *params, struct x4_model **ret);
 void x4_model_free(struct x4_model *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct x4_model *, x4_model_free);
