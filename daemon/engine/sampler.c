@@ -2,6 +2,7 @@
 /* Token sampler; the order of operations and its reasons are in sampler.h. */
 #include "sampler.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -23,9 +24,11 @@ struct cand {
         int32_t id;
 };
 
-/* top-p buckets: (zmax - z) / T in steps of 1/32, up to 128 (e^-128 is no mass at all) */
+/* top-p buckets by the float bits of a weight w <= 1: (bits(1.0) - bits(w)) >> 18 is 32 buckets
+ * per octave, in decreasing-weight order, 0..4064 (w = 0 last) */
 #define TOPP_BUCKETS 4096
-#define TOPP_BUCKET_SCALE 32.0f
+/* weights are summed in blocks (8 float lanes of 32), blocks in double */
+#define BLOCK 256
 
 struct sampler {
         struct sampler_params p;
@@ -36,6 +39,8 @@ struct sampler {
         size_t seen_n, seen_cap; /* cap is a power of two */
 
         float *z;          /* scratch: penalized logits, n_vocab */
+        float *w;          /* scratch: tempered weights exp((z - zmax) / T), n_vocab */
+        float *block_sum;  /* scratch: sums of w over blocks of BLOCK tokens */
         struct cand *cand; /* scratch: candidates, n_vocab */
         double bucket_mass[TOPP_BUCKETS];
         uint32_t bucket_count[TOPP_BUCKETS];
@@ -130,8 +135,10 @@ int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler
         for (int i = 0; i < 4; i++)
                 s->rng[i] = splitmix64(&x);
         s->z = malloc(n_vocab * sizeof *s->z);
+        s->w = malloc(n_vocab * sizeof *s->w);
+        s->block_sum = malloc(DIV_ROUND_UP(n_vocab, BLOCK) * sizeof *s->block_sum);
         s->cand = malloc(n_vocab * sizeof *s->cand);
-        if (!s->z || !s->cand)
+        if (!s->z || !s->w || !s->block_sum || !s->cand)
                 return log_error_errno(ENOMEM, "sampler: out of memory for %u-token scratch", n_vocab);
         *ret = TAKE_PTR(s);
         return 0;
@@ -142,6 +149,8 @@ void sampler_free(struct sampler *s) {
                 return;
         free(s->seen);
         free(s->z);
+        free(s->w);
+        free(s->block_sum);
         free(s->cand);
         free(s);
 }
@@ -304,15 +313,41 @@ static int32_t penalize(struct sampler *s, const float *logits) {
         return best;
 }
 
+/* w[i] = e^((z[i] - zmax) / T) and block sums; returns the total (double over blocks). */
+static double weigh(struct sampler *s, float zmax, float T) {
+        const uint32_t V = s->n_vocab;
+        const float *restrict z = s->z;
+        float *restrict w = s->w;
+        double total = 0;
+
+        /* expf(-inf) = 0: masked tokens get no weight */
+        for (uint32_t i = 0; i < V; i++)
+                w[i] = expf((z[i] - zmax) / T);
+        for (uint32_t b = 0; b < DIV_ROUND_UP(V, BLOCK); b++) {
+                const float *x = w + (size_t) b * BLOCK;
+                uint32_t n = MIN((uint32_t) BLOCK, V - b * BLOCK);
+                float lane[8] = { 0 };
+                uint32_t i = 0;
+                for (; i + 8 <= n; i += 8)
+                        for (int k = 0; k < 8; k++)
+                                lane[k] += x[i + k];
+                for (; i < n; i++)
+                        lane[0] += x[i];
+                float sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
+                            ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+                s->block_sum[b] = sum;
+                total += sum;
+        }
+        return total;
+}
+
 static void fill_logprobs(struct sampler *s, int32_t token, int32_t best,
                           struct sampler_result *ret, uint32_t n_top) {
         const float *z = s->z;
-        const double zmax = z[best];
-        double sum = 0;
+        const float zmax = z[best];
 
-        for (uint32_t i = 0; i < s->n_vocab; i++)
-                sum += exp((double) z[i] - zmax);
-        const double lse = zmax + log(sum);
+        /* log-softmax of the penalized logits (temperature 1); w is scratch here */
+        const double lse = zmax + log(weigh(s, zmax, 1.0f));
 
         ret->token = token;
         ret->logprob = (float) ((double) z[token] - lse);
@@ -354,6 +389,32 @@ static int32_t draw(struct sampler *s, const struct cand *c, size_t n) {
         return c[0].id;
 }
 
+/* Draws from the whole vocabulary in id order: find the block by the block sums, then the token. */
+static int32_t draw_all(struct sampler *s, double total) {
+        const uint32_t V = s->n_vocab, nb = DIV_ROUND_UP(V, BLOCK);
+        double u = rng_uniform(s->rng) * total, cum = 0;
+        uint32_t b = 0;
+
+        while (b + 1 < nb && cum + s->block_sum[b] <= u)
+                cum += s->block_sum[b++];
+        /* the block sum and the sequential sum may differ in the last bits: scan on from b */
+        int32_t last = -1;
+        for (uint32_t i = b * BLOCK; i < V; i++) {
+                if (s->w[i] <= 0)
+                        continue;
+                cum += s->w[i];
+                last = (int32_t) i;
+                if (u < cum)
+                        return last;
+        }
+        if (last >= 0)
+                return last;
+        for (uint32_t i = b * BLOCK; i > 0; i--) /* all weight was before block b */
+                if (s->w[i - 1] > 0)
+                        return (int32_t) (i - 1);
+        return 0;
+}
+
 /* Adds sorted candidates c[0..k) to cum until it reaches need (at least one). */
 static size_t take_until(const struct cand *c, size_t k, double cum, double need) {
         size_t m = 0;
@@ -363,27 +424,29 @@ static size_t take_until(const struct cand *c, size_t k, double cum, double need
         return m;
 }
 
-static inline unsigned bucket_of(float z, float zmax, float T) {
-        float d = (zmax - z) / T * TOPP_BUCKET_SCALE;
-        return d < (float) (TOPP_BUCKETS - 1) ? (unsigned) d : TOPP_BUCKETS - 1;
+static inline unsigned bucket_of(float w) {
+        uint32_t bits;
+        memcpy(&bits, &w, sizeof bits);
+        return bits >= 0x3f800000 ? 0 : (0x3f800000 - bits) >> 18;
 }
 
-/* top-p over unsorted candidates c[0..n) without sorting them: histogram the mass by tempered
- * log-weight (the buckets are in the same order as sorting would give), keep every bucket before
- * the one where the mass reaches need, and sort only that boundary bucket. Returns the kept count;
- * the kept candidates are moved to the front. */
-static size_t top_p_unsorted(struct sampler *s, struct cand *c, size_t n, double need, float zmax,
-                             float T) {
+/* top-p over the whole vocabulary without sorting it: histogram the mass by weight (the buckets
+ * are in the order sorting would give), keep every bucket before the one where the mass reaches
+ * need, and sort only that boundary bucket. The kept candidates go to s->cand; returns their
+ * number. */
+static size_t top_p_all(struct sampler *s, double need) {
         double *mass = s->bucket_mass;
         uint32_t *count = s->bucket_count;
+        const float *w = s->w;
+        struct cand *c = s->cand;
         double cum = 0;
         unsigned B;
 
         memset(mass, 0, sizeof s->bucket_mass);
         memset(count, 0, sizeof s->bucket_count);
-        for (size_t i = 0; i < n; i++) {
-                unsigned b = bucket_of(c[i].z, zmax, T);
-                mass[b] += c[i].w;
+        for (uint32_t i = 0; i < s->n_vocab; i++) {
+                unsigned b = bucket_of(w[i]);
+                mass[b] += w[i];
                 count[b]++;
         }
         for (B = 0; B < TOPP_BUCKETS - 1; B++) {
@@ -391,53 +454,108 @@ static size_t top_p_unsorted(struct sampler *s, struct cand *c, size_t n, double
                         break;
                 cum += mass[B];
         }
-        /* front: buckets < B (in id order), then bucket B */
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-                if (bucket_of(c[i].z, zmax, T) < B)
-                        cand_swap(&c[m++], &c[i]);
-        size_t e = m;
-        for (size_t i = m; i < n; i++)
-                if (bucket_of(c[i].z, zmax, T) == B)
-                        cand_swap(&c[e++], &c[i]);
-        qsort(c + m, e - m, sizeof *c, cand_cmp);
-        if (e == m)
+        /* buckets before B in id order, then bucket B sorted by probability */
+        size_t m = 0, e = count[B], before = 0;
+        for (unsigned k = 0; k < B; k++)
+                before += count[k];
+        for (uint32_t i = 0; i < s->n_vocab; i++) {
+                unsigned b = bucket_of(w[i]);
+                if (b < B)
+                        c[m++] = (struct cand) { .z = s->z[i], .w = w[i], .id = (int32_t) i };
+                else if (b == B)
+                        c[before + --e] = (struct cand) { .z = s->z[i], .w = w[i], .id = (int32_t) i };
+        }
+        assert(m == before && e == 0);
+        size_t nb = count[B];
+        qsort(c + m, nb, sizeof *c, cand_cmp);
+        if (nb == 0)
                 return m;
-        if (m > 0 && cum >= need)
-                return m;
-        return m + take_until(c + m, e - m, cum, need);
+        return m + take_until(c + m, nb, cum, need);
+}
+
+/* The k best tokens (finite logit), sorted, into s->cand; returns how many (<= k). A bounded
+ * heap whose root is the worst kept token: one compare per token for most of the vocabulary,
+ * cheaper than building and selecting 131072 candidates when k is small. */
+static size_t top_k_heap(struct sampler *s, size_t k) {
+        struct cand *h = s->cand;
+        size_t n = 0;
+
+        for (uint32_t i = 0; i < s->n_vocab; i++) {
+                if (s->z[i] == -INFINITY)
+                        continue;
+                struct cand x = { .z = s->z[i], .id = (int32_t) i };
+                size_t j;
+                if (n < k) {
+                        j = n++;
+                        while (j > 0 && cand_before(&h[(j - 1) / 2], &x)) {
+                                h[j] = h[(j - 1) / 2];
+                                j = (j - 1) / 2;
+                        }
+                        h[j] = x;
+                        continue;
+                }
+                if (!cand_before(&x, &h[0]))
+                        continue;
+                j = 0;
+                for (;;) {
+                        size_t c = 2 * j + 1;
+                        if (c >= n)
+                                break;
+                        if (c + 1 < n && cand_before(&h[c], &h[c + 1]))
+                                c++; /* the worse child */
+                        if (!cand_before(&x, &h[c]))
+                                break;
+                        h[j] = h[c];
+                        j = c;
+                }
+                h[j] = x;
+        }
+        qsort(h, n, sizeof *h, cand_cmp);
+        return n;
 }
 
 static int32_t sample_tempered(struct sampler *s, int32_t best) {
         const uint32_t V = s->n_vocab;
         const float T = s->p.temperature, zmax = s->z[best];
+        const bool top_k_on = s->p.top_k > 0 && (uint32_t) s->p.top_k < V;
+        const bool top_p_on = s->p.top_p < 1.0f, min_p_on = s->p.min_p > 0;
         struct cand *c = s->cand;
-        size_t n = V;
-        bool sorted = false;
+        size_t n;
 
-        for (uint32_t i = 0; i < V; i++)
-                c[i] = (struct cand) { .z = s->z[i], .id = (int32_t) i };
-
-        /* top-k: quickselect the k best, sort only those */
-        if (s->p.top_k > 0 && (uint32_t) s->p.top_k < V) {
-                n = (size_t) s->p.top_k;
-                cand_top_sorted(c, V, n);
-                sorted = true;
-        }
-        double total = 0;
-        for (size_t i = 0; i < n; i++) {
-                c[i].w = expf((c[i].z - zmax) / T);
-                total += c[i].w;
-        }
-
-        /* top-p: the smallest prefix in probability order reaching the mass, at least one token */
-        if (s->p.top_p < 1.0f) {
-                const double need = ((double) s->p.top_p - 1e-6) * total;
-                n = sorted ? take_until(c, n, 0, need) : top_p_unsorted(s, c, n, need, zmax, T);
+        if (top_k_on && s->p.top_k <= 4096) {
+                /* small k: select on the logits, weigh only the k kept */
+                n = top_k_heap(s, (size_t) s->p.top_k);
+                double kept = 0;
+                for (size_t i = 0; i < n; i++) {
+                        c[i].w = expf((c[i].z - zmax) / T);
+                        kept += c[i].w;
+                }
+                if (top_p_on)
+                        n = take_until(c, n, 0, ((double) s->p.top_p - 1e-6) * kept);
+        } else {
+                double total = weigh(s, zmax, T);
+                if (!top_k_on && !top_p_on && !min_p_on)
+                        return draw_all(s, total);
+                n = 0;
+                if (top_k_on || !top_p_on) /* large k or min-p alone: tokens with weight */
+                        for (uint32_t i = 0; i < V; i++)
+                                if (s->w[i] > 0)
+                                        c[n++] = (struct cand) { .z = s->z[i], .w = s->w[i], .id = (int32_t) i };
+                if (top_k_on) {
+                        cand_top_sorted(c, n, (size_t) s->p.top_k);
+                        n = MIN(n, (size_t) s->p.top_k);
+                        if (top_p_on) {
+                                double kept = 0;
+                                for (size_t i = 0; i < n; i++)
+                                        kept += c[i].w;
+                                n = take_until(c, n, 0, ((double) s->p.top_p - 1e-6) * kept);
+                        }
+                } else if (top_p_on)
+                        n = top_p_all(s, ((double) s->p.top_p - 1e-6) * total);
         }
 
         /* min-p: weights are relative to the best token, so the threshold is min_p itself */
-        if (s->p.min_p > 0) {
+        if (min_p_on) {
                 size_t m = 0;
                 for (size_t i = 0; i < n; i++)
                         if (c[i].w >= s->p.min_p)

@@ -26,9 +26,12 @@
  * Equal probabilities are ordered by token id (lower first), so results are reproducible: the same
  * seed, parameters, tokens and logits give the same tokens.
  *
- * Cost for a 131072-token vocabulary: one copy and O(vocab) passes; top-k and top-p never sort
- * the vocabulary, they select the best k (quickselect) and sort only those, growing k only while
- * the kept mass has not reached top_p. */
+ * Cost for a 131072-token vocabulary: nothing sorts the vocabulary. Top-k (k <= 4096) keeps a
+ * bounded heap over the logits and weighs only the k kept; larger k quickselects. Top-p without
+ * top-k histograms the tempered mass by weight (32 buckets per octave) and sorts only the boundary
+ * bucket. Plain sampling finds the token through block sums. Measured on the loaded 2-core dev box
+ * (CPU time per sample, random logits): greedy 0.3 ms, top_k=40 0.5-0.6 ms, plain T=1 ~1 ms,
+ * top_p=0.9 1.5-1.8 ms, logprobs add ~1 ms (one expf pass over the vocabulary). */
 #pragma once
 
 #include <stdbool.h>

@@ -414,6 +414,14 @@ static void test_large_vocab(void **state) {
                 assert_true(z[t] >= sorted[39]);
         }
 
+        /* a large k takes the quickselect path (k > 4096), here with top-p after it */
+        sp = params(1.5f, 5000, 0.99f, 0.0f, 8);
+        _cleanup_(sampler_freep) struct sampler *kk = make(&sp, V);
+        for (int i = 0; i < 300; i++) {
+                int t = sampler_sample(kk, z, NULL, 0);
+                assert_true(z[t] >= sorted[4999]);
+        }
+
         /* top-p = 0.9 at temperature 0.7 without top-k (the growing-selection path) */
         const float T = 0.7f, top_p = 0.9f;
         double total = 0, cum = 0;
