@@ -570,9 +570,14 @@ static int plan_add(struct plan *p, const char *name, uint32_t type, uint32_t n_
         const uint64_t ne[3] = { ne0, ne1, ne2 };
         int i;
 
+        const struct ggml_type_info *ti = ggml_type_get(type);
+        if (ti && ne0 % ti->block_size != 0)
+                return log_error_errno(EINVAL, "mkmodel: tensor %s: rows of %llu values are not whole %s blocks "
+                                       "(%u values); change the shape or the type flags",
+                                       name, (unsigned long long) ne0, ti->name, ti->block_size);
         i = gguf_writer_add_tensor(p->w, name, type, n_dims, ne);
         if (i < 0)
-                return log_error_errno(i, "mkmodel: tensor %s: %s", name, log_last_error());
+                return i; /* logged by the writer, naming the tensor */
         if ((size_t) i >= p->cap) {
                 size_t cap = MAX(1024u, p->cap * 2);
                 struct init *v = realloc(p->init, cap * sizeof *v);
