@@ -155,6 +155,7 @@ void sched_event_free(struct sched_event *e) {
         free(e->logprobs);
         free(e->tool_name);
         free(e->tool_arguments);
+        free(e->sequence);
         free(e->stop);
         free(e->message);
         free(e);
@@ -647,6 +648,11 @@ static void finish_job(struct sched *s, struct job *j, int reason, const char *s
         e->cookie = j->r->cookie;
         e->id = j->r->id;
         e->finish_reason = reason;
+        if (j->seq && j->n_seq) {
+                /* the whole sequence, so a client can snapshot this request later */
+                e->sequence = TAKE_PTR(j->seq);
+                e->n_sequence = j->n_seq;
+        }
         e->stop = stop ? strdup(stop) : NULL;
         e->prompt_tokens = j->n_prompt;
         e->cached_tokens = j->snap_n;

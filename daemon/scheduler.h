@@ -144,6 +144,8 @@ struct sched_event {
         char *tool_arguments; /* its JSON object */
         /* DONE */
         int finish_reason;
+        int32_t *sequence; /* prompt (snapshot tokens included) + output ids, for from_request */
+        uint32_t n_sequence;
         char *stop; /* matched stop string */
         uint32_t prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens;
         double queue_ms, prefill_ms, decode_ms, total_ms;

@@ -39,8 +39,18 @@ struct sreq {
         uint64_t server_id;
 };
 
+/* A finished request's token sequence, kept for SnapshotRequest.from_request. */
+#define FINISHED_KEPT 4
+struct finished {
+        uint64_t client_id;
+        int32_t *tokens;
+        uint32_t n;
+};
+
 struct conn {
         struct conn *next;
+        struct finished finished[FINISHED_KEPT]; /* ring of the last finished requests */
+        unsigned n_finished;
         struct server *server;
         struct bufferevent *bev;
         struct frame_decoder *decoder;
@@ -139,6 +149,8 @@ static void conn_free(struct conn *c) {
         }
         if (c->bev)
                 bufferevent_free(c->bev);
+        for (unsigned i = 0; i < FINISHED_KEPT; i++)
+                free(c->finished[i].tokens);
         frame_decoder_free(c->decoder);
         log_debug("connection %u closed", c->id);
         free(c);
@@ -646,11 +658,26 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                         g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_CHAT;
                         g.chat = q->chat;
                         break;
-                case XING4__SNAPSHOT_REQUEST__SOURCE_FROM_REQUEST:
-                        send_error(c, id, XING4__ERROR_CODE__ERROR_UNIMPLEMENTED,
-                                   "SnapshotRequest.from_request: snapshots of finished requests "
-                                   "are not implemented yet, send the text or tokens");
-                        return;
+                case XING4__SNAPSHOT_REQUEST__SOURCE_FROM_REQUEST: {
+                        /* re-prefill its prompt + output (its pages were freed when it ended) */
+                        const struct finished *fin = NULL;
+                        for (unsigned i = 0; i < FINISHED_KEPT; i++)
+                                if (c->finished[i].tokens &&
+                                    c->finished[i].client_id == q->from_request)
+                                        fin = &c->finished[i];
+                        if (!fin) {
+                                send_error(c, id, XING4__ERROR_CODE__ERROR_NOT_FOUND,
+                                           "SnapshotRequest.from_request: request %llu is not one "
+                                           "of the last %d finished on this connection",
+                                           (unsigned long long) q->from_request, FINISHED_KEPT);
+                                return;
+                        }
+                        g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_TOKENS;
+                        ids.n_ids = fin->n;
+                        ids.ids = fin->tokens;
+                        g.tokens = &ids;
+                        break;
+                }
                 default:
                         send_error(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
                                    "SnapshotRequest.source: none given, text, tokens or chat "
@@ -940,6 +967,13 @@ static void deliver(struct server *s, struct sched_event *e) {
                         f.body_case = XING4__FRAME__BODY_DONE;
                         f.done = &d;
                         send_frame(c, &f);
+                        if (e->sequence) {
+                                struct finished *slot = &c->finished[c->n_finished++ % FINISHED_KEPT];
+                                free(slot->tokens);
+                                slot->client_id = q->client_id;
+                                slot->tokens = TAKE_PTR(e->sequence);
+                                slot->n = e->n_sequence;
+                        }
                 } else if (e->kind == SCHED_EVENT_SNAPSHOT) {
                         send_snapshot_reply(c, q->client_id, &e->snapshot, 1);
                 } else {

@@ -138,6 +138,48 @@ int main(int argc, char **argv) {
                 printf("stats %d\npages_used %u\ncancelled %" PRIu64 "\nrunning %u\n", e,
                        s.cache_pages_used, s.requests_cancelled, s.requests_running);
                 x4_request_free(r);
+        } else if (strcmp(mode, "snapshot-from") == 0 && argc == 4) {
+                /* generate, snapshot that finished request (prompt + output), resume from it */
+                struct collect first = { 0 }, resumed = { 0 }, full = { 0 };
+                struct x4_done d;
+                struct x4_snapshot_info info;
+                x4_request *r = greedy(4);
+                x4_request_set_ignore_eos(r, true);
+                e = x4_client_generate(c, r, on_chunk, &first, &d);
+                printf("first %d %zu\n", e, first.n);
+                e = x4_client_snapshot_create(c, argv[3], NULL, d.request_id, &info);
+                printf("snapshot %d %s %u\n", e, e < 0 ? x4_client_last_error(c) : info.name,
+                       info.n_tokens);
+                int32_t next = 42;
+                x4_request *r2 = x4_request_new();
+                x4_request_set_tokens(r2, &next, 1);
+                x4_request_set_snapshot(r2, argv[3]);
+                x4_request_set_temperature(r2, 0.0f);
+                x4_request_set_max_tokens(r2, 6);
+                x4_request_set_ignore_eos(r2, true);
+                e = x4_client_generate(c, r2, on_chunk, &resumed, &d);
+                printf("resumed %d cached %u prompt %u\n", e, d.cached_tokens, d.prompt_tokens);
+                print_ids("resumed_ids", &resumed);
+                /* the same sequence sent whole */
+                int32_t all[64];
+                size_t n = 0;
+                for (size_t i = 0; i < sizeof prompt / sizeof prompt[0]; i++)
+                        all[n++] = prompt[i];
+                for (size_t i = 0; i < first.n; i++)
+                        all[n++] = first.ids[i];
+                all[n++] = next;
+                x4_request *r3 = x4_request_new();
+                x4_request_set_tokens(r3, all, n);
+                x4_request_set_temperature(r3, 0.0f);
+                x4_request_set_max_tokens(r3, 6);
+                x4_request_set_ignore_eos(r3, true);
+                e = x4_client_generate(c, r3, on_chunk, &full, &d);
+                print_ids("full_ids", &full);
+                e = x4_client_snapshot_create(c, "x", NULL, 999, &info);
+                printf("missing %s\n", x4_client_last_error(c));
+                x4_request_free(r);
+                x4_request_free(r2);
+                x4_request_free(r3);
         } else if (strcmp(mode, "bad-top-p") == 0) {
                 x4_request *r = greedy(4);
                 x4_request_set_top_p(r, 1.5f);

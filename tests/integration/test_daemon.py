@@ -559,3 +559,16 @@ def test_a_client_that_does_not_read_is_paused_not_buffered(fresh_daemon):
     assert done[1] == [3]  # FINISH_CANCELLED
     assert w.parse(done[2][0])[3][0] >= n1 + 50  # usage.completion_tokens
     assert d.stats()["cache_pages_used"] == 0
+
+
+def test_c_client_snapshots_a_finished_request(daemon, client_test):
+    r, f = run_client(client_test, daemon, "snapshot-from", "conv1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f["first"] == "0 4"
+    # the snapshot holds the request's 5 prompt tokens and its 4 generated ones
+    assert f["snapshot"] == "0 conv1 9"
+    assert f["resumed"] == "0 cached 9 prompt 10"
+    assert f["resumed_ids"] == f["full_ids"] and len(f["full_ids"].split(",")) == 6
+    assert f["missing"] == ("SnapshotRequest.from_request: request 999 is not one of the last 4 "
+                            "finished on this connection")
+    assert daemon.x4ctl("snapshot", "drop", "conv1").returncode == 0
