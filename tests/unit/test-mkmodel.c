@@ -234,6 +234,41 @@ static void test_weight_statistics(void **state) {
         for (int i = 0; i < 8; i++)
                 assert_float_equal(sorted[i], -0.08 + 0.16 * i / 7, 1e-7);
         assert_true(moved); /* shuffled */
+
+        /* routing is varied (spec §5 selection: top-k of sigmoid(W f) + b): over 512 random
+         * unit-variance inputs every one of the 8 experts is chosen, none hogs the top-2 */
+        {
+                const float *router = L->ffn_gate_inp->data;
+                unsigned picked[8] = {};
+                uint64_t seed = 12345;
+                for (int tok = 0; tok < 512; tok++) {
+                        double f[256], score[8];
+                        for (int k = 0; k < 256; k++) {
+                                /* Box-Muller from a 64-bit LCG */
+                                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                                double u1 = ((seed >> 11) + 1) * 0x1.0p-53;
+                                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                                double u2 = (seed >> 11) * 0x1.0p-53;
+                                f[k] = sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
+                        }
+                        for (int e = 0; e < 8; e++) {
+                                double z = 0;
+                                for (int k = 0; k < 256; k++)
+                                        z += router[e * 256 + k] * f[k];
+                                score[e] = 1 / (1 + exp(-z)) + bias[e];
+                        }
+                        for (int pick = 0; pick < 2; pick++) {
+                                int best = -1;
+                                for (int e = 0; e < 8; e++)
+                                        if (score[e] > -1 && (best < 0 || score[e] > score[best]))
+                                                best = e;
+                                picked[best]++;
+                                score[best] = -2;
+                        }
+                }
+                for (int e = 0; e < 8; e++)
+                        assert_true(picked[e] >= 1024 / 8 / 3 && picked[e] <= 1024 / 8 * 3);
+        }
         tmp_remove(&t);
 }
 
