@@ -650,6 +650,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
 static void cuda_destroy(struct x4_backend *b) {
         if (!b)
                 return;
+        cudaSetDevice(b->device);
         if (b->stream)
                 cudaStreamSynchronize(b->stream);
         cudaFree(b->wmem);
@@ -726,6 +727,7 @@ static int cuda_create(const struct x4_model *model, const struct x4_backend_par
         if (r < 0)
                 return r;
         b->wbytes = L.off;
+        uint64_t payload = L.done; /* tensor bytes without alignment padding: progress runs to 1 */
 
         bool any_moe = c->n_dense < c->n_layer;
         b->T_max = CUDA_MAX_BATCH_TOKENS;
@@ -790,7 +792,7 @@ static int cuda_create(const struct x4_model *model, const struct x4_backend_par
                             .base = b->wmem,
                             .params = params,
                             .stream = b->stream,
-                            .total = b->wbytes};
+                            .total = payload};
         for (int i = 0; i < 2; i++) {
                 r = CU_TRY(cudaHostAlloc(&L.stage[i], CUDA_STAGING_BYTES, cudaHostAllocDefault),
                            ENOMEM, "allocating pinned staging memory");
@@ -1017,10 +1019,20 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
 }
 
+/* The CUDA current device is per host thread: the daemon creates the backend on its main thread
+ * and runs forwards on the engine thread, so every entry point selects the device again. */
+static int select_device(struct x4_backend *b) {
+        return CU_TRY(cudaSetDevice(b->device), ENODEV, "selecting the device");
+}
+
 static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
         const struct x4_config *c = &b->cfg;
         uint64_t T_tot = 0, R_tot = 0, pt_tot = 0;
         int r;
+
+        r = select_device(b);
+        if (r < 0)
+                return r;
 
         for (uint32_t i = 0; i < batch->n_seqs; i++) {
                 const struct x4_seq *sq = &batch->seqs[i];
@@ -1187,7 +1199,7 @@ static int check_page(struct x4_backend *b, uint32_t page) {
         if (page >= b->n_pages)
                 return log_error_errno(EINVAL, "cache page %u out of range: the cache has %u pages",
                                        page, b->n_pages);
-        return 0;
+        return select_device(b);
 }
 
 static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst) {

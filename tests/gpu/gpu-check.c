@@ -625,6 +625,18 @@ static void test_pages(const char *model_path) {
 
 /* ---- quick: a small run for compute-sanitizer ---------------------------------------------- */
 
+struct progress {
+        unsigned calls, backwards;
+        double last;
+};
+
+static void on_progress(double fraction, const char *what, void *userdata) {
+        struct progress *p = userdata;
+        p->backwards += fraction < p->last;
+        p->last = fraction;
+        p->calls++;
+}
+
 static void test_quick(const char *model_path) {
         _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
         uint32_t V = x4_model_config(m)->n_vocab;
@@ -632,7 +644,17 @@ static void test_quick(const char *model_path) {
         _cleanup_free_ float *out = malloc((size_t) 40 * V * sizeof(float));
         uint32_t pa[1] = {0}, pb[1] = {1};
         struct bk cu = {0};
-        bk_open(&cu, "cuda", m, 2);
+        struct progress pr = {0};
+        struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 2,
+                                       .cache_type = cuda_cache, .progress = on_progress,
+                                       .progress_userdata = &pr};
+        REQUIRE(x4_backend_get("cuda", &cu.ops) == 0, "backend cuda not available");
+        REQUIRE(cu.ops->create(m, &bp, &cu.b) == 0, "creating the cuda backend");
+        cu.n_vocab = V;
+        printf("quick: load progress: %u reports, last %.3f, %u going backwards\n", pr.calls,
+               pr.last, pr.backwards);
+        CHECK(pr.calls > 0 && pr.last == 1.0 && pr.backwards == 0,
+              "load progress should rise to 1.0");
         feed(&cu, toks, 20, 0, pa, 1, X4_LOGITS_ALL, out);
         for (uint32_t i = 0; i < 3; i++)
                 feed(&cu, toks + 20 + i, 1, 20 + i, pa, 1, X4_LOGITS_LAST, out);
