@@ -58,7 +58,7 @@ struct cu_mv {
         uint32_t P;
         bool swiglu;
         /* A matrix of few long rows (HC projection 24 × 14336, router 64 × 3584): one block per
-         * row, its 8 warps splitting the row and summed in warp order. F32/F16/BF16 only (others
+         * row, its 32 warps splitting the row and summed in warp order. F32/F16/BF16 only (others
          * take the normal path). Fixed per matrix, so batch invariance holds. */
         bool few_rows;
 };
@@ -68,8 +68,8 @@ void cu_matvec(const struct cu_mv *a, cudaStream_t s);
 void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids, uint32_t T,
               uint32_t H, uint32_t n_hc, float *X, cudaStream_t s);
 
-/* spec §3.1 HC pre-mapping fused with the sublayer's RMSNorm: per token, the unweighted RMS over
- * the n_hc·H concatenated streams, the (2+n_hc)·n_hc projection, sigmoid/clamp/exp/Sinkhorn, the
+/* spec §3.1 HC pre-mapping with the sublayer's RMSNorm: per token, the unweighted RMS over the
+ * n_hc·H concatenated streams, the (2+n_hc)·n_hc projection, sigmoid/clamp/exp/Sinkhorn, the
  * collapse u = Σ pre[s]·X[s] and a = RMSNorm(u, norm_w). hcp gets per token [pre, post, C]
  * (CU_HCP_STRIDE floats). */
 #define CU_HCP_STRIDE 32
