@@ -31,6 +31,9 @@ def first_diff(a, b):
     return "at byte %d: ours %r / reference %r" % (i, a[max(0, i - 40):i + 40], b[max(0, i - 40):i + 40])
 
 
+STATS = {"same": 0, "both_fail": 0}
+
+
 def check(x4, env, tpath, contexts):
     with open(tpath, encoding="utf-8") as f:
         text = f.read()
@@ -46,11 +49,15 @@ def check(x4, env, tpath, contexts):
                 problems.append("%s: reference fails (%s) but x4-template succeeded" % (cname, ref))
             elif not p.stderr.strip():
                 problems.append("%s: x4-template failed without a message" % cname)
+            else:
+                STATS["both_fail"] += 1
             continue
         if p.returncode != 0:
             problems.append("%s: x4-template failed: %s" % (cname, p.stderr.decode(errors="replace").strip()))
         elif p.stdout != ref:
             problems.append("%s: output differs %s" % (cname, first_diff(p.stdout, ref)))
+        else:
+            STATS["same"] += 1
     return problems
 
 
@@ -124,6 +131,8 @@ def main():
         print("%d of %d semantics snippets identical" % (len(snippets) - snippet_fail, len(snippets)))
     print("%d of %d templates identical on %d contexts (%d listed in supported.txt, plus the built-in xing4.jinja)"
           % (passed, len(names), len(contexts), len(supported) - (0 if only else 1)))
+    print("renders compared: %d byte-identical, %d refused by both (reference raised)"
+          % (STATS["same"], STATS["both_fail"]))
     return 1 if snippet_fail or cli_fail or any(n in supported for n in failed) else 0
 
 
