@@ -24,8 +24,17 @@ rm -rf build-ci-gcc
 # shellcheck disable=SC2086
 meson setup build-ci-gcc -Dwerror=true $cuda_opt >build-ci-gcc.log 2>&1 || { cat build-ci-gcc.log; exit 1; }
 ninja -C build-ci-gcc >>build-ci-gcc.log 2>&1 || { tail -50 build-ci-gcc.log; exit 1; }
-meson test -C build-ci-gcc --no-rebuild --print-errorlogs --suite unit --suite integration \
-        --num-processes 2 || status=1
+meson test -C build-ci-gcc --no-rebuild --print-errorlogs --suite unit --num-processes 2 || status=1
+
+# pytest suites run directly (not through their meson wrapper) so every case is counted.
+echo "== whole-daemon tests (pytest) =="
+export X4_BUILD_DIR=$PWD/build-ci-gcc X4_SOURCE_DIR=$PWD X4_FIXTURES=$PWD/tests/fixtures
+X4_CLIENT_TEST=$PWD/build-ci-gcc/tests/integration/x4-client-test \
+        /usr/bin/python3 -m pytest tests/integration -q -p no:cacheprovider \
+        --junitxml=build-ci-gcc/junit-integration.xml || status=1
+echo "== HTTP bridge tests (pytest) =="
+/usr/bin/python3 -m pytest tests/bridge -q -p no:cacheprovider \
+        --junitxml=build-ci-gcc/junit-bridge.xml || status=1
 
 echo "== clang ASan+UBSan build, unit tests and fuzzers =="
 rm -rf build-ci-asan
@@ -34,6 +43,11 @@ CC=clang meson setup build-ci-asan -Dwerror=true -Dcuda=disabled -Dfuzz=true \
 ninja -C build-ci-asan >>build-ci-asan.log 2>&1 || { tail -50 build-ci-asan.log; exit 1; }
 X4_FUZZ_SECONDS=${X4_FUZZ_SECONDS:-60} meson test -C build-ci-asan --no-rebuild --print-errorlogs \
         --suite unit --suite fuzz --num-processes 2 || status=1
+echo "== whole-daemon tests under ASan+UBSan/LSan =="
+X4_BUILD_DIR=$PWD/build-ci-asan X4_CLIENT_TEST=$PWD/build-ci-asan/tests/integration/x4-client-test \
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        /usr/bin/python3 -m pytest tests/integration -q -p no:cacheprovider \
+        --junitxml=build-ci-asan/junit-integration.xml || status=1
 
 if [ -f tests/compat/package.json ]; then
         echo "== client compatibility (node --test) =="
