@@ -97,6 +97,7 @@ struct x4_backend {
         struct cpu_work work;
         struct cpu_token tokens[CPU_MICROBATCH];
         struct matmul_set *mm; /* products queued for one hand-off to the pool */
+        threadpool_fn_t attention_rows; /* the ISA variant of the attention loop */
         uint64_t memory_used;
 };
 
@@ -131,7 +132,7 @@ typedef float v8f __attribute__((vector_size(32)));
 
 /* Lane k sums the products of indices ≡ k (mod 8) in index order; the lanes are combined in a
  * fixed tree, then the tail (n % 8) is added in order. Order-stable and vectorised. */
-/* always_inline: so the AVX2 clone of attention_rows gets them in AVX2 too */
+/* always_inline: so the AVX2 copy of the attention loop gets them in AVX2 too */
 static inline __attribute__((always_inline)) float
 dot_f32(const float *a, const float *b, size_t n) {
         v8f acc = { 0 };
@@ -463,10 +464,8 @@ struct attention_job {
         uint32_t layer;
 };
 
-/* An AVX2 clone where the CPU has it (picked at load time): the same lane-wise operations in
- * wider registers, no FMA (ISO C11 does not contract a*b+c), so the same bits as the default. */
-__attribute__((target_clones("avx2", "default")))
-static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
+static inline __attribute__((always_inline)) void
+attention_rows_body(void *ctx, size_t begin, size_t end, unsigned thread) {
         const struct attention_job *j = ctx;
         struct x4_backend *b = j->b;
         const struct x4_config *c = b->cfg;
@@ -502,6 +501,29 @@ static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread)
                         axpy_f32(oh, sc[p] * inv, row, kvl);
                 }
         }
+}
+
+/* The attention loop compiled twice: for the baseline ISA and for AVX2, picked once at create()
+ * (cpu_create) where the CPU has AVX2. Same lane-wise operations in wider registers and no FMA
+ * (ISO C11 does not contract a*b+c), so the same bits either way. An explicit pick rather than
+ * target_clones: ifunc resolvers run before sanitizer runtimes start (TSan crashed in one). */
+static void attention_rows_generic(void *ctx, size_t begin, size_t end, unsigned thread) {
+        attention_rows_body(ctx, begin, end, thread);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) static void attention_rows_avx2(void *ctx, size_t begin,
+                                                                size_t end, unsigned thread) {
+        attention_rows_body(ctx, begin, end, thread);
+}
+#endif
+
+static threadpool_fn_t attention_rows_pick(void) {
+#if defined(__x86_64__) || defined(__i386__)
+        if (__builtin_cpu_supports("avx2"))
+                return attention_rows_avx2;
+#endif
+        return attention_rows_generic;
 }
 
 /* spec §4: MLA of block l for the micro-batch; input w->u (normed), output w->out. */
@@ -541,9 +563,9 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
         for (size_t t = 0; t < T; t++)
                 work += ((uint64_t) b->tokens[t].pos + 1) * nh * rw * 2;
         if (work < CPU_PARALLEL_MIN_WORK)
-                attention_rows(&aj, 0, T * nh, 0);
+                b->attention_rows(&aj, 0, T * nh, 0);
         else
-                threadpool_run(b->pool, T * nh, attention_rows, &aj);
+                threadpool_run(b->pool, T * nh, b->attention_rows, &aj);
         /* o[h][d] = Σ_j Vb[h][d][j]·ô[h][j]; attn_v_b rows are (h, d) */
         matmul_grouped(b, L->attn_v_b, 0, nh * c->v_head, c->v_head, kvl, w->ohat, nh * kvl, w->o,
                        nh * c->v_head, T);
@@ -1062,6 +1084,7 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
                 long n = sysconf(_SC_NPROCESSORS_ONLN);
                 n_threads = n > 0 ? (unsigned) n : 1;
         }
+        b->attention_rows = attention_rows_pick();
         r = threadpool_new(n_threads, &b->pool);
         if (r < 0)
                 return r;
