@@ -98,11 +98,6 @@ struct jinja_limits {
         size_t max_memory;
 };
 
-/* 1: implemented, 0: a Jinja2 builtin filter we do not implement, -1: no such filter in Jinja2.
- * The parser rejects the latter two up front, as Jinja2's compiler does for unknown names. */
-int jinja_filter_status(const char *name);
-bool jinja_test_known(const char *name);
-
 /* Parses a template; errors are logged as "template:LINE:COL: why" and return -EINVAL. */
 int jinja_parse(const char *text, size_t len, struct jinja_template **ret);
 void jinja_template_free(struct jinja_template *t);

@@ -2944,17 +2944,3 @@ int jinja_render(const struct jinja_template *t, const struct json_value *ctx, c
         return 0;
 }
 
-static const char *const IMPLEMENTED_FILTERS[] = {
-        "abs", "attr", "capitalize", "center", "count", "d", "default", "dictsort", "first", "float", "indent",
-        "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min", "reject", "rejectattr",
-        "replace", "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title", "tojson",
-        "trim", "unique", "upper", "wordcount", NULL};
-
-int jinja_filter_status(const char *name) {
-        if (in_names(IMPLEMENTED_FILTERS, name))
-                return 1;
-        return in_names(KNOWN_FILTERS, name) ? 0 : -1;
-}
-bool jinja_test_known(const char *name) {
-        return in_names(KNOWN_TESTS, name);
-}
