@@ -106,7 +106,7 @@ struct rstate {
         struct arena *arena;
         const struct jinja_limits *lim;
         uint64_t steps;
-        unsigned depth;
+        unsigned depth, nesting;
         struct sbuf *out;
         struct jdict globals;
         struct frame *root;
@@ -1958,7 +1958,7 @@ static bool test_node(struct rstate *st, struct frame *f, const struct jnode *n,
         return n->op ? !r : r;
 }
 
-static jv eval(struct rstate *st, struct frame *f, const struct jnode *n) {
+static jv eval_node(struct rstate *st, struct frame *f, const struct jnode *n) {
         step(st, 1);
         st->at = n;
         switch (n->kind) {
@@ -2107,6 +2107,20 @@ static jv eval(struct rstate *st, struct frame *f, const struct jnode *n) {
         }
 }
 
+/* C recursion bound: statement and expression nesting (each bounded by the parser) compound
+ * through macro calls; this keeps the stack use of one render under a few MB. */
+#define RENDER_MAX_NESTING 3000u
+
+static jv eval(struct rstate *st, struct frame *f, const struct jnode *n) {
+        if (++st->nesting > RENDER_MAX_NESTING) {
+                st->err = E2BIG;
+                fail(st, "template render exceeded the nesting depth of %u", RENDER_MAX_NESTING);
+        }
+        jv r = eval_node(st, f, n);
+        st->nesting--;
+        return r;
+}
+
 static void assign(struct rstate *st, struct frame *f, const struct jnode *n, const char *const *targets, size_t nt,
                    jv v) {
         if (nt == 1) {
@@ -2195,7 +2209,19 @@ static int exec_for(struct rstate *st, struct frame *f, const struct jnode *n) {
         return CTRL_NONE;
 }
 
+static int exec_body_inner(struct rstate *st, struct frame *f, struct jnode *const *body, size_t count);
+
 static int exec_body(struct rstate *st, struct frame *f, struct jnode *const *body, size_t count) {
+        if (++st->nesting > RENDER_MAX_NESTING) {
+                st->err = E2BIG;
+                fail(st, "template render exceeded the nesting depth of %u", RENDER_MAX_NESTING);
+        }
+        int r = exec_body_inner(st, f, body, count);
+        st->nesting--;
+        return r;
+}
+
+static int exec_body_inner(struct rstate *st, struct frame *f, struct jnode *const *body, size_t count) {
         for (size_t i = 0; i < count; i++) {
                 const struct jnode *n = body[i];
                 step(st, 1);

@@ -274,6 +274,17 @@ static void test_limits(void **state) {
         assert_fails("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, -E2BIG,
                      "exceeded the macro call depth of 100");
 
+        /* deep statement nesting compounded by recursion is bounded too (C stack) */
+        static char nest[8192];
+        strcpy(nest, "{% macro f(n) %}");
+        for (int i = 0; i < 150; i++)
+                strcat(nest, "{% if true %}");
+        strcat(nest, "{{ f(n + 1) }}");
+        for (int i = 0; i < 150; i++)
+                strcat(nest, "{% endif %}");
+        strcat(nest, "{% endmacro %}{{ f(0) }}");
+        assert_fails(nest, NULL, -E2BIG, "template render exceeded the nesting depth of 3000");
+
         /* limits are settable per template */
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
         const char *src = "{% for i in range(50) %}{{ i }}{% endfor %}";
