@@ -12,6 +12,7 @@
 #                systemd-socket-activate), loads a demo model (x4-mkmodel) named in the config
 #   x4ctl        the installed x4ctl generates through it
 #   pkg-config   the example of libx4client-dev, built with pkg-config, connects and generates
+#   cuda         without the CUDA runtime, --device cuda fails naming libcudart.so.13
 #   stop         SIGTERM stops the daemon with status 0
 #   purge        apt-get purge of every package succeeds and leaves no file behind
 #
@@ -266,7 +267,7 @@ do_pkgconfig() {
                 { echo "pkg-config --modversion libx4client: $(pkg-config --modversion libx4client)"; return 1; }
         # shellcheck disable=SC2046
         cc -Wall -Werror -o "$work/hello" $ex $(pkg-config --cflags --libs libx4client) || return 1
-        ldd "$work/hello" | grep -q 'libx4client.so.1 => /usr/lib/' || { ldd "$work/hello"; return 1; }
+        ldd "$work/hello" | grep -Eq 'libx4client.so.1 => (/usr)?/lib/' || { ldd "$work/hello"; return 1; }
         local out
         out=$(X4_SOCKET=$sock "$work/hello" "Hello from pkg-config") || { echo "$out"; return 1; }
         echo "$out" | tail -1
@@ -274,6 +275,24 @@ do_pkgconfig() {
                 { echo "no summary line with generated tokens"; return 1; }
 }
 check "pkg-config: a program built against libx4client-dev connects and generates" do_pkgconfig
+
+# Where NVIDIA's CUDA runtime is absent, the daemon must name the missing library. The loader's
+# cache is ignored (ld.so --inhibit-cache), which hides libcudart.so.13 exactly as on such a host.
+do_cuda_missing() {
+        dpkg-query -W -f='${Status}' xing4d-cuda 2>/dev/null | grep -q 'ok installed' ||
+                { echo "xing4d-cuda not built here (no nvcc): nothing to check"; return 0; }
+        local ldso out rc
+        ldso=$(readlink -f /lib64/ld-linux-x86-64.so.2 2>/dev/null || true)
+        [ -x "$ldso" ] || { echo "no dynamic loader at /lib64/ld-linux-x86-64.so.2"; return 1; }
+        out=$("$ldso" --inhibit-cache /usr/sbin/xing4d --config /dev/null --model "$work/demo.gguf" \
+                --device cuda --listen "$work/cuda.sock" 2>&1)
+        rc=$?
+        echo "$out"
+        [ $rc -ne 0 ] || { echo "xing4d --device cuda started without the CUDA runtime"; return 1; }
+        echo "$out" | grep -q 'xing4d-cuda.so: libcudart.so.13: cannot open shared object file' ||
+                { echo "the message does not name libcudart.so.13"; return 1; }
+}
+check "cuda: without the CUDA runtime, xing4d --device cuda names libcudart.so.13" do_cuda_missing
 
 do_stop() {
         [ -n "$daemon_pid" ] || return 1
