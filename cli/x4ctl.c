@@ -613,12 +613,16 @@ static void print_stats_json(const struct x4_stats *s, const struct x4_request_s
                ",\"completion_tokens_total\":%" PRIu64 ",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,"
                "\"cache_pages_total\":%u,\"cache_pages_used\":%u,\"cache_page_tokens\":%u,"
                "\"memory_used\":%" PRIu64 ",\"memory_total\":%" PRIu64 ",\"prefix_hits\":%" PRIu64
-               ",\"prefix_tokens_reused\":%" PRIu64 ",\"requests\":[",
+               ",\"prefix_tokens_reused\":%" PRIu64 ",\"prefix_misses\":%" PRIu64
+               ",\"prefix_pages\":%u,\"engine_steps\":%" PRIu64 ",\"engine_steps_batched\":%" PRIu64
+               ",\"batch_max\":%u,\"requests\":[",
                s->uptime_ms, s->connections, s->requests_running, s->requests_waiting,
                s->requests_total, s->requests_failed, s->requests_cancelled,
                s->prompt_tokens_total, s->completion_tokens_total, s->prefill_tok_s,
                s->decode_tok_s, s->cache_pages_total, s->cache_pages_used, s->cache_page_tokens,
-               s->memory_used, s->memory_total, s->prefix_hits, s->prefix_tokens_reused);
+               s->memory_used, s->memory_total, s->prefix_hits, s->prefix_tokens_reused,
+               s->prefix_misses, s->prefix_pages, s->engine_steps, s->engine_steps_batched,
+               s->batch_max);
         for (size_t i = 0; i < n; i++) {
                 printf("%s{\"server_request_id\":%" PRIu64 ",\"running\":%s,\"prompt_tokens\":%u,"
                        "\"prefilled_tokens\":%u,\"completion_tokens\":%u,\"age_ms\":%" PRIu64
@@ -648,8 +652,11 @@ static void print_stats_table(const struct x4_stats *s, const struct x4_request_
         printf("cache pages     %u / %u used (%u tokens each)\n", s->cache_pages_used,
                s->cache_pages_total, s->cache_page_tokens);
         printf("memory          %.1f / %.1f MiB\n", s->memory_used / mib, s->memory_total / mib);
-        printf("prefix cache    %" PRIu64 " hits, %" PRIu64 " tokens reused\n", s->prefix_hits,
-               s->prefix_tokens_reused);
+        printf("prefix cache    %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
+               " tokens reused, %u pages kept\n",
+               s->prefix_hits, s->prefix_misses, s->prefix_tokens_reused, s->prefix_pages);
+        printf("batching        %" PRIu64 " steps, %" PRIu64 " with more than one request, "
+               "at most %u\n", s->engine_steps, s->engine_steps_batched, s->batch_max);
         if (n) {
                 printf("\n%8s %-8s %8s %9s %8s %9s %8s  %s\n", "ID", "STATE", "PROMPT", "PREFILLED",
                        "OUTPUT", "AGE", "PID", "CLIENT");

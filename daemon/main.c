@@ -47,6 +47,7 @@ struct options {
         uint64_t memory_limit;
         uint64_t output_buffer;
         uint32_t prefill_chunk;
+        uint32_t prefix_pages; /* 0: the whole cache */
         double grace_s;
         int log_level;
 };
@@ -178,6 +179,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         { "page-tokens", offsetof(struct options, page_tokens), 1, 65536 },
                         { "cache-pages", offsetof(struct options, cache_pages), 0, 1u << 24 },
                         { "prefill-chunk", offsetof(struct options, prefill_chunk), 1, 65536 },
+                        { "prefix-pages", offsetof(struct options, prefix_pages), 0, 1u << 24 },
                 };
                 for (size_t i = 0; i < ELEMENTSOF(nums); i++)
                         if (streq(key, nums[i].name)) {
@@ -270,6 +272,8 @@ static void help(void) {
                "  --cache-pages N              cache pages (0 = from the memory limit)\n"
                "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
                "  --prefill-chunk N            prompt tokens per engine step (256)\n"
+               "  --prefix-pages N             cache pages the prefix store may keep for reuse\n"
+               "                               (0 = any free page; evicted LRU when needed)\n"
                "  --grace SECONDS              SIGTERM: time running requests get to finish (30)\n"
                "  --output-buffer SIZE         output queued to a client before its requests pause (8M)\n"
                "  --log-level LEVEL            err, warning, info, debug\n"
@@ -345,7 +349,7 @@ enum {
         OPT_CONFIG = 1000, OPT_MODEL, OPT_CONFIG_JSON, OPT_TOKENIZER, OPT_RELEASE, OPT_DEVICE,
         OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
-        OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER,
+        OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES,
 };
 
 static const struct option longopts[] = {
@@ -367,6 +371,7 @@ static const struct option longopts[] = {
         { "cache-pages", required_argument, NULL, OPT_CACHE_PAGES },
         { "memory-limit", required_argument, NULL, OPT_MEMORY },
         { "prefill-chunk", required_argument, NULL, OPT_PREFILL },
+        { "prefix-pages", required_argument, NULL, OPT_PREFIX_PAGES },
         { "grace", required_argument, NULL, OPT_GRACE },
         { "output-buffer", required_argument, NULL, OPT_OUTPUT_BUFFER },
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
@@ -523,6 +528,7 @@ int main(int argc, char **argv) {
                 .max_tokens_default = o.max_tokens,
                 .prefill_chunk = o.prefill_chunk,
                 .state_dir = o.state_dir ? o.state_dir : "/var/lib/xing4d",
+                .prefix_pages = o.prefix_pages,
         };
         r = sched_new(&sp, &sched);
         if (r < 0)

@@ -26,6 +26,7 @@
 
 #include "../kernels/backend.h"
 #include "engine/kvcache.h"
+#include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "model/chat.h"
 #include "model/chat_xing4.h"
@@ -52,6 +53,7 @@ struct job {
         bool prepared, cancel, paused;
         int32_t *seq; /* prompt + output */
         uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;
+        uint32_t n_reused; /* prompt tokens whose pages came from the prefix store */
         uint32_t *pages;
         uint32_t n_pages;
         struct sampler *sampler; /* engine/sampler: penalties, truncation, seeded draws */
@@ -78,6 +80,7 @@ struct sched {
         struct sched_params p;
         const struct x4_config *cfg;
         struct kvcache *kv;
+        struct prefix_store *prefix; /* NULL: prefix reuse off */
         struct x4_backend_caps caps;
         uint32_t ctx_limit;
         int32_t eos_id, think_id;
@@ -112,6 +115,8 @@ struct sched {
         size_t logits_cap;
         uint64_t total, failed, cancelled, prompt_total, completion_total;
         double prefill_rate, decode_rate;
+        uint64_t steps, steps_multi; /* forwards; those holding more than one request */
+        uint32_t batch_max;          /* most requests in one forward */
 };
 
 static double now_ms(void) {
@@ -473,6 +478,10 @@ static void publish_stats(struct sched *s);
 /* Give the pages back and make the stats say so BEFORE the final event is pushed: a client that
  * asks for stats right after its Done sees its pages free. */
 static void job_release(struct sched *s, struct job *j) {
+        if (j->n_pages && s->prefix && j->seq && j->n_cached)
+                /* positions [0, n_cached) are in the cache: keep their full pages for reuse */
+                (void) prefix_insert(s->prefix, j->seq, MIN(j->n_cached, j->n_seq), j->pages,
+                                     j->n_pages);
         if (j->n_pages)
                 (void) kvcache_release(s->kv, j->pages, j->n_pages);
         j->n_pages = 0;
@@ -627,7 +636,12 @@ static void finish_job(struct sched *s, struct job *j, int reason, const char *s
         if (j->op && !j->op_stopped) {
                 /* emit what outparse holds back (a possible stop-string start, an unfinished
                  * tool call as text) */
+                const char *rest = NULL;
+                size_t rest_len = 0;
                 j->cur_sent = true;
+                /* a trailing partial character (bytes the stream held back) is not lost */
+                if (j->ts && tokenizer_stream_flush(j->ts, &rest, &rest_len) >= 0 && rest_len)
+                        (void) outparse_feed_text(j->op, rest, rest_len);
                 (void) outparse_finish(j->op, finish_name(reason));
         }
         if (reason == SCHED_FINISH_STOP && j->tool_call_seen)
@@ -655,7 +669,7 @@ static void finish_job(struct sched *s, struct job *j, int reason, const char *s
         }
         e->stop = stop ? strdup(stop) : NULL;
         e->prompt_tokens = j->n_prompt;
-        e->cached_tokens = j->snap_n;
+        e->cached_tokens = j->snap_n + j->n_reused;
         e->completion_tokens = j->n_out;
         e->reasoning_tokens = j->op ? (uint32_t) outparse_reasoning_tokens(j->op) : 0;
         double admit = j->t_admit ? j->t_admit : t;
@@ -1260,6 +1274,10 @@ static void take_inputs(struct sched *s) {
         }
 }
 
+static uint32_t prefix_evict_if(struct sched *s, uint32_t want) {
+        return s->prefix ? prefix_evict(s->prefix, want) : 0;
+}
+
 static void admit(struct sched *s) {
         uint32_t running = 0;
         for (struct job *j = s->jobs; j; j = j->next)
@@ -1278,19 +1296,31 @@ static void admit(struct sched *s) {
                                  need, j->n_prompt, j->max_tokens, kvcache_n_pages(s->kv));
                         continue;
                 }
-                if (running >= s->p.max_running || need > kvcache_n_free(s->kv))
+                if (running >= s->p.max_running)
                         break; /* FIFO: later requests wait behind this one */
-                j->pages = malloc(need * sizeof *j->pages);
-                if (!j->pages) {
+                if (!j->pages && !(j->pages = malloc(need * sizeof *j->pages))) {
                         fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for a page table");
                         continue;
                 }
-                if (kvcache_alloc(s->kv, need, j->pages) < 0) {
-                        free(j->pages);
-                        j->pages = NULL;
+                /* the longest stored prefix, in full pages; at least one prompt token is left
+                 * to compute (its logits start the output). A resumed snapshot brings its own
+                 * pages. */
+                uint32_t k = 0;
+                if (s->prefix && !j->snap_data)
+                        k = prefix_match(s->prefix, j->seq, j->n_prompt,
+                                         (j->n_prompt - 1) / kvcache_page_tokens(s->kv), j->pages);
+                if (need - k > kvcache_n_free(s->kv))
+                        /* pages only the store holds go back, least recently used first */
+                        (void) prefix_evict_if(s, need - k - kvcache_n_free(s->kv));
+                if (need - k > kvcache_n_free(s->kv) ||
+                    kvcache_alloc(s->kv, need - k, j->pages + k) < 0) {
+                        if (k)
+                                (void) kvcache_release(s->kv, j->pages, k);
                         break;
                 }
                 j->n_pages = need;
+                j->n_reused = k * kvcache_page_tokens(s->kv);
+                j->n_cached = j->n_reused;
                 if (j->snap_data) {
                         size_t pb = s->p.ops->page_bytes(s->p.backend);
                         int ret = 0;
@@ -1381,6 +1411,9 @@ static void step(struct sched *s) {
                 free(owners);
                 return;
         }
+        s->steps++;
+        s->steps_multi += n > 1;
+        s->batch_max = MAX(s->batch_max, n);
         /* recent rates: exponential moving average over steps */
         if (dt > 0) {
                 double a = 0.2;
@@ -1393,6 +1426,10 @@ static void step(struct sched *s) {
         for (uint32_t i = 0; i < n; i++) {
                 struct job *j = owners[i];
                 j->n_cached += seqs[i].n_tokens;
+                if (s->prefix && seqs[i].n_tokens > 1 && j->n_cached == j->n_prompt)
+                        /* prompt prefilled: its full pages can serve requests admitted from now
+                         * on (they are never written again) */
+                        (void) prefix_insert(s->prefix, j->seq, j->n_prompt, j->pages, j->n_pages);
                 if (j->create && j->n_cached == j->n_prompt) {
                         finish_snapshot(s, j);
                         continue;
@@ -1445,7 +1482,20 @@ static void publish_stats(struct sched *s) {
                 .page_tokens = kvcache_page_tokens(s->kv),
                 .memory_used = s->caps.memory_used,
                 .memory_total = s->caps.memory_total,
+                .steps = s->steps,
+                .steps_multi = s->steps_multi,
+                .batch_max = s->batch_max,
         };
+        if (s->prefix) {
+                struct prefix_stats ps;
+                prefix_get_stats(s->prefix, &ps);
+                st.prefix_hits = ps.hits;
+                st.prefix_misses = ps.misses;
+                st.prefix_tokens_reused = ps.tokens_reused;
+                st.prefix_pages = ps.pages_held;
+                /* pages only the store holds are free as far as admission goes */
+                st.pages_used -= ps.pages_idle;
+        }
         size_t n = 0;
         for (struct job *j = s->jobs; j; j = j->next)
                 n++;
@@ -1540,6 +1590,11 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                 free(s);
                 return r;
         }
+        if (!s->p.prefix_off && prefix_new(s->kv, s->p.prefix_pages, &s->prefix) < 0) {
+                kvcache_free(s->kv);
+                free(s);
+                return -ENOMEM;
+        }
         uint64_t cache_tokens = (uint64_t) s->caps.n_pages * s->caps.page_tokens;
         s->ctx_limit = (uint32_t) MIN(cache_tokens, (uint64_t) s->cfg->n_ctx_train);
         s->eos_id = s->cfg->eos_id;
@@ -1580,6 +1635,7 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (s->efd < 0) {
                 r = log_error_errno(errno, "scheduler: eventfd: %m");
+                prefix_free(s->prefix);
                 kvcache_free(s->kv);
                 free(s);
                 return r;
@@ -1629,6 +1685,7 @@ void sched_free(struct sched *s) {
         free(s->live);
         free(s->states);
         free(s->logits);
+        prefix_free(s->prefix);
         kvcache_free(s->kv);
         chat_template_free(s->tmpl);
         free(s->bos_text);

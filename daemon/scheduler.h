@@ -169,6 +169,9 @@ struct sched_params {
         uint32_t prefill_chunk; /* prompt tokens per step (default 256) */
         uint32_t max_stop;      /* stop strings per request (default 16) */
         const char *state_dir;  /* snapshots live here; NULL: snapshots unavailable */
+        bool prefix_off;        /* no automatic prefix reuse */
+        uint32_t prefix_pages;  /* most pages the prefix store keeps (0: up to the whole cache;
+                                 * stored pages are evicted LRU when admission needs them) */
 };
 
 /* The numbers a StatsReply carries (engine side). */
@@ -177,9 +180,14 @@ struct sched_stats {
         uint64_t total, failed, cancelled;
         uint64_t prompt_tokens, completion_tokens;
         double prefill_tok_s, decode_tok_s;
-        uint32_t pages_total, pages_used, page_tokens;
+        uint32_t pages_total, pages_used, page_tokens; /* used: by requests (not counting pages
+                                                         * only the prefix store keeps) */
         uint64_t memory_used, memory_total;
         uint64_t prefix_hits, prefix_tokens_reused;
+        uint64_t prefix_misses;
+        uint32_t prefix_pages; /* pages the prefix store holds */
+        uint64_t steps, steps_multi; /* backend forwards; those batching > 1 request */
+        uint32_t batch_max;          /* most requests one forward held */
 };
 
 struct sched_request_state {

@@ -483,6 +483,13 @@ static void handle_stats(struct conn *c, uint64_t id) {
         r.memory_total = st.memory_total;
         r.prefix_hits = st.prefix_hits;
         r.prefix_tokens_reused = st.prefix_tokens_reused;
+        r.has_prefix_pages = r.has_prefix_misses = r.has_engine_steps = 1;
+        r.has_engine_steps_batched = r.has_batch_max = 1;
+        r.prefix_pages = st.prefix_pages;
+        r.prefix_misses = st.prefix_misses;
+        r.engine_steps = st.steps;
+        r.engine_steps_batched = st.steps_multi;
+        r.batch_max = st.batch_max;
         Xing4__RequestState *states = calloc(MAX(n, (size_t) 1), sizeof *states);
         Xing4__RequestState **ptrs = calloc(MAX(n, (size_t) 1), sizeof *ptrs);
         if (states && ptrs) {

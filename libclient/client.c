@@ -1128,6 +1128,11 @@ X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
         ret->memory_total = s->memory_total;
         ret->prefix_hits = s->prefix_hits;
         ret->prefix_tokens_reused = s->prefix_tokens_reused;
+        ret->prefix_misses = s->prefix_misses;
+        ret->engine_steps = s->engine_steps;
+        ret->engine_steps_batched = s->engine_steps_batched;
+        ret->prefix_pages = s->prefix_pages;
+        ret->batch_max = s->batch_max;
         xing4__frame__free_unpacked(reply, NULL);
         return 0;
 }

@@ -230,7 +230,14 @@ struct x4_stats {
         uint64_t memory_total;
         uint64_t prefix_hits;
         uint64_t prefix_tokens_reused;
-        uint64_t reserved[8];
+        /* since 1.1, taken from reserved[] (same size, same offsets before): */
+        uint64_t prefix_misses;
+        uint64_t engine_steps;         /* backend forwards */
+        uint64_t engine_steps_batched; /* forwards holding more than one request */
+        uint32_t prefix_pages;         /* pages the prefix store keeps (not in cache_pages_used
+                                        * unless a request shares them) */
+        uint32_t batch_max;            /* most requests one forward held */
+        uint64_t reserved[4];
 };
 
 struct x4_info {

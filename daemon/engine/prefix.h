@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/* The automatic prefix store (design.md "Threads and flow of one request", step 2): a trie over
+ * token ids at page granularity. Each node is one FULL cache page (page_tokens token ids as its
+ * key) and holds one kvcache reference to the page that caches those positions; its parent is the
+ * page before it. A new request whose prompt starts with k stored pages takes a reference to each
+ * (kvcache_ref) and prefills only the rest.
+ *
+ * Why full pages only: a page is only written while its positions are being prefilled or decoded,
+ * so a full page of a prompt never changes again and can be read by any number of sequences. A
+ * partially matching last page is not shared (no copy-on-write): its tokens are recomputed, which
+ * keeps the invariant simple (reused pages are bit-identical to recomputation because the backends
+ * compute a position's cache row from tokens 0..p only, batch- and chunk-invariantly).
+ *
+ * Budget and eviction: the store holds at most max_pages pages. Pages only the store references
+ * (refcount 1) are evictable, least recently used LEAVES first (a parent is only evicted after its
+ * children, so every stored path stays a valid prefix). Engine thread only, no locking. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../util/macro.h"
+
+struct kvcache;
+struct prefix_store;
+
+struct prefix_stats {
+        uint64_t hits;          /* lookups that reused >= 1 page */
+        uint64_t misses;        /* lookups that reused none */
+        uint64_t tokens_reused; /* sum of reused tokens */
+        uint64_t evicted;       /* pages given back to the cache */
+        uint32_t pages_held;    /* nodes (pages) in the store now */
+        uint32_t pages_idle;    /* of those, pages no request uses (evictable: free for admission) */
+};
+
+/* max_pages: the most pages the store may hold (0 = as many as the cache has). */
+int prefix_new(struct kvcache *kv, uint32_t max_pages, struct prefix_store **ret);
+/* Drops every reference the store holds. */
+void prefix_free(struct prefix_store *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct prefix_store *, prefix_free);
+
+/* The longest stored prefix of tokens[0..n) in full pages, at most max_pages of them. Writes the
+ * page ids into pages[], takes one reference to each for the caller (release them with
+ * kvcache_release) and marks them recently used. Returns the number of pages (0: a miss); counts
+ * a hit or a miss in the stats. */
+uint32_t prefix_match(struct prefix_store *p, const int32_t *tokens, uint64_t n, uint32_t max_pages,
+                      uint32_t *pages);
+
+/* Store the full pages of a sequence: tokens[0..n) cached in pages[0..) (pages[i] holds positions
+ * i*page_tokens ..). Pages already stored (same token path) are only marked used; new nodes take a
+ * reference to the caller's page. Stops (without error) when the budget is full and nothing can
+ * be evicted. Returns the number of pages newly stored, or -ENOMEM. */
+int prefix_insert(struct prefix_store *p, const int32_t *tokens, uint64_t n, const uint32_t *pages,
+                  uint32_t n_pages);
+
+/* Give back up to `want` pages that only the store references, least recently used leaves first.
+ * Returns the number of pages that went back to the cache's free list. */
+uint32_t prefix_evict(struct prefix_store *p, uint32_t want);
+
+void prefix_get_stats(const struct prefix_store *p, struct prefix_stats *ret);
