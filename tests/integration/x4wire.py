@@ -44,14 +44,24 @@ def hello(major=1, minor=0, client="pytest"):
     return field_varint(1, major) + field_varint(2, minor) + field_bytes(3, client)
 
 
-def generate_tokens(ids, max_tokens=None, temperature=None):
+def generate_tokens(ids, max_tokens=None, temperature=None, ignore_eos=False):
     packed = b"".join(varint(i) for i in ids)
     msg = field_bytes(2, field_bytes(1, packed))
     if temperature is not None:
         msg += field_bytes(4, varint(1 << 3 | 5) + struct.pack("<f", temperature))
     if max_tokens is not None:
         msg += field_varint(5, max_tokens)
+    if ignore_eos:
+        msg += field_varint(11, 1)
     return msg
+
+
+def packed_varints(data):
+    out, i = [], 0
+    while i < len(data):
+        v, i = _read_varint(data, i)
+        out.append(v)
+    return out
 
 
 def parse(data):

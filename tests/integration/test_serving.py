@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: MIT
+"""What continuous batching and the prefix store promise a user: a request's greedy tokens do not
+depend on what runs beside it, a repeated long prompt is served from cached pages (fewer prompt
+tokens computed, a shorter prefill) with the very same output, and bad frames are refused one by
+one while the daemon keeps serving."""
+import struct
+
+import pytest
+
+import x4wire as w
+from conftest import DEFAULT_CONF, N_VOCAB
+
+
+def ids_of(lines):
+    return [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
+
+
+def gen(daemon, ids, *args):
+    import json
+    r = daemon.x4ctl("--json", "generate", "--tokens", ",".join(map(str, ids)),
+                     "--temperature", "0", "--ignore-eos", *args)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert lines[-1]["type"] == "done"
+    return ids_of(lines), lines[-1]
+
+
+def prompt(seed, n):
+    """n token ids, a different sequence per seed (avoiding the low special ids)."""
+    return [5 + (seed * 131 + i * 17 + (i * i) % 7) % (N_VOCAB - 5) for i in range(n)]
+
+
+# ---- continuous batching ---------------------------------------------------------------------------
+
+def test_sixteen_concurrent_requests_give_what_each_gives_alone(fresh_daemon):
+    d = fresh_daemon(DEFAULT_CONF.replace("max-running = 4", "max-running = 16"))
+    prompts = [prompt(k, 3 + 11 * k) for k in range(16)]  # 3 .. 168 tokens
+    c = w.Conn(d.sock, timeout=120)
+    c.hello()
+    # one write: all 16 are queued together, so they run side by side
+    c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
+        w.frame(k + 1, w.GENERATE, w.generate_tokens(p, max_tokens=24, temperature=0.0,
+                                                     ignore_eos=True))
+        for k, p in enumerate(prompts))))
+    got, done = {k + 1: [] for k in range(16)}, set()
+    while len(done) < 16:
+        f = c.recv()
+        assert f is not None and w.ERROR not in f, f
+        rid = f[1][0]
+        if w.CHUNK in f:
+            got[rid] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
+        elif w.DONE in f:
+            done.add(rid)
+    c.close()
+    s = d.stats()
+    # batching is visible: forwards held several requests at once
+    assert s["engine_steps_batched"] > 0 and s["batch_max"] > 1, s
+    for k, p in enumerate(prompts):
+        alone, _ = gen(d, p, "--max-tokens", "24")
+        assert len(alone) == 24
+        assert got[k + 1] == alone, f"request {k} ({len(p)} prompt tokens) differs in a batch"
+
+
+# ---- prefix store -----------------------------------------------------------------------------------
+
+PREFIX_CONF = "[xing4d]\ncache-pages = 32\npage-tokens = 64\nmax-running = 4\n"
+
+
+def test_repeated_long_prompt_reuses_cached_pages(fresh_daemon):
+    d = fresh_daemon(PREFIX_CONF)
+    a = prompt(1, 650)
+    before = d.stats()
+    first, done1 = gen(d, a, "--max-tokens", "8")
+    assert done1["usage"]["cached_tokens"] == 0
+    second, done2 = gen(d, a, "--max-tokens", "8")
+    # 10 full pages of 64 tokens come from the store; 10 tokens are computed
+    assert done2["usage"]["prompt_tokens"] == 650
+    assert done2["usage"]["cached_tokens"] == 640
+    # reused pages give exactly the output of computing them
+    assert second == first and len(first) == 8
+    # faster: the daemon's own prefill time (not wall time of a busy machine)
+    assert done2["timings"]["prefill_ms"] < done1["timings"]["prefill_ms"], (done1, done2)
+    s = d.stats()
+    assert s["prefix_hits"] == before["prefix_hits"] + 1
+    assert s["prefix_tokens_reused"] == before["prefix_tokens_reused"] + 640
+    assert s["prefix_misses"] >= before["prefix_misses"] + 1
+    # the store keeps pages, but no request holds any now
+    assert s["prefix_pages"] >= 10 and s["cache_pages_used"] == 0
+
+
+def test_shared_head_reuses_whole_pages_only_and_matches_a_cold_daemon(fresh_daemon):
+    a = prompt(2, 400)
+    b = a[:300] + prompt(3, 120)  # shares 4 full pages (256 tokens) and part of a fifth
+    cold = fresh_daemon(PREFIX_CONF)
+    ref, done = gen(cold, b, "--max-tokens", "6")
+    assert done["usage"]["cached_tokens"] == 0
+    warm = fresh_daemon(PREFIX_CONF)
+    gen(warm, a, "--max-tokens", "6")
+    out, done = gen(warm, b, "--max-tokens", "6")
+    assert done["usage"]["cached_tokens"] == 256  # the partial fifth page is recomputed
+    assert out == ref
+
+
+def test_stored_pages_are_evicted_when_admission_needs_them(fresh_daemon):
+    d = fresh_daemon(PREFIX_CONF)  # 32 pages of 64 tokens
+    a, b = prompt(4, 1100), prompt(5, 1100)
+    out_a, _ = gen(d, a, "--max-tokens", "8")
+    s = d.stats()
+    assert s["prefix_pages"] == 17 and s["cache_pages_used"] == 0
+    # b needs 18 pages, 15 are free: the store gives back its least recently used pages
+    out_b, done = gen(d, b, "--max-tokens", "8")
+    assert done["usage"]["cached_tokens"] == 0 and len(out_b) == 8
+    s = d.stats()
+    assert s["prefix_pages"] <= 32 and s["cache_pages_used"] == 0
+    # a's head was partly evicted (leaves first): what is left is still reused, same output
+    again, done = gen(d, a, "--max-tokens", "8")
+    assert again == out_a
+    assert done["usage"]["cached_tokens"] % 64 == 0 and done["usage"]["cached_tokens"] < 1088
+
+
+# ---- bad frames: each refused with its message, then the next request is served -----------------
+
+def serves_next(d):
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=3, temperature=0.0)))
+    while True:
+        f = c.recv()
+        assert f is not None and w.ERROR not in f, f
+        if w.DONE in f:
+            break
+    c.close()
+
+
+def test_truncated_frame_closes_that_connection_only(daemon):
+    c = w.Conn(daemon.sock)
+    c.hello()
+    payload = w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=3))
+    c.send_raw(struct.pack(">I", len(payload)) + payload[:len(payload) // 2])
+    c.s.shutdown(1)  # the client's end of the stream arrives mid-frame
+    f = c.recv()
+    assert f is None or w.ERROR in f
+    c.close()
+    serves_next(daemon)
+
+
+def test_unknown_message_is_refused_and_the_connection_kept(daemon):
+    c = w.Conn(daemon.sock)
+    c.hello()
+    c.send(w.frame(9, 99, b"\x08\x01"))  # a body field this server does not know
+    assert w.error_of(c.recv()) == ("PROTOCOL",
+                                    "frame has no body (or one this server does not know)")
+    c.send(w.frame(3, w.GENERATE, w.generate_tokens([5, 6], max_tokens=2, temperature=0.0)))
+    while True:
+        f = c.recv()
+        assert f is not None and w.ERROR not in f, f
+        if w.DONE in f:
+            break
+    c.close()
+    serves_next(daemon)
+
+
+@pytest.mark.parametrize("name,send,expect", [
+    ("oversized", lambda c: c.send_raw(struct.pack(">I", 0x7FFFFFFF)), "TOO_LARGE"),
+    ("garbage", lambda c: c.send(b"\xff\xfe\xfd\xfc"), "PROTOCOL"),
+    ("version", None, "VERSION_MISMATCH"),
+    ("sampling", lambda c: c.send(w.frame(
+        2, w.GENERATE, w.generate_tokens([5, 6], temperature=float("nan")))), "INVALID_ARGUMENT"),
+    ("context", lambda c: c.send(w.frame(
+        2, w.GENERATE, w.generate_tokens([5] * (64 * 256)))), "TOO_LARGE"),
+])
+def test_each_bad_input_then_the_next_request_is_served(daemon, name, send, expect):
+    c = w.Conn(daemon.sock)
+    if name == "version":
+        c.send(w.frame(0, w.HELLO, w.hello(major=7)))
+    else:
+        c.hello()
+        send(c)
+    code, msg = w.error_of(c.recv())
+    assert code == expect and msg, msg
+    c.close()
+    serves_next(daemon)
