@@ -407,10 +407,17 @@ static int on_chunk(const struct x4_chunk *ch, void *userdata) {
                                 const struct x4_token_logprob *l = &ch->logprobs[i];
                                 printf("%s{\"token_id\":%" PRId32 ",\"logprob\":%.6g,\"top\":[",
                                        i ? "," : "", l->token_id, (double) l->logprob);
-                                for (size_t j = 0; j < l->n_top; j++)
-                                        printf("%s{\"token_id\":%" PRId32 ",\"logprob\":%.6g}",
+                                for (size_t j = 0; j < l->n_top; j++) {
+                                        printf("%s{\"token_id\":%" PRId32 ",\"logprob\":%.6g",
                                                j ? "," : "", l->top[j].token_id,
                                                (double) l->top[j].logprob);
+                                        if (l->top[j].text) {
+                                                printf(",\"text\":");
+                                                json_str(stdout, l->top[j].text,
+                                                         strlen(l->top[j].text));
+                                        }
+                                        printf("}");
+                                }
                                 printf("]}");
                         }
                         printf("]");

@@ -150,13 +150,25 @@ void sched_request_free(struct sched_request *r) {
         free(r);
 }
 
+static void logprob_free(struct sched_logprob *lp) {
+        if (!lp)
+                return;
+        for (uint32_t k = 0; lp->top && k < lp->n_top; k++)
+                free(lp->top[k].text);
+        free(lp->top);
+        free(lp);
+}
+
 void sched_event_free(struct sched_event *e) {
         if (!e)
                 return;
         free(e->text);
         free(e->tokens);
-        for (uint32_t i = 0; i < e->n_logprobs; i++)
+        for (uint32_t i = 0; i < e->n_logprobs; i++) {
+                for (uint32_t k = 0; e->logprobs[i].top && k < e->logprobs[i].n_top; k++)
+                        free(e->logprobs[i].top[k].text);
                 free(e->logprobs[i].top);
+        }
         free(e->logprobs);
         free(e->tool_name);
         free(e->tool_arguments);
@@ -497,9 +509,7 @@ static void job_free(struct sched *s, struct job *j) {
         outparse_free(j->op);
         free(j->op_stop_string);
         free(j->snap_data);
-        if (j->cur_lp)
-                free(j->cur_lp->top);
-        free(j->cur_lp);
+        logprob_free(j->cur_lp);
         tokenizer_stream_free(j->ts);
         sched_request_free(j->r);
         free(j);
@@ -575,9 +585,7 @@ static void emit_chunk(struct sched *s, struct job *j, int channel, const char *
         push_event(s, e, false);
         return;
 oom:
-        if (lp)
-                free(lp->top);
-        free(lp);
+        logprob_free(lp);
         sched_event_free(e);
         log_error("scheduler: out of memory, a chunk of request %llu is lost",
                   (unsigned long long) j->r->id);
@@ -1269,7 +1277,15 @@ static void take_inputs(struct sched *s) {
         free(pauses);
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
-                if (j->cancel)
+                if (j->cancel && j->r->snapshot_create) {
+                        /* a snapshot request ends with a SnapshotReply or an Error, never a
+                         * bare Done: say nothing was saved */
+                        s->cancelled++;
+                        s->failed--; /* fail_job counts it failed; it was cancelled */
+                        fail_job(s, j, SCHED_ERR_UNAVAILABLE,
+                                 "snapshot '%s': cancelled before it was saved (nothing written)",
+                                 j->r->snapshot_create);
+                } else if (j->cancel)
                         finish_job(s, j, SCHED_FINISH_CANCELLED, NULL);
         }
 }
@@ -1319,6 +1335,8 @@ static void admit(struct sched *s) {
                         break;
                 }
                 j->n_pages = need;
+                if (s->prefix && !j->snap_data)
+                        prefix_count(s->prefix, k);
                 j->n_reused = k * kvcache_page_tokens(s->kv);
                 j->n_cached = j->n_reused;
                 if (j->snap_data) {
@@ -1454,9 +1472,17 @@ static void step(struct sched *s) {
                                 lp->token_id = res.token;
                                 lp->logprob = res.logprob;
                                 lp->n_top = res.n_top;
-                                for (uint32_t k = 0; k < res.n_top; k++)
+                                for (uint32_t k = 0; k < res.n_top; k++) {
                                         lp->top[k] = (struct sched_top_logprob){ res.top[k].token,
                                                                                  res.top[k].logprob };
+                                        /* so clients show the alternative, not "<token N>" */
+                                        if (s->p.tokenizer) {
+                                                size_t len;
+                                                if (tokenizer_decode(s->p.tokenizer, &res.top[k].token,
+                                                                     1, 0, &lp->top[k].text, &len) < 0)
+                                                        lp->top[k].text = NULL;
+                                        }
+                                }
                         } else if (lp) {
                                 free(lp);
                                 lp = NULL;

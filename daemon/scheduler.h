@@ -118,6 +118,7 @@ struct sched_snapshot_info {
 struct sched_top_logprob {
         int32_t token_id;
         float logprob;
+        char *text; /* the token's decoded text (specials included); NULL without a tokenizer */
 };
 
 struct sched_logprob {

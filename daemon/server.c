@@ -930,6 +930,7 @@ static void deliver(struct server *s, struct sched_event *e) {
                                         t.has_token_id = t.has_logprob = 1;
                                         t.token_id = e->logprobs[0].top[i].token_id;
                                         t.logprob = e->logprobs[0].top[i].logprob;
+                                        t.text = e->logprobs[0].top[i].text;
                                         tops[i] = t;
                                         topp[i] = &tops[i];
                                 }

@@ -76,12 +76,15 @@ uint32_t prefix_match(struct prefix_store *p, const int32_t *tokens, uint64_t n,
         /* the pages are in the store, so they are referenced: this cannot fail */
         if (k && kvcache_ref(p->kv, pages, k) < 0)
                 k = 0;
-        if (k) {
+        return k;
+}
+
+void prefix_count(struct prefix_store *p, uint32_t n_pages) {
+        if (n_pages) {
                 p->st.hits++;
-                p->st.tokens_reused += (uint64_t) k * p->page_tokens;
+                p->st.tokens_reused += (uint64_t) n_pages * p->page_tokens;
         } else
                 p->st.misses++;
-        return k;
 }
 
 static void unlink_node(struct prefix_store *p, struct node *c) {

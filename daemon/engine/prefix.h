@@ -41,10 +41,12 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct prefix_store *, prefix_free);
 
 /* The longest stored prefix of tokens[0..n) in full pages, at most max_pages of them. Writes the
  * page ids into pages[], takes one reference to each for the caller (release them with
- * kvcache_release) and marks them recently used. Returns the number of pages (0: a miss); counts
- * a hit or a miss in the stats. */
+ * kvcache_release) and marks them recently used. Returns the number of pages (0: none). */
 uint32_t prefix_match(struct prefix_store *p, const int32_t *tokens, uint64_t n, uint32_t max_pages,
                       uint32_t *pages);
+/* Count one admission in the stats: a hit reusing n_pages pages, or a miss (0). Separate from
+ * prefix_match() because an admission may be retried (not enough free pages yet). */
+void prefix_count(struct prefix_store *p, uint32_t n_pages);
 
 /* Store the full pages of a sequence: tokens[0..n) cached in pages[0..) (pages[i] holds positions
  * i*page_tokens ..). Pages already stored (same token path) are only marked used; new nodes take a

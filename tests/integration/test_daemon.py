@@ -91,6 +91,10 @@ def test_logprobs_are_normalised(daemon):
         assert lp["token_id"] == top[0]["token_id"] == ch["token_ids"][0]
         assert abs(lp["logprob"] - top[0]["logprob"]) < 1e-6
         assert all(t["logprob"] <= 1e-6 for t in top)
+        # each alternative carries its text (the fixture has a tokenizer), the chosen one's is
+        # the chunk's text unless the stream held bytes back
+        assert all(isinstance(t.get("text"), str) for t in top), top
+        assert len({t["text"] for t in top}) >= 2
 
 
 def test_text_and_chat_prompts_are_tokenized(daemon):

@@ -180,3 +180,29 @@ def test_each_bad_input_then_the_next_request_is_served(daemon, name, send, expe
     assert code == expect and msg, msg
     c.close()
     serves_next(daemon)
+
+
+# ---- snapshots -------------------------------------------------------------------------------------
+
+def test_cancelled_snapshot_create_ends_with_an_error_and_saves_nothing(fresh_daemon):
+    d = fresh_daemon(DEFAULT_CONF.replace("cache-pages = 64", "cache-pages = 256").replace(
+        "page_tokens = 256", "page_tokens = 64"))
+    c = w.Conn(d.sock, timeout=120)
+    c.hello()
+    toks = b"".join(w.varint(5 + i % 400) for i in range(12000))
+    create = w.field_varint(1, 1) + w.field_bytes(2, "big") + w.field_bytes(4, w.field_bytes(1, toks))
+    # create and cancel in one write: the cancel arrives while the prompt is queued or prefilling
+    c.send_raw(b"".join(struct.pack(">I", len(f)) + f
+                        for f in (w.frame(4, 16, create), w.frame(4, w.CANCEL))))
+    f = c.recv()
+    assert w.DONE not in f, "a snapshot request must not end with a bare Done"
+    if w.ERROR in f:
+        assert w.error_of(f) == ("UNAVAILABLE",
+                                 "snapshot 'big': cancelled before it was saved (nothing written)")
+        assert not (d.state / "big.x4snap").exists()
+    else:  # it was saved before the cancel was seen: a proper reply
+        assert 17 in f, f
+    c.close()
+    s = d.wait_stats(lambda s: not s["requests"], what="the snapshot request ending")
+    assert s["cache_pages_used"] == 0
+    assert not any(p.name.endswith(".tmp") for p in d.state.iterdir())
