@@ -784,7 +784,19 @@ static jv do_tojson(struct rstate *st, jv v, bool ensure_ascii, int indent, bool
                 fail(st, "tojson: out of memory");
         }
         unsigned flags = (ensure_ascii ? JSON_ASCII : 0) | (compact ? JSON_COMPACT : 0) | (sort_keys ? JSON_SORT_KEYS : 0);
-        char *s = json_dump(j, flags, indent);
+        /* json.dumps(indent=0) breaks lines without indenting; json_dump has no such mode, so
+         * dump with indent 1 and drop the indentation (JSON text has no raw newline in strings) */
+        char *s = json_dump(j, flags, indent == 0 ? 1 : indent < 0 ? 0 : indent);
+        if (s && indent == 0) {
+                char *w = s;
+                for (const char *r = s; *r; r++) {
+                        *w++ = *r;
+                        if (*r == '\n')
+                                while (r[1] == ' ')
+                                        r++;
+                }
+                *w = 0;
+        }
         json_free(j);
         if (!s) {
                 st->err = ENOMEM;
@@ -2401,8 +2413,12 @@ static jv apply_filter(struct rstate *st, const char *name, jv in, const struct 
                 static const char *const ps[] = {"ensure_ascii", "indent", "separators", "sort_keys"};
                 bind(st, what, a, ps, 4, p);
                 int indent = -1;
-                if (given(p[1]) && p[1].t != V_NONE)
-                        indent = (int) arg_int(st, what, p[1]);
+                if (given(p[1]) && p[1].t != V_NONE) {
+                        int64_t ind = arg_int(st, what, p[1]);
+                        if (ind > 1000)
+                                fail(st, "unsupported construct: tojson indent %" PRId64 " (at most 1000)", ind);
+                        indent = ind < 0 ? 0 : (int) ind; /* json.dumps: a negative indent indents by "" */
+                }
                 bool compact = false;
                 if (given(p[2]) && p[2].t != V_NONE) {
                         jv s = p[2];
@@ -2414,7 +2430,7 @@ static jv apply_filter(struct rstate *st, const char *name, jv in, const struct 
                         else if (!(streq(y, ": ") && (streq(x, ", ") || (streq(x, ",") && indent >= 0))))
                                 fail(st, "unsupported tojson separators ('%s', '%s')", x, y);
                 }
-                return do_tojson(st, in, given(p[0]) && truthy(p[0]), indent < 0 ? 0 : indent, compact, given(p[3]) && truthy(p[3]));
+                return do_tojson(st, in, given(p[0]) && truthy(p[0]), indent, compact, given(p[3]) && truthy(p[3]));
         }
         if (streq(name, "length") || streq(name, "count")) {
                 bind(st, what, a, NULL, 0, p);
