@@ -46,6 +46,7 @@ struct x4_request {
         int32_t *tokens;
         size_t n_tokens;
         char **roles, **contents;
+        char **reasonings, **tool_calls, **names; /* NULL entries: not given */
         size_t n_messages;
         char *tools_json;
         int thinking; /* -1 unset */
@@ -158,6 +159,9 @@ X4_API void x4_request_free(x4_request *r) {
         free(r->tokens);
         free_strv(r->roles, r->n_messages);
         free_strv(r->contents, r->n_messages);
+        free_strv(r->reasonings, r->n_messages);
+        free_strv(r->tool_calls, r->n_messages);
+        free_strv(r->names, r->n_messages);
         free(r->tools_json);
         free_strv(r->stops, r->n_stops);
         free(r->stop_ids);
@@ -204,24 +208,52 @@ static int strv_push(char ***v, size_t *n, const char *s) {
         return 0;
 }
 
-X4_API int x4_request_add_message(x4_request *r, const char *role, const char *content) {
-        size_t n;
-        int e;
-        if (!r || !role || !content)
-                return X4_E_USAGE;
-        n = r->n_messages;
-        e = strv_push(&r->roles, &n, role);
-        if (e < 0)
-                return e;
-        n = r->n_messages;
-        e = strv_push(&r->contents, &n, content);
-        if (e < 0) {
-                free(r->roles[n]); /* keep the two arrays the same length */
-                return e;
+/* Grow v (n entries) by one slot holding a copy of s, or NULL when s is NULL. */
+static int optv_push(char ***v, size_t n, const char *s, char **ret) {
+        char *d = NULL;
+        char **nv;
+        if (s && !(d = strdup(s)))
+                return X4_E_NOMEM;
+        nv = realloc(*v, (n + 1) * sizeof **v);
+        if (!nv) {
+                free(d);
+                return X4_E_NOMEM;
         }
-        r->n_messages = n;
+        nv[n] = d;
+        *v = nv;
+        *ret = d;
+        return 0;
+}
+
+X4_API int x4_request_add_message_ex(x4_request *r, const char *role, const char *content,
+                                     const char *reasoning, const char *tool_calls_json,
+                                     const char *name) {
+        const char *vals[5] = { role, content ? content : "", reasoning, tool_calls_json, name };
+        char ***arrays[5];
+        char *made[5] = {};
+        if (!r || !role)
+                return X4_E_USAGE;
+        arrays[0] = &r->roles;
+        arrays[1] = &r->contents;
+        arrays[2] = &r->reasonings;
+        arrays[3] = &r->tool_calls;
+        arrays[4] = &r->names;
+        for (size_t i = 0; i < 5; i++)
+                if (optv_push(arrays[i], r->n_messages, vals[i], &made[i]) < 0) {
+                        /* the arrays keep n_messages entries: drop what this call added */
+                        for (size_t k = 0; k < i; k++)
+                                free(made[k]);
+                        return X4_E_NOMEM;
+                }
+        r->n_messages++;
         r->prompt = 3;
         return 0;
+}
+
+X4_API int x4_request_add_message(x4_request *r, const char *role, const char *content) {
+        if (!content)
+                return X4_E_USAGE;
+        return x4_request_add_message_ex(r, role, content, NULL, NULL, NULL);
 }
 
 X4_API int x4_request_set_tools_json(x4_request *r, const char *tools_json) {
@@ -345,6 +377,9 @@ static int chat_view_init(struct chat_view *v, const x4_request *r) {
                         Xing4__ChatMessage m = XING4__CHAT_MESSAGE__INIT;
                         m.role = r->roles[i];
                         m.content = r->contents[i];
+                        m.reasoning = r->reasonings[i];
+                        m.tool_calls_json = r->tool_calls[i];
+                        m.name = r->names[i];
                         v->msgs[i] = m;
                         v->msgp[i] = &v->msgs[i];
                 }

@@ -95,6 +95,13 @@ X4_API int x4_request_set_tokens(x4_request *r, const int32_t *ids, size_t n);
 /* Appends a chat message (role: "system", "user", "assistant", "tool") and makes this a chat
  * request, rendered with the model's chat template by the server. */
 X4_API int x4_request_add_message(x4_request *r, const char *role, const char *content);
+/* The same with the fields an OpenAI history carries (each may be NULL): an assistant's earlier
+ * reasoning and its tool calls (a JSON array of {"name", "arguments"} or OpenAI's
+ * {"id", "type", "function": {...}} objects, parsed by the server; a bad one is refused naming
+ * prompt.chat.messages[i].tool_calls_json), a tool message's tool name. content NULL = "". */
+X4_API int x4_request_add_message_ex(x4_request *r, const char *role, const char *content,
+                                     const char *reasoning, const char *tool_calls_json,
+                                     const char *name);
 X4_API int x4_request_set_tools_json(x4_request *r, const char *tools_json);
 X4_API int x4_request_set_thinking(x4_request *r, bool enable);
 X4_API int x4_request_set_temperature(x4_request *r, float v);

@@ -5,9 +5,12 @@
  *   client-test SOCKET cancel-after M          long request, cancelled from the chunk callback
  *                                              after M chunks
  *   client-test SOCKET bad-top-p               a refused request: prints the error code + text
+ *   client-test SOCKET tool-history JSON|-     chat with an assistant tool call (JSON, or none
+ *                                              for -) and the tool's named answer
  * Output: one line per fact, "key value", parsed by the test. Exit 0 when the calls behaved. */
 #include <inttypes.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +183,22 @@ int main(int argc, char **argv) {
                 x4_request_free(r);
                 x4_request_free(r2);
                 x4_request_free(r3);
+        } else if (strcmp(mode, "tool-history") == 0 && argc == 4) {
+                bool calls = strcmp(argv[3], "-") != 0;
+                x4_request *r = x4_request_new();
+                struct x4_done d;
+                x4_request_add_message(r, "user", "Weather in Paris?");
+                x4_request_add_message_ex(r, "assistant", NULL, calls ? "I should look it up." : NULL,
+                                          calls ? argv[3] : NULL, NULL);
+                x4_request_add_message_ex(r, "tool", "{\"temp_c\": 21}", NULL, NULL,
+                                          calls ? "get_weather" : NULL);
+                x4_request_set_temperature(r, 0.0f);
+                x4_request_set_max_tokens(r, 2);
+                e = x4_client_generate(c, r, NULL, NULL, &d);
+                printf("status %d\nmessage %s\n", e, e < 0 ? x4_client_last_error(c) : "");
+                if (e == 0)
+                        printf("prompt_tokens %u\n", d.prompt_tokens);
+                x4_request_free(r);
         } else if (strcmp(mode, "bad-top-p") == 0) {
                 x4_request *r = greedy(4);
                 x4_request_set_top_p(r, 1.5f);

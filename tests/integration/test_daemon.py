@@ -317,6 +317,44 @@ def test_c_client_cancel_from_callback(daemon, client_test):
     assert f["stats"] == "0" and f["pages_used"] == "0" and f["running"] == "0"
 
 
+def model_with_template(tmp_path, template):
+    """A copy of the fixture model whose tokenizer.chat_template is `template` (padded with a
+    Jinja comment to the original's length, so no offset in the file moves)."""
+    from conftest import MODEL
+    data = bytearray(MODEL.read_bytes())
+    key = b"tokenizer.chat_template"
+    at = data.find(key) + len(key)
+    n = struct.unpack("<Q", data[at + 4:at + 12])[0]
+    assert len(template) + 4 <= n
+    t = (template + "{#" + " " * (n - len(template) - 4) + "#}").encode()
+    data[at + 12:at + 12 + n] = t
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.gguf").write_bytes(bytes(data))
+    (d / "config.json").write_bytes((MODEL.parent / "config.json").read_bytes())
+    return d / "model.gguf"
+
+
+def test_c_client_sends_tool_call_history(fresh_daemon, client_test, tmp_path):
+    # a template that shows what it is given: the assistant's earlier tool call and reasoning
+    # and the tool's name must reach it
+    model = model_with_template(
+        tmp_path, "{% for m in messages %}{{ m.role }}{{ m.reasoning_content }}{% if m.tool_calls %}"
+        "{{ m.tool_calls|tojson }}{% endif %}{{ m.name }}{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<_bot><think>\n{% endif %}")
+    daemon = fresh_daemon(args=("--model", str(model)))
+    calls = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    r, with_calls = run_client(client_test, daemon, "tool-history", calls)
+    assert with_calls["status"] == "0", r.stdout + r.stderr
+    r, without = run_client(client_test, daemon, "tool-history", "-")
+    assert without["status"] == "0", r.stdout + r.stderr
+    assert int(with_calls["prompt_tokens"]) > int(without["prompt_tokens"]) + 5
+    # a broken tool call is refused naming the field
+    r, bad = run_client(client_test, daemon, "tool-history", '[{"name": ')
+    assert bad["status"] == "-1"
+    assert bad["message"].startswith("prompt.chat.messages[1].tool_calls_json"), bad
+
+
 def test_c_client_reports_server_errors(daemon, client_test):
     r, f = run_client(client_test, daemon, "bad-top-p")
     assert f["status"] == "-1 invalid argument"
