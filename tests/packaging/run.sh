@@ -21,6 +21,7 @@
 # (skips the build); X4_MKMODEL=PATH an x4-mkmodel binary (default BUILD_DIR/tools/x4-mkmodel,
 # else one is built in BUILD_DIR/pkgtest-mkmodel).
 set -uo pipefail
+[ "$(id -u)" = 0 ] || { echo "tests/packaging/run.sh installs and purges packages: run it as root" >&2; exit 2; }
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$src/build-packaging}
 mkdir -p "$build"
