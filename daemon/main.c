@@ -495,14 +495,20 @@ int main(int argc, char **argv) {
                         log_set_max_level(LOG_CRIT);
                 r = x4_backend_get("cuda", &ops);
                 log_set_max_level(level);
+                bool loaded = r >= 0;
                 if (r >= 0) {
                         bp.cache_type = X4_CACHE_F16;
                         r = ops->create(model, &bp, &backend);
                 }
                 if (r < 0 && streq(device, "cuda"))
                         goto out;
+                /* say which backend auto chose and why, so "why is it slow" has an answer */
                 if (r < 0)
-                        log_info("CUDA backend not available (%s), using the CPU", log_last_error());
+                        log_info("device auto: %s: %s; using cpu",
+                                 loaded ? "cuda backend failed to start" : "cuda module not loadable",
+                                 log_last_error());
+                else if (streq(device, "auto"))
+                        log_info("device auto: cuda module loaded and started; using cuda");
         }
         if (!backend) {
                 bp.cache_type = X4_CACHE_F32;

@@ -206,3 +206,13 @@ def test_cancelled_snapshot_create_ends_with_an_error_and_saves_nothing(fresh_da
     s = d.wait_stats(lambda s: not s["requests"], what="the snapshot request ending")
     assert s["cache_pages_used"] == 0
     assert not any(p.name.endswith(".tmp") for p in d.state.iterdir())
+
+
+def test_device_auto_says_which_backend_and_why(fresh_daemon):
+    import re
+    d = fresh_daemon(args=("--device", "auto"))
+    lines = [x for x in d.log if "device auto:" in x]
+    assert len(lines) == 1, d.log
+    assert re.search(r"device auto: (cuda (module not loadable|backend failed to start): .+; "
+                     r"using cpu|cuda module loaded and started; using cuda)$", lines[0]), lines
+    assert d.x4ctl("health").returncode == 0
