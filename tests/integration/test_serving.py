@@ -216,3 +216,17 @@ def test_device_auto_says_which_backend_and_why(fresh_daemon):
     assert re.search(r"device auto: (cuda (module not loadable|backend failed to start): .+; "
                      r"using cpu|cuda module loaded and started; using cuda)$", lines[0]), lines
     assert d.x4ctl("health").returncode == 0
+
+
+def test_load_progress_counts_up_to_100_before_ready(fresh_daemon):
+    import re
+    d = fresh_daemon()
+    statuses = [line for m in d.messages for line in m.split("\n")]
+    pcts = [int(x.group(1)) for x in (re.match(r"STATUS=loading (\d+)% \((.+)\)$", s)
+                                      for s in statuses) if x]
+    # the weights are read in chunks (0..50%), then the backend takes them (..100%)
+    assert len(pcts) >= 10, statuses
+    assert pcts == sorted(pcts) and pcts[-1] == 100 and pcts[0] < 50, pcts
+    assert any("(reading weights)" in s for s in statuses)
+    assert statuses.index(next(s for s in statuses if s.startswith("STATUS=loading 100%"))) < \
+        statuses.index("READY=1")
