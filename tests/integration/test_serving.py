@@ -230,3 +230,44 @@ def test_load_progress_counts_up_to_100_before_ready(fresh_daemon):
     assert any("(reading weights)" in s for s in statuses)
     assert statuses.index(next(s for s in statuses if s.startswith("STATUS=loading 100%"))) < \
         statuses.index("READY=1")
+
+
+def test_a_client_killed_mid_stream_frees_its_pages(fresh_daemon):
+    import signal
+    d = fresh_daemon()
+    p = d.x4ctl_popen("--json", "generate", "--tokens", "5,6,7,8", "--ignore-eos",
+                      "--max-tokens", "100000")
+    s = d.wait_stats(lambda s: s["requests_running"] == 1 and s["requests"]
+                     and s["requests"][0]["completion_tokens"] > 0,
+                     what="the request streaming")
+    assert s["cache_pages_used"] == 64
+    p.send_signal(signal.SIGKILL)  # no Cancel frame: only the socket closing tells the daemon
+    p.wait(timeout=30)
+    s = d.wait_stats(lambda s: not s["requests"], what="the request ending")
+    assert s["cache_pages_used"] == 0 and s["requests_cancelled"] == 1
+    # and the whole cache can be taken again at once (pages the prefix store kept from the
+    # killed request are given back for it)
+    p = d.x4ctl_popen("--json", "generate", "--tokens", "9,8,7", "--ignore-eos",
+                      "--max-tokens", "100000")
+    s = d.wait_stats(lambda s: s["requests_running"] == 1, what="the second request admitted")
+    assert s["cache_pages_used"] == 64
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    d.wait_stats(lambda s: not s["requests"] and s["cache_pages_used"] == 0,
+                 what="the second request ending")
+
+
+def test_snapshot_survives_a_restart(fresh_daemon):
+    a = fresh_daemon()
+    system = prompt(7, 300)
+    r = a.x4ctl("snapshot", "create", "sys", "--tokens", ",".join(map(str, system)))
+    assert r.returncode == 0, r.stderr
+    assert a.terminate() == 0
+    b = fresh_daemon()  # a new process with its own state directory: move the file over
+    (b.state / "sys.x4snap").write_bytes((a.state / "sys.x4snap").read_bytes())
+    r = b.x4ctl("snapshot", "list", "--json")
+    assert '"sys"' in r.stdout
+    resumed, done = gen(b, [13, 14, 15], "--snapshot", "sys", "--max-tokens", "8")
+    assert (done["usage"]["prompt_tokens"], done["usage"]["cached_tokens"]) == (303, 300)
+    full, done = gen(b, system + [13, 14, 15], "--max-tokens", "8")
+    assert resumed == full and len(full) == 8
