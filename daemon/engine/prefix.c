@@ -21,7 +21,7 @@ struct node {
 struct prefix_store {
         struct kvcache *kv;
         uint32_t page_tokens, max_pages;
-        struct node root; /* no page, no tokens */
+        struct node *root; /* no page, no tokens */
         struct node **nodes; /* every node but the root, for eviction scans */
         uint32_t n_nodes, cap_nodes;
         uint64_t tick;
@@ -32,6 +32,11 @@ int prefix_new(struct kvcache *kv, uint32_t max_pages, struct prefix_store **ret
         struct prefix_store *p = calloc(1, sizeof *p);
         if (!p)
                 return log_error_errno(ENOMEM, "prefix store: out of memory");
+        p->root = calloc(1, sizeof *p->root);
+        if (!p->root) {
+                free(p);
+                return log_error_errno(ENOMEM, "prefix store: out of memory");
+        }
         p->kv = kv;
         p->page_tokens = kvcache_page_tokens(kv);
         p->max_pages = max_pages ? MIN(max_pages, kvcache_n_pages(kv)) : kvcache_n_pages(kv);
@@ -47,6 +52,7 @@ void prefix_free(struct prefix_store *p) {
                 free(p->nodes[i]);
         }
         free(p->nodes);
+        free(p->root);
         free(p);
 }
 
@@ -60,7 +66,7 @@ static struct node *find_child(const struct prefix_store *p, const struct node *
 
 uint32_t prefix_match(struct prefix_store *p, const int32_t *tokens, uint64_t n, uint32_t max_pages,
                       uint32_t *pages) {
-        const struct node *at = &p->root;
+        const struct node *at = p->root;
         uint32_t k = 0;
         uint64_t full = n / p->page_tokens;
 
@@ -129,7 +135,7 @@ uint32_t prefix_evict(struct prefix_store *p, uint32_t want) {
 
 int prefix_insert(struct prefix_store *p, const int32_t *tokens, uint64_t n, const uint32_t *pages,
                   uint32_t n_pages) {
-        struct node *at = &p->root;
+        struct node *at = p->root;
         uint64_t full = MIN(n / p->page_tokens, (uint64_t) n_pages);
         int added = 0;
 

@@ -85,6 +85,7 @@ struct outcome {
         int finish;
         int code;
         char message[256];
+        uint32_t cached; /* Done: prompt tokens reused */
 };
 
 /* Wait for events until every outcome in outs[0..n) has its final event. */
@@ -111,6 +112,7 @@ static void run_until_final(struct sched *s, struct outcome *outs, size_t n) {
                                 o->kind = e->kind;
                                 o->finish = e->finish_reason;
                                 o->code = e->code;
+                                o->cached = e->cached_tokens;
                                 snprintf(o->message, sizeof o->message, "%s",
                                          e->message ? e->message : "");
                         }
@@ -238,6 +240,72 @@ static void test_validation_messages(void **state) {
         sched_request_free(r);
 }
 
+/* One request, run to its end. */
+static void run_one(struct sched *s, const int32_t *ids, uint32_t n, uint32_t max_tokens,
+                    struct outcome *o) {
+        memset(o, 0, sizeof *o);
+        assert_int_equal(sched_submit(s, tokens_request(ids, n, max_tokens, o), NULL), 0);
+        run_until_final(s, o, 1);
+        assert_int_equal(o->kind, SCHED_EVENT_DONE);
+        assert_int_equal(o->n, max_tokens);
+}
+
+static void test_prefix_reuse_gives_identical_tokens(void **state) {
+        struct env *e = *state;
+        int32_t a[40], b[40];
+        struct outcome cold, warm, head, other;
+        struct sched_stats st;
+
+        for (int i = 0; i < 40; i++) {
+                a[i] = 5 + (i * 37) % 400;
+                b[i] = i < 20 ? a[i] : 5 + (i * 11) % 400; /* shares 1 full page + 4 tokens */
+        }
+        run_one(e->sched, b, 40, 6, &other); /* b alone, before anything is stored */
+        assert_int_equal(other.cached, 0);
+        /* a fresh scheduler, so a's run starts from an empty store */
+        teardown(state);
+        setup(state);
+        e = *state;
+        run_one(e->sched, a, 40, 6, &cold);
+        assert_int_equal(cold.cached, 0);
+        /* pages of 16 tokens: 2 full pages of a's prompt come from the store */
+        run_one(e->sched, a, 40, 6, &warm);
+        assert_int_equal(warm.cached, 32);
+        assert_memory_equal(warm.ids, cold.ids, 6 * sizeof *cold.ids);
+        /* only the whole shared page is reused; the output is b's own */
+        run_one(e->sched, b, 40, 6, &head);
+        assert_int_equal(head.cached, 16);
+        assert_memory_equal(head.ids, other.ids, 6 * sizeof *other.ids);
+        sched_get_stats(e->sched, &st);
+        assert_int_equal(st.prefix_hits, 2);
+        assert_int_equal(st.prefix_misses, 1);
+        assert_int_equal(st.prefix_tokens_reused, 48);
+        assert_int_equal(st.pages_used, 0); /* pages only the store keeps are not "used" */
+        assert_true(st.prefix_pages >= 2);
+}
+
+static void test_stored_pages_give_way_to_admission(void **state) {
+        struct env *e = *state; /* 4 pages of 16 tokens */
+        int32_t a[40], b[40];
+        struct outcome oa, ob, again;
+        struct sched_stats st;
+
+        for (int i = 0; i < 40; i++) {
+                a[i] = 5 + (i * 7) % 400;
+                b[i] = 6 + (i * 13) % 400;
+        }
+        run_one(e->sched, a, 40, 6, &oa); /* 3 pages; 2 full ones stay in the store */
+        sched_get_stats(e->sched, &st);
+        assert_int_equal(st.prefix_pages, 2);
+        run_one(e->sched, b, 40, 6, &ob); /* needs 3 of 4: one stored page is evicted */
+        assert_int_equal(ob.cached, 0);
+        run_one(e->sched, a, 40, 6, &again);
+        assert_memory_equal(again.ids, oa.ids, 6 * sizeof *oa.ids);
+        sched_get_stats(e->sched, &st);
+        assert_int_equal(st.pages_used, 0);
+        assert_true(st.prefix_pages <= 4);
+}
+
 static void test_drain_refuses_new_work(void **state) {
         struct env *e = *state;
         struct sched_request *r = tokens_request(prompt, 11, 4, NULL);
@@ -254,6 +322,10 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_page_budget, setup_small, teardown),
                 cmocka_unit_test_setup_teardown(test_validation_messages, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_drain_refuses_new_work, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_prefix_reuse_gives_identical_tokens, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_stored_pages_give_way_to_admission,
+                                                setup_small, teardown),
         };
         log_set_max_level(LOG_CRIT);
         return cmocka_run_group_tests(tests, NULL, NULL);
