@@ -1319,10 +1319,10 @@ static void admit(struct sched *s) {
                         continue;
                 }
                 /* the longest stored prefix, in full pages; at least one prompt token is left
-                 * to compute (its logits start the output). A resumed snapshot brings its own
-                 * pages. */
+                 * to compute (its logits start the output). A resumed snapshot's pages that are
+                 * stored already (an earlier resume of it) are shared, not written again. */
                 uint32_t k = 0;
-                if (s->prefix && !j->snap_data)
+                if (s->prefix)
                         k = prefix_match(s->prefix, j->seq, j->n_prompt,
                                          (j->n_prompt - 1) / kvcache_page_tokens(s->kv), j->pages);
                 if (need - k > kvcache_n_free(s->kv))
@@ -1335,14 +1335,15 @@ static void admit(struct sched *s) {
                         break;
                 }
                 j->n_pages = need;
-                if (s->prefix && !j->snap_data)
+                if (s->prefix)
                         prefix_count(s->prefix, k);
-                j->n_reused = k * kvcache_page_tokens(s->kv);
-                j->n_cached = j->n_reused;
+                /* cached: the snapshot's tokens and the stored pages, whichever reach further */
+                j->n_cached = MAX(j->snap_n, k * kvcache_page_tokens(s->kv));
+                j->n_reused = j->n_cached - j->snap_n;
                 if (j->snap_data) {
                         size_t pb = s->p.ops->page_bytes(s->p.backend);
                         int ret = 0;
-                        for (uint32_t i = 0; ret >= 0 && i < j->snap_pages; i++)
+                        for (uint32_t i = k; ret >= 0 && i < j->snap_pages; i++)
                                 ret = s->p.ops->page_write(s->p.backend, j->pages[i],
                                                            j->snap_data + (size_t) i * pb);
                         free(j->snap_data);
@@ -1352,7 +1353,6 @@ static void admit(struct sched *s) {
                                          j->r->snapshot, log_last_error());
                                 continue;
                         }
-                        j->n_cached = j->snap_n;
                 }
                 j->state = JOB_PREFILL;
                 j->t_admit = now_ms();

@@ -271,3 +271,8 @@ def test_snapshot_survives_a_restart(fresh_daemon):
     assert (done["usage"]["prompt_tokens"], done["usage"]["cached_tokens"]) == (303, 300)
     full, done = gen(b, system + [13, 14, 15], "--max-tokens", "8")
     assert resumed == full and len(full) == 8
+    # resumed again: its first full page is now shared from the prefix store, not re-read
+    hits = b.stats()["prefix_hits"]
+    again, done = gen(b, [13, 14, 15], "--snapshot", "sys", "--max-tokens", "8")
+    assert again == full and done["usage"]["cached_tokens"] == 300
+    assert b.stats()["prefix_hits"] == hits + 1
