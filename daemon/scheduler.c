@@ -1444,7 +1444,7 @@ static void step(struct sched *s) {
         for (uint32_t i = 0; i < n; i++) {
                 struct job *j = owners[i];
                 j->n_cached += seqs[i].n_tokens;
-                if (s->prefix && seqs[i].n_tokens > 1 && j->n_cached == j->n_prompt)
+                if (s->prefix && j->state == JOB_PREFILL && j->n_cached == j->n_prompt)
                         /* prompt prefilled: its full pages can serve requests admitted from now
                          * on (they are never written again) */
                         (void) prefix_insert(s->prefix, j->seq, j->n_prompt, j->pages, j->n_pages);
