@@ -28,7 +28,8 @@ if [ ! -f "$build/build.ninja" ]; then
                 --buildtype=release >"$outdir/setup.log" 2>&1 || { cat "$outdir/setup.log"; exit 1; }
 fi
 ninja -C "$build" -j"$(nproc)" >"$outdir/build.log" 2>&1 || { tail -40 "$outdir/build.log"; exit 1; }
-export X4_CUDA_MODULE=$PWD/$build/kernels/cuda/xing4d-cuda.so
+case $build in /*) ;; *) build=$PWD/$build ;; esac
+export X4_CUDA_MODULE=$build/kernels/cuda/xing4d-cuda.so
 model=$build/full/model.gguf
 mkdir -p "$build/full"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
