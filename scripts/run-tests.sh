@@ -4,7 +4,9 @@
 #     CI has nvcc but no GPU, so the kernels are compiled, not run) and its unit + integration tests;
 #  2. a clang build with ASan+UBSan: the unit tests again, and every libFuzzer target for a bounded
 #     time (X4_FUZZ_SECONDS, default 60);
-#  3. the client-compatibility tests (node --test with the official openai client), when present.
+#  3. the client-compatibility tests (node --test with the official openai client);
+#  4. the Debian packages: built, lintian-clean, installed, serving through the installed units'
+#     command line, purged (tests/packaging/run.sh).
 # Results: build-ci-gcc/meson-logs/testlog.json, build-ci-asan/meson-logs/testlog.json,
 # build-ci-gcc/junit-*.xml. scripts/count-results.py prints the "N passed, N failed" line.
 set -uo pipefail
@@ -53,6 +55,9 @@ if [ -f tests/compat/package.json ]; then
         echo "== client compatibility (node --test) =="
         tests/compat/run.sh build-ci-gcc || status=1
 fi
+
+echo "== Debian packages: build, lintian, install, serve, purge =="
+tests/packaging/run.sh build-ci-gcc || status=1
 
 /usr/bin/python3 scripts/count-results.py build-ci-gcc build-ci-asan
 exit $status
