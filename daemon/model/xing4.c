@@ -455,9 +455,17 @@ static int read_config_json(struct x4_model *m, const char *cfg_path, const char
                                        "to use the release's ±%g", cfg_path, X4_RELEASE_HC_CLAMP);
 
         const struct json_value *ri = json_object_get(root, "rope_interleave");
-        if (ri && json_type(ri) == JSON_BOOL)
+        if (ri && json_type(ri) == JSON_BOOL) {
                 c->rope_interleave = json_bool(ri);
-        else if (ri)
+                /* both backends rotate adjacent pairs (x[2i], x[2i+1]); the half-split layout
+                 * would load fine and then compute wrong attention scores, so it is refused */
+                if (!c->rope_interleave)
+                        return log_error_errno(EOPNOTSUPP,
+                                               "config.json (%s): rope_interleave false is not supported "
+                                               "(this engine implements the interleaved layout of the "
+                                               "release, spec §4.1)",
+                                               cfg_path);
+        } else if (ri)
                 return log_error_errno(EBADMSG, "config.json (%s): rope_interleave: true or false expected",
                                        cfg_path);
         else

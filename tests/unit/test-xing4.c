@@ -512,6 +512,10 @@ static void test_config_disagrees(void **state) {
                               ": only one of mhc_h_res_clamp_min/max is set");
         expect_config_refusal("\"rope_interleave\": true", "\"rope_interleave\": \"yes\"",
                               ": rope_interleave: true or false expected");
+        /* the half-split rope layout is not implemented: refused at open, not computed wrongly */
+        expect_config_refusal("\"rope_interleave\": true", "\"rope_interleave\": false",
+                              ": rope_interleave false is not supported (this engine implements the "
+                              "interleaved layout of the release, spec §4.1)");
 }
 
 static void test_config_float_tolerance(void **state) {
