@@ -529,6 +529,7 @@ int main(int argc, char **argv) {
                 .memory_limit = o.memory_limit,
                 .progress = load_progress,
                 .progress_userdata = &ps,
+                .log = x4_backend_params_default_log,
         };
         if (streq(device, "auto") || streq(device, "cuda")) {
                 /* auto: a missing CUDA module is expected, not an error worth a red line */
@@ -540,7 +541,11 @@ int main(int argc, char **argv) {
                 bool loaded = r >= 0;
                 if (r >= 0) {
                         bp.cache_type = X4_CACHE_F16;
+                        /* auto: no GPU is expected too; the reason goes in the info line below */
+                        if (streq(device, "auto"))
+                                log_set_max_level(MIN(level, LOG_CRIT));
                         r = ops->create(model, &bp, &backend);
+                        log_set_max_level(level);
                 }
                 if (r < 0 && streq(device, "cuda"))
                         goto out;

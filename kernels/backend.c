@@ -20,6 +20,11 @@ uint32_t x4_batch_logits_rows(const struct x4_batch *batch) {
         return rows;
 }
 
+void x4_backend_params_default_log(int level, const char *message, void *userdata) {
+        (void) userdata;
+        (void) log_internal(level, 0, __FILE__, __LINE__, __func__, "%s", message);
+}
+
 #ifndef X4_CUDA_MODULE_DIR
 #define X4_CUDA_MODULE_DIR ""
 #endif

@@ -51,6 +51,12 @@ struct x4_backend_params {
         int device;             /* GPU ordinal */
         void (*progress)(double fraction, const char *what, void *userdata); /* load progress */
         void *progress_userdata;
+        /* Where the backend's messages go. A backend loaded as a module (CUDA) carries its own
+         * copy of the logger, so without this its errors would reach stderr but not the caller's
+         * log_last_error(); callers set x4_backend_params_default_log (userdata unused) to route
+         * them into their own logger. NULL: the backend logs through its own copy only. */
+        void (*log)(int level, const char *message, void *userdata);
+        void *log_userdata;
 };
 
 struct x4_backend_caps {
@@ -94,6 +100,10 @@ struct x4_backend_ops {
 uint32_t x4_batch_logits_rows(const struct x4_batch *batch);
 
 extern const struct x4_backend_ops x4_backend_cpu;
+
+/* A struct x4_backend_params.log that hands a backend's message to the caller's logger at the
+ * same level, so log_last_error() of the calling thread holds it after an error. */
+void x4_backend_params_default_log(int level, const char *message, void *userdata);
 
 /* Find a backend by name ("cpu", "cuda"); the CUDA one is dlopen'ed from xing4d-cuda.so. */
 int x4_backend_get(const char *name, const struct x4_backend_ops **ret);

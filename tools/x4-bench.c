@@ -397,6 +397,7 @@ int main(int argc, char **argv) {
                 .page_tokens = PAGE_TOKENS,
                 .n_pages = B.pages_per_seq * max_batch,
                 .cache_type = X4_CACHE_F32,
+                .log = x4_backend_params_default_log,
         };
         r = B.ops->create(model, &bp, &B.b);
         if (r < 0)

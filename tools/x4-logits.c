@@ -260,6 +260,7 @@ int main(int argc, char **argv) {
                 .page_tokens = PAGE_TOKENS,
                 .n_pages = run.n_pages,
                 .cache_type = X4_CACHE_F32,
+                .log = x4_backend_params_default_log,
         };
         r = run.ops->create(model, &bp, &run.b);
         if (r < 0)

@@ -673,8 +673,42 @@ static int gib_fmt(char *buf, size_t n, uint64_t bytes) {
         return snprintf(buf, n, "%.2f GiB", (double) bytes / (1024.0 * 1024.0 * 1024.0));
 }
 
-static int cuda_create(const struct x4_model *model, const struct x4_backend_params *params,
-                       struct x4_backend **ret) {
+/* The module's copy of the logger (see meson.build: everything here is hidden, so the host's
+ * log.c is not ours) forwards to the caller's params->log while a backend lives, so the caller's
+ * log_last_error() holds "CUDA backend: no usable CUDA device: ..." instead of nothing. The
+ * module's logger is process-wide, so the forwarding is too: installed by the first create(),
+ * removed when the last backend goes (or the create that installed it fails). The level filter
+ * is the caller's: this copy passes everything on. */
+struct log_forward {
+        void (*fn)(int level, const char *message, void *userdata);
+        void *userdata;
+};
+static struct log_forward log_forward;
+static unsigned n_backends_live;
+
+static void log_forward_sink(int level, const char *message, void *userdata) {
+        const struct log_forward *f = userdata;
+        f->fn(level, message, f->userdata);
+}
+
+static void log_forward_install(const struct x4_backend_params *params) {
+        if (!params->log)
+                return;
+        log_forward = (struct log_forward){params->log, params->log_userdata};
+        log_set_max_level(LOG_DEBUG);
+        log_set_sink(log_forward_sink, &log_forward);
+}
+
+static void log_forward_release(void) {
+        if (n_backends_live > 0)
+                return;
+        log_set_sink(NULL, NULL);
+        log_set_max_level(LOG_INFO);
+        log_forward = (struct log_forward){0};
+}
+
+static int cuda_create_backend(const struct x4_model *model, const struct x4_backend_params *params,
+                               struct x4_backend **ret) {
         _cleanup_(cuda_destroyp) struct x4_backend *b = NULL;
         struct cudaDeviceProp prop;
         size_t mem_free = 0, mem_total = 0;
@@ -846,6 +880,30 @@ static int cuda_create(const struct x4_model *model, const struct x4_backend_par
                   s_w, s_ws, b->n_pages, b->page_tokens);
         *ret = TAKE_PTR(b);
         return 0;
+}
+
+static int cuda_create(const struct x4_model *model, const struct x4_backend_params *params,
+                       struct x4_backend **ret) {
+        int r;
+
+        if (n_backends_live == 0)
+                log_forward_install(params);
+        r = cuda_create_backend(model, params, ret);
+        if (r < 0) {
+                log_forward_release();
+                return r;
+        }
+        n_backends_live++;
+        return 0;
+}
+
+static void cuda_destroy_backend(struct x4_backend *b) {
+        if (!b)
+                return;
+        cuda_destroy(b);
+        if (n_backends_live > 0)
+                n_backends_live--;
+        log_forward_release();
 }
 
 /* ---- forward -------------------------------------------------------------------------------- */
@@ -1244,7 +1302,7 @@ static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
 __attribute__((visibility("default"))) const struct x4_backend_ops x4_backend_cuda = {
         .name = "cuda",
         .create = cuda_create,
-        .destroy = cuda_destroy,
+        .destroy = cuda_destroy_backend,
         .forward = cuda_forward,
         .caps = cuda_caps,
         .page_bytes = cuda_page_bytes,

@@ -74,6 +74,7 @@ static void bk_open(struct bk *k, const char *dev, const struct x4_model *m, uin
                 .page_tokens = PAGE_TOKENS,
                 .n_pages = n_pages,
                 .cache_type = streq(dev, "cuda") ? cuda_cache : X4_CACHE_F32,
+                .log = x4_backend_params_default_log,
         };
         REQUIRE(x4_backend_get(dev, &k->ops) == 0, "backend %s not available", dev);
         REQUIRE(k->ops->create(m, &p, &k->b) == 0, "creating the %s backend", dev);
@@ -537,7 +538,8 @@ static int do_create(void *p) {
         struct err_ctx *e = p;
         struct x4_backend *b = NULL;
         struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 4,
-                                       .memory_limit = e->memory_limit};
+                                       .memory_limit = e->memory_limit,
+                                       .log = x4_backend_params_default_log};
         int r = e->k->ops->create(e->m, &bp, &b);
         if (b)
                 e->k->ops->destroy(b);
@@ -641,7 +643,8 @@ static void test_pages(const char *model_path) {
         bk_close(&cu);
         struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 0,
                                        .cache_type = cuda_cache,
-                                       .memory_limit = fixed + 10 * (uint64_t) pb + pb / 2};
+                                       .memory_limit = fixed + 10 * (uint64_t) pb + pb / 2,
+                                       .log = x4_backend_params_default_log};
         struct x4_backend *bk = NULL;
         CHECK(cu.ops->create(m, &bp, &bk) == 0, "create with a memory limit");
         if (bk) {
@@ -677,7 +680,8 @@ static void test_quick(const char *model_path) {
         struct progress pr = {0};
         struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 2,
                                        .cache_type = cuda_cache, .progress = on_progress,
-                                       .progress_userdata = &pr};
+                                       .progress_userdata = &pr,
+                                       .log = x4_backend_params_default_log};
         REQUIRE(x4_backend_get("cuda", &cu.ops) == 0, "backend cuda not available");
         REQUIRE(cu.ops->create(m, &bp, &cu.b) == 0, "creating the cuda backend");
         cu.n_vocab = V;
