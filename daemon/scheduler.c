@@ -1034,17 +1034,19 @@ static bool prepare(struct sched *s, struct job *j) {
                         fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
                         return false;
                 }
-                if (s->tmpl) {
-                        /* the model's own template (spec §7 best practice), HF-style context */
-                        _cleanup_(json_freep) struct json_value *full = NULL;
-                        ret = chat_context_build(json_object_get(ctx, "messages"),
-                                                 json_object_get(ctx, "tools"), true,
-                                                 r->enable_thinking, s->bos_text, s->eos_text,
-                                                 &full);
-                        if (ret >= 0)
+                /* one HF-style context for both renderers: chat_context_build also turns
+                 * OpenAI's tool-call arguments (JSON text) into objects, so the Xing4 format
+                 * renders them as <param_key>/<param_value> pairs, not as the JSON fallback */
+                _cleanup_(json_freep) struct json_value *full = NULL;
+                ret = chat_context_build(json_object_get(ctx, "messages"),
+                                         json_object_get(ctx, "tools"), true, r->enable_thinking,
+                                         s->bos_text, s->eos_text, &full);
+                if (ret >= 0) {
+                        if (s->tmpl) /* the model's own template (spec §7 best practice) */
                                 ret = chat_template_render(s->tmpl, full, &rendered);
-                } else
-                        ret = chat_xing4_render(ctx, &rendered);
+                        else
+                                ret = chat_xing4_render(full, &rendered);
+                }
                 if (ret < 0) {
                         fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
                         return false;

@@ -83,8 +83,11 @@ static int fix_tool_calls(struct json_value *msg, size_t i) {
                 struct json_value *tc = json_array_at(calls, k);
                 if (json_type(tc) != JSON_OBJECT)
                         return log_error_errno(EINVAL, "messages[%zu].tool_calls[%zu]: an object expected", i, k);
+                /* OpenAI's {"function": {"name", "arguments"}} or the flat {"name", "arguments"} */
                 struct json_value *fn = json_object_get(tc, "function");
-                if (!fn || json_type(fn) != JSON_OBJECT)
+                if (!fn)
+                        fn = tc;
+                if (json_type(fn) != JSON_OBJECT)
                         continue;
                 struct json_value *args = json_object_get(fn, "arguments");
                 if (!args || json_type(args) != JSON_STRING)
