@@ -205,42 +205,55 @@ static int content_text(json_t *content, size_t msg, struct sbuf *out, struct ap
         return 0;
 }
 
-/* An assistant message's earlier tool calls, written the way the model's chat template writes
- * them after the content (spec §7 JSON syntax; the template's string-arguments branch), so the
- * daemon sees the same tokens it would render from ChatMessage.tool_calls_json. libx4client has
- * no setter for tool_calls_json yet. */
-static int render_tool_calls(json_t *calls, size_t msg, struct sbuf *out, struct api_error *e) {
+/* An assistant message's earlier tool calls, checked and passed on as OpenAI's JSON array
+ * ({"id", "type", "function": {"name", "arguments"}}) in ChatMessage.tool_calls_json: the daemon
+ * hands them to the chat template, after turning JSON-text arguments into objects, so the model
+ * sees its own call syntax (spec §7). Returns a malloc'ed compact dump, NULL with *e set. */
+static char *tool_calls_json(json_t *calls, size_t msg, struct api_error *e) {
         char param[64];
         size_t i;
         json_t *tc;
         snprintf(param, sizeof param, "messages[%zu].tool_calls", msg);
-        if (!json_is_array(calls))
-                return bad(e, param, "an array expected, got %s", type_name(calls));
+        if (!json_is_array(calls)) {
+                bad(e, param, "an array expected, got %s", type_name(calls));
+                return NULL;
+        }
         json_array_foreach(calls, i, tc) {
                 json_t *fn = json_object_get(tc, "function");
-                const char *name = json_string_value(json_object_get(fn, "name"));
                 json_t *args = json_object_get(fn, "arguments");
-                if (!name)
-                        return bad(e, param, "entry %zu has no function.name", i);
-                _cleanup_free_ char *args_s = NULL;
-                if (json_is_string(args))
-                        args_s = strdup(json_string_value(args));
-                else if (json_is_object(args))
-                        args_s = json_dumps(args, JSON_COMPACT);
-                else
-                        args_s = strdup("{}");
-                json_t *n = json_string(name);
-                _cleanup_free_ char *name_json = json_dumps(n, JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
-                json_decref(n);
-                if (!args_s || !name_json)
-                        return -1;
-                if (sbuf_add(out, "<tool_call>{\"name\": ", 20) < 0 ||
-                    sbuf_add(out, name_json, strlen(name_json)) < 0 ||
-                    sbuf_add(out, ", \"arguments\": ", 15) < 0 || sbuf_add(out, args_s, strlen(args_s)) < 0 ||
-                    sbuf_add(out, "}</tool_call>\n", 14) < 0)
-                        return -1;
+                if (!json_is_string(json_object_get(fn, "name"))) {
+                        bad(e, param, "entry %zu has no function.name", i);
+                        return NULL;
+                }
+                if (args && !json_is_null(args) && !json_is_string(args) && !json_is_object(args)) {
+                        bad(e, param, "entry %zu: function.arguments must be a JSON string or an object, "
+                            "got %s", i, type_name(args));
+                        return NULL;
+                }
         }
-        return 0;
+        char *s = json_dumps(calls, JSON_COMPACT);
+        if (!s)
+                api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return s;
+}
+
+/* The function name of the earlier call a tool message answers (OpenAI sends tool_call_id, the
+ * chat template wants the tool's name), NULL when no assistant message before it has that id. */
+static const char *tool_name_for_call(json_t *msgs, size_t before, const char *id) {
+        for (size_t k = before; k-- > 0;) {
+                json_t *calls = json_object_get(json_array_get(msgs, k), "tool_calls");
+                size_t i;
+                json_t *tc;
+                if (!json_is_array(calls))
+                        continue;
+                json_array_foreach(calls, i, tc) {
+                        const char *tid = json_string_value(json_object_get(tc, "id"));
+                        if (tid && strcmp(tid, id) == 0)
+                                return json_string_value(
+                                        json_object_get(json_object_get(tc, "function"), "name"));
+                }
+        }
+        return NULL;
 }
 
 static void affinity_add(struct api_request *r, const char *s, size_t n) {
@@ -277,10 +290,26 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                         return bad(e, param, "\"%s\" is not a role; system, developer, user, assistant or "
                                    "tool expected", role);
                 struct sbuf text = { 0 };
+                _cleanup_free_ char *calls_json = NULL;
+                const char *reasoning = NULL, *name = NULL;
                 int ret = content_text(json_object_get(m, "content"), i, &text, e);
                 json_t *calls = json_object_get(m, "tool_calls");
-                if (ret == 0 && strcmp(role, "assistant") == 0 && calls && !json_is_null(calls))
-                        ret = render_tool_calls(calls, i, &text, e);
+                if (ret == 0 && strcmp(role, "assistant") == 0) {
+                        /* earlier reasoning: DeepSeek/vLLM's reasoning_content, or reasoning */
+                        json_t *rs = json_object_get(m, "reasoning_content");
+                        if (!json_is_string(rs))
+                                rs = json_object_get(m, "reasoning");
+                        reasoning = json_string_value(rs);
+                        if (calls && !json_is_null(calls) && !(calls_json = tool_calls_json(calls, i, e)))
+                                ret = -1;
+                }
+                if (ret == 0 && strcmp(role, "tool") == 0) {
+                        /* the protocol has no tool_call_id; the name of the call it answers does */
+                        name = json_string_value(json_object_get(m, "name"));
+                        const char *id = json_string_value(json_object_get(m, "tool_call_id"));
+                        if (!name && id)
+                                name = tool_name_for_call(msgs, i, id);
+                }
                 if (ret == 0 && !text.s)
                         ret = sbuf_add(&text, "", 0);
                 if (ret < 0) {
@@ -290,7 +319,9 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                         return -1;
                 }
                 affinity_add(r, text.s, text.len);
-                ret = x4_request_add_message(r->req, role, text.s);
+                if (calls_json)
+                        affinity_add(r, calls_json, strlen(calls_json));
+                ret = x4_request_add_message_ex(r->req, role, text.s, reasoning, calls_json, name);
                 free(text.s);
                 if (ret < 0)
                         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");

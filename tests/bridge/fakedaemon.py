@@ -107,7 +107,12 @@ def decode_generate(g):
         out["messages"] = []
         for m in chat.get(1, []):
             pm = parse(m)
-            out["messages"].append({"role": s(pm, 1), "content": s(pm, 2)})
+            msg = {"role": s(pm, 1), "content": s(pm, 2)}
+            # ChatMessage's optional fields, only when sent: reasoning, tool_calls_json, name
+            for num, key in ((3, "reasoning"), (4, "tool_calls"), (5, "name")):
+                if num in pm:
+                    msg[key] = json.loads(s(pm, num)) if key == "tool_calls" else s(pm, num)
+            out["messages"].append(msg)
         if 2 in chat:
             out["tools"] = json.loads(s(chat, 2))
         if 3 in chat:

@@ -109,11 +109,44 @@ def test_tool_result_round_trip_reaches_the_template(fake_bridge, fake):
     assert st == 200, body
     assert body["choices"][0]["message"]["content"] == "It is sunny in Paris."
     sent = json.loads(fake["record"].read_text().splitlines()[-1])
-    # the assistant's call is written the way the chat template writes tool_calls (spec §7)
-    assert sent["messages"][1] == {"role": "assistant", "content":
-                                   '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
-                                   '</tool_call>\n'}
-    assert sent["messages"][2] == {"role": "tool", "content": "sunny, 24C"}
+    # the assistant's call travels in ChatMessage.tool_calls_json as OpenAI's array (the daemon's
+    # template renders it), not inlined in the content; the tool message carries the name of the
+    # call it answers (looked up by tool_call_id)
+    assert sent["messages"][1] == {"role": "assistant", "content": "", "tool_calls": msgs[1]["tool_calls"]}
+    assert sent["messages"][2] == {"role": "tool", "content": "sunny, 24C", "name": "get_weather"}
+
+
+def test_history_reasoning_and_tool_name_are_sent(fake_bridge, fake):
+    msgs = [{"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": "Checking.", "reasoning_content": "I should look it up.",
+             "tool_calls": [{"id": "c9", "type": "function",
+                             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "name": "weather_api", "tool_call_id": "c9", "content": "sunny"},
+            {"role": "assistant", "content": "Sunny.", "reasoning": "Easy."},
+            {"role": "user", "content": "thanks"}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs})
+    assert st == 200, body
+    sent = json.loads(fake["record"].read_text().splitlines()[-1])["messages"]
+    assert sent[1] == {"role": "assistant", "content": "Checking.", "reasoning": "I should look it up.",
+                       "tool_calls": msgs[1]["tool_calls"]}
+    # an explicit name wins over the id lookup
+    assert sent[2] == {"role": "tool", "content": "sunny", "name": "weather_api"}
+    assert sent[3] == {"role": "assistant", "content": "Sunny.", "reasoning": "Easy."}
+    assert sent[4] == {"role": "user", "content": "thanks"}
+
+
+def test_bad_tool_call_history_is_refused_naming_the_field(fake_bridge):
+    msgs = [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+                                                                 "function": {"arguments": "{}"}}]}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs})
+    assert st == 400, body
+    assert body["error"]["param"] == "messages[1].tool_calls"
+    assert "entry 0 has no function.name" in body["error"]["message"]
+    msgs[1]["tool_calls"] = [{"function": {"name": "f", "arguments": 5}}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs})
+    assert st == 400, body
+    assert "function.arguments must be a JSON string or an object, got" in body["error"]["message"]
 
 
 def test_tool_round_trip_is_accepted_by_the_real_daemon(bridge):
@@ -126,6 +159,19 @@ def test_tool_round_trip_is_accepted_by_the_real_daemon(bridge):
                                                       "max_tokens": 4})
     assert st == 200, body
     assert body["usage"]["prompt_tokens"] > 40  # tool definitions + call + result were rendered
+    # the call reaches the daemon's template as a call: arguments given as JSON text or as an
+    # object render alike (the <param_key> form), and the call adds to the prompt
+    n_text = body["usage"]["prompt_tokens"]
+    msgs[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs, "tools": TOOLS,
+                                                      "max_tokens": 4})
+    assert st == 200, body
+    assert body["usage"]["prompt_tokens"] == n_text
+    del msgs[1]["tool_calls"]
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs, "tools": TOOLS,
+                                                      "max_tokens": 4})
+    assert st == 200, body
+    assert body["usage"]["prompt_tokens"] < n_text - 5
 
 
 def test_thinking_switch_on_the_real_daemon(bridge):
