@@ -10,7 +10,13 @@ pkgs="meson ninja-build pkg-config gcc libc6-dev git
 if [ "$what" = test ]; then
         pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev
               python3-pytest python3-numpy python3-jinja2 sentencepiece python3-sentencepiece
-              python3-prometheus-client nodejs npm"
+              python3-prometheus-client"
+        # Node: the image's own Node 20 (which bundles npm) is used when present; otherwise
+        # Debian's nodejs + npm (the two cannot be mixed: Debian's npm conflicts with a nodejs
+        # that bundles npm).
+        if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+                pkgs="$pkgs nodejs npm"
+        fi
 fi
 
 missing=""
