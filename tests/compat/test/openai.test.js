@@ -128,9 +128,12 @@ test('tool calling round trip (scripted daemon: a random model never calls tools
   assert.equal(answer.choices[0].message.content, 'It is sunny in Paris.');
   assert.equal(answer.choices[0].finish_reason, 'stop');
   const sent = readFileSync(process.env.X4_FAKE_RECORD, 'utf8').trim().split('\n').map(JSON.parse).at(-1);
-  assert.equal(sent.messages[1].content,
-    '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n');
-  assert.deepEqual(sent.messages[2], { role: 'tool', content: 'sunny, 24C' });
+  // the earlier call travels as ChatMessage.tool_calls_json (the daemon's template renders it),
+  // the tool result carries the name of the call its tool_call_id answers
+  assert.equal(sent.messages[1].content, '');
+  assert.deepEqual(sent.messages[1].tool_calls, JSON.parse(JSON.stringify(first.choices[0].message.tool_calls)));
+  assert.equal(sent.messages[1].tool_calls[0].function.arguments, '{"city": "Paris"}');
+  assert.deepEqual(sent.messages[2], { role: 'tool', content: 'sunny, 24C', name: 'get_weather' });
 
   // the same conversation is accepted by the real daemon's template and tokenizer
   const real = await client.chat.completions.create({ model: 'xing4', messages, tools, max_tokens: 4 });
