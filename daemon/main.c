@@ -50,6 +50,7 @@ struct options {
         uint32_t prefill_chunk;
         uint32_t prefix_pages; /* 0: the whole cache */
         double grace_s;
+        double hello_timeout_s;
         int log_level;
 };
 
@@ -158,6 +159,14 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
                                                where, v);
                 o->grace_s = g;
+        } else if (streq(key, "hello-timeout")) {
+                char *end;
+                errno = 0;
+                double t = strtod(v, &end);
+                if (errno || *end || !(t >= 0 && t <= 3600))
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
+                                               where, v);
+                o->hello_timeout_s = t;
         } else if (streq(key, "log-level")) {
                 static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice",
                                                "info", "debug" };
@@ -276,6 +285,7 @@ static void help(void) {
                "  --prefix-pages N             cache pages the prefix store may keep for reuse\n"
                "                               (0 = any free page; evicted LRU when needed)\n"
                "  --grace SECONDS              SIGTERM: time running requests get to finish (30)\n"
+               "  --hello-timeout SECONDS      close a connection that sends no Hello by then (10; 0 = never)\n"
                "  --output-buffer SIZE         output queued to a client before its requests pause (8M)\n"
                "  --log-level LEVEL            err, warning, info, debug\n"
                "  --version\n");
@@ -389,7 +399,7 @@ enum {
         OPT_CONFIG = 1000, OPT_MODEL, OPT_CONFIG_JSON, OPT_TOKENIZER, OPT_RELEASE, OPT_DEVICE,
         OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
-        OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES,
+        OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
 };
 
 static const struct option longopts[] = {
@@ -413,6 +423,7 @@ static const struct option longopts[] = {
         { "prefill-chunk", required_argument, NULL, OPT_PREFILL },
         { "prefix-pages", required_argument, NULL, OPT_PREFIX_PAGES },
         { "grace", required_argument, NULL, OPT_GRACE },
+        { "hello-timeout", required_argument, NULL, OPT_HELLO_TIMEOUT },
         { "output-buffer", required_argument, NULL, OPT_OUTPUT_BUFFER },
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
         { "help", no_argument, NULL, 'h' },
@@ -471,7 +482,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
 }
 
 int main(int argc, char **argv) {
-        struct options o = { .grace_s = 30.0, .page_tokens = 256, .log_level = LOG_INFO };
+        struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .page_tokens = 256, .log_level = LOG_INFO };
         _cleanup_(x4_model_freep) struct x4_model *model = NULL;
         struct tokenizer *tok = NULL;
         const struct x4_backend_ops *ops = NULL;
@@ -601,6 +612,7 @@ int main(int argc, char **argv) {
                 .max_frame = o.max_frame ? o.max_frame : FRAME_MAX_DEFAULT,
                 .max_connections = o.max_connections ? o.max_connections : 1024,
                 .grace_s = o.grace_s,
+                .hello_timeout_s = o.hello_timeout_s,
                 .output_high_water = (uint32_t) o.output_buffer,
                 .server_version = "xing4d " XING4D_VERSION,
                 .model = {

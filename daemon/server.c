@@ -55,6 +55,7 @@ struct conn {
         struct bufferevent *bev;
         struct frame_decoder *decoder;
         struct sreq *reqs;
+        struct event *ev_hello; /* the Hello deadline, until hello_done */
         bool hello_done;
         bool closing; /* flush the output, then free */
         bool paused;  /* its requests are paused: the client is not reading */
@@ -64,11 +65,30 @@ struct conn {
         unsigned id;
 };
 
+/* At most one warning per interval for an event a client can repeat at will (refused
+ * connections, accept() failures): the rest are counted and reported with the next one. */
+#define RATELIMIT_MS 5000.0
+struct ratelimit {
+        double last_ms;
+        unsigned suppressed;
+};
+
+static bool ratelimit_pass(struct ratelimit *rl, double now) {
+        if (rl->last_ms != 0 && now - rl->last_ms < RATELIMIT_MS) {
+                rl->suppressed++;
+                return false;
+        }
+        rl->last_ms = now;
+        return true;
+}
+
 struct server {
         struct server_params p;
         struct event_base *base;
         struct evconnlistener *listener;
         struct event *ev_sched, *ev_term, *ev_int, *ev_grace, *ev_watchdog;
+        struct event *ev_accept_resume; /* re-enables the listener after accept() failed */
+        struct ratelimit rl_refused, rl_accept;
         struct conn *conns;
         unsigned n_conns, next_conn_id;
         unsigned n_reqs; /* sreqs alive, orphans included */
@@ -127,6 +147,27 @@ _printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int c
         send_frame(c, &f);
 }
 
+/* An Error frame written straight to a socket that has no connection (refused at accept): it
+ * is new and empty, so a frame this small fits its buffer; if not, the client just sees EOF. */
+static void send_error_fd(int fd, int code, const char *msg) {
+        Xing4__Error e = XING4__ERROR__INIT;
+        e.has_code = 1;
+        e.code = (Xing4__ErrorCode) code;
+        e.message = (char *) msg;
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = 0;
+        f.body_case = XING4__FRAME__BODY_ERROR;
+        f.error = &e;
+        uint8_t buf[512];
+        size_t n = xing4__frame__get_packed_size(&f);
+        if (n + FRAME_HEADER_SIZE > sizeof buf)
+                return;
+        (void) frame_encode_header(n, FRAME_MAX_LIMIT, buf);
+        xing4__frame__pack(&f, buf + FRAME_HEADER_SIZE);
+        (void) send(fd, buf, n + FRAME_HEADER_SIZE, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 /* ---- connections ---------------------------------------------------------------------------- */
 
 static void maybe_finish_drain(struct server *s);
@@ -147,6 +188,8 @@ static void conn_free(struct conn *c) {
                 r->next = NULL;
                 (void) sched_cancel(s->p.sched, r->server_id);
         }
+        if (c->ev_hello)
+                event_free(c->ev_hello);
         if (c->bev)
                 bufferevent_free(c->bev);
         for (unsigned i = 0; i < FINISHED_KEPT; i++)
@@ -163,6 +206,21 @@ static void conn_free(struct conn *c) {
 static void conn_close_after_flush(struct conn *c) {
         c->closing = true;
         bufferevent_disable(c->bev, EV_READ);
+}
+
+/* The Hello deadline passed: an idle socket would otherwise hold a connection slot forever and,
+ * --max-connections of them, lock every other client out. */
+static void hello_timeout_cb(evutil_socket_t fd, short what, void *userdata) {
+        struct conn *c = userdata;
+        if (c->hello_done || c->closing)
+                return;
+        send_error(c, 0, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                   "no Hello within the hello-timeout of %.1f s: closing the connection",
+                   c->server->p.hello_timeout_s);
+        conn_close_after_flush(c);
+        /* the write callback frees it once the Error is out; nothing queued: free now */
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+                conn_free(c);
 }
 
 static struct sreq *conn_find(struct conn *c, uint64_t client_id) {
@@ -311,6 +369,10 @@ static void handle_hello(struct conn *c, uint64_t id, const Xing4__Hello *h) {
         }
         snprintf(c->client, sizeof c->client, "%s", h->client ? h->client : "");
         c->hello_done = true;
+        if (c->ev_hello) {
+                event_free(c->ev_hello);
+                c->ev_hello = NULL;
+        }
         log_info("connection %u: pid %d uid %u, client '%s', protocol %u.%u", c->id, (int) c->pid,
                  (unsigned) c->uid, c->client, h->proto_major, h->proto_minor);
 
@@ -865,8 +927,20 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
                 return;
         }
         if (s->p.max_connections && s->n_conns >= s->p.max_connections) {
-                log_warning("refusing a connection: %u connections open, limit %u", s->n_conns,
-                            s->p.max_connections);
+                char msg[128];
+                snprintf(msg, sizeof msg, "%u connections open, limit %u", s->n_conns,
+                         s->p.max_connections);
+                if (ratelimit_pass(&s->rl_refused, now_ms())) {
+                        log_warning("refusing a connection: %s (%u more refused since the last "
+                                    "warning)", msg, s->rl_refused.suppressed);
+                        s->rl_refused.suppressed = 0;
+                }
+                send_error_fd(fd, XING4__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED, msg);
+                /* closing with unread input (a Hello sent right after connect) makes the client's
+                 * read fail with ECONNRESET before it sees the Error: discard what is there */
+                char junk[4096];
+                for (int i = 0; i < 16 && recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0; i++)
+                        ;
                 close(fd);
                 return;
         }
@@ -889,6 +963,21 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
                 free(c);
                 close(fd);
                 return;
+        }
+        if (s->p.hello_timeout_s > 0) {
+                struct timeval tv = { (time_t) s->p.hello_timeout_s,
+                                      (suseconds_t) ((s->p.hello_timeout_s -
+                                                      (time_t) s->p.hello_timeout_s) * 1e6) };
+                c->ev_hello = evtimer_new(s->base, hello_timeout_cb, c);
+                if (!c->ev_hello || evtimer_add(c->ev_hello, &tv) < 0) {
+                        if (c->ev_hello)
+                                event_free(c->ev_hello);
+                        bufferevent_free(c->bev);
+                        frame_decoder_free(c->decoder);
+                        free(c);
+                        log_error("out of memory accepting a connection");
+                        return;
+                }
         }
         bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
         bufferevent_setwatermark(c->bev, EV_WRITE, s->p.output_high_water / 2, 0);

@@ -28,6 +28,7 @@ struct server_params {
         uint32_t max_frame;     /* bytes per frame payload */
         uint32_t max_connections;
         double grace_s;         /* SIGTERM: how long running requests may finish */
+        double hello_timeout_s; /* a connection without Hello by then is closed (0: no limit) */
         uint32_t output_high_water; /* bytes queued to a client before its requests pause */
         const char *server_version;
         struct server_model_info model;

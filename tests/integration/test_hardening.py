@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: MIT
+"""Findings of the security review: what one local client can do to everybody else (idle sockets,
+connection floods, fd exhaustion, huge prompts), each answered with a message naming the limit."""
+import resource
+import subprocess
+import time
+
+import x4wire as w
+
+
+def test_a_connection_without_hello_is_closed_at_the_deadline(fresh_daemon):
+    d = fresh_daemon(args=("--hello-timeout", "1"))
+    c = w.Conn(d.sock, timeout=20)
+    t0 = time.monotonic()
+    # nothing sent: the daemon answers with an Error naming the limit, then EOF
+    assert w.error_of(c.recv()) == (
+        "PROTOCOL", "no Hello within the hello-timeout of 1.0 s: closing the connection")
+    assert c.closed_by_server()
+    waited = time.monotonic() - t0
+    assert 0.9 <= waited < 10, f"closed after {waited:.2f} s, the limit is 1 s"
+    # a client that says Hello in time keeps its connection past the deadline
+    ok = w.Conn(d.sock, timeout=20)
+    ok.hello()
+    idle = w.Conn(d.sock, timeout=20)
+    assert w.error_of(idle.recv())[0] == "PROTOCOL"  # the deadline has passed for `ok` too
+    ok.send(w.frame(3, w.HEALTH))
+    assert w.HEALTH_REPLY in ok.recv()
+
+
+def test_a_connection_over_the_limit_is_told_why(fresh_daemon):
+    d = fresh_daemon(args=("--max-connections", "2"))
+    held, refused = [], None
+    for _ in range(5):
+        c = w.Conn(d.sock, timeout=20)
+        c.send(w.frame(0, w.HELLO, w.hello()))
+        f = c.recv()
+        if w.HELLO_REPLY in f:
+            held.append(c)
+            continue
+        refused = w.error_of(f)
+        assert c.closed_by_server()
+        break
+    assert held, "no connection was accepted"
+    assert refused == ("RESOURCE_EXHAUSTED", "2 connections open, limit 2")
+    for c in held:
+        c.close()
+    # the slots come back once the daemon has seen the closes: a new client is served
+    assert serves_a_new_client(d)
+
+
+def serves_a_new_client(d, timeout=30):
+    """Retry (each try waits on the daemon's answer) until a Hello is answered."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            c = w.Conn(d.sock, timeout=10)
+            c.send(w.frame(0, w.HELLO, w.hello()))
+            f = c.recv()
+        except OSError:
+            continue
+        ok = f is not None and w.HELLO_REPLY in f
+        if ok:
+            c.send(w.frame(5, w.HEALTH))
+            ok = w.HEALTH_REPLY in c.recv()
+        c.close()
+        if ok:
+            return True
+    return False
