@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -387,6 +388,40 @@ static int get_listen_fd(const struct options *o, int *ret, bool *owned) {
         return 0;
 }
 
+/* File descriptors: each connection holds one. Raise the soft limit to the hard one (the
+ * default soft 1024 is what makes a flood run out), then keep --max-connections below it with a
+ * reserve for everything else (the model, eventfd, epoll, snapshot files, the log): a connection
+ * over the limit is told so, instead of accept() failing for everyone. */
+#define FD_RESERVE 64
+static uint32_t clamp_connections(uint32_t want) {
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return want;
+        if (rl.rlim_cur < rl.rlim_max) {
+                struct rlimit raised = { rl.rlim_max, rl.rlim_max };
+                if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
+                        rl = raised;
+                else
+                        log_warning("cannot raise the open file limit from %llu to %llu: %m",
+                                    (unsigned long long) rl.rlim_cur,
+                                    (unsigned long long) rl.rlim_max);
+        }
+        if (rl.rlim_cur == RLIM_INFINITY)
+                return want;
+        uint64_t room = rl.rlim_cur > 2 * FD_RESERVE ? rl.rlim_cur - FD_RESERVE : rl.rlim_cur / 2;
+        if (room < 1)
+                room = 1;
+        if (want > room) {
+                log_warning("--max-connections %u: lowered to %llu, the open file limit is %llu "
+                            "and %d descriptors are kept for the daemon itself", want,
+                            (unsigned long long) room, (unsigned long long) rl.rlim_cur,
+                            (int) (rl.rlim_cur - room));
+                return (uint32_t) room;
+        }
+        return want;
+}
+
 static char *model_name(const struct x4_model *m, const char *path) {
         struct gguf_string s;
         if (gguf_get_string(x4_model_gguf(m), "general.name", &s) >= 0 && s.len > 0 && s.len < 256)
@@ -610,7 +645,7 @@ int main(int argc, char **argv) {
                 .listen_fd = listen_fd,
                 .sched = sched,
                 .max_frame = o.max_frame ? o.max_frame : FRAME_MAX_DEFAULT,
-                .max_connections = o.max_connections ? o.max_connections : 1024,
+                .max_connections = clamp_connections(o.max_connections ? o.max_connections : 1024),
                 .grace_s = o.grace_s,
                 .hello_timeout_s = o.hello_timeout_s,
                 .output_high_water = (uint32_t) o.output_buffer,

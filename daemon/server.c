@@ -988,6 +988,31 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         log_debug("connection %u from pid %d uid %u", c->id, (int) c->pid, (unsigned) c->uid);
 }
 
+/* accept() failed (EMFILE/ENFILE/ENOBUFS...): the listening socket stays readable, so a level-
+ * triggered listener would call accept() again at once, spinning the loop and logging each time.
+ * Stop listening for a second instead (pending clients wait in the backlog) and say so at most
+ * once per RATELIMIT_MS. */
+#define ACCEPT_PAUSE_MS 1000
+static void accept_error_cb(struct evconnlistener *l, void *userdata) {
+        struct server *s = userdata;
+        int err = EVUTIL_SOCKET_ERROR();
+
+        if (ratelimit_pass(&s->rl_accept, now_ms())) {
+                log_warning("accept() failed: %s (%u connections open, %u more failures since the "
+                            "last warning); not accepting for %d ms",
+                            strerror(err), s->n_conns, s->rl_accept.suppressed, ACCEPT_PAUSE_MS);
+                s->rl_accept.suppressed = 0;
+        }
+        struct timeval tv = { ACCEPT_PAUSE_MS / 1000, (ACCEPT_PAUSE_MS % 1000) * 1000 };
+        if (evconnlistener_disable(l) == 0 && s->ev_accept_resume)
+                evtimer_add(s->ev_accept_resume, &tv);
+}
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *userdata) {
+        struct server *s = userdata;
+        (void) evconnlistener_enable(s->listener);
+}
+
 /* ---- scheduler events → frames -------------------------------------------------------------- */
 
 static void deliver(struct server *s, struct sched_event *e) {
@@ -1186,11 +1211,14 @@ int server_new(const struct server_params *params, struct server **ret) {
         }
         s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_EXEC, -1,
                                          s->p.listen_fd);
+        if (s->listener)
+                evconnlistener_set_error_cb(s->listener, accept_error_cb);
+        s->ev_accept_resume = evtimer_new(s->base, accept_resume_cb, s);
         s->ev_sched = event_new(s->base, sched_event_fd(s->p.sched), EV_READ | EV_PERSIST,
                                 sched_cb, s);
         s->ev_term = evsignal_new(s->base, SIGTERM, term_cb, s);
         s->ev_int = evsignal_new(s->base, SIGINT, term_cb, s);
-        if (!s->listener || !s->ev_sched || !s->ev_term || !s->ev_int ||
+        if (!s->listener || !s->ev_accept_resume || !s->ev_sched || !s->ev_term || !s->ev_int ||
             event_add(s->ev_sched, NULL) < 0 || event_add(s->ev_term, NULL) < 0 ||
             event_add(s->ev_int, NULL) < 0) {
                 server_free(s);
@@ -1229,6 +1257,8 @@ void server_free(struct server *s) {
                 event_free(s->ev_grace);
         if (s->ev_watchdog)
                 event_free(s->ev_watchdog);
+        if (s->ev_accept_resume)
+                event_free(s->ev_accept_resume);
         if (s->listener)
                 evconnlistener_free(s->listener);
         if (s->base)

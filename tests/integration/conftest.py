@@ -31,7 +31,7 @@ DEFAULT_CONF = "[xing4d]\n# test settings\ncache-pages = 64\npage_tokens = 256\n
 
 
 class Daemon:
-    def __init__(self, tmp: Path, conf: str = DEFAULT_CONF, args=(), env=()):
+    def __init__(self, tmp: Path, conf: str = DEFAULT_CONF, args=(), env=(), preexec_fn=None):
         for p in (XING4D, X4CTL, MODEL):
             if not p.exists():
                 pytest.fail(f"{p} does not exist: build first (meson compile) or set X4_BUILD_DIR")
@@ -53,7 +53,7 @@ class Daemon:
                "--", str(XING4D), "--config", str(self.conf), "--model", str(MODEL),
                "--threads", "1", "--device", "cpu", *args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
         # systemd-socket-activate says "Listening on PATH as 3." once the socket exists
         line = self.proc.stderr.readline()
         assert "Listening on" in line, f"systemd-socket-activate: {line!r}"
@@ -140,8 +140,8 @@ def daemon(tmp_path_factory):
 def fresh_daemon(tmp_path):
     made = []
 
-    def make(conf=DEFAULT_CONF, args=(), env=()):
-        d = Daemon(tmp_path / f"d{len(made)}", conf, args, env)
+    def make(conf=DEFAULT_CONF, args=(), env=(), preexec_fn=None):
+        d = Daemon(tmp_path / f"d{len(made)}", conf, args, env, preexec_fn)
         made.append(d)
         return d
     yield make

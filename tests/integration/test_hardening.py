@@ -8,6 +8,16 @@ import time
 import x4wire as w
 
 
+def say_hello(c):
+    """Send Hello and return the answer: a refused connection may already be closed when the
+    Hello goes out (EPIPE), its Error is still there to read."""
+    try:
+        c.send(w.frame(0, w.HELLO, w.hello()))
+    except BrokenPipeError:
+        pass
+    return c.recv()
+
+
 def test_a_connection_without_hello_is_closed_at_the_deadline(fresh_daemon):
     d = fresh_daemon(args=("--hello-timeout", "1"))
     c = w.Conn(d.sock, timeout=20)
@@ -32,8 +42,7 @@ def test_a_connection_over_the_limit_is_told_why(fresh_daemon):
     held, refused = [], None
     for _ in range(5):
         c = w.Conn(d.sock, timeout=20)
-        c.send(w.frame(0, w.HELLO, w.hello()))
-        f = c.recv()
+        f = say_hello(c)
         if w.HELLO_REPLY in f:
             held.append(c)
             continue
@@ -66,3 +75,38 @@ def serves_a_new_client(d, timeout=30):
         if ok:
             return True
     return False
+
+
+def test_a_connection_flood_under_a_low_fd_limit_neither_spins_nor_floods_the_log(fresh_daemon):
+    limit = 100
+
+    def low_fd_limit():  # soft = hard: the daemon cannot raise it
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    d = fresh_daemon(preexec_fn=low_fd_limit)
+    n_before = len(d.log)
+    conns, refused = [], 0
+    for _ in range(2 * limit):  # more connections than the daemon has descriptors
+        c = w.Conn(d.sock, timeout=20)
+        conns.append(c)
+        f = say_hello(c)
+        # every connection is either held or told why it was refused
+        if w.ERROR in f:
+            assert w.error_of(f)[0] == "RESOURCE_EXHAUSTED"
+            refused += 1
+        else:
+            assert w.HELLO_REPLY in f
+    assert refused >= limit, f"only {refused} of {2 * limit} connections refused"
+    for c in conns:
+        c.close()
+    assert serves_a_new_client(d)
+    # the log is read by a thread: wait (with a deadline) for the start-up line to be there
+    deadline = time.monotonic() + 20
+    while not any("--max-connections 1024: lowered to 50, the open file limit is 100" in x
+                  for x in d.log):
+        assert time.monotonic() < deadline, d.log[-5:]
+        d.proc.poll()
+    # one info line per accepted Hello is expected; the 100+ refusals must not each log one
+    flood = [x for x in d.log[n_before:]
+             if "lowered to" not in x and "client 'pytest', protocol" not in x]
+    assert len(flood) < 10, f"{len(flood)} log lines for {refused} refusals: {flood[:5]}"
+    assert any("refusing a connection: 50 connections open, limit 50" in x for x in flood)
