@@ -50,6 +50,7 @@ struct options {
         uint64_t output_buffer;
         uint32_t prefill_chunk;
         uint32_t prefix_pages; /* 0: the whole cache */
+        uint32_t max_messages;
         double grace_s;
         double hello_timeout_s;
         int log_level;
@@ -191,6 +192,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         { "cache-pages", offsetof(struct options, cache_pages), 0, 1u << 24 },
                         { "prefill-chunk", offsetof(struct options, prefill_chunk), 1, 65536 },
                         { "prefix-pages", offsetof(struct options, prefix_pages), 0, 1u << 24 },
+                        { "max-messages", offsetof(struct options, max_messages), 1, 1u << 20 },
                 };
                 for (size_t i = 0; i < ELEMENTSOF(nums); i++)
                         if (streq(key, nums[i].name)) {
@@ -278,7 +280,8 @@ static void help(void) {
                "  --max-waiting N              queued requests beyond that (256)\n"
                "  --max-tokens N               default output limit per request (1024)\n"
                "  --max-frame BYTES            largest accepted frame (16 MiB)\n"
-               "  --max-connections N          (1024)\n"
+               "  --max-connections N          (1024; kept below the open file limit)\n"
+               "  --max-messages N             chat messages per request (4096)\n"
                "  --page-tokens N              tokens per cache page (256)\n"
                "  --cache-pages N              cache pages (0 = from the memory limit)\n"
                "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
@@ -435,6 +438,7 @@ enum {
         OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
+        OPT_MAX_MESSAGES,
 };
 
 static const struct option longopts[] = {
@@ -459,6 +463,7 @@ static const struct option longopts[] = {
         { "prefix-pages", required_argument, NULL, OPT_PREFIX_PAGES },
         { "grace", required_argument, NULL, OPT_GRACE },
         { "hello-timeout", required_argument, NULL, OPT_HELLO_TIMEOUT },
+        { "max-messages", required_argument, NULL, OPT_MAX_MESSAGES },
         { "output-buffer", required_argument, NULL, OPT_OUTPUT_BUFFER },
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
         { "help", no_argument, NULL, 'h' },
@@ -628,6 +633,7 @@ int main(int argc, char **argv) {
                 .prefill_chunk = o.prefill_chunk,
                 .state_dir = o.state_dir ? o.state_dir : "/var/lib/xing4d",
                 .prefix_pages = o.prefix_pages,
+                .max_messages = o.max_messages,
         };
         r = sched_new(&sp, &sched);
         if (r < 0)

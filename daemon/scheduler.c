@@ -83,6 +83,10 @@ struct sched {
         struct prefix_store *prefix; /* NULL: prefix reuse off */
         struct x4_backend_caps caps;
         uint32_t ctx_limit;
+        /* prompt text bytes that could still fit the context: ctx_limit × the longest piece
+         * (a piece never stands for more bytes than it spells), refused before tokenizing so a
+         * client cannot keep the engine thread busy tokenizing megabytes that cannot fit */
+        uint64_t max_prompt_bytes;
         int32_t eos_id, think_id;
         struct chat_template *tmpl; /* the GGUF's tokenizer.chat_template, NULL: built-in */
         char *bos_text, *eos_text;
@@ -264,13 +268,37 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                 break;
         case SCHED_PROMPT_TEXT:
         case SCHED_PROMPT_CHAT:
+                if (r->prompt == SCHED_PROMPT_TEXT && (!r->text || !r->text[0]))
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "prompt.text: empty, some text expected");
+                if (r->prompt == SCHED_PROMPT_CHAT && r->n_messages > s->p.max_messages)
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "prompt.chat.messages: %zu messages, at most %u accepted",
+                                    r->n_messages, s->p.max_messages);
                 if (!s->p.tokenizer)
                         return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                                     "prompt.%s: this model has no tokenizer, send token ids",
                                     r->prompt == SCHED_PROMPT_TEXT ? "text" : "chat");
-                if (r->prompt == SCHED_PROMPT_TEXT && (!r->text || !r->text[0]))
-                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
-                                    "prompt.text: empty, some text expected");
+                {
+                        uint64_t bytes = 0;
+                        if (r->prompt == SCHED_PROMPT_TEXT && r->text)
+                                bytes = strlen(r->text);
+                        for (size_t i = 0; r->prompt == SCHED_PROMPT_CHAT && i < r->n_messages; i++) {
+                                const struct sched_message *m = &r->messages[i];
+                                bytes += (m->content ? strlen(m->content) : 0) +
+                                         (m->reasoning ? strlen(m->reasoning) : 0) +
+                                         (m->tool_calls_json ? strlen(m->tool_calls_json) : 0);
+                        }
+                        if (r->prompt == SCHED_PROMPT_CHAT && r->tools_json)
+                                bytes += strlen(r->tools_json);
+                        if (bytes > s->max_prompt_bytes)
+                                return verr(err, size, SCHED_ERR_TOO_LARGE,
+                                            "prompt.%s: %llu bytes cannot fit the context limit of "
+                                            "%u tokens (at most %llu bytes)",
+                                            r->prompt == SCHED_PROMPT_TEXT ? "text" : "chat",
+                                            (unsigned long long) bytes, s->ctx_limit,
+                                            (unsigned long long) s->max_prompt_bytes);
+                }
                 if (r->prompt == SCHED_PROMPT_CHAT) {
                         if (r->n_messages == 0)
                                 return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
@@ -1609,6 +1637,8 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                 s->p.prefill_chunk = 256;
         if (!s->p.max_stop)
                 s->p.max_stop = 16;
+        if (!s->p.max_messages)
+                s->p.max_messages = 4096;
         s->efd = -1;
         s->next_id = 1;
         s->cfg = x4_model_config(s->p.model);
@@ -1627,6 +1657,14 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         s->ctx_limit = (uint32_t) MIN(cache_tokens, (uint64_t) s->cfg->n_ctx_train);
         s->eos_id = s->cfg->eos_id;
         s->think_id = -1;
+        size_t longest = 0;
+        for (size_t i = 0; s->p.tokenizer && i < tokenizer_n_vocab(s->p.tokenizer); i++) {
+                size_t len = 0;
+                if (tokenizer_piece(s->p.tokenizer, (int32_t) i, &len))
+                        longest = MAX(longest, len);
+        }
+        /* no pieces to measure: 64 bytes a token is more than any real vocabulary spells */
+        s->max_prompt_bytes = (uint64_t) s->ctx_limit * (longest ? longest : 64);
         if (s->p.tokenizer) {
                 static const enum tokenizer_special ends[] = {
                         TOKENIZER_SPECIAL_END, TOKENIZER_SPECIAL_USER, TOKENIZER_SPECIAL_BOT,

@@ -169,6 +169,7 @@ struct sched_params {
         uint32_t max_tokens_default; /* when a request sets none (default 1024) */
         uint32_t prefill_chunk; /* prompt tokens per step (default 256) */
         uint32_t max_stop;      /* stop strings per request (default 16) */
+        uint32_t max_messages;  /* chat messages per request (default 4096) */
         const char *state_dir;  /* snapshots live here; NULL: snapshots unavailable */
         bool prefix_off;        /* no automatic prefix reuse */
         uint32_t prefix_pages;  /* most pages the prefix store keeps (0: up to the whole cache;

@@ -110,3 +110,53 @@ def test_a_connection_flood_under_a_low_fd_limit_neither_spins_nor_floods_the_lo
              if "lowered to" not in x and "client 'pytest', protocol" not in x]
     assert len(flood) < 10, f"{len(flood)} log lines for {refused} refusals: {flood[:5]}"
     assert any("refusing a connection: 50 connections open, limit 50" in x for x in flood)
+
+
+SMALL_CONTEXT = "[xing4d]\ncache-pages = 2\npage_tokens = 16\nmax-running = 2\n"  # 32 tokens
+
+
+def generate_text(text):
+    return w.field_bytes(1, text) + w.field_varint(5, 1)
+
+
+def generate_chat(messages):
+    chat = b"".join(w.field_bytes(1, w.field_bytes(1, role) + w.field_bytes(2, content))
+                    for role, content in messages)
+    return w.field_bytes(3, chat) + w.field_varint(5, 1)
+
+
+def test_a_text_prompt_that_cannot_fit_is_refused_before_tokenizing(fresh_daemon):
+    import re
+    d = fresh_daemon(conf=SMALL_CONTEXT)
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, generate_text("a" * 1_000_000)))
+    code, msg = w.error_of(c.recv())
+    m = re.fullmatch(r"prompt\.text: 1000000 bytes cannot fit the context limit of 32 tokens "
+                     r"\(at most (\d+) bytes\)", msg)
+    assert code == "TOO_LARGE" and m, msg
+    limit = int(m.group(1))
+    assert limit % 32 == 0 and 32 <= limit <= 32 * 64, limit
+    # at the limit the text is tokenized: refused then for its token count, not its size
+    c.send(w.frame(2, w.GENERATE, generate_text("a" * limit)))
+    code, msg = w.error_of(c.recv())
+    assert code == "TOO_LARGE" and "leaves no room for output" in msg, msg
+    # the same cap covers a chat's contents
+    c.send(w.frame(3, w.GENERATE, generate_chat([("user", "b" * (limit + 1))])))
+    assert w.error_of(c.recv()) == (
+        "TOO_LARGE", f"prompt.chat: {limit + 1} bytes cannot fit the context limit of 32 tokens "
+                     f"(at most {limit} bytes)")
+
+
+def test_the_number_of_chat_messages_is_capped(fresh_daemon):
+    d = fresh_daemon(args=("--max-messages", "3"))
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, generate_chat([("user", "hi")] * 4)))
+    assert w.error_of(c.recv()) == ("INVALID_ARGUMENT",
+                                    "prompt.chat.messages: 4 messages, at most 3 accepted")
+    c.send(w.frame(2, w.GENERATE, generate_chat([("user", "hi")] * 3)))
+    f = c.recv()
+    while w.DONE not in f:
+        assert w.ERROR not in f, w.error_of(f)
+        f = c.recv()

@@ -224,6 +224,19 @@ static void test_validation_messages(void **state) {
         /* no tokenizer was given to this scheduler */
         assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
         assert_string_equal(err, "prompt.text: this model has no tokenizer, send token ids");
+        /* the message count is capped before anything else looks at the messages */
+        r->prompt = SCHED_PROMPT_CHAT;
+        r->n_messages = 4097;
+        r->messages = calloc(r->n_messages, sizeof *r->messages);
+        assert_non_null(r->messages);
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
+        assert_string_equal(err, "prompt.chat.messages: 4097 messages, at most 4096 accepted");
+        r->n_messages = 4096; /* at the cap: on to the next check */
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
+        assert_string_equal(err, "prompt.chat: this model has no tokenizer, send token ids");
+        free(r->messages);
+        r->messages = NULL;
+        r->n_messages = 0;
         r->prompt = SCHED_PROMPT_TOKENS;
         r->snapshot = strdup("ok-name");
         assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_UNAVAILABLE);
