@@ -235,6 +235,15 @@ static int load_config(struct options *o, const char *path, bool required) {
         while (fgets(line, sizeof line, f)) {
                 lineno++;
                 snprintf(where, sizeof where, "%s:%u", path, lineno);
+                size_t len = strlen(line);
+                if (len == sizeof line - 1 && line[len - 1] != '\n') {
+                        /* fgets stopped at the buffer, not at the end of the line: the rest would
+                         * be read as a line of its own (a value cut in two, a key out of thin air) */
+                        int ch = fgetc(f);
+                        if (ch != EOF)
+                                return log_error_errno(E2BIG, "%s: line longer than %zu bytes", where,
+                                                       sizeof line - 1);
+                }
                 char *s = strip(line);
                 if (!*s || *s == '#' || *s == ';')
                         continue;

@@ -809,8 +809,11 @@ static int write_config_json(const struct x4_mkmodel_shape *s, const char *path)
                 s->n_expert_used, s->n_expert_shared, s->n_head, s->n_head, s->q_lora_rank,
                 s->kv_lora_rank, s->qk_nope, s->qk_rope, s->v_head, (double) s->n_ctx / YARN_ORIG_CTX,
                 YARN_ORIG_CTX, s->n_ctx, s->n_vocab, X4_HC_MAX);
-        if (fflush(f) != 0 || ferror(f))
-                return log_error_errno(EIO, "%s: write failed", path);
+        if (fflush(f) != 0 || ferror(f)) {
+                /* the failed write (fprintf's or fflush's) left its errno: ENOSPC, EDQUOT, EIO */
+                int e = errno > 0 ? errno : EIO;
+                return log_error_errno(e, "%s: write failed: %s", path, strerror(e));
+        }
         return 0;
 }
 

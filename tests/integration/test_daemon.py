@@ -537,6 +537,15 @@ def test_config_errors_name_the_line(tmp_path):
     r = run_xing4d("--config", str(conf))
     assert r.returncode == 1
     assert f"{conf}:1: 'lots' is not an integer in [1, 4096]" in r.stderr
+    # a line longer than the parser's buffer is an error, not two lines
+    conf.write_text("[xing4d]\nthreads = 1\n# " + "x" * 5000 + "\n")
+    r = run_xing4d("--config", str(conf))
+    assert r.returncode == 1
+    assert f"{conf}:3: line longer than 4095 bytes" in r.stderr
+    # 4095 bytes exactly, at the end of the file without a newline, still fits
+    conf.write_text("[xing4d]\n#" + "x" * 4094)
+    r = run_xing4d("--config", str(conf))
+    assert "line longer" not in r.stderr and f"{conf}:" not in r.stderr, r.stderr
     r = run_xing4d("--config", str(tmp_path / "missing.conf"))
     assert r.returncode == 1
     assert f"config {tmp_path / 'missing.conf'}: cannot open: No such file or directory" in r.stderr

@@ -160,3 +160,13 @@ def test_the_number_of_chat_messages_is_capped(fresh_daemon):
     while w.DONE not in f:
         assert w.ERROR not in f, w.error_of(f)
         f = c.recv()
+
+
+def test_mkmodel_names_the_write_error(tmp_path):
+    # /dev/full fails every write with ENOSPC: the message must say so, not a generic failure
+    from conftest import BUILD
+    tool = BUILD / "tools" / "x4-mkmodel"
+    r = subprocess.run([str(tool), "--preset", "tiny", "--quiet", "--out", str(tmp_path / "m.gguf"),
+                        "--config-out", "/dev/full"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "/dev/full: write failed: No space left on device" in r.stderr, r.stderr
