@@ -52,6 +52,12 @@ struct api_request {
         size_t affinity_len;
 };
 
+/* Caps on one chat request's shape, answered with a 400 naming them. A 4 MiB body could otherwise
+ * carry ~100k messages or calls; 4096 messages is far past any context the model has, and 256
+ * calls per turn far past what a model emits in one turn. */
+#define API_MAX_MESSAGES 4096
+#define API_MAX_TOOL_CALLS 256
+
 void api_request_done(struct api_request *r);
 /* Parse a chat (/v1/chat/completions) or completion (/v1/completions) body. model_id is the id
  * /v1/models lists. On failure: -1 and e filled (status 400/404). */

@@ -218,6 +218,11 @@ static char *tool_calls_json(json_t *calls, size_t msg, struct api_error *e) {
                 bad(e, param, "an array expected, got %s", type_name(calls));
                 return NULL;
         }
+        if (json_array_size(calls) > API_MAX_TOOL_CALLS) {
+                bad(e, param, "at most %d tool calls per message, got %zu", API_MAX_TOOL_CALLS,
+                    json_array_size(calls));
+                return NULL;
+        }
         json_array_foreach(calls, i, tc) {
                 json_t *fn = json_object_get(tc, "function");
                 json_t *args = json_object_get(fn, "arguments");
@@ -237,23 +242,20 @@ static char *tool_calls_json(json_t *calls, size_t msg, struct api_error *e) {
         return s;
 }
 
-/* The function name of the earlier call a tool message answers (OpenAI sends tool_call_id, the
- * chat template wants the tool's name), NULL when no assistant message before it has that id. */
-static const char *tool_name_for_call(json_t *msgs, size_t before, const char *id) {
-        for (size_t k = before; k-- > 0;) {
-                json_t *calls = json_object_get(json_array_get(msgs, k), "tool_calls");
-                size_t i;
-                json_t *tc;
-                if (!json_is_array(calls))
-                        continue;
-                json_array_foreach(calls, i, tc) {
-                        const char *tid = json_string_value(json_object_get(tc, "id"));
-                        if (tid && strcmp(tid, id) == 0)
-                                return json_string_value(
-                                        json_object_get(json_object_get(tc, "function"), "name"));
-                }
+/* Remember the function name of each of an assistant message's calls by id, so a later tool
+ * message's tool_call_id finds its call's name with one hash lookup. (Scanning every earlier
+ * message per tool message was quadratic: with the body limit's worth of calls it held the one
+ * event loop for minutes.) A later message's call with the same id wins, as does the first of
+ * one message's calls, which is what the template sees nearest to the answer. */
+static int tool_names_add(json_t *names, json_t *calls) {
+        for (size_t i = json_array_size(calls); i-- > 0;) {
+                json_t *tc = json_array_get(calls, i);
+                const char *id = json_string_value(json_object_get(tc, "id"));
+                json_t *name = json_object_get(json_object_get(tc, "function"), "name");
+                if (id && json_is_string(name) && json_object_set(names, id, name) < 0)
+                        return -1;
         }
-        return NULL;
+        return 0;
 }
 
 static void affinity_add(struct api_request *r, const char *s, size_t n) {
@@ -277,6 +279,12 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                                 "messages: required (an array of {role, content} objects)");
         if (!json_is_array(msgs) || json_array_size(msgs) == 0)
                 return bad(e, "messages", "a non-empty array expected");
+        if (json_array_size(msgs) > API_MAX_MESSAGES)
+                return bad(e, "messages", "at most %d messages per request, got %zu", API_MAX_MESSAGES,
+                           json_array_size(msgs));
+        _cleanup_(json_decrefp) json_t *tool_names = json_object();
+        if (!tool_names)
+                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         json_array_foreach(msgs, i, m) {
                 char param[64];
                 snprintf(param, sizeof param, "messages[%zu].role", i);
@@ -302,13 +310,15 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                         reasoning = json_string_value(rs);
                         if (calls && !json_is_null(calls) && !(calls_json = tool_calls_json(calls, i, e)))
                                 ret = -1;
+                        else if (calls && tool_names_add(tool_names, calls) < 0)
+                                ret = -1;
                 }
                 if (ret == 0 && strcmp(role, "tool") == 0) {
                         /* the protocol has no tool_call_id; the name of the call it answers does */
                         name = json_string_value(json_object_get(m, "name"));
                         const char *id = json_string_value(json_object_get(m, "tool_call_id"));
                         if (!name && id)
-                                name = tool_name_for_call(msgs, i, id);
+                                name = json_string_value(json_object_get(tool_names, id));
                 }
                 if (ret == 0 && !text.s)
                         ret = sbuf_add(&text, "", 0);

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: MIT
+"""Findings of the security review of xing4-http, each with the behaviour a client notices:
+a hostile request shape cannot hold the one event loop, response ids cannot be guessed to cancel
+someone else's generation, and an over-long config line is refused instead of split."""
+import json
+import threading
+import time
+
+from conftest import assert_openai_error, chat
+
+
+def tool_conversation(n_assistant, calls_each, n_tool, unknown_ids=False):
+    """n_assistant assistant turns of calls_each calls, then n_tool tool results answering them
+    (or ids no call has, the worst case of a lookup that scans every earlier call)."""
+    msgs = [{"role": "user", "content": "go"}]
+    for a in range(n_assistant):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{a}_{k}", "type": "function", "function": {"name": f"f{k}", "arguments": "{}"}}
+            for k in range(calls_each)]})
+    for t in range(n_tool):
+        cid = f"x{t}" if unknown_ids else f"c{t % max(n_assistant, 1)}_{t % max(calls_each, 1)}"
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": "ok"})
+    return {"model": "xing4", "messages": msgs, "max_tokens": 4}
+
+
+def post_while_probing_health(b, body):
+    """POST body on one connection; once all of it has been handed to the kernel, GET /health on
+    another, again and again until the POST is answered (so some probe overlaps the parse).
+    Returns (status, parsed body, seconds for the POST, slowest /health answer in seconds)."""
+    raw = json.dumps(body).encode()
+    out = {}
+    sent = threading.Event()
+
+    def big():
+        c = b.conn(timeout=300)
+        t0 = time.monotonic()
+        c.request("POST", "/v1/chat/completions", body=raw, headers={"Content-Type": "application/json"})
+        sent.set()
+        r = c.getresponse()
+        data = r.read()
+        out["big_s"] = time.monotonic() - t0
+        out["resp"] = (r.status, json.loads(data))
+        c.close()
+    th = threading.Thread(target=big)
+    th.start()
+    assert sent.wait(timeout=120), "the big request could not be sent"
+    health_s = 0
+    while True:
+        t0 = time.monotonic()
+        st, _, hb = b.request("GET", "/health", timeout=120)
+        health_s = max(health_s, time.monotonic() - t0)
+        assert st == 200 and hb["status"] == "ok", hb
+        if not th.is_alive() or health_s > 2:
+            break
+    th.join(timeout=300)
+    assert not th.is_alive(), "the big request was never answered"
+    st, rb = out["resp"]
+    return st, rb, out["big_s"], health_s
+
+
+def test_ten_thousand_tool_messages_are_refused_promptly(fake, make_bridge):
+    b = make_bridge([fake["socket"]], "--max-body-bytes", "16000000")
+    # 10k calls in one assistant turn and 10k tool messages answering them
+    body = tool_conversation(1, 10000, 10000)
+    st, rb, big_s, health_s = post_while_probing_health(b, body)
+    assert_openai_error(st, rb, 400, "messages: at most 4096 messages per request, got 10002",
+                        param="messages")
+    assert big_s < 5 and health_s < 2, (big_s, health_s)
+
+
+def test_too_many_calls_in_one_turn_are_refused(fake_bridge):
+    body = tool_conversation(1, 257, 1)
+    st, _, rb = fake_bridge.post("/v1/chat/completions", body)
+    assert_openai_error(st, rb, 400, "messages[1].tool_calls: at most 256 tool calls per message, got 257",
+                        param="messages[1].tool_calls")
+    # the caps themselves are allowed
+    st, _, rb = fake_bridge.post("/v1/chat/completions", tool_conversation(1, 256, 1))
+    assert st == 200, rb
+
+
+def test_tool_name_lookup_is_not_quadratic(fake, make_bridge):
+    # within the caps: 60k earlier calls and 4000 tool messages whose ids match none of them. The
+    # old per-message scan did 2.4e8 lookups here (tens of seconds of a frozen loop); a map does
+    # 64k. The request then reaches the (fake) daemon.
+    b = make_bridge([fake["socket"]], "--max-body-bytes", "16000000")
+    body = tool_conversation(234, 256, 4096 - 235, unknown_ids=True)
+    assert len(body["messages"]) == 4096
+    st, rb, big_s, health_s = post_while_probing_health(b, body)
+    assert st == 200, rb
+    assert big_s < 10 and health_s < 2, (big_s, health_s)
+
+
+def test_tool_name_found_by_id_among_many_calls(fake, fake_bridge):
+    # the map finds the call a tool message answers, the latest turn's call winning a reused id
+    msgs = [{"role": "user", "content": "go"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "old_name", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "1"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "new_name", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "2"},
+            {"role": "tool", "tool_call_id": "b", "content": "3"},
+            {"role": "tool", "tool_call_id": "nope", "content": "4"}]
+    st, _, rb = fake_bridge.post("/v1/chat/completions", {"model": "xing4", "messages": msgs})
+    assert st == 200, rb
+    rec = json.loads(fake["record"].read_text().splitlines()[-1])
+    names = [m.get("name", "") for m in rec["messages"] if m["role"] == "tool"]
+    assert names == ["old_name", "new_name", "lookup", ""], rec["messages"]
