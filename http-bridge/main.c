@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,7 +62,11 @@ static struct config cfg = {
         .connect_timeout_ms = 3000,
         .retry_after_s = 1,
 };
-static char api_key[512];
+/* The keys of api-key-file, one per line: each client (or team) can get its own, and only the key a
+ * generation was started with may cancel it. */
+#define MAX_API_KEYS 64
+static char *api_keys[MAX_API_KEYS];
+static size_t n_api_keys;
 
 static int config_set(const char *key, const char *value, const char *where) {
         char *end;
@@ -305,8 +310,10 @@ static void send_error(struct evhttp_request *req, const struct api_error *e, co
 
 struct job {
         struct job *prev, *next;
-        uint64_t id;
+        /* the response's "id" and the handle of DELETE /v1/requests/{id}: "chatcmpl-" or "cmpl-" and
+         * 128 random bits in hex, so a client cannot guess (and cancel) another's generation */
         char idstr[48];
+        int key;                        /* index in api_keys of the key that started it, -1 = none */
         const char *endpoint;
         struct backend *be;
         uint64_t rid;                   /* libx4client's id on be->c */
@@ -328,7 +335,6 @@ struct job {
 
 static struct job *jobs;
 static unsigned n_jobs;
-static uint64_t next_job_id = 1;
 /* SIGTERM: no new generations; exit when the running ones are answered or the grace time ends */
 static bool draining;
 #define DRAIN_GRACE_S 30
@@ -554,7 +560,25 @@ static void on_done(const struct x4_done *d, void *arg) {
         maybe_exit_drained();
 }
 
-static void handle_generate(struct evhttp_request *req, enum api_kind kind, const char *endpoint) {
+/* PREFIX-<32 hex digits> from getrandom(): 128 bits a client cannot guess from its own ids. */
+static int make_request_id(char *buf, size_t size, const char *prefix) {
+        uint8_t rnd[16];
+        size_t got = 0;
+        while (got < sizeof rnd) {
+                ssize_t n = getrandom(rnd + got, sizeof rnd - got, 0);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        return log_error_errno(n < 0 ? errno : EIO, "getrandom: cannot draw a request id: %m");
+                got += (size_t) n;
+        }
+        int k = snprintf(buf, size, "%s-", prefix);
+        for (size_t i = 0; i < sizeof rnd && k > 0 && (size_t) k + 2 < size; i++)
+                k += snprintf(buf + k, size - (size_t) k, "%02x", rnd[i]);
+        return 0;
+}
+
+static void handle_generate(struct evhttp_request *req, enum api_kind kind, int key, const char *endpoint) {
         struct api_error e = { 0 };
         struct evbuffer *in = evhttp_request_get_input_buffer(req);
         size_t len = evbuffer_get_length(in);
@@ -588,9 +612,14 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, cons
                 api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
                 return send_error(req, &e, endpoint);
         }
-        j->id = next_job_id++;
-        snprintf(j->idstr, sizeof j->idstr, "%s-%llu", kind == API_CHAT ? "chatcmpl" : "cmpl",
-                 (unsigned long long) j->id);
+        if (make_request_id(j->idstr, sizeof j->idstr, kind == API_CHAT ? "chatcmpl" : "cmpl") < 0) {
+                api_request_done(&ar);
+                free(j);
+                api_fail(&e, 500, "server_error", "internal_error", NULL,
+                         "cannot draw a random request id: %s", log_last_error());
+                return send_error(req, &e, endpoint);
+        }
+        j->key = key;
         j->endpoint = endpoint;
         j->kind = kind;
         j->stream = ar.stream;
@@ -643,15 +672,22 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, cons
         n_jobs++;
 }
 
-/* DELETE /v1/requests/{id}: id is a response's "id" (chatcmpl-N, cmpl-N) or N. */
-static void handle_cancel(struct evhttp_request *req, const char *id) {
-        const char *num = strrchr(id, '-');
-        num = num ? num + 1 : id;
-        char *end;
-        unsigned long long n = strtoull(num, &end, 10);
+/* Equal strings, in time that depends on their lengths only (not on where they first differ). */
+static bool secret_equal(const char *a, const char *b) {
+        size_t n = strlen(a), m = strlen(b);
+        unsigned char diff = n != m;
+        for (size_t i = 0; i < n; i++)
+                diff |= (unsigned char) a[i] ^ (unsigned char) (i < m ? b[i] : 0);
+        return diff == 0;
+}
+
+/* DELETE /v1/requests/{id}: id is exactly the "id" this bridge answered the generation with. With
+ * API keys configured only the key that started it may cancel it; to any other the generation
+ * does not exist (404), so ids cannot be probed with a second key either. */
+static void handle_cancel(struct evhttp_request *req, const char *id, int key) {
         struct api_error e;
-        for (struct job *j = jobs; j && *num && !*end; j = j->next) {
-                if (j->id != n)
+        for (struct job *j = jobs; j; j = j->next) {
+                if (!secret_equal(j->idstr, id) || j->key != key)
                         continue;
                 char idcopy[48];
                 snprintf(idcopy, sizeof idcopy, "%s", j->idstr);
@@ -663,7 +699,8 @@ static void handle_cancel(struct evhttp_request *req, const char *id) {
                 return;
         }
         api_fail(&e, 404, "invalid_request_error", "not_found", "id",
-                 "request \"%s\" is not in flight on this server", id);
+                 "request \"%.200s\" is not in flight on this server%s", id,
+                 n_api_keys > 1 ? " under this API key" : "");
         send_error(req, &e, "cancel");
 }
 
@@ -744,18 +781,19 @@ static void handle_metrics(struct evhttp_request *req) {
         metrics_count_request("metrics", 200);
 }
 
-static bool authorized(struct evhttp_request *req) {
-        if (!api_key[0])
-                return true;
+/* The index in api_keys of the key the request carries; 0 when no keys are configured, -1 when
+ * the key is missing or wrong. Every key is compared, so the time does not say which one matched. */
+static int authorized(struct evhttp_request *req) {
+        if (n_api_keys == 0)
+                return 0;
         const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
         if (!h || strncasecmp(h, "Bearer ", 7) != 0)
-                return false;
-        h += 7;
-        size_t n = strlen(api_key), m = strlen(h);
-        unsigned char diff = n != m;
-        for (size_t i = 0; i < n; i++)
-                diff |= (unsigned char) api_key[i] ^ (unsigned char) (i < m ? h[i] : 0);
-        return diff == 0;
+                return -1;
+        int found = -1;
+        for (size_t i = 0; i < n_api_keys; i++)
+                if (secret_equal(api_keys[i], h + 7))
+                        found = (int) i;
+        return found;
 }
 
 static void route(struct evhttp_request *req, void *arg) {
@@ -774,7 +812,8 @@ static void route(struct evhttp_request *req, void *arg) {
                         return handle_metrics(req);
                 return handle_health(req, streq(path, "/ready"));
         }
-        if (!authorized(req)) {
+        int key = authorized(req);
+        if (key < 0) {
                 evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
                 api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                          "missing or wrong API key: send \"Authorization: Bearer KEY\" with the key in this "
@@ -806,8 +845,8 @@ static void route(struct evhttp_request *req, void *arg) {
         if (streq(endpoint, "models"))
                 return handle_models(req);
         if (streq(endpoint, "cancel"))
-                return handle_cancel(req, path + 13);
-        handle_generate(req, streq(endpoint, "chat") ? API_CHAT : API_COMPLETION, endpoint);
+                return handle_cancel(req, path + 13, key);
+        handle_generate(req, streq(endpoint, "chat") ? API_CHAT : API_COMPLETION, key, endpoint);
 }
 
 /* ---- main ---------------------------------------------------------------------------------------- */
@@ -826,15 +865,27 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
         event_base_loopexit(base, &grace);
 }
 
-static int read_api_key(const char *path) {
+/* One key per line; blank lines and # comments are skipped. */
+static int read_api_keys(const char *path) {
         _cleanup_fclose_ FILE *f = fopen(path, "re");
+        char line[512];
+        unsigned lineno = 0;
         if (!f)
                 return log_error_errno(errno, "%s: cannot read the API key file: %m", path);
-        if (!fgets(api_key, sizeof api_key, f))
-                api_key[0] = 0;
-        char *k = trim(api_key);
-        memmove(api_key, k, strlen(k) + 1);
-        if (!api_key[0])
+        while (fgets(line, sizeof line, f)) {
+                lineno++;
+                if (!strchr(line, '\n') && !feof(f))
+                        return log_error_errno(E2BIG, "%s:%u: API key longer than %zu bytes", path, lineno,
+                                               sizeof line - 2);
+                char *k = trim(line);
+                if (!*k || *k == '#')
+                        continue;
+                if (n_api_keys >= MAX_API_KEYS)
+                        return log_error_errno(E2BIG, "%s:%u: at most %d API keys", path, lineno, MAX_API_KEYS);
+                if (!(api_keys[n_api_keys++] = strdup(k)))
+                        return log_error_errno(ENOMEM, "%s: out of memory", path);
+        }
+        if (n_api_keys == 0)
                 return log_error_errno(EINVAL, "%s: the API key file is empty", path);
         return 0;
 }
@@ -846,7 +897,7 @@ static void usage(void) {
                "  --listen HOST:PORT    address to serve (default 127.0.0.1:8000; port 0 = any free)\n"
                "  --socket PATH         xing4d socket; repeat for several daemons (default $X4_SOCKET or "
                X4_DEFAULT_SOCKET ")\n"
-               "  --api-key-file PATH   require \"Authorization: Bearer KEY\" with the key in PATH\n"
+               "  --api-key-file PATH   require \"Authorization: Bearer KEY\" with a key in PATH (one per line)\n"
                "  --model-name NAME     model id to list and accept (default xing4)\n"
                "  --max-body-bytes N    largest request body (default 4194304)\n"
                "  --max-concurrent N    generations in flight before 429 (default 64)\n"
@@ -926,7 +977,7 @@ int main(int argc, char **argv) {
                 const char *env = getenv(X4_SOCKET_ENV);
                 config_set("socket", env && *env ? env : X4_DEFAULT_SOCKET, "default");
         }
-        if (cfg.api_key_file[0] && read_api_key(cfg.api_key_file) < 0)
+        if (cfg.api_key_file[0] && read_api_keys(cfg.api_key_file) < 0)
                 return 2;
 
         char host[256];
@@ -1002,5 +1053,7 @@ int main(int argc, char **argv) {
         event_base_free(base);
         for (size_t i = 0; i < cfg.n_sockets; i++)
                 free(cfg.sockets[i]);
+        for (size_t i = 0; i < n_api_keys; i++)
+                free(api_keys[i]);
         return 0;
 }

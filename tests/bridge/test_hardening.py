@@ -3,10 +3,12 @@
 a hostile request shape cannot hold the one event loop, response ids cannot be guessed to cancel
 someone else's generation, and an over-long config line is refused instead of split."""
 import json
+import re
+import subprocess
 import threading
 import time
 
-from conftest import assert_openai_error, chat
+from conftest import HTTP, assert_openai_error, chat, need
 
 
 def tool_conversation(n_assistant, calls_each, n_tool, unknown_ids=False):
@@ -107,3 +109,83 @@ def test_tool_name_found_by_id_among_many_calls(fake, fake_bridge):
     rec = json.loads(fake["record"].read_text().splitlines()[-1])
     names = [m.get("name", "") for m in rec["messages"] if m["role"] == "tool"]
     assert names == ["old_name", "new_name", "lookup", ""], rec["messages"]
+
+
+# ---- cancellation needs the exact, unguessable id (and the key that started it) ----------------
+
+def start_stream(b, headers=None):
+    """A long streaming generation; returns (connection, response, its id)."""
+    c = b.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=True)),
+              headers={"Content-Type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    assert r.status == 200
+    first = json.loads(r.readline().decode()[6:])
+    return c, r, first["id"]
+
+
+def finish_reason(r):
+    rest = r.read().decode()
+    events = [json.loads(x[6:]) for x in rest.split("\n\n") if x.startswith("data: {")]
+    return events[-1]["choices"][0]["finish_reason"]
+
+
+def test_response_ids_are_random_128_bit(bridge):
+    ids = set()
+    for path, body, prefix in (("/v1/chat/completions", chat("hi", max_tokens=1), "chatcmpl-"),
+                               ("/v1/completions", {"model": "xing4", "prompt": "hi", "max_tokens": 1}, "cmpl-")):
+        for _ in range(3):
+            st, _, rb = bridge.post(path, body)
+            assert st == 200, rb
+            assert re.fullmatch(re.escape(prefix) + "[0-9a-f]{32}", rb["id"]), rb["id"]
+            ids.add(rb["id"][len(prefix):])
+    assert len(ids) == 6  # no two alike (and nothing sequential to guess from)
+
+
+def test_cancel_needs_the_exact_id(bridge, daemon):
+    c, r, rid = start_stream(bridge)
+    hexpart = rid.split("-", 1)[1]
+    # what used to cancel it: any prefix before the last "-", or the counter alone
+    for guess in (f"cmpl-{hexpart}", f"x-{hexpart}", hexpart, rid + "0", rid[:-1], rid.upper(),
+                  "chatcmpl-1", "1"):
+        st, _, body = bridge.request("DELETE", f"/v1/requests/{guess}")
+        assert_openai_error(st, body, 404, f'request "{guess}" is not in flight', param="id")
+    st, _, body = bridge.request("DELETE", f"/v1/requests/{rid}")
+    assert st == 200 and body == {"id": rid, "object": "request.cancel", "cancelled": True}, body
+    assert finish_reason(r) == "cancelled"
+    c.close()
+
+
+def test_only_the_starting_key_may_cancel(daemon, make_bridge, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# one key per team\nkey-alice\n\nkey-bob\n")
+    b = make_bridge([daemon.sock], "--api-key-file", str(keys))
+    alice = {"Authorization": "Bearer key-alice"}
+    bob = {"Authorization": "Bearer key-bob"}
+    c, r, rid = start_stream(b, alice)
+    st, _, body = b.request("DELETE", f"/v1/requests/{rid}", headers=bob)
+    assert_openai_error(st, body, 404, f'request "{rid}" is not in flight on this server under this API key',
+                        param="id")
+    st, _, body = b.request("DELETE", f"/v1/requests/{rid}")
+    assert_openai_error(st, body, 401, "missing or wrong API key")
+    st, _, body = b.request("DELETE", f"/v1/requests/{rid}", headers=alice)
+    assert st == 200 and body["cancelled"] is True, body
+    assert finish_reason(r) == "cancelled"
+    c.close()
+    # both keys work for generating
+    for h in (alice, bob):
+        st, _, body = b.post("/v1/chat/completions", chat(max_tokens=1), headers=h)
+        assert st == 200, body
+
+
+def test_api_key_file_mistakes_are_named(tmp_path):
+    need(HTTP)
+    keys = tmp_path / "keys"
+    keys.write_text("# only comments\n\n")
+    r = subprocess.run([str(HTTP), "--config", "/dev/null", "--api-key-file", str(keys)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and f"{keys}: the API key file is empty" in r.stderr, r.stderr
+    keys.write_text("ok\n" + "k" * 600 + "\n")
+    r = subprocess.run([str(HTTP), "--config", "/dev/null", "--api-key-file", str(keys)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and f"{keys}:2: API key longer than 510 bytes" in r.stderr, r.stderr
