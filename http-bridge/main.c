@@ -117,6 +117,15 @@ static char *trim(char *s) {
         return s;
 }
 
+/* Whether fgets() left part of this line unread (the buffer was full before its end): a line
+ * exactly filling the buffer is whole when the newline or the end of the file comes next. */
+static bool line_cut(FILE *f, const char *line) {
+        if (strchr(line, '\n'))
+                return false;
+        int c = getc(f);
+        return c != EOF && c != '\n';
+}
+
 /* INI: [xing4-http] section, key = value, # or ; comments. A missing default file is fine. */
 static int config_load(const char *path, bool required) {
         _cleanup_fclose_ FILE *f = fopen(path, "re");
@@ -129,9 +138,12 @@ static int config_load(const char *path, bool required) {
                 return log_error_errno(errno, "%s: cannot open the config file: %m", path);
         }
         while (fgets(line, sizeof line, f)) {
-                char *s = trim(line);
                 lineno++;
                 snprintf(where, sizeof where, "%s:%u", path, lineno);
+                /* a line that does not fit would be read as two (its tail taken for a setting) */
+                if (line_cut(f, line))
+                        return log_error_errno(E2BIG, "%s: line longer than %zu bytes", where, sizeof line - 1);
+                char *s = trim(line);
                 if (!*s || *s == '#' || *s == ';')
                         continue;
                 if (*s == '[') {
@@ -874,9 +886,9 @@ static int read_api_keys(const char *path) {
                 return log_error_errno(errno, "%s: cannot read the API key file: %m", path);
         while (fgets(line, sizeof line, f)) {
                 lineno++;
-                if (!strchr(line, '\n') && !feof(f))
+                if (line_cut(f, line))
                         return log_error_errno(E2BIG, "%s:%u: API key longer than %zu bytes", path, lineno,
-                                               sizeof line - 2);
+                                               sizeof line - 1);
                 char *k = trim(line);
                 if (!*k || *k == '#')
                         continue;

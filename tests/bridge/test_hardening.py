@@ -188,4 +188,23 @@ def test_api_key_file_mistakes_are_named(tmp_path):
     keys.write_text("ok\n" + "k" * 600 + "\n")
     r = subprocess.run([str(HTTP), "--config", "/dev/null", "--api-key-file", str(keys)], capture_output=True,
                        text=True, timeout=30)
-    assert r.returncode == 2 and f"{keys}:2: API key longer than 510 bytes" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"{keys}:2: API key longer than 511 bytes" in r.stderr, r.stderr
+
+
+# ---- the INI reader ------------------------------------------------------------------------------
+
+def test_config_line_longer_than_the_buffer_is_refused(daemon, tmp_path):
+    need(HTTP)
+    conf = tmp_path / "long.conf"
+    # before: the first 1023 bytes were one (comment) line and the tail a setting of its own
+    conf.write_text("[xing4-http]\n# " + "x" * 1100 + " model-name = smuggled\n")
+    r = subprocess.run([str(HTTP), "--config", str(conf)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and f"{conf}:2: line longer than 1023 bytes" in r.stderr, r.stderr
+    # a line that just fits (1023 bytes, then the newline or the end of the file) is read whole
+    for end in ("\n", ""):
+        line = "model-name = " + "m" * (1023 - len("model-name = "))
+        conf.write_text(f"[xing4-http]\nsocket = {daemon.sock}\n{line}{end}")
+        r = subprocess.run([str(HTTP), "--config", str(conf), "--listen", "nonsense"], capture_output=True,
+                           text=True, timeout=30)
+        # the config is accepted (the model name is cut to its 127-byte field); --listen then fails
+        assert r.returncode == 2 and "--listen nonsense: HOST:PORT expected" in r.stderr, r.stderr
