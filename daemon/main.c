@@ -51,6 +51,8 @@ struct options {
         uint32_t prefill_chunk;
         uint32_t prefix_pages; /* 0: the whole cache */
         uint32_t max_messages;
+        uint32_t max_snapshots;
+        uint64_t max_snapshot_bytes;
         double grace_s;
         double hello_timeout_s;
         int log_level;
@@ -149,6 +151,10 @@ static int apply_option(struct options *o, const char *key, const char *v, const
         else if (streq(key, "memory-limit")) {
                 if (parse_size(v, &o->memory_limit) < 0)
                         return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)", where, v);
+        } else if (streq(key, "max-snapshot-bytes")) {
+                if (parse_size(v, &o->max_snapshot_bytes) < 0 || o->max_snapshot_bytes == 0)
+                        return log_error_errno(EINVAL, "%s: '%s' is not a nonzero size (e.g. 64G)",
+                                               where, v);
         } else if (streq(key, "output-buffer")) {
                 if (parse_size(v, &o->output_buffer) < 0 || o->output_buffer < 1024 ||
                     o->output_buffer > (1u << 30))
@@ -193,6 +199,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         { "prefill-chunk", offsetof(struct options, prefill_chunk), 1, 65536 },
                         { "prefix-pages", offsetof(struct options, prefix_pages), 0, 1u << 24 },
                         { "max-messages", offsetof(struct options, max_messages), 1, 1u << 20 },
+                        { "max-snapshots", offsetof(struct options, max_snapshots), 1, 1u << 20 },
                 };
                 for (size_t i = 0; i < ELEMENTSOF(nums); i++)
                         if (streq(key, nums[i].name)) {
@@ -291,6 +298,8 @@ static void help(void) {
                "  --max-frame BYTES            largest accepted frame (16 MiB)\n"
                "  --max-connections N          (1024; kept below the open file limit)\n"
                "  --max-messages N             chat messages per request (4096)\n"
+               "  --max-snapshots N            snapshot files in the state dir (64)\n"
+               "  --max-snapshot-bytes SIZE    their total size (64G)\n"
                "  --page-tokens N              tokens per cache page (256)\n"
                "  --cache-pages N              cache pages (0 = from the memory limit)\n"
                "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
@@ -447,7 +456,7 @@ enum {
         OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
-        OPT_MAX_MESSAGES,
+        OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES,
 };
 
 static const struct option longopts[] = {
@@ -473,6 +482,8 @@ static const struct option longopts[] = {
         { "grace", required_argument, NULL, OPT_GRACE },
         { "hello-timeout", required_argument, NULL, OPT_HELLO_TIMEOUT },
         { "max-messages", required_argument, NULL, OPT_MAX_MESSAGES },
+        { "max-snapshots", required_argument, NULL, OPT_MAX_SNAPSHOTS },
+        { "max-snapshot-bytes", required_argument, NULL, OPT_MAX_SNAPSHOT_BYTES },
         { "output-buffer", required_argument, NULL, OPT_OUTPUT_BUFFER },
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
         { "help", no_argument, NULL, 'h' },
@@ -643,6 +654,8 @@ int main(int argc, char **argv) {
                 .state_dir = o.state_dir ? o.state_dir : "/var/lib/xing4d",
                 .prefix_pages = o.prefix_pages,
                 .max_messages = o.max_messages,
+                .max_snapshots = o.max_snapshots,
+                .max_snapshot_bytes = o.max_snapshot_bytes,
         };
         r = sched_new(&sp, &sched);
         if (r < 0)

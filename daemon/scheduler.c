@@ -772,12 +772,22 @@ static int snap_open(const struct sched *s, const char *name, struct snap_header
                      char *err, size_t size) {
         char path[4096];
         snap_path(s, name, path, sizeof path, "");
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        /* O_NOFOLLOW: a symlink planted at NAME.x4snap must not make the daemon read (or, for
+         * drop, judge) a file elsewhere with its privileges; O_NONBLOCK: nor hang on a FIFO */
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0)
                 return errno == ENOENT ? verr(err, size, SCHED_ERR_NOT_FOUND,
                                               "snapshot '%s': not found in %s", name, s->p.state_dir)
-                                       : verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s",
-                                              path, strerror(errno));
+                       : errno == ELOOP ? verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                              "snapshot %s: a symbolic link, not followed", path)
+                                        : verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s",
+                                               path, strerror(errno));
+        struct stat st;
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                close(fd);
+                return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                            "snapshot %s: not a regular file", path);
+        }
         if (read_full(fd, h, sizeof *h) < 0 || memcmp(h->magic, SNAP_MAGIC, 8) != 0 ||
             h->version != 1) {
                 close(fd);
@@ -837,6 +847,36 @@ static int snap_load(struct sched *s, struct job *j, int32_t **ret_tokens, char 
         return 0;
 }
 
+/* Snapshots are written on behalf of any client that can connect: a count and a byte quota keep
+ * them from filling the disk. Replacing a snapshot of the same name counts its old size out. */
+static int snap_check_quota(const struct sched *s, const char *name, uint64_t bytes, char *err,
+                            size_t size) {
+        struct sched_snapshot_info *a = NULL;
+        size_t n = 0, count = 0;
+        uint64_t total = 0;
+        int code = sched_snapshot_list(s, &a, &n, err, size);
+        if (code)
+                return code;
+        for (size_t i = 0; i < n; i++) {
+                if (streq(a[i].name, name))
+                        continue;
+                count++;
+                total += a[i].bytes;
+        }
+        free(a);
+        if (count + 1 > s->p.max_snapshots)
+                return verr(err, size, SCHED_ERR_RESOURCE_EXHAUSTED,
+                            "snapshot '%s': %zu snapshots exist, limit %u (max-snapshots): drop one "
+                            "first", name, count, s->p.max_snapshots);
+        if (total + bytes > s->p.max_snapshot_bytes)
+                return verr(err, size, SCHED_ERR_RESOURCE_EXHAUSTED,
+                            "snapshot '%s': %llu bytes more would bring the snapshots to %llu bytes, "
+                            "limit %llu (max-snapshot-bytes)", name, (unsigned long long) bytes,
+                            (unsigned long long) (total + bytes),
+                            (unsigned long long) s->p.max_snapshot_bytes);
+        return 0;
+}
+
 /* j (a create job) has prefilled its whole prompt: write its pages. */
 static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info *info, char *err,
                      size_t size) {
@@ -853,8 +893,16 @@ static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info 
         snprintf(h.fingerprint, sizeof h.fingerprint, "%s", x4_model_fingerprint(s->p.model));
         snap_path(s, name, path, sizeof path, "");
         snap_path(s, name, tmp, sizeof tmp, ".tmp");
+        uint64_t bytes = sizeof h + (uint64_t) j->n_prompt * sizeof *j->seq + (uint64_t) n_pages * pb;
+        int code = snap_check_quota(s, name, bytes, err, size);
+        if (code)
+                return code;
         uint8_t *page = malloc(pb);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+        /* O_EXCL | O_NOFOLLOW: never write through a file or symlink someone put at the tmp
+         * name; a stale tmp of ours (a crash mid-write) is unlinked (the link, not its target) */
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+        if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
+                fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
         if (!page || fd < 0) {
                 int e = errno;
                 free(page);
@@ -882,7 +930,7 @@ static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info 
         memset(info, 0, sizeof *info);
         snprintf(info->name, sizeof info->name, "%s", name);
         info->n_tokens = j->n_prompt;
-        info->bytes = sizeof h + (uint64_t) j->n_prompt * sizeof *j->seq + (uint64_t) n_pages * pb;
+        info->bytes = bytes;
         info->created_unix = h.created_unix;
         return 0;
 }
@@ -1639,6 +1687,10 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                 s->p.max_stop = 16;
         if (!s->p.max_messages)
                 s->p.max_messages = 4096;
+        if (!s->p.max_snapshots)
+                s->p.max_snapshots = 64;
+        if (!s->p.max_snapshot_bytes)
+                s->p.max_snapshot_bytes = (uint64_t) 64 << 30;
         s->efd = -1;
         s->next_id = 1;
         s->cfg = x4_model_config(s->p.model);

@@ -170,6 +170,8 @@ struct sched_params {
         uint32_t prefill_chunk; /* prompt tokens per step (default 256) */
         uint32_t max_stop;      /* stop strings per request (default 16) */
         uint32_t max_messages;  /* chat messages per request (default 4096) */
+        uint32_t max_snapshots; /* snapshot files in state_dir (default 64) */
+        uint64_t max_snapshot_bytes; /* their total size (default 64 GiB) */
         const char *state_dir;  /* snapshots live here; NULL: snapshots unavailable */
         bool prefix_off;        /* no automatic prefix reuse */
         uint32_t prefix_pages;  /* most pages the prefix store keeps (0: up to the whole cache;

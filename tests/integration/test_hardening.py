@@ -170,3 +170,52 @@ def test_mkmodel_names_the_write_error(tmp_path):
                         "--config-out", "/dev/full"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "/dev/full: write failed: No space left on device" in r.stderr, r.stderr
+
+
+def test_snapshot_symlinks_are_not_followed(fresh_daemon, tmp_path):
+    d = fresh_daemon()
+    secret = tmp_path / "secret"
+    secret.write_text("not a snapshot, and not the daemon's to touch\n")
+    planted = d.state / "evil.x4snap"
+    planted.symlink_to(secret)
+    # reading through it: refused, named
+    r = d.x4ctl("generate", "--tokens", "13", "--snapshot", "evil")
+    assert r.returncode != 0
+    assert f"snapshot {planted}: a symbolic link, not followed" in r.stderr, r.stderr
+    r = d.x4ctl("snapshot", "drop", "evil")
+    assert r.returncode != 0 and "a symbolic link, not followed" in r.stderr, r.stderr
+    assert planted.is_symlink()
+    # a link planted at the temporary name is not written through either
+    (d.state / "other.x4snap.tmp").symlink_to(secret)
+    r = d.x4ctl("snapshot", "create", "other", "--tokens", "5,6,7,8")
+    assert r.returncode == 0, r.stderr
+    # creating over the link replaces the link, not its target
+    r = d.x4ctl("snapshot", "create", "evil", "--tokens", "5,6,7,8")
+    assert r.returncode == 0, r.stderr
+    assert secret.read_text() == "not a snapshot, and not the daemon's to touch\n"
+    assert not planted.is_symlink() and planted.stat().st_size > 0
+    assert not (d.state / "other.x4snap").is_symlink()
+    assert not (d.state / "other.x4snap.tmp").exists()
+
+
+def test_snapshot_quota(fresh_daemon):
+    d = fresh_daemon(args=("--max-snapshots", "2"))
+    for name in ("a", "b"):
+        r = d.x4ctl("snapshot", "create", name, "--tokens", "5,6,7,8")
+        assert r.returncode == 0, r.stderr
+    r = d.x4ctl("snapshot", "create", "c", "--tokens", "5,6,7,8")
+    assert r.returncode != 0
+    assert ("snapshot 'c': 2 snapshots exist, limit 2 (max-snapshots): drop one first"
+            in r.stderr), r.stderr
+    assert not (d.state / "c.x4snap").exists()
+    # replacing one is not one more
+    r = d.x4ctl("snapshot", "create", "a", "--tokens", "5,6,7,8,9")
+    assert r.returncode == 0, r.stderr
+    size = (d.state / "a.x4snap").stat().st_size
+    e = fresh_daemon(args=("--max-snapshot-bytes", str(size + size // 2)))
+    r = e.x4ctl("snapshot", "create", "x", "--tokens", "5,6,7,8,9")
+    assert r.returncode == 0, r.stderr
+    r = e.x4ctl("snapshot", "create", "y", "--tokens", "5,6,7,8,9")
+    assert r.returncode != 0
+    assert (f"snapshot 'y': {size} bytes more would bring the snapshots to {2 * size} bytes, "
+            f"limit {size + size // 2} (max-snapshot-bytes)") in r.stderr, r.stderr
