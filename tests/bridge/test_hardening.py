@@ -83,12 +83,14 @@ def test_too_many_calls_in_one_turn_are_refused(fake_bridge):
 def test_tool_name_lookup_is_not_quadratic(fake, make_bridge):
     # within the caps: 60k earlier calls and 4000 tool messages whose ids match none of them. The
     # old per-message scan did 2.4e8 lookups here (tens of seconds of a frozen loop); a map does
-    # 64k. The request then reaches the (fake) daemon.
+    # 64k. A parameter checked after the messages (top_logprobs without logprobs) ends it there,
+    # so what is timed is the bridge alone, not the transfer of 4 MB to the daemon.
     b = make_bridge([fake["socket"]], "--max-body-bytes", "16000000")
     body = tool_conversation(234, 256, 4096 - 235, unknown_ids=True)
+    body["top_logprobs"] = 1
     assert len(body["messages"]) == 4096
     st, rb, big_s, health_s = post_while_probing_health(b, body)
-    assert st == 200, rb
+    assert_openai_error(st, rb, 400, 'top_logprobs: requires "logprobs": true', param="top_logprobs")
     assert big_s < 10 and health_s < 2, (big_s, health_s)
 
 
