@@ -19,6 +19,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "scheduler.h"
+#include "util/escape.h"
 #include "util/frame.h"
 #include "util/log.h"
 #include "xing4.pb-c.h"
@@ -127,11 +128,14 @@ static void send_frame(struct conn *c, const Xing4__Frame *f) {
 
 _printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int code,
                                        const char *fmt, ...) {
-        char msg[1024];
+        char raw[1024], msg[1024];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
+        vsnprintf(raw, sizeof raw, fmt, ap);
         va_end(ap);
+        /* messages quote what the client sent (names, roles, stop strings): escaped once here,
+         * for the log (no forged lines) and the wire (Error.message must be valid UTF-8) */
+        cescape(raw, strlen(raw), msg, sizeof msg);
 
         Xing4__Error e = XING4__ERROR__INIT;
         e.has_code = 1;
@@ -367,7 +371,9 @@ static void handle_hello(struct conn *c, uint64_t id, const Xing4__Hello *h) {
                 conn_close_after_flush(c);
                 return;
         }
-        snprintf(c->client, sizeof c->client, "%s", h->client ? h->client : "");
+        /* shown in the log and in every StatsReply: escaped */
+        cescape(h->client ? h->client : "", h->client ? strlen(h->client) : 0, c->client,
+                sizeof c->client);
         c->hello_done = true;
         if (c->ev_hello) {
                 event_free(c->ev_hello);

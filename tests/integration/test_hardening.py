@@ -219,3 +219,27 @@ def test_snapshot_quota(fresh_daemon):
     assert r.returncode != 0
     assert (f"snapshot 'y': {size} bytes more would bring the snapshots to {2 * size} bytes, "
             f"limit {size + size // 2} (max-snapshot-bytes)") in r.stderr, r.stderr
+
+
+def test_client_text_is_escaped_in_the_log_and_errors(fresh_daemon):
+    d = fresh_daemon()
+    c = w.Conn(d.sock)
+    c.send(w.frame(0, w.HELLO, w.hello(client=b"evil\nxing4d: forged line \x1b[31m\xff")))
+    assert w.HELLO_REPLY in c.recv()
+    # a snapshot name with a newline and a byte that is not UTF-8, echoed in the Error
+    name = b"a\nb\xff"
+    req = w.field_varint(1, 1) + w.field_bytes(2, name) + w.field_bytes(3, "5,6")
+    c.send(w.frame(4, w.SNAPSHOT, req))
+    f = c.recv()
+    e = w.parse(f[w.ERROR][0])
+    raw = e[2][0]
+    raw.decode("utf-8")  # valid UTF-8: any client's protobuf decoder accepts it
+    assert b"\n" not in raw and b"\xff" not in raw
+    assert "snapshot name 'a\\nb\\xff'" in raw.decode(), raw
+    c.send(w.frame(5, w.HEALTH))
+    assert w.HEALTH_REPLY in c.recv()
+    deadline = time.monotonic() + 20
+    while not any("client 'evil\\nxing4d: forged line \\x1b[31m\\xff'" in x for x in d.log):
+        assert time.monotonic() < deadline, d.log[-5:]
+        d.proc.poll()
+    assert not any(x.startswith("xing4d: forged") for x in d.log)
