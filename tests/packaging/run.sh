@@ -265,7 +265,7 @@ do_x4ctl() {
         out=$(x4ctl --socket "$sock" --json generate --raw --max-tokens 16 --ignore-eos --seed 3 \
                 "The packaging test says hello") || { echo "$out"; return 1; }
         echo "$out" | tail -2
-        echo "$out" | grep -q '"type":"done","finish_reason":"length".*"completion_tokens":16,' ||
+        grep -q '"type":"done","finish_reason":"length".*"completion_tokens":16,' <<<"$out" ||
                 { echo "no done line with 16 completion tokens"; return 1; }
 }
 check "x4ctl: the installed x4ctl generates 16 tokens through the daemon" do_x4ctl
@@ -278,11 +278,14 @@ do_pkgconfig() {
                 { echo "pkg-config --modversion libx4client: $(pkg-config --modversion libx4client)"; return 1; }
         # shellcheck disable=SC2046
         cc -Wall -Werror -o "$work/hello" $ex $(pkg-config --cflags --libs libx4client) || return 1
-        ldd "$work/hello" | grep -Eq 'libx4client.so.1 => (/usr)?/lib/' || { ldd "$work/hello"; return 1; }
+        # (grep -q on a pipe can end it early: with pipefail the writer's SIGPIPE failed the check)
+        local libs
+        libs=$(ldd "$work/hello")
+        grep -Eq 'libx4client.so.1 => (/usr)?/lib/' <<<"$libs" || { echo "$libs"; return 1; }
         local out
         out=$(X4_SOCKET=$sock "$work/hello" "Hello from pkg-config") || { echo "$out"; return 1; }
         echo "$out" | tail -1
-        echo "$out" | grep -Eq '^\[xing4d [0-9.]+: [0-9]+ prompt tokens, [1-9][0-9]* generated' ||
+        grep -Eq '^\[xing4d [0-9.]+: [0-9]+ prompt tokens, [1-9][0-9]* generated' <<<"$out" ||
                 { echo "no summary line with generated tokens"; return 1; }
 }
 check "pkg-config: a program built against libx4client-dev connects and generates" do_pkgconfig
@@ -300,7 +303,7 @@ do_cuda_missing() {
         rc=$?
         echo "$out"
         [ $rc -ne 0 ] || { echo "xing4d --device cuda started without the CUDA runtime"; return 1; }
-        echo "$out" | grep -q 'xing4d-cuda.so: libcudart.so.13: cannot open shared object file' ||
+        grep -q 'xing4d-cuda.so: libcudart.so.13: cannot open shared object file' <<<"$out" ||
                 { echo "the message does not name libcudart.so.13"; return 1; }
 }
 check "cuda: without the CUDA runtime, xing4d --device cuda names libcudart.so.13" do_cuda_missing
