@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Findings of the security review: what one local client can do to everybody else (idle sockets,
 connection floods, fd exhaustion, huge prompts), each answered with a message naming the limit."""
+import os
 import resource
 import subprocess
 import time
@@ -243,3 +244,37 @@ def test_client_text_is_escaped_in_the_log_and_errors(fresh_daemon):
         assert time.monotonic() < deadline, d.log[-5:]
         d.proc.poll()
     assert not any(x.startswith("xing4d: forged") for x in d.log)
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_out_of_descriptors_pauses_accepting_instead_of_spinning(fresh_daemon):
+    # 14 descriptors: the daemon's own ~9 plus a clamped --max-connections of 7 do not fit, so
+    # accept() itself fails with EMFILE while clients wait in the listen backlog
+    def tiny_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (14, 14))
+    d = fresh_daemon(preexec_fn=tiny_fd_limit)
+    n_before = len(d.log)
+    conns = []
+    for _ in range(12):
+        c = w.Conn(d.sock, timeout=20)
+        c.send(w.frame(0, w.HELLO, w.hello()))
+        conns.append(c)
+    deadline = time.monotonic() + 20
+    while not any("accept() failed: Too many open files" in x for x in d.log[n_before:]):
+        assert time.monotonic() < deadline, d.log[n_before:][-5:]
+        d.proc.poll()
+    # measured over a window: a listener that retried accept() at once would use it all
+    cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
+    while time.monotonic() - t0 < 2:
+        d.proc.poll()
+    used = cpu_seconds(d.proc.pid) - cpu0
+    assert used < 0.5, f"the daemon used {used:.2f} s of CPU in 2 s while out of descriptors"
+    for c in conns:
+        c.close()
+    assert serves_a_new_client(d)
+    lines = [x for x in d.log[n_before:] if "client 'pytest', protocol" not in x]
+    assert len(lines) < 10, lines[:10]
