@@ -768,13 +768,42 @@ static int write_full(int fd, const void *buf, size_t n) {
 }
 
 /* Read and check a header; code + message on failure. */
-static int snap_open(const struct sched *s, const char *name, struct snap_header *h, int *ret_fd,
-                     char *err, size_t size) {
-        char path[4096];
+/* The state directory, opened once per operation: every file of the operation is then opened,
+ * renamed and unlinked relative to it (openat & co), so the directory cannot be swapped for
+ * another in the middle of an operation. */
+static int snap_dir_open(const struct sched *s, int *ret, char *err, size_t size) {
+        int dfd = open(s->p.state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return errno == ENOENT ? SCHED_ERR_NOT_FOUND
+                                       : verr(err, size, SCHED_ERR_INTERNAL, "state directory %s: %s",
+                                              s->p.state_dir, strerror(errno));
+        *ret = dfd;
+        return 0;
+}
+
+static int snap_open(const struct sched *s, int dfd, const char *name, struct snap_header *h,
+                     int *ret_fd, char *err, size_t size) {
+        char path[4096], file[96];
         snap_path(s, name, path, sizeof path, "");
+        snprintf(file, sizeof file, "%s.x4snap", name);
+        int own = -1;
+        if (dfd < 0) {
+                int code = snap_dir_open(s, &own, err, size);
+                if (code == SCHED_ERR_NOT_FOUND)
+                        return verr(err, size, SCHED_ERR_NOT_FOUND, "snapshot '%s': not found in %s",
+                                    name, s->p.state_dir);
+                if (code)
+                        return code;
+                dfd = own;
+        }
         /* O_NOFOLLOW: a symlink planted at NAME.x4snap must not make the daemon read (or, for
          * drop, judge) a file elsewhere with its privileges; O_NONBLOCK: nor hang on a FIFO */
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        int fd = openat(dfd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (own >= 0) {
+                int e = errno;
+                close(own);
+                errno = e;
+        }
         if (fd < 0)
                 return errno == ENOENT ? verr(err, size, SCHED_ERR_NOT_FOUND,
                                               "snapshot '%s': not found in %s", name, s->p.state_dir)
@@ -806,7 +835,7 @@ static int snap_load(struct sched *s, struct job *j, int32_t **ret_tokens, char 
         int fd, code;
         size_t pb = s->p.ops->page_bytes(s->p.backend);
 
-        code = snap_open(s, name, &h, &fd, err, size);
+        code = snap_open(s, -1, name, &h, &fd, err, size);
         if (code)
                 return code;
         if (strcmp(h.fingerprint, x4_model_fingerprint(s->p.model)) != 0) {
@@ -893,21 +922,32 @@ static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info 
         snprintf(h.fingerprint, sizeof h.fingerprint, "%s", x4_model_fingerprint(s->p.model));
         snap_path(s, name, path, sizeof path, "");
         snap_path(s, name, tmp, sizeof tmp, ".tmp");
+        char file[96], tmpfile[100];
+        snprintf(file, sizeof file, "%s.x4snap", name);
+        snprintf(tmpfile, sizeof tmpfile, "%s.x4snap.tmp", name);
         uint64_t bytes = sizeof h + (uint64_t) j->n_prompt * sizeof *j->seq + (uint64_t) n_pages * pb;
         int code = snap_check_quota(s, name, bytes, err, size);
+        if (code)
+                return code;
+        int dfd;
+        code = snap_dir_open(s, &dfd, err, size);
+        if (code == SCHED_ERR_NOT_FOUND)
+                return verr(err, size, SCHED_ERR_INTERNAL, "state directory %s: %s",
+                            s->p.state_dir, strerror(ENOENT));
         if (code)
                 return code;
         uint8_t *page = malloc(pb);
         /* O_EXCL | O_NOFOLLOW: never write through a file or symlink someone put at the tmp
          * name; a stale tmp of ours (a crash mid-write) is unlinked (the link, not its target) */
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-        if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
-                fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+        int fd = openat(dfd, tmpfile, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+        if (fd < 0 && errno == EEXIST && unlinkat(dfd, tmpfile, 0) == 0)
+                fd = openat(dfd, tmpfile, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
         if (!page || fd < 0) {
-                int e = errno;
+                int e = page ? errno : ENOMEM;
                 free(page);
                 if (fd >= 0)
                         close(fd);
+                close(dfd);
                 return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", tmp, strerror(e));
         }
         r = write_full(fd, &h, sizeof h);
@@ -921,12 +961,15 @@ static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info 
         free(page);
         if (close(fd) < 0 && r >= 0)
                 r = -errno;
-        if (r >= 0 && rename(tmp, path) < 0)
+        /* rename replaces whatever is at NAME.x4snap, a planted symlink included, never its
+         * target */
+        if (r >= 0 && renameat(dfd, tmpfile, dfd, file) < 0)
                 r = -errno;
-        if (r < 0) {
-                (void) unlink(tmp);
+        if (r < 0)
+                (void) unlinkat(dfd, tmpfile, 0);
+        close(dfd);
+        if (r < 0)
                 return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(-r));
-        }
         memset(info, 0, sizeof *info);
         snprintf(info->name, sizeof info->name, "%s", name);
         info->n_tokens = j->n_prompt;
@@ -962,7 +1005,7 @@ int sched_snapshot_list(const struct sched *s, struct sched_snapshot_info **ret,
                 memcpy(name, de->d_name, len - 7);
                 name[len - 7] = 0;
                 if (sched_snapshot_check_name(name, e2, sizeof e2) != 0 ||
-                    snap_open(s, name, &h, &fd, e2, sizeof e2) != 0)
+                    snap_open(s, dirfd(d), name, &h, &fd, e2, sizeof e2) != 0)
                         continue;
                 if (fstat(fd, &st) < 0)
                         st.st_size = 0;
@@ -999,15 +1042,28 @@ int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_sn
                 return code;
         if (!s->p.state_dir)
                 return verr(err, size, SCHED_ERR_UNAVAILABLE, "this daemon has no state directory");
-        code = snap_open(s, name, &h, &fd, err, size);
+        int dfd;
+        code = snap_dir_open(s, &dfd, err, size);
+        if (code == SCHED_ERR_NOT_FOUND)
+                return verr(err, size, SCHED_ERR_NOT_FOUND, "snapshot '%s': not found in %s", name,
+                            s->p.state_dir);
         if (code)
                 return code;
+        code = snap_open(s, dfd, name, &h, &fd, err, size);
+        if (code) {
+                close(dfd);
+                return code;
+        }
         if (fstat(fd, &st) < 0)
                 st.st_size = 0;
         close(fd);
         snap_path(s, name, path, sizeof path, "");
-        if (unlink(path) < 0)
-                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(errno));
+        char file[96];
+        snprintf(file, sizeof file, "%s.x4snap", name);
+        int u = unlinkat(dfd, file, 0) < 0 ? errno : 0;
+        close(dfd);
+        if (u)
+                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(u));
         memset(ret, 0, sizeof *ret);
         snprintf(ret->name, sizeof ret->name, "%s", name);
         ret->n_tokens = h.n_tokens;
