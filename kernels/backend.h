@@ -57,6 +57,28 @@ struct x4_backend_params {
          * them into their own logger. NULL: the backend logs through its own copy only. */
         void (*log)(int level, const char *message, void *userdata);
         void *log_userdata;
+        /* Diagnostics only (parity tests; slows the forward, the CUDA backend synchronizes per
+         * MoE layer): called for every MoE layer and every new token of a forward, in token order
+         * of the batch, with the token's n_expert selection scores (spec §5: the gating score
+         * plus the correction bias, what top-k ranks) and the k selected routed expert ids in
+         * selection order. `token` is the index of the token in the batch's concatenated new
+         * tokens. NULL: not called. */
+        void (*route_trace)(uint32_t layer, uint32_t token, const float *scores, uint32_t n_expert,
+                            const int32_t *selected, uint32_t k, void *userdata);
+        void *route_trace_userdata;
+};
+
+/* What a backend spent its forwards on since profiling was switched on (x4-bench --profile). */
+#define X4_PROFILE_MAX_CLASSES 16
+struct x4_backend_profile {
+        uint64_t forwards;        /* forward() calls profiled */
+        uint64_t kernels;         /* device kernels launched by them */
+        uint32_t n_classes;
+        struct {
+                const char *name; /* "attention", "hc", "experts", ... (static strings) */
+                uint64_t kernels;
+                double ms;        /* device time, summed */
+        } classes[X4_PROFILE_MAX_CLASSES];
 };
 
 struct x4_backend_caps {
@@ -94,6 +116,10 @@ struct x4_backend_ops {
         int (*page_write)(struct x4_backend *b, uint32_t page, const void *src);
         /* Copy page src to page dst (copy-on-write of a shared prefix page). */
         int (*page_copy)(struct x4_backend *b, uint32_t dst, uint32_t src);
+        /* Optional (NULL: the backend cannot profile). on = true clears the counters and times
+         * every later forward per kernel class (timing events between kernels: slower, so never
+         * during a timed run); on = false stops. `ret` (may be NULL) gets the counters so far. */
+        int (*profile)(struct x4_backend *b, bool on, struct x4_backend_profile *ret);
 };
 
 /* The number of logits rows a batch produces. */
