@@ -99,6 +99,13 @@ struct x4_backend {
         struct matmul_set *mm; /* products queued for one hand-off to the pool */
         threadpool_fn_t attention_rows; /* the ISA variant of the attention loop */
         uint64_t memory_used;
+
+        /* backend.h route_trace (diagnostics; NULL: not called) and, while a forward runs, the
+         * batch index of the current micro-batch's first token (the hook's token numbering) */
+        void (*route_trace)(uint32_t layer, uint32_t token, const float *scores, uint32_t n_expert,
+                            const int32_t *selected, uint32_t k, void *userdata);
+        void *route_trace_userdata;
+        uint32_t token_base;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -591,9 +598,10 @@ static void swiglu(struct x4_backend *b, const struct gguf_tensor *gate,
 }
 
 /* spec §5 MoE steps 1-3: fp32 router, sigmoid scores, top-k of s + bias (bias for selection only;
- * ties go to the lower expert id), weights from the unbiased scores. */
+ * ties go to the lower expert id), weights from the unbiased scores. `ranked`, when not NULL,
+ * receives the n_expert values top-k ranked (s + bias) for the route_trace hook. */
 static void moe_route(const struct x4_config *c, const float *z, const float *bias, int32_t *sel,
-                      float *gw) {
+                      float *gw, float *ranked) {
         const uint32_t E = c->n_expert, K = c->n_expert_used;
         float s[256], sum = 0.0f;
         bool taken[256] = { false };
@@ -631,6 +639,10 @@ static void moe_route(const struct x4_config *c, const float *z, const float *bi
                 sel[k] = best;
                 gw[k] = s[best];
         }
+        if (ranked)
+                /* the same sum as in the loop above, so the hook sees exactly what was ranked */
+                for (uint32_t e = 0; e < E; e++)
+                        ranked[e] = s[e] + (bias ? bias[e] : 0.0f);
         if (c->expert_weights_norm) {
                 for (uint32_t k = 0; k < K; k++)
                         sum += gw[k];
@@ -649,9 +661,15 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
 
         /* steps 1-3 */
         matmul(b, L->ffn_gate_inp, 0, E, w->u, H, w->router, E, T);
-        for (size_t t = 0; t < T; t++)
+        for (size_t t = 0; t < T; t++) {
+                float ranked[256];
+
                 moe_route(c, w->router + t * E, tensor_f32(L->exp_probs_b), w->sel + t * K,
-                          w->gw + t * K);
+                          w->gw + t * K, b->route_trace ? ranked : NULL);
+                if (b->route_trace)
+                        b->route_trace(l, b->token_base + (uint32_t) t, ranked, (uint32_t) E,
+                                       w->sel + t * K, (uint32_t) K, b->route_trace_userdata);
+        }
 
         /* step 4, grouped by expert (prefill reads each expert's rows once): the inputs of the
          * (token, slot) pairs that chose expert e are gathered into rows first[e]..first[e+1) of
@@ -835,7 +853,9 @@ static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float
                         return log_error_errno(EINVAL, "sequence %u: logits requested but no output buffer", i);
         }
 
-        /* cut into micro-batches in batch order and run the trunk on each */
+        /* cut into micro-batches in batch order and run the trunk on each; token_base numbers
+         * the route_trace tokens across micro-batches */
+        b->token_base = 0;
         for (uint32_t i = 0; i < batch->n_seqs; i++) {
                 const struct x4_seq *s = &batch->seqs[i];
 
@@ -850,6 +870,7 @@ static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float
                         tok->logits_row = want ? row++ : -1;
                         if (T == CPU_MICROBATCH) {
                                 trunk(b, T, logits);
+                                b->token_base += (uint32_t) T;
                                 T = 0;
                         }
                 }
@@ -1063,6 +1084,8 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
         b->cfg = c;
         b->w = x4_model_weights(model);
         b->page_tokens = params->page_tokens;
+        b->route_trace = params->route_trace;
+        b->route_trace_userdata = params->route_trace_userdata;
         b->row_width = c->kv_lora_rank + c->qk_rope;
         b->page_floats = (size_t) c->n_layer * b->page_tokens * b->row_width;
         page_bytes = b->page_floats * sizeof(float);
