@@ -2,20 +2,42 @@
 /* x4-bench: prefill and decode rates of a backend on a model (conventions.md "Benchmarks").
  *
  *   x4-bench --model M.gguf [--config C.json] [--assume-release-defaults] [--device cpu|cuda]
- *            [--threads N] [--prefill 512,4096] [--decode-ctx 512,4096] [--batch 1,16]
- *            [--decode-tokens 32] [--repeats 3] [--json]
+ *            [--threads N] [--cache f32|f16] [--prefill 512,4096] [--decode-ctx 512,4096]
+ *            [--batch 1,16] [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]
+ *            [--profile] [--json]
  *   x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]
  *
  * --tokenize: the tokenizer's encode speed instead (one thread, the GGUF's vocabulary, the file
  * encoded as one text repeatedly for --seconds; issue 3 asks for >= 10 MB/s).
  * Prefill: one forward of L prompt tokens from position 0 (the backend micro-batches as it likes),
  * rate L / time. Decode at context C with batch B: B independent sequences, each holding C cached
- * tokens (sequence 0 is prefilled once, the others get copies of its pages), step together one
- * token each for --decode-tokens steps; rate B·steps / time. Every number is the median of
- * --repeats runs after a warm-up run. One JSON line per measurement on stdout as it completes
- * (including the load time), then a human table (--json: the JSON lines only). Each measurement
- * also gives the process CPU time (all threads) of the same run, "cpu_ms": on a shared machine
- * it shows what the work cost when the wall clock mostly measures waiting for a core.
+ * tokens, step together one token each for --decode-tokens steps; rate B·steps / time. Every
+ * number is the median of --repeats runs after a warm-up run. One JSON line per measurement on
+ * stdout as it completes (including the load time), then a human table (--json: the JSON lines
+ * only). Each measurement also gives the process CPU time (all threads) of the same run,
+ * "cpu_ms": on a shared machine it shows what the work cost when the wall clock mostly measures
+ * waiting for a core.
+ *
+ * The decode context: sequence 0 is prefilled with min(C, --decode-prefill-max) tokens (when C is
+ * larger, rounded down to whole cache pages), the rest of its page table up to C is filled with
+ * copies of those pages, cyclically, and its batch-mates get copies of its pages. A decode step
+ * costs the same whatever the cached rows hold: attention reads every one of the C rows of every
+ * layer, and copied pages are real latent rows of real tokens. So a 32K context costs seconds to
+ * set up, not the minutes of a 32K prefill (on the CPU backend, hours). The JSON line says which
+ * way it was filled: "ctx_filled":"prefill" or "prefill+copy".
+ *
+ * The cache: --cache (f32 default; the CPU backend has only f32) is the backend's cache_type;
+ * batch 64 at 32K context needs f16 on a 141 GB card. x4-bench asks for exactly the pages its
+ * measurements use: sequence 0 holds max(longest prefill, longest context + steps) tokens, the
+ * max(batch) - 1 others the longest context + steps; a backend that cannot fit them refuses, and
+ * the message names the measurements that needed them.
+ *
+ * --profile: after each measurement (never inside a timed run) the backend's profiling is
+ * switched on for one more run of the same shape (--decode-tokens steps; one prefill forward),
+ * then reported: kernels launched per decode step (per prefill) and, per kernel class, kernels,
+ * device ms and share of the summed class time; a JSON line {"what":"profile",...} each and a
+ * block per shape in the table, classes sorted by time. A backend without the optional profile
+ * op says so once on stderr and the run goes on without profiles.
  *
  * The commit is $X4_COMMIT, else `git rev-parse --short HEAD` run in $X4_SOURCE_DIR or in the
  * folder of this executable (an in-tree build dir), else "unknown". */
@@ -39,26 +61,54 @@
 #define PAGE_TOKENS 256u
 #define MAX_LIST 32
 #define MAX_RESULTS 256
+#define MAX_PROFILES 128
 
 struct result {
         char what[16];
         uint32_t len, ctx, batch;
+        uint32_t filled; /* decode: tokens of sequence 0 that were prefilled (the rest copied) */
         double tok_s, ms, cpu_ms;
+};
+
+/* One profiled shape, per decode step or per prefill forward. */
+struct profile_result {
+        bool prefill;
+        uint32_t len, ctx, batch;
+        double kernels;
+        uint32_t n_classes;
+        struct {
+                const char *name;
+                double kernels, ms;
+        } classes[X4_PROFILE_MAX_CLASSES]; /* sorted by ms, largest first */
 };
 
 struct bench {
         const struct x4_backend_ops *ops;
         struct x4_backend *b;
         uint32_t n_vocab;
-        uint32_t pages_per_seq;
-        uint32_t *pages; /* seq i owns pages[i * pages_per_seq ...] */
+        /* cache slots: sequence 0 (prefill, the decode source) owns pages[0 .. pages0), batch-mate
+         * i >= 1 owns pages_dec pages from pages0 + (i - 1) * pages_dec */
+        uint32_t pages0, pages_dec;
+        uint32_t *pages;
         int32_t *tokens;
         float *logits;
+        uint32_t prefill_max; /* --decode-prefill-max */
+        const char *cache;    /* "f32", "f16" */
+        bool json, profile, profile_unsupported;
         char device[128], model[256], commit[64];
-        bool json;
         struct result results[MAX_RESULTS];
         size_t n_results;
+        struct profile_result profiles[MAX_PROFILES];
+        size_t n_profiles;
 };
+
+static const uint32_t *slot_pages(const struct bench *B, uint32_t slot) {
+        return B->pages + (slot == 0 ? 0 : B->pages0 + (size_t) (slot - 1) * B->pages_dec);
+}
+
+static uint32_t slot_n_pages(const struct bench *B, uint32_t slot) {
+        return slot == 0 ? B->pages0 : B->pages_dec;
+}
 
 static double now_s(void) {
         struct timespec ts;
@@ -154,8 +204,14 @@ static void find_commit(char *buf, size_t size) {
         }
 }
 
+static void print_tail(const struct bench *B) {
+        printf(",\"cache\":\"%s\",\"device\":\"%s\",\"model\":\"%s\",\"commit\":\"%s\"}\n", B->cache, B->device,
+               B->model, B->commit);
+        fflush(stdout);
+}
+
 static void report(struct bench *B, const char *what, uint32_t len, uint32_t ctx, uint32_t batch,
-                   double tok_s, double ms, double cpu_ms) {
+                   uint32_t filled, double tok_s, double ms, double cpu_ms) {
         struct result *r;
 
         if (strcmp(what, "load") == 0)
@@ -163,12 +219,12 @@ static void report(struct bench *B, const char *what, uint32_t len, uint32_t ctx
         else if (strcmp(what, "prefill") == 0)
                 printf("{\"what\":\"prefill\",\"tokens\":%u,\"tok_s\":%.2f,\"ms\":%.3f", len, tok_s, ms);
         else
-                printf("{\"what\":\"decode\",\"ctx\":%u,\"batch\":%u,\"tok_s\":%.2f,\"ms_per_step\":%.3f",
-                       ctx, batch, tok_s, ms);
+                printf("{\"what\":\"decode\",\"ctx\":%u,\"batch\":%u,\"tok_s\":%.2f,\"ms_per_step\":%.3f,"
+                       "\"ctx_filled\":\"%s\",\"ctx_prefilled\":%u",
+                       ctx, batch, tok_s, ms, filled < ctx ? "prefill+copy" : "prefill", filled);
         if (strcmp(what, "load") != 0)
                 printf(",\"cpu_ms\":%.3f", cpu_ms);
-        printf(",\"device\":\"%s\",\"model\":\"%s\",\"commit\":\"%s\"}\n", B->device, B->model, B->commit);
-        fflush(stdout);
+        print_tail(B);
         if (B->n_results == MAX_RESULTS)
                 return;
         r = &B->results[B->n_results++];
@@ -176,23 +232,111 @@ static void report(struct bench *B, const char *what, uint32_t len, uint32_t ctx
         r->len = len;
         r->ctx = ctx;
         r->batch = batch;
+        r->filled = filled;
         r->tok_s = tok_s;
         r->ms = ms;
         r->cpu_ms = cpu_ms;
 }
 
-static int run_seq(struct bench *B, uint32_t seq_slot, uint32_t n, uint32_t pos0, uint32_t mode) {
+static int run_seq(struct bench *B, uint32_t slot, uint32_t n, uint32_t pos0, uint32_t mode) {
         struct x4_seq s = {
                 .tokens = B->tokens,
                 .n_tokens = n,
                 .pos0 = pos0,
-                .pages = B->pages + (size_t) seq_slot * B->pages_per_seq,
-                .n_pages = B->pages_per_seq,
+                .pages = slot_pages(B, slot),
+                .n_pages = slot_n_pages(B, slot),
                 .logits = mode,
         };
         struct x4_batch batch = { .seqs = &s, .n_seqs = 1 };
 
         return B->ops->forward(B->b, &batch, B->logits);
+}
+
+/* Log r with `what` in front of the backend's own message (log_last_error() is reused by the
+ * next message, so it is copied first). */
+static int backend_error(int r, const char *what) {
+        char reason[1024];
+
+        snprintf(reason, sizeof reason, "%s", *log_last_error() ? log_last_error() : "failed");
+        return log_error_errno(r, "%s: %s", what, reason);
+}
+
+/* --profile: switch the backend's profiling on before one more untimed run of a measured shape.
+ * 1: on; 0: the backend cannot profile (said once), run nothing more; <0: error. */
+static int profile_begin(struct bench *B) {
+        int r;
+
+        if (!B->profile)
+                return 0;
+        if (!B->ops->profile) {
+                if (!B->profile_unsupported)
+                        fprintf(stderr, "profile: not supported by the %s backend\n", B->ops->name);
+                B->profile_unsupported = true;
+                return 0;
+        }
+        r = B->ops->profile(B->b, true, NULL);
+        if (r < 0)
+                return backend_error(r, "profile: switching the profiling on");
+        return 1;
+}
+
+struct class_order {
+        double ms;
+        uint32_t i;
+};
+
+static int cmp_class_ms(const void *a, const void *b) {
+        double x = ((const struct class_order *) a)->ms, y = ((const struct class_order *) b)->ms;
+        return (x < y) - (x > y); /* largest first */
+}
+
+/* Switch profiling off and report what the run spent, per decode step (per prefill forward). */
+static int profile_end(struct bench *B, bool prefill, uint32_t len, uint32_t ctx, uint32_t batch) {
+        struct x4_backend_profile p = {};
+        struct profile_result pr = { .prefill = prefill, .len = len, .ctx = ctx, .batch = batch };
+        struct class_order order[X4_PROFILE_MAX_CLASSES];
+        double per, sum_ms = 0;
+        int r;
+
+        r = B->ops->profile(B->b, false, &p);
+        if (r < 0)
+                return backend_error(r, "profile: switching the profiling off");
+        if (p.forwards == 0)
+                return log_error_errno(EPROTO, "profile of %s %u: the %s backend counted no forward",
+                                       prefill ? "prefill" : "decode at ctx", prefill ? len : ctx,
+                                       B->ops->name);
+        per = (double) p.forwards;
+        pr.kernels = (double) p.kernels / per;
+        pr.n_classes = MIN(p.n_classes, (uint32_t) X4_PROFILE_MAX_CLASSES);
+        for (uint32_t i = 0; i < pr.n_classes; i++) {
+                order[i].ms = p.classes[i].ms;
+                order[i].i = i;
+                sum_ms += p.classes[i].ms;
+        }
+        qsort(order, pr.n_classes, sizeof *order, cmp_class_ms);
+        for (uint32_t k = 0; k < pr.n_classes; k++) {
+                uint32_t i = order[k].i;
+
+                pr.classes[k].name = p.classes[i].name ? p.classes[i].name : "?";
+                pr.classes[k].kernels = (double) p.classes[i].kernels / per;
+                pr.classes[k].ms = p.classes[i].ms / per;
+        }
+
+        if (prefill)
+                printf("{\"what\":\"profile\",\"tokens\":%u,\"kernels_per_prefill\":%.1f", len, pr.kernels);
+        else
+                printf("{\"what\":\"profile\",\"ctx\":%u,\"batch\":%u,\"kernels_per_step\":%.1f", ctx, batch,
+                       pr.kernels);
+        printf(",\"ms_sum\":%.4f,\"classes\":[", sum_ms / per);
+        for (uint32_t k = 0; k < pr.n_classes; k++)
+                printf("%s{\"name\":\"%s\",\"kernels\":%.1f,\"ms\":%.4f,\"share\":%.4f}", k ? "," : "",
+                       pr.classes[k].name, pr.classes[k].kernels, pr.classes[k].ms,
+                       sum_ms > 0 ? pr.classes[k].ms * per / sum_ms : 0);
+        printf("]");
+        print_tail(B);
+        if (B->n_profiles < MAX_PROFILES)
+                B->profiles[B->n_profiles++] = pr;
+        return 0;
 }
 
 static int bench_prefill(struct bench *B, uint32_t len, uint32_t repeats) {
@@ -215,7 +359,37 @@ static int bench_prefill(struct bench *B, uint32_t len, uint32_t repeats) {
                 ct[i] = cpu_s() - c0;
         }
         double m = median(t, repeats);
-        report(B, "prefill", len, 0, 0, len / m, m * 1000, median(ct, repeats) * 1000);
+        report(B, "prefill", len, 0, 0, 0, len / m, m * 1000, median(ct, repeats) * 1000);
+
+        r = profile_begin(B);
+        if (r <= 0)
+                return r;
+        r = run_seq(B, 0, len, 0, X4_LOGITS_LAST);
+        if (r < 0)
+                return r;
+        return profile_end(B, true, len, 0, 0);
+}
+
+/* Tokens of sequence 0 that the decode setup prefills for context ctx: all of them up to
+ * --decode-prefill-max, else that many rounded down to whole pages (at least one: the option's
+ * minimum is one page), the rest of the context being copies of those pages. */
+static uint32_t decode_prefilled(const struct bench *B, uint32_t ctx) {
+        return ctx <= B->prefill_max ? ctx : B->prefill_max / PAGE_TOKENS * PAGE_TOKENS;
+}
+
+/* `steps` decode steps of `batch` sequences at positions ctx .. ctx + steps - 1 */
+static int decode_steps(struct bench *B, struct x4_seq *seqs, uint32_t batch, uint32_t ctx,
+                        uint32_t steps) {
+        struct x4_batch bt = { .seqs = seqs, .n_seqs = batch };
+        int r;
+
+        for (uint32_t s = 0; s < steps; s++) {
+                for (uint32_t i = 0; i < batch; i++)
+                        seqs[i].pos0 = ctx + s;
+                r = B->ops->forward(B->b, &bt, B->logits);
+                if (r < 0)
+                        return r;
+        }
         return 0;
 }
 
@@ -223,18 +397,27 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
                         uint32_t repeats) {
         _cleanup_free_ struct x4_seq *seqs = calloc(batch, sizeof *seqs);
         _cleanup_free_ double *t = calloc(repeats, sizeof *t), *ct = calloc(repeats, sizeof *ct);
-        uint32_t used = DIV_ROUND_UP(ctx, PAGE_TOKENS);
+        const uint32_t *p0 = slot_pages(B, 0);
+        uint32_t used = DIV_ROUND_UP(ctx, PAGE_TOKENS), filled = decode_prefilled(B, ctx);
+        uint32_t filled_pages = DIV_ROUND_UP(filled, PAGE_TOKENS);
         int r;
 
         if (!seqs || !t || !ct)
                 return log_error_errno(ENOMEM, "out of memory");
-        /* C cached tokens: prefill sequence 0 once, copy its pages to the others */
-        r = run_seq(B, 0, ctx, 0, X4_LOGITS_NONE);
+        /* C cached tokens in sequence 0: prefill, then (C > --decode-prefill-max, so `filled` is
+         * whole pages) pages filled_pages .. used - 1 copied from pages 0, 1, .. cyclically */
+        r = run_seq(B, 0, filled, 0, X4_LOGITS_NONE);
         if (r < 0)
                 return r;
+        for (uint32_t k = filled_pages; k < used; k++) {
+                r = B->ops->page_copy(B->b, p0[k], p0[k % filled_pages]);
+                if (r < 0)
+                        return r;
+        }
+        /* the batch-mates: copies of sequence 0's pages */
         for (uint32_t i = 1; i < batch; i++)
                 for (uint32_t k = 0; k < used; k++) {
-                        r = B->ops->page_copy(B->b, B->pages[(size_t) i * B->pages_per_seq + k], B->pages[k]);
+                        r = B->ops->page_copy(B->b, slot_pages(B, i)[k], p0[k]);
                         if (r < 0)
                                 return r;
                 }
@@ -242,35 +425,38 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
                 seqs[i] = (struct x4_seq) {
                         .tokens = B->tokens + i,
                         .n_tokens = 1,
-                        .pages = B->pages + (size_t) i * B->pages_per_seq,
-                        .n_pages = B->pages_per_seq,
+                        .pages = slot_pages(B, i),
+                        .n_pages = slot_n_pages(B, i),
                         .logits = X4_LOGITS_LAST,
                 };
-        struct x4_batch bt = { .seqs = seqs, .n_seqs = batch };
 
         /* run 0 is the warm-up; every run rewrites positions ctx .. ctx+steps-1 */
         for (uint32_t rep = 0; rep <= repeats; rep++) {
                 double t0 = now_s(), c0 = cpu_s();
 
-                for (uint32_t s = 0; s < steps; s++) {
-                        for (uint32_t i = 0; i < batch; i++)
-                                seqs[i].pos0 = ctx + s;
-                        r = B->ops->forward(B->b, &bt, B->logits);
-                        if (r < 0)
-                                return r;
-                }
+                r = decode_steps(B, seqs, batch, ctx, steps);
+                if (r < 0)
+                        return r;
                 if (rep > 0) {
                         t[rep - 1] = (now_s() - t0) / steps;
                         ct[rep - 1] = (cpu_s() - c0) / steps;
                 }
         }
         double m = median(t, repeats);
-        report(B, "decode", 0, ctx, batch, batch / m, m * 1000, median(ct, repeats) * 1000);
-        return 0;
+        report(B, "decode", 0, ctx, batch, filled, batch / m, m * 1000, median(ct, repeats) * 1000);
+
+        r = profile_begin(B);
+        if (r <= 0)
+                return r;
+        r = decode_steps(B, seqs, batch, ctx, steps);
+        if (r < 0)
+                return r;
+        return profile_end(B, false, 0, ctx, batch);
 }
 
 static void print_table(const struct bench *B) {
-        printf("\nx4-bench  model %s  device %s  commit %s\n", B->model, B->device, B->commit);
+        printf("\nx4-bench  model %s  device %s  cache %s  commit %s\n", B->model, B->device, B->cache,
+               B->commit);
         printf("%-8s %-22s %12s %14s %14s\n", "what", "shape", "tok/s", "ms", "cpu ms");
         for (size_t i = 0; i < B->n_results; i++) {
                 const struct result *r = &B->results[i];
@@ -282,9 +468,31 @@ static void print_table(const struct bench *B) {
                         snprintf(shape, sizeof shape, "ctx %u batch %u", r->ctx, r->batch);
                 if (strcmp(r->what, "load") == 0)
                         printf("%-8s %-22s %12s %14.1f\n", r->what, shape, "", r->ms);
+                else if (strcmp(r->what, "prefill") == 0)
+                        printf("%-8s %-22s %12.2f %14.2f %14.2f\n", r->what, shape, r->tok_s, r->ms, r->cpu_ms);
+                else if (r->filled < r->ctx)
+                        printf("%-8s %-22s %12.2f %14.2f %14.2f  per step; ctx: %u prefilled + page copies\n",
+                               r->what, shape, r->tok_s, r->ms, r->cpu_ms, r->filled);
                 else
-                        printf("%-8s %-22s %12.2f %14.2f %14.2f%s\n", r->what, shape, r->tok_s, r->ms,
-                               r->cpu_ms, strcmp(r->what, "decode") == 0 ? "  per step" : "");
+                        printf("%-8s %-22s %12.2f %14.2f %14.2f  per step\n", r->what, shape, r->tok_s, r->ms,
+                               r->cpu_ms);
+        }
+        for (size_t i = 0; i < B->n_profiles; i++) {
+                const struct profile_result *p = &B->profiles[i];
+                double sum = 0;
+
+                for (uint32_t k = 0; k < p->n_classes; k++)
+                        sum += p->classes[k].ms;
+                if (p->prefill)
+                        printf("\nprofile  prefill %u tokens: %.1f kernels, %.3f ms of kernel time per prefill\n",
+                               p->len, p->kernels, sum);
+                else
+                        printf("\nprofile  decode ctx %u batch %u: %.1f kernels, %.3f ms of kernel time per step\n",
+                               p->ctx, p->batch, p->kernels, sum);
+                printf("  %-20s %12s %12s %8s\n", "class", "kernels", "ms", "share");
+                for (uint32_t k = 0; k < p->n_classes; k++)
+                        printf("  %-20s %12.1f %12.4f %7.1f%%\n", p->classes[k].name, p->classes[k].kernels,
+                               p->classes[k].ms, sum > 0 ? 100 * p->classes[k].ms / sum : 0);
         }
 }
 
@@ -329,10 +537,22 @@ static int bench_tokenize(const char *model, const char *path, double seconds, c
 
 static void usage(FILE *f) {
         fputs("usage: x4-bench --model M.gguf [--config C.json] [--assume-release-defaults]\n"
-              "                [--device cpu|cuda] [--threads N] [--prefill 512,4096]\n"
-              "                [--decode-ctx 512,4096] [--batch 1,16] [--decode-tokens 32]\n"
-              "                [--repeats 3] [--json]\n"
-              "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n",
+              "                [--device cpu|cuda] [--threads N] [--cache f32|f16]\n"
+              "                [--prefill 512,4096] [--decode-ctx 512,4096] [--batch 1,16]\n"
+              "                [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]\n"
+              "                [--profile] [--json]\n"
+              "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n"
+              "\n"
+              "  --cache f32|f16           the backend's latent cache type (default f32; cpu: f32 only)\n"
+              "  --decode-prefill-max N    decode setup: prefill at most N tokens of the context\n"
+              "                            (default 4096, at least 256 = one cache page); a longer\n"
+              "                            context is N rounded down to whole pages, prefilled, and\n"
+              "                            page copies of them up to the context length. A decode\n"
+              "                            step's work depends on the context length, not on the\n"
+              "                            cached values.\n"
+              "  --profile                 after each measurement, one more untimed run of the same\n"
+              "                            shape with the backend's profiling on: kernels per decode\n"
+              "                            step (per prefill) and time per kernel class\n",
               f);
 }
 
@@ -348,6 +568,9 @@ int main(int argc, char **argv) {
                 { "batch", required_argument, NULL, 'b' },
                 { "decode-tokens", required_argument, NULL, 'n' },
                 { "repeats", required_argument, NULL, 'r' },
+                { "cache", required_argument, NULL, 'C' },
+                { "decode-prefill-max", required_argument, NULL, 'P' },
+                { "profile", no_argument, NULL, 'F' },
                 { "json", no_argument, NULL, 'j' },
                 { "tokenize", required_argument, NULL, 'T' },
                 { "seconds", required_argument, NULL, 'S' },
@@ -360,11 +583,14 @@ int main(int argc, char **argv) {
         uint32_t prefill[MAX_LIST] = { 512, 4096 }, ctxs[MAX_LIST] = { 512, 4096 }, batches[MAX_LIST] = { 1, 16 };
         size_t n_prefill = 2, n_ctx = 2, n_batch = 2;
         uint32_t threads = 0, steps = 32, repeats = 3, max_len = 1, max_batch = 1, max_ctx = 0;
+        uint32_t cache_type = X4_CACHE_F32;
         const char *device = "cpu", *tokenize = NULL;
         double seconds = 3;
         int c, r = 0;
 
         log_set_max_level(LOG_CRIT);
+        B.cache = "f32";
+        B.prefill_max = 4096;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 switch (c) {
                 case 'm':
@@ -399,6 +625,22 @@ int main(int argc, char **argv) {
                         break;
                 case 'j':
                         B.json = true;
+                        break;
+                case 'C':
+                        if (streq(optarg, "f32"))
+                                cache_type = X4_CACHE_F32, B.cache = "f32";
+                        else if (streq(optarg, "f16"))
+                                cache_type = X4_CACHE_F16, B.cache = "f16";
+                        else
+                                r = log_error_errno(EINVAL, "--cache: '%s' is not a cache type; f32 or f16 expected",
+                                                    optarg);
+                        break;
+                case 'P':
+                        /* at least one page: a longer context is prefilled in whole pages */
+                        r = parse_u32("--decode-prefill-max", optarg, PAGE_TOKENS, &B.prefill_max);
+                        break;
+                case 'F':
+                        B.profile = true;
                         break;
                 case 'T':
                         tokenize = optarg;
@@ -453,18 +695,47 @@ int main(int argc, char **argv) {
         r = x4_backend_get(device, &B.ops);
         if (r < 0)
                 goto fail;
-        /* sequence slots: 0 for prefill and the decode source, up to max_batch in all */
-        B.pages_per_seq = DIV_ROUND_UP(MAX(max_len, max_ctx + steps), PAGE_TOKENS);
+        /* Cache slots, exactly what the measurements use: sequence 0 runs every prefill and is the
+         * decode source, max_batch - 1 batch-mates hold a decode context; a decode run writes
+         * positions ctx .. ctx + steps - 1 */
+        uint64_t dec_tokens = (uint64_t) max_ctx + steps, seq0_tokens = MAX((uint64_t) max_len, dec_tokens);
+        uint64_t n_pages = DIV_ROUND_UP(seq0_tokens, PAGE_TOKENS) +
+                           (uint64_t) (max_batch - 1) * DIV_ROUND_UP(dec_tokens, PAGE_TOKENS);
+        char need[256];
+
+        if (max_batch == 1)
+                snprintf(need, sizeof need, "one sequence of %" PRIu64 " tokens (%s)", seq0_tokens,
+                         max_len > dec_tokens ? "prefill" : "decode context + steps");
+        else if (max_len > dec_tokens)
+                snprintf(need, sizeof need, "sequence 0 of %u tokens (prefill) and %u more of %" PRIu64
+                         " tokens (decode at ctx %u + %u steps, batch %u)",
+                         max_len, max_batch - 1, dec_tokens, max_ctx, steps, max_batch);
+        else
+                snprintf(need, sizeof need, "%u sequences of %" PRIu64 " tokens (decode at ctx %u + %u steps, batch %u)",
+                         max_batch, dec_tokens, max_ctx, steps, max_batch);
+        if (n_pages > UINT32_MAX) {
+                log_error("%" PRIu64 " cache pages of %u tokens for %s: more than %u pages", n_pages, PAGE_TOKENS,
+                          need, UINT32_MAX);
+                goto fail;
+        }
+        B.pages0 = (uint32_t) DIV_ROUND_UP(seq0_tokens, PAGE_TOKENS);
+        B.pages_dec = (uint32_t) DIV_ROUND_UP(dec_tokens, PAGE_TOKENS);
         struct x4_backend_params bp = {
                 .n_threads = threads,
                 .page_tokens = PAGE_TOKENS,
-                .n_pages = B.pages_per_seq * max_batch,
-                .cache_type = X4_CACHE_F32,
+                .n_pages = (uint32_t) n_pages,
+                .cache_type = cache_type,
                 .log = x4_backend_params_default_log,
         };
         r = B.ops->create(model, &bp, &B.b);
-        if (r < 0)
+        if (r < 0) {
+                char what[512];
+
+                snprintf(what, sizeof what, "%s backend, --cache %s, %u pages of %u tokens for %s", B.ops->name,
+                         B.cache, bp.n_pages, PAGE_TOKENS, need);
+                backend_error(r, what);
                 goto fail;
+        }
         double load_s = now_s() - t0;
 
         struct x4_backend_caps caps;
@@ -475,8 +746,10 @@ int main(int argc, char **argv) {
         } else
                 snprintf(B.device, sizeof B.device, "%s", caps.name);
 
+        /* tokens: the longest prefill, the decode setup's prefill, one per sequence of a batch */
+        uint32_t n_tokens = MAX(MAX(max_len, MIN(max_ctx, B.prefill_max)), max_batch);
         B.pages = calloc(bp.n_pages, sizeof *B.pages);
-        B.tokens = calloc(MAX(max_len, max_batch), sizeof *B.tokens);
+        B.tokens = calloc(n_tokens, sizeof *B.tokens);
         B.logits = calloc(max_batch, (size_t) B.n_vocab * sizeof(float));
         if (!B.pages || !B.tokens || !B.logits) {
                 log_error("out of memory");
@@ -484,12 +757,12 @@ int main(int argc, char **argv) {
         }
         for (uint32_t i = 0; i < bp.n_pages; i++)
                 B.pages[i] = i;
-        for (uint32_t i = 0, x = 1; i < MAX(max_len, max_batch); i++) {
+        for (uint32_t i = 0, x = 1; i < n_tokens; i++) {
                 x = x * 1103515245u + 12345u;
                 B.tokens[i] = (int32_t) ((x >> 8) % B.n_vocab);
         }
 
-        report(&B, "load", 0, 0, 0, 0, load_s * 1000, 0);
+        report(&B, "load", 0, 0, 0, 0, 0, load_s * 1000, 0);
         /* page in the weights once before any timing */
         r = run_seq(&B, 0, 1, 0, X4_LOGITS_LAST);
         if (r < 0)
