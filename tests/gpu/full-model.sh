@@ -53,8 +53,11 @@ fi
 
 if has parity; then
         say "CUDA vs CPU, full model, 512 prompt + 64 greedy"
-        "$build/kernels/cuda/x4-gpu-check" parity "$model" 512 64 2>&1 | tail -20 \
-                | tee "$outdir/parity-full.txt"
+        # the whole output kept (one line per position over the bound or with a routing flip,
+        # then the routing summary and the route rule's verdict); its parity/FAIL/FATAL lines shown
+        "$build/kernels/cuda/x4-gpu-check" parity "$model" 512 64 >"$outdir/parity-full.txt" 2>&1
+        echo "x4-gpu-check parity exit status $?"
+        grep -E '^(parity|FAIL|FATAL)' "$outdir/parity-full.txt" | tail -60
 fi
 
 if has daemon && [ -n "$rpc" ]; then

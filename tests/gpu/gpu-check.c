@@ -4,7 +4,8 @@
  *
  *   x4-gpu-check fixture DIR      xing4-tiny-a cases vs the float64 reference (and vs the CPU)
  *   x4-gpu-check parity MODEL     CUDA vs CPU: 512-token prompt, every position, then 64 greedy
- *                                 tokens on each backend (divergences only at near-ties)
+ *                                 tokens on each backend (divergences only at near-ties), with
+ *                                 both backends' MoE routing traced (route-compare.h)
  *   x4-gpu-check batch MODEL      a sequence's logits bit-identical alone and in a batch of 16
  *   x4-gpu-check chunks MODEL     prefill in chunks of 1, 64, 512 and whole: bit-identical
  *   x4-gpu-check errors MODEL     refusals name the cause (messages asserted)
@@ -15,10 +16,14 @@
  * Tolerances (the CUDA forward runs fp32 activations everywhere, prefill included, with exact
  * dequantization, so prefill and decode rows are held to the same bound):
  *   vs the float64 reference: max |err| <= 1e-3 × max |ref| per case, decode and prefill rows;
- *   vs the CPU backend: max |cuda - cpu| <= 1e-3 × max |cpu| per position.
+ *   vs the CPU backend: max |cuda - cpu| <= 1e-3 × max |cpu| per position; in parity, a
+ *   position may exceed it only where an MoE layer chose a different expert set on the two
+ *   backends from a near-tie (k-th vs (k+1)-th score within ROUTE_NEAR_TIE on the CPU side):
+ *   summation order alone then swaps a whole expert, which no fp32 bound covers.
  * Exit status: 0 when every check passed, 1 otherwise; every measured number is printed. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +32,7 @@
 
 #include "backend.h"
 #include "model/xing4.h"
+#include "route-compare.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -69,16 +75,24 @@ struct bk {
         uint32_t n_vocab;
 };
 
-static void bk_open(struct bk *k, const char *dev, const struct x4_model *m, uint32_t n_pages) {
+/* rt: a route_trace collector the backend reports its MoE routing to, or NULL */
+static void bk_open_traced(struct bk *k, const char *dev, const struct x4_model *m,
+                           uint32_t n_pages, struct route_trace *rt) {
         struct x4_backend_params p = {
                 .page_tokens = PAGE_TOKENS,
                 .n_pages = n_pages,
                 .cache_type = streq(dev, "cuda") ? cuda_cache : X4_CACHE_F32,
                 .log = x4_backend_params_default_log,
+                .route_trace = rt ? route_trace_collect : NULL,
+                .route_trace_userdata = rt,
         };
         REQUIRE(x4_backend_get(dev, &k->ops) == 0, "backend %s not available", dev);
         REQUIRE(k->ops->create(m, &p, &k->b) == 0, "creating the %s backend", dev);
         k->n_vocab = x4_model_config(m)->n_vocab;
+}
+
+static void bk_open(struct bk *k, const char *dev, const struct x4_model *m, uint32_t n_pages) {
+        bk_open_traced(k, dev, m, n_pages, NULL);
 }
 
 static void bk_close(struct bk *k) {
@@ -279,25 +293,119 @@ static int cmp_double(const void *a, const void *b) {
         return (x > y) - (x < y);
 }
 
+/* rt (may be NULL): the backend's route_trace collector; its offset is set so that trace
+ * positions are sequence positions, prompt and decode steps alike. */
 static void greedy(struct bk *k, const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen,
                    const uint32_t *pages, uint32_t n_pages, float *prompt_rows, int32_t *gen,
-                   float *gen_rows) {
+                   float *gen_rows, struct route_trace *rt) {
         uint32_t V = k->n_vocab, arg;
         float margin;
+        if (rt)
+                rt->offset = 0;
         feed(k, prompt, n_prompt, 0, pages, n_pages, X4_LOGITS_ALL, prompt_rows);
         const float *last = prompt_rows + (size_t) (n_prompt - 1) * V;
         for (uint32_t i = 0; i < n_gen; i++) {
                 top2(last, V, &arg, &margin);
                 gen[i] = (int32_t) arg;
+                if (rt)
+                        rt->offset = n_prompt + i;
                 feed(k, &gen[i], 1, n_prompt + i, pages, n_pages, X4_LOGITS_LAST,
                      gen_rows + (size_t) i * V);
                 last = gen_rows + (size_t) i * V;
         }
 }
 
+/* Routing evidence over positions [pos0, pos0 + n) of the parity run: for each position its
+ * per-position logit error (cuda rows vs cpu rows) and whether any MoE layer selected a different
+ * expert set on the two backends; a position over the bound must have such a flip on a near-tie
+ * (route-compare.h). Prints a line per position over the bound and per flip at a position within
+ * it, then the summary; returns the positions over the bound that are not explained. */
+struct route_totals {
+        uint64_t cells, differ;         /* (layer, position) selections compared / differing */
+        uint32_t flip_positions;        /* positions with at least one differing layer */
+        double min_margin, max_margin;  /* cpu margins among the differing selections */
+        int64_t last_flip;              /* latest position with a flip, -1 if none yet */
+};
+
+static uint32_t route_account(const char *label, const struct route_trace *rc,
+                              const struct route_trace *rg, const float *gpu_rows,
+                              const float *cpu_rows, uint32_t pos0, uint32_t n, uint32_t V,
+                              double bound, struct route_totals *tot) {
+        uint32_t over = 0, with_flip = 0, without = 0, unexplained = 0;
+        double max_flip_margin = -INFINITY;
+
+        for (uint32_t i = 0; i < n; i++) {
+                uint32_t pos = pos0 + i;
+                double err = rel_err(gpu_rows, cpu_rows, i, i + 1, V, NULL, NULL);
+                struct route_pos_cmp c;
+                enum route_verdict v;
+
+                route_compare_position(rc, rg, pos, &c);
+                v = route_judge(err, bound, &c);
+                tot->cells += c.n_layers;
+                tot->differ += c.n_differ;
+                if (c.n_differ > 0) {
+                        tot->flip_positions++;
+                        tot->min_margin = fmin(tot->min_margin, c.min_margin_a);
+                        tot->max_margin = fmax(tot->max_margin, c.max_margin_a);
+                }
+                if (c.n_differ > 0 || v != ROUTE_WITHIN) {
+                        printf("parity: %s pos %u rel %.3g (%s bound): ", label, pos, err,
+                               err > bound ? "OVER" : "within");
+                        if (c.n_differ > 0) {
+                                const int32_t *sc = route_trace_sel(rc, pos, (uint32_t) c.first_layer);
+                                const int32_t *sg = route_trace_sel(rg, pos, (uint32_t) c.first_layer);
+                                int32_t only[256];
+                                uint32_t n_only;
+
+                                printf("%u of %u layers differ, first layer %d (cpu-only {", c.n_differ,
+                                       c.n_layers, c.first_layer);
+                                n_only = route_only_in(sc, sg, rc->k, only);
+                                for (uint32_t j = 0; j < n_only; j++)
+                                        printf("%s%d", j ? "," : "", only[j]);
+                                printf("} cuda-only {");
+                                n_only = route_only_in(sg, sc, rc->k, only);
+                                for (uint32_t j = 0; j < n_only; j++)
+                                        printf("%s%d", j ? "," : "", only[j]);
+                                printf("}, cpu margin %.3g, cuda margin %.3g), smallest cpu margin "
+                                       "%.3g at layer %d (cuda %.3g)",
+                                       c.first_margin_a, c.first_margin_b, c.min_margin_a,
+                                       c.tie_layer, c.min_margin_b);
+                        } else if (tot->last_flip >= 0)
+                                printf("no layer differs here (latest flip at pos %" PRId64 ")",
+                                       tot->last_flip);
+                        else
+                                printf("no layer differs here or before");
+                        if (c.n_missing > 0)
+                                printf(", %u layers traced by one backend only", c.n_missing);
+                        printf(" -> %s\n", route_verdict_name(v));
+                }
+                if (c.n_differ > 0)
+                        tot->last_flip = pos;
+                if (v == ROUTE_WITHIN)
+                        continue;
+                over++;
+                if (c.n_differ > 0) {
+                        with_flip++;
+                        max_flip_margin = fmax(max_flip_margin, c.min_margin_a);
+                } else
+                        without++;
+                unexplained += v != ROUTE_EXPLAINED;
+        }
+        printf("parity: %s positions > bound: %u; of which with a routing flip: %u (max flip margin "
+               "%.3g); without: %u\n",
+               label, over, with_flip, with_flip ? max_flip_margin : 0.0, without);
+        return unexplained;
+}
+
+/* X4_GPU_PARITY_DEVICE=cpu runs the parity mode CPU against CPU: the whole comparison and its
+ * output on a machine without a GPU (everything bit-identical, no flips: a check of the tool). */
+static const char *parity_device = "cuda";
+
 static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_gen) {
         _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
-        uint32_t V = x4_model_config(m)->n_vocab;
+        const struct x4_config *cfg = x4_model_config(m);
+        uint32_t V = cfg->n_vocab;
         uint32_t n_pages = DIV_ROUND_UP(n_prompt + n_gen + 1, PAGE_TOKENS);
         _cleanup_free_ uint32_t *pages = page_range(0, n_pages);
         _cleanup_free_ int32_t *prompt = random_tokens(n_prompt, V, 42);
@@ -309,12 +417,22 @@ static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_ge
         _cleanup_free_ int32_t *tg = calloc(n_gen, sizeof(int32_t));
         REQUIRE(pc && pg && gc && gg && tc && tg, "out of memory");
         struct bk cu = {0}, cpu = {0};
+        struct route_trace rg, rc;
+        uint32_t n_moe = 0;
 
-        bk_open(&cu, "cuda", m, n_pages);
-        greedy(&cu, prompt, n_prompt, n_gen, pages, n_pages, pg, tg, gg);
+        for (uint32_t l = 0; l < cfg->n_layer; l++)
+                n_moe += x4_model_weights(m)->layers[l].ffn_gate_inp != NULL;
+        REQUIRE(route_trace_init(&rg, n_prompt + n_gen, cfg->n_layer, cfg->n_expert,
+                                 cfg->n_expert_used) == 0 &&
+                route_trace_init(&rc, n_prompt + n_gen, cfg->n_layer, cfg->n_expert,
+                                 cfg->n_expert_used) == 0,
+                "out of memory");
+
+        bk_open_traced(&cu, parity_device, m, n_pages, &rg);
+        greedy(&cu, prompt, n_prompt, n_gen, pages, n_pages, pg, tg, gg, &rg);
         bk_close(&cu);
-        bk_open(&cpu, "cpu", m, n_pages);
-        greedy(&cpu, prompt, n_prompt, n_gen, pages, n_pages, pc, tc, gc);
+        bk_open_traced(&cpu, "cpu", m, n_pages, &rc);
+        greedy(&cpu, prompt, n_prompt, n_gen, pages, n_pages, pc, tc, gc, &rc);
         bk_close(&cpu);
 
         double worst = 0;
@@ -324,7 +442,8 @@ static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_ge
                 errs[r] = rel_err(pg, pc, r, r + 1, V, NULL, NULL);
                 worst = fmax(worst, errs[r]);
         }
-        printf("parity %s: %u prompt positions, worst per-position rel %.3g (<= %g)\n",
+        printf("parity %s: %u prompt positions, worst per-position rel %.3g (<= %g unless a "
+               "routing near-tie flipped there)\n",
                model_path, n_prompt, worst, TOL_PREFILL);
         /* How the error spreads over positions: a systematic fault is large everywhere from
          * position 0; chaotic amplification of fp32 rounding through depth grows with depth and
@@ -347,7 +466,26 @@ static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_ge
                        errs[n_prompt / 2], errs[n_prompt * 9 / 10], errs[n_prompt * 99 / 100],
                        errs[n_prompt - 1], over, TOL_PREFILL, first_over);
         }
-        CHECK(worst <= TOL_PREFILL, "prompt logits cuda vs cpu rel %.3g", worst);
+
+        /* the traces themselves: one call per MoE layer and fed token on each backend */
+        uint64_t want_calls = (uint64_t) n_moe * (n_prompt + n_gen);
+        /* distinct (layer, position) cells: a wrong token numbering (e.g. per pass instead of
+         * per batch) calls as often but fills fewer cells */
+        uint64_t cells_c = 0, cells_g = 0;
+        for (size_t i = 0; i < (size_t) (n_prompt + n_gen) * cfg->n_layer; i++) {
+                cells_c += rc.seen[i];
+                cells_g += rg.seen[i];
+        }
+        printf("parity: route trace: cpu %" PRIu64 " calls (%" PRIu64 " dropped, %" PRIu64
+               " cells), %s %" PRIu64 " calls (%" PRIu64 " dropped, %" PRIu64 " cells); %" PRIu64
+               " expected (%u MoE layers x %u prompt + %u decode tokens)\n",
+               rc.calls, rc.dropped, cells_c, parity_device, rg.calls, rg.dropped, cells_g,
+               want_calls, n_moe, n_prompt, n_gen);
+        CHECK(rc.calls == want_calls && rc.dropped == 0 && cells_c == want_calls,
+              "cpu route trace: %" PRIu64 " calls, %" PRIu64 " cells", rc.calls, cells_c);
+        CHECK(rg.calls == want_calls && rg.dropped == 0 && cells_g == want_calls,
+              "%s route trace: %" PRIu64 " calls, %" PRIu64 " cells", parity_device, rg.calls,
+              cells_g);
 
         /* greedy: identical until a divergence; a divergence must sit on a near-tie */
         uint32_t same = 0, near_ties = 0, diverged_at = n_gen;
@@ -376,10 +514,29 @@ static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_ge
                                                     V, NULL, NULL));
         }
         printf("parity: %u/%u greedy tokens identical%s, near-ties (top-2 margin < %g on either "
-               "side) among the compared steps: %u, worst decode rel %.3g (<= %g)\n",
+               "side) among the compared steps: %u, worst decode rel %.3g (<= %g unless a routing "
+               "near-tie flipped there)\n",
                same, n_gen, diverged_at < n_gen ? " (then diverged)" : "", NEAR_TIE, near_ties,
                worst_gen, TOL_DECODE);
-        CHECK(worst_gen <= TOL_DECODE, "decode logits cuda vs cpu rel %.3g", worst_gen);
+
+        /* Routing: prompt positions, then the decode steps fed identically on both backends
+         * (steps after a divergence fed different tokens). Pass rule: every position over the
+         * bound has, at that position, a layer whose expert set differs and whose cpu-side
+         * margin (k-th minus (k+1)-th best score) is under ROUTE_NEAR_TIE. */
+        struct route_totals tot = {.min_margin = INFINITY, .max_margin = -INFINITY, .last_flip = -1};
+        uint32_t bad = route_account("prompt", &rc, &rg, pg, pc, 0, n_prompt, V, TOL_PREFILL, &tot);
+        bad += route_account("decode", &rc, &rg, gg, gc, n_prompt, same, V, TOL_DECODE, &tot);
+        printf("parity: routing: %" PRIu64 " of %" PRIu64 " (layer, position) selections differ, at "
+               "%u positions; cpu margin among them min %.3g, max %.3g\n",
+               tot.differ, tot.cells, tot.flip_positions, tot.differ ? tot.min_margin : 0.0,
+               tot.differ ? tot.max_margin : 0.0);
+        printf("parity: route rule (every position over %g has a routing flip there with cpu "
+               "margin < %g): %s, %u positions not explained\n",
+               TOL_PREFILL, ROUTE_NEAR_TIE, bad ? "FAIL" : "PASS", bad);
+        CHECK(bad == 0, "%u positions over the bound are not explained by a routing near-tie",
+              bad);
+        route_trace_free(&rg);
+        route_trace_free(&rc);
 }
 
 /* ---- batch invariance ---------------------------------------------------------------------- */
@@ -728,10 +885,13 @@ int main(int argc, char **argv) {
         const char *t = argv[1], *arg = argv[2];
         if (streq(t, "fixture"))
                 test_fixture(arg, !(argc > 3 && streq(argv[3], "--no-cpu")));
-        else if (streq(t, "parity"))
+        else if (streq(t, "parity")) {
+                const char *dev = getenv("X4_GPU_PARITY_DEVICE");
+                if (dev && *dev)
+                        parity_device = dev;
                 test_parity(arg, argc > 4 ? (uint32_t) atoi(argv[3]) : 512,
                             argc > 4 ? (uint32_t) atoi(argv[4]) : 64);
-        else if (streq(t, "batch"))
+        }        else if (streq(t, "batch"))
                 test_batch(arg);
         else if (streq(t, "chunks"))
                 test_chunks(arg);
