@@ -1,0 +1,299 @@
+/* SPDX-License-Identifier: MIT */
+/* x4-bench, the built program, on a demo model that x4-mkmodel writes at test time:
+ * - the CPU backend: a decode context longer than --decode-prefill-max is filled by prefill +
+ *   page copies and the JSON line says so; --cache f16 is refused naming the cache and the
+ *   measurements; --profile on a backend without the op says so once and the run succeeds; bad
+ *   option values are refused naming the option;
+ * - a stand-in backend module (bench-fake-backend.c, compiled here, loaded as "cuda" through
+ *   X4_CUDA_MODULE) that traces every call: the exact cache size asked for, the decode setup's
+ *   prefills and page copies at the edges (C < N, C == N, C > N and not whole pages), profiling
+ *   switched on only after the timed runs, and the profile report's per-step arithmetic. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "model/mkmodel.h"
+#include "util/log.h"
+
+static struct {
+        char dir[128], gguf[160], config[160], trace[160], module[160], out[160], err[160];
+        bool have_module;
+} T;
+
+static int count_substr(const char *s, const char *sub) {
+        int n = 0;
+
+        for (const char *p = s; (p = strstr(p, sub)); p += strlen(sub))
+                n++;
+        return n;
+}
+
+static void slurp(const char *path, char *buf, size_t size) {
+        FILE *f = fopen(path, "re");
+        size_t n = 0;
+
+        buf[0] = 0;
+        if (!f)
+                return;
+        n = fread(buf, 1, size - 1, f);
+        buf[n] = 0;
+        fclose(f);
+}
+
+/* Run `env x4-bench --model demo args`; stdout and stderr into out and err; the exit status. */
+static int bench(const char *env, const char *args, char *out, size_t out_size, char *err, size_t err_size) {
+        const char *bdir = getenv("X4_BUILD_DIR");
+        char cmd[4096];
+        int status;
+
+        assert_non_null(bdir);
+        snprintf(cmd, sizeof cmd, "%s '%s/tools/x4-bench' --model '%s' %s >'%s' 2>'%s'", env ? env : "", bdir,
+                 T.gguf, args, T.out, T.err);
+        status = system(cmd);
+        assert_true(WIFEXITED(status));
+        slurp(T.out, out, out_size);
+        slurp(T.err, err, err_size);
+        return WEXITSTATUS(status);
+}
+
+static int setup(void **state) {
+        struct x4_mkmodel_shape s;
+        struct x4_mkmodel_options o = { .seed = 1, .threads = 2 };
+        const char *src = getenv("X4_SOURCE_DIR"), *cc = getenv("CC");
+        char cmd[2048];
+
+        (void) state;
+        log_set_max_level(LOG_CRIT);
+        snprintf(T.dir, sizeof T.dir, "/tmp/x4-test-bench-XXXXXX");
+        if (!mkdtemp(T.dir))
+                return -1;
+        snprintf(T.gguf, sizeof T.gguf, "%s/demo.gguf", T.dir);
+        snprintf(T.config, sizeof T.config, "%s/config.json", T.dir);
+        snprintf(T.trace, sizeof T.trace, "%s/trace", T.dir);
+        snprintf(T.module, sizeof T.module, "%s/fake.so", T.dir);
+        snprintf(T.out, sizeof T.out, "%s/out", T.dir);
+        snprintf(T.err, sizeof T.err, "%s/err", T.dir);
+        o.out = T.gguf;
+        if (x4_mkmodel_preset("demo", &s) < 0 || x4_mkmodel_write(&s, &o) < 0)
+                return -1;
+        if (src && *src) {
+                snprintf(cmd, sizeof cmd, "%s -std=c11 -Wall -Wextra -Werror -shared -fPIC -I'%s/kernels' -o '%s' "
+                         "'%s/tests/unit/bench-fake-backend.c'",
+                         cc && *cc ? cc : "cc", src, T.module, src);
+                T.have_module = system(cmd) == 0;
+        }
+        if (!T.have_module)
+                fprintf(stderr, "cannot build the stand-in backend module (X4_SOURCE_DIR unset or no C compiler)\n");
+        return 0;
+}
+
+static int teardown(void **state) {
+        (void) state;
+        unlink(T.gguf);
+        unlink(T.config);
+        unlink(T.trace);
+        unlink(T.module);
+        unlink(T.out);
+        unlink(T.err);
+        rmdir(T.dir);
+        return 0;
+}
+
+static void test_cpu_decode_prefill_copy(void **state) {
+        char out[16384], err[4096];
+        const char *line, *nl;
+        double tok_s = 0;
+
+        (void) state;
+        assert_int_equal(bench(NULL, "--prefill 16 --decode-ctx 300 --decode-prefill-max 256 --batch 2 "
+                                     "--decode-tokens 2 --repeats 1 --json", out, sizeof out, err, sizeof err), 0);
+        assert_string_equal(err, "");
+        /* --json: JSON lines only, load + prefill + decode */
+        assert_int_equal(count_substr(out, "\n"), 3);
+        for (line = out; *line; line = nl + 1) {
+                assert_int_equal(line[0], '{');
+                nl = strchr(line, '\n');
+                assert_non_null(nl);
+                assert_int_equal(nl[-1], '}');
+        }
+        line = strstr(out, "{\"what\":\"decode\",\"ctx\":300,\"batch\":2,\"tok_s\":");
+        assert_non_null(line);
+        assert_int_equal(sscanf(line, "{\"what\":\"decode\",\"ctx\":300,\"batch\":2,\"tok_s\":%lf", &tok_s), 1);
+        assert_true(tok_s > 0);
+        /* 300 > 256: one page prefilled, the second a copy of it */
+        assert_non_null(strstr(line, "\"ctx_filled\":\"prefill+copy\",\"ctx_prefilled\":256,"));
+        assert_non_null(strstr(line, "\"cache\":\"f32\",\"device\":\"cpu ("));
+        assert_int_equal(count_substr(out, "\"cache\":\"f32\""), 3);
+
+        /* C == N: all prefilled */
+        assert_int_equal(bench(NULL, "--prefill 16 --decode-ctx 300 --decode-prefill-max 300 --batch 1 "
+                                     "--decode-tokens 1 --repeats 1 --json", out, sizeof out, err, sizeof err), 0);
+        assert_non_null(strstr(out, "\"ctx\":300,\"batch\":1,"));
+        assert_non_null(strstr(out, "\"ctx_filled\":\"prefill\",\"ctx_prefilled\":300,"));
+}
+
+static void test_cpu_refusals(void **state) {
+        char out[16384], err[4096];
+
+        (void) state;
+        /* the CPU backend has only f32: its reason, after what x4-bench asked for */
+        assert_int_equal(bench(NULL, "--prefill 16 --decode-ctx 300 --batch 2 --decode-tokens 2 --cache f16",
+                               out, sizeof out, err, sizeof err), 1);
+        assert_non_null(strstr(err, "x4-bench: cpu backend, --cache f16, 4 pages of 256 tokens for 2 sequences of "
+                                    "302 tokens (decode at ctx 300 + 2 steps, batch 2): "));
+        assert_non_null(strstr(err, "cache type 1 not supported"));
+        /* nothing measured */
+        assert_null(strstr(out, "\"what\":\"decode\""));
+
+        assert_int_equal(bench(NULL, "--cache q8", out, sizeof out, err, sizeof err), 1);
+        assert_string_equal(err, "x4-bench: --cache: 'q8' is not a cache type; f32 or f16 expected\n");
+        assert_int_equal(bench(NULL, "--decode-prefill-max 0", out, sizeof out, err, sizeof err), 1);
+        assert_string_equal(err, "x4-bench: --decode-prefill-max: '0' is not an integer >= 256\n");
+        /* less than a page: a longer context could not be filled by whole pages */
+        assert_int_equal(bench(NULL, "--decode-prefill-max 255", out, sizeof out, err, sizeof err), 1);
+        assert_string_equal(err, "x4-bench: --decode-prefill-max: '255' is not an integer >= 256\n");
+        assert_int_equal(bench(NULL, "--decode-prefill-max 4k", out, sizeof out, err, sizeof err), 1);
+        assert_string_equal(err, "x4-bench: --decode-prefill-max: '4k' is not an integer >= 256\n");
+}
+
+static void test_cpu_profile_unsupported(void **state) {
+        char out[16384], err[4096];
+
+        (void) state;
+        assert_int_equal(bench(NULL, "--prefill 16 --decode-ctx 300 --decode-prefill-max 256 --batch 2 "
+                                     "--decode-tokens 2 --repeats 1 --profile", out, sizeof out, err, sizeof err), 0);
+        /* said once for the two measurements, on stderr */
+        assert_string_equal(err, "profile: not supported by the cpu backend\n");
+        assert_null(strstr(out, "\"what\":\"profile\""));
+        assert_non_null(strstr(out, "\"what\":\"decode\",\"ctx\":300,\"batch\":2,"));
+        /* the table: the cache in the header, how the context was filled */
+        assert_non_null(strstr(out, "  cache f32  commit "));
+        assert_non_null(strstr(out, "decode   ctx 300 batch 2"));
+        assert_non_null(strstr(out, "per step; ctx: 256 prefilled + page copies\n"));
+}
+
+/* The stand-in backend: profiled decode at a context of 600 = 2 pages + 88 tokens, prefill max
+ * 300 (rounded down to one page of 256), batch 2, 2 steps, f16. */
+static void test_fake_profile_and_layout(void **state) {
+        char out[16384], err[4096], trace[16384], env[512];
+        const char *step0 = "fwd 600+1@0,1,2 600+1@3,4,5\n", *step1 = "fwd 601+1@0,1,2 601+1@3,4,5\n";
+        char expect[4096];
+
+        (void) state;
+        if (!T.have_module)
+                skip();
+        snprintf(env, sizeof env, "X4_CUDA_MODULE='%s' X4_FAKE_TRACE='%s'", T.module, T.trace);
+        assert_int_equal(bench(env, "--device cuda --cache f16 --prefill 16 --decode-ctx 600 --decode-prefill-max 300 "
+                                    "--batch 2 --decode-tokens 2 --repeats 1 --profile --json",
+                               out, sizeof out, err, sizeof err), 0);
+        assert_string_equal(err, "");
+        slurp(T.trace, trace, sizeof trace);
+        /* 602 tokens (600 + 2 steps) = 3 pages for each of 2 sequences; one page prefilled, pages
+         * 1 and 2 copies of it; the batch-mate a copy of all three; profiling only around one
+         * more run after the timed ones (warm-up + 1 repeat) */
+        snprintf(expect, sizeof expect,
+                 "create pages=6 page_tokens=256 cache=1\n"
+                 "fwd 0+1@0\n"                                            /* page in the weights */
+                 "fwd 0+16@0\n" "fwd 0+16@0\n"                            /* prefill: warm-up, timed */
+                 "profile on\n" "fwd 0+16@0\n" "profile off\n"
+                 "fwd 0+256@0\n" "copy 1<-0\n" "copy 2<-0\n"              /* decode setup */
+                 "copy 3<-0\n" "copy 4<-1\n" "copy 5<-2\n"
+                 "%s%s" "%s%s"                                            /* warm-up, timed */
+                 "profile on\n" "%s%s" "profile off\n"
+                 "destroy\n",
+                 step0, step1, step0, step1, step0, step1);
+        assert_string_equal(trace, expect);
+
+        /* per step: 10 kernels, classes by time, shares of the 2 ms */
+        assert_non_null(strstr(out, "{\"what\":\"decode\",\"ctx\":600,\"batch\":2,"));
+        assert_non_null(strstr(out, "\"ctx_filled\":\"prefill+copy\",\"ctx_prefilled\":256,"));
+        assert_non_null(strstr(out,
+                "{\"what\":\"profile\",\"ctx\":600,\"batch\":2,\"kernels_per_step\":10.0,\"ms_sum\":2.0000,"
+                "\"classes\":[{\"name\":\"experts\",\"kernels\":8.0,\"ms\":1.5000,\"share\":0.7500},"
+                "{\"name\":\"attention\",\"kernels\":2.0,\"ms\":0.5000,\"share\":0.2500}],"
+                "\"cache\":\"f16\",\"device\":\"cuda:fake\","));
+        assert_non_null(strstr(out,
+                "{\"what\":\"profile\",\"tokens\":16,\"kernels_per_prefill\":10.0,\"ms_sum\":2.0000,"
+                "\"classes\":[{\"name\":\"experts\","));
+        assert_int_equal(count_substr(out, "\"what\":\"profile\""), 2);
+
+        /* the human table: a block per shape */
+        assert_int_equal(bench(env, "--device cuda --prefill 16 --decode-ctx 600 --batch 2 --decode-tokens 2 "
+                                    "--repeats 1 --profile", out, sizeof out, err, sizeof err), 0);
+        assert_non_null(strstr(out, "\nprofile  decode ctx 600 batch 2: 10.0 kernels, 2.000 ms of kernel time per step\n"));
+        assert_non_null(strstr(out, "  experts                       8.0       1.5000    75.0%\n"
+                                    "  attention                     2.0       0.5000    25.0%\n"));
+        assert_non_null(strstr(out, "\nprofile  prefill 16 tokens: 10.0 kernels, 2.000 ms of kernel time per prefill\n"));
+}
+
+/* Contexts below, at and above --decode-prefill-max 512, the last two not whole pages, the last
+ * one with copies of more than one page; batch 3. */
+static void test_fake_decode_fill_edges(void **state) {
+        char out[16384], err[4096], trace[16384], env[512];
+        char expect[8192];
+        const char *mates2 = "copy 4<-0\ncopy 5<-1\ncopy 8<-0\ncopy 9<-1\n";
+
+        (void) state;
+        if (!T.have_module)
+                skip();
+        snprintf(env, sizeof env, "X4_CUDA_MODULE='%s' X4_FAKE_TRACE='%s'", T.module, T.trace);
+        assert_int_equal(bench(env, "--device cuda --prefill 16 --decode-ctx 300,512,513,1000 "
+                                    "--decode-prefill-max 512 --batch 3 --decode-tokens 1 --repeats 1 --json",
+                               out, sizeof out, err, sizeof err), 0);
+        slurp(T.trace, trace, sizeof trace);
+        /* 1001 tokens (1000 + 1 step) = 4 pages for each of 3 sequences */
+        snprintf(expect, sizeof expect,
+                 "create pages=12 page_tokens=256 cache=0\n"
+                 "fwd 0+1@0\n" "fwd 0+16@0\n" "fwd 0+16@0\n"
+                 /* 300 < 512: prefilled, 2 pages */
+                 "fwd 0+300@0,1\n" "%s"
+                 "fwd 300+1@0,1 300+1@4,5 300+1@8,9\n" "fwd 300+1@0,1 300+1@4,5 300+1@8,9\n"
+                 /* 512 == 512: prefilled; the step's position 512 opens page 2 */
+                 "fwd 0+512@0,1\n" "%s"
+                 "fwd 512+1@0,1,2 512+1@4,5,6 512+1@8,9,10\n" "fwd 512+1@0,1,2 512+1@4,5,6 512+1@8,9,10\n"
+                 /* 513 > 512: 2 pages prefilled, page 2 (position 512) a copy of page 0 */
+                 "fwd 0+512@0,1\n" "copy 2<-0\n"
+                 "copy 4<-0\ncopy 5<-1\ncopy 6<-2\ncopy 8<-0\ncopy 9<-1\ncopy 10<-2\n"
+                 "fwd 513+1@0,1,2 513+1@4,5,6 513+1@8,9,10\n" "fwd 513+1@0,1,2 513+1@4,5,6 513+1@8,9,10\n"
+                 /* 1000: pages 2 and 3 copies of pages 0 and 1, cyclically */
+                 "fwd 0+512@0,1\n" "copy 2<-0\n" "copy 3<-1\n"
+                 "copy 4<-0\ncopy 5<-1\ncopy 6<-2\ncopy 7<-3\ncopy 8<-0\ncopy 9<-1\ncopy 10<-2\ncopy 11<-3\n"
+                 "fwd 1000+1@0,1,2,3 1000+1@4,5,6,7 1000+1@8,9,10,11\n"
+                 "fwd 1000+1@0,1,2,3 1000+1@4,5,6,7 1000+1@8,9,10,11\n"
+                 "destroy\n",
+                 mates2, mates2);
+        assert_string_equal(trace, expect);
+        assert_non_null(strstr(out, "\"ctx\":300,\"batch\":3,"));
+        assert_non_null(strstr(out, "\"ctx_filled\":\"prefill\",\"ctx_prefilled\":300,"));
+        assert_non_null(strstr(out, "\"ctx_filled\":\"prefill\",\"ctx_prefilled\":512,"));
+        assert_int_equal(count_substr(out, "\"ctx_filled\":\"prefill+copy\",\"ctx_prefilled\":512,"), 2);
+
+        /* a prefill longer than the decode context: sequence 0 alone holds it */
+        assert_int_equal(bench(env, "--device cuda --prefill 1000 --decode-ctx 300 --batch 3 --decode-tokens 1 "
+                                    "--repeats 1 --json", out, sizeof out, err, sizeof err), 0);
+        slurp(T.trace, trace, sizeof trace);
+        /* 4 pages for the 1000-token prefill + 2 for each batch-mate's 301 tokens */
+        assert_non_null(strstr(trace, "create pages=8 page_tokens=256 cache=0\n"));
+        assert_non_null(strstr(trace, "fwd 0+1000@0,1,2,3\n"));
+        assert_non_null(strstr(trace, "fwd 300+1@0,1 300+1@4,5 300+1@6,7\n"));
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_cpu_decode_prefill_copy),
+                cmocka_unit_test(test_cpu_refusals),
+                cmocka_unit_test(test_cpu_profile_unsupported),
+                cmocka_unit_test(test_fake_profile_and_layout),
+                cmocka_unit_test(test_fake_decode_fill_edges),
+        };
+
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
