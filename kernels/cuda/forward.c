@@ -16,7 +16,7 @@
  * range and precision.
  *
  * Batch invariance: every output is one warp's (or, for few-row matrices, one block's) fixed
- * reduction over its row; attention splits the context at fixed 512-position boundaries and folds
+ * reduction over its row; attention splits the context at fixed CU_ATTN_PART-position boundaries and folds
  * the parts in order; the new tokens' cache rows are stored before attention reads them. So a
  * sequence's logits are bit-identical alone, in any batch, and for any prefill chunking
  * (tests/gpu). */
@@ -64,6 +64,30 @@ struct cu_layer {
         float *router_bias;
 };
 
+/* Profiling (x4-bench --profile): while on, every forward records an event after each step and
+ * tags it with the step's class; after the forward's final synchronization the gaps between
+ * consecutive events are summed per class, with the kernels cu_launches counted in between. */
+enum prof_class {
+        PC_COPY, PC_EMBED, PC_HC, PC_ATTN_PROJ, PC_MLA_PREP, PC_ATTENTION, PC_ROUTER, PC_EXPERTS,
+        PC_DENSE_FFN, PC_HEAD, PC_N,
+};
+static const char *const prof_names[PC_N] = {
+        [PC_COPY] = "copies", [PC_EMBED] = "embedding", [PC_HC] = "hc (mHC pre/post)",
+        [PC_ATTN_PROJ] = "attention projections", [PC_MLA_PREP] = "mla prep + q rope",
+        [PC_ATTENTION] = "attention", [PC_ROUTER] = "router",
+        [PC_EXPERTS] = "experts (MoE)", [PC_DENSE_FFN] = "dense ffn", [PC_HEAD] = "head",
+};
+struct cu_prof {
+        bool on, failed;
+        cudaEvent_t *ev;
+        uint8_t *cls;
+        unsigned long long *kern;
+        uint32_t n, cap;
+        uint64_t forwards, kernels;
+        uint64_t class_kernels[PC_N];
+        double class_ms[PC_N];
+};
+
 struct x4_backend {
         struct x4_config cfg;
         int device;
@@ -92,6 +116,15 @@ struct x4_backend {
 
         uint32_t *meta_d, *meta_h;
         size_t meta_cap; /* u32 elements of both */
+
+        struct cu_prof prof;
+        void (*route_trace)(uint32_t layer, uint32_t token, const float *scores,
+                            uint32_t n_expert, const int32_t *selected, uint32_t k, void *userdata);
+        void *route_trace_ud;
+        float *trace_z, *trace_bias; /* host copies for route_trace */
+        int32_t *trace_sel;
+        uint32_t trace_tok0;         /* batch index of the pass's first token */
+        int trace_err;
 };
 
 #define CU_TRY(call, err, what)                                                                    \
@@ -630,7 +663,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->zr, float, T * MAX(c->n_expert, 1u));
         WS(b->qkv, float, T * (QL + D));
         WS(b->q, float, T * nh * (c->qk_nope + R));
-        WS(b->qabs, float, T * nh * KV);
+        WS(b->qabs, float, T * nh * D);
         WS(b->lat, float, T * nh * KV);
         WS(b->ao, float, T * nh * c->v_head);
         WS(b->o, float, T * H);
@@ -647,6 +680,14 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
 
 /* ---- create / destroy ----------------------------------------------------------------------- */
 
+static void prof_free(struct cu_prof *p) {
+        for (uint32_t i = 0; i < p->cap; i++)
+                cudaEventDestroy(p->ev[i]);
+        free(p->ev);
+        free(p->cls);
+        free(p->kern);
+}
+
 static void cuda_destroy(struct x4_backend *b) {
         if (!b)
                 return;
@@ -659,6 +700,10 @@ static void cuda_destroy(struct x4_backend *b) {
         cudaFree(b->meta_d);
         cudaFree(b->inv_freq);
         cudaFreeHost(b->meta_h);
+        prof_free(&b->prof);
+        free(b->trace_z);
+        free(b->trace_bias);
+        free(b->trace_sel);
         if (b->stream)
                 cudaStreamDestroy(b->stream);
         free(b->layers);
@@ -876,6 +921,16 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         if (r < 0)
                 return r;
 
+        if (params->route_trace) {
+                uint32_t E = MAX(c->n_expert, 1u);
+                b->route_trace = params->route_trace;
+                b->route_trace_ud = params->route_trace_userdata;
+                b->trace_z = malloc((uint64_t) b->T_max * E * sizeof(float));
+                b->trace_bias = malloc(E * sizeof(float));
+                b->trace_sel = malloc((uint64_t) b->T_max * b->n_slots_max * sizeof(int32_t));
+                if (!b->trace_z || !b->trace_bias || !b->trace_sel)
+                        return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+        }
         log_debug("CUDA backend on %s: weights %s, workspace %s, %u pages of %u tokens", prop.name,
                   s_w, s_ws, b->n_pages, b->page_tokens);
         *ret = TAKE_PTR(b);
@@ -904,6 +959,133 @@ static void cuda_destroy_backend(struct x4_backend *b) {
         if (n_backends_live > 0)
                 n_backends_live--;
         log_forward_release();
+}
+
+/* ---- profiling ------------------------------------------------------------------------------ */
+
+static void prof_mark(struct x4_backend *b, int cls) {
+        struct cu_prof *p = &b->prof;
+
+        if (!p->on || p->failed)
+                return;
+        if (p->n == p->cap) {
+                uint32_t cap = p->cap ? p->cap * 2 : 1024;
+                cudaEvent_t *ev = realloc(p->ev, cap * sizeof *ev);
+                if (ev)
+                        p->ev = ev;
+                uint8_t *cl = realloc(p->cls, cap);
+                if (cl)
+                        p->cls = cl;
+                unsigned long long *k = realloc(p->kern, cap * sizeof *k);
+                if (k)
+                        p->kern = k;
+                if (!ev || !cl || !k) {
+                        p->failed = true;
+                        return;
+                }
+                for (uint32_t i = p->cap; i < cap; i++)
+                        if (cudaEventCreate(&p->ev[i]) != cudaSuccess) {
+                                p->failed = true;
+                                return;
+                        }
+                p->cap = cap;
+        }
+        cudaEventRecord(p->ev[p->n], b->stream);
+        p->cls[p->n] = (uint8_t) cls;
+        p->kern[p->n] = cu_launches;
+        p->n++;
+}
+
+/* After the forward's synchronization: fold the marks into the class totals. */
+static void prof_collect(struct x4_backend *b) {
+        struct cu_prof *p = &b->prof;
+
+        if (!p->on || p->failed || p->n == 0)
+                return;
+        for (uint32_t i = 1; i < p->n; i++) {
+                float ms = 0.0f;
+                cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]);
+                p->class_ms[p->cls[i]] += ms;
+                p->class_kernels[p->cls[i]] += p->kern[i] - p->kern[i - 1];
+        }
+        p->kernels += p->kern[p->n - 1] - p->kern[0];
+        p->forwards++;
+        p->n = 0;
+}
+
+static int cuda_profile(struct x4_backend *b, bool on, struct x4_backend_profile *ret) {
+        struct cu_prof *p = &b->prof;
+
+        if (p->failed)
+                return log_error_errno(ENOMEM, "CUDA backend: profiling ran out of memory");
+        if (ret) {
+                *ret = (struct x4_backend_profile){.forwards = p->forwards, .kernels = p->kernels};
+                for (int c = 0; c < PC_N && ret->n_classes < X4_PROFILE_MAX_CLASSES; c++) {
+                        if (p->class_kernels[c] == 0 && p->class_ms[c] == 0.0)
+                                continue;
+                        ret->classes[ret->n_classes].name = prof_names[c];
+                        ret->classes[ret->n_classes].kernels = p->class_kernels[c];
+                        ret->classes[ret->n_classes].ms = p->class_ms[c];
+                        ret->n_classes++;
+                }
+        }
+        if (on) {
+                p->forwards = p->kernels = 0;
+                memset(p->class_kernels, 0, sizeof p->class_kernels);
+                memset(p->class_ms, 0, sizeof p->class_ms);
+        }
+        p->n = 0;
+        p->on = on;
+        return 0;
+}
+
+
+/* ---- routing trace (diagnostics) ------------------------------------------------------------ */
+
+/* After a layer's router: wait for it and hand every token's selection scores (gating score +
+ * bias, as the router kernel ranks them) and routed choices to the caller. */
+static void route_trace_layer(struct x4_backend *b, uint32_t l, uint32_t T, const float *bias_d) {
+        const struct x4_config *c = &b->cfg;
+        uint32_t E = c->n_expert, K = c->n_expert_used, S = K + (c->n_expert_shared ? 1 : 0);
+        float scores[256];
+
+        if (b->trace_err)
+                return;
+        int r = CU_TRY(cudaMemcpyAsync(b->trace_z, b->zr, (uint64_t) T * E * sizeof(float),
+                                       cudaMemcpyDeviceToHost, b->stream),
+                       EIO, "route trace: copying router logits");
+        if (r >= 0)
+                r = CU_TRY(cudaMemcpyAsync(b->trace_sel, b->sel, (uint64_t) T * S * sizeof(int32_t),
+                                           cudaMemcpyDeviceToHost, b->stream),
+                           EIO, "route trace: copying selections");
+        if (r >= 0 && bias_d)
+                r = CU_TRY(cudaMemcpyAsync(b->trace_bias, bias_d, E * sizeof(float),
+                                           cudaMemcpyDeviceToHost, b->stream),
+                           EIO, "route trace: copying the bias");
+        if (r >= 0)
+                r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "route trace");
+        if (r < 0) {
+                b->trace_err = r;
+                return;
+        }
+        for (uint32_t t = 0; t < T; t++) {
+                const float *z = b->trace_z + (uint64_t) t * E;
+                float m = -INFINITY, sum = 0.0f;
+                for (uint32_t e = 0; e < E; e++)
+                        m = fmaxf(m, z[e]);
+                for (uint32_t e = 0; e < E; e++) {
+                        scores[e] = c->expert_gating == 2 ? 1.0f / (1.0f + expf(-z[e]))
+                                                          : expf(z[e] - m);
+                        sum += scores[e];
+                }
+                for (uint32_t e = 0; e < E; e++) {
+                        if (c->expert_gating != 2)
+                                scores[e] /= sum;
+                        scores[e] += bias_d ? b->trace_bias[e] : 0.0f;
+                }
+                b->route_trace(l, b->trace_tok0 + t, scores, E, b->trace_sel + (uint64_t) t * S, K,
+                               b->route_trace_ud);
+        }
 }
 
 /* ---- forward -------------------------------------------------------------------------------- */
@@ -941,7 +1123,7 @@ static void mv(struct x4_backend *b, const struct cu_w *w, const float *x, uint6
         cu_matvec(&a, b->stream);
 }
 
-/* One pass of ≤ T_max consecutive tokens of the batch through the trunk: per MoE layer 17
+/* One pass of ≤ T_max consecutive tokens of the batch through the trunk: per MoE layer 18
  * kernels (spec step in brackets) and no host synchronization.
  *   hc_pre = post of the previous sublayer + projection matvec + gates/Sinkhorn/collapse/norm
  *   [§3.1] · matvec q_a‖kv_a [§4.1-2] · mla_prep [norms, RoPE k_pe, cache store] · matvec q_b ·
@@ -974,6 +1156,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         /* spec §3 step 1: embedding into all streams */
         cu_embed(b->embd.d, b->embd.type, b->embd.row_bytes, (const int32_t *) d_ids, T, H, n_hc,
                  b->X, s);
+        prof_mark(b, PC_EMBED);
 
         for (uint32_t l = 0; l < c->n_layer; l++) {
                 const struct cu_layer *cl = &b->layers[l];
@@ -990,25 +1173,32 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 hc.scale = cl->hc_attn_scale;
                 hc.norm_w = cl->attn_norm;
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
+                prof_mark(b, PC_HC);
 
                 /* spec §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
                 mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
+                prof_mark(b, PC_ATTN_PROJ);
                 cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
                             b->inv_freq, c->rope_interleave, &cache, l, s);
+                prof_mark(b, PC_MLA_PREP);
                 /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h] (q_pe is roped in attention) */
                 mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
                 struct cu_mv kb = {
                         .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,
                         .K = nope, .N = nh * KV, .G = KV, .x = b->q,
                         .x_pstride = (uint64_t) nh * (nope + R), .x_gstride = nope + R,
-                        .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * KV,
-                        .y_gstride = KV, .P = T,
+                        .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * D,
+                        .y_gstride = D, .P = T,
                 };
                 cu_matvec(&kb, s);
+                prof_mark(b, PC_ATTN_PROJ);
+                cu_q_rope(&attn, T, d_pos, s);
+                prof_mark(b, PC_MLA_PREP);
                 /* attention over the cache, in token groups that fit the part workspace */
                 for (uint32_t i = 0; i < n_att; i++)
                         cu_attention(&attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], &cache, l,
                                      b->part, b->lat, s);
+                prof_mark(b, PC_ATTENTION);
                 /* o[h] = Vb[h] · ô[h]; out = W_o · o */
                 struct cu_mv vb = {
                         .w = cl->v_b.d, .type = cl->v_b.type, .row_bytes = cl->v_b.row_bytes,
@@ -1018,6 +1208,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 };
                 cu_matvec(&vb, s);
                 mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
+                prof_mark(b, PC_ATTN_PROJ);
 
                 /* spec §3.1: post-mapping of the attention, HC pre-mapping + ffn_norm → f (in a) */
                 post = (struct cu_post){.y = b->o, .y_slot_stride = H, .n_slots = 1};
@@ -1028,6 +1219,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 hc.scale = cl->hc_ffn_scale;
                 hc.norm_w = cl->ffn_norm;
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
+                prof_mark(b, PC_HC);
 
                 if (!cl->moe) {
                         /* spec §5 dense: Down(silu(Gate f) ⊙ Up f) */
@@ -1040,6 +1232,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         };
                         cu_matvec(&gu, s);
                         mv(b, &cl->down, b->act, F, b->dn, H, T);
+                        prof_mark(b, PC_DENSE_FFN);
                         post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = 1};
                         continue;
                 }
@@ -1056,6 +1249,9 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
                 };
                 cu_route(&ra, b->a, T, b->sel, b->gw, s);
+                prof_mark(b, PC_ROUTER);
+                if (b->route_trace)
+                        route_trace_layer(b, l, T, cl->router_bias);
                 struct cu_mv gu = {
                         .w = cl->gateup.d, .type = cl->gateup.type,
                         .row_bytes = cl->gateup.row_bytes, .expert_bytes = cl->gateup.expert_bytes,
@@ -1070,11 +1266,13 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .sel = b->sel, .P = T * S,
                 };
                 cu_matvec(&dn, s);
+                prof_mark(b, PC_EXPERTS);
                 /* y = Σ_k g_k·Down_k + shared (slot order fixed), post-mapped by the next hc_pre */
                 post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = S, .w = b->gw};
         }
         /* the last sublayer's post-mapping */
         cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
+        prof_mark(b, PC_HC);
 }
 
 /* The CUDA current device is per host thread: the daemon creates the backend on its main thread
@@ -1195,11 +1393,15 @@ static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, floa
                         g0 += n;
                 }
         }
+        b->prof.n = 0;
+        prof_mark(b, PC_COPY);
         r = CU_TRY(cudaMemcpyAsync(b->meta_d, b->meta_h, n_meta * sizeof(uint32_t),
                                    cudaMemcpyHostToDevice, b->stream),
                    EIO, "uploading batch metadata");
         if (r < 0)
                 return r;
+        prof_mark(b, PC_COPY);
+        b->trace_err = 0;
 
         const uint32_t *d_ids = b->meta_d, *d_pos = d_ids + T_tot, *d_tokpt = d_pos + T_tot;
         const uint32_t *d_rows = d_tokpt + T_tot, *d_pt = d_rows + R_tot;
@@ -1209,6 +1411,7 @@ static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, floa
                 uint64_t a0 = ai;
                 for (uint32_t g = 0; g < T; g += att[3 * ai + 1], ai++)
                         ;
+                b->trace_tok0 = (uint32_t) p0;
                 forward_pass(b, T, d_ids + p0, d_pos + p0, d_tokpt + p0, d_pt, att + 3 * a0,
                              (uint32_t) (ai - a0));
                 /* rows of this pass: those whose token index falls in [p0, p0 + T) */
@@ -1220,19 +1423,25 @@ static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, floa
                         cu_head_norm(b->X, (const int32_t *) d_rows + r0, R, c->n_embd,
                                      c->hc_mult, b->output_norm, c->rms_eps, b->hn, b->stream);
                         mv(b, &b->output, b->hn, c->n_embd, b->logits, c->n_vocab, R);
+                        prof_mark(b, PC_HEAD);
                         r = CU_TRY(cudaMemcpyAsync(logits + r0 * c->n_vocab, b->logits,
                                                    (uint64_t) R * c->n_vocab * sizeof(float),
                                                    cudaMemcpyDeviceToHost, b->stream),
                                    EIO, "copying logits");
                         if (r < 0)
                                 return r;
+                        prof_mark(b, PC_COPY);
                 }
                 r0 = r1;
         }
         r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "running the forward");
         if (r < 0)
                 return r;
-        return CU_TRY(cudaGetLastError(), EIO, "launching the forward's kernels");
+        r = CU_TRY(cudaGetLastError(), EIO, "launching the forward's kernels");
+        if (r < 0)
+                return r;
+        prof_collect(b);
+        return b->trace_err;
 }
 
 /* ---- caps and pages ------------------------------------------------------------------------- */
@@ -1309,4 +1518,5 @@ __attribute__((visibility("default"))) const struct x4_backend_ops x4_backend_cu
         .page_read = cuda_page_read,
         .page_write = cuda_page_write,
         .page_copy = cuda_page_copy,
+        .profile = cuda_profile,
 };

@@ -27,13 +27,18 @@ extern "C" {
 
 bool cu_type_supported(uint32_t type);
 
+/* Kernels launched by this module so far (every launcher adds its launches; profiling reads the
+ * difference around a forward). Only the thread running forwards touches it. */
+extern unsigned long long cu_launches;
+
 /* Values a matvec lane dequantizes at once: every supported row length is a multiple of it. */
 #define CU_CHUNK 32
 
 /* Positions of the latent cache one attention block reads (split-K unit over the context). A
  * query at position p is reduced over ceil((p+1)/CU_ATTN_PART) parts, combined in part order:
- * the arithmetic depends on p alone. */
-#define CU_ATTN_PART 512
+ * the arithmetic depends on p alone. 128 keeps a batch-1 decode at short context spread over the
+ * card (parts × head groups blocks) and the kernel's shared memory under sm_75's 48 KiB. */
+#define CU_ATTN_PART 128
 
 /* y = W·x for P input vectors. Row r of the weight is dotted with the input slice
  *   x + (p / x_div)·x_pstride + (r / G)·x_gstride      (K values)
@@ -121,17 +126,19 @@ struct cu_cache {
 void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, uint32_t R,
                  const float *q_a_norm, const float *kv_a_norm, float eps, const double *inv_freq,
                  bool interleave, const struct cu_cache *c, uint32_t layer, cudaStream_t s);
-/* spec §4 absorbed attention for tokens [t0, t0+n): per head the query is [q_c (qc, KV values) ;
- * RoPE(q_pe) (from q rows of n_head × (nope + R), roped here)], softmax(scale·query·cache) over
- * positions 0..p, out[t][h] = Σ P·c (KV values). part holds n × max_parts × n_head × (KV+2)
- * floats. */
+/* spec §4 absorbed attention for tokens [t0, t0+n): per head the query row qc[t][h] holds
+ * D = KV + R values, [q_c ; RoPE(q_pe)] (cu_q_rope writes the second half from q, rows of
+ * n_head × (nope + R)); softmax(scale·query·cache) over positions 0..p, out[t][h] = Σ P·c (KV
+ * values). part holds n × max_parts × n_head × (KV+2) floats. */
 struct cu_attn {
-        const float *qc, *q;
+        float *qc;
+        const float *q;
         uint32_t n_head, nope, R, KV;
         float scale;
         const double *inv_freq;
         bool interleave;
 };
+void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos, cudaStream_t s);
 void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
                   const struct cu_cache *c, uint32_t layer, float *part, float *out,
                   cudaStream_t s);

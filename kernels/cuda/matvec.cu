@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(MV_FEW_WARPS * 32) k_matvec_few(struct cu_mv a
 
 template <int TYPE>
 static void launch_few(const struct cu_mv *a, cudaStream_t s) {
+        cu_launches++;
         if (a->P == 1)
                 k_matvec_few<TYPE, 1><<<dim3(a->N, 1), MV_FEW_WARPS * 32, 0, s>>>(*a);
         else
@@ -163,9 +164,11 @@ static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
         uint32_t n_out = a->N / NR;
         if (a->sel || a->P == 1) {
                 dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, a->P);
+                cu_launches++;
                 k_matvec<TYPE, 1, NR><<<grid, block, 0, s>>>(*a);
         } else {
                 dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, (a->P + MV_TP - 1) / MV_TP);
+                cu_launches++;
                 k_matvec<TYPE, MV_TP, NR><<<grid, block, 0, s>>>(*a);
         }
 }

@@ -31,6 +31,7 @@ extern "C" void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, co
                 return;
         uint32_t chunks = H / CU_CHUNK;
         dim3 grid((chunks + 127) / 128, T);
+        cu_launches++;
         k_embed<<<grid, 128, 0, s>>>((const uint8_t *) embd, type, row_bytes, ids, H, n_hc, X);
 }
 
@@ -170,6 +171,7 @@ extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, flo
                 return;
         if (post && post->y) {
                 dim3 grid((a->H + 255) / 256, T);
+                cu_launches++;
                 k_hc_post<<<grid, 256, 0, s>>>(X, hcp, *post, a->H, a->n_hc);
         }
         uint32_t W = a->n_hc * a->H, n_rows = a->n_hc * (2 + a->n_hc);
@@ -179,6 +181,7 @@ extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, flo
                 .y_pstride = CU_HCP_STRIDE, .P = T, .few_rows = true,
         };
         cu_matvec(&mv, s);
+        cu_launches++;
         k_hc_gate<<<T, HC_THREADS, a->H * sizeof(float), s>>>(*a, X, hcp, out);
 }
 
@@ -196,6 +199,7 @@ extern "C" void cu_hc_post(float *X, const float *hcp, const struct cu_post *pos
         if (T == 0)
                 return;
         dim3 grid((H + 255) / 256, T);
+        cu_launches++;
         k_hc_post<<<grid, 256, 0, s>>>(X, hcp, *post, H, n_hc);
 }
 
@@ -225,5 +229,6 @@ extern "C" void cu_head_norm(const float *X, const int32_t *rows, uint32_t R, ui
                              cudaStream_t s) {
         if (R == 0)
                 return;
+        cu_launches++;
         k_head_norm<<<R, 256, H * sizeof(float), s>>>(X, rows, H, n_hc, norm_w, eps, out);
 }

@@ -6,6 +6,8 @@
  * new) from the cache, so a query's arithmetic is the same however the prompt was chunked. */
 #include "common.cuh"
 
+unsigned long long cu_launches;
+
 template <typename CT>
 static __device__ __forceinline__ float cu_ld(const CT *p);
 template <>
@@ -81,6 +83,7 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
                             uint32_t layer, cudaStream_t s) {
         if (T == 0)
                 return;
+        cu_launches++;
         if (c->f16)
                 k_mla_prep<__half><<<T, 256, 0, s>>>(qkv, QL, KV, R, q_a_norm, kv_a_norm, eps,
                                                      inv_freq, interleave, *c, layer);
@@ -89,78 +92,163 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
                                                     inv_freq, interleave, *c, layer);
 }
 
-#define ATT_THREADS 256
+/* spec §4.1: RoPE of q_pe into the query rows: qc holds per (token, head) a row of D = KV + R
+ * values, [q_c (written by the absorb matvec) ; RoPE(q_pe) (written here)]. */
+__global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_t R, uint32_t KV,
+                         const double *inv_freq, bool interleave, const uint32_t *tok_pos,
+                         float *qc) {
+        uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2;
+        for (uint32_t e = threadIdx.x; e < n_head * half; e += blockDim.x) {
+                uint32_t h = e / half, i = e % half;
+                const float *qp = q + ((uint64_t) t * n_head + h) * (nope + R) + nope;
+                float *dst = qc + ((uint64_t) t * n_head + h) * (KV + R) + KV;
+                uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + half;
+                cu_rope_pair(qp[i0], qp[i1], pos, inv_freq[i], &dst[i0], &dst[i1]);
+        }
+}
 
-/* One block per (part, head, token). Dynamic shared memory: D floats of the query, CU_ATTN_PART
- * scores and CU_ATTN_PART row offsets. part[t][part][h] = [o (KV) | max | sum]. */
-template <typename CT>
-__global__ void __launch_bounds__(ATT_THREADS)
+extern "C" void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos,
+                          cudaStream_t s) {
+        if (T == 0)
+                return;
+        cu_launches++;
+        k_q_rope<<<T, 256, 0, s>>>(a->q, a->n_head, a->nope, a->R, a->KV, a->inv_freq,
+                                   a->interleave, tok_pos, a->qc);
+}
+
+/* One block per (part, head group of HG heads, token): the scores of its HG query rows against
+ * the part's ≤ CU_ATTN_PART cache rows, the part's softmax statistics and P·c. Every value is
+ * computed in one canonical order that does not depend on HG or the thread layout, so a launch
+ * may pick the head-group size from the batch shape (few tokens: small groups for parallelism;
+ * many tokens: all heads share each cache row read) and a query's bits stay the same:
+ *   s_j = scale · Σ_k q[k]·c_j[k]   one fmaf chain over k = 0..D-1 from 0
+ *   m   = max_j s_j                 (exact in any order)
+ *   p_j = expf(s_j − m)
+ *   l   = butterfly warp sum of 32 lane sums, lane i summing p_j for j ≡ i (mod 32) ascending
+ *   o[k] = Σ_j p_j·c_j[k]           one fmaf chain over j ascending from 0
+ * part[t][part][h] = [o (KV) | m | l]. Phase A stages the cache rows in chunks of ATT_KC values,
+ * transposed, and each thread keeps TH heads × TJ positions of scores in registers. */
+#define ATT_KC 32
+#define ATT_JS (CU_ATTN_PART / 2) /* position lanes of phase A: TJ = 2 positions each */
+
+template <int HG, int TH, typename CT>
+__global__ void __launch_bounds__((HG / TH) * ATT_JS)
         k_attn_part(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                     uint32_t layer, float *part) {
-        extern __shared__ float smem[];
-        __shared__ float red[32];
-        uint32_t D = c.D, KV = a.KV, R = a.R, n_head = a.n_head;
-        float *sq = smem, *sc = smem + D;
-        uint64_t *roff = (uint64_t *) (smem + ((D + CU_ATTN_PART + 1) & ~1u));
-        uint32_t pi = blockIdx.x, h = blockIdx.y, tl = blockIdx.z, t = t0 + tl;
+        constexpr int NT = (HG / TH) * ATT_JS, TJ = 2;
+        __shared__ float sC[ATT_KC][CU_ATTN_PART + 1]; /* cache chunk, [k][position] */
+        __shared__ float sQ[ATT_KC][HG];               /* query chunk, [k][head] */
+        __shared__ __align__(16) float sP[HG][CU_ATTN_PART]; /* scores, then p */
+        __shared__ uint64_t roff[CU_ATTN_PART];
+        uint32_t D = c.D, KV = a.KV, n_head = a.n_head;
+        uint32_t pi = blockIdx.x, h0 = blockIdx.y * HG, tl = blockIdx.z, t = t0 + tl;
         uint32_t pos_q = c.tok_pos[t];
         if (pi > pos_q / CU_ATTN_PART)
                 return;
         uint32_t start = pi * CU_ATTN_PART;
         uint32_t n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
         const CT *cache = (const CT *) c.base;
-        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+        const float *qrow = a.qc + (uint64_t) t * n_head * D;
 
-        /* query = [q_c ; RoPE(q_pe)] (spec §4 absorbed form, §4.1 rope at the query's position) */
-        const float *qc = a.qc + ((uint64_t) t * n_head + h) * KV;
-        const float *qp = a.q + ((uint64_t) t * n_head + h) * (a.nope + R) + a.nope;
-        for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
-                sq[i] = qc[i];
-        for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
-                uint32_t i0 = a.interleave ? 2 * i : i, i1 = a.interleave ? 2 * i + 1 : i + R / 2;
-                cu_rope_pair(qp[i0], qp[i1], pos_q, a.inv_freq[i], &sq[KV + i0], &sq[KV + i1]);
-        }
-        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x)
+        for (uint32_t j = tid; j < n; j += NT)
                 roff[j] = cu_cache_row(c, layer, t, start + j);
+
+        /* phase A: scores */
+        uint32_t jl = tid % ATT_JS, hl = (tid / ATT_JS) * TH;
+        float acc[TH][TJ];
+#pragma unroll
+        for (int x = 0; x < TH; x++)
+#pragma unroll
+                for (int y = 0; y < TJ; y++)
+                        acc[x][y] = 0.0f;
+        for (uint32_t k0 = 0; k0 < D; k0 += ATT_KC) {
+                uint32_t kc = min((uint32_t) ATT_KC, D - k0);
+                __syncthreads(); /* roff written / previous chunk consumed */
+                for (uint32_t e = tid; e < kc * n; e += NT) {
+                        uint32_t j = e / kc, kk = e % kc;
+                        sC[kk][j] = cu_ld<CT>(cache + roff[j] + k0 + kk);
+                }
+                for (uint32_t e = tid; e < kc * HG; e += NT) {
+                        uint32_t kk = e / HG, hh = e % HG;
+                        sQ[kk][hh] = h0 + hh < n_head ? qrow[(uint64_t) (h0 + hh) * D + k0 + kk]
+                                                      : 0.0f;
+                }
+                __syncthreads();
+                for (uint32_t kk = 0; kk < kc; kk++) {
+                        float cv[TJ], qv[TH];
+#pragma unroll
+                        for (int y = 0; y < TJ; y++)
+                                cv[y] = sC[kk][jl + y * ATT_JS];
+#pragma unroll
+                        for (int x = 0; x < TH; x++)
+                                qv[x] = sQ[kk][hl + x];
+#pragma unroll
+                        for (int x = 0; x < TH; x++)
+#pragma unroll
+                                for (int y = 0; y < TJ; y++)
+                                        acc[x][y] = fmaf(qv[x], cv[y], acc[x][y]);
+                }
+        }
+#pragma unroll
+        for (int x = 0; x < TH; x++)
+#pragma unroll
+                for (int y = 0; y < TJ; y++)
+                        sP[hl + x][jl + y * ATT_JS] = a.scale * acc[x][y];
         __syncthreads();
 
-        /* s(t') = scale · (q_c·c(t') + q_pe·k_pe(t')): one warp per position */
-        for (uint32_t j = warp; j < n; j += nw) {
-                const CT *kr = cache + roff[j];
-                float acc = 0.0f;
-                for (uint32_t i = lane; i < D; i += 32)
-                        acc += sq[i] * cu_ld<CT>(kr + i);
-                acc = cu_warp_sum(acc);
-                if (lane == 0)
-                        sc[j] = a.scale * acc;
+        /* phase B: per head (one warp each) max, p, l */
+        float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
+        for (uint32_t hh = warp; hh < HG; hh += NT / 32) {
+                float m = -INFINITY;
+                for (uint32_t j = lane; j < n; j += 32)
+                        m = fmaxf(m, sP[hh][j]);
+                m = cu_warp_max(m);
+                float l = 0.0f;
+                for (uint32_t j = lane; j < n; j += 32) {
+                        float p = expf(sP[hh][j] - m);
+                        sP[hh][j] = p;
+                        l += p;
+                }
+                l = cu_warp_sum(l);
+                if (lane == 0 && h0 + hh < n_head) {
+                        out0[(uint64_t) (h0 + hh) * (KV + 2) + KV] = m;
+                        out0[(uint64_t) (h0 + hh) * (KV + 2) + KV + 1] = l;
+                }
         }
         __syncthreads();
 
-        float m = -INFINITY;
-        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x)
-                m = fmaxf(m, sc[j]);
-        m = cu_block_max(m, red);
-        float l = 0.0f;
-        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
-                float p = expf(sc[j] - m);
-                sc[j] = p;
-                l += p;
-        }
-        l = cu_block_sum(l, red); /* also orders the sc[] writes before the reads below */
-
-        float *out = part + (((uint64_t) tl * max_parts + pi) * n_head + h) * (KV + 2);
-        for (uint32_t k = threadIdx.x; k < KV; k += blockDim.x) {
-                /* unrolled so the loads of 8 positions are in flight together; the sum stays
-                 * sequential in j */
-                float acc = 0.0f;
-#pragma unroll 8
-                for (uint32_t j = 0; j < n; j++)
-                        acc += sc[j] * cu_ld<CT>(cache + roff[j] + k);
-                out[k] = acc;
-        }
-        if (threadIdx.x == 0) {
-                out[KV] = m;
-                out[KV + 1] = l;
+        /* phase C: o[h][k] = Σ_j p[h][j]·c_j[k], four positions per step, in order */
+        for (uint32_t k = tid; k < KV; k += NT) {
+                float o[HG];
+#pragma unroll
+                for (int x = 0; x < HG; x++)
+                        o[x] = 0.0f;
+                uint32_t j = 0;
+                for (; j + 4 <= n; j += 4) {
+                        float c0 = cu_ld<CT>(cache + roff[j] + k);
+                        float c1 = cu_ld<CT>(cache + roff[j + 1] + k);
+                        float c2 = cu_ld<CT>(cache + roff[j + 2] + k);
+                        float c3 = cu_ld<CT>(cache + roff[j + 3] + k);
+#pragma unroll
+                        for (int x = 0; x < HG; x++) {
+                                float4 p = *(const float4 *) &sP[x][j];
+                                o[x] = fmaf(p.x, c0, o[x]);
+                                o[x] = fmaf(p.y, c1, o[x]);
+                                o[x] = fmaf(p.z, c2, o[x]);
+                                o[x] = fmaf(p.w, c3, o[x]);
+                        }
+                }
+                for (; j < n; j++) {
+                        float cj = cu_ld<CT>(cache + roff[j] + k);
+#pragma unroll
+                        for (int x = 0; x < HG; x++)
+                                o[x] = fmaf(sP[x][j], cj, o[x]);
+                }
+#pragma unroll
+                for (int x = 0; x < HG; x++)
+                        if (h0 + x < n_head)
+                                out0[(uint64_t) (h0 + x) * (KV + 2) + k] = o[x];
         }
 }
 
@@ -185,20 +273,34 @@ __global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_part
         }
 }
 
+template <int HG, int TH>
+static void attn_launch(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                        const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
+        dim3 grid(max_parts, (a->n_head + HG - 1) / HG, n);
+        constexpr int NT = (HG / TH) * ATT_JS;
+        cu_launches++;
+        if (c->f16)
+                k_attn_part<HG, TH, __half><<<grid, NT, 0, s>>>(*a, t0, max_parts, *c, layer, part);
+        else
+                k_attn_part<HG, TH, float><<<grid, NT, 0, s>>>(*a, t0, max_parts, *c, layer, part);
+}
+
 extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                              uint32_t max_parts, const struct cu_cache *c, uint32_t layer,
                              float *part, float *out, cudaStream_t s) {
         if (n == 0)
                 return;
-        dim3 grid(max_parts, a->n_head, n);
-        size_t smem = ((c->D + CU_ATTN_PART + 1) & ~1u) * sizeof(float) +
-                      CU_ATTN_PART * sizeof(uint64_t);
-        if (c->f16)
-                k_attn_part<__half><<<grid, ATT_THREADS, smem, s>>>(*a, t0, max_parts, *c, layer,
-                                                                   part);
+        /* head groups: the arithmetic is the same for every choice (see k_attn_part); many
+         * (token, part) blocks → all heads per block, each cache row read once per block; few →
+         * small groups so the launch fills the card */
+        uint64_t blocks = (uint64_t) n * max_parts;
+        if (blocks >= 512 && a->n_head > 8)
+                attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
+        else if (blocks >= 64)
+                attn_launch<8, 2>(a, t0, n, max_parts, c, layer, part, s);
         else
-                k_attn_part<float><<<grid, ATT_THREADS, smem, s>>>(*a, t0, max_parts, *c, layer,
-                                                                  part);
+                attn_launch<2, 1>(a, t0, n, max_parts, c, layer, part, s);
+        cu_launches++;
         k_attn_combine<<<dim3(n, a->n_head), 256, 0, s>>>(part, t0, max_parts, a->n_head, a->KV,
                                                         c->tok_pos, out);
 }

@@ -111,5 +111,6 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                 .y = a->z, .y_pstride = a->n_expert, .P = T, .few_rows = true,
         };
         cu_matvec(&mv, s);
+        cu_launches++;
         k_route<<<(T + 7) / 8, 256, 0, s>>>(*a, T, sel, w); /* 8 tokens (warps) a block */
 }

@@ -66,8 +66,9 @@ if ! step "build" ninja -C "$build" -j"$(nproc)"; then
         exit 1
 fi
 
+case $build in /*) ;; *) build=$PWD/$build ;; esac
 check=$build/kernels/cuda/x4-gpu-check
-export X4_CUDA_MODULE=$PWD/$build/kernels/cuda/xing4d-cuda.so
+export X4_CUDA_MODULE=$build/kernels/cuda/xing4d-cuda.so
 tiny=$fixture/model.gguf
 
 step "fixture vs f64 reference and cpu" "$check" fixture "$fixture"
