@@ -116,20 +116,53 @@ extern "C" void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *t
                                    a->interleave, tok_pos, a->qc);
 }
 
-/* One block per (part, head group of HG heads, token): the scores of its HG query rows against
- * the part's ≤ CU_ATTN_PART cache rows, the part's softmax statistics and P·c. Every value is
- * computed in one canonical order that does not depend on HG or the thread layout, so a launch
- * may pick the head-group size from the batch shape (few tokens: small groups for parallelism;
- * many tokens: all heads share each cache row read) and a query's bits stay the same:
- *   s_j = scale · Σ_k q[k]·c_j[k]   one fmaf chain over k = 0..D-1 from 0
- *   m   = max_j s_j                 (exact in any order)
- *   p_j = expf(s_j − m)
- *   l   = butterfly warp sum of 32 lane sums, lane i summing p_j for j ≡ i (mod 32) ascending
- *   o[k] = Σ_j p_j·c_j[k]           one fmaf chain over j ascending from 0
- * part[t][part][h] = [o (KV) | m | l]. Phase A stages the cache rows in chunks of ATT_KC values,
- * transposed, and each thread keeps TH heads × TJ positions of scores in registers. */
+/* Attention over one part (≤ CU_ATTN_PART positions of the cache) for a group of HG heads of one
+ * token: scores, the part's softmax statistics and P·c. Two kernels do it, shaped for different
+ * batches, and both compute every value in the same canonical order, so which one runs (and with
+ * which head-group size) never changes a bit of a query's result:
+ *   P_c  = Σ_{k in chunk c} q[k]·c_j[k]   one fmaf chain from 0, chunks of ATT_KC values
+ *   s_j  = scale · (0 + P_0 + P_1 + ...)   chunk sums added in chunk order
+ *   m    = max_j s_j                       (exact in any order)
+ *   p_j  = expf(s_j − m)
+ *   l    = butterfly warp sum of 32 lane sums, lane i summing p_j for j ≡ i (mod 32) ascending
+ *   Q_g  = Σ_{j in sub-part g} p_j·c_j[k]  one fmaf chain from 0, sub-parts of ATT_SUB positions
+ *   o[k] = 0 + Q_0 + Q_1 + ...             sub-part sums added in order
+ * part[t][part][h] = [o (KV) | m | l].
+ *
+ * k_attn_part (many tokens: prefill, big decode batches): all heads share each staged cache
+ * chunk; each thread keeps TH heads × 2 positions of scores in registers.
+ * k_attn_dec (few tokens): one warp per position, a lane per chunk, and four lanes per output
+ * value (one per sub-part), so a batch-1 step has few dependent memory round trips. */
 #define ATT_KC 32
-#define ATT_JS (CU_ATTN_PART / 2) /* position lanes of phase A: TJ = 2 positions each */
+#define ATT_SUB 32
+#define ATT_JS (CU_ATTN_PART / 2) /* position lanes of k_attn_part's phase A, 2 positions each */
+
+/* Phase B of both kernels: per head (one warp each) m, p_j (in place) and l; sP rows of
+ * `stride` floats, position j at j + j / ATT_SUB · pad. */
+template <int HG>
+static __device__ __forceinline__ void attn_softmax(float *sP, uint32_t stride, uint32_t pad,
+                                                    uint32_t n, uint32_t h0, uint32_t n_head,
+                                                    uint32_t KV, float *out0) {
+        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+        for (uint32_t hh = warp; hh < HG; hh += nw) {
+                float *row = sP + hh * stride;
+                float m = -INFINITY;
+                for (uint32_t j = lane; j < n; j += 32)
+                        m = fmaxf(m, row[j + j / ATT_SUB * pad]);
+                m = cu_warp_max(m);
+                float l = 0.0f;
+                for (uint32_t j = lane; j < n; j += 32) {
+                        float p = expf(row[j + j / ATT_SUB * pad] - m);
+                        row[j + j / ATT_SUB * pad] = p;
+                        l += p;
+                }
+                l = cu_warp_sum(l);
+                if (lane == 0 && h0 + hh < n_head) {
+                        out0[(uint64_t) (h0 + hh) * (KV + 2) + KV] = m;
+                        out0[(uint64_t) (h0 + hh) * (KV + 2) + KV + 1] = l;
+                }
+        }
+}
 
 template <int HG, int TH, typename CT>
 __global__ void __launch_bounds__((HG / TH) * ATT_JS)
@@ -148,7 +181,7 @@ __global__ void __launch_bounds__((HG / TH) * ATT_JS)
         uint32_t start = pi * CU_ATTN_PART;
         uint32_t n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
         const CT *cache = (const CT *) c.base;
-        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+        uint32_t tid = threadIdx.x;
         const float *qrow = a.qc + (uint64_t) t * n_head * D;
 
         for (uint32_t j = tid; j < n; j += NT)
@@ -175,6 +208,12 @@ __global__ void __launch_bounds__((HG / TH) * ATT_JS)
                                                       : 0.0f;
                 }
                 __syncthreads();
+                float pc[TH][TJ];
+#pragma unroll
+                for (int x = 0; x < TH; x++)
+#pragma unroll
+                        for (int y = 0; y < TJ; y++)
+                                pc[x][y] = 0.0f;
                 for (uint32_t kk = 0; kk < kc; kk++) {
                         float cv[TJ], qv[TH];
 #pragma unroll
@@ -187,8 +226,13 @@ __global__ void __launch_bounds__((HG / TH) * ATT_JS)
                         for (int x = 0; x < TH; x++)
 #pragma unroll
                                 for (int y = 0; y < TJ; y++)
-                                        acc[x][y] = fmaf(qv[x], cv[y], acc[x][y]);
+                                        pc[x][y] = fmaf(qv[x], cv[y], pc[x][y]);
                 }
+#pragma unroll
+                for (int x = 0; x < TH; x++)
+#pragma unroll
+                        for (int y = 0; y < TJ; y++)
+                                acc[x][y] += pc[x][y];
         }
 #pragma unroll
         for (int x = 0; x < TH; x++)
@@ -197,58 +241,213 @@ __global__ void __launch_bounds__((HG / TH) * ATT_JS)
                         sP[hl + x][jl + y * ATT_JS] = a.scale * acc[x][y];
         __syncthreads();
 
-        /* phase B: per head (one warp each) max, p, l */
+        /* phase B */
         float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
-        for (uint32_t hh = warp; hh < HG; hh += NT / 32) {
-                float m = -INFINITY;
-                for (uint32_t j = lane; j < n; j += 32)
-                        m = fmaxf(m, sP[hh][j]);
-                m = cu_warp_max(m);
-                float l = 0.0f;
-                for (uint32_t j = lane; j < n; j += 32) {
-                        float p = expf(sP[hh][j] - m);
-                        sP[hh][j] = p;
-                        l += p;
-                }
-                l = cu_warp_sum(l);
-                if (lane == 0 && h0 + hh < n_head) {
-                        out0[(uint64_t) (h0 + hh) * (KV + 2) + KV] = m;
-                        out0[(uint64_t) (h0 + hh) * (KV + 2) + KV + 1] = l;
-                }
-        }
+        attn_softmax<HG>(&sP[0][0], CU_ATTN_PART, 0, n, h0, n_head, KV, out0);
         __syncthreads();
 
-        /* phase C: o[h][k] = Σ_j p[h][j]·c_j[k], four positions per step, in order */
+        /* phase C: o[h][k], sub-part by sub-part, four positions per step */
         for (uint32_t k = tid; k < KV; k += NT) {
                 float o[HG];
 #pragma unroll
                 for (int x = 0; x < HG; x++)
                         o[x] = 0.0f;
-                uint32_t j = 0;
-                for (; j + 4 <= n; j += 4) {
-                        float c0 = cu_ld<CT>(cache + roff[j] + k);
-                        float c1 = cu_ld<CT>(cache + roff[j + 1] + k);
-                        float c2 = cu_ld<CT>(cache + roff[j + 2] + k);
-                        float c3 = cu_ld<CT>(cache + roff[j + 3] + k);
-#pragma unroll
-                        for (int x = 0; x < HG; x++) {
-                                float4 p = *(const float4 *) &sP[x][j];
-                                o[x] = fmaf(p.x, c0, o[x]);
-                                o[x] = fmaf(p.y, c1, o[x]);
-                                o[x] = fmaf(p.z, c2, o[x]);
-                                o[x] = fmaf(p.w, c3, o[x]);
-                        }
-                }
-                for (; j < n; j++) {
-                        float cj = cu_ld<CT>(cache + roff[j] + k);
+                for (uint32_t g0 = 0; g0 < n; g0 += ATT_SUB) {
+                        uint32_t ge = min(g0 + ATT_SUB, n), j = g0;
+                        float q[HG];
 #pragma unroll
                         for (int x = 0; x < HG; x++)
-                                o[x] = fmaf(sP[x][j], cj, o[x]);
+                                q[x] = 0.0f;
+                        for (; j + 4 <= ge; j += 4) {
+                                float c0 = cu_ld<CT>(cache + roff[j] + k);
+                                float c1 = cu_ld<CT>(cache + roff[j + 1] + k);
+                                float c2 = cu_ld<CT>(cache + roff[j + 2] + k);
+                                float c3 = cu_ld<CT>(cache + roff[j + 3] + k);
+#pragma unroll
+                                for (int x = 0; x < HG; x++) {
+                                        float4 p = *(const float4 *) &sP[x][j];
+                                        q[x] = fmaf(p.x, c0, q[x]);
+                                        q[x] = fmaf(p.y, c1, q[x]);
+                                        q[x] = fmaf(p.z, c2, q[x]);
+                                        q[x] = fmaf(p.w, c3, q[x]);
+                                }
+                        }
+                        for (; j < ge; j++) {
+                                float cj = cu_ld<CT>(cache + roff[j] + k);
+#pragma unroll
+                                for (int x = 0; x < HG; x++)
+                                        q[x] = fmaf(sP[x][j], cj, q[x]);
+                        }
+#pragma unroll
+                        for (int x = 0; x < HG; x++)
+                                o[x] += q[x];
                 }
 #pragma unroll
                 for (int x = 0; x < HG; x++)
                         if (h0 + x < n_head)
                                 out0[(uint64_t) (h0 + x) * (KV + 2) + k] = o[x];
+        }
+}
+
+/* 32 consecutive cache values as fp32 (16-byte loads when `vec`: row offsets multiples of 8). */
+template <typename CT>
+static __device__ __forceinline__ void cu_ld32(const CT *p, bool vec, float *v);
+template <>
+__device__ __forceinline__ void cu_ld32<float>(const float *p, bool vec, float *v) {
+        if (vec) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                        float4 f = ((const float4 *) p)[i];
+                        v[4 * i] = f.x;
+                        v[4 * i + 1] = f.y;
+                        v[4 * i + 2] = f.z;
+                        v[4 * i + 3] = f.w;
+                }
+        } else {
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                        v[i] = p[i];
+        }
+}
+template <>
+__device__ __forceinline__ void cu_ld32<__half>(const __half *p, bool vec, float *v) {
+        if (vec) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                        uint4 u = ((const uint4 *) p)[i];
+                        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                                float2 f = __half22float2(*(const __half2 *) &w[e]);
+                                v[8 * i + 2 * e] = f.x;
+                                v[8 * i + 2 * e + 1] = f.y;
+                        }
+                }
+        } else {
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                        v[i] = __half2float(p[i]);
+        }
+}
+
+#define ATT_DEC_THREADS 512
+#define ATT_DEC_PAD 1 /* sP: a free slot after each sub-part, so the four sub-part lanes of phase
+                       * C read different banks */
+#define ATT_DEC_STRIDE (CU_ATTN_PART + CU_ATTN_PART / ATT_SUB * ATT_DEC_PAD)
+
+template <int HG, typename CT>
+__global__ void __launch_bounds__(ATT_DEC_THREADS)
+        k_attn_dec(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
+                   uint32_t layer, float *part) {
+        __shared__ float sQ[HG][32 * (ATT_KC + 1)]; /* query, chunk c at c·33 (bank spread) */
+        __shared__ float sP[HG][ATT_DEC_STRIDE];
+        __shared__ uint64_t roff[CU_ATTN_PART];
+        uint32_t D = c.D, KV = a.KV, n_head = a.n_head, nch = (D + ATT_KC - 1) / ATT_KC;
+        uint32_t pi = blockIdx.x, h0 = blockIdx.y * HG, tl = blockIdx.z, t = t0 + tl;
+        uint32_t pos_q = c.tok_pos[t];
+        if (pi > pos_q / CU_ATTN_PART)
+                return;
+        uint32_t start = pi * CU_ATTN_PART;
+        uint32_t n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
+        const CT *cache = (const CT *) c.base;
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+        constexpr uint32_t NW = ATT_DEC_THREADS / 32;
+        const float *qrow = a.qc + (uint64_t) t * n_head * D;
+        bool vec = D % 8 == 0;
+
+        for (uint32_t e = tid; e < HG * nch * ATT_KC; e += ATT_DEC_THREADS) {
+                uint32_t hh = e / (nch * ATT_KC), r = e % (nch * ATT_KC);
+                uint32_t cc = r / ATT_KC, i = r % ATT_KC, k = cc * ATT_KC + i;
+                sQ[hh][cc * (ATT_KC + 1) + i] =
+                        h0 + hh < n_head && k < D ? qrow[(uint64_t) (h0 + hh) * D + k] : 0.0f;
+        }
+        for (uint32_t j = tid; j < n; j += ATT_DEC_THREADS)
+                roff[j] = cu_cache_row(c, layer, t, start + j);
+        __syncthreads();
+
+        /* phase A: a warp per position, lane c computes chunk c's sums P_c for the HG heads */
+        for (uint32_t j = warp; j < n; j += NW) {
+                float pc[HG];
+#pragma unroll
+                for (int x = 0; x < HG; x++)
+                        pc[x] = 0.0f;
+                if (lane < nch) {
+                        uint32_t k0 = lane * ATT_KC, kc = min((uint32_t) ATT_KC, D - k0);
+                        const float *q = &sQ[0][lane * (ATT_KC + 1)];
+                        if (kc == ATT_KC) {
+                                float v[ATT_KC];
+                                cu_ld32<CT>(cache + roff[j] + k0, vec, v);
+#pragma unroll
+                                for (int i = 0; i < ATT_KC; i++)
+#pragma unroll
+                                        for (int x = 0; x < HG; x++)
+                                                pc[x] = fmaf(q[x * 32 * (ATT_KC + 1) + i], v[i],
+                                                             pc[x]);
+                        } else {
+                                for (uint32_t i = 0; i < kc; i++) {
+                                        float v = cu_ld<CT>(cache + roff[j] + k0 + i);
+#pragma unroll
+                                        for (int x = 0; x < HG; x++)
+                                                pc[x] = fmaf(q[x * 32 * (ATT_KC + 1) + i], v,
+                                                             pc[x]);
+                                }
+                        }
+                }
+#pragma unroll
+                for (int x = 0; x < HG; x++) {
+                        float sum = 0.0f;
+                        for (uint32_t cc = 0; cc < nch; cc++)
+                                sum += __shfl_sync(CU_FULL_MASK, pc[x], cc);
+                        if (lane == 0)
+                                sP[x][j + j / ATT_SUB * ATT_DEC_PAD] = a.scale * sum;
+                }
+        }
+        __syncthreads();
+
+        float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
+        attn_softmax<HG>(&sP[0][0], ATT_DEC_STRIDE, ATT_DEC_PAD, n, h0, n_head, KV, out0);
+        __syncthreads();
+
+        /* phase C: lane = sub-part g (0..3) × value quad kq (0..7): a warp covers 32 values of
+         * o; the four sub-part sums of a value are added in order by its g = 0 lane */
+        uint32_t g = lane / 8, kq = lane % 8, ng = (n + ATT_SUB - 1) / ATT_SUB;
+        for (uint32_t kb = warp * 32; kb < KV; kb += NW * 32) {
+                uint32_t k = kb + 4 * kq;
+                float q[HG][4];
+#pragma unroll
+                for (int x = 0; x < HG; x++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                                q[x][e] = 0.0f;
+                uint32_t j0 = g * ATT_SUB, je = min(j0 + ATT_SUB, n);
+                if (j0 < n) {
+#pragma unroll 8
+                        for (uint32_t j = j0; j < je; j++) {
+                                float cv[4];
+#pragma unroll
+                                for (int e = 0; e < 4; e++)
+                                        cv[e] = k + e < KV ? cu_ld<CT>(cache + roff[j] + k + e)
+                                                           : 0.0f;
+                                uint32_t js = j + j / ATT_SUB * ATT_DEC_PAD;
+#pragma unroll
+                                for (int x = 0; x < HG; x++) {
+                                        float p = sP[x][js];
+#pragma unroll
+                                        for (int e = 0; e < 4; e++)
+                                                q[x][e] = fmaf(p, cv[e], q[x][e]);
+                                }
+                        }
+                }
+#pragma unroll
+                for (int x = 0; x < HG; x++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                                float o = 0.0f;
+                                for (uint32_t gg = 0; gg < ng; gg++)
+                                        o += __shfl_sync(CU_FULL_MASK, q[x][e], gg * 8 + kq);
+                                if (g == 0 && k + e < KV && h0 + x < n_head)
+                                        out0[(uint64_t) (h0 + x) * (KV + 2) + k + e] = o;
+                        }
         }
 }
 
@@ -285,21 +484,35 @@ static void attn_launch(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32
                 k_attn_part<HG, TH, float><<<grid, NT, 0, s>>>(*a, t0, max_parts, *c, layer, part);
 }
 
+template <int HG>
+static void attn_launch_dec(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                            const struct cu_cache *c, uint32_t layer, float *part,
+                            cudaStream_t s) {
+        dim3 grid(max_parts, (a->n_head + HG - 1) / HG, n);
+        cu_launches++;
+        if (c->f16)
+                k_attn_dec<HG, __half><<<grid, ATT_DEC_THREADS, 0, s>>>(*a, t0, max_parts, *c,
+                                                                        layer, part);
+        else
+                k_attn_dec<HG, float><<<grid, ATT_DEC_THREADS, 0, s>>>(*a, t0, max_parts, *c,
+                                                                       layer, part);
+}
+
 extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                              uint32_t max_parts, const struct cu_cache *c, uint32_t layer,
                              float *part, float *out, cudaStream_t s) {
         if (n == 0)
                 return;
-        /* head groups: the arithmetic is the same for every choice (see k_attn_part); many
-         * (token, part) blocks → all heads per block, each cache row read once per block; few →
-         * small groups so the launch fills the card */
+        /* the kernel and head-group size follow the batch shape; the arithmetic is the same for
+         * every choice (see above): many (token, part) blocks → all heads share each staged
+         * cache chunk; few → a warp per position and small head groups to fill the card */
         uint64_t blocks = (uint64_t) n * max_parts;
-        if (blocks >= 512 && a->n_head > 8)
+        if (blocks >= 256 || c->D > 32 * ATT_KC)
                 attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
-        else if (blocks >= 64)
-                attn_launch<8, 2>(a, t0, n, max_parts, c, layer, part, s);
+        else if (blocks >= 32)
+                attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);
         else
-                attn_launch<2, 1>(a, t0, n, max_parts, c, layer, part, s);
+                attn_launch_dec<2>(a, t0, n, max_parts, c, layer, part, s);
         cu_launches++;
         k_attn_combine<<<dim3(n, a->n_head), 256, 0, s>>>(part, t0, max_parts, a->n_head, a->KV,
                                                         c->tok_pos, out);
