@@ -12,7 +12,8 @@
  * Prefill: one forward of L prompt tokens from position 0 (the backend micro-batches as it likes),
  * rate L / time. Decode at context C with batch B: B independent sequences, each holding C cached
  * tokens, step together one token each for --decode-tokens steps; rate B·steps / time. Every
- * number is the median of --repeats runs after a warm-up run. One JSON line per measurement on
+ * number is the median of --repeats runs after a warm-up run (--warmup 0: none; for runs of
+ * minutes, like a 32K prefill). One JSON line per measurement on
  * stdout as it completes (including the load time), then a human table (--json: the JSON lines
  * only). Each measurement also gives the process CPU time (all threads) of the same run,
  * "cpu_ms": on a shared machine it shows what the work cost when the wall clock mostly measures
@@ -94,7 +95,7 @@ struct bench {
         float *logits;
         uint32_t prefill_max; /* --decode-prefill-max */
         const char *cache;    /* "f32", "f16" */
-        bool json, profile, profile_unsupported;
+        bool json, profile, profile_unsupported, warmup;
         char device[128], model[256], commit[64];
         struct result results[MAX_RESULTS];
         size_t n_results;
@@ -140,6 +141,8 @@ static int parse_list(const char *opt, const char *s, uint32_t *v, size_t *n) {
         const char *p = s;
 
         *n = 0;
+        if (streq(s, "none"))
+                return 0;
         for (;;) {
                 char *end;
                 unsigned long long x;
@@ -149,7 +152,7 @@ static int parse_list(const char *opt, const char *s, uint32_t *v, size_t *n) {
                 if (end == p || errno || x == 0 || x > UINT32_MAX / 2 || *p == '-' ||
                     (*end != ',' && *end != '\0') || *n == MAX_LIST)
                         return log_error_errno(EINVAL,
-                                               "%s: '%s' is not a comma-separated list of at most %d positive integers",
+                                               "%s: '%s' is not a comma-separated list of at most %d positive integers (or none)",
                                                opt, s, MAX_LIST);
                 v[(*n)++] = (uint32_t) x;
                 if (*end == '\0')
@@ -163,7 +166,7 @@ static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret
         uint32_t v[MAX_LIST];
         int r = parse_list(opt, s, v, &n);
 
-        if (r < 0 || n != 1 || v[0] < min)
+        if (r < 0 || n != 1 || v[0] < min || streq(s, "none"))
                 return log_error_errno(EINVAL, "%s: '%s' is not an integer >= %u", opt, s, min);
         *ret = v[0];
         return 0;
@@ -346,7 +349,7 @@ static int bench_prefill(struct bench *B, uint32_t len, uint32_t repeats) {
         if (!t || !ct)
                 return log_error_errno(ENOMEM, "out of memory");
         /* warm-up: the same shape once */
-        r = run_seq(B, 0, len, 0, X4_LOGITS_LAST);
+        r = B->warmup ? run_seq(B, 0, len, 0, X4_LOGITS_LAST) : 0;
         if (r < 0)
                 return r;
         for (uint32_t i = 0; i < repeats; i++) {
@@ -430,8 +433,9 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
                         .logits = X4_LOGITS_LAST,
                 };
 
-        /* run 0 is the warm-up; every run rewrites positions ctx .. ctx+steps-1 */
-        for (uint32_t rep = 0; rep <= repeats; rep++) {
+        /* run 0 is the warm-up (skipped with --warmup 0); every run rewrites positions
+         * ctx .. ctx+steps-1 */
+        for (uint32_t rep = B->warmup ? 0 : 1; rep <= repeats; rep++) {
                 double t0 = now_s(), c0 = cpu_s();
 
                 r = decode_steps(B, seqs, batch, ctx, steps);
@@ -540,7 +544,7 @@ static void usage(FILE *f) {
               "                [--device cpu|cuda] [--threads N] [--cache f32|f16]\n"
               "                [--prefill 512,4096] [--decode-ctx 512,4096] [--batch 1,16]\n"
               "                [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]\n"
-              "                [--profile] [--json]\n"
+              "                [--warmup 0|1] [--profile] [--json]\n"
               "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n"
               "\n"
               "  --cache f32|f16           the backend's latent cache type (default f32; cpu: f32 only)\n"
@@ -550,6 +554,9 @@ static void usage(FILE *f) {
               "                            page copies of them up to the context length. A decode\n"
               "                            step's work depends on the context length, not on the\n"
               "                            cached values.\n"
+              "  --prefill/--decode-ctx/--batch none   skip those measurements\n"
+              "  --warmup 0|1              run each shape once untimed first (default 1); 0 for\n"
+              "                            shapes whose one run takes minutes (a 32K prefill)\n"
               "  --profile                 after each measurement, one more untimed run of the same\n"
               "                            shape with the backend's profiling on: kernels per decode\n"
               "                            step (per prefill) and time per kernel class\n",
@@ -571,6 +578,7 @@ int main(int argc, char **argv) {
                 { "cache", required_argument, NULL, 'C' },
                 { "decode-prefill-max", required_argument, NULL, 'P' },
                 { "profile", no_argument, NULL, 'F' },
+                { "warmup", required_argument, NULL, 'W' },
                 { "json", no_argument, NULL, 'j' },
                 { "tokenize", required_argument, NULL, 'T' },
                 { "seconds", required_argument, NULL, 'S' },
@@ -591,6 +599,7 @@ int main(int argc, char **argv) {
         log_set_max_level(LOG_CRIT);
         B.cache = "f32";
         B.prefill_max = 4096;
+        B.warmup = true;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 switch (c) {
                 case 'm':
@@ -622,6 +631,12 @@ int main(int argc, char **argv) {
                         break;
                 case 'r':
                         r = parse_u32("--repeats", optarg, 1, &repeats);
+                        break;
+                case 'W':
+                        if (streq(optarg, "0") || streq(optarg, "1"))
+                                B.warmup = optarg[0] == '1';
+                        else
+                                r = log_error_errno(EINVAL, "--warmup: '%s' is not 0 or 1", optarg);
                         break;
                 case 'j':
                         B.json = true;
@@ -669,9 +684,10 @@ int main(int argc, char **argv) {
 
         for (size_t i = 0; i < n_prefill; i++)
                 max_len = MAX(max_len, prefill[i]);
-        for (size_t i = 0; i < n_ctx; i++)
+        /* decode measurements are the contexts × the batches: none when either list is none */
+        for (size_t i = 0; n_batch > 0 && i < n_ctx; i++)
                 max_ctx = MAX(max_ctx, ctxs[i]);
-        for (size_t i = 0; i < n_batch; i++)
+        for (size_t i = 0; n_ctx > 0 && i < n_batch; i++)
                 max_batch = MAX(max_batch, batches[i]);
 
         find_commit(B.commit, sizeof B.commit);

@@ -234,6 +234,43 @@ static void test_fake_profile_and_layout(void **state) {
         assert_non_null(strstr(out, "\nprofile  prefill 16 tokens: 10.0 kernels, 2.000 ms of kernel time per prefill\n"));
 }
 
+/* --warmup 0 (a 32K prefill runs once, not twice) and "none" for a measurement list. */
+static void test_fake_warmup_and_none(void **state) {
+        char out[16384], err[4096], trace[16384], env[512];
+
+        (void) state;
+        if (!T.have_module)
+                skip();
+        snprintf(env, sizeof env, "X4_CUDA_MODULE='%s' X4_FAKE_TRACE='%s'", T.module, T.trace);
+        assert_int_equal(bench(env, "--device cuda --prefill 16 --decode-ctx none --warmup 0 --repeats 2 --json",
+                               out, sizeof out, err, sizeof err), 0);
+        assert_string_equal(err, "");
+        slurp(T.trace, trace, sizeof trace);
+        /* no warm-up: the two timed prefills only; no decode at all */
+        assert_string_equal(trace, "create pages=1 page_tokens=256 cache=0\n"
+                                   "fwd 0+1@0\n"
+                                   "fwd 0+16@0\n" "fwd 0+16@0\n"
+                                   "destroy\n");
+        assert_non_null(strstr(out, "{\"what\":\"prefill\",\"tokens\":16,"));
+        assert_null(strstr(out, "\"what\":\"decode\""));
+
+        assert_int_equal(bench(env, "--device cuda --prefill none --decode-ctx 300 --batch 1 --decode-tokens 1 "
+                                    "--warmup 0 --repeats 1 --json", out, sizeof out, err, sizeof err), 0);
+        slurp(T.trace, trace, sizeof trace);
+        /* decode setup, then one timed step (no warm-up step) */
+        assert_string_equal(trace, "create pages=2 page_tokens=256 cache=0\n"
+                                   "fwd 0+1@0\n"
+                                   "fwd 0+300@0,1\n"
+                                   "fwd 300+1@0,1\n"
+                                   "destroy\n");
+        assert_null(strstr(out, "\"what\":\"prefill\""));
+
+        assert_int_equal(bench(NULL, "--warmup 2", out, sizeof out, err, sizeof err), 1);
+        assert_string_equal(err, "x4-bench: --warmup: '2' is not 0 or 1\n");
+        assert_int_equal(bench(NULL, "--repeats none", out, sizeof out, err, sizeof err), 1);
+        assert_string_equal(err, "x4-bench: --repeats: 'none' is not an integer >= 1\n");
+}
+
 /* Contexts below, at and above --decode-prefill-max 512, the last two not whole pages, the last
  * one with copies of more than one page; batch 3. */
 static void test_fake_decode_fill_edges(void **state) {
@@ -293,6 +330,7 @@ int main(void) {
                 cmocka_unit_test(test_cpu_profile_unsupported),
                 cmocka_unit_test(test_fake_profile_and_layout),
                 cmocka_unit_test(test_fake_decode_fill_edges),
+                cmocka_unit_test(test_fake_warmup_and_none),
         };
 
         return cmocka_run_group_tests(tests, setup, teardown);
