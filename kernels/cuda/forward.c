@@ -37,6 +37,11 @@
  * sequence's tokens stay in order, so causality holds and results do not change). */
 #define CUDA_MAX_BATCH_TOKENS 512
 #define CUDA_DEFAULT_PAGE_TOKENS 256
+/* A MoE layer groups its (token, expert) pairs by expert when there are at least this many per
+ * expert id on average (prefill); fewer, and most tiles would hold one pair (batched decode). The
+ * matvec is bound by its shared-memory reads of the inputs, so grouping saves the weight reads and
+ * dequantization only: 12% of the expert time of a 512-token prefill (H200, 6-layer model). */
+#define CUDA_GROUP_MIN_PAIRS_PER_ID 4
 #define CUDA_STAGING_BYTES (32u << 20)
 /* Kept free of the device's reported free memory for the CUDA runtime's own allocations. */
 #define CUDA_MEMORY_MARGIN (256ull << 20)
@@ -112,7 +117,7 @@ struct x4_backend {
         uint64_t ws_bytes;
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part;
-        int32_t *sel;
+        int32_t *sel, *groups;
 
         uint32_t *meta_d, *meta_h;
         size_t meta_cap; /* u32 elements of both */
@@ -668,6 +673,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->ao, float, T * nh * c->v_head);
         WS(b->o, float, T * H);
         WS(b->sel, int32_t, T * S);
+        WS(b->groups, int32_t, cu_moe_group_ints((uint32_t) (T * S), MAX(c->n_expert, 1u) + 1));
         WS(b->gw, float, T * S);
         WS(b->act, float, T * b->hw);
         WS(b->dn, float, T * S * H);
@@ -1249,6 +1255,12 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
                 };
                 cu_route(&ra, b->a, T, b->sel, b->gw, s);
+                /* many pairs: group them by expert, so each dequantized weight chunk serves up to
+                 * CU_GROUP_TILE pairs (same bits as one pair per block) */
+                uint32_t n_groups = T * S >= CUDA_GROUP_MIN_PAIRS_PER_ID * (c->n_expert + 1)
+                                            ? cu_moe_group(b->sel, T * S, c->n_expert + 1,
+                                                           b->groups, s)
+                                            : 0;
                 prof_mark(b, PC_ROUTER);
                 if (b->route_trace)
                         route_trace_layer(b, l, T, cl->router_bias);
@@ -1257,6 +1269,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .row_bytes = cl->gateup.row_bytes, .expert_bytes = cl->gateup.expert_bytes,
                         .K = H, .N = 2 * F, .G = F, .x = b->a, .x_pstride = H, .x_div = S,
                         .y = b->act, .y_pstride = F, .sel = b->sel, .P = T * S, .swiglu = true,
+                        .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
                 };
                 cu_matvec(&gu, s);
                 struct cu_mv dn = {
@@ -1264,6 +1277,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .expert_bytes = cl->down.expert_bytes, .K = F, .N = H, .G = H,
                         .x = b->act, .x_pstride = F, .x_div = 1, .y = b->dn, .y_pstride = H,
                         .sel = b->sel, .P = T * S,
+                        .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
                 };
                 cu_matvec(&dn, s);
                 prof_mark(b, PC_EXPERTS);

@@ -62,12 +62,26 @@ struct cu_mv {
         const int32_t *sel;
         uint32_t P;
         bool swiglu;
+        /* With sel, optionally the pairs grouped by expert (cu_moe_group): a block dots one
+         * dequantized weight chunk with up to MV_TP pairs of the same expert instead of one,
+         * with the same per-pair arithmetic (so the same bits). NULL: one pair per block. */
+        const int32_t *groups;
+        uint32_t n_groups_max;
         /* A matrix of few long rows (HC projection 24 × 14336, router 64 × 3584): one block per
          * row, its 32 warps splitting the row and summed in warp order. F32/F16/BF16 only (others
          * take the normal path). Fixed per matrix, so batch invariance holds. */
         bool few_rows;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
+
+/* Pairs grouped by expert for cu_mv.groups: sel holds P = T·S expert ids (S slots per token, the
+ * shared expert as id n_expert); groups gets [n_tiles, then per tile (expert, first, count)]
+ * followed by the pair indices ordered by expert, then pair index (`first` indexes that list).
+ * Tiles hold at most CU_GROUP_TILE pairs. Returns the tile bound to launch with. */
+#define CU_GROUP_TILE 8
+uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids);
+uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups,
+                      cudaStream_t s);
 
 /* spec §3 step 1: X[t][s] = token_embd[ids[t]] for every stream s. */
 void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids, uint32_t T,

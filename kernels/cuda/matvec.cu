@@ -26,28 +26,45 @@
 #define MV_TILE_CHUNKS 32
 #define MV_TILE_STRIDE (CU_CHUNK + 1)
 
-template <int TYPE, int TP, int NR>
+/* GROUPED: blockIdx.y is a tile of a.groups (cu_moe_group): up to TP pairs of one expert. */
+template <int TYPE, int TP, int NR, bool GROUPED>
 __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
         __shared__ float iq4[16];
         __shared__ float xs[TP][MV_TILE_CHUNKS * MV_TILE_STRIDE];
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t r = blockIdx.x * MV_WARPS + warp; /* output index */
-        uint32_t p0 = blockIdx.y * TP;
+        uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
+        const int32_t *perm = NULL;
+        int32_t expert = 0;
+        if (GROUPED) {
+                uint32_t tiles_max = a.n_groups_max;
+                if (blockIdx.y >= (uint32_t) a.groups[0])
+                        return; /* the whole block: beyond this batch's tiles */
+                const int32_t *td = a.groups + 1 + 3 * blockIdx.y;
+                expert = td[0];
+                perm = a.groups + 1 + 3 * tiles_max + td[1];
+                n_p = (uint32_t) td[2];
+        }
         if (TYPE == CU_TYPE_IQ4_NL && threadIdx.x < 16)
                 iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x];
         /* no early return: every warp takes part in the tile loads and barriers */
         bool active = r < a.N / NR;
 
         const uint8_t *w = (const uint8_t *) a.w + (uint64_t) (active ? r : 0) * NR * a.row_bytes;
-        if (a.sel)
+        if (GROUPED)
+                w += (uint64_t) expert * a.expert_bytes;
+        else if (a.sel)
                 w += (uint64_t) a.sel[p0] * a.expert_bytes; /* TP == 1 with sel */
         /* the block's rows share one input group (host checks G % MV_WARPS == 0) */
         uint32_t g = NR == 1 ? (blockIdx.x * MV_WARPS) / a.G : 0;
         const float *x[TP];
+        uint32_t pid[TP]; /* the pair (input/output index) of tile slot t */
         float acc[NR][TP];
 #pragma unroll
         for (int t = 0; t < TP; t++) {
-                uint32_t p = p0 + t < a.P ? p0 + t : p0;
+                uint32_t p = GROUPED ? (uint32_t) perm[(uint32_t) t < n_p ? t : 0]
+                                     : ((uint32_t) t < n_p ? p0 + t : p0);
+                pid[t] = p;
                 x[t] = a.x + (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) g * a.x_gstride;
 #pragma unroll
                 for (int k = 0; k < NR; k++)
@@ -60,7 +77,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
                 __syncthreads(); /* the previous tile has been read */
 #pragma unroll
                 for (int t = 0; t < TP; t++)
-                        for (uint32_t e = threadIdx.x; e < n_vals; e += blockDim.x)
+                        for (uint32_t e = threadIdx.x; (uint32_t) t < n_p && e < n_vals;
+                             e += blockDim.x)
                                 xs[t][(e / CU_CHUNK) * MV_TILE_STRIDE + e % CU_CHUNK] =
                                         x[t][(uint64_t) c0 * CU_CHUNK + e];
                 __syncthreads();
@@ -73,6 +91,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
                         cu_dequant32<TYPE>(w + k * a.row_bytes, c, wv, iq4);
 #pragma unroll
                         for (int t = 0; t < TP; t++) {
+                                if ((uint32_t) t >= n_p)
+                                        break; /* a part-filled tile (last of a batch/expert) */
                                 const float *xv = &xs[t][lane * MV_TILE_STRIDE];
                                 float s = 0.0f;
 #pragma unroll
@@ -91,8 +111,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
                         float u = cu_warp_sum(acc[NR - 1][t]);
                         v = v / (1.0f + expf(-v)) * u; /* spec §5: silu(gate)·up in fp32 */
                 }
-                if (lane == 0 && p0 + t < a.P)
-                        a.y[(uint64_t) (p0 + t) * a.y_pstride + (uint64_t) g * a.y_gstride +
+                if (lane == 0 && (uint32_t) t < n_p)
+                        a.y[(uint64_t) pid[t] * a.y_pstride + (uint64_t) g * a.y_gstride +
                             (NR == 1 ? r % a.G : r)] = v;
         }
 }
@@ -162,14 +182,16 @@ template <int TYPE, int NR>
 static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
         dim3 block(MV_WARPS * 32);
         uint32_t n_out = a->N / NR;
-        if (a->sel || a->P == 1) {
+        cu_launches++;
+        if (a->sel && a->groups) {
+                dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, a->n_groups_max);
+                k_matvec<TYPE, CU_GROUP_TILE, NR, true><<<grid, block, 0, s>>>(*a);
+        } else if (a->sel || a->P == 1) {
                 dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, a->P);
-                cu_launches++;
-                k_matvec<TYPE, 1, NR><<<grid, block, 0, s>>>(*a);
+                k_matvec<TYPE, 1, NR, false><<<grid, block, 0, s>>>(*a);
         } else {
                 dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, (a->P + MV_TP - 1) / MV_TP);
-                cu_launches++;
-                k_matvec<TYPE, MV_TP, NR><<<grid, block, 0, s>>>(*a);
+                k_matvec<TYPE, MV_TP, NR, false><<<grid, block, 0, s>>>(*a);
         }
 }
 

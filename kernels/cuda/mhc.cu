@@ -81,69 +81,49 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_gate(struct cu_hc a, const fl
         ss = cu_block_sum(ss, red);
         float rinv = 1.0f / sqrtf(ss / (float) W + a.rms_eps);
 
-        /* steps 3-9 on one thread: 4+4+16 gates and 20 Sinkhorn sweeps over 4×4, all in
-         * registers: streams beyond n_hc are zero entries, which leave every sum unchanged */
-        if (threadIdx.x == 0) {
+        /* steps 3-9 on the first warp: lane (d, r) holds entry C[d][r] of the n_hc × n_hc
+         * matrix (streams beyond n_hc are zero entries, which leave every sum unchanged); each
+         * row and column sum reads its four entries by shuffle in index order, so the result is
+         * that of one thread summing them in order, and a sweep costs two divisions per lane
+         * instead of 32 on one thread */
+        if (threadIdx.x < 32) {
                 const float *w = a.hw + (uint64_t) t * CU_HCP_STRIDE;
                 const uint32_t N = CU_HC_MAX;
+                uint32_t lane = threadIdx.x, d = (lane / N) % N, r = lane % N;
                 float s0 = a.scale[0], s1 = a.scale[1], s2 = a.scale[2];
-                float C[N][N];
-#pragma unroll
-                for (uint32_t s = 0; s < N; s++) {
-                        if (s < n_hc) {
-                                g[s] = 1.0f / (1.0f + expf(-(w[s] * rinv * s0 + a.base[s])));
-                                g[n_hc + s] = 2.0f / (1.0f + expf(-(w[n_hc + s] * rinv * s1 +
-                                                                    a.base[n_hc + s])));
-                        }
+                if (lane < n_hc) {
+                        g[lane] = 1.0f / (1.0f + expf(-(w[lane] * rinv * s0 + a.base[lane])));
+                        g[n_hc + lane] = 2.0f / (1.0f + expf(-(w[n_hc + lane] * rinv * s1 +
+                                                               a.base[n_hc + lane])));
                 }
+                bool valid = d < n_hc && r < n_hc;
+                uint32_t i = 2 * n_hc + d * n_hc + r;
+                float L = valid ? fminf(fmaxf(w[i] * rinv * s2 + a.base[i], -a.clamp), a.clamp)
+                                : -INFINITY;
+                float m = -INFINITY;
 #pragma unroll
-                for (uint32_t d = 0; d < N; d++) {
-                        float L[N], m = -INFINITY;
-#pragma unroll
-                        for (uint32_t r = 0; r < N; r++) {
-                                uint32_t i = 2 * n_hc + d * n_hc + r;
-                                L[r] = d < n_hc && r < n_hc
-                                               ? fminf(fmaxf(w[i] * rinv * s2 + a.base[i], -a.clamp),
-                                                       a.clamp)
-                                               : -INFINITY;
-                                m = fmaxf(m, L[r]);
-                        }
-#pragma unroll
-                        for (uint32_t r = 0; r < N; r++)
-                                C[d][r] = d < n_hc && r < n_hc ? expf(L[r] - m) : 0.0f;
-                }
+                for (uint32_t rr = 0; rr < N; rr++)
+                        m = fmaxf(m, __shfl_sync(CU_FULL_MASK, L, d * N + rr));
+                float C = valid ? expf(L - m) : 0.0f;
                 for (uint32_t it = 0; it < a.iters; it++) {
+                        float sum = 0.0f; /* normalize over src */
 #pragma unroll
-                        for (uint32_t d = 0; d < N; d++) { /* normalize over src */
-                                float sum = 0.0f;
+                        for (uint32_t rr = 0; rr < N; rr++)
+                                sum += __shfl_sync(CU_FULL_MASK, C, d * N + rr);
+                        sum += a.hc_eps;
+                        C /= sum;
+                        sum = 0.0f; /* normalize over dst */
 #pragma unroll
-                                for (uint32_t r = 0; r < N; r++)
-                                        sum += C[d][r];
-                                sum += a.hc_eps;
-#pragma unroll
-                                for (uint32_t r = 0; r < N; r++)
-                                        C[d][r] /= sum;
-                        }
-#pragma unroll
-                        for (uint32_t r = 0; r < N; r++) { /* normalize over dst */
-                                float sum = 0.0f;
-#pragma unroll
-                                for (uint32_t d = 0; d < N; d++)
-                                        sum += C[d][r];
-                                sum += a.hc_eps;
-#pragma unroll
-                                for (uint32_t d = 0; d < N; d++)
-                                        C[d][r] /= sum;
-                        }
+                        for (uint32_t dd = 0; dd < N; dd++)
+                                sum += __shfl_sync(CU_FULL_MASK, C, dd * N + r);
+                        sum += a.hc_eps;
+                        C /= sum;
                 }
-#pragma unroll
-                for (uint32_t d = 0; d < N; d++)
-#pragma unroll
-                        for (uint32_t r = 0; r < N; r++)
-                                if (d < n_hc && r < n_hc)
-                                        g[2 * n_hc + d * n_hc + r] = C[d][r];
-                for (uint32_t i = 0; i < 2 * n_hc + n_hc * n_hc; i++)
-                        hcp[(uint64_t) t * CU_HCP_STRIDE + i] = g[i];
+                if (valid && lane < N * N)
+                        g[i] = C;
+                __syncwarp();
+                for (uint32_t k = lane; k < 2 * n_hc + n_hc * n_hc; k += 32)
+                        hcp[(uint64_t) t * CU_HCP_STRIDE + k] = g[k];
         }
         __syncthreads();
 

@@ -114,3 +114,64 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
         cu_launches++;
         k_route<<<(T + 7) / 8, 256, 0, s>>>(*a, T, sel, w); /* 8 tokens (warps) a block */
 }
+
+/* One block: expert e's thread counts its pairs, a serial prefix places the experts, and each
+ * thread writes its pairs in pair order and its tiles: the layout depends on sel alone. */
+#define GROUP_THREADS 288 /* ≥ ROUTER_MAX_EXPERTS + 1 ids, a multiple of 32 */
+#define GROUP_MAX_PAIRS 4608 /* T_max 512 × 9 slots */
+
+extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
+        uint32_t tiles = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
+        return 1 + 3 * tiles + P;
+}
+
+__global__ void __launch_bounds__(GROUP_THREADS)
+        k_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
+        __shared__ int32_t ss[GROUP_MAX_PAIRS];
+        __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS];
+        uint32_t e = threadIdx.x;
+        uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
+        int32_t *perm = groups + 1 + 3 * tiles_max;
+
+        for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
+                ss[i] = sel[i];
+        __syncthreads();
+        uint32_t n = 0;
+        if (e < n_ids)
+                for (uint32_t i = 0; i < P; i++)
+                        n += ss[i] == (int32_t) e;
+        cnt[e] = n;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+                uint32_t f = 0, tl = 0;
+                for (uint32_t x = 0; x < n_ids; x++) {
+                        first[x] = f;
+                        tile0[x] = tl;
+                        f += cnt[x];
+                        tl += (cnt[x] + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
+                }
+                groups[0] = (int32_t) tl;
+        }
+        __syncthreads();
+        if (e >= n_ids || n == 0)
+                return;
+        uint32_t k = first[e];
+        for (uint32_t i = 0; i < P; i++)
+                if (ss[i] == (int32_t) e)
+                        perm[k++] = (int32_t) i;
+        for (uint32_t j = 0; j * CU_GROUP_TILE < n; j++) {
+                int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
+                tdesc[0] = (int32_t) e;
+                tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_TILE);
+                tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_TILE, n - j * CU_GROUP_TILE);
+        }
+}
+
+extern "C" uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids,
+                                 int32_t *groups, cudaStream_t s) {
+        if (P == 0 || P > GROUP_MAX_PAIRS || n_ids > GROUP_THREADS)
+                return 0;
+        cu_launches++;
+        k_moe_group<<<1, GROUP_THREADS, 0, s>>>(sel, P, n_ids, groups);
+        return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
+}
