@@ -7,16 +7,18 @@
 #  1. builds build-gpu (engine, tools, CUDA module; -Drpc=disabled) unless already built;
 #  2. writes the `full` synthetic model (x4-mkmodel --preset full: the release's 977 tensors,
 #     ~20.1 GB) into build-gpu/full/ and reports the write time;
-#  3. x4-bench --device cuda on it (load time, prefill, decode for batch 1/16/64);
+#  3. x4-bench --device cuda on it (load time, prefill, decode for batch 1/16/64, per-class
+#     profiles; steps prefill32k and decode32k: the 32,768-token rows);
 #  4. CUDA vs CPU on it: a 512-token prompt at every position + 64 greedy tokens (x4-gpu-check);
 #  5. with RPC_BIN_DIR (xing4d, x4ctl, xing4-http and the shared libraries they need, built on a
 #     machine that has the RPC headers): the daemon on --device cuda serving x4ctl and the bridge.
-# Logs go to $OUT (else build-gpu/). X4_FULL_STEPS=mkmodel,bench,parity,daemon picks steps.
+# Logs go to $OUT (else build-gpu/). X4_FULL_STEPS=mkmodel,bench,prefill32k,decode32k,parity,daemon
+# picks steps (default: all).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 build=${X4_GPU_BUILD:-build-gpu}
 outdir=${OUT:-$build}
-steps=${X4_FULL_STEPS:-mkmodel,bench,parity,daemon}
+steps=${X4_FULL_STEPS:-mkmodel,bench,prefill32k,decode32k,parity,daemon}
 rpc=${1:-}
 mkdir -p "$outdir"
 export X4_COMMIT=${X4_COMMIT:-unknown}
@@ -45,10 +47,28 @@ if has mkmodel || [ ! -f "$model" ]; then
 fi
 
 if has bench; then
-        say "x4-bench --device cuda, full model"
+        say "x4-bench --device cuda, full model: 512 / 4096, batch 1/16/64, profiled"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 \
-                --decode-ctx 512,4096 --batch 1,16,64 --decode-tokens 16 --repeats 3 \
+                --decode-ctx 512,4096 --batch 1,16,64 --decode-tokens 16 --repeats 3 --profile \
                 2>&1 | tee "$outdir/bench-full.txt"
+fi
+
+# 32K: one prefill (minutes at this backend's prefill rate, so no warm-up run and one repeat),
+# then decode at 32K context (x4-bench prefills 4096 tokens and copies pages up to 32K); batch 64
+# × 32K needs the f16 cache (97 GB; f32 would be 195 GB)
+if has prefill32k; then
+        say "x4-bench --device cuda, full model: prefill 32768"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none \
+                --warmup 0 --repeats 1 2>&1 | tee "$outdir/bench-prefill32k.txt"
+fi
+if has decode32k; then
+        say "x4-bench --device cuda, full model: decode at 32768, batch 1/16 (f32 cache), 64 (f16)"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 32768 \
+                --batch 1,16 --decode-tokens 16 --repeats 3 --profile \
+                2>&1 | tee "$outdir/bench-decode32k.txt"
+        "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill none \
+                --decode-ctx 32768 --batch 64 --decode-tokens 8 --repeats 2 --profile \
+                2>&1 | tee -a "$outdir/bench-decode32k.txt"
 fi
 
 if has parity; then
