@@ -442,6 +442,31 @@ static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_ge
                 errs[r] = rel_err(pg, pc, r, r + 1, V, NULL, NULL);
                 worst = fmax(worst, errs[r]);
         }
+        /* X4_GPU_PARITY_DUMP=DIR: the raw evidence for offline analysis (tests/gpu/README.md):
+         * both backends' routing scores [position][layer][expert] (f32) and the per-position
+         * relative errors (text) */
+        const char *dump = getenv("X4_GPU_PARITY_DUMP");
+        if (dump && *dump) {
+                char path[4096];
+                size_t n = (size_t) (n_prompt + n_gen) * cfg->n_layer * cfg->n_expert;
+                const struct route_trace *tr[2] = {&rc, &rg};
+                const char *name[2] = {"route-cpu.f32", "route-gpu.f32"};
+                for (int i = 0; i < 2; i++) {
+                        snprintf(path, sizeof path, "%s/%s", dump, name[i]);
+                        FILE *f = fopen(path, "wb");
+                        REQUIRE(f && fwrite(tr[i]->scores, sizeof(float), n, f) == n &&
+                                        fclose(f) == 0,
+                                "writing %s", path);
+                }
+                snprintf(path, sizeof path, "%s/errors.txt", dump);
+                FILE *f = fopen(path, "w");
+                REQUIRE(f, "writing %s", path);
+                fprintf(f, "# n_prompt %u n_gen %u n_layer %u n_expert %u k %u\n", n_prompt, n_gen,
+                        cfg->n_layer, cfg->n_expert, cfg->n_expert_used);
+                for (uint32_t r = 0; r < n_prompt; r++)
+                        fprintf(f, "%u %.9g\n", r, errs[r]);
+                REQUIRE(fclose(f) == 0, "writing %s", path);
+        }
         printf("parity %s: %u prompt positions, worst per-position rel %.3g (<= %g unless a "
                "routing near-tie flipped there)\n",
                model_path, n_prompt, worst, TOL_PREFILL);
