@@ -9,7 +9,9 @@
 #     ~20.1 GB) into build-gpu/full/ and reports the write time;
 #  3. x4-bench --device cuda on it (load time, prefill, decode for batch 1/16/64, per-class
 #     profiles; steps prefill32k and decode32k: the 32,768-token rows);
-#  4. CUDA vs CPU on it: a 512-token prompt at every position + 64 greedy tokens (x4-gpu-check);
+#  4. CUDA vs CPU on it: a 512-token prompt at every position + 64 greedy tokens (x4-gpu-check),
+#     after the CPU reference against itself with one layer-0 weight one ulp off (conditioning:
+#     positions where the model amplifies rounding past the bound are waived and reported);
 #  5. with RPC_BIN_DIR (xing4d, x4ctl, xing4-http and the shared libraries they need, built on a
 #     machine that has the RPC headers): the daemon on --device cuda serving x4ctl and the bridge.
 # Logs go to $OUT (else build-gpu/). X4_FULL_STEPS=mkmodel,bench,prefill32k,decode32k,parity,daemon
@@ -75,7 +77,13 @@ if has parity; then
         say "CUDA vs CPU, full model, 512 prompt + 64 greedy"
         # the whole output kept (one line per position over the bound or with a routing flip,
         # then the routing summary and the route rule's verdict); its parity/FAIL/FATAL lines shown
-        "$build/kernels/cuda/x4-gpu-check" parity "$model" 512 64 >"$outdir/parity-full.txt" 2>&1
+        # first the reference against itself one ulp off (CPU only): the positions where this
+        # random model amplifies rounding past the bound, which the parity rule then waives
+        X4_GPU_PARITY_DUMP=$outdir "$build/kernels/cuda/x4-gpu-check" conditioning "$model" 512 64 \
+                >"$outdir/conditioning-full.txt" 2>&1
+        grep -E '^(conditioning|FAIL|FATAL)' "$outdir/conditioning-full.txt"
+        X4_GPU_CONDITION=$outdir/conditioning.txt \
+                "$build/kernels/cuda/x4-gpu-check" parity "$model" 512 64 >"$outdir/parity-full.txt" 2>&1
         echo "x4-gpu-check parity exit status $?"
         grep -E '^(parity|FAIL|FATAL)' "$outdir/parity-full.txt" | tail -60
 fi
