@@ -1,0 +1,27 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# x4-gpu-check's CPU-only modes, in CI (no GPU there): the conditioning mode (the CPU reference
+# against itself with one layer-0 weight one ulp off) on the demo model, then the parity mode CPU
+# against CPU with that conditioning file, so both keep working and agree on their formats.
+#   cpu-modes.sh X4_GPU_CHECK X4_MKMODEL
+set -eu
+check=$1 mkmodel=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+"$mkmodel" --preset demo --quiet --out "$dir/demo.gguf"
+X4_GPU_PARITY_DUMP=$dir "$check" conditioning "$dir/demo.gguf" 300 8 | tee "$dir/cond.log"
+# a well-conditioned model: every position moves by rounding only, the greedy never diverges
+grep -q '^conditioning: 308 positions, .* 0 ill-conditioned; greedy identical over all steps, 8;' "$dir/cond.log"
+[ "$(grep -c '^[0-9]' "$dir/conditioning.txt")" = 308 ]
+grep -qx '# greedy diverged at step -1' "$dir/conditioning.txt"
+X4_GPU_PARITY_DEVICE=cpu X4_GPU_CONDITION=$dir/conditioning.txt \
+        "$check" parity "$dir/demo.gguf" 300 8 | tee "$dir/parity.log"
+grep -q "^parity: conditioning file .*: 308 positions, the perturbed reference's greedy never diverged" "$dir/parity.log"
+grep -q '^parity: route rule .*: PASS, 0 positions not explained' "$dir/parity.log"
+# a conditioning file without position lines is refused, by name
+printf '# nothing\n' >"$dir/empty.txt"
+if X4_GPU_PARITY_DEVICE=cpu X4_GPU_CONDITION=$dir/empty.txt "$check" parity "$dir/demo.gguf" 8 1 >"$dir/bad.log"; then
+        echo "an empty conditioning file was accepted"; exit 1
+fi
+grep -q "empty.txt: no position lines" "$dir/bad.log"
+echo "cpu-modes: ok"
