@@ -148,7 +148,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 r = set_str(&o->listen, v);
         else if (streq(key, "state-dir"))
                 r = set_str(&o->state_dir, v);
-        else if (streq(key, "memory-limit")) {
+        else if (streq(key, "memory-limit") || streq(key, "gpu-memory-limit")) {
                 if (parse_size(v, &o->memory_limit) < 0)
                         return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)", where, v);
         } else if (streq(key, "max-snapshot-bytes")) {
@@ -303,6 +303,8 @@ static void help(void) {
                "  --page-tokens N              tokens per cache page (256)\n"
                "  --cache-pages N              cache pages (0 = from the memory limit)\n"
                "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
+               "  --gpu-memory-limit SIZE      the same; on --device cuda it emulates a smaller\n"
+               "                               card (22G: a 2080 Ti)\n"
                "  --prefill-chunk N            prompt tokens per engine step (256)\n"
                "  --prefix-pages N             cache pages the prefix store may keep for reuse\n"
                "                               (0 = any free page; evicted LRU when needed)\n"
@@ -456,7 +458,7 @@ enum {
         OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
-        OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES,
+        OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES, OPT_GPU_MEMORY,
 };
 
 static const struct option longopts[] = {
@@ -477,6 +479,7 @@ static const struct option longopts[] = {
         { "page-tokens", required_argument, NULL, OPT_PAGE_TOKENS },
         { "cache-pages", required_argument, NULL, OPT_CACHE_PAGES },
         { "memory-limit", required_argument, NULL, OPT_MEMORY },
+        { "gpu-memory-limit", required_argument, NULL, OPT_GPU_MEMORY },
         { "prefill-chunk", required_argument, NULL, OPT_PREFILL },
         { "prefix-pages", required_argument, NULL, OPT_PREFIX_PAGES },
         { "grace", required_argument, NULL, OPT_GRACE },

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import x4wire as w
-from conftest import N_VOCAB
+from conftest import MODEL, N_VOCAB, XING4D
 
 PROMPT = "5,6,7,8,9,10,11,12"
 
@@ -627,3 +627,33 @@ def test_c_client_snapshots_a_finished_request(daemon, client_test):
     assert f["missing"] == ("SnapshotRequest.from_request: request 999 is not one of the last 4 "
                             "finished on this connection")
     assert daemon.x4ctl("snapshot", "drop", "conv1").returncode == 0
+
+
+def _tiny_page_bytes():
+    """Bytes of one 256-token cache page of the fixture model (spec: every layer's 576-wide
+    row in the release; here kv_lora_rank + qk_rope_head_dim floats)."""
+    cfg = json.loads((MODEL.parent / "config.json").read_text())
+    return cfg["num_hidden_layers"] * 256 * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 4
+
+
+@pytest.mark.parametrize("how", ["--memory-limit", "--gpu-memory-limit", "gpu-memory-limit ="])
+def test_memory_limit_sizes_the_cache(fresh_daemon, how):
+    """The memory limit (either name, on the command line or in the config file) is what the
+    backend plans the cache against: the model file plus 3.5 pages leaves room for 3 pages."""
+    limit = MODEL.stat().st_size + int(3.5 * _tiny_page_bytes())
+    conf = "[xing4d]\npage-tokens = 256\n"
+    if how.endswith("="):
+        d = fresh_daemon(conf + f"{how} {limit}\n")
+    else:
+        d = fresh_daemon(conf, args=(how, str(limit)))
+    assert d.stats()["cache_pages_total"] == 3
+
+
+def test_gpu_memory_limit_refuses_a_bad_size(fresh_daemon, tmp_path):
+    conf = tmp_path / "bad.conf"
+    conf.write_text("[xing4d]\n")
+    r = subprocess.run([str(XING4D), "--config", str(conf), "--model", str(MODEL),
+                        "--device", "cpu", "--gpu-memory-limit", "12Q"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "--gpu-memory-limit: '12Q' is not a size (e.g. 8G, 512M)" in r.stderr
