@@ -7,17 +7,23 @@
  *
  * Numerics: fp32 streams, activations and accumulation everywhere; weights are read as stored
  * (BF16, IQ4_NL, Q6_K, F32) and dequantized exactly in registers. Prefill and decode run the same
- * kernels, so both are held to the decode tolerance. No host synchronization happens inside the
- * forward except the final copy of the logits (the API returns them in host memory).
+ * arithmetic (where a batch shape picks a different kernel, e.g. attention or expert grouping, it
+ * computes every value in the same order), so both are held to the decode tolerance. No host
+ * synchronization happens inside the forward except the final copy of the logits (the API
+ * returns them in host memory) and, only when a caller asks for it, the routing trace.
  *
  * BF16 stays BF16 on every architecture, sm_75 included: the CUDA-core kernels widen it to fp32
  * with a shift, which needs no bf16 hardware. The design's one-time BF16 → fp16 cast on sm_75
  * belongs with a tensor-core prefill path (fp16 operands there); casting now would only lose
  * range and precision.
  *
+ * cuBLAS is not linked (design.md allows it for prefill GEMMs): its algorithm choice follows the
+ * matrix shape, so a token's result would depend on how many tokens share the launch.
+ *
  * Batch invariance: every output is one warp's (or, for few-row matrices, one block's) fixed
- * reduction over its row; attention splits the context at fixed CU_ATTN_PART-position boundaries and folds
- * the parts in order; the new tokens' cache rows are stored before attention reads them. So a
+ * reduction over its row; attention splits the context at fixed CU_ATTN_PART-position boundaries
+ * and folds the parts in order; the new tokens' cache rows are stored before attention reads them.
+ * So a
  * sequence's logits are bit-identical alone, in any batch, and for any prefill chunking
  * (tests/gpu). */
 #include <errno.h>
