@@ -995,12 +995,13 @@ static void prof_mark(struct x4_backend *b, int cls) {
                         p->failed = true;
                         return;
                 }
-                for (uint32_t i = p->cap; i < cap; i++)
+                for (uint32_t i = p->cap; i < cap; i++) {
                         if (cudaEventCreate(&p->ev[i]) != cudaSuccess) {
                                 p->failed = true;
                                 return;
                         }
-                p->cap = cap;
+                        p->cap = i + 1; /* prof_free destroys exactly the events made */
+                }
         }
         cudaEventRecord(p->ev[p->n], b->stream);
         p->cls[p->n] = (uint8_t) cls;
@@ -1193,7 +1194,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
                             b->inv_freq, c->rope_interleave, &cache, l, s);
                 prof_mark(b, PC_MLA_PREP);
-                /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h] (q_pe is roped in attention) */
+                /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; cu_q_rope appends RoPE(q_pe) */
                 mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
                 struct cu_mv kb = {
                         .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,

@@ -330,6 +330,11 @@ __device__ __forceinline__ void cu_ld32<__half>(const __half *p, bool vec, float
         }
 }
 
+/* k_attn_dec's layout: one lane per ATT_KC = 32-value chunk in phase A, four sub-part lanes per
+ * output value in phase C (lane / 8); a different part or chunk size needs a different layout. */
+static_assert(ATT_KC == 32 && CU_ATTN_PART == 4 * ATT_SUB,
+              "k_attn_dec assumes 32-value chunks and four 32-position sub-parts per part");
+
 #define ATT_DEC_THREADS 512
 #define ATT_DEC_PAD 1 /* sP: a free slot after each sub-part, so the four sub-part lanes of phase
                        * C read different banks */
