@@ -13,9 +13,8 @@
  * rate L / time. Decode at context C with batch B: B independent sequences, each holding C cached
  * tokens, step together one token each for --decode-tokens steps; rate B·steps / time. Every
  * number is the median of --repeats runs after a warm-up run (--warmup 0: none; for runs of
- * minutes, like a 32K prefill). One JSON line per measurement on
- * stdout as it completes (including the load time), then a human table (--json: the JSON lines
- * only). Each measurement also gives the process CPU time (all threads) of the same run,
+ * minutes, like a 32K prefill). One JSON line per measurement on stdout as it completes
+ * (including the load time), then a human table (--json: the JSON lines only). Each measurement also gives the process CPU time (all threads) of the same run,
  * "cpu_ms": on a shared machine it shows what the work cost when the wall clock mostly measures
  * waiting for a core.
  *

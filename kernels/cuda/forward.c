@@ -1056,7 +1056,8 @@ static int cuda_profile(struct x4_backend *b, bool on, struct x4_backend_profile
 /* ---- routing trace (diagnostics) ------------------------------------------------------------ */
 
 /* After a layer's router: wait for it and hand every token's selection scores (gating score +
- * bias, as the router kernel ranks them) and routed choices to the caller. */
+ * bias, recomputed here from the router logits with the host's expf: within an ulp or so of what
+ * the router kernel ranked) and routed choices to the caller. */
 static void route_trace_layer(struct x4_backend *b, uint32_t l, uint32_t T, const float *bias_d) {
         const struct x4_config *c = &b->cfg;
         uint32_t E = c->n_expert, K = c->n_expert_used, S = K + (c->n_expert_shared ? 1 : 0);
