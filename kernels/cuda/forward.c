@@ -49,6 +49,9 @@
  * dequantization only: 12% of the expert time of a 512-token prefill (H200, 6-layer model). */
 #define CUDA_GROUP_MIN_PAIRS_PER_ID 4
 #define CUDA_STAGING_BYTES (32u << 20)
+/* Batches of at most this many tokens (decode steps) run as replayed CUDA graphs
+ * (X4_CUDA_GRAPHS=0 turns them off, for comparison). */
+#define CUDA_GRAPH_MAX_TOKENS 64
 /* Kept free of the device's reported free memory for the CUDA runtime's own allocations. */
 #define CUDA_MEMORY_MARGIN (256ull << 20)
 #define CUDA_ALIGN 256
@@ -99,6 +102,13 @@ struct cu_prof {
         double class_ms[PC_N];
 };
 
+struct cu_graph {
+        uint32_t T, R, parts;
+        const void *meta; /* the metadata buffer its kernels read (a reallocation drops it) */
+        cudaGraphExec_t exec;
+        unsigned long long kernels;
+};
+
 struct x4_backend {
         struct x4_config cfg;
         int device;
@@ -121,6 +131,7 @@ struct x4_backend {
         uint64_t hw;
         void *ws;
         uint64_t ws_bytes;
+        uint32_t *hc_ticket;
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part;
         int32_t *sel, *groups;
@@ -129,6 +140,11 @@ struct x4_backend {
         size_t meta_cap; /* u32 elements of both */
 
         struct cu_prof prof;
+        /* Decode steps replayed as CUDA graphs (cuda_forward): one per (tokens, logits rows,
+         * attention parts bucket), captured on first use. */
+        struct cu_graph *graphs;
+        uint32_t n_graphs, cap_graphs;
+        bool graphs_off;
         void (*route_trace)(uint32_t layer, uint32_t token, const float *scores,
                             uint32_t n_expert, const int32_t *selected, uint32_t k, void *userdata);
         void *route_trace_ud;
@@ -670,7 +686,8 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->X, float, T * c->hc_mult * H);
         WS(b->a, float, T * H);
         WS(b->hcp, float, T * CU_HCP_STRIDE);
-        WS(b->hcw, float, T * CU_HCP_STRIDE);
+        WS(b->hcw, float, T * cu_hc_slices((uint32_t) H) * CU_HCP_STRIDE);
+        WS(b->hc_ticket, uint32_t, T);
         WS(b->zr, float, T * MAX(c->n_expert, 1u));
         WS(b->qkv, float, T * (QL + D));
         WS(b->q, float, T * nh * (c->qk_nope + R));
@@ -700,6 +717,12 @@ static void prof_free(struct cu_prof *p) {
         free(p->kern);
 }
 
+static void graphs_drop(struct x4_backend *b) {
+        for (uint32_t i = 0; i < b->n_graphs; i++)
+                cudaGraphExecDestroy(b->graphs[i].exec);
+        b->n_graphs = 0;
+}
+
 static void cuda_destroy(struct x4_backend *b) {
         if (!b)
                 return;
@@ -713,6 +736,8 @@ static void cuda_destroy(struct x4_backend *b) {
         cudaFree(b->inv_freq);
         cudaFreeHost(b->meta_h);
         prof_free(&b->prof);
+        graphs_drop(b);
+        free(b->graphs);
         free(b->trace_z);
         free(b->trace_bias);
         free(b->trace_sel);
@@ -822,6 +847,10 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
 
         bool any_moe = c->n_dense < c->n_layer;
         b->T_max = CUDA_MAX_BATCH_TOKENS;
+        {
+                const char *gv = getenv("X4_CUDA_GRAPHS");
+                b->graphs_off = gv && streq(gv, "0");
+        }
         b->n_slots_max = any_moe ? c->n_expert_used + (c->n_expert_shared ? 1 : 0) : 1;
         if (b->n_slots_max == 0)
                 b->n_slots_max = 1;
@@ -921,7 +950,11 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         if (r < 0)
                 return r;
         ws_layout(b, b->ws);
-        r = CU_TRY(cudaMalloc(&b->cache, (uint64_t) b->n_pages * b->page_bytes), ENOMEM,
+        /* the fused HC kernel's tickets start (and every launch leaves them) at zero */
+        r = CU_TRY(cudaMemsetAsync(b->hc_ticket, 0, sizeof(uint32_t) * b->T_max, b->stream), EIO,
+                   "clearing the workspace");
+        if (r >= 0)
+                r = CU_TRY(cudaMalloc(&b->cache, (uint64_t) b->n_pages * b->page_bytes), ENOMEM,
                    "allocating the latent cache");
         /* zeroed so a page never read back holds stale data of another run */
         if (r >= 0)
@@ -1175,7 +1208,8 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         for (uint32_t l = 0; l < c->n_layer; l++) {
                 const struct cu_layer *cl = &b->layers[l];
                 struct cu_hc hc = {
-                        .hw = b->hcw, .H = H, .n_hc = n_hc, .iters = c->hc_sinkhorn_iters,
+                        .hw = b->hcw, .ticket = b->hc_ticket, .H = H, .n_hc = n_hc,
+                        .iters = c->hc_sinkhorn_iters,
                         .rms_eps = c->rms_eps, .hc_eps = c->hc_eps, .clamp = c->hc_clamp,
                 };
 
@@ -1295,6 +1329,94 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         /* the last sublayer's post-mapping */
         cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
         prof_mark(b, PC_HC);
+}
+
+/* spec §3 steps 3-5 for R rows of the pass: head norm and the Q6_K head into b->logits. */
+static void forward_head(struct x4_backend *b, const uint32_t *d_rows, uint32_t R) {
+        const struct x4_config *c = &b->cfg;
+
+        cu_head_norm(b->X, (const int32_t *) d_rows, R, c->n_embd, c->hc_mult, b->output_norm,
+                     c->rms_eps, b->hn, b->stream);
+        mv(b, &b->output, b->hn, c->n_embd, b->logits, c->n_vocab, R);
+        prof_mark(b, PC_HEAD);
+}
+
+/* A decode step as a CUDA graph: the same launches as the eager path (forward_pass + head), so
+ * the same bits, captured once per (tokens, rows, parts bucket) and replayed; every kernel reads
+ * its per-step data (ids, positions, page tables) from the metadata buffer, whose address is part
+ * of the key. Returns 1 when the step ran (logits still on the device), 0 to run eagerly. */
+static int graph_forward(struct x4_backend *b, uint32_t T, uint32_t R, const uint32_t *d_ids,
+                         const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
+                         const uint32_t *d_rows, const uint32_t *att) {
+        struct cu_graph *g = NULL;
+        int r;
+
+        for (uint32_t i = 0; i < b->n_graphs; i++)
+                if (b->graphs[i].T == T && b->graphs[i].R == R && b->graphs[i].parts == att[2]) {
+                        g = &b->graphs[i];
+                        break;
+                }
+        if (g && g->meta != b->meta_d) {
+                graphs_drop(b); /* the metadata buffer grew: every graph reads the old one */
+                g = NULL;
+        }
+        if (!g) {
+                if (b->n_graphs == b->cap_graphs) {
+                        uint32_t cap = MAX(16u, b->cap_graphs * 2);
+                        struct cu_graph *n = realloc(b->graphs, cap * sizeof(*n));
+                        if (!n)
+                                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+                        b->graphs = n;
+                        b->cap_graphs = cap;
+                }
+                cudaGraph_t graph = NULL;
+                cudaGraphExec_t exec = NULL;
+                unsigned long long k0 = cu_launches;
+                cudaError_t e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal);
+                if (e == cudaSuccess) {
+                        forward_pass(b, T, d_ids, d_pos, d_tokpt, d_pt, att, 1);
+                        if (R > 0)
+                                forward_head(b, d_rows, R);
+                        e = cudaStreamEndCapture(b->stream, &graph);
+                }
+                if (e == cudaSuccess)
+                        e = cudaGraphInstantiate(&exec, graph, 0);
+                if (graph)
+                        cudaGraphDestroy(graph);
+                if (e != cudaSuccess) {
+                        (void) cudaGetLastError();
+                        log_warning("CUDA backend: capturing a decode step as a graph failed (%s); "
+                                    "running steps without graphs",
+                                    cudaGetErrorString(e));
+                        b->graphs_off = true;
+                        return 0;
+                }
+                g = &b->graphs[b->n_graphs++];
+                *g = (struct cu_graph){.T = T, .R = R, .parts = att[2], .meta = b->meta_d,
+                                       .exec = exec, .kernels = cu_launches - k0};
+                cu_launches = k0;
+        }
+        r = CU_TRY(cudaGraphLaunch(g->exec, b->stream), EIO, "launching a decode graph");
+        if (r < 0)
+                return r;
+        cu_launches += g->kernels;
+        return 1;
+}
+
+/* The step's logits rows to the caller, and the wait for the step. */
+static int forward_finish(struct x4_backend *b, float *logits, uint64_t R) {
+        int r = 0;
+
+        if (R > 0)
+                r = CU_TRY(cudaMemcpyAsync(logits, b->logits,
+                                           R * b->cfg.n_vocab * sizeof(float),
+                                           cudaMemcpyDeviceToHost, b->stream),
+                           EIO, "copying logits");
+        if (r >= 0)
+                r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "running the forward");
+        if (r >= 0)
+                r = CU_TRY(cudaGetLastError(), EIO, "launching the forward's kernels");
+        return r;
 }
 
 /* The CUDA current device is per host thread: the daemon creates the backend on its main thread
@@ -1427,6 +1549,24 @@ static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, floa
 
         const uint32_t *d_ids = b->meta_d, *d_pos = d_ids + T_tot, *d_tokpt = d_pos + T_tot;
         const uint32_t *d_rows = d_tokpt + T_tot, *d_pt = d_rows + R_tot;
+
+        /* a decode-shaped batch (one pass, one attention group): replay a captured graph */
+        if (T_tot <= CUDA_GRAPH_MAX_TOKENS && n_att == 1 && !b->graphs_off && !b->prof.on &&
+            !b->route_trace) {
+                uint32_t parts = 1;
+                while (parts < att[2])
+                        parts *= 2;
+                if ((uint64_t) parts * T_tot <= b->part_slots) {
+                        att[2] = parts; /* blocks past a token's own parts return at once */
+                        r = graph_forward(b, (uint32_t) T_tot, (uint32_t) R_tot, d_ids, d_pos,
+                                          d_tokpt, d_pt, d_rows, att);
+                        if (r < 0)
+                                return r;
+                        if (r > 0)
+                                return forward_finish(b, logits, R_tot);
+                }
+        }
+
         uint64_t ai = 0, r0 = 0;
         for (uint64_t p0 = 0; p0 < T_tot; p0 += b->T_max) {
                 uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, T_tot - p0);
@@ -1442,10 +1582,7 @@ static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, floa
                         r1++;
                 uint32_t R = (uint32_t) (r1 - r0);
                 if (R > 0) {
-                        cu_head_norm(b->X, (const int32_t *) d_rows + r0, R, c->n_embd,
-                                     c->hc_mult, b->output_norm, c->rms_eps, b->hn, b->stream);
-                        mv(b, &b->output, b->hn, c->n_embd, b->logits, c->n_vocab, R);
-                        prof_mark(b, PC_HEAD);
+                        forward_head(b, d_rows + r0, R);
                         r = CU_TRY(cudaMemcpyAsync(logits + r0 * c->n_vocab, b->logits,
                                                    (uint64_t) R * c->n_vocab * sizeof(float),
                                                    cudaMemcpyDeviceToHost, b->stream),

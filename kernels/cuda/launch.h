@@ -98,10 +98,13 @@ struct cu_hc {
         uint32_t fn_type;
         uint64_t fn_row_bytes;
         const float *base, *scale, *norm_w;
-        float *hw; /* workspace: T × CU_HCP_STRIDE raw projections */
+        float *hw;         /* workspace: T × cu_hc_slices(H) × CU_HCP_STRIDE partial sums */
+        uint32_t *ticket;  /* T counters, zero between launches (each launch leaves them zero) */
         uint32_t H, n_hc, iters;
         float rms_eps, hc_eps, clamp;
 };
+/* Slices of a token's positions the fused pre-mapping kernel splits over (partials per token). */
+uint32_t cu_hc_slices(uint32_t H);
 /* The previous sublayer's output to post-map into X first (y NULL: none, as after the
  * embedding): o = Σ_k w[k]·y[k] over the token's n_slots outputs (slot order fixed; w NULL means
  * one slot of weight 1), then X[d] = post[d]·o + Σ_s C[d][s]·X[s] with the hcp the previous
@@ -112,9 +115,9 @@ struct cu_post {
         uint32_t n_slots;
         const float *w;
 };
-/* Post-mapping of the previous sublayer (if any) and pre-mapping of the next: the elementwise
- * post kernel, the projection as a cu_matvec over all tokens, and the gates/Sinkhorn/collapse/
- * norm kernel (one block per token). */
+/* Post-mapping of the previous sublayer (if any) and pre-mapping of the next, in one kernel:
+ * blocks over slices of the positions reduce partial sums, the last block of each token folds
+ * them in slice order and runs gates/Sinkhorn/collapse/norm (mhc.cu). */
 void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp,
                float *out, cudaStream_t s);
 /* spec §3.1 post-mapping alone (after the last sublayer). */

@@ -117,6 +117,226 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
         }
 }
 
+/* k_mv_small: the same products for few input vectors (decode: P ≤ MVS_TP_MAX per tile),
+ * shaped for memory bandwidth instead of input reuse. No shared-memory staging and no barrier:
+ * lane l reads its chunks' inputs straight from global memory (L1-resident: a few KB per vector),
+ * every weight load of a batch of MVS_BATCH chunks is issued before the first product, and the
+ * small blocks (4 warps) let many rows of one SM be in flight at once.
+ *
+ * The arithmetic is k_matvec's, so the two kernels give the same bits and the choice between them
+ * (by batch shape) never changes a result:
+ *   - lane l owns chunks l, l+32, ... of its row, in order; s = Σ_i w[i]·x[i] as one chain from
+ *     0 (fused multiply-adds, i ascending), acc += s per chunk;
+ *   - the warp's 32 lane sums are folded by the butterfly (cu_warp_sum).
+ * Rows of fewer than 32 chunks leave lanes idle in k_matvec; here a warp packs 32/L rows of
+ * L = pow2 ≥ chunks lanes each. k_matvec's butterfly steps 16 … L add an idle lane's +0 to
+ * every value, which is exact except that it turns −0 into +0: `+ 0.0f` once reproduces that,
+ * then the sub-warp butterfly (L/2 … 1) is the rest of the same pattern. */
+#define MVS_WARPS 4
+#define MVS_BATCH 4   /* chunks a lane loads before computing */
+#define MVS_TP_MAX 16 /* input vectors one block serves */
+
+template <int TYPE>
+struct raw_chunk; /* a chunk's stored bytes, loaded as wide as its alignment allows */
+template <>
+struct raw_chunk<CU_TYPE_BF16> {
+        uint4 v[4];
+        __device__ __forceinline__ void load(const uint8_t *row, uint32_t c) {
+                const uint4 *r = (const uint4 *) (row + 64 * (uint64_t) c);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                        v[i] = r[i];
+        }
+        __device__ __forceinline__ void dequant(float *out, const float *) const {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                        uint32_t wv[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                                out[8 * i + 2 * j] = __uint_as_float(wv[j] << 16);
+                                out[8 * i + 2 * j + 1] = __uint_as_float(wv[j] & 0xffff0000u);
+                        }
+                }
+        }
+};
+template <>
+struct raw_chunk<CU_TYPE_IQ4_NL> {
+        uint16_t v[9];
+        __device__ __forceinline__ void load(const uint8_t *row, uint32_t c) {
+                const uint16_t *b = (const uint16_t *) (row + 18 * (uint64_t) c);
+#pragma unroll
+                for (int i = 0; i < 9; i++)
+                        v[i] = b[i];
+        }
+        __device__ __forceinline__ void dequant(float *out, const float *iq4) const {
+                float d = __half2float(__ushort_as_half(v[0]));
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                        uint16_t q = v[1 + j];
+                        uint8_t q0 = q & 0xff, q1 = q >> 8;
+                        out[2 * j] = d * iq4[q0 & 0xF];
+                        out[2 * j + 16] = d * iq4[q0 >> 4];
+                        out[2 * j + 1] = d * iq4[q1 & 0xF];
+                        out[2 * j + 17] = d * iq4[q1 >> 4];
+                }
+        }
+};
+/* the other types: through cu_dequant32 at compute time (no early load) */
+template <int TYPE>
+struct raw_chunk {
+        const uint8_t *row;
+        uint32_t c;
+        __device__ __forceinline__ void load(const uint8_t *r, uint32_t cc) {
+                row = r;
+                c = cc;
+        }
+        __device__ __forceinline__ void dequant(float *out, const float *iq4) const {
+                cu_dequant32<TYPE>(row, c, out, iq4);
+        }
+};
+
+template <int TYPE, int TP, int NR, int L, bool GROUPED>
+__global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
+        __shared__ float iq4[16];
+        constexpr int RPW = 32 / L; /* rows per warp */
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, sl = lane % L;
+        uint32_t r = (blockIdx.x * MVS_WARPS + warp) * RPW + lane / L; /* output index */
+        uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
+        const int32_t *perm = NULL;
+        int32_t expert = 0;
+        if (TYPE == CU_TYPE_IQ4_NL) {
+                if (threadIdx.x < 16)
+                        iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x];
+                __syncthreads();
+        }
+        if (GROUPED) {
+                if (blockIdx.y >= (uint32_t) a.groups[0])
+                        return;
+                const int32_t *td = a.groups + 1 + 3 * blockIdx.y;
+                expert = td[0];
+                perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
+                n_p = (uint32_t) td[2];
+        }
+        bool active = r < a.N / NR;
+        const uint8_t *w = (const uint8_t *) a.w + (uint64_t) (active ? r : 0) * NR * a.row_bytes;
+        if (GROUPED)
+                w += (uint64_t) expert * a.expert_bytes;
+        else if (a.sel)
+                w += (uint64_t) a.sel[p0] * a.expert_bytes; /* TP == 1 with sel */
+        uint32_t g = NR == 1 ? (active ? r : 0) / a.G : 0;
+        const float *x[TP];
+        uint32_t pid[TP];
+        float acc[NR][TP];
+#pragma unroll
+        for (int t = 0; t < TP; t++) {
+                uint32_t p = GROUPED ? (uint32_t) perm[(uint32_t) t < n_p ? t : 0]
+                                     : ((uint32_t) t < n_p ? p0 + t : p0);
+                pid[t] = p;
+                x[t] = a.x + (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) g * a.x_gstride;
+#pragma unroll
+                for (int k = 0; k < NR; k++)
+                        acc[k][t] = 0.0f;
+        }
+        uint32_t n_chunks = active ? a.K / CU_CHUNK : 0;
+        for (uint32_t c0 = sl; c0 < n_chunks; c0 += L * MVS_BATCH) {
+                raw_chunk<TYPE> raw[NR][MVS_BATCH];
+#pragma unroll
+                for (int b = 0; b < MVS_BATCH; b++)
+#pragma unroll
+                        for (int k = 0; k < NR; k++)
+                                if (c0 + b * L < n_chunks)
+                                        raw[k][b].load(w + k * a.row_bytes, c0 + b * L);
+#pragma unroll
+                for (int b = 0; b < MVS_BATCH; b++) {
+                        uint32_t c = c0 + b * L;
+                        if (c >= n_chunks)
+                                break;
+#pragma unroll
+                        for (int k = 0; k < NR; k++) {
+                                float wv[CU_CHUNK];
+                                raw[k][b].dequant(wv, iq4);
+#pragma unroll
+                                for (int t = 0; t < TP; t++) {
+                                        if ((uint32_t) t >= n_p)
+                                                break;
+                                        const float4 *xv4 =
+                                                (const float4 *) (x[t] + (uint64_t) c * CU_CHUNK);
+                                        float s = 0.0f;
+#pragma unroll
+                                        for (int i = 0; i < CU_CHUNK / 4; i++) {
+                                                float4 xv = xv4[i];
+                                                s += wv[4 * i] * xv.x;
+                                                s += wv[4 * i + 1] * xv.y;
+                                                s += wv[4 * i + 2] * xv.z;
+                                                s += wv[4 * i + 3] * xv.w;
+                                        }
+                                        acc[k][t] += s;
+                                }
+                        }
+                }
+        }
+#pragma unroll
+        for (int t = 0; t < TP; t++) {
+                float v[NR];
+#pragma unroll
+                for (int k = 0; k < NR; k++) {
+                        float s = acc[k][t];
+                        if (L < 32)
+                                s += 0.0f; /* k_matvec's butterfly over idle lanes (see above) */
+#pragma unroll
+                        for (int o = L / 2; o > 0; o >>= 1)
+                                s += __shfl_xor_sync(CU_FULL_MASK, s, o);
+                        v[k] = s;
+                }
+                float y = v[0];
+                if (NR == 2)
+                        y = y / (1.0f + expf(-y)) * v[NR - 1]; /* spec §5: silu(gate)·up */
+                if (active && sl == 0 && (uint32_t) t < n_p)
+                        a.y[(uint64_t) pid[t] * a.y_pstride + (uint64_t) g * a.y_gstride +
+                            (NR == 1 ? r % a.G : r)] = y;
+        }
+}
+
+template <int TYPE, int NR, int L>
+static void launch_small_l(const struct cu_mv *a, cudaStream_t s) {
+        dim3 block(MVS_WARPS * 32);
+        uint32_t n_out = a->N / NR, rows_per_block = MVS_WARPS * (32 / L);
+        uint32_t gx = (n_out + rows_per_block - 1) / rows_per_block;
+        cu_launches++;
+        if (a->sel && a->groups)
+                k_mv_small<TYPE, CU_GROUP_TILE, NR, L, true>
+                        <<<dim3(gx, a->n_groups_max), block, 0, s>>>(*a);
+        else if (a->sel || a->P == 1)
+                k_mv_small<TYPE, 1, NR, L, false><<<dim3(gx, a->P), block, 0, s>>>(*a);
+        else if (a->P <= 2)
+                k_mv_small<TYPE, 2, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
+        else if (a->P <= 4)
+                k_mv_small<TYPE, 4, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
+        else if (a->P <= 8)
+                k_mv_small<TYPE, 8, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
+        else
+                k_mv_small<TYPE, MVS_TP_MAX, NR, L, false>
+                        <<<dim3(gx, (a->P + MVS_TP_MAX - 1) / MVS_TP_MAX), block, 0, s>>>(*a);
+}
+
+/* Packed rows (L < 32) only for BF16 single rows: the per-head absorb matrices (attn_k_b rows of
+ * 128 values, 4 chunks). */
+template <int TYPE, int NR>
+static void launch_small(const struct cu_mv *a, cudaStream_t s) {
+        if constexpr (TYPE == CU_TYPE_BF16 && NR == 1) {
+                uint32_t chunks = a->K / CU_CHUNK;
+                if (chunks <= 4) {
+                        launch_small_l<TYPE, NR, 4>(a, s);
+                        return;
+                }
+                if (chunks <= 8) {
+                        launch_small_l<TYPE, NR, 8>(a, s);
+                        return;
+                }
+        }
+        launch_small_l<TYPE, NR, 32>(a, s);
+}
+
 /* One value of a row (few_rows path: consecutive threads read consecutive values). */
 template <int TYPE>
 static __device__ __forceinline__ float cu_value(const uint8_t *row, uint32_t k) {
@@ -178,9 +398,19 @@ static void launch_few(const struct cu_mv *a, cudaStream_t s) {
                                             0, s>>>(*a);
 }
 
+/* Inputs per launch up to which the decode-shaped kernel runs (same bits either way). */
+#define MVS_P_MAX 16
+#define MVS_SLOTS_MAX 9 /* (token, expert) pairs per token: top-8 + shared at most */
+
 template <int TYPE, int NR>
 static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
         dim3 block(MV_WARPS * 32);
+        if constexpr (TYPE == CU_TYPE_BF16 || TYPE == CU_TYPE_IQ4_NL || TYPE == CU_TYPE_Q6_K) {
+                if (a->P <= (a->sel ? MVS_P_MAX * MVS_SLOTS_MAX : MVS_P_MAX)) {
+                        launch_small<TYPE, NR>(a, s);
+                        return;
+                }
+        }
         uint32_t n_out = a->N / NR;
         cu_launches++;
         if (a->sel && a->groups) {

@@ -5,9 +5,6 @@
  * Everything here is fp32 (spec §5 "Numerics": streams exceed fp16 range). */
 #include "common.cuh"
 
-/* k_hc_gate is one block per token and latency-bound: 1024 threads keep more loads in flight
- * (256 threads: 55 µs per call at full width, ncu, H200) */
-#define HC_THREADS 1024
 
 __global__ void k_embed(const uint8_t *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids,
                         uint32_t H, uint32_t n_hc, float *X) {
@@ -61,44 +58,143 @@ static __device__ __forceinline__ void hc_post_elem(float *X, const float *hp, c
         }
 }
 
-/* The gates of spec §3.1 steps 2-9 for one token per block, from the raw projection
- * hw = Wfn · z (cu_matvec): w = hw / rms(z) (unweighted RMS over all n_hc·H values), then
- * sigmoid/clamp/exp/Sinkhorn, the collapse u = Σ pre[s]·X[s] and a = RMSNorm(u, norm_w).
- * Dynamic shared memory: H floats (u). */
-__global__ void __launch_bounds__(HC_THREADS) k_hc_gate(struct cu_hc a, const float *X,
-                                                        float *hcp, float *out) {
+__global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
+                          uint32_t n_hc);
+
+/* The whole pre-mapping of a sublayer in one launch (with the previous sublayer's post-mapping
+ * in front): grid (slices of HCF_SLICE positions, tokens). Each block post-maps its slice of the
+ * four streams, then reduces over it the sum of squares and the n_hc·(2+n_hc) projection rows
+ * into a partial row; the last block of a token to finish (an atomic ticket, reset by that block)
+ * folds the partials in slice order, runs the gates and Sinkhorn on one warp, and collapses and
+ * norms the token. Every sum's order depends on H alone (thread: streams in order, its two
+ * positions in order; warp butterfly; warps in order; slices in order), never on the number of
+ * tokens or on which block finishes last. */
+#define HCF_THREADS 256
+#define HCF_EPT 2
+#define HCF_SLICE (HCF_THREADS * HCF_EPT)
+#define HCF_Q CU_HCP_STRIDE /* partial row: projections 0..n_rows-1, sum of squares last */
+
+template <int FT>
+static __device__ __forceinline__ void hcf_w2(const uint8_t *row, uint32_t i, float *w0,
+                                              float *w1) {
+        if (FT == CU_TYPE_BF16) {
+                uint32_t v = *(const uint32_t *) (row + 2 * (uint64_t) i);
+                *w0 = __uint_as_float(v << 16);
+                *w1 = __uint_as_float(v & 0xffff0000u);
+        } else if (FT == CU_TYPE_F16) {
+                float2 f = __half22float2(*(const __half2 *) (row + 2 * (uint64_t) i));
+                *w0 = f.x;
+                *w1 = f.y;
+        } else {
+                float2 f = *(const float2 *) (row + 4 * (uint64_t) i);
+                *w0 = f.x;
+                *w1 = f.y;
+        }
+}
+
+extern "C" uint32_t cu_hc_slices(uint32_t H) {
+        return (H + HCF_SLICE - 1) / HCF_SLICE;
+}
+
+template <int FT>
+__global__ void __launch_bounds__(HCF_THREADS)
+        k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out) {
         extern __shared__ float u[];
-        __shared__ float red[32];
+        __shared__ float red[HCF_THREADS / 32][HCF_Q];
+        __shared__ float wsh[HCF_Q];
         __shared__ float g[CU_HCP_STRIDE];
-        uint32_t t = blockIdx.x, H = a.H, n_hc = a.n_hc, W = n_hc * H;
-        const float *z = X + (uint64_t) t * W;
+        __shared__ float red2[32];
+        __shared__ bool last;
+        const uint32_t N = CU_HC_MAX;
+        uint32_t t = blockIdx.y, b = blockIdx.x, NB = gridDim.x, tid = threadIdx.x;
+        uint32_t lane = tid % 32, warp = tid / 32;
+        uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
+        float *xt = X + (uint64_t) t * W;
+        uint32_t i0 = b * HCF_SLICE + tid * HCF_EPT;
 
-        /* step 2: unweighted RMS over all n_hc·H values */
+        /* the previous sublayer's post-mapping of this thread's positions (spec §3.1) */
+        float z[N][HCF_EPT];
+#pragma unroll
+        for (int e = 0; e < HCF_EPT; e++) {
+                uint32_t i = i0 + e;
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        z[s][e] = 0.0f;
+                if (i >= H)
+                        continue;
+                if (post.y)
+                        hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
+                for (uint32_t s = 0; s < n_hc; s++)
+                        z[s][e] = xt[(uint64_t) s * H + i];
+        }
+
+        /* this thread's share of the sum of squares and of every projection row */
         float ss = 0.0f;
-#pragma unroll 4
-        for (uint32_t i = threadIdx.x; i < W; i += blockDim.x)
-                ss += z[i] * z[i];
-        ss = cu_block_sum(ss, red);
-        float rinv = 1.0f / sqrtf(ss / (float) W + a.rms_eps);
+        for (uint32_t s = 0; s < n_hc; s++)
+#pragma unroll
+                for (int e = 0; e < HCF_EPT; e++)
+                        ss += z[s][e] * z[s][e];
+        float acc[HCF_Q - 1];
+#pragma unroll
+        for (int r = 0; r < HCF_Q - 1; r++) {
+                acc[r] = 0.0f;
+                if ((uint32_t) r >= n_rows || i0 >= H)
+                        continue;
+                const uint8_t *row = (const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes;
+                for (uint32_t s = 0; s < n_hc; s++) {
+                        float w0, w1;
+                        hcf_w2<FT>(row, s * H + i0, &w0, &w1);
+                        acc[r] += w0 * z[s][0];
+                        acc[r] += w1 * z[s][1];
+                }
+        }
+        /* block partial: butterfly per warp, then the warps in order */
+#pragma unroll
+        for (int r = 0; r < HCF_Q - 1; r++) {
+                float v = cu_warp_sum(acc[r]);
+                if (lane == 0)
+                        red[warp][r] = v;
+        }
+        ss = cu_warp_sum(ss);
+        if (lane == 0)
+                red[warp][HCF_Q - 1] = ss;
+        __syncthreads();
+        float *part = a.hw + ((uint64_t) t * NB + b) * HCF_Q;
+        if (tid < HCF_Q) {
+                float v = 0.0f;
+                for (uint32_t w = 0; w < HCF_THREADS / 32; w++)
+                        v += red[w][tid];
+                part[tid] = v;
+        }
+        __syncthreads();
+        if (tid == 0) {
+                __threadfence();
+                last = atomicAdd(&a.ticket[t], 1u) == NB - 1;
+        }
+        __syncthreads();
+        if (!last)
+                return;
+        __threadfence();
 
-        /* steps 3-9 on the first warp: lane (d, r) holds entry C[d][r] of the n_hc × n_hc
-         * matrix (streams beyond n_hc are zero entries, which leave every sum unchanged); each
-         * row and column sum reads its four entries by shuffle in index order, so the result is
-         * that of one thread summing them in order, and a sweep costs two divisions per lane
-         * instead of 32 on one thread */
-        if (threadIdx.x < 32) {
-                const float *w = a.hw + (uint64_t) t * CU_HCP_STRIDE;
-                const uint32_t N = CU_HC_MAX;
-                uint32_t lane = threadIdx.x, d = (lane / N) % N, r = lane % N;
+        /* the last block: fold the slices in order, then steps 2-9 on the first warp */
+        if (tid < 32) {
+                const float *p0 = a.hw + (uint64_t) t * NB * HCF_Q;
+                float v = 0.0f;
+                for (uint32_t bb = 0; bb < NB; bb++)
+                        v += __ldcg(p0 + (uint64_t) bb * HCF_Q + lane);
+                wsh[lane] = v;
+                __syncwarp();
+                float rinv = 1.0f / sqrtf(wsh[HCF_Q - 1] / (float) W + a.rms_eps);
+                uint32_t d = (lane / N) % N, r = lane % N;
                 float s0 = a.scale[0], s1 = a.scale[1], s2 = a.scale[2];
                 if (lane < n_hc) {
-                        g[lane] = 1.0f / (1.0f + expf(-(w[lane] * rinv * s0 + a.base[lane])));
-                        g[n_hc + lane] = 2.0f / (1.0f + expf(-(w[n_hc + lane] * rinv * s1 +
+                        g[lane] = 1.0f / (1.0f + expf(-(wsh[lane] * rinv * s0 + a.base[lane])));
+                        g[n_hc + lane] = 2.0f / (1.0f + expf(-(wsh[n_hc + lane] * rinv * s1 +
                                                                a.base[n_hc + lane])));
                 }
                 bool valid = d < n_hc && r < n_hc;
                 uint32_t i = 2 * n_hc + d * n_hc + r;
-                float L = valid ? fminf(fmaxf(w[i] * rinv * s2 + a.base[i], -a.clamp), a.clamp)
+                float L = valid ? fminf(fmaxf(wsh[i] * rinv * s2 + a.base[i], -a.clamp), a.clamp)
                                 : -INFINITY;
                 float m = -INFINITY;
 #pragma unroll
@@ -106,13 +202,13 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_gate(struct cu_hc a, const fl
                         m = fmaxf(m, __shfl_sync(CU_FULL_MASK, L, d * N + rr));
                 float C = valid ? expf(L - m) : 0.0f;
                 for (uint32_t it = 0; it < a.iters; it++) {
-                        float sum = 0.0f; /* normalize over src */
+                        float sum = 0.0f;
 #pragma unroll
                         for (uint32_t rr = 0; rr < N; rr++)
                                 sum += __shfl_sync(CU_FULL_MASK, C, d * N + rr);
                         sum += a.hc_eps;
                         C /= sum;
-                        sum = 0.0f; /* normalize over dst */
+                        sum = 0.0f;
 #pragma unroll
                         for (uint32_t dd = 0; dd < N; dd++)
                                 sum += __shfl_sync(CU_FULL_MASK, C, dd * N + r);
@@ -127,42 +223,44 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_gate(struct cu_hc a, const fl
         }
         __syncthreads();
 
-        /* collapse u = Σ_s pre[s]·X[s], then the sublayer RMSNorm */
+        /* collapse u = Σ_s pre[s]·X[s] (other blocks' post-mapped slices: read past L1), then
+         * the sublayer RMSNorm */
         float ss2 = 0.0f;
-        for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+        for (uint32_t i = tid; i < H; i += HCF_THREADS) {
                 float v = 0.0f;
                 for (uint32_t s = 0; s < n_hc; s++)
-                        v += g[s] * z[(uint64_t) s * H + i];
+                        v += g[s] * __ldcg(xt + (uint64_t) s * H + i);
                 u[i] = v;
                 ss2 += v * v;
         }
-        ss2 = cu_block_sum(ss2, red);
+        ss2 = cu_block_sum(ss2, red2);
         float rinv2 = 1.0f / sqrtf(ss2 / (float) H + a.rms_eps);
-        for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+        for (uint32_t i = tid; i < H; i += HCF_THREADS)
                 out[(uint64_t) t * H + i] = a.norm_w[i] * (u[i] * rinv2);
+        if (tid == 0)
+                a.ticket[t] = 0;
 }
-
-__global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
-                          uint32_t n_hc);
 
 extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T,
                           float *hcp, float *out, cudaStream_t s) {
         if (T == 0)
                 return;
-        if (post && post->y) {
-                dim3 grid((a->H + 255) / 256, T);
-                cu_launches++;
-                k_hc_post<<<grid, 256, 0, s>>>(X, hcp, *post, a->H, a->n_hc);
-        }
-        uint32_t W = a->n_hc * a->H, n_rows = a->n_hc * (2 + a->n_hc);
-        struct cu_mv mv = {
-                .w = a->fn, .type = a->fn_type, .row_bytes = a->fn_row_bytes, .K = W, .N = n_rows,
-                .G = n_rows, .x = X, .x_pstride = W, .x_div = 1, .y = a->hw,
-                .y_pstride = CU_HCP_STRIDE, .P = T, .few_rows = true,
-        };
-        cu_matvec(&mv, s);
+        struct cu_post none = {0};
+        const struct cu_post *p = post && post->y ? post : &none;
+        dim3 grid(cu_hc_slices(a->H), T);
+        size_t smem = a->H * sizeof(float);
         cu_launches++;
-        k_hc_gate<<<T, HC_THREADS, a->H * sizeof(float), s>>>(*a, X, hcp, out);
+        switch (a->fn_type) {
+        case CU_TYPE_BF16:
+                k_hc_fused<CU_TYPE_BF16><<<grid, HCF_THREADS, smem, s>>>(*a, *p, X, hcp, out);
+                break;
+        case CU_TYPE_F16:
+                k_hc_fused<CU_TYPE_F16><<<grid, HCF_THREADS, smem, s>>>(*a, *p, X, hcp, out);
+                break;
+        default:
+                k_hc_fused<CU_TYPE_F32><<<grid, HCF_THREADS, smem, s>>>(*a, *p, X, hcp, out);
+                break;
+        }
 }
 
 __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
