@@ -1,0 +1,51 @@
+#!/bin/bash
+# One GPU-machine call for the decode work (issue 11): build, the GPU tests, the full synthetic
+# model, x4-bench decode rows with and without graphs, a profile. Output under $OUT.
+# Usage (on the GPU machine): X4_COMMIT=abc1234 bash scripts/device/decode-bench.sh [steps]
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+steps=${1:-tests,mkmodel,bench,profile}
+out=${OUT:-/tmp/x4out}
+mkdir -p "$out"
+has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
+say() { echo "=== $(date -u +%T) $*"; }
+build=$PWD/build-gpu
+export X4_COMMIT=${X4_COMMIT:-unknown}
+if [ ! -f "$build/build.ninja" ]; then
+        meson setup "$build" -Drpc=disabled -Dgpu_archs=90 -Dcuda=enabled --buildtype=release \
+                >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
+fi
+say build
+ninja -C "$build" -j"$(nproc)" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+export X4_CUDA_MODULE=$build/kernels/cuda/xing4d-cuda.so
+if has tests; then
+        say "tests/gpu/run.sh"
+        X4_GPU_BUILD=$build bash tests/gpu/run.sh 2>&1 | tail -30
+fi
+model=/tmp/full.gguf
+if has mkmodel; then
+        say mkmodel
+        "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out "$model" 2>&1 | tail -2
+fi
+if has bench; then
+        say "decode bench (graphs)"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx ${X4_CTX:-512,4096} \
+                --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 --json 2>&1 | tee "$out/bench.jsonl"
+fi
+if has cache16; then
+        say "decode bench f16 cache"
+        "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill none \
+                --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 --json \
+                2>&1 | tee "$out/bench-f16.jsonl"
+fi
+if has profile; then
+        say "profile batch 1 (eager)"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
+                --batch 1 --decode-tokens 16 --repeats 1 --profile 2>&1 | tee "$out/profile.txt"
+fi
+if has nograph; then
+        say "decode bench without graphs"
+        X4_CUDA_GRAPHS=0 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                --decode-ctx 512 --batch 1 --decode-tokens 32 --repeats 3 2>&1 | tail -5
+fi
+say done
