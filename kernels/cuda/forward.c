@@ -634,6 +634,11 @@ static int check_config(const struct x4_config *c) {
                                        "CUDA backend: %u experts, %u used, %u shared: at most 256 "
                                        "experts and 1 shared expert are supported",
                                        c->n_expert, c->n_expert_used, c->n_expert_shared);
+        if (c->n_dense < c->n_layer && c->n_expert_used + c->n_expert_shared > CU_SLOTS_MAX)
+                return log_error_errno(EOPNOTSUPP,
+                                       "CUDA backend: %u routed + %u shared experts per token: "
+                                       "at most %u are supported",
+                                       c->n_expert_used, c->n_expert_shared, CU_SLOTS_MAX);
         if (c->expert_gating != 1 && c->expert_gating != 2 && c->n_dense < c->n_layer)
                 return log_error_errno(EOPNOTSUPP,
                                        "CUDA backend: expert_gating_func %u unknown (1 softmax, 2 "

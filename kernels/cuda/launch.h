@@ -31,6 +31,9 @@ bool cu_type_supported(uint32_t type);
  * difference around a forward). Only the thread running forwards touches it. */
 extern unsigned long long cu_launches;
 
+/* (token, expert) pairs per token the kernels hold in registers (top-8 + shared at most). */
+#define CU_SLOTS_MAX 9
+
 /* Values a matvec lane dequantizes at once: every supported row length is a multiple of it. */
 #define CU_CHUNK 32
 

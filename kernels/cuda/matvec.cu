@@ -117,24 +117,24 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
         }
 }
 
-/* k_mv_small: the same products for few input vectors (decode: P ≤ MVS_TP_MAX per tile),
- * shaped for memory bandwidth instead of input reuse. No shared-memory staging and no barrier:
- * lane l reads its chunks' inputs straight from global memory (L1-resident: a few KB per vector),
- * every weight load of a batch of MVS_BATCH chunks is issued before the first product, and the
- * small blocks (4 warps) let many rows of one SM be in flight at once.
+/* k_mv_small: the same products for few input vectors (decode: at most MVS_TP_MAX per block),
+ * shaped for memory bandwidth. A lane issues the weight loads of up to MVS_BATCH of its chunks
+ * (one per staged input tile) before the first barrier, so the row's bytes are in flight while
+ * the inputs are staged; the inputs go through shared memory as in k_matvec (a lane reading its
+ * 128-byte chunk of x straight from global memory touches 32 cache lines per warp load).
  *
  * The arithmetic is k_matvec's, so the two kernels give the same bits and the choice between them
  * (by batch shape) never changes a result:
  *   - lane l owns chunks l, l+32, ... of its row, in order; s = Σ_i w[i]·x[i] as one chain from
  *     0 (fused multiply-adds, i ascending), acc += s per chunk;
  *   - the warp's 32 lane sums are folded by the butterfly (cu_warp_sum).
- * Rows of fewer than 32 chunks leave lanes idle in k_matvec; here a warp packs 32/L rows of
- * L = pow2 ≥ chunks lanes each. k_matvec's butterfly steps 16 … L add an idle lane's +0 to
- * every value, which is exact except that it turns −0 into +0: `+ 0.0f` once reproduces that,
- * then the sub-warp butterfly (L/2 … 1) is the rest of the same pattern. */
-#define MVS_WARPS 4
-#define MVS_BATCH 4   /* chunks a lane loads before computing */
-#define MVS_TP_MAX 16 /* input vectors one block serves */
+ * Rows of at most 8 chunks leave lanes idle in k_matvec; here a warp packs 32/L rows of
+ * L = 4 or 8 lanes each. k_matvec's butterfly steps 16 … L add an idle lane's +0 to every
+ * value, which is exact except that it turns −0 into +0: `+ 0.0f` once reproduces that, then
+ * the sub-warp butterfly (L/2 … 1) is the rest of the same pattern. */
+#define MVS_WARPS 8
+#define MVS_BATCH 4  /* chunks (input tiles) a lane loads ahead */
+#define MVS_TP_MAX 8 /* input vectors one block serves */
 
 template <int TYPE>
 struct raw_chunk; /* a chunk's stored bytes, loaded as wide as its alignment allows */
@@ -198,32 +198,31 @@ struct raw_chunk {
 template <int TYPE, int TP, int NR, int L, bool GROUPED>
 __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         __shared__ float iq4[16];
+        __shared__ float xs[TP][MV_TILE_CHUNKS * MV_TILE_STRIDE];
         constexpr int RPW = 32 / L; /* rows per warp */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, sl = lane % L;
         uint32_t r = (blockIdx.x * MVS_WARPS + warp) * RPW + lane / L; /* output index */
         uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
         const int32_t *perm = NULL;
         int32_t expert = 0;
-        if (TYPE == CU_TYPE_IQ4_NL) {
-                if (threadIdx.x < 16)
-                        iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x];
-                __syncthreads();
-        }
         if (GROUPED) {
                 if (blockIdx.y >= (uint32_t) a.groups[0])
-                        return;
+                        return; /* the whole block */
                 const int32_t *td = a.groups + 1 + 3 * blockIdx.y;
                 expert = td[0];
                 perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
                 n_p = (uint32_t) td[2];
         }
+        if (TYPE == CU_TYPE_IQ4_NL && threadIdx.x < 16)
+                iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x]; /* read after the first barrier */
         bool active = r < a.N / NR;
         const uint8_t *w = (const uint8_t *) a.w + (uint64_t) (active ? r : 0) * NR * a.row_bytes;
         if (GROUPED)
                 w += (uint64_t) expert * a.expert_bytes;
         else if (a.sel)
                 w += (uint64_t) a.sel[p0] * a.expert_bytes; /* TP == 1 with sel */
-        uint32_t g = NR == 1 ? (active ? r : 0) / a.G : 0;
+        /* the block's rows share one input group (the host checks G) */
+        uint32_t g = NR == 1 ? (blockIdx.x * MVS_WARPS * RPW) / a.G : 0;
         const float *x[TP];
         uint32_t pid[TP];
         float acc[NR][TP];
@@ -237,20 +236,39 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                 for (int k = 0; k < NR; k++)
                         acc[k][t] = 0.0f;
         }
-        uint32_t n_chunks = active ? a.K / CU_CHUNK : 0;
-        for (uint32_t c0 = sl; c0 < n_chunks; c0 += L * MVS_BATCH) {
+        /* lane sl's chunk of tile i is 32·i + sl (L < 32: one tile, chunks < L) */
+        uint32_t n_chunks = a.K / CU_CHUNK;
+        uint32_t n_tiles = (n_chunks + MV_TILE_CHUNKS - 1) / MV_TILE_CHUNKS;
+        for (uint32_t t0 = 0; t0 < n_tiles; t0 += MVS_BATCH) {
                 raw_chunk<TYPE> raw[NR][MVS_BATCH];
 #pragma unroll
-                for (int b = 0; b < MVS_BATCH; b++)
+                for (int b = 0; b < MVS_BATCH; b++) {
+                        uint32_t c = (t0 + b) * MV_TILE_CHUNKS + sl;
+                        if (active && c < n_chunks)
 #pragma unroll
-                        for (int k = 0; k < NR; k++)
-                                if (c0 + b * L < n_chunks)
-                                        raw[k][b].load(w + k * a.row_bytes, c0 + b * L);
+                                for (int k = 0; k < NR; k++)
+                                        raw[k][b].load(w + k * a.row_bytes, c);
+                }
 #pragma unroll
                 for (int b = 0; b < MVS_BATCH; b++) {
-                        uint32_t c = c0 + b * L;
-                        if (c >= n_chunks)
+                        uint32_t tile = t0 + b;
+                        if (tile >= n_tiles)
                                 break;
+                        uint32_t n_vals =
+                                min(n_chunks - tile * MV_TILE_CHUNKS, (uint32_t) MV_TILE_CHUNKS) *
+                                CU_CHUNK;
+                        __syncthreads(); /* the previous tile has been read */
+#pragma unroll
+                        for (int t = 0; t < TP; t++)
+                                for (uint32_t e = threadIdx.x; (uint32_t) t < n_p && e < n_vals;
+                                     e += blockDim.x)
+                                        xs[t][(e / CU_CHUNK) * MV_TILE_STRIDE + e % CU_CHUNK] =
+                                                x[t][(uint64_t) tile * MV_TILE_CHUNKS * CU_CHUNK +
+                                                     e];
+                        __syncthreads();
+                        uint32_t c = tile * MV_TILE_CHUNKS + sl;
+                        if (!active || c >= n_chunks)
+                                continue;
 #pragma unroll
                         for (int k = 0; k < NR; k++) {
                                 float wv[CU_CHUNK];
@@ -259,17 +277,11 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                                 for (int t = 0; t < TP; t++) {
                                         if ((uint32_t) t >= n_p)
                                                 break;
-                                        const float4 *xv4 =
-                                                (const float4 *) (x[t] + (uint64_t) c * CU_CHUNK);
+                                        const float *xv = &xs[t][sl * MV_TILE_STRIDE];
                                         float s = 0.0f;
 #pragma unroll
-                                        for (int i = 0; i < CU_CHUNK / 4; i++) {
-                                                float4 xv = xv4[i];
-                                                s += wv[4 * i] * xv.x;
-                                                s += wv[4 * i + 1] * xv.y;
-                                                s += wv[4 * i + 2] * xv.z;
-                                                s += wv[4 * i + 3] * xv.w;
-                                        }
+                                        for (int i = 0; i < CU_CHUNK; i++)
+                                                s += wv[i] * xv[i];
                                         acc[k][t] += s;
                                 }
                         }
@@ -312,8 +324,6 @@ static void launch_small_l(const struct cu_mv *a, cudaStream_t s) {
                 k_mv_small<TYPE, 2, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
         else if (a->P <= 4)
                 k_mv_small<TYPE, 4, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
-        else if (a->P <= 8)
-                k_mv_small<TYPE, 8, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
         else
                 k_mv_small<TYPE, MVS_TP_MAX, NR, L, false>
                         <<<dim3(gx, (a->P + MVS_TP_MAX - 1) / MVS_TP_MAX), block, 0, s>>>(*a);
@@ -325,11 +335,12 @@ template <int TYPE, int NR>
 static void launch_small(const struct cu_mv *a, cudaStream_t s) {
         if constexpr (TYPE == CU_TYPE_BF16 && NR == 1) {
                 uint32_t chunks = a->K / CU_CHUNK;
-                if (chunks <= 4) {
+                /* a block's rows must share one input group (G rows each) */
+                if (chunks <= 4 && a->G % (MVS_WARPS * 8) == 0) {
                         launch_small_l<TYPE, NR, 4>(a, s);
                         return;
                 }
-                if (chunks <= 8) {
+                if (chunks <= 8 && a->G % (MVS_WARPS * 4) == 0) {
                         launch_small_l<TYPE, NR, 8>(a, s);
                         return;
                 }
@@ -400,13 +411,12 @@ static void launch_few(const struct cu_mv *a, cudaStream_t s) {
 
 /* Inputs per launch up to which the decode-shaped kernel runs (same bits either way). */
 #define MVS_P_MAX 16
-#define MVS_SLOTS_MAX 9 /* (token, expert) pairs per token: top-8 + shared at most */
 
 template <int TYPE, int NR>
 static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
         dim3 block(MV_WARPS * 32);
         if constexpr (TYPE == CU_TYPE_BF16 || TYPE == CU_TYPE_IQ4_NL || TYPE == CU_TYPE_Q6_K) {
-                if (a->P <= (a->sel ? MVS_P_MAX * MVS_SLOTS_MAX : MVS_P_MAX)) {
+                if (a->P <= (a->sel ? MVS_P_MAX * CU_SLOTS_MAX : MVS_P_MAX)) {
                         launch_small<TYPE, NR>(a, s);
                         return;
                 }

@@ -6,6 +6,7 @@
 #include "common.cuh"
 
 
+
 __global__ void k_embed(const uint8_t *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids,
                         uint32_t H, uint32_t n_hc, float *X) {
         uint32_t t = blockIdx.y;
@@ -39,21 +40,36 @@ static __device__ __forceinline__ void hc_post_elem(float *X, const float *hp, c
         const float *post = hp + n_hc, *C = hp + 2 * n_hc;
         float o;
         if (p.w) {
+                /* loads unrolled ahead of the sum (same order of additions) */
+                float yv[CU_SLOTS_MAX], wk[CU_SLOTS_MAX];
+#pragma unroll
+                for (uint32_t k = 0; k < CU_SLOTS_MAX; k++)
+                        if (k < p.n_slots) {
+                                wk[k] = p.w[(uint64_t) t * p.n_slots + k];
+                                yv[k] = p.y[((uint64_t) t * p.n_slots + k) * p.y_slot_stride + i];
+                        }
                 o = 0.0f;
-                for (uint32_t k = 0; k < p.n_slots; k++)
-                        o += p.w[(uint64_t) t * p.n_slots + k] *
-                             p.y[((uint64_t) t * p.n_slots + k) * p.y_slot_stride + i];
+#pragma unroll
+                for (uint32_t k = 0; k < CU_SLOTS_MAX; k++)
+                        if (k < p.n_slots)
+                                o += wk[k] * yv[k];
         } else {
                 o = p.y[(uint64_t) t * p.y_slot_stride + i];
         }
         float *x = X + (uint64_t) t * n_hc * H + i;
         float old[CU_HC_MAX];
-        for (uint32_t s = 0; s < n_hc; s++)
-                old[s] = x[(uint64_t) s * H];
-        for (uint32_t d = 0; d < n_hc; d++) {
+#pragma unroll
+        for (uint32_t s = 0; s < CU_HC_MAX; s++)
+                old[s] = s < n_hc ? x[(uint64_t) s * H] : 0.0f;
+#pragma unroll
+        for (uint32_t d = 0; d < CU_HC_MAX; d++) {
+                if (d >= n_hc)
+                        break;
                 float v = post[d] * o;
-                for (uint32_t s = 0; s < n_hc; s++)
-                        v += C[d * n_hc + s] * old[s];
+#pragma unroll
+                for (uint32_t s = 0; s < CU_HC_MAX; s++)
+                        if (s < n_hc)
+                                v += C[d * n_hc + s] * old[s];
                 x[(uint64_t) d * H] = v;
         }
 }
@@ -112,6 +128,21 @@ __global__ void __launch_bounds__(HCF_THREADS)
         float *xt = X + (uint64_t) t * W;
         uint32_t i0 = b * HCF_SLICE + tid * HCF_EPT;
 
+        /* the weights first: every load of this thread in flight before the first use (a loop
+         * of dependent loads cost ~60 µs a call) */
+        constexpr int NROWS = CU_HC_MAX * (2 + CU_HC_MAX);
+        static_assert(NROWS <= HCF_Q - 1, "the partial row holds the projections and one sum");
+        float wv[NROWS][N][HCF_EPT];
+#pragma unroll
+        for (int r = 0; r < NROWS; r++)
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++) {
+                        wv[r][s][0] = wv[r][s][1] = 0.0f;
+                        if ((uint32_t) r < n_rows && s < n_hc && i0 < H)
+                                hcf_w2<FT>((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes,
+                                           s * H + i0, &wv[r][s][0], &wv[r][s][1]);
+                }
+
         /* the previous sublayer's post-mapping of this thread's positions (spec §3.1) */
         float z[N][HCF_EPT];
 #pragma unroll
@@ -124,29 +155,33 @@ __global__ void __launch_bounds__(HCF_THREADS)
                         continue;
                 if (post.y)
                         hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
-                for (uint32_t s = 0; s < n_hc; s++)
-                        z[s][e] = xt[(uint64_t) s * H + i];
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        if (s < n_hc)
+                                z[s][e] = xt[(uint64_t) s * H + i];
         }
 
-        /* this thread's share of the sum of squares and of every projection row */
+        /* this thread's share of the sum of squares and of every projection row (streams in
+         * order, its positions in order); absent streams and rows add exact zeros */
         float ss = 0.0f;
-        for (uint32_t s = 0; s < n_hc; s++)
+#pragma unroll
+        for (uint32_t s = 0; s < N; s++)
 #pragma unroll
                 for (int e = 0; e < HCF_EPT; e++)
-                        ss += z[s][e] * z[s][e];
+                        if (s < n_hc)
+                                ss += z[s][e] * z[s][e];
         float acc[HCF_Q - 1];
 #pragma unroll
         for (int r = 0; r < HCF_Q - 1; r++) {
                 acc[r] = 0.0f;
-                if ((uint32_t) r >= n_rows || i0 >= H)
+                if (r >= NROWS)
                         continue;
-                const uint8_t *row = (const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes;
-                for (uint32_t s = 0; s < n_hc; s++) {
-                        float w0, w1;
-                        hcf_w2<FT>(row, s * H + i0, &w0, &w1);
-                        acc[r] += w0 * z[s][0];
-                        acc[r] += w1 * z[s][1];
-                }
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        if (s < n_hc) {
+                                acc[r] += wv[r][s][0] * z[s][0];
+                                acc[r] += wv[r][s][1] * z[s][1];
+                        }
         }
         /* block partial: butterfly per warp, then the warps in order */
 #pragma unroll
