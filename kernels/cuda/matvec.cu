@@ -236,9 +236,19 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                 for (int k = 0; k < NR; k++)
                         acc[k][t] = 0.0f;
         }
-        /* lane sl's chunk of tile i is 32·i + sl (L < 32: one tile, chunks < L) */
+        /* lane sl's chunk of tile i is 32·i + sl (L < 32: one tile, chunks < L). Thread j
+         * stages values 4j..4j+3 of each input's tile with one 16-byte load; the next tile's
+         * loads are issued before the current tile is computed (a strided loop of loads here
+         * was a chain of dependent L2 round trips per tile). */
+        static_assert(MVS_WARPS * 32 * 4 == MV_TILE_CHUNKS * CU_CHUNK, "one float4 per thread");
         uint32_t n_chunks = a.K / CU_CHUNK;
         uint32_t n_tiles = (n_chunks + MV_TILE_CHUNKS - 1) / MV_TILE_CHUNKS;
+        uint32_t e4 = 4 * threadIdx.x;
+        float4 xr[TP];
+#pragma unroll
+        for (int t = 0; t < TP; t++)
+                if ((uint32_t) t < n_p && e4 < a.K)
+                        xr[t] = *(const float4 *) (x[t] + e4);
         for (uint32_t t0 = 0; t0 < n_tiles; t0 += MVS_BATCH) {
                 raw_chunk<TYPE> raw[NR][MVS_BATCH];
 #pragma unroll
@@ -258,14 +268,23 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                                 min(n_chunks - tile * MV_TILE_CHUNKS, (uint32_t) MV_TILE_CHUNKS) *
                                 CU_CHUNK;
                         __syncthreads(); /* the previous tile has been read */
+                        if (e4 < n_vals) {
+                                uint32_t o = (e4 / CU_CHUNK) * MV_TILE_STRIDE + e4 % CU_CHUNK;
+#pragma unroll
+                                for (int t = 0; t < TP; t++)
+                                        if ((uint32_t) t < n_p) {
+                                                xs[t][o] = xr[t].x;
+                                                xs[t][o + 1] = xr[t].y;
+                                                xs[t][o + 2] = xr[t].z;
+                                                xs[t][o + 3] = xr[t].w;
+                                        }
+                        }
+                        __syncthreads();
+                        uint64_t nx = (uint64_t) (tile + 1) * MV_TILE_CHUNKS * CU_CHUNK + e4;
 #pragma unroll
                         for (int t = 0; t < TP; t++)
-                                for (uint32_t e = threadIdx.x; (uint32_t) t < n_p && e < n_vals;
-                                     e += blockDim.x)
-                                        xs[t][(e / CU_CHUNK) * MV_TILE_STRIDE + e % CU_CHUNK] =
-                                                x[t][(uint64_t) tile * MV_TILE_CHUNKS * CU_CHUNK +
-                                                     e];
-                        __syncthreads();
+                                if ((uint32_t) t < n_p && nx < a.K)
+                                        xr[t] = *(const float4 *) (x[t] + nx);
                         uint32_t c = tile * MV_TILE_CHUNKS + sl;
                         if (!active || c >= n_chunks)
                                 continue;
@@ -416,7 +435,10 @@ template <int TYPE, int NR>
 static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
         dim3 block(MV_WARPS * 32);
         if constexpr (TYPE == CU_TYPE_BF16 || TYPE == CU_TYPE_IQ4_NL || TYPE == CU_TYPE_Q6_K) {
-                if (a->P <= (a->sel ? MVS_P_MAX * CU_SLOTS_MAX : MVS_P_MAX)) {
+                /* its inputs are read as float4: 16-byte aligned rows */
+                bool aligned = a->x_pstride % 4 == 0 && a->x_gstride % 4 == 0 &&
+                               (uintptr_t) a->x % 16 == 0;
+                if (aligned && a->P <= (a->sel ? MVS_P_MAX * CU_SLOTS_MAX : MVS_P_MAX)) {
                         launch_small<TYPE, NR>(a, s);
                         return;
                 }

@@ -261,10 +261,17 @@ __global__ void __launch_bounds__(HCF_THREADS)
         /* collapse u = Σ_s pre[s]·X[s] (other blocks' post-mapped slices: read past L1), then
          * the sublayer RMSNorm */
         float ss2 = 0.0f;
+#pragma unroll 4
         for (uint32_t i = tid; i < H; i += HCF_THREADS) {
+                float xv[N];
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        xv[s] = s < n_hc ? __ldcg(xt + (uint64_t) s * H + i) : 0.0f;
                 float v = 0.0f;
-                for (uint32_t s = 0; s < n_hc; s++)
-                        v += g[s] * __ldcg(xt + (uint64_t) s * H + i);
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        if (s < n_hc)
+                                v += g[s] * xv[s];
                 u[i] = v;
                 ss2 += v * v;
         }

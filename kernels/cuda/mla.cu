@@ -47,27 +47,32 @@ __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, con
 
         /* spec §4 step 1: qa = RMSNorm(W_qa·a, q_a_norm) */
         float ss = 0.0f;
+        #pragma unroll 4
         for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
                 ss += row[i] * row[i];
         ss = cu_block_sum(ss, red);
         float rq = 1.0f / sqrtf(ss / (float) QL + eps);
+        #pragma unroll 4
         for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
                 row[i] = q_a_norm[i] * (row[i] * rq);
 
         /* step 2: c = RMSNorm(latent, kv_a_norm); k_pe not normed */
         const float *lat = row + QL;
         float ss2 = 0.0f;
+        #pragma unroll 4
         for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
                 ss2 += lat[i] * lat[i];
         ss2 = cu_block_sum(ss2, red);
         float rc = 1.0f / sqrtf(ss2 / (float) KV + eps);
         uint32_t pos = c.tok_pos[t];
         CT *dst = (CT *) c.base + cu_cache_row(c, layer, t, pos);
+        #pragma unroll 4
         for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
                 cu_st<CT>(dst + i, kv_a_norm[i] * (lat[i] * rc));
 
         /* step 3: RoPE of the shared k_pe at position pos */
         const float *kpe = lat + KV;
+        #pragma unroll 4
         for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
                 uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + R / 2;
                 float y0, y1;
@@ -98,6 +103,7 @@ __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_
                          const double *inv_freq, bool interleave, const uint32_t *tok_pos,
                          float *qc) {
         uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2;
+#pragma unroll 4
         for (uint32_t e = threadIdx.x; e < n_head * half; e += blockDim.x) {
                 uint32_t h = e / half, i = e % half;
                 const float *qp = q + ((uint64_t) t * n_head + h) * (nope + R) + nope;
@@ -371,6 +377,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
         __syncthreads();
 
         /* phase A: a warp per position, lane c computes chunk c's sums P_c for the HG heads */
+#pragma unroll 2
         for (uint32_t j = warp; j < n; j += NW) {
                 float pc[HG];
 #pragma unroll
@@ -465,6 +472,7 @@ __global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_part
         uint64_t stride = (uint64_t) n_head * (KV + 2);
         for (uint32_t k = threadIdx.x; k < KV; k += blockDim.x) {
                 float M = p0[KV], L = p0[KV + 1], O = p0[k];
+#pragma unroll 8
                 for (uint32_t pi = 1; pi < n_parts; pi++) {
                         const float *pp = p0 + pi * stride;
                         float mq = pp[KV], Mn = fmaxf(M, mq);
