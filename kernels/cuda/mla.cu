@@ -47,32 +47,32 @@ __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, con
 
         /* spec §4 step 1: qa = RMSNorm(W_qa·a, q_a_norm) */
         float ss = 0.0f;
-        #pragma unroll 4
+#pragma unroll 4
         for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
                 ss += row[i] * row[i];
         ss = cu_block_sum(ss, red);
         float rq = 1.0f / sqrtf(ss / (float) QL + eps);
-        #pragma unroll 4
+#pragma unroll 4
         for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
                 row[i] = q_a_norm[i] * (row[i] * rq);
 
         /* step 2: c = RMSNorm(latent, kv_a_norm); k_pe not normed */
         const float *lat = row + QL;
         float ss2 = 0.0f;
-        #pragma unroll 4
+#pragma unroll 4
         for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
                 ss2 += lat[i] * lat[i];
         ss2 = cu_block_sum(ss2, red);
         float rc = 1.0f / sqrtf(ss2 / (float) KV + eps);
         uint32_t pos = c.tok_pos[t];
         CT *dst = (CT *) c.base + cu_cache_row(c, layer, t, pos);
-        #pragma unroll 4
+#pragma unroll 4
         for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
                 cu_st<CT>(dst + i, kv_a_norm[i] * (lat[i] * rc));
 
         /* step 3: RoPE of the shared k_pe at position pos */
         const float *kpe = lat + KV;
-        #pragma unroll 4
+#pragma unroll 4
         for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
                 uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + R / 2;
                 float y0, y1;
