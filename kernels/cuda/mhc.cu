@@ -79,32 +79,40 @@ __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint3
 
 /* The whole pre-mapping of a sublayer in one launch (with the previous sublayer's post-mapping
  * in front): grid (slices of HCF_SLICE positions, tokens). Each block post-maps its slice of the
- * four streams, then reduces over it the sum of squares and the n_hc·(2+n_hc) projection rows
- * into a partial row; the last block of a token to finish (an atomic ticket, reset by that block)
- * folds the partials in slice order, runs the gates and Sinkhorn on one warp, and collapses and
- * norms the token. Every sum's order depends on H alone (thread: streams in order, its two
- * positions in order; warp butterfly; warps in order; slices in order), never on the number of
- * tokens or on which block finishes last. */
+ * four streams into shared memory, then reduces over it the sum of squares (a thread per
+ * position, block sum) and the n_hc·(2+n_hc) projection rows (a warp per three rows, a lane per
+ * eight consecutive positions: one 16-byte BF16 load per row and stream) into a partial row; the
+ * last block of a token to finish (an atomic ticket, reset by that block) folds the partials in
+ * slice order, runs the gates and Sinkhorn on one warp, and collapses and norms the token. Every
+ * sum's order depends on H alone, never on the number of tokens or on which block finishes
+ * last. */
 #define HCF_THREADS 256
-#define HCF_EPT 2
-#define HCF_SLICE (HCF_THREADS * HCF_EPT)
+#define HCF_SLICE 256 /* positions per block: one per thread, eight per lane of a row's warp */
 #define HCF_Q CU_HCP_STRIDE /* partial row: projections 0..n_rows-1, sum of squares last */
+#define HCF_ROWS (CU_HC_MAX * (2 + CU_HC_MAX))
 
+/* Eight consecutive weights of a row (BF16/F16: one 16-byte load; F32: two). */
 template <int FT>
-static __device__ __forceinline__ void hcf_w2(const uint8_t *row, uint32_t i, float *w0,
-                                              float *w1) {
-        if (FT == CU_TYPE_BF16) {
-                uint32_t v = *(const uint32_t *) (row + 2 * (uint64_t) i);
-                *w0 = __uint_as_float(v << 16);
-                *w1 = __uint_as_float(v & 0xffff0000u);
-        } else if (FT == CU_TYPE_F16) {
-                float2 f = __half22float2(*(const __half2 *) (row + 2 * (uint64_t) i));
-                *w0 = f.x;
-                *w1 = f.y;
-        } else {
-                float2 f = *(const float2 *) (row + 4 * (uint64_t) i);
-                *w0 = f.x;
-                *w1 = f.y;
+static __device__ __forceinline__ void hcf_w8(const uint8_t *row, uint32_t i, float *w) {
+        if (FT == CU_TYPE_F32) {
+                const float4 *p = (const float4 *) (row + 4 * (uint64_t) i);
+                float4 a = p[0], b = p[1];
+                w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+                w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+                return;
+        }
+        uint4 v = *(const uint4 *) (row + 2 * (uint64_t) i);
+        uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+                if (FT == CU_TYPE_BF16) {
+                        w[2 * j] = __uint_as_float(u[j] << 16);
+                        w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+                } else {
+                        float2 f = __half22float2(*(const __half2 *) &u[j]);
+                        w[2 * j] = f.x;
+                        w[2 * j + 1] = f.y;
+                }
         }
 }
 
@@ -116,91 +124,73 @@ template <int FT>
 __global__ void __launch_bounds__(HCF_THREADS)
         k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out) {
         extern __shared__ float u[];
-        __shared__ float red[HCF_THREADS / 32][HCF_Q];
+        __shared__ float zs[CU_HC_MAX][HCF_SLICE + 8]; /* + 8: lane stride 8 floats, 2-way */
+        __shared__ float red[HCF_Q];
         __shared__ float wsh[HCF_Q];
         __shared__ float g[CU_HCP_STRIDE];
         __shared__ float red2[32];
         __shared__ bool last;
         const uint32_t N = CU_HC_MAX;
+        constexpr uint32_t NW = HCF_THREADS / 32, RPW = (HCF_ROWS + NW - 1) / NW;
         uint32_t t = blockIdx.y, b = blockIdx.x, NB = gridDim.x, tid = threadIdx.x;
         uint32_t lane = tid % 32, warp = tid / 32;
         uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
         float *xt = X + (uint64_t) t * W;
-        uint32_t i0 = b * HCF_SLICE + tid * HCF_EPT;
+        uint32_t base = b * HCF_SLICE;
 
-        /* the weights first: every load of this thread in flight before the first use (a loop
-         * of dependent loads cost ~60 µs a call) */
-        constexpr int NROWS = CU_HC_MAX * (2 + CU_HC_MAX);
-        static_assert(NROWS <= HCF_Q - 1, "the partial row holds the projections and one sum");
-        float wv[NROWS][N][HCF_EPT];
+        /* the weights first (a lane's loads all in flight before the first use) */
+        uint32_t iw = base + 8 * lane; /* this lane's eight positions */
+        float wv[RPW][N][8];
 #pragma unroll
-        for (int r = 0; r < NROWS; r++)
+        for (uint32_t k = 0; k < RPW; k++)
 #pragma unroll
                 for (uint32_t s = 0; s < N; s++) {
-                        wv[r][s][0] = wv[r][s][1] = 0.0f;
-                        if ((uint32_t) r < n_rows && s < n_hc && i0 < H)
-                                hcf_w2<FT>((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes,
-                                           s * H + i0, &wv[r][s][0], &wv[r][s][1]);
+                        uint32_t r = warp + NW * k;
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                                wv[k][s][e] = 0.0f;
+                        if (r < n_rows && s < n_hc && iw < H)
+                                hcf_w8<FT>((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes,
+                                           s * H + iw, wv[k][s]);
                 }
 
-        /* the previous sublayer's post-mapping of this thread's positions (spec §3.1) */
-        float z[N][HCF_EPT];
-#pragma unroll
-        for (int e = 0; e < HCF_EPT; e++) {
-                uint32_t i = i0 + e;
-#pragma unroll
-                for (uint32_t s = 0; s < N; s++)
-                        z[s][e] = 0.0f;
-                if (i >= H)
-                        continue;
-                if (post.y)
-                        hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
-#pragma unroll
-                for (uint32_t s = 0; s < N; s++)
-                        if (s < n_hc)
-                                z[s][e] = xt[(uint64_t) s * H + i];
-        }
-
-        /* this thread's share of the sum of squares and of every projection row (streams in
-         * order, its positions in order); absent streams and rows add exact zeros */
+        /* the previous sublayer's post-mapping of position base + tid (spec §3.1), its streams
+         * into shared memory, and its square sum (streams in order) */
+        uint32_t i = base + tid;
         float ss = 0.0f;
+        if (i < H && post.y)
+                hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
 #pragma unroll
-        for (uint32_t s = 0; s < N; s++)
+        for (uint32_t s = 0; s < N; s++) {
+                float z = s < n_hc && i < H ? xt[(uint64_t) s * H + i] : 0.0f;
+                zs[s][tid] = z;
+                if (s < n_hc)
+                        ss += z * z;
+        }
+        ss = cu_block_sum(ss, red2); /* its barriers also publish zs */
+
+        /* rows warp, warp + NW, ...: lane sum over its eight positions (streams in order,
+         * positions in order), then the butterfly */
 #pragma unroll
-                for (int e = 0; e < HCF_EPT; e++)
-                        if (s < n_hc)
-                                ss += z[s][e] * z[s][e];
-        float acc[HCF_Q - 1];
-#pragma unroll
-        for (int r = 0; r < HCF_Q - 1; r++) {
-                acc[r] = 0.0f;
-                if (r >= NROWS)
-                        continue;
+        for (uint32_t k = 0; k < RPW; k++) {
+                uint32_t r = warp + NW * k;
+                float acc = 0.0f;
 #pragma unroll
                 for (uint32_t s = 0; s < N; s++)
-                        if (s < n_hc) {
-                                acc[r] += wv[r][s][0] * z[s][0];
-                                acc[r] += wv[r][s][1] * z[s][1];
-                        }
-        }
-        /* block partial: butterfly per warp, then the warps in order */
+                        if (s < n_hc)
 #pragma unroll
-        for (int r = 0; r < HCF_Q - 1; r++) {
-                float v = cu_warp_sum(acc[r]);
-                if (lane == 0)
-                        red[warp][r] = v;
+                                for (int e = 0; e < 8; e++)
+                                        acc += wv[k][s][e] * zs[s][8 * lane + e];
+                acc = cu_warp_sum(acc);
+                if (lane == 0 && r < HCF_Q - 1)
+                        red[r] = r < n_rows ? acc : 0.0f;
         }
-        ss = cu_warp_sum(ss);
-        if (lane == 0)
-                red[warp][HCF_Q - 1] = ss;
+        if (tid == 0)
+                red[HCF_Q - 1] = ss;
         __syncthreads();
         float *part = a.hw + ((uint64_t) t * NB + b) * HCF_Q;
-        if (tid < HCF_Q) {
-                float v = 0.0f;
-                for (uint32_t w = 0; w < HCF_THREADS / 32; w++)
-                        v += red[w][tid];
-                part[tid] = v;
-        }
+        if (tid < HCF_Q)
+                part[tid] = tid < n_rows || tid == HCF_Q - 1 ? red[tid] : 0.0f;
         __syncthreads();
         if (tid == 0) {
                 __threadfence();

@@ -4,6 +4,9 @@
  * positions, each part reduced by one block and the parts folded in order by a second kernel.
  * The new tokens' rows are stored before attention runs, and attention reads every key (old or
  * new) from the cache, so a query's arithmetic is the same however the prompt was chunked. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.cuh"
 
 unsigned long long cu_launches;
@@ -520,7 +523,19 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
          * every choice (see above): many (token, part) blocks → all heads share each staged
          * cache chunk; few → a warp per position and small head groups to fill the card */
         uint64_t blocks = (uint64_t) n * max_parts;
-        if (blocks >= 256 || c->D > 32 * ATT_KC)
+        /* X4_CUDA_ATTN=part|dec4|dec2 forces one kernel (measurements; the bits are the same) */
+        static int force = -1;
+        if (force < 0) {
+                const char *f = getenv("X4_CUDA_ATTN");
+                force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3 : 0;
+        }
+        if (force == 1 || (c->D > 32 * ATT_KC))
+                attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
+        else if (force == 2)
+                attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);
+        else if (force == 3)
+                attn_launch_dec<2>(a, t0, n, max_parts, c, layer, part, s);
+        else if (blocks >= 256)
                 attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
         else if (blocks >= 32)
                 attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);

@@ -48,4 +48,40 @@ if has nograph; then
         X4_CUDA_GRAPHS=0 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
                 --decode-ctx 512 --batch 1 --decode-tokens 32 --repeats 3 2>&1 | tail -5
 fi
+if has ncu; then
+        say "ncu: one eager decode step's kernels at batch 1, ctx 512"
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --launch-skip ${X4_NCU_SKIP:-1400} --launch-count ${X4_NCU_COUNT:-40} \
+                --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+                --csv "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
+                --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 >"$out/ncu.csv" 2>"$out/ncu.err"
+        python3 - "$out/ncu.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+ki, ni, mi, vi = hdr.index("ID"), hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
+per = collections.OrderedDict()
+for r in rows:
+    per.setdefault((r[ki], r[ni][:60]), {})[r[mi]] = r[vi]
+for (k, n), m in per.items():
+    print(f"{k:>5} {n:60} t={m.get('gpu__time_duration.sum','?'):>8} B={m.get('dram__bytes_read.sum','?'):>10} grid={m.get('launch__grid_size','?'):>6} blk={m.get('launch__block_size','?'):>5} regs={m.get('launch__registers_per_thread','?'):>4} act%={m.get('sm__warps_active.avg.pct_of_peak_sustained_active','?')}")
+PY
+fi
+if has attn; then
+        for k in part dec4 dec2; do
+                say "attention kernel forced: $k"
+                X4_CUDA_ATTN=$k "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx 512,4096,32768 --batch 1 --decode-tokens 16 --repeats 2 2>&1 | grep "^decode"
+        done
+fi
+if has ncuattn; then
+        say "ncu: attention kernel details"
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:k_attn_dec --launch-skip 60 --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
+                --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -80 >"$out/ncu-attn.txt"
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:k_hc_fused --launch-skip 100 --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy \
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
+                --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -60 >"$out/ncu-hc.txt"
+fi
 say done
