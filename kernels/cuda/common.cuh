@@ -4,11 +4,47 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "launch.h"
 
 #define CU_FULL_MASK 0xffffffffu
+
+/* Programmatic dependent launch (sm_90+; no-ops before). Every kernel of the forward is launched
+ * with cu_launch, which lets it start while the previous kernel is still running; so every kernel
+ * calls cu_pdl_trigger() at once (the next one may start too) and cu_pdl_wait() before it touches
+ * anything an earlier kernel of the stream wrote (the wait returns when the previous grid has
+ * finished and its writes are visible, and that grid waited for its own predecessor). What a
+ * kernel does before the wait may only read data no kernel writes: weights, as the matvecs and
+ * the HC kernel do to have their weight loads in flight during the previous kernel's tail. */
+static __device__ __forceinline__ void cu_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cu_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Launch `kernel` on `s`, with programmatic stream serialization when cu_pdl is on. */
+template <typename... KArgs, typename... Args>
+static void cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t s, Args &&...args) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = s;
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = cu_pdl ? 1 : 0;
+        (void) cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
 
 /* spec §6: the IQ4_NL codebook */
 __constant__ static const float cu_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -829,6 +829,12 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                                        "sm_75 and newer",
                                        prop.name, prop.major, prop.minor);
         snprintf(b->name, sizeof b->name, "cuda:%s", prop.name);
+        /* programmatic dependent launch where the hardware has it (X4_CUDA_PDL=0: off, for
+         * comparison); the kernels' waits make it change no result */
+        {
+                const char *pv = getenv("X4_CUDA_PDL");
+                cu_pdl = prop.major >= 9 && !(pv && streq(pv, "0"));
+        }
         r = CU_TRY(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), EIO,
                    "creating a stream");
         if (r < 0)

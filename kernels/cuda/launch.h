@@ -30,6 +30,8 @@ bool cu_type_supported(uint32_t type);
 /* Kernels launched by this module so far (every launcher adds its launches; profiling reads the
  * difference around a forward). Only the thread running forwards touches it. */
 extern unsigned long long cu_launches;
+/* Launch kernels with programmatic dependent launch (sm_90 and newer; the backend sets it). */
+extern bool cu_pdl;
 
 /* (token, expert) pairs per token the kernels hold in registers (top-8 + shared at most). */
 #define CU_SLOTS_MAX 9

@@ -29,6 +29,8 @@
 /* GROUPED: blockIdx.y is a tile of a.groups (cu_moe_group): up to TP pairs of one expert. */
 template <int TYPE, int TP, int NR, bool GROUPED>
 __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         __shared__ float iq4[16];
         __shared__ float xs[TP][MV_TILE_CHUNKS * MV_TILE_STRIDE];
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -205,6 +207,9 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
         const int32_t *perm = NULL;
         int32_t expert = 0;
+        cu_pdl_trigger();
+        if (a.sel)
+                cu_pdl_wait(); /* the expert ids come from the router kernel */
         if (GROUPED) {
                 if (blockIdx.y >= (uint32_t) a.groups[0])
                         return; /* the whole block */
@@ -245,10 +250,6 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         uint32_t n_tiles = (n_chunks + MV_TILE_CHUNKS - 1) / MV_TILE_CHUNKS;
         uint32_t e4 = 4 * threadIdx.x;
         float4 xr[TP];
-#pragma unroll
-        for (int t = 0; t < TP; t++)
-                if ((uint32_t) t < n_p && e4 < a.K)
-                        xr[t] = *(const float4 *) (x[t] + e4);
         for (uint32_t t0 = 0; t0 < n_tiles; t0 += MVS_BATCH) {
                 raw_chunk<TYPE> raw[NR][MVS_BATCH];
 #pragma unroll
@@ -258,6 +259,15 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
 #pragma unroll
                                 for (int k = 0; k < NR; k++)
                                         raw[k][b].load(w + k * a.row_bytes, c);
+                }
+                if (t0 == 0) {
+                        /* the first weights are in flight: now the inputs (written by the
+                         * previous kernel) */
+                        cu_pdl_wait();
+#pragma unroll
+                        for (int t = 0; t < TP; t++)
+                                if ((uint32_t) t < n_p && e4 < a.K)
+                                        xr[t] = *(const float4 *) (x[t] + e4);
                 }
 #pragma unroll
                 for (int b = 0; b < MVS_BATCH; b++) {
@@ -335,17 +345,15 @@ static void launch_small_l(const struct cu_mv *a, cudaStream_t s) {
         uint32_t gx = (n_out + rows_per_block - 1) / rows_per_block;
         cu_launches++;
         if (a->sel && a->groups)
-                k_mv_small<TYPE, CU_GROUP_TILE, NR, L, true>
-                        <<<dim3(gx, a->n_groups_max), block, 0, s>>>(*a);
+                cu_launch(k_mv_small<TYPE, CU_GROUP_TILE, NR, L, true>, dim3(gx, a->n_groups_max), block, 0, s, *a);
         else if (a->sel || a->P == 1)
-                k_mv_small<TYPE, 1, NR, L, false><<<dim3(gx, a->P), block, 0, s>>>(*a);
+                cu_launch(k_mv_small<TYPE, 1, NR, L, false>, dim3(gx, a->P), block, 0, s, *a);
         else if (a->P <= 2)
-                k_mv_small<TYPE, 2, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
+                cu_launch(k_mv_small<TYPE, 2, NR, L, false>, dim3(gx, 1), block, 0, s, *a);
         else if (a->P <= 4)
-                k_mv_small<TYPE, 4, NR, L, false><<<dim3(gx, 1), block, 0, s>>>(*a);
+                cu_launch(k_mv_small<TYPE, 4, NR, L, false>, dim3(gx, 1), block, 0, s, *a);
         else
-                k_mv_small<TYPE, MVS_TP_MAX, NR, L, false>
-                        <<<dim3(gx, (a->P + MVS_TP_MAX - 1) / MVS_TP_MAX), block, 0, s>>>(*a);
+                cu_launch(k_mv_small<TYPE, MVS_TP_MAX, NR, L, false>, dim3(gx, (a->P + MVS_TP_MAX - 1) / MVS_TP_MAX), block, 0, s, *a);
 }
 
 /* Packed rows (L < 32) only for BF16 single rows: the per-head absorb matrices (attn_k_b rows of
@@ -382,6 +390,8 @@ static __device__ __forceinline__ float cu_value(const uint8_t *row, uint32_t k)
 
 template <int TYPE, int TP>
 __global__ void __launch_bounds__(MV_FEW_WARPS * 32) k_matvec_few(struct cu_mv a) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         __shared__ float part[MV_FEW_WARPS][TP];
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t r = blockIdx.x, p0 = blockIdx.y * TP;
@@ -422,10 +432,9 @@ template <int TYPE>
 static void launch_few(const struct cu_mv *a, cudaStream_t s) {
         cu_launches++;
         if (a->P == 1)
-                k_matvec_few<TYPE, 1><<<dim3(a->N, 1), MV_FEW_WARPS * 32, 0, s>>>(*a);
+                cu_launch(k_matvec_few<TYPE, 1>, dim3(a->N, 1), MV_FEW_WARPS * 32, 0, s, *a);
         else
-                k_matvec_few<TYPE, MV_TP><<<dim3(a->N, (a->P + MV_TP - 1) / MV_TP), MV_FEW_WARPS * 32,
-                                            0, s>>>(*a);
+                cu_launch(k_matvec_few<TYPE, MV_TP>, dim3(a->N, (a->P + MV_TP - 1) / MV_TP), MV_FEW_WARPS * 32, 0, s, *a);
 }
 
 /* Inputs per launch up to which the decode-shaped kernel runs (same bits either way). */
@@ -447,13 +456,13 @@ static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
         cu_launches++;
         if (a->sel && a->groups) {
                 dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, a->n_groups_max);
-                k_matvec<TYPE, CU_GROUP_TILE, NR, true><<<grid, block, 0, s>>>(*a);
+                cu_launch(k_matvec<TYPE, CU_GROUP_TILE, NR, true>, grid, block, 0, s, *a);
         } else if (a->sel || a->P == 1) {
                 dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, a->P);
-                k_matvec<TYPE, 1, NR, false><<<grid, block, 0, s>>>(*a);
+                cu_launch(k_matvec<TYPE, 1, NR, false>, grid, block, 0, s, *a);
         } else {
                 dim3 grid((n_out + MV_WARPS - 1) / MV_WARPS, (a->P + MV_TP - 1) / MV_TP);
-                k_matvec<TYPE, MV_TP, NR, false><<<grid, block, 0, s>>>(*a);
+                cu_launch(k_matvec<TYPE, MV_TP, NR, false>, grid, block, 0, s, *a);
         }
 }
 

@@ -9,6 +9,8 @@
 
 __global__ void k_embed(const uint8_t *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids,
                         uint32_t H, uint32_t n_hc, float *X) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         uint32_t t = blockIdx.y;
         uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
         if (c >= H / CU_CHUNK)
@@ -30,7 +32,7 @@ extern "C" void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, co
         uint32_t chunks = H / CU_CHUNK;
         dim3 grid((chunks + 127) / 128, T);
         cu_launches++;
-        k_embed<<<grid, 128, 0, s>>>((const uint8_t *) embd, type, row_bytes, ids, H, n_hc, X);
+        cu_launch(k_embed, grid, 128, 0, s, (const uint8_t *) embd, type, row_bytes, ids, H, n_hc, X);
 }
 
 /* spec §3.1 post-mapping of element i of token t: X[d][i] = post[d]·o + Σ_s C[d][s]·X[s][i]. */
@@ -138,7 +140,9 @@ __global__ void __launch_bounds__(HCF_THREADS)
         float *xt = X + (uint64_t) t * W;
         uint32_t base = b * HCF_SLICE;
 
-        /* the weights first (a lane's loads all in flight before the first use) */
+        cu_pdl_trigger();
+        /* the weights first (a lane's loads all in flight before the first use, and before the
+         * wait for the previous kernel: they overlap its tail) */
         uint32_t iw = base + 8 * lane; /* this lane's eight positions */
         float wv[RPW][N][8];
 #pragma unroll
@@ -154,6 +158,7 @@ __global__ void __launch_bounds__(HCF_THREADS)
                                            s * H + iw, wv[k][s]);
                 }
 
+        cu_pdl_wait();
         /* the previous sublayer's post-mapping of position base + tid (spec §3.1), its streams
          * into shared memory, and its square sum (streams in order) */
         uint32_t i = base + tid;
@@ -284,19 +289,21 @@ extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, flo
         cu_launches++;
         switch (a->fn_type) {
         case CU_TYPE_BF16:
-                k_hc_fused<CU_TYPE_BF16><<<grid, HCF_THREADS, smem, s>>>(*a, *p, X, hcp, out);
+                cu_launch(k_hc_fused<CU_TYPE_BF16>, grid, HCF_THREADS, smem, s, *a, *p, X, hcp, out);
                 break;
         case CU_TYPE_F16:
-                k_hc_fused<CU_TYPE_F16><<<grid, HCF_THREADS, smem, s>>>(*a, *p, X, hcp, out);
+                cu_launch(k_hc_fused<CU_TYPE_F16>, grid, HCF_THREADS, smem, s, *a, *p, X, hcp, out);
                 break;
         default:
-                k_hc_fused<CU_TYPE_F32><<<grid, HCF_THREADS, smem, s>>>(*a, *p, X, hcp, out);
+                cu_launch(k_hc_fused<CU_TYPE_F32>, grid, HCF_THREADS, smem, s, *a, *p, X, hcp, out);
                 break;
         }
 }
 
 __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
                           uint32_t n_hc) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         uint32_t t = blockIdx.y;
         uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
         if (i >= H)
@@ -310,11 +317,13 @@ extern "C" void cu_hc_post(float *X, const float *hcp, const struct cu_post *pos
                 return;
         dim3 grid((H + 255) / 256, T);
         cu_launches++;
-        k_hc_post<<<grid, 256, 0, s>>>(X, hcp, *post, H, n_hc);
+        cu_launch(k_hc_post, grid, 256, 0, s, X, hcp, *post, H, n_hc);
 }
 
 __global__ void k_head_norm(const float *X, const int32_t *rows, uint32_t H, uint32_t n_hc,
                             const float *norm_w, float eps, float *out) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         extern __shared__ float h[];
         __shared__ float red[32];
         uint32_t r = blockIdx.x;
@@ -340,5 +349,5 @@ extern "C" void cu_head_norm(const float *X, const int32_t *rows, uint32_t R, ui
         if (R == 0)
                 return;
         cu_launches++;
-        k_head_norm<<<R, 256, H * sizeof(float), s>>>(X, rows, H, n_hc, norm_w, eps, out);
+        cu_launch(k_head_norm, R, 256, H * sizeof(float), s, X, rows, H, n_hc, norm_w, eps, out);
 }

@@ -10,6 +10,7 @@
 #include "common.cuh"
 
 unsigned long long cu_launches;
+bool cu_pdl;
 
 template <typename CT>
 static __device__ __forceinline__ float cu_ld(const CT *p);
@@ -44,6 +45,8 @@ template <typename CT>
 __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, const float *q_a_norm,
                            const float *kv_a_norm, float eps, const double *inv_freq,
                            bool interleave, struct cu_cache c, uint32_t layer) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         __shared__ float red[32];
         uint32_t t = blockIdx.x;
         float *row = qkv + (uint64_t) t * (QL + KV + R);
@@ -93,11 +96,9 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
                 return;
         cu_launches++;
         if (c->f16)
-                k_mla_prep<__half><<<T, 256, 0, s>>>(qkv, QL, KV, R, q_a_norm, kv_a_norm, eps,
-                                                     inv_freq, interleave, *c, layer);
+                cu_launch(k_mla_prep<__half>, T, 256, 0, s, qkv, QL, KV, R, q_a_norm, kv_a_norm, eps, inv_freq, interleave, *c, layer);
         else
-                k_mla_prep<float><<<T, 256, 0, s>>>(qkv, QL, KV, R, q_a_norm, kv_a_norm, eps,
-                                                    inv_freq, interleave, *c, layer);
+                cu_launch(k_mla_prep<float>, T, 256, 0, s, qkv, QL, KV, R, q_a_norm, kv_a_norm, eps, inv_freq, interleave, *c, layer);
 }
 
 /* spec §4.1: RoPE of q_pe into the query rows: qc holds per (token, head) a row of D = KV + R
@@ -105,6 +106,8 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
 __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_t R, uint32_t KV,
                          const double *inv_freq, bool interleave, const uint32_t *tok_pos,
                          float *qc) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2;
 #pragma unroll 4
         for (uint32_t e = threadIdx.x; e < n_head * half; e += blockDim.x) {
@@ -121,8 +124,7 @@ extern "C" void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *t
         if (T == 0)
                 return;
         cu_launches++;
-        k_q_rope<<<T, 256, 0, s>>>(a->q, a->n_head, a->nope, a->R, a->KV, a->inv_freq,
-                                   a->interleave, tok_pos, a->qc);
+        cu_launch(k_q_rope, T, 256, 0, s, a->q, a->n_head, a->nope, a->R, a->KV, a->inv_freq, a->interleave, tok_pos, a->qc);
 }
 
 /* Attention over one part (≤ CU_ATTN_PART positions of the cache) for a group of HG heads of one
@@ -177,6 +179,8 @@ template <int HG, int TH, typename CT>
 __global__ void __launch_bounds__((HG / TH) * ATT_JS)
         k_attn_part(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                     uint32_t layer, float *part) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         constexpr int NT = (HG / TH) * ATT_JS, TJ = 2;
         __shared__ float sC[ATT_KC][CU_ATTN_PART + 1]; /* cache chunk, [k][position] */
         __shared__ float sQ[ATT_KC][HG];               /* query chunk, [k][head] */
@@ -339,6 +343,22 @@ __device__ __forceinline__ void cu_ld32<__half>(const __half *p, bool vec, float
         }
 }
 
+/* 4 consecutive cache values (row offsets and k multiples of 4): one 16-byte (f32) or 8-byte
+ * (f16) load instead of four. */
+template <typename CT>
+static __device__ __forceinline__ void cu_ld4(const CT *p, float *v);
+template <>
+__device__ __forceinline__ void cu_ld4<float>(const float *p, float *v) {
+        float4 f = *(const float4 *) p;
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+template <>
+__device__ __forceinline__ void cu_ld4<__half>(const __half *p, float *v) {
+        uint2 u = *(const uint2 *) p;
+        float2 a = __half22float2(*(const __half2 *) &u.x), b = __half22float2(*(const __half2 *) &u.y);
+        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+}
+
 /* k_attn_dec's layout: one lane per ATT_KC = 32-value chunk in phase A, four sub-part lanes per
  * output value in phase C (lane / 8); a different part or chunk size needs a different layout. */
 static_assert(ATT_KC == 32 && CU_ATTN_PART == 4 * ATT_SUB,
@@ -353,6 +373,8 @@ template <int HG, typename CT>
 __global__ void __launch_bounds__(ATT_DEC_THREADS)
         k_attn_dec(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                    uint32_t layer, float *part) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         __shared__ float sQ[HG][32 * (ATT_KC + 1)]; /* query, chunk c at c·33 (bank spread) */
         __shared__ float sP[HG][ATT_DEC_STRIDE];
         __shared__ uint64_t roff[CU_ATTN_PART];
@@ -367,7 +389,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
         uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
         constexpr uint32_t NW = ATT_DEC_THREADS / 32;
         const float *qrow = a.qc + (uint64_t) t * n_head * D;
-        bool vec = D % 8 == 0;
+        bool vec = D % 8 == 0, vec4 = D % 4 == 0;
 
         for (uint32_t e = tid; e < HG * nch * ATT_KC; e += ATT_DEC_THREADS) {
                 uint32_t hh = e / (nch * ATT_KC), r = e % (nch * ATT_KC);
@@ -439,10 +461,15 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
 #pragma unroll 8
                         for (uint32_t j = j0; j < je; j++) {
                                 float cv[4];
+                                if (vec4 && k + 4 <= KV) {
+                                        cu_ld4<CT>(cache + roff[j] + k, cv);
+                                } else {
 #pragma unroll
-                                for (int e = 0; e < 4; e++)
-                                        cv[e] = k + e < KV ? cu_ld<CT>(cache + roff[j] + k + e)
-                                                           : 0.0f;
+                                        for (int e = 0; e < 4; e++)
+                                                cv[e] = k + e < KV
+                                                                ? cu_ld<CT>(cache + roff[j] + k + e)
+                                                                : 0.0f;
+                                }
                                 uint32_t js = j + j / ATT_SUB * ATT_DEC_PAD;
 #pragma unroll
                                 for (int x = 0; x < HG; x++) {
@@ -469,6 +496,8 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
 /* Fold the parts of each (token, head) in part order. */
 __global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t n_head,
                                uint32_t KV, const uint32_t *tok_pos, float *out) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
         uint32_t n_parts = tok_pos[t] / CU_ATTN_PART + 1;
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
@@ -495,9 +524,9 @@ static void attn_launch(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32
         constexpr int NT = (HG / TH) * ATT_JS;
         cu_launches++;
         if (c->f16)
-                k_attn_part<HG, TH, __half><<<grid, NT, 0, s>>>(*a, t0, max_parts, *c, layer, part);
+                cu_launch(k_attn_part<HG, TH, __half>, grid, NT, 0, s, *a, t0, max_parts, *c, layer, part);
         else
-                k_attn_part<HG, TH, float><<<grid, NT, 0, s>>>(*a, t0, max_parts, *c, layer, part);
+                cu_launch(k_attn_part<HG, TH, float>, grid, NT, 0, s, *a, t0, max_parts, *c, layer, part);
 }
 
 template <int HG>
@@ -507,11 +536,9 @@ static void attn_launch_dec(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
         dim3 grid(max_parts, (a->n_head + HG - 1) / HG, n);
         cu_launches++;
         if (c->f16)
-                k_attn_dec<HG, __half><<<grid, ATT_DEC_THREADS, 0, s>>>(*a, t0, max_parts, *c,
-                                                                        layer, part);
+                cu_launch(k_attn_dec<HG, __half>, grid, ATT_DEC_THREADS, 0, s, *a, t0, max_parts, *c, layer, part);
         else
-                k_attn_dec<HG, float><<<grid, ATT_DEC_THREADS, 0, s>>>(*a, t0, max_parts, *c,
-                                                                       layer, part);
+                cu_launch(k_attn_dec<HG, float>, grid, ATT_DEC_THREADS, 0, s, *a, t0, max_parts, *c, layer, part);
 }
 
 extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
@@ -542,6 +569,5 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         else
                 attn_launch_dec<2>(a, t0, n, max_parts, c, layer, part, s);
         cu_launches++;
-        k_attn_combine<<<dim3(n, a->n_head), 256, 0, s>>>(part, t0, max_parts, a->n_head, a->KV,
-                                                        c->tok_pos, out);
+        cu_launch(k_attn_combine, dim3(n, a->n_head), 256, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
 }

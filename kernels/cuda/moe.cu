@@ -12,6 +12,8 @@
 #define ROUTER_PER_LANE (ROUTER_MAX_EXPERTS / 32)
 
 __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wout) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         uint32_t t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
         if (t >= T)
                 return;
@@ -112,7 +114,7 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
         };
         cu_matvec(&mv, s);
         cu_launches++;
-        k_route<<<(T + 7) / 8, 256, 0, s>>>(*a, T, sel, w); /* 8 tokens (warps) a block */
+        cu_launch(k_route, (T + 7) / 8, 256, 0, s, *a, T, sel, w); /* 8 tokens (warps) a block */
 }
 
 /* One block: expert e's thread counts its pairs, a serial prefix places the experts, and each
@@ -127,6 +129,8 @@ extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
 
 __global__ void __launch_bounds__(GROUP_THREADS)
         k_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
+        cu_pdl_trigger();
+        cu_pdl_wait();
         __shared__ int32_t ss[GROUP_MAX_PAIRS];
         __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS];
         uint32_t e = threadIdx.x;
@@ -172,6 +176,6 @@ extern "C" uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids,
         if (P == 0 || P > GROUP_MAX_PAIRS || n_ids > GROUP_THREADS)
                 return 0;
         cu_launches++;
-        k_moe_group<<<1, GROUP_THREADS, 0, s>>>(sel, P, n_ids, groups);
+        cu_launch(k_moe_group, 1, GROUP_THREADS, 0, s, sel, P, n_ids, groups);
         return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
 }
