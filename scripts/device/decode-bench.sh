@@ -43,6 +43,16 @@ if has profile; then
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
                 --batch 1 --decode-tokens 16 --repeats 1 --profile 2>&1 | tee "$out/profile.txt"
 fi
+if has pdloff; then
+        say "decode bench without programmatic dependent launch"
+        X4_CUDA_PDL=0 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                --decode-ctx 512 --batch 1 --decode-tokens 32 --repeats 3 2>&1 | grep "^decode"
+fi
+if has b32k; then
+        say "decode bench 32K batch 1"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 32768 \
+                --batch 1 --decode-tokens 32 --repeats 3 --json 2>&1 | tee "$out/bench32k.jsonl" | grep '"decode"'
+fi
 if has nograph; then
         say "decode bench without graphs"
         X4_CUDA_GRAPHS=0 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
