@@ -29,8 +29,8 @@
 /* GROUPED: blockIdx.y is a tile of a.groups (cu_moe_group): up to TP pairs of one expert. */
 template <int TYPE, int TP, int NR, bool GROUPED>
 __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         __shared__ float iq4[16];
         __shared__ float xs[TP][MV_TILE_CHUNKS * MV_TILE_STRIDE];
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -207,7 +207,6 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
         const int32_t *perm = NULL;
         int32_t expert = 0;
-        cu_pdl_trigger();
         if (a.sel)
                 cu_pdl_wait(); /* the expert ids come from the router kernel */
         if (GROUPED) {
@@ -264,6 +263,7 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                         /* the first weights are in flight: now the inputs (written by the
                          * previous kernel) */
                         cu_pdl_wait();
+                        cu_pdl_trigger();
 #pragma unroll
                         for (int t = 0; t < TP; t++)
                                 if ((uint32_t) t < n_p && e4 < a.K)
@@ -390,8 +390,8 @@ static __device__ __forceinline__ float cu_value(const uint8_t *row, uint32_t k)
 
 template <int TYPE, int TP>
 __global__ void __launch_bounds__(MV_FEW_WARPS * 32) k_matvec_few(struct cu_mv a) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         __shared__ float part[MV_FEW_WARPS][TP];
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t r = blockIdx.x, p0 = blockIdx.y * TP;

@@ -9,8 +9,8 @@
 
 __global__ void k_embed(const uint8_t *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids,
                         uint32_t H, uint32_t n_hc, float *X) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         uint32_t t = blockIdx.y;
         uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
         if (c >= H / CU_CHUNK)
@@ -140,7 +140,6 @@ __global__ void __launch_bounds__(HCF_THREADS)
         float *xt = X + (uint64_t) t * W;
         uint32_t base = b * HCF_SLICE;
 
-        cu_pdl_trigger();
         /* the weights first (a lane's loads all in flight before the first use, and before the
          * wait for the previous kernel: they overlap its tail) */
         uint32_t iw = base + 8 * lane; /* this lane's eight positions */
@@ -159,6 +158,7 @@ __global__ void __launch_bounds__(HCF_THREADS)
                 }
 
         cu_pdl_wait();
+        cu_pdl_trigger();
         /* the previous sublayer's post-mapping of position base + tid (spec §3.1), its streams
          * into shared memory, and its square sum (streams in order) */
         uint32_t i = base + tid;
@@ -302,8 +302,8 @@ extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, flo
 
 __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
                           uint32_t n_hc) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         uint32_t t = blockIdx.y;
         uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
         if (i >= H)
@@ -322,8 +322,8 @@ extern "C" void cu_hc_post(float *X, const float *hcp, const struct cu_post *pos
 
 __global__ void k_head_norm(const float *X, const int32_t *rows, uint32_t H, uint32_t n_hc,
                             const float *norm_w, float eps, float *out) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         extern __shared__ float h[];
         __shared__ float red[32];
         uint32_t r = blockIdx.x;

@@ -45,8 +45,8 @@ template <typename CT>
 __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, const float *q_a_norm,
                            const float *kv_a_norm, float eps, const double *inv_freq,
                            bool interleave, struct cu_cache c, uint32_t layer) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         __shared__ float red[32];
         uint32_t t = blockIdx.x;
         float *row = qkv + (uint64_t) t * (QL + KV + R);
@@ -106,8 +106,8 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
 __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_t R, uint32_t KV,
                          const double *inv_freq, bool interleave, const uint32_t *tok_pos,
                          float *qc) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2;
 #pragma unroll 4
         for (uint32_t e = threadIdx.x; e < n_head * half; e += blockDim.x) {
@@ -179,8 +179,8 @@ template <int HG, int TH, typename CT>
 __global__ void __launch_bounds__((HG / TH) * ATT_JS)
         k_attn_part(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                     uint32_t layer, float *part) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         constexpr int NT = (HG / TH) * ATT_JS, TJ = 2;
         __shared__ float sC[ATT_KC][CU_ATTN_PART + 1]; /* cache chunk, [k][position] */
         __shared__ float sQ[ATT_KC][HG];               /* query chunk, [k][head] */
@@ -373,8 +373,8 @@ template <int HG, typename CT>
 __global__ void __launch_bounds__(ATT_DEC_THREADS)
         k_attn_dec(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                    uint32_t layer, float *part) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         __shared__ float sQ[HG][32 * (ATT_KC + 1)]; /* query, chunk c at c·33 (bank spread) */
         __shared__ float sP[HG][ATT_DEC_STRIDE];
         __shared__ uint64_t roff[CU_ATTN_PART];
@@ -496,8 +496,8 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
 /* Fold the parts of each (token, head) in part order. */
 __global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t n_head,
                                uint32_t KV, const uint32_t *tok_pos, float *out) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
         uint32_t n_parts = tok_pos[t] / CU_ATTN_PART + 1;
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);

@@ -12,8 +12,8 @@
 #define ROUTER_PER_LANE (ROUTER_MAX_EXPERTS / 32)
 
 __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wout) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         uint32_t t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
         if (t >= T)
                 return;
@@ -129,8 +129,8 @@ extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
 
 __global__ void __launch_bounds__(GROUP_THREADS)
         k_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
-        cu_pdl_trigger();
         cu_pdl_wait();
+        cu_pdl_trigger();
         __shared__ int32_t ss[GROUP_MAX_PAIRS];
         __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS];
         uint32_t e = threadIdx.x;

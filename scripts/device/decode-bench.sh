@@ -46,7 +46,18 @@ fi
 if has pdloff; then
         say "decode bench without programmatic dependent launch"
         X4_CUDA_PDL=0 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
-                --decode-ctx 512 --batch 1 --decode-tokens 32 --repeats 3 2>&1 | grep "^decode"
+                --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 \
+                --json 2>&1 | tee "$out/bench-pdloff.jsonl" | grep '"decode"'
+fi
+if has peer; then
+        # llama.cpp's xing4_0 port (the kit copied into .devcarry/llamacpp; built by the caller
+        # in the background) on the same file
+        say "waiting for the llama.cpp build"
+        wait
+        kit=$PWD/.devcarry/llamacpp/llamacpp-xing4-kit
+        tail -3 "$out/llama-build.log"
+        "$kit/run-bench.sh" "$model" "$kit/build-cuda" "$out/peer" 2>&1 | tail -12
+        cp "$out/peer/bench.jsonl" "$out/peer-bench.jsonl" 2>/dev/null
 fi
 if has b32k; then
         say "decode bench 32K batch 1"
