@@ -11,6 +11,10 @@ has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
 say() { echo "=== $(date -u +%T) $*"; }
 build=$PWD/build-gpu
 export X4_COMMIT=${X4_COMMIT:-unknown}
+if has peer; then
+        ( cd .devcarry/llamacpp && tar -xJf src.tar.xz && cd llamacpp-xing4-kit &&
+                JOBS=12 ./build-cuda.sh ./build-cuda ) >"$out/llama-build.log" 2>&1 &
+fi
 if [ ! -f "$build/build.ninja" ]; then
         meson setup "$build" -Drpc=disabled -Dgpu_archs=90 -Dcuda=enabled --buildtype=release \
                 >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
