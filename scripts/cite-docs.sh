@@ -33,12 +33,26 @@ SKIP = ("docs/", "tests/fixtures/chat-templates/", "tests/compat/node_modules/",
         "scripts/cite-docs.sh", "tests/docs/check_docs.py")
 
 
+RULER = re.compile(r"-{8,}")
+
+
 def rewrite(text):
-    n = 0
-    text, k = SPEC.subn("docs/model.md §", text)
-    n += k
-    text, k = DESIGN.subn("docs/design.md", text)
-    return text, n + k
+    """The replacements in text, and how many. A line that grows and holds a ruler of dashes
+    (`/* ---- name ----- */`) gives the growth back from the ruler, so rulers keep their width."""
+    out, n = [], 0
+    for line in text.splitlines(keepends=True):
+        new, k = SPEC.subn("docs/model.md §", line)
+        new, k2 = DESIGN.subn("docs/design.md", new)
+        grow = len(new) - len(line)
+        if grow > 0:
+            m = None
+            for m in RULER.finditer(new):
+                pass
+            if m and len(m.group(0)) - grow >= 4:
+                new = new[:m.start()] + "-" * (len(m.group(0)) - grow) + new[m.end():]
+        out.append(new)
+        n += k + k2
+    return "".join(out), n
 
 
 def c_like(src, rel, literals):

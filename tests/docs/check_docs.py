@@ -141,10 +141,18 @@ def model_sections():
     p = os.path.join(ROOT, "docs", "model.md")
     if not os.path.exists(p):
         return secs
+    top = None
     for line in read("docs/model.md").split("\n"):
         m = re.match(r"^#{2,4}\s+(\d+(?:\.\d+)*)[.\s]", line)
         if m:
             secs.add(m.group(1))
+            top = m.group(1).split(".")[0]
+        elif line.startswith("#"):
+            top = None
+        # an item of a section's numbered list counts too: §11.6 is pitfall 6 of §11
+        m = re.match(r"^(\d+)\. ", line)
+        if m and top:
+            secs.add(f"{top}.{m.group(1)}")
     return secs
 
 
