@@ -12,13 +12,15 @@
 #     --strings   rewrite C string literals too
 # Prints one line per changed file and the total number of replacements.
 set -euo pipefail
-exec python3 - "$@" <<'PYEOF'
+X4_SCRIPTS=$(cd "$(dirname "$0")" && pwd) exec python3 - "$@" <<'PYEOF'
 import io
 import os
 import re
-import subprocess
 import sys
 import tokenize
+
+sys.path.insert(0, os.environ["X4_SCRIPTS"])
+from repofiles import repo_files  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 dry = "--dry-run" in sys.argv
@@ -143,15 +145,7 @@ def hash_comments(src):
 
 
 def files():
-    try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard"],
-                             capture_output=True, text=True, check=True).stdout.split("\n")
-    except (OSError, subprocess.CalledProcessError):
-        out = []
-        for d, dirs, names in os.walk(root):
-            dirs[:] = [x for x in dirs if not x.startswith((".git", "build")) and x != "node_modules"]
-            out += [os.path.relpath(os.path.join(d, x), root) for x in names]
-    return sorted(f for f in out if f and not f.startswith(SKIP) and os.path.isfile(os.path.join(root, f)))
+    return [f for f in repo_files(root) if not f.startswith(SKIP)]
 
 
 total, changed, literals = 0, 0, []

@@ -10,8 +10,10 @@ count. Files are the git-tracked and untracked-not-ignored *.c, *.h, *.cu, *.cuh
 below ROOT outside a git checkout), without tests/fixtures and build folders."""
 import os
 import re
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from repofiles import repo_files  # noqa: E402
 
 top = 10
 args = sys.argv[1:]
@@ -23,15 +25,7 @@ EXT = (".c", ".h", ".cu", ".cuh")
 
 
 def sources():
-    try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard"],
-                             capture_output=True, text=True, check=True).stdout.split("\n")
-    except (OSError, subprocess.CalledProcessError):
-        out = []
-        for d, dirs, names in os.walk(root):
-            dirs[:] = [x for x in dirs if not x.startswith((".git", "build"))]
-            out += [os.path.relpath(os.path.join(d, x), root) for x in names]
-    return sorted(f for f in out if f.endswith(EXT) and not f.startswith("tests/fixtures/"))
+    return [f for f in repo_files(root) if f.endswith(EXT) and not f.startswith("tests/fixtures/")]
 
 
 def strip(src):

@@ -11,11 +11,9 @@ Checks, over the source tree given as the one argument (default: this file's rep
   5. nothing in the tree refers to a path outside it (the sibling shared/ folder of the
      development setup, or its absolute location).
 Prints one line per problem (file:line: what) and exits 1 if there is any."""
-import fnmatch
 import glob
 import os
 import re
-import subprocess
 import sys
 
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
@@ -31,6 +29,9 @@ OUTSIDE = re.compile(r"(\.\./)+" + "shared/|/work/" + r"(shared|main|wt)\b|(?<![
 # The GPU scripts may name the optional peer kit beside the checkout (never needed to run).
 OUTSIDE_ALLOWED = re.compile(r"peers/")
 
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from repofiles import repo_files  # noqa: E402  (scripts/repofiles.py)
+
 problems = []
 
 
@@ -39,17 +40,7 @@ def problem(path, line, what):
 
 
 def tracked_files():
-    try:
-        out = subprocess.run(["git", "-C", ROOT, "ls-files", "-co", "--exclude-standard"],
-                             capture_output=True, text=True, check=True).stdout.split("\n")
-        files = [f for f in out if f and os.path.isfile(os.path.join(ROOT, f))]
-    except (OSError, subprocess.CalledProcessError):
-        files = []
-        for d, dirs, names in os.walk(ROOT):
-            rel = os.path.relpath(d, ROOT)
-            dirs[:] = [x for x in dirs if not x.startswith((".git", "build")) and x != "node_modules"]
-            files += [os.path.normpath(os.path.join(rel, n)) for n in names]
-    return sorted(f for f in files if not f.startswith(SKIP_DIRS))
+    return [f for f in repo_files(ROOT) if not f.startswith(SKIP_DIRS)]
 
 
 def read(rel):
