@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """The repository's files, for the maintenance scripts and the docs check: what git tracks plus
-what it does not ignore; without git (the Debian build's scratch copy of the tree) every file
-below the root except build trees, the copied debian/ folder and node_modules."""
+what it does not ignore; when the root is not the top of a git checkout (the Debian build's
+scratch copy of the tree) every file below it except build trees, the copied debian/ folder and
+node_modules."""
 import os
 import subprocess
 
@@ -14,6 +15,12 @@ def _is_build_dir(path, name):
 def repo_files(root):
     """Relative paths of the regular files of the tree at root, sorted."""
     try:
+        # root must be the checkout's top: a copy of the tree inside another checkout (an
+        # ignored scratch folder) would list nothing
+        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        if not os.path.samefile(top, root):
+            raise OSError("not the top of a git checkout")
         out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard"],
                              capture_output=True, text=True, check=True).stdout.split("\n")
     except (OSError, subprocess.CalledProcessError):

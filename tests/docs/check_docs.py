@@ -171,13 +171,12 @@ def main():
         problem("docs/model.md", 0, "missing, or has no numbered sections")
     if not heads:
         problem("docs/design.md", 0, "missing, or has no headings")
-    self_rel = os.path.relpath(os.path.abspath(__file__), ROOT)
     for rel in files:
         if not rel.endswith(TEXT_EXT) and os.path.basename(rel) not in ("README", "rules", "run"):
             continue
         if rel.endswith(".md"):
             check_markdown(rel)
-        if rel in (self_rel, "scripts/cite-docs.sh"):
+        if rel in ("tests/docs/check_docs.py", "scripts/cite-docs.sh"):  # they name the patterns
             continue
         text = read(rel)
         check_citations(rel, text, secs, heads)
