@@ -19,6 +19,7 @@ static void usage(FILE *f) {
               "  --out PATH           the .gguf to write (required)\n"
               "  --config-out PATH    config.json to write (default: config.json next to the gguf;\n"
               "                       \"\" for none)\n"
+              "  --force              replace an existing config.json that x4-mkmodel did not write\n"
               "  --header-only        header + ftruncate to the full size (sparse file)\n"
               "  --threads N          writer threads (default: all CPUs)\n"
               "  --quiet              no progress on stderr\n"
@@ -60,7 +61,7 @@ int main(int argc, char **argv) {
                 ARG_QUIET, ARG_HIDDEN, ARG_LAYERS, ARG_DENSE, ARG_NEXTN, ARG_HEADS, ARG_Q_LORA,
                 ARG_KV_LORA, ARG_QK_NOPE, ARG_QK_ROPE, ARG_V_HEAD, ARG_FF, ARG_EXPERTS,
                 ARG_EXPERTS_USED, ARG_SHARED, ARG_EXPERT_FF, ARG_VOCAB, ARG_CTX, ARG_ATTN_TYPE,
-                ARG_FFN_TYPE, ARG_OUTPUT_TYPE,
+                ARG_FFN_TYPE, ARG_OUTPUT_TYPE, ARG_FORCE,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -68,6 +69,7 @@ int main(int argc, char **argv) {
                 { "seed", required_argument, NULL, ARG_SEED },
                 { "out", required_argument, NULL, ARG_OUT },
                 { "config-out", required_argument, NULL, ARG_CONFIG_OUT },
+                { "force", no_argument, NULL, ARG_FORCE },
                 { "header-only", no_argument, NULL, ARG_HEADER_ONLY },
                 { "threads", required_argument, NULL, ARG_THREADS },
                 { "quiet", no_argument, NULL, ARG_QUIET },
@@ -132,6 +134,9 @@ int main(int argc, char **argv) {
                         break;
                 case ARG_CONFIG_OUT:
                         o.config_out = optarg;
+                        break;
+                case ARG_FORCE:
+                        o.force_config = true;
                         break;
                 case ARG_HEADER_ONLY:
                         o.header_only = true;

@@ -768,13 +768,18 @@ static int add_metadata(const struct x4_mkmodel_shape *s, uint64_t seed, struct 
 
 /* ---- config.json (HF style, like tests/fixtures/xing4-tiny-a/config.json) -------------------- */
 
-static int write_config_json(const struct x4_mkmodel_shape *s, const char *path) {
-        _cleanup_fclose_ FILE *f = fopen(path, "we");
+/* The marker that says x4-mkmodel wrote a config.json (transformers ignores unknown keys; so
+ * does xing4d's reader). */
+#define CONFIG_MARKER "\"generated_by\": \"x4-mkmodel\""
 
-        if (!f)
-                return log_error_errno(errno, "%s: cannot create: %m", path);
-        fprintf(f,
+/* The text of the config.json for shape s; without the marker line when `marker` is false (what
+ * x4-mkmodel wrote before the marker existed). NULL when out of memory. */
+static char *config_json_text(const struct x4_mkmodel_shape *s, bool marker) {
+        char *text;
+
+        if (asprintf(&text,
                 "{\n"
+                "%s"
                 "  \"architectures\": [\n    \"Xing4_0ForCausalLM\"\n  ],\n"
                 "  \"model_type\": \"xing4_0\",\n"
                 "  \"hidden_size\": %u,\n"
@@ -805,12 +810,68 @@ static int write_config_json(const struct x4_mkmodel_shape *s, const char *path)
                 "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"pad_token_id\": 3,\n"
                 "  \"torch_dtype\": \"bfloat16\"\n"
                 "}\n",
+                marker ? "  " CONFIG_MARKER ",\n" : "",
                 s->n_embd, s->n_layer, s->n_nextn, s->n_dense, s->n_ff, s->n_ff_exp, s->n_expert,
                 s->n_expert_used, s->n_expert_shared, s->n_head, s->n_head, s->q_lora_rank,
                 s->kv_lora_rank, s->qk_nope, s->qk_rope, s->v_head, (double) s->n_ctx / YARN_ORIG_CTX,
-                YARN_ORIG_CTX, s->n_ctx, s->n_vocab, X4_HC_MAX);
+                YARN_ORIG_CTX, s->n_ctx, s->n_vocab, X4_HC_MAX) < 0)
+                return NULL;
+        return text;
+}
+
+/* The daemon reads the config.json next to a model, so one file serves every model of its folder:
+ * replacing the release's config.json next to a real checkpoint would stop that checkpoint from
+ * loading. So an existing file is replaced only when x4-mkmodel wrote it (it carries the marker,
+ * or it is byte-identical to what an x4-mkmodel without the marker wrote for this shape), or when
+ * told (`force`). Checked before the GGUF is written, so a refusal costs nothing. */
+static int check_config_overwrite(const char *path, const struct x4_mkmodel_shape *s, bool force) {
+        _cleanup_fclose_ FILE *f = NULL;
+        _cleanup_free_ char *old = NULL, *legacy = NULL;
+        struct stat st;
+        size_t size = 0;
+
+        if (force)
+                return 0;
+        f = fopen(path, "re");
+        if (!f) {
+                if (errno == ENOENT)
+                        return 0;
+                return log_error_errno(errno, "%s: cannot read the existing config.json: %m", path);
+        }
+        /* only a regular file can be another model's config (not /dev/null, a pipe, a directory) */
+        if (fstat(fileno(f), &st) < 0)
+                return log_error_errno(errno, "%s: cannot stat the existing config.json: %m", path);
+        if (!S_ISREG(st.st_mode))
+                return 0;
+        /* a config.json is a few KB; read up to 1 MiB, a larger file is not ours */
+        old = malloc((1u << 20) + 1);
+        if (!old)
+                return -ENOMEM;
+        size = fread(old, 1, 1u << 20, f);
+        if (ferror(f))
+                return log_error_errno(errno ? errno : EIO, "%s: cannot read the existing config.json: %m", path);
+        old[size] = 0;
+        if (strlen(old) == size && strstr(old, CONFIG_MARKER))
+                return 0;
+        legacy = config_json_text(s, false);
+        if (!legacy)
+                return -ENOMEM;
+        if (size == strlen(legacy) && memcmp(old, legacy, size) == 0)
+                return 0;
+        return log_error_errno(EEXIST, "%s: exists and was not written by x4-mkmodel (no %s in it), so it "
+                               "may describe another model in that folder; not replaced: --force replaces "
+                               "it, --config-out PATH writes elsewhere, --config-out \"\" writes none",
+                               path, CONFIG_MARKER);
+}
+
+static int write_config_json(const char *text, const char *path) {
+        _cleanup_fclose_ FILE *f = fopen(path, "we");
+
+        if (!f)
+                return log_error_errno(errno, "%s: cannot create: %m", path);
+        fputs(text, f);
         if (fflush(f) != 0 || ferror(f)) {
-                /* the failed write (fprintf's or fflush's) left its errno: ENOSPC, EDQUOT, EIO */
+                /* the failed write (fputs's or fflush's) left its errno: ENOSPC, EDQUOT, EIO */
                 int e = errno > 0 ? errno : EIO;
                 return log_error_errno(e, "%s: write failed: %s", path, strerror(e));
         }
@@ -1096,7 +1157,7 @@ static int check_shape(const struct x4_mkmodel_shape *s) {
 int x4_mkmodel_write(const struct x4_mkmodel_shape *s, const struct x4_mkmodel_options *o) {
         _cleanup_(gguf_writer_freep) struct gguf_writer *w = NULL;
         _cleanup_free_ struct chunk *chunks = NULL;
-        _cleanup_free_ char *config_path = NULL;
+        _cleanup_free_ char *config_path = NULL, *config_text = NULL;
         char *tmp_path = NULL;
         _cleanup_close_ int fd = -1;
         struct plan plan = {};
@@ -1108,6 +1169,25 @@ int x4_mkmodel_write(const struct x4_mkmodel_shape *s, const struct x4_mkmodel_o
         r = check_shape(s);
         if (r < 0)
                 return r;
+        if (!o->config_out) {
+                _cleanup_free_ char *copy = strdup(o->out);
+                if (!copy || asprintf(&config_path, "%s/config.json", dirname(copy)) < 0) {
+                        config_path = NULL;
+                        return -ENOMEM;
+                }
+        } else if (o->config_out[0]) {
+                config_path = strdup(o->config_out);
+                if (!config_path)
+                        return -ENOMEM;
+        }
+        if (config_path) {
+                config_text = config_json_text(s, true);
+                if (!config_text)
+                        return -ENOMEM;
+                r = check_config_overwrite(config_path, s, o->force_config);
+                if (r < 0)
+                        return r;
+        }
         r = gguf_writer_new(&w);
         if (r < 0)
                 return r;
@@ -1191,21 +1271,8 @@ int x4_mkmodel_write(const struct x4_mkmodel_shape *s, const struct x4_mkmodel_o
         free(tmp_path);
         tmp_path = NULL;
 
-        if (!o->config_out) {
-                _cleanup_free_ char *copy = strdup(o->out);
-                if (!copy || asprintf(&config_path, "%s/config.json", dirname(copy)) < 0) {
-                        r = -ENOMEM;
-                        goto out;
-                }
-        } else if (o->config_out[0]) {
-                config_path = strdup(o->config_out);
-                if (!config_path) {
-                        r = -ENOMEM;
-                        goto out;
-                }
-        }
         if (config_path)
-                r = write_config_json(s, config_path);
+                r = write_config_json(config_text, config_path);
 out:
         if (tmp_path) {
                 (void) unlink(tmp_path);

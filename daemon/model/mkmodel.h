@@ -37,6 +37,7 @@ int x4_mkmodel_preset(const char *name, struct x4_mkmodel_shape *ret);
 struct x4_mkmodel_options {
         const char *out;         /* the .gguf to write */
         const char *config_out;  /* config.json to write; NULL: config.json next to `out`; "" none */
+        bool force_config;       /* replace an existing config.json that x4-mkmodel did not write */
         uint64_t seed;
         unsigned threads;        /* 0: one per online CPU */
         bool header_only;        /* header + ftruncate to the full size: a sparse file */
@@ -44,7 +45,8 @@ struct x4_mkmodel_options {
 };
 
 /* Write the model (and its config.json). Every failure is logged naming the path or the shape
- * field at fault. */
+ * field at fault. An existing config.json that x4-mkmodel did not write (it may belong to another
+ * model in that folder) is -EEXIST, checked before anything is written, unless force_config. */
 int x4_mkmodel_write(const struct x4_mkmodel_shape *shape, const struct x4_mkmodel_options *opts);
 
 /* Vocabulary as written to tokenizer.ggml.* (exposed for tests and x4-tokenize fixtures). */

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: MIT
 """Independent float64 reference of the Xing4 (xing4_0) trunk forward pass.
 
-Written only from /work/shared/spec/xing4-model.md sections 3-6 (not from the C or CUDA backends), so
-that a misreading shared by our backends shows up as a disagreement here.
+Written only from the model's specification, docs/model.md sections 3-6 (not from the C or CUDA
+backends), so that a misreading shared by our backends shows up as a disagreement here.
 
     reference.py MODEL.gguf --ids 1,7,3,... --out LOGITS.npy [--comb-transposed] [--no-yarn]
 

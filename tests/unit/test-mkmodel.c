@@ -600,6 +600,80 @@ static void test_cli(void **state) {
         tmp_remove(&t);
 }
 
+/* ---- config.json next to another model ------------------------------------------------------ */
+
+static void write_text(const char *path, const char *text) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        assert_int_equal(fputs(text, f) >= 0, 1);
+        assert_int_equal(fclose(f), 0);
+}
+
+static char *read_text(const char *path) {
+        static char buf[1 << 16];
+        FILE *f = fopen(path, "r");
+        size_t n;
+        assert_non_null(f);
+        n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        return buf;
+}
+
+/* A config.json that x4-mkmodel did not write (the release's, next to a real checkpoint) is not
+ * replaced, and nothing is written, unless --force; its own (marked, or an unmarked one from
+ * before the marker) is rewritten. */
+static void test_config_json_not_replaced(void **state) {
+        static const char foreign[] = "{\"model_type\": \"xing4_0\", \"hidden_size\": 3584}\n";
+        struct x4_mkmodel_shape s;
+        struct x4_mkmodel_options o = { .seed = 1, .threads = 2 };
+        struct tmpdir t;
+        struct stat st;
+        char args[1024], out[4096], legacy[1 << 16];
+
+        (void) state;
+        tmp_make(&t);
+        o.out = t.gguf;
+        assert_int_equal(x4_mkmodel_preset("tiny", &s), 0);
+
+        write_text(t.config, foreign);
+        log_clear_last_error();
+        assert_int_equal(x4_mkmodel_write(&s, &o), -EEXIST);
+        assert_non_null(strstr(log_last_error(), t.config));
+        assert_non_null(strstr(log_last_error(), "was not written by x4-mkmodel"));
+        assert_string_equal(read_text(t.config), foreign);
+        assert_int_equal(stat(t.gguf, &st), -1); /* refused before the model was written */
+        assert_int_equal(errno, ENOENT);
+
+        /* the CLI says how to go on, and --force replaces it */
+        snprintf(args, sizeof args, "--preset tiny --quiet --threads 2 --out %s", t.gguf);
+        assert_int_equal(run_cli(args, out, sizeof out), 1);
+        assert_non_null(strstr(out, "--force replaces it"));
+        assert_string_equal(read_text(t.config), foreign);
+        snprintf(args, sizeof args, "--preset tiny --quiet --threads 2 --force --out %s", t.gguf);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        assert_non_null(strstr(read_text(t.config), "\"generated_by\": \"x4-mkmodel\""));
+
+        /* its own file is rewritten for another shape (the marked one), and one written before
+         * the marker existed (the same bytes without that line) is recognised too */
+        s.n_embd = 512;
+        assert_int_equal(x4_mkmodel_write(&s, &o), 0);
+        assert_non_null(strstr(read_text(t.config), "\"hidden_size\": 512,"));
+        snprintf(legacy, sizeof legacy, "%s", read_text(t.config));
+        char *m = strstr(legacy, "  \"generated_by\": \"x4-mkmodel\",\n");
+        assert_non_null(m);
+        memmove(m, m + strlen("  \"generated_by\": \"x4-mkmodel\",\n"),
+                strlen(m + strlen("  \"generated_by\": \"x4-mkmodel\",\n")) + 1);
+        write_text(t.config, legacy);
+        assert_int_equal(x4_mkmodel_write(&s, &o), 0);
+        assert_non_null(strstr(read_text(t.config), "\"generated_by\": \"x4-mkmodel\""));
+        /* but an edited unmarked file is someone else's */
+        legacy[1] = ' ';
+        write_text(t.config, legacy);
+        assert_int_equal(x4_mkmodel_write(&s, &o), -EEXIST);
+        tmp_remove(&t);
+}
+
 /* ---- the GGUF writer (daemon/model/gguf_writer.h), read back by the reader ------------------- */
 
 static void test_gguf_writer_roundtrip(void **state) {
@@ -730,6 +804,7 @@ int main(void) {
                 cmocka_unit_test(test_full_header_only),
                 cmocka_unit_test(test_bad_shapes),
                 cmocka_unit_test(test_cli),
+                cmocka_unit_test(test_config_json_not_replaced),
                 cmocka_unit_test(test_gguf_writer_roundtrip),
         };
 
