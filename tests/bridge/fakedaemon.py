@@ -7,6 +7,9 @@ What it answers depends on the request:
   - chat whose last message is a tool result: content "It is sunny in Paris." (finish stop)
   - chat with tools: a reasoning chunk, then a finished tool call get_weather {"city": "Paris"}
     (channel TOOL_CALL, finish TOOL_CALLS)
+  - last message "stop-here": "Up to the", finish stop on the stop string "END"
+  - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
+  - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
   - last user message "error-after-start": one content chunk, then Error{INTERNAL}
   - last user message "error-internal": Error{INTERNAL} at once
   - last user message "error-invalid": Error{INVALID_ARGUMENT}
@@ -124,6 +127,23 @@ def decode_generate(g):
     if 4 in g:
         sp = parse(g[4][0])
         out["sampling_fields"] = sorted(sp)
+        names = {1: "temperature", 2: "top_p", 3: "top_k", 4: "min_p", 5: "seed"}
+        out["sampling"] = {names[k]: (round(struct.unpack("<f", v[0])[0], 6) if isinstance(v[0], bytes) else v[0])
+                           for k, v in sp.items() if k in names}
+    if 10 in g:
+        v = g[10][0]
+        out["thinking_budget"] = v - (1 << 64) if v >= 1 << 63 else v
+    if 13 in g:
+        # Constraint {json_object = 1 | json_schema = 2 | tool = 3 {name = 1}}
+        c = parse(g[13][0])
+        if 1 in c:
+            out["constraint"] = {"json_object": bool(c[1][0])}
+        elif 2 in c:
+            out["constraint"] = {"json_schema": json.loads(s(c, 2))}
+        elif 3 in c:
+            out["constraint"] = {"tool": s(parse(c[3][0]), 1, None)}
+        else:
+            out["constraint"] = {}
     return out
 
 
@@ -134,9 +154,9 @@ def chunk(text, channel=CONTENT, tool=None, token=1):
     return body
 
 
-def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42):
+def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42, stop=None):
     usage = fv(1, prompt) + fv(2, cached) + fv(3, completion) + fv(4, reasoning)
-    return fv(1, finish) + fb(2, usage) + fv(5, srid)
+    return fv(1, finish) + fb(2, usage) + (fb(4, stop) if stop else b"") + fv(5, srid)
 
 
 def error(code, msg):
@@ -154,6 +174,14 @@ def script(req):
                 (CHUNK, chunk("", TOOL_CALL, token=5)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
                 (DONE, done(FINISH_TOOL_CALLS))]
+    if last["content"] == "stop-here":
+        return [(CHUNK, chunk("Up to the")), (DONE, done(FINISH_STOP, stop="END"))]
+    if last["content"] == "think-long":
+        return [(CHUNK, chunk("Thinking", REASONING)), (CHUNK, chunk(" on and on", REASONING)),
+                (DONE, done(FINISH_LENGTH, completion=2, reasoning=2))]
+    constraint = req.get("constraint", {})
+    if "json_schema" in constraint or "json_object" in constraint:
+        return [(CHUNK, chunk('{"answer": ')), (CHUNK, chunk('"yes"}')), (DONE, done(FINISH_STOP))]
     if last["content"] == "error-after-start":
         return [(CHUNK, chunk("partial")), (ERROR, error(E_INTERNAL, "scripted failure after the first token"))]
     if last["content"] == "error-internal":
