@@ -1115,7 +1115,8 @@ static void route(struct evhttp_request *req, void *arg) {
  * answers in JSON instead. The path is unknown by then (libevent has dropped the URI), so the
  * error carries both APIs' fields: OpenAI's SDK reads error.message/type/code, Anthropic's
  * type = "error" and error.type/message. Nothing else in this program calls it. */
-void evhttp_send_error(struct evhttp_request *req, int error, const char *reason) {
+__attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_request *req, int error,
+                                                        const char *reason) {
         char msg[256];
         const char *code = "invalid_request", *type = "invalid_request_error";
         if (error == 413) {
