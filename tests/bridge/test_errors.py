@@ -98,8 +98,8 @@ def test_unknown_model_is_404(bridge):
 
 
 def test_unknown_url_and_wrong_method(bridge):
-    st, _, body = bridge.request("GET", "/v1/embeddings")
-    assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/embeddings")
+    st, _, body = bridge.request("GET", "/v1/images/generations")
+    assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/images/generations")
     st, _, body = bridge.request("GET", "/v1/chat/completions")
     assert_openai_error(st, body, 405, "/v1/chat/completions: only POST")
 
