@@ -10,6 +10,8 @@ What it answers depends on the request:
   - last message "stop-here": "Up to the", finish stop on the stop string "END"
   - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
+  - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
+  - last message "slow": one chunk, then waits up to 5 s for a Cancel (Done{CANCELLED}) else ends
   - last user message "error-after-start": one content chunk, then Error{INTERNAL}
   - last user message "error-internal": Error{INTERNAL} at once
   - last user message "error-invalid": Error{INVALID_ARGUMENT}
@@ -97,6 +99,7 @@ STATS, STATS_REPLY, INFO, INFO_REPLY, HEALTH, HEALTH_REPLY, ERROR = 18, 19, 20, 
 CONTENT, REASONING, TOOL_CALL = 0, 1, 2
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_TOOL_CALLS = 1, 2, 3, 4
 E_INVALID, E_INTERNAL = 1, 7
+WAIT_CANCEL = "wait-cancel"  # script step: wait up to N s for a Cancel; one ends it with Done{CANCELLED}
 
 MODEL = fb(1, "xing4_0") + fb(2, "fake xing4d") + fb(3, "fake-fingerprint") + fv(4, 512) + fv(5, 4096)
 
@@ -174,6 +177,10 @@ def script(req):
                 (CHUNK, chunk("", TOOL_CALL, token=5)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
                 (DONE, done(FINISH_TOOL_CALLS))]
+    if last["content"] == "cancelled-elsewhere":
+        return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1))]
+    if last["content"] == "slow":
+        return [(CHUNK, chunk("Slowly")), (WAIT_CANCEL, 5.0), (DONE, done(FINISH_STOP, completion=1))]
     if last["content"] == "stop-here":
         return [(CHUNK, chunk("Up to the")), (DONE, done(FINISH_STOP, stop="END"))]
     if last["content"] == "think-long":
@@ -202,6 +209,24 @@ class Conn(threading.Thread):
         payload = fv(1, rid) + fb(field, body)
         self.sock.sendall(struct.pack(">I", len(payload)) + payload)
 
+    def wait_cancel(self, buf, seconds):
+        """Read frames for up to seconds; (unread bytes, whether a Cancel came)."""
+        import select
+        import time
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if select.select([self.sock], [], [], deadline - time.monotonic())[0]:
+                d = self.sock.recv(65536)
+                if not d:
+                    return buf, False
+                buf += d
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                    n = struct.unpack(">I", buf[:4])[0]
+                    f, buf = parse(buf[4:4 + n]), buf[4 + n:]
+                    if CANCEL in f:
+                        return buf, True
+        return buf, False
+
     def run(self):
         buf = b""
         try:
@@ -229,6 +254,12 @@ class Conn(threading.Thread):
                         with open(self.record, "a") as out:
                             out.write(json.dumps(req) + "\n")
                     for field, body in script(req):
+                        if field == WAIT_CANCEL:
+                            buf, cancelled = self.wait_cancel(buf, body)
+                            if cancelled:
+                                self.send(rid, DONE, done(FINISH_CANCELLED, completion=1))
+                                break
+                            continue
                         self.send(rid, field, body)
                 elif CANCEL in f:
                     pass
