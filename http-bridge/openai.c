@@ -15,6 +15,34 @@
 
 /* ---- errors ------------------------------------------------------------------------------------ */
 
+/* Messages quote what the client sent (and jansson's parse errors the bytes near the fault), cut
+ * to fit: whatever is not well-formed UTF-8 becomes '?', so the error can still be encoded. */
+static void utf8_mend(char *s) {
+        unsigned char *p = (unsigned char *) s;
+        while (*p) {
+                size_t n = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 ? 2 : (*p & 0xF0) == 0xE0 ? 3 : (*p & 0xF8) == 0xF0 ? 4 : 0;
+                bool ok = n > 0;
+                for (size_t i = 1; ok && i < n; i++)
+                        ok = (p[i] & 0xC0) == 0x80;
+                if (ok && n == 2)
+                        ok = *p >= 0xC2;
+                if (ok && n == 3) {
+                        unsigned cp = (unsigned) (p[0] & 0x0F) << 12 | (unsigned) (p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+                        ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+                }
+                if (ok && n == 4) {
+                        unsigned cp = (unsigned) (p[0] & 0x07) << 18 | (unsigned) (p[1] & 0x3F) << 12 |
+                                      (unsigned) (p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+                        ok = cp >= 0x10000 && cp <= 0x10FFFF;
+                }
+                if (!ok) {
+                        *p++ = '?';
+                        continue;
+                }
+                p += n;
+        }
+}
+
 int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *param,
              const char *fmt, ...) {
         va_list ap;
@@ -26,6 +54,8 @@ int api_fail(struct api_error *e, int status, const char *type, const char *code
         va_start(ap, fmt);
         vsnprintf(e->message, sizeof e->message, fmt, ap);
         va_end(ap);
+        utf8_mend(e->message);
+        utf8_mend(e->param);
         return -1;
 }
 

@@ -586,7 +586,7 @@ static json_t *response_object(const char *id, int64_t created, const char *mode
                                const struct x4_done *d) {
         const char *status = !d ? "in_progress" : d->finish_reason == X4_FINISH_LENGTH ? "incomplete"
                 : d->finish_reason == X4_FINISH_CANCELLED ? "cancelled" : "completed";
-        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:n, s:o, s:s, s:O, s:o}", "id", id, "object", "response",
+        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:n, s:o, s:s, s:o, s:o}", "id", id, "object", "response",
                               "created_at", (json_int_t) created, "status", status, "error", "incomplete_details",
                               d && d->finish_reason == X4_FINISH_LENGTH ? json_pack("{s:s}", "reason", "max_output_tokens")
                                                                         : json_null(),

@@ -159,3 +159,10 @@ def test_model_alias_setting(fake, make_bridge):
     b = make_bridge([fake["socket"]], "--model-alias", "gpt-*")
     st, _, body = b.post("/v1/chat/completions", chat("hi", model="gpt-4o"))
     assert st == 200 and body["model"] == "xing4", body
+
+
+def test_parse_error_quoting_bad_utf8_is_still_json(fake_bridge):
+    # jansson's message quotes the bytes near the fault; the error must still encode
+    st, _, body = fake_bridge.post("/v1/chat/completions", b'{"model": "xing4", "messages": "a\\u000\xd0\x9d\xdd\x7f]')
+    e = assert_openai_error(st, body, 400, "not valid JSON")
+    assert e["code"] == "invalid_json"
