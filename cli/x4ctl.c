@@ -503,7 +503,7 @@ static int on_chunk(const struct x4_chunk *ch, void *userdata) {
                 s->any_content = true;
         s->last_channel = ch->channel;
         fflush(stdout);
-        return interrupted ? 1 : 0;
+        return 0; /* Ctrl-C is handled by run_generate's loop, also while no chunk comes */
 }
 
 static void print_done(const struct x4_done *d) {
@@ -521,10 +521,68 @@ static void print_done(const struct x4_done *d) {
         printf("}\n");
 }
 
-/* Run one request to its end; returns an exit code. */
-static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
+/* How a submitted request ended (copied out of the done callback). */
+struct run_end {
+        bool done;
         struct x4_done d;
-        int e = x4_client_generate(c, req, on_chunk, s, &d);
+        char stop[256];
+};
+
+static void on_done(const struct x4_done *d, void *userdata) {
+        struct run_end *end = userdata;
+        end->d = *d;
+        end->d.error_message = NULL;
+        end->d.stop = NULL;
+        if (d->stop) {
+                snprintf(end->stop, sizeof end->stop, "%s", d->stop);
+                end->d.stop = end->stop;
+        }
+        end->done = true;
+}
+
+struct run_ctx {
+        struct gen_state *s;
+        struct run_end end;
+};
+
+static int ctx_chunk(const struct x4_chunk *ch, void *userdata) {
+        return on_chunk(ch, ((struct run_ctx *) userdata)->s);
+}
+
+static void ctx_done(const struct x4_done *d, void *userdata) {
+        on_done(d, &((struct run_ctx *) userdata)->end);
+}
+
+/* Run one request to its end; returns an exit code. The request is submitted and the socket
+ * polled here (not x4_client_generate()), so Ctrl-C cancels it at once, also during a long
+ * prefill when no chunk comes to notice the signal. */
+static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
+        struct run_ctx ctx = { .s = s };
+        uint64_t rid;
+        bool cancel_sent = false;
+        int e = x4_client_submit(c, req, ctx_chunk, ctx_done, &ctx, &rid);
+        while (e >= 0 && !ctx.end.done) {
+                if (interrupted && !cancel_sent) {
+                        (void) x4_client_cancel(c, rid); /* it still ends with a Done */
+                        cancel_sent = true;
+                }
+                struct pollfd pfd = { .fd = x4_client_fd(c), .events = POLLIN };
+                int r = poll(&pfd, 1, arg.response_ms);
+                if (r < 0 && errno == EINTR)
+                        continue;
+                if (r == 0) {
+                        fprintf(stderr, "x4ctl: no reply from the daemon for %d ms (--timeout)\n", arg.response_ms);
+                        (void) x4_client_cancel(c, rid);
+                        return EXIT_TIMEOUT;
+                }
+                if (r < 0 || x4_client_dispatch(c) < 0)
+                        break; /* a broken connection has ended the request (ctx.end) */
+        }
+        if (e >= 0 && ctx.end.done)
+                e = ctx.end.d.status;
+        else if (e >= 0)
+                e = X4_E_IO;
+        const struct x4_done *d = &ctx.end.d;
         if (!s->json && s->any_output)
                 putchar('\n');
         if (e < 0) {
@@ -537,19 +595,19 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 return fail_client(c, e);
         }
         if (s->json)
-                print_done(&d);
+                print_done(d);
         fflush(stdout);
-        if (d.finish_reason == X4_FINISH_CANCELLED) {
-                fprintf(stderr, "x4ctl: cancelled after %u token%s%s\n", d.completion_tokens,
-                        d.completion_tokens == 1 ? "" : "s",
+        if (d->finish_reason == X4_FINISH_CANCELLED) {
+                fprintf(stderr, "x4ctl: cancelled after %u token%s%s\n", d->completion_tokens,
+                        d->completion_tokens == 1 ? "" : "s",
                         interrupted ? " (Ctrl-C)" : " (by x4ctl cancel, or the daemon shutting down)");
                 return interrupted ? EXIT_INTERRUPTED : EXIT_FAIL;
         }
-        if (d.finish_reason == X4_FINISH_LENGTH && !s->any_content && d.reasoning_tokens > 0) {
+        if (d->finish_reason == X4_FINISH_LENGTH && !s->any_content && d->reasoning_tokens > 0) {
                 fprintf(stderr, "x4ctl: the output budget (%u tokens) ran out while the model was still thinking; "
                                 "nothing was answered. Raise --max-tokens, cap the thinking with "
                                 "--thinking-budget N, or turn it off with --no-think (--show-think shows it)\n",
-                        d.completion_tokens);
+                        d->completion_tokens);
                 return EXIT_NO_ANSWER;
         }
         return EXIT_OK;

@@ -57,6 +57,7 @@ struct api_config {
         const char *model_id;       /* the id /v1/models lists */
         char *const *aliases;       /* fnmatch(3) patterns of other names served by it */
         size_t n_aliases;
+        int key;                    /* the API key the request came with (stored responses are its) */
 };
 
 struct api_request {
@@ -131,7 +132,7 @@ int sbuf_add_text(struct sbuf *b, const char *s, size_t n);
 /* ---- Anthropic Messages (anthropic.c) and OpenAI Responses (responses.c) -------------------------- */
 
 int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_error *e);
-int rs_parse(json_t *root, struct api_request *r, struct api_error *e);
+int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e);
 
 /* ---- the answer being built ---------------------------------------------------------------------- */
 
@@ -216,10 +217,10 @@ void rs_stream_error(struct ev_stream *s, const struct api_error *e, struct evbu
 
 /* The bounded store of /v1/responses conversations for previous_response_id (responses.c). */
 void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s);
-/* The stored conversation (borrowed) or NULL. */
-json_t *rs_store_get(const char *id);
-/* Stores conv (+ the answer) under id; steals nothing. */
-void rs_store_put(const char *id, json_t *conv, const struct api_result *res, const char *response_id);
+/* The conversation stored under id by the same API key (borrowed), or NULL. */
+json_t *rs_store_get(const char *id, int key);
+/* Stores conv + the answer under id for key; steals nothing. */
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res);
 void rs_store_clear(void);
 
 /* ---- Server-Sent Events -------------------------------------------------------------------------- */

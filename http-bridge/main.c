@@ -636,7 +636,7 @@ static void ev_answer(struct job *j, const struct x4_done *d) {
                 return send_json(j->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t) d->prompt_tokens),
                                  j->endpoint);
         if (j->kind == API_RESPONSES && j->store && d->finish_reason != X4_FINISH_CANCELLED)
-                rs_store_put(j->idstr, j->conv, &j->res, j->idstr);
+                rs_store_put(j->idstr, j->key, j->conv, &j->res);
         if (!j->stream) {
                 json_t *r = j->kind == API_MESSAGES ? am_response_json(j->idstr, j->model, &j->res, d)
                         : rs_response_json(j->idstr, j->created, j->model, j->echo, &j->res, d);
@@ -751,7 +751,8 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         }
         const char *body = (const char *) evbuffer_pullup(in, -1);
         struct api_request ar;
-        struct api_config ac = { .model_id = served_model, .aliases = cfg.aliases, .n_aliases = cfg.n_aliases };
+        struct api_config ac = { .model_id = served_model, .aliases = cfg.aliases, .n_aliases = cfg.n_aliases,
+                                 .key = key };
         if (api_parse_request(kind, body ? body : "", len, &ac, &ar, &e) < 0)
                 return send_error(req, &e, endpoint);
 

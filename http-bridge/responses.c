@@ -28,6 +28,7 @@
 struct stored {
         struct stored *next;
         char id[64];
+        int key;
         json_t *conv;
         size_t bytes;
         time_t at;
@@ -67,16 +68,15 @@ void rs_store_clear(void) {
                 store_drop_oldest();
 }
 
-json_t *rs_store_get(const char *id) {
+json_t *rs_store_get(const char *id, int key) {
         store_expire();
         for (struct stored *s = store_head; s; s = s->next)
-                if (streq(s->id, id))
+                if (streq(s->id, id) && s->key == key)
                         return s->conv;
         return NULL;
 }
 
-void rs_store_put(const char *id, json_t *conv, const struct api_result *res, const char *response_id) {
-        (void) response_id;
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res) {
         if (store_max_n == 0 || !conv)
                 return;
         json_t *c = json_deep_copy(conv);
@@ -112,6 +112,7 @@ void rs_store_put(const char *id, json_t *conv, const struct api_result *res, co
         s->bytes = strlen(dump) + sizeof *s;
         free(dump);
         snprintf(s->id, sizeof s->id, "%s", id);
+        s->key = key;
         s->conv = c;
         s->at = time(NULL);
         if (store_tail)
@@ -405,7 +406,7 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
         return x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ? OOM(e) : 0;
 }
 
-int rs_parse(json_t *root, struct api_request *r, struct api_error *e) {
+int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) {
         json_int_t iv;
         double v;
         bool set;
@@ -465,14 +466,20 @@ int rs_parse(json_t *root, struct api_request *r, struct api_error *e) {
         if (prev && !json_is_null(prev)) {
                 if (!json_is_string(prev))
                         return api_bad(e, "previous_response_id", "a string expected, got %s", api_type_name(prev));
-                json_t *stored = rs_store_get(json_string_value(prev));
+                json_t *stored = rs_store_get(json_string_value(prev), key);
                 if (!stored)
                         return api_fail(e, 400, "invalid_request_error", "previous_response_not_found",
                                         "previous_response_id",
                                         "previous_response_id: response \"%.100s\" is not stored here (never "
                                         "answered, \"store\": false, or past the store's retention)",
                                         json_string_value(prev));
-                json_array_extend(r->conv, stored);
+                /* a copy: the new input may add calls to the stored turn's last message */
+                json_t *copy = json_deep_copy(stored);
+                if (!copy || json_array_extend(r->conv, copy) < 0) {
+                        json_decref(copy);
+                        return OOM(e);
+                }
+                json_decref(copy);
         }
         json_t *input = json_object_get(root, "input");
         if (!input)

@@ -12,6 +12,7 @@ What it answers depends on the request:
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
   - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
   - last message "slow": one chunk, then waits up to 5 s for a Cancel (Done{CANCELLED}) else ends
+  - last message "silent": the same wait before any chunk (a long prefill)
   - last user message "error-after-start": one content chunk, then Error{INTERNAL}
   - last user message "error-internal": Error{INTERNAL} at once
   - last user message "error-invalid": Error{INVALID_ARGUMENT}
@@ -179,6 +180,8 @@ def script(req):
                 (DONE, done(FINISH_TOOL_CALLS))]
     if last["content"] == "cancelled-elsewhere":
         return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1))]
+    if last["content"] == "silent":
+        return [(WAIT_CANCEL, 5.0), (CHUNK, chunk("Late")), (DONE, done(FINISH_STOP, completion=1))]
     if last["content"] == "slow":
         return [(CHUNK, chunk("Slowly")), (WAIT_CANCEL, 5.0), (DONE, done(FINISH_STOP, completion=1))]
     if last["content"] == "stop-here":

@@ -216,3 +216,30 @@ def test_stream_sequence_numbers_count_up(fake_bridge):
     events = [json.loads(block.split("\ndata: ", 1)[1]) for block in data.strip().split("\n\n")]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+
+
+def test_stored_conversation_is_not_changed_by_a_later_turn(fake, fake_bridge):
+    st, _, first = fake_bridge.post("/v1/responses", resp("hi"))
+    call = {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"}
+    st, _, _ = fake_bridge.post("/v1/responses", resp([call], previous_response_id=first["id"]))
+    assert st == 200
+    assert last_request(fake)["messages"][-1]["tool_calls"][0]["id"] == "c9"
+    st, _, _ = fake_bridge.post("/v1/responses", resp("again", previous_response_id=first["id"]))
+    assert st == 200
+    sent = last_request(fake)["messages"]
+    assert sent[1] == {"role": "assistant", "content": "Hello, world", "reasoning": "Let me think."}
+    assert sent[2] == {"role": "user", "content": "again"}
+
+
+def test_stored_responses_belong_to_their_api_key(fake, make_bridge, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("sk-a\nsk-b\n")
+    b = make_bridge([fake["socket"]], "--api-key-file", str(keys))
+    a = {"Authorization": "Bearer sk-a"}
+    st, _, first = b.post("/v1/responses", resp("hi"), headers=a)
+    assert st == 200, first
+    st, _, _ = b.post("/v1/responses", resp("x", previous_response_id=first["id"]), headers=a)
+    assert st == 200
+    st, _, body = b.post("/v1/responses", resp("x", previous_response_id=first["id"]),
+                         headers={"Authorization": "Bearer sk-b"})
+    assert_openai_error(st, body, 400, "is not stored here", param="previous_response_id")

@@ -73,6 +73,22 @@ def test_ctrl_c_cancels_and_says_so(fake):
     assert "cancelled after 1 token (Ctrl-C)" in err
 
 
+def test_ctrl_c_before_any_output_cancels_at_once(fake):
+    # a long prefill sends nothing: Ctrl-C must not wait for a first chunk
+    before = len(fake["record"].read_text().splitlines()) if fake["record"].exists() else 0
+    p = subprocess.Popen([str(X4CTL), "--socket", fake["socket"], "generate", "silent"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while (len(fake["record"].read_text().splitlines()) if fake["record"].exists() else 0) == before:
+        assert time.monotonic() < deadline, "the request never reached the fake daemon"
+        time.sleep(0.02)
+    t = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 130 and "cancelled after 1 token (Ctrl-C)" in err, (out, err)
+    assert time.monotonic() - t < 3  # not the fake's 5 s wait
+
+
 def test_json_schema_file(fake, tmp_path):
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     f = tmp_path / "schema.json"

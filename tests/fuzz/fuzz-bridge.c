@@ -87,7 +87,7 @@ static void answer(enum api_kind kind, struct api_request *r) {
                 api_result_done(&sres);
         }
         if (kind == API_RESPONSES && r->store)
-                rs_store_put(id, r->conv, &res, id);
+                rs_store_put(id, 0, r->conv, &res);
         api_result_done(&res);
 }
 
