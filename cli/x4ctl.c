@@ -432,6 +432,7 @@ struct gen_state {
         int last_channel;
         bool any_output;
         bool any_content;  /* an answer (content or a tool call) came */
+        bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
 };
@@ -601,9 +602,10 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 fprintf(stderr, "x4ctl: cancelled after %u token%s%s\n", d->completion_tokens,
                         d->completion_tokens == 1 ? "" : "s",
                         interrupted ? " (Ctrl-C)" : " (by x4ctl cancel, or the daemon shutting down)");
-                return interrupted ? EXIT_INTERRUPTED : EXIT_FAIL;
+                /* cancelled from elsewhere: what came is the answer (exit 0), the note says why it is short */
+                return interrupted ? EXIT_INTERRUPTED : EXIT_OK;
         }
-        if (d->finish_reason == X4_FINISH_LENGTH && !s->any_content && d->reasoning_tokens > 0) {
+        if (d->finish_reason == X4_FINISH_LENGTH && !s->any_content && d->reasoning_tokens > 0 && !s->no_think) {
                 fprintf(stderr, "x4ctl: the output budget (%u tokens) ran out while the model was still thinking; "
                                 "nothing was answered. Raise --max-tokens, cap the thinking with "
                                 "--thinking-budget N, or turn it off with --no-think (--show-think shows it)\n",
@@ -666,7 +668,7 @@ static int cmd_generate(int argc, char **argv) {
         r = open_client(&c);
         if (r != 0)
                 goto out;
-        struct gen_state s = { .show_think = o.show_think, .json = arg.json };
+        struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0 };
         r = run_generate(c, o.req, &s);
         free(s.reply);
 out:
@@ -719,7 +721,7 @@ static int cmd_chat(int argc, char **argv) {
                         goto out;
                 }
                 interrupted = 0;
-                struct gen_state s = { .show_think = o.show_think, .json = arg.json };
+                struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0 };
                 r = run_generate(c, o.req, &s);
                 x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "");
                 free(s.reply);
@@ -1126,8 +1128,9 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
                        "Generate an answer to PROMPT (stdin if none or '-'), streamed to stdout.\n\n"
                        "  --tokens IDS          a token-id prompt (1,2,3) instead of text\n"
                        "  --raw                 the prompt as raw text, no chat template\n%s\n"
-                       "Exit status: 0 ok, 1 failed or cancelled, 7 the budget ran out while thinking (nothing\n"
-                       "answered), 130 interrupted (Ctrl-C cancels the request); see x4ctl --help for the rest.\n",
+                       "Exit status: 0 ok (also when cancelled from elsewhere: a note says so), 1 failed, 7 the budget\n"
+                       "ran out while thinking (nothing answered), 130 interrupted (Ctrl-C cancels the request);\n"
+                       "see x4ctl --help for the rest.\n",
                        gen_help);
         else if (streq_(cmd, "chat"))
                 printf("Usage: x4ctl chat [OPTIONS]\n"
@@ -1177,7 +1180,7 @@ static void help(void) {
                "  --frequency-penalty F  --stop STR  --stop-id ID  --snapshot NAME  --logprobs N\n"
                "  --thinking-budget N  --ignore-eos  --json-schema FILE (answer valid against a JSON Schema)\n\n"
                "x4ctl COMMAND --help shows one command's usage.\n\n"
-               "Exit status: 0 ok, 1 request failed or cancelled, 2 usage, 3 cannot connect, 4 timeout,\n"
+               "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect, 4 timeout,\n"
                "             5 not found, 6 daemon unavailable (draining/full), 7 the output budget ran out\n"
                "             while thinking (nothing answered), 130 interrupted\n");
 }
