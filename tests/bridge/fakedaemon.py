@@ -6,7 +6,8 @@ error after the first token, exact chunk sequences) can be tested deterministica
 What it answers depends on the request:
   - chat whose last message is a tool result: content "It is sunny in Paris." (finish stop)
   - chat with tools: a reasoning chunk, then a finished tool call get_weather {"city": "Paris"}
-    (channel TOOL_CALL, finish TOOL_CALLS)
+    (channel TOOL_CALL, finish TOOL_CALLS); a call forced to another tool: that tool with
+    {"answer": "yes"}
   - last message "stop-here": "Up to the", finish stop on the stop string "END"
   - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
@@ -173,6 +174,10 @@ def script(req):
     last = msgs[-1] if msgs else {"role": "user", "content": req.get("text", "")}
     if last["role"] == "tool":
         return [(CHUNK, chunk("It is sunny in Paris.")), (DONE, done(FINISH_STOP))]
+    forced = req.get("constraint", {}).get("tool")
+    if req.get("tools") and forced not in (None, "get_weather"):
+        # a forced call of another tool (structured output through function calling)
+        return [(CHUNK, chunk("", TOOL_CALL, (forced, '{"answer": "yes"}'), token=6)), (DONE, done(FINISH_TOOL_CALLS))]
     if req.get("tools"):
         return [(CHUNK, chunk("Need weather.", REASONING)),
                 (CHUNK, chunk("", TOOL_CALL, token=5)),
