@@ -325,6 +325,10 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
         return ret;
 }
 
+static const char *const hosted_tools[] = { "web_search", "file_search", "code_interpreter", "computer_use_preview",
+                                             "computer_use", "image_generation", "mcp", "local_shell", "shell",
+                                             "apply_patch", "namespace", "custom" };
+
 static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
         json_t *tools = json_object_get(root, "tools");
         size_t i;
@@ -344,10 +348,20 @@ static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
                 const char *type = json_string_value(json_object_get(t, "type"));
                 if (!json_is_object(t) || !type)
                         return api_bad(e, p, "required (\"function\")");
-                if (!streq(type, "function"))
+                if (!streq(type, "function")) {
+                        /* tools OpenAI's servers run (or that need its namespaces and freeform
+                         * grammars): agents such as Codex always send some; the model is offered
+                         * the function tools only */
+                        bool hosted = false;
+                        for (size_t k = 0; k < ELEMENTSOF(hosted_tools); k++)
+                                hosted = hosted || streq(type, hosted_tools[k]) ||
+                                         strncmp(type, "web_search_preview", 18) == 0;
+                        if (hosted)
+                                continue;
                         return api_fail(e, 400, "invalid_request_error", "unsupported_tool", p,
-                                        "%s: \"%s\" tools run on OpenAI's servers; xing4d runs none (function "
-                                        "tools only)", p, type);
+                                        "%s: unknown tool type \"%s\"; function tools are offered to the model, "
+                                        "OpenAI-hosted ones (web_search, file_search, ...) are left out", p, type);
+                }
                 json_t *name = json_object_get(t, "name");
                 json_t *params = json_object_get(t, "parameters");
                 json_t *desc = json_object_get(t, "description");

@@ -70,6 +70,18 @@ def test_items_map_to_the_chat(fake, fake_bridge):
     assert r["enable_thinking"] is False
 
 
+def test_hosted_tools_are_left_out(fake, fake_bridge):
+    # what Codex sends besides its function tools
+    tools = TOOLS + [{"type": "web_search", "external_web_access": False},
+                     {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "x"}]},
+                     {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}]
+    st, _, body = fake_bridge.post("/v1/responses", resp("weather?", tools=tools))
+    assert st == 200, body
+    assert [t["function"]["name"] for t in last_request(fake)["tools"]] == ["get_weather"]
+    st, _, body = fake_bridge.post("/v1/responses", resp("hi", tools=tools[1:]))
+    assert st == 200 and "tools" not in last_request(fake)
+
+
 def test_function_call_answer(fake, fake_bridge):
     st, _, body = fake_bridge.post("/v1/responses", resp("weather?", tools=TOOLS))
     assert st == 200, body
@@ -162,7 +174,7 @@ def test_max_output_tokens_is_incomplete(fake_bridge):
     ({"max_output_tokens": 0}, "max_output_tokens", "out of range"),
     ({"temperature": 3}, "temperature", "out of range"),
     ({"instructions": 5}, "instructions", "a string expected"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "\"web_search\" tools run on OpenAI's servers"),
+    ({"tools": [{"type": "teleport"}]}, "tools[0].type", "unknown tool type \"teleport\""),
     ({"tools": [{"type": "function"}]}, "tools[0].name", "required"),
     ({"tool_choice": "required"}, "tool_choice", "needs a non-empty \"tools\""),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name", "\"nope\""),
