@@ -3,6 +3,7 @@
  * it is also the reference for what the public API can do. */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -32,6 +33,7 @@ enum {
         EXIT_TIMEOUT = 4,
         EXIT_NOT_FOUND = 5,   /* snapshot / request id unknown */
         EXIT_UNAVAILABLE = 6, /* daemon draining or full */
+        EXIT_NO_ANSWER = 7,   /* the output budget ran out while the model was thinking */
         EXIT_INTERRUPTED = 130,
 };
 
@@ -71,6 +73,19 @@ static int usage_error(const char *fmt, const char *what) {
         return EXIT_USAGE;
 }
 
+/* What to do about a connection that failed, after the library's own message. */
+static void connect_hint(const char *msg) {
+        const char *path = arg.socket ? arg.socket : getenv(X4_SOCKET_ENV);
+        if (!path || !*path)
+                path = X4_DEFAULT_SOCKET;
+        if (strstr(msg, "Permission denied"))
+                fprintf(stderr, "x4ctl: hint: %s is for members of the group xing4: sudo usermod -aG xing4 $USER, "
+                                "then log in again (or run x4ctl as a member)\n", path);
+        else if (strstr(msg, "No such file") || strstr(msg, "Connection refused"))
+                fprintf(stderr, "x4ctl: hint: is xing4d running? Start it with: sudo systemctl start xing4d.socket "
+                                "(or pass --socket PATH / set $X4_SOCKET to where it listens)\n");
+}
+
 static int open_client(x4_client **ret) {
         x4_client *c;
         int e = x4_client_new(&c);
@@ -83,6 +98,8 @@ static int open_client(x4_client **ret) {
         e = x4_client_connect(c, arg.socket);
         if (e < 0) {
                 int code = fail_client(c, e);
+                if (e == X4_E_CONNECT)
+                        connect_hint(x4_client_last_error(c));
                 x4_client_free(c);
                 return code;
         }
@@ -254,7 +271,7 @@ enum {
         OPT_FREQ, OPT_MAX_TOKENS, OPT_STOP, OPT_STOP_ID, OPT_SNAPSHOT, OPT_LOGPROBS,
         OPT_THINK_BUDGET, OPT_IGNORE_EOS, OPT_SYSTEM, OPT_NO_THINK, OPT_SHOW_THINK, OPT_TOKENS,
         OPT_RAW, OPT_JSON, OPT_WATCH, OPT_SOCKET, OPT_CONNECT_TIMEOUT, OPT_TIMEOUT, OPT_REQUESTS,
-        OPT_FROM_REQUEST,
+        OPT_FROM_REQUEST, OPT_JSON_SCHEMA,
 };
 
 static const struct option gen_longopts[] = {
@@ -279,8 +296,36 @@ static const struct option gen_longopts[] = {
         { "tokens", required_argument, NULL, OPT_TOKENS },
         { "raw", no_argument, NULL, OPT_RAW },
         { "json", no_argument, NULL, OPT_JSON },
+        { "json-schema", required_argument, NULL, OPT_JSON_SCHEMA },
         {}
 };
+
+/* --json-schema FILE: the answer constrained to the JSON Schema in FILE, checked here (a JSON
+ * object) so a typo in the file is named before anything is sent. */
+static int set_json_schema(x4_request *req, const char *path) {
+        json_error_t je;
+        json_t *schema = json_load_file(path, 0, &je);
+        if (!schema) {
+                fprintf(stderr, "x4ctl: --json-schema %s: %s (line %d, column %d)\n", path, je.text, je.line,
+                        je.column);
+                return EXIT_USAGE;
+        }
+        if (!json_is_object(schema)) {
+                fprintf(stderr, "x4ctl: --json-schema %s: a JSON Schema object ({\"type\": \"object\", ...}) "
+                                "expected\n", path);
+                json_decref(schema);
+                return EXIT_USAGE;
+        }
+        char *text = json_dumps(schema, JSON_COMPACT);
+        json_decref(schema);
+        int e = text ? x4_request_set_constraint(req, X4_CONSTRAINT_JSON_SCHEMA, text) : X4_E_NOMEM;
+        free(text);
+        if (e < 0) {
+                fprintf(stderr, "x4ctl: %s\n", x4_strerror(e));
+                return EXIT_FAIL;
+        }
+        return 0;
+}
 
 /* Parse generate/chat options. Returns 0, or an exit code. */
 static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
@@ -368,6 +413,12 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                 case OPT_JSON:
                         arg.json = true;
                         break;
+                case OPT_JSON_SCHEMA: {
+                        int r = set_json_schema(o->req, optarg);
+                        if (r)
+                                return r;
+                        break;
+                }
                 default:
                         return EXIT_USAGE;
                 }
@@ -380,6 +431,8 @@ struct gen_state {
         bool json;
         int last_channel;
         bool any_output;
+        bool any_content;  /* an answer (content or a tool call) came */
+        bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
 };
@@ -447,9 +500,11 @@ static int on_chunk(const struct x4_chunk *ch, void *userdata) {
                         s->reply = n;
                 }
         }
+        if ((ch->channel == X4_CHANNEL_CONTENT && ch->text_len) || ch->tool_name)
+                s->any_content = true;
         s->last_channel = ch->channel;
         fflush(stdout);
-        return interrupted ? 1 : 0;
+        return 0; /* Ctrl-C is handled by run_generate's loop, also while no chunk comes */
 }
 
 static void print_done(const struct x4_done *d) {
@@ -467,10 +522,68 @@ static void print_done(const struct x4_done *d) {
         printf("}\n");
 }
 
-/* Run one request to its end; returns an exit code. */
-static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
+/* How a submitted request ended (copied out of the done callback). */
+struct run_end {
+        bool done;
         struct x4_done d;
-        int e = x4_client_generate(c, req, on_chunk, s, &d);
+        char stop[256];
+};
+
+static void on_done(const struct x4_done *d, void *userdata) {
+        struct run_end *end = userdata;
+        end->d = *d;
+        end->d.error_message = NULL;
+        end->d.stop = NULL;
+        if (d->stop) {
+                snprintf(end->stop, sizeof end->stop, "%s", d->stop);
+                end->d.stop = end->stop;
+        }
+        end->done = true;
+}
+
+struct run_ctx {
+        struct gen_state *s;
+        struct run_end end;
+};
+
+static int ctx_chunk(const struct x4_chunk *ch, void *userdata) {
+        return on_chunk(ch, ((struct run_ctx *) userdata)->s);
+}
+
+static void ctx_done(const struct x4_done *d, void *userdata) {
+        on_done(d, &((struct run_ctx *) userdata)->end);
+}
+
+/* Run one request to its end; returns an exit code. The request is submitted and the socket
+ * polled here (not x4_client_generate()), so Ctrl-C cancels it at once, also during a long
+ * prefill when no chunk comes to notice the signal. */
+static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
+        struct run_ctx ctx = { .s = s };
+        uint64_t rid;
+        bool cancel_sent = false;
+        int e = x4_client_submit(c, req, ctx_chunk, ctx_done, &ctx, &rid);
+        while (e >= 0 && !ctx.end.done) {
+                if (interrupted && !cancel_sent) {
+                        (void) x4_client_cancel(c, rid); /* it still ends with a Done */
+                        cancel_sent = true;
+                }
+                struct pollfd pfd = { .fd = x4_client_fd(c), .events = POLLIN };
+                int r = poll(&pfd, 1, arg.response_ms);
+                if (r < 0 && errno == EINTR)
+                        continue;
+                if (r == 0) {
+                        fprintf(stderr, "x4ctl: no reply from the daemon for %d ms (--timeout)\n", arg.response_ms);
+                        (void) x4_client_cancel(c, rid);
+                        return EXIT_TIMEOUT;
+                }
+                if (r < 0 || x4_client_dispatch(c) < 0)
+                        break; /* a broken connection has ended the request (ctx.end) */
+        }
+        if (e >= 0 && ctx.end.done)
+                e = ctx.end.d.status;
+        else if (e >= 0)
+                e = X4_E_IO;
+        const struct x4_done *d = &ctx.end.d;
         if (!s->json && s->any_output)
                 putchar('\n');
         if (e < 0) {
@@ -483,10 +596,22 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 return fail_client(c, e);
         }
         if (s->json)
-                print_done(&d);
+                print_done(d);
         fflush(stdout);
-        if (d.finish_reason == X4_FINISH_CANCELLED && interrupted)
-                return EXIT_INTERRUPTED;
+        if (d->finish_reason == X4_FINISH_CANCELLED) {
+                fprintf(stderr, "x4ctl: cancelled after %u token%s%s\n", d->completion_tokens,
+                        d->completion_tokens == 1 ? "" : "s",
+                        interrupted ? " (Ctrl-C)" : " (by x4ctl cancel, or the daemon shutting down)");
+                /* cancelled from elsewhere: what came is the answer (exit 0), the note says why it is short */
+                return interrupted ? EXIT_INTERRUPTED : EXIT_OK;
+        }
+        if (d->finish_reason == X4_FINISH_LENGTH && !s->any_content && d->reasoning_tokens > 0 && !s->no_think) {
+                fprintf(stderr, "x4ctl: the output budget (%u tokens) ran out while the model was still thinking; "
+                                "nothing was answered. Raise --max-tokens, cap the thinking with "
+                                "--thinking-budget N, or turn it off with --no-think (--show-think shows it)\n",
+                        d->completion_tokens);
+                return EXIT_NO_ANSWER;
+        }
         return EXIT_OK;
 }
 
@@ -543,7 +668,7 @@ static int cmd_generate(int argc, char **argv) {
         r = open_client(&c);
         if (r != 0)
                 goto out;
-        struct gen_state s = { .show_think = o.show_think, .json = arg.json };
+        struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0 };
         r = run_generate(c, o.req, &s);
         free(s.reply);
 out:
@@ -596,11 +721,11 @@ static int cmd_chat(int argc, char **argv) {
                         goto out;
                 }
                 interrupted = 0;
-                struct gen_state s = { .show_think = o.show_think, .json = arg.json };
+                struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0 };
                 r = run_generate(c, o.req, &s);
                 x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "");
                 free(s.reply);
-                if (r != EXIT_OK && r != EXIT_INTERRUPTED)
+                if (r != EXIT_OK && r != EXIT_INTERRUPTED && r != EXIT_NO_ANSWER)
                         goto out;
         }
         r = EXIT_OK;
@@ -979,6 +1104,59 @@ static int cmd_snapshot(int argc, char **argv) {
         return usage_error("snapshot: unknown operation '%s' (create, list, drop)", op);
 }
 
+/* `x4ctl COMMAND --help`: that command's usage on stdout, exit 0. */
+static const char *const gen_help =
+        "  --system TEXT         system message (chat template)\n"
+        "  --no-think            no reasoning before the answer\n"
+        "  --show-think          the reasoning to stderr as it comes\n"
+        "  --max-tokens N        output budget, reasoning included\n"
+        "  --thinking-budget N   most reasoning tokens before the answer starts\n"
+        "  --json-schema FILE    the answer is JSON valid against the JSON Schema in FILE\n"
+        "  --temperature T  --top-p P  --top-k K  --min-p P  --seed N\n"
+        "  --repetition-penalty R  --presence-penalty P  --frequency-penalty F\n"
+        "  --stop STR  --stop-id ID  --snapshot NAME  --logprobs N  --ignore-eos\n"
+        "  --json                one JSON object per line (chunks, then done or error)\n";
+
+static bool cmd_help(const char *cmd, int argc, char **argv) {
+        bool want = false;
+        for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+                want = want || streq_(argv[i], "--help") || streq_(argv[i], "-h");
+        if (!want)
+                return false;
+        if (streq_(cmd, "generate") || streq_(cmd, "gen"))
+                printf("Usage: x4ctl generate [OPTIONS] [PROMPT...]\n"
+                       "Generate an answer to PROMPT (stdin if none or '-'), streamed to stdout.\n\n"
+                       "  --tokens IDS          a token-id prompt (1,2,3) instead of text\n"
+                       "  --raw                 the prompt as raw text, no chat template\n%s\n"
+                       "Exit status: 0 ok (also when cancelled from elsewhere: a note says so), 1 failed, 7 the budget\n"
+                       "ran out while thinking (nothing answered), 130 interrupted (Ctrl-C cancels the request);\n"
+                       "see x4ctl --help for the rest.\n",
+                       gen_help);
+        else if (streq_(cmd, "chat"))
+                printf("Usage: x4ctl chat [OPTIONS]\n"
+                       "Interactive chat: each line on stdin is a user turn; the history is resent each turn.\n"
+                       "Ctrl-C stops the current answer, Ctrl-D ends.\n\n%s", gen_help);
+        else if (streq_(cmd, "stats"))
+                printf("Usage: x4ctl stats [--json] [--watch[=SECONDS]]\n"
+                       "The daemon's counters, cache use and the requests waiting or running.\n"
+                       "  --watch[=S]   repeat every S seconds (default 1)\n");
+        else if (streq_(cmd, "cancel"))
+                printf("Usage: x4ctl cancel ID\n"
+                       "Cancel a request by its server id (the id column of x4ctl stats), whoever sent it.\n");
+        else if (streq_(cmd, "snapshot"))
+                printf("Usage: x4ctl snapshot create NAME [--tokens IDS | --raw | --system TEXT] [PROMPT...]\n"
+                       "       x4ctl snapshot list\n"
+                       "       x4ctl snapshot drop NAME\n"
+                       "Keep the cache state after a prompt under NAME; generate --snapshot NAME resumes it.\n");
+        else if (streq_(cmd, "info"))
+                printf("Usage: x4ctl info [--json]\nThe model, the backend and the daemon's limits.\n");
+        else if (streq_(cmd, "health"))
+                printf("Usage: x4ctl health\nThe daemon's state; exit 0 only while it serves.\n");
+        else
+                return false;
+        return true;
+}
+
 static void help(void) {
         printf("x4ctl [OPTIONS] COMMAND [ARGS]  -- talk to the xing4d inference daemon\n\n"
                "Commands:\n"
@@ -1000,9 +1178,11 @@ static void help(void) {
                "  --tokens IDS (token-id prompt, e.g. 1,2,3)  --max-tokens N  --temperature T  --top-p P\n"
                "  --top-k K  --min-p P  --seed N  --repetition-penalty R  --presence-penalty P\n"
                "  --frequency-penalty F  --stop STR  --stop-id ID  --snapshot NAME  --logprobs N\n"
-               "  --thinking-budget N  --ignore-eos\n\n"
+               "  --thinking-budget N  --ignore-eos  --json-schema FILE (answer valid against a JSON Schema)\n\n"
+               "x4ctl COMMAND --help shows one command's usage.\n\n"
                "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect, 4 timeout,\n"
-               "             5 not found, 6 daemon unavailable (draining/full), 130 interrupted\n");
+               "             5 not found, 6 daemon unavailable (draining/full), 7 the output budget ran out\n"
+               "             while thinking (nothing answered), 130 interrupted\n");
 }
 
 int main(int argc, char **argv) {
@@ -1056,6 +1236,8 @@ int main(int argc, char **argv) {
         const char *cmd = argv[optind];
         argc -= optind;
         argv += optind;
+        if (cmd_help(cmd, argc, argv))
+                return EXIT_OK;
         if (streq_(cmd, "generate") || streq_(cmd, "gen"))
                 return cmd_generate(argc, argv);
         if (streq_(cmd, "chat"))

@@ -14,7 +14,14 @@
 struct evhttp_request;
 struct evbuffer;
 
-/* ---- an error answered to the HTTP client in OpenAI's shape ------------------------------------ */
+/* ---- an error answered to the HTTP client in the API's shape ----------------------------------- */
+
+/* Which API's error shape a path answers in: OpenAI's {"error":{"message","type","param","code"}}
+ * or Anthropic's {"type":"error","error":{"type","message"}} (/v1/messages...). */
+enum api_flavor {
+        FLAVOR_OPENAI,
+        FLAVOR_ANTHROPIC,
+};
 
 struct api_error {
         int status;          /* HTTP status */
@@ -28,16 +35,29 @@ struct api_error {
 /* Fill e and return -1 (so parsers can `return api_fail(...)`). */
 int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *param,
              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* The error object {"error":{"message","type","param","code"}} (new reference). */
-json_t *api_error_json(const struct api_error *e);
+/* The error object in the flavor's shape (new reference). */
+json_t *api_error_json(const struct api_error *e, enum api_flavor flavor);
+/* Anthropic's error type for an HTTP status ("invalid_request_error", "not_found_error", ...). */
+const char *api_anthropic_error_type(int status);
 /* Map a libx4client error (status + message) to the HTTP error a client should see. */
 void api_error_from_x4(struct api_error *e, int x4_status, const char *message);
 
 /* ---- a parsed OpenAI request ------------------------------------------------------------------- */
 
 enum api_kind {
-        API_CHAT,
-        API_COMPLETION,
+        API_CHAT,          /* POST /v1/chat/completions */
+        API_COMPLETION,    /* POST /v1/completions */
+        API_MESSAGES,      /* POST /v1/messages (anthropic.c) */
+        API_COUNT_TOKENS,  /* POST /v1/messages/count_tokens: a 1-token generation, its prompt size */
+        API_RESPONSES,     /* POST /v1/responses (responses.c) */
+};
+
+/* What the parsers need from the configuration. */
+struct api_config {
+        const char *model_id;       /* the id /v1/models lists */
+        char *const *aliases;       /* fnmatch(3) patterns of other names served by it */
+        size_t n_aliases;
+        int key;                    /* the API key the request came with (stored responses are its) */
 };
 
 struct api_request {
@@ -47,9 +67,15 @@ struct api_request {
         bool include_usage;       /* stream_options.include_usage */
         bool logprobs;
         unsigned top_logprobs;
-        bool thinking;            /* reasoning channel expected (chat only) */
+        bool thinking;            /* reasoning channel expected */
+        bool forced_tool;         /* the answer must be a tool call (tool_choice) */
         char *affinity_key;       /* the prompt's opening bytes, for prefix-affinity routing */
         size_t affinity_len;
+        char *model;              /* the model name answered (messages, responses: as requested) */
+        /* responses: */
+        json_t *conv;             /* the conversation so far (protocol-shaped messages) to store */
+        json_t *echo;             /* the request's settings echoed in the response object */
+        bool store;
 };
 
 /* Caps on one chat request's shape, answered with a 400 naming them. A 4 MiB body could otherwise
@@ -61,8 +87,52 @@ struct api_request {
 void api_request_done(struct api_request *r);
 /* Parse a chat (/v1/chat/completions) or completion (/v1/completions) body. model_id is the id
  * /v1/models lists. On failure: -1 and e filled (status 400/404). */
-int api_parse_request(enum api_kind kind, const char *body, size_t len, const char *model_id,
+int api_parse_request(enum api_kind kind, const char *body, size_t len, const struct api_config *cfg,
                       struct api_request *out, struct api_error *e);
+
+/* ---- helpers shared by the parsers (openai.c) ----------------------------------------------------- */
+
+/* 400 invalid_value naming param ("param: message"). */
+int api_bad(struct api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int api_unsupported(struct api_error *e, const char *param, const char *what);
+const char *api_type_name(const json_t *v);
+int api_get_number(json_t *o, const char *key, double lo, double hi, bool lo_open, double *v, bool *set,
+                   struct api_error *e);
+int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
+                struct api_error *e);
+int api_get_bool(json_t *o, const char *key, bool *v, struct api_error *e);
+/* The parsed body (JSON object; \u0000 allowed in strings), or NULL with e filled. */
+json_t *api_load_body(const char *body, size_t len, struct api_error *e);
+/* root.model checked against the served id and the aliases (404 model_not_found otherwise); *name
+ * is the requested name (borrowed from root). */
+int api_check_model(json_t *root, const struct api_config *cfg, bool required, const char **name,
+                    struct api_error *e);
+/* A tool-call id of at most 40 characters (OpenAI refuses longer ones when a history is replayed):
+ * prefix + 24 hex digits of the response id's random part + "_" + index. */
+void api_call_id(char *buf, size_t size, const char *prefix, const char *response_id, size_t index);
+/* The conversation (an array of {role, content, reasoning?, tool_calls?, name?} objects, the
+ * protocol's ChatMessage fields; tool_calls in OpenAI's array shape) appended to r->req. */
+int api_add_conversation(struct api_request *r, json_t *conv, struct api_error *e);
+void api_affinity_add(struct api_request *r, const char *s, size_t n);
+/* An answer format (type "text", "json_object" or "json_schema" with js = {name, schema, strict})
+ * as r's constraint; param and js_param name the fields in errors. */
+int api_parse_format(const char *type, json_t *fmt, json_t *js, const char *param, const char *js_param,
+                     struct api_request *r, struct api_error *e);
+
+/* A growing string. */
+struct sbuf {
+        char *s;
+        size_t len, cap;
+};
+int sbuf_add(struct sbuf *b, const char *s, size_t n);
+/* The same for text going to the model as a C string: U+0000 becomes U+FFFD (the protocol's
+ * strings end at the first NUL, which would cut the message there). */
+int sbuf_add_text(struct sbuf *b, const char *s, size_t n);
+
+/* ---- Anthropic Messages (anthropic.c) and OpenAI Responses (responses.c) -------------------------- */
+
+int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_error *e);
+int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e);
 
 /* ---- the answer being built ---------------------------------------------------------------------- */
 
@@ -90,7 +160,7 @@ void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const str
 
 const char *api_finish_reason(int x4_finish, bool had_tool_calls);
 json_t *api_usage_json(const struct x4_done *d);
-/* The whole non-streaming response. */
+/* The whole non-streaming response (chat and completions). */
 json_t *api_response_json(enum api_kind kind, const char *id, int64_t created, const char *model,
                           const struct api_result *res, const struct x4_done *d);
 /* One streaming chunk with one choice: delta (chat) or text (completions); steals delta. */
@@ -102,6 +172,57 @@ json_t *api_usage_chunk_json(enum api_kind kind, const char *id, int64_t created
 /* The logprobs value of one chunk in streaming form (NULL when none). */
 json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n);
 
+/* The non-streaming answers of the other APIs. */
+json_t *am_response_json(const char *id, const char *model, const struct api_result *res, const struct x4_done *d);
+json_t *rs_response_json(const char *id, int64_t created, const char *model, json_t *echo,
+                         const struct api_result *res, const struct x4_done *d);
+
+/* A stream of named events (Anthropic Messages, OpenAI Responses): each chunk's events are
+ * appended to an evbuffer as SSE bytes. The caller adds each chunk's text to res first, so the
+ * stream can quote whole items when they end. */
+struct ev_stream {
+        enum api_kind kind;
+        const char *id, *model;
+        int64_t created;
+        json_t *echo;                /* responses: the request's settings */
+        struct api_result *res;
+        int open;                    /* the block/item open now: 0 none, 1 reasoning, 2 text */
+        size_t open_start;           /* where its text starts in res->reasoning / res->content */
+        unsigned index;              /* anthropic: next content block index; responses: output_index */
+        unsigned seq;                /* responses: sequence_number */
+        size_t n_calls;
+        bool started;
+        json_t *output;              /* responses: the finished output items */
+};
+void ev_stream_init(struct ev_stream *s, enum api_kind kind, const char *id, const char *model, int64_t created,
+                    json_t *echo, struct api_result *res);
+void ev_stream_done(struct ev_stream *s);
+/* The opening events (message_start + ping; response.created + response.in_progress). */
+void ev_stream_start(struct ev_stream *s, struct evbuffer *out);
+/* One chunk (already added to res); tool calls come whole (name, arguments). */
+void ev_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuffer *out);
+/* The closing events after a Done. */
+void ev_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out);
+/* An error after the stream started. */
+void ev_stream_error(struct ev_stream *s, const struct api_error *e, struct evbuffer *out);
+
+void am_stream_start(struct ev_stream *s, struct evbuffer *out);
+void am_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuffer *out);
+void am_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out);
+void am_stream_error(struct ev_stream *s, const struct api_error *e, struct evbuffer *out);
+void rs_stream_start(struct ev_stream *s, struct evbuffer *out);
+void rs_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuffer *out);
+void rs_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out);
+void rs_stream_error(struct ev_stream *s, const struct api_error *e, struct evbuffer *out);
+
+/* The bounded store of /v1/responses conversations for previous_response_id (responses.c). */
+void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s);
+/* The conversation stored under id by the same API key (borrowed), or NULL. */
+json_t *rs_store_get(const char *id, int key);
+/* Stores conv + the answer under id for key; steals nothing. */
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res);
+void rs_store_clear(void);
+
 /* ---- Server-Sent Events -------------------------------------------------------------------------- */
 
 /* Start the event stream: 200, text/event-stream, chunked. */
@@ -112,6 +233,10 @@ void sse_send_json(struct evhttp_request *req, json_t *j);
 void sse_finish(struct evhttp_request *req);
 /* Append one event's bytes to buf (exposed for tests of the framing). */
 int sse_format(struct evbuffer *buf, const char *data, size_t len);
+/* "event: NAME\ndata: <compact json>\n\n"; steals j. */
+int sse_format_event(struct evbuffer *buf, const char *event, json_t *j);
+/* Hand buf's bytes to the client as one chunk. */
+void sse_send_buffer(struct evhttp_request *req, struct evbuffer *buf);
 
 /* ---- metrics ------------------------------------------------------------------------------------- */
 

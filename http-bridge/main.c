@@ -16,6 +16,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <fnmatch.h>
 #include <getopt.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -52,6 +53,13 @@ struct config {
         int timeout_s;                  /* header/body read and write inactivity */
         int connect_timeout_ms;         /* daemon connect + handshake */
         int retry_after_s;
+        char *cors_origins[32];         /* Origins whose browser requests are served */
+        size_t n_cors;
+        char *aliases[32];              /* model-alias patterns */
+        size_t n_aliases;
+        bool aliases_set;               /* the default table was replaced */
+        size_t store_entries, store_bytes;
+        int store_retention_s;
 };
 
 static struct config cfg = {
@@ -61,7 +69,13 @@ static struct config cfg = {
         .timeout_s = 60,
         .connect_timeout_ms = 3000,
         .retry_after_s = 1,
+        .store_entries = 256,
+        .store_bytes = 64u << 20,
+        .store_retention_s = 3600,
 };
+/* Agents send their own model names (Claude Code: claude-sonnet-4-5, claude-haiku-...): served by
+ * the one model unless model-alias replaces this table. */
+static const char *const default_aliases[] = { "claude-*" };
 /* The keys of api-key-file, one per line: each client (or team) can get its own, and only the key a
  * generation was started with may cancel it. */
 #define MAX_API_KEYS 64
@@ -80,9 +94,30 @@ static int config_set(const char *key, const char *value, const char *where) {
                 snprintf(cfg.api_key_file, sizeof cfg.api_key_file, "%s", value);
         else if (streq(key, "model-name"))
                 snprintf(cfg.model_name, sizeof cfg.model_name, "%s", value);
-        else {
+        else if (streq(key, "cors-origin") || streq(key, "model-alias")) {
+                bool cors = streq(key, "cors-origin");
+                char **list = cors ? cfg.cors_origins : cfg.aliases;
+                size_t *n = cors ? &cfg.n_cors : &cfg.n_aliases;
+                if (!cors && !cfg.aliases_set) {
+                        cfg.aliases_set = true; /* the first one replaces the default table */
+                        *n = 0;
+                }
+                if (!cors && streq(value, "none"))
+                        return 0;
+                if (!*value)
+                        return log_error_errno(EINVAL, "%s: %s: empty value", where, key);
+                if (cors && !streq(value, "*") && strncmp(value, "http://", 7) != 0 && strncmp(value, "https://", 8) != 0)
+                        return log_error_errno(EINVAL, "%s: cors-origin \"%s\": an origin like https://app.example:8443 "
+                                               "(scheme://host[:port], no path) or * expected", where, value);
+                if (cors && strchr(value + (value[0] == 'h' ? 8 : 0), '/'))
+                        return log_error_errno(EINVAL, "%s: cors-origin \"%s\": an origin has no path", where, value);
+                if (*n >= 32)
+                        return log_error_errno(E2BIG, "%s: %s: at most 32", where, key);
+                list[(*n)++] = strdup(value);
+        } else {
                 static const char *const numeric[] = { "max-body-bytes", "max-concurrent", "timeout",
-                                                       "connect-timeout-ms", "retry-after" };
+                                                       "connect-timeout-ms", "retry-after", "response-store",
+                                                       "response-store-bytes", "response-retention" };
                 bool known = false;
                 for (size_t i = 0; i < ELEMENTSOF(numeric); i++)
                         known = known || streq(key, numeric[i]);
@@ -90,8 +125,10 @@ static int config_set(const char *key, const char *value, const char *where) {
                         return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
                 errno = 0;
                 long long v = strtoll(value, &end, 10);
-                if (errno || end == value || *end || v < 1 || v > INT_MAX)
-                        return log_error_errno(EINVAL, "%s: %s: \"%s\" is not a positive integer", where, key, value);
+                long long lo = streq(key, "response-store") ? 0 : 1;
+                if (errno || end == value || *end || v < lo || v > INT_MAX)
+                        return log_error_errno(EINVAL, "%s: %s: \"%s\" is not a %s integer", where, key, value,
+                                               lo ? "positive" : "non-negative");
                 if (streq(key, "max-body-bytes"))
                         cfg.max_body = (size_t) v;
                 else if (streq(key, "max-concurrent"))
@@ -102,6 +139,12 @@ static int config_set(const char *key, const char *value, const char *where) {
                         cfg.connect_timeout_ms = (int) v;
                 else if (streq(key, "retry-after"))
                         cfg.retry_after_s = (int) v;
+                else if (streq(key, "response-store"))
+                        cfg.store_entries = (size_t) v;
+                else if (streq(key, "response-store-bytes"))
+                        cfg.store_bytes = (size_t) v;
+                else if (streq(key, "response-retention"))
+                        cfg.store_retention_s = (int) v;
                 else
                         return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
         }
@@ -299,10 +342,18 @@ static void send_json(struct evhttp_request *req, int status, json_t *j, const c
         }
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
         const char *reason = status == 200 ? "OK" : status == 400 ? "Bad Request" : status == 401 ? "Unauthorized"
-                : status == 404 ? "Not Found" : status == 405 ? "Method Not Allowed" : status == 413 ? "Payload Too Large"
+                : status == 403 ? "Forbidden" : status == 404 ? "Not Found" : status == 405 ? "Method Not Allowed"
+                : status == 413 ? "Payload Too Large" : status == 415 ? "Unsupported Media Type"
                 : status == 429 ? "Too Many Requests" : status == 503 ? "Service Unavailable" : "Error";
         evhttp_send_reply(req, status, reason, NULL);
         metrics_count_request(endpoint, status);
+}
+
+/* Which error shape the path answers in. */
+static enum api_flavor flavor_of(struct evhttp_request *req) {
+        const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+        const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+        return path && strncmp(path, "/v1/messages", 12) == 0 ? FLAVOR_ANTHROPIC : FLAVOR_OPENAI;
 }
 
 static void send_error(struct evhttp_request *req, const struct api_error *e, const char *endpoint) {
@@ -312,7 +363,7 @@ static void send_error(struct evhttp_request *req, const struct api_error *e, co
                 evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", v);
         }
         log_debug("%s: %d %s", endpoint, e->status, e->message);
-        json_t *j = api_error_json(e);
+        json_t *j = api_error_json(e, flavor_of(req));
         if (!j)
                 log_error("%s: cannot encode the error \"%s\"", endpoint, e->message);
         send_json(req, e->status, j, endpoint);
@@ -340,6 +391,10 @@ struct job {
         struct x4_done early;           /* on_done that ran inside x4_client_submit() */
         struct api_result res;
         size_t n_calls;
+        char model[128];                /* the model name answered */
+        json_t *echo, *conv;            /* responses: the request's settings, its conversation */
+        bool store;
+        struct ev_stream ev;            /* messages, responses: the event stream's state */
         double t_start, t_last;
         bool got_first;
         int64_t created;
@@ -375,6 +430,9 @@ static void job_unlink(struct job *j) {
 
 static void job_free(struct job *j) {
         api_result_done(&j->res);
+        json_decref(j->echo);
+        json_decref(j->conv);
+        ev_stream_done(&j->ev);
         free(j);
 }
 
@@ -427,6 +485,31 @@ static void job_watch(struct job *j) {
                 job_unwatch(j);
 }
 
+/* Messages and Responses: collect everything (their final events quote it) and stream the API's
+ * events. */
+static int ev_chunk(struct job *j, const struct x4_chunk *c) {
+        bool call = c->channel == X4_CHANNEL_TOOL_CALL && c->tool_name;
+        if (j->kind == API_COUNT_TOKENS)
+                return 0;
+        if (call)
+                api_result_add_call(&j->res, c->tool_name, c->tool_arguments_json);
+        else if (c->text_len && c->channel != X4_CHANNEL_TOOL_CALL)
+                api_result_add_text(&j->res, c->channel == X4_CHANNEL_REASONING, c->text, c->text_len);
+        if (!j->stream || (!call && !(c->text_len && c->channel != X4_CHANNEL_TOOL_CALL)))
+                return 0;
+        if (!j->headers_sent) {
+                sse_start(j->req);
+                j->headers_sent = true;
+        }
+        struct evbuffer *b = evbuffer_new();
+        if (!b)
+                return 0;
+        ev_stream_chunk(&j->ev, c, b);
+        sse_send_buffer(j->req, b);
+        evbuffer_free(b);
+        return 0;
+}
+
 static void stream_begin(struct job *j) {
         if (!j->headers_sent) {
                 sse_start(j->req);
@@ -443,9 +526,9 @@ static void stream_begin(struct job *j) {
 /* A finished tool call as OpenAI streams it: a first delta naming the call, then the arguments in
  * fragments (the daemon reports a call once it is complete, so the fragments follow each other). */
 static void stream_tool_call(struct job *j, const char *name, const char *args) {
-        char cid[96];
+        char cid[64];
         size_t idx = j->n_calls++;
-        snprintf(cid, sizeof cid, "call_%s_%zu", j->idstr, idx);
+        api_call_id(cid, sizeof cid, "call_", j->idstr, idx);
         json_t *d = json_pack("{s:[{s:I, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", (json_int_t) idx, "id",
                               cid, "type", "function", "function", "name", name, "arguments", "");
         sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model, d, NULL, NULL));
@@ -475,6 +558,15 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 j->t_last = t;
         }
         bool call = c->channel == X4_CHANNEL_TOOL_CALL && c->tool_name;
+        if (j->kind == API_MESSAGES || j->kind == API_RESPONSES || j->kind == API_COUNT_TOKENS) {
+                struct bufferevent *bev = j->stream ? evhttp_connection_get_bufferevent(j->conn) : NULL;
+                if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > STREAM_BACKLOG_MAX) {
+                        log_warning("%s: client is not reading (%zu bytes unsent), cancelling", j->idstr,
+                                    evbuffer_get_length(bufferevent_get_output(bev)));
+                        return 1;
+                }
+                return ev_chunk(j, c);
+        }
         if (!j->stream) {
                 if (j->kind == API_COMPLETION) {
                         if (c->text_len)
@@ -522,13 +614,57 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
         return 0;
 }
 
+/* Messages, count_tokens and Responses. */
+static void ev_answer(struct job *j, const struct x4_done *d) {
+        if (d->status != X4_OK) {
+                struct api_error e;
+                api_error_from_x4(&e, d->status, d->error_message);
+                if (j->headers_sent) {
+                        struct evbuffer *b = evbuffer_new();
+                        if (b) {
+                                ev_stream_error(&j->ev, &e, b);
+                                sse_send_buffer(j->req, b);
+                                evbuffer_free(b);
+                        }
+                        evhttp_send_reply_end(j->req);
+                        metrics_count_request(j->endpoint, e.status);
+                } else
+                        send_error(j->req, &e, j->endpoint);
+                return;
+        }
+        if (j->kind == API_COUNT_TOKENS)
+                return send_json(j->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t) d->prompt_tokens),
+                                 j->endpoint);
+        if (j->kind == API_RESPONSES && j->store && d->finish_reason != X4_FINISH_CANCELLED)
+                rs_store_put(j->idstr, j->key, j->conv, &j->res);
+        if (!j->stream) {
+                json_t *r = j->kind == API_MESSAGES ? am_response_json(j->idstr, j->model, &j->res, d)
+                        : rs_response_json(j->idstr, j->created, j->model, j->echo, &j->res, d);
+                return send_json(j->req, 200, r, j->endpoint);
+        }
+        if (!j->headers_sent) {
+                sse_start(j->req);
+                j->headers_sent = true;
+        }
+        struct evbuffer *b = evbuffer_new();
+        if (b) {
+                ev_stream_finish(&j->ev, d, b);
+                sse_send_buffer(j->req, b);
+                evbuffer_free(b);
+        }
+        evhttp_send_reply_end(j->req);
+        metrics_count_request(j->endpoint, 200);
+}
+
 static void job_answer(struct job *j, const struct x4_done *d) {
+        if (j->kind == API_MESSAGES || j->kind == API_RESPONSES || j->kind == API_COUNT_TOKENS)
+                return ev_answer(j, d);
         if (d->status != X4_OK) {
                 struct api_error e;
                 api_error_from_x4(&e, d->status, d->error_message);
                 if (j->headers_sent) {
                         /* too late for a status: an error event ends the stream */
-                        sse_send_json(j->req, api_error_json(&e));
+                        sse_send_json(j->req, api_error_json(&e, FLAVOR_OPENAI));
                         evhttp_send_reply_end(j->req);
                         metrics_count_request(j->endpoint, e.status);
                 } else
@@ -584,7 +720,7 @@ static int make_request_id(char *buf, size_t size, const char *prefix) {
                         return log_error_errno(n < 0 ? errno : EIO, "getrandom: cannot draw a request id: %m");
                 got += (size_t) n;
         }
-        int k = snprintf(buf, size, "%s-", prefix);
+        int k = snprintf(buf, size, "%s", prefix);
         for (size_t i = 0; i < sizeof rnd && k > 0 && (size_t) k + 2 < size; i++)
                 k += snprintf(buf + k, size - (size_t) k, "%02x", rnd[i]);
         return 0;
@@ -615,7 +751,9 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         }
         const char *body = (const char *) evbuffer_pullup(in, -1);
         struct api_request ar;
-        if (api_parse_request(kind, body ? body : "", len, served_model, &ar, &e) < 0)
+        struct api_config ac = { .model_id = served_model, .aliases = cfg.aliases, .n_aliases = cfg.n_aliases,
+                                 .key = key };
+        if (api_parse_request(kind, body ? body : "", len, &ac, &ar, &e) < 0)
                 return send_error(req, &e, endpoint);
 
         struct job *j = calloc(1, sizeof *j);
@@ -624,7 +762,10 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
                 api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
                 return send_error(req, &e, endpoint);
         }
-        if (make_request_id(j->idstr, sizeof j->idstr, kind == API_CHAT ? "chatcmpl" : "cmpl") < 0) {
+        static const char *const prefixes[] = { [API_CHAT] = "chatcmpl-", [API_COMPLETION] = "cmpl-",
+                                                [API_MESSAGES] = "msg_", [API_COUNT_TOKENS] = "count_",
+                                                [API_RESPONSES] = "resp_" };
+        if (make_request_id(j->idstr, sizeof j->idstr, prefixes[kind]) < 0) {
                 api_request_done(&ar);
                 free(j);
                 api_fail(&e, 500, "server_error", "internal_error", NULL,
@@ -639,6 +780,11 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->top_logprobs = ar.top_logprobs;
         j->created = time(NULL);
         j->t_start = now_s();
+        snprintf(j->model, sizeof j->model, "%s", ar.model ? ar.model : served_model);
+        j->echo = TAKE_PTR(ar.echo);
+        j->conv = TAKE_PTR(ar.conv);
+        j->store = ar.store;
+        ev_stream_init(&j->ev, kind, j->idstr, j->model, j->created, j->echo, &j->res);
 
         int r = X4_E_CONNECT;
         const char *why = "";
@@ -667,7 +813,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         api_request_done(&ar);
         if (r < 0) {
                 api_error_from_x4(&e, r, why);
-                free(j);
+                job_free(j);
                 return send_error(req, &e, endpoint);
         }
         j->be->inflight++;
@@ -793,19 +939,98 @@ static void handle_metrics(struct evhttp_request *req) {
         metrics_count_request("metrics", 200);
 }
 
-/* The index in api_keys of the key the request carries; 0 when no keys are configured, -1 when
- * the key is missing or wrong. Every key is compared, so the time does not say which one matched. */
+/* The index in api_keys of the key the request carries ("Authorization: Bearer KEY", or Anthropic's
+ * "x-api-key: KEY"); 0 when no keys are configured, -1 when the key is missing or wrong. Every key
+ * is compared, so the time does not say which one matched. */
 static int authorized(struct evhttp_request *req) {
         if (n_api_keys == 0)
                 return 0;
-        const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-        if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        const struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+        const char *h = evhttp_find_header(in, "Authorization");
+        const char *key = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : evhttp_find_header(in, "x-api-key");
+        if (!key)
                 return -1;
         int found = -1;
         for (size_t i = 0; i < n_api_keys; i++)
-                if (secret_equal(api_keys[i], h + 7))
+                if (secret_equal(api_keys[i], key))
                         found = (int) i;
         return found;
+}
+
+static bool origin_allowed(const char *origin) {
+        for (size_t i = 0; i < cfg.n_cors; i++)
+                if (streq(cfg.cors_origins[i], "*") || strcasecmp(cfg.cors_origins[i], origin) == 0)
+                        return true;
+        return false;
+}
+
+/* Browsers send Origin with every cross-origin request (and with POSTs): a web page the user
+ * visits must not drive generations on their machine, so only the configured origins are served,
+ * and their preflight (OPTIONS) is answered. Returns true when the request was answered here. */
+static bool cors(struct evhttp_request *req, enum evhttp_cmd_type m) {
+        struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+        struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+        const char *origin = evhttp_find_header(in, "Origin");
+        struct api_error e;
+        if (!origin) {
+                if (m != EVHTTP_REQ_OPTIONS)
+                        return false;
+                evhttp_add_header(out, "Allow", "GET, POST, DELETE, OPTIONS");
+                evhttp_send_reply(req, 204, "No Content", NULL);
+                metrics_count_request("other", 204);
+                return true;
+        }
+        if (!origin_allowed(origin)) {
+                api_fail(&e, 403, "permission_error", "origin_not_allowed", NULL,
+                         "cross-origin request from Origin \"%.200s\" refused: add it to this server's cors-origin "
+                         "setting to let that site's pages use the API", origin);
+                send_error(req, &e, "other");
+                return true;
+        }
+        evhttp_add_header(out, "Access-Control-Allow-Origin", origin);
+        evhttp_add_header(out, "Vary", "Origin");
+        if (m != EVHTTP_REQ_OPTIONS)
+                return false;
+        const char *want = evhttp_find_header(in, "Access-Control-Request-Headers");
+        evhttp_add_header(out, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+        evhttp_add_header(out, "Access-Control-Allow-Headers",
+                          want && strlen(want) < 1024 && !strpbrk(want, "\r\n") ? want
+                                  : "authorization, content-type, x-api-key, anthropic-version, anthropic-beta");
+        evhttp_add_header(out, "Access-Control-Max-Age", "600");
+        evhttp_send_reply(req, 204, "No Content", NULL);
+        metrics_count_request("other", 204);
+        return true;
+}
+
+/* POST bodies must say they are JSON: a form or text/plain post is what a web page can send
+ * cross-origin without a preflight. */
+static bool json_content_type(struct evhttp_request *req) {
+        const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type");
+        if (!ct)
+                return false;
+        while (*ct == ' ')
+                ct++;
+        size_t n = strcspn(ct, "; ");
+        return n == 16 && strncasecmp(ct, "application/json", 16) == 0;
+}
+
+static void handle_model(struct evhttp_request *req, const char *id) {
+        struct api_error e;
+        bool known = streq(id, served_model);
+        for (size_t i = 0; !known && i < cfg.n_aliases; i++)
+                known = fnmatch(cfg.aliases[i], id, 0) == 0;
+        if (!known) {
+                api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
+                         "The model \"%.200s\" does not exist; this server serves \"%s\" (GET /v1/models)", id,
+                         served_model);
+                return send_error(req, &e, "models");
+        }
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
+                              (json_int_t) started_unix, "owned_by", "xing4d");
+        /* Anthropic's model object, for its SDK's models.retrieve */
+        json_object_set_new(m, "type", json_string("model"));
+        json_object_set_new(m, "display_name", json_string(id));
+        send_json(req, 200, m, "models");
 }
 
 static void route(struct evhttp_request *req, void *arg) {
@@ -815,6 +1040,8 @@ static void route(struct evhttp_request *req, void *arg) {
         struct api_error e;
         if (!path)
                 path = "/";
+        if (cors(req, m))
+                return;
         if (streq(path, "/health") || streq(path, "/ready") || streq(path, "/metrics")) {
                 if (m != EVHTTP_REQ_GET) {
                         api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only GET", path);
@@ -828,37 +1055,97 @@ static void route(struct evhttp_request *req, void *arg) {
         if (key < 0) {
                 evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
                 api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
-                         "missing or wrong API key: send \"Authorization: Bearer KEY\" with the key in this "
-                         "server's api-key-file");
+                         "missing or wrong API key: send \"Authorization: Bearer KEY\" (or \"x-api-key: KEY\") "
+                         "with a key in this server's api-key-file");
                 return send_error(req, &e, "unauthorized");
         }
         const char *endpoint = NULL;
+        enum api_kind kind = API_CHAT;
+        enum evhttp_cmd_type want = EVHTTP_REQ_POST;
         if (streq(path, "/v1/chat/completions"))
-                endpoint = "chat";
+                endpoint = "chat", kind = API_CHAT;
         else if (streq(path, "/v1/completions"))
-                endpoint = "completions";
-        else if (streq(path, "/v1/models"))
-                endpoint = "models";
+                endpoint = "completions", kind = API_COMPLETION;
+        else if (streq(path, "/v1/messages"))
+                endpoint = "messages", kind = API_MESSAGES;
+        else if (streq(path, "/v1/messages/count_tokens"))
+                endpoint = "count_tokens", kind = API_COUNT_TOKENS;
+        else if (streq(path, "/v1/responses"))
+                endpoint = "responses", kind = API_RESPONSES;
+        else if (streq(path, "/v1/embeddings"))
+                endpoint = "embeddings";
+        else if (streq(path, "/v1/models") || (strncmp(path, "/v1/models/", 11) == 0 && path[11]))
+                endpoint = "models", want = EVHTTP_REQ_GET;
         else if (strncmp(path, "/v1/requests/", 13) == 0 && path[13])
-                endpoint = "cancel";
+                endpoint = "cancel", want = EVHTTP_REQ_DELETE;
         if (!endpoint) {
                 api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %s",
                          m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE" : "",
                          path);
                 return send_error(req, &e, "other");
         }
-        enum evhttp_cmd_type want = streq(endpoint, "models") ? EVHTTP_REQ_GET
-                : streq(endpoint, "cancel") ? EVHTTP_REQ_DELETE : EVHTTP_REQ_POST;
         if (m != want) {
                 api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only %s", path,
                          want == EVHTTP_REQ_GET ? "GET" : want == EVHTTP_REQ_POST ? "POST" : "DELETE");
                 return send_error(req, &e, endpoint);
         }
+        if (m == EVHTTP_REQ_POST && !json_content_type(req)) {
+                const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type");
+                api_fail(&e, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                         "Content-Type %s%.100s%s is not accepted: send the body as JSON with \"Content-Type: "
+                         "application/json\"", ct ? "\"" : "", ct ? ct : "missing", ct ? "\"" : "");
+                return send_error(req, &e, endpoint);
+        }
+        if (streq(endpoint, "embeddings")) {
+                api_fail(&e, 400, "invalid_request_error", "embeddings_unsupported", "model",
+                         "/v1/embeddings: xing4d's model has no embedding output; this server generates text only "
+                         "(chat/completions, completions, responses, messages)");
+                return send_error(req, &e, endpoint);
+        }
         if (streq(endpoint, "models"))
-                return handle_models(req);
+                return path[10] == '/' ? handle_model(req, path + 11) : handle_models(req);
         if (streq(endpoint, "cancel"))
                 return handle_cancel(req, path + 13, key);
-        handle_generate(req, streq(endpoint, "chat") ? API_CHAT : API_COMPLETION, key, endpoint);
+        handle_generate(req, kind, key, endpoint);
+}
+
+/* libevent refuses some requests before route() sees them -- a body over the hard cap (a larger
+ * Content-Length is refused before a byte of it is read), a malformed request line or header --
+ * and answers them with evhttp_send_error(), an HTML page. This definition takes the library's
+ * place (libevent calls it through its PLT, so the executable's symbol is the one bound) and
+ * answers in JSON instead. The path is unknown by then (libevent has dropped the URI), so the
+ * error carries both APIs' fields: OpenAI's SDK reads error.message/type/code, Anthropic's
+ * type = "error" and error.type/message. Nothing else in this program calls it. */
+__attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_request *req, int error,
+                                                        const char *reason) {
+        char msg[256];
+        const char *code = "invalid_request", *type = "invalid_request_error";
+        if (error == 413) {
+                snprintf(msg, sizeof msg, "request body exceeds this server's limit of %zu bytes (max-body-bytes)",
+                         cfg.max_body);
+                code = "request_too_large";
+                type = "request_too_large";
+        } else if (error == 400)
+                snprintf(msg, sizeof msg, "malformed HTTP request (request line, headers or chunked body)");
+        else
+                snprintf(msg, sizeof msg, "%s", reason ? reason : "HTTP error");
+        struct evbuffer *b = evbuffer_new();
+        json_t *j = json_pack("{s:s, s:{s:s, s:s, s:n, s:s}}", "type", "error", "error", "message", msg, "type", type,
+                              "param", "code", code);
+        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        if (b && s) {
+                evbuffer_add(b, s, strlen(s));
+                evbuffer_add(b, "\n", 1);
+        }
+        free(s);
+        struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+        evhttp_add_header(out, "Connection", "close");
+        evhttp_add_header(out, "Content-Type", "application/json");
+        evhttp_send_reply(req, error, error == 413 ? "Payload Too Large" : reason ? reason : "Bad Request", b);
+        if (b)
+                evbuffer_free(b);
+        metrics_count_request("other", error);
 }
 
 /* ---- main ---------------------------------------------------------------------------------------- */
@@ -915,6 +1202,11 @@ static void usage(void) {
                "  --max-concurrent N    generations in flight before 429 (default 64)\n"
                "  --timeout S           read/write inactivity timeout of HTTP connections (default 60)\n"
                "  --connect-timeout-ms N  daemon connect + handshake limit (default 3000)\n"
+               "  --cors-origin ORIGIN  serve browser requests from this origin (repeatable; default none)\n"
+               "  --model-alias GLOB    other model names served by the model (repeatable; default claude-*;\n"
+               "                        \"none\" for none)\n"
+               "  --response-store N    /v1/responses kept for previous_response_id (default 256, 0 = off)\n"
+               "  --response-retention S  seconds a stored response is kept (default 3600)\n"
                "  --version, --help\n");
 }
 
@@ -929,6 +1221,10 @@ int main(int argc, char **argv) {
                 { "max-concurrent", required_argument, NULL, 'n' },
                 { "timeout", required_argument, NULL, 't' },
                 { "connect-timeout-ms", required_argument, NULL, 'T' },
+                { "cors-origin", required_argument, NULL, 'O' },
+                { "model-alias", required_argument, NULL, 'A' },
+                { "response-store", required_argument, NULL, 'S' },
+                { "response-retention", required_argument, NULL, 'R' },
                 { "version", no_argument, NULL, 'V' },
                 { "help", no_argument, NULL, 'h' },
                 {}
@@ -968,6 +1264,10 @@ int main(int argc, char **argv) {
                 case 'n': r = config_set("max-concurrent", optarg, "--max-concurrent"); break;
                 case 't': r = config_set("timeout", optarg, "--timeout"); break;
                 case 'T': r = config_set("connect-timeout-ms", optarg, "--connect-timeout-ms"); break;
+                case 'O': r = config_set("cors-origin", optarg, "--cors-origin"); break;
+                case 'A': r = config_set("model-alias", optarg, "--model-alias"); break;
+                case 'S': r = config_set("response-store", optarg, "--response-store"); break;
+                case 'R': r = config_set("response-retention", optarg, "--response-retention"); break;
                 case 'V':
                         printf("xing4-http " BRIDGE_VERSION "\n");
                         return 0;
@@ -991,6 +1291,10 @@ int main(int argc, char **argv) {
         }
         if (cfg.api_key_file[0] && read_api_keys(cfg.api_key_file) < 0)
                 return 2;
+        if (!cfg.aliases_set)
+                for (size_t i = 0; i < ELEMENTSOF(default_aliases); i++)
+                        cfg.aliases[cfg.n_aliases++] = strdup(default_aliases[i]);
+        rs_store_configure(cfg.store_entries, cfg.store_bytes, cfg.store_retention_s);
 
         char host[256];
         snprintf(host, sizeof host, "%s", cfg.listen);
@@ -1067,5 +1371,10 @@ int main(int argc, char **argv) {
                 free(cfg.sockets[i]);
         for (size_t i = 0; i < n_api_keys; i++)
                 free(api_keys[i]);
+        for (size_t i = 0; i < cfg.n_cors; i++)
+                free(cfg.cors_origins[i]);
+        for (size_t i = 0; i < cfg.n_aliases; i++)
+                free(cfg.aliases[i]);
+        rs_store_clear();
         return 0;
 }

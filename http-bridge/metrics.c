@@ -8,7 +8,7 @@
 
 #include "bridge.h"
 
-#define N_STATUS_SLOTS 32
+#define N_STATUS_SLOTS 96 /* endpoints x statuses seen; the bridge has ~12 endpoint labels */
 
 struct status_count {
         const char *endpoint; /* a static string */

@@ -3,6 +3,7 @@
  * value is answered as `{"error":{"param":"top_p",...}}` the way the SDKs expect, before anything
  * reaches the daemon (which checks again, with its own field names). */
 #include <event2/buffer.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,34 @@
 #include "util/macro.h"
 
 /* ---- errors ------------------------------------------------------------------------------------ */
+
+/* Messages quote what the client sent (and jansson's parse errors the bytes near the fault), cut
+ * to fit: whatever is not well-formed UTF-8 becomes '?', so the error can still be encoded. */
+static void utf8_mend(char *s) {
+        unsigned char *p = (unsigned char *) s;
+        while (*p) {
+                size_t n = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 ? 2 : (*p & 0xF0) == 0xE0 ? 3 : (*p & 0xF8) == 0xF0 ? 4 : 0;
+                bool ok = n > 0;
+                for (size_t i = 1; ok && i < n; i++)
+                        ok = (p[i] & 0xC0) == 0x80;
+                if (ok && n == 2)
+                        ok = *p >= 0xC2;
+                if (ok && n == 3) {
+                        unsigned cp = (unsigned) (p[0] & 0x0F) << 12 | (unsigned) (p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+                        ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+                }
+                if (ok && n == 4) {
+                        unsigned cp = (unsigned) (p[0] & 0x07) << 18 | (unsigned) (p[1] & 0x3F) << 12 |
+                                      (unsigned) (p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+                        ok = cp >= 0x10000 && cp <= 0x10FFFF;
+                }
+                if (!ok) {
+                        *p++ = '?';
+                        continue;
+                }
+                p += n;
+        }
+}
 
 int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *param,
              const char *fmt, ...) {
@@ -25,10 +54,28 @@ int api_fail(struct api_error *e, int status, const char *type, const char *code
         va_start(ap, fmt);
         vsnprintf(e->message, sizeof e->message, fmt, ap);
         va_end(ap);
+        utf8_mend(e->message);
+        utf8_mend(e->param);
         return -1;
 }
 
-json_t *api_error_json(const struct api_error *e) {
+const char *api_anthropic_error_type(int status) {
+        switch (status) {
+        case 400: case 405: case 415: return "invalid_request_error";
+        case 401: return "authentication_error";
+        case 403: return "permission_error";
+        case 404: return "not_found_error";
+        case 413: return "request_too_large";
+        case 429: return "rate_limit_error";
+        case 503: case 529: return "overloaded_error";
+        default: return "api_error";
+        }
+}
+
+json_t *api_error_json(const struct api_error *e, enum api_flavor flavor) {
+        if (flavor == FLAVOR_ANTHROPIC)
+                return json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                                 api_anthropic_error_type(e->status), "message", e->message);
         return json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type", e->type,
                          "param", e->param[0] ? json_string(e->param) : json_null(), "code",
                          e->code ? json_string(e->code) : json_null());
@@ -75,13 +122,16 @@ void api_error_from_x4(struct api_error *e, int st, const char *msg) {
 void api_request_done(struct api_request *r) {
         x4_request_free(r->req);
         free(r->affinity_key);
+        free(r->model);
+        json_decref(r->conv);
+        json_decref(r->echo);
         r->req = NULL;
         r->affinity_key = NULL;
+        r->model = NULL;
+        r->conv = r->echo = NULL;
 }
 
-static int bad(struct api_error *e, const char *param, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
-static int bad(struct api_error *e, const char *param, const char *fmt, ...) {
+int api_bad(struct api_error *e, const char *param, const char *fmt, ...) {
         char msg[400];
         va_list ap;
         va_start(ap, fmt);
@@ -90,12 +140,12 @@ static int bad(struct api_error *e, const char *param, const char *fmt, ...) {
         return api_fail(e, 400, "invalid_request_error", "invalid_value", param, "%s: %s", param, msg);
 }
 
-static int unsupported(struct api_error *e, const char *param, const char *what) {
+int api_unsupported(struct api_error *e, const char *param, const char *what) {
         return api_fail(e, 400, "invalid_request_error", "unsupported_parameter", param,
                         "%s: %s is not supported by xing4d", param, what);
 }
 
-static const char *type_name(const json_t *v) {
+const char *api_type_name(const json_t *v) {
         switch (json_typeof(v)) {
         case JSON_OBJECT: return "an object";
         case JSON_ARRAY: return "an array";
@@ -109,54 +159,48 @@ static const char *type_name(const json_t *v) {
 }
 
 /* A number field within [lo, hi]; absent or null: *set = false. */
-static int get_number(json_t *o, const char *key, double lo, double hi, bool lo_open, double *v,
+int api_get_number(json_t *o, const char *key, double lo, double hi, bool lo_open, double *v,
                       bool *set, struct api_error *e) {
         json_t *x = json_object_get(o, key);
         *set = false;
         if (!x || json_is_null(x))
                 return 0;
         if (!json_is_number(x))
-                return bad(e, key, "a number expected, got %s", type_name(x));
+                return api_bad(e, key, "a number expected, got %s", api_type_name(x));
         *v = json_number_value(x);
         if (!isfinite(*v) || *v > hi || (lo_open ? *v <= lo : *v < lo))
-                return bad(e, key, "%g is out of range %s%g, %g]", *v, lo_open ? "(" : "[", lo, hi);
+                return api_bad(e, key, "%g is out of range %s%g, %g]", *v, lo_open ? "(" : "[", lo, hi);
         *set = true;
         return 0;
 }
 
-static int get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
+int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
                    struct api_error *e) {
         json_t *x = json_object_get(o, key);
         *set = false;
         if (!x || json_is_null(x))
                 return 0;
         if (!json_is_integer(x))
-                return bad(e, key, "an integer expected, got %s", type_name(x));
+                return api_bad(e, key, "an integer expected, got %s", api_type_name(x));
         *v = json_integer_value(x);
         if (*v < lo || *v > hi)
-                return bad(e, key, "%lld is out of range [%lld, %lld]", (long long) *v, (long long) lo,
+                return api_bad(e, key, "%lld is out of range [%lld, %lld]", (long long) *v, (long long) lo,
                            (long long) hi);
         *set = true;
         return 0;
 }
 
-static int get_bool(json_t *o, const char *key, bool *v, struct api_error *e) {
+int api_get_bool(json_t *o, const char *key, bool *v, struct api_error *e) {
         json_t *x = json_object_get(o, key);
         if (!x || json_is_null(x))
                 return 0;
         if (!json_is_boolean(x))
-                return bad(e, key, "true or false expected, got %s", type_name(x));
+                return api_bad(e, key, "true or false expected, got %s", api_type_name(x));
         *v = json_is_true(x);
         return 0;
 }
 
-/* A growing string. */
-struct sbuf {
-        char *s;
-        size_t len, cap;
-};
-
-static int sbuf_add(struct sbuf *b, const char *s, size_t n) {
+int sbuf_add(struct sbuf *b, const char *s, size_t n) {
         if (b->len + n + 1 > b->cap) {
                 size_t cap = b->cap ? b->cap * 2 : 256;
                 while (cap < b->len + n + 1)
@@ -173,6 +217,19 @@ static int sbuf_add(struct sbuf *b, const char *s, size_t n) {
         return 0;
 }
 
+int sbuf_add_text(struct sbuf *b, const char *s, size_t n) {
+        static const char replacement[] = "\xEF\xBF\xBD"; /* U+FFFD */
+        const char *nul;
+        while (n > 0 && (nul = memchr(s, 0, n))) {
+                size_t k = (size_t) (nul - s);
+                if (sbuf_add(b, s, k) < 0 || sbuf_add(b, replacement, 3) < 0)
+                        return -1;
+                s += k + 1;
+                n -= k + 1;
+        }
+        return sbuf_add(b, s, n);
+}
+
 /* Message content: a string, null, or an array of parts of which only "text" ones are accepted
  * (the model reads text only). */
 static int content_text(json_t *content, size_t msg, struct sbuf *out, struct api_error *e) {
@@ -181,25 +238,25 @@ static int content_text(json_t *content, size_t msg, struct sbuf *out, struct ap
         if (!content || json_is_null(content))
                 return 0;
         if (json_is_string(content))
-                return sbuf_add(out, json_string_value(content), json_string_length(content));
+                return sbuf_add_text(out, json_string_value(content), json_string_length(content));
         if (!json_is_array(content))
-                return bad(e, param, "a string or an array of content parts expected, got %s",
-                           type_name(content));
+                return api_bad(e, param, "a string or an array of content parts expected, got %s",
+                           api_type_name(content));
         size_t i;
         json_t *part;
         json_array_foreach(content, i, part) {
                 snprintf(param, sizeof param, "messages[%zu].content[%zu]", msg, i);
                 const char *type = json_string_value(json_object_get(part, "type"));
                 if (!json_is_object(part) || !type)
-                        return bad(e, param, "an object with a \"type\" expected");
+                        return api_bad(e, param, "an object with a \"type\" expected");
                 if (strcmp(type, "text") != 0)
                         return api_fail(e, 400, "invalid_request_error", "unsupported_content_type", param,
                                         "%s: content part type \"%s\" is not supported; the model reads "
                                         "\"text\" parts only", param, type);
                 json_t *t = json_object_get(part, "text");
                 if (!json_is_string(t))
-                        return bad(e, param, "\"text\" must be a string");
-                if (sbuf_add(out, json_string_value(t), json_string_length(t)) < 0)
+                        return api_bad(e, param, "\"text\" must be a string");
+                if (sbuf_add_text(out, json_string_value(t), json_string_length(t)) < 0)
                         return -1;
         }
         return 0;
@@ -215,11 +272,11 @@ static char *tool_calls_json(json_t *calls, size_t msg, struct api_error *e) {
         json_t *tc;
         snprintf(param, sizeof param, "messages[%zu].tool_calls", msg);
         if (!json_is_array(calls)) {
-                bad(e, param, "an array expected, got %s", type_name(calls));
+                api_bad(e, param, "an array expected, got %s", api_type_name(calls));
                 return NULL;
         }
         if (json_array_size(calls) > API_MAX_TOOL_CALLS) {
-                bad(e, param, "at most %d tool calls per message, got %zu", API_MAX_TOOL_CALLS,
+                api_bad(e, param, "at most %d tool calls per message, got %zu", API_MAX_TOOL_CALLS,
                     json_array_size(calls));
                 return NULL;
         }
@@ -227,12 +284,12 @@ static char *tool_calls_json(json_t *calls, size_t msg, struct api_error *e) {
                 json_t *fn = json_object_get(tc, "function");
                 json_t *args = json_object_get(fn, "arguments");
                 if (!json_is_string(json_object_get(fn, "name"))) {
-                        bad(e, param, "entry %zu has no function.name", i);
+                        api_bad(e, param, "entry %zu has no function.name", i);
                         return NULL;
                 }
                 if (args && !json_is_null(args) && !json_is_string(args) && !json_is_object(args)) {
-                        bad(e, param, "entry %zu: function.arguments must be a JSON string or an object, "
-                            "got %s", i, type_name(args));
+                        api_bad(e, param, "entry %zu: function.arguments must be a JSON string or an object, "
+                            "got %s", i, api_type_name(args));
                         return NULL;
                 }
         }
@@ -258,7 +315,7 @@ static int tool_names_add(json_t *names, json_t *calls) {
         return 0;
 }
 
-static void affinity_add(struct api_request *r, const char *s, size_t n) {
+void api_affinity_add(struct api_request *r, const char *s, size_t n) {
         /* the first 256 bytes of the prompt decide which daemon probably has it cached */
         const size_t max = 256;
         if (r->affinity_len >= max)
@@ -278,9 +335,9 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                 return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
                                 "messages: required (an array of {role, content} objects)");
         if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-                return bad(e, "messages", "a non-empty array expected");
+                return api_bad(e, "messages", "a non-empty array expected");
         if (json_array_size(msgs) > API_MAX_MESSAGES)
-                return bad(e, "messages", "at most %d messages per request, got %zu", API_MAX_MESSAGES,
+                return api_bad(e, "messages", "at most %d messages per request, got %zu", API_MAX_MESSAGES,
                            json_array_size(msgs));
         _cleanup_(json_decrefp) json_t *tool_names = json_object();
         if (!tool_names)
@@ -290,12 +347,12 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                 snprintf(param, sizeof param, "messages[%zu].role", i);
                 const char *role = json_string_value(json_object_get(m, "role"));
                 if (!json_is_object(m) || !role)
-                        return bad(e, param, "required (system, developer, user, assistant or tool)");
+                        return api_bad(e, param, "required (system, developer, user, assistant or tool)");
                 if (strcmp(role, "developer") == 0)
                         role = "system";
                 if (strcmp(role, "system") != 0 && strcmp(role, "user") != 0 &&
                     strcmp(role, "assistant") != 0 && strcmp(role, "tool") != 0)
-                        return bad(e, param, "\"%s\" is not a role; system, developer, user, assistant or "
+                        return api_bad(e, param, "\"%s\" is not a role; system, developer, user, assistant or "
                                    "tool expected", role);
                 struct sbuf text = { 0 };
                 _cleanup_free_ char *calls_json = NULL;
@@ -328,9 +385,9 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                                 api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
                         return -1;
                 }
-                affinity_add(r, text.s, text.len);
+                api_affinity_add(r, text.s, text.len);
                 if (calls_json)
-                        affinity_add(r, calls_json, strlen(calls_json));
+                        api_affinity_add(r, calls_json, strlen(calls_json));
                 ret = x4_request_add_message_ex(r->req, role, text.s, reasoning, calls_json, name);
                 free(text.s);
                 if (ret < 0)
@@ -345,20 +402,20 @@ static int parse_stop(json_t *root, x4_request *req, struct api_error *e) {
                 return 0;
         if (json_is_string(stop)) {
                 if (json_string_length(stop) == 0)
-                        return bad(e, "stop", "an empty stop string would match everywhere");
-                return x4_request_add_stop(req, json_string_value(stop)) < 0 ? bad(e, "stop", "out of memory") : 0;
+                        return api_bad(e, "stop", "an empty stop string would match everywhere");
+                return x4_request_add_stop(req, json_string_value(stop)) < 0 ? api_bad(e, "stop", "out of memory") : 0;
         }
         if (!json_is_array(stop))
-                return bad(e, "stop", "a string or an array of up to 4 strings expected, got %s", type_name(stop));
+                return api_bad(e, "stop", "a string or an array of up to 4 strings expected, got %s", api_type_name(stop));
         if (json_array_size(stop) > 4)
-                return bad(e, "stop", "at most 4 stop strings, got %zu", json_array_size(stop));
+                return api_bad(e, "stop", "at most 4 stop strings, got %zu", json_array_size(stop));
         size_t i;
         json_t *s;
         json_array_foreach(stop, i, s) {
                 if (!json_is_string(s) || json_string_length(s) == 0)
-                        return bad(e, "stop", "entry %zu: a non-empty string expected", i);
+                        return api_bad(e, "stop", "entry %zu: a non-empty string expected", i);
                 if (x4_request_add_stop(req, json_string_value(s)) < 0)
-                        return bad(e, "stop", "out of memory");
+                        return api_bad(e, "stop", "out of memory");
         }
         return 0;
 }
@@ -367,54 +424,54 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
         double v;
         json_int_t iv;
         bool set;
-        if (get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
+        if (api_get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_temperature(r->req, (float) v);
-        if (get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
+        if (api_get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_top_p(r->req, (float) v);
-        if (get_number(root, "min_p", 0, 1, false, &v, &set, e) < 0)
+        if (api_get_number(root, "min_p", 0, 1, false, &v, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_min_p(r->req, (float) v);
-        if (get_number(root, "presence_penalty", -2, 2, false, &v, &set, e) < 0)
+        if (api_get_number(root, "presence_penalty", -2, 2, false, &v, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_presence_penalty(r->req, (float) v);
-        if (get_number(root, "frequency_penalty", -2, 2, false, &v, &set, e) < 0)
+        if (api_get_number(root, "frequency_penalty", -2, 2, false, &v, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_frequency_penalty(r->req, (float) v);
-        if (get_number(root, "repetition_penalty", 0, 10, true, &v, &set, e) < 0)
+        if (api_get_number(root, "repetition_penalty", 0, 10, true, &v, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_repetition_penalty(r->req, (float) v);
-        if (get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
+        if (api_get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_top_k(r->req, (uint32_t) iv);
         json_t *seed = json_object_get(root, "seed");
         if (seed && !json_is_null(seed)) {
                 if (!json_is_integer(seed))
-                        return bad(e, "seed", "an integer expected, got %s", type_name(seed));
+                        return api_bad(e, "seed", "an integer expected, got %s", api_type_name(seed));
                 x4_request_set_seed(r->req, (uint64_t) json_integer_value(seed));
         }
         /* max_completion_tokens is the newer name; both accepted, the newer wins */
         json_int_t max = 0;
         bool has_max = false;
-        if (get_int(root, "max_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
+        if (api_get_int(root, "max_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
                 return -1;
         if (set)
                 max = iv, has_max = true;
-        if (get_int(root, "max_completion_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
+        if (api_get_int(root, "max_completion_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
                 return -1;
         if (set)
                 max = iv, has_max = true;
         if (has_max)
                 x4_request_set_max_tokens(r->req, (uint32_t) max);
-        if (get_int(root, "n", 1, 1 << 20, &iv, &set, e) < 0)
+        if (api_get_int(root, "n", 1, 1 << 20, &iv, &set, e) < 0)
                 return -1;
         if (set && iv != 1)
                 return api_fail(e, 400, "invalid_request_error", "unsupported_value", "n",
@@ -422,28 +479,71 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
                                 "requests instead)", (long long) iv, (long long) iv);
         json_t *user = json_object_get(root, "user");
         if (user && !json_is_null(user) && !json_is_string(user))
-                return bad(e, "user", "a string expected, got %s", type_name(user));
+                return api_bad(e, "user", "a string expected, got %s", api_type_name(user));
         /* thinking budget (Xing4 extension): reasoning tokens before </think> is forced */
-        if (get_int(root, "thinking_budget", -1, INT32_MAX, &iv, &set, e) < 0)
+        if (api_get_int(root, "thinking_budget", -1, INT32_MAX, &iv, &set, e) < 0)
                 return -1;
         if (set)
                 x4_request_set_thinking_budget(r->req, (int32_t) iv);
         return parse_stop(root, r->req, e);
 }
 
+int api_parse_format(const char *type, json_t *fmt, json_t *js, const char *param, const char *js_param,
+                     struct api_request *r, struct api_error *e) {
+        char p[96];
+        if (streq(type, "text"))
+                return 0;
+        if (streq(type, "json_object")) {
+                if (x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_OBJECT, NULL) < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                return 0;
+        }
+        if (!streq(type, "json_schema")) {
+                snprintf(p, sizeof p, "%s.type", param);
+                return api_bad(e, p, "\"%s\": \"text\", \"json_object\" or \"json_schema\" expected", type);
+        }
+        if (!json_is_object(js)) {
+                snprintf(p, sizeof p, "%s", js_param);
+                return api_bad(e, p, "an object {name, schema, strict} expected, got %s", js ? api_type_name(js) : "nothing");
+        }
+        json_t *name = json_object_get(js, "name");
+        snprintf(p, sizeof p, "%s.name", js_param);
+        if (!json_is_string(name) || json_string_length(name) == 0 || json_string_length(name) > 64 ||
+            strspn(json_string_value(name), "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+                    json_string_length(name))
+                return api_bad(e, p, "required: 1 to 64 of a-z, A-Z, 0-9, _ and -");
+        json_t *schema = json_object_get(js, "schema");
+        snprintf(p, sizeof p, "%s.schema", js_param);
+        if (schema && !json_is_null(schema) && !json_is_object(schema))
+                return api_bad(e, p, "a JSON Schema object expected, got %s", api_type_name(schema));
+        json_t *strict = json_object_get(js, "strict");
+        snprintf(p, sizeof p, "%s.strict", js_param);
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+                return api_bad(e, p, "true or false expected, got %s", api_type_name(strict));
+        if (!schema || json_is_null(schema)) {
+                if (x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_OBJECT, NULL) < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                return 0;
+        }
+        _cleanup_free_ char *text = json_dumps(schema, JSON_COMPACT);
+        if (!text || x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_SCHEMA, text) < 0)
+                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return 0;
+}
+
 static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) {
         if (parse_messages(root, r, e) < 0)
                 return -1;
         /* logprobs: bool + top_logprobs 0..20 */
-        if (get_bool(root, "logprobs", &r->logprobs, e) < 0)
+        if (api_get_bool(root, "logprobs", &r->logprobs, e) < 0)
                 return -1;
         json_int_t iv;
         bool set;
-        if (get_int(root, "top_logprobs", 0, 20, &iv, &set, e) < 0)
+        if (api_get_int(root, "top_logprobs", 0, 20, &iv, &set, e) < 0)
                 return -1;
         if (set) {
                 if (!r->logprobs)
-                        return bad(e, "top_logprobs", "requires \"logprobs\": true");
+                        return api_bad(e, "top_logprobs", "requires \"logprobs\": true");
                 r->top_logprobs = (unsigned) iv;
         }
         if (r->logprobs)
@@ -453,50 +553,88 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
         json_t *choice = json_object_get(root, "tool_choice");
         bool send_tools = tools && !json_is_null(tools);
         if (send_tools && !json_is_array(tools))
-                return bad(e, "tools", "an array of {type: \"function\", function: {...}} expected");
-        if (choice && !json_is_null(choice)) {
-                const char *c = json_string_value(choice);
-                if (c && strcmp(c, "none") == 0)
-                        send_tools = false; /* the model is not told about them */
-                else if (!c || strcmp(c, "auto") != 0)
-                        return unsupported(e, "tool_choice",
-                                           "forcing a tool call (\"required\" or a named function)");
-        }
-        if (send_tools && json_array_size(tools) > 0) {
-                size_t i;
-                json_t *t;
+                return api_bad(e, "tools", "an array of {type: \"function\", function: {...}} expected");
+        size_t i;
+        json_t *t;
+        if (send_tools)
                 json_array_foreach(tools, i, t) {
                         if (!json_is_object(t) || !json_is_object(json_object_get(t, "function")) ||
                             !json_is_string(json_object_get(json_object_get(t, "function"), "name")))
-                                return bad(e, "tools", "entry %zu: {type: \"function\", function: {name, "
-                                           "description, parameters}} expected", i);
+                                return api_bad(e, "tools", "entry %zu: {type: \"function\", function: {name, "
+                                               "description, parameters}} expected", i);
                 }
+        bool forced = false;
+        if (choice && !json_is_null(choice)) {
+                const char *c = json_string_value(choice);
+                if (json_is_string(choice)) {
+                        if (strcmp(c, "none") == 0)
+                                send_tools = false; /* the model is not told about them */
+                        else if (strcmp(c, "required") == 0)
+                                forced = r->forced_tool = true;
+                        else if (strcmp(c, "auto") != 0)
+                                return api_bad(e, "tool_choice", "\"%s\": \"none\", \"auto\", \"required\" or "
+                                               "{\"type\": \"function\", \"function\": {\"name\": ...}} expected", c);
+                        if (forced && x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, NULL) < 0)
+                                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                } else if (json_is_object(choice)) {
+                        const char *type = json_string_value(json_object_get(choice, "type"));
+                        const char *name = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+                        if (!type || strcmp(type, "function") != 0)
+                                return api_bad(e, "tool_choice.type", "\"function\" expected");
+                        if (!name || !*name)
+                                return api_bad(e, "tool_choice.function.name", "the name of one of the request's tools "
+                                               "expected");
+                        bool found = false;
+                        if (send_tools)
+                                json_array_foreach(tools, i, t)
+                                        found = found || streq(name, json_string_value(json_object_get(
+                                                                             json_object_get(t, "function"), "name")));
+                        if (!found)
+                                return api_bad(e, "tool_choice.function.name", "\"%s\" is not one of the request's "
+                                               "tools", name);
+                        forced = true;
+                        r->forced_tool = true;
+                        if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0)
+                                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                } else
+                        return api_bad(e, "tool_choice", "a string or an object expected, got %s", api_type_name(choice));
+                if (forced && (!send_tools || json_array_size(tools) == 0))
+                        return api_bad(e, "tool_choice", "forcing a tool call needs a non-empty \"tools\"");
+        }
+        if (send_tools && json_array_size(tools) > 0) {
                 _cleanup_free_ char *s = json_dumps(tools, JSON_COMPACT);
                 if (!s || x4_request_set_tools_json(r->req, s) < 0)
                         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         }
         json_t *rf = json_object_get(root, "response_format");
         if (rf && !json_is_null(rf)) {
-                const char *t = json_string_value(json_object_get(rf, "type"));
-                if (!t || strcmp(t, "text") != 0)
-                        return unsupported(e, "response_format",
-                                           "a response_format other than {\"type\": \"text\"} (JSON mode "
-                                           "needs constrained decoding, which xing4d does not do yet)");
+                if (!json_is_object(rf))
+                        return api_bad(e, "response_format", "an object with a \"type\" expected, got %s",
+                                       api_type_name(rf));
+                const char *type = json_string_value(json_object_get(rf, "type"));
+                if (!type)
+                        return api_bad(e, "response_format.type", "\"text\", \"json_object\" or \"json_schema\" expected");
+                if (!streq(type, "text") && forced)
+                        return api_bad(e, "response_format", "a JSON answer cannot be combined with a forced tool "
+                                       "call (tool_choice)");
+                if (api_parse_format(type, rf, json_object_get(rf, "json_schema"), "response_format",
+                                     "response_format.json_schema", r, e) < 0)
+                        return -1;
         }
         r->thinking = true; /* the daemon's default (spec §7: the generation prompt opens <think>) */
         json_t *kw = json_object_get(root, "chat_template_kwargs");
         if (kw && !json_is_null(kw)) {
                 if (!json_is_object(kw))
-                        return bad(e, "chat_template_kwargs", "an object expected");
+                        return api_bad(e, "chat_template_kwargs", "an object expected");
                 json_t *et = json_object_get(kw, "enable_thinking");
                 if (et && !json_is_boolean(et))
-                        return bad(e, "chat_template_kwargs.enable_thinking", "true or false expected");
+                        return api_bad(e, "chat_template_kwargs.enable_thinking", "true or false expected");
                 if (et) {
                         r->thinking = json_is_true(et);
                         x4_request_set_thinking(r->req, r->thinking);
                 }
                 json_int_t b;
-                if (get_int(kw, "thinking_budget", -1, INT32_MAX, &b, &set, e) < 0)
+                if (api_get_int(kw, "thinking_budget", -1, INT32_MAX, &b, &set, e) < 0)
                         return -1;
                 if (set)
                         x4_request_set_thinking_budget(r->req, (int32_t) b);
@@ -512,8 +650,13 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
         if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
                 p = json_array_get(p, 0);
         if (json_is_string(p)) {
-                affinity_add(r, json_string_value(p), json_string_length(p));
-                if (x4_request_set_text(r->req, json_string_value(p)) < 0)
+                struct sbuf text = { 0 };
+                if (sbuf_add_text(&text, json_string_value(p), json_string_length(p)) < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                api_affinity_add(r, text.s, text.len);
+                int ret = x4_request_set_text(r->req, text.s);
+                free(text.s);
+                if (ret < 0)
                         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
                 size_t n = json_array_size(p), i;
@@ -523,89 +666,158 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
                         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
                 json_array_foreach(p, i, x) {
                         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
-                                return bad(e, "prompt", "entry %zu: a token id expected", i);
+                                return api_bad(e, "prompt", "entry %zu: a token id expected", i);
                         ids[i] = (int32_t) json_integer_value(x);
                 }
-                affinity_add(r, (const char *) ids, n * sizeof *ids);
+                api_affinity_add(r, (const char *) ids, n * sizeof *ids);
                 if (x4_request_set_tokens(r->req, ids, n) < 0)
                         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         } else
-                return bad(e, "prompt", "a string, or an array of token ids, expected (one prompt per "
+                return api_bad(e, "prompt", "a string, or an array of token ids, expected (one prompt per "
                            "request)");
         json_int_t iv;
         bool set, echo = false;
-        if (get_int(root, "logprobs", 0, 20, &iv, &set, e) < 0)
+        if (api_get_int(root, "logprobs", 0, 20, &iv, &set, e) < 0)
                 return -1;
         if (set && iv > 0) {
                 r->logprobs = true;
                 r->top_logprobs = (unsigned) iv;
                 x4_request_set_logprobs(r->req, (uint32_t) iv);
         }
-        if (get_bool(root, "echo", &echo, e) < 0)
+        if (api_get_bool(root, "echo", &echo, e) < 0)
                 return -1;
         if (echo)
-                return unsupported(e, "echo", "echoing the prompt");
+                return api_unsupported(e, "echo", "echoing the prompt");
         json_t *suffix = json_object_get(root, "suffix");
         if (suffix && !json_is_null(suffix))
-                return unsupported(e, "suffix", "a suffix (fill-in-the-middle)");
-        if (get_int(root, "best_of", 1, 1 << 20, &iv, &set, e) < 0)
+                return api_unsupported(e, "suffix", "a suffix (fill-in-the-middle)");
+        if (api_get_int(root, "best_of", 1, 1 << 20, &iv, &set, e) < 0)
                 return -1;
         if (set && iv != 1)
-                return unsupported(e, "best_of", "best_of other than 1");
+                return api_unsupported(e, "best_of", "best_of other than 1");
         return 0;
 }
 
-int api_parse_request(enum api_kind kind, const char *body, size_t len, const char *model_id,
-                      struct api_request *r, struct api_error *e) {
+json_t *api_load_body(const char *body, size_t len, struct api_error *e) {
         json_error_t je;
+        /* \u0000 is valid JSON; the text it sits in is mended where it goes to the model */
+        json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je);
+        if (!root) {
+                api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
+                         "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+                return NULL;
+        }
+        if (!json_is_object(root)) {
+                api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
+                         "request body must be a JSON object, got %s", api_type_name(root));
+                json_decref(root);
+                return NULL;
+        }
+        return root;
+}
+
+int api_check_model(json_t *root, const struct api_config *cfg, bool required, const char **name,
+                    struct api_error *e) {
+        json_t *model = json_object_get(root, "model");
+        *name = cfg->model_id;
+        if (!model || json_is_null(model)) {
+                if (!required)
+                        return 0;
+                return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "model",
+                                "model: required; this server serves \"%s\"", cfg->model_id);
+        }
+        if (!json_is_string(model))
+                return api_bad(e, "model", "a string expected, got %s", api_type_name(model));
+        const char *m = json_string_value(model);
+        if (streq(m, cfg->model_id)) {
+                *name = m;
+                return 0;
+        }
+        for (size_t i = 0; i < cfg->n_aliases; i++)
+                if (fnmatch(cfg->aliases[i], m, 0) == 0) {
+                        *name = m;
+                        return 0;
+                }
+        return api_fail(e, 404, "invalid_request_error", "model_not_found", "model",
+                        "The model \"%.200s\" does not exist; this server serves \"%s\" (GET /v1/models)%s", m,
+                        cfg->model_id, cfg->n_aliases ? " and the names its model-alias patterns match" : "");
+}
+
+void api_call_id(char *buf, size_t size, const char *prefix, const char *response_id, size_t index) {
+        const char *hex = response_id + strcspn(response_id, "-_");
+        hex += *hex != 0;
+        snprintf(buf, size, "%s%.24s_%zu", prefix, hex, index);
+}
+
+int api_add_conversation(struct api_request *r, json_t *conv, struct api_error *e) {
+        size_t i;
+        json_t *m;
+        json_array_foreach(conv, i, m) {
+                const char *role = json_string_value(json_object_get(m, "role"));
+                json_t *content = json_object_get(m, "content");
+                json_t *calls = json_object_get(m, "tool_calls");
+                struct sbuf text = { 0 };
+                _cleanup_free_ char *calls_json = calls ? json_dumps(calls, JSON_COMPACT) : NULL;
+                if (sbuf_add_text(&text, json_string_value(content) ? json_string_value(content) : "",
+                                  json_string_length(content)) < 0 ||
+                    (calls && !calls_json)) {
+                        free(text.s);
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                }
+                api_affinity_add(r, text.s, text.len);
+                if (calls_json)
+                        api_affinity_add(r, calls_json, strlen(calls_json));
+                int ret = x4_request_add_message_ex(r->req, role ? role : "user", text.s,
+                                                    json_string_value(json_object_get(m, "reasoning")),
+                                                    calls_json, json_string_value(json_object_get(m, "name")));
+                free(text.s);
+                if (ret < 0)
+                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        return 0;
+}
+
+int api_parse_request(enum api_kind kind, const char *body, size_t len, const struct api_config *cfg,
+                      struct api_request *r, struct api_error *e) {
         memset(r, 0, sizeof *r);
         memset(e, 0, sizeof *e);
         r->kind = kind;
-        json_t *root = json_loadb(body, len, 0, &je);
+        json_t *root = api_load_body(body, len, e);
         if (!root)
-                return api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
-                                "request body is not valid JSON: %s (line %d, column %d)", je.text,
-                                je.line, je.column);
+                return -1;
         int ret = -1;
-        if (!json_is_object(root)) {
-                api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
-                         "request body must be a JSON object, got %s", type_name(root));
+        const char *model;
+        if (api_check_model(root, cfg, true, &model, e) < 0)
                 goto out;
-        }
-        json_t *model = json_object_get(root, "model");
-        if (!model) {
-                api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "model",
-                         "model: required; this server serves \"%s\"", model_id);
-                goto out;
-        }
-        if (!json_is_string(model)) {
-                bad(e, "model", "a string expected, got %s", type_name(model));
-                goto out;
-        }
-        if (strcmp(json_string_value(model), model_id) != 0) {
-                api_fail(e, 404, "invalid_request_error", "model_not_found", "model",
-                         "The model \"%s\" does not exist; this server serves \"%s\" (GET /v1/models)",
-                         json_string_value(model), model_id);
-                goto out;
-        }
         r->req = x4_request_new();
-        if (!r->req) {
+        /* chat and completions answer with the served id (as they always have); the others with
+         * the name the client asked for, which agents check */
+        r->model = strdup(kind == API_CHAT || kind == API_COMPLETION ? cfg->model_id : model);
+        if (!r->req || !r->model) {
                 api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
                 goto out;
         }
-        if (get_bool(root, "stream", &r->stream, e) < 0)
+        if (kind == API_MESSAGES || kind == API_COUNT_TOKENS) {
+                ret = am_parse(root, kind == API_COUNT_TOKENS, r, e);
+                goto out;
+        }
+        if (kind == API_RESPONSES) {
+                ret = rs_parse(root, cfg->key, r, e);
+                goto out;
+        }
+        if (api_get_bool(root, "stream", &r->stream, e) < 0)
                 goto out;
         json_t *so = json_object_get(root, "stream_options");
         if (so && !json_is_null(so)) {
                 if (!json_is_object(so)) {
-                        bad(e, "stream_options", "an object expected");
+                        api_bad(e, "stream_options", "an object expected");
                         goto out;
                 }
                 if (!r->stream) {
-                        bad(e, "stream_options", "only allowed when \"stream\" is true");
+                        api_bad(e, "stream_options", "only allowed when \"stream\" is true");
                         goto out;
                 }
-                if (get_bool(so, "include_usage", &r->include_usage, e) < 0)
+                if (api_get_bool(so, "include_usage", &r->include_usage, e) < 0)
                         goto out;
         }
         if (parse_sampling(root, r, e) < 0)
@@ -794,8 +1006,8 @@ json_t *api_response_json(enum api_kind kind, const char *id, int64_t created, c
                 if (res->n_calls > 0) {
                         json_t *calls = json_array();
                         for (size_t i = 0; i < res->n_calls; i++) {
-                                char cid[96];
-                                snprintf(cid, sizeof cid, "call_%s_%zu", id, i);
+                                char cid[64];
+                                api_call_id(cid, sizeof cid, "call_", id, i);
                                 json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", cid,
                                                                        "type", "function", "function", "name",
                                                                        res->calls[i].name, "arguments",

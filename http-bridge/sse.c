@@ -52,3 +52,70 @@ void sse_finish(struct evhttp_request *req) {
         }
         evhttp_send_reply_end(req);
 }
+
+int sse_format_event(struct evbuffer *buf, const char *event, json_t *j) {
+        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        json_decref(j);
+        if (!s)
+                return -1;
+        int r = evbuffer_add_printf(buf, "event: %s\n", event) < 0 ? -1 : sse_format(buf, s, strlen(s));
+        free(s);
+        return r;
+}
+
+void sse_send_buffer(struct evhttp_request *req, struct evbuffer *buf) {
+        if (evbuffer_get_length(buf) > 0)
+                evhttp_send_reply_chunk(req, buf);
+}
+
+/* ---- named-event streams: the API's own events (anthropic.c, responses.c) ---------------------- */
+
+void ev_stream_init(struct ev_stream *s, enum api_kind kind, const char *id, const char *model, int64_t created,
+                    json_t *echo, struct api_result *res) {
+        memset(s, 0, sizeof *s);
+        s->kind = kind;
+        s->id = id;
+        s->model = model;
+        s->created = created;
+        s->echo = echo;
+        s->res = res;
+        s->output = json_array();
+}
+
+void ev_stream_done(struct ev_stream *s) {
+        json_decref(s->output);
+        s->output = NULL;
+}
+
+void ev_stream_start(struct ev_stream *s, struct evbuffer *out) {
+        if (s->started)
+                return;
+        s->started = true;
+        if (s->kind == API_MESSAGES)
+                am_stream_start(s, out);
+        else
+                rs_stream_start(s, out);
+}
+
+void ev_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuffer *out) {
+        ev_stream_start(s, out);
+        if (s->kind == API_MESSAGES)
+                am_stream_chunk(s, c, out);
+        else
+                rs_stream_chunk(s, c, out);
+}
+
+void ev_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out) {
+        ev_stream_start(s, out);
+        if (s->kind == API_MESSAGES)
+                am_stream_finish(s, d, out);
+        else
+                rs_stream_finish(s, d, out);
+}
+
+void ev_stream_error(struct ev_stream *s, const struct api_error *e, struct evbuffer *out) {
+        if (s->kind == API_MESSAGES)
+                am_stream_error(s, e, out);
+        else
+                rs_stream_error(s, e, out);
+}

@@ -63,6 +63,8 @@ struct x4_request {
         bool has_thinking_budget;
         int32_t thinking_budget;
         int ignore_eos; /* -1 unset */
+        int constraint; /* enum x4_constraint */
+        char *constraint_arg; /* the schema's JSON text, or the tool's name (NULL = any tool) */
 };
 
 struct x4_client {
@@ -166,6 +168,7 @@ X4_API void x4_request_free(x4_request *r) {
         free_strv(r->stops, r->n_stops);
         free(r->stop_ids);
         free(r->snapshot);
+        free(r->constraint_arg);
         free(r);
 }
 
@@ -347,6 +350,19 @@ X4_API int x4_request_set_ignore_eos(x4_request *r, bool ignore) {
         if (!r)
                 return X4_E_USAGE;
         r->ignore_eos = ignore;
+        return 0;
+}
+
+X4_API int x4_request_set_constraint(x4_request *r, int kind, const char *arg) {
+        if (!r || kind < X4_CONSTRAINT_NONE || kind > X4_CONSTRAINT_TOOL ||
+            (kind == X4_CONSTRAINT_JSON_SCHEMA && !arg))
+                return X4_E_USAGE;
+        char *a = NULL;
+        if ((kind == X4_CONSTRAINT_JSON_SCHEMA || kind == X4_CONSTRAINT_TOOL) && arg && !(a = strdup(arg)))
+                return X4_E_NOMEM;
+        free(r->constraint_arg);
+        r->constraint = kind;
+        r->constraint_arg = a;
         return 0;
 }
 
@@ -1016,6 +1032,28 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
         if (req->ignore_eos >= 0) {
                 g.has_ignore_eos = 1;
                 g.ignore_eos = req->ignore_eos;
+        }
+        Xing4__Constraint cons = XING4__CONSTRAINT__INIT;
+        Xing4__ToolChoice tool = XING4__TOOL_CHOICE__INIT;
+        switch (req->constraint) {
+        case X4_CONSTRAINT_JSON_OBJECT:
+                cons.kind_case = XING4__CONSTRAINT__KIND_JSON_OBJECT;
+                cons.json_object = 1;
+                g.constraint = &cons;
+                break;
+        case X4_CONSTRAINT_JSON_SCHEMA:
+                cons.kind_case = XING4__CONSTRAINT__KIND_JSON_SCHEMA;
+                cons.json_schema = req->constraint_arg;
+                g.constraint = &cons;
+                break;
+        case X4_CONSTRAINT_TOOL:
+                cons.kind_case = XING4__CONSTRAINT__KIND_TOOL;
+                tool.name = req->constraint_arg;
+                cons.tool = &tool;
+                g.constraint = &cons;
+                break;
+        default:
+                break;
         }
         f.has_request_id = 1;
         f.request_id = p->id;

@@ -120,6 +120,20 @@ X4_API int x4_request_set_logprobs(x4_request *r, uint32_t top_n);
 X4_API int x4_request_set_thinking_budget(x4_request *r, int32_t tokens);
 X4_API int x4_request_set_ignore_eos(x4_request *r, bool ignore);
 
+/* Constrained decoding of the answer (GenerateRequest.constraint, protocol 1.1): after the
+ * reasoning, when thinking is on, the output is any JSON object (X4_CONSTRAINT_JSON_OBJECT, arg
+ * ignored), valid against the JSON Schema given as JSON text in arg (X4_CONSTRAINT_JSON_SCHEMA),
+ * or a call of the tool named arg among the request's tools (X4_CONSTRAINT_TOOL; arg NULL or "":
+ * any of them). X4_CONSTRAINT_NONE clears it. The server checks the schema and the name; a daemon
+ * older than 1.1 ignores the field. */
+enum x4_constraint {
+        X4_CONSTRAINT_NONE = 0,
+        X4_CONSTRAINT_JSON_OBJECT = 1,
+        X4_CONSTRAINT_JSON_SCHEMA = 2,
+        X4_CONSTRAINT_TOOL = 3,
+};
+X4_API int x4_request_set_constraint(x4_request *r, int kind, const char *arg);
+
 /* ---- what comes back ------------------------------------------------------------------------ */
 
 struct x4_top_logprob {

@@ -6,7 +6,14 @@ error after the first token, exact chunk sequences) can be tested deterministica
 What it answers depends on the request:
   - chat whose last message is a tool result: content "It is sunny in Paris." (finish stop)
   - chat with tools: a reasoning chunk, then a finished tool call get_weather {"city": "Paris"}
-    (channel TOOL_CALL, finish TOOL_CALLS)
+    (channel TOOL_CALL, finish TOOL_CALLS); a call forced to another tool: that tool with
+    {"answer": "yes"}
+  - last message "stop-here": "Up to the", finish stop on the stop string "END"
+  - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
+  - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
+  - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
+  - last message "slow": one chunk, then waits up to 5 s for a Cancel (Done{CANCELLED}) else ends
+  - last message "silent": the same wait before any chunk (a long prefill)
   - last user message "error-after-start": one content chunk, then Error{INTERNAL}
   - last user message "error-internal": Error{INTERNAL} at once
   - last user message "error-invalid": Error{INVALID_ARGUMENT}
@@ -94,6 +101,7 @@ STATS, STATS_REPLY, INFO, INFO_REPLY, HEALTH, HEALTH_REPLY, ERROR = 18, 19, 20, 
 CONTENT, REASONING, TOOL_CALL = 0, 1, 2
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_TOOL_CALLS = 1, 2, 3, 4
 E_INVALID, E_INTERNAL = 1, 7
+WAIT_CANCEL = "wait-cancel"  # script step: wait up to N s for a Cancel; one ends it with Done{CANCELLED}
 
 MODEL = fb(1, "xing4_0") + fb(2, "fake xing4d") + fb(3, "fake-fingerprint") + fv(4, 512) + fv(5, 4096)
 
@@ -124,6 +132,23 @@ def decode_generate(g):
     if 4 in g:
         sp = parse(g[4][0])
         out["sampling_fields"] = sorted(sp)
+        names = {1: "temperature", 2: "top_p", 3: "top_k", 4: "min_p", 5: "seed"}
+        out["sampling"] = {names[k]: (round(struct.unpack("<f", v[0])[0], 6) if isinstance(v[0], bytes) else v[0])
+                           for k, v in sp.items() if k in names}
+    if 10 in g:
+        v = g[10][0]
+        out["thinking_budget"] = v - (1 << 64) if v >= 1 << 63 else v
+    if 13 in g:
+        # Constraint {json_object = 1 | json_schema = 2 | tool = 3 {name = 1}}
+        c = parse(g[13][0])
+        if 1 in c:
+            out["constraint"] = {"json_object": bool(c[1][0])}
+        elif 2 in c:
+            out["constraint"] = {"json_schema": json.loads(s(c, 2))}
+        elif 3 in c:
+            out["constraint"] = {"tool": s(parse(c[3][0]), 1, None)}
+        else:
+            out["constraint"] = {}
     return out
 
 
@@ -134,9 +159,9 @@ def chunk(text, channel=CONTENT, tool=None, token=1):
     return body
 
 
-def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42):
+def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42, stop=None):
     usage = fv(1, prompt) + fv(2, cached) + fv(3, completion) + fv(4, reasoning)
-    return fv(1, finish) + fb(2, usage) + fv(5, srid)
+    return fv(1, finish) + fb(2, usage) + (fb(4, stop) if stop else b"") + fv(5, srid)
 
 
 def error(code, msg):
@@ -149,11 +174,29 @@ def script(req):
     last = msgs[-1] if msgs else {"role": "user", "content": req.get("text", "")}
     if last["role"] == "tool":
         return [(CHUNK, chunk("It is sunny in Paris.")), (DONE, done(FINISH_STOP))]
+    forced = req.get("constraint", {}).get("tool")
+    if req.get("tools") and forced not in (None, "get_weather"):
+        # a forced call of another tool (structured output through function calling)
+        return [(CHUNK, chunk("", TOOL_CALL, (forced, '{"answer": "yes"}'), token=6)), (DONE, done(FINISH_TOOL_CALLS))]
     if req.get("tools"):
         return [(CHUNK, chunk("Need weather.", REASONING)),
                 (CHUNK, chunk("", TOOL_CALL, token=5)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
                 (DONE, done(FINISH_TOOL_CALLS))]
+    if last["content"] == "cancelled-elsewhere":
+        return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1))]
+    if last["content"] == "silent":
+        return [(WAIT_CANCEL, 5.0), (CHUNK, chunk("Late")), (DONE, done(FINISH_STOP, completion=1))]
+    if last["content"] == "slow":
+        return [(CHUNK, chunk("Slowly")), (WAIT_CANCEL, 5.0), (DONE, done(FINISH_STOP, completion=1))]
+    if last["content"] == "stop-here":
+        return [(CHUNK, chunk("Up to the")), (DONE, done(FINISH_STOP, stop="END"))]
+    if last["content"] == "think-long":
+        return [(CHUNK, chunk("Thinking", REASONING)), (CHUNK, chunk(" on and on", REASONING)),
+                (DONE, done(FINISH_LENGTH, completion=2, reasoning=2))]
+    constraint = req.get("constraint", {})
+    if "json_schema" in constraint or "json_object" in constraint:
+        return [(CHUNK, chunk('{"answer": ')), (CHUNK, chunk('"yes"}')), (DONE, done(FINISH_STOP))]
     if last["content"] == "error-after-start":
         return [(CHUNK, chunk("partial")), (ERROR, error(E_INTERNAL, "scripted failure after the first token"))]
     if last["content"] == "error-internal":
@@ -173,6 +216,24 @@ class Conn(threading.Thread):
     def send(self, rid, field, body):
         payload = fv(1, rid) + fb(field, body)
         self.sock.sendall(struct.pack(">I", len(payload)) + payload)
+
+    def wait_cancel(self, buf, seconds):
+        """Read frames for up to seconds; (unread bytes, whether a Cancel came)."""
+        import select
+        import time
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if select.select([self.sock], [], [], deadline - time.monotonic())[0]:
+                d = self.sock.recv(65536)
+                if not d:
+                    return buf, False
+                buf += d
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                    n = struct.unpack(">I", buf[:4])[0]
+                    f, buf = parse(buf[4:4 + n]), buf[4 + n:]
+                    if CANCEL in f:
+                        return buf, True
+        return buf, False
 
     def run(self):
         buf = b""
@@ -201,6 +262,12 @@ class Conn(threading.Thread):
                         with open(self.record, "a") as out:
                             out.write(json.dumps(req) + "\n")
                     for field, body in script(req):
+                        if field == WAIT_CANCEL:
+                            buf, cancelled = self.wait_cancel(buf, body)
+                            if cancelled:
+                                self.send(rid, DONE, done(FINISH_CANCELLED, completion=1))
+                                break
+                            continue
                         self.send(rid, field, body)
                 elif CANCEL in f:
                     pass

@@ -41,20 +41,6 @@ def test_n_above_one_is_refused_clearly(bridge):
     assert e["code"] == "unsupported_value"
 
 
-def test_json_response_format_is_refused(bridge):
-    st, _, body = bridge.post("/v1/chat/completions", chat(response_format={"type": "json_object"}))
-    assert_openai_error(st, body, 400, "not supported by xing4d", param="response_format")
-    # {"type": "text"} is the default and accepted
-    st, _, body = bridge.post("/v1/chat/completions", chat(response_format={"type": "text"}, max_tokens=2))
-    assert st == 200, body
-
-
-def test_forced_tool_choice_is_refused(bridge):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    st, _, body = bridge.post("/v1/chat/completions", chat(tools=tools, tool_choice="required"))
-    assert_openai_error(st, body, 400, "forcing a tool call", param="tool_choice")
-
-
 def test_image_content_part_is_refused(bridge):
     msg = {"role": "user", "content": [{"type": "text", "text": "what is this"},
                                        {"type": "image_url", "image_url": {"url": "data:,"}}]}
@@ -112,8 +98,8 @@ def test_unknown_model_is_404(bridge):
 
 
 def test_unknown_url_and_wrong_method(bridge):
-    st, _, body = bridge.request("GET", "/v1/embeddings")
-    assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/embeddings")
+    st, _, body = bridge.request("GET", "/v1/images/generations")
+    assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/images/generations")
     st, _, body = bridge.request("GET", "/v1/chat/completions")
     assert_openai_error(st, body, 405, "/v1/chat/completions: only POST")
 

@@ -1,7 +1,9 @@
 #!/bin/bash
-# Client compatibility: the official `openai` npm client (pinned in package-lock.json) against
-# xing4-http over a real xing4d on the demo model, plus a second bridge over the scripted fake
-# daemon (tests/bridge/fakedaemon.py) for the tool-call round trip a random model never makes.
+# Client compatibility: the official `openai` and `@anthropic-ai/sdk` npm clients, the AI SDK and
+# LangChain (pinned in package-lock.json) against xing4-http over a real xing4d on the demo model,
+# plus a second bridge over the scripted fake daemon (tests/bridge/fakedaemon.py) for the tool
+# calls and structured answers a random model never makes. test/structured-grammar.test.js needs
+# the engine's constrained decoding (it checks real structured output from the demo model).
 # Usage: tests/compat/run.sh BUILD_DIR   (TAP output: BUILD_DIR/node-compat.tap)
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }

@@ -159,7 +159,9 @@ def test_x4ctl_usage_and_connection_errors(daemon, tmp_path):
     r = subprocess.run([str(daemon_x4ctl()), "--socket", str(tmp_path / "none.sock"), "health"],
                        capture_output=True, text=True)
     assert r.returncode == 3
-    assert r.stderr == f"x4ctl: {tmp_path / 'none.sock'}: cannot connect: No such file or directory\n"
+    assert r.stderr.startswith(f"x4ctl: {tmp_path / 'none.sock'}: cannot connect: No such file or directory\n"
+                               "x4ctl: hint: is xing4d running? Start it with: sudo systemctl start xing4d.socket"), \
+        r.stderr
     r = daemon.x4ctl("cancel", "999999")
     assert r.returncode == 5
     assert r.stderr == "x4ctl: Cancel.server_request_id: request 999999 is not waiting or running\n"

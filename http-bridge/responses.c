@@ -1,0 +1,765 @@
+/* SPDX-License-Identifier: MIT */
+/* OpenAI's Responses API (POST /v1/responses) ⇄ libx4client.
+ *
+ * The input (a string, or items: messages, function_call, function_call_output, reasoning)
+ * becomes the protocol's chat; `instructions` its system text. previous_response_id continues a
+ * conversation this bridge answered: it keeps each stored response's conversation (input items
+ * and output, in the protocol's message shape) in a bounded store (entries, bytes, age), and sends
+ * the whole conversation again; the daemon's prefix cache finds the pages of the earlier turns, so
+ * only the new turn is prefilled.
+ *
+ * Streaming sends OpenAI's typed events (response.created, response.in_progress,
+ * response.output_item.added, response.content_part.added, response.output_text.delta, ...,
+ * response.function_call_arguments.delta/done, response.completed), each with its
+ * sequence_number. */
+#include <event2/buffer.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bridge.h"
+#include "util/macro.h"
+
+#define OOM(e) api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
+
+/* ---- the conversation store ---------------------------------------------------------------------- */
+
+struct stored {
+        struct stored *next;
+        char id[64];
+        int key;
+        json_t *conv;
+        size_t bytes;
+        time_t at;
+};
+
+static struct stored *store_head, *store_tail; /* oldest first */
+static size_t store_n, store_bytes;
+static size_t store_max_n = 256, store_max_bytes = 64u << 20;
+static int store_retention = 3600;
+
+void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s) {
+        store_max_n = max_entries;
+        store_max_bytes = max_bytes;
+        store_retention = retention_s;
+}
+
+static void store_drop_oldest(void) {
+        struct stored *s = store_head;
+        store_head = s->next;
+        if (!store_head)
+                store_tail = NULL;
+        store_n--;
+        store_bytes -= s->bytes;
+        json_decref(s->conv);
+        free(s);
+}
+
+static void store_expire(void) {
+        time_t now = time(NULL);
+        while (store_head && (now - store_head->at > store_retention || store_n > store_max_n ||
+                              store_bytes > store_max_bytes))
+                store_drop_oldest();
+}
+
+void rs_store_clear(void) {
+        while (store_head)
+                store_drop_oldest();
+}
+
+json_t *rs_store_get(const char *id, int key) {
+        store_expire();
+        for (struct stored *s = store_head; s; s = s->next)
+                if (streq(s->id, id) && s->key == key)
+                        return s->conv;
+        return NULL;
+}
+
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res) {
+        if (store_max_n == 0 || !conv)
+                return;
+        json_t *c = json_deep_copy(conv);
+        json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content", res->content ? res->content : "",
+                              res->content_len);
+        if (!c || !m) {
+                json_decref(c);
+                json_decref(m);
+                return;
+        }
+        if (res->reasoning)
+                json_object_set_new(m, "reasoning", json_stringn(res->reasoning, res->reasoning_len));
+        if (res->n_calls) {
+                json_t *calls = json_array();
+                for (size_t i = 0; i < res->n_calls; i++) {
+                        char cid[64];
+                        api_call_id(cid, sizeof cid, "call_", id, i);
+                        json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", cid, "type", "function",
+                                                               "function", "name", res->calls[i].name, "arguments",
+                                                               res->calls[i].arguments));
+                }
+                json_object_set_new(m, "tool_calls", calls);
+        }
+        json_array_append_new(c, m);
+        char *dump = json_dumps(c, JSON_COMPACT);
+        struct stored *s = calloc(1, sizeof *s);
+        if (!dump || !s) {
+                free(dump);
+                free(s);
+                json_decref(c);
+                return;
+        }
+        s->bytes = strlen(dump) + sizeof *s;
+        free(dump);
+        snprintf(s->id, sizeof s->id, "%s", id);
+        s->key = key;
+        s->conv = c;
+        s->at = time(NULL);
+        if (store_tail)
+                store_tail->next = s;
+        else
+                store_head = s;
+        store_tail = s;
+        store_n++;
+        store_bytes += s->bytes;
+        store_expire();
+}
+
+/* ---- parsing ------------------------------------------------------------------------------------- */
+
+/* The text of a message's content: a string or an array of text parts. */
+static int content_text(json_t *v, const char *param, struct sbuf *out, struct api_error *e) {
+        if (json_is_string(v))
+                return sbuf_add_text(out, json_string_value(v), json_string_length(v)) < 0 ? OOM(e) : 0;
+        if (!json_is_array(v))
+                return api_bad(e, param, "a string or an array of content parts expected, got %s",
+                               v ? api_type_name(v) : "nothing");
+        size_t i;
+        json_t *part;
+        json_array_foreach(v, i, part) {
+                char p[96];
+                snprintf(p, sizeof p, "%s[%zu]", param, i);
+                const char *type = json_string_value(json_object_get(part, "type"));
+                if (!json_is_object(part) || !type)
+                        return api_bad(e, p, "an object with a \"type\" expected");
+                const char *key = streq(type, "refusal") ? "refusal" : "text";
+                if (!streq(type, "input_text") && !streq(type, "output_text") && !streq(type, "text") &&
+                    !streq(type, "refusal"))
+                        return api_fail(e, 400, "invalid_request_error", "unsupported_content_type", p,
+                                        "%s: content part type \"%s\" is not supported; xing4d's model reads text "
+                                        "only (input_text, output_text)", p, type);
+                json_t *t = json_object_get(part, key);
+                if (!json_is_string(t))
+                        return api_bad(e, p, "\"%s\" must be a string", key);
+                if (sbuf_add_text(out, json_string_value(t), json_string_length(t)) < 0)
+                        return OOM(e);
+        }
+        return 0;
+}
+
+static json_t *msg_new(const char *role, struct sbuf *text) {
+        json_t *m = json_pack("{s:s, s:s}", "role", role, "content", text->s ? text->s : "");
+        free(text->s);
+        *text = (struct sbuf) { 0 };
+        return m;
+}
+
+/* The last message of conv if it is an assistant's that tool calls may be added to. */
+static json_t *open_assistant(json_t *conv) {
+        json_t *last = json_array_get(conv, json_array_size(conv) - 1);
+        return last && streq(json_string_value(json_object_get(last, "role")), "assistant") ? last : NULL;
+}
+
+static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
+        struct sbuf reasoning = { 0 };
+        _cleanup_(json_decrefp) json_t *names = json_object();
+        /* calls of earlier stored turns answer to their names too */
+        size_t i;
+        json_t *it;
+        json_array_foreach(conv, i, it) {
+                size_t k;
+                json_t *tc;
+                json_array_foreach(json_object_get(it, "tool_calls"), k, tc) {
+                        const char *id = json_string_value(json_object_get(tc, "id"));
+                        json_t *name = json_object_get(json_object_get(tc, "function"), "name");
+                        if (id && json_is_string(name))
+                                json_object_set(names, id, name);
+                }
+        }
+        if (json_is_string(input)) {
+                struct sbuf text = { 0 };
+                if (sbuf_add_text(&text, json_string_value(input), json_string_length(input)) < 0)
+                        return OOM(e);
+                return json_array_append_new(conv, msg_new("user", &text)) < 0 ? OOM(e) : 0;
+        }
+        if (!json_is_array(input))
+                return api_bad(e, "input", "a string or an array of input items expected, got %s",
+                               api_type_name(input));
+        if (json_array_size(input) > API_MAX_MESSAGES)
+                return api_bad(e, "input", "at most %d items per request, got %zu", API_MAX_MESSAGES,
+                               json_array_size(input));
+        int ret = 0;
+        json_array_foreach(input, i, it) {
+                char p[64], q[96];
+                snprintf(p, sizeof p, "input[%zu]", i);
+                if (!json_is_object(it)) {
+                        ret = api_bad(e, p, "an object expected, got %s", api_type_name(it));
+                        break;
+                }
+                const char *type = json_string_value(json_object_get(it, "type"));
+                if (!type || streq(type, "message")) {
+                        const char *role = json_string_value(json_object_get(it, "role"));
+                        snprintf(q, sizeof q, "%s.role", p);
+                        if (streq(role, "developer"))
+                                role = "system";
+                        if (!streq(role, "user") && !streq(role, "system") && !streq(role, "assistant")) {
+                                ret = api_bad(e, q, "\"user\", \"assistant\", \"system\" or \"developer\" expected");
+                                break;
+                        }
+                        struct sbuf text = { 0 };
+                        snprintf(q, sizeof q, "%s.content", p);
+                        if (content_text(json_object_get(it, "content"), q, &text, e) < 0) {
+                                free(text.s);
+                                ret = -1;
+                                break;
+                        }
+                        json_t *m = msg_new(role, &text);
+                        if (m && streq(role, "assistant") && reasoning.s) {
+                                json_object_set_new(m, "reasoning", json_string(reasoning.s));
+                                free(reasoning.s);
+                                reasoning = (struct sbuf) { 0 };
+                        }
+                        if (!m || json_array_append_new(conv, m) < 0) {
+                                ret = OOM(e);
+                                break;
+                        }
+                } else if (streq(type, "function_call")) {
+                        const char *call_id = json_string_value(json_object_get(it, "call_id"));
+                        const char *name = json_string_value(json_object_get(it, "name"));
+                        json_t *args = json_object_get(it, "arguments");
+                        if (!call_id || !name || !json_is_string(args)) {
+                                ret = api_bad(e, p, "a function_call item needs \"call_id\", \"name\" and "
+                                              "\"arguments\" strings");
+                                break;
+                        }
+                        json_t *m = open_assistant(conv);
+                        if (!m || reasoning.s) {
+                                struct sbuf none = { 0 };
+                                m = msg_new("assistant", &none);
+                                if (m && reasoning.s) {
+                                        json_object_set_new(m, "reasoning", json_string(reasoning.s));
+                                        free(reasoning.s);
+                                        reasoning = (struct sbuf) { 0 };
+                                }
+                                if (!m || json_array_append_new(conv, m) < 0) {
+                                        ret = OOM(e);
+                                        break;
+                                }
+                        }
+                        json_t *calls = json_object_get(m, "tool_calls");
+                        if (!calls) {
+                                calls = json_array();
+                                json_object_set_new(m, "tool_calls", calls);
+                        }
+                        if (json_array_size(calls) >= API_MAX_TOOL_CALLS) {
+                                ret = api_bad(e, p, "at most %d calls in a row", API_MAX_TOOL_CALLS);
+                                break;
+                        }
+                        json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:O}}", "id", call_id, "type",
+                                                               "function", "function", "name", name, "arguments", args));
+                        json_object_set_new(names, call_id, json_string(name));
+                } else if (streq(type, "function_call_output")) {
+                        const char *call_id = json_string_value(json_object_get(it, "call_id"));
+                        if (!call_id) {
+                                snprintf(q, sizeof q, "%s.call_id", p);
+                                ret = api_bad(e, q, "required (the call_id of the function_call it answers)");
+                                break;
+                        }
+                        struct sbuf text = { 0 };
+                        snprintf(q, sizeof q, "%s.output", p);
+                        if (content_text(json_object_get(it, "output"), q, &text, e) < 0) {
+                                free(text.s);
+                                ret = -1;
+                                break;
+                        }
+                        json_t *m = msg_new("tool", &text);
+                        const char *name = json_string_value(json_object_get(names, call_id));
+                        if (m && name)
+                                json_object_set_new(m, "name", json_string(name));
+                        if (!m || json_array_append_new(conv, m) < 0) {
+                                ret = OOM(e);
+                                break;
+                        }
+                } else if (streq(type, "reasoning")) {
+                        /* its text (content), else its summary; encrypted_content is another server's */
+                        json_t *parts = json_object_get(it, "content");
+                        if (!json_is_array(parts) || json_array_size(parts) == 0)
+                                parts = json_object_get(it, "summary");
+                        size_t k;
+                        json_t *part;
+                        json_array_foreach(parts, k, part) {
+                                json_t *t = json_object_get(part, "text");
+                                if (!json_is_string(t))
+                                        continue;
+                                if ((reasoning.len && sbuf_add(&reasoning, "\n", 1) < 0) ||
+                                    sbuf_add_text(&reasoning, json_string_value(t), json_string_length(t)) < 0) {
+                                        ret = OOM(e);
+                                        break;
+                                }
+                        }
+                        if (ret < 0)
+                                break;
+                } else if (streq(type, "input_image") || streq(type, "input_file") || streq(type, "input_audio")) {
+                        ret = api_fail(e, 400, "invalid_request_error", "unsupported_content_type", p,
+                                       "%s: \"%s\" is not supported; xing4d's model reads text only", p, type);
+                        break;
+                } else {
+                        snprintf(q, sizeof q, "%s.type", p);
+                        ret = api_fail(e, 400, "invalid_request_error", "unsupported_value", q,
+                                       "%s: item type \"%s\" is not supported (message, function_call, "
+                                       "function_call_output and reasoning are)", q, type);
+                        break;
+                }
+        }
+        free(reasoning.s);
+        return ret;
+}
+
+static const char *const hosted_tools[] = { "web_search", "file_search", "code_interpreter", "computer_use_preview",
+                                             "computer_use", "image_generation", "mcp", "local_shell", "shell",
+                                             "apply_patch", "namespace", "custom" };
+
+static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
+        json_t *tools = json_object_get(root, "tools");
+        size_t i;
+        json_t *t;
+        *out = NULL;
+        if (!tools || json_is_null(tools))
+                return 0;
+        if (!json_is_array(tools))
+                return api_bad(e, "tools", "an array of {type: \"function\", name, parameters} expected");
+        json_t *list = json_array();
+        if (!list)
+                return OOM(e);
+        *out = list;
+        json_array_foreach(tools, i, t) {
+                char p[64];
+                snprintf(p, sizeof p, "tools[%zu].type", i);
+                const char *type = json_string_value(json_object_get(t, "type"));
+                if (!json_is_object(t) || !type)
+                        return api_bad(e, p, "required (\"function\")");
+                if (!streq(type, "function")) {
+                        /* tools OpenAI's servers run (or that need its namespaces and freeform
+                         * grammars): agents such as Codex always send some; the model is offered
+                         * the function tools only */
+                        bool hosted = false;
+                        for (size_t k = 0; k < ELEMENTSOF(hosted_tools); k++)
+                                hosted = hosted || streq(type, hosted_tools[k]) ||
+                                         strncmp(type, "web_search_preview", 18) == 0;
+                        if (hosted)
+                                continue;
+                        return api_fail(e, 400, "invalid_request_error", "unsupported_tool", p,
+                                        "%s: unknown tool type \"%s\"; function tools are offered to the model, "
+                                        "OpenAI-hosted ones (web_search, file_search, ...) are left out", p, type);
+                }
+                json_t *name = json_object_get(t, "name");
+                json_t *params = json_object_get(t, "parameters");
+                json_t *desc = json_object_get(t, "description");
+                snprintf(p, sizeof p, "tools[%zu].name", i);
+                if (!json_is_string(name) || json_string_length(name) == 0)
+                        return api_bad(e, p, "required (a non-empty string)");
+                snprintf(p, sizeof p, "tools[%zu].parameters", i);
+                if (params && !json_is_null(params) && !json_is_object(params))
+                        return api_bad(e, p, "a JSON Schema object expected, got %s", api_type_name(params));
+                json_t *fn = json_pack("{s:O}", "name", name);
+                if (fn && json_is_object(params))
+                        json_object_set(fn, "parameters", params);
+                if (fn && json_is_string(desc))
+                        json_object_set(fn, "description", desc);
+                if (!fn || json_array_append_new(list, json_pack("{s:s, s:o}", "type", "function", "function", fn)) < 0)
+                        return OOM(e);
+        }
+        return 0;
+}
+
+static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api_request *r, struct api_error *e) {
+        json_t *tc = json_object_get(root, "tool_choice");
+        const char *name = NULL;
+        if (!tc || json_is_null(tc))
+                return 0;
+        if (json_is_string(tc)) {
+                const char *c = json_string_value(tc);
+                if (streq(c, "auto"))
+                        return 0;
+                if (streq(c, "none")) {
+                        *send = false;
+                        return 0;
+                }
+                if (!streq(c, "required"))
+                        return api_bad(e, "tool_choice", "\"%s\": \"none\", \"auto\", \"required\" or "
+                                       "{\"type\": \"function\", \"name\": ...} expected", c);
+        } else if (json_is_object(tc)) {
+                if (!streq(json_string_value(json_object_get(tc, "type")), "function"))
+                        return api_bad(e, "tool_choice.type", "\"function\" expected");
+                name = json_string_value(json_object_get(tc, "name"));
+                if (!name || !*name)
+                        return api_bad(e, "tool_choice.name", "the name of one of the request's tools expected");
+                bool found = false;
+                size_t i;
+                json_t *t;
+                json_array_foreach(tools, i, t)
+                        found = found || streq(name, json_string_value(json_object_get(json_object_get(t, "function"),
+                                                                                       "name")));
+                if (!found)
+                        return api_bad(e, "tool_choice.name", "\"%s\" is not one of the request's tools", name);
+        } else
+                return api_bad(e, "tool_choice", "a string or an object expected, got %s", api_type_name(tc));
+        if (!*send)
+                return api_bad(e, "tool_choice", "forcing a tool call needs a non-empty \"tools\"");
+        r->forced_tool = true;
+        return x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ? OOM(e) : 0;
+}
+
+int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) {
+        json_int_t iv;
+        double v;
+        bool set;
+        if (api_get_bool(root, "stream", &r->stream, e) < 0)
+                return -1;
+        r->store = true;
+        if (api_get_bool(root, "store", &r->store, e) < 0)
+                return -1;
+        bool background = false;
+        if (api_get_bool(root, "background", &background, e) < 0)
+                return -1;
+        if (background)
+                return api_unsupported(e, "background", "running a response in the background");
+        if (api_get_int(root, "max_output_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_max_tokens(r->req, (uint32_t) iv);
+        if (api_get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_temperature(r->req, (float) v);
+        if (api_get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_top_p(r->req, (float) v);
+        bool parallel = true;
+        if (api_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
+                return -1;
+        json_t *md = json_object_get(root, "metadata");
+        if (md && !json_is_null(md) && !json_is_object(md))
+                return api_bad(e, "metadata", "an object expected, got %s", api_type_name(md));
+        json_t *instr = json_object_get(root, "instructions");
+        if (instr && !json_is_null(instr) && !json_is_string(instr))
+                return api_bad(e, "instructions", "a string expected, got %s", api_type_name(instr));
+
+        /* reasoning.effort "none" turns thinking off; any other effort leaves it on */
+        r->thinking = true;
+        json_t *reasoning = json_object_get(root, "reasoning");
+        if (reasoning && !json_is_null(reasoning)) {
+                if (!json_is_object(reasoning))
+                        return api_bad(e, "reasoning", "an object {\"effort\": ...} expected");
+                json_t *effort = json_object_get(reasoning, "effort");
+                const char *ef = json_string_value(effort);
+                if (effort && !json_is_null(effort) && !streq(ef, "none") && !streq(ef, "minimal") &&
+                    !streq(ef, "low") && !streq(ef, "medium") && !streq(ef, "high"))
+                        return api_bad(e, "reasoning.effort", "\"none\", \"minimal\", \"low\", \"medium\" or "
+                                       "\"high\" expected");
+                if (streq(ef, "none")) {
+                        r->thinking = false;
+                        x4_request_set_thinking(r->req, false);
+                }
+        }
+
+        json_t *prev = json_object_get(root, "previous_response_id");
+        if (!(r->conv = json_array()))
+                return OOM(e);
+        if (prev && !json_is_null(prev)) {
+                if (!json_is_string(prev))
+                        return api_bad(e, "previous_response_id", "a string expected, got %s", api_type_name(prev));
+                json_t *stored = rs_store_get(json_string_value(prev), key);
+                if (!stored)
+                        return api_fail(e, 400, "invalid_request_error", "previous_response_not_found",
+                                        "previous_response_id",
+                                        "previous_response_id: response \"%.100s\" is not stored here (never "
+                                        "answered, \"store\": false, or past the store's retention)",
+                                        json_string_value(prev));
+                /* a copy: the new input may add calls to the stored turn's last message */
+                json_t *copy = json_deep_copy(stored);
+                if (!copy || json_array_extend(r->conv, copy) < 0) {
+                        json_decref(copy);
+                        return OOM(e);
+                }
+                json_decref(copy);
+        }
+        json_t *input = json_object_get(root, "input");
+        if (!input)
+                return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "input",
+                                "input: required (a string or an array of input items)");
+        if (parse_input(input, r->conv, e) < 0)
+                return -1;
+        if (json_array_size(r->conv) == 0)
+                return api_bad(e, "input", "a non-empty array expected");
+
+        _cleanup_(json_decrefp) json_t *tools = NULL;
+        if (parse_tools(root, &tools, e) < 0)
+                return -1;
+        bool send = tools && json_array_size(tools) > 0;
+        if (parse_tool_choice(root, tools, &send, r, e) < 0)
+                return -1;
+        if (send) {
+                _cleanup_free_ char *s = json_dumps(tools, JSON_COMPACT);
+                if (!s || x4_request_set_tools_json(r->req, s) < 0)
+                        return OOM(e);
+        }
+        json_t *text = json_object_get(root, "text");
+        json_t *format = NULL;
+        if (text && !json_is_null(text)) {
+                if (!json_is_object(text))
+                        return api_bad(e, "text", "an object {\"format\": {...}} expected");
+                format = json_object_get(text, "format");
+                if (format && !json_is_null(format)) {
+                        const char *type = json_string_value(json_object_get(format, "type"));
+                        if (!json_is_object(format) || !type)
+                                return api_bad(e, "text.format.type", "\"text\", \"json_object\" or \"json_schema\" "
+                                               "expected");
+                        if (!streq(type, "text") && r->forced_tool)
+                                return api_bad(e, "text.format", "a JSON answer cannot be combined with a forced "
+                                               "tool call (tool_choice)");
+                        /* the Responses API flattens {name, schema, strict} into format itself */
+                        if (api_parse_format(type, format, format, "text.format", "text.format", r, e) < 0)
+                                return -1;
+                }
+        }
+
+        /* the system text first, then the conversation */
+        if (json_is_string(instr) && json_string_length(instr) > 0) {
+                _cleanup_(json_decrefp) json_t *sys = json_pack("[{s:s, s:O}]", "role", "system", "content", instr);
+                if (!sys || api_add_conversation(r, sys, e) < 0)
+                        return sys ? -1 : OOM(e);
+        }
+        if (api_add_conversation(r, r->conv, e) < 0)
+                return -1;
+
+        /* what the response object says about its request */
+        json_t *effort = reasoning ? json_object_get(reasoning, "effort") : NULL;
+        json_t *tc = json_object_get(root, "tool_choice");
+        json_t *tl = json_object_get(root, "tools");
+        json_t *mo = json_object_get(root, "max_output_tokens");
+        json_t *temp = json_object_get(root, "temperature"), *top_p = json_object_get(root, "top_p");
+        r->echo = json_pack("{s:o, s:o, s:o, s:{s:o, s:n}, s:b, s:b, s:o, s:o, s:{s:o}, s:o, s:o, s:s}",
+                            "instructions", json_is_string(instr) ? json_copy(instr) : json_null(),
+                            "max_output_tokens", json_is_integer(mo) ? json_copy(mo) : json_null(),
+                            "previous_response_id", json_is_string(prev) ? json_copy(prev) : json_null(),
+                            "reasoning", "effort", json_is_string(effort) ? json_copy(effort) : json_null(), "summary",
+                            "store", r->store, "parallel_tool_calls", parallel,
+                            "temperature", json_real(json_is_number(temp) ? json_number_value(temp) : 1.0),
+                            "top_p", json_real(json_is_number(top_p) ? json_number_value(top_p) : 1.0),
+                            "text", "format", json_is_object(format) ? json_deep_copy(format)
+                                                                     : json_pack("{s:s}", "type", "text"),
+                            "tool_choice", tc && !json_is_null(tc) ? json_deep_copy(tc) : json_string("auto"),
+                            "tools", json_is_array(tl) ? json_deep_copy(tl) : json_array(),
+                            "truncation", "disabled");
+        if (!r->echo)
+                return OOM(e);
+        json_object_set_new(r->echo, "metadata", json_is_object(md) ? json_deep_copy(md) : json_object());
+        return 0;
+}
+
+/* ---- answers ------------------------------------------------------------------------------------- */
+
+static json_t *usage_json(const struct x4_done *d) {
+        return json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", (json_int_t) d->prompt_tokens,
+                         "input_tokens_details", "cached_tokens", (json_int_t) d->cached_tokens, "output_tokens",
+                         (json_int_t) d->completion_tokens, "output_tokens_details", "reasoning_tokens",
+                         (json_int_t) d->reasoning_tokens, "total_tokens",
+                         (json_int_t) d->prompt_tokens + d->completion_tokens);
+}
+
+static void item_id(char *buf, size_t size, const char *prefix, const char *id, unsigned index) {
+        api_call_id(buf, size, prefix, id, index);
+}
+
+static json_t *reasoning_item(const char *id, const char *text, size_t len, bool done) {
+        return json_pack("{s:s, s:s, s:[], s:[{s:s, s:s%}], s:s}", "id", id, "type", "reasoning", "summary", "content",
+                         "type", "reasoning_text", "text", text, len, "status", done ? "completed" : "in_progress");
+}
+
+static json_t *text_part(const char *text, size_t len) {
+        return json_pack("{s:s, s:s%, s:[], s:[]}", "type", "output_text", "text", text, len, "annotations", "logprobs");
+}
+
+static json_t *message_item(const char *id, const char *text, size_t len, bool done) {
+        return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", id, "type", "message", "status",
+                         done ? "completed" : "in_progress", "role", "assistant", "content",
+                         done ? json_pack("[o]", text_part(text, len)) : json_array());
+}
+
+static json_t *call_item(const char *id, const char *call_id, const char *name, const char *args, bool done) {
+        return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "status",
+                         done ? "completed" : "in_progress", "call_id", call_id, "name", name, "arguments", args);
+}
+
+static json_t *response_object(const char *id, int64_t created, const char *model, json_t *echo, json_t *output,
+                               const struct x4_done *d) {
+        const char *status = !d ? "in_progress" : d->finish_reason == X4_FINISH_LENGTH ? "incomplete"
+                : d->finish_reason == X4_FINISH_CANCELLED ? "cancelled" : "completed";
+        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:n, s:o, s:s, s:o, s:o}", "id", id, "object", "response",
+                              "created_at", (json_int_t) created, "status", status, "error", "incomplete_details",
+                              d && d->finish_reason == X4_FINISH_LENGTH ? json_pack("{s:s}", "reason", "max_output_tokens")
+                                                                        : json_null(),
+                              "model", model, "output", output, "usage", d ? usage_json(d) : json_null());
+        if (o && echo)
+                json_object_update_missing(o, echo);
+        return o;
+}
+
+json_t *rs_response_json(const char *id, int64_t created, const char *model, json_t *echo,
+                         const struct api_result *res, const struct x4_done *d) {
+        json_t *output = json_array();
+        unsigned n = 0;
+        char iid[64], cid[64];
+        if (res->reasoning) {
+                item_id(iid, sizeof iid, "rs_", id, n++);
+                json_array_append_new(output, reasoning_item(iid, res->reasoning, res->reasoning_len, true));
+        }
+        if (res->content || (res->n_calls == 0 && !res->reasoning)) {
+                item_id(iid, sizeof iid, "msg_", id, n++);
+                json_array_append_new(output, message_item(iid, res->content ? res->content : "", res->content_len, true));
+        }
+        for (size_t i = 0; i < res->n_calls; i++) {
+                item_id(iid, sizeof iid, "fc_", id, n++);
+                api_call_id(cid, sizeof cid, "call_", id, i);
+                json_array_append_new(output, call_item(iid, cid, res->calls[i].name, res->calls[i].arguments, true));
+        }
+        return response_object(id, created, model, echo, output, d);
+}
+
+/* ---- streaming ----------------------------------------------------------------------------------- */
+
+static void ev(struct ev_stream *s, struct evbuffer *out, const char *type, json_t *data) {
+        json_t *o = json_pack("{s:s, s:I}", "type", type, "sequence_number", (json_int_t) s->seq++);
+        if (!o || !data) {
+                json_decref(o);
+                json_decref(data);
+                return;
+        }
+        json_object_update(o, data);
+        json_decref(data);
+        sse_format_event(out, type, o);
+}
+
+void rs_stream_start(struct ev_stream *s, struct evbuffer *out) {
+        ev(s, out, "response.created",
+           json_pack("{s:o}", "response", response_object(s->id, s->created, s->model, s->echo, json_array(), NULL)));
+        ev(s, out, "response.in_progress",
+           json_pack("{s:o}", "response", response_object(s->id, s->created, s->model, s->echo, json_array(), NULL)));
+}
+
+/* The text of the open item so far. */
+static const char *open_text(struct ev_stream *s, size_t *len) {
+        const char *base = s->open == 1 ? s->res->reasoning : s->res->content;
+        size_t all = s->open == 1 ? s->res->reasoning_len : s->res->content_len;
+        *len = all - s->open_start;
+        return base ? base + s->open_start : "";
+}
+
+static void close_item(struct ev_stream *s, struct evbuffer *out) {
+        if (!s->open)
+                return;
+        char iid[64];
+        size_t len;
+        const char *text = open_text(s, &len);
+        item_id(iid, sizeof iid, s->open == 1 ? "rs_" : "msg_", s->id, s->index);
+        json_t *item;
+        if (s->open == 1) {
+                ev(s, out, "response.reasoning_text.done",
+                   json_pack("{s:s, s:i, s:i, s:s%}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
+                             "text", text, len));
+                ev(s, out, "response.content_part.done",
+                   json_pack("{s:s, s:i, s:i, s:{s:s, s:s%}}", "item_id", iid, "output_index", (int) s->index,
+                             "content_index", 0, "part", "type", "reasoning_text", "text", text, len));
+                item = reasoning_item(iid, text, len, true);
+        } else {
+                ev(s, out, "response.output_text.done",
+                   json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", iid, "output_index", (int) s->index,
+                             "content_index", 0, "text", text, len, "logprobs"));
+                ev(s, out, "response.content_part.done",
+                   json_pack("{s:s, s:i, s:i, s:o}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
+                             "part", text_part(text, len)));
+                item = message_item(iid, text, len, true);
+        }
+        ev(s, out, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", (int) s->index, "item", item));
+        json_array_append_new(s->output, item);
+        s->index++;
+        s->open = 0;
+}
+
+void rs_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuffer *out) {
+        char iid[64], cid[64];
+        if (c->channel == X4_CHANNEL_TOOL_CALL) {
+                if (!c->tool_name)
+                        return;
+                close_item(s, out);
+                const char *args = c->tool_arguments_json ? c->tool_arguments_json : "{}";
+                item_id(iid, sizeof iid, "fc_", s->id, s->index);
+                api_call_id(cid, sizeof cid, "call_", s->id, s->n_calls++);
+                ev(s, out, "response.output_item.added",
+                   json_pack("{s:i, s:o}", "output_index", (int) s->index, "item",
+                             call_item(iid, cid, c->tool_name, "", false)));
+                ev(s, out, "response.function_call_arguments.delta",
+                   json_pack("{s:s, s:i, s:s}", "item_id", iid, "output_index", (int) s->index, "delta", args));
+                ev(s, out, "response.function_call_arguments.done",
+                   json_pack("{s:s, s:i, s:s, s:s}", "item_id", iid, "output_index", (int) s->index, "name",
+                             c->tool_name, "arguments", args));
+                json_t *item = call_item(iid, cid, c->tool_name, args, true);
+                ev(s, out, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", (int) s->index, "item", item));
+                json_array_append_new(s->output, item);
+                s->index++;
+                return;
+        }
+        if (!c->text_len)
+                return;
+        int want = c->channel == X4_CHANNEL_REASONING ? 1 : 2;
+        if (s->open != want) {
+                close_item(s, out);
+                s->open = want;
+                /* the chunk is in res already: the item starts where it does */
+                s->open_start = (want == 1 ? s->res->reasoning_len : s->res->content_len) - c->text_len;
+                item_id(iid, sizeof iid, want == 1 ? "rs_" : "msg_", s->id, s->index);
+                ev(s, out, "response.output_item.added",
+                   json_pack("{s:i, s:o}", "output_index", (int) s->index, "item",
+                             want == 1 ? json_pack("{s:s, s:s, s:[], s:[], s:s}", "id", iid, "type", "reasoning",
+                                                   "summary", "content", "status", "in_progress")
+                                       : message_item(iid, "", 0, false)));
+                ev(s, out, "response.content_part.added",
+                   json_pack("{s:s, s:i, s:i, s:o}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
+                             "part", want == 1 ? json_pack("{s:s, s:s}", "type", "reasoning_text", "text", "")
+                                               : text_part("", 0)));
+        }
+        item_id(iid, sizeof iid, want == 1 ? "rs_" : "msg_", s->id, s->index);
+        if (want == 1)
+                ev(s, out, "response.reasoning_text.delta",
+                   json_pack("{s:s, s:i, s:i, s:s%}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
+                             "delta", c->text, c->text_len));
+        else
+                ev(s, out, "response.output_text.delta",
+                   json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", iid, "output_index", (int) s->index,
+                             "content_index", 0, "delta", c->text, c->text_len, "logprobs"));
+}
+
+void rs_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out) {
+        close_item(s, out);
+        ev(s, out, d->finish_reason == X4_FINISH_LENGTH ? "response.incomplete" : "response.completed",
+           json_pack("{s:o}", "response", response_object(s->id, s->created, s->model, s->echo,
+                                                          json_deep_copy(s->output), d)));
+}
+
+void rs_stream_error(struct ev_stream *s, const struct api_error *e, struct evbuffer *out) {
+        ev(s, out, "error",
+           json_pack("{s:o, s:s, s:o}", "code", e->code ? json_string(e->code) : json_null(), "message", e->message,
+                     "param", e->param[0] ? json_string(e->param) : json_null()));
+}

@@ -1,0 +1,248 @@
+# SPDX-License-Identifier: MIT
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API) over the scripted
+fake daemon: what each request field becomes in the protocol request (the fake records it), the
+answer's shape, the event stream byte for byte, and errors in Anthropic's shape naming the field.
+Constraints (forced tools) are checked as far as the request the daemon gets: honouring them is
+the engine's (tests/compat and the engine's own tests check real constrained output)."""
+import json
+
+import pytest
+
+import sse_fixture
+
+TOOLS = [{"name": "get_weather", "description": "Weather of a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+
+
+def msg(content="hi", **kw):
+    body = {"model": "claude-sonnet-4-5-20250929", "max_tokens": 64, "messages": [{"role": "user", "content": content}]}
+    body.update(kw)
+    return body
+
+
+def last_request(fake):
+    return json.loads(fake["record"].read_text().splitlines()[-1])
+
+
+def post(bridge, body, path="/v1/messages", **kw):
+    return bridge.post(path, body, headers={"anthropic-version": "2023-06-01", **kw.pop("headers", {})}, **kw)
+
+
+def assert_anthropic_error(st, body, want_status, want_type, part):
+    assert st == want_status, body
+    assert body["type"] == "error" and set(body) == {"type", "error"}, body
+    assert body["error"]["type"] == want_type, body
+    assert part in body["error"]["message"], body["error"]["message"]
+
+
+def test_basic_answer_and_mapping(fake, fake_bridge):
+    st, _, body = post(fake_bridge, msg("hi", system=[{"type": "text", "text": "Be brief.",
+                                                        "cache_control": {"type": "ephemeral"}}],
+                                        temperature=0.5, top_p=0.9, top_k=40, stop_sequences=["END"],
+                                        metadata={"user_id": "u1"}))
+    assert st == 200, body
+    assert body["type"] == "message" and body["role"] == "assistant"
+    assert body["id"].startswith("msg_")
+    assert body["model"] == "claude-sonnet-4-5-20250929"  # the name asked for, served by the alias
+    assert body["content"][-1] == {"type": "text", "text": "Hello, world"}
+    assert body["stop_reason"] == "end_turn" and body["stop_sequence"] is None
+    assert body["usage"] == {"input_tokens": 4, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 3,
+                             "output_tokens": 3}
+    r = last_request(fake)
+    assert r["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert r["enable_thinking"] is False  # the API's default: no thinking unless asked
+    assert r["max_tokens"] == 64 and r["stop"] == ["END"]
+    assert r["sampling"] == {"temperature": 0.5, "top_p": 0.9, "top_k": 40}
+    assert "constraint" not in r
+
+
+def test_stop_sequence_reported(fake_bridge):
+    st, _, body = post(fake_bridge, msg("stop-here", stop_sequences=["END"]))
+    assert st == 200 and body["stop_reason"] == "stop_sequence" and body["stop_sequence"] == "END", body
+
+
+def test_thinking_budget_and_blocks(fake, fake_bridge):
+    st, _, body = post(fake_bridge, msg("hi", thinking={"type": "enabled", "budget_tokens": 2048}))
+    assert st == 200, body
+    assert body["content"][0] == {"type": "thinking", "thinking": "Let me think.", "signature": ""}
+    r = last_request(fake)
+    assert r["enable_thinking"] is True and r["thinking_budget"] == 2048
+    st, _, body = post(fake_bridge, msg("think-long", thinking={"type": "enabled", "budget_tokens": 10}))
+    assert body["stop_reason"] == "max_tokens" and [b["type"] for b in body["content"]] == ["thinking"]
+
+
+def test_history_blocks_map_to_the_chat(fake, fake_bridge):
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Use the tool.", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "xxx"},
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}],
+             "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "And tomorrow?"}]},
+    ]
+    st, _, body = post(fake_bridge, {"model": "xing4", "max_tokens": 16, "messages": messages})
+    assert st == 200, body
+    assert last_request(fake)["messages"] == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "reasoning": "Use the tool.",
+         "tool_calls": [{"id": "toolu_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "content": "sunny", "name": "get_weather"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+
+
+def test_tool_error_result_is_marked(fake, fake_bridge):
+    messages = [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": True,
+                                              "content": "boom"}]}]
+    st, _, _ = post(fake_bridge, {"model": "xing4", "max_tokens": 16, "messages": messages})
+    assert st == 200
+    assert last_request(fake)["messages"][-1] == {"role": "tool", "content": "Error: boom", "name": "f"}
+
+
+def test_tools_and_tool_use_answer(fake, fake_bridge):
+    st, _, body = post(fake_bridge, msg("weather?", tools=TOOLS))
+    assert st == 200, body
+    assert body["stop_reason"] == "tool_use"
+    use = body["content"][-1]
+    assert use["type"] == "tool_use" and use["name"] == "get_weather" and use["input"] == {"city": "Paris"}
+    assert use["id"].startswith("toolu_") and len(use["id"]) <= 40
+    r = last_request(fake)
+    assert r["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "parameters": TOOLS[0]["input_schema"], "description": "Weather of a city"}}]
+    assert "constraint" not in r
+
+
+@pytest.mark.parametrize("choice,want", [({"type": "any"}, {"tool": None}),
+                                         ({"type": "tool", "name": "get_weather"}, {"tool": "get_weather"}),
+                                         ({"type": "auto"}, None)])
+def test_tool_choice_becomes_the_constraint(fake, fake_bridge, choice, want):
+    st, _, body = post(fake_bridge, msg("weather?", tools=TOOLS, tool_choice=choice))
+    assert st == 200, body
+    r = last_request(fake)
+    assert r.get("constraint") == want
+
+
+def test_tool_choice_none_hides_tools(fake, fake_bridge):
+    st, _, body = post(fake_bridge, msg("hi", tools=TOOLS, tool_choice={"type": "none"}))
+    assert st == 200 and "tools" not in last_request(fake)
+
+
+def test_output_format_json_schema(fake, fake_bridge):
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    st, _, body = post(fake_bridge, msg("q", output_format={"type": "json_schema", "schema": schema}))
+    assert st == 200, body
+    assert last_request(fake)["constraint"] == {"json_schema": schema}
+    assert json.loads(body["content"][-1]["text"]) == {"answer": "yes"}
+
+
+@pytest.mark.parametrize("body,field,part", [
+    ({"model": "xing4", "messages": [{"role": "user", "content": "x"}]}, "max_tokens", "max_tokens: required"),
+    (msg(max_tokens=0), "max_tokens", "max_tokens"),
+    (msg(temperature=1.5), "temperature", "temperature: 1.5 is out of range"),
+    (msg(top_k=-1), "top_k", "top_k"),
+    (msg(stop_sequences="END"), "stop_sequences", "stop_sequences: an array"),
+    (msg(stop_sequences=[""]), "stop_sequences", "entry 0"),
+    (msg(thinking={"type": "enabled"}), "thinking", "thinking.budget_tokens: required"),
+    (msg(thinking={"type": "enabled", "budget_tokens": 0}), "thinking", "budget_tokens"),
+    (msg(thinking={"type": "sometimes"}), "thinking", "thinking.type"),
+    (msg(system=5), "system", "system: a string or an array"),
+    (msg(system=[{"type": "image"}]), "system", "system[0]: content block type \"image\""),
+    (msg([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]),
+     "image", "messages[0].content[0]: content block type \"image\" is not supported"),
+    (msg([{"type": "document", "source": {}}]), "document", "\"document\" is not supported"),
+    (msg([{"type": "hologram"}]), "unknown", "unknown content block type \"hologram\""),
+    ({"model": "xing4", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "role",
+     "messages[0].role: \"system\""),
+    (msg(tools=[{"name": "f"}]), "tools", "tools[0].input_schema: required"),
+    (msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools", "tools[0].type"),
+    (msg(tools=TOOLS, tool_choice={"type": "tool"}), "tool_choice", "tool_choice.name: required"),
+    (msg(tools=TOOLS, tool_choice={"type": "tool", "name": "nope"}), "tool_choice", "\"nope\" is not one"),
+    (msg(tool_choice={"type": "any"}), "tool_choice", "needs a non-empty \"tools\""),
+    (msg(tools=TOOLS, tool_choice={"type": "maybe"}), "tool_choice", "tool_choice.type"),
+    (msg(output_format={"type": "json_schema"}), "output_format", "output_format.schema"),
+    (msg(metadata=[]), "metadata", "metadata: an object"),
+])
+def test_bad_values_are_400_in_anthropic_shape(fake_bridge, body, field, part):
+    st, _, out = post(fake_bridge, body)
+    assert_anthropic_error(st, out, 400, "invalid_request_error", part)
+
+
+def test_unknown_model_and_other_errors_in_anthropic_shape(fake, fake_bridge, make_bridge, tmp_path):
+    st, _, out = post(fake_bridge, msg(model="gpt-4o"))
+    assert_anthropic_error(st, out, 404, "not_found_error", "\"gpt-4o\" does not exist")
+    st, _, out = fake_bridge.post("/v1/messages", msg(), headers={"Content-Type": "text/plain"})
+    assert_anthropic_error(st, out, 415, "invalid_request_error", "Content-Type")
+    st, _, out = post(fake_bridge, "{not json")
+    assert_anthropic_error(st, out, 400, "invalid_request_error", "not valid JSON")
+    st, _, out = post(fake_bridge, msg("error-invalid"))
+    assert_anthropic_error(st, out, 400, "invalid_request_error", "scripted refusal")
+    st, _, out = post(fake_bridge, msg("error-internal"))
+    assert_anthropic_error(st, out, 500, "api_error", "scripted internal failure")
+    st, _, out = fake_bridge.request("GET", "/v1/messages")
+    assert_anthropic_error(st, out, 405, "invalid_request_error", "only POST")
+
+
+def test_auth_with_x_api_key_or_bearer(fake, make_bridge, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("sk-one\n")
+    b = make_bridge([fake["socket"]], "--api-key-file", str(keys))
+    st, _, out = post(b, msg())
+    assert_anthropic_error(st, out, 401, "authentication_error", "x-api-key")
+    st, _, out = post(b, msg(), headers={"x-api-key": "sk-wrong"})
+    assert st == 401
+    st, _, out = post(b, msg(), headers={"x-api-key": "sk-one"})
+    assert st == 200, out
+    st, _, out = post(b, msg(), headers={"Authorization": "Bearer sk-one"})
+    assert st == 200, out
+
+
+def test_beta_query_and_cache_control_accepted(fake_bridge):
+    body = msg([{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral", "ttl": "5m"}}],
+               tools=[dict(TOOLS[0], cache_control={"type": "ephemeral"})])
+    st, _, out = post(fake_bridge, body, path="/v1/messages?beta=true",
+                      headers={"anthropic-beta": "prompt-caching-2024-07-31"})
+    assert st == 200, out
+
+
+def test_count_tokens(fake, fake_bridge):
+    st, _, out = post(fake_bridge, {"model": "claude-sonnet-4-5", "system": "s",
+                                    "messages": [{"role": "user", "content": "hi"}]},
+                      path="/v1/messages/count_tokens?beta=true")
+    assert st == 200 and out == {"input_tokens": 7}, out
+    r = last_request(fake)
+    assert r["max_tokens"] == 1 and r["messages"][0] == {"role": "system", "content": "s"}
+    st, _, out = post(fake_bridge, {"model": "xing4", "messages": []}, path="/v1/messages/count_tokens")
+    assert_anthropic_error(st, out, 400, "invalid_request_error", "messages: a non-empty array")
+
+
+def raw_stream(bridge, body, path="/v1/messages"):
+    c = bridge.conn()
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    assert r.status == 200, data
+    assert r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
+    return data
+
+
+def test_stream_bytes_text_and_thinking(fake_bridge):
+    data = raw_stream(fake_bridge, msg("hi", stream=True, thinking={"type": "enabled", "budget_tokens": 1024}))
+    sse_fixture.check("messages-text", data)
+
+
+def test_stream_bytes_tool_use(fake_bridge):
+    data = raw_stream(fake_bridge, msg("weather?", stream=True, tools=TOOLS))
+    sse_fixture.check("messages-tool-use", data)
+
+
+def test_stream_error_after_start(fake_bridge):
+    data = raw_stream(fake_bridge, msg("error-after-start", stream=True))
+    sse_fixture.check("messages-error", data)

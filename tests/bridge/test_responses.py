@@ -1,0 +1,257 @@
+# SPDX-License-Identifier: MIT
+"""POST /v1/responses (OpenAI's Responses API) over the scripted fake daemon: input items and
+instructions as the protocol's chat, tools and tool_choice, text.format as the Constraint,
+previous_response_id from the bridge's store (and its bounds), the response object, and the event
+stream byte for byte."""
+import json
+import time
+
+import pytest
+
+import sse_fixture
+from conftest import assert_openai_error
+
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+def last_request(fake):
+    return json.loads(fake["record"].read_text().splitlines()[-1])
+
+
+def resp(input="hi", **kw):
+    body = {"model": "xing4", "input": input}
+    body.update(kw)
+    return body
+
+
+def test_string_input_and_response_object(fake, fake_bridge):
+    st, _, body = fake_bridge.post("/v1/responses", resp("hi", instructions="Be brief.", max_output_tokens=50,
+                                                         temperature=0.3, top_p=0.5))
+    assert st == 200, body
+    assert body["object"] == "response" and body["status"] == "completed" and body["id"].startswith("resp_")
+    assert [o["type"] for o in body["output"]] == ["reasoning", "message"]
+    assert body["output"][0]["content"] == [{"type": "reasoning_text", "text": "Let me think."}]
+    assert body["output"][1]["content"][0]["type"] == "output_text"
+    assert body["output"][1]["content"][0]["text"] == "Hello, world"
+    assert body["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 3}, "output_tokens": 3,
+                             "output_tokens_details": {"reasoning_tokens": 1}, "total_tokens": 10}
+    assert body["instructions"] == "Be brief." and body["max_output_tokens"] == 50
+    r = last_request(fake)
+    assert r["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert r["max_tokens"] == 50 and r["sampling"] == {"temperature": 0.3, "top_p": 0.5}
+
+
+def test_items_map_to_the_chat(fake, fake_bridge):
+    items = [
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Need the tool."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "It is sunny."}]},
+        {"role": "user", "content": "Thanks"},
+    ]
+    st, _, body = fake_bridge.post("/v1/responses", resp(items, reasoning={"effort": "none"}))
+    assert st == 200, body
+    r = last_request(fake)
+    assert r["messages"] == [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning": "Need the tool.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "content": "sunny", "name": "get_weather"},
+        {"role": "assistant", "content": "It is sunny."},
+        {"role": "user", "content": "Thanks"},
+    ]
+    assert r["enable_thinking"] is False
+
+
+def test_hosted_tools_are_left_out(fake, fake_bridge):
+    # what Codex sends besides its function tools
+    tools = TOOLS + [{"type": "web_search", "external_web_access": False},
+                     {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "x"}]},
+                     {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}]
+    st, _, body = fake_bridge.post("/v1/responses", resp("weather?", tools=tools))
+    assert st == 200, body
+    assert [t["function"]["name"] for t in last_request(fake)["tools"]] == ["get_weather"]
+    st, _, body = fake_bridge.post("/v1/responses", resp("hi", tools=tools[1:]))
+    assert st == 200 and "tools" not in last_request(fake)
+
+
+def test_function_call_answer(fake, fake_bridge):
+    st, _, body = fake_bridge.post("/v1/responses", resp("weather?", tools=TOOLS))
+    assert st == 200, body
+    call = body["output"][-1]
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
+    assert call["call_id"].startswith("call_") and len(call["call_id"]) <= 40
+    assert last_request(fake)["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "parameters": TOOLS[0]["parameters"], "description": "Weather of a city"}}]
+
+
+@pytest.mark.parametrize("kw,want", [
+    ({"tools": TOOLS, "tool_choice": "required"}, {"tool": None}),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "get_weather"}}, {"tool": "get_weather"}),
+    ({"text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}}},
+     {"json_schema": SCHEMA}),
+    ({"text": {"format": {"type": "json_object"}}}, {"json_object": True}),
+    ({"text": {"format": {"type": "text"}}}, None),
+])
+def test_constraint_reaches_the_daemon(fake, fake_bridge, kw, want):
+    st, _, body = fake_bridge.post("/v1/responses", resp("q", **kw))
+    assert st == 200, body
+    assert last_request(fake).get("constraint") == want
+    if want and "tool" not in want:
+        assert json.loads(body["output"][-1]["content"][0]["text"]) == {"answer": "yes"}
+
+
+def test_previous_response_id_continues_the_conversation(fake, fake_bridge):
+    st, _, first = fake_bridge.post("/v1/responses", resp("weather?", tools=TOOLS, instructions="Old rules."))
+    assert st == 200, first
+    call = first["output"][-1]
+    st, _, second = fake_bridge.post("/v1/responses", resp(
+        [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}],
+        previous_response_id=first["id"], tools=TOOLS, instructions="New rules."))
+    assert st == 200, second
+    assert second["previous_response_id"] == first["id"]
+    r = last_request(fake)
+    # the new instructions only (as OpenAI does), the earlier turn, the answer's call, its result
+    assert r["messages"] == [
+        {"role": "system", "content": "New rules."},
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "reasoning": "Need weather.",
+         "tool_calls": [{"id": call["call_id"], "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": "sunny", "name": "get_weather"},
+    ]
+    assert second["output"][-1]["content"][0]["text"] == "It is sunny in Paris."
+
+
+def test_previous_response_id_unknown_or_not_stored(fake_bridge):
+    st, _, body = fake_bridge.post("/v1/responses", resp("x", previous_response_id="resp_nope"))
+    e = assert_openai_error(st, body, 400, 'response "resp_nope" is not stored here', param="previous_response_id")
+    assert e["code"] == "previous_response_not_found"
+    st, _, first = fake_bridge.post("/v1/responses", resp("x", store=False))
+    st, _, body = fake_bridge.post("/v1/responses", resp("y", previous_response_id=first["id"]))
+    assert st == 400, body
+
+
+def test_store_bounds(fake, make_bridge):
+    b = make_bridge([fake["socket"]], "--response-store", "2")
+    ids = [b.post("/v1/responses", resp(f"turn {i}"))[2]["id"] for i in range(3)]
+    assert b.post("/v1/responses", resp("x", previous_response_id=ids[0]))[0] == 400  # evicted: oldest
+    assert b.post("/v1/responses", resp("x", previous_response_id=ids[2]))[0] == 200
+    b = make_bridge([fake["socket"]], "--response-retention", "1")
+    rid = b.post("/v1/responses", resp("x"))[2]["id"]
+    assert b.post("/v1/responses", resp("x", previous_response_id=rid))[0] == 200
+    time.sleep(2.1)
+    assert b.post("/v1/responses", resp("x", previous_response_id=rid))[0] == 400  # past the retention
+    b = make_bridge([fake["socket"]], "--response-store", "0")
+    rid = b.post("/v1/responses", resp("x"))[2]["id"]
+    assert b.post("/v1/responses", resp("x", previous_response_id=rid))[0] == 400
+
+
+def test_max_output_tokens_is_incomplete(fake_bridge):
+    st, _, body = fake_bridge.post("/v1/responses", resp("think-long"))
+    assert st == 200 and body["status"] == "incomplete", body
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+@pytest.mark.parametrize("kw,param,part", [
+    ({"input": None}, "input", "a string or an array"),
+    ({"input": []}, "input", "a non-empty array"),
+    ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role", "\"user\", \"assistant\""),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
+     "input[0].content[0]", "content part type \"input_image\" is not supported"),
+    ({"input": [{"type": "input_file", "file_id": "f"}]}, "input[0]", "\"input_file\" is not supported"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "item type \"item_reference\""),
+    ({"input": [{"type": "function_call", "name": "f"}]}, "input[0]", "needs \"call_id\""),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id", "required"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "out of range"),
+    ({"temperature": 3}, "temperature", "out of range"),
+    ({"instructions": 5}, "instructions", "a string expected"),
+    ({"tools": [{"type": "teleport"}]}, "tools[0].type", "unknown tool type \"teleport\""),
+    ({"tools": [{"type": "function"}]}, "tools[0].name", "required"),
+    ({"tool_choice": "required"}, "tool_choice", "needs a non-empty \"tools\""),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name", "\"nope\""),
+    ({"tools": TOOLS, "tool_choice": "often"}, "tool_choice", "\"often\""),
+    ({"text": {"format": {"type": "xml"}}}, "text.format.type", "\"xml\""),
+    ({"text": {"format": {"type": "json_schema", "schema": SCHEMA}}}, "text.format.name", "required"),
+    ({"text": {"format": {"type": "json_schema", "name": "a", "schema": []}}}, "text.format.schema", "object"),
+    ({"tools": TOOLS, "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "text.format",
+     "cannot be combined"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "\"none\", \"minimal\""),
+    ({"background": True}, "background", "not supported"),
+    ({"stream": "yes"}, "stream", "true or false"),
+])
+def test_bad_values_name_the_field(fake_bridge, kw, param, part):
+    body = resp("q")
+    body.update(kw)
+    if body["input"] is None:
+        del body["input"]
+        st, _, out = fake_bridge.post("/v1/responses", body)
+        assert_openai_error(st, out, 400, "input: required", param="input")
+        body["input"] = 5
+    st, _, out = fake_bridge.post("/v1/responses", body)
+    assert_openai_error(st, out, 400, part, param=param)
+
+
+def raw_stream(bridge, body):
+    c = bridge.conn()
+    c.request("POST", "/v1/responses", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    assert r.status == 200, data
+    assert r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
+    return data
+
+
+def test_stream_bytes_text(fake_bridge):
+    sse_fixture.check("responses-text", raw_stream(fake_bridge, resp("hi", stream=True)))
+
+
+def test_stream_bytes_function_call(fake_bridge):
+    sse_fixture.check("responses-function-call", raw_stream(fake_bridge, resp("weather?", stream=True, tools=TOOLS)))
+
+
+def test_stream_error_after_start(fake_bridge):
+    sse_fixture.check("responses-error", raw_stream(fake_bridge, resp("error-after-start", stream=True)))
+
+
+def test_stream_sequence_numbers_count_up(fake_bridge):
+    data = raw_stream(fake_bridge, resp("weather?", stream=True, tools=TOOLS)).decode()
+    events = [json.loads(block.split("\ndata: ", 1)[1]) for block in data.strip().split("\n\n")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+
+
+def test_stored_conversation_is_not_changed_by_a_later_turn(fake, fake_bridge):
+    st, _, first = fake_bridge.post("/v1/responses", resp("hi"))
+    call = {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"}
+    st, _, _ = fake_bridge.post("/v1/responses", resp([call], previous_response_id=first["id"]))
+    assert st == 200
+    assert last_request(fake)["messages"][-1]["tool_calls"][0]["id"] == "c9"
+    st, _, _ = fake_bridge.post("/v1/responses", resp("again", previous_response_id=first["id"]))
+    assert st == 200
+    sent = last_request(fake)["messages"]
+    assert sent[1] == {"role": "assistant", "content": "Hello, world", "reasoning": "Let me think."}
+    assert sent[2] == {"role": "user", "content": "again"}
+
+
+def test_stored_responses_belong_to_their_api_key(fake, make_bridge, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("sk-a\nsk-b\n")
+    b = make_bridge([fake["socket"]], "--api-key-file", str(keys))
+    a = {"Authorization": "Bearer sk-a"}
+    st, _, first = b.post("/v1/responses", resp("hi"), headers=a)
+    assert st == 200, first
+    st, _, _ = b.post("/v1/responses", resp("x", previous_response_id=first["id"]), headers=a)
+    assert st == 200
+    st, _, body = b.post("/v1/responses", resp("x", previous_response_id=first["id"]),
+                         headers={"Authorization": "Bearer sk-b"})
+    assert_openai_error(st, body, 400, "is not stored here", param="previous_response_id")

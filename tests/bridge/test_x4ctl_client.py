@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: MIT
+"""x4ctl as a user meets it, against the scripted fake daemon: --help on every command, hints
+when the daemon cannot be reached, the note (and exit 7) when the output budget ran out while
+the model was still thinking, cancellation reported, and --json-schema FILE sent as the
+request's Constraint (honouring it is the engine's part)."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import X4CTL, need
+
+
+def x4ctl(sock, *args, stdin=None, timeout=30):
+    need(X4CTL)
+    return subprocess.run([str(X4CTL), "--socket", sock, *args], input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def last_request(fake):
+    return json.loads(fake["record"].read_text().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cmd", ["generate", "gen", "chat", "stats", "cancel", "snapshot", "info", "health"])
+def test_help_on_every_command(cmd):
+    r = x4ctl("/nonexistent.sock", cmd, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("Usage: x4ctl"), (r.stdout, r.stderr)
+    assert r.stderr == ""
+
+
+def test_connect_hints(tmp_path):
+    r = x4ctl(str(tmp_path / "missing.sock"), "health")
+    assert r.returncode == 3
+    assert "cannot connect" in r.stderr and "systemctl start xing4d.socket" in r.stderr, r.stderr
+    if os.geteuid() != 0:  # root passes the permission check
+        sock = tmp_path / "locked.sock"
+        import socket
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(sock))
+        s.listen(1)
+        os.chmod(sock, 0)
+        r = x4ctl(str(sock), "health")
+        assert r.returncode == 3 and "group xing4" in r.stderr, r.stderr
+        s.close()
+
+
+def test_budget_spent_thinking_is_reported(fake):
+    r = x4ctl(fake["socket"], "generate", "--max-tokens", "2", "think-long")
+    assert r.returncode == 7, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert "ran out while the model was still thinking" in r.stderr and "--max-tokens" in r.stderr
+    # with --no-think, reasoning the model emits anyway is its own doing: no note
+    r = x4ctl(fake["socket"], "generate", "--no-think", "--max-tokens", "2", "think-long")
+    assert r.returncode == 0 and "thinking" not in r.stderr, r.stderr
+    # an answer cut by the budget is an answer: no note
+    r = x4ctl(fake["socket"], "generate", "hi")
+    assert r.returncode == 0 and r.stdout == "Hello, world\n" and "thinking" not in r.stderr
+
+
+def test_cancel_elsewhere_is_reported(fake):
+    r = x4ctl(fake["socket"], "generate", "cancelled-elsewhere")
+    assert r.returncode == 0 and r.stdout == "Half\n", (r.stdout, r.stderr)
+    assert "cancelled after 1 token (by x4ctl cancel" in r.stderr
+
+
+def test_ctrl_c_cancels_and_says_so(fake):
+    p = subprocess.Popen([str(X4CTL), "--socket", fake["socket"], "generate", "slow"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.read(6) == "Slowly"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 130, err
+    assert "cancelled after 1 token (Ctrl-C)" in err
+
+
+def test_ctrl_c_before_any_output_cancels_at_once(fake):
+    # a long prefill sends nothing: Ctrl-C must not wait for a first chunk
+    before = len(fake["record"].read_text().splitlines()) if fake["record"].exists() else 0
+    p = subprocess.Popen([str(X4CTL), "--socket", fake["socket"], "generate", "silent"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while (len(fake["record"].read_text().splitlines()) if fake["record"].exists() else 0) == before:
+        assert time.monotonic() < deadline, "the request never reached the fake daemon"
+        time.sleep(0.02)
+    t = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 130 and "cancelled after 1 token (Ctrl-C)" in err, (out, err)
+    assert time.monotonic() - t < 3  # not the fake's 5 s wait
+
+
+def test_json_schema_file(fake, tmp_path):
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    f = tmp_path / "schema.json"
+    f.write_text(json.dumps(schema))
+    r = x4ctl(fake["socket"], "generate", "--json-schema", str(f), "q")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"answer": "yes"}
+    assert last_request(fake)["constraint"] == {"json_schema": schema}
+    f.write_text("{\"type\": ")
+    r = x4ctl(fake["socket"], "generate", "--json-schema", str(f), "q")
+    assert r.returncode == 2 and f"--json-schema {f}:" in r.stderr and "line 1" in r.stderr, r.stderr
+    f.write_text("[1]")
+    r = x4ctl(fake["socket"], "generate", "--json-schema", str(f), "q")
+    assert r.returncode == 2 and "a JSON Schema object" in r.stderr
+    r = x4ctl(fake["socket"], "generate", "--json-schema", str(tmp_path / "nope.json"), "q")
+    assert r.returncode == 2 and "nope.json" in r.stderr
