@@ -306,7 +306,6 @@ static int32_t compile_object(struct compiler *c, const struct json_value *s, co
                 return id;
         }
         /* listed properties: keys sorted by their escaped text, declaration order in list */
-        uint32_t a = g->n_keys;
         struct { struct gstr k; int32_t node; uint32_t decl; } *tmp = calloc(np, sizeof *tmp);
         if (!tmp)
                 return -ENOMEM;
@@ -342,6 +341,7 @@ static int32_t compile_object(struct compiler *c, const struct json_value *s, co
                         tmp[k] = tmp[k - 1];
                         tmp[k - 1] = t;
                 }
+        uint32_t a = g->n_keys; /* after the properties' own objects took theirs */
         if (grow_array((void **) &g->keys, &g->cap_keys, g->n_keys + (uint32_t) np, sizeof *g->keys) < 0 ||
             !(g->key_node = realloc(g->key_node, (size_t) g->cap_keys * sizeof *g->key_node))) {
                 for (size_t i = 0; i < np; i++)
@@ -922,6 +922,36 @@ fail:
         if (r == -ENOMEM)
                 snprintf(err, err_size, "out of memory");
         return r == -ENOMEM ? r : -EINVAL;
+}
+
+int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
+                               const char *tool_name, const struct tokenizer *t,
+                               struct grammar **ret, char *err, size_t err_size) {
+        char msg[512];
+        int r;
+        switch (kind) {
+        case GRAMMAR_JSON_OBJECT:
+                r = grammar_compile_json_object(ret);
+                if (r < 0)
+                        snprintf(err, err_size, "constraint.json_object: out of memory");
+                return r;
+        case GRAMMAR_JSON_SCHEMA:
+                if (!schema || !schema[0]) {
+                        snprintf(err, err_size, "constraint.json_schema: empty, a JSON Schema expected");
+                        return -EINVAL;
+                }
+                r = grammar_compile_schema(schema, strlen(schema), ret, msg, sizeof msg);
+                if (r < 0)
+                        snprintf(err, err_size, "constraint.json_schema: %s", msg);
+                return r;
+        case GRAMMAR_TOOL:
+                r = grammar_compile_tool(tools_json, tool_name, t, ret, msg, sizeof msg);
+                if (r < 0)
+                        snprintf(err, err_size, "constraint.tool: %s", msg);
+                return r;
+        }
+        snprintf(err, err_size, "constraint: none of json_object, json_schema, tool is set");
+        return -EINVAL;
 }
 
 /* ---- matcher threads ------------------------------------------------------------------------- */

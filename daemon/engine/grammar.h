@@ -77,6 +77,17 @@ int grammar_compile_json_object(struct grammar **ret);
  * `</tool_call>`. -EINVAL with a message in err for unknown names, bad definitions or schemas. */
 int grammar_compile_tool(const char *tools_json, const char *name, const struct tokenizer *t,
                          struct grammar **ret, char *err, size_t err_size);
+/* What GenerateRequest.constraint asks for (values = enum sched_constraint). */
+enum grammar_kind {
+        GRAMMAR_JSON_OBJECT = 1,
+        GRAMMAR_JSON_SCHEMA = 2,
+        GRAMMAR_TOOL = 3,
+};
+/* One of the three above, with the message in err naming the request field at fault
+ * ("constraint.json_schema: properties.age: keyword 'minimum' is not supported"). */
+int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
+                               const char *tool_name, const struct tokenizer *t,
+                               struct grammar **ret, char *err, size_t err_size);
 void grammar_free(struct grammar *g);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct grammar *, grammar_free);
 

@@ -254,6 +254,16 @@ static void test_matcher_values(void **state) {
         rejected(g, "{\"v\":1,\"kids\":[{\"w\"");
         grammar_free(g);
 
+        /* nested objects, each with its own keys */
+        g = schema("{\"type\":\"object\",\"properties\":{\"outer\":{\"type\":\"object\",\"properties\":"
+                   "{\"x\":{\"type\":\"number\"},\"y\":{\"type\":\"number\"}},\"required\":[\"x\",\"y\"]},"
+                   "\"z\":{\"type\":\"boolean\"}},\"required\":[\"outer\",\"z\"]}");
+        ok_complete(g, "{\"z\":true,\"outer\":{\"y\":1,\"x\":2}}");
+        rejected(g, "{\"outer\":{\"z\"");
+        rejected(g, "{\"x\"");
+        rejected(g, "{\"outer\":{\"x\":1}");
+        grammar_free(g);
+
         /* {} schema and additionalProperties: free keys */
         g = schema("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}");
         ok_complete(g, "{\"any key\":1,\"other\":2}");
