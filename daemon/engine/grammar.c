@@ -1755,6 +1755,7 @@ struct tnode {
         uint16_t n_end;   /* tokens ending here: order[lo..lo+n_end) */
         uint8_t byte;
         uint8_t safe;     /* see the file comment */
+        uint8_t clean;    /* every token of the subtree is valid UTF-8 without `"`, `\`, control */
 };
 
 struct grammar_vocab {
@@ -1768,6 +1769,7 @@ struct grammar_vocab {
         uint32_t *off;
         uint16_t *len;      /* 0: not a text token */
         uint32_t max_len;
+        uint64_t *clean;    /* bitset of the tokens a free string body takes whole from its start */
 };
 
 void grammar_vocab_free(struct grammar_vocab *v) {
@@ -1778,6 +1780,7 @@ void grammar_vocab_free(struct grammar_vocab *v) {
         free(v->bytes);
         free(v->off);
         free(v->len);
+        free(v->clean);
         free(v);
 }
 
@@ -1888,6 +1891,7 @@ static int build_node(struct grammar_vocab *v, uint32_t id, uint32_t lo, uint32_
                         return r;
                 /* taken whole before its byte (at depth) is fed: nothing unsafe at or after it */
                 v->nodes[c].safe = cr.valid && cr.max_unsafe < (int) depth;
+                v->nodes[c].clean = cr.valid && cr.max_unsafe < 0;
                 me.max_unsafe = MAX(me.max_unsafe, cr.max_unsafe);
                 me.valid &= cr.valid;
                 k = e;
@@ -1963,6 +1967,14 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
         int r = build_node(v, 0, 0, v->n_text, 0, unsafe, valid, &br);
         if (r < 0)
                 return r;
+        v->clean = calloc(v->n_words, sizeof *v->clean);
+        if (!v->clean)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < v->n_text; i++) {
+                int32_t id = v->order[i];
+                if (valid[id] && unsafe[id] < 0)
+                        v->clean[(uint32_t) id >> 6] |= 1ull << ((uint32_t) id & 63);
+        }
         *ret = TAKE_PTR(v);
         return 0;
 }
@@ -1993,13 +2005,19 @@ struct grammar_matcher {
         struct tset *level; /* walk scratch: one set per trie depth */
         uint32_t n_level;
         bool walk_free; /* the walk's root state allows the whole-subtree shortcut */
+        bool walk_clean; /* the root state is a free string body: clean subtrees are in already */
         uint64_t *mask_out;
         uint8_t *key;
         size_t key_cap;
         struct cache_slot cache[CACHE_SLOTS];
         uint32_t cache_next;
+        bool no_cache;
         struct sbuf comp;
 };
+
+void grammar_matcher_set_cache(struct grammar_matcher *m, bool on) {
+        m->no_cache = !on;
+}
 
 void grammar_matcher_free(struct grammar_matcher *m) {
         if (!m)
@@ -2074,24 +2092,32 @@ static bool all_in_string_body(const struct grammar *g, const struct tset *s) {
         return s->n > 0;
 }
 
-static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth) {
+/* Visit the children of trie node `node` (depth bytes in), the threads being `in`. */
+static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth, const struct tset *in) {
         const struct grammar_vocab *v = m->v;
         const struct tnode *nd = &v->nodes[node];
-        const struct tset *in = &m->level[depth];
-        bool free_str = m->walk_free && all_in_string_body(m->g, in);
+        bool free_str = m->walk_free && all_in_string_body(m->g, in), plain = free_str;
+        for (uint32_t i = 0; plain && i < in->n; i++)
+                plain = in->t[i].f[in->t[i].depth - 1].need == 0;
         for (uint32_t k = 0; k < nd->n_child; k++) {
                 const struct tnode *c = &v->nodes[nd->child + k];
                 if (free_str && c->safe) {
-                        set_range(v, m->mask_out, c->lo, c->hi);
+                        if (!(m->walk_clean && c->clean))
+                                set_range(v, m->mask_out, c->lo, c->hi);
                         continue;
                 }
-                struct tset *out = &m->level[depth + 1];
-                tset_feed(m->g, in, c->byte, out);
-                if (!out->n)
-                        continue;
+                const struct tset *next = in;
+                /* a plain ASCII byte in a string body at a character boundary changes nothing */
+                if (!(plain && c->byte >= 0x20 && c->byte < 0x80 && c->byte != '"' && c->byte != '\\')) {
+                        struct tset *out = &m->level[depth + 1];
+                        tset_feed(m->g, in, c->byte, out);
+                        if (!out->n)
+                                continue;
+                        next = out;
+                }
                 set_range(v, m->mask_out, c->lo, c->lo + c->n_end);
                 if (c->n_child)
-                        walk(m, nd->child + k, depth + 1);
+                        walk(m, nd->child + k, depth + 1, next);
         }
 }
 
@@ -2211,7 +2237,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 /* the vocabulary cannot spell the completion: fall back to the full mask */
         }
 
-        size_t klen = state_key(m);
+        size_t klen = m->no_cache ? 0 : state_key(m);
         uint64_t h = klen ? fnv(m->key, klen) : 0;
         for (int i = 0; klen && i < CACHE_SLOTS; i++) {
                 struct cache_slot *s = &m->cache[i];
@@ -2228,7 +2254,11 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                         m->walk_free = false; /* inside a character: tokens must continue it */
         }
         m->mask_out = mask;
-        walk(m, 0, 0);
+        /* in a string body from the start: the clean tokens at once, the walk for the others */
+        m->walk_clean = m->walk_free && all_in_string_body(g, &m->cur);
+        if (m->walk_clean)
+                memcpy(mask, v->clean, v->n_words * sizeof *mask);
+        walk(m, 0, 0, &m->level[0]);
         if (can_end) {
                 if (g->n_post)
                         set_bit(mask, g->post[0]);
@@ -2337,6 +2367,11 @@ void grammar_mask_apply(const uint64_t *mask, float *logits, uint32_t n_vocab) {
                 if (keep == UINT64_MAX)
                         continue;
                 uint32_t base = w * 64, end = MIN(base + 64, n_vocab);
+                if (keep == 0) {
+                        for (uint32_t i = base; i < end; i++)
+                                logits[i] = -INFINITY;
+                        continue;
+                }
                 for (uint32_t i = base; i < end; i++)
                         if (!(keep >> (i - base) & 1))
                                 logits[i] = -INFINITY;

@@ -122,6 +122,9 @@ bool grammar_matcher_ended(const struct grammar_matcher *m);
  * reasoning): the shortest complete output plus a margin. */
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m);
 
+/* Benchmarks: off, every mask is computed (the trie walk) instead of taken from the cache. */
+void grammar_matcher_set_cache(struct grammar_matcher *m, bool on);
+
 /* logits[i] = -inf for every token not in mask. Allowed logits are not touched. */
 void grammar_mask_apply(const uint64_t *mask, float *logits, uint32_t n_vocab);
 static inline bool grammar_mask_test(const uint64_t *mask, int32_t id) {
