@@ -1753,6 +1753,8 @@ struct tnode {
         uint32_t lo, hi;  /* tokens of the subtree: order[lo..hi) */
         uint16_t n_child;
         uint16_t n_end;   /* tokens ending here: order[lo..lo+n_end) */
+        uint32_t dirty;   /* children that are not clean: dirty[dirty..dirty+n_dirty) */
+        uint16_t n_dirty;
         uint8_t byte;
         uint8_t safe;     /* see the file comment */
         uint8_t clean;    /* every token of the subtree is valid UTF-8 without `"`, `\`, control */
@@ -1770,6 +1772,7 @@ struct grammar_vocab {
         uint16_t *len;      /* 0: not a text token */
         uint32_t max_len;
         uint64_t *clean;    /* bitset of the tokens a free string body takes whole from its start */
+        uint32_t *dirty;    /* node ids, grouped by parent */
 };
 
 void grammar_vocab_free(struct grammar_vocab *v) {
@@ -1781,6 +1784,7 @@ void grammar_vocab_free(struct grammar_vocab *v) {
         free(v->off);
         free(v->len);
         free(v->clean);
+        free(v->dirty);
         free(v);
 }
 
@@ -1968,8 +1972,18 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
         if (r < 0)
                 return r;
         v->clean = calloc(v->n_words, sizeof *v->clean);
-        if (!v->clean)
+        v->dirty = malloc(v->n_nodes * sizeof *v->dirty);
+        if (!v->clean || !v->dirty)
                 return -ENOMEM;
+        /* a string body from the start of a token skips clean subtrees: list the others */
+        for (uint32_t i = 0, k = 0; i < v->n_nodes; i++) {
+                struct tnode *nd = &v->nodes[i];
+                nd->dirty = k;
+                for (uint32_t c = 0; c < nd->n_child; c++)
+                        if (!v->nodes[nd->child + c].clean)
+                                v->dirty[k++] = nd->child + c;
+                nd->n_dirty = (uint16_t) (k - nd->dirty);
+        }
         for (uint32_t i = 0; i < v->n_text; i++) {
                 int32_t id = v->order[i];
                 if (valid[id] && unsafe[id] < 0)
@@ -2093,32 +2107,45 @@ static bool all_in_string_body(const struct grammar *g, const struct tset *s) {
 }
 
 /* Visit the children of trie node `node` (depth bytes in), the threads being `in`. */
+static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth, const struct tset *in);
+
+/* One child c of a node: taken whole, pruned, or walked. */
+static inline void walk_child(struct grammar_matcher *m, uint32_t ci, uint32_t depth, const struct tset *in,
+                              bool free_str, bool plain) {
+        const struct grammar_vocab *v = m->v;
+        const struct tnode *c = &v->nodes[ci];
+        if (free_str && c->safe) {
+                if (!(m->walk_clean && c->clean))
+                        set_range(v, m->mask_out, c->lo, c->hi);
+                return;
+        }
+        const struct tset *next = in;
+        /* a plain ASCII byte in a string body at a character boundary changes nothing */
+        if (!(plain && c->byte >= 0x20 && c->byte < 0x80 && c->byte != '"' && c->byte != '\\')) {
+                struct tset *out = &m->level[depth + 1];
+                tset_feed(m->g, in, c->byte, out);
+                if (!out->n)
+                        return;
+                next = out;
+        }
+        set_range(v, m->mask_out, c->lo, c->lo + c->n_end);
+        if (c->n_child)
+                walk(m, ci, depth + 1, next);
+}
+
+/* Visit the children of trie node `node` (depth bytes in), the threads being `in`. */
 static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth, const struct tset *in) {
         const struct grammar_vocab *v = m->v;
         const struct tnode *nd = &v->nodes[node];
         bool free_str = m->walk_free && all_in_string_body(m->g, in), plain = free_str;
         for (uint32_t i = 0; plain && i < in->n; i++)
                 plain = in->t[i].f[in->t[i].depth - 1].need == 0;
-        for (uint32_t k = 0; k < nd->n_child; k++) {
-                const struct tnode *c = &v->nodes[nd->child + k];
-                if (free_str && c->safe) {
-                        if (!(m->walk_clean && c->clean))
-                                set_range(v, m->mask_out, c->lo, c->hi);
-                        continue;
-                }
-                const struct tset *next = in;
-                /* a plain ASCII byte in a string body at a character boundary changes nothing */
-                if (!(plain && c->byte >= 0x20 && c->byte < 0x80 && c->byte != '"' && c->byte != '\\')) {
-                        struct tset *out = &m->level[depth + 1];
-                        tset_feed(m->g, in, c->byte, out);
-                        if (!out->n)
-                                continue;
-                        next = out;
-                }
-                set_range(v, m->mask_out, c->lo, c->lo + c->n_end);
-                if (c->n_child)
-                        walk(m, nd->child + k, depth + 1, next);
-        }
+        if (free_str && m->walk_clean) /* the clean children are in the mask already */
+                for (uint32_t k = 0; k < nd->n_dirty; k++)
+                        walk_child(m, v->dirty[nd->dirty + k], depth, in, free_str, plain);
+        else
+                for (uint32_t k = 0; k < nd->n_child; k++)
+                        walk_child(m, nd->child + k, depth, in, free_str, plain);
 }
 
 static uint64_t fnv(const uint8_t *p, size_t n) {
