@@ -72,6 +72,7 @@ struct gnode {
         uint32_t min_items, max_items;
         int32_t target;         /* ref */
         uint32_t min_len;       /* bytes of the shortest value */
+        uint32_t min_depth;     /* frames the shallowest value needs (a scalar: 1) */
 };
 
 struct grammar {
@@ -472,6 +473,16 @@ static int32_t compile_ref(struct compiler *c, const char *ref, const char *path
         return id;
 }
 
+/* JSON text can hold numbers a double cannot (1e999): such an enum value would dump as Infinity. */
+static bool all_finite(const struct json_value *v) {
+        if (json_type(v) == JSON_DOUBLE)
+                return isfinite(json_number(v));
+        for (size_t i = 0; (json_type(v) == JSON_ARRAY || json_type(v) == JSON_OBJECT) && i < json_count(v); i++)
+                if (!all_finite(json_type(v) == JSON_ARRAY ? json_array_at(v, i) : json_object_value_at(v, i)))
+                        return false;
+        return true;
+}
+
 static int32_t compile_inner(struct compiler *c, const struct json_value *s, const char *path) {
         struct grammar *g = c->g;
         char sub[512];
@@ -511,6 +522,10 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                 uint32_t n = en ? (uint32_t) json_count(en) : 1;
                 if (n > 65535)
                         return cerr(c, path, "enum has %u values, at most 65535 supported", n);
+                for (uint32_t i = 0; i < n; i++)
+                        if (!all_finite(en ? json_array_at(en, i) : cn))
+                                return cerr(c, path, "%s holds a number out of the double range",
+                                            en ? "enum" : "const");
                 struct gstr *t = calloc(n, sizeof *t);
                 if (!t)
                         return -ENOMEM;
@@ -677,6 +692,54 @@ static void compute_min_len(struct grammar *g) {
                         }
                 }
         }
+        /* min_depth likewise: nesting is capped at GRAMMAR_MAX_DEPTH, so the matcher only opens
+         * a value whose shallowest completion still fits (no dead end at the cap) */
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                g->nodes[i].min_depth = INF_LEN;
+        for (bool changed = true; changed;) {
+                changed = false;
+                for (uint32_t i = 0; i < g->n_nodes; i++) {
+                        struct gnode *n = &g->nodes[i];
+                        uint32_t d = INF_LEN;
+                        switch (n->kind) {
+                        case GK_ANY:
+                        case GK_NUMBER:
+                        case GK_INTEGER:
+                        case GK_STRING:
+                        case GK_LITERAL:
+                                d = 1;
+                                break;
+                        case GK_ANYOF:
+                                for (uint32_t k = 0; k < n->n; k++)
+                                        d = MIN(d, g->nodes[g->list[n->a + k]].min_depth);
+                                break;
+                        case GK_REF:
+                                d = g->nodes[n->target].min_depth;
+                                break;
+                        case GK_ARRAY:
+                                d = n->min_items ? add_len(g->nodes[n->items].min_depth, 1) : 1;
+                                break;
+                        case GK_OBJECT:
+                                d = 1;
+                                for (uint32_t k = 0; k < n->n; k++) {
+                                        uint32_t s = g->list[n->decl + k];
+                                        uint32_t v = g->nodes[g->key_node[n->a + s]].min_depth;
+                                        if (n->tools && s == (uint32_t) n->tool_args_prop) {
+                                                v = 0;
+                                                for (uint32_t t = 0; t < g->nodes[g->key_node[n->a + (uint32_t) n->tool_name_prop]].n; t++)
+                                                        v = MAX(v, g->nodes[g->list[n->tools + t]].min_depth);
+                                        }
+                                        if (n->required >> k & 1)
+                                                d = MAX(d, add_len(v, 1));
+                                }
+                                break;
+                        }
+                        if (d < n->min_depth) {
+                                n->min_depth = d;
+                                changed = true;
+                        }
+                }
+        }
         g->max_min_len = 0;
         for (uint32_t i = 0; i < g->n_nodes; i++)
                 if (g->nodes[i].min_len < INF_LEN)
@@ -698,6 +761,11 @@ static int finish_grammar(struct grammar *g, char *err, size_t err_size) {
         if (g->nodes[g->root].min_len >= INF_LEN) {
                 snprintf(err, err_size, "no finite JSON value satisfies this schema (a required "
                          "property or item refers back to itself)");
+                return -EINVAL;
+        }
+        if (g->nodes[g->root].min_depth > GRAMMAR_MAX_DEPTH) {
+                snprintf(err, err_size, "every value of this schema nests deeper than %d levels, "
+                         "the most supported", GRAMMAR_MAX_DEPTH);
                 return -EINVAL;
         }
         return 0;
@@ -1074,9 +1142,17 @@ static bool narrow(const struct gstr *strs, uint16_t *lo, uint16_t *hi, uint16_t
         return true;
 }
 
-static bool obj_any_unseen(const struct gframe *f, uint32_t lo, uint32_t hi) {
+/* A value of node id can be opened with `depth` frames open below it. */
+static inline bool fits(const struct grammar *g, uint32_t depth, int32_t id) {
+        return depth + g->nodes[id].min_depth <= GRAMMAR_MAX_DEPTH;
+}
+
+/* Some property of keys[lo..hi) is still to be written and its value fits (object frame at
+ * depth - 1: its values open at depth). */
+static bool obj_any_unseen(const struct grammar *g, const struct gnode *n, const struct gframe *f,
+                           uint32_t depth, uint32_t lo, uint32_t hi) {
         for (uint32_t k = lo; k < hi; k++)
-                if (!(f->seen >> k & 1))
+                if (!(f->seen >> k & 1) && (n->tools || fits(g, depth, g->key_node[n->a + k])))
                         return true;
         return false;
 }
@@ -1091,7 +1167,7 @@ static bool obj_required_done(const struct grammar *g, const struct gnode *n, co
 /* Begin a key at its opening quote. */
 static bool obj_key_begin(const struct grammar *g, struct gthread *t, struct gframe *f, const struct gnode *n) {
         if (n->n == 0) {
-                if (n->extra < 0 || !push(g, t, N_STRING))
+                if (n->extra < 0 || !fits(g, t->depth, n->extra) || !push(g, t, N_STRING))
                         return false;
                 f = &t->f[t->depth - 2];
                 f->st = O_FKEY;
@@ -1110,7 +1186,7 @@ static bool obj_key_begin(const struct grammar *g, struct gthread *t, struct gfr
         }
         f->pos = 1; /* every key starts with its quote */
         f->st = O_KEY;
-        return obj_any_unseen(f, f->lo, f->hi);
+        return obj_any_unseen(g, n, f, t->depth, f->lo, f->hi);
 }
 
 static void feed(const struct grammar *g, struct gthread *t, uint8_t c, struct tset *out);
@@ -1141,6 +1217,8 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                 case GK_ANYOF: {
                         struct gthread w;
                         for (uint32_t k = 0; k < n->n; k++) {
+                                if (!fits(g, t->depth - 1u, (int32_t) g->list[n->a + k]))
+                                        continue; /* nests too deep here */
                                 memcpy(&w, t, THREAD_BYTES(t));
                                 w.f[w.depth - 1].node = resolve(g, (int32_t) g->list[n->a + k]);
                                 feed(g, &w, c, out);
@@ -1361,7 +1439,9 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                                 }
                                 if (c == ',' && f->st == O_AFTER) {
                                         /* only when a property can follow */
-                                        if (n->n && (uint32_t) __builtin_popcountll(f->seen) >= n->n)
+                                        if (n->n ? n->ordered ? (uint32_t) __builtin_popcountll(f->seen) >= n->n
+                                                              : !obj_any_unseen(g, n, f, t->depth, 0, n->n)
+                                                 : !fits(g, t->depth, n->extra))
                                                 return false;
                                         f->st = O_COMMA;
                                         return true;
@@ -1369,7 +1449,8 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                                 return false;
                         case O_KEY: {
                                 uint16_t lo = f->lo, hi = f->hi;
-                                if (!narrow(g->keys + n->a, &lo, &hi, f->pos, c) || !obj_any_unseen(f, lo, hi))
+                                if (!narrow(g->keys + n->a, &lo, &hi, f->pos, c) ||
+                                    !obj_any_unseen(g, n, f, t->depth, lo, hi))
                                         return false;
                                 f->lo = lo;
                                 f->hi = hi;
@@ -1423,12 +1504,12 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                                         return true;
                                 }
                                 if (c == ',' && f->st == A_AFTER) {
-                                        if (f->n >= n->max_items)
+                                        if (f->n >= n->max_items || !fits(g, t->depth, n->items))
                                                 return false;
                                         f->st = A_COMMA;
                                         return true;
                                 }
-                                if (f->st == A_AFTER || f->n >= n->max_items)
+                                if (f->st == A_AFTER || f->n >= n->max_items || !fits(g, t->depth, n->items))
                                         return false;
                                 f->st = A_VAL;
                                 if (!push(g, t, n->items))

@@ -167,6 +167,7 @@ static void test_compile_errors(void **state) {
         refused("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
                 "no finite JSON value");
         refused("false", "allows no value");
+        refused("{\"enum\": [1, 1e999]}", "enum holds a number out of the double range");
         refused("{\"items\": [{}, {}]}", "tuple arrays");
         /* annotations and format are ignored */
         struct grammar *g = schema("{\"type\":\"string\",\"format\":\"date\",\"description\":\"d\","
@@ -473,6 +474,36 @@ static void test_random_walks_close(void **state) {
         }
 }
 
+static void test_depth_cap(void **state) {
+        /* optional recursion: the 32nd level cannot open another object, so no dead end */
+        struct grammar *g = schema("{\"type\":\"object\",\"properties\":{\"c\":{\"$ref\":\"#\"}},"
+                                   "\"additionalProperties\":false}");
+        char buf[512] = "";
+        for (int i = 0; i < GRAMMAR_MAX_DEPTH - 1; i++)
+                strcat(buf, "{\"c\":");
+        strcat(buf, "{");
+        ok_prefix(g, buf);
+        strcat(buf, "\"");
+        rejected(g, buf); /* a key would need a 33rd level */
+        buf[strlen(buf) - 1] = '}';
+        ok_prefix(g, buf);
+        for (int rep = 0; rep < 10; rep++) {
+                bool ended;
+                char *out = random_walk(g, 200, &ended);
+                assert_true(ended);
+                free(out);
+        }
+        grammar_free(g);
+        /* a schema whose every value is deeper than the cap is refused */
+        char big[4096] = "";
+        for (int i = 0; i < GRAMMAR_MAX_DEPTH; i++)
+                strcat(big, "{\"type\":\"object\",\"required\":[\"a\"],\"properties\":{\"a\":");
+        strcat(big, "{\"type\":\"integer\"}");
+        for (int i = 0; i < GRAMMAR_MAX_DEPTH; i++)
+                strcat(big, "}}");
+        refused(big, "nests deeper than 32 levels");
+}
+
 static void test_tool_call(void **state) {
         static const char *tools =
                 "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
@@ -563,6 +594,7 @@ int main(void) {
                 cmocka_unit_test(test_mask_multibyte),
                 cmocka_unit_test(test_mask_values),
                 cmocka_unit_test(test_random_walks_close),
+                cmocka_unit_test(test_depth_cap),
                 cmocka_unit_test(test_tool_call),
                 cmocka_unit_test(test_mask_apply),
         };
