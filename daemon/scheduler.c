@@ -1697,6 +1697,10 @@ static void step(struct sched *s) {
                             (lp->top = calloc(MAX(res.n_top, 1u), sizeof *lp->top))) {
                                 lp->token_id = res.token;
                                 lp->logprob = res.logprob;
+                                /* a constraint leaves fewer allowed tokens than asked for: the
+                                 * masked ones (-inf) are not alternatives */
+                                while (res.n_top > 0 && !isfinite(res.top[res.n_top - 1].logprob))
+                                        res.n_top--;
                                 lp->n_top = res.n_top;
                                 for (uint32_t k = 0; k < res.n_top; k++) {
                                         lp->top[k] = (struct sched_top_logprob){ res.top[k].token,

@@ -253,3 +253,26 @@ def test_bad_constraints_are_refused(demo, constraint, prompt_tools, want):
     # the daemon keeps serving
     res = run_all(demo, {901: chat_request("ok", w.field_varint(1, 1), seed=5)})
     assert res[901]["error"] is None
+
+
+def test_logprobs_are_of_the_masked_distribution(demo):
+    """logprobs come from the masked distribution: the first token of a forced call is the only
+    allowed one (logprob 0, no alternatives), and no alternative is ever -inf."""
+    req = chat_request("call", tool_choice("search"), seed=7, tools=TOOLS) + w.field_varint(9, 3)
+    demo.send(w.frame(950, w.GENERATE, req))
+    tops = []
+    while True:
+        f = demo.recv()
+        if w.DONE in f:
+            break
+        assert w.CHUNK in f, f
+        c = w.parse(f[w.CHUNK][0])
+        for lp in c.get(4, []):
+            lp = w.parse(lp)
+            chosen = struct.unpack("<f", lp[2][0])[0]
+            alts = [struct.unpack("<f", w.parse(t)[2][0])[0] for t in lp.get(3, [])]
+            tops.append((chosen, alts))
+    assert tops, "logprobs asked for, none came"
+    assert tops[0][0] == 0.0 and len(tops[0][1]) == 1, tops[0]
+    for chosen, alts in tops:
+        assert chosen <= 0.0 and all(a > float("-inf") for a in alts), (chosen, alts)
