@@ -363,8 +363,8 @@ static void test_mask_multibyte(void **state) {
 static void test_mask_values(void **state) {
         /* escapes, numbers, enums: every state of a few texts against the brute force */
         static const char *const schemas[] = {
-                "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"number\"},"
-                "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"abc\",12]}}},\"required\":[\"age\"]}",
+                ("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"number\"},"
+                "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"abc\",12]}}},\"required\":[\"age\"]}"),
                 "{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"},{\"type\":\"null\"}]}",
         };
         static const char *const texts[][16] = {
@@ -449,12 +449,12 @@ static char *random_walk(const struct grammar *g, uint32_t budget, bool *ended) 
 
 static void test_random_walks_close(void **state) {
         static const char *const schemas[] = {
-                "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+                ("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
                 "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":1}},"
-                "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false}",
+                "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false}"),
                 "{\"type\":\"object\"}",
-                "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"}},\"required\":[\"a\"]},"
-                "{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",null]}}]}",
+                ("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"}},\"required\":[\"a\"]},"
+                "{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",null]}}]}"),
         };
         for (size_t s = 0; s < ELEMENTSOF(schemas); s++) {
                 struct grammar *g = schema(schemas[s]);
