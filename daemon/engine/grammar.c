@@ -1054,7 +1054,8 @@ struct gframe {
 };
 
 struct gthread {
-        uint8_t depth, ws, done, pad;
+        uint8_t depth, ws, done;
+        uint8_t forks; /* anyOf forks within the current byte (0 between bytes) */
         struct gframe f[GRAMMAR_MAX_DEPTH];
 };
 
@@ -1216,10 +1217,14 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                         continue;
                 case GK_ANYOF: {
                         struct gthread w;
+                        /* an anyOf that is its own branch ({"anyOf":[{"$ref":"#"},…]}) */
+                        if (t->forks >= 16)
+                                return false;
                         for (uint32_t k = 0; k < n->n; k++) {
                                 if (!fits(g, t->depth - 1u, (int32_t) g->list[n->a + k]))
                                         continue; /* nests too deep here */
                                 memcpy(&w, t, THREAD_BYTES(t));
+                                w.forks++;
                                 w.f[w.depth - 1].node = resolve(g, (int32_t) g->list[n->a + k]);
                                 feed(g, &w, c, out);
                         }
@@ -1525,8 +1530,10 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
 }
 
 static void feed(const struct grammar *g, struct gthread *t, uint8_t c, struct tset *out) {
-        if (step(g, t, c, out))
+        if (step(g, t, c, out)) {
+                t->forks = 0;
                 tset_add(out, t);
+        }
 }
 
 static void tset_feed(const struct grammar *g, const struct tset *in, uint8_t c, struct tset *out) {

@@ -255,6 +255,12 @@ static void test_matcher_values(void **state) {
         rejected(g, "{\"v\":1,\"kids\":[{\"w\"");
         grammar_free(g);
 
+        /* an anyOf that is its own branch */
+        g = schema("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"string\"}]}");
+        ok_complete(g, "\"ab\"");
+        rejected(g, "1");
+        grammar_free(g);
+
         /* nested objects, each with its own keys */
         g = schema("{\"type\":\"object\",\"properties\":{\"outer\":{\"type\":\"object\",\"properties\":"
                    "{\"x\":{\"type\":\"number\"},\"y\":{\"type\":\"number\"}},\"required\":[\"x\",\"y\"]},"
