@@ -2296,9 +2296,16 @@ static uint32_t best_completion(struct grammar_matcher *m) {
         return best;
 }
 
+/* Tokens kept beyond the shortest completion before closing starts: one token can open values
+ * whose shortest completions add up to about this (a key of a long optional property, an anyOf
+ * branch, a nested object), so closing still fits after it. */
+static uint32_t closing_margin(const struct grammar_matcher *m) {
+        return MIN(m->g->max_min_len, 256u) + MIN(m->v->max_len, 64u);
+}
+
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m) {
         const struct grammar *g = m->g;
-        return g->nodes[g->root].min_len + g->n_pre + g->n_post + 1 + g->max_min_len + m->v->max_len;
+        return MIN(g->nodes[g->root].min_len, 4096u) + g->n_pre + g->n_post + 1 + closing_margin(m);
 }
 
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
@@ -2323,7 +2330,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
         if (m->comp.oom)
                 return -ENOMEM;
         uint64_t after = (uint64_t) g->n_post + 1; /* `</tool_call>`, EOS */
-        uint64_t margin = MIN(g->max_min_len, 256u) + MIN(v->max_len, 64u);
+        uint64_t margin = closing_margin(m);
         if ((uint64_t) budget <= m->comp.n + after + margin) {
                 if (m->comp.n == 0) {
                         if (g->n_post)
