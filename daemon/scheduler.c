@@ -1382,8 +1382,8 @@ static void constraint_after_token(struct job *j) {
 static bool constrain_logits(struct sched *s, struct job *j, float *l) {
         int n = grammar_matcher_mask(j->gm, j->max_tokens - j->n_out, j->gmask);
         if (n <= 0) {
-                fail_job(s, j, SCHED_ERR_INTERNAL, "constraint: no token of the vocabulary continues "
-                         "the constrained output here");
+                fail_job(s, j, SCHED_ERR_INTERNAL, "%s", n < 0 ? "constraint: out of memory for the token mask"
+                         : "constraint: no token of the vocabulary continues the constrained output here");
                 return false;
         }
         grammar_mask_apply(j->gmask, l, s->cfg->n_vocab);

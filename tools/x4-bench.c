@@ -732,7 +732,6 @@ static int bench_grammar(const char *which, const char *model, uint32_t seqs, bo
         _cleanup_(tokenizer_freep) struct tokenizer *t = NULL;
         _cleanup_(grammar_vocab_freep) struct grammar_vocab *v = NULL;
         int r;
-        double t0 = thread_us();
 
         if (streq(which, "dense"))
                 r = dense_vocab(&t);
@@ -773,7 +772,6 @@ static int bench_grammar(const char *which, const char *model, uint32_t seqs, bo
         _cleanup_free_ double *ta = malloc((size_t) seqs * 256 * sizeof *ta);
         if (!mask || !logits || !tc || !tu || !ta)
                 return log_error_errno(ENOMEM, "--grammar: out of memory");
-        (void) t0;
         int32_t eos = tokenizer_eos_id(t);
 
         for (uint32_t i = 0; i < nv; i++)

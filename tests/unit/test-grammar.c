@@ -408,7 +408,6 @@ static char *random_walk(const struct grammar *g, uint32_t budget, bool *ended) 
         uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
         char *out = calloc(1, 4096);
         size_t len = 0;
-        int32_t ids[64];
         assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
         *ended = false;
         for (uint32_t left = budget; left > 0 && !*ended; left--) {
@@ -430,7 +429,6 @@ static char *random_walk(const struct grammar *g, uint32_t budget, bool *ended) 
                 }
                 size_t l;
                 const char *p = tokenizer_piece(tok, id, &l);
-                (void) ids;
                 if (tokenizer_piece_type(tok, id) == TOKENIZER_PIECE_BYTE) {
                         unsigned b;
                         sscanf(p, "<0x%02X>", &b);
