@@ -321,6 +321,11 @@ static int32_t compile_object(struct compiler *c, const struct json_value *s, co
                         break;
                 }
                 tmp[i].k = (struct gstr){ esc, (uint32_t) strlen(esc) };
+                if (tmp[i].k.len > 4096) { /* the matcher counts key bytes in 16 bits */
+                        r = cerr(c, path, "property name %zu is %u bytes long, at most 4096 supported",
+                                 i, tmp[i].k.len);
+                        break;
+                }
                 tmp[i].decl = (uint32_t) i;
                 subpath(sub, sizeof sub, path, "properties.%s", name);
                 tmp[i].node = compile_node(c, json_object_value_at(props, i), sub);
@@ -539,6 +544,13 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                         }
                         t[i].len = (uint32_t) strlen(t[i].s);
                 }
+                for (uint32_t i = 0; i < n; i++)
+                        if (t[i].len > 60000) { /* literal bytes are counted in 16 bits */
+                                for (uint32_t k = 0; k < n; k++)
+                                        free(t[k].s);
+                                free(t);
+                                return cerr(c, path, "%s value %u is longer than 60000 bytes", en ? "enum" : "const", i);
+                        }
                 int32_t id = literal_node(g, t, n);
                 free(t);
                 return id;
