@@ -1122,6 +1122,11 @@ static bool prompt_ends_in_think(const struct sched *s, const int32_t *ids, size
         return false;
 }
 
+_Static_assert((int) SCHED_CONSTRAINT_JSON_OBJECT == (int) GRAMMAR_JSON_OBJECT &&
+                       (int) SCHED_CONSTRAINT_JSON_SCHEMA == (int) GRAMMAR_JSON_SCHEMA &&
+                       (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL,
+               "enum sched_constraint mirrors enum grammar_kind");
+
 /* The grammar and matcher of a constrained request. On failure the job is failed: false. */
 static bool prepare_constraint(struct sched *s, struct job *j) {
         const struct sched_request *r = j->r;
