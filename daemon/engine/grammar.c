@@ -7,12 +7,14 @@
  * the set of live threads (deduplicated).
  *
  * The mask walks the vocabulary's trie depth first with the thread set, pruning a subtree as soon
- * as no thread survives its prefix. Inside a free string almost every token is allowed: a trie
- * node whose every token is valid UTF-8 and holds no `"`, `\` or control byte after the node's
- * parent is taken whole when every thread is in a string body (a token that cannot leave the
- * string cannot be refused by it), so the walk visits only the tokens that could leave it.
- * Masks are cached by the exact thread set, so a repeated state (the next token of a string, a
- * number) costs a hash and a copy. */
+ * as no thread survives its prefix. Inside a free string almost every token is allowed, and what
+ * a token does there is known before any walk: a "clean" token (valid UTF-8 without `"`, `\` or
+ * a control byte) stays in the string, so the mask starts from the precomputed clean set; any
+ * other token leaves the string as it was up to its first such byte, so only its suffix from
+ * there is walked, in a second trie of those suffixes (short: most start with `"` and punctuation),
+ * not in the full trie. Below that, a trie node whose tokens are all clean after the bytes already taken is
+ * taken whole while every thread is in a string body. Masks are cached by the exact thread set, so
+ * a repeated state (the next token of a string, a number) costs a hash and a copy. */
 #include "grammar.h"
 
 #include <errno.h>
@@ -1853,11 +1855,8 @@ struct tnode {
         uint32_t lo, hi;  /* tokens of the subtree: order[lo..hi) */
         uint16_t n_child;
         uint16_t n_end;   /* tokens ending here: order[lo..lo+n_end) */
-        uint32_t dirty;   /* children that are not clean: dirty[dirty..dirty+n_dirty) */
-        uint16_t n_dirty;
         uint8_t byte;
         uint8_t safe;     /* see the file comment */
-        uint8_t clean;    /* every token of the subtree is valid UTF-8 without `"`, `\`, control */
 };
 
 struct grammar_vocab {
@@ -1872,19 +1871,27 @@ struct grammar_vocab {
         uint16_t *len;      /* 0: not a text token */
         uint32_t max_len;
         uint64_t *clean;    /* bitset of the tokens a free string body takes whole from its start */
-        uint32_t *dirty;    /* node ids, grouped by parent */
+        /* The tokens that are not clean, by their text from the first byte a string body refuses
+         * (the whole text when not valid UTF-8): what such a token does in a string body depends
+         * only on that suffix, the part before leaves the string as it was. A trie of those
+         * suffixes, its entries mapped to token ids. */
+        struct grammar_vocab *suffix;
+        int32_t *ids;       /* suffix trie: entry -> token id */
+        bool shared_bytes;
 };
 
 void grammar_vocab_free(struct grammar_vocab *v) {
         if (!v)
                 return;
+        grammar_vocab_free(v->suffix);
+        free(v->ids);
         free(v->nodes);
         free(v->order);
-        free(v->bytes);
+        if (!v->shared_bytes)
+                free(v->bytes);
         free(v->off);
         free(v->len);
         free(v->clean);
-        free(v->dirty);
         free(v);
 }
 
@@ -1995,12 +2002,63 @@ static int build_node(struct grammar_vocab *v, uint32_t id, uint32_t lo, uint32_
                         return r;
                 /* taken whole before its byte (at depth) is fed: nothing unsafe at or after it */
                 v->nodes[c].safe = cr.valid && cr.max_unsafe < (int) depth;
-                v->nodes[c].clean = cr.valid && cr.max_unsafe < 0;
                 me.max_unsafe = MAX(me.max_unsafe, cr.max_unsafe);
                 me.valid &= cr.valid;
                 k = e;
         }
         *ret = me;
+        return 0;
+}
+
+static int first_unsafe(const uint8_t *p, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (p[i] == '"' || p[i] == '\\' || p[i] < 0x20)
+                        return (int) i;
+        return -1;
+}
+
+static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_t n) {
+        _cleanup_(grammar_vocab_freep) struct grammar_vocab *sv = calloc(1, sizeof *sv);
+        if (!sv)
+                return -ENOMEM;
+        sv->n_vocab = v->n_vocab;
+        sv->n_words = v->n_words;
+        sv->bytes = v->bytes;
+        sv->shared_bytes = true;
+        sv->off = malloc(MAX(n, 1u) * sizeof *sv->off);
+        sv->len = malloc(MAX(n, 1u) * sizeof *sv->len);
+        sv->ids = malloc(MAX(n, 1u) * sizeof *sv->ids);
+        sv->order = malloc(MAX(n, 1u) * sizeof *sv->order);
+        _cleanup_free_ int *unsafe = malloc(MAX(n, 1u) * sizeof *unsafe);
+        _cleanup_free_ bool *val = malloc(MAX(n, 1u) * sizeof *val);
+        if (!sv->off || !sv->len || !sv->ids || !sv->order || !unsafe || !val)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < v->n_text; i++) {
+                int32_t id = v->order[i];
+                const uint8_t *p = v->bytes + v->off[id];
+                int u = valid[id] ? first_unsafe(p, v->len[id]) : 0;
+                if (u < 0)
+                        continue; /* clean */
+                uint32_t e = sv->n_text++;
+                sv->off[e] = v->off[id] + (uint32_t) u;
+                sv->len[e] = (uint16_t) (v->len[id] - u);
+                sv->ids[e] = id;
+                sv->order[e] = (int32_t) e;
+                unsafe[e] = last_unsafe(p + u, sv->len[e]);
+                val[e] = utf8_valid(p + u, sv->len[e]);
+                sv->max_len = MAX(sv->max_len, sv->len[e]);
+        }
+        qsort_r(sv->order, sv->n_text, sizeof *sv->order, tok_cmp, sv);
+        sv->cap_nodes = 256;
+        sv->nodes = calloc(sv->cap_nodes, sizeof *sv->nodes);
+        if (!sv->nodes)
+                return -ENOMEM;
+        sv->n_nodes = 1;
+        struct build_ret br;
+        int r = build_node(sv, 0, 0, sv->n_text, 0, unsafe, val, &br);
+        if (r < 0)
+                return r;
+        v->suffix = TAKE_PTR(sv);
         return 0;
 }
 
@@ -2072,23 +2130,18 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
         if (r < 0)
                 return r;
         v->clean = calloc(v->n_words, sizeof *v->clean);
-        v->dirty = malloc(v->n_nodes * sizeof *v->dirty);
-        if (!v->clean || !v->dirty)
+        if (!v->clean)
                 return -ENOMEM;
-        /* a string body from the start of a token skips clean subtrees: list the others */
-        for (uint32_t i = 0, k = 0; i < v->n_nodes; i++) {
-                struct tnode *nd = &v->nodes[i];
-                nd->dirty = k;
-                for (uint32_t c = 0; c < nd->n_child; c++)
-                        if (!v->nodes[nd->child + c].clean)
-                                v->dirty[k++] = nd->child + c;
-                nd->n_dirty = (uint16_t) (k - nd->dirty);
-        }
+        uint32_t n_dirty_tokens = 0;
         for (uint32_t i = 0; i < v->n_text; i++) {
                 int32_t id = v->order[i];
                 if (valid[id] && unsafe[id] < 0)
                         v->clean[(uint32_t) id >> 6] |= 1ull << ((uint32_t) id & 63);
+                else
+                        n_dirty_tokens++;
         }
+        if ((r = build_suffix_trie(v, valid, n_dirty_tokens)) < 0)
+                return r;
         *ret = TAKE_PTR(v);
         return 0;
 }
@@ -2119,7 +2172,7 @@ struct grammar_matcher {
         struct tset *level; /* walk scratch: one set per trie depth */
         uint32_t n_level;
         bool walk_free; /* the walk's root state allows the whole-subtree shortcut */
-        bool walk_clean; /* the root state is a free string body: clean subtrees are in already */
+        const struct grammar_vocab *wv; /* the trie walked: the vocabulary's or its suffix trie */
         uint64_t *mask_out;
         uint8_t *key;
         size_t key_cap;
@@ -2190,8 +2243,12 @@ static inline void set_bit(uint64_t *mask, int32_t id) {
 }
 
 static void set_range(const struct grammar_vocab *v, uint64_t *mask, uint32_t lo, uint32_t hi) {
-        for (uint32_t i = lo; i < hi; i++)
-                set_bit(mask, v->order[i]);
+        if (v->ids)
+                for (uint32_t i = lo; i < hi; i++)
+                        set_bit(mask, v->ids[v->order[i]]);
+        else
+                for (uint32_t i = lo; i < hi; i++)
+                        set_bit(mask, v->order[i]);
 }
 
 static bool all_in_string_body(const struct grammar *g, const struct tset *s) {
@@ -2212,11 +2269,10 @@ static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth, const
 /* One child c of a node: taken whole, pruned, or walked. */
 static inline void walk_child(struct grammar_matcher *m, uint32_t ci, uint32_t depth, const struct tset *in,
                               bool free_str, bool plain) {
-        const struct grammar_vocab *v = m->v;
+        const struct grammar_vocab *v = m->wv;
         const struct tnode *c = &v->nodes[ci];
         if (free_str && c->safe) {
-                if (!(m->walk_clean && c->clean))
-                        set_range(v, m->mask_out, c->lo, c->hi);
+                set_range(v, m->mask_out, c->lo, c->hi);
                 return;
         }
         const struct tset *next = in;
@@ -2235,17 +2291,13 @@ static inline void walk_child(struct grammar_matcher *m, uint32_t ci, uint32_t d
 
 /* Visit the children of trie node `node` (depth bytes in), the threads being `in`. */
 static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth, const struct tset *in) {
-        const struct grammar_vocab *v = m->v;
+        const struct grammar_vocab *v = m->wv;
         const struct tnode *nd = &v->nodes[node];
         bool free_str = m->walk_free && all_in_string_body(m->g, in), plain = free_str;
         for (uint32_t i = 0; plain && i < in->n; i++)
                 plain = in->t[i].f[in->t[i].depth - 1].need == 0;
-        if (free_str && m->walk_clean) /* the clean children are in the mask already */
-                for (uint32_t k = 0; k < nd->n_dirty; k++)
-                        walk_child(m, v->dirty[nd->dirty + k], depth, in, free_str, plain);
-        else
-                for (uint32_t k = 0; k < nd->n_child; k++)
-                        walk_child(m, nd->child + k, depth, in, free_str, plain);
+        for (uint32_t k = 0; k < nd->n_child; k++)
+                walk_child(m, nd->child + k, depth, in, free_str, plain);
 }
 
 static uint64_t fnv(const uint8_t *p, size_t n) {
@@ -2389,9 +2441,13 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
         }
         m->mask_out = mask;
         /* in a string body from the start: the clean tokens at once, the walk for the others */
-        m->walk_clean = m->walk_free && all_in_string_body(g, &m->cur);
-        if (m->walk_clean)
+        m->wv = v;
+        if (m->walk_free && all_in_string_body(g, &m->cur) && v->suffix) {
+                /* a string body at a character boundary: the clean tokens stay in it; the others
+                 * act by their suffix from the first refused byte */
                 memcpy(mask, v->clean, v->n_words * sizeof *mask);
+                m->wv = v->suffix;
+        }
         walk(m, 0, 0, &m->level[0]);
         if (can_end) {
                 if (g->n_post)
