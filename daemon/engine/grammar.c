@@ -74,6 +74,7 @@ struct gnode {
         uint32_t min_items, max_items;
         int32_t target;         /* ref */
         uint32_t min_len;       /* bytes of the shortest value */
+        uint32_t best;          /* anyOf: the branch that gave min_len first (no cycle through it) */
         uint32_t min_depth;     /* frames the shallowest value needs (a scalar: 1) */
 };
 
@@ -672,7 +673,11 @@ static void compute_min_len(struct grammar *g) {
                                 break;
                         case GK_ANYOF:
                                 for (uint32_t k = 0; k < n->n; k++)
-                                        l = MIN(l, g->nodes[g->list[n->a + k]].min_len);
+                                        if (g->nodes[g->list[n->a + k]].min_len < l) {
+                                                l = g->nodes[g->list[n->a + k]].min_len;
+                                                if (l < n->min_len)
+                                                        n->best = g->list[n->a + k];
+                                        }
                                 break;
                         case GK_REF:
                                 l = g->nodes[n->target].min_len;
@@ -1670,14 +1675,11 @@ static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsign
                 sb_put(b, g->lits[n->a + best].s, g->lits[n->a + best].len);
                 return;
         }
-        case GK_ANYOF: {
-                uint32_t best = g->list[n->a];
-                for (uint32_t k = 1; k < n->n; k++)
-                        if (g->nodes[g->list[n->a + k]].min_len < g->nodes[best].min_len)
-                                best = g->list[n->a + k];
-                emit_min(g, (int32_t) best, b, depth + 1);
+        case GK_ANYOF:
+                /* the branch that set min_len: a branch as short that leads back here (an anyOf
+                 * holding a $ref to itself) would never end */
+                emit_min(g, (int32_t) n->best, b, depth + 1);
                 return;
-        }
         case GK_ARRAY:
                 sb_put(b, "[", 1);
                 for (uint32_t k = 0; k < n->min_items; k++) {
@@ -2395,7 +2397,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 return -ENOMEM;
         uint64_t after = (uint64_t) g->n_post + 1; /* `</tool_call>`, EOS */
         uint64_t margin = closing_margin(m);
-        if ((uint64_t) budget <= m->comp.n + after + margin) {
+        if ((uint64_t) budget <= m->comp.n + after + margin && (m->comp.n > 0 || can_end)) {
                 if (m->comp.n == 0) {
                         if (g->n_post)
                                 set_bit(mask, g->post[0]);

@@ -459,6 +459,8 @@ static void test_random_walks_close(void **state) {
                 "{\"type\":\"object\"}",
                 ("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"}},\"required\":[\"a\"]},"
                 "{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",null]}}]}"),
+                /* an anyOf that is its own branch: the shortest completion must not follow it */
+                "{\"anyOf\":[{\"$ref\":\"#\"},{\"const\":{\"k\":\"vvvvvvvvvvvvvvvvvvvvvv\"}}]}",
         };
         for (size_t s = 0; s < ELEMENTSOF(schemas); s++) {
                 struct grammar *g = schema(schemas[s]);
