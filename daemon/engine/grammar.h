@@ -107,7 +107,9 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct grammar_matcher *, grammar_matcher_free);
 /* The allowed tokens now, as a bitset of DIV_ROUND_UP(n_vocab, 64) words (bit id % 64 of word
  * id / 64). budget: the tokens the request may still generate, this one included; when it gets
  * close to what the shortest completion needs, only tokens along that completion are allowed
- * (so the output closes before max_tokens). Returns the number of allowed tokens (0: the
+ * (so the output closes before max_tokens; "close" keeps a margin of the longest token plus the
+ * longest shortest-value of any schema node, which covers what one token can open; a budget
+ * smaller than the shortest complete output cannot close and ends by length). Returns the number of allowed tokens (0: the
  * vocabulary cannot continue the output). Masks of states seen before come from a cache. */
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask);
 /* Advance by a generated token: 0, or -EINVAL (state unchanged) if the constraint forbids it. */
