@@ -1209,6 +1209,316 @@ static bool obj_key_begin(const struct grammar *g, struct gthread *t, struct gfr
         return obj_any_unseen(g, n, f, t->depth, f->lo, f->hi);
 }
 
+/* What one byte did to a thread: refused, taken, or to be given to the new top frame (a number
+ * or literal ended before it; an array item begins with it). */
+enum step_result { STEP_DEAD, STEP_LIVE, STEP_AGAIN };
+
+static enum step_result step_string(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                   const struct gnode *n, uint8_t c) {
+        switch (f->st) {
+        case ST_START:
+                if (c != '"')
+                        return STEP_DEAD;
+                f->st = S_BODY;
+                return STEP_LIVE;
+        case S_BODY:
+                if (f->need) {
+                        if (c < f->lo8 || c > f->hi8)
+                                return STEP_DEAD;
+                        f->need--;
+                        f->lo8 = 0x80;
+                        f->hi8 = 0xbf;
+                        return STEP_LIVE;
+                }
+                if (c == '"') {
+                        pop_done(g, t);
+                        return STEP_LIVE;
+                }
+                if (c == '\\') {
+                        f->st = S_ESC;
+                        return STEP_LIVE;
+                }
+                if (c < 0x20)
+                        return STEP_DEAD;
+                if (c < 0x80)
+                        return STEP_LIVE;
+                f->lo8 = 0x80;
+                f->hi8 = 0xbf;
+                if (c >= 0xc2 && c <= 0xdf)
+                        f->need = 1;
+                else if (c >= 0xe0 && c <= 0xef) {
+                        f->need = 2;
+                        if (c == 0xe0)
+                                f->lo8 = 0xa0;
+                        if (c == 0xed)
+                                f->hi8 = 0x9f;
+                } else if (c >= 0xf0 && c <= 0xf4) {
+                        f->need = 3;
+                        if (c == 0xf0)
+                                f->lo8 = 0x90;
+                        if (c == 0xf4)
+                                f->hi8 = 0x8f;
+                } else
+                        return STEP_DEAD;
+                return STEP_LIVE;
+        case S_ESC:
+                if (c == 'u') {
+                        f->st = S_U;
+                        f->pos = 0;
+                        f->lo8 = 2; /* bit 1: all digits zero so far */
+                        return STEP_LIVE;
+                }
+                if (!strchr("\"\\/bfnrt", c) || !c)
+                        return STEP_DEAD;
+                f->st = S_BODY;
+                return STEP_LIVE;
+        case S_U: {
+                bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+                if (!hex)
+                        return STEP_DEAD;
+                if (f->pos == 0 && (c == 'd' || c == 'D'))
+                        f->lo8 |= 1;
+                if (f->pos == 1 && (f->lo8 & 1) && !(c >= '0' && c <= '7'))
+                        return STEP_DEAD; /* a surrogate */
+                if (c != '0')
+                        f->lo8 &= (uint8_t) ~2;
+                if (++f->pos == 4) {
+                        if (f->lo8 & 2)
+                                return STEP_DEAD; /* \u0000 */
+                        f->st = S_BODY;
+                        f->lo8 = 0;
+                        f->pos = 0;
+                }
+                return STEP_LIVE;
+        }
+        }
+        return STEP_DEAD;
+}
+
+static enum step_result step_number(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                   const struct gnode *n, uint8_t c) {
+        bool dig = c >= '0' && c <= '9', real = n->kind == GK_NUMBER;
+        switch (f->st) {
+        case ST_START:
+                if (c == '-')
+                        f->st = NB_MINUS;
+                else if (c == '0')
+                        f->st = NB_ZERO;
+                else if (dig) {
+                        f->st = NB_INT;
+                        f->pos = 1;
+                } else
+                        return STEP_DEAD;
+                return STEP_LIVE;
+        case NB_MINUS:
+                if (c == '0')
+                        f->st = NB_ZERO;
+                else if (dig) {
+                        f->st = NB_INT;
+                        f->pos = 1;
+                } else
+                        return STEP_DEAD;
+                return STEP_LIVE;
+        case NB_ZERO:
+        case NB_INT:
+                if (dig && f->st == NB_INT && f->pos < MAX_INT_DIGITS) {
+                        f->pos++;
+                        return STEP_LIVE;
+                }
+                if (dig)
+                        return STEP_DEAD;
+                if (real && c == '.') {
+                        f->st = NB_DOT;
+                        return STEP_LIVE;
+                }
+                if (real && (c == 'e' || c == 'E')) {
+                        f->st = NB_E;
+                        return STEP_LIVE;
+                }
+                break; /* ends: the parent takes c */
+        case NB_DOT:
+                if (!dig)
+                        return STEP_DEAD;
+                f->st = NB_FRAC;
+                f->pos = 1;
+                return STEP_LIVE;
+        case NB_FRAC:
+                if (dig) {
+                        if (f->pos >= MAX_FRAC_DIGITS)
+                                return STEP_DEAD;
+                        f->pos++;
+                        return STEP_LIVE;
+                }
+                if (c == 'e' || c == 'E') {
+                        f->st = NB_E;
+                        return STEP_LIVE;
+                }
+                break;
+        case NB_E:
+                if (c == '+' || c == '-') {
+                        f->st = NB_ESIGN;
+                        return STEP_LIVE;
+                }
+                /* fall through */
+        case NB_ESIGN:
+                if (!dig)
+                        return STEP_DEAD;
+                f->st = NB_EXP;
+                f->pos = 1;
+                return STEP_LIVE;
+        case NB_EXP:
+                if (dig) {
+                        if (f->pos >= MAX_EXP_DIGITS)
+                                return STEP_DEAD;
+                        f->pos++;
+                        return STEP_LIVE;
+                }
+                break;
+        default:
+                return STEP_DEAD;
+        }
+        pop_done(g, t); /* the number ended before c */
+        return STEP_AGAIN;
+}
+
+static enum step_result step_literal(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                   const struct gnode *n, uint8_t c) {
+        const struct gstr *L = g->lits + n->a;
+        if (f->st == ST_START) {
+                f->st = L_IN;
+                f->lo = 0;
+                f->hi = (uint16_t) n->n;
+                f->pos = 0;
+        }
+        uint16_t lo = f->lo, hi = f->hi;
+        if (narrow(L, &lo, &hi, f->pos, c)) {
+                f->lo = lo;
+                f->hi = hi;
+                f->pos++;
+                /* complete and nothing longer: done now */
+                if (hi - lo == 1 && L[lo].len == f->pos)
+                        pop_done(g, t);
+                return STEP_LIVE;
+        }
+        if (L[f->lo].len != f->pos)
+                return STEP_DEAD;
+        f->hi = f->lo + 1; /* ends as the shortest candidate */
+        pop_done(g, t);
+        return STEP_AGAIN;
+}
+
+static enum step_result step_object(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                   const struct gnode *n, uint8_t c) {
+        bool ws = is_ws(c);
+        switch (f->st) {
+        case ST_START:
+                if (c != '{')
+                        return STEP_DEAD;
+                f->st = O_OPEN;
+                return STEP_LIVE;
+        case O_OPEN:
+        case O_AFTER:
+        case O_COMMA:
+                if (ws) {
+                        if (t->ws >= GRAMMAR_MAX_WS)
+                                return STEP_DEAD;
+                        t->ws++;
+                        return STEP_LIVE;
+                }
+                if (c == '"' && f->st != O_AFTER)
+                        return obj_key_begin(g, t, f, n) ? STEP_LIVE : STEP_DEAD;
+                if (c == '}' && f->st != O_COMMA) {
+                        if (n->n && !obj_required_done(g, n, f))
+                                return STEP_DEAD;
+                        pop_done(g, t);
+                        return STEP_LIVE;
+                }
+                if (c == ',' && f->st == O_AFTER) {
+                        /* only when a property can follow */
+                        if (n->n ? n->ordered ? (uint32_t) __builtin_popcountll(f->seen) >= n->n
+                                              : !obj_any_unseen(g, n, f, t->depth, 0, n->n)
+                                 : !fits(g, t->depth, n->extra))
+                                return STEP_DEAD;
+                        f->st = O_COMMA;
+                        return STEP_LIVE;
+                }
+                return STEP_DEAD;
+        case O_KEY: {
+                uint16_t lo = f->lo, hi = f->hi;
+                if (!narrow(g->keys + n->a, &lo, &hi, f->pos, c) ||
+                    !obj_any_unseen(g, n, f, t->depth, lo, hi))
+                        return STEP_DEAD;
+                f->lo = lo;
+                f->hi = hi;
+                f->pos++;
+                if (c == '"' && g->keys[n->a + lo].len == f->pos) {
+                        f->seen |= 1ull << lo;
+                        f->st = O_COLON;
+                        f->pos = 0;
+                }
+                return STEP_LIVE;
+        }
+        case O_COLON:
+                if (ws) {
+                        if (t->ws >= GRAMMAR_MAX_WS)
+                                return STEP_DEAD;
+                        t->ws++;
+                        return STEP_LIVE;
+                }
+                if (c != ':')
+                        return STEP_DEAD;
+                /* the value: the property's, a free key's, or the chosen tool's arguments */
+                int32_t vn = n->n ? g->key_node[n->a + f->lo] : n->extra;
+                if (n->tools && f->lo == (uint16_t) n->tool_args_prop)
+                        vn = (int32_t) g->list[n->tools + f->n];
+                f->st = O_VAL;
+                return push(g, t, vn) ? STEP_LIVE : STEP_DEAD;
+        default:
+                return STEP_DEAD;
+        }
+}
+
+static enum step_result step_array(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                   const struct gnode *n, uint8_t c) {
+        bool ws = is_ws(c);
+        switch (f->st) {
+        case ST_START:
+                if (c != '[')
+                        return STEP_DEAD;
+                f->st = A_OPEN;
+                return STEP_LIVE;
+        case A_OPEN:
+        case A_AFTER:
+        case A_COMMA:
+                if (ws) {
+                        if (t->ws >= GRAMMAR_MAX_WS)
+                                return STEP_DEAD;
+                        t->ws++;
+                        return STEP_LIVE;
+                }
+                if (c == ']' && f->st != A_COMMA) {
+                        if (f->n < n->min_items)
+                                return STEP_DEAD;
+                        pop_done(g, t);
+                        return STEP_LIVE;
+                }
+                if (c == ',' && f->st == A_AFTER) {
+                        if (f->n >= n->max_items || !fits(g, t->depth, n->items))
+                                return STEP_DEAD;
+                        f->st = A_COMMA;
+                        return STEP_LIVE;
+                }
+                if (f->st == A_AFTER || f->n >= n->max_items || !fits(g, t->depth, n->items))
+                        return STEP_DEAD;
+                f->st = A_VAL;
+                if (!push(g, t, n->items))
+                        return STEP_DEAD;
+                return STEP_AGAIN; /* the item takes c */
+        default:
+                return STEP_DEAD;
+        }
+}
+
 static void feed(const struct grammar *g, struct gthread *t, uint8_t c, struct tset *out);
 
 /* One byte for one thread. Returns true if t lives on (the caller keeps it); forks add their own
@@ -1229,6 +1539,7 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                 }
                 if (!ws)
                         t->ws = 0;
+                enum step_result r;
                 switch (n->kind) {
                 case GK_ANY:
                         f->node = c == '{' ? N_ANY_OBJECT : c == '[' ? N_ANY_ARRAY : c == '"' ? N_STRING
@@ -1250,301 +1561,26 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                         return false;
                 }
                 case GK_STRING:
-                        switch (f->st) {
-                        case ST_START:
-                                if (c != '"')
-                                        return false;
-                                f->st = S_BODY;
-                                return true;
-                        case S_BODY:
-                                if (f->need) {
-                                        if (c < f->lo8 || c > f->hi8)
-                                                return false;
-                                        f->need--;
-                                        f->lo8 = 0x80;
-                                        f->hi8 = 0xbf;
-                                        return true;
-                                }
-                                if (c == '"') {
-                                        pop_done(g, t);
-                                        return true;
-                                }
-                                if (c == '\\') {
-                                        f->st = S_ESC;
-                                        return true;
-                                }
-                                if (c < 0x20)
-                                        return false;
-                                if (c < 0x80)
-                                        return true;
-                                f->lo8 = 0x80;
-                                f->hi8 = 0xbf;
-                                if (c >= 0xc2 && c <= 0xdf)
-                                        f->need = 1;
-                                else if (c >= 0xe0 && c <= 0xef) {
-                                        f->need = 2;
-                                        if (c == 0xe0)
-                                                f->lo8 = 0xa0;
-                                        if (c == 0xed)
-                                                f->hi8 = 0x9f;
-                                } else if (c >= 0xf0 && c <= 0xf4) {
-                                        f->need = 3;
-                                        if (c == 0xf0)
-                                                f->lo8 = 0x90;
-                                        if (c == 0xf4)
-                                                f->hi8 = 0x8f;
-                                } else
-                                        return false;
-                                return true;
-                        case S_ESC:
-                                if (c == 'u') {
-                                        f->st = S_U;
-                                        f->pos = 0;
-                                        f->lo8 = 2; /* bit 1: all digits zero so far */
-                                        return true;
-                                }
-                                if (!strchr("\"\\/bfnrt", c) || !c)
-                                        return false;
-                                f->st = S_BODY;
-                                return true;
-                        case S_U: {
-                                bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-                                if (!hex)
-                                        return false;
-                                if (f->pos == 0 && (c == 'd' || c == 'D'))
-                                        f->lo8 |= 1;
-                                if (f->pos == 1 && (f->lo8 & 1) && !(c >= '0' && c <= '7'))
-                                        return false; /* a surrogate */
-                                if (c != '0')
-                                        f->lo8 &= (uint8_t) ~2;
-                                if (++f->pos == 4) {
-                                        if (f->lo8 & 2)
-                                                return false; /* \u0000 */
-                                        f->st = S_BODY;
-                                        f->lo8 = 0;
-                                        f->pos = 0;
-                                }
-                                return true;
-                        }
-                        }
-                        return false;
+                        r = step_string(g, t, f, n, c);
+                        break;
                 case GK_NUMBER:
-                case GK_INTEGER: {
-                        bool dig = c >= '0' && c <= '9', real = n->kind == GK_NUMBER;
-                        switch (f->st) {
-                        case ST_START:
-                                if (c == '-')
-                                        f->st = NB_MINUS;
-                                else if (c == '0')
-                                        f->st = NB_ZERO;
-                                else if (dig) {
-                                        f->st = NB_INT;
-                                        f->pos = 1;
-                                } else
-                                        return false;
-                                return true;
-                        case NB_MINUS:
-                                if (c == '0')
-                                        f->st = NB_ZERO;
-                                else if (dig) {
-                                        f->st = NB_INT;
-                                        f->pos = 1;
-                                } else
-                                        return false;
-                                return true;
-                        case NB_ZERO:
-                        case NB_INT:
-                                if (dig && f->st == NB_INT && f->pos < MAX_INT_DIGITS) {
-                                        f->pos++;
-                                        return true;
-                                }
-                                if (dig)
-                                        return false;
-                                if (real && c == '.') {
-                                        f->st = NB_DOT;
-                                        return true;
-                                }
-                                if (real && (c == 'e' || c == 'E')) {
-                                        f->st = NB_E;
-                                        return true;
-                                }
-                                break; /* ends: the parent takes c */
-                        case NB_DOT:
-                                if (!dig)
-                                        return false;
-                                f->st = NB_FRAC;
-                                f->pos = 1;
-                                return true;
-                        case NB_FRAC:
-                                if (dig) {
-                                        if (f->pos >= MAX_FRAC_DIGITS)
-                                                return false;
-                                        f->pos++;
-                                        return true;
-                                }
-                                if (c == 'e' || c == 'E') {
-                                        f->st = NB_E;
-                                        return true;
-                                }
-                                break;
-                        case NB_E:
-                                if (c == '+' || c == '-') {
-                                        f->st = NB_ESIGN;
-                                        return true;
-                                }
-                                /* fall through */
-                        case NB_ESIGN:
-                                if (!dig)
-                                        return false;
-                                f->st = NB_EXP;
-                                f->pos = 1;
-                                return true;
-                        case NB_EXP:
-                                if (dig) {
-                                        if (f->pos >= MAX_EXP_DIGITS)
-                                                return false;
-                                        f->pos++;
-                                        return true;
-                                }
-                                break;
-                        default:
-                                return false;
-                        }
-                        pop_done(g, t); /* the number ended before c */
-                        continue;
-                }
-                case GK_LITERAL: {
-                        const struct gstr *L = g->lits + n->a;
-                        if (f->st == ST_START) {
-                                f->st = L_IN;
-                                f->lo = 0;
-                                f->hi = (uint16_t) n->n;
-                                f->pos = 0;
-                        }
-                        uint16_t lo = f->lo, hi = f->hi;
-                        if (narrow(L, &lo, &hi, f->pos, c)) {
-                                f->lo = lo;
-                                f->hi = hi;
-                                f->pos++;
-                                /* complete and nothing longer: done now */
-                                if (hi - lo == 1 && L[lo].len == f->pos)
-                                        pop_done(g, t);
-                                return true;
-                        }
-                        if (L[f->lo].len != f->pos)
-                                return false;
-                        f->hi = f->lo + 1; /* ends as the shortest candidate */
-                        pop_done(g, t);
-                        continue;
-                }
+                case GK_INTEGER:
+                        r = step_number(g, t, f, n, c);
+                        break;
+                case GK_LITERAL:
+                        r = step_literal(g, t, f, n, c);
+                        break;
                 case GK_OBJECT:
-                        switch (f->st) {
-                        case ST_START:
-                                if (c != '{')
-                                        return false;
-                                f->st = O_OPEN;
-                                return true;
-                        case O_OPEN:
-                        case O_AFTER:
-                        case O_COMMA:
-                                if (ws) {
-                                        if (t->ws >= GRAMMAR_MAX_WS)
-                                                return false;
-                                        t->ws++;
-                                        return true;
-                                }
-                                if (c == '"' && f->st != O_AFTER)
-                                        return obj_key_begin(g, t, f, n);
-                                if (c == '}' && f->st != O_COMMA) {
-                                        if (n->n && !obj_required_done(g, n, f))
-                                                return false;
-                                        pop_done(g, t);
-                                        return true;
-                                }
-                                if (c == ',' && f->st == O_AFTER) {
-                                        /* only when a property can follow */
-                                        if (n->n ? n->ordered ? (uint32_t) __builtin_popcountll(f->seen) >= n->n
-                                                              : !obj_any_unseen(g, n, f, t->depth, 0, n->n)
-                                                 : !fits(g, t->depth, n->extra))
-                                                return false;
-                                        f->st = O_COMMA;
-                                        return true;
-                                }
-                                return false;
-                        case O_KEY: {
-                                uint16_t lo = f->lo, hi = f->hi;
-                                if (!narrow(g->keys + n->a, &lo, &hi, f->pos, c) ||
-                                    !obj_any_unseen(g, n, f, t->depth, lo, hi))
-                                        return false;
-                                f->lo = lo;
-                                f->hi = hi;
-                                f->pos++;
-                                if (c == '"' && g->keys[n->a + lo].len == f->pos) {
-                                        f->seen |= 1ull << lo;
-                                        f->st = O_COLON;
-                                        f->pos = 0;
-                                }
-                                return true;
-                        }
-                        case O_COLON:
-                                if (ws) {
-                                        if (t->ws >= GRAMMAR_MAX_WS)
-                                                return false;
-                                        t->ws++;
-                                        return true;
-                                }
-                                if (c != ':')
-                                        return false;
-                                {
-                                        int32_t vn = n->n ? g->key_node[n->a + f->lo] : n->extra;
-                                        if (n->tools && f->lo == (uint16_t) n->tool_args_prop)
-                                                vn = (int32_t) g->list[n->tools + f->n];
-                                        f->st = O_VAL;
-                                        return push(g, t, vn);
-                                }
-                        default:
-                                return false;
-                        }
+                        r = step_object(g, t, f, n, c);
+                        break;
                 case GK_ARRAY:
-                        switch (f->st) {
-                        case ST_START:
-                                if (c != '[')
-                                        return false;
-                                f->st = A_OPEN;
-                                return true;
-                        case A_OPEN:
-                        case A_AFTER:
-                        case A_COMMA:
-                                if (ws) {
-                                        if (t->ws >= GRAMMAR_MAX_WS)
-                                                return false;
-                                        t->ws++;
-                                        return true;
-                                }
-                                if (c == ']' && f->st != A_COMMA) {
-                                        if (f->n < n->min_items)
-                                                return false;
-                                        pop_done(g, t);
-                                        return true;
-                                }
-                                if (c == ',' && f->st == A_AFTER) {
-                                        if (f->n >= n->max_items || !fits(g, t->depth, n->items))
-                                                return false;
-                                        f->st = A_COMMA;
-                                        return true;
-                                }
-                                if (f->st == A_AFTER || f->n >= n->max_items || !fits(g, t->depth, n->items))
-                                        return false;
-                                f->st = A_VAL;
-                                if (!push(g, t, n->items))
-                                        return false;
-                                continue; /* the item takes c */
-                        default:
-                                return false;
-                        }
+                        r = step_array(g, t, f, n, c);
+                        break;
                 default:
                         return false;
                 }
+                if (r != STEP_AGAIN)
+                        return r == STEP_LIVE;
         }
 }
 
