@@ -232,6 +232,19 @@ def test_json_object_and_thinking(demo):
             assert r["reasoning"], "thinking on: some reasoning expected before the answer"
 
 
+def test_forced_tool_call_after_reasoning(demo):
+    """Thinking on: the reasoning is free, then the call comes, valid, before max_tokens."""
+    reqs = {400 + i: chat_request("Think, then call.", tool_choice("get_weather"), seed=4000 + i,
+                                  tools=TOOLS, thinking=True, max_tokens=120) for i in range(2)}
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        assert r["error"] is None, (rid, r["error"])
+        assert r["reasoning"], "thinking on: some reasoning expected before the call"
+        assert len(r["calls"]) == 1 and r["calls"][0][0] == "get_weather", (rid, r)
+        validate(json.loads(r["calls"][0][1]), TOOL_PARAMS["get_weather"])
+        assert r["finish"] == 4, (rid, r["finish"])
+
+
 @pytest.mark.parametrize("constraint,prompt_tools,want", [
     (json_schema({"type": "string", "minLength": 2}), None,
      "constraint.json_schema: keyword 'minLength' is not supported"),
