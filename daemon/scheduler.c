@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../kernels/backend.h"
+#include "engine/grammar.h"
 #include "engine/kvcache.h"
 #include "engine/prefix.h"
 #include "engine/sampler.h"
@@ -74,11 +75,18 @@ struct job {
         uint32_t snap_pages;
         bool create;          /* r->snapshot_create: prefill only, then save */
         bool thinking;        /* the prompt ends inside <think> */
+        /* constrained decoding (engine/grammar.h): the mask is on from the start, or from the
+         * end of the reasoning when the output starts in it */
+        struct grammar *grammar;
+        struct grammar_matcher *gm;
+        uint64_t *gmask;
+        bool gm_on;
 };
 
 struct sched {
         struct sched_params p;
         const struct x4_config *cfg;
+        struct grammar_vocab *gvocab; /* token trie for constrained decoding, built on first use */
         struct kvcache *kv;
         struct prefix_store *prefix; /* NULL: prefix reuse off */
         struct x4_backend_caps caps;
@@ -151,6 +159,8 @@ void sched_request_free(struct sched_request *r) {
         free(r->stop_ids);
         free(r->snapshot);
         free(r->snapshot_create);
+        free(r->constraint_schema);
+        free(r->constraint_tool);
         free(r);
 }
 
@@ -343,6 +353,24 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                 return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                             "thinking_budget: %d, -1 (unlimited) or a token count expected",
                             r->thinking_budget);
+        if (r->constraint != SCHED_CONSTRAINT_NONE) {
+                if (!s->p.tokenizer)
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "constraint: this model has no tokenizer, constrained decoding "
+                                    "needs one");
+                if (r->constraint == SCHED_CONSTRAINT_TOOL && r->prompt != SCHED_PROMPT_CHAT)
+                        return verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "constraint.tool: a chat prompt with tools (prompt.chat.tools_json) "
+                                    "expected");
+                /* compiled here for the error, again when the request is prepared */
+                struct grammar *g = NULL;
+                int k = grammar_compile_constraint((enum grammar_kind) r->constraint, r->constraint_schema,
+                                                   r->tools_json, r->constraint_tool, s->p.tokenizer,
+                                                   &g, err, size);
+                grammar_free(g);
+                if (k < 0)
+                        return k == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT;
+        }
         if (r->snapshot || r->snapshot_create) {
                 const char *name = r->snapshot ? r->snapshot : r->snapshot_create;
                 int code = sched_snapshot_check_name(name, err, size);
@@ -539,6 +567,9 @@ static void job_free(struct sched *s, struct job *j) {
         free(j->snap_data);
         logprob_free(j->cur_lp);
         tokenizer_stream_free(j->ts);
+        grammar_matcher_free(j->gm);
+        grammar_free(j->grammar);
+        free(j->gmask);
         sched_request_free(j->r);
         free(j);
 }
@@ -1091,6 +1122,40 @@ static bool prompt_ends_in_think(const struct sched *s, const int32_t *ids, size
         return false;
 }
 
+_Static_assert((int) SCHED_CONSTRAINT_JSON_OBJECT == (int) GRAMMAR_JSON_OBJECT &&
+                       (int) SCHED_CONSTRAINT_JSON_SCHEMA == (int) GRAMMAR_JSON_SCHEMA &&
+                       (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL,
+               "enum sched_constraint mirrors enum grammar_kind");
+
+/* The grammar and matcher of a constrained request. On failure the job is failed: false. */
+static bool prepare_constraint(struct sched *s, struct job *j) {
+        const struct sched_request *r = j->r;
+        char err[1024];
+        int ret;
+
+        if (!s->gvocab && (ret = grammar_vocab_new(s->p.tokenizer, &s->gvocab)) < 0) {
+                fail_job(s, j, SCHED_ERR_INTERNAL, "constraint: cannot index the vocabulary: %s",
+                         strerror(-ret));
+                return false;
+        }
+        ret = grammar_compile_constraint((enum grammar_kind) r->constraint, r->constraint_schema,
+                                         r->tools_json, r->constraint_tool, s->p.tokenizer,
+                                         &j->grammar, err, sizeof err);
+        if (ret < 0) {
+                fail_job(s, j, ret == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT, "%s", err);
+                return false;
+        }
+        /* the turn ends with EOS or `<_end>` once the output is complete */
+        int32_t ends[2] = { s->eos_id, tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_END) };
+        j->gmask = malloc(DIV_ROUND_UP(s->cfg->n_vocab, 64) * sizeof *j->gmask);
+        if (!j->gmask || grammar_matcher_new(j->grammar, s->gvocab, ends, 2, &j->gm) < 0) {
+                fail_job(s, j, SCHED_ERR_INTERNAL, "constraint: out of memory");
+                return false;
+        }
+        j->gm_on = !j->thinking;
+        return true;
+}
+
 /* Text, tokens or chat → token ids. On failure the job is failed (and freed): returns false. */
 static bool prepare(struct sched *s, struct job *j) {
         struct sched_request *r = j->r;
@@ -1290,6 +1355,8 @@ static bool prepare(struct sched *s, struct job *j) {
                         return false;
                 }
         }
+        if (r->constraint != SCHED_CONSTRAINT_NONE && !j->create && !prepare_constraint(s, j))
+                return false;
         j->s = s;
         j->prepared = true;
         return true;
@@ -1304,6 +1371,30 @@ static bool is_turn_end(const struct sched *s, int32_t t) {
         return false;
 }
 
+/* The mask starts when the reasoning ends; the reasoning is cut (`</think>` forced) when only
+ * the tokens the constrained answer needs are left. */
+static void constraint_after_token(struct job *j) {
+        bool reasoning = outparse_channel(j->op) == OUTPARSE_REASONING;
+        if (!j->gm_on && !reasoning)
+                j->gm_on = true;
+        if (!j->gm_on && reasoning && outparse_end_think_id(j->op) >= 0 &&
+            j->max_tokens - j->n_out <= grammar_matcher_reserve(j->gm))
+                j->force_end_think = true;
+}
+
+/* Disallowed tokens' logits to -inf (allowed ones untouched). False if none is allowed (the job
+ * is failed). */
+static bool constrain_logits(struct sched *s, struct job *j, float *l) {
+        int n = grammar_matcher_mask(j->gm, j->max_tokens - j->n_out, j->gmask);
+        if (n <= 0) {
+                fail_job(s, j, SCHED_ERR_INTERNAL, "%s", n < 0 ? "constraint: out of memory for the token mask"
+                         : "constraint: no token of the vocabulary continues the constrained output here");
+                return false;
+        }
+        grammar_mask_apply(j->gmask, l, s->cfg->n_vocab);
+        return true;
+}
+
 /* A token was sampled (or forced) for j. Returns true if j ended (and was freed). */
 static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched_logprob *lp) {
         double now = now_ms();
@@ -1316,6 +1407,8 @@ static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched
         j->seq[j->n_seq++] = t;
         j->n_out++;
         (void) sampler_accept(j->sampler, t); /* generated tokens count for all penalties */
+        if (j->gm && j->gm_on)
+                (void) grammar_matcher_accept(j->gm, t); /* the mask allowed it */
 
         if (j->op) {
                 const char *text = "";
@@ -1337,6 +1430,8 @@ static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched
                         return true;
                 }
                 j->force_end_think = outparse_should_force_end_think(j->op);
+                if (j->gm)
+                        constraint_after_token(j);
         } else {
                 /* no tokenizer: ids only; EOS and stop ids end the request */
                 bool stop = !j->r->ignore_eos && t == s->eos_id;
@@ -1596,6 +1691,8 @@ static void step(struct sched *s) {
                 else {
                         struct sampler_result res;
                         bool want = j->r->logprobs > 0;
+                        if (j->gm && j->gm_on && !constrain_logits(s, j, l))
+                                continue;
                         t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
                         if (t < 0) {
                                 fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", log_last_error());
@@ -1605,6 +1702,10 @@ static void step(struct sched *s) {
                             (lp->top = calloc(MAX(res.n_top, 1u), sizeof *lp->top))) {
                                 lp->token_id = res.token;
                                 lp->logprob = res.logprob;
+                                /* a constraint leaves fewer allowed tokens than asked for: the
+                                 * masked ones (-inf) are not alternatives */
+                                while (res.n_top > 0 && !isfinite(res.top[res.n_top - 1].logprob))
+                                        res.n_top--;
                                 lp->n_top = res.n_top;
                                 for (uint32_t k = 0; k < res.n_top; k++) {
                                         lp->top[k] = (struct sched_top_logprob){ res.top[k].token,
@@ -1861,6 +1962,7 @@ void sched_free(struct sched *s) {
         free(s->logits);
         prefix_free(s->prefix);
         kvcache_free(s->kv);
+        grammar_vocab_free(s->gvocab);
         chat_template_free(s->tmpl);
         free(s->bos_text);
         free(s->eos_text);

@@ -53,6 +53,15 @@ enum sched_prompt {
         SCHED_PROMPT_CHAT = 2,
 };
 
+/* GenerateRequest.constraint (engine/grammar.h says what each allows). */
+enum sched_constraint {
+        SCHED_CONSTRAINT_NONE = 0,
+        SCHED_CONSTRAINT_JSON_OBJECT = 1,
+        SCHED_CONSTRAINT_JSON_SCHEMA = 2,
+        SCHED_CONSTRAINT_TOOL = 3,
+        SCHED_CONSTRAINT_EMPTY = 4, /* a Constraint message with no kind set: refused */
+};
+
 struct sched_message {
         char *role, *content, *reasoning, *tool_calls_json, *name;
 };
@@ -92,6 +101,9 @@ struct sched_request {
         int32_t thinking_budget;
         bool ignore_eos;
         bool echo_ids; /* fill token ids in CHUNK events */
+        enum sched_constraint constraint;
+        char *constraint_schema; /* JSON_SCHEMA: the schema's JSON text */
+        char *constraint_tool;   /* TOOL: the function's name, NULL: any of tools_json */
         /* who asked, for stats */
         uint32_t peer_pid, peer_uid;
         char client[64];

@@ -331,6 +331,28 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
         r->has_thinking_budget = g->has_thinking_budget;
         r->thinking_budget = g->thinking_budget;
         r->ignore_eos = g->has_ignore_eos && g->ignore_eos;
+        if (g->constraint) { /* checked by sched_validate */
+                const Xing4__Constraint *k = g->constraint;
+                switch (k->kind_case) {
+                case XING4__CONSTRAINT__KIND_JSON_OBJECT:
+                        r->constraint = k->json_object ? SCHED_CONSTRAINT_JSON_OBJECT : SCHED_CONSTRAINT_NONE;
+                        break;
+                case XING4__CONSTRAINT__KIND_JSON_SCHEMA:
+                        r->constraint = SCHED_CONSTRAINT_JSON_SCHEMA;
+                        if (!(r->constraint_schema = strdup(k->json_schema ? k->json_schema : "")))
+                                return -ENOMEM;
+                        break;
+                case XING4__CONSTRAINT__KIND_TOOL:
+                        r->constraint = SCHED_CONSTRAINT_TOOL;
+                        if (k->tool && k->tool->name && k->tool->name[0] &&
+                            !(r->constraint_tool = strdup(k->tool->name)))
+                                return -ENOMEM;
+                        break;
+                default:
+                        r->constraint = SCHED_CONSTRAINT_EMPTY;
+                        break;
+                }
+        }
         *ret = TAKE_PTR(r);
         return 0;
 }

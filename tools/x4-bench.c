@@ -6,6 +6,19 @@
  *            [--batch 1,16] [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]
  *            [--profile] [--json]
  *   x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]
+ *   x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]
+ *
+ * --grammar: the constrained-decoding mask cost per token (engine/grammar.h) on one core, for
+ * three schemas (a flat object, a nested one with anyOf and $ref, any JSON object). The
+ * vocabulary: "dense" 131,072 text pieces shaped like a multilingual SentencePiece vocabulary
+ * (byte pieces, ASCII, JSON punctuation runs, digit runs, 20,000 CJK pieces, Latin words with and
+ * without `▁`, pieces holding quotes and backslashes; generated from a fixed seed), "full" the
+ * `full` preset's (131,072 ids, but ~7,000 text pieces: the rest are padding control pieces no
+ * mask visits), "model" the --model's. Each schema runs --grammar-seqs sequences of up to 256
+ * tokens, every token drawn uniformly among the allowed ones (a random model writes long strings
+ * and the budget closes them); the mask of each step is timed with the thread's CPU clock, both
+ * as served (with the matcher's state cache) and with the cache off (every mask a trie walk).
+ * Applying each step's mask to the logits (-inf for the refused ones) is timed apart ("apply").
  *
  * --tokenize: the tokenizer's encode speed instead (one thread, the GGUF's vocabulary, the file
  * encoded as one text repeatedly for --seconds; issue 3 asks for >= 10 MB/s).
@@ -53,6 +66,8 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "engine/grammar.h"
+#include "model/mkmodel.h"
 #include "model/tokenizer.h"
 #include "model/xing4.h"
 #include "util/log.h"
@@ -538,6 +553,300 @@ static int bench_tokenize(const char *model, const char *path, double seconds, c
         return 0;
 }
 
+/* ---- --grammar ------------------------------------------------------------------------------ */
+
+static uint64_t bench_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rng_next(void) {
+        bench_rng ^= bench_rng << 13;
+        bench_rng ^= bench_rng >> 7;
+        bench_rng ^= bench_rng << 17;
+        return bench_rng;
+}
+
+/* A 131,072-piece vocabulary with the make-up of a real multilingual one (see the header). */
+static int dense_vocab(struct tokenizer **ret) {
+        const uint32_t N = 131072;
+        char **pieces = calloc(N, sizeof *pieces);
+        size_t *lens = calloc(N, sizeof *lens);
+        float *scores = calloc(N, sizeof *scores);
+        int32_t *types = calloc(N, sizeof *types);
+        uint32_t hcap = 1u << 19, n = 0;
+        uint32_t *hash = calloc(hcap, sizeof *hash); /* id + 1 */
+        char buf[64];
+        int r = -ENOMEM;
+
+        if (!pieces || !lens || !scores || !types || !hash)
+                goto out;
+#define ADD(text, type)                                                                              \
+        do {                                                                                         \
+                const char *t_ = (text);                                                             \
+                size_t l_ = strlen(t_);                                                              \
+                uint64_t h_ = 1469598103934665603ull;                                                \
+                for (size_t i_ = 0; i_ < l_; i_++)                                                   \
+                        h_ = (h_ ^ (uint8_t) t_[i_]) * 1099511628211ull;                             \
+                uint32_t s_ = (uint32_t) h_ & (hcap - 1);                                            \
+                bool dup_ = false;                                                                   \
+                for (; hash[s_]; s_ = (s_ + 1) & (hcap - 1))                                         \
+                        if (lens[hash[s_] - 1] == l_ && memcmp(pieces[hash[s_] - 1], t_, l_) == 0) { \
+                                dup_ = true;                                                         \
+                                break;                                                               \
+                        }                                                                            \
+                if (!dup_ && n < N) {                                                                \
+                        if (!(pieces[n] = strdup(t_)))                                               \
+                                goto out;                                                            \
+                        lens[n] = l_;                                                                \
+                        types[n] = (type);                                                           \
+                        scores[n] = -(float) n;                                                      \
+                        hash[s_] = ++n;                                                              \
+                }                                                                                    \
+        } while (0)
+        static const char *const specials[] = { "<unk>", "<s>", "</s>" };
+        for (int i = 0; i < 3; i++)
+                ADD(specials[i], i == 0 ? TOKENIZER_PIECE_UNKNOWN : TOKENIZER_PIECE_CONTROL);
+        for (const char *const *s = TOKENIZER_REGISTERED_SPECIALS; s < TOKENIZER_REGISTERED_SPECIALS + _TOKENIZER_SPECIAL_MAX; s++)
+                ADD(*s, TOKENIZER_PIECE_CONTROL);
+        for (unsigned b = 0; b < 256; b++) {
+                snprintf(buf, sizeof buf, "<0x%02X>", b);
+                ADD(buf, TOKENIZER_PIECE_BYTE);
+        }
+        ADD("\xe2\x96\x81", TOKENIZER_PIECE_NORMAL);
+        for (char c = '!'; c <= '~'; c++) {
+                char s[2] = { c, 0 };
+                ADD(s, TOKENIZER_PIECE_NORMAL);
+        }
+        ADD("\n", TOKENIZER_PIECE_NORMAL);
+        ADD("\t", TOKENIZER_PIECE_NORMAL);
+        /* digit runs */
+        for (unsigned i = 0; i < 1000; i++) {
+                snprintf(buf, sizeof buf, "%u", i);
+                ADD(buf, TOKENIZER_PIECE_NORMAL);
+                snprintf(buf, sizeof buf, "%02u", i % 100);
+                ADD(buf, TOKENIZER_PIECE_NORMAL);
+        }
+        /* JSON punctuation runs of 2 and 3 (space as ▁) */
+        static const char *const punct[] = { "\"", ",", ":", "{", "}", "[", "]", "\xe2\x96\x81", "\n" };
+        for (size_t a = 0; a < 9; a++)
+                for (size_t b = 0; b < 9; b++) {
+                        snprintf(buf, sizeof buf, "%s%s", punct[a], punct[b]);
+                        ADD(buf, TOKENIZER_PIECE_NORMAL);
+                        for (size_t c = 0; c < 9; c++) {
+                                snprintf(buf, sizeof buf, "%s%s%s", punct[a], punct[b], punct[c]);
+                                ADD(buf, TOKENIZER_PIECE_NORMAL);
+                        }
+                }
+        /* whitespace runs */
+        for (unsigned k = 2; k <= 16; k++) {
+                buf[0] = 0;
+                for (unsigned i = 0; i < k; i++)
+                        strcat(buf, "\xe2\x96\x81");
+                ADD(buf, TOKENIZER_PIECE_NORMAL);
+        }
+        /* CJK: 8,000 single characters, 12,000 pairs (U+4E00..) */
+        for (unsigned i = 0; i < 20000; i++) {
+                unsigned cps = i < 8000 ? 1 : 2, k = 0;
+                for (unsigned j = 0; j < cps; j++) {
+                        unsigned cp = 0x4e00 + (unsigned) (i < 8000 ? i : rng_next() % 8000);
+                        buf[k++] = (char) (0xe0 | cp >> 12);
+                        buf[k++] = (char) (0x80 | (cp >> 6 & 0x3f));
+                        buf[k++] = (char) (0x80 | (cp & 0x3f));
+                }
+                buf[k] = 0;
+                ADD(buf, TOKENIZER_PIECE_NORMAL);
+        }
+        /* pieces with quotes / backslashes inside words, as code and JSON corpora give */
+        for (unsigned i = 0; i < 3000; i++) {
+                unsigned k = 0, len = 1 + (unsigned) (rng_next() % 6);
+                if (rng_next() % 2)
+                        k += (unsigned) snprintf(buf, sizeof buf, "\xe2\x96\x81");
+                for (unsigned j = 0; j < len; j++)
+                        buf[k++] = (char) ('a' + rng_next() % 26);
+                static const char *const tails[] = { "\"", "\",", "\":", "\\", "\\n", "\")", "\"}" };
+                k += (unsigned) snprintf(buf + k, sizeof buf - k, "%s", tails[rng_next() % 7]);
+                ADD(buf, TOKENIZER_PIECE_NORMAL);
+        }
+        /* Latin words, 60% with the space mark, accented letters now and then */
+        while (n < N) {
+                unsigned k = 0, len = 2 + (unsigned) (rng_next() % 9);
+                if (rng_next() % 10 < 6)
+                        k += (unsigned) snprintf(buf, sizeof buf, "\xe2\x96\x81");
+                for (unsigned j = 0; j < len; j++) {
+                        uint64_t x = rng_next();
+                        if (x % 40 == 0)
+                                k += (unsigned) snprintf(buf + k, sizeof buf - k, "\xc3\xa9");
+                        else
+                                buf[k++] = (char) ((j == 0 && x % 7 == 0 ? 'A' : 'a') + (x >> 8) % 26);
+                }
+                buf[k] = 0;
+                ADD(buf, TOKENIZER_PIECE_NORMAL);
+        }
+#undef ADD
+        {
+                struct tokenizer_vocab v = { .n = N, .pieces = (const char *const *) pieces, .piece_lens = lens,
+                                             .scores = scores, .types = types, .unk_id = 0, .bos_id = 1,
+                                             .eos_id = 2, .pad_id = -1, .add_space_prefix = true };
+                r = tokenizer_new(&v, ret);
+        }
+out:
+        for (uint32_t i = 0; pieces && i < N; i++)
+                free(pieces[i]);
+        free(pieces);
+        free(lens);
+        free(scores);
+        free(types);
+        free(hash);
+        return r;
+}
+
+static double thread_us(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static double pct(double *v, size_t n, double p) {
+        qsort(v, n, sizeof *v, cmp_double);
+        size_t i = (size_t) (p * (double) (n - 1) + 0.5);
+        return v[MIN(i, n - 1)];
+}
+
+static int bench_grammar(const char *which, const char *model, uint32_t seqs, bool json,
+                         const char *commit) {
+        static const struct {
+                const char *name, *schema;
+        } schemas[] = {
+                { "flat", "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                          "\"age\":{\"type\":\"integer\"},\"email\":{\"type\":[\"string\",\"null\"]},"
+                          "\"role\":{\"enum\":[\"admin\",\"user\",\"guest\"]},\"tags\":{\"type\":\"array\","
+                          "\"items\":{\"type\":\"string\"}}},\"required\":[\"name\",\"age\",\"email\",\"role\","
+                          "\"tags\"],\"additionalProperties\":false}" },
+                { "nested", "{\"$defs\":{\"item\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":"
+                            "\"integer\"},\"price\":{\"type\":\"number\"},\"note\":{\"anyOf\":[{\"type\":"
+                            "\"string\"},{\"type\":\"null\"}]}},\"required\":[\"id\",\"price\",\"note\"],"
+                            "\"additionalProperties\":false}},\"type\":\"object\",\"properties\":{\"order\":"
+                            "{\"type\":\"object\",\"properties\":{\"items\":{\"type\":\"array\",\"items\":"
+                            "{\"$ref\":\"#/$defs/item\"},\"minItems\":1},\"paid\":{\"type\":\"boolean\"}},"
+                            "\"required\":[\"items\",\"paid\"],\"additionalProperties\":false}},\"required\":"
+                            "[\"order\"],\"additionalProperties\":false}" },
+                { "json_object", NULL },
+        };
+        _cleanup_(tokenizer_freep) struct tokenizer *t = NULL;
+        _cleanup_(grammar_vocab_freep) struct grammar_vocab *v = NULL;
+        int r;
+
+        if (streq(which, "dense"))
+                r = dense_vocab(&t);
+        else if (streq(which, "full")) {
+                struct x4_mkmodel_vocab mv;
+                r = x4_mkmodel_vocab_build(131072, &mv);
+                if (r >= 0) {
+                        _cleanup_free_ size_t *lens = calloc(mv.n, sizeof *lens);
+                        if (!lens)
+                                r = -ENOMEM;
+                        for (uint32_t i = 0; lens && i < mv.n; i++)
+                                lens[i] = strlen(mv.pieces[i]);
+                        struct tokenizer_vocab tv = { .n = mv.n, .pieces = (const char *const *) mv.pieces,
+                                                      .piece_lens = lens, .scores = mv.scores, .types = mv.types,
+                                                      .unk_id = 0, .bos_id = 1, .eos_id = 2, .pad_id = 3,
+                                                      .add_space_prefix = true };
+                        if (lens)
+                                r = tokenizer_new(&tv, &t);
+                        x4_mkmodel_vocab_free(&mv);
+                }
+        } else if (streq(which, "model")) {
+                if (!model)
+                        return log_error_errno(EINVAL, "--grammar model: --model is required");
+                r = tokenizer_load(model, &t);
+        } else
+                return log_error_errno(EINVAL, "--grammar: '%s' is not a vocabulary; dense, full or model expected",
+                                       which);
+        if (r < 0)
+                return log_error_errno(r, "--grammar %s: cannot build the tokenizer: %s", which, log_last_error());
+        double t1 = thread_us();
+        if ((r = grammar_vocab_new(t, &v)) < 0)
+                return log_error_errno(r, "--grammar: cannot index the vocabulary");
+        double trie_ms = (thread_us() - t1) / 1e3;
+        uint32_t nv = grammar_vocab_n(v), words = (uint32_t) DIV_ROUND_UP(nv, 64);
+        _cleanup_free_ uint64_t *mask = malloc(words * sizeof *mask);
+        _cleanup_free_ float *logits = malloc(nv * sizeof *logits);
+        _cleanup_free_ double *tc = malloc((size_t) seqs * 256 * sizeof *tc), *tu = malloc((size_t) seqs * 256 * sizeof *tu);
+        _cleanup_free_ double *ta = malloc((size_t) seqs * 256 * sizeof *ta);
+        if (!mask || !logits || !tc || !tu || !ta)
+                return log_error_errno(ENOMEM, "--grammar: out of memory");
+        int32_t eos = tokenizer_eos_id(t);
+
+        for (uint32_t i = 0; i < nv; i++)
+                logits[i] = (float) (i % 13);
+        char table[ELEMENTSOF(schemas)][160];
+        for (size_t s = 0; s < ELEMENTSOF(schemas); s++) {
+                _cleanup_(grammar_freep) struct grammar *g = NULL;
+                char err[256];
+                r = schemas[s].schema ? grammar_compile_schema(schemas[s].schema, strlen(schemas[s].schema), &g, err, sizeof err)
+                                      : grammar_compile_json_object(&g);
+                if (r < 0)
+                        return log_error_errno(r, "--grammar: schema %s: %s", schemas[s].name, err);
+                size_t n = 0, done = 0;
+                for (uint32_t q = 0; q < seqs; q++) {
+                        _cleanup_(grammar_matcher_freep) struct grammar_matcher *m = NULL;
+                        _cleanup_(grammar_matcher_freep) struct grammar_matcher *u = NULL;
+                        if (grammar_matcher_new(g, v, &eos, 1, &m) < 0 || grammar_matcher_new(g, v, &eos, 1, &u) < 0)
+                                return log_error_errno(ENOMEM, "--grammar: out of memory");
+                        grammar_matcher_set_cache(u, false);
+                        for (uint32_t left = 256; left > 0; left--) {
+                                double a = thread_us();
+                                int cnt = grammar_matcher_mask(u, left, mask);
+                                tu[n] = thread_us() - a;
+                                a = thread_us();
+                                cnt = grammar_matcher_mask(m, left, mask);
+                                tc[n] = thread_us() - a;
+                                a = thread_us();
+                                grammar_mask_apply(mask, logits, nv);
+                                ta[n++] = thread_us() - a;
+                                if (cnt <= 0)
+                                        return log_error_errno(EPROTO, "--grammar: schema %s: no token allowed", schemas[s].name);
+                                uint32_t pick = (uint32_t) (rng_next() % (uint64_t) cnt), k = 0;
+                                int32_t id = -1;
+                                for (uint32_t w = 0; w < words && id < 0; w++) {
+                                        uint32_t c = (uint32_t) __builtin_popcountll(mask[w]);
+                                        if (k + c <= pick) {
+                                                k += c;
+                                                continue;
+                                        }
+                                        for (uint32_t b = 0; b < 64; b++)
+                                                if (mask[w] >> b & 1 && k++ == pick) {
+                                                        id = (int32_t) (w * 64 + b);
+                                                        break;
+                                                }
+                                }
+                                if (grammar_matcher_accept(m, id) < 0 || grammar_matcher_accept(u, id) < 0)
+                                        return log_error_errno(EPROTO, "--grammar: token %d was allowed but refused", id);
+                                if (grammar_matcher_ended(m)) {
+                                        done++;
+                                        break;
+                                }
+                        }
+                }
+                double p50 = pct(tc, n, 0.5), p99 = pct(tc, n, 0.99), mx = tc[n - 1];
+                double u50 = pct(tu, n, 0.5), u99 = pct(tu, n, 0.99), apply_us = pct(ta, n, 0.5);
+                snprintf(table[s], sizeof table[s], "  %-12s %8zu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n",
+                         schemas[s].name, n, p50, p99, mx, u50, u99, apply_us);
+                printf("{\"what\":\"grammar_mask\",\"vocab\":\"%s\",\"n_vocab\":%u,\"schema\":\"%s\","
+                        "\"tokens\":%zu,\"sequences\":%u,\"ended\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+                        "\"max_us\":%.2f,\"nocache_p50_us\":%.2f,\"nocache_p99_us\":%.2f,\"apply_us\":%.2f,"
+                        "\"trie_ms\":%.1f,\"device\":\"cpu (1 thread)\",\"commit\":\"%s\"}\n",
+                        which, nv, schemas[s].name, n, seqs, done, p50, p99, mx, u50, u99, apply_us, trie_ms, commit);
+                fflush(stdout);
+        }
+        if (json)
+                return 0;
+        printf("\nx4-bench  constrained-decoding mask per token, vocabulary %s: %u ids (1 thread; trie built "
+               "in %.0f ms)\n"
+               "  %-12s %8s %10s %10s %10s %10s %10s %10s\n", which, nv, trie_ms, "schema", "tokens",
+               "p50 us", "p99 us", "max us", "nocache50", "nocache99", "apply50");
+        for (size_t s = 0; s < ELEMENTSOF(schemas); s++)
+                fputs(table[s], stdout);
+        return 0;
+}
+
 static void usage(FILE *f) {
         fputs("usage: x4-bench --model M.gguf [--config C.json] [--assume-release-defaults]\n"
               "                [--device cpu|cuda] [--threads N] [--cache f32|f16]\n"
@@ -545,6 +854,7 @@ static void usage(FILE *f) {
               "                [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]\n"
               "                [--warmup 0|1] [--profile] [--json]\n"
               "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n"
+              "       x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]\n"
               "\n"
               "  --cache f32|f16           the backend's latent cache type (default f32; cpu: f32 only)\n"
               "  --decode-prefill-max N    decode setup: prefill at most N tokens of the context\n"
@@ -581,6 +891,8 @@ int main(int argc, char **argv) {
                 { "json", no_argument, NULL, 'j' },
                 { "tokenize", required_argument, NULL, 'T' },
                 { "seconds", required_argument, NULL, 'S' },
+                { "grammar", required_argument, NULL, 'G' },
+                { "grammar-seqs", required_argument, NULL, 'g' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -591,7 +903,8 @@ int main(int argc, char **argv) {
         size_t n_prefill = 2, n_ctx = 2, n_batch = 2;
         uint32_t threads = 0, steps = 32, repeats = 3, max_len = 1, max_batch = 1, max_ctx = 0;
         uint32_t cache_type = X4_CACHE_F32;
-        const char *device = "cpu", *tokenize = NULL;
+        const char *device = "cpu", *tokenize = NULL, *grammar = NULL;
+        uint32_t grammar_seqs = 20;
         double seconds = 3;
         int c, r = 0;
 
@@ -659,6 +972,12 @@ int main(int argc, char **argv) {
                 case 'T':
                         tokenize = optarg;
                         break;
+                case 'G':
+                        grammar = optarg;
+                        break;
+                case 'g':
+                        r = parse_u32("--grammar-seqs", optarg, 1, &grammar_seqs);
+                        break;
                 case 'S': {
                         char *end;
                         seconds = strtod(optarg, &end);
@@ -675,6 +994,13 @@ int main(int argc, char **argv) {
                 }
                 if (r < 0)
                         goto fail;
+        }
+        if (grammar && optind == argc) {
+                find_commit(B.commit, sizeof B.commit);
+                r = bench_grammar(grammar, mp.path, grammar_seqs, B.json, B.commit);
+                if (r < 0)
+                        goto fail;
+                return 0;
         }
         if (!mp.path || optind < argc) {
                 log_error(optind < argc ? "unexpected argument" : "--model is required");

@@ -247,6 +247,11 @@ static void test_validation_messages(void **state) {
         assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
         assert_string_equal(err, "logprobs: 21, at most 20 supported");
         r->logprobs = 0;
+        /* constrained decoding needs a tokenizer (the mask is over token texts) */
+        r->constraint = SCHED_CONSTRAINT_JSON_OBJECT;
+        assert_int_equal(sched_validate(e->sched, r, err, sizeof err), SCHED_ERR_INVALID_ARGUMENT);
+        assert_string_equal(err, "constraint: this model has no tokenizer, constrained decoding needs one");
+        r->constraint = SCHED_CONSTRAINT_NONE;
         assert_int_equal(sched_validate(e->sched, r, err, sizeof err), 0);
         assert_int_equal(sched_snapshot_check_name(".hidden", err, sizeof err),
                          SCHED_ERR_INVALID_ARGUMENT);

@@ -1,0 +1,291 @@
+# SPDX-License-Identifier: MIT
+"""Constrained decoding (GenerateRequest.constraint) on the random-weight demo model: whatever the
+weights say, a seeded sampled answer must parse and validate against its JSON Schema, a forced
+tool call must name a requested tool with arguments valid against its parameters, and bad
+constraints are refused naming the field. Raw frames (x4wire), so this needs no client support."""
+import json
+import struct
+import subprocess
+
+import pytest
+
+import x4wire as w
+from conftest import BUILD, DEFAULT_CONF, Daemon
+
+SCHEMAS = [
+    {"type": "object",
+     "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                    "email": {"type": ["string", "null"]}},
+     "required": ["name", "age", "email"], "additionalProperties": False},
+    {"type": "object",
+     "properties": {"title": {"type": "string"},
+                    "rating": {"type": "number"},
+                    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                    "kind": {"enum": ["book", "film", "game"]}},
+     "required": ["title", "kind"], "additionalProperties": False},
+    {"type": "object",
+     "properties": {"ok": {"type": "boolean"}, "count": {"type": "integer"},
+                    "point": {"type": "object",
+                              "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                              "required": ["x", "y"], "additionalProperties": False}},
+     "required": ["ok", "point"], "additionalProperties": False},
+    {"anyOf": [
+        {"type": "object", "properties": {"status": {"const": "done"}, "result": {"type": "string"}},
+         "required": ["status", "result"], "additionalProperties": False},
+        {"type": "object", "properties": {"status": {"const": "error"}, "code": {"type": "integer"}},
+         "required": ["status", "code"], "additionalProperties": False}]},
+    {"$defs": {"step": {"type": "object",
+                        "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
+                        "required": ["text", "n"], "additionalProperties": False}},
+     "type": "object",
+     "properties": {"steps": {"type": "array", "items": {"$ref": "#/$defs/step"}, "minItems": 1}},
+     "required": ["steps"], "additionalProperties": False},
+]
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string"},
+                                      "unit": {"type": "string", "enum": ["c", "f"]},
+                                      "days": {"type": "integer"}},
+                       "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web",
+        "parameters": {"type": "object",
+                       "properties": {"query": {"type": "string"},
+                                      "limit": {"type": "integer"}},
+                       "required": ["query"]}}},
+]
+TOOL_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+MAX_TOKENS = 96
+
+
+def validate(v, schema, root=None, path="$"):
+    """A JSON Schema check for the keywords these tests use, written apart from the daemon's
+    compiler (Debian's python3-jsonschema is not among the test dependencies)."""
+    root = root or schema
+    if "$ref" in schema:
+        name = schema["$ref"].split("/")[-1]
+        return validate(v, root["$defs"][name], root, path)
+    if "anyOf" in schema:
+        errors = []
+        for s in schema["anyOf"]:
+            try:
+                return validate(v, s, root, path)
+            except AssertionError as e:
+                errors.append(str(e))
+        raise AssertionError(f"{path}: no anyOf branch matches: {errors}")
+    if "const" in schema:
+        assert v == schema["const"] and type(v) is type(schema["const"]), f"{path}: {v!r} != const"
+    if "enum" in schema:
+        assert any(v == e and type(v) is type(e) for e in schema["enum"]), f"{path}: {v!r} not in enum"
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        ok = {"object": isinstance(v, dict), "array": isinstance(v, list),
+              "string": isinstance(v, str), "null": v is None,
+              "boolean": isinstance(v, bool),
+              "integer": isinstance(v, int) and not isinstance(v, bool),
+              "number": isinstance(v, (int, float)) and not isinstance(v, bool)}
+        assert any(ok[t] for t in types), f"{path}: {v!r} is not {types}"
+    if isinstance(v, dict):
+        props = schema.get("properties", {})
+        for k in schema.get("required", []):
+            assert k in v, f"{path}: required {k!r} missing"
+        for k, x in v.items():
+            if k in props:
+                validate(x, props[k], root, f"{path}.{k}")
+            else:
+                assert schema.get("additionalProperties", True) is not False, f"{path}: extra {k!r}"
+    if isinstance(v, list):
+        assert len(v) >= schema.get("minItems", 0), f"{path}: fewer than minItems"
+        assert len(v) <= schema.get("maxItems", len(v)), f"{path}: more than maxItems"
+        for i, x in enumerate(v):
+            validate(x, schema.get("items", {}), root, f"{path}[{i}]")
+
+
+def f32(v):
+    return struct.pack("<f", v)
+
+
+def chat_request(content, constraint, seed, max_tokens=MAX_TOKENS, tools=None, thinking=False,
+                 thinking_budget=None):
+    msg = w.field_bytes(1, "user") + w.field_bytes(2, content)
+    chat = w.field_bytes(1, msg)
+    if tools is not None:
+        chat += w.field_bytes(2, json.dumps(tools))
+    chat += w.field_varint(3, 1 if thinking else 0)
+    sampling = w.varint(1 << 3 | 5) + f32(1.0) + w.field_varint(5, seed)
+    req = w.field_bytes(3, chat) + w.field_bytes(4, sampling) + w.field_varint(5, max_tokens)
+    if thinking_budget is not None:
+        req += w.field_varint(10, thinking_budget)
+    return req + w.field_bytes(13, constraint)
+
+
+def json_schema(schema):
+    return w.field_bytes(2, json.dumps(schema) if not isinstance(schema, str) else schema)
+
+
+def tool_choice(name=None):
+    return w.field_bytes(3, w.field_bytes(1, name) if name else b"")
+
+
+def run_all(conn, reqs):
+    """Send every request multiplexed on one connection; return {id: result}."""
+    out = {}
+    for rid, payload in reqs.items():
+        conn.send(w.frame(rid, w.GENERATE, payload))
+        out[rid] = {"content": b"", "reasoning": b"", "calls": [], "finish": None, "error": None}
+    left = set(reqs)
+    while left:
+        f = conn.recv()
+        assert f is not None, "the daemon closed the connection"
+        rid = f[1][0]
+        r = out[rid]
+        if w.CHUNK in f:
+            c = w.parse(f[w.CHUNK][0])
+            channel = c.get(3, [0])[0]
+            text = c.get(1, [b""])[0]
+            if channel == 1:
+                r["reasoning"] += text
+            elif channel == 0:
+                r["content"] += text
+            if 5 in c:
+                tc = w.parse(c[5][0])
+                r["calls"].append((tc[1][0].decode(), tc[2][0].decode()))
+        elif w.DONE in f:
+            r["finish"] = w.parse(f[w.DONE][0]).get(1, [0])[0]
+            left.discard(rid)
+        elif w.ERROR in f:
+            r["error"] = w.error_of(f)
+            left.discard(rid)
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("demo")
+    model = tmp / "demo.gguf"
+    subprocess.run([str(BUILD / "tools" / "x4-mkmodel"), "--preset", "demo", "--quiet",
+                    "--out", str(model)], check=True)
+    conf = DEFAULT_CONF.replace("max-running = 4", "max-running = 16")
+    d = Daemon(tmp / "d", conf, args=("--model", str(model)))
+    conn = w.Conn(d.sock, timeout=120)
+    conn.hello()
+    yield conn
+    conn.close()
+    d.close()
+
+
+def test_json_schema_answers_validate(demo):
+    reqs = {}
+    for i in range(50):
+        schema = SCHEMAS[i % len(SCHEMAS)]
+        reqs[i + 1] = chat_request(f"Describe item {i} as JSON.", json_schema(schema), seed=1000 + i)
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        schema = SCHEMAS[(rid - 1) % len(SCHEMAS)]
+        assert r["error"] is None, (rid, r["error"])
+        text = r["content"].decode()
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            pytest.fail(f"request {rid} (seed {1000 + rid - 1}): not JSON ({e}): {text!r}")
+        validate(value, schema)
+        assert r["finish"] == 1, (rid, r["finish"], text)  # the model ended the turn (EOS)
+
+
+def test_forced_tool_calls_validate(demo):
+    reqs = {}
+    for i in range(50):
+        name = [None, "get_weather", "search"][i % 3]
+        reqs[100 + i] = chat_request(f"Task {i}: use a tool.", tool_choice(name), seed=2000 + i,
+                                     tools=TOOLS)
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        want = [None, "get_weather", "search"][(rid - 100) % 3]
+        assert r["error"] is None, (rid, r["error"])
+        assert len(r["calls"]) == 1, (rid, r)
+        name, args = r["calls"][0]
+        if want:
+            assert name == want
+        validate(json.loads(args), TOOL_PARAMS[name])
+        assert r["finish"] == 4, (rid, r["finish"])  # FINISH_TOOL_CALLS
+        assert r["content"] == b"", (rid, r["content"])
+
+
+def test_json_object_and_thinking(demo):
+    """json_object mode gives an object; with thinking on, the reasoning runs unconstrained and
+    the answer after it is still valid (the reasoning is cut to leave the answer room)."""
+    reqs = {}
+    for i in range(6):
+        reqs[300 + i] = chat_request("Any JSON object.", w.field_varint(1, 1), seed=3000 + i,
+                                     thinking=i % 2 == 1, max_tokens=128)
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        assert r["error"] is None, (rid, r["error"])
+        value = json.loads(r["content"].decode())
+        assert isinstance(value, dict)
+        if (rid - 300) % 2 == 1:
+            assert r["reasoning"], "thinking on: some reasoning expected before the answer"
+
+
+def test_forced_tool_call_after_reasoning(demo):
+    """Thinking on: the reasoning is free, then the call comes, valid, before max_tokens."""
+    reqs = {400 + i: chat_request("Think, then call.", tool_choice("get_weather"), seed=4000 + i,
+                                  tools=TOOLS, thinking=True, max_tokens=120) for i in range(2)}
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        assert r["error"] is None, (rid, r["error"])
+        assert r["reasoning"], "thinking on: some reasoning expected before the call"
+        assert len(r["calls"]) == 1 and r["calls"][0][0] == "get_weather", (rid, r)
+        validate(json.loads(r["calls"][0][1]), TOOL_PARAMS["get_weather"])
+        assert r["finish"] == 4, (rid, r["finish"])
+
+
+@pytest.mark.parametrize("constraint,prompt_tools,want", [
+    (json_schema({"type": "string", "minLength": 2}), None,
+     "constraint.json_schema: keyword 'minLength' is not supported"),
+    (json_schema({"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}), None,
+     "constraint.json_schema: properties.n: keyword 'maximum' is not supported"),
+    (json_schema("{\"type\": "), None, "constraint.json_schema: not valid JSON"),
+    (json_schema({"type": "strng"}), None, "constraint.json_schema: type 'strng' is not one of"),
+    (tool_choice("nope"), TOOLS,
+     "constraint.tool: tool 'nope' is not among the request's tools (get_weather, search)"),
+    (tool_choice(), None, "constraint.tool: the request has no tools"),
+    (b"", None, "constraint: none of json_object, json_schema, tool is set"),
+])
+def test_bad_constraints_are_refused(demo, constraint, prompt_tools, want):
+    demo.send(w.frame(900, w.GENERATE, chat_request("x", constraint, seed=1, tools=prompt_tools)))
+    f = demo.recv()
+    code, msg = w.error_of(f)
+    assert code == "INVALID_ARGUMENT"
+    assert want in msg, msg
+    # the daemon keeps serving
+    res = run_all(demo, {901: chat_request("ok", w.field_varint(1, 1), seed=5)})
+    assert res[901]["error"] is None
+
+
+def test_logprobs_are_of_the_masked_distribution(demo):
+    """logprobs come from the masked distribution: the first token of a forced call is the only
+    allowed one (logprob 0, no alternatives), and no alternative is ever -inf."""
+    req = chat_request("call", tool_choice("search"), seed=7, tools=TOOLS) + w.field_varint(9, 3)
+    demo.send(w.frame(950, w.GENERATE, req))
+    tops = []
+    while True:
+        f = demo.recv()
+        if w.DONE in f:
+            break
+        assert w.CHUNK in f, f
+        c = w.parse(f[w.CHUNK][0])
+        for lp in c.get(4, []):
+            lp = w.parse(lp)
+            chosen = struct.unpack("<f", lp[2][0])[0]
+            alts = [struct.unpack("<f", w.parse(t)[2][0])[0] for t in lp.get(3, [])]
+            tops.append((chosen, alts))
+    assert tops, "logprobs asked for, none came"
+    assert tops[0][0] == 0.0 and len(tops[0][1]) == 1, tops[0]
+    for chosen, alts in tops:
+        assert chosen <= 0.0 and all(a > float("-inf") for a in alts), (chosen, alts)

@@ -1,0 +1,608 @@
+/* SPDX-License-Identifier: MIT */
+/* Constrained decoding (engine/grammar.h): the schema compiler's errors, the matcher's accept /
+ * reject on byte strings, the token mask against a brute force over a hand-made vocabulary with
+ * multi-byte and byte-fallback pieces, random walks that must end in valid JSON within the
+ * budget, and the forced tool call's token sequence. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/grammar.h"
+#include "model/tokenizer.h"
+#include "util/json.h"
+#include "util/log.h"
+
+/* ---- a small vocabulary ---------------------------------------------------------------------- */
+
+static const char *const SPECIALS[] = {
+        "<unk>", "<_start>", "<_end>", "<_pad>", "<_user>", "<_bot>", "<_system>", "<think>",
+        "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+};
+#define ID_END 2
+#define ID_TOOL_CALL 9
+#define ID_END_TOOL_CALL 10
+#define FIRST_BYTE 13
+#define BYTE_ID(b) (FIRST_BYTE + (b))
+
+/* text pieces (after the 256 byte pieces); "▁" is the space */
+static const char *const TEXT[] = {
+        "\xe2\x96\x81", "{", "}", "[", "]", ":", ",", "\"", "\\", "n", "u", "0", "1", "2", "9",
+        "-", ".", "e", "a", "b", "c", "t", "r", "f", "l", "s", "x", "y", "z",
+        "{\"", "\"}", "\",\"", "\":", "\":\"", "true", "false", "null", "\xe2\x96\x81\"",
+        "\xe2\x96\x81{", "abc", "name", "\"name\"", "12", "0.5", "e+", "\\n", "\\u00e9",
+        "\xc3\xa9",               /* é */
+        "\xe4\xb8\xad\xe6\x96\x87", /* 中文 */
+        "\xe4\xb8\xad\"",          /* 中" */
+        "caf\xc3\xa9",             /* café */
+        "\xe2\x96\x81\xe2\x96\x81", "\n", "\t", "age", "\"age\"", "tags", "\"]", "]}", "\"],",
+        "<reserve0>",
+};
+
+static struct tokenizer *tok;
+static struct grammar_vocab *voc;
+static uint32_t NV;
+static int32_t END_IDS[1] = { ID_END };
+
+static int setup(void **state) {
+        size_t n = ELEMENTSOF(SPECIALS) + 256 + ELEMENTSOF(TEXT);
+        char **pieces = calloc(n, sizeof *pieces);
+        size_t *lens = calloc(n, sizeof *lens);
+        float *scores = calloc(n, sizeof *scores);
+        int32_t *types = calloc(n, sizeof *types);
+        size_t k = 0;
+        log_set_max_level(LOG_CRIT);
+        for (size_t i = 0; i < ELEMENTSOF(SPECIALS); i++, k++) {
+                pieces[k] = strdup(SPECIALS[i]);
+                types[k] = i == 0 ? TOKENIZER_PIECE_UNKNOWN : TOKENIZER_PIECE_CONTROL;
+        }
+        for (unsigned b = 0; b < 256; b++, k++) {
+                assert_true(asprintf(&pieces[k], "<0x%02X>", b) > 0);
+                types[k] = TOKENIZER_PIECE_BYTE;
+        }
+        for (size_t i = 0; i < ELEMENTSOF(TEXT); i++, k++) {
+                pieces[k] = strdup(TEXT[i]);
+                types[k] = strcmp(TEXT[i], "<reserve0>") == 0 ? TOKENIZER_PIECE_USER_DEFINED
+                                                               : TOKENIZER_PIECE_NORMAL;
+                scores[k] = -(float) i;
+        }
+        for (size_t i = 0; i < n; i++)
+                lens[i] = strlen(pieces[i]);
+        struct tokenizer_vocab v = { .n = n, .pieces = (const char *const *) pieces, .piece_lens = lens,
+                                     .scores = scores, .types = types, .unk_id = 0, .bos_id = 1,
+                                     .eos_id = ID_END, .pad_id = 3, .add_space_prefix = true };
+        int r = tokenizer_new(&v, &tok);
+        for (size_t i = 0; i < n; i++)
+                free(pieces[i]);
+        free(pieces);
+        free(lens);
+        free(scores);
+        free(types);
+        if (r < 0)
+                return r;
+        NV = (uint32_t) n;
+        return grammar_vocab_new(tok, &voc);
+}
+
+static int teardown(void **state) {
+        grammar_vocab_free(voc);
+        tokenizer_free(tok);
+        return 0;
+}
+
+static int32_t id_of(const char *text) {
+        int32_t id = tokenizer_find_piece(tok, text, strlen(text));
+        assert_true(id >= 0);
+        return id;
+}
+
+static struct grammar *schema(const char *json) {
+        struct grammar *g = NULL;
+        char err[256];
+        int r = grammar_compile_schema(json, strlen(json), &g, err, sizeof err);
+        if (r < 0)
+                fail_msg("schema %s: %s", json, err);
+        return g;
+}
+
+/* The schema refuses with a message holding `want`. */
+static void refused(const char *json, const char *want) {
+        struct grammar *g = NULL;
+        char err[256];
+        int r = grammar_compile_schema(json, strlen(json), &g, err, sizeof err);
+        if (r != -EINVAL || !strstr(err, want))
+                fail_msg("schema %s: r=%d err '%s', '%s' expected", json, r, err, want);
+        assert_null(g);
+}
+
+/* accepts(g, text, complete): text is a prefix the matcher takes; complete: it can end there */
+static int feed_text(const struct grammar *g, const char *text, bool *can_end) {
+        struct grammar_matcher *m = NULL;
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        int r = grammar_matcher_accept_bytes(m, text, strlen(text));
+        *can_end = grammar_matcher_can_end(m);
+        grammar_matcher_free(m);
+        return r;
+}
+
+static void ok_complete(const struct grammar *g, const char *text) {
+        bool e;
+        if (feed_text(g, text, &e) < 0 || !e)
+                fail_msg("'%s' should be a complete value", text);
+}
+
+static void ok_prefix(const struct grammar *g, const char *text) {
+        bool e;
+        if (feed_text(g, text, &e) < 0 || e)
+                fail_msg("'%s' should be an unfinished prefix", text);
+}
+
+static void rejected(const struct grammar *g, const char *text) {
+        bool e;
+        if (feed_text(g, text, &e) != -EINVAL)
+                fail_msg("'%s' should be refused", text);
+}
+
+/* ---- schema compiler ------------------------------------------------------------------------- */
+
+static void test_compile_errors(void **state) {
+        refused("{\"type\": \"string\", \"minLength\": 3}", "keyword 'minLength' is not supported");
+        refused("{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"minimum\":0}}}",
+                "properties.age: keyword 'minimum' is not supported");
+        refused("{\"oneOf\": [{\"type\":\"string\"}]}", "keyword 'oneOf'");
+        refused("{\"type\": \"strin\"}", "type 'strin' is not one of");
+        refused("{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}",
+                "required names 'b', which properties does not list");
+        refused("{\"enum\": []}", "enum must be a non-empty array");
+        refused("{\"$ref\": \"#/$defs/missing\"}", "no such definition");
+        refused("{\"$ref\": \"http://x/y\"}", "only \"#\"");
+        refused("not json", "not valid JSON");
+        refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems 3 is larger than maxItems 2");
+        refused("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
+                "no finite JSON value");
+        refused("false", "allows no value");
+        refused("{\"enum\": [1, 1e999]}", "enum holds a number out of the double range");
+        refused("{\"items\": [{}, {}]}", "tuple arrays");
+        /* annotations and format are ignored */
+        struct grammar *g = schema("{\"type\":\"string\",\"format\":\"date\",\"description\":\"d\","
+                                   "\"title\":\"t\",\"x-extra\":1}");
+        grammar_free(g);
+}
+
+/* ---- matcher on bytes ------------------------------------------------------------------------ */
+
+static void test_matcher_object(void **state) {
+        struct grammar *g = schema(
+                "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",1]},"
+                "\"maxItems\":2}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}");
+        ok_complete(g, "{\"name\":\"x\",\"age\":3}");
+        ok_complete(g, " {\n  \"age\": -12 ,\"name\" : \"caf\xc3\xa9 \\n \\u00e9\", \"tags\":[\"a\",1]}");
+        ok_complete(g, "{\"tags\":[],\"age\":0,\"name\":\"\"}");
+        ok_prefix(g, "{\"name\":\"x\"");
+        ok_prefix(g, "{\"na");
+        rejected(g, "{\"name\":\"x\"}");          /* age is required */
+        rejected(g, "{\"nam\":");                 /* not a property */
+        rejected(g, "{\"name\":\"x\",\"name\"");  /* twice */
+        rejected(g, "{\"age\":1.5");              /* integer */
+        rejected(g, "{\"age\":01");               /* leading zero */
+        rejected(g, "{\"tags\":[\"c\"");          /* enum */
+        rejected(g, "{\"tags\":[\"a\",\"b\",");   /* maxItems */
+        rejected(g, "{\"name\":\"\\x\"");         /* bad escape */
+        rejected(g, "{\"name\":\"\\ud800\"");     /* surrogate escape */
+        rejected(g, "{\"name\":\"\\u0000\"");     /* NUL escape */
+        rejected(g, "{\"name\":\"a\nb\"");        /* control byte */
+        rejected(g, "{\"name\":\"\xc3\x28\"");    /* bad UTF-8 */
+        rejected(g, "{\"name\":\"\xed\xa0\x80\""); /* UTF-8 surrogate */
+        rejected(g, "{\"name\":\"x\",\"age\":1} ");/* nothing after the value */
+        rejected(g, "{,");
+        rejected(g, "{\"name\":\"x\",}");
+        rejected(g, "{                         \"name\""); /* more than GRAMMAR_MAX_WS spaces */
+        grammar_free(g);
+}
+
+static void test_matcher_values(void **state) {
+        struct grammar *g = schema("{\"type\":\"number\"}");
+        ok_complete(g, "0");
+        ok_complete(g, "-1.25e+3");
+        ok_complete(g, "12");
+        ok_prefix(g, "-");
+        ok_prefix(g, "1.");
+        ok_prefix(g, "1e");
+        rejected(g, "1.e5");
+        rejected(g, "+1");
+        rejected(g, "12345678901234567"); /* 17 integer digits */
+        grammar_free(g);
+
+        g = schema("{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"},"
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}},\"required\":[\"a\"]},"
+                   "{\"type\":\"object\",\"properties\":{\"b\":{\"const\":\"x\"}},\"required\":[\"b\"]}]}");
+        ok_complete(g, "null");
+        ok_complete(g, "\"s\"");
+        ok_complete(g, "{\"a\":true}");
+        ok_complete(g, "{\"b\":\"x\"}");
+        rejected(g, "{\"a\":\"x\"");
+        rejected(g, "{\"b\":true");
+        rejected(g, "nul1");
+        grammar_free(g);
+
+        g = schema("{\"type\":[\"integer\",\"null\"],\"nullable\":true}");
+        ok_complete(g, "null");
+        ok_complete(g, "7");
+        rejected(g, "7.5");
+        grammar_free(g);
+
+        /* enum with a prefix of another value, of several JSON types */
+        g = schema("{\"enum\":[1,12,\"ab\",{\"k\":[1]},true]}");
+        ok_complete(g, "1");
+        ok_complete(g, "12");
+        ok_complete(g, "{\"k\":[1]}");
+        rejected(g, "123");
+        rejected(g, "{\"k\": [1]}"); /* enum values in compact form */
+        grammar_free(g);
+
+        /* recursion through $defs */
+        g = schema("{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+                   "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],"
+                   "\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}");
+        ok_complete(g, "{\"v\":1,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[]}]}");
+        rejected(g, "{\"v\":1,\"kids\":[{\"w\"");
+        grammar_free(g);
+
+        /* an anyOf that is its own branch */
+        g = schema("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"string\"}]}");
+        ok_complete(g, "\"ab\"");
+        rejected(g, "1");
+        grammar_free(g);
+
+        /* nested objects, each with its own keys */
+        g = schema("{\"type\":\"object\",\"properties\":{\"outer\":{\"type\":\"object\",\"properties\":"
+                   "{\"x\":{\"type\":\"number\"},\"y\":{\"type\":\"number\"}},\"required\":[\"x\",\"y\"]},"
+                   "\"z\":{\"type\":\"boolean\"}},\"required\":[\"outer\",\"z\"]}");
+        ok_complete(g, "{\"z\":true,\"outer\":{\"y\":1,\"x\":2}}");
+        rejected(g, "{\"outer\":{\"z\"");
+        rejected(g, "{\"x\"");
+        rejected(g, "{\"outer\":{\"x\":1}");
+        grammar_free(g);
+
+        /* {} schema and additionalProperties: free keys */
+        g = schema("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}");
+        ok_complete(g, "{\"any key\":1,\"other\":2}");
+        rejected(g, "{\"k\":\"v\"");
+        grammar_free(g);
+
+        struct grammar *o = NULL;
+        assert_int_equal(grammar_compile_json_object(&o), 0);
+        ok_complete(o, "{\"a\":[1,{\"b\":null},\"x\",true,-0.5e3],\"c\":{}}");
+        rejected(o, "[1]");
+        rejected(o, "\"x\"");
+        grammar_free(o);
+}
+
+/* ---- token mask ------------------------------------------------------------------------------ */
+
+/* The mask against a brute force: a token is allowed iff a fresh matcher, replayed through the
+ * history, accepts it. */
+static void check_mask(const struct grammar *g, const int32_t *hist, size_t n_hist, uint32_t budget,
+                       uint64_t *mask) {
+        struct grammar_matcher *m = NULL;
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        for (size_t i = 0; i < n_hist; i++)
+                assert_int_equal(grammar_matcher_accept(m, hist[i]), 0);
+        int n = grammar_matcher_mask(m, budget, mask);
+        int brute = 0;
+        for (uint32_t id = 0; id < NV; id++) {
+                struct grammar_matcher *x = NULL;
+                assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &x), 0);
+                for (size_t i = 0; i < n_hist; i++)
+                        assert_int_equal(grammar_matcher_accept(x, hist[i]), 0);
+                bool ok = grammar_matcher_accept(x, (int32_t) id) == 0;
+                grammar_matcher_free(x);
+                brute += ok;
+                if (ok != grammar_mask_test(mask, (int32_t) id)) {
+                        size_t l;
+                        fail_msg("token %u '%s' after %zu tokens: mask %d, matcher %d", id,
+                                 tokenizer_piece(tok, (int32_t) id, &l), n_hist,
+                                 grammar_mask_test(mask, (int32_t) id), ok);
+                }
+        }
+        assert_int_equal(n, brute);
+        grammar_matcher_free(m);
+}
+
+static void test_mask_multibyte(void **state) {
+        struct grammar *g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"}},"
+                                   "\"required\":[\"name\"]}");
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        int32_t h[16] = { 0 };
+        size_t n = 0;
+        check_mask(g, h, n, 1000, mask);
+        assert_true(grammar_mask_test(mask, id_of("{\"")));
+        assert_true(grammar_mask_test(mask, id_of("\xe2\x96\x81{")));
+        assert_false(grammar_mask_test(mask, id_of("}")));  /* name is required */
+        assert_false(grammar_mask_test(mask, ID_END));
+        h[n++] = id_of("{\"");
+        check_mask(g, h, n, 1000, mask);
+        assert_true(grammar_mask_test(mask, id_of("name")));
+        assert_false(grammar_mask_test(mask, id_of("age")));
+        h[n++] = id_of("name");
+        h[n++] = id_of("\":\"");
+        /* in the string: whole characters, the byte pieces that start one, quote-closing pieces */
+        check_mask(g, h, n, 1000, mask);
+        assert_true(grammar_mask_test(mask, id_of("\xc3\xa9")));
+        assert_true(grammar_mask_test(mask, id_of("\xe4\xb8\xad\xe6\x96\x87")));
+        assert_true(grammar_mask_test(mask, id_of("\xe4\xb8\xad\"")));
+        assert_true(grammar_mask_test(mask, id_of("\"}")));
+        assert_true(grammar_mask_test(mask, BYTE_ID(0xc3)));
+        assert_true(grammar_mask_test(mask, BYTE_ID('a')));
+        assert_false(grammar_mask_test(mask, BYTE_ID(0xa9))); /* a lone continuation byte */
+        assert_false(grammar_mask_test(mask, BYTE_ID(0xff)));
+        assert_false(grammar_mask_test(mask, BYTE_ID('\n')));
+        assert_false(grammar_mask_test(mask, id_of("\n")));
+        assert_false(grammar_mask_test(mask, ID_END));
+        assert_false(grammar_mask_test(mask, ID_TOOL_CALL)); /* specials are never text */
+        assert_true(grammar_mask_test(mask, id_of("<reserve0>"))); /* user-defined: its text */
+        /* half a character from a byte piece: only its continuation */
+        h[n++] = BYTE_ID(0xe4);
+        check_mask(g, h, n, 1000, mask);
+        assert_true(grammar_mask_test(mask, BYTE_ID(0xb8)));
+        assert_false(grammar_mask_test(mask, BYTE_ID('a')));
+        assert_false(grammar_mask_test(mask, id_of("\xc3\xa9")));
+        assert_false(grammar_mask_test(mask, id_of("\"}")));
+        h[n++] = BYTE_ID(0xb8);
+        h[n++] = BYTE_ID(0xad);
+        check_mask(g, h, n, 1000, mask);
+        assert_true(grammar_mask_test(mask, id_of("\"}")));
+        h[n++] = id_of("\"}");
+        check_mask(g, h, n, 1000, mask);
+        assert_true(grammar_mask_test(mask, ID_END));
+        free(mask);
+        grammar_free(g);
+}
+
+static void test_mask_values(void **state) {
+        /* escapes, numbers, enums: every state of a few texts against the brute force */
+        static const char *const schemas[] = {
+                ("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"number\"},"
+                "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"abc\",12]}}},\"required\":[\"age\"]}"),
+                "{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"},{\"type\":\"null\"}]}",
+        };
+        static const char *const texts[][16] = {
+                { "{\"", "name", "\":\"", "\\n", "\\u00e9", "\\", "u", "0", "0", "e", "9", "\",\"", "age", "\":",
+                  "-", NULL },
+                { "12", NULL },
+        };
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        for (size_t s = 0; s < ELEMENTSOF(schemas); s++) {
+                struct grammar *g = schema(schemas[s]);
+                int32_t h[16];
+                size_t n = 0;
+                check_mask(g, h, 0, 1000, mask);
+                for (; texts[s][n]; n++) {
+                        h[n] = id_of(texts[s][n]);
+                        check_mask(g, h, n + 1, 1000, mask);
+                }
+                grammar_free(g);
+        }
+        free(mask);
+}
+
+/* Random walks: pick any allowed token (seeded), with a budget; the output must be complete,
+ * parse as JSON and end with the end token within the budget. */
+static uint64_t rng = 88172645463325252ull;
+static uint64_t xorshift(void) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return rng;
+}
+
+static char *random_walk(const struct grammar *g, uint32_t budget, bool *ended) {
+        struct grammar_matcher *m = NULL;
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        char *out = calloc(1, 4096);
+        size_t len = 0;
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        *ended = false;
+        for (uint32_t left = budget; left > 0 && !*ended; left--) {
+                int n = grammar_matcher_mask(m, left, mask);
+                assert_true(n > 0);
+                /* prefer long tokens a little so the walks also leave strings */
+                uint32_t pick = (uint32_t) (xorshift() % (uint64_t) n), k = 0;
+                int32_t id = -1;
+                for (uint32_t i = 0; i < NV; i++)
+                        if (grammar_mask_test(mask, (int32_t) i) && k++ == pick) {
+                                id = (int32_t) i;
+                                break;
+                        }
+                assert_true(id >= 0);
+                assert_int_equal(grammar_matcher_accept(m, id), 0);
+                if (id == ID_END) {
+                        *ended = true;
+                        break;
+                }
+                size_t l;
+                const char *p = tokenizer_piece(tok, id, &l);
+                if (tokenizer_piece_type(tok, id) == TOKENIZER_PIECE_BYTE) {
+                        unsigned b;
+                        sscanf(p, "<0x%02X>", &b);
+                        out[len++] = (char) b;
+                } else if (id == ID_TOOL_CALL || id == ID_END_TOOL_CALL) {
+                        memcpy(out + len, p, l);
+                        len += l;
+                } else
+                        for (size_t i = 0; i < l;) {
+                                if (i + 3 <= l && memcmp(p + i, "\xe2\x96\x81", 3) == 0) {
+                                        out[len++] = ' ';
+                                        i += 3;
+                                } else
+                                        out[len++] = p[i++];
+                        }
+                assert_true(len < 4000);
+        }
+        grammar_matcher_free(m);
+        free(mask);
+        return out;
+}
+
+static void test_random_walks_close(void **state) {
+        static const char *const schemas[] = {
+                ("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+                "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":1}},"
+                "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false}"),
+                "{\"type\":\"object\"}",
+                ("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"}},\"required\":[\"a\"]},"
+                "{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",null]}}]}"),
+                /* an anyOf that is its own branch: the shortest completion must not follow it */
+                "{\"anyOf\":[{\"$ref\":\"#\"},{\"const\":{\"k\":\"vvvvvvvvvvvvvvvvvvvvvv\"}}]}",
+        };
+        for (size_t s = 0; s < ELEMENTSOF(schemas); s++) {
+                struct grammar *g = schema(schemas[s]);
+                for (int rep = 0; rep < 20; rep++) {
+                        uint32_t budget = 60 + (uint32_t) (xorshift() % 200);
+                        bool ended;
+                        char *out = random_walk(g, budget, &ended);
+                        if (!ended)
+                                fail_msg("schema %zu: no end within %u tokens: %s", s, budget, out);
+                        struct json_value *v = NULL;
+                        if (json_parse(out, strlen(out), "walk", &v) < 0)
+                                fail_msg("schema %zu: not JSON: %s", s, out);
+                        json_free(v);
+                        free(out);
+                }
+                grammar_free(g);
+        }
+}
+
+static void test_depth_cap(void **state) {
+        /* optional recursion: the 32nd level cannot open another object, so no dead end */
+        struct grammar *g = schema("{\"type\":\"object\",\"properties\":{\"c\":{\"$ref\":\"#\"}},"
+                                   "\"additionalProperties\":false}");
+        char buf[512] = "";
+        for (int i = 0; i < GRAMMAR_MAX_DEPTH - 1; i++)
+                strcat(buf, "{\"c\":");
+        strcat(buf, "{");
+        ok_prefix(g, buf);
+        strcat(buf, "\"");
+        rejected(g, buf); /* a key would need a 33rd level */
+        buf[strlen(buf) - 1] = '}';
+        ok_prefix(g, buf);
+        for (int rep = 0; rep < 10; rep++) {
+                bool ended;
+                char *out = random_walk(g, 200, &ended);
+                assert_true(ended);
+                free(out);
+        }
+        grammar_free(g);
+        /* a schema whose every value is deeper than the cap is refused */
+        char big[4096] = "";
+        for (int i = 0; i < GRAMMAR_MAX_DEPTH; i++)
+                strcat(big, "{\"type\":\"object\",\"required\":[\"a\"],\"properties\":{\"a\":");
+        strcat(big, "{\"type\":\"integer\"}");
+        for (int i = 0; i < GRAMMAR_MAX_DEPTH; i++)
+                strcat(big, "}}");
+        refused(big, "nests deeper than 32 levels");
+}
+
+static void test_tool_call(void **state) {
+        static const char *tools =
+                "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+                "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}}},"
+                "{\"name\":\"noop\"}]";
+        struct grammar *g = NULL;
+        char err[256];
+        assert_int_equal(grammar_compile_tool(tools, "nope", tok, &g, err, sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "tool 'nope' is not among the request's tools (get_weather, noop)"));
+        assert_int_equal(grammar_compile_tool(NULL, NULL, tok, &g, err, sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "no tools"));
+        assert_int_equal(grammar_compile_tool("[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                                              "\"properties\":{\"a\":{\"pattern\":\"x\"}}}}]",
+                                              NULL, tok, &g, err, sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "tools[0].parameters.properties.a: keyword 'pattern' is not supported"));
+
+        assert_int_equal(grammar_compile_tool(tools, "get_weather", tok, &g, err, sizeof err), 0);
+        struct grammar_matcher *m = NULL;
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_int_equal(grammar_matcher_mask(m, 100, mask), 1);
+        assert_true(grammar_mask_test(mask, ID_TOOL_CALL));
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL);
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        const char *body = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"";
+        assert_int_equal(grammar_matcher_accept_bytes(m, "{\"arguments\"", 12), -EINVAL); /* name first */
+        assert_int_equal(grammar_matcher_accept_bytes(m, body, strlen(body)), 0);
+        assert_false(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_accept_bytes(m, "}}", 2), 0);
+        assert_int_equal(grammar_matcher_mask(m, 100, mask), 1);
+        assert_true(grammar_mask_test(mask, ID_END_TOOL_CALL));
+        assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        assert_true(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_mask(m, 100, mask), 1);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
+        assert_true(grammar_matcher_ended(m));
+        grammar_matcher_free(m);
+        grammar_free(g);
+
+        /* any tool: random walks give a call of one of them, with valid arguments */
+        assert_int_equal(grammar_compile_tool(tools, NULL, tok, &g, err, sizeof err), 0);
+        for (int rep = 0; rep < 20; rep++) {
+                bool ended;
+                char *out = random_walk(g, 80, &ended);
+                assert_true(ended);
+                assert_true(strncmp(out, "<tool_call>", 11) == 0);
+                char *e = strstr(out, "</tool_call>");
+                assert_non_null(e);
+                assert_string_equal(e, "</tool_call>");
+                struct json_value *v = NULL;
+                if (json_parse(out + 11, (size_t) (e - out - 11), "call", &v) < 0)
+                        fail_msg("not JSON: %s", out);
+                const char *name = json_string(json_object_get(v, "name"));
+                struct json_value *args = json_object_get(v, "arguments");
+                assert_int_equal(json_type(args), JSON_OBJECT);
+                if (streq(name, "get_weather"))
+                        assert_int_equal(json_type(json_object_get(args, "city")), JSON_STRING);
+                else
+                        assert_string_equal(name, "noop");
+                json_free(v);
+                free(out);
+        }
+        grammar_free(g);
+        free(mask);
+}
+
+static void test_mask_apply(void **state) {
+        float l[130];
+        uint64_t mask[3] = { 0 };
+        for (int i = 0; i < 130; i++)
+                l[i] = (float) i;
+        mask[0] = 1ull << 5;
+        mask[2] = 2; /* id 129 */
+        grammar_mask_apply(mask, l, 130);
+        for (int i = 0; i < 130; i++)
+                if (i == 5 || i == 129)
+                        assert_true(l[i] == (float) i); /* allowed logits untouched */
+                else
+                        assert_true(isinf(l[i]) && l[i] < 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_compile_errors),
+                cmocka_unit_test(test_matcher_object),
+                cmocka_unit_test(test_matcher_values),
+                cmocka_unit_test(test_mask_multibyte),
+                cmocka_unit_test(test_mask_values),
+                cmocka_unit_test(test_random_walks_close),
+                cmocka_unit_test(test_depth_cap),
+                cmocka_unit_test(test_tool_call),
+                cmocka_unit_test(test_mask_apply),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
