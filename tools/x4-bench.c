@@ -111,6 +111,8 @@ struct bench {
         const char *cache;    /* "f32", "f16" */
         bool json, profile, profile_unsupported, warmup;
         char device[128], model[256], commit[64];
+        char model_name[256]; /* general.name, JSON-escaped ("" when absent) */
+        double kernels_per_step; /* of the decode shape being reported; < 0: unknown */
         struct result results[MAX_RESULTS];
         size_t n_results;
         struct profile_result profiles[MAX_PROFILES];
@@ -222,8 +224,9 @@ static void find_commit(char *buf, size_t size) {
 }
 
 static void print_tail(const struct bench *B) {
-        printf(",\"cache\":\"%s\",\"device\":\"%s\",\"model\":\"%s\",\"commit\":\"%s\"}\n", B->cache, B->device,
-               B->model, B->commit);
+        printf(",\"cache\":\"%s\",\"device\":\"%s\",\"model\":\"%s\",\"model_name\":\"%s\","
+               "\"commit\":\"%s\"}\n",
+               B->cache, B->device, B->model, B->model_name, B->commit);
         fflush(stdout);
 }
 
@@ -239,6 +242,8 @@ static void report(struct bench *B, const char *what, uint32_t len, uint32_t ctx
                 printf("{\"what\":\"decode\",\"ctx\":%u,\"batch\":%u,\"tok_s\":%.2f,\"ms_per_step\":%.3f,"
                        "\"ctx_filled\":\"%s\",\"ctx_prefilled\":%u",
                        ctx, batch, tok_s, ms, filled < ctx ? "prefill+copy" : "prefill", filled);
+        if (strcmp(what, "decode") == 0 && B->kernels_per_step >= 0)
+                printf(",\"kernels_per_step\":%.1f", B->kernels_per_step);
         if (strcmp(what, "load") != 0)
                 printf(",\"cpu_ms\":%.3f", cpu_ms);
         print_tail(B);
@@ -461,6 +466,21 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
                 }
         }
         double m = median(t, repeats);
+        /* kernels per step: one more untimed step with the backend's profiling on (backends
+         * without the optional profile op report none) */
+        B->kernels_per_step = -1;
+        if (B->ops->profile) {
+                struct x4_backend_profile p = {};
+                r = B->ops->profile(B->b, true, NULL);
+                if (r >= 0) {
+                        r = decode_steps(B, seqs, batch, ctx, 1);
+                        int r2 = B->ops->profile(B->b, false, &p);
+                        if (r < 0)
+                                return r;
+                        if (r2 >= 0 && p.forwards > 0)
+                                B->kernels_per_step = (double) p.kernels / (double) p.forwards;
+                }
+        }
         report(B, "decode", 0, ctx, batch, filled, batch / m, m * 1000, median(ct, repeats) * 1000);
 
         r = profile_begin(B);
@@ -1033,6 +1053,19 @@ int main(int argc, char **argv) {
                 goto fail;
         const struct x4_config *cfg = x4_model_config(model);
         B.n_vocab = cfg->n_vocab;
+        {
+                /* general.name for the JSON lines: printable ASCII kept, quotes and backslashes
+                 * and everything else dropped (it is a label, not data) */
+                struct gguf_string gn = {};
+                size_t k = 0;
+                if (gguf_get_string(x4_model_gguf(model), "general.name", &gn) >= 0)
+                        for (uint64_t i = 0; i < gn.len && k + 1 < sizeof B.model_name; i++) {
+                                char ch = gn.data[i];
+                                if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\')
+                                        B.model_name[k++] = ch;
+                        }
+                B.model_name[k] = 0;
+        }
         r = x4_backend_get(device, &B.ops);
         if (r < 0)
                 goto fail;

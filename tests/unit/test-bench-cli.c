@@ -225,13 +225,17 @@ static void test_fake_profile_and_layout(void **state) {
                  "fwd 0+256@0\n" "copy 1<-0\n" "copy 2<-0\n"              /* decode setup */
                  "copy 3<-0\n" "copy 4<-1\n" "copy 5<-2\n"
                  "%s%s" "%s%s"                                            /* warm-up, timed */
+                 "profile on\n" "%s" "profile off\n"                      /* kernels per step */
                  "profile on\n" "%s%s" "profile off\n"
                  "destroy\n",
-                 step0, step1, step0, step1, step0, step1);
+                 step0, step1, step0, step1, step0, step0, step1);
         assert_string_equal(trace, expect);
 
         /* per step: 10 kernels, classes by time, shares of the 2 ms */
         assert_non_null(strstr(out, "{\"what\":\"decode\",\"ctx\":600,\"batch\":2,"));
+        /* the decode line carries the counted kernels per step and the model's general.name */
+        assert_non_null(strstr(out, "\"ctx_prefilled\":256,\"kernels_per_step\":10.0,\"cpu_ms\":"));
+        assert_non_null(strstr(out, "\"model_name\":\""));
         assert_non_null(strstr(out, "\"ctx_filled\":\"prefill+copy\",\"ctx_prefilled\":256,"));
         assert_non_null(strstr(out,
                 "{\"what\":\"profile\",\"ctx\":600,\"batch\":2,\"kernels_per_step\":10.0,\"ms_sum\":2.0000,"
@@ -280,6 +284,7 @@ static void test_fake_warmup_and_none(void **state) {
                                    "fwd 0+1@0\n"
                                    "fwd 0+300@0,1\n"
                                    "fwd 300+1@0,1\n"
+                                   "profile on\n" "fwd 300+1@0,1\n" "profile off\n"
                                    "destroy\n");
         assert_null(strstr(out, "\"what\":\"prefill\""));
 
@@ -311,18 +316,22 @@ static void test_fake_decode_fill_edges(void **state) {
                  /* 300 < 512: prefilled, 2 pages */
                  "fwd 0+300@0,1\n" "%s"
                  "fwd 300+1@0,1 300+1@4,5 300+1@8,9\n" "fwd 300+1@0,1 300+1@4,5 300+1@8,9\n"
+                 "profile on\n" "fwd 300+1@0,1 300+1@4,5 300+1@8,9\n" "profile off\n"
                  /* 512 == 512: prefilled; the step's position 512 opens page 2 */
                  "fwd 0+512@0,1\n" "%s"
                  "fwd 512+1@0,1,2 512+1@4,5,6 512+1@8,9,10\n" "fwd 512+1@0,1,2 512+1@4,5,6 512+1@8,9,10\n"
+                 "profile on\n" "fwd 512+1@0,1,2 512+1@4,5,6 512+1@8,9,10\n" "profile off\n"
                  /* 513 > 512: 2 pages prefilled, page 2 (position 512) a copy of page 0 */
                  "fwd 0+512@0,1\n" "copy 2<-0\n"
                  "copy 4<-0\ncopy 5<-1\ncopy 6<-2\ncopy 8<-0\ncopy 9<-1\ncopy 10<-2\n"
                  "fwd 513+1@0,1,2 513+1@4,5,6 513+1@8,9,10\n" "fwd 513+1@0,1,2 513+1@4,5,6 513+1@8,9,10\n"
+                 "profile on\n" "fwd 513+1@0,1,2 513+1@4,5,6 513+1@8,9,10\n" "profile off\n"
                  /* 1000: pages 2 and 3 copies of pages 0 and 1, cyclically */
                  "fwd 0+512@0,1\n" "copy 2<-0\n" "copy 3<-1\n"
                  "copy 4<-0\ncopy 5<-1\ncopy 6<-2\ncopy 7<-3\ncopy 8<-0\ncopy 9<-1\ncopy 10<-2\ncopy 11<-3\n"
                  "fwd 1000+1@0,1,2,3 1000+1@4,5,6,7 1000+1@8,9,10,11\n"
                  "fwd 1000+1@0,1,2,3 1000+1@4,5,6,7 1000+1@8,9,10,11\n"
+                 "profile on\n" "fwd 1000+1@0,1,2,3 1000+1@4,5,6,7 1000+1@8,9,10,11\n" "profile off\n"
                  "destroy\n",
                  mates2, mates2);
         assert_string_equal(trace, expect);
