@@ -163,19 +163,39 @@ struct raw_chunk<CU_TYPE_BF16> {
 };
 template <>
 struct raw_chunk<CU_TYPE_IQ4_NL> {
-        uint16_t v[9];
+        /* the block's nine 16-bit units (scale, then the quant byte pairs), two to a word */
+        uint32_t w[5];
         __device__ __forceinline__ void load(const uint8_t *row, uint32_t c) {
-                const uint16_t *b = (const uint16_t *) (row + 18 * (uint64_t) c);
+                const uint8_t *b = row + 18 * (uint64_t) c;
+                if (((uintptr_t) row & 3) == 0) {
+                        /* 18-byte blocks are 2-byte aligned: five aligned words cover the block
+                         * (nine 16-bit loads before), shifted by half a word for odd blocks */
+                        const uint32_t *p = (const uint32_t *) ((uintptr_t) b & ~(uintptr_t) 3);
 #pragma unroll
-                for (int i = 0; i < 9; i++)
-                        v[i] = b[i];
+                        for (int i = 0; i < 5; i++)
+                                w[i] = p[i];
+                        if (c & 1) {
+#pragma unroll
+                                for (int i = 0; i < 4; i++)
+                                        w[i] = __funnelshift_r(w[i], w[i + 1], 16);
+                                w[4] >>= 16;
+                        }
+                } else {
+                        const uint16_t *h = (const uint16_t *) b;
+#pragma unroll
+                        for (int i = 0; i < 5; i++)
+                                w[i] = (uint32_t) h[2 * i] | (i < 4 ? (uint32_t) h[2 * i + 1] << 16 : 0u);
+                }
+        }
+        __device__ __forceinline__ uint32_t unit(int k) const {
+                return (w[k >> 1] >> (16 * (k & 1))) & 0xffffu;
         }
         __device__ __forceinline__ void dequant(float *out, const float *iq4) const {
-                float d = __half2float(__ushort_as_half(v[0]));
+                float d = __half2float(__ushort_as_half((uint16_t) unit(0)));
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                        uint16_t q = v[1 + j];
-                        uint8_t q0 = q & 0xff, q1 = q >> 8;
+                        uint32_t q = unit(1 + j);
+                        uint32_t q0 = q & 0xff, q1 = q >> 8;
                         out[2 * j] = d * iq4[q0 & 0xF];
                         out[2 * j + 16] = d * iq4[q0 >> 4];
                         out[2 * j + 1] = d * iq4[q1 & 0xF];
