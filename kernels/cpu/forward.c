@@ -6,13 +6,14 @@
  * (create, forward, pages).
  *
  * Numerics: fp32 everywhere (streams, statistics, gates, softmax, router, accumulations); weights
- * are consumed in their stored formats through quant_dot_row / quant_dequantize_row (nothing is
- * dequantized up front, so memory stays about the size of the mapped file plus the cache).
+ * stay in their stored formats and are dequantized exactly a panel of rows at a time, each panel
+ * serving every token of the step (quant_dequantize_rows / quant_gemm_f32; nothing is dequantized
+ * up front, so memory stays about the size of the mapped file plus the cache).
  *
  * Determinism (design.md "Numerics"): every output element is one fixed-order loop over its
  * inputs. Threads split OUTPUT elements (matrix rows, (token, head) pairs, experts), never a
- * reduction; a batch of tokens is handled by looping tokens inside the loop over one weight row
- * (weight reuse), which does not change any single dot product. Prefill and decode use the same
+ * reduction; a batch of tokens is handled by multiplying one dequantized panel of weight rows
+ * with every token (weight reuse), which does not change any single dot product. Prefill and decode use the same
  * absorbed attention code. So a token's logits are bit-identical however its prompt was chunked,
  * whatever its batch-mates, and with any number of threads. */
 #include <assert.h>
@@ -72,6 +73,7 @@ struct cpu_work {
         float *shared;  /* [T][H] shared expert output */
         float *hidden;  /* [T][H] final normed hidden of tokens that want logits */
         float **scores; /* per thread: [max context] attention scores */
+        float **panel;  /* per thread: MATMUL_PANEL dequantized rows of the longest row */
 };
 
 /* One token of a micro-batch. */
@@ -191,12 +193,15 @@ static size_t tensor_row_bytes(const struct gguf_tensor *t) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The matrix-vector engine: y[t][n] = W[row0 + n] · x_t for n < n_rows, t < T.
+ * The matrix engine: y[t][n] = W[row0 + n] · x_t for n < n_rows, t < T.
  *
- * Threads take contiguous ranges of rows; within a row the tokens run in the inner loop, so one
- * weight row is read once per micro-batch (weight reuse) and each dot is still one fixed-order
- * quant_dot_row. A "grouped" product feeds row n the input x + (n / rows_per_group) * group_stride:
- * that is how the per-head absorbed products Kbᵀ q_nope and Vb ô run as one job. */
+ * Threads take contiguous ranges of rows. A thread dequantizes a panel of MATMUL_PANEL rows of its
+ * range to fp32 once (per token tile) and multiplies it with every input of the tile
+ * (quant_gemm_f32, register-tiled): weight reuse across the tokens of a step. Each output is still
+ * one fixed-order dot (quant.h), so neither the panel, the tile, the thread count nor the batch
+ * changes it. A "grouped" product feeds row n the input x + (n / rows_per_group) * group_stride:
+ * that is how the per-head absorbed products Kbᵀ q_nope and Vb ô run as one job (a panel never
+ * straddles two groups). */
 
 struct matmul_job {
         const uint8_t *w; /* first row */
@@ -213,21 +218,28 @@ struct matmul_job {
         size_t start, n_rows;   /* this job's rows in the set's index space */
 };
 
-/* Tokens per tile: a tile's inputs (16 × K floats: 32 KB at K = 512, 224 KB at K = 3584) stay in
- * L1/L2 while the thread's rows stream past; without tiles every row re-read all T inputs. */
-#define MATMUL_TOKEN_TILE 16
+/* Rows dequantized at once: 8 rows of 512 values are 16 KB (L1); of 3584, 112 KB (L2). */
+#define MATMUL_PANEL 8
+/* Inputs per token tile, in bytes: the tile stays in L2 while the thread's panels pass over it
+ * (128 tokens at K = 512, 18 at K = 3584); a panel is dequantized once per tile. */
+#define MATMUL_TILE_BYTES (256u << 10)
 
-static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end) {
-        for (size_t t0 = 0; t0 < j->n_tokens; t0 += MATMUL_TOKEN_TILE) {
-                size_t t1 = MIN(t0 + MATMUL_TOKEN_TILE, j->n_tokens);
+static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end, float *panel) {
+        size_t tile = MAX((size_t) 4, MATMUL_TILE_BYTES / (j->k * sizeof(float)));
 
-                for (size_t n = begin; n < end; n++) {
-                        const uint8_t *row = j->w + n * j->row_bytes;
-                        const float *x = j->x + (n / j->rows_per_group) * j->group_stride;
+        for (size_t t0 = 0; t0 < j->n_tokens; t0 += tile) {
+                size_t nt = MIN(tile, j->n_tokens - t0);
 
-                        for (size_t t = t0; t < t1; t++)
-                                j->y[t * j->y_stride + n] = quant_dot_row(j->type, row,
-                                                                          x + t * j->x_stride, j->k);
+                for (size_t n = begin; n < end;) {
+                        size_t g = n / j->rows_per_group;
+                        size_t n1 = MIN(MIN(n + MATMUL_PANEL, end), (g + 1) * j->rows_per_group);
+                        const float *x = j->x + g * j->group_stride + t0 * j->x_stride;
+
+                        quant_dequantize_rows(j->type, j->w + n * j->row_bytes, j->row_bytes, n1 - n,
+                                              j->k, panel);
+                        quant_gemm_f32(panel, n1 - n, j->k, x, j->x_stride, nt,
+                                       j->y + t0 * j->y_stride + n, j->y_stride);
+                        n = n1;
                 }
         }
 }
@@ -239,6 +251,7 @@ static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end) {
 #define MATMUL_MAX_JOBS (2 * 256 + 4) /* gate + up of every expert and of the shared one */
 
 struct matmul_set {
+        float **panel; /* per thread: MATMUL_PANEL × the longest row */
         struct matmul_job jobs[MATMUL_MAX_JOBS];
         size_t n_jobs, n_rows;
         uint64_t work; /* multiply-adds queued */
@@ -248,14 +261,13 @@ static void matmul_set_rows(void *ctx, size_t begin, size_t end, unsigned thread
         const struct matmul_set *s = ctx;
         size_t i = 0;
 
-        (void) thread;
         while (s->jobs[i].start + s->jobs[i].n_rows <= begin)
                 i++;
         for (; i < s->n_jobs && s->jobs[i].start < end; i++) {
                 const struct matmul_job *j = &s->jobs[i];
 
                 matmul_rows(j, MAX(begin, j->start) - j->start,
-                            MIN(end, j->start + j->n_rows) - j->start);
+                            MIN(end, j->start + j->n_rows) - j->start, s->panel[thread]);
         }
 }
 
@@ -893,6 +905,10 @@ static void work_free(struct cpu_work *w, unsigned n_threads) {
                 for (unsigned i = 0; i < n_threads; i++)
                         free(w->scores[i]);
         free(w->scores);
+        if (w->panel)
+                for (unsigned i = 0; i < n_threads; i++)
+                        free(w->panel[i]);
+        free(w->panel);
         memset(w, 0, sizeof *w);
 }
 
@@ -905,14 +921,26 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         const size_t ctx = (size_t) b->n_pages * b->page_tokens;
         const unsigned nt = threadpool_size(b->pool);
 
-        /* the widest gate/up of any FFN (dense, routed expert, shared expert) */
+        /* the widest gate/up of any FFN (dense, routed expert, shared expert), and the longest
+         * row of any product (the panel) */
+        size_t kmax = b->w->output->ne[0];
         for (uint32_t l = 0; l < c->n_layer; l++) {
                 const struct x4_layer_weights *L = &b->w->layers[l];
                 const struct gguf_tensor *g[] = { L->ffn_gate, L->ffn_gate_exps, L->ffn_gate_shexp };
+                const struct gguf_tensor *m[] = {
+                        L->hc_attn_fn,    L->hc_ffn_fn,      L->attn_q_a,       L->attn_q_b,
+                        L->attn_kv_a_mqa, L->attn_k_b,       L->attn_v_b,       L->attn_output,
+                        L->ffn_gate,      L->ffn_up,         L->ffn_down,       L->ffn_gate_inp,
+                        L->ffn_gate_exps, L->ffn_up_exps,    L->ffn_down_exps,  L->ffn_gate_shexp,
+                        L->ffn_up_shexp,  L->ffn_down_shexp,
+                };
 
                 for (size_t i = 0; i < ELEMENTSOF(g); i++)
                         if (g[i])
                                 ff = MAX(ff, (size_t) g[i]->ne[1]);
+                for (size_t i = 0; i < ELEMENTSOF(m); i++)
+                        if (m[i])
+                                kmax = MAX(kmax, (size_t) m[i]->ne[0]);
         }
 
         struct {
@@ -957,8 +985,16 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         w->sel = calloc(T * MAX(K, 1u), sizeof(int32_t));
         w->row_of = calloc(T * MAX(K, 1u), sizeof(uint32_t));
         w->scores = calloc(nt, sizeof(float *));
-        if (!w->sel || !w->row_of || !w->scores)
+        w->panel = calloc(nt, sizeof(float *));
+        if (!w->sel || !w->row_of || !w->scores || !w->panel)
                 return -ENOMEM;
+        for (unsigned i = 0; i < nt; i++) {
+                w->panel[i] = calloc(MATMUL_PANEL * kmax, sizeof(float));
+                if (!w->panel[i])
+                        return -ENOMEM;
+        }
+        b->mm->panel = w->panel;
+        *bytes += (uint64_t) nt * MATMUL_PANEL * kmax * sizeof(float);
         for (unsigned i = 0; i < nt; i++) {
                 w->scores[i] = calloc(ctx, sizeof(float));
                 if (!w->scores[i])
