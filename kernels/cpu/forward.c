@@ -72,7 +72,8 @@ struct cpu_work {
         uint32_t *row_of; /* [T][k] row of xe/ye holding (token, slot) */
         float *shared;  /* [T][H] shared expert output */
         float *hidden;  /* [T][H] final normed hidden of tokens that want logits */
-        float **scores; /* per thread: [max context] attention scores */
+        float **scores; /* per thread: [n_head][max context] attention scores */
+        float **qcat;   /* per thread: [n_head][kv_lora + qk_rope] one token's queries */
         float **panel;  /* per thread: MATMUL_PANEL dequantized rows of the longest row */
 };
 
@@ -99,7 +100,6 @@ struct x4_backend {
         struct cpu_work work;
         struct cpu_token tokens[CPU_MICROBATCH];
         struct matmul_set *mm; /* products queued for one hand-off to the pool */
-        threadpool_fn_t attention_rows; /* the ISA variant of the attention loop */
         uint64_t memory_used;
 
         /* backend.h route_trace (diagnostics; NULL: not called) and, while a forward runs, the
@@ -121,55 +121,9 @@ static inline float siluf(float x) {
         return x / (1.0f + expf(-x));
 }
 
-/* Eight lanes of fp32 (GNU vector extension: SSE2 pairs on baseline x86-64, one AVX register
- * where available). Lane-wise operations, so results are exactly those of the scalar loop. */
-typedef float v8f __attribute__((vector_size(32)));
-
-/* unaligned load / store (macros: returning a 32-byte vector from a function changes the ABI on
- * baseline x86-64) */
-#define V8F_LOAD(p)                                                                                \
-        ({                                                                                         \
-                v8f _v;                                                                            \
-                memcpy(&_v, (p), sizeof _v);                                                       \
-                _v;                                                                                \
-        })
-#define V8F_STORE(p, v)                                                                            \
-        do {                                                                                       \
-                v8f _v = (v);                                                                      \
-                memcpy((p), &_v, sizeof _v);                                                       \
-        } while (0)
-
-/* Lane k sums the products of indices ≡ k (mod 8) in index order; the lanes are combined in a
- * fixed tree, then the tail (n % 8) is added in order. Order-stable and vectorised. */
-/* always_inline: so the AVX2 copy of the attention loop gets them in AVX2 too */
-static inline __attribute__((always_inline)) float
-dot_f32(const float *a, const float *b, size_t n) {
-        v8f acc = { 0 };
-        size_t i = 0;
-
-        for (; i + 8 <= n; i += 8)
-                acc += V8F_LOAD(a + i) * V8F_LOAD(b + i);
-        float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for (; i < n; i++)
-                s += a[i] * b[i];
-        return s;
-}
-
-/* y += a·x, elementwise (no reduction: vectorising cannot change a result). */
-static inline __attribute__((always_inline)) void
-axpy_f32(float *y, float a, const float *x, size_t n) {
-        v8f va = { a, a, a, a, a, a, a, a };
-        size_t i = 0;
-
-        for (; i + 8 <= n; i += 8)
-                V8F_STORE(y + i, V8F_LOAD(y + i) + va * V8F_LOAD(x + i));
-        for (; i < n; i++)
-                y[i] += a * x[i];
-}
-
 /* spec §3: RMSNorm(x, w) = w ⊙ x / sqrt(mean(x²) + eps); w == NULL is the unweighted form. */
 static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps) {
-        float ss = dot_f32(x, x, n);
+        float ss = quant_dot_f32(x, x, n);
         float r = 1.0f / sqrtf(ss / (float) n + eps);
 
         if (w)
@@ -415,11 +369,8 @@ static void hc_pre(struct x4_backend *b, const struct gguf_tensor *fn,
                          w->post + t * hc, w->comb + t * hc * hc);
                 /* u = Σ_s pre[s]·X[s], s in order */
                 pre = w->pre + t * hc;
-                for (size_t i = 0; i < H; i++)
-                        u[i] = pre[0] * X[i];
-                for (size_t s = 1; s < hc; s++)
-                        for (size_t i = 0; i < H; i++)
-                                u[i] += pre[s] * X[s * H + i];
+                memset(u, 0, H * sizeof(float));
+                quant_weighted_rows(X, H, hc, H, pre, hc, 1, u, H);
         }
 }
 
@@ -434,15 +385,10 @@ static void hc_post(struct x4_backend *b, size_t T) {
                 const float *post = w->post + t * hc, *C = w->comb + t * hc * hc;
                 float *Xn = w->tmp + t * zlen;
 
-                for (size_t d = 0; d < hc; d++) {
-                        float *y = Xn + d * H;
-
-                        for (size_t i = 0; i < H; i++)
-                                y[i] = post[d] * out[i];
-                        for (size_t s = 0; s < hc; s++)
-                                for (size_t i = 0; i < H; i++)
-                                        y[i] += C[d * hc + s] * X[s * H + i];
-                }
+                /* every X_new[d] from post[d]·out first, then C[d][s]·X[s], s in order */
+                memset(Xn, 0, zlen * sizeof(float));
+                quant_weighted_rows(out, H, 1, H, post, 1, hc, Xn, H);
+                quant_weighted_rows(X, H, hc, H, C, hc, hc, Xn, H);
         }
         memcpy(w->x, w->tmp, T * zlen * sizeof(float));
 }
@@ -476,73 +422,71 @@ static float *cache_row(const struct x4_backend *b, const uint32_t *pages, uint3
                ((size_t) layer * b->page_tokens + slot) * b->row_width;
 }
 
-/* spec §4 absorbed attention for one (token, head): scores over positions 0..pos of the token's
- * own sequence, fp32 softmax, ô = Σ P·c. */
+/* spec §4 absorbed attention, one token (all its heads) at a time: the scores of every head over
+ * positions 0..pos of the token's own sequence, fp32 softmax, ô = Σ P·c. A cache row serves all
+ * heads: the scores s[h][p] = scale·([q_c | q_pe][h] · [c | k_pe](p)) of a page's run of positions
+ * are one panel product (cache rows × the token's nh concatenated queries, quant_gemm_f32: one
+ * fixed-order 576-value dot each), and ô[h] += P[h][p]·c(p) runs p ascending for every head. */
 struct attention_job {
         struct x4_backend *b;
         uint32_t layer;
+        size_t n_tokens;
 };
 
-static inline __attribute__((always_inline)) void
-attention_rows_body(void *ctx, size_t begin, size_t end, unsigned thread) {
+static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
         const struct attention_job *j = ctx;
         struct x4_backend *b = j->b;
         const struct x4_config *c = b->cfg;
-        const size_t nh = c->n_head, kvl = c->kv_lora_rank, rd = c->qk_rope;
-        const size_t qkd = c->qk_nope + c->qk_rope;
-        float *sc = b->work.scores[thread];
+        const size_t nh = c->n_head, kvl = c->kv_lora_rank, rd = c->qk_rope, rw = b->row_width;
+        const size_t qkd = c->qk_nope + c->qk_rope, T = j->n_tokens;
+        const size_t ctx_max = (size_t) b->n_pages * b->page_tokens;
+        float *sc = b->work.scores[thread], *qcat = b->work.qcat[thread];
 
         for (size_t idx = begin; idx < end; idx++) {
-                size_t t = idx / nh, h = idx % nh;
+                /* tokens in the order 0, T-1, 1, T-2, ...: a causal batch's long and short rows
+                 * pair up, so the threads' contiguous ranges get even work */
+                size_t t = idx % 2 == 0 ? idx / 2 : T - 1 - idx / 2;
                 const struct cpu_token *tok = &b->tokens[t];
-                const float *qc = b->work.qc + (t * nh + h) * kvl;
-                const float *qpe = b->work.q + (t * nh + h) * qkd + c->qk_nope;
-                float *oh = b->work.ohat + (t * nh + h) * kvl;
-                float mx = -INFINITY, sum = 0.0f, inv;
+                const size_t n_pos = (size_t) tok->pos + 1;
+                float *oh = b->work.ohat + t * nh * kvl;
 
-                /* s(t') = scale·(q_c·c(t') + q_pe·k_pe(t')), causal over t' ≤ pos */
-                for (uint32_t p = 0; p <= tok->pos; p++) {
-                        const float *row = cache_row(b, tok->pages, p, j->layer);
-                        float s = c->attn_scale * (dot_f32(qc, row, kvl) + dot_f32(qpe, row + kvl, rd));
-
-                        sc[p] = s;
-                        mx = fmaxf(mx, s);
+                for (size_t h = 0; h < nh; h++) {
+                        memcpy(qcat + h * rw, b->work.qc + (t * nh + h) * kvl, kvl * sizeof(float));
+                        memcpy(qcat + h * rw + kvl, b->work.q + (t * nh + h) * qkd + c->qk_nope,
+                               rd * sizeof(float));
                 }
-                for (uint32_t p = 0; p <= tok->pos; p++) {
-                        sc[p] = expf(sc[p] - mx);
-                        sum += sc[p];
-                }
-                inv = 1.0f / sum;
-                memset(oh, 0, kvl * sizeof(float));
-                for (uint32_t p = 0; p <= tok->pos; p++) {
-                        const float *row = cache_row(b, tok->pages, p, j->layer);
+                for (size_t p = 0; p < n_pos;) {
+                        size_t run = MIN(b->page_tokens - p % b->page_tokens, n_pos - p);
 
-                        axpy_f32(oh, sc[p] * inv, row, kvl);
+                        quant_gemm_f32(cache_row(b, tok->pages, (uint32_t) p, j->layer), run, rw,
+                                       qcat, rw, nh, sc + p, ctx_max);
+                        p += run;
+                }
+                for (size_t h = 0; h < nh; h++) {
+                        float *s = sc + h * ctx_max, mx = -INFINITY, sum = 0.0f, inv;
+
+                        for (size_t p = 0; p < n_pos; p++) {
+                                s[p] = c->attn_scale * s[p];
+                                mx = fmaxf(mx, s[p]);
+                        }
+                        for (size_t p = 0; p < n_pos; p++) {
+                                s[p] = expf(s[p] - mx);
+                                sum += s[p];
+                        }
+                        inv = 1.0f / sum;
+                        for (size_t p = 0; p < n_pos; p++)
+                                s[p] = s[p] * inv;
+                }
+                memset(oh, 0, nh * kvl * sizeof(float));
+                for (size_t p = 0; p < n_pos;) {
+                        size_t run = MIN(b->page_tokens - p % b->page_tokens, n_pos - p);
+
+                        /* the rows' first kvl values (c) weighted; k_pe is skipped by the stride */
+                        quant_weighted_rows(cache_row(b, tok->pages, (uint32_t) p, j->layer), rw,
+                                            run, kvl, sc + p, ctx_max, nh, oh, kvl);
+                        p += run;
                 }
         }
-}
-
-/* The attention loop compiled twice: for the baseline ISA and for AVX2, picked once at create()
- * (cpu_create) where the CPU has AVX2. Same lane-wise operations in wider registers and no FMA
- * (ISO C11 does not contract a*b+c), so the same bits either way. An explicit pick rather than
- * target_clones: ifunc resolvers run before sanitizer runtimes start (TSan crashed in one). */
-static void attention_rows_generic(void *ctx, size_t begin, size_t end, unsigned thread) {
-        attention_rows_body(ctx, begin, end, thread);
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) static void attention_rows_avx2(void *ctx, size_t begin,
-                                                                size_t end, unsigned thread) {
-        attention_rows_body(ctx, begin, end, thread);
-}
-#endif
-
-static threadpool_fn_t attention_rows_pick(void) {
-#if defined(__x86_64__) || defined(__i386__)
-        if (__builtin_cpu_supports("avx2"))
-                return attention_rows_avx2;
-#endif
-        return attention_rows_generic;
 }
 
 /* spec §4: MLA of block l for the micro-batch; input w->u (normed), output w->out. */
@@ -577,14 +521,14 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
         /* absorbed form: q_c[h][j] = Σ_i Kb[h][j][i]·q_nope[h][i]; attn_k_b rows are (h, j) */
         matmul_grouped(b, L->attn_k_b, 0, nh * kvl, kvl, qkd, w->q, nh * qkd, w->qc, nh * kvl, T);
         /* scores, softmax and ô over the cache, every (token, head) on its own */
-        struct attention_job aj = { .b = b, .layer = l };
+        struct attention_job aj = { .b = b, .layer = l, .n_tokens = T };
         uint64_t work = 0;
         for (size_t t = 0; t < T; t++)
                 work += ((uint64_t) b->tokens[t].pos + 1) * nh * rw * 2;
         if (work < CPU_PARALLEL_MIN_WORK)
-                b->attention_rows(&aj, 0, T * nh, 0);
+                attention_rows(&aj, 0, T, 0);
         else
-                threadpool_run(b->pool, T * nh, b->attention_rows, &aj);
+                threadpool_run(b->pool, T, attention_rows, &aj);
         /* o[h][d] = Σ_j Vb[h][d][j]·ô[h][j]; attn_v_b rows are (h, d) */
         matmul_grouped(b, L->attn_v_b, 0, nh * c->v_head, c->v_head, kvl, w->ohat, nh * kvl, w->o,
                        nh * c->v_head, T);
@@ -731,19 +675,14 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
         for (size_t t = 0; t < T; t++) {
                 float *y = w->out + t * H;
                 const float *gw = w->gw + t * K;
-                const float *y0 = w->ye + (size_t) w->row_of[t * K] * H;
+                static const float one = 1.0f;
 
-                for (size_t i = 0; i < H; i++)
-                        y[i] = gw[0] * y0[i];
-                for (size_t k = 1; k < K; k++) {
-                        const float *yk = w->ye + (size_t) w->row_of[t * K + k] * H;
-
-                        for (size_t i = 0; i < H; i++)
-                                y[i] += gw[k] * yk[i];
-                }
-                if (ffs)
-                        for (size_t i = 0; i < H; i++)
-                                y[i] += w->shared[t * H + i];
+                memset(y, 0, H * sizeof(float));
+                for (size_t k = 0; k < K; k++)
+                        quant_weighted_rows(w->ye + (size_t) w->row_of[t * K + k] * H, H, 1, H,
+                                            gw + k, 1, 1, y, H);
+                if (ffs) /* 1·shared: exactly shared */
+                        quant_weighted_rows(w->shared + t * H, H, 1, H, &one, 1, 1, y, H);
         }
 }
 
@@ -909,6 +848,10 @@ static void work_free(struct cpu_work *w, unsigned n_threads) {
                 for (unsigned i = 0; i < n_threads; i++)
                         free(w->panel[i]);
         free(w->panel);
+        if (w->qcat)
+                for (unsigned i = 0; i < n_threads; i++)
+                        free(w->qcat[i]);
+        free(w->qcat);
         memset(w, 0, sizeof *w);
 }
 
@@ -986,7 +929,8 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         w->row_of = calloc(T * MAX(K, 1u), sizeof(uint32_t));
         w->scores = calloc(nt, sizeof(float *));
         w->panel = calloc(nt, sizeof(float *));
-        if (!w->sel || !w->row_of || !w->scores || !w->panel)
+        w->qcat = calloc(nt, sizeof(float *));
+        if (!w->sel || !w->row_of || !w->scores || !w->panel || !w->qcat)
                 return -ENOMEM;
         for (unsigned i = 0; i < nt; i++) {
                 w->panel[i] = calloc(MATMUL_PANEL * kmax, sizeof(float));
@@ -996,11 +940,12 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         b->mm->panel = w->panel;
         *bytes += (uint64_t) nt * MATMUL_PANEL * kmax * sizeof(float);
         for (unsigned i = 0; i < nt; i++) {
-                w->scores[i] = calloc(ctx, sizeof(float));
-                if (!w->scores[i])
+                w->scores[i] = calloc(nh * ctx, sizeof(float));
+                w->qcat[i] = calloc(nh * b->row_width, sizeof(float));
+                if (!w->scores[i] || !w->qcat[i])
                         return -ENOMEM;
         }
-        *bytes += 2 * T * K * 4 + (uint64_t) nt * ctx * sizeof(float);
+        *bytes += 2 * T * K * 4 + (uint64_t) nt * (nh * ctx + nh * b->row_width) * sizeof(float);
         return 0;
 }
 
@@ -1143,7 +1088,6 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
                 long n = sysconf(_SC_NPROCESSORS_ONLN);
                 n_threads = n > 0 ? (unsigned) n : 1;
         }
-        b->attention_rows = attention_rows_pick();
         r = threadpool_new(n_threads, &b->pool);
         if (r < 0)
                 return r;

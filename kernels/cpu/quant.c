@@ -309,6 +309,30 @@ ALWAYS_INLINE void gemm_body(const int TR, const int TT, const float *w, size_t 
         }
 }
 
+/* out[h][j] = out[h][j] + P[h][r]·rows[r][j] for r ascending (a multiply, then an add): every
+ * element's own order is r, whatever the vector width. */
+ALWAYS_INLINE void weighted_rows_body(const float *rows, size_t row_stride, size_t n_rows,
+                                      size_t k, const float *P, size_t p_stride, size_t H,
+                                      float *out, size_t out_stride) {
+        size_t kv = k - k % 16;
+
+        for (size_t r = 0; r < n_rows; r++) {
+                const float *row = rows + r * row_stride;
+
+                for (size_t h = 0; h < H; h++) {
+                        float p = P[h * p_stride + r], *o = out + h * out_stride;
+                        v16f pv = { p, p, p, p, p, p, p, p, p, p, p, p, p, p, p, p };
+
+                        for (size_t j = 0; j < kv; j += 16) {
+                                v16f m = pv * V16F_LOAD(row + j), ov = V16F_LOAD(o + j) + m;
+                                memcpy(o + j, &ov, sizeof ov);
+                        }
+                        for (size_t j = kv; j < k; j++)
+                                o[j] = o[j] + p * row[j];
+                }
+        }
+}
+
 /* Rows [0, R) of a stored matrix (row_bytes apart, k values each) as fp32, exactly (spec §6). */
 ALWAYS_INLINE void dequant_rows_body(uint32_t type, const void *w, size_t row_bytes, size_t R,
                                      size_t k, float *out) {
@@ -352,6 +376,9 @@ struct quant_impl {
                              float *out);
         void (*gemm)(const float *w, size_t R, size_t k, const float *x, size_t xs, size_t T,
                      float *y, size_t ys);
+        void (*weighted_rows)(const float *rows, size_t row_stride, size_t n_rows, size_t k,
+                              const float *P, size_t p_stride, size_t H, float *out,
+                              size_t out_stride);
 };
 
 static void dequant_rows_generic(uint32_t type, const void *w, size_t row_bytes, size_t R,
@@ -364,7 +391,14 @@ static void gemm_generic(const float *w, size_t R, size_t k, const float *x, siz
         gemm_body(2, 2, w, R, k, x, xs, T, y, ys);
 }
 
-static const struct quant_impl impl_generic = { "portable", dequant_rows_generic, gemm_generic };
+static void weighted_rows_generic(const float *rows, size_t row_stride, size_t n_rows, size_t k,
+                                  const float *P, size_t p_stride, size_t H, float *out,
+                                  size_t out_stride) {
+        weighted_rows_body(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
+}
+
+static const struct quant_impl impl_generic = { "portable", dequant_rows_generic, gemm_generic,
+                                                weighted_rows_generic };
 
 #if defined(__x86_64__) || defined(__i386__)
 #define HAVE_X86_SIMD 1
@@ -450,8 +484,23 @@ AVX512_TARGET static void gemm_avx512(const float *w, size_t R, size_t k, const 
         gemm_body(4, 4, w, R, k, x, xs, T, y, ys); /* 16 of the 32 zmm registers */
 }
 
-static const struct quant_impl impl_avx2 = { "avx2", dequant_rows_avx2, gemm_avx2 };
-static const struct quant_impl impl_avx512 = { "avx512", dequant_rows_avx2, gemm_avx512 };
+AVX2_TARGET static void weighted_rows_avx2(const float *rows, size_t row_stride, size_t n_rows,
+                                           size_t k, const float *P, size_t p_stride, size_t H,
+                                           float *out, size_t out_stride) {
+        weighted_rows_body(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
+}
+
+AVX512_TARGET static void weighted_rows_avx512(const float *rows, size_t row_stride,
+                                               size_t n_rows, size_t k, const float *P,
+                                               size_t p_stride, size_t H, float *out,
+                                               size_t out_stride) {
+        weighted_rows_body(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
+}
+
+static const struct quant_impl impl_avx2 = { "avx2", dequant_rows_avx2, gemm_avx2,
+                                             weighted_rows_avx2 };
+static const struct quant_impl impl_avx512 = { "avx512", dequant_rows_avx2, gemm_avx512,
+                                               weighted_rows_avx512 };
 
 static bool cpu_has_avx2_f16c(void) {
         unsigned a, b, c, d;
@@ -502,6 +551,11 @@ void quant_dequantize_rows(uint32_t type, const void *w, size_t row_bytes, size_
 void quant_gemm_f32(const float *w, size_t R, size_t k, const float *x, size_t x_stride, size_t T,
                     float *y, size_t y_stride) {
         impl_get()->gemm(w, R, k, x, x_stride, T, y, y_stride);
+}
+
+void quant_weighted_rows(const float *rows, size_t row_stride, size_t n_rows, size_t k,
+                         const float *P, size_t p_stride, size_t H, float *out, size_t out_stride) {
+        impl_get()->weighted_rows(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
 }
 
 float quant_dot_f32(const float *w, const float *x, size_t n) {

@@ -59,6 +59,11 @@ void quant_dequantize_rows(uint32_t type, const void *w, size_t row_bytes, size_
 void quant_gemm_f32(const float *w, size_t R, size_t k, const float *x, size_t x_stride, size_t T,
                     float *y, size_t y_stride);
 
+/* out[h·out_stride + j] += Σ_r P[h·p_stride + r] · rows[r·row_stride + j] for h < H, j < k, each element
+ * accumulated r ascending (multiply, then add): attention's ô = Σ_p P[p]·c(p) for H heads. */
+void quant_weighted_rows(const float *rows, size_t row_stride, size_t n_rows, size_t k,
+                         const float *P, size_t p_stride, size_t H, float *out, size_t out_stride);
+
 /* w · x over n fp32 values, in the order above. */
 float quant_dot_f32(const float *w, const float *x, size_t n);
 
