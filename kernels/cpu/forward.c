@@ -38,11 +38,12 @@
  * in the results. 256 keeps the workspace of the full model (H = 3584) near 80 MB. */
 #define CPU_MICROBATCH 256u
 
-/* Work (multiply-adds) below which a product or the attention runs on the calling thread alone: a
- * hand-off to the pool costs ~50 µs on the VMs we measured (2 threads decoding the demo model
- * were slower than 1: bench/RESULTS.md), about the time of 280k weight values of quant_dot_row.
- * Which thread computes an output never changes its value, so this only moves time. */
-#define CPU_PARALLEL_MIN_WORK (1u << 20)
+/* Work (multiply-adds) below which a product or the attention runs on the calling thread alone.
+ * A hand-off to a polling pool costs a few µs (a sleeping one ~50 µs: threadpool.c), and 128K
+ * multiply-adds take ~10 µs on one thread of the AVX-512 kernels; so a decode step's small
+ * attention products stay on the caller and its FFN and output products are split. Which thread
+ * computes an output never changes its value, so this only moves time. */
+#define CPU_PARALLEL_MIN_WORK (1u << 17)
 
 /* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
 struct cpu_work {

@@ -474,6 +474,95 @@ AVX2_TARGET static void dequant_rows_avx2(uint32_t type, const void *w, size_t r
         }
 }
 
+/* AVX-512: a 16-value run (an IQ4_NL half block, a Q6_K sub-block) is one register. */
+AVX512_TARGET static inline void store_i8x16_scaled(float *o, __m128i q8, __m512 d) {
+        _mm512_storeu_ps(o, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8))));
+}
+
+AVX512_TARGET static void dequant_q6k_avx512(const struct block_q6_k *b, float *o) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+        const __m256i m32 = _mm256_set1_epi8(32);
+        float d = _cvtsh_ss(b->d);
+
+        for (int n = 0; n < 2; n++, o += 128) {
+                const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+                const int8_t *sc = b->scales + 8 * n;
+                __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
+                __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i *) qh);
+                __m256i q[4];
+
+                /* spec §6 (q6k_unpack): low nibbles / high nibbles of ql, 2 bits of qh each */
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                for (int j = 0; j < 4; j++) {
+                        __m256i v = _mm256_sub_epi8(q[j], m32);
+                        __m512 d0 = _mm512_set1_ps(d * (float) sc[2 * j]);
+                        __m512 d1 = _mm512_set1_ps(d * (float) sc[2 * j + 1]);
+                        store_i8x16_scaled(o + 32 * j, _mm256_castsi256_si128(v), d0);
+                        store_i8x16_scaled(o + 32 * j + 16, _mm256_extracti128_si256(v, 1), d1);
+                }
+        }
+}
+
+AVX512_TARGET static void dequant_rows_avx512(uint32_t type, const void *w, size_t row_bytes,
+                                              size_t R, size_t k, float *out) {
+        const __m128i book = _mm_loadu_si128((const __m128i *) quant_iq4nl_values);
+        const __m128i mask = _mm_set1_epi8(0x0f);
+
+        for (size_t r = 0; r < R; r++) {
+                const void *row = (const uint8_t *) w + r * row_bytes;
+                float *o = out + r * k;
+
+                switch (type) {
+                case GGML_TYPE_IQ4_NL: {
+                        const struct block_iq4_nl *b = row;
+                        for (size_t i = 0; i < k / QK4_NL; i++, o += QK4_NL) {
+                                __m128i q = _mm_loadu_si128((const __m128i *) b[i].qs);
+                                __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+                                store_i8x16_scaled(o, _mm_shuffle_epi8(book, _mm_and_si128(q, mask)), d);
+                                store_i8x16_scaled(o + 16, _mm_shuffle_epi8(book, _mm_and_si128(_mm_srli_epi16(q, 4), mask)), d);
+                        }
+                        break;
+                }
+                case GGML_TYPE_Q6_K: {
+                        const struct block_q6_k *b = row;
+                        for (size_t i = 0; i < k / QK_K; i++)
+                                dequant_q6k_avx512(&b[i], o + i * QK_K);
+                        break;
+                }
+                case GGML_TYPE_Q8_0: {
+                        const struct block_q8_0 *b = row;
+                        for (size_t i = 0; i < k / QK8_0; i++, o += QK8_0) {
+                                __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+                                store_i8x16_scaled(o, _mm_loadu_si128((const __m128i *) b[i].qs), d);
+                                store_i8x16_scaled(o + 16, _mm_loadu_si128((const __m128i *) (b[i].qs + 16)), d);
+                        }
+                        break;
+                }
+                case GGML_TYPE_BF16: {
+                        const uint16_t *h = row;
+                        size_t i = 0;
+                        for (; i + 16 <= k; i += 16)
+                                _mm512_storeu_ps(o + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *) (h + i))), 16)));
+                        for (; i < k; i++)
+                                o[i] = bf16_to_f32(h[i]);
+                        break;
+                }
+                default: /* F32, F16 */
+                        dequant_rows_avx2(type, row, row_bytes, 1, k, o);
+                        break;
+                }
+        }
+}
+
 AVX2_TARGET static void gemm_avx2(const float *w, size_t R, size_t k, const float *x, size_t xs,
                                   size_t T, float *y, size_t ys) {
         gemm_body(2, 2, w, R, k, x, xs, T, y, ys); /* 2 × 2 × (2 ymm) accumulators: 8 of 16 */
@@ -499,7 +588,7 @@ AVX512_TARGET static void weighted_rows_avx512(const float *rows, size_t row_str
 
 static const struct quant_impl impl_avx2 = { "avx2", dequant_rows_avx2, gemm_avx2,
                                              weighted_rows_avx2 };
-static const struct quant_impl impl_avx512 = { "avx512", dequant_rows_avx2, gemm_avx512,
+static const struct quant_impl impl_avx512 = { "avx512", dequant_rows_avx512, gemm_avx512,
                                                weighted_rows_avx512 };
 
 static bool cpu_has_avx2_f16c(void) {
