@@ -348,40 +348,76 @@ static void hc_gates(const struct x4_config *c, const float *w, const float *bas
                         C[d * hc + r] = M[d][r];
 }
 
+/* The per-token steps around the products (norms, HC gates and mixes, the MoE combine) split
+ * the micro-batch's tokens over the pool: each token's values are computed by one thread with
+ * the same code whatever the split. */
+struct token_job {
+        struct x4_backend *b;
+        const float *v1, *v2; /* the step's weights */
+};
+
+static void run_tokens(struct x4_backend *b, size_t T, uint64_t work_per_token, threadpool_fn_t fn,
+                       const float *v1, const float *v2) {
+        struct token_job j = { .b = b, .v1 = v1, .v2 = v2 };
+
+        if (T * work_per_token < CPU_PARALLEL_MIN_WORK)
+                fn(&j, 0, T, 0);
+        else
+                threadpool_run(b->pool, T, fn, &j);
+}
+
+/* spec §3.1 steps 1-2: z = concat(X[0..hc)) is each token's stream block as stored;
+ * ẑ = z / sqrt(mean(z²) + eps), unweighted, over all hc·H values at once */
+static void hc_norm_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const struct x4_config *c = j->b->cfg;
+        struct cpu_work *w = &j->b->work;
+        const size_t zlen = (size_t) c->hc_mult * c->n_embd;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++)
+                rmsnorm(w->tmp + t * zlen, w->x + t * zlen, NULL, zlen, c->rms_eps);
+}
+
+/* steps 4-9: gates from w (v1 = base, v2 = scale), then u = Σ_s pre[s]·X[s], s in order */
+static void hc_gate_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const struct x4_config *c = j->b->cfg;
+        struct cpu_work *w = &j->b->work;
+        const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H, nw = 2 * hc + hc * hc;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++) {
+                float *u = w->u + t * H;
+
+                hc_gates(c, w->hcw + t * nw, j->v1, j->v2, w->pre + t * hc, w->post + t * hc,
+                         w->comb + t * hc * hc);
+                memset(u, 0, H * sizeof(float));
+                quant_weighted_rows(w->x + t * zlen, H, hc, H, w->pre + t * hc, hc, 1, u, H);
+        }
+}
+
 static void hc_pre(struct x4_backend *b, const struct gguf_tensor *fn,
                    const struct gguf_tensor *base, const struct gguf_tensor *scale, size_t T) {
         const struct x4_config *c = b->cfg;
         struct cpu_work *w = &b->work;
         const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H, nw = 2 * hc + hc * hc;
 
-        /* spec §3.1 steps 1-2: z = concat(X[0..hc)) is each token's stream block as stored;
-         * ẑ = z / sqrt(mean(z²) + eps), unweighted, over all hc·H values at once */
-        for (size_t t = 0; t < T; t++)
-                rmsnorm(w->tmp + t * zlen, w->x + t * zlen, NULL, zlen, c->rms_eps);
+        run_tokens(b, T, zlen, hc_norm_tokens, NULL, NULL);
         /* step 3: w = Wfn · ẑ (2hc + hc² values: pre, post, comb) */
         matmul(b, fn, 0, nw, w->tmp, zlen, w->hcw, nw, T);
-        /* steps 4-9 */
-        for (size_t t = 0; t < T; t++) {
-                const float *X = w->x + t * zlen;
-                const float *pre;
-                float *u = w->u + t * H;
-
-                hc_gates(c, w->hcw + t * nw, tensor_f32(base), tensor_f32(scale), w->pre + t * hc,
-                         w->post + t * hc, w->comb + t * hc * hc);
-                /* u = Σ_s pre[s]·X[s], s in order */
-                pre = w->pre + t * hc;
-                memset(u, 0, H * sizeof(float));
-                quant_weighted_rows(X, H, hc, H, pre, hc, 1, u, H);
-        }
+        run_tokens(b, T, zlen, hc_gate_tokens, tensor_f32(base), tensor_f32(scale));
 }
 
 /* spec §3.1 post-mapping: X_new[d] = post[d]·out + Σ_s C[d][s]·X[s], all d from the OLD X. */
-static void hc_post(struct x4_backend *b, size_t T) {
-        const struct x4_config *c = b->cfg;
-        struct cpu_work *w = &b->work;
+static void hc_post_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const struct x4_config *c = j->b->cfg;
+        struct cpu_work *w = &j->b->work;
         const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H;
 
-        for (size_t t = 0; t < T; t++) {
+        (void) thread;
+        for (size_t t = begin; t < end; t++) {
                 const float *X = w->x + t * zlen, *out = w->out + t * H;
                 const float *post = w->post + t * hc, *C = w->comb + t * hc * hc;
                 float *Xn = w->tmp + t * zlen;
@@ -390,8 +426,25 @@ static void hc_post(struct x4_backend *b, size_t T) {
                 memset(Xn, 0, zlen * sizeof(float));
                 quant_weighted_rows(out, H, 1, H, post, 1, hc, Xn, H);
                 quant_weighted_rows(X, H, hc, H, C, hc, hc, Xn, H);
+                memcpy(w->x + t * zlen, Xn, zlen * sizeof(float));
         }
-        memcpy(w->x, w->tmp, T * zlen * sizeof(float));
+}
+
+static void hc_post(struct x4_backend *b, size_t T) {
+        const size_t hc = b->cfg->hc_mult;
+
+        run_tokens(b, T, (hc + 1) * hc * b->cfg->n_embd, hc_post_tokens, NULL, NULL);
+}
+
+/* u = RMSNorm(u, v1) of every token */
+static void norm_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const size_t H = j->b->cfg->n_embd;
+        float *u = j->b->work.u;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++)
+                rmsnorm(u + t * H, u + t * H, j->v1, H, j->b->cfg->rms_eps);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -468,7 +521,7 @@ static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread)
 
                         for (size_t p = 0; p < n_pos; p++) {
                                 s[p] = c->attn_scale * s[p];
-                                mx = fmaxf(mx, s[p]);
+                                mx = s[p] > mx ? s[p] : mx;
                         }
                         for (size_t p = 0; p < n_pos; p++) {
                                 s[p] = expf(s[p] - mx);
@@ -610,6 +663,25 @@ static void moe_route(const struct x4_config *c, const float *z, const float *bi
                 gw[k] *= c->expert_weights_scale;
 }
 
+/* y = Σ_k g_k·y_k (selection order) + shared (weight 1, always on; v1 != NULL): a fixed order */
+static void moe_combine_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        struct cpu_work *w = &j->b->work;
+        const size_t H = j->b->cfg->n_embd, K = j->b->cfg->n_expert_used;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++) {
+                float *y = w->out + t * H;
+
+                memset(y, 0, H * sizeof(float));
+                for (size_t k = 0; k < K; k++)
+                        quant_weighted_rows(w->ye + (size_t) w->row_of[t * K + k] * H, H, 1, H,
+                                            w->gw + t * K + k, 1, 1, y, H);
+                if (j->v1) /* 1·shared: exactly shared */
+                        quant_weighted_rows(w->shared + t * H, H, 1, H, j->v1, 1, 1, y, H);
+        }
+}
+
 static void moe(struct x4_backend *b, uint32_t l, size_t T) {
         const struct x4_config *c = b->cfg;
         const struct x4_layer_weights *L = &b->w->layers[l];
@@ -672,19 +744,8 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
                 matmul_add(b, L->ffn_down_shexp, 0, H, w->gate, ffs, w->shared, H, T);
         matmul_run(b);
 
-        /* y = Σ_k g_k·y_k (selection order) + shared (weight 1, always on): a fixed order */
-        for (size_t t = 0; t < T; t++) {
-                float *y = w->out + t * H;
-                const float *gw = w->gw + t * K;
-                static const float one = 1.0f;
-
-                memset(y, 0, H * sizeof(float));
-                for (size_t k = 0; k < K; k++)
-                        quant_weighted_rows(w->ye + (size_t) w->row_of[t * K + k] * H, H, 1, H,
-                                            gw + k, 1, 1, y, H);
-                if (ffs) /* 1·shared: exactly shared */
-                        quant_weighted_rows(w->shared + t * H, H, 1, H, &one, 1, 1, y, H);
-        }
+        static const float one = 1.0f;
+        run_tokens(b, T, (K + 1) * H, moe_combine_tokens, ffs ? &one : NULL, NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -717,15 +778,13 @@ static void trunk(struct x4_backend *b, size_t T, float *logits) {
 
                 /* attention sublayer: HC, a = RMSNorm(u, attn_norm), o = MLA(a), post-map */
                 hc_pre(b, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, T);
-                for (size_t t = 0; t < T; t++)
-                        rmsnorm(w->u + t * H, w->u + t * H, tensor_f32(L->attn_norm), H, c->rms_eps);
+                run_tokens(b, T, H, norm_tokens, tensor_f32(L->attn_norm), NULL);
                 mla(b, l, T);
                 hc_post(b, T);
 
                 /* FFN sublayer: HC, f = RMSNorm(u, ffn_norm), m = FFN(f), post-map */
                 hc_pre(b, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, T);
-                for (size_t t = 0; t < T; t++)
-                        rmsnorm(w->u + t * H, w->u + t * H, tensor_f32(L->ffn_norm), H, c->rms_eps);
+                run_tokens(b, T, H, norm_tokens, tensor_f32(L->ffn_norm), NULL);
                 if (L->ffn_gate_inp)
                         moe(b, l, T);
                 else

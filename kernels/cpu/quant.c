@@ -310,27 +310,50 @@ ALWAYS_INLINE void gemm_body(const int TR, const int TT, const float *w, size_t 
 }
 
 /* out[h][j] = out[h][j] + P[h][r]·rows[r][j] for r ascending (a multiply, then an add): every
- * element's own order is r, whatever the vector width. */
+ * element's own order is r, whatever the vector width. NH heads at a time keep their 16-value
+ * column chunk in registers while the rows pass. */
+ALWAYS_INLINE void weighted_heads(const int NH, const float *rows, size_t row_stride,
+                                  size_t n_rows, size_t k, const float *P, size_t p_stride,
+                                  float *out, size_t out_stride) {
+        size_t kv = k - k % 16;
+
+        for (size_t j = 0; j < kv; j += 16) {
+                v16f acc[4];
+
+                UNROLL for (int h = 0; h < NH; h++)
+                        acc[h] = V16F_LOAD(out + h * out_stride + j);
+                for (size_t r = 0; r < n_rows; r++) {
+                        v16f v = V16F_LOAD(rows + r * row_stride + j);
+
+                        UNROLL for (int h = 0; h < NH; h++) {
+                                float p = P[h * p_stride + r];
+                                v16f m = (v16f) { p, p, p, p, p, p, p, p, p, p, p, p, p, p, p, p } * v;
+                                acc[h] = acc[h] + m;
+                        }
+                }
+                UNROLL for (int h = 0; h < NH; h++)
+                        memcpy(out + h * out_stride + j, &acc[h], sizeof acc[h]);
+        }
+        for (int h = 0; h < NH; h++)
+                for (size_t j = kv; j < k; j++) {
+                        float o = out[h * out_stride + j];
+                        for (size_t r = 0; r < n_rows; r++)
+                                o = o + P[h * p_stride + r] * rows[r * row_stride + j];
+                        out[h * out_stride + j] = o;
+                }
+}
+
 ALWAYS_INLINE void weighted_rows_body(const float *rows, size_t row_stride, size_t n_rows,
                                       size_t k, const float *P, size_t p_stride, size_t H,
                                       float *out, size_t out_stride) {
-        size_t kv = k - k % 16;
+        size_t h = 0;
 
-        for (size_t r = 0; r < n_rows; r++) {
-                const float *row = rows + r * row_stride;
-
-                for (size_t h = 0; h < H; h++) {
-                        float p = P[h * p_stride + r], *o = out + h * out_stride;
-                        v16f pv = { p, p, p, p, p, p, p, p, p, p, p, p, p, p, p, p };
-
-                        for (size_t j = 0; j < kv; j += 16) {
-                                v16f m = pv * V16F_LOAD(row + j), ov = V16F_LOAD(o + j) + m;
-                                memcpy(o + j, &ov, sizeof ov);
-                        }
-                        for (size_t j = kv; j < k; j++)
-                                o[j] = o[j] + p * row[j];
-                }
-        }
+        for (; h + 4 <= H; h += 4)
+                weighted_heads(4, rows, row_stride, n_rows, k, P + h * p_stride, p_stride,
+                               out + h * out_stride, out_stride);
+        for (; h < H; h++)
+                weighted_heads(1, rows, row_stride, n_rows, k, P + h * p_stride, p_stride,
+                               out + h * out_stride, out_stride);
 }
 
 /* Rows [0, R) of a stored matrix (row_bytes apart, k values each) as fp32, exactly (spec §6). */
