@@ -179,8 +179,30 @@ struct matmul_job {
  * (128 tokens at K = 512, 18 at K = 3584); a panel is dequantized once per tile. */
 #define MATMUL_TILE_BYTES (256u << 10)
 
+/* Up to this many tokens, a product decodes its rows in registers for each token
+ * (quant_gemv: same bits, no panel written and re-read) where the CPU variant can. */
+#define MATMUL_FUSED_MAX_TOKENS 2
+
+static bool matmul_rows_fused(const struct matmul_job *j, size_t begin, size_t end) {
+        for (size_t n = begin; n < end;) {
+                size_t g = n / j->rows_per_group;
+                size_t n1 = MIN(end, (g + 1) * j->rows_per_group);
+                const float *x = j->x + g * j->group_stride;
+
+                for (size_t t = 0; t < j->n_tokens; t++)
+                        if (!quant_gemv(j->type, j->w + n * j->row_bytes, j->row_bytes, n1 - n, j->k,
+                                        x + t * j->x_stride, j->y + t * j->y_stride + n))
+                                return false; /* the type has no fused kernel: nothing written */
+                n = n1;
+        }
+        return true;
+}
+
 static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end, float *panel) {
         size_t tile = MAX((size_t) 4, MATMUL_TILE_BYTES / (j->k * sizeof(float)));
+
+        if (j->n_tokens <= MATMUL_FUSED_MAX_TOKENS && matmul_rows_fused(j, begin, end))
+                return;
 
         for (size_t t0 = 0; t0 < j->n_tokens; t0 += tile) {
                 size_t nt = MIN(tile, j->n_tokens - t0);

@@ -402,6 +402,8 @@ struct quant_impl {
         void (*weighted_rows)(const float *rows, size_t row_stride, size_t n_rows, size_t k,
                               const float *P, size_t p_stride, size_t H, float *out,
                               size_t out_stride);
+        bool (*gemv)(uint32_t type, const void *w, size_t rb, size_t R, size_t k, const float *x,
+                     float *y); /* NULL: none */
 };
 
 static void dequant_rows_generic(uint32_t type, const void *w, size_t row_bytes, size_t R,
@@ -421,7 +423,7 @@ static void weighted_rows_generic(const float *rows, size_t row_stride, size_t n
 }
 
 static const struct quant_impl impl_generic = { "portable", dequant_rows_generic, gemm_generic,
-                                                weighted_rows_generic };
+                                                weighted_rows_generic, NULL };
 
 #if defined(__x86_64__) || defined(__i386__)
 #define HAVE_X86_SIMD 1
@@ -586,6 +588,135 @@ AVX512_TARGET static void dequant_rows_avx512(uint32_t type, const void *w, size
         }
 }
 
+/* Fused row · x for one input (decode): each 16-value run of a row is decoded in registers and
+ * multiplied straight away, NR rows at a time. The weights are the same exact d·q values and the
+ * run order is the lane order of gemm_tile, so the result has the same bits as dequantizing and
+ * quant_gemm_f32; it saves writing and re-reading the panel when it serves only one input. */
+AVX512_TARGET static inline __m512 i8x16_scaled(__m128i q8, __m512 d) {
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)));
+}
+
+AVX512_TARGET static inline __m512 acc_add(__m512 acc, __m512 w, const float *x) {
+        return _mm512_add_ps(acc, _mm512_mul_ps(w, _mm512_loadu_ps(x)));
+}
+
+AVX512_TARGET static inline float acc_reduce16(__m512 acc) {
+        float a[16];
+
+        _mm512_storeu_ps(a, acc);
+        return lanes_reduce(a);
+}
+
+AVX512_TARGET static inline __attribute__((always_inline)) void
+gemv_rows_avx512(const int NR, uint32_t type, const uint8_t *w, size_t rb, size_t k, const float *x,
+                 float *y) {
+        const __m128i book = _mm_loadu_si128((const __m128i *) quant_iq4nl_values);
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        __m512 acc[4];
+
+        UNROLL for (int r = 0; r < NR; r++)
+                acc[r] = _mm512_setzero_ps();
+        switch (type) {
+        case GGML_TYPE_IQ4_NL:
+                for (size_t i = 0; i < k / QK4_NL; i++) {
+                        const float *xi = x + QK4_NL * i;
+                        UNROLL for (int r = 0; r < NR; r++) {
+                                const struct block_iq4_nl *b = (const struct block_iq4_nl *) (w + r * rb) + i;
+                                __m128i q = _mm_loadu_si128((const __m128i *) b->qs);
+                                __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm_shuffle_epi8(book, _mm_and_si128(q, mask)), d), xi);
+                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm_shuffle_epi8(book, _mm_and_si128(_mm_srli_epi16(q, 4), mask)), d), xi + 16);
+                        }
+                }
+                break;
+        case GGML_TYPE_Q8_0:
+                for (size_t i = 0; i < k / QK8_0; i++) {
+                        const float *xi = x + QK8_0 * i;
+                        UNROLL for (int r = 0; r < NR; r++) {
+                                const struct block_q8_0 *b = (const struct block_q8_0 *) (w + r * rb) + i;
+                                __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm_loadu_si128((const __m128i *) b->qs), d), xi);
+                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm_loadu_si128((const __m128i *) (b->qs + 16)), d), xi + 16);
+                        }
+                }
+                break;
+        case GGML_TYPE_BF16:
+                for (size_t i = 0; i < k; i += 16)
+                        UNROLL for (int r = 0; r < NR; r++) {
+                                const uint16_t *h = (const uint16_t *) (w + r * rb) + i;
+                                __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(
+                                        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *) h)), 16));
+                                acc[r] = acc_add(acc[r], v, x + i);
+                        }
+                break;
+        case GGML_TYPE_F16:
+                for (size_t i = 0; i < k; i += 16)
+                        UNROLL for (int r = 0; r < NR; r++) {
+                                const uint16_t *h = (const uint16_t *) (w + r * rb) + i;
+                                acc[r] = acc_add(acc[r], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) h)), x + i);
+                        }
+                break;
+        case GGML_TYPE_F32:
+                for (size_t i = 0; i < k; i += 16)
+                        UNROLL for (int r = 0; r < NR; r++)
+                                acc[r] = acc_add(acc[r], _mm512_loadu_ps((const float *) (w + r * rb) + i), x + i);
+                break;
+        case GGML_TYPE_Q6_K: {
+                const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+                const __m256i m32 = _mm256_set1_epi8(32);
+                for (size_t i = 0; i < k / QK_K; i++)
+                        UNROLL for (int r = 0; r < NR; r++) {
+                                const struct block_q6_k *b = (const struct block_q6_k *) (w + r * rb) + i;
+                                float d = _cvtsh_ss(b->d);
+                                for (int n = 0; n < 2; n++) {
+                                        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+                                        const int8_t *sc = b->scales + 8 * n;
+                                        const float *xn = x + QK_K * i + 128 * n;
+                                        __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
+                                        __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
+                                        __m256i h = _mm256_loadu_si256((const __m256i *) qh);
+                                        __m256i q[4];
+                                        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                                               _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                                        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                                        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                                        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                                        for (int j = 0; j < 4; j++) {
+                                                __m256i v = _mm256_sub_epi8(q[j], m32);
+                                                __m512 d0 = _mm512_set1_ps(d * (float) sc[2 * j]);
+                                                __m512 d1 = _mm512_set1_ps(d * (float) sc[2 * j + 1]);
+                                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm256_castsi256_si128(v), d0), xn + 32 * j);
+                                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm256_extracti128_si256(v, 1), d1), xn + 32 * j + 16);
+                                        }
+                                }
+                        }
+                break;
+        }
+        default:
+                break;
+        }
+        UNROLL for (int r = 0; r < NR; r++)
+                y[r] = acc_reduce16(acc[r]);
+}
+
+AVX512_TARGET static bool gemv_avx512(uint32_t type, const void *w, size_t rb, size_t R, size_t k,
+                                      const float *x, float *y) {
+        size_t r = 0;
+
+        if (k % 16 != 0 ||
+            !(type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_BF16 ||
+              type == GGML_TYPE_F16 || type == GGML_TYPE_F32 || type == GGML_TYPE_Q6_K))
+                return false;
+        for (; r + 4 <= R; r += 4)
+                gemv_rows_avx512(4, type, (const uint8_t *) w + r * rb, rb, k, x, y + r);
+        for (; r < R; r++)
+                gemv_rows_avx512(1, type, (const uint8_t *) w + r * rb, rb, k, x, y + r);
+        return true;
+}
+
 AVX2_TARGET static void gemm_avx2(const float *w, size_t R, size_t k, const float *x, size_t xs,
                                   size_t T, float *y, size_t ys) {
         gemm_body(2, 2, w, R, k, x, xs, T, y, ys); /* 2 × 2 × (2 ymm) accumulators: 8 of 16 */
@@ -610,9 +741,9 @@ AVX512_TARGET static void weighted_rows_avx512(const float *rows, size_t row_str
 }
 
 static const struct quant_impl impl_avx2 = { "avx2", dequant_rows_avx2, gemm_avx2,
-                                             weighted_rows_avx2 };
+                                             weighted_rows_avx2, NULL };
 static const struct quant_impl impl_avx512 = { "avx512", dequant_rows_avx512, gemm_avx512,
-                                               weighted_rows_avx512 };
+                                               weighted_rows_avx512, gemv_avx512 };
 
 static bool cpu_has_avx2_f16c(void) {
         unsigned a, b, c, d;
@@ -658,6 +789,13 @@ void quant_dequantize_rows(uint32_t type, const void *w, size_t row_bytes, size_
         assert(t && t->computable && k % t->block_size == 0);
         (void) t;
         impl_get()->dequant_rows(type, w, row_bytes, R, k, out);
+}
+
+bool quant_gemv(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+                const float *x, float *y) {
+        const struct quant_impl *im = impl_get();
+
+        return im->gemv && im->gemv(type, w, row_bytes, R, k, x, y);
 }
 
 void quant_gemm_f32(const float *w, size_t R, size_t k, const float *x, size_t x_stride, size_t T,

@@ -10,6 +10,7 @@
  * (portable, AVX2, AVX-512; picked at run time) computes it, so all give the same bits. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +64,13 @@ void quant_gemm_f32(const float *w, size_t R, size_t k, const float *x, size_t x
  * accumulated r ascending (multiply, then add): attention's ô = Σ_p P[p]·c(p) for H heads. */
 void quant_weighted_rows(const float *rows, size_t row_stride, size_t n_rows, size_t k,
                          const float *P, size_t p_stride, size_t H, float *out, size_t out_stride);
+
+/* y[r] = row r · x for r < R rows of a stored matrix (row_bytes apart, k values), decoded in
+ * registers (no panel): the same bits as quant_dequantize_rows + quant_gemm_f32. For a single
+ * input (decode). false (nothing written) where the CPU variant has no fused kernel for the type;
+ * the caller then takes the panel path. */
+bool quant_gemv(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+                const float *x, float *y);
 
 /* w · x over n fp32 values, in the order above. */
 float quant_dot_f32(const float *w, const float *x, size_t n);

@@ -443,6 +443,45 @@ static void test_gemm(void **state) {
         free(y);
 }
 
+/* The fused decode kernel (where the CPU has one) gives the bits of the panel path for every type,
+ * over 7 rows (a 4-row group and 3 single rows). */
+static void test_gemv(void **state) {
+        static const uint32_t types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
+                                          GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL };
+        const size_t n = 512, R = 7;
+        float *x = malloc(n * sizeof *x), *panel = malloc(R * n * sizeof *panel);
+        float ref[7], y[7];
+        int fused = 0;
+
+        (void) state;
+        for (size_t i = 0; i < n; i++)
+                x[i] = rndf();
+        quant_set_simd(2);
+        for (size_t t = 0; t < ELEMENTSOF(types); t++) {
+                uint64_t rb = 0;
+                assert_int_equal(ggml_row_bytes(types[t], n, &rb), 0);
+                uint8_t *w = malloc(R * rb);
+                for (size_t r = 0; r < R; r++) {
+                        void *row = random_row(types[t], n);
+                        memcpy(w + r * rb, row, rb);
+                        free(row);
+                }
+                quant_dequantize_rows(types[t], w, rb, R, n, panel);
+                quant_gemm_f32(panel, R, n, x, n, 1, ref, R);
+                if (quant_gemv(types[t], w, rb, R, n, x, y)) {
+                        fused++;
+                        for (size_t r = 0; r < R; r++)
+                                if (bits_of(y[r]) != bits_of(ref[r]))
+                                        fail_msg("%s row %zu: fused %a, panel %a", ggml_type_name(types[t]),
+                                                 r, y[r], ref[r]);
+                }
+                free(w);
+        }
+        print_message("fused kernels for %d of 6 types\n", fused);
+        free(x);
+        free(panel);
+}
+
 /* Attention's weighted row sums: every element accumulated in row order, the same bits in every
  * ISA variant as the scalar loop (rows strided, k not a multiple of 16). */
 static void test_weighted_rows(void **state) {
@@ -483,6 +522,7 @@ int main(void) {
                 cmocka_unit_test(test_q8_0_blocks), cmocka_unit_test(test_q6k_blocks),
                 cmocka_unit_test(test_bad_rows),    cmocka_unit_test(test_dot),
                 cmocka_unit_test(test_gemm),        cmocka_unit_test(test_weighted_rows),
+                cmocka_unit_test(test_gemv),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
