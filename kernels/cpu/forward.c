@@ -38,12 +38,14 @@
  * in the results. 256 keeps the workspace of the full model (H = 3584) near 80 MB. */
 #define CPU_MICROBATCH 256u
 
-/* Work (multiply-adds) below which a product or the attention runs on the calling thread alone.
- * A hand-off to a polling pool costs a few µs (a sleeping one ~50 µs: threadpool.c), and 128K
- * multiply-adds take ~10 µs on one thread of the AVX-512 kernels; so a decode step's small
- * attention products stay on the caller and its FFN and output products are split. Which thread
- * computes an output never changes its value, so this only moves time. */
-#define CPU_PARALLEL_MIN_WORK (1u << 17)
+/* Work (multiply-adds) below which a product, the attention or a per-token step runs on the
+ * calling thread alone: a hand-off to the (sleeping) pool costs ~50 µs on the shared VM, about
+ * the time of 1M multiply-adds of the AVX-512 kernels. At batch 1 only the FFN and output
+ * products are split. A polling pool (hand-offs of ~1 µs) was tried again with these kernels:
+ * with the VM's 2 cores shared (load 8) its 2-thread decode fell from ~1,500 to 75-530 tok/s
+ * (10-200 µs polls), so the pool sleeps. Which thread computes an output never changes its
+ * value, so this only moves time. */
+#define CPU_PARALLEL_MIN_WORK (1u << 20)
 
 /* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
 struct cpu_work {
