@@ -475,19 +475,25 @@ static void norm_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
  * spec §4.1: RoPE with YaRN frequencies. cos/sin are not magnitude-scaled. The angle p·inv_freq
  * is formed in double: at p ~ 2.6e5 a float angle would be off by ~0.03 rad. */
 
-static void rope(const struct x4_backend *b, float *x, uint32_t pos) {
+static void rope_angles(const struct x4_backend *b, uint32_t pos, float *cs, float *sn) {
+        for (uint32_t i = 0; i < b->cfg->qk_rope / 2; i++) {
+                double theta = (double) pos * (double) b->inv_freq[i];
+                cs[i] = (float) cos(theta);
+                sn[i] = (float) sin(theta);
+        }
+}
+
+static void rope(const struct x4_backend *b, float *x, const float *cs, const float *sn) {
         const uint32_t half = b->cfg->qk_rope / 2;
 
         for (uint32_t i = 0; i < half; i++) {
-                double theta = (double) pos * (double) b->inv_freq[i];
-                float cs = (float) cos(theta), sn = (float) sin(theta);
                 /* interleaved: adjacent pairs (x[2i], x[2i+1]); otherwise halves (x[i], x[i+half]) */
                 uint32_t i0 = b->cfg->rope_interleave ? 2 * i : i;
                 uint32_t i1 = b->cfg->rope_interleave ? 2 * i + 1 : i + half;
                 float x0 = x[i0], x1 = x[i1];
 
-                x[i0] = x0 * cs - x1 * sn;
-                x[i1] = x0 * sn + x1 * cs;
+                x[i0] = x0 * cs[i] - x1 * sn[i];
+                x[i1] = x0 * sn[i] + x1 * cs[i];
         }
 }
 
@@ -540,21 +546,8 @@ static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread)
                                        qcat, rw, nh, sc + p, ctx_max);
                         p += run;
                 }
-                for (size_t h = 0; h < nh; h++) {
-                        float *s = sc + h * ctx_max, mx = -INFINITY, sum = 0.0f, inv;
-
-                        for (size_t p = 0; p < n_pos; p++) {
-                                s[p] = c->attn_scale * s[p];
-                                mx = s[p] > mx ? s[p] : mx;
-                        }
-                        for (size_t p = 0; p < n_pos; p++) {
-                                s[p] = expf(s[p] - mx);
-                                sum += s[p];
-                        }
-                        inv = 1.0f / sum;
-                        for (size_t p = 0; p < n_pos; p++)
-                                s[p] = s[p] * inv;
-                }
+                for (size_t h = 0; h < nh; h++)
+                        quant_softmax(sc + h * ctx_max, n_pos, c->attn_scale);
                 memset(oh, 0, nh * kvl * sizeof(float));
                 for (size_t p = 0; p < n_pos;) {
                         size_t run = MIN(b->page_tokens - p % b->page_tokens, n_pos - p);
@@ -590,9 +583,11 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
 
                 rmsnorm(kv, kv, tensor_f32(L->attn_kv_a_norm), kvl, c->rms_eps);
                 /* step 3: RoPE on the one shared k_pe and on every head's q_pe, same position */
-                rope(b, kv + kvl, tok->pos);
+                float cs[64], sn[64];
+                rope_angles(b, tok->pos, cs, sn);
+                rope(b, kv + kvl, cs, sn);
                 for (size_t h = 0; h < nh; h++)
-                        rope(b, w->q + (t * nh + h) * qkd + c->qk_nope, tok->pos);
+                        rope(b, w->q + (t * nh + h) * qkd + c->qk_nope, cs, sn);
                 /* the 576-wide latent row of this token goes into its sequence's page */
                 memcpy(cache_row(b, tok->pages, tok->pos, l), kv, rw * sizeof(float));
         }

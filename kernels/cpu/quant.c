@@ -309,6 +309,93 @@ ALWAYS_INLINE void gemm_body(const int TR, const int TT, const float *w, size_t 
         }
 }
 
+/* ---- softmax ----
+ * exp by Cephes' expf method (round x·log2 e to n, reduce by n·ln 2 in two parts, a degree-5
+ * polynomial, scale by 2^n through the exponent bits), written with separate multiplies and adds
+ * so every variant computes the same bits; within ~2 ulp of expf for the arguments a softmax has
+ * (x <= 0; below -87 it returns ~1e-38 instead of a subnormal, nothing next to the max's 1). */
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+ALWAYS_INLINE void exp16(v16f *px) { /* in place: a 64-byte vector by value changes the ABI */
+        v16f x = *px;
+        const v16f lo = (v16f) { 0 } - 87.0f, hi = (v16f) { 0 } + 88.0f;
+        const v16f magic = (v16f) { 0 } + 12582912.0f; /* 1.5·2^23: adding it rounds to an integer */
+        v16i m;
+        v16f fx, n, r, p, y;
+
+        m = x < lo;
+        x = (v16f) (((v16i) x & ~m) | ((v16i) lo & m));
+        m = x > hi;
+        x = (v16f) (((v16i) x & ~m) | ((v16i) hi & m));
+        fx = x * 1.44269504088896341f;
+        n = fx + magic;
+        n = n - magic;
+        r = n * 0.693359375f;
+        r = x - r;
+        p = n * -2.12194440e-4f;
+        r = r - p;
+        p = r * 1.9875691500e-4f;
+        p = p + 1.3981999507e-3f;
+        p = p * r;
+        p = p + 8.3334519073e-3f;
+        p = p * r;
+        p = p + 4.1665795894e-2f;
+        p = p * r;
+        p = p + 1.6666665459e-1f;
+        p = p * r;
+        p = p + 5.0000001201e-1f;
+        y = r * r;
+        y = p * y;
+        y = y + r;
+        y = y + 1.0f;
+        *px = y * (v16f) ((__builtin_convertvector(n, v16i) + 127) << 23);
+}
+
+/* s[i] = exp(scale·s[i] − max) / Σ, the sum in the 16-lane order of the dots */
+ALWAYS_INLINE void softmax_body(float *s, size_t n, float scale) {
+        size_t nv = n - n % 16, rem = n - nv;
+        v16f mxv = (v16f) { 0 } - __builtin_inff(), acc = { 0 }, tail;
+        float t[16], a[16], mx = -__builtin_inff(), inv;
+
+        for (size_t i = 0; i < nv; i += 16) {
+                v16f v = V16F_LOAD(s + i) * scale;
+                v16i m = v > mxv;
+                mxv = (v16f) (((v16i) mxv & ~m) | ((v16i) v & m));
+                memcpy(s + i, &v, sizeof v);
+        }
+        memcpy(a, &mxv, sizeof a);
+        for (int l = 0; l < 16; l++)
+                mx = a[l] > mx ? a[l] : mx;
+        for (size_t i = nv; i < n; i++) {
+                s[i] = s[i] * scale;
+                mx = s[i] > mx ? s[i] : mx;
+        }
+        for (size_t i = 0; i < nv; i += 16) {
+                v16f e = V16F_LOAD(s + i) - mx;
+                exp16(&e);
+                acc = acc + e;
+                memcpy(s + i, &e, sizeof e);
+        }
+        /* the tail through the same vector code, padded; its values continue the lanes */
+        for (int l = 0; l < 16; l++)
+                t[l] = (size_t) l < rem ? s[nv + l] : mx;
+        tail = V16F_LOAD(t) - mx;
+        exp16(&tail);
+        memcpy(t, &tail, sizeof t);
+        memcpy(a, &acc, sizeof a);
+        for (size_t l = 0; l < rem; l++) {
+                s[nv + l] = t[l];
+                a[l] = a[l] + t[l];
+        }
+        inv = 1.0f / lanes_reduce(a);
+        for (size_t i = 0; i < nv; i += 16) {
+                v16f v = V16F_LOAD(s + i) * inv;
+                memcpy(s + i, &v, sizeof v);
+        }
+        for (size_t i = nv; i < n; i++)
+                s[i] = s[i] * inv;
+}
+
 /* out[h][j] = out[h][j] + P[h][r]·rows[r][j] for r ascending (a multiply, then an add): every
  * element's own order is r, whatever the vector width. NH heads at a time keep their 16-value
  * column chunk in registers while the rows pass. */
@@ -404,6 +491,7 @@ struct quant_impl {
                               size_t out_stride);
         bool (*gemv)(uint32_t type, const void *w, size_t rb, size_t R, size_t k, const float *x,
                      float *y); /* NULL: none */
+        void (*softmax)(float *s, size_t n, float scale);
 };
 
 static void dequant_rows_generic(uint32_t type, const void *w, size_t row_bytes, size_t R,
@@ -422,8 +510,12 @@ static void weighted_rows_generic(const float *rows, size_t row_stride, size_t n
         weighted_rows_body(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
 }
 
+static void softmax_generic(float *s, size_t n, float scale) {
+        softmax_body(s, n, scale);
+}
+
 static const struct quant_impl impl_generic = { "portable", dequant_rows_generic, gemm_generic,
-                                                weighted_rows_generic, NULL };
+                                                weighted_rows_generic, NULL, softmax_generic };
 
 #if defined(__x86_64__) || defined(__i386__)
 #define HAVE_X86_SIMD 1
@@ -740,10 +832,18 @@ AVX512_TARGET static void weighted_rows_avx512(const float *rows, size_t row_str
         weighted_rows_body(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
 }
 
+AVX2_TARGET static void softmax_avx2(float *s, size_t n, float scale) {
+        softmax_body(s, n, scale);
+}
+
+AVX512_TARGET static void softmax_avx512(float *s, size_t n, float scale) {
+        softmax_body(s, n, scale);
+}
+
 static const struct quant_impl impl_avx2 = { "avx2", dequant_rows_avx2, gemm_avx2,
-                                             weighted_rows_avx2, NULL };
+                                             weighted_rows_avx2, NULL, softmax_avx2 };
 static const struct quant_impl impl_avx512 = { "avx512", dequant_rows_avx512, gemm_avx512,
-                                               weighted_rows_avx512, gemv_avx512 };
+                                               weighted_rows_avx512, gemv_avx512, softmax_avx512 };
 
 static bool cpu_has_avx2_f16c(void) {
         unsigned a, b, c, d;
@@ -806,6 +906,10 @@ void quant_gemm_f32(const float *w, size_t R, size_t k, const float *x, size_t x
 void quant_weighted_rows(const float *rows, size_t row_stride, size_t n_rows, size_t k,
                          const float *P, size_t p_stride, size_t H, float *out, size_t out_stride) {
         impl_get()->weighted_rows(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
+}
+
+void quant_softmax(float *s, size_t n, float scale) {
+        impl_get()->softmax(s, n, scale);
 }
 
 float quant_dot_f32(const float *w, const float *x, size_t n) {

@@ -72,6 +72,11 @@ void quant_weighted_rows(const float *rows, size_t row_stride, size_t n_rows, si
 bool quant_gemv(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
                 const float *x, float *y);
 
+/* s[i] = exp(scale·s[i] − m) / Σ_j exp(scale·s[j] − m), m the max, for n >= 1 values: a
+ * polynomial exp (within ~2 ulp of expf, the same bits in every variant) and the sum in the
+ * 16-lane order above. */
+void quant_softmax(float *s, size_t n, float scale);
+
 /* w · x over n fp32 values, in the order above. */
 float quant_dot_f32(const float *w, const float *x, size_t n);
 

@@ -482,6 +482,40 @@ static void test_gemv(void **state) {
         free(panel);
 }
 
+/* Attention's softmax: within a few float ulp of the double-precision softmax (including the
+ * scores far below the max), the same bits in every ISA variant, for lengths around the 16 lanes. */
+static void test_softmax(void **state) {
+        static const size_t lens[] = { 1, 15, 16, 37, 300 };
+        float in[300], ref_bits[300], s[300];
+        double e[300];
+
+        (void) state;
+        for (size_t li = 0; li < ELEMENTSOF(lens); li++) {
+                size_t n = lens[li];
+                for (size_t i = 0; i < n; i++)
+                        in[i] = 8.0f * rndf() - (i % 7 == 3 ? 900.0f : 0.0f); /* some below the clamp */
+                double mx = -INFINITY, sum = 0;
+                for (size_t i = 0; i < n; i++)
+                        mx = fmax(mx, 0.125 * in[i]);
+                for (size_t i = 0; i < n; i++)
+                        sum += e[i] = exp(0.125 * in[i] - mx);
+                for (size_t v = 0; v < ELEMENTSOF(simd_levels); v++) {
+                        const char *name = quant_set_simd(simd_levels[v]);
+                        memcpy(s, in, n * sizeof *s);
+                        quant_softmax(s, n, 0.125f);
+                        for (size_t i = 0; i < n; i++)
+                                if (fabs(s[i] - e[i] / sum) > 1e-6 * (e[i] / sum) + 1e-30)
+                                        fail_msg("%s: n %zu, p[%zu] = %.9g, double softmax %.9g", name, n,
+                                                 i, s[i], e[i] / sum);
+                        if (v == 0)
+                                memcpy(ref_bits, s, n * sizeof *s);
+                        else if (memcmp(ref_bits, s, n * sizeof *s) != 0)
+                                fail_msg("%s: n %zu: softmax differs from the best variant", name, n);
+                }
+        }
+        quant_set_simd(2);
+}
+
 /* Attention's weighted row sums: every element accumulated in row order, the same bits in every
  * ISA variant as the scalar loop (rows strided, k not a multiple of 16). */
 static void test_weighted_rows(void **state) {
@@ -522,7 +556,7 @@ int main(void) {
                 cmocka_unit_test(test_q8_0_blocks), cmocka_unit_test(test_q6k_blocks),
                 cmocka_unit_test(test_bad_rows),    cmocka_unit_test(test_dot),
                 cmocka_unit_test(test_gemm),        cmocka_unit_test(test_weighted_rows),
-                cmocka_unit_test(test_gemv),
+                cmocka_unit_test(test_gemv),        cmocka_unit_test(test_softmax),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
