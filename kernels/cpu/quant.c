@@ -239,10 +239,10 @@ ALWAYS_INLINE float lanes_reduce(const float a[16]) {
 }
 
 /* One output: the vector lanes, plus the n % 16 tail continuing lane = index mod 16. */
-ALWAYS_INLINE float lanes_finish(v16f acc, const float *w, const float *x, size_t rem) {
+ALWAYS_INLINE float lanes_finish(const v16f *acc, const float *w, const float *x, size_t rem) {
         float a[16];
 
-        memcpy(a, &acc, sizeof a);
+        memcpy(a, acc, sizeof a);
         for (size_t j = 0; j < rem; j++)
                 a[j] = a[j] + w[j] * x[j];
         return lanes_reduce(a);
@@ -273,7 +273,7 @@ ALWAYS_INLINE void gemm_tile(const int NR, const int NT, const float *w, size_t 
         }
         UNROLL for (int r = 0; r < NR; r++)
                 UNROLL for (int t = 0; t < NT; t++)
-                        y[t * ys + r] = lanes_finish(acc[r][t], w + r * ws + kv, x + t * xs + kv,
+                        y[t * ys + r] = lanes_finish(&acc[r][t], w + r * ws + kv, x + t * xs + kv,
                                                      k - kv);
 }
 
@@ -703,24 +703,28 @@ AVX512_TARGET static inline __attribute__((always_inline)) void
 gemv_rows_avx512(const int NR, uint32_t type, const uint8_t *w, size_t rb, size_t k, const float *x,
                  float *y) {
         const __m128i book = _mm_loadu_si128((const __m128i *) quant_iq4nl_values);
-        const __m128i mask = _mm_set1_epi8(0x0f);
         __m512 acc[4];
 
         UNROLL for (int r = 0; r < NR; r++)
                 acc[r] = _mm512_setzero_ps();
         switch (type) {
-        case GGML_TYPE_IQ4_NL:
+        case GGML_TYPE_IQ4_NL: {
+                /* the codebook scaled by the block's d (the same one product d·book[q] per
+                 * weight), looked up by nibble with one permute per 16 weights */
+                const __m512 bookf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(book));
+                const __m512i m15 = _mm512_set1_epi32(0x0f);
                 for (size_t i = 0; i < k / QK4_NL; i++) {
                         const float *xi = x + QK4_NL * i;
                         UNROLL for (int r = 0; r < NR; r++) {
                                 const struct block_iq4_nl *b = (const struct block_iq4_nl *) (w + r * rb) + i;
-                                __m128i q = _mm_loadu_si128((const __m128i *) b->qs);
-                                __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
-                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm_shuffle_epi8(book, _mm_and_si128(q, mask)), d), xi);
-                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm_shuffle_epi8(book, _mm_and_si128(_mm_srli_epi16(q, 4), mask)), d), xi + 16);
+                                __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *) b->qs));
+                                __m512 sb = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), bookf);
+                                acc[r] = acc_add(acc[r], _mm512_permutexvar_ps(_mm512_and_si512(q, m15), sb), xi);
+                                acc[r] = acc_add(acc[r], _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), sb), xi + 16);
                         }
                 }
                 break;
+        }
         case GGML_TYPE_Q8_0:
                 for (size_t i = 0; i < k / QK8_0; i++) {
                         const float *xi = x + QK8_0 * i;
