@@ -1,14 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* Quant formats on the CPU (spec §6): conversions, row dequantization, row · vector dots.
- *
- * Summation order of quant_dot_row (the determinism contract of quant.h): 8 lanes; lane k holds
- * the values whose index within the row is ≡ k (mod 8). Per block (32 values; for Q6_K per
- * 16-value sub-block) each lane sums its products in index order into b[k] (a mul then an add,
- * never fused), then acc[k] += scale · b[k]. The row result is the fixed tree
- * ((acc0+acc4)+(acc2+acc6)) + ((acc1+acc5)+(acc3+acc7)). This order depends only on n. The AVX2
- * build of the same kernels runs lane k in vector lane k with the same operations (no FMA: the
- * project compiles ISO C11, where gcc and clang do not contract a*b+c), so it gives bit-identical
- * results to the portable one; the unit test checks that on machines that have AVX2. */
+/* Quant formats on the CPU (spec §6): conversions, row dequantization, and the vector kernels of
+ * the backend (the panel product, the fused decode product, attention's weighted row sums and
+ * softmax). The summation order every kernel keeps is the one documented in quant.h: 16 lanes
+ * (index mod 16), multiply then add, a fixed tree; the weights are the exact dequantized values.
+ * So a result depends only on the length of its reduction: not on threads, batch, tiling, or the
+ * ISA variant (test-quant and test-cpu-invariance compare all three bit for bit). */
 #include "quant.h"
 
 #include <assert.h>
