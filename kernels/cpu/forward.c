@@ -1,21 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /* The CPU reference backend: the whole Xing4 trunk forward (spec §3-§5) behind the backend seam
- * (kernels/backend.h). Read it top to bottom: numeric helpers, the matrix-vector engine, then one
+ * (kernels/backend.h). Read it top to bottom: numeric helpers, the matrix engine, then one
  * function per spec step (HC pre/post §3.1, MLA §4 with YaRN §4.1, dense FFN and MoE §5), the trunk
  * (§3) that strings them together for a micro-batch of tokens, and finally the seam glue
  * (create, forward, pages).
  *
  * Numerics: fp32 everywhere (streams, statistics, gates, softmax, router, accumulations); weights
- * stay in their stored formats and are dequantized exactly a panel of rows at a time, each panel
- * serving every token of the step (quant_dequantize_rows / quant_gemm_f32; nothing is dequantized
- * up front, so memory stays about the size of the mapped file plus the cache).
+ * stay in their stored formats and are dequantized exactly, a panel of rows at a time serving
+ * every token of the step (quant_dequantize_rows / quant_gemm_f32), or for one or two tokens
+ * decoded in registers (quant_gemv); nothing is dequantized up front, so memory stays about the
+ * size of the mapped file plus the cache.
  *
- * Determinism (design.md "Numerics"): every output element is one fixed-order loop over its
- * inputs. Threads split OUTPUT elements (matrix rows, (token, head) pairs, experts), never a
- * reduction; a batch of tokens is handled by multiplying one dequantized panel of weight rows
- * with every token (weight reuse), which does not change any single dot product. Prefill and decode use the same
- * absorbed attention code. So a token's logits are bit-identical however its prompt was chunked,
- * whatever its batch-mates, and with any number of threads. */
+ * Determinism (design.md "Numerics"): every output element is one fixed-order reduction over its
+ * inputs (quant.h: the same order in every kernel and ISA variant). Threads split OUTPUT elements
+ * (matrix rows, tokens), never a reduction; a batch of tokens is handled by multiplying one
+ * dequantized panel of weight rows with every token (weight reuse), which does not change any
+ * single dot product. Prefill and decode use the same absorbed attention code. So a token's
+ * logits are bit-identical however its prompt was chunked, whatever its batch-mates, with any
+ * number of threads and on any of the ISA variants. */
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
