@@ -1,20 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /* The CPU reference backend: the whole Xing4 trunk forward (spec §3-§5) behind the backend seam
- * (kernels/backend.h). Read it top to bottom: numeric helpers, the matrix-vector engine, then one
+ * (kernels/backend.h). Read it top to bottom: numeric helpers, the matrix engine, then one
  * function per spec step (HC pre/post §3.1, MLA §4 with YaRN §4.1, dense FFN and MoE §5), the trunk
  * (§3) that strings them together for a micro-batch of tokens, and finally the seam glue
  * (create, forward, pages).
  *
  * Numerics: fp32 everywhere (streams, statistics, gates, softmax, router, accumulations); weights
- * are consumed in their stored formats through quant_dot_row / quant_dequantize_row (nothing is
- * dequantized up front, so memory stays about the size of the mapped file plus the cache).
+ * stay in their stored formats and are dequantized exactly, a panel of rows at a time serving
+ * every token of the step (quant_dequantize_rows / quant_gemm_f32), or for one or two tokens
+ * decoded in registers (quant_gemv); nothing is dequantized up front, so memory stays about the
+ * size of the mapped file plus the cache.
  *
- * Determinism (design.md "Numerics"): every output element is one fixed-order loop over its
- * inputs. Threads split OUTPUT elements (matrix rows, (token, head) pairs, experts), never a
- * reduction; a batch of tokens is handled by looping tokens inside the loop over one weight row
- * (weight reuse), which does not change any single dot product. Prefill and decode use the same
- * absorbed attention code. So a token's logits are bit-identical however its prompt was chunked,
- * whatever its batch-mates, and with any number of threads. */
+ * Determinism (design.md "Numerics"): every output element is one fixed-order reduction over its
+ * inputs (quant.h: the same order in every kernel and ISA variant). Threads split OUTPUT elements
+ * (matrix rows, tokens), never a reduction; a batch of tokens is handled by multiplying one
+ * dequantized panel of weight rows with every token (weight reuse), which does not change any
+ * single dot product. Prefill and decode use the same absorbed attention code. So a token's
+ * logits are bit-identical however its prompt was chunked, whatever its batch-mates, with any
+ * number of threads and on any of the ISA variants. */
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -37,10 +40,13 @@
  * in the results. 256 keeps the workspace of the full model (H = 3584) near 80 MB. */
 #define CPU_MICROBATCH 256u
 
-/* Work (multiply-adds) below which a product or the attention runs on the calling thread alone: a
- * hand-off to the pool costs ~50 µs on the VMs we measured (2 threads decoding the demo model
- * were slower than 1: bench/RESULTS.md), about the time of 280k weight values of quant_dot_row.
- * Which thread computes an output never changes its value, so this only moves time. */
+/* Work (multiply-adds) below which a product, the attention or a per-token step runs on the
+ * calling thread alone: a hand-off to the (sleeping) pool costs ~50 µs on the shared VM, about
+ * the time of 1M multiply-adds of the AVX-512 kernels. At batch 1 only the FFN and output
+ * products are split. A polling pool (hand-offs of ~1 µs) was tried again with these kernels:
+ * with the VM's 2 cores shared (load 8) its 2-thread decode fell from ~1,500 to 75-530 tok/s
+ * (10-200 µs polls), so the pool sleeps. Which thread computes an output never changes its
+ * value, so this only moves time. */
 #define CPU_PARALLEL_MIN_WORK (1u << 20)
 
 /* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
@@ -71,7 +77,9 @@ struct cpu_work {
         uint32_t *row_of; /* [T][k] row of xe/ye holding (token, slot) */
         float *shared;  /* [T][H] shared expert output */
         float *hidden;  /* [T][H] final normed hidden of tokens that want logits */
-        float **scores; /* per thread: [max context] attention scores */
+        float **scores; /* per thread: [n_head][max context] attention scores */
+        float **qcat;   /* per thread: [n_head][kv_lora + qk_rope] one token's queries */
+        float **panel;  /* per thread: MATMUL_PANEL dequantized rows of the longest row */
 };
 
 /* One token of a micro-batch. */
@@ -97,7 +105,6 @@ struct x4_backend {
         struct cpu_work work;
         struct cpu_token tokens[CPU_MICROBATCH];
         struct matmul_set *mm; /* products queued for one hand-off to the pool */
-        threadpool_fn_t attention_rows; /* the ISA variant of the attention loop */
         uint64_t memory_used;
 
         /* backend.h route_trace (diagnostics; NULL: not called) and, while a forward runs, the
@@ -119,55 +126,9 @@ static inline float siluf(float x) {
         return x / (1.0f + expf(-x));
 }
 
-/* Eight lanes of fp32 (GNU vector extension: SSE2 pairs on baseline x86-64, one AVX register
- * where available). Lane-wise operations, so results are exactly those of the scalar loop. */
-typedef float v8f __attribute__((vector_size(32)));
-
-/* unaligned load / store (macros: returning a 32-byte vector from a function changes the ABI on
- * baseline x86-64) */
-#define V8F_LOAD(p)                                                                                \
-        ({                                                                                         \
-                v8f _v;                                                                            \
-                memcpy(&_v, (p), sizeof _v);                                                       \
-                _v;                                                                                \
-        })
-#define V8F_STORE(p, v)                                                                            \
-        do {                                                                                       \
-                v8f _v = (v);                                                                      \
-                memcpy((p), &_v, sizeof _v);                                                       \
-        } while (0)
-
-/* Lane k sums the products of indices ≡ k (mod 8) in index order; the lanes are combined in a
- * fixed tree, then the tail (n % 8) is added in order. Order-stable and vectorised. */
-/* always_inline: so the AVX2 copy of the attention loop gets them in AVX2 too */
-static inline __attribute__((always_inline)) float
-dot_f32(const float *a, const float *b, size_t n) {
-        v8f acc = { 0 };
-        size_t i = 0;
-
-        for (; i + 8 <= n; i += 8)
-                acc += V8F_LOAD(a + i) * V8F_LOAD(b + i);
-        float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for (; i < n; i++)
-                s += a[i] * b[i];
-        return s;
-}
-
-/* y += a·x, elementwise (no reduction: vectorising cannot change a result). */
-static inline __attribute__((always_inline)) void
-axpy_f32(float *y, float a, const float *x, size_t n) {
-        v8f va = { a, a, a, a, a, a, a, a };
-        size_t i = 0;
-
-        for (; i + 8 <= n; i += 8)
-                V8F_STORE(y + i, V8F_LOAD(y + i) + va * V8F_LOAD(x + i));
-        for (; i < n; i++)
-                y[i] += a * x[i];
-}
-
 /* spec §3: RMSNorm(x, w) = w ⊙ x / sqrt(mean(x²) + eps); w == NULL is the unweighted form. */
 static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps) {
-        float ss = dot_f32(x, x, n);
+        float ss = quant_dot_f32(x, x, n);
         float r = 1.0f / sqrtf(ss / (float) n + eps);
 
         if (w)
@@ -191,12 +152,15 @@ static size_t tensor_row_bytes(const struct gguf_tensor *t) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The matrix-vector engine: y[t][n] = W[row0 + n] · x_t for n < n_rows, t < T.
+ * The matrix engine: y[t][n] = W[row0 + n] · x_t for n < n_rows, t < T.
  *
- * Threads take contiguous ranges of rows; within a row the tokens run in the inner loop, so one
- * weight row is read once per micro-batch (weight reuse) and each dot is still one fixed-order
- * quant_dot_row. A "grouped" product feeds row n the input x + (n / rows_per_group) * group_stride:
- * that is how the per-head absorbed products Kbᵀ q_nope and Vb ô run as one job. */
+ * Threads take contiguous ranges of rows. A thread dequantizes a panel of MATMUL_PANEL rows of its
+ * range to fp32 once (per token tile) and multiplies it with every input of the tile
+ * (quant_gemm_f32, register-tiled): weight reuse across the tokens of a step. Each output is still
+ * one fixed-order dot (quant.h), so neither the panel, the tile, the thread count nor the batch
+ * changes it. A "grouped" product feeds row n the input x + (n / rows_per_group) * group_stride:
+ * that is how the per-head absorbed products Kbᵀ q_nope and Vb ô run as one job (a panel never
+ * straddles two groups). */
 
 struct matmul_job {
         const uint8_t *w; /* first row */
@@ -213,21 +177,52 @@ struct matmul_job {
         size_t start, n_rows;   /* this job's rows in the set's index space */
 };
 
-/* Tokens per tile: a tile's inputs (16 × K floats: 32 KB at K = 512, 224 KB at K = 3584) stay in
- * L1/L2 while the thread's rows stream past; without tiles every row re-read all T inputs. */
-#define MATMUL_TOKEN_TILE 16
+/* Rows dequantized at once: 8 rows of 512 values are 16 KB (L1); of 3584, 112 KB (L2). */
+#define MATMUL_PANEL 8
+/* Inputs per token tile, in bytes: the tile stays in L2 while the thread's panels pass over it
+ * (a whole 256-token micro-batch at K = 512, 54 tokens at K = 3584); a panel is dequantized once
+ * per tile. 768 KB rather than 256: at full width a 256-token prefill spent 18% of its time
+ * dequantizing with 256 KB tiles, and took 10% less CPU with 768 KB (1.5 MB was no better). */
+#define MATMUL_TILE_BYTES (768u << 10)
 
-static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end) {
-        for (size_t t0 = 0; t0 < j->n_tokens; t0 += MATMUL_TOKEN_TILE) {
-                size_t t1 = MIN(t0 + MATMUL_TOKEN_TILE, j->n_tokens);
+/* Up to this many tokens, a product decodes its rows in registers for each token
+ * (quant_gemv: same bits, no panel written and re-read) where the CPU variant can. */
+#define MATMUL_FUSED_MAX_TOKENS 2
 
-                for (size_t n = begin; n < end; n++) {
-                        const uint8_t *row = j->w + n * j->row_bytes;
-                        const float *x = j->x + (n / j->rows_per_group) * j->group_stride;
+static bool matmul_rows_fused(const struct matmul_job *j, size_t begin, size_t end) {
+        for (size_t n = begin; n < end;) {
+                size_t g = n / j->rows_per_group;
+                size_t n1 = MIN(end, (g + 1) * j->rows_per_group);
+                const float *x = j->x + g * j->group_stride;
 
-                        for (size_t t = t0; t < t1; t++)
-                                j->y[t * j->y_stride + n] = quant_dot_row(j->type, row,
-                                                                          x + t * j->x_stride, j->k);
+                for (size_t t = 0; t < j->n_tokens; t++)
+                        if (!quant_gemv(j->type, j->w + n * j->row_bytes, j->row_bytes, n1 - n, j->k,
+                                        x + t * j->x_stride, j->y + t * j->y_stride + n))
+                                return false; /* the type has no fused kernel: nothing written */
+                n = n1;
+        }
+        return true;
+}
+
+static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end, float *panel) {
+        size_t tile = MAX((size_t) 4, MATMUL_TILE_BYTES / (j->k * sizeof(float)));
+
+        if (j->n_tokens <= MATMUL_FUSED_MAX_TOKENS && matmul_rows_fused(j, begin, end))
+                return;
+
+        for (size_t t0 = 0; t0 < j->n_tokens; t0 += tile) {
+                size_t nt = MIN(tile, j->n_tokens - t0);
+
+                for (size_t n = begin; n < end;) {
+                        size_t g = n / j->rows_per_group;
+                        size_t n1 = MIN(MIN(n + MATMUL_PANEL, end), (g + 1) * j->rows_per_group);
+                        const float *x = j->x + g * j->group_stride + t0 * j->x_stride;
+
+                        quant_dequantize_rows(j->type, j->w + n * j->row_bytes, j->row_bytes, n1 - n,
+                                              j->k, panel);
+                        quant_gemm_f32(panel, n1 - n, j->k, x, j->x_stride, nt,
+                                       j->y + t0 * j->y_stride + n, j->y_stride);
+                        n = n1;
                 }
         }
 }
@@ -239,6 +234,7 @@ static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end) {
 #define MATMUL_MAX_JOBS (2 * 256 + 4) /* gate + up of every expert and of the shared one */
 
 struct matmul_set {
+        float **panel; /* per thread: MATMUL_PANEL × the longest row */
         struct matmul_job jobs[MATMUL_MAX_JOBS];
         size_t n_jobs, n_rows;
         uint64_t work; /* multiply-adds queued */
@@ -248,14 +244,13 @@ static void matmul_set_rows(void *ctx, size_t begin, size_t end, unsigned thread
         const struct matmul_set *s = ctx;
         size_t i = 0;
 
-        (void) thread;
         while (s->jobs[i].start + s->jobs[i].n_rows <= begin)
                 i++;
         for (; i < s->n_jobs && s->jobs[i].start < end; i++) {
                 const struct matmul_job *j = &s->jobs[i];
 
                 matmul_rows(j, MAX(begin, j->start) - j->start,
-                            MIN(end, j->start + j->n_rows) - j->start);
+                            MIN(end, j->start + j->n_rows) - j->start, s->panel[thread]);
         }
 }
 
@@ -381,77 +376,128 @@ static void hc_gates(const struct x4_config *c, const float *w, const float *bas
                         C[d * hc + r] = M[d][r];
 }
 
+/* The per-token steps around the products (norms, HC gates and mixes, the MoE combine) split
+ * the micro-batch's tokens over the pool: each token's values are computed by one thread with
+ * the same code whatever the split. */
+struct token_job {
+        struct x4_backend *b;
+        const float *v1, *v2; /* the step's weights */
+};
+
+static void run_tokens(struct x4_backend *b, size_t T, uint64_t work_per_token, threadpool_fn_t fn,
+                       const float *v1, const float *v2) {
+        struct token_job j = { .b = b, .v1 = v1, .v2 = v2 };
+
+        if (T * work_per_token < CPU_PARALLEL_MIN_WORK)
+                fn(&j, 0, T, 0);
+        else
+                threadpool_run(b->pool, T, fn, &j);
+}
+
+/* spec §3.1 steps 1-2: z = concat(X[0..hc)) is each token's stream block as stored;
+ * ẑ = z / sqrt(mean(z²) + eps), unweighted, over all hc·H values at once */
+static void hc_norm_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const struct x4_config *c = j->b->cfg;
+        struct cpu_work *w = &j->b->work;
+        const size_t zlen = (size_t) c->hc_mult * c->n_embd;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++)
+                rmsnorm(w->tmp + t * zlen, w->x + t * zlen, NULL, zlen, c->rms_eps);
+}
+
+/* steps 4-9: gates from w (v1 = base, v2 = scale), then u = Σ_s pre[s]·X[s], s in order */
+static void hc_gate_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const struct x4_config *c = j->b->cfg;
+        struct cpu_work *w = &j->b->work;
+        const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H, nw = 2 * hc + hc * hc;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++) {
+                float *u = w->u + t * H;
+
+                hc_gates(c, w->hcw + t * nw, j->v1, j->v2, w->pre + t * hc, w->post + t * hc,
+                         w->comb + t * hc * hc);
+                memset(u, 0, H * sizeof(float));
+                quant_weighted_rows(w->x + t * zlen, H, hc, H, w->pre + t * hc, hc, 1, u, H);
+        }
+}
+
 static void hc_pre(struct x4_backend *b, const struct gguf_tensor *fn,
                    const struct gguf_tensor *base, const struct gguf_tensor *scale, size_t T) {
         const struct x4_config *c = b->cfg;
         struct cpu_work *w = &b->work;
         const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H, nw = 2 * hc + hc * hc;
 
-        /* spec §3.1 steps 1-2: z = concat(X[0..hc)) is each token's stream block as stored;
-         * ẑ = z / sqrt(mean(z²) + eps), unweighted, over all hc·H values at once */
-        for (size_t t = 0; t < T; t++)
-                rmsnorm(w->tmp + t * zlen, w->x + t * zlen, NULL, zlen, c->rms_eps);
+        run_tokens(b, T, zlen, hc_norm_tokens, NULL, NULL);
         /* step 3: w = Wfn · ẑ (2hc + hc² values: pre, post, comb) */
         matmul(b, fn, 0, nw, w->tmp, zlen, w->hcw, nw, T);
-        /* steps 4-9 */
-        for (size_t t = 0; t < T; t++) {
-                const float *X = w->x + t * zlen;
-                const float *pre;
-                float *u = w->u + t * H;
-
-                hc_gates(c, w->hcw + t * nw, tensor_f32(base), tensor_f32(scale), w->pre + t * hc,
-                         w->post + t * hc, w->comb + t * hc * hc);
-                /* u = Σ_s pre[s]·X[s], s in order */
-                pre = w->pre + t * hc;
-                for (size_t i = 0; i < H; i++)
-                        u[i] = pre[0] * X[i];
-                for (size_t s = 1; s < hc; s++)
-                        for (size_t i = 0; i < H; i++)
-                                u[i] += pre[s] * X[s * H + i];
-        }
+        run_tokens(b, T, zlen, hc_gate_tokens, tensor_f32(base), tensor_f32(scale));
 }
 
 /* spec §3.1 post-mapping: X_new[d] = post[d]·out + Σ_s C[d][s]·X[s], all d from the OLD X. */
-static void hc_post(struct x4_backend *b, size_t T) {
-        const struct x4_config *c = b->cfg;
-        struct cpu_work *w = &b->work;
+static void hc_post_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const struct x4_config *c = j->b->cfg;
+        struct cpu_work *w = &j->b->work;
         const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H;
 
-        for (size_t t = 0; t < T; t++) {
+        (void) thread;
+        for (size_t t = begin; t < end; t++) {
                 const float *X = w->x + t * zlen, *out = w->out + t * H;
                 const float *post = w->post + t * hc, *C = w->comb + t * hc * hc;
                 float *Xn = w->tmp + t * zlen;
 
-                for (size_t d = 0; d < hc; d++) {
-                        float *y = Xn + d * H;
-
-                        for (size_t i = 0; i < H; i++)
-                                y[i] = post[d] * out[i];
-                        for (size_t s = 0; s < hc; s++)
-                                for (size_t i = 0; i < H; i++)
-                                        y[i] += C[d * hc + s] * X[s * H + i];
-                }
+                /* every X_new[d] from post[d]·out first, then C[d][s]·X[s], s in order */
+                memset(Xn, 0, zlen * sizeof(float));
+                quant_weighted_rows(out, H, 1, H, post, 1, hc, Xn, H);
+                quant_weighted_rows(X, H, hc, H, C, hc, hc, Xn, H);
+                memcpy(w->x + t * zlen, Xn, zlen * sizeof(float));
         }
-        memcpy(w->x, w->tmp, T * zlen * sizeof(float));
+}
+
+static void hc_post(struct x4_backend *b, size_t T) {
+        const size_t hc = b->cfg->hc_mult;
+
+        run_tokens(b, T, (hc + 1) * hc * b->cfg->n_embd, hc_post_tokens, NULL, NULL);
+}
+
+/* u = RMSNorm(u, v1) of every token */
+static void norm_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        const size_t H = j->b->cfg->n_embd;
+        float *u = j->b->work.u;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++)
+                rmsnorm(u + t * H, u + t * H, j->v1, H, j->b->cfg->rms_eps);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * spec §4.1: RoPE with YaRN frequencies. cos/sin are not magnitude-scaled. The angle p·inv_freq
  * is formed in double: at p ~ 2.6e5 a float angle would be off by ~0.03 rad. */
 
-static void rope(const struct x4_backend *b, float *x, uint32_t pos) {
+static void rope_angles(const struct x4_backend *b, uint32_t pos, float *cs, float *sn) {
+        for (uint32_t i = 0; i < b->cfg->qk_rope / 2; i++) {
+                double theta = (double) pos * (double) b->inv_freq[i];
+                cs[i] = (float) cos(theta);
+                sn[i] = (float) sin(theta);
+        }
+}
+
+static void rope(const struct x4_backend *b, float *x, const float *cs, const float *sn) {
         const uint32_t half = b->cfg->qk_rope / 2;
 
         for (uint32_t i = 0; i < half; i++) {
-                double theta = (double) pos * (double) b->inv_freq[i];
-                float cs = (float) cos(theta), sn = (float) sin(theta);
                 /* interleaved: adjacent pairs (x[2i], x[2i+1]); otherwise halves (x[i], x[i+half]) */
                 uint32_t i0 = b->cfg->rope_interleave ? 2 * i : i;
                 uint32_t i1 = b->cfg->rope_interleave ? 2 * i + 1 : i + half;
                 float x0 = x[i0], x1 = x[i1];
 
-                x[i0] = x0 * cs - x1 * sn;
-                x[i1] = x0 * sn + x1 * cs;
+                x[i0] = x0 * cs[i] - x1 * sn[i];
+                x[i1] = x0 * sn[i] + x1 * cs[i];
         }
 }
 
@@ -464,73 +510,58 @@ static float *cache_row(const struct x4_backend *b, const uint32_t *pages, uint3
                ((size_t) layer * b->page_tokens + slot) * b->row_width;
 }
 
-/* spec §4 absorbed attention for one (token, head): scores over positions 0..pos of the token's
- * own sequence, fp32 softmax, ô = Σ P·c. */
+/* spec §4 absorbed attention, one token (all its heads) at a time: the scores of every head over
+ * positions 0..pos of the token's own sequence, fp32 softmax, ô = Σ P·c. A cache row serves all
+ * heads: the scores s[h][p] = scale·([q_c | q_pe][h] · [c | k_pe](p)) of a page's run of positions
+ * are one panel product (cache rows × the token's nh concatenated queries, quant_gemm_f32: one
+ * fixed-order 576-value dot each), and ô[h] += P[h][p]·c(p) runs p ascending for every head. */
 struct attention_job {
         struct x4_backend *b;
         uint32_t layer;
+        size_t n_tokens;
 };
 
-static inline __attribute__((always_inline)) void
-attention_rows_body(void *ctx, size_t begin, size_t end, unsigned thread) {
+static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
         const struct attention_job *j = ctx;
         struct x4_backend *b = j->b;
         const struct x4_config *c = b->cfg;
-        const size_t nh = c->n_head, kvl = c->kv_lora_rank, rd = c->qk_rope;
-        const size_t qkd = c->qk_nope + c->qk_rope;
-        float *sc = b->work.scores[thread];
+        const size_t nh = c->n_head, kvl = c->kv_lora_rank, rd = c->qk_rope, rw = b->row_width;
+        const size_t qkd = c->qk_nope + c->qk_rope, T = j->n_tokens;
+        const size_t ctx_max = (size_t) b->n_pages * b->page_tokens;
+        float *sc = b->work.scores[thread], *qcat = b->work.qcat[thread];
 
         for (size_t idx = begin; idx < end; idx++) {
-                size_t t = idx / nh, h = idx % nh;
+                /* tokens in the order 0, T-1, 1, T-2, ...: a causal batch's long and short rows
+                 * pair up, so the threads' contiguous ranges get even work */
+                size_t t = idx % 2 == 0 ? idx / 2 : T - 1 - idx / 2;
                 const struct cpu_token *tok = &b->tokens[t];
-                const float *qc = b->work.qc + (t * nh + h) * kvl;
-                const float *qpe = b->work.q + (t * nh + h) * qkd + c->qk_nope;
-                float *oh = b->work.ohat + (t * nh + h) * kvl;
-                float mx = -INFINITY, sum = 0.0f, inv;
+                const size_t n_pos = (size_t) tok->pos + 1;
+                float *oh = b->work.ohat + t * nh * kvl;
 
-                /* s(t') = scale·(q_c·c(t') + q_pe·k_pe(t')), causal over t' ≤ pos */
-                for (uint32_t p = 0; p <= tok->pos; p++) {
-                        const float *row = cache_row(b, tok->pages, p, j->layer);
-                        float s = c->attn_scale * (dot_f32(qc, row, kvl) + dot_f32(qpe, row + kvl, rd));
-
-                        sc[p] = s;
-                        mx = fmaxf(mx, s);
+                for (size_t h = 0; h < nh; h++) {
+                        memcpy(qcat + h * rw, b->work.qc + (t * nh + h) * kvl, kvl * sizeof(float));
+                        memcpy(qcat + h * rw + kvl, b->work.q + (t * nh + h) * qkd + c->qk_nope,
+                               rd * sizeof(float));
                 }
-                for (uint32_t p = 0; p <= tok->pos; p++) {
-                        sc[p] = expf(sc[p] - mx);
-                        sum += sc[p];
-                }
-                inv = 1.0f / sum;
-                memset(oh, 0, kvl * sizeof(float));
-                for (uint32_t p = 0; p <= tok->pos; p++) {
-                        const float *row = cache_row(b, tok->pages, p, j->layer);
+                for (size_t p = 0; p < n_pos;) {
+                        size_t run = MIN(b->page_tokens - p % b->page_tokens, n_pos - p);
 
-                        axpy_f32(oh, sc[p] * inv, row, kvl);
+                        quant_gemm_f32(cache_row(b, tok->pages, (uint32_t) p, j->layer), run, rw,
+                                       qcat, rw, nh, sc + p, ctx_max);
+                        p += run;
+                }
+                for (size_t h = 0; h < nh; h++)
+                        quant_softmax(sc + h * ctx_max, n_pos, c->attn_scale);
+                memset(oh, 0, nh * kvl * sizeof(float));
+                for (size_t p = 0; p < n_pos;) {
+                        size_t run = MIN(b->page_tokens - p % b->page_tokens, n_pos - p);
+
+                        /* the rows' first kvl values (c) weighted; k_pe is skipped by the stride */
+                        quant_weighted_rows(cache_row(b, tok->pages, (uint32_t) p, j->layer), rw,
+                                            run, kvl, sc + p, ctx_max, nh, oh, kvl);
+                        p += run;
                 }
         }
-}
-
-/* The attention loop compiled twice: for the baseline ISA and for AVX2, picked once at create()
- * (cpu_create) where the CPU has AVX2. Same lane-wise operations in wider registers and no FMA
- * (ISO C11 does not contract a*b+c), so the same bits either way. An explicit pick rather than
- * target_clones: ifunc resolvers run before sanitizer runtimes start (TSan crashed in one). */
-static void attention_rows_generic(void *ctx, size_t begin, size_t end, unsigned thread) {
-        attention_rows_body(ctx, begin, end, thread);
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) static void attention_rows_avx2(void *ctx, size_t begin,
-                                                                size_t end, unsigned thread) {
-        attention_rows_body(ctx, begin, end, thread);
-}
-#endif
-
-static threadpool_fn_t attention_rows_pick(void) {
-#if defined(__x86_64__) || defined(__i386__)
-        if (__builtin_cpu_supports("avx2"))
-                return attention_rows_avx2;
-#endif
-        return attention_rows_generic;
 }
 
 /* spec §4: MLA of block l for the micro-batch; input w->u (normed), output w->out. */
@@ -556,23 +587,25 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
 
                 rmsnorm(kv, kv, tensor_f32(L->attn_kv_a_norm), kvl, c->rms_eps);
                 /* step 3: RoPE on the one shared k_pe and on every head's q_pe, same position */
-                rope(b, kv + kvl, tok->pos);
+                float cs[64], sn[64];
+                rope_angles(b, tok->pos, cs, sn);
+                rope(b, kv + kvl, cs, sn);
                 for (size_t h = 0; h < nh; h++)
-                        rope(b, w->q + (t * nh + h) * qkd + c->qk_nope, tok->pos);
+                        rope(b, w->q + (t * nh + h) * qkd + c->qk_nope, cs, sn);
                 /* the 576-wide latent row of this token goes into its sequence's page */
                 memcpy(cache_row(b, tok->pages, tok->pos, l), kv, rw * sizeof(float));
         }
         /* absorbed form: q_c[h][j] = Σ_i Kb[h][j][i]·q_nope[h][i]; attn_k_b rows are (h, j) */
         matmul_grouped(b, L->attn_k_b, 0, nh * kvl, kvl, qkd, w->q, nh * qkd, w->qc, nh * kvl, T);
         /* scores, softmax and ô over the cache, every (token, head) on its own */
-        struct attention_job aj = { .b = b, .layer = l };
+        struct attention_job aj = { .b = b, .layer = l, .n_tokens = T };
         uint64_t work = 0;
         for (size_t t = 0; t < T; t++)
                 work += ((uint64_t) b->tokens[t].pos + 1) * nh * rw * 2;
         if (work < CPU_PARALLEL_MIN_WORK)
-                b->attention_rows(&aj, 0, T * nh, 0);
+                attention_rows(&aj, 0, T, 0);
         else
-                threadpool_run(b->pool, T * nh, b->attention_rows, &aj);
+                threadpool_run(b->pool, T, attention_rows, &aj);
         /* o[h][d] = Σ_j Vb[h][d][j]·ô[h][j]; attn_v_b rows are (h, d) */
         matmul_grouped(b, L->attn_v_b, 0, nh * c->v_head, c->v_head, kvl, w->ohat, nh * kvl, w->o,
                        nh * c->v_head, T);
@@ -653,6 +686,25 @@ static void moe_route(const struct x4_config *c, const float *z, const float *bi
                 gw[k] *= c->expert_weights_scale;
 }
 
+/* y = Σ_k g_k·y_k (selection order) + shared (weight 1, always on; v1 != NULL): a fixed order */
+static void moe_combine_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct token_job *j = ctx;
+        struct cpu_work *w = &j->b->work;
+        const size_t H = j->b->cfg->n_embd, K = j->b->cfg->n_expert_used;
+
+        (void) thread;
+        for (size_t t = begin; t < end; t++) {
+                float *y = w->out + t * H;
+
+                memset(y, 0, H * sizeof(float));
+                for (size_t k = 0; k < K; k++)
+                        quant_weighted_rows(w->ye + (size_t) w->row_of[t * K + k] * H, H, 1, H,
+                                            w->gw + t * K + k, 1, 1, y, H);
+                if (j->v1) /* 1·shared: exactly shared */
+                        quant_weighted_rows(w->shared + t * H, H, 1, H, j->v1, 1, 1, y, H);
+        }
+}
+
 static void moe(struct x4_backend *b, uint32_t l, size_t T) {
         const struct x4_config *c = b->cfg;
         const struct x4_layer_weights *L = &b->w->layers[l];
@@ -715,24 +767,8 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
                 matmul_add(b, L->ffn_down_shexp, 0, H, w->gate, ffs, w->shared, H, T);
         matmul_run(b);
 
-        /* y = Σ_k g_k·y_k (selection order) + shared (weight 1, always on): a fixed order */
-        for (size_t t = 0; t < T; t++) {
-                float *y = w->out + t * H;
-                const float *gw = w->gw + t * K;
-                const float *y0 = w->ye + (size_t) w->row_of[t * K] * H;
-
-                for (size_t i = 0; i < H; i++)
-                        y[i] = gw[0] * y0[i];
-                for (size_t k = 1; k < K; k++) {
-                        const float *yk = w->ye + (size_t) w->row_of[t * K + k] * H;
-
-                        for (size_t i = 0; i < H; i++)
-                                y[i] += gw[k] * yk[i];
-                }
-                if (ffs)
-                        for (size_t i = 0; i < H; i++)
-                                y[i] += w->shared[t * H + i];
-        }
+        static const float one = 1.0f;
+        run_tokens(b, T, (K + 1) * H, moe_combine_tokens, ffs ? &one : NULL, NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -765,15 +801,13 @@ static void trunk(struct x4_backend *b, size_t T, float *logits) {
 
                 /* attention sublayer: HC, a = RMSNorm(u, attn_norm), o = MLA(a), post-map */
                 hc_pre(b, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, T);
-                for (size_t t = 0; t < T; t++)
-                        rmsnorm(w->u + t * H, w->u + t * H, tensor_f32(L->attn_norm), H, c->rms_eps);
+                run_tokens(b, T, H, norm_tokens, tensor_f32(L->attn_norm), NULL);
                 mla(b, l, T);
                 hc_post(b, T);
 
                 /* FFN sublayer: HC, f = RMSNorm(u, ffn_norm), m = FFN(f), post-map */
                 hc_pre(b, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, T);
-                for (size_t t = 0; t < T; t++)
-                        rmsnorm(w->u + t * H, w->u + t * H, tensor_f32(L->ffn_norm), H, c->rms_eps);
+                run_tokens(b, T, H, norm_tokens, tensor_f32(L->ffn_norm), NULL);
                 if (L->ffn_gate_inp)
                         moe(b, l, T);
                 else
@@ -893,6 +927,14 @@ static void work_free(struct cpu_work *w, unsigned n_threads) {
                 for (unsigned i = 0; i < n_threads; i++)
                         free(w->scores[i]);
         free(w->scores);
+        if (w->panel)
+                for (unsigned i = 0; i < n_threads; i++)
+                        free(w->panel[i]);
+        free(w->panel);
+        if (w->qcat)
+                for (unsigned i = 0; i < n_threads; i++)
+                        free(w->qcat[i]);
+        free(w->qcat);
         memset(w, 0, sizeof *w);
 }
 
@@ -905,14 +947,26 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         const size_t ctx = (size_t) b->n_pages * b->page_tokens;
         const unsigned nt = threadpool_size(b->pool);
 
-        /* the widest gate/up of any FFN (dense, routed expert, shared expert) */
+        /* the widest gate/up of any FFN (dense, routed expert, shared expert), and the longest
+         * row of any product (the panel) */
+        size_t kmax = b->w->output->ne[0];
         for (uint32_t l = 0; l < c->n_layer; l++) {
                 const struct x4_layer_weights *L = &b->w->layers[l];
                 const struct gguf_tensor *g[] = { L->ffn_gate, L->ffn_gate_exps, L->ffn_gate_shexp };
+                const struct gguf_tensor *m[] = {
+                        L->hc_attn_fn,    L->hc_ffn_fn,      L->attn_q_a,       L->attn_q_b,
+                        L->attn_kv_a_mqa, L->attn_k_b,       L->attn_v_b,       L->attn_output,
+                        L->ffn_gate,      L->ffn_up,         L->ffn_down,       L->ffn_gate_inp,
+                        L->ffn_gate_exps, L->ffn_up_exps,    L->ffn_down_exps,  L->ffn_gate_shexp,
+                        L->ffn_up_shexp,  L->ffn_down_shexp,
+                };
 
                 for (size_t i = 0; i < ELEMENTSOF(g); i++)
                         if (g[i])
                                 ff = MAX(ff, (size_t) g[i]->ne[1]);
+                for (size_t i = 0; i < ELEMENTSOF(m); i++)
+                        if (m[i])
+                                kmax = MAX(kmax, (size_t) m[i]->ne[0]);
         }
 
         struct {
@@ -957,14 +1011,24 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         w->sel = calloc(T * MAX(K, 1u), sizeof(int32_t));
         w->row_of = calloc(T * MAX(K, 1u), sizeof(uint32_t));
         w->scores = calloc(nt, sizeof(float *));
-        if (!w->sel || !w->row_of || !w->scores)
+        w->panel = calloc(nt, sizeof(float *));
+        w->qcat = calloc(nt, sizeof(float *));
+        if (!w->sel || !w->row_of || !w->scores || !w->panel || !w->qcat)
                 return -ENOMEM;
         for (unsigned i = 0; i < nt; i++) {
-                w->scores[i] = calloc(ctx, sizeof(float));
-                if (!w->scores[i])
+                w->panel[i] = calloc(MATMUL_PANEL * kmax, sizeof(float));
+                if (!w->panel[i])
                         return -ENOMEM;
         }
-        *bytes += 2 * T * K * 4 + (uint64_t) nt * ctx * sizeof(float);
+        b->mm->panel = w->panel;
+        *bytes += (uint64_t) nt * MATMUL_PANEL * kmax * sizeof(float);
+        for (unsigned i = 0; i < nt; i++) {
+                w->scores[i] = calloc(nh * ctx, sizeof(float));
+                w->qcat[i] = calloc(nh * b->row_width, sizeof(float));
+                if (!w->scores[i] || !w->qcat[i])
+                        return -ENOMEM;
+        }
+        *bytes += 2 * T * K * 4 + (uint64_t) nt * (nh * ctx + nh * b->row_width) * sizeof(float);
         return 0;
 }
 
@@ -1107,7 +1171,6 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
                 long n = sysconf(_SC_NPROCESSORS_ONLN);
                 n_threads = n > 0 ? (unsigned) n : 1;
         }
-        b->attention_rows = attention_rows_pick();
         r = threadpool_new(n_threads, &b->pool);
         if (r < 0)
                 return r;

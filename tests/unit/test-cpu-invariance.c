@@ -3,7 +3,8 @@
  * however the prompt is chunked (1, 3, 7, all at once, and across the backend's internal
  * micro-batch boundary), with 1 or 2 threads, whatever the batch-mates, and for decode steps vs
  * the rows of a one-batch prefill (prefill and decode share one absorbed attention code path),
- * and for a sequence continued from copied / written-back cache pages. Plus the refusals,
+ * for a sequence continued from copied / written-back cache pages, and with each ISA variant of
+ * the kernels (portable, AVX2, AVX-512; decode steps on the fused kernels). Plus the refusals,
  * asserted by their messages. Runs on the xing4-tiny-a fixture. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/quant.h"
 #include "model/xing4.h"
 #include "util/log.h"
 
@@ -261,6 +263,33 @@ static void test_pages(void **state) {
                             "cpu backend: copy from page 69 out of range, the cache has pages 0..63");
 }
 
+/* The kernels' ISA variants (portable, AVX2, AVX-512: quant.h) follow one summation order, so the
+ * whole forward gives the same bits with each of them (on a CPU without AVX-512 / AVX2 the
+ * request falls back to the best it has, and the comparison still holds). */
+static void test_isa_variants(void **state) {
+        struct fixture *f = *state;
+        _cleanup_free_ float *out = malloc((size_t) N_PROMPT * f->n_vocab * sizeof(float));
+        uint32_t pages[N_PAGES / 3];
+
+        assert_non_null(out);
+        for (int level = 0; level < 2; level++) {
+                char what[64];
+
+                snprintf(what, sizeof what, "%s kernels, chunks of 7", quant_set_simd(level));
+                prefill_chunked(f, f->b2, f->prompt, N_PROMPT, 7, 1, out);
+                assert_rows_identical(f, f->ref, out, N_PROMPT, what);
+                /* decode steps take the fused kernels where the variant has them */
+                slot_pages(2, pages, DIV_ROUND_UP(N_PROMPT, PAGE_TOKENS));
+                for (uint32_t p = 0; p < N_PROMPT; p++)
+                        assert_int_equal(feed(f, f->b1, f->prompt + p, 1, p, pages, X4_LOGITS_LAST,
+                                              out + (size_t) p * f->n_vocab),
+                                         0);
+                snprintf(what, sizeof what, "%s kernels, decode steps", quant_set_simd(level));
+                assert_rows_identical(f, f->ref, out, N_PROMPT, what);
+        }
+        quant_set_simd(2);
+}
+
 static void test_errors(void **state) {
         struct fixture *f = *state;
         _cleanup_free_ float *out = malloc(8 * (size_t) f->n_vocab * sizeof(float));
@@ -321,6 +350,7 @@ int main(void) {
                 cmocka_unit_test(test_batch_mates),
                 cmocka_unit_test(test_decode_vs_prefill),
                 cmocka_unit_test(test_pages),
+                cmocka_unit_test(test_isa_variants),
                 cmocka_unit_test(test_errors),
         };
 

@@ -330,76 +330,30 @@ static void *random_row(uint32_t type, size_t n) {
         return row;
 }
 
-/* The documented order (quant.c header comment), written independently: lanes = index mod 8,
- * per-run lane sums (runs of 32, or 16 for Q6_K) scaled by the run's scale, fixed tree. Needs the
- * unscaled weights and the per-run scales. */
-static float documented_dot(const float *w, const float *scale, size_t run, const float *x, size_t n) {
-        float acc[8] = { 0 };
-        for (size_t r = 0; r < n / run; r++) {
-                float b[8];
-                for (int k = 0; k < 8; k++) {
-                        b[k] = w[r * run + k] * x[r * run + k];
-                        for (size_t g = 8; g < run; g += 8)
-                                b[k] = b[k] + w[r * run + g + k] * x[r * run + g + k];
-                }
-                for (int k = 0; k < 8; k++)
-                        acc[k] = acc[k] + scale[r] * b[k];
+/* The documented order (quant.h), written independently: lane l sums w[i]·x[i] for i ≡ l (mod 16)
+ * in index order (multiply, then add), then the tree (l + l+8, + 4, (0+2)+(1+3)). */
+static float documented_dot(const float *w, const float *x, size_t n) {
+        float acc[16] = { 0 }, s8[8], s4[4];
+
+        for (size_t i = 0; i < n; i++) {
+                float p = w[i] * x[i];
+                acc[i % 16] = acc[i % 16] + p;
         }
-        return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+        for (int k = 0; k < 8; k++)
+                s8[k] = acc[k] + acc[k + 8];
+        for (int k = 0; k < 4; k++)
+                s4[k] = s8[k] + s8[k + 4];
+        return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-/* Unscaled weights and scales of a row, derived from the block structs by the test itself. */
-static size_t split_row(uint32_t type, const void *row, size_t n, float *w, float *scale) {
-        switch (type) {
-        case GGML_TYPE_IQ4_NL:
-                for (size_t i = 0; i < n / 32; i++) {
-                        const struct block_iq4_nl *b = (const struct block_iq4_nl *) row + i;
-                        scale[i] = quant_fp16_to_f32(b->d);
-                        for (int j = 0; j < 16; j++) {
-                                w[32 * i + j] = (float) K[b->qs[j] & 15];
-                                w[32 * i + j + 16] = (float) K[b->qs[j] >> 4];
-                        }
-                }
-                return 32;
-        case GGML_TYPE_Q8_0:
-                for (size_t i = 0; i < n / 32; i++) {
-                        const struct block_q8_0 *b = (const struct block_q8_0 *) row + i;
-                        scale[i] = quant_fp16_to_f32(b->d);
-                        for (int j = 0; j < 32; j++)
-                                w[32 * i + j] = (float) b->qs[j];
-                }
-                return 32;
-        case GGML_TYPE_Q6_K:
-                for (size_t i = 0; i < n / 256; i++) {
-                        const struct block_q6_k *b = (const struct block_q6_k *) row + i;
-                        struct block_q6_k unit = *b;
-                        float y[256];
-                        unit.d = 0x3c00;
-                        memset(unit.scales, 1, sizeof unit.scales); /* all scales 1: raw q */
-                        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q6_K, &unit, y, 256), 0);
-                        memcpy(w + 256 * i, y, sizeof y);
-                        float d = quant_fp16_to_f32(b->d);
-                        for (int s = 0; s < 16; s++) {
-                                int half = s / 8, l = (s % 2) * 16, quarter = (s % 8) / 2;
-                                scale[16 * i + s] = d * (float) b->scales[8 * half + l / 16 + 2 * quarter];
-                        }
-                }
-                return 16;
-        default:
-                assert_int_equal(quant_dequantize_row(type, row, w, n), 0);
-                for (size_t i = 0; i < n / 32; i++)
-                        scale[i] = 1.0f;
-                return 32;
-        }
-}
+static const int simd_levels[] = { 2, 1, 0 };
 
 static void test_dot(void **state) {
         static const uint32_t types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
                                           GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL };
         const size_t n = 3584; /* the model's hidden width: 112 IQ4_NL blocks, 14 Q6_K blocks */
-        float *x = malloc(n * sizeof *x), *w = malloc(n * sizeof *w), *y = malloc(n * sizeof *y);
-        float scale[256];
-        int simd = quant_set_simd(1);
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *y2 = malloc(n * sizeof *y2);
+        const char *best = quant_set_simd(2);
 
         (void) state;
         for (size_t i = 0; i < n; i++)
@@ -413,45 +367,186 @@ static void test_dot(void **state) {
                                 ref += (double) y[i] * x[i];
                                 mag += fabs((double) y[i] * x[i]);
                         }
-                        quant_set_simd(1);
-                        float fast = quant_dot_row(types[t], row, x, n);
-                        quant_set_simd(0);
-                        float portable = quant_dot_row(types[t], row, x, n);
-                        /* float accumulation over 3584 products in 8 lanes: error well under
-                         * 1e-6 of sum|w·x| (measured max ~2e-7) */
-                        if (fabs(fast - ref) > 1e-6 * mag)
+                        float doc = documented_dot(y, x, n);
+                        /* float accumulation over 3584 products in 16 lanes: error well under
+                         * 1e-6 of sum|w·x| */
+                        if (fabs(doc - ref) > 1e-6 * mag)
                                 fail_msg("%s dot %.9g, double sum %.9g (sum|wx| %g)",
-                                         ggml_type_name(types[t]), fast, ref, mag);
-                        /* SIMD and portable kernels agree bit for bit */
-                        if (bits_of(fast) != bits_of(portable))
-                                fail_msg("%s: SIMD %a != portable %a", ggml_type_name(types[t]),
-                                         fast, portable);
-                        /* and both follow the documented order exactly */
-                        size_t run = split_row(types[t], row, n, w, scale);
-                        float doc = documented_dot(w, scale, run, x, n);
-                        if (bits_of(doc) != bits_of(portable))
-                                fail_msg("%s: %a, documented order gives %a",
-                                         ggml_type_name(types[t]), portable, doc);
+                                         ggml_type_name(types[t]), doc, ref, mag);
+                        /* every ISA variant: the panel dequantizer gives the exact values, and
+                         * the row dot and the fp32 dot follow the documented order bit for bit */
+                        for (size_t v = 0; v < ELEMENTSOF(simd_levels); v++) {
+                                const char *name = quant_set_simd(simd_levels[v]);
+                                quant_dequantize_rows(types[t], row, 0, 1, n, y2);
+                                if (memcmp(y, y2, n * sizeof *y) != 0)
+                                        fail_msg("%s: %s panel dequantization differs", name,
+                                                 ggml_type_name(types[t]));
+                                float d = quant_dot_row(types[t], row, x, n);
+                                float f = quant_dot_f32(y, x, n);
+                                if (bits_of(d) != bits_of(doc) || bits_of(f) != bits_of(doc))
+                                        fail_msg("%s: %s row dot %a, fp32 dot %a, documented order %a",
+                                                 name, ggml_type_name(types[t]), d, f, doc);
+                        }
                         free(row);
                 }
-        /* F32/F16/BF16 rows that are not a multiple of 32 */
+        /* F32/F16/BF16 rows that are not a multiple of 16: the tail continues the lanes */
         for (size_t t = 0; t < 3; t++) {
                 size_t m = 37;
                 void *row = random_row(types[t], m);
                 assert_int_equal(quant_dequantize_row(types[t], row, y, m), 0);
-                double ref = 0, mag = 0;
-                for (size_t i = 0; i < m; i++) {
-                        ref += (double) y[i] * x[i];
-                        mag += fabs((double) y[i] * x[i]);
+                float doc = documented_dot(y, x, m);
+                for (size_t v = 0; v < ELEMENTSOF(simd_levels); v++) {
+                        quant_set_simd(simd_levels[v]);
+                        assert_true(bits_of(quant_dot_row(types[t], row, x, m)) == bits_of(doc));
+                        assert_true(bits_of(quant_dot_f32(y, x, m)) == bits_of(doc));
                 }
-                assert_true(fabs(quant_dot_row(types[t], row, x, m) - ref) <= 1e-6 * mag);
                 free(row);
         }
-        quant_set_simd(1);
-        print_message("SIMD kernels %s\n", simd ? "used (AVX2) and compared" : "not available");
+        quant_set_simd(2);
+        print_message("best kernels: %s, compared with the others\n", best);
         free(x);
-        free(w);
         free(y);
+        free(y2);
+}
+
+/* The register-tiled product: every output of a R × T panel product (edges of every tile shape
+ * included) is the documented dot of its row and input, in every ISA variant. */
+static void test_gemm(void **state) {
+        const size_t k = 528, xs = 531, ys = 37; /* k: 33 lane groups; strides not multiples */
+        static const size_t shapes[][2] = { { 1, 1 }, { 8, 1 }, { 3, 5 }, { 8, 13 }, { 5, 4 }, { 4, 8 } };
+        float *w = malloc(8 * k * sizeof *w), *x = malloc(13 * xs * sizeof *x);
+        float *y = malloc(13 * ys * sizeof *y);
+
+        (void) state;
+        for (size_t i = 0; i < 8 * k; i++)
+                w[i] = rndf();
+        for (size_t i = 0; i < 13 * xs; i++)
+                x[i] = rndf();
+        for (size_t v = 0; v < ELEMENTSOF(simd_levels); v++) {
+                const char *name = quant_set_simd(simd_levels[v]);
+                for (size_t s = 0; s < ELEMENTSOF(shapes); s++) {
+                        size_t R = shapes[s][0], T = shapes[s][1];
+                        memset(y, 0xff, 13 * ys * sizeof *y);
+                        quant_gemm_f32(w, R, k, x, xs, T, y, ys);
+                        for (size_t t = 0; t < T; t++)
+                                for (size_t r = 0; r < R; r++) {
+                                        float doc = documented_dot(w + r * k, x + t * xs, k);
+                                        if (bits_of(y[t * ys + r]) != bits_of(doc))
+                                                fail_msg("%s: %zux%zu product, row %zu input %zu: %a, documented %a",
+                                                         name, R, T, r, t, y[t * ys + r], doc);
+                                }
+                }
+        }
+        quant_set_simd(2);
+        free(w);
+        free(x);
+        free(y);
+}
+
+/* The fused decode kernel (where the CPU has one) gives the bits of the panel path for every type,
+ * over 7 rows (a 4-row group and 3 single rows). */
+static void test_gemv(void **state) {
+        static const uint32_t types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
+                                          GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL };
+        const size_t n = 512, R = 7;
+        float *x = malloc(n * sizeof *x), *panel = malloc(R * n * sizeof *panel);
+        float ref[7], y[7];
+        int fused = 0;
+
+        (void) state;
+        for (size_t i = 0; i < n; i++)
+                x[i] = rndf();
+        quant_set_simd(2);
+        for (size_t t = 0; t < ELEMENTSOF(types); t++) {
+                uint64_t rb = 0;
+                assert_int_equal(ggml_row_bytes(types[t], n, &rb), 0);
+                uint8_t *w = malloc(R * rb);
+                for (size_t r = 0; r < R; r++) {
+                        void *row = random_row(types[t], n);
+                        memcpy(w + r * rb, row, rb);
+                        free(row);
+                }
+                quant_dequantize_rows(types[t], w, rb, R, n, panel);
+                quant_gemm_f32(panel, R, n, x, n, 1, ref, R);
+                if (quant_gemv(types[t], w, rb, R, n, x, y)) {
+                        fused++;
+                        for (size_t r = 0; r < R; r++)
+                                if (bits_of(y[r]) != bits_of(ref[r]))
+                                        fail_msg("%s row %zu: fused %a, panel %a", ggml_type_name(types[t]),
+                                                 r, y[r], ref[r]);
+                }
+                free(w);
+        }
+        print_message("fused kernels for %d of 6 types\n", fused);
+        free(x);
+        free(panel);
+}
+
+/* Attention's softmax: within a few float ulp of the double-precision softmax (including the
+ * scores far below the max), the same bits in every ISA variant, for lengths around the 16 lanes. */
+static void test_softmax(void **state) {
+        static const size_t lens[] = { 1, 15, 16, 37, 300 };
+        float in[300], ref_bits[300], s[300];
+        double e[300];
+
+        (void) state;
+        for (size_t li = 0; li < ELEMENTSOF(lens); li++) {
+                size_t n = lens[li];
+                for (size_t i = 0; i < n; i++)
+                        in[i] = 8.0f * rndf() - (i % 7 == 3 ? 900.0f : 0.0f); /* some below the clamp */
+                double mx = -INFINITY, sum = 0;
+                for (size_t i = 0; i < n; i++)
+                        mx = fmax(mx, 0.125 * in[i]);
+                for (size_t i = 0; i < n; i++)
+                        sum += e[i] = exp(0.125 * in[i] - mx);
+                for (size_t v = 0; v < ELEMENTSOF(simd_levels); v++) {
+                        const char *name = quant_set_simd(simd_levels[v]);
+                        memcpy(s, in, n * sizeof *s);
+                        quant_softmax(s, n, 0.125f);
+                        for (size_t i = 0; i < n; i++)
+                                if (fabs(s[i] - e[i] / sum) > 1e-6 * (e[i] / sum) + 1e-30)
+                                        fail_msg("%s: n %zu, p[%zu] = %.9g, double softmax %.9g", name, n,
+                                                 i, s[i], e[i] / sum);
+                        if (v == 0)
+                                memcpy(ref_bits, s, n * sizeof *s);
+                        else if (memcmp(ref_bits, s, n * sizeof *s) != 0)
+                                fail_msg("%s: n %zu: softmax differs from the best variant", name, n);
+                }
+        }
+        quant_set_simd(2);
+}
+
+/* Attention's weighted row sums: every element accumulated in row order, the same bits in every
+ * ISA variant as the scalar loop (rows strided, k not a multiple of 16). */
+static void test_weighted_rows(void **state) {
+        const size_t n = 37, k = 133, stride = 150, H = 3, ps = 41, os = 140;
+        float *rows = malloc(n * stride * sizeof *rows), *P = malloc(H * ps * sizeof *P);
+        float *ref = calloc(H * os, sizeof *ref), *out = malloc(H * os * sizeof *out);
+
+        (void) state;
+        for (size_t i = 0; i < n * stride; i++)
+                rows[i] = rndf();
+        for (size_t i = 0; i < H * ps; i++)
+                P[i] = rndf();
+        for (size_t r = 0; r < n; r++)
+                for (size_t h = 0; h < H; h++)
+                        for (size_t j = 0; j < k; j++) {
+                                float m = P[h * ps + r] * rows[r * stride + j];
+                                ref[h * os + j] = ref[h * os + j] + m;
+                        }
+        for (size_t v = 0; v < ELEMENTSOF(simd_levels); v++) {
+                const char *name = quant_set_simd(simd_levels[v]);
+                memset(out, 0, H * os * sizeof *out);
+                quant_weighted_rows(rows, stride, n, k, P, ps, H, out, os);
+                for (size_t h = 0; h < H; h++)
+                        if (memcmp(out + h * os, ref + h * os, k * sizeof *out) != 0)
+                                fail_msg("%s: weighted rows of head %zu differ from the scalar loop", name, h);
+        }
+        quant_set_simd(2);
+        free(rows);
+        free(P);
+        free(ref);
+        free(out);
 }
 
 int main(void) {
@@ -460,6 +555,8 @@ int main(void) {
                 cmocka_unit_test(test_bf16),        cmocka_unit_test(test_iq4nl_blocks),
                 cmocka_unit_test(test_q8_0_blocks), cmocka_unit_test(test_q6k_blocks),
                 cmocka_unit_test(test_bad_rows),    cmocka_unit_test(test_dot),
+                cmocka_unit_test(test_gemm),        cmocka_unit_test(test_weighted_rows),
+                cmocka_unit_test(test_gemv),        cmocka_unit_test(test_softmax),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
