@@ -212,8 +212,6 @@ static __device__ __forceinline__ void cu_rope_pair(float x0, float x1, uint32_t
         double sn, cs;
         sincos((double) pos * inv_freq, &sn, &cs);
         float c = (float) cs, s = (float) sn;
-        /* explicit roundings: no contraction into an FMA, so the value is the same in every
-         * kernel that inlines this (q_rope, the decode attention's query staging, mla_prep) */
-        *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        *y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        *y0 = x0 * c - x1 * s;
+        *y1 = x0 * s + x1 * c;
 }

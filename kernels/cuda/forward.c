@@ -1240,7 +1240,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
                             b->inv_freq, c->rope_interleave, &cache, l, s);
                 prof_mark(b, PC_MLA_PREP);
-                /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; RoPE(q_pe) is appended by cu_attention */
+                /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; cu_q_rope appends RoPE(q_pe) */
                 mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
                 struct cu_mv kb = {
                         .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,
@@ -1251,6 +1251,8 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 };
                 cu_matvec(&kb, s);
                 prof_mark(b, PC_ATTN_PROJ);
+                cu_q_rope(&attn, T, d_pos, s);
+                prof_mark(b, PC_MLA_PREP);
                 /* attention over the cache, in token groups that fit the part workspace */
                 for (uint32_t i = 0; i < n_att; i++)
                         cu_attention(&attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], &cache, l,

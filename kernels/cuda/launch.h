@@ -149,7 +149,7 @@ void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, uint32_t R,
                  const float *q_a_norm, const float *kv_a_norm, float eps, const double *inv_freq,
                  bool interleave, const struct cu_cache *c, uint32_t layer, cudaStream_t s);
 /* spec §4 absorbed attention for tokens [t0, t0+n): per head the query row qc[t][h] holds
- * D = KV + R values, [q_c ; RoPE(q_pe)] (cu_attention forms the second half from q, rows of
+ * D = KV + R values, [q_c ; RoPE(q_pe)] (cu_q_rope writes the second half from q, rows of
  * n_head × (nope + R)); softmax(scale·query·cache) over positions 0..p, out[t][h] = Σ P·c (KV
  * values). part holds n × max_parts × n_head × (KV+2) floats. */
 struct cu_attn {
@@ -160,6 +160,7 @@ struct cu_attn {
         const double *inv_freq;
         bool interleave;
 };
+void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos, cudaStream_t s);
 void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
                   const struct cu_cache *c, uint32_t layer, float *part, float *out,
                   cudaStream_t s);

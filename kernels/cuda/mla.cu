@@ -103,12 +103,12 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
 
 /* spec §4.1: RoPE of q_pe into the query rows: qc holds per (token, head) a row of D = KV + R
  * values, [q_c (written by the absorb matvec) ; RoPE(q_pe) (written here)]. */
-__global__ void k_q_rope(uint32_t t0, const float *q, uint32_t n_head, uint32_t nope, uint32_t R,
-                         uint32_t KV, const double *inv_freq, bool interleave,
-                         const uint32_t *tok_pos, float *qc) {
+__global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_t R, uint32_t KV,
+                         const double *inv_freq, bool interleave, const uint32_t *tok_pos,
+                         float *qc) {
         cu_pdl_wait();
         cu_pdl_trigger();
-        uint32_t t = t0 + blockIdx.x, pos = tok_pos[t], half = R / 2;
+        uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2;
 #pragma unroll 4
         for (uint32_t e = threadIdx.x; e < n_head * half; e += blockDim.x) {
                 uint32_t h = e / half, i = e % half;
@@ -119,14 +119,12 @@ __global__ void k_q_rope(uint32_t t0, const float *q, uint32_t n_head, uint32_t 
         }
 }
 
-/* Tokens [t0, t0 + n) of the pass. */
-static void q_rope_launch(const struct cu_attn *a, uint32_t t0, uint32_t n,
-                          const uint32_t *tok_pos, cudaStream_t s) {
-        if (n == 0)
+extern "C" void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos,
+                          cudaStream_t s) {
+        if (T == 0)
                 return;
         cu_launches++;
-        cu_launch(k_q_rope, n, 256, 0, s, t0, a->q, a->n_head, a->nope, a->R, a->KV, a->inv_freq,
-                  a->interleave, tok_pos, a->qc);
+        cu_launch(k_q_rope, T, 256, 0, s, a->q, a->n_head, a->nope, a->R, a->KV, a->inv_freq, a->interleave, tok_pos, a->qc);
 }
 
 /* Attention over one part (≤ CU_ATTN_PART positions of the cache) for a group of HG heads of one
@@ -393,25 +391,11 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
         const float *qrow = a.qc + (uint64_t) t * n_head * D;
         bool vec = D % 8 == 0, vec4 = D % 4 == 0;
 
-        /* the query: q_c from the absorb matvec, RoPE(q_pe) computed here from q (the same
-         * cu_rope_pair k_q_rope runs for the other kernel, so the same bits) */
-        uint32_t pos_t = c.tok_pos[t], half = a.R / 2;
         for (uint32_t e = tid; e < HG * nch * ATT_KC; e += ATT_DEC_THREADS) {
                 uint32_t hh = e / (nch * ATT_KC), r = e % (nch * ATT_KC);
                 uint32_t cc = r / ATT_KC, i = r % ATT_KC, k = cc * ATT_KC + i;
-                float v = 0.0f;
-                if (h0 + hh < n_head && k < KV) {
-                        v = qrow[(uint64_t) (h0 + hh) * D + k];
-                } else if (h0 + hh < n_head && k < D) {
-                        uint32_t kk = k - KV;
-                        uint32_t pi = a.interleave ? kk / 2 : kk % half;
-                        uint32_t i0 = a.interleave ? 2 * pi : pi, i1 = a.interleave ? 2 * pi + 1 : pi + half;
-                        const float *qp = a.q + ((uint64_t) t * n_head + h0 + hh) * (a.nope + a.R) + a.nope;
-                        float y0, y1;
-                        cu_rope_pair(qp[i0], qp[i1], pos_t, a.inv_freq[pi], &y0, &y1);
-                        v = kk == i0 ? y0 : y1;
-                }
-                sQ[hh][cc * (ATT_KC + 1) + i] = v;
+                sQ[hh][cc * (ATT_KC + 1) + i] =
+                        h0 + hh < n_head && k < D ? qrow[(uint64_t) (h0 + hh) * D + k] : 0.0f;
         }
         for (uint32_t j = tid; j < n; j += ATT_DEC_THREADS)
                 roff[j] = cu_cache_row(c, layer, t, start + j);
@@ -570,21 +554,16 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         static int force = -1;
         if (force < 0) {
                 const char *f = getenv("X4_CUDA_ATTN");
-                force = !f                    ? 0
-                        : !strcmp(f, "part") ? 1
-                        : !strcmp(f, "dec4") ? 2
-                        : !strcmp(f, "dec2") ? 3
-                                             : 0;
+                force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3 : 0;
         }
-        bool all_heads = force == 1 || c->D > 32 * ATT_KC || (force == 0 && blocks >= 256);
-        if (all_heads) /* it reads RoPE(q_pe) from qc; k_attn_dec computes it while staging */
-                q_rope_launch(a, t0, n, c->tok_pos, s);
-        if (all_heads)
+        if (force == 1 || (c->D > 32 * ATT_KC))
                 attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
         else if (force == 2)
                 attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);
         else if (force == 3)
                 attn_launch_dec<2>(a, t0, n, max_parts, c, layer, part, s);
+        else if (blocks >= 256)
+                attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
         else if (blocks >= 32)
                 attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);
         else
