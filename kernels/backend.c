@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util/log.h"
@@ -18,6 +19,56 @@ uint32_t x4_batch_logits_rows(const struct x4_batch *batch) {
                         rows += s->n_tokens;
         }
         return rows;
+}
+
+int x4_batch_check(const struct x4_batch *batch, const float *logits,
+                   const struct x4_batch_limits *lim, char *msg, size_t msg_size) {
+#define REFUSE(err, ...) (snprintf(msg, msg_size, __VA_ARGS__), -(err))
+        if (!batch || batch->n_seqs == 0 || !batch->seqs)
+                return REFUSE(EINVAL, "batch has no sequences, at least 1 expected");
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                const struct x4_seq *s = &batch->seqs[i];
+                uint64_t end = (uint64_t) s->pos0 + s->n_tokens;
+
+                if (s->n_tokens == 0 || !s->tokens)
+                        return REFUSE(EINVAL, "sequence %u: n_tokens is 0, at least 1 expected", i);
+                for (uint32_t k = 0; k < s->n_tokens; k++)
+                        if (s->tokens[k] < 0 || (uint32_t) s->tokens[k] >= lim->n_vocab)
+                                return REFUSE(EINVAL,
+                                              "sequence %u token %u: id %d outside the vocabulary, "
+                                              "expected 0..%u",
+                                              i, k, s->tokens[k], lim->n_vocab - 1);
+                if (s->logits > X4_LOGITS_ALL)
+                        return REFUSE(EINVAL, "sequence %u: logits mode %u, expected 0..2", i,
+                                      s->logits);
+                if (s->logits != X4_LOGITS_NONE && !logits)
+                        return REFUSE(EINVAL,
+                                      "sequence %u: logits requested but no output buffer", i);
+                uint64_t need = (end + lim->page_tokens - 1) / lim->page_tokens;
+                if (!s->pages || s->n_pages < need)
+                        return REFUSE(ERANGE,
+                                      "sequence %u: positions up to %llu need %llu pages of %u "
+                                      "tokens, its page table has %u",
+                                      i, (unsigned long long) end - 1, (unsigned long long) need,
+                                      lim->page_tokens, s->pages ? s->n_pages : 0);
+                for (uint64_t k = 0; k < need; k++)
+                        if (s->pages[k] >= lim->n_pages)
+                                return REFUSE(ERANGE,
+                                              "sequence %u: page table entry %llu is page %u, the "
+                                              "cache has %u pages (0..%u)",
+                                              i, (unsigned long long) k, s->pages[k], lim->n_pages,
+                                              lim->n_pages - 1);
+        }
+        return 0;
+#undef REFUSE
+}
+
+int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size) {
+        if (page < n_pages)
+                return 0;
+        snprintf(msg, msg_size, "%s cache page %u: out of range, the cache has %u pages (0..%u)",
+                 what, page, n_pages, n_pages - 1);
+        return -ERANGE;
 }
 
 void x4_backend_params_default_log(int level, const char *message, void *userdata) {

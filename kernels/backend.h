@@ -104,13 +104,13 @@ struct x4_backend_ops {
          * rows in batch order into `logits` (x4_batch_logits_rows() of them; may be NULL when no
          * row is requested). Also writes the new tokens' cache rows. A token at position p
          * attends to positions 0..p of its own sequence, read through its page table.
-         * The whole batch is validated before anything runs; refusals name the sequence index
-         * and the value: -EINVAL for an empty batch, n_tokens 0, a token id outside
-         * [0, n_vocab), a bad logits mode or a missing logits buffer; -ERANGE for positions
-         * beyond the sequence's page table or a page id beyond the cache. */
+         * The whole batch is validated before anything runs, by x4_batch_check (the same codes
+         * and messages on every backend); a backend may refuse more (its own limits) with
+         * -E2BIG. */
         int (*forward)(struct x4_backend *b, const struct x4_batch *batch, float *logits);
         void (*caps)(struct x4_backend *b, struct x4_backend_caps *ret);
-        /* Copy one page's bytes out of / into the cache (snapshots, prefix store). */
+        /* Copy one page's bytes out of / into the cache (snapshots, prefix store). A page id
+         * beyond the cache is -ERANGE (x4_page_check) on every backend. */
         size_t (*page_bytes)(struct x4_backend *b);
         int (*page_read)(struct x4_backend *b, uint32_t page, void *dst);
         int (*page_write)(struct x4_backend *b, uint32_t page, const void *src);
@@ -124,6 +124,21 @@ struct x4_backend_ops {
 
 /* The number of logits rows a batch produces. */
 uint32_t x4_batch_logits_rows(const struct x4_batch *batch);
+
+/* The forward contract, checked the same way by every backend before it touches anything (one
+ * set of codes and messages): returns 0, or -EINVAL (empty batch, n_tokens 0, a token id outside
+ * [0, n_vocab), a logits mode beyond X4_LOGITS_ALL, rows requested with no logits buffer) or
+ * -ERANGE (positions beyond the sequence's page table, a page id beyond the cache) with a
+ * message naming the sequence, the index and the value in `msg` (errors as values: the caller
+ * decides whether to log it). */
+struct x4_batch_limits {
+        uint32_t n_vocab, n_pages, page_tokens;
+};
+int x4_batch_check(const struct x4_batch *batch, const float *logits,
+                   const struct x4_batch_limits *lim, char *msg, size_t msg_size);
+/* A page id for page_read/page_write/page_copy: 0 or -ERANGE ("<what> cache page P: out of
+ * range, ..."). */
+int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size);
 
 extern const struct x4_backend_ops x4_backend_cpu;
 

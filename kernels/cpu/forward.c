@@ -846,45 +846,17 @@ static void trunk(struct x4_backend *b, size_t T, float *logits) {
 
 static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
         const struct x4_config *c = b->cfg;
-        uint32_t capacity;
         size_t T = 0;
         int64_t row = 0;
 
-        if (!batch || batch->n_seqs == 0 || !batch->seqs)
-                return log_error_errno(EINVAL, "cpu forward: batch has no sequences, at least 1 expected");
-        /* validate everything before touching the cache */
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *s = &batch->seqs[i];
-                uint64_t end = (uint64_t) s->pos0 + s->n_tokens;
-
-                if (s->n_tokens == 0 || !s->tokens)
-                        return log_error_errno(EINVAL, "sequence %u: n_tokens is 0, at least 1 expected", i);
-                for (uint32_t k = 0; k < s->n_tokens; k++)
-                        if (s->tokens[k] < 0 || (uint32_t) s->tokens[k] >= c->n_vocab)
-                                return log_error_errno(EINVAL,
-                                                       "sequence %u token %u: id %d out of range, expected 0..%u",
-                                                       i, k, s->tokens[k], c->n_vocab - 1);
-                capacity = s->pages ? s->n_pages * b->page_tokens : 0;
-                if (end > capacity)
-                        return log_error_errno(ERANGE,
-                                               "sequence %u: positions up to %" PRIu64 " need %" PRIu64
-                                               " pages of %u tokens, its page table has %u",
-                                               i, end - 1, DIV_ROUND_UP(end, b->page_tokens),
-                                               b->page_tokens, s->n_pages);
-                if (end > (uint64_t) b->n_pages * b->page_tokens)
-                        return log_error_errno(ERANGE,
-                                               "sequence %u: position %" PRIu64 " beyond the cache's %" PRIu64 " tokens",
-                                               i, end - 1, (uint64_t) b->n_pages * b->page_tokens);
-                for (uint32_t k = 0; k < DIV_ROUND_UP(end, b->page_tokens); k++)
-                        if (s->pages[k] >= b->n_pages)
-                                return log_error_errno(ERANGE,
-                                                       "sequence %u: page table entry %u is page %u, the cache has pages 0..%u",
-                                                       i, k, s->pages[k], b->n_pages - 1);
-                if (s->logits > X4_LOGITS_ALL)
-                        return log_error_errno(EINVAL, "sequence %u: logits mode %u, expected 0..2", i,
-                                               s->logits);
-                if (s->logits != X4_LOGITS_NONE && !logits)
-                        return log_error_errno(EINVAL, "sequence %u: logits requested but no output buffer", i);
+        /* the seam's contract, checked before touching the cache (kernels/backend.c) */
+        {
+                struct x4_batch_limits lim = { .n_vocab = c->n_vocab, .n_pages = b->n_pages,
+                                               .page_tokens = b->page_tokens };
+                char msg[256];
+                int r = x4_batch_check(batch, logits, &lim, msg, sizeof msg);
+                if (r < 0)
+                        return log_error_errno(-r, "%s", msg);
         }
 
         /* cut into micro-batches in batch order and run the trunk on each; token_base numbers
@@ -1216,10 +1188,10 @@ static size_t cpu_page_bytes(struct x4_backend *b) {
 }
 
 static int check_page(struct x4_backend *b, uint32_t page, const char *what) {
-        if (page >= b->n_pages)
-                return log_error_errno(ERANGE, "cpu backend: %s page %u out of range, the cache has pages 0..%u",
-                                       what, page, b->n_pages - 1);
-        return 0;
+        char msg[160];
+        int r = x4_page_check(page, b->n_pages, what, msg, sizeof msg);
+
+        return r < 0 ? log_error_errno(-r, "%s", msg) : 0;
 }
 
 static int cpu_page_read(struct x4_backend *b, uint32_t page, void *dst) {

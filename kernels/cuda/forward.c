@@ -1445,40 +1445,24 @@ static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, floa
         if (r < 0)
                 return r;
 
+        {
+                struct x4_batch_limits lim = {.n_vocab = c->n_vocab, .n_pages = b->n_pages,
+                                              .page_tokens = b->page_tokens};
+                char msg[256];
+                r = x4_batch_check(batch, logits, &lim, msg, sizeof msg);
+                if (r < 0)
+                        return log_error_errno(-r, "%s", msg);
+        }
         for (uint32_t i = 0; i < batch->n_seqs; i++) {
                 const struct x4_seq *sq = &batch->seqs[i];
                 uint64_t end = (uint64_t) sq->pos0 + sq->n_tokens;
-                if (sq->logits > X4_LOGITS_ALL)
-                        return log_error_errno(EINVAL, "sequence %u: logits mode %u unknown", i,
-                                               sq->logits);
-                if (sq->n_tokens == 0)
-                        continue;
-                if ((uint64_t) sq->n_pages * b->page_tokens < end)
-                        return log_error_errno(EINVAL,
-                                               "sequence %u: %u pages of %u tokens cannot hold "
-                                               "positions up to %llu",
-                                               i, sq->n_pages, b->page_tokens,
-                                               (unsigned long long) end - 1);
-                if (end > UINT32_MAX - CU_ATTN_PART)
-                        return log_error_errno(EINVAL, "sequence %u: position %llu too large", i,
-                                               (unsigned long long) end);
                 uint64_t need = DIV_ROUND_UP(end, b->page_tokens);
-                for (uint64_t p = 0; p < need; p++)
-                        if (sq->pages[p] >= b->n_pages)
-                                return log_error_errno(EINVAL,
-                                                       "sequence %u: page %u at table index %llu, "
-                                                       "the cache has %u pages",
-                                                       i, sq->pages[p], (unsigned long long) p,
-                                                       b->n_pages);
-                for (uint32_t k = 0; k < sq->n_tokens; k++)
-                        if (sq->tokens[k] < 0 || (uint32_t) sq->tokens[k] >= c->n_vocab)
-                                return log_error_errno(EINVAL,
-                                                       "sequence %u: token %d at index %u is "
-                                                       "outside the vocabulary of %u",
-                                                       i, sq->tokens[k], k, c->n_vocab);
+                if (end > UINT32_MAX - CU_ATTN_PART)
+                        return log_error_errno(E2BIG, "sequence %u: position %llu too large", i,
+                                               (unsigned long long) end);
                 uint32_t parts = (uint32_t) ((end - 1) / CU_ATTN_PART + 1);
                 if (parts > b->part_slots)
-                        return log_error_errno(EINVAL,
+                        return log_error_errno(E2BIG,
                                                "sequence %u: position %llu needs %u attention "
                                                "parts, the workspace has %u",
                                                i, (unsigned long long) end - 1, parts,
@@ -1632,15 +1616,17 @@ static size_t cuda_page_bytes(struct x4_backend *b) {
         return b->page_bytes;
 }
 
-static int check_page(struct x4_backend *b, uint32_t page) {
-        if (page >= b->n_pages)
-                return log_error_errno(EINVAL, "cache page %u out of range: the cache has %u pages",
-                                       page, b->n_pages);
+static int check_page(struct x4_backend *b, uint32_t page, const char *what) {
+        char msg[160];
+        int r = x4_page_check(page, b->n_pages, what, msg, sizeof msg);
+
+        if (r < 0)
+                return log_error_errno(-r, "%s", msg);
         return select_device(b);
 }
 
 static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst) {
-        int r = check_page(b, page);
+        int r = check_page(b, page, "read of");
         if (r < 0)
                 return r;
         r = CU_TRY(cudaMemcpyAsync(dst, (uint8_t *) b->cache + (uint64_t) page * b->page_bytes,
@@ -1652,7 +1638,7 @@ static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst) {
 }
 
 static int cuda_page_write(struct x4_backend *b, uint32_t page, const void *src) {
-        int r = check_page(b, page);
+        int r = check_page(b, page, "write of");
         if (r < 0)
                 return r;
         r = CU_TRY(cudaMemcpyAsync((uint8_t *) b->cache + (uint64_t) page * b->page_bytes, src,
@@ -1664,9 +1650,9 @@ static int cuda_page_write(struct x4_backend *b, uint32_t page, const void *src)
 }
 
 static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
-        int r = check_page(b, dst);
+        int r = check_page(b, dst, "copy to");
         if (r >= 0)
-                r = check_page(b, src);
+                r = check_page(b, src, "copy from");
         if (r < 0)
                 return r;
         r = CU_TRY(cudaMemcpyAsync((uint8_t *) b->cache + (uint64_t) dst * b->page_bytes,

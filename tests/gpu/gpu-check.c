@@ -923,10 +923,10 @@ static void test_errors(const char *model_path) {
         expect_error("token id = vocab size", do_forward, &e, "outside the vocabulary");
         toks[1] = 2;
         pages[0] = 7;
-        expect_error("page 7 of a 2-page cache", do_forward, &e, "the cache has 2 pages");
+        expect_error("page 7 of a 2-page cache", do_forward, &e, "the cache has 2 pages (0..1)");
         pages[0] = 0;
         e.seq.pos0 = 600;
-        expect_error("position 600 with 2 pages", do_forward, &e, "cannot hold positions up to 602");
+        expect_error("position 600 with 2 pages", do_forward, &e, "positions up to 602 need 3 pages of 256 tokens, its page table has 2");
         e.memory_limit = 1 << 20;
         expect_error("1 MiB memory limit", do_create, &e, "has room for");
         /* the backend still works after refusals */
@@ -987,7 +987,7 @@ static void test_pages(const char *model_path) {
         int r;
         const char *msg = capture_stderr(do_page_read, &e, &r);
         printf("errors: page_read(6) of 6 pages -> %d, message: %s", r, msg);
-        CHECK(r < 0 && strstr(msg, "cache page 6 out of range: the cache has 6 pages"),
+        CHECK(r == -ERANGE && strstr(msg, "read of cache page 6: out of range, the cache has 6 pages (0..5)"),
               "page_read out of range message");
 
         /* n_pages = 0: as many pages as memory_limit leaves after weights and workspace */

@@ -257,10 +257,10 @@ static void test_pages(void **state) {
         /* pages the cache does not have */
         assert_int_equal(f->ops->page_read(f->b2, N_PAGES, buf), -ERANGE);
         assert_string_equal(log_last_error(),
-                            "cpu backend: read of page 64 out of range, the cache has pages 0..63");
+                            "read of cache page 64: out of range, the cache has 64 pages (0..63)");
         assert_int_equal(f->ops->page_copy(f->b2, 0, N_PAGES + 5), -ERANGE);
         assert_string_equal(log_last_error(),
-                            "cpu backend: copy from page 69 out of range, the cache has pages 0..63");
+                            "copy from cache page 69: out of range, the cache has 64 pages (0..63)");
 }
 
 /* The kernels' ISA variants (portable, AVX2, AVX-512: quant.h) follow one summation order, so the
@@ -308,14 +308,14 @@ static void test_errors(void **state) {
         assert_non_null(out);
         /* token id = vocab size, in the second sequence */
         assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
-        snprintf(want, sizeof want, "sequence 1 token 2: id %u out of range, expected 0..%u",
+        snprintf(want, sizeof want, "sequence 1 token 2: id %u outside the vocabulary, expected 0..%u",
                  f->n_vocab, f->n_vocab - 1);
         assert_string_equal(log_last_error(), want);
 
         seqs[1].tokens = neg;
         seqs[1].n_tokens = 1;
         assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
-        assert_string_equal(log_last_error(), "sequence 1 token 0: id -1 out of range, expected 0..511");
+        assert_string_equal(log_last_error(), "sequence 1 token 0: id -1 outside the vocabulary, expected 0..511");
 
         /* no tokens */
         seqs[1].n_tokens = 0;
@@ -335,12 +335,12 @@ static void test_errors(void **state) {
         seqs[1].n_pages = 2;
         assert_int_equal(f->ops->forward(f->b1, &batch, out), -ERANGE);
         assert_string_equal(log_last_error(),
-                            "sequence 1: page table entry 1 is page 64, the cache has pages 0..63");
+                            "sequence 1: page table entry 1 is page 64, the cache has 64 pages (0..63)");
 
         /* an empty batch */
         batch.n_seqs = 0;
         assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
-        assert_string_equal(log_last_error(), "cpu forward: batch has no sequences, at least 1 expected");
+        assert_string_equal(log_last_error(), "batch has no sequences, at least 1 expected");
 }
 
 int main(void) {

@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: MIT */
+/* The seam's forward and page contract (kernels/backend.h): x4_batch_check and x4_page_check give
+ * one code and one message per kind of bad input, and the CPU backend refuses exactly with them
+ * (the CUDA backend calls the same functions first; tests/gpu asserts its messages). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "model/xing4.h"
+#include "util/log.h"
+
+static const struct x4_batch_limits LIM = { .n_vocab = 512, .n_pages = 4, .page_tokens = 16 };
+
+struct bad_case {
+        const char *what;
+        struct x4_seq seq;
+        bool no_logits;
+        int code;
+        const char *msg;
+};
+
+static const int32_t toks_ok[3] = { 1, 2, 3 };
+static const int32_t toks_vocab[3] = { 1, 512, 3 };
+static const int32_t toks_neg[1] = { -7 };
+static const uint32_t pages_ok[4] = { 0, 1, 2, 3 };
+static const uint32_t pages_bad[2] = { 1, 4 };
+
+static const struct bad_case CASES[] = {
+        { "token id = vocab size", { toks_vocab, 3, 0, pages_ok, 1, X4_LOGITS_LAST }, false, -EINVAL,
+          "sequence 1 token 1: id 512 outside the vocabulary, expected 0..511" },
+        { "negative token id", { toks_neg, 1, 0, pages_ok, 1, X4_LOGITS_LAST }, false, -EINVAL,
+          "sequence 1 token 0: id -7 outside the vocabulary, expected 0..511" },
+        { "no tokens", { toks_ok, 0, 0, pages_ok, 1, X4_LOGITS_LAST }, false, -EINVAL,
+          "sequence 1: n_tokens is 0, at least 1 expected" },
+        { "logits mode 3", { toks_ok, 3, 0, pages_ok, 1, 3 }, false, -EINVAL,
+          "sequence 1: logits mode 3, expected 0..2" },
+        { "rows but no buffer", { toks_ok, 3, 0, pages_ok, 1, X4_LOGITS_ALL }, true, -EINVAL,
+          "sequence 0: logits requested but no output buffer" },
+        { "positions past the page table", { toks_ok, 3, 15, pages_ok, 1, X4_LOGITS_LAST }, false,
+          -ERANGE, "sequence 1: positions up to 17 need 2 pages of 16 tokens, its page table has 1" },
+        { "no page table", { toks_ok, 3, 0, NULL, 0, X4_LOGITS_LAST }, false, -ERANGE,
+          "sequence 1: positions up to 2 need 1 pages of 16 tokens, its page table has 0" },
+        { "page beyond the cache", { toks_ok, 3, 16, pages_bad, 2, X4_LOGITS_LAST }, false, -ERANGE,
+          "sequence 1: page table entry 1 is page 4, the cache has 4 pages (0..3)" },
+};
+
+/* sequence 0 is always valid (its logits NONE unless the case is about the buffer) */
+static int check_case(const struct bad_case *c, char *msg, size_t n) {
+        float out[1];
+        struct x4_seq seqs[2] = { { toks_ok, 2, 0, pages_ok, 1, X4_LOGITS_NONE }, c->seq };
+        struct x4_batch b = { .seqs = seqs, .n_seqs = 2 };
+
+        if (c->no_logits) {
+                seqs[0] = c->seq;
+                b.n_seqs = 1;
+        }
+        return x4_batch_check(&b, c->no_logits ? NULL : out, &LIM, msg, n);
+}
+
+static void test_batch_check_table(void **state) {
+        char msg[256];
+
+        (void) state;
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+                msg[0] = 0;
+                int r = check_case(&CASES[i], msg, sizeof msg);
+                print_message("%s -> %d %s\n", CASES[i].what, r, msg);
+                assert_int_equal(r, CASES[i].code);
+                assert_string_equal(msg, CASES[i].msg);
+        }
+        /* the empty batch, and a valid one */
+        struct x4_batch empty = { .seqs = NULL, .n_seqs = 0 };
+        assert_int_equal(x4_batch_check(&empty, NULL, &LIM, msg, sizeof msg), -EINVAL);
+        assert_string_equal(msg, "batch has no sequences, at least 1 expected");
+        /* the page boundary: positions 14..16 need a second page, 13..15 fit the first */
+        struct x4_seq ok = { toks_ok, 3, 14, pages_ok, 1, X4_LOGITS_LAST };
+        float out[1];
+        assert_int_equal(x4_batch_check(&(struct x4_batch){ &ok, 1 }, out, &LIM, msg, sizeof msg),
+                         -ERANGE);
+        ok.pos0 = 13;
+        assert_int_equal(x4_batch_check(&(struct x4_batch){ &ok, 1 }, out, &LIM, msg, sizeof msg), 0);
+}
+
+static void test_page_check(void **state) {
+        char msg[160];
+
+        (void) state;
+        assert_int_equal(x4_page_check(3, 4, "read of", msg, sizeof msg), 0);
+        assert_int_equal(x4_page_check(4, 4, "copy to", msg, sizeof msg), -ERANGE);
+        assert_string_equal(msg, "copy to cache page 4: out of range, the cache has 4 pages (0..3)");
+}
+
+/* The CPU backend refuses every case with the same code and message, and keeps working. */
+static void test_cpu_backend_agrees(void **state) {
+        _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+        struct x4_backend *b = NULL;
+        char path[4096];
+        const char *env = getenv("X4_FIXTURES");
+
+        (void) state;
+        snprintf(path, sizeof path, "%s/xing4-tiny-a/model.gguf", env && *env ? env : X4_FIXTURES);
+        struct x4_model_params mp = { .path = path };
+        assert_int_equal(x4_model_open(&mp, &m), 0);
+        struct x4_backend_params bp = { .n_threads = 1, .n_pages = LIM.n_pages,
+                                        .page_tokens = LIM.page_tokens, .cache_type = X4_CACHE_F32 };
+        assert_int_equal(x4_backend_cpu.create(m, &bp, &b), 0);
+        assert_int_equal(x4_model_config(m)->n_vocab, LIM.n_vocab);
+
+        float *out = malloc(4 * LIM.n_vocab * sizeof(float));
+        assert_non_null(out);
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+                struct x4_seq seqs[2] = { { toks_ok, 2, 0, pages_ok, 1, X4_LOGITS_NONE },
+                                          CASES[i].seq };
+                struct x4_batch bt = { .seqs = seqs, .n_seqs = 2 };
+                if (CASES[i].no_logits) {
+                        seqs[0] = CASES[i].seq;
+                        bt.n_seqs = 1;
+                }
+                int r = x4_backend_cpu.forward(b, &bt, CASES[i].no_logits ? NULL : out);
+                assert_int_equal(r, CASES[i].code);
+                assert_string_equal(log_last_error(), CASES[i].msg);
+        }
+        assert_int_equal(x4_backend_cpu.page_read(b, 4, out), -ERANGE);
+        assert_string_equal(log_last_error(),
+                            "read of cache page 4: out of range, the cache has 4 pages (0..3)");
+        /* still serving */
+        struct x4_seq ok = { toks_ok, 3, 0, pages_ok, 1, X4_LOGITS_LAST };
+        assert_int_equal(x4_backend_cpu.forward(b, &(struct x4_batch){ &ok, 1 }, out), 0);
+        x4_backend_cpu.destroy(b);
+        free(out);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_batch_check_table),
+                cmocka_unit_test(test_page_check),
+                cmocka_unit_test(test_cpu_backend_agrees),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
