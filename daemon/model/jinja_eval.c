@@ -2404,416 +2404,570 @@ static jv select_common(struct rstate *st, jv input, const struct args *a, bool 
         return r;
 }
 
-static jv apply_filter(struct rstate *st, const char *name, jv in, const struct args *a) {
+/* Jinja filters by name, one function each (the subset real templates use; KNOWN_FILTERS lists
+ * the ones refused by name). */
+typedef jv (*filter_fn)(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what);
+
+static jv filter_tojson(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what) {
         jv p[6];
+        (void) name;
+        static const char *const ps[] = {"ensure_ascii", "indent", "separators", "sort_keys"};
+        bind(st, what, a, ps, 4, p);
+        int indent = -1;
+        if (given(p[1]) && p[1].t != V_NONE) {
+                int64_t ind = arg_int(st, what, p[1]);
+                if (ind > 1000)
+                        fail(st, "unsupported construct: tojson indent %" PRId64 " (at most 1000)", ind);
+                indent = ind < 0 ? 0 : (int) ind; /* json.dumps: a negative indent indents by "" */
+        }
+        bool compact = false;
+        if (given(p[2]) && p[2].t != V_NONE) {
+                jv s = p[2];
+                if (!is_seq(s) || s.l->n != 2 || s.l->v[0].t != V_STR || s.l->v[1].t != V_STR)
+                        fail(st, "tojson: separators must be a pair of strings");
+                const char *x = s.l->v[0].s->s, *y = s.l->v[1].s->s;
+                if (streq(x, ",") && streq(y, ":"))
+                        compact = true;
+                else if (!(streq(y, ": ") && (streq(x, ", ") || (streq(x, ",") && indent >= 0))))
+                        fail(st, "unsupported tojson separators ('%s', '%s')", x, y);
+        }
+        return do_tojson(st, in, given(p[0]) && truthy(p[0]), indent, compact, given(p[3]) && truthy(p[3]));
+}
+
+static jv filter_length(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what) {
+        jv p[6];
+        (void) name;
+        bind(st, what, a, NULL, 0, p);
+        switch (in.t) {
+        case V_UNDEF:
+                return mkint(0);
+        case V_STR:
+                return mkint((int64_t) u8_count(in.s->s, in.s->len));
+        case V_LIST:
+        case V_TUPLE:
+                if (in.l->gen)
+                        fail(st, "object of type 'generator' has no len()");
+                return mkint((int64_t) in.l->n);
+        case V_DICT:
+                return mkint((int64_t) in.d->n);
+        default:
+                fail(st, "object of type '%s' has no len()", type_name(in));
+        }
+}
+
+static jv filter_trim(struct rstate *st, const char *name, jv in, const struct args *a,
+                      const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"chars"};
+        bind(st, what, a, ps, 1, p);
+        return str_strip(st, to_str(st, in), p[0], true, true);
+}
+
+static jv filter_default(struct rstate *st, const char *name, jv in, const struct args *a,
+                         const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"default_value", "boolean"};
+        bind(st, what, a, ps, 2, p);
+        jv def = given(p[0]) ? p[0] : mkstr(st, "", 0);
+        if (in.t == V_UNDEF || (given(p[1]) && truthy(p[1]) && !truthy(in)))
+                return def;
+        return in;
+}
+
+static jv filter_string(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what) {
+        jv p[6];
+        bind(st, what, a, NULL, 0, p);
+        struct jstr *s = to_str(st, in);
+        if (name[1] == 'a' && !s->safe) {
+                s = mkstr_raw(st, s->s, s->len);
+                s->safe = true;
+        }
+        return (jv) {.t = V_STR, .s = s};
+}
+
+static jv filter_title(struct rstate *st, const char *name, jv in, const struct args *a,
+                       const char *what) {
+        jv p[6];
+        (void) name;
+        /* Jinja2's do_title: after each run of [-\\s({[<], first char upper, rest lower */
+        bind(st, what, a, NULL, 0, p);
+        struct jstr *s = str_case(st, to_str(st, in), 'l').s;
+        struct sbuf sb = {};
+        sb_put(st, &sb, "", 0);
+        bool start = true;
+        for (size_t i = 0; i < s->len;) {
+                size_t nx = u8_next(s->s, s->len, i);
+                uint32_t cp = u8_decode(s->s, s->len, i);
+                bool sep = py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
+                if (start && !sep) {
+                        struct jstr *one = str_case(st, mkstr_raw(st, s->s + i, nx - i), 'u').s;
+                        sb_put(st, &sb, one->s, one->len);
+                } else
+                        sb_put(st, &sb, s->s + i, nx - i);
+                start = sep;
+                i = nx;
+        }
+        return sb_value(st, &sb);
+}
+
+static jv filter_upper(struct rstate *st, const char *name, jv in, const struct args *a,
+                       const char *what) {
+        jv p[6];
+        bind(st, what, a, NULL, 0, p);
+        return str_case(st, to_str(st, in), name[0] == 'c' ? 'c' : name[0] == 't' ? 't' : name[0] == 'u' ? 'u' : 'l');
+}
+
+static jv filter_join(struct rstate *st, const char *name, jv in, const struct args *a,
+                      const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"d", "attribute"};
+        bind(st, what, a, ps, 2, p);
+        struct jstr *sep = given(p[0]) ? to_str(st, p[0]) : mkstr_raw(st, "", 0);
+        struct jlist *l = iter_list(st, in);
+        struct sbuf sb = {};
+        sb_put(st, &sb, "", 0);
+        for (size_t i = 0; i < l->n; i++) {
+                if (i)
+                        sb_put(st, &sb, sep->s, sep->len);
+                put_str(st, &sb, given(p[1]) ? attr_path(st, l->v[i], p[1]) : l->v[i]);
+        }
+        return sb_value(st, &sb);
+}
+
+static jv filter_items(struct rstate *st, const char *name, jv in, const struct args *a,
+                       const char *what) {
+        jv p[6];
+        bind(st, what, a, NULL, 0, p);
+        if (in.t == V_UNDEF) {
+                jv r = mklist(st, V_LIST, 0);
+                r.l->gen = true;
+                return r;
+        }
+        if (in.t != V_DICT)
+                fail(st, "items: can only get item pairs from a mapping, got %s", type_name(in));
+        struct jmethod m = {.self = in, .name = "items"};
+        struct args none = {};
+        jv r = call_method(st, &m, &none);
+        r.l->gen = true;
+        return r;
+}
+
+static jv filter_replace(struct rstate *st, const char *name, jv in, const struct args *a,
+                         const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"old", "new", "count"};
+        bind(st, what, a, ps, 3, p);
+        return str_replace(st, to_str(st, in), to_str(st, p[0]), to_str(st, p[1]),
+                           given(p[2]) && p[2].t != V_NONE ? arg_int(st, what, p[2]) : -1);
+}
+
+static jv filter_list(struct rstate *st, const char *name, jv in, const struct args *a,
+                      const char *what) {
+        jv p[6];
+        (void) name;
+        bind(st, what, a, NULL, 0, p);
+        struct jlist *l = iter_list(st, in);
+        jv r = mklist(st, V_LIST, l->n);
+        for (size_t i = 0; i < l->n; i++)
+                list_push(st, r.l, l->v[i]);
+        return r;
+}
+
+static jv filter_first(struct rstate *st, const char *name, jv in, const struct args *a,
+                       const char *what) {
+        jv p[6];
+        bind(st, what, a, NULL, 0, p);
+        struct jlist *l = iter_list(st, in);
+        if (l->n == 0)
+                return UNDEF;
+        return name[0] == 'f' ? l->v[0] : l->v[l->n - 1];
+}
+
+static jv filter_dictsort(struct rstate *st, const char *name, jv in, const struct args *a,
+                          const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"case_sensitive", "by", "reverse"};
+        bind(st, what, a, ps, 3, p);
+        if (in.t == V_UNDEF)
+                fail_undefined(st, in);
+        if (in.t != V_DICT)
+                fail(st, "dictsort: expected a mapping, got %s", type_name(in));
+        bool by_value = given(p[1]) && p[1].t == V_STR && streq(p[1].s->s, "value");
+        if (given(p[1]) && !by_value && !(p[1].t == V_STR && streq(p[1].s->s, "key")))
+                fail(st, "You can only sort by either \"key\" or \"value\"");
+        size_t n = in.d->n;
+        jv *keys = ralloc(st, (n + 1) * sizeof(jv)), *vals = ralloc(st, (n + 1) * sizeof(jv));
+        for (size_t i = 0; i < n; i++) {
+                jv t = mklist(st, V_TUPLE, 2);
+                list_push(st, t.l, in.d->k[i]);
+                list_push(st, t.l, in.d->v[i]);
+                vals[i] = t;
+                keys[i] = sort_key(st, by_value ? in.d->v[i] : in.d->k[i], given(p[0]) && truthy(p[0]));
+        }
+        sort_values(st, keys, vals, n, given(p[2]) && truthy(p[2]));
+        jv r = mklist(st, V_LIST, n);
+        for (size_t i = 0; i < n; i++)
+                list_push(st, r.l, vals[i]);
+        return r;
+}
+
+static jv filter_sort(struct rstate *st, const char *name, jv in, const struct args *a,
+                      const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"reverse", "case_sensitive", "attribute"};
+        bind(st, what, a, ps, 3, p);
+        struct jlist *l = iter_list(st, in);
+        size_t n = l->n;
+        jv *keys = ralloc(st, (n + 1) * sizeof(jv)), *vals = ralloc(st, (n + 1) * sizeof(jv));
+        for (size_t i = 0; i < n; i++) {
+                vals[i] = l->v[i];
+                keys[i] = sort_key(st, given(p[2]) ? attr_path(st, l->v[i], p[2]) : l->v[i], given(p[1]) && truthy(p[1]));
+        }
+        sort_values(st, keys, vals, n, given(p[0]) && truthy(p[0]));
+        jv r = mklist(st, V_LIST, n);
+        for (size_t i = 0; i < n; i++)
+                list_push(st, r.l, vals[i]);
+        return r;
+}
+
+static jv filter_selectattr(struct rstate *st, const char *name, jv in, const struct args *a,
+                            const char *what) {
+        (void) what;
+        return select_common(st, in, a, true, name[0] == 's');
+}
+
+static jv filter_select(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what) {
+        (void) what;
+        return select_common(st, in, a, false, name[0] == 's');
+}
+
+static jv filter_map(struct rstate *st, const char *name, jv in, const struct args *a,
+                     const char *what) {
+        jv p[6];
+        struct jlist *l = truthy(in) ? iter_list(st, in) : mklist(st, V_LIST, 0).l;
+        jv r = mklist(st, V_LIST, l->n);
+        r.l->gen = true;
+        if (a->n_pos == 0) {
+                static const char *const ps[] = {"attribute", "default"};
+                bind(st, what, a, ps, 2, p);
+                if (!given(p[0]))
+                        fail(st, "map: expected a filter name or attribute=");
+                for (size_t i = 0; i < l->n; i++) {
+                        jv v = attr_path(st, l->v[i], p[0]);
+                        if (v.t == V_UNDEF && given(p[1]))
+                                v = p[1];
+                        list_push(st, r.l, v);
+                }
+                return r;
+        }
+        const char *fname = arg_str(st, what, a->pos[0])->s;
+        struct args fa = {.pos = a->n_pos > 1 ? a->pos + 1 : NULL, .n_pos = a->n_pos - 1, .kw_names = a->kw_names, .kw = a->kw, .n_kw = a->n_kw};
+        if (!in_names(KNOWN_FILTERS, fname))
+                fail(st, "no filter named '%s'", fname);
+        for (size_t i = 0; i < l->n; i++)
+                list_push(st, r.l, apply_filter(st, fname, l->v[i], &fa));
+        return r;
+}
+
+static jv filter_indent(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what) {
+        jv p[6];
+        static const char *const ps[] = {"width", "first", "blank"};
+        bind(st, what, a, ps, 3, p);
+        struct jstr *ind;
+        if (given(p[0]) && p[0].t == V_STR)
+                ind = p[0].s;
+        else {
+                int64_t w = given(p[0]) ? arg_int(st, what, p[0]) : 4;
+                struct sbuf sb = {};
+                sb_put(st, &sb, "", 0);
+                for (int64_t k = 0; k < w; k++) {
+                        step(st, 1);
+                        sb_put(st, &sb, " ", 1);
+                }
+                ind = mkstr_raw(st, sb.p, sb.len);
+        }
+        struct jstr *s = to_str(st, in);
+        struct sbuf t = {};
+        sb_put(st, &t, s->s, s->len);
+        sb_put(st, &t, "\n", 1);
+        struct jmethod m = {.self = sb_value(st, &t), .name = "splitlines"};
+        struct args none = {};
+        struct jlist *lines = call_method(st, &m, &none).l;
+        bool blank = given(p[2]) && truthy(p[2]);
+        struct sbuf o = {};
+        sb_put(st, &o, "", 0);
+        if (given(p[1]) && truthy(p[1]))
+                sb_put(st, &o, ind->s, ind->len);
+        for (size_t i = 0; i < lines->n; i++) {
+                struct jstr *ln = lines->v[i].s;
+                if (i > 0) {
+                        sb_put(st, &o, "\n", 1);
+                        if (blank || ln->len > 0)
+                                sb_put(st, &o, ind->s, ind->len);
+                }
+                sb_put(st, &o, ln->s, ln->len);
+        }
+        return sb_value(st, &o);
+}
+
+static jv filter_int(struct rstate *st, const char *name, jv in, const struct args *a,
+                     const char *what) {
+        jv p[6];
+        static const char *const ps[] = {"default", "base"};
+        bind(st, what, a, ps, 2, p);
+        bool is_int = name[0] == 'i';
+        jv def = given(p[0]) ? p[0] : is_int ? mkint(0) : mkfloat(0.0);
+        if (in.t == V_INT)
+                return is_int ? in : mkfloat((double) in.i);
+        if (in.t == V_BOOL)
+                return is_int ? mkint(in.b) : mkfloat(in.b);
+        if (in.t == V_FLOAT) {
+                if (!is_int)
+                        return in;
+                if (isnan(in.f) || isinf(in.f) || fabs(in.f) >= 9.2e18)
+                        return def;
+                return mkint((int64_t) in.f);
+        }
+        if (in.t == V_STR) {
+                struct jstr *s = str_strip(st, in.s, NONE, true, true).s;
+                char *end;
+                if (s->len == 0)
+                        return def;
+                errno = 0;
+                if (is_int) {
+                        long long v = strtoll(s->s, &end, 10);
+                        if (*end == 0 && errno == 0)
+                                return mkint(v);
+                }
+                double d = strtod(s->s, &end);
+                if (*end != 0 || (s->s[0] != '-' && s->s[0] != '+' && s->s[0] != '.' && (s->s[0] < '0' || s->s[0] > '9') &&
+                                  !(strcasecmp(s->s, "inf") == 0 || strcasecmp(s->s, "nan") == 0 || strcasecmp(s->s, "infinity") == 0)))
+                        return def;
+                if (!is_int)
+                        return mkfloat(d);
+                if (isnan(d) || isinf(d) || fabs(d) >= 9.2e18)
+                        return def;
+                return mkint((int64_t) d);
+        }
+        return def;
+}
+
+static jv filter_abs(struct rstate *st, const char *name, jv in, const struct args *a,
+                     const char *what) {
+        jv p[6];
+        (void) name;
+        bind(st, what, a, NULL, 0, p);
+        if (!is_num(in))
+                fail(st, "bad operand type for abs(): '%s'", type_name(in));
+        if (in.t == V_FLOAT)
+                return mkfloat(fabs(in.f));
+        if (num_i(in) == INT64_MIN)
+                fail_bigint(st);
+        return mkint(num_i(in) < 0 ? -num_i(in) : num_i(in));
+}
+
+static jv filter_round(struct rstate *st, const char *name, jv in, const struct args *a,
+                       const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"precision", "method"};
+        bind(st, what, a, ps, 2, p);
+        int64_t prec = given(p[0]) ? arg_int(st, what, p[0]) : 0;
+        const char *method = given(p[1]) ? arg_str(st, what, p[1])->s : "common";
+        if (!is_num(in))
+                fail(st, "round: expected a number, got %s", type_name(in));
+        double x = num_f(in), m = pow(10.0, (double) prec);
+        if (streq(method, "common")) {
+                /* Python's round(): ints stay ints, halves go to even */
+                if (in.t != V_FLOAT && prec >= 0)
+                        return mkint(num_i(in));
+                return mkfloat(nearbyint(x * m) / m);
+        }
+        if (streq(method, "floor"))
+                return mkfloat(floor(x * m) / m);
+        if (streq(method, "ceil"))
+                return mkfloat(ceil(x * m) / m);
+        fail(st, "method must be common, ceil or floor");
+}
+
+static jv filter_reverse(struct rstate *st, const char *name, jv in, const struct args *a,
+                         const char *what) {
+        jv p[6];
+        (void) name;
+        bind(st, what, a, NULL, 0, p);
+        if (in.t == V_STR)
+                return do_slice(st, in, NONE, NONE, mkint(-1));
+        struct jlist *l = iter_list(st, in);
+        jv r = mklist(st, V_LIST, l->n);
+        r.l->gen = true;
+        for (size_t i = l->n; i > 0; i--)
+                list_push(st, r.l, l->v[i - 1]);
+        return r;
+}
+
+static jv filter_unique(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"case_sensitive", "attribute"};
+        bind(st, what, a, ps, 2, p);
+        struct jlist *l = iter_list(st, in);
+        jv r = mklist(st, V_LIST, 0), seen = mklist(st, V_LIST, 0);
+        r.l->gen = true;
+        for (size_t i = 0; i < l->n; i++) {
+                jv k = sort_key(st, given(p[1]) ? attr_path(st, l->v[i], p[1]) : l->v[i], given(p[0]) && truthy(p[0]));
+                if (contains(st, seen, k))
+                        continue;
+                list_push(st, seen.l, k);
+                list_push(st, r.l, l->v[i]);
+        }
+        return r;
+}
+
+static jv filter_min(struct rstate *st, const char *name, jv in, const struct args *a,
+                     const char *what) {
+        jv p[6];
+        static const char *const ps[] = {"case_sensitive", "attribute"};
+        bind(st, what, a, ps, 2, p);
+        struct jlist *l = iter_list(st, in);
+        if (l->n == 0)
+                return UNDEF;
+        size_t best = 0;
+        jv bk = sort_key(st, given(p[1]) ? attr_path(st, l->v[0], p[1]) : l->v[0], given(p[0]) && truthy(p[0]));
+        for (size_t i = 1; i < l->n; i++) {
+                jv k = sort_key(st, given(p[1]) ? attr_path(st, l->v[i], p[1]) : l->v[i], given(p[0]) && truthy(p[0]));
+                int c = jv_cmp(st, k, bk, "<");
+                if (name[1] == 'i' ? c < 0 : c > 0) {
+                        best = i;
+                        bk = k;
+                }
+        }
+        return l->v[best];
+}
+
+static jv filter_sum(struct rstate *st, const char *name, jv in, const struct args *a,
+                     const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"attribute", "start"};
+        bind(st, what, a, ps, 2, p);
+        struct jlist *l = iter_list(st, in);
+        jv acc = given(p[1]) ? p[1] : mkint(0);
+        for (size_t i = 0; i < l->n; i++)
+                acc = arith(st, '+', acc, given(p[0]) ? attr_path(st, l->v[i], p[0]) : l->v[i]);
+        return acc;
+}
+
+static jv filter_center(struct rstate *st, const char *name, jv in, const struct args *a,
+                        const char *what) {
+        jv p[6];
+        (void) name;
+        static const char *const ps[] = {"width"};
+        bind(st, what, a, ps, 1, p);
+        struct jstr *s = to_str(st, in);
+        int64_t w = given(p[0]) ? arg_int(st, what, p[0]) : 80, n = (int64_t) u8_count(s->s, s->len);
+        if (w <= n)
+                return mkstr(st, s->s, s->len);
+        int64_t pad = w - n, left = pad / 2 + (pad & w & 1);
+        struct sbuf sb = {};
+        for (int64_t k = 0; k < left; k++)
+                sb_put(st, &sb, " ", 1);
+        sb_put(st, &sb, s->s, s->len);
+        for (int64_t k = 0; k < pad - left; k++)
+                sb_put(st, &sb, " ", 1);
+        step(st, (uint64_t) w);
+        return sb_value(st, &sb);
+}
+
+static jv filter_wordcount(struct rstate *st, const char *name, jv in, const struct args *a,
+                           const char *what) {
+        jv p[6];
+        (void) name;
+        bind(st, what, a, NULL, 0, p);
+        struct jstr *s = to_str(st, in);
+        int64_t n = 0;
+        bool in_word = false;
+        for (size_t i = 0; i < s->len; i = u8_next(s->s, s->len, i)) {
+                uint32_t c = u8_decode(s->s, s->len, i);
+                bool w = cp_alpha(c) || (c >= '0' && c <= '9') || c == '_';
+                if (w && !in_word)
+                        n++;
+                in_word = w;
+        }
+        return mkint(n);
+}
+
+static jv filter_attr(struct rstate *st, const char *name, jv in, const struct args *a,
+                      const char *what) {
+        jv p[6];
+        static const char *const ps[] = {"name"};
+        bind(st, what, a, ps, 1, p);
+        return get_attr(st, in, arg_str(st, what, p[0])->s);
+}
+
+static const struct {
+        const char *name;
+        filter_fn fn;
+} FILTERS[] = {
+        { "tojson", filter_tojson },
+        { "length", filter_length },
+        { "count", filter_length },
+        { "trim", filter_trim },
+        { "default", filter_default },
+        { "d", filter_default },
+        { "string", filter_string },
+        { "safe", filter_string },
+        { "title", filter_title },
+        { "upper", filter_upper },
+        { "lower", filter_upper },
+        { "capitalize", filter_upper },
+        { "join", filter_join },
+        { "items", filter_items },
+        { "replace", filter_replace },
+        { "list", filter_list },
+        { "first", filter_first },
+        { "last", filter_first },
+        { "dictsort", filter_dictsort },
+        { "sort", filter_sort },
+        { "selectattr", filter_selectattr },
+        { "rejectattr", filter_selectattr },
+        { "select", filter_select },
+        { "reject", filter_select },
+        { "map", filter_map },
+        { "indent", filter_indent },
+        { "int", filter_int },
+        { "float", filter_int },
+        { "abs", filter_abs },
+        { "round", filter_round },
+        { "reverse", filter_reverse },
+        { "unique", filter_unique },
+        { "min", filter_min },
+        { "max", filter_min },
+        { "sum", filter_sum },
+        { "center", filter_center },
+        { "wordcount", filter_wordcount },
+        { "attr", filter_attr },
+};
+
+static jv apply_filter(struct rstate *st, const char *name, jv in, const struct args *a) {
         char what[64];
         snprintf(what, sizeof(what), "filter '%s'", name);
         step(st, 1);
-        if (streq(name, "tojson")) {
-                static const char *const ps[] = {"ensure_ascii", "indent", "separators", "sort_keys"};
-                bind(st, what, a, ps, 4, p);
-                int indent = -1;
-                if (given(p[1]) && p[1].t != V_NONE) {
-                        int64_t ind = arg_int(st, what, p[1]);
-                        if (ind > 1000)
-                                fail(st, "unsupported construct: tojson indent %" PRId64 " (at most 1000)", ind);
-                        indent = ind < 0 ? 0 : (int) ind; /* json.dumps: a negative indent indents by "" */
-                }
-                bool compact = false;
-                if (given(p[2]) && p[2].t != V_NONE) {
-                        jv s = p[2];
-                        if (!is_seq(s) || s.l->n != 2 || s.l->v[0].t != V_STR || s.l->v[1].t != V_STR)
-                                fail(st, "tojson: separators must be a pair of strings");
-                        const char *x = s.l->v[0].s->s, *y = s.l->v[1].s->s;
-                        if (streq(x, ",") && streq(y, ":"))
-                                compact = true;
-                        else if (!(streq(y, ": ") && (streq(x, ", ") || (streq(x, ",") && indent >= 0))))
-                                fail(st, "unsupported tojson separators ('%s', '%s')", x, y);
-                }
-                return do_tojson(st, in, given(p[0]) && truthy(p[0]), indent, compact, given(p[3]) && truthy(p[3]));
-        }
-        if (streq(name, "length") || streq(name, "count")) {
-                bind(st, what, a, NULL, 0, p);
-                switch (in.t) {
-                case V_UNDEF:
-                        return mkint(0);
-                case V_STR:
-                        return mkint((int64_t) u8_count(in.s->s, in.s->len));
-                case V_LIST:
-                case V_TUPLE:
-                        if (in.l->gen)
-                                fail(st, "object of type 'generator' has no len()");
-                        return mkint((int64_t) in.l->n);
-                case V_DICT:
-                        return mkint((int64_t) in.d->n);
-                default:
-                        fail(st, "object of type '%s' has no len()", type_name(in));
-                }
-        }
-        if (streq(name, "trim")) {
-                static const char *const ps[] = {"chars"};
-                bind(st, what, a, ps, 1, p);
-                return str_strip(st, to_str(st, in), p[0], true, true);
-        }
-        if (streq(name, "default") || streq(name, "d")) {
-                static const char *const ps[] = {"default_value", "boolean"};
-                bind(st, what, a, ps, 2, p);
-                jv def = given(p[0]) ? p[0] : mkstr(st, "", 0);
-                if (in.t == V_UNDEF || (given(p[1]) && truthy(p[1]) && !truthy(in)))
-                        return def;
-                return in;
-        }
-        if (streq(name, "string") || streq(name, "safe")) {
-                bind(st, what, a, NULL, 0, p);
-                struct jstr *s = to_str(st, in);
-                if (name[1] == 'a' && !s->safe) {
-                        s = mkstr_raw(st, s->s, s->len);
-                        s->safe = true;
-                }
-                return (jv) {.t = V_STR, .s = s};
-        }
-        if (streq(name, "title")) {
-                /* Jinja2's do_title: after each run of [-\\s({[<], first char upper, rest lower */
-                bind(st, what, a, NULL, 0, p);
-                struct jstr *s = str_case(st, to_str(st, in), 'l').s;
-                struct sbuf sb = {};
-                sb_put(st, &sb, "", 0);
-                bool start = true;
-                for (size_t i = 0; i < s->len;) {
-                        size_t nx = u8_next(s->s, s->len, i);
-                        uint32_t cp = u8_decode(s->s, s->len, i);
-                        bool sep = py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-                        if (start && !sep) {
-                                struct jstr *one = str_case(st, mkstr_raw(st, s->s + i, nx - i), 'u').s;
-                                sb_put(st, &sb, one->s, one->len);
-                        } else
-                                sb_put(st, &sb, s->s + i, nx - i);
-                        start = sep;
-                        i = nx;
-                }
-                return sb_value(st, &sb);
-        }
-        if (streq(name, "upper") || streq(name, "lower") || streq(name, "capitalize")) {
-                bind(st, what, a, NULL, 0, p);
-                return str_case(st, to_str(st, in), name[0] == 'c' ? 'c' : name[0] == 't' ? 't' : name[0] == 'u' ? 'u' : 'l');
-        }
-        if (streq(name, "join")) {
-                static const char *const ps[] = {"d", "attribute"};
-                bind(st, what, a, ps, 2, p);
-                struct jstr *sep = given(p[0]) ? to_str(st, p[0]) : mkstr_raw(st, "", 0);
-                struct jlist *l = iter_list(st, in);
-                struct sbuf sb = {};
-                sb_put(st, &sb, "", 0);
-                for (size_t i = 0; i < l->n; i++) {
-                        if (i)
-                                sb_put(st, &sb, sep->s, sep->len);
-                        put_str(st, &sb, given(p[1]) ? attr_path(st, l->v[i], p[1]) : l->v[i]);
-                }
-                return sb_value(st, &sb);
-        }
-        if (streq(name, "items")) {
-                bind(st, what, a, NULL, 0, p);
-                if (in.t == V_UNDEF) {
-                        jv r = mklist(st, V_LIST, 0);
-                        r.l->gen = true;
-                        return r;
-                }
-                if (in.t != V_DICT)
-                        fail(st, "items: can only get item pairs from a mapping, got %s", type_name(in));
-                struct jmethod m = {.self = in, .name = "items"};
-                struct args none = {};
-                jv r = call_method(st, &m, &none);
-                r.l->gen = true;
-                return r;
-        }
-        if (streq(name, "replace")) {
-                static const char *const ps[] = {"old", "new", "count"};
-                bind(st, what, a, ps, 3, p);
-                return str_replace(st, to_str(st, in), to_str(st, p[0]), to_str(st, p[1]),
-                                   given(p[2]) && p[2].t != V_NONE ? arg_int(st, what, p[2]) : -1);
-        }
-        if (streq(name, "list")) {
-                bind(st, what, a, NULL, 0, p);
-                struct jlist *l = iter_list(st, in);
-                jv r = mklist(st, V_LIST, l->n);
-                for (size_t i = 0; i < l->n; i++)
-                        list_push(st, r.l, l->v[i]);
-                return r;
-        }
-        if (streq(name, "first") || streq(name, "last")) {
-                bind(st, what, a, NULL, 0, p);
-                struct jlist *l = iter_list(st, in);
-                if (l->n == 0)
-                        return UNDEF;
-                return name[0] == 'f' ? l->v[0] : l->v[l->n - 1];
-        }
-        if (streq(name, "dictsort")) {
-                static const char *const ps[] = {"case_sensitive", "by", "reverse"};
-                bind(st, what, a, ps, 3, p);
-                if (in.t == V_UNDEF)
-                        fail_undefined(st, in);
-                if (in.t != V_DICT)
-                        fail(st, "dictsort: expected a mapping, got %s", type_name(in));
-                bool by_value = given(p[1]) && p[1].t == V_STR && streq(p[1].s->s, "value");
-                if (given(p[1]) && !by_value && !(p[1].t == V_STR && streq(p[1].s->s, "key")))
-                        fail(st, "You can only sort by either \"key\" or \"value\"");
-                size_t n = in.d->n;
-                jv *keys = ralloc(st, (n + 1) * sizeof(jv)), *vals = ralloc(st, (n + 1) * sizeof(jv));
-                for (size_t i = 0; i < n; i++) {
-                        jv t = mklist(st, V_TUPLE, 2);
-                        list_push(st, t.l, in.d->k[i]);
-                        list_push(st, t.l, in.d->v[i]);
-                        vals[i] = t;
-                        keys[i] = sort_key(st, by_value ? in.d->v[i] : in.d->k[i], given(p[0]) && truthy(p[0]));
-                }
-                sort_values(st, keys, vals, n, given(p[2]) && truthy(p[2]));
-                jv r = mklist(st, V_LIST, n);
-                for (size_t i = 0; i < n; i++)
-                        list_push(st, r.l, vals[i]);
-                return r;
-        }
-        if (streq(name, "sort")) {
-                static const char *const ps[] = {"reverse", "case_sensitive", "attribute"};
-                bind(st, what, a, ps, 3, p);
-                struct jlist *l = iter_list(st, in);
-                size_t n = l->n;
-                jv *keys = ralloc(st, (n + 1) * sizeof(jv)), *vals = ralloc(st, (n + 1) * sizeof(jv));
-                for (size_t i = 0; i < n; i++) {
-                        vals[i] = l->v[i];
-                        keys[i] = sort_key(st, given(p[2]) ? attr_path(st, l->v[i], p[2]) : l->v[i], given(p[1]) && truthy(p[1]));
-                }
-                sort_values(st, keys, vals, n, given(p[0]) && truthy(p[0]));
-                jv r = mklist(st, V_LIST, n);
-                for (size_t i = 0; i < n; i++)
-                        list_push(st, r.l, vals[i]);
-                return r;
-        }
-        if (streq(name, "selectattr") || streq(name, "rejectattr"))
-                return select_common(st, in, a, true, name[0] == 's');
-        if (streq(name, "select") || streq(name, "reject"))
-                return select_common(st, in, a, false, name[0] == 's');
-        if (streq(name, "map")) {
-                struct jlist *l = truthy(in) ? iter_list(st, in) : mklist(st, V_LIST, 0).l;
-                jv r = mklist(st, V_LIST, l->n);
-                r.l->gen = true;
-                if (a->n_pos == 0) {
-                        static const char *const ps[] = {"attribute", "default"};
-                        bind(st, what, a, ps, 2, p);
-                        if (!given(p[0]))
-                                fail(st, "map: expected a filter name or attribute=");
-                        for (size_t i = 0; i < l->n; i++) {
-                                jv v = attr_path(st, l->v[i], p[0]);
-                                if (v.t == V_UNDEF && given(p[1]))
-                                        v = p[1];
-                                list_push(st, r.l, v);
-                        }
-                        return r;
-                }
-                const char *fname = arg_str(st, what, a->pos[0])->s;
-                struct args fa = {.pos = a->n_pos > 1 ? a->pos + 1 : NULL, .n_pos = a->n_pos - 1, .kw_names = a->kw_names, .kw = a->kw, .n_kw = a->n_kw};
-                if (!in_names(KNOWN_FILTERS, fname))
-                        fail(st, "no filter named '%s'", fname);
-                for (size_t i = 0; i < l->n; i++)
-                        list_push(st, r.l, apply_filter(st, fname, l->v[i], &fa));
-                return r;
-        }
-        if (streq(name, "indent")) {
-                static const char *const ps[] = {"width", "first", "blank"};
-                bind(st, what, a, ps, 3, p);
-                struct jstr *ind;
-                if (given(p[0]) && p[0].t == V_STR)
-                        ind = p[0].s;
-                else {
-                        int64_t w = given(p[0]) ? arg_int(st, what, p[0]) : 4;
-                        struct sbuf sb = {};
-                        sb_put(st, &sb, "", 0);
-                        for (int64_t k = 0; k < w; k++) {
-                                step(st, 1);
-                                sb_put(st, &sb, " ", 1);
-                        }
-                        ind = mkstr_raw(st, sb.p, sb.len);
-                }
-                struct jstr *s = to_str(st, in);
-                struct sbuf t = {};
-                sb_put(st, &t, s->s, s->len);
-                sb_put(st, &t, "\n", 1);
-                struct jmethod m = {.self = sb_value(st, &t), .name = "splitlines"};
-                struct args none = {};
-                struct jlist *lines = call_method(st, &m, &none).l;
-                bool blank = given(p[2]) && truthy(p[2]);
-                struct sbuf o = {};
-                sb_put(st, &o, "", 0);
-                if (given(p[1]) && truthy(p[1]))
-                        sb_put(st, &o, ind->s, ind->len);
-                for (size_t i = 0; i < lines->n; i++) {
-                        struct jstr *ln = lines->v[i].s;
-                        if (i > 0) {
-                                sb_put(st, &o, "\n", 1);
-                                if (blank || ln->len > 0)
-                                        sb_put(st, &o, ind->s, ind->len);
-                        }
-                        sb_put(st, &o, ln->s, ln->len);
-                }
-                return sb_value(st, &o);
-        }
-        if (streq(name, "int") || streq(name, "float")) {
-                static const char *const ps[] = {"default", "base"};
-                bind(st, what, a, ps, 2, p);
-                bool is_int = name[0] == 'i';
-                jv def = given(p[0]) ? p[0] : is_int ? mkint(0) : mkfloat(0.0);
-                if (in.t == V_INT)
-                        return is_int ? in : mkfloat((double) in.i);
-                if (in.t == V_BOOL)
-                        return is_int ? mkint(in.b) : mkfloat(in.b);
-                if (in.t == V_FLOAT) {
-                        if (!is_int)
-                                return in;
-                        if (isnan(in.f) || isinf(in.f) || fabs(in.f) >= 9.2e18)
-                                return def;
-                        return mkint((int64_t) in.f);
-                }
-                if (in.t == V_STR) {
-                        struct jstr *s = str_strip(st, in.s, NONE, true, true).s;
-                        char *end;
-                        if (s->len == 0)
-                                return def;
-                        errno = 0;
-                        if (is_int) {
-                                long long v = strtoll(s->s, &end, 10);
-                                if (*end == 0 && errno == 0)
-                                        return mkint(v);
-                        }
-                        double d = strtod(s->s, &end);
-                        if (*end != 0 || (s->s[0] != '-' && s->s[0] != '+' && s->s[0] != '.' && (s->s[0] < '0' || s->s[0] > '9') &&
-                                          !(strcasecmp(s->s, "inf") == 0 || strcasecmp(s->s, "nan") == 0 || strcasecmp(s->s, "infinity") == 0)))
-                                return def;
-                        if (!is_int)
-                                return mkfloat(d);
-                        if (isnan(d) || isinf(d) || fabs(d) >= 9.2e18)
-                                return def;
-                        return mkint((int64_t) d);
-                }
-                return def;
-        }
-        if (streq(name, "abs")) {
-                bind(st, what, a, NULL, 0, p);
-                if (!is_num(in))
-                        fail(st, "bad operand type for abs(): '%s'", type_name(in));
-                if (in.t == V_FLOAT)
-                        return mkfloat(fabs(in.f));
-                if (num_i(in) == INT64_MIN)
-                        fail_bigint(st);
-                return mkint(num_i(in) < 0 ? -num_i(in) : num_i(in));
-        }
-        if (streq(name, "round")) {
-                static const char *const ps[] = {"precision", "method"};
-                bind(st, what, a, ps, 2, p);
-                int64_t prec = given(p[0]) ? arg_int(st, what, p[0]) : 0;
-                const char *method = given(p[1]) ? arg_str(st, what, p[1])->s : "common";
-                if (!is_num(in))
-                        fail(st, "round: expected a number, got %s", type_name(in));
-                double x = num_f(in), m = pow(10.0, (double) prec);
-                if (streq(method, "common")) {
-                        /* Python's round(): ints stay ints, halves go to even */
-                        if (in.t != V_FLOAT && prec >= 0)
-                                return mkint(num_i(in));
-                        return mkfloat(nearbyint(x * m) / m);
-                }
-                if (streq(method, "floor"))
-                        return mkfloat(floor(x * m) / m);
-                if (streq(method, "ceil"))
-                        return mkfloat(ceil(x * m) / m);
-                fail(st, "method must be common, ceil or floor");
-        }
-        if (streq(name, "reverse")) {
-                bind(st, what, a, NULL, 0, p);
-                if (in.t == V_STR)
-                        return do_slice(st, in, NONE, NONE, mkint(-1));
-                struct jlist *l = iter_list(st, in);
-                jv r = mklist(st, V_LIST, l->n);
-                r.l->gen = true;
-                for (size_t i = l->n; i > 0; i--)
-                        list_push(st, r.l, l->v[i - 1]);
-                return r;
-        }
-        if (streq(name, "unique")) {
-                static const char *const ps[] = {"case_sensitive", "attribute"};
-                bind(st, what, a, ps, 2, p);
-                struct jlist *l = iter_list(st, in);
-                jv r = mklist(st, V_LIST, 0), seen = mklist(st, V_LIST, 0);
-                r.l->gen = true;
-                for (size_t i = 0; i < l->n; i++) {
-                        jv k = sort_key(st, given(p[1]) ? attr_path(st, l->v[i], p[1]) : l->v[i], given(p[0]) && truthy(p[0]));
-                        if (contains(st, seen, k))
-                                continue;
-                        list_push(st, seen.l, k);
-                        list_push(st, r.l, l->v[i]);
-                }
-                return r;
-        }
-        if (streq(name, "min") || streq(name, "max")) {
-                static const char *const ps[] = {"case_sensitive", "attribute"};
-                bind(st, what, a, ps, 2, p);
-                struct jlist *l = iter_list(st, in);
-                if (l->n == 0)
-                        return UNDEF;
-                size_t best = 0;
-                jv bk = sort_key(st, given(p[1]) ? attr_path(st, l->v[0], p[1]) : l->v[0], given(p[0]) && truthy(p[0]));
-                for (size_t i = 1; i < l->n; i++) {
-                        jv k = sort_key(st, given(p[1]) ? attr_path(st, l->v[i], p[1]) : l->v[i], given(p[0]) && truthy(p[0]));
-                        int c = jv_cmp(st, k, bk, "<");
-                        if (name[1] == 'i' ? c < 0 : c > 0) {
-                                best = i;
-                                bk = k;
-                        }
-                }
-                return l->v[best];
-        }
-        if (streq(name, "sum")) {
-                static const char *const ps[] = {"attribute", "start"};
-                bind(st, what, a, ps, 2, p);
-                struct jlist *l = iter_list(st, in);
-                jv acc = given(p[1]) ? p[1] : mkint(0);
-                for (size_t i = 0; i < l->n; i++)
-                        acc = arith(st, '+', acc, given(p[0]) ? attr_path(st, l->v[i], p[0]) : l->v[i]);
-                return acc;
-        }
-        if (streq(name, "center")) {
-                static const char *const ps[] = {"width"};
-                bind(st, what, a, ps, 1, p);
-                struct jstr *s = to_str(st, in);
-                int64_t w = given(p[0]) ? arg_int(st, what, p[0]) : 80, n = (int64_t) u8_count(s->s, s->len);
-                if (w <= n)
-                        return mkstr(st, s->s, s->len);
-                int64_t pad = w - n, left = pad / 2 + (pad & w & 1);
-                struct sbuf sb = {};
-                for (int64_t k = 0; k < left; k++)
-                        sb_put(st, &sb, " ", 1);
-                sb_put(st, &sb, s->s, s->len);
-                for (int64_t k = 0; k < pad - left; k++)
-                        sb_put(st, &sb, " ", 1);
-                step(st, (uint64_t) w);
-                return sb_value(st, &sb);
-        }
-        if (streq(name, "wordcount")) {
-                bind(st, what, a, NULL, 0, p);
-                struct jstr *s = to_str(st, in);
-                int64_t n = 0;
-                bool in_word = false;
-                for (size_t i = 0; i < s->len; i = u8_next(s->s, s->len, i)) {
-                        uint32_t c = u8_decode(s->s, s->len, i);
-                        bool w = cp_alpha(c) || (c >= '0' && c <= '9') || c == '_';
-                        if (w && !in_word)
-                                n++;
-                        in_word = w;
-                }
-                return mkint(n);
-        }
-        if (streq(name, "attr")) {
-                static const char *const ps[] = {"name"};
-                bind(st, what, a, ps, 1, p);
-                return get_attr(st, in, arg_str(st, what, p[0])->s);
-        }
+        for (size_t i = 0; i < sizeof FILTERS / sizeof FILTERS[0]; i++)
+                if (streq(name, FILTERS[i].name))
+                        return FILTERS[i].fn(st, name, in, a, what);
         if (in_names(KNOWN_FILTERS, name))
                 fail(st, "unsupported filter '%s'", name);
         fail(st, "no filter named '%s'", name);
