@@ -19,13 +19,13 @@
 #include <systemd/sd-daemon.h>
 
 #include "../kernels/backend.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "gguf/gguf.h"
+#include "chat/tokenizer.h"
 #include "model/xing4.h"
 #include "scheduler.h"
 #include "server.h"
-#include "util/frame.h"
-#include "util/log.h"
+#include "common/frame.h"
+#include "common/log.h"
 
 #define XING4D_VERSION "0.1.0"
 #define DEFAULT_CONFIG "/etc/xing4d/xing4d.conf"

@@ -29,14 +29,14 @@
 #include "engine/kvcache.h"
 #include "engine/prefix.h"
 #include "engine/sampler.h"
-#include "model/chat.h"
-#include "model/chat_xing4.h"
-#include "model/gguf.h"
-#include "model/outparse.h"
-#include "model/tokenizer.h"
+#include "chat/chat.h"
+#include "chat/chat_xing4.h"
+#include "gguf/gguf.h"
+#include "chat/outparse.h"
+#include "chat/tokenizer.h"
 #include "model/xing4.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "common/json.h"
+#include "common/log.h"
 
 #define MAX_LOGPROBS 20u
 #define MAX_STOP_LEN 256u

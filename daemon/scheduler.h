@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "util/macro.h"
+#include "common/macro.h"
 
 struct x4_model;
 struct x4_backend;

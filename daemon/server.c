@@ -19,9 +19,9 @@
 #include <systemd/sd-daemon.h>
 
 #include "scheduler.h"
-#include "util/escape.h"
-#include "util/frame.h"
-#include "util/log.h"
+#include "common/escape.h"
+#include "common/frame.h"
+#include "common/log.h"
 #include "xing4.pb-c.h"
 
 /* Back-pressure (design.md): a connection whose unsent output passes output_high_water (8 MiB by

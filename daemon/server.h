@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "util/macro.h"
+#include "common/macro.h"
 
 struct sched;
 

@@ -31,8 +31,8 @@
 #include <unistd.h>
 
 #include "bridge.h"
-#include "util/log.h"
-#include "util/macro.h"
+#include "common/log.h"
+#include "common/macro.h"
 
 #define BRIDGE_VERSION "0.1.0"
 #define MAX_SOCKETS 16

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "bridge.h"
-#include "util/macro.h"
+#include "common/macro.h"
 
 /* ---- errors ------------------------------------------------------------------------------------ */
 

@@ -19,7 +19,7 @@
 #include <time.h>
 
 #include "bridge.h"
-#include "util/macro.h"
+#include "common/macro.h"
 
 #define OOM(e) api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "util/log.h"
+#include "common/log.h"
 
 uint32_t x4_batch_logits_rows(const struct x4_batch *batch) {
         uint32_t rows = 0;

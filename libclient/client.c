@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* libx4client: one nonblocking AF_UNIX stream socket, the shared length-prefix framing
- * (daemon/util/frame.c) and protobuf-c frames. Blocking calls are a poll() loop that dispatches
+ * (common/frame.c) and protobuf-c frames. Blocking calls are a poll() loop that dispatches
  * every frame that arrives until the awaited one is there, so submitted requests keep streaming
  * while the caller waits for, say, stats. */
 #include "x4client.h"
@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util/frame.h"
-#include "util/log.h"
+#include "common/frame.h"
+#include "common/log.h"
 #include "xing4.pb-c.h"
 
 enum pending_kind {

@@ -68,10 +68,10 @@
 #include "backend.h"
 #include "engine/grammar.h"
 #include "model/mkmodel.h"
-#include "model/tokenizer.h"
+#include "chat/tokenizer.h"
 #include "model/xing4.h"
-#include "util/log.h"
-#include "util/macro.h"
+#include "common/log.h"
+#include "common/macro.h"
 
 #define PAGE_TOKENS 256u
 #define MAX_LIST 32

@@ -19,8 +19,8 @@
 
 #include "backend.h"
 #include "model/xing4.h"
-#include "util/log.h"
-#include "util/macro.h"
+#include "common/log.h"
+#include "common/macro.h"
 
 #define PAGE_TOKENS 256u
 

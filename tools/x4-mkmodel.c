@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/ggml.h"
+#include "gguf/ggml.h"
 #include "model/mkmodel.h"
-#include "util/log.h"
+#include "common/log.h"
 
 static void usage(FILE *f) {
         fputs("Usage: x4-mkmodel [OPTIONS] --out FILE.gguf\n"

@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/chat.h"
-#include "model/chat_xing4.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/chat.h"
+#include "chat/chat_xing4.h"
+#include "common/json.h"
+#include "common/log.h"
 
 static int read_file(const char *path, char **ret, size_t *ret_len) {
         _cleanup_fclose_ FILE *f = fopen(path, "rb");

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer.h"
-#include "util/log.h"
+#include "chat/tokenizer.h"
+#include "common/log.h"
 
 static void usage(FILE *f) {
         fprintf(f, "usage: x4-tokenize --model M.gguf [--decode] [--raw] [--skip-specials] [--bench SECONDS]\n");

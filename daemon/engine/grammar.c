@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/tokenizer.h"
+#include "common/json.h"
+#include "common/log.h"
 
 /* ---- compiled grammar ------------------------------------------------------------------------ */
 

@@ -38,7 +38,7 @@
  *
  * Forced tool call: `<tool_call>{"name": NAME, "arguments": ARGS}</tool_call>` then the end of
  * the turn, with `<tool_call>` / `</tool_call>` as the model's special tokens, NAME one of the
- * chosen tools' names and ARGS constrained by that tool's `parameters` (daemon/model/outparse.h:
+ * chosen tools' names and ARGS constrained by that tool's `parameters` (chat/outparse.h:
  * the JSON form of a call, which the output parser takes as a tool call). "name" comes first.
  *
  * The text a token stands for is its decoded piece (`▁` as ' ', byte pieces as their byte);
@@ -51,7 +51,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "util/macro.h"
+#include "common/macro.h"
 
 struct tokenizer;
 struct json_value;

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "../util/log.h"
+#include "common/log.h"
 
 struct kvcache {
         uint32_t n_pages, page_tokens;

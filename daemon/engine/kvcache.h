@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../util/macro.h"
+#include "common/macro.h"
 
 struct kvcache;
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../util/log.h"
+#include "common/log.h"
 #include "kvcache.h"
 
 struct node {

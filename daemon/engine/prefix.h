@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../util/macro.h"
+#include "common/macro.h"
 
 struct kvcache;
 struct prefix_store;

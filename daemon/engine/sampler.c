@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/log.h"
+#include "common/log.h"
 
 /* Seen tokens: open addressing, key = token + 1 (0 = empty). */
 struct seen {

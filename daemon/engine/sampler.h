@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "util/macro.h"
+#include "common/macro.h"
 
 struct sampler_params {
         float temperature;        /* >= 0; 0 = greedy. Default 1. */

@@ -30,10 +30,10 @@
 #include "backend.h"
 #include "cpu/quant.h"
 #include "cpu/threadpool.h"
-#include "model/ggml.h"
-#include "model/gguf.h"
+#include "gguf/ggml.h"
+#include "gguf/gguf.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 /* Tokens per internal micro-batch. A forward call of any size is cut into micro-batches in batch
  * order; since every token's computation is independent of its batch-mates, the cut is invisible

@@ -12,8 +12,8 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "model/ggml.h"
-#include "util/log.h"
+#include "gguf/ggml.h"
+#include "common/log.h"
 
 const int8_t quant_iq4nl_values[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
                                         1,    13,   25,  38,  53,  69,  89,  113 };

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/log.h"
+#include "common/log.h"
 
 struct threadpool_worker {
         struct threadpool *pool;

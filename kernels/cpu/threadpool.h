@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "util/macro.h"
+#include "common/macro.h"
 
 struct threadpool;
 

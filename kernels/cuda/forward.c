@@ -35,9 +35,9 @@
 
 #include "backend.h"
 #include "launch.h"
-#include "model/ggml.h"
+#include "gguf/ggml.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 /* Tokens one pass of the layer stack takes; a longer batch runs as consecutive passes (each
  * sequence's tokens stay in order, so causality holds and results do not change). */

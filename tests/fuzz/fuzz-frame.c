@@ -5,8 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "util/frame.h"
-#include "util/log.h"
+#include "common/frame.h"
+#include "common/log.h"
 
 #define CAP 4096u
 

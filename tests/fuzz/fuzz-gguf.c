@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "model/gguf.h"
-#include "util/log.h"
+#include "gguf/gguf.h"
+#include "common/log.h"
 
 static volatile uint64_t sink;
 

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "engine/grammar.h"
-#include "model/tokenizer.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/tokenizer.h"
+#include "common/json.h"
+#include "common/log.h"
 
 static struct tokenizer *tok;
 static struct grammar_vocab *voc;

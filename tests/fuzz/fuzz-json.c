@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/json.h"
-#include "util/log.h"
+#include "common/json.h"
+#include "common/log.h"
 
 static bool all_finite(const struct json_value *v) {
         switch (json_type(v)) {

@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "model/chat.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/chat.h"
+#include "common/json.h"
+#include "common/log.h"
 
 static const char context_json[] =
         "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"add_generation_prompt\": true,"

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/outparse.h"
-#include "model/tokenizer.h"
-#include "util/log.h"
+#include "chat/outparse.h"
+#include "chat/tokenizer.h"
+#include "common/log.h"
 
 static struct tokenizer *tok;
 

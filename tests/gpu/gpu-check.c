@@ -34,8 +34,8 @@
 #include "backend.h"
 #include "model/xing4.h"
 #include "route-compare.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "common/json.h"
+#include "common/log.h"
 
 #define PAGE_TOKENS 256u
 #define TOL_DECODE tol

@@ -14,7 +14,7 @@
 
 #include "backend.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 static const struct x4_batch_limits LIM = { .n_vocab = 512, .n_pages = 4, .page_tokens = 16 };
 

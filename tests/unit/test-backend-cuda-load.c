@@ -19,7 +19,7 @@
 
 #include "../kernels/backend.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 static char module_path[4096];
 

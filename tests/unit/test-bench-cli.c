@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "model/mkmodel.h"
-#include "util/log.h"
+#include "common/log.h"
 
 static struct {
         char dir[128], gguf[160], config[160], trace[160], module[160], out[160], err[160];

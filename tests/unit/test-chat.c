@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/chat.h"
-#include "model/chat_xing4.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/chat.h"
+#include "chat/chat_xing4.h"
+#include "common/json.h"
+#include "common/log.h"
 
 static struct json_value *ctx_from(const char *json) {
         struct json_value *v = NULL;

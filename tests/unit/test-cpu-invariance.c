@@ -19,7 +19,7 @@
 #include "backend.h"
 #include "cpu/quant.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 #define PAGE_TOKENS 16u /* small pages, so sequences span several (non-contiguous) pages */
 #define N_PAGES 64u

@@ -23,7 +23,7 @@
 #include "backend.h"
 #include "model/mkmodel.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 #define PRESET "demo" /* 16 experts top-4 like the release's 64 top-4; 3 of its 4 blocks MoE */
 #define PAGE_TOKENS 16u

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "util/escape.h"
+#include "common/escape.h"
 
 static const char *esc(const char *s, size_t len, size_t size) {
         static char buf[256];

@@ -9,8 +9,8 @@
 
 #include <cmocka.h>
 
-#include "util/frame.h"
-#include "util/log.h"
+#include "common/frame.h"
+#include "common/log.h"
 
 /* Build a stream of frames whose payload i has i*37 % 300 bytes of pattern (i + k). */
 static size_t build_stream(uint8_t *buf, size_t cap, unsigned n_frames) {

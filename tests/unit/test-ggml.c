@@ -6,7 +6,7 @@
 #include <cmocka.h>
 #include <errno.h>
 
-#include "model/ggml.h"
+#include "gguf/ggml.h"
 
 static void test_row_bytes(void **state) {
         uint64_t n;

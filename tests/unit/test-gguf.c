@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model/ggml.h"
-#include "model/gguf.h"
-#include "util/log.h"
+#include "gguf/ggml.h"
+#include "gguf/gguf.h"
+#include "common/log.h"
 
 /* ---- byte builder ---- */
 

@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "engine/grammar.h"
-#include "model/tokenizer.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/tokenizer.h"
+#include "common/json.h"
+#include "common/log.h"
 
 /* ---- a small vocabulary ---------------------------------------------------------------------- */
 

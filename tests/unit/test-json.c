@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/json.h"
-#include "util/log.h"
+#include "common/json.h"
+#include "common/log.h"
 
 struct dump_case {
         const char *doc;

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "engine/kvcache.h"
-#include "util/log.h"
+#include "common/log.h"
 
 static void test_alloc_until_full(void **state) {
         _cleanup_(kvcache_freep) struct kvcache *kv = NULL;

@@ -19,13 +19,13 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
-#include "model/ggml.h"
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
+#include "gguf/ggml.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "model/mkmodel.h"
-#include "model/tokenizer.h"
+#include "chat/tokenizer.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 struct tmpdir {
         char dir[128], gguf[160], config[160];
@@ -674,7 +674,7 @@ static void test_config_json_not_replaced(void **state) {
         tmp_remove(&t);
 }
 
-/* ---- the GGUF writer (daemon/model/gguf_writer.h), read back by the reader ------------------- */
+/* ---- the GGUF writer (gguf/gguf_writer.h), read back by the reader ------------------- */
 
 static void test_gguf_writer_roundtrip(void **state) {
         _cleanup_(gguf_writer_freep) struct gguf_writer *w = NULL;

@@ -12,7 +12,7 @@
 
 #include "engine/kvcache.h"
 #include "engine/prefix.h"
-#include "util/log.h"
+#include "common/log.h"
 
 #define PT 4
 

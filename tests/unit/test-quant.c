@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "cpu/quant.h"
-#include "model/ggml.h"
-#include "util/log.h"
+#include "gguf/ggml.h"
+#include "common/log.h"
 
 static uint32_t bits_of(float f) {
         uint32_t u;

@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "engine/sampler.h"
-#include "util/log.h"
+#include "common/log.h"
 
 #define N_DRAWS 20000
 

@@ -18,10 +18,10 @@
 #include <poll.h>
 
 #include "../kernels/backend.h"
-#include "model/tokenizer.h"
+#include "chat/tokenizer.h"
 #include "model/xing4.h"
 #include "scheduler.h"
-#include "util/log.h"
+#include "common/log.h"
 
 #define FIXTURE_DIR X4_FIXTURES "/xing4-tiny-a"
 

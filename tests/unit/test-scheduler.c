@@ -15,7 +15,7 @@
 #include "../kernels/backend.h"
 #include "model/xing4.h"
 #include "scheduler.h"
-#include "util/log.h"
+#include "common/log.h"
 
 struct env {
         struct x4_model *model;

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cpu/threadpool.h"
-#include "util/log.h"
+#include "common/log.h"
 
 #define MAX_N 1000
 #define MAX_THREADS 4

@@ -11,10 +11,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
-#include "model/tokenizer.h"
-#include "util/log.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
+#include "chat/tokenizer.h"
+#include "common/log.h"
 
 static struct tokenizer *fixture;
 

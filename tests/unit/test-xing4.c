@@ -16,12 +16,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/ggml.h"
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
+#include "gguf/ggml.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "model/mkmodel.h"
 #include "model/xing4.h"
-#include "util/log.h"
+#include "common/log.h"
 
 static char fixture_dir[3072], fixture_gguf[4096], fixture_config[4096];
 

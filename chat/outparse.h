@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../util/macro.h"
+#include "common/macro.h"
 
 struct tokenizer;
 

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "chat_xing4.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/chat_xing4.h"
+#include "common/json.h"
+#include "common/log.h"
 
 /* Written from spec §7's two rendered examples; `-` on every tag so the output is exactly the
  * literal strings below whatever trim_blocks/lstrip_blocks are set to. */

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 #define X4_PROTO_MAJOR 1u
 #define X4_PROTO_MINOR 1u

@@ -7,8 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../util/macro.h"
-#include "gguf.h"
+#include "common/macro.h"
+#include "gguf/gguf.h"
 
 /* Not in the GGUF (spec §2.2 "Not in the GGUF"): taken from config.json, or these release values
  * when the user states the release defaults are assumed. */

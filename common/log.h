@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <syslog.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 typedef void (*log_sink_t)(int level, const char *message, void *userdata);
 

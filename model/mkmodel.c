@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-#include "mkmodel.h"
+#include "model/mkmodel.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -14,12 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../util/log.h"
-#include "chat_xing4.h"
-#include "ggml.h"
-#include "gguf_writer.h"
+#include "common/log.h"
+#include "chat/chat_xing4.h"
+#include "gguf/ggml.h"
+#include "gguf/gguf_writer.h"
 #include "kernels/cpu/quant.h"
-#include "xing4.h"
+#include "model/xing4.h"
 
 /* Same bytes on every machine: no contraction of a*b+c into an FMA (GCC does not contract in ISO
  * C mode; clang does unless told). */

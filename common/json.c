@@ -2,7 +2,7 @@
 /* JSON (RFC 8259): a strict recursive-descent parser with line/column errors and a serializer
  * whose output matches CPython's json.dumps byte for byte (chat templates' tojson must render
  * exactly what the model saw in training, and HF renders with Python). */
-#include "json.h"
+#include "common/json.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "log.h"
+#include "common/log.h"
 
 #define JSON_DEPTH_MAX 256
 

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../util/macro.h"
+#include "common/macro.h"
 
 struct gguf_file;
 

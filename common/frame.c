@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-#include "frame.h"
+#include "common/frame.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/log.h"
 
 struct frame_decoder {
         uint32_t max_payload;

@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../util/macro.h"
-#include "gguf.h"
+#include "common/macro.h"
+#include "gguf/gguf.h"
 
 struct gguf_writer;
 

@@ -3,7 +3,7 @@
  *
  * Everything that can be wrong in a file is refused with a message naming the file, the key or
  * tensor, what was found and what was expected. */
-#include "xing4.h"
+#include "model/xing4.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../util/json.h"
-#include "../util/log.h"
-#include "ggml.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "gguf/ggml.h"
 
 struct x4_model {
         struct gguf_file *gguf;

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "util/macro.h"
+#include "common/macro.h"
 
 struct json_value;
 struct chat_template;

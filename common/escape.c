@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-#include "escape.h"
+#include "common/escape.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -4,10 +4,10 @@
 #include <errno.h>
 #include <string.h>
 
-#include "chat.h"
-#include "jinja.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/chat.h"
+#include "chat/jinja.h"
+#include "common/json.h"
+#include "common/log.h"
 
 struct chat_template {
         struct jinja_template *tmpl;

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* Output channel parser (spec §7 "Model output", "Tool call"). Rules in outparse.h. */
-#include "outparse.h"
+#include "chat/outparse.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../util/json.h"
-#include "../util/log.h"
-#include "tokenizer.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "chat/tokenizer.h"
 
 struct buf {
         char *p;

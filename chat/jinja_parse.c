@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jinja.h"
-#include "util/log.h"
+#include "chat/jinja.h"
+#include "common/log.h"
 
 /* ---- arena ---- */
 

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../util/macro.h"
+#include "common/macro.h"
 
 enum gguf_value_type {
         GGUF_TYPE_UINT8 = 0,

@@ -13,9 +13,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "jinja.h"
-#include "util/json.h"
-#include "util/log.h"
+#include "chat/jinja.h"
+#include "common/json.h"
+#include "common/log.h"
 
 enum vtype {
         V_UNDEF,

@@ -8,7 +8,7 @@
  * arena, so a 131072-token vocabulary is one 1 MiB allocation, not 131072. The kv and tensor
  * tables grow by doubling as entries are actually parsed, so a corrupt count cannot make us
  * allocate more than the file can describe. Name lookups go through open-addressing hash tables. */
-#include "gguf.h"
+#include "gguf/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,8 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../util/log.h"
-#include "ggml.h"
+#include "common/log.h"
+#include "gguf/ggml.h"
 
 /* The GGUF format caps key length at 65535 bytes; we hold tensor names to the same bound. */
 #define GGUF_MAX_NAME_LEN 65535u

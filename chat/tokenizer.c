@@ -2,7 +2,7 @@
 /* SentencePiece-BPE tokenizer (spec §7). The exact rules (which pieces merge, the tie-break,
  * invalid UTF-8, the decode of byte runs and of the first piece of a run) were established by
  * experiment against python3-sentencepiece 0.1.97; tests/tokenizer/ checks them on 12,600 lines. */
-#include "tokenizer.h"
+#include "chat/tokenizer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,8 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../util/log.h"
-#include "gguf.h"
+#include "common/log.h"
+#include "gguf/gguf.h"
 
 const char *const TOKENIZER_REGISTERED_SPECIALS[_TOKENIZER_SPECIAL_MAX] = {
         [TOKENIZER_SPECIAL_START] = "<_start>",

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-#include "gguf_writer.h"
+#include "gguf/gguf_writer.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../util/log.h"
-#include "ggml.h"
+#include "common/log.h"
+#include "gguf/ggml.h"
 
 /* A metadata pair is kept serialized (key string, u32 type, value) exactly as it goes into the
  * file, so the header is a concatenation and its size is known without a second pass. */

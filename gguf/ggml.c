@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-#include "ggml.h"
+#include "gguf/ggml.h"
 
 #include <errno.h>
 #include <stdio.h>
 
-#include "../util/macro.h"
+#include "common/macro.h"
 
 /* Geometry from ggml's block structs (ggml-common.h): e.g. block_iq4_nl = fp16 d + 16 bytes. */
 static const struct ggml_type_info types[GGML_TYPE_COUNT] = {
