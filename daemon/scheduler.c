@@ -55,7 +55,13 @@ struct job {
         uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;
         uint32_t n_reused; /* prompt tokens whose pages came from the prefix store */
         uint32_t *pages;
-        uint32_t n_pages;
+        uint32_t n_pages;  /* pages held: taken as the sequence grows */
+        uint32_t n_fill;   /* positions to cache before decoding (the prompt; after a preemption,
+                            * the sequence but its last token) */
+        uint32_t plan;     /* prompt tokens this step computes */
+        uint64_t admit_seq; /* admission order (the latest admitted is preempted first) */
+        uint32_t preempted; /* times it was preempted */
+        double t_progress;  /* last PROGRESS event */
         struct sampler *sampler; /* engine/sampler: penalties, truncation, seeded draws */
         struct tokenizer_stream *ts;
         struct outparse *op; /* channels, tool calls, stops (NULL without a tokenizer) */
@@ -121,6 +127,9 @@ struct sched {
         double prefill_rate, decode_rate;
         uint64_t steps, steps_multi; /* forwards; those holding more than one request */
         uint32_t batch_max;          /* most requests in one forward */
+        uint64_t admit_counter, preemptions;
+        double decode_step_ms; /* a step without prefill (moving average) */
+        double prefill_tok_ms; /* a prompt token's cost within a step (moving average) */
 };
 
 static double now_ms(void) {
@@ -1231,6 +1240,8 @@ static bool prepare(struct sched *s, struct job *j) {
         }
         j->n_prompt = (uint32_t) n;
         j->max_tokens = j->create ? 0 : r->has_max_tokens ? r->max_tokens : s->p.max_tokens_default;
+        if (s->p.max_tokens_limit && j->max_tokens > s->p.max_tokens_limit)
+                j->max_tokens = s->p.max_tokens_limit; /* the admin's ceiling: ends with LENGTH */
         if (j->max_tokens > s->ctx_limit - j->n_prompt)
                 j->max_tokens = s->ctx_limit - j->n_prompt; /* ends with LENGTH at the limit */
         j->seq = realloc(ids, ((size_t) j->n_prompt + j->max_tokens) * sizeof *ids);
@@ -1430,50 +1441,59 @@ static uint32_t prefix_evict_if(struct sched *s, uint32_t want) {
 
 static void admit(struct sched *s) {
         uint32_t running = 0;
+        uint32_t pt = kvcache_page_tokens(s->kv);
         for (struct job *j = s->jobs; j; j = j->next)
                 running += j->state != JOB_WAITING;
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
-                if (j->state != JOB_WAITING)
-                        continue;
+                if (j->state != JOB_WAITING || j->paused)
+                        continue; /* a paused request would only hold pages: it waits */
                 if (!j->prepared && !prepare(s, j))
                         continue; /* failed and freed */
-                uint32_t need = kvcache_pages_for(s->kv, (uint64_t) j->n_prompt + j->max_tokens);
-                if (need > kvcache_n_pages(s->kv)) {
-                        fail_job(s, j, SCHED_ERR_RESOURCE_EXHAUSTED,
-                                 "request needs %u cache pages (%u prompt + %u output tokens), the "
-                                 "cache has %u",
-                                 need, j->n_prompt, j->max_tokens, kvcache_n_pages(s->kv));
-                        continue;
-                }
                 if (running >= s->p.max_running)
-                        break; /* FIFO: later requests wait behind this one */
-                if (!j->pages && !(j->pages = malloc(need * sizeof *j->pages))) {
+                        break; /* FIFO for slots: later requests wait behind this one */
+                /* what has to be in the cache before it decodes: the prompt, or for a preempted
+                 * request everything but its last sampled token (fed by its next decode step) */
+                bool resumed = j->n_out > 0;
+                uint32_t fill = resumed ? j->n_seq - 1 : j->n_prompt;
+                uint32_t cap = kvcache_pages_for(s->kv, (uint64_t) j->n_prompt + j->max_tokens + 1);
+                if (!j->pages && !(j->pages = malloc(cap * sizeof *j->pages))) {
                         fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for a page table");
                         continue;
                 }
-                /* the longest stored prefix, in full pages; at least one prompt token is left
-                 * to compute (its logits start the output). A resumed snapshot's pages that are
+                /* the longest stored prefix, in full pages; a new request computes at least one
+                 * prompt token (its logits start the output). A resumed snapshot's pages that are
                  * stored already (an earlier resume of it) are shared, not written again. */
                 uint32_t k = 0;
                 if (s->prefix)
-                        k = prefix_match(s->prefix, j->seq, j->n_prompt,
-                                         (j->n_prompt - 1) / kvcache_page_tokens(s->kv), j->pages);
-                if (need - k > kvcache_n_free(s->kv))
+                        k = prefix_match(s->prefix, j->seq, fill,
+                                         resumed ? fill / pt : (j->n_prompt - 1) / pt, j->pages);
+                /* pages are taken as the sequence grows, but a request starts only when the pages
+                 * its prompt needs are free now, so admitting it does not preempt another at once.
+                 * One that does not fit yet lets later ones that do start (they are preempted
+                 * first if the cache runs out: the most recently admitted goes first). */
+                uint32_t need = kvcache_pages_for(s->kv, (uint64_t) fill + 1);
+                need = need > k ? need - k : 0;
+                if (need > kvcache_n_free(s->kv))
                         /* pages only the store holds go back, least recently used first */
-                        (void) prefix_evict_if(s, need - k - kvcache_n_free(s->kv));
-                if (need - k > kvcache_n_free(s->kv) ||
-                    kvcache_alloc(s->kv, need - k, j->pages + k) < 0) {
+                        (void) prefix_evict_if(s, need - kvcache_n_free(s->kv));
+                uint32_t snap = !resumed && j->snap_data && j->snap_pages > k ? j->snap_pages - k : 0;
+                if (need > kvcache_n_free(s->kv) ||
+                    (snap && kvcache_alloc(s->kv, snap, j->pages + k) < 0)) {
                         if (k)
                                 (void) kvcache_release(s->kv, j->pages, k);
-                        break;
+                        continue;
                 }
-                j->n_pages = need;
-                if (s->prefix)
+                j->n_pages = k + snap;
+                j->n_fill = fill;
+                j->admit_seq = ++s->admit_counter;
+                bool first = j->t_admit == 0;
+                if (s->prefix && first)
                         prefix_count(s->prefix, k);
                 /* cached: the snapshot's tokens and the stored pages, whichever reach further */
-                j->n_cached = MAX(j->snap_n, k * kvcache_page_tokens(s->kv));
-                j->n_reused = j->n_cached - j->snap_n;
+                j->n_cached = MAX(resumed ? 0 : j->snap_n, k * pt);
+                if (first)
+                        j->n_reused = j->n_cached - j->snap_n;
                 if (j->snap_data) {
                         size_t pb = s->p.ops->page_bytes(s->p.backend);
                         int ret = 0;
@@ -1488,12 +1508,107 @@ static void admit(struct sched *s) {
                                 continue;
                         }
                 }
-                j->state = JOB_PREFILL;
-                j->t_admit = now_ms();
-                s->prompt_total += j->n_prompt;
-                s->total++;
+                /* a resumed request whose whole sequence came from the store decodes at once */
+                j->state = resumed && j->n_cached >= fill ? JOB_DECODE : JOB_PREFILL;
+                if (first) {
+                        j->t_admit = now_ms();
+                        s->prompt_total += j->n_prompt;
+                        s->total++;
+                } else
+                        log_debug("request %llu resumed: %u tokens to recompute, %u from the store",
+                                  (unsigned long long) j->r->id, fill - MIN(fill, j->n_cached),
+                                  MIN(fill, j->n_cached));
                 running++;
         }
+}
+
+/* Preemption by recompute: give j's pages back (its full pages stay in the prefix store while the
+ * cache allows, so resuming may not even recompute them) and put it back in the queue, at its
+ * place by arrival. Everything else -- its sequence, sampler (RNG state, penalties), output
+ * parser, detokenizer -- is kept, and a position's cache row depends only on the tokens before
+ * it, so the resumed request produces exactly what it would have without the interruption. */
+static void preempt(struct sched *s, struct job *j) {
+        if (j->n_pages && s->prefix && j->n_cached)
+                (void) prefix_insert(s->prefix, j->seq, MIN(j->n_cached, j->n_seq), j->pages,
+                                     j->n_pages);
+        if (j->n_pages)
+                (void) kvcache_release(s->kv, j->pages, j->n_pages);
+        log_info("request %llu preempted (cache full): %u tokens in the cache, %u generated; it "
+                 "resumes when pages are free", (unsigned long long) j->r->id, j->n_cached, j->n_out);
+        j->n_pages = 0;
+        j->n_cached = 0;
+        j->plan = 0;
+        j->state = JOB_WAITING;
+        j->preempted++;
+        s->preemptions++;
+}
+
+/* The victim when the cache runs out: a paused request (its client is not reading) if any, else
+ * the most recently admitted one. The oldest request therefore always progresses. */
+static struct job *pick_victim(struct sched *s) {
+        struct job *v = NULL;
+        for (struct job *j = s->jobs; j; j = j->next) {
+                if (j->state == JOB_WAITING)
+                        continue;
+                if (!v || (j->paused && !v->paused) ||
+                    (j->paused == v->paused && j->admit_seq > v->admit_seq))
+                        v = j;
+        }
+        return v;
+}
+
+/* Pages for j to hold positions [0, n_tokens), taken as it grows. False if the cache has none
+ * left even after evicting pages only the prefix store holds. */
+static bool grow_pages(struct sched *s, struct job *j, uint64_t n_tokens) {
+        uint32_t want = kvcache_pages_for(s->kv, n_tokens);
+        if (want <= j->n_pages)
+                return true;
+        uint32_t more = want - j->n_pages;
+        if (more > kvcache_n_free(s->kv))
+                (void) prefix_evict_if(s, more - kvcache_n_free(s->kv));
+        if (more > kvcache_n_free(s->kv) || kvcache_alloc(s->kv, more, j->pages + j->n_pages) < 0)
+                return false;
+        j->n_pages = want;
+        return true;
+}
+
+/* Prompt tokens one step may compute while other requests decode: a fixed --prefill-budget, else
+ * sized from measured costs so a step with prefill takes at most about PREFILL_STEP_FACTOR pure
+ * decode steps (no running stream stalls on someone's long prompt). Nothing decoding: a whole
+ * chunk per prefilling request. */
+#define PREFILL_STEP_FACTOR 4.0
+#define PREFILL_BUDGET_MIN 16u
+static uint32_t prefill_budget(const struct sched *s, bool decoding) {
+        if (s->p.prefill_budget)
+                return s->p.prefill_budget;
+        if (!decoding)
+                return UINT32_MAX;
+        if (s->decode_step_ms <= 0 || s->prefill_tok_ms <= 0)
+                return PREFILL_BUDGET_MIN; /* not measured yet: start small */
+        double b = (PREFILL_STEP_FACTOR - 1.0) * s->decode_step_ms / s->prefill_tok_ms;
+        if (b < PREFILL_BUDGET_MIN)
+                return PREFILL_BUDGET_MIN;
+        return b > s->p.prefill_chunk ? s->p.prefill_chunk : (uint32_t) b;
+}
+
+/* Tell the client how far a long prefill has come: once it has taken a second, at most four
+ * times a second. */
+#define PROGRESS_AFTER_MS 1000.0
+#define PROGRESS_EVERY_MS 250.0
+static void maybe_progress(struct sched *s, struct job *j, double now) {
+        if (j->n_out > 0 || now - j->t_submit < PROGRESS_AFTER_MS ||
+            now - j->t_progress < PROGRESS_EVERY_MS || j->n_cached >= j->n_fill)
+                return;
+        struct sched_event *e = calloc(1, sizeof *e);
+        if (!e)
+                return;
+        j->t_progress = now;
+        e->kind = SCHED_EVENT_PROGRESS;
+        e->cookie = j->r->cookie;
+        e->id = j->r->id;
+        e->done_tokens = j->n_cached;
+        e->total_tokens = j->n_fill;
+        push_event(s, e, false);
 }
 
 static void step(struct sched *s) {
@@ -1501,13 +1616,52 @@ static void step(struct sched *s) {
         struct job **owners;
         uint32_t n = 0, cap = 0, rows = 0;
         uint32_t prefill_tokens = 0, decode_tokens = 0;
-        struct job *prefill = NULL;
+        uint32_t pt = kvcache_page_tokens(s->kv);
 
-        for (struct job *j = s->jobs; j; j = j->next) {
-                cap += j->state != JOB_WAITING && !j->paused;
-                if (!prefill && j->state == JOB_PREFILL && !j->paused)
-                        prefill = j;
+        /* pages for this step, as sequences grow: decoding requests first (one position each),
+         * oldest first; when the cache is out, preempt (pick_victim) and try again */
+        for (bool again = true; again;) {
+                again = false;
+                for (struct job *j = s->jobs; j; j = j->next) {
+                        j->plan = 0;
+                        if (j->state != JOB_DECODE || j->paused)
+                                continue;
+                        if (grow_pages(s, j, (uint64_t) j->n_cached + 1))
+                                continue;
+                        preempt(s, pick_victim(s));
+                        again = true;
+                        break;
+                }
         }
+        bool decoding = false;
+        for (struct job *j = s->jobs; j; j = j->next)
+                decoding |= j->state == JOB_DECODE && !j->paused;
+        /* then prompt chunks within the step's budget, oldest first */
+        uint32_t left = prefill_budget(s, decoding);
+        for (struct job *j = s->jobs; j && left > 0; j = j->next) {
+                if (j->state != JOB_PREFILL || j->paused)
+                        continue;
+                uint32_t chunk = MIN(MIN(s->p.prefill_chunk, left), j->n_fill - j->n_cached);
+                while (chunk && !grow_pages(s, j, (uint64_t) j->n_cached + chunk)) {
+                        /* what its pages hold already, else preempt a younger request for it */
+                        uint32_t room = (uint32_t) MIN((uint64_t) j->n_pages * pt - j->n_cached,
+                                                       (uint64_t) chunk);
+                        if (room) {
+                                chunk = room;
+                                break;
+                        }
+                        struct job *v = pick_victim(s);
+                        if (!v || v == j || (!v->paused && v->admit_seq < j->admit_seq)) {
+                                chunk = 0; /* the youngest itself: it waits for pages */
+                                break;
+                        }
+                        preempt(s, v);
+                }
+                j->plan = chunk;
+                left -= chunk;
+        }
+        for (struct job *j = s->jobs; j; j = j->next)
+                cap += (j->state == JOB_DECODE && !j->paused) || j->plan;
         if (cap == 0)
                 return;
         seqs = calloc(cap, sizeof *seqs);
@@ -1526,9 +1680,11 @@ static void step(struct sched *s) {
                         owners[n++] = j;
                         decode_tokens++;
                         rows++;
-                } else if (j == prefill) {
-                        uint32_t chunk = MIN(s->p.prefill_chunk, j->n_prompt - j->n_cached);
-                        bool last = j->n_cached + chunk == j->n_prompt && !j->create;
+                } else if (j->plan) {
+                        uint32_t chunk = j->plan;
+                        /* logits for the last prompt token only; a resumed request's last
+                         * recomputed token already has its sampled successor */
+                        bool last = j->n_cached + chunk == j->n_fill && !j->create && j->n_out == 0;
                         seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
                                                    .pos0 = j->n_cached, .pages = j->pages,
                                                    .n_pages = j->n_pages,
@@ -1573,11 +1729,30 @@ static void step(struct sched *s) {
                         s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
                 if (decode_tokens)
                         s->decode_rate = (1 - a) * s->decode_rate + a * (decode_tokens * 1e3 / dt);
+                /* the prefill budget's inputs: a pure decode step, and a prompt token's share of
+                 * a step beyond the decode work in it */
+                if (!prefill_tokens)
+                        s->decode_step_ms = s->decode_step_ms > 0
+                                                    ? (1 - a) * s->decode_step_ms + a * dt : dt;
+                else {
+                        double extra = dt - (decode_tokens ? s->decode_step_ms : 0);
+                        double per = MAX(extra, 0.05 * dt) / prefill_tokens;
+                        s->prefill_tok_ms = s->prefill_tok_ms > 0
+                                                    ? (1 - a) * s->prefill_tok_ms + a * per : per;
+                }
         }
         uint32_t row = 0;
+        double now = now_ms();
         for (uint32_t i = 0; i < n; i++) {
                 struct job *j = owners[i];
                 j->n_cached += seqs[i].n_tokens;
+                if (j->state == JOB_PREFILL) {
+                        if (j->n_out > 0 && j->n_cached >= j->n_fill) {
+                                j->state = JOB_DECODE; /* resumed: recomputed, decodes again */
+                                continue;
+                        }
+                        maybe_progress(s, j, now);
+                }
                 if (s->prefix && j->state == JOB_PREFILL && j->n_cached == j->n_prompt)
                         /* prompt prefilled: its full pages can serve requests admitted from now
                          * on (they are never written again) */
@@ -1645,6 +1820,7 @@ static void publish_stats(struct sched *s) {
                 .steps = s->steps,
                 .steps_multi = s->steps_multi,
                 .batch_max = s->batch_max,
+                .preemptions = s->preemptions,
         };
         if (s->prefix) {
                 struct prefix_stats ps;
