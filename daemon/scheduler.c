@@ -1577,7 +1577,7 @@ static bool grow_pages(struct sched *s, struct job *j, uint64_t n_tokens) {
  * decode steps (no running stream stalls on someone's long prompt). Nothing decoding: a whole
  * chunk per prefilling request. */
 #define PREFILL_STEP_FACTOR 4.0
-#define PREFILL_BUDGET_MIN 16u
+#define PREFILL_BUDGET_MIN 1u
 static uint32_t prefill_budget(const struct sched *s, bool decoding) {
         if (s->p.prefill_budget)
                 return s->p.prefill_budget;

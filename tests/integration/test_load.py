@@ -89,3 +89,145 @@ def test_a_daemon_unlinks_only_the_socket_it_bound(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def gen_sampled(ids, max_tokens, temperature, seed):
+    """A GenerateRequest with token ids, sampling at a temperature with a fixed seed."""
+    packed = b"".join(w.varint(i) for i in ids)
+    sampling = (w.varint(1 << 3 | 5) + __import__("struct").pack("<f", temperature) +
+                w.field_varint(5, seed))
+    return (w.field_bytes(2, w.field_bytes(1, packed)) + w.field_bytes(4, sampling) +
+            w.field_varint(5, max_tokens) + w.field_varint(11, 1))
+
+
+# ---- max-tokens-limit ------------------------------------------------------------------------------
+
+def test_max_tokens_above_the_admin_ceiling_is_clamped(fresh_daemon):
+    d = fresh_daemon(args=("--max-tokens-limit", "5"))
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=32000, ignore_eos=True)))
+    ids, done = read_until_done(c)
+    assert len(ids) == 5
+    assert done[1] == [2]  # finish_reason LENGTH
+    # at or below the ceiling nothing changes
+    c.send(w.frame(2, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=3, ignore_eos=True)))
+    ids, done = read_until_done(c)
+    assert len(ids) == 3 and done[1] == [2]
+
+
+# ---- cache pages on demand, preemption ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    from conftest import BUILD
+    out = tmp_path_factory.mktemp("demo") / "demo.gguf"
+    r = subprocess.run([str(BUILD / "tools" / "x4-mkmodel"), "--preset", "demo", "--quiet",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_a_short_request_is_not_held_up_by_long_streams(fresh_daemon, demo_model):
+    d = fresh_daemon(args=("--model", str(demo_model)))
+    streams = []
+    for k in range(2):
+        c = w.Conn(d.sock, timeout=60)
+        c.hello()
+        c.send(w.frame(1, w.GENERATE, w.generate_tokens(prompt(k, 20), max_tokens=131072,
+                                                        ignore_eos=True)))
+        assert w.CHUNK in c.recv()  # streaming
+        streams.append(c)
+    t0 = time.monotonic()
+    r = d.x4ctl("--json", "generate", "--tokens", "9,10,11,12", "--max-tokens", "4",
+                "--ignore-eos", timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    done = json.loads(r.stdout.splitlines()[-1])
+    assert done["usage"]["completion_tokens"] == 4
+    assert took < 5, f"a 4-token request took {took:.1f} s beside two long streams"
+    # the streams are still going
+    s = d.stats()
+    assert s["requests_running"] == 2, s
+    for c in streams:
+        c.close()
+
+
+# 4 pages of 16 tokens: three requests of 8 + 40 tokens (3 pages each) cannot all fit
+TINY_CACHE = "[xing4d]\ncache-pages = 4\npage_tokens = 16\nmax-running = 4\n"
+
+
+def test_preempted_requests_give_exactly_what_they_give_alone(fresh_daemon):
+    d = fresh_daemon(TINY_CACHE)
+    reqs = [w.generate_tokens(prompt(1, 8), max_tokens=40, temperature=0.0, ignore_eos=True),
+            w.generate_tokens(prompt(2, 8), max_tokens=40, temperature=0.0, ignore_eos=True),
+            gen_sampled(prompt(3, 8), 40, 0.9, 1234)]
+    c = w.Conn(d.sock, timeout=60)
+    c.hello()
+    import struct
+    c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
+        w.frame(k + 1, w.GENERATE, r) for k, r in enumerate(reqs))))
+    got, done = {1: [], 2: [], 3: []}, {}
+    while len(done) < 3:
+        f = c.recv()
+        assert f is not None and w.ERROR not in f, f
+        rid = f[1][0]
+        if w.CHUNK in f:
+            got[rid] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
+        elif w.DONE in f:
+            done[rid] = w.parse(f[w.DONE][0])
+    # the cache ran out: some were preempted (recomputed later), none failed
+    deadline = time.monotonic() + 10
+    while not any("preempted (cache full)" in x for x in d.log):
+        assert time.monotonic() < deadline, d.log[-10:]
+        d.proc.poll()
+    for k, r in enumerate(reqs):
+        c.send(w.frame(10 + k, w.GENERATE, r))
+        alone, _ = read_until_done(c, 10 + k)
+        assert len(alone) == 40
+        assert got[k + 1] == alone, f"request {k + 1} differs after preemption"
+    assert d.stats()["cache_pages_used"] == 0
+
+
+# ---- chunked prefill under a budget ---------------------------------------------------------------
+
+def test_a_long_prefill_does_not_freeze_a_running_stream(fresh_daemon):
+    import struct
+    # even with whole-prompt chunks allowed, the per-step budget keeps the stream moving
+    d = fresh_daemon(args=("--prefill-chunk", "4096"))
+    s = w.Conn(d.sock, timeout=120)
+    s.hello()
+    s.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=100000,
+                                                    temperature=0.0, ignore_eos=True)))
+    for _ in range(20):
+        assert w.CHUNK in s.recv()
+    long = w.Conn(d.sock, timeout=120)
+    long.hello()
+    t0 = time.monotonic()
+    long.send(w.frame(2, w.GENERATE, w.generate_tokens(prompt(3, 4096), max_tokens=2,
+                                                       ignore_eos=True)))
+    long.s.setblocking(False)
+    times, first = [time.monotonic()], None
+    while first is None:
+        assert w.CHUNK in s.recv()
+        times.append(time.monotonic())
+        try:
+            long.buf += long.s.recv(65536)
+        except BlockingIOError:
+            pass
+        while len(long.buf) >= 4 and len(long.buf) >= 4 + struct.unpack(">I", long.buf[:4])[0]:
+            n = struct.unpack(">I", long.buf[:4])[0]
+            f, long.buf = w.parse(long.buf[4:4 + n]), long.buf[4 + n:]
+            assert w.ERROR not in f, w.error_of(f)
+            if w.CHUNK in f:
+                first = time.monotonic()
+    prefill = first - t0
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    worst = max(gaps)
+    # before, the stream stood still for the whole prefill (one step); now it takes a step
+    # between every prompt chunk
+    assert len(gaps) > 50, f"only {len(gaps)} tokens during a {prefill:.1f} s prefill"
+    assert worst < min(2.0, 0.25 * prefill), \
+        f"the stream stood still for {worst:.2f} s during a {prefill:.1f} s prefill"
+    s.close()
+    long.close()
