@@ -382,10 +382,39 @@ struct gen_state {
         bool any_output;
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
+        bool progress_tty;   /* stderr is a terminal: show a long prefill's progress there */
+        bool progress_shown; /* a progress line is on the terminal, to be cleared */
 };
+
+/* A long prompt's prefill: a line on the terminal (rewritten in place, cleared by the first
+ * output), and in --json a {"type":"progress"} line. */
+static void on_progress(uint64_t request_id, uint32_t done, uint32_t total, void *userdata) {
+        struct gen_state *s = userdata;
+        if (s->json) {
+                printf("{\"type\":\"progress\",\"done_tokens\":%u,\"total_tokens\":%u}\n", done,
+                       total);
+                fflush(stdout);
+        }
+        if (s->progress_tty) {
+                fprintf(stderr, "\r\033[Kprompt: %u of %u tokens (%u%%)", done, total,
+                        total ? (unsigned) ((uint64_t) done * 100 / total) : 0);
+                fflush(stderr);
+                s->progress_shown = true;
+        }
+}
+
+static void clear_progress(struct gen_state *s) {
+        if (s->progress_shown) {
+                fputs("\r\033[K", stderr);
+                fflush(stderr);
+                s->progress_shown = false;
+        }
+}
 
 static int on_chunk(const struct x4_chunk *ch, void *userdata) {
         struct gen_state *s = userdata;
+
+        clear_progress(s);
 
         if (s->json) {
                 printf("{\"type\":\"chunk\",\"channel\":\"%s\",\"text\":", channel_name(ch->channel));
@@ -470,7 +499,10 @@ static void print_done(const struct x4_done *d) {
 /* Run one request to its end; returns an exit code. */
 static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
         struct x4_done d;
+        s->progress_tty = isatty(STDERR_FILENO);
+        x4_client_set_progress_cb(c, on_progress);
         int e = x4_client_generate(c, req, on_chunk, s, &d);
+        clear_progress(s);
         if (!s->json && s->any_output)
                 putchar('\n');
         if (e < 0) {

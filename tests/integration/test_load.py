@@ -231,3 +231,47 @@ def test_a_long_prefill_does_not_freeze_a_running_stream(fresh_daemon):
         f"the stream stood still for {worst:.2f} s during a {prefill:.1f} s prefill"
     s.close()
     long.close()
+
+
+# ---- prefill progress ------------------------------------------------------------------------------
+
+def test_a_long_prefill_reports_progress_to_the_client_and_the_terminal(fresh_daemon):
+    import pty
+    import re
+    from conftest import X4CTL
+    d = fresh_daemon()
+    ids = prompt(5, 4096)
+    master, slave = pty.openpty()
+    p = subprocess.Popen([str(X4CTL), "--socket", d.sock, "--json", "generate", "--tokens",
+                          ",".join(map(str, ids)), "--max-tokens", "2", "--ignore-eos"],
+                         stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    out, _ = p.communicate(timeout=120)
+    tty = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the other end is closed
+            break
+        if not data:
+            break
+        tty += data
+    os.close(master)
+    assert p.returncode == 0
+    lines = [json.loads(x) for x in out.splitlines()]
+    progress = [x for x in lines if x["type"] == "progress"]
+    done = lines[-1]
+    assert done["type"] == "done"
+    prefill_s = done["timings"]["prefill_ms"] / 1e3
+    # prompts that take over a second report, a few times a second at most, always forward
+    assert prefill_s > 1.0, f"the 4K prompt took only {prefill_s:.2f} s: nothing to report"
+    assert 1 <= len(progress) <= 5 * prefill_s + 1, (len(progress), prefill_s)
+    assert all(x["total_tokens"] == 4096 for x in progress)
+    steps = [x["done_tokens"] for x in progress]
+    assert steps == sorted(steps) and 0 < steps[-1] < 4096, steps
+    # progress comes before the output
+    assert lines.index(progress[-1]) < next(i for i, x in enumerate(lines) if x["type"] == "chunk")
+    # on the terminal: a line rewritten in place, cleared before the output
+    shown = re.findall(rb"\r\x1b\[Kprompt: (\d+) of 4096 tokens \((\d+)%\)", tty)
+    assert len(shown) == len(progress), tty[-300:]
+    assert tty.endswith(b"\r\x1b[K"), tty[-100:]
