@@ -62,6 +62,12 @@ struct job {
         uint64_t admit_seq; /* admission order (the latest admitted is preempted first) */
         uint32_t preempted; /* times it was preempted */
         double t_progress;  /* last PROGRESS event */
+        /* preparation on the prep thread: while prep_queued, the engine thread leaves every
+         * field prepare() writes alone */
+        struct job *prep_next;
+        bool prep_queued;
+        int prep_code;      /* prepare() failed: the error to report */
+        char *prep_msg;
         struct sampler *sampler; /* engine/sampler: penalties, truncation, seeded draws */
         struct tokenizer_stream *ts;
         struct outparse *op; /* channels, tool calls, stops (NULL without a tokenizer) */
@@ -101,12 +107,17 @@ struct sched {
         int efd;
         pthread_t thread;
         bool started;
+        pthread_t prep_thread; /* tokenizing, rendering, snapshot reads (prep_main) */
+        bool prep_started;
 
         pthread_mutex_t lock;
         pthread_cond_t wake;
         /* guarded by lock */
         bool quit, draining;
         struct job *in_head, *in_tail;
+        struct job *prep_head, *prep_tail; /* for the prep thread, in order */
+        struct job *prepped;               /* back from it (any order; flags only) */
+        pthread_cond_t prep_wake;
         uint64_t *cancels;
         size_t n_cancels, cap_cancels;
         struct pause_op { uint64_t id; bool paused; } *pauses;
@@ -546,6 +557,7 @@ static void job_free(struct sched *s, struct job *j) {
         outparse_free(j->op);
         free(j->op_stop_string);
         free(j->snap_data);
+        free(j->prep_msg);
         logprob_free(j->cur_lp);
         tokenizer_stream_free(j->ts);
         sched_request_free(j->r);
@@ -1100,7 +1112,22 @@ static bool prompt_ends_in_think(const struct sched *s, const int32_t *ids, size
         return false;
 }
 
-/* Text, tokens or chat → token ids. On failure the job is failed (and freed): returns false. */
+_printf_(3, 4) static bool prep_fail(struct job *j, int code, const char *fmt, ...) {
+        char buf[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        j->prep_code = code;
+        free(j->prep_msg);
+        j->prep_msg = strdup(buf);
+        return false;
+}
+
+/* Text, tokens or chat → token ids, a snapshot's file read, the sampler and output parser. Runs
+ * on the prep thread (prep_main): it touches only the job's own fields and what is read-only
+ * after start (params, tokenizer, template). On failure it records the error in the job
+ * (prep_code, prep_msg) for the engine thread to report; returns false. */
 static bool prepare(struct sched *s, struct job *j) {
         struct sched_request *r = j->r;
         int32_t *ids = NULL;
@@ -1110,7 +1137,7 @@ static bool prepare(struct sched *s, struct job *j) {
         if (r->prompt == SCHED_PROMPT_TOKENS) {
                 ids = malloc(r->n_tokens * sizeof *ids);
                 if (!ids) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory");
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
                         return false;
                 }
                 memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
@@ -1118,7 +1145,7 @@ static bool prepare(struct sched *s, struct job *j) {
         } else if (r->prompt == SCHED_PROMPT_TEXT) {
                 ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n);
                 if (ret < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
                                  log_last_error());
                         return false;
                 }
@@ -1151,7 +1178,7 @@ static bool prepare(struct sched *s, struct job *j) {
                                 char what[64];
                                 snprintf(what, sizeof what, "prompt.chat.messages[%zu].tool_calls_json", i);
                                 if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc) < 0) {
-                                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
                                         return false;
                                 }
                                 ok = json_object_set(o, "tool_calls", tc) == 0;
@@ -1161,7 +1188,7 @@ static bool prepare(struct sched *s, struct job *j) {
                         struct json_value *tools;
                         if (json_parse(r->tools_json, strlen(r->tools_json), "prompt.chat.tools_json",
                                        &tools) < 0) {
-                                fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
                                 return false;
                         }
                         ok = json_object_set(ctx, "tools", tools) == 0;
@@ -1172,7 +1199,7 @@ static bool prepare(struct sched *s, struct job *j) {
                         ok = json_object_set(ctx, "enable_thinking",
                                              json_new_bool(r->enable_thinking)) == 0;
                 if (!ok) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
                         return false;
                 }
                 /* one HF-style context for both renderers: chat_context_build also turns
@@ -1189,18 +1216,18 @@ static bool prepare(struct sched *s, struct job *j) {
                                 ret = chat_xing4_render(full, &rendered);
                 }
                 if (ret < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
                         return false;
                 }
                 ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, &ids, &n);
                 if (ret < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
                         return false;
                 }
         }
         if (n == 0) {
                 free(ids);
-                fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
+                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
                 return false;
         }
         /* a prompt ending in `<think>` or `<think>\n` (the generation prompt with thinking on,
@@ -1213,14 +1240,14 @@ static bool prepare(struct sched *s, struct job *j) {
                 int code = snap_load(s, j, &prefix, err, sizeof err);
                 if (code) {
                         free(ids);
-                        fail_job(s, j, code, "%s", err);
+                        prep_fail(j, code, "%s", err);
                         return false;
                 }
                 int32_t *all = malloc(((size_t) j->snap_n + n) * sizeof *all);
                 if (!all) {
                         free(ids);
                         free(prefix);
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory");
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
                         return false;
                 }
                 memcpy(all, prefix, (size_t) j->snap_n * sizeof *all);
@@ -1233,7 +1260,7 @@ static bool prepare(struct sched *s, struct job *j) {
         j->create = r->snapshot_create != NULL;
         if (n >= s->ctx_limit) {
                 free(ids);
-                fail_job(s, j, SCHED_ERR_TOO_LARGE,
+                prep_fail(j, SCHED_ERR_TOO_LARGE,
                          "prompt of %zu tokens leaves no room for output in the context limit of "
                          "%u tokens", n, s->ctx_limit);
                 return false;
@@ -1247,7 +1274,7 @@ static bool prepare(struct sched *s, struct job *j) {
         j->seq = realloc(ids, ((size_t) j->n_prompt + j->max_tokens) * sizeof *ids);
         if (!j->seq) {
                 free(ids);
-                fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for %u tokens",
+                prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for %u tokens",
                          j->n_prompt + j->max_tokens);
                 return false;
         }
@@ -1274,12 +1301,12 @@ static bool prepare(struct sched *s, struct job *j) {
                 sp.seed = q->has_seed ? q->seed
                                       : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32) ^ 0x9e3779b97f4a7c15ull;
                 if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler) < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
                         return false;
                 }
                 /* prompt tokens count for the repetition penalty */
                 if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt) < 0) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
                         return false;
                 }
         }
@@ -1297,7 +1324,7 @@ static bool prepare(struct sched *s, struct job *j) {
                 };
                 if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0 ||
                     outparse_new(s->p.tokenizer, &oc, &j->op) < 0) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
                         return false;
                 }
         }
@@ -1404,7 +1431,21 @@ static void take_inputs(struct sched *s) {
         size_t n_pauses = s->n_pauses;
         s->pauses = NULL;
         s->n_pauses = s->cap_pauses = 0;
+        struct job *prepped = s->prepped;
+        s->prepped = NULL;
         pthread_mutex_unlock(&s->lock);
+
+        /* back from the prep thread: the engine owns them again; report failures */
+        for (struct job *j = prepped, *next; j; j = next) {
+                next = j->prep_next;
+                j->prep_next = NULL;
+                j->prep_queued = false;
+        }
+        for (struct job *j = prepped ? s->jobs : NULL, *next; j; j = next) {
+                next = j->next;
+                if (!j->prep_queued && j->prep_code && !j->cancel)
+                        fail_job(s, j, j->prep_code, "%s", j->prep_msg ? j->prep_msg : "");
+        }
 
         struct job **tail = &s->jobs;
         while (*tail)
@@ -1422,6 +1463,8 @@ static void take_inputs(struct sched *s) {
         free(pauses);
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
+                if (j->prep_queued)
+                        continue; /* finished (or cancelled) when the prep thread gives it back */
                 if (j->cancel && j->r->snapshot_create) {
                         /* a snapshot request ends with a SnapshotReply or an Error, never a
                          * bare Done: say nothing was saved */
@@ -1439,6 +1482,46 @@ static uint32_t prefix_evict_if(struct sched *s, uint32_t want) {
         return s->prefix ? prefix_evict(s->prefix, want) : 0;
 }
 
+/* Hand a job to the prep thread (tokenizing a megabyte of chat or reading a snapshot file there
+ * does not stall the running streams). */
+static void prep_enqueue(struct sched *s, struct job *j) {
+        j->prep_queued = true;
+        pthread_mutex_lock(&s->lock);
+        j->prep_next = NULL;
+        if (s->prep_tail)
+                s->prep_tail->prep_next = j;
+        else
+                s->prep_head = j;
+        s->prep_tail = j;
+        pthread_cond_signal(&s->prep_wake);
+        pthread_mutex_unlock(&s->lock);
+}
+
+static void *prep_main(void *userdata) {
+        struct sched *s = userdata;
+
+        log_set_ident("xing4d");
+        pthread_mutex_lock(&s->lock);
+        for (;;) {
+                while (!s->quit && !s->prep_head)
+                        pthread_cond_wait(&s->prep_wake, &s->lock);
+                if (s->quit)
+                        break;
+                struct job *j = s->prep_head;
+                s->prep_head = j->prep_next;
+                if (!s->prep_head)
+                        s->prep_tail = NULL;
+                pthread_mutex_unlock(&s->lock);
+                (void) prepare(s, j);
+                pthread_mutex_lock(&s->lock);
+                j->prep_next = s->prepped;
+                s->prepped = j;
+                pthread_cond_signal(&s->wake);
+        }
+        pthread_mutex_unlock(&s->lock);
+        return NULL;
+}
+
 static void admit(struct sched *s) {
         uint32_t running = 0;
         uint32_t pt = kvcache_page_tokens(s->kv);
@@ -1446,10 +1529,14 @@ static void admit(struct sched *s) {
                 running += j->state != JOB_WAITING;
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
-                if (j->state != JOB_WAITING || j->paused)
+                if (j->state != JOB_WAITING || j->prep_queued)
+                        continue;
+                if (!j->prepared) {
+                        prep_enqueue(s, j);
+                        continue;
+                }
+                if (j->paused)
                         continue; /* a paused request would only hold pages: it waits */
-                if (!j->prepared && !prepare(s, j))
-                        continue; /* failed and freed */
                 if (running >= s->p.max_running)
                         break; /* FIFO for slots: later requests wait behind this one */
                 /* what has to be in the cache before it decodes: the prompt, or for a preempted
@@ -1841,7 +1928,7 @@ static void publish_stats(struct sched *s) {
                 a[k].id = j->r->id;
                 a[k].running = j->state != JOB_WAITING;
                 a[k].paused = j->paused;
-                a[k].prompt_tokens = j->n_prompt ? j->n_prompt : j->r->n_tokens;
+                a[k].prompt_tokens = !j->prep_queued && j->n_prompt ? j->n_prompt : j->r->n_tokens;
                 a[k].prefilled_tokens = MIN(j->n_cached, j->n_prompt);
                 a[k].completion_tokens = j->n_out;
                 a[k].age_ms = (uint64_t) j->t_submit; /* made relative on read */
@@ -1872,7 +1959,8 @@ static void *engine_main(void *userdata) {
         log_set_ident("xing4d");
         for (;;) {
                 pthread_mutex_lock(&s->lock);
-                while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 && !s->jobs)
+                while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 &&
+                       !s->prepped && !s->jobs)
                         pthread_cond_wait(&s->wake, &s->lock);
                 bool quit = s->quit;
                 pthread_mutex_unlock(&s->lock);
@@ -1890,7 +1978,8 @@ static void *engine_main(void *userdata) {
                         busy |= j->state != JOB_WAITING && !j->paused;
                 if (!busy && s->jobs) {
                         pthread_mutex_lock(&s->lock);
-                        while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0)
+                        while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 &&
+                               !s->prepped)
                                 pthread_cond_wait(&s->wake, &s->lock);
                         pthread_mutex_unlock(&s->lock);
                 }
@@ -1992,13 +2081,18 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         }
         pthread_mutex_init(&s->lock, NULL);
         pthread_cond_init(&s->wake, NULL);
+        pthread_cond_init(&s->prep_wake, NULL);
         publish_stats(s);
         *ret = s;
         return 0;
 }
 
 int sched_start(struct sched *s) {
-        int r = pthread_create(&s->thread, NULL, engine_main, s);
+        int r = pthread_create(&s->prep_thread, NULL, prep_main, s);
+        if (r != 0)
+                return log_error_errno(r, "scheduler: cannot start the prep thread: %s", strerror(r));
+        s->prep_started = true;
+        r = pthread_create(&s->thread, NULL, engine_main, s);
         if (r != 0)
                 return log_error_errno(r, "scheduler: cannot start the engine thread: %s",
                                        strerror(r));
@@ -2015,6 +2109,13 @@ void sched_free(struct sched *s) {
                 pthread_cond_signal(&s->wake);
                 pthread_mutex_unlock(&s->lock);
                 pthread_join(s->thread, NULL);
+        }
+        if (s->prep_started) {
+                pthread_mutex_lock(&s->lock);
+                s->quit = true;
+                pthread_cond_signal(&s->prep_wake);
+                pthread_mutex_unlock(&s->lock);
+                pthread_join(s->prep_thread, NULL);
         }
         while (s->jobs) {
                 struct job *j = s->jobs;
@@ -2044,5 +2145,6 @@ void sched_free(struct sched *s) {
                 close(s->efd);
         pthread_mutex_destroy(&s->lock);
         pthread_cond_destroy(&s->wake);
+        pthread_cond_destroy(&s->prep_wake);
         free(s);
 }

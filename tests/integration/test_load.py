@@ -275,3 +275,42 @@ def test_a_long_prefill_reports_progress_to_the_client_and_the_terminal(fresh_da
     shown = re.findall(rb"\r\x1b\[Kprompt: (\d+) of 4096 tokens \((\d+)%\)", tty)
     assert len(shown) == len(progress), tty[-300:]
     assert tty.endswith(b"\r\x1b[K"), tty[-100:]
+
+
+# ---- preparation off the engine thread -------------------------------------------------------------
+
+def test_tokenizing_a_huge_prompt_does_not_stall_running_streams(fresh_daemon):
+    import struct
+    # a context of 262,144 tokens lets a 4 MiB text through the size check: it is tokenized
+    # (1.5 M tokens, a good part of a second) before it is refused for its token count
+    d = fresh_daemon(args=("--cache-pages", "1024"))
+    s = w.Conn(d.sock, timeout=60)
+    s.hello()
+    s.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=100000,
+                                                    temperature=0.0, ignore_eos=True)))
+    for _ in range(20):
+        assert w.CHUNK in s.recv()
+    c = w.Conn(d.sock, timeout=60)
+    c.hello()
+    text = ("hello world, this is a rather long prompt text. " * 90000)[:4 << 20]
+    t0 = time.monotonic()
+    c.send(w.frame(2, w.GENERATE, w.field_bytes(1, text) + w.field_varint(5, 1)))
+    c.s.setblocking(False)
+    times, answer = [time.monotonic()], None
+    while answer is None:
+        assert w.CHUNK in s.recv()
+        times.append(time.monotonic())
+        try:
+            c.buf += c.s.recv(65536)
+        except BlockingIOError:
+            pass
+        if len(c.buf) >= 4 and len(c.buf) >= 4 + struct.unpack(">I", c.buf[:4])[0]:
+            answer = w.parse(c.buf[4:4 + struct.unpack(">I", c.buf[:4])[0]])
+    took = time.monotonic() - t0
+    code, msg = w.error_of(answer)
+    assert code == "TOO_LARGE" and "leaves no room for output" in msg, msg
+    worst = max(b - a for a, b in zip(times, times[1:]))
+    # the engine thread kept stepping while the prep thread tokenized
+    assert worst < 0.4 * took, f"the stream stood still {worst:.3f} s of the {took:.3f} s"
+    s.close()
+    c.close()
