@@ -7,6 +7,7 @@ Prints queue wait (the daemon's Done timings), time to first token and the gaps 
 bench/RESULTS.md reports them.
 
 Usage: X4_XING4D=PATH/xing4d python3 bench/serving_load.py MODEL.gguf [N_REQUESTS] [CONCURRENCY]
+           [DAEMON FLAGS...]
 (run from the source tree; binaries default to build/). A request not answered within 60 s
 counts as "no answer"."""
 import os
@@ -61,7 +62,7 @@ def main():
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 24
     conc = int(sys.argv[3]) if len(sys.argv) > 3 else 6
     rng = random.Random(7)
-    d = Daemon(Path(tempfile.mkdtemp()) / "d", CONF, args=("--model", model))
+    d = Daemon(Path(tempfile.mkdtemp()) / "d", CONF, args=("--model", model, *sys.argv[4:]))
     try:
         longs, short = [], []
         stop = threading.Event()

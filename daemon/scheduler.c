@@ -1578,7 +1578,7 @@ static void admit(struct sched *s) {
                 if (s->prefix && first)
                         prefix_count(s->prefix, k);
                 /* cached: the snapshot's tokens and the stored pages, whichever reach further */
-                j->n_cached = MAX(resumed ? 0 : j->snap_n, k * pt);
+                j->n_cached = MAX(j->snap_data ? j->snap_n : 0, k * pt);
                 if (first)
                         j->n_reused = j->n_cached - j->snap_n;
                 if (j->snap_data) {
@@ -1698,12 +1698,43 @@ static void maybe_progress(struct sched *s, struct job *j, double now) {
         push_event(s, e, false);
 }
 
+/* Plan up to `want` prompt tokens of j for this step (within --prefill-chunk and what is left of
+ * its prompt), taking the pages they need; when the cache is out, a younger request is preempted
+ * for them (pick_victim), or j, the youngest, waits. Sets and returns j->plan. */
+static uint32_t plan_prefill(struct sched *s, struct job *j, uint32_t want, bool may_preempt) {
+        uint32_t pt = kvcache_page_tokens(s->kv);
+        uint32_t chunk = MIN(MIN(s->p.prefill_chunk, want), j->n_fill - j->n_cached);
+        while (chunk && !grow_pages(s, j, (uint64_t) j->n_cached + chunk)) {
+                /* what its pages hold already, else preempt a younger request for it */
+                uint32_t room = (uint32_t) MIN((uint64_t) j->n_pages * pt - j->n_cached,
+                                               (uint64_t) chunk);
+                if (room) {
+                        chunk = room;
+                        break;
+                }
+                struct job *v = pick_victim(s);
+                if (!may_preempt || !v || v == j ||
+                    (!v->paused && v->admit_seq < j->admit_seq)) {
+                        chunk = 0; /* the youngest itself: it waits for pages */
+                        break;
+                }
+                preempt(s, v);
+        }
+        j->plan = chunk;
+        return chunk;
+}
+
+static int by_prompt_left(const void *a, const void *b) {
+        const struct job *x = *(const struct job *const *) a, *y = *(const struct job *const *) b;
+        uint32_t l = x->n_fill - x->n_cached, r = y->n_fill - y->n_cached;
+        return l < r ? -1 : l > r;
+}
+
 static void step(struct sched *s) {
         struct x4_seq *seqs;
         struct job **owners;
         uint32_t n = 0, cap = 0, rows = 0;
         uint32_t prefill_tokens = 0, decode_tokens = 0;
-        uint32_t pt = kvcache_page_tokens(s->kv);
 
         /* pages for this step, as sequences grow: decoding requests first (one position each),
          * oldest first; when the cache is out, preempt (pick_victim) and try again */
@@ -1723,29 +1754,37 @@ static void step(struct sched *s) {
         bool decoding = false;
         for (struct job *j = s->jobs; j; j = j->next)
                 decoding |= j->state == JOB_DECODE && !j->paused;
-        /* then prompt chunks within the step's budget, oldest first */
-        uint32_t left = prefill_budget(s, decoding);
-        for (struct job *j = s->jobs; j && left > 0; j = j->next) {
-                if (j->state != JOB_PREFILL || j->paused)
-                        continue;
-                uint32_t chunk = MIN(MIN(s->p.prefill_chunk, left), j->n_fill - j->n_cached);
-                while (chunk && !grow_pages(s, j, (uint64_t) j->n_cached + chunk)) {
-                        /* what its pages hold already, else preempt a younger request for it */
-                        uint32_t room = (uint32_t) MIN((uint64_t) j->n_pages * pt - j->n_cached,
-                                                       (uint64_t) chunk);
-                        if (room) {
-                                chunk = room;
-                                break;
-                        }
-                        struct job *v = pick_victim(s);
-                        if (!v || v == j || (!v->paused && v->admit_seq < j->admit_seq)) {
-                                chunk = 0; /* the youngest itself: it waits for pages */
-                                break;
-                        }
-                        preempt(s, v);
+        /* then prompt chunks within the step's budget: half of it (all, if it is alone) to the
+         * oldest prompt, so it always progresses; the rest to the others, fewest tokens left
+         * first, so a short prompt is done in a step or two even beside a long one; what is
+         * left over goes back to the oldest */
+        uint32_t left = prefill_budget(s, decoding), n_pre = 0;
+        struct job *oldest = NULL;
+        for (struct job *j = s->jobs; j; j = j->next)
+                if (j->state == JOB_PREFILL && !j->paused) {
+                        oldest = oldest ? oldest : j;
+                        n_pre++;
                 }
-                j->plan = chunk;
-                left -= chunk;
+        if (oldest) {
+                uint32_t share = n_pre > 1 ? left - left / 2 : left;
+                left -= plan_prefill(s, oldest, share, true);
+                struct job **rest = n_pre > 1 ? calloc(n_pre - 1, sizeof *rest) : NULL;
+                uint32_t n_rest = 0;
+                for (struct job *j = oldest->next; rest && j; j = j->next)
+                        if (j->state == JOB_PREFILL && !j->paused && n_rest < n_pre - 1)
+                                rest[n_rest++] = j;
+                if (n_rest)
+                        qsort(rest, n_rest, sizeof *rest, by_prompt_left);
+                for (uint32_t i = 0; i < n_rest && left > 0; i++)
+                        if (rest[i]->state == JOB_PREFILL) /* not preempted meanwhile */
+                                left -= plan_prefill(s, rest[i], left, true);
+                free(rest);
+                if (left > 0 && oldest->state == JOB_PREFILL && oldest->plan) {
+                        /* more only within the pages free now: nobody is preempted for it */
+                        uint32_t had = oldest->plan;
+                        if (plan_prefill(s, oldest, had + left, false) < had)
+                                oldest->plan = had;
+                }
         }
         for (struct job *j = s->jobs; j; j = j->next)
                 cap += (j->state == JOB_DECODE && !j->paused) || j->plan;
