@@ -314,3 +314,33 @@ def test_tokenizing_a_huge_prompt_does_not_stall_running_streams(fresh_daemon):
     assert worst < 0.4 * took, f"the stream stood still {worst:.3f} s of the {took:.3f} s"
     s.close()
     c.close()
+
+
+def test_a_preempted_snapshot_request_gives_what_it_gives_alone(fresh_daemon):
+    import struct
+    d = fresh_daemon(TINY_CACHE)
+    r = d.x4ctl("snapshot", "create", "sys", "--tokens", ",".join(map(str, prompt(9, 20))))
+    assert r.returncode == 0, r.stderr
+    snap = w.generate_tokens(prompt(4, 4), max_tokens=30, temperature=0.0,
+                             ignore_eos=True) + w.field_bytes(8, "sys")
+    reqs = [w.generate_tokens(prompt(1, 8), max_tokens=40, temperature=0.0, ignore_eos=True),
+            snap,
+            w.generate_tokens(prompt(2, 8), max_tokens=40, temperature=0.0, ignore_eos=True)]
+    c = w.Conn(d.sock, timeout=60)
+    c.hello()
+    c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
+        w.frame(k + 1, w.GENERATE, r) for k, r in enumerate(reqs))))
+    got, done = {1: [], 2: [], 3: []}, set()
+    while len(done) < 3:
+        f = c.recv()
+        assert f is not None and w.ERROR not in f, f
+        if w.CHUNK in f:
+            got[f[1][0]] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
+        elif w.DONE in f:
+            done.add(f[1][0])
+    c.send(w.frame(10, w.GENERATE, snap))
+    alone, _ = read_until_done(c, 10)
+    assert len(alone) == 30 and got[2] == alone
+    # it was the one preempted after generating (server id 3: the snapshot creation was 1)
+    assert any("request 3 preempted (cache full)" in x and "0 generated" not in x
+               for x in d.log), [x for x in d.log if "preempted" in x]
