@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -1021,6 +1022,9 @@ static void idle_sweep_cb(evutil_socket_t fd, short what, void *userdata) {
                         continue;
                 if (evbuffer_get_length(bufferevent_get_output(c->bev)))
                         continue; /* still writing to it: not idle */
+                int unread = 0;
+                if (ioctl(bufferevent_getfd(c->bev), FIONREAD, &unread) == 0 && unread > 0)
+                        continue; /* a request just arrived, not read yet */
                 char msg[160];
                 snprintf(msg, sizeof msg, "idle for %.0f s (idle-timeout %.0f s): closing the "
                          "connection", (now - c->last_active) / 1e3, s->p.idle_timeout_s);
