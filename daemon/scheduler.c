@@ -1522,6 +1522,9 @@ static void *prep_main(void *userdata) {
         return NULL;
 }
 
+static void preempt(struct sched *s, struct job *j);
+static struct job *pick_victim(struct sched *s);
+
 static void admit(struct sched *s) {
         uint32_t running = 0;
         uint32_t pt = kvcache_page_tokens(s->kv);
@@ -1564,6 +1567,14 @@ static void admit(struct sched *s) {
                 if (need > kvcache_n_free(s->kv))
                         /* pages only the store holds go back, least recently used first */
                         (void) prefix_evict_if(s, need - kvcache_n_free(s->kv));
+                /* a request whose client does not read its output makes no progress: it gives
+                 * its pages up to one that can run (it resumes once its client reads again) */
+                for (struct job *v; need > kvcache_n_free(s->kv) && (v = pick_victim(s)) &&
+                                    v->paused;) {
+                        preempt(s, v);
+                        running--;
+                        (void) prefix_evict_if(s, need - MIN(need, kvcache_n_free(s->kv)));
+                }
                 uint32_t snap = !resumed && j->snap_data && j->snap_pages > k ? j->snap_pages - k : 0;
                 if (need > kvcache_n_free(s->kv) ||
                     (snap && kvcache_alloc(s->kv, snap, j->pages + k) < 0)) {

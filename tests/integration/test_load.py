@@ -344,3 +344,35 @@ def test_a_preempted_snapshot_request_gives_what_it_gives_alone(fresh_daemon):
     # it was the one preempted after generating (server id 3: the snapshot creation was 1)
     assert any("request 3 preempted (cache full)" in x and "0 generated" not in x
                for x in d.log), [x for x in d.log if "preempted" in x]
+
+
+def test_clients_that_do_not_read_give_their_pages_to_one_that_does(fresh_daemon):
+    # 2 pages of 2,048 tokens; chunks with 20 logprobs fill a 16 KiB output buffer within about
+    # a thousand tokens, so each of two unread streams is paused holding one page
+    d = fresh_daemon("[xing4d]\ncache-pages = 2\npage_tokens = 2048\nmax-running = 4\n",
+                     args=("--output-buffer", "16K"))
+    req = (w.generate_tokens([5, 6, 7], max_tokens=100000, temperature=0.0) +
+           w.field_varint(9, 20) + w.field_varint(11, 1))
+    unread = []
+    for k in range(2):
+        c = w.Conn(d.sock, timeout=60)
+        c.hello()
+        c.send(w.frame(1, w.GENERATE, req))
+        unread.append(c)
+    d.wait_stats(lambda s: len(s["requests"]) == 2 and all(r["paused"] for r in s["requests"]),
+                 timeout=120, what="both streams paused")
+    # a third client is served: a paused stream is preempted for it
+    t0 = time.monotonic()
+    r = d.x4ctl("--json", "generate", "--tokens", "9,10,11", "--max-tokens", "4",
+                "--ignore-eos", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["usage"]["completion_tokens"] == 4
+    assert time.monotonic() - t0 < 10
+    # the preempted one continues once its client reads again
+    c = unread[1]
+    for _ in range(200):
+        assert w.CHUNK in c.recv()
+    for c in unread:
+        c.close()
+    d.wait_stats(lambda s: not s["requests"] and s["cache_pages_used"] == 0,
+                 what="the streams ending")
