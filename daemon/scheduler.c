@@ -44,6 +44,7 @@ enum job_state {
         JOB_WAITING,
         JOB_PREFILL,
         JOB_DECODE,
+        JOB_SAVING, /* a snapshot's pages copied out; the prep thread writes the file */
 };
 
 struct job {
@@ -66,8 +67,9 @@ struct job {
          * field prepare() writes alone */
         struct job *prep_next;
         bool prep_queued;
-        int prep_code;      /* prepare() failed: the error to report */
+        int prep_code;      /* prepare() (or the snapshot write) failed: the error to report */
         char *prep_msg;
+        struct sched_snapshot_info saved; /* JOB_SAVING: what was written */
         struct sampler *sampler; /* engine/sampler: penalties, truncation, seeded draws */
         struct tokenizer_stream *ts;
         struct outparse *op; /* channels, tool calls, stops (NULL without a tokenizer) */
@@ -928,8 +930,8 @@ static int snap_check_quota(const struct sched *s, const char *name, uint64_t by
 }
 
 /* j (a create job) has prefilled its whole prompt: write its pages. */
-static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info *info, char *err,
-                     size_t size) {
+static int snap_save(struct sched *s, struct job *j, const uint8_t *data,
+                     struct sched_snapshot_info *info, char *err, size_t size) {
         char path[4096], tmp[4096];
         size_t pb = s->p.ops->page_bytes(s->p.backend);
         uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
@@ -975,9 +977,13 @@ static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info 
         if (r >= 0)
                 r = write_full(fd, j->seq, (size_t) j->n_prompt * sizeof *j->seq);
         for (uint32_t i = 0; r >= 0 && i < n_pages; i++) {
-                r = s->p.ops->page_read(s->p.backend, j->pages[i], page);
-                if (r >= 0)
-                        r = write_full(fd, page, pb);
+                if (data) /* copied out of the cache by the engine thread */
+                        r = write_full(fd, data + (size_t) i * pb, pb);
+                else {
+                        r = s->p.ops->page_read(s->p.backend, j->pages[i], page);
+                        if (r >= 0)
+                                r = write_full(fd, page, pb);
+                }
         }
         free(page);
         if (close(fd) < 0 && r >= 0)
@@ -1393,16 +1399,9 @@ static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched
         return false;
 }
 
-static void finish_snapshot(struct sched *s, struct job *j) {
-        struct sched_snapshot_info info;
-        char err[512];
-        int code = snap_save(s, j, &info, err, sizeof err);
-        if (code) {
-                fail_job(s, j, code, "%s", err);
-                return;
-        }
-        log_info("snapshot '%s': %u tokens saved (%llu bytes)", info.name, info.n_tokens,
-                 (unsigned long long) info.bytes);
+static void snapshot_done(struct sched *s, struct job *j, const struct sched_snapshot_info *info) {
+        log_info("snapshot '%s': %u tokens saved (%llu bytes)", info->name, info->n_tokens,
+                 (unsigned long long) info->bytes);
         unlink_job(s, j);
         job_release(s, j);
         struct sched_event *e = calloc(1, sizeof *e);
@@ -1410,11 +1409,46 @@ static void finish_snapshot(struct sched *s, struct job *j) {
                 e->kind = SCHED_EVENT_SNAPSHOT;
                 e->cookie = j->r->cookie;
                 e->id = j->r->id;
-                e->snapshot = info;
+                e->snapshot = *info;
                 push_event(s, e, true);
         } else
-                log_error("scheduler: out of memory reporting snapshot '%s'", info.name);
+                log_error("scheduler: out of memory reporting snapshot '%s'", info->name);
         job_free(s, j);
+}
+
+static void prep_enqueue(struct sched *s, struct job *j);
+
+/* A snapshot this size or smaller is copied out of the cache and written by the prep thread (the
+ * running streams do not wait for the disk); a larger one is written from the engine thread page
+ * by page, so a huge snapshot does not need its size in memory. */
+#define SNAP_ASYNC_MAX ((uint64_t) 256 << 20)
+
+static void finish_snapshot(struct sched *s, struct job *j) {
+        struct sched_snapshot_info info;
+        char err[512];
+        size_t pb = s->p.ops->page_bytes(s->p.backend);
+        uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
+        uint8_t *data = (uint64_t) n_pages * pb <= SNAP_ASYNC_MAX ? malloc((size_t) n_pages * pb)
+                                                                   : NULL;
+        int r = 0;
+        for (uint32_t i = 0; data && r >= 0 && i < n_pages; i++)
+                r = s->p.ops->page_read(s->p.backend, j->pages[i], data + (size_t) i * pb);
+        if (data && r >= 0) {
+                free(j->snap_data);
+                j->snap_data = data;
+                j->snap_pages = n_pages;
+                job_release(s, j); /* its pages are free for others while the file is written */
+                j->state = JOB_SAVING;
+                prep_enqueue(s, j);
+                return;
+        }
+        free(data);
+        int code = snap_save(s, j, NULL, &info, err, sizeof err);
+        if (code) {
+                fail_job(s, j, code, "%s", err);
+                return;
+        }
+        snapshot_done(s, j, &info);
 }
 
 /* ---- the step ------------------------------------------------------------------------------- */
@@ -1443,7 +1477,14 @@ static void take_inputs(struct sched *s) {
         }
         for (struct job *j = prepped ? s->jobs : NULL, *next; j; j = next) {
                 next = j->next;
-                if (!j->prep_queued && j->prep_code && !j->cancel)
+                if (j->prep_queued)
+                        continue;
+                if (j->state == JOB_SAVING) { /* written (or not): cancels come too late */
+                        if (j->prep_code)
+                                fail_job(s, j, j->prep_code, "%s", j->prep_msg ? j->prep_msg : "");
+                        else
+                                snapshot_done(s, j, &j->saved);
+                } else if (j->prep_code && !j->cancel)
                         fail_job(s, j, j->prep_code, "%s", j->prep_msg ? j->prep_msg : "");
         }
 
@@ -1512,7 +1553,15 @@ static void *prep_main(void *userdata) {
                 if (!s->prep_head)
                         s->prep_tail = NULL;
                 pthread_mutex_unlock(&s->lock);
-                (void) prepare(s, j);
+                if (j->state == JOB_SAVING) {
+                        char err[512];
+                        int code = snap_save(s, j, j->snap_data, &j->saved, err, sizeof err);
+                        if (code)
+                                (void) prep_fail(j, code, "%s", err);
+                        free(j->snap_data);
+                        j->snap_data = NULL;
+                } else
+                        (void) prepare(s, j);
                 pthread_mutex_lock(&s->lock);
                 j->prep_next = s->prepped;
                 s->prepped = j;
@@ -1529,7 +1578,7 @@ static void admit(struct sched *s) {
         uint32_t running = 0;
         uint32_t pt = kvcache_page_tokens(s->kv);
         for (struct job *j = s->jobs; j; j = j->next)
-                running += j->state != JOB_WAITING;
+                running += j->state != JOB_WAITING && j->state != JOB_SAVING;
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
                 if (j->state != JOB_WAITING || j->prep_queued)
@@ -1646,7 +1695,7 @@ static void preempt(struct sched *s, struct job *j) {
 static struct job *pick_victim(struct sched *s) {
         struct job *v = NULL;
         for (struct job *j = s->jobs; j; j = j->next) {
-                if (j->state == JOB_WAITING)
+                if (j->state == JOB_WAITING || j->state == JOB_SAVING)
                         continue;
                 if (!v || (j->paused && !v->paused) ||
                     (j->paused == v->paused && j->admit_seq > v->admit_seq))
@@ -2025,7 +2074,7 @@ static void *engine_main(void *userdata) {
                 admit(s);
                 bool busy = false;
                 for (struct job *j = s->jobs; j; j = j->next)
-                        busy |= j->state != JOB_WAITING && !j->paused;
+                        busy |= j->state != JOB_WAITING && j->state != JOB_SAVING && !j->paused;
                 if (!busy && s->jobs) {
                         pthread_mutex_lock(&s->lock);
                         while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 &&
