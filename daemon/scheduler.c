@@ -1743,7 +1743,8 @@ static uint32_t prefill_budget(const struct sched *s, bool decoding) {
 #define PROGRESS_AFTER_MS 1000.0
 #define PROGRESS_EVERY_MS 250.0
 static void maybe_progress(struct sched *s, struct job *j, double now) {
-        if (j->n_out > 0 || now - j->t_submit < PROGRESS_AFTER_MS ||
+        /* not for snapshot creation: its client waits for exactly one reply frame */
+        if (j->create || j->n_out > 0 || now - j->t_submit < PROGRESS_AFTER_MS ||
             now - j->t_progress < PROGRESS_EVERY_MS || j->n_cached >= j->n_fill)
                 return;
         struct sched_event *e = calloc(1, sizeof *e);

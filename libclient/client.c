@@ -680,6 +680,11 @@ static int handle_frame(x4_client *c, Xing4__Frame *f) {
         }
 
         if (p->kind == PENDING_REPLY) {
+                if (f->body_case == XING4__FRAME__BODY_PROGRESS) {
+                        /* progress is not the reply a blocking call waits for */
+                        xing4__frame__free_unpacked(f, NULL);
+                        return 0;
+                }
                 if (p->reply)
                         xing4__frame__free_unpacked(p->reply, NULL);
                 p->reply = f;

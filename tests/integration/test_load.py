@@ -376,3 +376,15 @@ def test_clients_that_do_not_read_give_their_pages_to_one_that_does(fresh_daemon
         c.close()
     d.wait_stats(lambda s: not s["requests"] and s["cache_pages_used"] == 0,
                  what="the streams ending")
+
+
+def test_a_long_snapshot_creation_still_gets_exactly_its_reply(fresh_daemon):
+    # a prompt that takes over a second: its progress must not be mistaken for the reply
+    d = fresh_daemon()
+    ids = prompt(8, 4096)
+    t0 = time.monotonic()
+    r = d.x4ctl("snapshot", "create", "long", "--tokens", ",".join(map(str, ids)), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 > 1.0
+    r = d.x4ctl("snapshot", "list", "--json")
+    assert '"long"' in r.stdout
