@@ -435,10 +435,39 @@ struct gen_state {
         bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
+        bool progress_tty;   /* stderr is a terminal: show a long prefill's progress there */
+        bool progress_shown; /* a progress line is on the terminal, to be cleared */
 };
+
+/* A long prompt's prefill: a line on the terminal (rewritten in place, cleared by the first
+ * output), and in --json a {"type":"progress"} line. */
+static void on_progress(uint64_t request_id, uint32_t done, uint32_t total, void *userdata) {
+        struct gen_state *s = userdata;
+        if (s->json) {
+                printf("{\"type\":\"progress\",\"done_tokens\":%u,\"total_tokens\":%u}\n", done,
+                       total);
+                fflush(stdout);
+        }
+        if (s->progress_tty) {
+                fprintf(stderr, "\r\033[Kprompt: %u of %u tokens (%u%%)", done, total,
+                        total ? (unsigned) ((uint64_t) done * 100 / total) : 0);
+                fflush(stderr);
+                s->progress_shown = true;
+        }
+}
+
+static void clear_progress(struct gen_state *s) {
+        if (s->progress_shown) {
+                fputs("\r\033[K", stderr);
+                fflush(stderr);
+                s->progress_shown = false;
+        }
+}
 
 static int on_chunk(const struct x4_chunk *ch, void *userdata) {
         struct gen_state *s = userdata;
+
+        clear_progress(s);
 
         if (s->json) {
                 printf("{\"type\":\"chunk\",\"channel\":\"%s\",\"text\":", channel_name(ch->channel));
@@ -554,6 +583,10 @@ static void ctx_done(const struct x4_done *d, void *userdata) {
         on_done(d, &((struct run_ctx *) userdata)->end);
 }
 
+static void ctx_progress(uint64_t request_id, uint32_t done, uint32_t total, void *userdata) {
+        on_progress(request_id, done, total, ((struct run_ctx *) userdata)->s);
+}
+
 /* Run one request to its end; returns an exit code. The request is submitted and the socket
  * polled here (not x4_client_generate()), so Ctrl-C cancels it at once, also during a long
  * prefill when no chunk comes to notice the signal. */
@@ -561,6 +594,8 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
         struct run_ctx ctx = { .s = s };
         uint64_t rid;
         bool cancel_sent = false;
+        s->progress_tty = isatty(STDERR_FILENO);
+        x4_client_set_progress_cb(c, ctx_progress);
         int e = x4_client_submit(c, req, ctx_chunk, ctx_done, &ctx, &rid);
         while (e >= 0 && !ctx.end.done) {
                 if (interrupted && !cancel_sent) {
@@ -583,6 +618,7 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 e = ctx.end.d.status;
         else if (e >= 0)
                 e = X4_E_IO;
+        clear_progress(s);
         const struct x4_done *d = &ctx.end.d;
         if (!s->json && s->any_output)
                 putchar('\n');

@@ -17,7 +17,29 @@ struct frame_decoder {
         uint32_t body_cap;    /* capacity of body, reused between frames */
         bool complete;        /* body holds a whole frame, handed out until the next feed */
         bool broken;
+        int (*admit)(uint32_t len, void *userdata);
+        void *admit_userdata;
 };
+
+void frame_decoder_set_admit(struct frame_decoder *d, int (*admit)(uint32_t len, void *userdata),
+                             void *userdata) {
+        d->admit = admit;
+        d->admit_userdata = userdata;
+}
+
+void frame_decoder_trim(struct frame_decoder *d) {
+        if (d->broken)
+                return;
+        if (d->complete) { /* the caller is done with the payload it was handed */
+                d->complete = false;
+                d->header_have = 0;
+        }
+        if (frame_decoder_pending(d) || d->body_cap <= 65536)
+                return;
+        free(d->body);
+        d->body = NULL;
+        d->body_cap = 0;
+}
 
 int frame_decoder_new(uint32_t max_payload, struct frame_decoder **ret) {
         struct frame_decoder *d;
@@ -65,6 +87,13 @@ static int start_body(struct frame_decoder *d) {
                 return log_error_errno(EMSGSIZE,
                                        "frame payload of %u bytes exceeds the limit of %u bytes",
                                        n, d->max_payload);
+        }
+        if (d->admit) {
+                int r = d->admit(n, d->admit_userdata);
+                if (r < 0) {
+                        d->broken = true;
+                        return r;
+                }
         }
         if (n > d->body_cap || (d->body_cap > 65536 && n < d->body_cap / 4)) {
                 /* grow as needed; give back a big buffer once frames are small again */

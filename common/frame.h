@@ -29,6 +29,16 @@ int frame_decoder_new(uint32_t max_payload, struct frame_decoder **ret);
 void frame_decoder_free(struct frame_decoder *d);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct frame_decoder *, frame_decoder_free);
 
+/* Optional: admit(len, userdata) is called when a header announces a payload of len bytes, before
+ * anything is allocated for it; a negative errno return refuses the frame: feed returns it (the
+ * callback logs why) and the decoder is broken, like for -EMSGSIZE. The daemon uses it to bound
+ * the memory all its connections' unfinished frames hold together. */
+void frame_decoder_set_admit(struct frame_decoder *d, int (*admit)(uint32_t len, void *userdata),
+                             void *userdata);
+
+/* Between frames: give back a buffer kept from a large frame (idle connections then hold none). */
+void frame_decoder_trim(struct frame_decoder *d);
+
 /* Consume bytes from data[0..len). Stops after completing one frame, so *consumed may be < len;
  * call again with the rest. Returns 1 when a frame is complete (see frame_decoder_payload), 0 when
  * more bytes are needed (all of len consumed), -EMSGSIZE when the announced length exceeds the cap

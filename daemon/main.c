@@ -55,6 +55,10 @@ struct options {
         uint64_t max_snapshot_bytes;
         double grace_s;
         double hello_timeout_s;
+        double idle_timeout_s;
+        uint64_t max_pending_bytes;
+        uint32_t max_tokens_limit; /* 0: none (the context limit) */
+        uint32_t prefill_budget;   /* 0: adaptive */
         int log_level;
 };
 
@@ -167,6 +171,18 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
                                                where, v);
                 o->grace_s = g;
+        } else if (streq(key, "idle-timeout")) {
+                char *end;
+                errno = 0;
+                double t = strtod(v, &end);
+                if (errno || *end || !(t >= 0 && t <= 86400))
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 86400]",
+                                               where, v);
+                o->idle_timeout_s = t;
+        } else if (streq(key, "max-pending-bytes")) {
+                if (parse_size(v, &o->max_pending_bytes) < 0 || o->max_pending_bytes < (1u << 20))
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size of at least 1M (e.g. 256M)",
+                                               where, v);
         } else if (streq(key, "hello-timeout")) {
                 char *end;
                 errno = 0;
@@ -192,6 +208,8 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         { "max-running", offsetof(struct options, max_running), 1, 4096 },
                         { "max-waiting", offsetof(struct options, max_waiting), 0, 1u << 20 },
                         { "max-tokens", offsetof(struct options, max_tokens), 1, 1u << 24 },
+                        { "max-tokens-limit", offsetof(struct options, max_tokens_limit), 0, 1u << 24 },
+                        { "prefill-budget", offsetof(struct options, prefill_budget), 0, 1u << 20 },
                         { "max-frame", offsetof(struct options, max_frame), 1024, FRAME_MAX_LIMIT },
                         { "max-connections", offsetof(struct options, max_connections), 1, 1u << 20 },
                         { "page-tokens", offsetof(struct options, page_tokens), 1, 65536 },
@@ -295,6 +313,8 @@ static void help(void) {
                "  --max-running N              requests decoding at once (16)\n"
                "  --max-waiting N              queued requests beyond that (256)\n"
                "  --max-tokens N               default output limit per request (1024)\n"
+               "  --max-tokens-limit N         ceiling on any request's max_tokens: above it the\n"
+               "                               output is cut there, ending with 'length' (0 = none)\n"
                "  --max-frame BYTES            largest accepted frame (16 MiB)\n"
                "  --max-connections N          (1024; kept below the open file limit)\n"
                "  --max-messages N             chat messages per request (4096)\n"
@@ -305,11 +325,18 @@ static void help(void) {
                "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
                "  --gpu-memory-limit SIZE      the same; on --device cuda it emulates a smaller\n"
                "                               card (22G: a 2080 Ti)\n"
-               "  --prefill-chunk N            prompt tokens per engine step (256)\n"
+               "  --prefill-chunk N            most prompt tokens of one request per step (256)\n"
+               "  --prefill-budget N           prompt tokens per step while others decode (0 =\n"
+               "                               adaptive: a step stays within ~4 decode steps)\n"
                "  --prefix-pages N             cache pages the prefix store may keep for reuse\n"
                "                               (0 = any free page; evicted LRU when needed)\n"
                "  --grace SECONDS              SIGTERM: time running requests get to finish (30)\n"
                "  --hello-timeout SECONDS      close a connection that sends no Hello by then (10; 0 = never)\n"
+               "  --idle-timeout SECONDS       close a connection with nothing in flight and nothing\n"
+               "                               received for this long (600; 0 = never). At the\n"
+               "                               connection limit the one idle the longest is closed\n"
+               "  --max-pending-bytes SIZE     unfinished frames over 64K held for all connections\n"
+               "                               together (256M); a frame beyond it is refused\n"
                "  --output-buffer SIZE         output queued to a client before its requests pause (8M)\n"
                "  --log-level LEVEL            err, warning, info, debug\n"
                "  --version\n");
@@ -369,8 +396,32 @@ static void read_weights(const struct x4_model *m, struct progress_state *ps) {
         (void) sink;
 }
 
+/* --listen PATH where a daemon answers: refuse (replacing its socket would cut it off from every
+ * new client, and its exit would later delete ours). A socket file nobody answers on is stale. */
+static int check_listen_free(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct stat st;
+
+        if (strlen(path) >= sizeof sa.sun_path || lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode))
+                return 0;
+        strcpy(sa.sun_path, path);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return 0;
+        /* nonblocking: a live listener with a full backlog answers EAGAIN, still live */
+        int r = connect(fd, (struct sockaddr *) &sa, sizeof sa);
+        int e = errno;
+        close(fd);
+        if (r == 0 || e == EAGAIN || e == EINPROGRESS)
+                return log_error_errno(EADDRINUSE, "--listen %s: another daemon is serving on this "
+                                                   "socket; stop it first or choose another path",
+                                       path);
+        return 0;
+}
+
 /* The listening socket: from systemd (socket activation), else bound at --listen. */
-static int get_listen_fd(const struct options *o, int *ret, bool *owned) {
+static int get_listen_fd(const struct options *o, int *ret, bool *owned, dev_t *ret_dev,
+                         ino_t *ret_ino) {
         int n = sd_listen_fds(1);
         if (n < 0)
                 return log_error_errno(n, "sd_listen_fds: %s", strerror(-n));
@@ -394,17 +445,26 @@ static int get_listen_fd(const struct options *o, int *ret, bool *owned) {
                 return log_error_errno(ENAMETOOLONG, "--listen %s: longer than %zu bytes", o->listen,
                                        sizeof sa.sun_path - 1);
         strcpy(sa.sun_path, o->listen);
+        int r = check_listen_free(o->listen);
+        if (r < 0)
+                return r;
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return log_error_errno(errno, "socket: %m");
-        /* a stale socket file from an earlier run would make bind fail */
+        /* a stale socket file from an earlier run (nobody answers on it) would make bind fail */
         struct stat st;
         if (lstat(o->listen, &st) == 0 && S_ISSOCK(st.st_mode))
                 (void) unlink(o->listen);
         if (bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(fd, 128) < 0) {
-                int r = log_error_errno(errno, "--listen %s: %m", o->listen);
+                r = log_error_errno(errno, "--listen %s: %m", o->listen);
                 close(fd);
                 return r;
+        }
+        /* remember which file is ours: at exit only this one is unlinked, never a socket another
+         * daemon bound at the same path since */
+        if (lstat(o->listen, &st) == 0) {
+                *ret_dev = st.st_dev;
+                *ret_ino = st.st_ino;
         }
         *ret = fd;
         *owned = true;
@@ -459,6 +519,7 @@ enum {
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
         OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES, OPT_GPU_MEMORY,
+        OPT_IDLE_TIMEOUT, OPT_MAX_PENDING, OPT_MAX_TOKENS_LIMIT, OPT_PREFILL_BUDGET,
 };
 
 static const struct option longopts[] = {
@@ -484,6 +545,10 @@ static const struct option longopts[] = {
         { "prefix-pages", required_argument, NULL, OPT_PREFIX_PAGES },
         { "grace", required_argument, NULL, OPT_GRACE },
         { "hello-timeout", required_argument, NULL, OPT_HELLO_TIMEOUT },
+        { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
+        { "max-pending-bytes", required_argument, NULL, OPT_MAX_PENDING },
+        { "max-tokens-limit", required_argument, NULL, OPT_MAX_TOKENS_LIMIT },
+        { "prefill-budget", required_argument, NULL, OPT_PREFILL_BUDGET },
         { "max-messages", required_argument, NULL, OPT_MAX_MESSAGES },
         { "max-snapshots", required_argument, NULL, OPT_MAX_SNAPSHOTS },
         { "max-snapshot-bytes", required_argument, NULL, OPT_MAX_SNAPSHOT_BYTES },
@@ -545,7 +610,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
 }
 
 int main(int argc, char **argv) {
-        struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .page_tokens = 256, .log_level = LOG_INFO };
+        struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256, .log_level = LOG_INFO };
         _cleanup_(x4_model_freep) struct x4_model *model = NULL;
         struct tokenizer *tok = NULL;
         const struct x4_backend_ops *ops = NULL;
@@ -556,6 +621,8 @@ int main(int argc, char **argv) {
         char backend_name[160];
         int listen_fd = -1, r, ret = EXIT_FAILURE;
         bool listen_owned = false;
+        dev_t listen_dev = 0;
+        ino_t listen_ino = 0;
 
         log_set_ident("xing4d");
         signal(SIGPIPE, SIG_IGN);
@@ -569,6 +636,9 @@ int main(int argc, char **argv) {
                 log_error("no model: give --model PATH or model= in the config");
                 goto out;
         }
+        /* --listen on a live daemon's socket: say so now, not after loading the model */
+        if (o.listen && sd_listen_fds(0) <= 0 && check_listen_free(o.listen) < 0)
+                goto out;
         /* SIGTERM during the load: the default action (exit) is right, nothing is served yet.
          * Once serving, libevent handles it (block it now so no signal is lost in between). */
         (void) sd_notifyf(0, "STATUS=loading %s", o.model);
@@ -653,6 +723,8 @@ int main(int argc, char **argv) {
                 .max_running = o.max_running,
                 .max_waiting = o.max_waiting,
                 .max_tokens_default = o.max_tokens,
+                .max_tokens_limit = o.max_tokens_limit,
+                .prefill_budget = o.prefill_budget,
                 .prefill_chunk = o.prefill_chunk,
                 .state_dir = o.state_dir ? o.state_dir : "/var/lib/xing4d",
                 .prefix_pages = o.prefix_pages,
@@ -667,7 +739,7 @@ int main(int argc, char **argv) {
         if (r < 0)
                 goto out;
 
-        r = get_listen_fd(&o, &listen_fd, &listen_owned);
+        r = get_listen_fd(&o, &listen_fd, &listen_owned, &listen_dev, &listen_ino);
         if (r < 0)
                 goto out;
 
@@ -679,6 +751,8 @@ int main(int argc, char **argv) {
                 .max_connections = clamp_connections(o.max_connections ? o.max_connections : 1024),
                 .grace_s = o.grace_s,
                 .hello_timeout_s = o.hello_timeout_s,
+                .idle_timeout_s = o.idle_timeout_s,
+                .max_pending_bytes = o.max_pending_bytes,
                 .output_high_water = (uint32_t) o.output_buffer,
                 .server_version = "xing4d " XING4D_VERSION,
                 .model = {
@@ -715,8 +789,11 @@ out:
                 ops->destroy(backend);
         tokenizer_free(tok);
         if (listen_fd >= 0 && listen_owned) {
+                struct stat st;
                 close(listen_fd);
-                if (o.listen)
+                /* only the socket this daemon bound: not one another daemon put there since */
+                if (o.listen && lstat(o.listen, &st) == 0 && st.st_dev == listen_dev &&
+                    st.st_ino == listen_ino)
                         (void) unlink(o.listen);
         }
         options_free(&o);

@@ -45,6 +45,7 @@ enum job_state {
         JOB_WAITING,
         JOB_PREFILL,
         JOB_DECODE,
+        JOB_SAVING, /* a snapshot's pages copied out; the prep thread writes the file */
 };
 
 struct job {
@@ -56,7 +57,20 @@ struct job {
         uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;
         uint32_t n_reused; /* prompt tokens whose pages came from the prefix store */
         uint32_t *pages;
-        uint32_t n_pages;
+        uint32_t n_pages;  /* pages held: taken as the sequence grows */
+        uint32_t n_fill;   /* positions to cache before decoding (the prompt; after a preemption,
+                            * the sequence but its last token) */
+        uint32_t plan;     /* prompt tokens this step computes */
+        uint64_t admit_seq; /* admission order (the latest admitted is preempted first) */
+        uint32_t preempted; /* times it was preempted */
+        double t_progress;  /* last PROGRESS event */
+        /* preparation on the prep thread: while prep_queued, the engine thread leaves every
+         * field prepare() writes alone */
+        struct job *prep_next;
+        bool prep_queued;
+        int prep_code;      /* prepare() (or the snapshot write) failed: the error to report */
+        char *prep_msg;
+        struct sched_snapshot_info saved; /* JOB_SAVING: what was written */
         struct sampler *sampler; /* engine/sampler: penalties, truncation, seeded draws */
         struct tokenizer_stream *ts;
         struct outparse *op; /* channels, tool calls, stops (NULL without a tokenizer) */
@@ -103,12 +117,17 @@ struct sched {
         int efd;
         pthread_t thread;
         bool started;
+        pthread_t prep_thread; /* tokenizing, rendering, snapshot reads (prep_main) */
+        bool prep_started;
 
         pthread_mutex_t lock;
         pthread_cond_t wake;
         /* guarded by lock */
         bool quit, draining;
         struct job *in_head, *in_tail;
+        struct job *prep_head, *prep_tail; /* for the prep thread, in order */
+        struct job *prepped;               /* back from it (any order; flags only) */
+        pthread_cond_t prep_wake;
         uint64_t *cancels;
         size_t n_cancels, cap_cancels;
         struct pause_op { uint64_t id; bool paused; } *pauses;
@@ -129,6 +148,9 @@ struct sched {
         double prefill_rate, decode_rate;
         uint64_t steps, steps_multi; /* forwards; those holding more than one request */
         uint32_t batch_max;          /* most requests in one forward */
+        uint64_t admit_counter, preemptions;
+        double decode_step_ms; /* a step without prefill (moving average) */
+        double prefill_tok_ms; /* a prompt token's cost within a step (moving average) */
 };
 
 static double now_ms(void) {
@@ -565,6 +587,7 @@ static void job_free(struct sched *s, struct job *j) {
         outparse_free(j->op);
         free(j->op_stop_string);
         free(j->snap_data);
+        free(j->prep_msg);
         logprob_free(j->cur_lp);
         tokenizer_stream_free(j->ts);
         grammar_matcher_free(j->gm);
@@ -938,8 +961,8 @@ static int snap_check_quota(const struct sched *s, const char *name, uint64_t by
 }
 
 /* j (a create job) has prefilled its whole prompt: write its pages. */
-static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info *info, char *err,
-                     size_t size) {
+static int snap_save(struct sched *s, struct job *j, const uint8_t *data,
+                     struct sched_snapshot_info *info, char *err, size_t size) {
         char path[4096], tmp[4096];
         size_t pb = s->p.ops->page_bytes(s->p.backend);
         uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
@@ -985,9 +1008,13 @@ static int snap_save(struct sched *s, struct job *j, struct sched_snapshot_info 
         if (r >= 0)
                 r = write_full(fd, j->seq, (size_t) j->n_prompt * sizeof *j->seq);
         for (uint32_t i = 0; r >= 0 && i < n_pages; i++) {
-                r = s->p.ops->page_read(s->p.backend, j->pages[i], page);
-                if (r >= 0)
-                        r = write_full(fd, page, pb);
+                if (data) /* copied out of the cache by the engine thread */
+                        r = write_full(fd, data + (size_t) i * pb, pb);
+                else {
+                        r = s->p.ops->page_read(s->p.backend, j->pages[i], page);
+                        if (r >= 0)
+                                r = write_full(fd, page, pb);
+                }
         }
         free(page);
         if (close(fd) < 0 && r >= 0)
@@ -1122,41 +1149,59 @@ static bool prompt_ends_in_think(const struct sched *s, const int32_t *ids, size
         return false;
 }
 
+_printf_(3, 4) static bool prep_fail(struct job *j, int code, const char *fmt, ...) {
+        char buf[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        j->prep_code = code;
+        free(j->prep_msg);
+        j->prep_msg = strdup(buf);
+        return false;
+}
+
+
 _Static_assert((int) SCHED_CONSTRAINT_JSON_OBJECT == (int) GRAMMAR_JSON_OBJECT &&
                        (int) SCHED_CONSTRAINT_JSON_SCHEMA == (int) GRAMMAR_JSON_SCHEMA &&
                        (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL,
                "enum sched_constraint mirrors enum grammar_kind");
 
-/* The grammar and matcher of a constrained request. On failure the job is failed: false. */
+/* The grammar and matcher of a constrained request (on the prep thread, as part of prepare(); the
+ * vocabulary index is built there on first use and only read by the engine thread afterwards).
+ * On failure the error is recorded in the job: false. */
 static bool prepare_constraint(struct sched *s, struct job *j) {
         const struct sched_request *r = j->r;
         char err[1024];
         int ret;
 
         if (!s->gvocab && (ret = grammar_vocab_new(s->p.tokenizer, &s->gvocab)) < 0) {
-                fail_job(s, j, SCHED_ERR_INTERNAL, "constraint: cannot index the vocabulary: %s",
-                         strerror(-ret));
+                prep_fail(j, SCHED_ERR_INTERNAL, "constraint: cannot index the vocabulary: %s",
+                          strerror(-ret));
                 return false;
         }
         ret = grammar_compile_constraint((enum grammar_kind) r->constraint, r->constraint_schema,
                                          r->tools_json, r->constraint_tool, s->p.tokenizer,
                                          &j->grammar, err, sizeof err);
         if (ret < 0) {
-                fail_job(s, j, ret == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT, "%s", err);
+                prep_fail(j, ret == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT, "%s", err);
                 return false;
         }
         /* the turn ends with EOS or `<_end>` once the output is complete */
         int32_t ends[2] = { s->eos_id, tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_END) };
         j->gmask = malloc(DIV_ROUND_UP(s->cfg->n_vocab, 64) * sizeof *j->gmask);
         if (!j->gmask || grammar_matcher_new(j->grammar, s->gvocab, ends, 2, &j->gm) < 0) {
-                fail_job(s, j, SCHED_ERR_INTERNAL, "constraint: out of memory");
+                prep_fail(j, SCHED_ERR_INTERNAL, "constraint: out of memory");
                 return false;
         }
         j->gm_on = !j->thinking;
         return true;
 }
 
-/* Text, tokens or chat → token ids. On failure the job is failed (and freed): returns false. */
+/* Text, tokens or chat → token ids, a snapshot's file read, the sampler and output parser. Runs
+ * on the prep thread (prep_main): it touches only the job's own fields and what is read-only
+ * after start (params, tokenizer, template). On failure it records the error in the job
+ * (prep_code, prep_msg) for the engine thread to report; returns false. */
 static bool prepare(struct sched *s, struct job *j) {
         struct sched_request *r = j->r;
         int32_t *ids = NULL;
@@ -1166,7 +1211,7 @@ static bool prepare(struct sched *s, struct job *j) {
         if (r->prompt == SCHED_PROMPT_TOKENS) {
                 ids = malloc(r->n_tokens * sizeof *ids);
                 if (!ids) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory");
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
                         return false;
                 }
                 memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
@@ -1174,7 +1219,7 @@ static bool prepare(struct sched *s, struct job *j) {
         } else if (r->prompt == SCHED_PROMPT_TEXT) {
                 ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n);
                 if (ret < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
                                  log_last_error());
                         return false;
                 }
@@ -1207,7 +1252,7 @@ static bool prepare(struct sched *s, struct job *j) {
                                 char what[64];
                                 snprintf(what, sizeof what, "prompt.chat.messages[%zu].tool_calls_json", i);
                                 if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc) < 0) {
-                                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
                                         return false;
                                 }
                                 ok = json_object_set(o, "tool_calls", tc) == 0;
@@ -1217,7 +1262,7 @@ static bool prepare(struct sched *s, struct job *j) {
                         struct json_value *tools;
                         if (json_parse(r->tools_json, strlen(r->tools_json), "prompt.chat.tools_json",
                                        &tools) < 0) {
-                                fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
                                 return false;
                         }
                         ok = json_object_set(ctx, "tools", tools) == 0;
@@ -1228,7 +1273,7 @@ static bool prepare(struct sched *s, struct job *j) {
                         ok = json_object_set(ctx, "enable_thinking",
                                              json_new_bool(r->enable_thinking)) == 0;
                 if (!ok) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
                         return false;
                 }
                 /* one HF-style context for both renderers: chat_context_build also turns
@@ -1245,18 +1290,18 @@ static bool prepare(struct sched *s, struct job *j) {
                                 ret = chat_xing4_render(full, &rendered);
                 }
                 if (ret < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
                         return false;
                 }
                 ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, &ids, &n);
                 if (ret < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
                         return false;
                 }
         }
         if (n == 0) {
                 free(ids);
-                fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
+                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
                 return false;
         }
         /* a prompt ending in `<think>` or `<think>\n` (the generation prompt with thinking on,
@@ -1269,14 +1314,14 @@ static bool prepare(struct sched *s, struct job *j) {
                 int code = snap_load(s, j, &prefix, err, sizeof err);
                 if (code) {
                         free(ids);
-                        fail_job(s, j, code, "%s", err);
+                        prep_fail(j, code, "%s", err);
                         return false;
                 }
                 int32_t *all = malloc(((size_t) j->snap_n + n) * sizeof *all);
                 if (!all) {
                         free(ids);
                         free(prefix);
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory");
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
                         return false;
                 }
                 memcpy(all, prefix, (size_t) j->snap_n * sizeof *all);
@@ -1289,19 +1334,21 @@ static bool prepare(struct sched *s, struct job *j) {
         j->create = r->snapshot_create != NULL;
         if (n >= s->ctx_limit) {
                 free(ids);
-                fail_job(s, j, SCHED_ERR_TOO_LARGE,
+                prep_fail(j, SCHED_ERR_TOO_LARGE,
                          "prompt of %zu tokens leaves no room for output in the context limit of "
                          "%u tokens", n, s->ctx_limit);
                 return false;
         }
         j->n_prompt = (uint32_t) n;
         j->max_tokens = j->create ? 0 : r->has_max_tokens ? r->max_tokens : s->p.max_tokens_default;
+        if (s->p.max_tokens_limit && j->max_tokens > s->p.max_tokens_limit)
+                j->max_tokens = s->p.max_tokens_limit; /* the admin's ceiling: ends with LENGTH */
         if (j->max_tokens > s->ctx_limit - j->n_prompt)
                 j->max_tokens = s->ctx_limit - j->n_prompt; /* ends with LENGTH at the limit */
         j->seq = realloc(ids, ((size_t) j->n_prompt + j->max_tokens) * sizeof *ids);
         if (!j->seq) {
                 free(ids);
-                fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for %u tokens",
+                prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for %u tokens",
                          j->n_prompt + j->max_tokens);
                 return false;
         }
@@ -1328,12 +1375,12 @@ static bool prepare(struct sched *s, struct job *j) {
                 sp.seed = q->has_seed ? q->seed
                                       : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32) ^ 0x9e3779b97f4a7c15ull;
                 if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler) < 0) {
-                        fail_job(s, j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
                         return false;
                 }
                 /* prompt tokens count for the repetition penalty */
                 if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt) < 0) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
                         return false;
                 }
         }
@@ -1351,7 +1398,7 @@ static bool prepare(struct sched *s, struct job *j) {
                 };
                 if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0 ||
                     outparse_new(s->p.tokenizer, &oc, &j->op) < 0) {
-                        fail_job(s, j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
                         return false;
                 }
         }
@@ -1450,16 +1497,9 @@ static bool accept_token(struct sched *s, struct job *j, int32_t t, struct sched
         return false;
 }
 
-static void finish_snapshot(struct sched *s, struct job *j) {
-        struct sched_snapshot_info info;
-        char err[512];
-        int code = snap_save(s, j, &info, err, sizeof err);
-        if (code) {
-                fail_job(s, j, code, "%s", err);
-                return;
-        }
-        log_info("snapshot '%s': %u tokens saved (%llu bytes)", info.name, info.n_tokens,
-                 (unsigned long long) info.bytes);
+static void snapshot_done(struct sched *s, struct job *j, const struct sched_snapshot_info *info) {
+        log_info("snapshot '%s': %u tokens saved (%llu bytes)", info->name, info->n_tokens,
+                 (unsigned long long) info->bytes);
         unlink_job(s, j);
         job_release(s, j);
         struct sched_event *e = calloc(1, sizeof *e);
@@ -1467,11 +1507,46 @@ static void finish_snapshot(struct sched *s, struct job *j) {
                 e->kind = SCHED_EVENT_SNAPSHOT;
                 e->cookie = j->r->cookie;
                 e->id = j->r->id;
-                e->snapshot = info;
+                e->snapshot = *info;
                 push_event(s, e, true);
         } else
-                log_error("scheduler: out of memory reporting snapshot '%s'", info.name);
+                log_error("scheduler: out of memory reporting snapshot '%s'", info->name);
         job_free(s, j);
+}
+
+static void prep_enqueue(struct sched *s, struct job *j);
+
+/* A snapshot this size or smaller is copied out of the cache and written by the prep thread (the
+ * running streams do not wait for the disk); a larger one is written from the engine thread page
+ * by page, so a huge snapshot does not need its size in memory. */
+#define SNAP_ASYNC_MAX ((uint64_t) 256 << 20)
+
+static void finish_snapshot(struct sched *s, struct job *j) {
+        struct sched_snapshot_info info;
+        char err[512];
+        size_t pb = s->p.ops->page_bytes(s->p.backend);
+        uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
+        uint8_t *data = (uint64_t) n_pages * pb <= SNAP_ASYNC_MAX ? malloc((size_t) n_pages * pb)
+                                                                   : NULL;
+        int r = 0;
+        for (uint32_t i = 0; data && r >= 0 && i < n_pages; i++)
+                r = s->p.ops->page_read(s->p.backend, j->pages[i], data + (size_t) i * pb);
+        if (data && r >= 0) {
+                free(j->snap_data);
+                j->snap_data = data;
+                j->snap_pages = n_pages;
+                job_release(s, j); /* its pages are free for others while the file is written */
+                j->state = JOB_SAVING;
+                prep_enqueue(s, j);
+                return;
+        }
+        free(data);
+        int code = snap_save(s, j, NULL, &info, err, sizeof err);
+        if (code) {
+                fail_job(s, j, code, "%s", err);
+                return;
+        }
+        snapshot_done(s, j, &info);
 }
 
 /* ---- the step ------------------------------------------------------------------------------- */
@@ -1488,7 +1563,28 @@ static void take_inputs(struct sched *s) {
         size_t n_pauses = s->n_pauses;
         s->pauses = NULL;
         s->n_pauses = s->cap_pauses = 0;
+        struct job *prepped = s->prepped;
+        s->prepped = NULL;
         pthread_mutex_unlock(&s->lock);
+
+        /* back from the prep thread: the engine owns them again; report failures */
+        for (struct job *j = prepped, *next; j; j = next) {
+                next = j->prep_next;
+                j->prep_next = NULL;
+                j->prep_queued = false;
+        }
+        for (struct job *j = prepped ? s->jobs : NULL, *next; j; j = next) {
+                next = j->next;
+                if (j->prep_queued)
+                        continue;
+                if (j->state == JOB_SAVING) { /* written (or not): cancels come too late */
+                        if (j->prep_code)
+                                fail_job(s, j, j->prep_code, "%s", j->prep_msg ? j->prep_msg : "");
+                        else
+                                snapshot_done(s, j, &j->saved);
+                } else if (j->prep_code && !j->cancel)
+                        fail_job(s, j, j->prep_code, "%s", j->prep_msg ? j->prep_msg : "");
+        }
 
         struct job **tail = &s->jobs;
         while (*tail)
@@ -1506,6 +1602,8 @@ static void take_inputs(struct sched *s) {
         free(pauses);
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
+                if (j->prep_queued)
+                        continue; /* finished (or cancelled) when the prep thread gives it back */
                 if (j->cancel && j->r->snapshot_create) {
                         /* a snapshot request ends with a SnapshotReply or an Error, never a
                          * bare Done: say nothing was saved */
@@ -1523,52 +1621,124 @@ static uint32_t prefix_evict_if(struct sched *s, uint32_t want) {
         return s->prefix ? prefix_evict(s->prefix, want) : 0;
 }
 
+/* Hand a job to the prep thread (tokenizing a megabyte of chat or reading a snapshot file there
+ * does not stall the running streams). */
+static void prep_enqueue(struct sched *s, struct job *j) {
+        j->prep_queued = true;
+        pthread_mutex_lock(&s->lock);
+        j->prep_next = NULL;
+        if (s->prep_tail)
+                s->prep_tail->prep_next = j;
+        else
+                s->prep_head = j;
+        s->prep_tail = j;
+        pthread_cond_signal(&s->prep_wake);
+        pthread_mutex_unlock(&s->lock);
+}
+
+static void *prep_main(void *userdata) {
+        struct sched *s = userdata;
+
+        log_set_ident("xing4d");
+        pthread_mutex_lock(&s->lock);
+        for (;;) {
+                while (!s->quit && !s->prep_head)
+                        pthread_cond_wait(&s->prep_wake, &s->lock);
+                if (s->quit)
+                        break;
+                struct job *j = s->prep_head;
+                s->prep_head = j->prep_next;
+                if (!s->prep_head)
+                        s->prep_tail = NULL;
+                pthread_mutex_unlock(&s->lock);
+                if (j->state == JOB_SAVING) {
+                        char err[512];
+                        int code = snap_save(s, j, j->snap_data, &j->saved, err, sizeof err);
+                        if (code)
+                                (void) prep_fail(j, code, "%s", err);
+                        free(j->snap_data);
+                        j->snap_data = NULL;
+                } else
+                        (void) prepare(s, j);
+                pthread_mutex_lock(&s->lock);
+                j->prep_next = s->prepped;
+                s->prepped = j;
+                pthread_cond_signal(&s->wake);
+        }
+        pthread_mutex_unlock(&s->lock);
+        return NULL;
+}
+
+static void preempt(struct sched *s, struct job *j);
+static struct job *pick_victim(struct sched *s);
+
 static void admit(struct sched *s) {
         uint32_t running = 0;
+        uint32_t pt = kvcache_page_tokens(s->kv);
         for (struct job *j = s->jobs; j; j = j->next)
-                running += j->state != JOB_WAITING;
+                running += j->state != JOB_WAITING && j->state != JOB_SAVING;
         for (struct job *j = s->jobs, *next; j; j = next) {
                 next = j->next;
-                if (j->state != JOB_WAITING)
+                if (j->state != JOB_WAITING || j->prep_queued)
                         continue;
-                if (!j->prepared && !prepare(s, j))
-                        continue; /* failed and freed */
-                uint32_t need = kvcache_pages_for(s->kv, (uint64_t) j->n_prompt + j->max_tokens);
-                if (need > kvcache_n_pages(s->kv)) {
-                        fail_job(s, j, SCHED_ERR_RESOURCE_EXHAUSTED,
-                                 "request needs %u cache pages (%u prompt + %u output tokens), the "
-                                 "cache has %u",
-                                 need, j->n_prompt, j->max_tokens, kvcache_n_pages(s->kv));
+                if (!j->prepared) {
+                        prep_enqueue(s, j);
                         continue;
                 }
+                if (j->paused)
+                        continue; /* a paused request would only hold pages: it waits */
                 if (running >= s->p.max_running)
-                        break; /* FIFO: later requests wait behind this one */
-                if (!j->pages && !(j->pages = malloc(need * sizeof *j->pages))) {
+                        break; /* FIFO for slots: later requests wait behind this one */
+                /* what has to be in the cache before it decodes: the prompt, or for a preempted
+                 * request everything but its last sampled token (fed by its next decode step) */
+                bool resumed = j->n_out > 0;
+                uint32_t fill = resumed ? j->n_seq - 1 : j->n_prompt;
+                uint32_t cap = kvcache_pages_for(s->kv, (uint64_t) j->n_prompt + j->max_tokens + 1);
+                if (!j->pages && !(j->pages = malloc(cap * sizeof *j->pages))) {
                         fail_job(s, j, SCHED_ERR_INTERNAL, "out of memory for a page table");
                         continue;
                 }
-                /* the longest stored prefix, in full pages; at least one prompt token is left
-                 * to compute (its logits start the output). A resumed snapshot's pages that are
+                /* the longest stored prefix, in full pages; a new request computes at least one
+                 * prompt token (its logits start the output). A resumed snapshot's pages that are
                  * stored already (an earlier resume of it) are shared, not written again. */
                 uint32_t k = 0;
                 if (s->prefix)
-                        k = prefix_match(s->prefix, j->seq, j->n_prompt,
-                                         (j->n_prompt - 1) / kvcache_page_tokens(s->kv), j->pages);
-                if (need - k > kvcache_n_free(s->kv))
+                        k = prefix_match(s->prefix, j->seq, fill,
+                                         resumed ? fill / pt : (j->n_prompt - 1) / pt, j->pages);
+                /* pages are taken as the sequence grows, but a request starts only when the pages
+                 * its prompt needs are free now, so admitting it does not preempt another at once.
+                 * One that does not fit yet lets later ones that do start (they are preempted
+                 * first if the cache runs out: the most recently admitted goes first). */
+                uint32_t need = kvcache_pages_for(s->kv, (uint64_t) fill + 1);
+                need = need > k ? need - k : 0;
+                if (need > kvcache_n_free(s->kv))
                         /* pages only the store holds go back, least recently used first */
-                        (void) prefix_evict_if(s, need - k - kvcache_n_free(s->kv));
-                if (need - k > kvcache_n_free(s->kv) ||
-                    kvcache_alloc(s->kv, need - k, j->pages + k) < 0) {
+                        (void) prefix_evict_if(s, need - kvcache_n_free(s->kv));
+                /* a request whose client does not read its output makes no progress: it gives
+                 * its pages up to one that can run (it resumes once its client reads again) */
+                for (struct job *v; need > kvcache_n_free(s->kv) && (v = pick_victim(s)) &&
+                                    v->paused;) {
+                        preempt(s, v);
+                        running--;
+                        (void) prefix_evict_if(s, need - MIN(need, kvcache_n_free(s->kv)));
+                }
+                uint32_t snap = !resumed && j->snap_data && j->snap_pages > k ? j->snap_pages - k : 0;
+                if (need > kvcache_n_free(s->kv) ||
+                    (snap && kvcache_alloc(s->kv, snap, j->pages + k) < 0)) {
                         if (k)
                                 (void) kvcache_release(s->kv, j->pages, k);
-                        break;
+                        continue;
                 }
-                j->n_pages = need;
-                if (s->prefix)
+                j->n_pages = k + snap;
+                j->n_fill = fill;
+                j->admit_seq = ++s->admit_counter;
+                bool first = j->t_admit == 0;
+                if (s->prefix && first)
                         prefix_count(s->prefix, k);
                 /* cached: the snapshot's tokens and the stored pages, whichever reach further */
-                j->n_cached = MAX(j->snap_n, k * kvcache_page_tokens(s->kv));
-                j->n_reused = j->n_cached - j->snap_n;
+                j->n_cached = MAX(j->snap_data ? j->snap_n : 0, k * pt);
+                if (first)
+                        j->n_reused = j->n_cached - j->snap_n;
                 if (j->snap_data) {
                         size_t pb = s->p.ops->page_bytes(s->p.backend);
                         int ret = 0;
@@ -1583,12 +1753,140 @@ static void admit(struct sched *s) {
                                 continue;
                         }
                 }
-                j->state = JOB_PREFILL;
-                j->t_admit = now_ms();
-                s->prompt_total += j->n_prompt;
-                s->total++;
+                /* a resumed request whose whole sequence came from the store decodes at once */
+                j->state = resumed && j->n_cached >= fill ? JOB_DECODE : JOB_PREFILL;
+                if (first) {
+                        j->t_admit = now_ms();
+                        s->prompt_total += j->n_prompt;
+                        s->total++;
+                } else
+                        log_debug("request %llu resumed: %u tokens to recompute, %u from the store",
+                                  (unsigned long long) j->r->id, fill - MIN(fill, j->n_cached),
+                                  MIN(fill, j->n_cached));
                 running++;
         }
+}
+
+/* Preemption by recompute: give j's pages back (its full pages stay in the prefix store while the
+ * cache allows, so resuming may not even recompute them) and put it back in the queue, at its
+ * place by arrival. Everything else -- its sequence, sampler (RNG state, penalties), output
+ * parser, detokenizer -- is kept, and a position's cache row depends only on the tokens before
+ * it, so the resumed request produces exactly what it would have without the interruption. */
+static void preempt(struct sched *s, struct job *j) {
+        if (j->n_pages && s->prefix && j->n_cached)
+                (void) prefix_insert(s->prefix, j->seq, MIN(j->n_cached, j->n_seq), j->pages,
+                                     j->n_pages);
+        if (j->n_pages)
+                (void) kvcache_release(s->kv, j->pages, j->n_pages);
+        log_info("request %llu preempted (cache full): %u tokens in the cache, %u generated; it "
+                 "resumes when pages are free", (unsigned long long) j->r->id, j->n_cached, j->n_out);
+        j->n_pages = 0;
+        j->n_cached = 0;
+        j->plan = 0;
+        j->state = JOB_WAITING;
+        j->preempted++;
+        s->preemptions++;
+}
+
+/* The victim when the cache runs out: a paused request (its client is not reading) if any, else
+ * the most recently admitted one. The oldest request therefore always progresses. */
+static struct job *pick_victim(struct sched *s) {
+        struct job *v = NULL;
+        for (struct job *j = s->jobs; j; j = j->next) {
+                if (j->state == JOB_WAITING || j->state == JOB_SAVING)
+                        continue;
+                if (!v || (j->paused && !v->paused) ||
+                    (j->paused == v->paused && j->admit_seq > v->admit_seq))
+                        v = j;
+        }
+        return v;
+}
+
+/* Pages for j to hold positions [0, n_tokens), taken as it grows. False if the cache has none
+ * left even after evicting pages only the prefix store holds. */
+static bool grow_pages(struct sched *s, struct job *j, uint64_t n_tokens) {
+        uint32_t want = kvcache_pages_for(s->kv, n_tokens);
+        if (want <= j->n_pages)
+                return true;
+        uint32_t more = want - j->n_pages;
+        if (more > kvcache_n_free(s->kv))
+                (void) prefix_evict_if(s, more - kvcache_n_free(s->kv));
+        if (more > kvcache_n_free(s->kv) || kvcache_alloc(s->kv, more, j->pages + j->n_pages) < 0)
+                return false;
+        j->n_pages = want;
+        return true;
+}
+
+/* Prompt tokens one step may compute while other requests decode: a fixed --prefill-budget, else
+ * sized from measured costs so a step with prefill takes at most about PREFILL_STEP_FACTOR pure
+ * decode steps (no running stream stalls on someone's long prompt). Nothing decoding: a whole
+ * chunk per prefilling request. */
+#define PREFILL_STEP_FACTOR 4.0
+#define PREFILL_BUDGET_MIN 1u
+static uint32_t prefill_budget(const struct sched *s, bool decoding) {
+        if (s->p.prefill_budget)
+                return s->p.prefill_budget;
+        if (!decoding)
+                return UINT32_MAX;
+        if (s->decode_step_ms <= 0 || s->prefill_tok_ms <= 0)
+                return PREFILL_BUDGET_MIN; /* not measured yet: start small */
+        double b = (PREFILL_STEP_FACTOR - 1.0) * s->decode_step_ms / s->prefill_tok_ms;
+        if (b < PREFILL_BUDGET_MIN)
+                return PREFILL_BUDGET_MIN;
+        return b > s->p.prefill_chunk ? s->p.prefill_chunk : (uint32_t) b;
+}
+
+/* Tell the client how far a long prefill has come: once it has taken a second, at most four
+ * times a second. */
+#define PROGRESS_AFTER_MS 1000.0
+#define PROGRESS_EVERY_MS 250.0
+static void maybe_progress(struct sched *s, struct job *j, double now) {
+        /* not for snapshot creation: its client waits for exactly one reply frame */
+        if (j->create || j->n_out > 0 || now - j->t_submit < PROGRESS_AFTER_MS ||
+            now - j->t_progress < PROGRESS_EVERY_MS || j->n_cached >= j->n_fill)
+                return;
+        struct sched_event *e = calloc(1, sizeof *e);
+        if (!e)
+                return;
+        j->t_progress = now;
+        e->kind = SCHED_EVENT_PROGRESS;
+        e->cookie = j->r->cookie;
+        e->id = j->r->id;
+        e->done_tokens = j->n_cached;
+        e->total_tokens = j->n_fill;
+        push_event(s, e, false);
+}
+
+/* Plan up to `want` prompt tokens of j for this step (within --prefill-chunk and what is left of
+ * its prompt), taking the pages they need; when the cache is out, a younger request is preempted
+ * for them (pick_victim), or j, the youngest, waits. Sets and returns j->plan. */
+static uint32_t plan_prefill(struct sched *s, struct job *j, uint32_t want, bool may_preempt) {
+        uint32_t pt = kvcache_page_tokens(s->kv);
+        uint32_t chunk = MIN(MIN(s->p.prefill_chunk, want), j->n_fill - j->n_cached);
+        while (chunk && !grow_pages(s, j, (uint64_t) j->n_cached + chunk)) {
+                /* what its pages hold already, else preempt a younger request for it */
+                uint32_t room = (uint32_t) MIN((uint64_t) j->n_pages * pt - j->n_cached,
+                                               (uint64_t) chunk);
+                if (room) {
+                        chunk = room;
+                        break;
+                }
+                struct job *v = pick_victim(s);
+                if (!may_preempt || !v || v == j ||
+                    (!v->paused && v->admit_seq < j->admit_seq)) {
+                        chunk = 0; /* the youngest itself: it waits for pages */
+                        break;
+                }
+                preempt(s, v);
+        }
+        j->plan = chunk;
+        return chunk;
+}
+
+static int by_prompt_left(const void *a, const void *b) {
+        const struct job *x = *(const struct job *const *) a, *y = *(const struct job *const *) b;
+        uint32_t l = x->n_fill - x->n_cached, r = y->n_fill - y->n_cached;
+        return l < r ? -1 : l > r;
 }
 
 static void step(struct sched *s) {
@@ -1596,13 +1894,59 @@ static void step(struct sched *s) {
         struct job **owners;
         uint32_t n = 0, cap = 0, rows = 0;
         uint32_t prefill_tokens = 0, decode_tokens = 0;
-        struct job *prefill = NULL;
 
-        for (struct job *j = s->jobs; j; j = j->next) {
-                cap += j->state != JOB_WAITING && !j->paused;
-                if (!prefill && j->state == JOB_PREFILL && !j->paused)
-                        prefill = j;
+        /* pages for this step, as sequences grow: decoding requests first (one position each),
+         * oldest first; when the cache is out, preempt (pick_victim) and try again */
+        for (bool again = true; again;) {
+                again = false;
+                for (struct job *j = s->jobs; j; j = j->next) {
+                        j->plan = 0;
+                        if (j->state != JOB_DECODE || j->paused)
+                                continue;
+                        if (grow_pages(s, j, (uint64_t) j->n_cached + 1))
+                                continue;
+                        preempt(s, pick_victim(s));
+                        again = true;
+                        break;
+                }
         }
+        bool decoding = false;
+        for (struct job *j = s->jobs; j; j = j->next)
+                decoding |= j->state == JOB_DECODE && !j->paused;
+        /* then prompt chunks within the step's budget: half of it (all, if it is alone) to the
+         * oldest prompt, so it always progresses; the rest to the others, fewest tokens left
+         * first, so a short prompt is done in a step or two even beside a long one; what is
+         * left over goes back to the oldest */
+        uint32_t left = prefill_budget(s, decoding), n_pre = 0;
+        struct job *oldest = NULL;
+        for (struct job *j = s->jobs; j; j = j->next)
+                if (j->state == JOB_PREFILL && !j->paused) {
+                        oldest = oldest ? oldest : j;
+                        n_pre++;
+                }
+        if (oldest) {
+                uint32_t share = n_pre > 1 ? left - left / 2 : left;
+                left -= plan_prefill(s, oldest, share, true);
+                struct job **rest = n_pre > 1 ? calloc(n_pre - 1, sizeof *rest) : NULL;
+                uint32_t n_rest = 0;
+                for (struct job *j = oldest->next; rest && j; j = j->next)
+                        if (j->state == JOB_PREFILL && !j->paused && n_rest < n_pre - 1)
+                                rest[n_rest++] = j;
+                if (n_rest)
+                        qsort(rest, n_rest, sizeof *rest, by_prompt_left);
+                for (uint32_t i = 0; i < n_rest && left > 0; i++)
+                        if (rest[i]->state == JOB_PREFILL) /* not preempted meanwhile */
+                                left -= plan_prefill(s, rest[i], left, true);
+                free(rest);
+                if (left > 0 && oldest->state == JOB_PREFILL && oldest->plan) {
+                        /* more only within the pages free now: nobody is preempted for it */
+                        uint32_t had = oldest->plan;
+                        if (plan_prefill(s, oldest, had + left, false) < had)
+                                oldest->plan = had;
+                }
+        }
+        for (struct job *j = s->jobs; j; j = j->next)
+                cap += (j->state == JOB_DECODE && !j->paused) || j->plan;
         if (cap == 0)
                 return;
         seqs = calloc(cap, sizeof *seqs);
@@ -1621,9 +1965,11 @@ static void step(struct sched *s) {
                         owners[n++] = j;
                         decode_tokens++;
                         rows++;
-                } else if (j == prefill) {
-                        uint32_t chunk = MIN(s->p.prefill_chunk, j->n_prompt - j->n_cached);
-                        bool last = j->n_cached + chunk == j->n_prompt && !j->create;
+                } else if (j->plan) {
+                        uint32_t chunk = j->plan;
+                        /* logits for the last prompt token only; a resumed request's last
+                         * recomputed token already has its sampled successor */
+                        bool last = j->n_cached + chunk == j->n_fill && !j->create && j->n_out == 0;
                         seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
                                                    .pos0 = j->n_cached, .pages = j->pages,
                                                    .n_pages = j->n_pages,
@@ -1668,11 +2014,30 @@ static void step(struct sched *s) {
                         s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
                 if (decode_tokens)
                         s->decode_rate = (1 - a) * s->decode_rate + a * (decode_tokens * 1e3 / dt);
+                /* the prefill budget's inputs: a pure decode step, and a prompt token's share of
+                 * a step beyond the decode work in it */
+                if (!prefill_tokens)
+                        s->decode_step_ms = s->decode_step_ms > 0
+                                                    ? (1 - a) * s->decode_step_ms + a * dt : dt;
+                else {
+                        double extra = dt - (decode_tokens ? s->decode_step_ms : 0);
+                        double per = MAX(extra, 0.05 * dt) / prefill_tokens;
+                        s->prefill_tok_ms = s->prefill_tok_ms > 0
+                                                    ? (1 - a) * s->prefill_tok_ms + a * per : per;
+                }
         }
         uint32_t row = 0;
+        double now = now_ms();
         for (uint32_t i = 0; i < n; i++) {
                 struct job *j = owners[i];
                 j->n_cached += seqs[i].n_tokens;
+                if (j->state == JOB_PREFILL) {
+                        if (j->n_out > 0 && j->n_cached >= j->n_fill) {
+                                j->state = JOB_DECODE; /* resumed: recomputed, decodes again */
+                                continue;
+                        }
+                        maybe_progress(s, j, now);
+                }
                 if (s->prefix && j->state == JOB_PREFILL && j->n_cached == j->n_prompt)
                         /* prompt prefilled: its full pages can serve requests admitted from now
                          * on (they are never written again) */
@@ -1746,6 +2111,7 @@ static void publish_stats(struct sched *s) {
                 .steps = s->steps,
                 .steps_multi = s->steps_multi,
                 .batch_max = s->batch_max,
+                .preemptions = s->preemptions,
         };
         if (s->prefix) {
                 struct prefix_stats ps;
@@ -1766,7 +2132,7 @@ static void publish_stats(struct sched *s) {
                 a[k].id = j->r->id;
                 a[k].running = j->state != JOB_WAITING;
                 a[k].paused = j->paused;
-                a[k].prompt_tokens = j->n_prompt ? j->n_prompt : j->r->n_tokens;
+                a[k].prompt_tokens = !j->prep_queued && j->n_prompt ? j->n_prompt : j->r->n_tokens;
                 a[k].prefilled_tokens = MIN(j->n_cached, j->n_prompt);
                 a[k].completion_tokens = j->n_out;
                 a[k].age_ms = (uint64_t) j->t_submit; /* made relative on read */
@@ -1797,7 +2163,8 @@ static void *engine_main(void *userdata) {
         log_set_ident("xing4d");
         for (;;) {
                 pthread_mutex_lock(&s->lock);
-                while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 && !s->jobs)
+                while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 &&
+                       !s->prepped && !s->jobs)
                         pthread_cond_wait(&s->wake, &s->lock);
                 bool quit = s->quit;
                 pthread_mutex_unlock(&s->lock);
@@ -1812,10 +2179,11 @@ static void *engine_main(void *userdata) {
                 admit(s);
                 bool busy = false;
                 for (struct job *j = s->jobs; j; j = j->next)
-                        busy |= j->state != JOB_WAITING && !j->paused;
+                        busy |= j->state != JOB_WAITING && j->state != JOB_SAVING && !j->paused;
                 if (!busy && s->jobs) {
                         pthread_mutex_lock(&s->lock);
-                        while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0)
+                        while (!s->quit && !s->in_head && s->n_cancels == 0 && s->n_pauses == 0 &&
+                               !s->prepped)
                                 pthread_cond_wait(&s->wake, &s->lock);
                         pthread_mutex_unlock(&s->lock);
                 }
@@ -1917,13 +2285,18 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         }
         pthread_mutex_init(&s->lock, NULL);
         pthread_cond_init(&s->wake, NULL);
+        pthread_cond_init(&s->prep_wake, NULL);
         publish_stats(s);
         *ret = s;
         return 0;
 }
 
 int sched_start(struct sched *s) {
-        int r = pthread_create(&s->thread, NULL, engine_main, s);
+        int r = pthread_create(&s->prep_thread, NULL, prep_main, s);
+        if (r != 0)
+                return log_error_errno(r, "scheduler: cannot start the prep thread: %s", strerror(r));
+        s->prep_started = true;
+        r = pthread_create(&s->thread, NULL, engine_main, s);
         if (r != 0)
                 return log_error_errno(r, "scheduler: cannot start the engine thread: %s",
                                        strerror(r));
@@ -1940,6 +2313,13 @@ void sched_free(struct sched *s) {
                 pthread_cond_signal(&s->wake);
                 pthread_mutex_unlock(&s->lock);
                 pthread_join(s->thread, NULL);
+        }
+        if (s->prep_started) {
+                pthread_mutex_lock(&s->lock);
+                s->quit = true;
+                pthread_cond_signal(&s->prep_wake);
+                pthread_mutex_unlock(&s->lock);
+                pthread_join(s->prep_thread, NULL);
         }
         while (s->jobs) {
                 struct job *j = s->jobs;
@@ -1970,5 +2350,6 @@ void sched_free(struct sched *s) {
                 close(s->efd);
         pthread_mutex_destroy(&s->lock);
         pthread_cond_destroy(&s->wake);
+        pthread_cond_destroy(&s->prep_wake);
         free(s);
 }

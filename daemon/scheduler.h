@@ -117,6 +117,7 @@ enum sched_event_kind {
         SCHED_EVENT_DONE,
         SCHED_EVENT_ERROR,
         SCHED_EVENT_SNAPSHOT, /* final event of a snapshot_create request */
+        SCHED_EVENT_PROGRESS, /* a long prefill's progress (done_tokens of total_tokens) */
 };
 
 /* A saved snapshot (state_dir/NAME.x4snap). */
@@ -167,6 +168,8 @@ struct sched_event {
         char *message;
         /* SNAPSHOT */
         struct sched_snapshot_info snapshot;
+        /* PROGRESS */
+        uint32_t done_tokens, total_tokens;
 };
 
 void sched_event_free(struct sched_event *e); /* frees one event (not its next) */
@@ -179,7 +182,9 @@ struct sched_params {
         uint32_t max_running;   /* requests decoding at once (default 16) */
         uint32_t max_waiting;   /* queued beyond that before UNAVAILABLE (default 256) */
         uint32_t max_tokens_default; /* when a request sets none (default 1024) */
-        uint32_t prefill_chunk; /* prompt tokens per step (default 256) */
+        uint32_t max_tokens_limit;   /* ceiling on any request's max_tokens (0: none) */
+        uint32_t prefill_chunk; /* most prompt tokens of one request per step (default 256) */
+        uint32_t prefill_budget; /* prompt tokens per step while others decode (0: adaptive) */
         uint32_t max_stop;      /* stop strings per request (default 16) */
         uint32_t max_messages;  /* chat messages per request (default 4096) */
         uint32_t max_snapshots; /* snapshot files in state_dir (default 64) */
@@ -204,6 +209,7 @@ struct sched_stats {
         uint32_t prefix_pages; /* pages the prefix store holds */
         uint64_t steps, steps_multi; /* backend forwards; those batching > 1 request */
         uint32_t batch_max;          /* most requests one forward held */
+        uint64_t preemptions;        /* requests preempted because the cache ran out */
 };
 
 struct sched_request_state {

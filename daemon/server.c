@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +29,13 @@
  * default) is no longer read and its requests are paused in the engine (pages kept, no decode
  * steps); both resume once the output has drained to half of it. */
 #define OUTPUT_HIGH_WATER_DEFAULT (8u << 20)
+
+/* Unfinished frames: each connection's decoder holds a buffer of the announced size (up to
+ * --max-frame) while the body arrives. Frames up to SMALL_FRAME are always admitted (at most
+ * max-connections x 64 KiB); larger ones count against max-pending-bytes across all connections,
+ * so many slow senders cannot make the daemon hold max-connections x max-frame. */
+#define SMALL_FRAME (64u << 10)
+#define MAX_PENDING_DEFAULT ((uint64_t) 256 << 20)
 
 struct conn;
 
@@ -60,6 +68,9 @@ struct conn {
         bool hello_done;
         bool closing; /* flush the output, then free */
         bool paused;  /* its requests are paused: the client is not reading */
+        uint32_t held; /* bytes of an unfinished large frame counted in server.pending_bytes */
+        double last_active; /* when bytes last arrived (or it was accepted) */
+        char refused[256];  /* why a frame was refused (max-pending-bytes) */
         pid_t pid;
         uid_t uid;
         char client[64];
@@ -89,7 +100,10 @@ struct server {
         struct evconnlistener *listener;
         struct event *ev_sched, *ev_term, *ev_int, *ev_grace, *ev_watchdog;
         struct event *ev_accept_resume; /* re-enables the listener after accept() failed */
-        struct ratelimit rl_refused, rl_accept;
+        struct ratelimit rl_refused, rl_accept, rl_evicted, rl_pending;
+        struct event *ev_idle; /* the idle-timeout sweep */
+        uint64_t pending_bytes; /* sum of conn.held */
+        uint64_t evicted;       /* idle connections closed to make room */
         struct conn *conns;
         unsigned n_conns, next_conn_id;
         unsigned n_reqs; /* sreqs alive, orphans included */
@@ -185,6 +199,7 @@ static void conn_free(struct conn *c) {
                         break;
                 }
         s->n_conns--;
+        s->pending_bytes -= c->held;
         /* its requests are cancelled; their sreqs live on as orphans until the final event */
         for (struct sreq *r = c->reqs, *next; r; r = next) {
                 next = r->next;
@@ -871,10 +886,49 @@ static void handle_payload(struct conn *c, const uint8_t *data, size_t len) {
 
 /* ---- libevent callbacks --------------------------------------------------------------------- */
 
+/* A header announced len bytes: admit the frame if the unfinished frames of all connections stay
+ * within max-pending-bytes. */
+static int conn_admit_frame(uint32_t len, void *userdata) {
+        struct conn *c = userdata;
+        struct server *s = c->server;
+
+        if (len <= SMALL_FRAME)
+                return 0;
+        if (s->pending_bytes + len > s->p.max_pending_bytes) {
+                if (ratelimit_pass(&s->rl_pending, now_ms())) {
+                        log_warning("connection %u (pid %d): refusing a frame of %u bytes: %llu bytes "
+                                    "of unfinished frames held, limit %llu (%u more refused since "
+                                    "the last warning)", c->id, (int) c->pid, len,
+                                    (unsigned long long) s->pending_bytes,
+                                    (unsigned long long) s->p.max_pending_bytes,
+                                    s->rl_pending.suppressed);
+                        s->rl_pending.suppressed = 0;
+                }
+                /* the text of the Error the connection gets */
+                snprintf(c->refused, sizeof c->refused,
+                         "frame of %u bytes refused: the daemon holds %llu bytes of unfinished "
+                         "frames from all connections, limit %llu (max-pending-bytes); retry later",
+                         len, (unsigned long long) s->pending_bytes,
+                         (unsigned long long) s->p.max_pending_bytes);
+                return -ENOBUFS;
+        }
+        s->pending_bytes += len;
+        c->held = len;
+        return 0;
+}
+
+static void conn_release_frame(struct conn *c) {
+        c->server->pending_bytes -= c->held;
+        c->held = 0;
+        frame_decoder_trim(c->decoder);
+}
+
 static void conn_read_cb(struct bufferevent *bev, void *userdata) {
         struct conn *c = userdata;
         struct evbuffer *in = bufferevent_get_input(bev);
         uint8_t buf[16384];
+
+        c->last_active = now_ms();
 
         while (!c->closing && evbuffer_get_length(in) > 0) {
                 int n = evbuffer_remove(in, buf, sizeof buf);
@@ -887,9 +941,10 @@ static void conn_read_cb(struct bufferevent *bev, void *userdata) {
                         if (r < 0) {
                                 /* the stream lost sync: say why, then hang up */
                                 send_error(c, 0,
-                                           r == -EMSGSIZE ? XING4__ERROR_CODE__ERROR_TOO_LARGE
-                                                          : XING4__ERROR_CODE__ERROR_PROTOCOL,
-                                           "%s", log_last_error());
+                                           r == -EMSGSIZE  ? XING4__ERROR_CODE__ERROR_TOO_LARGE
+                                           : r == -ENOBUFS ? XING4__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED
+                                                           : XING4__ERROR_CODE__ERROR_PROTOCOL,
+                                           "%s", r == -ENOBUFS ? c->refused : log_last_error());
                                 conn_close_after_flush(c);
                                 break;
                         }
@@ -898,6 +953,7 @@ static void conn_read_cb(struct bufferevent *bev, void *userdata) {
                                 size_t len;
                                 frame_decoder_payload(c->decoder, &p, &len);
                                 handle_payload(c, p, len);
+                                conn_release_frame(c);
                         }
                 }
         }
@@ -944,6 +1000,61 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *userdata) {
         }
 }
 
+/* Close c now, telling it why: the Error is written straight to the socket (an idle
+ * connection has no output queued; if the client does not read, it just sees EOF). */
+static void conn_close_now(struct conn *c, int code, const char *msg) {
+        log_debug("connection %u (pid %d): closing: %s", c->id, (int) c->pid, msg);
+        send_error_fd(bufferevent_getfd(c->bev), code, msg);
+        conn_free(c);
+}
+
+/* At the connection limit: close the connection idle the longest (nothing in flight), so
+ * connections that sit idle -- one local user opening max-connections of them -- cannot lock
+ * the others out. Connections with requests in flight are never closed for this. */
+static bool evict_idle(struct server *s) {
+        struct conn *victim = NULL;
+        for (struct conn *c = s->conns; c; c = c->next)
+                if (!c->reqs && !c->closing && (!victim || c->last_active < victim->last_active))
+                        victim = c;
+        if (!victim)
+                return false;
+        double idle_s = (now_ms() - victim->last_active) / 1e3;
+        char msg[192];
+        snprintf(msg, sizeof msg, "connection limit of %u reached: closing this connection, idle "
+                 "the longest (%.1f s), to serve a new one", s->p.max_connections, idle_s);
+        s->evicted++;
+        if (ratelimit_pass(&s->rl_evicted, now_ms())) {
+                log_warning("connection %u (pid %d uid %u): %s (%u more closed since the last "
+                            "warning)", victim->id, (int) victim->pid, (unsigned) victim->uid, msg,
+                            s->rl_evicted.suppressed);
+                s->rl_evicted.suppressed = 0;
+        }
+        conn_close_now(victim, XING4__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED, msg);
+        return true;
+}
+
+/* Every second: close connections idle (nothing in flight, nothing received) past the
+ * idle-timeout. */
+static void idle_sweep_cb(evutil_socket_t fd, short what, void *userdata) {
+        struct server *s = userdata;
+        double now = now_ms(), limit = s->p.idle_timeout_s * 1e3;
+        for (struct conn *c = s->conns, *next; c; c = next) {
+                next = c->next;
+                if (c->reqs || c->closing || !c->hello_done || now - c->last_active < limit)
+                        continue;
+                if (evbuffer_get_length(bufferevent_get_output(c->bev)))
+                        continue; /* still writing to it: not idle */
+                int unread = 0;
+                if (ioctl(bufferevent_getfd(c->bev), FIONREAD, &unread) == 0 && unread > 0)
+                        continue; /* a request just arrived, not read yet */
+                char msg[160];
+                snprintf(msg, sizeof msg, "idle for %.0f s (idle-timeout %.0f s): closing the "
+                         "connection", (now - c->last_active) / 1e3, s->p.idle_timeout_s);
+                log_debug("connection %u: %s", c->id, msg);
+                conn_close_now(c, XING4__ERROR_CODE__ERROR_UNAVAILABLE, msg);
+        }
+}
+
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                       int socklen, void *userdata) {
         struct server *s = userdata;
@@ -954,6 +1065,8 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
                 close(fd);
                 return;
         }
+        if (s->p.max_connections && s->n_conns >= s->p.max_connections)
+                (void) evict_idle(s);
         if (s->p.max_connections && s->n_conns >= s->p.max_connections) {
                 char msg[128];
                 snprintf(msg, sizeof msg, "%u connections open, limit %u", s->n_conns,
@@ -979,6 +1092,8 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
                 log_error("out of memory accepting a connection");
                 return;
         }
+        frame_decoder_set_admit(c->decoder, conn_admit_frame, c);
+        c->last_active = now_ms();
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
                 c->pid = cred.pid;
                 c->uid = cred.uid;
@@ -1046,7 +1161,7 @@ static void accept_resume_cb(evutil_socket_t fd, short what, void *userdata) {
 static void deliver(struct server *s, struct sched_event *e) {
         struct sreq *q = e->cookie;
         struct conn *c = q->conn;
-        bool final = e->kind != SCHED_EVENT_CHUNK;
+        bool final = e->kind != SCHED_EVENT_CHUNK && e->kind != SCHED_EVENT_PROGRESS;
 
         if (c && !c->closing) {
                 Xing4__Frame f = XING4__FRAME__INIT;
@@ -1124,6 +1239,14 @@ static void deliver(struct server *s, struct sched_event *e) {
                                 slot->tokens = TAKE_PTR(e->sequence);
                                 slot->n = e->n_sequence;
                         }
+                } else if (e->kind == SCHED_EVENT_PROGRESS) {
+                        Xing4__PrefillProgress pp = XING4__PREFILL_PROGRESS__INIT;
+                        pp.has_done_tokens = pp.has_total_tokens = 1;
+                        pp.done_tokens = e->done_tokens;
+                        pp.total_tokens = e->total_tokens;
+                        f.body_case = XING4__FRAME__BODY_PROGRESS;
+                        f.progress = &pp;
+                        send_frame(c, &f);
                 } else if (e->kind == SCHED_EVENT_SNAPSHOT) {
                         send_snapshot_reply(c, q->client_id, &e->snapshot, 1);
                 } else {
@@ -1241,6 +1364,19 @@ int server_new(const struct server_params *params, struct server **ret) {
                                          s->p.listen_fd);
         if (s->listener)
                 evconnlistener_set_error_cb(s->listener, accept_error_cb);
+        if (!s->p.max_pending_bytes)
+                s->p.max_pending_bytes = MAX_PENDING_DEFAULT;
+        if (s->p.idle_timeout_s > 0) {
+                /* swept once a second: a connection closes within a second of its deadline */
+                struct timeval tv = { 1, 0 };
+                if (s->p.idle_timeout_s < 4)
+                        tv = (struct timeval){ 0, 250000 };
+                s->ev_idle = event_new(s->base, -1, EV_PERSIST, idle_sweep_cb, s);
+                if (!s->ev_idle || event_add(s->ev_idle, &tv) < 0) {
+                        server_free(s);
+                        return log_error_errno(ENOMEM, "server: cannot set up the idle timer");
+                }
+        }
         s->ev_accept_resume = evtimer_new(s->base, accept_resume_cb, s);
         s->ev_sched = event_new(s->base, sched_event_fd(s->p.sched), EV_READ | EV_PERSIST,
                                 sched_cb, s);
@@ -1287,6 +1423,8 @@ void server_free(struct server *s) {
                 event_free(s->ev_watchdog);
         if (s->ev_accept_resume)
                 event_free(s->ev_accept_resume);
+        if (s->ev_idle)
+                event_free(s->ev_idle);
         if (s->listener)
                 evconnlistener_free(s->listener);
         if (s->base)

@@ -29,6 +29,10 @@ struct server_params {
         uint32_t max_connections;
         double grace_s;         /* SIGTERM: how long running requests may finish */
         double hello_timeout_s; /* a connection without Hello by then is closed (0: no limit) */
+        double idle_timeout_s;  /* a connection with nothing in flight and nothing received for
+                                 * this long is closed (0: never) */
+        uint64_t max_pending_bytes; /* unfinished frames larger than 64 KiB, all connections
+                                     * together (0: the default, 256 MiB) */
         uint32_t output_high_water; /* bytes queued to a client before its requests pause */
         const char *server_version;
         struct server_model_info model;

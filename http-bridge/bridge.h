@@ -231,6 +231,8 @@ void sse_start(struct evhttp_request *req);
 void sse_send_json(struct evhttp_request *req, json_t *j);
 /* "data: [DONE]\n\n", then the end of the chunked reply. */
 void sse_finish(struct evhttp_request *req);
+/* `: keep-alive` comment event, sent while a long prompt prefills (nothing else to send). */
+void sse_keepalive(struct evhttp_request *req);
 /* Append one event's bytes to buf (exposed for tests of the framing). */
 int sse_format(struct evbuffer *buf, const char *data, size_t len);
 /* "event: NAME\ndata: <compact json>\n\n"; steals j. */

@@ -60,6 +60,7 @@ struct config {
         bool aliases_set;               /* the default table was replaced */
         size_t store_entries, store_bytes;
         int store_retention_s;
+        int sse_keepalive_s;            /* stream: a keep-alive comment this often until output */
 };
 
 static struct config cfg = {
@@ -72,6 +73,7 @@ static struct config cfg = {
         .store_entries = 256,
         .store_bytes = 64u << 20,
         .store_retention_s = 3600,
+        .sse_keepalive_s = 10,
 };
 /* Agents send their own model names (Claude Code: claude-sonnet-4-5, claude-haiku-...): served by
  * the one model unless model-alias replaces this table. */
@@ -117,7 +119,8 @@ static int config_set(const char *key, const char *value, const char *where) {
         } else {
                 static const char *const numeric[] = { "max-body-bytes", "max-concurrent", "timeout",
                                                        "connect-timeout-ms", "retry-after", "response-store",
-                                                       "response-store-bytes", "response-retention" };
+                                                       "response-store-bytes", "response-retention",
+                                                       "sse-keepalive" };
                 bool known = false;
                 for (size_t i = 0; i < ELEMENTSOF(numeric); i++)
                         known = known || streq(key, numeric[i]);
@@ -145,6 +148,8 @@ static int config_set(const char *key, const char *value, const char *where) {
                         cfg.store_bytes = (size_t) v;
                 else if (streq(key, "response-retention"))
                         cfg.store_retention_s = (int) v;
+                else if (streq(key, "sse-keepalive"))
+                        cfg.sse_keepalive_s = (int) v;
                 else
                         return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
         }
@@ -398,6 +403,7 @@ struct job {
         double t_start, t_last;
         bool got_first;
         int64_t created;
+        struct event *tick;             /* stream: headers, then keep-alives until the output */
 };
 
 static struct job *jobs;
@@ -429,6 +435,8 @@ static void job_unlink(struct job *j) {
 }
 
 static void job_free(struct job *j) {
+        if (j->tick)
+                event_free(j->tick);
         api_result_done(&j->res);
         json_decref(j->echo);
         json_decref(j->conv);
@@ -521,6 +529,24 @@ static void stream_begin(struct job *j) {
                                                      json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
                                                      NULL, NULL));
         }
+}
+
+/* A streamed request's headers go out right away (SSE_HEADERS_MS: errors the daemon answers at
+ * once still get their HTTP status), then a `: keep-alive` comment every sse-keepalive seconds
+ * until the first token: a long prompt can prefill for minutes, and proxies drop a connection
+ * that stays silent for 60-100 s. */
+#define SSE_HEADERS_MS 200
+static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
+        struct job *j = arg;
+        if (!j->req || j->got_first)
+                return;
+        if (!j->headers_sent) {
+                sse_start(j->req);
+                j->headers_sent = true;
+        } else
+                sse_keepalive(j->req);
+        struct timeval tv = { cfg.sse_keepalive_s, 0 };
+        evtimer_add(j->tick, &tv);
 }
 
 /* A finished tool call as OpenAI streams it: a first delta naming the call, then the arguments in
@@ -815,6 +841,10 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
                 api_error_from_x4(&e, r, why);
                 job_free(j);
                 return send_error(req, &e, endpoint);
+        }
+        if (j->stream && !j->done_early && (j->tick = evtimer_new(base, on_stream_tick, j))) {
+                struct timeval tv = { 0, SSE_HEADERS_MS * 1000 };
+                evtimer_add(j->tick, &tv);
         }
         j->be->inflight++;
         j->req = req;

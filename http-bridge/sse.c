@@ -29,6 +29,15 @@ void sse_start(struct evhttp_request *req) {
         evhttp_send_reply_start(req, 200, "OK");
 }
 
+void sse_keepalive(struct evhttp_request *req) {
+        struct evbuffer *b = evbuffer_new();
+        /* a comment line: clients ignore it, proxies see the connection is alive */
+        if (b && evbuffer_add(b, ": keep-alive\n\n", 14) == 0)
+                evhttp_send_reply_chunk(req, b);
+        if (b)
+                evbuffer_free(b);
+}
+
 void sse_send_json(struct evhttp_request *req, json_t *j) {
         char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
         json_decref(j);

@@ -81,6 +81,7 @@ struct x4_client {
         char done_error[512]; /* error text of the last blocking generate */
         char done_stop[256];
         bool broken;
+        x4_progress_cb on_progress;
 };
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -513,6 +514,13 @@ X4_API int x4_client_set_timeouts(x4_client *c, int connect_ms, int response_ms)
         return 0;
 }
 
+X4_API int x4_client_set_progress_cb(x4_client *c, x4_progress_cb cb) {
+        if (!c)
+                return X4_E_USAGE;
+        c->on_progress = cb;
+        return 0;
+}
+
 X4_API int x4_client_set_name(x4_client *c, const char *name) {
         if (!c || !name)
                 return X4_E_USAGE;
@@ -688,6 +696,11 @@ static int handle_frame(x4_client *c, Xing4__Frame *f) {
         }
 
         if (p->kind == PENDING_REPLY) {
+                if (f->body_case == XING4__FRAME__BODY_PROGRESS) {
+                        /* progress is not the reply a blocking call waits for */
+                        xing4__frame__free_unpacked(f, NULL);
+                        return 0;
+                }
                 if (p->reply)
                         xing4__frame__free_unpacked(p->reply, NULL);
                 p->reply = f;
@@ -729,6 +742,11 @@ static int handle_frame(x4_client *c, Xing4__Frame *f) {
                 finish_generate(c, p, &d);
                 break;
         }
+        case XING4__FRAME__BODY_PROGRESS:
+                if (c->on_progress && f->progress)
+                        c->on_progress(id, f->progress->done_tokens, f->progress->total_tokens,
+                                       p->userdata);
+                break;
         default:
                 break; /* a newer server's body we do not know: ignore (add-only protocol) */
         }

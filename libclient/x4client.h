@@ -185,6 +185,12 @@ struct x4_done {
 typedef int (*x4_chunk_cb)(const struct x4_chunk *chunk, void *userdata);
 typedef void (*x4_done_cb)(const struct x4_done *done, void *userdata);
 
+/* Prefill progress of a long prompt: done_tokens of total_tokens are in the cache. The server
+ * (1.1+) sends it a few times a second for prompts that take more than about a second; userdata
+ * is the one given with the request (x4_client_generate / x4_client_submit). */
+typedef void (*x4_progress_cb)(uint64_t request_id, uint32_t done_tokens, uint32_t total_tokens,
+                               void *userdata);
+
 /* ---- the connection ------------------------------------------------------------------------- */
 
 X4_API int x4_client_new(x4_client **ret);
@@ -195,6 +201,9 @@ X4_API void x4_client_free(x4_client *c);
  * inactivity limit, not a limit on a whole generation). -1 = wait forever. Defaults: 30000 ms and
  * 300000 ms (a long prompt's prefill on a CPU sends nothing for a while). */
 X4_API int x4_client_set_timeouts(x4_client *c, int connect_ms, int response_ms);
+/* Called for every request of this client whose prefill reports progress (NULL: none, the
+ * default). Since 1.1. */
+X4_API int x4_client_set_progress_cb(x4_client *c, x4_progress_cb cb);
 /* Name sent in Hello, shown in the server's log ("x4ctl 0.1.0"). */
 X4_API int x4_client_set_name(x4_client *c, const char *name);
 /* path NULL: $X4_SOCKET, else X4_DEFAULT_SOCKET. Connects and does the Hello handshake. */

@@ -17,6 +17,7 @@ What it answers depends on the request:
   - last user message "error-after-start": one content chunk, then Error{INTERNAL}
   - last user message "error-internal": Error{INTERNAL} at once
   - last user message "error-invalid": Error{INVALID_ARGUMENT}
+  - last user message "slow-N": nothing for N seconds (a long prefill), then as below
   - anything else: reasoning "Let me think.", content "Hello" + ", world", finish stop,
     usage 7 prompt / 3 cached / 3 completion / 1 reasoning
 Every GenerateRequest is appended (decoded) to --record as a JSON line.
@@ -29,6 +30,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 # ---- protobuf wire format (just what is needed) ---------------------------------------------------
 
@@ -261,6 +263,11 @@ class Conn(threading.Thread):
                     if self.record:
                         with open(self.record, "a") as out:
                             out.write(json.dumps(req) + "\n")
+                    msgs = req.get("messages") or [{}]
+                    last = msgs[-1].get("content", "")
+                    if isinstance(last, str) and last.startswith("slow-"):
+                        time.sleep(float(last[5:]))
+                        req["messages"][-1]["content"] = "hi"
                     for field, body in script(req):
                         if field == WAIT_CANCEL:
                             buf, cancelled = self.wait_cancel(buf, body)

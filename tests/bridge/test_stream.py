@@ -279,3 +279,25 @@ def test_logprobs_without_alternatives_and_completions_logprobs(bridge):
     # greedy: the chosen token is the most likely one
     for tok, lpv, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
         assert abs(max(top.values()) - lpv) < 1e-6
+
+
+def test_a_long_prefill_gets_headers_at_once_and_keep_alives(make_bridge, fake, tmp_path):
+    # the fake daemon answers "slow-3" after 3 s of silence, as a long prompt's prefill would
+    conf = tmp_path / "http.conf"
+    conf.write_text("[xing4-http]\nsse-keepalive = 1\n")
+    b = make_bridge([fake["socket"]], "--config", str(conf))
+    c = b.conn()
+    t0 = time.monotonic()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("slow-3", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    headers_s = time.monotonic() - t0
+    assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
+    assert headers_s < 2, f"headers after {headers_s:.1f} s"
+    data = r.read().decode()
+    c.close()
+    head, _, rest = data.partition("data: ")
+    # a comment at least every second (sse-keepalive) until the first token, then the stream
+    assert head.count(": keep-alive\n\n") >= 2 and head == ": keep-alive\n\n" * head.count(":"), head
+    assert ": keep-alive" not in rest and rest.endswith("data: [DONE]\n\n")
+    assert '"content":"Hello"' in rest

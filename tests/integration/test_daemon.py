@@ -257,7 +257,8 @@ def start_long(daemon):
 
 def test_x4ctl_cancel_frees_the_pages(daemon):
     p, s, before = start_long(daemon)
-    assert s["cache_pages_used"] == 64  # prompt + max output reserved up front: the whole cache
+    # pages are taken as the sequence grows: a few tokens hold one page, not prompt + max output
+    assert 1 <= s["cache_pages_used"] < 64
     req = s["requests"][0]
     assert req["client"] == "x4ctl 0.1.0" and req["peer_pid"] == p.pid
     r = daemon.x4ctl("cancel", str(req["server_request_id"]))

@@ -240,17 +240,16 @@ def test_a_client_killed_mid_stream_frees_its_pages(fresh_daemon):
     s = d.wait_stats(lambda s: s["requests_running"] == 1 and s["requests"]
                      and s["requests"][0]["completion_tokens"] > 0,
                      what="the request streaming")
-    assert s["cache_pages_used"] == 64
+    assert 1 <= s["cache_pages_used"] < 64  # taken as the sequence grows
     p.send_signal(signal.SIGKILL)  # no Cancel frame: only the socket closing tells the daemon
     p.wait(timeout=30)
     s = d.wait_stats(lambda s: not s["requests"], what="the request ending")
     assert s["cache_pages_used"] == 0 and s["requests_cancelled"] == 1
-    # and the whole cache can be taken again at once (pages the prefix store kept from the
-    # killed request are given back for it)
+    # and a new request is served at once
     p = d.x4ctl_popen("--json", "generate", "--tokens", "9,8,7", "--ignore-eos",
                       "--max-tokens", "100000")
-    s = d.wait_stats(lambda s: s["requests_running"] == 1, what="the second request admitted")
-    assert s["cache_pages_used"] == 64
+    s = d.wait_stats(lambda s: s["requests_running"] == 1 and s["cache_pages_used"] >= 1,
+                     what="the second request admitted")
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=30)
     d.wait_stats(lambda s: not s["requests"] and s["cache_pages_used"] == 0,

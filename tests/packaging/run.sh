@@ -16,6 +16,7 @@
 #   stop         SIGTERM stops the daemon with status 0
 #   purge        apt-get purge of every package succeeds and leaves no file behind
 #
+#   (first)      prerequisites: installs what this script runs and a minimal Debian 12 lacks
 # Usage: tests/packaging/run.sh [BUILD_DIR]      (default build-packaging)
 # Environment: X4_GPU_ARCHS (default 90) for the CUDA module; X4_DEBS=DIR reuses built .debs
 # (skips the build); X4_MKMODEL=PATH an x4-mkmodel binary (default BUILD_DIR/tools/x4-mkmodel,
@@ -98,6 +99,20 @@ finish() {
         [ $failures -eq 0 ]
         exit $?
 }
+
+# ---- what this script itself runs ----------------------------------------------------------------
+# A minimal Debian 12 lacks pgrep (procps) and may lack systemd's tools; install what is missing
+# before the file list is taken, so the purge check does not count them as left behind.
+do_prereqs() {
+        local need=()
+        command -v pgrep >/dev/null || need+=(procps)
+        command -v systemd-socket-activate >/dev/null && command -v systemd-analyze >/dev/null ||
+                need+=(systemd)
+        [ ${#need[@]} -eq 0 ] && { echo "pgrep and the systemd tools are installed"; return 0; }
+        echo "installing ${need[*]}"
+        apt-get update -q && apt-get install -y -q --no-install-recommends "${need[@]}"
+}
+check "prerequisites: the tools this test runs (procps for pgrep, systemd) are installed" do_prereqs || finish
 
 # ---- build ---------------------------------------------------------------------------------------
 debs=${X4_DEBS:-$build/debs}

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Framing: whole frames come out whatever the chunking of the byte stream, and an oversized
  * header is refused before anything is allocated, with a message naming both sizes. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -130,11 +131,63 @@ static void test_header_roundtrip(void **state) {
         assert_int_equal(frame_header_length(h), 0x01020304);
 }
 
+/* The admit hook sees every announced size before the body buffer exists; a refusal breaks the
+ * stream like an oversized header does. */
+static int admit_below_1000(uint32_t len, void *userdata) {
+        unsigned *calls = userdata;
+        (*calls)++;
+        return len < 1000 ? 0 : -ENOBUFS;
+}
+
+static void test_admit_hook_and_trim(void **state) {
+        _cleanup_(frame_decoder_freep) struct frame_decoder *d = NULL;
+        static uint8_t buf[4 + 100000];
+        unsigned calls = 0;
+        size_t c;
+
+        assert_int_equal(frame_decoder_new(FRAME_MAX_DEFAULT, &d), 0);
+        frame_decoder_set_admit(d, admit_below_1000, &calls);
+        assert_int_equal(frame_encode_header(10, FRAME_MAX_DEFAULT, buf), 0);
+        memset(buf + 4, 'a', 10);
+        assert_int_equal(frame_decoder_feed(d, buf, 14, &c), 1);
+        assert_int_equal(calls, 1);
+        frame_decoder_trim(d); /* small buffers are kept: harmless */
+        assert_int_equal(frame_decoder_pending(d), 0);
+        /* refused: nothing allocated, the stream is broken */
+        assert_int_equal(frame_encode_header(100000, FRAME_MAX_DEFAULT, buf), 0);
+        assert_int_equal(frame_decoder_feed(d, buf, 4, &c), -ENOBUFS);
+        assert_int_equal(calls, 2);
+        assert_int_equal(frame_decoder_feed(d, buf, 1, &c), -EPROTO);
+
+        /* without the hook a large frame is taken; trim after it is handed out gives the
+         * buffer back and the next frame decodes normally */
+        _cleanup_(frame_decoder_freep) struct frame_decoder *e = NULL;
+        assert_int_equal(frame_decoder_new(FRAME_MAX_DEFAULT, &e), 0);
+        memset(buf + 4, 'b', 100000);
+        assert_int_equal(frame_decoder_feed(e, buf, sizeof buf, &c), 1);
+        const uint8_t *p;
+        size_t n;
+        frame_decoder_payload(e, &p, &n);
+        assert_int_equal(n, 100000);
+        assert_int_equal(p[99999], 'b');
+        frame_decoder_trim(e);
+        assert_int_equal(frame_decoder_pending(e), 0);
+        assert_int_equal(frame_encode_header(3, FRAME_MAX_DEFAULT, buf), 0);
+        memcpy(buf + 4, "xyz", 3);
+        assert_int_equal(frame_decoder_feed(e, buf, 5, &c), 0);
+        assert_int_equal(frame_decoder_pending(e), 5);
+        assert_int_equal(frame_decoder_feed(e, buf + 5, 2, &c), 1);
+        frame_decoder_payload(e, &p, &n);
+        assert_int_equal(n, 3);
+        assert_memory_equal(p, "xyz", 3);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_chunkings),        cmocka_unit_test(test_empty_payload),
                 cmocka_unit_test(test_oversized_refused), cmocka_unit_test(test_limit_boundary),
                 cmocka_unit_test(test_bad_limits),       cmocka_unit_test(test_header_roundtrip),
+                cmocka_unit_test(test_admit_hook_and_trim),
         };
         log_set_max_level(LOG_CRIT);
         return cmocka_run_group_tests(tests, NULL, NULL);
