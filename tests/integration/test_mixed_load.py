@@ -15,8 +15,9 @@ import time
 import x4wire as w
 from conftest import N_VOCAB
 
-# 32 pages of 16 tokens: 512 tokens for 16 running requests of up to 100 positions each
-LOAD_CONF = "[xing4d]\ncache-pages = 32\npage_tokens = 16\nmax-running = 16\n"
+# 28 pages of 16 tokens: 448 tokens for 16 running requests of up to 80 positions each (32 pages
+# let a fast CPU backend finish requests before the cache ran out: no preemption to test)
+LOAD_CONF = "[xing4d]\ncache-pages = 28\npage_tokens = 16\nmax-running = 16\n"
 N_REQUESTS = int(os.environ.get("X4_LOAD_REQUESTS", "2000"))
 CONCURRENCY = 64
 
@@ -149,6 +150,7 @@ def test_two_thousand_mixed_requests_at_concurrency_64(fresh_daemon):
         if preempted or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    print(f"{len(preempted)} requests preempted")
     assert preempted, "no request was preempted: the test does not test preemption"
     # greedy and seeded requests give what they give alone: preempted ones (300 of them, to
     # stay within minutes under ASan) and a sample
