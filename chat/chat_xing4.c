@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The Xing4 chat format (spec §7): the built-in Jinja template and a direct C renderer producing
+/* The Xing4 chat format (docs/model.md §7): the built-in Jinja template and a direct C renderer producing
  * the same bytes. The choices where the spec is silent are listed in chat_xing4.h; change both
  * renderers together (test-chat checks they agree). */
 #include <errno.h>
@@ -10,7 +10,7 @@
 #include "common/json.h"
 #include "common/log.h"
 
-/* Written from spec §7's two rendered examples; `-` on every tag so the output is exactly the
+/* Written from docs/model.md §7's two rendered examples; `-` on every tag so the output is exactly the
  * literal strings below whatever trim_blocks/lstrip_blocks are set to. */
 const char chat_xing4_template[] =
         "{#- Xing4 chat format (xing4-model spec section 7), xing4d built-in template. -#}\n"

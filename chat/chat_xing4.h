@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The Xing4 chat format (spec §7), as a Jinja template for GGUFs without tokenizer.chat_template
+/* The Xing4 chat format (docs/model.md §7), as a Jinja template for GGUFs without tokenizer.chat_template
  * and as a direct C renderer that produces the same bytes without the interpreter.
  *
  * Choices where the spec is silent (UNCERTAIN U8), kept identical in both renderers:

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Output channel parser (spec §7 "Model output", "Tool call"). Rules in outparse.h. */
+/* Output channel parser (docs/model.md §7 "Model output", "Tool call"). Rules in outparse.h. */
 #include "chat/outparse.h"
 
 #include <errno.h>
@@ -101,7 +101,7 @@ int outparse_new(const struct tokenizer *t, const struct outparse_config *c, str
         p->id_end_think = tokenizer_special_id(t, TOKENIZER_SPECIAL_END_THINK);
         p->id_tool_call = tokenizer_special_id(t, TOKENIZER_SPECIAL_TOOL_CALL);
         p->id_end_tool_call = tokenizer_special_id(t, TOKENIZER_SPECIAL_END_TOOL_CALL);
-        /* spec §7: `<_end>` stops; parsers also end the turn on these */
+        /* docs/model.md §7: `<_end>` stops; parsers also end the turn on these */
         static const enum tokenizer_special ends[8] = {
                 TOKENIZER_SPECIAL_END,  TOKENIZER_SPECIAL_USER,          TOKENIZER_SPECIAL_BOT,
                 TOKENIZER_SPECIAL_SYSTEM, TOKENIZER_SPECIAL_START,       TOKENIZER_SPECIAL_PAD,
@@ -532,7 +532,7 @@ int outparse_feed(struct outparse *p, int32_t id, const char *text, size_t len) 
                 if (id == p->id_end_think) {
                         if ((r = flush_pending(p)) < 0)
                                 return r;
-                        flush_held_nl(p, false); /* spec §7: the `\n` before `</think>` is structure */
+                        flush_held_nl(p, false); /* docs/model.md §7: the `\n` before `</think>` is structure */
                         p->channel = OUTPARSE_CONTENT;
                         return 0;
                 }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Output channels of one generation (spec §7): reasoning / content / tool calls, and when the
+/* Output channels of one generation (docs/model.md §7): reasoning / content / tool calls, and when the
  * turn ends. One parser per request; the scheduler feeds it every sampled token (id + the text
  * the streaming detokenizer produced for it) and forwards the events it emits.
  *

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* SentencePiece-BPE tokenizer (spec §7). The exact rules (which pieces merge, the tie-break,
+/* SentencePiece-BPE tokenizer (docs/model.md §7). The exact rules (which pieces merge, the tie-break,
  * invalid UTF-8, the decode of byte runs and of the first piece of a run) were established by
  * experiment against python3-sentencepiece 0.1.97; tests/tokenizer/ checks them on 12,600 lines. */
 #include "chat/tokenizer.h"
@@ -59,7 +59,7 @@ struct tokenizer {
         int32_t special_id[_TOKENIZER_SPECIAL_MAX];
         bool has_specials;
 
-        /* user-defined pieces: cut out leftmost-longest (spec §7) */
+        /* user-defined pieces: cut out leftmost-longest (docs/model.md §7) */
         uint8_t user_first[256]; /* first bytes of user-defined pieces */
         size_t user_max_len;
 
@@ -984,7 +984,7 @@ static int encode_into(const struct tokenizer *t, struct work *w, const char *te
                 if ((r = encode_chunk(t, w, text, len, out)) < 0)
                         return r;
         } else {
-                /* spec §7: split on the registered specials only; every chunk gets its own dummy
+                /* docs/model.md §7: split on the registered specials only; every chunk gets its own dummy
                  * prefix. All registered specials start with '<'. */
                 size_t chunk = 0, i = 0;
                 while (i < len) {

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The Xing4 tokenizer (spec §7, §2.3): SentencePiece BPE with byte fallback, built from the
+/* The Xing4 tokenizer (docs/model.md §7, §2.3): SentencePiece BPE with byte fallback, built from the
  * tokenizer.ggml.* keys of a GGUF file, plus a streaming detokenizer.
  *
  * Encode (what the reference Xing4_0Tokenizer does): the text is split on the 12 registered
@@ -37,7 +37,7 @@ enum tokenizer_piece_type {
         TOKENIZER_PIECE_BYTE = 6,
 };
 
-/* The registered specials of the reference tokenizer (spec §7), in this order. Only these are
+/* The registered specials of the reference tokenizer (docs/model.md §7), in this order. Only these are
  * split out of text and kept as run separators on decode; other control pieces (`<_sep>`,
  * `<_observation>`, `<_controlN>`) are ordinary text on encode and "" on decode. */
 enum tokenizer_special {
@@ -74,7 +74,7 @@ struct tokenizer;
 
 /* Build from arrays (copied). Errors name the piece/id and the expectation. */
 int tokenizer_new(const struct tokenizer_vocab *v, struct tokenizer **ret);
-/* Build from tokenizer.ggml.{model,tokens,scores,token_type,*_token_id,add_*} (spec §2.3).
+/* Build from tokenizer.ggml.{model,tokens,scores,token_type,*_token_id,add_*} (docs/model.md §2.3).
  * tokenizer.ggml.model must be "llama" (SentencePiece); absent ids/flags take the defaults
  * unk 0, bos 1, eos 2, pad -1, add_space_prefix true, add_bos/add_eos false. */
 int tokenizer_new_from_gguf(const struct gguf_file *f, struct tokenizer **ret);

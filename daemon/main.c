@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* xing4d: arguments and config, model load with progress reported to systemd, the engine thread,
- * the socket (socket activation, else --listen), and the lifecycle (design.md "systemd and
+ * the socket (socket activation, else --listen), and the lifecycle (docs/design.md "systemd and
  * files"): READY=1 once serving, STOPPING=1 on SIGTERM, exit 0 after draining. */
 #include <errno.h>
 #include <getopt.h>
@@ -305,7 +305,7 @@ static void help(void) {
                "  --model PATH                 the .gguf\n"
                "  --config-json PATH           the model's config.json\n"
                "  --tokenizer-path DIR         folder holding config.json\n"
-               "  --assume-release-defaults    no config.json: use the release's values (spec §2.2)\n"
+               "  --assume-release-defaults    no config.json: use the release's values (docs/model.md §2.2)\n"
                "  --device cpu|cuda|auto       backend (default auto: cuda if it loads, else cpu)\n"
                "  --threads N                  CPU backend threads (0 = all)\n"
                "  --listen PATH                bind this socket (else take it from systemd)\n"

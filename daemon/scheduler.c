@@ -5,7 +5,7 @@
  *   3. admit waiting requests in FIFO order while cache pages and running slots allow; each
  *      reserves the pages for prompt + max output up front, so it never waits mid-generation;
  *   4. one backend forward: one decode token of every running request + one prefill chunk of the
- *      oldest request still prefilling (continuous batching, design.md "Threads and flow");
+ *      oldest request still prefilling (continuous batching, docs/design.md "Threads and flow");
  *   5. sample, detokenize, split channels, check stops, push events, wake the loop thread.
  * No socket I/O here; the loop thread is woken through an eventfd. */
 #include "scheduler.h"
@@ -1284,7 +1284,7 @@ static bool prepare(struct sched *s, struct job *j) {
                                          json_object_get(ctx, "tools"), true, r->enable_thinking,
                                          s->bos_text, s->eos_text, &full);
                 if (ret >= 0) {
-                        if (s->tmpl) /* the model's own template (spec §7 best practice) */
+                        if (s->tmpl) /* the model's own template (docs/model.md §7 best practice) */
                                 ret = chat_template_render(s->tmpl, full, &rendered);
                         else
                                 ret = chat_xing4_render(full, &rendered);
@@ -2268,7 +2268,7 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                         }
                 }
                 log_info("chat template: %s", s->tmpl ? "the model's tokenizer.chat_template"
-                                                      : "built-in Xing4 (spec §7)");
+                                                      : "built-in Xing4 (docs/model.md §7)");
                 for (size_t i = 0; i < ELEMENTSOF(ends); i++) {
                         int32_t id = tokenizer_special_id(s->p.tokenizer, ends[i]);
                         if (id >= 0)

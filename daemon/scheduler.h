@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The engine thread (design.md "Threads and flow of one request"): admission against the cache
+/* The engine thread (docs/design.md "Threads and flow of one request"): admission against the cache
  * page budget, prompt preparation (chat template, tokenizer), continuous batching (each step is one
  * backend forward holding one decode token of every running request plus at most one prefill chunk
  * of a request being admitted), sampling, output channels, stop conditions, cancellation.

@@ -25,7 +25,7 @@
 #include "common/log.h"
 #include "xing4.pb-c.h"
 
-/* Back-pressure (design.md): a connection whose unsent output passes output_high_water (8 MiB by
+/* Back-pressure (docs/design.md): a connection whose unsent output passes output_high_water (8 MiB by
  * default) is no longer read and its requests are paused in the engine (pages kept, no decode
  * steps); both resume once the output has drained to half of it. */
 #define OUTPUT_HIGH_WATER_DEFAULT (8u << 20)

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The loop thread (design.md "Threads and flow"): a libevent loop that accepts connections on the
+/* The loop thread (docs/design.md "Threads and flow"): a libevent loop that accepts connections on the
  * listening socket, decodes length-prefixed frames (size cap before allocation), validates and
  * dispatches them, hands generation to the scheduler and streams its events back. Every bad input
  * is answered with an Error frame naming the problem; only a broken framing (oversized header) or

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* ggml tensor type ids and their block geometry (spec §6). The GGUF reader needs the geometry of
+/* ggml tensor type ids and their block geometry (docs/model.md §6). The GGUF reader needs the geometry of
  * every type a file may name, supported or not, to check tensor sizes; the engine computes with
  * the few marked `computable`. */
 #pragma once

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* GGUF reader (spec §2.1). One pass over the header, the metadata and the tensor table, checking
+/* GGUF reader (docs/model.md §2.1). One pass over the header, the metadata and the tensor table, checking
  * every length and count against the bytes that are left before touching memory, then a check of
  * the data section (bounds, alignment, overlaps).
  *

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* GGUF reader (spec §2.1): versions 2 and 3, every metadata value type including nested arrays,
+/* GGUF reader (docs/model.md §2.1): versions 2 and 3, every metadata value type including nested arrays,
  * general.alignment, mmap'd tensor data, a tensor table with name lookup.
  *
  * Everything read from the file is checked: offsets and sizes against the file, overlapping

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* GGUF v3 writer (spec §2.1): metadata of every value type (incl. string and numeric arrays), a
+/* GGUF v3 writer (docs/model.md §2.1): metadata of every value type (incl. string and numeric arrays), a
  * tensor table, data at aligned offsets.
  *
  * Streaming by design: the writer only holds the metadata. It computes every tensor's file offset

@@ -265,7 +265,7 @@ static int content_text(json_t *content, size_t msg, struct sbuf *out, struct ap
 /* An assistant message's earlier tool calls, checked and passed on as OpenAI's JSON array
  * ({"id", "type", "function": {"name", "arguments"}}) in ChatMessage.tool_calls_json: the daemon
  * hands them to the chat template, after turning JSON-text arguments into objects, so the model
- * sees its own call syntax (spec §7). Returns a malloc'ed compact dump, NULL with *e set. */
+ * sees its own call syntax (docs/model.md §7). Returns a malloc'ed compact dump, NULL with *e set. */
 static char *tool_calls_json(json_t *calls, size_t msg, struct api_error *e) {
         char param[64];
         size_t i;
@@ -621,7 +621,7 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                                      "response_format.json_schema", r, e) < 0)
                         return -1;
         }
-        r->thinking = true; /* the daemon's default (spec §7: the generation prompt opens <think>) */
+        r->thinking = true; /* the daemon's default (docs/model.md §7: the generation prompt opens <think>) */
         json_t *kw = json_object_get(root, "chat_template_kwargs");
         if (kw && !json_is_null(kw)) {
                 if (!json_is_object(kw))

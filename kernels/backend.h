@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* The backend seam (design.md "The backend seam"): model-level, not op-level. A backend runs the
+/* The backend seam (docs/design.md "The backend seam"): model-level, not op-level. A backend runs the
  * whole Xing4 trunk forward for a batch of sequences and owns the memory of the paged latent cache.
  *
  * Cache: `n_pages` pages of `page_tokens` tokens; a page holds, for every trunk layer, the
  * 576-wide latent row of each of its tokens (kv_lora_rank normed latent + qk_rope roped k_pe,
- * spec §4 absorbed form). A sequence's page table lists its pages in position order: position p
+ * docs/model.md §4 absorbed form). A sequence's page table lists its pages in position order: position p
  * lives in pages[p / page_tokens] at slot p % page_tokens.
  *
- * Determinism (design.md "Numerics"): a sequence's logits do not depend on its batch-mates, on how
+ * Determinism (docs/design.md "Numerics"): a sequence's logits do not depend on its batch-mates, on how
  * its prompt was chunked, or on the number of threads. */
 #pragma once
 
@@ -59,7 +59,7 @@ struct x4_backend_params {
         void *log_userdata;
         /* Diagnostics only (parity tests; slows the forward, the CUDA backend synchronizes per
          * MoE layer): called for every MoE layer and every new token of a forward, in token order
-         * of the batch, with the token's n_expert selection scores (spec §5: the gating score
+         * of the batch, with the token's n_expert selection scores (docs/model.md §5: the gating score
          * plus the correction bias, what top-k ranks) and the k selected routed expert ids in
          * selection order. `token` is the index of the token in the batch's concatenated new
          * tokens. NULL: not called. */

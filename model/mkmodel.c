@@ -93,7 +93,7 @@ static void rng_fill(struct rng *r, uint8_t *p, size_t n) {
         }
 }
 
-/* ---- vocabulary (spec §7) ----------------------------------------------------------------- */
+/* ---- vocabulary (docs/model.md §7) -------------------------------------------------------- */
 
 /* Frequent English words, most frequent first, that the BPE merges are learned from (a Zipf
  * weight by rank), so that a demo prompt tokenizes into word-like pieces. Written for this
@@ -407,7 +407,7 @@ void x4_mkmodel_vocab_free(struct x4_mkmodel_vocab *v) {
         *v = (struct x4_mkmodel_vocab){};
 }
 
-/* Layout (spec §7): 0..23 specials, 24..139 user-defined (digits, "\n", "\t", runs of "_",
+/* Layout (docs/model.md §7): 0..23 specials, 24..139 user-defined (digits, "\n", "\t", runs of "_",
  * <reserveN>), 140..395 byte pieces, then NORMAL pieces by falling score: "▁", printable ASCII,
  * (non-ASCII letters when the vocabulary has room), "▁"+letter, BPE merges of the word list;
  * what is left is padded with CONTROL pieces <unusedN> (never produced from text). */
@@ -465,7 +465,7 @@ int x4_mkmodel_vocab_build(uint32_t n_vocab, struct x4_mkmodel_vocab *ret) {
                 snprintf(buf, sizeof buf, "<0x%02X>", i);
                 ADD(buf, TOKEN_BYTE);
         }
-        /* The release's vocabulary (spec §7) has "▁" at id 124361 with 6,711 ids after it: at
+        /* The release's vocabulary (docs/model.md §7) has "▁" at id 124361 with 6,711 ids after it: at
          * that size the padding goes first so the NORMAL pieces land at the release's ids. */
         for (unsigned i = v.n; n_vocab == RELEASE_VOCAB && v.n < RELEASE_SPACE_ID; i++) {
                 snprintf(buf, sizeof buf, "<unused%u>", i);
@@ -531,7 +531,7 @@ int x4_mkmodel_preset(const char *name, struct x4_mkmodel_shape *ret) {
                 s.n_ff = 1024, s.n_expert = 16, s.n_expert_used = 4, s.n_expert_shared = 1, s.n_ff_exp = 256;
                 s.n_vocab = 4096;
         } else if (streq(name, "full")) {
-                /* spec §1: the released Xing4.0-29B-A4B */
+                /* docs/model.md §1: the released Xing4.0-29B-A4B */
                 s.n_embd = 3584, s.n_layer = 40, s.n_dense = 2, s.n_nextn = 1, s.n_head = 32;
                 s.q_lora_rank = 768, s.kv_lora_rank = 512, s.qk_nope = 128, s.qk_rope = 64, s.v_head = 128;
                 s.n_ff = 9216, s.n_expert = 64, s.n_expert_used = 4, s.n_expert_shared = 1, s.n_ff_exp = 1024;
@@ -544,7 +544,7 @@ int x4_mkmodel_preset(const char *name, struct x4_mkmodel_shape *ret) {
         return 0;
 }
 
-/* ---- the tensor plan (spec §2.4) and how each tensor is filled ------------------------------ */
+/* ---- the tensor plan (docs/model.md §2.4) and how each tensor is filled --------------------- */
 
 enum init_kind {
         INIT_MATRIX,   /* element std a (by type: gaussian / table / random quant blocks) */
@@ -649,7 +649,7 @@ static int plan_tensors(const struct x4_mkmodel_shape *s, struct plan *p) {
                         }
                 }
                 if (nextn) {
-                        /* spec §2.4 / §8 (types derived, U6) */
+                        /* docs/model.md §2.4 / §8 (types derived, U6) */
                         T(F, 2, 2 * H, H, 1, INIT_MATRIX, INV_SQRT(2 * H), 0, "blk.%u.nextn.eh_proj.weight", i);
                         T(F, 2, H, s->n_vocab, 1, INIT_MATRIX, 1.0, 0, "blk.%u.nextn.embed_tokens.weight", i);
                         T(F, 2, H, s->n_vocab, 1, INIT_MATRIX, 2.0 * INV_SQRT(H), 0, "blk.%u.nextn.shared_head_head.weight", i);
@@ -663,7 +663,7 @@ static int plan_tensors(const struct x4_mkmodel_shape *s, struct plan *p) {
         return 0;
 }
 
-/* ---- metadata (spec §2.2, §2.3) ----------------------------------------------------------- */
+/* ---- metadata (docs/model.md §2.2, §2.3) -------------------------------------------------- */
 
 static uint32_t file_type_of(uint32_t ffn_type) {
         /* llama_ftype values: ALL_F32 0, MOSTLY_F16 1, Q8_0 7, Q6_K 18, IQ4_NL 25, BF16 32 */
@@ -972,7 +972,7 @@ static void fill_chunk(struct job *j, const struct chunk *c, uint8_t *p) {
                                           offsetof(struct block_q8_0, d), sd / j->q8_rms);
                         return;
                 case GGML_TYPE_Q6_K:
-                        /* scales 8..31: rms 20.7 (spec §6: y = d·sc·q, q in -32..31) */
+                        /* scales 8..31: rms 20.7 (docs/model.md §6: y = d·sc·q, q in -32..31) */
                         fill_quant_blocks(&r, p, c->size, sizeof(struct block_q6_k),
                                           offsetof(struct block_q6_k, d), sd / (j->q6k_rms * 20.69));
                         for (uint64_t o = 0; o + sizeof(struct block_q6_k) <= c->size; o += sizeof(struct block_q6_k))

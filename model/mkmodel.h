@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Synthetic xing4_0 GGUF generator (x4-mkmodel): the exact schema of spec §2 at any size, random
+/* Synthetic xing4_0 GGUF generator (x4-mkmodel): the exact schema of docs/model.md §2 at any size, random
  * but well-conditioned weights (activations O(1), varied routing), a SentencePiece-BPE style
- * vocabulary (spec §7) and an HF-style config.json next to it.
+ * vocabulary (docs/model.md §7) and an HF-style config.json next to it.
  *
  * Deterministic: the same shape + seed gives byte-identical files whatever the thread count,
  * because every chunk of every tensor draws from its own PRNG stream keyed by (seed, tensor,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The Xing4 model description: spec §2.2 metadata, config.json cross-check, spec §2.4 tensor table.
+/* The Xing4 model description: docs/model.md §2.2 metadata, config.json cross-check, docs/model.md §2.4 tensor table.
  *
  * Everything that can be wrong in a file is refused with a message naming the file, the key or
  * tensor, what was found and what was expected. */
@@ -29,7 +29,7 @@ struct x4_model {
         char fingerprint[33];
 };
 
-/* ---- spec §2.2: GGUF metadata ------------------------------------------------------------- */
+/* ---- docs/model.md §2.2: GGUF metadata ---------------------------------------------------- */
 
 #define ARCH "xing4_0"
 
@@ -197,7 +197,7 @@ static int read_gguf_config(struct gguf_file *f, const char *path, struct x4_con
                 return log_error_errno(EOPNOTSUPP, "%s: key " ARCH ".rope.scaling.type is \"%s\", "
                                        "\"yarn\" or \"none\" expected", path, s);
 
-        /* Sanity (spec §1, §2.2). Each check names the key and the value it must have. */
+        /* Sanity (docs/model.md §1, §2.2). Each check names the key and the value it must have. */
 #define REQUIRE(cond, ...)                                                                         \
         do {                                                                                       \
                 if (!(cond))                                                                       \
@@ -286,7 +286,7 @@ static int read_gguf_config(struct gguf_file *f, const char *path, struct x4_con
         return r;
 }
 
-/* spec §4.1: softmax scale = key_length_mla^-0.5 · m², m = 1 + yarn_log_multiplier · ln(factor). */
+/* docs/model.md §4.1: softmax scale = key_length_mla^-0.5 · m², m = 1 + yarn_log_multiplier · ln(factor). */
 static void derive(struct x4_config *c) {
         double m = 1.0;
 
@@ -300,7 +300,7 @@ void x4_config_rope_inv_freq(const struct x4_config *c, float *inv_freq) {
         double low = 0, high = 0;
 
         if (c->yarn) {
-                /* correction range in pair indices, truncated (spec §4.1: 10..23 for the release) */
+                /* correction range in pair indices, truncated (docs/model.md §4.1: 10..23 for the release) */
                 low = floor(d * log(c->yarn_orig_ctx / (c->yarn_beta_fast * 2 * M_PI)) / (2 * log(base)));
                 high = ceil(d * log(c->yarn_orig_ctx / (c->yarn_beta_slow * 2 * M_PI)) / (2 * log(base)));
                 low = MAX(low, 0.0);
@@ -433,7 +433,7 @@ static int read_config_json(struct x4_model *m, const char *cfg_path, const char
                                                cfg_path, json_string(sf), gguf_path, c->expert_gating, want);
         }
 
-        /* Values the GGUF does not carry (spec §2.2 "Not in the GGUF"). */
+        /* Values the GGUF does not carry (docs/model.md §2.2 "Not in the GGUF"). */
         r = json_get_number(root, cfg_path, "mhc_h_res_clamp_min", NULL, &found, &v);
         if (r < 0)
                 return r;
@@ -463,7 +463,7 @@ static int read_config_json(struct x4_model *m, const char *cfg_path, const char
                         return log_error_errno(EOPNOTSUPP,
                                                "config.json (%s): rope_interleave false is not supported "
                                                "(this engine implements the interleaved layout of the "
-                                               "release, spec §4.1)",
+                                               "release, docs/model.md §4.1)",
                                                cfg_path);
         } else if (ri)
                 return log_error_errno(EBADMSG, "config.json (%s): rope_interleave: true or false expected",
@@ -546,11 +546,11 @@ static int find_and_read_config(struct x4_model *m, const struct x4_model_params
         return 0;
 }
 
-/* ---- spec §2.4: the tensor table ----------------------------------------------------------- */
+/* ---- docs/model.md §2.4: the tensor table -------------------------------------------------- */
 
 enum tclass {
         TC_MATRIX, /* F32/F16/BF16/Q8_0/Q6_K/IQ4_NL: what the CPU backend computes */
-        TC_F32,    /* norms, router, hc_base/scale, exp_probs_b: fp32 math (spec §5, §9) */
+        TC_F32,    /* norms, router, hc_base/scale, exp_probs_b: fp32 math (docs/model.md §5, §9) */
 };
 
 static const uint32_t matrix_types[] = { GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
@@ -599,7 +599,7 @@ static int expect_add(struct expect_list *l, const struct gguf_tensor **slot, bo
         return 0;
 }
 
-/* The spec §2.4 table for this config. */
+/* The docs/model.md §2.4 table for this config. */
 static int build_expected(const struct x4_config *c, struct x4_weights *w, struct expect_list *l) {
         const uint64_t H = c->n_embd, hc = c->hc_mult, n_hc = hc * (2 + hc); /* 24 = 4 + 4 + 16 */
         const uint64_t nh = c->n_head, qk = c->qk_nope + c->qk_rope;
@@ -660,7 +660,7 @@ static int build_expected(const struct x4_config *c, struct x4_weights *w, struc
                         }
                 }
                 if (nextn) {
-                        /* spec §8 */
+                        /* docs/model.md §8 */
                         ADD(NULL, true, TC_MATRIX, 2, 2 * H, H, 1, "blk.%u.nextn.eh_proj.weight", i);
                         ADD(NULL, true, TC_MATRIX, 2, H, c->n_vocab, 1, "blk.%u.nextn.embed_tokens.weight", i);
                         ADD(NULL, true, TC_MATRIX, 2, H, c->n_vocab, 1, "blk.%u.nextn.shared_head_head.weight", i);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The Xing4 (`xing4_0`) model description: hyperparameters read from the GGUF (spec §2.2) and
- * config.json, cross-checked, and the weight table of spec §2.4 validated by name, shape and type.
+/* The Xing4 (`xing4_0`) model description: hyperparameters read from the GGUF (docs/model.md §2.2) and
+ * config.json, cross-checked, and the weight table of docs/model.md §2.4 validated by name, shape and type.
  * Owns the gguf_file it was opened from. */
 #pragma once
 
@@ -10,7 +10,7 @@
 #include "common/macro.h"
 #include "gguf/gguf.h"
 
-/* Not in the GGUF (spec §2.2 "Not in the GGUF"): taken from config.json, or these release values
+/* Not in the GGUF (docs/model.md §2.2 "Not in the GGUF"): taken from config.json, or these release values
  * when the user states the release defaults are assumed. */
 #define X4_RELEASE_HC_CLAMP 30.0      /* mhc_h_res_clamp_min/max: comb logits clamped to ±30 (U1) */
 #define X4_RELEASE_ROPE_INTERLEAVE true
@@ -21,7 +21,7 @@
 #define X4_MAX_LAYERS 128
 
 struct x4_config {
-        /* spec §1 / §2.2 */
+        /* docs/model.md §1 / §2.2 */
         uint32_t n_embd;          /* H: 3584 */
         uint32_t n_layer;         /* trunk blocks (block_count - nextn_predict_layers): 40 */
         uint32_t n_block;         /* xing4_0.block_count incl. NextN: 41 */
@@ -58,12 +58,12 @@ struct x4_config {
         float yarn_log_mul;       /* 0.1 */
         float yarn_mscale;        /* 1.0 */
         float yarn_mscale_all_dim; /* 1.0 */
-        float attn_scale;         /* derived, spec §4.1: (qk_nope+qk_rope)^-0.5 * m^2 */
-        /* tokenizer ids (spec §7) */
+        float attn_scale;         /* derived, docs/model.md §4.1: (qk_nope+qk_rope)^-0.5 * m^2 */
+        /* tokenizer ids (docs/model.md §7) */
         int32_t bos_id, eos_id, unk_id, pad_id;
 };
 
-/* Tensors of one trunk block (spec §2.4). Unused ones (dense vs MoE) are NULL. */
+/* Tensors of one trunk block (docs/model.md §2.4). Unused ones (dense vs MoE) are NULL. */
 struct x4_layer_weights {
         const struct gguf_tensor *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
         const struct gguf_tensor *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
@@ -102,7 +102,7 @@ struct x4_model;
  * comb clamp (mhc_h_res_clamp_min/max, must be -c/+c), rope_interleave and the YaRN mscales.
  * No file found: refused, unless assume_release_defaults (then X4_RELEASE_*, logged at info).
  *
- * Tensors: every spec §2.4 tensor of the trunk must be present with the exact shape; matrices may
+ * Tensors: every docs/model.md §2.4 tensor of the trunk must be present with the exact shape; matrices may
  * be F32/F16/BF16/Q8_0/Q6_K/IQ4_NL, norms/router/hc_base/hc_scale/exp_probs_b F32. NextN blocks
  * (blk.n_layer..) are checked the same way but only warned about when missing, and are not put in
  * x4_weights. Tensors the table does not know are listed in one warning and ignored. */
@@ -118,5 +118,5 @@ const char *x4_model_fingerprint(const struct x4_model *m);
 /* Where config.json came from ("<release defaults>" if assumed). */
 const char *x4_model_config_source(const struct x4_model *m);
 
-/* Derived YaRN inverse frequencies (spec §4.1), qk_rope/2 values. */
+/* Derived YaRN inverse frequencies (docs/model.md §4.1), qk_rope/2 values. */
 void x4_config_rope_inv_freq(const struct x4_config *c, float *inv_freq);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* x4-mkmodel: write a synthetic xing4_0 GGUF (spec §2) and its config.json. See tools/README.md. */
+/* x4-mkmodel: write a synthetic xing4_0 GGUF (docs/model.md §2) and its config.json. See tools/README.md. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The paged latent cache's page allocator (design.md "The backend seam": the backend owns the
+/* The paged latent cache's page allocator (docs/design.md "The backend seam": the backend owns the
  * memory, this owns which page belongs to whom). Pages are refcounted so a prefix or snapshot page
  * can be shared by several sequences; a page returns to the free list when its last reference is
  * released. The allocator is used by the engine thread only (no locking); the counters it exports

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The automatic prefix store (design.md "Threads and flow of one request", step 2): a trie over
+/* The automatic prefix store (docs/design.md "Threads and flow of one request", step 2): a trie over
  * token ids at page granularity. Each node is one FULL cache page (page_tokens token ids as its
  * key) and holds one kvcache reference to the page that caches those positions; its parent is the
  * page before it. A new request whose prompt starts with k stored pages takes a reference to each

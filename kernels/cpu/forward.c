@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The CPU reference backend: the whole Xing4 trunk forward (spec §3-§5) behind the backend seam
+/* The CPU reference backend: the whole Xing4 trunk forward (docs/model.md §3-§5) behind the backend seam
  * (kernels/backend.h). Read it top to bottom: numeric helpers, the matrix engine, then one
  * function per spec step (HC pre/post §3.1, MLA §4 with YaRN §4.1, dense FFN and MoE §5), the trunk
  * (§3) that strings them together for a micro-batch of tokens, and finally the seam glue
@@ -11,7 +11,7 @@
  * decoded in registers (quant_gemv); nothing is dequantized up front, so memory stays about the
  * size of the mapped file plus the cache.
  *
- * Determinism (design.md "Numerics"): every output element is one fixed-order reduction over its
+ * Determinism (docs/design.md "Numerics"): every output element is one fixed-order reduction over its
  * inputs (quant.h: the same order in every kernel and ISA variant). Threads split OUTPUT elements
  * (matrix rows, tokens), never a reduction; a batch of tokens is handled by multiplying one
  * dequantized panel of weight rows with every token (weight reuse), which does not change any
@@ -51,7 +51,7 @@
 
 /* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
 struct cpu_work {
-        float *x;       /* [T][hc][H] the four residual streams (spec §3) */
+        float *x;       /* [T][hc][H] the four residual streams (docs/model.md §3) */
         float *tmp;     /* [T][hc][H] normalised HC input ẑ, then the new streams */
         float *hcw;     /* [T][2hc + hc²] HC projection w */
         float *pre;     /* [T][hc] */
@@ -101,7 +101,7 @@ struct x4_backend {
         size_t page_floats;  /* n_layer * page_tokens * row_width */
         float *cache;        /* [n_pages][n_layer][page_tokens][row_width] */
 
-        float inv_freq[64];  /* spec §4.1 YaRN inverse frequencies, qk_rope/2 of them */
+        float inv_freq[64];  /* docs/model.md §4.1 YaRN inverse frequencies, qk_rope/2 of them */
         struct cpu_work work;
         struct cpu_token tokens[CPU_MICROBATCH];
         struct matmul_set *mm; /* products queued for one hand-off to the pool */
@@ -126,7 +126,7 @@ static inline float siluf(float x) {
         return x / (1.0f + expf(-x));
 }
 
-/* spec §3: RMSNorm(x, w) = w ⊙ x / sqrt(mean(x²) + eps); w == NULL is the unweighted form. */
+/* docs/model.md §3: RMSNorm(x, w) = w ⊙ x / sqrt(mean(x²) + eps); w == NULL is the unweighted form. */
 static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps) {
         float ss = quant_dot_f32(x, x, n);
         float r = 1.0f / sqrtf(ss / (float) n + eps);
@@ -317,7 +317,7 @@ static void matmul_grouped(struct x4_backend *b, const struct gguf_tensor *W, si
 }
 
 /* ---------------------------------------------------------------------------------------------
- * spec §3.1: the mHC pre-mapping. From the four streams X of each token: the gates pre/post, the
+ * docs/model.md §3.1: the mHC pre-mapping. From the four streams X of each token: the gates pre/post, the
  * doubly-stochastic mixing C, and the sublayer input u = Σ_s pre[s]·X[s]. */
 
 static void hc_gates(const struct x4_config *c, const float *w, const float *base,
@@ -325,13 +325,13 @@ static void hc_gates(const struct x4_config *c, const float *w, const float *bas
         const uint32_t hc = c->hc_mult;
         float M[X4_HC_MAX][X4_HC_MAX];
 
-        /* spec §3.1 step 4: pre[s] = σ(w[s]·scale[0] + base[s]), no eps */
+        /* docs/model.md §3.1 step 4: pre[s] = σ(w[s]·scale[0] + base[s]), no eps */
         for (uint32_t s = 0; s < hc; s++)
                 pre[s] = sigmoidf(w[s] * scale[0] + base[s]);
         /* step 5: post[s] = 2σ(w[hc+s]·scale[1] + base[hc+s]) */
         for (uint32_t s = 0; s < hc; s++)
                 post[s] = 2.0f * sigmoidf(w[hc + s] * scale[1] + base[hc + s]);
-        /* step 6: comb logits, flat index dst·hc + src, clamped BEFORE exp (spec §11.6) */
+        /* step 6: comb logits, flat index dst·hc + src, clamped BEFORE exp (docs/model.md §11.6) */
         for (uint32_t d = 0; d < hc; d++)
                 for (uint32_t r = 0; r < hc; r++) {
                         uint32_t i = 2 * hc + d * hc + r;
@@ -394,7 +394,7 @@ static void run_tokens(struct x4_backend *b, size_t T, uint64_t work_per_token, 
                 threadpool_run(b->pool, T, fn, &j);
 }
 
-/* spec §3.1 steps 1-2: z = concat(X[0..hc)) is each token's stream block as stored;
+/* docs/model.md §3.1 steps 1-2: z = concat(X[0..hc)) is each token's stream block as stored;
  * ẑ = z / sqrt(mean(z²) + eps), unweighted, over all hc·H values at once */
 static void hc_norm_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
         const struct token_job *j = ctx;
@@ -437,7 +437,7 @@ static void hc_pre(struct x4_backend *b, const struct gguf_tensor *fn,
         run_tokens(b, T, zlen, hc_gate_tokens, tensor_f32(base), tensor_f32(scale));
 }
 
-/* spec §3.1 post-mapping: X_new[d] = post[d]·out + Σ_s C[d][s]·X[s], all d from the OLD X. */
+/* docs/model.md §3.1 post-mapping: X_new[d] = post[d]·out + Σ_s C[d][s]·X[s], all d from the OLD X. */
 static void hc_post_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
         const struct token_job *j = ctx;
         const struct x4_config *c = j->b->cfg;
@@ -476,7 +476,7 @@ static void norm_tokens(void *ctx, size_t begin, size_t end, unsigned thread) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * spec §4.1: RoPE with YaRN frequencies. cos/sin are not magnitude-scaled. The angle p·inv_freq
+ * docs/model.md §4.1: RoPE with YaRN frequencies. cos/sin are not magnitude-scaled. The angle p·inv_freq
  * is formed in double: at p ~ 2.6e5 a float angle would be off by ~0.03 rad. */
 
 static void rope_angles(const struct x4_backend *b, uint32_t pos, float *cs, float *sn) {
@@ -510,7 +510,7 @@ static float *cache_row(const struct x4_backend *b, const uint32_t *pages, uint3
                ((size_t) layer * b->page_tokens + slot) * b->row_width;
 }
 
-/* spec §4 absorbed attention, one token (all its heads) at a time: the scores of every head over
+/* docs/model.md §4 absorbed attention, one token (all its heads) at a time: the scores of every head over
  * positions 0..pos of the token's own sequence, fp32 softmax, ô = Σ P·c. A cache row serves all
  * heads: the scores s[h][p] = scale·([q_c | q_pe][h] · [c | k_pe](p)) of a page's run of positions
  * are one panel product (cache rows × the token's nh concatenated queries, quant_gemm_f32: one
@@ -564,7 +564,7 @@ static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread)
         }
 }
 
-/* spec §4: MLA of block l for the micro-batch; input w->u (normed), output w->out. */
+/* docs/model.md §4: MLA of block l for the micro-batch; input w->u (normed), output w->out. */
 static void mla(struct x4_backend *b, uint32_t l, size_t T) {
         const struct x4_config *c = b->cfg;
         const struct x4_layer_weights *L = &b->w->layers[l];
@@ -614,7 +614,7 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * spec §5: FFN. SwiGLU y = Down(silu(Gate f) ⊙ Up f) with f = w->u; the result lands in `y`. */
+ * docs/model.md §5: FFN. SwiGLU y = Down(silu(Gate f) ⊙ Up f) with f = w->u; the result lands in `y`. */
 
 static void swiglu(struct x4_backend *b, const struct gguf_tensor *gate,
                    const struct gguf_tensor *up, const struct gguf_tensor *down, size_t expert,
@@ -630,7 +630,7 @@ static void swiglu(struct x4_backend *b, const struct gguf_tensor *gate,
         matmul(b, down, expert * H, H, w->gate, ff, y, H, T);
 }
 
-/* spec §5 MoE steps 1-3: fp32 router, sigmoid scores, top-k of s + bias (bias for selection only;
+/* docs/model.md §5 MoE steps 1-3: fp32 router, sigmoid scores, top-k of s + bias (bias for selection only;
  * ties go to the lower expert id), weights from the unbiased scores. `ranked`, when not NULL,
  * receives the n_expert values top-k ranked (s + bias) for the route_trace hook. */
 static void moe_route(const struct x4_config *c, const float *z, const float *bias, int32_t *sel,
@@ -772,7 +772,7 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * spec §3: the trunk for one micro-batch of T tokens (b->tokens). Writes each token's cache rows
+ * docs/model.md §3: the trunk for one micro-batch of T tokens (b->tokens). Writes each token's cache rows
  * and, for tokens with a logits row, that row of `logits`. */
 
 static void trunk(struct x4_backend *b, size_t T, float *logits) {

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Quant formats on the CPU (spec §6): conversions, row dequantization, and the vector kernels of
+/* Quant formats on the CPU (docs/model.md §6): conversions, row dequantization, and the vector kernels of
  * the backend (the panel product, the fused decode product, attention's weighted row sums and
  * softmax). The summation order every kernel keeps is the one documented in quant.h: 16 lanes
  * (index mod 16), multiply then add, a fixed tree; the weights are the exact dequantized values.
@@ -91,7 +91,7 @@ uint16_t quant_f32_to_bf16(float f) {
         return (uint16_t) (x >> 16);
 }
 
-/* ---- dequantization (spec §6) ---- */
+/* ---- dequantization (docs/model.md §6) ---- */
 
 static void dequant_iq4nl_block(const struct block_iq4_nl *b, float *y) {
         float d = fp16_to_f32(b->d);
@@ -439,7 +439,7 @@ ALWAYS_INLINE void weighted_rows_body(const float *rows, size_t row_stride, size
                                out + h * out_stride, out_stride);
 }
 
-/* Rows [0, R) of a stored matrix (row_bytes apart, k values each) as fp32, exactly (spec §6). */
+/* Rows [0, R) of a stored matrix (row_bytes apart, k values each) as fp32, exactly (docs/model.md §6). */
 ALWAYS_INLINE void dequant_rows_body(uint32_t type, const void *w, size_t row_bytes, size_t R,
                                      size_t k, float *out) {
         for (size_t r = 0; r < R; r++) {
@@ -605,7 +605,7 @@ AVX512_TARGET static void dequant_q6k_avx512(const struct block_q6_k *b, float *
                 __m256i h = _mm256_loadu_si256((const __m256i *) qh);
                 __m256i q[4];
 
-                /* spec §6 (q6k_unpack): low nibbles / high nibbles of ql, 2 bits of qh each */
+                /* docs/model.md §6 (q6k_unpack): low nibbles / high nibbles of ql, 2 bits of qh each */
                 q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
                                        _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
                 q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),

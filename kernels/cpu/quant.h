@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Quant formats on the CPU (spec §6): scalar conversions, row dequantization, and the products
+/* Quant formats on the CPU (docs/model.md §6): scalar conversions, row dequantization, and the products
  * the backend is built on: a panel of stored rows is dequantized once to fp32 (exactly: each
  * weight is d·q or the exact conversion) and then multiplied with every input of a batch.
  *
@@ -38,7 +38,7 @@ struct block_q6_k {
 };
 _Static_assert(sizeof(struct block_q6_k) == 210, "block_q6_k is 210 bytes");
 
-/* spec §6: the 16-entry non-linear codebook of IQ4_NL */
+/* docs/model.md §6: the 16-entry non-linear codebook of IQ4_NL */
 extern const int8_t quant_iq4nl_values[16];
 
 float quant_fp16_to_f32(uint16_t h);

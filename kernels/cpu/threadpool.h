@@ -2,7 +2,7 @@
 /* A small pthread pool for the CPU backend: run fn over [0, n) split into one fixed contiguous
  * range per thread. The split depends only on (n, n_threads), and callers only ever split OUTPUT
  * elements (rows, tokens, heads), never a reduction, so results do not depend on the thread count
- * (design.md "Numerics"). The calling thread does range 0 itself; workers sleep on a condition
+ * (docs/design.md "Numerics"). The calling thread does range 0 itself; workers sleep on a condition
  * variable between jobs (the machines we share have few cores: no spinning). */
 #pragma once
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Device helpers shared by the kernels: exact dequantization of one 32-value chunk of a stored row
- * (spec §6) and fixed-order reductions. */
+ * (docs/model.md §6) and fixed-order reductions. */
 #pragma once
 
 #include <cuda_fp16.h>
@@ -48,7 +48,7 @@ static void cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
         (void) cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 }
 
-/* spec §6: the IQ4_NL codebook */
+/* docs/model.md §6: the IQ4_NL codebook */
 __constant__ static const float cu_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                        1,    13,   25,  38,  53,  69,  89,  113};
 
@@ -127,7 +127,7 @@ static __device__ __forceinline__ void cu_dequant32(const uint8_t *row, uint32_t
                         out[2 * j + 17] = d * iq4[q1 >> 4];
                 }
         } else if (TYPE == CU_TYPE_Q6_K) {
-                /* chunk c is quarter q of half n of super-block c/8 (spec §6 loop order); the
+                /* chunk c is quarter q of half n of super-block c/8 (docs/model.md §6 loop order); the
                  * 210-byte blocks are 2-byte aligned: 16-bit loads */
                 const uint8_t *b = row + 210 * (uint64_t) (c / 8);
                 uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
@@ -205,7 +205,7 @@ static __device__ __forceinline__ float cu_block_max(float v, float *red) {
         return cu_warp_max(v);
 }
 
-/* Rotate one pair by the YaRN angle of position pos (spec §4.1). The angle is formed in double:
+/* Rotate one pair by the YaRN angle of position pos (docs/model.md §4.1). The angle is formed in double:
  * p·inv_freq reaches 2.6e5 rad and fp32 would lose ~1e-2 rad there. */
 static __device__ __forceinline__ void cu_rope_pair(float x0, float x1, uint32_t pos,
                                                     double inv_freq, float *y0, float *y1) {

@@ -17,7 +17,7 @@
  * belongs with a tensor-core prefill path (fp16 operands there); casting now would only lose
  * range and precision.
  *
- * cuBLAS is not linked (design.md allows it for prefill GEMMs): its algorithm choice follows the
+ * cuBLAS is not linked (docs/design.md allows it for prefill GEMMs): its algorithm choice follows the
  * matrix shape, so a token's result would depend on how many tokens share the launch.
  *
  * Batch invariance: every output is one warp's (or, for few-row matrices, one block's) fixed
@@ -165,7 +165,7 @@ static uint64_t align_up(uint64_t v) {
         return (v + CUDA_ALIGN - 1) / CUDA_ALIGN * CUDA_ALIGN;
 }
 
-/* ---- loading (design.md: weights resident as stored) ---------------------------------------- */
+/* ---- loading (docs/design.md: weights resident as stored) ----------------------------------- */
 
 /* The loader runs twice over the same code: once to plan (sizes, checks), once to copy. The copy
  * pass writes through two pinned staging buffers: while one is in flight to the device the other
@@ -372,7 +372,7 @@ static int ld_matrix(struct loader *L, const struct gguf_tensor *const *ts, size
         return 0;
 }
 
-/* spec §5 gate and up projections of `experts` experts (1 for a dense FFN), their rows
+/* docs/model.md §5 gate and up projections of `experts` experts (1 for a dense FFN), their rows
  * interleaved [gate 0, up 0, gate 1, up 1, ...] per expert so one warp computes silu(gate)·up
  * (cu_mv.swiglu); the shared expert, if given, follows as expert `experts`. */
 static int ld_gateup(struct loader *L, const struct gguf_tensor *gate, const struct gguf_tensor *up,
@@ -458,7 +458,7 @@ static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4
         char nb[96];
         int r;
 
-        /* spec §3.1 HC tensors */
+        /* docs/model.md §3.1 HC tensors */
         r = ld_one(L, w->hc_attn_fn, LNAME(nb, l, "hc_attn_fn.weight"), (uint64_t) n_hc * H,
                    hc_rows, 1, &cl->hc_attn_fn);
         if (r >= 0)
@@ -483,7 +483,7 @@ static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4
         if (r < 0)
                 return r;
 
-        /* spec §4 MLA tensors; q_a and kv_a read the same input: one stacked projection */
+        /* docs/model.md §4 MLA tensors; q_a and kv_a read the same input: one stacked projection */
         r = check_present(w->attn_q_a, LNAME(nb, l, "attn_q_a.weight"));
         if (r >= 0)
                 r = check_present(w->attn_kv_a_mqa, LNAME(nb, l, "attn_kv_a_mqa.weight"));
@@ -515,7 +515,7 @@ static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4
         if (r < 0)
                 return r;
 
-        /* spec §5 FFN */
+        /* docs/model.md §5 FFN */
         cl->moe = l >= c->n_dense;
         if (!cl->moe) {
                 uint32_t F = c->n_ff;
@@ -647,7 +647,7 @@ static int check_config(const struct x4_config *c) {
         return 0;
 }
 
-/* spec §4.1 in double: f_i = base^(-2i/d), YaRN ramp over pair indices between the correction
+/* docs/model.md §4.1 in double: f_i = base^(-2i/d), YaRN ramp over pair indices between the correction
  * bounds (HF yarn_find_correction_range: floor/ceil, clamped to [0, d-1]). */
 static void rope_inv_freq(const struct x4_config *c, double *out) {
         double d = c->qk_rope, base = c->rope_freq_base;
@@ -1211,7 +1211,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         /* the sublayer output the next hc_pre post-maps first (none after the embedding) */
         struct cu_post post = {0};
 
-        /* spec §3 step 1: embedding into all streams */
+        /* docs/model.md §3 step 1: embedding into all streams */
         cu_embed(b->embd.d, b->embd.type, b->embd.row_bytes, (const int32_t *) d_ids, T, H, n_hc,
                  b->X, s);
         prof_mark(b, PC_EMBED);
@@ -1224,7 +1224,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         .rms_eps = c->rms_eps, .hc_eps = c->hc_eps, .clamp = c->hc_clamp,
                 };
 
-                /* spec §3.1: (post-mapping of the previous FFN) HC pre-mapping + attn_norm → a */
+                /* docs/model.md §3.1: (post-mapping of the previous FFN) HC pre-mapping + attn_norm → a */
                 hc.fn = cl->hc_attn_fn.d;
                 hc.fn_type = cl->hc_attn_fn.type;
                 hc.fn_row_bytes = cl->hc_attn_fn.row_bytes;
@@ -1234,7 +1234,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
-                /* spec §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
+                /* docs/model.md §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
                 mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
                 prof_mark(b, PC_ATTN_PROJ);
                 cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
@@ -1269,7 +1269,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
                 prof_mark(b, PC_ATTN_PROJ);
 
-                /* spec §3.1: post-mapping of the attention, HC pre-mapping + ffn_norm → f (in a) */
+                /* docs/model.md §3.1: post-mapping of the attention, HC pre-mapping + ffn_norm → f (in a) */
                 post = (struct cu_post){.y = b->o, .y_slot_stride = H, .n_slots = 1};
                 hc.fn = cl->hc_ffn_fn.d;
                 hc.fn_type = cl->hc_ffn_fn.type;
@@ -1281,7 +1281,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 prof_mark(b, PC_HC);
 
                 if (!cl->moe) {
-                        /* spec §5 dense: Down(silu(Gate f) ⊙ Up f) */
+                        /* docs/model.md §5 dense: Down(silu(Gate f) ⊙ Up f) */
                         uint32_t F = c->n_ff;
                         struct cu_mv gu = {
                                 .w = cl->gateup.d, .type = cl->gateup.type,
@@ -1296,7 +1296,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         continue;
                 }
 
-                /* spec §5 MoE: router, then the token's k routed experts and the shared one as
+                /* docs/model.md §5 MoE: router, then the token's k routed experts and the shared one as
                  * (token, slot) pairs */
                 uint32_t F = c->n_ff_exp, S = c->n_expert_used + (c->n_expert_shared ? 1 : 0);
                 struct cu_router ra = {
@@ -1342,7 +1342,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         prof_mark(b, PC_HC);
 }
 
-/* spec §3 steps 3-5 for R rows of the pass: head norm and the Q6_K head into b->logits. */
+/* docs/model.md §3 steps 3-5 for R rows of the pass: head norm and the Q6_K head into b->logits. */
 static void forward_head(struct x4_backend *b, const uint32_t *d_rows, uint32_t R) {
         const struct x4_config *c = &b->cfg;
 

@@ -3,7 +3,7 @@
  * the kernels are CUDA C++ in *.cu). Every launcher only enqueues work on `stream`: none of them
  * synchronizes with the host, so a forward can later be captured as a CUDA graph.
  *
- * Determinism (design.md "Numerics"): every reduction has a fixed order that depends only on the
+ * Determinism (docs/design.md "Numerics"): every reduction has a fixed order that depends only on the
  * row length, the position of the token and the model, never on how many tokens are in the launch
  * or which other sequences share it. Nothing uses floating-point atomics. */
 #pragma once
@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-/* Weight storage types the kernels read (ggml ids, spec §6). */
+/* Weight storage types the kernels read (ggml ids, docs/model.md §6). */
 #define CU_TYPE_F32 0
 #define CU_TYPE_F16 1
 #define CU_TYPE_Q8_0 8
@@ -52,7 +52,7 @@ extern bool cu_pdl;
  * With `sel`, input p uses expert sel[p]: its weight starts at w + sel[p]·expert_bytes (MoE pairs).
  * G = N for a plain matvec; grouped (per-head) matrices like attn_k_b use G = rows per head.
  * With `swiglu` the rows come in (gate, up) pairs (interleaved at load) and output j of input p
- * is silu(row 2j · x)·(row 2j+1 · x), written to y + p·y_pstride + j (spec §5 SwiGLU fused). */
+ * is silu(row 2j · x)·(row 2j+1 · x), written to y + p·y_pstride + j (docs/model.md §5 SwiGLU fused). */
 struct cu_mv {
         const void *w;
         uint32_t type;
@@ -88,11 +88,11 @@ uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids);
 uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups,
                       cudaStream_t s);
 
-/* spec §3 step 1: X[t][s] = token_embd[ids[t]] for every stream s. */
+/* docs/model.md §3 step 1: X[t][s] = token_embd[ids[t]] for every stream s. */
 void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, const int32_t *ids, uint32_t T,
               uint32_t H, uint32_t n_hc, float *X, cudaStream_t s);
 
-/* spec §3.1 HC pre-mapping with the sublayer's RMSNorm: per token, the unweighted RMS over the
+/* docs/model.md §3.1 HC pre-mapping with the sublayer's RMSNorm: per token, the unweighted RMS over the
  * n_hc·H concatenated streams, the (2+n_hc)·n_hc projection, sigmoid/clamp/exp/Sinkhorn, the
  * collapse u = Σ pre[s]·X[s] and a = RMSNorm(u, norm_w). hcp gets per token [pre, post, C]
  * (CU_HCP_STRIDE floats). */
@@ -125,10 +125,10 @@ struct cu_post {
  * them in slice order and runs gates/Sinkhorn/collapse/norm (mhc.cu). */
 void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp,
                float *out, cudaStream_t s);
-/* spec §3.1 post-mapping alone (after the last sublayer). */
+/* docs/model.md §3.1 post-mapping alone (after the last sublayer). */
 void cu_hc_post(float *X, const float *hcp, const struct cu_post *post, uint32_t T, uint32_t H,
                 uint32_t n_hc, cudaStream_t s);
-/* spec §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w). */
+/* docs/model.md §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w). */
 void cu_head_norm(const float *X, const int32_t *rows, uint32_t R, uint32_t H, uint32_t n_hc,
                   const float *norm_w, float eps, float *out, cudaStream_t s);
 
@@ -142,13 +142,13 @@ struct cu_cache {
         const uint32_t *tok_pos; /* per token: absolute position */
 };
 
-/* spec §4 steps 1-3: per token, RMSNorm of q_a (in place in qkv), RMSNorm of the latent, RoPE of
+/* docs/model.md §4 steps 1-3: per token, RMSNorm of q_a (in place in qkv), RMSNorm of the latent, RoPE of
  * k_pe, and the store of [c ; k_pe] into the cache row of its position. qkv rows are
  * [q_a (QL) | latent (KV) | k_pe (R)]. */
 void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, uint32_t R,
                  const float *q_a_norm, const float *kv_a_norm, float eps, const double *inv_freq,
                  bool interleave, const struct cu_cache *c, uint32_t layer, cudaStream_t s);
-/* spec §4 absorbed attention for tokens [t0, t0+n): per head the query row qc[t][h] holds
+/* docs/model.md §4 absorbed attention for tokens [t0, t0+n): per head the query row qc[t][h] holds
  * D = KV + R values, [q_c ; RoPE(q_pe)] (cu_q_rope writes the second half from q, rows of
  * n_head × (nope + R)); softmax(scale·query·cache) over positions 0..p, out[t][h] = Σ P·c (KV
  * values). part holds n × max_parts × n_head × (KV+2) floats. */
@@ -165,7 +165,7 @@ void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max
                   const struct cu_cache *c, uint32_t layer, float *part, float *out,
                   cudaStream_t s);
 
-/* spec §5 router: per token, z = W_r·f (fp32), scores, top-k of score + bias, weights. Writes
+/* docs/model.md §5 router: per token, z = W_r·f (fp32), scores, top-k of score + bias, weights. Writes
  * per token n_slots = k (+1 for the shared expert, id n_expert, weight 1). */
 struct cu_router {
         const void *w;

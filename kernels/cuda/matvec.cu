@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Stored-row × fp32-vector products for every projection of the model (spec §3-§5): BF16
+/* Stored-row × fp32-vector products for every projection of the model (docs/model.md §3-§5): BF16
  * attention and HC weights, IQ4_NL dense/expert FFNs (MoE pairs grouped through `sel`), the Q6_K
  * head. One warp owns one output row; lane l dequantizes the 32-value chunks l, l+32, ... of the
  * row once and dots them with up to MV_TP input vectors. The per-lane order and the butterfly over
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
                 float v = cu_warp_sum(acc[0][t]);
                 if (NR == 2) {
                         float u = cu_warp_sum(acc[NR - 1][t]);
-                        v = v / (1.0f + expf(-v)) * u; /* spec §5: silu(gate)·up in fp32 */
+                        v = v / (1.0f + expf(-v)) * u; /* docs/model.md §5: silu(gate)·up in fp32 */
                 }
                 if (lane == 0 && (uint32_t) t < n_p)
                         a.y[(uint64_t) pid[t] * a.y_pstride + (uint64_t) g * a.y_gstride +
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                 }
                 float y = v[0];
                 if (NR == 2)
-                        y = y / (1.0f + expf(-y)) * v[NR - 1]; /* spec §5: silu(gate)·up */
+                        y = y / (1.0f + expf(-y)) * v[NR - 1]; /* docs/model.md §5: silu(gate)·up */
                 if (active && sl == 0 && (uint32_t) t < n_p)
                         a.y[(uint64_t) pid[t] * a.y_pstride + (uint64_t) g * a.y_gstride +
                             (NR == 1 ? r % a.G : r)] = y;

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* The residual side of the trunk (spec §3, §3.1): embedding into the four streams, the fused mHC
+/* The residual side of the trunk (docs/model.md §3, §3.1): embedding into the four streams, the fused mHC
  * pre-mapping (unweighted RMS over all streams, the 24-wide projection, sigmoid/clamp/exp/Sinkhorn,
  * collapse, the sublayer RMSNorm) in one kernel per token, the post-mapping, and the head norm.
- * Everything here is fp32 (spec §5 "Numerics": streams exceed fp16 range). */
+ * Everything here is fp32 (docs/model.md §5 "Numerics": streams exceed fp16 range). */
 #include "common.cuh"
 
 
@@ -35,7 +35,7 @@ extern "C" void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, co
         cu_launch(k_embed, grid, 128, 0, s, (const uint8_t *) embd, type, row_bytes, ids, H, n_hc, X);
 }
 
-/* spec §3.1 post-mapping of element i of token t: X[d][i] = post[d]·o + Σ_s C[d][s]·X[s][i]. */
+/* docs/model.md §3.1 post-mapping of element i of token t: X[d][i] = post[d]·o + Σ_s C[d][s]·X[s][i]. */
 static __device__ __forceinline__ void hc_post_elem(float *X, const float *hp, const struct cu_post &p,
                                                     uint32_t t, uint32_t i, uint32_t H,
                                                     uint32_t n_hc) {
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(HCF_THREADS)
 
         cu_pdl_wait();
         cu_pdl_trigger();
-        /* the previous sublayer's post-mapping of position base + tid (spec §3.1), its streams
+        /* the previous sublayer's post-mapping of position base + tid (docs/model.md §3.1), its streams
          * into shared memory, and its square sum (streams in order) */
         uint32_t i = base + tid;
         float ss = 0.0f;
@@ -333,7 +333,7 @@ __global__ void k_head_norm(const float *X, const int32_t *rows, uint32_t H, uin
                 float v = 0.0f;
                 for (uint32_t s = 0; s < n_hc; s++)
                         v += x[(uint64_t) s * H + i];
-                v /= (float) n_hc; /* spec §3 step 3: mean, not sum */
+                v /= (float) n_hc; /* docs/model.md §3 step 3: mean, not sum */
                 h[i] = v;
                 ss += v * v;
         }

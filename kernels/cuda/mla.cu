@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* MLA in the absorbed form over the paged latent cache (spec §4): the q_a / latent norms, YaRN RoPE
+/* MLA in the absorbed form over the paged latent cache (docs/model.md §4): the q_a / latent norms, YaRN RoPE
  * (§4.1), the cache store, and attention split over the context in parts of CU_ATTN_PART
  * positions, each part reduced by one block and the parts folded in order by a second kernel.
  * The new tokens' rows are stored before attention runs, and attention reads every key (old or
@@ -51,7 +51,7 @@ __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, con
         uint32_t t = blockIdx.x;
         float *row = qkv + (uint64_t) t * (QL + KV + R);
 
-        /* spec §4 step 1: qa = RMSNorm(W_qa·a, q_a_norm) */
+        /* docs/model.md §4 step 1: qa = RMSNorm(W_qa·a, q_a_norm) */
         float ss = 0.0f;
 #pragma unroll 4
         for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
@@ -101,7 +101,7 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
                 cu_launch(k_mla_prep<float>, T, 256, 0, s, qkv, QL, KV, R, q_a_norm, kv_a_norm, eps, inv_freq, interleave, *c, layer);
 }
 
-/* spec §4.1: RoPE of q_pe into the query rows: qc holds per (token, head) a row of D = KV + R
+/* docs/model.md §4.1: RoPE of q_pe into the query rows: qc holds per (token, head) a row of D = KV + R
  * values, [q_c (written by the absorb matvec) ; RoPE(q_pe) (written here)]. */
 __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_t R, uint32_t KV,
                          const double *inv_freq, bool interleave, const uint32_t *tok_pos,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* MoE routing (spec §5). The router runs in fp32 on the F32 router weight; selection uses
+/* MoE routing (docs/model.md §5). The router runs in fp32 on the F32 router weight; selection uses
  * score + bias, the weights the unbiased scores. The expert products themselves (with SwiGLU
  * fused) are cu_matvec over (token, slot) pairs. */
 #include "common.cuh"

@@ -112,7 +112,7 @@ static void feed(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0, c
 }
 
 /* X4_GPU_CONFIG=config.json names the model's config (the real checkpoint keeps it apart);
- * X4_GPU_RELEASE_DEFAULTS=1 assumes the release values instead (spec §2.2). */
+ * X4_GPU_RELEASE_DEFAULTS=1 assumes the release values instead (docs/model.md §2.2). */
 static struct x4_model *open_model(const char *path) {
         struct x4_model *m = NULL;
         const char *cfg = getenv("X4_GPU_CONFIG"), *rel = getenv("X4_GPU_RELEASE_DEFAULTS");

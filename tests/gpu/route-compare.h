@@ -3,7 +3,7 @@
  * tests/unit/test-route-compare.c). Header-only, plain C, no cmocka: the GPU machine has none.
  *
  * Why: CUDA and CPU sum the router products in different orders, so a token whose k-th and
- * (k+1)-th best expert scores (spec §5: sigmoid(z) + bias, top-k ranked) lie within fp32 rounding
+ * (k+1)-th best expert scores (docs/model.md §5: sigmoid(z) + bias, top-k ranked) lie within fp32 rounding
  * of each other can pick a different expert set on the two backends. That one swap changes the
  * token's FFN output by a whole expert's contribution, far beyond rounding, so the position's
  * logits miss the 1e-3 parity bound while every other position sits near 1e-7. The collector

@@ -307,7 +307,7 @@ def test_c_client_event_loop_runs_requests_concurrently(daemon, client_test):
     r, f = run_client(client_test, daemon, "concurrent", "3", "16")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f["pending"] == "3"
-    # batched together, each request's greedy output is what it would be alone (design.md
+    # batched together, each request's greedy output is what it would be alone (docs/design.md
     # "Numerics": a sequence does not depend on its batch-mates)
     _, alone = run_client(client_test, daemon, "blocking", "16")
     for i in range(3):

@@ -9,7 +9,7 @@ Without MODEL GGUF: the committed model, then its spm_variants.py variants (unus
 no byte pieces; no dummy prefix), each checked the same way.
 
 1. encode: every line of corpus.txt (bytes, invalid UTF-8 included) through `x4-tokenize
-   --model spm-bpe8k.gguf`; the reference is what Xing4_0Tokenizer does (spec §7): split on the
+   --model spm-bpe8k.gguf`; the reference is what Xing4_0Tokenizer does (docs/model.md §7): split on the
    12 registered specials, sp.encode() each remaining chunk, the special's id in between.
    Ids must be 100% identical.
 2. decode: our ids back through `x4-tokenize --decode`; the reference decodes each run between

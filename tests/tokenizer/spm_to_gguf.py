@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
 """Write a GGUF v3 file holding only the tokenizer of a SentencePiece .model (no tensors), with
-the tokenizer.ggml.* keys of spec §2.3. The .model protobuf is read by hand (field numbers from
+the tokenizer.ggml.* keys of docs/model.md §2.3. The .model protobuf is read by hand (field numbers from
 sentencepiece_model.proto: ModelProto.pieces = 1, SentencePiece.piece = 1, .score = 2,
 .type = 3; NormalizerSpec = 3 with add_dummy_prefix = 3), so no protobuf package is needed.
 

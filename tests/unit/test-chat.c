@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Chat templates: the Xing4 format (spec §7) from the built-in template and from the C renderer,
+/* Chat templates: the Xing4 format (docs/model.md §7) from the built-in template and from the C renderer,
  * Jinja semantics a template author would notice, error messages with positions, and the render
  * budgets. Byte-exactness against python3-jinja2 on 58 real templates is the separate test
  * chat-templates-jinja-diff (tests/chat). */
@@ -55,7 +55,7 @@ static void assert_fails(const char *tmpl, const char *json, int err, const char
                 fail_msg("error '%s' does not contain '%s'", log_last_error(), message);
 }
 
-/* spec §7: the two rendered prompts, from the template and from the C renderer */
+/* docs/model.md §7: the two rendered prompts, from the template and from the C renderer */
 static const char *const TURN1_CTX =
         "{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}],"
         " \"add_generation_prompt\": true}";

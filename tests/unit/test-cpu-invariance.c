@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Determinism of the CPU backend (design.md "Numerics"): a token's logits are BIT-identical
+/* Determinism of the CPU backend (docs/design.md "Numerics"): a token's logits are BIT-identical
  * however the prompt is chunked (1, 3, 7, all at once, and across the backend's internal
  * micro-batch boundary), with 1 or 2 threads, whatever the batch-mates, and for decode steps vs
  * the rows of a one-batch prefill (prefill and decode share one absorbed attention code path),

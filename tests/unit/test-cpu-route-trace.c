@@ -5,7 +5,7 @@
  *   - one call per MoE layer and new token of a forward, layer ids those of the MoE blocks,
  *     token = index in the batch's concatenated new tokens, counted across the backend's
  *     256-token micro-batches and across sequences of a batch;
- *   - `selected` is the top-k of `scores` in selection order, ties to the lower id (spec §5);
+ *   - `selected` is the top-k of `scores` in selection order, ties to the lower id (docs/model.md §5);
  *   - a sequence routes the same inside a batch as alone (same scores, bit for bit);
  *   - the logits are bit-identical with and without the hook. */
 #include <setjmp.h>

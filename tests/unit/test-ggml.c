@@ -12,7 +12,7 @@ static void test_row_bytes(void **state) {
         uint64_t n;
 
         (void) state;
-        /* spec §6: a 3584-wide IQ4_NL row is 112 blocks = 2016 B; Q6_K 14 blocks = 2940 B */
+        /* docs/model.md §6: a 3584-wide IQ4_NL row is 112 blocks = 2016 B; Q6_K 14 blocks = 2940 B */
         assert_int_equal(ggml_row_bytes(GGML_TYPE_IQ4_NL, 3584, &n), 0);
         assert_int_equal(n, 2016);
         assert_int_equal(ggml_row_bytes(GGML_TYPE_Q6_K, 3584, &n), 0);

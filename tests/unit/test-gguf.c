@@ -1037,7 +1037,7 @@ static void test_scale(void **state) {
         const size_t n_tensors = 977, n_vocab = 131072, n_keys = 100000;
 
         (void) state;
-        /* 977 tensors and a 131072-piece vocabulary (spec §2.4, §2.3) */
+        /* 977 tensors and a 131072-piece vocabulary (docs/model.md §2.4, §2.3) */
         put_header(&b, 3, n_tensors, 3);
         put_kv_str(&b, "general.architecture", "xing4_0");
         put_kv(&b, "tokenizer.ggml.scores", GGUF_TYPE_ARRAY);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* x4-mkmodel: the presets load through x4_model_open, are deterministic (seed, not threads,
  * decides the bytes), carry the documented weight statistics and vocabulary invariants, and the
- * `full` preset's table is the release's (spec §2.4), checked on a sparse --header-only file. */
+ * `full` preset's table is the release's (docs/model.md §2.4), checked on a sparse --header-only file. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -235,7 +235,7 @@ static void test_weight_statistics(void **state) {
                 assert_float_equal(sorted[i], -0.08 + 0.16 * i / 7, 1e-7);
         assert_true(moved); /* shuffled */
 
-        /* routing is varied (spec §5 selection: top-k of sigmoid(W f) + b): over 512 random
+        /* routing is varied (docs/model.md §5 selection: top-k of sigmoid(W f) + b): over 512 random
          * unit-variance inputs every one of the 8 experts is chosen, none hogs the top-2 */
         {
                 const float *router = L->ffn_gate_inp->data;
@@ -357,7 +357,7 @@ static void test_demo_loads_and_tokenizes(void **state) {
         tmp_remove(&t);
 }
 
-/* ---- vocabulary invariants (spec §7) --------------------------------------------------------- */
+/* ---- vocabulary invariants (docs/model.md §7) ------------------------------------------------ */
 
 static void check_vocab(uint32_t n_vocab) {
         struct x4_mkmodel_vocab v;
@@ -461,7 +461,7 @@ static void test_full_header_only(void **state) {
                         trunk_b += tt->size;
                 }
         }
-        /* spec §2.4 type histogram, to the decimals given there */
+        /* docs/model.md §2.4 type histogram, to the decimals given there */
         assert_int_equal(count[GGML_TYPE_IQ4_NL], 243);
         assert_float_equal(round(bytes[GGML_TYPE_IQ4_NL] / GiB * 1e4) / 1e4, 15.2309, 1e-9);
         assert_int_equal(count[GGML_TYPE_BF16], 327);
@@ -475,7 +475,7 @@ static void test_full_header_only(void **state) {
         assert_int_equal(nextn_n, 24);
         assert_float_equal(round(nextn_b / GiB * 1e4) / 1e4, 0.9344, 1e-9);
 
-        /* spec §7: "▁" at the release's id, the padding before it */
+        /* docs/model.md §7: "▁" at the release's id, the padding before it */
         const struct gguf_value *tokens;
         struct gguf_string gs;
         assert_int_equal(gguf_get_array(g, "tokenizer.ggml.tokens", &tokens), 0);
@@ -487,7 +487,7 @@ static void test_full_header_only(void **state) {
         assert_int_equal(gs.len, strlen("<unused124360>"));
         assert_memory_equal(gs.data, "<unused124360>", gs.len);
 
-        /* spec §1 / §4.1 */
+        /* docs/model.md §1 / §4.1 */
         const struct x4_config *c = x4_model_config(m);
         assert_int_equal(c->n_layer, 40);
         assert_int_equal(c->n_block, 41);

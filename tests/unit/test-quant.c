@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* quant (spec §6): half/bfloat conversions checked exhaustively against ldexp/rint references,
+/* quant (docs/model.md §6): half/bfloat conversions checked exhaustively against ldexp/rint references,
  * hand-made blocks with known values for every quant format, and dot products against both a
  * double-precision sum and the documented summation order (bit for bit, SIMD and portable). */
 #include <setjmp.h>
@@ -188,7 +188,7 @@ static void test_iq4nl_blocks(void **state) {
         for (int i = 0; i < 4; i++)
                 for (int j = 0; j < 16; j++) {
                         int lo = i % 2 ? 15 - j : j, hi = 15 - lo;
-                        /* spec §6: low nibbles are the first 16 values, high the second 16 */
+                        /* docs/model.md §6: low nibbles are the first 16 values, high the second 16 */
                         assert_true(y[32 * i + j] == dv[i] * (float) K[lo]);
                         assert_true(y[32 * i + j + 16] == dv[i] * (float) K[hi]);
                 }
@@ -214,7 +214,7 @@ static void test_q8_0_blocks(void **state) {
         assert_true(y[255] == -0.25f * 127);
 }
 
-/* Packs 256 quants (-32..31, output order) into a Q6_K block by inverting the spec §6 loop. */
+/* Packs 256 quants (-32..31, output order) into a Q6_K block by inverting the docs/model.md §6 loop. */
 static void q6k_pack(const int q[256], struct block_q6_k *b) {
         memset(b->ql, 0, sizeof b->ql);
         memset(b->qh, 0, sizeof b->qh);

@@ -2,7 +2,7 @@
 /* The prompt the engine thread renders from chat messages, read back from the DONE event's
  * sequence (prompt ids + output ids) and decoded: an assistant's earlier tool call sent the
  * OpenAI way (arguments as JSON text, {"id", "type", "function": {...}}) renders in the Xing4
- * form `<tool_call>NAME<param_key>K</param_key><param_value>V</param_value></tool_call>` (spec §7)
+ * form `<tool_call>NAME<param_key>K</param_key><param_value>V</param_value></tool_call>` (docs/model.md §7)
  * with the model's own tokenizer.chat_template AND with the built-in renderer (a copy of the
  * fixture whose template key is renamed, so the scheduler falls back to it). */
 #include <setjmp.h>

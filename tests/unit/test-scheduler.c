@@ -136,7 +136,7 @@ static void test_generate_and_batch_invariance(void **state) {
         assert_int_equal(alone.finish, SCHED_FINISH_LENGTH);
         assert_int_equal(alone.n, 12);
         /* three at once: continuous batching (prefill chunks of 5 interleaved with decode steps)
-         * gives each the tokens it gets alone (design.md "Numerics") */
+         * gives each the tokens it gets alone (docs/design.md "Numerics") */
         for (int i = 0; i < 3; i++)
                 assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 12, &batch[i]), NULL), 0);
         run_until_final(e->sched, batch, 3);

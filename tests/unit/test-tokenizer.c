@@ -86,7 +86,7 @@ static char *decode(const int32_t *ids, size_t n, unsigned flags) {
 
 static void test_fixture_vocab(void **state) {
         assert_int_equal(tokenizer_n_vocab(fixture), 8000);
-        /* the Xing4 layout: registered specials at 1..6 and 9..14 (spec §7 table) */
+        /* the Xing4 layout: registered specials at 1..6 and 9..14 (docs/model.md §7 table) */
         assert_int_equal(tokenizer_special_id(fixture, TOKENIZER_SPECIAL_START), 1);
         assert_int_equal(tokenizer_special_id(fixture, TOKENIZER_SPECIAL_END), 2);
         assert_int_equal(tokenizer_special_id(fixture, TOKENIZER_SPECIAL_SYSTEM), 6);
@@ -129,7 +129,7 @@ static void test_encode_invalid_utf8(void **state) {
 }
 
 static void test_encode_specials(void **state) {
-        /* spec §7: split on registered specials, each chunk gets its own dummy prefix */
+        /* docs/model.md §7: split on registered specials, each chunk gets its own dummy prefix */
         EXPECT("<think>hi", 0, 9, P("▁hi"));
         EXPECT("a<think>a</think>a", 0, 303, 9, 303, 10, 303);
         EXPECT("<_end><_end>", 0, 2, 2);

@@ -280,7 +280,7 @@ static void test_fixture_loads(void **state) {
         assert_float_equal(c->yarn_factor, 64.0, 0);
         assert_int_equal(c->yarn_orig_ctx, 4096);
         assert_float_equal(c->rope_freq_base, 10000.0, 0);
-        /* spec §4.1 with key_length_mla 48: 48^-0.5 · (1 + 0.1 ln 64)² = 0.28935926 */
+        /* docs/model.md §4.1 with key_length_mla 48: 48^-0.5 · (1 + 0.1 ln 64)² = 0.28935926 */
         assert_float_equal(c->attn_scale, pow(48, -0.5) * pow(1 + 0.1 * log(64), 2), 1e-7);
         assert_int_equal(c->bos_id, 1);
         assert_int_equal(c->eos_id, 2);
@@ -328,7 +328,7 @@ static void test_fingerprint(void **state) {
 }
 
 static void test_rope_inv_freq(void **state) {
-        /* spec §4.1, the release: pairs 0..10 unchanged, 23..31 divided by 64, ramp between */
+        /* docs/model.md §4.1, the release: pairs 0..10 unchanged, 23..31 divided by 64, ramp between */
         struct x4_config c = { .qk_rope = 64, .rope_freq_base = 10000, .yarn = true, .yarn_factor = 64,
                                .yarn_orig_ctx = 4096, .yarn_beta_fast = 32, .yarn_beta_slow = 1 };
         float inv[32];
@@ -382,7 +382,7 @@ static void test_wrong_type(void **state) {
                        "expected one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL");
         expect_refusal(&(struct edit){ .tensor = "blk.1.ffn_up_exps.weight", .type = GGML_TYPE_Q4_0 },
                        "@: tensor blk.1.ffn_up_exps.weight: type Q4_0 cannot be computed");
-        /* the router is fp32 math (spec §5) */
+        /* the router is fp32 math (docs/model.md §5) */
         expect_refusal(&(struct edit){ .tensor = "blk.2.ffn_gate_inp.weight", .type = GGML_TYPE_BF16 },
                        "@: tensor blk.2.ffn_gate_inp.weight: type BF16, F32 expected");
 }
@@ -414,7 +414,7 @@ static void test_wrong_shape(void **state) {
         expect_refusal(&(struct edit){ .tensor = "blk.1.attn_k_b.weight", .type = -1, .n_dims = 3,
                                        .ne = { 32, 32, 8 } },
                        "@: tensor blk.1.attn_k_b.weight shape [32, 32, 8] expected [32, 64, 4]");
-        /* a transposed router (spec §11.13) */
+        /* a transposed router (docs/model.md §11.13) */
         expect_refusal(&(struct edit){ .tensor = "blk.2.ffn_gate_inp.weight", .type = -1, .n_dims = 2,
                                        .ne = { 8, 256 } },
                        "@: tensor blk.2.ffn_gate_inp.weight shape [8, 256] expected [256, 8]");
@@ -504,7 +504,7 @@ static void test_config_disagrees(void **state) {
         expect_config_refusal("\"mscale_all_dim\": 1.0", "\"mscale_all_dim\": 0.707",
                               " says rope_scaling.mscale_all_dim 0.707 (log multiplier 0.0707) but @ says "
                               "xing4_0.rope.scaling.yarn_log_multiplier 0.1");
-        /* an asymmetric comb clamp cannot be the symmetric clamp of spec §3.1 */
+        /* an asymmetric comb clamp cannot be the symmetric clamp of docs/model.md §3.1 */
         expect_config_refusal("\"mhc_h_res_clamp_min\": -30.0", "\"mhc_h_res_clamp_min\": -20.0",
                               ": comb clamp [-20, 30] (mhc_h_res_clamp_min/max): a symmetric range -c..+c "
                               "with c > 0 expected");
@@ -515,7 +515,7 @@ static void test_config_disagrees(void **state) {
         /* the half-split rope layout is not implemented: refused at open, not computed wrongly */
         expect_config_refusal("\"rope_interleave\": true", "\"rope_interleave\": false",
                               ": rope_interleave false is not supported (this engine implements the "
-                              "interleaved layout of the release, spec §4.1)");
+                              "interleaved layout of the release, docs/model.md §4.1)");
 }
 
 static void test_config_float_tolerance(void **state) {
@@ -584,7 +584,7 @@ static void test_config_from_params(void **state) {
         tmpmodel_remove(&t);
 }
 
-/* ---- NextN (spec §8): recognised, checked, not loaded --------------------------------------- */
+/* ---- NextN (docs/model.md §8): recognised, checked, not loaded ------------------------------ */
 
 struct captured {
         char text[4096];
