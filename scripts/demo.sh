@@ -46,7 +46,7 @@ $build/cli/x4ctl --socket $sock info
 
 echo
 echo "== x4ctl generate (thinking shown dimmed)"
-$build/cli/x4ctl --socket $sock generate --show-think --max-tokens 48 --seed 7 \
+$build/cli/x4ctl --socket $sock generate --show-think --thinking-budget 16 --max-tokens 48 --seed 7 \
         "Write a haiku about the sea."
 echo
 
