@@ -53,6 +53,7 @@ struct options {
         uint32_t max_messages;
         uint32_t max_snapshots;
         uint64_t max_snapshot_bytes;
+        uint64_t snapshot_chunk;
         double grace_s;
         double hello_timeout_s;
         double idle_timeout_s;
@@ -159,6 +160,10 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 if (parse_size(v, &o->max_snapshot_bytes) < 0 || o->max_snapshot_bytes == 0)
                         return log_error_errno(EINVAL, "%s: '%s' is not a nonzero size (e.g. 64G)",
                                                where, v);
+        } else if (streq(key, "snapshot-chunk")) {
+                if (parse_size(v, &o->snapshot_chunk) < 0 || o->snapshot_chunk < 4096 ||
+                    o->snapshot_chunk > ((uint64_t) 1 << 32))
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [4K, 4G]", where, v);
         } else if (streq(key, "output-buffer")) {
                 if (parse_size(v, &o->output_buffer) < 0 || o->output_buffer < 1024 ||
                     o->output_buffer > (1u << 30))
@@ -320,6 +325,8 @@ static void help(void) {
                "  --max-messages N             chat messages per request (4096)\n"
                "  --max-snapshots N            snapshot files in the state dir (64)\n"
                "  --max-snapshot-bytes SIZE    their total size (64G)\n"
+               "  --snapshot-chunk SIZE        cache bytes a snapshot being saved copies out at a\n"
+               "                               time while the disk write runs off the engine (64M)\n"
                "  --page-tokens N              tokens per cache page (256)\n"
                "  --cache-pages N              cache pages (0 = from the memory limit)\n"
                "  --memory-limit SIZE          bytes the backend may use (e.g. 8G)\n"
@@ -518,7 +525,7 @@ enum {
         OPT_THREADS, OPT_LISTEN, OPT_STATE_DIR, OPT_MAX_RUNNING, OPT_MAX_WAITING, OPT_MAX_TOKENS,
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
-        OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES, OPT_GPU_MEMORY,
+        OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES, OPT_SNAPSHOT_CHUNK, OPT_GPU_MEMORY,
         OPT_IDLE_TIMEOUT, OPT_MAX_PENDING, OPT_MAX_TOKENS_LIMIT, OPT_PREFILL_BUDGET,
 };
 
@@ -552,6 +559,7 @@ static const struct option longopts[] = {
         { "max-messages", required_argument, NULL, OPT_MAX_MESSAGES },
         { "max-snapshots", required_argument, NULL, OPT_MAX_SNAPSHOTS },
         { "max-snapshot-bytes", required_argument, NULL, OPT_MAX_SNAPSHOT_BYTES },
+        { "snapshot-chunk", required_argument, NULL, OPT_SNAPSHOT_CHUNK },
         { "output-buffer", required_argument, NULL, OPT_OUTPUT_BUFFER },
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
         { "help", no_argument, NULL, 'h' },
@@ -731,6 +739,7 @@ int main(int argc, char **argv) {
                 .max_messages = o.max_messages,
                 .max_snapshots = o.max_snapshots,
                 .max_snapshot_bytes = o.max_snapshot_bytes,
+                .snapshot_chunk = o.snapshot_chunk,
         };
         r = sched_new(&sp, &sched);
         if (r < 0)

@@ -87,6 +87,11 @@ struct job {
         uint32_t snap_n;      /* tokens the snapshot holds: cached at admission */
         uint8_t *snap_data;   /* snap_pages pages of page_bytes */
         uint32_t snap_pages;
+        /* snapshot creation: the file is written by the prep thread in chunks of at most
+         * SNAP_CHUNK_BYTES copied out of the cache by the engine thread, one chunk in flight */
+        int snap_fd, snap_dfd;    /* the .tmp file and the state directory (-1: not open) */
+        uint32_t snap_written;    /* pages in the file so far */
+        uint32_t snap_chunk;      /* pages in snap_data for the prep thread to append */
         bool create;          /* r->snapshot_create: prefill only, then save */
         bool thinking;        /* the prompt ends inside <think> */
         /* constrained decoding (engine/grammar.h): the mask is on from the start, or from the
@@ -442,6 +447,7 @@ int sched_submit(struct sched *s, struct sched_request *r, uint64_t *ret_id) {
 
         if (!j)
                 return -ENOMEM;
+        j->snap_fd = j->snap_dfd = -1;
         pthread_mutex_lock(&s->lock);
         if (s->draining)
                 ret = -ESHUTDOWN;
@@ -578,7 +584,10 @@ static void job_release(struct sched *s, struct job *j) {
         publish_stats(s);
 }
 
+static void snap_abandon(struct job *j);
+
 static void job_free(struct sched *s, struct job *j) {
+        snap_abandon(j);
         if (j->n_pages)
                 (void) kvcache_release(s->kv, j->pages, j->n_pages);
         free(j->pages);
@@ -961,24 +970,37 @@ static int snap_check_quota(const struct sched *s, const char *name, uint64_t by
 }
 
 /* j (a create job) has prefilled its whole prompt: write its pages. */
-static int snap_save(struct sched *s, struct job *j, const uint8_t *data,
-                     struct sched_snapshot_info *info, char *err, size_t size) {
-        char path[4096], tmp[4096];
+static void snap_tmpfile(const struct job *j, char *buf, size_t size) {
+        snprintf(buf, size, "%s.x4snap.tmp", j->r->snapshot_create);
+}
+
+/* A half-written snapshot file (an error, a cancel at shutdown): closed and its .tmp unlinked. */
+static void snap_abandon(struct job *j) {
+        char tmpfile[100];
+
+        if (j->snap_fd < 0)
+                return;
+        close(j->snap_fd);
+        snap_tmpfile(j, tmpfile, sizeof tmpfile);
+        (void) unlinkat(j->snap_dfd, tmpfile, 0);
+        close(j->snap_dfd);
+        j->snap_fd = j->snap_dfd = -1;
+}
+
+/* Open NAME.x4snap.tmp and write the header and the tokens (prep thread). */
+static int snap_begin(struct sched *s, struct job *j, char *err, size_t size) {
+        char tmp[4096], tmpfile[100];
         size_t pb = s->p.ops->page_bytes(s->p.backend);
         uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
         struct snap_header h = { .version = 1, .page_tokens = kvcache_page_tokens(s->kv),
                                  .page_bytes = pb, .n_tokens = j->n_prompt, .n_pages = n_pages,
                                  .created_unix = (uint64_t) time(NULL) };
         const char *name = j->r->snapshot_create;
-        int r = 0;
 
         memcpy(h.magic, SNAP_MAGIC, 8);
         snprintf(h.fingerprint, sizeof h.fingerprint, "%s", x4_model_fingerprint(s->p.model));
-        snap_path(s, name, path, sizeof path, "");
         snap_path(s, name, tmp, sizeof tmp, ".tmp");
-        char file[96], tmpfile[100];
-        snprintf(file, sizeof file, "%s.x4snap", name);
-        snprintf(tmpfile, sizeof tmpfile, "%s.x4snap.tmp", name);
+        snap_tmpfile(j, tmpfile, sizeof tmpfile);
         uint64_t bytes = sizeof h + (uint64_t) j->n_prompt * sizeof *j->seq + (uint64_t) n_pages * pb;
         int code = snap_check_quota(s, name, bytes, err, size);
         if (code)
@@ -990,49 +1012,69 @@ static int snap_save(struct sched *s, struct job *j, const uint8_t *data,
                             s->p.state_dir, strerror(ENOENT));
         if (code)
                 return code;
-        uint8_t *page = malloc(pb);
         /* O_EXCL | O_NOFOLLOW: never write through a file or symlink someone put at the tmp
          * name; a stale tmp of ours (a crash mid-write) is unlinked (the link, not its target) */
         int fd = openat(dfd, tmpfile, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
         if (fd < 0 && errno == EEXIST && unlinkat(dfd, tmpfile, 0) == 0)
                 fd = openat(dfd, tmpfile, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-        if (!page || fd < 0) {
-                int e = page ? errno : ENOMEM;
-                free(page);
-                if (fd >= 0)
-                        close(fd);
+        if (fd < 0) {
+                int e = errno;
                 close(dfd);
                 return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", tmp, strerror(e));
         }
-        r = write_full(fd, &h, sizeof h);
+        j->snap_fd = fd;
+        j->snap_dfd = dfd;
+        j->snap_written = 0;
+        int r = write_full(fd, &h, sizeof h);
         if (r >= 0)
                 r = write_full(fd, j->seq, (size_t) j->n_prompt * sizeof *j->seq);
-        for (uint32_t i = 0; r >= 0 && i < n_pages; i++) {
-                if (data) /* copied out of the cache by the engine thread */
-                        r = write_full(fd, data + (size_t) i * pb, pb);
-                else {
-                        r = s->p.ops->page_read(s->p.backend, j->pages[i], page);
-                        if (r >= 0)
-                                r = write_full(fd, page, pb);
-                }
+        if (r < 0) {
+                snap_abandon(j);
+                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", tmp, strerror(-r));
         }
-        free(page);
-        if (close(fd) < 0 && r >= 0)
-                r = -errno;
+        return 0;
+}
+
+/* Append the chunk in snap_data; after the last page, close the file and rename it into place,
+ * filling j->saved (prep thread). */
+static int snap_write_chunk(struct sched *s, struct job *j, char *err, size_t size) {
+        char path[4096], file[96], tmpfile[100];
+        size_t pb = s->p.ops->page_bytes(s->p.backend);
+        uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
+        const char *name = j->r->snapshot_create;
+        int code, r;
+
+        if (j->snap_fd < 0 && (code = snap_begin(s, j, err, size)))
+                return code;
+        snap_path(s, name, path, sizeof path, "");
+        r = write_full(j->snap_fd, j->snap_data, (size_t) j->snap_chunk * pb);
+        if (r < 0) {
+                snap_abandon(j);
+                return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(-r));
+        }
+        j->snap_written += j->snap_chunk;
+        if (j->snap_written < n_pages)
+                return 0;
+        snprintf(file, sizeof file, "%s.x4snap", name);
+        snap_tmpfile(j, tmpfile, sizeof tmpfile);
+        r = close(j->snap_fd) < 0 ? -errno : 0;
+        j->snap_fd = -1;
         /* rename replaces whatever is at NAME.x4snap, a planted symlink included, never its
          * target */
-        if (r >= 0 && renameat(dfd, tmpfile, dfd, file) < 0)
+        if (r >= 0 && renameat(j->snap_dfd, tmpfile, j->snap_dfd, file) < 0)
                 r = -errno;
         if (r < 0)
-                (void) unlinkat(dfd, tmpfile, 0);
-        close(dfd);
+                (void) unlinkat(j->snap_dfd, tmpfile, 0);
+        close(j->snap_dfd);
+        j->snap_dfd = -1;
         if (r < 0)
                 return verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(-r));
-        memset(info, 0, sizeof *info);
-        snprintf(info->name, sizeof info->name, "%s", name);
-        info->n_tokens = j->n_prompt;
-        info->bytes = bytes;
-        info->created_unix = h.created_unix;
+        memset(&j->saved, 0, sizeof j->saved);
+        snprintf(j->saved.name, sizeof j->saved.name, "%s", name);
+        j->saved.n_tokens = j->n_prompt;
+        j->saved.bytes = sizeof(struct snap_header) + (uint64_t) j->n_prompt * sizeof *j->seq +
+                         (uint64_t) n_pages * pb;
+        j->saved.created_unix = (uint64_t) time(NULL);
         return 0;
 }
 
@@ -1516,37 +1558,37 @@ static void snapshot_done(struct sched *s, struct job *j, const struct sched_sna
 
 static void prep_enqueue(struct sched *s, struct job *j);
 
-/* A snapshot this size or smaller is copied out of the cache and written by the prep thread (the
- * running streams do not wait for the disk); a larger one is written from the engine thread page
- * by page, so a huge snapshot does not need its size in memory. */
-#define SNAP_ASYNC_MAX ((uint64_t) 256 << 20)
+/* Creating a snapshot: the engine thread copies the pages out of the cache a chunk of at most
+ * --snapshot-chunk bytes (default this) at a time (a fast copy), the prep thread appends it to the file (the slow part)
+ * while the running streams go on; the next chunk is copied when the last one is written, so a
+ * snapshot of any size needs one chunk of memory and never stalls the engine on the disk. The
+ * request keeps its cache pages until the last chunk is copied. */
+#define SNAP_CHUNK_BYTES ((uint64_t) 64 << 20)
 
 static void finish_snapshot(struct sched *s, struct job *j) {
-        struct sched_snapshot_info info;
-        char err[512];
         size_t pb = s->p.ops->page_bytes(s->p.backend);
         uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
-        uint8_t *data = (uint64_t) n_pages * pb <= SNAP_ASYNC_MAX ? malloc((size_t) n_pages * pb)
-                                                                   : NULL;
-        int r = 0;
-        for (uint32_t i = 0; data && r >= 0 && i < n_pages; i++)
-                r = s->p.ops->page_read(s->p.backend, j->pages[i], data + (size_t) i * pb);
-        if (data && r >= 0) {
-                free(j->snap_data);
-                j->snap_data = data;
-                j->snap_pages = n_pages;
-                job_release(s, j); /* its pages are free for others while the file is written */
-                j->state = JOB_SAVING;
-                prep_enqueue(s, j);
+        uint32_t per = (uint32_t) MAX((uint64_t) 1, s->p.snapshot_chunk / pb);
+        uint32_t first = j->snap_written, k = MIN(per, n_pages - first);
+        uint8_t *data = malloc(MAX((size_t) k, (size_t) 1) * pb);
+        int r = data ? 0 : -ENOMEM;
+
+        for (uint32_t i = 0; r >= 0 && i < k; i++)
+                r = s->p.ops->page_read(s->p.backend, j->pages[first + i], data + (size_t) i * pb);
+        if (r < 0) {
+                free(data);
+                snap_abandon(j);
+                fail_job(s, j, SCHED_ERR_INTERNAL, "snapshot '%s': %s", j->r->snapshot_create,
+                         r == -ENOMEM ? "out of memory" : "reading the cache failed");
                 return;
         }
-        free(data);
-        int code = snap_save(s, j, NULL, &info, err, sizeof err);
-        if (code) {
-                fail_job(s, j, code, "%s", err);
-                return;
-        }
-        snapshot_done(s, j, &info);
+        free(j->snap_data);
+        j->snap_data = data;
+        j->snap_chunk = k;
+        if (first + k == n_pages)
+                job_release(s, j); /* its pages are free for others while the rest is written */
+        j->state = JOB_SAVING;
+        prep_enqueue(s, j);
 }
 
 /* ---- the step ------------------------------------------------------------------------------- */
@@ -1580,6 +1622,8 @@ static void take_inputs(struct sched *s) {
                 if (j->state == JOB_SAVING) { /* written (or not): cancels come too late */
                         if (j->prep_code)
                                 fail_job(s, j, j->prep_code, "%s", j->prep_msg ? j->prep_msg : "");
+                        else if (j->snap_written < kvcache_pages_for(s->kv, j->n_prompt))
+                                finish_snapshot(s, j); /* the next chunk */
                         else
                                 snapshot_done(s, j, &j->saved);
                 } else if (j->prep_code && !j->cancel)
@@ -1653,7 +1697,7 @@ static void *prep_main(void *userdata) {
                 pthread_mutex_unlock(&s->lock);
                 if (j->state == JOB_SAVING) {
                         char err[512];
-                        int code = snap_save(s, j, j->snap_data, &j->saved, err, sizeof err);
+                        int code = snap_write_chunk(s, j, err, sizeof err);
                         if (code)
                                 (void) prep_fail(j, code, "%s", err);
                         free(j->snap_data);
@@ -2216,6 +2260,8 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                 s->p.max_snapshots = 64;
         if (!s->p.max_snapshot_bytes)
                 s->p.max_snapshot_bytes = (uint64_t) 64 << 30;
+        if (!s->p.snapshot_chunk)
+                s->p.snapshot_chunk = SNAP_CHUNK_BYTES;
         s->efd = -1;
         s->next_id = 1;
         s->cfg = x4_model_config(s->p.model);

@@ -189,6 +189,8 @@ struct sched_params {
         uint32_t max_messages;  /* chat messages per request (default 4096) */
         uint32_t max_snapshots; /* snapshot files in state_dir (default 64) */
         uint64_t max_snapshot_bytes; /* their total size (default 64 GiB) */
+        uint64_t snapshot_chunk; /* cache bytes a snapshot being created copies out at a time
+                                  * (default 64 MiB): the disk write runs on the prep thread */
         const char *state_dir;  /* snapshots live here; NULL: snapshots unavailable */
         bool prefix_off;        /* no automatic prefix reuse */
         uint32_t prefix_pages;  /* most pages the prefix store keeps (0: up to the whole cache;
