@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: MIT */
+/* Prompt preparation on the prep thread: text, tokens or chat to token ids, snapshot reads, the
+ * sampler, output parser and grammar of a request; and the prep thread itself. */
+#include "engine/internal.h"
+
+/* The last `<think>` among the prompt's final tokens, followed only by whitespace. */
+static bool prompt_ends_in_think(const struct sched *s, const int32_t *ids, size_t n) {
+        if (s->think_id < 0 || !s->p.tokenizer)
+                return false;
+        for (size_t k = n; k > 0 && k + 4 > n; k--) {
+                if (ids[k - 1] != s->think_id)
+                        continue;
+                _cleanup_free_ char *tail = NULL;
+                size_t len = 0;
+                if (tokenizer_decode(s->p.tokenizer, ids + k, n - k, 0, &tail, &len) < 0)
+                        return false;
+                for (size_t i = 0; i < len; i++)
+                        if (tail[i] != ' ' && tail[i] != '\n' && tail[i] != '\r' && tail[i] != '\t')
+                                return false;
+                return true;
+        }
+        return false;
+}
+
+_printf_(3, 4) static bool prep_fail(struct job *j, int code, const char *fmt, ...) {
+        char buf[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        j->prep_code = code;
+        free(j->prep_msg);
+        j->prep_msg = strdup(buf);
+        return false;
+}
+
+_Static_assert((int) SCHED_CONSTRAINT_JSON_OBJECT == (int) GRAMMAR_JSON_OBJECT &&
+                       (int) SCHED_CONSTRAINT_JSON_SCHEMA == (int) GRAMMAR_JSON_SCHEMA &&
+                       (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL,
+               "enum sched_constraint mirrors enum grammar_kind");
+
+/* The grammar and matcher of a constrained request (on the prep thread, as part of prepare(); the
+ * vocabulary index is built there on first use and only read by the engine thread afterwards).
+ * On failure the error is recorded in the job: false. */
+static bool prepare_constraint(struct sched *s, struct job *j) {
+        const struct sched_request *r = j->r;
+        char err[1024];
+        int ret;
+
+        if (!s->gvocab && (ret = grammar_vocab_new(s->p.tokenizer, &s->gvocab)) < 0) {
+                prep_fail(j, SCHED_ERR_INTERNAL, "constraint: cannot index the vocabulary: %s",
+                          strerror(-ret));
+                return false;
+        }
+        ret = grammar_compile_constraint((enum grammar_kind) r->constraint, r->constraint_schema,
+                                         r->tools_json, r->constraint_tool, s->p.tokenizer,
+                                         &j->grammar, err, sizeof err);
+        if (ret < 0) {
+                prep_fail(j, ret == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT, "%s", err);
+                return false;
+        }
+        /* the turn ends with EOS or `<_end>` once the output is complete */
+        int32_t ends[2] = { s->eos_id, tokenizer_special_id(s->p.tokenizer, TOKENIZER_SPECIAL_END) };
+        j->gmask = malloc(DIV_ROUND_UP(s->cfg->n_vocab, 64) * sizeof *j->gmask);
+        if (!j->gmask || grammar_matcher_new(j->grammar, s->gvocab, ends, 2, &j->gm) < 0) {
+                prep_fail(j, SCHED_ERR_INTERNAL, "constraint: out of memory");
+                return false;
+        }
+        j->gm_on = !j->thinking;
+        return true;
+}
+
+/* Text, tokens or chat → token ids, a snapshot's file read, the sampler and output parser. Runs
+ * on the prep thread (eng_prep_main): it touches only the job's own fields and what is read-only
+ * after start (params, tokenizer, template). On failure it records the error in the job
+ * (prep_code, prep_msg) for the engine thread to report; returns false. */
+static bool prepare(struct sched *s, struct job *j) {
+        struct sched_request *r = j->r;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        int ret;
+
+        if (r->prompt == SCHED_PROMPT_TOKENS) {
+                ids = malloc(r->n_tokens * sizeof *ids);
+                if (!ids) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
+                        return false;
+                }
+                memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
+                n = r->n_tokens;
+        } else if (r->prompt == SCHED_PROMPT_TEXT) {
+                ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n);
+                if (ret < 0) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
+                                 log_last_error());
+                        return false;
+                }
+        } else {
+                _cleanup_(json_freep) struct json_value *ctx = json_new_object();
+                struct json_value *msgs = json_new_array();
+                _cleanup_free_ char *rendered = NULL;
+                bool ok = ctx && msgs && json_object_set(ctx, "messages", msgs) == 0;
+                if (!ok)
+                        json_free(msgs);
+                for (size_t i = 0; ok && i < r->n_messages; i++) {
+                        const struct sched_message *m = &r->messages[i];
+                        struct json_value *o = json_new_object();
+                        ok = o && json_array_append(msgs, o) == 0;
+                        if (!ok) {
+                                json_free(o);
+                                break;
+                        }
+                        ok = json_object_set(o, "role", json_new_string(m->role, strlen(m->role))) == 0 &&
+                             json_object_set(o, "content",
+                                             json_new_string(m->content ? m->content : "",
+                                                             m->content ? strlen(m->content) : 0)) == 0;
+                        if (ok && m->name)
+                                ok = json_object_set(o, "name", json_new_string(m->name, strlen(m->name))) == 0;
+                        if (ok && m->reasoning)
+                                ok = json_object_set(o, "reasoning_content",
+                                                     json_new_string(m->reasoning, strlen(m->reasoning))) == 0;
+                        if (ok && m->tool_calls_json) {
+                                struct json_value *tc;
+                                char what[64];
+                                snprintf(what, sizeof what, "prompt.chat.messages[%zu].tool_calls_json", i);
+                                if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc) < 0) {
+                                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                        return false;
+                                }
+                                ok = json_object_set(o, "tool_calls", tc) == 0;
+                        }
+                }
+                if (ok && r->tools_json) {
+                        struct json_value *tools;
+                        if (json_parse(r->tools_json, strlen(r->tools_json), "prompt.chat.tools_json",
+                                       &tools) < 0) {
+                                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                return false;
+                        }
+                        ok = json_object_set(ctx, "tools", tools) == 0;
+                }
+                if (ok)
+                        ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(true)) == 0;
+                if (ok && r->enable_thinking >= 0)
+                        ok = json_object_set(ctx, "enable_thinking",
+                                             json_new_bool(r->enable_thinking)) == 0;
+                if (!ok) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
+                        return false;
+                }
+                /* one HF-style context for both renderers: chat_context_build also turns
+                 * OpenAI's tool-call arguments (JSON text) into objects, so the Xing4 format
+                 * renders them as <param_key>/<param_value> pairs, not as the JSON fallback */
+                _cleanup_(json_freep) struct json_value *full = NULL;
+                ret = chat_context_build(json_object_get(ctx, "messages"),
+                                         json_object_get(ctx, "tools"), true, r->enable_thinking,
+                                         s->bos_text, s->eos_text, &full);
+                if (ret >= 0) {
+                        if (s->tmpl) /* the model's own template (docs/model.md §7 best practice) */
+                                ret = chat_template_render(s->tmpl, full, &rendered);
+                        else
+                                ret = chat_xing4_render(full, &rendered);
+                }
+                if (ret < 0) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        return false;
+                }
+                ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, &ids, &n);
+                if (ret < 0) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        return false;
+                }
+        }
+        if (n == 0) {
+                free(ids);
+                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
+                return false;
+        }
+        /* a prompt ending in `<think>` or `<think>\n` (the generation prompt with thinking on,
+         * whatever rendered it) makes the output start in the reasoning channel */
+        j->thinking = prompt_ends_in_think(s, ids, n);
+        if (r->snapshot) {
+                /* the snapshot's tokens come first; they are cached once admitted */
+                int32_t *prefix = NULL;
+                char err[512];
+                int code = eng_snap_load(s, j, &prefix, err, sizeof err);
+                if (code) {
+                        free(ids);
+                        prep_fail(j, code, "%s", err);
+                        return false;
+                }
+                int32_t *all = malloc(((size_t) j->snap_n + n) * sizeof *all);
+                if (!all) {
+                        free(ids);
+                        free(prefix);
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
+                        return false;
+                }
+                memcpy(all, prefix, (size_t) j->snap_n * sizeof *all);
+                memcpy(all + j->snap_n, ids, n * sizeof *all);
+                free(prefix);
+                free(ids);
+                ids = all;
+                n += j->snap_n;
+        }
+        j->create = r->snapshot_create != NULL;
+        if (n >= s->ctx_limit) {
+                free(ids);
+                prep_fail(j, SCHED_ERR_TOO_LARGE,
+                         "prompt of %zu tokens leaves no room for output in the context limit of "
+                         "%u tokens", n, s->ctx_limit);
+                return false;
+        }
+        j->n_prompt = (uint32_t) n;
+        j->max_tokens = j->create ? 0 : r->has_max_tokens ? r->max_tokens : s->p.max_tokens_default;
+        if (s->p.max_tokens_limit && j->max_tokens > s->p.max_tokens_limit)
+                j->max_tokens = s->p.max_tokens_limit; /* the admin's ceiling: ends with LENGTH */
+        if (j->max_tokens > s->ctx_limit - j->n_prompt)
+                j->max_tokens = s->ctx_limit - j->n_prompt; /* ends with LENGTH at the limit */
+        j->seq = realloc(ids, ((size_t) j->n_prompt + j->max_tokens) * sizeof *ids);
+        if (!j->seq) {
+                free(ids);
+                prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for %u tokens",
+                         j->n_prompt + j->max_tokens);
+                return false;
+        }
+        j->n_seq = j->n_prompt;
+        if (!j->create) {
+                const struct sched_sampling *q = &r->sampling;
+                struct sampler_params sp;
+                sampler_params_default(&sp);
+                if (q->has_temperature)
+                        sp.temperature = q->temperature;
+                if (q->has_top_k)
+                        sp.top_k = (int32_t) MIN(q->top_k, s->cfg->n_vocab);
+                if (q->has_top_p)
+                        sp.top_p = q->top_p;
+                if (q->has_min_p)
+                        sp.min_p = q->min_p;
+                if (q->has_repetition_penalty)
+                        sp.repetition_penalty = q->repetition_penalty;
+                if (q->has_presence_penalty)
+                        sp.presence_penalty = q->presence_penalty;
+                if (q->has_frequency_penalty)
+                        sp.frequency_penalty = q->frequency_penalty;
+                /* no seed: a different stream per request */
+                sp.seed = q->has_seed ? q->seed
+                                      : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32) ^ 0x9e3779b97f4a7c15ull;
+                if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler) < 0) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
+                        return false;
+                }
+                /* prompt tokens count for the repetition penalty */
+                if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        return false;
+                }
+        }
+        if (s->p.tokenizer && !j->create) {
+                /* the chat generation prompt ends inside <think> unless thinking is off */
+                struct outparse_config oc = {
+                        .thinking = j->thinking,
+                        .thinking_budget = r->has_thinking_budget ? r->thinking_budget : -1,
+                        .stop_strings = (const char *const *) r->stop,
+                        .n_stop_strings = r->n_stop,
+                        .stop_ids = r->stop_ids,
+                        .n_stop_ids = r->n_stop_ids,
+                        .emit = eng_on_outparse,
+                        .userdata = j,
+                };
+                if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0 ||
+                    outparse_new(s->p.tokenizer, &oc, &j->op) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                        return false;
+                }
+        }
+        if (r->constraint != SCHED_CONSTRAINT_NONE && !j->create && !prepare_constraint(s, j))
+                return false;
+        j->s = s;
+        j->prepared = true;
+        return true;
+}
+
+void eng_prep_enqueue(struct sched *s, struct job *j) {
+        j->prep_queued = true;
+        pthread_mutex_lock(&s->lock);
+        j->prep_next = NULL;
+        if (s->prep_tail)
+                s->prep_tail->prep_next = j;
+        else
+                s->prep_head = j;
+        s->prep_tail = j;
+        pthread_cond_signal(&s->prep_wake);
+        pthread_mutex_unlock(&s->lock);
+}
+
+void *eng_prep_main(void *userdata) {
+        struct sched *s = userdata;
+
+        log_set_ident("xing4d");
+        pthread_mutex_lock(&s->lock);
+        for (;;) {
+                while (!s->quit && !s->prep_head)
+                        pthread_cond_wait(&s->prep_wake, &s->lock);
+                if (s->quit)
+                        break;
+                struct job *j = s->prep_head;
+                s->prep_head = j->prep_next;
+                if (!s->prep_head)
+                        s->prep_tail = NULL;
+                pthread_mutex_unlock(&s->lock);
+                if (j->state == JOB_SAVING) {
+                        char err[512];
+                        int code = eng_snap_write_chunk(s, j, err, sizeof err);
+                        if (code)
+                                (void) prep_fail(j, code, "%s", err);
+                        free(j->snap_data);
+                        j->snap_data = NULL;
+                } else
+                        (void) prepare(s, j);
+                pthread_mutex_lock(&s->lock);
+                j->prep_next = s->prepped;
+                s->prepped = j;
+                pthread_cond_signal(&s->wake);
+        }
+        pthread_mutex_unlock(&s->lock);
+        return NULL;
+}
+
