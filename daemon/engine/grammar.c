@@ -491,6 +491,9 @@ static bool all_finite(const struct json_value *v) {
         return true;
 }
 
+/* The largest magnitude an integer of MAX_INT_DIGITS digits can have: 10^15 - 1 (< 2^53). */
+#define INT_DIGITS_BOUND 999999999999999.0
+
 static int32_t compile_inner(struct compiler *c, const struct json_value *s, const char *path) {
         struct grammar *g = c->g;
         char sub[512];
@@ -507,6 +510,20 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                 if (in_list(k, IGNORED, ELEMENTSOF(IGNORED)) || in_list(k, HANDLED, ELEMENTSOF(HANDLED)) ||
                     strncmp(k, "x-", 2) == 0)
                         continue;
+                /* bounds every generated integer meets (at most MAX_INT_DIGITS digits): zod's
+                 * .int() writes the safe-integer range ±(2^53 - 1) on every integer */
+                if (streq(k, "minimum") || streq(k, "maximum")) {
+                        const struct json_value *ty = json_object_get(s, "type");
+                        const struct json_value *b = json_object_value_at(s, i);
+                        bool num = json_type(b) == JSON_INT || json_type(b) == JSON_DOUBLE;
+                        double lim = INT_DIGITS_BOUND, x = num ? json_number(b) : 0;
+                        if (ty && json_type(ty) == JSON_STRING && streq(json_string(ty), "integer") &&
+                            num && (streq(k, "minimum") ? x <= -lim : x >= lim))
+                                continue;
+                        return cerr(c, path, "keyword '%s' is supported only on an integer and only as "
+                                    "loose as %s%.0f (which every generated integer meets); a tighter "
+                                    "bound is not enforced", k, streq(k, "minimum") ? "-" : "", lim);
+                }
                 return cerr(c, path, "keyword '%s' is not supported (supported: type, properties, "
                             "required, additionalProperties, items, minItems, maxItems, enum, const, "
                             "anyOf, $ref, $defs)", k);
@@ -1057,7 +1074,7 @@ enum {
         A_OPEN = 1, A_VAL, A_AFTER, A_COMMA,
 };
 
-#define MAX_INT_DIGITS 16
+#define MAX_INT_DIGITS 15 /* also INT_DIGITS_BOUND */
 #define MAX_FRAC_DIGITS 16
 #define MAX_EXP_DIGITS 3
 

@@ -153,8 +153,18 @@ static void rejected(const struct grammar *g, const char *text) {
 
 static void test_compile_errors(void **state) {
         refused("{\"type\": \"string\", \"minLength\": 3}", "keyword 'minLength' is not supported");
+        /* a bound the generator does not enforce is refused; zod's .int() safe-integer range,
+         * which every generated integer (at most 15 digits) meets, is taken */
         refused("{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"minimum\":0}}}",
-                "properties.age: keyword 'minimum' is not supported");
+                "properties.age: keyword 'minimum' is supported only on an integer and only as loose as");
+        refused("{\"type\":\"number\",\"maximum\":9007199254740991}", "keyword 'maximum' is supported only");
+        {
+                struct grammar *g = schema("{\"type\":\"integer\",\"minimum\":-9007199254740991,"
+                                           "\"maximum\":9007199254740991}");
+                ok_complete(g, "-999999999999999");
+                rejected(g, "9999999999999999"); /* a 16th digit could leave the range */
+                grammar_free(g);
+        }
         refused("{\"oneOf\": [{\"type\":\"string\"}]}", "keyword 'oneOf'");
         refused("{\"type\": \"strin\"}", "type 'strin' is not one of");
         refused("{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}",
