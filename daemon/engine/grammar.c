@@ -782,6 +782,66 @@ static void compute_min_len(struct grammar *g) {
                         g->max_min_len = MAX(g->max_min_len, g->nodes[i].min_len);
 }
 
+/* Every anyOf becomes the set of distinct values it can start as: nested anyOfs and the $refs
+ * between them are expanded once here, an alternative that leads back to an anyOf already being
+ * expanded adds nothing (its values are the ones the other alternatives give). The matcher then
+ * forks once per alternative at a value's first byte, never through a chain of anyOfs
+ * ({"anyOf":[{"$ref":"#"},{"$ref":"#"},…]} forked 3^16 ways before this). */
+static int flatten_anyof(struct grammar *g, char *err, size_t err_size) {
+        uint32_t n0 = g->n_nodes, total = 0;
+        _cleanup_free_ uint32_t *mark = calloc(n0, sizeof *mark);
+        _cleanup_free_ uint32_t *stack = malloc((size_t) n0 * sizeof *stack);
+        _cleanup_free_ uint32_t *leaf = malloc(GRAMMAR_MAX_ALTERNATIVES * sizeof *leaf);
+        if (!mark || !stack || !leaf)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < n0; i++) {
+                if (g->nodes[i].kind != GK_ANYOF)
+                        continue;
+                uint32_t sp = 0, nl = 0, stamp = i + 1;
+                mark[i] = stamp;
+                stack[sp++] = i;
+                while (sp) {
+                        const struct gnode *u = &g->nodes[stack[--sp]];
+                        /* pushed last first, so the alternatives keep their written order */
+                        for (uint32_t k = u->n; k-- > 0;) {
+                                uint32_t v = resolve(g, (int32_t) g->list[u->a + k]);
+                                if (mark[v] == stamp)
+                                        continue;
+                                mark[v] = stamp;
+                                if (g->nodes[v].kind == GK_ANYOF) {
+                                        stack[sp++] = v;
+                                        continue;
+                                }
+                                if (nl == GRAMMAR_MAX_ALTERNATIVES) {
+                                        snprintf(err, err_size, "anyOf: with its nested anyOf, type "
+                                                 "lists and $refs expanded it has more than %d "
+                                                 "alternatives, the most supported",
+                                                 GRAMMAR_MAX_ALTERNATIVES);
+                                        return -EINVAL;
+                                }
+                                leaf[nl++] = v;
+                        }
+                }
+                if (nl == 0) {
+                        snprintf(err, err_size, "anyOf: every alternative refers back to the anyOf "
+                                 "itself, so no value satisfies it");
+                        return -EINVAL;
+                }
+                total += nl;
+                if (total > 64u * GRAMMAR_MAX_ALTERNATIVES) {
+                        snprintf(err, err_size, "anyOf: the schema's anyOfs expand to more than %d "
+                                 "alternatives in all, the most supported", 64 * GRAMMAR_MAX_ALTERNATIVES);
+                        return -EINVAL;
+                }
+                g->nodes[i].a = g->n_list;
+                g->nodes[i].n = nl;
+                for (uint32_t k = 0; k < nl; k++)
+                        if (list_push(g, leaf[k]) < 0)
+                                return -ENOMEM;
+        }
+        return 0;
+}
+
 static int finish_grammar(struct grammar *g, char *err, size_t err_size) {
         for (uint32_t i = 0; i < g->n_nodes; i++)
                 if (g->nodes[i].kind == GK_REF) {
@@ -793,6 +853,9 @@ static int finish_grammar(struct grammar *g, char *err, size_t err_size) {
                                 return -EINVAL;
                         }
                 }
+        int r = flatten_anyof(g, err, err_size);
+        if (r < 0)
+                return r;
         compute_min_len(g);
         if (g->nodes[g->root].min_len >= INF_LEN) {
                 snprintf(err, err_size, "no finite JSON value satisfies this schema (a required "

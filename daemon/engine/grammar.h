@@ -34,7 +34,9 @@
  *   - whitespace between tokens of the JSON text: at most GRAMMAR_MAX_WS bytes in a row, none
  *     after the value is complete;
  *   - nesting at most GRAMMAR_MAX_DEPTH; anyOf alternatives are followed in parallel, at most
- *     GRAMMAR_MAX_THREADS at once (further ones are dropped, never wrongly allowed).
+ *     GRAMMAR_MAX_THREADS at once (further ones are dropped, never wrongly allowed); an anyOf
+ *     expands to at most GRAMMAR_MAX_ALTERNATIVES values with nested anyOfs and $refs followed
+ *     (an alternative that refers back to the anyOf adds nothing).
  *
  * Forced tool call: `<tool_call>{"name": NAME, "arguments": ARGS}</tool_call>` then the end of
  * the turn, with `<tool_call>` / `</tool_call>` as the model's special tokens, NAME one of the
@@ -60,6 +62,8 @@ struct json_value;
 #define GRAMMAR_MAX_THREADS 8
 #define GRAMMAR_MAX_WS 24
 #define GRAMMAR_MAX_PROPERTIES 64
+/* an anyOf with its nested anyOfs, type lists and $refs expanded */
+#define GRAMMAR_MAX_ALTERNATIVES 1024
 
 struct grammar;
 struct grammar_vocab;
