@@ -133,7 +133,7 @@ struct x4_backend {
         uint64_t ws_bytes;
         uint32_t *hc_ticket;
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
-                *part;
+                *part, *sc;
         int32_t *sel, *groups;
 
         uint32_t *meta_d, *meta_h;
@@ -708,6 +708,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->hn, float, T * H);
         WS(b->logits, float, T * c->n_vocab);
         WS(b->part, float, (uint64_t) b->part_slots * nh * (KV + 2));
+        WS(b->sc, float, (uint64_t) b->part_slots * nh * CU_ATTN_PART);
 #undef WS
         return off;
 }
@@ -1256,7 +1257,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 /* attention over the cache, in token groups that fit the part workspace */
                 for (uint32_t i = 0; i < n_att; i++)
                         cu_attention(&attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], &cache, l,
-                                     b->part, b->lat, s);
+                                     b->sc, b->part, b->lat, s);
                 prof_mark(b, PC_ATTENTION);
                 /* o[h] = Vb[h] · ô[h]; out = W_o · o */
                 struct cu_mv vb = {

@@ -151,7 +151,8 @@ void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, uint32_t R,
 /* docs/model.md §4 absorbed attention for tokens [t0, t0+n): per head the query row qc[t][h] holds
  * D = KV + R values, [q_c ; RoPE(q_pe)] (cu_q_rope writes the second half from q, rows of
  * n_head × (nope + R)); softmax(scale·query·cache) over positions 0..p, out[t][h] = Σ P·c (KV
- * values). part holds n × max_parts × n_head × (KV+2) floats. */
+ * values). part holds n × max_parts × n_head × (KV+2) floats, sc n × max_parts × n_head ×
+ * CU_ATTN_PART (the split path's scores). */
 struct cu_attn {
         float *qc;
         const float *q;
@@ -162,7 +163,7 @@ struct cu_attn {
 };
 void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos, cudaStream_t s);
 void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
-                  const struct cu_cache *c, uint32_t layer, float *part, float *out,
+                  const struct cu_cache *c, uint32_t layer, float *sc, float *part, float *out,
                   cudaStream_t s);
 
 /* docs/model.md §5 router: per token, z = W_r·f (fp32), scores, top-k of score + bias, weights. Writes

@@ -365,6 +365,9 @@ static_assert(ATT_KC == 32 && CU_ATTN_PART == 4 * ATT_SUB,
               "k_attn_dec assumes 32-value chunks and four 32-position sub-parts per part");
 
 #define ATT_DEC_THREADS 512
+/* (token, part) blocks below which the split path runs (its kernels spread a few parts over many
+ * blocks; k_attn_part shares each staged chunk among all heads for many) */
+#define ATT_SPLIT_BELOW 256
 #define ATT_DEC_PAD 1 /* sP: a free slot after each sub-part, so the four sub-part lanes of phase
                        * C read different banks */
 #define ATT_DEC_STRIDE (CU_ATTN_PART + CU_ATTN_PART / ATT_SUB * ATT_DEC_PAD)
@@ -493,6 +496,276 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
         }
 }
 
+/* The split decode path: two kernels in place of one k_attn_dec block per (part, head group),
+ * computing every value in the canonical order above.
+ *
+ * k_attn_scores: a block per (token, 32-position tile, AS_HG heads) stages the tile's cache rows
+ * once (coalesced, f32 in shared memory) and computes s_j for its heads: warp w computes chunk
+ * w's sums P_w (its lanes hold the head's query chunk in registers and read the cache row as a
+ * broadcast), then each (position, head) adds the chunk sums in chunk order. Scores go to `sc`,
+ * CU_ATTN_PART floats per (token, part, head).
+ * k_attn_pv: a block per (token, part, AC_KS values of the latent, 32 heads) reads the part's
+ * scores, forms m, p and l as attn_softmax does (same lane order), stages its AC_KS cache columns
+ * and computes the sub-part sums Q_g (a thread per (value, sub-part), 32 heads in registers),
+ * then o = 0 + Q_0 + Q_1 + ... .
+ * The old kernels re-read each part from L2 once per head group (16 times at batch 1); here the
+ * scores read it twice (two head groups) and the P·c step once, in wide loads. */
+#define AS_HG 16
+#define AS_TILE ATT_SUB
+#define AC_KS 64
+#define AC_HG 32
+#define AC_PSTRIDE (AC_HG + 4) /* p rows [position][head], 16-byte aligned */
+static_assert(AS_TILE == 32 && CU_ATTN_PART % AS_TILE == 0 && 32 % AS_HG == 0,
+              "k_attn_scores assumes 32-position tiles and two head sub-groups per warp");
+
+/* 4 consecutive cache values as fp32, any alignment of 4 elements */
+template <typename CT>
+static __device__ __forceinline__ float4 cu_ld4v(const CT *p) {
+        float v[4];
+        cu_ld4<CT>(p, v);
+        return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+template <typename CT>
+__global__ void __launch_bounds__(768)
+        k_attn_scores(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
+                      uint32_t layer, float *sc) {
+        extern __shared__ __align__(16) float as_smem[];
+        __shared__ uint64_t roff[AS_TILE];
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        /* rows padded with zeros to whole chunks: a zero product leaves a chain's sum as it was
+         * (only the sign of a zero P_c can change, which 0 + P_0 + ... never shows) */
+        uint32_t D = c.D, n_head = a.n_head, nch = (D + ATT_KC - 1) / ATT_KC;
+        uint32_t stride = nch * ATT_KC + 4, nq = nch * ATT_KC / 4;
+        uint32_t h0 = blockIdx.x * AS_HG, ti = blockIdx.y, tl = blockIdx.z, t = t0 + tl;
+        uint32_t pos_q = c.tok_pos[t], start = ti * AS_TILE;
+        if (start > pos_q)
+                return;
+        uint32_t n = min(pos_q + 1 - start, (uint32_t) AS_TILE);
+        uint32_t tid = threadIdx.x, cc = tid / 32, lane = tid % 32;
+        uint32_t hh = lane % AS_HG, jp = lane / AS_HG;
+        const CT *cache = (const CT *) c.base;
+        if (tid < n)
+                roff[tid] = cu_cache_row(c, layer, t, start + tid);
+
+        /* this lane's query chunk: head h0 + hh, values [32 cc, 32 cc + 32) */
+        float q[ATT_KC];
+        {
+                bool hv = h0 + hh < n_head;
+                const float4 *qp = (const float4 *) (a.qc + ((uint64_t) t * n_head + h0 + (hv ? hh : 0)) * D +
+                                                     cc * ATT_KC);
+#pragma unroll
+                for (int i = 0; i < ATT_KC / 4; i++) {
+                        float4 v = hv && cc * ATT_KC + 4 * i < D ? qp[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        q[4 * i] = v.x, q[4 * i + 1] = v.y, q[4 * i + 2] = v.z, q[4 * i + 3] = v.w;
+                }
+        }
+        __syncthreads();
+        float *sC = as_smem;
+#pragma unroll 4
+        for (uint32_t e = tid; e < n * nq; e += blockDim.x) {
+                uint32_t j = e / nq, k4 = e % nq;
+                *(float4 *) &sC[j * stride + 4 * k4] = 4 * k4 < D ? cu_ld4v<CT>(cache + roff[j] + 4 * k4)
+                                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        __syncthreads();
+
+        /* P_cc of positions jp, jp + 2, ... for head hh: one fmaf chain from 0 */
+        float pc[AS_TILE / 2];
+#pragma unroll
+        for (int u = 0; u < AS_TILE / 2; u++) {
+                uint32_t j = jp + 2 * u;
+                float acc = 0.0f;
+                if (j < n) {
+                        const float *cr = sC + j * stride + cc * ATT_KC;
+#pragma unroll
+                        for (int i = 0; i < ATT_KC; i += 4) {
+                                float4 v = *(const float4 *) &cr[i];
+                                acc = fmaf(q[i], v.x, acc);
+                                acc = fmaf(q[i + 1], v.y, acc);
+                                acc = fmaf(q[i + 2], v.z, acc);
+                                acc = fmaf(q[i + 3], v.w, acc);
+                        }
+                }
+                pc[u] = acc;
+        }
+        __syncthreads(); /* the tile is consumed: its space holds the chunk sums */
+        float *sS = as_smem; /* [chunk][position][head] */
+#pragma unroll
+        for (int u = 0; u < AS_TILE / 2; u++)
+                sS[(cc * AS_TILE + jp + 2 * u) * AS_HG + hh] = pc[u];
+        __syncthreads();
+        uint32_t pi = ti / (CU_ATTN_PART / AS_TILE), g = ti % (CU_ATTN_PART / AS_TILE);
+        for (uint32_t e = tid; e < n * AS_HG; e += blockDim.x) {
+                uint32_t j = e / AS_HG, x = e % AS_HG;
+                float acc = 0.0f;
+                for (uint32_t k = 0; k < nch; k++)
+                        acc += sS[(k * AS_TILE + j) * AS_HG + x];
+                if (h0 + x < n_head)
+                        sc[(((uint64_t) tl * max_parts + pi) * n_head + h0 + x) * CU_ATTN_PART +
+                           g * AS_TILE + j] = a.scale * acc;
+        }
+}
+
+template <typename CT>
+__global__ void __launch_bounds__(256)
+        k_attn_pv(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
+                  uint32_t layer, const float *sc, float *part) {
+        extern __shared__ __align__(16) float pv_smem[];
+        float *sPT = pv_smem;                              /* p, [position][head] */
+        float *sCk = pv_smem + CU_ATTN_PART * AC_PSTRIDE; /* cache columns, then Q */
+        __shared__ uint64_t roff[CU_ATTN_PART];
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t KV = a.KV, n_head = a.n_head, nhg = (n_head + AC_HG - 1) / AC_HG;
+        uint32_t ks = blockIdx.x, pi = blockIdx.y, tl = blockIdx.z / nhg;
+        uint32_t h0 = (blockIdx.z % nhg) * AC_HG, t = t0 + tl;
+        uint32_t pos_q = c.tok_pos[t];
+        if (pi > pos_q / CU_ATTN_PART)
+                return;
+        uint32_t start = pi * CU_ATTN_PART;
+        uint32_t n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+        const CT *cache = (const CT *) c.base;
+        uint32_t nh = min((uint32_t) AC_HG, n_head - h0);
+        const float *srow = sc + (((uint64_t) tl * max_parts + pi) * n_head + h0) * CU_ATTN_PART;
+        float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
+
+        if (tid < n)
+                roff[tid] = cu_cache_row(c, layer, t, start + tid);
+        for (uint32_t e = tid; e < AC_HG * n; e += blockDim.x) {
+                uint32_t x = e / n, j = e % n;
+                sPT[j * AC_PSTRIDE + x] = x < nh ? srow[(uint64_t) x * CU_ATTN_PART + j] : 0.0f;
+        }
+        __syncthreads();
+        constexpr uint32_t NQ = AC_KS / 4;
+#pragma unroll 4
+        for (uint32_t e = tid; e < n * NQ; e += blockDim.x) {
+                uint32_t j = e / NQ, k4 = e % NQ;
+                *(float4 *) &sCk[j * AC_KS + 4 * k4] =
+                        cu_ld4v<CT>(cache + roff[j] + ks * AC_KS + 4 * k4);
+        }
+        /* m, p and l per head, a warp each, in attn_softmax's order */
+        for (uint32_t x = warp; x < nh; x += blockDim.x / 32) {
+                float m = -INFINITY;
+                for (uint32_t j = lane; j < n; j += 32)
+                        m = fmaxf(m, sPT[j * AC_PSTRIDE + x]);
+                m = cu_warp_max(m);
+                float l = 0.0f;
+                for (uint32_t j = lane; j < n; j += 32) {
+                        float p = expf(sPT[j * AC_PSTRIDE + x] - m);
+                        sPT[j * AC_PSTRIDE + x] = p;
+                        l += p;
+                }
+                l = cu_warp_sum(l);
+                if (lane == 0 && ks == 0) {
+                        out0[(uint64_t) (h0 + x) * (KV + 2) + KV] = m;
+                        out0[(uint64_t) (h0 + x) * (KV + 2) + KV + 1] = l;
+                }
+        }
+        __syncthreads();
+
+        /* Q_g for value k = tid % AC_KS, sub-part g = tid / AC_KS, all heads */
+        static_assert(AC_KS * (CU_ATTN_PART / ATT_SUB) == 256, "k_attn_pv: a thread per (value, sub-part)");
+        uint32_t k = tid % AC_KS, g = tid / AC_KS;
+        float acc[AC_HG];
+#pragma unroll
+        for (int x = 0; x < AC_HG; x++)
+                acc[x] = 0.0f;
+        uint32_t j0 = g * ATT_SUB, je = min(j0 + ATT_SUB, n);
+#pragma unroll 2
+        for (uint32_t j = j0; j < je; j++) {
+                float cv = sCk[j * AC_KS + k];
+                const float4 *pr = (const float4 *) &sPT[j * AC_PSTRIDE];
+#pragma unroll
+                for (int x4 = 0; x4 < AC_HG / 4; x4++) {
+                        float4 p = pr[x4];
+                        acc[4 * x4] = fmaf(p.x, cv, acc[4 * x4]);
+                        acc[4 * x4 + 1] = fmaf(p.y, cv, acc[4 * x4 + 1]);
+                        acc[4 * x4 + 2] = fmaf(p.z, cv, acc[4 * x4 + 2]);
+                        acc[4 * x4 + 3] = fmaf(p.w, cv, acc[4 * x4 + 3]);
+                }
+        }
+        __syncthreads(); /* the columns are consumed: their space holds Q[g][head][value] */
+#pragma unroll
+        for (int x = 0; x < AC_HG; x++)
+                sCk[(g * AC_HG + x) * AC_KS + k] = acc[x];
+        __syncthreads();
+        uint32_t ng = (n + ATT_SUB - 1) / ATT_SUB;
+        for (uint32_t e = tid; e < nh * AC_KS; e += blockDim.x) {
+                uint32_t x = e / AC_KS, kk = e % AC_KS;
+                float o = 0.0f;
+                for (uint32_t gg = 0; gg < ng; gg++)
+                        o += sCk[(gg * AC_HG + x) * AC_KS + kk];
+                out0[(uint64_t) (h0 + x) * (KV + 2) + ks * AC_KS + kk] = o;
+        }
+}
+
+/* Shared memory k_attn_scores needs for a row of D values (the tile, or the chunk sums). */
+static size_t attn_scores_smem(uint32_t D) {
+        size_t nch = (D + ATT_KC - 1) / ATT_KC;
+        size_t tile = (size_t) AS_TILE * (nch * ATT_KC + 4), sums = nch * AS_TILE * AS_HG;
+        return (tile > sums ? tile : sums) * sizeof(float);
+}
+
+#define AC_SMEM ((size_t) CU_ATTN_PART * (AC_PSTRIDE + AC_KS) * sizeof(float))
+
+/* Whether the split path runs for these shapes on this device (1), or not (0). */
+static bool attn_split_ok(const struct cu_attn *a, const struct cu_cache *c) {
+        static int smem_max = -1;
+        if (smem_max < 0) {
+                int dev = 0, v = 0;
+                if (cudaGetDevice(&dev) != cudaSuccess ||
+                    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+                        v = 0;
+                smem_max = v;
+        }
+        uint32_t D = c->D;
+        if (D % 4 || D == 0 || D > 24 * ATT_KC || a->KV % AC_KS || D != a->KV + a->R)
+                return false;
+        size_t need = attn_scores_smem(D);
+        if (need > (size_t) smem_max || AC_SMEM > (size_t) smem_max)
+                return false;
+        static bool pv_set;
+        if (!pv_set) {
+                if (cudaFuncSetAttribute(k_attn_pv<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess ||
+                    cudaFuncSetAttribute(k_attn_pv<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess)
+                        return false;
+                pv_set = true;
+        }
+        static size_t set_f32, set_f16;
+        size_t *set = c->f16 ? &set_f16 : &set_f32;
+        if (need > 48 * 1024 && *set < need) {
+                cudaError_t e = c->f16 ? cudaFuncSetAttribute(k_attn_scores<__half>,
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
+                                       : cudaFuncSetAttribute(k_attn_scores<float>,
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need);
+                if (e != cudaSuccess)
+                        return false;
+                *set = need;
+        }
+        return true;
+}
+
+static void attn_launch_split(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                              const struct cu_cache *c, uint32_t layer, float *sc, float *part,
+                              cudaStream_t s) {
+        uint32_t D = c->D;
+        dim3 g1((a->n_head + AS_HG - 1) / AS_HG, max_parts * (CU_ATTN_PART / AS_TILE), n);
+        dim3 g2(a->KV / AC_KS, max_parts, n * ((a->n_head + AC_HG - 1) / AC_HG));
+        size_t sm = attn_scores_smem(D);
+        uint32_t nt = (D + ATT_KC - 1) / ATT_KC * 32; /* a warp per chunk */
+        cu_launches += 2;
+        if (c->f16) {
+                cu_launch(k_attn_scores<__half>, g1, nt, sm, s, *a, t0, max_parts, *c, layer, sc);
+                cu_launch(k_attn_pv<__half>, g2, 256, AC_SMEM, s, *a, t0, max_parts, *c, layer, (const float *) sc, part);
+        } else {
+                cu_launch(k_attn_scores<float>, g1, nt, sm, s, *a, t0, max_parts, *c, layer, sc);
+                cu_launch(k_attn_pv<float>, g2, 256, AC_SMEM, s, *a, t0, max_parts, *c, layer, (const float *) sc, part);
+        }
+}
+
 /* Fold the parts of each (token, head) in part order. */
 __global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t n_head,
                                uint32_t KV, const uint32_t *tok_pos, float *out) {
@@ -543,20 +816,25 @@ static void attn_launch_dec(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
 
 extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                              uint32_t max_parts, const struct cu_cache *c, uint32_t layer,
-                             float *part, float *out, cudaStream_t s) {
+                             float *sc, float *part, float *out, cudaStream_t s) {
         if (n == 0)
                 return;
         /* the kernel and head-group size follow the batch shape; the arithmetic is the same for
          * every choice (see above): many (token, part) blocks → all heads share each staged
          * cache chunk; few → a warp per position and small head groups to fill the card */
         uint64_t blocks = (uint64_t) n * max_parts;
-        /* X4_CUDA_ATTN=part|dec4|dec2 forces one kernel (measurements; the bits are the same) */
+        /* X4_CUDA_ATTN=part|dec4|dec2|split forces one kernel, old the choice before the split
+         * path (measurements; the bits are the same) */
         static int force = -1;
         if (force < 0) {
                 const char *f = getenv("X4_CUDA_ATTN");
-                force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3 : 0;
+                force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3
+                        : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : 0;
         }
-        if (force == 1 || (c->D > 32 * ATT_KC))
+        bool split = force != 5 && attn_split_ok(a, c);
+        if (split && (force == 4 || (force == 0 && blocks < ATT_SPLIT_BELOW)))
+                attn_launch_split(a, t0, n, max_parts, c, layer, sc, part, s);
+        else if (force == 1 || (c->D > 32 * ATT_KC))
                 attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
         else if (force == 2)
                 attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);

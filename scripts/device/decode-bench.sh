@@ -109,4 +109,18 @@ if has ncuattn; then
                 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
                 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -60 >"$out/ncu-hc.txt"
 fi
+if has old; then
+        say "decode bench with the attention choice before the split path (X4_CUDA_ATTN=old)"
+        X4_CUDA_ATTN=old "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 \
+                --json 2>&1 | tee "$out/bench-old.jsonl" | grep '"decode"'
+fi
+if has prefill; then
+        for k in default split; do
+                say "prefill bench, attention $k"
+                X4_CUDA_ATTN=$([ $k = default ] && echo "" || echo $k) "$build/tools/x4-bench" --model "$model" \
+                        --device cuda --prefill 512,4096 --decode-ctx none --repeats 2 --json 2>&1 |
+                        tee "$out/prefill-$k.jsonl" | grep '"prefill"'
+        done
+fi
 say done

@@ -104,6 +104,22 @@ fi
 if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out "$tmp/demo.gguf"; then
         step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
+        step "chunk invariance, demo model" "$check" chunks "$tmp/demo.gguf"
+        # every attention kernel computes in the one canonical order (kernels/cuda/mla.cu): the
+        # same logits, bit for bit, whichever runs (a 700-token prompt: six parts of the cache)
+        attn_same() {
+                local k prompt
+                prompt=$(awk 'BEGIN { s = 7; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for k in split dec2 dec4 part; do
+                        X4_CUDA_ATTN=$k "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --decode 9,99,999 --device cuda --out "$tmp/attn-$k.bin" || return 1
+                done
+                for k in dec2 dec4 part; do
+                        cmp "$tmp/attn-split.bin" "$tmp/attn-$k.bin" || { echo "attention $k differs from split"; return 1; }
+                done
+                echo "attention kernels split, dec2, dec4, part: identical logits ($(stat -c %s "$tmp/attn-split.bin") bytes)"
+        }
+        step "attention kernels agree bit for bit, demo model" attn_same
 fi
 if [ -n "${X4_GPU_FULL_MODEL:-}" ]; then
         step "cuda vs cpu, $X4_GPU_FULL_MODEL, 512 + 64 greedy" "$check" parity "$X4_GPU_FULL_MODEL" 512 64
