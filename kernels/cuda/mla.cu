@@ -365,9 +365,11 @@ static_assert(ATT_KC == 32 && CU_ATTN_PART == 4 * ATT_SUB,
               "k_attn_dec assumes 32-value chunks and four 32-position sub-parts per part");
 
 #define ATT_DEC_THREADS 512
-/* (token, part) blocks below which the split path runs (its kernels spread a few parts over many
- * blocks; k_attn_part shares each staged chunk among all heads for many) */
-#define ATT_SPLIT_BELOW 256
+/* (token, part) blocks below which the split path runs by default (its kernels spread a few parts
+ * over many blocks; k_attn_part shares each staged chunk among all heads for many). 0 until the
+ * split path has run on a GPU: written in a session without device time, it is reached only with
+ * X4_CUDA_ATTN=split (and by tests/gpu/run.sh's cross-kernel check). */
+#define ATT_SPLIT_BELOW 0u
 #define ATT_DEC_PAD 1 /* sP: a free slot after each sub-part, so the four sub-part lanes of phase
                        * C read different banks */
 #define ATT_DEC_STRIDE (CU_ATTN_PART + CU_ATTN_PART / ATT_SUB * ATT_DEC_PAD)
@@ -832,7 +834,7 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                         : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : 0;
         }
         bool split = force != 5 && attn_split_ok(a, c);
-        if (split && (force == 4 || (force == 0 && blocks < ATT_SPLIT_BELOW)))
+        if (split && (force == 4 || (force == 0 && blocks + 1 <= (uint64_t) ATT_SPLIT_BELOW)))
                 attn_launch_split(a, t0, n, max_parts, c, layer, sc, part, s);
         else if (force == 1 || (c->D > 32 * ATT_KC))
                 attn_launch<32, 4>(a, t0, n, max_parts, c, layer, part, s);
