@@ -1,20 +1,23 @@
 // SPDX-License-Identifier: MIT
-// A coding agent as a black box: Claude Code 2.0.x (`claude -p`, the last series that runs on
-// Node 20) pointed at the bridge with ANTHROPIC_BASE_URL finishes a turn without a protocol
-// error. It runs against the bridge over the scripted daemon, which answers its first request
+// Coding agents as black boxes: Claude Code 2.0.x (`claude -p`, the last series that runs on
+// Node 20) pointed at the bridge with ANTHROPIC_BASE_URL, and Codex (`codex exec` with a custom
+// provider, wire_api "responses"), each finish a turn without a protocol error. It runs against the bridge over the scripted daemon, which answers its first request
 // (Claude Code always sends its tools) with a tool call and the tool's result with a text
-// answer, so the agent's whole loop runs: its ~30k-token system prompt would take the demo model
-// minutes to prefill on a CPU.
+// answer, so the agent's whole loop runs. On the random-weight demo model neither agent can end a
+// turn: the model never says end_turn, so Claude Code reports its output budget exceeded (tried
+// by hand: its 32,167-token prompt was accepted, prefilled and answered through the bridge) and
+// Codex, which sends no output limit, would decode until the context is full.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createRequire } from 'node:module';
 
 const require = createRequire(import.meta.url);
 const cli = join(require.resolve('@anthropic-ai/claude-code/package.json'), '..', 'cli.js');
+const codex = join(require.resolve('@openai/codex/package.json'), '..', 'bin', 'codex.js');
 const sent = () => (existsSync(process.env.X4_FAKE_RECORD)
   ? readFileSync(process.env.X4_FAKE_RECORD, 'utf8').trim().split('\n').map(JSON.parse) : []);
 
@@ -46,6 +49,48 @@ test('Claude Code finishes a turn, tool call included', async () => {
     assert.ok(r.num_turns >= 2, out);
     // its tool result came back as a tool message naming the call
     const reqs = sent().slice(before);
+    assert.ok(reqs.some((q) => q.messages.some((m) => m.role === 'tool' && m.name === 'get_weather')));
+  } finally {
+    rmSync(home, { recursive: true, force: true });
+  }
+});
+
+// Run a CLI with its stdin closed; resolves with stdout when it exits 0.
+const runCli = (args, env, cwd) => new Promise((resolve, reject) => {
+  const p = spawn(process.execPath, args, { env, cwd, stdio: ['ignore', 'pipe', 'pipe'], timeout: 120000 });
+  let stdout = '';
+  let stderr = '';
+  p.stdout.on('data', (d) => { stdout += d; });
+  p.stderr.on('data', (d) => { stderr += d; });
+  p.on('error', reject);
+  p.on('close', (code) => (code === 0 ? resolve({ stdout, stderr })
+    : reject(new Error(`exit ${code}\n${stderr}\n${stdout}`))));
+});
+
+test('Codex finishes a turn over /v1/responses, tool call included', async () => {
+  const home = mkdtempSync(join(tmpdir(), 'x4-codex-'));
+  const before = sent().length;
+  try {
+    // a custom provider speaking the Responses API to the bridge
+    writeFileSync(join(home, 'config.toml'), [
+      'model = "xing4"',
+      'model_provider = "xing4d"',
+      '[model_providers.xing4d]',
+      'name = "xing4d"',
+      `base_url = "${process.env.X4_FAKE_BASE_URL}"`,
+      'wire_api = "responses"',
+      '',
+    ].join('\n'));
+    const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: home };
+    const { stdout, stderr } = await runCli(
+      [codex, 'exec', '--skip-git-repo-check', 'What is the weather in Paris?'], env, home);
+    assert.equal(stdout.trim(), 'It is sunny in Paris.', stderr);
+    // the scripted get_weather call is not one of Codex's tools: it answered the call with an
+    // error output, which came back to the daemon as a tool message naming the call
+    const reqs = sent().slice(before);
+    assert.ok(reqs.length >= 2, JSON.stringify(reqs));
+    assert.ok(reqs[0].tools.some((t) => (t.function || t).name === 'shell' || (t.function || t).name === 'exec_command'
+      || (t.function || t).name === 'apply_patch'), JSON.stringify(reqs[0].tools.map((t) => (t.function || t).name)));
     assert.ok(reqs.some((q) => q.messages.some((m) => m.role === 'tool' && m.name === 'get_weather')));
   } finally {
     rmSync(home, { recursive: true, force: true });
