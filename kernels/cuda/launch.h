@@ -162,6 +162,9 @@ struct cu_attn {
         bool interleave;
 };
 void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos, cudaStream_t s);
+/* Once per backend, before any forward: prepares the split attention path for rows of KV + R
+ * values; false when this device or shape cannot run it (the other kernels serve). */
+bool cu_attention_setup(uint32_t KV, uint32_t R);
 void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
                   const struct cu_cache *c, uint32_t layer, float *sc, float *part, float *out,
                   cudaStream_t s);

@@ -713,41 +713,37 @@ static size_t attn_scores_smem(uint32_t D) {
 
 #define AC_SMEM ((size_t) CU_ATTN_PART * (AC_PSTRIDE + AC_KS) * sizeof(float))
 
-/* Whether the split path runs for these shapes on this device (1), or not (0). */
-static bool attn_split_ok(const struct cu_attn *a, const struct cu_cache *c) {
-        static int smem_max = -1;
-        if (smem_max < 0) {
-                int dev = 0, v = 0;
-                if (cudaGetDevice(&dev) != cudaSuccess ||
-                    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-                        v = 0;
-                smem_max = v;
-        }
-        uint32_t D = c->D;
-        if (D % 4 || D == 0 || D > 24 * ATT_KC || a->KV % AC_KS || D != a->KV + a->R)
+/* Whether the split path can run (set once by cu_attention_setup, before any graph capture:
+ * cudaFuncSetAttribute is not a stream operation and has no place inside one). */
+static bool attn_split_ready;
+static uint32_t attn_split_D;
+
+extern "C" bool cu_attention_setup(uint32_t KV, uint32_t R) {
+        uint32_t D = KV + R;
+        int dev = 0, smem_max = 0;
+        attn_split_ready = false;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+                return false;
+        if (D % 4 || D == 0 || D > 24 * ATT_KC || KV % AC_KS)
                 return false;
         size_t need = attn_scores_smem(D);
         if (need > (size_t) smem_max || AC_SMEM > (size_t) smem_max)
                 return false;
-        static bool pv_set;
-        if (!pv_set) {
-                if (cudaFuncSetAttribute(k_attn_pv<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess ||
-                    cudaFuncSetAttribute(k_attn_pv<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess)
-                        return false;
-                pv_set = true;
+        if (cudaFuncSetAttribute(k_attn_pv<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(k_attn_pv<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(k_attn_scores<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need) != cudaSuccess ||
+            cudaFuncSetAttribute(k_attn_scores<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need) != cudaSuccess) {
+                cudaGetLastError(); /* not sticky: the other kernels serve */
+                return false;
         }
-        static size_t set_f32, set_f16;
-        size_t *set = c->f16 ? &set_f16 : &set_f32;
-        if (need > 48 * 1024 && *set < need) {
-                cudaError_t e = c->f16 ? cudaFuncSetAttribute(k_attn_scores<__half>,
-                                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
-                                       : cudaFuncSetAttribute(k_attn_scores<float>,
-                                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need);
-                if (e != cudaSuccess)
-                        return false;
-                *set = need;
-        }
+        attn_split_D = D;
+        attn_split_ready = true;
         return true;
+}
+
+static bool attn_split_ok(const struct cu_attn *a, const struct cu_cache *c) {
+        return attn_split_ready && c->D == attn_split_D && a->KV + a->R == c->D;
 }
 
 static void attn_launch_split(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
