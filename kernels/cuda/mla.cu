@@ -718,13 +718,17 @@ static size_t attn_scores_smem(uint32_t D) {
 static bool attn_split_ready;
 static uint32_t attn_split_D;
 
+static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major);
+
 extern "C" bool cu_attention_setup(uint32_t KV, uint32_t R) {
         uint32_t D = KV + R;
-        int dev = 0, smem_max = 0;
+        int dev = 0, smem_max = 0, major = 0;
         attn_split_ready = false;
         if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
                 return false;
+        attn_tc_setup(KV, R, smem_max, major);
         if (D % 4 || D == 0 || D > 24 * ATT_KC || KV % AC_KS)
                 return false;
         size_t need = attn_scores_smem(D);
@@ -762,6 +766,259 @@ static void attn_launch_split(const struct cu_attn *a, uint32_t t0, uint32_t n, 
                 cu_launch(k_attn_scores<float>, g1, nt, sm, s, *a, t0, max_parts, *c, layer, sc);
                 cu_launch(k_attn_pv<float>, g2, 256, AC_SMEM, s, *a, t0, max_parts, *c, layer, (const float *) sc, part);
         }
+}
+
+/* ---- tensor-core attention (X4_CUDA_ATTN=tc; sm_80+) ---------------------------------------
+ *
+ * The same absorbed attention on mma.sync (m16n8k16, f16 inputs, fp32 accumulation), one block
+ * per (token, part, 32 heads): the heads are the M dimension, so a batch-1 step at long context
+ * runs on tensor cores (the fp32 kernels above are CUDA-core bound there: 32 heads × 1,088
+ * multiply-adds a cached position). Its numerics are its own, not the canonical order's:
+ *   - the query rows and the cache rows are rounded to f16 (the f16 cache stores them so; an f32
+ *     cache is rounded when staged), TC_INPUT_TYPE;
+ *   - s_j = scale · (q·c_j) accumulated in fp32 by the MMA over 16-value steps in k order;
+ *   - m = max_j s_j, p_j = f16(exp(s_j − m)), l = Σ p_j (fp32: lane sums over j ≡ lane mod 32
+ *     ascending, then the butterfly);
+ *   - o = Σ_j p_j·c_j[k] by the MMA over 16-position steps in position order.
+ * Every value of a query depends only on its own row and the cache, never on the other rows of
+ * the MMA (other heads or tokens), so the kernel is batch- and chunk-invariant by itself; it is
+ * used for every shape when chosen, so the bits never depend on which tokens share a step. */
+#define TC_HG 32      /* heads a block (two m-tiles) */
+#define TC_SUB 32     /* positions staged at a time */
+#define TC_WARPS 8
+#define TC_PAD 8      /* halves of padding a row: 16-byte aligned rows, conflict-free fragments */
+#define TC_NT_MAX 16  /* o n-tiles (8 values) a warp: KV ≤ 4 · 16 · 8 = 512 */
+
+static __device__ __forceinline__ void tc_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+static __device__ __forceinline__ uint32_t tc_ld32(const __half *p) {
+        return *(const uint32_t *) p;
+}
+
+/* 8 consecutive cache values as f16 (row offsets and k multiples of 8) */
+template <typename CT>
+static __device__ __forceinline__ uint4 tc_ld8(const CT *p);
+template <>
+__device__ __forceinline__ uint4 tc_ld8<__half>(const __half *p) {
+        return *(const uint4 *) p;
+}
+template <>
+__device__ __forceinline__ uint4 tc_ld8<float>(const float *p) {
+        float4 a = ((const float4 *) p)[0], b = ((const float4 *) p)[1];
+        __half2 h0 = __floats2half2_rn(a.x, a.y), h1 = __floats2half2_rn(a.z, a.w);
+        __half2 h2 = __floats2half2_rn(b.x, b.y), h3 = __floats2half2_rn(b.z, b.w);
+        return make_uint4(*(uint32_t *) &h0, *(uint32_t *) &h1, *(uint32_t *) &h2, *(uint32_t *) &h3);
+}
+
+/* Shared memory of k_attn_tc for rows of D values (KV of them the latent): the queries, the
+ * staged keys (or the transposed values), the scores (then p, in f16). */
+static size_t tc_smem(uint32_t D, uint32_t KV) {
+        size_t rq = D + TC_PAD;
+        size_t q = (size_t) TC_HG * rq * 2;
+        size_t k = (size_t) TC_SUB * rq * 2, vt = (size_t) KV * (TC_SUB + TC_PAD) * 2;
+        size_t sc = (size_t) TC_HG * (CU_ATTN_PART + 4) * 4;
+        return q + (k > vt ? k : vt) + sc;
+}
+
+template <typename CT>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+        k_attn_tc(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
+                  uint32_t layer, float *part) {
+        extern __shared__ __align__(16) unsigned char tc_smem_raw[];
+        __shared__ uint64_t roff[CU_ATTN_PART];
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
+        uint32_t nhg = (n_head + TC_HG - 1) / TC_HG;
+        uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * TC_HG;
+        uint32_t pos_q = c.tok_pos[t];
+        if (pi > pos_q / CU_ATTN_PART)
+                return;
+        (void) nhg;
+        uint32_t start = pi * CU_ATTN_PART, n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
+        __half *sQ = (__half *) tc_smem_raw;                    /* [head][D + pad] */
+        __half *sK = sQ + (size_t) TC_HG * rq;                   /* [position][D + pad] */
+        __half *sVt = sK;                                        /* [value][TC_SUB + pad] */
+        float *sS = (float *) (sK + (size_t) max((uint32_t) TC_SUB * rq, KV * (TC_SUB + TC_PAD)));
+        const uint32_t ss = CU_ATTN_PART + 4;                    /* sS row stride (floats) */
+        __half *sP = (__half *) sS;                              /* [head][CU_ATTN_PART + pad] */
+        const uint32_t ps = CU_ATTN_PART + TC_PAD;
+        const CT *cache = (const CT *) c.base;
+
+        for (uint32_t j = tid; j < n; j += blockDim.x)
+                roff[j] = cu_cache_row(c, layer, t, start + j);
+        /* the queries, rounded to f16 (rows of absent heads zero) */
+        const float *qrow = a.qc + (uint64_t) t * n_head * D;
+        for (uint32_t e = tid; e < TC_HG * (D / 8); e += blockDim.x) {
+                uint32_t h = e / (D / 8), k8 = e % (D / 8);
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (h0 + h < n_head)
+                        v = tc_ld8<float>(qrow + (uint64_t) (h0 + h) * D + 8 * k8);
+                *(uint4 *) &sQ[h * rq + 8 * k8] = v;
+        }
+
+        /* scores: warp w computes the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2
+         * of each staged sub-part */
+        uint32_t mt = warp % 2, nt = warp / 2;
+        for (uint32_t s0 = 0; s0 < n; s0 += TC_SUB) {
+                __syncthreads(); /* roff and sQ written; the previous sub-part consumed */
+                for (uint32_t e = tid; e < TC_SUB * (D / 8); e += blockDim.x) {
+                        uint32_t j = e / (D / 8), k8 = e % (D / 8);
+                        uint4 v = make_uint4(0, 0, 0, 0);
+                        if (s0 + j < n)
+                                v = tc_ld8<CT>(cache + roff[s0 + j] + 8 * k8);
+                        *(uint4 *) &sK[j * rq + 8 * k8] = v;
+                }
+                __syncthreads();
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const __half *qa = sQ + (mt * 16 + g) * rq + 2 * cq;
+                const __half *kb = sK + (nt * 8 + g) * rq + 2 * cq;
+                for (uint32_t k0 = 0; k0 < D; k0 += 16)
+                        tc_mma(acc, tc_ld32(qa + k0), tc_ld32(qa + 8 * rq + k0), tc_ld32(qa + k0 + 8),
+                               tc_ld32(qa + 8 * rq + k0 + 8), tc_ld32(kb + k0), tc_ld32(kb + k0 + 8));
+                /* d0, d1: head g, positions 2cq, 2cq+1; d2, d3: head g + 8 */
+                uint32_t j0 = s0 + nt * 8 + 2 * cq;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), j = j0 + (e & 1);
+                        if (j < CU_ATTN_PART)
+                                sS[h * ss + j] = j < n ? a.scale * acc[e] : -INFINITY;
+                }
+        }
+        __syncthreads();
+
+        /* softmax statistics and p, a warp per head (four each) */
+        float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
+        float pv[TC_HG / TC_WARPS][CU_ATTN_PART / 32];
+#pragma unroll
+        for (int x = 0; x < TC_HG / TC_WARPS; x++) {
+                uint32_t h = warp * (TC_HG / TC_WARPS) + x;
+                float m = -INFINITY;
+#pragma unroll
+                for (int i = 0; i < CU_ATTN_PART / 32; i++) {
+                        uint32_t j = lane + 32 * i;
+                        pv[x][i] = j < n ? sS[h * ss + j] : -INFINITY;
+                        m = fmaxf(m, pv[x][i]);
+                }
+                m = cu_warp_max(m);
+                float l = 0.0f;
+#pragma unroll
+                for (int i = 0; i < CU_ATTN_PART / 32; i++) {
+                        uint32_t j = lane + 32 * i;
+                        pv[x][i] = j < n ? __half2float(__float2half_rn(expf(pv[x][i] - m))) : 0.0f;
+                        l += pv[x][i];
+                }
+                l = cu_warp_sum(l);
+                if (lane == 0 && h0 + h < n_head) {
+                        out0[(uint64_t) (h0 + h) * (KV + 2) + KV] = m;
+                        out0[(uint64_t) (h0 + h) * (KV + 2) + KV + 1] = l;
+                }
+        }
+        __syncthreads(); /* every score read: p takes their place */
+#pragma unroll
+        for (int x = 0; x < TC_HG / TC_WARPS; x++) {
+                uint32_t h = warp * (TC_HG / TC_WARPS) + x;
+#pragma unroll
+                for (int i = 0; i < CU_ATTN_PART / 32; i++)
+                        sP[h * ps + lane + 32 * i] = __float2half_rn(pv[x][i]);
+        }
+
+        /* o = p·c over the sub-parts: warp w takes m-tile w % 2 and the n-tiles (8 values)
+         * j ≡ w / 2 (mod 4) */
+        uint32_t ntiles = KV / 8, wq = warp / 2;
+        float o[TC_NT_MAX][4];
+#pragma unroll
+        for (int i = 0; i < TC_NT_MAX; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                        o[i][e] = 0.0f;
+        const uint32_t vs = TC_SUB + TC_PAD;
+        for (uint32_t s0 = 0; s0 < n; s0 += TC_SUB) {
+                __syncthreads(); /* p written; the previous sub-part consumed */
+                /* values of positions s0.. transposed: sVt[k][j] (zero past n) */
+                for (uint32_t e = tid; e < TC_SUB * (KV / 8); e += blockDim.x) {
+                        uint32_t j = e % TC_SUB, k8 = e / TC_SUB;
+                        uint4 v = make_uint4(0, 0, 0, 0);
+                        if (s0 + j < n)
+                                v = tc_ld8<CT>(cache + roff[s0 + j] + 8 * k8);
+                        const __half *hv = (const __half *) &v;
+#pragma unroll
+                        for (int i = 0; i < 8; i++)
+                                sVt[(8 * k8 + i) * vs + j] = hv[i];
+                }
+                __syncthreads();
+#pragma unroll
+                for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
+                        const __half *pa = sP + (mt * 16 + g) * ps + s0 + ks + 2 * cq;
+                        uint32_t a0 = tc_ld32(pa), a1 = tc_ld32(pa + 8 * ps);
+                        uint32_t a2 = tc_ld32(pa + 8), a3 = tc_ld32(pa + 8 * ps + 8);
+#pragma unroll
+                        for (int i = 0; i < TC_NT_MAX; i++) {
+                                uint32_t nn = wq + 4 * i;
+                                if (nn >= ntiles)
+                                        break;
+                                const __half *vb = sVt + (nn * 8 + g) * vs + ks + 2 * cq;
+                                tc_mma(o[i], a0, a1, a2, a3, tc_ld32(vb), tc_ld32(vb + 8));
+                        }
+                }
+        }
+        /* d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: head g + 8 */
+#pragma unroll
+        for (int i = 0; i < TC_NT_MAX; i++) {
+                uint32_t nn = wq + 4 * i;
+                if (nn >= ntiles)
+                        break;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), k = nn * 8 + 2 * cq + (e & 1);
+                        if (h0 + h < n_head)
+                                out0[(uint64_t) (h0 + h) * (KV + 2) + k] = o[i][e];
+                }
+        }
+}
+
+static bool attn_tc_ready;
+static uint32_t attn_tc_D;
+
+/* Once per backend (cu_attention_setup): whether this device and shape can run k_attn_tc. */
+static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
+        uint32_t D = KV + R;
+        attn_tc_ready = false;
+        if (major < 8 || D % 16 || KV % 32 || KV > 4 * TC_NT_MAX * 8 || D == 0)
+                return false;
+        size_t need = tc_smem(D, KV);
+        if (need > (size_t) smem_max)
+                return false;
+        if (cudaFuncSetAttribute(k_attn_tc<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need) != cudaSuccess ||
+            cudaFuncSetAttribute(k_attn_tc<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need) != cudaSuccess) {
+                cudaGetLastError();
+                return false;
+        }
+        attn_tc_D = D;
+        attn_tc_ready = true;
+        return true;
+}
+
+static void attn_launch_tc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                           const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
+        dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
+        size_t sm = tc_smem(c->D, a->KV);
+        cu_launches++;
+        if (c->f16)
+                cu_launch(k_attn_tc<__half>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
+        else
+                cu_launch(k_attn_tc<float>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
 }
 
 /* Fold the parts of each (token, head) in part order. */
@@ -822,12 +1079,20 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
          * cache chunk; few → a warp per position and small head groups to fill the card */
         uint64_t blocks = (uint64_t) n * max_parts;
         /* X4_CUDA_ATTN=part|dec4|dec2|split forces one kernel, old the choice before the split
-         * path (measurements; the bits are the same) */
+         * path (measurements; the bits are the same); tc the tensor-core kernel (its own bits,
+         * f16 inputs) */
         static int force = -1;
         if (force < 0) {
                 const char *f = getenv("X4_CUDA_ATTN");
                 force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3
-                        : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : 0;
+                        : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : !strcmp(f, "tc") ? 6 : 0;
+        }
+        if (force == 6 && attn_tc_ready && c->D == attn_tc_D) {
+                /* its own numerics (see k_attn_tc), for every shape */
+                attn_launch_tc(a, t0, n, max_parts, c, layer, part, s);
+                cu_launches++;
+                cu_launch(k_attn_combine, dim3(n, a->n_head), 256, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+                return;
         }
         bool split = force != 5 && attn_split_ok(a, c);
         if (split && (force == 4 || (force == 0 && blocks + 1 <= (uint64_t) ATT_SPLIT_BELOW)))

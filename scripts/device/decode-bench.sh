@@ -123,4 +123,15 @@ if has prefill; then
                         tee "$out/prefill-$k.jsonl" | grep '"prefill"'
         done
 fi
+if has tc; then
+        for cache in f16 f32; do
+                say "decode bench, tensor-core attention, $cache cache"
+                X4_CUDA_ATTN=tc "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
+                        --decode-ctx 512,4096,32768 --batch 1,16 --decode-tokens 32 --repeats 3 --json 2>&1 |
+                        tee "$out/bench-tc-$cache.jsonl" | grep '"decode"'
+        done
+        say "prefill bench, tensor-core attention, f16 cache"
+        X4_CUDA_ATTN=tc "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill 512,4096 \
+                --decode-ctx none --repeats 2 --json 2>&1 | tee "$out/prefill-tc.jsonl" | grep '"prefill"'
+fi
 say done

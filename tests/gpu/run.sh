@@ -79,6 +79,11 @@ step "quick prefill+decode" "$check" quick "$tiny"
 step "cache pages (snapshot, copy, n_pages from memory_limit)" "$check" pages "$tiny"
 step "fixture, f16 latent cache (rel <= 1e-2)" env X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
 step "chunk invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" chunks "$tiny"
+# the tensor-core attention (X4_CUDA_ATTN=tc: f16 inputs, its own bits) against the float64
+# reference at the f16 cache's tolerance, and invariant by itself
+step "fixture, tensor-core attention (rel <= 1e-2)" env X4_CUDA_ATTN=tc X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
+step "batch invariance, tensor-core attention" env X4_CUDA_ATTN=tc "$check" batch "$tiny"
+step "chunk invariance, tensor-core attention" env X4_CUDA_ATTN=tc "$check" chunks "$tiny"
 
 # x4-logits --device cuda (the tool users run) on fixture case1 vs the f64 reference and the CPU
 py=
