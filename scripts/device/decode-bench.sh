@@ -109,11 +109,11 @@ if has ncuattn; then
                 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
                 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -60 >"$out/ncu-hc.txt"
 fi
-if has old; then
-        say "decode bench with the attention choice before the split path (X4_CUDA_ATTN=old)"
-        X4_CUDA_ATTN=old "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
-                --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 \
-                --json 2>&1 | tee "$out/bench-old.jsonl" | grep '"decode"'
+if has split; then
+        say "decode bench, split attention (X4_CUDA_ATTN=split)"
+        X4_CUDA_ATTN=split "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                --decode-ctx ${X4_CTX:-512,4096,32768} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 \
+                --json 2>&1 | tee "$out/bench-split.jsonl" | grep '"decode"'
 fi
 if has prefill; then
         for k in default split; do
