@@ -41,6 +41,9 @@ static __device__ __forceinline__ uint64_t cu_cache_row(const struct cu_cache &c
         return (((uint64_t) page * c.n_layer + layer) * c.page_tokens + slot) * c.D;
 }
 
+/* Three independent jobs a token, a block each (blockIdx.y), so their latencies overlap instead of
+ * adding up: 0 the q_a norm, 1 the latent norm and its store, 2 the RoPE of k_pe and its store.
+ * Each computes what one block computed before, with the same block size and reductions. */
 template <typename CT>
 __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, const float *q_a_norm,
                            const float *kv_a_norm, float eps, const double *inv_freq,
@@ -48,43 +51,45 @@ __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, con
         cu_pdl_wait();
         cu_pdl_trigger();
         __shared__ float red[32];
-        uint32_t t = blockIdx.x;
+        uint32_t t = blockIdx.x, job = blockIdx.y;
         float *row = qkv + (uint64_t) t * (QL + KV + R);
-
-        /* docs/model.md §4 step 1: qa = RMSNorm(W_qa·a, q_a_norm) */
-        float ss = 0.0f;
-#pragma unroll 4
-        for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
-                ss += row[i] * row[i];
-        ss = cu_block_sum(ss, red);
-        float rq = 1.0f / sqrtf(ss / (float) QL + eps);
-#pragma unroll 4
-        for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
-                row[i] = q_a_norm[i] * (row[i] * rq);
-
-        /* step 2: c = RMSNorm(latent, kv_a_norm); k_pe not normed */
-        const float *lat = row + QL;
-        float ss2 = 0.0f;
-#pragma unroll 4
-        for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
-                ss2 += lat[i] * lat[i];
-        ss2 = cu_block_sum(ss2, red);
-        float rc = 1.0f / sqrtf(ss2 / (float) KV + eps);
         uint32_t pos = c.tok_pos[t];
         CT *dst = (CT *) c.base + cu_cache_row(c, layer, t, pos);
-#pragma unroll 4
-        for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
-                cu_st<CT>(dst + i, kv_a_norm[i] * (lat[i] * rc));
 
-        /* step 3: RoPE of the shared k_pe at position pos */
-        const float *kpe = lat + KV;
+        if (job == 0) {
+                /* docs/model.md §4 step 1: qa = RMSNorm(W_qa·a, q_a_norm) */
+                float ss = 0.0f;
 #pragma unroll 4
-        for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
-                uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + R / 2;
-                float y0, y1;
-                cu_rope_pair(kpe[i0], kpe[i1], pos, inv_freq[i], &y0, &y1);
-                cu_st<CT>(dst + KV + i0, y0);
-                cu_st<CT>(dst + KV + i1, y1);
+                for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
+                        ss += row[i] * row[i];
+                ss = cu_block_sum(ss, red);
+                float rq = 1.0f / sqrtf(ss / (float) QL + eps);
+#pragma unroll 4
+                for (uint32_t i = threadIdx.x; i < QL; i += blockDim.x)
+                        row[i] = q_a_norm[i] * (row[i] * rq);
+        } else if (job == 1) {
+                /* step 2: c = RMSNorm(latent, kv_a_norm); k_pe not normed */
+                const float *lat = row + QL;
+                float ss2 = 0.0f;
+#pragma unroll 4
+                for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
+                        ss2 += lat[i] * lat[i];
+                ss2 = cu_block_sum(ss2, red);
+                float rc = 1.0f / sqrtf(ss2 / (float) KV + eps);
+#pragma unroll 4
+                for (uint32_t i = threadIdx.x; i < KV; i += blockDim.x)
+                        cu_st<CT>(dst + i, kv_a_norm[i] * (lat[i] * rc));
+        } else {
+                /* step 3: RoPE of the shared k_pe at position pos */
+                const float *kpe = row + QL + KV;
+#pragma unroll 4
+                for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
+                        uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + R / 2;
+                        float y0, y1;
+                        cu_rope_pair(kpe[i0], kpe[i1], pos, inv_freq[i], &y0, &y1);
+                        cu_st<CT>(dst + KV + i0, y0);
+                        cu_st<CT>(dst + KV + i1, y1);
+                }
         }
 }
 
@@ -95,10 +100,11 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
         if (T == 0)
                 return;
         cu_launches++;
+        dim3 grid(T, 3);
         if (c->f16)
-                cu_launch(k_mla_prep<__half>, T, 256, 0, s, qkv, QL, KV, R, q_a_norm, kv_a_norm, eps, inv_freq, interleave, *c, layer);
+                cu_launch(k_mla_prep<__half>, grid, 256, 0, s, qkv, QL, KV, R, q_a_norm, kv_a_norm, eps, inv_freq, interleave, *c, layer);
         else
-                cu_launch(k_mla_prep<float>, T, 256, 0, s, qkv, QL, KV, R, q_a_norm, kv_a_norm, eps, inv_freq, interleave, *c, layer);
+                cu_launch(k_mla_prep<float>, grid, 256, 0, s, qkv, QL, KV, R, q_a_norm, kv_a_norm, eps, inv_freq, interleave, *c, layer);
 }
 
 /* docs/model.md §4.1: RoPE of q_pe into the query rows: qc holds per (token, head) a row of D = KV + R
@@ -110,7 +116,8 @@ __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_
         cu_pdl_trigger();
         uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2;
 #pragma unroll 4
-        for (uint32_t e = threadIdx.x; e < n_head * half; e += blockDim.x) {
+        for (uint32_t e = blockIdx.y * blockDim.x + threadIdx.x; e < n_head * half;
+             e += gridDim.y * blockDim.x) {
                 uint32_t h = e / half, i = e % half;
                 const float *qp = q + ((uint64_t) t * n_head + h) * (nope + R) + nope;
                 float *dst = qc + ((uint64_t) t * n_head + h) * (KV + R) + KV;
@@ -124,7 +131,9 @@ extern "C" void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *t
         if (T == 0)
                 return;
         cu_launches++;
-        cu_launch(k_q_rope, T, 256, 0, s, a->q, a->n_head, a->nope, a->R, a->KV, a->inv_freq, a->interleave, tok_pos, a->qc);
+        /* a rotation a thread: the double-precision angles are the kernel's latency */
+        uint32_t ny = (a->n_head * (a->R / 2) + 255) / 256;
+        cu_launch(k_q_rope, dim3(T, ny ? ny : 1), 256, 0, s, a->q, a->n_head, a->nope, a->R, a->KV, a->inv_freq, a->interleave, tok_pos, a->qc);
 }
 
 /* Attention over one part (≤ CU_ATTN_PART positions of the cache) for a group of HG heads of one
