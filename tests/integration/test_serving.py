@@ -243,8 +243,11 @@ def test_a_client_killed_mid_stream_frees_its_pages(fresh_daemon):
     assert 1 <= s["cache_pages_used"] < 64  # taken as the sequence grows
     p.send_signal(signal.SIGKILL)  # no Cancel frame: only the socket closing tells the daemon
     p.wait(timeout=30)
-    s = d.wait_stats(lambda s: not s["requests"], what="the request ending")
-    assert s["cache_pages_used"] == 0 and s["requests_cancelled"] == 1
+    # the engine ends it and frees its pages in one step; wait for that step's stats (the
+    # hang-up reaches the engine some time after the kill on a loaded machine)
+    s = d.wait_stats(lambda s: not s["requests"] and s["requests_cancelled"] == 1,
+                     what="the request cancelled")
+    assert s["cache_pages_used"] == 0, s
     # and a new request is served at once
     p = d.x4ctl_popen("--json", "generate", "--tokens", "9,8,7", "--ignore-eos",
                       "--max-tokens", "100000")
