@@ -100,6 +100,7 @@ struct sched_request {
         bool has_thinking_budget;
         int32_t thinking_budget;
         bool ignore_eos;
+        bool no_mtp;   /* no speculative decoding for this request (MTP on in the daemon) */
         bool echo_ids; /* fill token ids in CHUNK events */
         enum sched_constraint constraint;
         char *constraint_schema; /* JSON_SCHEMA: the schema's JSON text */
@@ -193,9 +194,14 @@ struct sched_params {
                                   * (default 64 MiB): the disk write runs on the prep thread */
         const char *state_dir;  /* snapshots live here; NULL: snapshots unavailable */
         bool prefix_off;        /* no automatic prefix reuse */
+        /* MTP speculative decoding: the backend was created with mtp (x4_backend_params.mtp);
+         * drafts per step and request, 1..SCHED_MTP_DRAFT_MAX (0: off) */
+        uint32_t mtp_draft;
         uint32_t prefix_pages;  /* most pages the prefix store keeps (0: up to the whole cache;
                                  * stored pages are evicted LRU when admission needs them) */
 };
+
+#define SCHED_MTP_DRAFT_MAX 3u
 
 /* The numbers a StatsReply carries (engine side). */
 struct sched_stats {
@@ -212,6 +218,7 @@ struct sched_stats {
         uint64_t steps, steps_multi; /* backend forwards; those batching > 1 request */
         uint32_t batch_max;          /* most requests one forward held */
         uint64_t preemptions;        /* requests preempted because the cache ran out */
+        uint64_t mtp_drafted_tokens, mtp_accepted_tokens; /* MTP drafts verified; accepted */
 };
 
 struct sched_request_state {

@@ -1,0 +1,181 @@
+# SPDX-License-Identifier: MIT
+"""MTP speculative decoding (xing4d --mtp on): the output is the output of --mtp off, token for
+token, whatever runs beside it, with every sampling option, stop strings, max_tokens, logprobs,
+thinking budgets and constrained decoding; snapshots round-trip; bad settings are refused naming
+the flag.
+
+The demo model (x4-mkmodel --preset demo: n_nextn = 1) has random weights, so its NextN block
+almost never guesses the trunk's token. A second MTP daemon therefore runs with the test drafter
+X4_MTP_TEST_DRAFTER=repeat (every draft is the last token), which the demo model's repetitive
+greedy output accepts often: accepted drafts, several tokens settled by one step, and a stop or
+max_tokens inside a run of accepted drafts are exercised too."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import BUILD, DEFAULT_CONF, MODEL, XING4D, Daemon
+
+CONF = DEFAULT_CONF.replace("max-running = 4", "max-running = 8").replace("page_tokens = 256",
+                                                                           "page_tokens = 32")
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mtp-demo")
+    model = tmp / "demo.gguf"
+    subprocess.run([str(BUILD / "tools" / "x4-mkmodel"), "--preset", "demo", "--quiet",
+                    "--out", str(model)], check=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def trio(demo_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mtp")
+    ds = {
+        "off": Daemon(tmp / "off", CONF, args=("--model", str(demo_model))),
+        "nextn": Daemon(tmp / "nextn", CONF, args=("--model", str(demo_model), "--mtp", "on",
+                                                   "--mtp-draft", "2")),
+        "repeat": Daemon(tmp / "repeat", CONF, args=("--model", str(demo_model), "--mtp", "on",
+                                                     "--mtp-draft", "3"),
+                         env=("X4_MTP_TEST_DRAFTER=repeat",)),
+    }
+    yield ds
+    for d in ds.values():
+        d.close()
+
+
+def run(d, args):
+    r = d.x4ctl("--json", "generate", *args, timeout=120)
+    return parse(r)
+
+
+def parse(r):
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert lines[-1]["type"] == "done", lines[-1]
+    return lines
+
+
+def visible(lines):
+    """What a client sees: text by channel, ids, logprobs, and the done line without timings."""
+    out = []
+    for x in lines:
+        x = dict(x)
+        x.pop("timings", None)
+        x.pop("server_request_id", None)
+        if "usage" in x:  # a repeated prompt is served from the prefix store
+            x["usage"] = {k: v for k, v in x["usage"].items() if k != "cached_tokens"}
+        out.append(x)
+    return out
+
+
+CASES = [
+    ["--raw", "--temperature", "0", "--max-tokens", "60", "--ignore-eos", "The quick brown fox"],
+    ["--raw", "--temperature", "0", "--max-tokens", "37", "--ignore-eos", "--logprobs", "3",
+     "Once upon a time"],
+    ["--raw", "--temperature", "0.9", "--top-k", "40", "--top-p", "0.9", "--min-p", "0.02",
+     "--seed", "7", "--max-tokens", "50", "--ignore-eos", "Hello there"],
+    ["--raw", "--temperature", "1.2", "--repetition-penalty", "1.3", "--presence-penalty", "0.5",
+     "--frequency-penalty", "0.4", "--seed", "99", "--max-tokens", "45", "--ignore-eos", "A B C"],
+    ["--raw", "--temperature", "0", "--max-tokens", "3", "--ignore-eos", "short"],
+    ["--raw", "--temperature", "0", "--max-tokens", "1", "--ignore-eos", "one"],
+    ["--temperature", "0", "--max-tokens", "40", "--thinking-budget", "5", "Think about cats"],
+    ["--tokens", ",".join(str(5 + (i * 37) % 900) for i in range(70)), "--temperature", "0",
+     "--max-tokens", "64", "--ignore-eos"],
+]
+
+
+def test_output_is_the_output_of_mtp_off_alone_and_in_a_batch(trio):
+    want = [visible(run(trio["off"], c)) for c in CASES]
+    for name in ("nextn", "repeat"):
+        d = trio[name]
+        # alone
+        for c, w in zip(CASES, want):
+            assert visible(run(d, c)) == w, (name, c)
+        # all at once, every other one opting out of MTP: sequences with and without drafts
+        # share steps
+        procs = [d.x4ctl_popen("--json", "generate", *(c + (["--no-mtp"] if i % 2 else [])))
+                 for i, c in enumerate(CASES)]
+        for p, c, w in zip(procs, CASES, want):
+            out, err = p.communicate(timeout=180)
+            r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+            assert visible(parse(r)) == w, (name, "batched", c)
+        s = d.stats()
+        assert s["mtp_drafted_tokens"] > 0, s
+        assert s["engine_steps_batched"] > 0, s
+    # the test drafter is right often on this model: runs of accepted drafts were exercised
+    s = trio["repeat"].stats()
+    assert s["mtp_accepted_tokens"] > s["mtp_drafted_tokens"] // 10, s
+    assert trio["off"].stats()["mtp_drafted_tokens"] == 0
+
+
+def test_stop_strings_and_ids_cut_inside_accepted_drafts(trio):
+    base = ["--raw", "--temperature", "0", "--max-tokens", "60", "The quick brown fox"]
+    full = run(trio["off"], base + ["--ignore-eos"])
+    ids = [i for x in full if x["type"] == "chunk" for i in x.get("token_ids", [])]
+    # stop at the 5th distinct-looking id and at a text that appears later in the output
+    stop_id = ids[min(12, len(ids) - 1)]
+    text = "".join(x.get("text", "") for x in full if x["type"] == "chunk")
+    stop_text = text[len(text) // 2:len(text) // 2 + 3]
+    for extra in (["--stop-id", str(stop_id)], ["--stop", stop_text]):
+        want = visible(run(trio["off"], base + extra))
+        for name in ("nextn", "repeat"):
+            assert visible(run(trio[name], base + extra)) == want, (name, extra)
+        if stop_text and extra[0] == "--stop":
+            # nothing after the stop leaks
+            got = "".join(x.get("text", "") for x in want if x["type"] == "chunk")
+            assert stop_text not in got
+
+
+def test_constrained_output_is_the_same(trio, tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer"},
+                                                                   "s": {"type": "string"}},
+                                  "required": ["n", "s"]}))
+    args = ["--temperature", "0", "--max-tokens", "80", "--no-think", "--json-schema", str(schema),
+            "Give me JSON"]
+    want = visible(run(trio["off"], args))
+    for name in ("nextn", "repeat"):
+        assert visible(run(trio[name], args)) == want, name
+
+
+def test_snapshot_round_trip_with_mtp_on(trio):
+    d = trio["repeat"]
+    system = ",".join(str(7 + (i * 53) % 900) for i in range(100))
+    r = d.x4ctl("snapshot", "create", "mtpsys", "--tokens", system)
+    assert r.returncode == 0, r.stderr
+    tail = "13,14,15"
+    raw = run(d, ["--tokens", tail, "--snapshot", "mtpsys", "--temperature", "0",
+                  "--max-tokens", "30", "--ignore-eos"])
+    resumed = visible(raw)
+    full = visible(run(d, ["--tokens", system + "," + tail, "--temperature", "0",
+                           "--max-tokens", "30", "--ignore-eos"]))
+    off = visible(run(trio["off"], ["--tokens", system + "," + tail, "--temperature", "0",
+                                    "--max-tokens", "30", "--ignore-eos"]))
+    assert [x for x in resumed if x["type"] == "chunk"] == [x for x in full if x["type"] == "chunk"]
+    assert [x for x in full if x["type"] == "chunk"] == [x for x in off if x["type"] == "chunk"]
+    assert raw[-1]["usage"]["cached_tokens"] == 100
+    assert d.stats()["mtp_accepted_tokens"] > 0
+
+
+def start_fails(tmp_path, args):
+    r = subprocess.run([str(XING4D), "--config", "/dev/null", "--device", "cpu",
+                        "--listen", str(tmp_path / "x.sock"), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    return r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--mtp", "maybe"], "--mtp: 'maybe', off or on expected"),
+    (["--mtp", "on", "--mtp-draft", "4"], "--mtp-draft: '4' is not an integer in [1, 3]"),
+    (["--mtp-draft", "0"], "--mtp-draft: '0' is not an integer in [1, 3]"),
+])
+def test_bad_mtp_flags_name_the_flag(tmp_path, demo_model, args, needle):
+    assert needle in start_fails(tmp_path, ["--model", str(demo_model), *args])
+
+
+def test_mtp_on_a_model_without_the_block_says_so(tmp_path):
+    err = start_fails(tmp_path, ["--model", str(MODEL), "--mtp", "on"])
+    assert "MTP needs the model's NextN block" in err, err
