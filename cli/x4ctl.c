@@ -1160,7 +1160,7 @@ static const char *const gen_help =
         "  --temperature T  --top-p P  --top-k K  --min-p P  --seed N\n"
         "  --repetition-penalty R  --presence-penalty P  --frequency-penalty F\n"
         "  --stop STR  --stop-id ID  --snapshot NAME  --logprobs N  --ignore-eos\n"
-        "  --no-mtp              no speculative decoding for this request (same output)\n"
+        "  --no-mtp              no speculative decoding for this request\n"
         "  --json                one JSON object per line (chunks, then done or error)\n";
 
 static bool cmd_help(const char *cmd, int argc, char **argv) {

@@ -62,6 +62,7 @@ struct options {
         uint32_t prefill_budget;   /* 0: adaptive */
         bool mtp;                  /* MTP speculative decoding with the NextN block */
         uint32_t mtp_draft;        /* drafts per step, 1..SCHED_MTP_DRAFT_MAX */
+        bool mtp_match;            /* --mtp-sampling match */
         int log_level;
 };
 
@@ -205,6 +206,11 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         o->mtp = false;
                 else
                         return log_error_errno(EINVAL, "%s: '%s', off or on expected", where, v);
+        } else if (streq(key, "mtp-sampling")) {
+                if (streq(v, "rejection") || streq(v, "match"))
+                        o->mtp_match = streq(v, "match");
+                else
+                        return log_error_errno(EINVAL, "%s: '%s', rejection or match expected", where, v);
         } else if (streq(key, "log-level")) {
                 static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice",
                                                "info", "debug" };
@@ -356,8 +362,11 @@ static void help(void) {
                "                               together (256M); a frame beyond it is refused\n"
                "  --output-buffer SIZE         output queued to a client before its requests pause (8M)\n"
                "  --mtp off|on                 speculative decoding with the model's NextN block\n"
-               "                               (off; output is the same either way, see xing4d(8))\n"
+               "                               (off; greedy output is the same either way, see xing4d(8))\n"
                "  --mtp-draft N                drafts per step with --mtp on, 1..3 (1)\n"
+               "  --mtp-sampling rejection|match  sampled requests: rejection sampling of the drafts\n"
+               "                               (same distribution as --mtp off), or keep a draft only\n"
+               "                               when it is the token drawn (same tokens per seed)\n"
                "  --log-level LEVEL            err, warning, info, debug\n"
                "  --version\n");
 }
@@ -540,7 +549,7 @@ enum {
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
         OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES, OPT_SNAPSHOT_CHUNK, OPT_GPU_MEMORY,
         OPT_IDLE_TIMEOUT, OPT_MAX_PENDING, OPT_MAX_TOKENS_LIMIT, OPT_PREFILL_BUDGET, OPT_MTP,
-        OPT_MTP_DRAFT,
+        OPT_MTP_DRAFT, OPT_MTP_SAMPLING,
 };
 
 static const struct option longopts[] = {
@@ -578,6 +587,7 @@ static const struct option longopts[] = {
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
         { "mtp", required_argument, NULL, OPT_MTP },
         { "mtp-draft", required_argument, NULL, OPT_MTP_DRAFT },
+        { "mtp-sampling", required_argument, NULL, OPT_MTP_SAMPLING },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, OPT_VERSION },
         {}
@@ -765,6 +775,7 @@ int main(int argc, char **argv) {
                 .max_snapshot_bytes = o.max_snapshot_bytes,
                 .snapshot_chunk = o.snapshot_chunk,
                 .mtp_draft = o.mtp ? o.mtp_draft : 0,
+                .mtp_match = o.mtp_match,
         };
         r = sched_new(&sp, &sched);
         if (r < 0)

@@ -571,6 +571,7 @@ void sched_free(struct sched *s) {
         free(s->hidden);
         free(s->mtp_logits);
         free(s->mtp_hid);
+        free(s->mtp_p);
         prefix_free(s->prefix);
         kvcache_free(s->kv);
         grammar_vocab_free(s->gvocab);

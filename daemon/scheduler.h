@@ -197,6 +197,11 @@ struct sched_params {
         /* MTP speculative decoding: the backend was created with mtp (x4_backend_params.mtp);
          * drafts per step and request, 1..SCHED_MTP_DRAFT_MAX (0: off) */
         uint32_t mtp_draft;
+        /* sampled requests (temperature > 0): false = rejection sampling of the drafts (the
+         * output follows the distribution of MTP off); true = a draft is the argmax and is kept
+         * when it is the token the request's sampler draws (the output is MTP off's, seed for
+         * seed, at lower acceptance) */
+        bool mtp_match;
         uint32_t prefix_pages;  /* most pages the prefix store keeps (0: up to the whole cache;
                                  * stored pages are evicted LRU when admission needs them) */
 };

@@ -105,6 +105,11 @@ struct job {
         uint32_t mtp_h_pos0, mtp_h_n, mtp_h_cap;
         uint32_t mtp_k;
         int32_t mtp_tok[1 + SCHED_MTP_DRAFT_MAX];
+        /* rejection sampling (sampled requests): this step's drafts were drawn from the draft
+         * distributions mtp_q (mtp_k rows of n_vocab) */
+        bool mtp_rej;
+        float *mtp_q;
+        size_t mtp_q_cap;
 };
 
 struct sched {
@@ -167,8 +172,8 @@ struct sched {
         bool mtp_test_repeat; /* X4_MTP_TEST_DRAFTER=repeat (tests): every draft is the last token */
         float *hidden;
         size_t hidden_cap;
-        float *mtp_logits, *mtp_hid;
-        size_t mtp_logits_cap, mtp_hid_cap;
+        float *mtp_logits, *mtp_hid, *mtp_p;
+        size_t mtp_logits_cap, mtp_hid_cap, mtp_p_cap;
         uint64_t mtp_drafted, mtp_accepted;
 };
 

@@ -70,6 +70,38 @@ static int32_t argmax(const float *l, uint32_t n) {
         return (int32_t) best;
 }
 
+/* Draft `level` (1-based) of j from the NextN logits l: for a sampled request (rejection
+ * sampling), drawn from the draft distribution q (the request's sampling options and penalty
+ * state applied to l), kept in j->mtp_q for the verify step; else the argmax. */
+static int32_t pick_draft(struct sched *s, struct job *j, uint32_t level, const float *l) {
+        const size_t V = s->cfg->n_vocab;
+
+        if (level == 1)
+                j->mtp_rej = !s->p.mtp_match && !sampler_greedy(j->sampler);
+        if (j->mtp_rej) {
+                if (!eng_mtp_grow(&j->mtp_q, &j->mtp_q_cap, (size_t) SCHED_MTP_DRAFT_MAX * V)) {
+                        j->mtp_rej = false;
+                } else {
+                        float *q = j->mtp_q + (size_t) (level - 1) * V;
+                        int32_t d;
+                        if (s->mtp_test_repeat) { /* the test drafter: q is one-hot on its draft */
+                                memset(q, 0, V * sizeof *q);
+                                d = j->mtp_tok[0];
+                                q[d] = 1.0f;
+                        } else
+                                d = sampler_probs(j->sampler, l, q) < 0 ? -1 : sampler_draw_probs(j->sampler, q);
+                        if (d >= 0)
+                                return d;
+                        /* no usable q: this step checks by matching (exact for any draft) */
+                        j->mtp_rej = false;
+                        j->mtp_k = MIN(j->mtp_k, level);
+                }
+        }
+        if (s->mtp_test_repeat)
+                return j->mtp_tok[0];
+        return argmax(l, (uint32_t) V);
+}
+
 /* Waiting rows of j whose next id is known (position p needs seq[p + 1]). */
 static uint32_t known_rows(const struct job *j) {
         if (j->mtp_h_pos0 + 1 >= j->n_seq)
@@ -184,8 +216,7 @@ void eng_mtp_draft(struct sched *s) {
                         continue;
                 if (j->mtp_k > 0) {
                         j->mtp_tok[0] = j->seq[j->n_cached];
-                        j->mtp_tok[1] = s->mtp_test_repeat ? j->mtp_tok[0]
-                                                           : argmax(s->mtp_logits + (size_t) row * V, (uint32_t) V);
+                        j->mtp_tok[1] = pick_draft(s, j, 1, s->mtp_logits + (size_t) row * V);
                         memcpy(chain + (size_t) i * H, s->mtp_hid + (size_t) row * H, H * sizeof(float));
                         max_k = MAX(max_k, j->mtp_k);
                 }
@@ -220,9 +251,9 @@ void eng_mtp_draft(struct sched *s) {
                 if (m > 0 && run_nextn(s, ls, lj, m) == 0)
                         for (uint32_t r = 0; r < m; r++) {
                                 struct job *j = lj[r];
-                                j->mtp_tok[level + 1] = s->mtp_test_repeat
-                                                                ? j->mtp_tok[0]
-                                                                : argmax(s->mtp_logits + (size_t) r * V, (uint32_t) V);
+                                if (j->mtp_k > level) /* pick_draft may have cut the run */
+                                        j->mtp_tok[level + 1] = pick_draft(s, j, level + 1,
+                                                                           s->mtp_logits + (size_t) r * V);
                                 memcpy(chain + (size_t) li[r] * H, s->mtp_hid + (size_t) r * H,
                                        H * sizeof(float));
                         }

@@ -579,6 +579,24 @@ static int32_t sample_tempered(struct sampler *s, int32_t best) {
         return all ? draw_all(s, total) : draw(s, s->cand, n);
 }
 
+bool sampler_greedy(const struct sampler *s) {
+        return s->p.temperature == 0;
+}
+
+int sampler_logprobs(struct sampler *s, const float *logits, int32_t token, struct sampler_result *ret,
+                     uint32_t n_top) {
+        if (n_top > SAMPLER_TOP_LOGPROBS_MAX)
+                return log_error_errno(EINVAL, "top_logprobs must be in [0, %d], got %u",
+                                       SAMPLER_TOP_LOGPROBS_MAX, n_top);
+        if (token < 0 || (uint32_t) token >= s->n_vocab)
+                return log_error_errno(EINVAL, "sampler: token %d outside the vocabulary", token);
+        int32_t best = penalize(s, logits);
+        if (best < 0)
+                return log_error_errno(EDOM, "sampler: all %u logits are -inf or NaN", s->n_vocab);
+        fill_logprobs(s, token, best, ret, n_top);
+        return token;
+}
+
 int sampler_probs(struct sampler *s, const float *logits, float *probs) {
         int32_t best = penalize(s, logits);
 

@@ -103,6 +103,11 @@ int sampler_sample(struct sampler *s, const float *logits, struct sampler_result
  * p >= q), else draw from max(0, p - q) renormalised; *accepted says which. The token returned
  * is distributed exactly as p, whatever q is, when the draft was drawn from q. */
 int sampler_probs(struct sampler *s, const float *logits, float *probs);
+/* temperature 0 */
+bool sampler_greedy(const struct sampler *s);
+/* What sampler_sample's `ret` says for `token` (chosen some other way, e.g. sampler_speculate). */
+int sampler_logprobs(struct sampler *s, const float *logits, int32_t token, struct sampler_result *ret,
+                     uint32_t n_top);
 int32_t sampler_draw_probs(struct sampler *s, const float *probs);
 int32_t sampler_speculate(struct sampler *s, const float *p, const float *q, int32_t draft,
                           bool *accepted);

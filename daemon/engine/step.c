@@ -302,20 +302,34 @@ static int by_prompt_left(const void *a, const void *b) {
 }
 
 /* Sample (or force) j's next token from its logits row l, as every step does; false when j
- * failed (and was freed). */
-static bool sample_row(struct sched *s, struct job *j, float *l, int32_t *ret,
-                       struct sched_logprob **ret_lp) {
+ * failed (and was freed). With a draft distribution q (MTP rejection sampling, engine/mtp.c), the
+ * draft is accepted with min(1, p/q) or another token drawn from max(0, p - q) (p: the row's
+ * distribution after the mask and every sampling option); *accepted says whether the token is
+ * the draft. */
+static bool sample_row(struct sched *s, struct job *j, float *l, const float *q, int32_t draft,
+                       int32_t *ret, struct sched_logprob **ret_lp, bool *accepted) {
         struct sched_logprob *lp = NULL;
         int32_t t;
 
-        if (j->force_end_think)
+        if (j->force_end_think) {
                 t = outparse_end_think_id(j->op);
-        else {
+                *accepted = draft >= 0 && t == draft;
+        } else {
                 struct sampler_result res;
                 bool want = j->r->logprobs > 0;
                 if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
                         return false;
-                t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
+                if (q) {
+                        bool ok = false;
+                        float *p = eng_mtp_grow(&s->mtp_p, &s->mtp_p_cap, s->cfg->n_vocab);
+                        t = !p ? -ENOMEM : sampler_probs(j->sampler, l, p);
+                        if (t >= 0)
+                                t = sampler_speculate(j->sampler, p, q, draft, &ok);
+                        if (t >= 0 && want)
+                                t = sampler_logprobs(j->sampler, l, t, &res, j->r->logprobs);
+                        *accepted = ok;
+                } else
+                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
                 if (t < 0) {
                         eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", log_last_error());
                         return false;
@@ -345,14 +359,18 @@ static bool sample_row(struct sched *s, struct job *j, float *l, int32_t *ret,
                         lp = NULL;
                 }
         }
+        if (!q)
+                *accepted = draft >= 0 && t == draft;
         *ret = t;
         *ret_lp = lp;
         return true;
 }
 
-/* MTP: the rows of a verify step (engine/mtp.c). Row i is sampled exactly as a one-token step at
- * that position would be; draft i + 1 is accepted when it is the sampled token, and the first
- * other token ends the step (it is the trunk's own next token). Returns the accepted drafts. */
+/* MTP: the rows of a verify step (engine/mtp.c). Row i goes through the mask and the sampler as a
+ * one-token step at that position would: greedy requests (and --mtp-sampling match) accept draft
+ * i + 1 when it is the token the sampler picks; sampled ones accept it by rejection sampling
+ * against the distribution it was drawn from. The first other token ends the step (it is the
+ * trunk's own next token). Returns the accepted drafts. */
 static uint32_t verify(struct sched *s, struct job *j, const struct x4_seq *sq, const float *logits,
                        const float *hid) {
         const size_t V = s->cfg->n_vocab, H = s->cfg->n_embd;
@@ -366,9 +384,12 @@ static uint32_t verify(struct sched *s, struct job *j, const struct x4_seq *sq, 
                 /* positions up to pos0 + i hold the sequence's own tokens now */
                 j->n_cached = sq->pos0 + i + 1;
                 (void) eng_mtp_keep(s, j, sq->pos0 + i, hid + i * H, 1);
-                if (!sample_row(s, j, (float *) logits + i * V, &t, &lp))
+                bool ok = false;
+                const float *q = i < k && j->mtp_rej ? j->mtp_q + (size_t) i * V : NULL;
+                if (!sample_row(s, j, (float *) logits + i * V, q, i < k ? sq->tokens[i + 1] : -1, &t,
+                                &lp, &ok))
                         break;
-                bool ok = i < k && t == sq->tokens[i + 1];
+                ok = ok && i < k;
                 accepted += ok;
                 if (eng_accept_token(s, j, t, lp) || !ok)
                         break;
@@ -557,7 +578,8 @@ static void step(struct sched *s) {
                 float *l = s->logits + (size_t) row++ * s->cfg->n_vocab;
                 struct sched_logprob *lp = NULL;
                 int32_t t;
-                if (!sample_row(s, j, l, &t, &lp))
+                bool ok;
+                if (!sample_row(s, j, l, NULL, -1, &t, &lp, &ok))
                         continue;
                 (void) eng_accept_token(s, j, t, lp);
         }
