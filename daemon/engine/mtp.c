@@ -79,7 +79,7 @@ static int32_t pick_draft(struct sched *s, struct job *j, uint32_t level, const 
         if (level == 1)
                 j->mtp_rej = !s->p.mtp_match && !sampler_greedy(j->sampler);
         if (j->mtp_rej) {
-                if (!eng_mtp_grow(&j->mtp_q, &j->mtp_q_cap, (size_t) SCHED_MTP_DRAFT_MAX * V)) {
+                if (!eng_mtp_grow(&j->mtp_q, &j->mtp_q_cap, (size_t) s->p.mtp_draft * V)) {
                         j->mtp_rej = false;
                 } else {
                         float *q = j->mtp_q + (size_t) (level - 1) * V;

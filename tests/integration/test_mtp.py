@@ -272,3 +272,60 @@ def test_sampled_tokens_follow_the_distribution_of_mtp_off(trio):
     # both ways out of a verify row were taken: drafts accepted and drafts rejected
     s = trio["rej"].stats()
     assert 0 < s["mtp_accepted_tokens"] < s["mtp_drafted_tokens"], s
+
+
+# 4 pages of 16 tokens: three requests of 8 + 40 tokens (3 pages each) cannot all fit
+TINY_CACHE = "[xing4d]\ncache-pages = 4\npage_tokens = 16\nmax-running = 4\n"
+
+
+def test_preempted_requests_with_mtp_give_what_mtp_off_gives(fresh_daemon, demo_model, trio):
+    import time
+    d = fresh_daemon(TINY_CACHE, args=("--model", str(demo_model), "--mtp", "on", "--mtp-draft", "3"),
+                     env=("X4_MTP_TEST_DRAFTER=repeat",))
+    prompts = [[5 + (k * 131 + i * 17) % 900 for i in range(8)] for k in range(3)]
+    c = w.Conn(d.sock, timeout=120)
+    c.hello()
+    c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
+        w.frame(k + 1, w.GENERATE, w.generate_tokens(p, max_tokens=40, temperature=0.0, ignore_eos=True))
+        for k, p in enumerate(prompts))))
+    got, done = {1: [], 2: [], 3: []}, 0
+    while done < 3:
+        f = c.recv()
+        assert f is not None and w.ERROR not in f, f
+        rid = f[1][0]
+        if w.CHUNK in f:
+            got[rid] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
+        elif w.DONE in f:
+            done += 1
+    c.close()
+    deadline = time.monotonic() + 10
+    while not any("preempted (cache full)" in x for x in d.log):
+        assert time.monotonic() < deadline, d.log[-10:]
+        d.proc.poll()
+    for k, p in enumerate(prompts):
+        r = trio["off"].x4ctl("--json", "generate", "--tokens", ",".join(map(str, p)), "--temperature", "0",
+                              "--max-tokens", "40", "--ignore-eos")
+        off = [i for x in parse(r) if x["type"] == "chunk" for i in x["token_ids"]]
+        assert len(off) == 40 and got[k + 1] == off, f"request {k + 1} differs after preemption"
+    s = d.stats()
+    assert s["cache_pages_used"] == 0 and s["mtp_accepted_tokens"] > 0, s
+
+
+def test_cancelling_a_request_with_mtp_frees_its_pages(trio):
+    d = trio["rej"]
+    c = w.Conn(d.sock, timeout=60)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, w.generate_tokens([655, 1576, 2137, 541, 464, 473], max_tokens=100000,
+                                                    temperature=0.0, ignore_eos=True)))
+    for _ in range(20):  # well into decoding, drafts being accepted
+        f = c.recv()
+        assert w.CHUNK in f, f
+    c.send(w.frame(1, w.CANCEL, b""))
+    while True:
+        f = c.recv()
+        assert f is not None and w.ERROR not in f, f
+        if w.DONE in f:
+            assert w.parse(f[w.DONE][0])[1] == [3]  # FINISH_CANCELLED
+            break
+    c.close()
+    d.wait_stats(lambda s: not s["requests"] and s["cache_pages_used"] == 0, what="the pages freed")
