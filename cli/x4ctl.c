@@ -269,7 +269,7 @@ struct gen_opts {
 enum {
         OPT_TEMPERATURE = 1000, OPT_TOP_P, OPT_TOP_K, OPT_MIN_P, OPT_SEED, OPT_REP, OPT_PRES,
         OPT_FREQ, OPT_MAX_TOKENS, OPT_STOP, OPT_STOP_ID, OPT_SNAPSHOT, OPT_LOGPROBS,
-        OPT_THINK_BUDGET, OPT_IGNORE_EOS, OPT_SYSTEM, OPT_NO_THINK, OPT_SHOW_THINK, OPT_TOKENS,
+        OPT_THINK_BUDGET, OPT_IGNORE_EOS, OPT_NO_MTP, OPT_SYSTEM, OPT_NO_THINK, OPT_SHOW_THINK, OPT_TOKENS,
         OPT_RAW, OPT_JSON, OPT_WATCH, OPT_SOCKET, OPT_CONNECT_TIMEOUT, OPT_TIMEOUT, OPT_REQUESTS,
         OPT_FROM_REQUEST, OPT_JSON_SCHEMA,
 };
@@ -290,6 +290,7 @@ static const struct option gen_longopts[] = {
         { "logprobs", required_argument, NULL, OPT_LOGPROBS },
         { "thinking-budget", required_argument, NULL, OPT_THINK_BUDGET },
         { "ignore-eos", no_argument, NULL, OPT_IGNORE_EOS },
+        { "no-mtp", no_argument, NULL, OPT_NO_MTP },
         { "system", required_argument, NULL, OPT_SYSTEM },
         { "no-think", no_argument, NULL, OPT_NO_THINK },
         { "show-think", no_argument, NULL, OPT_SHOW_THINK },
@@ -394,6 +395,9 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         break;
                 case OPT_IGNORE_EOS:
                         x4_request_set_ignore_eos(o->req, true);
+                        break;
+                case OPT_NO_MTP:
+                        x4_request_set_no_mtp(o->req, true);
                         break;
                 case OPT_SYSTEM:
                         o->system = optarg;
@@ -783,14 +787,15 @@ static void print_stats_json(const struct x4_stats *s, const struct x4_request_s
                "\"memory_used\":%" PRIu64 ",\"memory_total\":%" PRIu64 ",\"prefix_hits\":%" PRIu64
                ",\"prefix_tokens_reused\":%" PRIu64 ",\"prefix_misses\":%" PRIu64
                ",\"prefix_pages\":%u,\"engine_steps\":%" PRIu64 ",\"engine_steps_batched\":%" PRIu64
-               ",\"batch_max\":%u,\"requests\":[",
+               ",\"batch_max\":%u,\"mtp_drafted_tokens\":%" PRIu64 ",\"mtp_accepted_tokens\":%" PRIu64
+               ",\"requests\":[",
                s->uptime_ms, s->connections, s->requests_running, s->requests_waiting,
                s->requests_total, s->requests_failed, s->requests_cancelled,
                s->prompt_tokens_total, s->completion_tokens_total, s->prefill_tok_s,
                s->decode_tok_s, s->cache_pages_total, s->cache_pages_used, s->cache_page_tokens,
                s->memory_used, s->memory_total, s->prefix_hits, s->prefix_tokens_reused,
                s->prefix_misses, s->prefix_pages, s->engine_steps, s->engine_steps_batched,
-               s->batch_max);
+               s->batch_max, s->mtp_drafted_tokens, s->mtp_accepted_tokens);
         for (size_t i = 0; i < n; i++) {
                 printf("%s{\"server_request_id\":%" PRIu64 ",\"running\":%s,\"prompt_tokens\":%u,"
                        "\"prefilled_tokens\":%u,\"completion_tokens\":%u,\"age_ms\":%" PRIu64
@@ -825,6 +830,10 @@ static void print_stats_table(const struct x4_stats *s, const struct x4_request_
                s->prefix_hits, s->prefix_misses, s->prefix_tokens_reused, s->prefix_pages);
         printf("batching        %" PRIu64 " steps, %" PRIu64 " with more than one request, "
                "at most %u\n", s->engine_steps, s->engine_steps_batched, s->batch_max);
+        if (s->mtp_drafted_tokens)
+                printf("mtp             %" PRIu64 " drafted, %" PRIu64 " accepted (%.1f%%)\n",
+                       s->mtp_drafted_tokens, s->mtp_accepted_tokens,
+                       100.0 * (double) s->mtp_accepted_tokens / (double) s->mtp_drafted_tokens);
         if (n) {
                 printf("\n%8s %-8s %8s %9s %8s %9s %8s  %s\n", "ID", "STATE", "PROMPT", "PREFILLED",
                        "OUTPUT", "AGE", "PID", "CLIENT");
@@ -1151,6 +1160,7 @@ static const char *const gen_help =
         "  --temperature T  --top-p P  --top-k K  --min-p P  --seed N\n"
         "  --repetition-penalty R  --presence-penalty P  --frequency-penalty F\n"
         "  --stop STR  --stop-id ID  --snapshot NAME  --logprobs N  --ignore-eos\n"
+        "  --no-mtp              no speculative decoding for this request\n"
         "  --json                one JSON object per line (chunks, then done or error)\n";
 
 static bool cmd_help(const char *cmd, int argc, char **argv) {

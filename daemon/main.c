@@ -60,6 +60,9 @@ struct options {
         uint64_t max_pending_bytes;
         uint32_t max_tokens_limit; /* 0: none (the context limit) */
         uint32_t prefill_budget;   /* 0: adaptive */
+        bool mtp;                  /* MTP speculative decoding with the NextN block */
+        uint32_t mtp_draft;        /* drafts per step, 1..SCHED_MTP_DRAFT_MAX */
+        bool mtp_match;            /* --mtp-sampling match */
         int log_level;
 };
 
@@ -196,6 +199,18 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
                                                where, v);
                 o->hello_timeout_s = t;
+        } else if (streq(key, "mtp")) {
+                if (streq(v, "on") || streq(v, "true") || streq(v, "1"))
+                        o->mtp = true;
+                else if (streq(v, "off") || streq(v, "false") || streq(v, "0"))
+                        o->mtp = false;
+                else
+                        return log_error_errno(EINVAL, "%s: '%s', off or on expected", where, v);
+        } else if (streq(key, "mtp-sampling")) {
+                if (streq(v, "rejection") || streq(v, "match"))
+                        o->mtp_match = streq(v, "match");
+                else
+                        return log_error_errno(EINVAL, "%s: '%s', rejection or match expected", where, v);
         } else if (streq(key, "log-level")) {
                 static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice",
                                                "info", "debug" };
@@ -223,6 +238,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         { "prefix-pages", offsetof(struct options, prefix_pages), 0, 1u << 24 },
                         { "max-messages", offsetof(struct options, max_messages), 1, 1u << 20 },
                         { "max-snapshots", offsetof(struct options, max_snapshots), 1, 1u << 20 },
+                        { "mtp-draft", offsetof(struct options, mtp_draft), 1, SCHED_MTP_DRAFT_MAX },
                 };
                 for (size_t i = 0; i < ELEMENTSOF(nums); i++)
                         if (streq(key, nums[i].name)) {
@@ -345,6 +361,12 @@ static void help(void) {
                "  --max-pending-bytes SIZE     unfinished frames over 64K held for all connections\n"
                "                               together (256M); a frame beyond it is refused\n"
                "  --output-buffer SIZE         output queued to a client before its requests pause (8M)\n"
+               "  --mtp off|on                 speculative decoding with the model's NextN block\n"
+               "                               (off; greedy output is the same either way, see xing4d(8))\n"
+               "  --mtp-draft N                drafts per step with --mtp on, 1..3 (1)\n"
+               "  --mtp-sampling rejection|match  sampled requests: rejection sampling of the drafts\n"
+               "                               (same distribution as --mtp off), or keep a draft only\n"
+               "                               when it is the token drawn (same tokens per seed)\n"
                "  --log-level LEVEL            err, warning, info, debug\n"
                "  --version\n");
 }
@@ -526,7 +548,8 @@ enum {
         OPT_MAX_FRAME, OPT_MAX_CONN, OPT_PAGE_TOKENS, OPT_CACHE_PAGES, OPT_MEMORY, OPT_PREFILL,
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
         OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES, OPT_SNAPSHOT_CHUNK, OPT_GPU_MEMORY,
-        OPT_IDLE_TIMEOUT, OPT_MAX_PENDING, OPT_MAX_TOKENS_LIMIT, OPT_PREFILL_BUDGET,
+        OPT_IDLE_TIMEOUT, OPT_MAX_PENDING, OPT_MAX_TOKENS_LIMIT, OPT_PREFILL_BUDGET, OPT_MTP,
+        OPT_MTP_DRAFT, OPT_MTP_SAMPLING,
 };
 
 static const struct option longopts[] = {
@@ -562,6 +585,9 @@ static const struct option longopts[] = {
         { "snapshot-chunk", required_argument, NULL, OPT_SNAPSHOT_CHUNK },
         { "output-buffer", required_argument, NULL, OPT_OUTPUT_BUFFER },
         { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
+        { "mtp", required_argument, NULL, OPT_MTP },
+        { "mtp-draft", required_argument, NULL, OPT_MTP_DRAFT },
+        { "mtp-sampling", required_argument, NULL, OPT_MTP_SAMPLING },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, OPT_VERSION },
         {}
@@ -618,7 +644,8 @@ static int parse_args(int argc, char **argv, struct options *o) {
 }
 
 int main(int argc, char **argv) {
-        struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256, .log_level = LOG_INFO };
+        struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256,
+                             .mtp_draft = 1, .log_level = LOG_INFO };
         _cleanup_(x4_model_freep) struct x4_model *model = NULL;
         struct tokenizer *tok = NULL;
         const struct x4_backend_ops *ops = NULL;
@@ -682,6 +709,7 @@ int main(int argc, char **argv) {
                 .progress = load_progress,
                 .progress_userdata = &ps,
                 .log = x4_backend_params_default_log,
+                .mtp = o.mtp,
         };
         if (streq(device, "auto") || streq(device, "cuda")) {
                 /* auto: a missing CUDA module is expected, not an error worth a red line */
@@ -701,6 +729,12 @@ int main(int argc, char **argv) {
                 }
                 if (r < 0 && streq(device, "cuda"))
                         goto out;
+                /* --mtp on where the GPU cannot run the NextN block: say so, do not fall back
+                 * to a CPU decode many times slower */
+                if (r == -EOPNOTSUPP && loaded && o.mtp) {
+                        log_error("%s", log_last_error());
+                        goto out;
+                }
                 /* say which backend auto chose and why, so "why is it slow" has an answer */
                 if (r < 0)
                         log_info("device auto: %s: %s; using cpu",
@@ -740,6 +774,8 @@ int main(int argc, char **argv) {
                 .max_snapshots = o.max_snapshots,
                 .max_snapshot_bytes = o.max_snapshot_bytes,
                 .snapshot_chunk = o.snapshot_chunk,
+                .mtp_draft = o.mtp ? o.mtp_draft : 0,
+                .mtp_match = o.mtp_match,
         };
         r = sched_new(&sp, &sched);
         if (r < 0)

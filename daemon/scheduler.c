@@ -441,6 +441,13 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         s->next_id = 1;
         s->cfg = x4_model_config(s->p.model);
         s->p.ops->caps(s->p.backend, &s->caps);
+        /* MTP needs a backend created with it (the NextN layer in its pages) */
+        s->p.mtp_draft = MIN(s->p.mtp_draft, SCHED_MTP_DRAFT_MAX);
+        s->mtp = s->caps.mtp && s->p.mtp_draft > 0 && s->p.ops->nextn;
+        /* tests: a drafter that is often right on a repetitive output (the random demo model's
+         * NextN block almost never is), so accepted drafts are exercised end to end */
+        const char *drafter = getenv("X4_MTP_TEST_DRAFTER");
+        s->mtp_test_repeat = s->mtp && drafter && streq(drafter, "repeat");
         r = kvcache_new(s->caps.n_pages, s->caps.page_tokens, &s->kv);
         if (r < 0) {
                 free(s);
@@ -561,6 +568,10 @@ void sched_free(struct sched *s) {
         free(s->live);
         free(s->states);
         free(s->logits);
+        free(s->hidden);
+        free(s->mtp_logits);
+        free(s->mtp_hid);
+        free(s->mtp_p);
         prefix_free(s->prefix);
         kvcache_free(s->kv);
         grammar_vocab_free(s->gvocab);

@@ -100,6 +100,7 @@ struct sched_request {
         bool has_thinking_budget;
         int32_t thinking_budget;
         bool ignore_eos;
+        bool no_mtp;   /* no speculative decoding for this request (MTP on in the daemon) */
         bool echo_ids; /* fill token ids in CHUNK events */
         enum sched_constraint constraint;
         char *constraint_schema; /* JSON_SCHEMA: the schema's JSON text */
@@ -193,9 +194,19 @@ struct sched_params {
                                   * (default 64 MiB): the disk write runs on the prep thread */
         const char *state_dir;  /* snapshots live here; NULL: snapshots unavailable */
         bool prefix_off;        /* no automatic prefix reuse */
+        /* MTP speculative decoding: the backend was created with mtp (x4_backend_params.mtp);
+         * drafts per step and request, 1..SCHED_MTP_DRAFT_MAX (0: off) */
+        uint32_t mtp_draft;
+        /* sampled requests (temperature > 0): false = rejection sampling of the drafts (the
+         * output follows the distribution of MTP off); true = a draft is the argmax and is kept
+         * when it is the token the request's sampler draws (the output is MTP off's, seed for
+         * seed, at lower acceptance) */
+        bool mtp_match;
         uint32_t prefix_pages;  /* most pages the prefix store keeps (0: up to the whole cache;
                                  * stored pages are evicted LRU when admission needs them) */
 };
+
+#define SCHED_MTP_DRAFT_MAX 3u
 
 /* The numbers a StatsReply carries (engine side). */
 struct sched_stats {
@@ -212,6 +223,7 @@ struct sched_stats {
         uint64_t steps, steps_multi; /* backend forwards; those batching > 1 request */
         uint32_t batch_max;          /* most requests one forward held */
         uint64_t preemptions;        /* requests preempted because the cache ran out */
+        uint64_t mtp_drafted_tokens, mtp_accepted_tokens; /* MTP drafts verified; accepted */
 };
 
 struct sched_request_state {

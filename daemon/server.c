@@ -346,6 +346,7 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
         r->has_thinking_budget = g->has_thinking_budget;
         r->thinking_budget = g->thinking_budget;
         r->ignore_eos = g->has_ignore_eos && g->ignore_eos;
+        r->no_mtp = g->has_no_mtp && g->no_mtp;
         if (g->constraint) { /* checked by sched_validate */
                 const Xing4__Constraint *k = g->constraint;
                 switch (k->kind_case) {
@@ -595,6 +596,9 @@ static void handle_stats(struct conn *c, uint64_t id) {
         r.engine_steps = st.steps;
         r.engine_steps_batched = st.steps_multi;
         r.batch_max = st.batch_max;
+        r.has_mtp_drafted_tokens = r.has_mtp_accepted_tokens = 1;
+        r.mtp_drafted_tokens = st.mtp_drafted_tokens;
+        r.mtp_accepted_tokens = st.mtp_accepted_tokens;
         Xing4__RequestState *states = calloc(MAX(n, (size_t) 1), sizeof *states);
         Xing4__RequestState **ptrs = calloc(MAX(n, (size_t) 1), sizeof *ptrs);
         if (states && ptrs) {

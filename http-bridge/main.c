@@ -940,13 +940,18 @@ static void handle_metrics(struct evhttp_request *req) {
                             n_jobs);
         static const char *const names[] = { "xing4_daemon_up", "xing4_daemon_queue_depth",
                                              "xing4_daemon_requests_running", "xing4_daemon_prefix_hits_total",
-                                             "xing4_daemon_prefix_tokens_reused_total" };
+                                             "xing4_daemon_prefix_tokens_reused_total",
+                                             "xing4_daemon_mtp_drafted_tokens_total",
+                                             "xing4_daemon_mtp_accepted_tokens_total" };
         static const char *const helps[] = { "1 if the daemon answered its stats on this scrape.",
                                              "Requests waiting for admission in the daemon.",
                                              "Requests running in the daemon.",
                                              "Prompts that reused the daemon's prefix cache.",
-                                             "Prompt tokens taken from the daemon's prefix cache." };
-        static const char *const types[] = { "gauge", "gauge", "gauge", "counter", "counter" };
+                                             "Prompt tokens taken from the daemon's prefix cache.",
+                                             "MTP draft tokens the daemon verified (--mtp on).",
+                                             "MTP draft tokens the daemon accepted." };
+        static const char *const types[] = { "gauge", "gauge", "gauge", "counter", "counter", "counter",
+                                             "counter" };
         struct x4_stats st[MAX_SOCKETS];
         bool up[MAX_SOCKETS];
         for (size_t i = 0; i < n_backends; i++)
@@ -955,7 +960,9 @@ static void handle_metrics(struct evhttp_request *req) {
                 evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", names[k], helps[k], names[k], types[k]);
                 for (size_t i = 0; i < n_backends; i++) {
                         uint64_t v = k == 0 ? up[i] : !up[i] ? 0 : k == 1 ? st[i].requests_waiting
-                                : k == 2 ? st[i].requests_running : k == 3 ? st[i].prefix_hits : st[i].prefix_tokens_reused;
+                                : k == 2 ? st[i].requests_running : k == 3 ? st[i].prefix_hits
+                                : k == 4 ? st[i].prefix_tokens_reused : k == 5 ? st[i].mtp_drafted_tokens
+                                : st[i].mtp_accepted_tokens;
                         if (k > 0 && !up[i])
                                 continue;
                         evbuffer_add_printf(b, "%s{socket=\"", names[k]);

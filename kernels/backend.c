@@ -8,26 +8,49 @@
 
 #include "common/log.h"
 
+static uint32_t mode_rows(uint32_t mode, uint32_t n_tokens) {
+        if (mode == X4_LOGITS_LAST && n_tokens > 0)
+                return 1;
+        return mode == X4_LOGITS_ALL ? n_tokens : 0;
+}
+
 uint32_t x4_batch_logits_rows(const struct x4_batch *batch) {
         uint32_t rows = 0;
 
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *s = &batch->seqs[i];
-                if (s->logits == X4_LOGITS_LAST && s->n_tokens > 0)
-                        rows += 1;
-                else if (s->logits == X4_LOGITS_ALL)
-                        rows += s->n_tokens;
-        }
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+                rows += mode_rows(batch->seqs[i].logits, batch->seqs[i].n_tokens);
         return rows;
 }
 
-int x4_batch_check(const struct x4_batch *batch, const float *logits,
-                   const struct x4_batch_limits *lim, char *msg, size_t msg_size) {
+uint32_t x4_batch_hidden_rows(const struct x4_batch *batch) {
+        uint32_t rows = 0;
+
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+                rows += mode_rows(batch->seqs[i].hidden, batch->seqs[i].n_tokens);
+        return rows;
+}
+
+uint32_t x4_nextn_logits_rows(const struct x4_nextn_batch *batch) {
+        uint32_t rows = 0;
+
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+                rows += mode_rows(batch->seqs[i].seq.logits, batch->seqs[i].seq.n_tokens);
+        return rows;
+}
+
+uint32_t x4_nextn_hidden_rows(const struct x4_nextn_batch *batch) {
+        uint32_t rows = 0;
+
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+                rows += mode_rows(batch->seqs[i].seq.hidden, batch->seqs[i].seq.n_tokens);
+        return rows;
+}
+
 #define REFUSE(err, ...) (snprintf(msg, msg_size, __VA_ARGS__), -(err))
-        if (!batch || batch->n_seqs == 0 || !batch->seqs)
-                return REFUSE(EINVAL, "batch has no sequences, at least 1 expected");
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *s = &batch->seqs[i];
+
+static int seq_check(const struct x4_seq *s, uint32_t i, const float *logits, const float *hidden,
+                     const struct x4_batch_limits *lim, char *msg, size_t msg_size) {
+        {
                 uint64_t end = (uint64_t) s->pos0 + s->n_tokens;
 
                 if (s->n_tokens == 0 || !s->tokens)
@@ -44,6 +67,12 @@ int x4_batch_check(const struct x4_batch *batch, const float *logits,
                 if (s->logits != X4_LOGITS_NONE && !logits)
                         return REFUSE(EINVAL,
                                       "sequence %u: logits requested but no output buffer", i);
+                if (s->hidden > X4_LOGITS_ALL)
+                        return REFUSE(EINVAL, "sequence %u: hidden mode %u, expected 0..2", i,
+                                      s->hidden);
+                if (s->hidden != X4_LOGITS_NONE && !hidden)
+                        return REFUSE(EINVAL,
+                                      "sequence %u: hidden rows requested but no output buffer", i);
                 uint64_t need = (end + lim->page_tokens - 1) / lim->page_tokens;
                 if (!s->pages || s->n_pages < need)
                         return REFUSE(ERANGE,
@@ -60,8 +89,39 @@ int x4_batch_check(const struct x4_batch *batch, const float *logits,
                                               lim->n_pages - 1);
         }
         return 0;
-#undef REFUSE
 }
+
+int x4_batch_check(const struct x4_batch *batch, const float *logits,
+                   const struct x4_batch_limits *lim, char *msg, size_t msg_size) {
+        if (!batch || batch->n_seqs == 0 || !batch->seqs)
+                return REFUSE(EINVAL, "batch has no sequences, at least 1 expected");
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                int r = seq_check(&batch->seqs[i], i, logits, batch->hidden, lim, msg, msg_size);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int x4_nextn_check(const struct x4_nextn_batch *batch, const float *logits,
+                   const struct x4_batch_limits *lim, bool mtp, char *msg, size_t msg_size) {
+        if (!mtp)
+                return REFUSE(EOPNOTSUPP, "MTP (NextN forward): the backend was created without "
+                                          "MTP (mtp off)");
+        if (!batch || batch->n_seqs == 0 || !batch->seqs)
+                return REFUSE(EINVAL, "NextN batch has no sequences, at least 1 expected");
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                int r;
+
+                if (!batch->seqs[i].h)
+                        return REFUSE(EINVAL, "NextN sequence %u: no hidden rows (h) given", i);
+                r = seq_check(&batch->seqs[i].seq, i, logits, batch->hidden, lim, msg, msg_size);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+#undef REFUSE
 
 int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size) {
         if (page < n_pages)

@@ -4,7 +4,9 @@
  *
  * Cache: `n_pages` pages of `page_tokens` tokens; a page holds, for every trunk layer, the
  * 576-wide latent row of each of its tokens (kv_lora_rank normed latent + qk_rope roped k_pe,
- * docs/model.md §4 absorbed form). A sequence's page table lists its pages in position order: position p
+ * docs/model.md §4 absorbed form). A backend created with MTP on (x4_backend_params.mtp) has one
+ * more layer in every page, the NextN block's (layer n_layer, docs/model.md §8): page_bytes grows
+ * by one layer's rows, and snapshots/prefix pages carry it like any other layer. A sequence's page table lists its pages in position order: position p
  * lives in pages[p / page_tokens] at slot p % page_tokens.
  *
  * Determinism (docs/design.md "Numerics"): a sequence's logits do not depend on its batch-mates, on how
@@ -35,11 +37,34 @@ struct x4_seq {
         const uint32_t *pages; /* page table covering positions [0, pos0 + n_tokens) */
         uint32_t n_pages;
         uint32_t logits;       /* enum x4_logits_mode */
+        /* MTP: which rows of the final hidden the forward writes to x4_batch.hidden (enum
+         * x4_logits_mode, independent of `logits`): the vector the output head multiplies,
+         * RMSNorm(mean_s X, output_norm) (or the pre-norm mean, X4_MTP_H_POST_NORM, U4), n_embd
+         * floats a row. What a NextN forward consumes. */
+        uint32_t hidden;
 };
 
 struct x4_batch {
         const struct x4_seq *seqs;
         uint32_t n_seqs;
+        float *hidden; /* x4_batch_hidden_rows() rows of n_embd floats, batch order; NULL when none */
+};
+
+/* One sequence of a NextN (MTP draft) forward, docs/model.md §8. Row k combines the hidden h of
+ * the token at position t = seq.pos0 + k with the id seq.tokens[k] of the token at t + 1; it
+ * writes the NextN layer's cache row of position t (the slot of h's token; its RoPE position is
+ * t + X4_MTP_POS_OFFSET, U5) and attends to that layer's rows 0..t of its sequence. seq.logits
+ * asks for draft logits rows (the distribution of the token at t + 2); seq.hidden for the
+ * block's own hidden of the same kind as the trunk's (what a chained draft hands on). */
+struct x4_nextn_seq {
+        struct x4_seq seq;
+        const float *h; /* seq.n_tokens rows of n_embd floats */
+};
+
+struct x4_nextn_batch {
+        const struct x4_nextn_seq *seqs;
+        uint32_t n_seqs;
+        float *hidden; /* out, x4_nextn_hidden_rows() rows; NULL when none */
 };
 
 struct x4_backend_params {
@@ -66,6 +91,10 @@ struct x4_backend_params {
         void (*route_trace)(uint32_t layer, uint32_t token, const float *scores, uint32_t n_expert,
                             const int32_t *selected, uint32_t k, void *userdata);
         void *route_trace_userdata;
+        /* MTP (docs/model.md §8): read the NextN block and give every cache page its layer.
+         * Refused (-EOPNOTSUPP) by a backend without NextN and for a model without the block.
+         * false: the block is never read and pages are the trunk's alone. */
+        bool mtp;
 };
 
 /* What a backend spent its forwards on since profiling was switched on (x4-bench --profile). */
@@ -88,6 +117,7 @@ struct x4_backend_caps {
         uint32_t max_batch_tokens; /* most new tokens one forward takes (cpu: the micro-batch it
                                     * cuts larger batches into; it accepts any size) */
         uint32_t cache_type;
+        bool mtp;                /* created with MTP: nextn() runs, pages hold the NextN layer */
         uint64_t memory_used;    /* weights + cache + workspace, bytes */
         uint64_t memory_total;   /* what the device has */
 };
@@ -120,10 +150,18 @@ struct x4_backend_ops {
          * every later forward per kernel class (timing events between kernels: slower, so never
          * during a timed run); on = false stops. `ret` (may be NULL) gets the counters so far. */
         int (*profile)(struct x4_backend *b, bool on, struct x4_backend_profile *ret);
+        /* MTP draft forward (struct x4_nextn_seq): logits rows (n_vocab floats) of every
+         * sequence's requested rows in batch order, hidden rows likewise into batch->hidden.
+         * Checked by x4_nextn_check first. -EOPNOTSUPP (with a message naming MTP) when the
+         * backend was created without mtp or cannot run the block. */
+        int (*nextn)(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits);
 };
 
-/* The number of logits rows a batch produces. */
+/* The number of logits / hidden rows a batch produces. */
 uint32_t x4_batch_logits_rows(const struct x4_batch *batch);
+uint32_t x4_batch_hidden_rows(const struct x4_batch *batch);
+uint32_t x4_nextn_logits_rows(const struct x4_nextn_batch *batch);
+uint32_t x4_nextn_hidden_rows(const struct x4_nextn_batch *batch);
 
 /* The forward contract, checked the same way by every backend before it touches anything (one
  * set of codes and messages): returns 0, or -EINVAL (empty batch, n_tokens 0, a token id outside
@@ -136,6 +174,11 @@ struct x4_batch_limits {
 };
 int x4_batch_check(const struct x4_batch *batch, const float *logits,
                    const struct x4_batch_limits *lim, char *msg, size_t msg_size);
+/* The same for a NextN batch, plus: -EINVAL for hidden rows requested with no buffer (either
+ * kind of batch), a sequence without its h rows; -EOPNOTSUPP when `mtp` is false (the backend
+ * was created without MTP). */
+int x4_nextn_check(const struct x4_nextn_batch *batch, const float *logits,
+                   const struct x4_batch_limits *lim, bool mtp, char *msg, size_t msg_size);
 /* A page id for page_read/page_write/page_copy: 0 or -ERANGE ("<what> cache page P: out of
  * range, ..."). */
 int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size);

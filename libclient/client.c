@@ -63,6 +63,7 @@ struct x4_request {
         bool has_thinking_budget;
         int32_t thinking_budget;
         int ignore_eos; /* -1 unset */
+        bool no_mtp;
         int constraint; /* enum x4_constraint */
         char *constraint_arg; /* the schema's JSON text, or the tool's name (NULL = any tool) */
 };
@@ -344,6 +345,13 @@ X4_API int x4_request_set_thinking_budget(x4_request *r, int32_t tokens) {
                 return X4_E_USAGE;
         r->has_thinking_budget = true;
         r->thinking_budget = tokens;
+        return 0;
+}
+
+X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp) {
+        if (!r)
+                return -EINVAL;
+        r->no_mtp = no_mtp;
         return 0;
 }
 
@@ -1047,6 +1055,10 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
         g.logprobs = req->logprobs;
         g.has_thinking_budget = req->has_thinking_budget;
         g.thinking_budget = req->thinking_budget;
+        if (req->no_mtp) {
+                g.has_no_mtp = 1;
+                g.no_mtp = 1;
+        }
         if (req->ignore_eos >= 0) {
                 g.has_ignore_eos = 1;
                 g.ignore_eos = req->ignore_eos;
@@ -1224,6 +1236,8 @@ X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
         ret->engine_steps_batched = s->engine_steps_batched;
         ret->prefix_pages = s->prefix_pages;
         ret->batch_max = s->batch_max;
+        ret->mtp_drafted_tokens = s->mtp_drafted_tokens;
+        ret->mtp_accepted_tokens = s->mtp_accepted_tokens;
         xing4__frame__free_unpacked(reply, NULL);
         return 0;
 }

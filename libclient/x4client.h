@@ -34,7 +34,7 @@ extern "C" {
 #define X4_API __attribute__((visibility("default")))
 
 #define X4_CLIENT_PROTO_MAJOR 1
-#define X4_CLIENT_PROTO_MINOR 1
+#define X4_CLIENT_PROTO_MINOR 2
 #define X4_DEFAULT_SOCKET "/run/xing4d/xing4d.sock"
 /* Environment variable naming the socket when none is given. */
 #define X4_SOCKET_ENV "X4_SOCKET"
@@ -119,6 +119,8 @@ X4_API int x4_request_set_snapshot(x4_request *r, const char *name);
 X4_API int x4_request_set_logprobs(x4_request *r, uint32_t top_n);
 X4_API int x4_request_set_thinking_budget(x4_request *r, int32_t tokens);
 X4_API int x4_request_set_ignore_eos(x4_request *r, bool ignore);
+/* No speculative decoding (MTP) for this request (protocol 1.2; the output is the same). */
+X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp);
 
 /* Constrained decoding of the answer (GenerateRequest.constraint, protocol 1.1): after the
  * reasoning, when thinking is on, the output is any JSON object (X4_CONSTRAINT_JSON_OBJECT, arg
@@ -267,7 +269,10 @@ struct x4_stats {
         uint32_t prefix_pages;         /* pages the prefix store keeps (not in cache_pages_used
                                         * unless a request shares them) */
         uint32_t batch_max;            /* most requests one forward held */
-        uint64_t reserved[4];
+        /* since 1.2, taken from reserved[]: MTP draft tokens verified, and accepted */
+        uint64_t mtp_drafted_tokens;
+        uint64_t mtp_accepted_tokens;
+        uint64_t reserved[2];
 };
 
 struct x4_info {

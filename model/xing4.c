@@ -619,7 +619,9 @@ static int build_expected(const struct x4_config *c, struct x4_weights *w, struc
 
         for (uint32_t i = 0; i < c->n_block; i++) {
                 bool nextn = i >= c->n_layer;
-                struct x4_layer_weights *L = nextn ? NULL : &w->layers[i];
+                /* the first NextN block's tensors get slots too (MTP); later ones are only checked */
+                struct x4_layer_weights *L = i <= c->n_layer ? &w->layers[i] : NULL;
+                struct x4_nextn_weights *N = i == c->n_layer ? &w->nextn : NULL;
 #define S(field) (L ? &L->field : NULL)
                 if (!nextn) {
                         ADD(S(hc_attn_fn), false, TC_MATRIX, 2, hc * H, n_hc, 1, "blk.%u.hc_attn_fn.weight", i);
@@ -661,12 +663,15 @@ static int build_expected(const struct x4_config *c, struct x4_weights *w, struc
                 }
                 if (nextn) {
                         /* docs/model.md §8 */
-                        ADD(NULL, true, TC_MATRIX, 2, 2 * H, H, 1, "blk.%u.nextn.eh_proj.weight", i);
-                        ADD(NULL, true, TC_MATRIX, 2, H, c->n_vocab, 1, "blk.%u.nextn.embed_tokens.weight", i);
-                        ADD(NULL, true, TC_MATRIX, 2, H, c->n_vocab, 1, "blk.%u.nextn.shared_head_head.weight", i);
-                        ADD(NULL, true, TC_F32, 1, H, 1, 1, "blk.%u.nextn.enorm.weight", i);
-                        ADD(NULL, true, TC_F32, 1, H, 1, 1, "blk.%u.nextn.hnorm.weight", i);
-                        ADD(NULL, true, TC_F32, 1, H, 1, 1, "blk.%u.nextn.shared_head_norm.weight", i);
+#define NS(field) (N ? &N->field : NULL)
+                        ADD(NS(eh_proj), true, TC_MATRIX, 2, 2 * H, H, 1, "blk.%u.nextn.eh_proj.weight", i);
+                        ADD(NS(embed_tokens), true, TC_MATRIX, 2, H, c->n_vocab, 1, "blk.%u.nextn.embed_tokens.weight", i);
+                        ADD(NS(shared_head_head), true, TC_MATRIX, 2, H, c->n_vocab, 1,
+                            "blk.%u.nextn.shared_head_head.weight", i);
+                        ADD(NS(enorm), true, TC_F32, 1, H, 1, 1, "blk.%u.nextn.enorm.weight", i);
+                        ADD(NS(hnorm), true, TC_F32, 1, H, 1, 1, "blk.%u.nextn.hnorm.weight", i);
+                        ADD(NS(shared_head_norm), true, TC_F32, 1, H, 1, 1, "blk.%u.nextn.shared_head_norm.weight", i);
+#undef NS
                 }
 #undef S
         }
@@ -745,6 +750,7 @@ static int validate_tensors(struct x4_model *m) {
                 if (e->slot)
                         *e->slot = t;
         }
+        m->w.has_nextn = m->cfg.n_nextn > 0 && n_nextn_missing == 0;
         if (n_nextn_missing > 0)
                 log_warning("%s: %zu NextN (MTP) tensor%s missing, e.g. %s: the model runs without "
                             "speculative decoding", m->path, n_nextn_missing, n_nextn_missing == 1 ? "" : "s",

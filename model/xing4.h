@@ -79,10 +79,32 @@ struct x4_layer_weights {
         const struct gguf_tensor *ffn_gate_shexp, *ffn_up_shexp, *ffn_down_shexp;
 };
 
+/* The NextN (MTP) block's own tensors (docs/model.md §8); its attention and FFN tensors are
+ * x4_weights.layers[n_layer]. */
+struct x4_nextn_weights {
+        const struct gguf_tensor *eh_proj, *embed_tokens, *shared_head_head;
+        const struct gguf_tensor *enorm, *hnorm, *shared_head_norm;
+};
+
 struct x4_weights {
         const struct gguf_tensor *token_embd, *output_norm, *output;
-        struct x4_layer_weights layers[X4_MAX_LAYERS]; /* [0, n_layer) */
+        /* [0, n_layer) the trunk; [n_layer] the first NextN block when `has_nextn` (its tensors are
+         * validated always, and only read by a backend created with MTP on) */
+        struct x4_layer_weights layers[X4_MAX_LAYERS];
+        struct x4_nextn_weights nextn;
+        bool has_nextn; /* n_nextn >= 1 and every tensor of blk.n_layer is in the file */
 };
+
+/* docs/model.md §8 and §12: the choices the release's documentation leaves open for MTP.
+ * U4: which hidden of token t a step hands to the NextN block: true = the trunk's final normed
+ * hidden RMSNorm(mean_s X, output_norm) (llama.cpp, HF, vLLM), false = the pre-norm mean (ROCmFPX).
+ * A chained draft hands on the NextN block's own hidden of the same kind (after / before
+ * shared_head_norm). */
+#define X4_MTP_H_POST_NORM true
+/* U5: the position id (RoPE) of a NextN row that combines h_t with the embedding of token t+1 is
+ * t + X4_MTP_POS_OFFSET (0: h's token, as vLLM's MTP proposer passes the target positions). The
+ * row's layer-40 cache slot is position t either way. */
+#define X4_MTP_POS_OFFSET 0u
 
 struct x4_model_params {
         const char *path;            /* the .gguf */

@@ -5,6 +5,7 @@
  *            [--threads N] [--cache f32|f16] [--prefill 512,4096] [--decode-ctx 512,4096]
  *            [--batch 1,16] [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]
  *            [--profile] [--json]
+ *            [--mtp off|on] [--mtp-draft N]
  *   x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]
  *   x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]
  *
@@ -52,6 +53,15 @@
  * block per shape in the table, classes sorted by time. A backend without the optional profile
  * op says so once on stderr and the run goes on without profiles.
  *
+ * --mtp off|on: also a greedy generation of --decode-tokens tokens after a prompt of
+ * MTP_PROMPT tokens (batch 1, "what":"generate"), timed from the prompt's first forward to the
+ * last token: with off, one forward per token; with on (the backend created with MTP), each step
+ * drafts up to --mtp-draft tokens with the NextN block (the first from the trunk's hidden, the
+ * next ones chaining the block) and verifies them in one trunk forward, keeping the drafts up to
+ * the first that is not the trunk's argmax, then the trunk's token. --mtp on runs the off loop
+ * first on the same backend, reports both, the speed-up, drafted and accepted tokens and the
+ * acceptance, and fails if the two token sequences differ.
+ *
  * The commit is $X4_COMMIT, else `git rev-parse --short HEAD` run in $X4_SOURCE_DIR or in the
  * folder of this executable (an in-tree build dir), else "unknown". */
 #include <errno.h>
@@ -97,6 +107,8 @@ struct profile_result {
         } classes[X4_PROFILE_MAX_CLASSES]; /* sorted by ms, largest first */
 };
 
+#define MTP_PROMPT 64u
+
 struct bench {
         const struct x4_backend_ops *ops;
         struct x4_backend *b;
@@ -117,6 +129,16 @@ struct bench {
         size_t n_results;
         struct profile_result profiles[MAX_PROFILES];
         size_t n_profiles;
+        /* --mtp: the generate measurements (off, then on) */
+        int mtp;            /* -1 not asked, 0 off, 1 on */
+        uint32_t mtp_draft, n_embd;
+        struct gen_result {
+                bool on;
+                uint32_t tokens, draft;
+                double tok_s, ms;
+                uint64_t drafted, accepted;
+        } gen[2];
+        size_t n_gen;
 };
 
 static const uint32_t *slot_pages(const struct bench *B, uint32_t slot) {
@@ -492,6 +514,137 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
         return profile_end(B, false, 0, ctx, batch);
 }
 
+static int32_t argmax_row(const float *l, uint32_t n) {
+        uint32_t best = 0;
+
+        for (uint32_t i = 1; i < n; i++)
+                if (l[i] > l[best])
+                        best = i;
+        return (int32_t) best;
+}
+
+/* One greedy generation of `steps` tokens after MTP_PROMPT prompt tokens in cache slot 0, with
+ * up to `draft` MTP drafts a step (0: plain decode). Writes the generated ids to out[0..steps). */
+static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_t *out, uint64_t *drafted,
+                         uint64_t *accepted) {
+        const size_t V = B->n_vocab, H = B->n_embd;
+        const uint32_t P = MTP_PROMPT;
+        _cleanup_free_ int32_t *ids = calloc(P + steps + 8, sizeof *ids);
+        _cleanup_free_ float *hid = malloc((size_t) (P + 8) * H * sizeof(float));
+        _cleanup_free_ float *lg = malloc((size_t) (1 + draft) * V * sizeof(float));
+        _cleanup_free_ float *dh = malloc(H * sizeof(float)), *dl = malloc(V * sizeof(float));
+        bool mtp = draft > 0;
+        int r;
+
+        if (!ids || !hid || !lg || !dh || !dl)
+                return log_error_errno(ENOMEM, "out of memory");
+        memcpy(ids, B->tokens, P * sizeof *ids);
+        struct x4_seq sq = { .tokens = ids, .n_tokens = P, .pos0 = 0, .pages = slot_pages(B, 0),
+                             .n_pages = slot_n_pages(B, 0), .logits = X4_LOGITS_LAST,
+                             .hidden = mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
+        r = B->ops->forward(B->b, &(struct x4_batch){ &sq, 1, mtp ? hid : NULL }, lg);
+        if (r < 0)
+                return r;
+        ids[P] = argmax_row(lg, (uint32_t) V);
+        uint32_t n_cached = P, gen = 1, h_pos0 = 0, h_n = P;
+        while (gen < steps) {
+                uint32_t k = mtp ? MIN(draft, steps - gen - 1) : 0;
+                int32_t toks[4] = { ids[n_cached] };
+
+                if (mtp) {
+                        /* the waiting rows' NextN cache rows; the last one drafts */
+                        struct x4_nextn_seq ns = {
+                                .seq = { .tokens = ids + h_pos0 + 1, .n_tokens = h_n, .pos0 = h_pos0,
+                                         .pages = sq.pages, .n_pages = sq.n_pages,
+                                         .logits = k ? X4_LOGITS_LAST : X4_LOGITS_NONE,
+                                         .hidden = k ? X4_LOGITS_LAST : X4_LOGITS_NONE },
+                                .h = hid,
+                        };
+                        r = B->ops->nextn(B->b, &(struct x4_nextn_batch){ &ns, 1, dh }, dl);
+                        if (r < 0)
+                                return r;
+                        if (k)
+                                toks[1] = argmax_row(dl, (uint32_t) V);
+                        for (uint32_t level = 1; level < k; level++) {
+                                memcpy(hid, dh, H * sizeof(float));
+                                ns = (struct x4_nextn_seq){
+                                        .seq = { .tokens = &toks[level], .n_tokens = 1, .pos0 = n_cached + level - 1,
+                                                 .pages = sq.pages, .n_pages = sq.n_pages,
+                                                 .logits = X4_LOGITS_LAST, .hidden = X4_LOGITS_LAST },
+                                        .h = hid,
+                                };
+                                r = B->ops->nextn(B->b, &(struct x4_nextn_batch){ &ns, 1, dh }, dl);
+                                if (r < 0)
+                                        return r;
+                                toks[level + 1] = argmax_row(dl, (uint32_t) V);
+                        }
+                }
+                sq = (struct x4_seq){ .tokens = toks, .n_tokens = 1 + k, .pos0 = n_cached,
+                                      .pages = sq.pages, .n_pages = sq.n_pages,
+                                      .logits = k ? X4_LOGITS_ALL : X4_LOGITS_LAST,
+                                      .hidden = mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
+                r = B->ops->forward(B->b, &(struct x4_batch){ &sq, 1, mtp ? hid : NULL }, lg);
+                if (r < 0)
+                        return r;
+                uint32_t i = 0;
+                for (;; i++) {
+                        int32_t t = argmax_row(lg + (size_t) i * V, (uint32_t) V);
+                        ids[n_cached + 1 + i] = t;
+                        gen++;
+                        if (i == k || t != toks[i + 1] || gen >= steps)
+                                break;
+                        (*accepted)++;
+                }
+                *drafted += k;
+                n_cached += i + 1;
+                h_pos0 = n_cached - (i + 1);
+                h_n = i + 1;
+        }
+        memcpy(out, ids + P, steps * sizeof *out);
+        return 0;
+}
+
+static int bench_generate(struct bench *B, uint32_t steps, uint32_t repeats) {
+        _cleanup_free_ int32_t *off = calloc(steps + 8, sizeof *off), *on = calloc(steps + 8, sizeof *on);
+        _cleanup_free_ double *t = calloc(repeats, sizeof *t);
+        int r;
+
+        if (!off || !on || !t)
+                return log_error_errno(ENOMEM, "out of memory");
+        for (int mode = 0; mode <= B->mtp; mode++) {
+                uint32_t draft = mode ? B->mtp_draft : 0;
+                uint64_t drafted = 0, accepted = 0;
+
+                for (uint32_t rep = B->warmup ? 0 : 1; rep <= repeats; rep++) {
+                        uint64_t d = 0, a = 0;
+                        double t0 = now_s();
+
+                        r = generate_once(B, steps, draft, mode ? on : off, &d, &a);
+                        if (r < 0)
+                                return r;
+                        if (rep > 0)
+                                t[rep - 1] = now_s() - t0;
+                        drafted = d, accepted = a;
+                }
+                double m = median(t, repeats);
+                printf("{\"what\":\"generate\",\"mtp\":\"%s\",\"mtp_draft\":%u,\"prompt\":%u,\"tokens\":%u,"
+                       "\"tok_s\":%.2f,\"ms\":%.3f,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64
+                       ",\"acceptance\":%.4f",
+                       mode ? "on" : "off", draft, MTP_PROMPT, steps, steps / m, m * 1000, drafted, accepted,
+                       drafted ? (double) accepted / (double) drafted : 0.0);
+                if (mode)
+                        printf(",\"speedup\":%.3f,\"same_tokens\":%s", B->gen[0].ms / (m * 1000),
+                               memcmp(on, off, steps * sizeof *on) == 0 ? "true" : "false");
+                print_tail(B);
+                B->gen[B->n_gen++] = (struct gen_result){ .on = mode, .tokens = steps, .draft = draft,
+                                                         .tok_s = steps / m, .ms = m * 1000,
+                                                         .drafted = drafted, .accepted = accepted };
+        }
+        if (B->mtp == 1 && memcmp(on, off, steps * sizeof *on) != 0)
+                return log_error_errno(EPROTO, "generate: the greedy tokens with MTP on differ from MTP off");
+        return 0;
+}
+
 static void print_table(const struct bench *B) {
         printf("\nx4-bench  model %s  device %s  cache %s  commit %s\n", B->model, B->device, B->cache,
                B->commit);
@@ -531,6 +684,17 @@ static void print_table(const struct bench *B) {
                 for (uint32_t k = 0; k < p->n_classes; k++)
                         printf("  %-20s %12.1f %12.4f %7.1f%%\n", p->classes[k].name, p->classes[k].kernels,
                                p->classes[k].ms, sum > 0 ? 100 * p->classes[k].ms / sum : 0);
+        }
+        for (size_t i = 0; i < B->n_gen; i++) {
+                if (i == 0)
+                        printf("\ngenerate (greedy, batch 1, prompt %u)\n", MTP_PROMPT);
+                printf("  mtp %-3s draft %u  %u tokens  %10.2f tok/s", B->gen[i].on ? "on" : "off", B->gen[i].draft,
+                       B->gen[i].tokens, B->gen[i].tok_s);
+                if (B->gen[i].on)
+                        printf("  acceptance %.1f%% (%" PRIu64 " of %" PRIu64 " drafts)  speed-up %.2fx",
+                               B->gen[i].drafted ? 100.0 * B->gen[i].accepted / B->gen[i].drafted : 0.0,
+                               B->gen[i].accepted, B->gen[i].drafted, B->gen[0].ms / B->gen[i].ms);
+                printf("\n");
         }
 }
 
@@ -872,7 +1036,7 @@ static void usage(FILE *f) {
               "                [--device cpu|cuda] [--threads N] [--cache f32|f16]\n"
               "                [--prefill 512,4096] [--decode-ctx 512,4096] [--batch 1,16]\n"
               "                [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]\n"
-              "                [--warmup 0|1] [--profile] [--json]\n"
+              "                [--warmup 0|1] [--profile] [--json] [--mtp off|on] [--mtp-draft N]\n"
               "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n"
               "       x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]\n"
               "\n"
@@ -888,7 +1052,11 @@ static void usage(FILE *f) {
               "                            shapes whose one run takes minutes (a 32K prefill)\n"
               "  --profile                 after each measurement, one more untimed run of the same\n"
               "                            shape with the backend's profiling on: kernels per decode\n"
-              "                            step (per prefill) and time per kernel class\n",
+              "                            step (per prefill) and time per kernel class\n"
+              "  --mtp off|on              also a greedy generation of --decode-tokens tokens at batch 1:\n"
+              "                            on: speculative decoding with the NextN block (after the\n"
+              "                            same run with it off): tok/s, acceptance, speed-up\n"
+              "  --mtp-draft N             drafts per step with --mtp on, 1..3 (default 1)\n",
               f);
 }
 
@@ -913,6 +1081,8 @@ int main(int argc, char **argv) {
                 { "seconds", required_argument, NULL, 'S' },
                 { "grammar", required_argument, NULL, 'G' },
                 { "grammar-seqs", required_argument, NULL, 'g' },
+                { "mtp", required_argument, NULL, 'M' },
+                { "mtp-draft", required_argument, NULL, 'd' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -931,6 +1101,8 @@ int main(int argc, char **argv) {
         log_set_max_level(LOG_CRIT);
         B.cache = "f32";
         B.prefill_max = 4096;
+        B.mtp = -1;
+        B.mtp_draft = 1;
         B.warmup = true;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 switch (c) {
@@ -997,6 +1169,17 @@ int main(int argc, char **argv) {
                         break;
                 case 'g':
                         r = parse_u32("--grammar-seqs", optarg, 1, &grammar_seqs);
+                        break;
+                case 'M':
+                        if (streq(optarg, "on") || streq(optarg, "off"))
+                                B.mtp = streq(optarg, "on");
+                        else
+                                r = log_error_errno(EINVAL, "--mtp: '%s', off or on expected", optarg);
+                        break;
+                case 'd':
+                        r = parse_u32("--mtp-draft", optarg, 1, &B.mtp_draft);
+                        if (r >= 0 && B.mtp_draft > 3)
+                                r = log_error_errno(EINVAL, "--mtp-draft: '%s' is not an integer in [1, 3]", optarg);
                         break;
                 case 'S': {
                         char *end;
@@ -1073,6 +1256,8 @@ int main(int argc, char **argv) {
          * decode source, max_batch - 1 batch-mates hold a decode context; a decode run writes
          * positions ctx .. ctx + steps - 1 */
         uint64_t dec_tokens = (uint64_t) max_ctx + steps, seq0_tokens = MAX((uint64_t) max_len, dec_tokens);
+        if (B.mtp >= 0) /* the generate run: prompt, tokens, drafts past the last */
+                seq0_tokens = MAX(seq0_tokens, (uint64_t) MTP_PROMPT + steps + 4);
         uint64_t n_pages = DIV_ROUND_UP(seq0_tokens, PAGE_TOKENS) +
                            (uint64_t) (max_batch - 1) * DIV_ROUND_UP(dec_tokens, PAGE_TOKENS);
         char need[256];
@@ -1100,7 +1285,9 @@ int main(int argc, char **argv) {
                 .n_pages = (uint32_t) n_pages,
                 .cache_type = cache_type,
                 .log = x4_backend_params_default_log,
+                .mtp = B.mtp == 1,
         };
+        B.n_embd = cfg->n_embd;
         r = B.ops->create(model, &bp, &B.b);
         if (r < 0) {
                 char what[512];
@@ -1121,7 +1308,7 @@ int main(int argc, char **argv) {
                 snprintf(B.device, sizeof B.device, "%s", caps.name);
 
         /* tokens: the longest prefill, the decode setup's prefill, one per sequence of a batch */
-        uint32_t n_tokens = MAX(MAX(max_len, MIN(max_ctx, B.prefill_max)), max_batch);
+        uint32_t n_tokens = MAX(MAX(MAX(max_len, MIN(max_ctx, B.prefill_max)), max_batch), MTP_PROMPT);
         B.pages = calloc(bp.n_pages, sizeof *B.pages);
         B.tokens = calloc(n_tokens, sizeof *B.tokens);
         B.logits = calloc(max_batch, (size_t) B.n_vocab * sizeof(float));
@@ -1148,6 +1335,8 @@ int main(int argc, char **argv) {
                 for (size_t j = 0; j < n_batch; j++)
                         if ((r = bench_decode(&B, ctxs[i], batches[j], steps, repeats)) < 0)
                                 goto fail_b;
+        if (B.mtp >= 0 && (r = bench_generate(&B, steps, repeats)) < 0)
+                goto fail_b;
         if (!B.json)
                 print_table(&B);
         B.ops->destroy(B.b);

@@ -3,12 +3,15 @@
  *
  *   x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5] [--last N]
  *             [--device cpu|cuda] [--threads N] [--chunk N] [--assume-release-defaults]
- *             --out F.bin
+ *             [--nextn-out G.bin] --out F.bin
  *
  * Output: little-endian float32 rows of vocab width: the logits of every prompt position (only the
  * last N with --last N), then one row per decode id (the logits after feeding that id at the next
- * position). The prompt runs as one batch, or in --chunk N pieces. Any error: one line on stderr,
- * exit status 1. */
+ * position). The prompt runs as one batch, or in --chunk N pieces. With --nextn-out (MTP on), G.bin
+ * gets the NextN block's draft logits (docs/model.md §8) of every position t but the last, from the
+ * trunk's hidden of t and the id at t + 1 (the distribution of the token at t + 2); each feed runs
+ * the NextN rows whose next id it has just made known, as the engine does. Any error: one line on
+ * stderr, exit status 1. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -27,7 +30,7 @@
 static void usage(FILE *f) {
         fputs("usage: x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5]\n"
               "                 [--last N] [--device cpu|cuda] [--threads N] [--chunk N]\n"
-              "                 [--assume-release-defaults] --out F.bin\n",
+              "                 [--assume-release-defaults] [--nextn-out G.bin] --out F.bin\n",
               f);
 }
 
@@ -93,6 +96,12 @@ struct run {
         uint32_t n_vocab;
         FILE *out;
         const char *out_path;
+        /* --nextn-out: every position's trunk hidden, all the ids, and where the draft rows go */
+        float *hidden;
+        const int32_t *ids;
+        uint32_t n_embd;
+        FILE *nextn_out;
+        const char *nextn_path;
 };
 
 static int write_rows(struct run *r, const float *rows, size_t n) {
@@ -117,6 +126,10 @@ static int feed(struct run *r, const int32_t *tokens, uint32_t n, uint32_t pos0,
         uint32_t skip = 0, rows = 0;
         int k;
 
+        if (r->nextn_out) {
+                seq.hidden = X4_LOGITS_ALL;
+                batch.hidden = r->hidden + (size_t) pos0 * r->n_embd;
+        }
         if (first_wanted < end) {
                 if (first_wanted + 1 == end) {
                         seq.logits = X4_LOGITS_LAST;
@@ -130,7 +143,26 @@ static int feed(struct run *r, const int32_t *tokens, uint32_t n, uint32_t pos0,
         k = r->ops->forward(r->b, &batch, buf);
         if (k < 0)
                 return k;
-        return rows > skip ? write_rows(r, buf + (size_t) skip * r->n_vocab, rows - skip) : 0;
+        k = rows > skip ? write_rows(r, buf + (size_t) skip * r->n_vocab, rows - skip) : 0;
+        /* the ids at pos0.. are now known: the NextN rows of positions pos0 - 1 .. end - 2 */
+        uint32_t t0 = pos0 > 0 ? pos0 - 1 : 0, nn = (uint32_t) (end - 1 - t0);
+        if (k < 0 || !r->nextn_out || nn == 0)
+                return k;
+        struct x4_nextn_seq ns = {
+                .seq = { .tokens = r->ids + t0 + 1, .n_tokens = nn, .pos0 = t0, .pages = r->pages,
+                         .n_pages = r->n_pages, .logits = X4_LOGITS_ALL },
+                .h = r->hidden + (size_t) t0 * r->n_embd,
+        };
+        struct x4_nextn_batch nb = { .seqs = &ns, .n_seqs = 1 };
+        _cleanup_free_ float *draft = malloc((size_t) nn * r->n_vocab * sizeof(float));
+        if (!draft)
+                return log_error_errno(ENOMEM, "out of memory");
+        k = r->ops->nextn(r->b, &nb, draft);
+        if (k < 0)
+                return k;
+        if (fwrite(draft, sizeof(float) * r->n_vocab, nn, r->nextn_out) != nn)
+                return log_error_errno(errno ? errno : EIO, "%s: write failed: %m", r->nextn_path);
+        return 0;
 }
 
 static void backend_destroy(struct run *r) {
@@ -150,6 +182,7 @@ int main(int argc, char **argv) {
                 { "chunk", required_argument, NULL, 'k' },
                 { "assume-release-defaults", no_argument, NULL, 'R' },
                 { "out", required_argument, NULL, 'o' },
+                { "nextn-out", required_argument, NULL, 'N' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -158,7 +191,10 @@ int main(int argc, char **argv) {
         _cleanup_free_ int32_t *prompt = NULL, *decode = NULL;
         _cleanup_free_ uint32_t *pages = NULL;
         _cleanup_free_ float *buf = NULL;
-        _cleanup_fclose_ FILE *out = NULL;
+        _cleanup_fclose_ FILE *out = NULL, *nextn_out = NULL;
+        _cleanup_free_ int32_t *all_ids = NULL;
+        _cleanup_free_ float *hidden = NULL;
+        const char *nextn_path = NULL;
         const char *device = "cpu", *out_path = NULL, *prompt_s = NULL, *decode_s = "";
         uint32_t n_prompt = 0, n_decode = 0, last = 0, threads = 0, chunk = 0;
         bool have_last = false;
@@ -201,6 +237,9 @@ int main(int argc, char **argv) {
                         break;
                 case 'o':
                         out_path = optarg;
+                        break;
+                case 'N':
+                        nextn_path = optarg;
                         break;
                 case 'h':
                         usage(stdout);
@@ -261,6 +300,7 @@ int main(int argc, char **argv) {
                 .n_pages = run.n_pages,
                 .cache_type = X4_CACHE_F32,
                 .log = x4_backend_params_default_log,
+                .mtp = nextn_path != NULL,
         };
         r = run.ops->create(model, &bp, &run.b);
         if (r < 0)
@@ -280,6 +320,27 @@ int main(int argc, char **argv) {
         }
         run.out = out;
         run.out_path = out_path;
+        if (nextn_path) {
+                uint32_t n_all = n_prompt + n_decode;
+
+                all_ids = malloc((size_t) n_all * sizeof *all_ids);
+                hidden = malloc((size_t) n_all * cfg->n_embd * sizeof(float));
+                if (!all_ids || !hidden)
+                        goto oom_b;
+                memcpy(all_ids, prompt, (size_t) n_prompt * sizeof *all_ids);
+                if (n_decode)
+                        memcpy(all_ids + n_prompt, decode, (size_t) n_decode * sizeof *all_ids);
+                nextn_out = fopen(nextn_path, "we");
+                if (!nextn_out) {
+                        log_error("%s: cannot open for writing: %m", nextn_path);
+                        goto fail_b;
+                }
+                run.ids = all_ids;
+                run.hidden = hidden;
+                run.n_embd = cfg->n_embd;
+                run.nextn_out = nextn_out;
+                run.nextn_path = nextn_path;
+        }
 
         for (uint32_t pos = 0; pos < n_prompt; pos += chunk) {
                 r = feed(&run, prompt + pos, MIN(chunk, n_prompt - pos), pos, n_prompt - last, buf);
@@ -293,6 +354,10 @@ int main(int argc, char **argv) {
         }
         if (fflush(out) != 0 || ferror(out)) {
                 log_error("%s: write failed: %m", out_path);
+                goto fail_b;
+        }
+        if (nextn_out && (fflush(nextn_out) != 0 || ferror(nextn_out))) {
+                log_error("%s: write failed: %m", nextn_path);
                 goto fail_b;
         }
         backend_destroy(&run);

@@ -96,6 +96,20 @@ struct job {
         struct grammar_matcher *gm;
         uint64_t *gmask;
         bool gm_on;
+        /* MTP speculative decoding (engine/mtp.c): the trunk's hidden rows of positions
+         * [mtp_h_pos0, mtp_h_pos0 + mtp_h_n) whose NextN cache rows are not written yet (the
+         * rows before mtp_h_pos0 are), and this step's verify tokens: the last sampled token,
+         * then mtp_k drafts */
+        bool mtp;
+        float *mtp_h;
+        uint32_t mtp_h_pos0, mtp_h_n, mtp_h_cap;
+        uint32_t mtp_k;
+        int32_t mtp_tok[1 + SCHED_MTP_DRAFT_MAX];
+        /* rejection sampling (sampled requests): this step's drafts were drawn from the draft
+         * distributions mtp_q (mtp_k rows of n_vocab) */
+        bool mtp_rej;
+        float *mtp_q;
+        size_t mtp_q_cap;
 };
 
 struct sched {
@@ -152,6 +166,15 @@ struct sched {
         uint64_t admit_counter, preemptions;
         double decode_step_ms; /* a step without prefill (moving average) */
         double prefill_tok_ms; /* a prompt token's cost within a step (moving average) */
+        /* MTP (engine/mtp.c): the backend runs the NextN block; the forward's hidden rows; the
+         * NextN forwards' scratch; drafted and accepted token counts */
+        bool mtp;
+        bool mtp_test_repeat; /* X4_MTP_TEST_DRAFTER=repeat (tests): every draft is the last token */
+        float *hidden;
+        size_t hidden_cap;
+        float *mtp_logits, *mtp_hid, *mtp_p;
+        size_t mtp_logits_cap, mtp_hid_cap, mtp_p_cap;
+        uint64_t mtp_drafted, mtp_accepted;
 };
 
 #define SNAP_CHUNK_BYTES ((uint64_t) 64 << 20) /* default --snapshot-chunk */
@@ -188,6 +211,14 @@ void eng_snapshot_done(struct sched *s, struct job *j, const struct sched_snapsh
 /* daemon/engine/prepare.c (prompt preparation (the prep thread)) */
 void eng_prep_enqueue(struct sched *s, struct job *j);
 void *eng_prep_main(void *userdata);
+
+/* daemon/engine/mtp.c (MTP speculative decoding) */
+uint32_t eng_mtp_want(const struct sched *s, const struct job *j);
+void eng_mtp_reset(struct job *j, uint32_t pos);
+void eng_mtp_draft(struct sched *s);
+void eng_mtp_flush(struct sched *s, struct job *j);
+bool eng_mtp_keep(struct sched *s, struct job *j, uint32_t pos0, const float *rows, uint32_t n);
+float *eng_mtp_grow(float **p, size_t *cap, size_t n);
 
 /* daemon/engine/step.c (the step) */
 void eng_admit(struct sched *s);

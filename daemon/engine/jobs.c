@@ -29,6 +29,8 @@ void eng_job_free(struct sched *s, struct job *j) {
                 (void) kvcache_release(s->kv, j->pages, j->n_pages);
         free(j->pages);
         free(j->seq);
+        free(j->mtp_h);
+        free(j->mtp_q);
         sampler_free(j->sampler);
         outparse_free(j->op);
         free(j->op_stop_string);

@@ -514,7 +514,9 @@ static size_t top_k_heap(struct sampler *s, size_t k) {
         return n;
 }
 
-static int32_t sample_tempered(struct sampler *s, int32_t best) {
+/* Steps 3-6: the kept candidates of the tempered distribution in s->cand (returns how many), or
+ * *all (no truncation: every token, weights s->w, their sum in *total). */
+static size_t keep_tempered(struct sampler *s, int32_t best, bool *all, double *all_total) {
         const uint32_t V = s->n_vocab;
         const float T = s->p.temperature, zmax = s->z[best];
         const bool top_k_on = s->p.top_k > 0 && (uint32_t) s->p.top_k < V;
@@ -534,8 +536,11 @@ static int32_t sample_tempered(struct sampler *s, int32_t best) {
                         n = take_until(c, n, 0, ((double) s->p.top_p - 1e-6) * kept);
         } else {
                 double total = weigh(s, zmax, T);
-                if (!top_k_on && !top_p_on && !min_p_on)
-                        return draw_all(s, total);
+                if (!top_k_on && !top_p_on && !min_p_on) {
+                        *all = true;
+                        *all_total = total;
+                        return 0;
+                }
                 n = 0;
                 if (top_k_on || !top_p_on) /* large k or min-p alone: tokens with weight */
                         for (uint32_t i = 0; i < V; i++)
@@ -562,7 +567,118 @@ static int32_t sample_tempered(struct sampler *s, int32_t best) {
                                 c[m++] = c[i];
                 n = m;
         }
-        return draw(s, c, n);
+        *all = false;
+        return n;
+}
+
+static int32_t sample_tempered(struct sampler *s, int32_t best) {
+        bool all;
+        double total;
+        size_t n = keep_tempered(s, best, &all, &total);
+
+        return all ? draw_all(s, total) : draw(s, s->cand, n);
+}
+
+bool sampler_greedy(const struct sampler *s) {
+        return s->p.temperature == 0;
+}
+
+int sampler_logprobs(struct sampler *s, const float *logits, int32_t token, struct sampler_result *ret,
+                     uint32_t n_top) {
+        if (n_top > SAMPLER_TOP_LOGPROBS_MAX)
+                return log_error_errno(EINVAL, "top_logprobs must be in [0, %d], got %u",
+                                       SAMPLER_TOP_LOGPROBS_MAX, n_top);
+        if (token < 0 || (uint32_t) token >= s->n_vocab)
+                return log_error_errno(EINVAL, "sampler: token %d outside the vocabulary", token);
+        int32_t best = penalize(s, logits);
+        if (best < 0)
+                return log_error_errno(EDOM, "sampler: all %u logits are -inf or NaN", s->n_vocab);
+        fill_logprobs(s, token, best, ret, n_top);
+        return token;
+}
+
+int sampler_probs(struct sampler *s, const float *logits, float *probs) {
+        int32_t best = penalize(s, logits);
+
+        if (best < 0)
+                return log_error_errno(EDOM, "sampler: all %u logits are -inf or NaN", s->n_vocab);
+        memset(probs, 0, s->n_vocab * sizeof *probs);
+        if (s->p.temperature == 0) {
+                probs[best] = 1.0f;
+                return best;
+        }
+        bool all;
+        double total = 0;
+        size_t n = keep_tempered(s, best, &all, &total);
+        if (all) {
+                for (uint32_t i = 0; i < s->n_vocab; i++)
+                        probs[i] = (float) (s->w[i] / total);
+                return best;
+        }
+        total = 0;
+        for (size_t i = 0; i < n; i++)
+                total += s->cand[i].w;
+        for (size_t i = 0; i < n; i++)
+                probs[s->cand[i].id] = (float) (s->cand[i].w / total);
+        return best;
+}
+
+/* One draw from a dense distribution (need not be normalised; > 0 total), in id order. */
+static int32_t draw_dense(struct sampler *s, const float *w, double total) {
+        double u = rng_uniform(s->rng) * total, cum = 0;
+        int32_t last = -1;
+
+        for (uint32_t i = 0; i < s->n_vocab; i++) {
+                if (w[i] <= 0)
+                        continue;
+                cum += w[i];
+                last = (int32_t) i;
+                if (u < cum)
+                        return last;
+        }
+        return last;
+}
+
+int32_t sampler_draw_probs(struct sampler *s, const float *probs) {
+        double total = 0;
+
+        for (uint32_t i = 0; i < s->n_vocab; i++)
+                total += probs[i] > 0 ? probs[i] : 0;
+        if (!(total > 0))
+                return log_error_errno(EDOM, "sampler: a distribution without mass");
+        return draw_dense(s, probs, total);
+}
+
+int32_t sampler_speculate(struct sampler *s, const float *p, const float *q, int32_t draft,
+                          bool *accepted) {
+        *accepted = false;
+        if (draft < 0 || (uint32_t) draft >= s->n_vocab)
+                return log_error_errno(EINVAL, "sampler: draft %d outside the vocabulary", draft);
+        /* accept with min(1, p/q): u < p/q, u uniform in [0, 1) (q[draft] > 0: it was drawn) */
+        double pd = p[draft], qd = q[draft];
+        if (pd > 0 && (pd >= qd || rng_uniform(s->rng) * qd < pd)) {
+                *accepted = true;
+                return draft;
+        }
+        /* else the residual max(0, p - q), normalised; where p <= q everywhere (p == q) it has no
+         * mass and p itself is the answer */
+        double total = 0;
+        for (uint32_t i = 0; i < s->n_vocab; i++)
+                if (p[i] > q[i])
+                        total += (double) p[i] - (double) q[i];
+        if (!(total > 0))
+                return sampler_draw_probs(s, p);
+        double u = rng_uniform(s->rng) * total, cum = 0;
+        int32_t last = -1;
+        for (uint32_t i = 0; i < s->n_vocab; i++) {
+                if (!(p[i] > q[i]))
+                        continue;
+                cum += (double) p[i] - (double) q[i];
+                last = (int32_t) i;
+                if (u < cum)
+                        return last;
+        }
+        return last;
 }
 
 int sampler_sample(struct sampler *s, const float *logits, struct sampler_result *ret,

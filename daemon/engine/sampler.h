@@ -92,3 +92,22 @@ struct sampler_result {
  * large, -EDOM if every logit is -inf or NaN. */
 int sampler_sample(struct sampler *s, const float *logits, struct sampler_result *ret,
                    uint32_t n_top);
+
+/* Speculative decoding by rejection sampling (Leviathan et al. 2023, Chen et al. 2023).
+ * sampler_probs: the distribution sampler_sample draws from for these logits (steps 1-6 with this
+ * sampler's parameters and penalty state), as n_vocab probabilities (0 for tokens the truncations
+ * drop; one-hot on the argmax at temperature 0); draws nothing. Returns the argmax or -EDOM.
+ * sampler_draw_probs: one token from such a distribution with this sampler's RNG.
+ * sampler_speculate: given the target distribution p, the draft distribution q and a draft token
+ * drawn from q, accept the draft with probability min(1, p/q) (one uniform draw, none when
+ * p >= q), else draw from max(0, p - q) renormalised; *accepted says which. The token returned
+ * is distributed exactly as p, whatever q is, when the draft was drawn from q. */
+int sampler_probs(struct sampler *s, const float *logits, float *probs);
+/* temperature 0 */
+bool sampler_greedy(const struct sampler *s);
+/* What sampler_sample's `ret` says for `token` (chosen some other way, e.g. sampler_speculate). */
+int sampler_logprobs(struct sampler *s, const float *logits, int32_t token, struct sampler_result *ret,
+                     uint32_t n_top);
+int32_t sampler_draw_probs(struct sampler *s, const float *probs);
+int32_t sampler_speculate(struct sampler *s, const float *p, const float *q, int32_t draft,
+                          bool *accepted);

@@ -147,6 +147,8 @@ void eng_admit(struct sched *s) {
                         prefix_count(s->prefix, k);
                 /* cached: the snapshot's tokens and the stored pages, whichever reach further */
                 j->n_cached = MAX(j->snap_data ? j->snap_n : 0, k * pt);
+                j->mtp = s->mtp && !j->r->no_mtp;
+                eng_mtp_reset(j, j->n_cached);
                 if (first)
                         j->n_reused = j->n_cached - j->snap_n;
                 if (j->snap_data) {
@@ -299,10 +301,107 @@ static int by_prompt_left(const void *a, const void *b) {
         return l < r ? -1 : l > r;
 }
 
+/* Sample (or force) j's next token from its logits row l, as every step does; false when j
+ * failed (and was freed). With a draft distribution q (MTP rejection sampling, engine/mtp.c), the
+ * draft is accepted with min(1, p/q) or another token drawn from max(0, p - q) (p: the row's
+ * distribution after the mask and every sampling option); *accepted says whether the token is
+ * the draft. */
+static bool sample_row(struct sched *s, struct job *j, float *l, const float *q, int32_t draft,
+                       int32_t *ret, struct sched_logprob **ret_lp, bool *accepted) {
+        struct sched_logprob *lp = NULL;
+        int32_t t;
+
+        if (j->force_end_think) {
+                t = outparse_end_think_id(j->op);
+                *accepted = draft >= 0 && t == draft;
+        } else {
+                struct sampler_result res;
+                bool want = j->r->logprobs > 0;
+                if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
+                        return false;
+                if (q) {
+                        bool ok = false;
+                        float *p = eng_mtp_grow(&s->mtp_p, &s->mtp_p_cap, s->cfg->n_vocab);
+                        t = !p ? -ENOMEM : sampler_probs(j->sampler, l, p);
+                        if (t >= 0)
+                                t = sampler_speculate(j->sampler, p, q, draft, &ok);
+                        if (t >= 0 && want)
+                                t = sampler_logprobs(j->sampler, l, t, &res, j->r->logprobs);
+                        *accepted = ok;
+                } else
+                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
+                if (t < 0) {
+                        eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", log_last_error());
+                        return false;
+                }
+                if (want && (lp = calloc(1, sizeof *lp)) &&
+                    (lp->top = calloc(MAX(res.n_top, 1u), sizeof *lp->top))) {
+                        lp->token_id = res.token;
+                        lp->logprob = res.logprob;
+                        /* a constraint leaves fewer allowed tokens than asked for: the
+                         * masked ones (-inf) are not alternatives */
+                        while (res.n_top > 0 && !isfinite(res.top[res.n_top - 1].logprob))
+                                res.n_top--;
+                        lp->n_top = res.n_top;
+                        for (uint32_t k = 0; k < res.n_top; k++) {
+                                lp->top[k] = (struct sched_top_logprob){ res.top[k].token,
+                                                                         res.top[k].logprob };
+                                /* so clients show the alternative, not "<token N>" */
+                                if (s->p.tokenizer) {
+                                        size_t len;
+                                        if (tokenizer_decode(s->p.tokenizer, &res.top[k].token,
+                                                             1, 0, &lp->top[k].text, &len) < 0)
+                                                lp->top[k].text = NULL;
+                                }
+                        }
+                } else if (lp) {
+                        free(lp);
+                        lp = NULL;
+                }
+        }
+        if (!q)
+                *accepted = draft >= 0 && t == draft;
+        *ret = t;
+        *ret_lp = lp;
+        return true;
+}
+
+/* MTP: the rows of a verify step (engine/mtp.c). Row i goes through the mask and the sampler as a
+ * one-token step at that position would: greedy requests (and --mtp-sampling match) accept draft
+ * i + 1 when it is the token the sampler picks; sampled ones accept it by rejection sampling
+ * against the distribution it was drawn from. The first other token ends the step (it is the
+ * trunk's own next token). Returns the accepted drafts. */
+static uint32_t verify(struct sched *s, struct job *j, const struct x4_seq *sq, const float *logits,
+                       const float *hid) {
+        const size_t V = s->cfg->n_vocab, H = s->cfg->n_embd;
+        uint32_t k = sq->n_tokens - 1, accepted = 0;
+
+        s->mtp_drafted += k;
+        for (uint32_t i = 0; i <= k; i++) {
+                struct sched_logprob *lp;
+                int32_t t;
+
+                /* positions up to pos0 + i hold the sequence's own tokens now */
+                j->n_cached = sq->pos0 + i + 1;
+                (void) eng_mtp_keep(s, j, sq->pos0 + i, hid + i * H, 1);
+                bool ok = false;
+                const float *q = i < k && j->mtp_rej ? j->mtp_q + (size_t) i * V : NULL;
+                if (!sample_row(s, j, (float *) logits + i * V, q, i < k ? sq->tokens[i + 1] : -1, &t,
+                                &lp, &ok))
+                        break;
+                ok = ok && i < k;
+                accepted += ok;
+                if (eng_accept_token(s, j, t, lp) || !ok)
+                        break;
+        }
+        s->mtp_accepted += accepted;
+        return accepted;
+}
+
 static void step(struct sched *s) {
         struct x4_seq *seqs;
         struct job **owners;
-        uint32_t n = 0, cap = 0, rows = 0;
+        uint32_t n = 0, cap = 0, rows = 0, hrows = 0;
         uint32_t prefill_tokens = 0, decode_tokens = 0;
 
         /* pages for this step, as sequences eng_grow: decoding requests first (one position each),
@@ -311,8 +410,13 @@ static void step(struct sched *s) {
                 again = false;
                 for (struct job *j = s->jobs; j; j = j->next) {
                         j->plan = 0;
+                        j->mtp_k = 0;
                         if (j->state != JOB_DECODE || j->paused)
                                 continue;
+                        /* MTP drafts only where their pages are free now */
+                        j->mtp_k = eng_mtp_want(s, j);
+                        if (j->mtp_k && !grow_pages(s, j, (uint64_t) j->n_cached + 1 + j->mtp_k))
+                                j->mtp_k = 0;
                         if (grow_pages(s, j, (uint64_t) j->n_cached + 1))
                                 continue;
                         preempt(s, pick_victim(s));
@@ -359,6 +463,7 @@ static void step(struct sched *s) {
                 cap += (j->state == JOB_DECODE && !j->paused) || j->plan;
         if (cap == 0)
                 return;
+        eng_mtp_draft(s);
         seqs = calloc(cap, sizeof *seqs);
         owners = calloc(cap, sizeof *owners);
         if (!seqs || !owners) {
@@ -368,13 +473,25 @@ static void step(struct sched *s) {
                 return;
         }
         for (struct job *j = s->jobs; j; j = j->next) {
-                if (j->state == JOB_DECODE && !j->paused) {
+                if (j->state == JOB_DECODE && !j->paused && j->mtp_k) {
+                        /* MTP: the last sampled token and the drafts, every row (verify) */
+                        seqs[n] = (struct x4_seq){ .tokens = j->mtp_tok, .n_tokens = 1 + j->mtp_k,
+                                                   .pos0 = j->n_cached, .pages = j->pages,
+                                                   .n_pages = j->n_pages, .logits = X4_LOGITS_ALL,
+                                                   .hidden = X4_LOGITS_ALL };
+                        owners[n++] = j;
+                        decode_tokens++;
+                        rows += 1 + j->mtp_k;
+                        hrows += 1 + j->mtp_k;
+                } else if (j->state == JOB_DECODE && !j->paused) {
                         seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = 1,
                                                    .pos0 = j->n_cached, .pages = j->pages,
-                                                   .n_pages = j->n_pages, .logits = X4_LOGITS_LAST };
+                                                   .n_pages = j->n_pages, .logits = X4_LOGITS_LAST,
+                                                   .hidden = j->mtp ? X4_LOGITS_LAST : X4_LOGITS_NONE };
                         owners[n++] = j;
                         decode_tokens++;
                         rows++;
+                        hrows += j->mtp;
                 } else if (j->plan) {
                         uint32_t chunk = j->plan;
                         /* logits for the last prompt token only; a resumed request's last
@@ -383,10 +500,12 @@ static void step(struct sched *s) {
                         seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
                                                    .pos0 = j->n_cached, .pages = j->pages,
                                                    .n_pages = j->n_pages,
-                                                   .logits = last ? X4_LOGITS_LAST : X4_LOGITS_NONE };
+                                                   .logits = last ? X4_LOGITS_LAST : X4_LOGITS_NONE,
+                                                   .hidden = j->mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
                         owners[n++] = j;
                         prefill_tokens += chunk;
                         rows += last;
+                        hrows += j->mtp ? chunk : 0;
                 }
         }
         size_t need = (size_t) MAX(rows, 1u) * s->cfg->n_vocab;
@@ -401,7 +520,13 @@ static void step(struct sched *s) {
                 s->logits = l;
                 s->logits_cap = need;
         }
-        struct x4_batch batch = { .seqs = seqs, .n_seqs = n };
+        if (hrows && !eng_mtp_grow(&s->hidden, &s->hidden_cap, (size_t) hrows * s->cfg->n_embd)) {
+                log_error("scheduler: out of memory for %u hidden rows", hrows);
+                free(seqs);
+                free(owners);
+                return;
+        }
+        struct x4_batch batch = { .seqs = seqs, .n_seqs = n, .hidden = hrows ? s->hidden : NULL };
         double t0 = now_ms();
         int r = s->p.ops->forward(s->p.backend, &batch, s->logits);
         double dt = now_ms() - t0;
@@ -417,30 +542,21 @@ static void step(struct sched *s) {
         s->steps++;
         s->steps_multi += n > 1;
         s->batch_max = MAX(s->batch_max, n);
-        /* recent rates: exponential moving average over steps */
-        if (dt > 0) {
-                double a = 0.2;
-                if (prefill_tokens)
-                        s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
-                if (decode_tokens)
-                        s->decode_rate = (1 - a) * s->decode_rate + a * (decode_tokens * 1e3 / dt);
-                /* the prefill budget's inputs: a pure decode step, and a prompt token's share of
-                 * a step beyond the decode work in it */
-                if (!prefill_tokens)
-                        s->decode_step_ms = s->decode_step_ms > 0
-                                                    ? (1 - a) * s->decode_step_ms + a * dt : dt;
-                else {
-                        double extra = dt - (decode_tokens ? s->decode_step_ms : 0);
-                        double per = MAX(extra, 0.05 * dt) / prefill_tokens;
-                        s->prefill_tok_ms = s->prefill_tok_ms > 0
-                                                    ? (1 - a) * s->prefill_tok_ms + a * per : per;
-                }
-        }
-        uint32_t row = 0;
+        uint32_t row = 0, hrow = 0, accepted = 0;
         double now = now_ms();
         for (uint32_t i = 0; i < n; i++) {
                 struct job *j = owners[i];
+                const float *hid = hrows ? s->hidden + (size_t) hrow * s->cfg->n_embd : NULL;
+                uint32_t nh = seqs[i].hidden == X4_LOGITS_ALL ? seqs[i].n_tokens : seqs[i].hidden != 0;
+                hrow += nh;
+                if (seqs[i].logits == X4_LOGITS_ALL) { /* an MTP verify step */
+                        accepted += verify(s, j, &seqs[i], s->logits + (size_t) row * s->cfg->n_vocab, hid);
+                        row += seqs[i].n_tokens;
+                        continue;
+                }
                 j->n_cached += seqs[i].n_tokens;
+                if (nh)
+                        (void) eng_mtp_keep(s, j, seqs[i].pos0 + seqs[i].n_tokens - nh, hid, nh);
                 if (j->state == JOB_PREFILL) {
                         if (j->n_out > 0 && j->n_cached >= j->n_fill) {
                                 j->state = JOB_DECODE; /* resumed: recomputed, decodes again */
@@ -453,6 +569,7 @@ static void step(struct sched *s) {
                          * on (they are never written again) */
                         (void) prefix_insert(s->prefix, j->seq, j->n_prompt, j->pages, j->n_pages);
                 if (j->create && j->n_cached == j->n_prompt) {
+                        eng_mtp_flush(s, j); /* the NextN rows go into the snapshot too */
                         eng_finish_snapshot(s, j);
                         continue;
                 }
@@ -461,44 +578,29 @@ static void step(struct sched *s) {
                 float *l = s->logits + (size_t) row++ * s->cfg->n_vocab;
                 struct sched_logprob *lp = NULL;
                 int32_t t;
-                if (j->force_end_think)
-                        t = outparse_end_think_id(j->op);
-                else {
-                        struct sampler_result res;
-                        bool want = j->r->logprobs > 0;
-                        if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
-                                continue;
-                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
-                        if (t < 0) {
-                                eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", log_last_error());
-                                continue;
-                        }
-                        if (want && (lp = calloc(1, sizeof *lp)) &&
-                            (lp->top = calloc(MAX(res.n_top, 1u), sizeof *lp->top))) {
-                                lp->token_id = res.token;
-                                lp->logprob = res.logprob;
-                                /* a constraint leaves fewer allowed tokens than asked for: the
-                                 * masked ones (-inf) are not alternatives */
-                                while (res.n_top > 0 && !isfinite(res.top[res.n_top - 1].logprob))
-                                        res.n_top--;
-                                lp->n_top = res.n_top;
-                                for (uint32_t k = 0; k < res.n_top; k++) {
-                                        lp->top[k] = (struct sched_top_logprob){ res.top[k].token,
-                                                                                 res.top[k].logprob };
-                                        /* so clients show the alternative, not "<token N>" */
-                                        if (s->p.tokenizer) {
-                                                size_t len;
-                                                if (tokenizer_decode(s->p.tokenizer, &res.top[k].token,
-                                                                     1, 0, &lp->top[k].text, &len) < 0)
-                                                        lp->top[k].text = NULL;
-                                        }
-                                }
-                        } else if (lp) {
-                                free(lp);
-                                lp = NULL;
-                        }
-                }
+                bool ok;
+                if (!sample_row(s, j, l, NULL, -1, &t, &lp, &ok))
+                        continue;
                 (void) eng_accept_token(s, j, t, lp);
+        }
+        /* recent rates: exponential moving average over steps */
+        if (dt > 0) {
+                double a = 0.2;
+                if (prefill_tokens)
+                        s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
+                if (decode_tokens)
+                        s->decode_rate = (1 - a) * s->decode_rate + a * ((decode_tokens + accepted) * 1e3 / dt);
+                /* the prefill budget's inputs: a pure decode step, and a prompt token's share of
+                 * a step beyond the decode work in it */
+                if (!prefill_tokens)
+                        s->decode_step_ms = s->decode_step_ms > 0
+                                                    ? (1 - a) * s->decode_step_ms + a * dt : dt;
+                else {
+                        double extra = dt - (decode_tokens ? s->decode_step_ms : 0);
+                        double per = MAX(extra, 0.05 * dt) / prefill_tokens;
+                        s->prefill_tok_ms = s->prefill_tok_ms > 0
+                                                    ? (1 - a) * s->prefill_tok_ms + a * per : per;
+                }
         }
         free(seqs);
         free(owners);
@@ -522,6 +624,8 @@ void eng_publish_stats(struct sched *s) {
                 .steps_multi = s->steps_multi,
                 .batch_max = s->batch_max,
                 .preemptions = s->preemptions,
+                .mtp_drafted_tokens = s->mtp_drafted,
+                .mtp_accepted_tokens = s->mtp_accepted,
         };
         if (s->prefix) {
                 struct prefix_stats ps;

@@ -77,6 +77,7 @@ struct cpu_work {
         uint32_t *row_of; /* [T][k] row of xe/ye holding (token, slot) */
         float *shared;  /* [T][H] shared expert output */
         float *hidden;  /* [T][H] final normed hidden of tokens that want logits */
+        float *eh;      /* [T][2H] NextN input concat(e, g) (MTP only, else NULL) */
         float **scores; /* per thread: [n_head][max context] attention scores */
         float **qcat;   /* per thread: [n_head][kv_lora + qk_rope] one token's queries */
         float **panel;  /* per thread: MATMUL_PANEL dequantized rows of the longest row */
@@ -88,6 +89,8 @@ struct cpu_token {
         uint32_t pos;          /* absolute position in its sequence */
         const uint32_t *pages; /* its sequence's page table */
         int64_t logits_row;    /* row of the caller's logits, or -1 */
+        int64_t hidden_row;    /* row of the caller's hidden, or -1 */
+        const float *h;        /* NextN forward: the hidden this row combines with `id` */
 };
 
 struct x4_backend {
@@ -98,8 +101,10 @@ struct x4_backend {
 
         uint32_t n_pages, page_tokens;
         uint32_t row_width;  /* kv_lora + qk_rope = 576 on the release */
-        size_t page_floats;  /* n_layer * page_tokens * row_width */
-        float *cache;        /* [n_pages][n_layer][page_tokens][row_width] */
+        bool mtp;            /* the NextN block runs; its layer (n_layer) is in every page */
+        uint32_t n_cache_layers; /* n_layer, + 1 with MTP */
+        size_t page_floats;  /* n_cache_layers * page_tokens * row_width */
+        float *cache;        /* [n_pages][n_cache_layers][page_tokens][row_width] */
 
         float inv_freq[64];  /* docs/model.md §4.1 YaRN inverse frequencies, qk_rope/2 of them */
         struct cpu_work work;
@@ -586,9 +591,10 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
                 float *kv = w->kv + t * rw;
 
                 rmsnorm(kv, kv, tensor_f32(L->attn_kv_a_norm), kvl, c->rms_eps);
-                /* step 3: RoPE on the one shared k_pe and on every head's q_pe, same position */
+                /* step 3: RoPE on the one shared k_pe and on every head's q_pe, same position
+                 * (a NextN row's position id is its slot + X4_MTP_POS_OFFSET, U5) */
                 float cs[64], sn[64];
-                rope_angles(b, tok->pos, cs, sn);
+                rope_angles(b, tok->pos + (l >= c->n_layer ? X4_MTP_POS_OFFSET : 0u), cs, sn);
                 rope(b, kv + kvl, cs, sn);
                 for (size_t h = 0; h < nh; h++)
                         rope(b, w->q + (t * nh + h) * qkd + c->qk_nope, cs, sn);
@@ -775,7 +781,7 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
  * docs/model.md §3: the trunk for one micro-batch of T tokens (b->tokens). Writes each token's cache rows
  * and, for tokens with a logits row, that row of `logits`. */
 
-static void trunk(struct x4_backend *b, size_t T, float *logits) {
+static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) {
         const struct x4_config *c = b->cfg;
         const struct x4_weights *W = b->w;
         struct cpu_work *w = &b->work;
@@ -816,24 +822,31 @@ static void trunk(struct x4_backend *b, size_t T, float *logits) {
         }
 
         /* steps 3-4 for the tokens that want logits (their rows are consecutive: batch order):
-         * h = mean of the streams (÷hc, not a sum), RMSNorm(h, output_norm), output · h */
+         * h = mean of the streams (÷hc, not a sum), RMSNorm(h, output_norm), output · h; the
+         * tokens that want hidden rows (MTP) get h too (U4: normed or not) */
         for (size_t t = 0; t < T; t++) {
                 const float *X = w->x + t * zlen;
-                float *h = w->hidden + n_out * H;
+                const struct cpu_token *tok = &b->tokens[t];
+                float *h = w->hidden + n_out * H, *mean = w->u + t * H;
 
-                if (b->tokens[t].logits_row < 0)
+                if (tok->logits_row < 0 && tok->hidden_row < 0)
                         continue;
-                if (row0 < 0)
-                        row0 = b->tokens[t].logits_row;
-                assert(b->tokens[t].logits_row == row0 + (int64_t) n_out);
                 for (size_t i = 0; i < H; i++) {
                         float s = X[i];
 
                         for (size_t k = 1; k < hc; k++)
                                 s += X[k * H + i];
-                        h[i] = s / (float) hc;
+                        mean[i] = s / (float) hc;
                 }
-                rmsnorm(h, h, tensor_f32(W->output_norm), H, c->rms_eps);
+                rmsnorm(h, mean, tensor_f32(W->output_norm), H, c->rms_eps);
+                if (tok->hidden_row >= 0)
+                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? h : mean,
+                               H * sizeof(float));
+                if (tok->logits_row < 0)
+                        continue;
+                if (row0 < 0)
+                        row0 = tok->logits_row;
+                assert(tok->logits_row == row0 + (int64_t) n_out);
                 n_out++;
         }
         if (n_out > 0)
@@ -847,7 +860,7 @@ static void trunk(struct x4_backend *b, size_t T, float *logits) {
 static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
         const struct x4_config *c = b->cfg;
         size_t T = 0;
-        int64_t row = 0;
+        int64_t row = 0, hrow = 0;
 
         /* the seam's contract, checked before touching the cache (kernels/backend.c) */
         {
@@ -873,23 +886,146 @@ static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float
                         tok->id = s->tokens[k];
                         tok->pos = s->pos0 + k;
                         tok->pages = s->pages;
+                        bool want_h = s->hidden == X4_LOGITS_ALL ||
+                                      (s->hidden == X4_LOGITS_LAST && k == s->n_tokens - 1);
+
                         tok->logits_row = want ? row++ : -1;
+                        tok->hidden_row = want_h ? hrow++ : -1;
+                        tok->h = NULL;
                         if (T == CPU_MICROBATCH) {
-                                trunk(b, T, logits);
+                                trunk(b, T, logits, batch->hidden);
                                 b->token_base += (uint32_t) T;
                                 T = 0;
                         }
                 }
         }
         if (T > 0)
-                trunk(b, T, logits);
+                trunk(b, T, logits, batch->hidden);
+        return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * docs/model.md §8: the NextN (MTP) block for one micro-batch of T rows (b->tokens: id = the token
+ * at t + 1, pos = t, h = the hidden of the token at t). Writes the NextN layer's cache rows and
+ * the requested draft logits / hidden rows. */
+
+static void x_add_out(struct x4_backend *b, size_t T) {
+        const size_t H = b->cfg->n_embd;
+        struct cpu_work *w = &b->work;
+
+        for (size_t i = 0; i < T * H; i++)
+                w->x[i] += w->out[i];
+}
+
+static void nextn_block(struct x4_backend *b, size_t T, float *logits, float *hidden) {
+        const struct x4_config *c = b->cfg;
+        const struct x4_nextn_weights *N = &b->w->nextn;
+        const uint32_t l = c->n_layer;
+        const struct x4_layer_weights *L = &b->w->layers[l];
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd;
+        size_t emb_rb = tensor_row_bytes(N->embed_tokens), n_out = 0;
+        int64_t row0 = -1;
+
+        /* steps 2-3: e = RMSNorm(embed_tokens[id], enorm), g = RMSNorm(h, hnorm),
+         * x = eh_proj · concat(e, g) (embedding half first); x has stride H in w->x */
+        for (size_t t = 0; t < T; t++) {
+                float *eh = w->eh + t * 2 * H;
+
+                quant_dequantize_row(N->embed_tokens->type,
+                                     (const uint8_t *) N->embed_tokens->data +
+                                             (size_t) b->tokens[t].id * emb_rb,
+                                     eh, H);
+                rmsnorm(eh, eh, tensor_f32(N->enorm), H, c->rms_eps);
+                rmsnorm(eh + H, b->tokens[t].h, tensor_f32(N->hnorm), H, c->rms_eps);
+        }
+        matmul(b, N->eh_proj, 0, H, w->eh, 2 * H, w->x, H, T);
+
+        /* step 4: a plain DeepSeek layer, no HC: x += MLA(RMSNorm(x, attn_norm)),
+         * x += FFN(RMSNorm(x, ffn_norm)) */
+        memcpy(w->u, w->x, T * H * sizeof(float));
+        run_tokens(b, T, H, norm_tokens, tensor_f32(L->attn_norm), NULL);
+        mla(b, l, T);
+        x_add_out(b, T);
+        memcpy(w->u, w->x, T * H * sizeof(float));
+        run_tokens(b, T, H, norm_tokens, tensor_f32(L->ffn_norm), NULL);
+        if (L->ffn_gate_inp)
+                moe(b, l, T);
+        else
+                swiglu(b, L->ffn_gate, L->ffn_up, L->ffn_down, 0, w->u, w->out, T);
+        x_add_out(b, T);
+
+        /* step 5: logits = shared_head_head · RMSNorm(x, shared_head_norm) */
+        for (size_t t = 0; t < T; t++) {
+                const struct cpu_token *tok = &b->tokens[t];
+                const float *x = w->x + t * H;
+                float *hn = w->hidden + n_out * H;
+
+                if (tok->logits_row < 0 && tok->hidden_row < 0)
+                        continue;
+                rmsnorm(hn, x, tensor_f32(N->shared_head_norm), H, c->rms_eps);
+                if (tok->hidden_row >= 0)
+                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? hn : x,
+                               H * sizeof(float));
+                if (tok->logits_row < 0)
+                        continue;
+                if (row0 < 0)
+                        row0 = tok->logits_row;
+                assert(tok->logits_row == row0 + (int64_t) n_out);
+                n_out++;
+        }
+        if (n_out > 0)
+                matmul(b, N->shared_head_head, 0, c->n_vocab, w->hidden, H,
+                       logits + (size_t) row0 * c->n_vocab, c->n_vocab, n_out);
+}
+
+static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits) {
+        const struct x4_config *c = b->cfg;
+        size_t T = 0;
+        int64_t row = 0, hrow = 0;
+
+        {
+                struct x4_batch_limits lim = { .n_vocab = c->n_vocab, .n_pages = b->n_pages,
+                                               .page_tokens = b->page_tokens };
+                char msg[256];
+                int r = x4_nextn_check(batch, logits, &lim, b->mtp, msg, sizeof msg);
+                if (r < 0)
+                        return log_error_errno(-r, "cpu backend: %s", msg);
+        }
+
+        b->token_base = 0;
+        for (uint32_t i = 0; i < batch->n_seqs; i++) {
+                const struct x4_seq *s = &batch->seqs[i].seq;
+
+                for (uint32_t k = 0; k < s->n_tokens; k++) {
+                        struct cpu_token *tok = &b->tokens[T++];
+                        bool last = k == s->n_tokens - 1;
+                        bool want = s->logits == X4_LOGITS_ALL || (s->logits == X4_LOGITS_LAST && last);
+                        bool want_h = s->hidden == X4_LOGITS_ALL || (s->hidden == X4_LOGITS_LAST && last);
+
+                        tok->id = s->tokens[k];
+                        tok->pos = s->pos0 + k;
+                        tok->pages = s->pages;
+                        tok->h = batch->seqs[i].h + (size_t) k * c->n_embd;
+                        tok->logits_row = want ? row++ : -1;
+                        tok->hidden_row = want_h ? hrow++ : -1;
+                        if (T == CPU_MICROBATCH) {
+                                nextn_block(b, T, logits, batch->hidden);
+                                b->token_base += (uint32_t) T;
+                                T = 0;
+                        }
+                }
+        }
+        if (T > 0)
+                nextn_block(b, T, logits, batch->hidden);
         return 0;
 }
 
 static void work_free(struct cpu_work *w, unsigned n_threads) {
         float **fields[] = { &w->x, &w->tmp, &w->hcw, &w->pre, &w->post, &w->comb, &w->u, &w->out,
                              &w->qa, &w->q, &w->kv, &w->qc, &w->ohat, &w->o, &w->gate, &w->up,
-                             &w->router, &w->gw, &w->xe, &w->ge, &w->ue, &w->ye, &w->shared, &w->hidden };
+                             &w->router, &w->gw, &w->xe, &w->ge, &w->ue, &w->ye, &w->shared, &w->hidden,
+                             &w->eh };
 
         for (size_t i = 0; i < ELEMENTSOF(fields); i++)
                 free(*fields[i]);
@@ -922,7 +1058,9 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         /* the widest gate/up of any FFN (dense, routed expert, shared expert), and the longest
          * row of any product (the panel) */
         size_t kmax = b->w->output->ne[0];
-        for (uint32_t l = 0; l < c->n_layer; l++) {
+        if (b->mtp)
+                kmax = MAX(kmax, (size_t) b->w->nextn.eh_proj->ne[0]);
+        for (uint32_t l = 0; l < c->n_layer + (b->mtp ? 1u : 0u); l++) {
                 const struct x4_layer_weights *L = &b->w->layers[l];
                 const struct gguf_tensor *g[] = { L->ffn_gate, L->ffn_gate_exps, L->ffn_gate_shexp };
                 const struct gguf_tensor *m[] = {
@@ -969,12 +1107,15 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
                 { &w->ye, T * MAX(K, 1u) * H },
                 { &w->shared, T * H },
                 { &w->hidden, T * H },
+                { &w->eh, b->mtp ? T * 2 * H : 0 },
         };
 
         *bytes = 0;
         for (size_t i = 0; i < ELEMENTSOF(f); i++) {
                 if (f[i].p == &w->gate || f[i].p == &w->up)
                         f[i].n = T * ff;
+                if (f[i].n == 0)
+                        continue;
                 *f[i].p = calloc(f[i].n, sizeof(float));
                 if (!*f[i].p)
                         return -ENOMEM;
@@ -1095,6 +1236,57 @@ static int check_weights(const struct x4_config *c, const struct x4_weights *W) 
         return 0;
 }
 
+/* The NextN block (MTP): present in the file and of types the forward computes. */
+static int check_nextn(const struct x4_config *c, const struct x4_weights *W) {
+        const uint32_t l = c->n_layer;
+        const struct x4_layer_weights *L = &W->layers[l];
+        const struct x4_nextn_weights *N = &W->nextn;
+        bool is_moe = L->ffn_gate_inp != NULL;
+        int r;
+
+        if (!W->has_nextn)
+                return log_error_errno(EOPNOTSUPP,
+                                       "cpu backend: MTP needs the model's NextN block (blk.%u): the "
+                                       "file has xing4_0.nextn_predict_layers = %u%s",
+                                       l, c->n_nextn, c->n_nextn ? " but not all of its tensors" : "");
+        struct {
+                const char *name;
+                const struct gguf_tensor *t;
+                bool f32;
+        } list[] = {
+                { "nextn.eh_proj", N->eh_proj, false },
+                { "nextn.embed_tokens", N->embed_tokens, false },
+                { "nextn.shared_head_head", N->shared_head_head, false },
+                { "nextn.enorm", N->enorm, true },
+                { "nextn.hnorm", N->hnorm, true },
+                { "nextn.shared_head_norm", N->shared_head_norm, true },
+                { "attn_norm", L->attn_norm, true },
+                { "ffn_norm", L->ffn_norm, true },
+                { "attn_q_a", L->attn_q_a, false },
+                { "attn_q_a_norm", L->attn_q_a_norm, true },
+                { "attn_q_b", L->attn_q_b, false },
+                { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
+                { "attn_kv_a_norm", L->attn_kv_a_norm, true },
+                { "attn_k_b", L->attn_k_b, false },
+                { "attn_v_b", L->attn_v_b, false },
+                { "attn_output", L->attn_output, false },
+                { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
+                { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
+                { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(list); i++)
+                if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
+                        return r;
+        if (is_moe && L->exp_probs_b && (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
+                return r;
+        if (is_moe && L->ffn_gate_shexp &&
+            ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
+             (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
+                return r;
+        return 0;
+}
+
 static int cpu_create(const struct x4_model *model, const struct x4_backend_params *params,
                       struct x4_backend **ret) {
         _cleanup_(cpu_destroyp) struct x4_backend *b = NULL;
@@ -1105,6 +1297,8 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
 
         r = check_weights(c, x4_model_weights(model));
         if (r < 0)
+                return r;
+        if (params->mtp && (r = check_nextn(c, x4_model_weights(model))) < 0)
                 return r;
         if (params->cache_type != X4_CACHE_F32)
                 return log_error_errno(EOPNOTSUPP,
@@ -1123,7 +1317,9 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
         b->route_trace = params->route_trace;
         b->route_trace_userdata = params->route_trace_userdata;
         b->row_width = c->kv_lora_rank + c->qk_rope;
-        b->page_floats = (size_t) c->n_layer * b->page_tokens * b->row_width;
+        b->mtp = params->mtp;
+        b->n_cache_layers = c->n_layer + (b->mtp ? 1u : 0u);
+        b->page_floats = (size_t) b->n_cache_layers * b->page_tokens * b->row_width;
         page_bytes = b->page_floats * sizeof(float);
         b->n_pages = params->n_pages;
         if (b->n_pages == 0) {
@@ -1178,6 +1374,7 @@ static void cpu_caps(struct x4_backend *b, struct x4_backend_caps *ret) {
                 .page_tokens = b->page_tokens,
                 .max_batch_tokens = CPU_MICROBATCH,
                 .cache_type = X4_CACHE_F32,
+                .mtp = b->mtp,
                 .memory_used = b->memory_used,
                 .memory_total = pages > 0 && psize > 0 ? (uint64_t) pages * (uint64_t) psize : 0,
         };
@@ -1233,4 +1430,5 @@ const struct x4_backend_ops x4_backend_cpu = {
         .page_read = cpu_page_read,
         .page_write = cpu_page_write,
         .page_copy = cpu_page_copy,
+        .nextn = cpu_nextn,
 };

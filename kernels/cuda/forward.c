@@ -1001,6 +1001,15 @@ static int cuda_create(const struct x4_model *model, const struct x4_backend_par
 
         if (n_backends_live == 0)
                 log_forward_install(params);
+        if (params->mtp) {
+                /* the NextN block has no CUDA kernels yet (docs/model.md §8): refuse, do not
+                 * silently run without it */
+                r = log_error_errno(EOPNOTSUPP, "cuda backend: MTP (the NextN block, --mtp on) is "
+                                                "not implemented on CUDA yet; use --mtp off or "
+                                                "--device cpu");
+                log_forward_release();
+                return r;
+        }
         r = cuda_create_backend(model, params, ret);
         if (r < 0) {
                 log_forward_release();
@@ -1454,6 +1463,9 @@ static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, floa
                 r = x4_batch_check(batch, logits, &lim, msg, sizeof msg);
                 if (r < 0)
                         return log_error_errno(-r, "%s", msg);
+                if (x4_batch_hidden_rows(batch) > 0)
+                        return log_error_errno(EOPNOTSUPP, "cuda backend: hidden rows (MTP) are not "
+                                                           "implemented on CUDA yet");
         }
         for (uint32_t i = 0; i < batch->n_seqs; i++) {
                 const struct x4_seq *sq = &batch->seqs[i];
@@ -1666,6 +1678,15 @@ static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
         return CU_TRY(cudaStreamSynchronize(b->stream), EIO, "copying a cache page");
 }
 
+/* MTP's NextN forward: not on CUDA yet (a backend is never created with mtp here). */
+static int cuda_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits) {
+        (void) b;
+        (void) batch;
+        (void) logits;
+        return log_error_errno(EOPNOTSUPP, "cuda backend: MTP (the NextN block) is not implemented "
+                                           "on CUDA yet");
+}
+
 __attribute__((visibility("default"))) const struct x4_backend_ops x4_backend_cuda = {
         .name = "cuda",
         .create = cuda_create,
@@ -1677,4 +1698,5 @@ __attribute__((visibility("default"))) const struct x4_backend_ops x4_backend_cu
         .page_write = cuda_page_write,
         .page_copy = cuda_page_copy,
         .profile = cuda_profile,
+        .nextn = cuda_nextn,
 };

@@ -237,7 +237,7 @@ def rope(x, pos, inv_freq):
     return y
 
 
-def mla(g, l, a, hp, inv_freq, scale):
+def mla(g, l, a, hp, inv_freq, scale, pos_offset=0):
     T = a.shape[0]
     nh, dn, dr, dv, kvl = hp['heads'], hp['nope'], hp['rope'], hp['v'], hp['kv_lora']
     qa = rmsnorm(a @ g.get(f'blk.{l}.attn_q_a.weight').T, g.get(f'blk.{l}.attn_q_a_norm.weight')[0])
@@ -246,7 +246,7 @@ def mla(g, l, a, hp, inv_freq, scale):
     kv = a @ g.get(f'blk.{l}.attn_kv_a_mqa.weight').T
     c = rmsnorm(kv[:, :kvl], g.get(f'blk.{l}.attn_kv_a_norm.weight')[0])
     k_pe = kv[:, kvl:kvl + dr]
-    pos = np.arange(T, dtype=np.float64)
+    pos = np.arange(T, dtype=np.float64) + pos_offset
     q_pe = rope(q_pe.transpose(1, 0, 2), pos, inv_freq)   # (nh, T, dr)
     k_pe = rope(k_pe, pos, inv_freq)                      # (T, dr)
     Kb = g.get(f'blk.{l}.attn_k_b.weight').reshape(nh, kvl, dn)   # [h][j][i]
@@ -298,6 +298,49 @@ def moe(g, l, f, hp):
     return y, sel
 
 
+def hparams(g):
+    n_rot = int(g.meta('rope.dimension_count'))
+    kl = int(g.meta('attention.key_length_mla'))
+    return dict(heads=int(g.meta('attention.head_count')), rope=n_rot, nope=kl - n_rot,
+                v=int(g.meta('attention.value_length_mla')), kv_lora=int(g.meta('attention.kv_lora_rank')),
+                experts=int(g.meta('expert_count')), used=int(g.meta('expert_used_count')),
+                expert_ff=int(g.meta('expert_feed_forward_length')),
+                norm_w=bool(g.meta('expert_weights_norm')), w_scale=float(g.meta('expert_weights_scale')))
+
+
+def attn_scale(g):
+    kl = int(g.meta('attention.key_length_mla'))
+    factor = float(g.meta('rope.scaling.factor'))
+    logmul = float(g.meta('rope.scaling.yarn_log_multiplier', 0.1))
+    m = 1.0 + logmul * math.log(factor)
+    return kl ** -0.5 * m * m
+
+
+def nextn(g, h, next_ids, h_post_norm=True, pos_offset=0, swap_halves=False):
+    """docs/model.md section 8: the NextN (MTP) block. h (T, H): the trunk's final hidden of the tokens
+    at positions 0..T-1 (post output_norm when h_post_norm, U4); next_ids: the ids at 1..T. Row t
+    attends to rows 0..t of the block's own cache at position id t + pos_offset (U5). Returns the
+    draft logits (T, vocab): the distribution of the token at t + 2."""
+    hp = hparams(g)
+    l = int(g.meta('block_count')) - int(g.meta('nextn_predict_layers', 0))
+    n_rot = hp['rope']
+    inv_freq = yarn_inv_freq(g, n_rot, False)
+    e = rmsnorm(g.get(f'blk.{l}.nextn.embed_tokens.weight')[np.asarray(next_ids)],
+                g.get(f'blk.{l}.nextn.enorm.weight')[0])
+    hn = rmsnorm(h, g.get(f'blk.{l}.nextn.hnorm.weight')[0])
+    cat = np.concatenate([hn, e] if swap_halves else [e, hn], axis=1)   # embedding half first
+    x = cat @ g.get(f'blk.{l}.nextn.eh_proj.weight').T
+    a = rmsnorm(x, g.get(f'blk.{l}.attn_norm.weight')[0])
+    x = x + mla(g, l, a, hp, inv_freq, attn_scale(g), pos_offset)
+    f = rmsnorm(x, g.get(f'blk.{l}.ffn_norm.weight')[0])
+    if l < int(g.meta('leading_dense_block_count')):
+        x = x + dense_ffn(g, l, f)
+    else:
+        x = x + moe(g, l, f, hp)[0]
+    x = rmsnorm(x, g.get(f'blk.{l}.nextn.shared_head_norm.weight')[0])
+    return x @ g.get(f'blk.{l}.nextn.shared_head_head.weight').T
+
+
 def forward(g, ids, comb_transposed=False, no_yarn=False):
     n_rot = int(g.meta('rope.dimension_count'))
     kl = int(g.meta('attention.key_length_mla'))
@@ -335,7 +378,10 @@ def forward(g, ids, comb_transposed=False, no_yarn=False):
             mo, sel = moe(g, l, f, hp)
             info['sel'][l] = sel
         X = post_map(X, post, C, mo, comb_transposed)
-    h = rmsnorm(X.mean(axis=0), g.get('output_norm.weight')[0])
+    mean = X.mean(axis=0)
+    h = rmsnorm(mean, g.get('output_norm.weight')[0])
+    info['hidden'] = h
+    info['mean'] = mean
     return h @ g.get('output.weight').T, info
 
 

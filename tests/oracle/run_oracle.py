@@ -8,6 +8,13 @@ synthetic model with the release's head dimensions (see README.md).
 Bound per case and per output row: max|ours - ref| <= 1e-4 * max|ref|. The same bound must FAIL for
 two deliberately broken references (comb transposed; YaRN ramp off), so a reference that stopped
 exercising those paths cannot pass silently.
+
+The model has its NextN block (docs/model.md section 8): x4-logits --nextn-out writes the block's draft
+logits of every position but the last (MTP on), compared with reference.nextn on the reference's own
+trunk hidden under the same bound; the other reading of U4 (pre-norm h) and the concat order (hidden
+half first) must fail it. The other reading of U5 (position id t + 1 for every row) must PASS it: RoPE
+scores depend only on position differences, so a uniform shift of the block's position ids is
+invisible up to rounding (U5 does not change the drafts).
 """
 import os
 import subprocess
@@ -22,7 +29,7 @@ sys.path.insert(0, HERE)
 import reference  # noqa: E402
 
 BOUND = 1e-4
-MKMODEL_ARGS = ['--preset', 'full', '--layers', '4', '--dense', '2', '--nextn', '0', '--vocab', '4096',
+MKMODEL_ARGS = ['--preset', 'full', '--layers', '4', '--dense', '2', '--nextn', '1', '--vocab', '4096',
                 '--seed', '7', '--quiet']
 PROMPT = [1, 7, 3, 100, 2000, 4095, 17, 256, 999, 3000, 42, 5, 77, 1234, 3333, 8]
 DECODE = [4, 5, 600]
@@ -78,12 +85,31 @@ def main():
         for l, sel in sorted(info['sel'].items()):
             print(f'  blk.{l}: {len(np.unique(sel))} distinct experts selected over {len(ids)} tokens')
 
+        t0 = time.time()
+        ref_nextn = reference.nextn(g, info['hidden'][:-1], ids[1:])
+        print(f'reference NextN block: {ref_nextn.shape[0]} rows, {time.time() - t0:.1f} s')
+
         cases = [('prefill as one batch + 3 decode', []), ('prefill in chunks of 5 + 3 decode', ['--chunk', '5'])]
         for label, extra in cases:
             out = os.path.join(d, 'ours.bin')
+            nout = os.path.join(d, 'nextn.bin')
             subprocess.run([logits, '--model', model, '--prompt', ','.join(map(str, PROMPT)),
-                            '--decode', ','.join(map(str, DECODE)), '--device', 'cpu', *extra, '--out', out],
+                            '--decode', ','.join(map(str, DECODE)), '--device', 'cpu', *extra, '--out', out,
+                            '--nextn-out', nout],
                            check=True)
+            nextn = np.fromfile(nout, dtype='<f4').astype(np.float64)
+            if nextn.size != ref_nextn.size:
+                failures.append(f'{label}: x4-logits --nextn-out wrote {nextn.size} floats, {ref_nextn.size} expected')
+            else:
+                nextn = nextn.reshape(ref_nextn.shape)
+                w, t, _ = worst(nextn, ref_nextn)
+                same = int(np.sum(nextn.argmax(1) == ref_nextn.argmax(1)))
+                print(f'{label}, NextN draft logits: worst {w:.3e} at row {t} (bound {BOUND:.0e}); '
+                      f'argmax equal on {same}/{ref_nextn.shape[0]} rows')
+                if not w <= BOUND:
+                    failures.append(f'{label}, NextN: {w:.3e} > {BOUND:.0e} at row {t}')
+                if same != ref_nextn.shape[0]:
+                    failures.append(f'{label}, NextN: argmax differs on {ref_nextn.shape[0] - same} rows')
             ours = np.fromfile(out, dtype='<f4').astype(np.float64)
             if ours.size != ref.size:
                 failures.append(f'{label}: x4-logits wrote {ours.size} floats, {ref.size} expected')
@@ -107,6 +133,23 @@ def main():
             print(f'broken reference, {label}: worst {w:.3e} at row {t} (must exceed {BOUND:.0e})')
             if not w > BOUND:
                 failures.append(f'broken reference ({label}) passes the bound: {w:.3e}')
+
+        # the NextN bound must be able to fail too: the other readings of U4 and U5, and the
+        # concat order
+        if nextn.size == ref_nextn.size:
+            shifted = reference.nextn(g, info['hidden'][:-1], ids[1:], pos_offset=1)
+            w, t, _ = worst(nextn, shifted)
+            print(f'NextN reference with U5 position id t + 1: worst {w:.3e} at row {t} (a uniform shift, '
+                  f'must stay within {BOUND:.0e})')
+            if not w <= BOUND:
+                failures.append(f'NextN: a uniform position shift (U5) changed the drafts: {w:.3e}')
+            for label, h, kw in [('U4: pre-norm h', info['mean'][:-1], {}),
+                                 ('concat(h, e)', info['hidden'][:-1], dict(swap_halves=True))]:
+                bad = reference.nextn(g, h, ids[1:], **kw)
+                w, t, _ = worst(nextn, bad)
+                print(f'broken NextN reference, {label}: worst {w:.3e} at row {t} (must exceed {BOUND:.0e})')
+                if not w > BOUND:
+                    failures.append(f'broken NextN reference ({label}) passes the bound: {w:.3e}')
 
     for f in failures:
         print('FAIL ' + f)

@@ -297,7 +297,9 @@ static void test_demo_loads_and_tokenizes(void **state) {
         assert_int_equal(c->n_expert, 16);
         assert_int_equal(c->n_vocab, 4096);
         assert_non_null(gguf_tensor_find(x4_model_gguf(m), "blk.4.nextn.eh_proj.weight"));
-        assert_null(x4_model_weights(m)->layers[4].attn_norm); /* not loaded into the trunk */
+        /* the block is in the table for MTP; the trunk is blocks 0..3 */
+        assert_true(x4_model_weights(m)->has_nextn);
+        assert_non_null(x4_model_weights(m)->nextn.shared_head_head);
 
         /* a real-looking vocabulary: the demo prompt is word pieces, and decodes back */
         assert_int_equal(tokenizer_load(t.gguf, &tok), 0);
