@@ -43,6 +43,7 @@ pids+=($!)
 exec 9>"$tmp/fake.in" # holds the fake daemon's stdin open until we exit
 
 start_bridge() { # $1 socket, $2 log
+        : >"$2" # exists before the sed below reads it (under set -e a failed read ends the run)
         "$build/http-bridge/xing4-http" --config /dev/null --listen 127.0.0.1:0 --socket "$1" 2>"$2" &
         pids+=($!)
         for _ in $(seq 1 100); do
