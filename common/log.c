@@ -54,11 +54,12 @@ static const char *level_name(int level) {
         }
 }
 
+static int log_emit(int level, int error, const char *buf);
+
 int log_internal(int level, int error, const char *file, int line, const char *func,
                  const char *format, ...) {
         char buf[1024];
         va_list ap;
-        int saved_errno = errno;
 
         (void) file;
         (void) line;
@@ -67,9 +68,32 @@ int log_internal(int level, int error, const char *file, int line, const char *f
         va_start(ap, format);
         vsnprintf(buf, sizeof buf, format, ap);
         va_end(ap);
+        return log_emit(level, error, buf);
+}
+
+int log_error_set(char *err, size_t err_size, int error, const char *file, int line,
+                  const char *func, const char *format, ...) {
+        char buf[1024];
+        va_list ap;
+
+        (void) file;
+        (void) line;
+        (void) func;
+
+        va_start(ap, format);
+        vsnprintf(buf, sizeof buf, format, ap);
+        va_end(ap);
+        if (!err || err_size == 0)
+                return log_emit(LOG_ERR, error, buf);
+        snprintf(err, err_size, "%s", buf);
+        return log_emit(LOG_DEBUG, error, buf);
+}
+
+static int log_emit(int level, int error, const char *buf) {
+        int saved_errno = errno;
 
         if (level <= LOG_WARNING)
-                memcpy(last_error, buf, sizeof last_error);
+                snprintf(last_error, sizeof last_error, "%s", buf);
 
         if (level <= max_level) {
                 if (sink)

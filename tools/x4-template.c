@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
                 return 1;
         _cleanup_free_ char *out = NULL;
         size_t out_len = 0;
-        if (chat_template_render_len(t, ctx, &out, &out_len) < 0)
+        if (chat_template_render_len(t, ctx, &out, &out_len, NULL, 0) < 0)
                 return 1;
         if (fwrite(out, 1, out_len, stdout) != out_len || fflush(stdout) != 0) {
                 log_error("stdout: write error");

@@ -889,8 +889,9 @@ int grammar_compile_schema(const char *json, size_t len, struct grammar **ret, c
         int r;
 
         err[0] = 0;
-        if (json_parse(json, len, "json_schema", &s) < 0) {
-                snprintf(err, err_size, "not valid JSON: %s", log_last_error());
+        char why[512];
+        if (json_parse(json, len, "json_schema", &s, why, sizeof why) < 0) {
+                snprintf(err, err_size, "not valid JSON: %s", why);
                 return -EINVAL;
         }
         if ((r = grammar_init(&g)) < 0)
@@ -936,8 +937,9 @@ int grammar_compile_tool(const char *tools_json, const char *name, const struct 
                          "call cannot be forced");
                 return -EINVAL;
         }
-        if (json_parse(tools_json, strlen(tools_json), "tools_json", &tools) < 0) {
-                snprintf(err, err_size, "prompt.chat.tools_json is not valid JSON: %s", log_last_error());
+        char why[512];
+        if (json_parse(tools_json, strlen(tools_json), "tools_json", &tools, why, sizeof why) < 0) {
+                snprintf(err, err_size, "prompt.chat.tools_json is not valid JSON: %s", why);
                 return -EINVAL;
         }
         if (json_type(tools) != JSON_ARRAY || json_count(tools) == 0) {

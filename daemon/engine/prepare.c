@@ -78,6 +78,7 @@ static bool prepare(struct sched *s, struct job *j) {
         struct sched_request *r = j->r;
         int32_t *ids = NULL;
         size_t n = 0;
+        char err[1024]; /* what a failing call says, for the client (error_set, common/log.h) */
         int ret;
 
         if (r->prompt == SCHED_PROMPT_TOKENS) {
@@ -89,10 +90,10 @@ static bool prepare(struct sched *s, struct job *j) {
                 memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
                 n = r->n_tokens;
         } else if (r->prompt == SCHED_PROMPT_TEXT) {
-                ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n);
+                ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n, err,
+                                       sizeof err);
                 if (ret < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
-                                 log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s", err);
                         return false;
                 }
         } else {
@@ -123,8 +124,9 @@ static bool prepare(struct sched *s, struct job *j) {
                                 struct json_value *tc;
                                 char what[64];
                                 snprintf(what, sizeof what, "prompt.chat.messages[%zu].tool_calls_json", i);
-                                if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc) < 0) {
-                                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc, err,
+                                               sizeof err) < 0) {
+                                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", err);
                                         return false;
                                 }
                                 ok = json_object_set(o, "tool_calls", tc) == 0;
@@ -133,8 +135,8 @@ static bool prepare(struct sched *s, struct job *j) {
                 if (ok && r->tools_json) {
                         struct json_value *tools;
                         if (json_parse(r->tools_json, strlen(r->tools_json), "prompt.chat.tools_json",
-                                       &tools) < 0) {
-                                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
+                                       &tools, err, sizeof err) < 0) {
+                                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", err);
                                 return false;
                         }
                         ok = json_object_set(ctx, "tools", tools) == 0;
@@ -154,20 +156,18 @@ static bool prepare(struct sched *s, struct job *j) {
                 _cleanup_(json_freep) struct json_value *full = NULL;
                 ret = chat_context_build(json_object_get(ctx, "messages"),
                                          json_object_get(ctx, "tools"), true, r->enable_thinking,
-                                         s->bos_text, s->eos_text, &full);
+                                         s->bos_text, s->eos_text, &full, err, sizeof err);
                 if (ret >= 0) {
                         if (s->tmpl) /* the model's own template (docs/model.md §7 best practice) */
-                                ret = chat_template_render(s->tmpl, full, &rendered);
+                                ret = chat_template_render(s->tmpl, full, &rendered, err, sizeof err);
                         else
-                                ret = chat_xing4_render(full, &rendered);
+                                ret = chat_xing4_render(full, &rendered, err, sizeof err);
                 }
+                if (ret >= 0)
+                        ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, &ids, &n,
+                                               err, sizeof err);
                 if (ret < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
-                        return false;
-                }
-                ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, &ids, &n);
-                if (ret < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", err);
                         return false;
                 }
         }
@@ -182,7 +182,6 @@ static bool prepare(struct sched *s, struct job *j) {
         if (r->snapshot) {
                 /* the snapshot's tokens come first; they are cached once admitted */
                 int32_t *prefix = NULL;
-                char err[512];
                 int code = eng_snap_load(s, j, &prefix, err, sizeof err);
                 if (code) {
                         free(ids);
@@ -246,13 +245,13 @@ static bool prepare(struct sched *s, struct job *j) {
                 /* no seed: a different stream per request */
                 sp.seed = q->has_seed ? q->seed
                                       : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32) ^ 0x9e3779b97f4a7c15ull;
-                if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler) < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
+                if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler, err, sizeof err) < 0) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", err);
                         return false;
                 }
                 /* prompt tokens count for the repetition penalty */
-                if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt) < 0) {
-                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt, err, sizeof err) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", err);
                         return false;
                 }
         }
@@ -268,9 +267,12 @@ static bool prepare(struct sched *s, struct job *j) {
                         .emit = eng_on_outparse,
                         .userdata = j,
                 };
-                if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0 ||
-                    outparse_new(s->p.tokenizer, &oc, &j->op) < 0) {
-                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for the detokenizer");
+                        return false;
+                }
+                if (outparse_new(s->p.tokenizer, &oc, &j->op, err, sizeof err) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", err);
                         return false;
                 }
         }

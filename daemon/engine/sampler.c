@@ -115,20 +115,21 @@ static double rng_uniform(uint64_t s[4]) {
 
 /* ---- lifecycle and seen tokens ---- */
 
-int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler **ret) {
+int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler **ret, char *err,
+                size_t err_size) {
         char msg[SAMPLER_MESSAGE_MAX];
         int r;
 
         r = sampler_params_validate(p, msg);
         if (r < 0)
-                return log_error_errno(r, "%s", msg);
+                return error_set(err, err_size, r, "%s", msg);
         if (n_vocab == 0 || n_vocab > INT32_MAX)
-                return log_error_errno(EINVAL, "sampler: vocabulary of %u tokens, 1..2^31-1 expected",
-                                       n_vocab);
+                return error_set(err, err_size, EINVAL, "sampler: vocabulary of %u tokens, 1..2^31-1 expected",
+                                 n_vocab);
 
         _cleanup_(sampler_freep) struct sampler *s = calloc(1, sizeof *s);
         if (!s)
-                return log_error_errno(ENOMEM, "sampler: out of memory");
+                return error_set(err, err_size, ENOMEM, "sampler: out of memory");
         s->p = *p;
         s->n_vocab = n_vocab;
         uint64_t x = p->seed;
@@ -139,7 +140,7 @@ int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler
         s->block_sum = malloc(DIV_ROUND_UP(n_vocab, BLOCK) * sizeof *s->block_sum);
         s->cand = malloc(n_vocab * sizeof *s->cand);
         if (!s->z || !s->w || !s->block_sum || !s->cand)
-                return log_error_errno(ENOMEM, "sampler: out of memory for %u-token scratch", n_vocab);
+                return error_set(err, err_size, ENOMEM, "sampler: out of memory for %u-token scratch", n_vocab);
         *ret = TAKE_PTR(s);
         return 0;
 }
@@ -185,27 +186,27 @@ static struct seen *seen_get(struct sampler *s, int32_t token) {
         return &s->seen[i];
 }
 
-static int check_token(struct sampler *s, int32_t token) {
+static int check_token(struct sampler *s, int32_t token, char *err, size_t err_size) {
         if (token < 0 || (uint32_t) token >= s->n_vocab)
-                return log_error_errno(EINVAL, "sampler: token %d is outside the vocabulary of %u tokens",
-                                       (int) token, s->n_vocab);
+                return error_set(err, err_size, EINVAL, "sampler: token %d is outside the vocabulary of %u tokens",
+                                 (int) token, s->n_vocab);
         return 0;
 }
 
-int sampler_add_prompt(struct sampler *s, const int32_t *tokens, size_t n) {
+int sampler_add_prompt(struct sampler *s, const int32_t *tokens, size_t n, char *err, size_t err_size) {
         int r;
         for (size_t i = 0; i < n; i++) {
-                r = check_token(s, tokens[i]);
+                r = check_token(s, tokens[i], err, err_size);
                 if (r < 0)
                         return r;
                 if (!seen_get(s, tokens[i]))
-                        return log_error_errno(ENOMEM, "sampler: out of memory");
+                        return error_set(err, err_size, ENOMEM, "sampler: out of memory");
         }
         return 0;
 }
 
 int sampler_accept(struct sampler *s, int32_t token) {
-        int r = check_token(s, token);
+        int r = check_token(s, token, NULL, 0);
         if (r < 0)
                 return r;
         struct seen *e = seen_get(s, token);
@@ -566,14 +567,14 @@ static int32_t sample_tempered(struct sampler *s, int32_t best) {
 }
 
 int sampler_sample(struct sampler *s, const float *logits, struct sampler_result *ret,
-                   uint32_t n_top) {
+                   uint32_t n_top, char *err, size_t err_size) {
         if (n_top > SAMPLER_TOP_LOGPROBS_MAX)
-                return log_error_errno(EINVAL, "top_logprobs must be in [0, %d], got %u",
-                                       SAMPLER_TOP_LOGPROBS_MAX, n_top);
+                return error_set(err, err_size, EINVAL, "top_logprobs must be in [0, %d], got %u",
+                                 SAMPLER_TOP_LOGPROBS_MAX, n_top);
 
         int32_t best = penalize(s, logits);
         if (best < 0)
-                return log_error_errno(EDOM, "sampler: all %u logits are -inf or NaN", s->n_vocab);
+                return error_set(err, err_size, EDOM, "sampler: all %u logits are -inf or NaN", s->n_vocab);
 
         int32_t token = s->p.temperature == 0 ? best : sample_tempered(s, best);
         if (ret)

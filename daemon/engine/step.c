@@ -468,9 +468,11 @@ static void step(struct sched *s) {
                         bool want = j->r->logprobs > 0;
                         if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
                                 continue;
-                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
+                        char err[256];
+                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs, err,
+                                           sizeof err);
                         if (t < 0) {
-                                eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", log_last_error());
+                                eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", err);
                                 continue;
                         }
                         if (want && (lp = calloc(1, sizeof *lp)) &&

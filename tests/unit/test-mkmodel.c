@@ -301,7 +301,7 @@ static void test_demo_loads_and_tokenizes(void **state) {
 
         /* a real-looking vocabulary: the demo prompt is word pieces, and decodes back */
         assert_int_equal(tokenizer_load(t.gguf, &tok), 0);
-        assert_int_equal(tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n), 0);
+        assert_int_equal(tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, NULL, 0), 0);
         assert_true(n >= 6 && n <= 8);
         assert_int_equal(tokenizer_decode(tok, ids, n, 0, &text, NULL), 0);
         assert_string_equal(text, prompt);
