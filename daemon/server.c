@@ -936,15 +936,18 @@ static void conn_read_cb(struct bufferevent *bev, void *userdata) {
                         break;
                 for (size_t off = 0; off < (size_t) n && !c->closing;) {
                         size_t used;
-                        int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used);
+                        char err[256];
+                        int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used,
+                                                   err, sizeof err);
                         off += used;
                         if (r < 0) {
-                                /* the stream lost sync: say why, then hang up */
+                                /* the stream lost sync: say why, then hang up (a refusal by
+                                 * admit_frame wrote its reason into c->refused) */
                                 send_error(c, 0,
                                            r == -EMSGSIZE  ? XING4__ERROR_CODE__ERROR_TOO_LARGE
                                            : r == -ENOBUFS ? XING4__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED
                                                            : XING4__ERROR_CODE__ERROR_PROTOCOL,
-                                           "%s", r == -ENOBUFS ? c->refused : log_last_error());
+                                           "%s", r == -ENOBUFS ? c->refused : err);
                                 conn_close_after_flush(c);
                                 break;
                         }

@@ -743,7 +743,7 @@ static int make_request_id(char *buf, size_t size, const char *prefix) {
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0)
-                        return log_error_errno(n < 0 ? errno : EIO, "getrandom: cannot draw a request id: %m");
+                        return n < 0 ? -errno : -EIO; /* the caller says so */
                 got += (size_t) n;
         }
         int k = snprintf(buf, size, "%s", prefix);
@@ -791,11 +791,12 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         static const char *const prefixes[] = { [API_CHAT] = "chatcmpl-", [API_COMPLETION] = "cmpl-",
                                                 [API_MESSAGES] = "msg_", [API_COUNT_TOKENS] = "count_",
                                                 [API_RESPONSES] = "resp_" };
-        if (make_request_id(j->idstr, sizeof j->idstr, prefixes[kind]) < 0) {
+        int rid = make_request_id(j->idstr, sizeof j->idstr, prefixes[kind]);
+        if (rid < 0) {
                 api_request_done(&ar);
                 free(j);
                 api_fail(&e, 500, "server_error", "internal_error", NULL,
-                         "cannot draw a random request id: %s", log_last_error());
+                         "cannot draw a random request id: getrandom: %s", strerror(-rid));
                 return send_error(req, &e, endpoint);
         }
         j->key = key;

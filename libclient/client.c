@@ -779,10 +779,12 @@ static int read_some(x4_client *c) {
         }
         for (size_t off = 0; off < (size_t) n;) {
                 size_t used;
-                int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used);
+                char err[256];
+                int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used, err,
+                                           sizeof err);
                 off += used;
                 if (r < 0) {
-                        fail(c, X4_E_PROTOCOL, "%s: %s", c->path, log_last_error());
+                        fail(c, X4_E_PROTOCOL, "%s: %s", c->path, err);
                         return break_connection(c, X4_E_PROTOCOL);
                 }
                 if (r == 0)

@@ -271,7 +271,7 @@ static int run_seq(struct bench *B, uint32_t slot, uint32_t n, uint32_t pos0, ui
         };
         struct x4_batch batch = { .seqs = &s, .n_seqs = 1 };
 
-        return B->ops->forward(B->b, &batch, B->logits);
+        return B->ops->forward(B->b, &batch, B->logits, NULL, 0);
 }
 
 /* Log r with `what` in front of the backend's own message (log_last_error() is reused by the
@@ -408,7 +408,7 @@ static int decode_steps(struct bench *B, struct x4_seq *seqs, uint32_t batch, ui
         for (uint32_t s = 0; s < steps; s++) {
                 for (uint32_t i = 0; i < batch; i++)
                         seqs[i].pos0 = ctx + s;
-                r = B->ops->forward(B->b, &bt, B->logits);
+                r = B->ops->forward(B->b, &bt, B->logits, NULL, 0);
                 if (r < 0)
                         return r;
         }
@@ -432,14 +432,14 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
         if (r < 0)
                 return r;
         for (uint32_t k = filled_pages; k < used; k++) {
-                r = B->ops->page_copy(B->b, p0[k], p0[k % filled_pages]);
+                r = B->ops->page_copy(B->b, p0[k], p0[k % filled_pages], NULL, 0);
                 if (r < 0)
                         return r;
         }
         /* the batch-mates: copies of sequence 0's pages */
         for (uint32_t i = 1; i < batch; i++)
                 for (uint32_t k = 0; k < used; k++) {
-                        r = B->ops->page_copy(B->b, slot_pages(B, i)[k], p0[k]);
+                        r = B->ops->page_copy(B->b, slot_pages(B, i)[k], p0[k], NULL, 0);
                         if (r < 0)
                                 return r;
                 }

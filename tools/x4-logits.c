@@ -127,7 +127,7 @@ static int feed(struct run *r, const int32_t *tokens, uint32_t n, uint32_t pos0,
                         skip = first_wanted > pos0 ? (uint32_t) (first_wanted - pos0) : 0;
                 }
         }
-        k = r->ops->forward(r->b, &batch, buf);
+        k = r->ops->forward(r->b, &batch, buf, NULL, 0);
         if (k < 0)
                 return k;
         return rows > skip ? write_rows(r, buf + (size_t) skip * r->n_vocab, rows - skip) : 0;

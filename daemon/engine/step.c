@@ -151,15 +151,17 @@ void eng_admit(struct sched *s) {
                         j->n_reused = j->n_cached - j->snap_n;
                 if (j->snap_data) {
                         size_t pb = s->p.ops->page_bytes(s->p.backend);
+                        char err[256];
                         int ret = 0;
                         for (uint32_t i = k; ret >= 0 && i < j->snap_pages; i++)
                                 ret = s->p.ops->page_write(s->p.backend, j->pages[i],
-                                                           j->snap_data + (size_t) i * pb);
+                                                           j->snap_data + (size_t) i * pb, err,
+                                                           sizeof err);
                         free(j->snap_data);
                         j->snap_data = NULL;
                         if (ret < 0) {
                                 eng_fail_job(s, j, SCHED_ERR_INTERNAL, "snapshot '%s': %s",
-                                         j->r->snapshot, log_last_error());
+                                         j->r->snapshot, err);
                                 continue;
                         }
                 }
@@ -403,11 +405,10 @@ static void step(struct sched *s) {
         }
         struct x4_batch batch = { .seqs = seqs, .n_seqs = n };
         double t0 = now_ms();
-        int r = s->p.ops->forward(s->p.backend, &batch, s->logits);
+        char msg[1024];
+        int r = s->p.ops->forward(s->p.backend, &batch, s->logits, msg, sizeof msg);
         double dt = now_ms() - t0;
         if (r < 0) {
-                char msg[1024];
-                snprintf(msg, sizeof msg, "%s", log_last_error());
                 for (uint32_t i = 0; i < n; i++)
                         eng_fail_job(s, owners[i], SCHED_ERR_INTERNAL, "backend forward failed: %s", msg);
                 free(seqs);
