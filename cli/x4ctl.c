@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "x4client.h"
+#include "common/util.h"
 
 #define X4CTL_VERSION "0.1.0"
 
@@ -148,38 +149,6 @@ static const char *finish_name(int f) {
 }
 
 /* ---- number parsing ------------------------------------------------------------------------- */
-
-static int parse_u64(const char *s, uint64_t *ret) {
-        char *end;
-        errno = 0;
-        if (!s || !*s || *s == '-')
-                return -EINVAL;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (errno || *end)
-                return -EINVAL;
-        *ret = v;
-        return 0;
-}
-
-static int parse_u32(const char *s, uint32_t *ret) {
-        uint64_t v;
-        if (parse_u64(s, &v) < 0 || v > UINT32_MAX)
-                return -EINVAL;
-        *ret = (uint32_t) v;
-        return 0;
-}
-
-static int parse_i32(const char *s, int32_t *ret) {
-        char *end;
-        errno = 0;
-        if (!s || !*s)
-                return -EINVAL;
-        long v = strtol(s, &end, 10);
-        if (errno || *end || v < INT32_MIN || v > INT32_MAX)
-                return -EINVAL;
-        *ret = (int32_t) v;
-        return 0;
-}
 
 static int parse_float(const char *s, float *ret) {
         char *end;

@@ -26,6 +26,7 @@
 #include "server.h"
 #include "common/frame.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #define XING4D_VERSION "0.1.0"
 #define DEFAULT_CONFIG "/etc/xing4d/xing4d.conf"
@@ -78,56 +79,6 @@ static int set_str(char **dst, const char *v) {
                 return -ENOMEM;
         free(*dst);
         *dst = d;
-        return 0;
-}
-
-static int parse_u32(const char *v, uint32_t *ret) {
-        char *end;
-        errno = 0;
-        if (!*v || *v == '-')
-                return -EINVAL;
-        unsigned long long x = strtoull(v, &end, 10);
-        if (errno || *end || x > UINT32_MAX)
-                return -EINVAL;
-        *ret = (uint32_t) x;
-        return 0;
-}
-
-/* "8G", "512M", "1048576" */
-static int parse_size(const char *v, uint64_t *ret) {
-        char *end;
-        errno = 0;
-        if (!*v || *v == '-')
-                return -EINVAL;
-        unsigned long long x = strtoull(v, &end, 10);
-        if (errno)
-                return -EINVAL;
-        unsigned shift = 0;
-        if (*end == 'K' || *end == 'k')
-                shift = 10;
-        else if (*end == 'M')
-                shift = 20;
-        else if (*end == 'G')
-                shift = 30;
-        else if (*end == 'T')
-                shift = 40;
-        else if (*end)
-                return -EINVAL;
-        if (shift && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) && !(end[1] == 'B' && !end[2]))
-                return -EINVAL;
-        if (shift && x > (UINT64_MAX >> shift))
-                return -EINVAL;
-        *ret = (uint64_t) x << shift;
-        return 0;
-}
-
-static int parse_bool(const char *v, bool *ret) {
-        if (streq(v, "1") || streq(v, "yes") || streq(v, "true") || streq(v, "on"))
-                *ret = true;
-        else if (streq(v, "0") || streq(v, "no") || streq(v, "false") || streq(v, "off"))
-                *ret = false;
-        else
-                return -EINVAL;
         return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "common/escape.h"
 #include "common/frame.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "xing4.pb-c.h"
 
 /* Back-pressure (docs/design.md): a connection whose unsent output passes output_high_water (8 MiB by
@@ -110,12 +111,6 @@ struct server {
         bool draining, exiting;
         double t_start;
 };
-
-static double now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* ---- sending -------------------------------------------------------------------------------- */
 

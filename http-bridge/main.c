@@ -33,6 +33,7 @@
 #include "bridge.h"
 #include "common/log.h"
 #include "common/macro.h"
+#include "common/util.h"
 
 #define BRIDGE_VERSION "0.1.0"
 #define MAX_SOCKETS 16
@@ -231,12 +232,6 @@ static size_t n_backends;
 static struct event_base *base;
 static char served_model[128] = "xing4";
 static int64_t started_unix;
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static double now_s(void) {
         struct timespec ts;

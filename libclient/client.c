@@ -19,6 +19,7 @@
 
 #include "common/frame.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "xing4.pb-c.h"
 
 enum pending_kind {
@@ -96,12 +97,6 @@ _printf_(3, 4) static int fail(x4_client *c, int code, const char *fmt, ...) {
 
 static char *strdup_or_null(const char *s) {
         return s ? strdup(s) : NULL;
-}
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static void copy_str(char *dst, size_t size, const char *src) {

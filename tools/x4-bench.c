@@ -71,6 +71,7 @@
 #include "chat/tokenizer.h"
 #include "model/xing4.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "common/macro.h"
 
 #define PAGE_TOKENS 256u
@@ -177,14 +178,11 @@ static int parse_list(const char *opt, const char *s, uint32_t *v, size_t *n) {
         }
 }
 
-static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
-        size_t n;
-        uint32_t v[MAX_LIST];
-        int r = parse_list(opt, s, v, &n);
-
-        if (r < 0 || n != 1 || v[0] < min || streq(s, "none"))
+static int parse_opt_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
+        uint32_t v;
+        if (parse_u32(s, &v) < 0 || v < min || v > UINT32_MAX / 2) /* the bound of parse_list */
                 return log_error_errno(EINVAL, "%s: '%s' is not an integer >= %u", opt, s, min);
-        *ret = v[0];
+        *ret = v;
         return 0;
 }
 
@@ -947,7 +945,7 @@ int main(int argc, char **argv) {
                         device = optarg;
                         break;
                 case 't':
-                        r = parse_u32("--threads", optarg, 1, &threads);
+                        r = parse_opt_u32("--threads", optarg, 1, &threads);
                         break;
                 case 'p':
                         r = parse_list("--prefill", optarg, prefill, &n_prefill);
@@ -959,10 +957,10 @@ int main(int argc, char **argv) {
                         r = parse_list("--batch", optarg, batches, &n_batch);
                         break;
                 case 'n':
-                        r = parse_u32("--decode-tokens", optarg, 1, &steps);
+                        r = parse_opt_u32("--decode-tokens", optarg, 1, &steps);
                         break;
                 case 'r':
-                        r = parse_u32("--repeats", optarg, 1, &repeats);
+                        r = parse_opt_u32("--repeats", optarg, 1, &repeats);
                         break;
                 case 'W':
                         if (streq(optarg, "0") || streq(optarg, "1"))
@@ -984,7 +982,7 @@ int main(int argc, char **argv) {
                         break;
                 case 'P':
                         /* at least one page: a longer context is prefilled in whole pages */
-                        r = parse_u32("--decode-prefill-max", optarg, PAGE_TOKENS, &B.prefill_max);
+                        r = parse_opt_u32("--decode-prefill-max", optarg, PAGE_TOKENS, &B.prefill_max);
                         break;
                 case 'F':
                         B.profile = true;
@@ -996,7 +994,7 @@ int main(int argc, char **argv) {
                         grammar = optarg;
                         break;
                 case 'g':
-                        r = parse_u32("--grammar-seqs", optarg, 1, &grammar_seqs);
+                        r = parse_opt_u32("--grammar-seqs", optarg, 1, &grammar_seqs);
                         break;
                 case 'S': {
                         char *end;
