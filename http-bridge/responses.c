@@ -34,50 +34,53 @@ struct stored {
         time_t at;
 };
 
-static struct stored *store_head, *store_tail; /* oldest first */
-static size_t store_n, store_bytes;
-static size_t store_max_n = 256, store_max_bytes = 64u << 20;
-static int store_retention = 3600;
+/* The stored responses (previous_response_id), the module's whole state. */
+static struct {
+        struct stored *head, *tail; /* oldest first */
+        size_t n, bytes;
+        size_t max_n, max_bytes;
+        int retention;
+} store = { .max_n = 256, .max_bytes = 64u << 20, .retention = 3600 };
 
 void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s) {
-        store_max_n = max_entries;
-        store_max_bytes = max_bytes;
-        store_retention = retention_s;
+        store.max_n = max_entries;
+        store.max_bytes = max_bytes;
+        store.retention = retention_s;
 }
 
 static void store_drop_oldest(void) {
-        struct stored *s = store_head;
-        store_head = s->next;
-        if (!store_head)
-                store_tail = NULL;
-        store_n--;
-        store_bytes -= s->bytes;
+        struct stored *s = store.head;
+        store.head = s->next;
+        if (!store.head)
+                store.tail = NULL;
+        store.n--;
+        store.bytes -= s->bytes;
         json_decref(s->conv);
         free(s);
 }
 
 static void store_expire(void) {
         time_t now = time(NULL);
-        while (store_head && (now - store_head->at > store_retention || store_n > store_max_n ||
-                              store_bytes > store_max_bytes))
+        while (store.head && (now - store.head->at > store.retention || store.n > store.max_n ||
+                              store.bytes > store.max_bytes))
                 store_drop_oldest();
 }
 
 void rs_store_clear(void) {
-        while (store_head)
+        while (store.head)
                 store_drop_oldest();
 }
 
 json_t *rs_store_get(const char *id, int key) {
         store_expire();
-        for (struct stored *s = store_head; s; s = s->next)
+        for (struct stored *s = store.head; s; s = s->next)
                 if (streq(s->id, id) && s->key == key)
                         return s->conv;
         return NULL;
 }
 
 void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res) {
-        if (store_max_n == 0 || !conv)
+        if (store.max_n == 0 || !conv)
                 return;
         json_t *c = json_deep_copy(conv);
         json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content", res->content ? res->content : "",
@@ -115,13 +118,13 @@ void rs_store_put(const char *id, int key, json_t *conv, const struct api_result
         s->key = key;
         s->conv = c;
         s->at = time(NULL);
-        if (store_tail)
-                store_tail->next = s;
+        if (store.tail)
+                store.tail->next = s;
         else
-                store_head = s;
-        store_tail = s;
-        store_n++;
-        store_bytes += s->bytes;
+                store.head = s;
+        store.tail = s;
+        store.n++;
+        store.bytes += s->bytes;
         store_expire();
 }
 
