@@ -52,9 +52,12 @@ struct x4_backend_params {
         void (*progress)(double fraction, const char *what, void *userdata); /* load progress */
         void *progress_userdata;
         /* Where the backend's messages go. A backend loaded as a module (CUDA) carries its own
-         * copy of the logger, so without this its errors would reach stderr but not the caller's
-         * log_last_error(); callers set x4_backend_params_default_log (userdata unused) to route
-         * them into their own logger. NULL: the backend logs through its own copy only. */
+         * copy of the logger; callers set x4_backend_params_default_log (userdata unused) to route
+         * its messages into their own logger, with their level filter and identity. Since the
+         * seam returns forward's and the page calls' errors as values, this carries the
+         * operator's messages (warnings, debug lines) and create()'s reason for failing, which
+         * start-up still reads from log_last_error(). NULL: the backend logs through its own copy
+         * only. */
         void (*log)(int level, const char *message, void *userdata);
         void *log_userdata;
         /* Diagnostics only (parity tests; slows the forward, the CUDA backend synchronizes per

@@ -761,8 +761,10 @@ static int gib_fmt(char *buf, size_t n, uint64_t bytes) {
 }
 
 /* The module's copy of the logger (see meson.build: everything here is hidden, so the host's
- * log.c is not ours) forwards to the caller's params->log while a backend lives, so the caller's
- * log_last_error() holds "CUDA backend: no usable CUDA device: ..." instead of nothing. The
+ * log.c is not ours) forwards to the caller's params->log while a backend lives, so the
+ * operator sees the module's messages through the caller's logger and a failed create() leaves
+ * "CUDA backend: no usable CUDA device: ..." in the caller's log_last_error() (forward and the
+ * page calls hand their errors back as values instead: as_value below). The
  * module's logger is process-wide, so the forwarding is too: installed by the first create(),
  * removed when the last backend goes (or the create that installed it fails). The level filter
  * is the caller's: this copy passes everything on. */
