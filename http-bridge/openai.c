@@ -174,6 +174,19 @@ int api_get_number(json_t *o, const char *key, double lo, double hi, bool lo_ope
         return 0;
 }
 
+int api_get_sampling(json_t *o, const struct api_sampling_param *p, size_t n, x4_request *req,
+                     struct api_error *e) {
+        for (size_t i = 0; i < n; i++) {
+                double v;
+                bool set;
+                if (api_get_number(o, p[i].key, p[i].lo, p[i].hi, p[i].lo_open, &v, &set, e) < 0)
+                        return -1;
+                if (set)
+                        p[i].set(req, (float) v);
+        }
+        return 0;
+}
+
 int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
                    struct api_error *e) {
         json_t *x = json_object_get(o, key);
@@ -421,33 +434,18 @@ static int parse_stop(json_t *root, x4_request *req, struct api_error *e) {
 }
 
 static int parse_sampling(json_t *root, struct api_request *r, struct api_error *e) {
-        double v;
+        static const struct api_sampling_param params[] = {
+                { "temperature", 0, 2, false, x4_request_set_temperature },
+                { "top_p", 0, 1, true, x4_request_set_top_p },
+                { "min_p", 0, 1, false, x4_request_set_min_p },
+                { "presence_penalty", -2, 2, false, x4_request_set_presence_penalty },
+                { "frequency_penalty", -2, 2, false, x4_request_set_frequency_penalty },
+                { "repetition_penalty", 0, 10, true, x4_request_set_repetition_penalty },
+        };
         json_int_t iv;
         bool set;
-        if (api_get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
+        if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0)
                 return -1;
-        if (set)
-                x4_request_set_temperature(r->req, (float) v);
-        if (api_get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_top_p(r->req, (float) v);
-        if (api_get_number(root, "min_p", 0, 1, false, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_min_p(r->req, (float) v);
-        if (api_get_number(root, "presence_penalty", -2, 2, false, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_presence_penalty(r->req, (float) v);
-        if (api_get_number(root, "frequency_penalty", -2, 2, false, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_frequency_penalty(r->req, (float) v);
-        if (api_get_number(root, "repetition_penalty", 0, 10, true, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_repetition_penalty(r->req, (float) v);
         if (api_get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
                 return -1;
         if (set)

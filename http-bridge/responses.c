@@ -425,7 +425,6 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
 
 int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) {
         json_int_t iv;
-        double v;
         bool set;
         if (api_get_bool(root, "stream", &r->stream, e) < 0)
                 return -1;
@@ -441,14 +440,12 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
                 return -1;
         if (set)
                 x4_request_set_max_tokens(r->req, (uint32_t) iv);
-        if (api_get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
+        static const struct api_sampling_param params[] = {
+                { "temperature", 0, 2, false, x4_request_set_temperature },
+                { "top_p", 0, 1, true, x4_request_set_top_p },
+        };
+        if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0)
                 return -1;
-        if (set)
-                x4_request_set_temperature(r->req, (float) v);
-        if (api_get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_top_p(r->req, (float) v);
         bool parallel = true;
         if (api_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
                 return -1;
