@@ -89,6 +89,15 @@ int parse_bool(const char *s, bool *ret) {
         return -EINVAL;
 }
 
+char *strip(char *s) {
+        while (*s == ' ' || *s == '\t')
+                s++;
+        size_t n = strlen(s);
+        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
+                s[--n] = 0;
+        return s;
+}
+
 double now_ms(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -20,5 +20,9 @@ int parse_size(const char *s, uint64_t *ret);
 /* 1/yes/true/on or 0/no/false/off. */
 int parse_bool(const char *s, bool *ret);
 
+/* A config line's text: leading spaces and tabs and trailing whitespace (the line end too) cut, in
+ * place; returns the first byte kept. */
+char *strip(char *s);
+
 /* Milliseconds on CLOCK_MONOTONIC (durations and deadlines, never wall time). */
 double now_ms(void);

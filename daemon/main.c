@@ -191,15 +191,6 @@ static int apply_option(struct options *o, const char *key, const char *v, const
         return 0;
 }
 
-static char *strip(char *s) {
-        while (*s == ' ' || *s == '\t')
-                s++;
-        size_t n = strlen(s);
-        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
-                s[--n] = 0;
-        return s;
-}
-
 /* INI: `key = value` lines, `[section]` headers (only [xing4d] and [daemon] hold our keys),
  * `#`/`;` comments. A missing default file is fine; a missing --config file is an error. */
 static int load_config(struct options *o, const char *path, bool required) {

@@ -220,15 +220,6 @@ static int config_set(const char *key, const char *value, const char *where) {
         return 0;
 }
 
-static char *trim(char *s) {
-        while (*s == ' ' || *s == '\t')
-                s++;
-        size_t n = strlen(s);
-        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
-                s[--n] = 0;
-        return s;
-}
-
 /* Whether fgets() left part of this line unread (the buffer was full before its end): a line
  * exactly filling the buffer is whole when the newline or the end of the file comes next. */
 static bool line_cut(FILE *f, const char *line) {
@@ -255,7 +246,7 @@ static int config_load(const char *path, bool required) {
                 /* a line that does not fit would be read as two (its tail taken for a setting) */
                 if (line_cut(f, line))
                         return log_error_errno(E2BIG, "%s: line longer than %zu bytes", where, sizeof line - 1);
-                char *s = trim(line);
+                char *s = strip(line);
                 if (!*s || *s == '#' || *s == ';')
                         continue;
                 if (*s == '[') {
@@ -270,7 +261,7 @@ static int config_load(const char *path, bool required) {
                 if (!in_section)
                         return log_error_errno(EINVAL, "%s: setting before the [xing4-http] section", where);
                 *eq = 0;
-                int r = config_set(trim(s), trim(eq + 1), where);
+                int r = config_set(strip(s), strip(eq + 1), where);
                 if (r < 0)
                         return r;
         }
@@ -1213,7 +1204,7 @@ static int read_api_keys(const char *path) {
                 if (line_cut(f, line))
                         return log_error_errno(E2BIG, "%s:%u: API key longer than %zu bytes", path, lineno,
                                                sizeof line - 1);
-                char *k = trim(line);
+                char *k = strip(line);
                 if (!*k || *k == '#')
                         continue;
                 if (br.n_api_keys >= MAX_API_KEYS)
