@@ -325,41 +325,30 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         FLOAT_OPT(OPT_PRES, x4_request_set_presence_penalty, "presence-penalty")
                         FLOAT_OPT(OPT_FREQ, x4_request_set_frequency_penalty, "frequency-penalty")
 #undef FLOAT_OPT
-                case OPT_TOP_K:
-                        if (parse_u32(optarg, &u) < 0)
-                                return usage_error("--top-k: '%s' is not a count", optarg);
-                        x4_request_set_top_k(o->req, u);
-                        break;
+/* an integer option: parse_fn into var, then setter; what the value is, for the message */
+#define INT_OPT(ID, parse_fn, var, setter, name, what)                                             \
+        case ID:                                                                                   \
+                if (parse_fn(optarg, &var) < 0)                                                    \
+                        return usage_error("--" name ": '%s' is not " what, optarg);               \
+                setter(o->req, var);                                                               \
+                break;
+                        INT_OPT(OPT_TOP_K, parse_u32, u, x4_request_set_top_k, "top-k", "a count")
+                        INT_OPT(OPT_MAX_TOKENS, parse_u32, u, x4_request_set_max_tokens, "max-tokens", "a count")
+                        INT_OPT(OPT_STOP_ID, parse_i32, i, x4_request_add_stop_id, "stop-id", "a token id")
+                        INT_OPT(OPT_LOGPROBS, parse_u32, u, x4_request_set_logprobs, "logprobs", "a count")
+                        INT_OPT(OPT_THINK_BUDGET, parse_i32, i, x4_request_set_thinking_budget, "thinking-budget",
+                                "a count")
+#undef INT_OPT
                 case OPT_SEED:
                         if (parse_u64(optarg, &u64) < 0)
                                 return usage_error("--seed: '%s' is not an unsigned integer", optarg);
                         x4_request_set_seed(o->req, u64);
                         break;
-                case OPT_MAX_TOKENS:
-                        if (parse_u32(optarg, &u) < 0)
-                                return usage_error("--max-tokens: '%s' is not a count", optarg);
-                        x4_request_set_max_tokens(o->req, u);
-                        break;
                 case OPT_STOP:
                         x4_request_add_stop(o->req, optarg);
                         break;
-                case OPT_STOP_ID:
-                        if (parse_i32(optarg, &i) < 0)
-                                return usage_error("--stop-id: '%s' is not a token id", optarg);
-                        x4_request_add_stop_id(o->req, i);
-                        break;
                 case OPT_SNAPSHOT:
                         x4_request_set_snapshot(o->req, optarg);
-                        break;
-                case OPT_LOGPROBS:
-                        if (parse_u32(optarg, &u) < 0)
-                                return usage_error("--logprobs: '%s' is not a count", optarg);
-                        x4_request_set_logprobs(o->req, u);
-                        break;
-                case OPT_THINK_BUDGET:
-                        if (parse_i32(optarg, &i) < 0)
-                                return usage_error("--thinking-budget: '%s' is not a count", optarg);
-                        x4_request_set_thinking_budget(o->req, i);
                         break;
                 case OPT_IGNORE_EOS:
                         x4_request_set_ignore_eos(o->req, true);
