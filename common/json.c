@@ -585,9 +585,19 @@ static int parse_number(struct parser *p, struct json_value **ret) {
 
 static int parse_value(struct parser *p, unsigned depth, struct json_value **ret);
 
+/* After an array element or an object member: 0 at ',' and 1 at `close` (either consumed), or
+ * the parse error. */
+static int after_item(struct parser *p, char close) {
+        char d[16];
+
+        skip_ws(p);
+        if (p->pos < p->len && (p->text[p->pos] == ',' || p->text[p->pos] == close))
+                return p->text[p->pos++] == close;
+        return parse_error(p, p->pos, "expected ',' or '%c', got %s", close, describe(p, p->pos, d));
+}
+
 static int parse_array(struct parser *p, unsigned depth, struct json_value **ret) {
         _cleanup_(json_freep) struct json_value *arr = json_new_array();
-        char d[16];
         int r;
 
         if (!arr)
@@ -607,16 +617,11 @@ static int parse_array(struct parser *p, unsigned depth, struct json_value **ret
                 r = json_array_append(arr, v);
                 if (r < 0)
                         return error_set(p->err, p->err_size, r, "%s: out of memory", p->what);
-                skip_ws(p);
-                if (p->pos < p->len && p->text[p->pos] == ',') {
-                        p->pos++;
-                        continue;
-                }
-                if (p->pos < p->len && p->text[p->pos] == ']') {
-                        p->pos++;
+                r = after_item(p, ']');
+                if (r < 0)
+                        return r;
+                if (r == 1)
                         break;
-                }
-                return parse_error(p, p->pos, "expected ',' or ']', got %s", describe(p, p->pos, d));
         }
         *ret = TAKE_PTR(arr);
         return 0;
@@ -659,16 +664,11 @@ static int parse_object(struct parser *p, unsigned depth, struct json_value **re
                 r = object_set_take(obj, TAKE_PTR(key), key_len, v);
                 if (r < 0)
                         return error_set(p->err, p->err_size, r, "%s: out of memory", p->what);
-                skip_ws(p);
-                if (p->pos < p->len && p->text[p->pos] == ',') {
-                        p->pos++;
-                        continue;
-                }
-                if (p->pos < p->len && p->text[p->pos] == '}') {
-                        p->pos++;
+                r = after_item(p, '}');
+                if (r < 0)
+                        return r;
+                if (r == 1)
                         break;
-                }
-                return parse_error(p, p->pos, "expected ',' or '}', got %s", describe(p, p->pos, d));
         }
         *ret = TAKE_PTR(obj);
         return 0;
