@@ -21,15 +21,16 @@ static const struct jinja_limits default_limits = {
         .max_memory = 512u << 20,
 };
 
-int chat_template_parse(const char *text, struct chat_template **ret) {
-        return chat_template_parse_len(text, strlen(text), ret);
+int chat_template_parse(const char *text, struct chat_template **ret, char *err, size_t err_size) {
+        return chat_template_parse_len(text, strlen(text), ret, err, err_size);
 }
 
-int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret) {
+int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret, char *err,
+                            size_t err_size) {
         struct chat_template *t = calloc(1, sizeof(*t));
         if (!t)
-                return log_error_errno(ENOMEM, "chat template: out of memory");
-        int r = jinja_parse(text, len, &t->tmpl);
+                return error_set(err, err_size, ENOMEM, "chat template: out of memory");
+        int r = jinja_parse(text, len, &t->tmpl, err, err_size);
         if (r < 0) {
                 free(t);
                 return r;

@@ -27,10 +27,12 @@ struct chat_limits {
         size_t max_memory;   /* bytes allocated by one render; default 512 MiB */
 };
 
-/* -EINVAL with "template:L:C: why" on a syntax error or an unsupported construct.
- * chat_template_parse_len takes text that need not be NUL-terminated. */
-int chat_template_parse(const char *text, struct chat_template **ret);
-int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret);
+/* -EINVAL with "template:L:C: why" in err (error_set(), common/log.h: NULL, 0 logs it) on a syntax
+ * error or an unsupported construct. chat_template_parse_len takes text that need not be
+ * NUL-terminated. */
+int chat_template_parse(const char *text, struct chat_template **ret, char *err, size_t err_size);
+int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret, char *err,
+                            size_t err_size);
 void chat_template_free(struct chat_template *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct chat_template *, chat_template_free);
 void chat_template_set_limits(struct chat_template *t, const struct chat_limits *limits);

@@ -98,8 +98,9 @@ struct jinja_limits {
         size_t max_memory;
 };
 
-/* Parses a template; errors are logged as "template:LINE:COL: why" and return -EINVAL. */
-int jinja_parse(const char *text, size_t len, struct jinja_template **ret);
+/* Parses a template; errors are -EINVAL with "template:LINE:COL: why" in err (error_set(),
+ * common/log.h: NULL, 0 logs it). */
+int jinja_parse(const char *text, size_t len, struct jinja_template **ret, char *err, size_t err_size);
 void jinja_template_free(struct jinja_template *t);
 
 /* Renders with the members of ctx (a JSON object) as globals. Returns 0 with a malloc'ed,

@@ -103,6 +103,8 @@ struct parser {
         size_t n_toks, cap_toks;
         size_t pos;
         unsigned depth;
+        char *err; /* the caller's message buffer (error_set, common/log.h) */
+        size_t err_size;
         jmp_buf fail;
 };
 
@@ -114,14 +116,14 @@ _printf_(4, 5) static _Noreturn void parse_fail(struct parser *p, int line, int 
         va_start(ap, fmt);
         vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
-        log_error_errno(EINVAL, "template:%d:%d: %s", line, col, buf);
+        error_set(p->err, p->err_size, EINVAL, "template:%d:%d: %s", line, col, buf);
         longjmp(p->fail, 1);
 }
 
 static void *palloc(struct parser *p, size_t n) {
         void *r = arena_alloc(p->arena, n);
         if (!r) {
-                log_error_errno(ENOMEM, "template: out of memory while parsing");
+                error_set(p->err, p->err_size, ENOMEM, "template: out of memory while parsing");
                 longjmp(p->fail, 2);
         }
         return r;
@@ -1296,21 +1298,23 @@ static void parse_body(struct parser *p, const char *const *ends, struct nvec *o
         }
 }
 
-int jinja_parse(const char *text, size_t len, struct jinja_template **ret) {
+int jinja_parse(const char *text, size_t len, struct jinja_template **ret, char *err, size_t err_size) {
         struct jinja_template *t = calloc(1, sizeof(*t));
         if (!t)
-                return log_error_errno(ENOMEM, "template: out of memory");
+                return error_set(err, err_size, ENOMEM, "template: out of memory");
         t->arena = arena_new((size_t) 1 << 30);
         if (!t->arena) {
                 free(t);
-                return log_error_errno(ENOMEM, "template: out of memory");
+                return error_set(err, err_size, ENOMEM, "template: out of memory");
         }
         struct parser *p = calloc(1, sizeof(*p));
         if (!p) {
                 jinja_template_free(t);
-                return log_error_errno(ENOMEM, "template: out of memory");
+                return error_set(err, err_size, ENOMEM, "template: out of memory");
         }
         p->arena = t->arena;
+        p->err = err;
+        p->err_size = err_size;
         p->line = 1;
         if (setjmp(p->fail)) {
                 free(p);

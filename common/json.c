@@ -752,7 +752,7 @@ int json_parse(const char *text, size_t len, const char *what, struct json_value
         return 0;
 }
 
-int json_parse_file(const char *path, struct json_value **ret) {
+int json_parse_file(const char *path, struct json_value **ret, char *err, size_t err_size) {
         _cleanup_close_ int fd = -1;
         _cleanup_free_ char *buf = NULL;
         size_t n = 0, cap = 0;
@@ -760,35 +760,35 @@ int json_parse_file(const char *path, struct json_value **ret) {
 
         fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
-                return log_error_errno(errno, "%s: cannot open: %s", path, strerror(errno));
+                return error_set(err, err_size, errno, "%s: cannot open: %s", path, strerror(errno));
         if (fstat(fd, &st) < 0)
-                return log_error_errno(errno, "%s: cannot stat: %s", path, strerror(errno));
+                return error_set(err, err_size, errno, "%s: cannot stat: %s", path, strerror(errno));
         if (S_ISDIR(st.st_mode))
-                return log_error_errno(EISDIR, "%s: is a directory, a JSON file expected", path);
+                return error_set(err, err_size, EISDIR, "%s: is a directory, a JSON file expected", path);
         cap = st.st_size > 0 ? (size_t) st.st_size + 1 : 4096;
         for (;;) {
                 if (n == cap) {
                         char *b = realloc(buf, cap * 2);
                         if (!b)
-                                return log_error_errno(ENOMEM, "%s: out of memory", path);
+                                return error_set(err, err_size, ENOMEM, "%s: out of memory", path);
                         buf = b;
                         cap *= 2;
                 } else if (!buf) {
                         buf = malloc(cap);
                         if (!buf)
-                                return log_error_errno(ENOMEM, "%s: out of memory", path);
+                                return error_set(err, err_size, ENOMEM, "%s: out of memory", path);
                 }
                 ssize_t k = read(fd, buf + n, cap - n);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
-                        return log_error_errno(errno, "%s: cannot read: %s", path, strerror(errno));
+                        return error_set(err, err_size, errno, "%s: cannot read: %s", path, strerror(errno));
                 }
                 if (k == 0)
                         break;
                 n += (size_t) k;
         }
-        return json_parse(buf ? buf : "", n, path, ret, NULL, 0);
+        return json_parse(buf ? buf : "", n, path, ret, err, err_size);
 }
 
 /* ---- serializer ---- */

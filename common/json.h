@@ -28,10 +28,10 @@ struct json_value;
  * commas, no comments; a leading UTF-8 BOM is skipped. Integers outside int64 and numbers with a
  * fraction or exponent become JSON_DOUBLE (strtod in the C locale; overflow gives ±inf like
  * Python's float()). Duplicate keys: the last value wins at the first key's position.
- * json_parse_file logs "<path>: cannot open: <strerror>" and returns -errno when it can't read. */
+ * json_parse_file says "<path>: cannot open: <strerror>" and returns -errno when it can't read. */
 int json_parse(const char *text, size_t len, const char *what, struct json_value **ret, char *err,
                size_t err_size);
-int json_parse_file(const char *path, struct json_value **ret);
+int json_parse_file(const char *path, struct json_value **ret, char *err, size_t err_size);
 void json_free(struct json_value *v);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct json_value *, json_free);
 

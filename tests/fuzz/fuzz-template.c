@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 assert(json_parse(context_json, strlen(context_json), "fuzz context", &ctx, NULL, 0) == 0);
         }
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
-        if (chat_template_parse_len((const char *) data, size, &t) < 0) {
+        if (chat_template_parse_len((const char *) data, size, &t, NULL, 0) < 0) {
                 assert(log_last_error()[0] != 0);
                 return 0;
         }

@@ -219,7 +219,7 @@ static void test_fixture(const char *dir, bool with_cpu) {
         snprintf(path, sizeof path, "%s/model.gguf", dir);
         _cleanup_(x4_model_freep) struct x4_model *m = open_model(path);
         snprintf(path, sizeof path, "%s/cases.json", dir);
-        REQUIRE(json_parse_file(path, &cases) == 0, "parsing %s", path);
+        REQUIRE(json_parse_file(path, &cases, NULL, 0) == 0, "parsing %s", path);
         const struct json_value *list = json_object_get(cases, "cases");
         REQUIRE(list && json_count(list) > 0, "%s: no cases", path);
         uint32_t V = x4_model_config(m)->n_vocab;

@@ -30,7 +30,7 @@ static char *render(const char *tmpl, const char *json, int *r) {
         _cleanup_(json_freep) struct json_value *ctx = ctx_from(json ? json : "{}");
         char *out = NULL;
         log_clear_last_error();
-        *r = chat_template_parse(tmpl, &t);
+        *r = chat_template_parse(tmpl, &t, NULL, 0);
         if (*r < 0)
                 return NULL;
         *r = chat_template_render(t, ctx, &out, NULL, 0);
@@ -118,7 +118,7 @@ static const char *const AGREE[] = {
 static void test_xing4_c_renderer_agrees(void **state) {
         (void) state;
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
-        assert_int_equal(chat_template_parse(chat_xing4_template, &t), 0);
+        assert_int_equal(chat_template_parse(chat_xing4_template, &t, NULL, 0), 0);
         for (size_t i = 0; i < ELEMENTSOF(AGREE); i++) {
                 _cleanup_(json_freep) struct json_value *ctx = ctx_from(AGREE[i]);
                 _cleanup_free_ char *a = NULL, *b = NULL;
@@ -284,7 +284,7 @@ static void test_limits(void **state) {
         /* limits are settable per template */
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
         const char *src = "{% for i in range(50) %}{{ i }}{% endfor %}";
-        assert_int_equal(chat_template_parse(src, &t), 0);
+        assert_int_equal(chat_template_parse(src, &t, NULL, 0), 0);
         chat_template_set_limits(t, &(struct chat_limits) {.max_output = 20});
         char *out = NULL;
         assert_int_equal(chat_template_render(t, NULL, &out, NULL, 0), -E2BIG);

@@ -257,7 +257,7 @@ static void test_fixture_files_roundtrip(void **state) {
                 char path[4096];
                 snprintf(path, sizeof path, "%s/%s", X4_FIXTURES, files[i].name);
                 _cleanup_(json_freep) struct json_value *v = NULL;
-                assert_int_equal(json_parse_file(path, &v), 0);
+                assert_int_equal(json_parse_file(path, &v, NULL, 0), 0);
                 _cleanup_free_ char *s = json_dump(v, JSON_ASCII, files[i].indent);
                 _cleanup_fclose_ FILE *f = fopen(path, "re");
                 assert_non_null(f);
@@ -438,10 +438,10 @@ static void test_parse_file_errors(void **state) {
         (void) state;
         struct json_value *v = NULL;
         log_set_max_level(LOG_CRIT);
-        assert_int_equal(json_parse_file("/nonexistent-dir/config.json", &v), -ENOENT);
+        assert_int_equal(json_parse_file("/nonexistent-dir/config.json", &v, NULL, 0), -ENOENT);
         assert_string_equal(log_last_error(),
                             "/nonexistent-dir/config.json: cannot open: No such file or directory");
-        assert_int_equal(json_parse_file(X4_FIXTURES, &v), -EISDIR);
+        assert_int_equal(json_parse_file(X4_FIXTURES, &v, NULL, 0), -EISDIR);
         assert_string_equal(log_last_error(), X4_FIXTURES ": is a directory, a JSON file expected");
         /* the path names the file in syntax errors */
         char path[] = "/tmp/test-json-XXXXXX";
@@ -449,7 +449,7 @@ static void test_parse_file_errors(void **state) {
         assert_true(fd >= 0);
         assert_int_equal(write(fd, "{\n \"a\": [1,\n 2,,]}\n", 19), 19);
         close(fd);
-        assert_int_equal(json_parse_file(path, &v), -EBADMSG);
+        assert_int_equal(json_parse_file(path, &v, NULL, 0), -EBADMSG);
         char want[256];
         snprintf(want, sizeof want, "%s: line 3 column 4: expected a value, got ','", path);
         assert_string_equal(log_last_error(), want);
