@@ -556,20 +556,26 @@ static struct jnode *mknode(struct parser *p, enum jnode_kind kind, const struct
         return n;
 }
 
-/* A growable list of node pointers in the arena. */
+/* Room for one more of n elements of elem bytes at v (cap of them): v itself, or a copy twice as
+ * large (at least 8) in the arena. */
+static void *vec_room(struct parser *p, void *v, size_t n, size_t *cap, size_t elem) {
+        if (n < *cap)
+                return v;
+        size_t c = MAX(*cap * 2, (size_t) 8);
+        void *nv = palloc(p, c * elem);
+        if (n)
+                memcpy(nv, v, n * elem);
+        *cap = c;
+        return nv;
+}
+
+/* Growable lists of node pointers and of names, in the arena. */
 struct nvec {
         struct jnode **v;
         size_t n, cap;
 };
 static void nvec_push(struct parser *p, struct nvec *v, struct jnode *x) {
-        if (v->n == v->cap) {
-                size_t cap = MAX(v->cap * 2, (size_t) 8);
-                struct jnode **nv = palloc(p, cap * sizeof(*nv));
-                if (v->n)
-                        memcpy(nv, v->v, v->n * sizeof(*nv));
-                v->v = nv;
-                v->cap = cap;
-        }
+        v->v = vec_room(p, v->v, v->n, &v->cap, sizeof *v->v);
         v->v[v->n++] = x;
 }
 struct svec {
@@ -577,14 +583,7 @@ struct svec {
         size_t n, cap;
 };
 static void svec_push(struct parser *p, struct svec *v, const char *x) {
-        if (v->n == v->cap) {
-                size_t cap = MAX(v->cap * 2, (size_t) 8);
-                const char **nv = palloc(p, cap * sizeof(*nv));
-                if (v->n)
-                        memcpy(nv, v->v, v->n * sizeof(*nv));
-                v->v = nv;
-                v->cap = cap;
-        }
+        v->v = vec_room(p, v->v, v->n, &v->cap, sizeof *v->v);
         v->v[v->n++] = x;
 }
 
