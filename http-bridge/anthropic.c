@@ -17,7 +17,6 @@
 #include "bridge.h"
 #include "common/macro.h"
 
-#define OOM(e) api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
 /* The text of a string or an array of text blocks; other block types are refused by name. */
 static int blocks_text(json_t *v, const char *param, struct sbuf *out, struct api_error *e) {
@@ -198,18 +197,14 @@ static int parse_assistant(json_t *content, size_t i, json_t *conv, json_t *name
 }
 
 static int parse_tools(json_t *root, struct api_request *r, bool *send, json_t **out, struct api_error *e) {
-        json_t *tools = json_object_get(root, "tools");
+        json_t *tools, *list;
         size_t i;
         json_t *t;
-        *out = NULL;
-        if (!tools || json_is_null(tools))
+        if (api_tools_begin(root, "an array of {name, description, input_schema} expected", &tools, out, e) < 0)
+                return -1;
+        if (!tools)
                 return 0;
-        if (!json_is_array(tools))
-                return api_bad(e, "tools", "an array of {name, description, input_schema} expected");
-        json_t *list = json_array();
-        if (!list)
-                return OOM(e);
-        *out = list;
+        list = *out;
         json_array_foreach(tools, i, t) {
                 char p[64];
                 snprintf(p, sizeof p, "tools[%zu]", i);

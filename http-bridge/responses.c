@@ -21,7 +21,6 @@
 #include "bridge.h"
 #include "common/macro.h"
 
-#define OOM(e) api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
 /* ---- the conversation store ---------------------------------------------------------------------- */
 
@@ -333,18 +332,15 @@ static const char *const hosted_tools[] = { "web_search", "file_search", "code_i
                                              "apply_patch", "namespace", "custom" };
 
 static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
-        json_t *tools = json_object_get(root, "tools");
+        json_t *tools, *list;
         size_t i;
         json_t *t;
-        *out = NULL;
-        if (!tools || json_is_null(tools))
+        if (api_tools_begin(root, "an array of {type: \"function\", name, parameters} expected", &tools, out,
+                            e) < 0)
+                return -1;
+        if (!tools)
                 return 0;
-        if (!json_is_array(tools))
-                return api_bad(e, "tools", "an array of {type: \"function\", name, parameters} expected");
-        json_t *list = json_array();
-        if (!list)
-                return OOM(e);
-        *out = list;
+        list = *out;
         json_array_foreach(tools, i, t) {
                 char p[64];
                 snprintf(p, sizeof p, "tools[%zu].type", i);
