@@ -301,12 +301,9 @@ static int by_prompt_left(const void *a, const void *b) {
         return l < r ? -1 : l > r;
 }
 
-static void step(struct sched *s) {
-        struct x4_seq *seqs;
-        struct job **owners;
-        uint32_t n = 0, cap = 0, rows = 0;
-        uint32_t prefill_tokens = 0, decode_tokens = 0;
-
+/* What this step runs: pages for every decoding request (one position each, oldest first,
+ * preempting when the cache is out), then prompt chunks within the step's budget (j->plan). */
+static void plan_step(struct sched *s) {
         /* pages for this step, as sequences eng_grow: decoding requests first (one position each),
          * oldest first; when the cache is out, preempt (pick_victim) and try again */
         for (bool again = true; again;) {
@@ -357,6 +354,85 @@ static void step(struct sched *s) {
                                 oldest->plan = had;
                 }
         }
+}
+
+/* The recent rates (an exponential moving average over steps) and the prefill budget's inputs,
+ * after a step of dt ms that ran prefill_tokens prompt and decode_tokens decode tokens. */
+static void update_rates(struct sched *s, double dt, uint32_t prefill_tokens, uint32_t decode_tokens) {
+        const double a = 0.2;
+
+        if (dt <= 0)
+                return;
+        if (prefill_tokens)
+                s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
+        if (decode_tokens)
+                s->decode_rate = (1 - a) * s->decode_rate + a * (decode_tokens * 1e3 / dt);
+        /* the prefill budget's inputs: a pure decode step, and a prompt token's share of a step
+         * beyond the decode work in it */
+        if (!prefill_tokens)
+                s->decode_step_ms = s->decode_step_ms > 0 ? (1 - a) * s->decode_step_ms + a * dt : dt;
+        else {
+                double extra = dt - (decode_tokens ? s->decode_step_ms : 0);
+                double per = MAX(extra, 0.05 * dt) / prefill_tokens;
+                s->prefill_tok_ms = s->prefill_tok_ms > 0 ? (1 - a) * s->prefill_tok_ms + a * per : per;
+        }
+}
+
+/* The token after logits l for j: the forced end of thinking, or a draw under j's constraint and
+ * sampler, with the top logprobs (*lp, NULL unless asked for) decoded for clients. false when
+ * there is none: the constraint or the sampler failed the request. */
+static bool next_token(struct sched *s, struct job *j, float *l, int32_t *ret, struct sched_logprob **ret_lp) {
+        struct sampler_result res;
+        bool want = j->r->logprobs > 0;
+        struct sched_logprob *lp = NULL;
+        char err[256];
+        int32_t t;
+
+        if (j->force_end_think) {
+                *ret = outparse_end_think_id(j->op);
+                return true;
+        }
+        if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
+                return false;
+        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs, err, sizeof err);
+        if (t < 0) {
+                eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", err);
+                return false;
+        }
+        if (want && (lp = calloc(1, sizeof *lp)) && (lp->top = calloc(MAX(res.n_top, 1u), sizeof *lp->top))) {
+                lp->token_id = res.token;
+                lp->logprob = res.logprob;
+                /* a constraint leaves fewer allowed tokens than asked for: the masked ones (-inf)
+                 * are not alternatives */
+                while (res.n_top > 0 && !isfinite(res.top[res.n_top - 1].logprob))
+                        res.n_top--;
+                lp->n_top = res.n_top;
+                for (uint32_t k = 0; k < res.n_top; k++) {
+                        lp->top[k] = (struct sched_top_logprob){ res.top[k].token, res.top[k].logprob };
+                        /* so clients show the alternative, not "<token N>" */
+                        if (s->p.tokenizer) {
+                                size_t len;
+                                if (tokenizer_decode(s->p.tokenizer, &res.top[k].token, 1, 0,
+                                                     &lp->top[k].text, &len) < 0)
+                                        lp->top[k].text = NULL;
+                        }
+                }
+        } else if (lp) {
+                free(lp);
+                lp = NULL;
+        }
+        *ret = t;
+        *ret_lp = lp;
+        return true;
+}
+
+static void step(struct sched *s) {
+        struct x4_seq *seqs;
+        struct job **owners;
+        uint32_t n = 0, cap = 0, rows = 0;
+        uint32_t prefill_tokens = 0, decode_tokens = 0;
+
+        plan_step(s);
         for (struct job *j = s->jobs; j; j = j->next)
                 cap += (j->state == JOB_DECODE && !j->paused) || j->plan;
         if (cap == 0)
@@ -418,25 +494,7 @@ static void step(struct sched *s) {
         s->steps++;
         s->steps_multi += n > 1;
         s->batch_max = MAX(s->batch_max, n);
-        /* recent rates: exponential moving average over steps */
-        if (dt > 0) {
-                double a = 0.2;
-                if (prefill_tokens)
-                        s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
-                if (decode_tokens)
-                        s->decode_rate = (1 - a) * s->decode_rate + a * (decode_tokens * 1e3 / dt);
-                /* the prefill budget's inputs: a pure decode step, and a prompt token's share of
-                 * a step beyond the decode work in it */
-                if (!prefill_tokens)
-                        s->decode_step_ms = s->decode_step_ms > 0
-                                                    ? (1 - a) * s->decode_step_ms + a * dt : dt;
-                else {
-                        double extra = dt - (decode_tokens ? s->decode_step_ms : 0);
-                        double per = MAX(extra, 0.05 * dt) / prefill_tokens;
-                        s->prefill_tok_ms = s->prefill_tok_ms > 0
-                                                    ? (1 - a) * s->prefill_tok_ms + a * per : per;
-                }
-        }
+        update_rates(s, dt, prefill_tokens, decode_tokens);
         uint32_t row = 0;
         double now = now_ms();
         for (uint32_t i = 0; i < n; i++) {
@@ -462,45 +520,8 @@ static void step(struct sched *s) {
                 float *l = s->logits + (size_t) row++ * s->cfg->n_vocab;
                 struct sched_logprob *lp = NULL;
                 int32_t t;
-                if (j->force_end_think)
-                        t = outparse_end_think_id(j->op);
-                else {
-                        struct sampler_result res;
-                        bool want = j->r->logprobs > 0;
-                        if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
-                                continue;
-                        char err[256];
-                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs, err,
-                                           sizeof err);
-                        if (t < 0) {
-                                eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", err);
-                                continue;
-                        }
-                        if (want && (lp = calloc(1, sizeof *lp)) &&
-                            (lp->top = calloc(MAX(res.n_top, 1u), sizeof *lp->top))) {
-                                lp->token_id = res.token;
-                                lp->logprob = res.logprob;
-                                /* a constraint leaves fewer allowed tokens than asked for: the
-                                 * masked ones (-inf) are not alternatives */
-                                while (res.n_top > 0 && !isfinite(res.top[res.n_top - 1].logprob))
-                                        res.n_top--;
-                                lp->n_top = res.n_top;
-                                for (uint32_t k = 0; k < res.n_top; k++) {
-                                        lp->top[k] = (struct sched_top_logprob){ res.top[k].token,
-                                                                                 res.top[k].logprob };
-                                        /* so clients show the alternative, not "<token N>" */
-                                        if (s->p.tokenizer) {
-                                                size_t len;
-                                                if (tokenizer_decode(s->p.tokenizer, &res.top[k].token,
-                                                                     1, 0, &lp->top[k].text, &len) < 0)
-                                                        lp->top[k].text = NULL;
-                                        }
-                                }
-                        } else if (lp) {
-                                free(lp);
-                                lp = NULL;
-                        }
-                }
+                if (!next_token(s, j, l, &t, &lp))
+                        continue;
                 (void) eng_accept_token(s, j, t, lp);
         }
         free(seqs);
