@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/rng.h"
 
 /* Seen tokens: open addressing, key = token + 1 (0 = empty). */
 struct seen {
@@ -84,33 +85,10 @@ int sampler_params_validate(const struct sampler_params *p, char msg[static SAMP
         return -EINVAL;
 }
 
-/* ---- RNG: xoshiro256** (Blackman & Vigna), state filled by splitmix64 from the seed ---- */
+/* ---- RNG: xoshiro256** (common/rng.h), state filled by splitmix64 from the seed ---- */
 
-static uint64_t splitmix64(uint64_t *x) {
-        uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) {
-        return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t rng_next(uint64_t s[4]) {
-        uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = rotl(s[3], 45);
-        return result;
-}
-
-/* uniform in [0, 1) with 53 random bits */
 static double rng_uniform(uint64_t s[4]) {
-        return (double) (rng_next(s) >> 11) * 0x1p-53;
+        return xoshiro256_uniform(s);
 }
 
 /* ---- lifecycle and seen tokens ---- */
