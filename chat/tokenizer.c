@@ -119,31 +119,38 @@ static int32_t lookup(const struct tokenizer *t, const char *p, size_t n) {
         }
 }
 
+/* The continuation bytes a lead byte c >= 0xc2 needs (1..3, 0 for none: not a multi-byte
+ * lead), and the range [*lo, *hi] its first continuation byte must fall in (no overlong forms,
+ * surrogates or code points beyond U+10FFFF). */
+static size_t utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi) {
+        *lo = 0x80;
+        *hi = 0xbf;
+        if (c < 0xc2 || c >= 0xf5)
+                return 0;
+        if (c < 0xe0)
+                return 1;
+        if (c < 0xf0) {
+                if (c == 0xe0)
+                        *lo = 0xa0;
+                else if (c == 0xed)
+                        *hi = 0x9f;
+                return 2;
+        }
+        if (c == 0xf0)
+                *lo = 0x90;
+        else if (c == 0xf4)
+                *hi = 0x8f;
+        return 3;
+}
+
 /* Length of the valid UTF-8 character at p (n bytes left), 0 if the bytes there do not start a
  * complete valid character (overlong, surrogate, > U+10FFFF, truncated, stray continuation). */
 static size_t utf8_valid_len(const uint8_t *p, size_t n) {
-        uint8_t c = p[0];
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (c < 0x80)
+        uint8_t lo, hi;
+        if (p[0] < 0x80)
                 return 1;
-        if (c < 0xc2)
-                return 0;
-        if (c < 0xe0)
-                need = 1;
-        else if (c < 0xf0) {
-                need = 2;
-                if (c == 0xe0)
-                        lo = 0xa0;
-                else if (c == 0xed)
-                        hi = 0x9f;
-        } else if (c < 0xf5) {
-                need = 3;
-                if (c == 0xf0)
-                        lo = 0x90;
-                else if (c == 0xf4)
-                        hi = 0x8f;
-        } else
+        size_t need = utf8_lead(p[0], &lo, &hi);
+        if (need == 0)
                 return 0;
         if (n < need + 1)
                 return 0;
@@ -158,26 +165,10 @@ static size_t utf8_valid_len(const uint8_t *p, size_t n) {
 /* Whether p[0..n) is a proper prefix of some valid UTF-8 character (more bytes could complete
  * it). Used by the streaming decoder to hold bytes back. */
 static bool utf8_incomplete_prefix(const uint8_t *p, size_t n) {
-        uint8_t c = p[0];
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (c < 0xc2 || c >= 0xf5)
+        uint8_t lo, hi;
+        size_t need = utf8_lead(p[0], &lo, &hi);
+        if (need == 0)
                 return false;
-        if (c < 0xe0)
-                need = 1;
-        else if (c < 0xf0) {
-                need = 2;
-                if (c == 0xe0)
-                        lo = 0xa0;
-                else if (c == 0xed)
-                        hi = 0x9f;
-        } else {
-                need = 3;
-                if (c == 0xf0)
-                        lo = 0x90;
-                else if (c == 0xf4)
-                        hi = 0x8f;
-        }
         if (n > need)
                 return false;
         if (n >= 2 && (p[1] < lo || p[1] > hi))
