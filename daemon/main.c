@@ -559,6 +559,51 @@ static int parse_args(int argc, char **argv, struct options *o) {
         return 0;
 }
 
+/* The backend --device asks for: cuda, cpu, or auto (the CUDA module when it loads and finds a
+ * device, else the CPU, saying which and why). 0, or -errno with the reason logged. */
+static int start_backend(const struct x4_model *model, const char *device, struct x4_backend_params *bp,
+                         const struct x4_backend_ops **ops, struct x4_backend **backend) {
+        int r = 0;
+
+        if (streq(device, "auto") || streq(device, "cuda")) {
+                /* auto: a missing CUDA module is expected, not an error worth a red line */
+                int level = log_get_max_level();
+                if (streq(device, "auto"))
+                        log_set_max_level(LOG_CRIT);
+                r = x4_backend_get("cuda", ops);
+                log_set_max_level(level);
+                bool loaded = r >= 0;
+                if (r >= 0) {
+                        bp->cache_type = X4_CACHE_F16;
+                        /* auto: no GPU is expected too; the reason goes in the info line below */
+                        if (streq(device, "auto"))
+                                log_set_max_level(MIN(level, LOG_CRIT));
+                        r = (*ops)->create(model, bp, backend);
+                        log_set_max_level(level);
+                }
+                if (r < 0 && streq(device, "cuda"))
+                        return r;
+                /* say which backend auto chose and why, so "why is it slow" has an answer */
+                if (r < 0)
+                        log_info("device auto: %s: %s; using cpu",
+                                 loaded ? "cuda backend failed to start" : "cuda module not loadable",
+                                 log_last_error());
+                else if (streq(device, "auto"))
+                        log_info("device auto: cuda module loaded and started; using cuda");
+        }
+        if (!*backend) {
+                bp->cache_type = X4_CACHE_F32;
+                r = x4_backend_get("cpu", ops);
+                if (r >= 0)
+                        r = (*ops)->create(model, bp, backend);
+                if (r < 0) {
+                        (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
+                        return r;
+                }
+        }
+        return 0;
+}
+
 int main(int argc, char **argv) {
         struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256, .log_level = LOG_INFO };
         _cleanup_(x4_model_freep) struct x4_model *model = NULL;
@@ -625,42 +670,9 @@ int main(int argc, char **argv) {
                 .progress_userdata = &ps,
                 .log = x4_backend_params_default_log,
         };
-        if (streq(device, "auto") || streq(device, "cuda")) {
-                /* auto: a missing CUDA module is expected, not an error worth a red line */
-                int level = log_get_max_level();
-                if (streq(device, "auto"))
-                        log_set_max_level(LOG_CRIT);
-                r = x4_backend_get("cuda", &ops);
-                log_set_max_level(level);
-                bool loaded = r >= 0;
-                if (r >= 0) {
-                        bp.cache_type = X4_CACHE_F16;
-                        /* auto: no GPU is expected too; the reason goes in the info line below */
-                        if (streq(device, "auto"))
-                                log_set_max_level(MIN(level, LOG_CRIT));
-                        r = ops->create(model, &bp, &backend);
-                        log_set_max_level(level);
-                }
-                if (r < 0 && streq(device, "cuda"))
-                        goto out;
-                /* say which backend auto chose and why, so "why is it slow" has an answer */
-                if (r < 0)
-                        log_info("device auto: %s: %s; using cpu",
-                                 loaded ? "cuda backend failed to start" : "cuda module not loadable",
-                                 log_last_error());
-                else if (streq(device, "auto"))
-                        log_info("device auto: cuda module loaded and started; using cuda");
-        }
-        if (!backend) {
-                bp.cache_type = X4_CACHE_F32;
-                r = x4_backend_get("cpu", &ops);
-                if (r >= 0)
-                        r = ops->create(model, &bp, &backend);
-                if (r < 0) {
-                        (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
-                        goto out;
-                }
-        }
+        r = start_backend(model, device, &bp, &ops, &backend);
+        if (r < 0)
+                goto out;
         struct x4_backend_caps caps;
         ops->caps(backend, &caps);
         snprintf(backend_name, sizeof backend_name, "%s", caps.name ? caps.name : ops->name);
