@@ -21,15 +21,16 @@ static const struct jinja_limits default_limits = {
         .max_memory = 512u << 20,
 };
 
-int chat_template_parse(const char *text, struct chat_template **ret) {
-        return chat_template_parse_len(text, strlen(text), ret);
+int chat_template_parse(const char *text, struct chat_template **ret, char *err, size_t err_size) {
+        return chat_template_parse_len(text, strlen(text), ret, err, err_size);
 }
 
-int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret) {
+int chat_template_parse_len(const char *text, size_t len, struct chat_template **ret, char *err,
+                            size_t err_size) {
         struct chat_template *t = calloc(1, sizeof(*t));
         if (!t)
-                return log_error_errno(ENOMEM, "chat template: out of memory");
-        int r = jinja_parse(text, len, &t->tmpl);
+                return error_set(err, err_size, ENOMEM, "chat template: out of memory");
+        int r = jinja_parse(text, len, &t->tmpl, err, err_size);
         if (r < 0) {
                 free(t);
                 return r;
@@ -56,33 +57,34 @@ void chat_template_set_limits(struct chat_template *t, const struct chat_limits 
 }
 
 int chat_template_render_len(const struct chat_template *t, const struct json_value *context, char **ret,
-                             size_t *ret_len) {
-        return jinja_render(t->tmpl, context, &t->limits, ret, ret_len);
+                             size_t *ret_len, char *err, size_t err_size) {
+        return jinja_render(t->tmpl, context, &t->limits, ret, ret_len, err, err_size);
 }
 
-int chat_template_render(const struct chat_template *t, const struct json_value *context, char **ret) {
-        return jinja_render(t->tmpl, context, &t->limits, ret, NULL);
+int chat_template_render(const struct chat_template *t, const struct json_value *context, char **ret,
+                         char *err, size_t err_size) {
+        return jinja_render(t->tmpl, context, &t->limits, ret, NULL, err, err_size);
 }
 
 /* Deep copy through serialization: json.h has no clone, and contexts are small. */
 static struct json_value *json_clone(const struct json_value *v) {
         _cleanup_free_ char *s = json_dump(v, JSON_COMPACT, 0);
         struct json_value *c = NULL;
-        if (!s || json_parse(s, strlen(s), "clone", &c) < 0)
+        if (!s || json_parse(s, strlen(s), "clone", &c, NULL, 0) < 0)
                 return NULL;
         return c;
 }
 
-static int fix_tool_calls(struct json_value *msg, size_t i) {
+static int fix_tool_calls(struct json_value *msg, size_t i, char *err, size_t err_size) {
         struct json_value *calls = json_object_get(msg, "tool_calls");
         if (!calls || json_type(calls) == JSON_NULL)
                 return 0;
         if (json_type(calls) != JSON_ARRAY)
-                return log_error_errno(EINVAL, "messages[%zu].tool_calls: a list expected", i);
+                return error_set(err, err_size, EINVAL, "messages[%zu].tool_calls: a list expected", i);
         for (size_t k = 0; k < json_count(calls); k++) {
                 struct json_value *tc = json_array_at(calls, k);
                 if (json_type(tc) != JSON_OBJECT)
-                        return log_error_errno(EINVAL, "messages[%zu].tool_calls[%zu]: an object expected", i, k);
+                        return error_set(err, err_size, EINVAL, "messages[%zu].tool_calls[%zu]: an object expected", i, k);
                 /* OpenAI's {"function": {"name", "arguments"}} or the flat {"name", "arguments"} */
                 struct json_value *fn = json_object_get(tc, "function");
                 if (!fn)
@@ -93,10 +95,9 @@ static int fix_tool_calls(struct json_value *msg, size_t i) {
                 if (!args || json_type(args) != JSON_STRING)
                         continue;
                 struct json_value *parsed = NULL;
-                int level = log_get_max_level();
-                log_set_max_level(LOG_CRIT);
-                int r = json_parse(json_string(args), json_string_len(args), "arguments", &parsed);
-                log_set_max_level(level);
+                char why[256]; /* not kept: text that is not JSON is no error here */
+                int r = json_parse(json_string(args), json_string_len(args), "arguments", &parsed, why,
+                                   sizeof why);
                 if (r < 0)
                         continue; /* not JSON: templates get the text as is */
                 if (json_type(parsed) != JSON_OBJECT) {
@@ -106,60 +107,61 @@ static int fix_tool_calls(struct json_value *msg, size_t i) {
                 r = json_object_set(fn, "arguments", parsed);
                 if (r < 0) {
                         json_free(parsed);
-                        return log_error_errno(r, "messages[%zu].tool_calls[%zu]: out of memory", i, k);
+                        return error_set(err, err_size, r, "messages[%zu].tool_calls[%zu]: out of memory", i, k);
                 }
         }
         return 0;
 }
 
 int chat_context_build(const struct json_value *messages, const struct json_value *tools, bool add_generation_prompt,
-                       int enable_thinking, const char *bos_token, const char *eos_token, struct json_value **ret) {
+                       int enable_thinking, const char *bos_token, const char *eos_token, struct json_value **ret,
+                       char *err, size_t err_size) {
         _cleanup_(json_freep) struct json_value *ctx = json_new_object();
         if (!ctx)
-                return log_error_errno(ENOMEM, "chat context: out of memory");
+                return error_set(err, err_size, ENOMEM, "chat context: out of memory");
         if (!messages || json_type(messages) != JSON_ARRAY)
-                return log_error_errno(EINVAL, "chat context: messages must be a list");
+                return error_set(err, err_size, EINVAL, "chat context: messages must be a list");
         struct json_value *msgs = json_clone(messages);
         if (!msgs || json_object_set(ctx, "messages", msgs) < 0) {
                 json_free(msgs);
-                return log_error_errno(ENOMEM, "chat context: out of memory");
+                return error_set(err, err_size, ENOMEM, "chat context: out of memory");
         }
         for (size_t i = 0; i < json_count(msgs); i++) {
                 struct json_value *m = json_array_at(msgs, i);
                 if (json_type(m) != JSON_OBJECT)
-                        return log_error_errno(EINVAL, "messages[%zu]: an object expected", i);
+                        return error_set(err, err_size, EINVAL, "messages[%zu]: an object expected", i);
                 struct json_value *role = json_object_get(m, "role");
                 if (!role || json_type(role) != JSON_STRING)
-                        return log_error_errno(EINVAL, "messages[%zu].role: a string expected", i);
+                        return error_set(err, err_size, EINVAL, "messages[%zu].role: a string expected", i);
                 const char *rs = json_string(role);
                 if (!streq(rs, "system") && !streq(rs, "user") && !streq(rs, "assistant") && !streq(rs, "tool"))
-                        return log_error_errno(EINVAL, "messages[%zu].role: system, user, assistant or tool expected, got '%s'",
+                        return error_set(err, err_size, EINVAL, "messages[%zu].role: system, user, assistant or tool expected, got '%s'",
                                                i, rs);
-                int r = fix_tool_calls(m, i);
+                int r = fix_tool_calls(m, i, err, err_size);
                 if (r < 0)
                         return r;
         }
         if (tools && json_type(tools) != JSON_NULL) {
                 if (json_type(tools) != JSON_ARRAY)
-                        return log_error_errno(EINVAL, "chat context: tools must be a list");
+                        return error_set(err, err_size, EINVAL, "chat context: tools must be a list");
                 if (json_count(tools) > 0) {
                         struct json_value *tc = json_clone(tools);
                         if (!tc || json_object_set(ctx, "tools", tc) < 0) {
                                 json_free(tc);
-                                return log_error_errno(ENOMEM, "chat context: out of memory");
+                                return error_set(err, err_size, ENOMEM, "chat context: out of memory");
                         }
                 }
         }
         struct json_value *v;
         if (!(v = json_new_bool(add_generation_prompt)) || json_object_set(ctx, "add_generation_prompt", v) < 0)
-                return log_error_errno(ENOMEM, "chat context: out of memory");
+                return error_set(err, err_size, ENOMEM, "chat context: out of memory");
         if (enable_thinking >= 0 &&
             (!(v = json_new_bool(enable_thinking > 0)) || json_object_set(ctx, "enable_thinking", v) < 0))
-                return log_error_errno(ENOMEM, "chat context: out of memory");
+                return error_set(err, err_size, ENOMEM, "chat context: out of memory");
         if (bos_token && (!(v = json_new_string(bos_token, strlen(bos_token))) || json_object_set(ctx, "bos_token", v) < 0))
-                return log_error_errno(ENOMEM, "chat context: out of memory");
+                return error_set(err, err_size, ENOMEM, "chat context: out of memory");
         if (eos_token && (!(v = json_new_string(eos_token, strlen(eos_token))) || json_object_set(ctx, "eos_token", v) < 0))
-                return log_error_errno(ENOMEM, "chat context: out of memory");
+                return error_set(err, err_size, ENOMEM, "chat context: out of memory");
         *ret = TAKE_PTR(ctx);
         return 0;
 }

@@ -85,6 +85,8 @@ struct outbuf {
         char *data;
         size_t len, cap;
         bool oom;
+        char *err; /* the caller's message buffer (error_set, common/log.h) */
+        size_t err_size;
 };
 
 static void out_put(struct outbuf *o, const char *s, size_t n) {
@@ -145,7 +147,7 @@ static int put_visible_text(struct outbuf *o, const struct json_value *content) 
                 return 0;
         }
         if (json_type(content) != JSON_ARRAY)
-                return log_error_errno(EINVAL, "message content must be a string, null or a list of parts");
+                return error_set(o->err, o->err_size, EINVAL, "message content must be a string, null or a list of parts");
         for (size_t i = 0; i < json_count(content); i++) {
                 struct json_value *part = json_array_at(content, i);
                 if (json_type(part) == JSON_STRING)
@@ -155,7 +157,7 @@ static int put_visible_text(struct outbuf *o, const struct json_value *content) 
                         if (!text)
                                 continue;
                         if (json_type(text) != JSON_STRING)
-                                return log_error_errno(EINVAL, "content part %zu: text must be a string", i);
+                                return error_set(o->err, o->err_size, EINVAL, "content part %zu: text must be a string", i);
                         out_put(o, json_string(text), json_string_len(text));
                 }
         }
@@ -165,23 +167,23 @@ static int put_visible_text(struct outbuf *o, const struct json_value *content) 
 static int put_json(struct outbuf *o, const struct json_value *v) {
         _cleanup_free_ char *s = json_dump(v, 0, 0);
         if (!s)
-                return log_error_errno(ENOMEM, "tojson: out of memory");
+                return error_set(o->err, o->err_size, ENOMEM, "tojson: out of memory");
         out_puts(o, s);
         return 0;
 }
 
 static int put_tool_calls(struct outbuf *o, const struct json_value *calls, size_t msg) {
         if (json_type(calls) != JSON_ARRAY)
-                return log_error_errno(EINVAL, "message %zu: tool_calls must be a list", msg);
+                return error_set(o->err, o->err_size, EINVAL, "message %zu: tool_calls must be a list", msg);
         for (size_t i = 0; i < json_count(calls); i++) {
                 const struct json_value *tc = json_array_at(calls, i), *fn = tc;
                 if (json_type(tc) != JSON_OBJECT)
-                        return log_error_errno(EINVAL, "message %zu: tool call %zu must be an object", msg, i);
+                        return error_set(o->err, o->err_size, EINVAL, "message %zu: tool call %zu must be an object", msg, i);
                 if (json_object_get(tc, "function"))
                         fn = json_object_get(tc, "function");
                 struct json_value *name = json_type(fn) == JSON_OBJECT ? json_object_get(fn, "name") : NULL;
                 if (!name || json_type(name) != JSON_STRING)
-                        return log_error_errno(EINVAL, "message %zu: tool call %zu: function name must be a string",
+                        return error_set(o->err, o->err_size, EINVAL, "message %zu: tool call %zu: function name must be a string",
                                                msg, i);
                 struct json_value *args = json_object_get(fn, "arguments");
                 if (args && json_type(args) == JSON_OBJECT) {
@@ -218,23 +220,23 @@ static int put_tool_calls(struct outbuf *o, const struct json_value *calls, size
         return 0;
 }
 
-int chat_xing4_render(const struct json_value *context, char **ret) {
-        struct outbuf o = {};
+int chat_xing4_render(const struct json_value *context, char **ret, char *err, size_t err_size) {
+        struct outbuf o = { .err = err, .err_size = err_size };
         int r;
 
         if (!context || json_type(context) != JSON_OBJECT)
-                return log_error_errno(EINVAL, "chat context must be a JSON object");
+                return error_set(err, err_size, EINVAL, "chat context must be a JSON object");
         struct json_value *messages = json_object_get(context, "messages");
         struct json_value *tools = json_object_get(context, "tools");
         size_t n = 0;
         if (json_truthy(messages)) {
                 if (json_type(messages) != JSON_ARRAY)
-                        return log_error_errno(EINVAL, "chat context: messages must be a list");
+                        return error_set(err, err_size, EINVAL, "chat context: messages must be a list");
                 n = json_count(messages);
         }
         for (size_t i = 0; i < n; i++)
                 if (json_type(json_array_at(messages, i)) != JSON_OBJECT)
-                        return log_error_errno(EINVAL, "message %zu must be an object", i);
+                        return error_set(err, err_size, EINVAL, "message %zu must be an object", i);
 
         out_puts(&o, "<_system>");
         bool system_text = false;
@@ -247,7 +249,7 @@ int chat_xing4_render(const struct json_value *context, char **ret) {
         }
         if (json_truthy(tools)) {
                 if (json_type(tools) != JSON_ARRAY) {
-                        r = log_error_errno(EINVAL, "chat context: tools must be a list");
+                        r = error_set(err, err_size, EINVAL, "chat context: tools must be a list");
                         goto fail;
                 }
                 if (system_text)
@@ -292,7 +294,7 @@ int chat_xing4_render(const struct json_value *context, char **ret) {
                         r = put_visible_text(&o, content);
                         out_puts(&o, "</tool_response>");
                 } else
-                        r = log_error_errno(EINVAL, "unsupported message role: %s", role ? role : "");
+                        r = error_set(err, err_size, EINVAL, "unsupported message role: %s", role ? role : "");
                 if (r < 0)
                         goto fail;
         }
@@ -304,7 +306,7 @@ int chat_xing4_render(const struct json_value *context, char **ret) {
                         out_puts(&o, "<_bot><think>\n");
         }
         if (o.oom) {
-                r = log_error_errno(ENOMEM, "chat render: out of memory");
+                r = error_set(err, err_size, ENOMEM, "chat render: out of memory");
                 goto fail;
         }
         if (!o.data)

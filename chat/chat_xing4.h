@@ -28,5 +28,6 @@ extern const char chat_xing4_template[];
 
 /* Renders context (an object: messages, tools, add_generation_prompt, enable_thinking) in the
  * Xing4 format without Jinja. Same bytes as chat_xing4_template rendered by chat.c. Returns 0 and a
- * malloc'ed string, or -EINVAL with a message naming the offending message/field. */
-int chat_xing4_render(const struct json_value *context, char **ret);
+ * malloc'ed string, or -EINVAL with a message naming the offending message/field in err
+ * (error_set(), common/log.h: NULL, 0 logs it). */
+int chat_xing4_render(const struct json_value *context, char **ret, char *err, size_t err_size);

@@ -98,11 +98,14 @@ struct jinja_limits {
         size_t max_memory;
 };
 
-/* Parses a template; errors are logged as "template:LINE:COL: why" and return -EINVAL. */
-int jinja_parse(const char *text, size_t len, struct jinja_template **ret);
+/* Parses a template; errors are -EINVAL with "template:LINE:COL: why" in err (error_set(),
+ * common/log.h: NULL, 0 logs it). */
+int jinja_parse(const char *text, size_t len, struct jinja_template **ret, char *err, size_t err_size);
 void jinja_template_free(struct jinja_template *t);
 
 /* Renders with the members of ctx (a JSON object) as globals. Returns 0 with a malloc'ed,
- * NUL-terminated string, or -EINVAL/-E2BIG/-ENOMEM with a logged message. */
+ * NUL-terminated string, or -EINVAL/-E2BIG/-ENOMEM with the message in err (error_set(),
+ * common/log.h: NULL, 0 logs it). */
 int jinja_render(const struct jinja_template *t, const struct json_value *ctx,
-                 const struct jinja_limits *limits, char **ret, size_t *ret_len);
+                 const struct jinja_limits *limits, char **ret, size_t *ret_len, char *err,
+                 size_t err_size);

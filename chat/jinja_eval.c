@@ -112,6 +112,8 @@ struct rstate {
         struct frame *root;
         const struct jnode *at;
         int err;
+        char *msg; /* the caller's buffer for the message (error_set, common/log.h) */
+        size_t msg_size;
         jmp_buf fail;
 };
 
@@ -125,9 +127,10 @@ _printf_(2, 3) static _Noreturn void fail(struct rstate *st, const char *fmt, ..
         vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
         if (st->at)
-                log_error_errno(st->err ? st->err : EINVAL, "template:%d:%d: %s", st->at->line, st->at->col, buf);
+                error_set(st->msg, st->msg_size, st->err ? st->err : EINVAL, "template:%d:%d: %s",
+                          st->at->line, st->at->col, buf);
         else
-                log_error_errno(st->err ? st->err : EINVAL, "template: %s", buf);
+                error_set(st->msg, st->msg_size, st->err ? st->err : EINVAL, "template: %s", buf);
         if (!st->err)
                 st->err = EINVAL;
         longjmp(st->fail, 1);
@@ -3096,15 +3099,17 @@ static bool apply_test(struct rstate *st, const char *name, jv v, const struct a
 /* ---- entry ---- */
 
 int jinja_render(const struct jinja_template *t, const struct json_value *ctx, const struct jinja_limits *limits,
-                 char **ret, size_t *ret_len) {
+                 char **ret, size_t *ret_len, char *err, size_t err_size) {
         struct rstate *st = calloc(1, sizeof(*st));
         if (!st)
-                return log_error_errno(ENOMEM, "template render: out of memory");
+                return error_set(err, err_size, ENOMEM, "template render: out of memory");
         st->lim = limits;
+        st->msg = err;
+        st->msg_size = err_size;
         st->arena = arena_new(limits->max_memory);
         if (!st->arena) {
                 free(st);
-                return log_error_errno(ENOMEM, "template render: out of memory");
+                return error_set(err, err_size, ENOMEM, "template render: out of memory");
         }
         if (setjmp(st->fail)) {
                 int r = -(st->err ? st->err : EINVAL);

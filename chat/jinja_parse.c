@@ -103,6 +103,8 @@ struct parser {
         size_t n_toks, cap_toks;
         size_t pos;
         unsigned depth;
+        char *err; /* the caller's message buffer (error_set, common/log.h) */
+        size_t err_size;
         jmp_buf fail;
 };
 
@@ -114,14 +116,14 @@ _printf_(4, 5) static _Noreturn void parse_fail(struct parser *p, int line, int 
         va_start(ap, fmt);
         vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
-        log_error_errno(EINVAL, "template:%d:%d: %s", line, col, buf);
+        error_set(p->err, p->err_size, EINVAL, "template:%d:%d: %s", line, col, buf);
         longjmp(p->fail, 1);
 }
 
 static void *palloc(struct parser *p, size_t n) {
         void *r = arena_alloc(p->arena, n);
         if (!r) {
-                log_error_errno(ENOMEM, "template: out of memory while parsing");
+                error_set(p->err, p->err_size, ENOMEM, "template: out of memory while parsing");
                 longjmp(p->fail, 2);
         }
         return r;
@@ -554,20 +556,26 @@ static struct jnode *mknode(struct parser *p, enum jnode_kind kind, const struct
         return n;
 }
 
-/* A growable list of node pointers in the arena. */
+/* Room for one more of n elements of elem bytes at v (cap of them): v itself, or a copy twice as
+ * large (at least 8) in the arena. */
+static void *vec_room(struct parser *p, void *v, size_t n, size_t *cap, size_t elem) {
+        if (n < *cap)
+                return v;
+        size_t c = MAX(*cap * 2, (size_t) 8);
+        void *nv = palloc(p, c * elem);
+        if (n)
+                memcpy(nv, v, n * elem);
+        *cap = c;
+        return nv;
+}
+
+/* Growable lists of node pointers and of names, in the arena. */
 struct nvec {
         struct jnode **v;
         size_t n, cap;
 };
 static void nvec_push(struct parser *p, struct nvec *v, struct jnode *x) {
-        if (v->n == v->cap) {
-                size_t cap = MAX(v->cap * 2, (size_t) 8);
-                struct jnode **nv = palloc(p, cap * sizeof(*nv));
-                if (v->n)
-                        memcpy(nv, v->v, v->n * sizeof(*nv));
-                v->v = nv;
-                v->cap = cap;
-        }
+        v->v = vec_room(p, v->v, v->n, &v->cap, sizeof *v->v);
         v->v[v->n++] = x;
 }
 struct svec {
@@ -575,14 +583,7 @@ struct svec {
         size_t n, cap;
 };
 static void svec_push(struct parser *p, struct svec *v, const char *x) {
-        if (v->n == v->cap) {
-                size_t cap = MAX(v->cap * 2, (size_t) 8);
-                const char **nv = palloc(p, cap * sizeof(*nv));
-                if (v->n)
-                        memcpy(nv, v->v, v->n * sizeof(*nv));
-                v->v = nv;
-                v->cap = cap;
-        }
+        v->v = vec_room(p, v->v, v->n, &v->cap, sizeof *v->v);
         v->v[v->n++] = x;
 }
 
@@ -1296,21 +1297,23 @@ static void parse_body(struct parser *p, const char *const *ends, struct nvec *o
         }
 }
 
-int jinja_parse(const char *text, size_t len, struct jinja_template **ret) {
+int jinja_parse(const char *text, size_t len, struct jinja_template **ret, char *err, size_t err_size) {
         struct jinja_template *t = calloc(1, sizeof(*t));
         if (!t)
-                return log_error_errno(ENOMEM, "template: out of memory");
+                return error_set(err, err_size, ENOMEM, "template: out of memory");
         t->arena = arena_new((size_t) 1 << 30);
         if (!t->arena) {
                 free(t);
-                return log_error_errno(ENOMEM, "template: out of memory");
+                return error_set(err, err_size, ENOMEM, "template: out of memory");
         }
         struct parser *p = calloc(1, sizeof(*p));
         if (!p) {
                 jinja_template_free(t);
-                return log_error_errno(ENOMEM, "template: out of memory");
+                return error_set(err, err_size, ENOMEM, "template: out of memory");
         }
         p->arena = t->arena;
+        p->err = err;
+        p->err_size = err_size;
         p->line = 1;
         if (setjmp(p->fail)) {
                 free(p);

@@ -70,25 +70,26 @@ void outparse_free(struct outparse *p) {
         free(p);
 }
 
-int outparse_new(const struct tokenizer *t, const struct outparse_config *c, struct outparse **ret) {
+int outparse_new(const struct tokenizer *t, const struct outparse_config *c, struct outparse **ret,
+                 char *err, size_t err_size) {
         _cleanup_(outparse_freep) struct outparse *p = calloc(1, sizeof(*p));
         if (!p)
-                return -ENOMEM;
+                return error_set(err, err_size, ENOMEM, "output parser: out of memory");
         if (!c->emit)
-                return log_error_errno(EINVAL, "outparse: no emit callback, one expected");
+                return error_set(err, err_size, EINVAL, "outparse: no emit callback, one expected");
         p->t = t;
         p->c = *c;
         p->c.n_stop_strings = 0;
         p->stop_strings = calloc(c->n_stop_strings + 1, sizeof(char *));
         p->stop_ids = calloc(c->n_stop_ids + 1, sizeof(int32_t));
         if (!p->stop_strings || !p->stop_ids)
-                return -ENOMEM;
+                return error_set(err, err_size, ENOMEM, "output parser: out of memory");
         for (size_t i = 0; i < c->n_stop_strings; i++) {
                 if (!c->stop_strings[i] || !c->stop_strings[i][0])
-                        return log_error_errno(EINVAL, "stop string %zu is empty, non-empty text expected", i);
+                        return error_set(err, err_size, EINVAL, "stop string %zu is empty, non-empty text expected", i);
                 p->stop_strings[i] = strdup(c->stop_strings[i]);
                 if (!p->stop_strings[i])
-                        return -ENOMEM;
+                        return error_set(err, err_size, ENOMEM, "output parser: out of memory");
                 p->c.n_stop_strings = i + 1;
                 p->max_stop_len = MAX(p->max_stop_len, strlen(c->stop_strings[i]));
         }
@@ -228,8 +229,8 @@ static int channel_text(struct outparse *p, const char *s, size_t n) {
 
 /* ---- tool calls -------------------------------------------------------------------------- */
 
-/* A JSON syntax check (RFC 8259 grammar, no semantics), so that json_parse(), which logs its
- * errors, only sees text that is JSON: a string parameter like `tomorrow` is not an error. */
+/* A JSON syntax check (RFC 8259 grammar, no semantics), so that json_parse() only builds values
+ * for text that is JSON: a string parameter like `tomorrow` is the common case, not an error. */
 static const char *skip_ws(const char *s, const char *e) {
         while (s < e && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r'))
                 s++;
@@ -342,7 +343,8 @@ static struct json_value *parse_json_quiet(const char *s, size_t n) {
         struct json_value *v = NULL;
         if (!end || skip_ws(end, e) != e)
                 return NULL;
-        if (json_parse(s, n, "tool call", &v) < 0)
+        char why[256]; /* not kept: not JSON means the text stays a string */
+        if (json_parse(s, n, "tool call", &v, why, sizeof why) < 0)
                 return NULL;
         return v;
 }

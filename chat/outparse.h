@@ -76,8 +76,10 @@ struct outparse_config {
 
 struct outparse;
 
-/* The tokenizer gives the ids of the specials (a vocab without them has no such rules). */
-int outparse_new(const struct tokenizer *t, const struct outparse_config *c, struct outparse **ret);
+/* The tokenizer gives the ids of the specials (a vocab without them has no such rules). An empty
+ * stop string is -EINVAL; the reason goes to err (error_set(), common/log.h: NULL, 0 logs it). */
+int outparse_new(const struct tokenizer *t, const struct outparse_config *c, struct outparse **ret,
+                 char *err, size_t err_size);
 void outparse_free(struct outparse *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct outparse *, outparse_free);
 

@@ -119,31 +119,38 @@ static int32_t lookup(const struct tokenizer *t, const char *p, size_t n) {
         }
 }
 
+/* The continuation bytes a lead byte c >= 0xc2 needs (1..3, 0 for none: not a multi-byte
+ * lead), and the range [*lo, *hi] its first continuation byte must fall in (no overlong forms,
+ * surrogates or code points beyond U+10FFFF). */
+static size_t utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi) {
+        *lo = 0x80;
+        *hi = 0xbf;
+        if (c < 0xc2 || c >= 0xf5)
+                return 0;
+        if (c < 0xe0)
+                return 1;
+        if (c < 0xf0) {
+                if (c == 0xe0)
+                        *lo = 0xa0;
+                else if (c == 0xed)
+                        *hi = 0x9f;
+                return 2;
+        }
+        if (c == 0xf0)
+                *lo = 0x90;
+        else if (c == 0xf4)
+                *hi = 0x8f;
+        return 3;
+}
+
 /* Length of the valid UTF-8 character at p (n bytes left), 0 if the bytes there do not start a
  * complete valid character (overlong, surrogate, > U+10FFFF, truncated, stray continuation). */
 static size_t utf8_valid_len(const uint8_t *p, size_t n) {
-        uint8_t c = p[0];
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (c < 0x80)
+        uint8_t lo, hi;
+        if (p[0] < 0x80)
                 return 1;
-        if (c < 0xc2)
-                return 0;
-        if (c < 0xe0)
-                need = 1;
-        else if (c < 0xf0) {
-                need = 2;
-                if (c == 0xe0)
-                        lo = 0xa0;
-                else if (c == 0xed)
-                        hi = 0x9f;
-        } else if (c < 0xf5) {
-                need = 3;
-                if (c == 0xf0)
-                        lo = 0x90;
-                else if (c == 0xf4)
-                        hi = 0x8f;
-        } else
+        size_t need = utf8_lead(p[0], &lo, &hi);
+        if (need == 0)
                 return 0;
         if (n < need + 1)
                 return 0;
@@ -158,26 +165,10 @@ static size_t utf8_valid_len(const uint8_t *p, size_t n) {
 /* Whether p[0..n) is a proper prefix of some valid UTF-8 character (more bytes could complete
  * it). Used by the streaming decoder to hold bytes back. */
 static bool utf8_incomplete_prefix(const uint8_t *p, size_t n) {
-        uint8_t c = p[0];
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (c < 0xc2 || c >= 0xf5)
+        uint8_t lo, hi;
+        size_t need = utf8_lead(p[0], &lo, &hi);
+        if (need == 0)
                 return false;
-        if (c < 0xe0)
-                need = 1;
-        else if (c < 0xf0) {
-                need = 2;
-                if (c == 0xe0)
-                        lo = 0xa0;
-                else if (c == 0xed)
-                        hi = 0x9f;
-        } else {
-                need = 3;
-                if (c == 0xf0)
-                        lo = 0x90;
-                else if (c == 0xf4)
-                        hi = 0x8f;
-        }
         if (n > need)
                 return false;
         if (n >= 2 && (p[1] < lo || p[1] > hi))
@@ -852,13 +843,14 @@ static int work_reserve(struct work *w, size_t len) {
 
 /* One chunk of text without registered specials. */
 static int encode_chunk(const struct tokenizer *t, struct work *w, const char *text, size_t len,
-                        struct tokenizer_ids *out) {
+                        struct tokenizer_ids *out, char *err, size_t err_size) {
         size_t n0 = out->n;
         int r;
         if (len == 0)
                 return 0;
         if (len > UINT32_MAX / 4)
-                return log_error_errno(EFBIG, "tokenizer: text chunk of %zu bytes, at most 1 GiB expected", len);
+                return error_set(err, err_size, EFBIG, "tokenizer: text chunk of %zu bytes, at most 1 GiB expected",
+                                 len);
         if ((r = work_reserve(w, len)) < 0)
                 return r;
         if (len >= WC_MIN_TEXT && t->word_cuts && !w->wc) {
@@ -972,16 +964,17 @@ static int encode_chunk(const struct tokenizer *t, struct work *w, const char *t
 }
 
 static int encode_into(const struct tokenizer *t, struct work *w, const char *text, size_t len,
-                       unsigned flags, struct tokenizer_ids *out) {
+                       unsigned flags, struct tokenizer_ids *out, char *err, size_t err_size) {
         int r;
         if (flags & TOKENIZER_ENCODE_BOS) {
                 if (t->bos_id < 0)
-                        return log_error_errno(ENOENT, "tokenizer: BOS requested, but the vocabulary has no bos token id");
+                        return error_set(err, err_size, ENOENT,
+                                         "tokenizer: BOS requested, but the vocabulary has no bos token id");
                 if ((r = ids_push(out, t->bos_id)) < 0)
                         return r;
         }
         if ((flags & TOKENIZER_ENCODE_RAW) || !t->has_specials) {
-                if ((r = encode_chunk(t, w, text, len, out)) < 0)
+                if ((r = encode_chunk(t, w, text, len, out, err, err_size)) < 0)
                         return r;
         } else {
                 /* docs/model.md §7: split on the registered specials only; every chunk gets its own dummy
@@ -1008,19 +1001,20 @@ static int encode_into(const struct tokenizer *t, struct work *w, const char *te
                                 i++;
                                 continue;
                         }
-                        if ((r = encode_chunk(t, w, text + chunk, i - chunk, out)) < 0)
+                        if ((r = encode_chunk(t, w, text + chunk, i - chunk, out, err, err_size)) < 0)
                                 return r;
                         if ((r = ids_push(out, t->special_id[best])) < 0)
                                 return r;
                         i += best_len;
                         chunk = i;
                 }
-                if ((r = encode_chunk(t, w, text + chunk, len - chunk, out)) < 0)
+                if ((r = encode_chunk(t, w, text + chunk, len - chunk, out, err, err_size)) < 0)
                         return r;
         }
         if (flags & TOKENIZER_ENCODE_EOS) {
                 if (t->eos_id < 0)
-                        return log_error_errno(ENOENT, "tokenizer: EOS requested, but the vocabulary has no eos token id");
+                        return error_set(err, err_size, ENOENT,
+                                         "tokenizer: EOS requested, but the vocabulary has no eos token id");
                 if ((r = ids_push(out, t->eos_id)) < 0)
                         return r;
         }
@@ -1028,26 +1022,29 @@ static int encode_into(const struct tokenizer *t, struct work *w, const char *te
 }
 
 int tokenizer_encode_append(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
-                            struct tokenizer_ids *out) {
+                            struct tokenizer_ids *out, char *err, size_t err_size) {
         struct work w = {};
         size_t n0 = out->n;
-        int r = encode_into(t, &w, text, len, flags, out);
+        /* the named failures say so themselves; the rest are allocations */
+        int r = encode_into(t, &w, text, len, flags, out, err, err_size);
         work_done(&w);
+        if (r == -ENOMEM)
+                r = error_set(err, err_size, ENOMEM, "tokenizer: out of memory for %zu bytes of text", len);
         if (r < 0)
                 out->n = n0;
         return r;
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
-                     int32_t **ret_ids, size_t *ret_n) {
+                     int32_t **ret_ids, size_t *ret_n, char *err, size_t err_size) {
         struct tokenizer_ids ids = {};
-        int r = tokenizer_encode_append(t, text, len, flags, &ids);
+        int r = tokenizer_encode_append(t, text, len, flags, &ids, err, err_size);
         if (r < 0) {
                 tokenizer_ids_done(&ids);
                 return r;
         }
         if (!ids.ids && !(ids.ids = malloc(sizeof(int32_t))))
-                return -ENOMEM;
+                return error_set(err, err_size, ENOMEM, "tokenizer: out of memory");
         *ret_ids = ids.ids;
         *ret_n = ids.n;
         return 0;
@@ -1229,7 +1226,7 @@ int tokenizer_bench(const struct tokenizer *t, const char *text, size_t len, dou
         int r = 0;
 
         /* one warm-up pass grows the scratch buffers, then timed passes */
-        r = encode_into(t, &w, text, len, 0, &ids);
+        r = encode_into(t, &w, text, len, 0, &ids, NULL, 0);
         if (ret_n_ids)
                 *ret_n_ids = ids.n;
         /* thread CPU time: "one core" on a machine other jobs share (wall time measured the
@@ -1237,7 +1234,7 @@ int tokenizer_bench(const struct tokenizer *t, const char *text, size_t len, dou
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
         while (r >= 0 && elapsed < seconds) {
                 ids.n = 0;
-                r = encode_into(t, &w, text, len, 0, &ids);
+                r = encode_into(t, &w, text, len, 0, &ids, NULL, 0);
                 bytes += len;
                 clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
                 elapsed = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) * 1e-9;

@@ -110,12 +110,13 @@ struct tokenizer_ids {
 };
 void tokenizer_ids_done(struct tokenizer_ids *ids); /* frees, leaves it empty */
 
-/* Append the ids of text[0..len) to *out. text may hold any bytes (NUL too). */
+/* Append the ids of text[0..len) to *out. text may hold any bytes (NUL too). On failure -errno,
+ * *out as it was, and the reason in err (error_set(), common/log.h; NULL, 0 logs it instead). */
 int tokenizer_encode_append(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
-                            struct tokenizer_ids *out);
+                            struct tokenizer_ids *out, char *err, size_t err_size);
 /* Same, into a fresh malloc'ed array (*ret_ids is non-NULL even when *ret_n is 0). */
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
-                     int32_t **ret_ids, size_t *ret_n);
+                     int32_t **ret_ids, size_t *ret_n, char *err, size_t err_size);
 
 /* Decode flags. */
 #define TOKENIZER_DECODE_SKIP_SPECIALS 1u /* registered specials produce no text */

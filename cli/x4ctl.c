@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "x4client.h"
+#include "common/util.h"
 
 #define X4CTL_VERSION "0.1.0"
 
@@ -148,38 +149,6 @@ static const char *finish_name(int f) {
 }
 
 /* ---- number parsing ------------------------------------------------------------------------- */
-
-static int parse_u64(const char *s, uint64_t *ret) {
-        char *end;
-        errno = 0;
-        if (!s || !*s || *s == '-')
-                return -EINVAL;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (errno || *end)
-                return -EINVAL;
-        *ret = v;
-        return 0;
-}
-
-static int parse_u32(const char *s, uint32_t *ret) {
-        uint64_t v;
-        if (parse_u64(s, &v) < 0 || v > UINT32_MAX)
-                return -EINVAL;
-        *ret = (uint32_t) v;
-        return 0;
-}
-
-static int parse_i32(const char *s, int32_t *ret) {
-        char *end;
-        errno = 0;
-        if (!s || !*s)
-                return -EINVAL;
-        long v = strtol(s, &end, 10);
-        if (errno || *end || v < INT32_MIN || v > INT32_MAX)
-                return -EINVAL;
-        *ret = (int32_t) v;
-        return 0;
-}
 
 static int parse_float(const char *s, float *ret) {
         char *end;
@@ -357,41 +326,30 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         FLOAT_OPT(OPT_PRES, x4_request_set_presence_penalty, "presence-penalty")
                         FLOAT_OPT(OPT_FREQ, x4_request_set_frequency_penalty, "frequency-penalty")
 #undef FLOAT_OPT
-                case OPT_TOP_K:
-                        if (parse_u32(optarg, &u) < 0)
-                                return usage_error("--top-k: '%s' is not a count", optarg);
-                        x4_request_set_top_k(o->req, u);
-                        break;
+/* an integer option: parse_fn into var, then setter; what the value is, for the message */
+#define INT_OPT(ID, parse_fn, var, setter, name, what)                                             \
+        case ID:                                                                                   \
+                if (parse_fn(optarg, &var) < 0)                                                    \
+                        return usage_error("--" name ": '%s' is not " what, optarg);               \
+                setter(o->req, var);                                                               \
+                break;
+                        INT_OPT(OPT_TOP_K, parse_u32, u, x4_request_set_top_k, "top-k", "a count")
+                        INT_OPT(OPT_MAX_TOKENS, parse_u32, u, x4_request_set_max_tokens, "max-tokens", "a count")
+                        INT_OPT(OPT_STOP_ID, parse_i32, i, x4_request_add_stop_id, "stop-id", "a token id")
+                        INT_OPT(OPT_LOGPROBS, parse_u32, u, x4_request_set_logprobs, "logprobs", "a count")
+                        INT_OPT(OPT_THINK_BUDGET, parse_i32, i, x4_request_set_thinking_budget, "thinking-budget",
+                                "a count")
+#undef INT_OPT
                 case OPT_SEED:
                         if (parse_u64(optarg, &u64) < 0)
                                 return usage_error("--seed: '%s' is not an unsigned integer", optarg);
                         x4_request_set_seed(o->req, u64);
                         break;
-                case OPT_MAX_TOKENS:
-                        if (parse_u32(optarg, &u) < 0)
-                                return usage_error("--max-tokens: '%s' is not a count", optarg);
-                        x4_request_set_max_tokens(o->req, u);
-                        break;
                 case OPT_STOP:
                         x4_request_add_stop(o->req, optarg);
                         break;
-                case OPT_STOP_ID:
-                        if (parse_i32(optarg, &i) < 0)
-                                return usage_error("--stop-id: '%s' is not a token id", optarg);
-                        x4_request_add_stop_id(o->req, i);
-                        break;
                 case OPT_SNAPSHOT:
                         x4_request_set_snapshot(o->req, optarg);
-                        break;
-                case OPT_LOGPROBS:
-                        if (parse_u32(optarg, &u) < 0)
-                                return usage_error("--logprobs: '%s' is not a count", optarg);
-                        x4_request_set_logprobs(o->req, u);
-                        break;
-                case OPT_THINK_BUDGET:
-                        if (parse_i32(optarg, &i) < 0)
-                                return usage_error("--thinking-budget: '%s' is not a count", optarg);
-                        x4_request_set_thinking_budget(o->req, i);
                         break;
                 case OPT_IGNORE_EOS:
                         x4_request_set_ignore_eos(o->req, true);

@@ -79,14 +79,14 @@ int frame_encode_header(size_t len, uint32_t max_payload, uint8_t h[FRAME_HEADER
 }
 
 /* The header is complete: check the cap, then make room for the body. */
-static int start_body(struct frame_decoder *d) {
+static int start_body(struct frame_decoder *d, char *err, size_t err_size) {
         uint32_t n = frame_header_length(d->header);
 
         if (n > d->max_payload) {
                 d->broken = true;
-                return log_error_errno(EMSGSIZE,
-                                       "frame payload of %u bytes exceeds the limit of %u bytes",
-                                       n, d->max_payload);
+                return error_set(err, err_size, EMSGSIZE,
+                                 "frame payload of %u bytes exceeds the limit of %u bytes", n,
+                                 d->max_payload);
         }
         if (d->admit) {
                 int r = d->admit(n, d->admit_userdata);
@@ -100,8 +100,8 @@ static int start_body(struct frame_decoder *d) {
                 uint8_t *b = malloc(n ? n : 1);
                 if (!b) {
                         d->broken = true;
-                        return log_error_errno(ENOMEM, "frame payload of %u bytes: out of memory",
-                                               n);
+                        return error_set(err, err_size, ENOMEM,
+                                         "frame payload of %u bytes: out of memory", n);
                 }
                 free(d->body);
                 d->body = b;
@@ -112,14 +112,15 @@ static int start_body(struct frame_decoder *d) {
         return 0;
 }
 
-int frame_decoder_feed(struct frame_decoder *d, const void *data, size_t len, size_t *consumed) {
+int frame_decoder_feed(struct frame_decoder *d, const void *data, size_t len, size_t *consumed,
+                       char *err, size_t err_size) {
         const uint8_t *p = data;
         size_t used = 0;
         int r;
 
         *consumed = 0;
         if (d->broken)
-                return log_error_errno(EPROTO, "frame stream lost sync after an earlier error");
+                return error_set(err, err_size, EPROTO, "frame stream lost sync after an earlier error");
         if (d->complete) {
                 d->complete = false;
                 d->header_have = 0;
@@ -132,7 +133,7 @@ int frame_decoder_feed(struct frame_decoder *d, const void *data, size_t len, si
                 }
                 d->header[d->header_have++] = p[used++];
                 if (d->header_have == FRAME_HEADER_SIZE) {
-                        r = start_body(d);
+                        r = start_body(d, err, err_size);
                         if (r < 0) {
                                 *consumed = used;
                                 return r;

@@ -42,9 +42,11 @@ void frame_decoder_trim(struct frame_decoder *d);
 /* Consume bytes from data[0..len). Stops after completing one frame, so *consumed may be < len;
  * call again with the rest. Returns 1 when a frame is complete (see frame_decoder_payload), 0 when
  * more bytes are needed (all of len consumed), -EMSGSIZE when the announced length exceeds the cap
- * (logged: "frame payload of N bytes exceeds the limit of M bytes"), -ENOMEM. After an error the
- * decoder is unusable (the stream has lost sync); the caller closes the connection. */
-int frame_decoder_feed(struct frame_decoder *d, const void *data, size_t len, size_t *consumed);
+ * ("frame payload of N bytes exceeds the limit of M bytes" in err: error_set(), common/log.h),
+ * -ENOMEM. After an error the decoder is unusable (the stream has lost sync); the caller closes
+ * the connection. A refusal by admit leaves err as it was: the callback knows why. */
+int frame_decoder_feed(struct frame_decoder *d, const void *data, size_t len, size_t *consumed,
+                       char *err, size_t err_size);
 
 /* The last completed payload; valid until the next feed. */
 void frame_decoder_payload(const struct frame_decoder *d, const uint8_t **payload, size_t *len);

@@ -347,9 +347,11 @@ struct parser {
         const char *text;
         size_t len, pos;
         const char *what;
+        char *err;
+        size_t err_size;
 };
 
-/* Logs "<what>: line L column C: <why>" for byte offset at; columns count characters (UTF-8
+/* Fails with "<what>: line L column C: <why>" for byte offset at; columns count characters (UTF-8
  * lead bytes), both 1-based, like an editor shows them. */
 _printf_(3, 4) static int parse_error(struct parser *p, size_t at, const char *fmt, ...) {
         char why[256];
@@ -368,7 +370,8 @@ _printf_(3, 4) static int parse_error(struct parser *p, size_t at, const char *f
                 } else if ((c & 0xc0) != 0x80)
                         column++;
         }
-        return log_error_errno(EBADMSG, "%s: line %u column %u: %s", p->what, line, column, why);
+        return error_set(p->err, p->err_size, EBADMSG, "%s: line %u column %u: %s", p->what, line, column,
+                         why);
 }
 
 static void skip_ws(struct parser *p) {
@@ -422,7 +425,7 @@ static int parse_string(struct parser *p, char **ret, size_t *ret_len) {
 
         _cleanup_free_ char *buf = malloc(end - p->pos + 1);
         if (!buf)
-                return log_error_errno(ENOMEM, "%s: out of memory", p->what);
+                return error_set(p->err, p->err_size, ENOMEM, "%s: out of memory", p->what);
         size_t n = 0;
 
         while (p->pos < end) {
@@ -559,7 +562,7 @@ static int parse_number(struct parser *p, struct json_value **ret) {
                         int64_t v = neg ? (mag == (uint64_t) INT64_MAX + 1 ? INT64_MIN : -(int64_t) mag)
                                         : (int64_t) mag;
                         *ret = json_new_int(v);
-                        return *ret ? 0 : log_error_errno(ENOMEM, "%s: out of memory", p->what);
+                        return *ret ? 0 : error_set(p->err, p->err_size, ENOMEM, "%s: out of memory", p->what);
                 }
         }
 
@@ -572,23 +575,33 @@ static int parse_number(struct parser *p, struct json_value **ret) {
         if (n >= sizeof small) {
                 s = big = malloc(n + 1);
                 if (!big)
-                        return log_error_errno(ENOMEM, "%s: out of memory", p->what);
+                        return error_set(p->err, p->err_size, ENOMEM, "%s: out of memory", p->what);
         }
         memcpy(s, p->text + start, n);
         s[n] = 0;
         *ret = json_new_double(strtod_l(s, NULL, get_c_locale()));
-        return *ret ? 0 : log_error_errno(ENOMEM, "%s: out of memory", p->what);
+        return *ret ? 0 : error_set(p->err, p->err_size, ENOMEM, "%s: out of memory", p->what);
 }
 
 static int parse_value(struct parser *p, unsigned depth, struct json_value **ret);
 
+/* After an array element or an object member: 0 at ',' and 1 at `close` (either consumed), or
+ * the parse error. */
+static int after_item(struct parser *p, char close) {
+        char d[16];
+
+        skip_ws(p);
+        if (p->pos < p->len && (p->text[p->pos] == ',' || p->text[p->pos] == close))
+                return p->text[p->pos++] == close;
+        return parse_error(p, p->pos, "expected ',' or '%c', got %s", close, describe(p, p->pos, d));
+}
+
 static int parse_array(struct parser *p, unsigned depth, struct json_value **ret) {
         _cleanup_(json_freep) struct json_value *arr = json_new_array();
-        char d[16];
         int r;
 
         if (!arr)
-                return log_error_errno(ENOMEM, "%s: out of memory", p->what);
+                return error_set(p->err, p->err_size, ENOMEM, "%s: out of memory", p->what);
         p->pos++; /* [ */
         skip_ws(p);
         if (p->pos < p->len && p->text[p->pos] == ']') {
@@ -603,17 +616,12 @@ static int parse_array(struct parser *p, unsigned depth, struct json_value **ret
                         return r;
                 r = json_array_append(arr, v);
                 if (r < 0)
-                        return log_error_errno(r, "%s: out of memory", p->what);
-                skip_ws(p);
-                if (p->pos < p->len && p->text[p->pos] == ',') {
-                        p->pos++;
-                        continue;
-                }
-                if (p->pos < p->len && p->text[p->pos] == ']') {
-                        p->pos++;
+                        return error_set(p->err, p->err_size, r, "%s: out of memory", p->what);
+                r = after_item(p, ']');
+                if (r < 0)
+                        return r;
+                if (r == 1)
                         break;
-                }
-                return parse_error(p, p->pos, "expected ',' or ']', got %s", describe(p, p->pos, d));
         }
         *ret = TAKE_PTR(arr);
         return 0;
@@ -625,7 +633,7 @@ static int parse_object(struct parser *p, unsigned depth, struct json_value **re
         int r;
 
         if (!obj)
-                return log_error_errno(ENOMEM, "%s: out of memory", p->what);
+                return error_set(p->err, p->err_size, ENOMEM, "%s: out of memory", p->what);
         p->pos++; /* { */
         skip_ws(p);
         if (p->pos < p->len && p->text[p->pos] == '}') {
@@ -655,17 +663,12 @@ static int parse_object(struct parser *p, unsigned depth, struct json_value **re
                         return r;
                 r = object_set_take(obj, TAKE_PTR(key), key_len, v);
                 if (r < 0)
-                        return log_error_errno(r, "%s: out of memory", p->what);
-                skip_ws(p);
-                if (p->pos < p->len && p->text[p->pos] == ',') {
-                        p->pos++;
-                        continue;
-                }
-                if (p->pos < p->len && p->text[p->pos] == '}') {
-                        p->pos++;
+                        return error_set(p->err, p->err_size, r, "%s: out of memory", p->what);
+                r = after_item(p, '}');
+                if (r < 0)
+                        return r;
+                if (r == 1)
                         break;
-                }
-                return parse_error(p, p->pos, "expected ',' or '}', got %s", describe(p, p->pos, d));
         }
         *ret = TAKE_PTR(obj);
         return 0;
@@ -722,11 +725,14 @@ static int parse_value(struct parser *p, unsigned depth, struct json_value **ret
                         return parse_number(p, ret);
                 return parse_error(p, p->pos, "expected a value, got %s", describe(p, p->pos, d));
         }
-        return *ret ? 0 : log_error_errno(ENOMEM, "%s: out of memory", p->what);
+        return *ret ? 0 : error_set(p->err, p->err_size, ENOMEM, "%s: out of memory", p->what);
 }
 
-int json_parse(const char *text, size_t len, const char *what, struct json_value **ret) {
-        struct parser p = { .text = text, .len = len, .what = what ? what : "JSON" };
+int json_parse(const char *text, size_t len, const char *what, struct json_value **ret, char *err,
+               size_t err_size) {
+        struct parser p = {
+                .text = text, .len = len, .what = what ? what : "JSON", .err = err, .err_size = err_size
+        };
         _cleanup_(json_freep) struct json_value *v = NULL;
         char d[16];
         int r;
@@ -746,7 +752,7 @@ int json_parse(const char *text, size_t len, const char *what, struct json_value
         return 0;
 }
 
-int json_parse_file(const char *path, struct json_value **ret) {
+int json_parse_file(const char *path, struct json_value **ret, char *err, size_t err_size) {
         _cleanup_close_ int fd = -1;
         _cleanup_free_ char *buf = NULL;
         size_t n = 0, cap = 0;
@@ -754,35 +760,35 @@ int json_parse_file(const char *path, struct json_value **ret) {
 
         fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
-                return log_error_errno(errno, "%s: cannot open: %s", path, strerror(errno));
+                return error_set(err, err_size, errno, "%s: cannot open: %s", path, strerror(errno));
         if (fstat(fd, &st) < 0)
-                return log_error_errno(errno, "%s: cannot stat: %s", path, strerror(errno));
+                return error_set(err, err_size, errno, "%s: cannot stat: %s", path, strerror(errno));
         if (S_ISDIR(st.st_mode))
-                return log_error_errno(EISDIR, "%s: is a directory, a JSON file expected", path);
+                return error_set(err, err_size, EISDIR, "%s: is a directory, a JSON file expected", path);
         cap = st.st_size > 0 ? (size_t) st.st_size + 1 : 4096;
         for (;;) {
                 if (n == cap) {
                         char *b = realloc(buf, cap * 2);
                         if (!b)
-                                return log_error_errno(ENOMEM, "%s: out of memory", path);
+                                return error_set(err, err_size, ENOMEM, "%s: out of memory", path);
                         buf = b;
                         cap *= 2;
                 } else if (!buf) {
                         buf = malloc(cap);
                         if (!buf)
-                                return log_error_errno(ENOMEM, "%s: out of memory", path);
+                                return error_set(err, err_size, ENOMEM, "%s: out of memory", path);
                 }
                 ssize_t k = read(fd, buf + n, cap - n);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
-                        return log_error_errno(errno, "%s: cannot read: %s", path, strerror(errno));
+                        return error_set(err, err_size, errno, "%s: cannot read: %s", path, strerror(errno));
                 }
                 if (k == 0)
                         break;
                 n += (size_t) k;
         }
-        return json_parse(buf ? buf : "", n, path, ret);
+        return json_parse(buf ? buf : "", n, path, ret, err, err_size);
 }
 
 /* ---- serializer ---- */

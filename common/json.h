@@ -23,14 +23,15 @@ enum json_type {
 struct json_value;
 
 /* Parse UTF-8 text (must be valid UTF-8; surrogate escapes paired). On error returns -EBADMSG
- * and logs "<what>: line L column C: <why>" (what = name, e.g. the path; columns count characters,
+ * and writes "<what>: line L column C: <why>" into err (error_set(), common/log.h; what = name, e.g. the path; columns count characters,
  * both 1-based). Depth limited to 256. Strict RFC 8259: no NaN/Infinity literals, no trailing
  * commas, no comments; a leading UTF-8 BOM is skipped. Integers outside int64 and numbers with a
  * fraction or exponent become JSON_DOUBLE (strtod in the C locale; overflow gives ±inf like
  * Python's float()). Duplicate keys: the last value wins at the first key's position.
- * json_parse_file logs "<path>: cannot open: <strerror>" and returns -errno when it can't read. */
-int json_parse(const char *text, size_t len, const char *what, struct json_value **ret);
-int json_parse_file(const char *path, struct json_value **ret);
+ * json_parse_file says "<path>: cannot open: <strerror>" and returns -errno when it can't read. */
+int json_parse(const char *text, size_t len, const char *what, struct json_value **ret, char *err,
+               size_t err_size);
+int json_parse_file(const char *path, struct json_value **ret, char *err, size_t err_size);
 void json_free(struct json_value *v);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct json_value *, json_free);
 

@@ -54,22 +54,44 @@ static const char *level_name(int level) {
         }
 }
 
+static int log_emit(int level, int error, const char *buf);
+
+/* Formats the message; hands it to err (when there is one) and to the log. */
+static int log_vset(char *err, size_t err_size, int level, int error, const char *format, va_list ap) {
+        char buf[1024];
+
+        vsnprintf(buf, sizeof buf, format, ap);
+        if (err && err_size > 0)
+                snprintf(err, err_size, "%s", buf);
+        return log_emit(level, error, buf);
+}
+
 int log_internal(int level, int error, const char *file, int line, const char *func,
                  const char *format, ...) {
-        char buf[1024];
         va_list ap;
+        (void) file, (void) line, (void) func;
+        va_start(ap, format);
+        int r = log_vset(NULL, 0, level, error, format, ap);
+        va_end(ap);
+        return r;
+}
+
+int log_error_set(char *err, size_t err_size, int error, const char *file, int line,
+                  const char *func, const char *format, ...) {
+        va_list ap;
+        (void) file, (void) line, (void) func;
+        va_start(ap, format);
+        /* with a buffer the message is the caller's: the log gets it at debug level only */
+        int r = log_vset(err, err_size, err && err_size > 0 ? LOG_DEBUG : LOG_ERR, error, format, ap);
+        va_end(ap);
+        return r;
+}
+
+static int log_emit(int level, int error, const char *buf) {
         int saved_errno = errno;
 
-        (void) file;
-        (void) line;
-        (void) func;
-
-        va_start(ap, format);
-        vsnprintf(buf, sizeof buf, format, ap);
-        va_end(ap);
-
         if (level <= LOG_WARNING)
-                memcpy(last_error, buf, sizeof last_error);
+                snprintf(last_error, sizeof last_error, "%s", buf);
 
         if (level <= max_level) {
                 if (sink)

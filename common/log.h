@@ -27,6 +27,24 @@ void log_clear_last_error(void);
 int log_internal(int level, int error, const char *file, int line, const char *func,
                  const char *format, ...) _printf_(6, 7);
 
+/* Errors as values (docs/design.md, "Errors"). A function whose failure a client may see takes
+ * `char *err, size_t err_size` as its last two parameters, returns -errno and writes one line
+ * saying what is wrong (and where) into err; the caller owns the buffer and decides what becomes
+ * of the text (the daemon puts it into the client's Error frame). error_set() is how such a
+ * function fails:
+ *
+ *         return error_set(err, err_size, EINVAL, "messages[%zu].role: a string expected", i);
+ *
+ * It fills err (truncating to err_size - 1 bytes) and returns -|error| (-EINVAL for 0); the
+ * message is also logged at LOG_DEBUG. A caller with no use for the text passes NULL, 0: the
+ * message is then logged at LOG_ERR as before, so tools and tests still find it in
+ * log_last_error(). Library code below the request path (GGUF, model, kernels' set-up) still
+ * logs its errors; the logger is for operators, not the channel to clients. */
+#define error_set(err, err_size, error, ...)                                                       \
+        log_error_set((err), (err_size), (error), __FILE__, __LINE__, __func__, __VA_ARGS__)
+int log_error_set(char *err, size_t err_size, int error, const char *file, int line,
+                  const char *func, const char *format, ...) _printf_(7, 8);
+
 /* Returns -|error| (or -EINVAL when error is 0) so it can be returned directly. */
 #define log_error_errno(error, ...)                                                                \
         log_internal(LOG_ERR, (error), __FILE__, __LINE__, __func__, __VA_ARGS__)

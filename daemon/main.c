@@ -26,6 +26,7 @@
 #include "server.h"
 #include "common/frame.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #define XING4D_VERSION "0.1.0"
 #define DEFAULT_CONFIG "/etc/xing4d/xing4d.conf"
@@ -81,56 +82,6 @@ static int set_str(char **dst, const char *v) {
                 return -ENOMEM;
         free(*dst);
         *dst = d;
-        return 0;
-}
-
-static int parse_u32(const char *v, uint32_t *ret) {
-        char *end;
-        errno = 0;
-        if (!*v || *v == '-')
-                return -EINVAL;
-        unsigned long long x = strtoull(v, &end, 10);
-        if (errno || *end || x > UINT32_MAX)
-                return -EINVAL;
-        *ret = (uint32_t) x;
-        return 0;
-}
-
-/* "8G", "512M", "1048576" */
-static int parse_size(const char *v, uint64_t *ret) {
-        char *end;
-        errno = 0;
-        if (!*v || *v == '-')
-                return -EINVAL;
-        unsigned long long x = strtoull(v, &end, 10);
-        if (errno)
-                return -EINVAL;
-        unsigned shift = 0;
-        if (*end == 'K' || *end == 'k')
-                shift = 10;
-        else if (*end == 'M')
-                shift = 20;
-        else if (*end == 'G')
-                shift = 30;
-        else if (*end == 'T')
-                shift = 40;
-        else if (*end)
-                return -EINVAL;
-        if (shift && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) && !(end[1] == 'B' && !end[2]))
-                return -EINVAL;
-        if (shift && x > (UINT64_MAX >> shift))
-                return -EINVAL;
-        *ret = (uint64_t) x << shift;
-        return 0;
-}
-
-static int parse_bool(const char *v, bool *ret) {
-        if (streq(v, "1") || streq(v, "yes") || streq(v, "true") || streq(v, "on"))
-                *ret = true;
-        else if (streq(v, "0") || streq(v, "no") || streq(v, "false") || streq(v, "off"))
-                *ret = false;
-        else
-                return -EINVAL;
         return 0;
 }
 
@@ -254,15 +205,6 @@ static int apply_option(struct options *o, const char *key, const char *v, const
         if (r < 0)
                 return log_error_errno(r, "%s: out of memory", where);
         return 0;
-}
-
-static char *strip(char *s) {
-        while (*s == ' ' || *s == '\t')
-                s++;
-        size_t n = strlen(s);
-        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
-                s[--n] = 0;
-        return s;
 }
 
 /* INI: `key = value` lines, `[section]` headers (only [xing4d] and [daemon] hold our keys),
@@ -643,6 +585,57 @@ static int parse_args(int argc, char **argv, struct options *o) {
         return 0;
 }
 
+/* The backend --device asks for: cuda, cpu, or auto (the CUDA module when it loads and finds a
+ * device, else the CPU, saying which and why). 0, or -errno with the reason logged. */
+static int start_backend(const struct x4_model *model, const char *device, struct x4_backend_params *bp,
+                         const struct x4_backend_ops **ops, struct x4_backend **backend) {
+        int r = 0;
+
+        if (streq(device, "auto") || streq(device, "cuda")) {
+                /* auto: a missing CUDA module is expected, not an error worth a red line */
+                int level = log_get_max_level();
+                if (streq(device, "auto"))
+                        log_set_max_level(LOG_CRIT);
+                r = x4_backend_get("cuda", ops);
+                log_set_max_level(level);
+                bool loaded = r >= 0;
+                if (r >= 0) {
+                        bp->cache_type = X4_CACHE_F16;
+                        /* auto: no GPU is expected too; the reason goes in the info line below */
+                        if (streq(device, "auto"))
+                                log_set_max_level(MIN(level, LOG_CRIT));
+                        r = (*ops)->create(model, bp, backend);
+                        log_set_max_level(level);
+                }
+                if (r < 0 && streq(device, "cuda"))
+                        return r;
+                /* --mtp on where the GPU cannot run the NextN block: say so, do not fall back
+                 * to a CPU decode many times slower */
+                if (r == -EOPNOTSUPP && loaded && bp->mtp) {
+                        log_error("%s", log_last_error());
+                        return r;
+                }
+                /* say which backend auto chose and why, so "why is it slow" has an answer */
+                if (r < 0)
+                        log_info("device auto: %s: %s; using cpu",
+                                 loaded ? "cuda backend failed to start" : "cuda module not loadable",
+                                 log_last_error());
+                else if (streq(device, "auto"))
+                        log_info("device auto: cuda module loaded and started; using cuda");
+        }
+        if (!*backend) {
+                bp->cache_type = X4_CACHE_F32;
+                r = x4_backend_get("cpu", ops);
+                if (r >= 0)
+                        r = (*ops)->create(model, bp, backend);
+                if (r < 0) {
+                        (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
+                        return r;
+                }
+        }
+        return 0;
+}
+
 int main(int argc, char **argv) {
         struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256,
                              .mtp_draft = 1, .log_level = LOG_INFO };
@@ -711,48 +704,9 @@ int main(int argc, char **argv) {
                 .log = x4_backend_params_default_log,
                 .mtp = o.mtp,
         };
-        if (streq(device, "auto") || streq(device, "cuda")) {
-                /* auto: a missing CUDA module is expected, not an error worth a red line */
-                int level = log_get_max_level();
-                if (streq(device, "auto"))
-                        log_set_max_level(LOG_CRIT);
-                r = x4_backend_get("cuda", &ops);
-                log_set_max_level(level);
-                bool loaded = r >= 0;
-                if (r >= 0) {
-                        bp.cache_type = X4_CACHE_F16;
-                        /* auto: no GPU is expected too; the reason goes in the info line below */
-                        if (streq(device, "auto"))
-                                log_set_max_level(MIN(level, LOG_CRIT));
-                        r = ops->create(model, &bp, &backend);
-                        log_set_max_level(level);
-                }
-                if (r < 0 && streq(device, "cuda"))
-                        goto out;
-                /* --mtp on where the GPU cannot run the NextN block: say so, do not fall back
-                 * to a CPU decode many times slower */
-                if (r == -EOPNOTSUPP && loaded && o.mtp) {
-                        log_error("%s", log_last_error());
-                        goto out;
-                }
-                /* say which backend auto chose and why, so "why is it slow" has an answer */
-                if (r < 0)
-                        log_info("device auto: %s: %s; using cpu",
-                                 loaded ? "cuda backend failed to start" : "cuda module not loadable",
-                                 log_last_error());
-                else if (streq(device, "auto"))
-                        log_info("device auto: cuda module loaded and started; using cuda");
-        }
-        if (!backend) {
-                bp.cache_type = X4_CACHE_F32;
-                r = x4_backend_get("cpu", &ops);
-                if (r >= 0)
-                        r = ops->create(model, &bp, &backend);
-                if (r < 0) {
-                        (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
-                        goto out;
-                }
-        }
+        r = start_backend(model, device, &bp, &ops, &backend);
+        if (r < 0)
+                goto out;
         struct x4_backend_caps caps;
         ops->caps(backend, &caps);
         snprintf(backend_name, sizeof backend_name, "%s", caps.name ? caps.name : ops->name);

@@ -488,10 +488,11 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                         s->eos_text = strdup(piece);
                 if (gguf_kv_find(g, "tokenizer.chat_template")) {
                         struct gguf_string t;
+                        char why[512] = "not a string"; /* gguf_get_string logged the details */
                         if (gguf_get_string(g, "tokenizer.chat_template", &t) < 0 ||
-                            chat_template_parse_len(t.data, t.len, &s->tmpl) < 0) {
+                            chat_template_parse_len(t.data, t.len, &s->tmpl, why, sizeof why) < 0) {
                                 log_warning("tokenizer.chat_template unusable (%s): chat prompts "
-                                            "use the built-in Xing4 template", log_last_error());
+                                            "use the built-in Xing4 template", why);
                                 s->tmpl = NULL;
                         }
                 }

@@ -23,6 +23,7 @@
 #include "common/escape.h"
 #include "common/frame.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "xing4.pb-c.h"
 
 /* Back-pressure (docs/design.md): a connection whose unsent output passes output_high_water (8 MiB by
@@ -111,12 +112,6 @@ struct server {
         double t_start;
 };
 
-static double now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* ---- sending -------------------------------------------------------------------------------- */
 
 static void send_frame(struct conn *c, const Xing4__Frame *f) {
@@ -140,6 +135,33 @@ static void send_frame(struct conn *c, const Xing4__Frame *f) {
                 free(buf);
 }
 
+/* The reply envelope, for every frame the daemon sends on a connection: request_id and one body,
+ * `body` being the message of body_case. */
+static void send_reply(struct conn *c, uint64_t request_id, Xing4__Frame__BodyCase body_case,
+                       void *body) {
+        Xing4__Frame f = XING4__FRAME__INIT;
+
+        f.has_request_id = 1;
+        f.request_id = request_id;
+        f.body_case = body_case;
+        switch (body_case) {
+        case XING4__FRAME__BODY_ERROR: f.error = body; break;
+        case XING4__FRAME__BODY_HELLO_REPLY: f.hello_reply = body; break;
+        case XING4__FRAME__BODY_CANCEL: f.cancel = body; break;
+        case XING4__FRAME__BODY_STATS_REPLY: f.stats_reply = body; break;
+        case XING4__FRAME__BODY_INFO_REPLY: f.info_reply = body; break;
+        case XING4__FRAME__BODY_HEALTH_REPLY: f.health_reply = body; break;
+        case XING4__FRAME__BODY_SNAPSHOT_REPLY: f.snapshot_reply = body; break;
+        case XING4__FRAME__BODY_CHUNK: f.chunk = body; break;
+        case XING4__FRAME__BODY_DONE: f.done = body; break;
+        case XING4__FRAME__BODY_PROGRESS: f.progress = body; break;
+        default:
+                log_error("connection %u: frame body %d is not a reply", c->id, (int) body_case);
+                return;
+        }
+        send_frame(c, &f);
+}
+
 _printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int code,
                                        const char *fmt, ...) {
         char raw[1024], msg[1024];
@@ -155,14 +177,9 @@ _printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int c
         e.has_code = 1;
         e.code = (Xing4__ErrorCode) code;
         e.message = msg;
-        Xing4__Frame f = XING4__FRAME__INIT;
-        f.has_request_id = 1;
-        f.request_id = request_id;
-        f.body_case = XING4__FRAME__BODY_ERROR;
-        f.error = &e;
         log_info("connection %u (pid %d): request %llu refused: %s", c->id, (int) c->pid,
                  (unsigned long long) request_id, msg);
-        send_frame(c, &f);
+        send_reply(c, request_id, XING4__FRAME__BODY_ERROR, &e);
 }
 
 /* An Error frame written straight to a socket that has no connection (refused at accept): it
@@ -430,12 +447,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Xing4__Hello *h) {
         hr.model = &m;
         hr.max_frame = s->p.max_frame;
         hr.backend = (char *) s->p.model.backend;
-        Xing4__Frame f = XING4__FRAME__INIT;
-        f.has_request_id = 1;
-        f.request_id = id;
-        f.body_case = XING4__FRAME__BODY_HELLO_REPLY;
-        f.hello_reply = &hr;
-        send_frame(c, &f);
+        send_reply(c, id, XING4__FRAME__BODY_HELLO_REPLY, &hr);
 }
 
 /* Checks shared by everything that becomes a scheduler request. */
@@ -538,12 +550,7 @@ static void handle_cancel(struct conn *c, uint64_t id, const Xing4__Cancel *k) {
                 Xing4__Cancel echo = XING4__CANCEL__INIT;
                 echo.has_server_request_id = 1;
                 echo.server_request_id = k->server_request_id;
-                Xing4__Frame f = XING4__FRAME__INIT;
-                f.has_request_id = 1;
-                f.request_id = id;
-                f.body_case = XING4__FRAME__BODY_CANCEL;
-                f.cancel = &echo;
-                send_frame(c, &f);
+                send_reply(c, id, XING4__FRAME__BODY_CANCEL, &echo);
                 return;
         }
         struct sreq *q = conn_find(c, id);
@@ -624,12 +631,7 @@ static void handle_stats(struct conn *c, uint64_t id) {
                 r.n_requests = n;
                 r.requests = ptrs;
         }
-        Xing4__Frame f = XING4__FRAME__INIT;
-        f.has_request_id = 1;
-        f.request_id = id;
-        f.body_case = XING4__FRAME__BODY_STATS_REPLY;
-        f.stats_reply = &r;
-        send_frame(c, &f);
+        send_reply(c, id, XING4__FRAME__BODY_STATS_REPLY, &r);
         free(states);
         free(ptrs);
         free(reqs);
@@ -655,12 +657,7 @@ static void handle_info(struct conn *c, uint64_t id) {
         r.max_running = sched_max_running(s->p.sched);
         r.cache_pages_total = st.pages_total;
         r.cache_page_tokens = st.page_tokens;
-        Xing4__Frame f = XING4__FRAME__INIT;
-        f.has_request_id = 1;
-        f.request_id = id;
-        f.body_case = XING4__FRAME__BODY_INFO_REPLY;
-        f.info_reply = &r;
-        send_frame(c, &f);
+        send_reply(c, id, XING4__FRAME__BODY_INFO_REPLY, &r);
 }
 
 static void handle_health(struct conn *c, uint64_t id) {
@@ -678,12 +675,7 @@ static void handle_health(struct conn *c, uint64_t id) {
                 snprintf(detail, sizeof detail, "%s on %s", s->p.model.name, s->p.model.backend);
         }
         r.detail = detail;
-        Xing4__Frame f = XING4__FRAME__INIT;
-        f.has_request_id = 1;
-        f.request_id = id;
-        f.body_case = XING4__FRAME__BODY_HEALTH_REPLY;
-        f.health_reply = &r;
-        send_frame(c, &f);
+        send_reply(c, id, XING4__FRAME__BODY_HEALTH_REPLY, &r);
 }
 
 static void send_snapshot_reply(struct conn *c, uint64_t id, const struct sched_snapshot_info *a,
@@ -709,12 +701,7 @@ static void send_snapshot_reply(struct conn *c, uint64_t id, const struct sched_
         }
         r.n_snapshots = n;
         r.snapshots = ptrs;
-        Xing4__Frame f = XING4__FRAME__INIT;
-        f.has_request_id = 1;
-        f.request_id = id;
-        f.body_case = XING4__FRAME__BODY_SNAPSHOT_REPLY;
-        f.snapshot_reply = &r;
-        send_frame(c, &f);
+        send_reply(c, id, XING4__FRAME__BODY_SNAPSHOT_REPLY, &r);
         free(infos);
         free(ptrs);
 }
@@ -940,15 +927,18 @@ static void conn_read_cb(struct bufferevent *bev, void *userdata) {
                         break;
                 for (size_t off = 0; off < (size_t) n && !c->closing;) {
                         size_t used;
-                        int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used);
+                        char err[256];
+                        int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used,
+                                                   err, sizeof err);
                         off += used;
                         if (r < 0) {
-                                /* the stream lost sync: say why, then hang up */
+                                /* the stream lost sync: say why, then hang up (a refusal by
+                                 * admit_frame wrote its reason into c->refused) */
                                 send_error(c, 0,
                                            r == -EMSGSIZE  ? XING4__ERROR_CODE__ERROR_TOO_LARGE
                                            : r == -ENOBUFS ? XING4__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED
                                                            : XING4__ERROR_CODE__ERROR_PROTOCOL,
-                                           "%s", r == -ENOBUFS ? c->refused : log_last_error());
+                                           "%s", r == -ENOBUFS ? c->refused : err);
                                 conn_close_after_flush(c);
                                 break;
                         }
@@ -1168,9 +1158,6 @@ static void deliver(struct server *s, struct sched_event *e) {
         bool final = e->kind != SCHED_EVENT_CHUNK && e->kind != SCHED_EVENT_PROGRESS;
 
         if (c && !c->closing) {
-                Xing4__Frame f = XING4__FRAME__INIT;
-                f.has_request_id = 1;
-                f.request_id = q->client_id;
                 if (e->kind == SCHED_EVENT_CHUNK) {
                         Xing4__TokenChunk tc = XING4__TOKEN_CHUNK__INIT;
                         Xing4__TokenLogprob lps[1], *lpp[1];
@@ -1208,9 +1195,7 @@ static void deliver(struct server *s, struct sched_event *e) {
                                 call.arguments_json = e->tool_arguments;
                                 tc.tool_call = &call;
                         }
-                        f.body_case = XING4__FRAME__BODY_CHUNK;
-                        f.chunk = &tc;
-                        send_frame(c, &f);
+                        send_reply(c, q->client_id, XING4__FRAME__BODY_CHUNK, &tc);
                 } else if (e->kind == SCHED_EVENT_DONE) {
                         Xing4__Usage u = XING4__USAGE__INIT;
                         Xing4__Timings t = XING4__TIMINGS__INIT;
@@ -1233,9 +1218,7 @@ static void deliver(struct server *s, struct sched_event *e) {
                         d.stop = e->stop;
                         d.has_server_request_id = 1;
                         d.server_request_id = e->id;
-                        f.body_case = XING4__FRAME__BODY_DONE;
-                        f.done = &d;
-                        send_frame(c, &f);
+                        send_reply(c, q->client_id, XING4__FRAME__BODY_DONE, &d);
                         if (e->sequence) {
                                 struct finished *slot = &c->finished[c->n_finished++ % FINISHED_KEPT];
                                 free(slot->tokens);
@@ -1248,9 +1231,7 @@ static void deliver(struct server *s, struct sched_event *e) {
                         pp.has_done_tokens = pp.has_total_tokens = 1;
                         pp.done_tokens = e->done_tokens;
                         pp.total_tokens = e->total_tokens;
-                        f.body_case = XING4__FRAME__BODY_PROGRESS;
-                        f.progress = &pp;
-                        send_frame(c, &f);
+                        send_reply(c, q->client_id, XING4__FRAME__BODY_PROGRESS, &pp);
                 } else if (e->kind == SCHED_EVENT_SNAPSHOT) {
                         send_snapshot_reply(c, q->client_id, &e->snapshot, 1);
                 } else {

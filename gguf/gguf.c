@@ -150,8 +150,7 @@ const char *gguf_value_type_name(uint32_t type) {
         return buf;
 }
 
-/* Bytes of one element of a fixed-size type; 0 for string/array/invalid. */
-static uint32_t value_type_size(uint32_t type) {
+uint32_t gguf_value_type_size(uint32_t type) {
         switch (type) {
         case GGUF_TYPE_UINT8:
         case GGUF_TYPE_INT8:
@@ -413,7 +412,7 @@ static int parse_value(struct parser *p, struct where *w, uint32_t type, struct 
         if (type == GGUF_TYPE_ARRAY)
                 return parse_array(p, w, v);
 
-        sz = value_type_size(type);
+        sz = gguf_value_type_size(type);
         if (sz == 0)
                 return log_error_errno(EBADMSG,
                                        "%s: %s: invalid value type %" PRIu32
@@ -465,7 +464,7 @@ static int parse_array(struct parser *p, struct where *w, struct gguf_value *v) 
         v->arr.raw = p->f->base + p->pos;
         v->arr.index = NULL;
 
-        sz = value_type_size(et);
+        sz = gguf_value_type_size(et);
         min = sz ? sz : et == GGUF_TYPE_STRING ? GGUF_MIN_STRING_SIZE : GGUF_MIN_ARRAY_SIZE;
         if (!mul_u64_ok(n, min, &bytes) || bytes > left(p))
                 return log_error_errno(EBADMSG,
@@ -1215,7 +1214,7 @@ static int array_check(const struct gguf_value *arr, uint64_t i) {
 
 /* Decodes fixed-size element i into *v; -EBADMSG (unlogged) if the elements are not scalars. */
 static int array_scalar(const struct gguf_value *arr, uint64_t i, struct gguf_value *v) {
-        uint32_t sz = value_type_size(arr->arr.elem_type);
+        uint32_t sz = gguf_value_type_size(arr->arr.elem_type);
 
         if (sz == 0)
                 return -EBADMSG;

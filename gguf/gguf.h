@@ -129,3 +129,5 @@ const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, size_t i);
 const struct gguf_tensor *gguf_tensor_find(const struct gguf_file *f, const char *name);
 
 const char *gguf_value_type_name(uint32_t type);
+/* Bytes of one element of a fixed-size value type; 0 for string, array or an unknown type. */
+uint32_t gguf_value_type_size(uint32_t type);

@@ -203,31 +203,9 @@ int gguf_writer_add_string(struct gguf_writer *w, const char *key, const char *v
         return gguf_writer_add_string_len(w, key, v, strlen(v));
 }
 
-static size_t scalar_size(uint32_t type) {
-        switch (type) {
-        case GGUF_TYPE_UINT8:
-        case GGUF_TYPE_INT8:
-        case GGUF_TYPE_BOOL:
-                return 1;
-        case GGUF_TYPE_UINT16:
-        case GGUF_TYPE_INT16:
-                return 2;
-        case GGUF_TYPE_UINT32:
-        case GGUF_TYPE_INT32:
-        case GGUF_TYPE_FLOAT32:
-                return 4;
-        case GGUF_TYPE_UINT64:
-        case GGUF_TYPE_INT64:
-        case GGUF_TYPE_FLOAT64:
-                return 8;
-        default:
-                return 0;
-        }
-}
-
 int gguf_writer_add_array(struct gguf_writer *w, const char *key, uint32_t elem_type,
                           const void *data, uint64_t n) {
-        size_t es = scalar_size(elem_type);
+        size_t es = gguf_value_type_size(elem_type);
         struct buf b = {};
         uint64_t bytes;
 

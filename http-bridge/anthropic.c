@@ -17,7 +17,6 @@
 #include "bridge.h"
 #include "common/macro.h"
 
-#define OOM(e) api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
 /* The text of a string or an array of text blocks; other block types are refused by name. */
 static int blocks_text(json_t *v, const char *param, struct sbuf *out, struct api_error *e) {
@@ -198,18 +197,14 @@ static int parse_assistant(json_t *content, size_t i, json_t *conv, json_t *name
 }
 
 static int parse_tools(json_t *root, struct api_request *r, bool *send, json_t **out, struct api_error *e) {
-        json_t *tools = json_object_get(root, "tools");
+        json_t *tools, *list;
         size_t i;
         json_t *t;
-        *out = NULL;
-        if (!tools || json_is_null(tools))
+        if (api_tools_begin(root, "an array of {name, description, input_schema} expected", &tools, out, e) < 0)
+                return -1;
+        if (!tools)
                 return 0;
-        if (!json_is_array(tools))
-                return api_bad(e, "tools", "an array of {name, description, input_schema} expected");
-        json_t *list = json_array();
-        if (!list)
-                return OOM(e);
-        *out = list;
+        list = *out;
         json_array_foreach(tools, i, t) {
                 char p[64];
                 snprintf(p, sizeof p, "tools[%zu]", i);
@@ -289,7 +284,6 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
 
 int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_error *e) {
         json_int_t iv;
-        double v;
         bool set;
         if (!count_only) {
                 if (api_get_bool(root, "stream", &r->stream, e) < 0)
@@ -300,14 +294,12 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                         return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "max_tokens",
                                         "max_tokens: required (the most tokens to generate, thinking included)");
                 x4_request_set_max_tokens(r->req, (uint32_t) iv);
-                if (api_get_number(root, "temperature", 0, 1, false, &v, &set, e) < 0)
+                static const struct api_sampling_param params[] = {
+                        { "temperature", 0, 1, false, x4_request_set_temperature },
+                        { "top_p", 0, 1, true, x4_request_set_top_p },
+                };
+                if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0)
                         return -1;
-                if (set)
-                        x4_request_set_temperature(r->req, (float) v);
-                if (api_get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
-                        return -1;
-                if (set)
-                        x4_request_set_top_p(r->req, (float) v);
                 if (api_get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
                         return -1;
                 if (set)

@@ -35,6 +35,8 @@ struct api_error {
 /* Fill e and return -1 (so parsers can `return api_fail(...)`). */
 int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *param,
              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The 500 of an allocation that failed. */
+#define OOM(e) api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 /* The error object in the flavor's shape (new reference). */
 json_t *api_error_json(const struct api_error *e, enum api_flavor flavor);
 /* Anthropic's error type for an HTTP status ("invalid_request_error", "not_found_error", ...). */
@@ -101,6 +103,21 @@ int api_get_number(json_t *o, const char *key, double lo, double hi, bool lo_ope
 int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
                 struct api_error *e);
 int api_get_bool(json_t *o, const char *key, bool *v, struct api_error *e);
+/* A float sampling parameter of a request body: its key, range (see api_get_number) and the
+ * x4_request setter it goes to. api_get_sampling reads each one of the table in order (the first
+ * bad one is the 400) and sets those present; 0 or -1 with e filled. */
+struct api_sampling_param {
+        const char *key;
+        double lo, hi;
+        bool lo_open;
+        int (*set)(x4_request *r, float v);
+};
+int api_get_sampling(json_t *o, const struct api_sampling_param *p, size_t n, x4_request *req,
+                     struct api_error *e);
+/* The body's "tools", for a mapper that rewrites them into the daemon's form: 0 with *tools and
+ * *out NULL when absent or null; 0 with *tools the array and *out a new empty one to fill; -1
+ * with e filled when it is not an array (`expected` says what one is) or out of memory. */
+int api_tools_begin(json_t *root, const char *expected, json_t **tools, json_t **out, struct api_error *e);
 /* The parsed body (JSON object; \u0000 allowed in strings), or NULL with e filled. */
 json_t *api_load_body(const char *body, size_t len, struct api_error *e);
 /* root.model checked against the served id and the aliases (404 model_not_found otherwise); *name

@@ -33,6 +33,7 @@
 #include "bridge.h"
 #include "common/log.h"
 #include "common/macro.h"
+#include "common/util.h"
 
 #define BRIDGE_VERSION "0.1.0"
 #define MAX_SOCKETS 16
@@ -63,45 +64,108 @@ struct config {
         int sse_keepalive_s;            /* stream: a keep-alive comment this often until output */
 };
 
-static struct config cfg = {
-        .listen = "127.0.0.1:8000",
-        .max_body = 4u << 20,
-        .max_concurrent = 64,
-        .timeout_s = 60,
-        .connect_timeout_ms = 3000,
-        .retry_after_s = 1,
-        .store_entries = 256,
-        .store_bytes = 64u << 20,
-        .store_retention_s = 3600,
-        .sse_keepalive_s = 10,
+struct backend {
+        char *path;
+        x4_client *c;
+        struct event *ev;
+        unsigned inflight;
+        int64_t last_fail_ms;
+        char last_error[256];
+        char model_name[128];
+        char fingerprint[80];
 };
+
+struct job {
+        struct job *prev, *next;
+        /* the response's "id" and the handle of DELETE /v1/requests/{id}: "chatcmpl-" or "cmpl-" and
+         * 128 random bits in hex, so a client cannot guess (and cancel) another's generation */
+        char idstr[48];
+        int key;                        /* index in api_keys of the key that started it, -1 = none */
+        const char *endpoint;
+        struct backend *be;
+        uint64_t rid;                   /* libx4client's id on be->c */
+        struct evhttp_request *req;     /* NULL once answered or the client is gone */
+        struct evhttp_connection *conn;
+        struct event *watch;            /* EV_CLOSED on the client's socket */
+        enum api_kind kind;
+        bool stream, include_usage;
+        unsigned top_logprobs;
+        bool headers_sent, role_sent;
+        bool submitting, done_early;
+        struct x4_done early;           /* on_done that ran inside x4_client_submit() */
+        struct api_result res;
+        size_t n_calls;
+        char model[128];                /* the model name answered */
+        json_t *echo, *conv;            /* responses: the request's settings, its conversation */
+        bool store;
+        struct ev_stream ev;            /* messages, responses: the event stream's state */
+        double t_start, t_last;
+        bool got_first;
+        int64_t created;
+        struct event *tick;             /* stream: headers, then keep-alives until the output */
+};
+
+#define MAX_API_KEYS 64
+#define DRAIN_GRACE_S 30
+
+/* The bridge's state, all of it: one instance, read and written on the one libevent thread. */
+static struct bridge {
+        struct config cfg;
+        /* The keys of api-key-file, one per line: each client (or team) can get its own, and only
+         * the key a generation was started with may cancel it. */
+        char *api_keys[MAX_API_KEYS];
+        size_t n_api_keys;
+        struct backend backends[MAX_SOCKETS]; /* the daemons, one per socket */
+        size_t n_backends;
+        struct event_base *base;
+        char served_model[128];
+        int64_t started_unix;
+        struct job *jobs; /* the generations in flight */
+        unsigned n_jobs;
+        /* SIGTERM: no new generations; exit when the running ones are answered or the grace time
+         * ends */
+        bool draining;
+        /* generation replies handed to evhttp but not yet written out: exiting earlier would cut
+         * them */
+        unsigned replies_unsent;
+} br = {
+        .cfg = {
+                .listen = "127.0.0.1:8000",
+                .max_body = 4u << 20,
+                .max_concurrent = 64,
+                .timeout_s = 60,
+                .connect_timeout_ms = 3000,
+                .retry_after_s = 1,
+                .store_entries = 256,
+                .store_bytes = 64u << 20,
+                .store_retention_s = 3600,
+                .sse_keepalive_s = 10,
+        },
+        .served_model = "xing4",
+};
+
 /* Agents send their own model names (Claude Code: claude-sonnet-4-5, claude-haiku-...): served by
  * the one model unless model-alias replaces this table. */
 static const char *const default_aliases[] = { "claude-*" };
-/* The keys of api-key-file, one per line: each client (or team) can get its own, and only the key a
- * generation was started with may cancel it. */
-#define MAX_API_KEYS 64
-static char *api_keys[MAX_API_KEYS];
-static size_t n_api_keys;
 
 static int config_set(const char *key, const char *value, const char *where) {
         char *end;
         if (streq(key, "listen"))
-                snprintf(cfg.listen, sizeof cfg.listen, "%s", value);
+                snprintf(br.cfg.listen, sizeof br.cfg.listen, "%s", value);
         else if (streq(key, "socket")) {
-                if (cfg.n_sockets >= MAX_SOCKETS)
+                if (br.cfg.n_sockets >= MAX_SOCKETS)
                         return log_error_errno(E2BIG, "%s: socket: at most %d daemon sockets", where, MAX_SOCKETS);
-                cfg.sockets[cfg.n_sockets++] = strdup(value);
+                br.cfg.sockets[br.cfg.n_sockets++] = strdup(value);
         } else if (streq(key, "api-key-file"))
-                snprintf(cfg.api_key_file, sizeof cfg.api_key_file, "%s", value);
+                snprintf(br.cfg.api_key_file, sizeof br.cfg.api_key_file, "%s", value);
         else if (streq(key, "model-name"))
-                snprintf(cfg.model_name, sizeof cfg.model_name, "%s", value);
+                snprintf(br.cfg.model_name, sizeof br.cfg.model_name, "%s", value);
         else if (streq(key, "cors-origin") || streq(key, "model-alias")) {
                 bool cors = streq(key, "cors-origin");
-                char **list = cors ? cfg.cors_origins : cfg.aliases;
-                size_t *n = cors ? &cfg.n_cors : &cfg.n_aliases;
-                if (!cors && !cfg.aliases_set) {
-                        cfg.aliases_set = true; /* the first one replaces the default table */
+                char **list = cors ? br.cfg.cors_origins : br.cfg.aliases;
+                size_t *n = cors ? &br.cfg.n_cors : &br.cfg.n_aliases;
+                if (!cors && !br.cfg.aliases_set) {
+                        br.cfg.aliases_set = true; /* the first one replaces the default table */
                         *n = 0;
                 }
                 if (!cors && streq(value, "none"))
@@ -133,36 +197,27 @@ static int config_set(const char *key, const char *value, const char *where) {
                         return log_error_errno(EINVAL, "%s: %s: \"%s\" is not a %s integer", where, key, value,
                                                lo ? "positive" : "non-negative");
                 if (streq(key, "max-body-bytes"))
-                        cfg.max_body = (size_t) v;
+                        br.cfg.max_body = (size_t) v;
                 else if (streq(key, "max-concurrent"))
-                        cfg.max_concurrent = (unsigned) v;
+                        br.cfg.max_concurrent = (unsigned) v;
                 else if (streq(key, "timeout"))
-                        cfg.timeout_s = (int) v;
+                        br.cfg.timeout_s = (int) v;
                 else if (streq(key, "connect-timeout-ms"))
-                        cfg.connect_timeout_ms = (int) v;
+                        br.cfg.connect_timeout_ms = (int) v;
                 else if (streq(key, "retry-after"))
-                        cfg.retry_after_s = (int) v;
+                        br.cfg.retry_after_s = (int) v;
                 else if (streq(key, "response-store"))
-                        cfg.store_entries = (size_t) v;
+                        br.cfg.store_entries = (size_t) v;
                 else if (streq(key, "response-store-bytes"))
-                        cfg.store_bytes = (size_t) v;
+                        br.cfg.store_bytes = (size_t) v;
                 else if (streq(key, "response-retention"))
-                        cfg.store_retention_s = (int) v;
+                        br.cfg.store_retention_s = (int) v;
                 else if (streq(key, "sse-keepalive"))
-                        cfg.sse_keepalive_s = (int) v;
+                        br.cfg.sse_keepalive_s = (int) v;
                 else
                         return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
         }
         return 0;
-}
-
-static char *trim(char *s) {
-        while (*s == ' ' || *s == '\t')
-                s++;
-        size_t n = strlen(s);
-        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
-                s[--n] = 0;
-        return s;
 }
 
 /* Whether fgets() left part of this line unread (the buffer was full before its end): a line
@@ -191,7 +246,7 @@ static int config_load(const char *path, bool required) {
                 /* a line that does not fit would be read as two (its tail taken for a setting) */
                 if (line_cut(f, line))
                         return log_error_errno(E2BIG, "%s: line longer than %zu bytes", where, sizeof line - 1);
-                char *s = trim(line);
+                char *s = strip(line);
                 if (!*s || *s == '#' || *s == ';')
                         continue;
                 if (*s == '[') {
@@ -206,7 +261,7 @@ static int config_load(const char *path, bool required) {
                 if (!in_section)
                         return log_error_errno(EINVAL, "%s: setting before the [xing4-http] section", where);
                 *eq = 0;
-                int r = config_set(trim(s), trim(eq + 1), where);
+                int r = config_set(strip(s), strip(eq + 1), where);
                 if (r < 0)
                         return r;
         }
@@ -215,28 +270,6 @@ static int config_load(const char *path, bool required) {
 
 /* ---- daemons ------------------------------------------------------------------------------------- */
 
-struct backend {
-        char *path;
-        x4_client *c;
-        struct event *ev;
-        unsigned inflight;
-        int64_t last_fail_ms;
-        char last_error[256];
-        char model_name[128];
-        char fingerprint[80];
-};
-
-static struct backend backends[MAX_SOCKETS];
-static size_t n_backends;
-static struct event_base *base;
-static char served_model[128] = "xing4";
-static int64_t started_unix;
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static double now_s(void) {
         struct timespec ts;
@@ -280,7 +313,7 @@ static int backend_ensure(struct backend *be) {
                 return r;
         x4_client_set_name(c, "xing4-http " BRIDGE_VERSION);
         /* blocking calls here (health, stats, info) must not stall the loop for long */
-        x4_client_set_timeouts(c, cfg.connect_timeout_ms, cfg.connect_timeout_ms);
+        x4_client_set_timeouts(c, br.cfg.connect_timeout_ms, br.cfg.connect_timeout_ms);
         r = x4_client_connect(c, be->path);
         if (r < 0) {
                 snprintf(be->last_error, sizeof be->last_error, "%s", x4_client_last_error(c));
@@ -294,7 +327,7 @@ static int backend_ensure(struct backend *be) {
                 snprintf(be->fingerprint, sizeof be->fingerprint, "%s", info.model_fingerprint);
         }
         be->c = c;
-        be->ev = event_new(base, x4_client_fd(c), EV_READ | EV_PERSIST, backend_readable, be);
+        be->ev = event_new(br.base, x4_client_fd(c), EV_READ | EV_PERSIST, backend_readable, be);
         if (!be->ev || event_add(be->ev, NULL) < 0) {
                 backend_drop(be);
                 return X4_E_NOMEM;
@@ -317,21 +350,21 @@ static uint64_t hash_bytes(const char *s, size_t n) {
  * request of slack), since it probably holds that prefix in its cache. */
 static struct backend *backend_pick(const char *key, size_t key_len) {
         struct backend *best = NULL;
-        size_t pref = n_backends > 1 && key ? hash_bytes(key, key_len) % n_backends : 0;
-        for (size_t i = 0; i < n_backends; i++) {
-                struct backend *be = &backends[i];
+        size_t pref = br.n_backends > 1 && key ? hash_bytes(key, key_len) % br.n_backends : 0;
+        for (size_t i = 0; i < br.n_backends; i++) {
+                struct backend *be = &br.backends[i];
                 if (!be->c && be->last_fail_ms && now_ms() - be->last_fail_ms < 1000)
                         continue;
                 if (!best || be->inflight < best->inflight)
                         best = be;
         }
-        if (best && n_backends > 1) {
-                struct backend *p = &backends[pref];
+        if (best && br.n_backends > 1) {
+                struct backend *p = &br.backends[pref];
                 if ((p->c || !p->last_fail_ms || now_ms() - p->last_fail_ms >= 1000) &&
                     p->inflight <= best->inflight + 1)
                         best = p;
         }
-        return best ? best : &backends[pref];
+        return best ? best : &br.backends[pref];
 }
 
 /* ---- HTTP helpers -------------------------------------------------------------------------------- */
@@ -376,51 +409,15 @@ static void send_error(struct evhttp_request *req, const struct api_error *e, co
 
 /* ---- generations --------------------------------------------------------------------------------- */
 
-struct job {
-        struct job *prev, *next;
-        /* the response's "id" and the handle of DELETE /v1/requests/{id}: "chatcmpl-" or "cmpl-" and
-         * 128 random bits in hex, so a client cannot guess (and cancel) another's generation */
-        char idstr[48];
-        int key;                        /* index in api_keys of the key that started it, -1 = none */
-        const char *endpoint;
-        struct backend *be;
-        uint64_t rid;                   /* libx4client's id on be->c */
-        struct evhttp_request *req;     /* NULL once answered or the client is gone */
-        struct evhttp_connection *conn;
-        struct event *watch;            /* EV_CLOSED on the client's socket */
-        enum api_kind kind;
-        bool stream, include_usage;
-        unsigned top_logprobs;
-        bool headers_sent, role_sent;
-        bool submitting, done_early;
-        struct x4_done early;           /* on_done that ran inside x4_client_submit() */
-        struct api_result res;
-        size_t n_calls;
-        char model[128];                /* the model name answered */
-        json_t *echo, *conv;            /* responses: the request's settings, its conversation */
-        bool store;
-        struct ev_stream ev;            /* messages, responses: the event stream's state */
-        double t_start, t_last;
-        bool got_first;
-        int64_t created;
-        struct event *tick;             /* stream: headers, then keep-alives until the output */
-};
 
-static struct job *jobs;
-static unsigned n_jobs;
-/* SIGTERM: no new generations; exit when the running ones are answered or the grace time ends */
-static bool draining;
-#define DRAIN_GRACE_S 30
-/* generation replies handed to evhttp but not yet written out: exiting earlier would cut them */
-static unsigned replies_unsent;
 
 static void maybe_exit_drained(void) {
-        if (draining && n_jobs == 0 && replies_unsent == 0)
-                event_base_loopexit(base, NULL);
+        if (br.draining && br.n_jobs == 0 && br.replies_unsent == 0)
+                event_base_loopexit(br.base, NULL);
 }
 
 static void on_reply_sent(struct evhttp_request *req, void *arg) {
-        replies_unsent--;
+        br.replies_unsent--;
         maybe_exit_drained();
 }
 
@@ -428,10 +425,10 @@ static void job_unlink(struct job *j) {
         if (j->prev)
                 j->prev->next = j->next;
         else
-                jobs = j->next;
+                br.jobs = j->next;
         if (j->next)
                 j->next->prev = j->prev;
-        n_jobs--;
+        br.n_jobs--;
 }
 
 static void job_free(struct job *j) {
@@ -465,7 +462,7 @@ static void on_client_close(struct evhttp_connection *conn, void *arg) {
         job_unwatch(j);
         j->req = NULL;
         j->conn = NULL;
-        replies_unsent--; /* its reply will never be sent */
+        br.replies_unsent--; /* its reply will never be sent */
         evhttp_connection_set_closecb(conn, NULL, NULL);
         log_info("%s: client went away, cancelling its request", j->idstr);
         if (j->be->c)
@@ -486,9 +483,9 @@ static void on_peer_closed(evutil_socket_t fd, short what, void *arg) {
 static void job_watch(struct job *j) {
         struct bufferevent *bev = evhttp_connection_get_bufferevent(j->conn);
         evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-        if (fd < 0 || !(event_base_get_features(base) & EV_FEATURE_EARLY_CLOSE))
+        if (fd < 0 || !(event_base_get_features(br.base) & EV_FEATURE_EARLY_CLOSE))
                 return; /* then only a failed write tells (streaming) */
-        j->watch = event_new(base, fd, EV_CLOSED, on_peer_closed, j);
+        j->watch = event_new(br.base, fd, EV_CLOSED, on_peer_closed, j);
         if (j->watch && event_add(j->watch, NULL) < 0)
                 job_unwatch(j);
 }
@@ -525,7 +522,7 @@ static void stream_begin(struct job *j) {
         }
         if (j->kind == API_CHAT && !j->role_sent) {
                 j->role_sent = true;
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model,
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model,
                                                      json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
                                                      NULL, NULL));
         }
@@ -545,7 +542,7 @@ static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
                 j->headers_sent = true;
         } else
                 sse_keepalive(j->req);
-        struct timeval tv = { cfg.sse_keepalive_s, 0 };
+        struct timeval tv = { br.cfg.sse_keepalive_s, 0 };
         evtimer_add(j->tick, &tv);
 }
 
@@ -557,7 +554,7 @@ static void stream_tool_call(struct job *j, const char *name, const char *args) 
         api_call_id(cid, sizeof cid, "call_", j->idstr, idx);
         json_t *d = json_pack("{s:[{s:I, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", (json_int_t) idx, "id",
                               cid, "type", "function", "function", "name", name, "arguments", "");
-        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model, d, NULL, NULL));
+        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model, d, NULL, NULL));
         size_t n = strlen(args), off = 0;
         while (off < n) {
                 size_t k = n - off < 24 ? n - off : 24;
@@ -565,7 +562,7 @@ static void stream_tool_call(struct job *j, const char *name, const char *args) 
                         k++; /* never split a UTF-8 sequence */
                 d = json_pack("{s:[{s:I, s:{s:s%}}]}", "tool_calls", "index", (json_int_t) idx, "function",
                               "arguments", args + off, k);
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model, d, NULL, NULL));
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model, d, NULL, NULL));
                 off += k;
         }
 }
@@ -617,7 +614,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 return 0;
         stream_begin(j);
         if (j->kind == API_COMPLETION) {
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model,
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model,
                                                      json_stringn(c->text, c->text_len), NULL, lp));
                 return 0;
         }
@@ -636,7 +633,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                               c->text_len);
         else
                 d = json_pack("{s:s%}", "content", c->text, c->text_len);
-        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model, d, NULL, lp));
+        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model, d, NULL, lp));
         return 0;
 }
 
@@ -700,15 +697,15 @@ static void job_answer(struct job *j, const struct x4_done *d) {
         bool had_calls = j->stream ? j->n_calls > 0 : j->res.n_calls > 0;
         if (j->stream) {
                 stream_begin(j);
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, served_model,
+                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model,
                                                      j->kind == API_CHAT ? json_object() : json_string(""),
                                                      api_finish_reason(d->finish_reason, had_calls), NULL));
                 if (j->include_usage)
-                        sse_send_json(j->req, api_usage_chunk_json(j->kind, j->idstr, j->created, served_model, d));
+                        sse_send_json(j->req, api_usage_chunk_json(j->kind, j->idstr, j->created, br.served_model, d));
                 sse_finish(j->req);
                 metrics_count_request(j->endpoint, 200);
         } else
-                send_json(j->req, 200, api_response_json(j->kind, j->idstr, j->created, served_model, &j->res, d),
+                send_json(j->req, 200, api_response_json(j->kind, j->idstr, j->created, br.served_model, &j->res, d),
                           j->endpoint);
 }
 
@@ -743,7 +740,7 @@ static int make_request_id(char *buf, size_t size, const char *prefix) {
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0)
-                        return log_error_errno(n < 0 ? errno : EIO, "getrandom: cannot draw a request id: %m");
+                        return n < 0 ? -errno : -EIO; /* the caller says so */
                 got += (size_t) n;
         }
         int k = snprintf(buf, size, "%s", prefix);
@@ -756,28 +753,28 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         struct api_error e = { 0 };
         struct evbuffer *in = evhttp_request_get_input_buffer(req);
         size_t len = evbuffer_get_length(in);
-        if (len > cfg.max_body) {
+        if (len > br.cfg.max_body) {
                 api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
                          "request body of %zu bytes exceeds this server's limit of %zu bytes (max-body-bytes)",
-                         len, cfg.max_body);
+                         len, br.cfg.max_body);
                 return send_error(req, &e, endpoint);
         }
-        if (draining) {
+        if (br.draining) {
                 api_fail(&e, 503, "server_error", "shutting_down",
                          NULL, "xing4-http is shutting down; retry against another instance");
-                e.retry_after = cfg.retry_after_s;
+                e.retry_after = br.cfg.retry_after_s;
                 return send_error(req, &e, endpoint);
         }
-        if (n_jobs >= cfg.max_concurrent) {
+        if (br.n_jobs >= br.cfg.max_concurrent) {
                 api_fail(&e, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                          "%u requests are in flight, the limit of this server (max-concurrent); retry later",
-                         n_jobs);
-                e.retry_after = cfg.retry_after_s;
+                         br.n_jobs);
+                e.retry_after = br.cfg.retry_after_s;
                 return send_error(req, &e, endpoint);
         }
         const char *body = (const char *) evbuffer_pullup(in, -1);
         struct api_request ar;
-        struct api_config ac = { .model_id = served_model, .aliases = cfg.aliases, .n_aliases = cfg.n_aliases,
+        struct api_config ac = { .model_id = br.served_model, .aliases = br.cfg.aliases, .n_aliases = br.cfg.n_aliases,
                                  .key = key };
         if (api_parse_request(kind, body ? body : "", len, &ac, &ar, &e) < 0)
                 return send_error(req, &e, endpoint);
@@ -791,11 +788,12 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         static const char *const prefixes[] = { [API_CHAT] = "chatcmpl-", [API_COMPLETION] = "cmpl-",
                                                 [API_MESSAGES] = "msg_", [API_COUNT_TOKENS] = "count_",
                                                 [API_RESPONSES] = "resp_" };
-        if (make_request_id(j->idstr, sizeof j->idstr, prefixes[kind]) < 0) {
+        int rid = make_request_id(j->idstr, sizeof j->idstr, prefixes[kind]);
+        if (rid < 0) {
                 api_request_done(&ar);
                 free(j);
                 api_fail(&e, 500, "server_error", "internal_error", NULL,
-                         "cannot draw a random request id: %s", log_last_error());
+                         "cannot draw a random request id: getrandom: %s", strerror(-rid));
                 return send_error(req, &e, endpoint);
         }
         j->key = key;
@@ -806,7 +804,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->top_logprobs = ar.top_logprobs;
         j->created = time(NULL);
         j->t_start = now_s();
-        snprintf(j->model, sizeof j->model, "%s", ar.model ? ar.model : served_model);
+        snprintf(j->model, sizeof j->model, "%s", ar.model ? ar.model : br.served_model);
         j->echo = TAKE_PTR(ar.echo);
         j->conv = TAKE_PTR(ar.conv);
         j->store = ar.store;
@@ -842,7 +840,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
                 job_free(j);
                 return send_error(req, &e, endpoint);
         }
-        if (j->stream && !j->done_early && (j->tick = evtimer_new(base, on_stream_tick, j))) {
+        if (j->stream && !j->done_early && (j->tick = evtimer_new(br.base, on_stream_tick, j))) {
                 struct timeval tv = { 0, SSE_HEADERS_MS * 1000 };
                 evtimer_add(j->tick, &tv);
         }
@@ -851,13 +849,13 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->conn = evhttp_request_get_connection(req);
         evhttp_connection_set_closecb(j->conn, on_client_close, j);
         evhttp_request_set_on_complete_cb(req, on_reply_sent, NULL);
-        replies_unsent++;
+        br.replies_unsent++;
         job_watch(j);
-        j->next = jobs;
-        if (jobs)
-                jobs->prev = j;
-        jobs = j;
-        n_jobs++;
+        j->next = br.jobs;
+        if (br.jobs)
+                br.jobs->prev = j;
+        br.jobs = j;
+        br.n_jobs++;
 }
 
 /* Equal strings, in time that depends on their lengths only (not on where they first differ). */
@@ -874,7 +872,7 @@ static bool secret_equal(const char *a, const char *b) {
  * does not exist (404), so ids cannot be probed with a second key either. */
 static void handle_cancel(struct evhttp_request *req, const char *id, int key) {
         struct api_error e;
-        for (struct job *j = jobs; j; j = j->next) {
+        for (struct job *j = br.jobs; j; j = j->next) {
                 if (!secret_equal(j->idstr, id) || j->key != key)
                         continue;
                 char idcopy[48];
@@ -888,18 +886,18 @@ static void handle_cancel(struct evhttp_request *req, const char *id, int key) {
         }
         api_fail(&e, 404, "invalid_request_error", "not_found", "id",
                  "request \"%.200s\" is not in flight on this server%s", id,
-                 n_api_keys > 1 ? " under this API key" : "");
+                 br.n_api_keys > 1 ? " under this API key" : "");
         send_error(req, &e, "cancel");
 }
 
 static void handle_models(struct evhttp_request *req) {
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", served_model, "object", "model", "created",
-                              (json_int_t) started_unix, "owned_by", "xing4d");
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", br.served_model, "object", "model", "created",
+                              (json_int_t) br.started_unix, "owned_by", "xing4d");
         /* what the daemons actually load (general.name and fingerprint), for humans */
-        for (size_t i = 0; i < n_backends; i++)
-                if (backends[i].model_name[0]) {
-                        json_object_set_new(m, "xing4d_model", json_string(backends[i].model_name));
-                        json_object_set_new(m, "xing4d_fingerprint", json_string(backends[i].fingerprint));
+        for (size_t i = 0; i < br.n_backends; i++)
+                if (br.backends[i].model_name[0]) {
+                        json_object_set_new(m, "xing4d_model", json_string(br.backends[i].model_name));
+                        json_object_set_new(m, "xing4d_fingerprint", json_string(br.backends[i].fingerprint));
                         break;
                 }
         send_json(req, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m), "models");
@@ -909,8 +907,8 @@ static void handle_models(struct evhttp_request *req) {
 static void handle_health(struct evhttp_request *req, bool ready) {
         json_t *list = json_array();
         unsigned serving = 0, loading = 0;
-        for (size_t i = 0; i < n_backends; i++) {
-                struct backend *be = &backends[i];
+        for (size_t i = 0; i < br.n_backends; i++) {
+                struct backend *be = &br.backends[i];
                 const char *state = "unreachable";
                 char detail[256] = "";
                 int st = 0;
@@ -924,8 +922,8 @@ static void handle_health(struct evhttp_request *req, bool ready) {
                 json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:I}", "socket", be->path, "state", state,
                                                       "detail", detail, "in_flight", (json_int_t) be->inflight));
         }
-        bool ok = serving > 0 && !draining && (!ready || n_jobs < cfg.max_concurrent);
-        const char *status = ok ? "ok" : draining ? "draining" : serving ? "busy" : loading ? "loading" : "unavailable";
+        bool ok = serving > 0 && !br.draining && (!ready || br.n_jobs < br.cfg.max_concurrent);
+        const char *status = ok ? "ok" : br.draining ? "draining" : serving ? "busy" : loading ? "loading" : "unavailable";
         if (!ok)
                 evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
         send_json(req, ok ? 200 : 503, json_pack("{s:s, s:o}", "status", status, "daemons", list),
@@ -937,7 +935,7 @@ static void handle_metrics(struct evhttp_request *req) {
         metrics_render(b);
         evbuffer_add_printf(b, "# HELP xing4_http_requests_in_flight Generations in flight through the bridge.\n"
                                "# TYPE xing4_http_requests_in_flight gauge\nxing4_http_requests_in_flight %u\n",
-                            n_jobs);
+                            br.n_jobs);
         static const char *const names[] = { "xing4_daemon_up", "xing4_daemon_queue_depth",
                                              "xing4_daemon_requests_running", "xing4_daemon_prefix_hits_total",
                                              "xing4_daemon_prefix_tokens_reused_total",
@@ -954,11 +952,11 @@ static void handle_metrics(struct evhttp_request *req) {
                                              "counter" };
         struct x4_stats st[MAX_SOCKETS];
         bool up[MAX_SOCKETS];
-        for (size_t i = 0; i < n_backends; i++)
-                up[i] = backend_ensure(&backends[i]) == 0 && x4_client_stats(backends[i].c, &st[i]) == 0;
+        for (size_t i = 0; i < br.n_backends; i++)
+                up[i] = backend_ensure(&br.backends[i]) == 0 && x4_client_stats(br.backends[i].c, &st[i]) == 0;
         for (size_t k = 0; k < ELEMENTSOF(names); k++) {
                 evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", names[k], helps[k], names[k], types[k]);
-                for (size_t i = 0; i < n_backends; i++) {
+                for (size_t i = 0; i < br.n_backends; i++) {
                         uint64_t v = k == 0 ? up[i] : !up[i] ? 0 : k == 1 ? st[i].requests_waiting
                                 : k == 2 ? st[i].requests_running : k == 3 ? st[i].prefix_hits
                                 : k == 4 ? st[i].prefix_tokens_reused : k == 5 ? st[i].mtp_drafted_tokens
@@ -966,7 +964,7 @@ static void handle_metrics(struct evhttp_request *req) {
                         if (k > 0 && !up[i])
                                 continue;
                         evbuffer_add_printf(b, "%s{socket=\"", names[k]);
-                        metrics_label_escape(b, backends[i].path);
+                        metrics_label_escape(b, br.backends[i].path);
                         evbuffer_add_printf(b, "\"} %llu\n", (unsigned long long) v);
                 }
         }
@@ -980,7 +978,7 @@ static void handle_metrics(struct evhttp_request *req) {
  * "x-api-key: KEY"); 0 when no keys are configured, -1 when the key is missing or wrong. Every key
  * is compared, so the time does not say which one matched. */
 static int authorized(struct evhttp_request *req) {
-        if (n_api_keys == 0)
+        if (br.n_api_keys == 0)
                 return 0;
         const struct evkeyvalq *in = evhttp_request_get_input_headers(req);
         const char *h = evhttp_find_header(in, "Authorization");
@@ -988,15 +986,15 @@ static int authorized(struct evhttp_request *req) {
         if (!key)
                 return -1;
         int found = -1;
-        for (size_t i = 0; i < n_api_keys; i++)
-                if (secret_equal(api_keys[i], key))
+        for (size_t i = 0; i < br.n_api_keys; i++)
+                if (secret_equal(br.api_keys[i], key))
                         found = (int) i;
         return found;
 }
 
 static bool origin_allowed(const char *origin) {
-        for (size_t i = 0; i < cfg.n_cors; i++)
-                if (streq(cfg.cors_origins[i], "*") || strcasecmp(cfg.cors_origins[i], origin) == 0)
+        for (size_t i = 0; i < br.cfg.n_cors; i++)
+                if (streq(br.cfg.cors_origins[i], "*") || strcasecmp(br.cfg.cors_origins[i], origin) == 0)
                         return true;
         return false;
 }
@@ -1053,17 +1051,17 @@ static bool json_content_type(struct evhttp_request *req) {
 
 static void handle_model(struct evhttp_request *req, const char *id) {
         struct api_error e;
-        bool known = streq(id, served_model);
-        for (size_t i = 0; !known && i < cfg.n_aliases; i++)
-                known = fnmatch(cfg.aliases[i], id, 0) == 0;
+        bool known = streq(id, br.served_model);
+        for (size_t i = 0; !known && i < br.cfg.n_aliases; i++)
+                known = fnmatch(br.cfg.aliases[i], id, 0) == 0;
         if (!known) {
                 api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
                          "The model \"%.200s\" does not exist; this server serves \"%s\" (GET /v1/models)", id,
-                         served_model);
+                         br.served_model);
                 return send_error(req, &e, "models");
         }
         json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
-                              (json_int_t) started_unix, "owned_by", "xing4d");
+                              (json_int_t) br.started_unix, "owned_by", "xing4d");
         /* Anthropic's model object, for its SDK's models.retrieve */
         json_object_set_new(m, "type", json_string("model"));
         json_object_set_new(m, "display_name", json_string(id));
@@ -1159,7 +1157,7 @@ __attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_requ
         const char *code = "invalid_request", *type = "invalid_request_error";
         if (error == 413) {
                 snprintf(msg, sizeof msg, "request body exceeds this server's limit of %zu bytes (max-body-bytes)",
-                         cfg.max_body);
+                         br.cfg.max_body);
                 code = "request_too_large";
                 type = "request_too_large";
         } else if (error == 400)
@@ -1188,17 +1186,17 @@ __attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_requ
 /* ---- main ---------------------------------------------------------------------------------------- */
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
-        if (draining || (n_jobs == 0 && replies_unsent == 0)) {
+        if (br.draining || (br.n_jobs == 0 && br.replies_unsent == 0)) {
                 log_info("signal %d: stopping", (int) sig);
-                event_base_loopexit(base, NULL);
+                event_base_loopexit(br.base, NULL);
                 return;
         }
         /* let the generations in flight finish (a second signal stops at once) */
-        draining = true;
-        log_info("signal %d: draining %u request%s (at most %d s)", (int) sig, n_jobs, n_jobs == 1 ? "" : "s",
+        br.draining = true;
+        log_info("signal %d: draining %u request%s (at most %d s)", (int) sig, br.n_jobs, br.n_jobs == 1 ? "" : "s",
                  DRAIN_GRACE_S);
         struct timeval grace = { DRAIN_GRACE_S, 0 };
-        event_base_loopexit(base, &grace);
+        event_base_loopexit(br.base, &grace);
 }
 
 /* One key per line; blank lines and # comments are skipped. */
@@ -1213,15 +1211,15 @@ static int read_api_keys(const char *path) {
                 if (line_cut(f, line))
                         return log_error_errno(E2BIG, "%s:%u: API key longer than %zu bytes", path, lineno,
                                                sizeof line - 1);
-                char *k = trim(line);
+                char *k = strip(line);
                 if (!*k || *k == '#')
                         continue;
-                if (n_api_keys >= MAX_API_KEYS)
+                if (br.n_api_keys >= MAX_API_KEYS)
                         return log_error_errno(E2BIG, "%s:%u: at most %d API keys", path, lineno, MAX_API_KEYS);
-                if (!(api_keys[n_api_keys++] = strdup(k)))
+                if (!(br.api_keys[br.n_api_keys++] = strdup(k)))
                         return log_error_errno(ENOMEM, "%s: out of memory", path);
         }
-        if (n_api_keys == 0)
+        if (br.n_api_keys == 0)
                 return log_error_errno(EINVAL, "%s: the API key file is empty", path);
         return 0;
 }
@@ -1287,9 +1285,9 @@ int main(int argc, char **argv) {
                 case 's':
                         if (!sockets_from_flags) {
                                 /* flags replace the config file's list */
-                                for (size_t i = 0; i < cfg.n_sockets; i++)
-                                        free(cfg.sockets[i]);
-                                cfg.n_sockets = 0;
+                                for (size_t i = 0; i < br.cfg.n_sockets; i++)
+                                        free(br.cfg.sockets[i]);
+                                br.cfg.n_sockets = 0;
                                 sockets_from_flags = true;
                         }
                         r = config_set("socket", optarg, "--socket");
@@ -1322,24 +1320,24 @@ int main(int argc, char **argv) {
                 log_error("unexpected argument \"%s\"; see --help", argv[optind]);
                 return 2;
         }
-        if (cfg.n_sockets == 0) {
+        if (br.cfg.n_sockets == 0) {
                 const char *env = getenv(X4_SOCKET_ENV);
                 config_set("socket", env && *env ? env : X4_DEFAULT_SOCKET, "default");
         }
-        if (cfg.api_key_file[0] && read_api_keys(cfg.api_key_file) < 0)
+        if (br.cfg.api_key_file[0] && read_api_keys(br.cfg.api_key_file) < 0)
                 return 2;
-        if (!cfg.aliases_set)
+        if (!br.cfg.aliases_set)
                 for (size_t i = 0; i < ELEMENTSOF(default_aliases); i++)
-                        cfg.aliases[cfg.n_aliases++] = strdup(default_aliases[i]);
-        rs_store_configure(cfg.store_entries, cfg.store_bytes, cfg.store_retention_s);
+                        br.cfg.aliases[br.cfg.n_aliases++] = strdup(default_aliases[i]);
+        rs_store_configure(br.cfg.store_entries, br.cfg.store_bytes, br.cfg.store_retention_s);
 
         char host[256];
-        snprintf(host, sizeof host, "%s", cfg.listen);
+        snprintf(host, sizeof host, "%s", br.cfg.listen);
         char *colon = strrchr(host, ':');
         char *end = NULL;
         long port = colon ? strtol(colon + 1, &end, 10) : -1;
         if (!colon || !end || *end || colon[1] == 0 || port < 0 || port > 65535) {
-                log_error("--listen %s: HOST:PORT expected (e.g. 127.0.0.1:8000)", cfg.listen);
+                log_error("--listen %s: HOST:PORT expected (e.g. 127.0.0.1:8000)", br.cfg.listen);
                 return 2;
         }
         *colon = 0;
@@ -1349,26 +1347,26 @@ int main(int argc, char **argv) {
         }
 
         signal(SIGPIPE, SIG_IGN);
-        started_unix = time(NULL);
-        base = event_base_new();
-        struct evhttp *http = base ? evhttp_new(base) : NULL;
+        br.started_unix = time(NULL);
+        br.base = event_base_new();
+        struct evhttp *http = br.base ? evhttp_new(br.base) : NULL;
         if (!http) {
                 log_error("cannot create the event loop");
                 return 1;
         }
-        n_backends = cfg.n_sockets;
-        for (size_t i = 0; i < n_backends; i++)
-                backends[i].path = cfg.sockets[i];
+        br.n_backends = br.cfg.n_sockets;
+        for (size_t i = 0; i < br.n_backends; i++)
+                br.backends[i].path = br.cfg.sockets[i];
         /* the hard cap protects memory; bodies between max_body and it get an OpenAI-shaped 413 */
-        evhttp_set_max_body_size(http, (ev_ssize_t) cfg.max_body * 2 + 65536);
+        evhttp_set_max_body_size(http, (ev_ssize_t) br.cfg.max_body * 2 + 65536);
         evhttp_set_max_headers_size(http, 64 * 1024);
-        evhttp_set_timeout(http, cfg.timeout_s);
+        evhttp_set_timeout(http, br.cfg.timeout_s);
         evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE |
                                                  EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PUT);
         evhttp_set_gencb(http, route, NULL);
         struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(http, host, (uint16_t) port);
         if (!bs) {
-                log_error("--listen %s: cannot listen there: %m", cfg.listen);
+                log_error("--listen %s: cannot listen there: %m", br.cfg.listen);
                 return 1;
         }
         struct sockaddr_storage ss;
@@ -1378,40 +1376,40 @@ int main(int argc, char **argv) {
                 bound_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *) &ss)->sin6_port)
                                                       : ntohs(((struct sockaddr_in *) &ss)->sin_port);
 
-        if (cfg.model_name[0])
-                snprintf(served_model, sizeof served_model, "%s", cfg.model_name);
-        for (size_t i = 0; i < n_backends; i++)
-                (void) backend_ensure(&backends[i]); /* fine if not up yet: retried per request */
+        if (br.cfg.model_name[0])
+                snprintf(br.served_model, sizeof br.served_model, "%s", br.cfg.model_name);
+        for (size_t i = 0; i < br.n_backends; i++)
+                (void) backend_ensure(&br.backends[i]); /* fine if not up yet: retried per request */
 
-        struct event *sigint = evsignal_new(base, SIGINT, on_signal, NULL);
-        struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, NULL);
+        struct event *sigint = evsignal_new(br.base, SIGINT, on_signal, NULL);
+        struct event *sigterm = evsignal_new(br.base, SIGTERM, on_signal, NULL);
         event_add(sigint, NULL);
         event_add(sigterm, NULL);
         log_info("listening on http://%s:%d/v1 (model \"%s\", %zu daemon socket%s)",
-                 strchr(host, ':') ? "[::]" : host, bound_port, served_model, n_backends,
-                 n_backends == 1 ? "" : "s");
-        event_base_dispatch(base);
+                 strchr(host, ':') ? "[::]" : host, bound_port, br.served_model, br.n_backends,
+                 br.n_backends == 1 ? "" : "s");
+        event_base_dispatch(br.base);
 
-        for (size_t i = 0; i < n_backends; i++)
-                backend_drop(&backends[i]);
+        for (size_t i = 0; i < br.n_backends; i++)
+                backend_drop(&br.backends[i]);
         evhttp_free(http);
         event_free(sigint);
         event_free(sigterm);
         /* libx4client does not call on_done when a client is freed: the jobs left are abandoned */
-        while (jobs) {
-                struct job *j = jobs;
+        while (br.jobs) {
+                struct job *j = br.jobs;
                 job_unlink(j);
                 job_free(j);
         }
-        event_base_free(base);
-        for (size_t i = 0; i < cfg.n_sockets; i++)
-                free(cfg.sockets[i]);
-        for (size_t i = 0; i < n_api_keys; i++)
-                free(api_keys[i]);
-        for (size_t i = 0; i < cfg.n_cors; i++)
-                free(cfg.cors_origins[i]);
-        for (size_t i = 0; i < cfg.n_aliases; i++)
-                free(cfg.aliases[i]);
+        event_base_free(br.base);
+        for (size_t i = 0; i < br.cfg.n_sockets; i++)
+                free(br.cfg.sockets[i]);
+        for (size_t i = 0; i < br.n_api_keys; i++)
+                free(br.api_keys[i]);
+        for (size_t i = 0; i < br.cfg.n_cors; i++)
+                free(br.cfg.cors_origins[i]);
+        for (size_t i = 0; i < br.cfg.n_aliases; i++)
+                free(br.cfg.aliases[i]);
         rs_store_clear();
         return 0;
 }

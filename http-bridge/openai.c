@@ -174,6 +174,32 @@ int api_get_number(json_t *o, const char *key, double lo, double hi, bool lo_ope
         return 0;
 }
 
+int api_get_sampling(json_t *o, const struct api_sampling_param *p, size_t n, x4_request *req,
+                     struct api_error *e) {
+        for (size_t i = 0; i < n; i++) {
+                double v;
+                bool set;
+                if (api_get_number(o, p[i].key, p[i].lo, p[i].hi, p[i].lo_open, &v, &set, e) < 0)
+                        return -1;
+                if (set)
+                        p[i].set(req, (float) v);
+        }
+        return 0;
+}
+
+int api_tools_begin(json_t *root, const char *expected, json_t **tools, json_t **out, struct api_error *e) {
+        json_t *t = json_object_get(root, "tools");
+        *tools = *out = NULL;
+        if (!t || json_is_null(t))
+                return 0;
+        if (!json_is_array(t))
+                return api_bad(e, "tools", "%s", expected);
+        if (!(*out = json_array()))
+                return OOM(e);
+        *tools = t;
+        return 0;
+}
+
 int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
                    struct api_error *e) {
         json_t *x = json_object_get(o, key);
@@ -295,7 +321,7 @@ static char *tool_calls_json(json_t *calls, size_t msg, struct api_error *e) {
         }
         char *s = json_dumps(calls, JSON_COMPACT);
         if (!s)
-                api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                OOM(e);
         return s;
 }
 
@@ -341,7 +367,7 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                            json_array_size(msgs));
         _cleanup_(json_decrefp) json_t *tool_names = json_object();
         if (!tool_names)
-                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                return OOM(e);
         json_array_foreach(msgs, i, m) {
                 char param[64];
                 snprintf(param, sizeof param, "messages[%zu].role", i);
@@ -382,7 +408,7 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                 if (ret < 0) {
                         free(text.s);
                         if (e->status == 0)
-                                api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                                OOM(e);
                         return -1;
                 }
                 api_affinity_add(r, text.s, text.len);
@@ -391,7 +417,7 @@ static int parse_messages(json_t *root, struct api_request *r, struct api_error 
                 ret = x4_request_add_message_ex(r->req, role, text.s, reasoning, calls_json, name);
                 free(text.s);
                 if (ret < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
         }
         return 0;
 }
@@ -421,33 +447,18 @@ static int parse_stop(json_t *root, x4_request *req, struct api_error *e) {
 }
 
 static int parse_sampling(json_t *root, struct api_request *r, struct api_error *e) {
-        double v;
+        static const struct api_sampling_param params[] = {
+                { "temperature", 0, 2, false, x4_request_set_temperature },
+                { "top_p", 0, 1, true, x4_request_set_top_p },
+                { "min_p", 0, 1, false, x4_request_set_min_p },
+                { "presence_penalty", -2, 2, false, x4_request_set_presence_penalty },
+                { "frequency_penalty", -2, 2, false, x4_request_set_frequency_penalty },
+                { "repetition_penalty", 0, 10, true, x4_request_set_repetition_penalty },
+        };
         json_int_t iv;
         bool set;
-        if (api_get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
+        if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0)
                 return -1;
-        if (set)
-                x4_request_set_temperature(r->req, (float) v);
-        if (api_get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_top_p(r->req, (float) v);
-        if (api_get_number(root, "min_p", 0, 1, false, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_min_p(r->req, (float) v);
-        if (api_get_number(root, "presence_penalty", -2, 2, false, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_presence_penalty(r->req, (float) v);
-        if (api_get_number(root, "frequency_penalty", -2, 2, false, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_frequency_penalty(r->req, (float) v);
-        if (api_get_number(root, "repetition_penalty", 0, 10, true, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_repetition_penalty(r->req, (float) v);
         if (api_get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
                 return -1;
         if (set)
@@ -495,7 +506,7 @@ int api_parse_format(const char *type, json_t *fmt, json_t *js, const char *para
                 return 0;
         if (streq(type, "json_object")) {
                 if (x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_OBJECT, NULL) < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
                 return 0;
         }
         if (!streq(type, "json_schema")) {
@@ -522,12 +533,12 @@ int api_parse_format(const char *type, json_t *fmt, json_t *js, const char *para
                 return api_bad(e, p, "true or false expected, got %s", api_type_name(strict));
         if (!schema || json_is_null(schema)) {
                 if (x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_OBJECT, NULL) < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
                 return 0;
         }
         _cleanup_free_ char *text = json_dumps(schema, JSON_COMPACT);
         if (!text || x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_SCHEMA, text) < 0)
-                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                return OOM(e);
         return 0;
 }
 
@@ -575,7 +586,7 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                                 return api_bad(e, "tool_choice", "\"%s\": \"none\", \"auto\", \"required\" or "
                                                "{\"type\": \"function\", \"function\": {\"name\": ...}} expected", c);
                         if (forced && x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, NULL) < 0)
-                                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                                return OOM(e);
                 } else if (json_is_object(choice)) {
                         const char *type = json_string_value(json_object_get(choice, "type"));
                         const char *name = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
@@ -595,7 +606,7 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                         forced = true;
                         r->forced_tool = true;
                         if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0)
-                                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                                return OOM(e);
                 } else
                         return api_bad(e, "tool_choice", "a string or an object expected, got %s", api_type_name(choice));
                 if (forced && (!send_tools || json_array_size(tools) == 0))
@@ -604,7 +615,7 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
         if (send_tools && json_array_size(tools) > 0) {
                 _cleanup_free_ char *s = json_dumps(tools, JSON_COMPACT);
                 if (!s || x4_request_set_tools_json(r->req, s) < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
         }
         json_t *rf = json_object_get(root, "response_format");
         if (rf && !json_is_null(rf)) {
@@ -652,18 +663,18 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
         if (json_is_string(p)) {
                 struct sbuf text = { 0 };
                 if (sbuf_add_text(&text, json_string_value(p), json_string_length(p)) < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
                 api_affinity_add(r, text.s, text.len);
                 int ret = x4_request_set_text(r->req, text.s);
                 free(text.s);
                 if (ret < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
         } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
                 size_t n = json_array_size(p), i;
                 _cleanup_free_ int32_t *ids = calloc(n, sizeof *ids);
                 json_t *x;
                 if (!ids)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
                 json_array_foreach(p, i, x) {
                         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
                                 return api_bad(e, "prompt", "entry %zu: a token id expected", i);
@@ -671,7 +682,7 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
                 }
                 api_affinity_add(r, (const char *) ids, n * sizeof *ids);
                 if (x4_request_set_tokens(r->req, ids, n) < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
         } else
                 return api_bad(e, "prompt", "a string, or an array of token ids, expected (one prompt per "
                            "request)");
@@ -762,7 +773,7 @@ int api_add_conversation(struct api_request *r, json_t *conv, struct api_error *
                                   json_string_length(content)) < 0 ||
                     (calls && !calls_json)) {
                         free(text.s);
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
                 }
                 api_affinity_add(r, text.s, text.len);
                 if (calls_json)
@@ -772,7 +783,7 @@ int api_add_conversation(struct api_request *r, json_t *conv, struct api_error *
                                                     calls_json, json_string_value(json_object_get(m, "name")));
                 free(text.s);
                 if (ret < 0)
-                        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                        return OOM(e);
         }
         return 0;
 }
@@ -794,7 +805,7 @@ int api_parse_request(enum api_kind kind, const char *body, size_t len, const st
          * the name the client asked for, which agents check */
         r->model = strdup(kind == API_CHAT || kind == API_COMPLETION ? cfg->model_id : model);
         if (!r->req || !r->model) {
-                api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                OOM(e);
                 goto out;
         }
         if (kind == API_MESSAGES || kind == API_COUNT_TOKENS) {

@@ -21,7 +21,6 @@
 #include "bridge.h"
 #include "common/macro.h"
 
-#define OOM(e) api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
 /* ---- the conversation store ---------------------------------------------------------------------- */
 
@@ -34,50 +33,53 @@ struct stored {
         time_t at;
 };
 
-static struct stored *store_head, *store_tail; /* oldest first */
-static size_t store_n, store_bytes;
-static size_t store_max_n = 256, store_max_bytes = 64u << 20;
-static int store_retention = 3600;
+/* The stored responses (previous_response_id), the module's whole state. */
+static struct {
+        struct stored *head, *tail; /* oldest first */
+        size_t n, bytes;
+        size_t max_n, max_bytes;
+        int retention;
+} store = { .max_n = 256, .max_bytes = 64u << 20, .retention = 3600 };
 
 void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s) {
-        store_max_n = max_entries;
-        store_max_bytes = max_bytes;
-        store_retention = retention_s;
+        store.max_n = max_entries;
+        store.max_bytes = max_bytes;
+        store.retention = retention_s;
 }
 
 static void store_drop_oldest(void) {
-        struct stored *s = store_head;
-        store_head = s->next;
-        if (!store_head)
-                store_tail = NULL;
-        store_n--;
-        store_bytes -= s->bytes;
+        struct stored *s = store.head;
+        store.head = s->next;
+        if (!store.head)
+                store.tail = NULL;
+        store.n--;
+        store.bytes -= s->bytes;
         json_decref(s->conv);
         free(s);
 }
 
 static void store_expire(void) {
         time_t now = time(NULL);
-        while (store_head && (now - store_head->at > store_retention || store_n > store_max_n ||
-                              store_bytes > store_max_bytes))
+        while (store.head && (now - store.head->at > store.retention || store.n > store.max_n ||
+                              store.bytes > store.max_bytes))
                 store_drop_oldest();
 }
 
 void rs_store_clear(void) {
-        while (store_head)
+        while (store.head)
                 store_drop_oldest();
 }
 
 json_t *rs_store_get(const char *id, int key) {
         store_expire();
-        for (struct stored *s = store_head; s; s = s->next)
+        for (struct stored *s = store.head; s; s = s->next)
                 if (streq(s->id, id) && s->key == key)
                         return s->conv;
         return NULL;
 }
 
 void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res) {
-        if (store_max_n == 0 || !conv)
+        if (store.max_n == 0 || !conv)
                 return;
         json_t *c = json_deep_copy(conv);
         json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content", res->content ? res->content : "",
@@ -115,13 +117,13 @@ void rs_store_put(const char *id, int key, json_t *conv, const struct api_result
         s->key = key;
         s->conv = c;
         s->at = time(NULL);
-        if (store_tail)
-                store_tail->next = s;
+        if (store.tail)
+                store.tail->next = s;
         else
-                store_head = s;
-        store_tail = s;
-        store_n++;
-        store_bytes += s->bytes;
+                store.head = s;
+        store.tail = s;
+        store.n++;
+        store.bytes += s->bytes;
         store_expire();
 }
 
@@ -330,18 +332,15 @@ static const char *const hosted_tools[] = { "web_search", "file_search", "code_i
                                              "apply_patch", "namespace", "custom" };
 
 static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
-        json_t *tools = json_object_get(root, "tools");
+        json_t *tools, *list;
         size_t i;
         json_t *t;
-        *out = NULL;
-        if (!tools || json_is_null(tools))
+        if (api_tools_begin(root, "an array of {type: \"function\", name, parameters} expected", &tools, out,
+                            e) < 0)
+                return -1;
+        if (!tools)
                 return 0;
-        if (!json_is_array(tools))
-                return api_bad(e, "tools", "an array of {type: \"function\", name, parameters} expected");
-        json_t *list = json_array();
-        if (!list)
-                return OOM(e);
-        *out = list;
+        list = *out;
         json_array_foreach(tools, i, t) {
                 char p[64];
                 snprintf(p, sizeof p, "tools[%zu].type", i);
@@ -422,7 +421,6 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
 
 int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) {
         json_int_t iv;
-        double v;
         bool set;
         if (api_get_bool(root, "stream", &r->stream, e) < 0)
                 return -1;
@@ -438,14 +436,12 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
                 return -1;
         if (set)
                 x4_request_set_max_tokens(r->req, (uint32_t) iv);
-        if (api_get_number(root, "temperature", 0, 2, false, &v, &set, e) < 0)
+        static const struct api_sampling_param params[] = {
+                { "temperature", 0, 2, false, x4_request_set_temperature },
+                { "top_p", 0, 1, true, x4_request_set_top_p },
+        };
+        if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0)
                 return -1;
-        if (set)
-                x4_request_set_temperature(r->req, (float) v);
-        if (api_get_number(root, "top_p", 0, 1, true, &v, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_top_p(r->req, (float) v);
         bool parallel = true;
         if (api_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
                 return -1;

@@ -77,9 +77,12 @@ struct x4_backend_params {
         void (*progress)(double fraction, const char *what, void *userdata); /* load progress */
         void *progress_userdata;
         /* Where the backend's messages go. A backend loaded as a module (CUDA) carries its own
-         * copy of the logger, so without this its errors would reach stderr but not the caller's
-         * log_last_error(); callers set x4_backend_params_default_log (userdata unused) to route
-         * them into their own logger. NULL: the backend logs through its own copy only. */
+         * copy of the logger; callers set x4_backend_params_default_log (userdata unused) to route
+         * its messages into their own logger, with their level filter and identity. Since the
+         * seam returns forward's and the page calls' errors as values, this carries the
+         * operator's messages (warnings, debug lines) and create()'s reason for failing, which
+         * start-up still reads from log_last_error(). NULL: the backend logs through its own copy
+         * only. */
         void (*log)(int level, const char *message, void *userdata);
         void *log_userdata;
         /* Diagnostics only (parity tests; slows the forward, the CUDA backend synchronizes per
@@ -136,16 +139,20 @@ struct x4_backend_ops {
          * attends to positions 0..p of its own sequence, read through its page table.
          * The whole batch is validated before anything runs, by x4_batch_check (the same codes
          * and messages on every backend); a backend may refuse more (its own limits) with
-         * -E2BIG. */
-        int (*forward)(struct x4_backend *b, const struct x4_batch *batch, float *logits);
+         * -E2BIG. Errors as values (docs/design.md, "Errors"): forward and the page calls
+         * return -errno and say why in err (NULL, 0: the backend logs it instead); the engine
+         * hands that text to the requests that failed. */
+        int (*forward)(struct x4_backend *b, const struct x4_batch *batch, float *logits, char *err,
+                       size_t err_size);
         void (*caps)(struct x4_backend *b, struct x4_backend_caps *ret);
         /* Copy one page's bytes out of / into the cache (snapshots, prefix store). A page id
          * beyond the cache is -ERANGE (x4_page_check) on every backend. */
         size_t (*page_bytes)(struct x4_backend *b);
-        int (*page_read)(struct x4_backend *b, uint32_t page, void *dst);
-        int (*page_write)(struct x4_backend *b, uint32_t page, const void *src);
+        int (*page_read)(struct x4_backend *b, uint32_t page, void *dst, char *err, size_t err_size);
+        int (*page_write)(struct x4_backend *b, uint32_t page, const void *src, char *err,
+                          size_t err_size);
         /* Copy page src to page dst (copy-on-write of a shared prefix page). */
-        int (*page_copy)(struct x4_backend *b, uint32_t dst, uint32_t src);
+        int (*page_copy)(struct x4_backend *b, uint32_t dst, uint32_t src, char *err, size_t err_size);
         /* Optional (NULL: the backend cannot profile). on = true clears the counters and times
          * every later forward per kernel class (timing events between kernels: slower, so never
          * during a timed run); on = false stops. `ret` (may be NULL) gets the counters so far. */

@@ -19,6 +19,7 @@
 
 #include "common/frame.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "xing4.pb-c.h"
 
 enum pending_kind {
@@ -97,12 +98,6 @@ _printf_(3, 4) static int fail(x4_client *c, int code, const char *fmt, ...) {
 
 static char *strdup_or_null(const char *s) {
         return s ? strdup(s) : NULL;
-}
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static void copy_str(char *dst, size_t size, const char *src) {
@@ -787,10 +782,12 @@ static int read_some(x4_client *c) {
         }
         for (size_t off = 0; off < (size_t) n;) {
                 size_t used;
-                int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used);
+                char err[256];
+                int r = frame_decoder_feed(c->decoder, buf + off, (size_t) n - off, &used, err,
+                                           sizeof err);
                 off += used;
                 if (r < 0) {
-                        fail(c, X4_E_PROTOCOL, "%s: %s", c->path, log_last_error());
+                        fail(c, X4_E_PROTOCOL, "%s: %s", c->path, err);
                         return break_connection(c, X4_E_PROTOCOL);
                 }
                 if (r == 0)
@@ -1187,28 +1184,54 @@ X4_API int x4_client_cancel(x4_client *c, uint64_t request_id) {
 
 /* ---- stats, info, health, snapshots --------------------------------------------------------- */
 
-static int expect_body(x4_client *c, Xing4__Frame *f, Xing4__Frame__BodyCase body) {
-        if (f->body_case == body)
-                return 0;
-        int got = (int) f->body_case;
-        xing4__frame__free_unpacked(f, NULL);
-        return fail(c, X4_E_PROTOCOL, "server answered with frame body %d, expected %d", got,
-                    (int) body);
+static void frame_unpacked_free(Xing4__Frame *f) {
+        if (f)
+                xing4__frame__free_unpacked(f, NULL);
 }
+DEFINE_TRIVIAL_CLEANUP_FUNC(Xing4__Frame *, frame_unpacked_free);
 
-X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
-        Xing4__StatsRequest req = XING4__STATS_REQUEST__INIT;
-        Xing4__Frame f = XING4__FRAME__INIT, *reply;
+/* One request/reply exchange, what every call below is made of: the frame whose body is
+ * `body_case` with `body` (the message of that case) goes out, the reply comes back (an Error
+ * frame becomes the call's error, see call()) and must carry `want`. The reply is the caller's
+ * to read and free: `_cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;`. */
+static int rpc(x4_client *c, Xing4__Frame__BodyCase body_case, void *body,
+               Xing4__Frame__BodyCase want, Xing4__Frame **ret) {
+        Xing4__Frame f = XING4__FRAME__INIT, *reply = NULL;
         int r;
 
-        if (!c || !ret)
-                return X4_E_USAGE;
-        f.body_case = XING4__FRAME__BODY_STATS;
-        f.stats = &req;
+        f.body_case = body_case;
+        switch (body_case) {
+        case XING4__FRAME__BODY_STATS: f.stats = body; break;
+        case XING4__FRAME__BODY_CANCEL: f.cancel = body; break;
+        case XING4__FRAME__BODY_INFO: f.info = body; break;
+        case XING4__FRAME__BODY_HEALTH: f.health = body; break;
+        case XING4__FRAME__BODY_SNAPSHOT: f.snapshot = body; break;
+        default: return fail(c, X4_E_USAGE, "frame body %d is not a request", (int) body_case);
+        }
         r = call(c, &f, &reply);
         if (r < 0)
                 return r;
-        r = expect_body(c, reply, XING4__FRAME__BODY_STATS_REPLY);
+        if (reply->body_case != want) {
+                int got = (int) reply->body_case;
+                xing4__frame__free_unpacked(reply, NULL);
+                return fail(c, X4_E_PROTOCOL, "server answered with frame body %d, expected %d", got,
+                            (int) want);
+        }
+        *ret = reply;
+        return 0;
+}
+
+static int stats_call(x4_client *c, Xing4__Frame **ret) {
+        Xing4__StatsRequest req = XING4__STATS_REQUEST__INIT;
+        return rpc(c, XING4__FRAME__BODY_STATS, &req, XING4__FRAME__BODY_STATS_REPLY, ret);
+}
+
+X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
+
+        if (!c || !ret)
+                return X4_E_USAGE;
+        int r = stats_call(c, &reply);
         if (r < 0)
                 return r;
         const Xing4__StatsReply *s = reply->stats_reply;
@@ -1238,31 +1261,21 @@ X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
         ret->batch_max = s->batch_max;
         ret->mtp_drafted_tokens = s->mtp_drafted_tokens;
         ret->mtp_accepted_tokens = s->mtp_accepted_tokens;
-        xing4__frame__free_unpacked(reply, NULL);
         return 0;
 }
 
 X4_API int x4_client_requests(x4_client *c, struct x4_request_state **ret, size_t *n) {
-        Xing4__StatsRequest req = XING4__STATS_REQUEST__INIT;
-        Xing4__Frame f = XING4__FRAME__INIT, *reply;
-        int r;
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
         if (!c || !ret || !n)
                 return X4_E_USAGE;
-        f.body_case = XING4__FRAME__BODY_STATS;
-        f.stats = &req;
-        r = call(c, &f, &reply);
-        if (r < 0)
-                return r;
-        r = expect_body(c, reply, XING4__FRAME__BODY_STATS_REPLY);
+        int r = stats_call(c, &reply);
         if (r < 0)
                 return r;
         const Xing4__StatsReply *s = reply->stats_reply;
         struct x4_request_state *a = calloc(s->n_requests ? s->n_requests : 1, sizeof *a);
-        if (!a) {
-                xing4__frame__free_unpacked(reply, NULL);
+        if (!a)
                 return fail(c, X4_E_NOMEM, "out of memory");
-        }
         for (size_t i = 0; i < s->n_requests; i++) {
                 const Xing4__RequestState *q = s->requests[i];
                 a[i].server_request_id = q->server_request_id;
@@ -1278,44 +1291,27 @@ X4_API int x4_client_requests(x4_client *c, struct x4_request_state **ret, size_
         }
         *n = s->n_requests;
         *ret = a;
-        xing4__frame__free_unpacked(reply, NULL);
         return 0;
 }
 
 X4_API int x4_client_cancel_server(x4_client *c, uint64_t server_request_id) {
         Xing4__Cancel cancel = XING4__CANCEL__INIT;
-        Xing4__Frame f = XING4__FRAME__INIT, *reply;
-        int r;
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
         if (!c)
                 return X4_E_USAGE;
         cancel.has_server_request_id = 1;
         cancel.server_request_id = server_request_id;
-        f.body_case = XING4__FRAME__BODY_CANCEL;
-        f.cancel = &cancel;
-        r = call(c, &f, &reply);
-        if (r < 0)
-                return r;
-        r = expect_body(c, reply, XING4__FRAME__BODY_CANCEL);
-        if (r < 0)
-                return r;
-        xing4__frame__free_unpacked(reply, NULL);
-        return 0;
+        return rpc(c, XING4__FRAME__BODY_CANCEL, &cancel, XING4__FRAME__BODY_CANCEL, &reply);
 }
 
 X4_API int x4_client_info(x4_client *c, struct x4_info *ret) {
         Xing4__InfoRequest req = XING4__INFO_REQUEST__INIT;
-        Xing4__Frame f = XING4__FRAME__INIT, *reply;
-        int r;
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
         if (!c || !ret)
                 return X4_E_USAGE;
-        f.body_case = XING4__FRAME__BODY_INFO;
-        f.info = &req;
-        r = call(c, &f, &reply);
-        if (r < 0)
-                return r;
-        r = expect_body(c, reply, XING4__FRAME__BODY_INFO_REPLY);
+        int r = rpc(c, XING4__FRAME__BODY_INFO, &req, XING4__FRAME__BODY_INFO_REPLY, &reply);
         if (r < 0)
                 return r;
         const Xing4__InfoReply *i = reply->info_reply;
@@ -1344,29 +1340,21 @@ X4_API int x4_client_info(x4_client *c, struct x4_info *ret) {
         ret->max_running = i->max_running;
         ret->cache_pages_total = i->cache_pages_total;
         ret->cache_page_tokens = i->cache_page_tokens;
-        xing4__frame__free_unpacked(reply, NULL);
         return 0;
 }
 
 X4_API int x4_client_health(x4_client *c, int *status, char *detail, size_t detail_size) {
         Xing4__HealthRequest req = XING4__HEALTH_REQUEST__INIT;
-        Xing4__Frame f = XING4__FRAME__INIT, *reply;
-        int r;
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
         if (!c || !status)
                 return X4_E_USAGE;
-        f.body_case = XING4__FRAME__BODY_HEALTH;
-        f.health = &req;
-        r = call(c, &f, &reply);
-        if (r < 0)
-                return r;
-        r = expect_body(c, reply, XING4__FRAME__BODY_HEALTH_REPLY);
+        int r = rpc(c, XING4__FRAME__BODY_HEALTH, &req, XING4__FRAME__BODY_HEALTH_REPLY, &reply);
         if (r < 0)
                 return r;
         *status = reply->health_reply->has_status ? (int) reply->health_reply->status : 0;
         if (detail && detail_size)
                 copy_str(detail, detail_size, reply->health_reply->detail);
-        xing4__frame__free_unpacked(reply, NULL);
         return 0;
 }
 
@@ -1379,20 +1367,13 @@ static void snapshot_info_copy(struct x4_snapshot_info *d, const Xing4__Snapshot
 }
 
 static int snapshot_call(x4_client *c, Xing4__SnapshotRequest *sr, Xing4__Frame **ret) {
-        Xing4__Frame f = XING4__FRAME__INIT;
-        int r;
-        f.body_case = XING4__FRAME__BODY_SNAPSHOT;
-        f.snapshot = sr;
-        r = call(c, &f, ret);
-        if (r < 0)
-                return r;
-        return expect_body(c, *ret, XING4__FRAME__BODY_SNAPSHOT_REPLY);
+        return rpc(c, XING4__FRAME__BODY_SNAPSHOT, sr, XING4__FRAME__BODY_SNAPSHOT_REPLY, ret);
 }
 
 X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_request *source,
                                      uint64_t from_request, struct x4_snapshot_info *ret) {
         Xing4__SnapshotRequest sr = XING4__SNAPSHOT_REQUEST__INIT;
-        Xing4__Frame *reply;
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
         struct chat_view v = { 0 };
         int r;
 
@@ -1432,31 +1413,26 @@ X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_re
                 if (reply->snapshot_reply->n_snapshots > 0)
                         snapshot_info_copy(ret, reply->snapshot_reply->snapshots[0]);
         }
-        xing4__frame__free_unpacked(reply, NULL);
         return 0;
 }
 
 X4_API int x4_client_snapshot_list(x4_client *c, struct x4_snapshot_info **ret, size_t *n) {
         Xing4__SnapshotRequest sr = XING4__SNAPSHOT_REQUEST__INIT;
-        Xing4__Frame *reply;
-        int r;
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
         if (!c || !ret || !n)
                 return X4_E_USAGE;
         sr.has_op = 1;
         sr.op = XING4__SNAPSHOT_REQUEST__OP__OP_LIST;
-        r = snapshot_call(c, &sr, &reply);
+        int r = snapshot_call(c, &sr, &reply);
         if (r < 0)
                 return r;
         size_t k = reply->snapshot_reply->n_snapshots;
         struct x4_snapshot_info *a = calloc(k ? k : 1, sizeof *a);
-        if (!a) {
-                xing4__frame__free_unpacked(reply, NULL);
+        if (!a)
                 return fail(c, X4_E_NOMEM, "out of memory");
-        }
         for (size_t i = 0; i < k; i++)
                 snapshot_info_copy(&a[i], reply->snapshot_reply->snapshots[i]);
-        xing4__frame__free_unpacked(reply, NULL);
         *ret = a;
         *n = k;
         return 0;
@@ -1464,17 +1440,12 @@ X4_API int x4_client_snapshot_list(x4_client *c, struct x4_snapshot_info **ret, 
 
 X4_API int x4_client_snapshot_drop(x4_client *c, const char *name) {
         Xing4__SnapshotRequest sr = XING4__SNAPSHOT_REQUEST__INIT;
-        Xing4__Frame *reply;
-        int r;
+        _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
         if (!c || !name)
                 return X4_E_USAGE;
         sr.has_op = 1;
         sr.op = XING4__SNAPSHOT_REQUEST__OP__OP_DROP;
         sr.name = (char *) name;
-        r = snapshot_call(c, &sr, &reply);
-        if (r < 0)
-                return r;
-        xing4__frame__free_unpacked(reply, NULL);
-        return 0;
+        return snapshot_call(c, &sr, &reply);
 }

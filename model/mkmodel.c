@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/rng.h"
 #include "chat/chat_xing4.h"
 #include "gguf/ggml.h"
 #include "gguf/gguf_writer.h"
@@ -27,14 +28,7 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-/* ---- PRNG: splitmix64 to seed, xoshiro256** to draw (public-domain algorithms, own code) ---- */
-
-static uint64_t splitmix64(uint64_t *s) {
-        uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
+/* ---- PRNG: splitmix64 to seed, xoshiro256** to draw (common/rng.h) ---- */
 
 struct rng {
         uint64_t s[4];
@@ -48,24 +42,12 @@ static void rng_seed(struct rng *r, uint64_t seed, uint64_t stream, uint64_t sub
                 r->s[i] = splitmix64(&k);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) {
-        return (x << k) | (x >> (64 - k));
-}
-
 static inline uint64_t rng_next(struct rng *r) {
-        uint64_t *s = r->s;
-        uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = rotl(s[3], 45);
-        return result;
+        return xoshiro256_next(r->s);
 }
 
 static double rng_uniform(struct rng *r) { /* [0, 1) */
-        return (double) (rng_next(r) >> 11) * 0x1.0p-53;
+        return xoshiro256_uniform(r->s);
 }
 
 /* Approximately N(0, 1): Irwin–Hall sum of four 16-bit uniforms (tails end at ±3.46σ, which

@@ -367,10 +367,10 @@ static int read_config_json(struct x4_model *m, const char *cfg_path, const char
         double v, v2;
         int r;
 
-        r = json_parse_file(cfg_path, &root);
+        char why[512];
+        r = json_parse_file(cfg_path, &root, why, sizeof why);
         if (r < 0)
-                return log_error_errno(r, "config.json (%s): cannot be read or parsed: %s", cfg_path,
-                                       log_last_error());
+                return log_error_errno(r, "config.json (%s): cannot be read or parsed: %s", cfg_path, why);
         if (json_type(root) != JSON_OBJECT)
                 return log_error_errno(EBADMSG, "config.json (%s): a JSON object expected", cfg_path);
 

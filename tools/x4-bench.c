@@ -81,6 +81,7 @@
 #include "chat/tokenizer.h"
 #include "model/xing4.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "common/macro.h"
 
 #define PAGE_TOKENS 256u
@@ -199,14 +200,11 @@ static int parse_list(const char *opt, const char *s, uint32_t *v, size_t *n) {
         }
 }
 
-static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
-        size_t n;
-        uint32_t v[MAX_LIST];
-        int r = parse_list(opt, s, v, &n);
-
-        if (r < 0 || n != 1 || v[0] < min || streq(s, "none"))
+static int parse_opt_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
+        uint32_t v;
+        if (parse_u32(s, &v) < 0 || v < min || v > UINT32_MAX / 2) /* the bound of parse_list */
                 return log_error_errno(EINVAL, "%s: '%s' is not an integer >= %u", opt, s, min);
-        *ret = v[0];
+        *ret = v;
         return 0;
 }
 
@@ -293,7 +291,7 @@ static int run_seq(struct bench *B, uint32_t slot, uint32_t n, uint32_t pos0, ui
         };
         struct x4_batch batch = { .seqs = &s, .n_seqs = 1 };
 
-        return B->ops->forward(B->b, &batch, B->logits);
+        return B->ops->forward(B->b, &batch, B->logits, NULL, 0);
 }
 
 /* Log r with `what` in front of the backend's own message (log_last_error() is reused by the
@@ -430,7 +428,7 @@ static int decode_steps(struct bench *B, struct x4_seq *seqs, uint32_t batch, ui
         for (uint32_t s = 0; s < steps; s++) {
                 for (uint32_t i = 0; i < batch; i++)
                         seqs[i].pos0 = ctx + s;
-                r = B->ops->forward(B->b, &bt, B->logits);
+                r = B->ops->forward(B->b, &bt, B->logits, NULL, 0);
                 if (r < 0)
                         return r;
         }
@@ -454,14 +452,14 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
         if (r < 0)
                 return r;
         for (uint32_t k = filled_pages; k < used; k++) {
-                r = B->ops->page_copy(B->b, p0[k], p0[k % filled_pages]);
+                r = B->ops->page_copy(B->b, p0[k], p0[k % filled_pages], NULL, 0);
                 if (r < 0)
                         return r;
         }
         /* the batch-mates: copies of sequence 0's pages */
         for (uint32_t i = 1; i < batch; i++)
                 for (uint32_t k = 0; k < used; k++) {
-                        r = B->ops->page_copy(B->b, slot_pages(B, i)[k], p0[k]);
+                        r = B->ops->page_copy(B->b, slot_pages(B, i)[k], p0[k], NULL, 0);
                         if (r < 0)
                                 return r;
                 }
@@ -542,7 +540,7 @@ static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_
         struct x4_seq sq = { .tokens = ids, .n_tokens = P, .pos0 = 0, .pages = slot_pages(B, 0),
                              .n_pages = slot_n_pages(B, 0), .logits = X4_LOGITS_LAST,
                              .hidden = mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
-        r = B->ops->forward(B->b, &(struct x4_batch){ &sq, 1, mtp ? hid : NULL }, lg);
+        r = B->ops->forward(B->b, &(struct x4_batch){ &sq, 1, mtp ? hid : NULL }, lg, NULL, 0);
         if (r < 0)
                 return r;
         ids[P] = argmax_row(lg, (uint32_t) V);
@@ -583,7 +581,7 @@ static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_
                                       .pages = sq.pages, .n_pages = sq.n_pages,
                                       .logits = k ? X4_LOGITS_ALL : X4_LOGITS_LAST,
                                       .hidden = mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
-                r = B->ops->forward(B->b, &(struct x4_batch){ &sq, 1, mtp ? hid : NULL }, lg);
+                r = B->ops->forward(B->b, &(struct x4_batch){ &sq, 1, mtp ? hid : NULL }, lg, NULL, 0);
                 if (r < 0)
                         return r;
                 uint32_t i = 0;
@@ -1119,7 +1117,7 @@ int main(int argc, char **argv) {
                         device = optarg;
                         break;
                 case 't':
-                        r = parse_u32("--threads", optarg, 1, &threads);
+                        r = parse_opt_u32("--threads", optarg, 1, &threads);
                         break;
                 case 'p':
                         r = parse_list("--prefill", optarg, prefill, &n_prefill);
@@ -1131,10 +1129,10 @@ int main(int argc, char **argv) {
                         r = parse_list("--batch", optarg, batches, &n_batch);
                         break;
                 case 'n':
-                        r = parse_u32("--decode-tokens", optarg, 1, &steps);
+                        r = parse_opt_u32("--decode-tokens", optarg, 1, &steps);
                         break;
                 case 'r':
-                        r = parse_u32("--repeats", optarg, 1, &repeats);
+                        r = parse_opt_u32("--repeats", optarg, 1, &repeats);
                         break;
                 case 'W':
                         if (streq(optarg, "0") || streq(optarg, "1"))
@@ -1156,7 +1154,7 @@ int main(int argc, char **argv) {
                         break;
                 case 'P':
                         /* at least one page: a longer context is prefilled in whole pages */
-                        r = parse_u32("--decode-prefill-max", optarg, PAGE_TOKENS, &B.prefill_max);
+                        r = parse_opt_u32("--decode-prefill-max", optarg, PAGE_TOKENS, &B.prefill_max);
                         break;
                 case 'F':
                         B.profile = true;
@@ -1168,7 +1166,7 @@ int main(int argc, char **argv) {
                         grammar = optarg;
                         break;
                 case 'g':
-                        r = parse_u32("--grammar-seqs", optarg, 1, &grammar_seqs);
+                        r = parse_opt_u32("--grammar-seqs", optarg, 1, &grammar_seqs);
                         break;
                 case 'M':
                         if (streq(optarg, "on") || streq(optarg, "off"))
@@ -1177,7 +1175,7 @@ int main(int argc, char **argv) {
                                 r = log_error_errno(EINVAL, "--mtp: '%s', off or on expected", optarg);
                         break;
                 case 'd':
-                        r = parse_u32("--mtp-draft", optarg, 1, &B.mtp_draft);
+                        r = parse_opt_u32("--mtp-draft", optarg, 1, &B.mtp_draft);
                         if (r >= 0 && B.mtp_draft > 3)
                                 r = log_error_errno(EINVAL, "--mtp-draft: '%s' is not an integer in [1, 3]", optarg);
                         break;

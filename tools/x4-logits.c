@@ -24,6 +24,7 @@
 #include "model/xing4.h"
 #include "common/log.h"
 #include "common/macro.h"
+#include "common/util.h"
 
 #define PAGE_TOKENS 256u
 
@@ -76,15 +77,11 @@ static int parse_ids(const char *opt, const char *s, bool allow_empty, int32_t *
         return 0;
 }
 
-static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
-        char *end;
-        unsigned long long v;
-
-        errno = 0;
-        v = strtoull(s, &end, 10);
-        if (end == s || *end || errno || v < min || v > UINT32_MAX || s[0] == '-')
+static int parse_opt_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
+        uint32_t v;
+        if (parse_u32(s, &v) < 0 || v < min)
                 return log_error_errno(EINVAL, "%s: '%s' is not an integer >= %u", opt, s, min);
-        *ret = (uint32_t) v;
+        *ret = v;
         return 0;
 }
 
@@ -140,7 +137,7 @@ static int feed(struct run *r, const int32_t *tokens, uint32_t n, uint32_t pos0,
                         skip = first_wanted > pos0 ? (uint32_t) (first_wanted - pos0) : 0;
                 }
         }
-        k = r->ops->forward(r->b, &batch, buf);
+        k = r->ops->forward(r->b, &batch, buf, NULL, 0);
         if (k < 0)
                 return k;
         k = rows > skip ? write_rows(r, buf + (size_t) skip * r->n_vocab, rows - skip) : 0;
@@ -220,17 +217,17 @@ int main(int argc, char **argv) {
                         decode_s = optarg;
                         break;
                 case 'l':
-                        r = parse_u32("--last", optarg, 1, &last);
+                        r = parse_opt_u32("--last", optarg, 1, &last);
                         have_last = true;
                         break;
                 case 'D':
                         device = optarg;
                         break;
                 case 't':
-                        r = parse_u32("--threads", optarg, 1, &threads);
+                        r = parse_opt_u32("--threads", optarg, 1, &threads);
                         break;
                 case 'k':
-                        r = parse_u32("--chunk", optarg, 1, &chunk);
+                        r = parse_opt_u32("--chunk", optarg, 1, &chunk);
                         break;
                 case 'R':
                         mp.assume_release_defaults = true;

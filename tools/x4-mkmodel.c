@@ -10,6 +10,7 @@
 #include "gguf/ggml.h"
 #include "model/mkmodel.h"
 #include "common/log.h"
+#include "common/util.h"
 
 static void usage(FILE *f) {
         fputs("Usage: x4-mkmodel [OPTIONS] --out FILE.gguf\n"
@@ -31,13 +32,9 @@ static void usage(FILE *f) {
               f);
 }
 
-static int parse_u32(const char *opt, const char *s, uint32_t *ret) {
-        char *end;
-        unsigned long long v;
-
-        errno = 0;
-        v = strtoull(s, &end, 0);
-        if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-')
+static int parse_opt_u32(const char *opt, const char *s, uint32_t *ret) {
+        uint64_t v;
+        if (parse_uint(s, 0, UINT32_MAX, &v) < 0) /* base 0: a seed may be written in hex */
                 return log_error_errno(EINVAL, "--%s: \"%s\" is not an unsigned 32-bit integer", opt, s);
         *ret = (uint32_t) v;
         return 0;
@@ -142,7 +139,7 @@ int main(int argc, char **argv) {
                         o.header_only = true;
                         break;
                 case ARG_THREADS:
-                        if (parse_u32("threads", optarg, &v32) < 0)
+                        if (parse_opt_u32("threads", optarg, &v32) < 0)
                                 return 2;
                         o.threads = v32;
                         break;
@@ -177,7 +174,7 @@ int main(int argc, char **argv) {
                 for (const struct option *op = options; op->name; op++)
                         if (op->val == c)
                                 name = op->name;
-                if (field && parse_u32(name, optarg, field) < 0)
+                if (field && parse_opt_u32(name, optarg, field) < 0)
                         return 2;
                 if (type && parse_type(name, optarg, type) < 0)
                         return 2;

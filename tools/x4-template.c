@@ -56,18 +56,18 @@ int main(int argc, char **argv) {
         } else if (read_file(argv[1], &text, &len) < 0)
                 return 2;
         _cleanup_(json_freep) struct json_value *ctx = NULL;
-        if (json_parse_file(argv[2], &ctx) < 0)
+        if (json_parse_file(argv[2], &ctx, NULL, 0) < 0)
                 return 2;
         if (json_type(ctx) != JSON_OBJECT) {
                 log_error("%s: the context must be a JSON object", argv[2]);
                 return 2;
         }
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
-        if (chat_template_parse_len(text, len, &t) < 0)
+        if (chat_template_parse_len(text, len, &t, NULL, 0) < 0)
                 return 1;
         _cleanup_free_ char *out = NULL;
         size_t out_len = 0;
-        if (chat_template_render_len(t, ctx, &out, &out_len) < 0)
+        if (chat_template_render_len(t, ctx, &out, &out_len, NULL, 0) < 0)
                 return 1;
         if (fwrite(out, 1, out_len, stdout) != out_len || fflush(stdout) != 0) {
                 log_error("stdout: write error");

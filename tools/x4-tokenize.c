@@ -28,7 +28,7 @@ static int encode_lines(const struct tokenizer *t, unsigned flags) {
                         n--;
                 _cleanup_free_ int32_t *ids = NULL;
                 size_t nids;
-                int r = tokenizer_encode(t, line, (size_t) n, flags, &ids, &nids);
+                int r = tokenizer_encode(t, line, (size_t) n, flags, &ids, &nids, NULL, 0);
                 if (r < 0)
                         return r;
                 for (size_t i = 0; i < nids; i++)

@@ -889,8 +889,9 @@ int grammar_compile_schema(const char *json, size_t len, struct grammar **ret, c
         int r;
 
         err[0] = 0;
-        if (json_parse(json, len, "json_schema", &s) < 0) {
-                snprintf(err, err_size, "not valid JSON: %s", log_last_error());
+        char why[512];
+        if (json_parse(json, len, "json_schema", &s, why, sizeof why) < 0) {
+                snprintf(err, err_size, "not valid JSON: %s", why);
                 return -EINVAL;
         }
         if ((r = grammar_init(&g)) < 0)
@@ -936,8 +937,9 @@ int grammar_compile_tool(const char *tools_json, const char *name, const struct 
                          "call cannot be forced");
                 return -EINVAL;
         }
-        if (json_parse(tools_json, strlen(tools_json), "tools_json", &tools) < 0) {
-                snprintf(err, err_size, "prompt.chat.tools_json is not valid JSON: %s", log_last_error());
+        char why[512];
+        if (json_parse(tools_json, strlen(tools_json), "tools_json", &tools, why, sizeof why) < 0) {
+                snprintf(err, err_size, "prompt.chat.tools_json is not valid JSON: %s", why);
                 return -EINVAL;
         }
         if (json_type(tools) != JSON_ARRAY || json_count(tools) == 0) {
@@ -1487,6 +1489,14 @@ static enum step_result step_literal(const struct grammar *g, struct gthread *t,
         return STEP_AGAIN;
 }
 
+/* Whitespace between a value's tokens (or before one): at most GRAMMAR_MAX_WS bytes in a row. */
+static enum step_result take_ws(struct gthread *t) {
+        if (t->ws >= GRAMMAR_MAX_WS)
+                return STEP_DEAD;
+        t->ws++;
+        return STEP_LIVE;
+}
+
 static enum step_result step_object(const struct grammar *g, struct gthread *t, struct gframe *f,
                                    const struct gnode *n, uint8_t c) {
         bool ws = is_ws(c);
@@ -1499,12 +1509,8 @@ static enum step_result step_object(const struct grammar *g, struct gthread *t, 
         case O_OPEN:
         case O_AFTER:
         case O_COMMA:
-                if (ws) {
-                        if (t->ws >= GRAMMAR_MAX_WS)
-                                return STEP_DEAD;
-                        t->ws++;
-                        return STEP_LIVE;
-                }
+                if (ws)
+                        return take_ws(t);
                 if (c == '"' && f->st != O_AFTER)
                         return obj_key_begin(g, t, f, n) ? STEP_LIVE : STEP_DEAD;
                 if (c == '}' && f->st != O_COMMA) {
@@ -1539,12 +1545,8 @@ static enum step_result step_object(const struct grammar *g, struct gthread *t, 
                 return STEP_LIVE;
         }
         case O_COLON:
-                if (ws) {
-                        if (t->ws >= GRAMMAR_MAX_WS)
-                                return STEP_DEAD;
-                        t->ws++;
-                        return STEP_LIVE;
-                }
+                if (ws)
+                        return take_ws(t);
                 if (c != ':')
                         return STEP_DEAD;
                 /* the value: the property's, a free key's, or the chosen tool's arguments */
@@ -1570,12 +1572,8 @@ static enum step_result step_array(const struct grammar *g, struct gthread *t, s
         case A_OPEN:
         case A_AFTER:
         case A_COMMA:
-                if (ws) {
-                        if (t->ws >= GRAMMAR_MAX_WS)
-                                return STEP_DEAD;
-                        t->ws++;
-                        return STEP_LIVE;
-                }
+                if (ws)
+                        return take_ws(t);
                 if (c == ']' && f->st != A_COMMA) {
                         if (f->n < n->min_items)
                                 return STEP_DEAD;
@@ -1611,12 +1609,8 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                 const struct gnode *n = &g->nodes[f->node];
                 bool ws = is_ws(c);
 
-                if (f->st == ST_START && ws) {
-                        if (t->ws >= GRAMMAR_MAX_WS)
-                                return false;
-                        t->ws++;
-                        return true;
-                }
+                if (f->st == ST_START && ws)
+                        return take_ws(t) == STEP_LIVE;
                 if (!ws)
                         t->ws = 0;
                 enum step_result r;

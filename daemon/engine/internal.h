@@ -31,6 +31,7 @@
 #include "chat/outparse.h"
 #include "chat/tokenizer.h"
 #include "model/xing4.h"
+#include "common/util.h"
 #include "common/json.h"
 #include "common/log.h"
 
@@ -178,12 +179,6 @@ struct sched {
 };
 
 #define SNAP_CHUNK_BYTES ((uint64_t) 64 << 20) /* default --snapshot-chunk */
-
-static inline double now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* daemon/scheduler.c (requests, validation, the loop-thread API, lifecycle) */
 int eng_grow(void **p, size_t *cap, size_t need, size_t elem);

@@ -75,14 +75,14 @@ int kvcache_alloc(struct kvcache *kv, uint32_t n, uint32_t *pages) {
         return 0;
 }
 
-int kvcache_ref(struct kvcache *kv, const uint32_t *pages, uint32_t n) {
+int kvcache_ref(struct kvcache *kv, const uint32_t *pages, uint32_t n, char *err, size_t err_size) {
         for (uint32_t i = 0; i < n; i++) {
                 if (pages[i] >= kv->n_pages)
-                        return log_error_errno(EINVAL, "cache: page %u out of range (0..%u)",
-                                               pages[i], kv->n_pages - 1);
+                        return error_set(err, err_size, EINVAL, "cache: page %u out of range (0..%u)",
+                                         pages[i], kv->n_pages - 1);
                 if (kv->refs[pages[i]] == 0)
-                        return log_error_errno(EINVAL, "cache: page %u is free, cannot share it",
-                                               pages[i]);
+                        return error_set(err, err_size, EINVAL, "cache: page %u is free, cannot share it",
+                                         pages[i]);
         }
         for (uint32_t i = 0; i < n; i++)
                 kv->refs[pages[i]]++;

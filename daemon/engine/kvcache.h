@@ -30,9 +30,9 @@ uint32_t kvcache_pages_for(const struct kvcache *kv, uint64_t n_tokens);
 /* Take n pages (refcount 1 each) into pages[0..n). All or nothing: -ENOSPC, logged as
  * "cache: N pages wanted, M free of T", when fewer are free; nothing is taken then. */
 int kvcache_alloc(struct kvcache *kv, uint32_t n, uint32_t *pages);
-/* Add a reference to each page (sharing). -EINVAL (logged) for a page that is free or out of
- * range; then no reference is added. */
-int kvcache_ref(struct kvcache *kv, const uint32_t *pages, uint32_t n);
+/* Add a reference to each page (sharing). -EINVAL for a page that is free or out of range, said
+ * in err (error_set(), common/log.h: NULL, 0 logs it); then no reference is added. */
+int kvcache_ref(struct kvcache *kv, const uint32_t *pages, uint32_t n, char *err, size_t err_size);
 /* Drop one reference of each page; pages reaching 0 go back to the free list. -EINVAL (logged) on
  * a page that is already free (a double release: a bug in the caller, reported, not crashed). */
 int kvcache_release(struct kvcache *kv, const uint32_t *pages, uint32_t n);

@@ -80,7 +80,7 @@ uint32_t prefix_match(struct prefix_store *p, const int32_t *tokens, uint64_t n,
                 at = c;
         }
         /* the pages are in the store, so they are referenced: this cannot fail */
-        if (k && kvcache_ref(p->kv, pages, k) < 0)
+        if (k && kvcache_ref(p->kv, pages, k, NULL, 0) < 0)
                 k = 0;
         return k;
 }
@@ -162,9 +162,8 @@ int prefix_insert(struct prefix_store *p, const int32_t *tokens, uint64_t n, con
                 c = calloc(1, sizeof *c + p->page_tokens * sizeof *c->tokens);
                 if (!c)
                         return log_error_errno(ENOMEM, "prefix store: out of memory");
-                if (kvcache_ref(p->kv, &pages[k], 1) < 0) {
-                        char why[256];
-                        snprintf(why, sizeof why, "%s", log_last_error());
+                char why[256];
+                if (kvcache_ref(p->kv, &pages[k], 1, why, sizeof why) < 0) {
                         free(c);
                         return log_error_errno(EINVAL, "prefix store: page %u of position %llu "
                                                "is not allocated: %s", pages[k],

@@ -70,6 +70,90 @@ static bool prepare_constraint(struct sched *s, struct job *j) {
         return true;
 }
 
+/* A chat prompt: the messages and tools as one JSON context (chat_context_build, which also turns
+ * OpenAI's tool-call arguments into objects), rendered by the model's template or the built-in
+ * Xing4 one, then tokenized into *ids, *n. On failure the error is recorded in the job: false. */
+static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *n) {
+        const struct sched_request *r = j->r;
+        char err[1024];
+        int ret;
+
+        _cleanup_(json_freep) struct json_value *ctx = json_new_object();
+        struct json_value *msgs = json_new_array();
+        _cleanup_free_ char *rendered = NULL;
+        bool ok = ctx && msgs && json_object_set(ctx, "messages", msgs) == 0;
+        if (!ok)
+                json_free(msgs);
+        for (size_t i = 0; ok && i < r->n_messages; i++) {
+                const struct sched_message *m = &r->messages[i];
+                struct json_value *o = json_new_object();
+                ok = o && json_array_append(msgs, o) == 0;
+                if (!ok) {
+                        json_free(o);
+                        break;
+                }
+                ok = json_object_set(o, "role", json_new_string(m->role, strlen(m->role))) == 0 &&
+                     json_object_set(o, "content",
+                                     json_new_string(m->content ? m->content : "",
+                                                     m->content ? strlen(m->content) : 0)) == 0;
+                if (ok && m->name)
+                        ok = json_object_set(o, "name", json_new_string(m->name, strlen(m->name))) == 0;
+                if (ok && m->reasoning)
+                        ok = json_object_set(o, "reasoning_content",
+                                             json_new_string(m->reasoning, strlen(m->reasoning))) == 0;
+                if (ok && m->tool_calls_json) {
+                        struct json_value *tc;
+                        char what[64];
+                        snprintf(what, sizeof what, "prompt.chat.messages[%zu].tool_calls_json", i);
+                        if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc, err,
+                                       sizeof err) < 0) {
+                                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", err);
+                                return false;
+                        }
+                        ok = json_object_set(o, "tool_calls", tc) == 0;
+                }
+        }
+        if (ok && r->tools_json) {
+                struct json_value *tools;
+                if (json_parse(r->tools_json, strlen(r->tools_json), "prompt.chat.tools_json",
+                               &tools, err, sizeof err) < 0) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", err);
+                        return false;
+                }
+                ok = json_object_set(ctx, "tools", tools) == 0;
+        }
+        if (ok)
+                ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(true)) == 0;
+        if (ok && r->enable_thinking >= 0)
+                ok = json_object_set(ctx, "enable_thinking",
+                                     json_new_bool(r->enable_thinking)) == 0;
+        if (!ok) {
+                prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
+                return false;
+        }
+        /* one HF-style context for both renderers: chat_context_build also turns
+         * OpenAI's tool-call arguments (JSON text) into objects, so the Xing4 format
+         * renders them as <param_key>/<param_value> pairs, not as the JSON fallback */
+        _cleanup_(json_freep) struct json_value *full = NULL;
+        ret = chat_context_build(json_object_get(ctx, "messages"),
+                                 json_object_get(ctx, "tools"), true, r->enable_thinking,
+                                 s->bos_text, s->eos_text, &full, err, sizeof err);
+        if (ret >= 0) {
+                if (s->tmpl) /* the model's own template (docs/model.md §7 best practice) */
+                        ret = chat_template_render(s->tmpl, full, &rendered, err, sizeof err);
+                else
+                        ret = chat_xing4_render(full, &rendered, err, sizeof err);
+        }
+        if (ret >= 0)
+                ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, ids, n,
+                                       err, sizeof err);
+        if (ret < 0) {
+                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", err);
+                return false;
+        }
+        return true;
+}
+
 /* Text, tokens or chat → token ids, a snapshot's file read, the sampler and output parser. Runs
  * on the prep thread (eng_prep_main): it touches only the job's own fields and what is read-only
  * after start (params, tokenizer, template). On failure it records the error in the job
@@ -78,6 +162,7 @@ static bool prepare(struct sched *s, struct job *j) {
         struct sched_request *r = j->r;
         int32_t *ids = NULL;
         size_t n = 0;
+        char err[1024]; /* what a failing call says, for the client (error_set, common/log.h) */
         int ret;
 
         if (r->prompt == SCHED_PROMPT_TOKENS) {
@@ -89,88 +174,14 @@ static bool prepare(struct sched *s, struct job *j) {
                 memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
                 n = r->n_tokens;
         } else if (r->prompt == SCHED_PROMPT_TEXT) {
-                ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n);
+                ret = tokenizer_encode(s->p.tokenizer, r->text, strlen(r->text), 0, &ids, &n, err,
+                                       sizeof err);
                 if (ret < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s",
-                                 log_last_error());
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.text: %s", err);
                         return false;
                 }
-        } else {
-                _cleanup_(json_freep) struct json_value *ctx = json_new_object();
-                struct json_value *msgs = json_new_array();
-                _cleanup_free_ char *rendered = NULL;
-                bool ok = ctx && msgs && json_object_set(ctx, "messages", msgs) == 0;
-                if (!ok)
-                        json_free(msgs);
-                for (size_t i = 0; ok && i < r->n_messages; i++) {
-                        const struct sched_message *m = &r->messages[i];
-                        struct json_value *o = json_new_object();
-                        ok = o && json_array_append(msgs, o) == 0;
-                        if (!ok) {
-                                json_free(o);
-                                break;
-                        }
-                        ok = json_object_set(o, "role", json_new_string(m->role, strlen(m->role))) == 0 &&
-                             json_object_set(o, "content",
-                                             json_new_string(m->content ? m->content : "",
-                                                             m->content ? strlen(m->content) : 0)) == 0;
-                        if (ok && m->name)
-                                ok = json_object_set(o, "name", json_new_string(m->name, strlen(m->name))) == 0;
-                        if (ok && m->reasoning)
-                                ok = json_object_set(o, "reasoning_content",
-                                                     json_new_string(m->reasoning, strlen(m->reasoning))) == 0;
-                        if (ok && m->tool_calls_json) {
-                                struct json_value *tc;
-                                char what[64];
-                                snprintf(what, sizeof what, "prompt.chat.messages[%zu].tool_calls_json", i);
-                                if (json_parse(m->tool_calls_json, strlen(m->tool_calls_json), what, &tc) < 0) {
-                                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
-                                        return false;
-                                }
-                                ok = json_object_set(o, "tool_calls", tc) == 0;
-                        }
-                }
-                if (ok && r->tools_json) {
-                        struct json_value *tools;
-                        if (json_parse(r->tools_json, strlen(r->tools_json), "prompt.chat.tools_json",
-                                       &tools) < 0) {
-                                prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "%s", log_last_error());
-                                return false;
-                        }
-                        ok = json_object_set(ctx, "tools", tools) == 0;
-                }
-                if (ok)
-                        ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(true)) == 0;
-                if (ok && r->enable_thinking >= 0)
-                        ok = json_object_set(ctx, "enable_thinking",
-                                             json_new_bool(r->enable_thinking)) == 0;
-                if (!ok) {
-                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat context");
-                        return false;
-                }
-                /* one HF-style context for both renderers: chat_context_build also turns
-                 * OpenAI's tool-call arguments (JSON text) into objects, so the Xing4 format
-                 * renders them as <param_key>/<param_value> pairs, not as the JSON fallback */
-                _cleanup_(json_freep) struct json_value *full = NULL;
-                ret = chat_context_build(json_object_get(ctx, "messages"),
-                                         json_object_get(ctx, "tools"), true, r->enable_thinking,
-                                         s->bos_text, s->eos_text, &full);
-                if (ret >= 0) {
-                        if (s->tmpl) /* the model's own template (docs/model.md §7 best practice) */
-                                ret = chat_template_render(s->tmpl, full, &rendered);
-                        else
-                                ret = chat_xing4_render(full, &rendered);
-                }
-                if (ret < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
-                        return false;
-                }
-                ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, &ids, &n);
-                if (ret < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", log_last_error());
-                        return false;
-                }
-        }
+        } else if (!prepare_chat(s, j, &ids, &n))
+                return false;
         if (n == 0) {
                 free(ids);
                 prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt: no tokens after tokenizing");
@@ -182,7 +193,6 @@ static bool prepare(struct sched *s, struct job *j) {
         if (r->snapshot) {
                 /* the snapshot's tokens come first; they are cached once admitted */
                 int32_t *prefix = NULL;
-                char err[512];
                 int code = eng_snap_load(s, j, &prefix, err, sizeof err);
                 if (code) {
                         free(ids);
@@ -246,13 +256,13 @@ static bool prepare(struct sched *s, struct job *j) {
                 /* no seed: a different stream per request */
                 sp.seed = q->has_seed ? q->seed
                                       : (uint64_t) (now_ms() * 1000.0) ^ (r->id << 32) ^ 0x9e3779b97f4a7c15ull;
-                if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler) < 0) {
-                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", log_last_error());
+                if (sampler_new(&sp, s->cfg->n_vocab, &j->sampler, err, sizeof err) < 0) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "sampling: %s", err);
                         return false;
                 }
                 /* prompt tokens count for the repetition penalty */
-                if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt) < 0) {
-                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                if (sampler_add_prompt(j->sampler, j->seq, j->n_prompt, err, sizeof err) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", err);
                         return false;
                 }
         }
@@ -268,9 +278,12 @@ static bool prepare(struct sched *s, struct job *j) {
                         .emit = eng_on_outparse,
                         .userdata = j,
                 };
-                if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0 ||
-                    outparse_new(s->p.tokenizer, &oc, &j->op) < 0) {
-                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", log_last_error());
+                if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for the detokenizer");
+                        return false;
+                }
+                if (outparse_new(s->p.tokenizer, &oc, &j->op, err, sizeof err) < 0) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "%s", err);
                         return false;
                 }
         }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/rng.h"
 
 /* Seen tokens: open addressing, key = token + 1 (0 = empty). */
 struct seen {
@@ -84,51 +85,29 @@ int sampler_params_validate(const struct sampler_params *p, char msg[static SAMP
         return -EINVAL;
 }
 
-/* ---- RNG: xoshiro256** (Blackman & Vigna), state filled by splitmix64 from the seed ---- */
+/* ---- RNG: xoshiro256** (common/rng.h), state filled by splitmix64 from the seed ---- */
 
-static uint64_t splitmix64(uint64_t *x) {
-        uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) {
-        return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t rng_next(uint64_t s[4]) {
-        uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = rotl(s[3], 45);
-        return result;
-}
-
-/* uniform in [0, 1) with 53 random bits */
 static double rng_uniform(uint64_t s[4]) {
-        return (double) (rng_next(s) >> 11) * 0x1p-53;
+        return xoshiro256_uniform(s);
 }
 
 /* ---- lifecycle and seen tokens ---- */
 
-int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler **ret) {
+int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler **ret, char *err,
+                size_t err_size) {
         char msg[SAMPLER_MESSAGE_MAX];
         int r;
 
         r = sampler_params_validate(p, msg);
         if (r < 0)
-                return log_error_errno(r, "%s", msg);
+                return error_set(err, err_size, r, "%s", msg);
         if (n_vocab == 0 || n_vocab > INT32_MAX)
-                return log_error_errno(EINVAL, "sampler: vocabulary of %u tokens, 1..2^31-1 expected",
-                                       n_vocab);
+                return error_set(err, err_size, EINVAL, "sampler: vocabulary of %u tokens, 1..2^31-1 expected",
+                                 n_vocab);
 
         _cleanup_(sampler_freep) struct sampler *s = calloc(1, sizeof *s);
         if (!s)
-                return log_error_errno(ENOMEM, "sampler: out of memory");
+                return error_set(err, err_size, ENOMEM, "sampler: out of memory");
         s->p = *p;
         s->n_vocab = n_vocab;
         uint64_t x = p->seed;
@@ -139,7 +118,7 @@ int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler
         s->block_sum = malloc(DIV_ROUND_UP(n_vocab, BLOCK) * sizeof *s->block_sum);
         s->cand = malloc(n_vocab * sizeof *s->cand);
         if (!s->z || !s->w || !s->block_sum || !s->cand)
-                return log_error_errno(ENOMEM, "sampler: out of memory for %u-token scratch", n_vocab);
+                return error_set(err, err_size, ENOMEM, "sampler: out of memory for %u-token scratch", n_vocab);
         *ret = TAKE_PTR(s);
         return 0;
 }
@@ -185,27 +164,27 @@ static struct seen *seen_get(struct sampler *s, int32_t token) {
         return &s->seen[i];
 }
 
-static int check_token(struct sampler *s, int32_t token) {
+static int check_token(struct sampler *s, int32_t token, char *err, size_t err_size) {
         if (token < 0 || (uint32_t) token >= s->n_vocab)
-                return log_error_errno(EINVAL, "sampler: token %d is outside the vocabulary of %u tokens",
-                                       (int) token, s->n_vocab);
+                return error_set(err, err_size, EINVAL, "sampler: token %d is outside the vocabulary of %u tokens",
+                                 (int) token, s->n_vocab);
         return 0;
 }
 
-int sampler_add_prompt(struct sampler *s, const int32_t *tokens, size_t n) {
+int sampler_add_prompt(struct sampler *s, const int32_t *tokens, size_t n, char *err, size_t err_size) {
         int r;
         for (size_t i = 0; i < n; i++) {
-                r = check_token(s, tokens[i]);
+                r = check_token(s, tokens[i], err, err_size);
                 if (r < 0)
                         return r;
                 if (!seen_get(s, tokens[i]))
-                        return log_error_errno(ENOMEM, "sampler: out of memory");
+                        return error_set(err, err_size, ENOMEM, "sampler: out of memory");
         }
         return 0;
 }
 
 int sampler_accept(struct sampler *s, int32_t token) {
-        int r = check_token(s, token);
+        int r = check_token(s, token, NULL, 0);
         if (r < 0)
                 return r;
         struct seen *e = seen_get(s, token);
@@ -682,14 +661,14 @@ int32_t sampler_speculate(struct sampler *s, const float *p, const float *q, int
 }
 
 int sampler_sample(struct sampler *s, const float *logits, struct sampler_result *ret,
-                   uint32_t n_top) {
+                   uint32_t n_top, char *err, size_t err_size) {
         if (n_top > SAMPLER_TOP_LOGPROBS_MAX)
-                return log_error_errno(EINVAL, "top_logprobs must be in [0, %d], got %u",
-                                       SAMPLER_TOP_LOGPROBS_MAX, n_top);
+                return error_set(err, err_size, EINVAL, "top_logprobs must be in [0, %d], got %u",
+                                 SAMPLER_TOP_LOGPROBS_MAX, n_top);
 
         int32_t best = penalize(s, logits);
         if (best < 0)
-                return log_error_errno(EDOM, "sampler: all %u logits are -inf or NaN", s->n_vocab);
+                return error_set(err, err_size, EDOM, "sampler: all %u logits are -inf or NaN", s->n_vocab);
 
         int32_t token = s->p.temperature == 0 ? best : sample_tempered(s, best);
         if (ret)

@@ -62,8 +62,10 @@ int sampler_params_validate(const struct sampler_params *p, char msg[static SAMP
 
 struct sampler;
 
-/* Validates (-EINVAL, logging the message) and allocates the per-request state and scratch. */
-int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler **ret);
+/* Validates (-EINVAL) and allocates the per-request state and scratch. Failures say why in err
+ * (error_set(), common/log.h: NULL, 0 logs it), as do sampler_add_prompt and sampler_sample. */
+int sampler_new(const struct sampler_params *p, uint32_t n_vocab, struct sampler **ret, char *err,
+                size_t err_size);
 void sampler_free(struct sampler *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct sampler *, sampler_free);
 
@@ -71,7 +73,7 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct sampler *, sampler_free);
  * only; accepted (generated) tokens count for all penalties. sampler_sample() does not accept
  * the token it returns (speculative decoding may reject it): call sampler_accept() for each
  * token that becomes part of the output. -EINVAL for ids outside the vocabulary. */
-int sampler_add_prompt(struct sampler *s, const int32_t *tokens, size_t n);
+int sampler_add_prompt(struct sampler *s, const int32_t *tokens, size_t n, char *err, size_t err_size);
 int sampler_accept(struct sampler *s, int32_t token);
 
 struct sampler_logprob {
@@ -91,7 +93,7 @@ struct sampler_result {
  * alternatives (n_top <= SAMPLER_TOP_LOGPROBS_MAX). Returns the token id, -EINVAL for n_top too
  * large, -EDOM if every logit is -inf or NaN. */
 int sampler_sample(struct sampler *s, const float *logits, struct sampler_result *ret,
-                   uint32_t n_top);
+                   uint32_t n_top, char *err, size_t err_size);
 
 /* Speculative decoding by rejection sampling (Leviathan et al. 2023, Chen et al. 2023).
  * sampler_probs: the distribution sampler_sample draws from for these logits (steps 1-6 with this

@@ -426,15 +426,18 @@ void eng_finish_snapshot(struct sched *s, struct job *j) {
         uint32_t per = (uint32_t) MAX((uint64_t) 1, s->p.snapshot_chunk / pb);
         uint32_t first = j->snap_written, k = MIN(per, n_pages - first);
         uint8_t *data = malloc(MAX((size_t) k, (size_t) 1) * pb);
+        char err[256] = "";
         int r = data ? 0 : -ENOMEM;
 
         for (uint32_t i = 0; r >= 0 && i < k; i++)
-                r = s->p.ops->page_read(s->p.backend, j->pages[first + i], data + (size_t) i * pb);
+                r = s->p.ops->page_read(s->p.backend, j->pages[first + i], data + (size_t) i * pb,
+                                        err, sizeof err);
         if (r < 0) {
+                bool oom = !data;
                 free(data);
                 eng_snap_abandon(j);
-                eng_fail_job(s, j, SCHED_ERR_INTERNAL, "snapshot '%s': %s", j->r->snapshot_create,
-                         r == -ENOMEM ? "out of memory" : "reading the cache failed");
+                eng_fail_job(s, j, SCHED_ERR_INTERNAL, "snapshot '%s': %s%s", j->r->snapshot_create,
+                             oom ? "out of memory" : "reading the cache failed: ", err);
                 return;
         }
         free(j->snap_data);

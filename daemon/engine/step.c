@@ -154,14 +154,16 @@ void eng_admit(struct sched *s) {
                 if (j->snap_data) {
                         size_t pb = s->p.ops->page_bytes(s->p.backend);
                         int ret = 0;
+                        char err[256];
                         for (uint32_t i = k; ret >= 0 && i < j->snap_pages; i++)
                                 ret = s->p.ops->page_write(s->p.backend, j->pages[i],
-                                                           j->snap_data + (size_t) i * pb);
+                                                           j->snap_data + (size_t) i * pb, err,
+                                                           sizeof err);
                         free(j->snap_data);
                         j->snap_data = NULL;
                         if (ret < 0) {
                                 eng_fail_job(s, j, SCHED_ERR_INTERNAL, "snapshot '%s': %s",
-                                         j->r->snapshot, log_last_error());
+                                         j->r->snapshot, err);
                                 continue;
                         }
                 }
@@ -317,6 +319,7 @@ static bool sample_row(struct sched *s, struct job *j, float *l, const float *q,
         } else {
                 struct sampler_result res;
                 bool want = j->r->logprobs > 0;
+                char err[256] = "";
                 if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
                         return false;
                 if (q) {
@@ -329,9 +332,12 @@ static bool sample_row(struct sched *s, struct job *j, float *l, const float *q,
                                 t = sampler_logprobs(j->sampler, l, t, &res, j->r->logprobs);
                         *accepted = ok;
                 } else
-                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs);
+                        t = sampler_sample(j->sampler, l, want ? &res : NULL, j->r->logprobs, err,
+                                           sizeof err);
                 if (t < 0) {
-                        eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", log_last_error());
+                        if (!err[0])
+                                snprintf(err, sizeof err, "%s", strerror(-t));
+                        eng_fail_job(s, j, SCHED_ERR_INTERNAL, "sampling: %s", err);
                         return false;
                 }
                 if (want && (lp = calloc(1, sizeof *lp)) &&
@@ -528,11 +534,10 @@ static void step(struct sched *s) {
         }
         struct x4_batch batch = { .seqs = seqs, .n_seqs = n, .hidden = hrows ? s->hidden : NULL };
         double t0 = now_ms();
-        int r = s->p.ops->forward(s->p.backend, &batch, s->logits);
+        char msg[1024] = "";
+        int r = s->p.ops->forward(s->p.backend, &batch, s->logits, msg, sizeof msg);
         double dt = now_ms() - t0;
         if (r < 0) {
-                char msg[1024];
-                snprintf(msg, sizeof msg, "%s", log_last_error());
                 for (uint32_t i = 0; i < n; i++)
                         eng_fail_job(s, owners[i], SCHED_ERR_INTERNAL, "backend forward failed: %s", msg);
                 free(seqs);

@@ -857,7 +857,8 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
 /* ---------------------------------------------------------------------------------------------
  * The seam. */
 
-static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
+static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits, char *err,
+                       size_t err_size) {
         const struct x4_config *c = b->cfg;
         size_t T = 0;
         int64_t row = 0, hrow = 0;
@@ -869,7 +870,7 @@ static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float
                 char msg[256];
                 int r = x4_batch_check(batch, logits, &lim, msg, sizeof msg);
                 if (r < 0)
-                        return log_error_errno(-r, "%s", msg);
+                        return error_set(err, err_size, -r, "%s", msg);
         }
 
         /* cut into micro-batches in batch order and run the trunk on each; token_base numbers
@@ -1384,15 +1385,16 @@ static size_t cpu_page_bytes(struct x4_backend *b) {
         return b->page_floats * sizeof(float);
 }
 
-static int check_page(struct x4_backend *b, uint32_t page, const char *what) {
+static int check_page(struct x4_backend *b, uint32_t page, const char *what, char *err,
+                      size_t err_size) {
         char msg[160];
         int r = x4_page_check(page, b->n_pages, what, msg, sizeof msg);
 
-        return r < 0 ? log_error_errno(-r, "%s", msg) : 0;
+        return r < 0 ? error_set(err, err_size, -r, "%s", msg) : 0;
 }
 
-static int cpu_page_read(struct x4_backend *b, uint32_t page, void *dst) {
-        int r = check_page(b, page, "read of");
+static int cpu_page_read(struct x4_backend *b, uint32_t page, void *dst, char *err, size_t err_size) {
+        int r = check_page(b, page, "read of", err, err_size);
 
         if (r < 0)
                 return r;
@@ -1400,8 +1402,9 @@ static int cpu_page_read(struct x4_backend *b, uint32_t page, void *dst) {
         return 0;
 }
 
-static int cpu_page_write(struct x4_backend *b, uint32_t page, const void *src) {
-        int r = check_page(b, page, "write of");
+static int cpu_page_write(struct x4_backend *b, uint32_t page, const void *src, char *err,
+                          size_t err_size) {
+        int r = check_page(b, page, "write of", err, err_size);
 
         if (r < 0)
                 return r;
@@ -1409,10 +1412,11 @@ static int cpu_page_write(struct x4_backend *b, uint32_t page, const void *src) 
         return 0;
 }
 
-static int cpu_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
+static int cpu_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src, char *err, size_t err_size) {
         int r;
 
-        if ((r = check_page(b, dst, "copy to")) < 0 || (r = check_page(b, src, "copy from")) < 0)
+        if ((r = check_page(b, dst, "copy to", err, err_size)) < 0 ||
+            (r = check_page(b, src, "copy from", err, err_size)) < 0)
                 return r;
         if (dst != src)
                 memcpy(b->cache + (size_t) dst * b->page_floats,

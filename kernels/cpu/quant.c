@@ -592,34 +592,41 @@ AVX512_TARGET static inline void store_i8x16_scaled(float *o, __m128i q8, __m512
         _mm512_storeu_ps(o, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8))));
 }
 
-AVX512_TARGET static void dequant_q6k_avx512(const struct block_q6_k *b, float *o) {
+/* docs/model.md §6 (q6k_unpack): the 128 six-bit values of half a Q6_K super-block (ql: 64 bytes,
+ * qh: 32), less 32, as four registers of 32 int8: low nibbles / high nibbles of ql, 2 bits of qh
+ * each. Shared by the dequantizer and the matrix-vector product, which must agree bit for bit. */
+AVX512_TARGET static inline __attribute__((always_inline)) void
+q6k_half_avx512(const uint8_t *ql, const uint8_t *qh, __m256i v[4]) {
         const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
         const __m256i m32 = _mm256_set1_epi8(32);
+        __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
+        __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
+        __m256i h = _mm256_loadu_si256((const __m256i *) qh);
+
+        v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+        v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+        for (int j = 0; j < 4; j++)
+                v[j] = _mm256_sub_epi8(v[j], m32);
+}
+
+AVX512_TARGET static void dequant_q6k_avx512(const struct block_q6_k *b, float *o) {
         float d = _cvtsh_ss(b->d);
 
         for (int n = 0; n < 2; n++, o += 128) {
-                const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
                 const int8_t *sc = b->scales + 8 * n;
-                __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
-                __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
-                __m256i h = _mm256_loadu_si256((const __m256i *) qh);
-                __m256i q[4];
+                __m256i v[4];
 
-                /* docs/model.md §6 (q6k_unpack): low nibbles / high nibbles of ql, 2 bits of qh each */
-                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                q6k_half_avx512(b->ql + 64 * n, b->qh + 32 * n, v);
                 for (int j = 0; j < 4; j++) {
-                        __m256i v = _mm256_sub_epi8(q[j], m32);
                         __m512 d0 = _mm512_set1_ps(d * (float) sc[2 * j]);
                         __m512 d1 = _mm512_set1_ps(d * (float) sc[2 * j + 1]);
-                        store_i8x16_scaled(o + 32 * j, _mm256_castsi256_si128(v), d0);
-                        store_i8x16_scaled(o + 32 * j + 16, _mm256_extracti128_si256(v, 1), d1);
+                        store_i8x16_scaled(o + 32 * j, _mm256_castsi256_si128(v[j]), d0);
+                        store_i8x16_scaled(o + 32 * j + 16, _mm256_extracti128_si256(v[j], 1), d1);
                 }
         }
 }
@@ -764,8 +771,6 @@ gemv_rows_avx512(const int NR, uint32_t type, const uint8_t *w, size_t rb, size_
                                 acc[r] = acc_add(acc[r], _mm512_loadu_ps((const float *) (w + r * rb) + i), x + i);
                 break;
         case GGML_TYPE_Q6_K: {
-                const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
-                const __m256i m32 = _mm256_set1_epi8(32);
                 for (size_t i = 0; i < k / QK_K; i++)
                         UNROLL for (int r = 0; r < NR; r++) {
                                 const struct block_q6_k *b = (const struct block_q6_k *) (w + r * rb) + i;
@@ -773,27 +778,15 @@ gemv_rows_avx512(const int NR, uint32_t type, const uint8_t *w, size_t rb, size_
                                         _mm_prefetch((const char *) b + GEMV_PREFETCH + 64 * c, _MM_HINT_T0);
                                 float d = _cvtsh_ss(b->d);
                                 for (int n = 0; n < 2; n++) {
-                                        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
                                         const int8_t *sc = b->scales + 8 * n;
                                         const float *xn = x + QK_K * i + 128 * n;
-                                        __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
-                                        __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
-                                        __m256i h = _mm256_loadu_si256((const __m256i *) qh);
-                                        __m256i q[4];
-                                        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                                               _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-                                        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-                                        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-                                        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                                        __m256i v[4];
+                                        q6k_half_avx512(b->ql + 64 * n, b->qh + 32 * n, v);
                                         for (int j = 0; j < 4; j++) {
-                                                __m256i v = _mm256_sub_epi8(q[j], m32);
                                                 __m512 d0 = _mm512_set1_ps(d * (float) sc[2 * j]);
                                                 __m512 d1 = _mm512_set1_ps(d * (float) sc[2 * j + 1]);
-                                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm256_castsi256_si128(v), d0), xn + 32 * j);
-                                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm256_extracti128_si256(v, 1), d1), xn + 32 * j + 16);
+                                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm256_castsi256_si128(v[j]), d0), xn + 32 * j);
+                                                acc[r] = acc_add(acc[r], i8x16_scaled(_mm256_extracti128_si256(v[j], 1), d1), xn + 32 * j + 16);
                                         }
                                 }
                         }

@@ -762,8 +762,10 @@ static int gib_fmt(char *buf, size_t n, uint64_t bytes) {
 }
 
 /* The module's copy of the logger (see meson.build: everything here is hidden, so the host's
- * log.c is not ours) forwards to the caller's params->log while a backend lives, so the caller's
- * log_last_error() holds "CUDA backend: no usable CUDA device: ..." instead of nothing. The
+ * log.c is not ours) forwards to the caller's params->log while a backend lives, so the
+ * operator sees the module's messages through the caller's logger and a failed create() leaves
+ * "CUDA backend: no usable CUDA device: ..." in the caller's log_last_error() (forward and the
+ * page calls hand their errors back as values instead: as_value below). The
  * module's logger is process-wide, so the forwarding is too: installed by the first create(),
  * removed when the last backend goes (or the create that installed it fails). The level filter
  * is the caller's: this copy passes everything on. */
@@ -1447,7 +1449,7 @@ static int select_device(struct x4_backend *b) {
         return CU_TRY(cudaSetDevice(b->device), ENODEV, "selecting the device");
 }
 
-static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
+static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
         const struct x4_config *c = &b->cfg;
         uint64_t T_tot = 0, R_tot = 0, pt_tot = 0;
         int r;
@@ -1639,7 +1641,7 @@ static int check_page(struct x4_backend *b, uint32_t page, const char *what) {
         return select_device(b);
 }
 
-static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst) {
+static int page_read(struct x4_backend *b, uint32_t page, void *dst) {
         int r = check_page(b, page, "read of");
         if (r < 0)
                 return r;
@@ -1651,7 +1653,7 @@ static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst) {
         return CU_TRY(cudaStreamSynchronize(b->stream), EIO, "reading a cache page");
 }
 
-static int cuda_page_write(struct x4_backend *b, uint32_t page, const void *src) {
+static int page_write(struct x4_backend *b, uint32_t page, const void *src) {
         int r = check_page(b, page, "write of");
         if (r < 0)
                 return r;
@@ -1663,7 +1665,7 @@ static int cuda_page_write(struct x4_backend *b, uint32_t page, const void *src)
         return CU_TRY(cudaStreamSynchronize(b->stream), EIO, "writing a cache page");
 }
 
-static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
+static int page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
         int r = check_page(b, dst, "copy to");
         if (r >= 0)
                 r = check_page(b, src, "copy from");
@@ -1676,6 +1678,40 @@ static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
         if (r < 0)
                 return r;
         return CU_TRY(cudaStreamSynchronize(b->stream), EIO, "copying a cache page");
+}
+
+/* The seam's calls return their message as a value (docs/design.md, "Errors"). The paths under
+ * them (CU_TRY, the launchers, the checks) fail through this module's own copy of the logger;
+ * the message of this thread's last failure there is the one handed back in err. */
+static int as_value(int r, char *err, size_t err_size) {
+        if (r >= 0 || !err || err_size == 0)
+                return r;
+        const char *msg = log_last_error();
+        snprintf(err, err_size, "%s", msg[0] ? msg : strerror(-r));
+        return r;
+}
+
+static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits, char *err,
+                        size_t err_size) {
+        log_clear_last_error();
+        return as_value(forward_batch(b, batch, logits), err, err_size);
+}
+
+static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst, char *err, size_t err_size) {
+        log_clear_last_error();
+        return as_value(page_read(b, page, dst), err, err_size);
+}
+
+static int cuda_page_write(struct x4_backend *b, uint32_t page, const void *src, char *err,
+                           size_t err_size) {
+        log_clear_last_error();
+        return as_value(page_write(b, page, src), err, err_size);
+}
+
+static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src, char *err,
+                          size_t err_size) {
+        log_clear_last_error();
+        return as_value(page_copy(b, dst, src), err, err_size);
 }
 
 /* MTP's NextN forward: not on CUDA yet (a backend is never created with mtp here). */

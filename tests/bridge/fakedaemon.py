@@ -32,74 +32,19 @@ import sys
 import threading
 import time
 
-# ---- protobuf wire format (just what is needed) ---------------------------------------------------
+# ---- protobuf wire format: the tests' one codec, tests/integration/x4wire.py -----------------------
 
-
-def varint(v):
-    out = bytearray()
-    v &= (1 << 64) - 1
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def fv(num, v):
-    return varint(num << 3) + varint(v)
-
-
-def fb(num, data):
-    if isinstance(data, str):
-        data = data.encode()
-    return varint(num << 3 | 2) + varint(len(data)) + data
-
-
-def parse(data):
-    out = {}
-    i = 0
-    while i < len(data):
-        key, i = _rv(data, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = _rv(data, i)
-        elif wt == 2:
-            n, i = _rv(data, i)
-            v = data[i:i + n]
-            i += n
-        elif wt == 5:
-            v = data[i:i + 4]
-            i += 4
-        elif wt == 1:
-            v = data[i:i + 8]
-            i += 8
-        else:
-            raise ValueError(f"wire type {wt}")
-        out.setdefault(num, []).append(v)
-    return out
-
-
-def _rv(data, i):
-    v = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        v |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return v, i
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from x4wire import (CANCEL, CHUNK, DONE, ERROR, GENERATE, HEALTH, HEALTH_REPLY,  # noqa: E402,F401
+                    HELLO, HELLO_REPLY, INFO, INFO_REPLY, STATS, STATS_REPLY, parse, varint)
+from x4wire import field_bytes as fb  # noqa: E402
+from x4wire import field_varint as fv  # noqa: E402
 
 
 def s(m, k, default=""):
     return m[k][0].decode() if k in m else default
 
 
-# Frame body fields
-HELLO, HELLO_REPLY, GENERATE, CHUNK, DONE, CANCEL = 10, 11, 12, 13, 14, 15
-STATS, STATS_REPLY, INFO, INFO_REPLY, HEALTH, HEALTH_REPLY, ERROR = 18, 19, 20, 21, 22, 23, 24
 CONTENT, REASONING, TOOL_CALL = 0, 1, 2
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_TOOL_CALLS = 1, 2, 3, 4
 E_INVALID, E_INTERNAL = 1, 7

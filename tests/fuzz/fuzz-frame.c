@@ -17,7 +17,7 @@ static unsigned decode(const uint8_t *data, size_t size, size_t chunk, uint64_t 
         assert(frame_decoder_new(CAP, &d) == 0);
         for (size_t off = 0; off < size;) {
                 size_t len = MIN(chunk, size - off), c;
-                int r = frame_decoder_feed(d, data + off, len, &c);
+                int r = frame_decoder_feed(d, data + off, len, &c, NULL, 0);
                 assert(c <= len);
                 off += c;
                 if (r < 0)

@@ -110,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 /* the budget forces the close when the schema's shortest value fits in it */
                 if (ended) {
                         struct json_value *v = NULL;
-                        if (json_parse(out, len, "fuzz", &v) < 0)
+                        if (json_parse(out, len, "fuzz", &v, NULL, 0) < 0)
                                 abort(); /* the constrained output is not JSON */
                         json_free(v);
                 }

@@ -38,7 +38,7 @@ static void check_fixed_point(const struct json_value *v, unsigned flags, int in
         if (!a)
                 __builtin_trap();
         _cleanup_(json_freep) struct json_value *w = NULL;
-        if (json_parse(a, strlen(a), "dump", &w) < 0)
+        if (json_parse(a, strlen(a), "dump", &w, NULL, 0) < 0)
                 __builtin_trap(); /* we wrote something we cannot read */
         _cleanup_free_ char *b = json_dump(w, flags, indent);
         if (!b || strcmp(a, b) != 0)
@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
         log_set_max_level(LOG_CRIT);
         log_clear_last_error();
-        if (json_parse((const char *) data, size, "fuzz", &v) < 0) {
+        if (json_parse((const char *) data, size, "fuzz", &v, NULL, 0) < 0) {
                 /* every refusal says where */
                 if (strncmp(log_last_error(), "fuzz: line ", 11) != 0)
                         __builtin_trap();
@@ -67,7 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         /* ensure_ascii changes the spelling, never the value */
         _cleanup_free_ char *plain = json_dump(v, 0, 0), *ascii = json_dump(v, JSON_ASCII, 0);
         _cleanup_(json_freep) struct json_value *w = NULL;
-        if (json_parse(ascii, strlen(ascii), "ascii", &w) < 0)
+        if (json_parse(ascii, strlen(ascii), "ascii", &w, NULL, 0) < 0)
                 __builtin_trap();
         _cleanup_free_ char *again = json_dump(w, 0, 0);
         if (strcmp(plain, again) != 0)

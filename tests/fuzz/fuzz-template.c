@@ -25,10 +25,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         static struct json_value *ctx;
         if (!ctx) {
                 log_set_max_level(LOG_CRIT);
-                assert(json_parse(context_json, strlen(context_json), "fuzz context", &ctx) == 0);
+                assert(json_parse(context_json, strlen(context_json), "fuzz context", &ctx, NULL, 0) == 0);
         }
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
-        if (chat_template_parse_len((const char *) data, size, &t) < 0) {
+        if (chat_template_parse_len((const char *) data, size, &t, NULL, 0) < 0) {
                 assert(log_last_error()[0] != 0);
                 return 0;
         }
@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         char *out = NULL;
         size_t len = 0;
         log_clear_last_error();
-        int r = chat_template_render_len(t, ctx, &out, &len);
+        int r = chat_template_render_len(t, ctx, &out, &len, NULL, 0);
         if (r < 0)
                 assert(log_last_error()[0] != 0);
         else {

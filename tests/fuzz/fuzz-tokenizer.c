@@ -100,7 +100,7 @@ static void stream_check(const int32_t *ids, size_t n, unsigned flags, bool thin
 
         if (tokenizer_decode(tok, ids, n, flags, &want, &want_len) < 0)
                 abort();
-        if (tokenizer_stream_new(tok, flags, &st) < 0 || outparse_new(tok, &c, &op) < 0)
+        if (tokenizer_stream_new(tok, flags, &st) < 0 || outparse_new(tok, &c, &op, NULL, 0) < 0)
                 abort();
         got = malloc(want_len + 1);
         for (size_t i = 0; i <= n; i++) {
@@ -137,7 +137,7 @@ static void parser_tokens(const uint8_t *data, size_t size) {
                                      .stop_strings = stops, .n_stop_strings = size > 1 && (data[1] & 1) ? 2 : 0,
                                      .emit = ignore, .userdata = &parsed };
         char *text = malloc(size + 1);
-        if (!text || outparse_new(tok, &c, &op) < 0)
+        if (!text || outparse_new(tok, &c, &op, NULL, 0) < 0)
                 abort();
         for (size_t i = 0; i < size;) {
                 if (data[i] < 0x10) {
@@ -169,7 +169,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
         int32_t *ids = NULL;
         size_t n;
-        if (tokenizer_encode(tok, (const char *) data, size, flags, &ids, &n) < 0)
+        if (tokenizer_encode(tok, (const char *) data, size, flags, &ids, &n, NULL, 0) < 0)
                 abort();
         for (size_t i = 0; i < n; i++)
                 if (ids[i] < 0 || (size_t) ids[i] >= tokenizer_n_vocab(tok))

@@ -108,7 +108,7 @@ static void feed(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0, c
         struct x4_seq s = {.tokens = toks, .n_tokens = n, .pos0 = pos0, .pages = pages,
                            .n_pages = n_pages, .logits = mode};
         struct x4_batch batch = {.seqs = &s, .n_seqs = 1};
-        REQUIRE(k->ops->forward(k->b, &batch, out) == 0, "forward of %u tokens at %u", n, pos0);
+        REQUIRE(k->ops->forward(k->b, &batch, out, NULL, 0) == 0, "forward of %u tokens at %u", n, pos0);
 }
 
 /* X4_GPU_CONFIG=config.json names the model's config (the real checkpoint keeps it apart);
@@ -219,7 +219,7 @@ static void test_fixture(const char *dir, bool with_cpu) {
         snprintf(path, sizeof path, "%s/model.gguf", dir);
         _cleanup_(x4_model_freep) struct x4_model *m = open_model(path);
         snprintf(path, sizeof path, "%s/cases.json", dir);
-        REQUIRE(json_parse_file(path, &cases) == 0, "parsing %s", path);
+        REQUIRE(json_parse_file(path, &cases, NULL, 0) == 0, "parsing %s", path);
         const struct json_value *list = json_object_get(cases, "cases");
         REQUIRE(list && json_count(list) > 0, "%s: no cases", path);
         uint32_t V = x4_model_config(m)->n_vocab;
@@ -780,7 +780,7 @@ static void test_batch(const char *model_path) {
                 seqs[i] = (struct x4_seq){.tokens = toks[i], .n_tokens = len[i], .pos0 = 0,
                                           .pages = pages[i], .n_pages = np[i],
                                           .logits = X4_LOGITS_ALL};
-        REQUIRE(cu.ops->forward(cu.b, &batch, out) == 0, "batched prefill");
+        REQUIRE(cu.ops->forward(cu.b, &batch, out, NULL, 0) == 0, "batched prefill");
         size_t o = 0;
         for (int i = 0; i < N_SEQ; i++) {
                 memcpy(batched + row0[i] * V, out + o * V, (size_t) len[i] * V * sizeof(float));
@@ -791,7 +791,7 @@ static void test_batch(const char *model_path) {
                         seqs[i] = (struct x4_seq){.tokens = toks[i] + len[i] + d, .n_tokens = 1,
                                                   .pos0 = len[i] + d, .pages = pages[i],
                                                   .n_pages = np[i], .logits = X4_LOGITS_LAST};
-                REQUIRE(cu.ops->forward(cu.b, &batch, out) == 0, "batched decode");
+                REQUIRE(cu.ops->forward(cu.b, &batch, out, NULL, 0) == 0, "batched decode");
                 for (int i = 0; i < N_SEQ; i++)
                         memcpy(batched + (row0[i] + len[i] + d) * V, out + (size_t) i * V,
                                V * sizeof(float));
@@ -883,7 +883,7 @@ static int do_forward(void *p) {
         struct err_ctx *e = p;
         struct x4_batch batch = {.seqs = &e->seq, .n_seqs = 1};
         float *out = malloc((size_t) e->k->n_vocab * sizeof(float) * 4);
-        int r = e->k->ops->forward(e->k->b, &batch, out);
+        int r = e->k->ops->forward(e->k->b, &batch, out, NULL, 0);
         free(out);
         return r;
 }
@@ -932,7 +932,7 @@ static void test_errors(const char *model_path) {
         /* the backend still works after refusals */
         e.seq.pos0 = 0;
         float *out = malloc(V * sizeof(float));
-        CHECK(cu.ops->forward(cu.b, &(struct x4_batch){.seqs = &e.seq, .n_seqs = 1}, out) == 0,
+        CHECK(cu.ops->forward(cu.b, &(struct x4_batch){.seqs = &e.seq, .n_seqs = 1}, out, NULL, 0) == 0,
               "forward after refusals");
         free(out);
         bk_close(&cu);
@@ -947,7 +947,7 @@ struct page_ctx {
 
 static int do_page_read(void *p) {
         struct page_ctx *e = p;
-        return e->k->ops->page_read(e->k->b, 6, e->buf);
+        return e->k->ops->page_read(e->k->b, 6, e->buf, NULL, 0);
 }
 
 static void test_pages(const char *model_path) {
@@ -965,18 +965,18 @@ static void test_pages(const char *model_path) {
 
         /* prefill 300 tokens into pages 0-1, snapshot them, decode 2 tokens */
         feed(&cu, toks, 300, 0, pa, 2, X4_LOGITS_LAST, first);
-        CHECK(cu.ops->page_read(cu.b, 0, snap) == 0 && cu.ops->page_read(cu.b, 1, snap + pb) == 0,
+        CHECK(cu.ops->page_read(cu.b, 0, snap, NULL, 0) == 0 && cu.ops->page_read(cu.b, 1, snap + pb, NULL, 0) == 0,
               "page_read");
         for (uint32_t i = 0; i < 2; i++)
                 feed(&cu, toks + 300 + i, 1, 300 + i, pa, 2, X4_LOGITS_LAST, a + (size_t) i * V);
         /* the snapshot written into pages 2-3 continues identically */
-        CHECK(cu.ops->page_write(cu.b, 2, snap) == 0 && cu.ops->page_write(cu.b, 3, snap + pb) == 0,
+        CHECK(cu.ops->page_write(cu.b, 2, snap, NULL, 0) == 0 && cu.ops->page_write(cu.b, 3, snap + pb, NULL, 0) == 0,
               "page_write");
         for (uint32_t i = 0; i < 2; i++)
                 feed(&cu, toks + 300 + i, 1, 300 + i, pw, 2, X4_LOGITS_LAST, b + (size_t) i * V);
         CHECK(memcmp(a, b, 2 * V * sizeof(float)) == 0, "decode after page_write differs");
         /* device-side copies of pages 0-1 into 4-5 likewise */
-        CHECK(cu.ops->page_copy(cu.b, 4, 0) == 0 && cu.ops->page_copy(cu.b, 5, 1) == 0, "page_copy");
+        CHECK(cu.ops->page_copy(cu.b, 4, 0, NULL, 0) == 0 && cu.ops->page_copy(cu.b, 5, 1, NULL, 0) == 0, "page_copy");
         for (uint32_t i = 0; i < 2; i++)
                 feed(&cu, toks + 300 + i, 1, 300 + i, pc, 2, X4_LOGITS_LAST, b + (size_t) i * V);
         CHECK(memcmp(a, b, 2 * V * sizeof(float)) == 0, "decode after page_copy differs");
@@ -1052,7 +1052,7 @@ static void test_quick(const char *model_path) {
                 {.tokens = toks + 24, .n_tokens = 9, .pos0 = 0, .pages = pb, .n_pages = 1,
                  .logits = X4_LOGITS_ALL},
         };
-        CHECK(cu.ops->forward(cu.b, &(struct x4_batch){.seqs = seqs, .n_seqs = 2}, out) == 0,
+        CHECK(cu.ops->forward(cu.b, &(struct x4_batch){.seqs = seqs, .n_seqs = 2}, out, NULL, 0) == 0,
               "mixed batch");
         size_t bad = 0;
         for (size_t i = 0; i < (size_t) 10 * V; i++)

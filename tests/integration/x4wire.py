@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Just enough protobuf wire format to speak proto/xing4.proto from tests without generated code,
 so tests can send frames a real client library would never produce (bad versions, garbage,
-oversized headers) and read the daemon's Error replies."""
+oversized headers) and read the daemon's Error replies. The tests' one codec: the bridge tests'
+scripted daemon (tests/bridge/fakedaemon.py) imports it too."""
 import socket
 import struct
 
@@ -17,6 +18,7 @@ ERROR_NAMES = {1: "INVALID_ARGUMENT", 2: "NOT_FOUND", 3: "UNAVAILABLE", 4: "TOO_
 
 def varint(v):
     out = bytearray()
+    v &= (1 << 64) - 1  # a negative int64 is ten bytes, as protobuf writes it
     while True:
         b = v & 0x7F
         v >>= 7

@@ -54,8 +54,11 @@ static void fake_destroy(struct x4_backend *b) {
 
 /* "fwd" and per sequence " pos0+n_tokens@page,page,..": the page table up to the last new
  * token's page only, so the line shows what the forward reads */
-static int fake_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
+static int fake_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits, char *err,
+                        size_t err_size) {
         (void) logits;
+        (void) err;
+        (void) err_size;
         fprintf(b->trace, "fwd");
         for (uint32_t i = 0; i < batch->n_seqs; i++) {
                 const struct x4_seq *s = &batch->seqs[i];
@@ -93,17 +96,25 @@ static size_t fake_page_bytes(struct x4_backend *b) {
         return 0;
 }
 
-static int fake_page_io(struct x4_backend *b, uint32_t page, void *buf) {
+static int fake_page_io(struct x4_backend *b, uint32_t page, void *buf, char *err, size_t err_size) {
         (void) buf;
+        (void) err;
+        (void) err_size;
         return page < b->n_pages ? 0 : -ERANGE;
 }
 
-static int fake_page_write(struct x4_backend *b, uint32_t page, const void *src) {
+static int fake_page_write(struct x4_backend *b, uint32_t page, const void *src, char *err,
+                           size_t err_size) {
         (void) src;
+        (void) err;
+        (void) err_size;
         return page < b->n_pages ? 0 : -ERANGE;
 }
 
-static int fake_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
+static int fake_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src, char *err,
+                          size_t err_size) {
+        (void) err;
+        (void) err_size;
         if (dst >= b->n_pages || src >= b->n_pages)
                 return -ERANGE;
         fprintf(b->trace, "copy %u<-%u\n", dst, src);

@@ -123,16 +123,21 @@ static void test_cpu_backend_agrees(void **state) {
                         seqs[0] = CASES[i].seq;
                         bt.n_seqs = 1;
                 }
-                int r = x4_backend_cpu.forward(b, &bt, CASES[i].no_logits ? NULL : out);
+                char err[256] = "";
+                int r = x4_backend_cpu.forward(b, &bt, CASES[i].no_logits ? NULL : out, err, sizeof err);
                 assert_int_equal(r, CASES[i].code);
-                assert_string_equal(log_last_error(), CASES[i].msg);
+                assert_string_equal(err, CASES[i].msg);
         }
-        assert_int_equal(x4_backend_cpu.page_read(b, 4, out), -ERANGE);
+        /* without a buffer the message is logged */
+        assert_int_equal(x4_backend_cpu.page_read(b, 4, out, NULL, 0), -ERANGE);
         assert_string_equal(log_last_error(),
                             "read of cache page 4: out of range, the cache has 4 pages (0..3)");
+        char err[256] = "";
+        assert_int_equal(x4_backend_cpu.page_copy(b, 0, 9, err, sizeof err), -ERANGE);
+        assert_string_equal(err, "copy from cache page 9: out of range, the cache has 4 pages (0..3)");
         /* still serving */
         struct x4_seq ok = { toks_ok, 3, 0, pages_ok, 1, X4_LOGITS_LAST };
-        assert_int_equal(x4_backend_cpu.forward(b, &(struct x4_batch){ &ok, 1 }, out), 0);
+        assert_int_equal(x4_backend_cpu.forward(b, &(struct x4_batch){ &ok, 1 }, out, NULL, 0), 0);
         x4_backend_cpu.destroy(b);
         free(out);
 }

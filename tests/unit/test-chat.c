@@ -20,7 +20,7 @@
 
 static struct json_value *ctx_from(const char *json) {
         struct json_value *v = NULL;
-        assert_int_equal(json_parse(json, strlen(json), "test context", &v), 0);
+        assert_int_equal(json_parse(json, strlen(json), "test context", &v, NULL, 0), 0);
         return v;
 }
 
@@ -30,10 +30,10 @@ static char *render(const char *tmpl, const char *json, int *r) {
         _cleanup_(json_freep) struct json_value *ctx = ctx_from(json ? json : "{}");
         char *out = NULL;
         log_clear_last_error();
-        *r = chat_template_parse(tmpl, &t);
+        *r = chat_template_parse(tmpl, &t, NULL, 0);
         if (*r < 0)
                 return NULL;
-        *r = chat_template_render(t, ctx, &out);
+        *r = chat_template_render(t, ctx, &out, NULL, 0);
         return *r < 0 ? NULL : out;
 }
 
@@ -74,9 +74,9 @@ static void test_xing4_spec_examples(void **state) {
 
         _cleanup_(json_freep) struct json_value *c1 = ctx_from(TURN1_CTX), *c2 = ctx_from(TURN2_CTX);
         _cleanup_free_ char *o1 = NULL, *o2 = NULL;
-        assert_int_equal(chat_xing4_render(c1, &o1), 0);
+        assert_int_equal(chat_xing4_render(c1, &o1, NULL, 0), 0);
         assert_string_equal(o1, TURN1);
-        assert_int_equal(chat_xing4_render(c2, &o2), 0);
+        assert_int_equal(chat_xing4_render(c2, &o2, NULL, 0), 0);
         assert_string_equal(o2, TURN2);
 
         /* thinking off: the generation prompt closes the think block */
@@ -118,17 +118,13 @@ static const char *const AGREE[] = {
 static void test_xing4_c_renderer_agrees(void **state) {
         (void) state;
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
-        assert_int_equal(chat_template_parse(chat_xing4_template, &t), 0);
+        assert_int_equal(chat_template_parse(chat_xing4_template, &t, NULL, 0), 0);
         for (size_t i = 0; i < ELEMENTSOF(AGREE); i++) {
                 _cleanup_(json_freep) struct json_value *ctx = ctx_from(AGREE[i]);
                 _cleanup_free_ char *a = NULL, *b = NULL;
                 char ea[512] = "", eb[512] = "";
-                log_clear_last_error();
-                int ra = chat_template_render(t, ctx, &a);
-                snprintf(ea, sizeof(ea), "%s", log_last_error());
-                log_clear_last_error();
-                int rb = chat_xing4_render(ctx, &b);
-                snprintf(eb, sizeof(eb), "%s", log_last_error());
+                int ra = chat_template_render(t, ctx, &a, ea, sizeof ea);
+                int rb = chat_xing4_render(ctx, &b, eb, sizeof eb);
                 if ((ra < 0) != (rb < 0))
                         fail_msg("context %zu: template r=%d (%s), C renderer r=%d (%s)", i, ra, ea, rb, eb);
                 if (ra < 0) {
@@ -143,7 +139,7 @@ static void test_xing4_c_renderer_agrees(void **state) {
         /* the tool call forms written out, so a change in one renderer is visible here */
         _cleanup_(json_freep) struct json_value *ctx = ctx_from(AGREE[3]);
         _cleanup_free_ char *out = NULL;
-        assert_int_equal(chat_xing4_render(ctx, &out), 0);
+        assert_int_equal(chat_xing4_render(ctx, &out, NULL, 0), 0);
         assert_non_null(strstr(out, "<_bot></think><tool_call>get_weather<param_key>city</param_key><param_value>Paris"
                                     "</param_value><param_key>days</param_key><param_value>3</param_value><param_key>hourly"
                                     "</param_key><param_value>false</param_value><param_key>x</param_key><param_value>"
@@ -288,10 +284,10 @@ static void test_limits(void **state) {
         /* limits are settable per template */
         _cleanup_(chat_template_freep) struct chat_template *t = NULL;
         const char *src = "{% for i in range(50) %}{{ i }}{% endfor %}";
-        assert_int_equal(chat_template_parse(src, &t), 0);
+        assert_int_equal(chat_template_parse(src, &t, NULL, 0), 0);
         chat_template_set_limits(t, &(struct chat_limits) {.max_output = 20});
         char *out = NULL;
-        assert_int_equal(chat_template_render(t, NULL, &out), -E2BIG);
+        assert_int_equal(chat_template_render(t, NULL, &out, NULL, 0), -E2BIG);
         assert_non_null(strstr(log_last_error(), "output limit of 20 bytes"));
         log_set_max_level(LOG_INFO);
 }
@@ -304,14 +300,14 @@ static void test_context_build(void **state) {
                 " {\"type\": \"function\", \"function\": {\"name\": \"g\", \"arguments\": \"not json\"}}]}]");
         _cleanup_(json_freep) struct json_value *tools = ctx_from("[]");
         _cleanup_(json_freep) struct json_value *ctx = NULL;
-        assert_int_equal(chat_context_build(msgs, tools, true, 0, "<s>", NULL, &ctx), 0);
+        assert_int_equal(chat_context_build(msgs, tools, true, 0, "<s>", NULL, &ctx, NULL, 0), 0);
         _cleanup_free_ char *dump = json_dump(ctx, JSON_COMPACT, 0);
         assert_string_equal(dump, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"\","
                                   "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"q\":\"x\"}}},"
                                   "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"not json\"}}]}],"
                                   "\"add_generation_prompt\":true,\"enable_thinking\":false,\"bos_token\":\"<s>\"}");
         _cleanup_free_ char *out = NULL;
-        assert_int_equal(chat_xing4_render(ctx, &out), 0);
+        assert_int_equal(chat_xing4_render(ctx, &out, NULL, 0), 0);
         assert_string_equal(out, "<_system><_user>hi<_bot></think><tool_call>f<param_key>q</param_key><param_value>x"
                                  "</param_value></tool_call><tool_call>{\"name\": \"g\", \"arguments\": not json}</tool_call>"
                                  "<_end>\n<_bot></think>");
@@ -319,8 +315,11 @@ static void test_context_build(void **state) {
         log_set_max_level(LOG_CRIT);
         _cleanup_(json_freep) struct json_value *bad = ctx_from("[{\"role\": \"robot\", \"content\": \"x\"}]");
         _cleanup_(json_freep) struct json_value *ctx2 = NULL;
-        assert_int_equal(chat_context_build(bad, NULL, true, -1, NULL, NULL, &ctx2), -EINVAL);
+        assert_int_equal(chat_context_build(bad, NULL, true, -1, NULL, NULL, &ctx2, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "messages[0].role: system, user, assistant or tool expected, got 'robot'");
+        char err[128] = "";
+        assert_int_equal(chat_context_build(bad, NULL, true, -1, NULL, NULL, &ctx2, err, sizeof err), -EINVAL);
+        assert_string_equal(err, "messages[0].role: system, user, assistant or tool expected, got 'robot'");
         log_set_max_level(LOG_INFO);
 }
 

@@ -51,7 +51,7 @@ static int feed(struct fixture *f, struct x4_backend *b, const int32_t *tokens, 
                               .n_pages = DIV_ROUND_UP(pos0 + n, PAGE_TOKENS), .logits = mode };
         struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
 
-        return f->ops->forward(b, &batch, out);
+        return f->ops->forward(b, &batch, out, NULL, 0);
 }
 
 /* Prefill tokens[0..n) in chunks of `chunk` with logits for every row into out[n][vocab]. */
@@ -183,7 +183,7 @@ static void test_batch_mates(void **state) {
                 struct x4_batch batch = { .seqs = seqs, .n_seqs = 3 };
 
                 assert_int_equal(x4_batch_logits_rows(&batch), 17 + N_PROMPT + 1);
-                assert_int_equal(f->ops->forward(b, &batch, out), 0);
+                assert_int_equal(f->ops->forward(b, &batch, out, NULL, 0), 0);
                 assert_rows_identical(f, f->ref, out + 17 * V, N_PROMPT,
                                       pass ? "2 threads, between batch-mates" : "between batch-mates");
                 /* and the continuation's row equals C decoding that token on its own */
@@ -240,10 +240,10 @@ static void test_pages(void **state) {
         slot_pages(2, pc, n_pg);
         assert_int_equal(feed(f, f->b2, f->prompt, N_PROMPT, 0, pa, X4_LOGITS_NONE, NULL), 0);
         for (uint32_t i = 0; i < DIV_ROUND_UP(N_PROMPT, PAGE_TOKENS); i++) {
-                assert_int_equal(f->ops->page_copy(f->b2, pb[i], pa[i]), 0);
-                assert_int_equal(f->ops->page_read(f->b2, pa[i], buf), 0);
-                assert_int_equal(f->ops->page_write(f->b2, pc[i], buf), 0);
-                assert_int_equal(f->ops->page_read(f->b2, pc[i], back), 0);
+                assert_int_equal(f->ops->page_copy(f->b2, pb[i], pa[i], NULL, 0), 0);
+                assert_int_equal(f->ops->page_read(f->b2, pa[i], buf, NULL, 0), 0);
+                assert_int_equal(f->ops->page_write(f->b2, pc[i], buf, NULL, 0), 0);
+                assert_int_equal(f->ops->page_read(f->b2, pc[i], back, NULL, 0), 0);
                 assert_memory_equal(buf, back, bytes);
         }
         /* token 40 continued from the original, the copy and the written-back pages */
@@ -255,10 +255,10 @@ static void test_pages(void **state) {
         assert_memory_equal(c, ref + N_PROMPT * V, V * sizeof(float));
 
         /* pages the cache does not have */
-        assert_int_equal(f->ops->page_read(f->b2, N_PAGES, buf), -ERANGE);
+        assert_int_equal(f->ops->page_read(f->b2, N_PAGES, buf, NULL, 0), -ERANGE);
         assert_string_equal(log_last_error(),
                             "read of cache page 64: out of range, the cache has 64 pages (0..63)");
-        assert_int_equal(f->ops->page_copy(f->b2, 0, N_PAGES + 5), -ERANGE);
+        assert_int_equal(f->ops->page_copy(f->b2, 0, N_PAGES + 5, NULL, 0), -ERANGE);
         assert_string_equal(log_last_error(),
                             "copy from cache page 69: out of range, the cache has 64 pages (0..63)");
 }
@@ -307,39 +307,39 @@ static void test_errors(void **state) {
 
         assert_non_null(out);
         /* token id = vocab size, in the second sequence */
-        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        assert_int_equal(f->ops->forward(f->b1, &batch, out, NULL, 0), -EINVAL);
         snprintf(want, sizeof want, "sequence 1 token 2: id %u outside the vocabulary, expected 0..%u",
                  f->n_vocab, f->n_vocab - 1);
         assert_string_equal(log_last_error(), want);
 
         seqs[1].tokens = neg;
         seqs[1].n_tokens = 1;
-        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        assert_int_equal(f->ops->forward(f->b1, &batch, out, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "sequence 1 token 0: id -1 outside the vocabulary, expected 0..511");
 
         /* no tokens */
         seqs[1].n_tokens = 0;
-        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        assert_int_equal(f->ops->forward(f->b1, &batch, out, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "sequence 1: n_tokens is 0, at least 1 expected");
 
         /* positions beyond the sequence's page table: pos 16 needs a second page */
         seqs[1].tokens = f->prompt;
         seqs[1].n_tokens = 2;
         seqs[1].pos0 = PAGE_TOKENS - 1;
-        assert_int_equal(f->ops->forward(f->b1, &batch, out), -ERANGE);
+        assert_int_equal(f->ops->forward(f->b1, &batch, out, NULL, 0), -ERANGE);
         assert_string_equal(log_last_error(),
                             "sequence 1: positions up to 16 need 2 pages of 16 tokens, its page table has 1");
 
         /* a page the cache does not have */
         seqs[1].pages = pages + 2;
         seqs[1].n_pages = 2;
-        assert_int_equal(f->ops->forward(f->b1, &batch, out), -ERANGE);
+        assert_int_equal(f->ops->forward(f->b1, &batch, out, NULL, 0), -ERANGE);
         assert_string_equal(log_last_error(),
                             "sequence 1: page table entry 1 is page 64, the cache has 64 pages (0..63)");
 
         /* an empty batch */
         batch.n_seqs = 0;
-        assert_int_equal(f->ops->forward(f->b1, &batch, out), -EINVAL);
+        assert_int_equal(f->ops->forward(f->b1, &batch, out, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "batch has no sequences, at least 1 expected");
 }
 

@@ -145,7 +145,7 @@ static void run_mtp(struct fixture *f, struct x4_backend *b, uint32_t chunk, boo
         const size_t V = f->cfg->n_vocab, H = f->cfg->n_embd;
         struct x4_seq s = { .tokens = f->ids, .n_tokens = N_TOK, .pos0 = 0, .pages = f->pages,
                             .n_pages = N_PAGES, .logits = X4_LOGITS_ALL, .hidden = X4_LOGITS_ALL };
-        assert_int_equal(x4_backend_cpu.forward(b, &(struct x4_batch){ &s, 1, hidden }, logits), 0);
+        assert_int_equal(x4_backend_cpu.forward(b, &(struct x4_batch){ &s, 1, hidden }, logits, NULL, 0), 0);
 
         float *scratch = malloc((chunk + 2) * V * sizeof(float)), *sh = malloc((chunk + 2) * H * sizeof(float));
         assert_non_null(scratch);
@@ -182,7 +182,7 @@ static void test_invariance(void **state) {
         /* the trunk's logits are the same with MTP off and on, hidden rows asked for or not */
         struct x4_seq s = { .tokens = f->ids, .n_tokens = N_TOK, .pos0 = 0, .pages = f->pages,
                             .n_pages = N_PAGES, .logits = X4_LOGITS_ALL };
-        assert_int_equal(x4_backend_cpu.forward(off, &(struct x4_batch){ &s, 1, NULL }, l0), 0);
+        assert_int_equal(x4_backend_cpu.forward(off, &(struct x4_batch){ &s, 1, NULL }, l0, NULL, 0), 0);
         run_mtp(f, on, N_TOK, false, l1, h1, d1, dh1);
         assert_memory_equal(l0, l1, N_TOK * V * sizeof(float));
 

@@ -87,13 +87,13 @@ static void run_case(const struct x4_backend_ops *ops, struct x4_backend *b, uin
         struct x4_seq seq = { .tokens = prompt, .n_tokens = (uint32_t) n_prompt, .pos0 = 0,
                               .pages = pages, .n_pages = n_pages, .logits = X4_LOGITS_ALL };
         struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
-        assert_int_equal(ops->forward(b, &batch, all), 0);
+        assert_int_equal(ops->forward(b, &batch, all, NULL, 0), 0);
         /* then each decode id alone at the next position */
         for (size_t k = 0; k < n_decode; k++) {
                 seq = (struct x4_seq) { .tokens = decode + k, .n_tokens = 1,
                                         .pos0 = (uint32_t) (n_prompt + k), .pages = pages,
                                         .n_pages = n_pages, .logits = X4_LOGITS_LAST };
-                assert_int_equal(ops->forward(b, &batch, all + (n_prompt + k) * n_vocab), 0);
+                assert_int_equal(ops->forward(b, &batch, all + (n_prompt + k) * n_vocab, NULL, 0), 0);
         }
         for (size_t r = 0; r < n_rows; r++) {
                 assert_true(positions[r] >= 0 && (size_t) positions[r] < n_prompt + n_decode);
@@ -143,7 +143,7 @@ static void test_fixture_cases(void **state) {
         struct x4_model_params mp = { .path = path };
         assert_int_equal(x4_model_open(&mp, &model), 0);
         fixture_path(path, sizeof path, "cases.json");
-        assert_int_equal(json_parse_file(path, &cases), 0);
+        assert_int_equal(json_parse_file(path, &cases, NULL, 0), 0);
         const struct json_value *list = json_object_get(cases, "cases");
         assert_non_null(list);
         assert_int_equal(json_count(list), 3);

@@ -158,8 +158,8 @@ static void forward_both(struct fixture *f, const struct x4_batch *batch, size_t
         memset(a, 0, bytes);
         memset(b, 0xff, bytes);
         trace_reset(&f->tr);
-        assert_int_equal(f->ops->forward(f->plain, batch, a), 0);
-        assert_int_equal(f->ops->forward(f->traced, batch, b), 0);
+        assert_int_equal(f->ops->forward(f->plain, batch, a, NULL, 0), 0);
+        assert_int_equal(f->ops->forward(f->traced, batch, b, NULL, 0), 0);
         for (size_t r = 0; r < n_rows; r++)
                 if (memcmp(a + r * f->cfg->n_vocab, b + r * f->cfg->n_vocab,
                            f->cfg->n_vocab * sizeof(float)) != 0)

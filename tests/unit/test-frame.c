@@ -39,7 +39,7 @@ static void check_chunked(size_t chunk) {
                 size_t len = MIN(chunk, total - off), used = 0;
                 while (used < len) {
                         size_t c;
-                        int r = frame_decoder_feed(d, stream + off + used, len - used, &c);
+                        int r = frame_decoder_feed(d, stream + off + used, len - used, &c, NULL, 0);
                         assert_true(r >= 0);
                         used += c;
                         if (r == 1) {
@@ -73,10 +73,10 @@ static void test_empty_payload(void **state) {
         size_t n = 99;
 
         assert_int_equal(frame_decoder_new(16, &d), 0);
-        assert_int_equal(frame_decoder_feed(d, zero, 3, &c), 0);
+        assert_int_equal(frame_decoder_feed(d, zero, 3, &c, NULL, 0), 0);
         assert_int_equal(c, 3);
         assert_int_equal(frame_decoder_pending(d), 3);
-        assert_int_equal(frame_decoder_feed(d, zero + 3, 1, &c), 1);
+        assert_int_equal(frame_decoder_feed(d, zero + 3, 1, &c, NULL, 0), 1);
         frame_decoder_payload(d, &p, &n);
         assert_int_equal(n, 0);
 }
@@ -88,13 +88,14 @@ static void test_oversized_refused(void **state) {
         size_t c;
 
         assert_int_equal(frame_decoder_new(1024, &d), 0);
-        assert_int_equal(frame_decoder_feed(d, hdr, sizeof hdr, &c), -EMSGSIZE);
+        assert_int_equal(frame_decoder_feed(d, hdr, sizeof hdr, &c, NULL, 0), -EMSGSIZE);
         assert_int_equal(c, 4);
         assert_string_equal(log_last_error(),
                             "frame payload of 4294967295 bytes exceeds the limit of 1024 bytes");
         /* the stream is out of sync: further feeding fails */
-        assert_int_equal(frame_decoder_feed(d, hdr + 4, 2, &c), -EPROTO);
-        assert_string_equal(log_last_error(), "frame stream lost sync after an earlier error");
+        char err[128] = "";
+        assert_int_equal(frame_decoder_feed(d, hdr + 4, 2, &c, err, sizeof err), -EPROTO);
+        assert_string_equal(err, "frame stream lost sync after an earlier error");
 }
 
 static void test_limit_boundary(void **state) {
@@ -105,14 +106,14 @@ static void test_limit_boundary(void **state) {
         assert_int_equal(frame_decoder_new(100, &d), 0);
         assert_int_equal(frame_encode_header(100, 100, buf), 0);
         memset(buf + 4, 'x', 100);
-        assert_int_equal(frame_decoder_feed(d, buf, sizeof buf, &c), 1);
+        assert_int_equal(frame_decoder_feed(d, buf, sizeof buf, &c, NULL, 0), 1);
         assert_int_equal(c, sizeof buf);
 
         assert_int_equal(frame_encode_header(101, 100, buf), -EMSGSIZE);
         assert_string_equal(log_last_error(),
                             "frame payload of 101 bytes exceeds the limit of 100 bytes");
         buf[3] = 101;
-        assert_int_equal(frame_decoder_feed(d, buf, 4, &c), -EMSGSIZE);
+        assert_int_equal(frame_decoder_feed(d, buf, 4, &c, NULL, 0), -EMSGSIZE);
 }
 
 static void test_bad_limits(void **state) {
@@ -149,22 +150,22 @@ static void test_admit_hook_and_trim(void **state) {
         frame_decoder_set_admit(d, admit_below_1000, &calls);
         assert_int_equal(frame_encode_header(10, FRAME_MAX_DEFAULT, buf), 0);
         memset(buf + 4, 'a', 10);
-        assert_int_equal(frame_decoder_feed(d, buf, 14, &c), 1);
+        assert_int_equal(frame_decoder_feed(d, buf, 14, &c, NULL, 0), 1);
         assert_int_equal(calls, 1);
         frame_decoder_trim(d); /* small buffers are kept: harmless */
         assert_int_equal(frame_decoder_pending(d), 0);
         /* refused: nothing allocated, the stream is broken */
         assert_int_equal(frame_encode_header(100000, FRAME_MAX_DEFAULT, buf), 0);
-        assert_int_equal(frame_decoder_feed(d, buf, 4, &c), -ENOBUFS);
+        assert_int_equal(frame_decoder_feed(d, buf, 4, &c, NULL, 0), -ENOBUFS);
         assert_int_equal(calls, 2);
-        assert_int_equal(frame_decoder_feed(d, buf, 1, &c), -EPROTO);
+        assert_int_equal(frame_decoder_feed(d, buf, 1, &c, NULL, 0), -EPROTO);
 
         /* without the hook a large frame is taken; trim after it is handed out gives the
          * buffer back and the next frame decodes normally */
         _cleanup_(frame_decoder_freep) struct frame_decoder *e = NULL;
         assert_int_equal(frame_decoder_new(FRAME_MAX_DEFAULT, &e), 0);
         memset(buf + 4, 'b', 100000);
-        assert_int_equal(frame_decoder_feed(e, buf, sizeof buf, &c), 1);
+        assert_int_equal(frame_decoder_feed(e, buf, sizeof buf, &c, NULL, 0), 1);
         const uint8_t *p;
         size_t n;
         frame_decoder_payload(e, &p, &n);
@@ -174,9 +175,9 @@ static void test_admit_hook_and_trim(void **state) {
         assert_int_equal(frame_decoder_pending(e), 0);
         assert_int_equal(frame_encode_header(3, FRAME_MAX_DEFAULT, buf), 0);
         memcpy(buf + 4, "xyz", 3);
-        assert_int_equal(frame_decoder_feed(e, buf, 5, &c), 0);
+        assert_int_equal(frame_decoder_feed(e, buf, 5, &c, NULL, 0), 0);
         assert_int_equal(frame_decoder_pending(e), 5);
-        assert_int_equal(frame_decoder_feed(e, buf + 5, 2, &c), 1);
+        assert_int_equal(frame_decoder_feed(e, buf + 5, 2, &c, NULL, 0), 1);
         frame_decoder_payload(e, &p, &n);
         assert_int_equal(n, 3);
         assert_memory_equal(p, "xyz", 3);

@@ -19,6 +19,7 @@
 #include "gguf/ggml.h"
 #include "gguf/gguf.h"
 #include "common/log.h"
+#include "common/util.h"
 
 /* ---- byte builder ---- */
 
@@ -1019,12 +1020,6 @@ static void test_open_real_file(void **state) {
 }
 
 /* ---- scale: the real file's shape ---- */
-
-static double now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void test_scale(void **state) {
         struct buf b = { 0 };

@@ -493,7 +493,7 @@ static void test_random_walks_close(void **state) {
                         if (!ended)
                                 fail_msg("schema %zu: no end within %u tokens: %s", s, budget, out);
                         struct json_value *v = NULL;
-                        if (json_parse(out, strlen(out), "walk", &v) < 0)
+                        if (json_parse(out, strlen(out), "walk", &v, NULL, 0) < 0)
                                 fail_msg("schema %zu: not JSON: %s", s, out);
                         json_free(v);
                         free(out);
@@ -583,7 +583,7 @@ static void test_tool_call(void **state) {
                 assert_non_null(e);
                 assert_string_equal(e, "</tool_call>");
                 struct json_value *v = NULL;
-                if (json_parse(out + 11, (size_t) (e - out - 11), "call", &v) < 0)
+                if (json_parse(out + 11, (size_t) (e - out - 11), "call", &v, NULL, 0) < 0)
                         fail_msg("not JSON: %s", out);
                 const char *name = json_string(json_object_get(v, "name"));
                 struct json_value *args = json_object_get(v, "arguments");

@@ -219,7 +219,7 @@ static const struct dump_case dump_cases[] = {
 
 static struct json_value *parse_ok(const char *text) {
         struct json_value *v = NULL;
-        int r = json_parse(text, strlen(text), "test", &v);
+        int r = json_parse(text, strlen(text), "test", &v, NULL, 0);
         if (r < 0)
                 fail_msg("parse of %s failed: %s", text, log_last_error());
         assert_non_null(v);
@@ -257,7 +257,7 @@ static void test_fixture_files_roundtrip(void **state) {
                 char path[4096];
                 snprintf(path, sizeof path, "%s/%s", X4_FIXTURES, files[i].name);
                 _cleanup_(json_freep) struct json_value *v = NULL;
-                assert_int_equal(json_parse_file(path, &v), 0);
+                assert_int_equal(json_parse_file(path, &v, NULL, 0), 0);
                 _cleanup_free_ char *s = json_dump(v, JSON_ASCII, files[i].indent);
                 _cleanup_fclose_ FILE *f = fopen(path, "re");
                 assert_non_null(f);
@@ -313,7 +313,7 @@ static void test_parse_errors(void **state) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
                 struct json_value *v = NULL;
                 log_clear_last_error();
-                int r = json_parse(cases[i].text, strlen(cases[i].text), "test", &v);
+                int r = json_parse(cases[i].text, strlen(cases[i].text), "test", &v, NULL, 0);
                 if (r != -EBADMSG)
                         fail_msg("case %zu (%s): r=%d, want -EBADMSG", i, cases[i].text, r);
                 assert_null(v);
@@ -321,8 +321,14 @@ static void test_parse_errors(void **state) {
         }
         /* an embedded NUL byte is not the end of the text */
         struct json_value *v = NULL;
-        assert_int_equal(json_parse("[1]\0", 4, "nul.json", &v), -EBADMSG);
+        assert_int_equal(json_parse("[1]\0", 4, "nul.json", &v, NULL, 0), -EBADMSG);
         assert_string_equal(log_last_error(), "nul.json: line 1 column 4: unexpected byte 0x00 after the value");
+        /* with a buffer the message is the caller's, not the log's (error_set, common/log.h) */
+        char err[40];
+        log_clear_last_error();
+        assert_int_equal(json_parse("[1,]", 4, "buf.json", &v, err, sizeof err), -EBADMSG);
+        assert_string_equal(err, "buf.json: line 1 column 4: expected a v"); /* truncated to fit */
+        assert_string_equal(log_last_error(), "");
         log_set_max_level(LOG_INFO);
 }
 
@@ -340,11 +346,11 @@ static void test_depth_limit(void **state) {
         (void) state;
         _cleanup_free_ char *ok = nested(256), *deep = nested(257);
         _cleanup_(json_freep) struct json_value *v = NULL;
-        assert_int_equal(json_parse(ok, strlen(ok), "deep", &v), 0);
+        assert_int_equal(json_parse(ok, strlen(ok), "deep", &v, NULL, 0), 0);
         assert_int_equal(json_type(v), JSON_ARRAY);
         struct json_value *w = NULL;
         log_set_max_level(LOG_CRIT);
-        assert_int_equal(json_parse(deep, strlen(deep), "deep", &w), -EBADMSG);
+        assert_int_equal(json_parse(deep, strlen(deep), "deep", &w, NULL, 0), -EBADMSG);
         assert_string_equal(log_last_error(), "deep: line 1 column 257: nesting deeper than 256 levels");
         log_set_max_level(LOG_INFO);
 }
@@ -432,10 +438,10 @@ static void test_parse_file_errors(void **state) {
         (void) state;
         struct json_value *v = NULL;
         log_set_max_level(LOG_CRIT);
-        assert_int_equal(json_parse_file("/nonexistent-dir/config.json", &v), -ENOENT);
+        assert_int_equal(json_parse_file("/nonexistent-dir/config.json", &v, NULL, 0), -ENOENT);
         assert_string_equal(log_last_error(),
                             "/nonexistent-dir/config.json: cannot open: No such file or directory");
-        assert_int_equal(json_parse_file(X4_FIXTURES, &v), -EISDIR);
+        assert_int_equal(json_parse_file(X4_FIXTURES, &v, NULL, 0), -EISDIR);
         assert_string_equal(log_last_error(), X4_FIXTURES ": is a directory, a JSON file expected");
         /* the path names the file in syntax errors */
         char path[] = "/tmp/test-json-XXXXXX";
@@ -443,7 +449,7 @@ static void test_parse_file_errors(void **state) {
         assert_true(fd >= 0);
         assert_int_equal(write(fd, "{\n \"a\": [1,\n 2,,]}\n", 19), 19);
         close(fd);
-        assert_int_equal(json_parse_file(path, &v), -EBADMSG);
+        assert_int_equal(json_parse_file(path, &v, NULL, 0), -EBADMSG);
         char want[256];
         snprintf(want, sizeof want, "%s: line 3 column 4: expected a value, got ','", path);
         assert_string_equal(log_last_error(), want);

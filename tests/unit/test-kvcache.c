@@ -42,7 +42,7 @@ static void test_sharing(void **state) {
 
         assert_int_equal(kvcache_new(4, 16, &kv), 0);
         assert_int_equal(kvcache_alloc(kv, 2, p), 0);
-        assert_int_equal(kvcache_ref(kv, p, 2), 0);
+        assert_int_equal(kvcache_ref(kv, p, 2, NULL, 0), 0);
         assert_int_equal(kvcache_refcount(kv, p[0]), 2);
         assert_int_equal(kvcache_release(kv, p, 2), 0);
         /* still held by the other user */
@@ -66,10 +66,10 @@ static void test_misuse(void **state) {
         assert_int_equal(kvcache_release(kv, &p, 1), -EINVAL);
         assert_string_equal(log_last_error(), "cache: page 0 released but already free");
         assert_int_equal(kvcache_n_free(kv), 2); /* a double release does not grow the list */
-        assert_int_equal(kvcache_ref(kv, &p, 1), -EINVAL);
+        assert_int_equal(kvcache_ref(kv, &p, 1, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "cache: page 0 is free, cannot share it");
         uint32_t bad = 7;
-        assert_int_equal(kvcache_ref(kv, &bad, 1), -EINVAL);
+        assert_int_equal(kvcache_ref(kv, &bad, 1, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "cache: page 7 out of range (0..1)");
         assert_int_equal(kvcache_refcount(kv, 7), -EINVAL);
 }

@@ -303,7 +303,7 @@ static void test_demo_loads_and_tokenizes(void **state) {
 
         /* a real-looking vocabulary: the demo prompt is word pieces, and decodes back */
         assert_int_equal(tokenizer_load(t.gguf, &tok), 0);
-        assert_int_equal(tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n), 0);
+        assert_int_equal(tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, NULL, 0), 0);
         assert_true(n >= 6 && n <= 8);
         assert_int_equal(tokenizer_decode(tok, ids, n, 0, &text, NULL), 0);
         assert_string_equal(text, prompt);
@@ -327,7 +327,7 @@ static void test_demo_loads_and_tokenizes(void **state) {
                                       .n_pages = 1, .logits = X4_LOGITS_ALL };
                 struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
                 assert_int_equal(ops->create(m, &bp, &be), 0);
-                assert_int_equal(ops->forward(be, &batch, logits), 0);
+                assert_int_equal(ops->forward(be, &batch, logits, NULL, 0), 0);
                 for (int row = 0; row < 12; row++) {
                         double sum = 0, sum2 = 0;
                         const float *l = logits + (size_t) row * 4096;

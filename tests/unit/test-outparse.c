@@ -96,7 +96,7 @@ static struct outparse *new_parser(struct seen *s, bool thinking, int64_t budget
         struct outparse_config c = { .thinking = thinking, .thinking_budget = budget, .stop_strings = stops,
                                      .n_stop_strings = n_stops, .stop_ids = stop_ids, .n_stop_ids = n_ids,
                                      .emit = collect, .userdata = s };
-        assert_int_equal(outparse_new(tok, &c, &p), 0);
+        assert_int_equal(outparse_new(tok, &c, &p, NULL, 0), 0);
         return p;
 }
 
@@ -106,7 +106,7 @@ static void feed_model_text(struct outparse *p, const char *text) {
         _cleanup_free_ int32_t *ids = NULL;
         _cleanup_(tokenizer_stream_freep) struct tokenizer_stream *st = NULL;
         size_t n;
-        assert_int_equal(tokenizer_encode(tok, text, strlen(text), 0, &ids, &n), 0);
+        assert_int_equal(tokenizer_encode(tok, text, strlen(text), 0, &ids, &n, NULL, 0), 0);
         assert_int_equal(tokenizer_stream_new(tok, 0, &st), 0);
         for (size_t i = 0; i < n; i++) {
                 const char *t;
@@ -395,7 +395,7 @@ static void test_stop_strings(void **state) {
         struct outparse *bad = NULL;
         static const char *empty[] = { "" };
         struct outparse_config c = { .stop_strings = empty, .n_stop_strings = 1, .emit = collect, .userdata = &s };
-        assert_int_equal(outparse_new(tok, &c, &bad), -EINVAL);
+        assert_int_equal(outparse_new(tok, &c, &bad, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "stop string 0 is empty, non-empty text expected");
 }
 

@@ -20,7 +20,7 @@
 
 static struct sampler *make(const struct sampler_params *p, uint32_t n_vocab) {
         struct sampler *s = NULL;
-        int r = sampler_new(p, n_vocab, &s);
+        int r = sampler_new(p, n_vocab, &s, NULL, 0);
         if (r < 0)
                 fail_msg("sampler_new: %s", log_last_error());
         return s;
@@ -47,7 +47,7 @@ static void check_distribution(struct sampler *s, const float *logits, uint32_t 
         static const double chi2_999[] = { 0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32 };
         unsigned *count = calloc(n, sizeof *count);
         for (int i = 0; i < N_DRAWS; i++) {
-                int t = sampler_sample(s, logits, NULL, 0);
+                int t = sampler_sample(s, logits, NULL, 0, NULL, 0);
                 assert_in_range(t, 0, n - 1);
                 count[t]++;
         }
@@ -124,7 +124,7 @@ static void test_validate(void **state) {
                 assert_string_equal(msg, bad[i].message);
                 /* sampler_new refuses with the same text */
                 struct sampler *s = NULL;
-                assert_int_equal(sampler_new(&p, 10, &s), -EINVAL);
+                assert_int_equal(sampler_new(&p, 10, &s, NULL, 0), -EINVAL);
                 assert_null(s);
                 assert_string_equal(log_last_error(), bad[i].message);
         }
@@ -140,7 +140,7 @@ static void test_validate(void **state) {
         assert_int_equal(sampler_params_validate(&p, msg), 0);
         assert_string_equal(msg, "");
         struct sampler *s = NULL;
-        assert_int_equal(sampler_new(&p, 0, &s), -EINVAL);
+        assert_int_equal(sampler_new(&p, 0, &s, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "sampler: vocabulary of 0 tokens, 1..2^31-1 expected");
         log_set_max_level(LOG_INFO);
 }
@@ -169,7 +169,7 @@ static void test_plain_distribution(void **state) {
         _cleanup_(sampler_freep) struct sampler *s3 = make(&sp, 5);
         unsigned hits0 = 0;
         for (int i = 0; i < N_DRAWS; i++)
-                hits0 += sampler_sample(s3, z, NULL, 0) == 0;
+                hits0 += sampler_sample(s3, z, NULL, 0, NULL, 0) == 0;
         assert_true(fabs(hits0 - q[0] * N_DRAWS) > 10 * sqrt(N_DRAWS * q[0] * (1 - q[0])));
 }
 
@@ -188,7 +188,7 @@ static void test_top_k(void **state) {
         sp.temperature = 5.0f;
         _cleanup_(sampler_freep) struct sampler *s1 = make(&sp, 5);
         for (int i = 0; i < 1000; i++)
-                assert_int_equal(sampler_sample(s1, z, NULL, 0), 1);
+                assert_int_equal(sampler_sample(s1, z, NULL, 0, NULL, 0), 1);
 }
 
 static void test_top_p(void **state) {
@@ -217,7 +217,7 @@ static void test_top_p(void **state) {
         /* a tiny top_p still keeps one token */
         sp.top_p = 1e-9f;
         _cleanup_(sampler_freep) struct sampler *s4 = make(&sp, 3);
-        assert_int_equal(sampler_sample(s4, z, NULL, 0), 1);
+        assert_int_equal(sampler_sample(s4, z, NULL, 0, NULL, 0), 1);
 }
 
 static void test_min_p(void **state) {
@@ -244,26 +244,26 @@ static void test_greedy_and_cold(void **state) {
         struct sampler_params sp = params(0.0f, 0, 1.0f, 0.0f, 0);
         _cleanup_(sampler_freep) struct sampler *g = make(&sp, 6);
         /* greedy: argmax, lowest id on ties, NaN ignored */
-        assert_int_equal(sampler_sample(g, z, NULL, 0), 1);
-        assert_int_equal(sampler_sample(g, y, NULL, 0), 1);
+        assert_int_equal(sampler_sample(g, z, NULL, 0, NULL, 0), 1);
+        assert_int_equal(sampler_sample(g, y, NULL, 0, NULL, 0), 1);
         /* temperature -> 0 converges to greedy */
         sp.temperature = 1e-4f; /* the 0.01 gap becomes e^-100 */
         _cleanup_(sampler_freep) struct sampler *c = make(&sp, 6);
         for (int i = 0; i < 2000; i++)
-                assert_int_equal(sampler_sample(c, y, NULL, 0), 1);
+                assert_int_equal(sampler_sample(c, y, NULL, 0, NULL, 0), 1);
         /* at temperature 0.1 the 0.01 gap is e^-0.1: token 2 must show up */
         sp.temperature = 0.1f;
         _cleanup_(sampler_freep) struct sampler *w = make(&sp, 6);
         int seen2 = 0;
         for (int i = 0; i < 2000; i++)
-                seen2 += sampler_sample(w, y, NULL, 0) == 2;
+                seen2 += sampler_sample(w, y, NULL, 0, NULL, 0) == 2;
         assert_true(seen2 > 500);
         /* +inf wins, all -inf/NaN is refused with a message */
         const float inf[6] = { 1.0f, INFINITY, 2.0f, INFINITY, 0.0f, 0.0f };
-        assert_int_equal(sampler_sample(g, inf, NULL, 0), 1);
+        assert_int_equal(sampler_sample(g, inf, NULL, 0, NULL, 0), 1);
         const float none[6] = { -INFINITY, NAN, -INFINITY, NAN, -INFINITY, -INFINITY };
         log_set_max_level(LOG_CRIT);
-        assert_int_equal(sampler_sample(g, none, NULL, 0), -EDOM);
+        assert_int_equal(sampler_sample(g, none, NULL, 0, NULL, 0), -EDOM);
         assert_string_equal(log_last_error(), "sampler: all 6 logits are -inf or NaN");
         log_set_max_level(LOG_INFO);
 }
@@ -279,14 +279,14 @@ static void test_penalties(void **state) {
         /* repetition: 2.0 / 1.2 = 1.67 < 1.9; negative logits are multiplied: -1.2 < -1.05 */
         sp.repetition_penalty = 1.2f;
         _cleanup_(sampler_freep) struct sampler *r = make(&sp, 4);
-        assert_int_equal(sampler_sample(r, z, NULL, 0), 0);
-        assert_int_equal(sampler_add_prompt(r, &t0, 1), 0);
-        assert_int_equal(sampler_sample(r, z, NULL, 0), 1);
-        assert_int_equal(sampler_sample(r, neg, NULL, 0), 2);
-        assert_int_equal(sampler_add_prompt(r, &t2, 1), 0);
-        assert_int_equal(sampler_sample(r, neg, NULL, 0), 3);
+        assert_int_equal(sampler_sample(r, z, NULL, 0, NULL, 0), 0);
+        assert_int_equal(sampler_add_prompt(r, &t0, 1, NULL, 0), 0);
+        assert_int_equal(sampler_sample(r, z, NULL, 0, NULL, 0), 1);
+        assert_int_equal(sampler_sample(r, neg, NULL, 0, NULL, 0), 2);
+        assert_int_equal(sampler_add_prompt(r, &t2, 1, NULL, 0), 0);
+        assert_int_equal(sampler_sample(r, neg, NULL, 0, NULL, 0), 3);
         /* logprobs report the penalized distribution: z' = {1.667, 1.9, -1.2, -1.05} */
-        assert_int_equal(sampler_sample(r, z, &res, 2), 1);
+        assert_int_equal(sampler_sample(r, z, &res, 2, NULL, 0), 1);
         double lse = log(exp(2.0 / 1.2) + exp(1.9) + exp(-1.2) + exp(-1.05));
         assert_float_equal(res.logprob, 1.9 - lse, 1e-5);
         assert_int_equal(res.n_top, 2);
@@ -297,12 +297,12 @@ static void test_penalties(void **state) {
         sp.repetition_penalty = 1.0f;
         sp.presence_penalty = 2.0f;
         _cleanup_(sampler_freep) struct sampler *p = make(&sp, 4);
-        assert_int_equal(sampler_add_prompt(p, &t0, 1), 0);
-        assert_int_equal(sampler_sample(p, z, NULL, 0), 0);
+        assert_int_equal(sampler_add_prompt(p, &t0, 1, NULL, 0), 0);
+        assert_int_equal(sampler_sample(p, z, NULL, 0, NULL, 0), 0);
         assert_int_equal(sampler_accept(p, 0), 0);
-        assert_int_equal(sampler_sample(p, z, NULL, 0), 1); /* 2.0 - 2 */
+        assert_int_equal(sampler_sample(p, z, NULL, 0, NULL, 0), 1); /* 2.0 - 2 */
         assert_int_equal(sampler_accept(p, 0), 0);          /* presence does not grow */
-        assert_int_equal(sampler_sample(p, z, &res, 1), 1);
+        assert_int_equal(sampler_sample(p, z, &res, 1, NULL, 0), 1);
         assert_int_equal(res.top[0].token, 1);
 
         /* frequency: 0.06 per occurrence; once 1.94 > 1.9, twice 1.88 < 1.9 */
@@ -310,21 +310,21 @@ static void test_penalties(void **state) {
         sp.frequency_penalty = 0.06f;
         _cleanup_(sampler_freep) struct sampler *f = make(&sp, 4);
         assert_int_equal(sampler_accept(f, 0), 0);
-        assert_int_equal(sampler_sample(f, z, NULL, 0), 0);
+        assert_int_equal(sampler_sample(f, z, NULL, 0, NULL, 0), 0);
         assert_int_equal(sampler_accept(f, 0), 0);
-        assert_int_equal(sampler_sample(f, z, NULL, 0), 1);
+        assert_int_equal(sampler_sample(f, z, NULL, 0, NULL, 0), 1);
         /* negative penalties encourage repeats */
         sp.frequency_penalty = -0.5f;
         _cleanup_(sampler_freep) struct sampler *e = make(&sp, 4);
         assert_int_equal(sampler_accept(e, 3), 0);
-        assert_int_equal(sampler_sample(e, neg, NULL, 0), 3);
+        assert_int_equal(sampler_sample(e, neg, NULL, 0, NULL, 0), 3);
 
         /* ids outside the vocabulary */
         log_set_max_level(LOG_CRIT);
         assert_int_equal(sampler_accept(e, 4), -EINVAL);
         assert_string_equal(log_last_error(), "sampler: token 4 is outside the vocabulary of 4 tokens");
         const int32_t badp[2] = { 1, -1 };
-        assert_int_equal(sampler_add_prompt(e, badp, 2), -EINVAL);
+        assert_int_equal(sampler_add_prompt(e, badp, 2, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "sampler: token -1 is outside the vocabulary of 4 tokens");
         log_set_max_level(LOG_INFO);
 }
@@ -341,9 +341,9 @@ static void test_seeds(void **state) {
         sp.seed = 1235;
         _cleanup_(sampler_freep) struct sampler *s3 = make(&sp, 50);
         for (int i = 0; i < 200; i++) {
-                a[i] = sampler_sample(s1, z, NULL, 0);
-                b[i] = sampler_sample(s2, z, NULL, 0);
-                c[i] = sampler_sample(s3, z, NULL, 0);
+                a[i] = sampler_sample(s1, z, NULL, 0, NULL, 0);
+                b[i] = sampler_sample(s2, z, NULL, 0, NULL, 0);
+                c[i] = sampler_sample(s3, z, NULL, 0, NULL, 0);
         }
         assert_memory_equal(a, b, sizeof a);
         int differ = 0;
@@ -360,7 +360,7 @@ static void test_logprobs(void **state) {
         struct sampler_params sp = params(3.0f, 0, 1.0f, 0.0f, 9);
         _cleanup_(sampler_freep) struct sampler *s = make(&sp, 4);
         for (int i = 0; i < 50; i++) {
-                int t = sampler_sample(s, z, &res, 4);
+                int t = sampler_sample(s, z, &res, 4, NULL, 0);
                 assert_int_equal(res.token, t);
                 assert_float_equal(res.logprob, z[t], 1e-6);
                 assert_int_equal(res.n_top, 4);
@@ -370,11 +370,11 @@ static void test_logprobs(void **state) {
                         assert_float_equal(res.top[k].logprob, z[order[k]], 1e-6);
                 }
         }
-        int t = sampler_sample(s, z, &res, 0);
+        int t = sampler_sample(s, z, &res, 0, NULL, 0);
         assert_int_equal(t, res.token);
         assert_int_equal(res.n_top, 0);
         log_set_max_level(LOG_CRIT);
-        assert_int_equal(sampler_sample(s, z, &res, 21), -EINVAL);
+        assert_int_equal(sampler_sample(s, z, &res, 21, NULL, 0), -EINVAL);
         assert_string_equal(log_last_error(), "top_logprobs must be in [0, 20], got 21");
         log_set_max_level(LOG_INFO);
 }
@@ -410,7 +410,7 @@ static void test_large_vocab(void **state) {
         struct sampler_params sp = params(1.0f, 40, 1.0f, 0.0f, 5);
         _cleanup_(sampler_freep) struct sampler *k = make(&sp, V);
         for (int i = 0; i < 300; i++) {
-                int t = sampler_sample(k, z, NULL, 0);
+                int t = sampler_sample(k, z, NULL, 0, NULL, 0);
                 assert_true(z[t] >= sorted[39]);
         }
 
@@ -418,7 +418,7 @@ static void test_large_vocab(void **state) {
         sp = params(1.5f, 5000, 0.99f, 0.0f, 8);
         _cleanup_(sampler_freep) struct sampler *kk = make(&sp, V);
         for (int i = 0; i < 300; i++) {
-                int t = sampler_sample(kk, z, NULL, 0);
+                int t = sampler_sample(kk, z, NULL, 0, NULL, 0);
                 assert_true(z[t] >= sorted[4999]);
         }
 
@@ -436,7 +436,7 @@ static void test_large_vocab(void **state) {
         unsigned top_hits = 0;
         const int draws = 2000; /* ~1 ms each: keep the test short */
         for (int i = 0; i < draws; i++) {
-                int t = sampler_sample(p, z, NULL, 0);
+                int t = sampler_sample(p, z, NULL, 0, NULL, 0);
                 assert_true(z[t] >= sorted[keep - 1]);
                 top_hits += z[t] == sorted[0];
         }
@@ -448,7 +448,7 @@ static void test_large_vocab(void **state) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int i = 0; i < 50; i++)
-                sampler_sample(p, z, NULL, 0);
+                sampler_sample(p, z, NULL, 0, NULL, 0);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         print_message("131072-token top-p sample: %.3f ms\n",
                       ((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6) / 200);

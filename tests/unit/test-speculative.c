@@ -98,9 +98,9 @@ static void run_case(const struct opt_case *c) {
         static const int32_t hist[] = { 3, 3, 7, 11, 3, 20 };
 
         pp.seed = 1, pq.seed = 2, po.seed = 3;
-        assert_int_equal(sampler_new(&pp, V, &sp), 0);
-        assert_int_equal(sampler_new(&pq, V, &sq), 0);
-        assert_int_equal(sampler_new(&po, V, &so), 0);
+        assert_int_equal(sampler_new(&pp, V, &sp, NULL, 0), 0);
+        assert_int_equal(sampler_new(&pq, V, &sq, NULL, 0), 0);
+        assert_int_equal(sampler_new(&po, V, &so, NULL, 0), 0);
         if (c->history)
                 for (size_t i = 0; i < sizeof hist / sizeof hist[0]; i++) {
                         assert_int_equal(sampler_accept(sp, hist[i]), 0);
@@ -127,7 +127,7 @@ static void run_case(const struct opt_case *c) {
                 spec[t]++;
                 drafts[d]++;
                 acc += ok;
-                int32_t o = sampler_sample(so, lp, NULL, 0);
+                int32_t o = sampler_sample(so, lp, NULL, 0, NULL, 0);
                 assert_true(o >= 0 && o < (int32_t) V);
                 plain[o]++;
         }
@@ -176,7 +176,7 @@ static void test_greedy(void **state) {
         float l[V], p[V], q[V];
         sampler_params_default(&pp);
         pp.temperature = 0;
-        assert_int_equal(sampler_new(&pp, V, &s), 0);
+        assert_int_equal(sampler_new(&pp, V, &s, NULL, 0), 0);
         logits_of(5, l);
         int32_t best = sampler_probs(s, l, p);
         assert_true(best >= 0);
@@ -187,7 +187,7 @@ static void test_greedy(void **state) {
                 assert_int_equal(sampler_speculate(s, p, q, d, &ok), best);
                 assert_int_equal(ok, d == best);
         }
-        assert_int_equal(sampler_sample(s, l, NULL, 0), best);
+        assert_int_equal(sampler_sample(s, l, NULL, 0, NULL, 0), best);
         bool ok;
         assert_int_equal(sampler_speculate(s, p, q, (int32_t) V, &ok), -EINVAL);
         sampler_free(s);

@@ -50,7 +50,7 @@ static int32_t P(const char *piece) {
 static void expect_ids(const char *text, size_t len, unsigned flags, const int32_t *want, size_t n) {
         _cleanup_free_ int32_t *ids = NULL;
         size_t got;
-        assert_int_equal(tokenizer_encode(fixture, text, len, flags, &ids, &got), 0);
+        assert_int_equal(tokenizer_encode(fixture, text, len, flags, &ids, &got, NULL, 0), 0);
         if (got != n) {
                 for (size_t i = 0; i < got; i++)
                         fprintf(stderr, "  got[%zu] = %d %s\n", i, ids[i], tokenizer_piece(fixture, ids[i], NULL));
@@ -177,7 +177,7 @@ static void test_round_trip(void **state) {
                 _cleanup_free_ int32_t *ids = NULL;
                 _cleanup_free_ char *s = NULL;
                 size_t n;
-                assert_int_equal(tokenizer_encode(fixture, texts[i], strlen(texts[i]), 0, &ids, &n), 0);
+                assert_int_equal(tokenizer_encode(fixture, texts[i], strlen(texts[i]), 0, &ids, &n, NULL, 0), 0);
                 s = decode(ids, n, 0);
                 assert_string_equal(s, texts[i]);
         }
@@ -258,7 +258,7 @@ static void test_stream(void **state) {
         while ((l = getline(&line, &cap, f)) > 0 && lines < 3000) {
                 _cleanup_free_ int32_t *ids = NULL;
                 size_t nids;
-                assert_int_equal(tokenizer_encode(fixture, line, (size_t) l - 1, 0, &ids, &nids), 0);
+                assert_int_equal(tokenizer_encode(fixture, line, (size_t) l - 1, 0, &ids, &nids, NULL, 0), 0);
                 check_stream(ids, nids, 0);
                 check_stream(ids, nids, TOKENIZER_DECODE_SKIP_SPECIALS);
                 lines++;
@@ -296,7 +296,7 @@ static struct tokenizer *make_vocab(const char *const *pieces, const float *scor
 static void expect_t(struct tokenizer *t, const char *text, const int32_t *want, size_t n) {
         _cleanup_free_ int32_t *ids = NULL;
         size_t got;
-        assert_int_equal(tokenizer_encode(t, text, strlen(text), 0, &ids, &got), 0);
+        assert_int_equal(tokenizer_encode(t, text, strlen(text), 0, &ids, &got, NULL, 0), 0);
         assert_int_equal(got, n);
         assert_memory_equal(ids, want, n * sizeof(int32_t));
 }
@@ -364,7 +364,7 @@ static void test_vocab_errors(void **state) {
         assert_int_equal(tokenizer_new(&v, &t), 0);
         _cleanup_free_ int32_t *ids = NULL;
         size_t n;
-        assert_int_equal(tokenizer_encode(t, "a", 1, TOKENIZER_ENCODE_BOS, &ids, &n), -ENOENT);
+        assert_int_equal(tokenizer_encode(t, "a", 1, TOKENIZER_ENCODE_BOS, &ids, &n, NULL, 0), -ENOENT);
         assert_string_equal(log_last_error(), "tokenizer: BOS requested, but the vocabulary has no bos token id");
         tokenizer_free(t);
 }
