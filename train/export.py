@@ -3,7 +3,7 @@
 """Export a train.py checkpoint (or a model in memory) to the xing4_0 GGUF + config.json the engine
 loads (docs/model.md §2: metadata keys, tensor names, shapes and types as model/mkmodel.c writes them).
 
-    export.py --ckpt runs/x/ckpt.pt --spm tok/xing4-demo.model --out models/xing4-demo/model.gguf \
+    export.py --ckpt train/runs/demo --spm tok/xing4-demo.model --out models/xing4-demo/model.gguf \
               [--types release|f32|bf16]
 
 Types: `release` = BF16 token_embd/attention/hc_*_fn, IQ4_NL dense FFN, experts, shared expert and
@@ -15,7 +15,6 @@ import json
 import os
 import sys
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_write as gw  # noqa: E402
@@ -210,9 +209,11 @@ def export(model, out, vocab=None, types='release', name='xing4-demo', chat_temp
     """Write `out` (GGUF) and config.json next to it. vocab = (pieces, scores, types) or None for a
     synthetic one. Returns the file size."""
     cfg = model.cfg
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tp = type_plan(types)
-    A, Fq, O, F32 = tp['attn'], tp['ffn'], tp['output'], gw.T_F32
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    if cfg.nextn and cfg.nextn_tied:
+        sd['nextn.embed_tokens'], sd['nextn.head'] = sd['tok_embd'], sd['output']
     w = gw.Writer()
     w.str('general.architecture', 'xing4_0')
     w.str('general.name', name)
@@ -284,18 +285,18 @@ def export(model, out, vocab=None, types='release', name='xing4-demo', chat_temp
 
 
 def load_checkpoint(path):
-    import torch
+    """A train.py checkpoint (a run folder or its ckpt/ folder) as a float32 model."""
     from model import Config, Xing4
-    ck = torch.load(path, map_location='cpu')
-    cfg = Config.from_dict(ck['config'])
-    m = Xing4(cfg)
-    m.load_state_dict({k: v.float() for k, v in ck['model'].items()}, strict=False)
-    return m, ck
+    from train import load_ckpt
+    cfg_d, sd, idx, _ = load_ckpt(path)
+    m = Xing4(Config.from_dict(cfg_d))
+    m.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    return m.float().eval(), idx
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--ckpt', required=True)
+    ap.add_argument('--ckpt', required=True, help='a train.py run folder or its ckpt/ folder')
     ap.add_argument('--spm', help='SentencePiece .model (default: a synthetic vocabulary)')
     ap.add_argument('--out', required=True)
     ap.add_argument('--types', default='release')

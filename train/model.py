@@ -45,6 +45,10 @@ class Config:
     shared: int = 1
     expert_ff: int = 64
     ctx: int = 262144          # YaRN factor = ctx / 4096 (the release: 64)
+    # train the NextN block with the trunk's embedding and output head (DeepSeek-V3's MTP shares
+    # them); export writes them as the block's own embed_tokens / shared_head_head. Halves the
+    # vocabulary-sized weights of the checkpoint.
+    nextn_tied: bool = True
 
     @property
     def yarn_factor(self):
@@ -218,15 +222,23 @@ class MoE(nn.Module):
         sel = torch.topk(s + self.bias, c.experts_used, dim=-1, sorted=True).indices
         sw = torch.gather(s, 1, sel)
         gw = sw / (sw.sum(-1, keepdim=True) + 1e-20) * ROUTED_SCALE
-        y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        # tokens sorted by expert, one host sync per layer (the counts) instead of one per expert
+        flat = sel.flatten()
+        order = torch.argsort(flat)
+        counts = torch.bincount(flat, minlength=c.experts)
         with torch.no_grad():
-            self.last_load = torch.bincount(sel.flatten(), minlength=c.experts)
-        for e in range(c.experts):
-            tok, k = torch.nonzero(sel == e, as_tuple=True)
-            if tok.numel() == 0:
-                continue
-            out = swiglu(x[tok], self.gate_exps[e], self.up_exps[e], self.down_exps[e])
-            y.index_add_(0, tok, out.float() * gw[tok, k].unsqueeze(-1))
+            self.last_load = counts.detach()
+        tok = order // c.experts_used
+        xs = x[tok]
+        ws = gw.flatten()[order].unsqueeze(-1)
+        outs = []
+        n_e = counts.tolist()
+        for e, (xe, n) in enumerate(zip(torch.split(xs, n_e), n_e)):
+            if n:
+                outs.append(swiglu(xe, self.gate_exps[e], self.up_exps[e], self.down_exps[e]).float())
+        y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        if outs:
+            y = y.index_add(0, tok, torch.cat(outs) * ws)
         y = y + swiglu(x, self.gate_sh, self.up_sh, self.down_sh).float()
         return y.to(f.dtype).view(shape)
 
@@ -258,20 +270,21 @@ class NextN(nn.Module):
         H = cfg.hidden
         self.block = Block(cfg, cfg.layers, hc=False)    # MoE (index >= dense), no hc_*
         self.eh_proj = P(H, 2 * H)
-        self.embed_tokens = P(cfg.vocab, H)
-        self.head = P(cfg.vocab, H)                        # shared_head_head
+        if not cfg.nextn_tied:
+            self.embed_tokens = P(cfg.vocab, H)
+            self.head = P(cfg.vocab, H)                    # shared_head_head
         self.enorm = P(H)
         self.hnorm = P(H)
         self.head_norm = P(H)                              # shared_head_norm
 
-    def forward(self, h, next_ids, cos, sin, scale):
-        e = rmsnorm(F.embedding(next_ids, self.embed_tokens), self.enorm)
+    def forward(self, h, next_ids, cos, sin, scale, embed, head):
+        e = rmsnorm(F.embedding(next_ids, embed), self.enorm)
         g = rmsnorm(h, self.hnorm)
         x = F.linear(torch.cat((e, g.to(e.dtype)), dim=-1), self.eh_proj)
         b = self.block
         x = x + b.attn(rmsnorm(x, b.attn.norm), cos, sin, scale)
         x = x + b.ffn(rmsnorm(x, b.ffn.norm))
-        return F.linear(rmsnorm(x, self.head_norm), self.head)
+        return F.linear(rmsnorm(x, self.head_norm), head)
 
 
 class Xing4(nn.Module):
@@ -338,7 +351,9 @@ class Xing4(nn.Module):
         if mtp_ids is None or self.nextn is None:
             return logits, None
         cos, sin = self.rope_tables(ids.shape[1], ids.device)
-        return logits, self.nextn(h, mtp_ids, cos, sin, self.scale)
+        n = self.nextn
+        embed, head = (self.tok_embd, self.output) if self.cfg.nextn_tied else (n.embed_tokens, n.head)
+        return logits, n(h, mtp_ids, cos, sin, self.scale, embed, head)
 
     def moe_layers(self):
         out = [b.ffn for b in self.blocks if isinstance(b.ffn, MoE)]
@@ -370,7 +385,7 @@ def gguf_sizes(cfg):
         'nextn (IQ4_NL)': cfg.nextn * (2 * H * H + 2 * V * H) * iq4,
     }
     params = (V * H * 2 + nblk * att + cfg.layers * hc + cfg.dense * dense + n_moe * (moe + cfg.experts * H)
-              + cfg.nextn * (2 * H * H + 2 * V * H))
+              + cfg.nextn * (2 * H * H + (0 if cfg.nextn_tied else 2 * V * H)))
     active = (nblk * att + cfg.layers * hc + cfg.dense * dense
               + n_moe * 3 * (cfg.experts_used + cfg.shared) * cfg.expert_ff * H + V * H)
     return s, params, active

@@ -119,7 +119,7 @@ def main():
     sd = mq.state_dict()
     with torch.no_grad():
         for _, key, ty in export.tensor_plan(CFG, 'release'):
-            if ty == gw.T_F32:
+            if ty == gw.T_F32 or key not in sd:
                 continue
             t = sd[key]
             k = t.shape[-1]

@@ -45,8 +45,11 @@ def download(pkgs, debs):
     os.makedirs(debs, exist_ok=True)
     have = {f.split('_', 1)[0] for f in os.listdir(debs) if f.endswith('.deb')}
     need = [p for p in pkgs if p not in have]
-    # one call per package: a name this release lacks must not stop the rest
-    for p in need:
+    # one call for all; if a name this release lacks stops it, one call per package for the rest
+    if need and subprocess.run(['apt-get', 'download'] + need, cwd=debs, capture_output=True).returncode == 0:
+        need = []
+    have = {f.split('_', 1)[0] for f in os.listdir(debs) if f.endswith('.deb')}
+    for p in [p for p in need if p not in have]:
         r = subprocess.run(['apt-get', 'download', p], cwd=debs, capture_output=True, text=True)
         if r.returncode != 0:
             print(f'  {p}: not downloaded ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?"})',

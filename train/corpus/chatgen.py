@@ -246,7 +246,6 @@ FILES = ['notes.txt', 'README.md', 'config.ini', 'data.csv', 'build.sh', 'report
 
 def gen_tool(rng, man_names):
     k = rng.randrange(6)
-    names = [k]
     if k == 0:
         city, _ = rng.choice(CITIES)
         unit = rng.choice([None, 'celsius', 'fahrenheit'])
