@@ -4,7 +4,7 @@
 # Resumes from train/runs/demo when the machine still has it (ignored files stay while it is warm),
 # else from train/carry/ckpt (carried), else starts fresh; copies the checkpoint shards and the log
 # to $OUT. PHASE export: write the release-typed GGUF + config.json, split into 15 MiB parts for
-# $OUT (join with cat), and the f32 GGUF's held-out numbers.
+# $OUT (join with cat). CONFIG=toy picks the toy model (a CPU dry run of the same script).
 set -euo pipefail
 cd "$(dirname "$0")"
 phase=$1 minutes=${2:-9}
@@ -24,7 +24,7 @@ if [ "$phase" = export ]; then
         cp $run/log.jsonl "$out/" 2>/dev/null || true
         exit 0
 fi
-python3 train.py --run $run --config demo --data carry/tokens --phase "$phase" --minutes "$minutes" $resume "$@"
+python3 train.py --run $run --config "${CONFIG:-demo}" --data carry/tokens --phase "$phase" --minutes "$minutes" $resume "$@"
 mkdir -p "$out/ckpt"
 cp $run/ckpt/index.json $run/ckpt/shard-*.pt "$out/ckpt/"
 cp $run/log.jsonl "$out/"

@@ -40,8 +40,8 @@ from model import Config, Xing4, gguf_sizes  # noqa: E402
 
 CONFIGS = {
     # CPU smoke runs
-    'toy': Config(vocab=8192, hidden=128, layers=3, dense=1, nextn=1, heads=4, q_lora=64, kv_lora=64,
-                  qk_nope=32, qk_rope=32, v_head=32, ff=384, experts=8, experts_used=2, shared=1, expert_ff=96),
+    'toy': Config(vocab=8192, hidden=256, layers=3, dense=1, nextn=1, heads=4, q_lora=64, kv_lora=64,
+                  qk_nope=32, qk_rope=32, v_head=32, ff=512, experts=8, experts_used=2, shared=1, expert_ff=64),
     # the shipped demo (train/README.md: sized for the 48 MB GGUF and a few 9-minute H200 runs)
     'demo': Config(vocab=8192, hidden=512, layers=8, dense=1, nextn=1, heads=8, q_lora=128, kv_lora=96,
                    qk_nope=32, qk_rope=32, v_head=32, ff=768, experts=8, experts_used=2, shared=1,

@@ -45,15 +45,34 @@ def download(pkgs, debs):
     os.makedirs(debs, exist_ok=True)
     have = {f.split('_', 1)[0] for f in os.listdir(debs) if f.endswith('.deb')}
     need = [p for p in pkgs if p not in have]
-    # one call for all; if a name this release lacks stops it, one call per package for the rest
-    if need and subprocess.run(['apt-get', 'download'] + need, cwd=debs, capture_output=True).returncode == 0:
-        need = []
-    have = {f.split('_', 1)[0] for f in os.listdir(debs) if f.endswith('.deb')}
-    for p in [p for p in need if p not in have]:
-        r = subprocess.run(['apt-get', 'download', p], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f'  {p}: not downloaded ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?"})',
-                  file=sys.stderr)
+    # Debian main only: ask apt for the URIs first and keep the packages whose candidate comes
+    # from a Debian archive's pool/main (a machine may have other sources configured); names apt
+    # cannot resolve are dropped with a message and the question repeated
+    uris = {}
+    for _ in range(20):
+        if not need:
+            break
+        r = subprocess.run(['apt-get', 'download', '--print-uris'] + need, cwd=debs, capture_output=True, text=True)
+        if r.returncode == 0:
+            for ln in r.stdout.splitlines():
+                f = ln.split()
+                if len(f) >= 2:
+                    uris[f[1].split('_', 1)[0]] = f[0].strip("'")
+            break
+        bad = set(re.findall(r"(?:Unable to locate package |from package |of ')([^\s':]+)", r.stderr))
+        bad = {b for b in bad if b in need}
+        if not bad:
+            print(r.stderr, file=sys.stderr)
+            break
+        for b in sorted(bad):
+            print(f'  {b}: no downloadable Debian candidate, skipped', file=sys.stderr)
+        need = [p for p in need if p not in bad]
+    main = [p for p in need if re.search(r'/debian(-security)?/pool/(updates/)?main/', uris.get(p, ''))]
+    for p in need:
+        if p not in main:
+            print(f'  {p}: candidate not from Debian main ({uris.get(p, "no URI")}), skipped', file=sys.stderr)
+    if main:
+        subprocess.run(['apt-get', 'download'] + main, cwd=debs, capture_output=True, check=True)
     out = {}
     for f in sorted(os.listdir(debs)):
         if f.endswith('.deb'):
