@@ -218,7 +218,8 @@ class MoE(nn.Module):
         c = self.cfg
         shape = f.shape
         x = f.reshape(-1, shape[-1])
-        s = torch.sigmoid(x.float() @ self.router.float().t())                  # (N, E)
+        with torch.autocast(device_type=x.device.type, enabled=False):      # the router in fp32
+            s = torch.sigmoid(x.float() @ self.router.float().t())              # (N, E)
         sel = torch.topk(s + self.bias, c.experts_used, dim=-1, sorted=True).indices
         sw = torch.gather(s, 1, sel)
         gw = sw / (sw.sum(-1, keepdim=True) + 1e-20) * ROUTED_SCALE

@@ -386,7 +386,7 @@ def main():
         opt.zero_grad(set_to_none=True)
         # auxiliary-loss-free balancing: the selection bias follows the load
         with torch.no_grad():
-            for moe in model.moe_layers():
+            for moe in (model.moe_layers() if a.phase != 'mtp' else [model.nextn.block.ffn]):
                 if moe.last_load is not None:
                     load = moe.last_load.float()
                     moe.bias += a.bias_rate * torch.sign(load.mean() - load)
