@@ -103,10 +103,14 @@ FOOTER = re.compile(r'^\S.*\s{3,}\S.*\s{3,}\S.*$')
 
 
 def render_man(path):
-    env = dict(os.environ, MANWIDTH='80', LC_ALL='C.UTF-8', MAN_KEEP_FORMATTING='0')
+    env = dict(os.environ, MANWIDTH='80', LC_ALL='C.UTF-8', MAN_KEEP_FORMATTING='0', MANPAGER='cat',
+               PAGER='cat', MAN_DISABLE_SECCOMP='1')
     try:
-        r = subprocess.run(f'man --nj --nh -l {shlex_quote(path)} 2>/dev/null | col -bx', shell=True,
-                           capture_output=True, env=env, timeout=30)
+        # no shell and stdin closed: a page that makes man wait, or a pipeline child that outlives a
+        # timeout, cannot hold the build (seen: a shell pipeline left the reader waiting forever)
+        m = subprocess.run(['man', '--nj', '--nh', '-l', path], stdin=subprocess.DEVNULL, capture_output=True,
+                           env=env, timeout=30, start_new_session=True)
+        r = subprocess.run(['col', '-bx'], input=m.stdout, capture_output=True, timeout=30)
     except subprocess.TimeoutExpired:
         return None
     text = r.stdout.decode('utf-8', 'replace')
@@ -128,10 +132,6 @@ def render_man(path):
         out.append(ln)
     text = re.sub(r'\n{3,}', '\n\n', '\n'.join(out)).strip()
     return text if len(text) > 200 else None
-
-
-def shlex_quote(s):
-    return "'" + s.replace("'", "'\\''") + "'"
 
 
 SECTION = re.compile(r'^([A-Z][A-Z /-]+)$')

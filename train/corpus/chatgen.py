@@ -131,7 +131,10 @@ def gen_command(rng, p):
     ans += desc
     reasoning = f'The user asks about the {c} command. Its manual page ({c}({p["section"]})) says: {p["summary"]}.'
     out.append(('command', [{'role': 'user', 'content': q}], None, reasoning if rng.random() < 0.5 else None, ans.strip()))
-    for flags, h in rng.sample(p['options'], min(3, len(p['options']))):
+    # --help and --version are in every GNU page: keep few of them
+    opts = [o for o in p['options'] if not re.search(r'--(help|version)\b', o[0]) or rng.random() < 0.05]
+    for flags, h in rng.sample(opts, min(3, len(opts))):
+        h = h if h.endswith(('.', '!', '?', ':')) else h + '.'
         first = re.split(r'(?<=[.;])\s', h)[0].rstrip('.;')
         main_flag = flags.split(',')[0].split()[0].split('[')[0].split('=')[0]
         if rng.random() < 0.5 and first[:1].islower() and len(first) < 90:
