@@ -13,18 +13,19 @@ run=runs/demo
 out=${OUT:-/tmp/out}
 mkdir -p "$run" "$out"
 export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}   # the GPU machine: its python3 holds PyTorch
 resume=
 if [ -f $run/ckpt/index.json ]; then resume="--resume $run"
 elif [ -f carry/ckpt/index.json ]; then resume="--resume carry/ckpt"; fi
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
+$py -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
 if [ "$phase" = export ]; then
-        python3 export.py --ckpt ${resume#--resume } --spm carry/tok/xing4-demo.model --out $run/gguf/model.gguf --types release
+        $py export.py --ckpt ${resume#--resume } --spm carry/tok/xing4-demo.model --out $run/gguf/model.gguf --types release
         split -b 15M -d $run/gguf/model.gguf "$out/model.gguf.part"
         cp $run/gguf/config.json "$out/"
         cp $run/log.jsonl "$out/" 2>/dev/null || true
         exit 0
 fi
-python3 train.py --run $run --config "${CONFIG:-demo}" --data carry/tokens --phase "$phase" --minutes "$minutes" $resume "$@"
+$py train.py --run $run --config "${CONFIG:-demo}" --data carry/tokens --phase "$phase" --minutes "$minutes" $resume "$@"
 mkdir -p "$out/ckpt"
 cp $run/ckpt/index.json $run/ckpt/shard-*.pt "$out/ckpt/"
 cp $run/log.jsonl "$out/"
