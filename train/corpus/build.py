@@ -87,6 +87,18 @@ def deb_field(deb, field):
 def license_of(root, pkg):
     """The licenses a DEP-5 copyright file names (short names, in order), or its first lines."""
     path = os.path.join(root, 'usr/share/doc', pkg, 'copyright')
+    link = os.path.join(root, 'usr/share/doc', pkg)
+    if not os.path.exists(path) and os.path.islink(link):
+        # a doc folder linked to another package's (p7zip-full -> p7zip): that package's copyright,
+        # from this deb or from the other's extracted tree
+        target = os.path.basename(os.readlink(link))
+        for cand in (os.path.join(root, 'usr/share/doc', target, 'copyright'),
+                     os.path.join(os.path.dirname(root), target, 'usr/share/doc', target, 'copyright')):
+            if os.path.exists(cand):
+                path = cand
+                break
+        else:
+            return f'see package {target} (its doc folder is a link there)'
     if not os.path.exists(path):
         return 'unknown (no copyright file)'
     text = open(path, errors='replace').read()
