@@ -16,7 +16,7 @@ renders it (chat/chat_xing4.c; `--check-template build/tools/x4-template` compar
 the trained assistant turn in generation form: `<_bot><think>\\n{reasoning}\\n</think>{answer}<_end>`
 or, without thinking, `<_bot></think>{answer}<_end>`.
 
-    chatgen.py [--data train/data] [--seed 1] [--words 30000] [--math 20000] [--tools 20000]
+    chatgen.py [--data train/data] [--seed 1] [--words 30000] [--math 20000] [--tools 8000]
 
 Writes DATA/chat/{train,heldout}.jsonl: {"kind", "messages", "tools", "text"} (text = the rendered
 training string), and DATA/chat/heldout_tool_prompts.jsonl: held-out tool questions with the
@@ -112,6 +112,8 @@ def cap(s):
     return s[:1].upper() + s[1:] if s else s
 
 
+ASKS_PER_COMMAND = 3
+OPTIONS_PER_COMMAND = 6
 ASK_CMD = ['What does {c} do?', 'What is {c}?', 'What is the {c} command for?', 'Explain the {c} command.',
            'What is {c} used for?', 'Tell me what {c} does.']
 ASK_OPT = ['How do I {h} with {c}?', 'How can I {h} using {c}?', 'Which {c} option do I use to {h}?']
@@ -125,15 +127,19 @@ def gen_command(rng, p):
     if not p['summary'] or len(p['summary']) > 200:
         return []
     out = []
-    q = rng.choice(ASK_CMD).format(c=c)
     desc = first_sentences(p['description']) if p['description'] else ''
-    ans = f'`{c}` ({p["summary"].rstrip(".")}). ' if rng.random() < 0.5 else f'{c}: {p["summary"].rstrip(".")}. '
-    ans += desc
-    reasoning = f'The user asks about the {c} command. Its manual page ({c}({p["section"]})) says: {p["summary"]}.'
-    out.append(('command', [{'role': 'user', 'content': q}], None, reasoning if rng.random() < 0.5 else None, ans.strip()))
+    # the questions the demo is asked most: several phrasings a page, so commands are not drowned
+    # by the (more numerous) words and tool dialogues
+    for q in rng.sample(ASK_CMD, ASKS_PER_COMMAND):
+        q = q.format(c=c)
+        ans = f'`{c}` ({p["summary"].rstrip(".")}). ' if rng.random() < 0.5 else f'{c}: {p["summary"].rstrip(".")}. '
+        ans += desc
+        reasoning = f'The user asks about the {c} command. Its manual page ({c}({p["section"]})) says: {p["summary"]}.'
+        out.append(('command', [{'role': 'user', 'content': q}], None, reasoning if rng.random() < 0.5 else None,
+                    ans.strip()))
     # --help and --version are in every GNU page: keep few of them
     opts = [o for o in p['options'] if not re.search(r'--(help|version)\b', o[0]) or rng.random() < 0.05]
-    for flags, h in rng.sample(opts, min(3, len(opts))):
+    for flags, h in rng.sample(opts, min(OPTIONS_PER_COMMAND, len(opts))):
         h = h if h.endswith(('.', '!', '?', ':')) else h + '.'
         first = re.split(r'(?<=[.;])\s', h)[0].rstrip('.;')
         main_flag = flags.split(',')[0].split()[0].split('[')[0].split('=')[0]
@@ -364,7 +370,7 @@ def main():
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--words', type=int, default=30000)
     ap.add_argument('--math', type=int, default=20000)
-    ap.add_argument('--tools', type=int, default=20000)
+    ap.add_argument('--tools', type=int, default=8000)
     ap.add_argument('--check-template', metavar='X4_TEMPLATE', help='compare renders with the engine (x4-template)')
     a = ap.parse_args()
     rng = random.Random(a.seed)
