@@ -32,7 +32,8 @@ for f in "$data"/tokens/*.bin "$data"/tokens/*.mask; do
                 xz -T0 -9 -c "$f" > "$out/tokens/$b.xz"
         fi
 done
-cp "$here"/tok/xing4-demo.model "$out/tok/" 2>/dev/null || true
+# the tokenizer that made these ids (tokenizer.py encode keeps a copy next to them)
+cp "$data/tokens/tokenizer.model" "$out/tok/xing4-demo.model"
 if [ -n "$ckpt" ]; then
         [ -d "$ckpt/ckpt" ] && ckpt=$ckpt/ckpt
         mkdir -p "$out/ckpt"

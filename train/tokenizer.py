@@ -15,7 +15,7 @@ template writes as text), then the 256 byte pieces, then the BPE pieces. Identit
 dummy prefix on, extra whitespace kept, byte fallback: what the engine's encoder expects.
 
 `encode` writes uint16 token files (vocab <= 65536) for train.py: DATA/tokens/{pretrain,chat}_
-{train,heldout}.bin, plus a loss mask for chat (1 = a token the assistant writes: everything after
+{train,heldout}.bin, a copy of the tokenizer that made them (tokenizer.model), plus a loss mask for chat (1 = a token the assistant writes: everything after
 a `<_bot>` up to and including its `<_end>`), DATA/tokens/meta.json with the counts. The engine's
 encoding is reproduced: split on the 12 registered specials, every other chunk encoded separately
 (its own dummy prefix); `check` compares ids with the engine's x4-tokenize.
@@ -144,6 +144,11 @@ def encode(a):
                 np.concatenate(mask).tofile(os.path.join(out, f'{kind}_{split}.mask'))
             meta['files'][f'{kind}_{split}'] = dict(tokens=int(t.size), bytes=nbytes, docs=ndocs,
                                                     bytes_per_token=round(nbytes / max(t.size, 1), 3))
+    # the model that made these ids travels with them (pack.sh, export.py --spm)
+    import hashlib
+    import shutil
+    shutil.copyfile(a.model, os.path.join(out, 'tokenizer.model'))
+    meta['tokenizer_sha256'] = hashlib.sha256(open(a.model, 'rb').read()).hexdigest()
     json.dump(meta, open(os.path.join(out, 'meta.json'), 'w'), indent=1)
     print(json.dumps(meta))
 
