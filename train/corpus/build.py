@@ -6,7 +6,7 @@
 
 For each package of the list: `apt-get download` (no install) into DATA/debs, `dpkg-deb -x` into
 DATA/root/PKG, then
-  - every English manual page of sections 1, 5 and 8 rendered to plain text (`man -l`, `col -bx`),
+  - every English manual page of sections 1, 5, 7 and 8 (manpages-dev: also 2 and 3) rendered to plain text (`man -l`, `col -bx`),
     the 7-column body indentation removed;
   - README/NEWS-like text files under usr/share/doc/PKG (plain or .gz, at most 200 KB each);
   - WordNet's glosses (wordnet-base: usr/share/wordnet/data.*) as "word (part of speech): gloss".
@@ -289,7 +289,8 @@ def main():
         nbytes = 0
         pages = []
         mandir = os.path.join(root, 'usr/share/man')
-        for sec in ('man1', 'man5', 'man8'):
+        secs = ('man1', 'man5', 'man7', 'man8') + (('man2', 'man3') if pkg == 'manpages-dev' else ())
+        for sec in secs:
             d = os.path.join(mandir, sec)
             if os.path.isdir(d):
                 pages += [os.path.join(d, f) for f in sorted(os.listdir(d))

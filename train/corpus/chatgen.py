@@ -394,8 +394,19 @@ def main():
         written.append(rec)
 
     for p in pages:
-        for s in gen_command(rng, p):
-            put((*s, None), p['heldout'])
+        if p['section'][:1] in ('1', '6', '8'):
+            for s in gen_command(rng, p):
+                put((*s, None), p['heldout'])
+        elif p['summary'] and len(p['summary']) < 200:
+            # file formats, overviews, system calls, library functions: what the page describes
+            kind = {'2': 'system call', '3': 'library function', '5': 'file format', '7': 'overview'}.get(
+                p['section'][:1], 'manual page')
+            q = rng.choice(['What is {n}?', 'What does the {n}({s}) manual page describe?',
+                            'What is {n}({s}) about?']).format(n=p['name'], s=p['section'])
+            ans = f'{p["name"]}({p["section"]}), a {kind} page: {p["summary"].rstrip(".")}.'
+            if p['description']:
+                ans += ' ' + first_sentences(p['description'])
+            put(('manpage', [{'role': 'user', 'content': q}], None, None, ans, None), p['heldout'])
     for e in rng.sample(words, min(a.words, len(words))):
         for s in gen_word(rng, e):
             put((*s, None), e['heldout'])
