@@ -4,17 +4,20 @@
 # the token files xz-compressed (train.py unpacks a .xz next to itself), meta.json, the tokenizer,
 # and, with --ckpt RUN, a checkpoint to resume from on a fresh machine. Prints the sizes; the
 # working tree plus carry must stay under 64 MiB.
-#   train/pack.sh [--data train/data] [--ckpt train/runs/demo] [--no-pretrain]
+#   train/pack.sh [--data train/data] [--ckpt train/runs/demo] [--prose-fraction F | --no-pretrain]
+# (a fresh machine resuming from the 42.8 MB demo checkpoint has room for about half of the full
+# corpus's prose: --prose-fraction 0.5 for pretraining, --no-pretrain (0.2) for the chat phase)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 data=$here/data
 ckpt=
-pretrain=1
+frac=1
 while [ $# -gt 0 ]; do
         case $1 in
         --data) data=$2; shift 2 ;;
         --ckpt) ckpt=$2; shift 2 ;;
-        --no-pretrain) pretrain=0; shift ;;   # the chat and MTP phases need only a little prose
+        --no-pretrain) frac=0.2; shift ;;     # the chat and MTP phases need only a little prose
+        --prose-fraction) frac=$2; shift 2 ;;
         *) echo "pack.sh: unknown argument $1" >&2; exit 2 ;;
         esac
 done
@@ -24,9 +27,9 @@ mkdir -p "$out/tokens" "$out/tok"
 cp "$data/tokens/meta.json" "$out/tokens/"
 for f in "$data"/tokens/*.bin "$data"/tokens/*.mask; do
         b=$(basename "$f")
-        if [ $pretrain = 0 ] && [ "$b" = pretrain_train.bin ]; then
-                # keep a fifth of the prose for the chat phase's mixture
-                n=$(( $(stat -c %s "$f") / 5 / 2 * 2 ))
+        if [ "$frac" != 1 ] && [ "$b" = pretrain_train.bin ]; then
+                # the first part of the prose (whole uint16 tokens)
+                n=$(awk -v s="$(stat -c %s "$f")" -v f="$frac" 'BEGIN { printf "%d", int(s * f / 2) * 2 }')
                 head -c "$n" "$f" | xz -T0 -9 > "$out/tokens/$b.xz"
         else
                 xz -T0 -9 -c "$f" > "$out/tokens/$b.xz"
