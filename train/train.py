@@ -179,7 +179,9 @@ def evaluate(model, data, B, T, n_batches, device, amp, bytes_per_token):
             acc += float((ok2 & sel).sum())
             acc_n += float(sel.sum())
     model.train()
-    loss = tot / max(n, 1)
+    if n == 0:
+        return None       # no counted token in these windows (chat windows of only prompts)
+    loss = tot / n
     out = dict(loss=round(loss, 4), bpb=round(loss / math.log(2) / bytes_per_token, 4))
     if acc_n:
         out.update(mtp_loss=round(mtp_tot / max(n, 1), 4), mtp_accept=round(acc / acc_n, 4))
