@@ -4,6 +4,7 @@ depend on what runs beside it, a repeated long prompt is served from cached page
 tokens computed, a shorter prefill) with the very same output, and bad frames are refused one by
 one while the daemon keeps serving."""
 import struct
+import time
 
 import pytest
 
@@ -211,6 +212,11 @@ def test_cancelled_snapshot_create_ends_with_an_error_and_saves_nothing(fresh_da
 def test_device_auto_says_which_backend_and_why(fresh_daemon):
     import re
     d = fresh_daemon(args=("--device", "auto"))
+    # the line comes before READY=1, but the thread that reads the daemon's stderr may not
+    # have taken it yet when READY arrives over the notify socket
+    deadline = time.monotonic() + 10
+    while not any("device auto:" in x for x in d.log) and time.monotonic() < deadline:
+        time.sleep(0.05)
     lines = [x for x in d.log if "device auto:" in x]
     assert len(lines) == 1, d.log
     assert re.search(r"device auto: (cuda (module not loadable|backend failed to start): .+; "
