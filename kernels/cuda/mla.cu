@@ -375,10 +375,11 @@ static_assert(ATT_KC == 32 && CU_ATTN_PART == 4 * ATT_SUB,
 
 #define ATT_DEC_THREADS 512
 /* (token, part) blocks below which the split path runs by default (its kernels spread a few parts
- * over many blocks; k_attn_part shares each staged chunk among all heads for many). 0 until the
- * split path has run on a GPU: written in a session without device time, it is reached only with
- * X4_CUDA_ATTN=split (and by tests/gpu/run.sh's cross-kernel check). */
-#define ATT_SPLIT_BELOW 0u
+ * over many blocks; k_attn_part shares each staged chunk among all heads for many). Measured on the
+ * full model (H200, 9deea5b): split vs the others, batch 1 at 512 (4 blocks) 163.2 vs 154.2 tok/s,
+ * at 4,096 (32) 135.9 vs 115.1, batch 16 at 512 (64) 464 vs 428; slower at batch 16 / 4,096 (512
+ * blocks: 294.6 vs 306.3) and batch 1 / 32,768 (256: 42.8 vs 45.6). Same bits either way. */
+#define ATT_SPLIT_BELOW 129u
 #define ATT_DEC_PAD 1 /* sP: a free slot after each sub-part, so the four sub-part lanes of phase
                        * C read different banks */
 #define ATT_DEC_STRIDE (CU_ATTN_PART + CU_ATTN_PART / ATT_SUB * ATT_DEC_PAD)
