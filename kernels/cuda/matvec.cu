@@ -6,9 +6,9 @@
  * the warp are fixed, so an output depends only on its row and its input: not on how many vectors
  * share the launch (batch invariance) nor on the tile a vector lands in.
  *
- * Performance note (later issue): decode reads 18-byte IQ4_NL blocks per lane, not coalesced;
- * prefill re-reads weights per MV_TP vectors. A tensor-core path must keep the per-row reduction
- * order independent of the batch to stay bit-identical. */
+ * Three kernels compute that one order: k_mv_small (≤ 16 inputs, shaped for bandwidth), k_mm
+ * (many inputs: a register tile of rows × inputs per thread) and k_matvec (the rest). A
+ * tensor-core path would need its own order for every token count (issue 12). */
 #include "common.cuh"
 
 #define MV_WARPS 8
@@ -358,6 +358,226 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         }
 }
 
+/* k_mm: the same products for many input vectors (prefill chunks, large decode batches), shaped
+ * for arithmetic throughput. k_matvec gives each (row, input) one fma per shared-memory load; here
+ * a thread keeps MM_R stored rows × MM_T inputs in registers (an outer product per value), so a
+ * weight value, once dequantized, serves MM_T inputs and a staged input value MM_R rows.
+ *
+ * The arithmetic is k_matvec's, so the three kernels give the same bits whichever the batch shape
+ * picks: lane l of a warp owns chunks l, l+32, ... of each of its rows, in order; per chunk
+ * s = Σ_i w[i]·x[i] as one chain from 0 (i ascending), acc += s; the warp's 32 lane sums are
+ * folded by the butterfly. What differs is only which warp holds which (row, input) pairs: a warp
+ * owns MM_R rows (MM_R / NR outputs) of MM_T inputs, and each of its lanes computes all MM_R·MM_T
+ * partial sums of its chunk.
+ *
+ * Inputs are staged as in k_matvec, one tile of 32 chunks (1024 values) at a time, each chunk
+ * padded to MM_XS floats so a lane's 16-byte loads of its chunk hit distinct banks within each
+ * quarter-warp phase. Block: MM_WARPS warps over the same MM_T inputs; grid x walks input tiles
+ * (fastest, so the blocks in flight share weight rows through L2), grid y row blocks. */
+#define MM_WARPS 8
+/* R: stored rows a thread holds (NR = 2: R/2 (gate, up) pairs); MINB: blocks an SM must fit
+ * (registers capped accordingly) */
+#define MM_T 8 /* inputs a block serves; = CU_GROUP_TILE, so one expert tile a block */
+#define MM_XS 36
+static_assert(MM_T == CU_GROUP_TILE, "one grouped expert tile per k_mm block");
+static_assert(MM_WARPS * 32 * 4 == MV_TILE_CHUNKS * CU_CHUNK, "one float4 per thread per input");
+
+/* value i (compile-time after unrolling) of a chunk held in registers, exactly as cu_dequant32 */
+template <int TYPE>
+static __device__ __forceinline__ float mm_value(const raw_chunk<TYPE> &r, int i, float d,
+                                                 const float *iq4);
+template <>
+__device__ __forceinline__ float mm_value<CU_TYPE_IQ4_NL>(const raw_chunk<CU_TYPE_IQ4_NL> &r,
+                                                          int i, float d, const float *iq4) {
+        int b = i & 15; /* quant byte: values b and b + 16 share it */
+        uint32_t q = (r.unit(1 + b / 2) >> (8 * (b & 1))) & 0xffu;
+        return d * iq4[i < 16 ? (q & 0xF) : (q >> 4)];
+}
+template <>
+__device__ __forceinline__ float mm_value<CU_TYPE_BF16>(const raw_chunk<CU_TYPE_BF16> &r, int i,
+                                                        float, const float *) {
+        const uint4 &v = r.v[i / 8];
+        uint32_t wv = (i % 8) / 2 == 0 ? v.x : (i % 8) / 2 == 1 ? v.y : (i % 8) / 2 == 2 ? v.z : v.w;
+        return __uint_as_float((i & 1) ? (wv & 0xffff0000u) : (wv << 16));
+}
+
+template <int TYPE, int NR, bool GROUPED, int MM_R, int MINB>
+__global__ void __launch_bounds__(MM_WARPS * 32, MINB) k_mm(struct cu_mv a) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        __shared__ float iq4[16];
+        __shared__ __align__(16) float xs[MM_T][MV_TILE_CHUNKS * MM_XS];
+        constexpr int RO = MM_R / NR; /* outputs a warp owns */
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t o0 = (blockIdx.y * MM_WARPS + warp) * RO; /* the warp's first output */
+        uint32_t p0 = blockIdx.x * MM_T, n_p = min((uint32_t) MM_T, a.P - min(p0, a.P));
+        const int32_t *perm = NULL;
+        int32_t expert = 0;
+        if (GROUPED) {
+                if (blockIdx.x >= (uint32_t) a.groups[0])
+                        return; /* the whole block: beyond this batch's tiles */
+                const int32_t *td = a.groups + 1 + 3 * blockIdx.x;
+                expert = td[0];
+                perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
+                n_p = (uint32_t) td[2];
+        }
+        if (TYPE == CU_TYPE_IQ4_NL && threadIdx.x < 16)
+                iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x]; /* read after the first barrier */
+        uint32_t n_out = a.N / NR;
+        const uint8_t *w[MM_R];
+#pragma unroll
+        for (int j = 0; j < RO; j++)
+#pragma unroll
+                for (int k = 0; k < NR; k++) {
+                        uint32_t o = o0 + j < n_out ? o0 + j : 0;
+                        w[j * NR + k] = (const uint8_t *) a.w + ((uint64_t) o * NR + k) * a.row_bytes +
+                                        (GROUPED ? (uint64_t) expert * a.expert_bytes : 0);
+                }
+        /* the block's outputs share one input group (the host checks G) */
+        uint32_t g = NR == 1 ? (blockIdx.y * MM_WARPS * RO) / a.G : 0;
+        const float *x[MM_T];
+        uint32_t pid[MM_T];
+#pragma unroll
+        for (int t = 0; t < MM_T; t++) {
+                uint32_t p = GROUPED ? (uint32_t) perm[(uint32_t) t < n_p ? t : 0]
+                                     : ((uint32_t) t < n_p ? p0 + t : p0);
+                pid[t] = p;
+                x[t] = a.x + (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) g * a.x_gstride;
+        }
+        float acc[MM_R][MM_T];
+#pragma unroll
+        for (int r = 0; r < MM_R; r++)
+#pragma unroll
+                for (int t = 0; t < MM_T; t++)
+                        acc[r][t] = 0.0f;
+
+        uint32_t n_chunks = a.K / CU_CHUNK, e4 = 4 * threadIdx.x;
+        uint32_t xo = (e4 / CU_CHUNK) * MM_XS + e4 % CU_CHUNK;
+        for (uint32_t c0 = 0; c0 < n_chunks; c0 += MV_TILE_CHUNKS) {
+                uint32_t c = c0 + lane;
+                bool has = c < n_chunks;
+                raw_chunk<TYPE> raw[MM_R];
+                if (has)
+#pragma unroll
+                        for (int r = 0; r < MM_R; r++)
+                                raw[r].load(w[r], c); /* in flight while the inputs are staged */
+                uint32_t n_vals = min(n_chunks - c0, (uint32_t) MV_TILE_CHUNKS) * CU_CHUNK;
+                __syncthreads(); /* the previous tile has been read */
+#pragma unroll
+                for (int t = 0; t < MM_T; t++) {
+                        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if ((uint32_t) t < n_p && e4 < n_vals)
+                                v = *(const float4 *) (x[t] + (uint64_t) c0 * CU_CHUNK + e4);
+                        *(float4 *) &xs[t][xo] = v;
+                }
+                __syncthreads();
+                if (!has)
+                        continue;
+                float d[MM_R];
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) {
+                        if constexpr (TYPE == CU_TYPE_IQ4_NL)
+                                d[r] = __half2float(__ushort_as_half((uint16_t) raw[r].unit(0)));
+                        else
+                                d[r] = 0.0f;
+                }
+                float s[MM_R][MM_T];
+#pragma unroll
+                for (int r = 0; r < MM_R; r++)
+#pragma unroll
+                        for (int t = 0; t < MM_T; t++)
+                                s[r][t] = 0.0f;
+#pragma unroll
+                for (int i4 = 0; i4 < CU_CHUNK; i4 += 4) {
+                        float4 xv[MM_T];
+#pragma unroll
+                        for (int t = 0; t < MM_T; t++)
+                                xv[t] = *(const float4 *) &xs[t][lane * MM_XS + i4];
+#pragma unroll
+                        for (int ii = 0; ii < 4; ii++) {
+                                float wv[MM_R];
+#pragma unroll
+                                for (int r = 0; r < MM_R; r++)
+                                        wv[r] = mm_value<TYPE>(raw[r], i4 + ii, d[r], iq4);
+#pragma unroll
+                                for (int t = 0; t < MM_T; t++) {
+                                        float xi = ii == 0 ? xv[t].x : ii == 1 ? xv[t].y : ii == 2 ? xv[t].z : xv[t].w;
+#pragma unroll
+                                        for (int r = 0; r < MM_R; r++)
+                                                s[r][t] += wv[r] * xi;
+                                }
+                        }
+                }
+#pragma unroll
+                for (int r = 0; r < MM_R; r++)
+#pragma unroll
+                        for (int t = 0; t < MM_T; t++)
+                                acc[r][t] += s[r][t];
+        }
+        /* the butterfly of every (row, input), then lane (j·MM_T + t) % 32 writes output j of t */
+#pragma unroll
+        for (int j = 0; j < RO; j++)
+#pragma unroll
+                for (int t = 0; t < MM_T; t++) {
+                        float v[NR];
+#pragma unroll
+                        for (int k = 0; k < NR; k++)
+                                v[k] = cu_warp_sum(acc[j * NR + k][t]);
+                        float y = v[0];
+                        if (NR == 2)
+                                y = y / (1.0f + expf(-y)) * v[NR - 1]; /* docs/model.md §5: silu(gate)·up */
+                        uint32_t o = o0 + j;
+                        if (lane == (uint32_t) (j * MM_T + t) % 32 && o < n_out && (uint32_t) t < n_p)
+                                a.y[(uint64_t) pid[t] * a.y_pstride + (uint64_t) g * a.y_gstride +
+                                    (NR == 1 ? o % a.G : o)] = y;
+                }
+}
+
+/* Inputs per launch from which k_mm takes over (BF16 and IQ4_NL rows of at least MM_MIN_CHUNKS
+ * chunks: shorter rows leave most lanes idle). Same bits either way. X4_CUDA_MM=0 turns it off
+ * (measurements). */
+#define MM_P_MIN 17
+#define MM_MIN_CHUNKS 8
+
+template <int TYPE, int NR, int R, int MINB>
+static void launch_mm_cfg(const struct cu_mv *a, cudaStream_t s) {
+        uint32_t rows_per_block = MM_WARPS * (R / NR);
+        uint32_t gy = (a->N / NR + rows_per_block - 1) / rows_per_block;
+        cu_launches++;
+        if (a->groups)
+                cu_launch(k_mm<TYPE, NR, true, R, MINB>, dim3(a->n_groups_max, gy), MM_WARPS * 32, 0, s, *a);
+        else
+                cu_launch(k_mm<TYPE, NR, false, R, MINB>, dim3((a->P + MM_T - 1) / MM_T, gy), MM_WARPS * 32, 0, s, *a);
+}
+
+/* X4_CUDA_MM: 0 off; 1 rows 4, one block an SM; 2 rows 4, two blocks; 3 rows 2, two blocks
+ * (measurements: the bits are the same for every choice). Default by type, from prefill 512 on
+ * the full model (H200): IQ4_NL experts 246 / 159 / 195 ms, BF16 projections 186 / 181 / 171 ms
+ * for 1 / 2 / 3, so IQ4_NL takes 2 and BF16 3 (BF16 with 4 rows and two blocks spills). */
+template <int TYPE, int NR>
+static bool launch_mm(const struct cu_mv *a, cudaStream_t s) {
+        static int cfg = -1;
+        if (cfg < 0) {
+                const char *e = getenv("X4_CUDA_MM");
+                cfg = e && *e >= '0' && *e <= '3' ? *e - '0' : 9;
+        }
+        int c = cfg != 9 ? cfg : TYPE == CU_TYPE_IQ4_NL ? 2 : 3;
+        uint32_t R = c == 3 ? 2 : 4, rows_per_block = MM_WARPS * (R / NR);
+        if (c == 0 || a->K / CU_CHUNK < MM_MIN_CHUNKS || (NR == 1 && a->G % rows_per_block != 0))
+                return false;
+        if (a->sel && !a->groups)
+                return false; /* one expert per pair: k_matvec's one pair a block */
+        if (!a->groups && a->P < MM_P_MIN)
+                return false;
+        if (c == 1)
+                launch_mm_cfg<TYPE, NR, 4, 1>(a, s);
+        else if (c == 2)
+                launch_mm_cfg<TYPE, NR, 4, 2>(a, s);
+        else
+                launch_mm_cfg<TYPE, NR, 2, 2>(a, s);
+        return true;
+}
+
 template <int TYPE, int NR, int L>
 static void launch_small_l(const struct cu_mv *a, cudaStream_t s) {
         dim3 block(MVS_WARPS * 32);
@@ -471,6 +691,9 @@ static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
                         launch_small<TYPE, NR>(a, s);
                         return;
                 }
+                if constexpr (TYPE == CU_TYPE_BF16 || TYPE == CU_TYPE_IQ4_NL)
+                        if (aligned && launch_mm<TYPE, NR>(a, s))
+                                return;
         }
         uint32_t n_out = a->N / NR;
         cu_launches++;

@@ -31,6 +31,38 @@ if has mkmodel; then
         say mkmodel
         "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out "$model" 2>&1 | tail -2
 fi
+if has mmsame; then
+        # k_mm against k_matvec on the full shapes (K = 3584, 1024, 768, 512; grouped experts)
+        say "k_mm on/off, full model, 600-token prompt"
+        prompt=$(awk 'BEGIN { s = 5; for (i = 0; i < 600; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 100000 } }')
+        "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99 --device cuda --out /tmp/mm-on.bin 2>&1 | tail -1
+        X4_CUDA_MM=0 "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99 --device cuda --out /tmp/mm-off.bin 2>&1 | tail -1
+        cmp /tmp/mm-on.bin /tmp/mm-off.bin && echo "mmsame: identical ($(stat -c %s /tmp/mm-on.bin) bytes)"
+        for cfg in 1 2 3; do
+                X4_CUDA_MM=$cfg "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99 --device cuda \
+                        --out /tmp/mm-$cfg.bin >/dev/null 2>&1
+                cmp /tmp/mm-$cfg.bin /tmp/mm-off.bin && echo "mmsame: X4_CUDA_MM=$cfg identical"
+        done
+fi
+if has prefill0; then
+        say "prefill bench (default kernels)"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
+                --repeats 3 --json 2>&1 | tee "$out/prefill.jsonl" | grep '"prefill"'
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512 --decode-ctx none \
+                --repeats 1 --profile 2>&1 | tail -30 | tee "$out/prefill-profile.txt"
+fi
+if has mmcfg; then
+        for cfg in 1 2 3; do
+                say "prefill 512, k_mm configuration $cfg (X4_CUDA_MM=$cfg)"
+                X4_CUDA_MM=$cfg "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512 --decode-ctx none \
+                        --repeats 2 --profile 2>&1 | grep -E "^prefill|experts|projections|dense ffn"
+        done
+fi
+if has b64; then
+        say "decode bench batch 64"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512,4096 \
+                --batch 64 --decode-tokens 16 --repeats 3 --json 2>&1 | tee "$out/bench-b64.jsonl" | grep '"decode"'
+fi
 if has bench; then
         say "decode bench (graphs)"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx ${X4_CTX:-512,4096} \

@@ -125,6 +125,20 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "attention kernels split, dec2, dec4, part: identical logits ($(stat -c %s "$tmp/attn-split.bin") bytes)"
         }
         step "attention kernels agree bit for bit, demo model" attn_same
+        # the many-input product kernel (k_mm) computes k_matvec's order: the same logits with it
+        # turned off (a 700-token prompt at once: every BF16/IQ4_NL projection and the grouped
+        # expert tiles go through k_mm; the decode steps through k_mv_small either way)
+        mm_same() {
+                local prompt
+                prompt=$(awk 'BEGIN { s = 11; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99,999 \
+                        --device cuda --out "$tmp/mm-on.bin" || return 1
+                X4_CUDA_MM=0 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                        --decode 9,99,999 --device cuda --out "$tmp/mm-off.bin" || return 1
+                cmp "$tmp/mm-on.bin" "$tmp/mm-off.bin" || { echo "k_mm differs from k_matvec"; return 1; }
+                echo "k_mm on/off: identical logits ($(stat -c %s "$tmp/mm-on.bin") bytes)"
+        }
+        step "many-input products agree bit for bit with k_matvec, demo model" mm_same
 fi
 if [ -n "${X4_GPU_FULL_MODEL:-}" ]; then
         step "cuda vs cpu, $X4_GPU_FULL_MODEL, 512 + 64 greedy" "$check" parity "$X4_GPU_FULL_MODEL" 512 64
