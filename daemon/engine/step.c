@@ -404,14 +404,10 @@ static uint32_t verify(struct sched *s, struct job *j, const struct x4_seq *sq, 
         return accepted;
 }
 
-static void step(struct sched *s) {
-        struct x4_seq *seqs;
-        struct job **owners;
-        uint32_t n = 0, cap = 0, rows = 0, hrows = 0;
-        uint32_t prefill_tokens = 0, decode_tokens = 0;
-
-        /* pages for this step, as sequences eng_grow: decoding requests first (one position each),
-         * oldest first; when the cache is out, preempt (pick_victim) and try again */
+/* Pages for this step, as sequences grow: decoding requests first (one position each, plus the
+ * MTP drafts where their pages are free now), oldest first; when the cache is out, preempt
+ * (pick_victim) and try again. */
+static void plan_decodes(struct sched *s) {
         for (bool again = true; again;) {
                 again = false;
                 for (struct job *j = s->jobs; j; j = j->next) {
@@ -419,7 +415,6 @@ static void step(struct sched *s) {
                         j->mtp_k = 0;
                         if (j->state != JOB_DECODE || j->paused)
                                 continue;
-                        /* MTP drafts only where their pages are free now */
                         j->mtp_k = eng_mtp_want(s, j);
                         if (j->mtp_k && !grow_pages(s, j, (uint64_t) j->n_cached + 1 + j->mtp_k))
                                 j->mtp_k = 0;
@@ -430,13 +425,15 @@ static void step(struct sched *s) {
                         break;
                 }
         }
+}
+
+/* Prompt chunks within the step's budget: half of it (all, if it is alone) to the oldest prompt,
+ * so it always progresses; the rest to the others, fewest tokens left first, so a short prompt is
+ * done in a step or two even beside a long one; what is left over goes back to the oldest. */
+static void plan_prefills(struct sched *s) {
         bool decoding = false;
         for (struct job *j = s->jobs; j; j = j->next)
                 decoding |= j->state == JOB_DECODE && !j->paused;
-        /* then prompt chunks within the step's budget: half of it (all, if it is alone) to the
-         * oldest prompt, so it always progresses; the rest to the others, fewest tokens left
-         * first, so a short prompt is done in a step or two even beside a long one; what is
-         * left over goes back to the oldest */
         uint32_t left = prefill_budget(s, decoding), n_pre = 0;
         struct job *oldest = NULL;
         for (struct job *j = s->jobs; j; j = j->next)
@@ -444,124 +441,138 @@ static void step(struct sched *s) {
                         oldest = oldest ? oldest : j;
                         n_pre++;
                 }
-        if (oldest) {
-                uint32_t share = n_pre > 1 ? left - left / 2 : left;
-                left -= plan_prefill(s, oldest, share, true);
-                struct job **rest = n_pre > 1 ? calloc(n_pre - 1, sizeof *rest) : NULL;
-                uint32_t n_rest = 0;
-                for (struct job *j = oldest->next; rest && j; j = j->next)
-                        if (j->state == JOB_PREFILL && !j->paused && n_rest < n_pre - 1)
-                                rest[n_rest++] = j;
-                if (n_rest)
-                        qsort(rest, n_rest, sizeof *rest, by_prompt_left);
-                for (uint32_t i = 0; i < n_rest && left > 0; i++)
-                        if (rest[i]->state == JOB_PREFILL) /* not preempted meanwhile */
-                                left -= plan_prefill(s, rest[i], left, true);
-                free(rest);
-                if (left > 0 && oldest->state == JOB_PREFILL && oldest->plan) {
-                        /* more only within the pages free now: nobody is preempted for it */
-                        uint32_t had = oldest->plan;
-                        if (plan_prefill(s, oldest, had + left, false) < had)
-                                oldest->plan = had;
-                }
+        if (!oldest)
+                return;
+        uint32_t share = n_pre > 1 ? left - left / 2 : left;
+        left -= plan_prefill(s, oldest, share, true);
+        struct job **rest = n_pre > 1 ? calloc(n_pre - 1, sizeof *rest) : NULL;
+        uint32_t n_rest = 0;
+        for (struct job *j = oldest->next; rest && j; j = j->next)
+                if (j->state == JOB_PREFILL && !j->paused && n_rest < n_pre - 1)
+                        rest[n_rest++] = j;
+        if (n_rest)
+                qsort(rest, n_rest, sizeof *rest, by_prompt_left);
+        for (uint32_t i = 0; i < n_rest && left > 0; i++)
+                if (rest[i]->state == JOB_PREFILL) /* not preempted meanwhile */
+                        left -= plan_prefill(s, rest[i], left, true);
+        free(rest);
+        if (left > 0 && oldest->state == JOB_PREFILL && oldest->plan) {
+                /* more only within the pages free now: nobody is preempted for it */
+                uint32_t had = oldest->plan;
+                if (plan_prefill(s, oldest, had + left, false) < had)
+                        oldest->plan = had;
         }
+}
+
+/* One step's batch: a sequence per planned job, with the job that owns it and the rows it asks
+ * for. */
+struct step_batch {
+        struct x4_seq *seqs;
+        struct job **owners;
+        uint32_t n, rows, hrows;
+        uint32_t prefill_tokens, decode_tokens;
+};
+
+static void step_batch_free(struct step_batch *b) {
+        free(b->seqs);
+        free(b->owners);
+        *b = (struct step_batch){ 0 };
+}
+
+/* The planned jobs as a batch, and room for its logits and hidden rows; false (logged) when out
+ * of memory or nothing is planned. */
+static bool build_batch(struct sched *s, struct step_batch *b) {
+        uint32_t cap = 0;
+
+        *b = (struct step_batch){ 0 };
         for (struct job *j = s->jobs; j; j = j->next)
                 cap += (j->state == JOB_DECODE && !j->paused) || j->plan;
         if (cap == 0)
-                return;
+                return false;
         eng_mtp_draft(s);
-        seqs = calloc(cap, sizeof *seqs);
-        owners = calloc(cap, sizeof *owners);
-        if (!seqs || !owners) {
-                free(seqs);
-                free(owners);
+        b->seqs = calloc(cap, sizeof *b->seqs);
+        b->owners = calloc(cap, sizeof *b->owners);
+        if (!b->seqs || !b->owners) {
+                step_batch_free(b);
                 log_error("scheduler: out of memory building a batch of %u sequences", cap);
-                return;
+                return false;
         }
         for (struct job *j = s->jobs; j; j = j->next) {
+                struct x4_seq *sq = &b->seqs[b->n];
                 if (j->state == JOB_DECODE && !j->paused && j->mtp_k) {
                         /* MTP: the last sampled token and the drafts, every row (verify) */
-                        seqs[n] = (struct x4_seq){ .tokens = j->mtp_tok, .n_tokens = 1 + j->mtp_k,
-                                                   .pos0 = j->n_cached, .pages = j->pages,
-                                                   .n_pages = j->n_pages, .logits = X4_LOGITS_ALL,
-                                                   .hidden = X4_LOGITS_ALL };
-                        owners[n++] = j;
-                        decode_tokens++;
-                        rows += 1 + j->mtp_k;
-                        hrows += 1 + j->mtp_k;
+                        *sq = (struct x4_seq){ .tokens = j->mtp_tok, .n_tokens = 1 + j->mtp_k,
+                                               .pos0 = j->n_cached, .pages = j->pages,
+                                               .n_pages = j->n_pages, .logits = X4_LOGITS_ALL,
+                                               .hidden = X4_LOGITS_ALL };
+                        b->decode_tokens++;
+                        b->rows += 1 + j->mtp_k;
+                        b->hrows += 1 + j->mtp_k;
                 } else if (j->state == JOB_DECODE && !j->paused) {
-                        seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = 1,
-                                                   .pos0 = j->n_cached, .pages = j->pages,
-                                                   .n_pages = j->n_pages, .logits = X4_LOGITS_LAST,
-                                                   .hidden = j->mtp ? X4_LOGITS_LAST : X4_LOGITS_NONE };
-                        owners[n++] = j;
-                        decode_tokens++;
-                        rows++;
-                        hrows += j->mtp;
+                        *sq = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = 1,
+                                               .pos0 = j->n_cached, .pages = j->pages,
+                                               .n_pages = j->n_pages, .logits = X4_LOGITS_LAST,
+                                               .hidden = j->mtp ? X4_LOGITS_LAST : X4_LOGITS_NONE };
+                        b->decode_tokens++;
+                        b->rows++;
+                        b->hrows += j->mtp;
                 } else if (j->plan) {
                         uint32_t chunk = j->plan;
                         /* logits for the last prompt token only; a resumed request's last
                          * recomputed token already has its sampled successor */
                         bool last = j->n_cached + chunk == j->n_fill && !j->create && j->n_out == 0;
-                        seqs[n] = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
-                                                   .pos0 = j->n_cached, .pages = j->pages,
-                                                   .n_pages = j->n_pages,
-                                                   .logits = last ? X4_LOGITS_LAST : X4_LOGITS_NONE,
-                                                   .hidden = j->mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
-                        owners[n++] = j;
-                        prefill_tokens += chunk;
-                        rows += last;
-                        hrows += j->mtp ? chunk : 0;
-                }
+                        *sq = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
+                                               .pos0 = j->n_cached, .pages = j->pages,
+                                               .n_pages = j->n_pages,
+                                               .logits = last ? X4_LOGITS_LAST : X4_LOGITS_NONE,
+                                               .hidden = j->mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
+                        b->prefill_tokens += chunk;
+                        b->rows += last;
+                        b->hrows += j->mtp ? chunk : 0;
+                } else
+                        continue;
+                b->owners[b->n++] = j;
         }
-        size_t need = (size_t) MAX(rows, 1u) * s->cfg->n_vocab;
+        size_t need = (size_t) MAX(b->rows, 1u) * s->cfg->n_vocab;
         if (need > s->logits_cap) {
                 float *l = realloc(s->logits, need * sizeof *l);
                 if (!l) {
-                        log_error("scheduler: out of memory for %u logits rows", rows);
-                        free(seqs);
-                        free(owners);
-                        return;
+                        log_error("scheduler: out of memory for %u logits rows", b->rows);
+                        step_batch_free(b);
+                        return false;
                 }
                 s->logits = l;
                 s->logits_cap = need;
         }
-        if (hrows && !eng_mtp_grow(&s->hidden, &s->hidden_cap, (size_t) hrows * s->cfg->n_embd)) {
-                log_error("scheduler: out of memory for %u hidden rows", hrows);
-                free(seqs);
-                free(owners);
-                return;
+        if (b->hrows && !eng_mtp_grow(&s->hidden, &s->hidden_cap, (size_t) b->hrows * s->cfg->n_embd)) {
+                log_error("scheduler: out of memory for %u hidden rows", b->hrows);
+                step_batch_free(b);
+                return false;
         }
-        struct x4_batch batch = { .seqs = seqs, .n_seqs = n, .hidden = hrows ? s->hidden : NULL };
-        double t0 = now_ms();
-        char msg[1024] = "";
-        int r = s->p.ops->forward(s->p.backend, &batch, s->logits, msg, sizeof msg);
-        double dt = now_ms() - t0;
-        if (r < 0) {
-                for (uint32_t i = 0; i < n; i++)
-                        eng_fail_job(s, owners[i], SCHED_ERR_INTERNAL, "backend forward failed: %s", msg);
-                free(seqs);
-                free(owners);
-                return;
-        }
-        s->steps++;
-        s->steps_multi += n > 1;
-        s->batch_max = MAX(s->batch_max, n);
+        return true;
+}
+
+/* After the forward: each sequence's positions are cached; prompts report progress, enter the
+ * prefix store or finish a snapshot; rows with logits are sampled (verify steps through verify).
+ * Returns the MTP drafts accepted. */
+static uint32_t take_results(struct sched *s, const struct step_batch *b) {
         uint32_t row = 0, hrow = 0, accepted = 0;
         double now = now_ms();
-        for (uint32_t i = 0; i < n; i++) {
-                struct job *j = owners[i];
-                const float *hid = hrows ? s->hidden + (size_t) hrow * s->cfg->n_embd : NULL;
-                uint32_t nh = seqs[i].hidden == X4_LOGITS_ALL ? seqs[i].n_tokens : seqs[i].hidden != 0;
+
+        for (uint32_t i = 0; i < b->n; i++) {
+                struct job *j = b->owners[i];
+                const struct x4_seq *sq = &b->seqs[i];
+                const float *hid = b->hrows ? s->hidden + (size_t) hrow * s->cfg->n_embd : NULL;
+                uint32_t nh = sq->hidden == X4_LOGITS_ALL ? sq->n_tokens : sq->hidden != 0;
                 hrow += nh;
-                if (seqs[i].logits == X4_LOGITS_ALL) { /* an MTP verify step */
-                        accepted += verify(s, j, &seqs[i], s->logits + (size_t) row * s->cfg->n_vocab, hid);
-                        row += seqs[i].n_tokens;
+                if (sq->logits == X4_LOGITS_ALL) { /* an MTP verify step */
+                        accepted += verify(s, j, sq, s->logits + (size_t) row * s->cfg->n_vocab, hid);
+                        row += sq->n_tokens;
                         continue;
                 }
-                j->n_cached += seqs[i].n_tokens;
+                j->n_cached += sq->n_tokens;
                 if (nh)
-                        (void) eng_mtp_keep(s, j, seqs[i].pos0 + seqs[i].n_tokens - nh, hid, nh);
+                        (void) eng_mtp_keep(s, j, sq->pos0 + sq->n_tokens - nh, hid, nh);
                 if (j->state == JOB_PREFILL) {
                         if (j->n_out > 0 && j->n_cached >= j->n_fill) {
                                 j->state = JOB_DECODE; /* resumed: recomputed, decodes again */
@@ -578,7 +589,7 @@ static void step(struct sched *s) {
                         eng_finish_snapshot(s, j);
                         continue;
                 }
-                if (seqs[i].logits != X4_LOGITS_LAST)
+                if (sq->logits != X4_LOGITS_LAST)
                         continue;
                 float *l = s->logits + (size_t) row++ * s->cfg->n_vocab;
                 struct sched_logprob *lp = NULL;
@@ -588,27 +599,55 @@ static void step(struct sched *s) {
                         continue;
                 (void) eng_accept_token(s, j, t, lp);
         }
-        /* recent rates: exponential moving average over steps */
-        if (dt > 0) {
-                double a = 0.2;
-                if (prefill_tokens)
-                        s->prefill_rate = (1 - a) * s->prefill_rate + a * (prefill_tokens * 1e3 / dt);
-                if (decode_tokens)
-                        s->decode_rate = (1 - a) * s->decode_rate + a * ((decode_tokens + accepted) * 1e3 / dt);
-                /* the prefill budget's inputs: a pure decode step, and a prompt token's share of
-                 * a step beyond the decode work in it */
-                if (!prefill_tokens)
-                        s->decode_step_ms = s->decode_step_ms > 0
-                                                    ? (1 - a) * s->decode_step_ms + a * dt : dt;
-                else {
-                        double extra = dt - (decode_tokens ? s->decode_step_ms : 0);
-                        double per = MAX(extra, 0.05 * dt) / prefill_tokens;
-                        s->prefill_tok_ms = s->prefill_tok_ms > 0
-                                                    ? (1 - a) * s->prefill_tok_ms + a * per : per;
-                }
+        return accepted;
+}
+
+/* Recent rates, exponential moving averages over steps: what stats show, and the prefill
+ * budget's inputs (a pure decode step, and a prompt token's share of a step beyond the decode
+ * work in it). */
+static void update_rates(struct sched *s, const struct step_batch *b, double dt, uint32_t accepted) {
+        const double a = 0.2;
+
+        if (dt <= 0)
+                return;
+        if (b->prefill_tokens)
+                s->prefill_rate = (1 - a) * s->prefill_rate + a * (b->prefill_tokens * 1e3 / dt);
+        if (b->decode_tokens)
+                s->decode_rate = (1 - a) * s->decode_rate + a * ((b->decode_tokens + accepted) * 1e3 / dt);
+        if (!b->prefill_tokens)
+                s->decode_step_ms = s->decode_step_ms > 0 ? (1 - a) * s->decode_step_ms + a * dt : dt;
+        else {
+                double extra = dt - (b->decode_tokens ? s->decode_step_ms : 0);
+                double per = MAX(extra, 0.05 * dt) / b->prefill_tokens;
+                s->prefill_tok_ms = s->prefill_tok_ms > 0 ? (1 - a) * s->prefill_tok_ms + a * per : per;
         }
-        free(seqs);
-        free(owners);
+}
+
+/* One engine step: plan (decodes, then prompt chunks), build the batch, run the forward, take
+ * the results. A failed forward fails every request in the batch with the backend's reason. */
+static void step(struct sched *s) {
+        struct step_batch b;
+
+        plan_decodes(s);
+        plan_prefills(s);
+        if (!build_batch(s, &b))
+                return;
+        struct x4_batch batch = { .seqs = b.seqs, .n_seqs = b.n, .hidden = b.hrows ? s->hidden : NULL };
+        double t0 = now_ms();
+        char msg[1024] = "";
+        int r = s->p.ops->forward(s->p.backend, &batch, s->logits, msg, sizeof msg);
+        double dt = now_ms() - t0;
+        if (r < 0) {
+                for (uint32_t i = 0; i < b.n; i++)
+                        eng_fail_job(s, b.owners[i], SCHED_ERR_INTERNAL, "backend forward failed: %s", msg);
+                step_batch_free(&b);
+                return;
+        }
+        s->steps++;
+        s->steps_multi += b.n > 1;
+        s->batch_max = MAX(s->batch_max, b.n);
+        update_rates(s, &b, dt, take_results(s, &b));
+        step_batch_free(&b);
 }
 
 void eng_publish_stats(struct sched *s) {
