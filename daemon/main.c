@@ -586,50 +586,56 @@ static int parse_args(int argc, char **argv, struct options *o) {
 }
 
 /* The backend --device asks for: cuda, cpu, or auto (the CUDA module when it loads and finds a
- * device, else the CPU, saying which and why). 0, or -errno with the reason logged. */
+ * device, else the CPU, saying which and why). 0, or -errno with the reason logged and in the
+ * unit's status. The backends log their own failures as they happen and hand the reason back
+ * as a value (why). */
 static int start_backend(const struct x4_model *model, const char *device, struct x4_backend_params *bp,
                          const struct x4_backend_ops **ops, struct x4_backend **backend) {
+        char why[1024] = "";
         int r = 0;
 
         if (streq(device, "auto") || streq(device, "cuda")) {
-                /* auto: a missing CUDA module is expected, not an error worth a red line */
-                int level = log_get_max_level();
-                if (streq(device, "auto"))
-                        log_set_max_level(LOG_CRIT);
-                r = x4_backend_get("cuda", ops);
-                log_set_max_level(level);
+                bool cuda = streq(device, "cuda");
+                r = x4_backend_get("cuda", ops, why, sizeof why);
                 bool loaded = r >= 0;
                 if (r >= 0) {
                         bp->cache_type = X4_CACHE_F16;
-                        /* auto: no GPU is expected too; the reason goes in the info line below */
-                        if (streq(device, "auto"))
+                        /* auto: no GPU is expected too, not an error worth a red line; the
+                         * reason goes in the info line below */
+                        int level = log_get_max_level();
+                        if (!cuda)
                                 log_set_max_level(MIN(level, LOG_CRIT));
-                        r = (*ops)->create(model, bp, backend);
+                        r = (*ops)->create(model, bp, backend, why, sizeof why);
                         log_set_max_level(level);
                 }
-                if (r < 0 && streq(device, "cuda"))
+                if (r < 0 && cuda) {
+                        if (!loaded) /* the module's own failures are logged by the module */
+                                log_error("%s", why);
+                        (void) sd_notifyf(0, "STATUS=failed: %s", why);
                         return r;
+                }
                 /* --mtp on where the GPU cannot run the NextN block: say so, do not fall back
                  * to a CPU decode many times slower */
                 if (r == -EOPNOTSUPP && loaded && bp->mtp) {
-                        log_error("%s", log_last_error());
+                        log_error("%s", why);
+                        (void) sd_notifyf(0, "STATUS=failed: %s", why);
                         return r;
                 }
                 /* say which backend auto chose and why, so "why is it slow" has an answer */
                 if (r < 0)
                         log_info("device auto: %s: %s; using cpu",
                                  loaded ? "cuda backend failed to start" : "cuda module not loadable",
-                                 log_last_error());
-                else if (streq(device, "auto"))
+                                 why);
+                else if (!cuda)
                         log_info("device auto: cuda module loaded and started; using cuda");
         }
         if (!*backend) {
                 bp->cache_type = X4_CACHE_F32;
-                r = x4_backend_get("cpu", ops);
+                r = x4_backend_get("cpu", ops, why, sizeof why);
                 if (r >= 0)
-                        r = (*ops)->create(model, bp, backend);
+                        r = (*ops)->create(model, bp, backend, why, sizeof why);
                 if (r < 0) {
-                        (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
+                        (void) sd_notifyf(0, "STATUS=failed: %s", why);
                         return r;
                 }
         }

@@ -123,6 +123,14 @@ int x4_nextn_check(const struct x4_nextn_batch *batch, const float *logits,
 }
 #undef REFUSE
 
+int x4_backend_error_value(int r, char *err, size_t err_size) {
+        if (r >= 0 || !err || err_size == 0)
+                return r;
+        const char *msg = log_last_error();
+        snprintf(err, err_size, "%s", msg[0] ? msg : strerror(-r));
+        return r;
+}
+
 int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size) {
         if (page < n_pages)
                 return 0;
@@ -142,7 +150,7 @@ void x4_backend_params_default_log(int level, const char *message, void *userdat
 
 /* The CUDA backend lives in xing4d-cuda.so so the daemon runs where CUDA is not installed.
  * X4_CUDA_MODULE overrides the path (tests, build tree). */
-static int backend_load_cuda(const struct x4_backend_ops **ret) {
+static int backend_load_cuda(const struct x4_backend_ops **ret, char *err, size_t err_size) {
         static const struct x4_backend_ops *cached;
         const char *path = getenv("X4_CUDA_MODULE");
         char buf[4096];
@@ -161,24 +169,24 @@ static int backend_load_cuda(const struct x4_backend_ops **ret) {
         }
         h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (!h)
-                return log_error_errno(ENOENT, "cannot load the CUDA backend module %s: %s", path,
-                                       dlerror());
+                return error_set(err, err_size, ENOENT, "cannot load the CUDA backend module %s: %s",
+                                 path, dlerror());
         const struct x4_backend_ops *ops = dlsym(h, "x4_backend_cuda");
         if (!ops) {
                 dlclose(h);
-                return log_error_errno(ENOENT, "%s has no symbol x4_backend_cuda", path);
+                return error_set(err, err_size, ENOENT, "%s has no symbol x4_backend_cuda", path);
         }
         *ret = cached = ops;
         return 0;
 }
 
-int x4_backend_get(const char *name, const struct x4_backend_ops **ret) {
+int x4_backend_get(const char *name, const struct x4_backend_ops **ret, char *err, size_t err_size) {
         if (streq(name, "cpu")) {
                 *ret = &x4_backend_cpu;
                 return 0;
         }
         if (streq(name, "cuda"))
-                return backend_load_cuda(ret);
-        return log_error_errno(EINVAL, "unknown device '%s': expected cpu or cuda",
-                               name ? name : "(null)");
+                return backend_load_cuda(ret, err, err_size);
+        return error_set(err, err_size, EINVAL, "unknown device '%s': expected cpu or cuda",
+                         name ? name : "(null)");
 }

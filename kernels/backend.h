@@ -79,10 +79,9 @@ struct x4_backend_params {
         /* Where the backend's messages go. A backend loaded as a module (CUDA) carries its own
          * copy of the logger; callers set x4_backend_params_default_log (userdata unused) to route
          * its messages into their own logger, with their level filter and identity. Since the
-         * seam returns forward's and the page calls' errors as values, this carries the
-         * operator's messages (warnings, debug lines) and create()'s reason for failing, which
-         * start-up still reads from log_last_error(). NULL: the backend logs through its own copy
-         * only. */
+         * seam returns its errors as values (create's too), this carries only the operator's
+         * messages (warnings, debug lines, errors as they happen). NULL: the backend logs
+         * through its own copy only. */
         void (*log)(int level, const char *message, void *userdata);
         void *log_userdata;
         /* Diagnostics only (parity tests; slows the forward, the CUDA backend synchronizes per
@@ -129,9 +128,10 @@ struct x4_backend;
 
 struct x4_backend_ops {
         const char *name;
-        /* Make the model's weights resident and allocate the cache; -errno with a logged reason. */
+        /* Make the model's weights resident and allocate the cache; -errno with the reason in
+         * err (errors as values, as forward; NULL, 0: only logged). */
         int (*create)(const struct x4_model *model, const struct x4_backend_params *params,
-                      struct x4_backend **ret);
+                      struct x4_backend **ret, char *err, size_t err_size);
         void (*destroy)(struct x4_backend *b);
         /* Run the batch; write logits rows (n_vocab floats each) for every sequence's requested
          * rows in batch order into `logits` (x4_batch_logits_rows() of them; may be NULL when no
@@ -190,11 +190,18 @@ int x4_nextn_check(const struct x4_nextn_batch *batch, const float *logits,
  * range, ..."). */
 int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size);
 
+/* A backend's seam call as a value: the paths under create() and forward() (weight checks,
+ * device calls) fail by logging through the backend's copy of the logger; this hands r back and,
+ * on failure, that copy's last message in err (strerror when there is none). Call
+ * log_clear_last_error() when the seam call starts. */
+int x4_backend_error_value(int r, char *err, size_t err_size);
+
 extern const struct x4_backend_ops x4_backend_cpu;
 
 /* A struct x4_backend_params.log that hands a backend's message to the caller's logger at the
- * same level, so log_last_error() of the calling thread holds it after an error. */
+ * same level (the operator sees the module's messages where the caller's go). */
 void x4_backend_params_default_log(int level, const char *message, void *userdata);
 
-/* Find a backend by name ("cpu", "cuda"); the CUDA one is dlopen'ed from xing4d-cuda.so. */
-int x4_backend_get(const char *name, const struct x4_backend_ops **ret);
+/* Find a backend by name ("cpu", "cuda"); the CUDA one is dlopen'ed from xing4d-cuda.so. -errno
+ * with the reason in err (NULL, 0: logged) when the name is unknown or the module cannot load. */
+int x4_backend_get(const char *name, const struct x4_backend_ops **ret, char *err, size_t err_size);

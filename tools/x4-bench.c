@@ -1247,7 +1247,7 @@ int main(int argc, char **argv) {
                         }
                 B.model_name[k] = 0;
         }
-        r = x4_backend_get(device, &B.ops);
+        r = x4_backend_get(device, &B.ops, NULL, 0);
         if (r < 0)
                 goto fail;
         /* Cache slots, exactly what the measurements use: sequence 0 runs every prefill and is the
@@ -1286,7 +1286,7 @@ int main(int argc, char **argv) {
                 .mtp = B.mtp == 1,
         };
         B.n_embd = cfg->n_embd;
-        r = B.ops->create(model, &bp, &B.b);
+        r = B.ops->create(model, &bp, &B.b, NULL, 0);
         if (r < 0) {
                 char what[512];
 

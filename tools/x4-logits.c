@@ -280,7 +280,7 @@ int main(int argc, char **argv) {
                 }
         }
 
-        r = x4_backend_get(device, &run.ops);
+        r = x4_backend_get(device, &run.ops, NULL, 0);
         if (r < 0)
                 goto fail;
         run.n_pages = DIV_ROUND_UP(n_prompt + n_decode, PAGE_TOKENS);
@@ -299,7 +299,7 @@ int main(int argc, char **argv) {
                 .log = x4_backend_params_default_log,
                 .mtp = nextn_path != NULL,
         };
-        r = run.ops->create(model, &bp, &run.b);
+        r = run.ops->create(model, &bp, &run.b, NULL, 0);
         if (r < 0)
                 goto fail;
 

@@ -1288,8 +1288,8 @@ static int check_nextn(const struct x4_config *c, const struct x4_weights *W) {
         return 0;
 }
 
-static int cpu_create(const struct x4_model *model, const struct x4_backend_params *params,
-                      struct x4_backend **ret) {
+static int cpu_create_backend(const struct x4_model *model, const struct x4_backend_params *params,
+                              struct x4_backend **ret) {
         _cleanup_(cpu_destroyp) struct x4_backend *b = NULL;
         const struct x4_config *c = x4_model_config(model);
         unsigned n_threads = params->n_threads;
@@ -1364,6 +1364,13 @@ static int cpu_create(const struct x4_model *model, const struct x4_backend_para
                 params->progress(1.0, "cpu: weights mapped", params->progress_userdata);
         *ret = TAKE_PTR(b);
         return 0;
+}
+
+/* The seam's create: the checks under it log their reason, handed back as a value in err. */
+static int cpu_create(const struct x4_model *model, const struct x4_backend_params *params,
+                      struct x4_backend **ret, char *err, size_t err_size) {
+        log_clear_last_error();
+        return x4_backend_error_value(cpu_create_backend(model, params, ret), err, err_size);
 }
 
 static void cpu_caps(struct x4_backend *b, struct x4_backend_caps *ret) {

@@ -87,8 +87,8 @@ static void bk_open_traced(struct bk *k, const char *dev, const struct x4_model 
                 .route_trace = rt ? route_trace_collect : NULL,
                 .route_trace_userdata = rt,
         };
-        REQUIRE(x4_backend_get(dev, &k->ops) == 0, "backend %s not available", dev);
-        REQUIRE(k->ops->create(m, &p, &k->b) == 0, "creating the %s backend", dev);
+        REQUIRE(x4_backend_get(dev, &k->ops, NULL, 0) == 0, "backend %s not available", dev);
+        REQUIRE(k->ops->create(m, &p, &k->b, NULL, 0) == 0, "creating the %s backend", dev);
         k->n_vocab = x4_model_config(m)->n_vocab;
 }
 
@@ -894,7 +894,7 @@ static int do_create(void *p) {
         struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 4,
                                        .memory_limit = e->memory_limit,
                                        .log = x4_backend_params_default_log};
-        int r = e->k->ops->create(e->m, &bp, &b);
+        int r = e->k->ops->create(e->m, &bp, &b, NULL, 0);
         if (b)
                 e->k->ops->destroy(b);
         return r;
@@ -1000,7 +1000,7 @@ static void test_pages(const char *model_path) {
                                        .memory_limit = fixed + 10 * (uint64_t) pb + pb / 2,
                                        .log = x4_backend_params_default_log};
         struct x4_backend *bk = NULL;
-        CHECK(cu.ops->create(m, &bp, &bk) == 0, "create with a memory limit");
+        CHECK(cu.ops->create(m, &bp, &bk, NULL, 0) == 0, "create with a memory limit");
         if (bk) {
                 cu.ops->caps(bk, &caps);
                 printf("pages: memory_limit = weights + workspace + 10.5 pages -> %u pages (10 "
@@ -1036,8 +1036,8 @@ static void test_quick(const char *model_path) {
                                        .cache_type = cuda_cache, .progress = on_progress,
                                        .progress_userdata = &pr,
                                        .log = x4_backend_params_default_log};
-        REQUIRE(x4_backend_get("cuda", &cu.ops) == 0, "backend cuda not available");
-        REQUIRE(cu.ops->create(m, &bp, &cu.b) == 0, "creating the cuda backend");
+        REQUIRE(x4_backend_get("cuda", &cu.ops, NULL, 0) == 0, "backend cuda not available");
+        REQUIRE(cu.ops->create(m, &bp, &cu.b, NULL, 0) == 0, "creating the cuda backend");
         cu.n_vocab = V;
         printf("quick: load progress: %u reports, last %.3f, %u going backwards\n", pr.calls,
                pr.last, pr.backwards);

@@ -110,7 +110,17 @@ static void test_cpu_backend_agrees(void **state) {
         assert_int_equal(x4_model_open(&mp, &m), 0);
         struct x4_backend_params bp = { .n_threads = 1, .n_pages = LIM.n_pages,
                                         .page_tokens = LIM.page_tokens, .cache_type = X4_CACHE_F32 };
-        assert_int_equal(x4_backend_cpu.create(m, &bp, &b), 0);
+        /* create's refusal comes back as a value too */
+        char why[256] = "";
+        struct x4_backend_params bad = bp;
+        bad.page_tokens = 0;
+        assert_int_equal(x4_backend_cpu.create(m, &bad, &b, why, sizeof why), -EINVAL);
+        assert_null(b);
+        assert_string_equal(why, "cpu backend: page_tokens is 0, at least 1 expected");
+        struct x4_backend_ops const *ops = NULL;
+        assert_int_equal(x4_backend_get("tpu", &ops, why, sizeof why), -EINVAL);
+        assert_string_equal(why, "unknown device 'tpu': expected cpu or cuda");
+        assert_int_equal(x4_backend_cpu.create(m, &bp, &b, NULL, 0), 0);
         assert_int_equal(x4_model_config(m)->n_vocab, LIM.n_vocab);
 
         float *out = malloc(4 * LIM.n_vocab * sizeof(float));

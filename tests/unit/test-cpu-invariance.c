@@ -85,12 +85,12 @@ static int setup(void **state) {
         struct x4_model_params mp = { .path = path };
         assert_int_equal(x4_model_open(&mp, &f->model), 0);
         f->n_vocab = x4_model_config(f->model)->n_vocab;
-        assert_int_equal(x4_backend_get("cpu", &f->ops), 0);
+        assert_int_equal(x4_backend_get("cpu", &f->ops, NULL, 0), 0);
         struct x4_backend_params bp = { .n_threads = 1, .page_tokens = PAGE_TOKENS,
                                         .n_pages = N_PAGES, .cache_type = X4_CACHE_F32 };
-        assert_int_equal(f->ops->create(f->model, &bp, &f->b1), 0);
+        assert_int_equal(f->ops->create(f->model, &bp, &f->b1, NULL, 0), 0);
         bp.n_threads = 2;
-        assert_int_equal(f->ops->create(f->model, &bp, &f->b2), 0);
+        assert_int_equal(f->ops->create(f->model, &bp, &f->b2, NULL, 0), 0);
 
         for (uint32_t i = 0; i < N_LONG; i++) {
                 rng = rng * 1103515245u + 12345u;

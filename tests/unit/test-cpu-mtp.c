@@ -95,7 +95,7 @@ static struct x4_backend *create(const struct x4_model *m, bool mtp, int expect)
         struct x4_backend_params bp = { .n_threads = 2, .page_tokens = PAGE_TOKENS, .n_pages = N_PAGES,
                                         .cache_type = X4_CACHE_F32, .mtp = mtp };
 
-        assert_int_equal(x4_backend_cpu.create(m, &bp, &b), expect);
+        assert_int_equal(x4_backend_cpu.create(m, &bp, &b, NULL, 0), expect);
         return b;
 }
 

@@ -154,14 +154,14 @@ static void test_fixture_cases(void **state) {
                 max_tokens = n > max_tokens ? n : max_tokens;
         }
 
-        assert_int_equal(x4_backend_get("cpu", &ops), 0);
+        assert_int_equal(x4_backend_get("cpu", &ops, NULL, 0), 0);
         struct x4_backend_params bp = {
                 .n_threads = 2,
                 .page_tokens = PAGE_TOKENS,
                 .n_pages = (uint32_t) ((max_tokens + PAGE_TOKENS - 1) / PAGE_TOKENS),
                 .cache_type = X4_CACHE_F32,
         };
-        assert_int_equal(ops->create(model, &bp, &b), 0);
+        assert_int_equal(ops->create(model, &bp, &b, NULL, 0), 0);
         for (size_t i = 0; i < json_count(list); i++)
                 run_case(ops, b, x4_model_config(model)->n_vocab, json_array_at(list, i));
         ops->destroy(b);

@@ -106,13 +106,13 @@ static int setup(void **state) {
         f->tr.calls = calloc(f->tr.cap, sizeof *f->tr.calls);
         assert_non_null(f->tr.calls);
 
-        assert_int_equal(x4_backend_get("cpu", &f->ops), 0);
+        assert_int_equal(x4_backend_get("cpu", &f->ops, NULL, 0), 0);
         struct x4_backend_params bp = { .n_threads = 2, .page_tokens = PAGE_TOKENS,
                                         .n_pages = N_PAGES, .cache_type = X4_CACHE_F32 };
-        assert_int_equal(f->ops->create(f->model, &bp, &f->plain), 0);
+        assert_int_equal(f->ops->create(f->model, &bp, &f->plain, NULL, 0), 0);
         bp.route_trace = on_route;
         bp.route_trace_userdata = &f->tr;
-        assert_int_equal(f->ops->create(f->model, &bp, &f->traced), 0);
+        assert_int_equal(f->ops->create(f->model, &bp, &f->traced, NULL, 0), 0);
 
         for (uint32_t i = 0; i < N_LONG; i++) {
                 rng = rng * 1103515245u + 12345u;

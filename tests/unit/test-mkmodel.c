@@ -326,7 +326,7 @@ static void test_demo_loads_and_tokenizes(void **state) {
                 struct x4_seq seq = { .tokens = prompt, .n_tokens = 12, .pos0 = 0, .pages = &page,
                                       .n_pages = 1, .logits = X4_LOGITS_ALL };
                 struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
-                assert_int_equal(ops->create(m, &bp, &be), 0);
+                assert_int_equal(ops->create(m, &bp, &be, NULL, 0), 0);
                 assert_int_equal(ops->forward(be, &batch, logits, NULL, 0), 0);
                 for (int row = 0; row < 12; row++) {
                         double sum = 0, sum2 = 0;

@@ -124,7 +124,7 @@ static char *rendered_prompt(bool builtin, const char *tool_calls_json) {
         assert_int_equal(x4_model_open(&mp, &model), 0);
         assert_int_equal(tokenizer_new_from_gguf(x4_model_gguf(model), &tok), 0);
         struct x4_backend_params bp = {.n_threads = 1, .page_tokens = 16, .n_pages = 16};
-        assert_int_equal(x4_backend_cpu.create(model, &bp, &backend), 0);
+        assert_int_equal(x4_backend_cpu.create(model, &bp, &backend, NULL, 0), 0);
         struct sched_params sp = {.model = model, .ops = &x4_backend_cpu, .backend = backend,
                                   .tokenizer = tok, .max_running = 2, .max_waiting = 2,
                                   .prefill_chunk = 64};
