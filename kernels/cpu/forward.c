@@ -980,7 +980,8 @@ static void nextn_block(struct x4_backend *b, size_t T, float *logits, float *hi
                        logits + (size_t) row0 * c->n_vocab, c->n_vocab, n_out);
 }
 
-static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits) {
+static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits,
+                     char *err, size_t err_size) {
         const struct x4_config *c = b->cfg;
         size_t T = 0;
         int64_t row = 0, hrow = 0;
@@ -991,7 +992,7 @@ static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, f
                 char msg[256];
                 int r = x4_nextn_check(batch, logits, &lim, b->mtp, msg, sizeof msg);
                 if (r < 0)
-                        return log_error_errno(-r, "cpu backend: %s", msg);
+                        return error_set(err, err_size, -r, "cpu backend: %s", msg);
         }
 
         b->token_base = 0;
