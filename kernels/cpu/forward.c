@@ -857,11 +857,47 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
 /* ---------------------------------------------------------------------------------------------
  * The seam. */
 
+/* Cut a batch's tokens into micro-batches in batch order and run `block` (trunk, nextn_block) on
+ * each; token_base numbers the route_trace tokens across micro-batches. `nseqs` (a NextN batch,
+ * `seqs` unused) gives every row the hidden it combines with its id; a trunk batch's rows have
+ * none. */
+static void run_microbatches(struct x4_backend *b, const struct x4_seq *seqs,
+                             const struct x4_nextn_seq *nseqs, uint32_t n_seqs,
+                             void (*block)(struct x4_backend *b, size_t T, float *logits, float *hidden),
+                             float *logits, float *hidden) {
+        size_t T = 0;
+        int64_t row = 0, hrow = 0;
+
+        b->token_base = 0;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+                const struct x4_seq *s = nseqs ? &nseqs[i].seq : &seqs[i];
+
+                for (uint32_t k = 0; k < s->n_tokens; k++) {
+                        struct cpu_token *tok = &b->tokens[T++];
+                        bool last = k == s->n_tokens - 1;
+                        bool want = s->logits == X4_LOGITS_ALL || (s->logits == X4_LOGITS_LAST && last);
+                        bool want_h = s->hidden == X4_LOGITS_ALL || (s->hidden == X4_LOGITS_LAST && last);
+
+                        tok->id = s->tokens[k];
+                        tok->pos = s->pos0 + k;
+                        tok->pages = s->pages;
+                        tok->h = nseqs ? nseqs[i].h + (size_t) k * b->cfg->n_embd : NULL;
+                        tok->logits_row = want ? row++ : -1;
+                        tok->hidden_row = want_h ? hrow++ : -1;
+                        if (T == CPU_MICROBATCH) {
+                                block(b, T, logits, hidden);
+                                b->token_base += (uint32_t) T;
+                                T = 0;
+                        }
+                }
+        }
+        if (T > 0)
+                block(b, T, logits, hidden);
+}
+
 static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits, char *err,
                        size_t err_size) {
         const struct x4_config *c = b->cfg;
-        size_t T = 0;
-        int64_t row = 0, hrow = 0;
 
         /* the seam's contract, checked before touching the cache (kernels/backend.c) */
         {
@@ -873,35 +909,7 @@ static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float
                         return error_set(err, err_size, -r, "%s", msg);
         }
 
-        /* cut into micro-batches in batch order and run the trunk on each; token_base numbers
-         * the route_trace tokens across micro-batches */
-        b->token_base = 0;
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *s = &batch->seqs[i];
-
-                for (uint32_t k = 0; k < s->n_tokens; k++) {
-                        struct cpu_token *tok = &b->tokens[T++];
-                        bool want = s->logits == X4_LOGITS_ALL ||
-                                    (s->logits == X4_LOGITS_LAST && k == s->n_tokens - 1);
-
-                        tok->id = s->tokens[k];
-                        tok->pos = s->pos0 + k;
-                        tok->pages = s->pages;
-                        bool want_h = s->hidden == X4_LOGITS_ALL ||
-                                      (s->hidden == X4_LOGITS_LAST && k == s->n_tokens - 1);
-
-                        tok->logits_row = want ? row++ : -1;
-                        tok->hidden_row = want_h ? hrow++ : -1;
-                        tok->h = NULL;
-                        if (T == CPU_MICROBATCH) {
-                                trunk(b, T, logits, batch->hidden);
-                                b->token_base += (uint32_t) T;
-                                T = 0;
-                        }
-                }
-        }
-        if (T > 0)
-                trunk(b, T, logits, batch->hidden);
+        run_microbatches(b, batch->seqs, NULL, batch->n_seqs, trunk, logits, batch->hidden);
         return 0;
 }
 
@@ -983,8 +991,6 @@ static void nextn_block(struct x4_backend *b, size_t T, float *logits, float *hi
 static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits,
                      char *err, size_t err_size) {
         const struct x4_config *c = b->cfg;
-        size_t T = 0;
-        int64_t row = 0, hrow = 0;
 
         {
                 struct x4_batch_limits lim = { .n_vocab = c->n_vocab, .n_pages = b->n_pages,
@@ -995,31 +1001,7 @@ static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, f
                         return error_set(err, err_size, -r, "cpu backend: %s", msg);
         }
 
-        b->token_base = 0;
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *s = &batch->seqs[i].seq;
-
-                for (uint32_t k = 0; k < s->n_tokens; k++) {
-                        struct cpu_token *tok = &b->tokens[T++];
-                        bool last = k == s->n_tokens - 1;
-                        bool want = s->logits == X4_LOGITS_ALL || (s->logits == X4_LOGITS_LAST && last);
-                        bool want_h = s->hidden == X4_LOGITS_ALL || (s->hidden == X4_LOGITS_LAST && last);
-
-                        tok->id = s->tokens[k];
-                        tok->pos = s->pos0 + k;
-                        tok->pages = s->pages;
-                        tok->h = batch->seqs[i].h + (size_t) k * c->n_embd;
-                        tok->logits_row = want ? row++ : -1;
-                        tok->hidden_row = want_h ? hrow++ : -1;
-                        if (T == CPU_MICROBATCH) {
-                                nextn_block(b, T, logits, batch->hidden);
-                                b->token_base += (uint32_t) T;
-                                T = 0;
-                        }
-                }
-        }
-        if (T > 0)
-                nextn_block(b, T, logits, batch->hidden);
+        run_microbatches(b, NULL, batch->seqs, batch->n_seqs, nextn_block, logits, batch->hidden);
         return 0;
 }
 
