@@ -1159,6 +1159,49 @@ static int check_tensor(const char *what, uint32_t layer, const struct gguf_tens
         return 0;
 }
 
+struct tensor_check {
+        const char *name;
+        const struct gguf_tensor *t;
+        bool f32;
+};
+
+/* Layer l's tensors: the `own` ones first (a trunk layer's HC, the NextN block's), then those of a
+ * DeepSeek layer every layer has (norms, MLA, the FFN dense or MoE), in that order. */
+static int check_layer(uint32_t l, const struct x4_layer_weights *L, const struct tensor_check *own,
+                       size_t n_own) {
+        bool is_moe = L->ffn_gate_inp != NULL;
+        const struct tensor_check list[] = {
+                { "attn_norm", L->attn_norm, true },
+                { "ffn_norm", L->ffn_norm, true },
+                { "attn_q_a", L->attn_q_a, false },
+                { "attn_q_a_norm", L->attn_q_a_norm, true },
+                { "attn_q_b", L->attn_q_b, false },
+                { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
+                { "attn_kv_a_norm", L->attn_kv_a_norm, true },
+                { "attn_k_b", L->attn_k_b, false },
+                { "attn_v_b", L->attn_v_b, false },
+                { "attn_output", L->attn_output, false },
+                { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
+                { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
+                { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
+        };
+        int r;
+
+        for (size_t i = 0; i < n_own; i++)
+                if ((r = check_tensor(own[i].name, l, own[i].t, own[i].f32)) < 0)
+                        return r;
+        for (size_t i = 0; i < ELEMENTSOF(list); i++)
+                if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
+                        return r;
+        if (is_moe && L->exp_probs_b && (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
+                return r;
+        if (is_moe && L->ffn_gate_shexp &&
+            ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
+             (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
+                return r;
+        return 0;
+}
+
 static int check_weights(const struct x4_config *c, const struct x4_weights *W) {
         int r;
 
@@ -1179,42 +1222,16 @@ static int check_weights(const struct x4_config *c, const struct x4_weights *W) 
                 return r;
         for (uint32_t l = 0; l < c->n_layer; l++) {
                 const struct x4_layer_weights *L = &W->layers[l];
-                bool is_moe = L->ffn_gate_inp != NULL;
-                struct {
-                        const char *name;
-                        const struct gguf_tensor *t;
-                        bool f32;
-                } list[] = {
+                const struct tensor_check hc[] = {
                         { "hc_attn_fn", L->hc_attn_fn, false },
                         { "hc_attn_base", L->hc_attn_base, true },
                         { "hc_attn_scale", L->hc_attn_scale, true },
                         { "hc_ffn_fn", L->hc_ffn_fn, false },
                         { "hc_ffn_base", L->hc_ffn_base, true },
                         { "hc_ffn_scale", L->hc_ffn_scale, true },
-                        { "attn_norm", L->attn_norm, true },
-                        { "ffn_norm", L->ffn_norm, true },
-                        { "attn_q_a", L->attn_q_a, false },
-                        { "attn_q_a_norm", L->attn_q_a_norm, true },
-                        { "attn_q_b", L->attn_q_b, false },
-                        { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
-                        { "attn_kv_a_norm", L->attn_kv_a_norm, true },
-                        { "attn_k_b", L->attn_k_b, false },
-                        { "attn_v_b", L->attn_v_b, false },
-                        { "attn_output", L->attn_output, false },
-                        { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
-                        { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
-                        { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
                 };
 
-                for (size_t i = 0; i < ELEMENTSOF(list); i++)
-                        if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
-                                return r;
-                if (is_moe && L->exp_probs_b &&
-                    (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
-                        return r;
-                if (is_moe && L->ffn_gate_shexp &&
-                    ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
-                     (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
+                if ((r = check_layer(l, L, hc, ELEMENTSOF(hc))) < 0)
                         return r;
         }
         return 0;
@@ -1225,50 +1242,22 @@ static int check_nextn(const struct x4_config *c, const struct x4_weights *W) {
         const uint32_t l = c->n_layer;
         const struct x4_layer_weights *L = &W->layers[l];
         const struct x4_nextn_weights *N = &W->nextn;
-        bool is_moe = L->ffn_gate_inp != NULL;
-        int r;
 
         if (!W->has_nextn)
                 return log_error_errno(EOPNOTSUPP,
                                        "cpu backend: MTP needs the model's NextN block (blk.%u): the "
                                        "file has xing4_0.nextn_predict_layers = %u%s",
                                        l, c->n_nextn, c->n_nextn ? " but not all of its tensors" : "");
-        struct {
-                const char *name;
-                const struct gguf_tensor *t;
-                bool f32;
-        } list[] = {
+        const struct tensor_check own[] = {
                 { "nextn.eh_proj", N->eh_proj, false },
                 { "nextn.embed_tokens", N->embed_tokens, false },
                 { "nextn.shared_head_head", N->shared_head_head, false },
                 { "nextn.enorm", N->enorm, true },
                 { "nextn.hnorm", N->hnorm, true },
                 { "nextn.shared_head_norm", N->shared_head_norm, true },
-                { "attn_norm", L->attn_norm, true },
-                { "ffn_norm", L->ffn_norm, true },
-                { "attn_q_a", L->attn_q_a, false },
-                { "attn_q_a_norm", L->attn_q_a_norm, true },
-                { "attn_q_b", L->attn_q_b, false },
-                { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
-                { "attn_kv_a_norm", L->attn_kv_a_norm, true },
-                { "attn_k_b", L->attn_k_b, false },
-                { "attn_v_b", L->attn_v_b, false },
-                { "attn_output", L->attn_output, false },
-                { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
-                { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
-                { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
         };
 
-        for (size_t i = 0; i < ELEMENTSOF(list); i++)
-                if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
-                        return r;
-        if (is_moe && L->exp_probs_b && (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
-                return r;
-        if (is_moe && L->ffn_gate_shexp &&
-            ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
-             (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
-                return r;
-        return 0;
+        return check_layer(l, L, own, ELEMENTSOF(own));
 }
 
 static int cpu_create(const struct x4_model *model, const struct x4_backend_params *params,
