@@ -777,6 +777,40 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
         run_tokens(b, T, (K + 1) * H, moe_combine_tokens, ffs ? &one : NULL, NULL);
 }
 
+/* The output head (docs/model.md §3 steps 3-4, §8 step 5) for the tokens of a micro-batch that want
+ * a logits or hidden row: hn = RMSNorm(pre, norm) (pre: T rows of n_embd), the hidden row (U4: hn
+ * or pre), and out · hn for the logits rows, consecutive in batch order, in one product. */
+static void head(struct x4_backend *b, size_t T, const float *pre, const float *norm,
+                 const struct gguf_tensor *out, float *logits, float *hidden) {
+        const struct x4_config *c = b->cfg;
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd;
+        size_t n_out = 0;
+        int64_t row0 = -1;
+
+        for (size_t t = 0; t < T; t++) {
+                const struct cpu_token *tok = &b->tokens[t];
+                const float *x = pre + t * H;
+                float *hn = w->hidden + n_out * H;
+
+                if (tok->logits_row < 0 && tok->hidden_row < 0)
+                        continue;
+                rmsnorm(hn, x, norm, H, c->rms_eps);
+                if (tok->hidden_row >= 0)
+                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? hn : x,
+                               H * sizeof(float));
+                if (tok->logits_row < 0)
+                        continue;
+                if (row0 < 0)
+                        row0 = tok->logits_row;
+                assert(tok->logits_row == row0 + (int64_t) n_out);
+                n_out++;
+        }
+        if (n_out > 0)
+                matmul(b, out, 0, c->n_vocab, w->hidden, H, logits + (size_t) row0 * c->n_vocab,
+                       c->n_vocab, n_out);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * docs/model.md §3: the trunk for one micro-batch of T tokens (b->tokens). Writes each token's cache rows
  * and, for tokens with a logits row, that row of `logits`. */
@@ -786,8 +820,7 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
         const struct x4_weights *W = b->w;
         struct cpu_work *w = &b->work;
         const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H;
-        size_t emb_rb = tensor_row_bytes(W->token_embd), n_out = 0;
-        int64_t row0 = -1;
+        size_t emb_rb = tensor_row_bytes(W->token_embd);
 
         /* step 1: e = token_embd[id]; X[s] = e for all s */
         for (size_t t = 0; t < T; t++) {
@@ -821,13 +854,12 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
                 hc_post(b, T);
         }
 
-        /* steps 3-4 for the tokens that want logits (their rows are consecutive: batch order):
-         * h = mean of the streams (÷hc, not a sum), RMSNorm(h, output_norm), output · h; the
-         * tokens that want hidden rows (MTP) get h too (U4: normed or not) */
+        /* steps 3-4 for the tokens that want logits or hidden rows: h = mean of the streams (÷hc,
+         * not a sum) into w->u, then the head: RMSNorm(h, output_norm), output · h */
         for (size_t t = 0; t < T; t++) {
                 const float *X = w->x + t * zlen;
                 const struct cpu_token *tok = &b->tokens[t];
-                float *h = w->hidden + n_out * H, *mean = w->u + t * H;
+                float *mean = w->u + t * H;
 
                 if (tok->logits_row < 0 && tok->hidden_row < 0)
                         continue;
@@ -838,20 +870,8 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
                                 s += X[k * H + i];
                         mean[i] = s / (float) hc;
                 }
-                rmsnorm(h, mean, tensor_f32(W->output_norm), H, c->rms_eps);
-                if (tok->hidden_row >= 0)
-                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? h : mean,
-                               H * sizeof(float));
-                if (tok->logits_row < 0)
-                        continue;
-                if (row0 < 0)
-                        row0 = tok->logits_row;
-                assert(tok->logits_row == row0 + (int64_t) n_out);
-                n_out++;
         }
-        if (n_out > 0)
-                matmul(b, W->output, 0, c->n_vocab, w->hidden, H, logits + (size_t) row0 * c->n_vocab,
-                       c->n_vocab, n_out);
+        head(b, T, w->u, tensor_f32(W->output_norm), W->output, logits, hidden);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -933,8 +953,7 @@ static void nextn_block(struct x4_backend *b, size_t T, float *logits, float *hi
         const struct x4_layer_weights *L = &b->w->layers[l];
         struct cpu_work *w = &b->work;
         const size_t H = c->n_embd;
-        size_t emb_rb = tensor_row_bytes(N->embed_tokens), n_out = 0;
-        int64_t row0 = -1;
+        size_t emb_rb = tensor_row_bytes(N->embed_tokens);
 
         /* steps 2-3: e = RMSNorm(embed_tokens[id], enorm), g = RMSNorm(h, hnorm),
          * x = eh_proj · concat(e, g) (embedding half first); x has stride H in w->x */
@@ -965,27 +984,7 @@ static void nextn_block(struct x4_backend *b, size_t T, float *logits, float *hi
         x_add_out(b, T);
 
         /* step 5: logits = shared_head_head · RMSNorm(x, shared_head_norm) */
-        for (size_t t = 0; t < T; t++) {
-                const struct cpu_token *tok = &b->tokens[t];
-                const float *x = w->x + t * H;
-                float *hn = w->hidden + n_out * H;
-
-                if (tok->logits_row < 0 && tok->hidden_row < 0)
-                        continue;
-                rmsnorm(hn, x, tensor_f32(N->shared_head_norm), H, c->rms_eps);
-                if (tok->hidden_row >= 0)
-                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? hn : x,
-                               H * sizeof(float));
-                if (tok->logits_row < 0)
-                        continue;
-                if (row0 < 0)
-                        row0 = tok->logits_row;
-                assert(tok->logits_row == row0 + (int64_t) n_out);
-                n_out++;
-        }
-        if (n_out > 0)
-                matmul(b, N->shared_head_head, 0, c->n_vocab, w->hidden, H,
-                       logits + (size_t) row0 * c->n_vocab, c->n_vocab, n_out);
+        head(b, T, w->x, tensor_f32(N->shared_head_norm), N->shared_head_head, logits, hidden);
 }
 
 static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits,
