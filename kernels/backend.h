@@ -160,8 +160,10 @@ struct x4_backend_ops {
         /* MTP draft forward (struct x4_nextn_seq): logits rows (n_vocab floats) of every
          * sequence's requested rows in batch order, hidden rows likewise into batch->hidden.
          * Checked by x4_nextn_check first. -EOPNOTSUPP (with a message naming MTP) when the
-         * backend was created without mtp or cannot run the block. */
-        int (*nextn)(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits);
+         * backend was created without mtp or cannot run the block. Errors as values, as forward:
+         * -errno and why in err (NULL, 0: the backend logs it instead). */
+        int (*nextn)(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits,
+                     char *err, size_t err_size);
 };
 
 /* The number of logits / hidden rows a batch produces. */

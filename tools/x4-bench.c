@@ -558,7 +558,7 @@ static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_
                                          .hidden = k ? X4_LOGITS_LAST : X4_LOGITS_NONE },
                                 .h = hid,
                         };
-                        r = B->ops->nextn(B->b, &(struct x4_nextn_batch){ &ns, 1, dh }, dl);
+                        r = B->ops->nextn(B->b, &(struct x4_nextn_batch){ &ns, 1, dh }, dl, NULL, 0);
                         if (r < 0)
                                 return r;
                         if (k)
@@ -571,7 +571,7 @@ static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_
                                                  .logits = X4_LOGITS_LAST, .hidden = X4_LOGITS_LAST },
                                         .h = hid,
                                 };
-                                r = B->ops->nextn(B->b, &(struct x4_nextn_batch){ &ns, 1, dh }, dl);
+                                r = B->ops->nextn(B->b, &(struct x4_nextn_batch){ &ns, 1, dh }, dl, NULL, 0);
                                 if (r < 0)
                                         return r;
                                 toks[level + 1] = argmax_row(dl, (uint32_t) V);

@@ -154,7 +154,7 @@ static int feed(struct run *r, const int32_t *tokens, uint32_t n, uint32_t pos0,
         _cleanup_free_ float *draft = malloc((size_t) nn * r->n_vocab * sizeof(float));
         if (!draft)
                 return log_error_errno(ENOMEM, "out of memory");
-        k = r->ops->nextn(r->b, &nb, draft);
+        k = r->ops->nextn(r->b, &nb, draft, NULL, 0);
         if (k < 0)
                 return k;
         if (fwrite(draft, sizeof(float) * r->n_vocab, nn, r->nextn_out) != nn)

@@ -18,6 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_write as gw  # noqa: E402
+import spm_model  # noqa: E402
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 SPECIALS = ['<_unk>', '<_start>', '<_end>', '<_pad>', '<_user>', '<_bot>', '<_system>', '<_observation>',
@@ -27,65 +28,11 @@ SPECIALS = ['<_unk>', '<_start>', '<_end>', '<_pad>', '<_user>', '<_bot>', '<_sy
 
 # ---- tokenizer ----------------------------------------------------------------------------------
 
-def _varint(b, i):
-    v = s = 0
-    while True:
-        c = b[i]
-        i += 1
-        v |= (c & 0x7F) << s
-        s += 7
-        if c < 0x80:
-            return v, i
-
-
 def read_spm_model(path):
-    """(pieces, scores, types) from a SentencePiece .model (ModelProto field 1 = repeated
-    SentencePiece{1 piece, 2 score, 3 type}); no protobuf module needed."""
-    import struct
-    b = open(path, 'rb').read()
-    pieces, scores, types = [], [], []
-    i = 0
-    while i < len(b):
-        key, i = _varint(b, i)
-        field, wt = key >> 3, key & 7
-        if wt == 2:
-            n, i = _varint(b, i)
-            body = b[i:i + n]
-            i += n
-            if field != 1:
-                continue
-            piece, score, ty = '', 0.0, TOKEN_NORMAL
-            j = 0
-            while j < len(body):
-                k2, j = _varint(body, j)
-                f2, w2 = k2 >> 3, k2 & 7
-                if w2 == 2:
-                    m, j = _varint(body, j)
-                    if f2 == 1:
-                        piece = body[j:j + m].decode('utf-8')
-                    j += m
-                elif w2 == 5:
-                    if f2 == 2:
-                        score = struct.unpack_from('<f', body, j)[0]
-                    j += 4
-                elif w2 == 0:
-                    v, j = _varint(body, j)
-                    if f2 == 3:
-                        ty = v
-                elif w2 == 1:
-                    j += 8
-            pieces.append(piece)
-            scores.append(score)
-            types.append(ty)
-        elif wt == 0:
-            _, i = _varint(b, i)
-        elif wt == 5:
-            i += 4
-        elif wt == 1:
-            i += 8
-        else:
-            raise ValueError(f'{path}: unexpected protobuf wire type {wt}')
-    return pieces, scores, types
+    """(pieces, scores, types) from a SentencePiece .model (spm_model.py reads it)."""
+    pieces, _ = spm_model.read_model(path)
+    return ([p.decode('utf-8') for p, _, _ in pieces], [s for _, s, _ in pieces],
+            [t for _, _, t in pieces])
 
 
 def synthetic_vocab(n):

@@ -158,7 +158,8 @@ class Writer:
 
     @staticmethod
     def _s(s):
-        b = s.encode('utf-8')
+        """A GGUF string: text, or bytes as they are (a vocabulary's pieces as read)."""
+        b = s if isinstance(s, bytes) else s.encode('utf-8')
         return struct.pack('<Q', len(b)) + b
 
     def _val(self, t, v, elem=None):

@@ -120,6 +120,7 @@ static int run_nextn(struct sched *s, struct x4_nextn_seq *ns, struct job **who,
         const size_t V = s->cfg->n_vocab, H = s->cfg->n_embd;
         struct x4_nextn_batch nb = { .seqs = ns, .n_seqs = n };
         uint32_t rows = x4_nextn_logits_rows(&nb), hrows = x4_nextn_hidden_rows(&nb);
+        char msg[1024] = ""; /* what a failing NextN forward says (errors as values) */
 
         if (!eng_mtp_grow(&s->mtp_logits, &s->mtp_logits_cap, MAX(rows, 1u) * V) ||
             !eng_mtp_grow(&s->mtp_hid, &s->mtp_hid_cap, MAX(hrows, 1u) * H)) {
@@ -127,9 +128,8 @@ static int run_nextn(struct sched *s, struct x4_nextn_seq *ns, struct job **who,
                 goto fail;
         }
         nb.hidden = s->mtp_hid;
-        if (s->p.ops->nextn(s->p.backend, &nb, s->mtp_logits) < 0) {
-                log_warning("MTP: NextN forward failed (%s): this step decodes without drafts",
-                            log_last_error());
+        if (s->p.ops->nextn(s->p.backend, &nb, s->mtp_logits, msg, sizeof msg) < 0) {
+                log_warning("MTP: NextN forward failed (%s): this step decodes without drafts", msg);
                 goto fail;
         }
         return 0;

@@ -777,6 +777,40 @@ static void moe(struct x4_backend *b, uint32_t l, size_t T) {
         run_tokens(b, T, (K + 1) * H, moe_combine_tokens, ffs ? &one : NULL, NULL);
 }
 
+/* The output head (docs/model.md §3 steps 3-4, §8 step 5) for the tokens of a micro-batch that want
+ * a logits or hidden row: hn = RMSNorm(pre, norm) (pre: T rows of n_embd), the hidden row (U4: hn
+ * or pre), and out · hn for the logits rows, consecutive in batch order, in one product. */
+static void head(struct x4_backend *b, size_t T, const float *pre, const float *norm,
+                 const struct gguf_tensor *out, float *logits, float *hidden) {
+        const struct x4_config *c = b->cfg;
+        struct cpu_work *w = &b->work;
+        const size_t H = c->n_embd;
+        size_t n_out = 0;
+        int64_t row0 = -1;
+
+        for (size_t t = 0; t < T; t++) {
+                const struct cpu_token *tok = &b->tokens[t];
+                const float *x = pre + t * H;
+                float *hn = w->hidden + n_out * H;
+
+                if (tok->logits_row < 0 && tok->hidden_row < 0)
+                        continue;
+                rmsnorm(hn, x, norm, H, c->rms_eps);
+                if (tok->hidden_row >= 0)
+                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? hn : x,
+                               H * sizeof(float));
+                if (tok->logits_row < 0)
+                        continue;
+                if (row0 < 0)
+                        row0 = tok->logits_row;
+                assert(tok->logits_row == row0 + (int64_t) n_out);
+                n_out++;
+        }
+        if (n_out > 0)
+                matmul(b, out, 0, c->n_vocab, w->hidden, H, logits + (size_t) row0 * c->n_vocab,
+                       c->n_vocab, n_out);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * docs/model.md §3: the trunk for one micro-batch of T tokens (b->tokens). Writes each token's cache rows
  * and, for tokens with a logits row, that row of `logits`. */
@@ -786,8 +820,7 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
         const struct x4_weights *W = b->w;
         struct cpu_work *w = &b->work;
         const size_t H = c->n_embd, hc = c->hc_mult, zlen = hc * H;
-        size_t emb_rb = tensor_row_bytes(W->token_embd), n_out = 0;
-        int64_t row0 = -1;
+        size_t emb_rb = tensor_row_bytes(W->token_embd);
 
         /* step 1: e = token_embd[id]; X[s] = e for all s */
         for (size_t t = 0; t < T; t++) {
@@ -821,13 +854,12 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
                 hc_post(b, T);
         }
 
-        /* steps 3-4 for the tokens that want logits (their rows are consecutive: batch order):
-         * h = mean of the streams (÷hc, not a sum), RMSNorm(h, output_norm), output · h; the
-         * tokens that want hidden rows (MTP) get h too (U4: normed or not) */
+        /* steps 3-4 for the tokens that want logits or hidden rows: h = mean of the streams (÷hc,
+         * not a sum) into w->u, then the head: RMSNorm(h, output_norm), output · h */
         for (size_t t = 0; t < T; t++) {
                 const float *X = w->x + t * zlen;
                 const struct cpu_token *tok = &b->tokens[t];
-                float *h = w->hidden + n_out * H, *mean = w->u + t * H;
+                float *mean = w->u + t * H;
 
                 if (tok->logits_row < 0 && tok->hidden_row < 0)
                         continue;
@@ -838,30 +870,54 @@ static void trunk(struct x4_backend *b, size_t T, float *logits, float *hidden) 
                                 s += X[k * H + i];
                         mean[i] = s / (float) hc;
                 }
-                rmsnorm(h, mean, tensor_f32(W->output_norm), H, c->rms_eps);
-                if (tok->hidden_row >= 0)
-                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? h : mean,
-                               H * sizeof(float));
-                if (tok->logits_row < 0)
-                        continue;
-                if (row0 < 0)
-                        row0 = tok->logits_row;
-                assert(tok->logits_row == row0 + (int64_t) n_out);
-                n_out++;
         }
-        if (n_out > 0)
-                matmul(b, W->output, 0, c->n_vocab, w->hidden, H, logits + (size_t) row0 * c->n_vocab,
-                       c->n_vocab, n_out);
+        head(b, T, w->u, tensor_f32(W->output_norm), W->output, logits, hidden);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * The seam. */
 
+/* Cut a batch's tokens into micro-batches in batch order and run `block` (trunk, nextn_block) on
+ * each; token_base numbers the route_trace tokens across micro-batches. `nseqs` (a NextN batch,
+ * `seqs` unused) gives every row the hidden it combines with its id; a trunk batch's rows have
+ * none. */
+static void run_microbatches(struct x4_backend *b, const struct x4_seq *seqs,
+                             const struct x4_nextn_seq *nseqs, uint32_t n_seqs,
+                             void (*block)(struct x4_backend *b, size_t T, float *logits, float *hidden),
+                             float *logits, float *hidden) {
+        size_t T = 0;
+        int64_t row = 0, hrow = 0;
+
+        b->token_base = 0;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+                const struct x4_seq *s = nseqs ? &nseqs[i].seq : &seqs[i];
+
+                for (uint32_t k = 0; k < s->n_tokens; k++) {
+                        struct cpu_token *tok = &b->tokens[T++];
+                        bool last = k == s->n_tokens - 1;
+                        bool want = s->logits == X4_LOGITS_ALL || (s->logits == X4_LOGITS_LAST && last);
+                        bool want_h = s->hidden == X4_LOGITS_ALL || (s->hidden == X4_LOGITS_LAST && last);
+
+                        tok->id = s->tokens[k];
+                        tok->pos = s->pos0 + k;
+                        tok->pages = s->pages;
+                        tok->h = nseqs ? nseqs[i].h + (size_t) k * b->cfg->n_embd : NULL;
+                        tok->logits_row = want ? row++ : -1;
+                        tok->hidden_row = want_h ? hrow++ : -1;
+                        if (T == CPU_MICROBATCH) {
+                                block(b, T, logits, hidden);
+                                b->token_base += (uint32_t) T;
+                                T = 0;
+                        }
+                }
+        }
+        if (T > 0)
+                block(b, T, logits, hidden);
+}
+
 static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits, char *err,
                        size_t err_size) {
         const struct x4_config *c = b->cfg;
-        size_t T = 0;
-        int64_t row = 0, hrow = 0;
 
         /* the seam's contract, checked before touching the cache (kernels/backend.c) */
         {
@@ -873,35 +929,7 @@ static int cpu_forward(struct x4_backend *b, const struct x4_batch *batch, float
                         return error_set(err, err_size, -r, "%s", msg);
         }
 
-        /* cut into micro-batches in batch order and run the trunk on each; token_base numbers
-         * the route_trace tokens across micro-batches */
-        b->token_base = 0;
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *s = &batch->seqs[i];
-
-                for (uint32_t k = 0; k < s->n_tokens; k++) {
-                        struct cpu_token *tok = &b->tokens[T++];
-                        bool want = s->logits == X4_LOGITS_ALL ||
-                                    (s->logits == X4_LOGITS_LAST && k == s->n_tokens - 1);
-
-                        tok->id = s->tokens[k];
-                        tok->pos = s->pos0 + k;
-                        tok->pages = s->pages;
-                        bool want_h = s->hidden == X4_LOGITS_ALL ||
-                                      (s->hidden == X4_LOGITS_LAST && k == s->n_tokens - 1);
-
-                        tok->logits_row = want ? row++ : -1;
-                        tok->hidden_row = want_h ? hrow++ : -1;
-                        tok->h = NULL;
-                        if (T == CPU_MICROBATCH) {
-                                trunk(b, T, logits, batch->hidden);
-                                b->token_base += (uint32_t) T;
-                                T = 0;
-                        }
-                }
-        }
-        if (T > 0)
-                trunk(b, T, logits, batch->hidden);
+        run_microbatches(b, batch->seqs, NULL, batch->n_seqs, trunk, logits, batch->hidden);
         return 0;
 }
 
@@ -925,8 +953,7 @@ static void nextn_block(struct x4_backend *b, size_t T, float *logits, float *hi
         const struct x4_layer_weights *L = &b->w->layers[l];
         struct cpu_work *w = &b->work;
         const size_t H = c->n_embd;
-        size_t emb_rb = tensor_row_bytes(N->embed_tokens), n_out = 0;
-        int64_t row0 = -1;
+        size_t emb_rb = tensor_row_bytes(N->embed_tokens);
 
         /* steps 2-3: e = RMSNorm(embed_tokens[id], enorm), g = RMSNorm(h, hnorm),
          * x = eh_proj · concat(e, g) (embedding half first); x has stride H in w->x */
@@ -957,33 +984,12 @@ static void nextn_block(struct x4_backend *b, size_t T, float *logits, float *hi
         x_add_out(b, T);
 
         /* step 5: logits = shared_head_head · RMSNorm(x, shared_head_norm) */
-        for (size_t t = 0; t < T; t++) {
-                const struct cpu_token *tok = &b->tokens[t];
-                const float *x = w->x + t * H;
-                float *hn = w->hidden + n_out * H;
-
-                if (tok->logits_row < 0 && tok->hidden_row < 0)
-                        continue;
-                rmsnorm(hn, x, tensor_f32(N->shared_head_norm), H, c->rms_eps);
-                if (tok->hidden_row >= 0)
-                        memcpy(hidden + (size_t) tok->hidden_row * H, X4_MTP_H_POST_NORM ? hn : x,
-                               H * sizeof(float));
-                if (tok->logits_row < 0)
-                        continue;
-                if (row0 < 0)
-                        row0 = tok->logits_row;
-                assert(tok->logits_row == row0 + (int64_t) n_out);
-                n_out++;
-        }
-        if (n_out > 0)
-                matmul(b, N->shared_head_head, 0, c->n_vocab, w->hidden, H,
-                       logits + (size_t) row0 * c->n_vocab, c->n_vocab, n_out);
+        head(b, T, w->x, tensor_f32(N->shared_head_norm), N->shared_head_head, logits, hidden);
 }
 
-static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits) {
+static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits,
+                     char *err, size_t err_size) {
         const struct x4_config *c = b->cfg;
-        size_t T = 0;
-        int64_t row = 0, hrow = 0;
 
         {
                 struct x4_batch_limits lim = { .n_vocab = c->n_vocab, .n_pages = b->n_pages,
@@ -991,34 +997,10 @@ static int cpu_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, f
                 char msg[256];
                 int r = x4_nextn_check(batch, logits, &lim, b->mtp, msg, sizeof msg);
                 if (r < 0)
-                        return log_error_errno(-r, "cpu backend: %s", msg);
+                        return error_set(err, err_size, -r, "cpu backend: %s", msg);
         }
 
-        b->token_base = 0;
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *s = &batch->seqs[i].seq;
-
-                for (uint32_t k = 0; k < s->n_tokens; k++) {
-                        struct cpu_token *tok = &b->tokens[T++];
-                        bool last = k == s->n_tokens - 1;
-                        bool want = s->logits == X4_LOGITS_ALL || (s->logits == X4_LOGITS_LAST && last);
-                        bool want_h = s->hidden == X4_LOGITS_ALL || (s->hidden == X4_LOGITS_LAST && last);
-
-                        tok->id = s->tokens[k];
-                        tok->pos = s->pos0 + k;
-                        tok->pages = s->pages;
-                        tok->h = batch->seqs[i].h + (size_t) k * c->n_embd;
-                        tok->logits_row = want ? row++ : -1;
-                        tok->hidden_row = want_h ? hrow++ : -1;
-                        if (T == CPU_MICROBATCH) {
-                                nextn_block(b, T, logits, batch->hidden);
-                                b->token_base += (uint32_t) T;
-                                T = 0;
-                        }
-                }
-        }
-        if (T > 0)
-                nextn_block(b, T, logits, batch->hidden);
+        run_microbatches(b, NULL, batch->seqs, batch->n_seqs, nextn_block, logits, batch->hidden);
         return 0;
 }
 
@@ -1176,6 +1158,49 @@ static int check_tensor(const char *what, uint32_t layer, const struct gguf_tens
         return 0;
 }
 
+struct tensor_check {
+        const char *name;
+        const struct gguf_tensor *t;
+        bool f32;
+};
+
+/* Layer l's tensors: the `own` ones first (a trunk layer's HC, the NextN block's), then those of a
+ * DeepSeek layer every layer has (norms, MLA, the FFN dense or MoE), in that order. */
+static int check_layer(uint32_t l, const struct x4_layer_weights *L, const struct tensor_check *own,
+                       size_t n_own) {
+        bool is_moe = L->ffn_gate_inp != NULL;
+        const struct tensor_check list[] = {
+                { "attn_norm", L->attn_norm, true },
+                { "ffn_norm", L->ffn_norm, true },
+                { "attn_q_a", L->attn_q_a, false },
+                { "attn_q_a_norm", L->attn_q_a_norm, true },
+                { "attn_q_b", L->attn_q_b, false },
+                { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
+                { "attn_kv_a_norm", L->attn_kv_a_norm, true },
+                { "attn_k_b", L->attn_k_b, false },
+                { "attn_v_b", L->attn_v_b, false },
+                { "attn_output", L->attn_output, false },
+                { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
+                { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
+                { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
+        };
+        int r;
+
+        for (size_t i = 0; i < n_own; i++)
+                if ((r = check_tensor(own[i].name, l, own[i].t, own[i].f32)) < 0)
+                        return r;
+        for (size_t i = 0; i < ELEMENTSOF(list); i++)
+                if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
+                        return r;
+        if (is_moe && L->exp_probs_b && (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
+                return r;
+        if (is_moe && L->ffn_gate_shexp &&
+            ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
+             (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
+                return r;
+        return 0;
+}
+
 static int check_weights(const struct x4_config *c, const struct x4_weights *W) {
         int r;
 
@@ -1196,42 +1221,16 @@ static int check_weights(const struct x4_config *c, const struct x4_weights *W) 
                 return r;
         for (uint32_t l = 0; l < c->n_layer; l++) {
                 const struct x4_layer_weights *L = &W->layers[l];
-                bool is_moe = L->ffn_gate_inp != NULL;
-                struct {
-                        const char *name;
-                        const struct gguf_tensor *t;
-                        bool f32;
-                } list[] = {
+                const struct tensor_check hc[] = {
                         { "hc_attn_fn", L->hc_attn_fn, false },
                         { "hc_attn_base", L->hc_attn_base, true },
                         { "hc_attn_scale", L->hc_attn_scale, true },
                         { "hc_ffn_fn", L->hc_ffn_fn, false },
                         { "hc_ffn_base", L->hc_ffn_base, true },
                         { "hc_ffn_scale", L->hc_ffn_scale, true },
-                        { "attn_norm", L->attn_norm, true },
-                        { "ffn_norm", L->ffn_norm, true },
-                        { "attn_q_a", L->attn_q_a, false },
-                        { "attn_q_a_norm", L->attn_q_a_norm, true },
-                        { "attn_q_b", L->attn_q_b, false },
-                        { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
-                        { "attn_kv_a_norm", L->attn_kv_a_norm, true },
-                        { "attn_k_b", L->attn_k_b, false },
-                        { "attn_v_b", L->attn_v_b, false },
-                        { "attn_output", L->attn_output, false },
-                        { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
-                        { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
-                        { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
                 };
 
-                for (size_t i = 0; i < ELEMENTSOF(list); i++)
-                        if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
-                                return r;
-                if (is_moe && L->exp_probs_b &&
-                    (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
-                        return r;
-                if (is_moe && L->ffn_gate_shexp &&
-                    ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
-                     (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
+                if ((r = check_layer(l, L, hc, ELEMENTSOF(hc))) < 0)
                         return r;
         }
         return 0;
@@ -1242,50 +1241,22 @@ static int check_nextn(const struct x4_config *c, const struct x4_weights *W) {
         const uint32_t l = c->n_layer;
         const struct x4_layer_weights *L = &W->layers[l];
         const struct x4_nextn_weights *N = &W->nextn;
-        bool is_moe = L->ffn_gate_inp != NULL;
-        int r;
 
         if (!W->has_nextn)
                 return log_error_errno(EOPNOTSUPP,
                                        "cpu backend: MTP needs the model's NextN block (blk.%u): the "
                                        "file has xing4_0.nextn_predict_layers = %u%s",
                                        l, c->n_nextn, c->n_nextn ? " but not all of its tensors" : "");
-        struct {
-                const char *name;
-                const struct gguf_tensor *t;
-                bool f32;
-        } list[] = {
+        const struct tensor_check own[] = {
                 { "nextn.eh_proj", N->eh_proj, false },
                 { "nextn.embed_tokens", N->embed_tokens, false },
                 { "nextn.shared_head_head", N->shared_head_head, false },
                 { "nextn.enorm", N->enorm, true },
                 { "nextn.hnorm", N->hnorm, true },
                 { "nextn.shared_head_norm", N->shared_head_norm, true },
-                { "attn_norm", L->attn_norm, true },
-                { "ffn_norm", L->ffn_norm, true },
-                { "attn_q_a", L->attn_q_a, false },
-                { "attn_q_a_norm", L->attn_q_a_norm, true },
-                { "attn_q_b", L->attn_q_b, false },
-                { "attn_kv_a_mqa", L->attn_kv_a_mqa, false },
-                { "attn_kv_a_norm", L->attn_kv_a_norm, true },
-                { "attn_k_b", L->attn_k_b, false },
-                { "attn_v_b", L->attn_v_b, false },
-                { "attn_output", L->attn_output, false },
-                { "ffn_gate", is_moe ? L->ffn_gate_exps : L->ffn_gate, false },
-                { "ffn_up", is_moe ? L->ffn_up_exps : L->ffn_up, false },
-                { "ffn_down", is_moe ? L->ffn_down_exps : L->ffn_down, false },
         };
 
-        for (size_t i = 0; i < ELEMENTSOF(list); i++)
-                if ((r = check_tensor(list[i].name, l, list[i].t, list[i].f32)) < 0)
-                        return r;
-        if (is_moe && L->exp_probs_b && (r = check_tensor("exp_probs_b", l, L->exp_probs_b, true)) < 0)
-                return r;
-        if (is_moe && L->ffn_gate_shexp &&
-            ((r = check_tensor("ffn_up_shexp", l, L->ffn_up_shexp, false)) < 0 ||
-             (r = check_tensor("ffn_down_shexp", l, L->ffn_down_shexp, false)) < 0))
-                return r;
-        return 0;
+        return check_layer(l, L, own, ELEMENTSOF(own));
 }
 
 static int cpu_create_backend(const struct x4_model *model, const struct x4_backend_params *params,

@@ -1709,12 +1709,13 @@ static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src, char
 }
 
 /* MTP's NextN forward: not on CUDA yet (a backend is never created with mtp here). */
-static int cuda_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits) {
+static int cuda_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits,
+                      char *err, size_t err_size) {
         (void) b;
         (void) batch;
         (void) logits;
-        return log_error_errno(EOPNOTSUPP, "cuda backend: MTP (the NextN block) is not implemented "
-                                           "on CUDA yet");
+        return error_set(err, err_size, EOPNOTSUPP, "cuda backend: MTP (the NextN block) is not "
+                                                    "implemented on CUDA yet");
 }
 
 __attribute__((visibility("default"))) const struct x4_backend_ops x4_backend_cuda = {

@@ -164,18 +164,7 @@ def test_preempted_requests_give_exactly_what_they_give_alone(fresh_daemon):
             gen_sampled(prompt(3, 8), 40, 0.9, 1234)]
     c = w.Conn(d.sock, timeout=60)
     c.hello()
-    import struct
-    c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
-        w.frame(k + 1, w.GENERATE, r) for k, r in enumerate(reqs))))
-    got, done = {1: [], 2: [], 3: []}, {}
-    while len(done) < 3:
-        f = c.recv()
-        assert f is not None and w.ERROR not in f, f
-        rid = f[1][0]
-        if w.CHUNK in f:
-            got[rid] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
-        elif w.DONE in f:
-            done[rid] = w.parse(f[w.DONE][0])
+    got, _ = c.generate_all(reqs)
     # the cache ran out: some were preempted (recomputed later), none failed
     deadline = time.monotonic() + 10
     while not any("preempted (cache full)" in x for x in d.log):
@@ -321,7 +310,6 @@ def test_tokenizing_a_huge_prompt_does_not_stall_running_streams(fresh_daemon):
 
 
 def test_a_preempted_snapshot_request_gives_what_it_gives_alone(fresh_daemon):
-    import struct
     d = fresh_daemon(TINY_CACHE)
     r = d.x4ctl("snapshot", "create", "sys", "--tokens", ",".join(map(str, prompt(9, 20))))
     assert r.returncode == 0, r.stderr
@@ -340,18 +328,9 @@ def test_a_preempted_snapshot_request_gives_what_it_gives_alone(fresh_daemon):
         reqs = [w.generate_tokens(prompt(1, 8), max_tokens=40, temperature=0.0, ignore_eos=True),
                 snap,
                 w.generate_tokens(prompt(2, 8), max_tokens=40, temperature=0.0, ignore_eos=True)]
-        c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
-            w.frame(k + 1, w.GENERATE, r) for k, r in enumerate(reqs))))
+        got, _ = c.generate_all(reqs)
         snap_id = server_id + 2
         server_id += 3
-        got, done = {1: [], 2: [], 3: []}, set()
-        while len(done) < 3:
-            f = c.recv()
-            assert f is not None and w.ERROR not in f, f
-            if w.CHUNK in f:
-                got[f[1][0]] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
-            elif w.DONE in f:
-                done.add(f[1][0])
         assert got[2] == alone, attempt
         if any(f"request {snap_id} preempted (cache full)" in x and "0 generated" not in x
                for x in d.log):

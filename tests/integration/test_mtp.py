@@ -213,18 +213,12 @@ def pairs(d, n, prompt):
         msg += w.field_bytes(4, sampling + w.field_varint(5, k + 1))
         msg += w.field_varint(5, 3) + w.field_varint(11, 1)
         frames.append(w.frame(k + 1, w.GENERATE, msg))
-    got, done, sent = {k + 1: [] for k in range(n)}, 0, 0
-    while done < n:
-        if sent - done < 100:  # within the daemon's queue (--max-waiting 256)
-            c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in frames[sent:sent + 100]))
+    got, done, sent = {k + 1: [] for k in range(n)}, {}, 0
+    while len(done) < n:
+        if sent - len(done) < 100:  # within the daemon's queue (--max-waiting 256)
+            c.send_frames(frames[sent:sent + 100])
             sent = min(n, sent + 100)
-        f = c.recv()
-        assert f is not None and w.ERROR not in f, f
-        rid = f[1][0]
-        if w.CHUNK in f:
-            got[rid] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
-        elif w.DONE in f:
-            done += 1
+        c.recv_generation(got, done)
     c.close()
     return [tuple(v[:2]) for v in got.values()]
 
@@ -285,18 +279,8 @@ def test_preempted_requests_with_mtp_give_what_mtp_off_gives(fresh_daemon, demo_
     prompts = [[5 + (k * 131 + i * 17) % 900 for i in range(8)] for k in range(3)]
     c = w.Conn(d.sock, timeout=120)
     c.hello()
-    c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
-        w.frame(k + 1, w.GENERATE, w.generate_tokens(p, max_tokens=40, temperature=0.0, ignore_eos=True))
-        for k, p in enumerate(prompts))))
-    got, done = {1: [], 2: [], 3: []}, 0
-    while done < 3:
-        f = c.recv()
-        assert f is not None and w.ERROR not in f, f
-        rid = f[1][0]
-        if w.CHUNK in f:
-            got[rid] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
-        elif w.DONE in f:
-            done += 1
+    got, _ = c.generate_all(w.generate_tokens(p, max_tokens=40, temperature=0.0, ignore_eos=True)
+                            for p in prompts)
     c.close()
     deadline = time.monotonic() + 10
     while not any("preempted (cache full)" in x for x in d.log):

@@ -39,19 +39,8 @@ def test_sixteen_concurrent_requests_give_what_each_gives_alone(fresh_daemon):
     c = w.Conn(d.sock, timeout=120)
     c.hello()
     # one write: all 16 are queued together, so they run side by side
-    c.send_raw(b"".join(struct.pack(">I", len(f)) + f for f in (
-        w.frame(k + 1, w.GENERATE, w.generate_tokens(p, max_tokens=24, temperature=0.0,
-                                                     ignore_eos=True))
-        for k, p in enumerate(prompts))))
-    got, done = {k + 1: [] for k in range(16)}, set()
-    while len(done) < 16:
-        f = c.recv()
-        assert f is not None and w.ERROR not in f, f
-        rid = f[1][0]
-        if w.CHUNK in f:
-            got[rid] += w.packed_varints(w.parse(f[w.CHUNK][0]).get(2, [b""])[0])
-        elif w.DONE in f:
-            done.add(rid)
+    got, _ = c.generate_all(w.generate_tokens(p, max_tokens=24, temperature=0.0, ignore_eos=True)
+                            for p in prompts)
     c.close()
     s = d.stats()
     # batching is visible: forwards held several requests at once

@@ -122,6 +122,33 @@ class Conn:
     def send(self, payload):
         self.s.sendall(struct.pack(">I", len(payload)) + payload)
 
+    def send_frames(self, frames):
+        """Several frames in one write, so that the daemon queues their requests together."""
+        self.s.sendall(b"".join(struct.pack(">I", len(f)) + f for f in frames))
+
+    def recv_generation(self, got, done):
+        """The next frame of one of several generations on this connection: a Chunk's token ids
+        go onto got[request id], a Done (parsed) into done[request id]. A closed connection or an
+        Error frame fails. Returns the request id."""
+        f = self.recv()
+        assert f is not None and ERROR not in f, f
+        rid = f[1][0]
+        if CHUNK in f:
+            got[rid] += packed_varints(parse(f[CHUNK][0]).get(2, [b""])[0])
+        elif DONE in f:
+            done[rid] = parse(f[DONE][0])
+        return rid
+
+    def generate_all(self, bodies):
+        """Send the Generate bodies as requests 1..n in one write and read until all are done:
+        ({request id: token ids}, {request id: Done fields})."""
+        bodies = list(bodies)
+        self.send_frames(frame(k + 1, GENERATE, b) for k, b in enumerate(bodies))
+        got, done = {k + 1: [] for k in range(len(bodies))}, {}
+        while len(done) < len(bodies):
+            self.recv_generation(got, done)
+        return got, done
+
     def hello(self):
         self.send(frame(0, HELLO, hello()))
         f = self.recv()

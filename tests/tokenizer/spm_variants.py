@@ -12,9 +12,11 @@ trainer_spec = 2, self_test_data = 4; SentencePiece.type = 3; TrainerSpec.byte_f
   added, and decode then keeps a leading `▁` as a space.
 
 usage: spm_variants.py MODEL KIND OUT.model"""
+import os
 import sys
 
-import spm_to_gguf
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'train'))
+from spm_model import fields  # noqa: E402
 
 
 def enc_varint(v):
@@ -37,16 +39,16 @@ def enc_field(fn, wt, v):
 
 def rebuild(data, piece_fn, trainer_fn=None, normalizer_fn=None):
     out = b''
-    for fn, wt, v in spm_to_gguf.fields(data):
+    for fn, wt, v in fields(data):
         if fn == 3 and wt == 2 and normalizer_fn:
-            v = b''.join(enc_field(*f) for f in normalizer_fn(list(spm_to_gguf.fields(v))))
+            v = b''.join(enc_field(*f) for f in normalizer_fn(list(fields(v))))
         elif fn == 1 and wt == 2:
-            fl = piece_fn(list(spm_to_gguf.fields(v)))
+            fl = piece_fn(list(fields(v)))
             if fl is None:
                 continue
             v = b''.join(enc_field(*f) for f in fl)
         elif fn == 2 and wt == 2 and trainer_fn:
-            v = b''.join(enc_field(*f) for f in trainer_fn(list(spm_to_gguf.fields(v))))
+            v = b''.join(enc_field(*f) for f in trainer_fn(list(fields(v))))
         elif fn == 4:
             continue  # self-test samples would no longer hold
         out += enc_field(fn, wt, v)

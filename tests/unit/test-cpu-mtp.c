@@ -118,13 +118,34 @@ static void test_pages_and_refusals(void **state) {
         struct x4_nextn_seq ns = { .seq = { .tokens = f->ids, .n_tokens = 1, .pos0 = 0, .pages = f->pages,
                                             .n_pages = 1, .logits = X4_LOGITS_NONE },
                                    .h = h };
-        assert_int_equal(x4_backend_cpu.nextn(off, &(struct x4_nextn_batch){ &ns, 1, NULL }, out),
+        char err[256];
+
+        /* errors as values: the reason comes back in err, and nothing is logged as an error */
+        log_clear_last_error();
+        err[0] = 0;
+        assert_int_equal(x4_backend_cpu.nextn(off, &(struct x4_nextn_batch){ &ns, 1, NULL }, out, err,
+                                              sizeof err),
                          -EOPNOTSUPP);
-        assert_non_null(strstr(log_last_error(), "MTP"));
-        assert_int_equal(x4_backend_cpu.nextn(on, &(struct x4_nextn_batch){ &ns, 1, NULL }, out), 0);
-        /* hidden rows asked for with no buffer */
+        assert_string_equal(err, "cpu backend: MTP (NextN forward): the backend was created without "
+                                 "MTP (mtp off)");
+        assert_string_equal(log_last_error(), "");
+        /* NULL, 0: the backend logs the same text instead */
+        assert_int_equal(x4_backend_cpu.nextn(off, &(struct x4_nextn_batch){ &ns, 1, NULL }, out, NULL, 0),
+                         -EOPNOTSUPP);
+        assert_string_equal(log_last_error(), err);
+        assert_int_equal(x4_backend_cpu.nextn(on, &(struct x4_nextn_batch){ &ns, 1, NULL }, out, err,
+                                              sizeof err),
+                         0);
+        /* hidden rows asked for with no buffer; a short buffer gets the text truncated */
         ns.seq.hidden = X4_LOGITS_LAST;
-        assert_int_equal(x4_backend_cpu.nextn(on, &(struct x4_nextn_batch){ &ns, 1, NULL }, out),
+        assert_int_equal(x4_backend_cpu.nextn(on, &(struct x4_nextn_batch){ &ns, 1, NULL }, out, err,
+                                              sizeof err),
+                         -EINVAL);
+        assert_string_equal(err, "cpu backend: sequence 0: hidden rows requested but no output buffer");
+        assert_int_equal(x4_backend_cpu.nextn(on, &(struct x4_nextn_batch){ &ns, 1, NULL }, out, err, 12),
+                         -EINVAL);
+        assert_string_equal(err, "cpu backend");
+        assert_int_equal(x4_backend_cpu.nextn(on, &(struct x4_nextn_batch){ &ns, 1, NULL }, out, NULL, 0),
                          -EINVAL);
         assert_string_equal(log_last_error(),
                             "cpu backend: sequence 0: hidden rows requested but no output buffer");
@@ -161,7 +182,7 @@ static void run_mtp(struct fixture *f, struct x4_backend *b, uint32_t chunk, boo
                           .h = hidden + (size_t) t0 * H },
                 };
                 struct x4_nextn_batch nb = { .seqs = mate ? ns : ns + 1, .n_seqs = mate ? 2 : 1, .hidden = sh };
-                assert_int_equal(x4_backend_cpu.nextn(b, &nb, scratch), 0);
+                assert_int_equal(x4_backend_cpu.nextn(b, &nb, scratch, NULL, 0), 0);
                 memcpy(draft + (size_t) t0 * V, scratch + (mate ? V : 0), n * V * sizeof(float));
                 memcpy(dhidden + (size_t) t0 * H, sh + (mate ? H : 0), n * H * sizeof(float));
         }
