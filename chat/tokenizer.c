@@ -423,7 +423,7 @@ static int gguf_opt_bool(const struct gguf_file *f, const char *key, bool def, b
         return r;
 }
 
-int tokenizer_new_from_gguf(const struct gguf_file *f, struct tokenizer **ret) {
+static int new_from_gguf(const struct gguf_file *f, struct tokenizer **ret) {
         const struct gguf_value *tokens, *scores, *types;
         struct gguf_string model;
         int r;
@@ -508,12 +508,18 @@ int tokenizer_new_from_gguf(const struct gguf_file *f, struct tokenizer **ret) {
         return tokenizer_new(&v, ret);
 }
 
+int tokenizer_new_from_gguf(const struct gguf_file *f, struct tokenizer **ret, char *err,
+                            size_t err_size) {
+        log_clear_last_error();
+        return log_error_value(new_from_gguf(f, ret), err, err_size);
+}
+
 int tokenizer_load(const char *path, struct tokenizer **ret) {
         _cleanup_(gguf_closep) struct gguf_file *f = NULL;
         int r = gguf_open(path, &f);
         if (r < 0)
                 return r;
-        return tokenizer_new_from_gguf(f, ret);
+        return tokenizer_new_from_gguf(f, ret, NULL, 0);
 }
 
 size_t tokenizer_n_vocab(const struct tokenizer *t) {

@@ -76,8 +76,10 @@ struct tokenizer;
 int tokenizer_new(const struct tokenizer_vocab *v, struct tokenizer **ret);
 /* Build from tokenizer.ggml.{model,tokens,scores,token_type,*_token_id,add_*} (docs/model.md §2.3).
  * tokenizer.ggml.model must be "llama" (SentencePiece); absent ids/flags take the defaults
- * unk 0, bos 1, eos 2, pad -1, add_space_prefix true, add_bos/add_eos false. */
-int tokenizer_new_from_gguf(const struct gguf_file *f, struct tokenizer **ret);
+ * unk 0, bos 1, eos 2, pad -1, add_space_prefix true, add_bos/add_eos false. -errno with the
+ * reason in err (NULL, 0: logged only). */
+int tokenizer_new_from_gguf(const struct gguf_file *f, struct tokenizer **ret, char *err,
+                            size_t err_size);
 /* Open a GGUF file and build its tokenizer (tools, tests, fuzzers). */
 int tokenizer_load(const char *gguf_path, struct tokenizer **ret);
 void tokenizer_free(struct tokenizer *t);

@@ -37,6 +37,13 @@ void log_clear_last_error(void) {
         last_error[0] = 0;
 }
 
+int log_error_value(int r, char *err, size_t err_size) {
+        if (r >= 0 || !err || err_size == 0)
+                return r;
+        snprintf(err, err_size, "%s", last_error[0] ? last_error : strerror(-r));
+        return r;
+}
+
 static const char *level_name(int level) {
         switch (level) {
         case LOG_EMERG:

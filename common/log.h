@@ -45,6 +45,14 @@ int log_internal(int level, int error, const char *file, int line, const char *f
 int log_error_set(char *err, size_t err_size, int error, const char *file, int line,
                   const char *func, const char *format, ...) _printf_(7, 8);
 
+/* A boundary where errors become values over code that fails by logging (GGUF reading, a
+ * backend's set-up and device calls): returns r and, when it is an error, writes this thread's
+ * last logged error (strerror(-r) when there is none) into err. The boundary calls
+ * log_clear_last_error() when it starts; a module with its own copy of the logger (the CUDA
+ * backend) gets its own copy of this too, so its reason comes back without passing through the
+ * caller's logger. */
+int log_error_value(int r, char *err, size_t err_size);
+
 /* Returns -|error| (or -EINVAL when error is 0) so it can be returned directly. */
 #define log_error_errno(error, ...)                                                                \
         log_internal(LOG_ERR, (error), __FILE__, __LINE__, __func__, __VA_ARGS__)

@@ -682,16 +682,17 @@ int main(int argc, char **argv) {
                 .tokenizer_dir = o.tokenizer_path,
                 .assume_release_defaults = o.assume_release_defaults,
         };
-        r = x4_model_open(&mp, &model);
+        char why[1024] = ""; /* the reader logs its reasons as it goes; the status gets one */
+        r = x4_model_open(&mp, &model, why, sizeof why);
         if (r < 0) {
-                (void) sd_notifyf(0, "STATUS=failed: %s", log_last_error());
+                (void) sd_notifyf(0, "STATUS=failed: %s", why);
                 goto out;
         }
         name = model_name(model, o.model);
-        r = tokenizer_new_from_gguf(x4_model_gguf(model), &tok);
+        r = tokenizer_new_from_gguf(x4_model_gguf(model), &tok, why, sizeof why);
         if (r < 0) {
                 log_warning("%s: no usable tokenizer (%s): only token-id prompts will be served",
-                            o.model, log_last_error());
+                            o.model, why);
                 tok = NULL;
         }
 

@@ -123,14 +123,6 @@ int x4_nextn_check(const struct x4_nextn_batch *batch, const float *logits,
 }
 #undef REFUSE
 
-int x4_backend_error_value(int r, char *err, size_t err_size) {
-        if (r >= 0 || !err || err_size == 0)
-                return r;
-        const char *msg = log_last_error();
-        snprintf(err, err_size, "%s", msg[0] ? msg : strerror(-r));
-        return r;
-}
-
 int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size) {
         if (page < n_pages)
                 return 0;

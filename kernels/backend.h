@@ -192,11 +192,6 @@ int x4_nextn_check(const struct x4_nextn_batch *batch, const float *logits,
  * range, ..."). */
 int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size);
 
-/* A backend's seam call as a value: the paths under create() and forward() (weight checks,
- * device calls) fail by logging through the backend's copy of the logger; this hands r back and,
- * on failure, that copy's last message in err (strerror when there is none). Call
- * log_clear_last_error() when the seam call starts. */
-int x4_backend_error_value(int r, char *err, size_t err_size);
 
 extern const struct x4_backend_ops x4_backend_cpu;
 

@@ -851,7 +851,7 @@ static int compute_fingerprint(struct x4_model *m) {
 
 /* ---- public ----------------------------------------------------------------------------- */
 
-int x4_model_open(const struct x4_model_params *params, struct x4_model **ret) {
+static int model_open(const struct x4_model_params *params, struct x4_model **ret) {
         _cleanup_(x4_model_freep) struct x4_model *m = NULL;
         int r;
 
@@ -885,6 +885,13 @@ int x4_model_open(const struct x4_model_params *params, struct x4_model **ret) {
                   m->cfg.n_embd, m->cfg.n_vocab, m->config_source);
         *ret = TAKE_PTR(m);
         return 0;
+}
+
+/* The GGUF reader and the checks under it fail by logging; the reason comes back as a value. */
+int x4_model_open(const struct x4_model_params *params, struct x4_model **ret, char *err,
+                  size_t err_size) {
+        log_clear_last_error();
+        return log_error_value(model_open(params, ret), err, err_size);
 }
 
 void x4_model_free(struct x4_model *m) {

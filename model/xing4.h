@@ -127,8 +127,11 @@ struct x4_model;
  * Tensors: every docs/model.md §2.4 tensor of the trunk must be present with the exact shape; matrices may
  * be F32/F16/BF16/Q8_0/Q6_K/IQ4_NL, norms/router/hc_base/hc_scale/exp_probs_b F32. NextN blocks
  * (blk.n_layer..) are checked the same way but only warned about when missing, and are not put in
- * x4_weights. Tensors the table does not know are listed in one warning and ignored. */
-int x4_model_open(const struct x4_model_params *params, struct x4_model **ret);
+ * x4_weights. Tensors the table does not know are listed in one warning and ignored.
+ *
+ * -errno with the reason in err (errors as values; NULL, 0: logged only). */
+int x4_model_open(const struct x4_model_params *params, struct x4_model **ret, char *err,
+                  size_t err_size);
 void x4_model_free(struct x4_model *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct x4_model *, x4_model_free);
 

@@ -1229,7 +1229,7 @@ int main(int argc, char **argv) {
         }
 
         double t0 = now_s();
-        r = x4_model_open(&mp, &model);
+        r = x4_model_open(&mp, &model, NULL, 0);
         if (r < 0)
                 goto fail;
         const struct x4_config *cfg = x4_model_config(model);

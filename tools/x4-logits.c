@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
                 goto fail;
         }
 
-        r = x4_model_open(&mp, &model);
+        r = x4_model_open(&mp, &model, NULL, 0);
         if (r < 0)
                 goto fail;
         const struct x4_config *cfg = x4_model_config(model);

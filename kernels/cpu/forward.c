@@ -1341,7 +1341,7 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
 static int cpu_create(const struct x4_model *model, const struct x4_backend_params *params,
                       struct x4_backend **ret, char *err, size_t err_size) {
         log_clear_last_error();
-        return x4_backend_error_value(cpu_create_backend(model, params, ret), err, err_size);
+        return log_error_value(cpu_create_backend(model, params, ret), err, err_size);
 }
 
 static void cpu_caps(struct x4_backend *b, struct x4_backend_caps *ret) {

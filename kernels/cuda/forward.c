@@ -764,7 +764,7 @@ static int gib_fmt(char *buf, size_t n, uint64_t bytes) {
 /* The module's copy of the logger (see meson.build: everything here is hidden, so the host's
  * log.c is not ours) forwards to the caller's params->log while a backend lives, so the
  * operator sees the module's messages through the caller's logger (the seam's calls hand their
- * errors back as values through x4_backend_error_value, create's "CUDA backend: no usable CUDA device: ..."
+ * errors back as values through log_error_value, create's "CUDA backend: no usable CUDA device: ..."
  * too). The
  * module's logger is process-wide, so the forwarding is too: installed by the first create(),
  * removed when the last backend goes (or the create that installed it fails). The level filter
@@ -1011,12 +1011,12 @@ static int cuda_create(const struct x4_model *model, const struct x4_backend_par
                                                 "not implemented on CUDA yet; use --mtp off or "
                                                 "--device cpu");
                 log_forward_release();
-                return x4_backend_error_value(r, err, err_size);
+                return log_error_value(r, err, err_size);
         }
         r = cuda_create_backend(model, params, ret);
         if (r < 0) {
                 log_forward_release();
-                return x4_backend_error_value(r, err, err_size);
+                return log_error_value(r, err, err_size);
         }
         n_backends_live++;
         return 0;
@@ -1683,29 +1683,29 @@ static int page_copy(struct x4_backend *b, uint32_t dst, uint32_t src) {
 
 /* The seam's calls return their message as a value (docs/design.md, "Errors"): the paths under
  * them (CU_TRY, the launchers, the checks) fail through this module's own copy of the logger,
- * whose last message x4_backend_error_value hands back in err. */
+ * whose last message log_error_value hands back in err. */
 
 static int cuda_forward(struct x4_backend *b, const struct x4_batch *batch, float *logits, char *err,
                         size_t err_size) {
         log_clear_last_error();
-        return x4_backend_error_value(forward_batch(b, batch, logits), err, err_size);
+        return log_error_value(forward_batch(b, batch, logits), err, err_size);
 }
 
 static int cuda_page_read(struct x4_backend *b, uint32_t page, void *dst, char *err, size_t err_size) {
         log_clear_last_error();
-        return x4_backend_error_value(page_read(b, page, dst), err, err_size);
+        return log_error_value(page_read(b, page, dst), err, err_size);
 }
 
 static int cuda_page_write(struct x4_backend *b, uint32_t page, const void *src, char *err,
                            size_t err_size) {
         log_clear_last_error();
-        return x4_backend_error_value(page_write(b, page, src), err, err_size);
+        return log_error_value(page_write(b, page, src), err, err_size);
 }
 
 static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src, char *err,
                           size_t err_size) {
         log_clear_last_error();
-        return x4_backend_error_value(page_copy(b, dst, src), err, err_size);
+        return log_error_value(page_copy(b, dst, src), err, err_size);
 }
 
 /* MTP's NextN forward: not on CUDA yet (a backend is never created with mtp here). */

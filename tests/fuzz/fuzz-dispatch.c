@@ -28,9 +28,9 @@ static void setup(void) {
         snprintf(path, sizeof path, "%s/xing4-tiny-a/model.gguf", env && *env ? env : X4_FIXTURES);
         struct x4_model_params mp = { .path = path };
         struct x4_backend_params bp = { .n_threads = 1, .page_tokens = 16, .n_pages = 8 };
-        if (x4_model_open(&mp, &model) < 0 || x4_backend_cpu.create(model, &bp, &backend, NULL, 0) < 0)
+        if (x4_model_open(&mp, &model, NULL, 0) < 0 || x4_backend_cpu.create(model, &bp, &backend, NULL, 0) < 0)
                 abort();
-        if (tokenizer_new_from_gguf(x4_model_gguf(model), &tok) < 0)
+        if (tokenizer_new_from_gguf(x4_model_gguf(model), &tok, NULL, 0) < 0)
                 tok = NULL; /* token-id prompts only */
         struct sched_params sp = { .model = model, .ops = &x4_backend_cpu, .backend = backend,
                                    .tokenizer = tok, .max_running = 2, .max_waiting = 2 };

@@ -121,7 +121,7 @@ static struct x4_model *open_model(const char *path) {
                 .config_path = cfg && *cfg ? cfg : NULL,
                 .assume_release_defaults = rel && streq(rel, "1"),
         };
-        REQUIRE(x4_model_open(&mp, &m) == 0, "opening %s", path);
+        REQUIRE(x4_model_open(&mp, &m, NULL, 0) == 0, "opening %s", path);
         return m;
 }
 

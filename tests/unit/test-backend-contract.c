@@ -107,7 +107,7 @@ static void test_cpu_backend_agrees(void **state) {
         (void) state;
         snprintf(path, sizeof path, "%s/xing4-tiny-a/model.gguf", env && *env ? env : X4_FIXTURES);
         struct x4_model_params mp = { .path = path };
-        assert_int_equal(x4_model_open(&mp, &m), 0);
+        assert_int_equal(x4_model_open(&mp, &m, NULL, 0), 0);
         struct x4_backend_params bp = { .n_threads = 1, .n_pages = LIM.n_pages,
                                         .page_tokens = LIM.page_tokens, .cache_type = X4_CACHE_F32 };
         /* create's refusal comes back as a value too */

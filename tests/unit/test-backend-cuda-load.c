@@ -57,7 +57,7 @@ static int setup(void **state) {
         e = calloc(1, sizeof *e);
         assert_non_null(e);
         struct x4_model_params mp = {.path = X4_FIXTURES "/xing4-tiny-a/model.gguf"};
-        assert_int_equal(x4_model_open(&mp, &e->model), 0);
+        assert_int_equal(x4_model_open(&mp, &e->model, NULL, 0), 0);
         int r = x4_backend_get("cuda", &e->ops, NULL, 0);
         if (r < 0)
                 fail_msg("%s built but not loadable: %s", module_path, log_last_error());

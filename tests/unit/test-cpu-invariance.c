@@ -83,7 +83,7 @@ static int setup(void **state) {
         assert_non_null(f);
         snprintf(path, sizeof path, "%s/xing4-tiny-a/model.gguf", env && *env ? env : X4_FIXTURES);
         struct x4_model_params mp = { .path = path };
-        assert_int_equal(x4_model_open(&mp, &f->model), 0);
+        assert_int_equal(x4_model_open(&mp, &f->model, NULL, 0), 0);
         f->n_vocab = x4_model_config(f->model)->n_vocab;
         assert_int_equal(x4_backend_get("cpu", &f->ops, NULL, 0), 0);
         struct x4_backend_params bp = { .n_threads = 1, .page_tokens = PAGE_TOKENS,

@@ -56,10 +56,10 @@ static int setup(void **state) {
                                                           .out = f->gguf0, .config_out = f->config0,
                                                           .seed = 5, .threads = 1 }),
                          0);
-        assert_int_equal(x4_model_open(&(struct x4_model_params){ .path = f->gguf }, &f->model), 0);
+        assert_int_equal(x4_model_open(&(struct x4_model_params){ .path = f->gguf }, &f->model, NULL, 0), 0);
         assert_int_equal(x4_model_open(&(struct x4_model_params){ .path = f->gguf0,
                                                                   .config_path = f->config0 },
-                                       &f->model0),
+                                       &f->model0, NULL, 0),
                          0);
         f->cfg = x4_model_config(f->model);
         assert_true(x4_model_weights(f->model)->has_nextn);

@@ -141,7 +141,7 @@ static void test_fixture_cases(void **state) {
         (void) state;
         fixture_path(path, sizeof path, "model.gguf");
         struct x4_model_params mp = { .path = path };
-        assert_int_equal(x4_model_open(&mp, &model), 0);
+        assert_int_equal(x4_model_open(&mp, &model, NULL, 0), 0);
         fixture_path(path, sizeof path, "cases.json");
         assert_int_equal(json_parse_file(path, &cases, NULL, 0), 0);
         const struct json_value *list = json_object_get(cases, "cases");

@@ -93,7 +93,7 @@ static int setup(void **state) {
                                                                                   .seed = 11,
                                                                                   .threads = 1 }),
                          0);
-        assert_int_equal(x4_model_open(&(struct x4_model_params){ .path = f->gguf }, &f->model), 0);
+        assert_int_equal(x4_model_open(&(struct x4_model_params){ .path = f->gguf }, &f->model, NULL, 0), 0);
         f->cfg = x4_model_config(f->model);
         for (uint32_t l = 0; l < f->cfg->n_layer; l++)
                 if (x4_model_weights(f->model)->layers[l].ffn_gate_inp)

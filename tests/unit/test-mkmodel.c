@@ -78,7 +78,7 @@ static uint64_t file_hash(const char *path) {
 static int open_model(const char *path, struct x4_model **ret) {
         struct x4_model_params p = { .path = path };
         log_clear_last_error();
-        return x4_model_open(&p, ret);
+        return x4_model_open(&p, ret, NULL, 0);
 }
 
 /* ---- tiny --------------------------------------------------------------------------------- */
@@ -581,7 +581,7 @@ static void test_cli(void **state) {
         assert_string_equal(out, "");
         p.path = t.gguf;
         p.config_path = cfg;
-        assert_int_equal(x4_model_open(&p, &m), 0);
+        assert_int_equal(x4_model_open(&p, &m, NULL, 0), 0);
         assert_int_equal(x4_model_config(m)->n_embd, 512);
         assert_int_equal(x4_model_config(m)->n_expert, 4);
         assert_int_equal(x4_model_config(m)->n_layer, 3);

@@ -121,8 +121,8 @@ static char *rendered_prompt(bool builtin, const char *tool_calls_json) {
         make_copy(dir, builtin);
         snprintf(path, sizeof path, "%s/model.gguf", dir);
         struct x4_model_params mp = {.path = path};
-        assert_int_equal(x4_model_open(&mp, &model), 0);
-        assert_int_equal(tokenizer_new_from_gguf(x4_model_gguf(model), &tok), 0);
+        assert_int_equal(x4_model_open(&mp, &model, NULL, 0), 0);
+        assert_int_equal(tokenizer_new_from_gguf(x4_model_gguf(model), &tok, NULL, 0), 0);
         struct x4_backend_params bp = {.n_threads = 1, .page_tokens = 16, .n_pages = 16};
         assert_int_equal(x4_backend_cpu.create(model, &bp, &backend, NULL, 0), 0);
         struct sched_params sp = {.model = model, .ops = &x4_backend_cpu, .backend = backend,

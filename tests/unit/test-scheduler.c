@@ -29,7 +29,7 @@ static int setup_with(void **state, uint32_t n_pages, uint32_t page_tokens) {
         struct x4_backend_params bp = { .n_threads = 1, .page_tokens = page_tokens,
                                         .n_pages = n_pages };
         assert_non_null(e);
-        assert_int_equal(x4_model_open(&mp, &e->model), 0);
+        assert_int_equal(x4_model_open(&mp, &e->model, NULL, 0), 0);
         assert_int_equal(x4_backend_cpu.create(e->model, &bp, &e->backend, NULL, 0), 0);
         struct sched_params sp = { .model = e->model, .ops = &x4_backend_cpu,
                                    .backend = e->backend, .max_running = 4, .max_waiting = 4,

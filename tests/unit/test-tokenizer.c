@@ -404,7 +404,7 @@ static void test_gguf_errors(void **state) {
                 assert_int_equal(gguf_writer_get_header(w, &buf, &size), 0);
                 gguf_writer_free(w);
                 assert_int_equal(gguf_open_buffer(buf, size, &f), 0);
-                assert_int_equal(tokenizer_new_from_gguf(f, &t), cases[i].r);
+                assert_int_equal(tokenizer_new_from_gguf(f, &t, NULL, 0), cases[i].r);
                 if (cases[i].msg)
                         assert_string_equal(log_last_error(), cases[i].msg);
                 else {
