@@ -183,6 +183,14 @@ def main():
         for no, line in enumerate(text.split("\n"), 1):
             if OUTSIDE.search(line) and not (rel.startswith("tests/gpu/") and OUTSIDE_ALLOWED.search(line)):
                 problem(rel, no, "refers to a path outside the repository: " + line.strip()[:100])
+    # the test programs are listed in meson, not globbed: none may be left out
+    for folder, prefix in (("tests/unit", "test-"), ("tests/fuzz", "fuzz-")):
+        listed = read(folder + "/meson.build")
+        for rel in files:
+            base = os.path.basename(rel)
+            if os.path.dirname(rel) == folder and base.startswith(prefix) and base.endswith(".c"):
+                if "'" + base[:-2] + "'" not in listed:
+                    problem(folder + "/meson.build", 0, base + " is not in the list: it would never build or run")
     for p in problems:
         print(p)
     print(f"docs: {len(files)} files checked, {len(problems)} problems")
