@@ -1621,192 +1621,291 @@ static jv str_format(struct rstate *st, struct jstr *s, const struct args *a) {
         return sb_value(st, &sb);
 }
 
+/* Methods of dict, list/tuple and str values: one function each (or per family sharing an
+ * implementation, told apart by name), looked up in METHODS by the value's kind and the name. */
+enum method_on { ON_DICT, ON_SEQ, ON_LIST, ON_STR };
+
+typedef jv (*method_fn)(struct rstate *st, const char *name, jv self, const struct args *a,
+                        const char *what);
+
+static jv m_dict_view(struct rstate *st, const char *name, jv self, const struct args *a,
+                      const char *what) {
+        jv p[1];
+        bind(st, what, a, NULL, 0, p);
+        jv r = mklist(st, V_LIST, self.d->n);
+        for (size_t i = 0; i < self.d->n; i++) {
+                if (name[0] == 'i') {
+                        jv t = mklist(st, V_TUPLE, 2);
+                        list_push(st, t.l, self.d->k[i]);
+                        list_push(st, t.l, self.d->v[i]);
+                        list_push(st, r.l, t);
+                } else
+                        list_push(st, r.l, name[0] == 'k' ? self.d->k[i] : self.d->v[i]);
+        }
+        step(st, self.d->n);
+        return r;
+}
+
+static jv m_dict_get(struct rstate *st, const char *name, jv self, const struct args *a,
+                     const char *what) {
+        static const char *const ps[] = {"key", "default"};
+        jv p[2];
+        (void) name;
+        bind(st, what, a, ps, 2, p);
+        if (!given(p[0]))
+                fail(st, "get expected at least 1 argument, got 0");
+        size_t i;
+        if (dict_find(self.d, p[0], &i))
+                return self.d->v[i];
+        return given(p[1]) ? p[1] : NONE;
+}
+
+static jv m_dict_copy(struct rstate *st, const char *name, jv self, const struct args *a,
+                      const char *what) {
+        (void) name, (void) a, (void) what;
+        jv r = mkdict(st, V_DICT);
+        for (size_t i = 0; i < self.d->n; i++)
+                dict_set(st, r.d, self.d->k[i], self.d->v[i]);
+        return r;
+}
+
+static jv m_seq_find(struct rstate *st, const char *name, jv self, const struct args *a,
+                     const char *what) {
+        static const char *const ps[] = {"value"};
+        jv p[1];
+        bind(st, what, a, ps, 1, p);
+        int64_t cnt = 0;
+        for (size_t i = 0; i < self.l->n; i++)
+                if (jv_eq(self.l->v[i], p[0])) {
+                        if (name[0] == 'i')
+                                return mkint((int64_t) i);
+                        cnt++;
+                }
+        if (name[0] == 'i')
+                fail(st, "list.index(x): x not in list");
+        return mkint(cnt);
+}
+
+static jv m_seq_copy(struct rstate *st, const char *name, jv self, const struct args *a,
+                     const char *what) {
+        (void) name, (void) a, (void) what;
+        return do_slice(st, self, NONE, NONE, NONE);
+}
+
+/* Jinja2's ImmutableSandbox refuses only append/reverse/insert/sort/extend/remove on lists; pop
+ * and clear go through and mutate, as there */
+static jv m_list_pop(struct rstate *st, const char *name, jv self, const struct args *a,
+                     const char *what) {
+        static const char *const ps[] = {"index"};
+        jv p[1];
+        (void) name;
+        bind(st, what, a, ps, 1, p);
+        size_t idx;
+        if (self.l->n == 0)
+                fail(st, "pop from empty list");
+        if (!norm_index(given(p[0]) ? arg_int(st, what, p[0]) : -1, self.l->n, &idx))
+                fail(st, "pop index out of range");
+        jv r = self.l->v[idx];
+        memmove(self.l->v + idx, self.l->v + idx + 1, (self.l->n - idx - 1) * sizeof(jv));
+        self.l->n--;
+        return r;
+}
+
+static jv m_list_clear(struct rstate *st, const char *name, jv self, const struct args *a,
+                       const char *what) {
+        jv p[1];
+        (void) name;
+        bind(st, what, a, NULL, 0, p);
+        self.l->n = 0;
+        return NONE;
+}
+
+static jv m_str_strip(struct rstate *st, const char *name, jv self, const struct args *a,
+                      const char *what) {
+        static const char *const ps[] = {"chars"};
+        jv p[1];
+        bind(st, what, a, ps, 1, p);
+        return str_strip(st, self.s, p[0], name[0] != 'r', name[0] != 'l');
+}
+
+static jv m_str_split(struct rstate *st, const char *name, jv self, const struct args *a,
+                      const char *what) {
+        static const char *const ps[] = {"sep", "maxsplit"};
+        jv p[2];
+        bind(st, what, a, ps, 2, p);
+        return str_split(st, self.s, p[0], p[1], name[0] == 'r');
+}
+
+static jv m_str_affix(struct rstate *st, const char *name, jv self, const struct args *a,
+                      const char *what) {
+        static const char *const ps[] = {"prefix"};
+        jv p[1];
+        bind(st, what, a, ps, 1, p);
+        return mkbool(str_affix(st, self.s, p[0], name[0] == 'e'));
+}
+
+static jv m_str_case(struct rstate *st, const char *name, jv self, const struct args *a,
+                     const char *what) {
+        jv p[1];
+        bind(st, what, a, NULL, 0, p);
+        return str_case(st, self.s, name[0] == 'c' ? 'c' : name[0] == 't' ? 't' : name[0] == 'u' ? 'u' : 'l');
+}
+
+static jv m_str_replace(struct rstate *st, const char *name, jv self, const struct args *a,
+                        const char *what) {
+        static const char *const ps[] = {"old", "new", "count"};
+        jv p[3];
+        (void) name;
+        bind(st, what, a, ps, 3, p);
+        return str_replace(st, self.s, arg_str(st, what, p[0]), arg_str(st, what, p[1]),
+                           given(p[2]) ? arg_int(st, what, p[2]) : -1);
+}
+
+static jv m_str_find(struct rstate *st, const char *name, jv self, const struct args *a,
+                     const char *what) {
+        static const char *const ps[] = {"sub"};
+        jv p[1];
+        bind(st, what, a, ps, 1, p);
+        int64_t r = str_find(self.s, arg_str(st, what, p[0]), name[0] == 'r');
+        if (r < 0 && strstr(name, "index"))
+                fail(st, "substring not found");
+        return mkint(r);
+}
+
+static jv m_str_count(struct rstate *st, const char *name, jv self, const struct args *a,
+                      const char *what) {
+        static const char *const ps[] = {"sub"};
+        jv p[1];
+        struct jstr *s = self.s;
+        (void) name;
+        bind(st, what, a, ps, 1, p);
+        struct jstr *sub = arg_str(st, what, p[0]);
+        if (sub->len == 0)
+                return mkint((int64_t) u8_count(s->s, s->len) + 1);
+        int64_t n = 0;
+        for (const char *q = s->s; (q = memmem(q, s->len - (size_t) (q - s->s), sub->s, sub->len)); q += sub->len)
+                n++;
+        return mkint(n);
+}
+
+static jv m_str_format(struct rstate *st, const char *name, jv self, const struct args *a,
+                       const char *what) {
+        (void) name, (void) what;
+        return str_format(st, self.s, a);
+}
+
+static jv m_str_join(struct rstate *st, const char *name, jv self, const struct args *a,
+                     const char *what) {
+        static const char *const ps[] = {"iterable"};
+        jv p[1];
+        struct jstr *s = self.s;
+        (void) name;
+        bind(st, what, a, ps, 1, p);
+        struct jlist *l = iter_list(st, p[0]);
+        struct sbuf sb = {};
+        sb_put(st, &sb, "", 0);
+        for (size_t i = 0; i < l->n; i++) {
+                if (i)
+                        sb_put(st, &sb, s->s, s->len);
+                sb_put(st, &sb, arg_str(st, what, l->v[i])->s, l->v[i].s->len);
+        }
+        return sb_value(st, &sb);
+}
+
+static jv m_str_splitlines(struct rstate *st, const char *name, jv self, const struct args *a,
+                           const char *what) {
+        jv p[1];
+        struct jstr *s = self.s;
+        (void) name;
+        bind(st, what, a, NULL, 0, p);
+        jv r = mklist(st, V_LIST, 0);
+        size_t i = 0, start = 0;
+        while (i < s->len) {
+                char c = s->s[i];
+                if (c == '\n' || c == '\r' || c == '\v' || c == '\f' || c == 0x1c || c == 0x1d || c == 0x1e) {
+                        list_push(st, r.l, mkstr(st, s->s + start, i - start));
+                        if (c == '\r' && i + 1 < s->len && s->s[i + 1] == '\n')
+                                i++;
+                        start = ++i;
+                } else
+                        i++;
+        }
+        if (start < s->len)
+                list_push(st, r.l, mkstr(st, s->s + start, s->len - start));
+        return r;
+}
+
+/* isdigit, isalpha, isalnum, isspace, isupper, islower */
+static jv m_str_is(struct rstate *st, const char *name, jv self, const struct args *a,
+                   const char *what) {
+        jv p[1];
+        struct jstr *s = self.s;
+        bind(st, what, a, NULL, 0, p);
+        if (s->len == 0)
+                return mkbool(false);
+        bool cased = false, casing = streq(name, "isupper") || streq(name, "islower");
+        for (size_t i = 0; i < s->len; i = u8_next(s->s, s->len, i)) {
+                uint32_t c = u8_decode(s->s, s->len, i);
+                bool digit = c >= '0' && c <= '9', alpha = cp_alpha(c);
+                if (streq(name, "isdigit") && !digit)
+                        return mkbool(false);
+                if (streq(name, "isalpha") && !alpha)
+                        return mkbool(false);
+                if (streq(name, "isalnum") && !alpha && !digit)
+                        return mkbool(false);
+                if (streq(name, "isspace") && !py_space(c))
+                        return mkbool(false);
+                if (casing && (cp_upper(c) != c || cp_lower(c) != c)) {
+                        cased = true;
+                        if (name[2] == 'u' ? cp_upper(c) != c : cp_lower(c) != c)
+                                return mkbool(false);
+                }
+        }
+        return mkbool(casing ? cased : true);
+}
+
+static const struct {
+        enum method_on on;
+        const char *name;
+        method_fn fn;
+} METHODS[] = {
+        { ON_DICT, "items", m_dict_view },      { ON_DICT, "keys", m_dict_view },
+        { ON_DICT, "values", m_dict_view },     { ON_DICT, "get", m_dict_get },
+        { ON_DICT, "copy", m_dict_copy },       { ON_SEQ, "index", m_seq_find },
+        { ON_SEQ, "count", m_seq_find },        { ON_SEQ, "copy", m_seq_copy },
+        { ON_LIST, "pop", m_list_pop },         { ON_LIST, "clear", m_list_clear },
+        { ON_STR, "strip", m_str_strip },       { ON_STR, "lstrip", m_str_strip },
+        { ON_STR, "rstrip", m_str_strip },      { ON_STR, "split", m_str_split },
+        { ON_STR, "rsplit", m_str_split },      { ON_STR, "startswith", m_str_affix },
+        { ON_STR, "endswith", m_str_affix },    { ON_STR, "upper", m_str_case },
+        { ON_STR, "lower", m_str_case },        { ON_STR, "title", m_str_case },
+        { ON_STR, "capitalize", m_str_case },   { ON_STR, "replace", m_str_replace },
+        { ON_STR, "find", m_str_find },         { ON_STR, "rfind", m_str_find },
+        { ON_STR, "index", m_str_find },        { ON_STR, "rindex", m_str_find },
+        { ON_STR, "count", m_str_count },       { ON_STR, "format", m_str_format },
+        { ON_STR, "join", m_str_join },         { ON_STR, "splitlines", m_str_splitlines },
+        { ON_STR, "isdigit", m_str_is },        { ON_STR, "isalpha", m_str_is },
+        { ON_STR, "isalnum", m_str_is },        { ON_STR, "isspace", m_str_is },
+        { ON_STR, "isupper", m_str_is },        { ON_STR, "islower", m_str_is },
+};
+
 static jv call_method(struct rstate *st, struct jmethod *m, const struct args *a) {
         jv self = m->self;
         const char *name = m->name;
-        jv p[4];
         char what[64];
         snprintf(what, sizeof(what), "%s.%s()", type_name(self), name);
-        if (self.t == V_DICT) {
-                if (streq(name, "items") || streq(name, "keys") || streq(name, "values")) {
-                        bind(st, what, a, NULL, 0, p);
-                        jv r = mklist(st, V_LIST, self.d->n);
-                        for (size_t i = 0; i < self.d->n; i++) {
-                                if (name[0] == 'i') {
-                                        jv t = mklist(st, V_TUPLE, 2);
-                                        list_push(st, t.l, self.d->k[i]);
-                                        list_push(st, t.l, self.d->v[i]);
-                                        list_push(st, r.l, t);
-                                } else
-                                        list_push(st, r.l, name[0] == 'k' ? self.d->k[i] : self.d->v[i]);
-                        }
-                        step(st, self.d->n);
-                        return r;
-                }
-                if (streq(name, "get")) {
-                        static const char *const ps[] = {"key", "default"};
-                        bind(st, what, a, ps, 2, p);
-                        if (!given(p[0]))
-                                fail(st, "get expected at least 1 argument, got 0");
-                        size_t i;
-                        if (dict_find(self.d, p[0], &i))
-                                return self.d->v[i];
-                        return given(p[1]) ? p[1] : NONE;
-                }
-                if (streq(name, "copy")) {
-                        jv r = mkdict(st, V_DICT);
-                        for (size_t i = 0; i < self.d->n; i++)
-                                dict_set(st, r.d, self.d->k[i], self.d->v[i]);
-                        return r;
-                }
-                fail(st, "access to attribute '%s' of 'dict' object is unsafe", name);
+        /* a dict's methods, a list's or tuple's (pop and clear: lists only), else a string's */
+        bool dict = self.t == V_DICT, seq = !dict && is_seq(self);
+        for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++) {
+                enum method_on on = METHODS[i].on;
+                bool fits = dict ? on == ON_DICT
+                            : seq ? on == ON_SEQ || (on == ON_LIST && self.t == V_LIST)
+                                  : on == ON_STR;
+                if (fits && streq(name, METHODS[i].name))
+                        return METHODS[i].fn(st, name, self, a, what);
         }
-        if (is_seq(self)) {
-                if (streq(name, "index") || streq(name, "count")) {
-                        static const char *const ps[] = {"value"};
-                        bind(st, what, a, ps, 1, p);
-                        int64_t cnt = 0;
-                        for (size_t i = 0; i < self.l->n; i++)
-                                if (jv_eq(self.l->v[i], p[0])) {
-                                        if (name[0] == 'i')
-                                                return mkint((int64_t) i);
-                                        cnt++;
-                                }
-                        if (name[0] == 'i')
-                                fail(st, "list.index(x): x not in list");
-                        return mkint(cnt);
-                }
-                if (streq(name, "copy"))
-                        return do_slice(st, self, NONE, NONE, NONE);
-                /* Jinja2's ImmutableSandbox refuses only append/reverse/insert/sort/extend/remove on
-                 * lists; pop and clear go through and mutate, as there */
-                if (self.t == V_LIST && streq(name, "pop")) {
-                        static const char *const ps[] = {"index"};
-                        bind(st, what, a, ps, 1, p);
-                        size_t idx;
-                        if (self.l->n == 0)
-                                fail(st, "pop from empty list");
-                        if (!norm_index(given(p[0]) ? arg_int(st, what, p[0]) : -1, self.l->n, &idx))
-                                fail(st, "pop index out of range");
-                        jv r = self.l->v[idx];
-                        memmove(self.l->v + idx, self.l->v + idx + 1, (self.l->n - idx - 1) * sizeof(jv));
-                        self.l->n--;
-                        return r;
-                }
-                if (self.t == V_LIST && streq(name, "clear")) {
-                        bind(st, what, a, NULL, 0, p);
-                        self.l->n = 0;
-                        return NONE;
-                }
+        if (dict || seq)
                 fail(st, "access to attribute '%s' of '%s' object is unsafe", name, type_name(self));
-        }
-        struct jstr *s = self.s;
-        if (streq(name, "strip") || streq(name, "lstrip") || streq(name, "rstrip")) {
-                static const char *const ps[] = {"chars"};
-                bind(st, what, a, ps, 1, p);
-                return str_strip(st, s, p[0], name[0] != 'r', name[0] != 'l');
-        }
-        if (streq(name, "split") || streq(name, "rsplit")) {
-                static const char *const ps[] = {"sep", "maxsplit"};
-                bind(st, what, a, ps, 2, p);
-                return str_split(st, s, p[0], p[1], name[0] == 'r');
-        }
-        if (streq(name, "startswith") || streq(name, "endswith")) {
-                static const char *const ps[] = {"prefix"};
-                bind(st, what, a, ps, 1, p);
-                return mkbool(str_affix(st, s, p[0], name[0] == 'e'));
-        }
-        if (streq(name, "upper") || streq(name, "lower") || streq(name, "title") || streq(name, "capitalize")) {
-                bind(st, what, a, NULL, 0, p);
-                return str_case(st, s, name[0] == 'c' ? 'c' : name[0] == 't' ? 't' : name[0] == 'u' ? 'u' : 'l');
-        }
-        if (streq(name, "replace")) {
-                static const char *const ps[] = {"old", "new", "count"};
-                bind(st, what, a, ps, 3, p);
-                return str_replace(st, s, arg_str(st, what, p[0]), arg_str(st, what, p[1]),
-                                   given(p[2]) ? arg_int(st, what, p[2]) : -1);
-        }
-        if (streq(name, "find") || streq(name, "rfind") || streq(name, "index") || streq(name, "rindex")) {
-                static const char *const ps[] = {"sub"};
-                bind(st, what, a, ps, 1, p);
-                int64_t r = str_find(s, arg_str(st, what, p[0]), name[0] == 'r');
-                if (r < 0 && strstr(name, "index"))
-                        fail(st, "substring not found");
-                return mkint(r);
-        }
-        if (streq(name, "count")) {
-                static const char *const ps[] = {"sub"};
-                bind(st, what, a, ps, 1, p);
-                struct jstr *sub = arg_str(st, what, p[0]);
-                if (sub->len == 0)
-                        return mkint((int64_t) u8_count(s->s, s->len) + 1);
-                int64_t n = 0;
-                for (const char *q = s->s; (q = memmem(q, s->len - (size_t) (q - s->s), sub->s, sub->len)); q += sub->len)
-                        n++;
-                return mkint(n);
-        }
-        if (streq(name, "format"))
-                return str_format(st, s, a);
-        if (streq(name, "join")) {
-                static const char *const ps[] = {"iterable"};
-                bind(st, what, a, ps, 1, p);
-                struct jlist *l = iter_list(st, p[0]);
-                struct sbuf sb = {};
-                sb_put(st, &sb, "", 0);
-                for (size_t i = 0; i < l->n; i++) {
-                        if (i)
-                                sb_put(st, &sb, s->s, s->len);
-                        sb_put(st, &sb, arg_str(st, what, l->v[i])->s, l->v[i].s->len);
-                }
-                return sb_value(st, &sb);
-        }
-        if (streq(name, "splitlines")) {
-                bind(st, what, a, NULL, 0, p);
-                jv r = mklist(st, V_LIST, 0);
-                size_t i = 0, start = 0;
-                while (i < s->len) {
-                        char c = s->s[i];
-                        if (c == '\n' || c == '\r' || c == '\v' || c == '\f' || c == 0x1c || c == 0x1d || c == 0x1e) {
-                                list_push(st, r.l, mkstr(st, s->s + start, i - start));
-                                if (c == '\r' && i + 1 < s->len && s->s[i + 1] == '\n')
-                                        i++;
-                                start = ++i;
-                        } else
-                                i++;
-                }
-                if (start < s->len)
-                        list_push(st, r.l, mkstr(st, s->s + start, s->len - start));
-                return r;
-        }
-        if (streq(name, "isdigit") || streq(name, "isalpha") || streq(name, "isalnum") || streq(name, "isspace") ||
-            streq(name, "isupper") || streq(name, "islower")) {
-                bind(st, what, a, NULL, 0, p);
-                if (s->len == 0)
-                        return mkbool(false);
-                bool cased = false;
-                for (size_t i = 0; i < s->len; i = u8_next(s->s, s->len, i)) {
-                        uint32_t c = u8_decode(s->s, s->len, i);
-                        bool digit = c >= '0' && c <= '9', alpha = cp_alpha(c);
-                        if (streq(name, "isdigit") && !digit)
-                                return mkbool(false);
-                        if (streq(name, "isalpha") && !alpha)
-                                return mkbool(false);
-                        if (streq(name, "isalnum") && !alpha && !digit)
-                                return mkbool(false);
-                        if (streq(name, "isspace") && !py_space(c))
-                                return mkbool(false);
-                        if (streq(name, "isupper") || streq(name, "islower")) {
-                                if (cp_upper(c) != c || cp_lower(c) != c) {
-                                        cased = true;
-                                        if (name[2] == 'u' ? cp_upper(c) != c : cp_lower(c) != c)
-                                                return mkbool(false);
-                                }
-                        }
-                }
-                if (streq(name, "isupper") || streq(name, "islower"))
-                        return mkbool(cased);
-                return mkbool(true);
-        }
         fail(st, "unsupported method '%s' of str", name);
 }
 
