@@ -78,6 +78,10 @@ struct cu_mv {
         bool few_rows;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
+/* The tensor-core products (kernels/cuda/mmtc.cu, X4_CUDA_MM=tc, sm_80+): cu_matvec hands them
+ * every product they take (true), its own paths the rest. Setup once per backend. */
+bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s);
+void cu_mm_tc_setup(void);
 
 /* Pairs grouped by expert for cu_mv.groups: sel holds P = T·S expert ids (S slots per token, the
  * shared expert as id n_expert); groups gets [n_tiles, then per tile (expert, first, count)]

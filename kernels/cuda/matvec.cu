@@ -734,6 +734,8 @@ extern "C" bool cu_type_supported(uint32_t type) {
 extern "C" void cu_matvec(const struct cu_mv *a, cudaStream_t s) {
         if (a->P == 0 || a->N == 0)
                 return;
+        if (cu_matvec_tc(a, s))
+                return;
         if (a->few_rows && !a->sel && !a->swiglu) {
                 switch (a->type) {
                 case CU_TYPE_F32: launch_few<CU_TYPE_F32>(a, s); return;

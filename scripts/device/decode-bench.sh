@@ -58,6 +58,15 @@ if has mmcfg; then
                         --repeats 2 --profile 2>&1 | grep -E "^prefill|experts|projections|dense ffn"
         done
 fi
+if has mmtc; then
+        say "tensor-core products (X4_CUDA_MM=tc): prefill and decode"
+        X4_CUDA_MM=tc "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
+                --repeats 3 --json 2>&1 | tee "$out/prefill-tc-mm.jsonl" | grep '"prefill"'
+        X4_CUDA_MM=tc "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512 --decode-ctx none \
+                --repeats 1 --profile 2>&1 | grep -E "^prefill|experts|projections|dense ffn|attention  "
+        X4_CUDA_MM=tc "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
+                --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 | tee "$out/decode-tc-mm.jsonl" | grep '"decode"'
+fi
 if has b64; then
         say "decode bench batch 64"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512,4096 \

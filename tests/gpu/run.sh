@@ -84,6 +84,10 @@ step "chunk invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" chunks "
 step "fixture, tensor-core attention (rel <= 1e-2)" env X4_CUDA_ATTN=tc X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
 step "batch invariance, tensor-core attention" env X4_CUDA_ATTN=tc "$check" batch "$tiny"
 step "chunk invariance, tensor-core attention" env X4_CUDA_ATTN=tc "$check" chunks "$tiny"
+# the tensor-core products (X4_CUDA_MM=tc: bf16 inputs, their own bits, every token count)
+step "fixture, tensor-core products (rel <= 1e-2)" env X4_CUDA_MM=tc "$check" fixture "$fixture" --no-cpu
+step "batch invariance, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tiny"
+step "chunk invariance, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tiny"
 
 # x4-logits --device cuda (the tool users run) on fixture case1 vs the f64 reference and the CPU
 py=
@@ -139,6 +143,8 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "k_mm on/off: identical logits ($(stat -c %s "$tmp/mm-on.bin") bytes)"
         }
         step "many-input products agree bit for bit with k_matvec, demo model" mm_same
+        step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
+        step "chunk invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tmp/demo.gguf"
 fi
 if [ -n "${X4_GPU_FULL_MODEL:-}" ]; then
         step "cuda vs cpu, $X4_GPU_FULL_MODEL, 512 + 64 greedy" "$check" parity "$X4_GPU_FULL_MODEL" 512 64
