@@ -223,6 +223,45 @@ static char *read_all(FILE *f) {
         return b;
 }
 
+/* The text of PROMPT...: argv[first..argc) joined by single spaces, or all of stdin when `first`
+ * is argc; NULL when out of memory. */
+static char *prompt_text(int argc, char **argv, int first) {
+        if (first >= argc)
+                return read_all(stdin);
+        size_t len = 0;
+        for (int i = first; i < argc; i++)
+                len += strlen(argv[i]) + 1;
+        char *prompt = calloc(1, len + 1);
+        for (int i = first; prompt && i < argc; i++) {
+                if (i > first)
+                        strcat(prompt, " ");
+                strcat(prompt, argv[i]);
+        }
+        return prompt;
+}
+
+/* The prompt into req: as raw text, or as a user message after the optional system one. */
+static void request_prompt(x4_request *req, const char *prompt, bool raw, const char *system) {
+        if (raw)
+                x4_request_set_text(req, prompt);
+        else {
+                if (system)
+                        x4_request_add_message(req, "system", system);
+                x4_request_add_message(req, "user", prompt);
+        }
+}
+
+/* --tokens LIST into req: 0, or the usage error's exit status when LIST is not token ids. */
+static int request_tokens(x4_request *req, const char *tokens) {
+        int32_t *ids;
+        size_t n;
+        if (parse_ids(tokens, &ids, &n) < 0)
+                return usage_error("--tokens: '%s' is not a list of token ids", tokens);
+        x4_request_set_tokens(req, ids, n);
+        free(ids);
+        return 0;
+}
+
 /* ---- generate / chat ------------------------------------------------------------------------ */
 
 /* Options shared by generate and chat. */
@@ -622,46 +661,25 @@ static int cmd_generate(int argc, char **argv) {
         if (r != 0)
                 goto out;
         if (o.tokens) {
-                int32_t *ids;
-                size_t n;
                 if (optind < argc) {
                         r = usage_error("generate: --tokens and a text prompt ('%s') exclude each other",
                                         argv[optind]);
                         goto out;
                 }
-                if (parse_ids(o.tokens, &ids, &n) < 0) {
-                        r = usage_error("--tokens: '%s' is not a list of token ids", o.tokens);
+                r = request_tokens(o.req, o.tokens);
+                if (r != 0)
                         goto out;
-                }
-                x4_request_set_tokens(o.req, ids, n);
-                free(ids);
         } else {
-                if (optind < argc && strcmp(argv[optind], "-") != 0) {
-                        size_t len = 0;
-                        for (int i = optind; i < argc; i++)
-                                len += strlen(argv[i]) + 1;
-                        prompt = calloc(1, len + 1);
-                        for (int i = optind; prompt && i < argc; i++) {
-                                if (i > optind)
-                                        strcat(prompt, " ");
-                                strcat(prompt, argv[i]);
-                        }
-                } else
-                        prompt = read_all(stdin);
+                /* a lone "-" first reads stdin too */
+                prompt = prompt_text(argc, argv, optind < argc && strcmp(argv[optind], "-") == 0 ? argc : optind);
                 if (!prompt) {
                         fprintf(stderr, "x4ctl: out of memory\n");
                         r = EXIT_FAIL;
                         goto out;
                 }
-                if (o.raw)
-                        x4_request_set_text(o.req, prompt);
-                else {
-                        if (o.system)
-                                x4_request_add_message(o.req, "system", o.system);
-                        x4_request_add_message(o.req, "user", prompt);
-                        if (o.thinking >= 0)
-                                x4_request_set_thinking(o.req, o.thinking);
-                }
+                request_prompt(o.req, prompt, o.raw, o.system);
+                if (!o.raw && o.thinking >= 0)
+                        x4_request_set_thinking(o.req, o.thinking);
         }
         r = open_client(&c);
         if (r != 0)
@@ -1053,38 +1071,18 @@ static int cmd_snapshot(int argc, char **argv) {
                 if (!src)
                         return EXIT_FAIL;
                 if (tokens) {
-                        int32_t *ids;
-                        size_t n;
-                        if (parse_ids(tokens, &ids, &n) < 0) {
+                        r = request_tokens(src, tokens);
+                        if (r != 0) {
                                 x4_request_free(src);
-                                return usage_error("--tokens: '%s' is not a list of token ids", tokens);
+                                return r;
                         }
-                        x4_request_set_tokens(src, ids, n);
-                        free(ids);
                 } else {
-                        if (optind < argc) {
-                                size_t len = 0;
-                                for (int i = optind; i < argc; i++)
-                                        len += strlen(argv[i]) + 1;
-                                prompt = calloc(1, len + 1);
-                                for (int i = optind; prompt && i < argc; i++) {
-                                        if (i > optind)
-                                                strcat(prompt, " ");
-                                        strcat(prompt, argv[i]);
-                                }
-                        } else
-                                prompt = read_all(stdin);
+                        prompt = prompt_text(argc, argv, optind);
                         if (!prompt) {
                                 x4_request_free(src);
                                 return EXIT_FAIL;
                         }
-                        if (raw)
-                                x4_request_set_text(src, prompt);
-                        else {
-                                if (system)
-                                        x4_request_add_message(src, "system", system);
-                                x4_request_add_message(src, "user", prompt);
-                        }
+                        request_prompt(src, prompt, raw, system);
                 }
                 r = open_client(&c);
                 if (r == 0) {

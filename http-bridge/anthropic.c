@@ -269,17 +269,10 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
                 name = json_string_value(json_object_get(tc, "name"));
                 if (!name || !*name)
                         return api_bad(e, "tool_choice.name", "required with \"type\": \"tool\"");
-                bool found = false;
-                size_t i;
-                json_t *t;
-                json_array_foreach(tools, i, t)
-                        found = found || streq(name, json_string_value(json_object_get(json_object_get(t, "function"),
-                                                                                       "name")));
-                if (!found)
-                        return api_bad(e, "tool_choice.name", "\"%s\" is not one of the request's tools", name);
+                if (api_tool_named(tools, name, "tool_choice.name", e) < 0)
+                        return -1;
         }
-        r->forced_tool = true;
-        return x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ? OOM(e) : 0;
+        return api_force_tool(r, name, e);
 }
 
 int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_error *e) {
@@ -298,12 +291,9 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                         { "temperature", 0, 1, false, x4_request_set_temperature },
                         { "top_p", 0, 1, true, x4_request_set_top_p },
                 };
-                if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0)
+                if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0 ||
+                    api_get_top_k(root, r->req, e) < 0)
                         return -1;
-                if (api_get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
-                        return -1;
-                if (set)
-                        x4_request_set_top_k(r->req, (uint32_t) iv);
                 json_t *stop = json_object_get(root, "stop_sequences");
                 if (stop && !json_is_null(stop)) {
                         size_t i;
@@ -324,9 +314,8 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                 x4_request_set_max_tokens(r->req, 1);
                 x4_request_set_temperature(r->req, 0);
         }
-        json_t *md = json_object_get(root, "metadata");
-        if (md && !json_is_null(md) && !json_is_object(md))
-                return api_bad(e, "metadata", "an object expected, got %s", api_type_name(md));
+        if (api_check_metadata(root, e) < 0)
+                return -1;
 
         /* thinking: off unless asked for (the API's default), with its budget */
         r->thinking = false;
@@ -363,15 +352,9 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                 if (conv_push(conv, "system", &text, NULL, NULL, NULL) < 0)
                         return OOM(e);
         }
-        json_t *msgs = json_object_get(root, "messages");
-        if (!msgs)
-                return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
-                                "messages: required (an array of {role, content} objects)");
-        if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-                return api_bad(e, "messages", "a non-empty array expected");
-        if (json_array_size(msgs) > API_MAX_MESSAGES)
-                return api_bad(e, "messages", "at most %d messages per request, got %zu", API_MAX_MESSAGES,
-                               json_array_size(msgs));
+        json_t *msgs;
+        if (api_get_messages(root, &msgs, e) < 0)
+                return -1;
         size_t i;
         json_t *m;
         json_array_foreach(msgs, i, m) {

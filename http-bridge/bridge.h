@@ -118,6 +118,20 @@ int api_get_sampling(json_t *o, const struct api_sampling_param *p, size_t n, x4
  * *out NULL when absent or null; 0 with *tools the array and *out a new empty one to fill; -1
  * with e filled when it is not an array (`expected` says what one is) or out of memory. */
 int api_tools_begin(json_t *root, const char *expected, json_t **tools, json_t **out, struct api_error *e);
+/* A tool_choice that names a tool: 0 when `tools` (the daemon's form, [{type: "function",
+ * function: {name, ...}}], NULL for none) has one named `name`; -1 with a 400 on `param` when not. */
+int api_tool_named(json_t *tools, const char *name, const char *param, struct api_error *e);
+/* A tool_choice that forces a call: marks the request and constrains it to a call of `name` (any
+ * tool when NULL); 0, or -1 with e filled. */
+int api_force_tool(struct api_request *r, const char *name, struct api_error *e);
+/* The body's "messages": 0 with *msgs a non-empty array of at most API_MAX_MESSAGES entries
+ * (not yet checked one by one), or -1 with e filled. */
+int api_get_messages(json_t *root, json_t **msgs, struct api_error *e);
+/* The body's "metadata", accepted and not used: 0 when absent, null or an object, else -1 with e
+ * filled. */
+int api_check_metadata(json_t *root, struct api_error *e);
+/* The body's "top_k" (an integer in [0, 2^30]) to the request when present; 0, or -1 with e filled. */
+int api_get_top_k(json_t *o, x4_request *req, struct api_error *e);
 /* The parsed body (JSON object; \u0000 allowed in strings), or NULL with e filled. */
 json_t *api_load_body(const char *body, size_t len, struct api_error *e);
 /* root.model checked against the served id and the aliases (404 model_not_found otherwise); *name

@@ -200,6 +200,51 @@ int api_tools_begin(json_t *root, const char *expected, json_t **tools, json_t *
         return 0;
 }
 
+int api_tool_named(json_t *tools, const char *name, const char *param, struct api_error *e) {
+        bool found = false;
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t)
+                found = found || streq(name, json_string_value(json_object_get(json_object_get(t, "function"), "name")));
+        return found ? 0 : api_bad(e, param, "\"%s\" is not one of the request's tools", name);
+}
+
+int api_force_tool(struct api_request *r, const char *name, struct api_error *e) {
+        r->forced_tool = true;
+        return x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ? OOM(e) : 0;
+}
+
+int api_get_messages(json_t *root, json_t **msgs, struct api_error *e) {
+        json_t *m = json_object_get(root, "messages");
+        if (!m)
+                return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
+                                "messages: required (an array of {role, content} objects)");
+        if (!json_is_array(m) || json_array_size(m) == 0)
+                return api_bad(e, "messages", "a non-empty array expected");
+        if (json_array_size(m) > API_MAX_MESSAGES)
+                return api_bad(e, "messages", "at most %d messages per request, got %zu", API_MAX_MESSAGES,
+                               json_array_size(m));
+        *msgs = m;
+        return 0;
+}
+
+int api_check_metadata(json_t *root, struct api_error *e) {
+        json_t *md = json_object_get(root, "metadata");
+        if (md && !json_is_null(md) && !json_is_object(md))
+                return api_bad(e, "metadata", "an object expected, got %s", api_type_name(md));
+        return 0;
+}
+
+int api_get_top_k(json_t *o, x4_request *req, struct api_error *e) {
+        json_int_t iv;
+        bool set;
+        if (api_get_int(o, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
+                return -1;
+        if (set)
+                x4_request_set_top_k(req, (uint32_t) iv);
+        return 0;
+}
+
 int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
                    struct api_error *e) {
         json_t *x = json_object_get(o, key);
@@ -354,17 +399,11 @@ void api_affinity_add(struct api_request *r, const char *s, size_t n) {
 }
 
 static int parse_messages(json_t *root, struct api_request *r, struct api_error *e) {
-        json_t *msgs = json_object_get(root, "messages");
+        json_t *msgs;
         size_t i;
         json_t *m;
-        if (!msgs)
-                return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
-                                "messages: required (an array of {role, content} objects)");
-        if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-                return api_bad(e, "messages", "a non-empty array expected");
-        if (json_array_size(msgs) > API_MAX_MESSAGES)
-                return api_bad(e, "messages", "at most %d messages per request, got %zu", API_MAX_MESSAGES,
-                           json_array_size(msgs));
+        if (api_get_messages(root, &msgs, e) < 0)
+                return -1;
         _cleanup_(json_decrefp) json_t *tool_names = json_object();
         if (!tool_names)
                 return OOM(e);
@@ -457,12 +496,9 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
         };
         json_int_t iv;
         bool set;
-        if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0)
+        if (api_get_sampling(root, params, sizeof params / sizeof params[0], r->req, e) < 0 ||
+            api_get_top_k(root, r->req, e) < 0)
                 return -1;
-        if (api_get_int(root, "top_k", 0, 1 << 30, &iv, &set, e) < 0)
-                return -1;
-        if (set)
-                x4_request_set_top_k(r->req, (uint32_t) iv);
         json_t *seed = json_object_get(root, "seed");
         if (seed && !json_is_null(seed)) {
                 if (!json_is_integer(seed))
@@ -595,18 +631,11 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                         if (!name || !*name)
                                 return api_bad(e, "tool_choice.function.name", "the name of one of the request's tools "
                                                "expected");
-                        bool found = false;
-                        if (send_tools)
-                                json_array_foreach(tools, i, t)
-                                        found = found || streq(name, json_string_value(json_object_get(
-                                                                             json_object_get(t, "function"), "name")));
-                        if (!found)
-                                return api_bad(e, "tool_choice.function.name", "\"%s\" is not one of the request's "
-                                               "tools", name);
+                        if (api_tool_named(send_tools ? tools : NULL, name, "tool_choice.function.name", e) < 0)
+                                return -1;
                         forced = true;
-                        r->forced_tool = true;
-                        if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0)
-                                return OOM(e);
+                        if (api_force_tool(r, name, e) < 0)
+                                return -1;
                 } else
                         return api_bad(e, "tool_choice", "a string or an object expected, got %s", api_type_name(choice));
                 if (forced && (!send_tools || json_array_size(tools) == 0))

@@ -139,7 +139,7 @@ static int content_text(json_t *v, const char *param, struct sbuf *out, struct a
         size_t i;
         json_t *part;
         json_array_foreach(v, i, part) {
-                char p[96];
+                char p[128]; /* room for param (at most 95) and the index */
                 snprintf(p, sizeof p, "%s[%zu]", param, i);
                 const char *type = json_string_value(json_object_get(part, "type"));
                 if (!json_is_object(part) || !type)
@@ -159,11 +159,36 @@ static int content_text(json_t *v, const char *param, struct sbuf *out, struct a
         return 0;
 }
 
-static json_t *msg_new(const char *role, struct sbuf *text) {
+/* The text of item `it` (named `p` in errors) under `key` into *text; 0, or -1 with e filled and
+ * *text empty. */
+static int item_text(json_t *it, const char *p, const char *key, struct sbuf *text, struct api_error *e) {
+        char q[96];
+        snprintf(q, sizeof q, "%s.%s", p, key);
+        if (content_text(json_object_get(it, key), q, text, e) < 0) {
+                free(text->s);
+                *text = (struct sbuf) { 0 };
+                return -1;
+        }
+        return 0;
+}
+
+/* A message of `role` taking `text`; with `reasoning` (NULL for none) and text in it, the
+ * message takes that as its "reasoning" too. */
+static json_t *msg_new(const char *role, struct sbuf *text, struct sbuf *reasoning) {
         json_t *m = json_pack("{s:s, s:s}", "role", role, "content", text->s ? text->s : "");
         free(text->s);
         *text = (struct sbuf) { 0 };
+        if (m && reasoning && reasoning->s) {
+                json_object_set_new(m, "reasoning", json_string(reasoning->s));
+                free(reasoning->s);
+                *reasoning = (struct sbuf) { 0 };
+        }
         return m;
+}
+
+/* m (NULL when making it ran out of memory) appended to conv; 0, or -1 with e filled. */
+static int conv_append(json_t *conv, json_t *m, struct api_error *e) {
+        return !m || json_array_append_new(conv, m) < 0 ? OOM(e) : 0;
 }
 
 /* The last message of conv if it is an assistant's that tool calls may be added to. */
@@ -192,7 +217,7 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                 struct sbuf text = { 0 };
                 if (sbuf_add_text(&text, json_string_value(input), json_string_length(input)) < 0)
                         return OOM(e);
-                return json_array_append_new(conv, msg_new("user", &text)) < 0 ? OOM(e) : 0;
+                return conv_append(conv, msg_new("user", &text, NULL), e);
         }
         if (!json_is_array(input))
                 return api_bad(e, "input", "a string or an array of input items expected, got %s",
@@ -219,22 +244,10 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                                 break;
                         }
                         struct sbuf text = { 0 };
-                        snprintf(q, sizeof q, "%s.content", p);
-                        if (content_text(json_object_get(it, "content"), q, &text, e) < 0) {
-                                free(text.s);
-                                ret = -1;
+                        if ((ret = item_text(it, p, "content", &text, e)) < 0 ||
+                            (ret = conv_append(conv, msg_new(role, &text, streq(role, "assistant") ? &reasoning : NULL),
+                                               e)) < 0)
                                 break;
-                        }
-                        json_t *m = msg_new(role, &text);
-                        if (m && streq(role, "assistant") && reasoning.s) {
-                                json_object_set_new(m, "reasoning", json_string(reasoning.s));
-                                free(reasoning.s);
-                                reasoning = (struct sbuf) { 0 };
-                        }
-                        if (!m || json_array_append_new(conv, m) < 0) {
-                                ret = OOM(e);
-                                break;
-                        }
                 } else if (streq(type, "function_call")) {
                         const char *call_id = json_string_value(json_object_get(it, "call_id"));
                         const char *name = json_string_value(json_object_get(it, "name"));
@@ -247,16 +260,9 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                         json_t *m = open_assistant(conv);
                         if (!m || reasoning.s) {
                                 struct sbuf none = { 0 };
-                                m = msg_new("assistant", &none);
-                                if (m && reasoning.s) {
-                                        json_object_set_new(m, "reasoning", json_string(reasoning.s));
-                                        free(reasoning.s);
-                                        reasoning = (struct sbuf) { 0 };
-                                }
-                                if (!m || json_array_append_new(conv, m) < 0) {
-                                        ret = OOM(e);
+                                m = msg_new("assistant", &none, &reasoning);
+                                if ((ret = conv_append(conv, m, e)) < 0)
                                         break;
-                                }
                         }
                         json_t *calls = json_object_get(m, "tool_calls");
                         if (!calls) {
@@ -278,20 +284,14 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                                 break;
                         }
                         struct sbuf text = { 0 };
-                        snprintf(q, sizeof q, "%s.output", p);
-                        if (content_text(json_object_get(it, "output"), q, &text, e) < 0) {
-                                free(text.s);
-                                ret = -1;
+                        if ((ret = item_text(it, p, "output", &text, e)) < 0)
                                 break;
-                        }
-                        json_t *m = msg_new("tool", &text);
+                        json_t *m = msg_new("tool", &text, NULL);
                         const char *name = json_string_value(json_object_get(names, call_id));
                         if (m && name)
                                 json_object_set_new(m, "name", json_string(name));
-                        if (!m || json_array_append_new(conv, m) < 0) {
-                                ret = OOM(e);
+                        if ((ret = conv_append(conv, m, e)) < 0)
                                 break;
-                        }
                 } else if (streq(type, "reasoning")) {
                         /* its text (content), else its summary; encrypted_content is another server's */
                         json_t *parts = json_object_get(it, "content");
@@ -403,20 +403,13 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
                 name = json_string_value(json_object_get(tc, "name"));
                 if (!name || !*name)
                         return api_bad(e, "tool_choice.name", "the name of one of the request's tools expected");
-                bool found = false;
-                size_t i;
-                json_t *t;
-                json_array_foreach(tools, i, t)
-                        found = found || streq(name, json_string_value(json_object_get(json_object_get(t, "function"),
-                                                                                       "name")));
-                if (!found)
-                        return api_bad(e, "tool_choice.name", "\"%s\" is not one of the request's tools", name);
+                if (api_tool_named(tools, name, "tool_choice.name", e) < 0)
+                        return -1;
         } else
                 return api_bad(e, "tool_choice", "a string or an object expected, got %s", api_type_name(tc));
         if (!*send)
                 return api_bad(e, "tool_choice", "forcing a tool call needs a non-empty \"tools\"");
-        r->forced_tool = true;
-        return x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ? OOM(e) : 0;
+        return api_force_tool(r, name, e);
 }
 
 int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) {
@@ -446,8 +439,8 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
         if (api_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
                 return -1;
         json_t *md = json_object_get(root, "metadata");
-        if (md && !json_is_null(md) && !json_is_object(md))
-                return api_bad(e, "metadata", "an object expected, got %s", api_type_name(md));
+        if (api_check_metadata(root, e) < 0)
+                return -1;
         json_t *instr = json_object_get(root, "instructions");
         if (instr && !json_is_null(instr) && !json_is_string(instr))
                 return api_bad(e, "instructions", "a string expected, got %s", api_type_name(instr));

@@ -83,6 +83,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "common/macro.h"
+#include "tools/common.h"
 
 #define PAGE_TOKENS 256u
 #define MAX_LIST 32
@@ -201,11 +202,7 @@ static int parse_list(const char *opt, const char *s, uint32_t *v, size_t *n) {
 }
 
 static int parse_opt_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
-        uint32_t v;
-        if (parse_u32(s, &v) < 0 || v < min || v > UINT32_MAX / 2) /* the bound of parse_list */
-                return log_error_errno(EINVAL, "%s: '%s' is not an integer >= %u", opt, s, min);
-        *ret = v;
-        return 0;
+        return tool_parse_u32(opt, s, min, UINT32_MAX / 2 /* the bound of parse_list */, ret);
 }
 
 static void find_commit(char *buf, size_t size) {
@@ -700,7 +697,7 @@ static int bench_tokenize(const char *model, const char *path, double seconds, c
         _cleanup_(tokenizer_freep) struct tokenizer *t = NULL;
         _cleanup_fclose_ FILE *f = NULL;
         _cleanup_free_ char *text = NULL;
-        size_t len = 0, cap = 0, n_ids;
+        size_t len, n_ids;
         double bps;
         int r;
 
@@ -710,18 +707,8 @@ static int bench_tokenize(const char *model, const char *path, double seconds, c
         f = fopen(path, "rb");
         if (!f)
                 return log_error_errno(errno, "%s: cannot open the text to tokenize: %m", path);
-        for (;;) {
-                if (len + 65536 > cap) {
-                        char *p = realloc(text, cap = cap ? cap * 2 : 1 << 20);
-                        if (!p)
-                                return log_error_errno(ENOMEM, "out of memory reading %s", path);
-                        text = p;
-                }
-                size_t got = fread(text + len, 1, cap - len, f);
-                if (got == 0)
-                        break;
-                len += got;
-        }
+        if (tool_read_all(f, &text, &len) < 0)
+                return log_error_errno(ENOMEM, "out of memory reading %s", path);
         if (len == 0)
                 return log_error_errno(EINVAL, "%s: empty file, nothing to tokenize", path);
         r = tokenizer_bench(t, text, len, seconds, &bps, &n_ids);
@@ -1103,19 +1090,9 @@ int main(int argc, char **argv) {
         B.mtp_draft = 1;
         B.warmup = true;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                if (tool_model_option(c, optarg, &mp, &device))
+                        continue;
                 switch (c) {
-                case 'm':
-                        mp.path = optarg;
-                        break;
-                case 'c':
-                        mp.config_path = optarg;
-                        break;
-                case 'R':
-                        mp.assume_release_defaults = true;
-                        break;
-                case 'D':
-                        device = optarg;
-                        break;
                 case 't':
                         r = parse_opt_u32("--threads", optarg, 1, &threads);
                         break;
@@ -1186,12 +1163,8 @@ int main(int argc, char **argv) {
                                 r = log_error_errno(EINVAL, "--seconds '%s': a number of seconds in (0, 3600] expected", optarg);
                         break;
                 }
-                case 'h':
-                        usage(stdout);
-                        return 0;
                 default:
-                        usage(stderr);
-                        return 1;
+                        return tool_usage_exit(c, usage);
                 }
                 if (r < 0)
                         goto fail;
@@ -1343,6 +1316,5 @@ int main(int argc, char **argv) {
 fail_b:
         B.ops->destroy(B.b);
 fail:
-        fprintf(stderr, "x4-bench: %s\n", *log_last_error() ? log_last_error() : "failed");
-        return 1;
+        return tool_fail("x4-bench");
 }

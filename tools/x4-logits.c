@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/macro.h"
 #include "common/util.h"
+#include "tools/common.h"
 
 #define PAGE_TOKENS 256u
 
@@ -78,11 +79,7 @@ static int parse_ids(const char *opt, const char *s, bool allow_empty, int32_t *
 }
 
 static int parse_opt_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
-        uint32_t v;
-        if (parse_u32(s, &v) < 0 || v < min)
-                return log_error_errno(EINVAL, "%s: '%s' is not an integer >= %u", opt, s, min);
-        *ret = v;
-        return 0;
+        return tool_parse_u32(opt, s, min, UINT32_MAX, ret);
 }
 
 struct run {
@@ -203,13 +200,9 @@ int main(int argc, char **argv) {
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 r = 0;
+                if (tool_model_option(c, optarg, &mp, &device))
+                        continue;
                 switch (c) {
-                case 'm':
-                        mp.path = optarg;
-                        break;
-                case 'c':
-                        mp.config_path = optarg;
-                        break;
                 case 'p':
                         prompt_s = optarg;
                         break;
@@ -220,17 +213,11 @@ int main(int argc, char **argv) {
                         r = parse_opt_u32("--last", optarg, 1, &last);
                         have_last = true;
                         break;
-                case 'D':
-                        device = optarg;
-                        break;
                 case 't':
                         r = parse_opt_u32("--threads", optarg, 1, &threads);
                         break;
                 case 'k':
                         r = parse_opt_u32("--chunk", optarg, 1, &chunk);
-                        break;
-                case 'R':
-                        mp.assume_release_defaults = true;
                         break;
                 case 'o':
                         out_path = optarg;
@@ -238,12 +225,8 @@ int main(int argc, char **argv) {
                 case 'N':
                         nextn_path = optarg;
                         break;
-                case 'h':
-                        usage(stdout);
-                        return 0;
                 default:
-                        usage(stderr);
-                        return 1;
+                        return tool_usage_exit(c, usage);
                 }
                 if (r < 0)
                         goto fail;
@@ -368,6 +351,5 @@ fail_b:
 oom:
         log_error("out of memory");
 fail:
-        fprintf(stderr, "x4-logits: %s\n", *log_last_error() ? log_last_error() : "failed");
-        return 1;
+        return tool_fail("x4-logits");
 }

@@ -14,6 +14,7 @@
 
 #include "chat/tokenizer.h"
 #include "common/log.h"
+#include "tools/common.h"
 
 static void usage(FILE *f) {
         fprintf(f, "usage: x4-tokenize --model M.gguf [--decode] [--raw] [--skip-specials] [--bench SECONDS]\n");
@@ -76,23 +77,13 @@ static int decode_lines(const struct tokenizer *t, unsigned flags) {
 
 static int bench(const struct tokenizer *t, double seconds) {
         _cleanup_free_ char *text = NULL;
-        size_t len = 0, cap = 0;
-        for (;;) {
-                if (len + 65536 > cap) {
-                        cap = cap ? cap * 2 : 1 << 20;
-                        char *p = realloc(text, cap);
-                        if (!p)
-                                return -ENOMEM;
-                        text = p;
-                }
-                size_t got = fread(text + len, 1, cap - len, stdin);
-                if (got == 0)
-                        break;
-                len += got;
-        }
+        size_t len;
+        int r = tool_read_all(stdin, &text, &len);
+        if (r < 0)
+                return r;
         double bps;
         size_t nids;
-        int r = tokenizer_bench(t, text, len, seconds, &bps, &nids);
+        r = tokenizer_bench(t, text, len, seconds, &bps, &nids);
         if (r < 0)
                 return r;
         printf("{\"what\":\"tokenizer_encode\",\"bytes\":%zu,\"tokens\":%zu,\"MB_per_s\":%.2f}\n", len, nids,
@@ -138,12 +129,8 @@ int main(int argc, char **argv) {
                                 return 1;
                         }
                         break;
-                case 'h':
-                        usage(stdout);
-                        return 0;
                 default:
-                        usage(stderr);
-                        return 1;
+                        return tool_usage_exit(c, usage);
                 }
         }
         if (!model || optind != argc) {

@@ -4,6 +4,7 @@ with tests/bridge/fixtures/NAME.sse byte for byte, after only the random parts a
 response id's 32 hex digits (and the 24 that item and call ids take from it) become <ID>, and
 created/created_at timestamps 0. X4_UPDATE_FIXTURES=1 rewrites the files instead (review the
 diff before committing one)."""
+import json
 import os
 import re
 from pathlib import Path
@@ -27,3 +28,16 @@ def check(name: str, data: bytes):
         return
     want = path.read_bytes()
     assert got == want, f"{path.name} differs:\n--- want\n{want.decode()}\n--- got\n{got.decode()}"
+
+
+def stream(bridge, path: str, body) -> bytes:
+    """POSTs body (a streaming request) to path on the bridge; the stream's bytes, after checking
+    that it answered 200 with an event stream."""
+    c = bridge.conn()
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    assert r.status == 200, data
+    assert r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
+    return data

@@ -223,14 +223,7 @@ def test_count_tokens(fake, fake_bridge):
 
 
 def raw_stream(bridge, body, path="/v1/messages"):
-    c = bridge.conn()
-    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    assert r.status == 200, data
-    assert r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
-    return data
+    return sse_fixture.stream(bridge, path, body)
 
 
 def test_stream_bytes_text_and_thinking(fake_bridge):

@@ -201,14 +201,7 @@ def test_bad_values_name_the_field(fake_bridge, kw, param, part):
 
 
 def raw_stream(bridge, body):
-    c = bridge.conn()
-    c.request("POST", "/v1/responses", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    assert r.status == 200, data
-    assert r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
-    return data
+    return sse_fixture.stream(bridge, "/v1/responses", body)
 
 
 def test_stream_bytes_text(fake_bridge):

@@ -7,7 +7,7 @@
  *    never allows what the matcher refuses; with a small budget the walk must reach the end
  *    token (the closing mode), and the text it wrote must parse as JSON.
  * Vocabulary: the committed fixture tokenizer (tests/tokenizer/spm-bpe8k.gguf, 8,000 pieces with
- * byte fallback), found as fuzz-tokenizer finds it. */
+ * byte fallback), found as fixture.h says. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +16,7 @@
 #include "chat/tokenizer.h"
 #include "common/json.h"
 #include "common/log.h"
+#include "fixture.h"
 
 static struct tokenizer *tok;
 static struct grammar_vocab *voc;
@@ -23,20 +24,8 @@ static uint64_t *mask;
 
 static void load(void) {
         char path[4096];
-        const char *env = getenv("X4_TOKENIZER_FIXTURE");
-        const char *src = getenv("X4_SOURCE_DIR");
-        if (env)
-                snprintf(path, sizeof(path), "%s", env);
-        else if (src)
-                snprintf(path, sizeof(path), "%s/tests/tokenizer/spm-bpe8k.gguf", src);
-        else {
-                snprintf(path, sizeof(path), "%s", __FILE__);
-                char *slash = strrchr(path, '/');
-                if (slash)
-                        snprintf(slash, sizeof(path) - (size_t) (slash - path), "/../tokenizer/spm-bpe8k.gguf");
-        }
-        log_set_max_level(LOG_CRIT);
-        if (tokenizer_load(path, &tok) < 0 || grammar_vocab_new(tok, &voc) < 0) {
+        fuzz_load_tokenizer("fuzz-grammar", &tok, path, sizeof path);
+        if (grammar_vocab_new(tok, &voc) < 0) {
                 fprintf(stderr, "fuzz-grammar: cannot load %s: %s\n", path, log_last_error());
                 abort();
         }

@@ -16,29 +16,13 @@
 #include "chat/outparse.h"
 #include "chat/tokenizer.h"
 #include "common/log.h"
+#include "fixture.h"
 
 static struct tokenizer *tok;
 
 static void load(void) {
         char path[4096];
-        const char *env = getenv("X4_TOKENIZER_FIXTURE");
-        const char *src = getenv("X4_SOURCE_DIR");
-        if (env)
-                snprintf(path, sizeof(path), "%s", env);
-        else if (src)
-                snprintf(path, sizeof(path), "%s/tests/tokenizer/spm-bpe8k.gguf", src);
-        else {
-                /* __FILE__ is <source>/tests/fuzz/fuzz-tokenizer.c */
-                snprintf(path, sizeof(path), "%s", __FILE__);
-                char *slash = strrchr(path, '/');
-                if (slash)
-                        snprintf(slash, sizeof(path) - (size_t) (slash - path), "/../tokenizer/spm-bpe8k.gguf");
-        }
-        log_set_max_level(LOG_CRIT);
-        if (tokenizer_load(path, &tok) < 0) {
-                fprintf(stderr, "fuzz-tokenizer: cannot load %s: %s\n", path, log_last_error());
-                abort();
-        }
+        fuzz_load_tokenizer("fuzz-tokenizer", &tok, path, sizeof path);
 }
 
 static bool valid_utf8_no_mark(const uint8_t *s, size_t n) {

@@ -110,15 +110,20 @@ def test_stored_pages_are_evicted_when_admission_needs_them(fresh_daemon):
 
 # ---- bad frames: each refused with its message, then the next request is served -----------------
 
-def serves_next(d):
-    c = w.Conn(d.sock)
-    c.hello()
-    c.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=3, temperature=0.0)))
+def drain(c):
+    """Reads the frames of the request in flight up to its DONE; none may be an error."""
     while True:
         f = c.recv()
         assert f is not None and w.ERROR not in f, f
         if w.DONE in f:
-            break
+            return
+
+
+def serves_next(d):
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=3, temperature=0.0)))
+    drain(c)
     c.close()
 
 
@@ -141,11 +146,7 @@ def test_unknown_message_is_refused_and_the_connection_kept(daemon):
     assert w.error_of(c.recv()) == ("PROTOCOL",
                                     "frame has no body (or one this server does not know)")
     c.send(w.frame(3, w.GENERATE, w.generate_tokens([5, 6], max_tokens=2, temperature=0.0)))
-    while True:
-        f = c.recv()
-        assert f is not None and w.ERROR not in f, f
-        if w.DONE in f:
-            break
+    drain(c)
     c.close()
     serves_next(daemon)
 
