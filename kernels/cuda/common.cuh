@@ -166,6 +166,20 @@ static __device__ __forceinline__ void cu_dequant32_any(uint32_t type, const uin
         }
 }
 
+/* Tile `tile` of a grouped product (struct cu_mv.groups, cu_moe_group): its expert, its pair
+ * indices and how many; false when the tile is beyond this batch's (the whole block returns). */
+static __device__ __forceinline__ bool cu_group_tile(const struct cu_mv &a, uint32_t tile,
+                                                     int32_t *expert, const int32_t **perm,
+                                                     uint32_t *n) {
+        if (tile >= (uint32_t) a.groups[0])
+                return false;
+        const int32_t *td = a.groups + 1 + 3 * tile;
+        *expert = td[0];
+        *perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
+        *n = (uint32_t) td[2];
+        return true;
+}
+
 /* Butterfly sum over the warp: the same fixed pattern on every call, every lane gets the sum. */
 static __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll

@@ -38,15 +38,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
         uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
         const int32_t *perm = NULL;
         int32_t expert = 0;
-        if (GROUPED) {
-                uint32_t tiles_max = a.n_groups_max;
-                if (blockIdx.y >= (uint32_t) a.groups[0])
-                        return; /* the whole block: beyond this batch's tiles */
-                const int32_t *td = a.groups + 1 + 3 * blockIdx.y;
-                expert = td[0];
-                perm = a.groups + 1 + 3 * tiles_max + td[1];
-                n_p = (uint32_t) td[2];
-        }
+        if (GROUPED && !cu_group_tile(a, blockIdx.y, &expert, &perm, &n_p))
+                return; /* the whole block: beyond this batch's tiles */
         if (TYPE == CU_TYPE_IQ4_NL && threadIdx.x < 16)
                 iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x];
         /* no early return: every warp takes part in the tile loads and barriers */
@@ -229,14 +222,8 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         int32_t expert = 0;
         if (a.sel)
                 cu_pdl_wait(); /* the expert ids come from the router kernel */
-        if (GROUPED) {
-                if (blockIdx.y >= (uint32_t) a.groups[0])
-                        return; /* the whole block */
-                const int32_t *td = a.groups + 1 + 3 * blockIdx.y;
-                expert = td[0];
-                perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
-                n_p = (uint32_t) td[2];
-        }
+        if (GROUPED && !cu_group_tile(a, blockIdx.y, &expert, &perm, &n_p))
+                return; /* the whole block */
         if (TYPE == CU_TYPE_IQ4_NL && threadIdx.x < 16)
                 iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x]; /* read after the first barrier */
         bool active = r < a.N / NR;
@@ -413,14 +400,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, MINB) k_mm(struct cu_mv a) {
         uint32_t p0 = blockIdx.x * MM_T, n_p = min((uint32_t) MM_T, a.P - min(p0, a.P));
         const int32_t *perm = NULL;
         int32_t expert = 0;
-        if (GROUPED) {
-                if (blockIdx.x >= (uint32_t) a.groups[0])
-                        return; /* the whole block: beyond this batch's tiles */
-                const int32_t *td = a.groups + 1 + 3 * blockIdx.x;
-                expert = td[0];
-                perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
-                n_p = (uint32_t) td[2];
-        }
+        if (GROUPED && !cu_group_tile(a, blockIdx.x, &expert, &perm, &n_p))
+                return; /* the whole block: beyond this batch's tiles */
         if (TYPE == CU_TYPE_IQ4_NL && threadIdx.x < 16)
                 iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x]; /* read after the first barrier */
         uint32_t n_out = a.N / NR;

@@ -80,12 +80,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
         const int32_t *perm = NULL;
         int32_t expert = 0;
         if (MODE == MT_GROUPED) {
-                if (blockIdx.x >= (uint32_t) a.groups[0])
+                if (!cu_group_tile(a, blockIdx.x, &expert, &perm, &n_p))
                         return;
-                const int32_t *td = a.groups + 1 + 3 * blockIdx.x;
-                expert = td[0];
-                perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
-                n_p = (uint32_t) td[2];
         } else if (MODE == MT_SEL) {
                 p0 = blockIdx.x; /* one pair a block, its own expert */
                 n_p = 1;
