@@ -405,9 +405,13 @@ static void test_gguf_errors(void **state) {
                 gguf_writer_free(w);
                 assert_int_equal(gguf_open_buffer(buf, size, &f), 0);
                 assert_int_equal(tokenizer_new_from_gguf(f, &t, NULL, 0), cases[i].r);
-                if (cases[i].msg)
+                if (cases[i].msg) {
                         assert_string_equal(log_last_error(), cases[i].msg);
-                else {
+                        /* and as a value, for a caller with a buffer (the daemon's start-up) */
+                        char why[256] = "";
+                        assert_int_equal(tokenizer_new_from_gguf(f, &t, why, sizeof why), cases[i].r);
+                        assert_string_equal(why, cases[i].msg);
+                } else {
                         /* defaults: unk 0; bos 1 exists; eos 2 and pad do not in a 2-piece vocab */
                         assert_int_equal(tokenizer_unk_id(t), 0);
                         assert_int_equal(tokenizer_bos_id(t), 1);
