@@ -532,6 +532,13 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
                 return -1;
         if (set)
                 x4_request_set_thinking_budget(r->req, (int32_t) iv);
+        /* ignore_eos (vLLM's and llama.cpp's extension): generate max_tokens, past end-of-turn */
+        json_t *ie = json_object_get(root, "ignore_eos");
+        if (ie && !json_is_null(ie)) {
+                if (!json_is_boolean(ie))
+                        return api_bad(e, "ignore_eos", "true or false expected, got %s", api_type_name(ie));
+                x4_request_set_ignore_eos(r->req, json_is_true(ie));
+        }
         return parse_stop(root, r->req, e);
 }
 

@@ -29,6 +29,7 @@ def test_invalid_json_is_400_with_position(bridge):
     ("stop", ["a", "b", "c", "d", "e"], "stop: at most 4 stop strings, got 5"),
     ("seed", "x", "seed: an integer expected"),
     ("user", 5, "user: a string expected"),
+    ("ignore_eos", 1, "ignore_eos: true or false expected, got an integer"),
 ])
 def test_bad_parameter_names_the_field(bridge, field, value, message):
     st, _, body = bridge.post("/v1/chat/completions", chat(**{field: value}))

@@ -189,12 +189,20 @@ def test_thinking_switch_on_the_real_daemon(bridge):
 
 def test_parameters_reach_the_daemon(fake_bridge, fake):
     body = chat("hi", temperature=0.5, top_p=0.9, top_k=5, min_p=0.1, seed=7, presence_penalty=0.5,
-                frequency_penalty=0.25, stop=["x", "y"], max_completion_tokens=33, user="u1")
+                frequency_penalty=0.25, stop=["x", "y"], max_completion_tokens=33, user="u1", ignore_eos=True)
     assert fake_bridge.post("/v1/chat/completions", body)[0] == 200
     sent = json.loads(fake["record"].read_text().splitlines()[-1])
-    assert sent["max_tokens"] == 33 and sent["stop"] == ["x", "y"]
+    assert sent["max_tokens"] == 33 and sent["stop"] == ["x", "y"] and sent["ignore_eos"] is True
     # SamplingParams fields 1,2,3,4,5,7,8 (temperature..seed, presence, frequency)
     assert sent["sampling_fields"] == [1, 2, 3, 4, 5, 7, 8]
+
+
+def test_ignore_eos_generates_max_tokens(bridge):
+    # a random model ends some answers after a few tokens; with ignore_eos every one runs to max_tokens
+    for seed in range(6):
+        st, _, body = bridge.post("/v1/chat/completions", chat("hi", max_tokens=24, seed=seed, ignore_eos=True))
+        assert st == 200, body
+        assert body["usage"]["completion_tokens"] == 24 and body["choices"][0]["finish_reason"] == "length"
 
 
 def test_seeded_greedy_is_reproducible_through_the_bridge(bridge):
@@ -220,7 +228,7 @@ def test_logprobs_are_mapped(bridge):
 def test_delete_cancels_a_running_request(bridge, daemon):
     before = daemon.stats()["requests_cancelled"]
     c = bridge.conn()
-    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=True)),
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=True, ignore_eos=True)),
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
     first = json.loads(r.readline().decode()[6:])
@@ -238,7 +246,7 @@ def test_client_disconnect_cancels_in_the_daemon(bridge, daemon):
     for stream in (False, True):
         before = daemon.stats()["requests_cancelled"]
         c = bridge.conn()
-        c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=stream)),
+        c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=stream, ignore_eos=True)),
                   headers={"Content-Type": "application/json"})
         # wait until the daemon runs it, then hang up without reading
         deadline = time.monotonic() + 30
