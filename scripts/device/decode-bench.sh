@@ -15,6 +15,11 @@ if has peer; then
         ( cd .devcarry/llamacpp && tar -xJf src.tar.xz && cd llamacpp-xing4-kit &&
                 JOBS=12 ./build-cuda.sh ./build-cuda ) >"$out/llama-build.log" 2>&1 &
 fi
+if has cpu16; then
+        # issue 18: llama.cpp's CPU build of the same kit, for the CPU rows beside ours
+        ( mkdir -p /tmp/llcpu && cd /tmp/llcpu && tar -xJf "$OLDPWD/.devcarry/llamacpp/src.tar.xz" &&
+                cd llamacpp-xing4-kit && CPU_ONLY=1 JOBS=8 ./build-cuda.sh ./build-cpu ) >"$out/llama-cpu-build.log" 2>&1 &
+fi
 if [ ! -f "$build/build.ninja" ]; then
         meson setup "$build" -Drpc=disabled -Dgpu_archs=90 -Dcuda=enabled --buildtype=release \
                 >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
@@ -174,5 +179,28 @@ if has tc; then
         say "prefill bench, tensor-core attention, f16 cache"
         X4_CUDA_ATTN=tc "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill 512,4096 \
                 --decode-ctx none --repeats 2 --json 2>&1 | tee "$out/prefill-tc.jsonl" | grep '"prefill"'
+fi
+if has cpu16; then
+        # issue 18: the CPU backend beside llama.cpp's CPU build on this host's cores, same files,
+        # one call: the full model at 16 threads (and 8), the demo model at 2 threads
+        say "waiting for llama.cpp's CPU build"
+        wait
+        tail -2 "$out/llama-cpu-build.log"
+        lb=/tmp/llcpu/llamacpp-xing4-kit/build-cpu/bin/llama-bench
+        lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|L3" | tee "$out/cpu-lscpu.txt"
+        demo=/tmp/cpu-demo.gguf
+        "$build/tools/x4-mkmodel" --preset demo --out "$demo" --quiet --threads 8
+        for t in 16 8; do
+                say "cpu: full model, $t threads"
+                "$build/tools/x4-bench" --model "$model" --device cpu --threads $t --prefill 512 --decode-ctx 64 \
+                        --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 | tee -a "$out/cpu-x4.jsonl" | grep -E '"(prefill|decode)"'
+                "$lb" -m "$model" -t $t -p 512 -n 16 -ngl 0 -r 3 -o jsonl 2>>"$out/cpu-llama.log" | tee -a "$out/cpu-llama.jsonl"
+        done
+        say "cpu: demo model, 2 threads (three interleaved rounds)"
+        for r in 1 2 3; do
+                "$build/tools/x4-bench" --model "$demo" --device cpu --threads 2 --prefill 512 --decode-ctx 64 \
+                        --batch 1 --repeats 3 --json 2>&1 | tee -a "$out/cpu-x4.jsonl" | grep -E '"(prefill|decode)"'
+                "$lb" -m "$demo" -t 2 -p 512 -n 64 -ngl 0 -r 3 -o jsonl 2>>"$out/cpu-llama.log" | tee -a "$out/cpu-llama.jsonl"
+        done
 fi
 say done
