@@ -5,7 +5,7 @@
  *            [--threads N] [--cache f32|f16] [--prefill 512,4096] [--decode-ctx 512,4096]
  *            [--batch 1,16] [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]
  *            [--profile] [--json]
- *            [--mtp off|on] [--mtp-draft N]
+ *            [--mtp off|on] [--mtp-draft N] [--mtp-verify]
  *   x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]
  *   x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]
  *
@@ -61,6 +61,17 @@
  * the first that is not the trunk's argmax, then the trunk's token. --mtp on runs the off loop
  * first on the same backend, reports both, the speed-up, drafted and accepted tokens and the
  * acceptance, and fails if the two token sequences differ.
+ *
+ * --mtp-verify (with --mtp on): at every decode shape (context × batch), right after its decode
+ * measurement, the cost of a verify step of 1, 2 and 3 drafts (each sequence carries 1 + k tokens,
+ * every logits row and hidden row, as MTP asks; the same positions rewritten each step, so the
+ * context stays C) and of a NextN draft forward (one row a sequence), per step, against the
+ * decode step: {"what":"verify",...} lines with "vs_decode" (verify ms / decode ms) and the
+ * speed-up MTP would give if each draft were accepted with probability a, independently:
+ * E = 1 + a + ... + a^k tokens a sequence per step of verify + k NextN forwards,
+ * speed-up = E · decode ms / (verify ms + k · NextN ms), at a = 0.6, 0.75 and 0.9. Random
+ * weights make a measured acceptance meaningless, so this is how the `full` synthetic model
+ * shows what MTP can give (issue 16).
  *
  * The commit is $X4_COMMIT, else `git rev-parse --short HEAD` run in $X4_SOURCE_DIR or in the
  * folder of this executable (an in-tree build dir), else "unknown". */
@@ -134,6 +145,7 @@ struct bench {
         /* --mtp: the generate measurements (off, then on) */
         int mtp;            /* -1 not asked, 0 off, 1 on */
         uint32_t mtp_draft, n_embd;
+        bool mtp_verify;    /* --mtp-verify */
         struct gen_result {
                 bool on;
                 uint32_t tokens, draft;
@@ -432,6 +444,77 @@ static int decode_steps(struct bench *B, struct x4_seq *seqs, uint32_t batch, ui
         return 0;
 }
 
+/* --mtp-verify at one decode shape (seqs: bench_decode's, their pages holding context ctx):
+ * median ms per step of the NextN draft forward and of verify steps of k = 1..3 drafts. */
+static int bench_verify(struct bench *B, const struct x4_seq *dec, uint32_t ctx, uint32_t batch,
+                        uint32_t steps, uint32_t repeats, double decode_ms) {
+        const size_t V = B->n_vocab, H = B->n_embd;
+        const uint32_t K = 3;
+        _cleanup_free_ struct x4_seq *seqs = calloc(batch, sizeof *seqs);
+        _cleanup_free_ struct x4_nextn_seq *ns = calloc(batch, sizeof *ns);
+        _cleanup_free_ int32_t *toks = calloc((size_t) batch * (K + 1), sizeof *toks);
+        _cleanup_free_ float *lg = malloc((size_t) batch * (K + 1) * V * sizeof(float));
+        _cleanup_free_ float *hid = malloc((size_t) batch * (K + 1) * H * sizeof(float));
+        _cleanup_free_ float *h = malloc((size_t) batch * H * sizeof(float));
+        _cleanup_free_ double *t = calloc(repeats, sizeof *t);
+        double ms[4];
+        int r;
+
+        if (!seqs || !ns || !toks || !lg || !hid || !h || !t)
+                return log_error_errno(ENOMEM, "out of memory");
+        for (size_t i = 0; i < (size_t) batch * (K + 1); i++)
+                toks[i] = B->tokens[i % MTP_PROMPT];
+        for (size_t i = 0; i < (size_t) batch * H; i++)
+                h[i] = (float) ((i * 2654435761u) % 1000) / 500.0f - 1.0f; /* any hidden will do */
+        /* k = 0: the NextN draft forward; k >= 1: a verify step of k drafts */
+        for (uint32_t k = 0; k <= K; k++) {
+                for (uint32_t i = 0; i < batch; i++) {
+                        struct x4_seq s = {
+                                .tokens = toks + (size_t) i * (K + 1), .n_tokens = k ? 1 + k : 1,
+                                .pos0 = ctx, .pages = dec[i].pages, .n_pages = dec[i].n_pages,
+                                .logits = k ? X4_LOGITS_ALL : X4_LOGITS_LAST,
+                                .hidden = k ? X4_LOGITS_ALL : X4_LOGITS_LAST,
+                        };
+                        seqs[i] = s;
+                        ns[i] = (struct x4_nextn_seq){ .seq = s, .h = h + (size_t) i * H };
+                }
+                for (uint32_t rep = B->warmup ? 0 : 1; rep <= repeats; rep++) {
+                        double t0 = now_s();
+
+                        for (uint32_t st = 0; st < steps; st++) {
+                                if (k == 0)
+                                        r = B->ops->nextn(B->b, &(struct x4_nextn_batch){ ns, batch, hid },
+                                                          lg, NULL, 0);
+                                else
+                                        r = B->ops->forward(B->b, &(struct x4_batch){ seqs, batch, hid }, lg,
+                                                            NULL, 0);
+                                if (r < 0)
+                                        return backend_error(r, k ? "verify step" : "NextN draft forward");
+                        }
+                        if (rep > 0)
+                                t[rep - 1] = (now_s() - t0) / steps;
+                }
+                ms[k] = median(t, repeats) * 1000;
+        }
+        for (uint32_t k = 1; k <= K; k++) {
+                static const double acc[3] = { 0.6, 0.75, 0.9 };
+                double proj[3];
+
+                for (int a = 0; a < 3; a++) {
+                        double e = 0, p = 1;
+                        for (uint32_t i = 0; i <= k; i++, p *= acc[a])
+                                e += p;
+                        proj[a] = e * decode_ms / (ms[k] + k * ms[0]);
+                }
+                printf("{\"what\":\"verify\",\"ctx\":%u,\"batch\":%u,\"drafts\":%u,\"ms_per_step\":%.3f,"
+                       "\"decode_ms\":%.3f,\"vs_decode\":%.3f,\"nextn_ms\":%.3f,"
+                       "\"projected_speedup\":{\"0.6\":%.3f,\"0.75\":%.3f,\"0.9\":%.3f}",
+                       ctx, batch, k, ms[k], decode_ms, ms[k] / decode_ms, ms[0], proj[0], proj[1], proj[2]);
+                print_tail(B);
+        }
+        return 0;
+}
+
 static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t steps,
                         uint32_t repeats) {
         _cleanup_free_ struct x4_seq *seqs = calloc(batch, sizeof *seqs);
@@ -499,6 +582,8 @@ static int bench_decode(struct bench *B, uint32_t ctx, uint32_t batch, uint32_t 
                 }
         }
         report(B, "decode", 0, ctx, batch, filled, batch / m, m * 1000, median(ct, repeats) * 1000);
+        if (B->mtp_verify && (r = bench_verify(B, seqs, ctx, batch, steps, repeats, m * 1000)) < 0)
+                return r;
 
         r = profile_begin(B);
         if (r <= 0)
@@ -1022,6 +1107,7 @@ static void usage(FILE *f) {
               "                [--prefill 512,4096] [--decode-ctx 512,4096] [--batch 1,16]\n"
               "                [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]\n"
               "                [--warmup 0|1] [--profile] [--json] [--mtp off|on] [--mtp-draft N]\n"
+              "                [--mtp-verify]\n"
               "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n"
               "       x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]\n"
               "\n"
@@ -1041,7 +1127,11 @@ static void usage(FILE *f) {
               "  --mtp off|on              also a greedy generation of --decode-tokens tokens at batch 1:\n"
               "                            on: speculative decoding with the NextN block (after the\n"
               "                            same run with it off): tok/s, acceptance, speed-up\n"
-              "  --mtp-draft N             drafts per step with --mtp on, 1..3 (default 1)\n",
+              "  --mtp-draft N             drafts per step with --mtp on, 1..3 (default 1)\n"
+              "  --mtp-verify              with --mtp on, at every decode shape: the cost of verifying\n"
+              "                            1, 2, 3 drafts and of a NextN draft forward against the\n"
+              "                            decode step, and the projected speed-up at acceptance\n"
+              "                            0.6, 0.75, 0.9\n",
               f);
 }
 
@@ -1068,6 +1158,7 @@ int main(int argc, char **argv) {
                 { "grammar-seqs", required_argument, NULL, 'g' },
                 { "mtp", required_argument, NULL, 'M' },
                 { "mtp-draft", required_argument, NULL, 'd' },
+                { "mtp-verify", no_argument, NULL, 'V' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -1156,6 +1247,9 @@ int main(int argc, char **argv) {
                         if (r >= 0 && B.mtp_draft > 3)
                                 r = log_error_errno(EINVAL, "--mtp-draft: '%s' is not an integer in [1, 3]", optarg);
                         break;
+                case 'V':
+                        B.mtp_verify = true;
+                        break;
                 case 'S': {
                         char *end;
                         seconds = strtod(optarg, &end);
@@ -1178,6 +1272,10 @@ int main(int argc, char **argv) {
         }
         if (!mp.path || optind < argc) {
                 log_error(optind < argc ? "unexpected argument" : "--model is required");
+                goto fail;
+        }
+        if (B.mtp_verify && B.mtp != 1) {
+                log_error("--mtp-verify needs --mtp on (it times the NextN draft forward too)");
                 goto fail;
         }
 
@@ -1226,7 +1324,8 @@ int main(int argc, char **argv) {
         /* Cache slots, exactly what the measurements use: sequence 0 runs every prefill and is the
          * decode source, max_batch - 1 batch-mates hold a decode context; a decode run writes
          * positions ctx .. ctx + steps - 1 */
-        uint64_t dec_tokens = (uint64_t) max_ctx + steps, seq0_tokens = MAX((uint64_t) max_len, dec_tokens);
+        /* --mtp-verify rewrites positions ctx .. ctx + 3 */
+        uint64_t dec_tokens = (uint64_t) max_ctx + MAX(steps, B.mtp_verify ? 4u : 0u), seq0_tokens = MAX((uint64_t) max_len, dec_tokens);
         if (B.mtp >= 0) /* the generate run: prompt, tokens, drafts past the last */
                 seq0_tokens = MAX(seq0_tokens, (uint64_t) MTP_PROMPT + steps + 4);
         uint64_t n_pages = DIV_ROUND_UP(seq0_tokens, PAGE_TOKENS) +

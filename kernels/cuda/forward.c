@@ -103,7 +103,7 @@ struct cu_prof {
 };
 
 struct cu_graph {
-        uint32_t T, R, parts;
+        uint32_t T, R, RH, parts;
         const void *meta; /* the metadata buffer its kernels read (a reallocation drops it) */
         cudaGraphExec_t exec;
         unsigned long long kernels;
@@ -120,11 +120,17 @@ struct x4_backend {
         uint64_t wbytes;
         struct cu_w embd, output;
         float *output_norm;
-        struct cu_layer *layers;
+        struct cu_layer *layers; /* n_layer, + the NextN block's (layer n_layer) with MTP */
         double *inv_freq;
+        /* MTP (docs/model.md §8): the NextN block runs (cuda_nextn); its attention/FFN tensors are
+         * layers[n_layer] (no HC), its own ones these; loaded only with MTP on */
+        bool mtp;
+        struct cu_w nextn_eh, nextn_embd, nextn_head;
+        float *nextn_enorm, *nextn_hnorm, *nextn_head_norm;
 
         void *cache;
         uint32_t n_pages, page_tokens, cache_type;
+        uint32_t n_cache_layers; /* layers in a page: n_layer, + 1 (the NextN block's) with MTP */
         uint64_t page_bytes;
 
         uint32_t T_max, part_slots, n_slots_max;
@@ -134,6 +140,8 @@ struct x4_backend {
         uint32_t *hc_ticket;
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part, *sc;
+        float *hid;     /* T_max × H: the hidden rows a forward hands out (x4_seq.hidden) */
+        float *eh, *hin; /* MTP only: T_max × 2H NextN input concat(e, g); T_max × H its h rows */
         int32_t *sel, *groups;
 
         uint32_t *meta_d, *meta_h;
@@ -450,30 +458,34 @@ static int ld_one(struct loader *L, const struct gguf_tensor *t, const char *nam
 
 #define LNAME(buf, l, what) (snprintf((buf), sizeof(buf), "blk.%u.%s", (l), (what)), (buf))
 
+/* Block l's tensors; `hc`: a trunk block (with its mHC tensors), else the NextN block (docs/model.md
+ * §8: a plain DeepSeek layer, MoE when it has a router). */
 static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4_layer_weights *w,
-                    uint32_t l, struct cu_layer *cl) {
+                    uint32_t l, bool hc, struct cu_layer *cl) {
         uint32_t H = c->n_embd, n_hc = c->hc_mult, nh = c->n_head;
         uint32_t QL = c->q_lora_rank, KV = c->kv_lora_rank, R = c->qk_rope, nope = c->qk_nope;
         uint32_t hc_rows = n_hc * (2 + n_hc);
         char nb[96];
         int r;
 
-        /* docs/model.md §3.1 HC tensors */
-        r = ld_one(L, w->hc_attn_fn, LNAME(nb, l, "hc_attn_fn.weight"), (uint64_t) n_hc * H,
-                   hc_rows, 1, &cl->hc_attn_fn);
-        if (r >= 0)
+        /* docs/model.md §3.1 HC tensors (trunk blocks only) */
+        r = 0;
+        if (hc)
+                r = ld_one(L, w->hc_attn_fn, LNAME(nb, l, "hc_attn_fn.weight"), (uint64_t) n_hc * H,
+                           hc_rows, 1, &cl->hc_attn_fn);
+        if (r >= 0 && hc)
                 r = ld_one(L, w->hc_ffn_fn, LNAME(nb, l, "hc_ffn_fn.weight"), (uint64_t) n_hc * H,
                            hc_rows, 1, &cl->hc_ffn_fn);
-        if (r >= 0)
+        if (r >= 0 && hc)
                 r = ld_vec(L, w->hc_attn_base, LNAME(nb, l, "hc_attn_base.weight"), hc_rows,
                            &cl->hc_attn_base);
-        if (r >= 0)
+        if (r >= 0 && hc)
                 r = ld_vec(L, w->hc_ffn_base, LNAME(nb, l, "hc_ffn_base.weight"), hc_rows,
                            &cl->hc_ffn_base);
-        if (r >= 0)
+        if (r >= 0 && hc)
                 r = ld_vec(L, w->hc_attn_scale, LNAME(nb, l, "hc_attn_scale.weight"), 3,
                            &cl->hc_attn_scale);
-        if (r >= 0)
+        if (r >= 0 && hc)
                 r = ld_vec(L, w->hc_ffn_scale, LNAME(nb, l, "hc_ffn_scale.weight"), 3,
                            &cl->hc_ffn_scale);
         if (r >= 0)
@@ -516,7 +528,7 @@ static int ld_layer(struct loader *L, const struct x4_config *c, const struct x4
                 return r;
 
         /* docs/model.md §5 FFN */
-        cl->moe = l >= c->n_dense;
+        cl->moe = hc ? l >= c->n_dense : w->ffn_gate_inp != NULL;
         if (!cl->moe) {
                 uint32_t F = c->n_ff;
                 r = check_present(w->ffn_gate, LNAME(nb, l, "ffn_gate.weight"));
@@ -594,19 +606,45 @@ static int ld_all(struct loader *L, struct x4_backend *b, const struct x4_weight
         if (r < 0)
                 return r;
         for (uint32_t l = 0; l < c->n_layer; l++) {
-                r = ld_layer(L, c, &w->layers[l], l, &b->layers[l]);
+                r = ld_layer(L, c, &w->layers[l], l, true, &b->layers[l]);
                 if (r < 0)
                         return r;
         }
         r = ld_vec(L, w->output_norm, "output_norm.weight", c->n_embd, &b->output_norm);
         if (r < 0)
                 return r;
-        return ld_one(L, w->output, "output.weight", c->n_embd, c->n_vocab, 1, &b->output);
+        r = ld_one(L, w->output, "output.weight", c->n_embd, c->n_vocab, 1, &b->output);
+        if (r < 0 || !b->mtp)
+                return r;
+
+        /* docs/model.md §8: the NextN block, only with MTP on (else never read nor counted) */
+        const uint32_t l = c->n_layer, H = c->n_embd;
+        const struct x4_nextn_weights *N = &w->nextn;
+        char nb[96];
+        r = ld_layer(L, c, &w->layers[l], l, false, &b->layers[l]);
+        if (r >= 0)
+                r = ld_one(L, N->eh_proj, LNAME(nb, l, "nextn.eh_proj.weight"), 2 * (uint64_t) H, H,
+                           1, &b->nextn_eh);
+        if (r >= 0)
+                r = ld_one(L, N->embed_tokens, LNAME(nb, l, "nextn.embed_tokens.weight"), H,
+                           c->n_vocab, 1, &b->nextn_embd);
+        if (r >= 0)
+                r = ld_one(L, N->shared_head_head, LNAME(nb, l, "nextn.shared_head_head.weight"), H,
+                           c->n_vocab, 1, &b->nextn_head);
+        if (r >= 0)
+                r = ld_vec(L, N->enorm, LNAME(nb, l, "nextn.enorm.weight"), H, &b->nextn_enorm);
+        if (r >= 0)
+                r = ld_vec(L, N->hnorm, LNAME(nb, l, "nextn.hnorm.weight"), H, &b->nextn_hnorm);
+        if (r >= 0)
+                r = ld_vec(L, N->shared_head_norm, LNAME(nb, l, "nextn.shared_head_norm.weight"), H,
+                           &b->nextn_head_norm);
+        return r;
 }
 
 /* ---- configuration checks and derived values -------------------------------------------------- */
 
-static int check_config(const struct x4_config *c) {
+/* `any_moe`: some block the backend runs (the trunk's, the NextN block's with MTP) is MoE. */
+static int check_config(const struct x4_config *c, bool any_moe) {
         if (c->hc_mult == 0 || c->hc_mult > CU_HC_MAX)
                 return log_error_errno(EOPNOTSUPP,
                                        "CUDA backend: hyper_connection.count %u is not supported "
@@ -634,12 +672,12 @@ static int check_config(const struct x4_config *c) {
                                        "CUDA backend: %u experts, %u used, %u shared: at most 256 "
                                        "experts and 1 shared expert are supported",
                                        c->n_expert, c->n_expert_used, c->n_expert_shared);
-        if (c->n_dense < c->n_layer && c->n_expert_used + c->n_expert_shared > CU_SLOTS_MAX)
+        if (any_moe && c->n_expert_used + c->n_expert_shared > CU_SLOTS_MAX)
                 return log_error_errno(EOPNOTSUPP,
                                        "CUDA backend: %u routed + %u shared experts per token: "
                                        "at most %u are supported",
                                        c->n_expert_used, c->n_expert_shared, CU_SLOTS_MAX);
-        if (c->expert_gating != 1 && c->expert_gating != 2 && c->n_dense < c->n_layer)
+        if (c->expert_gating != 1 && c->expert_gating != 2 && any_moe)
                 return log_error_errno(EOPNOTSUPP,
                                        "CUDA backend: expert_gating_func %u unknown (1 softmax, 2 "
                                        "sigmoid)",
@@ -707,6 +745,9 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->dn, float, T * S * H);
         WS(b->hn, float, T * H);
         WS(b->logits, float, T * c->n_vocab);
+        WS(b->hid, float, T * H);
+        WS(b->eh, float, b->mtp ? T * 2 * H : 0);
+        WS(b->hin, float, b->mtp ? T * H : 0);
         WS(b->part, float, (uint64_t) b->part_slots * nh * (KV + 2));
         WS(b->sc, float, (uint64_t) b->part_slots * nh * CU_ATTN_PART);
 #undef WS
@@ -809,9 +850,21 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                 return log_error_errno(ENOMEM, "CUDA backend: out of memory");
         b->cfg = *x4_model_config(model);
         const struct x4_config *c = &b->cfg;
-        r = check_config(c);
+        const struct x4_weights *W = x4_model_weights(model);
+        b->mtp = params->mtp;
+        if (b->mtp && !W->has_nextn)
+                return log_error_errno(EOPNOTSUPP,
+                                       "cuda backend: MTP needs the model's NextN block (blk.%u): "
+                                       "the file has xing4_0.nextn_predict_layers = %u%s",
+                                       c->n_layer, c->n_nextn,
+                                       c->n_nextn ? " but not all of its tensors" : "");
+        /* the NextN block's layer is a MoE layer when it has a router (docs/model.md §8) */
+        bool nextn_moe = b->mtp && W->layers[c->n_layer].ffn_gate_inp != NULL;
+        bool any_moe = c->n_dense < c->n_layer || nextn_moe;
+        r = check_config(c, any_moe);
         if (r < 0)
                 return r;
+        b->n_cache_layers = c->n_layer + (b->mtp ? 1u : 0u);
 
         r = CU_TRY(cudaGetDeviceCount(&n_dev), ENODEV, "no usable CUDA device");
         if (r < 0)
@@ -847,19 +900,18 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                 return r;
         b->mem_total = mem_total;
 
-        b->layers = calloc(c->n_layer ? c->n_layer : 1, sizeof *b->layers);
+        b->layers = calloc(b->n_cache_layers ? b->n_cache_layers : 1, sizeof *b->layers);
         if (!b->layers)
                 return log_error_errno(ENOMEM, "CUDA backend: out of memory");
 
         /* plan: weights, workspace, cache pages against what the card (or the limit) has */
         struct loader L = {.plan = true, .params = params, .stream = b->stream};
-        r = ld_all(&L, b, x4_model_weights(model));
+        r = ld_all(&L, b, W);
         if (r < 0)
                 return r;
         b->wbytes = L.off;
         uint64_t payload = L.done; /* tensor bytes without alignment padding: progress runs to 1 */
 
-        bool any_moe = c->n_dense < c->n_layer;
         b->T_max = CUDA_MAX_BATCH_TOKENS;
         {
                 const char *gv = getenv("X4_CUDA_GRAPHS");
@@ -869,8 +921,9 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         if (b->n_slots_max == 0)
                 b->n_slots_max = 1;
         /* FFN rows per token: k+1 expert slots of n_ff_exp, or one dense slot of n_ff */
+        bool any_dense = c->n_dense > 0 || (b->mtp && !nextn_moe);
         b->hw = MAX(any_moe ? (uint64_t) b->n_slots_max * c->n_ff_exp : 0,
-                    c->n_dense > 0 ? (uint64_t) c->n_ff : 0);
+                    any_dense ? (uint64_t) c->n_ff : 0);
         uint32_t ctx_parts = DIV_ROUND_UP(MAX(c->n_ctx_train, 65536u), CU_ATTN_PART);
         b->part_slots = MAX(b->T_max * 8, ctx_parts);
         b->ws_bytes = ws_layout(b, NULL);
@@ -883,7 +936,9 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                                        "f16)",
                                        b->cache_type);
         uint64_t D = (uint64_t) c->kv_lora_rank + c->qk_rope;
-        b->page_bytes = (uint64_t) c->n_layer * b->page_tokens * D *
+        /* with MTP every page holds the NextN block's layer too (snapshots and prefix pages carry
+         * it: page_read/page_write/page_copy move whole pages) */
+        b->page_bytes = (uint64_t) b->n_cache_layers * b->page_tokens * D *
                         (b->cache_type == X4_CACHE_F16 ? 2 : 4);
 
         uint64_t room = mem_free > CUDA_MEMORY_MARGIN ? mem_free - CUDA_MEMORY_MARGIN : 0;
@@ -937,7 +992,7 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                         break;
         }
         if (r >= 0)
-                r = ld_all(&L, b, x4_model_weights(model));
+                r = ld_all(&L, b, W);
         if (r >= 0)
                 r = ld_flush(&L);
         if (r >= 0)
@@ -992,8 +1047,9 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                 if (!b->trace_z || !b->trace_bias || !b->trace_sel)
                         return log_error_errno(ENOMEM, "CUDA backend: out of memory");
         }
-        log_debug("CUDA backend on %s: weights %s, workspace %s, %u pages of %u tokens", prop.name,
-                  s_w, s_ws, b->n_pages, b->page_tokens);
+        log_debug("CUDA backend on %s: weights %s, workspace %s, %u pages of %u tokens%s", prop.name,
+                  s_w, s_ws, b->n_pages, b->page_tokens,
+                  b->mtp ? " (MTP: NextN block loaded, its layer in every page)" : "");
         *ret = TAKE_PTR(b);
         return 0;
 }
@@ -1005,15 +1061,6 @@ static int cuda_create(const struct x4_model *model, const struct x4_backend_par
         log_clear_last_error();
         if (n_backends_live == 0)
                 log_forward_install(params);
-        if (params->mtp) {
-                /* the NextN block has no CUDA kernels yet (docs/model.md §8): refuse, do not
-                 * silently run without it */
-                r = log_error_errno(EOPNOTSUPP, "cuda backend: MTP (the NextN block, --mtp on) is "
-                                                "not implemented on CUDA yet; use --mtp off or "
-                                                "--device cpu");
-                log_forward_release();
-                return log_error_value(r, err, err_size);
-        }
         r = cuda_create_backend(model, params, ret);
         if (r < 0) {
                 log_forward_release();
@@ -1196,6 +1243,141 @@ static void mv(struct x4_backend *b, const struct cu_w *w, const float *x, uint6
         cu_matvec(&a, b->stream);
 }
 
+/* The attention sublayer of block l after its input norm (input b->a, output b->o): docs/model.md
+ * §4, the same launches for a trunk block and for the NextN block (whose rows live in the cache's
+ * layer n_layer). */
+static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32_t l, uint32_t T,
+                          const uint32_t *d_pos, const struct cu_cache *cache,
+                          const struct cu_attn *attn, const uint32_t *att, uint32_t n_att) {
+        const struct x4_config *c = &b->cfg;
+        uint32_t H = c->n_embd, nh = c->n_head, nope = c->qk_nope;
+        uint32_t QL = c->q_lora_rank, KV = c->kv_lora_rank, R = c->qk_rope, D = KV + R;
+        uint32_t V = c->v_head;
+        cudaStream_t s = b->stream;
+
+        /* docs/model.md §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
+        mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
+        prof_mark(b, PC_ATTN_PROJ);
+        cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
+                    b->inv_freq, c->rope_interleave, cache, l, s);
+        prof_mark(b, PC_MLA_PREP);
+        /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; cu_q_rope appends RoPE(q_pe) */
+        mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
+        struct cu_mv kb = {
+                .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,
+                .K = nope, .N = nh * KV, .G = KV, .x = b->q,
+                .x_pstride = (uint64_t) nh * (nope + R), .x_gstride = nope + R,
+                .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * D,
+                .y_gstride = D, .P = T,
+        };
+        cu_matvec(&kb, s);
+        prof_mark(b, PC_ATTN_PROJ);
+        cu_q_rope(attn, T, d_pos, s);
+        prof_mark(b, PC_MLA_PREP);
+        /* attention over the cache, in token groups that fit the part workspace */
+        for (uint32_t i = 0; i < n_att; i++)
+                cu_attention(attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], cache, l,
+                             b->sc, b->part, b->lat, s);
+        prof_mark(b, PC_ATTENTION);
+        /* o[h] = Vb[h] · ô[h]; out = W_o · o */
+        struct cu_mv vb = {
+                .w = cl->v_b.d, .type = cl->v_b.type, .row_bytes = cl->v_b.row_bytes,
+                .K = KV, .N = nh * V, .G = V, .x = b->lat,
+                .x_pstride = (uint64_t) nh * KV, .x_gstride = KV, .x_div = 1,
+                .y = b->ao, .y_pstride = (uint64_t) nh * V, .y_gstride = V, .P = T,
+        };
+        cu_matvec(&vb, s);
+        mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
+        prof_mark(b, PC_ATTN_PROJ);
+}
+
+/* The FFN sublayer of block l after its input norm (input b->a): docs/model.md §5, dense or MoE.
+ * Its output is left in b->dn as *post describes it (the next hc_pre post-maps it in the trunk;
+ * cu_residual adds it in the NextN block). */
+static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32_t l, uint32_t T,
+                         struct cu_post *post) {
+        const struct x4_config *c = &b->cfg;
+        uint32_t H = c->n_embd;
+        cudaStream_t s = b->stream;
+
+        if (!cl->moe) {
+                /* docs/model.md §5 dense: Down(silu(Gate f) ⊙ Up f) */
+                uint32_t F = c->n_ff;
+                struct cu_mv gu = {
+                        .w = cl->gateup.d, .type = cl->gateup.type,
+                        .row_bytes = cl->gateup.row_bytes, .K = H, .N = 2 * F, .G = F,
+                        .x = b->a, .x_pstride = H, .x_div = 1, .y = b->act,
+                        .y_pstride = F, .P = T, .swiglu = true,
+                };
+                cu_matvec(&gu, s);
+                mv(b, &cl->down, b->act, F, b->dn, H, T);
+                prof_mark(b, PC_DENSE_FFN);
+                *post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = 1};
+                return;
+        }
+
+        /* docs/model.md §5 MoE: router, then the token's k routed experts and the shared one as
+         * (token, slot) pairs */
+        uint32_t F = c->n_ff_exp, S = c->n_expert_used + (c->n_expert_shared ? 1 : 0);
+        struct cu_router ra = {
+                .w = cl->router.d, .type = cl->router.type,
+                .row_bytes = cl->router.row_bytes, .bias = cl->router_bias, .z = b->zr,
+                .H = H,
+                .n_expert = c->n_expert, .k = c->n_expert_used,
+                .shared = c->n_expert_shared > 0, .sigmoid = c->expert_gating == 2,
+                .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
+        };
+        cu_route(&ra, b->a, T, b->sel, b->gw, s);
+        /* many pairs: group them by expert, so each dequantized weight chunk serves up to
+         * CU_GROUP_TILE pairs (same bits as one pair per block) */
+        uint32_t n_groups = T * S >= CUDA_GROUP_MIN_PAIRS_PER_ID * (c->n_expert + 1)
+                                    ? cu_moe_group(b->sel, T * S, c->n_expert + 1,
+                                                   b->groups, s)
+                                    : 0;
+        prof_mark(b, PC_ROUTER);
+        if (b->route_trace)
+                route_trace_layer(b, l, T, cl->router_bias);
+        struct cu_mv gu = {
+                .w = cl->gateup.d, .type = cl->gateup.type,
+                .row_bytes = cl->gateup.row_bytes, .expert_bytes = cl->gateup.expert_bytes,
+                .K = H, .N = 2 * F, .G = F, .x = b->a, .x_pstride = H, .x_div = S,
+                .y = b->act, .y_pstride = F, .sel = b->sel, .P = T * S, .swiglu = true,
+                .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
+        };
+        cu_matvec(&gu, s);
+        struct cu_mv dn = {
+                .w = cl->down.d, .type = cl->down.type, .row_bytes = cl->down.row_bytes,
+                .expert_bytes = cl->down.expert_bytes, .K = F, .N = H, .G = H,
+                .x = b->act, .x_pstride = F, .x_div = 1, .y = b->dn, .y_pstride = H,
+                .sel = b->sel, .P = T * S,
+                .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
+        };
+        cu_matvec(&dn, s);
+        prof_mark(b, PC_EXPERTS);
+        /* y = Σ_k g_k·Down_k + shared (slot order fixed) */
+        *post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = S, .w = b->gw};
+}
+
+/* The cache and attention descriptors of a pass (every page holds n_cache_layers layers). */
+static struct cu_cache pass_cache(const struct x4_backend *b, const uint32_t *d_pos,
+                                  const uint32_t *d_tokpt, const uint32_t *d_pt) {
+        const struct x4_config *c = &b->cfg;
+        return (struct cu_cache){
+                .base = b->cache, .f16 = b->cache_type == X4_CACHE_F16,
+                .n_layer = b->n_cache_layers, .page_tokens = b->page_tokens,
+                .D = c->kv_lora_rank + c->qk_rope, .pt = d_pt, .tok_pt = d_tokpt, .tok_pos = d_pos,
+        };
+}
+
+static struct cu_attn pass_attn(const struct x4_backend *b) {
+        const struct x4_config *c = &b->cfg;
+        return (struct cu_attn){
+                .qc = b->qabs, .q = b->q, .n_head = c->n_head, .nope = c->qk_nope, .R = c->qk_rope,
+                .KV = c->kv_lora_rank, .scale = c->attn_scale, .inv_freq = b->inv_freq,
+                .interleave = c->rope_interleave,
+        };
+}
+
 /* One pass of ≤ T_max consecutive tokens of the batch through the trunk: per MoE layer 18
  * kernels (spec step in brackets) and no host synchronization.
  *   hc_pre = post of the previous sublayer + projection matvec + gates/Sinkhorn/collapse/norm
@@ -1209,20 +1391,10 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                          const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                          const uint32_t *att, uint32_t n_att) {
         const struct x4_config *c = &b->cfg;
-        uint32_t H = c->n_embd, n_hc = c->hc_mult, nh = c->n_head, nope = c->qk_nope;
-        uint32_t QL = c->q_lora_rank, KV = c->kv_lora_rank, R = c->qk_rope, D = KV + R;
-        uint32_t V = c->v_head;
+        uint32_t H = c->n_embd, n_hc = c->hc_mult;
         cudaStream_t s = b->stream;
-        struct cu_cache cache = {
-                .base = b->cache, .f16 = b->cache_type == X4_CACHE_F16, .n_layer = c->n_layer,
-                .page_tokens = b->page_tokens, .D = D, .pt = d_pt, .tok_pt = d_tokpt,
-                .tok_pos = d_pos,
-        };
-        struct cu_attn attn = {
-                .qc = b->qabs, .q = b->q, .n_head = nh, .nope = nope, .R = R, .KV = KV,
-                .scale = c->attn_scale, .inv_freq = b->inv_freq,
-                .interleave = c->rope_interleave,
-        };
+        struct cu_cache cache = pass_cache(b, d_pos, d_tokpt, d_pt);
+        struct cu_attn attn = pass_attn(b);
         /* the sublayer output the next hc_pre post-maps first (none after the embedding) */
         struct cu_post post = {0};
 
@@ -1249,40 +1421,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
-                /* docs/model.md §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
-                mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
-                prof_mark(b, PC_ATTN_PROJ);
-                cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
-                            b->inv_freq, c->rope_interleave, &cache, l, s);
-                prof_mark(b, PC_MLA_PREP);
-                /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; cu_q_rope appends RoPE(q_pe) */
-                mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
-                struct cu_mv kb = {
-                        .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,
-                        .K = nope, .N = nh * KV, .G = KV, .x = b->q,
-                        .x_pstride = (uint64_t) nh * (nope + R), .x_gstride = nope + R,
-                        .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * D,
-                        .y_gstride = D, .P = T,
-                };
-                cu_matvec(&kb, s);
-                prof_mark(b, PC_ATTN_PROJ);
-                cu_q_rope(&attn, T, d_pos, s);
-                prof_mark(b, PC_MLA_PREP);
-                /* attention over the cache, in token groups that fit the part workspace */
-                for (uint32_t i = 0; i < n_att; i++)
-                        cu_attention(&attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], &cache, l,
-                                     b->sc, b->part, b->lat, s);
-                prof_mark(b, PC_ATTENTION);
-                /* o[h] = Vb[h] · ô[h]; out = W_o · o */
-                struct cu_mv vb = {
-                        .w = cl->v_b.d, .type = cl->v_b.type, .row_bytes = cl->v_b.row_bytes,
-                        .K = KV, .N = nh * V, .G = V, .x = b->lat,
-                        .x_pstride = (uint64_t) nh * KV, .x_gstride = KV, .x_div = 1,
-                        .y = b->ao, .y_pstride = (uint64_t) nh * V, .y_gstride = V, .P = T,
-                };
-                cu_matvec(&vb, s);
-                mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
-                prof_mark(b, PC_ATTN_PROJ);
+                attn_sublayer(b, cl, l, T, d_pos, &cache, &attn, att, n_att);
 
                 /* docs/model.md §3.1: post-mapping of the attention, HC pre-mapping + ffn_norm → f (in a) */
                 post = (struct cu_post){.y = b->o, .y_slot_stride = H, .n_slots = 1};
@@ -1295,66 +1434,80 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
-                if (!cl->moe) {
-                        /* docs/model.md §5 dense: Down(silu(Gate f) ⊙ Up f) */
-                        uint32_t F = c->n_ff;
-                        struct cu_mv gu = {
-                                .w = cl->gateup.d, .type = cl->gateup.type,
-                                .row_bytes = cl->gateup.row_bytes, .K = H, .N = 2 * F, .G = F,
-                                .x = b->a, .x_pstride = H, .x_div = 1, .y = b->act,
-                                .y_pstride = F, .P = T, .swiglu = true,
-                        };
-                        cu_matvec(&gu, s);
-                        mv(b, &cl->down, b->act, F, b->dn, H, T);
-                        prof_mark(b, PC_DENSE_FFN);
-                        post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = 1};
-                        continue;
-                }
-
-                /* docs/model.md §5 MoE: router, then the token's k routed experts and the shared one as
-                 * (token, slot) pairs */
-                uint32_t F = c->n_ff_exp, S = c->n_expert_used + (c->n_expert_shared ? 1 : 0);
-                struct cu_router ra = {
-                        .w = cl->router.d, .type = cl->router.type,
-                        .row_bytes = cl->router.row_bytes, .bias = cl->router_bias, .z = b->zr,
-                        .H = H,
-                        .n_expert = c->n_expert, .k = c->n_expert_used,
-                        .shared = c->n_expert_shared > 0, .sigmoid = c->expert_gating == 2,
-                        .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
-                };
-                cu_route(&ra, b->a, T, b->sel, b->gw, s);
-                /* many pairs: group them by expert, so each dequantized weight chunk serves up to
-                 * CU_GROUP_TILE pairs (same bits as one pair per block) */
-                uint32_t n_groups = T * S >= CUDA_GROUP_MIN_PAIRS_PER_ID * (c->n_expert + 1)
-                                            ? cu_moe_group(b->sel, T * S, c->n_expert + 1,
-                                                           b->groups, s)
-                                            : 0;
-                prof_mark(b, PC_ROUTER);
-                if (b->route_trace)
-                        route_trace_layer(b, l, T, cl->router_bias);
-                struct cu_mv gu = {
-                        .w = cl->gateup.d, .type = cl->gateup.type,
-                        .row_bytes = cl->gateup.row_bytes, .expert_bytes = cl->gateup.expert_bytes,
-                        .K = H, .N = 2 * F, .G = F, .x = b->a, .x_pstride = H, .x_div = S,
-                        .y = b->act, .y_pstride = F, .sel = b->sel, .P = T * S, .swiglu = true,
-                        .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
-                };
-                cu_matvec(&gu, s);
-                struct cu_mv dn = {
-                        .w = cl->down.d, .type = cl->down.type, .row_bytes = cl->down.row_bytes,
-                        .expert_bytes = cl->down.expert_bytes, .K = F, .N = H, .G = H,
-                        .x = b->act, .x_pstride = F, .x_div = 1, .y = b->dn, .y_pstride = H,
-                        .sel = b->sel, .P = T * S,
-                        .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
-                };
-                cu_matvec(&dn, s);
-                prof_mark(b, PC_EXPERTS);
-                /* y = Σ_k g_k·Down_k + shared (slot order fixed), post-mapped by the next hc_pre */
-                post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = S, .w = b->gw};
+                /* the FFN's output, post-mapped by the next hc_pre */
+                ffn_sublayer(b, cl, l, T, &post);
         }
         /* the last sublayer's post-mapping */
         cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
         prof_mark(b, PC_HC);
+}
+
+/* U5 (docs/model.md §8, model/xing4.h): the kernels rope a row at the position of its cache slot
+ * (cu_cache.tok_pos), so a NextN row's RoPE position t + X4_MTP_POS_OFFSET is its slot t only
+ * with offset 0; another choice needs its own position array for cu_mla_prep and cu_q_rope. */
+_Static_assert(X4_MTP_POS_OFFSET == 0, "the CUDA NextN block ropes at the cache slot's position");
+
+/* docs/model.md §8 steps 2-4: one pass of ≤ T_max rows of a NextN batch through the NextN block
+ * (layer n_layer; d_ids: the ids of tokens t + 1, d_pos: positions t, b->hin: the h rows). The
+ * block's residual x (one row per token, no HC) is left in b->X for nextn_head. */
+static void nextn_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
+                       const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
+                       const uint32_t *att, uint32_t n_att) {
+        const struct x4_config *c = &b->cfg;
+        const uint32_t l = c->n_layer, H = c->n_embd;
+        const struct cu_layer *cl = &b->layers[l];
+        cudaStream_t s = b->stream;
+        struct cu_cache cache = pass_cache(b, d_pos, d_tokpt, d_pt);
+        struct cu_attn attn = pass_attn(b);
+        struct cu_post post = {0};
+
+        /* step 2: e = RMSNorm(embed_tokens[id], enorm), g = RMSNorm(h, hnorm), side by side in eh
+         * (embedding half first) */
+        cu_embed(b->nextn_embd.d, b->nextn_embd.type, b->nextn_embd.row_bytes,
+                 (const int32_t *) d_ids, T, H, 1, b->a, s);
+        prof_mark(b, PC_EMBED);
+        cu_rmsnorm(b->a, H, NULL, T, H, b->nextn_enorm, c->rms_eps, b->eh, 2 * (uint64_t) H, s);
+        cu_rmsnorm(b->hin, H, NULL, T, H, b->nextn_hnorm, c->rms_eps, b->eh + H,
+                   2 * (uint64_t) H, s);
+        /* step 3: x = eh_proj · concat(e, g) */
+        mv(b, &b->nextn_eh, b->eh, 2 * (uint64_t) H, b->X, H, T);
+        prof_mark(b, PC_EMBED);
+
+        /* step 4: x += MLA(RMSNorm(x, attn_norm)); x += FFN(RMSNorm(x, ffn_norm)) */
+        cu_rmsnorm(b->X, H, NULL, T, H, cl->attn_norm, c->rms_eps, b->a, H, s);
+        prof_mark(b, PC_HC);
+        attn_sublayer(b, cl, l, T, d_pos, &cache, &attn, att, n_att);
+        post = (struct cu_post){.y = b->o, .y_slot_stride = H, .n_slots = 1};
+        cu_residual(b->X, &post, T, H, s);
+        cu_rmsnorm(b->X, H, NULL, T, H, cl->ffn_norm, c->rms_eps, b->a, H, s);
+        prof_mark(b, PC_HC);
+        ffn_sublayer(b, cl, l, T, &post);
+        cu_residual(b->X, &post, T, H, s);
+        prof_mark(b, PC_HC);
+}
+
+/* The hidden rows (x4_seq.hidden, docs/model.md §8 step 1, U4) of RH tokens of the pass into b->hid:
+ * the vector the head multiplies, RMSNorm(mean_s X, output_norm) for the trunk and
+ * RMSNorm(x, shared_head_norm) for the NextN block (or the pre-norm ones, X4_MTP_H_POST_NORM
+ * false). */
+static void pass_hidden(struct x4_backend *b, bool nextn, const uint32_t *d_hrows, uint32_t RH) {
+        const struct x4_config *c = &b->cfg;
+        const float *norm = nextn ? b->nextn_head_norm : b->output_norm;
+
+        cu_head_norm(b->X, (const int32_t *) d_hrows, RH, c->n_embd, nextn ? 1 : c->hc_mult,
+                     X4_MTP_H_POST_NORM ? norm : NULL, c->rms_eps, b->hid, b->stream);
+        prof_mark(b, PC_HEAD);
+}
+
+/* docs/model.md §8 step 5 for R rows of a NextN pass: shared_head_norm and shared_head_head into
+ * b->logits. */
+static void nextn_head(struct x4_backend *b, const uint32_t *d_rows, uint32_t R) {
+        const struct x4_config *c = &b->cfg;
+
+        cu_head_norm(b->X, (const int32_t *) d_rows, R, c->n_embd, 1, b->nextn_head_norm,
+                     c->rms_eps, b->hn, b->stream);
+        mv(b, &b->nextn_head, b->hn, c->n_embd, b->logits, c->n_vocab, R);
+        prof_mark(b, PC_HEAD);
 }
 
 /* docs/model.md §3 steps 3-5 for R rows of the pass: head norm and the Q6_K head into b->logits. */
@@ -1367,112 +1520,35 @@ static void forward_head(struct x4_backend *b, const uint32_t *d_rows, uint32_t 
         prof_mark(b, PC_HEAD);
 }
 
-/* A decode step as a CUDA graph: the same launches as the eager path (forward_pass + head), so
- * the same bits, captured once per (tokens, rows, parts bucket) and replayed; every kernel reads
- * its per-step data (ids, positions, page tables) from the metadata buffer, whose address is part
- * of the key. Returns 1 when the step ran (logits still on the device), 0 to run eagerly. */
-static int graph_forward(struct x4_backend *b, uint32_t T, uint32_t R, const uint32_t *d_ids,
-                         const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
-                         const uint32_t *d_rows, const uint32_t *att) {
-        struct cu_graph *g = NULL;
+/* A batch laid out for the device, uploaded at once: per token its id, position and page-table
+ * offset | the logits rows | the hidden rows (both as pass-relative token indices) | the page
+ * tables | the attention groups (t0, n, parts) per pass (read on the host only). Offsets depend
+ * on (T, R, RH) alone, which the decode graphs' key holds. */
+struct plan {
+        uint64_t T, R, RH, pt, n_att;
+        size_t n_meta;
+        uint64_t *row_tok, *hrow_tok; /* the batch token index of every logits / hidden row */
+        uint32_t *att;
+        const uint32_t *d_ids, *d_pos, *d_tokpt, *d_rows, *d_hrows, *d_pt;
+};
+
+static void plan_free(struct plan *p) {
+        free(p->row_tok);
+        free(p->hrow_tok);
+}
+
+static bool mode_wants(uint32_t mode, uint32_t k, uint32_t n) {
+        return mode == X4_LOGITS_ALL || (mode == X4_LOGITS_LAST && k + 1 == n);
+}
+
+static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, uint32_t n_seqs,
+                      struct plan *p) {
+        uint64_t T_tot = 0, R_tot = 0, RH_tot = 0, pt_tot = 0;
         int r;
 
-        for (uint32_t i = 0; i < b->n_graphs; i++)
-                if (b->graphs[i].T == T && b->graphs[i].R == R && b->graphs[i].parts == att[2]) {
-                        g = &b->graphs[i];
-                        break;
-                }
-        if (g && g->meta != b->meta_d) {
-                graphs_drop(b); /* the metadata buffer grew: every graph reads the old one */
-                g = NULL;
-        }
-        if (!g) {
-                if (b->n_graphs == b->cap_graphs) {
-                        uint32_t cap = MAX(16u, b->cap_graphs * 2);
-                        struct cu_graph *n = realloc(b->graphs, cap * sizeof(*n));
-                        if (!n)
-                                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
-                        b->graphs = n;
-                        b->cap_graphs = cap;
-                }
-                cudaGraph_t graph = NULL;
-                cudaGraphExec_t exec = NULL;
-                unsigned long long k0 = cu_launches;
-                cudaError_t e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal);
-                if (e == cudaSuccess) {
-                        forward_pass(b, T, d_ids, d_pos, d_tokpt, d_pt, att, 1);
-                        if (R > 0)
-                                forward_head(b, d_rows, R);
-                        e = cudaStreamEndCapture(b->stream, &graph);
-                }
-                if (e == cudaSuccess)
-                        e = cudaGraphInstantiate(&exec, graph, 0);
-                if (graph)
-                        cudaGraphDestroy(graph);
-                if (e != cudaSuccess) {
-                        (void) cudaGetLastError();
-                        log_warning("CUDA backend: capturing a decode step as a graph failed (%s); "
-                                    "running steps without graphs",
-                                    cudaGetErrorString(e));
-                        b->graphs_off = true;
-                        return 0;
-                }
-                g = &b->graphs[b->n_graphs++];
-                *g = (struct cu_graph){.T = T, .R = R, .parts = att[2], .meta = b->meta_d,
-                                       .exec = exec, .kernels = cu_launches - k0};
-                cu_launches = k0;
-        }
-        r = CU_TRY(cudaGraphLaunch(g->exec, b->stream), EIO, "launching a decode graph");
-        if (r < 0)
-                return r;
-        cu_launches += g->kernels;
-        return 1;
-}
-
-/* The step's logits rows to the caller, and the wait for the step. */
-static int forward_finish(struct x4_backend *b, float *logits, uint64_t R) {
-        int r = 0;
-
-        if (R > 0)
-                r = CU_TRY(cudaMemcpyAsync(logits, b->logits,
-                                           R * b->cfg.n_vocab * sizeof(float),
-                                           cudaMemcpyDeviceToHost, b->stream),
-                           EIO, "copying logits");
-        if (r >= 0)
-                r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "running the forward");
-        if (r >= 0)
-                r = CU_TRY(cudaGetLastError(), EIO, "launching the forward's kernels");
-        return r;
-}
-
-/* The CUDA current device is per host thread: the daemon creates the backend on its main thread
- * and runs forwards on the engine thread, so every entry point selects the device again. */
-static int select_device(struct x4_backend *b) {
-        return CU_TRY(cudaSetDevice(b->device), ENODEV, "selecting the device");
-}
-
-static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
-        const struct x4_config *c = &b->cfg;
-        uint64_t T_tot = 0, R_tot = 0, pt_tot = 0;
-        int r;
-
-        r = select_device(b);
-        if (r < 0)
-                return r;
-
-        {
-                struct x4_batch_limits lim = {.n_vocab = c->n_vocab, .n_pages = b->n_pages,
-                                              .page_tokens = b->page_tokens};
-                char msg[256];
-                r = x4_batch_check(batch, logits, &lim, msg, sizeof msg);
-                if (r < 0)
-                        return log_error_errno(-r, "%s", msg);
-                if (x4_batch_hidden_rows(batch) > 0)
-                        return log_error_errno(EOPNOTSUPP, "cuda backend: hidden rows (MTP) are not "
-                                                           "implemented on CUDA yet");
-        }
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *sq = &batch->seqs[i];
+        *p = (struct plan){0};
+        for (uint32_t i = 0; i < n_seqs; i++) {
+                const struct x4_seq *sq = seqs[i];
                 uint64_t end = (uint64_t) sq->pos0 + sq->n_tokens;
                 uint64_t need = DIV_ROUND_UP(end, b->page_tokens);
                 if (end > UINT32_MAX - CU_ATTN_PART)
@@ -1489,6 +1565,9 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
                 R_tot += sq->logits == X4_LOGITS_ALL ? sq->n_tokens
                          : sq->logits == X4_LOGITS_LAST ? 1
                                                          : 0;
+                RH_tot += sq->hidden == X4_LOGITS_ALL ? sq->n_tokens
+                          : sq->hidden == X4_LOGITS_LAST ? 1
+                                                          : 0;
                 pt_tot += need;
         }
         if (T_tot == 0)
@@ -1497,20 +1576,20 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
                 return log_error_errno(E2BIG, "CUDA backend: batch of %llu tokens too large",
                                        (unsigned long long) T_tot);
 
-        /* metadata, uploaded once: ids | pos | table offset | logits rows (pass-relative) | pages |
-         * attention groups (t0, n, parts) per pass */
-        size_t n_meta = 3 * T_tot + R_tot + pt_tot + 3 * T_tot;
+        size_t n_meta = 3 * T_tot + R_tot + RH_tot + pt_tot + 3 * T_tot;
         r = meta_reserve(b, n_meta);
         if (r < 0)
                 return r;
-        _cleanup_free_ uint64_t *row_tok = malloc(MAX(R_tot, 1) * sizeof(uint64_t));
-        if (!row_tok)
+        p->row_tok = malloc(MAX(R_tot, 1) * sizeof(uint64_t));
+        p->hrow_tok = malloc(MAX(RH_tot, 1) * sizeof(uint64_t));
+        if (!p->row_tok || !p->hrow_tok)
                 return log_error_errno(ENOMEM, "CUDA backend: out of memory");
         uint32_t *ids = b->meta_h, *pos = ids + T_tot, *tokpt = pos + T_tot;
-        uint32_t *rows = tokpt + T_tot, *pt = rows + R_tot, *att = pt + pt_tot;
-        uint64_t t = 0, nr = 0, np = 0;
-        for (uint32_t i = 0; i < batch->n_seqs; i++) {
-                const struct x4_seq *sq = &batch->seqs[i];
+        uint32_t *rows = tokpt + T_tot, *hrows = rows + R_tot, *pt = hrows + RH_tot;
+        uint32_t *att = pt + pt_tot;
+        uint64_t t = 0, nr = 0, nh = 0, np = 0;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+                const struct x4_seq *sq = seqs[i];
                 if (sq->n_tokens == 0)
                         continue;
                 uint64_t need = DIV_ROUND_UP((uint64_t) sq->pos0 + sq->n_tokens, b->page_tokens);
@@ -1519,11 +1598,13 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
                         ids[t] = (uint32_t) sq->tokens[k];
                         pos[t] = sq->pos0 + k;
                         tokpt[t] = (uint32_t) np;
-                        if (sq->logits == X4_LOGITS_ALL ||
-                            (sq->logits == X4_LOGITS_LAST && k + 1 == sq->n_tokens))
-                        {
-                                row_tok[nr] = t;
+                        if (mode_wants(sq->logits, k, sq->n_tokens)) {
+                                p->row_tok[nr] = t;
                                 rows[nr++] = (uint32_t) (t % b->T_max);
+                        }
+                        if (mode_wants(sq->hidden, k, sq->n_tokens)) {
+                                p->hrow_tok[nh] = t;
+                                hrows[nh++] = (uint32_t) (t % b->T_max);
                         }
                 }
                 np += need;
@@ -1560,42 +1641,183 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
         prof_mark(b, PC_COPY);
         b->trace_err = 0;
 
-        const uint32_t *d_ids = b->meta_d, *d_pos = d_ids + T_tot, *d_tokpt = d_pos + T_tot;
-        const uint32_t *d_rows = d_tokpt + T_tot, *d_pt = d_rows + R_tot;
+        p->T = T_tot;
+        p->R = R_tot;
+        p->RH = RH_tot;
+        p->pt = pt_tot;
+        p->n_att = n_att;
+        p->n_meta = n_meta;
+        p->att = att;
+        p->d_ids = b->meta_d;
+        p->d_pos = p->d_ids + T_tot;
+        p->d_tokpt = p->d_pos + T_tot;
+        p->d_rows = p->d_tokpt + T_tot;
+        p->d_hrows = p->d_rows + R_tot;
+        p->d_pt = p->d_hrows + RH_tot;
+        return 0;
+}
 
-        /* a decode-shaped batch (one pass, one attention group): replay a captured graph */
-        if (T_tot <= CUDA_GRAPH_MAX_TOKENS && n_att == 1 && !b->graphs_off && !b->prof.on &&
-            !b->route_trace) {
-                uint32_t parts = 1;
-                while (parts < att[2])
-                        parts *= 2;
-                if ((uint64_t) parts * T_tot <= b->part_slots) {
-                        att[2] = parts; /* blocks past a token's own parts return at once */
-                        r = graph_forward(b, (uint32_t) T_tot, (uint32_t) R_tot, d_ids, d_pos,
-                                          d_tokpt, d_pt, d_rows, att);
-                        if (r < 0)
-                                return r;
-                        if (r > 0)
-                                return forward_finish(b, logits, R_tot);
+/* A decode step as a CUDA graph: the same launches as the eager path (forward_pass, the hidden
+ * rows, the head), so the same bits, captured once per (tokens, logits rows, hidden rows, parts
+ * bucket) and replayed; every kernel reads its per-step data (ids, positions, page tables) from
+ * the metadata buffer, whose address is part of the key. Returns 1 when the step ran (logits and
+ * hidden rows still on the device), 0 to run eagerly. */
+static int graph_forward(struct x4_backend *b, const struct plan *p) {
+        uint32_t T = (uint32_t) p->T, R = (uint32_t) p->R, RH = (uint32_t) p->RH;
+        const uint32_t *att = p->att;
+        struct cu_graph *g = NULL;
+        int r;
+
+        for (uint32_t i = 0; i < b->n_graphs; i++)
+                if (b->graphs[i].T == T && b->graphs[i].R == R && b->graphs[i].RH == RH &&
+                    b->graphs[i].parts == att[2]) {
+                        g = &b->graphs[i];
+                        break;
                 }
+        if (g && g->meta != b->meta_d) {
+                graphs_drop(b); /* the metadata buffer grew: every graph reads the old one */
+                g = NULL;
         }
+        if (!g) {
+                if (b->n_graphs == b->cap_graphs) {
+                        uint32_t cap = MAX(16u, b->cap_graphs * 2);
+                        struct cu_graph *n = realloc(b->graphs, cap * sizeof(*n));
+                        if (!n)
+                                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+                        b->graphs = n;
+                        b->cap_graphs = cap;
+                }
+                cudaGraph_t graph = NULL;
+                cudaGraphExec_t exec = NULL;
+                unsigned long long k0 = cu_launches;
+                cudaError_t e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal);
+                if (e == cudaSuccess) {
+                        forward_pass(b, T, p->d_ids, p->d_pos, p->d_tokpt, p->d_pt, att, 1);
+                        if (RH > 0)
+                                pass_hidden(b, false, p->d_hrows, RH);
+                        if (R > 0)
+                                forward_head(b, p->d_rows, R);
+                        e = cudaStreamEndCapture(b->stream, &graph);
+                }
+                if (e == cudaSuccess)
+                        e = cudaGraphInstantiate(&exec, graph, 0);
+                if (graph)
+                        cudaGraphDestroy(graph);
+                if (e != cudaSuccess) {
+                        (void) cudaGetLastError();
+                        log_warning("CUDA backend: capturing a decode step as a graph failed (%s); "
+                                    "running steps without graphs",
+                                    cudaGetErrorString(e));
+                        b->graphs_off = true;
+                        return 0;
+                }
+                g = &b->graphs[b->n_graphs++];
+                *g = (struct cu_graph){.T = T, .R = R, .RH = RH, .parts = att[2],
+                                       .meta = b->meta_d, .exec = exec,
+                                       .kernels = cu_launches - k0};
+                cu_launches = k0;
+        }
+        r = CU_TRY(cudaGraphLaunch(g->exec, b->stream), EIO, "launching a decode graph");
+        if (r < 0)
+                return r;
+        cu_launches += g->kernels;
+        return 1;
+}
 
-        uint64_t ai = 0, r0 = 0;
-        for (uint64_t p0 = 0; p0 < T_tot; p0 += b->T_max) {
-                uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, T_tot - p0);
+/* The step's hidden and logits rows to the caller, and the wait for the step. */
+static int forward_finish(struct x4_backend *b, float *logits, uint64_t R, float *hidden,
+                          uint64_t RH) {
+        int r = 0;
+
+        if (RH > 0)
+                r = CU_TRY(cudaMemcpyAsync(hidden, b->hid, RH * b->cfg.n_embd * sizeof(float),
+                                           cudaMemcpyDeviceToHost, b->stream),
+                           EIO, "copying hidden rows");
+        if (r >= 0 && R > 0)
+                r = CU_TRY(cudaMemcpyAsync(logits, b->logits,
+                                           R * b->cfg.n_vocab * sizeof(float),
+                                           cudaMemcpyDeviceToHost, b->stream),
+                           EIO, "copying logits");
+        if (r >= 0)
+                r = CU_TRY(cudaStreamSynchronize(b->stream), EIO, "running the forward");
+        if (r >= 0)
+                r = CU_TRY(cudaGetLastError(), EIO, "launching the forward's kernels");
+        return r;
+}
+
+/* The CUDA current device is per host thread: the daemon creates the backend on its main thread
+ * and runs forwards on the engine thread, so every entry point selects the device again. */
+static int select_device(struct x4_backend *b) {
+        return CU_TRY(cudaSetDevice(b->device), ENODEV, "selecting the device");
+}
+
+/* Run a planned batch eagerly, pass after pass of ≤ T_max tokens: the trunk (nseqs NULL) or the
+ * NextN block (nseqs: the batch's sequences, whose h rows each pass uploads first). Hidden rows
+ * go to `hidden`, logits rows to `logits`, both in batch order. */
+static int run_passes(struct x4_backend *b, const struct plan *p, const struct x4_nextn_seq *nseqs,
+                      float *logits, float *hidden) {
+        const struct x4_config *c = &b->cfg;
+        const uint64_t H = c->n_embd;
+        bool nextn = nseqs != NULL;
+        uint64_t ai = 0, r0 = 0, h0 = 0;
+        uint32_t si = 0, sk = 0; /* NextN: the sequence and row of the next h row to upload */
+        int r;
+
+        for (uint64_t p0 = 0; p0 < p->T; p0 += b->T_max) {
+                uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, p->T - p0);
                 uint64_t a0 = ai;
-                for (uint32_t g = 0; g < T; g += att[3 * ai + 1], ai++)
+                for (uint32_t g = 0; g < T; g += p->att[3 * ai + 1], ai++)
                         ;
                 b->trace_tok0 = (uint32_t) p0;
-                forward_pass(b, T, d_ids + p0, d_pos + p0, d_tokpt + p0, d_pt, att + 3 * a0,
-                             (uint32_t) (ai - a0));
-                /* rows of this pass: those whose token index falls in [p0, p0 + T) */
+                if (nextn) {
+                        /* this pass's h rows into b->hin, a run of rows per sequence */
+                        for (uint32_t t = 0; t < T;) {
+                                while (sk == nseqs[si].seq.n_tokens) {
+                                        si++;
+                                        sk = 0;
+                                }
+                                uint32_t n = MIN(T - t, nseqs[si].seq.n_tokens - sk);
+                                r = CU_TRY(cudaMemcpyAsync(b->hin + t * H, nseqs[si].h + sk * H,
+                                                           n * H * sizeof(float),
+                                                           cudaMemcpyHostToDevice, b->stream),
+                                           EIO, "uploading NextN hidden rows");
+                                if (r < 0)
+                                        return r;
+                                t += n;
+                                sk += n;
+                        }
+                        prof_mark(b, PC_COPY);
+                        nextn_pass(b, T, p->d_ids + p0, p->d_pos + p0, p->d_tokpt + p0, p->d_pt,
+                                   p->att + 3 * a0, (uint32_t) (ai - a0));
+                } else {
+                        forward_pass(b, T, p->d_ids + p0, p->d_pos + p0, p->d_tokpt + p0, p->d_pt,
+                                     p->att + 3 * a0, (uint32_t) (ai - a0));
+                }
+                /* hidden rows of this pass: those whose token index falls in [p0, p0 + T) */
+                uint64_t h1 = h0;
+                while (h1 < p->RH && p->hrow_tok[h1] < p0 + T)
+                        h1++;
+                if (h1 > h0) {
+                        pass_hidden(b, nextn, p->d_hrows + h0, (uint32_t) (h1 - h0));
+                        r = CU_TRY(cudaMemcpyAsync(hidden + h0 * H, b->hid,
+                                                   (h1 - h0) * H * sizeof(float),
+                                                   cudaMemcpyDeviceToHost, b->stream),
+                                   EIO, "copying hidden rows");
+                        if (r < 0)
+                                return r;
+                        prof_mark(b, PC_COPY);
+                }
+                h0 = h1;
+                /* logits rows of this pass likewise */
                 uint64_t r1 = r0;
-                while (r1 < R_tot && row_tok[r1] < p0 + T)
+                while (r1 < p->R && p->row_tok[r1] < p0 + T)
                         r1++;
                 uint32_t R = (uint32_t) (r1 - r0);
                 if (R > 0) {
-                        forward_head(b, d_rows + r0, R);
+                        if (nextn)
+                                nextn_head(b, p->d_rows + r0, R);
+                        else
+                                forward_head(b, p->d_rows + r0, R);
                         r = CU_TRY(cudaMemcpyAsync(logits + r0 * c->n_vocab, b->logits,
                                                    (uint64_t) R * c->n_vocab * sizeof(float),
                                                    cudaMemcpyDeviceToHost, b->stream),
@@ -1616,6 +1838,84 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
         return b->trace_err;
 }
 
+static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
+        const struct x4_config *c = &b->cfg;
+        int r;
+
+        r = select_device(b);
+        if (r < 0)
+                return r;
+
+        {
+                struct x4_batch_limits lim = {.n_vocab = c->n_vocab, .n_pages = b->n_pages,
+                                              .page_tokens = b->page_tokens};
+                char msg[256];
+                r = x4_batch_check(batch, logits, &lim, msg, sizeof msg);
+                if (r < 0)
+                        return log_error_errno(-r, "%s", msg);
+        }
+        _cleanup_free_ const struct x4_seq **seqs = malloc(batch->n_seqs * sizeof *seqs);
+        if (!seqs)
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+                seqs[i] = &batch->seqs[i];
+        struct plan p;
+        r = plan_batch(b, seqs, batch->n_seqs, &p);
+        if (r >= 0 && p.T > 0) {
+                /* a decode-shaped batch (one pass, one attention group): replay a captured graph */
+                r = 0;
+                if (p.T <= CUDA_GRAPH_MAX_TOKENS && p.n_att == 1 && !b->graphs_off &&
+                    !b->prof.on && !b->route_trace) {
+                        uint32_t parts = 1;
+                        while (parts < p.att[2])
+                                parts *= 2;
+                        if ((uint64_t) parts * p.T <= b->part_slots) {
+                                p.att[2] = parts; /* blocks past a token's own parts return at once */
+                                int g = graph_forward(b, &p); /* 0: not captured, run eagerly */
+                                if (g != 0) {
+                                        r = g < 0 ? g
+                                                  : forward_finish(b, logits, p.R, batch->hidden,
+                                                                   p.RH);
+                                        plan_free(&p);
+                                        return r;
+                                }
+                        }
+                }
+                r = run_passes(b, &p, NULL, logits, batch->hidden);
+        }
+        plan_free(&p);
+        return r;
+}
+
+/* docs/model.md §8: a NextN (MTP draft) forward, the same contract as the CPU backend's. */
+static int nextn_batch(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits) {
+        const struct x4_config *c = &b->cfg;
+        int r;
+
+        r = select_device(b);
+        if (r < 0)
+                return r;
+        {
+                struct x4_batch_limits lim = {.n_vocab = c->n_vocab, .n_pages = b->n_pages,
+                                              .page_tokens = b->page_tokens};
+                char msg[256];
+                r = x4_nextn_check(batch, logits, &lim, b->mtp, msg, sizeof msg);
+                if (r < 0)
+                        return log_error_errno(-r, "cuda backend: %s", msg);
+        }
+        _cleanup_free_ const struct x4_seq **seqs = malloc(batch->n_seqs * sizeof *seqs);
+        if (!seqs)
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+                seqs[i] = &batch->seqs[i].seq;
+        struct plan p;
+        r = plan_batch(b, seqs, batch->n_seqs, &p);
+        if (r >= 0 && p.T > 0)
+                r = run_passes(b, &p, batch->seqs, logits, batch->hidden);
+        plan_free(&p);
+        return r;
+}
+
 /* ---- caps and pages ------------------------------------------------------------------------- */
 
 static void cuda_caps(struct x4_backend *b, struct x4_backend_caps *ret) {
@@ -1625,6 +1925,7 @@ static void cuda_caps(struct x4_backend *b, struct x4_backend_caps *ret) {
                 .page_tokens = b->page_tokens,
                 .max_batch_tokens = b->T_max,
                 .cache_type = b->cache_type,
+                .mtp = b->mtp,
                 .memory_used = b->wbytes + b->ws_bytes + (uint64_t) b->n_pages * b->page_bytes,
                 .memory_total = b->mem_total,
         };
@@ -1709,14 +2010,11 @@ static int cuda_page_copy(struct x4_backend *b, uint32_t dst, uint32_t src, char
         return log_error_value(page_copy(b, dst, src), err, err_size);
 }
 
-/* MTP's NextN forward: not on CUDA yet (a backend is never created with mtp here). */
+/* MTP's NextN forward (docs/model.md §8): draft logits and the block's hidden rows. */
 static int cuda_nextn(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits,
                       char *err, size_t err_size) {
-        (void) b;
-        (void) batch;
-        (void) logits;
-        return error_set(err, err_size, EOPNOTSUPP, "cuda backend: MTP (the NextN block) is not "
-                                                    "implemented on CUDA yet");
+        log_clear_last_error();
+        return log_error_value(nextn_batch(b, batch, logits), err, err_size);
 }
 
 __attribute__((visibility("default"))) const struct x4_backend_ops x4_backend_cuda = {

@@ -132,13 +132,25 @@ void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint
 /* docs/model.md §3.1 post-mapping alone (after the last sublayer). */
 void cu_hc_post(float *X, const float *hcp, const struct cu_post *post, uint32_t T, uint32_t H,
                 uint32_t n_hc, cudaStream_t s);
-/* docs/model.md §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w). */
+/* docs/model.md §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w);
+ * norm_w NULL: the mean itself, unnormed (the pre-norm hidden of MTP's U4 choice,
+ * X4_MTP_H_POST_NORM false). With n_hc = 1 it is a plain row RMSNorm (the NextN block's head). */
 void cu_head_norm(const float *X, const int32_t *rows, uint32_t R, uint32_t H, uint32_t n_hc,
                   const float *norm_w, float eps, float *out, cudaStream_t s);
 
+/* docs/model.md §8, the NextN block (kernels/cuda/nextn.cu): the pieces the trunk's fused HC
+ * kernels do not cover. out + r·out_stride = RMSNorm(x + (rows ? rows[r] : r)·x_stride, w) for
+ * r < R (rows of H values; the fixed-order block sum of k_head_norm). */
+void cu_rmsnorm(const float *x, uint64_t x_stride, const int32_t *rows, uint32_t R, uint32_t H,
+                const float *w, float eps, float *out, uint64_t out_stride, cudaStream_t s);
+/* The plain residual of a layer without HC: X[t] += o_t for T rows of H values, o_t the
+ * sublayer output as cu_post describes it (Σ_k w[k]·y[k] in slot order, or y). */
+void cu_residual(float *X, const struct cu_post *post, uint32_t T, uint32_t H, cudaStream_t s);
+
 /* Where the latent cache row of (token, layer) lives. */
 struct cu_cache {
-        void *base;          /* n_pages × n_layer × page_tokens × D elements */
+        void *base;          /* n_pages × n_layer × page_tokens × D elements (n_layer: the
+                              * layers of a page, the trunk's + the NextN block's with MTP) */
         uint32_t f16;        /* element type: 0 = f32, 1 = f16 */
         uint32_t n_layer, page_tokens, D;
         const uint32_t *pt;  /* flattened page tables of the batch */

@@ -340,7 +340,7 @@ __global__ void k_head_norm(const float *X, const int32_t *rows, uint32_t H, uin
         ss = cu_block_sum(ss, red);
         float rinv = 1.0f / sqrtf(ss / (float) H + eps);
         for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-                out[(uint64_t) r * H + i] = norm_w[i] * (h[i] * rinv);
+                out[(uint64_t) r * H + i] = norm_w ? norm_w[i] * (h[i] * rinv) : h[i];
 }
 
 extern "C" void cu_head_norm(const float *X, const int32_t *rows, uint32_t R, uint32_t H,

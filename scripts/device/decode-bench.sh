@@ -1,6 +1,9 @@
 #!/bin/bash
 # One GPU-machine call for the decode work (issue 11): build, the GPU tests, the full synthetic
 # model, x4-bench decode rows with and without graphs, a profile. Output under $OUT.
+# The `tests` step runs tests/gpu/run.sh (the MTP / NextN checks of issue 16 included); the `mtp`
+# step (not a default: X4_COMMIT=... bash scripts/device/decode-bench.sh tests,mkmodel,mtp) the
+# MTP verify-cost and demo-model measurements.
 # Usage (on the GPU machine): X4_COMMIT=abc1234 bash scripts/device/decode-bench.sh [steps]
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -29,7 +32,7 @@ ninja -C "$build" -j"$(nproc)" >"$out/build.log" 2>&1 || { tail -40 "$out/build.
 export X4_CUDA_MODULE=$build/kernels/cuda/xing4d-cuda.so
 if has tests; then
         say "tests/gpu/run.sh"
-        X4_GPU_BUILD=$build bash tests/gpu/run.sh 2>&1 | tail -30
+        X4_GPU_BUILD=$build bash tests/gpu/run.sh 2>&1 | tail -120
 fi
 model=/tmp/full.gguf
 if has mkmodel; then
@@ -108,6 +111,25 @@ if has peer; then
         tail -3 "$out/llama-build.log"
         "$kit/run-bench.sh" "$model" "$kit/build-cuda" "$out/peer" 2>&1 | tail -12
         cp "$out/peer/bench.jsonl" "$out/peer-bench.jsonl" 2>/dev/null
+fi
+if has mtp; then
+        # issue 16: what verifying 1-3 drafts costs against a decode step at batch 1 and 16 on the
+        # full synthetic model (its NextN block included), with the projected speed-up at
+        # acceptance 0.6/0.75/0.9 (random weights: a measured acceptance means nothing there);
+        # then acceptance and speed-up of real drafting on the demo model (greedy output must be
+        # identical with MTP on and off: x4-bench fails otherwise)
+        say "MTP verify cost, full model (x4-bench --mtp on --mtp-verify)"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx ${X4_CTX:-512,4096} \
+                --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 --mtp on --mtp-draft 1 --mtp-verify \
+                --json 2>&1 | tee "$out/mtp-verify.jsonl" | grep -E '"(decode|verify|generate)"|error|x4-bench:'
+        say "MTP generate, demo model, drafts 1-3"
+        mkdir -p /tmp/mtp-demo
+        "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/mtp-demo/demo.gguf 2>&1 | tail -2
+        for d in 1 2 3; do
+                "$build/tools/x4-bench" --model /tmp/mtp-demo/demo.gguf --device cuda --prefill none \
+                        --decode-ctx none --decode-tokens 256 --repeats 3 --mtp on --mtp-draft $d --json 2>&1 |
+                        tee -a "$out/mtp-demo.jsonl" | grep -E '"generate"|error|x4-bench:'
+        done
 fi
 if has b32k; then
         say "decode bench 32K batch 1"

@@ -12,6 +12,11 @@
  *   x4-gpu-check pages MODEL      page_read/page_write/page_copy continue a decode identically;
  *                                 n_pages = 0 derives the page count from memory_limit
  *   x4-gpu-check quick MODEL      small prefill + decode + batch (for compute-sanitizer)
+ *   x4-gpu-check nextn MODEL      MTP (docs/model.md §8) on a model with the NextN block: CUDA vs
+ *                                 CPU trunk logits and hidden rows, NextN draft logits and hidden
+ *                                 rows, a chained draft; on CUDA alone, NextN rows one at a time
+ *                                 bit-identical to one call, the block's layer in every page and
+ *                                 carried by page_read/page_write
  *
  * Tolerances (the CUDA forward runs fp32 activations everywhere, prefill included, with exact
  * dequantization, so prefill and decode rows are held to the same bound):
@@ -877,6 +882,7 @@ struct err_ctx {
         const struct x4_model *m;
         struct x4_seq seq;
         uint64_t memory_limit;
+        bool mtp;
 };
 
 static int do_forward(void *p) {
@@ -893,10 +899,24 @@ static int do_create(void *p) {
         struct x4_backend *b = NULL;
         struct x4_backend_params bp = {.page_tokens = PAGE_TOKENS, .n_pages = 4,
                                        .memory_limit = e->memory_limit,
-                                       .log = x4_backend_params_default_log};
+                                       .log = x4_backend_params_default_log, .mtp = e->mtp};
         int r = e->k->ops->create(e->m, &bp, &b, NULL, 0);
         if (b)
                 e->k->ops->destroy(b);
+        return r;
+}
+
+/* a NextN forward of e->seq (h: zeros) on a backend */
+static int do_nextn(void *p) {
+        struct err_ctx *e = p;
+        uint32_t H = x4_model_config(e->m)->n_embd;
+        float *h = calloc((size_t) e->seq.n_tokens * H, sizeof(float));
+        float *out = malloc((size_t) e->k->n_vocab * sizeof(float) * 4);
+        struct x4_nextn_seq ns = {.seq = e->seq, .h = h};
+        int r = e->k->ops->nextn(e->k->b, &(struct x4_nextn_batch){.seqs = &ns, .n_seqs = 1}, out,
+                                 NULL, 0);
+        free(h);
+        free(out);
         return r;
 }
 
@@ -929,6 +949,17 @@ static void test_errors(const char *model_path) {
         expect_error("position 600 with 2 pages", do_forward, &e, "positions up to 602 need 3 pages of 256 tokens, its page table has 2");
         e.memory_limit = 1 << 20;
         expect_error("1 MiB memory limit", do_create, &e, "has room for");
+        e.memory_limit = 0;
+        /* MTP: a model without the NextN block refuses it naming the block (as the CPU backend);
+         * a backend created without MTP refuses a NextN forward */
+        if (!x4_model_weights(m)->has_nextn) {
+                e.mtp = true;
+                expect_error("MTP on a model without the NextN block", do_create, &e,
+                             "MTP needs the model's NextN block");
+                e.mtp = false;
+        }
+        expect_error("NextN forward on a backend created without MTP", do_nextn, &e,
+                     "created without MTP");
         /* the backend still works after refusals */
         e.seq.pos0 = 0;
         float *out = malloc(V * sizeof(float));
@@ -1010,6 +1041,277 @@ static void test_pages(const char *model_path) {
         }
 }
 
+/* ---- nextn: the NextN (MTP) block, CUDA vs CPU (docs/model.md §8) ------------------------- */
+
+/* Small pages, so a short prompt spans several of them (the page layout with the block's layer)
+ * and two attention parts (CU_ATTN_PART = 128). */
+#define NEXTN_PAGE_TOKENS 32u
+#define NEXTN_N 200u
+/* the backend under test (X4_GPU_NEXTN_DEVICE=cpu runs the checks CPU vs CPU: the test's own
+ * logic, on a machine without a GPU) */
+static const char *nextn_device = "cuda";
+
+static void bk_open_mtp(struct bk *k, const char *dev, const struct x4_model *m, uint32_t n_pages,
+                        bool mtp) {
+        struct x4_backend_params p = {
+                .page_tokens = NEXTN_PAGE_TOKENS,
+                .n_pages = n_pages,
+                .cache_type = streq(dev, "cuda") ? cuda_cache : X4_CACHE_F32,
+                .log = x4_backend_params_default_log,
+                .mtp = mtp,
+        };
+        REQUIRE(x4_backend_get(dev, &k->ops, NULL, 0) == 0, "backend %s not available", dev);
+        REQUIRE(k->ops->create(m, &p, &k->b, NULL, 0) == 0, "creating the %s backend (mtp %s)", dev,
+                mtp ? "on" : "off");
+        k->n_vocab = x4_model_config(m)->n_vocab;
+}
+
+struct nextn_rows {
+        float *logits; /* N × V: the trunk's rows of the prompt */
+        float *hidden; /* N × H: its hidden rows (what the block takes) */
+        float *draft;  /* (N - 1) × V: the block's rows of positions 0..N-2 */
+        float *dhid;   /* (N - 1) × H: their hidden rows */
+        float *chain;  /* V: a chained draft at position N - 1 on the last row's hidden */
+        float *chid;   /* H */
+};
+
+static void nextn_rows_alloc(struct nextn_rows *o, uint32_t N, uint32_t V, uint32_t H) {
+        o->logits = malloc((size_t) N * V * sizeof(float));
+        o->hidden = malloc((size_t) N * H * sizeof(float));
+        o->draft = malloc((size_t) N * V * sizeof(float));
+        o->dhid = malloc((size_t) N * H * sizeof(float));
+        o->chain = malloc((size_t) V * sizeof(float));
+        o->chid = malloc((size_t) H * sizeof(float));
+        REQUIRE(o->logits && o->hidden && o->draft && o->dhid && o->chain && o->chid,
+                "out of memory");
+}
+
+static void nextn_rows_free(struct nextn_rows *o) {
+        free(o->logits);
+        free(o->hidden);
+        free(o->draft);
+        free(o->dhid);
+        free(o->chain);
+        free(o->chid);
+}
+
+static void nextn_call(struct bk *k, const int32_t *ids, uint32_t n, uint32_t pos0, const float *h,
+                       const uint32_t *pages, uint32_t np, float *logits, float *hidden) {
+        struct x4_nextn_seq ns = {
+                .seq = {.tokens = ids, .n_tokens = n, .pos0 = pos0, .pages = pages, .n_pages = np,
+                        .logits = X4_LOGITS_ALL, .hidden = X4_LOGITS_ALL},
+                .h = h,
+        };
+        struct x4_nextn_batch nb = {.seqs = &ns, .n_seqs = 1, .hidden = hidden};
+        REQUIRE(k->ops->nextn(k->b, &nb, logits, NULL, 0) == 0, "NextN forward of %u rows at %u", n,
+                pos0);
+}
+
+/* The prompt toks[0..N) through the trunk (logits and hidden rows of every position), the NextN
+ * rows of positions 0..N-2 (each from its own trunk hidden and the next id), and the chained row
+ * at N - 1 (the block's own hidden of N - 2, id toks[N]), as the engine drafts. */
+static void nextn_run(struct bk *k, const int32_t *toks, uint32_t N, uint32_t H,
+                      const uint32_t *pages, uint32_t np, struct nextn_rows *o) {
+        struct x4_seq s = {.tokens = toks, .n_tokens = N, .pos0 = 0, .pages = pages, .n_pages = np,
+                           .logits = X4_LOGITS_ALL, .hidden = X4_LOGITS_ALL};
+        struct x4_batch batch = {.seqs = &s, .n_seqs = 1, .hidden = o->hidden};
+        REQUIRE(k->ops->forward(k->b, &batch, o->logits, NULL, 0) == 0, "trunk forward with hidden rows");
+        nextn_call(k, toks + 1, N - 1, 0, o->hidden, pages, np, o->draft, o->dhid);
+        nextn_call(k, toks + N, 1, N - 1, o->dhid + (size_t) (N - 2) * H, pages, np, o->chain,
+                   o->chid);
+}
+
+/* worst per-row max |a - b| / max |b| over n rows of w values */
+static double worst_row(const float *a, const float *b, uint32_t n, uint32_t w, uint32_t *at) {
+        double worst = 0;
+        for (uint32_t r = 0; r < n; r++) {
+                double e = rel_err(a, b, r, r + 1, w, NULL, NULL);
+                if (e > worst || !isfinite(e)) {
+                        worst = e;
+                        *at = r;
+                }
+        }
+        return worst;
+}
+
+static void nextn_compare(const char *what, const float *cu, const float *cpu, uint32_t n, uint32_t w,
+                          bool logits) {
+        uint32_t at = 0, agree = 0;
+        double e = worst_row(cu, cpu, n, w, &at);
+        if (logits)
+                for (uint32_t r = 0; r < n; r++) {
+                        uint32_t a1, a2;
+                        float m;
+                        top2(cu + (size_t) r * w, w, &a1, &m);
+                        top2(cpu + (size_t) r * w, w, &a2, &m);
+                        agree += a1 == a2;
+                }
+        printf("nextn: %-34s %4u rows, worst per-row rel %.3g (row %u, <= %g)", what, n, e, at, tol);
+        if (logits)
+                printf(", argmax agree %u/%u", agree, n);
+        printf("\n");
+        CHECK(e <= tol, "%s: cuda vs cpu rel err %.3g at row %u", what, e, at);
+}
+
+/* What greedy MTP on == off rests on: a verify forward of [token, d1..dk] (hidden rows on, as
+ * MTP asks) gives every row the bits a single decode step gives, accepted drafts included. The
+ * drafts are the MTP-off run's own next tokens (so they are accepted), the last one made wrong
+ * every other step (a rejection). pa, pb: pages of P + G tokens each. */
+#define VERIFY_P 64u
+#define VERIFY_G 40u
+static void nextn_verify(struct bk *cu, const int32_t *prompt, uint32_t V, uint32_t H,
+                         const uint32_t *pa, const uint32_t *pb, uint32_t np) {
+        const uint32_t P = VERIFY_P, G = VERIFY_G;
+        int32_t gen[VERIFY_G + 1];
+        float margin;
+        uint32_t arg;
+        _cleanup_free_ float *off = malloc((size_t) (G + 1) * V * sizeof(float));
+        _cleanup_free_ float *on = malloc((size_t) 4 * V * sizeof(float));
+        _cleanup_free_ float *hid = malloc((size_t) P * H * sizeof(float));
+        REQUIRE(off && on && hid, "out of memory");
+
+        /* MTP off: the prompt, then G single decode steps; off row i: after feeding gen[i] */
+        _cleanup_free_ float *last = malloc((size_t) V * sizeof(float));
+        REQUIRE(last, "out of memory");
+        feed(cu, prompt, P, 0, pa, np, X4_LOGITS_LAST, last);
+        top2(last, V, &arg, &margin);
+        gen[0] = (int32_t) arg;
+        for (uint32_t i = 0; i < G; i++) {
+                feed(cu, &gen[i], 1, P + i, pa, np, X4_LOGITS_LAST, off + (size_t) i * V);
+                top2(off + (size_t) i * V, V, &arg, &margin);
+                gen[i + 1] = (int32_t) arg;
+        }
+
+        /* MTP-shaped: the prompt with hidden rows, then verify steps of up to 3 drafts */
+        struct x4_seq s = {.tokens = prompt, .n_tokens = P, .pos0 = 0, .pages = pb, .n_pages = np,
+                           .logits = X4_LOGITS_LAST, .hidden = X4_LOGITS_ALL};
+        REQUIRE(cu->ops->forward(cu->b, &(struct x4_batch){.seqs = &s, .n_seqs = 1, .hidden = hid},
+                                 on, NULL, 0) == 0, "prompt with hidden rows");
+        size_t differ = memcmp(on, last, V * sizeof(float)) != 0;
+        uint32_t n = 0, steps = 0, rows = 0, accepted = 0, rejected = 0;
+        while (n < G) {
+                uint32_t k = MIN(3u, G - n - 1);
+                int32_t toks[4];
+                for (uint32_t i = 0; i <= k; i++)
+                        toks[i] = gen[n + i];
+                if (steps % 2 && k > 0)
+                        toks[k] = (gen[n + k] + 1) % (int32_t) V; /* a wrong last draft */
+                s = (struct x4_seq){.tokens = toks, .n_tokens = 1 + k, .pos0 = P + n, .pages = pb,
+                                    .n_pages = np, .logits = X4_LOGITS_ALL,
+                                    .hidden = X4_LOGITS_ALL};
+                REQUIRE(cu->ops->forward(cu->b,
+                                         &(struct x4_batch){.seqs = &s, .n_seqs = 1, .hidden = hid},
+                                         on, NULL, 0) == 0,
+                        "verify step of %u drafts at %u", k, P + n);
+                /* row i stands for feeding toks[i] at P + n + i: valid while toks[0..i] are the
+                 * off run's tokens; the step settles them and the trunk's next token */
+                uint32_t i = 0;
+                for (;; i++) {
+                        differ += memcmp(on + (size_t) i * V, off + (size_t) (n + i) * V,
+                                         V * sizeof(float)) != 0;
+                        rows++;
+                        if (i == k || toks[i + 1] != gen[n + i + 1])
+                                break;
+                        accepted++;
+                }
+                rejected += i < k;
+                n += i + 1;
+                steps++;
+        }
+        printf("nextn: verify steps (hidden rows on, drafts of up to 3): %u steps, %u rows, %u "
+               "drafts accepted, %u steps with a rejection; %zu rows differ from single decode "
+               "steps (bit-identical expected)\n",
+               steps, rows, accepted, rejected, differ);
+        CHECK(differ == 0, "verify rows: %zu differ from single decode steps", differ);
+        CHECK(accepted > 0 && rejected > 0, "the verify run should accept and reject drafts");
+}
+
+static void test_nextn(const char *model_path) {
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        const struct x4_config *c = x4_model_config(m);
+        const uint32_t V = c->n_vocab, H = c->n_embd, N = NEXTN_N;
+        REQUIRE(x4_model_weights(m)->has_nextn, "%s has no NextN block (x4-mkmodel --nextn 1)",
+                model_path);
+        const uint32_t np = DIV_ROUND_UP(N + 1, NEXTN_PAGE_TOKENS);
+        _cleanup_free_ int32_t *toks = random_tokens(N + 1, V, 4242);
+        _cleanup_free_ uint32_t *p1 = page_range(0, np), *p2 = page_range(np, np);
+        _cleanup_free_ uint32_t *p3 = page_range(2 * np, np);
+        struct nextn_rows gpu, cpu;
+        nextn_rows_alloc(&gpu, N, V, H);
+        nextn_rows_alloc(&cpu, N, V, H);
+
+        struct bk cu = {0}, ref = {0};
+        bk_open_mtp(&cu, nextn_device, m, 3 * np, true);
+        bk_open_mtp(&ref, "cpu", m, np, true);
+        nextn_run(&cu, toks, N, H, p1, np, &gpu);
+        nextn_run(&ref, toks, N, H, p1, np, &cpu);
+        nextn_compare("trunk logits (mtp on)", gpu.logits, cpu.logits, N, V, true);
+        nextn_compare("trunk hidden rows", gpu.hidden, cpu.hidden, N, H, false);
+        nextn_compare("NextN draft logits", gpu.draft, cpu.draft, N - 1, V, true);
+        nextn_compare("NextN hidden rows", gpu.dhid, cpu.dhid, N - 1, H, false);
+        nextn_compare("chained draft logits", gpu.chain, cpu.chain, 1, V, true);
+        nextn_compare("chained draft hidden", gpu.chid, cpu.chid, 1, H, false);
+        bk_close(&ref);
+
+        /* CUDA: the NextN rows one call per row (decode-shaped) give the bits of one call */
+        _cleanup_free_ float *one = malloc((size_t) N * V * sizeof(float));
+        _cleanup_free_ float *oneh = malloc((size_t) N * H * sizeof(float));
+        REQUIRE(one && oneh, "out of memory");
+        for (uint32_t t = 0; t + 1 < N; t++)
+                nextn_call(&cu, toks + t + 1, 1, t, gpu.hidden + (size_t) t * H, p2, np,
+                           one + (size_t) t * V, oneh + (size_t) t * H);
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t) (N - 1) * V; i++)
+                differ += memcmp(&one[i], &gpu.draft[i], sizeof(float)) != 0;
+        for (size_t i = 0; i < (size_t) (N - 1) * H; i++)
+                differ += memcmp(&oneh[i], &gpu.dhid[i], sizeof(float)) != 0;
+        printf("nextn: %u NextN rows one call each vs one call: %zu values differ (bit-identical "
+               "expected)\n", N - 1, differ);
+        CHECK(differ == 0, "NextN rows one at a time: %zu values differ", differ);
+
+        /* the block's layer is in every page (page_bytes: n_layer + 1 layers), and a snapshot of
+         * the pages (page_read, page_write elsewhere) continues the chained draft identically */
+        size_t pb = cu.ops->page_bytes(cu.b);
+        struct x4_backend_caps caps;
+        cu.ops->caps(cu.b, &caps);
+        _cleanup_free_ uint8_t *snap = malloc(pb);
+        _cleanup_free_ float *chain2 = malloc((size_t) V * sizeof(float));
+        _cleanup_free_ float *chid2 = malloc((size_t) H * sizeof(float));
+        REQUIRE(snap && chain2 && chid2, "out of memory");
+        for (uint32_t i = 0; i < np; i++) {
+                CHECK(cu.ops->page_read(cu.b, p1[i], snap, NULL, 0) == 0, "page_read %u", p1[i]);
+                CHECK(cu.ops->page_write(cu.b, p3[i], snap, NULL, 0) == 0, "page_write %u", p3[i]);
+        }
+        nextn_call(&cu, toks + N, 1, N - 1, gpu.dhid + (size_t) (N - 2) * H, p3, np, chain2, chid2);
+        bool same = memcmp(chain2, gpu.chain, V * sizeof(float)) == 0 &&
+                    memcmp(chid2, gpu.chid, H * sizeof(float)) == 0;
+        printf("nextn: chained draft on snapshot pages (page_read/page_write of %u pages of %zu "
+               "bytes): %s (bit-identical expected); caps.mtp %d\n",
+               np, pb, same ? "identical" : "DIFFERS", caps.mtp);
+        CHECK(same, "the chained draft on the snapshot pages differs");
+        CHECK(caps.mtp, "caps.mtp should be true with MTP on");
+        REQUIRE((VERIFY_P + VERIFY_G) <= np * NEXTN_PAGE_TOKENS, "verify run needs more pages");
+        nextn_verify(&cu, toks, V, H, p2, p3, np);
+        bk_close(&cu);
+
+        struct bk off = {0};
+        bk_open_mtp(&off, nextn_device, m, np, false);
+        size_t pb_off = off.ops->page_bytes(off.b);
+        _cleanup_free_ float *lo = malloc((size_t) N * V * sizeof(float));
+        REQUIRE(lo, "out of memory");
+        feed(&off, toks, N, 0, p1, np, X4_LOGITS_ALL, lo);
+        bool same_logits = memcmp(lo, gpu.logits, (size_t) N * V * sizeof(float)) == 0;
+        printf("nextn: page bytes with MTP %zu, without %zu (%u + 1 vs %u layers); trunk logits "
+               "with MTP off %s those with MTP on and hidden rows (bit-identical expected)\n",
+               pb, pb_off, c->n_layer, c->n_layer, same_logits ? "identical to" : "DIFFER from");
+        CHECK((uint64_t) pb * c->n_layer == (uint64_t) pb_off * (c->n_layer + 1),
+              "page bytes %zu with MTP, %zu without", pb, pb_off);
+        CHECK(same_logits, "trunk logits differ between MTP on (hidden rows) and off");
+        bk_close(&off);
+        nextn_rows_free(&gpu);
+        nextn_rows_free(&cpu);
+}
+
 /* ---- quick: a small run for compute-sanitizer ---------------------------------------------- */
 
 struct progress {
@@ -1066,7 +1368,7 @@ int main(int argc, char **argv) {
         if (argc < 3) {
                 fprintf(stderr, "usage: x4-gpu-check fixture DIR [--no-cpu] | parity MODEL "
                                 "[N_PROMPT N_GEN] | conditioning MODEL [N_PROMPT N_GEN] | batch MODEL | chunks MODEL | errors MODEL | "
-                                "pages MODEL | quick MODEL\n");
+                                "pages MODEL | quick MODEL | nextn MODEL\n");
                 return 2;
         }
         log_set_max_level(LOG_WARNING);
@@ -1111,6 +1413,12 @@ int main(int argc, char **argv) {
                 test_pages(arg);
         else if (streq(t, "quick"))
                 test_quick(arg);
+        else if (streq(t, "nextn")) {
+                const char *dev = getenv("X4_GPU_NEXTN_DEVICE");
+                if (dev && *dev)
+                        nextn_device = dev;
+                test_nextn(arg);
+        }
         else {
                 fprintf(stderr, "unknown test '%s'\n", t);
                 return 2;

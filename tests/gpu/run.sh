@@ -12,7 +12,12 @@
 # Steps: the xing4-tiny-a fixture vs the float64 reference and vs the CPU backend; batch
 # invariance (16 sequences, alone vs batched); chunk invariance (1/64/512/whole); refusal
 # messages; CUDA vs CPU on the x4-mkmodel `demo` model (512-token prompt + 64 greedy tokens);
-# compute-sanitizer memcheck and racecheck on a tiny prefill + decode. X4_GPU_FULL_MODEL=PATH adds
+# compute-sanitizer memcheck and racecheck on a tiny prefill + decode; MTP (issue 16): the NextN
+# block CUDA vs CPU (x4-gpu-check nextn, rel <= 1e-3 per row as the trunk's logits; 1e-2 with the
+# f16 cache) on the tiny shapes with a NextN block and on the demo model, x4-logits --nextn-out
+# CUDA vs CPU, greedy generation with MTP on byte-identical to MTP off (x4-bench --mtp on fails
+# otherwise), and tests/integration/test_mtp.py with its daemons on CUDA when the build has the
+# daemon (X4_GPU_DAEMON_BUILD=DIR: a build with RPC; SKIP line otherwise). X4_GPU_FULL_MODEL=PATH adds
 # the CUDA vs CPU parity on that model (e.g. the real 20 GB GGUF; minutes on the CPU side), with
 # X4_GPU_CONFIG=config.json or X4_GPU_RELEASE_DEFAULTS=1 when no config.json sits beside it.
 # X4_GPU_BENCH=1 adds x4-bench on full-width synthetic models of 2 and 6 layers.
@@ -146,6 +151,84 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tmp/demo.gguf"
 fi
+
+# ---- MTP: the NextN block on CUDA (issue 16) ----
+# x4-gpu-check nextn: CUDA vs CPU trunk logits and hidden rows, NextN draft logits and hidden rows
+# and a chained draft (worst per-row max|cuda - cpu| / max|cpu| <= 1e-3, the bound of the trunk's
+# logits; 1e-2 with the f16 latent cache); NextN rows one call each bit-identical to one call; the
+# block's layer in every page and carried by page_read/page_write; MTP off/on trunk logits identical
+mkdir -p "$tmp/nextn"
+nextn_tiny=$tmp/nextn/tiny-nextn.gguf
+if step "make tiny model with a NextN block" "$build/tools/x4-mkmodel" --preset tiny --nextn 1 \
+        --quiet --out "$nextn_tiny"; then
+        step "nextn: cuda vs cpu, tiny + NextN block (rel <= 1e-3)" "$check" nextn "$nextn_tiny"
+        step "nextn: cuda vs cpu, tiny + NextN block, f16 latent cache (rel <= 1e-2)" \
+                env X4_GPU_CACHE=f16 "$check" nextn "$nextn_tiny"
+        step "nextn: cuda vs cpu, tiny + NextN block, tensor-core products (rel <= 1e-2)" \
+                env X4_CUDA_MM=tc "$check" nextn "$nextn_tiny"
+fi
+if [ -f "$tmp/demo.gguf" ]; then
+        step "nextn: cuda vs cpu, demo model (rel <= 1e-3)" "$check" nextn "$tmp/demo.gguf"
+        # x4-logits --nextn-out (every position's draft row, as the engine writes the NextN rows):
+        # CUDA vs CPU on a 300-token prompt (two 256-token pages), prompt chunked by 64 on CUDA
+        nextn_logits() {
+                local prompt
+                prompt=$(awk 'BEGIN { s = 3; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99 \
+                        --device cuda --chunk 64 --out "$tmp/nextn/trunk-cuda.bin" \
+                        --nextn-out "$tmp/nextn/draft-cuda.bin" || return 1
+                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99 \
+                        --device cpu --out "$tmp/nextn/trunk-cpu.bin" \
+                        --nextn-out "$tmp/nextn/draft-cpu.bin" || return 1
+                if [ -z "$py" ]; then
+                        echo "no python3 with numpy for the comparison"
+                        return 1
+                fi
+                "$py" tests/gpu/compare.py "$tmp/nextn/trunk-cuda.bin" "$tmp/nextn/trunk-cpu.bin" \
+                        4096 1e-3 "x4-logits trunk (mtp on) cuda vs cpu" || return 1
+                "$py" tests/gpu/compare.py "$tmp/nextn/draft-cuda.bin" "$tmp/nextn/draft-cpu.bin" \
+                        4096 1e-3 "x4-logits --nextn-out cuda vs cpu"
+        }
+        step "nextn: x4-logits --nextn-out cuda vs cpu, demo model (rel <= 1e-3)" nextn_logits
+        # greedy generation with MTP on byte-identical to MTP off on CUDA: x4-bench runs both on
+        # one backend and exits non-zero when the tokens differ ("same_tokens" in its JSON);
+        # every draft count, f32 and f16 (the daemon's default on CUDA) latent caches
+        for cache in f32 f16; do
+                for draft in 1 2 3; do
+                        step "mtp on == off greedy on cuda, demo model, cache $cache, draft $draft" \
+                                "$build/tools/x4-bench" --model "$tmp/demo.gguf" --device cuda \
+                                --cache $cache --prefill none --decode-ctx none --decode-tokens 96 \
+                                --repeats 1 --mtp on --mtp-draft $draft --json
+                done
+        done
+        step "mtp on == off greedy on cuda, tiny + NextN block, draft 3" "$build/tools/x4-bench" \
+                --model "$nextn_tiny" --device cuda --prefill none --decode-ctx none \
+                --decode-tokens 96 --repeats 1 --mtp on --mtp-draft 3 --json
+fi
+# tests/integration/test_mtp.py with every daemon on CUDA (X4_TEST_DEVICE=cuda): greedy identical
+# to MTP off alone and batched, stops, grammars, snapshots, preemption, the sampled distribution.
+# Needs a build with the daemon (RPC on) and pytest + systemd-socket-activate.
+daemon_build=${X4_GPU_DAEMON_BUILD:-$build}
+case $daemon_build in /*) ;; *) daemon_build=$PWD/$daemon_build ;; esac
+if [ -x "$daemon_build/daemon/xing4d" ] && [ -x "$daemon_build/cli/x4ctl" ]; then
+        pyt=
+        for p in /usr/bin/python3 python3; do
+                if "$p" -c 'import pytest' 2>/dev/null; then pyt=$p; break; fi
+        done
+        if [ -n "$pyt" ] && command -v systemd-socket-activate >/dev/null; then
+                step "test_mtp.py with the daemons on cuda" env X4_TEST_DEVICE=cuda \
+                        X4_BUILD_DIR="$daemon_build" X4_SOURCE_DIR="$PWD" \
+                        X4_FIXTURES="$PWD/tests/fixtures" \
+                        X4_CLIENT_TEST="$daemon_build/tests/integration/x4-client-test" \
+                        "$pyt" -m pytest tests/integration/test_mtp.py -q -p no:cacheprovider
+        else
+                results+=("FAIL  test_mtp.py on cuda: the daemon is built but pytest or systemd-socket-activate is missing")
+                failed=1
+        fi
+else
+        results+=("SKIP  test_mtp.py on cuda: $daemon_build has no daemon (built with -Drpc=disabled); X4_GPU_DAEMON_BUILD=DIR names a build with it")
+fi
+
 if [ -n "${X4_GPU_FULL_MODEL:-}" ]; then
         step "cuda vs cpu, $X4_GPU_FULL_MODEL, 512 + 64 greedy" "$check" parity "$X4_GPU_FULL_MODEL" 512 64
 fi
@@ -169,12 +252,18 @@ if command -v compute-sanitizer >/dev/null; then
                 "$check" quick "$tiny"
         step "compute-sanitizer synccheck" compute-sanitizer --tool synccheck --error-exitcode 9 \
                 "$check" quick "$tiny"
+        if [ -f "$nextn_tiny" ]; then
+                step "compute-sanitizer memcheck, nextn" compute-sanitizer --tool memcheck \
+                        --error-exitcode 9 --leak-check full "$check" nextn "$nextn_tiny"
+                step "compute-sanitizer racecheck, nextn" compute-sanitizer --tool racecheck \
+                        --error-exitcode 9 "$check" nextn "$nextn_tiny"
+        fi
 else
         results+=("FAIL  compute-sanitizer not found")
         failed=1
 fi
 
-grep -E '^(CUDA|fixture|parity|batch|chunks|errors|pages|quick|x4-logits|FAIL)' "$log" | grep -v ' checks, ' || true
+grep -E '^(CUDA|fixture|parity|batch|chunks|errors|pages|quick|nextn|x4-logits|\{"what":"generate"|FAIL)' "$log" | grep -v ' checks, ' || true
 echo
 printf '%s\n' "${results[@]}" | tee -a "$log"
 echo "log: $log"

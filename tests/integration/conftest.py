@@ -4,7 +4,9 @@ execs xing4d on the first connection with LISTEN_FDS, and we read READY=1 / STAT
 from our own NOTIFY_SOCKET, exactly what a Type=notify unit would see.
 
 Binaries come from X4_XING4D / X4_X4CTL / X4_CLIENT_TEST (set by tests/integration/meson.build),
-else from X4_BUILD_DIR (default <source>/build)."""
+else from X4_BUILD_DIR (default <source>/build). The daemons run on --device cpu, or on
+X4_TEST_DEVICE (tests/gpu/run.sh runs test_mtp.py with X4_TEST_DEVICE=cuda; X4_CUDA_MODULE, when
+set, is passed on to them)."""
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ XING4D = Path(os.environ.get("X4_XING4D", BUILD / "daemon" / "xing4d"))
 X4CTL = Path(os.environ.get("X4_X4CTL", BUILD / "cli" / "x4ctl"))
 FIXTURES = Path(os.environ.get("X4_FIXTURES", SRC / "tests" / "fixtures"))
 MODEL = FIXTURES / "xing4-tiny-a" / "model.gguf"
+DEVICE = os.environ.get("X4_TEST_DEVICE", "cpu")
 N_VOCAB = 512  # the fixture's vocabulary (tests/fixtures/xing4-tiny-a/README.md)
 
 # A context of 64 pages x 256 tokens: a request asking for "as many tokens as fit" runs for
@@ -47,11 +50,13 @@ class Daemon:
         self.notify.bind(self.notify_path)
         self.messages = []
         self.log = []
+        if DEVICE != "cpu" and os.environ.get("X4_CUDA_MODULE"):
+            env = (*env, f"X4_CUDA_MODULE={os.environ['X4_CUDA_MODULE']}")
         cmd = ["systemd-socket-activate", "-l", self.sock,
                "-E", f"NOTIFY_SOCKET={self.notify_path}",
                *[x for e in env for x in ("-E", e)],
                "--", str(XING4D), "--config", str(self.conf), "--model", str(MODEL),
-               "--threads", "1", "--device", "cpu", *args]
+               "--threads", "1", "--device", DEVICE, *args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
         # systemd-socket-activate says "Listening on PATH as 3." once the socket exists

@@ -3,7 +3,8 @@
 token, whatever runs beside it, with stop strings, max_tokens, logprobs, thinking budgets and
 constrained decoding; sampled output is too with --mtp-sampling match, and follows the same
 distribution with rejection sampling (the default; a chi-square test over 1,200 requests a side);
-snapshots round-trip; bad settings are refused naming the flag.
+snapshots round-trip; bad settings are refused naming the flag. Every daemon runs on
+X4_TEST_DEVICE (conftest.py; default cpu, tests/gpu/run.sh sets cuda).
 
 The demo model (x4-mkmodel --preset demo: n_nextn = 1) has random weights, so its NextN block
 almost never guesses the trunk's token. A second MTP daemon therefore runs with the test drafter
@@ -17,7 +18,7 @@ import subprocess
 import pytest
 
 import x4wire as w
-from conftest import BUILD, DEFAULT_CONF, MODEL, XING4D, Daemon
+from conftest import BUILD, DEFAULT_CONF, DEVICE, MODEL, XING4D, Daemon
 
 CONF = DEFAULT_CONF.replace("max-running = 4", "max-running = 16").replace("page_tokens = 256",
                                                                             "page_tokens = 32")
@@ -196,7 +197,7 @@ def test_bad_mtp_flags_name_the_flag(tmp_path, demo_model, args, needle):
 
 
 def test_mtp_on_a_model_without_the_block_says_so(tmp_path):
-    err = start_fails(tmp_path, ["--model", str(MODEL), "--mtp", "on"])
+    err = start_fails(tmp_path, ["--model", str(MODEL), "--mtp", "on", "--device", DEVICE])
     assert "MTP needs the model's NextN block" in err, err
 
 
