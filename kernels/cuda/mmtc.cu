@@ -22,7 +22,11 @@
  * The products only need A's column k and B's row k to be the same value index, so IQ4_NL's k16
  * step s of a block takes the low nibbles of quant bytes 8s + 2t, 8s + 2t + 1 as columns 2t, 2t+1
  * (values 8s+2t, 8s+2t+1) and their high nibbles as columns 2t+8, 2t+9 (values 16+8s+2t, ...),
- * and B follows the same value indices. BF16 uses the plain mapping. */
+ * and B follows the same value indices. BF16 uses the plain mapping.
+ *
+ * Launches of at most MTD_P_MAX tokens (decode) take k_mm_tcd below instead: the same chains,
+ * shaped for memory bandwidth (a warp per m-tile, cp.async rings); X4_CUDA_MMTC_DEC=0 keeps
+ * k_mm_tc. */
 #include <stdio.h>
 
 #include <cuda_bf16.h>
@@ -642,10 +646,10 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         uint32_t per_sm = (uint32_t) min((blocks + mtd_sms - 1) / mtd_sms, (uint64_t) 16);
         uint64_t S = (mtd_smem_sm - per_sm * 2048u) / per_sm / stage;
         uint32_t n_st = (n_chunks + MTD_KC - 1) / MTD_KC;
-        S = min(S, (uint64_t) min(MTD_S_MAX, n_st + 1));
+        S = max(min(S, (uint64_t) min(MTD_S_MAX, n_st + 1)), (uint64_t) 2); /* 2: fewer blocks resident */
         S = min(S, mtd_smem_blk / stage);
         if (S < 2)
-                return false;
+                return false; /* k_mm_tc */
         size_t smem = (size_t) (S * stage);
         dim3 block(32 * W);
         if (mtd_log_left > 0) {
