@@ -635,6 +635,14 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
                 W = a->P <= 2 ? 1 : a->P <= 4 ? 2 : 4;
                 while (W > 1 && (m_tiles + W - 1) / W * bx < 2 * mtd_sms)
                         W /= 2;
+                /* X4_CUDA_MMTC_DEC_W=1|2|4: that many (measurements; the bits are the same) */
+                static int force_w = -1;
+                if (force_w < 0) {
+                        const char *e = getenv("X4_CUDA_MMTC_DEC_W");
+                        force_w = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 0;
+                }
+                if (force_w)
+                        W = (uint32_t) force_w;
         }
         /* a block's rows in one input group (cu_matvec_tc checked G % 128) */
         while (W > 1 && !a->swiglu && a->G != a->N && a->G % (16 * W))
