@@ -288,6 +288,8 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
  * words 8s + t and 8s + 4 + t of a row's chunk; IQ4_NL the 16-bit quant pairs at bytes
  * 2 + 8s + 2t of rows g and g + 8 and the block's d. IQ4_NL nibbles become bf16 codebook values in
  * registers with byte permutes (mtd_iq4_pair) instead of a shared-memory table: the same words.
+ * A warp reads and decodes MTD_PF chunks' fragments before their mma (mtd_mma: mt_mma's
+ * instruction, not volatile, so the compiler may schedule the reads early).
  * Staged rows are padded so the fragment reads hit distinct banks (IQ4_NL: 144-byte rows, 36 words
  * ≡ 4 mod 32; BF16: 528 bytes, 132 words; inputs: 264 floats ≡ 8 mod 32 for the 8-byte reads). */
 #define MTD_KC 8                                    /* chunks a stage */
@@ -358,14 +360,36 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
         *hi = __byte_perm(l, h, 0x7351u); /* {l1, h1, l3, h3}: cb[nibble 1] | cb[nibble 3] << 16 */
 }
 
-/* two staged inputs at k, k + 1 of a column as a bf16 pair (zeros for a padding column) */
+/* mt_mma's instruction with the same operands, not volatile: the compiler may schedule a stage's
+ * shared-memory reads and decodes ahead of it (the result does not depend on when it issues) */
+[[maybe_unused]] static __device__ __forceinline__ void mtd_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+        (void) d, (void) a, (void) b0, (void) b1;
+#endif
+}
+
+/* two staged inputs at k, k + 1 of a column as a bf16 pair, zeros for a padding column (whose
+ * lanes read column 0, always staged, and drop it: no branch in the unrolled stage) */
 [[maybe_unused]] static __device__ __forceinline__ uint32_t mtd_x2(const float *xs, bool on, uint32_t k) {
-        if (!on)
-                return 0u;
         float2 v = *(const float2 *) (xs + k);
         __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y); /* .x (low half) = v.x */
-        return *(const uint32_t *) &h;
+        return on ? *(const uint32_t *) &h : 0u;
 }
+
+/* one chunk's fragments of a lane: A of steps s = 0, 1 (the four words mt_mma takes), B of each
+ * n-tile and step, and for IQ4_NL the two rows' d */
+#define MTD_PF 4 /* chunks fetched ahead of their mma */
+template <int NT>
+struct mtd_frag {
+        uint32_t a[2][4];
+        uint32_t b[NT][2][2];
+        float d0, d1;
+};
 
 /* S: ring stages; n_x: input rows a stage holds (≥ the block's inputs). Dynamic shared memory:
  * S × (16·W rows × RB bytes) of weights, then S × n_x × MTD_XS floats of inputs. */
@@ -468,9 +492,12 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
                 for (int e = 0; e < 4; e++)
                         acc[j][e] = 0.0f;
         bool col_on[NT];
+        uint32_t xrow[NT]; /* the staged input row lane g reads for n-tile j */
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int j = 0; j < NT; j++) {
                 col_on[j] = (uint32_t) j * 8 + g < n_p;
+                xrow[j] = col_on[j] ? (j * 8 + g) * MTD_XS : 0;
+        }
 
         /* Groups committed so far: 2(S − 1) (weights, then inputs, of stages 0 .. S − 2), then one
          * a step. Stage i is complete once groups 0 .. S − 1 + i are: at most S − 2 pending. */
@@ -485,15 +512,49 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
 
                 const uint8_t *ws = wsm + (size_t) slot * rows_blk * RB + (size_t) warp * 16 * RB;
                 const float *xs = xsm + (size_t) slot * n_x * MTD_XS;
-                uint32_t nc = min((uint32_t) MTD_KC, n_chunks - i * MTD_KC);
-#pragma unroll
-                for (uint32_t cc = 0; cc < MTD_KC; cc++) {
-                        if (cc >= nc)
-                                break;
+                /* a chunk's fragments, read and decoded (fetch), then its two k16 steps as k_mm_tc
+                 * runs them (step): fetching MTD_PF chunks before stepping them lets their
+                 * shared-memory reads and decodes overlap the mma chain */
+                auto fetch = [&](uint32_t cc, mtd_frag<NT> &f) {
                         if constexpr (IQ4) {
                                 const uint8_t *b0 = ws + g * RB + 18 * cc, *b1 = b0 + 8 * RB;
-                                float d0 = __half2float(*(const __half *) b0);
-                                float d1 = __half2float(*(const __half *) b1);
+                                f.d0 = __half2float(*(const __half *) b0);
+                                f.d1 = __half2float(*(const __half *) b1);
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8 */
+                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
+                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
+                                        mtd_iq4_pair(q0, tl, th, &f.a[s][0], &f.a[s][2]);
+                                        mtd_iq4_pair(q1, tl, th, &f.a[s][1], &f.a[s][3]);
+#pragma unroll
+                                        for (int j = 0; j < NT; j++) {
+                                                const float *xr = xs + xrow[j] + 32 * cc;
+                                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 8 * s + 2 * t);
+                                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 16 + 8 * s + 2 * t);
+                                        }
+                                }
+                        } else {
+                                const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
+                                const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        /* values 16s + 2t (+1) and 16s + 8 + 2t (+1): words 8s + t, 8s + 4 + t */
+                                        f.a[s][0] = r0[8 * s + t];
+                                        f.a[s][1] = r1[8 * s + t];
+                                        f.a[s][2] = r0[8 * s + 4 + t];
+                                        f.a[s][3] = r1[8 * s + 4 + t];
+#pragma unroll
+                                        for (int j = 0; j < NT; j++) {
+                                                const float *xr = xs + xrow[j] + 32 * cc + 16 * s;
+                                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 2 * t);
+                                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 8 + 2 * t);
+                                        }
+                                }
+                        }
+                };
+                auto step = [&](const mtd_frag<NT> &f) {
+                        if constexpr (IQ4) {
                                 float tmp[NT][4];
 #pragma unroll
                                 for (int j = 0; j < NT; j++)
@@ -501,38 +562,39 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
                                         for (int e = 0; e < 4; e++)
                                                 tmp[j][e] = 0.0f;
 #pragma unroll
-                                for (uint32_t s = 0; s < 2; s++) {
-                                        /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8 */
-                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
-                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
-                                        uint32_t af[4];
-                                        mtd_iq4_pair(q0, tl, th, &af[0], &af[2]);
-                                        mtd_iq4_pair(q1, tl, th, &af[1], &af[3]);
+                                for (uint32_t s = 0; s < 2; s++)
 #pragma unroll
-                                        for (int j = 0; j < NT; j++) {
-                                                const float *xr = xs + (j * 8 + g) * MTD_XS + 32 * cc;
-                                                mt_mma(tmp[j], af, mtd_x2(xr, col_on[j], 8 * s + 2 * t),
-                                                       mtd_x2(xr, col_on[j], 16 + 8 * s + 2 * t));
-                                        }
-                                }
+                                        for (int j = 0; j < NT; j++)
+                                                mtd_mma(tmp[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
 #pragma unroll
                                 for (int j = 0; j < NT; j++)
-                                        mt_scale_add(acc[j], d0, d1, tmp[j]);
+                                        mt_scale_add(acc[j], f.d0, f.d1, tmp[j]);
                         } else {
-                                const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
-                                const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
 #pragma unroll
-                                for (uint32_t s = 0; s < 2; s++) {
-                                        /* values 16s + 2t (+1) and 16s + 8 + 2t (+1): words 8s + t, 8s + 4 + t */
-                                        uint32_t af[4] = {r0[8 * s + t], r1[8 * s + t], r0[8 * s + 4 + t],
-                                                          r1[8 * s + 4 + t]};
+                                for (uint32_t s = 0; s < 2; s++)
 #pragma unroll
-                                        for (int j = 0; j < NT; j++) {
-                                                const float *xr = xs + (j * 8 + g) * MTD_XS + 32 * cc + 16 * s;
-                                                mt_mma(acc[j], af, mtd_x2(xr, col_on[j], 2 * t),
-                                                       mtd_x2(xr, col_on[j], 8 + 2 * t));
-                                        }
-                                }
+                                        for (int j = 0; j < NT; j++)
+                                                mtd_mma(acc[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
+                        }
+                };
+                uint32_t nc = min((uint32_t) MTD_KC, n_chunks - i * MTD_KC);
+                if (IQ4 || nc == MTD_KC) {
+                        /* a whole stage (always for IQ4_NL: the host checks K % 256), unrolled */
+#pragma unroll
+                        for (uint32_t c0 = 0; c0 < MTD_KC; c0 += MTD_PF) {
+                                mtd_frag<NT> f[MTD_PF];
+#pragma unroll
+                                for (uint32_t k = 0; k < MTD_PF; k++)
+                                        fetch(c0 + k, f[k]);
+#pragma unroll
+                                for (uint32_t k = 0; k < MTD_PF; k++)
+                                        step(f[k]);
+                        }
+                } else {
+                        for (uint32_t cc = 0; cc < nc; cc++) {
+                                mtd_frag<NT> f;
+                                fetch(cc, f);
+                                step(f);
                         }
                 }
                 slot = slot + 1 == S ? 0 : slot + 1;
