@@ -749,7 +749,8 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
         if (dec < 0) {
                 const char *e = getenv("X4_CUDA_MMTC_DEC");
                 dec = !(e && !strcmp(e, "0"));
-                mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
+                if (mtd_log_left < 0)
+                        mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
         }
         if (!dec || !launch_tcd<TYPE, NR>(a, s))
                 launch_tc<TYPE, NR>(a, s);
