@@ -692,10 +692,12 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         } else {
                 bx = 1;
                 n_x = a->P;
-                /* warps a block share one staged input copy: more of them as the inputs grow (their
-                 * bytes from L2 per weight byte), fewer while that leaves the card half empty */
+                /* warps a block share one staged input copy: more of them as the inputs grow (fp32
+                 * inputs are 2 bytes of L2 reads and shared memory per BF16 weight byte per token
+                 * at W = 1: at 16 tokens the ring would hold twice as many input bytes as weight
+                 * bytes), fewer while that leaves SMs without a block */
                 W = a->P <= 2 ? 1 : a->P <= 4 ? 2 : 4;
-                while (W > 1 && (m_tiles + W - 1) / W * bx < 2 * mtd_sms)
+                while (W > 1 && (m_tiles + W - 1) / W * bx < mtd_sms)
                         W /= 2;
                 /* X4_CUDA_MMTC_DEC_W=1|2|4: that many (measurements; the bits are the same) */
                 static int force_w = -1;
@@ -709,17 +711,24 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         /* a block's rows in one input group (cu_matvec_tc checked G % 128) */
         while (W > 1 && !a->swiglu && a->G != a->N && a->G % (16 * W))
                 W /= 2;
-        uint32_t by = (m_tiles + W - 1) / W;
-        uint64_t stage = (uint64_t) 16 * W * RB + (uint64_t) n_x * MTD_XS * sizeof(float);
-        /* ring depth: the blocks an SM holds at once share its shared memory */
-        uint64_t blocks = (uint64_t) bx * by;
-        uint32_t per_sm = (uint32_t) min((blocks + mtd_sms - 1) / mtd_sms, (uint64_t) 16);
-        uint64_t S = (mtd_smem_sm - per_sm * 2048u) / per_sm / stage;
-        uint32_t n_st = (n_chunks + MTD_KC - 1) / MTD_KC;
-        S = max(min(S, (uint64_t) min(MTD_S_MAX, n_st + 1)), (uint64_t) 2); /* 2: fewer blocks resident */
-        S = min(S, mtd_smem_blk / stage);
-        if (S < 2)
-                return false; /* k_mm_tc */
+        uint32_t by;
+        uint64_t stage, S;
+        for (;;) {
+                by = (m_tiles + W - 1) / W;
+                stage = (uint64_t) 16 * W * RB + (uint64_t) n_x * MTD_XS * sizeof(float);
+                /* ring depth: the blocks an SM holds at once share its shared memory */
+                uint64_t blocks = (uint64_t) bx * by;
+                uint32_t per_sm = (uint32_t) min((blocks + mtd_sms - 1) / mtd_sms, (uint64_t) 16);
+                S = (mtd_smem_sm - per_sm * 2048u) / per_sm / stage;
+                uint32_t n_st = (n_chunks + MTD_KC - 1) / MTD_KC;
+                S = max(min(S, (uint64_t) min(MTD_S_MAX, n_st + 1)), (uint64_t) 2); /* 2: fewer blocks resident */
+                S = min(S, mtd_smem_blk / stage);
+                if (S >= 2)
+                        break;
+                if (W == 1)
+                        return false; /* k_mm_tc */
+                W /= 2; /* cards with less shared memory a block than the H200's 227 KiB */
+        }
         size_t smem = (size_t) (S * stage);
         dim3 block(32 * W);
         if (mtd_log_left > 0) {

@@ -116,8 +116,8 @@ if has mmtcdecbench; then
                         --prefill none --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 \
                         --repeats 3 --json 2>&1 | tee "$out/decode-tc-dec$dec.jsonl" | grep '"decode"'
         done
-        # warps a block share one staged input copy at batch 16 (default: 4 only for matrices with
-        # twice as many 64-row blocks as SMs, else 1)
+        # warps a block share one staged input copy at batch 16 (default: 4, halved while the
+        # matrix would have fewer blocks than SMs), forced for every dense product
         for w in 1 2 4; do
                 say "decode bench batch 16, X4_CUDA_MM=tc, k_mm_tcd with X4_CUDA_MMTC_DEC_W=$w"
                 X4_CUDA_MM=tc X4_CUDA_MMTC_DEC_W=$w "$build/tools/x4-bench" --model "$model" --device cuda \
