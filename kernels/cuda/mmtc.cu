@@ -22,7 +22,13 @@
  * The products only need A's column k and B's row k to be the same value index, so IQ4_NL's k16
  * step s of a block takes the low nibbles of quant bytes 8s + 2t, 8s + 2t + 1 as columns 2t, 2t+1
  * (values 8s+2t, 8s+2t+1) and their high nibbles as columns 2t+8, 2t+9 (values 16+8s+2t, ...),
- * and B follows the same value indices. BF16 uses the plain mapping. */
+ * and B follows the same value indices. BF16 uses the plain mapping.
+ *
+ * Launches of at most MTD_P_MAX tokens (decode) take k_mm_tcd below instead: the same chains,
+ * shaped for memory bandwidth (a warp per m-tile, cp.async rings); X4_CUDA_MMTC_DEC=0 keeps
+ * k_mm_tc. */
+#include <stdio.h>
+
 #include <cuda_bf16.h>
 
 #include "common.cuh"
@@ -37,12 +43,16 @@
 enum { MT_DENSE, MT_GROUPED, MT_SEL };
 
 static bool mm_tc_ready;
+static void mtd_setup(int dev);
 
 extern "C" void cu_mm_tc_setup(void) {
         int dev = 0, major = 0;
         mm_tc_ready = cudaGetDevice(&dev) == cudaSuccess &&
                       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                       major >= 8;
+        const char *e = getenv("X4_CUDA_MM");
+        if (mm_tc_ready && e && !strcmp(e, "tc"))
+                mtd_setup(dev); /* only k_mm_tcd's attributes: nothing else changes */
 }
 
 [[maybe_unused]] static __device__ __forceinline__ void mt_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -65,6 +75,21 @@ extern "C" void cu_mm_tc_setup(void) {
 [[maybe_unused]] static __device__ __forceinline__ uint16_t mt_bf16(float v) {
         __nv_bfloat16 h = __float2bfloat16_rn(v);
         return *(uint16_t *) &h;
+}
+
+/* A block's two k16 products (tmp: rows g, g + 8 in e 0-1, 2-3) scaled by the rows' d and added
+ * to the output: one fused multiply-add each (what `acc += d * tmp` compiled to with nvcc's
+ * default --fmad=true). k_mm_tc and k_mm_tcd share it, so their chains stay the same. */
+[[maybe_unused]] static __device__ __forceinline__ void mt_scale_add(float *acc, float d0, float d1, const float *tmp) {
+        acc[0] = __fmaf_rn(d0, tmp[0], acc[0]);
+        acc[1] = __fmaf_rn(d0, tmp[1], acc[1]);
+        acc[2] = __fmaf_rn(d1, tmp[2], acc[2]);
+        acc[3] = __fmaf_rn(d1, tmp[3], acc[3]);
+}
+
+/* docs/model.md §5: silu(gate)·up in fp32 (both kernels) */
+[[maybe_unused]] static __device__ __forceinline__ float mt_silu_mul(float v, float up) {
+        return v / (1.0f + expf(-v)) * up;
 }
 
 template <int TYPE, int NR, int MODE, int NT>
@@ -167,12 +192,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
                                                 }
                                         }
 #pragma unroll
-                                        for (int j = 0; j < NT; j++) {
-                                                acc[mt][j][0] += d0 * tmp[j][0];
-                                                acc[mt][j][1] += d0 * tmp[j][1];
-                                                acc[mt][j][2] += d1 * tmp[j][2];
-                                                acc[mt][j][3] += d1 * tmp[j][3];
-                                        }
+                                        for (int j = 0; j < NT; j++)
+                                                mt_scale_add(acc[mt][j], d0, d1, tmp[j]);
                                 } else {
                                         const uint32_t *r0 = (const uint32_t *) (wr[mt][0] + 64 * (uint64_t) c);
                                         const uint32_t *r1 = (const uint32_t *) (wr[mt][1] + 64 * (uint64_t) c);
@@ -208,7 +229,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
                                         float up = __shfl_xor_sync(CU_FULL_MASK, v, 4);
                                         if (g & 1)
                                                 continue;
-                                        v = v / (1.0f + expf(-v)) * up; /* docs/model.md §5 */
+                                        v = mt_silu_mul(v, up);
                                 }
                                 if (r >= n_rows || n >= n_p)
                                         continue;
@@ -238,6 +259,512 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
                           dim3((a->P + 8 * MT_NT_DENSE - 1) / (8 * MT_NT_DENSE), gy), MT_WARPS * 32, 0, s, *a);
 }
 
+/* ---- k_mm_tcd: the same products for few inputs (decode), shaped for memory bandwidth ----
+ *
+ * k_mm_tc's arithmetic with another work distribution. An output element (row r, input p) is the
+ * same chain of mma.sync m16n8k16 instructions as there: r sits in the m-tile of rows
+ * 16·⌊r/16⌋ .. +15 at position r % 16, p in n-tile ⌊n/8⌋ at column n % 8 (n its column in the
+ * block, as k_mm_tc places it: p itself for dense launches of ≤ 16 inputs, the pair's place in its
+ * expert tile, column 0 for one pair), every lane holds the same A, B and C registers for every
+ * mma, the K order is the same (chunks ascending, k16 steps s = 0, 1 of each), and IQ4_NL's block
+ * products are scaled and added by the same mt_scale_add. Only who computes which m-tile and how
+ * the bytes reach the registers differ. The choice between the two kernels (by token count) never
+ * changes a bit.
+ *
+ * Work: one warp per 16-row m-tile, W warps a block (W = 1, 2 or 4, chosen on the host so that even
+ * a 576-row matrix spreads over many SMs), NT = 1 or 2 n-tiles (≤ 16 inputs) or one expert tile. No
+ * split-K: a warp runs its m-tile's whole K chain.
+ *
+ * Memory: the rows' bytes go global → shared memory with cp.async (16 bytes a lane, each row's
+ * stretch of a stage contiguous, L2 only), MTD_KC chunks (256 values) a stage, in a ring of S
+ * stages: S − 1 stages of every warp are in flight while one is computed. The inputs of each stage
+ * (fp32, ≤ 16 rows) travel in the same ring and are rounded to bf16 as a B fragment is formed
+ * (__floats2bfloat162_rn: the same round-to-nearest-even k_mm_tc's staging applies). S is chosen
+ * at launch from the grid size so that the ring fills the SM's shared memory (more stages when
+ * few blocks share an SM). Dense products issue their first stages' weight loads before waiting
+ * for the previous kernel (programmatic dependent launch).
+ *
+ * Fragments are read from shared memory exactly as k_mm_tc reads them from global memory: BF16
+ * words 8s + t and 8s + 4 + t of a row's chunk; IQ4_NL the 16-bit quant pairs at bytes
+ * 2 + 8s + 2t of rows g and g + 8 and the block's d. IQ4_NL nibbles become bf16 codebook values in
+ * registers with byte permutes (mtd_iq4_pair) instead of a shared-memory table: the same words.
+ * A warp reads and decodes MTD_PF chunks' fragments before their mma (mtd_mma: mt_mma's
+ * instruction, not volatile, so the compiler may schedule the reads early).
+ * Staged rows are padded so the fragment reads hit distinct banks (IQ4_NL: 144-byte rows, 36 words
+ * ≡ 4 mod 32; BF16: 528 bytes, 132 words; inputs: 264 floats ≡ 8 mod 32 for the 8-byte reads). */
+#define MTD_KC 8                                    /* chunks a stage */
+#define MTD_KV (MTD_KC * CU_CHUNK)                  /* values a stage: 256 */
+#define MTD_XS (MTD_KV + 8)                         /* floats a staged input row */
+#define MTD_WARPS_MAX 4
+#define MTD_S_MAX 12                                /* ring stages at most */
+/* Token counts up to which tc products take k_mm_tcd (X4_CUDA_MMTC_DEC=0: never). 16 inputs are
+ * two n-tiles: a weight byte then feeds at most two mma, so the product is bound by the weight
+ * bytes, which k_mm_tc (128-row blocks, one k-step of loads in flight, x staged for 64 inputs)
+ * cannot stream at batch sizes where its grid is a handful of blocks; beyond 16, k_mm_tc's
+ * 64-input tiles reuse each weight fragment 8 times and are the better shape. Expert products
+ * count (token, expert) pairs: up to MTD_P_MAX · CU_SLOTS_MAX. The same bound as the CUDA-core
+ * decode kernel (matvec.cu, MVS_P_MAX). */
+#define MTD_P_MAX 16
+
+[[maybe_unused]] static __device__ __forceinline__ void mtd_cp16(void *smem, const void *gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+        (void) smem, (void) gmem;
+#endif
+}
+
+[[maybe_unused]] static __device__ __forceinline__ void mtd_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* wait until at most n of this thread's cp.async groups are pending (n is an immediate in PTX) */
+[[maybe_unused]] static __device__ __forceinline__ void mtd_wait(uint32_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        switch (n) {
+        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+        case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+        case 7: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+        case 8: asm volatile("cp.async.wait_group 8;\n" ::: "memory"); break;
+        case 9: asm volatile("cp.async.wait_group 9;\n" ::: "memory"); break;
+        case 10: asm volatile("cp.async.wait_group 10;\n" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+        }
+#else
+        (void) n;
+#endif
+}
+
+/* The A words of one 16-bit quant pair q (bytes b0 = q & 0xff, b1 = q >> 8 of a row): lo =
+ * {cb[b0 & 0xF], cb[b1 & 0xF]}, hi = {cb[b0 >> 4], cb[b1 >> 4]} (first value in the low half),
+ * k_mm_tc's mt_pack(cb[q & 0xF], cb[(q >> 8) & 0xF]) and mt_pack(cb[(q >> 4) & 0xF], cb[q >> 12]).
+ * tl/th hold the low/high bytes of the 16 bf16 codebook values, entry i in byte i % 4 of word
+ * i / 4. A permute picks per nibble among 8 bytes (3 bits; the fourth selector bit would
+ * sign-fill, hence the masks): one from entries 0-7, one from 8-15, and a third picks between
+ * them by the nibble's bit 3. */
+[[maybe_unused]] static __device__ __forceinline__ void mtd_iq4_pair(uint32_t q, const uint32_t *tl,
+                                                                     const uint32_t *th, uint32_t *lo,
+                                                                     uint32_t *hi) {
+        uint32_t sel = q & 0x7777u, pick = ((q >> 1) & 0x4444u) | 0x3210u;
+        /* byte k: the low / high byte of cb[nibble k of q] (nibbles b0 & 0xF, b0 >> 4, b1 & 0xF, b1 >> 4) */
+        uint32_t l = __byte_perm(__byte_perm(tl[0], tl[1], sel), __byte_perm(tl[2], tl[3], sel), pick);
+        uint32_t h = __byte_perm(__byte_perm(th[0], th[1], sel), __byte_perm(th[2], th[3], sel), pick);
+        *lo = __byte_perm(l, h, 0x6240u); /* {l0, h0, l2, h2}: cb[nibble 0] | cb[nibble 2] << 16 */
+        *hi = __byte_perm(l, h, 0x7351u); /* {l1, h1, l3, h3}: cb[nibble 1] | cb[nibble 3] << 16 */
+}
+
+/* mt_mma's instruction with the same operands, not volatile: the compiler may schedule a stage's
+ * shared-memory reads and decodes ahead of it (the result does not depend on when it issues) */
+[[maybe_unused]] static __device__ __forceinline__ void mtd_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+        (void) d, (void) a, (void) b0, (void) b1;
+#endif
+}
+
+/* two staged inputs at k, k + 1 of a column as a bf16 pair, zeros for a padding column (whose
+ * lanes read column 0, always staged, and drop it: no branch in the unrolled stage) */
+[[maybe_unused]] static __device__ __forceinline__ uint32_t mtd_x2(const float *xs, bool on, uint32_t k) {
+        float2 v = *(const float2 *) (xs + k);
+        __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y); /* .x (low half) = v.x */
+        return on ? *(const uint32_t *) &h : 0u;
+}
+
+/* one chunk's fragments of a lane: A of steps s = 0, 1 (the four words mt_mma takes), B of each
+ * n-tile and step, and for IQ4_NL the two rows' d */
+#define MTD_PF 4 /* chunks fetched ahead of their mma */
+template <int NT>
+struct mtd_frag {
+        uint32_t a[2][4];
+        uint32_t b[NT][2][2];
+        float d0, d1;
+};
+
+/* S: ring stages; n_x: input rows a stage holds (≥ the block's inputs). Dynamic shared memory:
+ * S × (16·W rows × RB bytes) of weights, then S × n_x × MTD_XS floats of inputs. */
+template <int TYPE, int NR, int MODE, int NT>
+__global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, uint32_t S, uint32_t n_x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr uint32_t CB = IQ4 ? 18 : 64;                        /* bytes a chunk of a row */
+        constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16; /* smem bytes a row a stage */
+        constexpr uint32_t PR = MTD_KC * CB / 16;                     /* 16-byte pieces a row a stage */
+        extern __shared__ __align__(16) uint8_t mtd_smem[];
+        __shared__ uint64_t xoff[NT * 8]; /* where column n's inputs start (floats from a.x) */
+        uint32_t W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t g = lane / 4, t = lane % 4;
+        uint32_t n_rows = a.N, rows_blk = 16 * W, row0 = blockIdx.y * rows_blk;
+        uint32_t n_chunks = a.K / CU_CHUNK, n_st = (n_chunks + MTD_KC - 1) / MTD_KC;
+        uint8_t *wsm = mtd_smem;
+        float *xsm = (float *) (mtd_smem + (size_t) S * rows_blk * RB);
+        const uint8_t *wbase = (const uint8_t *) a.w;
+
+        /* stage st's bytes of the block's rows into ring slot `slot` (rows past N: not loaded;
+         * only their own, unwritten outputs read them) */
+        auto load_w = [&](uint32_t st, uint32_t slot) {
+                if (st >= n_st)
+                        return;
+                uint32_t c0 = st * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * CB / 16;
+                uint8_t *dst = wsm + (size_t) slot * rows_blk * RB;
+                for (uint32_t e = threadIdx.x; e < rows_blk * PR; e += blockDim.x) {
+                        uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
+                        if (pc < np && r < n_rows)
+                                mtd_cp16(dst + rr * RB + pc * 16,
+                                         wbase + (uint64_t) r * a.row_bytes + (uint64_t) c0 * CB + pc * 16);
+                }
+        };
+        uint32_t n_p = 0;
+        auto load_x = [&](uint32_t st, uint32_t slot) {
+                if (st >= n_st)
+                        return;
+                uint32_t k0 = st * MTD_KV, nv4 = min((uint32_t) MTD_KV, a.K - k0) / 4;
+                float *dst = xsm + (size_t) slot * n_x * MTD_XS;
+                for (uint32_t e = threadIdx.x; e < n_p * (MTD_KV / 4); e += blockDim.x) {
+                        uint32_t n = e / (MTD_KV / 4), i = e % (MTD_KV / 4);
+                        if (i < nv4)
+                                mtd_cp16(dst + n * MTD_XS + 4 * i, a.x + xoff[n] + k0 + 4 * i);
+                }
+        };
+
+        /* the weights no kernel writes: in flight before the previous kernel has finished */
+        if (MODE == MT_DENSE)
+                for (uint32_t st = 0; st + 1 < S; st++) {
+                        load_w(st, st);
+                        mtd_commit();
+                }
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t p0 = blockIdx.x * NT * 8;
+        const int32_t *perm = NULL;
+        int32_t expert = 0;
+        if (MODE == MT_GROUPED) {
+                if (!cu_group_tile(a, blockIdx.x, &expert, &perm, &n_p))
+                        return; /* the whole block, before any load */
+        } else if (MODE == MT_SEL) {
+                p0 = blockIdx.x; /* one pair a block, its own expert */
+                n_p = 1;
+                expert = a.sel[p0];
+        } else
+                n_p = min((uint32_t) NT * 8, a.P - min(p0, a.P));
+        uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
+        if (MODE != MT_DENSE) {
+                wbase += (uint64_t) expert * a.expert_bytes;
+                for (uint32_t st = 0; st + 1 < S; st++) {
+                        load_w(st, st);
+                        mtd_commit();
+                }
+        }
+        if (threadIdx.x < n_p) {
+                uint32_t p = MODE == MT_GROUPED ? (uint32_t) perm[threadIdx.x] : p0 + threadIdx.x;
+                xoff[threadIdx.x] = (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) grp * a.x_gstride;
+        }
+        __syncthreads();
+        for (uint32_t st = 0; st + 1 < S; st++) {
+                load_x(st, st);
+                mtd_commit();
+        }
+
+        /* the IQ4_NL codebook as bf16 (k_mm_tc's cb), low and high bytes apart */
+        uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
+        if constexpr (IQ4) {
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                        uint32_t c = mt_bf16(cu_iq4nl_values[i]);
+                        tl[i / 4] |= (c & 0xFFu) << (8 * (i % 4));
+                        th[i / 4] |= (c >> 8) << (8 * (i % 4));
+                }
+        }
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                        acc[j][e] = 0.0f;
+        bool col_on[NT];
+        uint32_t xrow[NT]; /* the staged input row lane g reads for n-tile j */
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+                col_on[j] = (uint32_t) j * 8 + g < n_p;
+                xrow[j] = col_on[j] ? (j * 8 + g) * MTD_XS : 0;
+        }
+
+        /* Groups committed so far: 2(S − 1) (weights, then inputs, of stages 0 .. S − 2), then one
+         * a step. Stage i is complete once groups 0 .. S − 1 + i are: at most S − 2 pending. */
+        uint32_t slot = 0;
+        for (uint32_t i = 0; i < n_st; i++) {
+                mtd_wait(S - 2);
+                __syncthreads(); /* stage i visible to all; stage i − 1's slot read by all */
+                uint32_t refill = slot == 0 ? S - 1 : slot - 1;
+                load_w(i + S - 1, refill);
+                load_x(i + S - 1, refill);
+                mtd_commit();
+
+                const uint8_t *ws = wsm + (size_t) slot * rows_blk * RB + (size_t) warp * 16 * RB;
+                const float *xs = xsm + (size_t) slot * n_x * MTD_XS;
+                /* a chunk's fragments, read and decoded (fetch), then its two k16 steps as k_mm_tc
+                 * runs them (step): fetching MTD_PF chunks before stepping them lets their
+                 * shared-memory reads and decodes overlap the mma chain */
+                auto fetch = [&](uint32_t cc, mtd_frag<NT> &f) {
+                        if constexpr (IQ4) {
+                                const uint8_t *b0 = ws + g * RB + 18 * cc, *b1 = b0 + 8 * RB;
+                                f.d0 = __half2float(*(const __half *) b0);
+                                f.d1 = __half2float(*(const __half *) b1);
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8 */
+                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
+                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
+                                        mtd_iq4_pair(q0, tl, th, &f.a[s][0], &f.a[s][2]);
+                                        mtd_iq4_pair(q1, tl, th, &f.a[s][1], &f.a[s][3]);
+#pragma unroll
+                                        for (int j = 0; j < NT; j++) {
+                                                const float *xr = xs + xrow[j] + 32 * cc;
+                                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 8 * s + 2 * t);
+                                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 16 + 8 * s + 2 * t);
+                                        }
+                                }
+                        } else {
+                                const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
+                                const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        /* values 16s + 2t (+1) and 16s + 8 + 2t (+1): words 8s + t, 8s + 4 + t */
+                                        f.a[s][0] = r0[8 * s + t];
+                                        f.a[s][1] = r1[8 * s + t];
+                                        f.a[s][2] = r0[8 * s + 4 + t];
+                                        f.a[s][3] = r1[8 * s + 4 + t];
+#pragma unroll
+                                        for (int j = 0; j < NT; j++) {
+                                                const float *xr = xs + xrow[j] + 32 * cc + 16 * s;
+                                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 2 * t);
+                                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 8 + 2 * t);
+                                        }
+                                }
+                        }
+                };
+                auto step = [&](const mtd_frag<NT> &f) {
+                        if constexpr (IQ4) {
+                                float tmp[NT][4];
+#pragma unroll
+                                for (int j = 0; j < NT; j++)
+#pragma unroll
+                                        for (int e = 0; e < 4; e++)
+                                                tmp[j][e] = 0.0f;
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++)
+#pragma unroll
+                                        for (int j = 0; j < NT; j++)
+                                                mtd_mma(tmp[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
+#pragma unroll
+                                for (int j = 0; j < NT; j++)
+                                        mt_scale_add(acc[j], f.d0, f.d1, tmp[j]);
+                        } else {
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++)
+#pragma unroll
+                                        for (int j = 0; j < NT; j++)
+                                                mtd_mma(acc[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
+                        }
+                };
+                uint32_t nc = min((uint32_t) MTD_KC, n_chunks - i * MTD_KC);
+                if (IQ4 || nc == MTD_KC) {
+                        /* a whole stage (always for IQ4_NL: the host checks K % 256), unrolled */
+#pragma unroll
+                        for (uint32_t c0 = 0; c0 < MTD_KC; c0 += MTD_PF) {
+                                mtd_frag<NT> f[MTD_PF];
+#pragma unroll
+                                for (uint32_t k = 0; k < MTD_PF; k++)
+                                        fetch(c0 + k, f[k]);
+#pragma unroll
+                                for (uint32_t k = 0; k < MTD_PF; k++)
+                                        step(f[k]);
+                        }
+                } else {
+                        for (uint32_t cc = 0; cc < nc; cc++) {
+                                mtd_frag<NT> f;
+                                fetch(cc, f);
+                                step(f);
+                        }
+                }
+                slot = slot + 1 == S ? 0 : slot + 1;
+        }
+        mtd_wait(0); /* the empty tail groups */
+
+        /* D fragment: rows g (e 0, 1) and g + 8 (e 2, 3), columns 2t and 2t + 1 of each n-tile;
+         * written as k_mm_tc writes them */
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                        uint32_t r = row0 + warp * 16 + g + 8 * (e / 2);
+                        uint32_t n = j * 8 + 2 * t + (e & 1);
+                        float v = acc[j][e];
+                        if (NR == 2) {
+                                /* (gate, up) are stored rows 2o, 2o + 1: rows g and g ^ 1, lanes 4 apart */
+                                float up = __shfl_xor_sync(CU_FULL_MASK, v, 4);
+                                if (g & 1)
+                                        continue;
+                                v = mt_silu_mul(v, up);
+                        }
+                        if (r >= n_rows || n >= n_p)
+                                continue;
+                        uint32_t p = MODE == MT_GROUPED ? (uint32_t) perm[n] : p0 + n;
+                        uint32_t o = NR == 2 ? r / 2 : r;
+                        a.y[(uint64_t) p * a.y_pstride + (uint64_t) grp * a.y_gstride +
+                            (NR == 1 ? o % a.G : o)] = v;
+                }
+#else
+        (void) a, (void) S, (void) n_x;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+/* the device's numbers the launch shapes come from (cu_mm_tc_setup) */
+static uint32_t mtd_sms = 1, mtd_smem_sm, mtd_smem_blk;
+
+template <int TYPE, int NR, int MODE, int NT>
+static void mtd_prepare(void) {
+        (void) cudaFuncSetAttribute(k_mm_tcd<TYPE, NR, MODE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) mtd_smem_blk);
+}
+
+template <int TYPE, int NR>
+static void mtd_prepare_type(void) {
+        mtd_prepare<TYPE, NR, MT_DENSE, 1>();
+        mtd_prepare<TYPE, NR, MT_DENSE, 2>();
+        mtd_prepare<TYPE, NR, MT_GROUPED, 1>();
+        mtd_prepare<TYPE, NR, MT_SEL, 1>();
+}
+
+static void mtd_setup(int dev) {
+        int sms = 0, per_sm = 0, per_blk = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&per_blk, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+            sms <= 0 || per_blk < 48 * 1024) {
+                mtd_smem_blk = 0; /* k_mm_tc serves */
+                return;
+        }
+        mtd_sms = (uint32_t) sms;
+        mtd_smem_sm = (uint32_t) per_sm;
+        mtd_smem_blk = (uint32_t) per_blk - 1024; /* room for the static xoff table */
+        mtd_prepare_type<CU_TYPE_BF16, 1>();
+        mtd_prepare_type<CU_TYPE_BF16, 2>();
+        mtd_prepare_type<CU_TYPE_IQ4_NL, 1>();
+        mtd_prepare_type<CU_TYPE_IQ4_NL, 2>();
+}
+
+/* k_mm_tcd for this product if it takes it (the token count, the rows' alignment), else false:
+ * k_mm_tc then runs, with the same bits. */
+/* X4_CUDA_MMTC_DEC=log: the first launches' shapes on stderr (that k_mm_tcd runs at all) */
+static int mtd_log_left = -1;
+
+template <int TYPE, int NR>
+static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
+        constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16;
+        uint32_t n_chunks = a->K / CU_CHUNK;
+        if (!mtd_smem_blk || a->P > (a->sel ? MTD_P_MAX * CU_SLOTS_MAX : MTD_P_MAX))
+                return false;
+        /* 16-byte copies: rows and each stage's stretch of them 16-byte aligned (IQ4_NL: 8 chunks
+         * are 144 bytes, so K a multiple of 256) */
+        if ((uintptr_t) a->w % 16 || a->row_bytes % 16 || (a->sel && a->expert_bytes % 16) ||
+            (IQ4 && n_chunks % MTD_KC))
+                return false;
+        uint32_t m_tiles = (a->N + 15) / 16, bx, n_x, W = 1;
+        if (a->sel && a->groups) {
+                bx = a->n_groups_max;
+                n_x = min(a->P, (uint32_t) CU_GROUP_TILE);
+        } else if (a->sel) {
+                bx = a->P;
+                n_x = 1;
+        } else {
+                bx = 1;
+                n_x = a->P;
+                /* warps a block share one staged input copy: more of them as the inputs grow (fp32
+                 * inputs are 2 bytes of L2 reads and shared memory per BF16 weight byte per token
+                 * at W = 1: at 16 tokens the ring would hold twice as many input bytes as weight
+                 * bytes), fewer while that leaves SMs without a block */
+                W = a->P <= 2 ? 1 : a->P <= 4 ? 2 : 4;
+                while (W > 1 && (m_tiles + W - 1) / W * bx < mtd_sms)
+                        W /= 2;
+                /* X4_CUDA_MMTC_DEC_W=1|2|4: that many (measurements; the bits are the same) */
+                static int force_w = -1;
+                if (force_w < 0) {
+                        const char *e = getenv("X4_CUDA_MMTC_DEC_W");
+                        force_w = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 0;
+                }
+                if (force_w)
+                        W = (uint32_t) force_w;
+        }
+        /* a block's rows in one input group (cu_matvec_tc checked G % 128) */
+        while (W > 1 && !a->swiglu && a->G != a->N && a->G % (16 * W))
+                W /= 2;
+        uint32_t by;
+        uint64_t stage, S;
+        for (;;) {
+                by = (m_tiles + W - 1) / W;
+                stage = (uint64_t) 16 * W * RB + (uint64_t) n_x * MTD_XS * sizeof(float);
+                /* ring depth: the blocks an SM holds at once share its shared memory */
+                uint64_t blocks = (uint64_t) bx * by;
+                uint32_t per_sm = (uint32_t) min((blocks + mtd_sms - 1) / mtd_sms, (uint64_t) 16);
+                S = (mtd_smem_sm - per_sm * 2048u) / per_sm / stage;
+                uint32_t n_st = (n_chunks + MTD_KC - 1) / MTD_KC;
+                S = max(min(S, (uint64_t) min(MTD_S_MAX, n_st + 1)), (uint64_t) 2); /* 2: fewer blocks resident */
+                S = min(S, mtd_smem_blk / stage);
+                if (S >= 2)
+                        break;
+                if (W == 1)
+                        return false; /* k_mm_tc */
+                W /= 2; /* cards with less shared memory a block than the H200's 227 KiB */
+        }
+        size_t smem = (size_t) (S * stage);
+        dim3 block(32 * W);
+        if (mtd_log_left > 0) {
+                mtd_log_left--;
+                fprintf(stderr, "k_mm_tcd: type %u%s %s P %u N %u K %u grid %ux%u warps %u stages %u smem %zu\n",
+                        TYPE, NR == 2 ? " swiglu" : "",
+                        a->sel ? (a->groups ? "grouped" : "pairs") : "dense", a->P, a->N, a->K, bx, by, W,
+                        (uint32_t) S, smem);
+        }
+        cu_launches++;
+        if (a->sel && a->groups)
+                cu_launch(k_mm_tcd<TYPE, NR, MT_GROUPED, 1>, dim3(bx, by), block, smem, s, *a, (uint32_t) S, n_x);
+        else if (a->sel)
+                cu_launch(k_mm_tcd<TYPE, NR, MT_SEL, 1>, dim3(bx, by), block, smem, s, *a, (uint32_t) S, n_x);
+        else if (a->P <= 8)
+                cu_launch(k_mm_tcd<TYPE, NR, MT_DENSE, 1>, dim3(bx, by), block, smem, s, *a, (uint32_t) S, n_x);
+        else
+                cu_launch(k_mm_tcd<TYPE, NR, MT_DENSE, 2>, dim3(bx, by), block, smem, s, *a, (uint32_t) S, n_x);
+        return true;
+}
+
+/* X4_CUDA_MMTC_DEC=0 keeps every token count on k_mm_tc (comparisons: the bits are the same);
+ * =log also prints k_mm_tcd's first 64 launch shapes */
+template <int TYPE, int NR>
+static void launch_any(const struct cu_mv *a, cudaStream_t s) {
+        static int dec = -1;
+        if (dec < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_DEC");
+                dec = !(e && !strcmp(e, "0"));
+                if (mtd_log_left < 0)
+                        mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
+        }
+        if (!dec || !launch_tcd<TYPE, NR>(a, s))
+                launch_tc<TYPE, NR>(a, s);
+}
+
 /* Whether tc runs this product (X4_CUDA_MM=tc on an sm_80+ device, BF16 or IQ4_NL rows, a
  * block's rows within one input group); if so it is launched. Every token count of a matrix
  * takes the same answer, so invariance holds. */
@@ -258,14 +785,14 @@ extern "C" bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s) {
                 return false;
         if (a->type == CU_TYPE_BF16) {
                 if (a->swiglu)
-                        launch_tc<CU_TYPE_BF16, 2>(a, s);
+                        launch_any<CU_TYPE_BF16, 2>(a, s);
                 else
-                        launch_tc<CU_TYPE_BF16, 1>(a, s);
+                        launch_any<CU_TYPE_BF16, 1>(a, s);
         } else {
                 if (a->swiglu)
-                        launch_tc<CU_TYPE_IQ4_NL, 2>(a, s);
+                        launch_any<CU_TYPE_IQ4_NL, 2>(a, s);
                 else
-                        launch_tc<CU_TYPE_IQ4_NL, 1>(a, s);
+                        launch_any<CU_TYPE_IQ4_NL, 1>(a, s);
         }
         return true;
 }

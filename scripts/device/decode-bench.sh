@@ -75,6 +75,67 @@ if has mmtc; then
         X4_CUDA_MM=tc "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
                 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 | tee "$out/decode-tc-mm.jsonl" | grep '"decode"'
 fi
+if has mmtcdec; then
+        # k_mm_tcd (the decode-shaped tensor-core kernel: launches of <= 16 tokens, expert launches
+        # of <= 144 pairs) computes k_mm_tc's mma chains: with X4_CUDA_MM=tc the logits must be
+        # byte-identical with it (X4_CUDA_MMTC_DEC=1, the default) and without (=0). Per model: a
+        # prompt whole (k_mm_tc) then batch-1 decodes (k_mm_tcd), in chunks of 7 and 16 (dense
+        # launches of one and two n-tiles; expert pairs one a block; on the demo model 16 tokens
+        # group pairs by expert), chunks of 1 on the demo model, and x4-gpu-check's batch test
+        # (16 sequences of 1..600 tokens alone and batched, three batch-16 decode steps) dumped.
+        say "k_mm_tcd vs k_mm_tc (X4_CUDA_MM=tc, X4_CUDA_MMTC_DEC=0/1): cmp of logits, demo and full"
+        demo=/tmp/demo.gguf
+        [ -f "$demo" ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out "$demo" 2>&1 | tail -2
+        for m in demo full; do
+                mp=$([ $m = demo ] && echo "$demo" || echo "$model")
+                [ -f "$mp" ] || { echo "mmtcdec: no $mp (the mkmodel step makes it)"; continue; }
+                # the launch shapes k_mm_tcd takes (a 3-token prompt, one decode)
+                X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$mp" --prompt 5,6,7 \
+                        --decode 9 --device cuda --out /tmp/tcd-log.bin 2>&1 | grep '^k_mm_tcd: ' | sort -u | head -16
+                vmax=$([ $m = demo ] && echo 4000 || echo 100000)
+                chunks=$([ $m = demo ] && echo "0 1 7 16" || echo "0 7 16")
+                prompt=$(awk -v v=$vmax 'BEGIN { s = 5; for (i = 0; i < 600; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % v } }')
+                for dec in 0 1; do
+                        for c in $chunks; do
+                                args=""
+                                [ $c -gt 0 ] && args="--chunk $c"
+                                X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=$dec "$build/tools/x4-logits" --model "$mp" --prompt "$prompt" \
+                                        $args --decode 9,99 --device cuda --out /tmp/tcd-$m-$dec-$c.bin 2>&1 | tail -1
+                        done
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=$dec X4_GPU_BATCH_DUMP=/tmp/tcd-$m-$dec-batch.bin \
+                                "$build/kernels/cuda/x4-gpu-check" batch "$mp" 2>&1 | tail -2
+                done
+                for c in $chunks batch; do
+                        if cmp /tmp/tcd-$m-0-$c.bin /tmp/tcd-$m-1-$c.bin; then
+                                echo "mmtcdec: $m, $c: identical ($(stat -c %s /tmp/tcd-$m-1-$c.bin) bytes)"
+                        else
+                                echo "mmtcdec: $m, $c: DIFFERENT"
+                        fi
+                done
+                rm -f /tmp/tcd-$m-*.bin
+        done
+fi
+if has mmtcdecbench; then
+        # decode with the tensor-core products: k_mm_tc alone (X4_CUDA_MMTC_DEC=0) and with
+        # k_mm_tcd (the default), then a batch-1 profile with k_mm_tcd
+        for dec in 0 1; do
+                say "decode bench, X4_CUDA_MM=tc, X4_CUDA_MMTC_DEC=$dec"
+                X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=$dec "$build/tools/x4-bench" --model "$model" --device cuda \
+                        --prefill none --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 \
+                        --repeats 3 --json 2>&1 | tee "$out/decode-tc-dec$dec.jsonl" | grep '"decode"'
+        done
+        # warps a block share one staged input copy at batch 16 (default: 4, halved while the
+        # matrix would have fewer blocks than SMs), forced for every dense product
+        for w in 1 2 4; do
+                say "decode bench batch 16, X4_CUDA_MM=tc, k_mm_tcd with X4_CUDA_MMTC_DEC_W=$w"
+                X4_CUDA_MM=tc X4_CUDA_MMTC_DEC_W=$w "$build/tools/x4-bench" --model "$model" --device cuda \
+                        --prefill none --decode-ctx 512 --batch 16 --decode-tokens 32 --repeats 3 --json 2>&1 |
+                        tee "$out/decode-tc-dec-w$w.jsonl" | grep '"decode"'
+        done
+        say "profile batch 1 (eager), X4_CUDA_MM=tc with k_mm_tcd"
+        X4_CUDA_MM=tc "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
+                --batch 1 --decode-tokens 16 --repeats 1 --profile 2>&1 | tee "$out/profile-tc-dec.txt" | tail -30
+fi
 if has b64; then
         say "decode bench batch 64"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512,4096 \

@@ -7,6 +7,7 @@
  *                                 tokens on each backend (divergences only at near-ties), with
  *                                 both backends' MoE routing traced (route-compare.h)
  *   x4-gpu-check batch MODEL      a sequence's logits bit-identical alone and in a batch of 16
+ *                                 (X4_GPU_BATCH_DUMP=FILE also writes them, alone then batched)
  *   x4-gpu-check chunks MODEL     prefill in chunks of 1, 64, 512 and whole: bit-identical
  *   x4-gpu-check errors MODEL     refusals name the cause (messages asserted)
  *   x4-gpu-check pages MODEL      page_read/page_write/page_copy continue a decode identically;
@@ -810,6 +811,16 @@ static void test_batch(const char *model_path) {
                "expected\n",
                N_SEQ, total, N_DEC, differ, rows * V, rel);
         CHECK(differ == 0, "batch invariance: %zu logits differ", differ);
+        /* X4_GPU_BATCH_DUMP=FILE: every row, alone then batched (float32), for `cmp` across
+         * kernel choices (scripts/device/decode-bench.sh, tests/gpu/run.sh) */
+        const char *dump = getenv("X4_GPU_BATCH_DUMP");
+        if (dump && *dump) {
+                FILE *f = fopen(dump, "wb");
+                bool ok = f && fwrite(alone, sizeof(float), rows * V, f) == rows * V &&
+                          fwrite(batched, sizeof(float), rows * V, f) == rows * V;
+                ok = f && fclose(f) == 0 && ok;
+                CHECK(ok, "writing %s", dump);
+        }
 
         bk_close(&cu);
         for (int i = 0; i < N_SEQ; i++) {

@@ -150,6 +150,35 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "many-input products agree bit for bit with k_matvec, demo model" mm_same
         step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tmp/demo.gguf"
+        # the decode-shaped tensor-core kernel (k_mm_tcd, launches of <= 16 tokens) computes
+        # k_mm_tc's mma chains: the same logits with it turned off (X4_CUDA_MMTC_DEC=0). A 300-token
+        # prompt whole, in chunks of 1, 7 and 16 (dense launches of one and two n-tiles; expert
+        # pairs one a block at 7, grouped by expert at 16), then batch-1 decodes; and gpu-check's
+        # batch test (prefills of 1..600 tokens alone and batched, batch-16 decode steps)
+        tcd_same() {
+                local prompt dec c args
+                prompt=$(awk 'BEGIN { s = 13; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                        --prompt 5,6,7 --decode 9 --device cuda --out "$tmp/tcd-log.bin" 2>"$tmp/tcd-log.txt" || return 1
+                grep -q '^k_mm_tcd: ' "$tmp/tcd-log.txt" || { echo "k_mm_tcd never launched"; return 1; }
+                for dec in 0 1; do
+                        for c in 0 1 7 16; do
+                                args=()
+                                [ $c -gt 0 ] && args=(--chunk $c)
+                                X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=$dec "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                        --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99,999 --device cuda \
+                                        --out "$tmp/tcd-$dec-$c.bin" || return 1
+                        done
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=$dec X4_GPU_BATCH_DUMP="$tmp/tcd-$dec-batch.bin" \
+                                "$check" batch "$tmp/demo.gguf" || return 1
+                done
+                for c in 0 1 7 16 batch; do
+                        cmp "$tmp/tcd-0-$c.bin" "$tmp/tcd-1-$c.bin" || { echo "k_mm_tcd differs from k_mm_tc ($c)"; return 1; }
+                done
+                echo "k_mm_tcd vs k_mm_tc: identical logits (whole, chunks 1/7/16, decode, batch 16)"
+                rm -f "$tmp"/tcd-*.bin
+        }
+        step "decode-shaped tensor-core kernel agrees bit for bit with k_mm_tc, demo model" tcd_same
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
