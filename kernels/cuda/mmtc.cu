@@ -92,6 +92,32 @@ extern "C" void cu_mm_tc_setup(void) {
         return v / (1.0f + expf(-v)) * up;
 }
 
+/* Write one m16n8 D fragment (both kernels): acc[e] is row r0 + g (e 0, 1) or r0 + g + 8 (e 2, 3),
+ * column n0 + 2t + (e & 1). With NR == 2 the (gate, up) stored rows 2o, 2o + 1 are rows g and
+ * g ^ 1, lanes 4 apart: every lane takes part in the shuffle, the even rows write silu(gate)·up. */
+template <int NR, int MODE>
+[[maybe_unused]] static __device__ __forceinline__ void
+mt_store(const struct cu_mv &a, const float *acc, uint32_t r0, uint32_t n0, uint32_t g, uint32_t t,
+         uint32_t n_rows, uint32_t n_p, uint32_t p0, const int32_t *perm, uint32_t grp) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+                uint32_t r = r0 + g + 8 * (e / 2);
+                uint32_t n = n0 + 2 * t + (e & 1);
+                float v = acc[e];
+                if (NR == 2) {
+                        float up = __shfl_xor_sync(CU_FULL_MASK, v, 4);
+                        if (g & 1)
+                                continue;
+                        v = mt_silu_mul(v, up);
+                }
+                if (r >= n_rows || n >= n_p)
+                        continue;
+                uint32_t p = MODE == MT_GROUPED ? (uint32_t) perm[n] : p0 + n;
+                uint32_t o = NR == 2 ? r / 2 : r;
+                a.y[(uint64_t) p * a.y_pstride + (uint64_t) grp * a.y_gstride + (NR == 1 ? o % a.G : o)] = v;
+        }
+}
+
 template <int TYPE, int NR, int MODE, int NT>
 __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -218,26 +244,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
         for (int mt = 0; mt < MT_MT; mt++)
 #pragma unroll
                 for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                                uint32_t r = row0 + warp * MT_MT * 16 + mt * 16 + g + 8 * (e / 2);
-                                uint32_t n = j * 8 + 2 * t + (e & 1);
-                                float v = acc[mt][j][e];
-                                if (NR == 2) {
-                                        /* (gate, up) are stored rows 2o, 2o + 1: rows g and g ^ 1,
-                                         * lanes 4 apart */
-                                        float up = __shfl_xor_sync(CU_FULL_MASK, v, 4);
-                                        if (g & 1)
-                                                continue;
-                                        v = mt_silu_mul(v, up);
-                                }
-                                if (r >= n_rows || n >= n_p)
-                                        continue;
-                                uint32_t p = MODE == MT_GROUPED ? (uint32_t) perm[n] : p0 + n;
-                                uint32_t o = NR == 2 ? r / 2 : r;
-                                a.y[(uint64_t) p * a.y_pstride + (uint64_t) grp * a.y_gstride +
-                                    (NR == 1 ? o % a.G : o)] = v;
-                        }
+                        mt_store<NR, MODE>(a, acc[mt][j], row0 + warp * MT_MT * 16 + mt * 16, j * 8, g, t,
+                                           n_rows, n_p, p0, perm, grp);
 #else
         (void) a;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -605,25 +613,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
          * written as k_mm_tc writes them */
 #pragma unroll
         for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                        uint32_t r = row0 + warp * 16 + g + 8 * (e / 2);
-                        uint32_t n = j * 8 + 2 * t + (e & 1);
-                        float v = acc[j][e];
-                        if (NR == 2) {
-                                /* (gate, up) are stored rows 2o, 2o + 1: rows g and g ^ 1, lanes 4 apart */
-                                float up = __shfl_xor_sync(CU_FULL_MASK, v, 4);
-                                if (g & 1)
-                                        continue;
-                                v = mt_silu_mul(v, up);
-                        }
-                        if (r >= n_rows || n >= n_p)
-                                continue;
-                        uint32_t p = MODE == MT_GROUPED ? (uint32_t) perm[n] : p0 + n;
-                        uint32_t o = NR == 2 ? r / 2 : r;
-                        a.y[(uint64_t) p * a.y_pstride + (uint64_t) grp * a.y_gstride +
-                            (NR == 1 ? o % a.G : o)] = v;
-                }
+                mt_store<NR, MODE>(a, acc[j], row0 + warp * 16, j * 8, g, t, n_rows, n_p, p0, perm, grp);
 #else
         (void) a, (void) S, (void) n_x;
         __trap(); /* the host never picks this kernel below sm_80 */
