@@ -389,7 +389,9 @@ def main():
             sys.exit(f'{chat}/{f} missing: train/corpus/chatgen.py writes it (train/README.md §1)')
     questions = pick_questions(os.path.join(chat, 'heldout.jsonl'), a.questions)
 
-    run = a.ckpt[:-len('/ckpt')] if a.ckpt.rstrip('/').endswith('/ckpt') else a.ckpt
+    run = a.ckpt.rstrip('/') or '/'
+    if os.path.basename(run) == 'ckpt':
+        run = os.path.dirname(run) or '.'
     logs = a.log or sorted(os.path.join(run, f) for f in os.listdir(run) if f.startswith('log') and f.endswith('.jsonl'))
     cfg_d, _, idx, _ = load_ckpt(a.ckpt)
     total, active = gguf_sizes(Config.from_dict(cfg_d))[1:]
