@@ -30,9 +30,15 @@
 
 #define XING4D_VERSION "0.1.0"
 #define DEFAULT_CONFIG "/etc/xing4d/xing4d.conf"
+/* The model served when none is configured: the xing4d-demo-model package's (meson.build sets it
+ * from the prefix and datadir, /usr/share/xing4d/models/xing4-demo/model.gguf in the package). */
+#ifndef X4_DEFAULT_MODEL
+#define X4_DEFAULT_MODEL "/usr/share/xing4d/models/xing4-demo/model.gguf"
+#endif
 
 struct options {
         char *model;
+        const char *config_file; /* the INI file read (for messages) */
         char *config_json;
         char *tokenizer_path;
         bool assume_release_defaults;
@@ -559,7 +565,8 @@ static int parse_args(int argc, char **argv, struct options *o) {
         if (optind < argc)
                 return log_error_errno(EINVAL, "unexpected argument '%s' (see xing4d --help)",
                                        argv[optind]);
-        r = load_config(o, config ? config : DEFAULT_CONFIG, config != NULL);
+        o->config_file = config ? config : DEFAULT_CONFIG;
+        r = load_config(o, o->config_file, config != NULL);
         if (r < 0)
                 return r;
         optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
@@ -667,8 +674,21 @@ int main(int argc, char **argv) {
         }
         log_set_max_level(o.log_level);
         if (!o.model) {
-                log_error("no model: give --model PATH or model= in the config");
-                goto out;
+                /* Nothing configured: the demo model when its package is installed, else an error
+                 * naming both places a model could have come from. */
+                if (access(X4_DEFAULT_MODEL, R_OK) < 0) {
+                        log_error("no model: none configured (--model PATH, or model = PATH in %s) and the "
+                                  "default %s cannot be read (%m; the xing4d-demo-model package installs it)",
+                                  o.config_file, X4_DEFAULT_MODEL);
+                        goto out;
+                }
+                o.model = strdup(X4_DEFAULT_MODEL);
+                if (!o.model) {
+                        log_error_errno(ENOMEM, "out of memory");
+                        goto out;
+                }
+                log_info("no model configured (--model, or model = in %s): serving the default %s",
+                         o.config_file, X4_DEFAULT_MODEL);
         }
         /* --listen on a live daemon's socket: say so now, not after loading the model */
         if (o.listen && sd_listen_fds(0) <= 0 && check_listen_free(o.listen) < 0)

@@ -9,7 +9,9 @@
 #   X4_GPU_ARCHS=90        SM list of the CUDA module (comma separated; default: all of meson's)
 #   X4_DEB_CHECK=1         run the unit tests inside the package build (default: off, CI runs
 #                          them from the tree)
-#   DEB_BUILD_PROFILES     e.g. nocuda; set to nocuda automatically when no nvcc is found
+#   DEB_BUILD_PROFILES     e.g. nocuda; set to nocuda automatically when no nvcc is found, and
+#                          pkg.xing4d.nodemo (no xing4d-demo-model) when the tree lacks the trained
+#                          demo model models/xing4-demo/model.gguf (train/ship.py makes it)
 # Exit status: 0 when the packages were built and lintian found no errors.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +57,12 @@ mkdir -p "$tree"
         tar -C "$src" --exclude='./build*' --exclude=./.git -cf - . | tar -C "$tree" -xf -
 }
 cp -r "$tree/packaging/deb/debian" "$tree/debian"
+
+# The demo model is not in a plain clone: train/ship.py writes it (with its card) after training.
+if [ ! -f "$tree/models/xing4-demo/model.gguf" ]; then
+        echo "== no models/xing4-demo/model.gguf: building without xing4d-demo-model (profile pkg.xing4d.nodemo)"
+        profiles="${profiles:+$profiles }pkg.xing4d.nodemo"
+fi
 
 echo "== build dependencies"
 # dpkg-checkbuilddeps names what debian/control's Build-Depends (for these profiles) lacks;

@@ -1,8 +1,9 @@
 #!/bin/bash
 # The xing4d demo on a fresh Debian 12 machine (as root): installs the build dependencies, builds,
-# makes the small synthetic demo model, starts the daemon on the CPU backend, generates through
-# x4ctl, then through the OpenAI-compatible bridge with curl. The model has random weights: the
-# text is gibberish, the plumbing is real. Leaves nothing running.
+# starts the daemon on the CPU backend, generates through x4ctl, then through the OpenAI-compatible
+# bridge with curl. Leaves nothing running. The model: models/xing4-demo/model.gguf, the trained
+# demo model (issue 15, train/README.md), when the tree has it; else the small synthetic demo model
+# that x4-mkmodel makes, with random weights: then the text is gibberish, the plumbing is real.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,10 +17,26 @@ fi
 ninja -C $build >/dev/null
 echo "== built: $build/daemon/xing4d, $build/cli/x4ctl, $build/http-bridge/xing4-http"
 
-model=$build/demo/model.gguf
-if [ ! -f $model ]; then
-        mkdir -p $build/demo
-        $build/tools/x4-mkmodel --preset demo --seed 1 --out $model
+trained=models/xing4-demo/model.gguf
+if [ -f $trained ]; then
+        model=$trained
+        echo "== model: $model, the trained demo model (its card: models/xing4-demo/README.md)"
+        prompt="What does tar do?"
+        think=(--thinking-budget 128 --max-tokens 384)
+        question="What does grep do?"
+        answer_tokens=256
+else
+        model=$build/demo/model.gguf
+        if [ ! -f $model ]; then
+                mkdir -p $build/demo
+                $build/tools/x4-mkmodel --preset demo --seed 1 --out $model
+        fi
+        echo "== model: $model, x4-mkmodel --preset demo: random weights (no $trained in this tree),"
+        echo "   so the text is gibberish; the plumbing is real"
+        prompt="Write a haiku about the sea."
+        think=(--thinking-budget 16 --max-tokens 48)
+        question="Say hello."
+        answer_tokens=32
 fi
 
 run=$(mktemp -d /tmp/xing4d-demo.XXXXXX)
@@ -46,8 +63,7 @@ $build/cli/x4ctl --socket $sock info
 
 echo
 echo "== x4ctl generate (thinking shown dimmed)"
-$build/cli/x4ctl --socket $sock generate --show-think --thinking-budget 16 --max-tokens 48 --seed 7 \
-        "Write a haiku about the sea."
+$build/cli/x4ctl --socket $sock generate --show-think "${think[@]}" --seed 7 "$prompt"
 echo
 
 echo "== xing4-http on 127.0.0.1:8000, then curl /v1/chat/completions"
@@ -59,8 +75,8 @@ for _ in $(seq 1 100); do
 done
 curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{
   "model": "xing4",
-  "messages": [{"role": "user", "content": "Say hello."}],
-  "max_tokens": 32,
+  "messages": [{"role": "user", "content": "'"$question"'"}],
+  "max_tokens": '"$answer_tokens"',
   "seed": 7
 }'
 echo

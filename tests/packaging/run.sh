@@ -7,6 +7,9 @@
 #   users        the static user xing4d (primary group xing4) exists
 #   socket unit  xing4d.socket is enabled (enablement symlink + systemctl is-enabled, offline)
 #   verify       systemd-analyze verify passes on every installed unit
+#   default model  the installed daemon with no model configured: serves the xing4d-demo-model
+#                package's model when that package was built (the tree has models/xing4-demo/
+#                model.gguf, train/ship.py), else refuses to start naming the config and the path
 #   daemon       the installed daemon, started as xing4d.service starts it (ExecStart, User and
 #                Group parsed from the installed unit, the socket from ListenStream= handed over by
 #                systemd-socket-activate), loads a demo model (x4-mkmodel) named in the config
@@ -123,6 +126,15 @@ do_build() {
                 X4_GPU_ARCHS=${X4_GPU_ARCHS:-90} "$src/scripts/build-debs.sh" "$debs" || true
         fi
         expect="xing4d libx4client1 libx4client-dev x4ctl xing4-http-bridge"
+        if [ -f "$src/models/xing4-demo/model.gguf" ]; then
+                expect="$expect xing4d-demo-model"
+        else
+                echo "no models/xing4-demo/model.gguf: xing4d-demo-model is not expected"
+                if ls "$debs"/xing4d-demo-model_*.deb >/dev/null 2>&1; then
+                        echo "xing4d-demo-model was built without the model"
+                        return 1
+                fi
+        fi
         if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
                 expect="$expect xing4d-cuda"
         else
@@ -222,6 +234,47 @@ cleanup() {
         rm -rf "$work"
 }
 trap cleanup EXIT
+
+# Before the config names a model: the daemon as the service runs it, on a socket of its own.
+default_model=/usr/share/xing4d/models/xing4-demo/model.gguf
+do_default_model() {
+        [ -n "$exec_start" ] && [ -n "$svc_user" ] || return 1
+        local pid out rc
+        install -d -m 0750 -o "$svc_user" -g "$svc_group" "$state_dir"
+        install -d -m 0770 -o root -g "$svc_group" "$work/default"
+        # shellcheck disable=SC2086
+        timeout 300 setpriv --reuid="$svc_user" --regid="$svc_group" --init-groups --no-new-privs -- \
+                $exec_start --threads 2 --listen "$work/default/xing4d.sock" >"$work/default.log" 2>&1 &
+        pid=$!
+        if dpkg-query -W -f='${Status}' xing4d-demo-model 2>/dev/null | grep -q 'ok installed'; then
+                echo "xing4d-demo-model is installed: xing4d must serve $default_model"
+                for _ in $(seq 1 600); do
+                        x4ctl --socket "$work/default/xing4d.sock" health >/dev/null 2>&1 && break
+                        kill -0 $pid 2>/dev/null || break
+                        sleep 0.1
+                done
+                out=$(x4ctl --socket "$work/default/xing4d.sock" info 2>&1)
+                rc=$?
+                echo "$out"
+                if [ $rc -eq 0 ]; then
+                        x4ctl --socket "$work/default/xing4d.sock" generate --max-tokens 24 --thinking-budget 8 \
+                                --temperature 0 "What does tar do?"
+                        echo
+                fi
+                kill -TERM $pid 2>/dev/null
+                wait $pid
+                cat "$work/default.log"
+                [ $rc -eq 0 ] && grep -q "serving the default $default_model" "$work/default.log" &&
+                        grep -q "$default_model" <<<"$out"
+        else
+                echo "xing4d-demo-model not built (no models/xing4-demo/model.gguf): xing4d must refuse, naming both"
+                wait $pid
+                rc=$?
+                cat "$work/default.log"
+                [ $rc -ne 0 ] && grep -q "$conf" "$work/default.log" && grep -q "$default_model" "$work/default.log"
+        fi
+}
+check "default model: with no model configured xing4d serves the demo model, or names both places" do_default_model
 
 mkmodel=${X4_MKMODEL:-}
 do_daemon() {

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: MIT
+"""The trained demo model (issue 15) through the real daemon and the HTTP bridge, and the daemon's
+default model.
+
+test_demo_model_weather_tool_call needs models/xing4-demo/model.gguf (train/ship.py writes it from a
+trained checkpoint; a plain clone does not have it): without it the test is SKIPPED, saying so. A
+random-weight model cannot pass it, so no synthetic model stands in. X4_DEMO_MODEL names another
+file (a stand-in, to check the plumbing up to the assertion). X4_BRIDGE overrides the bridge binary
+(default BUILD/http-bridge/xing4-http)."""
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import BUILD, SRC, X4CTL, XING4D
+
+DEMO = Path(os.environ.get("X4_DEMO_MODEL", SRC / "models" / "xing4-demo" / "model.gguf"))
+BRIDGE = Path(os.environ.get("X4_BRIDGE", BUILD / "http-bridge" / "xing4-http"))
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "the city name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def demo_bridge(tmp_path):
+    if not DEMO.exists():
+        pytest.skip(f"{DEMO} is not in this tree: the trained demo model (train/ship.py, issue 15) is "
+                    "needed, and a random-weight model cannot call a tool")
+    for p in (XING4D, X4CTL, BRIDGE):
+        if not p.exists():
+            pytest.fail(f"{p} does not exist: build first (meson compile) or set X4_BUILD_DIR")
+    sock = str(tmp_path / "xing4d.sock")
+    (tmp_path / "state").mkdir()
+    daemon = subprocess.Popen([str(XING4D), "--config", "/dev/null", "--model", str(DEMO), "--device", "cpu",
+                               "--threads", "2", "--listen", sock, "--state-dir", str(tmp_path / "state"),
+                               "--cache-pages", "16"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    bridge = None
+    try:
+        for _ in range(600):
+            if subprocess.run([str(X4CTL), "--socket", sock, "health"], capture_output=True).returncode == 0:
+                break
+            assert daemon.poll() is None, f"xing4d exited: {daemon.stderr.read()}"
+            time.sleep(0.1)
+        port = free_port()
+        bridge = subprocess.Popen([str(BRIDGE), "--listen", f"127.0.0.1:{port}", "--socket", sock],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if bridge:
+            bridge.terminate()
+            bridge.wait(30)
+        daemon.terminate()
+        daemon.wait(60)
+
+
+def test_demo_model_weather_tool_call(demo_bridge):
+    """The issue's "an integration test asks the demo model a weather question with a tool and gets
+    a parsed tool call": greedy, the tool offered, the call parsed by the daemon's output parser and
+    returned by the bridge as an OpenAI tool call."""
+    body = {"model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [WEATHER_TOOL],
+            "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}]}
+    req = urllib.request.Request(demo_bridge + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    resp = json.loads(urllib.request.urlopen(req, timeout=300).read())
+    choice = resp["choices"][0]
+    calls = choice["message"].get("tool_calls")
+    assert calls, f"no tool call: {json.dumps(choice)[:1000]}"
+    assert choice["finish_reason"] == "tool_calls"
+    f = calls[0]["function"]
+    assert f["name"] == "get_weather", calls
+    args = json.loads(f["arguments"])
+    assert args.get("city") == "Lisbon", args
+
+
+def test_no_model_configured_names_both(tmp_path):
+    """Neither --model nor model= in the config: xing4d serves the default (the xing4d-demo-model
+    package's file under the build's prefix) or, where that is missing, refuses and names both the
+    config file and the default path."""
+    conf = tmp_path / "xing4d.conf"
+    conf.write_text("[xing4d]\nthreads = 1\n")
+    r = subprocess.run([str(XING4D), "--config", str(conf), "--listen", str(tmp_path / "s.sock"),
+                        "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    m = re.search(r"the default (\S+/xing4d/models/xing4-demo/model\.gguf) cannot be read \(([^;]+);", r.stderr)
+    assert r.returncode != 0 and m, r.stderr
+    assert not Path(m.group(1)).exists() or m.group(2) != "No such file or directory"
+    assert str(conf) in r.stderr and "xing4d-demo-model" in r.stderr, r.stderr
