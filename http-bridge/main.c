@@ -1077,8 +1077,11 @@ static void route(struct evhttp_request *req, void *arg) {
                 path = "/";
         if (cors(req, m))
                 return;
+        /* HEAD is GET without the body (libevent leaves it out): load balancers and uptime checks
+         * probe with it, and RFC 9110 asks every GET resource to answer it */
         if (streq(path, "/health") || streq(path, "/ready") || streq(path, "/metrics")) {
-                if (m != EVHTTP_REQ_GET) {
+                if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
+                        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
                         api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only GET", path);
                         return send_error(req, &e, "other");
                 }
@@ -1115,11 +1118,14 @@ static void route(struct evhttp_request *req, void *arg) {
                 endpoint = "cancel", want = EVHTTP_REQ_DELETE;
         if (!endpoint) {
                 api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %s",
-                         m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE" : "",
+                         m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE"
+                         : m == EVHTTP_REQ_HEAD ? "HEAD" : m == EVHTTP_REQ_PUT ? "PUT" : "OPTIONS",
                          path);
                 return send_error(req, &e, "other");
         }
-        if (m != want) {
+        if (m != want && !(m == EVHTTP_REQ_HEAD && want == EVHTTP_REQ_GET)) {
+                evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+                                  want == EVHTTP_REQ_GET ? "GET, HEAD" : want == EVHTTP_REQ_POST ? "POST" : "DELETE");
                 api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only %s", path,
                          want == EVHTTP_REQ_GET ? "GET" : want == EVHTTP_REQ_POST ? "POST" : "DELETE");
                 return send_error(req, &e, endpoint);

@@ -2,6 +2,7 @@
 """Every error the bridge answers: OpenAI's shape {"error": {message, type, param, code}}, the
 HTTP status an SDK maps to its exception class, Retry-After where retrying helps, and a message
 naming the field and what was expected."""
+import json
 import socket
 import threading
 import time
@@ -103,6 +104,29 @@ def test_unknown_url_and_wrong_method(bridge):
     assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/images/generations")
     st, _, body = bridge.request("GET", "/v1/chat/completions")
     assert_openai_error(st, body, 405, "/v1/chat/completions: only POST")
+
+
+def test_head_is_answered_on_get_endpoints(bridge):
+    # uptime checks and load balancers probe with HEAD: the GET answer's status and headers, no
+    # body (the next request on the same connection must read its own answer, not a stray body)
+    c = bridge.conn(30)
+    for path in ("/health", "/ready", "/metrics", "/v1/models", "/v1/models/xing4"):
+        c.request("HEAD", path)
+        r = c.getresponse()
+        assert r.status == 200, (path, r.status)
+        assert r.read() == b"", path
+    c.request("GET", "/health")
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+    c.close()
+    # a 405 says which methods the path takes
+    st, hdrs, body = bridge.request("POST", "/health", {})
+    assert_openai_error(st, body, 405, "/health: only GET")
+    assert hdrs["allow"] == "GET, HEAD"
+    st, hdrs, body = bridge.request("HEAD", "/v1/chat/completions")
+    assert st == 405 and hdrs["allow"] == "POST"
+    st, hdrs, body = bridge.request("PUT", "/v1/nothing-here")
+    assert_openai_error(st, body, 404, "Unknown request URL: PUT /v1/nothing-here")
 
 
 def test_cancel_of_unknown_request_is_404(bridge):
