@@ -89,6 +89,10 @@ static int set_str(char **dst, const char *v) {
  * messages ("--threads", "/etc/xing4d/xing4d.conf:7"). */
 static int apply_option(struct options *o, const char *key, const char *v, const char *where) {
         int r = 0;
+        /* a config line's message names the setting too (a flag's `where` is its name already) */
+        char sfx[128] = "";
+        if (where[0] != '-')
+                snprintf(sfx, sizeof sfx, " (setting '%.100s')", key);
         if (streq(key, "model"))
                 r = set_str(&o->model, v);
         else if (streq(key, "config-json"))
@@ -97,11 +101,11 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 r = set_str(&o->tokenizer_path, v);
         else if (streq(key, "assume-release-defaults")) {
                 if (parse_bool(v, &o->assume_release_defaults) < 0)
-                        return log_error_errno(EINVAL, "%s: '%s' is not a boolean (yes/no)", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a boolean (yes/no)%s", where, v, sfx);
         } else if (streq(key, "device")) {
                 if (!streq(v, "cpu") && !streq(v, "cuda") && !streq(v, "auto"))
-                        return log_error_errno(EINVAL, "%s: device '%s', one of cpu, cuda, auto expected",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: device '%s', one of cpu, cuda, auto expected%s",
+                                               where, v, sfx);
                 r = set_str(&o->device, v);
         } else if (streq(key, "listen"))
                 r = set_str(&o->listen, v);
@@ -109,46 +113,46 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 r = set_str(&o->state_dir, v);
         else if (streq(key, "memory-limit") || streq(key, "gpu-memory-limit")) {
                 if (parse_size(v, &o->memory_limit) < 0)
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)%s", where, v, sfx);
         } else if (streq(key, "max-snapshot-bytes")) {
                 if (parse_size(v, &o->max_snapshot_bytes) < 0 || o->max_snapshot_bytes == 0)
-                        return log_error_errno(EINVAL, "%s: '%s' is not a nonzero size (e.g. 64G)",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a nonzero size (e.g. 64G)%s",
+                                               where, v, sfx);
         } else if (streq(key, "snapshot-chunk")) {
                 if (parse_size(v, &o->snapshot_chunk) < 0 || o->snapshot_chunk < 4096 ||
                     o->snapshot_chunk > ((uint64_t) 1 << 32))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [4K, 4G]", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [4K, 4G]%s", where, v, sfx);
         } else if (streq(key, "output-buffer")) {
                 if (parse_size(v, &o->output_buffer) < 0 || o->output_buffer < 1024 ||
                     o->output_buffer > (1u << 30))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [1K, 1G]", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [1K, 1G]%s", where, v, sfx);
         } else if (streq(key, "grace")) {
                 char *end;
                 errno = 0;
                 double g = strtod(v, &end);
                 if (errno || *end || !(g >= 0 && g <= 3600))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]%s",
+                                               where, v, sfx);
                 o->grace_s = g;
         } else if (streq(key, "idle-timeout")) {
                 char *end;
                 errno = 0;
                 double t = strtod(v, &end);
                 if (errno || *end || !(t >= 0 && t <= 86400))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 86400]",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 86400]%s",
+                                               where, v, sfx);
                 o->idle_timeout_s = t;
         } else if (streq(key, "max-pending-bytes")) {
                 if (parse_size(v, &o->max_pending_bytes) < 0 || o->max_pending_bytes < (1u << 20))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size of at least 1M (e.g. 256M)",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size of at least 1M (e.g. 256M)%s",
+                                               where, v, sfx);
         } else if (streq(key, "hello-timeout")) {
                 char *end;
                 errno = 0;
                 double t = strtod(v, &end);
                 if (errno || *end || !(t >= 0 && t <= 3600))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]%s",
+                                               where, v, sfx);
                 o->hello_timeout_s = t;
         } else if (streq(key, "mtp")) {
                 if (streq(v, "on") || streq(v, "true") || streq(v, "1"))
@@ -156,12 +160,12 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 else if (streq(v, "off") || streq(v, "false") || streq(v, "0"))
                         o->mtp = false;
                 else
-                        return log_error_errno(EINVAL, "%s: '%s', off or on expected", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s', off or on expected%s", where, v, sfx);
         } else if (streq(key, "mtp-sampling")) {
                 if (streq(v, "rejection") || streq(v, "match"))
                         o->mtp_match = streq(v, "match");
                 else
-                        return log_error_errno(EINVAL, "%s: '%s', rejection or match expected", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s', rejection or match expected%s", where, v, sfx);
         } else if (streq(key, "log-level")) {
                 static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice",
                                                "info", "debug" };
@@ -171,7 +175,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                                 lvl = i;
                 if (lvl < 0)
                         return log_error_errno(EINVAL, "%s: log level '%s', one of err, warning, "
-                                                       "info, debug expected", where, v);
+                                                       "info, debug expected%s", where, v, sfx);
                 o->log_level = lvl;
         } else {
                 static const struct { const char *name; size_t off; uint32_t min, max; } nums[] = {
@@ -195,8 +199,8 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         if (streq(key, nums[i].name)) {
                                 uint32_t x;
                                 if (parse_u32(v, &x) < 0 || x < nums[i].min || x > nums[i].max)
-                                        return log_error_errno(EINVAL, "%s: '%s' is not an integer in [%u, %u]",
-                                                               where, v, nums[i].min, nums[i].max);
+                                        return log_error_errno(EINVAL, "%s: '%s' is not an integer in [%u, %u]%s",
+                                                               where, v, nums[i].min, nums[i].max, sfx);
                                 *(uint32_t *) ((char *) o + nums[i].off) = x;
                                 return 0;
                         }

@@ -545,6 +545,15 @@ def test_config_errors_name_the_line(tmp_path):
     r = run_xing4d("--config", str(conf))
     assert r.returncode == 1
     assert f"{conf}:1: 'lots' is not an integer in [1, 4096]" in r.stderr
+    # a bad value on a config line names the setting, not only the line
+    conf.write_text("[xing4d]\nthreads = 1\nmax_running = lots\n")
+    r = run_xing4d("--config", str(conf))
+    assert r.returncode == 1
+    assert f"{conf}:3: 'lots' is not an integer in [1, 4096] (setting 'max-running')" in r.stderr
+    conf.write_text("[xing4d]\nmemory-limit = much\n")
+    r = run_xing4d("--config", str(conf))
+    assert r.returncode == 1
+    assert f"{conf}:2: 'much' is not a size (e.g. 8G, 512M) (setting 'memory-limit')" in r.stderr
     # a line longer than the parser's buffer is an error, not two lines
     conf.write_text("[xing4d]\nthreads = 1\n# " + "x" * 5000 + "\n")
     r = run_xing4d("--config", str(conf))
