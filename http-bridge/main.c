@@ -1205,6 +1205,13 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
         event_base_loopexit(br.base, &grace);
 }
 
+/* SIGHUP ("reload", or the terminal closed) would kill the bridge mid-stream by default; nothing is
+ * re-read while serving, so it is logged and ignored (SIGTERM stops the bridge). */
+static void on_hup(evutil_socket_t sig, short what, void *arg) {
+        log_info("SIGHUP ignored: the settings and API keys are read at start; restart xing4-http to apply "
+                 "changes (SIGTERM stops it)");
+}
+
 /* One key per line; blank lines and # comments are skipped. */
 static int read_api_keys(const char *path) {
         _cleanup_fclose_ FILE *f = fopen(path, "re");
@@ -1389,8 +1396,10 @@ int main(int argc, char **argv) {
 
         struct event *sigint = evsignal_new(br.base, SIGINT, on_signal, NULL);
         struct event *sigterm = evsignal_new(br.base, SIGTERM, on_signal, NULL);
+        struct event *sighup = evsignal_new(br.base, SIGHUP, on_hup, NULL);
         event_add(sigint, NULL);
         event_add(sigterm, NULL);
+        event_add(sighup, NULL);
         log_info("listening on http://%s:%d/v1 (model \"%s\", %zu daemon socket%s)",
                  strchr(host, ':') ? "[::]" : host, bound_port, br.served_model, br.n_backends,
                  br.n_backends == 1 ? "" : "s");
@@ -1401,6 +1410,7 @@ int main(int argc, char **argv) {
         evhttp_free(http);
         event_free(sigint);
         event_free(sigterm);
+        event_free(sighup);
         /* libx4client does not call on_done when a client is freed: the jobs left are abandoned */
         while (br.jobs) {
                 struct job *j = br.jobs;

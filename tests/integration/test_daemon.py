@@ -5,6 +5,7 @@ import json
 import signal
 import struct
 import subprocess
+import time
 
 import pytest
 
@@ -394,6 +395,28 @@ def test_sigterm_drains_then_cancels_after_the_grace_period(fresh_daemon):
     assert p.returncode == 0, err
     assert json.loads(out.splitlines()[-1])["finish_reason"] == "cancelled"
     assert d.proc.wait(timeout=30) == 0
+
+
+def test_sighup_is_ignored_not_fatal(fresh_daemon):
+    # SIGHUP's default action killed the daemon mid-generation and left its socket file behind;
+    # "reload" habits (kill -HUP, a closed terminal) must not take the service down
+    d = fresh_daemon()
+    p, s, _ = start_long(d)
+    d.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while not any("SIGHUP ignored" in x for x in d.log):
+        assert time.monotonic() < deadline and d.proc.poll() is None, d.log[-5:]
+        time.sleep(0.05)
+    assert d.proc.poll() is None
+    r = d.x4ctl("health")
+    assert r.returncode == 0 and r.stdout.startswith("serving"), r.stderr
+    # the generation in flight goes on
+    r = d.x4ctl("cancel", str(s["requests"][0]["server_request_id"]))
+    assert r.returncode == 0, r.stderr
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["finish_reason"] == "cancelled"
+    assert d.terminate() == 0
 
 
 # ---- text output: stop strings, reasoning channel, thinking budget -------------------------------
