@@ -531,6 +531,15 @@ void am_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
 }
 
 void am_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out) {
+        if (s->index == 0 && !s->open) {
+                /* nothing was said (a stop sequence or the end of the turn first): the answer has
+                 * one empty text block, as am_response_json gives it, so the SDK's accumulated
+                 * message matches the non-streaming one */
+                ev(out, "content_block_start",
+                   json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
+                             "type", "text", "text", ""));
+                s->open = 2;
+        }
         close_block(s, out);
         ev(out, "message_delta",
            json_pack("{s:s, s:{s:s, s:o}, s:o}", "type", "message_delta", "delta", "stop_reason",

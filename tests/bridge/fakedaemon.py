@@ -10,6 +10,7 @@ What it answers depends on the request:
     {"answer": "yes"}
   - last message "stop-here": "Up to the", finish stop on the stop string "END"
   - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
+  - last message "say-nothing": no chunk, finish stop (the turn ended before any text)
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
   - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
   - last message "slow": one chunk, then waits up to 5 s for a Cancel (Done{CANCELLED}) else ends
@@ -140,6 +141,8 @@ def script(req):
         return [(CHUNK, chunk("Slowly")), (WAIT_CANCEL, 5.0), (DONE, done(FINISH_STOP, completion=1))]
     if last["content"] == "stop-here":
         return [(CHUNK, chunk("Up to the")), (DONE, done(FINISH_STOP, stop="END"))]
+    if last["content"] == "say-nothing":
+        return [(DONE, done(FINISH_STOP, completion=1, reasoning=0))]
     if last["content"] == "think-long":
         return [(CHUNK, chunk("Thinking", REASONING)), (CHUNK, chunk(" on and on", REASONING)),
                 (DONE, done(FINISH_LENGTH, completion=2, reasoning=2))]

@@ -236,6 +236,24 @@ def test_stream_bytes_tool_use(fake_bridge):
     sse_fixture.check("messages-tool-use", data)
 
 
+def sse_events(data):
+    return [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
+
+
+def test_empty_answer_streamed_and_not_streamed_alike(fake_bridge):
+    # a turn that ends before any text: the non-streaming answer has one empty text block, and so
+    # must the message a client assembles from the stream (the SDK's finalMessage())
+    st, _, body = post(fake_bridge, msg("say-nothing"))
+    assert st == 200, body
+    assert body["content"] == [{"type": "text", "text": ""}] and body["stop_reason"] == "end_turn"
+    events = sse_events(raw_stream(fake_bridge, msg("say-nothing", stream=True)))
+    assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_stop",
+                                           "message_delta", "message_stop"]
+    assert events[2]["index"] == 0 and events[2]["content_block"] == {"type": "text", "text": ""}
+    assert events[3]["index"] == 0
+    assert events[4]["delta"]["stop_reason"] == "end_turn"
+
+
 def test_stream_error_after_start(fake_bridge):
     data = raw_stream(fake_bridge, msg("error-after-start", stream=True))
     sse_fixture.check("messages-error", data)
