@@ -314,6 +314,7 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
                 r->tools_json = dup0(ch->tools_json);
                 if (ch->has_enable_thinking)
                         r->enable_thinking = ch->enable_thinking;
+                r->no_generation_prompt = ch->has_add_generation_prompt && !ch->add_generation_prompt;
                 break;
         }
         default:

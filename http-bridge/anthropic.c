@@ -415,6 +415,12 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                 if (ret < 0)
                         return -1;
         }
+        /* an assistant message with text last is a prefill: the answer continues it, and holds
+         * only the new text (the daemon leaves that message open, with no generation prompt) */
+        json_t *fin = json_array_get(conv, json_array_size(conv) - 1);
+        if (fin && streq(json_string_value(json_object_get(fin, "role")), "assistant") &&
+            !json_object_get(fin, "tool_calls") && json_string_length(json_object_get(fin, "content")) > 0)
+                x4_request_set_add_generation_prompt(r->req, false);
         return api_add_conversation(r, conv, e);
 }
 

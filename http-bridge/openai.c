@@ -686,6 +686,24 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                 if (set)
                         x4_request_set_thinking_budget(r->req, (int32_t) b);
         }
+        /* continue_final_message / add_generation_prompt (vLLM's extensions): no generation
+         * prompt, and a final assistant message is continued (an assistant prefill) */
+        bool cont = false, agp = true;
+        if (api_get_bool(root, "continue_final_message", &cont, e) < 0 ||
+            api_get_bool(root, "add_generation_prompt", &agp, e) < 0)
+                return -1;
+        if (cont) {
+                json_t *msgs = json_object_get(root, "messages");
+                json_t *fin = json_array_get(msgs, json_array_size(msgs) - 1);
+                if (agp && json_is_true(json_object_get(root, "add_generation_prompt")))
+                        return api_bad(e, "continue_final_message", "cannot be combined with "
+                                       "\"add_generation_prompt\": true");
+                if (!streq(json_string_value(json_object_get(fin, "role")), "assistant"))
+                        return api_bad(e, "continue_final_message", "the last message must be the assistant's "
+                                       "to continue");
+        }
+        if (cont || !agp)
+                x4_request_set_add_generation_prompt(r->req, false);
         return 0;
 }
 

@@ -73,6 +73,8 @@ def decode_generate(g):
             out["tools"] = json.loads(s(chat, 2))
         if 3 in chat:
             out["enable_thinking"] = bool(chat[3][0])
+        if 4 in chat:
+            out["add_generation_prompt"] = bool(chat[4][0])
     if 5 in g:
         out["max_tokens"] = g[5][0]
     if 6 in g:

@@ -236,6 +236,24 @@ def test_stream_bytes_tool_use(fake_bridge):
     sse_fixture.check("messages-tool-use", data)
 
 
+def test_assistant_prefill_is_continued(fake, fake_bridge):
+    # an assistant message with text last is a prefill (Anthropic's API): the daemon is asked to
+    # leave it open instead of answering a new turn after it
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "{\"a\": "}]})
+    assert st == 200, body
+    r = last_request(fake)
+    assert r["messages"][-1] == {"role": "assistant", "content": "{\"a\": "}
+    assert r["add_generation_prompt"] is False
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "Sure"}]}],
+        "stream": True})
+    assert st == 200 and last_request(fake)["add_generation_prompt"] is False
+    # an ordinary turn gets the generation prompt (the field is left unset)
+    post(fake_bridge, msg("hi"))
+    assert "add_generation_prompt" not in last_request(fake)
+
+
 def sse_events(data):
     return [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
 

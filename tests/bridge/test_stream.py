@@ -5,7 +5,7 @@ import json
 import threading
 import time
 
-from conftest import chat
+from conftest import assert_openai_error, chat
 
 
 def raw_stream(bridge, body):
@@ -203,6 +203,34 @@ def test_ignore_eos_generates_max_tokens(bridge):
         st, _, body = bridge.post("/v1/chat/completions", chat("hi", max_tokens=24, seed=seed, ignore_eos=True))
         assert st == 200, body
         assert body["usage"]["completion_tokens"] == 24 and body["choices"][0]["finish_reason"] == "length"
+
+
+def test_assistant_prefill_continues_the_message(bridge):
+    # Anthropic's prefill (an assistant message last) and vLLM's continue_final_message: the model
+    # continues that message's text instead of answering a new turn after it. Greedy, the answer
+    # is exactly the raw completion of the template's text up to the prefill (the demo model's
+    # template is the Xing4 one: <_system><_user>TEXT<_bot></think>ANSWER...)
+    raw = bridge.post("/v1/completions", {"model": "xing4", "prompt": "<_system><_user>hi<_bot></think>Well",
+                                          "max_tokens": 8, "temperature": 0})[2]
+    want = raw["choices"][0]["text"]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well"}]
+    st, _, body = bridge.post("/v1/messages", {"model": "xing4", "max_tokens": 8, "temperature": 0,
+                                               "messages": history})
+    assert st == 200, body
+    assert body["content"] == [{"type": "text", "text": want}]
+    assert body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"] == raw["usage"]["prompt_tokens"]
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "max_tokens": 8, "temperature": 0,
+                                                       "messages": history, "continue_final_message": True,
+                                                       "add_generation_prompt": False})
+    assert st == 200, body
+    assert body["choices"][0]["message"]["content"] == want
+    assert "reasoning_content" not in body["choices"][0]["message"]
+    # without the flag an OpenAI chat answers a new turn after the assistant's
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "max_tokens": 8, "temperature": 0,
+                                                       "messages": history})
+    assert st == 200 and body["usage"]["prompt_tokens"] > raw["usage"]["prompt_tokens"]
+    st, _, body = bridge.post("/v1/chat/completions", chat("hi", continue_final_message=True))
+    assert_openai_error(st, body, 400, "the last message must be the assistant's", param="continue_final_message")
 
 
 def test_seeded_greedy_is_reproducible_through_the_bridge(bridge):

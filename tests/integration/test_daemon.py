@@ -364,6 +364,57 @@ def test_c_client_sends_tool_call_history(fresh_daemon, client_test, tmp_path):
     assert bad["message"].startswith("prompt.chat.messages[1].tool_calls_json"), bad
 
 
+def greedy_body(prompt_field, max_tokens=6):
+    sampling = w.varint(1 << 3 | 5) + struct.pack("<f", 0.0)
+    return prompt_field + w.field_bytes(4, sampling) + w.field_varint(5, max_tokens) + w.field_varint(11, 1)
+
+
+def chat_field(messages, add_generation_prompt=None):
+    chat = b"".join(w.field_bytes(1, w.field_bytes(1, role) + w.field_bytes(2, content)) for role, content in messages)
+    if add_generation_prompt is not None:
+        chat += w.field_varint(4, int(add_generation_prompt))
+    return w.field_bytes(3, chat)
+
+
+def test_chat_without_generation_prompt_continues_the_assistant(fresh_daemon, tmp_path):
+    # Chat.add_generation_prompt = false (it was ignored): a final assistant message is left open
+    # and the answer continues it, token for token what the raw text up to it gives
+    model = model_with_template(tmp_path, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                                          "{% if add_generation_prompt %}assistant: {% endif %}")
+    d = fresh_daemon(args=("--model", str(model)))
+    history = [("user", "hi"), ("assistant", "Once upon")]
+    c = w.Conn(d.sock)
+    c.hello()
+    got, done = c.generate_all([greedy_body(chat_field(history, False)),
+                                greedy_body(w.field_bytes(1, "user: hi\nassistant: Once upon")),
+                                greedy_body(chat_field(history))])
+    c.close()
+    usage = {k: w.parse(d[2][0]) for k, d in done.items()}
+    assert got[1] == got[2] and len(got[1]) == 6
+    assert usage[1][1] == usage[2][1]
+    # the default (and true) renders the assistant's turn closed, then a new generation prompt
+    assert usage[3][1][0] > usage[1][1][0]
+
+
+def test_continuation_needs_a_template_that_keeps_the_text(fresh_daemon, tmp_path):
+    # a template that changes message text cannot be continued from: refused, not guessed
+    model = model_with_template(tmp_path, "{% for m in messages %}{{ m.role }}{{ m.content | upper }}{% endfor %}"
+                                          "{% if add_generation_prompt %}<_bot><think>\n{% endif %}")
+    d = fresh_daemon(args=("--model", str(model)))
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, greedy_body(chat_field([("user", "hi"), ("assistant", "So")], False))))
+    code, msg = w.error_of(c.recv())
+    assert code == "INVALID_ARGUMENT"
+    assert "does not render the final assistant message's content as given" in msg
+    # an ordinary chat through the same template is served
+    c.send(w.frame(2, w.GENERATE, greedy_body(chat_field([("user", "hi")]))))
+    got, done = {2: []}, {}
+    while 2 not in done:
+        c.recv_generation(got, done)
+    c.close()
+
+
 def test_c_client_reports_server_errors(daemon, client_test):
     r, f = run_client(client_test, daemon, "bad-top-p")
     assert f["status"] == "-1 invalid argument"
