@@ -315,8 +315,12 @@ static int set_json_schema(x4_request *req, const char *path) {
         json_error_t je;
         json_t *schema = json_load_file(path, 0, &je);
         if (!schema) {
-                fprintf(stderr, "x4ctl: --json-schema %s: %s (line %d, column %d)\n", path, je.text, je.line,
-                        je.column);
+                /* jansson has no position for a file it could not open or read (line -1) */
+                if (je.line > 0)
+                        fprintf(stderr, "x4ctl: --json-schema %s: %s (line %d, column %d)\n", path, je.text,
+                                je.line, je.column);
+                else
+                        fprintf(stderr, "x4ctl: --json-schema %s: %s\n", path, je.text);
                 return EXIT_USAGE;
         }
         if (!json_is_object(schema)) {
@@ -973,7 +977,7 @@ static int cmd_cancel(int argc, char **argv) {
         x4_client *c;
         uint64_t id;
         if (argc != 2)
-                return usage_error("cancel: expects one server request id (see x4ctl stats)%s", "");
+                return usage_error("cancel: expects one server request id, as x4ctl stats shows%s", "");
         if (parse_u64(argv[1], &id) < 0)
                 return usage_error("cancel: '%s' is not a request id", argv[1]);
         int r = open_client(&c);

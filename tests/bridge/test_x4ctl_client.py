@@ -108,3 +108,6 @@ def test_json_schema_file(fake, tmp_path):
     assert r.returncode == 2 and "a JSON Schema object" in r.stderr
     r = x4ctl(fake["socket"], "generate", "--json-schema", str(tmp_path / "nope.json"), "q")
     assert r.returncode == 2 and "nope.json" in r.stderr
+    # a file that cannot be opened has no position to report (it said "line -1, column -1")
+    assert r.stderr == f"x4ctl: --json-schema {tmp_path / 'nope.json'}: unable to open {tmp_path / 'nope.json'}: " \
+                       "No such file or directory\n", r.stderr
