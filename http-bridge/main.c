@@ -890,9 +890,21 @@ static void handle_cancel(struct evhttp_request *req, const char *id, int key) {
         send_error(req, &e, "cancel");
 }
 
+/* One model in both APIs' shapes: OpenAI's (id, object, created, owned_by) and Anthropic's (type,
+ * display_name, created_at in RFC 3339), so either SDK's models.list/retrieve reads it. */
+static json_t *model_object(const char *id) {
+        char when[32] = "1970-01-01T00:00:00Z";
+        struct tm tm;
+        time_t t = br.started_unix;
+        if (gmtime_r(&t, &tm))
+                strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", id, "object", "model", "created",
+                         (json_int_t) br.started_unix, "owned_by", "xing4d", "type", "model", "display_name", id,
+                         "created_at", when);
+}
+
 static void handle_models(struct evhttp_request *req) {
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", br.served_model, "object", "model", "created",
-                              (json_int_t) br.started_unix, "owned_by", "xing4d");
+        json_t *m = model_object(br.served_model);
         /* what the daemons actually load (general.name and fingerprint), for humans */
         for (size_t i = 0; i < br.n_backends; i++)
                 if (br.backends[i].model_name[0]) {
@@ -900,7 +912,11 @@ static void handle_models(struct evhttp_request *req) {
                         json_object_set_new(m, "xing4d_fingerprint", json_string(br.backends[i].fingerprint));
                         break;
                 }
-        send_json(req, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m), "models");
+        /* has_more/first_id/last_id: Anthropic's list page (its SDK pages on them) */
+        send_json(req, 200,
+                  json_pack("{s:s, s:[o], s:b, s:s, s:s}", "object", "list", "data", m, "has_more", 0, "first_id",
+                            br.served_model, "last_id", br.served_model),
+                  "models");
 }
 
 /* 200 when at least one daemon serves; 503 (with Retry-After) while they load or are unreachable. */
@@ -1060,12 +1076,7 @@ static void handle_model(struct evhttp_request *req, const char *id) {
                          br.served_model);
                 return send_error(req, &e, "models");
         }
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
-                              (json_int_t) br.started_unix, "owned_by", "xing4d");
-        /* Anthropic's model object, for its SDK's models.retrieve */
-        json_object_set_new(m, "type", json_string("model"));
-        json_object_set_new(m, "display_name", json_string(id));
-        send_json(req, 200, m, "models");
+        send_json(req, 200, model_object(id), "models");
 }
 
 static void route(struct evhttp_request *req, void *arg) {
