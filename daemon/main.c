@@ -674,7 +674,12 @@ int main(int argc, char **argv) {
                 log_error("no model: give --model PATH or model= in the config");
                 goto out;
         }
-        /* --listen on a live daemon's socket: say so now, not after loading the model */
+        /* --listen on a live daemon's socket, or no socket at all: say so now, not after loading
+         * the model (minutes for the release's) */
+        if (!o.listen && sd_listen_fds(0) <= 0) {
+                log_error("no socket: not socket-activated and no --listen PATH given");
+                goto out;
+        }
         if (o.listen && sd_listen_fds(0) <= 0 && check_listen_free(o.listen) < 0)
                 goto out;
         /* SIGTERM during the load: the default action (exit) is right, nothing is served yet.

@@ -609,6 +609,15 @@ def run_xing4d(*args, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def test_no_socket_is_said_before_the_model_loads(tmp_path):
+    # neither socket-activated nor --listen: refused at once, not after loading the model (which
+    # takes minutes for the release's); the log has nothing from the load
+    r = run_xing4d("--config", "/dev/null", "--state-dir", str(tmp_path))
+    assert r.returncode == 1
+    assert "no socket: not socket-activated and no --listen PATH given" in r.stderr
+    assert "chat template" not in r.stderr and "serving" not in r.stderr, r.stderr
+
+
 def test_config_errors_name_the_line(tmp_path):
     conf = tmp_path / "bad.conf"
     conf.write_text("[xing4d]\nthreads = 1\nfrobnicate = yes\n")
