@@ -111,3 +111,20 @@ def test_json_schema_file(fake, tmp_path):
     # a file that cannot be opened has no position to report (it said "line -1, column -1")
     assert r.stderr == f"x4ctl: --json-schema {tmp_path / 'nope.json'}: unable to open {tmp_path / 'nope.json'}: " \
                        "No such file or directory\n", r.stderr
+
+
+def test_help_lists_every_option_of_the_man_page():
+    # x4ctl --help is where a user looks first: every option man/x4ctl.1 documents is named there
+    # (--no-mtp was missing)
+    import re
+    from conftest import SRC
+    need(X4CTL)
+    man = (SRC / "man" / "x4ctl.1").read_text()
+    # the option items: lines ".B \-\-name" / ".BI \-\-name ARG ..." (several options on some)
+    items = [line for line in man.splitlines() if re.match(r"\.BI? \\-\\-", line)]
+    documented = {m.replace("\\-", "-") for line in items for m in re.findall(r"\\-\\-((?:[a-z]|\\-)+)", line)}
+    assert "no-mtp" in documented and "json-schema" in documented, documented
+    r = subprocess.run([str(X4CTL), "--help"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0
+    missing = sorted(d for d in documented if f"--{d}" not in r.stdout)
+    assert not missing, missing
