@@ -425,6 +425,15 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
                 return -1;
         if (background)
                 return api_unsupported(e, "background", "running a response in the background");
+        /* state kept on OpenAI's servers: answering without it would silently drop the history or
+         * the instructions the client meant to send */
+        json_t *conversation = json_object_get(root, "conversation");
+        if (conversation && !json_is_null(conversation))
+                return api_unsupported(e, "conversation", "a stored conversation (send previous_response_id, or the "
+                                       "history in input)");
+        json_t *prompt = json_object_get(root, "prompt");
+        if (prompt && !json_is_null(prompt))
+                return api_unsupported(e, "prompt", "a stored prompt template (send instructions and input)");
         if (api_get_int(root, "max_output_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
                 return -1;
         if (set)

@@ -186,6 +186,10 @@ def test_max_output_tokens_is_incomplete(fake_bridge):
      "cannot be combined"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "\"none\", \"minimal\""),
     ({"background": True}, "background", "not supported"),
+    # server-side state this bridge does not have: refused, not silently answered without it
+    ({"conversation": "conv_123"}, "conversation", "a stored conversation"),
+    ({"conversation": {"id": "conv_123"}}, "conversation", "not supported"),
+    ({"prompt": {"id": "pmpt_1", "version": "2"}}, "prompt", "a stored prompt template"),
     ({"stream": "yes"}, "stream", "true or false"),
 ])
 def test_bad_values_name_the_field(fake_bridge, kw, param, part):
