@@ -524,6 +524,11 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
                 return api_fail(e, 400, "invalid_request_error", "unsupported_value", "n",
                                 "n: only 1 choice per request is supported, got %lld (send %lld "
                                 "requests instead)", (long long) iv, (long long) iv);
+        /* logit_bias changes what is sampled: ignoring it would answer a different request (an empty
+         * map, which some clients send by default, changes nothing) */
+        json_t *lb = json_object_get(root, "logit_bias");
+        if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
+                return api_unsupported(e, "logit_bias", "biasing token logits");
         json_t *user = json_object_get(root, "user");
         if (user && !json_is_null(user) && !json_is_string(user))
                 return api_bad(e, "user", "a string expected, got %s", api_type_name(user));
@@ -603,6 +608,15 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
         if (r->logprobs)
                 x4_request_set_logprobs(r->req, r->top_logprobs > 0 ? r->top_logprobs : 1);
 
+        /* the deprecated function-calling fields: dropping them would hide the functions from
+         * the model without a word */
+        static const char *const legacy[] = { "functions", "function_call" };
+        for (size_t k = 0; k < ELEMENTSOF(legacy); k++) {
+                json_t *v = json_object_get(root, legacy[k]);
+                if (v && !json_is_null(v))
+                        return api_unsupported(e, legacy[k], "the deprecated function-calling form (send \"tools\" "
+                                               "and \"tool_choice\")");
+        }
         json_t *tools = json_object_get(root, "tools");
         json_t *choice = json_object_get(root, "tool_choice");
         bool send_tools = tools && !json_is_null(tools);

@@ -43,6 +43,25 @@ def test_n_above_one_is_refused_clearly(bridge):
     assert e["code"] == "unsupported_value"
 
 
+@pytest.mark.parametrize("kw,param,part", [
+    ({"logit_bias": {"15": 100}}, "logit_bias", "biasing token logits is not supported"),
+    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions", "send \"tools\""),
+    ({"function_call": "auto"}, "function_call", "deprecated function-calling form"),
+])
+def test_parameters_that_would_change_the_answer_are_not_ignored(bridge, kw, param, part):
+    # silently dropping these answered a different request than the one sent
+    st, _, body = bridge.post("/v1/chat/completions", chat(**kw))
+    e = assert_openai_error(st, body, 400, part, param=param)
+    assert e["code"] == "unsupported_parameter"
+    if param == "logit_bias":
+        st, _, body = bridge.post("/v1/completions", {"model": "xing4", "prompt": "a", "max_tokens": 2, **kw})
+        assert_openai_error(st, body, 400, part, param=param)
+    # what clients send by default still works: an empty bias map, nulls
+    for ok in ({"logit_bias": {}}, {"logit_bias": None, "functions": None, "function_call": None}):
+        st, _, body = bridge.post("/v1/chat/completions", chat(max_tokens=2, **ok))
+        assert st == 200, body
+
+
 def test_image_content_part_is_refused(bridge):
     msg = {"role": "user", "content": [{"type": "text", "text": "what is this"},
                                        {"type": "image_url", "image_url": {"url": "data:,"}}]}
