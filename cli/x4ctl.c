@@ -950,7 +950,10 @@ static int cmd_health(int argc, char **argv) {
         x4_client *c;
         int status;
         char detail[256];
-        if (argc > 1)
+        /* --json after the command too, as info and stats take it */
+        if (argc == 2 && strcmp(argv[1], "--json") == 0)
+                arg.json = true;
+        else if (argc > 1)
                 return usage_error("health: unexpected argument '%s'", argv[1]);
         int r = open_client(&c);
         if (r != 0)
@@ -1157,7 +1160,7 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
         else if (streq_(cmd, "info"))
                 printf("Usage: x4ctl info [--json]\nThe model, the backend and the daemon's limits.\n");
         else if (streq_(cmd, "health"))
-                printf("Usage: x4ctl health\nThe daemon's state; exit 0 only while it serves.\n");
+                printf("Usage: x4ctl health [--json]\nThe daemon's state; exit 0 only while it serves.\n");
         else
                 return false;
         return true;
@@ -1173,7 +1176,7 @@ static void help(void) {
                "  snapshot create NAME [--tokens IDS|--raw|--system TEXT] [PROMPT...]\n"
                "  snapshot list | snapshot drop NAME\n"
                "  info [--json]                 model, backend and limits\n"
-               "  health                        serving / draining (exit 0 only when serving)\n\n"
+               "  health [--json]               serving / draining (exit 0 only when serving)\n\n"
                "Global options:\n"
                "  --socket PATH                 daemon socket (default $X4_SOCKET, else " X4_DEFAULT_SOCKET ")\n"
                "  --connect-timeout MS          connect + handshake limit (default 30000; -1 = none)\n"

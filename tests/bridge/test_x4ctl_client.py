@@ -113,6 +113,16 @@ def test_json_schema_file(fake, tmp_path):
                        "No such file or directory\n", r.stderr
 
 
+def test_health_takes_json_after_the_command_too(fake):
+    # info and stats take --json after the command; health refused it as an unexpected argument
+    before = x4ctl(fake["socket"], "--json", "health")
+    after = x4ctl(fake["socket"], "health", "--json")
+    assert before.returncode == after.returncode == 0, (before.stderr, after.stderr)
+    assert json.loads(after.stdout) == json.loads(before.stdout) and json.loads(after.stdout)["status"] == "serving"
+    r = x4ctl(fake["socket"], "health", "--jsn")
+    assert r.returncode == 2 and "health: unexpected argument '--jsn'" in r.stderr
+
+
 def test_help_lists_every_option_of_the_man_page():
     # x4ctl --help is where a user looks first: every option man/x4ctl.1 documents is named there
     # (--no-mtp was missing)
