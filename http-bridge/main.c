@@ -1086,6 +1086,20 @@ static void route(struct evhttp_request *req, void *arg) {
         struct api_error e;
         if (!path)
                 path = "/";
+        /* a base URL written with a trailing slash ("http://host:8000/v1/") joined by a client that
+         * adds its own gives "/v1//chat/completions"; and "/v1/models/" is the same resource: repeated
+         * slashes are collapsed and a trailing one dropped */
+        char norm[1024];
+        if (strstr(path, "//") || (path[0] && path[1] && path[strlen(path) - 1] == '/')) {
+                size_t n = 0;
+                for (const char *p = path; *p && n < sizeof norm - 1; p++)
+                        if (!(*p == '/' && n > 0 && norm[n - 1] == '/'))
+                                norm[n++] = *p;
+                while (n > 1 && norm[n - 1] == '/')
+                        n--;
+                norm[n] = 0;
+                path = norm;
+        }
         if (cors(req, m))
                 return;
         /* HEAD is GET without the body (libevent leaves it out): load balancers and uptime checks

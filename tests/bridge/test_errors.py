@@ -148,6 +148,21 @@ def test_head_is_answered_on_get_endpoints(bridge):
     assert_openai_error(st, body, 404, "Unknown request URL: PUT /v1/nothing-here")
 
 
+def test_trailing_and_doubled_slashes_reach_the_endpoint(bridge):
+    # a base URL configured as "http://host:8000/v1/" and joined naively gives "/v1//chat/completions";
+    # "/v1/models/" is the same resource as "/v1/models"
+    st, _, body = bridge.post("/v1//chat/completions", chat(max_tokens=2))
+    assert st == 200 and body["object"] == "chat.completion", body
+    st, _, body = bridge.post("/v1/chat/completions/", chat(max_tokens=2))
+    assert st == 200, body
+    st, _, body = bridge.request("GET", "/v1/models/")
+    assert st == 200 and body["data"][0]["id"] == "xing4"
+    st, _, body = bridge.request("GET", "/health/")
+    assert st == 200 and body["status"] == "ok"
+    st, _, body = bridge.request("GET", "/v1/images//generations/")
+    assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/images/generations")
+
+
 def test_cancel_of_unknown_request_is_404(bridge):
     st, _, body = bridge.request("DELETE", "/v1/requests/chatcmpl-999999")
     assert_openai_error(st, body, 404, 'request "chatcmpl-999999" is not in flight', param="id")
