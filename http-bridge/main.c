@@ -1001,6 +1001,10 @@ static int authorized(struct evhttp_request *req) {
         const char *key = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : evhttp_find_header(in, "x-api-key");
         if (!key)
                 return -1;
+        /* RFC 9110: one or more spaces after the scheme */
+        if (h && key == h + 7)
+                while (*key == ' ')
+                        key++;
         int found = -1;
         for (size_t i = 0; i < br.n_api_keys; i++)
                 if (secret_equal(br.api_keys[i], key))

@@ -107,6 +107,10 @@ def test_api_key_is_required_when_configured(daemon, make_bridge, tmp_path):
     st, _, body = b.post("/v1/chat/completions", chat(max_tokens=2),
                          headers={"Authorization": "Bearer s3cret-key"})
     assert st == 200, body
+    # the scheme is case-insensitive and may be followed by several spaces (RFC 9110 credentials)
+    for auth in ("bearer s3cret-key", "Bearer   s3cret-key"):
+        st, _, body = b.post("/v1/chat/completions", chat(max_tokens=2), headers={"Authorization": auth})
+        assert st == 200, (auth, body)
     # health and metrics stay open for probes and scrapers
     assert b.request("GET", "/health")[0] == 200
     assert b.request("GET", "/metrics")[0] == 200
