@@ -750,6 +750,19 @@ void rs_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
 }
 
 void rs_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out) {
+        if (s->index == 0 && !s->open) {
+                /* nothing was said: the output has one empty message, as rs_response_json gives it,
+                 * so a client building the response from the events gets the same items */
+                char iid[64];
+                item_id(iid, sizeof iid, "msg_", s->id, s->index);
+                ev(s, out, "response.output_item.added",
+                   json_pack("{s:i, s:o}", "output_index", (int) s->index, "item", message_item(iid, "", 0, false)));
+                ev(s, out, "response.content_part.added",
+                   json_pack("{s:s, s:i, s:i, s:o}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
+                             "part", text_part("", 0)));
+                s->open = 2;
+                s->open_start = s->res->content_len;
+        }
         close_item(s, out);
         ev(s, out, d->finish_reason == X4_FINISH_LENGTH ? "response.incomplete" : "response.completed",
            json_pack("{s:o}", "response", response_object(s->id, s->created, s->model, s->echo,
