@@ -77,15 +77,16 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
         const struct sched_request *r = j->r;
         char err[1024];
         int ret;
-        /* Chat.add_generation_prompt = false with a final assistant message that has text: that
-         * message stays open and the answer continues it (an assistant prefill, as Anthropic's
-         * API and HF's continue_final_message have it). Its content is rendered as a marker
-         * first, so whatever the template puts after a message (`<_end>`, a newline) is found
-         * and cut, then the text is put back in the marker's place. */
+        /* Chat.add_generation_prompt = false with a final assistant message that has text (and no
+         * tool calls, which the template writes after it): that message stays open and the answer
+         * continues it (an assistant prefill, as Anthropic's API and HF's continue_final_message
+         * have it). Its content is rendered as a marker first, so whatever the template puts
+         * after a message (`<_end>`, a newline) is found and cut, then the text is put back in
+         * the marker's place. */
         static const char marker[] = "\x02x4d-continue-final-message-5f1c\x03";
         const struct sched_message *last = r->n_messages ? &r->messages[r->n_messages - 1] : NULL;
         bool cont = r->no_generation_prompt && last && streq(last->role, "assistant") && last->content &&
-                    last->content[0];
+                    last->content[0] && !last->tool_calls_json; /* its calls come after the text */
 
         _cleanup_(json_freep) struct json_value *ctx = json_new_object();
         struct json_value *msgs = json_new_array();
