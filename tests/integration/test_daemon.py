@@ -370,7 +370,9 @@ def greedy_body(prompt_field, max_tokens=6):
 
 
 def chat_field(messages, add_generation_prompt=None):
-    chat = b"".join(w.field_bytes(1, w.field_bytes(1, role) + w.field_bytes(2, content)) for role, content in messages)
+    """messages: (role, content) or (role, content, tool_calls_json)"""
+    chat = b"".join(w.field_bytes(1, w.field_bytes(1, m[0]) + w.field_bytes(2, m[1]) +
+                                 (w.field_bytes(4, m[2]) if len(m) > 2 else b"")) for m in messages)
     if add_generation_prompt is not None:
         chat += w.field_varint(4, int(add_generation_prompt))
     return w.field_bytes(3, chat)
@@ -379,21 +381,28 @@ def chat_field(messages, add_generation_prompt=None):
 def test_chat_without_generation_prompt_continues_the_assistant(fresh_daemon, tmp_path):
     # Chat.add_generation_prompt = false (it was ignored): a final assistant message is left open
     # and the answer continues it, token for token what the raw text up to it gives
-    model = model_with_template(tmp_path, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    model = model_with_template(tmp_path, "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                                          "{% if m.tool_calls %} calls {{ m.tool_calls[0].name }}{% endif %}{{ '\\n' }}{% endfor %}"
                                           "{% if add_generation_prompt %}assistant: {% endif %}")
     d = fresh_daemon(args=("--model", str(model)))
     history = [("user", "hi"), ("assistant", "Once upon")]
+    with_call = [("user", "hi"), ("assistant", "Once upon", '[{"name": "f", "arguments": {}}]')]
     c = w.Conn(d.sock)
     c.hello()
     got, done = c.generate_all([greedy_body(chat_field(history, False)),
                                 greedy_body(w.field_bytes(1, "user: hi\nassistant: Once upon")),
-                                greedy_body(chat_field(history))])
+                                greedy_body(chat_field(history)),
+                                greedy_body(chat_field(with_call, False)),
+                                greedy_body(w.field_bytes(1, "user: hi\nassistant: Once upon calls f\n"))])
     c.close()
     usage = {k: w.parse(d[2][0]) for k, d in done.items()}
     assert got[1] == got[2] and len(got[1]) == 6
     assert usage[1][1] == usage[2][1]
     # the default (and true) renders the assistant's turn closed, then a new generation prompt
     assert usage[3][1][0] > usage[1][1][0]
+    # an assistant message with tool calls is not cut open (the calls would be lost): it is
+    # rendered whole, without a generation prompt
+    assert got[4] == got[5] and usage[4][1] == usage[5][1]
 
 
 def test_continuation_needs_a_template_that_keeps_the_text(fresh_daemon, tmp_path):
