@@ -419,8 +419,14 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
          * only the new text (the daemon leaves that message open, with no generation prompt) */
         json_t *fin = json_array_get(conv, json_array_size(conv) - 1);
         if (fin && streq(json_string_value(json_object_get(fin, "role")), "assistant") &&
-            !json_object_get(fin, "tool_calls") && json_string_length(json_object_get(fin, "content")) > 0)
+            !json_object_get(fin, "tool_calls") && json_string_length(json_object_get(fin, "content")) > 0) {
+                /* a constrained answer is checked from its first token: after a prefill it would
+                 * have to start over (a second "{") */
+                if (r->forced_tool || (of && !json_is_null(of)))
+                        return api_bad(e, "messages", "a final assistant message (prefill) cannot be combined with "
+                                       "%s", r->forced_tool ? "a forced tool call (tool_choice)" : "output_format");
                 x4_request_set_add_generation_prompt(r->req, false);
+        }
         return api_add_conversation(r, conv, e);
 }
 

@@ -715,6 +715,12 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                 if (!streq(json_string_value(json_object_get(fin, "role")), "assistant"))
                         return api_bad(e, "continue_final_message", "the last message must be the assistant's "
                                        "to continue");
+                /* a constrained answer is checked from its first token, not from inside a prefill */
+                json_t *rf = json_object_get(root, "response_format");
+                const char *rft = json_string_value(json_object_get(rf, "type"));
+                if (r->forced_tool || (rft && !streq(rft, "text")))
+                        return api_bad(e, "continue_final_message", "cannot be combined with %s",
+                                       r->forced_tool ? "a forced tool call (tool_choice)" : "response_format");
         }
         if (cont || !agp)
                 x4_request_set_add_generation_prompt(r->req, false);

@@ -252,6 +252,13 @@ def test_assistant_prefill_is_continued(fake, fake_bridge):
     # an ordinary turn gets the generation prompt (the field is left unset)
     post(fake_bridge, msg("hi"))
     assert "add_generation_prompt" not in last_request(fake)
+    # a constrained answer starts at its first token: a prefill before it is refused, not garbled
+    prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": prefill,
+                                     "output_format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert_anthropic_error(st, body, 400, "invalid_request_error", "cannot be combined with output_format")
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": prefill, "tools": TOOLS, "tool_choice": {"type": "any"}})
+    assert_anthropic_error(st, body, 400, "invalid_request_error", "a forced tool call")
 
 
 def sse_events(data):

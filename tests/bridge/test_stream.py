@@ -231,6 +231,10 @@ def test_assistant_prefill_continues_the_message(bridge):
     assert st == 200 and body["usage"]["prompt_tokens"] > raw["usage"]["prompt_tokens"]
     st, _, body = bridge.post("/v1/chat/completions", chat("hi", continue_final_message=True))
     assert_openai_error(st, body, 400, "the last message must be the assistant's", param="continue_final_message")
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "max_tokens": 8, "messages": history,
+                                                       "continue_final_message": True,
+                                                       "response_format": {"type": "json_object"}})
+    assert_openai_error(st, body, 400, "cannot be combined with response_format", param="continue_final_message")
 
 
 def test_seeded_greedy_is_reproducible_through_the_bridge(bridge):
