@@ -1378,7 +1378,7 @@ int main(int argc, char **argv) {
         char *colon = strrchr(host, ':');
         char *end = NULL;
         long port = colon ? strtol(colon + 1, &end, 10) : -1;
-        if (!colon || !end || *end || colon[1] == 0 || port < 0 || port > 65535) {
+        if (!colon || colon == host || !end || *end || colon[1] == 0 || port < 0 || port > 65535) {
                 log_error("--listen %s: HOST:PORT expected (e.g. 127.0.0.1:8000)", br.cfg.listen);
                 return 2;
         }
@@ -1406,9 +1406,12 @@ int main(int argc, char **argv) {
         evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE |
                                                  EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PUT);
         evhttp_set_gencb(http, route, NULL);
+        errno = 0;
         struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(http, host, (uint16_t) port);
         if (!bs) {
-                log_error("--listen %s: cannot listen there: %m", br.cfg.listen);
+                /* a name that does not resolve leaves errno 0 ("Success") */
+                log_error("--listen %s: cannot listen there: %s", br.cfg.listen,
+                          errno ? strerror(errno) : "the host does not resolve to a local address");
                 return 1;
         }
         struct sockaddr_storage ss;
@@ -1429,8 +1432,8 @@ int main(int argc, char **argv) {
         event_add(sigint, NULL);
         event_add(sigterm, NULL);
         event_add(sighup, NULL);
-        log_info("listening on http://%s:%d/v1 (model \"%s\", %zu daemon socket%s)",
-                 strchr(host, ':') ? "[::]" : host, bound_port, br.served_model, br.n_backends,
+        log_info("listening on http://%s%s%s:%d/v1 (model \"%s\", %zu daemon socket%s)", strchr(host, ':') ? "[" : "",
+                 host, strchr(host, ':') ? "]" : "", bound_port, br.served_model, br.n_backends,
                  br.n_backends == 1 ? "" : "s");
         event_base_dispatch(br.base);
 
