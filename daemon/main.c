@@ -372,13 +372,29 @@ static void read_weights(const struct x4_model *m, struct progress_state *ps) {
 }
 
 /* --listen PATH where a daemon answers: refuse (replacing its socket would cut it off from every
- * new client, and its exit would later delete ours). A socket file nobody answers on is stale. */
+ * new client, and its exit would later delete ours). A socket file nobody answers on is stale.
+ * A path that can never be bound (too long, in a missing folder, another kind of file there) is
+ * refused too: all of this runs before the model load, so the mistake is named in a moment. */
 static int check_listen_free(const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         struct stat st;
 
-        if (strlen(path) >= sizeof sa.sun_path || lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode))
+        if (strlen(path) >= sizeof sa.sun_path)
+                return log_error_errno(ENAMETOOLONG, "--listen %s: longer than %zu bytes", path,
+                                       sizeof sa.sun_path - 1);
+        _cleanup_free_ char *dir = strdup(path);
+        if (dir) {
+                char *slash = strrchr(dir, '/');
+                if (slash)
+                        *(slash == dir ? slash + 1 : slash) = 0;
+                if (slash && (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)))
+                        return log_error_errno(ENOENT, "--listen %s: the folder %s does not exist", path, dir);
+        }
+        if (lstat(path, &st) < 0)
                 return 0;
+        if (!S_ISSOCK(st.st_mode))
+                return log_error_errno(EEXIST, "--listen %s: exists and is not a socket (not replaced: "
+                                               "choose another path)", path);
         strcpy(sa.sun_path, path);
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)

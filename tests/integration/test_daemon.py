@@ -627,6 +627,23 @@ def test_no_socket_is_said_before_the_model_loads(tmp_path):
     assert "chat template" not in r.stderr and "serving" not in r.stderr, r.stderr
 
 
+def test_unusable_listen_paths_are_said_before_the_model_loads(tmp_path):
+    # each was found only at bind(), after the model load; a regular file there was reported as
+    # "Address already in use"
+    (tmp_path / "notes.txt").write_text("keep me\n")
+    cases = [
+        (tmp_path / "missing" / "x.sock", f"the folder {tmp_path / 'missing'} does not exist"),
+        (tmp_path / ("s" * 120), "longer than 107 bytes"),
+        (tmp_path / "notes.txt", "exists and is not a socket (not replaced: choose another path)"),
+        (tmp_path, "exists and is not a socket"),
+    ]
+    for path, message in cases:
+        r = run_xing4d("--config", "/dev/null", "--listen", str(path), "--state-dir", str(tmp_path))
+        assert r.returncode == 1 and f"--listen {path}: {message}" in r.stderr, r.stderr
+        assert "chat template" not in r.stderr and "serving" not in r.stderr, r.stderr
+    assert (tmp_path / "notes.txt").read_text() == "keep me\n"
+
+
 def test_config_errors_name_the_line(tmp_path):
     conf = tmp_path / "bad.conf"
     conf.write_text("[xing4d]\nthreads = 1\nfrobnicate = yes\n")
