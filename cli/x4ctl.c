@@ -438,6 +438,7 @@ struct gen_state {
         bool any_output;
         bool any_content;  /* an answer (content or a tool call) came */
         bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
+        bool output_gone;  /* stdout is closed (x4ctl generate | head): the request is cancelled */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
         bool progress_tty;   /* stderr is a terminal: show a long prefill's progress there */
@@ -537,7 +538,12 @@ static int on_chunk(const struct x4_chunk *ch, void *userdata) {
         if ((ch->channel == X4_CHANNEL_CONTENT && ch->text_len) || ch->tool_name)
                 s->any_content = true;
         s->last_channel = ch->channel;
-        fflush(stdout);
+        /* the reader went away (EPIPE: SIGPIPE is ignored for the daemon's socket): cancel the
+         * request instead of generating into the void up to --max-tokens */
+        if (fflush(stdout) == EOF || ferror(stdout)) {
+                s->output_gone = true;
+                return 1;
+        }
         return 0; /* Ctrl-C is handled by run_generate's loop, also while no chunk comes */
 }
 
@@ -625,6 +631,8 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 e = X4_E_IO;
         clear_progress(s);
         const struct x4_done *d = &ctx.end.d;
+        if (s->output_gone)
+                return EXIT_OK; /* nobody reads the rest, nor a note about it (as `yes | head`) */
         if (!s->json && s->any_output)
                 putchar('\n');
         if (e < 0) {
@@ -745,6 +753,8 @@ static int cmd_chat(int argc, char **argv) {
                 r = run_generate(c, o.req, &s);
                 x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "");
                 free(s.reply);
+                if (s.output_gone)
+                        break;
                 if (r != EXIT_OK && r != EXIT_INTERRUPTED && r != EXIT_NO_ANSWER)
                         goto out;
         }
@@ -1011,6 +1021,9 @@ static int cmd_snapshot(int argc, char **argv) {
         const char *op = argv[1];
         argc--;
         argv++;
+        static char op_name[80];
+        snprintf(op_name, sizeof op_name, "x4ctl snapshot %s", op);
+        argv[0] = op_name; /* for getopt's messages */
         optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
         while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
                 if (o == OPT_TOKENS)
@@ -1212,6 +1225,8 @@ int main(int argc, char **argv) {
         struct sigaction sa = { .sa_handler = on_sigint };
         sigaction(SIGINT, &sa, NULL);
 
+        if (argc > 0)
+                argv[0] = (char *) "x4ctl"; /* getopt's messages: "x4ctl: unrecognized option" */
         /* global options stop at the command name */
         while ((c = getopt_long(argc, argv, "+hV", opts, NULL)) >= 0) {
                 switch (c) {
@@ -1246,6 +1261,11 @@ int main(int argc, char **argv) {
         const char *cmd = argv[optind];
         argc -= optind;
         argv += optind;
+        /* getopt names argv[0] in its messages: "x4ctl generate: unrecognized option '--bogus'",
+         * not "generate: ..." (the commands themselves go by cmd) */
+        static char cmd_name[80];
+        snprintf(cmd_name, sizeof cmd_name, "x4ctl %s", cmd);
+        argv[0] = cmd_name;
         if (cmd_help(cmd, argc, argv))
                 return EXIT_OK;
         if (streq_(cmd, "generate") || streq_(cmd, "gen"))

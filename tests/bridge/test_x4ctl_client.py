@@ -92,6 +92,20 @@ def test_ctrl_c_before_any_output_cancels_at_once(fake):
     assert time.monotonic() - t < 3  # not the fake's 5 s wait
 
 
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_closed_stdout_cancels_the_request(fake, json_mode):
+    # x4ctl generate ... | head: once the reader is gone the request is cancelled and x4ctl ends,
+    # quietly; it kept generating into the void up to --max-tokens (the fake waits 5 s for a Cancel)
+    r, w = os.pipe()
+    os.close(r)
+    t = time.monotonic()
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], *(["--json"] if json_mode else []), "generate", "slow"],
+                       stdout=w, stderr=subprocess.PIPE, text=True, timeout=30)
+    os.close(w)
+    assert time.monotonic() - t < 3, "the request was not cancelled"
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
 def test_json_schema_file(fake, tmp_path):
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     f = tmp_path / "schema.json"
@@ -138,3 +152,14 @@ def test_help_lists_every_option_of_the_man_page():
     assert r.returncode == 0
     missing = sorted(d for d in documented if f"--{d}" not in r.stdout)
     assert not missing, missing
+
+
+def test_option_errors_name_x4ctl_and_the_command():
+    # getopt named argv[0]: "generate: unrecognized option" or "/usr/bin/x4ctl: ..."
+    need(X4CTL)
+    for args, want in ((["generate", "--bogus"], "x4ctl generate: unrecognized option '--bogus'"),
+                       (["generate", "--max-tokens"], "x4ctl generate: option '--max-tokens' requires an argument"),
+                       (["snapshot", "create", "--bogus", "x"], "x4ctl snapshot create: unrecognized option '--bogus'"),
+                       (["--bogus", "health"], "x4ctl: unrecognized option '--bogus'")):
+        r = subprocess.run([str(X4CTL), *args], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 2 and r.stderr.startswith(want), (args, r.stderr)
