@@ -883,7 +883,8 @@ static int cmd_stats(int argc, char **argv) {
                         print_stats_table(&s, q, n);
                 }
                 free(q);
-                fflush(stdout);
+                if (fflush(stdout) == EOF || ferror(stdout))
+                        break; /* stats --watch | head: the reader is gone (SIGPIPE is ignored) */
                 if (watch > 0) {
                         struct timespec ts = { (time_t) watch,
                                                (long) ((watch - (time_t) watch) * 1e9) };

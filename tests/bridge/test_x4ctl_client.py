@@ -106,6 +106,16 @@ def test_closed_stdout_cancels_the_request(fake, json_mode):
     assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
+def test_stats_watch_ends_when_stdout_closes(fake):
+    # x4ctl stats --watch | head: it looped forever writing into a closed pipe
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], "stats", "--watch=0.1"], stdout=w,
+                       stderr=subprocess.PIPE, text=True, timeout=10)
+    os.close(w)
+    assert p.returncode == 0, p.stderr
+
+
 def test_json_schema_file(fake, tmp_path):
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     f = tmp_path / "schema.json"
