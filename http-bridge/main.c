@@ -609,7 +609,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                             evbuffer_get_length(bufferevent_get_output(bev)));
                 return 1;
         }
-        json_t *lp = api_chunk_logprobs(j->kind, c, j->top_logprobs);
+        json_t *lp = api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res.text_offset);
         if (!c->text_len && !call && !lp)
                 return 0;
         stream_begin(j);

@@ -996,12 +996,27 @@ static json_t *chat_logprob_entries(const struct x4_chunk *c, unsigned top_n) {
         return arr;
 }
 
-static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, unsigned top_n) {
+/* Characters (code points) of UTF-8 text, as OpenAI counts text_offset. */
+static size_t utf8_chars(const char *s, size_t n) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+                k += ((unsigned char) s[i] & 0xC0) != 0x80;
+        return k;
+}
+
+/* text_offset: where each token starts in the output, in characters; a chunk's tokens advance by
+ * their own texts, and the chunk's end lands where its text ends (a character split over byte
+ * tokens comes out whole in the chunk's text). */
+static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, unsigned top_n, size_t *text_offset) {
         json_t *tokens = json_object_get(obj, "tokens"), *lps = json_object_get(obj, "token_logprobs"),
-               *tops = json_object_get(obj, "top_logprobs");
+               *tops = json_object_get(obj, "top_logprobs"), *offs = json_object_get(obj, "text_offset");
+        size_t base = *text_offset, at = base, end = base + utf8_chars(c->text ? c->text : "", c->text_len);
         for (size_t i = 0; i < c->n_logprobs; i++) {
                 const struct x4_token_logprob *lp = &c->logprobs[i];
-                json_array_append_new(tokens, json_string(token_text(lp, c)));
+                const char *t = token_text(lp, c);
+                json_array_append_new(offs, json_integer((json_int_t) (at < end ? at : end)));
+                at += utf8_chars(t, strlen(t));
+                json_array_append_new(tokens, json_string(t));
                 json_array_append_new(lps, json_real(lp->logprob));
                 json_t *top = json_object();
                 for (size_t j = 0; j < lp->n_top && j < top_n; j++) {
@@ -1012,6 +1027,7 @@ static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, un
                 }
                 json_array_append_new(tops, top);
         }
+        *text_offset = end;
 }
 
 static json_t *completion_logprobs_new(void) {
@@ -1021,6 +1037,8 @@ static json_t *completion_logprobs_new(void) {
 
 void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c,
                              unsigned top_n) {
+        if (kind == API_COMPLETION && c->n_logprobs == 0)
+                r->text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
         if (c->n_logprobs == 0)
                 return;
         if (kind == API_CHAT) {
@@ -1032,17 +1050,19 @@ void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const str
         } else {
                 if (!r->logprobs)
                         r->logprobs = completion_logprobs_new();
-                completion_logprobs_append(r->logprobs, c, top_n);
+                completion_logprobs_append(r->logprobs, c, top_n, &r->text_offset);
         }
 }
 
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n) {
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, size_t *text_offset) {
+        if (kind == API_COMPLETION && c->n_logprobs == 0)
+                *text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
         if (c->n_logprobs == 0)
                 return NULL;
         if (kind == API_CHAT)
                 return json_pack("{s:o}", "content", chat_logprob_entries(c, top_n));
         json_t *o = completion_logprobs_new();
-        completion_logprobs_append(o, c, top_n);
+        completion_logprobs_append(o, c, top_n, text_offset);
         return o;
 }
 

@@ -237,6 +237,32 @@ def test_assistant_prefill_continues_the_message(bridge):
     assert_openai_error(st, body, 400, "cannot be combined with response_format", param="continue_final_message")
 
 
+def test_completion_logprobs_have_text_offsets(bridge):
+    # text_offset was always []: one entry per token, where it starts in the output (characters)
+    body = {"model": "xing4", "prompt": "Hello", "max_tokens": 12, "logprobs": 1, "seed": 10, "ignore_eos": True}
+    st, _, out = bridge.post("/v1/completions", body)
+    assert st == 200, out
+    text, lp = out["choices"][0]["text"], out["choices"][0]["logprobs"]
+    assert len(lp["text_offset"]) == len(lp["tokens"]) == 12
+    assert "".join(lp["tokens"]) == text
+    for tok, off in zip(lp["tokens"], lp["text_offset"]):
+        assert text[off:off + len(tok)] == tok, (tok, off, text)
+    # streamed: the same offsets, continuing across chunks
+    c = bridge.conn()
+    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    offsets, tokens = [], []
+    for line in r.read().decode().splitlines():
+        if line.startswith("data: {"):
+            ch = json.loads(line[6:])["choices"]
+            if ch and ch[0].get("logprobs"):
+                offsets += ch[0]["logprobs"]["text_offset"]
+                tokens += ch[0]["logprobs"]["tokens"]
+    c.close()
+    assert tokens == lp["tokens"] and offsets == lp["text_offset"]
+
+
 def test_seeded_greedy_is_reproducible_through_the_bridge(bridge):
     a = bridge.post("/v1/completions", {"model": "xing4", "prompt": "The cloud", "max_tokens": 8,
                                         "temperature": 0})[2]
