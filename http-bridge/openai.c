@@ -609,14 +609,16 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                 x4_request_set_logprobs(r->req, r->top_logprobs > 0 ? r->top_logprobs : 1);
 
         /* the deprecated function-calling fields: dropping them would hide the functions from
-         * the model without a word */
-        static const char *const legacy[] = { "functions", "function_call" };
-        for (size_t k = 0; k < ELEMENTSOF(legacy); k++) {
-                json_t *v = json_object_get(root, legacy[k]);
-                if (v && !json_is_null(v))
-                        return api_unsupported(e, legacy[k], "the deprecated function-calling form (send \"tools\" "
-                                               "and \"tool_choice\")");
-        }
+         * the model, or a forced call, without a word (an empty list, "auto" and "none" change
+         * nothing and pass) */
+        json_t *fns = json_object_get(root, "functions"), *fcall = json_object_get(root, "function_call");
+        if (fns && !json_is_null(fns) && !(json_is_array(fns) && json_array_size(fns) == 0))
+                return api_unsupported(e, "functions", "the deprecated function-calling form (send \"tools\" "
+                                       "and \"tool_choice\")");
+        if (fcall && !json_is_null(fcall) && !streq(json_string_value(fcall), "auto") &&
+            !streq(json_string_value(fcall), "none"))
+                return api_unsupported(e, "function_call", "the deprecated function-calling form (send \"tools\" "
+                                       "and \"tool_choice\")");
         json_t *tools = json_object_get(root, "tools");
         json_t *choice = json_object_get(root, "tool_choice");
         bool send_tools = tools && !json_is_null(tools);

@@ -46,7 +46,7 @@ def test_n_above_one_is_refused_clearly(bridge):
 @pytest.mark.parametrize("kw,param,part", [
     ({"logit_bias": {"15": 100}}, "logit_bias", "biasing token logits is not supported"),
     ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions", "send \"tools\""),
-    ({"function_call": "auto"}, "function_call", "deprecated function-calling form"),
+    ({"function_call": {"name": "f"}}, "function_call", "deprecated function-calling form"),
 ])
 def test_parameters_that_would_change_the_answer_are_not_ignored(bridge, kw, param, part):
     # silently dropping these answered a different request than the one sent
@@ -57,7 +57,8 @@ def test_parameters_that_would_change_the_answer_are_not_ignored(bridge, kw, par
         st, _, body = bridge.post("/v1/completions", {"model": "xing4", "prompt": "a", "max_tokens": 2, **kw})
         assert_openai_error(st, body, 400, part, param=param)
     # what clients send by default still works: an empty bias map, nulls
-    for ok in ({"logit_bias": {}}, {"logit_bias": None, "functions": None, "function_call": None}):
+    for ok in ({"logit_bias": {}}, {"logit_bias": None, "functions": None, "function_call": None},
+               {"functions": [], "function_call": "none"}, {"function_call": "auto"}):
         st, _, body = bridge.post("/v1/chat/completions", chat(max_tokens=2, **ok))
         assert st == 200, body
 
