@@ -246,6 +246,11 @@ static int load_config(struct options *o, const char *path, bool required) {
                                                        where, s);
                         *e = 0;
                         ours = streq(s + 1, "xing4d") || streq(s + 1, "daemon");
+                        /* a misspelt header ([xing4], [Xing4d]) would drop every setting under it
+                         * without a word */
+                        if (!ours)
+                                log_warning("%s: section [%s] is not [xing4d]: the settings under it are "
+                                            "ignored", where, s + 1);
                         continue;
                 }
                 char *eq = strchr(s, '=');

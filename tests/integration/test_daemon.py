@@ -654,6 +654,11 @@ def test_config_errors_name_the_line(tmp_path):
     r = run_xing4d("--config", str(conf))
     assert r.returncode == 1
     assert f"{conf}:1: 'lots' is not an integer in [1, 4096]" in r.stderr
+    # a misspelt section header: its settings would be dropped without a word
+    conf.write_text("[xing4]\nmax-running = 2\n[xing4d]\nthreads = 1\n")
+    r = run_xing4d("--config", str(conf))
+    assert f"{conf}:1: section [xing4] is not [xing4d]: the settings under it are ignored" in r.stderr
+    assert "section [xing4d]" not in r.stderr
     # a bad value on a config line names the setting, not only the line
     conf.write_text("[xing4d]\nthreads = 1\nmax_running = lots\n")
     r = run_xing4d("--config", str(conf))
