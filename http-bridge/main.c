@@ -150,6 +150,10 @@ static const char *const default_aliases[] = { "claude-*" };
 
 static int config_set(const char *key, const char *value, const char *where) {
         char *end;
+        /* an empty socket was kept as a daemon at "" (every request then 503), an empty listen
+         * address was reported as if --listen had been given */
+        if ((streq(key, "socket") || streq(key, "listen")) && !*value)
+                return log_error_errno(EINVAL, "%s: %s: empty value", where, key);
         if (streq(key, "listen"))
                 snprintf(br.cfg.listen, sizeof br.cfg.listen, "%s", value);
         else if (streq(key, "socket")) {

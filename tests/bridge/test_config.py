@@ -46,6 +46,13 @@ def test_config_mistakes_are_named(tmp_path):
     assert r.returncode == 2 and "missing.conf: cannot open the config file" in r.stderr
     r = run_http("--config", "/dev/null", "--listen", "localhost")
     assert r.returncode == 2 and "--listen localhost: HOST:PORT expected" in r.stderr
+    # empty values are named, not kept (an empty socket made every request a 503)
+    for key in ("socket", "listen"):
+        conf.write_text(f"[xing4-http]\n{key} =\n")
+        r = run_http("--config", str(conf))
+        assert r.returncode == 2 and f"{conf}:2: {key}: empty value" in r.stderr, r.stderr
+    r = run_http("--config", "/dev/null", "--socket", "")
+    assert r.returncode == 2 and "--socket: socket: empty value" in r.stderr, r.stderr
     # no host at all, and a host that does not resolve (it said "cannot listen there: Success")
     r = run_http("--config", "/dev/null", "--listen", ":8000")
     assert r.returncode == 2 and "--listen :8000: HOST:PORT expected" in r.stderr
