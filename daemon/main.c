@@ -77,6 +77,14 @@ static void options_free(struct options *o) {
 }
 
 static int set_str(char **dst, const char *v) {
+        /* "key =" with nothing after it is the default (the packaged file shows "#listen =",
+         * "#config-json ="): an empty path was bound or opened as given -- for listen an
+         * unreachable abstract socket, while the daemon said it was serving */
+        if (!*v) {
+                free(*dst);
+                *dst = NULL;
+                return 0;
+        }
         char *d = strdup(v);
         if (!d)
                 return -ENOMEM;

@@ -644,6 +644,20 @@ def test_unusable_listen_paths_are_said_before_the_model_loads(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "keep me\n"
 
 
+def test_empty_path_settings_mean_the_default(fresh_daemon, tmp_path):
+    # the packaged file shows "#listen =" and "#config-json =": uncommented as they are, the empty
+    # listen path was bound as an abstract socket nobody can reach while the daemon said it served
+    conf = tmp_path / "empty.conf"
+    conf.write_text("[xing4d]\nlisten =\nconfig-json =\ntokenizer-path =\n")
+    r = run_xing4d("--config", str(conf), "--state-dir", str(tmp_path))
+    assert r.returncode == 1
+    assert "no socket: not socket-activated and no --listen PATH given" in r.stderr, r.stderr
+    from conftest import DEFAULT_CONF
+    d = fresh_daemon(conf=DEFAULT_CONF + "listen =\nconfig-json =\ntokenizer-path =\n")
+    r = d.x4ctl("health")
+    assert r.returncode == 0 and r.stdout.startswith("serving"), r.stderr
+
+
 def test_config_errors_name_the_line(tmp_path):
     conf = tmp_path / "bad.conf"
     conf.write_text("[xing4d]\nthreads = 1\nfrobnicate = yes\n")
