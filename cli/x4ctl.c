@@ -315,8 +315,12 @@ static int set_json_schema(x4_request *req, const char *path) {
         json_error_t je;
         json_t *schema = json_load_file(path, 0, &je);
         if (!schema) {
-                fprintf(stderr, "x4ctl: --json-schema %s: %s (line %d, column %d)\n", path, je.text, je.line,
-                        je.column);
+                /* jansson has no position for a file it could not open or read (line -1) */
+                if (je.line > 0)
+                        fprintf(stderr, "x4ctl: --json-schema %s: %s (line %d, column %d)\n", path, je.text,
+                                je.line, je.column);
+                else
+                        fprintf(stderr, "x4ctl: --json-schema %s: %s\n", path, je.text);
                 return EXIT_USAGE;
         }
         if (!json_is_object(schema)) {
@@ -434,6 +438,7 @@ struct gen_state {
         bool any_output;
         bool any_content;  /* an answer (content or a tool call) came */
         bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
+        bool output_gone;  /* stdout is closed (x4ctl generate | head): the request is cancelled */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
         bool progress_tty;   /* stderr is a terminal: show a long prefill's progress there */
@@ -533,7 +538,12 @@ static int on_chunk(const struct x4_chunk *ch, void *userdata) {
         if ((ch->channel == X4_CHANNEL_CONTENT && ch->text_len) || ch->tool_name)
                 s->any_content = true;
         s->last_channel = ch->channel;
-        fflush(stdout);
+        /* the reader went away (EPIPE: SIGPIPE is ignored for the daemon's socket): cancel the
+         * request instead of generating into the void up to --max-tokens */
+        if (fflush(stdout) == EOF || ferror(stdout)) {
+                s->output_gone = true;
+                return 1;
+        }
         return 0; /* Ctrl-C is handled by run_generate's loop, also while no chunk comes */
 }
 
@@ -621,6 +631,8 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 e = X4_E_IO;
         clear_progress(s);
         const struct x4_done *d = &ctx.end.d;
+        if (s->output_gone)
+                return EXIT_OK; /* nobody reads the rest, nor a note about it (as `yes | head`) */
         if (!s->json && s->any_output)
                 putchar('\n');
         if (e < 0) {
@@ -741,6 +753,8 @@ static int cmd_chat(int argc, char **argv) {
                 r = run_generate(c, o.req, &s);
                 x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "");
                 free(s.reply);
+                if (s.output_gone)
+                        break;
                 if (r != EXIT_OK && r != EXIT_INTERRUPTED && r != EXIT_NO_ANSWER)
                         goto out;
         }
@@ -869,7 +883,8 @@ static int cmd_stats(int argc, char **argv) {
                         print_stats_table(&s, q, n);
                 }
                 free(q);
-                fflush(stdout);
+                if (fflush(stdout) == EOF || ferror(stdout))
+                        break; /* stats --watch | head: the reader is gone (SIGPIPE is ignored) */
                 if (watch > 0) {
                         struct timespec ts = { (time_t) watch,
                                                (long) ((watch - (time_t) watch) * 1e9) };
@@ -946,7 +961,10 @@ static int cmd_health(int argc, char **argv) {
         x4_client *c;
         int status;
         char detail[256];
-        if (argc > 1)
+        /* --json after the command too, as info and stats take it */
+        if (argc == 2 && strcmp(argv[1], "--json") == 0)
+                arg.json = true;
+        else if (argc > 1)
                 return usage_error("health: unexpected argument '%s'", argv[1]);
         int r = open_client(&c);
         if (r != 0)
@@ -973,7 +991,7 @@ static int cmd_cancel(int argc, char **argv) {
         x4_client *c;
         uint64_t id;
         if (argc != 2)
-                return usage_error("cancel: expects one server request id (see x4ctl stats)%s", "");
+                return usage_error("cancel: expects one server request id, as x4ctl stats shows%s", "");
         if (parse_u64(argv[1], &id) < 0)
                 return usage_error("cancel: '%s' is not a request id", argv[1]);
         int r = open_client(&c);
@@ -1004,6 +1022,9 @@ static int cmd_snapshot(int argc, char **argv) {
         const char *op = argv[1];
         argc--;
         argv++;
+        static char op_name[80];
+        snprintf(op_name, sizeof op_name, "x4ctl snapshot %s", op);
+        argv[0] = op_name; /* for getopt's messages */
         optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
         while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
                 if (o == OPT_TOKENS)
@@ -1153,7 +1174,7 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
         else if (streq_(cmd, "info"))
                 printf("Usage: x4ctl info [--json]\nThe model, the backend and the daemon's limits.\n");
         else if (streq_(cmd, "health"))
-                printf("Usage: x4ctl health\nThe daemon's state; exit 0 only while it serves.\n");
+                printf("Usage: x4ctl health [--json]\nThe daemon's state; exit 0 only while it serves.\n");
         else
                 return false;
         return true;
@@ -1169,7 +1190,7 @@ static void help(void) {
                "  snapshot create NAME [--tokens IDS|--raw|--system TEXT] [PROMPT...]\n"
                "  snapshot list | snapshot drop NAME\n"
                "  info [--json]                 model, backend and limits\n"
-               "  health                        serving / draining (exit 0 only when serving)\n\n"
+               "  health [--json]               serving / draining (exit 0 only when serving)\n\n"
                "Global options:\n"
                "  --socket PATH                 daemon socket (default $X4_SOCKET, else " X4_DEFAULT_SOCKET ")\n"
                "  --connect-timeout MS          connect + handshake limit (default 30000; -1 = none)\n"
@@ -1180,7 +1201,8 @@ static void help(void) {
                "  --tokens IDS (token-id prompt, e.g. 1,2,3)  --max-tokens N  --temperature T  --top-p P\n"
                "  --top-k K  --min-p P  --seed N  --repetition-penalty R  --presence-penalty P\n"
                "  --frequency-penalty F  --stop STR  --stop-id ID  --snapshot NAME  --logprobs N\n"
-               "  --thinking-budget N  --ignore-eos  --json-schema FILE (answer valid against a JSON Schema)\n\n"
+               "  --thinking-budget N  --ignore-eos  --no-mtp (no speculative decoding for this request)\n"
+               "  --json-schema FILE (answer valid against a JSON Schema)\n\n"
                "x4ctl COMMAND --help shows one command's usage.\n\n"
                "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect, 4 timeout,\n"
                "             5 not found, 6 daemon unavailable (draining/full), 7 the output budget ran out\n"
@@ -1204,6 +1226,8 @@ int main(int argc, char **argv) {
         struct sigaction sa = { .sa_handler = on_sigint };
         sigaction(SIGINT, &sa, NULL);
 
+        if (argc > 0)
+                argv[0] = (char *) "x4ctl"; /* getopt's messages: "x4ctl: unrecognized option" */
         /* global options stop at the command name */
         while ((c = getopt_long(argc, argv, "+hV", opts, NULL)) >= 0) {
                 switch (c) {
@@ -1238,6 +1262,11 @@ int main(int argc, char **argv) {
         const char *cmd = argv[optind];
         argc -= optind;
         argv += optind;
+        /* getopt names argv[0] in its messages: "x4ctl generate: unrecognized option '--bogus'",
+         * not "generate: ..." (the commands themselves go by cmd) */
+        static char cmd_name[80];
+        snprintf(cmd_name, sizeof cmd_name, "x4ctl %s", cmd);
+        argv[0] = cmd_name;
         if (cmd_help(cmd, argc, argv))
                 return EXIT_OK;
         if (streq_(cmd, "generate") || streq_(cmd, "gen"))

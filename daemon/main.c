@@ -83,6 +83,14 @@ static void options_free(struct options *o) {
 }
 
 static int set_str(char **dst, const char *v) {
+        /* "key =" with nothing after it is the default (the packaged file shows "#listen =",
+         * "#config-json ="): an empty path was bound or opened as given -- for listen an
+         * unreachable abstract socket, while the daemon said it was serving */
+        if (!*v) {
+                free(*dst);
+                *dst = NULL;
+                return 0;
+        }
         char *d = strdup(v);
         if (!d)
                 return -ENOMEM;
@@ -95,6 +103,10 @@ static int set_str(char **dst, const char *v) {
  * messages ("--threads", "/etc/xing4d/xing4d.conf:7"). */
 static int apply_option(struct options *o, const char *key, const char *v, const char *where) {
         int r = 0;
+        /* a config line's message names the setting too (a flag's `where` is its name already) */
+        char sfx[128] = "";
+        if (where[0] != '-')
+                snprintf(sfx, sizeof sfx, " (setting '%.100s')", key);
         if (streq(key, "model"))
                 r = set_str(&o->model, v);
         else if (streq(key, "config-json"))
@@ -103,11 +115,11 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 r = set_str(&o->tokenizer_path, v);
         else if (streq(key, "assume-release-defaults")) {
                 if (parse_bool(v, &o->assume_release_defaults) < 0)
-                        return log_error_errno(EINVAL, "%s: '%s' is not a boolean (yes/no)", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a boolean (yes/no)%s", where, v, sfx);
         } else if (streq(key, "device")) {
                 if (!streq(v, "cpu") && !streq(v, "cuda") && !streq(v, "auto"))
-                        return log_error_errno(EINVAL, "%s: device '%s', one of cpu, cuda, auto expected",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: device '%s', one of cpu, cuda, auto expected%s",
+                                               where, v, sfx);
                 r = set_str(&o->device, v);
         } else if (streq(key, "listen"))
                 r = set_str(&o->listen, v);
@@ -115,46 +127,46 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 r = set_str(&o->state_dir, v);
         else if (streq(key, "memory-limit") || streq(key, "gpu-memory-limit")) {
                 if (parse_size(v, &o->memory_limit) < 0)
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size (e.g. 8G, 512M)%s", where, v, sfx);
         } else if (streq(key, "max-snapshot-bytes")) {
                 if (parse_size(v, &o->max_snapshot_bytes) < 0 || o->max_snapshot_bytes == 0)
-                        return log_error_errno(EINVAL, "%s: '%s' is not a nonzero size (e.g. 64G)",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a nonzero size (e.g. 64G)%s",
+                                               where, v, sfx);
         } else if (streq(key, "snapshot-chunk")) {
                 if (parse_size(v, &o->snapshot_chunk) < 0 || o->snapshot_chunk < 4096 ||
                     o->snapshot_chunk > ((uint64_t) 1 << 32))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [4K, 4G]", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [4K, 4G]%s", where, v, sfx);
         } else if (streq(key, "output-buffer")) {
                 if (parse_size(v, &o->output_buffer) < 0 || o->output_buffer < 1024 ||
                     o->output_buffer > (1u << 30))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [1K, 1G]", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [1K, 1G]%s", where, v, sfx);
         } else if (streq(key, "grace")) {
                 char *end;
                 errno = 0;
                 double g = strtod(v, &end);
                 if (errno || *end || !(g >= 0 && g <= 3600))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]%s",
+                                               where, v, sfx);
                 o->grace_s = g;
         } else if (streq(key, "idle-timeout")) {
                 char *end;
                 errno = 0;
                 double t = strtod(v, &end);
                 if (errno || *end || !(t >= 0 && t <= 86400))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 86400]",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 86400]%s",
+                                               where, v, sfx);
                 o->idle_timeout_s = t;
         } else if (streq(key, "max-pending-bytes")) {
                 if (parse_size(v, &o->max_pending_bytes) < 0 || o->max_pending_bytes < (1u << 20))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a size of at least 1M (e.g. 256M)",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size of at least 1M (e.g. 256M)%s",
+                                               where, v, sfx);
         } else if (streq(key, "hello-timeout")) {
                 char *end;
                 errno = 0;
                 double t = strtod(v, &end);
                 if (errno || *end || !(t >= 0 && t <= 3600))
-                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]",
-                                               where, v);
+                        return log_error_errno(EINVAL, "%s: '%s' is not a number of seconds in [0, 3600]%s",
+                                               where, v, sfx);
                 o->hello_timeout_s = t;
         } else if (streq(key, "mtp")) {
                 if (streq(v, "on") || streq(v, "true") || streq(v, "1"))
@@ -162,12 +174,12 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 else if (streq(v, "off") || streq(v, "false") || streq(v, "0"))
                         o->mtp = false;
                 else
-                        return log_error_errno(EINVAL, "%s: '%s', off or on expected", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s', off or on expected%s", where, v, sfx);
         } else if (streq(key, "mtp-sampling")) {
                 if (streq(v, "rejection") || streq(v, "match"))
                         o->mtp_match = streq(v, "match");
                 else
-                        return log_error_errno(EINVAL, "%s: '%s', rejection or match expected", where, v);
+                        return log_error_errno(EINVAL, "%s: '%s', rejection or match expected%s", where, v, sfx);
         } else if (streq(key, "log-level")) {
                 static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice",
                                                "info", "debug" };
@@ -177,7 +189,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                                 lvl = i;
                 if (lvl < 0)
                         return log_error_errno(EINVAL, "%s: log level '%s', one of err, warning, "
-                                                       "info, debug expected", where, v);
+                                                       "info, debug expected%s", where, v, sfx);
                 o->log_level = lvl;
         } else {
                 static const struct { const char *name; size_t off; uint32_t min, max; } nums[] = {
@@ -201,8 +213,8 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         if (streq(key, nums[i].name)) {
                                 uint32_t x;
                                 if (parse_u32(v, &x) < 0 || x < nums[i].min || x > nums[i].max)
-                                        return log_error_errno(EINVAL, "%s: '%s' is not an integer in [%u, %u]",
-                                                               where, v, nums[i].min, nums[i].max);
+                                        return log_error_errno(EINVAL, "%s: '%s' is not an integer in [%u, %u]%s",
+                                                               where, v, nums[i].min, nums[i].max, sfx);
                                 *(uint32_t *) ((char *) o + nums[i].off) = x;
                                 return 0;
                         }
@@ -248,6 +260,11 @@ static int load_config(struct options *o, const char *path, bool required) {
                                                        where, s);
                         *e = 0;
                         ours = streq(s + 1, "xing4d") || streq(s + 1, "daemon");
+                        /* a misspelt header ([xing4], [Xing4d]) would drop every setting under it
+                         * without a word */
+                        if (!ours)
+                                log_warning("%s: section [%s] is not [xing4d]: the settings under it are "
+                                            "ignored", where, s + 1);
                         continue;
                 }
                 char *eq = strchr(s, '=');
@@ -374,13 +391,29 @@ static void read_weights(const struct x4_model *m, struct progress_state *ps) {
 }
 
 /* --listen PATH where a daemon answers: refuse (replacing its socket would cut it off from every
- * new client, and its exit would later delete ours). A socket file nobody answers on is stale. */
+ * new client, and its exit would later delete ours). A socket file nobody answers on is stale.
+ * A path that can never be bound (too long, in a missing folder, another kind of file there) is
+ * refused too: all of this runs before the model load, so the mistake is named in a moment. */
 static int check_listen_free(const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         struct stat st;
 
-        if (strlen(path) >= sizeof sa.sun_path || lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode))
+        if (strlen(path) >= sizeof sa.sun_path)
+                return log_error_errno(ENAMETOOLONG, "--listen %s: longer than %zu bytes", path,
+                                       sizeof sa.sun_path - 1);
+        _cleanup_free_ char *dir = strdup(path);
+        if (dir) {
+                char *slash = strrchr(dir, '/');
+                if (slash)
+                        *(slash == dir ? slash + 1 : slash) = 0;
+                if (slash && (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)))
+                        return log_error_errno(ENOENT, "--listen %s: the folder %s does not exist", path, dir);
+        }
+        if (lstat(path, &st) < 0)
                 return 0;
+        if (!S_ISSOCK(st.st_mode))
+                return log_error_errno(EEXIST, "--listen %s: exists and is not a socket (not replaced: "
+                                               "choose another path)", path);
         strcpy(sa.sun_path, path);
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
@@ -690,7 +723,12 @@ int main(int argc, char **argv) {
                 log_info("no model configured (--model, or model = in %s): serving the default %s",
                          o.config_file, X4_DEFAULT_MODEL);
         }
-        /* --listen on a live daemon's socket: say so now, not after loading the model */
+        /* --listen on a live daemon's socket, or no socket at all: say so now, not after loading
+         * the model (minutes for the release's) */
+        if (!o.listen && sd_listen_fds(0) <= 0) {
+                log_error("no socket: not socket-activated and no --listen PATH given");
+                goto out;
+        }
         if (o.listen && sd_listen_fds(0) <= 0 && check_listen_free(o.listen) < 0)
                 goto out;
         /* SIGTERM during the load: the default action (exit) is right, nothing is served yet.

@@ -87,6 +87,8 @@ struct sched_request {
         size_t n_messages;
         char *tools_json;
         int enable_thinking; /* -1 unset (= on), 0, 1 */
+        bool no_generation_prompt; /* Chat.add_generation_prompt = false: a final assistant
+                                    * message is left open and the answer continues it */
         struct sched_sampling sampling;
         bool has_max_tokens;
         uint32_t max_tokens;

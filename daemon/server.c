@@ -99,7 +99,7 @@ struct server {
         struct server_params p;
         struct event_base *base;
         struct evconnlistener *listener;
-        struct event *ev_sched, *ev_term, *ev_int, *ev_grace, *ev_watchdog;
+        struct event *ev_sched, *ev_term, *ev_int, *ev_hup, *ev_grace, *ev_watchdog;
         struct event *ev_accept_resume; /* re-enables the listener after accept() failed */
         struct ratelimit rl_refused, rl_accept, rl_evicted, rl_pending;
         struct event *ev_idle; /* the idle-timeout sweep */
@@ -314,6 +314,7 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
                 r->tools_json = dup0(ch->tools_json);
                 if (ch->has_enable_thinking)
                         r->enable_thinking = ch->enable_thinking;
+                r->no_generation_prompt = ch->has_add_generation_prompt && !ch->add_generation_prompt;
                 break;
         }
         default:
@@ -1298,6 +1299,14 @@ static void grace_cb(evutil_socket_t fd, short what, void *userdata) {
         sched_drain(s->p.sched, true);
 }
 
+/* SIGHUP is the "reload" or "terminal closed" signal; its default action killed the daemon on the
+ * spot (requests cut off, the socket file left behind). Nothing here can be re-read while
+ * serving, so it is logged and otherwise ignored; SIGTERM stops the daemon. */
+static void hup_cb(evutil_socket_t sig, short what, void *userdata) {
+        log_info("SIGHUP ignored: the settings and the model are read at start; restart xing4d to apply "
+                   "changes (SIGTERM stops it)");
+}
+
 static void term_cb(evutil_socket_t sig, short what, void *userdata) {
         struct server *s = userdata;
 
@@ -1367,9 +1376,10 @@ int server_new(const struct server_params *params, struct server **ret) {
                                 sched_cb, s);
         s->ev_term = evsignal_new(s->base, SIGTERM, term_cb, s);
         s->ev_int = evsignal_new(s->base, SIGINT, term_cb, s);
-        if (!s->listener || !s->ev_accept_resume || !s->ev_sched || !s->ev_term || !s->ev_int ||
+        s->ev_hup = evsignal_new(s->base, SIGHUP, hup_cb, s);
+        if (!s->listener || !s->ev_accept_resume || !s->ev_sched || !s->ev_term || !s->ev_int || !s->ev_hup ||
             event_add(s->ev_sched, NULL) < 0 || event_add(s->ev_term, NULL) < 0 ||
-            event_add(s->ev_int, NULL) < 0) {
+            event_add(s->ev_int, NULL) < 0 || event_add(s->ev_hup, NULL) < 0) {
                 server_free(s);
                 return log_error_errno(ENOMEM, "server: cannot set up the event loop");
         }
@@ -1402,6 +1412,8 @@ void server_free(struct server *s) {
                 event_free(s->ev_term);
         if (s->ev_int)
                 event_free(s->ev_int);
+        if (s->ev_hup)
+                event_free(s->ev_hup);
         if (s->ev_grace)
                 event_free(s->ev_grace);
         if (s->ev_watchdog)

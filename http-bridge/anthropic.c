@@ -415,6 +415,18 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                 if (ret < 0)
                         return -1;
         }
+        /* an assistant message with text last is a prefill: the answer continues it, and holds
+         * only the new text (the daemon leaves that message open, with no generation prompt) */
+        json_t *fin = json_array_get(conv, json_array_size(conv) - 1);
+        if (fin && streq(json_string_value(json_object_get(fin, "role")), "assistant") &&
+            !json_object_get(fin, "tool_calls") && json_string_length(json_object_get(fin, "content")) > 0) {
+                /* a constrained answer is checked from its first token: after a prefill it would
+                 * have to start over (a second "{") */
+                if (r->forced_tool || (of && !json_is_null(of)))
+                        return api_bad(e, "messages", "a final assistant message (prefill) cannot be combined with "
+                                       "%s", r->forced_tool ? "a forced tool call (tool_choice)" : "output_format");
+                x4_request_set_add_generation_prompt(r->req, false);
+        }
         return api_add_conversation(r, conv, e);
 }
 
@@ -531,6 +543,15 @@ void am_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
 }
 
 void am_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out) {
+        if (s->index == 0 && !s->open) {
+                /* nothing was said (a stop sequence or the end of the turn first): the answer has
+                 * one empty text block, as am_response_json gives it, so the SDK's accumulated
+                 * message matches the non-streaming one */
+                ev(out, "content_block_start",
+                   json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
+                             "type", "text", "text", ""));
+                s->open = 2;
+        }
         close_block(s, out);
         ev(out, "message_delta",
            json_pack("{s:s, s:{s:s, s:o}, s:o}", "type", "message_delta", "delta", "stop_reason",

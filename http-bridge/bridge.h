@@ -179,6 +179,7 @@ struct api_result {
         struct tool_call_out *calls;
         size_t n_calls;
         json_t *logprobs;         /* chat: array of token entries; completions: the object */
+        size_t text_offset;       /* completions: characters of output so far (logprobs.text_offset) */
 };
 
 void api_result_done(struct api_result *r);
@@ -200,8 +201,9 @@ json_t *api_chunk_json(enum api_kind kind, const char *id, int64_t created, cons
 /* The usage-only chunk (stream_options.include_usage): empty choices. */
 json_t *api_usage_chunk_json(enum api_kind kind, const char *id, int64_t created, const char *model,
                              const struct x4_done *d);
-/* The logprobs value of one chunk in streaming form (NULL when none). */
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n);
+/* The logprobs value of one chunk in streaming form (NULL when none); *text_offset: characters of
+ * output before the chunk (completions' text_offset), advanced past it. */
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, size_t *text_offset);
 
 /* The non-streaming answers of the other APIs. */
 json_t *am_response_json(const char *id, const char *model, const struct api_result *res, const struct x4_done *d);

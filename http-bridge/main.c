@@ -150,6 +150,10 @@ static const char *const default_aliases[] = { "claude-*" };
 
 static int config_set(const char *key, const char *value, const char *where) {
         char *end;
+        /* an empty socket was kept as a daemon at "" (every request then 503), an empty listen
+         * address was reported as if --listen had been given */
+        if ((streq(key, "socket") || streq(key, "listen")) && !*value)
+                return log_error_errno(EINVAL, "%s: %s: empty value", where, key);
         if (streq(key, "listen"))
                 snprintf(br.cfg.listen, sizeof br.cfg.listen, "%s", value);
         else if (streq(key, "socket")) {
@@ -609,7 +613,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                             evbuffer_get_length(bufferevent_get_output(bev)));
                 return 1;
         }
-        json_t *lp = api_chunk_logprobs(j->kind, c, j->top_logprobs);
+        json_t *lp = api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res.text_offset);
         if (!c->text_len && !call && !lp)
                 return 0;
         stream_begin(j);
@@ -890,9 +894,21 @@ static void handle_cancel(struct evhttp_request *req, const char *id, int key) {
         send_error(req, &e, "cancel");
 }
 
+/* One model in both APIs' shapes: OpenAI's (id, object, created, owned_by) and Anthropic's (type,
+ * display_name, created_at in RFC 3339), so either SDK's models.list/retrieve reads it. */
+static json_t *model_object(const char *id) {
+        char when[32] = "1970-01-01T00:00:00Z";
+        struct tm tm;
+        time_t t = br.started_unix;
+        if (gmtime_r(&t, &tm))
+                strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", id, "object", "model", "created",
+                         (json_int_t) br.started_unix, "owned_by", "xing4d", "type", "model", "display_name", id,
+                         "created_at", when);
+}
+
 static void handle_models(struct evhttp_request *req) {
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", br.served_model, "object", "model", "created",
-                              (json_int_t) br.started_unix, "owned_by", "xing4d");
+        json_t *m = model_object(br.served_model);
         /* what the daemons actually load (general.name and fingerprint), for humans */
         for (size_t i = 0; i < br.n_backends; i++)
                 if (br.backends[i].model_name[0]) {
@@ -900,7 +916,11 @@ static void handle_models(struct evhttp_request *req) {
                         json_object_set_new(m, "xing4d_fingerprint", json_string(br.backends[i].fingerprint));
                         break;
                 }
-        send_json(req, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m), "models");
+        /* has_more/first_id/last_id: Anthropic's list page (its SDK pages on them) */
+        send_json(req, 200,
+                  json_pack("{s:s, s:[o], s:b, s:s, s:s}", "object", "list", "data", m, "has_more", 0, "first_id",
+                            br.served_model, "last_id", br.served_model),
+                  "models");
 }
 
 /* 200 when at least one daemon serves; 503 (with Retry-After) while they load or are unreachable. */
@@ -985,6 +1005,10 @@ static int authorized(struct evhttp_request *req) {
         const char *key = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : evhttp_find_header(in, "x-api-key");
         if (!key)
                 return -1;
+        /* RFC 9110: one or more spaces after the scheme */
+        if (h && key == h + 7)
+                while (*key == ' ')
+                        key++;
         int found = -1;
         for (size_t i = 0; i < br.n_api_keys; i++)
                 if (secret_equal(br.api_keys[i], key))
@@ -1060,12 +1084,7 @@ static void handle_model(struct evhttp_request *req, const char *id) {
                          br.served_model);
                 return send_error(req, &e, "models");
         }
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
-                              (json_int_t) br.started_unix, "owned_by", "xing4d");
-        /* Anthropic's model object, for its SDK's models.retrieve */
-        json_object_set_new(m, "type", json_string("model"));
-        json_object_set_new(m, "display_name", json_string(id));
-        send_json(req, 200, m, "models");
+        send_json(req, 200, model_object(id), "models");
 }
 
 static void route(struct evhttp_request *req, void *arg) {
@@ -1075,10 +1094,27 @@ static void route(struct evhttp_request *req, void *arg) {
         struct api_error e;
         if (!path)
                 path = "/";
+        /* a base URL written with a trailing slash ("http://host:8000/v1/") joined by a client that
+         * adds its own gives "/v1//chat/completions"; and "/v1/models/" is the same resource: repeated
+         * slashes are collapsed and a trailing one dropped */
+        char norm[1024];
+        if (strstr(path, "//") || (path[0] && path[1] && path[strlen(path) - 1] == '/')) {
+                size_t n = 0;
+                for (const char *p = path; *p && n < sizeof norm - 1; p++)
+                        if (!(*p == '/' && n > 0 && norm[n - 1] == '/'))
+                                norm[n++] = *p;
+                while (n > 1 && norm[n - 1] == '/')
+                        n--;
+                norm[n] = 0;
+                path = norm;
+        }
         if (cors(req, m))
                 return;
+        /* HEAD is GET without the body (libevent leaves it out): load balancers and uptime checks
+         * probe with it, and RFC 9110 asks every GET resource to answer it */
         if (streq(path, "/health") || streq(path, "/ready") || streq(path, "/metrics")) {
-                if (m != EVHTTP_REQ_GET) {
+                if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
+                        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
                         api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only GET", path);
                         return send_error(req, &e, "other");
                 }
@@ -1115,11 +1151,14 @@ static void route(struct evhttp_request *req, void *arg) {
                 endpoint = "cancel", want = EVHTTP_REQ_DELETE;
         if (!endpoint) {
                 api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %s",
-                         m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE" : "",
+                         m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE"
+                         : m == EVHTTP_REQ_HEAD ? "HEAD" : m == EVHTTP_REQ_PUT ? "PUT" : "OPTIONS",
                          path);
                 return send_error(req, &e, "other");
         }
-        if (m != want) {
+        if (m != want && !(m == EVHTTP_REQ_HEAD && want == EVHTTP_REQ_GET)) {
+                evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+                                  want == EVHTTP_REQ_GET ? "GET, HEAD" : want == EVHTTP_REQ_POST ? "POST" : "DELETE");
                 api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s: only %s", path,
                          want == EVHTTP_REQ_GET ? "GET" : want == EVHTTP_REQ_POST ? "POST" : "DELETE");
                 return send_error(req, &e, endpoint);
@@ -1197,6 +1236,13 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
                  DRAIN_GRACE_S);
         struct timeval grace = { DRAIN_GRACE_S, 0 };
         event_base_loopexit(br.base, &grace);
+}
+
+/* SIGHUP ("reload", or the terminal closed) would kill the bridge mid-stream by default; nothing is
+ * re-read while serving, so it is logged and ignored (SIGTERM stops the bridge). */
+static void on_hup(evutil_socket_t sig, short what, void *arg) {
+        log_info("SIGHUP ignored: the settings and API keys are read at start; restart xing4-http to apply "
+                 "changes (SIGTERM stops it)");
 }
 
 /* One key per line; blank lines and # comments are skipped. */
@@ -1336,7 +1382,7 @@ int main(int argc, char **argv) {
         char *colon = strrchr(host, ':');
         char *end = NULL;
         long port = colon ? strtol(colon + 1, &end, 10) : -1;
-        if (!colon || !end || *end || colon[1] == 0 || port < 0 || port > 65535) {
+        if (!colon || colon == host || !end || *end || colon[1] == 0 || port < 0 || port > 65535) {
                 log_error("--listen %s: HOST:PORT expected (e.g. 127.0.0.1:8000)", br.cfg.listen);
                 return 2;
         }
@@ -1364,9 +1410,12 @@ int main(int argc, char **argv) {
         evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE |
                                                  EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PUT);
         evhttp_set_gencb(http, route, NULL);
+        errno = 0;
         struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(http, host, (uint16_t) port);
         if (!bs) {
-                log_error("--listen %s: cannot listen there: %m", br.cfg.listen);
+                /* a name that does not resolve leaves errno 0 ("Success") */
+                log_error("--listen %s: cannot listen there: %s", br.cfg.listen,
+                          errno ? strerror(errno) : "the host does not resolve to a local address");
                 return 1;
         }
         struct sockaddr_storage ss;
@@ -1383,10 +1432,12 @@ int main(int argc, char **argv) {
 
         struct event *sigint = evsignal_new(br.base, SIGINT, on_signal, NULL);
         struct event *sigterm = evsignal_new(br.base, SIGTERM, on_signal, NULL);
+        struct event *sighup = evsignal_new(br.base, SIGHUP, on_hup, NULL);
         event_add(sigint, NULL);
         event_add(sigterm, NULL);
-        log_info("listening on http://%s:%d/v1 (model \"%s\", %zu daemon socket%s)",
-                 strchr(host, ':') ? "[::]" : host, bound_port, br.served_model, br.n_backends,
+        event_add(sighup, NULL);
+        log_info("listening on http://%s%s%s:%d/v1 (model \"%s\", %zu daemon socket%s)", strchr(host, ':') ? "[" : "",
+                 host, strchr(host, ':') ? "]" : "", bound_port, br.served_model, br.n_backends,
                  br.n_backends == 1 ? "" : "s");
         event_base_dispatch(br.base);
 
@@ -1395,6 +1446,7 @@ int main(int argc, char **argv) {
         evhttp_free(http);
         event_free(sigint);
         event_free(sigterm);
+        event_free(sighup);
         /* libx4client does not call on_done when a client is freed: the jobs left are abandoned */
         while (br.jobs) {
                 struct job *j = br.jobs;

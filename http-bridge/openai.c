@@ -524,6 +524,11 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
                 return api_fail(e, 400, "invalid_request_error", "unsupported_value", "n",
                                 "n: only 1 choice per request is supported, got %lld (send %lld "
                                 "requests instead)", (long long) iv, (long long) iv);
+        /* logit_bias changes what is sampled: ignoring it would answer a different request (an empty
+         * map, which some clients send by default, changes nothing) */
+        json_t *lb = json_object_get(root, "logit_bias");
+        if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
+                return api_unsupported(e, "logit_bias", "biasing token logits");
         json_t *user = json_object_get(root, "user");
         if (user && !json_is_null(user) && !json_is_string(user))
                 return api_bad(e, "user", "a string expected, got %s", api_type_name(user));
@@ -603,6 +608,17 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
         if (r->logprobs)
                 x4_request_set_logprobs(r->req, r->top_logprobs > 0 ? r->top_logprobs : 1);
 
+        /* the deprecated function-calling fields: dropping them would hide the functions from
+         * the model, or a forced call, without a word (an empty list, "auto" and "none" change
+         * nothing and pass) */
+        json_t *fns = json_object_get(root, "functions"), *fcall = json_object_get(root, "function_call");
+        if (fns && !json_is_null(fns) && !(json_is_array(fns) && json_array_size(fns) == 0))
+                return api_unsupported(e, "functions", "the deprecated function-calling form (send \"tools\" "
+                                       "and \"tool_choice\")");
+        if (fcall && !json_is_null(fcall) && !streq(json_string_value(fcall), "auto") &&
+            !streq(json_string_value(fcall), "none"))
+                return api_unsupported(e, "function_call", "the deprecated function-calling form (send \"tools\" "
+                                       "and \"tool_choice\")");
         json_t *tools = json_object_get(root, "tools");
         json_t *choice = json_object_get(root, "tool_choice");
         bool send_tools = tools && !json_is_null(tools);
@@ -686,6 +702,30 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                 if (set)
                         x4_request_set_thinking_budget(r->req, (int32_t) b);
         }
+        /* continue_final_message / add_generation_prompt (vLLM's extensions): no generation
+         * prompt, and a final assistant message is continued (an assistant prefill) */
+        bool cont = false, agp = true;
+        if (api_get_bool(root, "continue_final_message", &cont, e) < 0 ||
+            api_get_bool(root, "add_generation_prompt", &agp, e) < 0)
+                return -1;
+        if (cont) {
+                json_t *msgs = json_object_get(root, "messages");
+                json_t *fin = json_array_get(msgs, json_array_size(msgs) - 1);
+                if (agp && json_is_true(json_object_get(root, "add_generation_prompt")))
+                        return api_bad(e, "continue_final_message", "cannot be combined with "
+                                       "\"add_generation_prompt\": true");
+                if (!streq(json_string_value(json_object_get(fin, "role")), "assistant"))
+                        return api_bad(e, "continue_final_message", "the last message must be the assistant's "
+                                       "to continue");
+                /* a constrained answer is checked from its first token, not from inside a prefill */
+                json_t *rf = json_object_get(root, "response_format");
+                const char *rft = json_string_value(json_object_get(rf, "type"));
+                if (r->forced_tool || (rft && !streq(rft, "text")))
+                        return api_bad(e, "continue_final_message", "cannot be combined with %s",
+                                       r->forced_tool ? "a forced tool call (tool_choice)" : "response_format");
+        }
+        if (cont || !agp)
+                x4_request_set_add_generation_prompt(r->req, false);
         return 0;
 }
 
@@ -958,12 +998,27 @@ static json_t *chat_logprob_entries(const struct x4_chunk *c, unsigned top_n) {
         return arr;
 }
 
-static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, unsigned top_n) {
+/* Characters (code points) of UTF-8 text, as OpenAI counts text_offset. */
+static size_t utf8_chars(const char *s, size_t n) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+                k += ((unsigned char) s[i] & 0xC0) != 0x80;
+        return k;
+}
+
+/* text_offset: where each token starts in the output, in characters; a chunk's tokens advance by
+ * their own texts, and the chunk's end lands where its text ends (a character split over byte
+ * tokens comes out whole in the chunk's text). */
+static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, unsigned top_n, size_t *text_offset) {
         json_t *tokens = json_object_get(obj, "tokens"), *lps = json_object_get(obj, "token_logprobs"),
-               *tops = json_object_get(obj, "top_logprobs");
+               *tops = json_object_get(obj, "top_logprobs"), *offs = json_object_get(obj, "text_offset");
+        size_t base = *text_offset, at = base, end = base + utf8_chars(c->text ? c->text : "", c->text_len);
         for (size_t i = 0; i < c->n_logprobs; i++) {
                 const struct x4_token_logprob *lp = &c->logprobs[i];
-                json_array_append_new(tokens, json_string(token_text(lp, c)));
+                const char *t = token_text(lp, c);
+                json_array_append_new(offs, json_integer((json_int_t) (at < end ? at : end)));
+                at += utf8_chars(t, strlen(t));
+                json_array_append_new(tokens, json_string(t));
                 json_array_append_new(lps, json_real(lp->logprob));
                 json_t *top = json_object();
                 for (size_t j = 0; j < lp->n_top && j < top_n; j++) {
@@ -974,6 +1029,7 @@ static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, un
                 }
                 json_array_append_new(tops, top);
         }
+        *text_offset = end;
 }
 
 static json_t *completion_logprobs_new(void) {
@@ -983,6 +1039,8 @@ static json_t *completion_logprobs_new(void) {
 
 void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c,
                              unsigned top_n) {
+        if (kind == API_COMPLETION && c->n_logprobs == 0)
+                r->text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
         if (c->n_logprobs == 0)
                 return;
         if (kind == API_CHAT) {
@@ -994,17 +1052,19 @@ void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const str
         } else {
                 if (!r->logprobs)
                         r->logprobs = completion_logprobs_new();
-                completion_logprobs_append(r->logprobs, c, top_n);
+                completion_logprobs_append(r->logprobs, c, top_n, &r->text_offset);
         }
 }
 
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n) {
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, size_t *text_offset) {
+        if (kind == API_COMPLETION && c->n_logprobs == 0)
+                *text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
         if (c->n_logprobs == 0)
                 return NULL;
         if (kind == API_CHAT)
                 return json_pack("{s:o}", "content", chat_logprob_entries(c, top_n));
         json_t *o = completion_logprobs_new();
-        completion_logprobs_append(o, c, top_n);
+        completion_logprobs_append(o, c, top_n, text_offset);
         return o;
 }
 

@@ -425,6 +425,15 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
                 return -1;
         if (background)
                 return api_unsupported(e, "background", "running a response in the background");
+        /* state kept on OpenAI's servers: answering without it would silently drop the history or
+         * the instructions the client meant to send */
+        json_t *conversation = json_object_get(root, "conversation");
+        if (conversation && !json_is_null(conversation))
+                return api_unsupported(e, "conversation", "a stored conversation (send previous_response_id, or the "
+                                       "history in input)");
+        json_t *prompt = json_object_get(root, "prompt");
+        if (prompt && !json_is_null(prompt))
+                return api_unsupported(e, "prompt", "a stored prompt template (send instructions and input)");
         if (api_get_int(root, "max_output_tokens", 1, UINT32_MAX, &iv, &set, e) < 0)
                 return -1;
         if (set)
@@ -741,6 +750,19 @@ void rs_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
 }
 
 void rs_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out) {
+        if (s->index == 0 && !s->open) {
+                /* nothing was said: the output has one empty message, as rs_response_json gives it,
+                 * so a client building the response from the events gets the same items */
+                char iid[64];
+                item_id(iid, sizeof iid, "msg_", s->id, s->index);
+                ev(s, out, "response.output_item.added",
+                   json_pack("{s:i, s:o}", "output_index", (int) s->index, "item", message_item(iid, "", 0, false)));
+                ev(s, out, "response.content_part.added",
+                   json_pack("{s:s, s:i, s:i, s:o}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
+                             "part", text_part("", 0)));
+                s->open = 2;
+                s->open_start = s->res->content_len;
+        }
         close_item(s, out);
         ev(s, out, d->finish_reason == X4_FINISH_LENGTH ? "response.incomplete" : "response.completed",
            json_pack("{s:o}", "response", response_object(s->id, s->created, s->model, s->echo,

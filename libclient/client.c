@@ -51,6 +51,7 @@ struct x4_request {
         size_t n_messages;
         char *tools_json;
         int thinking; /* -1 unset */
+        int add_generation_prompt; /* -1 unset (= true) */
         Xing4__SamplingParams sampling;
         bool has_max_tokens;
         uint32_t max_tokens;
@@ -141,6 +142,7 @@ X4_API x4_request *x4_request_new(void) {
         Xing4__SamplingParams init = XING4__SAMPLING_PARAMS__INIT;
         r->sampling = init;
         r->thinking = -1;
+        r->add_generation_prompt = -1;
         r->ignore_eos = -1;
         return r;
 }
@@ -271,6 +273,13 @@ X4_API int x4_request_set_thinking(x4_request *r, bool enable) {
         if (!r)
                 return X4_E_USAGE;
         r->thinking = enable;
+        return 0;
+}
+
+X4_API int x4_request_set_add_generation_prompt(x4_request *r, bool add) {
+        if (!r)
+                return X4_E_USAGE;
+        r->add_generation_prompt = add;
         return 0;
 }
 
@@ -409,6 +418,10 @@ static int chat_view_init(struct chat_view *v, const x4_request *r) {
                 if (r->thinking >= 0) {
                         v->chat.has_enable_thinking = 1;
                         v->chat.enable_thinking = r->thinking;
+                }
+                if (r->add_generation_prompt >= 0) {
+                        v->chat.has_add_generation_prompt = 1;
+                        v->chat.add_generation_prompt = r->add_generation_prompt;
                 }
         }
         return 0;

@@ -104,6 +104,10 @@ X4_API int x4_request_add_message_ex(x4_request *r, const char *role, const char
                                      const char *name);
 X4_API int x4_request_set_tools_json(x4_request *r, const char *tools_json);
 X4_API int x4_request_set_thinking(x4_request *r, bool enable);
+/* Chat requests: false leaves out the template's generation prompt; a final assistant message
+ * with text is then left open and the answer continues it (an assistant prefill: the answer
+ * holds only the new text). Default true. */
+X4_API int x4_request_set_add_generation_prompt(x4_request *r, bool add);
 X4_API int x4_request_set_temperature(x4_request *r, float v);
 X4_API int x4_request_set_top_p(x4_request *r, float v);
 X4_API int x4_request_set_top_k(x4_request *r, uint32_t v);

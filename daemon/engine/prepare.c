@@ -77,6 +77,16 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
         const struct sched_request *r = j->r;
         char err[1024];
         int ret;
+        /* Chat.add_generation_prompt = false with a final assistant message that has text (and no
+         * tool calls, which the template writes after it): that message stays open and the answer
+         * continues it (an assistant prefill, as Anthropic's API and HF's continue_final_message
+         * have it). Its content is rendered as a marker first, so whatever the template puts
+         * after a message (`<_end>`, a newline) is found and cut, then the text is put back in
+         * the marker's place. */
+        static const char marker[] = "\x02x4d-continue-final-message-5f1c\x03";
+        const struct sched_message *last = r->n_messages ? &r->messages[r->n_messages - 1] : NULL;
+        bool cont = r->no_generation_prompt && last && streq(last->role, "assistant") && last->content &&
+                    last->content[0] && !last->tool_calls_json; /* its calls come after the text */
 
         _cleanup_(json_freep) struct json_value *ctx = json_new_object();
         struct json_value *msgs = json_new_array();
@@ -92,10 +102,9 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
                         json_free(o);
                         break;
                 }
+                const char *content = cont && m == last ? marker : m->content ? m->content : "";
                 ok = json_object_set(o, "role", json_new_string(m->role, strlen(m->role))) == 0 &&
-                     json_object_set(o, "content",
-                                     json_new_string(m->content ? m->content : "",
-                                                     m->content ? strlen(m->content) : 0)) == 0;
+                     json_object_set(o, "content", json_new_string(content, strlen(content))) == 0;
                 if (ok && m->name)
                         ok = json_object_set(o, "name", json_new_string(m->name, strlen(m->name))) == 0;
                 if (ok && m->reasoning)
@@ -123,7 +132,7 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
                 ok = json_object_set(ctx, "tools", tools) == 0;
         }
         if (ok)
-                ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(true)) == 0;
+                ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(!r->no_generation_prompt)) == 0;
         if (ok && r->enable_thinking >= 0)
                 ok = json_object_set(ctx, "enable_thinking",
                                      json_new_bool(r->enable_thinking)) == 0;
@@ -136,13 +145,36 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
          * renders them as <param_key>/<param_value> pairs, not as the JSON fallback */
         _cleanup_(json_freep) struct json_value *full = NULL;
         ret = chat_context_build(json_object_get(ctx, "messages"),
-                                 json_object_get(ctx, "tools"), true, r->enable_thinking,
+                                 json_object_get(ctx, "tools"), !r->no_generation_prompt, r->enable_thinking,
                                  s->bos_text, s->eos_text, &full, err, sizeof err);
         if (ret >= 0) {
                 if (s->tmpl) /* the model's own template (docs/model.md §7 best practice) */
                         ret = chat_template_render(s->tmpl, full, &rendered, err, sizeof err);
                 else
                         ret = chat_xing4_render(full, &rendered, err, sizeof err);
+        }
+        if (ret >= 0 && cont) {
+                /* the last marker is the final message's (an earlier one would be the user's own
+                 * text); the template's end of the message after it is dropped */
+                char *at = NULL;
+                for (char *p = rendered; (p = strstr(p, marker)); p++)
+                        at = p;
+                if (!at) {
+                        prep_fail(j, SCHED_ERR_INVALID_ARGUMENT,
+                                  "prompt.chat: the chat template does not render the final assistant "
+                                  "message's content as given, so the answer cannot continue it");
+                        return false;
+                }
+                size_t keep = (size_t) (at - rendered), add = strlen(last->content);
+                char *cut = malloc(keep + add + 1);
+                if (!cut) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat prompt");
+                        return false;
+                }
+                memcpy(cut, rendered, keep);
+                memcpy(cut + keep, last->content, add + 1);
+                free(rendered);
+                rendered = cut;
         }
         if (ret >= 0)
                 ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, ids, n,

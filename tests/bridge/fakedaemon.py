@@ -10,6 +10,7 @@ What it answers depends on the request:
     {"answer": "yes"}
   - last message "stop-here": "Up to the", finish stop on the stop string "END"
   - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
+  - last message "say-nothing": no chunk, finish stop (the turn ended before any text)
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
   - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
   - last message "slow": one chunk, then waits up to 5 s for a Cancel (Done{CANCELLED}) else ends
@@ -72,6 +73,8 @@ def decode_generate(g):
             out["tools"] = json.loads(s(chat, 2))
         if 3 in chat:
             out["enable_thinking"] = bool(chat[3][0])
+        if 4 in chat:
+            out["add_generation_prompt"] = bool(chat[4][0])
     if 5 in g:
         out["max_tokens"] = g[5][0]
     if 6 in g:
@@ -140,6 +143,8 @@ def script(req):
         return [(CHUNK, chunk("Slowly")), (WAIT_CANCEL, 5.0), (DONE, done(FINISH_STOP, completion=1))]
     if last["content"] == "stop-here":
         return [(CHUNK, chunk("Up to the")), (DONE, done(FINISH_STOP, stop="END"))]
+    if last["content"] == "say-nothing":
+        return [(DONE, done(FINISH_STOP, completion=1, reasoning=0))]
     if last["content"] == "think-long":
         return [(CHUNK, chunk("Thinking", REASONING)), (CHUNK, chunk(" on and on", REASONING)),
                 (DONE, done(FINISH_LENGTH, completion=2, reasoning=2))]

@@ -46,8 +46,45 @@ def test_config_mistakes_are_named(tmp_path):
     assert r.returncode == 2 and "missing.conf: cannot open the config file" in r.stderr
     r = run_http("--config", "/dev/null", "--listen", "localhost")
     assert r.returncode == 2 and "--listen localhost: HOST:PORT expected" in r.stderr
+    # empty values are named, not kept (an empty socket made every request a 503)
+    for key in ("socket", "listen"):
+        conf.write_text(f"[xing4-http]\n{key} =\n")
+        r = run_http("--config", str(conf))
+        assert r.returncode == 2 and f"{conf}:2: {key}: empty value" in r.stderr, r.stderr
+    r = run_http("--config", "/dev/null", "--socket", "")
+    assert r.returncode == 2 and "--socket: socket: empty value" in r.stderr, r.stderr
+    # no host at all, and a host that does not resolve (it said "cannot listen there: Success")
+    r = run_http("--config", "/dev/null", "--listen", ":8000")
+    assert r.returncode == 2 and "--listen :8000: HOST:PORT expected" in r.stderr
+    r = run_http("--config", "/dev/null", "--listen", "no-such-host.invalid:0", "--socket", str(tmp_path / "s"))
+    assert r.returncode == 1
+    assert "--listen no-such-host.invalid:0: cannot listen there: the host does not resolve" in r.stderr
+    assert "Success" not in r.stderr
     r = run_http("--config", "/dev/null", "--api-key-file", str(tmp_path / "nokey"))
     assert r.returncode == 2 and "nokey: cannot read the API key file" in r.stderr
+
+
+def test_ipv6_listen_address_is_logged_as_given(tmp_path):
+    # the log line printed [::] whatever IPv6 address was asked for
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        import pytest
+        pytest.skip("no IPv6 loopback here")
+    p = subprocess.Popen([str(HTTP), "--config", "/dev/null", "--listen", "[::1]:0", "--socket", str(tmp_path / "s")],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stderr:
+            if "listening on" in line:
+                assert re.search(r"listening on http://\[::1\]:\d+/v1 ", line), line
+                break
+        else:
+            raise AssertionError("no listening line")
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
 
 
 def test_version_and_help():

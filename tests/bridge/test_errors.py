@@ -2,6 +2,7 @@
 """Every error the bridge answers: OpenAI's shape {"error": {message, type, param, code}}, the
 HTTP status an SDK maps to its exception class, Retry-After where retrying helps, and a message
 naming the field and what was expected."""
+import json
 import socket
 import threading
 import time
@@ -40,6 +41,26 @@ def test_n_above_one_is_refused_clearly(bridge):
     st, _, body = bridge.post("/v1/chat/completions", chat(n=3))
     e = assert_openai_error(st, body, 400, "only 1 choice per request is supported, got 3", param="n")
     assert e["code"] == "unsupported_value"
+
+
+@pytest.mark.parametrize("kw,param,part", [
+    ({"logit_bias": {"15": 100}}, "logit_bias", "biasing token logits is not supported"),
+    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions", "send \"tools\""),
+    ({"function_call": {"name": "f"}}, "function_call", "deprecated function-calling form"),
+])
+def test_parameters_that_would_change_the_answer_are_not_ignored(bridge, kw, param, part):
+    # silently dropping these answered a different request than the one sent
+    st, _, body = bridge.post("/v1/chat/completions", chat(**kw))
+    e = assert_openai_error(st, body, 400, part, param=param)
+    assert e["code"] == "unsupported_parameter"
+    if param == "logit_bias":
+        st, _, body = bridge.post("/v1/completions", {"model": "xing4", "prompt": "a", "max_tokens": 2, **kw})
+        assert_openai_error(st, body, 400, part, param=param)
+    # what clients send by default still works: an empty bias map, nulls
+    for ok in ({"logit_bias": {}}, {"logit_bias": None, "functions": None, "function_call": None},
+               {"functions": [], "function_call": "none"}, {"function_call": "auto"}):
+        st, _, body = bridge.post("/v1/chat/completions", chat(max_tokens=2, **ok))
+        assert st == 200, body
 
 
 def test_image_content_part_is_refused(bridge):
@@ -87,6 +108,10 @@ def test_api_key_is_required_when_configured(daemon, make_bridge, tmp_path):
     st, _, body = b.post("/v1/chat/completions", chat(max_tokens=2),
                          headers={"Authorization": "Bearer s3cret-key"})
     assert st == 200, body
+    # the scheme is case-insensitive and may be followed by several spaces (RFC 9110 credentials)
+    for auth in ("bearer s3cret-key", "Bearer   s3cret-key"):
+        st, _, body = b.post("/v1/chat/completions", chat(max_tokens=2), headers={"Authorization": auth})
+        assert st == 200, (auth, body)
     # health and metrics stay open for probes and scrapers
     assert b.request("GET", "/health")[0] == 200
     assert b.request("GET", "/metrics")[0] == 200
@@ -103,6 +128,44 @@ def test_unknown_url_and_wrong_method(bridge):
     assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/images/generations")
     st, _, body = bridge.request("GET", "/v1/chat/completions")
     assert_openai_error(st, body, 405, "/v1/chat/completions: only POST")
+
+
+def test_head_is_answered_on_get_endpoints(bridge):
+    # uptime checks and load balancers probe with HEAD: the GET answer's status and headers, no
+    # body (the next request on the same connection must read its own answer, not a stray body)
+    c = bridge.conn(30)
+    for path in ("/health", "/ready", "/metrics", "/v1/models", "/v1/models/xing4"):
+        c.request("HEAD", path)
+        r = c.getresponse()
+        assert r.status == 200, (path, r.status)
+        assert r.read() == b"", path
+    c.request("GET", "/health")
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+    c.close()
+    # a 405 says which methods the path takes
+    st, hdrs, body = bridge.request("POST", "/health", {})
+    assert_openai_error(st, body, 405, "/health: only GET")
+    assert hdrs["allow"] == "GET, HEAD"
+    st, hdrs, body = bridge.request("HEAD", "/v1/chat/completions")
+    assert st == 405 and hdrs["allow"] == "POST"
+    st, hdrs, body = bridge.request("PUT", "/v1/nothing-here")
+    assert_openai_error(st, body, 404, "Unknown request URL: PUT /v1/nothing-here")
+
+
+def test_trailing_and_doubled_slashes_reach_the_endpoint(bridge):
+    # a base URL configured as "http://host:8000/v1/" and joined naively gives "/v1//chat/completions";
+    # "/v1/models/" is the same resource as "/v1/models"
+    st, _, body = bridge.post("/v1//chat/completions", chat(max_tokens=2))
+    assert st == 200 and body["object"] == "chat.completion", body
+    st, _, body = bridge.post("/v1/chat/completions/", chat(max_tokens=2))
+    assert st == 200, body
+    st, _, body = bridge.request("GET", "/v1/models/")
+    assert st == 200 and body["data"][0]["id"] == "xing4"
+    st, _, body = bridge.request("GET", "/health/")
+    assert st == 200 and body["status"] == "ok"
+    st, _, body = bridge.request("GET", "/v1/images//generations/")
+    assert_openai_error(st, body, 404, "Unknown request URL: GET /v1/images/generations")
 
 
 def test_cancel_of_unknown_request_is_404(bridge):

@@ -210,3 +210,20 @@ def test_config_line_longer_than_the_buffer_is_refused(daemon, tmp_path):
                            text=True, timeout=30)
         # the config is accepted (the model name is cut to its 127-byte field); --listen then fails
         assert r.returncode == 2 and "--listen nonsense: HOST:PORT expected" in r.stderr, r.stderr
+
+
+def test_sighup_does_not_stop_the_bridge(daemon, make_bridge):
+    # SIGHUP's default action killed the bridge (and every stream it carried); it is logged and
+    # ignored: nothing is re-read while serving, SIGTERM stops it
+    import signal
+    b = make_bridge([daemon.sock])
+    b.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while not any("SIGHUP ignored" in x for x in b.log):
+        assert time.monotonic() < deadline and b.proc.poll() is None, b.log[-5:]
+        time.sleep(0.05)
+    st, _, body = b.request("GET", "/health")
+    assert st == 200 and body["status"] == "ok"
+    st, _, body = b.post("/v1/chat/completions", chat(max_tokens=2))
+    assert st == 200, body
+    assert b.proc.poll() is None

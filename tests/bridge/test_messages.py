@@ -236,6 +236,49 @@ def test_stream_bytes_tool_use(fake_bridge):
     sse_fixture.check("messages-tool-use", data)
 
 
+def test_assistant_prefill_is_continued(fake, fake_bridge):
+    # an assistant message with text last is a prefill (Anthropic's API): the daemon is asked to
+    # leave it open instead of answering a new turn after it
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "{\"a\": "}]})
+    assert st == 200, body
+    r = last_request(fake)
+    assert r["messages"][-1] == {"role": "assistant", "content": "{\"a\": "}
+    assert r["add_generation_prompt"] is False
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "Sure"}]}],
+        "stream": True})
+    assert st == 200 and last_request(fake)["add_generation_prompt"] is False
+    # an ordinary turn gets the generation prompt (the field is left unset)
+    post(fake_bridge, msg("hi"))
+    assert "add_generation_prompt" not in last_request(fake)
+    # a constrained answer starts at its first token: a prefill before it is refused, not garbled
+    prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": prefill,
+                                     "output_format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert_anthropic_error(st, body, 400, "invalid_request_error", "cannot be combined with output_format")
+    st, _, body = post(fake_bridge, {**msg("hi"), "messages": prefill, "tools": TOOLS, "tool_choice": {"type": "any"}})
+    assert_anthropic_error(st, body, 400, "invalid_request_error", "a forced tool call")
+
+
+def sse_events(data):
+    return [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
+
+
+def test_empty_answer_streamed_and_not_streamed_alike(fake_bridge):
+    # a turn that ends before any text: the non-streaming answer has one empty text block, and so
+    # must the message a client assembles from the stream (the SDK's finalMessage())
+    st, _, body = post(fake_bridge, msg("say-nothing"))
+    assert st == 200, body
+    assert body["content"] == [{"type": "text", "text": ""}] and body["stop_reason"] == "end_turn"
+    events = sse_events(raw_stream(fake_bridge, msg("say-nothing", stream=True)))
+    assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_stop",
+                                           "message_delta", "message_stop"]
+    assert events[2]["index"] == 0 and events[2]["content_block"] == {"type": "text", "text": ""}
+    assert events[3]["index"] == 0
+    assert events[4]["delta"]["stop_reason"] == "end_turn"
+
+
 def test_stream_error_after_start(fake_bridge):
     data = raw_stream(fake_bridge, msg("error-after-start", stream=True))
     sse_fixture.check("messages-error", data)

@@ -186,6 +186,10 @@ def test_max_output_tokens_is_incomplete(fake_bridge):
      "cannot be combined"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "\"none\", \"minimal\""),
     ({"background": True}, "background", "not supported"),
+    # server-side state this bridge does not have: refused, not silently answered without it
+    ({"conversation": "conv_123"}, "conversation", "a stored conversation"),
+    ({"conversation": {"id": "conv_123"}}, "conversation", "not supported"),
+    ({"prompt": {"id": "pmpt_1", "version": "2"}}, "prompt", "a stored prompt template"),
     ({"stream": "yes"}, "stream", "true or false"),
 ])
 def test_bad_values_name_the_field(fake_bridge, kw, param, part):
@@ -202,6 +206,24 @@ def test_bad_values_name_the_field(fake_bridge, kw, param, part):
 
 def raw_stream(bridge, body):
     return sse_fixture.stream(bridge, "/v1/responses", body)
+
+
+def test_empty_answer_streamed_and_not_streamed_alike(fake_bridge):
+    # a turn that ends before any text: the non-streamed output is one empty message; the stream
+    # had no item events and an empty output in response.completed
+    st, _, body = fake_bridge.post("/v1/responses", resp("say-nothing"))
+    assert st == 200, body
+    assert [(o["type"], o["content"][0]["text"]) for o in body["output"]] == [("message", "")]
+    events = [json.loads(line[6:]) for line in raw_stream(fake_bridge, {**resp("say-nothing"), "stream": True})
+              .decode().splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    done = events[-1]["response"]
+    assert [(o["type"], o["content"][0]["text"]) for o in done["output"]] == [("message", "")]
+    assert events[6]["item"] == done["output"][0]
 
 
 def test_stream_bytes_text(fake_bridge):

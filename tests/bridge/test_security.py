@@ -145,6 +145,22 @@ def test_models_retrieve(fake_bridge):
     assert_openai_error(st, body, 404, 'The model "gpt-4o" does not exist', param="model")
 
 
+def test_models_list_reads_in_both_apis(fake_bridge):
+    # the list's entries were OpenAI-only while retrieve also had Anthropic's fields: an Anthropic
+    # client listing models got no display_name/created_at, and no page fields to stop on
+    import re
+    st, _, body = fake_bridge.request("GET", "/v1/models", headers={"anthropic-version": "2023-06-01"})
+    assert st == 200 and body["object"] == "list"
+    assert body["has_more"] is False and body["first_id"] == body["last_id"] == "xing4"
+    (m,) = body["data"]
+    assert {m[k] for k in ("id", "display_name")} == {"xing4"} and m["object"] == m["type"] == "model"
+    assert isinstance(m["created"], int) and m["owned_by"] == "xing4d"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", m["created_at"]), m["created_at"]
+    st, _, one = fake_bridge.request("GET", "/v1/models/xing4")
+    assert st == 200 and {k: one[k] for k in ("id", "object", "type", "display_name", "created", "created_at")} == \
+        {k: m[k] for k in ("id", "object", "type", "display_name", "created", "created_at")}
+
+
 def test_embeddings_say_why_not(fake_bridge):
     st, _, body = fake_bridge.post("/v1/embeddings", {"model": "xing4", "input": "hi"})
     e = assert_openai_error(st, body, 400, "no embedding output", param="model")

@@ -5,7 +5,7 @@ import json
 import threading
 import time
 
-from conftest import chat
+from conftest import assert_openai_error, chat
 
 
 def raw_stream(bridge, body):
@@ -203,6 +203,64 @@ def test_ignore_eos_generates_max_tokens(bridge):
         st, _, body = bridge.post("/v1/chat/completions", chat("hi", max_tokens=24, seed=seed, ignore_eos=True))
         assert st == 200, body
         assert body["usage"]["completion_tokens"] == 24 and body["choices"][0]["finish_reason"] == "length"
+
+
+def test_assistant_prefill_continues_the_message(bridge):
+    # Anthropic's prefill (an assistant message last) and vLLM's continue_final_message: the model
+    # continues that message's text instead of answering a new turn after it. Greedy, the answer
+    # is exactly the raw completion of the template's text up to the prefill (the demo model's
+    # template is the Xing4 one: <_system><_user>TEXT<_bot></think>ANSWER...)
+    raw = bridge.post("/v1/completions", {"model": "xing4", "prompt": "<_system><_user>hi<_bot></think>Well",
+                                          "max_tokens": 8, "temperature": 0})[2]
+    want = raw["choices"][0]["text"]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well"}]
+    st, _, body = bridge.post("/v1/messages", {"model": "xing4", "max_tokens": 8, "temperature": 0,
+                                               "messages": history})
+    assert st == 200, body
+    assert body["content"] == [{"type": "text", "text": want}]
+    assert body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"] == raw["usage"]["prompt_tokens"]
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "max_tokens": 8, "temperature": 0,
+                                                       "messages": history, "continue_final_message": True,
+                                                       "add_generation_prompt": False})
+    assert st == 200, body
+    assert body["choices"][0]["message"]["content"] == want
+    assert "reasoning_content" not in body["choices"][0]["message"]
+    # without the flag an OpenAI chat answers a new turn after the assistant's
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "max_tokens": 8, "temperature": 0,
+                                                       "messages": history})
+    assert st == 200 and body["usage"]["prompt_tokens"] > raw["usage"]["prompt_tokens"]
+    st, _, body = bridge.post("/v1/chat/completions", chat("hi", continue_final_message=True))
+    assert_openai_error(st, body, 400, "the last message must be the assistant's", param="continue_final_message")
+    st, _, body = bridge.post("/v1/chat/completions", {"model": "xing4", "max_tokens": 8, "messages": history,
+                                                       "continue_final_message": True,
+                                                       "response_format": {"type": "json_object"}})
+    assert_openai_error(st, body, 400, "cannot be combined with response_format", param="continue_final_message")
+
+
+def test_completion_logprobs_have_text_offsets(bridge):
+    # text_offset was always []: one entry per token, where it starts in the output (characters)
+    body = {"model": "xing4", "prompt": "Hello", "max_tokens": 12, "logprobs": 1, "seed": 10, "ignore_eos": True}
+    st, _, out = bridge.post("/v1/completions", body)
+    assert st == 200, out
+    text, lp = out["choices"][0]["text"], out["choices"][0]["logprobs"]
+    assert len(lp["text_offset"]) == len(lp["tokens"]) == 12
+    assert "".join(lp["tokens"]) == text
+    for tok, off in zip(lp["tokens"], lp["text_offset"]):
+        assert text[off:off + len(tok)] == tok, (tok, off, text)
+    # streamed: the same offsets, continuing across chunks
+    c = bridge.conn()
+    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    offsets, tokens = [], []
+    for line in r.read().decode().splitlines():
+        if line.startswith("data: {"):
+            ch = json.loads(line[6:])["choices"]
+            if ch and ch[0].get("logprobs"):
+                offsets += ch[0]["logprobs"]["text_offset"]
+                tokens += ch[0]["logprobs"]["tokens"]
+    c.close()
+    assert tokens == lp["tokens"] and offsets == lp["text_offset"]
 
 
 def test_seeded_greedy_is_reproducible_through_the_bridge(bridge):

@@ -92,6 +92,30 @@ def test_ctrl_c_before_any_output_cancels_at_once(fake):
     assert time.monotonic() - t < 3  # not the fake's 5 s wait
 
 
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_closed_stdout_cancels_the_request(fake, json_mode):
+    # x4ctl generate ... | head: once the reader is gone the request is cancelled and x4ctl ends,
+    # quietly; it kept generating into the void up to --max-tokens (the fake waits 5 s for a Cancel)
+    r, w = os.pipe()
+    os.close(r)
+    t = time.monotonic()
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], *(["--json"] if json_mode else []), "generate", "slow"],
+                       stdout=w, stderr=subprocess.PIPE, text=True, timeout=30)
+    os.close(w)
+    assert time.monotonic() - t < 3, "the request was not cancelled"
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+def test_stats_watch_ends_when_stdout_closes(fake):
+    # x4ctl stats --watch | head: it looped forever writing into a closed pipe
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], "stats", "--watch=0.1"], stdout=w,
+                       stderr=subprocess.PIPE, text=True, timeout=10)
+    os.close(w)
+    assert p.returncode == 0, p.stderr
+
+
 def test_json_schema_file(fake, tmp_path):
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     f = tmp_path / "schema.json"
@@ -108,3 +132,44 @@ def test_json_schema_file(fake, tmp_path):
     assert r.returncode == 2 and "a JSON Schema object" in r.stderr
     r = x4ctl(fake["socket"], "generate", "--json-schema", str(tmp_path / "nope.json"), "q")
     assert r.returncode == 2 and "nope.json" in r.stderr
+    # a file that cannot be opened has no position to report (it said "line -1, column -1")
+    assert r.stderr == f"x4ctl: --json-schema {tmp_path / 'nope.json'}: unable to open {tmp_path / 'nope.json'}: " \
+                       "No such file or directory\n", r.stderr
+
+
+def test_health_takes_json_after_the_command_too(fake):
+    # info and stats take --json after the command; health refused it as an unexpected argument
+    before = x4ctl(fake["socket"], "--json", "health")
+    after = x4ctl(fake["socket"], "health", "--json")
+    assert before.returncode == after.returncode == 0, (before.stderr, after.stderr)
+    assert json.loads(after.stdout) == json.loads(before.stdout) and json.loads(after.stdout)["status"] == "serving"
+    r = x4ctl(fake["socket"], "health", "--jsn")
+    assert r.returncode == 2 and "health: unexpected argument '--jsn'" in r.stderr
+
+
+def test_help_lists_every_option_of_the_man_page():
+    # x4ctl --help is where a user looks first: every option man/x4ctl.1 documents is named there
+    # (--no-mtp was missing)
+    import re
+    from conftest import SRC
+    need(X4CTL)
+    man = (SRC / "man" / "x4ctl.1").read_text()
+    # the option items: lines ".B \-\-name" / ".BI \-\-name ARG ..." (several options on some)
+    items = [line for line in man.splitlines() if re.match(r"\.BI? \\-\\-", line)]
+    documented = {m.replace("\\-", "-") for line in items for m in re.findall(r"\\-\\-((?:[a-z]|\\-)+)", line)}
+    assert "no-mtp" in documented and "json-schema" in documented, documented
+    r = subprocess.run([str(X4CTL), "--help"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0
+    missing = sorted(d for d in documented if f"--{d}" not in r.stdout)
+    assert not missing, missing
+
+
+def test_option_errors_name_x4ctl_and_the_command():
+    # getopt named argv[0]: "generate: unrecognized option" or "/usr/bin/x4ctl: ..."
+    need(X4CTL)
+    for args, want in ((["generate", "--bogus"], "x4ctl generate: unrecognized option '--bogus'"),
+                       (["generate", "--max-tokens"], "x4ctl generate: option '--max-tokens' requires an argument"),
+                       (["snapshot", "create", "--bogus", "x"], "x4ctl snapshot create: unrecognized option '--bogus'"),
+                       (["--bogus", "health"], "x4ctl: unrecognized option '--bogus'")):
+        r = subprocess.run([str(X4CTL), *args], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 2 and r.stderr.startswith(want), (args, r.stderr)

@@ -5,6 +5,7 @@ import json
 import signal
 import struct
 import subprocess
+import time
 
 import pytest
 
@@ -363,6 +364,66 @@ def test_c_client_sends_tool_call_history(fresh_daemon, client_test, tmp_path):
     assert bad["message"].startswith("prompt.chat.messages[1].tool_calls_json"), bad
 
 
+def greedy_body(prompt_field, max_tokens=6):
+    sampling = w.varint(1 << 3 | 5) + struct.pack("<f", 0.0)
+    return prompt_field + w.field_bytes(4, sampling) + w.field_varint(5, max_tokens) + w.field_varint(11, 1)
+
+
+def chat_field(messages, add_generation_prompt=None):
+    """messages: (role, content) or (role, content, tool_calls_json)"""
+    chat = b"".join(w.field_bytes(1, w.field_bytes(1, m[0]) + w.field_bytes(2, m[1]) +
+                                 (w.field_bytes(4, m[2]) if len(m) > 2 else b"")) for m in messages)
+    if add_generation_prompt is not None:
+        chat += w.field_varint(4, int(add_generation_prompt))
+    return w.field_bytes(3, chat)
+
+
+def test_chat_without_generation_prompt_continues_the_assistant(fresh_daemon, tmp_path):
+    # Chat.add_generation_prompt = false (it was ignored): a final assistant message is left open
+    # and the answer continues it, token for token what the raw text up to it gives
+    model = model_with_template(tmp_path, "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                                          "{% if m.tool_calls %} calls {{ m.tool_calls[0].name }}{% endif %}{{ '\\n' }}{% endfor %}"
+                                          "{% if add_generation_prompt %}assistant: {% endif %}")
+    d = fresh_daemon(args=("--model", str(model)))
+    history = [("user", "hi"), ("assistant", "Once upon")]
+    with_call = [("user", "hi"), ("assistant", "Once upon", '[{"name": "f", "arguments": {}}]')]
+    c = w.Conn(d.sock)
+    c.hello()
+    got, done = c.generate_all([greedy_body(chat_field(history, False)),
+                                greedy_body(w.field_bytes(1, "user: hi\nassistant: Once upon")),
+                                greedy_body(chat_field(history)),
+                                greedy_body(chat_field(with_call, False)),
+                                greedy_body(w.field_bytes(1, "user: hi\nassistant: Once upon calls f\n"))])
+    c.close()
+    usage = {k: w.parse(d[2][0]) for k, d in done.items()}
+    assert got[1] == got[2] and len(got[1]) == 6
+    assert usage[1][1] == usage[2][1]
+    # the default (and true) renders the assistant's turn closed, then a new generation prompt
+    assert usage[3][1][0] > usage[1][1][0]
+    # an assistant message with tool calls is not cut open (the calls would be lost): it is
+    # rendered whole, without a generation prompt
+    assert got[4] == got[5] and usage[4][1] == usage[5][1]
+
+
+def test_continuation_needs_a_template_that_keeps_the_text(fresh_daemon, tmp_path):
+    # a template that changes message text cannot be continued from: refused, not guessed
+    model = model_with_template(tmp_path, "{% for m in messages %}{{ m.role }}{{ m.content | upper }}{% endfor %}"
+                                          "{% if add_generation_prompt %}<_bot><think>\n{% endif %}")
+    d = fresh_daemon(args=("--model", str(model)))
+    c = w.Conn(d.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, greedy_body(chat_field([("user", "hi"), ("assistant", "So")], False))))
+    code, msg = w.error_of(c.recv())
+    assert code == "INVALID_ARGUMENT"
+    assert "does not render the final assistant message's content as given" in msg
+    # an ordinary chat through the same template is served
+    c.send(w.frame(2, w.GENERATE, greedy_body(chat_field([("user", "hi")]))))
+    got, done = {2: []}, {}
+    while 2 not in done:
+        c.recv_generation(got, done)
+    c.close()
+
+
 def test_c_client_reports_server_errors(daemon, client_test):
     r, f = run_client(client_test, daemon, "bad-top-p")
     assert f["status"] == "-1 invalid argument"
@@ -394,6 +455,28 @@ def test_sigterm_drains_then_cancels_after_the_grace_period(fresh_daemon):
     assert p.returncode == 0, err
     assert json.loads(out.splitlines()[-1])["finish_reason"] == "cancelled"
     assert d.proc.wait(timeout=30) == 0
+
+
+def test_sighup_is_ignored_not_fatal(fresh_daemon):
+    # SIGHUP's default action killed the daemon mid-generation and left its socket file behind;
+    # "reload" habits (kill -HUP, a closed terminal) must not take the service down
+    d = fresh_daemon()
+    p, s, _ = start_long(d)
+    d.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while not any("SIGHUP ignored" in x for x in d.log):
+        assert time.monotonic() < deadline and d.proc.poll() is None, d.log[-5:]
+        time.sleep(0.05)
+    assert d.proc.poll() is None
+    r = d.x4ctl("health")
+    assert r.returncode == 0 and r.stdout.startswith("serving"), r.stderr
+    # the generation in flight goes on
+    r = d.x4ctl("cancel", str(s["requests"][0]["server_request_id"]))
+    assert r.returncode == 0, r.stderr
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["finish_reason"] == "cancelled"
+    assert d.terminate() == 0
 
 
 # ---- text output: stop strings, reasoning channel, thinking budget -------------------------------
@@ -535,6 +618,46 @@ def run_xing4d(*args, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def test_no_socket_is_said_before_the_model_loads(tmp_path):
+    # neither socket-activated nor --listen: refused at once, not after loading the model (which
+    # takes minutes for the release's); the log has nothing from the load
+    r = run_xing4d("--config", "/dev/null", "--state-dir", str(tmp_path))
+    assert r.returncode == 1
+    assert "no socket: not socket-activated and no --listen PATH given" in r.stderr
+    assert "chat template" not in r.stderr and "serving" not in r.stderr, r.stderr
+
+
+def test_unusable_listen_paths_are_said_before_the_model_loads(tmp_path):
+    # each was found only at bind(), after the model load; a regular file there was reported as
+    # "Address already in use"
+    (tmp_path / "notes.txt").write_text("keep me\n")
+    cases = [
+        (tmp_path / "missing" / "x.sock", f"the folder {tmp_path / 'missing'} does not exist"),
+        (tmp_path / ("s" * 120), "longer than 107 bytes"),
+        (tmp_path / "notes.txt", "exists and is not a socket (not replaced: choose another path)"),
+        (tmp_path, "exists and is not a socket"),
+    ]
+    for path, message in cases:
+        r = run_xing4d("--config", "/dev/null", "--listen", str(path), "--state-dir", str(tmp_path))
+        assert r.returncode == 1 and f"--listen {path}: {message}" in r.stderr, r.stderr
+        assert "chat template" not in r.stderr and "serving" not in r.stderr, r.stderr
+    assert (tmp_path / "notes.txt").read_text() == "keep me\n"
+
+
+def test_empty_path_settings_mean_the_default(fresh_daemon, tmp_path):
+    # the packaged file shows "#listen =" and "#config-json =": uncommented as they are, the empty
+    # listen path was bound as an abstract socket nobody can reach while the daemon said it served
+    conf = tmp_path / "empty.conf"
+    conf.write_text("[xing4d]\nlisten =\nconfig-json =\ntokenizer-path =\n")
+    r = run_xing4d("--config", str(conf), "--state-dir", str(tmp_path))
+    assert r.returncode == 1
+    assert "no socket: not socket-activated and no --listen PATH given" in r.stderr, r.stderr
+    from conftest import DEFAULT_CONF
+    d = fresh_daemon(conf=DEFAULT_CONF + "listen =\nconfig-json =\ntokenizer-path =\n")
+    r = d.x4ctl("health")
+    assert r.returncode == 0 and r.stdout.startswith("serving"), r.stderr
+
+
 def test_config_errors_name_the_line(tmp_path):
     conf = tmp_path / "bad.conf"
     conf.write_text("[xing4d]\nthreads = 1\nfrobnicate = yes\n")
@@ -545,6 +668,20 @@ def test_config_errors_name_the_line(tmp_path):
     r = run_xing4d("--config", str(conf))
     assert r.returncode == 1
     assert f"{conf}:1: 'lots' is not an integer in [1, 4096]" in r.stderr
+    # a misspelt section header: its settings would be dropped without a word
+    conf.write_text("[xing4]\nmax-running = 2\n[xing4d]\nthreads = 1\n")
+    r = run_xing4d("--config", str(conf))
+    assert f"{conf}:1: section [xing4] is not [xing4d]: the settings under it are ignored" in r.stderr
+    assert "section [xing4d]" not in r.stderr
+    # a bad value on a config line names the setting, not only the line
+    conf.write_text("[xing4d]\nthreads = 1\nmax_running = lots\n")
+    r = run_xing4d("--config", str(conf))
+    assert r.returncode == 1
+    assert f"{conf}:3: 'lots' is not an integer in [1, 4096] (setting 'max-running')" in r.stderr
+    conf.write_text("[xing4d]\nmemory-limit = much\n")
+    r = run_xing4d("--config", str(conf))
+    assert r.returncode == 1
+    assert f"{conf}:2: 'much' is not a size (e.g. 8G, 512M) (setting 'memory-limit')" in r.stderr
     # a line longer than the parser's buffer is an error, not two lines
     conf.write_text("[xing4d]\nthreads = 1\n# " + "x" * 5000 + "\n")
     r = run_xing4d("--config", str(conf))
