@@ -1838,8 +1838,27 @@ static int run_passes(struct x4_backend *b, const struct plan *p, const struct x
         return b->trace_err;
 }
 
+/* What x4_batch_check / x4_nextn_check compare a batch with. */
+static struct x4_batch_limits batch_limits(const struct x4_backend *b) {
+        return (struct x4_batch_limits){.n_vocab = b->cfg.n_vocab, .n_pages = b->n_pages,
+                                        .page_tokens = b->page_tokens};
+}
+
+/* plan_batch over n sequences laid out `stride` bytes apart from `first` (a forward's x4_seq
+ * array, or the x4_seq inside each x4_nextn_seq). */
+static int plan_strided(struct x4_backend *b, const struct x4_seq *first, size_t stride, uint32_t n,
+                        struct plan *p) {
+        _cleanup_free_ const struct x4_seq **seqs = malloc((n ? n : 1) * sizeof *seqs);
+        if (!seqs) {
+                *p = (struct plan){0};
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+        }
+        for (uint32_t i = 0; i < n; i++)
+                seqs[i] = (const struct x4_seq *) ((const char *) first + i * stride);
+        return plan_batch(b, seqs, n, p);
+}
+
 static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
-        const struct x4_config *c = &b->cfg;
         int r;
 
         r = select_device(b);
@@ -1847,20 +1866,14 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
                 return r;
 
         {
-                struct x4_batch_limits lim = {.n_vocab = c->n_vocab, .n_pages = b->n_pages,
-                                              .page_tokens = b->page_tokens};
+                struct x4_batch_limits lim = batch_limits(b);
                 char msg[256];
                 r = x4_batch_check(batch, logits, &lim, msg, sizeof msg);
                 if (r < 0)
                         return log_error_errno(-r, "%s", msg);
         }
-        _cleanup_free_ const struct x4_seq **seqs = malloc(batch->n_seqs * sizeof *seqs);
-        if (!seqs)
-                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
-        for (uint32_t i = 0; i < batch->n_seqs; i++)
-                seqs[i] = &batch->seqs[i];
         struct plan p;
-        r = plan_batch(b, seqs, batch->n_seqs, &p);
+        r = plan_strided(b, batch->seqs, sizeof *batch->seqs, batch->n_seqs, &p);
         if (r >= 0 && p.T > 0) {
                 /* a decode-shaped batch (one pass, one attention group): replay a captured graph */
                 r = 0;
@@ -1889,27 +1902,21 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
 
 /* docs/model.md §8: a NextN (MTP draft) forward, the same contract as the CPU backend's. */
 static int nextn_batch(struct x4_backend *b, const struct x4_nextn_batch *batch, float *logits) {
-        const struct x4_config *c = &b->cfg;
         int r;
 
         r = select_device(b);
         if (r < 0)
                 return r;
         {
-                struct x4_batch_limits lim = {.n_vocab = c->n_vocab, .n_pages = b->n_pages,
-                                              .page_tokens = b->page_tokens};
+                struct x4_batch_limits lim = batch_limits(b);
                 char msg[256];
                 r = x4_nextn_check(batch, logits, &lim, b->mtp, msg, sizeof msg);
                 if (r < 0)
                         return log_error_errno(-r, "cuda backend: %s", msg);
         }
-        _cleanup_free_ const struct x4_seq **seqs = malloc(batch->n_seqs * sizeof *seqs);
-        if (!seqs)
-                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
-        for (uint32_t i = 0; i < batch->n_seqs; i++)
-                seqs[i] = &batch->seqs[i].seq;
         struct plan p;
-        r = plan_batch(b, seqs, batch->n_seqs, &p);
+        r = plan_strided(b, batch->n_seqs ? &batch->seqs[0].seq : NULL, sizeof *batch->seqs,
+                         batch->n_seqs, &p);
         if (r >= 0 && p.T > 0)
                 r = run_passes(b, &p, batch->seqs, logits, batch->hidden);
         plan_free(&p);
