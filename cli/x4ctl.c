@@ -377,7 +377,11 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                 setter(o->req, var);                                                               \
                 break;
                         INT_OPT(OPT_TOP_K, parse_u32, u, x4_request_set_top_k, "top-k", "a count")
-                        INT_OPT(OPT_MAX_TOKENS, parse_u32, u, x4_request_set_max_tokens, "max-tokens", "a count")
+                case OPT_MAX_TOKENS: /* the daemon refuses 0 too; say so before connecting */
+                        if (parse_u32(optarg, &u) < 0 || u == 0)
+                                return usage_error("--max-tokens: '%s' is not a count of at least 1", optarg);
+                        x4_request_set_max_tokens(o->req, u);
+                        break;
                         INT_OPT(OPT_STOP_ID, parse_i32, i, x4_request_add_stop_id, "stop-id", "a token id")
                         INT_OPT(OPT_LOGPROBS, parse_u32, u, x4_request_set_logprobs, "logprobs", "a count")
                         INT_OPT(OPT_THINK_BUDGET, parse_i32, i, x4_request_set_thinking_budget, "thinking-budget",
@@ -389,6 +393,8 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         x4_request_set_seed(o->req, u64);
                         break;
                 case OPT_STOP:
+                        if (!*optarg) /* it would match everywhere */
+                                return usage_error("--stop: %s", "an empty stop string would match everywhere");
                         x4_request_add_stop(o->req, optarg);
                         break;
                 case OPT_SNAPSHOT:

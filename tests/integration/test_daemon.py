@@ -132,7 +132,6 @@ def test_stop_id_ends_generation(daemon):
     (["--tokens", PROMPT, "--top-p", "1.5"], "sampling.top_p: 1.5 is out of range (0, 1]"),
     (["--tokens", PROMPT, "--temperature", "-1"], "sampling.temperature: -1 is out of range [0, 100]"),
     (["--tokens", "5,99999"], f"prompt.tokens[1]: id 99999 is out of range [0, {N_VOCAB})"),
-    (["--tokens", PROMPT, "--max-tokens", "0"], "max_tokens: 0, at least 1 expected"),
     (["--tokens", PROMPT, "--logprobs", "21"], "logprobs: 21, at most 20 supported"),
     (["--tokens", PROMPT, "--stop-id", "600"], f"stop_ids[0]: id 600 is out of range [0, {N_VOCAB})"),
     (["--tokens", PROMPT, "--snapshot", "no/such"],
@@ -154,9 +153,24 @@ def test_prompt_longer_than_the_context_is_too_large(daemon):
                         "limit of 16384 tokens\n")
 
 
+def test_max_tokens_zero_is_refused_by_the_daemon(daemon):
+    # x4ctl refuses it before connecting (below); a client that sends it gets the daemon's word
+    c = w.Conn(daemon.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], max_tokens=0)))
+    assert w.error_of(c.recv()) == ("INVALID_ARGUMENT", "max_tokens: 0, at least 1 expected")
+    c.close()
+    assert daemon.x4ctl("health").returncode == 0
+
+
 def test_x4ctl_usage_and_connection_errors(daemon, tmp_path):
     r = daemon.x4ctl("generate", "--top-p", "abc", "x")
     assert r.returncode == 2 and "--top-p: 'abc' is not a number" in r.stderr
+    # what the daemon would refuse anyway is a usage error before connecting (exit 2, not 1)
+    r = daemon.x4ctl("generate", "--max-tokens", "0", "x")
+    assert r.returncode == 2 and "--max-tokens: '0' is not a count of at least 1" in r.stderr
+    r = daemon.x4ctl("generate", "--stop", "", "x")
+    assert r.returncode == 2 and "--stop: an empty stop string would match everywhere" in r.stderr
     r = subprocess.run([str(daemon_x4ctl()), "--socket", str(tmp_path / "none.sock"), "health"],
                        capture_output=True, text=True)
     assert r.returncode == 3
