@@ -34,7 +34,8 @@ if has tests; then
         say "tests/gpu/run.sh"
         X4_GPU_BUILD=$build bash tests/gpu/run.sh 2>&1 | tail -120
 fi
-model=/tmp/full.gguf
+model=/tmp/x4-full/full.gguf   # its own folder: a model's config.json lies beside it, and the demo models write theirs too
+mkdir -p /tmp/x4-full
 if has mkmodel; then
         say mkmodel
         "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out "$model" 2>&1 | tail -2
@@ -84,7 +85,7 @@ if has mmtcdec; then
         # group pairs by expert), chunks of 1 on the demo model, and x4-gpu-check's batch test
         # (16 sequences of 1..600 tokens alone and batched, three batch-16 decode steps) dumped.
         say "k_mm_tcd vs k_mm_tc (X4_CUDA_MM=tc, X4_CUDA_MMTC_DEC=0/1): cmp of logits, demo and full"
-        demo=/tmp/demo.gguf
+        mkdir -p /tmp/x4-demo; demo=/tmp/x4-demo/demo.gguf
         [ -f "$demo" ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out "$demo" 2>&1 | tail -2
         for m in demo full; do
                 mp=$([ $m = demo ] && echo "$demo" || echo "$model")
@@ -271,7 +272,7 @@ if has cpu16; then
         tail -2 "$out/llama-cpu-build.log"
         lb=/tmp/llcpu/llamacpp-xing4-kit/build-cpu/bin/llama-bench
         lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|L3" | tee "$out/cpu-lscpu.txt"
-        demo=/tmp/cpu-demo.gguf
+        mkdir -p /tmp/x4-cpu-demo; demo=/tmp/x4-cpu-demo/demo.gguf
         "$build/tools/x4-mkmodel" --preset demo --out "$demo" --quiet --threads 8
         for t in 16 8; do
                 say "cpu: full model, $t threads"
@@ -287,3 +288,8 @@ if has cpu16; then
         done
 fi
 say done
+# the device tool brings back at most 8 files: past that, one archive of all of them
+if [ "$(find "$out" -type f | wc -l)" -gt 8 ]; then
+        tar -C "$out" -czf /tmp/x4-results.tar.gz . && find "$out" -mindepth 1 -delete &&
+                mv /tmp/x4-results.tar.gz "$out/results.tar.gz" && echo "outputs packed into results.tar.gz"
+fi
