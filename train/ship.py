@@ -454,7 +454,10 @@ def main():
              tools=tools, tool_ok=sum(r['ok'] for r in tools), questions=answers,
              data=manifest_summary(manifest) if os.path.exists(manifest) else None,
              tokens_meta=json.load(open(meta)) if os.path.exists(meta) else None,
-             daemon=' '.join(d.cmd))
+             # as a reader would type it: paths in the tree relative to its root, the scratch
+             # folder as WORK (a card must not name the machine it was made on)
+             daemon=' '.join(os.path.relpath(x, SRC) if os.path.isabs(x) and x.startswith(SRC + os.sep)
+                             else x.replace(work, 'WORK') for x in d.cmd))
     if os.path.exists(manifest):
         shutil.copy(manifest, os.path.join(a.out, 'manifest.tsv'))
     m['files'] = [dict(name=f, bytes=os.path.getsize(os.path.join(a.out, f)), sha256=sha256(os.path.join(a.out, f)))

@@ -234,6 +234,22 @@ if [ -f "$tmp/demo.gguf" ]; then
                 --model "$nextn_tiny" --device cuda --prefill none --decode-ctx none \
                 --decode-tokens 96 --repeats 1 --mtp on --mtp-draft 3 --json
 fi
+# The trained demo model (models/xing4-demo, issue 15), when the tree has it: the same parity,
+# invariance and NextN checks as the synthetic demo model, and greedy MTP on == off on CUDA.
+trained=${X4_DEMO_MODEL:-models/xing4-demo/model.gguf}
+if [ -f "$trained" ]; then
+        step "cuda vs cpu, trained demo model, 512 + 64 greedy" "$check" parity "$trained" 512 64
+        step "batch invariance, trained demo model" "$check" batch "$trained"
+        step "chunk invariance, trained demo model" "$check" chunks "$trained"
+        step "nextn: cuda vs cpu, trained demo model (rel <= 1e-3)" "$check" nextn "$trained"
+        for draft in 1 3; do
+                step "mtp on == off greedy on cuda, trained demo model, draft $draft" \
+                        "$build/tools/x4-bench" --model "$trained" --device cuda --prefill none \
+                        --decode-ctx none --decode-tokens 96 --repeats 1 --mtp on --mtp-draft $draft --json
+        done
+else
+        echo "=== trained demo model: $trained absent, its checks not run"
+fi
 # tests/integration/test_mtp.py with every daemon on CUDA (X4_TEST_DEVICE=cuda): greedy identical
 # to MTP off alone and batched, stops, grammars, snapshots, preemption, the sampled distribution.
 # Needs a build with the daemon (RPC on) and pytest + systemd-socket-activate.
