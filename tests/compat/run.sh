@@ -36,6 +36,22 @@ for _ in $(seq 1 600); do
 done
 "$build/cli/x4ctl" --socket "$tmp/xing4d.sock" health >/dev/null || { cat "$tmp/xing4d.log"; exit 1; }
 
+# the trained demo model (models/xing4-demo, in the tree): the agent CLIs against a real model that
+# ends its turns (test/agents.test.js); absent in a tree without it, those tests say so and skip
+trained="$src/models/xing4-demo/model.gguf"
+if [ -f "$trained" ]; then
+        # Claude Code's first request is ~20,000 tokens: 256 pages of 256
+        printf '[xing4d]\ncache-pages = 256\npage_tokens = 256\nmax-running = 4\n' >"$tmp/trained.conf"
+        "$build/daemon/xing4d" --config "$tmp/trained.conf" --model "$trained" --device cpu --threads 1 \
+                --listen "$tmp/trained.sock" --state-dir "$tmp/trained-state" 2>"$tmp/trained.log" &
+        pids+=($!)
+        for _ in $(seq 1 600); do
+                "$build/cli/x4ctl" --socket "$tmp/trained.sock" health >/dev/null 2>&1 && break
+                sleep 0.1
+        done
+        "$build/cli/x4ctl" --socket "$tmp/trained.sock" health >/dev/null || { cat "$tmp/trained.log"; exit 1; }
+fi
+
 mkfifo "$tmp/fake.in"
 /usr/bin/python3 "$src/tests/bridge/fakedaemon.py" --socket "$tmp/fake.sock" \
         --record "$tmp/fake-requests.jsonl" <"$tmp/fake.in" >"$tmp/fake.out" &
@@ -59,6 +75,11 @@ start_bridge "$tmp/xing4d.sock" "$tmp/bridge.log"
 real_port=$port
 start_bridge "$tmp/fake.sock" "$tmp/bridge-fake.log"
 fake_port=$port
+
+if [ -f "$trained" ]; then
+        start_bridge "$tmp/trained.sock" "$tmp/bridge-trained.log"
+        export X4_TRAINED_BASE_URL="http://127.0.0.1:$port/v1"
+fi
 
 export X4_BASE_URL="http://127.0.0.1:$real_port/v1"
 export X4_FAKE_BASE_URL="http://127.0.0.1:$fake_port/v1"

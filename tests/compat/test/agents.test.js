@@ -96,3 +96,38 @@ test('Codex finishes a turn over /v1/responses, tool call included', async () =>
     rmSync(home, { recursive: true, force: true });
   }
 });
+
+// The same agent against the real daemon on the trained demo model (models/xing4-demo): its whole
+// first request (~20,000 tokens of system prompt and tools, far past the 512-token windows the
+// model was trained on) is prefilled and answered, and the model ends the turn itself. What it
+// says there is not judged: only that Claude Code gets a well-formed answer and reports success.
+test('Claude Code finishes a turn on the trained demo model', {
+  skip: process.env.X4_TRAINED_BASE_URL ? false : 'no models/xing4-demo/model.gguf in this tree',
+}, async () => {
+  const home = mkdtempSync(join(tmpdir(), 'x4-claude-trained-'));
+  try {
+    const env = {
+      PATH: process.env.PATH, HOME: home,
+      ANTHROPIC_BASE_URL: process.env.X4_TRAINED_BASE_URL.replace(/\/v1\/?$/, ''), ANTHROPIC_API_KEY: 'sk-unused',
+      DISABLE_TELEMETRY: '1', DISABLE_ERROR_REPORTING: '1', DISABLE_AUTOUPDATER: '1',
+      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
+    };
+    const p = spawn(process.execPath, [cli, '-p', 'What does tar do?', '--output-format', 'json'],
+      { env, stdio: ['ignore', 'pipe', 'pipe'], timeout: 600000 });
+    const out = await new Promise((resolve, reject) => {
+      let stdout = '';
+      let stderr = '';
+      p.stdout.on('data', (d) => { stdout += d; });
+      p.stderr.on('data', (d) => { stderr += d; });
+      p.on('error', reject);
+      p.on('close', (code) => (code === 0 ? resolve(stdout) : reject(new Error(`exit ${code}\n${stderr}\n${stdout}`))));
+    });
+    const r = JSON.parse(out);
+    assert.equal(r.subtype, 'success', out);
+    assert.equal(r.is_error, false, out);
+    assert.ok(r.num_turns >= 1, out);
+    assert.ok(r.usage.input_tokens > 10000, out); // the agent's real prompt reached the model
+  } finally {
+    rmSync(home, { recursive: true, force: true });
+  }
+});
