@@ -3,7 +3,7 @@
 # x4-gpu-check's CPU-only modes, in CI (no GPU there): the conditioning mode (the CPU reference
 # against itself with one layer-0 weight one ulp off) on the demo model, then the parity mode CPU
 # against CPU with that conditioning file, so both keep working and agree on their formats; and the
-# nextn mode CPU against CPU (its own logic: rows, invariance, pages, verify steps).
+# nextn mode CPU against CPU (its own logic: rows, routing traces, invariance, pages, verify steps).
 #   cpu-modes.sh X4_GPU_CHECK X4_MKMODEL
 set -eu
 check=$1 mkmodel=$2
@@ -27,5 +27,7 @@ fi
 grep -q "empty.txt: no position lines" "$dir/bad.log"
 X4_GPU_NEXTN_DEVICE=cpu "$check" nextn "$dir/demo.gguf" | tee "$dir/nextn.log"
 grep -q '^nextn: [0-9]* checks, 0 failed' "$dir/nextn.log"
+# both backends' MoE routing traced (trunk and NextN block), nothing dropped, no flip CPU vs CPU
+grep -q '^nextn: route trace: cpu [1-9][0-9]* trunk + [1-9][0-9]* block calls (0 dropped), cpu [1-9][0-9]* + [1-9][0-9]* (0 dropped), .*; positions with a flip: trunk 0, block 0;' "$dir/nextn.log"
 grep -q '^nextn: verify steps .* [1-9][0-9]* drafts accepted, [1-9][0-9]* steps with a rejection; 0 rows differ' "$dir/nextn.log"
 echo "cpu-modes: ok"

@@ -25,7 +25,10 @@
  *   vs the CPU backend: max |cuda - cpu| <= 1e-3 × max |cpu| per position; in parity, a
  *   position may exceed it only where an MoE layer chose a different expert set on the two
  *   backends from a near-tie (k-th vs (k+1)-th score within ROUTE_NEAR_TIE on the CPU side):
- *   summation order alone then swaps a whole expert, which no fp32 bound covers.
+ *   summation order alone then swaps a whole expert, which no fp32 bound covers. The nextn mode
+ *   holds its per-row CUDA-vs-CPU comparisons to the same rule (the trunk's routing and the NextN
+ *   block's traced on both backends). With X4_CUDA_MM=tc (bf16-input tensor-core products) the
+ *   bound is 1e-2 and a near-tie is a CPU margin under ROUTE_NEAR_TIE_BF16.
  * Exit status: 0 when every check passed, 1 otherwise; every measured number is printed. */
 #include <errno.h>
 #include <fcntl.h>
@@ -54,6 +57,8 @@ static int n_fail, n_check;
 static uint32_t cuda_cache = X4_CACHE_F32;
 static double tol = 1e-3;
 #define TOL_F16_CACHE 1e-2
+/* the routing near-tie bound (route-compare.h): ROUTE_NEAR_TIE_BF16 with X4_CUDA_MM=tc */
+static double route_near_tie = ROUTE_NEAR_TIE;
 
 #define CHECK(cond, ...)                                                                           \
         do {                                                                                       \
@@ -400,7 +405,7 @@ static uint32_t route_account(const char *label, const struct route_trace *rc,
                 enum route_verdict v;
 
                 route_compare_position(rc, rg, pos, &c);
-                v = route_judge(err, bound, &c);
+                v = route_judge_tie(err, bound, &c, route_near_tie);
                 tot->cells += c.n_layers;
                 tot->differ += c.n_differ;
                 if (c.n_differ > 0) {
@@ -633,7 +638,7 @@ static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_ge
         /* Routing: prompt positions, then the decode steps fed identically on both backends
          * (steps after a divergence fed different tokens). Pass rule: every position over the
          * bound has, at that position, a layer whose expert set differs and whose cpu-side
-         * margin (k-th minus (k+1)-th best score) is under ROUTE_NEAR_TIE. */
+         * margin (k-th minus (k+1)-th best score) is under route_near_tie. */
         struct route_totals tot = {.min_margin = INFINITY, .max_margin = -INFINITY, .last_flip = -1};
         uint32_t bad = route_account("prompt", &rc, &rg, pg, pc, 0, n_prompt, V, TOL_PREFILL,
                                      n_prompt, &tot);
@@ -646,7 +651,7 @@ static void test_parity(const char *model_path, uint32_t n_prompt, uint32_t n_ge
         printf("parity: route rule (every position over %g has a routing flip there with cpu "
                "margin < %g, or is ill-conditioned: moved >= %g by the conditioning run): %s, %u "
                "positions not explained\n",
-               TOL_PREFILL, ROUTE_NEAR_TIE, COND_MIN, bad ? "FAIL" : "PASS", bad);
+               TOL_PREFILL, route_near_tie, COND_MIN, bad ? "FAIL" : "PASS", bad);
         CHECK(bad == 0, "%u positions over the bound are not explained by a routing near-tie",
               bad);
         route_trace_free(&rg);
@@ -1062,19 +1067,48 @@ static void test_pages(const char *model_path) {
  * logic, on a machine without a GPU) */
 static const char *nextn_device = "cuda";
 
-static void bk_open_mtp(struct bk *k, const char *dev, const struct x4_model *m, uint32_t n_pages,
-                        bool mtp) {
+/* Both backends' MoE routing during the CUDA-vs-CPU rows (route-compare.h): the trunk's layers at
+ * the token's position (the prompt runs at pos0 0), and the NextN block's MoE layer (the backend's
+ * layer n_layer) at the row's position, as layer 0 of its own trace. */
+struct nextn_trace {
+        struct route_trace trunk, block;
+        uint32_t n_layer; /* trunk layers: the block reports as layer n_layer */
+        bool in_block;    /* a NextN call is running: its calls go to `block` */
+};
+
+static void nextn_trace_collect(uint32_t layer, uint32_t token, const float *scores,
+                                uint32_t n_expert, const int32_t *selected, uint32_t k,
+                                void *userdata) {
+        struct nextn_trace *t = userdata;
+
+        if (!t->in_block)
+                route_trace_collect(layer, token, scores, n_expert, selected, k, &t->trunk);
+        else /* any other layer in a NextN call is out of the block trace's shape: dropped */
+                route_trace_collect(layer == t->n_layer ? 0 : UINT32_MAX, token, scores, n_expert,
+                                    selected, k, &t->block);
+}
+
+/* nt: the routing collector (NULL: none; tracing makes the CUDA backend run eagerly) */
+static void bk_open_mtp_traced(struct bk *k, const char *dev, const struct x4_model *m,
+                               uint32_t n_pages, bool mtp, struct nextn_trace *nt) {
         struct x4_backend_params p = {
                 .page_tokens = NEXTN_PAGE_TOKENS,
                 .n_pages = n_pages,
                 .cache_type = streq(dev, "cuda") ? cuda_cache : X4_CACHE_F32,
                 .log = x4_backend_params_default_log,
                 .mtp = mtp,
+                .route_trace = nt ? nextn_trace_collect : NULL,
+                .route_trace_userdata = nt,
         };
         REQUIRE(x4_backend_get(dev, &k->ops, NULL, 0) == 0, "backend %s not available", dev);
         REQUIRE(k->ops->create(m, &p, &k->b, NULL, 0) == 0, "creating the %s backend (mtp %s)", dev,
                 mtp ? "on" : "off");
         k->n_vocab = x4_model_config(m)->n_vocab;
+}
+
+static void bk_open_mtp(struct bk *k, const char *dev, const struct x4_model *m, uint32_t n_pages,
+                        bool mtp) {
+        bk_open_mtp_traced(k, dev, m, n_pages, mtp, NULL);
 }
 
 struct nextn_rows {
@@ -1120,16 +1154,30 @@ static void nextn_call(struct bk *k, const int32_t *ids, uint32_t n, uint32_t po
 
 /* The prompt toks[0..N) through the trunk (logits and hidden rows of every position), the NextN
  * rows of positions 0..N-2 (each from its own trunk hidden and the next id), and the chained row
- * at N - 1 (the block's own hidden of N - 2, id toks[N]), as the engine drafts. */
+ * at N - 1 (the block's own hidden of N - 2, id toks[N]), as the engine drafts. nt: the backend's
+ * routing collector (bk_open_mtp_traced), or NULL. */
 static void nextn_run(struct bk *k, const int32_t *toks, uint32_t N, uint32_t H,
-                      const uint32_t *pages, uint32_t np, struct nextn_rows *o) {
+                      const uint32_t *pages, uint32_t np, struct nextn_rows *o,
+                      struct nextn_trace *nt) {
         struct x4_seq s = {.tokens = toks, .n_tokens = N, .pos0 = 0, .pages = pages, .n_pages = np,
                            .logits = X4_LOGITS_ALL, .hidden = X4_LOGITS_ALL};
         struct x4_batch batch = {.seqs = &s, .n_seqs = 1, .hidden = o->hidden};
+        if (nt) {
+                nt->in_block = false;
+                nt->trunk.offset = 0;
+        }
         REQUIRE(k->ops->forward(k->b, &batch, o->logits, NULL, 0) == 0, "trunk forward with hidden rows");
+        if (nt) {
+                nt->in_block = true;
+                nt->block.offset = 0;
+        }
         nextn_call(k, toks + 1, N - 1, 0, o->hidden, pages, np, o->draft, o->dhid);
+        if (nt)
+                nt->block.offset = N - 1;
         nextn_call(k, toks + N, 1, N - 1, o->dhid + (size_t) (N - 2) * H, pages, np, o->chain,
                    o->chid);
+        if (nt)
+                nt->in_block = false;
 }
 
 /* worst per-row max |a - b| / max |b| over n rows of w values */
@@ -1145,10 +1193,29 @@ static double worst_row(const float *a, const float *b, uint32_t n, uint32_t w, 
         return worst;
 }
 
+/* A routing that feeds a compared row: the row at position p was computed through `cpu` and
+ * `cuda`'s selections at position p + dpos. */
+struct nextn_source {
+        const char *name;               /* "trunk", "NextN block" */
+        const struct route_trace *cpu, *cuda;
+        int32_t dpos;
+        uint32_t layer0;                /* the model layer of the trace's layer 0 */
+};
+
+#define NEXTN_MAX_SOURCES 3
+#define NEXTN_MAX_UNEXPLAINED_LINES 8
+
+/* Rows [0, n) of w values at positions pos0.. of the two backends, each within tol or explained
+ * by a routing near-tie flip (route_judge_any, near-tie bound route_near_tie) in one of the
+ * routings src[0..n_src) that feed it: a bf16 product rounding, or the summation order, swaps a
+ * whole expert there, which no bound on rounding covers. One line as ever; then, only when a row
+ * is over tol, a line per such row (the flip's position, layer, cpu and cuda margins, verdict)
+ * and a count. A row over tol that nothing explains fails the check. */
 static void nextn_compare(const char *what, const float *cu, const float *cpu, uint32_t n, uint32_t w,
-                          bool logits) {
-        uint32_t at = 0, agree = 0;
-        double e = worst_row(cu, cpu, n, w, &at);
+                          bool logits, uint32_t pos0, const struct nextn_source *src,
+                          uint32_t n_src) {
+        uint32_t at = 0, agree = 0, over = 0, unexplained = 0, at_bad = 0, quiet = 0;
+        double e = worst_row(cu, cpu, n, w, &at), worst_bad = 0;
         if (logits)
                 for (uint32_t r = 0; r < n; r++) {
                         uint32_t a1, a2;
@@ -1161,7 +1228,125 @@ static void nextn_compare(const char *what, const float *cu, const float *cpu, u
         if (logits)
                 printf(", argmax agree %u/%u", agree, n);
         printf("\n");
-        CHECK(e <= tol, "%s: cuda vs cpu rel err %.3g at row %u", what, e, at);
+        for (uint32_t r = 0; r < n; r++) {
+                double err = rel_err(cu, cpu, r, r + 1, w, NULL, NULL);
+                struct route_pos_cmp c[NEXTN_MAX_SOURCES];
+                uint32_t pos[NEXTN_MAX_SOURCES];
+                enum route_verdict v;
+                int32_t which;
+
+                if (err <= tol)
+                        continue;
+                for (uint32_t i = 0; i < n_src && i < NEXTN_MAX_SOURCES; i++) {
+                        /* a position before 0 wraps past n_pos: nothing traced, no flip */
+                        pos[i] = (uint32_t) ((int64_t) pos0 + r + src[i].dpos);
+                        route_compare_position(src[i].cpu, src[i].cuda, pos[i], &c[i]);
+                }
+                v = route_judge_any(err, tol, c, MIN(n_src, NEXTN_MAX_SOURCES), route_near_tie,
+                                    &which);
+                over++;
+                if (v != ROUTE_EXPLAINED) {
+                        if (unexplained == 0 || err > worst_bad || !isfinite(err)) {
+                                worst_bad = err;
+                                at_bad = r;
+                        }
+                        /* a broken forward puts every row over: the first few tell */
+                        if (++unexplained > NEXTN_MAX_UNEXPLAINED_LINES) {
+                                quiet++;
+                                continue;
+                        }
+                }
+                printf("nextn: %s row %u rel %.3g (OVER %g): ", what, r, err, tol);
+                if (which >= 0) {
+                        const struct route_pos_cmp *x = &c[which];
+
+                        printf("%s routing at pos %u differs in %u of %u layers, smallest cpu "
+                               "margin %.3g at layer %u (cuda margin %.3g)",
+                               src[which].name, pos[which], x->n_differ, x->n_layers,
+                               x->min_margin_a, src[which].layer0 + (uint32_t) x->tie_layer,
+                               x->min_margin_b);
+                } else {
+                        printf("no routing flip at pos %u (", pos0 + r);
+                        for (uint32_t i = 0; i < n_src && i < NEXTN_MAX_SOURCES; i++)
+                                printf("%s%s at pos %u", i ? ", " : "", src[i].name, pos[i]);
+                        printf(")");
+                }
+                if (v == ROUTE_EXPLAINED)
+                        printf(" -> %s: cpu margin < %g\n", route_verdict_name(v), route_near_tie);
+                else
+                        printf(" -> %s\n", route_verdict_name(v));
+        }
+        if (over > 0) {
+                printf("nextn: %s: %u rows over %g, %u explained by a routing near-tie flip (cpu "
+                       "margin < %g), %u not explained",
+                       what, over, tol, over - unexplained, route_near_tie, unexplained);
+                if (quiet)
+                        printf(" (%u of them not shown)", quiet);
+                printf("\n");
+        }
+        CHECK(unexplained == 0, "%s: cuda vs cpu rel err %.3g at row %u", what, worst_bad, at_bad);
+}
+
+/* Both backends' routing traces of the CUDA-vs-CPU rows: the calls each made (a backend that
+ * skipped the hook would leave every flip unseen), where the selections differ, and how far the
+ * selection scores of the two backends lie apart at the positions where no selection differs
+ * (what route_near_tie must cover; after a flip the position's later layers see another input). */
+static void nextn_route_summary(const struct x4_model *m, const struct nextn_trace *tc,
+                                const struct nextn_trace *tg, uint32_t N) {
+        const struct x4_config *c = x4_model_config(m);
+        uint32_t n_moe = 0, block_moe = x4_model_weights(m)->layers[c->n_layer].ffn_gate_inp != NULL;
+        const struct route_trace *a[2] = {&tc->trunk, &tc->block}, *b[2] = {&tg->trunk, &tg->block};
+        uint32_t flips[2] = {0, 0};
+        double max_diff = 0;
+
+        for (uint32_t l = 0; l < c->n_layer; l++)
+                n_moe += x4_model_weights(m)->layers[l].ffn_gate_inp != NULL;
+        for (uint32_t p = 0; p < N; p++) {
+                struct route_pos_cmp x[2];
+
+                for (int t = 0; t < 2; t++) {
+                        route_compare_position(a[t], b[t], p, &x[t]);
+                        flips[t] += x[t].n_differ > 0;
+                }
+                for (int t = 0; t < 2 && x[0].n_differ + x[1].n_differ == 0; t++)
+                        for (uint32_t l = 0; l < a[t]->n_layer; l++) {
+                                if (!route_trace_has(a[t], p, l) || !route_trace_has(b[t], p, l))
+                                        continue;
+                                const float *sa = route_trace_scores(a[t], p, l);
+                                const float *sb = route_trace_scores(b[t], p, l);
+                                for (uint32_t e = 0; e < a[t]->n_expert; e++)
+                                        max_diff = fmax(max_diff, fabs((double) sa[e] - sb[e]));
+                        }
+        }
+        uint64_t want_trunk = (uint64_t) n_moe * N, want_block = (uint64_t) block_moe * N;
+        printf("nextn: route trace: cpu %" PRIu64 " trunk + %" PRIu64 " block calls (%" PRIu64
+               " dropped), %s %" PRIu64 " + %" PRIu64 " (%" PRIu64 " dropped), %" PRIu64 " + %" PRIu64
+               " expected; positions with a flip: trunk %u, block %u; selection scores elsewhere "
+               "differ by up to %.3g (near-tie bound %g)\n",
+               tc->trunk.calls, tc->block.calls, tc->trunk.dropped + tc->block.dropped,
+               nextn_device, tg->trunk.calls, tg->block.calls,
+               tg->trunk.dropped + tg->block.dropped, want_trunk, want_block, flips[0], flips[1],
+               max_diff, route_near_tie);
+        CHECK(tc->trunk.calls == want_trunk && tc->block.calls == want_block &&
+                      tc->trunk.dropped + tc->block.dropped == 0,
+              "cpu route trace: %" PRIu64 " + %" PRIu64 " calls", tc->trunk.calls, tc->block.calls);
+        CHECK(tg->trunk.calls == want_trunk && tg->block.calls == want_block &&
+                      tg->trunk.dropped + tg->block.dropped == 0,
+              "%s route trace: %" PRIu64 " + %" PRIu64 " calls", nextn_device, tg->trunk.calls,
+              tg->block.calls);
+}
+
+static void nextn_trace_init(struct nextn_trace *t, const struct x4_config *c, uint32_t N) {
+        memset(t, 0, sizeof *t);
+        t->n_layer = c->n_layer;
+        REQUIRE(route_trace_init(&t->trunk, N, c->n_layer, c->n_expert, c->n_expert_used) == 0 &&
+                        route_trace_init(&t->block, N, 1, c->n_expert, c->n_expert_used) == 0,
+                "out of memory");
+}
+
+static void nextn_trace_free(struct nextn_trace *t) {
+        route_trace_free(&t->trunk);
+        route_trace_free(&t->block);
 }
 
 /* What greedy MTP on == off rests on: a verify forward of [token, d1..dk] (hidden rows on, as
@@ -1251,18 +1436,42 @@ static void test_nextn(const char *model_path) {
         nextn_rows_alloc(&gpu, N, V, H);
         nextn_rows_alloc(&cpu, N, V, H);
 
+        /* CUDA vs CPU, both backends' MoE routing traced (a row over the bound must sit on a
+         * routing near-tie flip of its own position); tracing makes the CUDA backend run eagerly
+         * (no graphs), so the checks on CUDA alone below run on an untraced backend */
         struct bk cu = {0}, ref = {0};
-        bk_open_mtp(&cu, nextn_device, m, 3 * np, true);
-        bk_open_mtp(&ref, "cpu", m, np, true);
-        nextn_run(&cu, toks, N, H, p1, np, &gpu);
-        nextn_run(&ref, toks, N, H, p1, np, &cpu);
-        nextn_compare("trunk logits (mtp on)", gpu.logits, cpu.logits, N, V, true);
-        nextn_compare("trunk hidden rows", gpu.hidden, cpu.hidden, N, H, false);
-        nextn_compare("NextN draft logits", gpu.draft, cpu.draft, N - 1, V, true);
-        nextn_compare("NextN hidden rows", gpu.dhid, cpu.dhid, N - 1, H, false);
-        nextn_compare("chained draft logits", gpu.chain, cpu.chain, 1, V, true);
-        nextn_compare("chained draft hidden", gpu.chid, cpu.chid, 1, H, false);
+        struct nextn_trace tg, tc;
+        nextn_trace_init(&tg, c, N);
+        nextn_trace_init(&tc, c, N);
+        bk_open_mtp_traced(&cu, nextn_device, m, np, true, &tg);
+        nextn_run(&cu, toks, N, H, p1, np, &gpu, &tg);
+        bk_close(&cu);
+        bk_open_mtp_traced(&ref, "cpu", m, np, true, &tc);
+        nextn_run(&ref, toks, N, H, p1, np, &cpu, &tc);
         bk_close(&ref);
+        /* the trunk's rows: its routing at the row's position; a NextN row at r takes the trunk's
+         * hidden of r and routes through the block at r; the chained row at N - 1 takes the NextN
+         * hidden of N - 2 */
+        const struct nextn_source trunk[1] = {{"trunk", &tc.trunk, &tg.trunk, 0, 0}};
+        const struct nextn_source block[2] = {{"trunk", &tc.trunk, &tg.trunk, 0, 0},
+                                              {"NextN block", &tc.block, &tg.block, 0, c->n_layer}};
+        const struct nextn_source chain[3] = {
+                {"NextN block", &tc.block, &tg.block, 0, c->n_layer},
+                {"trunk", &tc.trunk, &tg.trunk, -1, 0},
+                {"NextN block", &tc.block, &tg.block, -1, c->n_layer}};
+        nextn_compare("trunk logits (mtp on)", gpu.logits, cpu.logits, N, V, true, 0, trunk, 1);
+        nextn_compare("trunk hidden rows", gpu.hidden, cpu.hidden, N, H, false, 0, trunk, 1);
+        nextn_compare("NextN draft logits", gpu.draft, cpu.draft, N - 1, V, true, 0, block, 2);
+        nextn_compare("NextN hidden rows", gpu.dhid, cpu.dhid, N - 1, H, false, 0, block, 2);
+        nextn_compare("chained draft logits", gpu.chain, cpu.chain, 1, V, true, N - 1, chain, 3);
+        nextn_compare("chained draft hidden", gpu.chid, cpu.chid, 1, H, false, N - 1, chain, 3);
+        nextn_route_summary(m, &tc, &tg, N);
+        nextn_trace_free(&tg);
+        nextn_trace_free(&tc);
+
+        /* the same rows on an untraced backend, for the checks on it alone */
+        bk_open_mtp(&cu, nextn_device, m, 3 * np, true);
+        nextn_run(&cu, toks, N, H, p1, np, &gpu, NULL);
 
         /* CUDA: the NextN rows one call per row (decode-shaped) give the bits of one call */
         _cleanup_free_ float *one = malloc((size_t) N * V * sizeof(float));
@@ -1394,7 +1603,10 @@ int main(int argc, char **argv) {
         const char *mm = getenv("X4_CUDA_MM");
         if (mm && streq(mm, "tc")) {
                 tol = TOL_F16_CACHE;
-                printf("CUDA products: tensor cores, bf16 inputs (tolerance %g)\n", tol);
+                route_near_tie = ROUTE_NEAR_TIE_BF16;
+                printf("CUDA products: tensor cores, bf16 inputs (tolerance %g, routing near-tie "
+                       "%g)\n",
+                       tol, route_near_tie);
         }
 #ifdef X4_CUDA_MODULE_BUILD
         setenv("X4_CUDA_MODULE", X4_CUDA_MODULE_BUILD, 0); /* the module built beside this program */

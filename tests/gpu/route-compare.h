@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* MoE routing traces of two backends and their comparison (x4-gpu-check parity; unit-tested by
- * tests/unit/test-route-compare.c). Header-only, plain C, no cmocka: the GPU machine has none.
+/* MoE routing traces of two backends and their comparison (x4-gpu-check parity and nextn;
+ * unit-tested by tests/unit/test-route-compare.c). Header-only, plain C, no cmocka: the GPU
+ * machine has none.
  *
  * Why: CUDA and CPU sum the router products in different orders, so a token whose k-th and
  * (k+1)-th best expert scores (docs/model.md §5: sigmoid(z) + bias, top-k ranked) lie within fp32 rounding
@@ -9,7 +10,9 @@
  * logits miss the 1e-3 parity bound while every other position sits near 1e-7. The collector
  * below records, per (layer, position), what each backend ranked and chose (the backend.h
  * route_trace hook); route_compare_position() says where the sets differ and by what margin, and
- * route_judge() decides whether a position's logit error is explained by a near-tie flip. */
+ * route_judge() decides whether a position's logit error is explained by a near-tie flip
+ * (route_judge_tie() with the bound of the product numerics in use, route_judge_any() for a row
+ * fed by several routings). */
 #pragma once
 
 #include <errno.h>
@@ -25,6 +28,17 @@
  * in (0, 1) plus a bias of O(0.1)), differ by ~1e-6 at most; 1e-4 leaves two orders of magnitude
  * of head room, while a real fault (wrong router row, bias dropped) moves scores by O(0.1). */
 #define ROUTE_NEAR_TIE 1e-4
+
+/* The near-tie bound when the CUDA side runs its products on tensor cores with bf16 inputs
+ * (X4_CUDA_MM=tc, kernels/cuda/mmtc.cu). bf16 keeps 8 significant bits: each rounding moves a
+ * value by up to 2^-9 of itself, and the spacing is 2^-8 = 3.9e-3 relative. The router's input
+ * (and, through every earlier layer, the hidden state it is normed from) carries that rounding, so
+ * a selection score of magnitude up to ~1.2 (sigmoid in (0, 1) plus a bias of O(0.1)) may sit
+ * 2^-8 relative off on the CUDA side, and the k-th and (k+1)-th scores may move in opposite
+ * directions: their difference by up to 2 x 1.2 x 2^-8 = 9.4e-3, hence 1e-2 (the same 1e-2 the
+ * tensor-core checks allow the logits and hidden rows, relative). A real fault (wrong router row,
+ * bias dropped) still moves scores by O(0.1), ten times more. */
+#define ROUTE_NEAR_TIE_BF16 1e-2
 
 /* What one backend routed: per position (the token's index in its sequence: prompt tokens first,
  * then decode steps via `offset`) and trunk layer, the n_expert ranked scores and the k ids. */
@@ -203,15 +217,55 @@ enum route_verdict {
         ROUTE_NO_FLIP,          /* over the bound with the same selections everywhere */
 };
 
-/* The parity rule: a position over the bound must have a differing selection at that position
- * whose margin on the reference side is under ROUTE_NEAR_TIE. A position whose traces are
- * incomplete (n_missing) and have no near-tie flip is not explained either: NO_FLIP. */
-static inline enum route_verdict route_judge(double err, double bound, const struct route_pos_cmp *c) {
+/* The rule with a near-tie bound of the caller's (ROUTE_NEAR_TIE for fp32 products on both sides,
+ * ROUTE_NEAR_TIE_BF16 for bf16-input tensor-core products): a position over the bound must have
+ * a differing selection at that position whose margin on the reference side is under near_tie.
+ * A position whose traces are incomplete (n_missing) and have no near-tie flip is not explained
+ * either: NO_FLIP. */
+static inline enum route_verdict route_judge_tie(double err, double bound,
+                                                 const struct route_pos_cmp *c, double near_tie) {
         if (err <= bound)
                 return ROUTE_WITHIN;
         if (c->n_differ == 0)
                 return ROUTE_NO_FLIP;
-        return c->min_margin_a < ROUTE_NEAR_TIE ? ROUTE_EXPLAINED : ROUTE_FLIP_NOT_TIE;
+        return c->min_margin_a < near_tie ? ROUTE_EXPLAINED : ROUTE_FLIP_NOT_TIE;
+}
+
+/* The parity rule with fp32 products: route_judge_tie at ROUTE_NEAR_TIE. */
+static inline enum route_verdict route_judge(double err, double bound, const struct route_pos_cmp *c) {
+        return route_judge_tie(err, bound, c, ROUTE_NEAR_TIE);
+}
+
+/* A row fed by several routings (x4-gpu-check nextn: a NextN row at position r takes the trunk's
+ * hidden of r and runs the NextN block's own MoE at r): c[0..n) are the comparisons of each
+ * routing at the row's position. The row is explained when any of them is (a near-tie flip under
+ * near_tie); else FLIP_NOT_TIE when any has a flip, else NO_FLIP. *which: the index of the
+ * explaining comparison (the one with the smallest reference margin among the near-tie flips),
+ * else of the first one with a flip, else -1. */
+static inline enum route_verdict route_judge_any(double err, double bound,
+                                                 const struct route_pos_cmp *c, uint32_t n,
+                                                 double near_tie, int32_t *which) {
+        enum route_verdict best = ROUTE_NO_FLIP;
+        int32_t at = -1;
+
+        if (err <= bound) {
+                *which = -1;
+                return ROUTE_WITHIN;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+                enum route_verdict v = route_judge_tie(err, bound, &c[i], near_tie);
+
+                if (v == ROUTE_EXPLAINED &&
+                    (best != ROUTE_EXPLAINED || c[i].min_margin_a < c[at].min_margin_a)) {
+                        best = ROUTE_EXPLAINED;
+                        at = (int32_t) i;
+                } else if (v == ROUTE_FLIP_NOT_TIE && best == ROUTE_NO_FLIP) {
+                        best = ROUTE_FLIP_NOT_TIE;
+                        at = (int32_t) i;
+                }
+        }
+        *which = at;
+        return best;
 }
 
 static inline const char *route_verdict_name(enum route_verdict v) {

@@ -184,8 +184,11 @@ fi
 # ---- MTP: the NextN block on CUDA (issue 16) ----
 # x4-gpu-check nextn: CUDA vs CPU trunk logits and hidden rows, NextN draft logits and hidden rows
 # and a chained draft (worst per-row max|cuda - cpu| / max|cpu| <= 1e-3, the bound of the trunk's
-# logits; 1e-2 with the f16 latent cache); NextN rows one call each bit-identical to one call; the
-# block's layer in every page and carried by page_read/page_write; MTP off/on trunk logits identical
+# logits; 1e-2 with the f16 latent cache or the tensor-core products), a row over it accepted only
+# on an MoE routing flip at its position (the trunk's, for a NextN row also the block's) whose CPU
+# margin is a near-tie (route-compare.h: < 1e-4; < 1e-2 with the bf16-input tensor-core products);
+# NextN rows one call each bit-identical to one call; the block's layer in every page and carried
+# by page_read/page_write; MTP off/on trunk logits identical
 mkdir -p "$tmp/nextn"
 nextn_tiny=$tmp/nextn/tiny-nextn.gguf
 if step "make tiny model with a NextN block" "$build/tools/x4-mkmodel" --preset tiny --nextn 1 \
