@@ -1139,7 +1139,7 @@ int gguf_get_u64(const struct gguf_file *f, const char *key, uint64_t *ret) {
 
 int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *ret) {
         const struct gguf_value *v = find_value(f, key);
-        uint64_t u;
+        uint64_t u = 0; /* gcc 12 -O3 cannot see that value_to_u64 sets it on success */
         int r;
 
         if (!v)

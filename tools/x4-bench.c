@@ -5,7 +5,7 @@
  *            [--threads N] [--cache f32|f16] [--prefill 512,4096] [--decode-ctx 512,4096]
  *            [--batch 1,16] [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]
  *            [--profile] [--json]
- *            [--mtp off|on] [--mtp-draft N] [--mtp-verify]
+ *            [--mtp off|on] [--mtp-draft N] [--mtp-verify] [--mtp-prompt TEXT]...
  *   x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]
  *   x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]
  *
@@ -62,6 +62,22 @@
  * first on the same backend, reports both, the speed-up, drafted and accepted tokens and the
  * acceptance, and fails if the two token sequences differ.
  *
+ * --mtp-prompt TEXT (repeatable, with --mtp off|on): the generate measurement on chat questions
+ * instead of the synthetic prompt, so that a trained model's acceptance means something. Each
+ * TEXT is one user message rendered as the daemon renders a chat request (daemon/engine/
+ * prepare.c: chat_context_build with the generation prompt and enable_thinking left undefined,
+ * then the GGUF's tokenizer.chat_template when it has a usable one, else the built-in Xing4
+ * template; tokenizer_encode without BOS/EOS). Each question then generates greedily up to
+ * --decode-tokens tokens and stops, as the daemon does, at the token that ends the turn (the
+ * output parser, chat/outparse.c, decides; the end token counts as generated). Per question
+ * and mode a "generate" line with "question" (1-based), "text", "tokens" (generated, end token
+ * included), "max_tokens" and "stop" ("end" or "length"); then one "generate_total" line: the
+ * tokens, time, drafted and accepted drafts summed over the questions, tok/s off and on (summed
+ * tokens / summed median times), the acceptance, the speed-up and same_tokens. The run fails
+ * (exit 1) when any question's tokens with MTP on differ from MTP off, after printing them all.
+ * A model without a tokenizer is refused naming --mtp-prompt; --mtp on with a model without the
+ * NextN block is refused naming --mtp.
+ *
  * --mtp-verify (with --mtp on): at every decode shape (context × batch), right after its decode
  * measurement, the cost of a verify step of 1, 2 and 3 drafts (each sequence carries 1 + k tokens,
  * every logits row and hidden row, as MTP asks; the same positions rewritten each step, so the
@@ -87,6 +103,10 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "chat/chat.h"
+#include "chat/chat_xing4.h"
+#include "chat/outparse.h"
+#include "common/json.h"
 #include "engine/grammar.h"
 #include "model/mkmodel.h"
 #include "chat/tokenizer.h"
@@ -121,6 +141,7 @@ struct profile_result {
 };
 
 #define MTP_PROMPT 64u
+#define MAX_PROMPTS 64
 
 struct bench {
         const struct x4_backend_ops *ops;
@@ -147,12 +168,21 @@ struct bench {
         uint32_t mtp_draft, n_embd;
         bool mtp_verify;    /* --mtp-verify */
         struct gen_result {
-                bool on;
-                uint32_t tokens, draft;
+                bool on, end;       /* end: stopped at the end of the turn (--mtp-prompt) */
+                uint32_t question;  /* 1-based with --mtp-prompt, 0 the synthetic prompt */
+                uint32_t prompt, tokens, draft;
                 double tok_s, ms;
                 uint64_t drafted, accepted;
-        } gen[2];
+        } gen[2 * MAX_PROMPTS];
         size_t n_gen;
+        /* --mtp-prompt: the questions, their rendered and tokenized prompts, the tokenizer that
+         * decides where a turn ends */
+        const char *questions[MAX_PROMPTS];
+        size_t n_questions;
+        int32_t *q_ids[MAX_PROMPTS];
+        uint32_t q_len[MAX_PROMPTS];
+        struct tokenizer *tok;
+        bool q_gguf_template; /* the GGUF's own chat template (else the built-in Xing4 one) */
 };
 
 static const uint32_t *slot_pages(const struct bench *B, uint32_t slot) {
@@ -603,22 +633,36 @@ static int32_t argmax_row(const float *l, uint32_t n) {
         return (int32_t) best;
 }
 
-/* One greedy generation of `steps` tokens after MTP_PROMPT prompt tokens in cache slot 0, with
- * up to `draft` MTP drafts a step (0: plain decode). Writes the generated ids to out[0..steps). */
-static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_t *out, uint64_t *drafted,
-                         uint64_t *accepted) {
+static int outparse_ignore(const struct outparse_event *ev, void *userdata) {
+        (void) ev, (void) userdata;
+        return 0;
+}
+
+/* One greedy generation of up to `steps` tokens after the P prompt tokens in cache slot 0, with
+ * up to `draft` MTP drafts a step (0: plain decode). With B->tok (--mtp-prompt) it stops after
+ * the token that ends the turn, as the daemon's output parser decides (*ret_end true). Writes
+ * the generated ids to out[0..*ret_n). */
+static int generate_once(struct bench *B, const int32_t *prompt, uint32_t P, uint32_t steps, uint32_t draft,
+                         int32_t *out, uint32_t *ret_n, bool *ret_end, uint64_t *drafted, uint64_t *accepted) {
         const size_t V = B->n_vocab, H = B->n_embd;
-        const uint32_t P = MTP_PROMPT;
         _cleanup_free_ int32_t *ids = calloc(P + steps + 8, sizeof *ids);
         _cleanup_free_ float *hid = malloc((size_t) (P + 8) * H * sizeof(float));
         _cleanup_free_ float *lg = malloc((size_t) (1 + draft) * V * sizeof(float));
         _cleanup_free_ float *dh = malloc(H * sizeof(float)), *dl = malloc(V * sizeof(float));
-        bool mtp = draft > 0;
+        _cleanup_(outparse_freep) struct outparse *op = NULL;
+        bool mtp = draft > 0, end = false;
         int r;
 
         if (!ids || !hid || !lg || !dh || !dl)
                 return log_error_errno(ENOMEM, "out of memory");
-        memcpy(ids, B->tokens, P * sizeof *ids);
+        if (B->tok) {
+                char err[256];
+                struct outparse_config oc = { .thinking_budget = -1, .emit = outparse_ignore };
+                r = outparse_new(B->tok, &oc, &op, err, sizeof err);
+                if (r < 0)
+                        return log_error_errno(r, "output parser: %s", err);
+        }
+        memcpy(ids, prompt, P * sizeof *ids);
         struct x4_seq sq = { .tokens = ids, .n_tokens = P, .pos0 = 0, .pages = slot_pages(B, 0),
                              .n_pages = slot_n_pages(B, 0), .logits = X4_LOGITS_LAST,
                              .hidden = mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
@@ -626,8 +670,11 @@ static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_
         if (r < 0)
                 return r;
         ids[P] = argmax_row(lg, (uint32_t) V);
+        /* the text of a token is not needed to see the end of a turn (special ids end it) */
+        if (op && outparse_feed(op, ids[P], "", 0) >= 0 && outparse_stopped(op))
+                end = true;
         uint32_t n_cached = P, gen = 1, h_pos0 = 0, h_n = P;
-        while (gen < steps) {
+        while (gen < steps && !end) {
                 uint32_t k = mtp ? MIN(draft, steps - gen - 1) : 0;
                 int32_t toks[4] = { ids[n_cached] };
 
@@ -671,35 +718,55 @@ static int generate_once(struct bench *B, uint32_t steps, uint32_t draft, int32_
                         int32_t t = argmax_row(lg + (size_t) i * V, (uint32_t) V);
                         ids[n_cached + 1 + i] = t;
                         gen++;
-                        if (i == k || t != toks[i + 1] || gen >= steps)
+                        /* row i is the trunk's token after draft i: draft i + 1 is accepted when
+                         * it is that token (also when that token ends the turn) */
+                        bool match = i < k && t == toks[i + 1];
+                        if (match)
+                                (*accepted)++;
+                        if (op && outparse_feed(op, t, "", 0) >= 0 && outparse_stopped(op))
+                                end = true;
+                        if (!match || end || gen >= steps)
                                 break;
-                        (*accepted)++;
                 }
                 *drafted += k;
                 n_cached += i + 1;
                 h_pos0 = n_cached - (i + 1);
                 h_n = i + 1;
         }
-        memcpy(out, ids + P, steps * sizeof *out);
+        memcpy(out, ids + P, gen * sizeof *out);
+        *ret_n = gen;
+        *ret_end = end;
         return 0;
 }
 
-static int bench_generate(struct bench *B, uint32_t steps, uint32_t repeats) {
+static void print_json_string(const char *s) {
+        _cleanup_(json_freep) struct json_value *v = json_new_string(s, strlen(s));
+        _cleanup_free_ char *d = v ? json_dump(v, JSON_COMPACT, 0) : NULL;
+        fputs(d ? d : "\"\"", stdout);
+}
+
+/* The generate measurement of one prompt (question 0: the synthetic one): MTP off, then on with
+ * --mtp on. *same: the two token sequences are equal. */
+static int generate_prompt(struct bench *B, uint32_t question, const int32_t *prompt, uint32_t P, uint32_t steps,
+                           uint32_t repeats, bool *same) {
         _cleanup_free_ int32_t *off = calloc(steps + 8, sizeof *off), *on = calloc(steps + 8, sizeof *on);
         _cleanup_free_ double *t = calloc(repeats, sizeof *t);
+        uint32_t n[2] = {};
         int r;
 
         if (!off || !on || !t)
                 return log_error_errno(ENOMEM, "out of memory");
+        *same = true;
         for (int mode = 0; mode <= B->mtp; mode++) {
                 uint32_t draft = mode ? B->mtp_draft : 0;
                 uint64_t drafted = 0, accepted = 0;
+                bool end = false;
 
                 for (uint32_t rep = B->warmup ? 0 : 1; rep <= repeats; rep++) {
                         uint64_t d = 0, a = 0;
                         double t0 = now_s();
 
-                        r = generate_once(B, steps, draft, mode ? on : off, &d, &a);
+                        r = generate_once(B, prompt, P, steps, draft, mode ? on : off, &n[mode], &end, &d, &a);
                         if (r < 0)
                                 return r;
                         if (rep > 0)
@@ -707,21 +774,127 @@ static int bench_generate(struct bench *B, uint32_t steps, uint32_t repeats) {
                         drafted = d, accepted = a;
                 }
                 double m = median(t, repeats);
+                uint32_t got = n[mode];
                 printf("{\"what\":\"generate\",\"mtp\":\"%s\",\"mtp_draft\":%u,\"prompt\":%u,\"tokens\":%u,"
                        "\"tok_s\":%.2f,\"ms\":%.3f,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64
                        ",\"acceptance\":%.4f",
-                       mode ? "on" : "off", draft, MTP_PROMPT, steps, steps / m, m * 1000, drafted, accepted,
+                       mode ? "on" : "off", draft, P, got, got / m, m * 1000, drafted, accepted,
                        drafted ? (double) accepted / (double) drafted : 0.0);
-                if (mode)
-                        printf(",\"speedup\":%.3f,\"same_tokens\":%s", B->gen[0].ms / (m * 1000),
-                               memcmp(on, off, steps * sizeof *on) == 0 ? "true" : "false");
+                if (mode) {
+                        *same = n[0] == n[1] && memcmp(on, off, n[1] * sizeof *on) == 0;
+                        printf(",\"speedup\":%.3f,\"same_tokens\":%s", B->gen[B->n_gen - 1].ms / (m * 1000),
+                               *same ? "true" : "false");
+                }
+                if (question) {
+                        printf(",\"question\":%u,\"max_tokens\":%u,\"stop\":\"%s\",\"template\":\"%s\",\"text\":",
+                               question, steps, end ? "end" : "length", B->q_gguf_template ? "gguf" : "xing4");
+                        print_json_string(B->questions[question - 1]);
+                }
                 print_tail(B);
-                B->gen[B->n_gen++] = (struct gen_result){ .on = mode, .tokens = steps, .draft = draft,
-                                                         .tok_s = steps / m, .ms = m * 1000,
-                                                         .drafted = drafted, .accepted = accepted };
+                B->gen[B->n_gen++] = (struct gen_result){ .on = mode, .end = end, .question = question, .prompt = P,
+                                                         .tokens = got, .draft = draft, .tok_s = got / m,
+                                                         .ms = m * 1000, .drafted = drafted, .accepted = accepted };
         }
-        if (B->mtp == 1 && memcmp(on, off, steps * sizeof *on) != 0)
-                return log_error_errno(EPROTO, "generate: the greedy tokens with MTP on differ from MTP off");
+        return 0;
+}
+
+static int bench_generate(struct bench *B, uint32_t steps, uint32_t repeats) {
+        bool same, all_same = true;
+        int r;
+
+        if (!B->n_questions) {
+                r = generate_prompt(B, 0, B->tokens, MTP_PROMPT, steps, repeats, &same);
+                if (r < 0)
+                        return r;
+                if (!same)
+                        return log_error_errno(EPROTO, "generate: the greedy tokens with MTP on differ from MTP off");
+                return 0;
+        }
+        for (size_t q = 0; q < B->n_questions; q++) {
+                r = generate_prompt(B, (uint32_t) q + 1, B->q_ids[q], B->q_len[q], steps, repeats, &same);
+                if (r < 0)
+                        return r;
+                if (!same)
+                        log_error("--mtp-prompt: question %zu: the greedy tokens with MTP on differ from MTP off", q + 1);
+                all_same &= same;
+        }
+        /* the sums over the questions, per mode */
+        uint64_t tokens[2] = {}, drafted = 0, accepted = 0, prompt = 0;
+        double ms[2] = {};
+        for (size_t i = 0; i < B->n_gen; i++) {
+                const struct gen_result *g = &B->gen[i];
+                tokens[g->on] += g->tokens;
+                ms[g->on] += g->ms;
+                if (g->on)
+                        drafted += g->drafted, accepted += g->accepted;
+                else
+                        prompt += g->prompt;
+        }
+        printf("{\"what\":\"generate_total\",\"mtp_draft\":%u,\"questions\":%zu,\"prompt\":%" PRIu64
+               ",\"max_tokens\":%u,\"tokens\":%" PRIu64 ",\"ms_off\":%.3f,\"tok_s_off\":%.2f",
+               B->mtp == 1 ? B->mtp_draft : 0, B->n_questions, prompt, steps, tokens[0], ms[0],
+               tokens[0] / (ms[0] / 1000));
+        if (B->mtp == 1)
+                printf(",\"ms_on\":%.3f,\"tok_s_on\":%.2f,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64
+                       ",\"acceptance\":%.4f,\"speedup\":%.3f,\"same_tokens\":%s",
+                       ms[1], tokens[1] / (ms[1] / 1000), drafted, accepted,
+                       drafted ? (double) accepted / (double) drafted : 0.0, ms[0] / ms[1],
+                       all_same ? "true" : "false");
+        print_tail(B);
+        if (!all_same)
+                return log_error_errno(EPROTO, "--mtp-prompt: the greedy tokens with MTP on differ from MTP off");
+        return 0;
+}
+
+/* --mtp-prompt: each question as the daemon renders a chat request with one user message
+ * (daemon/engine/prepare.c prepare_chat; the template chosen as daemon/scheduler.c does: the
+ * GGUF's tokenizer.chat_template when it parses, else the built-in Xing4 one), tokenized. */
+static int chat_prompts(struct bench *B, const struct x4_model *model) {
+        const struct gguf_file *g = x4_model_gguf(model);
+        _cleanup_(chat_template_freep) struct chat_template *tmpl = NULL;
+        char err[1024] = "";
+        int r;
+
+        r = tokenizer_new_from_gguf(g, &B->tok, err, sizeof err);
+        if (r < 0)
+                return log_error_errno(r, "--mtp-prompt: %s has no usable tokenizer (%s); a model with its "
+                                       "tokenizer (tokenizer.ggml.*) expected, to render and tokenize the questions",
+                                       B->model, err);
+        if (gguf_kv_find(g, "tokenizer.chat_template")) {
+                struct gguf_string t;
+                if (gguf_get_string(g, "tokenizer.chat_template", &t) < 0 ||
+                    chat_template_parse_len(t.data, t.len, &tmpl, err, sizeof err) < 0)
+                        tmpl = NULL; /* the daemon warns and uses the built-in template */
+        }
+        B->q_gguf_template = tmpl != NULL;
+        const char *bos = tokenizer_piece(B->tok, tokenizer_bos_id(B->tok), NULL);
+        const char *eos = tokenizer_piece(B->tok, tokenizer_eos_id(B->tok), NULL);
+        for (size_t q = 0; q < B->n_questions; q++) {
+                const char *text = B->questions[q];
+                _cleanup_(json_freep) struct json_value *msgs = json_new_array(), *ctx = NULL;
+                _cleanup_free_ char *rendered = NULL;
+                struct json_value *m = json_new_object();
+                size_t n = 0;
+
+                if (!msgs || !m || json_array_append(msgs, m) < 0) {
+                        json_free(m);
+                        return log_error_errno(ENOMEM, "out of memory");
+                }
+                if (json_object_set(m, "role", json_new_string("user", 4)) < 0 ||
+                    json_object_set(m, "content", json_new_string(text, strlen(text))) < 0)
+                        return log_error_errno(ENOMEM, "out of memory");
+                r = chat_context_build(msgs, NULL, true, -1, bos, eos, &ctx, err, sizeof err);
+                if (r >= 0)
+                        r = tmpl ? chat_template_render(tmpl, ctx, &rendered, err, sizeof err)
+                                 : chat_xing4_render(ctx, &rendered, err, sizeof err);
+                if (r >= 0)
+                        r = tokenizer_encode(B->tok, rendered, strlen(rendered), 0, &B->q_ids[q], &n, err, sizeof err);
+                if (r < 0)
+                        return log_error_errno(r, "--mtp-prompt: question %zu: %s", q + 1, err);
+                if (n == 0 || n > UINT32_MAX / 2)
+                        return log_error_errno(EINVAL, "--mtp-prompt: question %zu: %zu prompt tokens", q + 1, n);
+                B->q_len[q] = (uint32_t) n;
+        }
         return 0;
 }
 
@@ -766,14 +939,21 @@ static void print_table(const struct bench *B) {
                                p->classes[k].ms, sum > 0 ? 100 * p->classes[k].ms / sum : 0);
         }
         for (size_t i = 0; i < B->n_gen; i++) {
-                if (i == 0)
+                const struct gen_result *g = &B->gen[i];
+                if (i == 0 && !B->n_questions)
                         printf("\ngenerate (greedy, batch 1, prompt %u)\n", MTP_PROMPT);
-                printf("  mtp %-3s draft %u  %u tokens  %10.2f tok/s", B->gen[i].on ? "on" : "off", B->gen[i].draft,
-                       B->gen[i].tokens, B->gen[i].tok_s);
-                if (B->gen[i].on)
+                else if (i == 0)
+                        printf("\ngenerate (greedy, batch 1, %zu chat questions, %s template)\n", B->n_questions,
+                               B->q_gguf_template ? "the GGUF's" : "built-in Xing4");
+                if (g->question && !g->on)
+                        printf("  question %u (prompt %u tokens): %.60s\n", g->question, g->prompt,
+                               B->questions[g->question - 1]);
+                printf("  mtp %-3s draft %u  %u tokens%s  %10.2f tok/s", g->on ? "on" : "off", g->draft, g->tokens,
+                       g->question ? (g->end ? " (end)" : " (length)") : "", g->tok_s);
+                if (g->on)
                         printf("  acceptance %.1f%% (%" PRIu64 " of %" PRIu64 " drafts)  speed-up %.2fx",
-                               B->gen[i].drafted ? 100.0 * B->gen[i].accepted / B->gen[i].drafted : 0.0,
-                               B->gen[i].accepted, B->gen[i].drafted, B->gen[0].ms / B->gen[i].ms);
+                               g->drafted ? 100.0 * g->accepted / g->drafted : 0.0, g->accepted, g->drafted,
+                               B->gen[i - 1].ms / g->ms);
                 printf("\n");
         }
 }
@@ -1107,7 +1287,7 @@ static void usage(FILE *f) {
               "                [--prefill 512,4096] [--decode-ctx 512,4096] [--batch 1,16]\n"
               "                [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]\n"
               "                [--warmup 0|1] [--profile] [--json] [--mtp off|on] [--mtp-draft N]\n"
-              "                [--mtp-verify]\n"
+              "                [--mtp-verify] [--mtp-prompt TEXT]...\n"
               "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n"
               "       x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]\n"
               "\n"
@@ -1128,6 +1308,14 @@ static void usage(FILE *f) {
               "                            on: speculative decoding with the NextN block (after the\n"
               "                            same run with it off): tok/s, acceptance, speed-up\n"
               "  --mtp-draft N             drafts per step with --mtp on, 1..3 (default 1)\n"
+              "  --mtp-prompt TEXT         (repeatable, needs --mtp) the generate measurement on chat\n"
+              "                            questions instead of the synthetic prompt: each TEXT a user\n"
+              "                            message, rendered with the model's chat template as the\n"
+              "                            daemon does (generation prompt on), greedy up to\n"
+              "                            --decode-tokens tokens or the end of the turn; per question\n"
+              "                            and in total: tokens, tok/s off and on, drafted, accepted,\n"
+              "                            acceptance, speed-up; exit 1 if on and off differ. The\n"
+              "                            model needs its tokenizer (and the NextN block for on)\n"
               "  --mtp-verify              with --mtp on, at every decode shape: the cost of verifying\n"
               "                            1, 2, 3 drafts and of a NextN draft forward against the\n"
               "                            decode step, and the projected speed-up at acceptance\n"
@@ -1159,6 +1347,7 @@ int main(int argc, char **argv) {
                 { "mtp", required_argument, NULL, 'M' },
                 { "mtp-draft", required_argument, NULL, 'd' },
                 { "mtp-verify", no_argument, NULL, 'V' },
+                { "mtp-prompt", required_argument, NULL, 'Q' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -1250,6 +1439,14 @@ int main(int argc, char **argv) {
                 case 'V':
                         B.mtp_verify = true;
                         break;
+                case 'Q':
+                        if (!optarg[0])
+                                r = log_error_errno(EINVAL, "--mtp-prompt: an empty question; a non-empty text expected");
+                        else if (B.n_questions == MAX_PROMPTS)
+                                r = log_error_errno(E2BIG, "--mtp-prompt: more than %d questions", MAX_PROMPTS);
+                        else
+                                B.questions[B.n_questions++] = optarg;
+                        break;
                 case 'S': {
                         char *end;
                         seconds = strtod(optarg, &end);
@@ -1276,6 +1473,10 @@ int main(int argc, char **argv) {
         }
         if (B.mtp_verify && B.mtp != 1) {
                 log_error("--mtp-verify needs --mtp on (it times the NextN draft forward too)");
+                goto fail;
+        }
+        if (B.n_questions && B.mtp < 0) {
+                log_error("--mtp-prompt needs --mtp off|on (it replaces the generate measurement's prompt)");
                 goto fail;
         }
 
@@ -1305,6 +1506,13 @@ int main(int argc, char **argv) {
                 goto fail;
         const struct x4_config *cfg = x4_model_config(model);
         B.n_vocab = cfg->n_vocab;
+        if (B.mtp == 1 && !x4_model_weights(model)->has_nextn) {
+                log_error("--mtp on: %s has no NextN block (nextn_predict_layers %u, or its tensors missing); "
+                          "a model with the NextN block expected", B.model, cfg->n_nextn);
+                goto fail;
+        }
+        if (B.n_questions && (r = chat_prompts(&B, model)) < 0)
+                goto fail;
         {
                 /* general.name for the JSON lines: printable ASCII kept, quotes and backslashes
                  * and everything else dropped (it is a label, not data) */
@@ -1326,8 +1534,12 @@ int main(int argc, char **argv) {
          * positions ctx .. ctx + steps - 1 */
         /* --mtp-verify rewrites positions ctx .. ctx + 3 */
         uint64_t dec_tokens = (uint64_t) max_ctx + MAX(steps, B.mtp_verify ? 4u : 0u), seq0_tokens = MAX((uint64_t) max_len, dec_tokens);
-        if (B.mtp >= 0) /* the generate run: prompt, tokens, drafts past the last */
-                seq0_tokens = MAX(seq0_tokens, (uint64_t) MTP_PROMPT + steps + 4);
+        if (B.mtp >= 0) { /* the generate run: prompt, tokens, drafts past the last */
+                uint32_t longest = B.n_questions ? 0 : MTP_PROMPT;
+                for (size_t q = 0; q < B.n_questions; q++)
+                        longest = MAX(longest, B.q_len[q]);
+                seq0_tokens = MAX(seq0_tokens, (uint64_t) longest + steps + 4);
+        }
         uint64_t n_pages = DIV_ROUND_UP(seq0_tokens, PAGE_TOKENS) +
                            (uint64_t) (max_batch - 1) * DIV_ROUND_UP(dec_tokens, PAGE_TOKENS);
         char need[256];

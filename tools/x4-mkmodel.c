@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
                 return 2;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                uint32_t *field = NULL, *type = NULL, v32;
+                uint32_t *field = NULL, *type = NULL, v32 = 0;
                 switch (c) {
                 case 'h':
                         usage(stdout);

@@ -228,7 +228,7 @@ static int snap_begin(struct sched *s, struct job *j, char *err, size_t size) {
         int code = snap_check_quota(s, name, bytes, err, size);
         if (code)
                 return code;
-        int dfd;
+        int dfd = -1; /* set by snap_dir_open on success; gcc 12 -O3 cannot see it */
         code = snap_dir_open(s, &dfd, err, size);
         if (code == SCHED_ERR_NOT_FOUND)
                 return eng_verr(err, size, SCHED_ERR_INTERNAL, "state directory %s: %s",
@@ -365,7 +365,7 @@ int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_sn
                 return code;
         if (!s->p.state_dir)
                 return eng_verr(err, size, SCHED_ERR_UNAVAILABLE, "this daemon has no state directory");
-        int dfd;
+        int dfd = -1; /* set by snap_dir_open on success; gcc 12 -O3 cannot see it */
         code = snap_dir_open(s, &dfd, err, size);
         if (code == SCHED_ERR_NOT_FOUND)
                 return eng_verr(err, size, SCHED_ERR_NOT_FOUND, "snapshot '%s': not found in %s", name,

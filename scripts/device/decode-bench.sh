@@ -3,7 +3,9 @@
 # model, x4-bench decode rows with and without graphs, a profile. Output under $OUT.
 # The `tests` step runs tests/gpu/run.sh (the MTP / NextN checks of issue 16 included); the `mtp`
 # step (not a default: X4_COMMIT=... bash scripts/device/decode-bench.sh tests,mkmodel,mtp) the
-# MTP verify-cost and demo-model measurements.
+# MTP verify-cost and demo-model measurements; the `mtpdemo` step (not a default either; it needs
+# no mkmodel step) MTP on the shipped trained models/xing4-demo with chat questions
+# (x4-bench --mtp-prompt), into $OUT/mtp-demo-trained.jsonl.
 # Usage (on the GPU machine): X4_COMMIT=abc1234 bash scripts/device/decode-bench.sh [steps]
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -191,6 +193,24 @@ if has mtp; then
                 "$build/tools/x4-bench" --model /tmp/mtp-demo/demo.gguf --device cuda --prefill none \
                         --decode-ctx none --decode-tokens 256 --repeats 3 --mtp on --mtp-draft $d --json 2>&1 |
                         tee -a "$out/mtp-demo.jsonl" | grep -E '"generate"|error|x4-bench:'
+        done
+fi
+if has mtpdemo; then
+        # issue 16: acceptance and speed-up of MTP on the shipped trained demo model (in the tree),
+        # on chat questions rendered with its chat template as the daemon renders them, greedy up
+        # to 128 tokens or the end of the turn, drafts 1-3; the same questions as the CPU rows of
+        # bench/RESULTS.md. x4-bench exits 1 if any question's tokens differ with MTP on and off.
+        say "MTP generate, trained demo model, chat questions, drafts 1-3"
+        q=("What does tar do?" "What is the meaning of \"harbor\"?" "How do I list hidden files with ls?"
+           "Compute 12 times 34." "What does the -r option of cp do?")
+        qargs=()
+        for t in "${q[@]}"; do qargs+=(--mtp-prompt "$t"); done
+        : >"$out/mtp-demo-trained.jsonl"
+        for d in 1 2 3; do
+                "$build/tools/x4-bench" --model models/xing4-demo/model.gguf --device cuda --prefill none \
+                        --decode-ctx none --decode-tokens 128 --repeats 3 --mtp on --mtp-draft $d "${qargs[@]}" \
+                        --json 2>&1 | tee -a "$out/mtp-demo-trained.jsonl" |
+                        grep -E '"generate_total"|error|x4-bench:'
         done
 fi
 if has b32k; then

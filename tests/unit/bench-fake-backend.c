@@ -22,11 +22,11 @@ struct x4_backend {
 };
 
 static int fake_create(const struct x4_model *model, const struct x4_backend_params *params,
-                       struct x4_backend **ret) {
+                       struct x4_backend **ret, char *err, size_t err_size) {
         const char *path = getenv("X4_FAKE_TRACE");
         struct x4_backend *b;
 
-        (void) model;
+        (void) model, (void) err, (void) err_size;
         if (params->n_pages == 0 || params->page_tokens == 0)
                 return -EINVAL;
         b = calloc(1, sizeof *b);

@@ -3,7 +3,10 @@
  * - the CPU backend: a decode context longer than --decode-prefill-max is filled by prefill +
  *   page copies and the JSON line says so; --cache f16 is refused naming the cache and the
  *   measurements; --profile on a backend without the op says so once and the run succeeds; bad
- *   option values are refused naming the option;
+ *   option values are refused naming the option; --mtp on with --mtp-prompt: chat questions
+ *   rendered by the chat template, per question and in total the generate lines, the same tokens
+ *   with MTP on and off; --mtp-prompt refused without --mtp, on a model without a tokenizer and
+ *   (--mtp on) on a model without the NextN block, naming the flag;
  * - a stand-in backend module (bench-fake-backend.c, compiled here, loaded as "cuda" through
  *   X4_CUDA_MODULE) that traces every call: the exact cache size asked for, the decode setup's
  *   prefills and page copies at the edges (C < N, C == N, C > N and not whole pages), profiling
@@ -25,6 +28,7 @@
 
 static struct {
         char dir[128], gguf[160], config[160], trace[160], module[160], out[160], err[160];
+        char tiny[160], tiny_config[160], notok[160]; /* no NextN block; and no tokenizer either */
         bool have_module;
 } T;
 
@@ -48,20 +52,51 @@ static void slurp(const char *path, char *buf, size_t size) {
         fclose(f);
 }
 
-/* Run `env x4-bench --model demo args`; stdout and stderr into out and err; the exit status. */
-static int bench(const char *env, const char *args, char *out, size_t out_size, char *err, size_t err_size) {
+/* Run `env x4-bench --model model args`; stdout and stderr into out and err; the exit status. */
+static int bench_model(const char *model, const char *env, const char *args, char *out, size_t out_size, char *err,
+                       size_t err_size) {
         const char *bdir = getenv("X4_BUILD_DIR");
         char cmd[4096];
         int status;
 
         assert_non_null(bdir);
         snprintf(cmd, sizeof cmd, "%s '%s/tools/x4-bench' --model '%s' %s >'%s' 2>'%s'", env ? env : "", bdir,
-                 T.gguf, args, T.out, T.err);
+                 model, args, T.out, T.err);
         status = system(cmd);
         assert_true(WIFEXITED(status));
         slurp(T.out, out, out_size);
         slurp(T.err, err, err_size);
         return WEXITSTATUS(status);
+}
+
+/* Run `env x4-bench --model demo args` (the demo preset: a tokenizer and the NextN block). */
+static int bench(const char *env, const char *args, char *out, size_t out_size, char *err, size_t err_size) {
+        return bench_model(T.gguf, env, args, out, out_size, err, err_size);
+}
+
+/* A copy of the tiny model whose tokenizer.ggml.model key is renamed: the model loads, its
+ * tokenizer does not. */
+static int write_without_tokenizer(const char *from, const char *to) {
+        static const char key[] = "tokenizer.ggml.model";
+        FILE *f = fopen(from, "rbe");
+        char *buf = NULL, *at;
+        long n;
+        int r = -1;
+
+        if (!f)
+                return -1;
+        if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+            (buf = malloc((size_t) n)) && fread(buf, 1, (size_t) n, f) == (size_t) n &&
+            (at = memmem(buf, (size_t) n, key, sizeof key - 1))) {
+                at[sizeof key - 2] = 'z';
+                FILE *g = fopen(to, "wbe");
+                r = g && fwrite(buf, 1, (size_t) n, g) == (size_t) n ? 0 : -1;
+                if (g && fclose(g) != 0)
+                        r = -1;
+        }
+        free(buf);
+        fclose(f);
+        return r;
 }
 
 static int setup(void **state) {
@@ -84,6 +119,14 @@ static int setup(void **state) {
         o.out = T.gguf;
         if (x4_mkmodel_preset("demo", &s) < 0 || x4_mkmodel_write(&s, &o) < 0)
                 return -1;
+        snprintf(T.tiny, sizeof T.tiny, "%s/tiny.gguf", T.dir);
+        snprintf(T.tiny_config, sizeof T.tiny_config, "%s/tiny-config.json", T.dir);
+        snprintf(T.notok, sizeof T.notok, "%s/notok.gguf", T.dir);
+        o.out = T.tiny;
+        o.config_out = T.tiny_config;
+        if (x4_mkmodel_preset("tiny", &s) < 0 || x4_mkmodel_write(&s, &o) < 0 ||
+            write_without_tokenizer(T.tiny, T.notok) < 0)
+                return -1;
         if (src && *src) {
                 snprintf(cmd, sizeof cmd, "%s -std=c11 -Wall -Wextra -Werror -shared -fPIC -I'%s/kernels' -o '%s' "
                          "'%s/tests/unit/bench-fake-backend.c'",
@@ -99,6 +142,9 @@ static int teardown(void **state) {
         (void) state;
         unlink(T.gguf);
         unlink(T.config);
+        unlink(T.tiny);
+        unlink(T.tiny_config);
+        unlink(T.notok);
         unlink(T.trace);
         unlink(T.module);
         unlink(T.out);
@@ -350,11 +396,76 @@ static void test_fake_decode_fill_edges(void **state) {
         assert_non_null(strstr(trace, "fwd 300+1@0,1 300+1@4,5 300+1@6,7\n"));
 }
 
+/* --mtp-prompt on the demo preset (random weights: the acceptance is whatever it is, but the
+ * tokens with MTP on must be those with it off, and the lines must say what ran). */
+static void test_cpu_mtp_prompt(void **state) {
+        char out[16384], err[4096], args[1024], *line;
+        unsigned tokens, prompt;
+
+        (void) state;
+        assert_int_equal(bench(NULL, "--prefill none --decode-ctx none --decode-tokens 6 --repeats 1 --warmup 0 "
+                                     "--threads 2 --mtp on --mtp-draft 2 --mtp-prompt 'What does tar do?' "
+                                     "--mtp-prompt 'What is the meaning of \"harbor\"?' --json",
+                               out, sizeof out, err, sizeof err), 0);
+        assert_string_equal(err, "");
+        /* load, 2 questions × (off, on), the total */
+        assert_int_equal(count_substr(out, "\n"), 6);
+        assert_int_equal(count_substr(out, "{\"what\":\"generate\",\"mtp\":\"off\",\"mtp_draft\":0,"), 2);
+        assert_int_equal(count_substr(out, "{\"what\":\"generate\",\"mtp\":\"on\",\"mtp_draft\":2,"), 2);
+        assert_int_equal(count_substr(out, "\"same_tokens\":true"), 3);
+        /* x4-mkmodel writes tokenizer.chat_template: the model's own template, as the daemon uses it */
+        assert_int_equal(count_substr(out, "\"template\":\"gguf\""), 4);
+        assert_int_equal(count_substr(out, "\"question\":1,\"max_tokens\":6,"), 2);
+        assert_int_equal(count_substr(out, "\"question\":2,\"max_tokens\":6,"), 2);
+        /* the question's text, JSON-escaped */
+        assert_int_equal(count_substr(out, "\"text\":\"What is the meaning of \\\"harbor\\\"?\""), 2);
+        /* the prompt: the rendered chat turn, longer than the question's few words */
+        line = strstr(out, "{\"what\":\"generate\",\"mtp\":\"off\"");
+        assert_non_null(line);
+        assert_int_equal(sscanf(line, "{\"what\":\"generate\",\"mtp\":\"off\",\"mtp_draft\":0,\"prompt\":%u,"
+                                      "\"tokens\":%u,", &prompt, &tokens), 2);
+        assert_true(prompt > 5);
+        assert_true(tokens >= 1 && tokens <= 6);
+        line = strstr(out, "{\"what\":\"generate_total\",\"mtp_draft\":2,\"questions\":2,");
+        assert_non_null(line);
+        assert_non_null(strstr(line, "\"max_tokens\":6,"));
+        assert_non_null(strstr(line, "\"tok_s_on\":"));
+        assert_non_null(strstr(line, "\"acceptance\":"));
+
+        /* the human table: one block per question */
+        assert_int_equal(bench(NULL, "--prefill none --decode-ctx none --decode-tokens 2 --repeats 1 --warmup 0 "
+                                     "--mtp off --mtp-prompt 'Compute 12 times 34.'",
+                               out, sizeof out, err, sizeof err), 0);
+        assert_non_null(strstr(out, "generate (greedy, batch 1, 1 chat questions, the GGUF's template)\n"));
+        assert_non_null(strstr(out, "  question 1 (prompt "));
+        assert_non_null(strstr(out, "{\"what\":\"generate_total\",\"mtp_draft\":0,\"questions\":1,"));
+        assert_null(strstr(out, "\"tok_s_on\""));
+
+        /* refusals, naming the flag */
+        assert_int_equal(bench(NULL, "--prefill none --decode-ctx none --mtp-prompt 'What does tar do?'",
+                               out, sizeof out, err, sizeof err), 1);
+        assert_non_null(strstr(err, "--mtp-prompt needs --mtp off|on"));
+        assert_int_equal(bench(NULL, "--mtp on --mtp-prompt ''", out, sizeof out, err, sizeof err), 1);
+        assert_non_null(strstr(err, "--mtp-prompt: an empty question; a non-empty text expected"));
+        snprintf(args, sizeof args, "--config '%s' --prefill none --decode-ctx none --decode-tokens 2 --mtp on "
+                 "--mtp-prompt 'What does tar do?'", T.tiny_config);
+        assert_int_equal(bench_model(T.tiny, NULL, args, out, sizeof out, err, sizeof err), 1);
+        assert_non_null(strstr(err, "x4-bench: --mtp on: tiny.gguf has no NextN block (nextn_predict_layers 0, "));
+        assert_non_null(strstr(err, "a model with the NextN block expected"));
+        snprintf(args, sizeof args, "--config '%s' --prefill none --decode-ctx none --decode-tokens 2 --mtp off "
+                 "--mtp-prompt 'What does tar do?'", T.tiny_config);
+        assert_int_equal(bench_model(T.notok, NULL, args, out, sizeof out, err, sizeof err), 1);
+        assert_non_null(strstr(err, "x4-bench: --mtp-prompt: notok.gguf has no usable tokenizer ("));
+        assert_non_null(strstr(err, "tokenizer.ggml.model missing"));
+        assert_null(strstr(out, "\"what\":\"generate"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_cpu_decode_prefill_copy),
                 cmocka_unit_test(test_cpu_refusals),
                 cmocka_unit_test(test_grammar_mask),
+                cmocka_unit_test(test_cpu_mtp_prompt),
                 cmocka_unit_test(test_cpu_profile_unsupported),
                 cmocka_unit_test(test_fake_profile_and_layout),
                 cmocka_unit_test(test_fake_decode_fill_edges),
