@@ -40,9 +40,7 @@ done
 # ends its turns (test/agents.test.js); absent in a tree without it, those tests say so and skip
 trained="$src/models/xing4-demo/model.gguf"
 if [ -f "$trained" ]; then
-        # Claude Code's first request is ~20,000 tokens: 256 pages of 256
-        printf '[xing4d]\ncache-pages = 256\npage_tokens = 256\nmax-running = 4\n' >"$tmp/trained.conf"
-        "$build/daemon/xing4d" --config "$tmp/trained.conf" --model "$trained" --device cpu --threads 1 \
+        "$build/daemon/xing4d" --config "$tmp/xing4d.conf" --model "$trained" --device cpu --threads 1 \
                 --listen "$tmp/trained.sock" --state-dir "$tmp/trained-state" 2>"$tmp/trained.log" &
         pids+=($!)
         for _ in $(seq 1 600); do
