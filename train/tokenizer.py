@@ -4,7 +4,7 @@
 way the engine does (chat/tokenizer.c, docs/model.md §7).
 
     tokenizer.py train  [--data train/data] [--vocab 8192] [--out train/tok/xing4-demo]
-    tokenizer.py encode [--data train/data] [--model train/tok/xing4-demo.model] [--seq 512]
+    tokenizer.py encode [--data train/data] [--model train/tok/xing4-demo.model] [--kinds pretrain,chat,agent]
     tokenizer.py check  --model M --x4-tokenize build/tools/x4-tokenize --gguf any.gguf
 
 Vocabulary layout (the release's, docs/model.md §7): 0 `<_unk>`, 1 `<_start>`, 2 `<_end>`, 3 `<_pad>`,
@@ -14,8 +14,9 @@ pieces (digits, newline, tab, runs of `_`, and the tool-call markup `<param_key>
 template writes as text), then the 256 byte pieces, then the BPE pieces. Identity normalisation,
 dummy prefix on, extra whitespace kept, byte fallback: what the engine's encoder expects.
 
-`encode` writes uint16 token files (vocab <= 65536) for train.py: DATA/tokens/{pretrain,chat}_
-{train,heldout}.bin, a copy of the tokenizer that made them (tokenizer.model), plus a loss mask for chat (1 = a token the assistant writes: everything after
+`encode` writes uint16 token files (vocab <= 65536) for train.py: DATA/tokens/{pretrain,chat,agent}_
+{train,heldout}.bin (agent: chat/agent_*.jsonl, the long agent dialogues, in files of their own so
+train.py can take them in long windows that start at a dialogue; --kinds re-encodes only some), a copy of the tokenizer that made them (tokenizer.model), plus a loss mask for chat (1 = a token the assistant writes: everything after
 a `<_bot>` up to and including its `<_end>`), DATA/tokens/meta.json with the counts. The engine's
 encoding is reproduced: split on the 12 registered specials, every other chunk encoded separately
 (its own dummy prefix); `check` compares ids with the engine's x4-tokenize.
@@ -120,9 +121,17 @@ def encode(a):
     out = os.path.join(data, 'tokens')
     os.makedirs(out, exist_ok=True)
     meta = dict(vocab=enc.sp.get_piece_size(), files={})
-    for kind, path in (('pretrain', 'corpus'), ('chat', 'chat')):
+    kinds = a.kinds.split(',')
+    mp = os.path.join(out, 'meta.json')
+    if set(kinds) != {'pretrain', 'chat', 'agent'} and os.path.exists(mp):
+        old = json.load(open(mp))        # re-encoding some kinds: keep the others' entries
+        if old.get('vocab') == meta['vocab']:
+            meta['files'] = old['files']
+    for kind, path, pre in (('pretrain', 'corpus', ''), ('chat', 'chat', ''), ('agent', 'chat', 'agent_')):
+        if kind not in kinds:
+            continue
         for split in ('train', 'heldout'):
-            p = os.path.join(data, path, f'{split}.jsonl')
+            p = os.path.join(data, path, f'{pre}{split}.jsonl')
             if not os.path.exists(p):
                 continue
             toks, mask, nbytes, ndocs = [], [], 0, 0
@@ -192,6 +201,8 @@ def main():
     ap.add_argument('--sentences', type=int, default=2000000)
     ap.add_argument('--out', default=os.path.join(here, 'tok', 'xing4-demo'))
     ap.add_argument('--model', default=os.path.join(here, 'tok', 'xing4-demo.model'))
+    ap.add_argument('--kinds', default='pretrain,chat,agent',
+                    help='encode: which token files to (re)write: pretrain, chat, agent (chat/agent_*.jsonl)')
     ap.add_argument('--x4-tokenize')
     ap.add_argument('--gguf')
     a = ap.parse_args()

@@ -13,6 +13,10 @@ block's cross-entropy on token t+2, docs/model.md §8):
   chat      the chat data, the loss only on what the assistant writes (the .mask files), with
             --pretrain-mix of prose so the model keeps its language;
   mtp       the trunk frozen, only the NextN block trained (on the chat phase's mixture).
+With --agent-mix F a fraction F of the steps (any phase; meant for chat) trains on the agent
+dialogues instead (agent_train.bin: coding-agent system prompts of 1,000-6,000 tokens with many
+tools): --agent-batch windows of --agent-seq tokens, each placed on one dialogue so its final turn is
+in the window, e.g. --seq 512 --batch 64 --agent-seq 4096 --agent-batch 8 (the same tokens a step).
 
 The learning rate is warmup-stable-decay by wall clock: --warmup-steps up to --lr, constant, then
 linear decay to --lr-min over the last --decay-minutes of the run (0: none). Routing balance is
@@ -88,6 +92,27 @@ class Tokens:
             m = np.ones_like(w, dtype=np.float32)
         return torch.from_numpy(w), torch.from_numpy(m)
 
+    def doc_batch(self, rng, B, T):
+        """B windows of T+2 tokens each placed on one random conversation (the `<_start>` token 1
+        begins each): from its start when it fits (the window runs on into the next ones), else
+        ending at its end, so the trained final turn is always inside and as much of the long prompt
+        before it as the window holds."""
+        if getattr(self, '_starts', None) is None:
+            self._starts = np.flatnonzero(np.asarray(self.ids) == 1)
+            if len(self._starts) == 0:
+                self._starts = np.zeros(1, np.int64)
+        L, W = len(self.ids), T + 2
+        ws, ms = [], []
+        for i in rng.integers(0, len(self._starts), size=B):
+            s = int(self._starts[i])
+            e = int(self._starts[i + 1]) if i + 1 < len(self._starts) else L
+            s = e - W if e - s > W else s
+            s = max(0, min(s, L - W))
+            ws.append(np.asarray(self.ids[s:s + W], dtype=np.int64))
+            ms.append(np.asarray(self.mask[s:s + W], dtype=np.float32) if self.mask is not None
+                      else np.ones(W, np.float32))
+        return torch.from_numpy(np.stack(ws)), torch.from_numpy(np.stack(ms))
+
 
 def mixed_batch(rng, primary, secondary, frac, B, T):
     """B windows, a fraction `frac` of them from `secondary` (none if it is empty)."""
@@ -151,7 +176,7 @@ def load_ckpt(path):
 # ---- evaluation ------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def evaluate(model, data, B, T, n_batches, device, amp, bytes_per_token):
+def evaluate(model, data, B, T, n_batches, device, amp, bytes_per_token, aligned=False):
     """Held-out loss (nats/token over masked tokens), bits per byte, MTP loss and the MTP head's
     greedy agreement with the true t+2 token where the trunk's greedy t+1 is right (the draft
     acceptance a speculative decoder would see)."""
@@ -161,7 +186,7 @@ def evaluate(model, data, B, T, n_batches, device, amp, bytes_per_token):
     rng = np.random.default_rng(1234)   # the same windows every time
     tot = mtp_tot = n = acc = acc_n = 0.0
     for _ in range(n_batches):
-        w, m = data.batch(rng, B, T)
+        w, m = (data.doc_batch if aligned else data.batch)(rng, B, T)
         w, m = w.to(device), m.to(device)
         with amp():
             logits, mtp = model(w[:, :T], w[:, 1:T + 1])
@@ -212,6 +237,11 @@ def main():
     ap.add_argument('--bias-rate', type=float, default=1e-3)
     ap.add_argument('--chat-mix', type=float, default=0.1)
     ap.add_argument('--pretrain-mix', type=float, default=0.2)
+    ap.add_argument('--agent-mix', type=float, default=0.0,
+                    help='fraction of steps on the agent dialogues (agent_train.bin): --agent-batch windows of '
+                         '--agent-seq tokens, each placed on one dialogue')
+    ap.add_argument('--agent-seq', type=int, default=0, help='window of the agent steps (default: --seq)')
+    ap.add_argument('--agent-batch', type=int, default=0, help='batch of the agent steps (default: --batch)')
     ap.add_argument('--eval-every', type=int, default=200)
     ap.add_argument('--eval-batches', type=int, default=8)
     ap.add_argument('--save-every-minutes', type=float, default=3.0)
@@ -276,6 +306,10 @@ def main():
     chat_tr = Tokens(os.path.join(a.data, 'chat_train.bin'), need=a.phase != 'pretrain')
     pre_ho = Tokens(os.path.join(a.data, 'pretrain_heldout.bin'), need=False)
     chat_ho = Tokens(os.path.join(a.data, 'chat_heldout.bin'), need=False)
+    agent_tr = Tokens(os.path.join(a.data, 'agent_train.bin'), need=a.agent_mix > 0)
+    agent_ho = Tokens(os.path.join(a.data, 'agent_heldout.bin'), need=False)
+    a.agent_seq = a.agent_seq or a.seq
+    a.agent_batch = a.agent_batch or a.batch
     if a.phase == 'pretrain':
         primary, secondary, frac = pre_tr, chat_tr, a.chat_mix
     else:
@@ -326,6 +360,11 @@ def main():
         e = evaluate(model, chat_ho, min(a.batch, 8), a.seq, a.eval_batches, device, amp, bpt.get('chat_heldout', 4))
         if e:
             r['heldout_chat'] = e
+        if agent_ho:
+            e = evaluate(model, agent_ho, min(a.agent_batch, 8), a.agent_seq, a.eval_batches, device, amp,
+                         bpt.get('agent_heldout', 4), aligned=True)
+            if e:
+                r['heldout_agent'] = e
         log(dict(event='eval', **r))
         return r
 
@@ -363,10 +402,16 @@ def main():
             g['lr'] = lr
         t0 = time.time()
         tot_loss = tot_mtp = 0.0
+        # an agent step (long windows on whole dialogues) or an ordinary one
+        agent_step = a.agent_mix > 0 and rng.random() < a.agent_mix
         for _ in range(a.accum):
-            w, m = mixed_batch(rng, primary, secondary, frac, a.batch, a.seq)
+            if agent_step:
+                w, m = agent_tr.doc_batch(rng, a.agent_batch, a.agent_seq)
+                T = a.agent_seq
+            else:
+                w, m = mixed_batch(rng, primary, secondary, frac, a.batch, a.seq)
+                T = a.seq
             w, m = w.to(device, non_blocking=True), m.to(device, non_blocking=True)
-            T = a.seq
             with amp():
                 logits, mtp = fwd(w[:, :T], w[:, 1:T + 1])
             mk = m[:, 1:T + 1].reshape(-1)
@@ -399,7 +444,7 @@ def main():
         if state['step'] % 10 == 0 or state['step'] == step0 + 1:
             tps = tok_window / max(time.time() - t_window, 1e-9)
             tok_window, t_window = 0, time.time()
-            log(dict(event='train', loss=round(tot_loss, 4), mtp_loss=round(tot_mtp, 4), lr=round(lr, 6),
+            log(dict(event='train', **({'agent_step': True} if agent_step else {}), loss=round(tot_loss, 4), mtp_loss=round(tot_mtp, 4), lr=round(lr, 6),
                      grad_norm=round(float(gn), 3), tok_per_s=round(tps)))
         if a.eval_every and (state['step'] - step0) % a.eval_every == 0:
             run_eval()
