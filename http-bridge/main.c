@@ -645,7 +645,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
 static void ev_answer(struct job *j, const struct x4_done *d) {
         if (d->status != X4_OK) {
                 struct api_error e;
-                api_error_from_x4(&e, d->status, d->error_message);
+                api_error_from_x4(&e, j->kind, d->status, d->error_message);
                 if (j->headers_sent) {
                         struct evbuffer *b = evbuffer_new();
                         if (b) {
@@ -688,7 +688,7 @@ static void job_answer(struct job *j, const struct x4_done *d) {
                 return ev_answer(j, d);
         if (d->status != X4_OK) {
                 struct api_error e;
-                api_error_from_x4(&e, d->status, d->error_message);
+                api_error_from_x4(&e, j->kind, d->status, d->error_message);
                 if (j->headers_sent) {
                         /* too late for a status: an error event ends the stream */
                         sse_send_json(j->req, api_error_json(&e, FLAVOR_OPENAI));
@@ -840,7 +840,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         }
         api_request_done(&ar);
         if (r < 0) {
-                api_error_from_x4(&e, r, why);
+                api_error_from_x4(&e, kind, r, why);
                 job_free(j);
                 return send_error(req, &e, endpoint);
         }
