@@ -159,6 +159,7 @@ struct sched_event {
         uint32_t n_logprobs;
         char *tool_name;      /* a finished tool call (channel TOOL_CALL) */
         char *tool_arguments; /* its JSON object */
+        bool first;           /* the request's first chunk: prompt_tokens and cached_tokens set */
         /* DONE */
         int finish_reason;
         int32_t *sequence; /* prompt (snapshot tokens included) + output ids, for from_request */

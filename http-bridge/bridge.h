@@ -227,6 +227,8 @@ struct ev_stream {
         unsigned seq;                /* responses: sequence_number */
         size_t n_calls;
         bool started;
+        uint32_t prompt_tokens;      /* from the first chunk (protocol minor 3), for message_start */
+        uint32_t cached_tokens;
         json_t *output;              /* responses: the finished output items */
 };
 void ev_stream_init(struct ev_stream *s, enum api_kind kind, const char *id, const char *model, int64_t created,

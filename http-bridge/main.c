@@ -585,6 +585,10 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 j->t_last = t;
         }
         bool call = c->channel == X4_CHANNEL_TOOL_CALL && c->tool_name;
+        if (c->prompt_tokens) {
+                j->ev.prompt_tokens = c->prompt_tokens;
+                j->ev.cached_tokens = c->cached_tokens <= c->prompt_tokens ? c->cached_tokens : c->prompt_tokens;
+        }
         if (j->kind == API_MESSAGES || j->kind == API_RESPONSES || j->kind == API_COUNT_TOKENS) {
                 struct bufferevent *bev = j->stream ? evhttp_connection_get_bufferevent(j->conn) : NULL;
                 if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > STREAM_BACKLOG_MAX) {

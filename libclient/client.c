@@ -685,6 +685,8 @@ static void handle_chunk(x4_client *c, struct pending *p, const Xing4__TokenChun
                 .n_logprobs = lps ? tc->n_logprobs : 0,
                 .tool_name = tc->tool_call ? tc->tool_call->name : NULL,
                 .tool_arguments_json = tc->tool_call ? tc->tool_call->arguments_json : NULL,
+                .prompt_tokens = tc->has_prompt_tokens ? tc->prompt_tokens : 0,
+                .cached_tokens = tc->has_cached_tokens ? tc->cached_tokens : 0,
         };
         if (p->on_chunk(&ch, p->userdata) != 0)
                 (void) x4_client_cancel(c, id);

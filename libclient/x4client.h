@@ -34,7 +34,7 @@ extern "C" {
 #define X4_API __attribute__((visibility("default")))
 
 #define X4_CLIENT_PROTO_MAJOR 1
-#define X4_CLIENT_PROTO_MINOR 2
+#define X4_CLIENT_PROTO_MINOR 3
 #define X4_DEFAULT_SOCKET "/run/xing4d/xing4d.sock"
 /* Environment variable naming the socket when none is given. */
 #define X4_SOCKET_ENV "X4_SOCKET"
@@ -168,6 +168,11 @@ struct x4_chunk {
         /* a finished tool call (channel X4_CHANNEL_TOOL_CALL), else NULL */
         const char *tool_name;
         const char *tool_arguments_json;
+        /* the request's first chunk from a server of protocol minor 3+: the prompt's size
+         * (snapshot and cached tokens included) and how many of them came from a snapshot or the
+         * prefix cache, as Done reports them; 0 and 0 on later chunks */
+        uint32_t prompt_tokens;
+        uint32_t cached_tokens;
 };
 
 /* How a request ended. Strings are valid during the done callback, or for x4_client_generate()
