@@ -793,6 +793,7 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                         send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
                         return;
                 }
+                r->snapshot_replace = q->has_replace && q->replace;
                 submit_request(c, id, r);
                 return;
         }

@@ -51,6 +51,7 @@ enum x4_error {
         X4_E_INTERNAL = -7,
         X4_E_RESOURCE_EXHAUSTED = -8,
         X4_E_UNIMPLEMENTED = -9,
+        X4_E_ALREADY_EXISTS = -10, /* a snapshot of that name exists (create without replace) */
         /* found by the client */
         X4_E_CONNECT = -100,  /* socket missing, refused, or permission denied */
         X4_E_TIMEOUT = -101,  /* connect or response timeout passed */
@@ -337,6 +338,13 @@ X4_API int x4_client_health(x4_client *c, int *status, char *detail, size_t deta
  * from_request of this connection (its prompt + output). */
 X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_request *source,
                                      uint64_t from_request, struct x4_snapshot_info *ret);
+/* The same with flags: X4_SNAPSHOT_REPLACE replaces a snapshot of that name; without it an
+ * existing name is X4_E_ALREADY_EXISTS (as x4_client_snapshot_create) and left untouched. A
+ * server older than protocol minor 3 ignores the flag and always replaces. */
+#define X4_SNAPSHOT_REPLACE 1u
+X4_API int x4_client_snapshot_create_flags(x4_client *c, const char *name, const x4_request *source,
+                                           uint64_t from_request, unsigned flags,
+                                           struct x4_snapshot_info *ret);
 /* *ret is malloc'ed (free() it); *n entries. */
 X4_API int x4_client_snapshot_list(x4_client *c, struct x4_snapshot_info **ret, size_t *n);
 X4_API int x4_client_snapshot_drop(x4_client *c, const char *name);
