@@ -1174,7 +1174,8 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
         else if (streq_(cmd, "stats"))
                 printf("Usage: x4ctl stats [--json] [--watch[=SECONDS]]\n"
                        "The daemon's counters, cache use and the requests waiting or running.\n"
-                       "  --watch[=S]   repeat every S seconds (default 1)\n");
+                       "  --watch[=S]   repeat every S seconds (default 1) until Ctrl-C, which ends it\n"
+                       "                with exit status 0 (no request is cut short; 130 is for a cancelled generate)\n");
         else if (streq_(cmd, "cancel"))
                 printf("Usage: x4ctl cancel ID\n"
                        "Cancel a request by its server id (the id column of x4ctl stats), whoever sent it.\n");
