@@ -1117,8 +1117,6 @@ const char *api_finish_reason(int f, bool had_tool_calls) {
                 return "length";
         case X4_FINISH_TOOL_CALLS:
                 return "tool_calls";
-        case X4_FINISH_CANCELLED:
-                return "cancelled";
         default:
                 /* the model may end its turn right after a call without the daemon saying so */
                 return had_tool_calls ? "tool_calls" : "stop";
