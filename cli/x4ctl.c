@@ -35,6 +35,7 @@ enum {
         EXIT_NOT_FOUND = 5,   /* snapshot / request id unknown */
         EXIT_UNAVAILABLE = 6, /* daemon draining or full */
         EXIT_NO_ANSWER = 7,   /* the output budget ran out while the model was thinking */
+        EXIT_EXISTS = 8,      /* snapshot create: the name is taken (no --replace) */
         EXIT_INTERRUPTED = 130,
 };
 
@@ -58,6 +59,7 @@ static int exit_code_of(int e) {
         case X4_E_TIMEOUT: return EXIT_TIMEOUT;
         case X4_E_NOT_FOUND: return EXIT_NOT_FOUND;
         case X4_E_UNAVAILABLE: return EXIT_UNAVAILABLE;
+        case X4_E_ALREADY_EXISTS: return EXIT_EXISTS;
         default: return EXIT_FAIL;
         }
 }
@@ -278,7 +280,7 @@ enum {
         OPT_TEMPERATURE = 1000, OPT_TOP_P, OPT_TOP_K, OPT_MIN_P, OPT_SEED, OPT_REP, OPT_PRES,
         OPT_FREQ, OPT_MAX_TOKENS, OPT_STOP, OPT_STOP_ID, OPT_SNAPSHOT, OPT_LOGPROBS,
         OPT_THINK_BUDGET, OPT_IGNORE_EOS, OPT_NO_MTP, OPT_SYSTEM, OPT_NO_THINK, OPT_SHOW_THINK, OPT_TOKENS,
-        OPT_RAW, OPT_JSON, OPT_WATCH, OPT_SOCKET, OPT_CONNECT_TIMEOUT, OPT_TIMEOUT, OPT_REQUESTS,
+        OPT_RAW, OPT_REPLACE, OPT_JSON, OPT_WATCH, OPT_SOCKET, OPT_CONNECT_TIMEOUT, OPT_TIMEOUT, OPT_REQUESTS,
         OPT_FROM_REQUEST, OPT_JSON_SCHEMA,
 };
 
@@ -1015,11 +1017,12 @@ static int cmd_snapshot(int argc, char **argv) {
                 { "tokens", required_argument, NULL, OPT_TOKENS },
                 { "raw", no_argument, NULL, OPT_RAW },
                 { "system", required_argument, NULL, OPT_SYSTEM },
+                { "replace", no_argument, NULL, OPT_REPLACE },
                 { "json", no_argument, NULL, OPT_JSON },
                 {}
         };
         const char *tokens = NULL, *system = NULL;
-        bool raw = false;
+        bool raw = false, replace = false;
         x4_client *c = NULL;
         int r, e, o;
 
@@ -1039,6 +1042,8 @@ static int cmd_snapshot(int argc, char **argv) {
                         raw = true;
                 else if (o == OPT_SYSTEM)
                         system = optarg;
+                else if (o == OPT_REPLACE)
+                        replace = true;
                 else if (o == OPT_JSON)
                         arg.json = true;
                 else
@@ -1114,7 +1119,8 @@ static int cmd_snapshot(int argc, char **argv) {
                 r = open_client(&c);
                 if (r == 0) {
                         struct x4_snapshot_info info;
-                        e = x4_client_snapshot_create(c, name, src, 0, &info);
+                        e = x4_client_snapshot_create_flags(c, name, src, 0,
+                                                            replace ? X4_SNAPSHOT_REPLACE : 0, &info);
                         if (e < 0)
                                 r = fail_client(c, e);
                         else if (arg.json)
@@ -1168,15 +1174,17 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
         else if (streq_(cmd, "stats"))
                 printf("Usage: x4ctl stats [--json] [--watch[=SECONDS]]\n"
                        "The daemon's counters, cache use and the requests waiting or running.\n"
-                       "  --watch[=S]   repeat every S seconds (default 1)\n");
+                       "  --watch[=S]   repeat every S seconds (default 1) until Ctrl-C, which ends it\n"
+                       "                with exit status 0 (no request is cut short; 130 is for a cancelled generate)\n");
         else if (streq_(cmd, "cancel"))
                 printf("Usage: x4ctl cancel ID\n"
                        "Cancel a request by its server id (the id column of x4ctl stats), whoever sent it.\n");
         else if (streq_(cmd, "snapshot"))
-                printf("Usage: x4ctl snapshot create NAME [--tokens IDS | --raw | --system TEXT] [PROMPT...]\n"
+                printf("Usage: x4ctl snapshot create NAME [--replace] [--tokens IDS | --raw | --system TEXT] [PROMPT...]\n"
                        "       x4ctl snapshot list\n"
                        "       x4ctl snapshot drop NAME\n"
-                       "Keep the cache state after a prompt under NAME; generate --snapshot NAME resumes it.\n");
+                       "Keep the cache state after a prompt under NAME; generate --snapshot NAME resumes it.\n"
+                       "An existing NAME is refused (exit 8) unless --replace is given.\n");
         else if (streq_(cmd, "info"))
                 printf("Usage: x4ctl info [--json]\nThe model, the backend and the daemon's limits.\n");
         else if (streq_(cmd, "health"))
@@ -1193,7 +1201,7 @@ static void help(void) {
                "  chat [OPTS]                   interactive chat (one line per turn; Ctrl-C stops an answer)\n"
                "  stats [--json] [--watch[=S]]  server counters and the requests in flight\n"
                "  cancel ID                     cancel a request by its server id (from stats)\n"
-               "  snapshot create NAME [--tokens IDS|--raw|--system TEXT] [PROMPT...]\n"
+               "  snapshot create NAME [--replace] [--tokens IDS|--raw|--system TEXT] [PROMPT...]\n"
                "  snapshot list | snapshot drop NAME\n"
                "  info [--json]                 model, backend and limits\n"
                "  health [--json]               serving / draining (exit 0 only when serving)\n\n"

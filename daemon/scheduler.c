@@ -249,6 +249,11 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                 if (!s->p.state_dir)
                         return eng_verr(err, size, SCHED_ERR_UNAVAILABLE,
                                     "snapshot '%s': this daemon has no state directory", name);
+                /* before the prefill, so a refused create costs nothing; the final rename checks
+                 * again (another create may have taken the name meanwhile) */
+                if (r->snapshot_create && !r->snapshot_replace &&
+                    (code = eng_snap_check_absent(s, name, err, size)))
+                        return code;
         }
         return 0;
 }

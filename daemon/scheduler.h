@@ -31,6 +31,7 @@ enum sched_error {
         SCHED_ERR_INTERNAL = 7,
         SCHED_ERR_RESOURCE_EXHAUSTED = 8,
         SCHED_ERR_UNIMPLEMENTED = 9,
+        SCHED_ERR_ALREADY_EXISTS = 10,
 };
 
 /* The values are the protocol's FinishReason / Channel. */
@@ -98,6 +99,7 @@ struct sched_request {
         size_t n_stop_ids;
         char *snapshot;        /* resume from this snapshot: its tokens precede the prompt */
         char *snapshot_create; /* not a generation: prefill the prompt, save it under this name */
+        bool snapshot_replace; /* ... replacing a snapshot of that name (else ALREADY_EXISTS) */
         uint32_t logprobs;
         bool has_thinking_budget;
         int32_t thinking_budget;
@@ -159,6 +161,7 @@ struct sched_event {
         uint32_t n_logprobs;
         char *tool_name;      /* a finished tool call (channel TOOL_CALL) */
         char *tool_arguments; /* its JSON object */
+        bool first;           /* the request's first chunk: prompt_tokens and cached_tokens set */
         /* DONE */
         int finish_reason;
         int32_t *sequence; /* prompt (snapshot tokens included) + output ids, for from_request */

@@ -793,6 +793,7 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                         send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
                         return;
                 }
+                r->snapshot_replace = q->has_replace && q->replace;
                 submit_request(c, id, r);
                 return;
         }
@@ -1167,6 +1168,9 @@ static void deliver(struct server *s, struct sched_event *e) {
                         tc.n_token_ids = e->n_tokens;
                         tc.token_ids = e->tokens;
                         tc.has_channel = e->channel != 0;
+                        tc.has_prompt_tokens = tc.has_cached_tokens = e->first;
+                        tc.prompt_tokens = e->prompt_tokens;
+                        tc.cached_tokens = e->cached_tokens;
                         tc.channel = (Xing4__Channel) e->channel;
                         if (e->n_logprobs) {
                                 Xing4__TokenLogprob l = XING4__TOKEN_LOGPROB__INIT;

@@ -486,12 +486,15 @@ static void ev(struct evbuffer *out, const char *name, json_t *data) {
         sse_format_event(out, name, data);
 }
 
+/* message_start goes out with the first output, when the first chunk has told the prompt's size
+ * (usage as in the final message_delta: input_tokens not read from the prefix cache). */
 void am_stream_start(struct ev_stream *s, struct evbuffer *out) {
         ev(out, "message_start",
-           json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:{s:i, s:i, s:i, s:i}}}", "type", "message_start",
+           json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:{s:I, s:i, s:I, s:i}}}", "type", "message_start",
                      "message", "id", s->id, "type", "message", "role", "assistant", "model", s->model, "content",
-                     "stop_reason", "stop_sequence", "usage", "input_tokens", 0, "cache_creation_input_tokens", 0,
-                     "cache_read_input_tokens", 0, "output_tokens", 0));
+                     "stop_reason", "stop_sequence", "usage", "input_tokens",
+                     (json_int_t) (s->prompt_tokens - s->cached_tokens), "cache_creation_input_tokens", 0,
+                     "cache_read_input_tokens", (json_int_t) s->cached_tokens, "output_tokens", 0));
         ev(out, "ping", json_pack("{s:s}", "type", "ping"));
 }
 

@@ -41,8 +41,6 @@ int api_fail(struct api_error *e, int status, const char *type, const char *code
 json_t *api_error_json(const struct api_error *e, enum api_flavor flavor);
 /* Anthropic's error type for an HTTP status ("invalid_request_error", "not_found_error", ...). */
 const char *api_anthropic_error_type(int status);
-/* Map a libx4client error (status + message) to the HTTP error a client should see. */
-void api_error_from_x4(struct api_error *e, int x4_status, const char *message);
 
 /* ---- a parsed OpenAI request ------------------------------------------------------------------- */
 
@@ -53,6 +51,10 @@ enum api_kind {
         API_COUNT_TOKENS,  /* POST /v1/messages/count_tokens: a 1-token generation, its prompt size */
         API_RESPONSES,     /* POST /v1/responses (responses.c) */
 };
+
+/* Map a libx4client error (status + message) to the HTTP error a client should see, with param the
+ * request field the daemon's refusal is about, in `kind`'s names, where it names one. */
+void api_error_from_x4(struct api_error *e, enum api_kind kind, int x4_status, const char *message);
 
 /* What the parsers need from the configuration. */
 struct api_config {
@@ -225,6 +227,8 @@ struct ev_stream {
         unsigned seq;                /* responses: sequence_number */
         size_t n_calls;
         bool started;
+        uint32_t prompt_tokens;      /* from the first chunk (protocol minor 3), for message_start */
+        uint32_t cached_tokens;
         json_t *output;              /* responses: the finished output items */
 };
 void ev_stream_init(struct ev_stream *s, enum api_kind kind, const char *id, const char *model, int64_t created,

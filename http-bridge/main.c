@@ -386,7 +386,8 @@ static void send_json(struct evhttp_request *req, int status, json_t *j, const c
         const char *reason = status == 200 ? "OK" : status == 400 ? "Bad Request" : status == 401 ? "Unauthorized"
                 : status == 403 ? "Forbidden" : status == 404 ? "Not Found" : status == 405 ? "Method Not Allowed"
                 : status == 413 ? "Payload Too Large" : status == 415 ? "Unsupported Media Type"
-                : status == 429 ? "Too Many Requests" : status == 503 ? "Service Unavailable" : "Error";
+                : status == 429 ? "Too Many Requests" : status == 499 ? "Request Cancelled"
+                : status == 503 ? "Service Unavailable" : "Error";
         evhttp_send_reply(req, status, reason, NULL);
         metrics_count_request(endpoint, status);
 }
@@ -585,6 +586,10 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 j->t_last = t;
         }
         bool call = c->channel == X4_CHANNEL_TOOL_CALL && c->tool_name;
+        if (c->prompt_tokens) {
+                j->ev.prompt_tokens = c->prompt_tokens;
+                j->ev.cached_tokens = c->cached_tokens <= c->prompt_tokens ? c->cached_tokens : c->prompt_tokens;
+        }
         if (j->kind == API_MESSAGES || j->kind == API_RESPONSES || j->kind == API_COUNT_TOKENS) {
                 struct bufferevent *bev = j->stream ? evhttp_connection_get_bufferevent(j->conn) : NULL;
                 if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > STREAM_BACKLOG_MAX) {
@@ -645,7 +650,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
 static void ev_answer(struct job *j, const struct x4_done *d) {
         if (d->status != X4_OK) {
                 struct api_error e;
-                api_error_from_x4(&e, d->status, d->error_message);
+                api_error_from_x4(&e, j->kind, d->status, d->error_message);
                 if (j->headers_sent) {
                         struct evbuffer *b = evbuffer_new();
                         if (b) {
@@ -686,9 +691,19 @@ static void ev_answer(struct job *j, const struct x4_done *d) {
 static void job_answer(struct job *j, const struct x4_done *d) {
         if (j->kind == API_MESSAGES || j->kind == API_RESPONSES || j->kind == API_COUNT_TOKENS)
                 return ev_answer(j, d);
-        if (d->status != X4_OK) {
+        if (d->status != X4_OK || d->finish_reason == X4_FINISH_CANCELLED) {
                 struct api_error e;
-                api_error_from_x4(&e, d->status, d->error_message);
+                if (d->status != X4_OK)
+                        api_error_from_x4(&e, j->kind, d->status, d->error_message);
+                else
+                        /* OpenAI's finish_reason has no "cancelled" (typed clients fail to parse
+                         * one) and no value that says "cut short by someone else": an error
+                         * (499, which SDKs do not retry) says the answer is incomplete */
+                        api_fail(&e, 499, "server_error", "request_cancelled", NULL,
+                                 "request %s: the generation was cancelled after %u tokens (by DELETE "
+                                 "/v1/requests/ID, x4ctl cancel or the daemon stopping); the answer is "
+                                 "incomplete",
+                                 j->idstr, d->completion_tokens);
                 if (j->headers_sent) {
                         /* too late for a status: an error event ends the stream */
                         sse_send_json(j->req, api_error_json(&e, FLAVOR_OPENAI));
@@ -840,7 +855,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         }
         api_request_done(&ar);
         if (r < 0) {
-                api_error_from_x4(&e, r, why);
+                api_error_from_x4(&e, kind, r, why);
                 job_free(j);
                 return send_error(req, &e, endpoint);
         }

@@ -81,18 +81,61 @@ json_t *api_error_json(const struct api_error *e, enum api_flavor flavor) {
                          e->code ? json_string(e->code) : json_null());
 }
 
-void api_error_from_x4(struct api_error *e, int st, const char *msg) {
+/* The request field a daemon refusal is about, in the API's own names: the daemon's messages start
+ * with the protocol field they refuse ("prompt of N tokens ...", "prompt.chat.messages: ...",
+ * "sampling.top_p: ...", "max_tokens: ...", "stop[0]: ..."); NULL when the refusal names none. */
+static const char *x4_refusal_param(enum api_kind kind, const char *msg) {
+        static const struct {
+                const char *prefix, *chat, *completion, *responses;
+        } map[] = {
+                { "prompt", "messages", "prompt", "input" },
+                { "max_tokens", "max_tokens", "max_tokens", "max_output_tokens" },
+                { "stop", "stop", "stop", NULL },
+                { "logprobs", "top_logprobs", "logprobs", NULL },
+                { "thinking_budget", "thinking_budget", NULL, "reasoning" },
+                { "constraint.tool", "tool_choice", NULL, "tool_choice" },
+                { "constraint", "response_format", NULL, "text.format" },
+        };
+        static const char *const sampling[] = { "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                                "frequency_penalty", "repetition_penalty", "seed" };
+        if (!msg)
+                return NULL;
+        if (strncmp(msg, "sampling.", 9) == 0) {
+                for (size_t i = 0; i < sizeof sampling / sizeof *sampling; i++) {
+                        size_t n = strlen(sampling[i]);
+                        if (strncmp(msg + 9, sampling[i], n) == 0 && (msg[9 + n] == ':' || msg[9 + n] == ' '))
+                                return kind == API_MESSAGES || kind == API_COUNT_TOKENS ? NULL : sampling[i];
+                }
+                return NULL;
+        }
+        for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
+                size_t n = strlen(map[i].prefix);
+                if (strncmp(msg, map[i].prefix, n) != 0 || !msg[n] || !strchr(" .:[", msg[n]))
+                        continue;
+                return kind == API_CHAT ? map[i].chat
+                        : kind == API_COMPLETION ? map[i].completion
+                        : kind == API_RESPONSES ? map[i].responses
+                        : NULL; /* Anthropic's errors have no param */
+        }
+        return NULL;
+}
+
+void api_error_from_x4(struct api_error *e, enum api_kind kind, int st, const char *msg) {
         if (!msg || !*msg)
                 msg = x4_strerror(st);
+        const char *param = x4_refusal_param(kind, msg);
         switch (st) {
         case X4_E_INVALID_ARGUMENT:
-                api_fail(e, 400, "invalid_request_error", NULL, NULL, "%s", msg);
+                api_fail(e, 400, "invalid_request_error", param ? "invalid_value" : NULL, param, "%s", msg);
                 break;
         case X4_E_TOO_LARGE:
-                api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "messages", "%s", msg);
+                api_fail(e, 400, "invalid_request_error", "context_length_exceeded",
+                         param ? param : kind == API_COMPLETION ? "prompt" : kind == API_RESPONSES ? "input"
+                                                                                             : "messages",
+                         "%s", msg);
                 break;
         case X4_E_RESOURCE_EXHAUSTED:
-                api_fail(e, 400, "invalid_request_error", "context_length_exceeded", NULL, "%s", msg);
+                api_fail(e, 400, "invalid_request_error", "context_length_exceeded", param, "%s", msg);
                 break;
         case X4_E_NOT_FOUND:
                 api_fail(e, 404, "invalid_request_error", "not_found", NULL, "%s", msg);
@@ -1074,8 +1117,6 @@ const char *api_finish_reason(int f, bool had_tool_calls) {
                 return "length";
         case X4_FINISH_TOOL_CALLS:
                 return "tool_calls";
-        case X4_FINISH_CANCELLED:
-                return "cancelled";
         default:
                 /* the model may end its turn right after a call without the daemon saying so */
                 return had_tool_calls ? "tool_calls" : "stop";

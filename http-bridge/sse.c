@@ -115,6 +115,10 @@ void ev_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
 }
 
 void ev_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuffer *out) {
+        if (!s->started) { /* nothing was said: Done tells the prompt's size */
+                s->prompt_tokens = d->prompt_tokens;
+                s->cached_tokens = d->cached_tokens <= d->prompt_tokens ? d->cached_tokens : d->prompt_tokens;
+        }
         ev_stream_start(s, out);
         if (s->kind == API_MESSAGES)
                 am_stream_finish(s, d, out);

@@ -106,7 +106,7 @@ static void copy_str(char *dst, size_t size, const char *src) {
 }
 
 static int error_from_code(int code) {
-        if (code >= 1 && code <= 9)
+        if (code >= 1 && code <= 10)
                 return -code;
         return X4_E_INTERNAL;
 }
@@ -123,6 +123,7 @@ X4_API const char *x4_strerror(int e) {
         case X4_E_INTERNAL: return "internal server error";
         case X4_E_RESOURCE_EXHAUSTED: return "resource exhausted";
         case X4_E_UNIMPLEMENTED: return "not implemented";
+        case X4_E_ALREADY_EXISTS: return "already exists";
         case X4_E_CONNECT: return "cannot connect";
         case X4_E_TIMEOUT: return "timeout";
         case X4_E_IO: return "I/O error";
@@ -685,6 +686,8 @@ static void handle_chunk(x4_client *c, struct pending *p, const Xing4__TokenChun
                 .n_logprobs = lps ? tc->n_logprobs : 0,
                 .tool_name = tc->tool_call ? tc->tool_call->name : NULL,
                 .tool_arguments_json = tc->tool_call ? tc->tool_call->arguments_json : NULL,
+                .prompt_tokens = tc->has_prompt_tokens ? tc->prompt_tokens : 0,
+                .cached_tokens = tc->has_cached_tokens ? tc->cached_tokens : 0,
         };
         if (p->on_chunk(&ch, p->userdata) != 0)
                 (void) x4_client_cancel(c, id);
@@ -1385,6 +1388,12 @@ static int snapshot_call(x4_client *c, Xing4__SnapshotRequest *sr, Xing4__Frame 
 
 X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_request *source,
                                      uint64_t from_request, struct x4_snapshot_info *ret) {
+        return x4_client_snapshot_create_flags(c, name, source, from_request, 0, ret);
+}
+
+X4_API int x4_client_snapshot_create_flags(x4_client *c, const char *name, const x4_request *source,
+                                           uint64_t from_request, unsigned flags,
+                                           struct x4_snapshot_info *ret) {
         Xing4__SnapshotRequest sr = XING4__SNAPSHOT_REQUEST__INIT;
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
         struct chat_view v = { 0 };
@@ -1395,6 +1404,8 @@ X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_re
         sr.has_op = 1;
         sr.op = XING4__SNAPSHOT_REQUEST__OP__OP_CREATE;
         sr.name = (char *) name;
+        if (flags & X4_SNAPSHOT_REPLACE)
+                sr.has_replace = sr.replace = 1;
         if (source) {
                 if (source->prompt == 0)
                         return fail(c, X4_E_USAGE, "snapshot source has no prompt");

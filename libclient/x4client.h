@@ -34,7 +34,7 @@ extern "C" {
 #define X4_API __attribute__((visibility("default")))
 
 #define X4_CLIENT_PROTO_MAJOR 1
-#define X4_CLIENT_PROTO_MINOR 2
+#define X4_CLIENT_PROTO_MINOR 3
 #define X4_DEFAULT_SOCKET "/run/xing4d/xing4d.sock"
 /* Environment variable naming the socket when none is given. */
 #define X4_SOCKET_ENV "X4_SOCKET"
@@ -51,6 +51,7 @@ enum x4_error {
         X4_E_INTERNAL = -7,
         X4_E_RESOURCE_EXHAUSTED = -8,
         X4_E_UNIMPLEMENTED = -9,
+        X4_E_ALREADY_EXISTS = -10, /* a snapshot of that name exists (create without replace) */
         /* found by the client */
         X4_E_CONNECT = -100,  /* socket missing, refused, or permission denied */
         X4_E_TIMEOUT = -101,  /* connect or response timeout passed */
@@ -168,6 +169,11 @@ struct x4_chunk {
         /* a finished tool call (channel X4_CHANNEL_TOOL_CALL), else NULL */
         const char *tool_name;
         const char *tool_arguments_json;
+        /* the request's first chunk from a server of protocol minor 3+: the prompt's size
+         * (snapshot and cached tokens included) and how many of them came from a snapshot or the
+         * prefix cache, as Done reports them; 0 and 0 on later chunks */
+        uint32_t prompt_tokens;
+        uint32_t cached_tokens;
 };
 
 /* How a request ended. Strings are valid during the done callback, or for x4_client_generate()
@@ -332,6 +338,13 @@ X4_API int x4_client_health(x4_client *c, int *status, char *detail, size_t deta
  * from_request of this connection (its prompt + output). */
 X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_request *source,
                                      uint64_t from_request, struct x4_snapshot_info *ret);
+/* The same with flags: X4_SNAPSHOT_REPLACE replaces a snapshot of that name; without it an
+ * existing name is X4_E_ALREADY_EXISTS (as x4_client_snapshot_create) and left untouched. A
+ * server older than protocol minor 3 ignores the flag and always replaces. */
+#define X4_SNAPSHOT_REPLACE 1u
+X4_API int x4_client_snapshot_create_flags(x4_client *c, const char *name, const x4_request *source,
+                                           uint64_t from_request, unsigned flags,
+                                           struct x4_snapshot_info *ret);
 /* *ret is malloc'ed (free() it); *n entries. */
 X4_API int x4_client_snapshot_list(x4_client *c, struct x4_snapshot_info **ret, size_t *n);
 X4_API int x4_client_snapshot_drop(x4_client *c, const char *name);

@@ -50,6 +50,7 @@ struct job {
         struct sched_request *r;
         enum job_state state;
         bool prepared, cancel, paused;
+        bool chunked;  /* a chunk went out (the first one carries the prompt's size) */
         int32_t *seq; /* prompt + output */
         uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;
         uint32_t n_reused; /* prompt tokens whose pages came from the prefix store */
@@ -201,6 +202,9 @@ void eng_finish_snapshot(struct sched *s, struct job *j);
 void eng_snap_abandon(struct job *j);
 int eng_snap_load(struct sched *s, struct job *j, int32_t **ret_tokens, char *err, size_t size);
 int eng_snap_write_chunk(struct sched *s, struct job *j, char *err, size_t size);
+/* 0 when no snapshot (file or anything else) is at NAME.x4snap, else SCHED_ERR_ALREADY_EXISTS
+ * naming it (or another error) with a message in err. */
+int eng_snap_check_absent(const struct sched *s, const char *name, char *err, size_t size);
 void eng_snapshot_done(struct sched *s, struct job *j, const struct sched_snapshot_info *info);
 
 /* daemon/engine/prepare.c (prompt preparation (the prep thread)) */

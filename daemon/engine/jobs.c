@@ -87,6 +87,12 @@ static void emit_chunk(struct sched *s, struct job *j, int channel, const char *
         e->cookie = j->r->cookie;
         e->id = j->r->id;
         e->channel = channel;
+        if (!j->chunked) {
+                j->chunked = true;
+                e->first = true;
+                e->prompt_tokens = j->n_prompt;
+                e->cached_tokens = j->snap_n + j->n_reused;
+        }
         e->text = malloc(len + 1);
         if (!e->text)
                 goto oom;

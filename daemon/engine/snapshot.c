@@ -192,6 +192,48 @@ static int snap_check_quota(const struct sched *s, const char *name, uint64_t by
         return 0;
 }
 
+static int snap_exists_error(const struct sched *s, const char *name, char *err, size_t size) {
+        return eng_verr(err, size, SCHED_ERR_ALREADY_EXISTS,
+                        "snapshot '%s': already exists in %s; drop it first, or ask to replace it "
+                        "(x4ctl snapshot create --replace)", name, s->p.state_dir);
+}
+
+int eng_snap_check_absent(const struct sched *s, const char *name, char *err, size_t size) {
+        char file[96];
+        struct stat st;
+        int dfd = -1;
+        int code = snap_dir_open(s, &dfd, err, size);
+        if (code == SCHED_ERR_NOT_FOUND)
+                return 0; /* made on the first save */
+        if (code)
+                return code;
+        snprintf(file, sizeof file, "%s.x4snap", name);
+        int r = fstatat(dfd, file, &st, AT_SYMLINK_NOFOLLOW);
+        int e = errno;
+        close(dfd);
+        if (r == 0)
+                return snap_exists_error(s, name, err, size);
+        if (e != ENOENT)
+                return eng_verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s/%s: %s", s->p.state_dir, file,
+                                strerror(e));
+        return 0;
+}
+
+/* tmpfile to file in dfd; without replace, never over an existing file (EEXIST), atomically. */
+static int snap_publish(int dfd, const char *tmpfile, const char *file, bool replace) {
+        if (replace)
+                return renameat(dfd, tmpfile, dfd, file) < 0 ? -errno : 0;
+        if (renameat2(dfd, tmpfile, dfd, file, RENAME_NOREPLACE) == 0)
+                return 0;
+        if (errno != EINVAL && errno != ENOSYS)
+                return -errno;
+        /* a file system without RENAME_NOREPLACE: link() refuses an existing name too */
+        if (linkat(dfd, tmpfile, dfd, file, 0) < 0)
+                return -errno;
+        (void) unlinkat(dfd, tmpfile, 0);
+        return 0;
+}
+
 /* j (a create job) has prefilled its whole prompt: write its pages. */
 static void snap_tmpfile(const struct job *j, char *buf, size_t size) {
         snprintf(buf, size, "%s.x4snap.tmp", j->r->snapshot_create);
@@ -282,14 +324,17 @@ int eng_snap_write_chunk(struct sched *s, struct job *j, char *err, size_t size)
         snap_tmpfile(j, tmpfile, sizeof tmpfile);
         r = close(j->snap_fd) < 0 ? -errno : 0;
         j->snap_fd = -1;
-        /* rename replaces whatever is at NAME.x4snap, a planted symlink included, never its
-         * target */
-        if (r >= 0 && renameat(j->snap_dfd, tmpfile, j->snap_dfd, file) < 0)
-                r = -errno;
+        /* with replace, rename replaces whatever is at NAME.x4snap, a planted symlink included,
+         * never its target; without it, an existing name (one another create took since this
+         * one was accepted) is refused */
+        if (r >= 0)
+                r = snap_publish(j->snap_dfd, tmpfile, file, j->r->snapshot_replace);
         if (r < 0)
                 (void) unlinkat(j->snap_dfd, tmpfile, 0);
         close(j->snap_dfd);
         j->snap_dfd = -1;
+        if (r == -EEXIST)
+                return snap_exists_error(s, name, err, size);
         if (r < 0)
                 return eng_verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", path, strerror(-r));
         memset(&j->saved, 0, sizeof j->saved);

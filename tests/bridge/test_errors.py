@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import assert_openai_error, chat
+from conftest import Daemon, assert_openai_error, chat
 
 
 # ---- 400: the request itself ------------------------------------------------------------------
@@ -93,6 +93,30 @@ def test_prompt_over_the_context_is_400_context_length_exceeded(bridge):
     e = assert_openai_error(st, body, 400, "")
     assert e["code"] == "context_length_exceeded", e
     assert "context" in e["message"] or "16384" in e["message"], e["message"]
+
+
+def test_daemon_refusals_name_the_request_field(demo_model, make_bridge, tmp_path):
+    # the daemon refuses with its protocol's field first ("prompt of N tokens ...",
+    # "prompt.chat.messages: ..."): param is that field in the endpoint's own names
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", demo_model, conf="[xing4d]\ncache-pages = 4\npage_tokens = 16\nmax-messages = 2\n")
+    try:
+        b = make_bridge([d.sock])
+        long = "word " * 80  # over the 64-token context
+        for path, body, param in (
+                ("/v1/chat/completions", chat(long), "messages"),
+                ("/v1/completions", {"model": "xing4", "prompt": long}, "prompt"),
+                ("/v1/responses", {"model": "xing4", "input": long}, "input")):
+            st, _, out = b.post(path, body)
+            e = assert_openai_error(st, out, 400, "leaves no room for output in the context limit of 64 tokens",
+                                    param=param)
+            assert e["code"] == "context_length_exceeded", e
+        three = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                 {"role": "user", "content": "c"}]
+        st, _, out = b.post("/v1/chat/completions", {"model": "xing4", "messages": three, "max_tokens": 1})
+        assert_openai_error(st, out, 400, "prompt.chat.messages: 3 messages, at most 2 accepted", param="messages")
+    finally:
+        d.close()
 
 
 # ---- 401 / 404 / 405 ---------------------------------------------------------------------------
@@ -232,7 +256,7 @@ def test_daemon_internal_error_is_500(fake_bridge):
 
 def test_daemon_invalid_argument_is_400(fake_bridge):
     st, _, body = fake_bridge.post("/v1/chat/completions", chat("error-invalid"))
-    assert_openai_error(st, body, 400, "sampling.top_k: scripted refusal")
+    assert_openai_error(st, body, 400, "sampling.top_k: scripted refusal", param="top_k")
 
 
 def test_error_after_stream_start_is_a_data_event(fake_bridge):

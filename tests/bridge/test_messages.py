@@ -282,3 +282,17 @@ def test_empty_answer_streamed_and_not_streamed_alike(fake_bridge):
 def test_stream_error_after_start(fake_bridge):
     data = raw_stream(fake_bridge, msg("error-after-start", stream=True))
     sse_fixture.check("messages-error", data)
+
+
+def test_message_start_reports_the_prompt_size(bridge):
+    # the SDK and Claude Code show message_start's usage while the answer streams: the prompt's
+    # tokens are known once it is prefilled (the daemon's first chunk says so), not 0
+    body = msg("Tell me about the weather in Paris today.", stream=True, max_tokens=4)
+    for _ in range(2):  # the second time the prompt comes from the prefix cache
+        events = sse_events(raw_stream(bridge, body))
+        start = events[0]["message"]["usage"]
+        final = [e for e in events if e["type"] == "message_delta"][-1]["usage"]
+        assert start["input_tokens"] + start["cache_read_input_tokens"] > 0, start
+        assert start["input_tokens"] == final["input_tokens"], (start, final)
+        assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"], (start, final)
+        assert start["output_tokens"] == 0

@@ -294,8 +294,11 @@ def test_delete_cancels_a_running_request(bridge, daemon):
     assert st == 200 and body["id"] == first["id"] and body["cancelled"] is True
     rest = r.read().decode()
     events = [json.loads(x[6:]) for x in rest.split("\n\n") if x.startswith("data: {")]
-    assert events[-1]["choices"][0]["finish_reason"] == "cancelled"
-    assert rest.endswith("data: [DONE]\n\n")
+    # OpenAI's finish_reason has no "cancelled" (typed clients such as async-openai reject the
+    # chunk): the stream ends with an error event saying the answer is incomplete
+    assert all(e["choices"][0]["finish_reason"] in (None, "stop", "length") for e in events[:-1]), events
+    assert events[-1]["error"]["code"] == "request_cancelled", events[-1]
+    assert "the generation was cancelled after" in events[-1]["error"]["message"]
     c.close()
     assert daemon.stats()["requests_cancelled"] == before + 1
 
@@ -367,3 +370,28 @@ def test_a_long_prefill_gets_headers_at_once_and_keep_alives(make_bridge, fake, 
     assert head.count(": keep-alive\n\n") >= 2 and head == ": keep-alive\n\n" * head.count(":"), head
     assert ": keep-alive" not in rest and rest.endswith("data: [DONE]\n\n")
     assert '"content":"Hello"' in rest
+
+
+def test_cancelled_non_streaming_request_is_an_error_not_finish_reason_cancelled(bridge, daemon):
+    # x4ctl cancel (or the daemon stopping) ends a request whose client still waits: the answer
+    # is incomplete, and OpenAI's finish_reason has no value for that ("cancelled" breaks typed
+    # clients), so it is a 499 error that SDKs do not retry
+    import subprocess
+    from conftest import X4CTL
+    out = {}
+
+    def call():
+        out["r"] = bridge.post("/v1/chat/completions", chat("go on", max_tokens=4000, ignore_eos=True))
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not daemon.stats()["requests"]:
+        assert time.monotonic() < deadline, "the request never reached the daemon"
+        time.sleep(0.02)
+    sid = daemon.stats()["requests"][0]["server_request_id"]
+    r = subprocess.run([str(X4CTL), "--socket", daemon.sock, "cancel", str(sid)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t.join(30)
+    st, _, body = out["r"]
+    e = assert_openai_error(st, body, 499, "the generation was cancelled after ")
+    assert e["code"] == "request_cancelled" and "the answer is incomplete" in e["message"], e

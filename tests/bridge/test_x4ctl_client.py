@@ -116,6 +116,18 @@ def test_stats_watch_ends_when_stdout_closes(fake):
     assert p.returncode == 0, p.stderr
 
 
+def test_stats_watch_ctrl_c_is_the_normal_end_exit_0(fake):
+    # documented (x4ctl stats --help, x4ctl(1)): Ctrl-C is how a watch ends, as with watch(1) and
+    # journalctl -f; no request is cut short, so not 130 (which generate uses when Ctrl-C
+    # cancels its request)
+    p = subprocess.Popen([str(X4CTL), "--socket", fake["socket"], "stats", "--watch=0.1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline()  # a first table is out: the handler is in place
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 0 and err == "", (p.returncode, err)
+
+
 def test_json_schema_file(fake, tmp_path):
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     f = tmp_path / "schema.json"

@@ -231,7 +231,7 @@ def test_protocol_major_mismatch(daemon):
     c = w.Conn(daemon.sock)
     c.send(w.frame(0, w.HELLO, w.hello(major=2)))
     assert w.error_of(c.recv()) == ("VERSION_MISMATCH",
-                                    "Hello.proto_major: 2, this server speaks protocol 1.2")
+                                    "Hello.proto_major: 2, this server speaks protocol 1.3")
     assert c.closed_by_server()
 
 
@@ -607,6 +607,35 @@ def test_snapshot_resume_equals_the_full_prompt(daemon):
     r = daemon.x4ctl("generate", "--tokens", "13", "--snapshot", "sys1")
     assert r.returncode == 5
     assert r.stderr == f"x4ctl: snapshot 'sys1': not found in {daemon.state}\n"
+
+
+def test_snapshot_create_refuses_an_existing_name_unless_replace(daemon):
+    r = daemon.x4ctl("snapshot", "create", "keep", "--tokens", PROMPT)
+    assert r.returncode == 0, r.stderr
+    before = (daemon.state / "keep.x4snap").read_bytes()
+    # a second create under the same name: refused before any prefill, naming the snapshot and
+    # the way out; the first one is left as it was
+    r = daemon.x4ctl("snapshot", "create", "keep", "--tokens", "5,6,7")
+    assert r.returncode == 8, (r.returncode, r.stderr)
+    assert r.stderr == (f"x4ctl: snapshot 'keep': already exists in {daemon.state}; drop it first, or ask "
+                        "to replace it (x4ctl snapshot create --replace)\n"), r.stderr
+    assert (daemon.state / "keep.x4snap").read_bytes() == before
+    assert not list(daemon.state.glob("*.tmp"))
+    # the protocol says so too: a SnapshotRequest without replace gets ERROR_ALREADY_EXISTS
+    c = w.Conn(daemon.sock)
+    c.hello()
+    req = w.field_varint(1, 1) + w.field_bytes(2, "keep") + w.field_bytes(4, w.field_bytes(1, b"".join(w.varint(i) for i in (5, 6, 7))))
+    c.send(w.frame(7, w.SNAPSHOT, req))
+    code, msg = w.error_of(c.recv())
+    assert code == "ALREADY_EXISTS" and "snapshot 'keep': already exists" in msg, (code, msg)
+    c.close()
+    # --replace (SnapshotRequest.replace) replaces it
+    r = daemon.x4ctl("snapshot", "create", "--replace", "keep", "--tokens", "5,6,7")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("keep: 3 tokens, "), r.stdout
+    r = daemon.x4ctl("snapshot", "list", "--json")
+    assert [(x["name"], x["n_tokens"]) for x in json.loads(r.stdout)] == [("keep", 3)]
+    assert daemon.x4ctl("snapshot", "drop", "keep").returncode == 0
 
 
 def test_snapshot_of_another_model_is_refused(daemon):

@@ -248,8 +248,11 @@ def test_snapshot_symlinks_are_not_followed(fresh_daemon, tmp_path):
     (d.state / "other.x4snap.tmp").symlink_to(secret)
     r = d.x4ctl("snapshot", "create", "other", "--tokens", "5,6,7,8")
     assert r.returncode == 0, r.stderr
-    # creating over the link replaces the link, not its target
+    # creating over the link (asked to replace) replaces the link, not its target
     r = d.x4ctl("snapshot", "create", "evil", "--tokens", "5,6,7,8")
+    assert r.returncode == 8 and "snapshot 'evil': already exists" in r.stderr, r.stderr
+    assert planted.is_symlink()
+    r = d.x4ctl("snapshot", "create", "--replace", "evil", "--tokens", "5,6,7,8")
     assert r.returncode == 0, r.stderr
     assert secret.read_text() == "not a snapshot, and not the daemon's to touch\n"
     assert not planted.is_symlink() and planted.stat().st_size > 0
@@ -268,7 +271,7 @@ def test_snapshot_quota(fresh_daemon):
             in r.stderr), r.stderr
     assert not (d.state / "c.x4snap").exists()
     # replacing one is not one more
-    r = d.x4ctl("snapshot", "create", "a", "--tokens", "5,6,7,8,9")
+    r = d.x4ctl("snapshot", "create", "--replace", "a", "--tokens", "5,6,7,8,9")
     assert r.returncode == 0, r.stderr
     size = (d.state / "a.x4snap").stat().st_size
     e = fresh_daemon(args=("--max-snapshot-bytes", str(size + size // 2)))
