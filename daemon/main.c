@@ -36,6 +36,11 @@
 #define X4_DEFAULT_MODEL "/usr/share/xing4d/models/xing4-demo/model.gguf"
 #endif
 
+/* --mtp: auto (the default) drafts where it measured faster: with the CUDA backend, when the
+ * model has a NextN block (the trained demo model on the H200: 1.18-1.25x, bench/RESULTS.md),
+ * not on the CPU, where a verify step of k+1 tokens costs about k+1 steps (0.54-0.83x there) */
+enum mtp_mode { MTP_AUTO, MTP_OFF, MTP_ON };
+
 struct options {
         char *model;
         const char *config_file; /* the INI file read (for messages) */
@@ -67,7 +72,7 @@ struct options {
         uint64_t max_pending_bytes;
         uint32_t max_tokens_limit; /* 0: none (the context limit) */
         uint32_t prefill_budget;   /* 0: adaptive */
-        bool mtp;                  /* MTP speculative decoding with the NextN block */
+        enum mtp_mode mtp;         /* MTP speculative decoding with the NextN block */
         uint32_t mtp_draft;        /* drafts per step, 1..SCHED_MTP_DRAFT_MAX */
         bool mtp_match;            /* --mtp-sampling match */
         int log_level;
@@ -170,11 +175,13 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 o->hello_timeout_s = t;
         } else if (streq(key, "mtp")) {
                 if (streq(v, "on") || streq(v, "true") || streq(v, "1"))
-                        o->mtp = true;
+                        o->mtp = MTP_ON;
                 else if (streq(v, "off") || streq(v, "false") || streq(v, "0"))
-                        o->mtp = false;
+                        o->mtp = MTP_OFF;
+                else if (streq(v, "auto"))
+                        o->mtp = MTP_AUTO;
                 else
-                        return log_error_errno(EINVAL, "%s: '%s', off or on expected%s", where, v, sfx);
+                        return log_error_errno(EINVAL, "%s: '%s', off, on or auto expected%s", where, v, sfx);
         } else if (streq(key, "mtp-sampling")) {
                 if (streq(v, "rejection") || streq(v, "match"))
                         o->mtp_match = streq(v, "match");
@@ -326,9 +333,11 @@ static void help(void) {
                "  --max-pending-bytes SIZE     unfinished frames over 64K held for all connections\n"
                "                               together (256M); a frame beyond it is refused\n"
                "  --output-buffer SIZE         output queued to a client before its requests pause (8M)\n"
-               "  --mtp off|on                 speculative decoding with the model's NextN block\n"
-               "                               (off; greedy output is the same either way, see xing4d(8))\n"
-               "  --mtp-draft N                drafts per step with --mtp on, 1..3 (1)\n"
+               "  --mtp off|on|auto            speculative decoding with the model's NextN block\n"
+               "                               (auto: on with the CUDA backend when the model has the\n"
+               "                               block, off on the CPU; greedy output is the same either\n"
+               "                               way, see xing4d(8))\n"
+               "  --mtp-draft N                drafts per step with MTP on, 1..3 (1)\n"
                "  --mtp-sampling rejection|match  sampled requests: rejection sampling of the drafts\n"
                "                               (same distribution as --mtp off), or keep a draft only\n"
                "                               when it is the token drawn (same tokens per seed)\n"
@@ -629,10 +638,12 @@ static int parse_args(int argc, char **argv, struct options *o) {
  * device, else the CPU, saying which and why). 0, or -errno with the reason logged and in the
  * unit's status. The backends log their own failures as they happen and hand the reason back
  * as a value (why). */
-static int start_backend(const struct x4_model *model, const char *device, struct x4_backend_params *bp,
-                         const struct x4_backend_ops **ops, struct x4_backend **backend) {
+static int start_backend(const struct x4_model *model, const char *device, enum mtp_mode mtp,
+                         struct x4_backend_params *bp, const struct x4_backend_ops **ops,
+                         struct x4_backend **backend) {
         char why[1024] = "";
         int r = 0;
+        bool has_nextn = x4_model_weights(model)->has_nextn;
 
         if (streq(device, "auto") || streq(device, "cuda")) {
                 bool cuda = streq(device, "cuda");
@@ -645,7 +656,17 @@ static int start_backend(const struct x4_model *model, const char *device, struc
                         int level = log_get_max_level();
                         if (!cuda)
                                 log_set_max_level(MIN(level, LOG_CRIT));
+                        bp->mtp = mtp == MTP_ON || (mtp == MTP_AUTO && has_nextn);
                         r = (*ops)->create(model, bp, backend, why, sizeof why);
+                        /* auto: the block is a speed-up, not a requirement; without it the
+                         * card may still hold the model (its weights and cache layer are
+                         * 3% of the release's bytes) */
+                        if (r < 0 && mtp == MTP_AUTO && bp->mtp) {
+                                log_info("mtp auto: the cuda backend did not start with the NextN "
+                                         "block (%s); trying without it", why);
+                                bp->mtp = false;
+                                r = (*ops)->create(model, bp, backend, why, sizeof why);
+                        }
                         log_set_max_level(level);
                 }
                 if (r < 0 && cuda) {
@@ -656,7 +677,7 @@ static int start_backend(const struct x4_model *model, const char *device, struc
                 }
                 /* --mtp on where the GPU cannot run the NextN block: say so, do not fall back
                  * to a CPU decode many times slower */
-                if (r == -EOPNOTSUPP && loaded && bp->mtp) {
+                if (r == -EOPNOTSUPP && loaded && mtp == MTP_ON) {
                         log_error("%s", why);
                         (void) sd_notifyf(0, "STATUS=failed: %s", why);
                         return r;
@@ -671,6 +692,7 @@ static int start_backend(const struct x4_model *model, const char *device, struc
         }
         if (!*backend) {
                 bp->cache_type = X4_CACHE_F32;
+                bp->mtp = mtp == MTP_ON;
                 r = x4_backend_get("cpu", ops, why, sizeof why);
                 if (r >= 0)
                         r = (*ops)->create(model, bp, backend, why, sizeof why);
@@ -679,6 +701,11 @@ static int start_backend(const struct x4_model *model, const char *device, struc
                         return r;
                 }
         }
+        if (mtp == MTP_AUTO)
+                log_info("mtp auto: %s", bp->mtp ? "on (cuda backend, the model has a NextN block)" :
+                         !has_nextn ? "off (the model has no NextN block)" :
+                         *ops && streq((*ops)->name, "cpu") ? "off (cpu backend: drafting is slower there; --mtp on forces it)" :
+                         "off");
         return 0;
 }
 
@@ -767,9 +794,8 @@ int main(int argc, char **argv) {
                 .progress = load_progress,
                 .progress_userdata = &ps,
                 .log = x4_backend_params_default_log,
-                .mtp = o.mtp,
         };
-        r = start_backend(model, device, &bp, &ops, &backend);
+        r = start_backend(model, device, o.mtp, &bp, &ops, &backend);
         if (r < 0)
                 goto out;
         struct x4_backend_caps caps;
@@ -793,7 +819,7 @@ int main(int argc, char **argv) {
                 .max_snapshots = o.max_snapshots,
                 .max_snapshot_bytes = o.max_snapshot_bytes,
                 .snapshot_chunk = o.snapshot_chunk,
-                .mtp_draft = o.mtp ? o.mtp_draft : 0,
+                .mtp_draft = bp.mtp ? o.mtp_draft : 0,
                 .mtp_match = o.mtp_match,
         };
         r = sched_new(&sp, &sched);

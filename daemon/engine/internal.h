@@ -112,6 +112,9 @@ struct job {
         bool mtp_rej;
         float *mtp_q;
         size_t mtp_q_cap;
+        /* the drafting guard (eng_mtp_want): drafts verified and accepted in the current window,
+         * and the n_out until which drafting pauses after a window below MTP_GUARD_ACCEPT */
+        uint32_t mtp_win_drafted, mtp_win_accepted, mtp_pause_until;
 };
 
 struct sched {
@@ -213,6 +216,7 @@ void *eng_prep_main(void *userdata);
 
 /* daemon/engine/mtp.c (MTP speculative decoding) */
 uint32_t eng_mtp_want(const struct sched *s, const struct job *j);
+void eng_mtp_count(const struct sched *s, struct job *j, uint32_t drafted, uint32_t accepted);
 void eng_mtp_reset(struct job *j, uint32_t pos);
 void eng_mtp_draft(struct sched *s);
 void eng_mtp_flush(struct sched *s, struct job *j);

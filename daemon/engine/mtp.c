@@ -29,9 +29,32 @@ float *eng_mtp_grow(float **p, size_t *cap, size_t n) {
 /* Drafts for j this step: the daemon's --mtp-draft, fewer near max_tokens (the last token
  * settled by a verify step is always the trunk's own: at most max_tokens - n_out - 1 drafts). */
 uint32_t eng_mtp_want(const struct sched *s, const struct job *j) {
-        if (!j->mtp || j->force_end_think || j->n_out + 1 >= j->max_tokens)
+        if (!j->mtp || j->force_end_think || j->n_out + 1 >= j->max_tokens || j->n_out < j->mtp_pause_until)
                 return 0;
         return MIN(s->p.mtp_draft, j->max_tokens - j->n_out - 1);
+}
+
+/* The drafting guard: a request whose last MTP_GUARD_DRAFTS drafts were accepted less than
+ * MTP_GUARD_ACCEPT of the time stops drafting for MTP_GUARD_PAUSE tokens, then tries again. A
+ * verify step with one draft costs about 1.3 decode steps on the full model at batch 1 (NextN
+ * forward included, bench/RESULTS.md), so below about 30% acceptance drafting is slower than
+ * not; an untrained block (random weights) is accepted almost never. The output is the same
+ * either way: drafts only decide how many positions a forward settles. Not applied to the
+ * test drafter (X4_MTP_TEST_DRAFTER), which exists to exercise accepted drafts. */
+#define MTP_GUARD_DRAFTS 16u
+#define MTP_GUARD_ACCEPT 0.30
+#define MTP_GUARD_PAUSE 128u
+
+void eng_mtp_count(const struct sched *s, struct job *j, uint32_t drafted, uint32_t accepted) {
+        if (s->mtp_test_repeat)
+                return;
+        j->mtp_win_drafted += drafted;
+        j->mtp_win_accepted += accepted;
+        if (j->mtp_win_drafted < MTP_GUARD_DRAFTS)
+                return;
+        if (j->mtp_win_accepted < MTP_GUARD_ACCEPT * j->mtp_win_drafted)
+                j->mtp_pause_until = j->n_out + MTP_GUARD_PAUSE;
+        j->mtp_win_drafted = j->mtp_win_accepted = 0;
 }
 
 /* Forget the waiting rows: the NextN rows before `pos` are taken as written (prefix pages,

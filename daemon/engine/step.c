@@ -401,6 +401,7 @@ static uint32_t verify(struct sched *s, struct job *j, const struct x4_seq *sq, 
                         break;
         }
         s->mtp_accepted += accepted;
+        eng_mtp_count(s, j, k, accepted);
         return accepted;
 }
 

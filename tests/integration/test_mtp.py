@@ -14,6 +14,7 @@ max_tokens inside a run of accepted drafts are exercised too."""
 import json
 import struct
 import subprocess
+import time
 
 import pytest
 
@@ -39,7 +40,7 @@ def trio(demo_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mtp")
     m = ("--model", str(demo_model), "--mtp", "on")
     ds = {
-        "off": Daemon(tmp / "off", CONF, args=("--model", str(demo_model))),
+        "off": Daemon(tmp / "off", CONF, args=("--model", str(demo_model), "--mtp", "off")),
         # the block's own drafts, rejection sampling for sampled requests
         "nextn": Daemon(tmp / "nextn", CONF, args=(*m, "--mtp-draft", "2")),
         # the test drafter, drafts kept only when they are the token drawn
@@ -187,7 +188,7 @@ def start_fails(tmp_path, args):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--mtp", "maybe"], "--mtp: 'maybe', off or on expected"),
+    (["--mtp", "maybe"], "--mtp: 'maybe', off, on or auto expected"),
     (["--mtp", "on", "--mtp-draft", "4"], "--mtp-draft: '4' is not an integer in [1, 3]"),
     (["--mtp-draft", "0"], "--mtp-draft: '0' is not an integer in [1, 3]"),
     (["--mtp", "on", "--mtp-sampling", "exact"], "--mtp-sampling: 'exact', rejection or match expected"),
@@ -199,6 +200,52 @@ def test_bad_mtp_flags_name_the_flag(tmp_path, demo_model, args, needle):
 def test_mtp_on_a_model_without_the_block_says_so(tmp_path):
     err = start_fails(tmp_path, ["--model", str(MODEL), "--mtp", "on", "--device", DEVICE])
     assert "MTP needs the model's NextN block" in err, err
+
+
+def test_an_unaccepted_block_stops_drafting(trio):
+    """The random demo model's block is almost never right: after 16 drafts below 30% acceptance a
+    request pauses drafting for 128 tokens (engine/mtp.c, MTP_GUARD_*), so 300 tokens at two drafts
+    a step verify about 3 x 16 drafts instead of ~300, and the output is still MTP off's."""
+    args = ["--raw", "--temperature", "0", "--max-tokens", "300", "--ignore-eos", "Tell me a story"]
+    want = visible(run(trio["off"], args))
+    d = trio["nextn"]
+    before = d.stats()
+    assert visible(run(d, args)) == want
+    after = d.stats()
+    drafted = after["mtp_drafted_tokens"] - before["mtp_drafted_tokens"]
+    accepted = after["mtp_accepted_tokens"] - before["mtp_accepted_tokens"]
+    assert 16 <= drafted <= 80, (drafted, accepted)
+
+
+def logged(d, needle, timeout=10):
+    """The daemon's stderr is read by a thread: wait for the line rather than race it."""
+    deadline = time.monotonic() + timeout
+    while not any(needle in line for line in d.log):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_mtp_auto_default_follows_the_backend(tmp_path, demo_model):
+    """No --mtp: auto, which drafts where it measured faster: with the CUDA backend when the model
+    has the block, never on the CPU (a verify step of k+1 tokens costs about k+1 steps there)."""
+    d = Daemon(tmp_path / "auto", CONF, args=("--model", str(demo_model)))
+    try:
+        r = run(d, ["--max-tokens", "12", "--temperature", "0", "--no-think", "Hello there"])
+        assert r, r
+        s = d.stats()
+        want = "mtp auto: off (cpu backend" if DEVICE == "cpu" else "mtp auto: on (cuda backend"
+        assert logged(d, want), d.log[-20:]
+        assert (s["mtp_drafted_tokens"] > 0) == (DEVICE != "cpu"), s
+    finally:
+        d.close()
+    # a model without the block: auto says so and serves
+    d = Daemon(tmp_path / "auto-tiny", CONF)
+    try:
+        assert logged(d, "mtp auto: off (the model has no NextN block)"), d.log[-20:]
+    finally:
+        d.close()
 
 
 def pairs(d, n, prompt):
