@@ -196,7 +196,7 @@ if step "make tiny model with a NextN block" "$build/tools/x4-mkmodel" --preset 
         step "nextn: cuda vs cpu, tiny + NextN block (rel <= 1e-3)" "$check" nextn "$nextn_tiny"
         step "nextn: cuda vs cpu, tiny + NextN block, f16 latent cache (rel <= 1e-2)" \
                 env X4_GPU_CACHE=f16 "$check" nextn "$nextn_tiny"
-        step "nextn: cuda vs cpu, tiny + NextN block, tensor-core products (rel <= 1e-2)" \
+        step "nextn: cuda vs cpu, tiny + NextN block, tensor-core products (rel <= 2e-2)" \
                 env X4_CUDA_MM=tc "$check" nextn "$nextn_tiny"
 fi
 if [ -f "$tmp/demo.gguf" ]; then
