@@ -92,6 +92,7 @@ __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint3
 #define HCF_SLICE 256 /* positions per block: one per thread, eight per lane of a row's warp */
 #define HCF_Q CU_HCP_STRIDE /* partial row: projections 0..n_rows-1, sum of squares last */
 #define HCF_ROWS (CU_HC_MAX * (2 + CU_HC_MAX))
+#define HCF_FOLD_AHEAD 16 /* partial rows loaded at once by the folding warp (16 slices: H 4096) */
 
 /* Eight consecutive weights of a row (BF16/F16: one 16-byte load; F32: two). */
 template <int FT>
@@ -209,9 +210,19 @@ __global__ void __launch_bounds__(HCF_THREADS)
         /* the last block: fold the slices in order, then steps 2-9 on the first warp */
         if (tid < 32) {
                 const float *p0 = a.hw + (uint64_t) t * NB * HCF_Q;
+                /* the partials' loads issued HCF_FOLD_AHEAD at a time (a runtime loop of
+                 * loads is a chain of L2 round trips), added in slice order as before */
                 float v = 0.0f;
-                for (uint32_t bb = 0; bb < NB; bb++)
-                        v += __ldcg(p0 + (uint64_t) bb * HCF_Q + lane);
+                for (uint32_t b0 = 0; b0 < NB; b0 += HCF_FOLD_AHEAD) {
+                        float pv[HCF_FOLD_AHEAD];
+#pragma unroll
+                        for (uint32_t k = 0; k < HCF_FOLD_AHEAD; k++)
+                                pv[k] = b0 + k < NB ? __ldcg(p0 + (uint64_t) (b0 + k) * HCF_Q + lane) : 0.0f;
+#pragma unroll
+                        for (uint32_t k = 0; k < HCF_FOLD_AHEAD; k++)
+                                if (b0 + k < NB)
+                                        v += pv[k];
+                }
                 wsh[lane] = v;
                 __syncwarp();
                 float rinv = 1.0f / sqrtf(wsh[HCF_Q - 1] / (float) W + a.rms_eps);
@@ -256,7 +267,7 @@ __global__ void __launch_bounds__(HCF_THREADS)
         /* collapse u = Σ_s pre[s]·X[s] (other blocks' post-mapped slices: read past L1), then
          * the sublayer RMSNorm */
         float ss2 = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
         for (uint32_t i = tid; i < H; i += HCF_THREADS) {
                 float xv[N];
 #pragma unroll
