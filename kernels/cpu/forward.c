@@ -41,13 +41,14 @@
 #define CPU_MICROBATCH 256u
 
 /* Work (multiply-adds) below which a product, the attention or a per-token step runs on the
- * calling thread alone: a hand-off to the (sleeping) pool costs ~50 µs on the shared VM, about
- * the time of 1M multiply-adds of the AVX-512 kernels. At batch 1 only the FFN and output
- * products are split. A polling pool (hand-offs of ~1 µs) was tried again with these kernels:
- * with the VM's 2 cores shared (load 8) its 2-thread decode fell from ~1,500 to 75-530 tok/s
- * (10-200 µs polls), so the pool sleeps. Which thread computes an output never changes its
- * value, so this only moves time. */
+ * calling thread alone. A hand-off to sleeping workers costs ~50 µs on the shared VM, about the
+ * time of 1M multiply-adds of the AVX-512 kernels: at batch 1 only the FFN and output products
+ * were split, and the demo model's decode ran on one thread. When the machine has a core for
+ * every thread the workers spin between jobs (kernels/cpu/threadpool.c) and a hand-off costs
+ * about a microsecond, so products of 64K multiply-adds (~3 µs) are split too. Which thread
+ * computes an output never changes its value, so this only moves time. */
 #define CPU_PARALLEL_MIN_WORK (1u << 20)
+#define CPU_PARALLEL_MIN_WORK_SPIN (1u << 16)
 
 /* The per-micro-batch workspace, sized for CPU_MICROBATCH tokens. */
 struct cpu_work {
@@ -295,11 +296,16 @@ static void matmul_add(struct x4_backend *b, const struct gguf_tensor *W, size_t
         matmul_add_grouped(b, W, row0, n_rows, n_rows, 0, x, x_stride, y, y_stride, T);
 }
 
+/* The work below which a job stays on the calling thread (CPU_PARALLEL_MIN_WORK). */
+static uint64_t par_min_work(struct x4_backend *b) {
+        return threadpool_handoff_cheap(b->pool) ? CPU_PARALLEL_MIN_WORK_SPIN : CPU_PARALLEL_MIN_WORK;
+}
+
 /* Run the queued products and empty the set. */
 static void matmul_run(struct x4_backend *b) {
         if (b->mm->n_rows == 0)
                 return;
-        if (b->mm->work < CPU_PARALLEL_MIN_WORK)
+        if (b->mm->work < par_min_work(b))
                 matmul_set_rows(b->mm, 0, b->mm->n_rows, 0);
         else
                 threadpool_run(b->pool, b->mm->n_rows, matmul_set_rows, b->mm);
@@ -393,7 +399,7 @@ static void run_tokens(struct x4_backend *b, size_t T, uint64_t work_per_token, 
                        const float *v1, const float *v2) {
         struct token_job j = { .b = b, .v1 = v1, .v2 = v2 };
 
-        if (T * work_per_token < CPU_PARALLEL_MIN_WORK)
+        if (T * work_per_token < par_min_work(b))
                 fn(&j, 0, T, 0);
         else
                 threadpool_run(b->pool, T, fn, &j);
@@ -608,7 +614,7 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
         uint64_t work = 0;
         for (size_t t = 0; t < T; t++)
                 work += ((uint64_t) b->tokens[t].pos + 1) * nh * rw * 2;
-        if (work < CPU_PARALLEL_MIN_WORK)
+        if (work < par_min_work(b))
                 attention_rows(&aj, 0, T, 0);
         else
                 threadpool_run(b->pool, T, attention_rows, &aj);

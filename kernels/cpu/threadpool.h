@@ -2,10 +2,14 @@
 /* A small pthread pool for the CPU backend: run fn over [0, n) split into one fixed contiguous
  * range per thread. The split depends only on (n, n_threads), and callers only ever split OUTPUT
  * elements (rows, tokens, heads), never a reduction, so results do not depend on the thread count
- * (docs/design.md "Numerics"). The calling thread does range 0 itself; workers sleep on a condition
- * variable between jobs (the machines we share have few cores: no spinning). */
+ * (docs/design.md "Numerics"). The calling thread does range 0 itself. Waiting threads spin for up
+ * to 50 µs before they sleep on a condition variable, but only while the machine has a core for
+ * every runnable thread (/proc/stat; on a machine whose cores are shared with other work a
+ * spinning thread delays the one it waits for, so then they only sleep). X4_CPU_SPIN=0 or 1
+ * forces either. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/macro.h"
@@ -22,6 +26,10 @@ void threadpool_free(struct threadpool *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct threadpool *, threadpool_free);
 
 unsigned threadpool_size(const struct threadpool *p);
+
+/* Whether a hand-off to the workers costs about a microsecond now (they spin) rather than a
+ * wake-up of tens of microseconds: callers split smaller jobs then. Caller thread only. */
+bool threadpool_handoff_cheap(struct threadpool *p);
 
 /* Run fn over [0, n) and return when every range is done. Not reentrant: one run at a time. */
 void threadpool_run(struct threadpool *p, size_t n, threadpool_fn_t fn, void *ctx);

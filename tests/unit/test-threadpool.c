@@ -10,7 +10,9 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu/threadpool.h"
 #include "common/log.h"
@@ -92,6 +94,42 @@ static void test_split(void **state) {
         }
 }
 
+/* The same with the workers always spinning between jobs (X4_CPU_SPIN=1), never spinning (0),
+ * and deciding from the machine's load (unset): the hand-off through the atomic generation and
+ * pending counts, the fall-back to the condition variables after a spin times out (a pause
+ * between runs longer than the 50 µs spin), and shutdown of spinning workers. */
+static void split_with_spin(const char *mode) {
+        static const size_t sizes[] = { 2, 3, 64, 999 };
+
+        if (mode)
+                setenv("X4_CPU_SPIN", mode, 1);
+        else
+                unsetenv("X4_CPU_SPIN");
+        for (unsigned nt = 2; nt <= MAX_THREADS; nt++) {
+                struct threadpool *p = NULL;
+
+                assert_int_equal(threadpool_new(nt, &p), 0);
+                if (mode)
+                        assert_int_equal(threadpool_handoff_cheap(p), mode[0] == '1');
+                for (unsigned rep = 0; rep < 2000; rep++) {
+                        run_and_check(p, nt, sizes[rep % ELEMENTSOF(sizes)]);
+                        if (rep % 500 == 0) { /* workers asleep: the condition variable path */
+                                struct timespec ts = { 0, 2000000 };
+                                nanosleep(&ts, NULL);
+                        }
+                }
+                threadpool_free(p);
+        }
+        unsetenv("X4_CPU_SPIN");
+}
+
+static void test_split_spinning(void **state) {
+        (void) state;
+        split_with_spin("1");
+        split_with_spin("0");
+        split_with_spin(NULL);
+}
+
 static void test_refuses_zero_threads(void **state) {
         struct threadpool *p = NULL;
 
@@ -104,6 +142,7 @@ static void test_refuses_zero_threads(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_split),
+                cmocka_unit_test(test_split_spinning),
                 cmocka_unit_test(test_refuses_zero_threads),
         };
 
