@@ -530,6 +530,7 @@ struct attention_job {
         struct x4_backend *b;
         uint32_t layer;
         size_t n_tokens;
+        size_t groups; /* head groups per token: 1, or the threads when a step has fewer tokens */
 };
 
 static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
@@ -543,13 +544,17 @@ static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread)
 
         for (size_t idx = begin; idx < end; idx++) {
                 /* tokens in the order 0, T-1, 1, T-2, ...: a causal batch's long and short rows
-                 * pair up, so the threads' contiguous ranges get even work */
-                size_t t = idx % 2 == 0 ? idx / 2 : T - 1 - idx / 2;
+                 * pair up, so the threads' contiguous ranges get even work. With head groups
+                 * (decode, fewer tokens than threads) item idx is group idx % G of token idx / G:
+                 * every head's values come from the same per-head sums either way (quant.h), so
+                 * the split never changes a bit */
+                const size_t G = j->groups, g = idx % G, h0 = g * nh / G, h1 = (g + 1) * nh / G;
+                size_t t = G > 1 ? idx / G : idx % 2 == 0 ? idx / 2 : T - 1 - idx / 2;
                 const struct cpu_token *tok = &b->tokens[t];
                 const size_t n_pos = (size_t) tok->pos + 1;
                 float *oh = b->work.ohat + t * nh * kvl;
 
-                for (size_t h = 0; h < nh; h++) {
+                for (size_t h = h0; h < h1; h++) {
                         memcpy(qcat + h * rw, b->work.qc + (t * nh + h) * kvl, kvl * sizeof(float));
                         memcpy(qcat + h * rw + kvl, b->work.q + (t * nh + h) * qkd + c->qk_nope,
                                rd * sizeof(float));
@@ -558,18 +563,19 @@ static void attention_rows(void *ctx, size_t begin, size_t end, unsigned thread)
                         size_t run = MIN(b->page_tokens - p % b->page_tokens, n_pos - p);
 
                         quant_gemm_f32(cache_row(b, tok->pages, (uint32_t) p, j->layer), run, rw,
-                                       qcat, rw, nh, sc + p, ctx_max);
+                                       qcat + h0 * rw, rw, h1 - h0, sc + h0 * ctx_max + p, ctx_max);
                         p += run;
                 }
-                for (size_t h = 0; h < nh; h++)
+                for (size_t h = h0; h < h1; h++)
                         quant_softmax(sc + h * ctx_max, n_pos, c->attn_scale);
-                memset(oh, 0, nh * kvl * sizeof(float));
+                memset(oh + h0 * kvl, 0, (h1 - h0) * kvl * sizeof(float));
                 for (size_t p = 0; p < n_pos;) {
                         size_t run = MIN(b->page_tokens - p % b->page_tokens, n_pos - p);
 
                         /* the rows' first kvl values (c) weighted; k_pe is skipped by the stride */
                         quant_weighted_rows(cache_row(b, tok->pages, (uint32_t) p, j->layer), rw,
-                                            run, kvl, sc + p, ctx_max, nh, oh, kvl);
+                                            run, kvl, sc + h0 * ctx_max + p, ctx_max, h1 - h0,
+                                            oh + h0 * kvl, kvl);
                         p += run;
                 }
         }
@@ -610,14 +616,18 @@ static void mla(struct x4_backend *b, uint32_t l, size_t T) {
         /* absorbed form: q_c[h][j] = Σ_i Kb[h][j][i]·q_nope[h][i]; attn_k_b rows are (h, j) */
         matmul_grouped(b, L->attn_k_b, 0, nh * kvl, kvl, qkd, w->q, nh * qkd, w->qc, nh * kvl, T);
         /* scores, softmax and ô over the cache, every (token, head) on its own */
-        struct attention_job aj = { .b = b, .layer = l, .n_tokens = T };
+        struct attention_job aj = { .b = b, .layer = l, .n_tokens = T, .groups = 1 };
         uint64_t work = 0;
         for (size_t t = 0; t < T; t++)
                 work += ((uint64_t) b->tokens[t].pos + 1) * nh * rw * 2;
+        size_t nt = threadpool_size(b->pool);
         if (work < par_min_work(b))
                 attention_rows(&aj, 0, T, 0);
-        else
-                threadpool_run(b->pool, T, attention_rows, &aj);
+        else {
+                if (T < nt)
+                        aj.groups = MIN(nt, nh);
+                threadpool_run(b->pool, T * aj.groups, attention_rows, &aj);
+        }
         /* o[h][d] = Σ_j Vb[h][d][j]·ô[h][j]; attn_v_b rows are (h, d) */
         matmul_grouped(b, L->attn_v_b, 0, nh * c->v_head, c->v_head, kvl, w->ohat, nh * kvl, w->o,
                        nh * c->v_head, T);

@@ -209,6 +209,19 @@ static void test_decode_vs_prefill(void **state) {
                                  0);
         assert_rows_identical(f, f->ref + 29 * f->n_vocab, out + 29 * f->n_vocab, N_PROMPT - 29,
                               "decode steps");
+        /* decode at 260-300 positions on 2 threads: with the workers spinning (the -spin run of
+         * this test, X4_CPU_SPIN=1) a one-token step's attention is split by head groups */
+        _cleanup_free_ float *lo = malloc((size_t) N_LONG * f->n_vocab * sizeof(float));
+        uint32_t lp[N_PAGES / 3];
+        assert_non_null(lo);
+        slot_pages(2, lp, DIV_ROUND_UP(N_LONG, PAGE_TOKENS));
+        assert_int_equal(feed(f, f->b2, f->prompt, 260, 0, lp, X4_LOGITS_LAST, lo + 259 * f->n_vocab), 0);
+        for (uint32_t p = 260; p < N_LONG; p++)
+                assert_int_equal(feed(f, f->b2, f->prompt + p, 1, p, lp, X4_LOGITS_LAST,
+                                      lo + (size_t) p * f->n_vocab),
+                                 0);
+        assert_rows_identical(f, f->ref_long + 259 * f->n_vocab, lo + 259 * f->n_vocab, N_LONG - 259,
+                              "decode steps at 260-300 positions, 2 threads");
 }
 
 /* Pages moved with page_copy / page_read / page_write (prefix store, snapshots) carry a
