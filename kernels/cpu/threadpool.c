@@ -7,7 +7,8 @@
  * a machine whose cores are all busy (more runnable threads than online CPUs, from
  * /proc/stat's procs_running, sampled every THREADPOOL_PROBE_NS), a spinning thread only takes
  * a core from the thread it waits for, so nobody spins: the pool then behaves as a plain
- * sleeping pool. Which thread computes which range never depends on any of this. */
+ * sleeping pool. The caller being preempted while spinning is on (its involuntary context
+ * switches) turns spinning off for two seconds whatever the count says. Which thread computes which range never depends on any of this. */
 #include "threadpool.h"
 
 #include <errno.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,8 +28,12 @@
 /* How long a waiting thread spins before it sleeps: long enough to span the serial work between
  * two products of a decode step, short enough that an idle daemon's workers are asleep at once. */
 #define THREADPOOL_SPIN_NS 50000ull
-/* How often the caller re-reads the machine's load to decide whether spinning pays. */
+/* How often the caller re-reads the machine's load to decide whether spinning pays; how many
+ * involuntary context switches of the caller between two probes while spinning turn it off, and
+ * for how long. */
 #define THREADPOOL_PROBE_NS 100000000ull
+#define THREADPOOL_PREEMPT_MAX 5
+#define THREADPOOL_BACKOFF_NS 2000000000ull
 
 struct threadpool_worker {
         struct threadpool *pool;
@@ -62,6 +68,7 @@ struct threadpool {
         unsigned long long next_probe_ns;
         unsigned n_cpus;
         double others;  /* other runnable threads on the machine, averaged over the probes */
+        long nivcsw;    /* the caller's involuntary context switches at the last probe */
         int forced; /* X4_CPU_SPIN: -1 auto, 0 never, 1 always */
 };
 
@@ -117,8 +124,20 @@ static void threadpool_probe(struct threadpool *p) {
         long mine = 1 + (long) atomic_load_explicit(&p->n_spinning, memory_order_relaxed);
         double others = (double) (running > mine ? running - mine : 0);
         p->others = 0.5 * p->others + 0.5 * others;
-        atomic_store_explicit(&p->spin, p->others + (double) p->n_threads <= (double) p->n_cpus + 0.25,
-                              memory_order_relaxed);
+        bool spin = p->others + (double) p->n_threads <= (double) p->n_cpus + 0.25;
+        /* the direct evidence: the caller was preempted while we spun (a thread that spins on a
+         * shared core takes it from the one it waits for): no spinning for a while */
+        struct rusage ru;
+        if (getrusage(RUSAGE_THREAD, &ru) == 0) {
+                long cs = ru.ru_nivcsw;
+                if (atomic_load_explicit(&p->spin, memory_order_relaxed) &&
+                    cs - p->nivcsw >= THREADPOOL_PREEMPT_MAX) {
+                        spin = false;
+                        p->next_probe_ns = t + THREADPOOL_BACKOFF_NS;
+                }
+                p->nivcsw = cs;
+        }
+        atomic_store_explicit(&p->spin, spin, memory_order_relaxed);
 }
 
 static void *threadpool_worker_main(void *arg) {
