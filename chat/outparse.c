@@ -8,6 +8,7 @@
 
 #include "common/json.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "chat/tokenizer.h"
 
 struct buf {
@@ -41,6 +42,7 @@ struct outparse {
         const struct tokenizer *t;
         struct outparse_config c;
         char **stop_strings; /* copies */
+        char **tool_names;   /* copies, c.n_tool_names of them */
         int32_t *stop_ids;
         size_t max_stop_len;
 
@@ -63,6 +65,9 @@ void outparse_free(struct outparse *p) {
         for (size_t i = 0; i < p->c.n_stop_strings; i++)
                 free(p->stop_strings[i]);
         free(p->stop_strings);
+        for (size_t i = 0; i < p->c.n_tool_names; i++)
+                free(p->tool_names[i]);
+        free(p->tool_names);
         free(p->stop_ids);
         free(p->pending.p);
         free(p->tool.p);
@@ -97,6 +102,19 @@ int outparse_new(const struct tokenizer *t, const struct outparse_config *c, str
                 memcpy(p->stop_ids, c->stop_ids, c->n_stop_ids * sizeof(int32_t));
         p->c.stop_strings = NULL;
         p->c.stop_ids = NULL;
+        p->c.n_tool_names = 0;
+        p->c.tool_names = NULL;
+        if (c->n_tool_names) {
+                p->tool_names = calloc(c->n_tool_names, sizeof(char *));
+                if (!p->tool_names)
+                        return error_set(err, err_size, ENOMEM, "output parser: out of memory");
+                for (size_t i = 0; i < c->n_tool_names; i++) {
+                        p->tool_names[i] = strdup(c->tool_names[i] ? c->tool_names[i] : "");
+                        if (!p->tool_names[i])
+                                return error_set(err, err_size, ENOMEM, "output parser: out of memory");
+                        p->c.n_tool_names = i + 1;
+                }
+        }
 
         p->id_think = tokenizer_special_id(t, TOKENIZER_SPECIAL_THINK);
         p->id_end_think = tokenizer_special_id(t, TOKENIZER_SPECIAL_END_THINK);
@@ -448,8 +466,8 @@ static int parse_json_call(const char *s, const char *e, char **ret_name, struct
         return 0;
 }
 
-/* The call's body is complete (closed: `</tool_call>` seen). Parsed: a TOOL_CALL event; not:
- * the markers and body as content text. Returns 1 if a stop string in that text ended the turn. */
+/* The call's body is complete (closed: `</tool_call>` seen). Parsed (and of an offered tool,
+ * when the caller named them): a TOOL_CALL event; not: the markers and body as content text. Returns 1 if a stop string in that text ended the turn. */
 static int finish_tool(struct outparse *p, bool closed) {
         _cleanup_free_ char *name = NULL;
         _cleanup_(json_freep) struct json_value *args = NULL;
@@ -465,6 +483,13 @@ static int finish_tool(struct outparse *p, bool closed) {
                 r = closed ? parse_param_call(s, e, &name, &args) : -EBADMSG;
         if (r == -ENOMEM)
                 return r;
+        if (r >= 0 && p->c.n_tool_names) {
+                bool offered = false;
+                for (size_t i = 0; i < p->c.n_tool_names && !offered; i++)
+                        offered = streq(p->tool_names[i], name);
+                if (!offered)
+                        r = -ENOENT; /* a tool the caller did not offer: text, below */
+        }
         if (r >= 0) {
                 _cleanup_free_ char *txt = json_dump(args, 0, 0);
                 if (!txt)

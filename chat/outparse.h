@@ -12,8 +12,9 @@
  * - tool calls (content channel only): `<tool_call>NAME<param_key>K</param_key><param_value>V
  *   </param_value>…</tool_call>` (a value that parses as a JSON number, bool, null, object or
  *   array is typed, anything else is the raw string) or `<tool_call>{"name": …, "arguments":
- *   {…}}</tool_call>`. Back to back calls are separate events. A call that does not parse is
- *   content text (its markers included), never an error. A call cut off by the end of the turn
+ *   {…}}</tool_call>`. Back to back calls are separate events. A call that does not parse, or
+ *   names a tool the caller did not offer (tool_names), is content text (its markers included),
+ *   never an error. A call cut off by the end of the turn
  *   or by another `<tool_call>` counts only in the JSON form (it is self-delimiting).
  * - the turn ends (finish reason "stop") on `<_end>` and the turn-ending specials `<_user>`
  *   `<_bot>` `<_system>` `<_start>` `<_pad>` `<tool_response>` `</tool_response>`, on a
@@ -70,6 +71,11 @@ struct outparse_config {
         const int32_t *stop_ids;
         size_t n_stop_ids;
         bool no_tool_calls; /* `<tool_call>` is text */
+        /* n_tool_names > 0: the offered tools; a call of any other name is content text, as a
+         * call that does not parse is (a chat request's model never gets to call a tool it was
+         * not given) */
+        const char *const *tool_names;
+        size_t n_tool_names;
         outparse_emit_t emit;
         void *userdata;
 };

@@ -310,6 +310,32 @@ static bool prepare(struct sched *s, struct job *j) {
                         .emit = eng_on_outparse,
                         .userdata = j,
                 };
+                /* a chat request's output is parsed for calls of the tools it offers only (none
+                 * offered: `<tool_call>` is text), as an OpenAI or Anthropic client expects */
+                _cleanup_(json_freep) struct json_value *tools = NULL;
+                _cleanup_free_ const char **names = NULL;
+                if (r->prompt == SCHED_PROMPT_CHAT) {
+                        size_t n = 0;
+                        if (r->tools_json && r->tools_json[0] &&
+                            json_parse(r->tools_json, strlen(r->tools_json), "tools_json", &tools, NULL, 0) >= 0 &&
+                            json_type(tools) == JSON_ARRAY && json_count(tools) > 0) {
+                                names = calloc(json_count(tools), sizeof *names);
+                                if (!names) {
+                                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for the tool names");
+                                        return false;
+                                }
+                                for (size_t i = 0; i < json_count(tools); i++) {
+                                        const struct json_value *tv = json_array_at(tools, i);
+                                        const struct json_value *fn = json_object_get(tv, "function") ?: tv;
+                                        const char *tn = json_string(json_object_get(fn, "name"));
+                                        if (tn && tn[0])
+                                                names[n++] = tn;
+                                }
+                        }
+                        oc.tool_names = names;
+                        oc.n_tool_names = n;
+                        oc.no_tool_calls = n == 0;
+                }
                 if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0) {
                         prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for the detokenizer");
                         return false;

@@ -345,6 +345,40 @@ static void test_tool_call_malformed(void **state) {
         assert_string_equal(s.reasoning, "<tool_call>{\"name\": \"f\"}</tool_call>");
 }
 
+/* A chat request's offered tools (tool_names): a call of another name is content text, as a
+ * malformed one is; none offered (no_tool_calls): every <tool_call> is text. */
+static void test_tool_call_offered_names(void **state) {
+        static const char *const offered[] = { "get_weather", "run_shell" };
+        const char *text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>"
+                           "<tool_call>made_up<param_key>q</param_key><param_value>x</param_value></tool_call>"
+                           "<tool_call>run_shell<param_key>command</param_key><param_value>ls</param_value></tool_call><_end>";
+        struct seen s;
+        struct outparse *p = NULL;
+
+        memset(&s, 0, sizeof s);
+        struct outparse_config c = { .tool_names = offered, .n_tool_names = 2, .emit = collect, .userdata = &s };
+        assert_int_equal(outparse_new(tok, &c, &p, NULL, 0), 0);
+        feed_model_text(p, text);
+        assert_int_equal(s.n_calls, 2);
+        assert_string_equal(s.names[0], "get_weather");
+        assert_string_equal(s.args[0], "{\"city\": \"Oslo\"}");
+        assert_string_equal(s.names[1], "run_shell");
+        assert_string_equal(s.content,
+                            "<tool_call>made_up<param_key>q</param_key><param_value>x</param_value></tool_call>");
+        assert_string_equal(s.order, "TcTS");
+        outparse_free(p);
+
+        memset(&s, 0, sizeof s);
+        struct outparse_config none = { .no_tool_calls = true, .emit = collect, .userdata = &s };
+        assert_int_equal(outparse_new(tok, &none, &p, NULL, 0), 0);
+        feed_model_text(p, text);
+        assert_int_equal(s.n_calls, 0);
+        assert_int_equal(s.n_stops, 1);
+        assert_non_null(strstr(s.content, "get_weather"));
+        assert_non_null(strstr(s.content, "made_up"));
+        outparse_free(p);
+}
+
 static void test_stop_strings(void **state) {
         static const char *stops[] = { "STOP!", "\n\nUser:" };
         struct seen s;
@@ -433,6 +467,7 @@ int main(void) {
                 cmocka_unit_test(test_tool_call_params),
                 cmocka_unit_test(test_tool_call_json_back_to_back),
                 cmocka_unit_test(test_tool_call_malformed),
+                cmocka_unit_test(test_tool_call_offered_names),
                 cmocka_unit_test(test_stop_strings),
                 cmocka_unit_test(test_stop_ids_and_turn_end),
         };
