@@ -7,8 +7,8 @@
  * a machine whose cores are all busy (more runnable threads than online CPUs, from
  * /proc/stat's procs_running, sampled every THREADPOOL_PROBE_NS), a spinning thread only takes
  * a core from the thread it waits for, so nobody spins: the pool then behaves as a plain
- * sleeping pool. The caller being preempted while spinning is on (its involuntary context
- * switches) turns spinning off for two seconds whatever the count says. Which thread computes which range never depends on any of this. */
+ * sleeping pool. The caller's waits outlasting the spin often (a worker lost its core) turn
+ * spinning off for two seconds whatever the count says. Which thread computes which range never depends on any of this. */
 #include "threadpool.h"
 
 #include <errno.h>
@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,11 +27,15 @@
 /* How long a waiting thread spins before it sleeps: long enough to span the serial work between
  * two products of a decode step, short enough that an idle daemon's workers are asleep at once. */
 #define THREADPOOL_SPIN_NS 50000ull
-/* How often the caller re-reads the machine's load to decide whether spinning pays; how many
- * involuntary context switches of the caller between two probes while spinning turn it off, and
- * for how long. */
+/* How often the caller re-reads the machine's load to decide whether spinning pays; spinning
+ * stops for THREADPOOL_BACKOFF_NS when more than 1/THREADPOOL_LONG_WAIT_DEN of the caller's
+ * waits for its workers (at least THREADPOOL_WAITS_MIN since the last probe) took over
+ * THREADPOOL_LONG_WAIT_NS: a worker that lost its core comes back after a scheduler slice
+ * (milliseconds), while two halves of one job rarely finish that far apart. */
 #define THREADPOOL_PROBE_NS 100000000ull
-#define THREADPOOL_PREEMPT_MAX 5
+#define THREADPOOL_WAITS_MIN 20
+#define THREADPOOL_LONG_WAIT_NS 1000000ull
+#define THREADPOOL_LONG_WAIT_DEN 5
 #define THREADPOOL_BACKOFF_NS 2000000000ull
 
 struct threadpool_worker {
@@ -68,7 +71,7 @@ struct threadpool {
         unsigned long long next_probe_ns;
         unsigned n_cpus;
         double others;  /* other runnable threads on the machine, averaged over the probes */
-        long nivcsw;    /* the caller's involuntary context switches at the last probe */
+        unsigned n_waits, n_waits_long; /* caller waits since the last probe; past the spin */
         int forced; /* X4_CPU_SPIN: -1 auto, 0 never, 1 always */
 };
 
@@ -107,7 +110,8 @@ static long procs_running(int fd) {
 
 /* Spin when every runnable thread has a core: the other runnable threads of the machine (from
  * procs_running, less the caller and this pool's spinning workers), averaged over the last probes,
- * plus this pool's n_threads fit in the online CPUs. Sampled at most every THREADPOOL_PROBE_NS by
+ * plus this pool's n_threads fit in the online CPUs (with one to spare for noise), and the
+ * caller's waits do not say otherwise. Sampled at most every THREADPOOL_PROBE_NS by
  * the caller; the workers only read the verdict. */
 static void threadpool_probe(struct threadpool *p) {
         if (p->forced >= 0 || p->n_threads == 1)
@@ -123,20 +127,18 @@ static void threadpool_probe(struct threadpool *p) {
         }
         long mine = 1 + (long) atomic_load_explicit(&p->n_spinning, memory_order_relaxed);
         double others = (double) (running > mine ? running - mine : 0);
-        p->others = 0.5 * p->others + 0.5 * others;
-        bool spin = p->others + (double) p->n_threads <= (double) p->n_cpus + 0.25;
-        /* the direct evidence: the caller was preempted while we spun (a thread that spins on a
-         * shared core takes it from the one it waits for): no spinning for a while */
-        struct rusage ru;
-        if (getrusage(RUSAGE_THREAD, &ru) == 0) {
-                long cs = ru.ru_nivcsw;
-                if (atomic_load_explicit(&p->spin, memory_order_relaxed) &&
-                    cs - p->nivcsw >= THREADPOOL_PREEMPT_MAX) {
-                        spin = false;
-                        p->next_probe_ns = t + THREADPOOL_BACKOFF_NS;
-                }
-                p->nivcsw = cs;
+        /* a thread of another process running now and then (a VM agent, a shell) is noise:
+         * up to one more than the cores, on average, still spins, and the waits decide */
+        p->others = 0.75 * p->others + 0.25 * others;
+        bool spin = p->others + (double) p->n_threads <= (double) p->n_cpus + 1.0;
+        /* the direct evidence: while spinning, the caller's waits for the workers outlast the
+         * spin (a worker lost its core to another thread): no spinning for a while */
+        if (atomic_load_explicit(&p->spin, memory_order_relaxed) && p->n_waits >= THREADPOOL_WAITS_MIN &&
+            p->n_waits_long * THREADPOOL_LONG_WAIT_DEN > p->n_waits) {
+                spin = false;
+                p->next_probe_ns = t + THREADPOOL_BACKOFF_NS;
         }
+        p->n_waits = p->n_waits_long = 0;
         atomic_store_explicit(&p->spin, spin, memory_order_relaxed);
 }
 
@@ -292,9 +294,12 @@ void threadpool_run(struct threadpool *p, size_t n, threadpool_fn_t fn, void *ct
         if (begin < end)
                 fn(ctx, begin, end, 0);
 
-        if (atomic_load_explicit(&p->pending, memory_order_acquire) != 0 &&
-            atomic_load_explicit(&p->spin, memory_order_relaxed)) {
-                unsigned long long until = now_ns() + THREADPOOL_SPIN_NS;
+        bool spin = atomic_load_explicit(&p->spin, memory_order_relaxed);
+        unsigned long long w0 = spin ? now_ns() : 0;
+        if (spin)
+                p->n_waits++;
+        if (atomic_load_explicit(&p->pending, memory_order_acquire) != 0 && spin) {
+                unsigned long long until = w0 + THREADPOOL_SPIN_NS;
                 for (unsigned i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; i++) {
                         cpu_relax();
                         if ((i & 63) == 63 && now_ns() > until)
@@ -308,5 +313,7 @@ void threadpool_run(struct threadpool *p, size_t n, threadpool_fn_t fn, void *ct
                         pthread_cond_wait(&p->done, &p->lock);
                 p->caller_asleep = false;
                 pthread_mutex_unlock(&p->lock);
+                if (spin && now_ns() - w0 > THREADPOOL_LONG_WAIT_NS)
+                        p->n_waits_long++;
         }
 }
