@@ -41,6 +41,14 @@
  * not on the CPU, where a verify step of k+1 tokens costs about k+1 steps (0.54-0.83x there) */
 enum mtp_mode { MTP_AUTO, MTP_OFF, MTP_ON };
 
+/* The output limit of a request that sets none. OpenAI clients and agents often send none and
+ * expect the answer's natural end (OpenAI, vLLM and llama.cpp's server run to the context); Codex
+ * sends none, and at the former 1,024 its turns on the demo model ended "incomplete"
+ * (max_output_tokens) where 8,192 let them finish (1,874 tokens once). Cache pages are taken as
+ * a sequence grows, so a generous default costs nothing until used; it still bounds a model that
+ * never ends its turn (the random-weight presets). */
+#define MAX_TOKENS_DEFAULT 16384u
+
 struct options {
         char *model;
         const char *config_file; /* the INI file read (for messages) */
@@ -305,7 +313,7 @@ static void help(void) {
                "  --state-dir DIR              snapshots (default /var/lib/xing4d)\n"
                "  --max-running N              requests decoding at once (16)\n"
                "  --max-waiting N              queued requests beyond that (256)\n"
-               "  --max-tokens N               default output limit per request (1024)\n"
+               "  --max-tokens N               output limit of a request that sets none (16384)\n"
                "  --max-tokens-limit N         ceiling on any request's max_tokens: above it the\n"
                "                               output is cut there, ending with 'length' (0 = none)\n"
                "  --max-frame BYTES            largest accepted frame (16 MiB)\n"
@@ -711,7 +719,7 @@ static int start_backend(const struct x4_model *model, const char *device, enum 
 
 int main(int argc, char **argv) {
         struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256,
-                             .mtp_draft = 1, .log_level = LOG_INFO };
+                             .max_tokens = MAX_TOKENS_DEFAULT, .mtp_draft = 1, .log_level = LOG_INFO };
         _cleanup_(x4_model_freep) struct x4_model *model = NULL;
         struct tokenizer *tok = NULL;
         const struct x4_backend_ops *ops = NULL;

@@ -46,6 +46,8 @@ def test_info_describes_the_model(daemon):
     assert m["n_ctx"] == 64 * 256
     assert info["cache_pages_total"] == 64 and info["cache_page_tokens"] == 256
     assert info["max_running"] == 4  # from the INI file
+    # a request without an output limit may run to 16,384 tokens (clients such as Codex send none)
+    assert info["max_tokens_default"] == 16384, info
 
 
 # ---- generation ------------------------------------------------------------------------------------
