@@ -13,7 +13,7 @@ def test_daemon_crash_then_restart(demo_model, make_bridge, tmp_path):
     try:
         b = make_bridge([d.sock])
         c = b.conn()
-        c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go", max_tokens=4000, stream=True)),
+        c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go", max_tokens=4000, stream=True, ignore_eos=True)),
                   headers={"Content-Type": "application/json"})
         r = c.getresponse()
         assert r.status == 200
@@ -51,7 +51,7 @@ def test_sigterm_drains_running_requests(bridge, daemon, make_bridge):
     import signal
     b = make_bridge([daemon.sock])
     c = b.conn()
-    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go", max_tokens=4000, stream=True)),
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go", max_tokens=4000, stream=True, ignore_eos=True)),
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
     first = json.loads(r.readline().decode()[6:])

@@ -118,7 +118,7 @@ def test_tool_name_found_by_id_among_many_calls(fake, fake_bridge):
 def start_stream(b, headers=None):
     """A long streaming generation; returns (connection, response, its id)."""
     c = b.conn()
-    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=True)),
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("go on", max_tokens=4000, stream=True, ignore_eos=True)),
               headers={"Content-Type": "application/json", **(headers or {})})
     r = c.getresponse()
     assert r.status == 200
