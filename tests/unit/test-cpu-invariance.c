@@ -192,36 +192,43 @@ static void test_batch_mates(void **state) {
         }
 }
 
-static void test_decode_vs_prefill(void **state) {
-        struct fixture *f = *state;
-        _cleanup_free_ float *out = malloc((size_t) N_PROMPT * f->n_vocab * sizeof(float));
-        uint32_t pages[N_PAGES / 3];
-
-        assert_non_null(out);
-        slot_pages(3, pages, DIV_ROUND_UP(N_PROMPT, PAGE_TOKENS));
-        /* 30 tokens of prefill with only the last row, then one token per step like a decoder */
-        assert_int_equal(feed(f, f->b2, f->prompt, 30, 0, pages, X4_LOGITS_LAST,
-                              out + 29 * f->n_vocab),
+/* On 2 threads: the prompt's first n_pre tokens in one forward (last row only), then one token a
+ * step up to n, each step's row into out at its position. */
+static void prefill_then_decode(struct fixture *f, uint32_t n_pre, uint32_t n, const uint32_t *pages,
+                                float *out) {
+        assert_int_equal(feed(f, f->b2, f->prompt, n_pre, 0, pages, X4_LOGITS_LAST,
+                              out + (size_t) (n_pre - 1) * f->n_vocab),
                          0);
-        for (uint32_t p = 30; p < N_PROMPT; p++)
+        for (uint32_t p = n_pre; p < n; p++)
                 assert_int_equal(feed(f, f->b2, f->prompt + p, 1, p, pages, X4_LOGITS_LAST,
                                       out + (size_t) p * f->n_vocab),
                                  0);
-        assert_rows_identical(f, f->ref + 29 * f->n_vocab, out + 29 * f->n_vocab, N_PROMPT - 29,
-                              "decode steps");
-        /* decode at 260-300 positions on 2 threads: with the workers spinning (the -spin run of
-         * this test, X4_CPU_SPIN=1) a one-token step's attention is split by head groups */
-        _cleanup_free_ float *lo = malloc((size_t) N_LONG * f->n_vocab * sizeof(float));
-        uint32_t lp[N_PAGES / 3];
-        assert_non_null(lo);
-        slot_pages(2, lp, DIV_ROUND_UP(N_LONG, PAGE_TOKENS));
-        assert_int_equal(feed(f, f->b2, f->prompt, 260, 0, lp, X4_LOGITS_LAST, lo + 259 * f->n_vocab), 0);
-        for (uint32_t p = 260; p < N_LONG; p++)
-                assert_int_equal(feed(f, f->b2, f->prompt + p, 1, p, lp, X4_LOGITS_LAST,
-                                      lo + (size_t) p * f->n_vocab),
-                                 0);
-        assert_rows_identical(f, f->ref_long + 259 * f->n_vocab, lo + 259 * f->n_vocab, N_LONG - 259,
-                              "decode steps at 260-300 positions, 2 threads");
+}
+
+static void test_decode_vs_prefill(void **state) {
+        struct fixture *f = *state;
+        /* 30 tokens of prefill with only the last row, then one token per step like a decoder;
+         * then the same at 260-300 positions: with the workers spinning (the -spin run of this
+         * test, X4_CPU_SPIN=1) a one-token step's attention is split by head groups there */
+        const struct {
+                uint32_t slot, n_pre, n;
+                const float *ref;
+                const char *what;
+        } cases[] = {
+                { 3, 30, N_PROMPT, f->ref, "decode steps" },
+                { 2, 260, N_LONG, f->ref_long, "decode steps at 260-300 positions, 2 threads" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                _cleanup_free_ float *out = malloc((size_t) cases[i].n * f->n_vocab * sizeof(float));
+                uint32_t pages[N_PAGES / 3];
+
+                assert_non_null(out);
+                slot_pages(cases[i].slot, pages, DIV_ROUND_UP(cases[i].n, PAGE_TOKENS));
+                prefill_then_decode(f, cases[i].n_pre, cases[i].n, pages, out);
+                size_t r0 = cases[i].n_pre - 1;
+                assert_rows_identical(f, cases[i].ref + r0 * f->n_vocab, out + r0 * f->n_vocab,
+                                      cases[i].n - r0, cases[i].what);
+        }
 }
 
 /* Pages moved with page_copy / page_read / page_write (prefix store, snapshots) carry a

@@ -67,20 +67,22 @@ const runCli = (args, env, cwd, timeout = 120000) => new Promise((resolve, rejec
     : reject(new Error(`exit ${code}\n${stderr}\n${stdout}`))));
 });
 
+// Codex's config in its home: a custom provider speaking the Responses API to the bridge at url
+const codexProvider = (home, url) => writeFileSync(join(home, 'config.toml'), [
+  'model = "xing4"',
+  'model_provider = "xing4d"',
+  '[model_providers.xing4d]',
+  'name = "xing4d"',
+  `base_url = "${url}"`,
+  'wire_api = "responses"',
+  '',
+].join('\n'));
+
 test('Codex finishes a turn over /v1/responses, tool call included', async () => {
   const home = mkdtempSync(join(tmpdir(), 'x4-codex-'));
   const before = sent().length;
   try {
-    // a custom provider speaking the Responses API to the bridge
-    writeFileSync(join(home, 'config.toml'), [
-      'model = "xing4"',
-      'model_provider = "xing4d"',
-      '[model_providers.xing4d]',
-      'name = "xing4d"',
-      `base_url = "${process.env.X4_FAKE_BASE_URL}"`,
-      'wire_api = "responses"',
-      '',
-    ].join('\n'));
+    codexProvider(home, process.env.X4_FAKE_BASE_URL);
     const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: home };
     const { stdout, stderr } = await runCli(
       [codex, 'exec', '--skip-git-repo-check', 'What is the weather in Paris?'], env, home);
@@ -139,15 +141,7 @@ test('Codex finishes a turn on the trained demo model', {
 }, async () => {
   const home = mkdtempSync(join(tmpdir(), 'x4-codex-trained-'));
   try {
-    writeFileSync(join(home, 'config.toml'), [
-      'model = "xing4"',
-      'model_provider = "xing4d"',
-      '[model_providers.xing4d]',
-      'name = "xing4d"',
-      `base_url = "${process.env.X4_TRAINED_BASE_URL}"`,
-      'wire_api = "responses"',
-      '',
-    ].join('\n'));
+    codexProvider(home, process.env.X4_TRAINED_BASE_URL);
     const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: home };
     const { stderr } = await runCli([codex, 'exec', '--skip-git-repo-check', 'What does tar do?'], env, home, 300000);
     // exit 0 (an incomplete response or a protocol error exits 1: runCli rejects), and `codex
