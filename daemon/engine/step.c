@@ -381,6 +381,7 @@ static uint32_t verify(struct sched *s, struct job *j, const struct x4_seq *sq, 
                        const float *hid) {
         const size_t V = s->cfg->n_vocab, H = s->cfg->n_embd;
         uint32_t k = sq->n_tokens - 1, accepted = 0;
+        bool gone = false; /* j ended or failed, and was freed */
 
         s->mtp_drafted += k;
         for (uint32_t i = 0; i <= k; i++) {
@@ -393,15 +394,18 @@ static uint32_t verify(struct sched *s, struct job *j, const struct x4_seq *sq, 
                 bool ok = false;
                 const float *q = i < k && j->mtp_rej ? j->mtp_q + (size_t) i * V : NULL;
                 if (!sample_row(s, j, (float *) logits + i * V, q, i < k ? sq->tokens[i + 1] : -1, &t,
-                                &lp, &ok))
+                                &lp, &ok)) {
+                        gone = true;
                         break;
+                }
                 ok = ok && i < k;
                 accepted += ok;
-                if (eng_accept_token(s, j, t, lp) || !ok)
+                if ((gone = eng_accept_token(s, j, t, lp)) || !ok)
                         break;
         }
         s->mtp_accepted += accepted;
-        eng_mtp_count(s, j, k, accepted);
+        if (!gone)
+                eng_mtp_count(s, j, k, accepted);
         return accepted;
 }
 
