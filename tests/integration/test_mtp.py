@@ -70,6 +70,8 @@ def visible(lines):
     """What a client sees: text by channel, ids, logprobs, and the done line without timings."""
     out = []
     for x in lines:
+        if x.get("type") == "progress":  # prompt progress: when a step splits a prompt, timing's
+            continue
         x = dict(x)
         x.pop("timings", None)
         x.pop("server_request_id", None)
