@@ -70,7 +70,7 @@ def visible(lines):
     """What a client sees: text by channel, ids, logprobs, and the done line without timings."""
     out = []
     for x in lines:
-        if x.get("type") == "progress":  # prompt progress: when a step splits a prompt, timing's
+        if x.get("type") == "progress":  # prompt progress: whether it appears depends on timing
             continue
         x = dict(x)
         x.pop("timings", None)
