@@ -5,7 +5,7 @@
  * spins picks a job up in well under a microsecond instead of the tens of microseconds of a
  * futex wake-up, and the CPU backend splits much smaller products (threadpool_handoff_cheap). On
  * a machine whose cores are all busy (more runnable threads than online CPUs, from
- * /proc/stat's procs_running, sampled every THREADPOOL_PROBE_NS), a spinning thread only takes
+ * /proc/loadavg's count of runnable threads, sampled every THREADPOOL_PROBE_NS), a spinning thread only takes
  * a core from the thread it waits for, so nobody spins: the pool then behaves as a plain
  * sleeping pool. The caller's waits outlasting the spin often (a worker lost its core) turn
  * spinning off for two seconds whatever the count says. Which thread computes which range never depends on any of this. */
@@ -97,15 +97,25 @@ static void threadpool_range(size_t n, unsigned k, unsigned i, size_t *begin, si
         *end = *begin + q + (i < r ? 1 : 0);
 }
 
-/* procs_running from /proc/stat (runnable threads, this pool's included), or -1. */
+/* Runnable threads of the machine (this pool's included), or -1: the fourth field of
+ * /proc/loadavg, "running/total", the same count as /proc/stat's procs_running. /proc/stat is
+ * not read: on a machine with many interrupt lines its "intr" line alone can be tens of KB. */
 static long procs_running(int fd) {
-        char buf[8192];
+        char buf[256];
         ssize_t k = pread(fd, buf, sizeof buf - 1, 0);
         if (k <= 0)
                 return -1;
         buf[k] = 0;
-        const char *s = strstr(buf, "\nprocs_running ");
-        return s ? strtol(s + 15, NULL, 10) : -1;
+        char *s = buf;
+        for (int field = 0; field < 3; field++) {
+                s = strchr(s, ' ');
+                if (!s)
+                        return -1;
+                s++;
+        }
+        char *end;
+        long n = strtol(s, &end, 10);
+        return end != s && *end == '/' ? n : -1;
 }
 
 /* Spin when every runnable thread has a core: the other runnable threads of the machine (from
@@ -210,7 +220,7 @@ int threadpool_new(unsigned n_threads, struct threadpool **ret) {
         if (f && (!strcmp(f, "0") || !strcmp(f, "1")))
                 p->forced = f[0] - '0';
         if (p->forced < 0 && n_threads > 1)
-                p->stat_fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+                p->stat_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
         atomic_store(&p->spin, p->forced == 1);
         threadpool_probe(p);
         if (n_threads > 1) {
