@@ -123,91 +123,17 @@ extern "C" uint32_t cu_hc_slices(uint32_t H) {
         return (H + HCF_SLICE - 1) / HCF_SLICE;
 }
 
-template <int FT>
-__global__ void __launch_bounds__(HCF_THREADS)
-        k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out) {
-        extern __shared__ float u[];
-        __shared__ float zs[CU_HC_MAX][HCF_SLICE + 8]; /* + 8: lane stride 8 floats, 2-way */
-        __shared__ float red[HCF_Q];
-        __shared__ float wsh[HCF_Q];
-        __shared__ float g[CU_HCP_STRIDE];
-        __shared__ float red2[32];
-        __shared__ bool last;
+/* The tail of a token's pre-mapping, on one block of HCF_THREADS threads once every slice's
+ * partial row is in a.hw: fold the slices in order, the gates and Sinkhorn on the first warp
+ * (into g and hcp), then collapse u = Σ_s pre[s]·X[s] and the sublayer RMSNorm into out. The
+ * fused kernel's last block and k_hc_tail both run it, so their bits are the same. */
+static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_t t, uint32_t NB, const float *X,
+                                                  float *hcp, float *out, float *u, float *wsh, float *g,
+                                                  float *red2) {
         const uint32_t N = CU_HC_MAX;
-        constexpr uint32_t NW = HCF_THREADS / 32, RPW = (HCF_ROWS + NW - 1) / NW;
-        uint32_t t = blockIdx.y, b = blockIdx.x, NB = gridDim.x, tid = threadIdx.x;
-        uint32_t lane = tid % 32, warp = tid / 32;
-        uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
-        float *xt = X + (uint64_t) t * W;
-        uint32_t base = b * HCF_SLICE;
-
-        /* the weights first (a lane's loads all in flight before the first use, and before the
-         * wait for the previous kernel: they overlap its tail) */
-        uint32_t iw = base + 8 * lane; /* this lane's eight positions */
-        float wv[RPW][N][8];
-#pragma unroll
-        for (uint32_t k = 0; k < RPW; k++)
-#pragma unroll
-                for (uint32_t s = 0; s < N; s++) {
-                        uint32_t r = warp + NW * k;
-#pragma unroll
-                        for (int e = 0; e < 8; e++)
-                                wv[k][s][e] = 0.0f;
-                        if (r < n_rows && s < n_hc && iw < H)
-                                hcf_w8<FT>((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes,
-                                           s * H + iw, wv[k][s]);
-                }
-
-        cu_pdl_wait();
-        cu_pdl_trigger();
-        /* the previous sublayer's post-mapping of position base + tid (docs/model.md §3.1), its streams
-         * into shared memory, and its square sum (streams in order) */
-        uint32_t i = base + tid;
-        float ss = 0.0f;
-        if (i < H && post.y)
-                hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
-#pragma unroll
-        for (uint32_t s = 0; s < N; s++) {
-                float z = s < n_hc && i < H ? xt[(uint64_t) s * H + i] : 0.0f;
-                zs[s][tid] = z;
-                if (s < n_hc)
-                        ss += z * z;
-        }
-        ss = cu_block_sum(ss, red2); /* its barriers also publish zs */
-
-        /* rows warp, warp + NW, ...: lane sum over its eight positions (streams in order,
-         * positions in order), then the butterfly */
-#pragma unroll
-        for (uint32_t k = 0; k < RPW; k++) {
-                uint32_t r = warp + NW * k;
-                float acc = 0.0f;
-#pragma unroll
-                for (uint32_t s = 0; s < N; s++)
-                        if (s < n_hc)
-#pragma unroll
-                                for (int e = 0; e < 8; e++)
-                                        acc += wv[k][s][e] * zs[s][8 * lane + e];
-                acc = cu_warp_sum(acc);
-                if (lane == 0 && r < HCF_Q - 1)
-                        red[r] = r < n_rows ? acc : 0.0f;
-        }
-        if (tid == 0)
-                red[HCF_Q - 1] = ss;
-        __syncthreads();
-        float *part = a.hw + ((uint64_t) t * NB + b) * HCF_Q;
-        if (tid < HCF_Q)
-                part[tid] = tid < n_rows || tid == HCF_Q - 1 ? red[tid] : 0.0f;
-        __syncthreads();
-        if (tid == 0) {
-                __threadfence();
-                last = atomicAdd(&a.ticket[t], 1u) == NB - 1;
-        }
-        __syncthreads();
-        if (!last)
-                return;
-        __threadfence();
-
-        /* the last block: fold the slices in order, then steps 2-9 on the first warp */
+        uint32_t tid = threadIdx.x, lane = tid % 32;
+        uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H;
+        const float *xt = X + (uint64_t) t * W;
         if (tid < 32) {
                 const float *p0 = a.hw + (uint64_t) t * NB * HCF_Q;
                 /* the partials' loads issued HCF_FOLD_AHEAD at a time (a runtime loop of
@@ -285,8 +211,157 @@ __global__ void __launch_bounds__(HCF_THREADS)
         float rinv2 = 1.0f / sqrtf(ss2 / (float) H + a.rms_eps);
         for (uint32_t i = tid; i < H; i += HCF_THREADS)
                 out[(uint64_t) t * H + i] = a.norm_w[i] * (u[i] * rinv2);
+}
+
+/* The pre-mapping's first part for block (slice b, token tile): the weights of the slice's
+ * positions for every projection row into registers (once for all the tokens of the tile), then
+ * for each token t of the tile: the previous sublayer's post-mapping of position base + tid
+ * (docs/model.md §3.1), its streams into shared memory and their square sum (streams in order),
+ * and the slice's partial row into a.hw. TILE false: the fused kernel (one token a block, grid y
+ * the tokens), whose last block to finish a token runs hcf_finish; TILE true: tt tokens a block
+ * (grid y the tiles), k_hc_tail finishing them. Every partial is the same sum either way. */
+template <int FT, bool TILE>
+__global__ void __launch_bounds__(HCF_THREADS)
+        k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out, uint32_t T,
+                   uint32_t tt) {
+        extern __shared__ float u[];
+        __shared__ float zs[CU_HC_MAX][HCF_SLICE + 8]; /* + 8: lane stride 8 floats, 2-way */
+        __shared__ float red[HCF_Q];
+        __shared__ float wsh[HCF_Q];
+        __shared__ float g[CU_HCP_STRIDE];
+        __shared__ float red2[32];
+        __shared__ bool last;
+        const uint32_t N = CU_HC_MAX;
+        constexpr uint32_t NW = HCF_THREADS / 32, RPW = (HCF_ROWS + NW - 1) / NW;
+        uint32_t b = blockIdx.x, NB = gridDim.x, tid = threadIdx.x;
+        uint32_t lane = tid % 32, warp = tid / 32;
+        uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
+        uint32_t base = b * HCF_SLICE;
+
+        /* the weights first (a lane's loads all in flight before the first use, and before the
+         * wait for the previous kernel: they overlap its tail) */
+        uint32_t iw = base + 8 * lane; /* this lane's eight positions */
+        float wv[RPW][N][8];
+#pragma unroll
+        for (uint32_t k = 0; k < RPW; k++)
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++) {
+                        uint32_t r = warp + NW * k;
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                                wv[k][s][e] = 0.0f;
+                        if (r < n_rows && s < n_hc && iw < H)
+                                hcf_w8<FT>((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes,
+                                           s * H + iw, wv[k][s]);
+                }
+
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t t0 = TILE ? blockIdx.y * tt : blockIdx.y, t_end = TILE ? min(T, t0 + tt) : t0 + 1;
+        for (uint32_t t = t0; t < t_end; t++) {
+                float *xt = X + (uint64_t) t * W;
+                uint32_t i = base + tid;
+                float ss = 0.0f;
+                if (i < H && post.y)
+                        hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++) {
+                        float z = s < n_hc && i < H ? xt[(uint64_t) s * H + i] : 0.0f;
+                        zs[s][tid] = z;
+                        if (s < n_hc)
+                                ss += z * z;
+                }
+                ss = cu_block_sum(ss, red2); /* its barriers also publish zs (and end the
+                                              * previous token's reads of zs and red) */
+
+                /* rows warp, warp + NW, ...: lane sum over its eight positions (streams in order,
+                 * positions in order), then the butterfly */
+#pragma unroll
+                for (uint32_t k = 0; k < RPW; k++) {
+                        uint32_t r = warp + NW * k;
+                        float acc = 0.0f;
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++)
+                                if (s < n_hc)
+#pragma unroll
+                                        for (int e = 0; e < 8; e++)
+                                                acc += wv[k][s][e] * zs[s][8 * lane + e];
+                        acc = cu_warp_sum(acc);
+                        if (lane == 0 && r < HCF_Q - 1)
+                                red[r] = r < n_rows ? acc : 0.0f;
+                }
+                if (tid == 0)
+                        red[HCF_Q - 1] = ss;
+                __syncthreads();
+                float *part = a.hw + ((uint64_t) t * NB + b) * HCF_Q;
+                if (tid < HCF_Q)
+                        part[tid] = tid < n_rows || tid == HCF_Q - 1 ? red[tid] : 0.0f;
+        }
+        if (TILE)
+                return;
+        uint32_t t = t0;
+        __syncthreads();
+        if (tid == 0) {
+                __threadfence();
+                last = atomicAdd(&a.ticket[t], 1u) == NB - 1;
+        }
+        __syncthreads();
+        if (!last)
+                return;
+        __threadfence();
+
+        hcf_finish(a, t, NB, X, hcp, out, u, wsh, g, red2);
         if (tid == 0)
                 a.ticket[t] = 0;
+}
+
+/* The tail of token blockIdx.x's pre-mapping after k_hc_fused<FT, true> (hcf_finish). */
+__global__ void __launch_bounds__(HCF_THREADS)
+        k_hc_tail(struct cu_hc a, float *X, float *hcp, float *out, uint32_t NB) {
+        extern __shared__ float u[];
+        __shared__ float wsh[HCF_Q];
+        __shared__ float g[CU_HCP_STRIDE];
+        __shared__ float red2[32];
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        hcf_finish(a, blockIdx.x, NB, X, hcp, out, u, wsh, g, red2);
+}
+
+/* Tokens a block of the tiled first part takes: one (the fused kernel, one launch) for a single
+ * token; for more, enough that the tiles fill the SMs about once (each block loads its slice's
+ * weights once for all its tokens), at most HCF_TILE_MAX. X4_CUDA_HC=fused keeps the fused kernel
+ * for every token count, =tiled takes the tiled pair for every count (measurements; the bits are
+ * the same either way). */
+#define HCF_TILE_MAX 16
+static uint32_t hc_tile(uint32_t T, uint32_t NB) {
+        static int force = -1, sms = 0;
+        if (force < 0) {
+                const char *e = getenv("X4_CUDA_HC");
+                force = e && !strcmp(e, "fused") ? 1 : e && !strcmp(e, "tiled") ? 2 : 0;
+                int dev = 0;
+                if (cudaGetDevice(&dev) != cudaSuccess ||
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
+                        sms = 1;
+        }
+        if (force == 1 || (force == 0 && T == 1))
+                return 0;
+        uint64_t tt = ((uint64_t) T * NB + (uint64_t) sms - 1) / (uint64_t) sms;
+        return (uint32_t) (tt < 1 ? 1 : tt > HCF_TILE_MAX ? HCF_TILE_MAX : tt);
+}
+
+template <int FT>
+static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float *X, uint32_t T, float *hcp,
+                          float *out, cudaStream_t s) {
+        uint32_t NB = cu_hc_slices(a->H), tt = hc_tile(T, NB);
+        size_t smem = a->H * sizeof(float);
+        cu_launches++;
+        if (tt == 0) {
+                cu_launch(k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s, *a, *p, X, hcp, out, T, 1u);
+                return;
+        }
+        cu_launch(k_hc_fused<FT, true>, dim3(NB, (T + tt - 1) / tt), HCF_THREADS, 0, s, *a, *p, X, hcp, out, T, tt);
+        cu_launches++;
+        cu_launch(k_hc_tail, dim3(T), HCF_THREADS, smem, s, *a, X, hcp, out, NB);
 }
 
 extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T,
@@ -295,18 +370,15 @@ extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, flo
                 return;
         struct cu_post none = {0};
         const struct cu_post *p = post && post->y ? post : &none;
-        dim3 grid(cu_hc_slices(a->H), T);
-        size_t smem = a->H * sizeof(float);
-        cu_launches++;
         switch (a->fn_type) {
         case CU_TYPE_BF16:
-                cu_launch(k_hc_fused<CU_TYPE_BF16>, grid, HCF_THREADS, smem, s, *a, *p, X, hcp, out);
+                hc_pre_launch<CU_TYPE_BF16>(a, p, X, T, hcp, out, s);
                 break;
         case CU_TYPE_F16:
-                cu_launch(k_hc_fused<CU_TYPE_F16>, grid, HCF_THREADS, smem, s, *a, *p, X, hcp, out);
+                hc_pre_launch<CU_TYPE_F16>(a, p, X, T, hcp, out, s);
                 break;
         default:
-                cu_launch(k_hc_fused<CU_TYPE_F32>, grid, HCF_THREADS, smem, s, *a, *p, X, hcp, out);
+                hc_pre_launch<CU_TYPE_F32>(a, p, X, T, hcp, out, s);
                 break;
         }
 }

@@ -148,6 +148,22 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "k_mm on/off: identical logits ($(stat -c %s "$tmp/mm-on.bin") bytes)"
         }
         step "many-input products agree bit for bit with k_matvec, demo model" mm_same
+        # the mHC pre-mapping's two shapes (one fused kernel a token, or the token-tiled pair of
+        # kernels the default takes for more than one token) compute the same sums: the same
+        # logits with every launch forced to either (a 700-token prompt, then batch-1 decodes)
+        hc_same() {
+                local prompt mode
+                prompt=$(awk 'BEGIN { s = 17; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99,999 \
+                        --device cuda --out "$tmp/hc-default.bin" || return 1
+                for mode in fused tiled; do
+                        X4_CUDA_HC=$mode "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --decode 9,99,999 --device cuda --out "$tmp/hc-$mode.bin" || return 1
+                        cmp "$tmp/hc-default.bin" "$tmp/hc-$mode.bin" || { echo "X4_CUDA_HC=$mode differs"; return 1; }
+                done
+                echo "mHC fused / tiled / default: identical logits ($(stat -c %s "$tmp/hc-default.bin") bytes)"
+        }
+        step "mHC fused and token-tiled kernels agree bit for bit, demo model" hc_same
         step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tmp/demo.gguf"
         # the decode-shaped tensor-core kernel (k_mm_tcd, launches of <= 16 tokens) computes
