@@ -20,23 +20,6 @@ if has peer; then
         ( cd .devcarry/llamacpp && tar -xJf src.tar.xz && cd llamacpp-xing4-kit &&
                 JOBS=12 ./build-cuda.sh ./build-cuda ) >"$out/llama-build.log" 2>&1 &
 fi
-if has hcbench; then
-        # the mHC pre-mapping fused (one kernel a token) against the default (token-tiled pair of
-        # kernels for more than one token; same bits), with k_mm and with tensor-core products
-        for mm in default tc; do
-                for hc in fused default; do
-                        say "mHC $hc, products $mm: prefill 512/4096, decode batch 1/16/64 at 512"
-                        X4_CUDA_HC=$([ $hc = fused ] && echo fused) X4_CUDA_MM=$([ $mm = tc ] && echo tc) \
-                                "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 \
-                                --decode-ctx 512 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 |
-                                sed "s/}\$/,\"hc\":\"$hc\",\"mm\":\"$mm\"}/" | tee -a "$out/hcbench.jsonl" |
-                                grep -E '"(prefill|decode)"'
-                done
-        done
-        say "profile: prefill 512 with tensor-core products"
-        X4_CUDA_MM=tc "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512 --decode-ctx none \
-                --repeats 1 --profile 2>&1 | tail -30 | tee "$out/prefill-tc-profile.txt"
-fi
 if has cpu16; then
         # issue 18: llama.cpp's CPU build of the same kit, for the CPU rows beside ours
         ( mkdir -p /tmp/llcpu && cd /tmp/llcpu && tar -xJf "$OLDPWD/.devcarry/llamacpp/src.tar.xz" &&
@@ -300,6 +283,23 @@ if has tc; then
         say "prefill bench, tensor-core attention, f16 cache"
         X4_CUDA_ATTN=tc "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill 512,4096 \
                 --decode-ctx none --repeats 2 --json 2>&1 | tee "$out/prefill-tc.jsonl" | grep '"prefill"'
+fi
+if has hcbench; then
+        # the mHC pre-mapping fused (one kernel a token) against the default (token-tiled pair of
+        # kernels for more than one token; same bits), with k_mm and with tensor-core products
+        for mm in default tc; do
+                for hc in fused default; do
+                        say "mHC $hc, products $mm: prefill 512/4096, decode batch 1/16/64 at 512"
+                        X4_CUDA_HC=$([ $hc = fused ] && echo fused) X4_CUDA_MM=$([ $mm = tc ] && echo tc) \
+                                "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 \
+                                --decode-ctx 512 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 |
+                                sed "s/}\$/,\"hc\":\"$hc\",\"mm\":\"$mm\"}/" | tee -a "$out/hcbench.jsonl" |
+                                grep -E '"(prefill|decode)"'
+                done
+        done
+        say "profile: prefill 512 with tensor-core products"
+        X4_CUDA_MM=tc "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512 --decode-ctx none \
+                --repeats 1 --profile 2>&1 | tail -30 | tee "$out/prefill-tc-profile.txt"
 fi
 if has cpu16; then
         # issue 18: the CPU backend beside llama.cpp's CPU build on this host's cores, same files,
