@@ -1021,6 +1021,7 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         ws_layout(b, b->ws);
         cu_attention_setup(c->kv_lora_rank, c->qk_rope);
         cu_mm_tc_setup();
+        cu_hc_setup();
         /* the fused HC kernel's tickets start (and every launch leaves them) at zero */
         r = CU_TRY(cudaMemsetAsync(b->hc_ticket, 0, sizeof(uint32_t) * b->T_max, b->stream), EIO,
                    "clearing the workspace");

@@ -82,6 +82,8 @@ void cu_matvec(const struct cu_mv *a, cudaStream_t s);
  * every product they take (true), its own paths the rest. Setup once per backend. */
 bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s);
 void cu_mm_tc_setup(void);
+/* The tiled mHC kernels' shared-memory limit (mhc.cu), once at backend creation. */
+void cu_hc_setup(void);
 
 /* Pairs grouped by expert for cu_mv.groups: sel holds P = T·S expert ids (S slots per token, the
  * shared expert as id n_expert); groups gets [n_tiles, then per tile (expert, first, count)]
@@ -124,9 +126,10 @@ struct cu_post {
         uint32_t n_slots;
         const float *w;
 };
-/* Post-mapping of the previous sublayer (if any) and pre-mapping of the next, in one kernel:
- * blocks over slices of the positions reduce partial sums, the last block of each token folds
- * them in slice order and runs gates/Sinkhorn/collapse/norm (mhc.cu). */
+/* Post-mapping of the previous sublayer (if any) and pre-mapping of the next: blocks over slices
+ * of the positions reduce partial sums (for several tokens a block when T > 1), and the last
+ * block of each token (T = 1) or a tail kernel (T > 1) folds them in slice order and runs
+ * gates/Sinkhorn/collapse/norm (mhc.cu; the same bits either way). */
 void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp,
                float *out, cudaStream_t s);
 /* docs/model.md §3.1 post-mapping alone (after the last sublayer). */

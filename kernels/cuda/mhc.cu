@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The residual side of the trunk (docs/model.md §3, §3.1): embedding into the four streams, the fused mHC
  * pre-mapping (unweighted RMS over all streams, the 24-wide projection, sigmoid/clamp/exp/Sinkhorn,
- * collapse, the sublayer RMSNorm) in one kernel per token, the post-mapping, and the head norm.
+ * collapse, the sublayer RMSNorm) in one kernel for a single token and in a token-tiled kernel and
+ * a tail kernel for more (the same sums: the same bits), the post-mapping, and the head norm.
  * Everything here is fp32 (docs/model.md §5 "Numerics": streams exceed fp16 range). */
 #include "common.cuh"
 
@@ -35,45 +36,78 @@ extern "C" void cu_embed(const void *embd, uint32_t type, uint64_t row_bytes, co
         cu_launch(k_embed, grid, 128, 0, s, (const uint8_t *) embd, type, row_bytes, ids, H, n_hc, X);
 }
 
-/* docs/model.md §3.1 post-mapping of element i of token t: X[d][i] = post[d]·o + Σ_s C[d][s]·X[s][i]. */
-static __device__ __forceinline__ void hc_post_elem(float *X, const float *hp, const struct cu_post &p,
-                                                    uint32_t t, uint32_t i, uint32_t H,
-                                                    uint32_t n_hc) {
-        const float *post = hp + n_hc, *C = hp + 2 * n_hc;
-        float o;
+/* docs/model.md §3.1 post-mapping of element i of token t: X[d][i] = post[d]·o + Σ_s C[d][s]·X[s][i],
+ * in two halves so a loop over tokens can issue the next token's loads before this token's
+ * arithmetic: hc_post_load reads everything element (t, i) needs (the slot outputs and weights,
+ * the old streams, the token's post and C), hc_post_apply computes and stores the new streams
+ * (and hands them back). hc_post_elem is both at once. */
+struct hc_post_in {
+        float yv[CU_SLOTS_MAX], wk[CU_SLOTS_MAX], old[CU_HC_MAX];
+        float post[CU_HC_MAX], C[CU_HC_MAX][CU_HC_MAX];
+};
+
+static __device__ __forceinline__ void hc_post_load(const float *X, const float *hp, const struct cu_post &p,
+                                                    uint32_t t, uint32_t i, uint32_t H, uint32_t n_hc,
+                                                    struct hc_post_in &in) {
         if (p.w) {
-                /* loads unrolled ahead of the sum (same order of additions) */
-                float yv[CU_SLOTS_MAX], wk[CU_SLOTS_MAX];
 #pragma unroll
                 for (uint32_t k = 0; k < CU_SLOTS_MAX; k++)
                         if (k < p.n_slots) {
-                                wk[k] = p.w[(uint64_t) t * p.n_slots + k];
-                                yv[k] = p.y[((uint64_t) t * p.n_slots + k) * p.y_slot_stride + i];
+                                in.wk[k] = p.w[(uint64_t) t * p.n_slots + k];
+                                in.yv[k] = p.y[((uint64_t) t * p.n_slots + k) * p.y_slot_stride + i];
                         }
+        } else {
+                in.yv[0] = p.y[(uint64_t) t * p.y_slot_stride + i];
+        }
+        const float *x = X + (uint64_t) t * n_hc * H + i;
+#pragma unroll
+        for (uint32_t s = 0; s < CU_HC_MAX; s++)
+                in.old[s] = s < n_hc ? x[(uint64_t) s * H] : 0.0f;
+#pragma unroll
+        for (uint32_t d = 0; d < CU_HC_MAX; d++) {
+                in.post[d] = d < n_hc ? hp[n_hc + d] : 0.0f;
+#pragma unroll
+                for (uint32_t s = 0; s < CU_HC_MAX; s++)
+                        in.C[d][s] = d < n_hc && s < n_hc ? hp[2 * n_hc + d * n_hc + s] : 0.0f;
+        }
+}
+
+static __device__ __forceinline__ void hc_post_apply(float *X, const struct cu_post &p, uint32_t t, uint32_t i,
+                                                     uint32_t H, uint32_t n_hc, const struct hc_post_in &in,
+                                                     float *xnew) {
+        float o;
+        if (p.w) {
                 o = 0.0f;
 #pragma unroll
                 for (uint32_t k = 0; k < CU_SLOTS_MAX; k++)
                         if (k < p.n_slots)
-                                o += wk[k] * yv[k];
+                                o += in.wk[k] * in.yv[k];
         } else {
-                o = p.y[(uint64_t) t * p.y_slot_stride + i];
+                o = in.yv[0];
         }
         float *x = X + (uint64_t) t * n_hc * H + i;
-        float old[CU_HC_MAX];
-#pragma unroll
-        for (uint32_t s = 0; s < CU_HC_MAX; s++)
-                old[s] = s < n_hc ? x[(uint64_t) s * H] : 0.0f;
 #pragma unroll
         for (uint32_t d = 0; d < CU_HC_MAX; d++) {
+                xnew[d] = 0.0f;
                 if (d >= n_hc)
-                        break;
-                float v = post[d] * o;
+                        continue;
+                float v = in.post[d] * o;
 #pragma unroll
                 for (uint32_t s = 0; s < CU_HC_MAX; s++)
                         if (s < n_hc)
-                                v += C[d * n_hc + s] * old[s];
+                                v += in.C[d][s] * in.old[s];
                 x[(uint64_t) d * H] = v;
+                xnew[d] = v;
         }
+}
+
+static __device__ __forceinline__ void hc_post_elem(float *X, const float *hp, const struct cu_post &p,
+                                                    uint32_t t, uint32_t i, uint32_t H,
+                                                    uint32_t n_hc) {
+        struct hc_post_in in;
+        float xnew[CU_HC_MAX];
+        hc_post_load(X, hp, p, t, i, H, n_hc, in);
+        hc_post_apply(X, p, t, i, H, n_hc, in, xnew);
 }
 
 __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint32_t H,
@@ -224,7 +258,7 @@ template <int FT, bool TILE>
 __global__ void __launch_bounds__(HCF_THREADS)
         k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out, uint32_t T,
                    uint32_t tt) {
-        extern __shared__ float u[];
+        extern __shared__ __align__(16) float u[]; /* fused: the collapse; tiled: the weights */
         __shared__ float zs[CU_HC_MAX][HCF_SLICE + 8]; /* + 8: lane stride 8 floats, 2-way */
         __shared__ float red[HCF_Q];
         __shared__ float wsh[HCF_Q];
@@ -238,38 +272,66 @@ __global__ void __launch_bounds__(HCF_THREADS)
         uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
         uint32_t base = b * HCF_SLICE;
 
-        /* the weights first (a lane's loads all in flight before the first use, and before the
-         * wait for the previous kernel: they overlap its tail) */
+        /* the weights first, before the wait for the previous kernel (they overlap its tail):
+         * the fused kernel holds them in registers (a lane's loads all in flight before the first
+         * use); the tiled one copies the slice into shared memory (fewer registers, so more blocks
+         * an SM hide the latency of a token's chain) and reads the same values there */
         uint32_t iw = base + 8 * lane; /* this lane's eight positions */
-        float wv[RPW][N][8];
-#pragma unroll
-        for (uint32_t k = 0; k < RPW; k++)
-#pragma unroll
-                for (uint32_t s = 0; s < N; s++) {
-                        uint32_t r = warp + NW * k;
-#pragma unroll
-                        for (int e = 0; e < 8; e++)
-                                wv[k][s][e] = 0.0f;
-                        if (r < n_rows && s < n_hc && iw < H)
-                                hcf_w8<FT>((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes,
-                                           s * H + iw, wv[k][s]);
+        float wv[TILE ? 1 : RPW][N][8];
+        if constexpr (TILE) {
+                constexpr uint32_t ES = FT == CU_TYPE_F32 ? 4 : 2, UPR = HCF_SLICE * ES / 16;
+                uint4 *wsm = (uint4 *) u; /* [HCF_ROWS][N][UPR] */
+                for (uint32_t e = tid; e < HCF_ROWS * N * UPR; e += HCF_THREADS) {
+                        uint32_t r = e / (N * UPR), st = (e / UPR) % N, un = e % UPR;
+                        uint32_t pos = base + un * (16 / ES);
+                        uint4 v = make_uint4(0, 0, 0, 0);
+                        if (r < n_rows && st < n_hc && pos < H)
+                                v = *(const uint4 *) ((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes +
+                                                      ((uint64_t) st * H + pos) * ES);
+                        wsm[e] = v;
                 }
+        } else {
+#pragma unroll
+                for (uint32_t k = 0; k < RPW; k++)
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++) {
+                                uint32_t r = warp + NW * k;
+#pragma unroll
+                                for (int e = 0; e < 8; e++)
+                                        wv[k][s][e] = 0.0f;
+                                if (r < n_rows && s < n_hc && iw < H)
+                                        hcf_w8<FT>((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes,
+                                                   s * H + iw, wv[k][s]);
+                        }
+        }
 
         cu_pdl_wait();
         cu_pdl_trigger();
         uint32_t t0 = TILE ? blockIdx.y * tt : blockIdx.y, t_end = TILE ? min(T, t0 + tt) : t0 + 1;
+        uint32_t i = base + tid;
+        bool post_on = i < H && post.y;
+        struct hc_post_in pin;
+        if (post_on && t0 < t_end)
+                hc_post_load(X, hcp + (uint64_t) t0 * CU_HCP_STRIDE, post, t0, i, H, n_hc, pin);
         for (uint32_t t = t0; t < t_end; t++) {
-                float *xt = X + (uint64_t) t * W;
-                uint32_t i = base + tid;
+                const float *xt = X + (uint64_t) t * W;
+                float z[N];
+                if (post_on) {
+                        hc_post_apply(X, post, t, i, H, n_hc, pin, z);
+                        /* the next token's loads in flight during this token's sums */
+                        if (t + 1 < t_end)
+                                hc_post_load(X, hcp + (uint64_t) (t + 1) * CU_HCP_STRIDE, post, t + 1, i, H, n_hc, pin);
+                } else {
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++)
+                                z[s] = s < n_hc && i < H ? xt[(uint64_t) s * H + i] : 0.0f;
+                }
                 float ss = 0.0f;
-                if (i < H && post.y)
-                        hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
 #pragma unroll
                 for (uint32_t s = 0; s < N; s++) {
-                        float z = s < n_hc && i < H ? xt[(uint64_t) s * H + i] : 0.0f;
-                        zs[s][tid] = z;
+                        zs[s][tid] = z[s];
                         if (s < n_hc)
-                                ss += z * z;
+                                ss += z[s] * z[s];
                 }
                 ss = cu_block_sum(ss, red2); /* its barriers also publish zs (and end the
                                               * previous token's reads of zs and red) */
@@ -282,10 +344,21 @@ __global__ void __launch_bounds__(HCF_THREADS)
                         float acc = 0.0f;
 #pragma unroll
                         for (uint32_t s = 0; s < N; s++)
-                                if (s < n_hc)
+                                if (s < n_hc) {
+                                        float w8[8];
+                                        if constexpr (TILE) {
+                                                constexpr uint32_t ES = FT == CU_TYPE_F32 ? 4 : 2;
+                                                hcf_w8<FT>((const uint8_t *) u + ((uint64_t) r * N + s) * HCF_SLICE * ES,
+                                                           8 * lane, w8);
+                                        } else {
+#pragma unroll
+                                                for (int e = 0; e < 8; e++)
+                                                        w8[e] = wv[k][s][e];
+                                        }
 #pragma unroll
                                         for (int e = 0; e < 8; e++)
-                                                acc += wv[k][s][e] * zs[s][8 * lane + e];
+                                                acc += w8[e] * zs[s][8 * lane + e];
+                                }
                         acc = cu_warp_sum(acc);
                         if (lane == 0 && r < HCF_Q - 1)
                                 red[r] = r < n_rows ? acc : 0.0f;
@@ -332,8 +405,32 @@ __global__ void __launch_bounds__(HCF_THREADS)
  * weights once for all its tokens), at most HCF_TILE_MAX. X4_CUDA_HC=fused keeps the fused kernel
  * for every token count, =tiled takes the tiled pair for every count (measurements; the bits are
  * the same either way). */
-#define HCF_TILE_MAX 16
-static uint32_t hc_tile(uint32_t T, uint32_t NB) {
+#define HCF_TILE_MAX 32
+#define HCF_TILE_BLOCKS_SM 2 /* tiled blocks an SM counted on (shared memory allows 2-4) */
+template <int FT>
+static size_t hc_tile_smem(void) {
+        return (size_t) HCF_ROWS * CU_HC_MAX * HCF_SLICE * (FT == CU_TYPE_F32 ? 4 : 2);
+}
+
+/* whether the tiled kernel's shared memory fits this device, by weight type (BF16, F16, F32:
+ * 48, 48 and 96 KB; a Turing card's 64 KB a block does not take the F32 one) */
+static bool hc_tile_fits[3];
+
+template <int FT>
+static bool hc_tile_attr(void) {
+        bool ok = cudaFuncSetAttribute(k_hc_fused<FT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int) hc_tile_smem<FT>()) == cudaSuccess;
+        (void) cudaGetLastError();
+        return ok;
+}
+
+extern "C" void cu_hc_setup(void) {
+        hc_tile_fits[0] = hc_tile_attr<CU_TYPE_BF16>();
+        hc_tile_fits[1] = hc_tile_attr<CU_TYPE_F16>();
+        hc_tile_fits[2] = hc_tile_attr<CU_TYPE_F32>();
+}
+
+static uint32_t hc_tile(uint32_t T, uint32_t NB, bool fits) {
         static int force = -1, sms = 0;
         if (force < 0) {
                 const char *e = getenv("X4_CUDA_HC");
@@ -343,23 +440,25 @@ static uint32_t hc_tile(uint32_t T, uint32_t NB) {
                     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
                         sms = 1;
         }
-        if (force == 1 || (force == 0 && T == 1))
+        if (!fits || force == 1 || (force == 0 && T == 1))
                 return 0;
-        uint64_t tt = ((uint64_t) T * NB + (uint64_t) sms - 1) / (uint64_t) sms;
+        uint64_t slots = (uint64_t) sms * HCF_TILE_BLOCKS_SM, tt = ((uint64_t) T * NB + slots - 1) / slots;
         return (uint32_t) (tt < 1 ? 1 : tt > HCF_TILE_MAX ? HCF_TILE_MAX : tt);
 }
 
 template <int FT>
 static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float *X, uint32_t T, float *hcp,
                           float *out, cudaStream_t s) {
-        uint32_t NB = cu_hc_slices(a->H), tt = hc_tile(T, NB);
+        uint32_t NB = cu_hc_slices(a->H);
+        uint32_t tt = hc_tile(T, NB, hc_tile_fits[FT == CU_TYPE_BF16 ? 0 : FT == CU_TYPE_F16 ? 1 : 2]);
         size_t smem = a->H * sizeof(float);
         cu_launches++;
         if (tt == 0) {
                 cu_launch(k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s, *a, *p, X, hcp, out, T, 1u);
                 return;
         }
-        cu_launch(k_hc_fused<FT, true>, dim3(NB, (T + tt - 1) / tt), HCF_THREADS, 0, s, *a, *p, X, hcp, out, T, tt);
+        cu_launch(k_hc_fused<FT, true>, dim3(NB, (T + tt - 1) / tt), HCF_THREADS, hc_tile_smem<FT>(), s, *a, *p, X,
+                  hcp, out, T, tt);
         cu_launches++;
         cu_launch(k_hc_tail, dim3(T), HCF_THREADS, smem, s, *a, X, hcp, out, NB);
 }
