@@ -118,6 +118,15 @@ static long procs_running(int fd) {
         return end != s && *end == '/' ? n : -1;
 }
 
+long threadpool_machine_running(void) {
+        int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -1;
+        long n = procs_running(fd);
+        close(fd);
+        return n;
+}
+
 /* Spin when every runnable thread has a core: the other runnable threads of the machine (from
  * procs_running, less the caller and this pool's spinning workers), averaged over the last probes,
  * plus this pool's n_threads fit in the online CPUs (with one to spare for noise), and the

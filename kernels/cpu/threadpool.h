@@ -31,5 +31,9 @@ unsigned threadpool_size(const struct threadpool *p);
  * wake-up of tens of microseconds: callers split smaller jobs then. Caller thread only. */
 bool threadpool_handoff_cheap(struct threadpool *p);
 
+/* The machine's runnable threads now (the caller included, so at least 1), as the pool's spin
+ * guard reads them; -1 where the count cannot be read (the pool then never spins). */
+long threadpool_machine_running(void);
+
 /* Run fn over [0, n) and return when every range is done. Not reentrant: one run at a time. */
 void threadpool_run(struct threadpool *p, size_t n, threadpool_fn_t fn, void *ctx);

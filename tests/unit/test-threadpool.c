@@ -130,6 +130,16 @@ static void test_split_spinning(void **state) {
         split_with_spin(NULL);
 }
 
+/* The spin guard's reading of the machine: at least this thread is running. A parse that fails
+ * (the count past what was read, a changed format) would return -1 and leave the pool asleep
+ * between jobs on every machine, halving one-token steps without any other symptom. */
+static void test_reads_machine_running(void **state) {
+        (void) state;
+        long n = threadpool_machine_running();
+        assert_true(n >= 1);
+        assert_true(n < 1000000);
+}
+
 static void test_refuses_zero_threads(void **state) {
         struct threadpool *p = NULL;
 
@@ -143,6 +153,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_split),
                 cmocka_unit_test(test_split_spinning),
+                cmocka_unit_test(test_reads_machine_running),
                 cmocka_unit_test(test_refuses_zero_threads),
         };
 
