@@ -287,8 +287,8 @@ fi
 if has hcbench; then
         # the mHC pre-mapping fused (one kernel a token) against the default (token-tiled pair of
         # kernels for more than one token; same bits), with k_mm and with tensor-core products
-        for mm in default tc; do
-                for hc in fused default; do
+        for mm in ${X4_HCBENCH_MM:-default tc}; do
+                for hc in ${X4_HCBENCH_HC:-fused default}; do
                         say "mHC $hc, products $mm: prefill 512/4096, decode batch 1/16/64 at 512"
                         X4_CUDA_HC=$([ $hc = fused ] && echo fused) X4_CUDA_MM=$([ $mm = tc ] && echo tc) \
                                 "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 \
