@@ -4,6 +4,10 @@
  * collapse, the sublayer RMSNorm) in one kernel for a single token and in a token-tiled kernel and
  * a tail kernel for more (the same sums: the same bits), the post-mapping, and the head norm.
  * Everything here is fp32 (docs/model.md §5 "Numerics": streams exceed fp16 range). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.cuh"
 
 
@@ -333,8 +337,9 @@ __global__ void __launch_bounds__(HCF_THREADS)
                         if (s < n_hc)
                                 ss += z[s] * z[s];
                 }
-                ss = cu_block_sum(ss, red2); /* its barriers also publish zs (and end the
-                                              * previous token's reads of zs and red) */
+                ss = cu_block_sum(ss, red2); /* its barriers publish zs (the previous token's
+                                              * reads of zs ended at its last barrier below,
+                                              * of red at this call's first one) */
 
                 /* rows warp, warp + NW, ...: lane sum over its eight positions (streams in order,
                  * positions in order), then the butterfly */
@@ -413,7 +418,8 @@ static size_t hc_tile_smem(void) {
 }
 
 /* whether the tiled kernel's shared memory fits this device, by weight type (BF16, F16, F32:
- * 48, 48 and 96 KB; a Turing card's 64 KB a block does not take the F32 one) */
+ * 48, 48 and 96 KB, plus 4.4 KB of static arrays: the F32 one does not fit the 64-99 KB a block of
+ * sm_75 and sm_86-sm_89 cards, which run the fused kernel for it) */
 static bool hc_tile_fits[3];
 
 template <int FT>
@@ -439,6 +445,14 @@ static uint32_t hc_tile(uint32_t T, uint32_t NB, bool fits) {
                 if (cudaGetDevice(&dev) != cudaSuccess ||
                     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
                         sms = 1;
+        }
+        if (force == 2 && !fits) {
+                /* asked for (tests compare the two paths): say that it cannot be, once */
+                static bool said;
+                if (!said)
+                        fprintf(stderr, "X4_CUDA_HC=tiled: the tiled mHC kernel's shared memory does not fit this "
+                                        "device for this weight type; the fused kernel runs\n");
+                said = true;
         }
         if (!fits || force == 1 || (force == 0 && T == 1))
                 return 0;
