@@ -241,6 +241,17 @@ for (k, n), m in per.items():
     print(f"{k:>5} {n:60} t={m.get('gpu__time_duration.sum','?'):>8} B={m.get('dram__bytes_read.sum','?'):>10} grid={m.get('launch__grid_size','?'):>6} blk={m.get('launch__block_size','?'):>5} regs={m.get('launch__registers_per_thread','?'):>4} act%={m.get('sm__warps_active.avg.pct_of_peak_sustained_active','?')}")
 PY
 fi
+if has ncufull; then
+        # the same launches as `ncu` with the sections that say why each kernel takes its time
+        # (stall reasons, occupancy, memory throughput), as text
+        say "ncu: full sections, one decode step's kernels at batch 1, ctx 512"
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --launch-skip ${X4_NCU_SKIP:-1400} --launch-count ${X4_NCUF_COUNT:-20} \
+                --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+                --section MemoryWorkloadAnalysis "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                --decode-ctx 512 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" >"$out/ncu-full.txt"
+        grep -E "^  k_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|Registers Per|Grid Size" \
+                "$out/ncu-full.txt" | head -200
+fi
 if has attn; then
         for k in part dec4 dec2; do
                 say "attention kernel forced: $k"
