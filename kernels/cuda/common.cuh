@@ -52,6 +52,17 @@ static void cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
 __constant__ static const float cu_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                        1,    13,   25,  38,  53,  69,  89,  113};
 
+/* The codebook + 128 as bytes (1, 24, 45, ..., 241), four to a word, for lookups by byte
+ * permutes (__byte_perm picks byte s & 7 of the pair of words for each selector nibble s), and
+ * byte k of such a word back to its codebook value: 0x4B0000bb is the float 2^23 + bb, exactly. */
+#define CU_IQ4_B0 0x3F2D1801u
+#define CU_IQ4_B1 0x766A5D4Fu
+#define CU_IQ4_B2 0xA6998D81u
+#define CU_IQ4_B3 0xF1D9C5B5u
+static __device__ __forceinline__ float cu_iq4_byte(uint32_t v, uint32_t k) {
+        return __int_as_float(__byte_perm(v, 0x4B000000u, 0x7540u | k)) - 8388736.0f;
+}
+
 static __device__ __forceinline__ float cu_fp16(const uint8_t *p) {
         uint16_t h = (uint16_t) p[0] | ((uint16_t) p[1] << 8);
         return __half2float(__ushort_as_half(h));

@@ -113,6 +113,8 @@ struct cu_hc {
         uint32_t *ticket;  /* T counters, zero between launches (each launch leaves them zero) */
         uint32_t H, n_hc, iters;
         float rms_eps, hc_eps, clamp;
+        /* measurement only (X4_HC_PROBE, mhc.cu): parts of the kernel left out, results wrong */
+        uint32_t probe;
 };
 /* Slices of a token's positions the fused pre-mapping kernel splits over (partials per token). */
 uint32_t cu_hc_slices(uint32_t H);

@@ -130,6 +130,11 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
 #define MVS_WARPS 8
 #define MVS_BATCH 4  /* chunks (input tiles) a lane loads ahead */
 #define MVS_TP_MAX 8 /* input vectors one block serves */
+#define MVS_XS 36    /* floats a staged chunk takes: 16-byte aligned, a quarter warp's 16-byte
+                      * reads of chunks sl, sl + 1, ... hit distinct banks */
+/* RW (rows a warp computes, RW·RPW in all): with a short row (one input tile), one row a warp
+ * keeps too few bytes in flight (the K = 1024 expert down product: 18 bytes a lane, 0.7 TB/s);
+ * RW rows a warp issue RW rows' loads at once, MVS_BATCH / RW tiles ahead each. */
 
 template <int TYPE>
 struct raw_chunk; /* a chunk's stored bytes, loaded as wide as its alignment allows */
@@ -183,16 +188,24 @@ struct raw_chunk<CU_TYPE_IQ4_NL> {
         __device__ __forceinline__ uint32_t unit(int k) const {
                 return (w[k >> 1] >> (16 * (k & 1))) & 0xffffu;
         }
-        __device__ __forceinline__ void dequant(float *out, const float *iq4) const {
+        /* The codebook in registers instead of a shared-memory table (a load a value kept the
+         * L1 pipe 55-69% busy in the expert products, ncu): the 16 entries + 128 as bytes of
+         * four words, a unit's four nibbles (values 2j, 2j + 16, 2j + 1, 2j + 17) looked up
+         * by three byte permutes, each byte turned into its float by the 2^23 trick. The
+         * values are the same integers, so d·value is the same product as before. */
+        __device__ __forceinline__ void dequant(float *out, const float *) const {
                 float d = __half2float(__ushort_as_half((uint16_t) unit(0)));
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                        uint32_t q = unit(1 + j);
-                        uint32_t q0 = q & 0xff, q1 = q >> 8;
-                        out[2 * j] = d * iq4[q0 & 0xF];
-                        out[2 * j + 16] = d * iq4[q0 >> 4];
-                        out[2 * j + 1] = d * iq4[q1 & 0xF];
-                        out[2 * j + 17] = d * iq4[q1 >> 4];
+                        uint32_t u = unit(1 + j);
+                        uint32_t ix = u & 0x7777u;
+                        uint32_t lo = __byte_perm(CU_IQ4_B0, CU_IQ4_B1, ix);
+                        uint32_t hi = __byte_perm(CU_IQ4_B2, CU_IQ4_B3, ix);
+                        uint32_t v = __byte_perm(lo, hi, ((u >> 1) & 0x4444u) | 0x3210u);
+                        out[2 * j] = d * cu_iq4_byte(v, 0);
+                        out[2 * j + 16] = d * cu_iq4_byte(v, 1);
+                        out[2 * j + 1] = d * cu_iq4_byte(v, 2);
+                        out[2 * j + 17] = d * cu_iq4_byte(v, 3);
                 }
         }
 };
@@ -210,13 +223,15 @@ struct raw_chunk {
         }
 };
 
-template <int TYPE, int TP, int NR, int L, bool GROUPED>
+template <int TYPE, int TP, int NR, int L, bool GROUPED, int RW>
 __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         __shared__ float iq4[16];
-        __shared__ float xs[TP][MV_TILE_CHUNKS * MV_TILE_STRIDE];
-        constexpr int RPW = 32 / L; /* rows per warp */
+        __shared__ __align__(16) float xs[TP][MV_TILE_CHUNKS * MVS_XS];
+        constexpr int RPW = 32 / L; /* rows per warp pass */
+        constexpr int TB = MVS_BATCH / RW > 0 ? MVS_BATCH / RW : 1; /* tiles a lane loads ahead */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, sl = lane % L;
-        uint32_t r = (blockIdx.x * MVS_WARPS + warp) * RPW + lane / L; /* output index */
+        /* the warp's rows: RW passes of RPW rows, consecutive */
+        uint32_t rb = (blockIdx.x * MVS_WARPS + warp) * RW * RPW + lane / L;
         uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
         const int32_t *perm = NULL;
         int32_t expert = 0;
@@ -224,19 +239,23 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                 cu_pdl_wait(); /* the expert ids come from the router kernel */
         if (GROUPED && !cu_group_tile(a, blockIdx.y, &expert, &perm, &n_p))
                 return; /* the whole block */
-        if (TYPE == CU_TYPE_IQ4_NL && threadIdx.x < 16)
+        if (TYPE != CU_TYPE_IQ4_NL && threadIdx.x < 16)
                 iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x]; /* read after the first barrier */
-        bool active = r < a.N / NR;
-        const uint8_t *w = (const uint8_t *) a.w + (uint64_t) (active ? r : 0) * NR * a.row_bytes;
-        if (GROUPED)
-                w += (uint64_t) expert * a.expert_bytes;
-        else if (a.sel)
-                w += (uint64_t) a.sel[p0] * a.expert_bytes; /* TP == 1 with sel */
+        uint64_t eoff = GROUPED ? (uint64_t) expert * a.expert_bytes
+                                : a.sel ? (uint64_t) a.sel[p0] * a.expert_bytes : 0; /* TP == 1 with sel */
+        bool active[RW];
+        const uint8_t *w[RW];
+#pragma unroll
+        for (int k = 0; k < RW; k++) {
+                uint32_t r = rb + k * RPW;
+                active[k] = r < a.N / NR;
+                w[k] = (const uint8_t *) a.w + (uint64_t) (active[k] ? r : 0) * NR * a.row_bytes + eoff;
+        }
         /* the block's rows share one input group (the host checks G) */
-        uint32_t g = NR == 1 ? (blockIdx.x * MVS_WARPS * RPW) / a.G : 0;
+        uint32_t g = NR == 1 ? (blockIdx.x * MVS_WARPS * RW * RPW) / a.G : 0;
         const float *x[TP];
         uint32_t pid[TP];
-        float acc[NR][TP];
+        float acc[RW][NR][TP];
 #pragma unroll
         for (int t = 0; t < TP; t++) {
                 uint32_t p = GROUPED ? (uint32_t) perm[(uint32_t) t < n_p ? t : 0]
@@ -244,8 +263,10 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                 pid[t] = p;
                 x[t] = a.x + (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) g * a.x_gstride;
 #pragma unroll
-                for (int k = 0; k < NR; k++)
-                        acc[k][t] = 0.0f;
+                for (int k = 0; k < RW; k++)
+#pragma unroll
+                        for (int n = 0; n < NR; n++)
+                                acc[k][n][t] = 0.0f;
         }
         /* lane sl's chunk of tile i is 32·i + sl (L < 32: one tile, chunks < L). Thread j
          * stages values 4j..4j+3 of each input's tile with one 16-byte load; the next tile's
@@ -256,15 +277,17 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         uint32_t n_tiles = (n_chunks + MV_TILE_CHUNKS - 1) / MV_TILE_CHUNKS;
         uint32_t e4 = 4 * threadIdx.x;
         float4 xr[TP];
-        for (uint32_t t0 = 0; t0 < n_tiles; t0 += MVS_BATCH) {
-                raw_chunk<TYPE> raw[NR][MVS_BATCH];
+        for (uint32_t t0 = 0; t0 < n_tiles; t0 += TB) {
+                raw_chunk<TYPE> raw[RW][NR][TB];
 #pragma unroll
-                for (int b = 0; b < MVS_BATCH; b++) {
+                for (int b = 0; b < TB; b++) {
                         uint32_t c = (t0 + b) * MV_TILE_CHUNKS + sl;
-                        if (active && c < n_chunks)
 #pragma unroll
-                                for (int k = 0; k < NR; k++)
-                                        raw[k][b].load(w + k * a.row_bytes, c);
+                        for (int k = 0; k < RW; k++)
+                                if (active[k] && c < n_chunks)
+#pragma unroll
+                                        for (int n = 0; n < NR; n++)
+                                                raw[k][n][b].load(w[k] + n * a.row_bytes, c);
                 }
                 if (t0 == 0) {
                         /* the first weights are in flight: now the inputs (written by the
@@ -277,7 +300,7 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                                         xr[t] = *(const float4 *) (x[t] + e4);
                 }
 #pragma unroll
-                for (int b = 0; b < MVS_BATCH; b++) {
+                for (int b = 0; b < TB; b++) {
                         uint32_t tile = t0 + b;
                         if (tile >= n_tiles)
                                 break;
@@ -286,15 +309,11 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                                 CU_CHUNK;
                         __syncthreads(); /* the previous tile has been read */
                         if (e4 < n_vals) {
-                                uint32_t o = (e4 / CU_CHUNK) * MV_TILE_STRIDE + e4 % CU_CHUNK;
+                                uint32_t o = (e4 / CU_CHUNK) * MVS_XS + e4 % CU_CHUNK;
 #pragma unroll
                                 for (int t = 0; t < TP; t++)
-                                        if ((uint32_t) t < n_p) {
-                                                xs[t][o] = xr[t].x;
-                                                xs[t][o + 1] = xr[t].y;
-                                                xs[t][o + 2] = xr[t].z;
-                                                xs[t][o + 3] = xr[t].w;
-                                        }
+                                        if ((uint32_t) t < n_p)
+                                                *(float4 *) &xs[t][o] = xr[t];
                         }
                         __syncthreads();
                         uint64_t nx = (uint64_t) (tile + 1) * MV_TILE_CHUNKS * CU_CHUNK + e4;
@@ -303,46 +322,61 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                                 if ((uint32_t) t < n_p && nx < a.K)
                                         xr[t] = *(const float4 *) (x[t] + nx);
                         uint32_t c = tile * MV_TILE_CHUNKS + sl;
-                        if (!active || c >= n_chunks)
+                        if (c >= n_chunks)
                                 continue;
 #pragma unroll
-                        for (int k = 0; k < NR; k++) {
-                                float wv[CU_CHUNK];
-                                raw[k][b].dequant(wv, iq4);
+                        for (int k = 0; k < RW; k++) {
+                                if (!active[k])
+                                        continue;
 #pragma unroll
-                                for (int t = 0; t < TP; t++) {
-                                        if ((uint32_t) t >= n_p)
-                                                break;
-                                        const float *xv = &xs[t][sl * MV_TILE_STRIDE];
-                                        float s = 0.0f;
+                                for (int n = 0; n < NR; n++) {
+                                        float wv[CU_CHUNK];
+                                        raw[k][n][b].dequant(wv, iq4);
 #pragma unroll
-                                        for (int i = 0; i < CU_CHUNK; i++)
-                                                s += wv[i] * xv[i];
-                                        acc[k][t] += s;
+                                        for (int t = 0; t < TP; t++) {
+                                                if ((uint32_t) t >= n_p)
+                                                        break;
+                                                /* x four values a load (MVS_XS: the quarter
+                                                 * warp's 16-byte reads hit distinct banks) */
+                                                const float4 *xv = (const float4 *) &xs[t][sl * MVS_XS];
+                                                float s = 0.0f;
+#pragma unroll
+                                                for (int i = 0; i < CU_CHUNK / 4; i++) {
+                                                        float4 xq = xv[i];
+                                                        s += wv[4 * i] * xq.x;
+                                                        s += wv[4 * i + 1] * xq.y;
+                                                        s += wv[4 * i + 2] * xq.z;
+                                                        s += wv[4 * i + 3] * xq.w;
+                                                }
+                                                acc[k][n][t] += s;
+                                        }
                                 }
                         }
                 }
         }
 #pragma unroll
-        for (int t = 0; t < TP; t++) {
-                float v[NR];
+        for (int k = 0; k < RW; k++)
 #pragma unroll
-                for (int k = 0; k < NR; k++) {
-                        float s = acc[k][t];
-                        if (L < 32)
-                                s += 0.0f; /* k_matvec's butterfly over idle lanes (see above) */
+                for (int t = 0; t < TP; t++) {
+                        float v[NR];
 #pragma unroll
-                        for (int o = L / 2; o > 0; o >>= 1)
-                                s += __shfl_xor_sync(CU_FULL_MASK, s, o);
-                        v[k] = s;
+                        for (int n = 0; n < NR; n++) {
+                                float s = acc[k][n][t];
+                                if (L < 32)
+                                        s += 0.0f; /* k_matvec's butterfly over idle lanes (see above) */
+#pragma unroll
+                                for (int o = L / 2; o > 0; o >>= 1)
+                                        s += __shfl_xor_sync(CU_FULL_MASK, s, o);
+                                v[n] = s;
+                        }
+                        float y = v[0];
+                        if (NR == 2)
+                                y = y / (1.0f + expf(-y)) * v[NR - 1]; /* docs/model.md §5: silu(gate)·up */
+                        uint32_t r = rb + k * RPW;
+                        if (active[k] && sl == 0 && (uint32_t) t < n_p)
+                                a.y[(uint64_t) pid[t] * a.y_pstride + (uint64_t) g * a.y_gstride +
+                                    (NR == 1 ? r % a.G : r)] = y;
                 }
-                float y = v[0];
-                if (NR == 2)
-                        y = y / (1.0f + expf(-y)) * v[NR - 1]; /* docs/model.md §5: silu(gate)·up */
-                if (active && sl == 0 && (uint32_t) t < n_p)
-                        a.y[(uint64_t) pid[t] * a.y_pstride + (uint64_t) g * a.y_gstride +
-                            (NR == 1 ? r % a.G : r)] = y;
-        }
 }
 
 /* k_mm: the same products for many input vectors (prefill chunks, large decode batches), shaped
@@ -559,22 +593,60 @@ static bool launch_mm(const struct cu_mv *a, cudaStream_t s) {
         return true;
 }
 
+/* Rows a warp computes for a one-input block (RW, see k_mv_small): from the row's input tiles, so
+ * a lane keeps about MVS_BATCH chunks in flight; X4_CUDA_RW=1|2|4 forces it (measurements; the
+ * bits are the same either way). */
+static uint32_t mvs_rows_per_warp(uint32_t n_chunks) {
+        static int force = -1;
+        if (force < 0) {
+                const char *e = getenv("X4_CUDA_RW");
+                force = e && (*e == '1' || *e == '2' || *e == '4') ? *e - '0' : 0;
+        }
+        if (force)
+                return (uint32_t) force;
+        uint32_t tiles = (n_chunks + MV_TILE_CHUNKS - 1) / MV_TILE_CHUNKS;
+        return tiles >= MVS_BATCH ? 1 : tiles >= 2 ? 2 : 4;
+}
+
+template <int TYPE, int NR, int L, int RW>
+static void launch_small_rw(const struct cu_mv *a, cudaStream_t s) {
+        uint32_t n_out = a->N / NR, rows_per_block = MVS_WARPS * (32 / L) * RW;
+        cu_launches++;
+        cu_launch(k_mv_small<TYPE, 1, NR, L, false, RW>, dim3((n_out + rows_per_block - 1) / rows_per_block, a->P),
+                  dim3(MVS_WARPS * 32), 0, s, *a);
+}
+
 template <int TYPE, int NR, int L>
 static void launch_small_l(const struct cu_mv *a, cudaStream_t s) {
         dim3 block(MVS_WARPS * 32);
         uint32_t n_out = a->N / NR, rows_per_block = MVS_WARPS * (32 / L);
         uint32_t gx = (n_out + rows_per_block - 1) / rows_per_block;
+        if (!a->groups && (a->sel || a->P == 1)) {
+                /* one input a block: RW rows a warp, as long as a block's rows stay in one
+                 * input group */
+                uint32_t rw = mvs_rows_per_warp(a->K / CU_CHUNK);
+                while (rw > 1 && NR == 1 && a->G != a->N && a->G % (rows_per_block * rw) != 0)
+                        rw /= 2;
+                if (rw == 4) {
+                        launch_small_rw<TYPE, NR, L, 4>(a, s);
+                        return;
+                }
+                if (rw == 2) {
+                        launch_small_rw<TYPE, NR, L, 2>(a, s);
+                        return;
+                }
+        }
         cu_launches++;
         if (a->sel && a->groups)
-                cu_launch(k_mv_small<TYPE, CU_GROUP_TILE, NR, L, true>, dim3(gx, a->n_groups_max), block, 0, s, *a);
+                cu_launch(k_mv_small<TYPE, CU_GROUP_TILE, NR, L, true, 1>, dim3(gx, a->n_groups_max), block, 0, s, *a);
         else if (a->sel || a->P == 1)
-                cu_launch(k_mv_small<TYPE, 1, NR, L, false>, dim3(gx, a->P), block, 0, s, *a);
+                cu_launch(k_mv_small<TYPE, 1, NR, L, false, 1>, dim3(gx, a->P), block, 0, s, *a);
         else if (a->P <= 2)
-                cu_launch(k_mv_small<TYPE, 2, NR, L, false>, dim3(gx, 1), block, 0, s, *a);
+                cu_launch(k_mv_small<TYPE, 2, NR, L, false, 1>, dim3(gx, 1), block, 0, s, *a);
         else if (a->P <= 4)
-                cu_launch(k_mv_small<TYPE, 4, NR, L, false>, dim3(gx, 1), block, 0, s, *a);
+                cu_launch(k_mv_small<TYPE, 4, NR, L, false, 1>, dim3(gx, 1), block, 0, s, *a);
         else
-                cu_launch(k_mv_small<TYPE, MVS_TP_MAX, NR, L, false>, dim3(gx, (a->P + MVS_TP_MAX - 1) / MVS_TP_MAX), block, 0, s, *a);
+                cu_launch(k_mv_small<TYPE, MVS_TP_MAX, NR, L, false, 1>, dim3(gx, (a->P + MVS_TP_MAX - 1) / MVS_TP_MAX), block, 0, s, *a);
 }
 
 /* Packed rows (L < 32) only for BF16 single rows: the per-head absorb matrices (attn_k_b rows of

@@ -231,14 +231,15 @@ if has ncu; then
                 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 >"$out/ncu.csv" 2>"$out/ncu.err"
         python3 - "$out/ncu.csv" <<'PY'
 import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))  # x4-bench's own lines are mixed in
 hdr = rows[0]; rows = rows[1:]
 ki, ni, mi, vi = hdr.index("ID"), hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
 per = collections.OrderedDict()
 for r in rows:
     per.setdefault((r[ki], r[ni][:60]), {})[r[mi]] = r[vi]
 for (k, n), m in per.items():
-    print(f"{k:>5} {n:60} t={m.get('gpu__time_duration.sum','?'):>8} B={m.get('dram__bytes_read.sum','?'):>10} grid={m.get('launch__grid_size','?'):>6} blk={m.get('launch__block_size','?'):>5} regs={m.get('launch__registers_per_thread','?'):>4} act%={m.get('sm__warps_active.avg.pct_of_peak_sustained_active','?')}")
+    t = float(m.get('gpu__time_duration.sum', '0').replace(',', '')); b = float(m.get('dram__bytes_read.sum', '0').replace(',', ''))
+    print(f"{k:>5} {n:60} t={t / 1000:7.2f}us MB={b / 1e6:7.2f} GB/s={b / t if t else 0:6.0f} grid={m.get('launch__grid_size','?'):>6} blk={m.get('launch__block_size','?'):>5} regs={m.get('launch__registers_per_thread','?'):>4} act%={m.get('sm__warps_active.avg.pct_of_peak_sustained_active','?')}")
 PY
 fi
 if has ncufull; then
@@ -251,6 +252,34 @@ if has ncufull; then
                 --decode-ctx 512 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" >"$out/ncu-full.txt"
         grep -E "^  k_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|Registers Per|Grid Size" \
                 "$out/ncu-full.txt" | head -200
+fi
+if has hcprobe; then
+        # where the fused mHC kernel's time goes at batch 1: its ncu duration with parts left out
+        # (X4_HC_PROBE bits: 1 no Sinkhorn, 2 no tail, 4 no collapse/norm, 8 no post-mapping)
+        for p in 0 1 2 4 8; do
+                X4_HC_PROBE=$p X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:k_hc_fused --launch-skip 200 \
+                        --launch-count 4 --metrics gpu__time_duration.sum --csv "$build/tools/x4-bench" --model "$model" \
+                        --device cuda --prefill none --decode-ctx 512 --batch 1 --decode-tokens 2 --repeats 1 --warmup 0 \
+                        2>/dev/null | grep '^"' | awk -F'","' -v p=$p 'NR > 1 { gsub(/[",]/, "", $NF); s += $NF; n++ }
+                        END { printf "hcprobe %d: mean %.2f us over %d launches\n", p, s / n / 1000, n }'
+        done
+fi
+if has rw; then
+        # rows a warp in the one-input decode products (X4_CUDA_RW; same bits)
+        for rw in 1 2 4; do
+                say "decode batch 1, X4_CUDA_RW=$rw"
+                X4_CUDA_RW=$rw "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512 \
+                        --batch 1 --decode-tokens 32 --repeats 3 --json 2>&1 | sed "s/}\$/,\"rw\":$rw}/" |
+                        tee -a "$out/bench-rw.jsonl" | grep '"decode"'
+        done
+fi
+if has attntc; then
+        say "decode batch 1 and 16, tensor-core attention (X4_CUDA_ATTN=tc), f32 and f16 caches"
+        for cache in f32 f16; do
+                X4_CUDA_ATTN=tc "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
+                        --decode-ctx 512,4096 --batch 1,16 --decode-tokens 32 --repeats 3 --json 2>&1 |
+                        tee -a "$out/bench-attntc.jsonl" | grep '"decode"'
+        done
 fi
 if has attn; then
         for k in part dec4 dec2; do
