@@ -19,7 +19,9 @@
  * launched ahead (triggering before the wait let a chain of waiting grids fill the SMs: 12%
  * slower at batch 1). What a kernel does before the wait may only read data no kernel writes:
  * weights, as the matvecs and the HC kernel do to have their weight loads in flight during the
- * previous kernel's tail. */
+ * previous kernel's tail, and the step's metadata (token positions, page tables: copied by the
+ * host before the step's first kernel, never written by a kernel), as the attention kernels do
+ * to have their cache row offsets ready. */
 static __device__ __forceinline__ void cu_pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

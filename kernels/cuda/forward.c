@@ -1350,7 +1350,7 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
                 .w = cl->down.d, .type = cl->down.type, .row_bytes = cl->down.row_bytes,
                 .expert_bytes = cl->down.expert_bytes, .K = F, .N = H, .G = H,
                 .x = b->act, .x_pstride = F, .x_div = 1, .y = b->dn, .y_pstride = H,
-                .sel = b->sel, .P = T * S,
+                .sel = b->sel, .sel_ready = true, .P = T * S,
                 .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
         };
         cu_matvec(&dn, s);

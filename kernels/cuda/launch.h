@@ -65,6 +65,10 @@ struct cu_mv {
         float *y;
         uint64_t y_pstride, y_gstride;
         const int32_t *sel;
+        /* sel was written two kernels back or earlier (the expert down product after gate-up):
+         * k_mv_small reads it (past L1) and issues its weight loads before waiting for the
+         * previous kernel, which by PDL's chain cannot start before the router finished */
+        bool sel_ready;
         uint32_t P;
         bool swiglu;
         /* With sel, optionally the pairs grouped by expert (cu_moe_group): a block dots one

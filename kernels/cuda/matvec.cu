@@ -235,14 +235,17 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         uint32_t p0 = blockIdx.y * TP, n_p = min((uint32_t) TP, a.P - min(p0, a.P));
         const int32_t *perm = NULL;
         int32_t expert = 0;
-        if (a.sel)
+        if (a.sel && (GROUPED || !a.sel_ready))
                 cu_pdl_wait(); /* the expert ids come from the router kernel */
         if (GROUPED && !cu_group_tile(a, blockIdx.y, &expert, &perm, &n_p))
                 return; /* the whole block */
         if (TYPE != CU_TYPE_IQ4_NL && threadIdx.x < 16)
                 iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x]; /* read after the first barrier */
-        uint64_t eoff = GROUPED ? (uint64_t) expert * a.expert_bytes
-                                : a.sel ? (uint64_t) a.sel[p0] * a.expert_bytes : 0; /* TP == 1 with sel */
+        uint64_t eoff = 0; /* TP == 1 with sel */
+        if (GROUPED)
+                eoff = (uint64_t) expert * a.expert_bytes;
+        else if (a.sel)
+                eoff = (uint64_t) (a.sel_ready ? __ldcg(a.sel + p0) : a.sel[p0]) * a.expert_bytes;
         bool active[RW];
         const uint8_t *w[RW];
 #pragma unroll

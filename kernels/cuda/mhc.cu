@@ -131,6 +131,7 @@ __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint3
 #define HCF_Q CU_HCP_STRIDE /* partial row: projections 0..n_rows-1, sum of squares last */
 #define HCF_ROWS (CU_HC_MAX * (2 + CU_HC_MAX))
 #define HCF_FOLD_AHEAD 16 /* partial rows loaded at once by the folding warp (16 slices: H 4096) */
+#define HCF_PT 16 /* positions a thread collapses per group of loads (one group up to H 4096) */
 
 /* Eight consecutive weights of a row (BF16/F16: one 16-byte load; F32: two). */
 template <int FT>
@@ -231,26 +232,47 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
                 return;
 
         /* collapse u = Σ_s pre[s]·X[s] (other blocks' post-mapped slices: read past L1), then
-         * the sublayer RMSNorm */
-        float ss2 = 0.0f;
-#pragma unroll 8
-        for (uint32_t i = tid; i < H; i += HCF_THREADS) {
-                float xv[N];
+         * the sublayer RMSNorm. A thread's HCF_PT positions have all their stream loads (and,
+         * for the first group, their norm weights) in flight at once: a loop of loads here was
+         * a chain of round trips, 9.4 of the kernel's 21 us at batch 1 (ncu, X4_HC_PROBE=4). */
+        float ss2 = 0.0f, nw[HCF_PT];
+        for (uint32_t i0 = 0; i0 < H; i0 += HCF_PT * HCF_THREADS) {
+                float xv[HCF_PT][N];
 #pragma unroll
-                for (uint32_t s = 0; s < N; s++)
-                        xv[s] = s < n_hc ? __ldcg(xt + (uint64_t) s * H + i) : 0.0f;
-                float v = 0.0f;
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t i = i0 + tid + k * HCF_THREADS;
 #pragma unroll
-                for (uint32_t s = 0; s < N; s++)
-                        if (s < n_hc)
-                                v += g[s] * xv[s];
-                u[i] = v;
-                ss2 += v * v;
+                        for (uint32_t s = 0; s < N; s++)
+                                xv[k][s] = s < n_hc && i < H ? __ldcg(xt + (uint64_t) s * H + i) : 0.0f;
+                        if (i0 == 0)
+                                nw[k] = i < H ? a.norm_w[i] : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t i = i0 + tid + k * HCF_THREADS;
+                        if (i >= H)
+                                break;
+                        float v = 0.0f;
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++)
+                                if (s < n_hc)
+                                        v += g[s] * xv[k][s];
+                        u[i] = v;
+                        ss2 += v * v;
+                }
         }
         ss2 = cu_block_sum(ss2, red2);
         float rinv2 = 1.0f / sqrtf(ss2 / (float) H + a.rms_eps);
-        for (uint32_t i = tid; i < H; i += HCF_THREADS)
-                out[(uint64_t) t * H + i] = a.norm_w[i] * (u[i] * rinv2);
+        for (uint32_t i0 = 0; i0 < H; i0 += HCF_PT * HCF_THREADS) {
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t i = i0 + tid + k * HCF_THREADS;
+                        if (i >= H)
+                                break;
+                        float w = i0 == 0 ? nw[k] : a.norm_w[i];
+                        out[(uint64_t) t * H + i] = w * (u[i] * rinv2);
+                }
+        }
 }
 
 /* The pre-mapping's first part for block (slice b, token tile): the weights of the slice's

@@ -48,13 +48,13 @@ template <typename CT>
 __global__ void k_mla_prep(float *qkv, uint32_t QL, uint32_t KV, uint32_t R, const float *q_a_norm,
                            const float *kv_a_norm, float eps, const double *inv_freq,
                            bool interleave, struct cu_cache c, uint32_t layer) {
-        cu_pdl_wait();
-        cu_pdl_trigger();
         __shared__ float red[32];
         uint32_t t = blockIdx.x, job = blockIdx.y;
         float *row = qkv + (uint64_t) t * (QL + KV + R);
-        uint32_t pos = c.tok_pos[t];
+        uint32_t pos = c.tok_pos[t]; /* metadata: the row's place before the wait */
         CT *dst = (CT *) c.base + cu_cache_row(c, layer, t, pos);
+        cu_pdl_wait();
+        cu_pdl_trigger();
 
         if (job == 0) {
                 /* docs/model.md §4 step 1: qa = RMSNorm(W_qa·a, q_a_norm) */
@@ -112,9 +112,9 @@ extern "C" void cu_mla_prep(float *qkv, uint32_t T, uint32_t QL, uint32_t KV, ui
 __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_t R, uint32_t KV,
                          const double *inv_freq, bool interleave, const uint32_t *tok_pos,
                          float *qc) {
+        uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2; /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
-        uint32_t t = blockIdx.x, pos = tok_pos[t], half = R / 2;
 #pragma unroll 4
         for (uint32_t e = blockIdx.y * blockDim.x + threadIdx.x; e < n_head * half;
              e += gridDim.y * blockDim.x) {
@@ -388,8 +388,6 @@ template <int HG, typename CT>
 __global__ void __launch_bounds__(ATT_DEC_THREADS)
         k_attn_dec(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                    uint32_t layer, float *part) {
-        cu_pdl_wait();
-        cu_pdl_trigger();
         __shared__ float sQ[HG][32 * (ATT_KC + 1)]; /* query, chunk c at c·33 (bank spread) */
         __shared__ float sP[HG][ATT_DEC_STRIDE];
         __shared__ uint64_t roff[CU_ATTN_PART];
@@ -406,14 +404,16 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
         const float *qrow = a.qc + (uint64_t) t * n_head * D;
         bool vec = D % 8 == 0, vec4 = D % 4 == 0;
 
+        for (uint32_t j = tid; j < n; j += ATT_DEC_THREADS)
+                roff[j] = cu_cache_row(c, layer, t, start + j); /* metadata: before the wait */
+        cu_pdl_wait();
+        cu_pdl_trigger();
         for (uint32_t e = tid; e < HG * nch * ATT_KC; e += ATT_DEC_THREADS) {
                 uint32_t hh = e / (nch * ATT_KC), r = e % (nch * ATT_KC);
                 uint32_t cc = r / ATT_KC, i = r % ATT_KC, k = cc * ATT_KC + i;
                 sQ[hh][cc * (ATT_KC + 1) + i] =
                         h0 + hh < n_head && k < D ? qrow[(uint64_t) (h0 + hh) * D + k] : 0.0f;
         }
-        for (uint32_t j = tid; j < n; j += ATT_DEC_THREADS)
-                roff[j] = cu_cache_row(c, layer, t, start + j);
         __syncthreads();
 
         /* phase A: a warp per position, lane c computes chunk c's sums P_c for the HG heads */
@@ -544,8 +544,6 @@ __global__ void __launch_bounds__(768)
                       uint32_t layer, float *sc) {
         extern __shared__ __align__(16) float as_smem[];
         __shared__ uint64_t roff[AS_TILE];
-        cu_pdl_wait();
-        cu_pdl_trigger();
         /* rows padded with zeros to whole chunks: a zero product leaves a chain's sum as it was
          * (only the sign of a zero P_c can change, which 0 + P_0 + ... never shows) */
         uint32_t D = c.D, n_head = a.n_head, nch = (D + ATT_KC - 1) / ATT_KC;
@@ -559,7 +557,9 @@ __global__ void __launch_bounds__(768)
         uint32_t hh = lane % AS_HG, jp = lane / AS_HG;
         const CT *cache = (const CT *) c.base;
         if (tid < n)
-                roff[tid] = cu_cache_row(c, layer, t, start + tid);
+                roff[tid] = cu_cache_row(c, layer, t, start + tid); /* metadata: before the wait */
+        cu_pdl_wait();
+        cu_pdl_trigger();
 
         /* this lane's query chunk: head h0 + hh, values [32 cc, 32 cc + 32) */
         float q[ATT_KC];
@@ -628,8 +628,6 @@ __global__ void __launch_bounds__(256)
         float *sPT = pv_smem;                              /* p, [position][head] */
         float *sCk = pv_smem + CU_ATTN_PART * AC_PSTRIDE; /* cache columns, then Q */
         __shared__ uint64_t roff[CU_ATTN_PART];
-        cu_pdl_wait();
-        cu_pdl_trigger();
         uint32_t KV = a.KV, n_head = a.n_head, nhg = (n_head + AC_HG - 1) / AC_HG;
         uint32_t ks = blockIdx.x, pi = blockIdx.y, tl = blockIdx.z / nhg;
         uint32_t h0 = (blockIdx.z % nhg) * AC_HG, t = t0 + tl;
@@ -645,7 +643,9 @@ __global__ void __launch_bounds__(256)
         float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
 
         if (tid < n)
-                roff[tid] = cu_cache_row(c, layer, t, start + tid);
+                roff[tid] = cu_cache_row(c, layer, t, start + tid); /* metadata: before the wait */
+        cu_pdl_wait();
+        cu_pdl_trigger();
         for (uint32_t e = tid; e < AC_HG * n; e += blockDim.x) {
                 uint32_t x = e / n, j = e % n;
                 sPT[j * AC_PSTRIDE + x] = x < nh ? srow[(uint64_t) x * CU_ATTN_PART + j] : 0.0f;
@@ -1034,10 +1034,10 @@ static void attn_launch_tc(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
 /* Fold the parts of each (token, head) in part order. */
 __global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t n_head,
                                uint32_t KV, const uint32_t *tok_pos, float *out) {
+        uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
+        uint32_t n_parts = tok_pos[t] / CU_ATTN_PART + 1; /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
-        uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
-        uint32_t n_parts = tok_pos[t] / CU_ATTN_PART + 1;
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
         uint64_t stride = (uint64_t) n_head * (KV + 2);
         for (uint32_t k = threadIdx.x; k < KV; k += blockDim.x) {
