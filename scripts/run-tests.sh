@@ -46,7 +46,10 @@ ninja -C build-ci-asan >>build-ci-asan.log 2>&1 || { tail -50 build-ci-asan.log;
 X4_FUZZ_SECONDS=${X4_FUZZ_SECONDS:-60} meson test -C build-ci-asan --no-rebuild --print-errorlogs \
         --suite unit --suite fuzz --num-processes 2 || status=1
 echo "== whole-daemon tests under ASan+UBSan/LSan =="
+# X4_TEST_SANITIZED=1: the few slowest tests run at a smaller size here, taking the same code
+# paths (tests/integration/conftest.py, sized()); the gcc pass above runs them at full size
 X4_BUILD_DIR=$PWD/build-ci-asan X4_CLIENT_TEST=$PWD/build-ci-asan/tests/integration/x4-client-test \
+        X4_TEST_SANITIZED=1 \
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         /usr/bin/python3 -m pytest tests/integration -q -p no:cacheprovider \
         --junitxml=build-ci-asan/junit-integration.xml || status=1

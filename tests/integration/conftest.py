@@ -27,6 +27,17 @@ FIXTURES = Path(os.environ.get("X4_FIXTURES", SRC / "tests" / "fixtures"))
 MODEL = FIXTURES / "xing4-tiny-a" / "model.gguf"
 DEVICE = os.environ.get("X4_TEST_DEVICE", "cpu")
 N_VOCAB = 512  # the fixture's vocabulary (tests/fixtures/xing4-tiny-a/README.md)
+# X4_TEST_SANITIZED=1: the binaries are the ASan+UBSan build (scripts/run-tests.sh sets it for that
+# pass only), where the CPU-bound tests run about 19 times slower. The few slowest tests then run
+# at a smaller size (sized(); each says why and what it keeps): the sanitizer pass is there to
+# find memory errors on the same code paths, which a smaller size still takes, while the plain
+# build's pass keeps every test at its full size.
+SANITIZED = os.environ.get("X4_TEST_SANITIZED") == "1"
+
+
+def sized(full, sanitized):
+    """full in the plain run, sanitized under X4_TEST_SANITIZED=1."""
+    return sanitized if SANITIZED else full
 
 # A context of 64 pages x 256 tokens: a request asking for "as many tokens as fit" runs for
 # seconds on the tiny model, long enough to observe and cancel it.

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import x4wire as w
-from conftest import DEFAULT_CONF, MODEL, N_VOCAB, XING4D
+from conftest import DEFAULT_CONF, MODEL, N_VOCAB, XING4D, sized
 
 
 def prompt(seed, n):
@@ -229,8 +229,11 @@ def test_a_long_prefill_reports_progress_to_the_client_and_the_terminal(fresh_da
     import re
     from conftest import X4CTL
     # one thread and 12K tokens: over a second of prefill however fast the CPU backend gets (4K on
-    # two threads took 0.5 s after issue 18)
-    n = 12288
+    # two threads took 0.5 s after issue 18). Under the sanitizer (conftest.sized) 2K tokens, still
+    # 8 prefill chunks and pages of 256 and still seconds of prefill (attention makes the cost grow
+    # faster than the length: 12K took 2.5 minutes under ASan, 2K about 5 s), so several progress
+    # frames and terminal lines still come
+    n = sized(12288, 2048)
     d = fresh_daemon(args=("--threads", "1"))
     ids = prompt(5, n)
     master, slave = pty.openpty()
@@ -238,7 +241,7 @@ def test_a_long_prefill_reports_progress_to_the_client_and_the_terminal(fresh_da
                           ",".join(map(str, ids)), "--max-tokens", "2", "--ignore-eos"],
                          stdout=subprocess.PIPE, stderr=slave, text=True)
     os.close(slave)
-    # 12K tokens on one thread take about 6 s, and over 2 minutes under ASan on a 2-core VM
+    # 12K tokens on one thread take about 6 s (over 2 minutes under ASan on a 2-core VM)
     out, _ = p.communicate(timeout=600)
     tty = b""
     while True:
@@ -373,12 +376,14 @@ def test_clients_that_do_not_read_give_their_pages_to_one_that_does(fresh_daemon
 
 def test_a_long_snapshot_creation_still_gets_exactly_its_reply(fresh_daemon):
     # a prompt that takes over a second (one thread, 12K tokens): its progress must not be
-    # mistaken for the reply
+    # mistaken for the reply. Under the sanitizer (conftest.sized) 2K tokens, 8 prefill chunks
+    # and pages of 256 saved the same way, still seconds of prefill (12K took 2.5 minutes under
+    # ASan, 2K under 10 s)
     d = fresh_daemon(args=("--threads", "1"))
-    ids = prompt(8, 12288)
+    ids = prompt(8, sized(12288, 2048))
     t0 = time.monotonic()
     r = d.x4ctl("snapshot", "create", "long", "--tokens", ",".join(map(str, ids)),
-                timeout=600)  # minutes under ASan
+                timeout=600)
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 > 1.0
     r = d.x4ctl("snapshot", "list", "--json")
