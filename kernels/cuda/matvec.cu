@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) k_matvec(struct cu_mv a) {
 #define MVS_WARPS 8
 #define MVS_BATCH 4  /* chunks (input tiles) a lane loads ahead */
 #define MVS_TP_MAX 8 /* input vectors one block serves */
+#define MVS_FX_CHUNKS 128 /* k_mv_small<..., FX>: the whole input (K ≤ 4,096) staged at once */
 #define MVS_XS 36    /* floats a staged chunk takes: 16-byte aligned, a quarter warp's 16-byte
                       * reads of chunks sl, sl + 1, ... hit distinct banks */
 /* RW (rows a warp computes, RW·RPW in all): with a short row (one input tile), one row a warp
@@ -223,10 +224,11 @@ struct raw_chunk {
         }
 };
 
-template <int TYPE, int TP, int NR, int L, bool GROUPED, int RW>
+template <int TYPE, int TP, int NR, int L, bool GROUPED, int RW, bool FX = false>
 __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
+        static_assert(!FX || TP == 1, "the whole input staged at once: one input a block");
         __shared__ float iq4[16];
-        __shared__ __align__(16) float xs[TP][MV_TILE_CHUNKS * MVS_XS];
+        __shared__ __align__(16) float xs[TP][(FX ? MVS_FX_CHUNKS : MV_TILE_CHUNKS) * MVS_XS];
         constexpr int RPW = 32 / L; /* rows per warp pass */
         constexpr int TB = MVS_BATCH / RW > 0 ? MVS_BATCH / RW : 1; /* tiles a lane loads ahead */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, sl = lane % L;
@@ -297,36 +299,58 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                          * previous kernel) */
                         cu_pdl_wait();
                         cu_pdl_trigger();
+                        if constexpr (FX) {
+                                /* the whole input at once (K ≤ MVS_FX_CHUNKS chunks): one round
+                                 * trip and one barrier instead of two a tile */
+                                constexpr uint32_t Q = MVS_FX_CHUNKS / MV_TILE_CHUNKS;
+                                float4 xq[Q];
 #pragma unroll
-                        for (int t = 0; t < TP; t++)
-                                if ((uint32_t) t < n_p && e4 < a.K)
-                                        xr[t] = *(const float4 *) (x[t] + e4);
+                                for (uint32_t q = 0; q < Q; q++) {
+                                        uint32_t e = e4 + q * MV_TILE_CHUNKS * CU_CHUNK;
+                                        if (e < a.K)
+                                                xq[q] = *(const float4 *) (x[0] + e);
+                                }
+#pragma unroll
+                                for (uint32_t q = 0; q < Q; q++) {
+                                        uint32_t e = e4 + q * MV_TILE_CHUNKS * CU_CHUNK;
+                                        if (e < a.K)
+                                                *(float4 *) &xs[0][(e / CU_CHUNK) * MVS_XS + e % CU_CHUNK] = xq[q];
+                                }
+                                __syncthreads();
+                        } else {
+#pragma unroll
+                                for (int t = 0; t < TP; t++)
+                                        if ((uint32_t) t < n_p && e4 < a.K)
+                                                xr[t] = *(const float4 *) (x[t] + e4);
+                        }
                 }
 #pragma unroll
                 for (int b = 0; b < TB; b++) {
                         uint32_t tile = t0 + b;
                         if (tile >= n_tiles)
                                 break;
-                        uint32_t n_vals =
-                                min(n_chunks - tile * MV_TILE_CHUNKS, (uint32_t) MV_TILE_CHUNKS) *
-                                CU_CHUNK;
-                        __syncthreads(); /* the previous tile has been read */
-                        if (e4 < n_vals) {
-                                uint32_t o = (e4 / CU_CHUNK) * MVS_XS + e4 % CU_CHUNK;
+                        if constexpr (!FX) {
+                                uint32_t n_vals = min(n_chunks - tile * MV_TILE_CHUNKS,
+                                                      (uint32_t) MV_TILE_CHUNKS) * CU_CHUNK;
+                                __syncthreads(); /* the previous tile has been read */
+                                if (e4 < n_vals) {
+                                        uint32_t o = (e4 / CU_CHUNK) * MVS_XS + e4 % CU_CHUNK;
+#pragma unroll
+                                        for (int t = 0; t < TP; t++)
+                                                if ((uint32_t) t < n_p)
+                                                        *(float4 *) &xs[t][o] = xr[t];
+                                }
+                                __syncthreads();
+                                uint64_t nx = (uint64_t) (tile + 1) * MV_TILE_CHUNKS * CU_CHUNK + e4;
 #pragma unroll
                                 for (int t = 0; t < TP; t++)
-                                        if ((uint32_t) t < n_p)
-                                                *(float4 *) &xs[t][o] = xr[t];
+                                        if ((uint32_t) t < n_p && nx < a.K)
+                                                xr[t] = *(const float4 *) (x[t] + nx);
                         }
-                        __syncthreads();
-                        uint64_t nx = (uint64_t) (tile + 1) * MV_TILE_CHUNKS * CU_CHUNK + e4;
-#pragma unroll
-                        for (int t = 0; t < TP; t++)
-                                if ((uint32_t) t < n_p && nx < a.K)
-                                        xr[t] = *(const float4 *) (x[t] + nx);
                         uint32_t c = tile * MV_TILE_CHUNKS + sl;
                         if (c >= n_chunks)
                                 continue;
+                        uint32_t xc = FX ? c : sl; /* the chunk's place in xs */
 #pragma unroll
                         for (int k = 0; k < RW; k++) {
                                 if (!active[k])
@@ -341,7 +365,7 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                                                         break;
                                                 /* x four values a load (MVS_XS: the quarter
                                                  * warp's 16-byte reads hit distinct banks) */
-                                                const float4 *xv = (const float4 *) &xs[t][sl * MVS_XS];
+                                                const float4 *xv = (const float4 *) &xs[t][xc * MVS_XS];
                                                 float s = 0.0f;
 #pragma unroll
                                                 for (int i = 0; i < CU_CHUNK / 4; i++) {
@@ -611,12 +635,26 @@ static uint32_t mvs_rows_per_warp(uint32_t n_chunks) {
         return tiles >= MVS_BATCH ? 1 : tiles >= 2 ? 2 : 4;
 }
 
+/* X4_CUDA_FULLX=1 (opt-in, not yet measured on a GPU): one-input blocks stage the whole input
+ * (K ≤ 4,096) at once instead of tile by tile (same bits). */
+static bool mvs_full_x(uint32_t K) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_FULLX");
+                on = e && *e == '1';
+        }
+        return on && K <= MVS_FX_CHUNKS * CU_CHUNK;
+}
+
 template <int TYPE, int NR, int L, int RW>
 static void launch_small_rw(const struct cu_mv *a, cudaStream_t s) {
         uint32_t n_out = a->N / NR, rows_per_block = MVS_WARPS * (32 / L) * RW;
+        dim3 grid((n_out + rows_per_block - 1) / rows_per_block, a->P);
         cu_launches++;
-        cu_launch(k_mv_small<TYPE, 1, NR, L, false, RW>, dim3((n_out + rows_per_block - 1) / rows_per_block, a->P),
-                  dim3(MVS_WARPS * 32), 0, s, *a);
+        if (mvs_full_x(a->K))
+                cu_launch(k_mv_small<TYPE, 1, NR, L, false, RW, true>, grid, dim3(MVS_WARPS * 32), 0, s, *a);
+        else
+                cu_launch(k_mv_small<TYPE, 1, NR, L, false, RW>, grid, dim3(MVS_WARPS * 32), 0, s, *a);
 }
 
 template <int TYPE, int NR, int L>
@@ -638,6 +676,8 @@ static void launch_small_l(const struct cu_mv *a, cudaStream_t s) {
                         launch_small_rw<TYPE, NR, L, 2>(a, s);
                         return;
                 }
+                launch_small_rw<TYPE, NR, L, 1>(a, s);
+                return;
         }
         cu_launches++;
         if (a->sel && a->groups)

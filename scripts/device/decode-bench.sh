@@ -281,6 +281,22 @@ if has attntc; then
                         tee -a "$out/bench-attntc.jsonl" | grep '"decode"'
         done
 fi
+if has fullx; then
+        # X4_CUDA_FULLX=1 (one-input decode products stage their whole input at once): the GPU
+        # tests with it on (their bit-for-bit checks then cross it with the batched kernels), then
+        # decode with it off and on
+        say "tests/gpu/run.sh with X4_CUDA_FULLX=1"
+        mkdir -p "$out/fullx"
+        OUT=$out/fullx X4_CUDA_FULLX=1 X4_GPU_BUILD=$build bash tests/gpu/run.sh >"$out/gpu-tests-fullx.txt" 2>&1
+        grep -E "^(PASS|FAIL|SKIP)" "$out/gpu-tests-fullx.txt" | awk '{ print $1 }' | sort | uniq -c
+        grep -E "^FAIL" "$out/gpu-tests-fullx.txt"
+        for fx in 0 1; do
+                say "decode, X4_CUDA_FULLX=$fx"
+                X4_CUDA_FULLX=$fx "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 --json 2>&1 |
+                        sed "s/}\$/,\"fullx\":$fx}/" | tee -a "$out/bench-fullx.jsonl" | grep '"decode"'
+        done
+fi
 if has attn; then
         for k in part dec4 dec2; do
                 say "attention kernel forced: $k"
