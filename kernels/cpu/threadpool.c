@@ -67,7 +67,7 @@ struct threadpool {
         size_t n;
 
         /* the load probe (caller only) */
-        int stat_fd;
+        int loadavg_fd;
         unsigned long long next_probe_ns;
         unsigned n_cpus;
         double others;  /* other runnable threads on the machine, averaged over the probes */
@@ -139,7 +139,7 @@ static void threadpool_probe(struct threadpool *p) {
         if (t < p->next_probe_ns)
                 return;
         p->next_probe_ns = t + THREADPOOL_PROBE_NS;
-        long running = p->stat_fd >= 0 ? procs_running(p->stat_fd) : -1;
+        long running = p->loadavg_fd >= 0 ? procs_running(p->loadavg_fd) : -1;
         if (running < 0) {
                 atomic_store_explicit(&p->spin, false, memory_order_relaxed);
                 return;
@@ -223,13 +223,13 @@ int threadpool_new(unsigned n_threads, struct threadpool **ret) {
         pthread_cond_init(&p->done, NULL);
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         p->n_cpus = nc > 0 ? (unsigned) nc : 1;
-        p->stat_fd = -1;
+        p->loadavg_fd = -1;
         p->forced = -1;
         const char *f = getenv("X4_CPU_SPIN");
         if (f && (!strcmp(f, "0") || !strcmp(f, "1")))
                 p->forced = f[0] - '0';
         if (p->forced < 0 && n_threads > 1)
-                p->stat_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+                p->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
         atomic_store(&p->spin, p->forced == 1);
         threadpool_probe(p);
         if (n_threads > 1) {
@@ -266,8 +266,8 @@ void threadpool_free(struct threadpool *p) {
         pthread_mutex_unlock(&p->lock);
         for (unsigned i = 0; i < p->n_started; i++)
                 pthread_join(p->workers[i].thread, NULL);
-        if (p->stat_fd >= 0)
-                close(p->stat_fd);
+        if (p->loadavg_fd >= 0)
+                close(p->loadavg_fd);
         pthread_cond_destroy(&p->done);
         pthread_cond_destroy(&p->wake);
         pthread_mutex_destroy(&p->lock);
