@@ -297,6 +297,52 @@ if has fullx; then
                         sed "s/}\$/,\"fullx\":$fx}/" | tee -a "$out/bench-fullx.jsonl" | grep '"decode"'
         done
 fi
+if has daemon; then
+        # issues 11/12's daemon rows: the daemon built with RPC from the Debian packages in
+        # .devcarry/rpc-debs (carry it; scripts/device/fetch-rpc-debs.sh), test_mtp.py on cuda when
+        # systemd-socket-activate runs here, then one stream on the full model: a 4,096-token
+        # prompt and 256 decode tokens three times, `x4ctl stats --json` after each (its rates are
+        # moving averages over steps: the third run's are the steady ones), beside x4-bench's
+        # prefill 4,096 and decode at 4,096
+        say "daemon build (RPC on)"
+        . scripts/device/rpc-env.sh
+        rb=$PWD/build-gpu-rpc
+        if x4_rpc_env && { [ -f "$rb/build.ninja" ] || meson setup "$rb" -Drpc=enabled -Dgpu_archs=90 -Dcuda=enabled \
+                --buildtype=release >"$out/setup-rpc.log" 2>&1; } && ninja -C "$rb" >"$out/build-rpc.log" 2>&1; then
+                if systemd-socket-activate --version >/dev/null 2>&1; then
+                        say "test_mtp.py with the daemon on cuda"
+                        X4_TEST_DEVICE=cuda X4_BUILD_DIR=$rb X4_SOURCE_DIR=$PWD X4_FIXTURES=$PWD/tests/fixtures \
+                                X4_CLIENT_TEST=$rb/tests/integration/x4-client-test \
+                                python3 -m pytest tests/integration/test_mtp.py -q -p no:cacheprovider 2>&1 | tail -5
+                else
+                        echo "daemon: systemd-socket-activate does not run here: $(systemd-socket-activate --version 2>&1 | head -1)"
+                fi
+                if [ -f "$model" ]; then
+                        say "daemon on cuda, full model: 4,096-token prompt + 256 tokens, three times"
+                        sock=/tmp/x4d.sock
+                        rm -rf "$sock" /tmp/x4d-state && mkdir -p /tmp/x4d-state
+                        "$rb/daemon/xing4d" --model "$model" --device cuda --listen "$sock" --state-dir /tmp/x4d-state \
+                                --prefill-chunk ${X4_DAEMON_CHUNK:-4096} --mtp off >"$out/daemon.log" 2>&1 &
+                        dpid=$!
+                        for i in $(seq 180); do "$rb/cli/x4ctl" --socket "$sock" health >/dev/null 2>&1 && break; sleep 1; done
+                        ids=$(awk 'BEGIN { s = 7; for (i = 0; i < 4096; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 100000 } }')
+                        for r in 1 2 3; do
+                                "$rb/cli/x4ctl" --socket "$sock" generate --tokens "$ids" --max-tokens 256 --ignore-eos >/dev/null ||
+                                        echo "daemon: generate failed (rc $?)"
+                                "$rb/cli/x4ctl" --socket "$sock" stats --json | tee -a "$out/daemon-stats.jsonl" |
+                                        grep -o '"prefill_tok_s":[0-9.]*,"decode_tok_s":[0-9.]*'
+                        done
+                        kill $dpid; wait $dpid 2>/dev/null
+                        tail -3 "$out/daemon.log"
+                        say "x4-bench beside it: prefill 4,096, decode batch 1 at 4,096"
+                        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx 4096 --batch 1 \
+                                --decode-tokens 32 --repeats 3 --json 2>&1 | tee "$out/daemon-bench.jsonl" | grep -E '"(prefill|decode)"'
+                fi
+        else
+                echo "daemon: no RPC build (see $out/setup-rpc.log, $out/build-rpc.log)"
+                tail -5 "$out/setup-rpc.log" "$out/build-rpc.log" 2>/dev/null
+        fi
+fi
 if has attn; then
         for k in part dec4 dec2; do
                 say "attention kernel forced: $k"
