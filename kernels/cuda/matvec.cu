@@ -227,7 +227,6 @@ struct raw_chunk {
 template <int TYPE, int TP, int NR, int L, bool GROUPED, int RW, bool FX = false>
 __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
         static_assert(!FX || TP == 1, "the whole input staged at once: one input a block");
-        __shared__ float iq4[16];
         __shared__ __align__(16) float xs[TP][(FX ? MVS_FX_CHUNKS : MV_TILE_CHUNKS) * MVS_XS];
         constexpr int RPW = 32 / L; /* rows per warp pass */
         constexpr int TB = MVS_BATCH / RW > 0 ? MVS_BATCH / RW : 1; /* tiles a lane loads ahead */
@@ -241,8 +240,6 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
                 cu_pdl_wait(); /* the expert ids come from the router kernel */
         if (GROUPED && !cu_group_tile(a, blockIdx.y, &expert, &perm, &n_p))
                 return; /* the whole block */
-        if (TYPE != CU_TYPE_IQ4_NL && threadIdx.x < 16)
-                iq4[threadIdx.x] = cu_iq4nl_values[threadIdx.x]; /* read after the first barrier */
         uint64_t eoff = 0; /* TP == 1 with sel */
         if (GROUPED)
                 eoff = (uint64_t) expert * a.expert_bytes;
@@ -358,7 +355,9 @@ __global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
 #pragma unroll
                                 for (int n = 0; n < NR; n++) {
                                         float wv[CU_CHUNK];
-                                        raw[k][n][b].dequant(wv, iq4);
+                                        /* no codebook table: IQ4_NL's chunks decode by
+                                         * byte permutes, the other types use none */
+                                        raw[k][n][b].dequant(wv, cu_iq4nl_values);
 #pragma unroll
                                         for (int t = 0; t < TP; t++) {
                                                 if ((uint32_t) t >= n_p)

@@ -514,6 +514,9 @@ extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, flo
         if (probe < 0) {
                 const char *e = getenv("X4_HC_PROBE");
                 probe = e ? atoi(e) & 15 : 0;
+                if (probe)
+                        fprintf(stderr, "xing4d-cuda: X4_HC_PROBE=%d leaves parts of the mHC kernel out: "
+                                        "timings only, every result is wrong\n", probe);
         }
         struct cu_hc pa;
         if (probe) {
