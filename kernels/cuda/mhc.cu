@@ -166,6 +166,7 @@ extern "C" uint32_t cu_hc_slices(uint32_t H) {
  * partial row is in a.hw: fold the slices in order, the gates and Sinkhorn on the first warp
  * (into g and hcp), then collapse u = Σ_s pre[s]·X[s] and the sublayer RMSNorm into out. The
  * fused kernel's last block and k_hc_tail both run it, so their bits are the same. */
+template <bool PF>
 static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_t t, uint32_t NB, const float *X,
                                                   float *hcp, float *out, float *u, float *wsh, float *g,
                                                   float *red2) {
@@ -173,6 +174,20 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
         uint32_t tid = threadIdx.x, lane = tid % 32;
         uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H;
         const float *xt = X + (uint64_t) t * W;
+        /* PF (the fused kernel's last block, whose registers the weights freed): the first
+         * group of the collapse's stream loads and norm weights (they do not depend on the gates)
+         * go out before the fold and Sinkhorn on warp 0, so the collapse below finds them in
+         * registers instead of waiting on a round trip. The tail kernel (one block a token, many
+         * tokens) keeps its registers low and loads them at the collapse. Same values either way. */
+        float xv0[HCF_PT][N], nw[HCF_PT];
+#pragma unroll
+        for (uint32_t k = 0; PF && k < HCF_PT; k++) {
+                uint32_t i = tid + k * HCF_THREADS;
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        xv0[k][s] = s < n_hc && i < H ? __ldcg(xt + (uint64_t) s * H + i) : 0.0f;
+                nw[k] = i < H ? a.norm_w[i] : 0.0f;
+        }
         if (tid < 32) {
                 const float *p0 = a.hw + (uint64_t) t * NB * HCF_Q;
                 /* the partials' loads issued HCF_FOLD_AHEAD at a time (a runtime loop of
@@ -235,7 +250,7 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
          * the sublayer RMSNorm. A thread's HCF_PT positions have all their stream loads (and,
          * for the first group, their norm weights) in flight at once: a loop of loads here was
          * a chain of round trips, 9.4 of the kernel's 21 us at batch 1 (ncu, X4_HC_PROBE=4). */
-        float ss2 = 0.0f, nw[HCF_PT];
+        float ss2 = 0.0f;
         for (uint32_t i0 = 0; i0 < H; i0 += HCF_PT * HCF_THREADS) {
                 float xv[HCF_PT][N];
 #pragma unroll
@@ -243,8 +258,9 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
                         uint32_t i = i0 + tid + k * HCF_THREADS;
 #pragma unroll
                         for (uint32_t s = 0; s < N; s++)
-                                xv[k][s] = s < n_hc && i < H ? __ldcg(xt + (uint64_t) s * H + i) : 0.0f;
-                        if (i0 == 0)
+                                xv[k][s] = PF && i0 == 0 ? xv0[k][s]
+                                                         : s < n_hc && i < H ? __ldcg(xt + (uint64_t) s * H + i) : 0.0f;
+                        if (!PF && i0 == 0)
                                 nw[k] = i < H ? a.norm_w[i] : 0.0f;
                 }
 #pragma unroll
@@ -412,7 +428,7 @@ __global__ void __launch_bounds__(HCF_THREADS)
                 return;
         __threadfence();
 
-        hcf_finish(a, t, NB, X, hcp, out, u, wsh, g, red2);
+        hcf_finish<true>(a, t, NB, X, hcp, out, u, wsh, g, red2);
         if (tid == 0)
                 a.ticket[t] = 0;
 }
@@ -426,7 +442,7 @@ __global__ void __launch_bounds__(HCF_THREADS)
         __shared__ float red2[32];
         cu_pdl_wait();
         cu_pdl_trigger();
-        hcf_finish(a, blockIdx.x, NB, X, hcp, out, u, wsh, g, red2);
+        hcf_finish<false>(a, blockIdx.x, NB, X, hcp, out, u, wsh, g, red2);
 }
 
 /* Tokens a block of the tiled first part takes: one (the fused kernel, one launch) for a single
