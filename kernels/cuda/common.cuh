@@ -166,6 +166,16 @@ static __device__ __forceinline__ void cu_dequant32(const uint8_t *row, uint32_t
         }
 }
 
+/* One value of a row (the few-rows products and the router: consecutive threads read consecutive values). */
+template <int TYPE>
+static __device__ __forceinline__ float cu_value(const uint8_t *row, uint32_t k) {
+        if (TYPE == CU_TYPE_F32)
+                return ((const float *) row)[k];
+        if (TYPE == CU_TYPE_F16)
+                return __half2float(((const __half *) row)[k]);
+        return cu_bf16(((const uint16_t *) row)[k]);
+}
+
 /* Runtime-typed variant for small, cold matrices (HC projection, router). */
 static __device__ __forceinline__ void cu_dequant32_any(uint32_t type, const uint8_t *row,
                                                         uint32_t c, float *out) {

@@ -137,7 +137,7 @@ struct x4_backend {
         uint64_t hw;
         void *ws;
         uint64_t ws_bytes;
-        uint32_t *hc_ticket;
+        uint32_t *hc_ticket, *route_ticket;
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part, *sc;
         float *hid;     /* T_max × H: the hidden rows a forward hands out (x4_seq.hidden) */
@@ -731,6 +731,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->hcp, float, T * CU_HCP_STRIDE);
         WS(b->hcw, float, T * cu_hc_slices((uint32_t) H) * CU_HCP_STRIDE);
         WS(b->hc_ticket, uint32_t, T);
+        WS(b->route_ticket, uint32_t, (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
         WS(b->zr, float, T * MAX(c->n_expert, 1u));
         WS(b->qkv, float, T * (QL + D));
         WS(b->q, float, T * nh * (c->qk_nope + R));
@@ -1025,6 +1026,11 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         /* the fused HC kernel's tickets start (and every launch leaves them) at zero */
         r = CU_TRY(cudaMemsetAsync(b->hc_ticket, 0, sizeof(uint32_t) * b->T_max, b->stream), EIO,
                    "clearing the workspace");
+        /* the router's tickets likewise (one per CU_ROUTE_TP tokens) */
+        if (r >= 0)
+                r = CU_TRY(cudaMemsetAsync(b->route_ticket, 0,
+                                           sizeof(uint32_t) * ((b->T_max + CU_ROUTE_TP - 1) / CU_ROUTE_TP), b->stream),
+                           EIO, "clearing the workspace");
         if (r >= 0)
                 r = CU_TRY(cudaMalloc(&b->cache, (uint64_t) b->n_pages * b->page_bytes), ENOMEM,
                    "allocating the latent cache");
@@ -1323,6 +1329,7 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
         struct cu_router ra = {
                 .w = cl->router.d, .type = cl->router.type,
                 .row_bytes = cl->router.row_bytes, .bias = cl->router_bias, .z = b->zr,
+                .ticket = b->route_ticket,
                 .H = H,
                 .n_expert = c->n_expert, .k = c->n_expert_used,
                 .shared = c->n_expert_shared > 0, .sigmoid = c->expert_gating == 2,

@@ -202,10 +202,14 @@ struct cu_router {
         uint64_t row_bytes;
         const float *bias; /* NULL: none */
         float *z;          /* workspace: T × n_expert router logits */
+        /* ceil(T / CU_ROUTE_TP) counters, zero between launches (each launch leaves them zero):
+         * the last row block of a token tile to finish selects that tile's experts */
+        uint32_t *ticket;
         uint32_t H, n_expert, k;
         bool shared, sigmoid, norm;
         float scale;
 };
+#define CU_ROUTE_TP 8 /* tokens a router block computes (and its last block routes) */
 void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel, float *w,
               cudaStream_t s);
 #ifdef __cplusplus

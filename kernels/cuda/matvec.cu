@@ -710,16 +710,6 @@ static void launch_small(const struct cu_mv *a, cudaStream_t s) {
         launch_small_l<TYPE, NR, 32>(a, s);
 }
 
-/* One value of a row (few_rows path: consecutive threads read consecutive values). */
-template <int TYPE>
-static __device__ __forceinline__ float cu_value(const uint8_t *row, uint32_t k) {
-        if (TYPE == CU_TYPE_F32)
-                return ((const float *) row)[k];
-        if (TYPE == CU_TYPE_F16)
-                return __half2float(((const __half *) row)[k]);
-        return cu_bf16(((const uint16_t *) row)[k]);
-}
-
 /* 32 warps per row: latency-bound otherwise (8 warps: 24 µs for the 24 × 14336 HC projection) */
 #define MV_FEW_WARPS 32
 

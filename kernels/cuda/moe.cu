@@ -11,12 +11,11 @@
  * lower id), so the choice does not depend on the order of the reduction. */
 #define ROUTER_PER_LANE (ROUTER_MAX_EXPERTS / 32)
 
-__global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wout) {
-        cu_pdl_wait();
-        cu_pdl_trigger();
-        uint32_t t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-        if (t >= T)
-                return;
+/* Selection for token t on one warp (lane = its lane) from the router logits z. LDCG: the logits
+ * were written by other blocks of this grid (read past L1). */
+template <bool LDCG>
+static __device__ __forceinline__ void route_token(const struct cu_router &a, uint32_t t, uint32_t lane,
+                                                   int32_t *sel, float *wout) {
         const float *zt = a.z + (uint64_t) t * a.n_expert;
         float sc[ROUTER_PER_LANE], key[ROUTER_PER_LANE];
         /* scores: sigmoid (xing4) or softmax over the experts */
@@ -24,7 +23,7 @@ __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wou
 #pragma unroll
         for (int j = 0; j < ROUTER_PER_LANE; j++) {
                 uint32_t e = lane + 32 * j;
-                sc[j] = e < a.n_expert ? zt[e] : -INFINITY;
+                sc[j] = e < a.n_expert ? (LDCG ? __ldcg(zt + e) : zt[e]) : -INFINITY;
                 m = fmaxf(m, sc[j]);
         }
         if (a.sigmoid) {
@@ -103,6 +102,72 @@ __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wou
         }
 }
 
+__global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wout) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (t >= T)
+                return;
+        route_token<false>(a, t, lane, sel, wout);
+}
+
+/* The router's matvec and its selection in one launch: block (row r, token tile) computes row r's
+ * logits for up to TP tokens with k_matvec_few's arithmetic (so the same bits), and the last row
+ * block of a tile to finish (an atomic ticket, reset by that block) selects the tile's experts,
+ * a warp a token, with k_route's code: one launch instead of two a MoE layer. */
+#define ROUTER_FUSED_WARPS 32
+template <int TYPE, int TP>
+__global__ void __launch_bounds__(ROUTER_FUSED_WARPS * 32)
+        k_router_fused(struct cu_router a, const float *f, uint32_t T, int32_t *sel, float *wout) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        __shared__ float part[ROUTER_FUSED_WARPS][TP];
+        __shared__ bool last;
+        uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+        uint32_t r = blockIdx.x, p0 = blockIdx.y * TP;
+        const uint8_t *w = (const uint8_t *) a.w + (uint64_t) r * a.row_bytes;
+        const float *x[TP];
+        float acc[TP];
+#pragma unroll
+        for (int t = 0; t < TP; t++) {
+                uint32_t p = p0 + t < T ? p0 + t : p0;
+                x[t] = f + (uint64_t) p * a.H;
+                acc[t] = 0.0f;
+        }
+#pragma unroll 4
+        for (uint32_t k = tid; k < a.H; k += blockDim.x) {
+                float wv = cu_value<TYPE>(w, k);
+#pragma unroll
+                for (int t = 0; t < TP; t++)
+                        acc[t] += wv * x[t][k];
+        }
+#pragma unroll
+        for (int t = 0; t < TP; t++) {
+                float v = cu_warp_sum(acc[t]);
+                if (lane == 0)
+                        part[warp][t] = v;
+        }
+        __syncthreads();
+        if (tid < TP && p0 + tid < T) {
+                float v = 0.0f;
+                for (int i = 0; i < ROUTER_FUSED_WARPS; i++)
+                        v += part[i][tid];
+                a.z[(uint64_t) (p0 + tid) * a.n_expert + r] = v;
+                __threadfence(); /* the logit is visible before this block's ticket */
+        }
+        __syncthreads();
+        if (tid == 0)
+                last = atomicAdd(&a.ticket[blockIdx.y], 1u) == gridDim.x - 1;
+        __syncthreads();
+        if (!last)
+                return;
+        __threadfence();
+        if (warp < TP && p0 + warp < T)
+                route_token<true>(a, p0 + warp, lane, sel, wout);
+        if (tid == 0)
+                a.ticket[blockIdx.y] = 0;
+}
+
 extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel,
                          float *w, cudaStream_t s) {
         if (T == 0)
@@ -112,6 +177,21 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                 .N = a->n_expert, .G = a->n_expert, .x = f, .x_pstride = a->H, .x_div = 1,
                 .y = a->z, .y_pstride = a->n_expert, .P = T, .few_rows = true,
         };
+        if (a->ticket && a->n_expert <= ROUTER_MAX_EXPERTS &&
+            (a->type == CU_TYPE_F32 || a->type == CU_TYPE_F16 || a->type == CU_TYPE_BF16)) {
+                static_assert(CU_ROUTE_TP <= ROUTER_FUSED_WARPS, "a warp a token of the tile");
+                dim3 grid(a->n_expert, (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
+                cu_launches++;
+                if (a->type == CU_TYPE_F32 && T == 1)
+                        cu_launch(k_router_fused<CU_TYPE_F32, 1>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                else if (a->type == CU_TYPE_F32)
+                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                else if (a->type == CU_TYPE_F16)
+                        cu_launch(k_router_fused<CU_TYPE_F16, CU_ROUTE_TP>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                else
+                        cu_launch(k_router_fused<CU_TYPE_BF16, CU_ROUTE_TP>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                return;
+        }
         cu_matvec(&mv, s);
         cu_launches++;
         cu_launch(k_route, (T + 7) / 8, 256, 0, s, *a, T, sel, w); /* 8 tokens (warps) a block */
