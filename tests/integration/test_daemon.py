@@ -262,6 +262,28 @@ def test_duplicate_request_id_and_closing_cancels(daemon):
     assert s["requests_cancelled"] == before + 1
 
 
+# ---- stats ---------------------------------------------------------------------------------------
+
+def test_stats_rates_match_what_a_request_saw(fresh_daemon):
+    """After one request whose prompt is a single prefill step, `x4ctl stats` shows the prefill
+    and decode rates that request measured (its own timings), not a fraction of them: the rates
+    are recent averages, and the first sample must be taken as it is."""
+    d = fresh_daemon(args=("--prefill-chunk", "256"))
+    prompt = ",".join(str(5 + i % 400) for i in range(200))
+    r = d.x4ctl("--json", "generate", "--tokens", prompt, "--ignore-eos", "--max-tokens", "24")
+    assert r.returncode == 0, r.stderr
+    done = json.loads(r.stdout.splitlines()[-1])
+    t = done["timings"]
+    assert done["usage"]["prompt_tokens"] == 200 and done["usage"]["completion_tokens"] == 24
+    seen_prefill = 200 * 1e3 / t["prefill_ms"]
+    seen_decode = 23 * 1e3 / t["decode_ms"]
+    s = d.stats()
+    # prefill_ms also holds the first token's sampling and the reply, decode_ms the replies:
+    # the step times inside them are close, not equal
+    assert 0.5 * seen_prefill <= s["prefill_tok_s"] <= 2.0 * seen_prefill, (s, t)
+    assert 0.4 * seen_decode <= s["decode_tok_s"] <= 2.5 * seen_decode, (s, t)
+
+
 # ---- cancellation ----------------------------------------------------------------------------------
 
 def start_long(daemon):
