@@ -4,6 +4,7 @@
  * positions, each part reduced by one block and the parts folded in order by a second kernel.
  * The new tokens' rows are stored before attention runs, and attention reads every key (old or
  * new) from the cache, so a query's arithmetic is the same however the prompt was chunked. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -522,13 +523,15 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
  * then o = 0 + Q_0 + Q_1 + ... .
  * The old kernels re-read each part from L2 once per head group (16 times at batch 1); here the
  * scores read it twice (two head groups) and the P·c step once, in wide loads. */
+/* The launch shapes (heads a scores block; heads and latent values a P·c block) change how the
+ * work is spread over blocks, never a sum's order: X4_CUDA_SPLIT="AS_HG,AC_HG,AC_KS" picks
+ * among the compiled ones (measurements; the default is the first of each). */
 #define AS_HG 16
 #define AS_TILE ATT_SUB
 #define AC_KS 64
 #define AC_HG 32
-#define AC_PSTRIDE (AC_HG + 4) /* p rows [position][head], 16-byte aligned */
-static_assert(AS_TILE == 32 && CU_ATTN_PART % AS_TILE == 0 && 32 % AS_HG == 0,
-              "k_attn_scores assumes 32-position tiles and two head sub-groups per warp");
+static_assert(AS_TILE == 32 && CU_ATTN_PART % AS_TILE == 0,
+              "k_attn_scores assumes 32-position tiles");
 
 /* 4 consecutive cache values as fp32, any alignment of 4 elements */
 template <typename CT>
@@ -538,23 +541,25 @@ static __device__ __forceinline__ float4 cu_ld4v(const CT *p) {
         return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-template <typename CT>
+template <typename CT, int HG>
 __global__ void __launch_bounds__(768)
         k_attn_scores(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                       uint32_t layer, float *sc) {
+        static_assert(32 % HG == 0 && HG >= 4, "k_attn_scores: whole head sub-groups a warp");
+        constexpr uint32_t JP = 32 / HG; /* positions a warp takes at once */
         extern __shared__ __align__(16) float as_smem[];
         __shared__ uint64_t roff[AS_TILE];
         /* rows padded with zeros to whole chunks: a zero product leaves a chain's sum as it was
          * (only the sign of a zero P_c can change, which 0 + P_0 + ... never shows) */
         uint32_t D = c.D, n_head = a.n_head, nch = (D + ATT_KC - 1) / ATT_KC;
         uint32_t stride = nch * ATT_KC + 4, nq = nch * ATT_KC / 4;
-        uint32_t h0 = blockIdx.x * AS_HG, ti = blockIdx.y, tl = blockIdx.z, t = t0 + tl;
+        uint32_t h0 = blockIdx.x * HG, ti = blockIdx.y, tl = blockIdx.z, t = t0 + tl;
         uint32_t pos_q = c.tok_pos[t], start = ti * AS_TILE;
         if (start > pos_q)
                 return;
         uint32_t n = min(pos_q + 1 - start, (uint32_t) AS_TILE);
         uint32_t tid = threadIdx.x, cc = tid / 32, lane = tid % 32;
-        uint32_t hh = lane % AS_HG, jp = lane / AS_HG;
+        uint32_t hh = lane % HG, jp = lane / HG;
         const CT *cache = (const CT *) c.base;
         if (tid < n)
                 roff[tid] = cu_cache_row(c, layer, t, start + tid); /* metadata: before the wait */
@@ -583,11 +588,11 @@ __global__ void __launch_bounds__(768)
         }
         __syncthreads();
 
-        /* P_cc of positions jp, jp + 2, ... for head hh: one fmaf chain from 0 */
-        float pc[AS_TILE / 2];
+        /* P_cc of positions jp, jp + JP, ... for head hh: one fmaf chain from 0 */
+        float pc[AS_TILE / JP];
 #pragma unroll
-        for (int u = 0; u < AS_TILE / 2; u++) {
-                uint32_t j = jp + 2 * u;
+        for (int u = 0; u < (int) (AS_TILE / JP); u++) {
+                uint32_t j = jp + JP * u;
                 float acc = 0.0f;
                 if (j < n) {
                         const float *cr = sC + j * stride + cc * ATT_KC;
@@ -605,32 +610,34 @@ __global__ void __launch_bounds__(768)
         __syncthreads(); /* the tile is consumed: its space holds the chunk sums */
         float *sS = as_smem; /* [chunk][position][head] */
 #pragma unroll
-        for (int u = 0; u < AS_TILE / 2; u++)
-                sS[(cc * AS_TILE + jp + 2 * u) * AS_HG + hh] = pc[u];
+        for (int u = 0; u < (int) (AS_TILE / JP); u++)
+                sS[(cc * AS_TILE + jp + JP * u) * HG + hh] = pc[u];
         __syncthreads();
         uint32_t pi = ti / (CU_ATTN_PART / AS_TILE), g = ti % (CU_ATTN_PART / AS_TILE);
-        for (uint32_t e = tid; e < n * AS_HG; e += blockDim.x) {
-                uint32_t j = e / AS_HG, x = e % AS_HG;
+        for (uint32_t e = tid; e < n * HG; e += blockDim.x) {
+                uint32_t j = e / HG, x = e % HG;
                 float acc = 0.0f;
                 for (uint32_t k = 0; k < nch; k++)
-                        acc += sS[(k * AS_TILE + j) * AS_HG + x];
+                        acc += sS[(k * AS_TILE + j) * HG + x];
                 if (h0 + x < n_head)
                         sc[(((uint64_t) tl * max_parts + pi) * n_head + h0 + x) * CU_ATTN_PART +
                            g * AS_TILE + j] = a.scale * acc;
         }
 }
 
-template <typename CT>
-__global__ void __launch_bounds__(256)
+template <typename CT, int KS, int HG>
+__global__ void __launch_bounds__(KS *(CU_ATTN_PART / ATT_SUB))
         k_attn_pv(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
                   uint32_t layer, const float *sc, float *part) {
+        static_assert(HG % 4 == 0 && HG <= 32 && KS % 4 == 0, "k_attn_pv: p rows of whole float4s");
+        constexpr uint32_t PSTRIDE = HG + 4; /* p rows [position][head], 16-byte aligned */
         extern __shared__ __align__(16) float pv_smem[];
         float *sPT = pv_smem;                              /* p, [position][head] */
-        float *sCk = pv_smem + CU_ATTN_PART * AC_PSTRIDE; /* cache columns, then Q */
+        float *sCk = pv_smem + CU_ATTN_PART * PSTRIDE; /* cache columns, then Q */
         __shared__ uint64_t roff[CU_ATTN_PART];
-        uint32_t KV = a.KV, n_head = a.n_head, nhg = (n_head + AC_HG - 1) / AC_HG;
+        uint32_t KV = a.KV, n_head = a.n_head, nhg = (n_head + HG - 1) / HG;
         uint32_t ks = blockIdx.x, pi = blockIdx.y, tl = blockIdx.z / nhg;
-        uint32_t h0 = (blockIdx.z % nhg) * AC_HG, t = t0 + tl;
+        uint32_t h0 = (blockIdx.z % nhg) * HG, t = t0 + tl;
         uint32_t pos_q = c.tok_pos[t];
         if (pi > pos_q / CU_ATTN_PART)
                 return;
@@ -638,7 +645,7 @@ __global__ void __launch_bounds__(256)
         uint32_t n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
         uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
         const CT *cache = (const CT *) c.base;
-        uint32_t nh = min((uint32_t) AC_HG, n_head - h0);
+        uint32_t nh = min((uint32_t) HG, n_head - h0);
         const float *srow = sc + (((uint64_t) tl * max_parts + pi) * n_head + h0) * CU_ATTN_PART;
         float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
 
@@ -646,28 +653,29 @@ __global__ void __launch_bounds__(256)
                 roff[tid] = cu_cache_row(c, layer, t, start + tid); /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
-        for (uint32_t e = tid; e < AC_HG * n; e += blockDim.x) {
+#pragma unroll 8
+        for (uint32_t e = tid; e < HG * n; e += blockDim.x) {
                 uint32_t x = e / n, j = e % n;
-                sPT[j * AC_PSTRIDE + x] = x < nh ? srow[(uint64_t) x * CU_ATTN_PART + j] : 0.0f;
+                sPT[j * PSTRIDE + x] = x < nh ? srow[(uint64_t) x * CU_ATTN_PART + j] : 0.0f;
         }
         __syncthreads();
-        constexpr uint32_t NQ = AC_KS / 4;
+        constexpr uint32_t NQ = KS / 4;
 #pragma unroll 4
         for (uint32_t e = tid; e < n * NQ; e += blockDim.x) {
                 uint32_t j = e / NQ, k4 = e % NQ;
-                *(float4 *) &sCk[j * AC_KS + 4 * k4] =
-                        cu_ld4v<CT>(cache + roff[j] + ks * AC_KS + 4 * k4);
+                *(float4 *) &sCk[j * KS + 4 * k4] =
+                        cu_ld4v<CT>(cache + roff[j] + ks * KS + 4 * k4);
         }
         /* m, p and l per head, a warp each, in attn_softmax's order */
         for (uint32_t x = warp; x < nh; x += blockDim.x / 32) {
                 float m = -INFINITY;
                 for (uint32_t j = lane; j < n; j += 32)
-                        m = fmaxf(m, sPT[j * AC_PSTRIDE + x]);
+                        m = fmaxf(m, sPT[j * PSTRIDE + x]);
                 m = cu_warp_max(m);
                 float l = 0.0f;
                 for (uint32_t j = lane; j < n; j += 32) {
-                        float p = expf(sPT[j * AC_PSTRIDE + x] - m);
-                        sPT[j * AC_PSTRIDE + x] = p;
+                        float p = expf(sPT[j * PSTRIDE + x] - m);
+                        sPT[j * PSTRIDE + x] = p;
                         l += p;
                 }
                 l = cu_warp_sum(l);
@@ -678,20 +686,20 @@ __global__ void __launch_bounds__(256)
         }
         __syncthreads();
 
-        /* Q_g for value k = tid % AC_KS, sub-part g = tid / AC_KS, all heads */
-        static_assert(AC_KS * (CU_ATTN_PART / ATT_SUB) == 256, "k_attn_pv: a thread per (value, sub-part)");
-        uint32_t k = tid % AC_KS, g = tid / AC_KS;
-        float acc[AC_HG];
+        /* Q_g for value k = tid % KS, sub-part g = tid / KS, all heads */
+        static_assert(KS * (CU_ATTN_PART / ATT_SUB) >= CU_ATTN_PART, "k_attn_pv: a thread per position for its offsets");
+        uint32_t k = tid % KS, g = tid / KS;
+        float acc[HG];
 #pragma unroll
-        for (int x = 0; x < AC_HG; x++)
+        for (int x = 0; x < HG; x++)
                 acc[x] = 0.0f;
         uint32_t j0 = g * ATT_SUB, je = min(j0 + ATT_SUB, n);
 #pragma unroll 2
         for (uint32_t j = j0; j < je; j++) {
-                float cv = sCk[j * AC_KS + k];
-                const float4 *pr = (const float4 *) &sPT[j * AC_PSTRIDE];
+                float cv = sCk[j * KS + k];
+                const float4 *pr = (const float4 *) &sPT[j * PSTRIDE];
 #pragma unroll
-                for (int x4 = 0; x4 < AC_HG / 4; x4++) {
+                for (int x4 = 0; x4 < HG / 4; x4++) {
                         float4 p = pr[x4];
                         acc[4 * x4] = fmaf(p.x, cv, acc[4 * x4]);
                         acc[4 * x4 + 1] = fmaf(p.y, cv, acc[4 * x4 + 1]);
@@ -701,16 +709,16 @@ __global__ void __launch_bounds__(256)
         }
         __syncthreads(); /* the columns are consumed: their space holds Q[g][head][value] */
 #pragma unroll
-        for (int x = 0; x < AC_HG; x++)
-                sCk[(g * AC_HG + x) * AC_KS + k] = acc[x];
+        for (int x = 0; x < HG; x++)
+                sCk[(g * HG + x) * KS + k] = acc[x];
         __syncthreads();
         uint32_t ng = (n + ATT_SUB - 1) / ATT_SUB;
-        for (uint32_t e = tid; e < nh * AC_KS; e += blockDim.x) {
-                uint32_t x = e / AC_KS, kk = e % AC_KS;
+        for (uint32_t e = tid; e < nh * KS; e += blockDim.x) {
+                uint32_t x = e / KS, kk = e % KS;
                 float o = 0.0f;
                 for (uint32_t gg = 0; gg < ng; gg++)
-                        o += sCk[(gg * AC_HG + x) * AC_KS + kk];
-                out0[(uint64_t) (h0 + x) * (KV + 2) + ks * AC_KS + kk] = o;
+                        o += sCk[(gg * HG + x) * KS + kk];
+                out0[(uint64_t) (h0 + x) * (KV + 2) + ks * KS + kk] = o;
         }
 }
 
@@ -721,7 +729,23 @@ static size_t attn_scores_smem(uint32_t D) {
         return (tile > sums ? tile : sums) * sizeof(float);
 }
 
-#define AC_SMEM ((size_t) CU_ATTN_PART * (AC_PSTRIDE + AC_KS) * sizeof(float))
+/* Shared memory of a k_attn_pv<KS, HG> block: p rows, then the cache columns (later the Q sums). */
+static constexpr size_t attn_pv_smem(int KS, int HG) {
+        return (size_t) CU_ATTN_PART * (HG + 4 + KS) * sizeof(float);
+}
+
+/* The compiled launch shapes of the split path (see AS_HG above); shape 0 is the default. */
+static const struct {
+        int as_hg, ac_hg, ac_ks;
+} attn_shapes[] = { { AS_HG, AC_HG, AC_KS }, { 8, 32, 64 }, { 16, 16, 64 }, { 8, 16, 64 },
+                    { 16, 32, 32 }, { 8, 16, 32 }, { 16, 16, 32 } };
+static int attn_shape; /* index into attn_shapes */
+
+template <typename CT, int KS, int HG>
+static bool attn_pv_attr() {
+        return cudaFuncSetAttribute(k_attn_pv<CT, KS, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) attn_pv_smem(KS, HG)) == cudaSuccess;
+}
 
 /* Whether the split path can run (set once by cu_attention_setup, before any graph capture:
  * cudaFuncSetAttribute is not a stream operation and has no place inside one). */
@@ -742,12 +766,36 @@ extern "C" bool cu_attention_setup(uint32_t KV, uint32_t R) {
         if (D % 4 || D == 0 || D > 24 * ATT_KC || KV % AC_KS)
                 return false;
         size_t need = attn_scores_smem(D);
-        if (need > (size_t) smem_max || AC_SMEM > (size_t) smem_max)
+        if (need > (size_t) smem_max || attn_pv_smem(32, 32) > (size_t) smem_max ||
+            attn_pv_smem(64, 32) > (size_t) smem_max)
                 return false;
-        if (cudaFuncSetAttribute(k_attn_pv<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(k_attn_pv<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) AC_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(k_attn_scores<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need) != cudaSuccess ||
-            cudaFuncSetAttribute(k_attn_scores<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need) != cudaSuccess) {
+        attn_shape = 0;
+        if (const char *e = getenv("X4_CUDA_SPLIT")) {
+                int as = 0, ac = 0, ks = 0, found = -1;
+                if (sscanf(e, "%d,%d,%d", &as, &ac, &ks) == 3)
+                        for (size_t i = 0; i < sizeof attn_shapes / sizeof attn_shapes[0]; i++)
+                                if (attn_shapes[i].as_hg == as && attn_shapes[i].ac_hg == ac && attn_shapes[i].ac_ks == ks)
+                                        found = (int) i;
+                if (found < 0)
+                        fprintf(stderr, "xing4: X4_CUDA_SPLIT='%s' is not a compiled shape (AS_HG,AC_HG,AC_KS: "
+                                        "16|8, 32|16, 64|32); the default %d,%d,%d runs\n",
+                                e, AS_HG, AC_HG, AC_KS);
+                else
+                        attn_shape = found;
+        }
+        bool ok = true;
+#define ATTN_SCORES_ATTR(CT, HG) \
+        ok = ok && cudaFuncSetAttribute(k_attn_scores<CT, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need) == cudaSuccess
+        ATTN_SCORES_ATTR(float, 16);
+        ATTN_SCORES_ATTR(__half, 16);
+        ATTN_SCORES_ATTR(float, 8);
+        ATTN_SCORES_ATTR(__half, 8);
+#undef ATTN_SCORES_ATTR
+        ok = ok && attn_pv_attr<float, 64, 32>() && attn_pv_attr<__half, 64, 32>() &&
+             attn_pv_attr<float, 64, 16>() && attn_pv_attr<__half, 64, 16>() &&
+             attn_pv_attr<float, 32, 32>() && attn_pv_attr<__half, 32, 32>() &&
+             attn_pv_attr<float, 32, 16>() && attn_pv_attr<__half, 32, 16>();
+        if (!ok) {
                 cudaGetLastError(); /* not sticky: the other kernels serve */
                 return false;
         }
@@ -764,18 +812,36 @@ static void attn_launch_split(const struct cu_attn *a, uint32_t t0, uint32_t n, 
                               const struct cu_cache *c, uint32_t layer, float *sc, float *part,
                               cudaStream_t s) {
         uint32_t D = c->D;
-        dim3 g1((a->n_head + AS_HG - 1) / AS_HG, max_parts * (CU_ATTN_PART / AS_TILE), n);
-        dim3 g2(a->KV / AC_KS, max_parts, n * ((a->n_head + AC_HG - 1) / AC_HG));
+        int as = attn_shapes[attn_shape].as_hg, ac = attn_shapes[attn_shape].ac_hg;
+        int ks = attn_shapes[attn_shape].ac_ks;
+        dim3 g1((a->n_head + as - 1) / as, max_parts * (CU_ATTN_PART / AS_TILE), n);
+        dim3 g2(a->KV / ks, max_parts, n * ((a->n_head + ac - 1) / ac));
         size_t sm = attn_scores_smem(D);
         uint32_t nt = (D + ATT_KC - 1) / ATT_KC * 32; /* a warp per chunk */
+        uint32_t nt2 = ks * (CU_ATTN_PART / ATT_SUB);
+        size_t sm2 = attn_pv_smem(ks, ac);
         cu_launches += 2;
-        if (c->f16) {
-                cu_launch(k_attn_scores<__half>, g1, nt, sm, s, *a, t0, max_parts, *c, layer, sc);
-                cu_launch(k_attn_pv<__half>, g2, 256, AC_SMEM, s, *a, t0, max_parts, *c, layer, (const float *) sc, part);
-        } else {
-                cu_launch(k_attn_scores<float>, g1, nt, sm, s, *a, t0, max_parts, *c, layer, sc);
-                cu_launch(k_attn_pv<float>, g2, 256, AC_SMEM, s, *a, t0, max_parts, *c, layer, (const float *) sc, part);
-        }
+#define ATTN_SPLIT(CT)                                                                                              \
+        do {                                                                                                        \
+                if (as == 8)                                                                                        \
+                        cu_launch(k_attn_scores<CT, 8>, g1, nt, sm, s, *a, t0, max_parts, *c, layer, sc);           \
+                else                                                                                                \
+                        cu_launch(k_attn_scores<CT, 16>, g1, nt, sm, s, *a, t0, max_parts, *c, layer, sc);          \
+                const float *scc = sc;                                                                              \
+                if (ks == 64 && ac == 32)                                                                           \
+                        cu_launch(k_attn_pv<CT, 64, 32>, g2, nt2, sm2, s, *a, t0, max_parts, *c, layer, scc, part); \
+                else if (ks == 64)                                                                                  \
+                        cu_launch(k_attn_pv<CT, 64, 16>, g2, nt2, sm2, s, *a, t0, max_parts, *c, layer, scc, part); \
+                else if (ac == 32)                                                                                  \
+                        cu_launch(k_attn_pv<CT, 32, 32>, g2, nt2, sm2, s, *a, t0, max_parts, *c, layer, scc, part); \
+                else                                                                                                \
+                        cu_launch(k_attn_pv<CT, 32, 16>, g2, nt2, sm2, s, *a, t0, max_parts, *c, layer, scc, part); \
+        } while (0)
+        if (c->f16)
+                ATTN_SPLIT(__half);
+        else
+                ATTN_SPLIT(float);
+#undef ATTN_SPLIT
 }
 
 /* ---- tensor-core attention (X4_CUDA_ATTN=tc; sm_80+) ---------------------------------------

@@ -281,6 +281,26 @@ if has attntc; then
                         tee -a "$out/bench-attntc.jsonl" | grep '"decode"'
         done
 fi
+if has split; then
+        # the split attention path's launch shapes (X4_CUDA_SPLIT="AS_HG,AC_HG,AC_KS"): the same
+        # logits on the full model (32 heads: several head groups, unlike the test models), then speed
+        prompt=$(awk 'BEGIN { s = 5; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        for shape in 16,32,64 8,32,64 16,16,64 8,16,64 16,32,32 8,16,32 16,16,32; do
+                X4_CUDA_ATTN=split X4_CUDA_SPLIT=$shape "$build/tools/x4-logits" --model "$model" --prompt "$prompt" \
+                        --decode 9,99,999 --device cuda --out /tmp/split-$shape.bin 2>/tmp/split-$shape.err ||
+                        { echo "FAIL x4-logits split $shape"; cat /tmp/split-$shape.err; }
+                cmp /tmp/split-16,32,64.bin /tmp/split-$shape.bin && echo "split $shape: same logits as 16,32,64 ($(stat -c %s /tmp/split-$shape.bin) bytes)" ||
+                        echo "FAIL split $shape differs"
+                grep X4_CUDA /tmp/split-$shape.err
+        done
+        rm -f /tmp/split-*.bin
+        for shape in 16,32,64 8,32,64 16,16,64 8,16,64 16,32,32 8,16,32 16,16,32; do
+                say "decode batch 1, X4_CUDA_SPLIT=$shape"
+                X4_CUDA_SPLIT=$shape "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx ${X4_CTX:-512,4096} --batch 1 --decode-tokens 32 --repeats 3 --json 2>&1 |
+                        sed "s/}\$/,\"split\":\"$shape\"}/" | tee -a "$out/bench-split.jsonl" | grep -E '"decode"|X4_CUDA'
+        done
+fi
 if has fullx; then
         # X4_CUDA_FULLX=1 (one-input decode products stage their whole input at once): the GPU
         # tests with it on (their bit-for-bit checks then cross it with the batched kernels), then

@@ -131,7 +131,15 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 for k in dec2 dec4 part; do
                         cmp "$tmp/attn-split.bin" "$tmp/attn-$k.bin" || { echo "attention $k differs from split"; return 1; }
                 done
-                echo "attention kernels split, dec2, dec4, part: identical logits ($(stat -c %s "$tmp/attn-split.bin") bytes)"
+                # the split path's launch shapes (heads a scores block; heads, values a P·c block)
+                for k in 8,32,64 16,16,64 8,16,64 16,32,32 8,16,32 16,16,32; do
+                        X4_CUDA_ATTN=split X4_CUDA_SPLIT=$k "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/attn-s$k.bin" \
+                                2>"$tmp/attn-s$k.err" || { cat "$tmp/attn-s$k.err"; return 1; }
+                        if grep -q "X4_CUDA_SPLIT" "$tmp/attn-s$k.err"; then cat "$tmp/attn-s$k.err"; return 1; fi
+                        cmp "$tmp/attn-split.bin" "$tmp/attn-s$k.bin" || { echo "split shape $k differs"; return 1; }
+                done
+                echo "attention kernels split (7 launch shapes), dec2, dec4, part: identical logits ($(stat -c %s "$tmp/attn-split.bin") bytes)"
         }
         step "attention kernels agree bit for bit, demo model" attn_same
         # the many-input product kernel (k_mm) computes k_matvec's order: the same logits with it
