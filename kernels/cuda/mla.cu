@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(768)
         }
         __syncthreads();
         float *sC = as_smem;
-#pragma unroll 4
+#pragma unroll 8
         for (uint32_t e = tid; e < n * nq; e += blockDim.x) {
                 uint32_t j = e / nq, k4 = e % nq;
                 *(float4 *) &sC[j * stride + 4 * k4] = 4 * k4 < D ? cu_ld4v<CT>(cache + roff[j] + 4 * k4)
@@ -660,7 +660,7 @@ __global__ void __launch_bounds__(KS *(CU_ATTN_PART / ATT_SUB))
         }
         __syncthreads();
         constexpr uint32_t NQ = KS / 4;
-#pragma unroll 4
+#pragma unroll 8
         for (uint32_t e = tid; e < n * NQ; e += blockDim.x) {
                 uint32_t j = e / NQ, k4 = e % NQ;
                 *(float4 *) &sCk[j * KS + 4 * k4] =
@@ -1097,16 +1097,19 @@ static void attn_launch_tc(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
                 cu_launch(k_attn_tc<float>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
 }
 
-/* Fold the parts of each (token, head) in part order. */
-__global__ void k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t n_head,
-                               uint32_t KV, const uint32_t *tok_pos, float *out) {
+/* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
+ * values), a thread per value (one fold chain a thread instead of two after each other). */
+#define AC_COMBINE 128
+__global__ void __launch_bounds__(AC_COMBINE)
+        k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t n_head,
+                       uint32_t KV, const uint32_t *tok_pos, float *out) {
         uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
         uint32_t n_parts = tok_pos[t] / CU_ATTN_PART + 1; /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
         uint64_t stride = (uint64_t) n_head * (KV + 2);
-        for (uint32_t k = threadIdx.x; k < KV; k += blockDim.x) {
+        for (uint32_t k = blockIdx.z * blockDim.x + threadIdx.x; k < KV; k += gridDim.z * blockDim.x) {
                 float M = p0[KV], L = p0[KV + 1], O = p0[k];
 #pragma unroll 8
                 for (uint32_t pi = 1; pi < n_parts; pi++) {
@@ -1167,7 +1170,7 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                 /* its own numerics (see k_attn_tc), for every shape */
                 attn_launch_tc(a, t0, n, max_parts, c, layer, part, s);
                 cu_launches++;
-                cu_launch(k_attn_combine, dim3(n, a->n_head), 256, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+                cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
                 return;
         }
         bool split = force != 5 && attn_split_ok(a, c);
@@ -1186,5 +1189,5 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         else
                 attn_launch_dec<2>(a, t0, n, max_parts, c, layer, part, s);
         cu_launches++;
-        cu_launch(k_attn_combine, dim3(n, a->n_head), 256, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+        cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
 }

@@ -294,7 +294,7 @@ if has split; then
                 grep X4_CUDA /tmp/split-$shape.err
         done
         rm -f /tmp/split-*.bin
-        for shape in 16,32,64 8,32,64 16,16,64 8,16,64 16,32,32 8,16,32 16,16,32; do
+        for shape in ${X4_SPLIT_SHAPES:-16,32,64 8,32,64 8,16,64 8,16,32 16,16,32}; do
                 say "decode batch 1, X4_CUDA_SPLIT=$shape"
                 X4_CUDA_SPLIT=$shape "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
                         --decode-ctx ${X4_CTX:-512,4096} --batch 1 --decode-tokens 32 --repeats 3 --json 2>&1 |
