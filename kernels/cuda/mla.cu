@@ -524,8 +524,9 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
  * The old kernels re-read each part from L2 once per head group (16 times at batch 1); here the
  * scores read it twice (two head groups) and the P·c step once, in wide loads. */
 /* The launch shapes (heads a scores block; heads and latent values a P·c block) change how the
- * work is spread over blocks, never a sum's order: X4_CUDA_SPLIT="AS_HG,AC_HG,AC_KS" picks
- * among the compiled ones (measurements; the default is the first of each). */
+ * work is spread over blocks, never a sum's order. A launch takes AS_HG, AC_HG, AC_KS, or half
+ * the heads a block where that leaves fewer blocks than the card has SMs (attn_launch_split);
+ * X4_CUDA_SPLIT="AS_HG,AC_HG,AC_KS" forces one of the compiled shapes (measurements). */
 #define AS_HG 16
 #define AS_TILE ATT_SUB
 #define AC_KS 64
@@ -739,7 +740,8 @@ static const struct {
         int as_hg, ac_hg, ac_ks;
 } attn_shapes[] = { { AS_HG, AC_HG, AC_KS }, { 8, 32, 64 }, { 16, 16, 64 }, { 8, 16, 64 },
                     { 16, 32, 32 }, { 8, 16, 32 }, { 16, 16, 32 } };
-static int attn_shape; /* index into attn_shapes */
+static int attn_shape; /* index into attn_shapes; -1: chosen a launch (attn_split_shape) */
+static uint32_t attn_sms; /* the card's SMs */
 
 template <typename CT, int KS, int HG>
 static bool attn_pv_attr() {
@@ -769,7 +771,10 @@ extern "C" bool cu_attention_setup(uint32_t KV, uint32_t R) {
         if (need > (size_t) smem_max || attn_pv_smem(32, 32) > (size_t) smem_max ||
             attn_pv_smem(64, 32) > (size_t) smem_max)
                 return false;
-        attn_shape = 0;
+        attn_shape = -1;
+        int sms = 0;
+        attn_sms = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0
+                           ? (uint32_t) sms : 132;
         if (const char *e = getenv("X4_CUDA_SPLIT")) {
                 int as = 0, ac = 0, ks = 0, found = -1;
                 if (sscanf(e, "%d,%d,%d", &as, &ac, &ks) == 3)
@@ -778,8 +783,8 @@ extern "C" bool cu_attention_setup(uint32_t KV, uint32_t R) {
                                         found = (int) i;
                 if (found < 0)
                         fprintf(stderr, "xing4: X4_CUDA_SPLIT='%s' is not a compiled shape (AS_HG,AC_HG,AC_KS: "
-                                        "16|8, 32|16, 64|32); the default %d,%d,%d runs\n",
-                                e, AS_HG, AC_HG, AC_KS);
+                                        "16|8, 32|16, 64|32); the shape follows the launch\n",
+                                e);
                 else
                         attn_shape = found;
         }
@@ -812,8 +817,20 @@ static void attn_launch_split(const struct cu_attn *a, uint32_t t0, uint32_t n, 
                               const struct cu_cache *c, uint32_t layer, float *sc, float *part,
                               cudaStream_t s) {
         uint32_t D = c->D;
-        int as = attn_shapes[attn_shape].as_hg, ac = attn_shapes[attn_shape].ac_hg;
-        int ks = attn_shapes[attn_shape].ac_ks;
+        int as = AS_HG, ac = AC_HG, ks = AC_KS;
+        if (attn_shape >= 0) {
+                as = attn_shapes[attn_shape].as_hg, ac = attn_shapes[attn_shape].ac_hg;
+                ks = attn_shapes[attn_shape].ac_ks;
+        } else {
+                /* fewer blocks than SMs: half the heads a block, twice the blocks (H200, full
+                 * model, batch 1: 189.4 → 197.6 tok/s at 512 context, where 40 blocks each ran;
+                 * at 4,096, 258 and more, the halves were slower: 156.2 → 148.7) */
+                uint64_t tiles = (uint64_t) n * max_parts * (CU_ATTN_PART / AS_TILE);
+                if (tiles * ((a->n_head + AS_HG - 1) / AS_HG) < attn_sms)
+                        as = 8;
+                if ((uint64_t) n * max_parts * (a->KV / AC_KS) * ((a->n_head + AC_HG - 1) / AC_HG) < attn_sms)
+                        ac = 16;
+        }
         dim3 g1((a->n_head + as - 1) / as, max_parts * (CU_ATTN_PART / AS_TILE), n);
         dim3 g2(a->KV / ks, max_parts, n * ((a->n_head + ac - 1) / ac));
         size_t sm = attn_scores_smem(D);

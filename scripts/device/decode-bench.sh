@@ -301,6 +301,22 @@ if has split; then
                         sed "s/}\$/,\"split\":\"$shape\"}/" | tee -a "$out/bench-split.jsonl" | grep -E '"decode"|X4_CUDA'
         done
 fi
+if has splitauto; then
+        # the launch shapes chosen a launch give the logits a forced shape gives (full model)
+        prompt=$(awk 'BEGIN { s = 5; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        for shape in auto 16,32,64 8,16,64; do
+                if [ $shape = auto ]; then
+                        "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99,999,9999 \
+                                --device cuda --out /tmp/sa-auto.bin || echo "FAIL x4-logits auto"
+                        continue
+                fi
+                X4_CUDA_SPLIT=$shape "$build/tools/x4-logits" --model "$model" --prompt "$prompt" \
+                        --decode 9,99,999,9999 --device cuda --out /tmp/sa-$shape.bin || echo "FAIL x4-logits $shape"
+                cmp /tmp/sa-auto.bin /tmp/sa-$shape.bin && echo "splitauto: shape chosen a launch = $shape, bit for bit" ||
+                        echo "FAIL splitauto: $shape differs"
+        done
+        rm -f /tmp/sa-*.bin
+fi
 if has fullx; then
         # X4_CUDA_FULLX=1 (one-input decode products stage their whole input at once): the GPU
         # tests with it on (their bit-for-bit checks then cross it with the batched kernels), then
