@@ -298,7 +298,7 @@ if has split; then
                 say "decode batch 1, X4_CUDA_SPLIT=$shape"
                 X4_CUDA_SPLIT=$shape "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
                         --decode-ctx ${X4_CTX:-512,4096} --batch 1 --decode-tokens 32 --repeats 3 --json 2>&1 |
-                        sed "s/}\$/,\"split\":\"$shape\"}/" | tee -a "$out/bench-split.jsonl" | grep -E '"decode"|X4_CUDA'
+                        sed "s/}\$/,\"split\":\"$shape\"}/" | tee -a "$out/bench-shapes.jsonl" | grep -E '"decode"|X4_CUDA'
         done
 fi
 if has splitauto; then
