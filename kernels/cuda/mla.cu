@@ -522,7 +522,8 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
  * and computes the sub-part sums Q_g (a thread per (value, sub-part), 32 heads in registers),
  * then o = 0 + Q_0 + Q_1 + ... .
  * The old kernels re-read each part from L2 once per head group (16 times at batch 1); here the
- * scores read it twice (two head groups) and the P·c step once, in wide loads. */
+ * scores read it once per AS_HG heads (twice for 32 heads, four times where a launch takes half
+ * the heads a block) and the P·c step once per AC_HG heads, in wide loads. */
 /* The launch shapes (heads a scores block; heads and latent values a P·c block) change how the
  * work is spread over blocks, never a sum's order. A launch takes AS_HG, AC_HG, AC_KS, or half
  * the heads a block where that leaves fewer blocks than the card has SMs (attn_launch_split);
@@ -735,12 +736,12 @@ static constexpr size_t attn_pv_smem(int KS, int HG) {
         return (size_t) CU_ATTN_PART * (HG + 4 + KS) * sizeof(float);
 }
 
-/* The compiled launch shapes of the split path (see AS_HG above); shape 0 is the default. */
+/* The compiled launch shapes of the split path (see AS_HG above), for X4_CUDA_SPLIT. */
 static const struct {
         int as_hg, ac_hg, ac_ks;
 } attn_shapes[] = { { AS_HG, AC_HG, AC_KS }, { 8, 32, 64 }, { 16, 16, 64 }, { 8, 16, 64 },
                     { 16, 32, 32 }, { 8, 16, 32 }, { 16, 16, 32 } };
-static int attn_shape; /* index into attn_shapes; -1: chosen a launch (attn_split_shape) */
+static int attn_shape; /* index into attn_shapes; -1: chosen a launch (attn_launch_split) */
 static uint32_t attn_sms; /* the card's SMs */
 
 template <typename CT, int KS, int HG>
@@ -1141,6 +1142,13 @@ __global__ void __launch_bounds__(AC_COMBINE)
         }
 }
 
+static void attn_launch_combine(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                                const struct cu_cache *c, const float *part, float *out, cudaStream_t s) {
+        cu_launches++;
+        cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s,
+                  part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+}
+
 template <int HG, int TH>
 static void attn_launch(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
                         const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
@@ -1186,8 +1194,7 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         if (force == 6 && attn_tc_ready && c->D == attn_tc_D) {
                 /* its own numerics (see k_attn_tc), for every shape */
                 attn_launch_tc(a, t0, n, max_parts, c, layer, part, s);
-                cu_launches++;
-                cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+                attn_launch_combine(a, t0, n, max_parts, c, part, out, s);
                 return;
         }
         bool split = force != 5 && attn_split_ok(a, c);
@@ -1205,6 +1212,5 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                 attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);
         else
                 attn_launch_dec<2>(a, t0, n, max_parts, c, layer, part, s);
-        cu_launches++;
-        cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+        attn_launch_combine(a, t0, n, max_parts, c, part, out, s);
 }

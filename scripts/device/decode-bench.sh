@@ -281,10 +281,12 @@ if has attntc; then
                         tee -a "$out/bench-attntc.jsonl" | grep '"decode"'
         done
 fi
+# a fixed 300-token prompt (three parts of the cache) for the full-model logits checks
+prompt300() { awk 'BEGIN { s = 5; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }'; }
 if has split; then
         # the split attention path's launch shapes (X4_CUDA_SPLIT="AS_HG,AC_HG,AC_KS"): the same
         # logits on the full model (32 heads: several head groups, unlike the test models), then speed
-        prompt=$(awk 'BEGIN { s = 5; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        prompt=$(prompt300)
         for shape in 16,32,64 8,32,64 16,16,64 8,16,64 16,32,32 8,16,32 16,16,32; do
                 X4_CUDA_ATTN=split X4_CUDA_SPLIT=$shape "$build/tools/x4-logits" --model "$model" --prompt "$prompt" \
                         --decode 9,99,999 --device cuda --out /tmp/split-$shape.bin 2>/tmp/split-$shape.err ||
@@ -303,7 +305,7 @@ if has split; then
 fi
 if has splitauto; then
         # the launch shapes chosen a launch give the logits a forced shape gives (full model)
-        prompt=$(awk 'BEGIN { s = 5; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        prompt=$(prompt300)
         for shape in auto 16,32,64 8,16,64; do
                 if [ $shape = auto ]; then
                         "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99,999,9999 \
