@@ -211,6 +211,43 @@ static __device__ __forceinline__ float cu_warp_sum(float v) {
         return v;
 }
 
+/* Warps of the few-rows products (k_matvec_few) and the router's (k_router_fused): 32 warps a
+ * row, latency-bound otherwise (8 warps: 24 µs for the 24 × 14336 HC projection). */
+#define CU_FEW_WARPS 32
+
+/* One row's dot products with TP inputs, a block of CU_FEW_WARPS warps: thread j takes values
+ * j, j + blockDim, ... in one chain an input, the warp sums land in part[warp][t], and thread t
+ * (< TP) gets input t's sum, the warp sums added in warp order. k_matvec_few and the router
+ * share it, so the router's logits have the few-rows products' bits. Ends past a barrier. */
+template <int TYPE, int TP>
+static __device__ __forceinline__ float cu_few_row(const uint8_t *w, const float *const *x, uint32_t K,
+                                                   float (*part)[TP]) {
+        uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+        float acc[TP];
+#pragma unroll
+        for (int t = 0; t < TP; t++)
+                acc[t] = 0.0f;
+#pragma unroll 4
+        for (uint32_t k = tid; k < K; k += blockDim.x) {
+                float wv = cu_value<TYPE>(w, k);
+#pragma unroll
+                for (int t = 0; t < TP; t++)
+                        acc[t] += wv * x[t][k];
+        }
+#pragma unroll
+        for (int t = 0; t < TP; t++) {
+                float v = cu_warp_sum(acc[t]);
+                if (lane == 0)
+                        part[warp][t] = v;
+        }
+        __syncthreads();
+        float v = 0.0f;
+        if (tid < TP)
+                for (int i = 0; i < CU_FEW_WARPS; i++)
+                        v += part[i][tid];
+        return v;
+}
+
 static __device__ __forceinline__ float cu_warp_max(float v) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)

@@ -710,56 +710,32 @@ static void launch_small(const struct cu_mv *a, cudaStream_t s) {
         launch_small_l<TYPE, NR, 32>(a, s);
 }
 
-/* 32 warps per row: latency-bound otherwise (8 warps: 24 µs for the 24 × 14336 HC projection) */
-#define MV_FEW_WARPS 32
-
 template <int TYPE, int TP>
-__global__ void __launch_bounds__(MV_FEW_WARPS * 32) k_matvec_few(struct cu_mv a) {
+__global__ void __launch_bounds__(CU_FEW_WARPS * 32) k_matvec_few(struct cu_mv a) {
         cu_pdl_wait();
         cu_pdl_trigger();
-        __shared__ float part[MV_FEW_WARPS][TP];
-        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        __shared__ float part[CU_FEW_WARPS][TP];
         uint32_t r = blockIdx.x, p0 = blockIdx.y * TP;
         const uint8_t *w = (const uint8_t *) a.w + (uint64_t) r * a.row_bytes;
         uint32_t g = r / a.G;
         const float *x[TP];
-        float acc[TP];
 #pragma unroll
         for (int t = 0; t < TP; t++) {
                 uint32_t p = p0 + t < a.P ? p0 + t : p0;
                 x[t] = a.x + (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) g * a.x_gstride;
-                acc[t] = 0.0f;
         }
-#pragma unroll 4
-        for (uint32_t k = threadIdx.x; k < a.K; k += blockDim.x) {
-                float wv = cu_value<TYPE>(w, k);
-#pragma unroll
-                for (int t = 0; t < TP; t++)
-                        acc[t] += wv * x[t][k];
-        }
-#pragma unroll
-        for (int t = 0; t < TP; t++) {
-                float v = cu_warp_sum(acc[t]);
-                if (lane == 0)
-                        part[warp][t] = v;
-        }
-        __syncthreads();
-        if (threadIdx.x < TP && p0 + threadIdx.x < a.P) {
-                float v = 0.0f;
-                for (int i = 0; i < MV_FEW_WARPS; i++)
-                        v += part[i][threadIdx.x];
-                a.y[(uint64_t) (p0 + threadIdx.x) * a.y_pstride + (uint64_t) g * a.y_gstride +
-                    r % a.G] = v;
-        }
+        float v = cu_few_row<TYPE, TP>(w, x, a.K, part);
+        if (threadIdx.x < TP && p0 + threadIdx.x < a.P)
+                a.y[(uint64_t) (p0 + threadIdx.x) * a.y_pstride + (uint64_t) g * a.y_gstride + r % a.G] = v;
 }
 
 template <int TYPE>
 static void launch_few(const struct cu_mv *a, cudaStream_t s) {
         cu_launches++;
         if (a->P == 1)
-                cu_launch(k_matvec_few<TYPE, 1>, dim3(a->N, 1), MV_FEW_WARPS * 32, 0, s, *a);
+                cu_launch(k_matvec_few<TYPE, 1>, dim3(a->N, 1), CU_FEW_WARPS * 32, 0, s, *a);
         else
-                cu_launch(k_matvec_few<TYPE, MV_TP>, dim3(a->N, (a->P + MV_TP - 1) / MV_TP), MV_FEW_WARPS * 32, 0, s, *a);
+                cu_launch(k_matvec_few<TYPE, MV_TP>, dim3(a->N, (a->P + MV_TP - 1) / MV_TP), CU_FEW_WARPS * 32, 0, s, *a);
 }
 
 /* Inputs per launch up to which the decode-shaped kernel runs (same bits either way). */

@@ -115,43 +115,22 @@ __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wou
  * logits for up to TP tokens with k_matvec_few's arithmetic (so the same bits), and the last row
  * block of a tile to finish (an atomic ticket, reset by that block) selects the tile's experts,
  * a warp a token, with k_route's code: one launch instead of two a MoE layer. */
-#define ROUTER_FUSED_WARPS 32
 template <int TYPE, int TP>
-__global__ void __launch_bounds__(ROUTER_FUSED_WARPS * 32)
+__global__ void __launch_bounds__(CU_FEW_WARPS * 32)
         k_router_fused(struct cu_router a, const float *f, uint32_t T, int32_t *sel, float *wout) {
         cu_pdl_wait();
         cu_pdl_trigger();
-        __shared__ float part[ROUTER_FUSED_WARPS][TP];
+        __shared__ float part[CU_FEW_WARPS][TP];
         __shared__ bool last;
         uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
         uint32_t r = blockIdx.x, p0 = blockIdx.y * TP;
         const uint8_t *w = (const uint8_t *) a.w + (uint64_t) r * a.row_bytes;
         const float *x[TP];
-        float acc[TP];
 #pragma unroll
-        for (int t = 0; t < TP; t++) {
-                uint32_t p = p0 + t < T ? p0 + t : p0;
-                x[t] = f + (uint64_t) p * a.H;
-                acc[t] = 0.0f;
-        }
-#pragma unroll 4
-        for (uint32_t k = tid; k < a.H; k += blockDim.x) {
-                float wv = cu_value<TYPE>(w, k);
-#pragma unroll
-                for (int t = 0; t < TP; t++)
-                        acc[t] += wv * x[t][k];
-        }
-#pragma unroll
-        for (int t = 0; t < TP; t++) {
-                float v = cu_warp_sum(acc[t]);
-                if (lane == 0)
-                        part[warp][t] = v;
-        }
-        __syncthreads();
+        for (int t = 0; t < TP; t++)
+                x[t] = f + (uint64_t) (p0 + t < T ? p0 + t : p0) * a.H;
+        float v = cu_few_row<TYPE, TP>(w, x, a.H, part);
         if (tid < TP && p0 + tid < T) {
-                float v = 0.0f;
-                for (int i = 0; i < ROUTER_FUSED_WARPS; i++)
-                        v += part[i][tid];
                 a.z[(uint64_t) (p0 + tid) * a.n_expert + r] = v;
                 __threadfence(); /* the logit is visible before this block's ticket */
         }
@@ -179,17 +158,17 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
         };
         if (a->ticket && a->n_expert <= ROUTER_MAX_EXPERTS &&
             (a->type == CU_TYPE_F32 || a->type == CU_TYPE_F16 || a->type == CU_TYPE_BF16)) {
-                static_assert(CU_ROUTE_TP <= ROUTER_FUSED_WARPS, "a warp a token of the tile");
+                static_assert(CU_ROUTE_TP <= CU_FEW_WARPS, "a warp a token of the tile");
                 dim3 grid(a->n_expert, (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
                 cu_launches++;
                 if (a->type == CU_TYPE_F32 && T == 1)
-                        cu_launch(k_router_fused<CU_TYPE_F32, 1>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_F32, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32)
-                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F16)
-                        cu_launch(k_router_fused<CU_TYPE_F16, CU_ROUTE_TP>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_F16, CU_ROUTE_TP>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else
-                        cu_launch(k_router_fused<CU_TYPE_BF16, CU_ROUTE_TP>, grid, ROUTER_FUSED_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_BF16, CU_ROUTE_TP>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 return;
         }
         cu_matvec(&mv, s);
