@@ -224,8 +224,8 @@ struct raw_chunk {
         }
 };
 
-template <int TYPE, int TP, int NR, int L, bool GROUPED, int RW, bool FX = false>
-__global__ void __launch_bounds__(MVS_WARPS * 32) k_mv_small(struct cu_mv a) {
+template <int TYPE, int TP, int NR, int L, bool GROUPED, int RW, bool FX = false, int MINB = 1>
+__global__ void __launch_bounds__(MVS_WARPS * 32, MINB) k_mv_small(struct cu_mv a) {
         static_assert(!FX || TP == 1, "the whole input staged at once: one input a block");
         __shared__ __align__(16) float xs[TP][(FX ? MVS_FX_CHUNKS : MV_TILE_CHUNKS) * MVS_XS];
         constexpr int RPW = 32 / L; /* rows per warp pass */
@@ -645,11 +645,29 @@ static bool mvs_full_x(uint32_t K) {
         return on && K <= MVS_FX_CHUNKS * CU_CHUNK;
 }
 
+/* X4_CUDA_MINB=N (opt-in, not yet measured): the IQ4_NL one-input products (the experts) compiled
+ * for N resident blocks an SM (4: at most 64 registers a thread; 80 now, so 3 blocks, 24 warps);
+ * the same arithmetic, so the same bits. */
+static int mvs_min_blocks() {
+        static int n = -1;
+        if (n < 0) {
+                const char *e = getenv("X4_CUDA_MINB");
+                n = e && *e == '4' ? 4 : 1;
+        }
+        return n;
+}
+
 template <int TYPE, int NR, int L, int RW>
 static void launch_small_rw(const struct cu_mv *a, cudaStream_t s) {
         uint32_t n_out = a->N / NR, rows_per_block = MVS_WARPS * (32 / L) * RW;
         dim3 grid((n_out + rows_per_block - 1) / rows_per_block, a->P);
         cu_launches++;
+        if constexpr (TYPE == CU_TYPE_IQ4_NL && L == 32) {
+                if (mvs_min_blocks() == 4 && !mvs_full_x(a->K)) {
+                        cu_launch(k_mv_small<TYPE, 1, NR, L, false, RW, false, 4>, grid, dim3(MVS_WARPS * 32), 0, s, *a);
+                        return;
+                }
+        }
         if (mvs_full_x(a->K))
                 cu_launch(k_mv_small<TYPE, 1, NR, L, false, RW, true>, grid, dim3(MVS_WARPS * 32), 0, s, *a);
         else

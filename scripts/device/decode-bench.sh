@@ -319,6 +319,24 @@ if has splitauto; then
         done
         rm -f /tmp/sa-*.bin
 fi
+if has minb; then
+        # X4_CUDA_MINB=4: the expert products compiled for 4 blocks an SM (same bits)
+        for mb in 1 4; do
+                say "decode, X4_CUDA_MINB=$mb"
+                X4_CUDA_MINB=$mb "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 --json 2>&1 |
+                        sed "s/}\$/,\"minb\":$mb}/" | tee -a "$out/bench-minb.jsonl" | grep '"decode"'
+        done
+fi
+if has cachef16; then
+        # the f16 latent cache against f32 (issue 11: the CUDA default if it is faster)
+        for cache in f32 f16; do
+                say "decode, --cache $cache"
+                "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
+                        --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 --json 2>&1 |
+                        tee -a "$out/bench-cache.jsonl" | grep '"decode"'
+        done
+fi
 if has fullx; then
         # X4_CUDA_FULLX=1 (one-input decode products stage their whole input at once): the GPU
         # tests with it on (their bit-for-bit checks then cross it with the batched kernels), then

@@ -176,18 +176,19 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "mHC fused and token-tiled kernels agree bit for bit, demo model" hc_same
         # the one-input decode products (k_mv_small: a block per input at batch 1 and per expert
         # pair) give the same bits however many rows a warp takes (X4_CUDA_RW) and with the whole
-        # input staged at once (X4_CUDA_FULLX=1): batch-1 decodes after a 700-token prompt
+        # input staged at once (X4_CUDA_FULLX=1) or compiled for 4 blocks an SM (X4_CUDA_MINB=4):
+        # batch-1 decodes after a 700-token prompt
         rw_same() {
                 local prompt v
                 prompt=$(awk 'BEGIN { s = 23; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/rw-default.bin" || return 1
-                for v in RW=1 RW=2 RW=4 FULLX=1; do
+                for v in RW=1 RW=2 RW=4 FULLX=1 MINB=4; do
                         env X4_CUDA_$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
                                 --decode 9,99,999 --device cuda --out "$tmp/rw-$v.bin" || return 1
                         cmp "$tmp/rw-default.bin" "$tmp/rw-$v.bin" || { echo "X4_CUDA_$v differs"; return 1; }
                 done
-                echo "k_mv_small rows a warp 1/2/4, whole-x staging, default: identical logits ($(stat -c %s "$tmp/rw-default.bin") bytes)"
+                echo "k_mv_small rows a warp 1/2/4, whole-x staging, 4 blocks an SM, default: identical logits ($(stat -c %s "$tmp/rw-default.bin") bytes)"
         }
         step "one-input decode products agree bit for bit whatever rows a warp and x staging, demo model" rw_same
         step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
