@@ -1082,7 +1082,174 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
 }
 
-static bool attn_tc_ready;
+/* X4_CUDA_ATTN=tc2 (opt-in, not yet run on a GPU): k_attn_tc's job in one pass over the part.
+ * Each 32-position sub-part is staged once (as f16) and serves as the keys and, through
+ * ldmatrix.trans, as the values (the absorbed form's values are the keys' first KV entries), so
+ * the cache is read once instead of twice and the values need no transposing store. The softmax
+ * runs online over the sub-parts: a head's running max m, p_j = f16(exp(s_j − m)) with the
+ * sub-part's max folded in, o and l rescaled by exp(m_old − m_new) when m grows. What a part hands
+ * the combine is what k_attn_tc hands it ([o | m | l], o relative to the part's max); the bits
+ * are this kernel's own, and it runs for every shape when chosen (batch- and chunk-invariant by
+ * itself, as k_attn_tc). */
+#define TC2_SMEM_STATE (3 * TC_HG) /* per head: m, l, and the step's rescale factor */
+
+static size_t tc2_smem(uint32_t D) {
+        size_t rq = D + TC_PAD;
+        size_t q = (size_t) TC_HG * rq * 2, k = (size_t) TC_SUB * rq * 2;
+        size_t sc = (size_t) TC_HG * (TC_SUB + 4) * 4, pp = (size_t) TC_HG * (TC_SUB + TC_PAD) * 2;
+        return q + k + sc + pp + TC2_SMEM_STATE * 4;
+}
+
+/* Two 8×8 f16 tiles of a row-major [position][value] array, transposed into a B fragment of
+ * m16n8k16 (k = 16 positions from the rows given, n = 8 values): lanes 0-15 name rows. */
+static __device__ __forceinline__ void tc_ldsm_x2_trans(const __half *row, uint32_t *b0, uint32_t *b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        uint32_t a = (uint32_t) __cvta_generic_to_shared(row);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(*b0), "=r"(*b1)
+                     : "r"(a));
+#else
+        (void) row, *b0 = 0, *b1 = 0;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+template <typename CT>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+        k_attn_tc2(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
+                   uint32_t layer, float *part) {
+        extern __shared__ __align__(16) unsigned char tc_smem_raw[];
+        __shared__ uint64_t roff[CU_ATTN_PART];
+        static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
+        uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
+        uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * TC_HG;
+        uint32_t pos_q = c.tok_pos[t]; /* metadata: before the wait */
+        if (pi > pos_q / CU_ATTN_PART)
+                return;
+        uint32_t start = pi * CU_ATTN_PART, n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
+        for (uint32_t j = tid; j < n; j += blockDim.x)
+                roff[j] = cu_cache_row(c, layer, t, start + j);
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        __half *sQ = (__half *) tc_smem_raw;           /* [head][D + pad] */
+        __half *sK = sQ + (size_t) TC_HG * rq;          /* [position][D + pad]: keys and values */
+        float *sS = (float *) (sK + (size_t) TC_SUB * rq); /* [head][TC_SUB + 4] scores */
+        const uint32_t ss = TC_SUB + 4;
+        __half *sP = (__half *) (sS + (size_t) TC_HG * ss); /* [head][TC_SUB + pad] p */
+        const uint32_t ps = TC_SUB + TC_PAD;
+        float *sM = (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG, *sA = sL + TC_HG;
+        const CT *cache = (const CT *) c.base;
+
+        /* the queries, rounded to f16 (rows of absent heads zero); the running statistics */
+        const float *qrow = a.qc + (uint64_t) t * n_head * D;
+        for (uint32_t e = tid; e < TC_HG * (D / 8); e += blockDim.x) {
+                uint32_t h = e / (D / 8), k8 = e % (D / 8);
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (h0 + h < n_head)
+                        v = tc_ld8<float>(qrow + (uint64_t) (h0 + h) * D + 8 * k8);
+                *(uint4 *) &sQ[h * rq + 8 * k8] = v;
+        }
+        if (tid < TC_HG) {
+                sM[tid] = -INFINITY;
+                sL[tid] = 0.0f;
+        }
+
+        uint32_t mt = warp % 2, nt = warp / 2, wq = warp / 2, ntiles = KV / 8;
+        float o[TC_NT_MAX][4];
+#pragma unroll
+        for (int i = 0; i < TC_NT_MAX; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                        o[i][e] = 0.0f;
+        for (uint32_t s0 = 0; s0 < n; s0 += TC_SUB) {
+                __syncthreads(); /* the previous sub-part consumed (and sQ, roff, sM, sL written) */
+#pragma unroll 4
+                for (uint32_t e = tid; e < TC_SUB * (D / 8); e += blockDim.x) {
+                        uint32_t j = e / (D / 8), k8 = e % (D / 8);
+                        uint4 v = make_uint4(0, 0, 0, 0);
+                        if (s0 + j < n)
+                                v = tc_ld8<CT>(cache + roff[s0 + j] + 8 * k8);
+                        *(uint4 *) &sK[j * rq + 8 * k8] = v;
+                }
+                __syncthreads();
+                /* scores: warp w, the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2 */
+                {
+                        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        const __half *qa = sQ + (mt * 16 + g) * rq + 2 * cq;
+                        const __half *kb = sK + (nt * 8 + g) * rq + 2 * cq;
+                        for (uint32_t k0 = 0; k0 < D; k0 += 16)
+                                tc_mma(acc, tc_ld32(qa + k0), tc_ld32(qa + 8 * rq + k0), tc_ld32(qa + k0 + 8),
+                                       tc_ld32(qa + 8 * rq + k0 + 8), tc_ld32(kb + k0), tc_ld32(kb + k0 + 8));
+                        uint32_t j0 = nt * 8 + 2 * cq;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                                uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), j = j0 + (e & 1);
+                                sS[h * ss + j] = s0 + j < n ? a.scale * acc[e] : -INFINITY;
+                        }
+                }
+                __syncthreads();
+                /* the online softmax step, a warp per four heads, a lane per position */
+#pragma unroll
+                for (int x = 0; x < TC_HG / TC_WARPS; x++) {
+                        uint32_t h = warp * (TC_HG / TC_WARPS) + x;
+                        float sv = sS[h * ss + lane];
+                        float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
+                        float p = __half2float(__float2half_rn(expf(sv - m_new)));
+                        float ps_sum = cu_warp_sum(p);
+                        sP[h * ps + lane] = __float2half_rn(p);
+                        if (lane == 0) {
+                                float alpha = expf(m_old - m_new); /* 0 on the first step */
+                                sA[h] = alpha;
+                                sL[h] = sL[h] * alpha + ps_sum;
+                                sM[h] = m_new;
+                        }
+                }
+                __syncthreads();
+                /* o = alpha·o + p·v: warp w, m-tile w % 2, the n-tiles (8 values) ≡ w / 2 (mod 4) */
+                float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
+#pragma unroll
+                for (int i = 0; i < TC_NT_MAX; i++) {
+                        o[i][0] *= a_lo, o[i][1] *= a_lo;
+                        o[i][2] *= a_hi, o[i][3] *= a_hi;
+                }
+#pragma unroll
+                for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
+                        const __half *pa = sP + (mt * 16 + g) * ps + ks + 2 * cq;
+                        uint32_t a0 = tc_ld32(pa), a1 = tc_ld32(pa + 8 * ps);
+                        uint32_t a2 = tc_ld32(pa + 8), a3 = tc_ld32(pa + 8 * ps + 8);
+#pragma unroll
+                        for (int i = 0; i < TC_NT_MAX; i++) {
+                                uint32_t nn = wq + 4 * i;
+                                if (nn >= ntiles)
+                                        break;
+                                uint32_t b0, b1;
+                                tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
+                                tc_mma(o[i], a0, a1, a2, a3, b0, b1);
+                        }
+                }
+        }
+        /* [o | m | l] of the part; d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: g + 8 */
+        float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
+#pragma unroll
+        for (int i = 0; i < TC_NT_MAX; i++) {
+                uint32_t nn = wq + 4 * i;
+                if (nn >= ntiles)
+                        break;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), k = nn * 8 + 2 * cq + (e & 1);
+                        if (h0 + h < n_head)
+                                out0[(uint64_t) (h0 + h) * (KV + 2) + k] = o[i][e];
+                }
+        }
+        if (tid < TC_HG && h0 + tid < n_head) {
+                out0[(uint64_t) (h0 + tid) * (KV + 2) + KV] = sM[tid];
+                out0[(uint64_t) (h0 + tid) * (KV + 2) + KV + 1] = sL[tid];
+        }
+}
+
+static bool attn_tc_ready, attn_tc2_ready;
 static uint32_t attn_tc_D;
 
 /* Once per backend (cu_attention_setup): whether this device and shape can run k_attn_tc. */
@@ -1101,6 +1268,12 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
         }
         attn_tc_D = D;
         attn_tc_ready = true;
+        size_t need2 = tc2_smem(D);
+        attn_tc2_ready = need2 <= (size_t) smem_max &&
+                         cudaFuncSetAttribute(k_attn_tc2<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess &&
+                         cudaFuncSetAttribute(k_attn_tc2<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess;
+        if (!attn_tc2_ready)
+                cudaGetLastError();
         return true;
 }
 
@@ -1113,6 +1286,17 @@ static void attn_launch_tc(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
                 cu_launch(k_attn_tc<__half>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
         else
                 cu_launch(k_attn_tc<float>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
+}
+
+static void attn_launch_tc2(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                            const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
+        dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
+        size_t sm = tc2_smem(c->D);
+        cu_launches++;
+        if (c->f16)
+                cu_launch(k_attn_tc2<__half>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
+        else
+                cu_launch(k_attn_tc2<float>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
@@ -1189,7 +1373,15 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         if (force < 0) {
                 const char *f = getenv("X4_CUDA_ATTN");
                 force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3
-                        : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : !strcmp(f, "tc") ? 6 : 0;
+                        : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : !strcmp(f, "tc") ? 6
+                        : !strcmp(f, "tc2") ? 7 : 0;
+        }
+        if (force == 7 && attn_tc2_ready && c->D == attn_tc_D) {
+                /* its own numerics (see k_attn_tc2), for every shape */
+                attn_launch_tc2(a, t0, n, max_parts, c, layer, part, s);
+                cu_launches++;
+                cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+                return;
         }
         if (force == 6 && attn_tc_ready && c->D == attn_tc_D) {
                 /* its own numerics (see k_attn_tc), for every shape */

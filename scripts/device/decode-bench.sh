@@ -274,9 +274,9 @@ if has rw; then
         done
 fi
 if has attntc; then
-        say "decode batch 1 and 16, tensor-core attention (X4_CUDA_ATTN=tc), f32 and f16 caches"
+        say "decode batch 1 and 16, tensor-core attention (X4_CUDA_ATTN=${X4_ATTN_TC:-tc}), f32 and f16 caches"
         for cache in f32 f16; do
-                X4_CUDA_ATTN=tc "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
+                X4_CUDA_ATTN=${X4_ATTN_TC:-tc} "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
                         --decode-ctx 512,4096 --batch 1,16 --decode-tokens 32 --repeats 3 --json 2>&1 |
                         tee -a "$out/bench-attntc.jsonl" | grep '"decode"'
         done

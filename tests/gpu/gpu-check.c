@@ -1643,6 +1643,13 @@ int main(int argc, char **argv) {
                 tol = TOL_F16_CACHE;
                 printf("CUDA latent cache: f16 (tolerance %g)\n", tol);
         }
+        /* the tensor-core attention kernels round the queries and the cache rows to f16, with
+         * either cache: the f16 cache's bound */
+        const char *attn = getenv("X4_CUDA_ATTN");
+        if (attn && (streq(attn, "tc") || streq(attn, "tc2")) && tol < TOL_F16_CACHE) {
+                tol = TOL_F16_CACHE;
+                printf("CUDA attention: tensor cores, f16 inputs (tolerance %g)\n", tol);
+        }
         /* the tensor-core products round their inputs to bf16 (kernels/cuda/mmtc.cu): the same
          * bound as the issue asks of them */
         const char *mm = getenv("X4_CUDA_MM");

@@ -89,6 +89,11 @@ step "chunk invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" chunks "
 step "fixture, tensor-core attention (rel <= 1e-2)" env X4_CUDA_ATTN=tc X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
 step "batch invariance, tensor-core attention" env X4_CUDA_ATTN=tc "$check" batch "$tiny"
 step "chunk invariance, tensor-core attention" env X4_CUDA_ATTN=tc "$check" chunks "$tiny"
+# X4_CUDA_ATTN=tc2: one pass over a part, online softmax (its own bits, the same bounds)
+step "fixture, tensor-core attention tc2 (rel <= 1e-2)" env X4_CUDA_ATTN=tc2 X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
+step "fixture, tensor-core attention tc2, f32 cache (rel <= 1e-2)" env X4_CUDA_ATTN=tc2 "$check" fixture "$fixture" --no-cpu
+step "batch invariance, tensor-core attention tc2" env X4_CUDA_ATTN=tc2 "$check" batch "$tiny"
+step "chunk invariance, tensor-core attention tc2" env X4_CUDA_ATTN=tc2 "$check" chunks "$tiny"
 # the tensor-core products (X4_CUDA_MM=tc: bf16 inputs, their own bits, every token count)
 step "fixture, tensor-core products (rel <= 1e-2)" env X4_CUDA_MM=tc "$check" fixture "$fixture" --no-cpu
 step "batch invariance, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tiny"
