@@ -914,6 +914,64 @@ __device__ __forceinline__ uint4 tc_ld8<float>(const float *p) {
         return make_uint4(*(uint32_t *) &h0, *(uint32_t *) &h1, *(uint32_t *) &h2, *(uint32_t *) &h3);
 }
 
+/* The pieces k_attn_tc and k_attn_tc2 share. The queries of heads h0.. as f16 rows of rq halves
+ * (rows of absent heads zero). */
+static __device__ __forceinline__ void tc_stage_q(__half *sQ, const struct cu_attn &a, uint32_t t,
+                                                  uint32_t h0, uint32_t D, uint32_t rq) {
+        const float *qrow = a.qc + (uint64_t) t * a.n_head * D;
+        for (uint32_t e = threadIdx.x; e < TC_HG * (D / 8); e += blockDim.x) {
+                uint32_t h = e / (D / 8), k8 = e % (D / 8);
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (h0 + h < a.n_head)
+                        v = tc_ld8<float>(qrow + (uint64_t) (h0 + h) * D + 8 * k8);
+                *(uint4 *) &sQ[h * rq + 8 * k8] = v;
+        }
+}
+
+/* Cache rows s0.. of the part (TC_SUB of them, zero past n) as f16 rows of rq halves. */
+template <typename CT>
+static __device__ __forceinline__ void tc_stage_rows(__half *sK, const CT *cache, const uint64_t *roff,
+                                                     uint32_t s0, uint32_t n, uint32_t D, uint32_t rq) {
+#pragma unroll 4
+        for (uint32_t e = threadIdx.x; e < TC_SUB * (D / 8); e += blockDim.x) {
+                uint32_t j = e / (D / 8), k8 = e % (D / 8);
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (s0 + j < n)
+                        v = tc_ld8<CT>(cache + roff[s0 + j] + 8 * k8);
+                *(uint4 *) &sK[j * rq + 8 * k8] = v;
+        }
+}
+
+/* q·c for the 16 heads of m-tile mt × the 8 staged positions of n-tile nt, over D in 16-value
+ * steps: acc d0, d1 = head g, positions 2cq, 2cq + 1; d2, d3 = head g + 8. */
+static __device__ __forceinline__ void tc_score_tile(const __half *sQ, const __half *sK, uint32_t mt,
+                                                     uint32_t nt, uint32_t D, uint32_t rq, float *acc) {
+        uint32_t lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+        const __half *qa = sQ + (mt * 16 + g) * rq + 2 * cq;
+        const __half *kb = sK + (nt * 8 + g) * rq + 2 * cq;
+        for (uint32_t k0 = 0; k0 < D; k0 += 16)
+                tc_mma(acc, tc_ld32(qa + k0), tc_ld32(qa + 8 * rq + k0), tc_ld32(qa + k0 + 8),
+                       tc_ld32(qa + 8 * rq + k0 + 8), tc_ld32(kb + k0), tc_ld32(kb + k0 + 8));
+}
+
+/* A warp's o tiles (m-tile mt, n-tiles wq, wq + 4, ...) into the part's rows. */
+static __device__ __forceinline__ void tc_store_o(float *out0, const float (*o)[4], uint32_t mt,
+                                                  uint32_t wq, uint32_t h0, uint32_t n_head, uint32_t KV) {
+        uint32_t lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+#pragma unroll
+        for (int i = 0; i < TC_NT_MAX; i++) {
+                uint32_t nn = wq + 4 * i;
+                if (nn >= KV / 8)
+                        break;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), k = nn * 8 + 2 * cq + (e & 1);
+                        if (h0 + h < n_head)
+                                out0[(uint64_t) (h0 + h) * (KV + 2) + k] = o[i][e];
+                }
+        }
+}
+
 /* Shared memory of k_attn_tc for rows of D values (KV of them the latent): the queries, the
  * staged keys (or the transposed values), the scores (then p, in f16). */
 static size_t tc_smem(uint32_t D, uint32_t KV) {
@@ -953,34 +1011,17 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         for (uint32_t j = tid; j < n; j += blockDim.x)
                 roff[j] = cu_cache_row(c, layer, t, start + j);
         /* the queries, rounded to f16 (rows of absent heads zero) */
-        const float *qrow = a.qc + (uint64_t) t * n_head * D;
-        for (uint32_t e = tid; e < TC_HG * (D / 8); e += blockDim.x) {
-                uint32_t h = e / (D / 8), k8 = e % (D / 8);
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (h0 + h < n_head)
-                        v = tc_ld8<float>(qrow + (uint64_t) (h0 + h) * D + 8 * k8);
-                *(uint4 *) &sQ[h * rq + 8 * k8] = v;
-        }
+        tc_stage_q(sQ, a, t, h0, D, rq);
 
         /* scores: warp w computes the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2
          * of each staged sub-part */
         uint32_t mt = warp % 2, nt = warp / 2;
         for (uint32_t s0 = 0; s0 < n; s0 += TC_SUB) {
                 __syncthreads(); /* roff and sQ written; the previous sub-part consumed */
-                for (uint32_t e = tid; e < TC_SUB * (D / 8); e += blockDim.x) {
-                        uint32_t j = e / (D / 8), k8 = e % (D / 8);
-                        uint4 v = make_uint4(0, 0, 0, 0);
-                        if (s0 + j < n)
-                                v = tc_ld8<CT>(cache + roff[s0 + j] + 8 * k8);
-                        *(uint4 *) &sK[j * rq + 8 * k8] = v;
-                }
+                tc_stage_rows<CT>(sK, cache, roff, s0, n, D, rq);
                 __syncthreads();
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const __half *qa = sQ + (mt * 16 + g) * rq + 2 * cq;
-                const __half *kb = sK + (nt * 8 + g) * rq + 2 * cq;
-                for (uint32_t k0 = 0; k0 < D; k0 += 16)
-                        tc_mma(acc, tc_ld32(qa + k0), tc_ld32(qa + 8 * rq + k0), tc_ld32(qa + k0 + 8),
-                               tc_ld32(qa + 8 * rq + k0 + 8), tc_ld32(kb + k0), tc_ld32(kb + k0 + 8));
+                tc_score_tile(sQ, sK, mt, nt, D, rq, acc);
                 /* d0, d1: head g, positions 2cq, 2cq+1; d2, d3: head g + 8 */
                 uint32_t j0 = s0 + nt * 8 + 2 * cq;
 #pragma unroll
@@ -1067,19 +1108,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                         }
                 }
         }
-        /* d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: head g + 8 */
-#pragma unroll
-        for (int i = 0; i < TC_NT_MAX; i++) {
-                uint32_t nn = wq + 4 * i;
-                if (nn >= ntiles)
-                        break;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), k = nn * 8 + 2 * cq + (e & 1);
-                        if (h0 + h < n_head)
-                                out0[(uint64_t) (h0 + h) * (KV + 2) + k] = o[i][e];
-                }
-        }
+        tc_store_o(out0, o, mt, wq, h0, n_head, KV);
 }
 
 /* X4_CUDA_ATTN=tc2 (opt-in, not yet run on a GPU): k_attn_tc's job in one pass over the part.
@@ -1142,14 +1171,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         const CT *cache = (const CT *) c.base;
 
         /* the queries, rounded to f16 (rows of absent heads zero); the running statistics */
-        const float *qrow = a.qc + (uint64_t) t * n_head * D;
-        for (uint32_t e = tid; e < TC_HG * (D / 8); e += blockDim.x) {
-                uint32_t h = e / (D / 8), k8 = e % (D / 8);
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (h0 + h < n_head)
-                        v = tc_ld8<float>(qrow + (uint64_t) (h0 + h) * D + 8 * k8);
-                *(uint4 *) &sQ[h * rq + 8 * k8] = v;
-        }
+        tc_stage_q(sQ, a, t, h0, D, rq);
         if (tid < TC_HG) {
                 sM[tid] = -INFINITY;
                 sL[tid] = 0.0f;
@@ -1164,23 +1186,12 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                         o[i][e] = 0.0f;
         for (uint32_t s0 = 0; s0 < n; s0 += TC_SUB) {
                 __syncthreads(); /* the previous sub-part consumed (and sQ, roff, sM, sL written) */
-#pragma unroll 4
-                for (uint32_t e = tid; e < TC_SUB * (D / 8); e += blockDim.x) {
-                        uint32_t j = e / (D / 8), k8 = e % (D / 8);
-                        uint4 v = make_uint4(0, 0, 0, 0);
-                        if (s0 + j < n)
-                                v = tc_ld8<CT>(cache + roff[s0 + j] + 8 * k8);
-                        *(uint4 *) &sK[j * rq + 8 * k8] = v;
-                }
+                tc_stage_rows<CT>(sK, cache, roff, s0, n, D, rq);
                 __syncthreads();
                 /* scores: warp w, the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2 */
                 {
                         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        const __half *qa = sQ + (mt * 16 + g) * rq + 2 * cq;
-                        const __half *kb = sK + (nt * 8 + g) * rq + 2 * cq;
-                        for (uint32_t k0 = 0; k0 < D; k0 += 16)
-                                tc_mma(acc, tc_ld32(qa + k0), tc_ld32(qa + 8 * rq + k0), tc_ld32(qa + k0 + 8),
-                                       tc_ld32(qa + 8 * rq + k0 + 8), tc_ld32(kb + k0), tc_ld32(kb + k0 + 8));
+                        tc_score_tile(sQ, sK, mt, nt, D, rq, acc);
                         uint32_t j0 = nt * 8 + 2 * cq;
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
@@ -1231,18 +1242,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
         /* [o | m | l] of the part; d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: g + 8 */
         float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
-#pragma unroll
-        for (int i = 0; i < TC_NT_MAX; i++) {
-                uint32_t nn = wq + 4 * i;
-                if (nn >= ntiles)
-                        break;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), k = nn * 8 + 2 * cq + (e & 1);
-                        if (h0 + h < n_head)
-                                out0[(uint64_t) (h0 + h) * (KV + 2) + k] = o[i][e];
-                }
-        }
+        tc_store_o(out0, o, mt, wq, h0, n_head, KV);
         if (tid < TC_HG && h0 + tid < n_head) {
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV] = sM[tid];
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV + 1] = sL[tid];
