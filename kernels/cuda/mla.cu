@@ -1379,8 +1379,7 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         if (force == 7 && attn_tc2_ready && c->D == attn_tc_D) {
                 /* its own numerics (see k_attn_tc2), for every shape */
                 attn_launch_tc2(a, t0, n, max_parts, c, layer, part, s);
-                cu_launches++;
-                cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s, part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+                attn_launch_combine(a, t0, n, max_parts, c, part, out, s);
                 return;
         }
         if (force == 6 && attn_tc_ready && c->D == attn_tc_D) {
