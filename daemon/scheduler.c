@@ -458,7 +458,7 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                 free(s);
                 return r;
         }
-        if (!s->p.prefix_off && prefix_new(s->kv, s->p.prefix_pages, &s->prefix) < 0) {
+        if (!s->p.prefix_off && prefix_new(s->kv, s->p.prefix_pages, s->caps.prompt_class, &s->prefix) < 0) {
                 kvcache_free(s->kv);
                 free(s);
                 return -ENOMEM;

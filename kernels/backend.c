@@ -61,6 +61,11 @@ static int seq_check(const struct x4_seq *s, uint32_t i, const float *logits, co
                                               "sequence %u token %u: id %d outside the vocabulary, "
                                               "expected 0..%u",
                                               i, k, s->tokens[k], lim->n_vocab - 1);
+                if (s->prompt_tokens > s->n_tokens)
+                        return REFUSE(EINVAL,
+                                      "sequence %u: prompt_tokens %u, expected at most n_tokens "
+                                      "(%u)",
+                                      i, s->prompt_tokens, s->n_tokens);
                 if (s->logits > X4_LOGITS_ALL)
                         return REFUSE(EINVAL, "sequence %u: logits mode %u, expected 0..2", i,
                                       s->logits);

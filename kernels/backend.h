@@ -42,6 +42,15 @@ struct x4_seq {
          * RMSNorm(mean_s X, output_norm) (or the pre-norm mean, X4_MTP_H_POST_NORM, U4), n_embd
          * floats a row. What a NextN forward consumes. */
         uint32_t hidden;
+        /* How many of the new tokens (the first ones) are the request's prompt; the rest are
+         * tokens the request generated (a decode step, MTP drafts being verified, or generated
+         * tokens recomputed after a preemption). A token's class is its role in its own request,
+         * never a property of the step, so it does not depend on batch-mates or chunking. A
+         * backend with x4_backend_caps.prompt_class runs prompt tokens on other kernels (the CUDA
+         * backend: tensor-core products, bf16 inputs) than generated ones, so their cache rows and
+         * logits differ in the last bits from the same positions computed as generated tokens;
+         * the CPU backend computes both alike. 0 (the default): every token is generated-class. */
+        uint32_t prompt_tokens;
 };
 
 struct x4_batch {
@@ -120,6 +129,10 @@ struct x4_backend_caps {
                                     * cuts larger batches into; it accepts any size) */
         uint32_t cache_type;
         bool mtp;                /* created with MTP: nextn() runs, pages hold the NextN layer */
+        /* prompt tokens (x4_seq.prompt_tokens) compute differently from generated ones: a cache
+         * page's bytes depend on the class of the tokens that wrote it (the prefix store keeps
+         * the class with each page and reuses a page only for the same classes) */
+        bool prompt_class;
         uint64_t memory_used;    /* weights + cache + workspace, bytes */
         uint64_t memory_total;   /* what the device has */
 };
@@ -174,7 +187,8 @@ uint32_t x4_nextn_hidden_rows(const struct x4_nextn_batch *batch);
 
 /* The forward contract, checked the same way by every backend before it touches anything (one
  * set of codes and messages): returns 0, or -EINVAL (empty batch, n_tokens 0, a token id outside
- * [0, n_vocab), a logits mode beyond X4_LOGITS_ALL, rows requested with no logits buffer) or
+ * [0, n_vocab), a logits mode beyond X4_LOGITS_ALL, rows requested with no logits buffer,
+ * prompt_tokens beyond n_tokens) or
  * -ERANGE (positions beyond the sequence's page table, a page id beyond the cache) with a
  * message naming the sequence, the index and the value in `msg` (errors as values: the caller
  * decides whether to log it). */

@@ -158,6 +158,7 @@ struct bench {
         bool json, profile, profile_unsupported, warmup;
         char device[128], model[256], commit[64];
         char model_name[256]; /* general.name, JSON-escaped ("" when absent) */
+        bool prompt_class;    /* x4_backend_caps.prompt_class */
         double kernels_per_step; /* of the decode shape being reported; < 0: unknown */
         struct result results[MAX_RESULTS];
         size_t n_results;
@@ -283,9 +284,12 @@ static void find_commit(char *buf, size_t size) {
 }
 
 static void print_tail(const struct bench *B) {
-        printf(",\"cache\":\"%s\",\"device\":\"%s\",\"model\":\"%s\",\"model_name\":\"%s\","
-               "\"commit\":\"%s\"}\n",
-               B->cache, B->device, B->model, B->model_name, B->commit);
+        /* prompt_class: the backend runs prompt tokens (prefill, the decode runs' context) on
+         * other kernels than generated ones (kernels/backend.h) */
+        printf(",\"cache\":\"%s\",\"device\":\"%s\",\"prompt_class\":%s,\"model\":\"%s\","
+               "\"model_name\":\"%s\",\"commit\":\"%s\"}\n",
+               B->cache, B->device, B->prompt_class ? "true" : "false", B->model, B->model_name,
+               B->commit);
         fflush(stdout);
 }
 
@@ -327,6 +331,7 @@ static int run_seq(struct bench *B, uint32_t slot, uint32_t n, uint32_t pos0, ui
                 .pages = slot_pages(B, slot),
                 .n_pages = slot_n_pages(B, slot),
                 .logits = mode,
+                .prompt_tokens = n, /* a prompt, as the daemon labels it (kernels/backend.h) */
         };
         struct x4_batch batch = { .seqs = &s, .n_seqs = 1 };
 
@@ -665,7 +670,7 @@ static int generate_once(struct bench *B, const int32_t *prompt, uint32_t P, uin
         memcpy(ids, prompt, P * sizeof *ids);
         struct x4_seq sq = { .tokens = ids, .n_tokens = P, .pos0 = 0, .pages = slot_pages(B, 0),
                              .n_pages = slot_n_pages(B, 0), .logits = X4_LOGITS_LAST,
-                             .hidden = mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
+                             .hidden = mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE, .prompt_tokens = P };
         r = B->ops->forward(B->b, &(struct x4_batch){ &sq, 1, mtp ? hid : NULL }, lg, NULL, 0);
         if (r < 0)
                 return r;
@@ -1588,6 +1593,7 @@ int main(int argc, char **argv) {
                 snprintf(B.device, sizeof B.device, "cpu (%ld thread%s)", n, n == 1 ? "" : "s");
         } else
                 snprintf(B.device, sizeof B.device, "%s", caps.name);
+        B.prompt_class = caps.prompt_class;
 
         /* tokens: the longest prefill, the decode setup's prefill, one per sequence of a batch */
         uint32_t n_tokens = MAX(MAX(MAX(max_len, MIN(max_ctx, B.prefill_max)), max_batch), MTP_PROMPT);

@@ -13,7 +13,7 @@ void eng_publish_stats(struct sched *s);
 void eng_job_release(struct sched *s, struct job *j) {
         if (j->n_pages && s->prefix && j->seq && j->n_cached)
                 /* positions [0, n_cached) are in the cache: keep their full pages for reuse */
-                (void) prefix_insert(s->prefix, j->seq, MIN(j->n_cached, j->n_seq), j->pages,
+                (void) prefix_insert(s->prefix, j->seq, MIN(j->n_cached, j->n_seq), j->n_prompt, j->pages,
                                      j->n_pages);
         if (j->n_pages)
                 (void) kvcache_release(s->kv, j->pages, j->n_pages);

@@ -15,12 +15,14 @@ struct node {
         uint32_t n_children;
         uint32_t index; /* in store->nodes */
         uint64_t last_used;
+        uint32_t prompt; /* how many of its tokens (the first) were computed as prompt tokens */
         int32_t tokens[]; /* page_tokens ids */
 };
 
 struct prefix_store {
         struct kvcache *kv;
         uint32_t page_tokens, max_pages;
+        bool classes; /* the backend computes prompt and generated tokens differently */
         struct node *root; /* no page, no tokens */
         struct node **nodes; /* every node but the root, for eviction scans */
         uint32_t n_nodes, cap_nodes;
@@ -28,7 +30,7 @@ struct prefix_store {
         struct prefix_stats st;
 };
 
-int prefix_new(struct kvcache *kv, uint32_t max_pages, struct prefix_store **ret) {
+int prefix_new(struct kvcache *kv, uint32_t max_pages, bool classes, struct prefix_store **ret) {
         struct prefix_store *p = calloc(1, sizeof *p);
         if (!p)
                 return log_error_errno(ENOMEM, "prefix store: out of memory");
@@ -38,6 +40,7 @@ int prefix_new(struct kvcache *kv, uint32_t max_pages, struct prefix_store **ret
                 return log_error_errno(ENOMEM, "prefix store: out of memory");
         }
         p->kv = kv;
+        p->classes = classes;
         p->page_tokens = kvcache_page_tokens(kv);
         p->max_pages = max_pages ? MIN(max_pages, kvcache_n_pages(kv)) : kvcache_n_pages(kv);
         *ret = p;
@@ -56,23 +59,34 @@ void prefix_free(struct prefix_store *p) {
         free(p);
 }
 
+/* The prompt-class tokens of page k of a sequence whose first n_prompt tokens are its prompt
+ * (all of them when the backend has no classes). */
+static uint32_t page_prompt(const struct prefix_store *p, uint64_t k, uint64_t n_prompt) {
+        uint64_t start = k * p->page_tokens;
+        if (!p->classes || n_prompt >= start + p->page_tokens)
+                return p->page_tokens;
+        return n_prompt > start ? (uint32_t) (n_prompt - start) : 0;
+}
+
 static struct node *find_child(const struct prefix_store *p, const struct node *parent,
-                               const int32_t *tokens) {
+                               const int32_t *tokens, uint32_t prompt) {
         for (struct node *c = parent->child; c; c = c->sibling)
-                if (memcmp(c->tokens, tokens, p->page_tokens * sizeof *tokens) == 0)
+                if (c->prompt == prompt &&
+                    memcmp(c->tokens, tokens, p->page_tokens * sizeof *tokens) == 0)
                         return c;
         return NULL;
 }
 
-uint32_t prefix_match(struct prefix_store *p, const int32_t *tokens, uint64_t n, uint32_t max_pages,
-                      uint32_t *pages) {
+uint32_t prefix_match(struct prefix_store *p, const int32_t *tokens, uint64_t n, uint64_t n_prompt,
+                      uint32_t max_pages, uint32_t *pages) {
         const struct node *at = p->root;
         uint32_t k = 0;
         uint64_t full = n / p->page_tokens;
 
         p->tick++;
         while (k < max_pages && k < full) {
-                struct node *c = find_child(p, at, tokens + (uint64_t) k * p->page_tokens);
+                struct node *c = find_child(p, at, tokens + (uint64_t) k * p->page_tokens,
+                                            page_prompt(p, k, n_prompt));
                 if (!c)
                         break;
                 c->last_used = p->tick;
@@ -133,8 +147,8 @@ uint32_t prefix_evict(struct prefix_store *p, uint32_t want) {
         return evict(p, want, NULL);
 }
 
-int prefix_insert(struct prefix_store *p, const int32_t *tokens, uint64_t n, const uint32_t *pages,
-                  uint32_t n_pages) {
+int prefix_insert(struct prefix_store *p, const int32_t *tokens, uint64_t n, uint64_t n_prompt,
+                  const uint32_t *pages, uint32_t n_pages) {
         struct node *at = p->root;
         uint64_t full = MIN(n / p->page_tokens, (uint64_t) n_pages);
         int added = 0;
@@ -142,7 +156,8 @@ int prefix_insert(struct prefix_store *p, const int32_t *tokens, uint64_t n, con
         p->tick++;
         for (uint64_t k = 0; k < full; k++) {
                 const int32_t *key = tokens + k * p->page_tokens;
-                struct node *c = find_child(p, at, key);
+                uint32_t prompt = page_prompt(p, k, n_prompt);
+                struct node *c = find_child(p, at, key, prompt);
                 if (c) {
                         c->last_used = p->tick;
                         at = c;
@@ -171,6 +186,7 @@ int prefix_insert(struct prefix_store *p, const int32_t *tokens, uint64_t n, con
                 }
                 memcpy(c->tokens, key, p->page_tokens * sizeof *key);
                 c->page = pages[k];
+                c->prompt = prompt;
                 c->last_used = p->tick;
                 c->parent = at;
                 c->sibling = at->child;

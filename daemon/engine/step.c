@@ -113,7 +113,7 @@ void eng_admit(struct sched *s) {
                  * stored already (an earlier resume of it) are shared, not written again. */
                 uint32_t k = 0;
                 if (s->prefix)
-                        k = prefix_match(s->prefix, j->seq, fill,
+                        k = prefix_match(s->prefix, j->seq, fill, j->n_prompt,
                                          resumed ? fill / pt : (j->n_prompt - 1) / pt, j->pages);
                 /* pages are taken as the sequence grows, but a request starts only when the pages
                  * its prompt needs are free now, so admitting it does not preempt another at once.
@@ -188,7 +188,7 @@ void eng_admit(struct sched *s) {
  * it, so the resumed request produces exactly what it would have without the interruption. */
 static void preempt(struct sched *s, struct job *j) {
         if (j->n_pages && s->prefix && j->n_cached)
-                (void) prefix_insert(s->prefix, j->seq, MIN(j->n_cached, j->n_seq), j->pages,
+                (void) prefix_insert(s->prefix, j->seq, MIN(j->n_cached, j->n_seq), j->n_prompt, j->pages,
                                      j->n_pages);
         if (j->n_pages)
                 (void) kvcache_release(s->kv, j->pages, j->n_pages);
@@ -526,11 +526,16 @@ static bool build_batch(struct sched *s, struct step_batch *b) {
                         /* logits for the last prompt token only; a resumed request's last
                          * recomputed token already has its sampled successor */
                         bool last = j->n_cached + chunk == j->n_fill && !j->create && j->n_out == 0;
+                        /* the chunk's prompt tokens (a preempted request recomputes what it
+                         * generated as generated tokens: a token's class is its role in the
+                         * request, kernels/backend.h) */
+                        uint32_t n_pr = j->n_cached < j->n_prompt ? MIN(chunk, j->n_prompt - j->n_cached) : 0;
                         *sq = (struct x4_seq){ .tokens = &j->seq[j->n_cached], .n_tokens = chunk,
                                                .pos0 = j->n_cached, .pages = j->pages,
                                                .n_pages = j->n_pages,
                                                .logits = last ? X4_LOGITS_LAST : X4_LOGITS_NONE,
-                                               .hidden = j->mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE };
+                                               .hidden = j->mtp ? X4_LOGITS_ALL : X4_LOGITS_NONE,
+                                               .prompt_tokens = n_pr };
                         b->prefill_tokens += chunk;
                         b->rows += last;
                         b->hrows += j->mtp ? chunk : 0;
@@ -588,7 +593,7 @@ static uint32_t take_results(struct sched *s, const struct step_batch *b) {
                 if (s->prefix && j->state == JOB_PREFILL && j->n_cached == j->n_prompt)
                         /* prompt prefilled: its full pages can serve requests admitted from now
                          * on (they are never written again) */
-                        (void) prefix_insert(s->prefix, j->seq, j->n_prompt, j->pages, j->n_pages);
+                        (void) prefix_insert(s->prefix, j->seq, j->n_prompt, j->n_prompt, j->pages, j->n_pages);
                 if (j->create && j->n_cached == j->n_prompt) {
                         eng_mtp_flush(s, j); /* the NextN rows go into the snapshot too */
                         eng_finish_snapshot(s, j);

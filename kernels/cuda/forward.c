@@ -6,9 +6,13 @@
  * Built as the loadable module xing4d-cuda.so (see meson.build for how it gets the core symbols).
  *
  * Numerics: fp32 streams, activations and accumulation everywhere; weights are read as stored
- * (BF16, IQ4_NL, Q6_K, F32) and dequantized exactly in registers. Prefill and decode run the same
- * arithmetic (where a batch shape picks a different kernel, e.g. attention or expert grouping, it
- * computes every value in the same order), so both are held to the decode tolerance. No host
+ * (BF16, IQ4_NL, Q6_K, F32) and dequantized exactly in registers. Generated tokens (decode steps)
+ * run the same arithmetic whatever the batch (where a batch shape picks a different kernel, e.g.
+ * attention or expert grouping, it computes every value in the same order). Prompt tokens
+ * (x4_seq.prompt_tokens) take the tensor-core products on sm_80+ (kernels/cuda/mmtc.cu: bf16
+ * inputs, their own fixed order, the same for every token count), in passes of their own
+ * (forward_classes): a prompt row is held to the tensor-core bound against the reference, and
+ * differs in the last bits from the same position computed as a generated token. No host
  * synchronization happens inside the forward except the final copy of the logits (the API
  * returns them in host memory) and, only when a caller asks for it, the routing trace.
  *
@@ -23,9 +27,8 @@
  * Batch invariance: every output is one warp's (or, for few-row matrices, one block's) fixed
  * reduction over its row; attention splits the context at fixed CU_ATTN_PART-position boundaries
  * and folds the parts in order; the new tokens' cache rows are stored before attention reads them.
- * So a
- * sequence's logits are bit-identical alone, in any batch, and for any prefill chunking
- * (tests/gpu). */
+ * A token's class is its role in its own request. So a sequence's logits are bit-identical
+ * alone, in any batch, and for any prefill chunking (tests/gpu). */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -1866,6 +1869,132 @@ static int plan_strided(struct x4_backend *b, const struct x4_seq *first, size_t
         return plan_batch(b, seqs, n, p);
 }
 
+/* Planned and run: n sequences of one class (the caller has set it, cu_mm_tc_pass). A decode-shaped
+ * batch (one pass, one attention group) of generated-class tokens replays a captured graph;
+ * prompt-class passes run eagerly (the graphs hold the generated class's kernels). */
+static int forward_seqs(struct x4_backend *b, const struct x4_seq *seqs, uint32_t n_seqs,
+                        float *logits, float *hidden, bool graphs) {
+        struct plan p;
+        int r = plan_strided(b, seqs, sizeof *seqs, n_seqs, &p);
+        if (r >= 0 && p.T > 0) {
+                r = 0;
+                if (graphs && p.T <= CUDA_GRAPH_MAX_TOKENS && p.n_att == 1 && !b->graphs_off &&
+                    !b->prof.on && !b->route_trace) {
+                        uint32_t parts = 1;
+                        while (parts < p.att[2])
+                                parts *= 2;
+                        if ((uint64_t) parts * p.T <= b->part_slots) {
+                                p.att[2] = parts; /* blocks past a token's own parts return at once */
+                                int g = graph_forward(b, &p); /* 0: not captured, run eagerly */
+                                if (g != 0) {
+                                        r = g < 0 ? g : forward_finish(b, logits, p.R, hidden, p.RH);
+                                        plan_free(&p);
+                                        return r;
+                                }
+                        }
+                }
+                r = run_passes(b, &p, NULL, logits, hidden);
+        }
+        plan_free(&p);
+        return r;
+}
+
+/* A sequence's part of one class: its first prompt_tokens tokens (prompt) or the rest (generated).
+ * Rows keep their order: a sequence's prompt rows come before its generated rows, so LAST belongs
+ * to the generated part when there is one. false: the part is empty. */
+static bool class_part(const struct x4_seq *sq, bool prompt, struct x4_seq *out) {
+        uint32_t np = sq->prompt_tokens, n = prompt ? np : sq->n_tokens - np;
+        if (n == 0)
+                return false;
+        *out = *sq;
+        out->n_tokens = n;
+        out->prompt_tokens = prompt ? n : 0;
+        if (!prompt) {
+                out->tokens += np;
+                out->pos0 += np;
+        } else if (np < sq->n_tokens) {
+                /* the generated part holds the last token */
+                if (out->logits == X4_LOGITS_LAST)
+                        out->logits = X4_LOGITS_NONE;
+                if (out->hidden == X4_LOGITS_LAST)
+                        out->hidden = X4_LOGITS_NONE;
+        }
+        return true;
+}
+
+static uint32_t mode_rows(uint32_t mode, uint32_t n) {
+        return mode == X4_LOGITS_ALL ? n : mode == X4_LOGITS_LAST ? 1 : 0;
+}
+
+/* Prompt tokens and generated tokens in passes of their own when they take different kernels
+ * (cu_mm_tc_prompt_class): every prompt part first, then every generated part (a sequence's prompt
+ * precedes what it generated, so its generated part reads the rows its prompt part has just
+ * written), each row computed exactly as in a batch of its class alone. The rows come back in
+ * batch order. */
+static int forward_classes(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
+        const struct x4_config *c = &b->cfg;
+        uint32_t n = batch->n_seqs;
+        uint64_t n_prompt = 0, n_gen = 0;
+        bool split = cu_mm_tc_prompt_class();
+
+        for (uint32_t i = 0; i < n; i++) {
+                n_prompt += batch->seqs[i].prompt_tokens;
+                n_gen += batch->seqs[i].n_tokens - batch->seqs[i].prompt_tokens;
+        }
+        if (!split || n_prompt == 0 || n_gen == 0) {
+                bool prompt = split && n_gen == 0;
+                cu_mm_tc_pass(prompt);
+                int r = forward_seqs(b, batch->seqs, n, logits, batch->hidden, !prompt);
+                cu_mm_tc_pass(false);
+                return r;
+        }
+
+        _cleanup_free_ struct x4_seq *part = malloc(2 * (size_t) n * sizeof *part);
+        uint32_t cnt[2] = {0, 0};
+        uint64_t rows[2] = {0, 0}, hrows[2] = {0, 0};
+        if (!part)
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory");
+        for (int k = 0; k < 2; k++)
+                for (uint32_t i = 0; i < n; i++) {
+                        struct x4_seq *o = &part[(size_t) k * n + cnt[k]];
+                        if (class_part(&batch->seqs[i], k == 0, o)) {
+                                rows[k] += mode_rows(o->logits, o->n_tokens);
+                                hrows[k] += mode_rows(o->hidden, o->n_tokens);
+                                cnt[k]++;
+                        }
+                }
+        uint64_t V = c->n_vocab, H = c->n_embd;
+        _cleanup_free_ float *lg = malloc(MAX(rows[0] + rows[1], 1) * V * sizeof(float));
+        _cleanup_free_ float *hd = malloc(MAX(hrows[0] + hrows[1], 1) * H * sizeof(float));
+        if (!lg || !hd)
+                return log_error_errno(ENOMEM, "CUDA backend: out of memory for %llu logits rows",
+                                       (unsigned long long) (rows[0] + rows[1]));
+        int r = 0;
+        for (int k = 0; k < 2 && r >= 0; k++) {
+                cu_mm_tc_pass(k == 0);
+                r = forward_seqs(b, part + (size_t) k * n, cnt[k], lg + (k ? rows[0] : 0) * V,
+                                 hd + (k ? hrows[0] : 0) * H, k == 1);
+        }
+        cu_mm_tc_pass(false);
+        if (r < 0)
+                return r;
+        /* back in batch order: each sequence's prompt rows, then its generated rows */
+        uint64_t cur[2] = {0, rows[0]}, hcur[2] = {0, hrows[0]}, ro = 0, ho = 0;
+        for (uint32_t i = 0; i < n; i++)
+                for (int k = 0; k < 2; k++) {
+                        struct x4_seq o;
+                        if (!class_part(&batch->seqs[i], k == 0, &o))
+                                continue;
+                        uint64_t nr = mode_rows(o.logits, o.n_tokens), nh = mode_rows(o.hidden, o.n_tokens);
+                        if (nr)
+                                memcpy(logits + ro * V, lg + cur[k] * V, nr * V * sizeof(float));
+                        if (nh)
+                                memcpy(batch->hidden + ho * H, hd + hcur[k] * H, nh * H * sizeof(float));
+                        ro += nr, cur[k] += nr, ho += nh, hcur[k] += nh;
+                }
+        return 0;
+}
+
 static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, float *logits) {
         int r;
 
@@ -1880,32 +2009,7 @@ static int forward_batch(struct x4_backend *b, const struct x4_batch *batch, flo
                 if (r < 0)
                         return log_error_errno(-r, "%s", msg);
         }
-        struct plan p;
-        r = plan_strided(b, batch->seqs, sizeof *batch->seqs, batch->n_seqs, &p);
-        if (r >= 0 && p.T > 0) {
-                /* a decode-shaped batch (one pass, one attention group): replay a captured graph */
-                r = 0;
-                if (p.T <= CUDA_GRAPH_MAX_TOKENS && p.n_att == 1 && !b->graphs_off &&
-                    !b->prof.on && !b->route_trace) {
-                        uint32_t parts = 1;
-                        while (parts < p.att[2])
-                                parts *= 2;
-                        if ((uint64_t) parts * p.T <= b->part_slots) {
-                                p.att[2] = parts; /* blocks past a token's own parts return at once */
-                                int g = graph_forward(b, &p); /* 0: not captured, run eagerly */
-                                if (g != 0) {
-                                        r = g < 0 ? g
-                                                  : forward_finish(b, logits, p.R, batch->hidden,
-                                                                   p.RH);
-                                        plan_free(&p);
-                                        return r;
-                                }
-                        }
-                }
-                r = run_passes(b, &p, NULL, logits, batch->hidden);
-        }
-        plan_free(&p);
-        return r;
+        return forward_classes(b, batch, logits);
 }
 
 /* docs/model.md §8: a NextN (MTP draft) forward, the same contract as the CPU backend's. */
@@ -1941,6 +2045,7 @@ static void cuda_caps(struct x4_backend *b, struct x4_backend_caps *ret) {
                 .max_batch_tokens = b->T_max,
                 .cache_type = b->cache_type,
                 .mtp = b->mtp,
+                .prompt_class = cu_mm_tc_prompt_class(),
                 .memory_used = b->wbytes + b->ws_bytes + (uint64_t) b->n_pages * b->page_bytes,
                 .memory_total = b->mem_total,
         };

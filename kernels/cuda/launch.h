@@ -86,6 +86,14 @@ void cu_matvec(const struct cu_mv *a, cudaStream_t s);
  * every product they take (true), its own paths the rest. Setup once per backend. */
 bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s);
 void cu_mm_tc_setup(void);
+/* Whether prompt tokens take the tensor-core products while generated tokens do not (an sm_80+
+ * device, X4_CUDA_PROMPT not fp32, X4_CUDA_MM not tc): the backend then runs a batch's prompt
+ * tokens and generated tokens in separate passes. */
+bool cu_mm_tc_prompt_class(void);
+/* The class of the passes launched from now on (true: prompt tokens). */
+void cu_mm_tc_pass(bool prompt);
+/* Whether the pass being launched is a prompt-class pass (classes on and cu_mm_tc_pass(true)). */
+bool cu_pass_prompt(void);
 /* The tiled mHC kernels' shared-memory limit (mhc.cu), once at backend creation. */
 void cu_hc_setup(void);
 

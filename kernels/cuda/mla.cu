@@ -1376,7 +1376,15 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                         : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : !strcmp(f, "tc") ? 6
                         : !strcmp(f, "tc2") ? 7 : 0;
         }
-        if (force == 7 && attn_tc2_ready && c->D == attn_tc_D) {
+        /* X4_CUDA_PROMPT_ATTN=tc2: prompt-class passes (cu_pass_prompt) on the tensor-core
+         * kernel; a token's class is its own, so invariance holds (measurements: opt-in) */
+        static int prompt_tc2 = -1;
+        if (prompt_tc2 < 0) {
+                const char *e = getenv("X4_CUDA_PROMPT_ATTN");
+                prompt_tc2 = e && !strcmp(e, "tc2");
+        }
+        if ((force == 7 || (force == 0 && prompt_tc2 && cu_pass_prompt())) && attn_tc2_ready &&
+            c->D == attn_tc_D) {
                 /* its own numerics (see k_attn_tc2), for every shape */
                 attn_launch_tc2(a, t0, n, max_parts, c, layer, part, s);
                 attn_launch_combine(a, t0, n, max_parts, c, part, out, s);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Tensor-core products (X4_CUDA_MM=tc, sm_80+; issue 12): the BF16 and IQ4_NL projections of
- * every token count through mma.sync m16n8k16 with BF16 inputs and fp32 accumulation. Their own
+/* Tensor-core products (sm_80+; issue 12): the BF16 and IQ4_NL projections of prompt tokens
+ * (x4_seq.prompt_tokens: the backend runs them in passes of their own, cu_mm_tc_pass), or of every
+ * token with X4_CUDA_MM=tc, through mma.sync m16n8k16 with BF16 inputs and fp32 accumulation. Their own
  * numerics, not k_matvec's: the inputs are rounded to bf16 as they are staged; BF16 weights go in
  * as stored; IQ4_NL codebook values (small integers, exact in bf16) go in unscaled and each
  * 32-value block's two k16 products are scaled by the block's d in fp32 and added to the output in
@@ -43,16 +44,48 @@
 enum { MT_DENSE, MT_GROUPED, MT_SEL };
 
 static bool mm_tc_ready;
+static bool mm_tc_pass; /* the forward pass being launched is a prompt-class pass (cu_mm_tc_pass) */
 static void mtd_setup(int dev);
+
+/* X4_CUDA_MM=tc: every token on tensor cores. X4_CUDA_PROMPT=fp32: prompt tokens on the fp32
+ * products too (the tensor cores then serve nothing unless X4_CUDA_MM=tc). */
+static bool mm_tc_all(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_MM");
+                on = e && !strcmp(e, "tc");
+        }
+        return on;
+}
+
+static bool mm_tc_prompt(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_PROMPT");
+                on = !(e && !strcmp(e, "fp32"));
+        }
+        return on;
+}
 
 extern "C" void cu_mm_tc_setup(void) {
         int dev = 0, major = 0;
         mm_tc_ready = cudaGetDevice(&dev) == cudaSuccess &&
                       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                       major >= 8;
-        const char *e = getenv("X4_CUDA_MM");
-        if (mm_tc_ready && e && !strcmp(e, "tc"))
+        if (mm_tc_ready && (mm_tc_all() || mm_tc_prompt()))
                 mtd_setup(dev); /* only k_mm_tcd's attributes: nothing else changes */
+}
+
+extern "C" bool cu_mm_tc_prompt_class(void) {
+        return mm_tc_ready && mm_tc_prompt() && !mm_tc_all();
+}
+
+extern "C" void cu_mm_tc_pass(bool prompt) {
+        mm_tc_pass = prompt;
+}
+
+extern "C" bool cu_pass_prompt(void) {
+        return mm_tc_pass && cu_mm_tc_prompt_class();
 }
 
 [[maybe_unused]] static __device__ __forceinline__ void mt_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -755,16 +788,11 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
                 launch_tc<TYPE, NR>(a, s);
 }
 
-/* Whether tc runs this product (X4_CUDA_MM=tc on an sm_80+ device, BF16 or IQ4_NL rows, a
- * block's rows within one input group); if so it is launched. Every token count of a matrix
- * takes the same answer, so invariance holds. */
+/* Whether tc runs this product (an sm_80+ device, a prompt-class pass or X4_CUDA_MM=tc, BF16 or
+ * IQ4_NL rows, a block's rows within one input group); if so it is launched. Every token count of
+ * a matrix and class takes the same answer, so invariance holds. */
 extern "C" bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s) {
-        static int on = -1;
-        if (on < 0) {
-                const char *e = getenv("X4_CUDA_MM");
-                on = e && !strcmp(e, "tc");
-        }
-        if (!on || !mm_tc_ready || a->few_rows)
+        if (!(mm_tc_all() || (mm_tc_pass && mm_tc_prompt())) || !mm_tc_ready || a->few_rows)
                 return false;
         if (a->type != CU_TYPE_BF16 && a->type != CU_TYPE_IQ4_NL)
                 return false;

@@ -213,6 +213,22 @@ if has mtpdemo; then
                         grep -E '"generate_total"|error|x4-bench:'
         done
 fi
+if has classes; then
+        # prompt tokens on the tensor-core products (the default on sm_80+) against the fp32 path
+        # (X4_CUDA_PROMPT=fp32), and prompt-class attention on the tensor-core kernel
+        for v in default fp32 attn-tc2; do
+                say "prefill, prompts: $v"
+                env $([ $v = fp32 ] && echo X4_CUDA_PROMPT=fp32) $([ $v = attn-tc2 ] && echo X4_CUDA_PROMPT_ATTN=tc2) \
+                        "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} \
+                        --decode-ctx none --repeats 3 --json 2>&1 | sed "s/}\$/,\"prompts\":\"$v\"}/" |
+                        tee -a "$out/prefill-classes.jsonl" | grep '"prefill"'
+        done
+fi
+if has b32ktc2; then
+        say "decode bench 32K batch 1, X4_CUDA_ATTN=tc2"
+        X4_CUDA_ATTN=tc2 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 32768 \
+                --batch 1 --decode-tokens 32 --repeats 3 --json 2>&1 | tee "$out/bench32k-tc2.jsonl" | grep '"decode"'
+fi
 if has b32k; then
         say "decode bench 32K batch 1"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 32768 \

@@ -8,7 +8,12 @@
  *                                 both backends' MoE routing traced (route-compare.h)
  *   x4-gpu-check batch MODEL      a sequence's logits bit-identical alone and in a batch of 16
  *                                 (X4_GPU_BATCH_DUMP=FILE also writes them, alone then batched)
- *   x4-gpu-check chunks MODEL     prefill in chunks of 1, 64, 512 and whole: bit-identical
+ *   x4-gpu-check chunks MODEL     prefill in chunks of 1, 7, 64, 512 and whole: bit-identical
+ *   x4-gpu-check classes MODEL    prompt and generated tokens (x4_seq.prompt_tokens): prompt rows
+ *                                 bit-identical in any chunking; a batch mixing prompts, decode
+ *                                 steps and a sequence with both equal to each part alone; a
+ *                                 prompt row within the bound of the same position computed as a
+ *                                 generated token (identical where the backend has no classes)
  *   x4-gpu-check errors MODEL     refusals name the cause (messages asserted)
  *   x4-gpu-check pages MODEL      page_read/page_write/page_copy continue a decode identically;
  *                                 n_pages = 0 derives the page count from memory_limit
@@ -30,7 +35,8 @@
  *   block's traced on both backends), and also explains a row by a near-tie flip at an earlier
  *   position of its sequence (the flip changed cache rows every later position attends to).
  *   With X4_CUDA_MM=tc (bf16-input tensor-core products) the bound is 1e-2 (TOL_BF16, 2e-2, in
- *   the nextn mode) and a near-tie is a CPU margin under ROUTE_NEAR_TIE_BF16.
+ *   the nextn mode) and a near-tie is a CPU margin under ROUTE_NEAR_TIE_BF16; likewise with
+ *   X4_GPU_PROMPT=1 (prompts labeled as prompts: the backend runs them on those products).
  * Exit status: 0 when every check passed, 1 otherwise; every measured number is printed. */
 #include <errno.h>
 #include <fcntl.h>
@@ -123,13 +129,31 @@ static void bk_close(struct bk *k) {
         k->b = NULL;
 }
 
-/* Run n tokens of one sequence at pos0 (pages: a contiguous range from page0). */
-static void feed(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0, const uint32_t *pages,
-                 uint32_t n_pages, uint32_t mode, float *out) {
+/* X4_GPU_PROMPT=1: the prompts the modes feed are labeled as prompts (x4_seq.prompt_tokens), as
+ * the daemon labels them, so the CUDA backend runs them on its prompt-class kernels; decode steps
+ * stay generated tokens. Unset: every token is generated-class (the fp32 path throughout). */
+static bool label_prompts;
+
+/* Run n tokens of one sequence at pos0 (pages: a contiguous range from page0), `prompt` of them
+ * (the first) prompt tokens. */
+static void feed_classes(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0,
+                         const uint32_t *pages, uint32_t n_pages, uint32_t mode, float *out,
+                         uint32_t prompt) {
         struct x4_seq s = {.tokens = toks, .n_tokens = n, .pos0 = pos0, .pages = pages,
-                           .n_pages = n_pages, .logits = mode};
+                           .n_pages = n_pages, .logits = mode, .prompt_tokens = prompt};
         struct x4_batch batch = {.seqs = &s, .n_seqs = 1};
         REQUIRE(k->ops->forward(k->b, &batch, out, NULL, 0) == 0, "forward of %u tokens at %u", n, pos0);
+}
+
+static void feed(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0, const uint32_t *pages,
+                 uint32_t n_pages, uint32_t mode, float *out) {
+        feed_classes(k, toks, n, pos0, pages, n_pages, mode, out, 0);
+}
+
+/* a prompt (or a chunk of one): labeled as such with X4_GPU_PROMPT=1 */
+static void feed_prompt(struct bk *k, const int32_t *toks, uint32_t n, uint32_t pos0,
+                        const uint32_t *pages, uint32_t n_pages, uint32_t mode, float *out) {
+        feed_classes(k, toks, n, pos0, pages, n_pages, mode, out, label_prompts ? n : 0);
 }
 
 /* X4_GPU_CONFIG=config.json names the model's config (the real checkpoint keeps it apart);
@@ -228,7 +252,7 @@ static void run_case_rows(struct bk *k, const int32_t *prompt, size_t n_prompt,
         uint32_t n_pages = (uint32_t) ((n_prompt + n_decode + PAGE_TOKENS - 1) / PAGE_TOKENS);
         _cleanup_free_ uint32_t *pages = page_range(0, n_pages);
         /* the prompt as one batch, logits for every position; then each decode id alone */
-        feed(k, prompt, (uint32_t) n_prompt, 0, pages, n_pages, X4_LOGITS_ALL, all);
+        feed_prompt(k, prompt, (uint32_t) n_prompt, 0, pages, n_pages, X4_LOGITS_ALL, all);
         for (size_t i = 0; i < n_decode; i++)
                 feed(k, decode + i, 1, (uint32_t) (n_prompt + i), pages, n_pages, X4_LOGITS_LAST,
                      all + (n_prompt + i) * k->n_vocab);
@@ -324,7 +348,7 @@ static void greedy(struct bk *k, const int32_t *prompt, uint32_t n_prompt, uint3
         float margin;
         if (rt)
                 rt->offset = 0;
-        feed(k, prompt, n_prompt, 0, pages, n_pages, X4_LOGITS_ALL, prompt_rows);
+        feed_prompt(k, prompt, n_prompt, 0, pages, n_pages, X4_LOGITS_ALL, prompt_rows);
         const float *last = prompt_rows + (size_t) (n_prompt - 1) * V;
         for (uint32_t i = 0; i < n_gen; i++) {
                 top2(last, V, &arg, &margin);
@@ -787,7 +811,7 @@ static void test_batch(const char *model_path) {
 
         /* each sequence alone: prefill (all rows), then N_DEC single-token steps */
         for (int i = 0; i < N_SEQ; i++) {
-                feed(&cu, toks[i], len[i], 0, pages[i], np[i], X4_LOGITS_ALL, alone + row0[i] * V);
+                feed_prompt(&cu, toks[i], len[i], 0, pages[i], np[i], X4_LOGITS_ALL, alone + row0[i] * V);
                 for (int d = 0; d < N_DEC; d++)
                         feed(&cu, toks[i] + len[i] + d, 1, len[i] + d, pages[i], np[i],
                              X4_LOGITS_LAST, alone + (row0[i] + len[i] + d) * V);
@@ -800,7 +824,8 @@ static void test_batch(const char *model_path) {
         for (int i = 0; i < N_SEQ; i++)
                 seqs[i] = (struct x4_seq){.tokens = toks[i], .n_tokens = len[i], .pos0 = 0,
                                           .pages = pages[i], .n_pages = np[i],
-                                          .logits = X4_LOGITS_ALL};
+                                          .logits = X4_LOGITS_ALL,
+                                          .prompt_tokens = label_prompts ? len[i] : 0};
         REQUIRE(cu.ops->forward(cu.b, &batch, out, NULL, 0) == 0, "batched prefill");
         size_t o = 0;
         for (int i = 0; i < N_SEQ; i++) {
@@ -850,7 +875,7 @@ static void test_batch(const char *model_path) {
 /* ---- chunk invariance ---------------------------------------------------------------------- */
 
 static void test_chunks(const char *model_path) {
-        static const uint32_t chunks[] = {1, 64, 512};
+        static const uint32_t chunks[] = {1, 7, 64, 512};
         const uint32_t n = 600; /* crosses a 512-position attention part and a 256-token page */
         _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
         uint32_t V = x4_model_config(m)->n_vocab;
@@ -863,11 +888,11 @@ static void test_chunks(const char *model_path) {
         struct bk cu = {0};
         bk_open(&cu, "cuda", m, n_pages);
 
-        feed(&cu, toks, n, 0, pages, n_pages, X4_LOGITS_ALL, whole);
+        feed_prompt(&cu, toks, n, 0, pages, n_pages, X4_LOGITS_ALL, whole);
         for (size_t c = 0; c < ELEMENTSOF(chunks); c++) {
                 for (uint32_t p = 0; p < n; p += chunks[c]) {
                         uint32_t k = MIN(chunks[c], n - p);
-                        feed(&cu, toks + p, k, p, pages, n_pages, X4_LOGITS_ALL,
+                        feed_prompt(&cu, toks + p, k, p, pages, n_pages, X4_LOGITS_ALL,
                              part + (size_t) p * V);
                 }
                 size_t differ = 0;
@@ -878,6 +903,98 @@ static void test_chunks(const char *model_path) {
                        n, chunks[c], differ, (size_t) n * V);
                 CHECK(differ == 0, "chunk %u: %zu logits differ", chunks[c], differ);
         }
+        bk_close(&cu);
+}
+
+/* ---- prompt and generated tokens ------------------------------------------------------------ */
+
+static size_t count_differ(const float *a, const float *b, size_t n) {
+        size_t d = 0;
+        for (size_t i = 0; i < n; i++)
+                d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        return d;
+}
+
+static void test_classes(const char *model_path) {
+        static const uint32_t chunks[] = {1, 7, 64, 512};
+        const uint32_t n = 600;
+        _cleanup_(x4_model_freep) struct x4_model *m = open_model(model_path);
+        uint32_t V = x4_model_config(m)->n_vocab;
+        /* pages: A 0-2 (the 600-token prompt), B 3-4 (200 + decode), C 5-6 (100 + 60) */
+        _cleanup_free_ uint32_t *pa = page_range(0, 3), *pb = page_range(3, 2), *pc = page_range(5, 2);
+        _cleanup_free_ int32_t *toks = random_tokens(n, V, 11);
+        _cleanup_free_ int32_t *tb = random_tokens(201, V, 12), *tcs = random_tokens(160, V, 13);
+        _cleanup_free_ float *whole = malloc((size_t) n * V * sizeof(float));
+        _cleanup_free_ float *part = malloc((size_t) n * V * sizeof(float));
+        _cleanup_free_ float *gen = malloc((size_t) n * V * sizeof(float));
+        REQUIRE(whole && part && gen, "out of memory");
+        struct bk cu = {0};
+        bk_open(&cu, "cuda", m, 7);
+        struct x4_backend_caps caps;
+        cu.ops->caps(cu.b, &caps);
+        printf("classes: the backend %s prompt tokens on kernels of their own\n",
+               caps.prompt_class ? "runs" : "does not run");
+
+        /* prompt rows, whole and in chunks */
+        feed_classes(&cu, toks, n, 0, pa, 3, X4_LOGITS_ALL, whole, n);
+        for (size_t c = 0; c < ELEMENTSOF(chunks); c++) {
+                for (uint32_t p = 0; p < n; p += chunks[c]) {
+                        uint32_t k = MIN(chunks[c], n - p);
+                        feed_classes(&cu, toks + p, k, p, pa, 3, X4_LOGITS_ALL, part + (size_t) p * V, k);
+                }
+                size_t d = count_differ(whole, part, (size_t) n * V);
+                printf("classes: %u prompt tokens in chunks of %u vs one call: %zu of %zu logits "
+                       "differ (bit-identical expected)\n", n, chunks[c], d, (size_t) n * V);
+                CHECK(d == 0, "prompt chunks of %u: %zu logits differ", chunks[c], d);
+        }
+        /* the same positions as generated tokens: within the bound of the prompt rows (the
+         * tensor-core products' inputs are bf16), identical without classes */
+        feed_classes(&cu, toks, n, 0, pa, 3, X4_LOGITS_ALL, gen, 0);
+        size_t d = count_differ(whole, gen, (size_t) n * V);
+        double worst = 0;
+        for (uint32_t r = 0; r < n; r++)
+                worst = fmax(worst, rel_err(whole, gen, r, r + 1, V, NULL, NULL));
+        printf("classes: %u positions as prompt vs as generated tokens: %zu of %zu logits differ, "
+               "worst per-position rel %.3g (<= %g)\n", n, d, (size_t) n * V, worst, TOL_F16_CACHE);
+        CHECK(worst <= TOL_F16_CACHE, "prompt vs generated rows: rel %.3g", worst);
+        if (!caps.prompt_class)
+                CHECK(d == 0, "no classes, yet %zu logits differ", d);
+
+        /* a mixed batch: A, a 300-token prompt (all rows); B, a decode step after a 200-token
+         * prompt; C, 60 tokens after a 100-token prompt prefix, the first 20 of them prompt */
+        const uint32_t nA = 300, nC = 60, prC = 20;
+        _cleanup_free_ float *alone = malloc((size_t) (nA + 1 + nC) * V * sizeof(float));
+        _cleanup_free_ float *batched = malloc((size_t) (nA + 1 + nC) * V * sizeof(float));
+        REQUIRE(alone && batched, "out of memory");
+        feed_classes(&cu, tb, 200, 0, pb, 2, X4_LOGITS_NONE, NULL, 200);
+        feed_classes(&cu, tcs, 100, 0, pc, 2, X4_LOGITS_NONE, NULL, 100);
+        feed_classes(&cu, toks, nA, 0, pa, 3, X4_LOGITS_ALL, alone, nA);
+        feed_classes(&cu, tb + 200, 1, 200, pb, 2, X4_LOGITS_LAST, alone + (size_t) nA * V, 0);
+        feed_classes(&cu, tcs + 100, prC, 100, pc, 2, X4_LOGITS_ALL, alone + (size_t) (nA + 1) * V, prC);
+        feed_classes(&cu, tcs + 100 + prC, nC - prC, 100 + prC, pc, 2, X4_LOGITS_ALL,
+                     alone + (size_t) (nA + 1 + prC) * V, 0);
+        struct x4_seq seqs[3] = {
+                {.tokens = toks, .n_tokens = nA, .pos0 = 0, .pages = pa, .n_pages = 3,
+                 .logits = X4_LOGITS_ALL, .prompt_tokens = nA},
+                {.tokens = tb + 200, .n_tokens = 1, .pos0 = 200, .pages = pb, .n_pages = 2,
+                 .logits = X4_LOGITS_LAST},
+                {.tokens = tcs + 100, .n_tokens = nC, .pos0 = 100, .pages = pc, .n_pages = 2,
+                 .logits = X4_LOGITS_ALL, .prompt_tokens = prC},
+        };
+        struct x4_batch batch = {.seqs = seqs, .n_seqs = 3};
+        REQUIRE(cu.ops->forward(cu.b, &batch, batched, NULL, 0) == 0, "the mixed batch");
+        d = count_differ(alone, batched, (size_t) (nA + 1 + nC) * V);
+        printf("classes: a batch of a prompt, a decode step and a sequence with both: %zu of %zu "
+               "logits differ from each part alone (bit-identical expected)\n", d,
+               (size_t) (nA + 1 + nC) * V);
+        CHECK(d == 0, "mixed batch: %zu logits differ", d);
+        /* the straddling sequence's LAST row is its generated part's last row */
+        seqs[2].logits = X4_LOGITS_LAST;
+        seqs[0].logits = X4_LOGITS_NONE;
+        REQUIRE(cu.ops->forward(cu.b, &batch, batched, NULL, 0) == 0, "the mixed batch, LAST rows");
+        d = count_differ(alone + (size_t) nA * V, batched, V) +
+            count_differ(alone + (size_t) (nA + nC) * V, batched + V, V);
+        CHECK(d == 0, "mixed batch, LAST rows: %zu logits differ", d);
         bk_close(&cu);
 }
 
@@ -1610,14 +1727,16 @@ static void test_quick(const char *model_path) {
                pr.last, pr.backwards);
         CHECK(pr.calls > 0 && pr.last == 1.0 && pr.backwards == 0,
               "load progress should rise to 1.0");
-        feed(&cu, toks, 20, 0, pa, 1, X4_LOGITS_ALL, out);
+        /* a prompt, decode steps, then a batch of a decode step and a prompt: both classes of
+         * token (x4_seq.prompt_tokens) and the passes that split them, under the sanitizers */
+        feed_classes(&cu, toks, 20, 0, pa, 1, X4_LOGITS_ALL, out, 20);
         for (uint32_t i = 0; i < 3; i++)
                 feed(&cu, toks + 20 + i, 1, 20 + i, pa, 1, X4_LOGITS_LAST, out);
         struct x4_seq seqs[2] = {
                 {.tokens = toks + 23, .n_tokens = 1, .pos0 = 23, .pages = pa, .n_pages = 1,
                  .logits = X4_LOGITS_LAST},
                 {.tokens = toks + 24, .n_tokens = 9, .pos0 = 0, .pages = pb, .n_pages = 1,
-                 .logits = X4_LOGITS_ALL},
+                 .logits = X4_LOGITS_ALL, .prompt_tokens = 5},
         };
         CHECK(cu.ops->forward(cu.b, &(struct x4_batch){.seqs = seqs, .n_seqs = 2}, out, NULL, 0) == 0,
               "mixed batch");
@@ -1632,7 +1751,7 @@ static void test_quick(const char *model_path) {
 int main(int argc, char **argv) {
         if (argc < 3) {
                 fprintf(stderr, "usage: x4-gpu-check fixture DIR [--no-cpu] | parity MODEL "
-                                "[N_PROMPT N_GEN] | conditioning MODEL [N_PROMPT N_GEN] | batch MODEL | chunks MODEL | errors MODEL | "
+                                "[N_PROMPT N_GEN] | conditioning MODEL [N_PROMPT N_GEN] | batch MODEL | chunks MODEL | classes MODEL | errors MODEL | "
                                 "pages MODEL | quick MODEL | nextn MODEL\n");
                 return 2;
         }
@@ -1661,6 +1780,16 @@ int main(int argc, char **argv) {
                        "%g)\n",
                        tol, route_near_tie);
         }
+        const char *lp = getenv("X4_GPU_PROMPT");
+        label_prompts = lp && streq(lp, "1");
+        if (label_prompts && !streq(argv[1], "nextn")) {
+                /* prompts on the tensor-core products (bf16 inputs): their bound, for the prompt
+                 * rows and the decode rows that attend to their cache rows */
+                tol = fmax(tol, TOL_F16_CACHE);
+                route_near_tie = ROUTE_NEAR_TIE_BF16;
+                printf("prompts labeled as prompts (tolerance %g, routing near-tie %g)\n", tol,
+                       route_near_tie);
+        }
 #ifdef X4_CUDA_MODULE_BUILD
         setenv("X4_CUDA_MODULE", X4_CUDA_MODULE_BUILD, 0); /* the module built beside this program */
 #endif
@@ -1683,6 +1812,8 @@ int main(int argc, char **argv) {
                 test_batch(arg);
         else if (streq(t, "chunks"))
                 test_chunks(arg);
+        else if (streq(t, "classes"))
+                test_classes(arg);
         else if (streq(t, "errors"))
                 test_errors(arg);
         else if (streq(t, "pages"))

@@ -10,7 +10,7 @@
 # table to stdout. Exit status: 0 when every step passed.
 #
 # Steps: the xing4-tiny-a fixture vs the float64 reference and vs the CPU backend; batch
-# invariance (16 sequences, alone vs batched); chunk invariance (1/64/512/whole); refusal
+# invariance (16 sequences, alone vs batched); chunk invariance (1/7/64/512/whole); refusal
 # messages; CUDA vs CPU on the x4-mkmodel `demo` model (512-token prompt + 64 greedy tokens);
 # compute-sanitizer memcheck and racecheck on a tiny prefill + decode; MTP (issue 16): the NextN
 # block CUDA vs CPU (x4-gpu-check nextn, rel <= 1e-3 per row as the trunk's logits; 1e-2 with the
@@ -78,7 +78,7 @@ tiny=$fixture/model.gguf
 
 step "fixture vs f64 reference and cpu" "$check" fixture "$fixture"
 step "batch invariance (16 seqs)" "$check" batch "$tiny"
-step "chunk invariance (1/64/512)" "$check" chunks "$tiny"
+step "chunk invariance (1/7/64/512)" "$check" chunks "$tiny"
 step "refusal messages" "$check" errors "$tiny"
 step "quick prefill+decode" "$check" quick "$tiny"
 step "cache pages (snapshot, copy, n_pages from memory_limit)" "$check" pages "$tiny"
@@ -98,6 +98,12 @@ step "chunk invariance, tensor-core attention tc2" env X4_CUDA_ATTN=tc2 "$check"
 step "fixture, tensor-core products (rel <= 1e-2)" env X4_CUDA_MM=tc "$check" fixture "$fixture" --no-cpu
 step "batch invariance, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tiny"
 step "chunk invariance, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tiny"
+# prompt tokens labeled as the daemon labels them (x4_seq.prompt_tokens): on sm_80+ they take the
+# tensor-core products in passes of their own, generated tokens the fp32 kernels
+step "fixture, prompts labeled (rel <= 1e-2)" env X4_GPU_PROMPT=1 "$check" fixture "$fixture"
+step "prompt and generated tokens: chunks, a mixed batch, the bound between them" "$check" classes "$tiny"
+step "batch invariance, prompts labeled" env X4_GPU_PROMPT=1 "$check" batch "$tiny"
+step "chunk invariance, prompts labeled" env X4_GPU_PROMPT=1 "$check" chunks "$tiny"
 
 # x4-logits --device cuda (the tool users run) on fixture case1 vs the f64 reference and the CPU
 py=
@@ -124,6 +130,9 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model" "$check" chunks "$tmp/demo.gguf"
+        step "cuda vs cpu, demo model, prompts labeled, 512 + 64 greedy" env X4_GPU_PROMPT=1 \
+                "$check" parity "$tmp/demo.gguf" 512 64
+        step "prompt and generated tokens, demo model" "$check" classes "$tmp/demo.gguf"
         # every attention kernel computes in the one canonical order (kernels/cuda/mla.cu): the
         # same logits, bit for bit, whichever runs (a 700-token prompt: six parts of the cache)
         attn_same() {
@@ -181,19 +190,19 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "mHC fused and token-tiled kernels agree bit for bit, demo model" hc_same
         # the one-input decode products (k_mv_small: a block per input at batch 1 and per expert
         # pair) give the same bits however many rows a warp takes (X4_CUDA_RW) and with the whole
-        # input staged at once (X4_CUDA_FULLX=1) or compiled for 4 blocks an SM (X4_CUDA_MINB=4):
+        # input staged at once (X4_CUDA_FULLX=1) or compiled without the 4-blocks-an-SM bound (X4_CUDA_MINB=1):
         # batch-1 decodes after a 700-token prompt
         rw_same() {
                 local prompt v
                 prompt=$(awk 'BEGIN { s = 23; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/rw-default.bin" || return 1
-                for v in RW=1 RW=2 RW=4 FULLX=1 MINB=4; do
+                for v in RW=1 RW=2 RW=4 FULLX=1 MINB=1; do
                         env X4_CUDA_$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
                                 --decode 9,99,999 --device cuda --out "$tmp/rw-$v.bin" || return 1
                         cmp "$tmp/rw-default.bin" "$tmp/rw-$v.bin" || { echo "X4_CUDA_$v differs"; return 1; }
                 done
-                echo "k_mv_small rows a warp 1/2/4, whole-x staging, 4 blocks an SM, default: identical logits ($(stat -c %s "$tmp/rw-default.bin") bytes)"
+                echo "k_mv_small rows a warp 1/2/4, whole-x staging, no blocks-an-SM bound, default: identical logits ($(stat -c %s "$tmp/rw-default.bin") bytes)"
         }
         step "one-input decode products agree bit for bit whatever rows a warp and x staging, demo model" rw_same
         step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
@@ -290,6 +299,8 @@ fi
 trained=${X4_DEMO_MODEL:-models/xing4-demo/model.gguf}
 if [ -f "$trained" ]; then
         step "cuda vs cpu, trained demo model, 512 + 64 greedy" "$check" parity "$trained" 512 64
+        step "cuda vs cpu, trained demo model, prompts labeled, 512 + 64 greedy" env X4_GPU_PROMPT=1 \
+                "$check" parity "$trained" 512 64
         step "batch invariance, trained demo model" "$check" batch "$trained"
         step "chunk invariance, trained demo model" "$check" chunks "$trained"
         step "nextn: cuda vs cpu, trained demo model (rel <= 1e-3)" "$check" nextn "$trained"
@@ -359,7 +370,7 @@ else
         failed=1
 fi
 
-grep -E '^(CUDA|fixture|parity|batch|chunks|errors|pages|quick|nextn|x4-logits|\{"what":"generate"|FAIL)' "$log" | grep -v ' checks, ' || true
+grep -E '^(CUDA|prompts|classes|fixture|parity|batch|chunks|errors|pages|quick|nextn|x4-logits|\{"what":"generate"|FAIL)' "$log" | grep -v ' checks, ' || true
 echo
 printf '%s\n' "${results[@]}" | tee -a "$log"
 echo "log: $log"

@@ -41,6 +41,8 @@ static const struct bad_case CASES[] = {
           "sequence 1: n_tokens is 0, at least 1 expected" },
         { "logits mode 3", { toks_ok, 3, 0, pages_ok, 1, 3 }, false, -EINVAL,
           "sequence 1: logits mode 3, expected 0..2" },
+        { "more prompt tokens than tokens", { toks_ok, 3, 0, pages_ok, 1, X4_LOGITS_LAST, X4_LOGITS_NONE, 4 },
+          false, -EINVAL, "sequence 1: prompt_tokens 4, expected at most n_tokens (3)" },
         { "rows but no buffer", { toks_ok, 3, 0, pages_ok, 1, X4_LOGITS_ALL }, true, -EINVAL,
           "sequence 0: logits requested but no output buffer" },
         { "positions past the page table", { toks_ok, 3, 15, pages_ok, 1, X4_LOGITS_LAST }, false,
