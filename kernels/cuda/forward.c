@@ -10,7 +10,8 @@
  * run the same arithmetic whatever the batch (where a batch shape picks a different kernel, e.g.
  * attention or expert grouping, it computes every value in the same order). Prompt tokens
  * (x4_seq.prompt_tokens) take the tensor-core products on sm_80+ (kernels/cuda/mmtc.cu: bf16
- * inputs, their own fixed order, the same for every token count), in passes of their own
+ * inputs, their own fixed order, the same for every token count) and the tensor-core attention
+ * (mla.cu, k_attn_tc2: f16 inputs), in passes of their own
  * (forward_classes): a prompt row is held to the tensor-core bound against the reference, and
  * differs in the last bits from the same position computed as a generated token. No host
  * synchronization happens inside the forward except the final copy of the logits (the API

@@ -214,11 +214,11 @@ if has mtpdemo; then
         done
 fi
 if has classes; then
-        # prompt tokens on the tensor-core products (the default on sm_80+) against the fp32 path
-        # (X4_CUDA_PROMPT=fp32), and prompt-class attention on the tensor-core kernel
-        for v in default fp32 attn-tc2; do
+        # prompt tokens on the tensor-core products and attention (the default on sm_80+) against
+        # the fp32 path (X4_CUDA_PROMPT=fp32) and fp32 attention for them (X4_CUDA_PROMPT_ATTN=fp32)
+        for v in default fp32 attn-fp32; do
                 say "prefill, prompts: $v"
-                env $([ $v = fp32 ] && echo X4_CUDA_PROMPT=fp32) $([ $v = attn-tc2 ] && echo X4_CUDA_PROMPT_ATTN=tc2) \
+                env $([ $v = fp32 ] && echo X4_CUDA_PROMPT=fp32) $([ $v = attn-fp32 ] && echo X4_CUDA_PROMPT_ATTN=fp32) \
                         "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} \
                         --decode-ctx none --repeats 3 --json 2>&1 | sed "s/}\$/,\"prompts\":\"$v\"}/" |
                         tee -a "$out/prefill-classes.jsonl" | grep '"prefill"'

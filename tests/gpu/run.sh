@@ -100,7 +100,7 @@ step "batch invariance, tensor-core products" env X4_CUDA_MM=tc "$check" batch "
 step "chunk invariance, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tiny"
 # prompt tokens labeled as the daemon labels them (x4_seq.prompt_tokens): on sm_80+ they take the
 # tensor-core products in passes of their own, generated tokens the fp32 kernels
-step "fixture, prompts labeled (rel <= 1e-2)" env X4_GPU_PROMPT=1 "$check" fixture "$fixture"
+step "fixture, prompts labeled (rel <= 1e-2)" env X4_GPU_PROMPT=1 "$check" fixture "$fixture" --no-cpu
 step "prompt and generated tokens: chunks, a mixed batch, the bound between them" "$check" classes "$tiny"
 step "batch invariance, prompts labeled" env X4_GPU_PROMPT=1 "$check" batch "$tiny"
 step "chunk invariance, prompts labeled" env X4_GPU_PROMPT=1 "$check" chunks "$tiny"
@@ -130,8 +130,6 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model" "$check" chunks "$tmp/demo.gguf"
-        step "cuda vs cpu, demo model, prompts labeled, 512 + 64 greedy" env X4_GPU_PROMPT=1 \
-                "$check" parity "$tmp/demo.gguf" 512 64
         step "prompt and generated tokens, demo model" "$check" classes "$tmp/demo.gguf"
         # every attention kernel computes in the one canonical order (kernels/cuda/mla.cu): the
         # same logits, bit for bit, whichever runs (a 700-token prompt: six parts of the cache)
@@ -301,6 +299,7 @@ if [ -f "$trained" ]; then
         step "cuda vs cpu, trained demo model, 512 + 64 greedy" "$check" parity "$trained" 512 64
         step "cuda vs cpu, trained demo model, prompts labeled, 512 + 64 greedy" env X4_GPU_PROMPT=1 \
                 "$check" parity "$trained" 512 64
+        step "prompt and generated tokens, trained demo model" "$check" classes "$trained"
         step "batch invariance, trained demo model" "$check" batch "$trained"
         step "chunk invariance, trained demo model" "$check" chunks "$trained"
         step "nextn: cuda vs cpu, trained demo model (rel <= 1e-3)" "$check" nextn "$trained"
