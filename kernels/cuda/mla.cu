@@ -1209,6 +1209,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                         float p = __half2float(__float2half_rn(expf(sv - m_new)));
                         float ps_sum = cu_warp_sum(p);
                         sP[h * ps + lane] = __float2half_rn(p);
+                        __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
                         if (lane == 0) {
                                 float alpha = expf(m_old - m_new); /* 0 on the first step */
                                 sA[h] = alpha;
