@@ -385,7 +385,7 @@ if has daemon; then
                         say "test_mtp.py with the daemon on cuda"
                         X4_TEST_DEVICE=cuda X4_BUILD_DIR=$rb X4_SOURCE_DIR=$PWD X4_FIXTURES=$PWD/tests/fixtures \
                                 X4_CLIENT_TEST=$rb/tests/integration/x4-client-test \
-                                python3 -m pytest tests/integration/test_mtp.py -q -p no:cacheprovider 2>&1 | tail -5
+                                python3 -m pytest tests/integration/test_mtp.py -q -rfE -p no:cacheprovider 2>&1 | tee "$out/test-mtp-cuda.log" | tail -40
                 else
                         echo "daemon: systemd-socket-activate does not run here: $(systemd-socket-activate --version 2>&1 | head -1)"
                 fi
