@@ -224,6 +224,15 @@ if has classes; then
                         tee -a "$out/prefill-classes.jsonl" | grep '"prefill"'
         done
 fi
+if has pprofile; then
+        # issue 12: where a prompt's time goes (prompt-class passes, per kernel class), and the 32K row
+        say "profile prefill ${X4_PREFILL:-512,4096}"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} --decode-ctx none \
+                --repeats 1 --profile 2>&1 | tee "$out/profile-prefill.txt" | tail -60
+        say "prefill 32,768"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
+                --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"'
+fi
 if has b32ktc2; then
         say "decode bench 32K batch 1, X4_CUDA_ATTN=tc2"
         X4_CUDA_ATTN=tc2 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 32768 \
