@@ -139,6 +139,8 @@ struct x4_backend {
 
         uint32_t T_max, part_slots, n_slots_max;
         uint64_t hw;
+        uint16_t *xbf;     /* bf16 inputs of the many-input tensor-core products (mmtc.cu) */
+        uint64_t xbf_cap;  /* its values */
         void *ws;
         uint64_t ws_bytes;
         uint32_t *hc_ticket, *route_ticket;
@@ -755,6 +757,10 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->hin, float, b->mtp ? T * H : 0);
         WS(b->part, float, (uint64_t) b->part_slots * nh * (KV + 2));
         WS(b->sc, float, (uint64_t) b->part_slots * nh * CU_ATTN_PART);
+        /* the widest product input a token: v_b's per-head latents, the experts' activations, the
+         * HC and NextN inputs, q_b's heads */
+        b->xbf_cap = T * MAX(MAX(nh * KV, b->hw), MAX((uint64_t) c->hc_mult * H, MAX(2 * H, nh * (c->qk_nope + R))));
+        WS(b->xbf, uint16_t, b->xbf_cap);
 #undef WS
         return off;
 }
@@ -1402,6 +1408,7 @@ static struct cu_attn pass_attn(const struct x4_backend *b) {
 static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
                          const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                          const uint32_t *att, uint32_t n_att) {
+        cu_mm_tc_scratch(b->xbf, b->xbf_cap);
         const struct x4_config *c = &b->cfg;
         uint32_t H = c->n_embd, n_hc = c->hc_mult;
         cudaStream_t s = b->stream;
@@ -1465,6 +1472,7 @@ _Static_assert(X4_MTP_POS_OFFSET == 0, "the CUDA NextN block ropes at the cache 
 static void nextn_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
                        const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                        const uint32_t *att, uint32_t n_att) {
+        cu_mm_tc_scratch(b->xbf, b->xbf_cap);
         const struct x4_config *c = &b->cfg;
         const uint32_t l = c->n_layer, H = c->n_embd;
         const struct cu_layer *cl = &b->layers[l];

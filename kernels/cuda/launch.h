@@ -90,6 +90,9 @@ void cu_mm_tc_setup(void);
  * device, X4_CUDA_PROMPT not fp32, X4_CUDA_MM not tc): the backend then runs a batch's prompt
  * tokens and generated tokens in separate passes. */
 bool cu_mm_tc_prompt_class(void);
+/* The bf16 input scratch of the many-input tensor-core products (values: its capacity; a product
+ * whose inputs do not fit takes the older kernel, with the same bits); set before a pass. */
+void cu_mm_tc_scratch(void *p, uint64_t values);
 /* The class of the passes launched from now on (true: prompt tokens). */
 void cu_mm_tc_pass(bool prompt);
 /* Whether the pass being launched is a prompt-class pass (classes on and cu_mm_tc_pass(true)). */
@@ -99,9 +102,13 @@ void cu_hc_setup(void);
 
 /* Pairs grouped by expert for cu_mv.groups: sel holds P = T·S expert ids (S slots per token, the
  * shared expert as id n_expert); groups gets [n_tiles, then per tile (expert, first, count)]
- * followed by the pair indices ordered by expert, then pair index (`first` indexes that list).
- * Tiles hold at most CU_GROUP_TILE pairs. Returns the tile bound to launch with. */
+ * followed by the pair indices ordered by expert, then pair index (`first` indexes that list),
+ * then the same pairs in wide tiles: [n_wide, then per wide tile (expert, first, count)].
+ * Tiles hold at most CU_GROUP_TILE pairs, wide tiles CU_GROUP_WIDE (the prompt products of
+ * mmtc.cu's k_mm_tcp). Returns the tile bound to launch with (n_groups_max); the wide tiles'
+ * bound is (P + CU_GROUP_WIDE − 1) / CU_GROUP_WIDE + n_ids. */
 #define CU_GROUP_TILE 8
+#define CU_GROUP_WIDE 64
 uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids);
 uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups,
                       cudaStream_t s);

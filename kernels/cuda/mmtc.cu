@@ -27,7 +27,9 @@
  *
  * Launches of at most MTD_P_MAX tokens (decode) take k_mm_tcd below instead: the same chains,
  * shaped for memory bandwidth (a warp per m-tile, cp.async rings); X4_CUDA_MMTC_DEC=0 keeps
- * k_mm_tc. */
+ * k_mm_tc. Launches of more (prompts) take k_mm_tcp: the same chains again, shaped for the
+ * tensor cores (128 × 64 block tiles, both operands through a cp.async ring, ldmatrix, grouped
+ * experts in tiles of 64 pairs); X4_CUDA_MMTC_PROMPT=0 keeps k_mm_tc. */
 #include <stdio.h>
 
 #include <cuda_bf16.h>
@@ -46,6 +48,7 @@ enum { MT_DENSE, MT_GROUPED, MT_SEL };
 static bool mm_tc_ready;
 static bool mm_tc_pass; /* the forward pass being launched is a prompt-class pass (cu_mm_tc_pass) */
 static void mtd_setup(int dev);
+static void mtp_setup(void);
 
 /* X4_CUDA_MM=tc: every token on tensor cores. X4_CUDA_PROMPT=fp32: prompt tokens on the fp32
  * products too (the tensor cores then serve nothing unless X4_CUDA_MM=tc). */
@@ -72,8 +75,10 @@ extern "C" void cu_mm_tc_setup(void) {
         mm_tc_ready = cudaGetDevice(&dev) == cudaSuccess &&
                       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                       major >= 8;
-        if (mm_tc_ready && (mm_tc_all() || mm_tc_prompt()))
-                mtd_setup(dev); /* only k_mm_tcd's attributes: nothing else changes */
+        if (mm_tc_ready && (mm_tc_all() || mm_tc_prompt())) {
+                mtd_setup(dev); /* only the kernels' attributes: nothing else changes */
+                mtp_setup();
+        }
 }
 
 extern "C" bool cu_mm_tc_prompt_class(void) {
@@ -773,6 +778,347 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         return true;
 }
 
+/* ---- k_mm_tcp: the same products for many inputs (prompts), shaped for the tensor cores ----
+ *
+ * k_mm_tc's arithmetic (every output element the same chain of mma.sync m16n8k16 over the same
+ * K order, IQ4_NL blocks scaled by mt_scale_add) with a block tile of MTP_BM rows × MTP_BN inputs
+ * and both operands streamed through shared memory in a ring of MTP_NS stages (cp.async). An
+ * output's column in the block, its block shape and who computes it never enter its chain, so
+ * the choice between k_mm_tc, k_mm_tcd and this kernel never changes a bit (what the chunk and
+ * batch checks of tests/gpu compare).
+ *
+ * Inputs: k_x_bf16 first rounds the product's inputs to bf16 (__float2bfloat16_rn, the rounding
+ * k_mm_tc's staging applies) into the backend's scratch (cu_mm_tc_scratch), one row of K values
+ * per (input row, input group); the kernel copies them 16 bytes a lane and reads B fragments with
+ * ldmatrix. Weights: BF16 rows 16 bytes a copy, A fragments by ldmatrix; IQ4_NL rows 4 bytes a copy
+ * (a stage's 2 blocks are 36 bytes of a row), decoded to bf16 codebook values in registers
+ * (mtd_iq4_pair). Grouped expert products take the wide tiles of cu_moe_group (≤ 64 pairs of one
+ * expert a block).
+ *
+ * Warps: 8, as 4 (rows) × 2 (inputs); a warp owns 32 rows × 32 inputs (2 × 4 m16n8 tiles); a
+ * warp whose inputs are all past the tile's count skips the products but not the copies.
+ * Staged rows are padded so that ldmatrix's eight 16-byte rows and the IQ4_NL quant reads fall on
+ * distinct banks (144-byte rows: 36 words; IQ4_NL rows 48 bytes: 12 words, 4 banks apart). */
+#define MTP_BM 128    /* stored rows a block */
+#define MTP_BN 64     /* inputs a block (CU_GROUP_WIDE pairs) */
+#define MTP_KS 64     /* input values a stage: two 32-value chunks */
+#define MTP_NS 4      /* ring stages */
+#define MTP_THREADS 256
+#define MTP_XB 144    /* bytes a staged input row: 64 bf16 + 16 */
+static_assert(MTP_BN == CU_GROUP_WIDE, "a block takes one wide tile");
+
+template <int TYPE>
+__host__ __device__ static constexpr uint32_t mtp_wb() { /* bytes a staged weight row */
+        return TYPE == CU_TYPE_IQ4_NL ? 48 : 144;
+}
+template <int TYPE>
+__host__ __device__ static constexpr uint32_t mtp_stage() {
+        return MTP_BM * mtp_wb<TYPE>() + MTP_BN * MTP_XB;
+}
+
+/* the backend's bf16 input scratch (forward.c's workspace), set before each pass's products */
+static uint16_t *mtp_xb;
+static uint64_t mtp_xb_cap; /* values */
+
+extern "C" void cu_mm_tc_scratch(void *p, uint64_t values) {
+        mtp_xb = (uint16_t *) p;
+        mtp_xb_cap = values;
+}
+
+/* X4_CUDA_MMTC_PROMPT=0: many-input products on k_mm_tc (comparisons: the same bits); =log: on,
+ * and the first 64 launch shapes on stderr (that k_mm_tcp runs at all) */
+static int mtp_log_left;
+static bool mtp_on(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_PROMPT");
+                on = !(e && !strcmp(e, "0"));
+                mtp_log_left = e && !strcmp(e, "log") ? 64 : 0;
+        }
+        return on;
+}
+
+/* out[(r·n_grp + grp)·K + k] = bf16(x[r·x_pstride + grp·x_gstride + k]) for r < rows: a block a
+ * (row, group), float4 reads */
+__global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstride, uint64_t x_gstride,
+                                                uint32_t n_grp, uint32_t K, uint16_t *out) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t r = blockIdx.x / n_grp, grp = blockIdx.x % n_grp;
+        const float *src = x + (uint64_t) r * x_pstride + (uint64_t) grp * x_gstride;
+        uint16_t *dst = out + (uint64_t) blockIdx.x * K;
+        for (uint32_t k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
+                float4 v = *(const float4 *) (src + k);
+                *(uint2 *) (dst + k) = make_uint2(mt_pack(mt_bf16(v.x), mt_bf16(v.y)),
+                                                  mt_pack(mt_bf16(v.z), mt_bf16(v.w)));
+        }
+}
+
+[[maybe_unused]] static __device__ __forceinline__ void mtp_cp4(void *smem, const void *gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+        (void) smem, (void) gmem;
+#endif
+}
+
+/* four 8×8 b16 matrices; lane l gives the row address of matrix l / 8, r[i] is matrix i's fragment */
+[[maybe_unused]] static __device__ __forceinline__ void mtp_ldm4(uint32_t *r, const void *smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+#else
+        (void) r, (void) smem;
+#endif
+}
+
+template <int TYPE, int NR, int MODE>
+__global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr uint32_t WB = mtp_wb<TYPE>(), STG = mtp_stage<TYPE>();
+        constexpr uint32_t CPR = IQ4 ? MTP_KS / 32 * 18 / 4 : MTP_KS * 2 / 16; /* copies a row a stage: 9 / 8 */
+        constexpr uint32_t WCP = (MTP_BM * CPR + MTP_THREADS - 1) / MTP_THREADS; /* a thread's: 5 / 4 */
+        extern __shared__ __align__(16) uint8_t mtp_smem[];
+        uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+        uint32_t wm = warp % 4, wn = warp / 4; /* the warp's rows 32·wm .., inputs 32·wn .. */
+        uint32_t n_rows = a.N, row0 = blockIdx.y * MTP_BM, K = a.K, n_st = K / MTP_KS;
+        uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
+        const uint8_t *wbase = (const uint8_t *) a.w;
+
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t p0 = blockIdx.x * MTP_BN, n_p;
+        const int32_t *perm = NULL;
+        if (MODE == MT_GROUPED) {
+                const int32_t *wide = a.groups + 1 + 3 * a.n_groups_max + a.P;
+                if (blockIdx.x >= (uint32_t) wide[0])
+                        return;
+                const int32_t *td = wide + 1 + 3 * blockIdx.x;
+                wbase += (uint64_t) td[0] * a.expert_bytes;
+                perm = a.groups + 1 + 3 * a.n_groups_max + td[1];
+                n_p = (uint32_t) td[2];
+        } else
+                n_p = min((uint32_t) MTP_BN, a.P - p0);
+
+        /* what this thread copies: weight pieces e = tid + 256·i (row e / CPR, piece e % CPR; rows
+         * past N read row N − 1, for outputs nobody stores) and input rows tid / 8 + 32·i (piece
+         * tid % 8; columns past the tile's count read its last input, likewise never stored) */
+        const uint8_t *wsrc[WCP];
+        uint32_t wdst[WCP];
+#pragma unroll
+        for (uint32_t i = 0; i < WCP; i++) {
+                uint32_t e = tid + MTP_THREADS * i, rr = min(e / CPR, (uint32_t) MTP_BM - 1);
+                uint32_t r = min(row0 + rr, n_rows - 1);
+                wsrc[i] = wbase + (uint64_t) r * a.row_bytes + (e % CPR) * (IQ4 ? 4 : 16);
+                wdst[i] = e < MTP_BM * CPR ? rr * WB + (e % CPR) * (IQ4 ? 4 : 16) : ~0u;
+        }
+        const uint16_t *xsrc[2];
+#pragma unroll
+        for (uint32_t i = 0; i < 2; i++) {
+                uint32_t n = min(tid / 8 + 32 * i, n_p - 1);
+                uint32_t p = MODE == MT_GROUPED ? (uint32_t) perm[n] : p0 + n;
+                xsrc[i] = xb + ((uint64_t) (p / a.x_div) * n_grp + grp) * K + (tid % 8) * 8;
+        }
+        auto load = [&](uint32_t st) {
+                if (st >= n_st)
+                        return;
+                uint8_t *ws = mtp_smem + (st % MTP_NS) * STG;
+#pragma unroll
+                for (uint32_t i = 0; i < WCP; i++)
+                        if (wdst[i] != ~0u) {
+                                if constexpr (IQ4)
+                                        mtp_cp4(ws + wdst[i], wsrc[i] + (uint64_t) st * (MTP_KS / 32 * 18));
+                                else
+                                        mtd_cp16(ws + wdst[i], wsrc[i] + (uint64_t) st * (MTP_KS * 2));
+                        }
+                uint8_t *xs = ws + MTP_BM * WB;
+#pragma unroll
+                for (uint32_t i = 0; i < 2; i++)
+                        mtd_cp16(xs + (tid / 8 + 32 * i) * MTP_XB + (tid % 8) * 16, xsrc[i] + (uint64_t) st * MTP_KS);
+        };
+        for (uint32_t st = 0; st + 1 < MTP_NS; st++) {
+                load(st);
+                mtd_commit();
+        }
+
+        uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
+        if constexpr (IQ4) {
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                        uint32_t c = mt_bf16(cu_iq4nl_values[i]);
+                        tl[i / 4] |= (c & 0xFFu) << (8 * (i % 4));
+                        th[i / 4] |= (c >> 8) << (8 * (i % 4));
+                }
+        }
+        float acc[2][4][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                                acc[mt][j][e] = 0.0f;
+        bool active = 32 * wn < n_p;
+        /* ldmatrix row addresses (bytes in a stage): B of n-tiles 2jj, 2jj + 1 — lanes 0-7 and
+         * 8-15 the first tile's inputs at columns +0 and +8 (BF16) / +16 (IQ4_NL's high nibbles),
+         * lanes 16-31 the second's; A (BF16) of an m-tile — lanes 0-7 rows 0-7, 8-15 rows 8-15,
+         * 16-31 the same rows 8 columns on */
+        uint32_t boff = MTP_BM * WB + (32 * wn + (lane & 7) + (lane >> 4) * 8) * MTP_XB +
+                        ((lane >> 3) & 1) * (IQ4 ? 32 : 16);
+        uint32_t aoff = (32 * wm + (lane & 7) + ((lane >> 3) & 1) * 8) * WB + (lane >> 4) * 16;
+
+        for (uint32_t it = 0; it < n_st; it++) {
+                mtd_wait(MTP_NS - 2);
+                __syncthreads(); /* stage it visible to all; stage it − 1's slot read by all */
+                load(it + MTP_NS - 1);
+                mtd_commit();
+                if (!active)
+                        continue;
+                const uint8_t *ws = mtp_smem + (it % MTP_NS) * STG;
+                if constexpr (IQ4) {
+#pragma unroll
+                        for (uint32_t cc = 0; cc < MTP_KS / 32; cc++) {
+                                float tmp[2][4][4], d[2][2];
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+#pragma unroll
+                                                for (int e = 0; e < 4; e++)
+                                                        tmp[mt][j][e] = 0.0f;
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        uint32_t af[2][4], bf[4][2];
+#pragma unroll
+                                        for (int mt = 0; mt < 2; mt++) {
+                                                const uint8_t *b0 = ws + (32 * wm + 16 * mt + g) * WB + 18 * cc;
+                                                const uint8_t *b1 = b0 + 8 * WB;
+                                                if (s == 0) {
+                                                        d[mt][0] = __half2float(*(const __half *) b0);
+                                                        d[mt][1] = __half2float(*(const __half *) b1);
+                                                }
+                                                /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8 */
+                                                uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
+                                                uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
+                                                mtd_iq4_pair(q0, tl, th, &af[mt][0], &af[mt][2]);
+                                                mtd_iq4_pair(q1, tl, th, &af[mt][1], &af[mt][3]);
+                                        }
+#pragma unroll
+                                        for (int jj = 0; jj < 2; jj++) {
+                                                uint32_t r[4];
+                                                /* values 32cc + 8s + 2t (+1) and 32cc + 16 + 8s + 2t (+1) */
+                                                mtp_ldm4(r, ws + boff + jj * 16 * MTP_XB + (32 * cc + 8 * s) * 2);
+                                                bf[2 * jj][0] = r[0], bf[2 * jj][1] = r[1];
+                                                bf[2 * jj + 1][0] = r[2], bf[2 * jj + 1][1] = r[3];
+                                        }
+#pragma unroll
+                                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                                for (int j = 0; j < 4; j++)
+                                                        mtd_mma(tmp[mt][j], af[mt], bf[j][0], bf[j][1]);
+                                }
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+                                                mt_scale_add(acc[mt][j], d[mt][0], d[mt][1], tmp[mt][j]);
+                        }
+                } else {
+#pragma unroll
+                        for (uint32_t ks = 0; ks < MTP_KS / 16; ks++) {
+                                uint32_t af[2][4], bf[4][2];
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+                                        mtp_ldm4(af[mt], ws + aoff + mt * 16 * WB + ks * 32);
+#pragma unroll
+                                for (int jj = 0; jj < 2; jj++) {
+                                        uint32_t r[4];
+                                        mtp_ldm4(r, ws + boff + jj * 16 * MTP_XB + ks * 32);
+                                        bf[2 * jj][0] = r[0], bf[2 * jj][1] = r[1];
+                                        bf[2 * jj + 1][0] = r[2], bf[2 * jj + 1][1] = r[3];
+                                }
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+                                                mtd_mma(acc[mt][j], af[mt], bf[j][0], bf[j][1]);
+                        }
+                }
+        }
+        mtd_wait(0); /* the empty tail groups */
+        if (!active)
+                return;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                        mt_store<NR, MODE>(a, acc[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j, g, t, n_rows,
+                                           n_p, p0, perm, grp);
+#else
+        (void) a, (void) xb, (void) n_grp;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+static bool mtp_smem_ok; /* the dynamic shared memory attributes are set (cu_mm_tc_setup) */
+
+template <int TYPE, int NR>
+static void mtp_prepare(void) {
+        int n = (int) (MTP_NS * mtp_stage<TYPE>());
+        mtp_smem_ok = cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                              cudaSuccess &&
+                      cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                              cudaSuccess &&
+                      mtp_smem_ok;
+}
+
+static void mtp_setup(void) {
+        mtp_smem_ok = true;
+        mtp_prepare<CU_TYPE_BF16, 1>();
+        mtp_prepare<CU_TYPE_BF16, 2>();
+        mtp_prepare<CU_TYPE_IQ4_NL, 1>();
+        mtp_prepare<CU_TYPE_IQ4_NL, 2>();
+        (void) cudaGetLastError();
+}
+
+/* k_mm_tcp for this product if it takes it (many inputs, K a multiple of MTP_KS, the inputs fit
+ * the scratch), else false: k_mm_tc or k_mm_tcd then run, with the same bits */
+template <int TYPE, int NR>
+static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
+        constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        if (!mtp_on() || !mtp_smem_ok || !mtp_xb || a->K % MTP_KS || (a->sel && !a->groups) ||
+            (!a->sel && a->P <= MTD_P_MAX))
+                return false;
+        if ((uintptr_t) a->w % 16 || a->row_bytes % (IQ4 ? 4 : 16) || (a->sel && a->expert_bytes % 16))
+                return false;
+        uint32_t n_grp = NR == 1 && a->G != a->N ? a->N / a->G : 1;
+        uint32_t rows = (a->P + a->x_div - 1) / a->x_div;
+        if ((uint64_t) rows * n_grp * a->K > mtp_xb_cap)
+                return false;
+        if (mtp_log_left > 0) {
+                mtp_log_left--;
+                fprintf(stderr, "k_mm_tcp: type %u%s %s P %u N %u K %u groups %u\n", TYPE, NR == 2 ? " swiglu" : "",
+                        a->sel ? "grouped" : "dense", a->P, a->N, a->K, n_grp);
+        }
+        cu_launches += 2;
+        cu_launch(k_x_bf16, rows * n_grp, 128, 0, s, a->x, a->x_pstride, a->x_gstride, n_grp, a->K, mtp_xb);
+        uint32_t by = (a->N + MTP_BM - 1) / MTP_BM;
+        size_t smem = MTP_NS * mtp_stage<TYPE>();
+        if (a->sel) {
+                uint32_t n_ids = a->n_groups_max - (a->P + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
+                uint32_t bx = (a->P + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE + n_ids;
+                cu_launch(k_mm_tcp<TYPE, NR, MT_GROUPED>, dim3(bx, by), MTP_THREADS, smem, s, *a,
+                          (const uint16_t *) mtp_xb, n_grp);
+        } else
+                cu_launch(k_mm_tcp<TYPE, NR, MT_DENSE>, dim3((a->P + MTP_BN - 1) / MTP_BN, by), MTP_THREADS, smem, s,
+                          *a, (const uint16_t *) mtp_xb, n_grp);
+        return true;
+}
+
 /* X4_CUDA_MMTC_DEC=0 keeps every token count on k_mm_tc (comparisons: the bits are the same);
  * =log also prints k_mm_tcd's first 64 launch shapes */
 template <int TYPE, int NR>
@@ -784,6 +1130,8 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
                 if (mtd_log_left < 0)
                         mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
         }
+        if (launch_tcp<TYPE, NR>(a, s))
+                return;
         if (!dec || !launch_tcd<TYPE, NR>(a, s))
                 launch_tc<TYPE, NR>(a, s);
 }

@@ -183,7 +183,8 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
 
 extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
         uint32_t tiles = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
-        return 1 + 3 * tiles + P;
+        uint32_t wide = (P + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE + n_ids;
+        return 1 + 3 * tiles + P + 1 + 3 * wide;
 }
 
 __global__ void __launch_bounds__(GROUP_THREADS)
@@ -191,10 +192,11 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         cu_pdl_wait();
         cu_pdl_trigger();
         __shared__ int32_t ss[GROUP_MAX_PAIRS];
-        __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS];
+        __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS], wide0[GROUP_THREADS];
         uint32_t e = threadIdx.x;
         uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
         int32_t *perm = groups + 1 + 3 * tiles_max;
+        int32_t *wide = perm + P; /* the same pairs in tiles of CU_GROUP_WIDE (cu_group_wide) */
 
         for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
                 ss[i] = sel[i];
@@ -206,14 +208,17 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         cnt[e] = n;
         __syncthreads();
         if (threadIdx.x == 0) {
-                uint32_t f = 0, tl = 0;
+                uint32_t f = 0, tl = 0, tw = 0;
                 for (uint32_t x = 0; x < n_ids; x++) {
                         first[x] = f;
                         tile0[x] = tl;
+                        wide0[x] = tw;
                         f += cnt[x];
                         tl += (cnt[x] + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
+                        tw += (cnt[x] + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE;
                 }
                 groups[0] = (int32_t) tl;
+                wide[0] = (int32_t) tw;
         }
         __syncthreads();
         if (e >= n_ids || n == 0)
@@ -227,6 +232,12 @@ __global__ void __launch_bounds__(GROUP_THREADS)
                 tdesc[0] = (int32_t) e;
                 tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_TILE);
                 tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_TILE, n - j * CU_GROUP_TILE);
+        }
+        for (uint32_t j = 0; j * CU_GROUP_WIDE < n; j++) {
+                int32_t *tdesc = wide + 1 + 3 * (wide0[e] + j);
+                tdesc[0] = (int32_t) e;
+                tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_WIDE);
+                tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_WIDE, n - j * CU_GROUP_WIDE);
         }
 }
 

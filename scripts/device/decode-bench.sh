@@ -229,6 +229,13 @@ if has pprofile; then
         say "profile prefill ${X4_PREFILL:-512,4096}"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} --decode-ctx none \
                 --repeats 1 --profile 2>&1 | tee "$out/profile-prefill.txt" | tail -60
+        say "k_mm_tcp vs k_mm_tc on the full model (X4_CUDA_MM=tc, 600-token prompt, chunks of 100, decodes)"
+        prompt=$(awk 'BEGIN { s = 5; for (i = 0; i < 600; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 100000 } }')
+        for v in 0 1; do
+                X4_CUDA_MM=tc X4_CUDA_MMTC_PROMPT=$v "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --chunk 100 \
+                        --decode 9,99 --device cuda --out /tmp/tcp-$v.bin 2>&1 | tail -1
+        done
+        cmp /tmp/tcp-0.bin /tmp/tcp-1.bin && echo "tcpsame: identical ($(stat -c %s /tmp/tcp-1.bin) bytes)"
         say "prefill 32,768"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
                 --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"'

@@ -234,6 +234,34 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 rm -f "$tmp"/tcd-*.bin
         }
         step "decode-shaped tensor-core kernel agrees bit for bit with k_mm_tc, demo model" tcd_same
+        # the prompt-shaped tensor-core kernel (k_mm_tcp: launches of more than 16 tokens, 128 x 64
+        # tiles through a cp.async ring, experts in tiles of 64 pairs) computes k_mm_tc's chains too:
+        # the same logits with it off (X4_CUDA_MMTC_PROMPT=0), every token on tensor cores
+        # (X4_CUDA_MM=tc: x4-logits does not label prompts), a 700-token prompt whole and in chunks
+        # of 64 and 100 (full and partial tiles, grouped experts), then decodes. The classes mode
+        # compares it with k_mm_tcd on prompt-labelled chunks (1 and 7 against 64 and 512).
+        tcp_same() {
+                local prompt v c args
+                prompt=$(awk 'BEGIN { s = 17; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                X4_CUDA_MM=tc X4_CUDA_MMTC_PROMPT=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                        --prompt "$prompt" --decode 9 --device cuda --out "$tmp/tcp-log.bin" 2>"$tmp/tcp-log.txt" || return 1
+                grep -q '^k_mm_tcp: .*grouped' "$tmp/tcp-log.txt" || { echo "k_mm_tcp never launched on experts"; cat "$tmp/tcp-log.txt"; return 1; }
+                for v in 0 1; do
+                        for c in 0 64 100; do
+                                args=()
+                                [ $c -gt 0 ] && args=(--chunk $c)
+                                X4_CUDA_MM=tc X4_CUDA_MMTC_PROMPT=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                        --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99 --device cuda \
+                                        --out "$tmp/tcp-$v-$c.bin" || return 1
+                        done
+                done
+                for c in 0 64 100; do
+                        cmp "$tmp/tcp-0-$c.bin" "$tmp/tcp-1-$c.bin" || { echo "k_mm_tcp differs from k_mm_tc (chunk $c)"; return 1; }
+                done
+                echo "k_mm_tcp vs k_mm_tc: identical logits (whole, chunks 64/100, decode)"
+                rm -f "$tmp"/tcp-*.bin
+        }
+        step "prompt-shaped tensor-core kernel agrees bit for bit with k_mm_tc, demo model" tcp_same
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----

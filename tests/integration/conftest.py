@@ -63,6 +63,10 @@ class Daemon:
         self.log = []
         if DEVICE != "cpu" and os.environ.get("X4_CUDA_MODULE"):
             env = (*env, f"X4_CUDA_MODULE={os.environ['X4_CUDA_MODULE']}")
+        # systemd-socket-activate starts xing4d with only the -E variables: a loader path the
+        # tests run under (libraries unpacked beside the system's, as on the GPU machine) goes too
+        if os.environ.get("LD_LIBRARY_PATH"):
+            env = (*env, f"LD_LIBRARY_PATH={os.environ['LD_LIBRARY_PATH']}")
         cmd = ["systemd-socket-activate", "-l", self.sock,
                "-E", f"NOTIFY_SOCKET={self.notify_path}",
                *[x for e in env for x in ("-E", e)],
