@@ -16,7 +16,7 @@ has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
 say() { echo "=== $(date -u +%T) $*"; }
 build=$PWD/build-gpu
 export X4_COMMIT=${X4_COMMIT:-unknown}
-if has peer; then
+if has peer || has peerend; then
         ( cd .devcarry/llamacpp && tar -xJf src.tar.xz && cd llamacpp-xing4-kit &&
                 JOBS=12 ./build-cuda.sh ./build-cuda ) >"$out/llama-build.log" 2>&1 &
 fi
@@ -239,6 +239,11 @@ if has pprofile; then
         say "prefill 32,768"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
                 --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"'
+fi
+if has pf16; then
+        say "prefill, prompts, f16 latent cache"
+        "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill ${X4_PREFILL:-512,4096} \
+                --decode-ctx none --repeats 3 --json 2>&1 | tee "$out/prefill-f16.jsonl" | grep '"prefill"'
 fi
 if has b32ktc2; then
         say "decode bench 32K batch 1, X4_CUDA_ATTN=tc2"
@@ -515,6 +520,15 @@ if has cpu16; then
                         --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 | tee -a "$out/cpu-x4.jsonl" | grep -E '"(prefill|decode)"'
                 "$lb" -m "$model" -t $t -p 512 -n 16 -ngl 0 -r 3 -o jsonl 2>>"$out/cpu-llama.log" | tee -a "$out/cpu-llama.jsonl"
         done
+fi
+if has peerend; then
+        # the peer step's run at the end of the call, so its background build overlaps the others
+        say "waiting for the llama.cpp build"
+        wait
+        kit=$PWD/.devcarry/llamacpp/llamacpp-xing4-kit
+        tail -3 "$out/llama-build.log"
+        "$kit/run-bench.sh" "$model" "$kit/build-cuda" "$out/peer" 2>&1 | tail -12
+        cp "$out/peer/bench.jsonl" "$out/peer-bench.jsonl" 2>/dev/null
 fi
 say done
 # the device tool brings back at most 8 files: past that, one archive of all of them
