@@ -3,15 +3,17 @@
  *
  *   x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5] [--last N]
  *             [--device cpu|cuda] [--threads N] [--chunk N] [--assume-release-defaults]
- *             [--nextn-out G.bin] --out F.bin
+ *             [--nextn-out G.bin] [--prompt-class] --out F.bin
  *
  * Output: little-endian float32 rows of vocab width: the logits of every prompt position (only the
  * last N with --last N), then one row per decode id (the logits after feeding that id at the next
  * position). The prompt runs as one batch, or in --chunk N pieces. With --nextn-out (MTP on), G.bin
  * gets the NextN block's draft logits (docs/model.md §8) of every position t but the last, from the
  * trunk's hidden of t and the id at t + 1 (the distribution of the token at t + 2); each feed runs
- * the NextN rows whose next id it has just made known, as the engine does. Any error: one line on
- * stderr, exit status 1. */
+ * the NextN rows whose next id it has just made known, as the engine does. With --prompt-class the
+ * prompt's tokens are labeled as prompt tokens (x4_seq.prompt_tokens, as the daemon labels a
+ * request's prompt: the CUDA backend then runs them on its prompt-class kernels); the decode ids
+ * stay generated tokens. Any error: one line on stderr, exit status 1. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -32,7 +34,8 @@
 static void usage(FILE *f) {
         fputs("usage: x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5]\n"
               "                 [--last N] [--device cpu|cuda] [--threads N] [--chunk N]\n"
-              "                 [--assume-release-defaults] [--nextn-out G.bin] --out F.bin\n",
+              "                 [--assume-release-defaults] [--nextn-out G.bin] [--prompt-class]\n"
+              "                 --out F.bin\n",
               f);
 }
 
@@ -96,6 +99,8 @@ struct run {
         uint32_t n_embd;
         FILE *nextn_out;
         const char *nextn_path;
+        bool prompt_class; /* --prompt-class */
+        bool in_prompt;    /* the feed being made carries prompt tokens */
 };
 
 static int write_rows(struct run *r, const float *rows, size_t n) {
@@ -115,6 +120,7 @@ static int feed(struct run *r, const int32_t *tokens, uint32_t n, uint32_t pos0,
                 .pages = r->pages,
                 .n_pages = r->n_pages,
                 .logits = X4_LOGITS_NONE,
+                .prompt_tokens = r->prompt_class && r->in_prompt ? n : 0,
         };
         struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
         uint32_t skip = 0, rows = 0;
@@ -177,6 +183,7 @@ int main(int argc, char **argv) {
                 { "assume-release-defaults", no_argument, NULL, 'R' },
                 { "out", required_argument, NULL, 'o' },
                 { "nextn-out", required_argument, NULL, 'N' },
+                { "prompt-class", no_argument, NULL, 'P' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -224,6 +231,9 @@ int main(int argc, char **argv) {
                         break;
                 case 'N':
                         nextn_path = optarg;
+                        break;
+                case 'P':
+                        run.prompt_class = true;
                         break;
                 default:
                         return tool_usage_exit(c, usage);
@@ -323,7 +333,9 @@ int main(int argc, char **argv) {
         }
 
         for (uint32_t pos = 0; pos < n_prompt; pos += chunk) {
+                run.in_prompt = true;
                 r = feed(&run, prompt + pos, MIN(chunk, n_prompt - pos), pos, n_prompt - last, buf);
+                run.in_prompt = false;
                 if (r < 0)
                         goto fail_b;
         }

@@ -1122,11 +1122,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
  * itself, as k_attn_tc). */
 #define TC2_SMEM_STATE (3 * TC_HG) /* per head: m, l, and the step's rescale factor */
 
-static size_t tc2_smem(uint32_t D) {
+/* Shared memory of k_attn_tc2 with TOK tokens a block: per token the queries, scores, p and
+ * running statistics; one staged sub-part of cache rows. */
+static size_t tc2_smem(uint32_t D, uint32_t TOK) {
         size_t rq = D + TC_PAD;
         size_t q = (size_t) TC_HG * rq * 2, k = (size_t) TC_SUB * rq * 2;
         size_t sc = (size_t) TC_HG * (TC_SUB + 4) * 4, pp = (size_t) TC_HG * (TC_SUB + TC_PAD) * 2;
-        return q + k + sc + pp + TC2_SMEM_STATE * 4;
+        return TOK * (q + sc + pp + TC2_SMEM_STATE * 4) + k;
 }
 
 /* Two 8×8 f16 tiles of a row-major [position][value] array, transposed into a B fragment of
@@ -1143,114 +1145,173 @@ static __device__ __forceinline__ void tc_ldsm_x2_trans(const __half *row, uint3
 #endif
 }
 
-template <typename CT>
-__global__ void __launch_bounds__(TC_WARPS * 32)
-        k_attn_tc2(struct cu_attn a, uint32_t t0, uint32_t max_parts, struct cu_cache c,
+/* TOK tokens a block (1, or 2 for prompt passes): each token's 8 warps do what one token's block
+ * does, and two tokens of one sequence (the same page table) share each staged sub-part, which
+ * halves the cache reads and f16 conversions of a prompt. A token's rows are computed exactly as
+ * alone: its sub-parts, its scores with −inf past its own positions, and the values of positions
+ * past its own count enter its p·v products as zeros (the B fragments are masked, as the staging
+ * zeroes them for a token alone), so the pairing never changes a bit. Two tokens of different
+ * sequences take turns over the block (rounds), each with its own staging. */
+template <typename CT, int TOK>
+__global__ void __launch_bounds__(TOK * TC_WARPS * 32)
+        k_attn_tc2(struct cu_attn a, uint32_t t0, uint32_t n_tok, uint32_t max_parts, struct cu_cache c,
                    uint32_t layer, float *part) {
         extern __shared__ __align__(16) unsigned char tc_smem_raw[];
         __shared__ uint64_t roff[CU_ATTN_PART];
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
+        static_assert(TOK == 1 || TOK == 2, "one or two tokens a block");
         uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
-        uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * TC_HG;
-        uint32_t pos_q = c.tok_pos[t]; /* metadata: before the wait */
-        if (pi > pos_q / CU_ATTN_PART)
-                return;
-        uint32_t start = pi * CU_ATTN_PART, n = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
+        uint32_t pi = blockIdx.x, h0 = blockIdx.y * TC_HG;
         uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
-        for (uint32_t j = tid; j < n; j += blockDim.x)
-                roff[j] = cu_cache_row(c, layer, t, start + j);
+        uint32_t kt = warp / TC_WARPS, lw = warp % TC_WARPS; /* the warp's token, its warp in it */
+        uint32_t start = pi * CU_ATTN_PART;
+        /* the tokens: metadata, before the wait */
+        uint32_t tk[TOK], nk[TOK];
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < TOK; k++) {
+                uint32_t tl = blockIdx.z * TOK + k;
+                tk[k] = t0 + tl;
+                nk[k] = 0;
+                if (tl < n_tok) {
+                        uint32_t pos_q = c.tok_pos[tk[k]];
+                        if (pi <= pos_q / CU_ATTN_PART)
+                                nk[k] = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
+                }
+                any |= nk[k] > 0;
+        }
+        if (!any)
+                return;
+        bool together = TOK == 1 || (nk[0] && nk[TOK - 1] && c.tok_pt[tk[0]] == c.tok_pt[tk[TOK - 1]]);
         cu_pdl_wait();
         cu_pdl_trigger();
-        __half *sQ = (__half *) tc_smem_raw;           /* [head][D + pad] */
-        __half *sK = sQ + (size_t) TC_HG * rq;          /* [position][D + pad]: keys and values */
-        float *sS = (float *) (sK + (size_t) TC_SUB * rq); /* [head][TC_SUB + 4] scores */
-        const uint32_t ss = TC_SUB + 4;
-        __half *sP = (__half *) (sS + (size_t) TC_HG * ss); /* [head][TC_SUB + pad] p */
-        const uint32_t ps = TC_SUB + TC_PAD;
+        const uint32_t ss = TC_SUB + 4, ps = TC_SUB + TC_PAD;
+        const size_t tok_bytes = (size_t) TC_HG * rq * 2 + (size_t) TC_HG * ss * 4 + (size_t) TC_HG * ps * 2 +
+                                 TC2_SMEM_STATE * 4;
+        __half *sK = (__half *) (tc_smem_raw + TOK * tok_bytes); /* [position][D + pad]: keys and values */
+        unsigned char *mine = tc_smem_raw + kt * tok_bytes;      /* this warp's token's */
+        __half *sQ = (__half *) mine;                             /* [head][D + pad] */
+        float *sS = (float *) (sQ + (size_t) TC_HG * rq);         /* [head][TC_SUB + 4] scores */
+        __half *sP = (__half *) (sS + (size_t) TC_HG * ss);       /* [head][TC_SUB + pad] p */
         float *sM = (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG, *sA = sL + TC_HG;
         const CT *cache = (const CT *) c.base;
 
         /* the queries, rounded to f16 (rows of absent heads zero); the running statistics */
-        tc_stage_q(sQ, a, t, h0, D, rq);
-        if (tid < TC_HG) {
-                sM[tid] = -INFINITY;
-                sL[tid] = 0.0f;
-        }
+#pragma unroll
+        for (int k = 0; k < TOK; k++)
+                if (nk[k]) {
+                        __half *q = (__half *) (tc_smem_raw + k * tok_bytes);
+                        tc_stage_q(q, a, tk[k], h0, D, rq);
+                        float *m = (float *) (tc_smem_raw + k * tok_bytes + (size_t) TC_HG * rq * 2 +
+                                              (size_t) TC_HG * ss * 4 + (size_t) TC_HG * ps * 2);
+                        if (tid < TC_HG) {
+                                m[tid] = -INFINITY;
+                                m[TC_HG + tid] = 0.0f;
+                        }
+                }
 
-        uint32_t mt = warp % 2, nt = warp / 2, wq = warp / 2, ntiles = KV / 8;
-        float o[TC_NT_MAX][4];
+        uint32_t mt = lw % 2, nt = lw / 2, wq = lw / 2, ntiles = KV / 8;
+        uint32_t n_mine = nk[kt];
+        for (uint32_t r = 0; r < (together ? 1u : (uint32_t) TOK); r++) {
+                /* the tokens of this round: all of them, or token r alone */
+                uint32_t lead = together ? (nk[0] ? 0 : TOK - 1) : r, n_max = 0;
 #pragma unroll
-        for (int i = 0; i < TC_NT_MAX; i++)
+                for (int k = 0; k < TOK; k++)
+                        if (together || (uint32_t) k == r)
+                                n_max = max(n_max, nk[k]);
+                bool in = (together || kt == r) && n_mine > 0;
+                __syncthreads(); /* the previous round's roff consumed */
+                for (uint32_t j = tid; j < n_max; j += blockDim.x)
+                        roff[j] = cu_cache_row(c, layer, tk[lead], start + j);
+                float o[TC_NT_MAX][4];
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                        o[i][e] = 0.0f;
-        for (uint32_t s0 = 0; s0 < n; s0 += TC_SUB) {
-                __syncthreads(); /* the previous sub-part consumed (and sQ, roff, sM, sL written) */
-                tc_stage_rows<CT>(sK, cache, roff, s0, n, D, rq);
-                __syncthreads();
-                /* scores: warp w, the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2 */
-                {
-                        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        tc_score_tile(sQ, sK, mt, nt, D, rq, acc);
-                        uint32_t j0 = nt * 8 + 2 * cq;
+                for (int i = 0; i < TC_NT_MAX; i++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                                uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), j = j0 + (e & 1);
-                                sS[h * ss + j] = s0 + j < n ? a.scale * acc[e] : -INFINITY;
+                        for (int e = 0; e < 4; e++)
+                                o[i][e] = 0.0f;
+                for (uint32_t s0 = 0; s0 < n_max; s0 += TC_SUB) {
+                        __syncthreads(); /* the previous sub-part consumed (and sQ, roff, sM, sL written) */
+                        tc_stage_rows<CT>(sK, cache, roff, s0, n_max, D, rq);
+                        __syncthreads();
+                        bool on = in && s0 < n_mine;
+                        /* scores: warp lw, the 16 heads of m-tile lw % 2 × the 8 positions of n-tile lw / 2 */
+                        if (on) {
+                                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                tc_score_tile(sQ, sK, mt, nt, D, rq, acc);
+                                uint32_t j0 = nt * 8 + 2 * cq;
+#pragma unroll
+                                for (int e = 0; e < 4; e++) {
+                                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), j = j0 + (e & 1);
+                                        sS[h * ss + j] = s0 + j < n_mine ? a.scale * acc[e] : -INFINITY;
+                                }
                         }
-                }
-                __syncthreads();
-                /* the online softmax step, a warp per four heads, a lane per position */
+                        __syncthreads();
+                        /* the online softmax step, a warp per four heads, a lane per position */
+                        if (on) {
 #pragma unroll
-                for (int x = 0; x < TC_HG / TC_WARPS; x++) {
-                        uint32_t h = warp * (TC_HG / TC_WARPS) + x;
-                        float sv = sS[h * ss + lane];
-                        float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
-                        float p = __half2float(__float2half_rn(expf(sv - m_new)));
-                        float ps_sum = cu_warp_sum(p);
-                        sP[h * ps + lane] = __float2half_rn(p);
-                        __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
-                        if (lane == 0) {
-                                float alpha = expf(m_old - m_new); /* 0 on the first step */
-                                sA[h] = alpha;
-                                sL[h] = sL[h] * alpha + ps_sum;
-                                sM[h] = m_new;
+                                for (int x = 0; x < TC_HG / TC_WARPS; x++) {
+                                        uint32_t h = lw * (TC_HG / TC_WARPS) + x;
+                                        float sv = sS[h * ss + lane];
+                                        float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
+                                        float p = __half2float(__float2half_rn(expf(sv - m_new)));
+                                        float ps_sum = cu_warp_sum(p);
+                                        sP[h * ps + lane] = __float2half_rn(p);
+                                        __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
+                                        if (lane == 0) {
+                                                float alpha = expf(m_old - m_new); /* 0 on the first step */
+                                                sA[h] = alpha;
+                                                sL[h] = sL[h] * alpha + ps_sum;
+                                                sM[h] = m_new;
+                                        }
+                                }
                         }
-                }
-                __syncthreads();
-                /* o = alpha·o + p·v: warp w, m-tile w % 2, the n-tiles (8 values) ≡ w / 2 (mod 4) */
-                float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
-#pragma unroll
-                for (int i = 0; i < TC_NT_MAX; i++) {
-                        o[i][0] *= a_lo, o[i][1] *= a_lo;
-                        o[i][2] *= a_hi, o[i][3] *= a_hi;
-                }
-#pragma unroll
-                for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
-                        const __half *pa = sP + (mt * 16 + g) * ps + ks + 2 * cq;
-                        uint32_t a0 = tc_ld32(pa), a1 = tc_ld32(pa + 8 * ps);
-                        uint32_t a2 = tc_ld32(pa + 8), a3 = tc_ld32(pa + 8 * ps + 8);
+                        __syncthreads();
+                        if (!on)
+                                continue;
+                        /* o = alpha·o + p·v: warp lw, m-tile lw % 2, the n-tiles (8 values) ≡ lw / 2 (mod 4) */
+                        float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
 #pragma unroll
                         for (int i = 0; i < TC_NT_MAX; i++) {
-                                uint32_t nn = wq + 4 * i;
-                                if (nn >= ntiles)
-                                        break;
-                                uint32_t b0, b1;
-                                tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
-                                tc_mma(o[i], a0, a1, a2, a3, b0, b1);
+                                o[i][0] *= a_lo, o[i][1] *= a_lo;
+                                o[i][2] *= a_hi, o[i][3] *= a_hi;
+                        }
+                        /* positions past this token's own (staged for its partner) enter as zeros */
+                        uint32_t lim = n_mine - s0;
+#pragma unroll
+                        for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
+                                const __half *pa = sP + (mt * 16 + g) * ps + ks + 2 * cq;
+                                uint32_t a0 = tc_ld32(pa), a1 = tc_ld32(pa + 8 * ps);
+                                uint32_t a2 = tc_ld32(pa + 8), a3 = tc_ld32(pa + 8 * ps + 8);
+                                uint32_t p0 = ks + 2 * cq;
+                                uint32_t m0 = (p0 < lim ? 0xFFFFu : 0u) | (p0 + 1 < lim ? 0xFFFF0000u : 0u);
+                                uint32_t m1 = (p0 + 8 < lim ? 0xFFFFu : 0u) | (p0 + 9 < lim ? 0xFFFF0000u : 0u);
+#pragma unroll
+                                for (int i = 0; i < TC_NT_MAX; i++) {
+                                        uint32_t nn = wq + 4 * i;
+                                        if (nn >= ntiles)
+                                                break;
+                                        uint32_t b0, b1;
+                                        tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
+                                        if (TOK > 1)
+                                                b0 &= m0, b1 &= m1;
+                                        tc_mma(o[i], a0, a1, a2, a3, b0, b1);
+                                }
                         }
                 }
-        }
-        /* [o | m | l] of the part; d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: g + 8 */
-        float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
-        tc_store_o(out0, o, mt, wq, h0, n_head, KV);
-        if (tid < TC_HG && h0 + tid < n_head) {
-                out0[(uint64_t) (h0 + tid) * (KV + 2) + KV] = sM[tid];
-                out0[(uint64_t) (h0 + tid) * (KV + 2) + KV + 1] = sL[tid];
+                /* [o | m | l] of the part; d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: g + 8 */
+                if (in) {
+                        float *out0 = part + (((uint64_t) (tk[kt] - t0) * max_parts + pi) * n_head) * (KV + 2);
+                        tc_store_o(out0, o, mt, wq, h0, n_head, KV);
+                        uint32_t tt = tid - kt * TC_WARPS * 32;
+                        if (tt < TC_HG && h0 + tt < n_head) {
+                                out0[(uint64_t) (h0 + tt) * (KV + 2) + KV] = sM[tt];
+                                out0[(uint64_t) (h0 + tt) * (KV + 2) + KV + 1] = sL[tt];
+                        }
+                }
         }
 }
 
-static bool attn_tc_ready, attn_tc2_ready;
+static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens a block */
 static uint32_t attn_tc_D;
 
 /* Once per backend (cu_attention_setup): whether this device and shape can run k_attn_tc. */
@@ -1269,11 +1330,14 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
         }
         attn_tc_D = D;
         attn_tc_ready = true;
-        size_t need2 = tc2_smem(D);
+        size_t need2 = tc2_smem(D, 1), need22 = tc2_smem(D, 2);
         attn_tc2_ready = need2 <= (size_t) smem_max &&
-                         cudaFuncSetAttribute(k_attn_tc2<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess &&
-                         cudaFuncSetAttribute(k_attn_tc2<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess;
-        if (!attn_tc2_ready)
+                         cudaFuncSetAttribute(k_attn_tc2<float, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess &&
+                         cudaFuncSetAttribute(k_attn_tc2<__half, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess;
+        attn_tc22_ready = attn_tc2_ready && need22 <= (size_t) smem_max &&
+                          cudaFuncSetAttribute(k_attn_tc2<float, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need22) == cudaSuccess &&
+                          cudaFuncSetAttribute(k_attn_tc2<__half, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need22) == cudaSuccess;
+        if (!attn_tc2_ready || !attn_tc22_ready)
                 cudaGetLastError();
         return true;
 }
@@ -1289,15 +1353,28 @@ static void attn_launch_tc(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
                 cu_launch(k_attn_tc<float>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
 }
 
+/* tok: tokens a block (2: prompt passes, whose neighbours share a sequence; X4_CUDA_ATTN_TOK=1
+ * keeps one; the bits are the same) */
 static void attn_launch_tc2(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
-                            const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
-        dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
-        size_t sm = tc2_smem(c->D);
+                            const struct cu_cache *c, uint32_t layer, float *part, uint32_t tok, cudaStream_t s) {
+        static int one = -1;
+        if (one < 0) {
+                const char *e = getenv("X4_CUDA_ATTN_TOK");
+                one = e && !strcmp(e, "1");
+        }
+        if (one || !attn_tc22_ready || n < 2)
+                tok = 1;
+        dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, (n + tok - 1) / tok);
+        size_t sm = tc2_smem(c->D, tok);
         cu_launches++;
-        if (c->f16)
-                cu_launch(k_attn_tc2<__half>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
+        if (tok == 2 && c->f16)
+                cu_launch(k_attn_tc2<__half, 2>, grid, 2 * TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
+        else if (tok == 2)
+                cu_launch(k_attn_tc2<float, 2>, grid, 2 * TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
+        else if (c->f16)
+                cu_launch(k_attn_tc2<__half, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
         else
-                cu_launch(k_attn_tc2<float>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
+                cu_launch(k_attn_tc2<float, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
@@ -1388,7 +1465,7 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         if ((force == 7 || (force == 0 && prompt_tc2 && cu_pass_prompt())) && attn_tc2_ready &&
             c->D == attn_tc_D) {
                 /* its own numerics (see k_attn_tc2), for every shape */
-                attn_launch_tc2(a, t0, n, max_parts, c, layer, part, s);
+                attn_launch_tc2(a, t0, n, max_parts, c, layer, part, cu_pass_prompt() ? 2 : 1, s);
                 attn_launch_combine(a, t0, n, max_parts, c, part, out, s);
                 return;
         }

@@ -236,6 +236,15 @@ if has pprofile; then
                         --decode 9,99 --device cuda --out /tmp/tcp-$v.bin 2>&1 | tail -1
         done
         cmp /tmp/tcp-0.bin /tmp/tcp-1.bin && echo "tcpsame: identical ($(stat -c %s /tmp/tcp-1.bin) bytes)"
+        say "prompt attention two tokens a block vs one on the full model (--prompt-class, chunks of 100)"
+        for v in 1 2; do
+                X4_CUDA_ATTN_TOK=$v "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --chunk 100 --prompt-class \
+                        --decode 9,99 --device cuda --out /tmp/tok-$v.bin 2>&1 | tail -1
+        done
+        cmp /tmp/tok-1.bin /tmp/tok-2.bin && echo "toksame: identical ($(stat -c %s /tmp/tok-2.bin) bytes)"
+        say "profile prefill with one token a block (X4_CUDA_ATTN_TOK=1)"
+        X4_CUDA_ATTN_TOK=1 "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} \
+                --decode-ctx none --repeats 1 --profile 2>&1 | sed 's/}$/,"attn_tok":1}/' | tee "$out/profile-prefill-tok1.txt" | grep -E '^prefill|attention '
         say "prefill 32,768"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
                 --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"'
