@@ -36,6 +36,39 @@ if has tests; then
         say "tests/gpu/run.sh"
         X4_GPU_BUILD=$build bash tests/gpu/run.sh 2>&1 | tail -120
 fi
+if has attncheck; then
+        # a short check of the prompt kernels when a call has no time for the whole of tests/gpu:
+        # two tokens a block vs one (demo model, chunkings), the classes, batch and chunk checks
+        # with prompts labeled, the fixture vs its oracle, the sanitizers on the quick mode
+        say "attncheck"
+        ck=$build/kernels/cuda/x4-gpu-check
+        fx=tests/fixtures/xing4-tiny-a
+        mkdir -p /tmp/ac && "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/ac/demo.gguf
+        prompt=$(awk 'BEGIN { s = 19; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        for v in 1 2; do
+                for c in 0 7 64 100; do
+                        X4_CUDA_ATTN_TOK=$v "$build/tools/x4-logits" --model /tmp/ac/demo.gguf --prompt-class --prompt "$prompt" \
+                                $([ $c -gt 0 ] && echo --chunk $c) --decode 9,99 --device cuda --out /tmp/ac/tok-$v-$c.bin
+                done
+        done
+        "$build/tools/x4-logits" --model /tmp/ac/demo.gguf --prompt-class --prompt "$prompt" --chunk 1 --decode 9,99 \
+                --device cuda --out /tmp/ac/tok-c1.bin
+        for c in 0 7 64 100; do
+                cmp /tmp/ac/tok-1-$c.bin /tmp/ac/tok-2-$c.bin && echo "attncheck: TOK 1 = 2, chunk $c"
+                cmp /tmp/ac/tok-2-0.bin /tmp/ac/tok-2-$c.bin && echo "attncheck: chunk $c = whole"
+        done
+        cmp /tmp/ac/tok-2-0.bin /tmp/ac/tok-c1.bin && echo "attncheck: chunk 1 = whole"
+        for m in /tmp/ac/demo.gguf $fx/model.gguf; do
+                "$ck" classes "$m" 2>&1 | tail -3
+                X4_GPU_PROMPT=1 "$ck" batch "$m" 2>&1 | tail -2
+                X4_GPU_PROMPT=1 "$ck" chunks "$m" 2>&1 | tail -2
+        done
+        X4_GPU_PROMPT=1 "$ck" fixture "$fx" --no-cpu 2>&1 | tail -2
+        for tool in memcheck racecheck synccheck; do
+                compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$fx/model.gguf" >/tmp/ac/san-$tool.log 2>&1
+                echo "attncheck: compute-sanitizer $tool rc $? ($(grep -c 'ERROR SUMMARY: 0 errors' /tmp/ac/san-$tool.log) clean summaries)"
+        done
+fi
 model=/tmp/x4-full/full.gguf   # its own folder: a model's config.json lies beside it, and the demo models write theirs too
 mkdir -p /tmp/x4-full
 if has mkmodel; then
