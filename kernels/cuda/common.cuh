@@ -248,6 +248,50 @@ static __device__ __forceinline__ float cu_few_row(const uint8_t *w, const float
         return v;
 }
 
+/* cu_few_row for RB consecutive rows (row_bytes apart) at once: every (row, input) sum is
+ * cu_few_row's chain (thread j takes values j, j + blockDim, ...; the warp sums added in warp
+ * order), so the same bits; the inputs are read once for the RB rows. Thread tid < RB·TP gets
+ * row tid / TP's sum with input tid % TP. Ends past a barrier. */
+template <int TYPE, int TP, int RB>
+static __device__ __forceinline__ float cu_few_rows(const uint8_t *w, uint64_t row_bytes, const float *const *x,
+                                                    uint32_t K, float (*part)[RB][TP]) {
+        uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+        float acc[RB][TP];
+#pragma unroll
+        for (int r = 0; r < RB; r++)
+#pragma unroll
+                for (int t = 0; t < TP; t++)
+                        acc[r][t] = 0.0f;
+#pragma unroll 2
+        for (uint32_t k = tid; k < K; k += blockDim.x) {
+                float xv[TP];
+#pragma unroll
+                for (int t = 0; t < TP; t++)
+                        xv[t] = x[t][k];
+#pragma unroll
+                for (int r = 0; r < RB; r++) {
+                        float wv = cu_value<TYPE>(w + (uint64_t) r * row_bytes, k);
+#pragma unroll
+                        for (int t = 0; t < TP; t++)
+                                acc[r][t] += wv * xv[t];
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < RB; r++)
+#pragma unroll
+                for (int t = 0; t < TP; t++) {
+                        float v = cu_warp_sum(acc[r][t]);
+                        if (lane == 0)
+                                part[warp][r][t] = v;
+                }
+        __syncthreads();
+        float v = 0.0f;
+        if (tid < RB * TP)
+                for (int i = 0; i < CU_FEW_WARPS; i++)
+                        v += part[i][tid / TP][tid % TP];
+        return v;
+}
+
 static __device__ __forceinline__ float cu_warp_max(float v) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)

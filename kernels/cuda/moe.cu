@@ -111,27 +111,29 @@ __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wou
         route_token<false>(a, t, lane, sel, wout);
 }
 
-/* The router's matvec and its selection in one launch: block (row r, token tile) computes row r's
- * logits for up to TP tokens with k_matvec_few's arithmetic (so the same bits), and the last row
- * block of a tile to finish (an atomic ticket, reset by that block) selects the tile's experts,
- * a warp a token, with k_route's code: one launch instead of two a MoE layer. */
-template <int TYPE, int TP>
+/* The router's matvec and its selection in one launch: block (rows r0 .. r0 + RB − 1, token tile)
+ * computes those rows' logits for up to TP tokens with k_matvec_few's arithmetic (cu_few_rows:
+ * the same bits for any RB), and the last row block of a tile to finish (an atomic ticket, reset by
+ * that block) selects the tile's experts, a warp a token, with k_route's code: one launch instead
+ * of two a MoE layer. RB > 1 (token tiles of many tokens) reads each token's input once for RB
+ * rows instead of once a row. */
+template <int TYPE, int TP, int RB>
 __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
         k_router_fused(struct cu_router a, const float *f, uint32_t T, int32_t *sel, float *wout) {
         cu_pdl_wait();
         cu_pdl_trigger();
-        __shared__ float part[CU_FEW_WARPS][TP];
+        __shared__ float part[CU_FEW_WARPS][RB][TP];
         __shared__ bool last;
         uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-        uint32_t r = blockIdx.x, p0 = blockIdx.y * TP;
-        const uint8_t *w = (const uint8_t *) a.w + (uint64_t) r * a.row_bytes;
+        uint32_t r0 = blockIdx.x * RB, p0 = blockIdx.y * TP;
+        const uint8_t *w = (const uint8_t *) a.w + (uint64_t) r0 * a.row_bytes;
         const float *x[TP];
 #pragma unroll
         for (int t = 0; t < TP; t++)
                 x[t] = f + (uint64_t) (p0 + t < T ? p0 + t : p0) * a.H;
-        float v = cu_few_row<TYPE, TP>(w, x, a.H, part);
-        if (tid < TP && p0 + tid < T) {
-                a.z[(uint64_t) (p0 + tid) * a.n_expert + r] = v;
+        float v = cu_few_rows<TYPE, TP, RB>(w, a.row_bytes, x, a.H, part);
+        if (tid < RB * TP && p0 + tid % TP < T) {
+                a.z[(uint64_t) (p0 + tid % TP) * a.n_expert + r0 + tid / TP] = v;
                 __threadfence(); /* the logit is visible before this block's ticket */
         }
         __syncthreads();
@@ -147,6 +149,9 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
                 a.ticket[blockIdx.y] = 0;
 }
 
+/* rows a router block for token tiles of CU_ROUTE_TP (X4_CUDA_ROUTER_RB=1: one, the bits are the same) */
+#define ROUTER_RB 4
+
 extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel,
                          float *w, cudaStream_t s) {
         if (T == 0)
@@ -159,16 +164,31 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
         if (a->ticket && a->n_expert <= ROUTER_MAX_EXPERTS &&
             (a->type == CU_TYPE_F32 || a->type == CU_TYPE_F16 || a->type == CU_TYPE_BF16)) {
                 static_assert(CU_ROUTE_TP <= CU_FEW_WARPS, "a warp a token of the tile");
-                dim3 grid(a->n_expert, (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
+                static_assert(ROUTER_RB * CU_ROUTE_TP <= CU_FEW_WARPS * 32, "a thread a (row, token) sum");
+                static int rb1 = -1;
+                if (rb1 < 0) {
+                        const char *e = getenv("X4_CUDA_ROUTER_RB");
+                        rb1 = e && !strcmp(e, "1");
+                }
+                /* many tokens: ROUTER_RB rows a block (a token's input read once for them); one
+                 * token, or experts not a multiple: a row a block, to spread over the SMs */
+                bool multi = !rb1 && T > CU_ROUTE_TP && a->n_expert % ROUTER_RB == 0;
+                dim3 grid(a->n_expert / (multi ? ROUTER_RB : 1), (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
                 cu_launches++;
                 if (a->type == CU_TYPE_F32 && T == 1)
-                        cu_launch(k_router_fused<CU_TYPE_F32, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_F32, 1, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                else if (a->type == CU_TYPE_F32 && multi)
+                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP, ROUTER_RB>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32)
-                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                else if (a->type == CU_TYPE_F16 && multi)
+                        cu_launch(k_router_fused<CU_TYPE_F16, CU_ROUTE_TP, ROUTER_RB>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F16)
-                        cu_launch(k_router_fused<CU_TYPE_F16, CU_ROUTE_TP>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_F16, CU_ROUTE_TP, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                else if (multi)
+                        cu_launch(k_router_fused<CU_TYPE_BF16, CU_ROUTE_TP, ROUTER_RB>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else
-                        cu_launch(k_router_fused<CU_TYPE_BF16, CU_ROUTE_TP>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(k_router_fused<CU_TYPE_BF16, CU_ROUTE_TP, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 return;
         }
         cu_matvec(&mv, s);

@@ -58,6 +58,11 @@ if has attncheck; then
                 cmp /tmp/ac/tok-2-0.bin /tmp/ac/tok-2-$c.bin && echo "attncheck: chunk $c = whole"
         done
         cmp /tmp/ac/tok-2-0.bin /tmp/ac/tok-c1.bin && echo "attncheck: chunk 1 = whole"
+        for v in 1 4; do
+                X4_CUDA_ROUTER_RB=$v "$build/tools/x4-logits" --model /tmp/ac/demo.gguf --prompt "$prompt" --chunk 100 \
+                        --decode 9,99 --device cuda --out /tmp/ac/rb-$v.bin
+        done
+        cmp /tmp/ac/rb-1.bin /tmp/ac/rb-4.bin && echo "attncheck: router 4 rows a block = 1"
         for m in /tmp/ac/demo.gguf $fx/model.gguf; do
                 "$ck" classes "$m" 2>&1 | tail -3
                 X4_GPU_PROMPT=1 "$ck" batch "$m" 2>&1 | tail -2

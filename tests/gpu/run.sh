@@ -290,6 +290,22 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 rm -f "$tmp"/tok-*.bin
         }
         step "prompt attention two tokens a block agrees bit for bit with one, demo model" tok_same
+        # the router's matvec with 4 expert rows a block (token tiles of 8; a token's input read once
+        # for the 4) against a row a block (X4_CUDA_ROUTER_RB=1): the same chains, identical logits
+        router_same() {
+                local prompt v
+                prompt=$(awk 'BEGIN { s = 29; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for v in 1 4; do
+                        X4_CUDA_ROUTER_RB=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --chunk 100 --decode 9,99 --device cuda --out "$tmp/rb-$v.bin" || return 1
+                        X4_CUDA_ROUTER_RB=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --prompt-class --decode 9 --device cuda --out "$tmp/rbp-$v.bin" || return 1
+                done
+                cmp "$tmp/rb-1.bin" "$tmp/rb-4.bin" && cmp "$tmp/rbp-1.bin" "$tmp/rbp-4.bin" || return 1
+                echo "router 4 rows a block vs 1: identical logits (generated and prompt classes)"
+                rm -f "$tmp"/rb-*.bin "$tmp"/rbp-*.bin
+        }
+        step "router rows a block agree bit for bit, demo model" router_same
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
