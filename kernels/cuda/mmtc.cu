@@ -406,6 +406,17 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
         *hi = __byte_perm(l, h, 0x7351u); /* {l1, h1, l3, h3}: cb[nibble 1] | cb[nibble 3] << 16 */
 }
 
+/* The tables mtd_iq4_pair reads: the IQ4_NL codebook as bf16 (k_mm_tc's cb), entry i's low byte
+ * in byte i % 4 of tl[i / 4], its high byte likewise in th. */
+[[maybe_unused]] static __device__ __forceinline__ void mtd_codebook(uint32_t *tl, uint32_t *th) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+                uint32_t c = mt_bf16(cu_iq4nl_values[i]);
+                tl[i / 4] |= (c & 0xFFu) << (8 * (i % 4));
+                th[i / 4] |= (c >> 8) << (8 * (i % 4));
+        }
+}
+
 /* mt_mma's instruction with the same operands, not volatile: the compiler may schedule a stage's
  * shared-memory reads and decodes ahead of it (the result does not depend on when it issues) */
 [[maybe_unused]] static __device__ __forceinline__ void mtd_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -523,14 +534,8 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
 
         /* the IQ4_NL codebook as bf16 (k_mm_tc's cb), low and high bytes apart */
         uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
-        if constexpr (IQ4) {
-#pragma unroll
-                for (int i = 0; i < 16; i++) {
-                        uint32_t c = mt_bf16(cu_iq4nl_values[i]);
-                        tl[i / 4] |= (c & 0xFFu) << (8 * (i % 4));
-                        th[i / 4] |= (c >> 8) << (8 * (i % 4));
-                }
-        }
+        if constexpr (IQ4)
+                mtd_codebook(tl, th);
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -875,6 +880,28 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
 #endif
 }
 
+/* The B fragments of a warp's four n-tiles at one k16 step: two ldmatrix.x4 from the lanes'
+ * row addresses (p: n-tiles 0, 1; 16 staged rows on: 2, 3) */
+[[maybe_unused]] static __device__ __forceinline__ void mtp_b_frags(uint32_t (*bf)[2], const uint8_t *p) {
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+                uint32_t r[4];
+                mtp_ldm4(r, p + jj * 16 * MTP_XB);
+                bf[2 * jj][0] = r[0], bf[2 * jj][1] = r[1];
+                bf[2 * jj + 1][0] = r[2], bf[2 * jj + 1][1] = r[3];
+        }
+}
+
+/* one k16 step of a warp's 2 × 4 m16n8 tiles */
+[[maybe_unused]] static __device__ __forceinline__ void mtp_mma_tile(float (*d)[4][4], const uint32_t (*af)[4],
+                                                                     const uint32_t (*bf)[2]) {
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                        mtd_mma(d[mt][j], af[mt], bf[j][0], bf[j][1]);
+}
+
 template <int TYPE, int NR, int MODE>
 __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -946,14 +973,8 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         }
 
         uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
-        if constexpr (IQ4) {
-#pragma unroll
-                for (int i = 0; i < 16; i++) {
-                        uint32_t c = mt_bf16(cu_iq4nl_values[i]);
-                        tl[i / 4] |= (c & 0xFFu) << (8 * (i % 4));
-                        th[i / 4] |= (c >> 8) << (8 * (i % 4));
-                }
-        }
+        if constexpr (IQ4)
+                mtd_codebook(tl, th);
         float acc[2][4][4];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -1007,19 +1028,9 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                                                 mtd_iq4_pair(q0, tl, th, &af[mt][0], &af[mt][2]);
                                                 mtd_iq4_pair(q1, tl, th, &af[mt][1], &af[mt][3]);
                                         }
-#pragma unroll
-                                        for (int jj = 0; jj < 2; jj++) {
-                                                uint32_t r[4];
-                                                /* values 32cc + 8s + 2t (+1) and 32cc + 16 + 8s + 2t (+1) */
-                                                mtp_ldm4(r, ws + boff + jj * 16 * MTP_XB + (32 * cc + 8 * s) * 2);
-                                                bf[2 * jj][0] = r[0], bf[2 * jj][1] = r[1];
-                                                bf[2 * jj + 1][0] = r[2], bf[2 * jj + 1][1] = r[3];
-                                        }
-#pragma unroll
-                                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                                for (int j = 0; j < 4; j++)
-                                                        mtd_mma(tmp[mt][j], af[mt], bf[j][0], bf[j][1]);
+                                        /* values 32cc + 8s + 2t (+1) and 32cc + 16 + 8s + 2t (+1) */
+                                        mtp_b_frags(bf, ws + boff + (32 * cc + 8 * s) * 2);
+                                        mtp_mma_tile(tmp, af, bf);
                                 }
 #pragma unroll
                                 for (int mt = 0; mt < 2; mt++)
@@ -1034,18 +1045,8 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
 #pragma unroll
                                 for (int mt = 0; mt < 2; mt++)
                                         mtp_ldm4(af[mt], ws + aoff + mt * 16 * WB + ks * 32);
-#pragma unroll
-                                for (int jj = 0; jj < 2; jj++) {
-                                        uint32_t r[4];
-                                        mtp_ldm4(r, ws + boff + jj * 16 * MTP_XB + ks * 32);
-                                        bf[2 * jj][0] = r[0], bf[2 * jj][1] = r[1];
-                                        bf[2 * jj + 1][0] = r[2], bf[2 * jj + 1][1] = r[3];
-                                }
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                        for (int j = 0; j < 4; j++)
-                                                mtd_mma(acc[mt][j], af[mt], bf[j][0], bf[j][1]);
+                                mtp_b_frags(bf, ws + boff + ks * 32);
+                                mtp_mma_tile(acc, af, bf);
                         }
                 }
         }
@@ -1064,24 +1065,22 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
 #endif
 }
 
-static bool mtp_smem_ok; /* the dynamic shared memory attributes are set (cu_mm_tc_setup) */
+/* per type: the dynamic shared memory attributes are set (cu_mm_tc_setup; a card with less shared
+ * memory a block than a BF16 ring needs keeps BF16 products on k_mm_tc) */
+static bool mtp_smem_ok[2];
 
 template <int TYPE, int NR>
-static void mtp_prepare(void) {
+static bool mtp_prepare(void) {
         int n = (int) (MTP_NS * mtp_stage<TYPE>());
-        mtp_smem_ok = cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
-                              cudaSuccess &&
-                      cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
-                              cudaSuccess &&
-                      mtp_smem_ok;
+        return cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                       cudaSuccess &&
+               cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                       cudaSuccess;
 }
 
 static void mtp_setup(void) {
-        mtp_smem_ok = true;
-        mtp_prepare<CU_TYPE_BF16, 1>();
-        mtp_prepare<CU_TYPE_BF16, 2>();
-        mtp_prepare<CU_TYPE_IQ4_NL, 1>();
-        mtp_prepare<CU_TYPE_IQ4_NL, 2>();
+        mtp_smem_ok[0] = mtp_prepare<CU_TYPE_BF16, 1>() && mtp_prepare<CU_TYPE_BF16, 2>();
+        mtp_smem_ok[1] = mtp_prepare<CU_TYPE_IQ4_NL, 1>() && mtp_prepare<CU_TYPE_IQ4_NL, 2>();
         (void) cudaGetLastError();
 }
 
@@ -1090,10 +1089,10 @@ static void mtp_setup(void) {
 template <int TYPE, int NR>
 static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
-        if (!mtp_on() || !mtp_smem_ok || !mtp_xb || a->K % MTP_KS || (a->sel && !a->groups) ||
+        if (!mtp_on() || !mtp_smem_ok[IQ4] || !mtp_xb || a->K % MTP_KS || (a->sel && !a->groups) ||
             (!a->sel && a->P <= MTD_P_MAX))
                 return false;
-        if ((uintptr_t) a->w % 16 || a->row_bytes % (IQ4 ? 4 : 16) || (a->sel && a->expert_bytes % 16))
+        if ((uintptr_t) a->w % 16 || a->row_bytes % (IQ4 ? 4 : 16) || (a->sel && a->expert_bytes % (IQ4 ? 4 : 16)))
                 return false;
         uint32_t n_grp = NR == 1 && a->G != a->N ? a->N / a->G : 1;
         uint32_t rows = (a->P + a->x_div - 1) / a->x_div;

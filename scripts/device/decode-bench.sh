@@ -204,15 +204,18 @@ if has pdloff; then
                 --decode-ctx ${X4_CTX:-512,4096} --batch ${X4_BATCH:-1,16} --decode-tokens 32 --repeats 3 \
                 --json 2>&1 | tee "$out/bench-pdloff.jsonl" | grep '"decode"'
 fi
-if has peer; then
-        # llama.cpp's xing4_0 port (the kit copied into .devcarry/llamacpp; built by the caller
-        # in the background) on the same file
+# llama.cpp's xing4_0 port (the kit copied into .devcarry/llamacpp; built in the background since
+# the start of the call) on the same file: the peer step, or peerend at the end of the call
+run_peer() {
         say "waiting for the llama.cpp build"
         wait
         kit=$PWD/.devcarry/llamacpp/llamacpp-xing4-kit
         tail -3 "$out/llama-build.log"
         "$kit/run-bench.sh" "$model" "$kit/build-cuda" "$out/peer" 2>&1 | tail -12
         cp "$out/peer/bench.jsonl" "$out/peer-bench.jsonl" 2>/dev/null
+}
+if has peer; then
+        run_peer
 fi
 if has mtp; then
         # issue 16: what verifying 1-3 drafts costs against a decode step at batch 1 and 16 on the
@@ -569,13 +572,7 @@ if has cpu16; then
         done
 fi
 if has peerend; then
-        # the peer step's run at the end of the call, so its background build overlaps the others
-        say "waiting for the llama.cpp build"
-        wait
-        kit=$PWD/.devcarry/llamacpp/llamacpp-xing4-kit
-        tail -3 "$out/llama-build.log"
-        "$kit/run-bench.sh" "$model" "$kit/build-cuda" "$out/peer" 2>&1 | tail -12
-        cp "$out/peer/bench.jsonl" "$out/peer-bench.jsonl" 2>/dev/null
+        run_peer # its background build overlapped the call's other steps
 fi
 say done
 # the device tool brings back at most 8 files: past that, one archive of all of them
