@@ -290,6 +290,17 @@ if has pprofile; then
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
                 --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"'
 fi
+if has pquick; then
+        # a short prefill row: the default kernels with a profile, then one token a block and one
+        # router row a block beside them
+        say "pquick: prefill ${X4_PREFILL:-512,4096}, profile"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} --decode-ctx none \
+                --repeats 1 --profile 2>&1 | tee "$out/profile-prefill.txt" | grep -E '^prefill|^  (experts|attention|router|hc)'
+        say "pquick: X4_CUDA_ATTN_TOK=1 X4_CUDA_ROUTER_RB=1"
+        X4_CUDA_ATTN_TOK=1 X4_CUDA_ROUTER_RB=1 "$build/tools/x4-bench" --model "$model" --device cuda \
+                --prefill ${X4_PREFILL:-512,4096} --decode-ctx none --repeats 1 --json 2>&1 |
+                sed 's/}$/,"attn_tok":1,"router_rb":1}/' | tee "$out/prefill-old.jsonl" | grep '"prefill"'
+fi
 if has pf16; then
         say "prefill, prompts, f16 latent cache"
         "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill ${X4_PREFILL:-512,4096} \
