@@ -283,23 +283,23 @@ if has pprofile; then
                         --decode 9,99 --device cuda --out /tmp/tok-$v.bin 2>&1 | tail -1
         done
         cmp /tmp/tok-1.bin /tmp/tok-2.bin && echo "toksame: identical ($(stat -c %s /tmp/tok-2.bin) bytes)"
-        say "profile prefill with one token a block (X4_CUDA_ATTN_TOK=1)"
-        X4_CUDA_ATTN_TOK=1 "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} \
-                --decode-ctx none --repeats 1 --profile 2>&1 | sed 's/}$/,"attn_tok":1}/' | tee "$out/profile-prefill-tok1.txt" | grep -E '^prefill|attention '
+        say "profile prefill with two tokens a block (X4_CUDA_ATTN_TOK=2)"
+        X4_CUDA_ATTN_TOK=2 "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} \
+                --decode-ctx none --repeats 1 --profile 2>&1 | sed 's/}$/,"attn_tok":2}/' | tee "$out/profile-prefill-tok2.txt" | grep -E '^prefill|attention '
         say "prefill 32,768"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
                 --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"'
 fi
 if has pquick; then
-        # a short prefill row: the default kernels with a profile, then one token a block and one
+        # a short prefill row: the default kernels with a profile, then two tokens a block and one
         # router row a block beside them
         say "pquick: prefill ${X4_PREFILL:-512,4096}, profile"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} --decode-ctx none \
                 --repeats 1 --profile 2>&1 | tee "$out/profile-prefill.txt" | grep -E '^prefill|^  (experts|attention|router|hc)'
-        say "pquick: X4_CUDA_ATTN_TOK=1 X4_CUDA_ROUTER_RB=1"
-        X4_CUDA_ATTN_TOK=1 X4_CUDA_ROUTER_RB=1 "$build/tools/x4-bench" --model "$model" --device cuda \
+        say "pquick: X4_CUDA_ATTN_TOK=2 X4_CUDA_ROUTER_RB=1"
+        X4_CUDA_ATTN_TOK=2 X4_CUDA_ROUTER_RB=1 "$build/tools/x4-bench" --model "$model" --device cuda \
                 --prefill ${X4_PREFILL:-512,4096} --decode-ctx none --repeats 1 --json 2>&1 |
-                sed 's/}$/,"attn_tok":1,"router_rb":1}/' | tee "$out/prefill-old.jsonl" | grep '"prefill"'
+                sed 's/}$/,"attn_tok":2,"router_rb":1}/' | tee "$out/prefill-alt.jsonl" | grep '"prefill"'
 fi
 if has pf16; then
         say "prefill, prompts, f16 latent cache"
