@@ -8,17 +8,11 @@
 
 #include "common/log.h"
 
-static uint32_t mode_rows(uint32_t mode, uint32_t n_tokens) {
-        if (mode == X4_LOGITS_LAST && n_tokens > 0)
-                return 1;
-        return mode == X4_LOGITS_ALL ? n_tokens : 0;
-}
-
 uint32_t x4_batch_logits_rows(const struct x4_batch *batch) {
         uint32_t rows = 0;
 
         for (uint32_t i = 0; i < batch->n_seqs; i++)
-                rows += mode_rows(batch->seqs[i].logits, batch->seqs[i].n_tokens);
+                rows += x4_mode_rows(batch->seqs[i].logits, batch->seqs[i].n_tokens);
         return rows;
 }
 
@@ -26,7 +20,7 @@ uint32_t x4_batch_hidden_rows(const struct x4_batch *batch) {
         uint32_t rows = 0;
 
         for (uint32_t i = 0; i < batch->n_seqs; i++)
-                rows += mode_rows(batch->seqs[i].hidden, batch->seqs[i].n_tokens);
+                rows += x4_mode_rows(batch->seqs[i].hidden, batch->seqs[i].n_tokens);
         return rows;
 }
 
@@ -34,7 +28,7 @@ uint32_t x4_nextn_logits_rows(const struct x4_nextn_batch *batch) {
         uint32_t rows = 0;
 
         for (uint32_t i = 0; i < batch->n_seqs; i++)
-                rows += mode_rows(batch->seqs[i].seq.logits, batch->seqs[i].seq.n_tokens);
+                rows += x4_mode_rows(batch->seqs[i].seq.logits, batch->seqs[i].seq.n_tokens);
         return rows;
 }
 
@@ -42,7 +36,7 @@ uint32_t x4_nextn_hidden_rows(const struct x4_nextn_batch *batch) {
         uint32_t rows = 0;
 
         for (uint32_t i = 0; i < batch->n_seqs; i++)
-                rows += mode_rows(batch->seqs[i].seq.hidden, batch->seqs[i].seq.n_tokens);
+                rows += x4_mode_rows(batch->seqs[i].seq.hidden, batch->seqs[i].seq.n_tokens);
         return rows;
 }
 

@@ -179,6 +179,13 @@ struct x4_backend_ops {
                      char *err, size_t err_size);
 };
 
+/* The rows one sequence's logits (or hidden) mode produces for n_tokens new tokens. */
+static inline uint32_t x4_mode_rows(uint32_t mode, uint32_t n_tokens) {
+        if (mode == X4_LOGITS_LAST && n_tokens > 0)
+                return 1;
+        return mode == X4_LOGITS_ALL ? n_tokens : 0;
+}
+
 /* The number of logits / hidden rows a batch produces. */
 uint32_t x4_batch_logits_rows(const struct x4_batch *batch);
 uint32_t x4_batch_hidden_rows(const struct x4_batch *batch);

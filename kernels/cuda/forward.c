@@ -1931,10 +1931,6 @@ static bool class_part(const struct x4_seq *sq, bool prompt, struct x4_seq *out)
         return true;
 }
 
-static uint32_t mode_rows(uint32_t mode, uint32_t n) {
-        return mode == X4_LOGITS_ALL ? n : mode == X4_LOGITS_LAST ? 1 : 0;
-}
-
 /* Prompt tokens and generated tokens in passes of their own when they take different kernels
  * (cu_mm_tc_prompt_class): every prompt part first, then every generated part (a sequence's prompt
  * precedes what it generated, so its generated part reads the rows its prompt part has just
@@ -1967,8 +1963,8 @@ static int forward_classes(struct x4_backend *b, const struct x4_batch *batch, f
                 for (uint32_t i = 0; i < n; i++) {
                         struct x4_seq *o = &part[(size_t) k * n + cnt[k]];
                         if (class_part(&batch->seqs[i], k == 0, o)) {
-                                rows[k] += mode_rows(o->logits, o->n_tokens);
-                                hrows[k] += mode_rows(o->hidden, o->n_tokens);
+                                rows[k] += x4_mode_rows(o->logits, o->n_tokens);
+                                hrows[k] += x4_mode_rows(o->hidden, o->n_tokens);
                                 cnt[k]++;
                         }
                 }
@@ -1994,7 +1990,7 @@ static int forward_classes(struct x4_backend *b, const struct x4_batch *batch, f
                         struct x4_seq o;
                         if (!class_part(&batch->seqs[i], k == 0, &o))
                                 continue;
-                        uint64_t nr = mode_rows(o.logits, o.n_tokens), nh = mode_rows(o.hidden, o.n_tokens);
+                        uint64_t nr = x4_mode_rows(o.logits, o.n_tokens), nh = x4_mode_rows(o.hidden, o.n_tokens);
                         if (nr)
                                 memcpy(logits + ro * V, lg + cur[k] * V, nr * V * sizeof(float));
                         if (nh)
