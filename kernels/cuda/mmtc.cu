@@ -352,13 +352,23 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
  * decode kernel (matvec.cu, MVS_P_MAX). */
 #define MTD_P_MAX 16
 
-[[maybe_unused]] static __device__ __forceinline__ void mtd_cp16(void *smem, const void *gmem) {
+/* global → shared without registers: 16 bytes past L1 (cg), or 4 bytes (ca: cg takes 16 only) */
+template <int BYTES>
+[[maybe_unused]] static __device__ __forceinline__ void mtd_cp(void *smem, const void *gmem) {
+        static_assert(BYTES == 16 || BYTES == 4, "16- or 4-byte copies");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+        if constexpr (BYTES == 16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+        else
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
 #else
         (void) smem, (void) gmem;
 #endif
+}
+
+[[maybe_unused]] static __device__ __forceinline__ void mtd_cp16(void *smem, const void *gmem) {
+        mtd_cp<16>(smem, gmem);
 }
 
 [[maybe_unused]] static __device__ __forceinline__ void mtd_commit() {
@@ -859,15 +869,6 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
         }
 }
 
-[[maybe_unused]] static __device__ __forceinline__ void mtp_cp4(void *smem, const void *gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-        (void) smem, (void) gmem;
-#endif
-}
-
 /* four 8×8 b16 matrices; lane l gives the row address of matrix l / 8, r[i] is matrix i's fragment */
 [[maybe_unused]] static __device__ __forceinline__ void mtp_ldm4(uint32_t *r, const void *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -958,7 +959,7 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                 for (uint32_t i = 0; i < WCP; i++)
                         if (wdst[i] != ~0u) {
                                 if constexpr (IQ4)
-                                        mtp_cp4(ws + wdst[i], wsrc[i] + (uint64_t) st * (MTP_KS / 32 * 18));
+                                        mtd_cp<4>(ws + wdst[i], wsrc[i] + (uint64_t) st * (MTP_KS / 32 * 18));
                                 else
                                         mtd_cp16(ws + wdst[i], wsrc[i] + (uint64_t) st * (MTP_KS * 2));
                         }
