@@ -976,14 +976,7 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
         if constexpr (IQ4)
                 mtd_codebook(tl, th);
-        float acc[2][4][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                                acc[mt][j][e] = 0.0f;
+        float acc[2][4][4] = {};
         bool active = 32 * wn < n_p;
         /* ldmatrix row addresses (bytes in a stage): B of n-tiles 2jj, 2jj + 1 — lanes 0-7 and
          * 8-15 the first tile's inputs at columns +0 and +8 (BF16) / +16 (IQ4_NL's high nibbles),
@@ -1004,14 +997,7 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                 if constexpr (IQ4) {
 #pragma unroll
                         for (uint32_t cc = 0; cc < MTP_KS / 32; cc++) {
-                                float tmp[2][4][4], d[2][2];
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                        for (int j = 0; j < 4; j++)
-#pragma unroll
-                                                for (int e = 0; e < 4; e++)
-                                                        tmp[mt][j][e] = 0.0f;
+                                float tmp[2][4][4] = {}, d[2][2];
 #pragma unroll
                                 for (uint32_t s = 0; s < 2; s++) {
                                         uint32_t af[2][4], bf[4][2];
