@@ -1111,9 +1111,9 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         tc_store_o(out0, o, mt, wq, h0, n_head, KV);
 }
 
-/* X4_CUDA_ATTN=tc2 (opt-in, not yet run on a GPU): k_attn_tc's job in one pass over the part.
- * Each 32-position sub-part is staged once (as f16) and serves as the keys and, through
- * ldmatrix.trans, as the values (the absorbed form's values are the keys' first KV entries), so
+/* k_attn_tc2 (prompt-class passes by default, every token with X4_CUDA_ATTN=tc2): k_attn_tc's
+ * job in one pass over the part. Each 32-position sub-part is staged once (as f16) and serves
+ * as the keys and, through ldmatrix.trans, as the values (the absorbed form's values are the keys' first KV entries), so
  * the cache is read once instead of twice and the values need no transposing store. The softmax
  * runs online over the sub-parts: a head's running max m, p_j = f16(exp(s_j − m)) with the
  * sub-part's max folded in, o and l rescaled by exp(m_old − m_new) when m grows. What a part hands

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         uint32_t e = threadIdx.x;
         uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
         int32_t *perm = groups + 1 + 3 * tiles_max;
-        int32_t *wide = perm + P; /* the same pairs in tiles of CU_GROUP_WIDE (cu_group_wide) */
+        int32_t *wide = perm + P; /* the same pairs in tiles of CU_GROUP_WIDE (mmtc.cu's k_mm_tcp) */
 
         for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
                 ss[i] = sel[i];
