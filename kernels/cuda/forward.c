@@ -1629,15 +1629,17 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
                 }
                 np += need;
         }
-        /* attention groups per pass: as many tokens as the part workspace holds */
+        /* attention groups per pass: as many tokens as the part workspace holds, in parts of the
+         * length the pass's attention kernel uses (this pass class's: the caller set it) */
         uint64_t n_att = 0;
+        uint32_t plen = cu_attn_part_len(b->cfg.kv_lora_rank + b->cfg.qk_rope);
         for (uint64_t p0 = 0; p0 < T_tot; p0 += b->T_max) {
                 uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, T_tot - p0);
                 uint32_t g0 = 0;
                 while (g0 < T) {
                         uint32_t maxp = 0, n = 0;
                         while (g0 + n < T) {
-                                uint32_t parts = pos[p0 + g0 + n] / CU_ATTN_PART + 1;
+                                uint32_t parts = pos[p0 + g0 + n] / plen + 1;
                                 uint32_t m = MAX(maxp, parts);
                                 if ((uint64_t) m * (n + 1) > b->part_slots)
                                         break;

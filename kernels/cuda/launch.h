@@ -45,6 +45,14 @@ extern bool cu_pdl;
  * card (parts × head groups blocks) and the kernel's shared memory under sm_75's 48 KiB. */
 #define CU_ATTN_PART 128
 
+/* Positions of a part of the prompt attention kernel (k_attn_tc2 on prompt-class passes): its
+ * parts too start at multiples of a fixed length, so a query's reduction still depends on its
+ * position alone, but a long one. Each (token, part) block stages the token's 32 query rows and
+ * writes its [o | m | l] rows once a part: at 128 positions that traffic (and the combine's) was
+ * about as large as the cache reads of a 4K prompt. X4_CUDA_ATTN_PROMPT_PART (a multiple of 32,
+ * 32..CU_ATTN_PART_TC2) shortens it: the GPU tests run a prompt over several parts with it. */
+#define CU_ATTN_PART_TC2 1024
+
 /* y = W·x for P input vectors. Row r of the weight is dotted with the input slice
  *   x + (p / x_div)·x_pstride + (r / G)·x_gstride      (K values)
  * and written to
@@ -208,6 +216,10 @@ bool cu_attention_setup(uint32_t KV, uint32_t R);
 void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
                   const struct cu_cache *c, uint32_t layer, float *sc, float *part, float *out,
                   cudaStream_t s);
+/* The part length cu_attention uses for the pass being launched (cache rows of D values):
+ * CU_ATTN_PART, or the prompt kernel's (CU_ATTN_PART_TC2). A plan sizes its attention groups
+ * (max_parts) with it, under the same pass class as the launch. */
+uint32_t cu_attn_part_len(uint32_t D);
 
 /* docs/model.md §5 router: per token, z = W_r·f (fp32), scores, top-k of score + bias, weights. Writes
  * per token n_slots = k (+1 for the shared expert, id n_expert, weight 1). */

@@ -1154,29 +1154,30 @@ static __device__ __forceinline__ void tc_ldsm_x2_trans(const __half *row, uint3
  * sequences take turns over the block (rounds), each with its own staging. */
 template <typename CT, int TOK>
 __global__ void __launch_bounds__(TOK * TC_WARPS * 32)
-        k_attn_tc2(struct cu_attn a, uint32_t t0, uint32_t n_tok, uint32_t max_parts, struct cu_cache c,
-                   uint32_t layer, float *part) {
+        k_attn_tc2(struct cu_attn a, uint32_t t0, uint32_t n_tok, uint32_t max_parts, uint32_t plen,
+                   struct cu_cache c, uint32_t layer, float *part) {
         extern __shared__ __align__(16) unsigned char tc_smem_raw[];
-        __shared__ uint64_t roff[CU_ATTN_PART];
+        __shared__ uint64_t roff[CU_ATTN_PART_TC2];
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
         static_assert(TOK == 1 || TOK == 2, "one or two tokens a block");
         uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
         uint32_t pi = blockIdx.x, h0 = blockIdx.y * TC_HG;
         uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
         uint32_t kt = warp / TC_WARPS, lw = warp % TC_WARPS; /* the warp's token, its warp in it */
-        uint32_t start = pi * CU_ATTN_PART;
-        /* the tokens: metadata, before the wait */
+        uint32_t start = pi * plen;
+        /* the tokens: metadata, before the wait. The last tokens of a launch (the longest
+         * prompt rows) take the first blocks, so the short ones fill the tail. */
         uint32_t tk[TOK], nk[TOK];
         bool any = false;
 #pragma unroll
         for (int k = 0; k < TOK; k++) {
-                uint32_t tl = blockIdx.z * TOK + k;
+                uint32_t tl = (gridDim.z - 1 - blockIdx.z) * TOK + k;
                 tk[k] = t0 + tl;
                 nk[k] = 0;
                 if (tl < n_tok) {
                         uint32_t pos_q = c.tok_pos[tk[k]];
-                        if (pi <= pos_q / CU_ATTN_PART)
-                                nk[k] = min(pos_q + 1 - start, (uint32_t) CU_ATTN_PART);
+                        if (pi <= pos_q / plen)
+                                nk[k] = min(pos_q + 1 - start, plen);
                 }
                 any |= nk[k] > 0;
         }
@@ -1330,11 +1331,12 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
         }
         attn_tc_D = D;
         attn_tc_ready = true;
-        size_t need2 = tc2_smem(D, 1), need22 = tc2_smem(D, 2);
-        attn_tc2_ready = need2 <= (size_t) smem_max &&
+        /* the limit holds the static roff array too */
+        size_t need2 = tc2_smem(D, 1), need22 = tc2_smem(D, 2), roff_bytes = CU_ATTN_PART_TC2 * sizeof(uint64_t);
+        attn_tc2_ready = need2 + roff_bytes <= (size_t) smem_max &&
                          cudaFuncSetAttribute(k_attn_tc2<float, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess &&
                          cudaFuncSetAttribute(k_attn_tc2<__half, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need2) == cudaSuccess;
-        attn_tc22_ready = attn_tc2_ready && need22 <= (size_t) smem_max &&
+        attn_tc22_ready = attn_tc2_ready && need22 + roff_bytes <= (size_t) smem_max &&
                           cudaFuncSetAttribute(k_attn_tc2<float, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need22) == cudaSuccess &&
                           cudaFuncSetAttribute(k_attn_tc2<__half, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need22) == cudaSuccess;
         if (!attn_tc2_ready || !attn_tc22_ready)
@@ -1358,7 +1360,7 @@ static void attn_launch_tc(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
  * prompt attention took 598 ms of a 4,096-token prefill with two against ~570 with one (12.8 /
  * 11.9 ms at 512): one block of 16 warps an SM, its barriers holding both tokens' phases
  * together, costs more than the halved staging saves. The bits are the same either way. */
-static void attn_launch_tc2(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+static void attn_launch_tc2(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                             const struct cu_cache *c, uint32_t layer, float *part, uint32_t tok, cudaStream_t s) {
         static int two = -1;
         if (two < 0) {
@@ -1371,23 +1373,23 @@ static void attn_launch_tc2(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
         size_t sm = tc2_smem(c->D, tok);
         cu_launches++;
         if (tok == 2 && c->f16)
-                cu_launch(k_attn_tc2<__half, 2>, grid, 2 * TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
+                cu_launch(k_attn_tc2<__half, 2>, grid, 2 * TC_WARPS * 32, sm, s, *a, t0, n, max_parts, plen, *c, layer, part);
         else if (tok == 2)
-                cu_launch(k_attn_tc2<float, 2>, grid, 2 * TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
+                cu_launch(k_attn_tc2<float, 2>, grid, 2 * TC_WARPS * 32, sm, s, *a, t0, n, max_parts, plen, *c, layer, part);
         else if (c->f16)
-                cu_launch(k_attn_tc2<__half, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
+                cu_launch(k_attn_tc2<__half, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, plen, *c, layer, part);
         else
-                cu_launch(k_attn_tc2<float, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, *c, layer, part);
+                cu_launch(k_attn_tc2<float, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, plen, *c, layer, part);
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
  * values), a thread per value (one fold chain a thread instead of two after each other). */
 #define AC_COMBINE 128
 __global__ void __launch_bounds__(AC_COMBINE)
-        k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t n_head,
+        k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
                        uint32_t KV, const uint32_t *tok_pos, float *out) {
         uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
-        uint32_t n_parts = tok_pos[t] / CU_ATTN_PART + 1; /* metadata: before the wait */
+        uint32_t n_parts = tok_pos[t] / plen + 1; /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
@@ -1408,10 +1410,11 @@ __global__ void __launch_bounds__(AC_COMBINE)
 }
 
 static void attn_launch_combine(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
-                                const struct cu_cache *c, const float *part, float *out, cudaStream_t s) {
+                                uint32_t plen, const struct cu_cache *c, const float *part, float *out,
+                                cudaStream_t s) {
         cu_launches++;
         cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s,
-                  part, t0, max_parts, a->n_head, a->KV, c->tok_pos, out);
+                  part, t0, max_parts, plen, a->n_head, a->KV, c->tok_pos, out);
 }
 
 template <int HG, int TH>
@@ -1438,6 +1441,59 @@ static void attn_launch_dec(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
                 cu_launch(k_attn_dec<HG, float>, grid, ATT_DEC_THREADS, 0, s, *a, t0, max_parts, *c, layer, part);
 }
 
+/* X4_CUDA_ATTN=part|dec4|dec2|split forces one kernel, old the choice before the split path
+ * (measurements; the bits are the same); tc the tensor-core kernel (its own bits, f16 inputs),
+ * tc2 the prompt kernel for every pass */
+static int attn_force(void) {
+        static int force = -1;
+        if (force < 0) {
+                const char *f = getenv("X4_CUDA_ATTN");
+                force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3
+                        : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : !strcmp(f, "tc") ? 6
+                        : !strcmp(f, "tc2") ? 7 : 0;
+        }
+        return force;
+}
+
+/* Whether the pass being launched takes k_attn_tc2 for cache rows of D values. Prompt-class
+ * passes (cu_pass_prompt) do: a token's class is its own, so invariance holds. Full model, H200
+ * (100a4eb): prefill 512 3,250 -> 3,971 tok/s, 4,096 1,368 -> 2,733. X4_CUDA_PROMPT_ATTN=fp32
+ * keeps them on the fp32 kernels. */
+static bool attn_tc2_chosen(uint32_t D) {
+        static int prompt_tc2 = -1;
+        if (prompt_tc2 < 0) {
+                const char *e = getenv("X4_CUDA_PROMPT_ATTN");
+                prompt_tc2 = !(e && !strcmp(e, "fp32"));
+        }
+        int force = attn_force();
+        return (force == 7 || (force == 0 && prompt_tc2 && cu_pass_prompt())) && attn_tc2_ready && D == attn_tc_D;
+}
+
+/* k_attn_tc2's part length: CU_ATTN_PART_TC2, or X4_CUDA_ATTN_PROMPT_PART (a multiple of TC_SUB
+ * up to it; anything else is named on stderr once and the default kept). */
+static uint32_t attn_tc2_part(void) {
+        static uint32_t plen;
+        if (!plen) {
+                const char *e = getenv("X4_CUDA_ATTN_PROMPT_PART");
+                uint32_t v = CU_ATTN_PART_TC2;
+                if (e) {
+                        char *end;
+                        unsigned long u = strtoul(e, &end, 10);
+                        if (*e && !*end && u >= TC_SUB && u <= CU_ATTN_PART_TC2 && u % TC_SUB == 0)
+                                v = (uint32_t) u;
+                        else
+                                fprintf(stderr, "xing4d: X4_CUDA_ATTN_PROMPT_PART=%s ignored: expected a multiple of %d "
+                                        "from %d to %d; using %d\n", e, TC_SUB, TC_SUB, CU_ATTN_PART_TC2, CU_ATTN_PART_TC2);
+                }
+                plen = v;
+        }
+        return plen;
+}
+
+extern "C" uint32_t cu_attn_part_len(uint32_t D) {
+        return attn_tc2_chosen(D) ? attn_tc2_part() : CU_ATTN_PART;
+}
+
 extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                              uint32_t max_parts, const struct cu_cache *c, uint32_t layer,
                              float *sc, float *part, float *out, cudaStream_t s) {
@@ -1447,35 +1503,19 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
          * every choice (see above): many (token, part) blocks → all heads share each staged
          * cache chunk; few → a warp per position and small head groups to fill the card */
         uint64_t blocks = (uint64_t) n * max_parts;
-        /* X4_CUDA_ATTN=part|dec4|dec2|split forces one kernel, old the choice before the split
-         * path (measurements; the bits are the same); tc the tensor-core kernel (its own bits,
-         * f16 inputs) */
-        static int force = -1;
-        if (force < 0) {
-                const char *f = getenv("X4_CUDA_ATTN");
-                force = !f ? 0 : !strcmp(f, "part") ? 1 : !strcmp(f, "dec4") ? 2 : !strcmp(f, "dec2") ? 3
-                        : !strcmp(f, "split") ? 4 : !strcmp(f, "old") ? 5 : !strcmp(f, "tc") ? 6
-                        : !strcmp(f, "tc2") ? 7 : 0;
-        }
-        /* Prompt-class passes (cu_pass_prompt) take the tensor-core kernel: a token's class is its
-         * own, so invariance holds. Full model, H200 (100a4eb): prefill 512 3,250 -> 3,971 tok/s,
-         * 4,096 1,368 -> 2,733. X4_CUDA_PROMPT_ATTN=fp32 keeps them on the fp32 kernels. */
-        static int prompt_tc2 = -1;
-        if (prompt_tc2 < 0) {
-                const char *e = getenv("X4_CUDA_PROMPT_ATTN");
-                prompt_tc2 = !(e && !strcmp(e, "fp32"));
-        }
-        if ((force == 7 || (force == 0 && prompt_tc2 && cu_pass_prompt())) && attn_tc2_ready &&
-            c->D == attn_tc_D) {
-                /* its own numerics (see k_attn_tc2), for every shape */
-                attn_launch_tc2(a, t0, n, max_parts, c, layer, part, cu_pass_prompt() ? 2 : 1, s);
-                attn_launch_combine(a, t0, n, max_parts, c, part, out, s);
+        int force = attn_force();
+        if (attn_tc2_chosen(c->D)) {
+                /* its own numerics (see k_attn_tc2), for every shape; parts of attn_tc2_part()
+                 * positions (the plan sized max_parts with cu_attn_part_len) */
+                uint32_t plen = attn_tc2_part();
+                attn_launch_tc2(a, t0, n, max_parts, plen, c, layer, part, cu_pass_prompt() ? 2 : 1, s);
+                attn_launch_combine(a, t0, n, max_parts, plen, c, part, out, s);
                 return;
         }
         if (force == 6 && attn_tc_ready && c->D == attn_tc_D) {
                 /* its own numerics (see k_attn_tc), for every shape */
                 attn_launch_tc(a, t0, n, max_parts, c, layer, part, s);
-                attn_launch_combine(a, t0, n, max_parts, c, part, out, s);
+                attn_launch_combine(a, t0, n, max_parts, CU_ATTN_PART, c, part, out, s);
                 return;
         }
         bool split = force != 5 && attn_split_ok(a, c);
@@ -1493,5 +1533,5 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                 attn_launch_dec<4>(a, t0, n, max_parts, c, layer, part, s);
         else
                 attn_launch_dec<2>(a, t0, n, max_parts, c, layer, part, s);
-        attn_launch_combine(a, t0, n, max_parts, c, part, out, s);
+        attn_launch_combine(a, t0, n, max_parts, CU_ATTN_PART, c, part, out, s);
 }

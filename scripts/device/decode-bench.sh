@@ -301,6 +301,34 @@ if has pquick; then
                 --prefill ${X4_PREFILL:-512,4096} --decode-ctx none --repeats 1 --json 2>&1 |
                 sed 's/}$/,"attn_tok":2,"router_rb":1}/' | tee "$out/prefill-alt.jsonl" | grep '"prefill"'
 fi
+if has pparts; then
+        # issue 12: the prompt kernel's part length (X4_CUDA_ATTN_PROMPT_PART; default
+        # CU_ATTN_PART_TC2), with the default profile first, then 128 (the decode kernels' length,
+        # the prompt kernel's before), 256, 512, two tokens a block, the f16 cache, and 32K
+        say "pparts: prefill ${X4_PREFILL:-512,4096}, profile (default part length)"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} --decode-ctx none \
+                --repeats 1 --profile 2>&1 | tee "$out/profile-prefill.txt" | grep -E '^prefill|^  (experts|attention|router|hc)'
+        for pl in 128 256 512; do
+                say "pparts: X4_CUDA_ATTN_PROMPT_PART=$pl"
+                X4_CUDA_ATTN_PROMPT_PART=$pl "$build/tools/x4-bench" --model "$model" --device cuda \
+                        --prefill ${X4_PREFILL:-512,4096} --decode-ctx none --repeats 3 --json 2>&1 |
+                        sed "s/}\$/,\"attn_prompt_part\":$pl}/" | tee -a "$out/prefill-parts.jsonl" | grep '"prefill"'
+        done
+        say "pparts: default, three repeats"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} --decode-ctx none \
+                --repeats 3 --json 2>&1 | tee -a "$out/prefill-parts.jsonl" | grep '"prefill"'
+        say "pparts: X4_CUDA_ATTN_TOK=2"
+        X4_CUDA_ATTN_TOK=2 "$build/tools/x4-bench" --model "$model" --device cuda --prefill ${X4_PREFILL:-512,4096} \
+                --decode-ctx none --repeats 3 --json 2>&1 | sed 's/}$/,"attn_tok":2}/' | tee -a "$out/prefill-parts.jsonl" | grep '"prefill"'
+        say "pparts: f16 cache"
+        "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill ${X4_PREFILL:-512,4096} \
+                --decode-ctx none --repeats 3 --json 2>&1 | tee -a "$out/prefill-parts.jsonl" | grep '"prefill"'
+        say "pparts: prefill 32,768 (f32, then f16 cache)"
+        for ct in f32 f16; do
+                "$build/tools/x4-bench" --model "$model" --device cuda --cache $ct --prefill 32768 --decode-ctx none \
+                        --repeats 1 --json 2>&1 | tee -a "$out/prefill32k.jsonl" | grep '"prefill"'
+        done
+fi
 if has pf16; then
         say "prefill, prompts, f16 latent cache"
         "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill ${X4_PREFILL:-512,4096} \

@@ -266,27 +266,37 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # of one sequence share each staged sub-part) against one a block (the default), prompt-labelled
         # (x4-logits --prompt-class): a 700-token prompt whole, in chunks of 7, 64 and 100 (odd
         # chunks pair tokens differently), then decodes; and a chunk-1 prompt (one token a launch)
-        # against the whole one
+        # against the whole one. Twice: with the default part length (CU_ATTN_PART_TC2: the whole
+        # prompt in one part) and with parts of 64 positions (X4_CUDA_ATTN_PROMPT_PART=64: eleven
+        # parts folded by the combine, groups of a launch sized by them)
         tok_same() {
-                local prompt v c args
+                local prompt v c pl args
                 prompt=$(awk 'BEGIN { s = 19; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for v in 1 2; do
-                        for c in 0 7 64 100; do
-                                args=()
-                                [ $c -gt 0 ] && args=(--chunk $c)
-                                X4_CUDA_ATTN_TOK=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class \
-                                        --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99 --device cuda \
-                                        --out "$tmp/tok-$v-$c.bin" || return 1
+                for pl in 1024 64; do
+                        for v in 1 2; do
+                                for c in 0 7 64 100; do
+                                        args=()
+                                        [ $c -gt 0 ] && args=(--chunk $c)
+                                        X4_CUDA_ATTN_PROMPT_PART=$pl X4_CUDA_ATTN_TOK=$v "$build/tools/x4-logits" \
+                                                --model "$tmp/demo.gguf" --prompt-class --prompt "$prompt" ${args[@]+"${args[@]}"} \
+                                                --decode 9,99 --device cuda --out "$tmp/tok-$v-$c.bin" || return 1
+                                done
                         done
+                        for c in 0 7 64 100; do
+                                cmp "$tmp/tok-1-$c.bin" "$tmp/tok-2-$c.bin" ||
+                                        { echo "parts of $pl: two tokens a block differ from one (chunk $c)"; return 1; }
+                                cmp "$tmp/tok-2-0.bin" "$tmp/tok-2-$c.bin" ||
+                                        { echo "parts of $pl: prompt rows differ between chunkings (chunk $c)"; return 1; }
+                        done
+                        X4_CUDA_ATTN_PROMPT_PART=$pl "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class \
+                                --prompt "$prompt" --chunk 1 --decode 9,99 --device cuda --out "$tmp/tok-c1.bin" || return 1
+                        cmp "$tmp/tok-2-0.bin" "$tmp/tok-c1.bin" ||
+                                { echo "parts of $pl: chunk-1 prompt differs from the whole one"; return 1; }
+                        [ $pl = 1024 ] && cp "$tmp/tok-2-0.bin" "$tmp/tok-long.bin"
                 done
-                for c in 0 7 64 100; do
-                        cmp "$tmp/tok-1-$c.bin" "$tmp/tok-2-$c.bin" || { echo "two tokens a block differ from one (chunk $c)"; return 1; }
-                        cmp "$tmp/tok-2-0.bin" "$tmp/tok-2-$c.bin" || { echo "prompt rows differ between chunkings (chunk $c)"; return 1; }
-                done
-                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class --prompt "$prompt" --chunk 1 \
-                        --decode 9,99 --device cuda --out "$tmp/tok-c1.bin" || return 1
-                cmp "$tmp/tok-2-0.bin" "$tmp/tok-c1.bin" || { echo "chunk-1 prompt differs from the whole one"; return 1; }
-                echo "prompt attention, two tokens a block vs one: identical logits (whole, chunks 1/7/64/100, decode)"
+                # the two part lengths fold differently: different bits, the same attention
+                cmp -s "$tmp/tok-long.bin" "$tmp/tok-2-0.bin" && { echo "parts of 64 gave the bits of one part: the setting did not reach the kernel"; return 1; }
+                echo "prompt attention, parts of 1024 and 64, two tokens a block vs one: identical logits (whole, chunks 1/7/64/100, decode)"
                 rm -f "$tmp"/tok-*.bin
         }
         step "prompt attention two tokens a block agrees bit for bit with one, demo model" tok_same
