@@ -1145,7 +1145,7 @@ static __device__ __forceinline__ void tc_ldsm_x2_trans(const __half *row, uint3
 #endif
 }
 
-/* TOK tokens a block (1; 2 for prompt passes with X4_CUDA_ATTN_TOK=2): each token's 8 warps do what one token's block
+/* TOK tokens a block (2 for prompt passes, 1 with X4_CUDA_ATTN_TOK=1 and otherwise): each token's 8 warps do what one token's block
  * does, and two tokens of one sequence (the same page table) share each staged sub-part, which
  * halves the cache reads and f16 conversions of a prompt. A token's rows are computed exactly as
  * alone: its sub-parts, its scores with −inf past its own positions, and the values of positions
@@ -1355,17 +1355,18 @@ static void attn_launch_tc(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
                 cu_launch(k_attn_tc<float>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, *c, layer, part);
 }
 
-/* tok: tokens a block the caller allows (2: prompt passes, whose neighbours share a sequence).
- * Two take effect with X4_CUDA_ATTN_TOK=2 only: measured on the full model (H200, 0fb5d91) the
- * prompt attention took 598 ms of a 4,096-token prefill with two against ~570 with one (12.8 /
- * 11.9 ms at 512): one block of 16 warps an SM, its barriers holding both tokens' phases
- * together, costs more than the halved staging saves. The bits are the same either way. */
+/* tok: tokens a block the caller allows (2: prompt passes, whose neighbours share a sequence);
+ * X4_CUDA_ATTN_TOK=1 keeps one. With parts of 128 positions two were slower (full model, H200,
+ * 0fb5d91: 598 against ~570 ms of a 4,096-token prefill): the per-part query staging and partial
+ * results, which pairing does not share, dominated. With parts of 1,024 the cache staging is what
+ * is left, and pairing halves it (ef64321: prefill 4,096 4,914 -> 5,122 tok/s, 512 8,063 ->
+ * 8,123). The bits are the same either way (GPU test tok_same). */
 static void attn_launch_tc2(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                             const struct cu_cache *c, uint32_t layer, float *part, uint32_t tok, cudaStream_t s) {
         static int two = -1;
         if (two < 0) {
                 const char *e = getenv("X4_CUDA_ATTN_TOK");
-                two = e && !strcmp(e, "2");
+                two = !(e && !strcmp(e, "1"));
         }
         if (!two || !attn_tc22_ready || n < 2)
                 tok = 1;

@@ -301,6 +301,20 @@ if has pquick; then
                 --prefill ${X4_PREFILL:-512,4096} --decode-ctx none --repeats 1 --json 2>&1 |
                 sed 's/}$/,"attn_tok":2,"router_rb":1}/' | tee "$out/prefill-alt.jsonl" | grep '"prefill"'
 fi
+if has mile; then
+        # a milestone row for issues 11 and 12 (run with peerend for llama.cpp on the same file in
+        # the same call): prefill 512 / 4,096 and decode batch 1 at 512 / 4,096, medians of 3,
+        # with a prefill profile; then prefill 32,768
+        say "mile: prefill 512,4096 + decode batch 1 at 512,4096, three repeats"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx 512,4096 --batch 1 \
+                --decode-tokens 32 --repeats 3 --json 2>&1 | tee "$out/mile.jsonl" | grep -E '"(prefill|decode)"' | cut -c1-120
+        say "mile: prefill profile"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
+                --repeats 1 --profile 2>&1 | tee "$out/profile-prefill.txt" | grep -E '^prefill|^  [a-z]'
+        say "mile: prefill 32,768"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
+                --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"' | cut -c1-120
+fi
 if has pparts; then
         # issue 12: the prompt kernel's part length (X4_CUDA_ATTN_PROMPT_PART; default
         # CU_ATTN_PART_TC2), with the default profile first, then 128 (the decode kernels' length,

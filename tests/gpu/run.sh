@@ -262,8 +262,8 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 rm -f "$tmp"/tcp-*.bin
         }
         step "prompt-shaped tensor-core kernel agrees bit for bit with k_mm_tc, demo model" tcp_same
-        # prompt attention with two tokens a block (X4_CUDA_ATTN_TOK=2, k_attn_tc2<TOK 2>: neighbours
-        # of one sequence share each staged sub-part) against one a block (the default), prompt-labelled
+        # prompt attention with two tokens a block (the default, k_attn_tc2<TOK 2>: neighbours of one
+        # sequence share each staged sub-part) against one a block (X4_CUDA_ATTN_TOK=1), prompt-labelled
         # (x4-logits --prompt-class): a 700-token prompt whole, in chunks of 7, 64 and 100 (odd
         # chunks pair tokens differently), then decodes; and a chunk-1 prompt (one token a launch)
         # against the whole one. Twice: with the default part length (CU_ATTN_PART_TC2: the whole
