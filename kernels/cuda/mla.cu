@@ -1312,7 +1312,307 @@ __global__ void __launch_bounds__(TOK * TC_WARPS * 32)
         }
 }
 
+/* k_attn_fa (prompt-class passes with X4_CUDA_ATTN_PROMPT=fa; not yet the default): the prompt
+ * attention as one tile of two tokens' 64 query rows (32 head slots each) a block of 8 warps,
+ * parts of attn_tc2_part() positions as k_attn_tc2, [o | m | l] a part for the same combine.
+ * Against k_attn_tc2 with two tokens (two 8-warp groups, a 16 × 8 score tile a warp as one chain
+ * of D/16 mma, four block barriers a sub-part, synchronous staging):
+ * - warp w owns m-tile w / 2 (16 rows of one token) and half w % 2: for the scores the half of D's
+ *   k-steps (two warps' partial sums added in a fixed order, half 0 then half 1), for p·v the
+ *   half of the KV values (o: 16 × KV/2 in registers, up to 128 floats a lane);
+ * - a score tile is 16 rows × the 32 staged positions (four independent mma chains a warp),
+ *   operands by ldmatrix; the two warps of an m-tile meet at a named barrier of their own;
+ * - the next sub-part is copied by cp.async while the current one computes (f16 cache: two
+ *   staging buffers; f32: one raw f32 buffer, converted to f16 after the block's barrier).
+ * A row's arithmetic depends on its own token only (partner-free, as k_attn_tc2): scores past its
+ * count are −inf, values past it enter p·v as masked zeros, sub-parts past it are skipped by the
+ * warps of its m-tiles. Its bits differ from k_attn_tc2's (the score sums are split), so the
+ * choice is one per process. */
+#define FA_WARPS 8
+#define FA_ROWS (2 * TC_HG) /* two tokens × 32 head slots: four m-tiles */
+#define FA_SUB 32           /* positions a staged sub-part */
+#define FA_NT_MAX 32        /* o n-tiles (8 values) a warp: KV / 2 ≤ 256 */
+#define FA_XS (FA_SUB + 4)  /* partial-score row stride (floats) */
+#define FA_PS (FA_SUB + TC_PAD) /* p row stride (halves) */
+
+/* Shared memory of k_attn_fa (rows of D values, KV of them the latent) for cache type f16 (two
+ * staging buffers) or f32 (one f16 buffer and one raw f32 buffer). */
+static size_t fa_smem(uint32_t D, bool f16) {
+        size_t rq = D + TC_PAD;
+        size_t q = (size_t) FA_ROWS * rq * 2, k = (size_t) FA_SUB * rq * 2;
+        size_t x = (size_t) 4 * 16 * FA_XS * 4, p = (size_t) 4 * 16 * FA_PS * 2, al = 4 * 16 * 4;
+        size_t raw = f16 ? k : (size_t) FA_SUB * D * 4;
+        return q + k + raw + x + p + al;
+}
+
+/* 16 bytes global → shared by cp.async, or 16 zero bytes where !valid (src-size 0 reads nothing) */
+static __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
+                     : "memory");
+#else
+        (void) smem, (void) gmem, (void) valid;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+/* four 8×8 b16 matrices transposed (B fragments of [k][n] rows): lane l names a row of matrix l / 8 */
+static __device__ __forceinline__ void fa_ldm4t(uint32_t *r, const void *smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+#else
+        (void) r, (void) smem;
+#endif
+}
+
+/* the two warps of m-tile mt (64 threads) meet: named barrier 1 + mt */
+static __device__ __forceinline__ void fa_pair_sync(uint32_t mt) {
+        asm volatile("bar.sync %0, 64;\n" ::"r"(1 + mt) : "memory");
+}
+
+/* Copies of sub-part s0 (rows past n zero): f16 rows into the staging buffer dst, or f32 rows raw
+ * into the raw buffer (rows of D floats). One cp.async group. */
+template <typename CT>
+static __device__ __forceinline__ void fa_issue(void *dst, const CT *cache, const uint64_t *roff, uint32_t s0,
+                                                uint32_t n, uint32_t D, uint32_t rq) {
+        constexpr uint32_t per = 16 / sizeof(CT); /* values a copy */
+        uint32_t cpr = D / per;
+        for (uint32_t e = threadIdx.x; e < FA_SUB * cpr; e += blockDim.x) {
+                uint32_t j = e / cpr, k = e % cpr;
+                bool v = s0 + j < n;
+                const CT *src = cache + (v ? roff[s0 + j] : 0) + per * k;
+                if constexpr (sizeof(CT) == 2)
+                        fa_cp16((__half *) dst + (size_t) j * rq + per * k, src, v);
+                else
+                        fa_cp16((float *) dst + (size_t) j * D + per * k, src, v);
+        }
+        mtd_commit();
+}
+
+template <typename CT>
+__global__ void __launch_bounds__(FA_WARPS * 32, 1)
+        k_attn_fa(struct cu_attn a, uint32_t t0, uint32_t n_tok, uint32_t max_parts, uint32_t plen,
+                  struct cu_cache c, uint32_t layer, float *part) {
+        extern __shared__ __align__(16) unsigned char tc_smem_raw[];
+        __shared__ uint64_t roff[CU_ATTN_PART_TC2];
+        static_assert(FA_SUB == 32 && FA_WARPS == 8, "four m-tiles of two warps; four n-tiles a score tile");
+        constexpr bool F16 = sizeof(CT) == 2;
+        uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
+        uint32_t pi = blockIdx.x, h0 = blockIdx.y * TC_HG, start = pi * plen;
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
+        uint32_t mt = warp / 2, kh = warp % 2, kt = mt / 2; /* m-tile, half, its token */
+        /* the tokens (the launch's last first, as k_attn_tc2): metadata, before the wait */
+        uint32_t tk[2], nk[2];
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+                uint32_t tl = (gridDim.z - 1 - blockIdx.z) * 2 + k;
+                tk[k] = t0 + tl;
+                nk[k] = 0;
+                if (tl < n_tok) {
+                        uint32_t pos_q = c.tok_pos[tk[k]];
+                        if (pi <= pos_q / plen)
+                                nk[k] = min(pos_q + 1 - start, plen);
+                }
+                any |= nk[k] > 0;
+        }
+        if (!any)
+                return;
+        bool together = nk[0] && nk[1] && c.tok_pt[tk[0]] == c.tok_pt[tk[1]];
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        __half *sQ = (__half *) tc_smem_raw;                          /* [row][D + pad] */
+        __half *sK0 = sQ + (size_t) FA_ROWS * rq;                     /* [position][D + pad] */
+        unsigned char *sB = (unsigned char *) (sK0 + (size_t) FA_SUB * rq); /* f16: 2nd buffer; f32: raw */
+        float *sX = (float *) (sB + (F16 ? (size_t) FA_SUB * rq * 2 : (size_t) FA_SUB * D * 4));
+        __half *sP = (__half *) (sX + 4 * 16 * FA_XS);
+        float *sA = (float *) (sP + 4 * 16 * FA_PS);
+        const CT *cache = (const CT *) c.base;
+
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+                if (nk[k])
+                        tc_stage_q(sQ + (size_t) k * TC_HG * rq, a, tk[k], h0, D, rq);
+
+        uint32_t KS = D / 16, khalf = (KS + 1) / 2, k_lo = kh ? khalf : 0, k_hi = kh ? KS : khalf;
+        uint32_t nth = KV / 16; /* o n-tiles of a half */
+        uint32_t n_mine = nk[kt];
+        float *xr = sX + (size_t) mt * 16 * FA_XS;
+        __half *pr = sP + (size_t) mt * 16 * FA_PS;
+        for (uint32_t r = 0; r < (together ? 1u : 2u); r++) {
+                uint32_t lead = together ? 0 : r, n_max = together ? max(nk[0], nk[1]) : nk[r];
+                bool in = (together || kt == r) && n_mine > 0;
+                __syncthreads(); /* sQ written; the previous round's roff and buffers consumed */
+                if (n_max == 0)
+                        continue;
+                for (uint32_t j = tid; j < n_max; j += blockDim.x)
+                        roff[j] = cu_cache_row(c, layer, tk[lead], start + j);
+                __syncthreads();
+                fa_issue<CT>(F16 ? (void *) sK0 : (void *) sB, cache, roff, 0, n_max, D, rq);
+                float o[FA_NT_MAX][4];
+#pragma unroll
+                for (int i = 0; i < FA_NT_MAX; i++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                                o[i][e] = 0.0f;
+                float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+                uint32_t it = 0;
+                for (uint32_t s0 = 0; s0 < n_max; s0 += FA_SUB, it++) {
+                        mtd_wait(0);
+                        __syncthreads(); /* sub-part s0 landed; the buffer it will overwrite is consumed */
+                        __half *sK;
+                        if constexpr (F16) {
+                                sK = (it & 1) ? (__half *) sB : sK0;
+                                if (s0 + FA_SUB < n_max)
+                                        fa_issue<CT>((it & 1) ? (void *) sK0 : (void *) sB, cache, roff, s0 + FA_SUB,
+                                                     n_max, D, rq);
+                        } else {
+                                sK = sK0;
+                                const float *raw = (const float *) sB;
+                                for (uint32_t e = tid; e < FA_SUB * (D / 8); e += blockDim.x) {
+                                        uint32_t j = e / (D / 8), k8 = e % (D / 8);
+                                        *(uint4 *) &sK[(size_t) j * rq + 8 * k8] = tc_ld8<float>(raw + (size_t) j * D + 8 * k8);
+                                }
+                                __syncthreads(); /* converted; the raw buffer is free */
+                                if (s0 + FA_SUB < n_max)
+                                        fa_issue<CT>(sB, cache, roff, s0 + FA_SUB, n_max, D, rq);
+                        }
+                        if (!in || s0 >= n_mine)
+                                continue; /* a warp pair skips together: same token */
+                        uint32_t lim = n_mine - s0; /* positions of this row's own in the sub-part */
+                        /* partial scores: 16 rows × 32 positions over this half's k-steps */
+                        float acc[4][4];
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+#pragma unroll
+                                for (int e = 0; e < 4; e++)
+                                        acc[j][e] = 0.0f;
+                        const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
+                        const __half *kb = sK + (size_t) ((lane / 16) * 8 + lane % 8) * rq + ((lane / 8) % 2) * 8;
+                        for (uint32_t ks = k_lo; ks < k_hi; ks++) {
+                                uint32_t af[4], b01[4], b23[4];
+                                mtp_ldm4(af, qa + 16 * ks);
+                                mtp_ldm4(b01, kb + 16 * ks);
+                                mtp_ldm4(b23, kb + (size_t) 16 * rq + 16 * ks);
+                                tc_mma(acc[0], af[0], af[1], af[2], af[3], b01[0], b01[1]);
+                                tc_mma(acc[1], af[0], af[1], af[2], af[3], b01[2], b01[3]);
+                                tc_mma(acc[2], af[0], af[1], af[2], af[3], b23[0], b23[1]);
+                                tc_mma(acc[3], af[0], af[1], af[2], af[3], b23[2], b23[3]);
+                        }
+                        if (kh == 1) {
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+#pragma unroll
+                                        for (int e = 0; e < 4; e++)
+                                                xr[(g + (e >= 2 ? 8 : 0)) * FA_XS + j * 8 + 2 * cq + (e & 1)] = acc[j][e];
+                        }
+                        fa_pair_sync(mt); /* half 1's partial scores written */
+                        if (kh == 0) {
+                                /* the online softmax step: rows g (e 0, 1) and g + 8 (e 2, 3), a quad a row */
+                                float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+#pragma unroll
+                                        for (int e = 0; e < 4; e++) {
+                                                uint32_t col = j * 8 + 2 * cq + (e & 1);
+                                                float v = acc[j][e] + xr[(g + (e >= 2 ? 8 : 0)) * FA_XS + col];
+                                                acc[j][e] = col < lim ? a.scale * v : -INFINITY;
+                                                if (e < 2)
+                                                        mx_lo = fmaxf(mx_lo, acc[j][e]);
+                                                else
+                                                        mx_hi = fmaxf(mx_hi, acc[j][e]);
+                                        }
+                                mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+                                mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+                                mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+                                mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+                                float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+                                float s_lo = 0.0f, s_hi = 0.0f;
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+#pragma unroll
+                                        for (int e = 0; e < 4; e++) {
+                                                float p = __half2float(__float2half_rn(expf(acc[j][e] - (e < 2 ? mn_lo : mn_hi))));
+                                                if (e < 2)
+                                                        s_lo += p;
+                                                else
+                                                        s_hi += p;
+                                                pr[(g + (e >= 2 ? 8 : 0)) * FA_PS + j * 8 + 2 * cq + (e & 1)] = __float2half_rn(p);
+                                        }
+                                s_lo += __shfl_xor_sync(0xffffffffu, s_lo, 1);
+                                s_lo += __shfl_xor_sync(0xffffffffu, s_lo, 2);
+                                s_hi += __shfl_xor_sync(0xffffffffu, s_hi, 1);
+                                s_hi += __shfl_xor_sync(0xffffffffu, s_hi, 2);
+                                float al_lo = expf(m_lo - mn_lo), al_hi = expf(m_hi - mn_hi); /* 0 on the first step */
+                                l_lo = l_lo * al_lo + s_lo, l_hi = l_hi * al_hi + s_hi;
+                                m_lo = mn_lo, m_hi = mn_hi;
+                                if (cq == 0) {
+                                        sA[mt * 16 + g] = al_lo;
+                                        sA[mt * 16 + g + 8] = al_hi;
+                                }
+                        }
+                        fa_pair_sync(mt); /* p and the rescale factors written; the partial scores read */
+                        /* o = alpha·o + p·v over this half's values */
+                        float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
+#pragma unroll
+                        for (int i = 0; i < FA_NT_MAX; i++) {
+                                o[i][0] *= a_lo, o[i][1] *= a_lo;
+                                o[i][2] *= a_hi, o[i][3] *= a_hi;
+                        }
+#pragma unroll
+                        for (uint32_t ks = 0; ks < FA_SUB; ks += 16) {
+                                uint32_t af[4];
+                                mtp_ldm4(af, pr + (size_t) (lane % 16) * FA_PS + ks + (lane / 16) * 8);
+                                uint32_t p0 = ks + 2 * cq;
+                                uint32_t m0 = (p0 < lim ? 0xFFFFu : 0u) | (p0 + 1 < lim ? 0xFFFF0000u : 0u);
+                                uint32_t m1 = (p0 + 8 < lim ? 0xFFFFu : 0u) | (p0 + 9 < lim ? 0xFFFF0000u : 0u);
+                                const __half *vb = sK + (size_t) (ks + lane % 16) * rq + (kh * nth + lane / 16) * 8;
+#pragma unroll
+                                for (int i = 0; i < FA_NT_MAX; i += 2) {
+                                        if ((uint32_t) i >= nth)
+                                                break;
+                                        uint32_t b[4];
+                                        fa_ldm4t(b, vb + 8 * i);
+                                        tc_mma(o[i], af[0], af[1], af[2], af[3], b[0] & m0, b[1] & m1);
+                                        tc_mma(o[i + 1], af[0], af[1], af[2], af[3], b[2] & m0, b[3] & m1);
+                                }
+                        }
+                }
+                /* [o | m | l] of the part: this half's values; half 0 the statistics */
+                if (in) {
+                        float *out0 = part + (((uint64_t) (tk[kt] - t0) * max_parts + pi) * n_head) * (KV + 2);
+                        uint32_t hb = (mt % 2) * 16 + g;
+#pragma unroll
+                        for (int i = 0; i < FA_NT_MAX; i++) {
+                                if ((uint32_t) i >= nth)
+                                        break;
+#pragma unroll
+                                for (int e = 0; e < 4; e++) {
+                                        uint32_t h = hb + (e >= 2 ? 8 : 0), k = (kh * nth + i) * 8 + 2 * cq + (e & 1);
+                                        if (h0 + h < n_head)
+                                                out0[(uint64_t) (h0 + h) * (KV + 2) + k] = o[i][e];
+                                }
+                        }
+                        if (kh == 0 && cq == 0) {
+                                if (h0 + hb < n_head) {
+                                        out0[(uint64_t) (h0 + hb) * (KV + 2) + KV] = m_lo;
+                                        out0[(uint64_t) (h0 + hb) * (KV + 2) + KV + 1] = l_lo;
+                                }
+                                if (h0 + hb + 8 < n_head) {
+                                        out0[(uint64_t) (h0 + hb + 8) * (KV + 2) + KV] = m_hi;
+                                        out0[(uint64_t) (h0 + hb + 8) * (KV + 2) + KV + 1] = l_hi;
+                                }
+                        }
+                }
+        }
+}
+
 static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens a block */
+static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
 
 /* Once per backend (cu_attention_setup): whether this device and shape can run k_attn_tc. */
@@ -1339,7 +1639,12 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
         attn_tc22_ready = attn_tc2_ready && need22 + roff_bytes <= (size_t) smem_max &&
                           cudaFuncSetAttribute(k_attn_tc2<float, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need22) == cudaSuccess &&
                           cudaFuncSetAttribute(k_attn_tc2<__half, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need22) == cudaSuccess;
-        if (!attn_tc2_ready || !attn_tc22_ready)
+        size_t fa16 = fa_smem(D, true), fa32 = fa_smem(D, false);
+        attn_fa_ready = attn_tc2_ready && KV % 32 == 0 && KV <= 2 * FA_NT_MAX * 8 &&
+                        fa16 + roff_bytes <= (size_t) smem_max && fa32 + roff_bytes <= (size_t) smem_max &&
+                        cudaFuncSetAttribute(k_attn_fa<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) fa16) == cudaSuccess &&
+                        cudaFuncSetAttribute(k_attn_fa<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) fa32) == cudaSuccess;
+        if (!attn_tc2_ready || !attn_tc22_ready || !attn_fa_ready)
                 cudaGetLastError();
         return true;
 }
@@ -1381,6 +1686,19 @@ static void attn_launch_tc2(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
                 cu_launch(k_attn_tc2<__half, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, plen, *c, layer, part);
         else
                 cu_launch(k_attn_tc2<float, 1>, grid, TC_WARPS * 32, sm, s, *a, t0, n, max_parts, plen, *c, layer, part);
+}
+
+/* k_attn_fa for tokens [t0, t0 + n), two a block */
+static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
+                           const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
+        dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, (n + 1) / 2);
+        cu_launches++;
+        if (c->f16)
+                cu_launch(k_attn_fa<__half>, grid, FA_WARPS * 32, fa_smem(c->D, true), s, *a, t0, n, max_parts, plen,
+                          *c, layer, part);
+        else
+                cu_launch(k_attn_fa<float>, grid, FA_WARPS * 32, fa_smem(c->D, false), s, *a, t0, n, max_parts, plen,
+                          *c, layer, part);
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
@@ -1509,7 +1827,18 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                 /* its own numerics (see k_attn_tc2), for every shape; parts of attn_tc2_part()
                  * positions (the plan sized max_parts with cu_attn_part_len) */
                 uint32_t plen = attn_tc2_part();
-                attn_launch_tc2(a, t0, n, max_parts, plen, c, layer, part, cu_pass_prompt() ? 2 : 1, s);
+                static int fa = -1; /* X4_CUDA_ATTN_PROMPT=fa: k_attn_fa (its own bits) for every such pass */
+                if (fa < 0) {
+                        const char *e = getenv("X4_CUDA_ATTN_PROMPT");
+                        fa = e && !strcmp(e, "fa");
+                        if (fa && !attn_fa_ready)
+                                fprintf(stderr, "xing4d: X4_CUDA_ATTN_PROMPT=fa: k_attn_fa cannot run on this device or "
+                                        "shape; k_attn_tc2 serves\n");
+                }
+                if (fa && attn_fa_ready)
+                        attn_launch_fa(a, t0, n, max_parts, plen, c, layer, part, s);
+                else
+                        attn_launch_tc2(a, t0, n, max_parts, plen, c, layer, part, cu_pass_prompt() ? 2 : 1, s);
                 attn_launch_combine(a, t0, n, max_parts, plen, c, part, out, s);
                 return;
         }

@@ -352,51 +352,6 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
  * decode kernel (matvec.cu, MVS_P_MAX). */
 #define MTD_P_MAX 16
 
-/* global → shared without registers: 16 bytes past L1 (cg), or 4 bytes (ca: cg takes 16 only) */
-template <int BYTES>
-[[maybe_unused]] static __device__ __forceinline__ void mtd_cp(void *smem, const void *gmem) {
-        static_assert(BYTES == 16 || BYTES == 4, "16- or 4-byte copies");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
-        if constexpr (BYTES == 16)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-        else
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-        (void) smem, (void) gmem;
-#endif
-}
-
-[[maybe_unused]] static __device__ __forceinline__ void mtd_cp16(void *smem, const void *gmem) {
-        mtd_cp<16>(smem, gmem);
-}
-
-[[maybe_unused]] static __device__ __forceinline__ void mtd_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-/* wait until at most n of this thread's cp.async groups are pending (n is an immediate in PTX) */
-[[maybe_unused]] static __device__ __forceinline__ void mtd_wait(uint32_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        switch (n) {
-        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-        case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-        case 7: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
-        case 8: asm volatile("cp.async.wait_group 8;\n" ::: "memory"); break;
-        case 9: asm volatile("cp.async.wait_group 9;\n" ::: "memory"); break;
-        case 10: asm volatile("cp.async.wait_group 10;\n" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-        }
-#else
-        (void) n;
-#endif
-}
 
 /* The A words of one 16-bit quant pair q (bytes b0 = q & 0xff, b1 = q >> 8 of a row): lo =
  * {cb[b0 & 0xF], cb[b1 & 0xF]}, hi = {cb[b0 >> 4], cb[b1 >> 4]} (first value in the low half),
@@ -869,17 +824,6 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
         }
 }
 
-/* four 8×8 b16 matrices; lane l gives the row address of matrix l / 8, r[i] is matrix i's fragment */
-[[maybe_unused]] static __device__ __forceinline__ void mtp_ldm4(uint32_t *r, const void *smem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(s));
-#else
-        (void) r, (void) smem;
-#endif
-}
 
 /* The B fragments of a warp's four n-tiles at one k16 step: two ldmatrix.x4 from the lanes'
  * row addresses (p: n-tiles 0, 1; 16 staged rows on: 2, 3) */
