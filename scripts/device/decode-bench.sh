@@ -592,6 +592,19 @@ if has attn; then
                         --decode-ctx 512,4096,32768 --batch 1 --decode-tokens 16 --repeats 2 2>&1 | grep "^decode"
         done
 fi
+if has ncuprompt; then
+        # issue 12: what limits the prompt attention: ncu on one k_attn_tc2 launch and one k_attn_fa
+        # launch of the 4,096-token prefill's last pass (8 passes × 40 layers a prefill; skip 300)
+        for v in tc2 fa; do
+                say "ncu: prompt attention, X4_CUDA_ATTN_PROMPT=$v"
+                X4_CUDA_ATTN_PROMPT=$v ncu --clock-control none --kernel-name regex:"k_attn_(tc2|fa)" --launch-skip 300 --launch-count 1 \
+                        --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+                        --section ComputeWorkloadAnalysis --section LaunchStats --section SchedulerStats \
+                        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                        --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -150 >"$out/ncu-prompt-$v.txt"
+                grep -E "Duration|Throughput|Hit Rate|Stall|Registers|Achieved Occupancy|Issue Slots|Warp Cycles" "$out/ncu-prompt-$v.txt" | head -30
+        done
+fi
 if has ncuattn; then
         say "ncu: attention kernel details"
         X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:k_attn_dec --launch-skip 60 --launch-count 1 \
