@@ -604,6 +604,16 @@ if has ncuprompt; then
                         --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -150 >"$out/ncu-prompt-$v.txt"
                 grep -E "Duration|Throughput|Hit Rate|Stall|Registers|Achieved Occupancy|Issue Slots|Warp Cycles" "$out/ncu-prompt-$v.txt" | head -30
         done
+        # and the rates beside it: both kernels with the f32 and the f16 cache (k_attn_fa's f16
+        # path has two cp.async buffers and no conversion pass)
+        for v in tc2 fa; do
+                for ct in f32 f16; do
+                        X4_CUDA_ATTN_PROMPT=$v "$build/tools/x4-bench" --model "$model" --device cuda --cache $ct \
+                                --prefill 512,4096 --decode-ctx none --repeats 3 --json 2>&1 |
+                                sed "s/}\$/,\"attn_prompt\":\"$v\"}/" | tee -a "$out/prompt-attn.jsonl" |
+                                grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | sed "s/^/$v $ct /"
+                done
+        done
 fi
 if has ncuattn; then
         say "ncu: attention kernel details"
