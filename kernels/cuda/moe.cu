@@ -261,11 +261,90 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         }
 }
 
+/* k_moe_group's layout (the same perm, tiles and wide tiles, int for int) with the pairs scanned
+ * by warps instead of one thread an id: warp w takes ids w, w + 32, ..., and walks the pairs 32 at
+ * a time, a ballot of those that name its id giving their count (first pass) and their ranks in
+ * pair order (second pass). k_moe_group's thread scans all P pairs twice, serially: about 20 K
+ * instructions a thread for a 512-token pass (P = 2,560), on one SM while the card waits. */
+#define GROUP_PAR_THREADS 1024
+__global__ void __launch_bounds__(GROUP_PAR_THREADS)
+        k_moe_group_par(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        __shared__ int32_t ss[GROUP_MAX_PAIRS];
+        __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS], wide0[GROUP_THREADS];
+        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+        uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
+        int32_t *perm = groups + 1 + 3 * tiles_max;
+        int32_t *wide = perm + P;
+
+        for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
+                ss[i] = sel[i];
+        __syncthreads();
+        for (uint32_t e = warp; e < n_ids; e += nw) {
+                uint32_t n = 0;
+                for (uint32_t c = 0; c < P; c += 32)
+                        n += __popc(__ballot_sync(CU_FULL_MASK, c + lane < P && ss[c + lane] == (int32_t) e));
+                if (lane == 0)
+                        cnt[e] = n;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+                uint32_t f = 0, tl = 0, tw = 0;
+                for (uint32_t x = 0; x < n_ids; x++) {
+                        first[x] = f;
+                        tile0[x] = tl;
+                        wide0[x] = tw;
+                        f += cnt[x];
+                        tl += (cnt[x] + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
+                        tw += (cnt[x] + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE;
+                }
+                groups[0] = (int32_t) tl;
+                wide[0] = (int32_t) tw;
+        }
+        __syncthreads();
+        for (uint32_t e = warp; e < n_ids; e += nw) {
+                uint32_t n = cnt[e], k = first[e];
+                if (n == 0)
+                        continue;
+                for (uint32_t c = 0; c < P; c += 32) {
+                        bool m = c + lane < P && ss[c + lane] == (int32_t) e;
+                        uint32_t b = __ballot_sync(CU_FULL_MASK, m);
+                        if (m)
+                                perm[k + __popc(b & ((1u << lane) - 1u))] = (int32_t) (c + lane);
+                        k += __popc(b);
+                }
+                for (uint32_t j = lane; j * CU_GROUP_TILE < n; j += 32) {
+                        int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
+                        tdesc[0] = (int32_t) e;
+                        tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_TILE);
+                        tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_TILE, n - j * CU_GROUP_TILE);
+                }
+                for (uint32_t j = lane; j * CU_GROUP_WIDE < n; j += 32) {
+                        int32_t *tdesc = wide + 1 + 3 * (wide0[e] + j);
+                        tdesc[0] = (int32_t) e;
+                        tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_WIDE);
+                        tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_WIDE, n - j * CU_GROUP_WIDE);
+                }
+        }
+}
+
 extern "C" uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids,
                                  int32_t *groups, cudaStream_t s) {
         if (P == 0 || P > GROUP_MAX_PAIRS || n_ids > GROUP_THREADS)
                 return 0;
+        /* X4_CUDA_MOE_GROUP=warps: k_moe_group_par (the same layout; GPU test group_same). Opt-in
+         * until a GPU run has compared the two and timed it. */
+        static int par = -1;
+        if (par < 0) {
+                const char *e = getenv("X4_CUDA_MOE_GROUP");
+                par = e && !strcmp(e, "warps");
+        }
         cu_launches++;
+        if (par) {
+                cu_launch(k_moe_group_par, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
+                return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
+        }
         cu_launch(k_moe_group, 1, GROUP_THREADS, 0, s, sel, P, n_ids, groups);
         return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
 }

@@ -344,6 +344,23 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 rm -f "$tmp"/rb-*.bin "$tmp"/rbp-*.bin
         }
         step "router rows a block agree bit for bit, demo model" router_same
+        # the MoE grouping by warps (X4_CUDA_MOE_GROUP=warps, k_moe_group_par) against one thread an
+        # expert (k_moe_group): the same layout, so the same logits, for prompt passes of 100 and
+        # 300 tokens (500 and 1,500 pairs) and decodes
+        group_same() {
+                local prompt v
+                prompt=$(awk 'BEGIN { s = 31; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for v in serial warps; do
+                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --prompt-class --chunk 100 --decode 9,99 --device cuda --out "$tmp/grp-$v.bin" || return 1
+                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --prompt-class --decode 9 --device cuda --out "$tmp/grpw-$v.bin" || return 1
+                done
+                cmp "$tmp/grp-serial.bin" "$tmp/grp-warps.bin" && cmp "$tmp/grpw-serial.bin" "$tmp/grpw-warps.bin" || return 1
+                echo "MoE grouping by warps vs a thread an expert: identical logits"
+                rm -f "$tmp"/grp-*.bin "$tmp"/grpw-*.bin
+        }
+        step "MoE grouping by warps agrees bit for bit, demo model" group_same
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
