@@ -382,13 +382,18 @@ template <int BYTES>
 #endif
 }
 
-/* four 8×8 b16 matrices; lane l gives the row address of matrix l / 8, r[i] is matrix i's fragment */
+/* four 8×8 b16 matrices; lane l gives the row address of matrix l / 8, r[i] is matrix i's fragment
+ * (TRANS: transposed, the B fragments of row-major [k][n] tiles) */
+template <bool TRANS = false>
 [[maybe_unused]] static __device__ __forceinline__ void mtp_ldm4(uint32_t *r, const void *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(s));
+        if constexpr (TRANS)
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+        else
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 #else
         (void) r, (void) smem;
 #endif

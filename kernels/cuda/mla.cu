@@ -1357,18 +1357,6 @@ static __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, boo
 #endif
 }
 
-/* four 8×8 b16 matrices transposed (B fragments of [k][n] rows): lane l names a row of matrix l / 8 */
-static __device__ __forceinline__ void fa_ldm4t(uint32_t *r, const void *smem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(smem);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(s));
-#else
-        (void) r, (void) smem;
-#endif
-}
-
 /* the two warps of m-tile mt (64 threads) meet: named barrier 1 + mt */
 static __device__ __forceinline__ void fa_pair_sync(uint32_t mt) {
         asm volatile("bar.sync %0, 64;\n" ::"r"(1 + mt) : "memory");
@@ -1576,7 +1564,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
                                         if ((uint32_t) i >= nth)
                                                 break;
                                         uint32_t b[4];
-                                        fa_ldm4t(b, vb + 8 * i);
+                                        mtp_ldm4<true>(b, vb + 8 * i);
                                         tc_mma(o[i], af[0], af[1], af[2], af[3], b[0] & m0, b[1] & m1);
                                         tc_mma(o[i + 1], af[0], af[1], af[2], af[3], b[2] & m0, b[3] & m1);
                                 }

@@ -207,6 +207,24 @@ extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
         return 1 + 3 * tiles + P + 1 + 3 * wide;
 }
 
+/* Serial prefix over the ids' pair counts: each id's first pair, first tile and first wide tile;
+ * the tile counts in groups[0] and wide[0]. */
+static __device__ __forceinline__ void group_prefix(const uint32_t *cnt, uint32_t n_ids, uint32_t *first,
+                                                    uint32_t *tile0, uint32_t *wide0, int32_t *groups,
+                                                    int32_t *wide) {
+        uint32_t f = 0, tl = 0, tw = 0;
+        for (uint32_t x = 0; x < n_ids; x++) {
+                first[x] = f;
+                tile0[x] = tl;
+                wide0[x] = tw;
+                f += cnt[x];
+                tl += (cnt[x] + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
+                tw += (cnt[x] + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE;
+        }
+        groups[0] = (int32_t) tl;
+        wide[0] = (int32_t) tw;
+}
+
 __global__ void __launch_bounds__(GROUP_THREADS)
         k_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
         cu_pdl_wait();
@@ -227,19 +245,8 @@ __global__ void __launch_bounds__(GROUP_THREADS)
                         n += ss[i] == (int32_t) e;
         cnt[e] = n;
         __syncthreads();
-        if (threadIdx.x == 0) {
-                uint32_t f = 0, tl = 0, tw = 0;
-                for (uint32_t x = 0; x < n_ids; x++) {
-                        first[x] = f;
-                        tile0[x] = tl;
-                        wide0[x] = tw;
-                        f += cnt[x];
-                        tl += (cnt[x] + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
-                        tw += (cnt[x] + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE;
-                }
-                groups[0] = (int32_t) tl;
-                wide[0] = (int32_t) tw;
-        }
+        if (threadIdx.x == 0)
+                group_prefix(cnt, n_ids, first, tile0, wide0, groups, wide);
         __syncthreads();
         if (e >= n_ids || n == 0)
                 return;
@@ -289,19 +296,8 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
                         cnt[e] = n;
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-                uint32_t f = 0, tl = 0, tw = 0;
-                for (uint32_t x = 0; x < n_ids; x++) {
-                        first[x] = f;
-                        tile0[x] = tl;
-                        wide0[x] = tw;
-                        f += cnt[x];
-                        tl += (cnt[x] + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
-                        tw += (cnt[x] + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE;
-                }
-                groups[0] = (int32_t) tl;
-                wide[0] = (int32_t) tw;
-        }
+        if (threadIdx.x == 0)
+                group_prefix(cnt, n_ids, first, tile0, wide0, groups, wide);
         __syncthreads();
         for (uint32_t e = warp; e < n_ids; e += nw) {
                 uint32_t n = cnt[e], k = first[e];
@@ -314,6 +310,9 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
                                 perm[k + __popc(b & ((1u << lane) - 1u))] = (int32_t) (c + lane);
                         k += __popc(b);
                 }
+                /* k_moe_group's descriptor loops, a lane a tile (k_moe_group keeps its own
+                 * loops, so its machine code is the GPU-tested one; it goes once this kernel is
+                 * the default) */
                 for (uint32_t j = lane; j * CU_GROUP_TILE < n; j += 32) {
                         int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
                         tdesc[0] = (int32_t) e;

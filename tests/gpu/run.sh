@@ -328,39 +328,34 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 rm -f "$tmp"/fa-*.bin "$tmp"/fa64-*.bin
         }
         step "prompt attention k_attn_fa: chunk invariance and fixture, demo model" fa_same
-        # the router's matvec with 4 expert rows a block (token tiles of 8; a token's input read once
-        # for the 4) against a row a block (X4_CUDA_ROUTER_RB=1): the same chains, identical logits
-        router_same() {
-                local prompt v
-                prompt=$(awk 'BEGIN { s = 29; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for v in 1 4; do
-                        X4_CUDA_ROUTER_RB=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
-                                --chunk 100 --decode 9,99 --device cuda --out "$tmp/rb-$v.bin" || return 1
-                        X4_CUDA_ROUTER_RB=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
-                                --prompt-class --decode 9 --device cuda --out "$tmp/rbp-$v.bin" || return 1
+        # env_same VAR A B SEED SHAPE...: a 300-token demo-model prompt (LCG seed SEED) run with VAR=A
+        # and VAR=B for each run shape (x4-logits options): identical logits expected
+        env_same() {
+                local var=$1 a=$2 b=$3 seed=$4 prompt shape v i=0
+                shift 4
+                prompt=$(awk -v s="$seed" 'BEGIN { for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for shape in "$@"; do
+                        for v in "$a" "$b"; do
+                                # shellcheck disable=SC2086 # a shape is several options
+                                env "$var=$v" "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" $shape \
+                                        --device cuda --out "$tmp/es-$i-$v.bin" || return 1
+                        done
+                        cmp "$tmp/es-$i-$a.bin" "$tmp/es-$i-$b.bin" || { echo "$var=$a and $var=$b differ ($shape)"; return 1; }
+                        i=$((i + 1))
                 done
-                cmp "$tmp/rb-1.bin" "$tmp/rb-4.bin" && cmp "$tmp/rbp-1.bin" "$tmp/rbp-4.bin" || return 1
-                echo "router 4 rows a block vs 1: identical logits (generated and prompt classes)"
-                rm -f "$tmp"/rb-*.bin "$tmp"/rbp-*.bin
+                rm -f "$tmp"/es-*.bin
+                echo "$var=$a and $var=$b: identical logits ($# run shapes)"
         }
-        step "router rows a block agree bit for bit, demo model" router_same
+        # the router's matvec with 4 expert rows a block (token tiles of 8; a token's input read once
+        # for the 4) against a row a block (X4_CUDA_ROUTER_RB=1): the same chains, generated and
+        # prompt classes
+        step "router rows a block agree bit for bit, demo model" \
+                env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
         # the MoE grouping by warps (X4_CUDA_MOE_GROUP=warps, k_moe_group_par) against one thread an
         # expert (k_moe_group): the same layout, so the same logits, for prompt passes of 100 and
         # 300 tokens (500 and 1,500 pairs) and decodes
-        group_same() {
-                local prompt v
-                prompt=$(awk 'BEGIN { s = 31; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for v in serial warps; do
-                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
-                                --prompt-class --chunk 100 --decode 9,99 --device cuda --out "$tmp/grp-$v.bin" || return 1
-                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
-                                --prompt-class --decode 9 --device cuda --out "$tmp/grpw-$v.bin" || return 1
-                done
-                cmp "$tmp/grp-serial.bin" "$tmp/grp-warps.bin" && cmp "$tmp/grpw-serial.bin" "$tmp/grpw-warps.bin" || return 1
-                echo "MoE grouping by warps vs a thread an expert: identical logits"
-                rm -f "$tmp"/grp-*.bin "$tmp"/grpw-*.bin
-        }
-        step "MoE grouping by warps agrees bit for bit, demo model" group_same
+        step "MoE grouping by warps agrees bit for bit, demo model" \
+                env_same X4_CUDA_MOE_GROUP serial warps 31 "--prompt-class --chunk 100 --decode 9,99" "--prompt-class --decode 9"
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
