@@ -360,6 +360,14 @@ if has mile; then
         say "mile: prefill 32,768"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none --repeats 1 \
                 --json 2>&1 | tee "$out/prefill32k.jsonl" | grep '"prefill"' | cut -c1-120
+        if [ -n "${X4_MILE_BATCH:-}" ]; then
+                # the issues' batch rows: 16 and 64 at 512 / 4,096 (f32 cache), 1 at 32,768
+                say "mile: decode batch 16, 64 at 512, 4,096; batch 1 at 32,768"
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512,4096 --batch 16,64 \
+                        --decode-tokens 16 --repeats 3 --json 2>&1 | tee -a "$out/mile.jsonl" | grep '"decode"' | cut -c1-120
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 32768 --batch 1 \
+                        --decode-tokens 16 --repeats 3 --json 2>&1 | tee -a "$out/mile.jsonl" | grep '"decode"' | cut -c1-120
+        fi
 fi
 if has pparts; then
         # issue 12: the prompt kernel's part length (X4_CUDA_ATTN_PROMPT_PART; default
