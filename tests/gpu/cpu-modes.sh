@@ -3,7 +3,8 @@
 # x4-gpu-check's CPU-only modes, in CI (no GPU there): the conditioning mode (the CPU reference
 # against itself with one layer-0 weight one ulp off) on the demo model, then the parity mode CPU
 # against CPU with that conditioning file, so both keep working and agree on their formats; and the
-# nextn mode CPU against CPU (its own logic: rows, routing traces, invariance, pages, verify steps).
+# nextn mode CPU against CPU (its own logic: rows, routing traces, invariance, pages, verify steps),
+# all rows and with X4_GPU_NEXTN_EACH.
 #   cpu-modes.sh X4_GPU_CHECK X4_MKMODEL
 set -eu
 check=$1 mkmodel=$2
@@ -30,4 +31,14 @@ grep -q '^nextn: [0-9]* checks, 0 failed' "$dir/nextn.log"
 # both backends' MoE routing traced (trunk and NextN block), nothing dropped, no flip CPU vs CPU
 grep -q '^nextn: route trace: cpu [1-9][0-9]* trunk + [1-9][0-9]* block calls (0 dropped), cpu [1-9][0-9]* + [1-9][0-9]* (0 dropped), .*; positions with a flip: trunk 0, block 0;' "$dir/nextn.log"
 grep -q '^nextn: verify steps .* [1-9][0-9]* drafts accepted, [1-9][0-9]* steps with a rejection; 0 rows differ' "$dir/nextn.log"
+# every row's one-call-each check by default; X4_GPU_NEXTN_EACH (the GPU racecheck step) limits it
+grep -q '^nextn: 199 NextN rows one call each vs one call: 0 values differ' "$dir/nextn.log"
+"$mkmodel" --preset tiny --nextn 1 --quiet --out "$dir/tiny-nextn.gguf"
+X4_GPU_NEXTN_DEVICE=cpu X4_GPU_NEXTN_EACH=40 "$check" nextn "$dir/tiny-nextn.gguf" | tee "$dir/nextn-each.log"
+grep -q '^nextn: 40 NextN rows one call each vs one call: 0 values differ' "$dir/nextn-each.log"
+grep -q '^nextn: [0-9]* checks, 0 failed' "$dir/nextn-each.log"
+if X4_GPU_NEXTN_DEVICE=cpu X4_GPU_NEXTN_EACH=0 "$check" nextn "$dir/tiny-nextn.gguf" >"$dir/each0.log" 2>&1; then
+        echo "X4_GPU_NEXTN_EACH=0 was accepted"; exit 1
+fi
+grep -q 'X4_GPU_NEXTN_EACH=0: expected a row count of at least 1' "$dir/each0.log"
 echo "cpu-modes: ok"

@@ -1652,20 +1652,31 @@ static void test_nextn(const char *model_path) {
         bk_open_mtp(&cu, nextn_device, m, 3 * np, true);
         nextn_run(&cu, toks, N, H, p1, np, &gpu, NULL);
 
-        /* CUDA: the NextN rows one call per row (decode-shaped) give the bits of one call */
+        /* CUDA: the NextN rows one call per row (decode-shaped) give the bits of one call; all N - 1
+         * of them, or the first X4_GPU_NEXTN_EACH (the racecheck run: those calls are most of its
+         * launches, and the tool multiplies each launch's time) */
+        uint32_t each = N - 1;
+        const char *ev = getenv("X4_GPU_NEXTN_EACH");
+        if (ev) {
+                char *end;
+                unsigned long u = strtoul(ev, &end, 10);
+                REQUIRE(*ev && !*end && u >= 1, "X4_GPU_NEXTN_EACH=%s: expected a row count of at least 1", ev);
+                if (u < each)
+                        each = (uint32_t) u;
+        }
         _cleanup_free_ float *one = malloc((size_t) N * V * sizeof(float));
         _cleanup_free_ float *oneh = malloc((size_t) N * H * sizeof(float));
         REQUIRE(one && oneh, "out of memory");
-        for (uint32_t t = 0; t + 1 < N; t++)
+        for (uint32_t t = 0; t < each; t++)
                 nextn_call(&cu, toks + t + 1, 1, t, gpu.hidden + (size_t) t * H, p2, np,
                            one + (size_t) t * V, oneh + (size_t) t * H);
         size_t differ = 0;
-        for (size_t i = 0; i < (size_t) (N - 1) * V; i++)
+        for (size_t i = 0; i < (size_t) each * V; i++)
                 differ += memcmp(&one[i], &gpu.draft[i], sizeof(float)) != 0;
-        for (size_t i = 0; i < (size_t) (N - 1) * H; i++)
+        for (size_t i = 0; i < (size_t) each * H; i++)
                 differ += memcmp(&oneh[i], &gpu.dhid[i], sizeof(float)) != 0;
         printf("nextn: %u NextN rows one call each vs one call: %zu values differ (bit-identical "
-               "expected)\n", N - 1, differ);
+               "expected)\n", each, differ);
         CHECK(differ == 0, "NextN rows one at a time: %zu values differ", differ);
 
         /* the block's layer is in every page (page_bytes: n_layer + 1 layers), and a snapshot of
