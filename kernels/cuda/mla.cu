@@ -1441,12 +1441,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
                         roff[j] = cu_cache_row(c, layer, tk[lead], start + j);
                 __syncthreads();
                 fa_issue<CT>(F16 ? (void *) sK0 : (void *) sB, cache, roff, 0, n_max, D, rq);
-                float o[FA_NT_MAX][4];
-#pragma unroll
-                for (int i = 0; i < FA_NT_MAX; i++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                                o[i][e] = 0.0f;
+                float o[FA_NT_MAX][4] = {};
                 float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
                 uint32_t it = 0;
                 for (uint32_t s0 = 0; s0 < n_max; s0 += FA_SUB, it++) {
@@ -1473,12 +1468,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
                                 continue; /* a warp pair skips together: same token */
                         uint32_t lim = n_mine - s0; /* positions of this row's own in the sub-part */
                         /* partial scores: 16 rows × 32 positions over this half's k-steps */
-                        float acc[4][4];
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-#pragma unroll
-                                for (int e = 0; e < 4; e++)
-                                        acc[j][e] = 0.0f;
+                        float acc[4][4] = {};
                         const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
                         const __half *kb = sK + (size_t) ((lane / 16) * 8 + lane % 8) * rq + ((lane / 8) % 2) * 8;
                         for (uint32_t ks = k_lo; ks < k_hi; ks++) {

@@ -271,8 +271,9 @@ __global__ void __launch_bounds__(GROUP_THREADS)
 /* k_moe_group's layout (the same perm, tiles and wide tiles, int for int) with the pairs scanned
  * by warps instead of one thread an id: warp w takes ids w, w + 32, ..., and walks the pairs 32 at
  * a time, a ballot of those that name its id giving their count (first pass) and their ranks in
- * pair order (second pass). k_moe_group's thread scans all P pairs twice, serially: about 20 K
- * instructions a thread for a 512-token pass (P = 2,560), on one SM while the card waits. */
+ * pair order (second pass). k_moe_group's thread scans all P pairs twice, serially: by count
+ * about 20 K instructions a thread for a 512-token pass (P = 2,560; not yet timed), on one SM while
+ * the card waits. */
 #define GROUP_PAR_THREADS 1024
 __global__ void __launch_bounds__(GROUP_PAR_THREADS)
         k_moe_group_par(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
