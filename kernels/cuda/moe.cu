@@ -196,9 +196,9 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
         cu_launch(k_route, (T + 7) / 8, 256, 0, s, *a, T, sel, w); /* 8 tokens (warps) a block */
 }
 
-/* One block: expert e's thread counts its pairs, a serial prefix places the experts, and each
- * thread writes its pairs in pair order and its tiles: the layout depends on sel alone. */
-#define GROUP_THREADS 288 /* ≥ ROUTER_MAX_EXPERTS + 1 ids, a multiple of 32 */
+/* One block lays out the pairs by expert (the layout depends on sel alone): each id's pair
+ * count, a serial prefix placing the ids, then each id's pairs in pair order and its tiles. */
+#define GROUP_IDS_MAX 288 /* ≥ ROUTER_MAX_EXPERTS + 1 ids */
 #define GROUP_MAX_PAIRS 4608 /* T_max 512 × 9 slots */
 
 extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
@@ -225,62 +225,18 @@ static __device__ __forceinline__ void group_prefix(const uint32_t *cnt, uint32_
         wide[0] = (int32_t) tw;
 }
 
-__global__ void __launch_bounds__(GROUP_THREADS)
+/* The pairs are scanned by warps: warp w takes ids w, w + 32, ..., and walks the pairs 32 at a
+ * time, a ballot of those that name its id giving their count (first pass) and their ranks in pair
+ * order (second pass). It replaced one thread an id scanning all P pairs twice serially (the same
+ * ints, memcmp-tested on the GPU before that kernel went): the router class of a 512-token prefill
+ * 6.6 -> 3.9 ms on the H200, prefill 8,130 -> 8,491 tok/s (512) and 5,131 -> 5,276 (4,096). */
+#define GROUP_PAR_THREADS 1024
+__global__ void __launch_bounds__(GROUP_PAR_THREADS)
         k_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
         cu_pdl_wait();
         cu_pdl_trigger();
         __shared__ int32_t ss[GROUP_MAX_PAIRS];
-        __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS], wide0[GROUP_THREADS];
-        uint32_t e = threadIdx.x;
-        uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
-        int32_t *perm = groups + 1 + 3 * tiles_max;
-        int32_t *wide = perm + P; /* the same pairs in tiles of CU_GROUP_WIDE (mmtc.cu's k_mm_tcp) */
-
-        for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
-                ss[i] = sel[i];
-        __syncthreads();
-        uint32_t n = 0;
-        if (e < n_ids)
-                for (uint32_t i = 0; i < P; i++)
-                        n += ss[i] == (int32_t) e;
-        cnt[e] = n;
-        __syncthreads();
-        if (threadIdx.x == 0)
-                group_prefix(cnt, n_ids, first, tile0, wide0, groups, wide);
-        __syncthreads();
-        if (e >= n_ids || n == 0)
-                return;
-        uint32_t k = first[e];
-        for (uint32_t i = 0; i < P; i++)
-                if (ss[i] == (int32_t) e)
-                        perm[k++] = (int32_t) i;
-        for (uint32_t j = 0; j * CU_GROUP_TILE < n; j++) {
-                int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
-                tdesc[0] = (int32_t) e;
-                tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_TILE);
-                tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_TILE, n - j * CU_GROUP_TILE);
-        }
-        for (uint32_t j = 0; j * CU_GROUP_WIDE < n; j++) {
-                int32_t *tdesc = wide + 1 + 3 * (wide0[e] + j);
-                tdesc[0] = (int32_t) e;
-                tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_WIDE);
-                tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_WIDE, n - j * CU_GROUP_WIDE);
-        }
-}
-
-/* k_moe_group's layout (the same perm, tiles and wide tiles, int for int) with the pairs scanned
- * by warps instead of one thread an id: warp w takes ids w, w + 32, ..., and walks the pairs 32 at
- * a time, a ballot of those that name its id giving their count (first pass) and their ranks in
- * pair order (second pass). k_moe_group's thread scans all P pairs twice, serially: by count
- * about 20 K instructions a thread for a 512-token pass (P = 2,560; not yet timed), on one SM while
- * the card waits. */
-#define GROUP_PAR_THREADS 1024
-__global__ void __launch_bounds__(GROUP_PAR_THREADS)
-        k_moe_group_par(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
-        cu_pdl_wait();
-        cu_pdl_trigger();
-        __shared__ int32_t ss[GROUP_MAX_PAIRS];
-        __shared__ uint32_t cnt[GROUP_THREADS], first[GROUP_THREADS], tile0[GROUP_THREADS], wide0[GROUP_THREADS];
+        __shared__ uint32_t cnt[GROUP_IDS_MAX], first[GROUP_IDS_MAX], tile0[GROUP_IDS_MAX], wide0[GROUP_IDS_MAX];
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
         uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
         int32_t *perm = groups + 1 + 3 * tiles_max;
@@ -311,9 +267,7 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
                                 perm[k + __popc(b & ((1u << lane) - 1u))] = (int32_t) (c + lane);
                         k += __popc(b);
                 }
-                /* k_moe_group's descriptor loops, a lane a tile (k_moe_group keeps its own
-                 * loops, so its machine code is the GPU-tested one; it goes once this kernel is
-                 * the default) */
+                /* the descriptors, a lane a tile */
                 for (uint32_t j = lane; j * CU_GROUP_TILE < n; j += 32) {
                         int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
                         tdesc[0] = (int32_t) e;
@@ -331,20 +285,9 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
 
 extern "C" uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids,
                                  int32_t *groups, cudaStream_t s) {
-        if (P == 0 || P > GROUP_MAX_PAIRS || n_ids > GROUP_THREADS)
+        if (P == 0 || P > GROUP_MAX_PAIRS || n_ids > GROUP_IDS_MAX)
                 return 0;
-        /* X4_CUDA_MOE_GROUP=warps: k_moe_group_par (the same layout; GPU test group_same). Opt-in
-         * until a GPU run has compared the two and timed it. */
-        static int par = -1;
-        if (par < 0) {
-                const char *e = getenv("X4_CUDA_MOE_GROUP");
-                par = e && !strcmp(e, "warps");
-        }
         cu_launches++;
-        if (par) {
-                cu_launch(k_moe_group_par, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
-                return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
-        }
-        cu_launch(k_moe_group, 1, GROUP_THREADS, 0, s, sel, P, n_ids, groups);
+        cu_launch(k_moe_group, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
         return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
 }

@@ -600,19 +600,6 @@ if has attn; then
                         --decode-ctx 512,4096,32768 --batch 1 --decode-tokens 16 --repeats 2 2>&1 | grep "^decode"
         done
 fi
-if has pgroup; then
-        # the MoE grouping by warps (X4_CUDA_MOE_GROUP=warps) against one thread an expert: the
-        # router class's time in a prefill profile, and the rates
-        for v in serial warps; do
-                say "pgroup: X4_CUDA_MOE_GROUP=$v"
-                X4_CUDA_MOE_GROUP=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 \
-                        --decode-ctx 512 --batch 64 --decode-tokens 16 --repeats 3 --json 2>&1 |
-                        sed "s/}\$/,\"moe_group\":\"$v\"}/" | tee -a "$out/pgroup.jsonl" |
-                        grep -o '"what":"[a-z]*","[a-z]*":[0-9]*,[^,]*,"tok_s":[0-9.]*' | sed "s/^/$v /"
-                X4_CUDA_MOE_GROUP=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512 --decode-ctx none \
-                        --repeats 1 --profile 2>&1 | grep -E "^  router"
-        done
-fi
 if has ncuprompt; then
         # issue 12: what limits the prompt attention: ncu on one k_attn_tc2 launch and one k_attn_fa
         # launch of the 4,096-token prefill's last pass (8 passes × 40 layers a prefill; skip 300)

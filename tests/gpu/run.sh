@@ -351,11 +351,6 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # prompt classes
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
-        # the MoE grouping by warps (X4_CUDA_MOE_GROUP=warps, k_moe_group_par) against one thread an
-        # expert (k_moe_group): the same layout, so the same logits, for prompt passes of 100 and
-        # 300 tokens (500 and 1,500 pairs) and decodes
-        step "MoE grouping by warps agrees bit for bit, demo model" \
-                env_same X4_CUDA_MOE_GROUP serial warps 31 "--prompt-class --chunk 100 --decode 9,99" "--prompt-class --decode 9"
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
