@@ -166,6 +166,29 @@ struct x4_backend {
         int32_t *trace_sel;
         uint32_t trace_tok0;         /* batch index of the pass's first token */
         int trace_err;
+
+        /* prompt attention in the non-absorbed form (mha.cu; X4_CUDA_ATTN_PROMPT=mha): whether
+         * this device, shape and the k_b / v_b types allow it, the expansion scratch (in b->sc,
+         * which only the split decode kernels use), and the pass's jobs (mha_prepare) */
+        bool mha_ok, mha_pass;
+        uint16_t *mha_kx, *mha_vx;
+        uint32_t mha_rows_cap, mha_plen;
+        const uint32_t *pass_pos_h, *pass_tokpt_h; /* host copies of the pass's metadata */
+        struct cu_mha_job *mha_jobs_h, *mha_jobs_d;
+        uint32_t mha_jobs_cap, mha_jobs_dcap;
+        struct mha_group *mha_groups;
+        struct mha_batch *mha_batches;
+        uint32_t mha_n_groups, mha_groups_cap, mha_batches_cap;
+};
+
+/* a pass's attention group in the non-absorbed path: tokens [t0, t0 + n) with max_parts maxp,
+ * its job batches b0 .. b0 + nb */
+struct mha_group {
+        uint32_t t0, n, maxp, b0, nb;
+};
+/* jobs j0 .. j0 + nj of the job table, their scratch rows and query tiles */
+struct mha_batch {
+        uint32_t j0, nj, rows, qtiles;
 };
 
 #define CU_TRY(call, err, what)                                                                    \
@@ -765,6 +788,145 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         return off;
 }
 
+/* The non-absorbed prompt attention (mha.cu): chosen with X4_CUDA_ATTN_PROMPT=mha for prompt
+ * passes, where the device, the head shape and every attention block's k_b / v_b types allow it
+ * and the split kernels' score workspace (idle in prompt passes) holds a part's expanded rows. */
+static bool mha_wanted(void) {
+        static int want = -1;
+        if (want < 0) {
+                const char *e = getenv("X4_CUDA_ATTN_PROMPT");
+                want = e && streq(e, "mha");
+        }
+        return want;
+}
+
+static void mha_setup(struct x4_backend *b) {
+        const struct x4_config *c = &b->cfg;
+        uint64_t nh = c->n_head, DK = (uint64_t) c->qk_nope + c->qk_rope, V = c->v_head;
+        b->mha_ok = false;
+        if (!mha_wanted())
+                return;
+        const char *why = NULL;
+        uint64_t sc_bytes = (uint64_t) b->part_slots * nh * CU_ATTN_PART * sizeof(float);
+        uint64_t rows = sc_bytes / (2 * nh * (DK + V)) / 64 * 64;
+        if (!cu_mha_setup(c->qk_nope, c->qk_rope, c->v_head, c->kv_lora_rank))
+                why = "no kernel for this device (sm_80 or newer) or head shape";
+        for (uint32_t l = 0; !why && l < c->n_layer; l++)
+                if (!cu_mha_supported(b->layers[l].k_b.type, b->layers[l].v_b.type))
+                        why = "attn_k_b / attn_v_b are not both F32, F16 or BF16";
+        if (!why && (rows < CU_ATTN_PART_TC2 || rows > UINT32_MAX)) /* a part of the longest length fits */
+                why = "the expansion scratch holds too few rows";
+        if (why) {
+                log_warning("CUDA backend: X4_CUDA_ATTN_PROMPT=mha: %s; the absorbed prompt kernels serve", why);
+                return;
+        }
+        b->mha_rows_cap = (uint32_t) rows;
+        b->mha_kx = (uint16_t *) b->sc;
+        b->mha_vx = b->mha_kx + nh * rows * DK;
+        b->mha_ok = true;
+}
+
+/* grow an array of `size`-byte elements to hold n */
+static int mha_grow(void **p, uint32_t *cap, uint64_t n, size_t size) {
+        if (n <= *cap)
+                return 0;
+        uint64_t c = MAX(n, (uint64_t) *cap * 2);
+        if (c > UINT32_MAX)
+                return -E2BIG;
+        void *q = realloc(*p, c * size);
+        if (!q)
+                return -ENOMEM;
+        *p = q;
+        *cap = (uint32_t) c;
+        return 0;
+}
+
+/* The pass's jobs for the non-absorbed path: attention groups of as many tokens as the partial
+ * workspace holds in rows of V + 2 values; in each, a job per (run of one sequence's consecutive
+ * tokens, part of its context), batched so a batch's parts fit the expansion scratch; uploaded
+ * once, the same for every layer. false: the pass takes the absorbed kernels. */
+static bool mha_prepare(struct x4_backend *b, uint32_t T) {
+        const struct x4_config *c = &b->cfg;
+        const uint32_t *pos = b->pass_pos_h, *tp = b->pass_tokpt_h;
+        /* the prompt kernels' part length (this is a prompt pass) */
+        uint32_t plen = cu_attn_part_len(c->kv_lora_rank + c->qk_rope), cap = b->mha_rows_cap;
+        uint64_t slots = (uint64_t) b->part_slots * (c->kv_lora_rank + 2) / (c->v_head + 2);
+        uint32_t ng = 0, nb = 0, nj = 0;
+
+        if (!pos || !tp || T == 0 || plen > cap)
+                return false;
+        b->mha_plen = plen;
+        for (uint32_t g0 = 0; g0 < T;) {
+                uint32_t maxp = 0, n = 0;
+                while (g0 + n < T) {
+                        uint32_t m = MAX(maxp, pos[g0 + n] / plen + 1);
+                        if ((uint64_t) m * (n + 1) > slots)
+                                break;
+                        maxp = m;
+                        n++;
+                }
+                if (n == 0 || mha_grow((void **) &b->mha_groups, &b->mha_groups_cap, ng + 1,
+                                       sizeof *b->mha_groups) < 0)
+                        return false;
+                struct mha_group *g = &b->mha_groups[ng++];
+                *g = (struct mha_group){.t0 = g0, .n = n, .maxp = maxp, .b0 = nb};
+                uint32_t rows = 0, qt = 0, j0 = nj;
+                for (uint32_t s0 = g0; s0 < g0 + n;) {
+                        uint32_t e = s0 + 1;
+                        while (e < g0 + n && tp[e] == tp[s0] && pos[e] == pos[e - 1] + 1)
+                                e++;
+                        uint32_t pf = pos[s0], pl = pos[e - 1];
+                        for (uint32_t q = 0; q <= pl / plen; q++) {
+                                uint32_t start = q * plen, npos = MIN(start + plen, pl + 1) - start;
+                                uint32_t k0 = start > pf ? start - pf : 0, nq = (e - s0) - k0;
+                                if (rows + npos > cap) {
+                                        if (mha_grow((void **) &b->mha_batches, &b->mha_batches_cap, nb + 1,
+                                                     sizeof *b->mha_batches) < 0)
+                                                return false;
+                                        b->mha_batches[nb++] = (struct mha_batch){j0, nj - j0, rows, qt};
+                                        g->nb++;
+                                        rows = qt = 0;
+                                        j0 = nj;
+                                }
+                                if (mha_grow((void **) &b->mha_jobs_h, &b->mha_jobs_cap, nj + 1,
+                                             sizeof *b->mha_jobs_h) < 0)
+                                        return false;
+                                b->mha_jobs_h[nj++] = (struct cu_mha_job){
+                                        .tq = s0 + k0, .nq = nq, .tl0 = s0 + k0 - g0, .maxp = maxp,
+                                        .pos0 = start, .npos = npos, .row0 = rows, .tok = s0,
+                                        .part = q, .qt0 = qt,
+                                };
+                                rows += npos;
+                                qt += (nq + 63) / 64;
+                        }
+                        s0 = e;
+                }
+                if (nj > j0) {
+                        if (mha_grow((void **) &b->mha_batches, &b->mha_batches_cap, nb + 1,
+                                     sizeof *b->mha_batches) < 0)
+                                return false;
+                        b->mha_batches[nb++] = (struct mha_batch){j0, nj - j0, rows, qt};
+                        g->nb++;
+                }
+                g0 += n;
+        }
+        if (nj > b->mha_jobs_dcap) {
+                cudaFree(b->mha_jobs_d);
+                b->mha_jobs_d = NULL;
+                b->mha_jobs_dcap = 0;
+                if (CU_TRY(cudaMalloc((void **) &b->mha_jobs_d, (size_t) b->mha_jobs_cap * sizeof *b->mha_jobs_d),
+                           ENOMEM, "allocating attention jobs") < 0)
+                        return false;
+                b->mha_jobs_dcap = b->mha_jobs_cap;
+        }
+        if (CU_TRY(cudaMemcpyAsync(b->mha_jobs_d, b->mha_jobs_h, (size_t) nj * sizeof *b->mha_jobs_d,
+                                   cudaMemcpyHostToDevice, b->stream),
+                   EIO, "uploading attention jobs") < 0)
+                return false;
+        b->mha_n_groups = ng;
+        return true;
+}
+
 /* ---- create / destroy ----------------------------------------------------------------------- */
 
 static void prof_free(struct cu_prof *p) {
@@ -793,6 +955,10 @@ static void cuda_destroy(struct x4_backend *b) {
         cudaFree(b->meta_d);
         cudaFree(b->inv_freq);
         cudaFreeHost(b->meta_h);
+        cudaFree(b->mha_jobs_d);
+        free(b->mha_jobs_h);
+        free(b->mha_groups);
+        free(b->mha_batches);
         prof_free(&b->prof);
         graphs_drop(b);
         free(b->graphs);
@@ -1031,6 +1197,7 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                 return r;
         ws_layout(b, b->ws);
         cu_attention_setup(c->kv_lora_rank, c->qk_rope);
+        mha_setup(b);
         cu_mm_tc_setup();
         cu_hc_setup();
         /* the fused HC kernel's tickets start (and every launch leaves them) at zero */
@@ -1278,6 +1445,43 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
         cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
                     b->inv_freq, c->rope_interleave, cache, l, s);
         prof_mark(b, PC_MLA_PREP);
+        if (b->mha_pass) {
+                /* the non-absorbed form (mha.cu): q = W_qb · qa, RoPE of q_pe in place; each part's
+                 * keys and values expanded from the cache, attention, the parts folded into the
+                 * per-head value rows (b->ao) v_b would have made; then out = W_o · o */
+                mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
+                prof_mark(b, PC_ATTN_PROJ);
+                struct cu_attn qa = *attn;
+                qa.qc = b->q;
+                qa.KV = nope; /* rows of nope + R: RoPE(q_pe) over q_pe */
+                cu_q_rope(&qa, T, d_pos, s);
+                prof_mark(b, PC_MLA_PREP);
+                size_t es = cl->k_b.type == GGML_TYPE_F32 ? 4 : 2;
+                struct cu_mha m = {
+                        .kb = cl->k_b.d, .vb = cl->v_b.d, .w_type = cl->k_b.type,
+                        .kb_row_elems = cl->k_b.row_bytes / es, .vb_row_elems = cl->v_b.row_bytes / es,
+                        .kx = b->mha_kx, .vx = b->mha_vx, .rows_cap = b->mha_rows_cap, .q = b->q,
+                        .n_head = nh, .nope = nope, .R = R, .V = V, .KV = KV, .scale = c->attn_scale,
+                        .part = b->part,
+                };
+                for (uint32_t gi = 0; gi < b->mha_n_groups; gi++) {
+                        const struct mha_group *g = &b->mha_groups[gi];
+                        for (uint32_t bi = g->b0; bi < g->b0 + g->nb; bi++) {
+                                const struct mha_batch *bt = &b->mha_batches[bi];
+                                m.jobs = b->mha_jobs_d + bt->j0;
+                                m.n_jobs = bt->nj;
+                                m.rows = bt->rows;
+                                m.qtiles = bt->qtiles;
+                                cu_mha_batch(&m, cache, l, s);
+                        }
+                        cu_attn_combine(b->part, g->t0, g->n, g->maxp, b->mha_plen, nh, V,
+                                        cache->tok_pos, b->ao, s);
+                }
+                prof_mark(b, PC_ATTENTION);
+                mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
+                prof_mark(b, PC_ATTN_PROJ);
+                return;
+        }
         /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; cu_q_rope appends RoPE(q_pe) */
         mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
         struct cu_mv kb = {
@@ -1411,6 +1615,9 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         cu_mm_tc_scratch(b->xbf, b->xbf_cap);
         const struct x4_config *c = &b->cfg;
         uint32_t H = c->n_embd, n_hc = c->hc_mult;
+        /* prompt passes (never captured: graphs hold generated-class steps) may take the
+         * non-absorbed attention; its jobs are built once for the pass's 40 layers */
+        b->mha_pass = b->mha_ok && cu_pass_prompt() && mha_prepare(b, T);
         cudaStream_t s = b->stream;
         struct cu_cache cache = pass_cache(b, d_pos, d_tokpt, d_pt);
         struct cu_attn attn = pass_attn(b);
@@ -1459,6 +1666,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         /* the last sublayer's post-mapping */
         cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
         prof_mark(b, PC_HC);
+        b->mha_pass = false;
 }
 
 /* U5 (docs/model.md §8, model/xing4.h): the kernels rope a row at the position of its cache slot
@@ -1550,6 +1758,7 @@ struct plan {
         uint64_t *row_tok, *hrow_tok; /* the batch token index of every logits / hidden row */
         uint32_t *att;
         const uint32_t *d_ids, *d_pos, *d_tokpt, *d_rows, *d_hrows, *d_pt;
+        const uint32_t *h_pos, *h_tokpt; /* host copies (b->meta_h) */
 };
 
 static void plan_free(struct plan *p) {
@@ -1670,6 +1879,8 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
         p->n_att = n_att;
         p->n_meta = n_meta;
         p->att = att;
+        p->h_pos = pos;
+        p->h_tokpt = tokpt;
         p->d_ids = b->meta_d;
         p->d_pos = p->d_ids + T_tot;
         p->d_tokpt = p->d_pos + T_tot;
@@ -1812,8 +2023,11 @@ static int run_passes(struct x4_backend *b, const struct plan *p, const struct x
                         nextn_pass(b, T, p->d_ids + p0, p->d_pos + p0, p->d_tokpt + p0, p->d_pt,
                                    p->att + 3 * a0, (uint32_t) (ai - a0));
                 } else {
+                        b->pass_pos_h = p->h_pos + p0;
+                        b->pass_tokpt_h = p->h_tokpt + p0;
                         forward_pass(b, T, p->d_ids + p0, p->d_pos + p0, p->d_tokpt + p0, p->d_pt,
                                      p->att + 3 * a0, (uint32_t) (ai - a0));
+                        b->pass_pos_h = b->pass_tokpt_h = NULL;
                 }
                 /* hidden rows of this pass: those whose token index falls in [p0, p0 + T) */
                 uint64_t h1 = h0;

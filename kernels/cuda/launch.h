@@ -221,6 +221,42 @@ void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max
  * (max_parts) with it, under the same pass class as the launch. */
 uint32_t cu_attn_part_len(uint32_t D);
 
+/* Prompt attention in the non-absorbed form (mha.cu): a job is one sequence's tokens against one
+ * part of its context (positions [pos0, pos0 + npos), part index `part`), the part's keys and
+ * values expanded into rows row0.. of the scratch. Jobs of a batch are in order of row0 and of
+ * qt0 (the job's first query tile of 64 tokens in the batch's grid). */
+struct cu_mha_job {
+        uint32_t tq, nq;     /* the pass's query tokens tq .. tq + nq (one sequence, consecutive positions) */
+        uint32_t tl0, maxp;  /* tq's index in its attention group and the group's part stride */
+        uint32_t pos0, npos; /* the part's positions */
+        uint32_t row0, tok;  /* scratch row of pos0; a token of the sequence (its page table) */
+        uint32_t part, qt0;
+};
+struct cu_mha {
+        const void *kb, *vb;  /* Kb [h][KV][nope], Vb [h][V][KV]: F32, F16 or BF16 */
+        uint32_t w_type;
+        uint64_t kb_row_elems, vb_row_elems;
+        uint16_t *kx, *vx;    /* f16 scratch: [h][rows_cap][nope + R], [h][rows_cap][V] */
+        uint32_t rows_cap;
+        const float *q;       /* the pass's queries [T][h][nope + R], RoPE applied */
+        uint32_t n_head, nope, R, V, KV;
+        float scale;
+        const struct cu_mha_job *jobs; /* this batch's (device) */
+        uint32_t n_jobs, rows, qtiles;
+        float *part;          /* partials [token of the group][part][head][V + 2] */
+};
+/* Once per backend: whether this device and head shape have the kernels (false: the absorbed
+ * prompt kernels serve). */
+bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV);
+bool cu_mha_supported(uint32_t kb_type, uint32_t vb_type);
+/* a batch of jobs: expand their rows, attend their query tiles (partials into m->part) */
+void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, uint32_t layer, cudaStream_t s);
+/* fold the partials of tokens [t0, t0 + n) (rows of `values` + 2, max_parts a token) in part
+ * order into out[t][h][values] */
+void cu_attn_combine(const float *part, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
+                     uint32_t n_head, uint32_t values, const uint32_t *tok_pos, float *out,
+                     cudaStream_t s);
+
 /* docs/model.md §5 router: per token, z = W_r·f (fp32), scores, top-k of score + bias, weights. Writes
  * per token n_slots = k (+1 for the shared expert, id n_expert, weight 1). */
 struct cu_router {

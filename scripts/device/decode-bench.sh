@@ -37,51 +37,71 @@ if has tests; then
         say "tests/gpu/run.sh"
         X4_GPU_BUILD=$build bash tests/gpu/run.sh 2>&1 | tail -120
 fi
-if has facheck; then
-        # k_attn_fa (X4_CUDA_ATTN_PROMPT=fa) on its first runs: a 700-token prompt labeled as a prompt
-        # (demo model) whole vs chunks of 1/7/64/100 and with parts of 64, the fixture vs its f64
-        # oracle with prompts labeled, the three sanitizers on the quick mode
-        say "facheck"
-        export X4_CUDA_ATTN_PROMPT=fa
+# promptcheck V: a prompt attention variant (X4_CUDA_ATTN_PROMPT=V) on its first runs: a 700-token
+# prompt labeled as a prompt (demo model) whole vs chunks of 1/7/64/100 and with parts of 64, the
+# fixture vs its f64 oracle with prompts labeled, chunk and batch checks, the three sanitizers on the
+# quick mode; with X4_FA_BENCH=1 the full model's prefill rates beside the default kernel
+promptcheck() {
+        local v=$1
+        say "promptcheck $v"
+        export X4_CUDA_ATTN_PROMPT=$v
         ck=$build/kernels/cuda/x4-gpu-check
         fx=tests/fixtures/xing4-tiny-a
-        mkdir -p /tmp/fa && "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/fa/demo.gguf
+        mkdir -p /tmp/fa && [ -f /tmp/fa/demo.gguf ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/fa/demo.gguf
         prompt=$(awk 'BEGIN { s = 19; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
         for c in 0 1 7 64 100; do
                 "$build/tools/x4-logits" --model /tmp/fa/demo.gguf --prompt-class --prompt "$prompt" \
-                        $([ $c -gt 0 ] && echo --chunk $c) --decode 9,99 --device cuda --out /tmp/fa/fa-$c.bin 2>&1 | tail -1
-                [ $c -gt 0 ] && cmp /tmp/fa/fa-0.bin /tmp/fa/fa-$c.bin && echo "facheck: chunk $c = whole"
+                        $([ $c -gt 0 ] && echo --chunk $c) --decode 9,99 --device cuda --out /tmp/fa/$v-$c.bin 2>&1 | tail -1
+                [ $c -gt 0 ] && cmp /tmp/fa/$v-0.bin /tmp/fa/$v-$c.bin && echo "$v: chunk $c = whole"
         done
         for c in 0 7; do
                 X4_CUDA_ATTN_PROMPT_PART=64 "$build/tools/x4-logits" --model /tmp/fa/demo.gguf --prompt-class --prompt "$prompt" \
-                        $([ $c -gt 0 ] && echo --chunk $c) --decode 9,99 --device cuda --out /tmp/fa/fa64-$c.bin 2>&1 | tail -1
+                        $([ $c -gt 0 ] && echo --chunk $c) --decode 9,99 --device cuda --out /tmp/fa/${v}64-$c.bin 2>&1 | tail -1
         done
-        cmp /tmp/fa/fa64-0.bin /tmp/fa/fa64-7.bin && echo "facheck: parts of 64, chunk 7 = whole"
+        cmp /tmp/fa/${v}64-0.bin /tmp/fa/${v}64-7.bin && echo "$v: parts of 64, chunk 7 = whole"
         X4_CUDA_ATTN_PROMPT= "$build/tools/x4-logits" --model /tmp/fa/demo.gguf --prompt-class --prompt "$prompt" \
                 --decode 9,99 --device cuda --out /tmp/fa/tc2-0.bin 2>&1 | tail -1
-        python3 - <<'PY'
+        "$build/tools/x4-logits" --model /tmp/fa/demo.gguf --prompt "$prompt" --decode 9,99 --device cpu \
+                --out /tmp/fa/cpu-0.bin 2>&1 | tail -1
+        V=$v python3 - <<'PY'
+import os
 import numpy as np
-a = np.fromfile('/tmp/fa/fa-0.bin', dtype=np.float32); b = np.fromfile('/tmp/fa/tc2-0.bin', dtype=np.float32)
-n = min(a.size, b.size)
-print("facheck: fa vs tc2 logits: %d values, max |diff| %.3g, max |tc2| %.3g, identical %d" % (n, np.abs(a[:n] - b[:n]).max(), np.abs(b[:n]).max(), int((a[:n] == b[:n]).all())))
+v = os.environ["V"]
+a = np.fromfile('/tmp/fa/%s-0.bin' % v, dtype=np.float32)
+for ref in ("tc2", "cpu"):
+    b = np.fromfile('/tmp/fa/%s-0.bin' % ref, dtype=np.float32)
+    n = min(a.size, b.size)
+    print("%s vs %s logits: %d values, max |diff| %.3g, max |%s| %.3g, identical %d" % (v, ref, n, np.abs(a[:n] - b[:n]).max(), ref, np.abs(b[:n]).max(), int((a[:n] == b[:n]).all())))
 PY
         X4_GPU_PROMPT=1 "$ck" fixture "$fx" --no-cpu 2>&1 | tail -2
         X4_GPU_PROMPT=1 "$ck" chunks /tmp/fa/demo.gguf 2>&1 | tail -1
         X4_GPU_PROMPT=1 "$ck" batch /tmp/fa/demo.gguf 2>&1 | tail -1
         for tool in memcheck racecheck synccheck; do
                 compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$fx/model.gguf" >/tmp/fa/san-$tool.log 2>&1
-                echo "facheck: compute-sanitizer $tool rc $?"; grep -m3 -E "ERROR|Hazard|error" /tmp/fa/san-$tool.log
+                echo "$v: compute-sanitizer $tool rc $?"; grep -m3 -E "ERROR|Hazard|error" /tmp/fa/san-$tool.log
         done
         unset X4_CUDA_ATTN_PROMPT
         if [ -n "${X4_FA_BENCH:-}" ]; then
-                "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out /tmp/fa/full.gguf
-                for v in tc2 fa; do
-                        X4_CUDA_ATTN_PROMPT=$v "$build/tools/x4-bench" --model /tmp/fa/full.gguf --device cuda --prefill 512,4096 \
-                                --decode-ctx none --repeats 1 --json 2>&1 | sed "s/}\$/,\"attn_prompt\":\"$v\"}/" |
-                                tee -a "$out/fa-bench.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*'
+                [ -f /tmp/fa/full.gguf ] || "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out /tmp/fa/full.gguf
+                for k in tc2 $v; do
+                        X4_CUDA_ATTN_PROMPT=$k "$build/tools/x4-bench" --model /tmp/fa/full.gguf --device cuda --prefill 512,4096 \
+                                --decode-ctx none --repeats ${X4_FA_REPEATS:-1} --json 2>&1 | sed "s/}\$/,\"attn_prompt\":\"$k\"}/" |
+                                tee -a "$out/fa-bench.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | sed "s/^/$k /"
                 done
+                if [ -n "${X4_FA_LONG:-}" ]; then
+                        # the class profile of a 4,096-token prefill, and 32,768 tokens, with V
+                        X4_CUDA_ATTN_PROMPT=$v "$build/tools/x4-bench" --model /tmp/fa/full.gguf --device cuda --prefill 4096 \
+                                --decode-ctx none --repeats 1 --profile 2>&1 | grep -E "^  [a-z]|^prefill"
+                        for k in $v tc2; do
+                                X4_CUDA_ATTN_PROMPT=$k "$build/tools/x4-bench" --model /tmp/fa/full.gguf --device cuda --prefill 32768 \
+                                        --decode-ctx none --repeats 1 --json 2>&1 | sed "s/}\$/,\"attn_prompt\":\"$k\"}/" |
+                                        tee -a "$out/fa-bench.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | sed "s/^/$k /"
+                        done
+                fi
         fi
-fi
+}
+has facheck && promptcheck fa
+has mhacheck && promptcheck mha
 if has attncheck; then
         # a short check of the prompt kernels when a call has no time for the whole of tests/gpu:
         # two tokens a block vs one (demo model, chunkings), the classes, batch and chunk checks

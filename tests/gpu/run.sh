@@ -300,34 +300,39 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 rm -f "$tmp"/tok-*.bin
         }
         step "prompt attention two tokens a block agrees bit for bit with one, demo model" tok_same
-        # k_attn_fa (opt-in, X4_CUDA_ATTN_PROMPT=fa: two tokens' 64 query rows one tile, its own
-        # bits): the same prompt whole vs chunks of 1, 7, 64, 100, and with parts of 64 whole vs
-        # chunks of 7; then the fixture vs its f64 oracle with prompts on it
-        fa_same() {
-                local prompt c args
+        # prompt_same V: a prompt attention variant (X4_CUDA_ATTN_PROMPT=V, its own bits; fa: k_attn_fa,
+        # two tokens' 64 query rows one tile; mha: the non-absorbed form of mha.cu): the same prompt
+        # whole vs chunks of 1, 7, 64, 100, and with parts of 64 whole vs chunks of 7; then the fixture
+        # vs its f64 oracle with prompts on it
+        prompt_same() {
+                local v=$1 prompt c args
                 prompt=$(awk 'BEGIN { s = 19; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 for c in 0 1 7 64 100; do
                         args=()
                         [ $c -gt 0 ] && args=(--chunk $c)
-                        X4_CUDA_ATTN_PROMPT=fa "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class \
+                        X4_CUDA_ATTN_PROMPT=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class \
                                 --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99 --device cuda \
-                                --out "$tmp/fa-$c.bin" || return 1
-                        cmp "$tmp/fa-0.bin" "$tmp/fa-$c.bin" || { echo "k_attn_fa: chunk $c differs from the whole prompt"; return 1; }
+                                --out "$tmp/ps-$c.bin" || return 1
+                        cmp "$tmp/ps-0.bin" "$tmp/ps-$c.bin" || { echo "$v: chunk $c differs from the whole prompt"; return 1; }
                 done
                 for c in 0 7; do
                         args=()
                         [ $c -gt 0 ] && args=(--chunk $c)
-                        X4_CUDA_ATTN_PROMPT=fa X4_CUDA_ATTN_PROMPT_PART=64 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                        X4_CUDA_ATTN_PROMPT=$v X4_CUDA_ATTN_PROMPT_PART=64 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                                 --prompt-class --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99 --device cuda \
-                                --out "$tmp/fa64-$c.bin" || return 1
+                                --out "$tmp/ps64-$c.bin" || return 1
                 done
-                cmp "$tmp/fa64-0.bin" "$tmp/fa64-7.bin" || { echo "k_attn_fa, parts of 64: chunk 7 differs"; return 1; }
-                cmp -s "$tmp/fa-0.bin" "$tmp/fa64-0.bin" && { echo "k_attn_fa: parts of 64 gave the bits of one part"; return 1; }
-                X4_CUDA_ATTN_PROMPT=fa X4_GPU_PROMPT=1 "$check" fixture "$fixture" --no-cpu || return 1
-                echo "k_attn_fa: identical logits whole and in chunks of 1/7/64/100 (parts of 1024 and 64); fixture within bounds"
-                rm -f "$tmp"/fa-*.bin "$tmp"/fa64-*.bin
+                cmp "$tmp/ps64-0.bin" "$tmp/ps64-7.bin" || { echo "$v, parts of 64: chunk 7 differs"; return 1; }
+                cmp -s "$tmp/ps-0.bin" "$tmp/ps64-0.bin" && { echo "$v: parts of 64 gave the bits of one part"; return 1; }
+                X4_CUDA_ATTN_PROMPT= "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class --prompt "$prompt" \
+                        --decode 9,99 --device cuda --out "$tmp/ps-tc2.bin" || return 1
+                cmp -s "$tmp/ps-0.bin" "$tmp/ps-tc2.bin" && { echo "$v: the bits of k_attn_tc2 (the variant did not run)"; return 1; }
+                X4_CUDA_ATTN_PROMPT=$v X4_GPU_PROMPT=1 "$check" fixture "$fixture" --no-cpu || return 1
+                echo "$v: identical logits whole and in chunks of 1/7/64/100 (parts of 1024 and 64); fixture within bounds"
+                rm -f "$tmp"/ps-*.bin "$tmp"/ps64-*.bin
         }
-        step "prompt attention k_attn_fa: chunk invariance and fixture, demo model" fa_same
+        step "prompt attention k_attn_fa: chunk invariance and fixture, demo model" prompt_same fa
+        step "prompt attention, non-absorbed (mha.cu): chunk invariance and fixture, demo model" prompt_same mha
         # env_same VAR A B SEED SHAPE...: a 300-token demo-model prompt (LCG seed SEED) run with VAR=A
         # and VAR=B for each run shape (x4-logits options): identical logits expected
         env_same() {
