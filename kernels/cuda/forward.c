@@ -167,7 +167,7 @@ struct x4_backend {
         uint32_t trace_tok0;         /* batch index of the pass's first token */
         int trace_err;
 
-        /* prompt attention in the non-absorbed form (mha.cu; X4_CUDA_ATTN_PROMPT=mha): whether
+        /* prompt attention in the non-absorbed form (mha.cu; mha_wanted): whether
          * this device, shape and the k_b / v_b types allow it, the expansion scratch (in b->sc,
          * which only the split decode kernels use), and the pass's jobs (mha_prepare) */
         bool mha_ok, mha_pass;
@@ -788,14 +788,21 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         return off;
 }
 
-/* The non-absorbed prompt attention (mha.cu): chosen with X4_CUDA_ATTN_PROMPT=mha for prompt
- * passes, where the device, the head shape and every attention block's k_b / v_b types allow it
- * and the split kernels' score workspace (idle in prompt passes) holds a part's expanded rows. */
-static bool mha_wanted(void) {
+/* The non-absorbed prompt attention (mha.cu) serves prompt passes where the device, the head shape
+ * and every attention block's k_b / v_b types allow it and the split kernels' score workspace (idle
+ * in prompt passes) holds a part's expanded rows. Full model, H200 (667e2e1): prefill 512 8,490 ->
+ * 9,000 tok/s, 4,096 5,267 -> 7,049, 32,768 1,237 -> 2,190. X4_CUDA_ATTN_PROMPT=tc2 (or fa) keeps
+ * the absorbed prompt kernels, as do X4_CUDA_PROMPT_ATTN=fp32 and a forced X4_CUDA_ATTN kernel.
+ * Returns 2 when asked for by name (=mha: a reason it cannot run is logged), 1 by default. */
+static int mha_wanted(void) {
         static int want = -1;
         if (want < 0) {
-                const char *e = getenv("X4_CUDA_ATTN_PROMPT");
-                want = e && streq(e, "mha");
+                const char *e = getenv("X4_CUDA_ATTN_PROMPT"), *f = getenv("X4_CUDA_ATTN");
+                const char *p = getenv("X4_CUDA_PROMPT_ATTN");
+                if (e && streq(e, "mha"))
+                        want = 2;
+                else
+                        want = (!e || !*e) && (!f || !*f) && !(p && streq(p, "fp32"));
         }
         return want;
 }
@@ -817,7 +824,8 @@ static void mha_setup(struct x4_backend *b) {
         if (!why && (rows < CU_ATTN_PART_TC2 || rows > UINT32_MAX)) /* a part of the longest length fits */
                 why = "the expansion scratch holds too few rows";
         if (why) {
-                log_warning("CUDA backend: X4_CUDA_ATTN_PROMPT=mha: %s; the absorbed prompt kernels serve", why);
+                if (mha_wanted() == 2)
+                        log_warning("CUDA backend: X4_CUDA_ATTN_PROMPT=mha: %s; the absorbed prompt kernels serve", why);
                 return;
         }
         b->mha_rows_cap = (uint32_t) rows;

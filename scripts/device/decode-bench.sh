@@ -59,7 +59,7 @@ promptcheck() {
                         $([ $c -gt 0 ] && echo --chunk $c) --decode 9,99 --device cuda --out /tmp/fa/${v}64-$c.bin 2>&1 | tail -1
         done
         cmp /tmp/fa/${v}64-0.bin /tmp/fa/${v}64-7.bin && echo "$v: parts of 64, chunk 7 = whole"
-        X4_CUDA_ATTN_PROMPT= "$build/tools/x4-logits" --model /tmp/fa/demo.gguf --prompt-class --prompt "$prompt" \
+        X4_CUDA_ATTN_PROMPT=tc2 "$build/tools/x4-logits" --model /tmp/fa/demo.gguf --prompt-class --prompt "$prompt" \
                 --decode 9,99 --device cuda --out /tmp/fa/tc2-0.bin 2>&1 | tail -1
         "$build/tools/x4-logits" --model /tmp/fa/demo.gguf --prompt "$prompt" --decode 9,99 --device cpu \
                 --out /tmp/fa/cpu-0.bin 2>&1 | tail -1

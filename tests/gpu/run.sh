@@ -271,6 +271,8 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # parts folded by the combine, groups of a launch sized by them)
         tok_same() {
                 local prompt v c pl args
+                local X4_CUDA_ATTN_PROMPT=tc2 # the absorbed prompt kernel (the default is mha.cu's)
+                export X4_CUDA_ATTN_PROMPT
                 prompt=$(awk 'BEGIN { s = 19; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 for pl in 1024 64; do
                         for v in 1 2; do
@@ -301,7 +303,7 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         }
         step "prompt attention two tokens a block agrees bit for bit with one, demo model" tok_same
         # prompt_same V: a prompt attention variant (X4_CUDA_ATTN_PROMPT=V, its own bits; fa: k_attn_fa,
-        # two tokens' 64 query rows one tile; mha: the non-absorbed form of mha.cu): the same prompt
+        # two tokens' 64 query rows one tile; mha: the non-absorbed form of mha.cu, the default): the same prompt
         # whole vs chunks of 1, 7, 64, 100, and with parts of 64 whole vs chunks of 7; then the fixture
         # vs its f64 oracle with prompts on it
         prompt_same() {
@@ -324,9 +326,11 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 done
                 cmp "$tmp/ps64-0.bin" "$tmp/ps64-7.bin" || { echo "$v, parts of 64: chunk 7 differs"; return 1; }
                 cmp -s "$tmp/ps-0.bin" "$tmp/ps64-0.bin" && { echo "$v: parts of 64 gave the bits of one part"; return 1; }
-                X4_CUDA_ATTN_PROMPT= "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class --prompt "$prompt" \
-                        --decode 9,99 --device cuda --out "$tmp/ps-tc2.bin" || return 1
-                cmp -s "$tmp/ps-0.bin" "$tmp/ps-tc2.bin" && { echo "$v: the bits of k_attn_tc2 (the variant did not run)"; return 1; }
+                local other=tc2
+                [ "$v" = tc2 ] && other=fa
+                X4_CUDA_ATTN_PROMPT=$other "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt-class --prompt "$prompt" \
+                        --decode 9,99 --device cuda --out "$tmp/ps-other.bin" || return 1
+                cmp -s "$tmp/ps-0.bin" "$tmp/ps-other.bin" && { echo "$v: the bits of $other (the variant did not run)"; return 1; }
                 X4_CUDA_ATTN_PROMPT=$v X4_GPU_PROMPT=1 "$check" fixture "$fixture" --no-cpu || return 1
                 echo "$v: identical logits whole and in chunks of 1/7/64/100 (parts of 1024 and 64); fixture within bounds"
                 rm -f "$tmp"/ps-*.bin "$tmp"/ps64-*.bin
