@@ -102,6 +102,23 @@ PY
 }
 has facheck && promptcheck fa
 has mhacheck && promptcheck mha
+if has mhasan; then
+        # the prompt passes (mha.cu, the default) under the three sanitizers and the chunk / batch
+        # checks with prompts labeled (X4_GPU_PROMPT=1: without it the quick mode runs generated
+        # tokens only), on the tiny fixture (column tiles of 32) and on a tiny model with the
+        # release's head dims (nope 128, rope 64, v 128, latent 512: the full model's kernels)
+        say "mhasan"
+        ck=$build/kernels/cuda/x4-gpu-check
+        "$build/tools/x4-mkmodel" --preset tiny --qk-nope 128 --qk-rope 64 --v-head 128 --kv-lora 512 --quiet --out /tmp/mhs.gguf
+        for m in tests/fixtures/xing4-tiny-a/model.gguf /tmp/mhs.gguf; do
+                for tool in memcheck racecheck synccheck; do
+                        X4_GPU_PROMPT=1 compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$m" >/tmp/mhs-$tool.log 2>&1
+                        echo "mhasan: $m: $tool rc $? $(grep -m1 -E "SUMMARY" /tmp/mhs-$tool.log)"
+                done
+                X4_GPU_PROMPT=1 "$ck" chunks "$m" 2>&1 | tail -1
+                X4_GPU_PROMPT=1 "$ck" batch "$m" 2>&1 | tail -1
+        done
+fi
 if has attncheck; then
         # a short check of the prompt kernels when a call has no time for the whole of tests/gpu:
         # two tokens a block vs one (demo model, chunkings), the classes, batch and chunk checks

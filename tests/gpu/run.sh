@@ -484,6 +484,14 @@ if command -v compute-sanitizer >/dev/null; then
                 "$check" quick "$tiny"
         step "compute-sanitizer synccheck" compute-sanitizer --tool synccheck --error-exitcode 9 \
                 "$check" quick "$tiny"
+        # prompt passes (X4_GPU_PROMPT=1: the quick mode's prompts labeled, so the prompt kernels run:
+        # mha.cu's by default)
+        step "compute-sanitizer memcheck, prompts labeled" env X4_GPU_PROMPT=1 compute-sanitizer --tool memcheck \
+                --error-exitcode 9 "$check" quick "$tiny"
+        step "compute-sanitizer racecheck, prompts labeled" env X4_GPU_PROMPT=1 compute-sanitizer --tool racecheck \
+                --error-exitcode 9 "$check" quick "$tiny"
+        step "compute-sanitizer synccheck, prompts labeled" env X4_GPU_PROMPT=1 compute-sanitizer --tool synccheck \
+                --error-exitcode 9 "$check" quick "$tiny"
         if [ -f "$nextn_tiny" ]; then
                 step "compute-sanitizer memcheck, nextn" compute-sanitizer --tool memcheck \
                         --error-exitcode 9 --leak-check full "$check" nextn "$nextn_tiny"
