@@ -43,14 +43,45 @@ static __device__ __forceinline__ uint32_t mha_pack(float lo, float hi) {
         return *(uint32_t *) &h;
 }
 
-/* one weight element as float: F32, F16 or BF16 rows (cu_mha_supported names the types) */
-static __device__ __forceinline__ float mha_w(const void *w, uint64_t i, uint32_t type) {
-        if (type == 0)
-                return ((const float *) w)[i];
-        if (type == 1)
-                return __half2float(((const __half *) w)[i]);
-        uint32_t u = (uint32_t) ((const uint16_t *) w)[i] << 16;
-        return __uint_as_float(u);
+/* 8 consecutive weights (F32, F16 or BF16 rows) as loaded, and as 8 f16 values */
+template <typename WT>
+struct mha_w8 {
+        uint4 r[sizeof(WT) / 2];
+};
+template <typename WT>
+static __device__ __forceinline__ void mha_w8_load(mha_w8<WT> &x, const WT *p) {
+#pragma unroll
+        for (int i = 0; i < (int) (sizeof(WT) / 2); i++)
+                x.r[i] = ((const uint4 *) p)[i];
+}
+static __device__ __forceinline__ uint32_t mha_h2(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *(uint32_t *) &h;
+}
+static __device__ __forceinline__ uint4 mha_w8_half(const mha_w8<float> &x) {
+        return make_uint4(mha_h2(__uint_as_float(x.r[0].x), __uint_as_float(x.r[0].y)),
+                          mha_h2(__uint_as_float(x.r[0].z), __uint_as_float(x.r[0].w)),
+                          mha_h2(__uint_as_float(x.r[1].x), __uint_as_float(x.r[1].y)),
+                          mha_h2(__uint_as_float(x.r[1].z), __uint_as_float(x.r[1].w)));
+}
+static __device__ __forceinline__ uint4 mha_w8_half(const mha_w8<__half> &x) {
+        return x.r[0];
+}
+/* bf16 pairs (low half first) to f16 pairs */
+static __device__ __forceinline__ uint32_t mha_bf2h(uint32_t u) {
+        return mha_h2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+static __device__ __forceinline__ uint4 mha_w8_half(const mha_w8<uint16_t> &x) {
+        return make_uint4(mha_bf2h(x.r[0].x), mha_bf2h(x.r[0].y), mha_bf2h(x.r[0].z), mha_bf2h(x.r[0].w));
+}
+
+/* 8 consecutive cache values as f16 */
+static __device__ __forceinline__ uint4 mha_c8(const float *p) {
+        float4 a = ((const float4 *) p)[0], b = ((const float4 *) p)[1];
+        return make_uint4(mha_h2(a.x, a.y), mha_h2(a.z, a.w), mha_h2(b.x, b.y), mha_h2(b.z, b.w));
+}
+static __device__ __forceinline__ uint4 mha_c8(const __half *p) {
+        return *(const uint4 *) p;
 }
 
 /* the job of flattened index x: the last job whose first index (field `off` of jobs) ≤ x */
@@ -70,26 +101,39 @@ static __device__ __forceinline__ uint32_t mha_find(const struct cu_mha_job *job
 
 /* ---- expansion: k_nope and v of every position of the batch's jobs ------------------------- */
 
-/* One block: MHA_BM rows of the batch (positions of its jobs) × BN outputs of one head, keys
- * (kind 0, Kb[h][c][d], staged [c][d] and read transposed) or values (kind 1, Vb[h][d][c],
- * staged [d][c]); the latent staged as f16 MHA_BK values at a time. Every output is one chain of
- * m16n8k16 steps over the latent in order: its bits depend on its row's latent alone. Kind-0
- * blocks of the head's first column tile also copy the row's k_pe (f16) after k_nope. */
-template <typename CT, int BN>
+/* Shared memory of k_mha_expand: the rows' whole latent (f16) and two weight tiles. */
+static size_t mha_expand_smem(uint32_t KV, uint32_t BN) {
+        size_t b = (size_t) MHA_BK * (BN + MHA_PAD) > (size_t) BN * (MHA_BK + MHA_PAD)
+                           ? (size_t) MHA_BK * (BN + MHA_PAD)
+                           : (size_t) BN * (MHA_BK + MHA_PAD);
+        return ((size_t) MHA_BM * (KV + MHA_PAD) + 2 * b) * 2;
+}
+
+/* One block: MHA_BM rows of the batch (positions of its jobs) × every output of HPB heads: per
+ * head nope / BN column tiles of keys (Kb[h][c][d], staged [c][d] and read transposed) and V / BN
+ * of values (Vb[h][d][c], staged [d][c]). The rows' latent is staged once as f16 (vector loads);
+ * the weights MHA_BK latent values at a time through two shared tiles, the next tile's loads in
+ * flight while the current one's products run. Every output is one chain of m16n8k16 steps over
+ * the latent in order: its bits depend on its row's latent alone. The first key tile of a head also
+ * copies the row's k_pe (f16) after k_nope. */
+template <typename CT, typename WT, int BN>
 __global__ void __launch_bounds__(MHA_THREADS)
-        k_mha_expand(struct cu_mha m, struct cu_cache c, uint32_t layer) {
-        __shared__ __align__(16) __half sA[MHA_BM][MHA_BK + MHA_PAD];
-        __shared__ __align__(16) __half sB[MHA_BK][MHA_BK + MHA_PAD]; /* [n][k] or [k][n] */
+        k_mha_expand(struct cu_mha m, struct cu_cache c, uint32_t layer, uint32_t hpb) {
+        extern __shared__ __align__(16) unsigned char mha_xsmem[];
         __shared__ uint64_t roff[MHA_BM];
-        static_assert(BN == 32 || BN == 64, "column tiles of 32 or 64");
+        static_assert(BN % 32 == 0 && BN <= 128, "column tiles of 32 to 128");
         const uint32_t nope = m.nope, V = m.V, KV = m.KV, R = m.R, DK = nope + R;
-        const uint32_t kt_k = nope / BN, kt_v = V / BN, per_head = kt_k + kt_v;
-        const uint32_t h = blockIdx.y / per_head, col = blockIdx.y % per_head;
-        const uint32_t kind = col < kt_k ? 0 : 1, n0 = (kind ? col - kt_k : col) * BN;
+        const uint32_t AS = KV + MHA_PAD;
+        const uint32_t bstride = MHA_BK * (BN + MHA_PAD) > BN * (MHA_BK + MHA_PAD) ? MHA_BK * (BN + MHA_PAD)
+                                                                                   : BN * (MHA_BK + MHA_PAD);
+        __half *sA = (__half *) mha_xsmem, *sB = sA + MHA_BM * AS;
+        const uint32_t kt_k = nope / BN, per_head = kt_k + V / BN, h0 = blockIdx.y * hpb;
+        const uint32_t nchunk = KV / MHA_BK, n_steps = hpb * per_head * nchunk;
         const uint32_t r0 = blockIdx.x * MHA_BM, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
         const uint32_t g = lane / 4, cq = lane % 4;
+        const WT *kb = (const WT *) m.kb, *vb = (const WT *) m.vb;
 
-        /* the rows' cache offsets (metadata: before the wait; rows past the batch read row 0) */
+        /* the rows' cache offsets (metadata: before the wait; rows past the batch are zeros) */
         if (tid < MHA_BM) {
                 uint32_t r = r0 + tid;
                 uint64_t o = UINT64_MAX;
@@ -108,79 +152,95 @@ __global__ void __launch_bounds__(MHA_THREADS)
         __syncthreads();
         const CT *cache = (const CT *) c.base;
 
+        /* step i: column tile i / nchunk of the block, latent chunk i % nchunk */
+        constexpr int ITEMS = BN * MHA_BK / 8 / MHA_THREADS;
+        mha_w8<WT> raw[ITEMS];
+        auto load = [&](uint32_t i) {
+                uint32_t t = i / nchunk, k0 = (i % nchunk) * MHA_BK, h = h0 + t / per_head, col = t % per_head;
+#pragma unroll
+                for (int it = 0; it < ITEMS; it++) {
+                        uint32_t e = tid + it * MHA_THREADS;
+                        if (col < kt_k) { /* [c][d]: BN / 8 items a latent row */
+                                uint32_t kk = e / (BN / 8), n8 = (e % (BN / 8)) * 8;
+                                mha_w8_load(raw[it], kb + ((uint64_t) h * KV + k0 + kk) * m.kb_row_elems + col * BN + n8);
+                        } else {       /* [d][c]: MHA_BK / 8 items a value row */
+                                uint32_t n = e / (MHA_BK / 8), k8 = (e % (MHA_BK / 8)) * 8;
+                                mha_w8_load(raw[it], vb + ((uint64_t) h * V + (col - kt_k) * BN + n) * m.vb_row_elems + k0 + k8);
+                        }
+                }
+        };
+        auto store = [&](uint32_t i) {
+                uint32_t t = i / nchunk, col = t % per_head;
+                __half *b = sB + (i % 2) * bstride;
+#pragma unroll
+                for (int it = 0; it < ITEMS; it++) {
+                        uint32_t e = tid + it * MHA_THREADS;
+                        uint32_t off = col < kt_k ? (e / (BN / 8)) * (BN + MHA_PAD) + (e % (BN / 8)) * 8
+                                                  : (e / (MHA_BK / 8)) * (MHA_BK + MHA_PAD) + (e % (MHA_BK / 8)) * 8;
+                        *(uint4 *) (b + off) = mha_w8_half(raw[it]);
+                }
+        };
+        load(0);
+        /* the latent, once */
+        for (uint32_t e = tid; e < MHA_BM * (KV / 8); e += MHA_THREADS) {
+                uint32_t r = e / (KV / 8), k = (e % (KV / 8)) * 8;
+                uint64_t o = roff[r];
+                *(uint4 *) (sA + r * AS + k) = o == UINT64_MAX ? make_uint4(0, 0, 0, 0) : mha_c8(cache + o + k);
+        }
+
         float acc[BN / 8][4];
 #pragma unroll
         for (int i = 0; i < BN / 8; i++)
                 acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-
-        for (uint32_t k0 = 0; k0 < KV; k0 += MHA_BK) {
-                __syncthreads();
-                /* latent: 8 consecutive values a thread-step */
-                for (uint32_t e = tid; e < MHA_BM * MHA_BK / 8; e += MHA_THREADS) {
-                        uint32_t r = e / (MHA_BK / 8), k = (e % (MHA_BK / 8)) * 8;
-                        uint64_t o = roff[r];
-                        __half v[8];
-#pragma unroll
-                        for (int i = 0; i < 8; i++)
-                                v[i] = o == UINT64_MAX ? __float2half_rn(0.0f)
-                                                       : __float2half_rn((float) cache[o + k0 + k + i]);
-                        *(uint4 *) &sA[r][k] = *(uint4 *) v;
-                }
-                /* weights */
-                if (kind == 0) {
-                        /* Kb[h][c][d]: rows c of nope values; staged [c][d] */
-                        const uint64_t rb = m.kb_row_elems;
-                        for (uint32_t e = tid; e < MHA_BK * BN; e += MHA_THREADS) {
-                                uint32_t kk = e / BN, n = e % BN;
-                                sB[kk][n] = __float2half_rn(mha_w(m.kb, ((uint64_t) h * KV + k0 + kk) * rb + n0 + n, m.w_type));
-                        }
-                } else {
-                        /* Vb[h][d][c]: rows d of KV values; staged [d][c] */
-                        const uint64_t rb = m.vb_row_elems;
-                        for (uint32_t e = tid; e < MHA_BK * BN; e += MHA_THREADS) {
-                                uint32_t n = e / MHA_BK, kk = e % MHA_BK;
-                                sB[n][kk] = __float2half_rn(mha_w(m.vb, ((uint64_t) h * V + n0 + n) * rb + k0 + kk, m.w_type));
-                        }
-                }
-                __syncthreads();
+        for (uint32_t i = 0; i < n_steps; i++) {
+                store(i);
+                __syncthreads(); /* the tile (and the latent) visible; step i − 1's reads done */
+                if (i + 1 < n_steps)
+                        load(i + 1);
+                uint32_t t = i / nchunk, kc = i % nchunk, h = h0 + t / per_head, col = t % per_head;
+                bool keys = col < kt_k;
+                const __half *b = sB + (i % 2) * bstride;
 #pragma unroll
                 for (uint32_t ks = 0; ks < MHA_BK; ks += 16) {
                         uint32_t a[4];
-                        mtp_ldm4(a, &sA[warp * 16 + lane % 16][ks + (lane / 16) * 8]);
+                        mtp_ldm4(a, sA + (warp * 16 + lane % 16) * AS + kc * MHA_BK + ks + (lane / 16) * 8);
 #pragma unroll
                         for (int nt = 0; nt < BN / 8; nt += 2) {
-                                uint32_t b[4];
-                                if (kind == 0) /* [k][n]: transposed */
-                                        mtp_ldm4<true>(b, &sB[ks + lane % 8 + ((lane / 8) % 2) * 8][nt * 8 + (lane / 16) * 8]);
+                                uint32_t f[4];
+                                if (keys) /* [k][n]: transposed */
+                                        mtp_ldm4<true>(f, b + (ks + lane % 8 + ((lane / 8) % 2) * 8) * (BN + MHA_PAD) + nt * 8 + (lane / 16) * 8);
                                 else
-                                        mtp_ldm4(b, &sB[nt * 8 + lane % 8 + (lane / 16) * 8][ks + ((lane / 8) % 2) * 8]);
-                                mha_mma(acc[nt], a, b[0], b[1]);
-                                mha_mma(acc[nt + 1], a, b[2], b[3]);
+                                        mtp_ldm4(f, b + (nt * 8 + lane % 8 + (lane / 16) * 8) * (MHA_BK + MHA_PAD) + ks + ((lane / 8) % 2) * 8);
+                                mha_mma(acc[nt], a, f[0], f[1]);
+                                mha_mma(acc[nt + 1], a, f[2], f[3]);
                         }
                 }
+                if (kc + 1 < nchunk)
+                        continue;
+                /* the column tile done: f16 out, Kx[h][row][DK] (k_nope at its columns), Vx[h][row][V] */
+                uint32_t n0 = (keys ? col : col - kt_k) * BN, ld = keys ? DK : V;
+                __half *dst = (__half *) (keys ? m.kx + (uint64_t) h * m.rows_cap * DK : m.vx + (uint64_t) h * m.rows_cap * V);
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                                uint32_t r = r0 + warp * 16 + g + hf * 8;
+                                if (r < m.rows)
+                                        *(uint32_t *) (dst + (uint64_t) r * ld + n0 + nt * 8 + 2 * cq) =
+                                                mha_pack(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+                        }
+                        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+                }
+                if (keys && col == 0)
+                        for (uint32_t e = tid; e < MHA_BM * R; e += MHA_THREADS) {
+                                uint32_t rl = e / R, x = e % R, r = r0 + rl;
+                                if (r >= m.rows)
+                                        continue;
+                                uint64_t o = roff[rl];
+                                dst[(uint64_t) r * DK + nope + x] =
+                                        o == UINT64_MAX ? __float2half_rn(0.0f) : __float2half_rn((float) cache[o + KV + x]);
+                        }
         }
-
-        /* f16 out: Kx[h][row][DK] (k_nope at n0..), Vx[h][row][V] */
-        __half *dst = (__half *) (kind == 0 ? m.kx + (uint64_t) h * m.rows_cap * DK : m.vx + (uint64_t) h * m.rows_cap * V);
-        uint32_t ld = kind == 0 ? DK : V;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                        uint32_t r = r0 + warp * 16 + g + hf * 8;
-                        if (r < m.rows)
-                                *(uint32_t *) (dst + (uint64_t) r * ld + n0 + nt * 8 + 2 * cq) =
-                                        mha_pack(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-                }
-        if (kind == 0 && col == 0)
-                for (uint32_t e = tid; e < MHA_BM * R; e += MHA_THREADS) {
-                        uint32_t rl = e / R, i = e % R, r = r0 + rl;
-                        if (r >= m.rows)
-                                continue;
-                        uint64_t o = roff[rl];
-                        dst[(uint64_t) r * DK + nope + i] =
-                                o == UINT64_MAX ? __float2half_rn(0.0f) : __float2half_rn((float) cache[o + KV + i]);
-                }
 }
 
 /* ---- attention over the expanded rows ------------------------------------------------------- */
@@ -362,6 +422,16 @@ static size_t mha_attend_smem(uint32_t DK, uint32_t DV) {
         return (size_t) MHA_BM * (DK + MHA_PAD) * 2 * 3 + (size_t) MHA_BM * (DV + MHA_PAD) * 2 * 2;
 }
 
+/* the expansion's column tile: 128 when the key and value widths allow it, else 32 */
+static uint32_t mha_bn(uint32_t nope, uint32_t V) {
+        return nope % 128 == 0 && V % 128 == 0 ? 128 : 32;
+}
+
+/* heads a block of the expansion takes (each block reads its rows' latent once for them) */
+static uint32_t mha_hpb(uint32_t n_head) {
+        return n_head % 4 == 0 ? 4 : n_head % 2 == 0 ? 2 : 1;
+}
+
 /* the shapes with an instantiated kernel: (nope, R, V) */
 #define MHA_SHAPES(X) X(128, 64, 128) X(32, 32, 32) X(32, 16, 32)
 
@@ -381,14 +451,31 @@ extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV)
         size_t need = mha_attend_smem(nope + R, V) + 1024;
         if (need > (size_t) smem_max)
                 return false;
-        bool ok = false;
+        uint32_t bn = mha_bn(nope, V);
+        size_t xs = mha_expand_smem(KV, bn);
+        if (xs > (size_t) smem_max)
+                return false;
+        bool ok = true;
+#define MHA_XSET(CT, WT, BN) \
+        ok = ok && cudaFuncSetAttribute(k_mha_expand<CT, WT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) xs) == cudaSuccess;
+#define MHA_XSET_ALL(BN) \
+        MHA_XSET(float, float, BN) MHA_XSET(float, __half, BN) MHA_XSET(float, uint16_t, BN) \
+        MHA_XSET(__half, float, BN) MHA_XSET(__half, __half, BN) MHA_XSET(__half, uint16_t, BN)
+        if (bn == 128) {
+                MHA_XSET_ALL(128)
+        } else {
+                MHA_XSET_ALL(32)
+        }
+#undef MHA_XSET_ALL
+#undef MHA_XSET
+        bool att = false;
 #define MHA_SET(N, RR, VV)                                                                          \
         if (nope == N && R == RR && V == VV)                                                        \
-                ok = cudaFuncSetAttribute(k_mha_attend<N + RR, VV>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                          (int) mha_attend_smem(N + RR, VV)) == cudaSuccess;
+                att = cudaFuncSetAttribute(k_mha_attend<N + RR, VV>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                           (int) mha_attend_smem(N + RR, VV)) == cudaSuccess;
         MHA_SHAPES(MHA_SET)
 #undef MHA_SET
-        if (!ok) {
+        if (!ok || !att) {
                 (void) cudaGetLastError();
                 return false;
         }
@@ -403,20 +490,32 @@ extern "C" bool cu_mha_supported(uint32_t kb_type, uint32_t vb_type) {
 extern "C" void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, uint32_t layer, cudaStream_t s) {
         if (m->rows == 0 || m->qtiles == 0)
                 return;
-        uint32_t bn = (m->nope % 64 == 0 && m->V % 64 == 0) ? 64 : 32;
-        dim3 eg((m->rows + MHA_BM - 1) / MHA_BM, m->n_head * (m->nope / bn + m->V / bn));
+        uint32_t hpb = mha_hpb(m->n_head);
+        dim3 eg((m->rows + MHA_BM - 1) / MHA_BM, m->n_head / hpb);
         cu_launches++;
-        if (bn == 64) {
+#define MHA_EXP(CT, WT, BN) cu_launch(k_mha_expand<CT, WT, BN>, eg, MHA_THREADS, mha_expand_smem(m->KV, BN), s, *m, *c, layer, hpb)
+#define MHA_EXP_W(CT, BN)                                                                           \
+        do {                                                                                        \
+                if (m->w_type == 0)                                                                 \
+                        MHA_EXP(CT, float, BN);                                                     \
+                else if (m->w_type == 1)                                                            \
+                        MHA_EXP(CT, __half, BN);                                                    \
+                else                                                                                \
+                        MHA_EXP(CT, uint16_t, BN);                                                  \
+        } while (0)
+        if (mha_bn(m->nope, m->V) == 128) {
                 if (c->f16)
-                        cu_launch(k_mha_expand<__half, 64>, eg, MHA_THREADS, 0, s, *m, *c, layer);
+                        MHA_EXP_W(__half, 128);
                 else
-                        cu_launch(k_mha_expand<float, 64>, eg, MHA_THREADS, 0, s, *m, *c, layer);
+                        MHA_EXP_W(float, 128);
         } else {
                 if (c->f16)
-                        cu_launch(k_mha_expand<__half, 32>, eg, MHA_THREADS, 0, s, *m, *c, layer);
+                        MHA_EXP_W(__half, 32);
                 else
-                        cu_launch(k_mha_expand<float, 32>, eg, MHA_THREADS, 0, s, *m, *c, layer);
+                        MHA_EXP_W(float, 32);
         }
+#undef MHA_EXP_W
+#undef MHA_EXP
         dim3 ag(m->qtiles, m->n_head);
         cu_launches++;
 #define MHA_RUN(N, RR, VV)                                                                          \

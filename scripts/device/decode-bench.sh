@@ -82,18 +82,18 @@ PY
         done
         unset X4_CUDA_ATTN_PROMPT
         if [ -n "${X4_FA_BENCH:-}" ]; then
-                [ -f /tmp/fa/full.gguf ] || "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out /tmp/fa/full.gguf
+                mkdir -p /tmp/fa/full && { [ -f /tmp/fa/full/full.gguf ] || "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out /tmp/fa/full/full.gguf; }
                 for k in tc2 $v; do
-                        X4_CUDA_ATTN_PROMPT=$k "$build/tools/x4-bench" --model /tmp/fa/full.gguf --device cuda --prefill 512,4096 \
+                        X4_CUDA_ATTN_PROMPT=$k "$build/tools/x4-bench" --model /tmp/fa/full/full.gguf --device cuda --prefill 512,4096 \
                                 --decode-ctx none --repeats ${X4_FA_REPEATS:-1} --json 2>&1 | sed "s/}\$/,\"attn_prompt\":\"$k\"}/" |
                                 tee -a "$out/fa-bench.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | sed "s/^/$k /"
                 done
                 if [ -n "${X4_FA_LONG:-}" ]; then
                         # the class profile of a 4,096-token prefill, and 32,768 tokens, with V
-                        X4_CUDA_ATTN_PROMPT=$v "$build/tools/x4-bench" --model /tmp/fa/full.gguf --device cuda --prefill 4096 \
+                        X4_CUDA_ATTN_PROMPT=$v "$build/tools/x4-bench" --model /tmp/fa/full/full.gguf --device cuda --prefill 4096 \
                                 --decode-ctx none --repeats 1 --profile 2>&1 | grep -E "^  [a-z]|^prefill"
                         for k in $v tc2; do
-                                X4_CUDA_ATTN_PROMPT=$k "$build/tools/x4-bench" --model /tmp/fa/full.gguf --device cuda --prefill 32768 \
+                                X4_CUDA_ATTN_PROMPT=$k "$build/tools/x4-bench" --model /tmp/fa/full/full.gguf --device cuda --prefill 32768 \
                                         --decode-ctx none --repeats 1 --json 2>&1 | sed "s/}\$/,\"attn_prompt\":\"$k\"}/" |
                                         tee -a "$out/fa-bench.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | sed "s/^/$k /"
                         done
@@ -109,8 +109,8 @@ if has mhasan; then
         # release's head dims (nope 128, rope 64, v 128, latent 512: the full model's kernels)
         say "mhasan"
         ck=$build/kernels/cuda/x4-gpu-check
-        "$build/tools/x4-mkmodel" --preset tiny --qk-nope 128 --qk-rope 64 --v-head 128 --kv-lora 512 --quiet --out /tmp/mhs.gguf
-        for m in tests/fixtures/xing4-tiny-a/model.gguf /tmp/mhs.gguf; do
+        mkdir -p /tmp/mhs && "$build/tools/x4-mkmodel" --preset tiny --qk-nope 128 --qk-rope 64 --v-head 128 --kv-lora 512 --quiet --out /tmp/mhs/mhs.gguf
+        for m in tests/fixtures/xing4-tiny-a/model.gguf /tmp/mhs/mhs.gguf; do
                 for tool in memcheck racecheck synccheck; do
                         X4_GPU_PROMPT=1 compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$m" >/tmp/mhs-$tool.log 2>&1
                         echo "mhasan: $m: $tool rc $? $(grep -m1 -E "SUMMARY" /tmp/mhs-$tool.log)"
@@ -118,6 +118,41 @@ if has mhasan; then
                 X4_GPU_PROMPT=1 "$ck" chunks "$m" 2>&1 | tail -1
                 X4_GPU_PROMPT=1 "$ck" batch "$m" 2>&1 | tail -1
         done
+fi
+if has mhaquick; then
+        # a short check of mha.cu after a change (a call with little device time): demo model
+        # 700-token prompt whole = chunks of 7 / 100, parts of 64 whole = chunk 7; the fixture vs
+        # f64, chunk and batch checks and the three sanitizers with prompts labeled on the fixture
+        # and on a tiny model with the release's head dims; the full model's prefill at 512 / 4,096
+        say "mhaquick"
+        ck=$build/kernels/cuda/x4-gpu-check
+        fx=tests/fixtures/xing4-tiny-a
+        # (each model in its own folder: x4-mkmodel writes config.json beside the file)
+        mkdir -p /tmp/mq/demo /tmp/mq/mhs /tmp/mq/full
+        "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/mq/demo/demo.gguf
+        "$build/tools/x4-mkmodel" --preset tiny --qk-nope 128 --qk-rope 64 --v-head 128 --kv-lora 512 --quiet --out /tmp/mq/mhs/mhs.gguf
+        prompt=$(awk 'BEGIN { s = 19; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        for pl in 1024 64; do
+                for c in 0 7 100; do
+                        X4_CUDA_ATTN_PROMPT_PART=$pl "$build/tools/x4-logits" --model /tmp/mq/demo/demo.gguf --prompt-class --prompt "$prompt" \
+                                $([ $c -gt 0 ] && echo --chunk $c) --decode 9,99 --device cuda --out /tmp/mq/$pl-$c.bin 2>&1 | tail -1
+                        [ $c -gt 0 ] && cmp /tmp/mq/$pl-0.bin /tmp/mq/$pl-$c.bin && echo "mhaquick: parts of $pl, chunk $c = whole"
+                done
+        done
+        X4_GPU_PROMPT=1 "$ck" fixture "$fx" --no-cpu 2>&1 | tail -2
+        for m in "$fx/model.gguf" /tmp/mq/mhs/mhs.gguf /tmp/mq/demo/demo.gguf; do
+                X4_GPU_PROMPT=1 "$ck" chunks "$m" 2>&1 | tail -1
+                X4_GPU_PROMPT=1 "$ck" batch "$m" 2>&1 | tail -1
+        done
+        for m in "$fx/model.gguf" /tmp/mq/mhs/mhs.gguf; do
+                for tool in memcheck racecheck synccheck; do
+                        X4_GPU_PROMPT=1 compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$m" >/tmp/mq/san.log 2>&1
+                        echo "mhaquick: $m: $tool rc $? $(grep -m1 -E "SUMMARY" /tmp/mq/san.log)"
+                done
+        done
+        "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out /tmp/mq/full/full.gguf
+        "$build/tools/x4-bench" --model /tmp/mq/full/full.gguf --device cuda --prefill 512,4096 --decode-ctx none --repeats 1 --json 2>&1 |
+                tee -a "$out/mhaquick.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*'
 fi
 if has attncheck; then
         # a short check of the prompt kernels when a call has no time for the whole of tests/gpu:
