@@ -174,21 +174,9 @@ struct x4_backend {
         uint16_t *mha_kx, *mha_vx;
         uint32_t mha_rows_cap, mha_plen;
         const uint32_t *pass_pos_h, *pass_tokpt_h; /* host copies of the pass's metadata */
-        struct cu_mha_job *mha_jobs_h, *mha_jobs_d;
-        uint32_t mha_jobs_cap, mha_jobs_dcap;
-        struct mha_group *mha_groups;
-        struct mha_batch *mha_batches;
-        uint32_t mha_n_groups, mha_groups_cap, mha_batches_cap;
-};
-
-/* a pass's attention group in the non-absorbed path: tokens [t0, t0 + n) with max_parts maxp,
- * its job batches b0 .. b0 + nb */
-struct mha_group {
-        uint32_t t0, n, maxp, b0, nb;
-};
-/* jobs j0 .. j0 + nj of the job table, their scratch rows and query tiles */
-struct mha_batch {
-        uint32_t j0, nj, rows, qtiles;
+        struct mha_plan mha_plan;
+        struct cu_mha_job *mha_jobs_d;
+        uint32_t mha_jobs_dcap;
 };
 
 #define CU_TRY(call, err, what)                                                                    \
@@ -834,105 +822,33 @@ static void mha_setup(struct x4_backend *b) {
         b->mha_ok = true;
 }
 
-/* grow an array of `size`-byte elements to hold n */
-static int mha_grow(void **p, uint32_t *cap, uint64_t n, size_t size) {
-        if (n <= *cap)
-                return 0;
-        uint64_t c = MAX(n, (uint64_t) *cap * 2);
-        if (c > UINT32_MAX)
-                return -E2BIG;
-        void *q = realloc(*p, c * size);
-        if (!q)
-                return -ENOMEM;
-        *p = q;
-        *cap = (uint32_t) c;
-        return 0;
-}
-
-/* The pass's jobs for the non-absorbed path: attention groups of as many tokens as the partial
- * workspace holds in rows of V + 2 values; in each, a job per (run of one sequence's consecutive
- * tokens, part of its context), batched so a batch's parts fit the expansion scratch; uploaded
- * once, the same for every layer. false: the pass takes the absorbed kernels. */
+/* The pass's jobs for the non-absorbed path (mha_plan.h): attention groups of as many tokens as
+ * the partial workspace holds in rows of V + 2 values, a job per (run of one sequence's tokens,
+ * part of its context), batches that fit the expansion scratch; uploaded once, the same for every
+ * layer. false: the pass takes the absorbed kernels. */
 static bool mha_prepare(struct x4_backend *b, uint32_t T) {
         const struct x4_config *c = &b->cfg;
-        const uint32_t *pos = b->pass_pos_h, *tp = b->pass_tokpt_h;
         /* the prompt kernels' part length (this is a prompt pass) */
-        uint32_t plen = cu_attn_part_len(c->kv_lora_rank + c->qk_rope), cap = b->mha_rows_cap;
+        uint32_t plen = cu_attn_part_len(c->kv_lora_rank + c->qk_rope);
         uint64_t slots = (uint64_t) b->part_slots * (c->kv_lora_rank + 2) / (c->v_head + 2);
-        uint32_t ng = 0, nb = 0, nj = 0;
+        struct mha_plan *mp = &b->mha_plan;
 
-        if (!pos || !tp || T == 0 || plen > cap)
+        if (!b->pass_pos_h || !b->pass_tokpt_h ||
+            mha_plan_build(mp, b->pass_pos_h, b->pass_tokpt_h, T, plen, b->mha_rows_cap, slots) < 0)
                 return false;
         b->mha_plen = plen;
-        for (uint32_t g0 = 0; g0 < T;) {
-                uint32_t maxp = 0, n = 0;
-                while (g0 + n < T) {
-                        uint32_t m = MAX(maxp, pos[g0 + n] / plen + 1);
-                        if ((uint64_t) m * (n + 1) > slots)
-                                break;
-                        maxp = m;
-                        n++;
-                }
-                if (n == 0 || mha_grow((void **) &b->mha_groups, &b->mha_groups_cap, ng + 1,
-                                       sizeof *b->mha_groups) < 0)
-                        return false;
-                struct mha_group *g = &b->mha_groups[ng++];
-                *g = (struct mha_group){.t0 = g0, .n = n, .maxp = maxp, .b0 = nb};
-                uint32_t rows = 0, qt = 0, j0 = nj;
-                for (uint32_t s0 = g0; s0 < g0 + n;) {
-                        uint32_t e = s0 + 1;
-                        while (e < g0 + n && tp[e] == tp[s0] && pos[e] == pos[e - 1] + 1)
-                                e++;
-                        uint32_t pf = pos[s0], pl = pos[e - 1];
-                        for (uint32_t q = 0; q <= pl / plen; q++) {
-                                uint32_t start = q * plen, npos = MIN(start + plen, pl + 1) - start;
-                                uint32_t k0 = start > pf ? start - pf : 0, nq = (e - s0) - k0;
-                                if (rows + npos > cap) {
-                                        if (mha_grow((void **) &b->mha_batches, &b->mha_batches_cap, nb + 1,
-                                                     sizeof *b->mha_batches) < 0)
-                                                return false;
-                                        b->mha_batches[nb++] = (struct mha_batch){j0, nj - j0, rows, qt};
-                                        g->nb++;
-                                        rows = qt = 0;
-                                        j0 = nj;
-                                }
-                                if (mha_grow((void **) &b->mha_jobs_h, &b->mha_jobs_cap, nj + 1,
-                                             sizeof *b->mha_jobs_h) < 0)
-                                        return false;
-                                b->mha_jobs_h[nj++] = (struct cu_mha_job){
-                                        .tq = s0 + k0, .nq = nq, .tl0 = s0 + k0 - g0, .maxp = maxp,
-                                        .pos0 = start, .npos = npos, .row0 = rows, .tok = s0,
-                                        .part = q, .qt0 = qt,
-                                };
-                                rows += npos;
-                                qt += (nq + 63) / 64;
-                        }
-                        s0 = e;
-                }
-                if (nj > j0) {
-                        if (mha_grow((void **) &b->mha_batches, &b->mha_batches_cap, nb + 1,
-                                     sizeof *b->mha_batches) < 0)
-                                return false;
-                        b->mha_batches[nb++] = (struct mha_batch){j0, nj - j0, rows, qt};
-                        g->nb++;
-                }
-                g0 += n;
-        }
-        if (nj > b->mha_jobs_dcap) {
+        if (mp->n_jobs > b->mha_jobs_dcap) {
                 cudaFree(b->mha_jobs_d);
                 b->mha_jobs_d = NULL;
                 b->mha_jobs_dcap = 0;
-                if (CU_TRY(cudaMalloc((void **) &b->mha_jobs_d, (size_t) b->mha_jobs_cap * sizeof *b->mha_jobs_d),
+                if (CU_TRY(cudaMalloc((void **) &b->mha_jobs_d, (size_t) mp->jobs_cap * sizeof *b->mha_jobs_d),
                            ENOMEM, "allocating attention jobs") < 0)
                         return false;
-                b->mha_jobs_dcap = b->mha_jobs_cap;
+                b->mha_jobs_dcap = mp->jobs_cap;
         }
-        if (CU_TRY(cudaMemcpyAsync(b->mha_jobs_d, b->mha_jobs_h, (size_t) nj * sizeof *b->mha_jobs_d,
-                                   cudaMemcpyHostToDevice, b->stream),
-                   EIO, "uploading attention jobs") < 0)
-                return false;
-        b->mha_n_groups = ng;
-        return true;
+        return CU_TRY(cudaMemcpyAsync(b->mha_jobs_d, mp->jobs, (size_t) mp->n_jobs * sizeof *mp->jobs,
+                                      cudaMemcpyHostToDevice, b->stream),
+                      EIO, "uploading attention jobs") >= 0;
 }
 
 /* ---- create / destroy ----------------------------------------------------------------------- */
@@ -964,9 +880,7 @@ static void cuda_destroy(struct x4_backend *b) {
         cudaFree(b->inv_freq);
         cudaFreeHost(b->meta_h);
         cudaFree(b->mha_jobs_d);
-        free(b->mha_jobs_h);
-        free(b->mha_groups);
-        free(b->mha_batches);
+        mha_plan_free(&b->mha_plan);
         prof_free(&b->prof);
         graphs_drop(b);
         free(b->graphs);
@@ -1472,10 +1386,11 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
                         .n_head = nh, .nope = nope, .R = R, .V = V, .KV = KV, .scale = c->attn_scale,
                         .part = b->part,
                 };
-                for (uint32_t gi = 0; gi < b->mha_n_groups; gi++) {
-                        const struct mha_group *g = &b->mha_groups[gi];
+                const struct mha_plan *mp = &b->mha_plan;
+                for (uint32_t gi = 0; gi < mp->n_groups; gi++) {
+                        const struct mha_group *g = &mp->groups[gi];
                         for (uint32_t bi = g->b0; bi < g->b0 + g->nb; bi++) {
-                                const struct mha_batch *bt = &b->mha_batches[bi];
+                                const struct mha_batch *bt = &mp->batches[bi];
                                 m.jobs = b->mha_jobs_d + bt->j0;
                                 m.n_jobs = bt->nj;
                                 m.rows = bt->rows;

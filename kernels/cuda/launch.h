@@ -13,6 +13,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "mha_plan.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -221,17 +223,7 @@ void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max
  * (max_parts) with it, under the same pass class as the launch. */
 uint32_t cu_attn_part_len(uint32_t D);
 
-/* Prompt attention in the non-absorbed form (mha.cu): a job is one sequence's tokens against one
- * part of its context (positions [pos0, pos0 + npos), part index `part`), the part's keys and
- * values expanded into rows row0.. of the scratch. Jobs of a batch are in order of row0 and of
- * qt0 (the job's first query tile of 64 tokens in the batch's grid). */
-struct cu_mha_job {
-        uint32_t tq, nq;     /* the pass's query tokens tq .. tq + nq (one sequence, consecutive positions) */
-        uint32_t tl0, maxp;  /* tq's index in its attention group and the group's part stride */
-        uint32_t pos0, npos; /* the part's positions */
-        uint32_t row0, tok;  /* scratch row of pos0; a token of the sequence (its page table) */
-        uint32_t part, qt0;
-};
+/* Prompt attention in the non-absorbed form (mha.cu); its jobs: mha_plan.h */
 struct cu_mha {
         const void *kb, *vb;  /* Kb [h][KV][nope], Vb [h][V][KV]: F32, F16 or BF16 */
         uint32_t w_type;

@@ -25,6 +25,7 @@
 #define MHA_BK 64      /* latent values a staging step of the expansion */
 #define MHA_PAD 8      /* f16 pad of every shared row (ldmatrix rows on distinct banks) */
 #define MHA_THREADS 128 /* 4 warps, 16 rows each */
+static_assert(MHA_BM == MHA_QTILE, "the host plans query tiles of MHA_BM tokens");
 
 static __device__ __forceinline__ void mha_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
