@@ -787,6 +787,10 @@ static int mha_wanted(void) {
         if (want < 0) {
                 const char *e = getenv("X4_CUDA_ATTN_PROMPT"), *f = getenv("X4_CUDA_ATTN");
                 const char *p = getenv("X4_CUDA_PROMPT_ATTN");
+                if (e && *e && !streq(e, "mha") && !streq(e, "tc2") && !streq(e, "fa")) {
+                        log_warning("X4_CUDA_ATTN_PROMPT=%s ignored: expected mha, tc2 or fa", e);
+                        e = NULL;
+                }
                 if (e && streq(e, "mha"))
                         want = 2;
                 else

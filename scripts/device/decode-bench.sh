@@ -695,6 +695,25 @@ if has ncuprompt; then
                 done
         done
 fi
+if has ncumha; then
+        # issue 12: mha.cu's two kernels apart, on the last pass of a 4,096-token prefill (8 passes ×
+        # 40 layers; a layer's launches by pass: 2 2 2 2 2 2 4 4, an expansion and an attention per
+        # batch of ≤ 3 parts of 1,024): the four launches of layer 20 of the last pass (skip 40 ×
+        # 16 + 4 × 20), then the full sections of its first expansion and attention (skip 40 × 8 +
+        # 2 × 20 launches of one kernel)
+        say "ncu: mha.cu kernels, last pass of a 4K prefill"
+        ncu --clock-control none --kernel-name regex:"k_mha_" --launch-skip 720 --launch-count 4 --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none --repeats 1 --warmup 0 2>&1 |
+                grep -E "k_mha_|gpu__time|sm__" | tee "$out/ncu-mha-times.txt"
+        for k in expand attend; do
+                ncu --clock-control none --kernel-name regex:"k_mha_$k" --launch-skip 360 --launch-count 1 \
+                        --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+                        --section ComputeWorkloadAnalysis --section LaunchStats --section SchedulerStats \
+                        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                        --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -150 >"$out/ncu-mha-$k.txt"
+                grep -E "Duration|Throughput|Hit Rate|Registers|Achieved Occupancy|Issue Slots|Warp Cycles|Eligible" "$out/ncu-mha-$k.txt" | head -20
+        done
+fi
 if has ncuattn; then
         say "ncu: attention kernel details"
         X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:k_attn_dec --launch-skip 60 --launch-count 1 \
