@@ -143,7 +143,14 @@ if has mhaquick; then
         for m in "$fx/model.gguf" /tmp/mq/mhs/mhs.gguf /tmp/mq/demo/demo.gguf; do
                 X4_GPU_PROMPT=1 "$ck" chunks "$m" 2>&1 | tail -1
                 X4_GPU_PROMPT=1 "$ck" batch "$m" 2>&1 | tail -1
+                # the f16 cache's instance (opt-in until these pass)
+                X4_CUDA_ATTN_PROMPT=mha X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 "$ck" chunks "$m" 2>&1 | tail -1
+                X4_CUDA_ATTN_PROMPT=mha X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 "$ck" batch "$m" 2>&1 | tail -1
         done
+        X4_CUDA_ATTN_PROMPT=mha X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 "$ck" fixture "$fx" --no-cpu 2>&1 | tail -2
+        X4_CUDA_ATTN_PROMPT=mha X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                "$ck" quick /tmp/mq/mhs/mhs.gguf >/tmp/mq/san.log 2>&1
+        echo "mhaquick: f16 cache: memcheck rc $? $(grep -m1 -E "SUMMARY" /tmp/mq/san.log)"
         for m in "$fx/model.gguf" /tmp/mq/mhs/mhs.gguf; do
                 for tool in memcheck racecheck synccheck; do
                         X4_GPU_PROMPT=1 compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$m" >/tmp/mq/san.log 2>&1
@@ -153,6 +160,8 @@ if has mhaquick; then
         "$build/tools/x4-mkmodel" --preset full --seed 1 --quiet --out /tmp/mq/full/full.gguf
         "$build/tools/x4-bench" --model /tmp/mq/full/full.gguf --device cuda --prefill 512,4096 --decode-ctx none --repeats 1 --json 2>&1 |
                 tee -a "$out/mhaquick.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*'
+        X4_CUDA_ATTN_PROMPT=mha "$build/tools/x4-bench" --model /tmp/mq/full/full.gguf --device cuda --cache f16 --prefill 512,4096 \
+                --decode-ctx none --repeats 1 --json 2>&1 | tee -a "$out/mhaquick.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | sed 's/^/f16 /'
 fi
 if has attncheck; then
         # a short check of the prompt kernels when a call has no time for the whole of tests/gpu:
