@@ -250,15 +250,17 @@ __global__ void __launch_bounds__(MHA_THREADS)
  * positions in tiles of 64 (K and V copied by cp.async, the next tile during the current one).
  * Scores in registers, scaled by scale·log2(e) through the f16 queries; the row's running max m
  * and sum l, o rescaled by exp2(m_old − m_new); p rounded to f16 for the p·v products. Hands the
- * combine [o | m·ln 2 | l] (natural-log units, as the absorbed kernels do). */
-template <int DK, int DV>
+ * combine [o | m·ln 2 | l] (natural-log units, as the absorbed kernels do). SMALL (cards whose
+ * blocks get under ~112 KB of shared memory, or X4_CUDA_MHA_SMALL=1): the queries are staged in
+ * the second key buffer, free until the first step restages it; the same arithmetic. */
+template <int DK, int DV, bool SMALL>
 __global__ void __launch_bounds__(MHA_THREADS)
         k_mha_attend(struct cu_mha m, const uint32_t *tok_pos) {
         extern __shared__ __align__(16) unsigned char mha_smem[];
         constexpr int KS = DK + MHA_PAD, VS = DV + MHA_PAD;
-        __half *sQ = (__half *) mha_smem;               /* [64][KS] */
-        __half *sK = sQ + MHA_BM * KS;                  /* 2 × [64][KS] */
-        __half *sV = sK + 2 * MHA_BM * KS;              /* 2 × [64][VS] */
+        __half *sK = (__half *) mha_smem + (SMALL ? 0 : MHA_BM * KS); /* 2 × [64][KS] */
+        __half *sQ = SMALL ? sK + MHA_BM * KS : (__half *) mha_smem;   /* [64][KS] */
+        __half *sV = sK + 2 * MHA_BM * KS;                             /* 2 × [64][VS] */
         __shared__ uint32_t spos[MHA_BM];
         const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
         const uint32_t h = blockIdx.y, n_head = gridDim.y;
@@ -309,6 +311,8 @@ __global__ void __launch_bounds__(MHA_THREADS)
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++)
                 mtp_ldm4(qf[ks], sQ + (warp * 16 + lane % 16) * KS + ks * 16 + (lane / 16) * 8);
+        if (SMALL)
+                __syncthreads(); /* every warp has its fragments before step 0 restages buffer 1 */
         const uint32_t pr0 = spos[warp * 16 + g], pr1 = spos[warp * 16 + g + 8];
         const uint32_t pend = j.pos0 + j.npos; /* positions ≥ pend are not this job's */
 
@@ -419,14 +423,15 @@ __global__ void __launch_bounds__(MHA_THREADS)
 
 /* ---- host ----------------------------------------------------------------------------------- */
 
-static size_t mha_attend_smem(uint32_t DK, uint32_t DV) {
-        return (size_t) MHA_BM * (DK + MHA_PAD) * 2 * 3 + (size_t) MHA_BM * (DV + MHA_PAD) * 2 * 2;
+static size_t mha_attend_smem(uint32_t DK, uint32_t DV, bool small) {
+        return (size_t) MHA_BM * (DK + MHA_PAD) * 2 * (small ? 2 : 3) + (size_t) MHA_BM * (DV + MHA_PAD) * 2 * 2;
 }
 
-/* the expansion's column tile: 128 when the key and value widths allow it, else 32 */
-static uint32_t mha_bn(uint32_t nope, uint32_t V) {
-        return nope % 128 == 0 && V % 128 == 0 ? 128 : 32;
-}
+/* chosen once by cu_mha_setup: the expansion's column tile (128, 64 or 32: the widest the key and
+ * value widths and the card's shared memory allow) and whether the attention stages its queries
+ * in a key buffer (SMALL); the bits are the same either way (tests/gpu `mha_small`) */
+static uint32_t mha_bn;
+static bool mha_small;
 
 /* heads a block of the expansion takes (each block reads its rows' latent once for them) */
 static uint32_t mha_hpb(uint32_t n_head) {
@@ -449,13 +454,21 @@ extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV)
         }
         if (major < 8 || KV % MHA_BK != 0)
                 return false;
-        size_t need = mha_attend_smem(nope + R, V) + 1024;
-        if (need > (size_t) smem_max)
+        /* X4_CUDA_MHA_SMALL=1: the small-memory choices on any card (their tests) */
+        const char *e = getenv("X4_CUDA_MHA_SMALL");
+        bool force_small = e && !strcmp(e, "1");
+        const size_t room = (size_t) smem_max - 1024; /* the kernels' static arrays */
+        bool small = force_small || mha_attend_smem(nope + R, V, false) > room;
+        if (mha_attend_smem(nope + R, V, small) > room)
                 return false;
-        uint32_t bn = mha_bn(nope, V);
+        uint32_t bn = 0;
+        static const uint32_t widths[] = {128, 64, 32};
+        for (uint32_t w : widths)
+                if (!bn && nope % w == 0 && V % w == 0 && mha_expand_smem(KV, w) <= room && !(force_small && w == 128))
+                        bn = w;
+        if (!bn)
+                return false;
         size_t xs = mha_expand_smem(KV, bn);
-        if (xs > (size_t) smem_max)
-                return false;
         bool ok = true;
 #define MHA_XSET(CT, WT, BN) \
         ok = ok && cudaFuncSetAttribute(k_mha_expand<CT, WT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) xs) == cudaSuccess;
@@ -464,6 +477,8 @@ extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV)
         MHA_XSET(__half, float, BN) MHA_XSET(__half, __half, BN) MHA_XSET(__half, uint16_t, BN)
         if (bn == 128) {
                 MHA_XSET_ALL(128)
+        } else if (bn == 64) {
+                MHA_XSET_ALL(64)
         } else {
                 MHA_XSET_ALL(32)
         }
@@ -472,14 +487,18 @@ extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV)
         bool att = false;
 #define MHA_SET(N, RR, VV)                                                                          \
         if (nope == N && R == RR && V == VV)                                                        \
-                att = cudaFuncSetAttribute(k_mha_attend<N + RR, VV>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                           (int) mha_attend_smem(N + RR, VV)) == cudaSuccess;
+                att = small ? cudaFuncSetAttribute(k_mha_attend<N + RR, VV, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                                   (int) mha_attend_smem(N + RR, VV, true)) == cudaSuccess \
+                            : cudaFuncSetAttribute(k_mha_attend<N + RR, VV, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                                   (int) mha_attend_smem(N + RR, VV, false)) == cudaSuccess;
         MHA_SHAPES(MHA_SET)
 #undef MHA_SET
         if (!ok || !att) {
                 (void) cudaGetLastError();
                 return false;
         }
+        mha_bn = bn;
+        mha_small = small;
         mha_ready = true;
         return true;
 }
@@ -504,11 +523,16 @@ extern "C" void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, u
                 else                                                                                \
                         MHA_EXP(CT, uint16_t, BN);                                                  \
         } while (0)
-        if (mha_bn(m->nope, m->V) == 128) {
+        if (mha_bn == 128) {
                 if (c->f16)
                         MHA_EXP_W(__half, 128);
                 else
                         MHA_EXP_W(float, 128);
+        } else if (mha_bn == 64) {
+                if (c->f16)
+                        MHA_EXP_W(__half, 64);
+                else
+                        MHA_EXP_W(float, 64);
         } else {
                 if (c->f16)
                         MHA_EXP_W(__half, 32);
@@ -521,7 +545,8 @@ extern "C" void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, u
         cu_launches++;
 #define MHA_RUN(N, RR, VV)                                                                          \
         if (m->nope == N && m->R == RR && m->V == VV)                                               \
-                cu_launch(k_mha_attend<N + RR, VV>, ag, MHA_THREADS, mha_attend_smem(N + RR, VV), s, *m, c->tok_pos);
+                cu_launch(mha_small ? k_mha_attend<N + RR, VV, true> : k_mha_attend<N + RR, VV, false>, ag, MHA_THREADS, \
+                          mha_attend_smem(N + RR, VV, mha_small), s, *m, c->tok_pos);
         MHA_SHAPES(MHA_RUN)
 #undef MHA_RUN
 }

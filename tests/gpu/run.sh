@@ -344,6 +344,31 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         }
         step "prompt attention k_attn_fa: chunk invariance and fixture, demo model" prompt_same fa
         step "prompt attention, non-absorbed (mha.cu): chunk invariance and fixture, demo model" prompt_same mha
+        # mha.cu's small-memory choices (X4_CUDA_MHA_SMALL=1, what cards with ~100 KB of shared memory
+        # a block take: queries staged in a key buffer, 64-wide expansion tiles instead of 128) have
+        # the default's bits: the demo model and a tiny model with the release's head dims (nope 128,
+        # rope 64, v 128, latent 512), a 700-token prompt whole and in chunks of 100, then decodes
+        mha_small() {
+                local prompt m c v args
+                prompt=$(awk 'BEGIN { s = 23; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 250 } }')
+                mkdir -p "$tmp/mhs"
+                "$build/tools/x4-mkmodel" --preset tiny --qk-nope 128 --qk-rope 64 --v-head 128 --kv-lora 512 --quiet \
+                        --out "$tmp/mhs/mhs.gguf" || return 1
+                for m in "$tmp/demo.gguf" "$tmp/mhs/mhs.gguf"; do
+                        for c in 0 100; do
+                                for v in 0 1; do
+                                        args=()
+                                        [ $c -gt 0 ] && args=(--chunk $c)
+                                        X4_CUDA_MHA_SMALL=$v "$build/tools/x4-logits" --model "$m" --prompt-class --prompt "$prompt" \
+                                                ${args[@]+"${args[@]}"} --decode 9,99 --device cuda --out "$tmp/ms-$v.bin" || return 1
+                                done
+                                cmp "$tmp/ms-0.bin" "$tmp/ms-1.bin" || { echo "$m, chunk $c: X4_CUDA_MHA_SMALL=1 differs"; return 1; }
+                        done
+                done
+                rm -f "$tmp"/ms-*.bin
+                echo "mha.cu small-memory kernels: identical logits (demo and release head dims, whole and chunks of 100)"
+        }
+        step "prompt attention mha.cu, small-memory kernels agree bit for bit" mha_small
         # env_same VAR A B SEED SHAPE...: a 300-token demo-model prompt (LCG seed SEED) run with VAR=A
         # and VAR=B for each run shape (x4-logits options): identical logits expected
         env_same() {
