@@ -172,7 +172,8 @@ struct x4_backend {
          * which only the split decode kernels use), and the pass's jobs (mha_prepare) */
         bool mha_ok, mha_pass;
         uint16_t *mha_kx, *mha_vx;
-        uint32_t mha_rows_cap, mha_plen;
+        uint32_t mha_rows_cap, mha_plen, mha_bn;
+        bool mha_small;
         const uint32_t *pass_pos_h, *pass_tokpt_h; /* host copies of the pass's metadata */
         struct mha_plan mha_plan;
         struct cu_mha_job *mha_jobs_d;
@@ -813,7 +814,7 @@ static void mha_setup(struct x4_backend *b) {
         const char *why = NULL;
         uint64_t sc_bytes = (uint64_t) b->part_slots * nh * CU_ATTN_PART * sizeof(float);
         uint64_t rows = sc_bytes / (2 * nh * (DK + V)) / 64 * 64;
-        if (!cu_mha_setup(c->qk_nope, c->qk_rope, c->v_head, c->kv_lora_rank))
+        if (!cu_mha_setup(c->qk_nope, c->qk_rope, c->v_head, c->kv_lora_rank, &b->mha_bn, &b->mha_small))
                 why = "no kernel for this device (sm_80 or newer) or head shape";
         for (uint32_t l = 0; !why && l < c->n_layer; l++)
                 if (!cu_mha_supported(b->layers[l].k_b.type, b->layers[l].v_b.type))
@@ -1404,7 +1405,7 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
                                 m.n_jobs = bt->nj;
                                 m.rows = bt->rows;
                                 m.qtiles = bt->qtiles;
-                                cu_mha_batch(&m, cache, l, s);
+                                cu_mha_batch(&m, b->mha_bn, b->mha_small, cache, l, s);
                         }
                         cu_attn_combine(b->part, g->t0, g->n, g->maxp, b->mha_plen, nh, V,
                                         cache->tok_pos, b->ao, s);

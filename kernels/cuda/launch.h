@@ -239,10 +239,12 @@ struct cu_mha {
 };
 /* Once per backend: whether this device and head shape have the kernels (false: the absorbed
  * prompt kernels serve). */
-bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV);
+bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV, uint32_t *bn, bool *small);
 bool cu_mha_supported(uint32_t kb_type, uint32_t vb_type);
-/* a batch of jobs: expand their rows, attend their query tiles (partials into m->part) */
-void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, uint32_t layer, cudaStream_t s);
+/* a batch of jobs: expand their rows, attend their query tiles (partials into m->part), with the
+ * choices cu_mha_setup made (bn, small) */
+void cu_mha_batch(const struct cu_mha *m, uint32_t bn, bool small, const struct cu_cache *c, uint32_t layer,
+                  cudaStream_t s);
 /* fold the partials of tokens [t0, t0 + n) (rows of `values` + 2, max_parts a token) in part
  * order into out[t][h][values] */
 void cu_attn_combine(const float *part, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,

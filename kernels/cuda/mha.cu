@@ -427,11 +427,6 @@ static size_t mha_attend_smem(uint32_t DK, uint32_t DV, bool small) {
         return (size_t) MHA_BM * (DK + MHA_PAD) * 2 * (small ? 2 : 3) + (size_t) MHA_BM * (DV + MHA_PAD) * 2 * 2;
 }
 
-/* chosen once by cu_mha_setup: the expansion's column tile (128, 64 or 32: the widest the key and
- * value widths and the card's shared memory allow) and whether the attention stages its queries
- * in a key buffer (SMALL); the bits are the same either way (tests/gpu `mha_small`) */
-static uint32_t mha_bn;
-static bool mha_small;
 
 /* heads a block of the expansion takes (each block reads its rows' latent once for them) */
 static uint32_t mha_hpb(uint32_t n_head) {
@@ -441,11 +436,12 @@ static uint32_t mha_hpb(uint32_t n_head) {
 /* the shapes with an instantiated kernel: (nope, R, V) */
 #define MHA_SHAPES(X) X(128, 64, 128) X(32, 32, 32) X(32, 16, 32)
 
-static bool mha_ready;
-
-extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV) {
+/* Per backend: whether this card has kernels for the shape, and its choices (cu_mha_batch's bn and
+ * small: the expansion's column tile, 128, 64 or 32, the widest the key and value widths and the
+ * card's shared memory allow; whether the attention stages its queries in a key buffer). The bits
+ * are the same for every choice (tests/gpu `mha_small`). */
+extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV, uint32_t *bn_out, bool *small_out) {
         int dev = 0, major = 0, smem_max = 0;
-        mha_ready = false;
         if (cudaGetDevice(&dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
@@ -468,10 +464,17 @@ extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV)
                         bn = w;
         if (!bn)
                 return false;
-        size_t xs = mha_expand_smem(KV, bn);
+        /* one limit for every instance: what this backend launches, or more if a backend of
+         * another shape in this process needed it */
+        static int attr;
+        size_t need = mha_expand_smem(KV, bn) > mha_attend_smem(nope + R, V, small) ? mha_expand_smem(KV, bn)
+                                                                                      : mha_attend_smem(nope + R, V, small);
+        if ((int) need > attr)
+                attr = (int) need;
+        const int xs = attr;
         bool ok = true;
 #define MHA_XSET(CT, WT, BN) \
-        ok = ok && cudaFuncSetAttribute(k_mha_expand<CT, WT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) xs) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(k_mha_expand<CT, WT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, xs) == cudaSuccess;
 #define MHA_XSET_ALL(BN) \
         MHA_XSET(float, float, BN) MHA_XSET(float, __half, BN) MHA_XSET(float, uint16_t, BN) \
         MHA_XSET(__half, float, BN) MHA_XSET(__half, __half, BN) MHA_XSET(__half, uint16_t, BN)
@@ -487,27 +490,25 @@ extern "C" bool cu_mha_setup(uint32_t nope, uint32_t R, uint32_t V, uint32_t KV)
         bool att = false;
 #define MHA_SET(N, RR, VV)                                                                          \
         if (nope == N && R == RR && V == VV)                                                        \
-                att = small ? cudaFuncSetAttribute(k_mha_attend<N + RR, VV, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                                   (int) mha_attend_smem(N + RR, VV, true)) == cudaSuccess \
-                            : cudaFuncSetAttribute(k_mha_attend<N + RR, VV, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                                   (int) mha_attend_smem(N + RR, VV, false)) == cudaSuccess;
+                att = small ? cudaFuncSetAttribute(k_mha_attend<N + RR, VV, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, xs) == cudaSuccess \
+                            : cudaFuncSetAttribute(k_mha_attend<N + RR, VV, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, xs) == cudaSuccess;
         MHA_SHAPES(MHA_SET)
 #undef MHA_SET
         if (!ok || !att) {
                 (void) cudaGetLastError();
                 return false;
         }
-        mha_bn = bn;
-        mha_small = small;
-        mha_ready = true;
+        *bn_out = bn;
+        *small_out = small;
         return true;
 }
 
 extern "C" bool cu_mha_supported(uint32_t kb_type, uint32_t vb_type) {
-        return mha_ready && kb_type == vb_type && (kb_type == 0 || kb_type == 1 || kb_type == 30);
+        return kb_type == vb_type && (kb_type == 0 || kb_type == 1 || kb_type == 30);
 }
 
-extern "C" void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, uint32_t layer, cudaStream_t s) {
+extern "C" void cu_mha_batch(const struct cu_mha *m, uint32_t bn, bool small, const struct cu_cache *c, uint32_t layer,
+                             cudaStream_t s) {
         if (m->rows == 0 || m->qtiles == 0)
                 return;
         uint32_t hpb = mha_hpb(m->n_head);
@@ -523,12 +524,12 @@ extern "C" void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, u
                 else                                                                                \
                         MHA_EXP(CT, uint16_t, BN);                                                  \
         } while (0)
-        if (mha_bn == 128) {
+        if (bn == 128) {
                 if (c->f16)
                         MHA_EXP_W(__half, 128);
                 else
                         MHA_EXP_W(float, 128);
-        } else if (mha_bn == 64) {
+        } else if (bn == 64) {
                 if (c->f16)
                         MHA_EXP_W(__half, 64);
                 else
@@ -545,8 +546,8 @@ extern "C" void cu_mha_batch(const struct cu_mha *m, const struct cu_cache *c, u
         cu_launches++;
 #define MHA_RUN(N, RR, VV)                                                                          \
         if (m->nope == N && m->R == RR && m->V == VV)                                               \
-                cu_launch(mha_small ? k_mha_attend<N + RR, VV, true> : k_mha_attend<N + RR, VV, false>, ag, MHA_THREADS, \
-                          mha_attend_smem(N + RR, VV, mha_small), s, *m, c->tok_pos);
+                cu_launch(small ? k_mha_attend<N + RR, VV, true> : k_mha_attend<N + RR, VV, false>, ag, MHA_THREADS, \
+                          mha_attend_smem(N + RR, VV, small), s, *m, c->tok_pos);
         MHA_SHAPES(MHA_RUN)
 #undef MHA_RUN
 }
