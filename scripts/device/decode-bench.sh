@@ -681,16 +681,21 @@ if has attn; then
                         --decode-ctx 512,4096,32768 --batch 1 --decode-tokens 16 --repeats 2 2>&1 | grep "^decode"
         done
 fi
+# ncu_prefill_one REGEX SKIP FILE: ncu's sections of one launch (after SKIP) of the kernels REGEX
+# names in a 4,096-token prefill of the full model, into FILE
+ncu_prefill_one() {
+        ncu --clock-control none --kernel-name regex:"$1" --launch-skip "$2" --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+                --section ComputeWorkloadAnalysis --section LaunchStats --section SchedulerStats \
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -150 >"$3"
+}
 if has ncuprompt; then
         # issue 12: what limits the prompt attention: ncu on one k_attn_tc2 launch and one k_attn_fa
         # launch of the 4,096-token prefill's last pass (8 passes × 40 layers a prefill; skip 300)
         for v in tc2 fa; do
                 say "ncu: prompt attention, X4_CUDA_ATTN_PROMPT=$v"
-                X4_CUDA_ATTN_PROMPT=$v ncu --clock-control none --kernel-name regex:"k_attn_(tc2|fa)" --launch-skip 300 --launch-count 1 \
-                        --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
-                        --section ComputeWorkloadAnalysis --section LaunchStats --section SchedulerStats \
-                        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
-                        --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -150 >"$out/ncu-prompt-$v.txt"
+                X4_CUDA_ATTN_PROMPT=$v ncu_prefill_one "k_attn_(tc2|fa)" 300 "$out/ncu-prompt-$v.txt"
                 grep -E "Duration|Throughput|Hit Rate|Stall|Registers|Achieved Occupancy|Issue Slots|Warp Cycles" "$out/ncu-prompt-$v.txt" | head -30
         done
         # and the rates beside it: both kernels with the f32 and the f16 cache (k_attn_fa's f16
@@ -715,11 +720,7 @@ if has ncumha; then
                 "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none --repeats 1 --warmup 0 2>&1 |
                 grep -E "k_mha_|gpu__time|sm__" | tee "$out/ncu-mha-times.txt"
         for k in expand attend; do
-                ncu --clock-control none --kernel-name regex:"k_mha_$k" --launch-skip 360 --launch-count 1 \
-                        --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
-                        --section ComputeWorkloadAnalysis --section LaunchStats --section SchedulerStats \
-                        "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
-                        --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -150 >"$out/ncu-mha-$k.txt"
+                ncu_prefill_one "k_mha_$k" 360 "$out/ncu-mha-$k.txt"
                 grep -E "Duration|Throughput|Hit Rate|Registers|Achieved Occupancy|Issue Slots|Warp Cycles|Eligible" "$out/ncu-mha-$k.txt" | head -20
         done
 fi
