@@ -382,6 +382,26 @@ template <int BYTES>
 #endif
 }
 
+/* d += a·b, one m16n8k16 tensor-core step with fp32 accumulation: bf16 operands (BF16) or f16 */
+template <bool BF16>
+[[maybe_unused]] static __device__ __forceinline__ void mtd_mma16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        if constexpr (BF16)
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                             "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        else
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                             "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+        (void) d, (void) a, (void) b0, (void) b1;
+        __trap(); /* the host never picks these kernels below sm_80 */
+#endif
+}
+
 /* four 8×8 b16 matrices; lane l gives the row address of matrix l / 8, r[i] is matrix i's fragment
  * (TRANS: transposed, the B fragments of row-major [k][n] tiles) */
 template <bool TRANS = false>

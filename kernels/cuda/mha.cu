@@ -27,18 +27,6 @@
 #define MHA_THREADS 128 /* 4 warps, 16 rows each */
 static_assert(MHA_BM == MHA_QTILE, "the host plans query tiles of MHA_BM tokens");
 
-static __device__ __forceinline__ void mha_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-        (void) d, (void) a, (void) b0, (void) b1;
-        __trap(); /* the host never picks these kernels below sm_80 */
-#endif
-}
-
 static __device__ __forceinline__ uint32_t mha_pack(float lo, float hi) {
         __half2 h = __floats2half2_rn(lo, hi);
         return *(uint32_t *) &h;
@@ -55,22 +43,18 @@ static __device__ __forceinline__ void mha_w8_load(mha_w8<WT> &x, const WT *p) {
         for (int i = 0; i < (int) (sizeof(WT) / 2); i++)
                 x.r[i] = ((const uint4 *) p)[i];
 }
-static __device__ __forceinline__ uint32_t mha_h2(float a, float b) {
-        __half2 h = __floats2half2_rn(a, b);
-        return *(uint32_t *) &h;
-}
 static __device__ __forceinline__ uint4 mha_w8_half(const mha_w8<float> &x) {
-        return make_uint4(mha_h2(__uint_as_float(x.r[0].x), __uint_as_float(x.r[0].y)),
-                          mha_h2(__uint_as_float(x.r[0].z), __uint_as_float(x.r[0].w)),
-                          mha_h2(__uint_as_float(x.r[1].x), __uint_as_float(x.r[1].y)),
-                          mha_h2(__uint_as_float(x.r[1].z), __uint_as_float(x.r[1].w)));
+        return make_uint4(mha_pack(__uint_as_float(x.r[0].x), __uint_as_float(x.r[0].y)),
+                          mha_pack(__uint_as_float(x.r[0].z), __uint_as_float(x.r[0].w)),
+                          mha_pack(__uint_as_float(x.r[1].x), __uint_as_float(x.r[1].y)),
+                          mha_pack(__uint_as_float(x.r[1].z), __uint_as_float(x.r[1].w)));
 }
 static __device__ __forceinline__ uint4 mha_w8_half(const mha_w8<__half> &x) {
         return x.r[0];
 }
 /* bf16 pairs (low half first) to f16 pairs */
 static __device__ __forceinline__ uint32_t mha_bf2h(uint32_t u) {
-        return mha_h2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+        return mha_pack(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 static __device__ __forceinline__ uint4 mha_w8_half(const mha_w8<uint16_t> &x) {
         return make_uint4(mha_bf2h(x.r[0].x), mha_bf2h(x.r[0].y), mha_bf2h(x.r[0].z), mha_bf2h(x.r[0].w));
@@ -79,7 +63,7 @@ static __device__ __forceinline__ uint4 mha_w8_half(const mha_w8<uint16_t> &x) {
 /* 8 consecutive cache values as f16 */
 static __device__ __forceinline__ uint4 mha_c8(const float *p) {
         float4 a = ((const float4 *) p)[0], b = ((const float4 *) p)[1];
-        return make_uint4(mha_h2(a.x, a.y), mha_h2(a.z, a.w), mha_h2(b.x, b.y), mha_h2(b.z, b.w));
+        return make_uint4(mha_pack(a.x, a.y), mha_pack(a.z, a.w), mha_pack(b.x, b.y), mha_pack(b.z, b.w));
 }
 static __device__ __forceinline__ uint4 mha_c8(const __half *p) {
         return *(const uint4 *) p;
@@ -212,8 +196,8 @@ __global__ void __launch_bounds__(MHA_THREADS)
                                         mtp_ldm4<true>(f, b + (ks + lane % 8 + ((lane / 8) % 2) * 8) * (BN + MHA_PAD) + nt * 8 + (lane / 16) * 8);
                                 else
                                         mtp_ldm4(f, b + (nt * 8 + lane % 8 + (lane / 16) * 8) * (MHA_BK + MHA_PAD) + ks + ((lane / 8) % 2) * 8);
-                                mha_mma(acc[nt], a, f[0], f[1]);
-                                mha_mma(acc[nt + 1], a, f[2], f[3]);
+                                mtd_mma16<false>(acc[nt], a, f[0], f[1]);
+                                mtd_mma16<false>(acc[nt + 1], a, f[2], f[3]);
                         }
                 }
                 if (kc + 1 < nchunk)
@@ -342,8 +326,8 @@ __global__ void __launch_bounds__(MHA_THREADS)
                         for (int nt = 0; nt < 8; nt += 2) {
                                 uint32_t b[4];
                                 mtp_ldm4(b, k + (nt * 8 + lane % 8 + (lane / 16) * 8) * KS + ks * 16 + ((lane / 8) % 2) * 8);
-                                mha_mma(s[nt], qf[ks], b[0], b[1]);
-                                mha_mma(s[nt + 1], qf[ks], b[2], b[3]);
+                                mtd_mma16<false>(s[nt], qf[ks], b[0], b[1]);
+                                mtd_mma16<false>(s[nt + 1], qf[ks], b[2], b[3]);
                         }
                 /* mask: past the row's own position or the job's positions */
                 uint32_t pbase = j.pos0 + kt * MHA_BM;
@@ -393,8 +377,8 @@ __global__ void __launch_bounds__(MHA_THREADS)
                         for (int nt = 0; nt < DV / 8; nt += 2) {
                                 uint32_t b[4];
                                 mtp_ldm4<true>(b, v + (ks * 16 + lane % 8 + ((lane / 8) % 2) * 8) * VS + nt * 8 + (lane / 16) * 8);
-                                mha_mma(o[nt], pf[ks], b[0], b[1]);
-                                mha_mma(o[nt + 1], pf[ks], b[2], b[3]);
+                                mtd_mma16<false>(o[nt], pf[ks], b[0], b[1]);
+                                mtd_mma16<false>(o[nt + 1], pf[ks], b[2], b[3]);
                         }
                 __syncthreads(); /* the buffer is restaged two steps on */
         }

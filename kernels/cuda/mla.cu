@@ -1706,14 +1706,6 @@ __global__ void __launch_bounds__(AC_COMBINE)
         }
 }
 
-static void attn_launch_combine(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
-                                uint32_t plen, const struct cu_cache *c, const float *part, float *out,
-                                cudaStream_t s) {
-        cu_launches++;
-        cu_launch(k_attn_combine, dim3(n, a->n_head, (a->KV + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s,
-                  part, t0, max_parts, plen, a->n_head, a->KV, c->tok_pos, out);
-}
-
 extern "C" void cu_attn_combine(const float *part, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                                 uint32_t n_head, uint32_t values, const uint32_t *tok_pos, float *out,
                                 cudaStream_t s) {
@@ -1722,6 +1714,12 @@ extern "C" void cu_attn_combine(const float *part, uint32_t t0, uint32_t n, uint
         cu_launches++;
         cu_launch(k_attn_combine, dim3(n, n_head, (values + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s,
                   part, t0, max_parts, plen, n_head, values, tok_pos, out);
+}
+
+static void attn_launch_combine(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
+                                uint32_t plen, const struct cu_cache *c, const float *part, float *out,
+                                cudaStream_t s) {
+        cu_attn_combine(part, t0, n, max_parts, plen, a->n_head, a->KV, c->tok_pos, out, s);
 }
 
 template <int HG, int TH>

@@ -93,18 +93,6 @@ extern "C" bool cu_pass_prompt(void) {
         return mm_tc_pass && cu_mm_tc_prompt_class();
 }
 
-[[maybe_unused]] static __device__ __forceinline__ void mt_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-        (void) d, (void) a, (void) b0, (void) b1;
-        __trap(); /* the host never picks this kernel below sm_80 */
-#endif
-}
-
 /* two bf16 values in a word, the first in the low half */
 [[maybe_unused]] static __device__ __forceinline__ uint32_t mt_pack(uint16_t lo, uint16_t hi) {
         return (uint32_t) lo | ((uint32_t) hi << 16);
@@ -251,7 +239,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
 #pragma unroll
                                                 for (int j = 0; j < NT; j++) {
                                                         const uint16_t *xr = xs[j * 8 + g] + kc;
-                                                        mt_mma(tmp[j], af, *(const uint32_t *) (xr + 8 * s + 2 * t),
+                                                        mtd_mma16<true>(tmp[j], af, *(const uint32_t *) (xr + 8 * s + 2 * t),
                                                                *(const uint32_t *) (xr + 16 + 8 * s + 2 * t));
                                                 }
                                         }
@@ -269,7 +257,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
 #pragma unroll
                                                 for (int j = 0; j < NT; j++) {
                                                         const uint16_t *xr = xs[j * 8 + g] + kc + 16 * s;
-                                                        mt_mma(acc[mt][j], af, *(const uint32_t *) (xr + 2 * t),
+                                                        mtd_mma16<true>(acc[mt][j], af, *(const uint32_t *) (xr + 2 * t),
                                                                *(const uint32_t *) (xr + 8 + 2 * t));
                                                 }
                                         }
@@ -334,7 +322,7 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
  * words 8s + t and 8s + 4 + t of a row's chunk; IQ4_NL the 16-bit quant pairs at bytes
  * 2 + 8s + 2t of rows g and g + 8 and the block's d. IQ4_NL nibbles become bf16 codebook values in
  * registers with byte permutes (mtd_iq4_pair) instead of a shared-memory table: the same words.
- * A warp reads and decodes MTD_PF chunks' fragments before their mma (mtd_mma: mt_mma's
+ * A warp reads and decodes MTD_PF chunks' fragments before their mma (mtd_mma: mtd_mma16<true>'s
  * instruction, not volatile, so the compiler may schedule the reads early).
  * Staged rows are padded so the fragment reads hit distinct banks (IQ4_NL: 144-byte rows, 36 words
  * ≡ 4 mod 32; BF16: 528 bytes, 132 words; inputs: 264 floats ≡ 8 mod 32 for the 8-byte reads). */
@@ -382,7 +370,7 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
         }
 }
 
-/* mt_mma's instruction with the same operands, not volatile: the compiler may schedule a stage's
+/* mtd_mma16<true>'s instruction with the same operands, not volatile: the compiler may schedule a stage's
  * shared-memory reads and decodes ahead of it (the result does not depend on when it issues) */
 [[maybe_unused]] static __device__ __forceinline__ void mtd_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -403,7 +391,7 @@ static void launch_tc(const struct cu_mv *a, cudaStream_t s) {
         return on ? *(const uint32_t *) &h : 0u;
 }
 
-/* one chunk's fragments of a lane: A of steps s = 0, 1 (the four words mt_mma takes), B of each
+/* one chunk's fragments of a lane: A of steps s = 0, 1 (the four words mtd_mma16 takes), B of each
  * n-tile and step, and for IQ4_NL the two rows' d */
 #define MTD_PF 4 /* chunks fetched ahead of their mma */
 template <int NT>
