@@ -146,6 +146,7 @@ struct x4_backend {
         uint32_t *hc_ticket, *route_ticket;
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part, *sc;
+        uint64_t sc_values; /* floats of sc (the split kernels' scores; mha.cu's scratch) */
         float *hid;     /* T_max × H: the hidden rows a forward hands out (x4_seq.hidden) */
         float *eh, *hin; /* MTP only: T_max × 2H NextN input concat(e, g); T_max × H its h rows */
         int32_t *sel, *groups;
@@ -768,7 +769,8 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->eh, float, b->mtp ? T * 2 * H : 0);
         WS(b->hin, float, b->mtp ? T * H : 0);
         WS(b->part, float, (uint64_t) b->part_slots * nh * (KV + 2));
-        WS(b->sc, float, (uint64_t) b->part_slots * nh * CU_ATTN_PART);
+        b->sc_values = (uint64_t) b->part_slots * nh * CU_ATTN_PART;
+        WS(b->sc, float, b->sc_values);
         /* the widest product input a token: v_b's per-head latents, the experts' activations, the
          * HC and NextN inputs, q_b's heads */
         b->xbf_cap = T * MAX(MAX(nh * KV, b->hw), MAX((uint64_t) c->hc_mult * H, MAX(2 * H, nh * (c->qk_nope + R))));
@@ -812,8 +814,7 @@ static void mha_setup(struct x4_backend *b) {
         if (b->cache_type == X4_CACHE_F16 && mha_wanted() != 2)
                 return;
         const char *why = NULL;
-        uint64_t sc_bytes = (uint64_t) b->part_slots * nh * CU_ATTN_PART * sizeof(float);
-        uint64_t rows = sc_bytes / (2 * nh * (DK + V)) / 64 * 64;
+        uint64_t rows = b->sc_values * sizeof(float) / (2 * nh * (DK + V)) / 64 * 64;
         if (!cu_mha_setup(c->qk_nope, c->qk_rope, c->v_head, c->kv_lora_rank, &b->mha_bn, &b->mha_small))
                 why = "no kernel for this device (sm_80 or newer) or head shape";
         for (uint32_t l = 0; !why && l < c->n_layer; l++)
@@ -1377,11 +1378,12 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
         cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
                     b->inv_freq, c->rope_interleave, cache, l, s);
         prof_mark(b, PC_MLA_PREP);
+        /* q = W_qb · qa */
+        mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
         if (b->mha_pass) {
-                /* the non-absorbed form (mha.cu): q = W_qb · qa, RoPE of q_pe in place; each part's
-                 * keys and values expanded from the cache, attention, the parts folded into the
-                 * per-head value rows (b->ao) v_b would have made; then out = W_o · o */
-                mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
+                /* the non-absorbed form (mha.cu): RoPE of q_pe in place; each part's keys and values
+                 * expanded from the cache, attention, the parts folded into the per-head value rows
+                 * (b->ao) v_b would have made; then out = W_o · o */
                 prof_mark(b, PC_ATTN_PROJ);
                 struct cu_attn qa = *attn;
                 qa.qc = b->q;
@@ -1415,8 +1417,7 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
                 prof_mark(b, PC_ATTN_PROJ);
                 return;
         }
-        /* q = W_qb · qa; absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; cu_q_rope appends RoPE(q_pe) */
-        mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
+        /* absorb: q_c[h] = Kb[h]ᵀ q_nope[h]; cu_q_rope appends RoPE(q_pe) */
         struct cu_mv kb = {
                 .w = cl->k_b.d, .type = cl->k_b.type, .row_bytes = cl->k_b.row_bytes,
                 .K = nope, .N = nh * KV, .G = KV, .x = b->q,
