@@ -40,7 +40,8 @@ fi
 # promptcheck V: a prompt attention variant (X4_CUDA_ATTN_PROMPT=V) on its first runs: a 700-token
 # prompt labeled as a prompt (demo model) whole vs chunks of 1/7/64/100 and with parts of 64, the
 # fixture vs its f64 oracle with prompts labeled, chunk and batch checks, the three sanitizers on the
-# quick mode; with X4_FA_BENCH=1 the full model's prefill rates beside the default kernel
+# quick mode with prompts labeled (before 2026-12-03's fourth session they ran it without: no
+# prompt pass); with X4_FA_BENCH=1 the full model's prefill rates beside the default kernel
 promptcheck() {
         local v=$1
         say "promptcheck $v"
@@ -77,7 +78,7 @@ PY
         X4_GPU_PROMPT=1 "$ck" chunks /tmp/fa/demo.gguf 2>&1 | tail -1
         X4_GPU_PROMPT=1 "$ck" batch /tmp/fa/demo.gguf 2>&1 | tail -1
         for tool in memcheck racecheck synccheck; do
-                compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$fx/model.gguf" >/tmp/fa/san-$tool.log 2>&1
+                X4_GPU_PROMPT=1 compute-sanitizer --tool $tool --error-exitcode 9 "$ck" quick "$fx/model.gguf" >/tmp/fa/san-$tool.log 2>&1
                 echo "$v: compute-sanitizer $tool rc $?"; grep -m3 -E "ERROR|Hazard|error" /tmp/fa/san-$tool.log
         done
         unset X4_CUDA_ATTN_PROMPT

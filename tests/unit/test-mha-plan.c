@@ -77,8 +77,8 @@ static void check_plan(const struct mha_plan *p, const uint32_t *pos, const uint
         }
         assert_int_equal(nj, p->n_jobs);
         /* each (token, part ≤ its position's) exactly once, in a job of its group and sequence */
-        uint32_t *seen = calloc((size_t) T * (6000 / plen + 520 / plen + 2), sizeof *seen);
-        uint32_t stride = 6000 / plen + 520 / plen + 2;
+        uint32_t stride = 6000 / plen + 520 / plen + 2; /* parts of the largest position */
+        uint32_t *seen = calloc((size_t) T * stride, sizeof *seen);
         assert_non_null(seen);
         for (uint32_t gi = 0; gi < p->n_groups; gi++) {
                 const struct mha_group *g = &p->groups[gi];
