@@ -88,7 +88,9 @@ status=0
 (cd "$here" && node --test --test-reporter=tap test/) >"$build/node-compat.tap" || status=$?
 grep -E '^# (tests|pass|fail)' "$build/node-compat.tap" || true
 if [ $status -ne 0 ]; then
-        grep -B2 -A20 '^not ok' "$build/node-compat.tap" | head -80
-        tail -20 "$tmp/bridge.log"
+        grep -B2 -A40 '^not ok' "$build/node-compat.tap" | head -160
+        for log in bridge.log bridge-fake.log bridge-trained.log trained.log; do
+                if [ -s "$tmp/$log" ]; then echo "--- the last lines of $log"; tail -20 "$tmp/$log"; fi
+        done
 fi
 exit $status

@@ -63,8 +63,9 @@ const runCli = (args, env, cwd, timeout = 120000) => new Promise((resolve, rejec
   p.stdout.on('data', (d) => { stdout += d; });
   p.stderr.on('data', (d) => { stderr += d; });
   p.on('error', reject);
+  // on failure the tail of its stderr (the head is the CLI's banner; the reason is at the end)
   p.on('close', (code) => (code === 0 ? resolve({ stdout, stderr })
-    : reject(new Error(`exit ${code}\n${stderr}\n${stdout}`))));
+    : reject(new Error(`exit ${code}\n...${stderr.slice(-3000)}\n${stdout.slice(-1000)}`))));
 });
 
 // Codex's config in its home: a custom provider speaking the Responses API to the bridge at url
@@ -131,23 +132,37 @@ test('Claude Code finishes a turn on the trained demo model', {
 });
 
 // Codex against the same real daemon, with its whole first request (~7,600 tokens of instructions
-// and 9 tools over /v1/responses, no output limit sent): the daemon's default limit (16,384) lets
-// the model end its turn itself. At the former default of 1,024 all three runs by hand ended
-// "Incomplete response returned, reason: max_output_tokens" (exit 1); with 8,192 and 16,384, six
-// of six finished, after 115-2,183 tokens (7-34 s on 2 threads). The answer is not judged: only
-// that Codex finishes its turn over the real daemon without a protocol error.
+// and 9 tools over /v1/responses, no output limit sent): the daemon's default limit (16,384,
+// asserted in tests/integration/test_daemon.py) lets the model end its turn itself. At the former
+// default of 1,024 all three runs by hand ended "Incomplete response returned, reason:
+// max_output_tokens" (exit 1). With 16,384 the daemon here (64 pages of 256 tokens) leaves the
+// answer ~8,760 tokens (the prompt is 7,622): 15 of 15 runs by hand finished (10-123 s on one
+// thread), but the model samples at temperature 1 (Codex sends none) far outside the 512-token
+// windows it learned from, so now and then it writes until the context is full (a CI run did,
+// after 199 s; with 1,594 tokens of room, three of four runs by hand did). That answer is
+// well-formed (Codex's "Incomplete response" is the Responses API's own incomplete_details), so
+// such a try is retried, up to three tries; any other failure fails at once. The answer is
+// not judged: only that Codex finishes a turn over the real daemon without a protocol error.
 test('Codex finishes a turn on the trained demo model', {
   skip: process.env.X4_TRAINED_BASE_URL ? false : 'no models/xing4-demo/model.gguf in this tree',
 }, async () => {
-  const home = mkdtempSync(join(tmpdir(), 'x4-codex-trained-'));
-  try {
-    codexProvider(home, process.env.X4_TRAINED_BASE_URL);
-    const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: home };
-    const { stderr } = await runCli([codex, 'exec', '--skip-git-repo-check', 'What does tar do?'], env, home, 300000);
-    // exit 0 (an incomplete response or a protocol error exits 1: runCli rejects), and `codex
-    // exec` prints the tokens used when the turn completed; the model's own text may say anything
-    assert.match(stderr, /^tokens used$/m, stderr.slice(-2000));
-  } finally {
-    rmSync(home, { recursive: true, force: true });
+  const tries = 3;
+  for (let t = 1; ; t++) {
+    const home = mkdtempSync(join(tmpdir(), 'x4-codex-trained-'));
+    try {
+      codexProvider(home, process.env.X4_TRAINED_BASE_URL);
+      const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: home };
+      const { stderr } = await runCli([codex, 'exec', '--skip-git-repo-check', 'What does tar do?'], env, home,
+        300000);
+      // exit 0 (an incomplete response or a protocol error exits 1: runCli rejects), and `codex
+      // exec` prints the tokens used when the turn completed; the model's own text may say anything
+      assert.match(stderr, /^tokens used$/m, stderr.slice(-2000));
+      return;
+    } catch (e) {
+      if (t === tries || !/Incomplete response returned, reason: max_output_tokens/.test(e.message)) throw e;
+      console.log(`try ${t}: the model wrote until its context was full; trying again`);
+    } finally {
+      rmSync(home, { recursive: true, force: true });
+    }
   }
 });
