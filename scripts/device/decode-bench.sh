@@ -25,13 +25,28 @@ if has cpu16; then
         ( mkdir -p /tmp/llcpu && cd /tmp/llcpu && tar -xJf "$OLDPWD/.devcarry/llamacpp/src.tar.xz" &&
                 cd llamacpp-xing4-kit && CPU_ONLY=1 JOBS=8 ./build-cuda.sh ./build-cpu ) >"$out/llama-cpu-build.log" 2>&1 &
 fi
-if [ ! -f "$build/build.ninja" ]; then
-        meson setup "$build" -Drpc=disabled -Dgpu_archs=90 -Dcuda=enabled --buildtype=release \
-                >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
+# .devcarry/prebuilt (scripts/device/prebuilt.sh, carried): the five programs built on the
+# development machine from this very tree (its stamp says so), so no build here; X4_NO_PREBUILT=1
+# builds anyway
+. scripts/device/prebuilt.sh
+if [ -z "${X4_NO_PREBUILT:-}" ] && x4_prebuilt_ok .devcarry/prebuilt; then
+        build=$PWD/.devcarry/prebuilt
+        export X4_GPU_PREBUILT=1
+        # the loader finds this machine's CUDA runtime (the binaries' rpath names the other's)
+        cudalib=$(cd "$(dirname "$(command -v nvcc)")/../lib64" 2>/dev/null && pwd)
+        [ -n "$cudalib" ] && export LD_LIBRARY_PATH=$cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        say "prebuilt: $(sed -n 2p "$build/STAMP"), no build"
+else
+        [ -d .devcarry/prebuilt ] && [ -z "${X4_NO_PREBUILT:-}" ] &&
+                say "prebuilt: .devcarry/prebuilt was built from other sources (stamp $(head -1 .devcarry/prebuilt/STAMP 2>/dev/null), tree $(x4_src_stamp)): building"
+        if [ ! -f "$build/build.ninja" ]; then
+                meson setup "$build" -Drpc=disabled -Dgpu_archs=90 -Dcuda=enabled --buildtype=release \
+                        >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
+        fi
+        say build
+        # X4_NINJA_TARGETS: build only these (a short call)
+        ninja -C "$build" -j"$(nproc)" ${X4_NINJA_TARGETS:-} >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 fi
-say build
-# X4_NINJA_TARGETS: build only these (a short call)
-ninja -C "$build" -j"$(nproc)" ${X4_NINJA_TARGETS:-} >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export X4_CUDA_MODULE=$build/kernels/cuda/xing4d-cuda.so
 if has tests; then
         say "tests/gpu/run.sh"

@@ -62,13 +62,22 @@ step() { # name, command...
         nvcc --version 2>&1 | tail -1
 } >>"$log"
 
-if [ ! -f "$build/build.ninja" ]; then
-        step "meson setup" meson setup "$build" -Drpc=disabled -Dgpu_archs="$archs" -Dcuda=enabled
-fi
-if ! step "build" ninja -C "$build" -j"$(nproc)"; then
-        printf '%s\n' "${results[@]}"
-        echo "log: $log"
-        exit 1
+if [ -n "${X4_GPU_PREBUILT:-}" ]; then
+        # X4_GPU_PREBUILT=1: $build holds the programs built elsewhere from this tree
+        # (scripts/device/prebuilt.sh; decode-bench.sh checks its stamp): no build here
+        for t in kernels/cuda/xing4d-cuda.so kernels/cuda/x4-gpu-check tools/x4-bench tools/x4-logits tools/x4-mkmodel; do
+                [ -f "$build/$t" ] || { echo "X4_GPU_PREBUILT: $build/$t is missing" >&2; exit 1; }
+        done
+        echo "prebuilt: $build ($(sed -n 2p "$build/STAMP" 2>/dev/null))" >>"$log"
+else
+        if [ ! -f "$build/build.ninja" ]; then
+                step "meson setup" meson setup "$build" -Drpc=disabled -Dgpu_archs="$archs" -Dcuda=enabled
+        fi
+        if ! step "build" ninja -C "$build" -j"$(nproc)"; then
+                printf '%s\n' "${results[@]}"
+                echo "log: $log"
+                exit 1
+        fi
 fi
 
 case $build in /*) ;; *) build=$PWD/$build ;; esac
