@@ -309,7 +309,7 @@ static void test_fixture(const char *dir, bool with_cpu) {
                 size_t n_pre = 0;
                 while (n_pre < n_rows && (size_t) rowpos[n_pre] < n_prompt)
                         n_pre++;
-                double ma, mr;
+                double ma = 0, mr = 0; /* set by the last rel_err (over all rows) */
                 double e_pre = n_pre ? rel_err(ours, ref, 0, n_pre, V, &ma, &mr) : 0;
                 double e_dec = n_rows > n_pre ? rel_err(ours, ref, n_pre, n_rows, V, &ma, &mr) : 0;
                 double e_all = rel_err(ours, ref, 0, n_rows, V, &ma, &mr);
