@@ -44,8 +44,10 @@
 #include "common/log.h"
 
 /* Tokens one pass of the layer stack takes; a longer batch runs as consecutive passes (each
- * sequence's tokens stay in order, so causality holds and results do not change). */
+ * sequence's tokens stay in order, so causality holds and results do not change).
+ * X4_CUDA_PASS_TOKENS (pass_tokens) sets another for measurements. */
 #define CUDA_MAX_BATCH_TOKENS 512
+#define CUDA_PASS_TOKENS_MAX 8192
 #define CUDA_DEFAULT_PAGE_TOKENS 256
 /* A MoE layer groups its (token, expert) pairs by expert when there are at least this many per
  * expert id on average (prefill); fewer, and most tiles would hold one pair (batched decode). The
@@ -732,6 +734,28 @@ static void rope_inv_freq(const struct x4_config *c, double *out) {
         }
 }
 
+/* Tokens a pass: CUDA_MAX_BATCH_TOKENS, or X4_CUDA_PASS_TOKENS (a multiple of 64 up to
+ * CUDA_PASS_TOKENS_MAX; anything else is named on stderr and the default kept). A measurement
+ * knob for prefill: a longer pass reads the weights fewer times and expands a prompt's prefix
+ * (mha.cu) fewer times, for a workspace that grows with it (logits rows, expert rows, the
+ * attention partials). The results are the same bits for any pass length (a pass boundary is a
+ * chunk boundary). */
+static uint32_t pass_tokens(void) {
+        const char *e = getenv("X4_CUDA_PASS_TOKENS");
+        if (!e || !*e)
+                return CUDA_MAX_BATCH_TOKENS;
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(e, &end, 10);
+        if (errno || *end || v < 64 || v > CUDA_PASS_TOKENS_MAX || v % 64) {
+                log_warning("X4_CUDA_PASS_TOKENS=%s ignored: expected a multiple of 64 from 64 to %u; "
+                            "passes of %u tokens",
+                            e, CUDA_PASS_TOKENS_MAX, CUDA_MAX_BATCH_TOKENS);
+                return CUDA_MAX_BATCH_TOKENS;
+        }
+        return (uint32_t) v;
+}
+
 /* ---- workspace ------------------------------------------------------------------------------ */
 
 static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
@@ -1022,7 +1046,7 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         b->wbytes = L.off;
         uint64_t payload = L.done; /* tensor bytes without alignment padding: progress runs to 1 */
 
-        b->T_max = CUDA_MAX_BATCH_TOKENS;
+        b->T_max = pass_tokens();
         {
                 const char *gv = getenv("X4_CUDA_GRAPHS");
                 b->graphs_off = gv && streq(gv, "0");

@@ -199,7 +199,7 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
 /* One block lays out the pairs by expert (the layout depends on sel alone): each id's pair
  * count, a serial prefix placing the ids, then each id's pairs in pair order and its tiles. */
 #define GROUP_IDS_MAX 288 /* ≥ ROUTER_MAX_EXPERTS + 1 ids */
-#define GROUP_MAX_PAIRS 4608 /* T_max 512 × 9 slots */
+#define GROUP_MAX_PAIRS 4608 /* passes of 512 tokens × 9 slots, staged */
 
 extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
         uint32_t tiles = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
@@ -230,21 +230,28 @@ static __device__ __forceinline__ void group_prefix(const uint32_t *cnt, uint32_
  * order (second pass). It replaced one thread an id scanning all P pairs twice serially (the same
  * ints, memcmp-tested on the GPU before that kernel went): the router class of a 512-token prefill
  * 6.6 -> 3.9 ms on the H200, prefill 8,130 -> 8,491 tok/s (512) and 5,131 -> 5,276 (4,096). */
+/* STAGED: the pairs' ids are copied to shared memory first (up to GROUP_MAX_PAIRS, the default
+ * passes of 512 tokens); without, the scans read them from global memory (longer passes,
+ * X4_CUDA_PASS_TOKENS). The same ints either way. */
 #define GROUP_PAR_THREADS 1024
+template <bool STAGED>
 __global__ void __launch_bounds__(GROUP_PAR_THREADS)
         k_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
         cu_pdl_wait();
         cu_pdl_trigger();
-        __shared__ int32_t ss[GROUP_MAX_PAIRS];
+        __shared__ int32_t staged[STAGED ? GROUP_MAX_PAIRS : 1];
         __shared__ uint32_t cnt[GROUP_IDS_MAX], first[GROUP_IDS_MAX], tile0[GROUP_IDS_MAX], wide0[GROUP_IDS_MAX];
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
         uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
         int32_t *perm = groups + 1 + 3 * tiles_max;
         int32_t *wide = perm + P;
+        const int32_t *ss = STAGED ? staged : sel;
 
-        for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
-                ss[i] = sel[i];
-        __syncthreads();
+        if (STAGED) {
+                for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
+                        staged[i] = sel[i];
+                __syncthreads();
+        }
         for (uint32_t e = warp; e < n_ids; e += nw) {
                 uint32_t n = 0;
                 for (uint32_t c = 0; c < P; c += 32)
@@ -285,9 +292,12 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
 
 extern "C" uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids,
                                  int32_t *groups, cudaStream_t s) {
-        if (P == 0 || P > GROUP_MAX_PAIRS || n_ids > GROUP_IDS_MAX)
+        if (P == 0 || n_ids > GROUP_IDS_MAX)
                 return 0;
         cu_launches++;
-        cu_launch(k_moe_group, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
+        if (P <= GROUP_MAX_PAIRS)
+                cu_launch(k_moe_group<true>, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
+        else
+                cu_launch(k_moe_group<false>, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
         return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
 }

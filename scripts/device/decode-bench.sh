@@ -466,6 +466,39 @@ if has mile; then
                         --decode-tokens 16 --repeats 3 --json 2>&1 | tee -a "$out/mile.jsonl" | grep '"decode"' | cut -c1-120
         fi
 fi
+if has passes; then
+        # issue 12: X4_CUDA_PASS_TOKENS (a measurement knob; passes of 512 by default). First the
+        # same bits for any pass length: the demo model (3 slots a token, so passes of 2,048 run
+        # the MoE grouping's unstaged instance past 4,608 pairs), a 1,500-token prompt labeled +
+        # 2 decodes, passes of 64 / 1,024 / 2,048 against 512, with mha.cu and with k_attn_tc2;
+        # then the full model's prefill 4,096 with passes of 512 ... 4,096, the profile at the
+        # longest, and 32,768 with passes of 512 and 4,096
+        say "passes"
+        mkdir -p /tmp/ps/demo
+        [ -f /tmp/ps/demo/demo.gguf ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/ps/demo/demo.gguf
+        prompt=$(awk 'BEGIN { s = 23; for (i = 0; i < 1500; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        for ap in mha tc2; do
+                for pt in 512 64 1024 2048; do
+                        X4_CUDA_ATTN_PROMPT=$ap X4_CUDA_PASS_TOKENS=$pt "$build/tools/x4-logits" --model /tmp/ps/demo/demo.gguf \
+                                --prompt-class --prompt "$prompt" --decode 9,99 --device cuda --out /tmp/ps/$ap-$pt.bin 2>&1 | tail -1
+                        [ $pt != 512 ] && cmp /tmp/ps/$ap-512.bin /tmp/ps/$ap-$pt.bin && echo "passes: $ap, passes of $pt = passes of 512"
+                done
+        done
+        if [ -f "$model" ]; then
+                for pt in 512 1024 2048 4096; do
+                        r=$(X4_CUDA_PASS_TOKENS=$pt "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                                --repeats 3 --json 2>&1 | tee -a "$out/passes-$pt.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*')
+                        echo "passes of $pt: $r"
+                done
+                X4_CUDA_PASS_TOKENS=4096 "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                        --repeats 1 --profile 2>&1 | tee "$out/profile-passes4096.txt" | grep -E '^prefill|^  [a-z]'
+                for pt in 512 4096; do
+                        r=$(X4_CUDA_PASS_TOKENS=$pt "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none \
+                                --repeats 1 --warmup 0 --json 2>&1 | tee -a "$out/passes-$pt.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*')
+                        echo "passes of $pt: $r"
+                done
+        fi
+fi
 if has pparts; then
         # issue 12: the prompt kernel's part length (X4_CUDA_ATTN_PROMPT_PART; default
         # CU_ATTN_PART_TC2), with the default profile first, then 128 (the decode kernels' length,
