@@ -805,7 +805,8 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
 
 /* The non-absorbed prompt attention (mha.cu) serves prompt passes where the device, the head shape
  * and every attention block's k_b / v_b types allow it and the split kernels' score workspace (idle
- * in prompt passes) holds a part's expanded rows, with the f32 cache (f16: opt-in, mha_setup).
+ * in prompt passes) holds a part's expanded rows, with either latent cache (the f16 cache's
+ * instance passed the GPU suite's fixture, chunk and batch steps at e3ebbab).
  * Full model, H200 (667e2e1): prefill 512 8,490 ->
  * 9,000 tok/s, 4,096 5,267 -> 7,049, 32,768 1,237 -> 2,190. X4_CUDA_ATTN_PROMPT=tc2 (or fa) keeps
  * the absorbed prompt kernels, as do X4_CUDA_PROMPT_ATTN=fp32 and a forced X4_CUDA_ATTN kernel.
@@ -832,10 +833,6 @@ static void mha_setup(struct x4_backend *b) {
         uint64_t nh = c->n_head, DK = (uint64_t) c->qk_nope + c->qk_rope, V = c->v_head;
         b->mha_ok = false;
         if (!mha_wanted())
-                return;
-        /* the f16 cache's expansion instance has not run on a GPU yet: there mha.cu is opt-in
-         * (X4_CUDA_ATTN_PROMPT=mha) until the GPU tests have checked it */
-        if (b->cache_type == X4_CACHE_F16 && mha_wanted() != 2)
                 return;
         const char *why = NULL;
         uint64_t rows = b->sc_values * sizeof(float) / (2 * nh * (DK + V)) / 64 * 64;

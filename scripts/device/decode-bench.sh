@@ -493,6 +493,12 @@ if has passes; then
                 X4_CUDA_PASS_TOKENS=4096 "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
                         --repeats 1 --profile 2>&1 | tee "$out/profile-passes4096.txt" | grep -E '^prefill|^  [a-z]'
                 for pt in 512 4096; do
+                        # the daemon's cache (f16) with mha.cu
+                        r=$(X4_CUDA_PASS_TOKENS=$pt "$build/tools/x4-bench" --model "$model" --device cuda --cache f16 --prefill 512,4096 \
+                                --decode-ctx none --repeats 3 --json 2>&1 | tee -a "$out/passes-$pt.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*')
+                        echo "passes of $pt, f16 cache: $r"
+                done
+                for pt in 512 4096; do
                         r=$(X4_CUDA_PASS_TOKENS=$pt "$build/tools/x4-bench" --model "$model" --device cuda --prefill 32768 --decode-ctx none \
                                 --repeats 1 --warmup 0 --json 2>&1 | tee -a "$out/passes-$pt.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*')
                         echo "passes of $pt: $r"
