@@ -430,8 +430,6 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
                 s->p.max_waiting = 256;
         if (!s->p.max_tokens_default)
                 s->p.max_tokens_default = 1024;
-        if (!s->p.prefill_chunk)
-                s->p.prefill_chunk = 256;
         if (!s->p.max_stop)
                 s->p.max_stop = 16;
         if (!s->p.max_messages)
@@ -446,6 +444,13 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         s->next_id = 1;
         s->cfg = x4_model_config(s->p.model);
         s->p.ops->caps(s->p.backend, &s->caps);
+        /* unset: as many prompt tokens a step as one pass of the backend takes (CUDA: up to
+         * 4,096 where the memory allows, so a long prompt alone prefills at x4-bench's rate; the
+         * CPU's micro-batch of 256), within [SCHED_PREFILL_CHUNK_MIN, SCHED_PREFILL_CHUNK_MAX].
+         * While others decode, prefill_budget keeps a step's prompt tokens far under it. */
+        if (!s->p.prefill_chunk)
+                s->p.prefill_chunk = MIN(MAX(s->caps.max_batch_tokens, SCHED_PREFILL_CHUNK_MIN),
+                                         SCHED_PREFILL_CHUNK_MAX);
         /* MTP needs a backend created with it (the NextN layer in its pages) */
         s->p.mtp_draft = MIN(s->p.mtp_draft, SCHED_MTP_DRAFT_MAX);
         s->mtp = s->caps.mtp && s->p.mtp_draft > 0 && s->p.ops->nextn;

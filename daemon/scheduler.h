@@ -189,7 +189,8 @@ struct sched_params {
         uint32_t max_waiting;   /* queued beyond that before UNAVAILABLE (default 256) */
         uint32_t max_tokens_default; /* when a request sets none (default 1024) */
         uint32_t max_tokens_limit;   /* ceiling on any request's max_tokens (0: none) */
-        uint32_t prefill_chunk; /* most prompt tokens of one request per step (default 256) */
+        uint32_t prefill_chunk; /* most prompt tokens of one request per step (0: the backend's
+                                 * pass length, clamped to SCHED_PREFILL_CHUNK_MIN..MAX) */
         uint32_t prefill_budget; /* prompt tokens per step while others decode (0: adaptive) */
         uint32_t max_stop;      /* stop strings per request (default 16) */
         uint32_t max_messages;  /* chat messages per request (default 4096) */
@@ -212,6 +213,9 @@ struct sched_params {
 };
 
 #define SCHED_MTP_DRAFT_MAX 3u
+/* the default --prefill-chunk follows the backend's pass length within these */
+#define SCHED_PREFILL_CHUNK_MIN 256u
+#define SCHED_PREFILL_CHUNK_MAX 4096u
 
 /* The numbers a StatsReply carries (engine side). */
 struct sched_stats {

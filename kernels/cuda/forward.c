@@ -43,11 +43,22 @@
 #include "model/xing4.h"
 #include "common/log.h"
 
-/* Tokens one pass of the layer stack takes; a longer batch runs as consecutive passes (each
- * sequence's tokens stay in order, so causality holds and results do not change).
- * X4_CUDA_PASS_TOKENS (pass_tokens) sets another for measurements. */
+/* Tokens one pass of the layer stack takes at least (the load may choose up to
+ * CUDA_PASS_TOKENS_AUTO); a longer batch runs as consecutive passes (each sequence's tokens stay
+ * in order, so causality holds and results do not change). X4_CUDA_PASS_TOKENS (pass_tokens)
+ * sets the length. */
 #define CUDA_MAX_BATCH_TOKENS 512
 #define CUDA_PASS_TOKENS_MAX 8192
+/* Passes of up to this many tokens where the memory allows (see the load): a prompt's prefix is
+ * expanded (mha.cu) and the expert weights read once a pass, so a 4,096-token prompt in one pass
+ * instead of eight prefills at 11,569 tok/s instead of 7,827 and a 32,768-token one at 5,670
+ * instead of 2,867 (full model, H200, 34867cb: the same bits, the pass boundary being a chunk
+ * boundary), for a workspace of ~4.5 GiB instead of ~0.8 on the full model. */
+#define CUDA_PASS_TOKENS_AUTO 4096
+/* the workspace may take at most this share (1/N) of the memory the weights leave */
+#define CUDA_PASS_WS_SHARE 4
+/* logits rows the head makes a launch (a longer pass runs it in runs of these) */
+#define CUDA_LOGIT_ROWS 512u
 #define CUDA_DEFAULT_PAGE_TOKENS 256
 /* A MoE layer groups its (token, expert) pairs by expert when there are at least this many per
  * expert id on average (prefill); fewer, and most tiles would hold one pair (batched decode). The
@@ -140,6 +151,7 @@ struct x4_backend {
         uint64_t page_bytes;
 
         uint32_t T_max, part_slots, n_slots_max;
+        uint32_t logit_rows; /* the head's rows a launch: min(T_max, CUDA_LOGIT_ROWS) */
         uint64_t hw;
         uint16_t *xbf;     /* bf16 inputs of the many-input tensor-core products (mmtc.cu) */
         uint64_t xbf_cap;  /* its values */
@@ -734,24 +746,23 @@ static void rope_inv_freq(const struct x4_config *c, double *out) {
         }
 }
 
-/* Tokens a pass: CUDA_MAX_BATCH_TOKENS, or X4_CUDA_PASS_TOKENS (a multiple of 64 up to
- * CUDA_PASS_TOKENS_MAX; anything else is named on stderr and the default kept). A measurement
- * knob for prefill: a longer pass reads the weights fewer times and expands a prompt's prefix
- * (mha.cu) fewer times, for a workspace that grows with it (logits rows, expert rows, the
- * attention partials). The results are the same bits for any pass length (a pass boundary is a
- * chunk boundary). */
+/* X4_CUDA_PASS_TOKENS: the pass length asked for (a multiple of 64 up to CUDA_PASS_TOKENS_MAX;
+ * anything else is named on stderr), or 0 (unset: the load picks it from the memory). A longer
+ * pass reads the weights fewer times and expands a prompt's prefix (mha.cu) fewer times, for a
+ * workspace that grows with it (expert rows, the attention partials). The results are the same
+ * bits for any pass length (a pass boundary is a chunk boundary). */
 static uint32_t pass_tokens(void) {
         const char *e = getenv("X4_CUDA_PASS_TOKENS");
         if (!e || !*e)
-                return CUDA_MAX_BATCH_TOKENS;
+                return 0;
         char *end;
         errno = 0;
         unsigned long v = strtoul(e, &end, 10);
         if (errno || *end || v < 64 || v > CUDA_PASS_TOKENS_MAX || v % 64) {
                 log_warning("X4_CUDA_PASS_TOKENS=%s ignored: expected a multiple of 64 from 64 to %u; "
-                            "passes of %u tokens",
-                            e, CUDA_PASS_TOKENS_MAX, CUDA_MAX_BATCH_TOKENS);
-                return CUDA_MAX_BATCH_TOKENS;
+                            "the pass length follows the memory",
+                            e, CUDA_PASS_TOKENS_MAX);
+                return 0;
         }
         return (uint32_t) v;
 }
@@ -788,7 +799,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->act, float, T * b->hw);
         WS(b->dn, float, T * S * H);
         WS(b->hn, float, T * H);
-        WS(b->logits, float, T * c->n_vocab);
+        WS(b->logits, float, (uint64_t) b->logit_rows * c->n_vocab);
         WS(b->hid, float, T * H);
         WS(b->eh, float, b->mtp ? T * 2 * H : 0);
         WS(b->hin, float, b->mtp ? T * H : 0);
@@ -1043,7 +1054,7 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         b->wbytes = L.off;
         uint64_t payload = L.done; /* tensor bytes without alignment padding: progress runs to 1 */
 
-        b->T_max = pass_tokens();
+        uint32_t pass_asked = pass_tokens(); /* 0: chosen from the memory below */
         {
                 const char *gv = getenv("X4_CUDA_GRAPHS");
                 b->graphs_off = gv && streq(gv, "0");
@@ -1055,10 +1066,6 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         bool any_dense = c->n_dense > 0 || (b->mtp && !nextn_moe);
         b->hw = MAX(any_moe ? (uint64_t) b->n_slots_max * c->n_ff_exp : 0,
                     any_dense ? (uint64_t) c->n_ff : 0);
-        uint32_t ctx_parts = DIV_ROUND_UP(MAX(c->n_ctx_train, 65536u), CU_ATTN_PART);
-        b->part_slots = MAX(b->T_max * 8, ctx_parts);
-        b->ws_bytes = ws_layout(b, NULL);
-
         b->page_tokens = params->page_tokens ? params->page_tokens : CUDA_DEFAULT_PAGE_TOKENS;
         b->cache_type = params->cache_type;
         if (b->cache_type != X4_CACHE_F32 && b->cache_type != X4_CACHE_F16)
@@ -1075,6 +1082,22 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         uint64_t room = mem_free > CUDA_MEMORY_MARGIN ? mem_free - CUDA_MEMORY_MARGIN : 0;
         if (params->memory_limit && params->memory_limit < room)
                 room = params->memory_limit;
+        /* the pass length: the longest of CUDA_PASS_TOKENS_AUTO, halved down to
+         * CUDA_MAX_BATCH_TOKENS, whose workspace takes at most 1/CUDA_PASS_WS_SHARE of what the
+         * weights leave (and leaves room for the cache pages asked for) */
+        uint32_t ctx_parts = DIV_ROUND_UP(MAX(c->n_ctx_train, 65536u), CU_ATTN_PART);
+        for (uint32_t T = pass_asked ? pass_asked : CUDA_PASS_TOKENS_AUTO;; T /= 2) {
+                b->T_max = T;
+                b->logit_rows = MIN(T, CUDA_LOGIT_ROWS);
+                b->part_slots = MAX(T * 8, ctx_parts);
+                b->ws_bytes = ws_layout(b, NULL);
+                if (pass_asked || T <= CUDA_MAX_BATCH_TOKENS)
+                        break;
+                uint64_t left = room > b->wbytes ? room - b->wbytes : 0;
+                uint64_t pages = (uint64_t) params->n_pages * b->page_bytes;
+                if (b->ws_bytes <= left / CUDA_PASS_WS_SHARE && b->ws_bytes + pages <= left)
+                        break;
+        }
         uint64_t fixed = b->wbytes + b->ws_bytes;
         char s_room[32], s_w[32], s_ws[32], s_need[32];
         gib_fmt(s_room, sizeof s_room, room);
@@ -1185,8 +1208,8 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                 if (!b->trace_z || !b->trace_bias || !b->trace_sel)
                         return log_error_errno(ENOMEM, "CUDA backend: out of memory");
         }
-        log_debug("CUDA backend on %s: weights %s, workspace %s, %u pages of %u tokens%s", prop.name,
-                  s_w, s_ws, b->n_pages, b->page_tokens,
+        log_debug("CUDA backend on %s: weights %s, workspace %s (passes of %u tokens), %u pages of %u tokens%s",
+                  prop.name, s_w, s_ws, b->T_max, b->n_pages, b->page_tokens,
                   b->mtp ? " (MTP: NextN block loaded, its layer in every page)" : "");
         *ret = TAKE_PTR(b);
         return 0;
@@ -2003,13 +2026,15 @@ static int run_passes(struct x4_backend *b, const struct plan *p, const struct x
                 uint64_t r1 = r0;
                 while (r1 < p->R && p->row_tok[r1] < p0 + T)
                         r1++;
-                uint32_t R = (uint32_t) (r1 - r0);
-                if (R > 0) {
+                /* in runs of at most logit_rows (the head's rows are independent of each other,
+                 * so the bits do not depend on the run length) */
+                for (uint64_t q0 = r0; q0 < r1; q0 += b->logit_rows) {
+                        uint32_t R = (uint32_t) MIN((uint64_t) b->logit_rows, r1 - q0);
                         if (nextn)
-                                nextn_head(b, p->d_rows + r0, R);
+                                nextn_head(b, p->d_rows + q0, R);
                         else
-                                forward_head(b, p->d_rows + r0, R);
-                        r = CU_TRY(cudaMemcpyAsync(logits + r0 * c->n_vocab, b->logits,
+                                forward_head(b, p->d_rows + q0, R);
+                        r = CU_TRY(cudaMemcpyAsync(logits + q0 * c->n_vocab, b->logits,
                                                    (uint64_t) R * c->n_vocab * sizeof(float),
                                                    cudaMemcpyDeviceToHost, b->stream),
                                    EIO, "copying logits");

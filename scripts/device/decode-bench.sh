@@ -708,7 +708,7 @@ if has daemon; then
                         sock=/tmp/x4d.sock
                         rm -rf "$sock" /tmp/x4d-state && mkdir -p /tmp/x4d-state
                         "$rb/daemon/xing4d" --model "$model" --device cuda --listen "$sock" --state-dir /tmp/x4d-state \
-                                --prefill-chunk ${X4_DAEMON_CHUNK:-4096} --mtp off >"$out/daemon.log" 2>&1 &
+                                ${X4_DAEMON_CHUNK:+--prefill-chunk $X4_DAEMON_CHUNK} --mtp off --log-level debug >"$out/daemon.log" 2>&1 &
                         dpid=$!
                         for i in $(seq 180); do "$rb/cli/x4ctl" --socket "$sock" health >/dev/null 2>&1 && break; sleep 1; done
                         ids=$(awk 'BEGIN { s = 7; for (i = 0; i < 4096; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 100000 } }')
