@@ -572,6 +572,39 @@ for (k, n), m in per.items():
     print(f"{k:>5} {n:60} t={t / 1000:7.2f}us MB={b / 1e6:7.2f} GB/s={b / t if t else 0:6.0f} grid={m.get('launch__grid_size','?'):>6} blk={m.get('launch__block_size','?'):>5} regs={m.get('launch__registers_per_thread','?'):>4} act%={m.get('sm__warps_active.avg.pct_of_peak_sustained_active','?')}")
 PY
 fi
+if has ncupre; then
+        # issue 12: every kernel of a few layers of a 4,096-token prefill (one pass), with time and
+        # DRAM bytes, the table behind the next prefill kernels (X4_NCU_PRE_SKIP launches skipped)
+        say "ncu: the kernels of a few layers of a 4,096-token prefill"
+        ncu --clock-control none --launch-skip ${X4_NCU_PRE_SKIP:-300} --launch-count ${X4_NCU_PRE_COUNT:-60} \
+                --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+                --csv "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                --repeats 1 --warmup 0 >"$out/ncu-pre.csv" 2>"$out/ncu-pre.err"
+        python3 - "$out/ncu-pre.csv" <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+hdr = rows[0]; rows = rows[1:]
+ki, ni, mi, vi = hdr.index("ID"), hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
+per = collections.OrderedDict()
+for r in rows:
+    per.setdefault((r[ki], r[ni][:70]), {})[r[mi]] = r[vi]
+f = lambda m, k: float(m.get(k, '0').replace(',', ''))
+for (k, n), m in per.items():
+    t = f(m, 'gpu__time_duration.sum'); rd = f(m, 'dram__bytes_read.sum'); wr = f(m, 'dram__bytes_write.sum')
+    print(f"{k:>5} {n:70} t={t / 1000:8.1f}us rdMB={rd / 1e6:8.1f} wrMB={wr / 1e6:7.1f} GB/s={(rd + wr) / t if t else 0:6.0f} "
+          f"sm%={m.get('sm__throughput.avg.pct_of_peak_sustained_elapsed', '?'):>6} grid={m.get('launch__grid_size', '?'):>6} "
+          f"blk={m.get('launch__block_size', '?'):>4} regs={m.get('launch__registers_per_thread', '?'):>4}")
+PY
+fi
+if has dprof; then
+        # issues 11/12: where a decode step's time goes at batch 1 / 32,768 and batch 64 / 4,096
+        for cb in "32768 1" "4096 64" "512 64"; do
+                set -- $cb
+                say "decode profile: ctx $1, batch $2"
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx $1 --batch $2 \
+                        --decode-tokens 8 --repeats 1 --profile 2>&1 | tee "$out/dprof-$1-$2.txt" | grep -E '^decode|^  [a-z]'
+        done
+fi
 if has ncufull; then
         # the same launches as `ncu` with the sections that say why each kernel takes its time
         # (stall reasons, occupancy, memory throughput), as text
