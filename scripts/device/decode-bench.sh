@@ -763,7 +763,7 @@ if has daemon; then
         fi
 fi
 if has attn; then
-        for k in part dec4 dec2; do
+        for k in part dec4 dec2 split; do
                 say "attention kernel forced: $k"
                 X4_CUDA_ATTN=$k "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
                         --decode-ctx 512,4096,32768 --batch 1 --decode-tokens 16 --repeats 2 2>&1 | grep "^decode"
