@@ -123,6 +123,70 @@ static void run_until_final(struct sched *s, struct outcome *outs, size_t n) {
 
 static const int32_t prompt[] = { 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
 
+/* ---- the default prefill chunk follows the backend's pass length ------------------------- */
+
+/* the CPU backend, with its caps' pass length replaced (0: its own) and the widest forward noted */
+static uint32_t pass_cap, widest_forward;
+static int forward_noting(struct x4_backend *b, const struct x4_batch *batch, float *logits,
+                          char *err, size_t err_size) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < batch->n_seqs; i++)
+                n += batch->seqs[i].n_tokens;
+        widest_forward = n > widest_forward ? n : widest_forward;
+        return x4_backend_cpu.forward(b, batch, logits, err, err_size);
+}
+static void caps_pass(struct x4_backend *b, struct x4_backend_caps *ret) {
+        x4_backend_cpu.caps(b, ret);
+        if (pass_cap)
+                ret->max_batch_tokens = pass_cap;
+}
+
+/* The widest forward of one request with a prompt of n tokens (and 2 generated) through a
+ * scheduler without --prefill-chunk, on a backend whose pass takes `cap` tokens. */
+static uint32_t widest_prefill(uint32_t cap, uint32_t n) {
+        struct x4_model *model;
+        struct x4_backend *backend;
+        struct sched *sched;
+        struct x4_model_params mp = { .path = X4_FIXTURES "/xing4-tiny-a/model.gguf" };
+        struct x4_backend_params bp = { .n_threads = 1, .page_tokens = 16, .n_pages = 512 };
+        struct x4_backend_ops ops = x4_backend_cpu;
+        ops.forward = forward_noting;
+        ops.caps = caps_pass;
+        pass_cap = cap;
+        widest_forward = 0;
+        assert_int_equal(x4_model_open(&mp, &model, NULL, 0), 0);
+        assert_int_equal(x4_backend_cpu.create(model, &bp, &backend, NULL, 0), 0);
+        struct sched_params sp = { .model = model, .ops = &ops, .backend = backend,
+                                   .max_running = 2, .max_waiting = 2 };
+        assert_int_equal(sched_new(&sp, &sched), 0);
+        assert_int_equal(sched_start(sched), 0);
+        int32_t *ids = malloc(n * sizeof *ids);
+        assert_non_null(ids);
+        for (uint32_t i = 0; i < n; i++)
+                ids[i] = 5 + (int32_t) (i * 7 % 200);
+        struct outcome o;
+        memset(&o, 0, sizeof o);
+        assert_int_equal(sched_submit(sched, tokens_request(ids, n, 2, &o), NULL), 0);
+        run_until_final(sched, &o, 1);
+        assert_int_equal(o.kind, SCHED_EVENT_DONE);
+        free(ids);
+        sched_free(sched);
+        x4_backend_cpu.destroy(backend);
+        x4_model_free(model);
+        return widest_forward;
+}
+
+static void test_default_prefill_chunk_follows_the_pass(void **state) {
+        (void) state;
+        /* a backend whose pass takes 1,500 tokens: a 1,200-token prompt alone in one step (the
+         * CUDA backend's passes of up to 4,096; the scheduler's own default was 256) */
+        assert_int_equal(widest_prefill(1500, 1200), 1200);
+        /* the CPU's micro-batch of 256 */
+        assert_int_equal(widest_prefill(0, 600), 256);
+        /* past SCHED_PREFILL_CHUNK_MAX, clamped to it */
+        assert_int_equal(widest_prefill(1u << 20, SCHED_PREFILL_CHUNK_MAX + 100), SCHED_PREFILL_CHUNK_MAX);
+}
+
 static void test_generate_and_batch_invariance(void **state) {
         struct env *e = *state;
         struct outcome alone, batch[3];
@@ -340,6 +404,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_page_budget, setup_small, teardown),
                 cmocka_unit_test_setup_teardown(test_validation_messages, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_drain_refuses_new_work, setup, teardown),
+                cmocka_unit_test(test_default_prefill_chunk_follows_the_pass),
                 cmocka_unit_test_setup_teardown(test_prefix_reuse_gives_identical_tokens, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_stored_pages_give_way_to_admission,
