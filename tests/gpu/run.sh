@@ -64,10 +64,10 @@ step() { # name, command...
 
 if [ -n "${X4_GPU_PREBUILT:-}" ]; then
         # X4_GPU_PREBUILT=1: $build holds the programs built elsewhere from this tree
-        # (scripts/device/prebuilt.sh; decode-bench.sh checks its stamp): no build here
-        for t in kernels/cuda/xing4d-cuda.so kernels/cuda/x4-gpu-check tools/x4-bench tools/x4-logits tools/x4-mkmodel; do
-                [ -f "$build/$t" ] || { echo "X4_GPU_PREBUILT: $build/$t is missing" >&2; exit 1; }
-        done
+        # (scripts/device/prebuilt.sh, its list and its stamp): no build here
+        . scripts/device/prebuilt.sh
+        x4_prebuilt_ok "$build" ||
+                { echo "X4_GPU_PREBUILT: $build lacks one of $X4_PREBUILT_TARGETS or was built from other sources" >&2; exit 1; }
         echo "prebuilt: $build ($(sed -n 2p "$build/STAMP" 2>/dev/null))" >>"$log"
 else
         if [ ! -f "$build/build.ninja" ]; then
