@@ -572,6 +572,34 @@ for (k, n), m in per.items():
     print(f"{k:>5} {n:60} t={t / 1000:7.2f}us MB={b / 1e6:7.2f} GB/s={b / t if t else 0:6.0f} grid={m.get('launch__grid_size','?'):>6} blk={m.get('launch__block_size','?'):>5} regs={m.get('launch__registers_per_thread','?'):>4} act%={m.get('sm__warps_active.avg.pct_of_peak_sustained_active','?')}")
 PY
 fi
+if has gscan; then
+        # issue 12: the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan) against
+        # k_moe_group: the same logits bits (demo model, 1,800-token prompt labeled in one pass, chunks
+        # of 100, unlabeled chunks of 700, decodes), then prefill 4,096 / 512 and the router class
+        say "gscan: k_moe_group_scan vs k_moe_group"
+        mkdir -p /tmp/gs
+        [ -f /tmp/gs/demo.gguf ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/gs/demo.gguf
+        prompt=$(awk 'BEGIN { s = 37; for (i = 0; i < 1800; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        i=0
+        for shape in "--prompt-class --decode 9,99" "--prompt-class --chunk 100 --decode 9" "--chunk 700 --decode 9"; do
+                for v in ballot scan; do
+                        # shellcheck disable=SC2086
+                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-logits" --model /tmp/gs/demo.gguf --prompt "$prompt" $shape \
+                                --device cuda --out /tmp/gs/$i-$v.bin 2>&1 | tail -1
+                done
+                cmp /tmp/gs/$i-ballot.bin /tmp/gs/$i-scan.bin && echo "gscan: identical logits ($shape)"
+                i=$((i + 1))
+        done
+        if [ -f "$model" ]; then
+                for v in ballot scan; do
+                        r=$(X4_CUDA_MOE_GROUP=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
+                                --repeats 3 --json 2>&1 | sed "s/}\$/,\"moe_group\":\"$v\"}/" | tee -a "$out/gscan.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' ')
+                        echo "gscan $v: $r"
+                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                                --repeats 1 --profile 2>&1 | grep -E "^  router"
+                done
+        fi
+fi
 if has ncupre; then
         # issue 12: every kernel of a few layers of a 4,096-token prefill (one pass), with time and
         # DRAM bytes, the table behind the next prefill kernels (X4_NCU_PRE_SKIP launches skipped)

@@ -378,12 +378,13 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "mha.cu small-memory kernels: identical logits (demo and release head dims, whole and chunks of 100)"
         }
         step "prompt attention mha.cu, small-memory kernels agree bit for bit" mha_small
-        # env_same VAR A B SEED SHAPE...: a 300-token demo-model prompt (LCG seed SEED) run with VAR=A
+        # env_same VAR A B SEED[:N] SHAPE...: an N-token (300) demo-model prompt (LCG seed SEED) run with VAR=A
         # and VAR=B for each run shape (x4-logits options): identical logits expected
         env_same() {
-                local var=$1 a=$2 b=$3 seed=$4 prompt shape v i=0
+                local var=$1 a=$2 b=$3 seed=${4%%:*} n=300 prompt shape v i=0
+                case $4 in *:*) n=${4#*:} ;; esac
                 shift 4
-                prompt=$(awk -v s="$seed" 'BEGIN { for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                prompt=$(awk -v s="$seed" -v n="$n" 'BEGIN { for (i = 0; i < n; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 for shape in "$@"; do
                         for v in "$a" "$b"; do
                                 # shellcheck disable=SC2086 # a shape is several options
@@ -401,6 +402,12 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # prompt classes
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
+        # the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan, k_moe_group_scan)
+        # against k_moe_group (ballot): the same layout, so the same logits; 1,800 prompt tokens in
+        # one pass (5,400 pairs: k_moe_group's unstaged instance), chunks of 100 (staged), decodes
+        step "MoE grouping by a scan agrees bit for bit, demo model" \
+                env_same X4_CUDA_MOE_GROUP ballot scan 37:1800 "--prompt-class --decode 9,99" \
+                "--prompt-class --chunk 100 --decode 9" "--chunk 700 --decode 9"
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
