@@ -159,6 +159,7 @@ struct bench {
         char device[128], model[256], commit[64];
         char model_name[256]; /* general.name, JSON-escaped ("" when absent) */
         bool prompt_class;    /* x4_backend_caps.prompt_class */
+        uint32_t pass_tokens; /* x4_backend_caps.max_batch_tokens (CUDA: the pass length) */
         double kernels_per_step; /* of the decode shape being reported; < 0: unknown */
         struct result results[MAX_RESULTS];
         size_t n_results;
@@ -286,10 +287,10 @@ static void find_commit(char *buf, size_t size) {
 static void print_tail(const struct bench *B) {
         /* prompt_class: the backend runs prompt tokens (prefill, the decode runs' context) on
          * other kernels than generated ones (kernels/backend.h) */
-        printf(",\"cache\":\"%s\",\"device\":\"%s\",\"prompt_class\":%s,\"model\":\"%s\","
+        printf(",\"cache\":\"%s\",\"device\":\"%s\",\"prompt_class\":%s,\"pass_tokens\":%u,\"model\":\"%s\","
                "\"model_name\":\"%s\",\"commit\":\"%s\"}\n",
-               B->cache, B->device, B->prompt_class ? "true" : "false", B->model, B->model_name,
-               B->commit);
+               B->cache, B->device, B->prompt_class ? "true" : "false", B->pass_tokens, B->model,
+               B->model_name, B->commit);
         fflush(stdout);
 }
 
@@ -1594,6 +1595,7 @@ int main(int argc, char **argv) {
         } else
                 snprintf(B.device, sizeof B.device, "%s", caps.name);
         B.prompt_class = caps.prompt_class;
+        B.pass_tokens = caps.max_batch_tokens;
 
         /* tokens: the longest prefill, the decode setup's prefill, one per sequence of a batch */
         uint32_t n_tokens = MAX(MAX(MAX(max_len, MIN(max_ctx, B.prefill_max)), max_batch), MTP_PROMPT);

@@ -282,6 +282,8 @@ static void test_fake_profile_and_layout(void **state) {
         /* the decode line carries the counted kernels per step and the model's general.name */
         assert_non_null(strstr(out, "\"ctx_prefilled\":256,\"kernels_per_step\":10.0,\"cpu_ms\":"));
         assert_non_null(strstr(out, "\"model_name\":\""));
+        /* and the backend's pass length (the fake's max_batch_tokens) */
+        assert_non_null(strstr(out, "\"prompt_class\":false,\"pass_tokens\":1048576,\"model\":"));
         assert_non_null(strstr(out, "\"ctx_filled\":\"prefill+copy\",\"ctx_prefilled\":256,"));
         assert_non_null(strstr(out,
                 "{\"what\":\"profile\",\"ctx\":600,\"batch\":2,\"kernels_per_step\":10.0,\"ms_sum\":2.0000,"
