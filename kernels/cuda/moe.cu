@@ -228,6 +228,25 @@ static __device__ __forceinline__ void group_prefix(const uint32_t *cnt, uint32_
         wide[0] = (int32_t) tw;
 }
 
+/* Id e's tile and wide-tile descriptors (n pairs from its first; its first tile and wide tile),
+ * a lane a tile. */
+static __device__ __forceinline__ void group_descs(uint32_t e, uint32_t n, uint32_t lane, const uint32_t *first,
+                                                   const uint32_t *tile0, const uint32_t *wide0, int32_t *groups,
+                                                   int32_t *wide) {
+        for (uint32_t j = lane; j * CU_GROUP_TILE < n; j += 32) {
+                int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
+                tdesc[0] = (int32_t) e;
+                tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_TILE);
+                tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_TILE, n - j * CU_GROUP_TILE);
+        }
+        for (uint32_t j = lane; j * CU_GROUP_WIDE < n; j += 32) {
+                int32_t *tdesc = wide + 1 + 3 * (wide0[e] + j);
+                tdesc[0] = (int32_t) e;
+                tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_WIDE);
+                tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_WIDE, n - j * CU_GROUP_WIDE);
+        }
+}
+
 /* The pairs are scanned by warps: warp w takes ids w, w + 32, ..., and walks the pairs 32 at a
  * time, a ballot of those that name its id giving their count (first pass) and their ranks in pair
  * order (second pass). It replaced one thread an id scanning all P pairs twice serially (the same
@@ -277,19 +296,7 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
                                 perm[k + __popc(b & ((1u << lane) - 1u))] = (int32_t) (c + lane);
                         k += __popc(b);
                 }
-                /* the descriptors, a lane a tile */
-                for (uint32_t j = lane; j * CU_GROUP_TILE < n; j += 32) {
-                        int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
-                        tdesc[0] = (int32_t) e;
-                        tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_TILE);
-                        tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_TILE, n - j * CU_GROUP_TILE);
-                }
-                for (uint32_t j = lane; j * CU_GROUP_WIDE < n; j += 32) {
-                        int32_t *tdesc = wide + 1 + 3 * (wide0[e] + j);
-                        tdesc[0] = (int32_t) e;
-                        tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_WIDE);
-                        tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_WIDE, n - j * CU_GROUP_WIDE);
-                }
+                group_descs(e, n, lane, first, tile0, wide0, groups, wide);
         }
 }
 
@@ -359,22 +366,8 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
                         perm[first[x] + wcnt[warp * n_ids + (uint32_t) x] + (uint32_t) __popc(m & below)] = (int32_t) i;
                 __syncthreads(); /* the table is zeroed again next chunk */
         }
-        /* the descriptors, a lane a tile (as k_moe_group) */
-        for (uint32_t e = warp; e < n_ids; e += GSCAN_WARPS) {
-                uint32_t n = cnt[e];
-                for (uint32_t j = lane; j * CU_GROUP_TILE < n; j += 32) {
-                        int32_t *tdesc = groups + 1 + 3 * (tile0[e] + j);
-                        tdesc[0] = (int32_t) e;
-                        tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_TILE);
-                        tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_TILE, n - j * CU_GROUP_TILE);
-                }
-                for (uint32_t j = lane; j * CU_GROUP_WIDE < n; j += 32) {
-                        int32_t *tdesc = wide + 1 + 3 * (wide0[e] + j);
-                        tdesc[0] = (int32_t) e;
-                        tdesc[1] = (int32_t) (first[e] + j * CU_GROUP_WIDE);
-                        tdesc[2] = (int32_t) min((uint32_t) CU_GROUP_WIDE, n - j * CU_GROUP_WIDE);
-                }
-        }
+        for (uint32_t e = warp; e < n_ids; e += GSCAN_WARPS)
+                group_descs(e, cnt[e], lane, first, tile0, wide0, groups, wide);
 }
 
 /* X4_CUDA_MOE_GROUP=scan: k_moe_group_scan (the same ints; GPU step `group scan`); =ballot or
