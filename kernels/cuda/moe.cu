@@ -370,6 +370,47 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
                 group_descs(e, cnt[e], lane, first, tile0, wide0, groups, wide);
 }
 
+/* A test hook, exported for tests/gpu (`x4-gpu-check group`, found by dlsym; nothing else calls
+ * it): P ids in [-2, n_ids + 2) from an LCG of `seed` (so some out of range), grouped by
+ * k_moe_group (staged where P allows it, and unstaged) and by k_moe_group_scan, each into a buffer
+ * filled with the same byte pattern first. 0: every buffer holds the same bytes; 1 + the first
+ * differing kernel's index (1 unstaged, 2 scan) otherwise; -1 on bad arguments or a CUDA error. */
+extern "C" __attribute__((visibility("default"))) int x4_cuda_group_compare(uint32_t P, uint32_t n_ids,
+                                                                           uint32_t seed) {
+        if (P == 0 || n_ids == 0 || n_ids > GROUP_IDS_MAX)
+                return -1;
+        size_t ints = cu_moe_group_ints(P, n_ids), bytes = ints * sizeof(int32_t);
+        int32_t *h = (int32_t *) malloc(P * sizeof(int32_t)), *out = (int32_t *) malloc(3 * bytes);
+        int32_t *d_sel = NULL, *d_g = NULL;
+        int r = -1;
+        if (!h || !out)
+                goto done;
+        for (uint32_t i = 0; i < P; i++) {
+                seed = seed * 1103515245u + 12345u;
+                h[i] = (int32_t) ((seed >> 8) % (n_ids + 4)) - 2;
+        }
+        if (cudaMalloc(&d_sel, P * sizeof(int32_t)) != cudaSuccess || cudaMalloc(&d_g, 3 * bytes) != cudaSuccess ||
+            cudaMemcpy(d_sel, h, P * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess ||
+            cudaMemset(d_g, 0xa5, 3 * bytes) != cudaSuccess)
+                goto done;
+        if (P <= GROUP_MAX_PAIRS)
+                k_moe_group<true><<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g);
+        else
+                k_moe_group<false><<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g);
+        k_moe_group<false><<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g + ints);
+        k_moe_group_scan<<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g + 2 * ints);
+        if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess ||
+            cudaMemcpy(out, d_g, 3 * bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+                goto done;
+        r = memcmp(out, out + ints, bytes) ? 2 : memcmp(out, out + 2 * ints, bytes) ? 3 : 0;
+done:
+        cudaFree(d_sel);
+        cudaFree(d_g);
+        free(h);
+        free(out);
+        return r;
+}
+
 /* X4_CUDA_MOE_GROUP=scan: k_moe_group_scan (the same ints; GPU step `group scan`); =ballot or
  * unset: k_moe_group. Anything else is named on stderr once. */
 static bool group_scan(void) {

@@ -577,6 +577,7 @@ if has gscan; then
         # k_moe_group: the same logits bits (demo model, 1,800-token prompt labeled in one pass, chunks
         # of 100, unlabeled chunks of 700, decodes), then prefill 4,096 / 512 and the router class
         say "gscan: k_moe_group_scan vs k_moe_group"
+        "$build/kernels/cuda/x4-gpu-check" group "$build/kernels/cuda/xing4d-cuda.so" | tail -4
         mkdir -p /tmp/gs
         [ -f /tmp/gs/demo.gguf ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/gs/demo.gguf
         prompt=$(awk 'BEGIN { s = 37; for (i = 0; i < 1800; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
@@ -587,7 +588,8 @@ if has gscan; then
                         X4_CUDA_MOE_GROUP=$v "$build/tools/x4-logits" --model /tmp/gs/demo.gguf --prompt "$prompt" $shape \
                                 --device cuda --out /tmp/gs/$i-$v.bin 2>&1 | tail -1
                 done
-                cmp /tmp/gs/$i-ballot.bin /tmp/gs/$i-scan.bin && echo "gscan: identical logits ($shape)"
+                if cmp /tmp/gs/$i-ballot.bin /tmp/gs/$i-scan.bin; then echo "gscan: identical logits ($shape)"
+                else echo "gscan: FAIL: different logits ($shape)"; fi
                 i=$((i + 1))
         done
         if [ -f "$model" ]; then

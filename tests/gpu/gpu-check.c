@@ -18,6 +18,9 @@
  *   x4-gpu-check pages MODEL      page_read/page_write/page_copy continue a decode identically;
  *                                 n_pages = 0 derives the page count from memory_limit
  *   x4-gpu-check quick MODEL      small prefill + decode + batch (for compute-sanitizer)
+ *   x4-gpu-check group MODULE     the MoE groupings (kernels/cuda/moe.cu) write the same ints:
+ *                                 k_moe_group staged and unstaged and k_moe_group_scan, memcmp over
+ *                                 random ids (some out of range), through the module's test hook
  *   x4-gpu-check nextn MODEL      MTP (docs/model.md §8) on a model with the NextN block: CUDA vs
  *                                 CPU trunk logits and hidden rows, NextN draft logits and hidden
  *                                 rows, a chained draft; on CUDA alone, NextN rows one at a time
@@ -38,6 +41,7 @@
  *   the nextn mode) and a near-tie is a CPU margin under ROUTE_NEAR_TIE_BF16; likewise with
  *   X4_GPU_PROMPT=1 (prompts labeled as prompts: the backend runs them on those products).
  * Exit status: 0 when every check passed, 1 otherwise; every measured number is printed. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -1785,11 +1789,41 @@ static void test_quick(const char *model_path) {
         bk_close(&cu);
 }
 
+/* ---- group: the MoE groupings agree int for int (the module's x4_cuda_group_compare) ---------- */
+
+static void test_group(const char *module) {
+        void *h = dlopen(module, RTLD_NOW | RTLD_LOCAL);
+        CHECK(h != NULL, "cannot load %s: %s", module, dlerror());
+        if (!h)
+                return;
+        int (*cmp)(uint32_t, uint32_t, uint32_t) = (int (*)(uint32_t, uint32_t, uint32_t)) dlsym(h, "x4_cuda_group_compare");
+        CHECK(cmp != NULL, "%s has no x4_cuda_group_compare", module);
+        /* pairs around a chunk (1,024) and the staging bound (4,608), a 4,096-token pass of the
+         * full model (5 slots: 20,480) and the longest pass (8,192 × 9), ids 1 .. 288 */
+        static const uint32_t cases[][2] = {
+                {1, 65},     {31, 65},    {32, 65},    {1023, 65},  {1024, 65},  {1025, 65},
+                {2560, 65},  {4608, 65},  {4609, 65},  {20480, 65}, {73728, 65}, {300, 1},
+                {5000, 2},   {3000, 288}, {40000, 288}, {777, 33},
+        };
+        /* X4_GPU_GROUP_QUICK=1 (the sanitizer steps): the cases up to 5,000 pairs */
+        const char *q = getenv("X4_GPU_GROUP_QUICK");
+        bool quick = q && streq(q, "1");
+        for (size_t i = 0; cmp && i < sizeof cases / sizeof cases[0]; i++) {
+                if (quick && cases[i][0] > 5000)
+                        continue;
+                int r = cmp(cases[i][0], cases[i][1], (uint32_t) (7 + i));
+                printf("group: %u pairs, %u ids: %s\n", cases[i][0], cases[i][1],
+                       r == 0 ? "staged / unstaged / scan identical" : r == 2 ? "unstaged differs"
+                       : r == 3 ? "scan differs" : "error");
+                CHECK(r == 0, "group %u pairs %u ids: %d", cases[i][0], cases[i][1], r);
+        }
+}
+
 int main(int argc, char **argv) {
         if (argc < 3) {
                 fprintf(stderr, "usage: x4-gpu-check fixture DIR [--no-cpu] | parity MODEL "
                                 "[N_PROMPT N_GEN] | conditioning MODEL [N_PROMPT N_GEN] | batch MODEL | chunks MODEL | classes MODEL | errors MODEL | "
-                                "pages MODEL | quick MODEL | nextn MODEL\n");
+                                "pages MODEL | quick MODEL | nextn MODEL | group MODULE\n");
                 return 2;
         }
         log_set_max_level(LOG_WARNING);
@@ -1857,6 +1891,8 @@ int main(int argc, char **argv) {
                 test_pages(arg);
         else if (streq(t, "quick"))
                 test_quick(arg);
+        else if (streq(t, "group"))
+                test_group(arg);
         else if (streq(t, "nextn")) {
                 const char *dev = getenv("X4_GPU_NEXTN_DEVICE");
                 if (dev && *dev)

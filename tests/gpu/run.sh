@@ -90,6 +90,8 @@ step "batch invariance (16 seqs)" "$check" batch "$tiny"
 step "chunk invariance (1/7/64/512)" "$check" chunks "$tiny"
 step "refusal messages" "$check" errors "$tiny"
 step "quick prefill+decode" "$check" quick "$tiny"
+# the MoE groupings (k_moe_group staged and unstaged, k_moe_group_scan): the same ints, memcmp
+step "MoE groupings write the same ints (memcmp, 1 .. 73,728 pairs)" "$check" group "$build/kernels/cuda/xing4d-cuda.so"
 step "cache pages (snapshot, copy, n_pages from memory_limit)" "$check" pages "$tiny"
 step "fixture, f16 latent cache (rel <= 1e-2)" env X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
 step "chunk invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" chunks "$tiny"
@@ -403,8 +405,9 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
         # the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan, k_moe_group_scan)
-        # against k_moe_group (ballot): the same layout, so the same logits; 1,800 prompt tokens in
-        # one pass (5,400 pairs: k_moe_group's unstaged instance), chunks of 100 (staged), decodes
+        # against k_moe_group (ballot) through the forward (the `group` step compares their ints):
+        # the same logits; 1,800 prompt tokens (9,000 pairs of 5 slots in one pass where the load
+        # takes passes of 2,048 or more: k_moe_group's unstaged instance), chunks of 100 (staged)
         step "MoE grouping by a scan agrees bit for bit, demo model" \
                 env_same X4_CUDA_MOE_GROUP ballot scan 37:1800 "--prompt-class --decode 9,99" \
                 "--prompt-class --chunk 100 --decode 9" "--chunk 700 --decode 9"
@@ -532,6 +535,12 @@ if command -v compute-sanitizer >/dev/null; then
                 "$check" quick "$tiny"
         step "compute-sanitizer synccheck" compute-sanitizer --tool synccheck --error-exitcode 9 \
                 "$check" quick "$tiny"
+        step "compute-sanitizer racecheck, MoE groupings" env X4_GPU_GROUP_QUICK=1 compute-sanitizer --tool racecheck \
+                --error-exitcode 9 "$check" group "$build/kernels/cuda/xing4d-cuda.so"
+        step "compute-sanitizer synccheck, MoE groupings" env X4_GPU_GROUP_QUICK=1 compute-sanitizer --tool synccheck \
+                --error-exitcode 9 "$check" group "$build/kernels/cuda/xing4d-cuda.so"
+        step "compute-sanitizer memcheck, MoE groupings" env X4_GPU_GROUP_QUICK=1 compute-sanitizer --tool memcheck \
+                --error-exitcode 9 "$check" group "$build/kernels/cuda/xing4d-cuda.so"
         # prompt passes (X4_GPU_PROMPT=1: the quick mode's prompts labeled, so the prompt kernels run:
         # mha.cu's by default)
         step "compute-sanitizer memcheck, prompts labeled" env X4_GPU_PROMPT=1 compute-sanitizer --tool memcheck \
