@@ -808,6 +808,19 @@ ncu_prefill_one() {
                 "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
                 --repeats 1 --warmup 0 2>&1 | grep -v "^{" | tail -150 >"$3"
 }
+if has ncuhot; then
+        # issue 12: why each kernel of a 4,096-token prefill's MoE layer takes its time: ncu's
+        # sections (stall reasons, occupancy, pipes, memory) for every launch of one layer (the
+        # launches `ncupre` timed with X4_NCU_PRE_SKIP=900), as text, and a digest per launch
+        say "ncu: full sections, one MoE layer of a 4,096-token prefill"
+        ncu --clock-control none --launch-skip ${X4_NCU_PRE_SKIP:-900} --launch-count ${X4_NCU_PRE_COUNT:-22} \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+                --section ComputeWorkloadAnalysis --section LaunchStats --section SchedulerStats \
+                "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                --repeats 1 --warmup 0 2>&1 | grep -v "^{" >"$out/ncu-hot.txt"
+        grep -E "^  [a-zA-Z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Eligible Warps|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
+                "$out/ncu-hot.txt" | head -300
+fi
 if has ncuprompt; then
         # issue 12: what limits the prompt attention: ncu on one k_attn_tc2 launch and one k_attn_fa
         # launch of the 4,096-token prefill's last pass (8 passes × 40 layers a prefill; skip 300)
