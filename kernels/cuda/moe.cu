@@ -120,7 +120,7 @@ __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wou
  * that block) selects the tile's experts, a warp a token, with k_route's code: one launch instead
  * of two a MoE layer. RB > 1 (token tiles of many tokens) reads each token's input once for RB
  * rows instead of once a row. */
-template <int TYPE, int TP, int RB>
+template <int TYPE, int TP, int RB, bool SC = false>
 __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
         k_router_fused(struct cu_router a, const float *f, uint32_t T, int32_t *sel, float *wout) {
         cu_pdl_wait();
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < TP; t++)
                 x[t] = f + (uint64_t) (p0 + t < T ? p0 + t : p0) * a.H;
-        float v = cu_few_rows<TYPE, TP, RB>(w, a.row_bytes, x, a.H, part);
+        float v = cu_few_rows<TYPE, TP, RB, SC>(w, a.row_bytes, x, a.H, part);
         if (tid < RB * TP && p0 + tid % TP < T) {
                 a.z[(uint64_t) (p0 + tid % TP) * a.n_expert + r0 + tid / TP] = v;
                 __threadfence(); /* the logit is visible before this block's ticket */
@@ -154,6 +154,22 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
 
 /* rows a router block for token tiles of CU_ROUTE_TP (X4_CUDA_ROUTER_RB=1: one, the bits are the same) */
 #define ROUTER_RB 4
+static_assert(ROUTER_RB * CU_ROUTE_TP == 32, "the scatter reduction (cu_warp_sums32) takes 32 sums a warp");
+
+/* X4_CUDA_ROUTER_RED=scatter: the many-token router blocks reduce their 32 (row, token) warp sums by
+ * recursive halving (cu_warp_sums32: the same bits in 31 shuffles a lane instead of 160; their
+ * reductions were most of a thread's instructions, 3.5 products a sum each); =butterfly or unset:
+ * a butterfly a sum. Opt-in until the GPU compares them. */
+static bool router_scatter(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_ROUTER_RED");
+                on = e && !strcmp(e, "scatter");
+                if (e && *e && !on && strcmp(e, "butterfly"))
+                        fprintf(stderr, "xing4d: X4_CUDA_ROUTER_RED=%s ignored: expected scatter or butterfly\n", e);
+        }
+        return on;
+}
 
 extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel,
                          float *w, cudaStream_t s) {
@@ -180,6 +196,8 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                 cu_launches++;
                 if (a->type == CU_TYPE_F32 && T == 1)
                         cu_launch(k_router_fused<CU_TYPE_F32, 1, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                else if (a->type == CU_TYPE_F32 && multi && router_scatter())
+                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP, ROUTER_RB, true>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32 && multi)
                         cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP, ROUTER_RB>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32)

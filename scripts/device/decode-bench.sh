@@ -602,6 +602,35 @@ if has gscan; then
                 done
         fi
 fi
+if has rscat; then
+        # issue 12: the router's 4-row blocks reducing by recursive halving (X4_CUDA_ROUTER_RED=scatter)
+        # against a butterfly a sum: the same logits bits (demo model, chunks of 100, a whole prompt
+        # labeled), then prefill 512 / 4,096 and the router class with either
+        say "rscat: router reduction, butterfly vs scatter"
+        mkdir -p /tmp/rs
+        [ -f /tmp/rs/demo.gguf ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/rs/demo.gguf
+        prompt=$(awk 'BEGIN { s = 41; for (i = 0; i < 1200; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        i=0
+        for shape in "--chunk 100 --decode 9,99" "--prompt-class --decode 9"; do
+                for v in butterfly scatter; do
+                        # shellcheck disable=SC2086
+                        X4_CUDA_ROUTER_RED=$v "$build/tools/x4-logits" --model /tmp/rs/demo.gguf --prompt "$prompt" $shape \
+                                --device cuda --out /tmp/rs/$i-$v.bin 2>&1 | tail -1
+                done
+                if cmp /tmp/rs/$i-butterfly.bin /tmp/rs/$i-scatter.bin; then echo "rscat: identical logits ($shape)"
+                else echo "rscat: FAIL: different logits ($shape)"; fi
+                i=$((i + 1))
+        done
+        if [ -f "$model" ]; then
+                for v in butterfly scatter; do
+                        r=$(X4_CUDA_ROUTER_RED=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
+                                --repeats 3 --json 2>&1 | sed "s/}\$/,\"router_red\":\"$v\"}/" | tee -a "$out/rscat.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' ')
+                        echo "rscat $v: $r"
+                        X4_CUDA_ROUTER_RED=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                                --repeats 1 --profile 2>&1 | grep -E "^  router"
+                done
+        fi
+fi
 if has ncupre; then
         # issue 12: every kernel of a few layers of a 4,096-token prefill (one pass), with time and
         # DRAM bytes, the table behind the next prefill kernels (X4_NCU_PRE_SKIP launches skipped)

@@ -404,6 +404,11 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # prompt classes
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
+        # the many-token router blocks' reduction by recursive halving (X4_CUDA_ROUTER_RED=scatter,
+        # cu_warp_sums32) against a butterfly a sum: the same tree, so the same logits (prompt
+        # chunks of 100 and a whole 300-token prompt take the 4-row blocks; decodes the 1-row ones)
+        step "router reduction by halving agrees bit for bit, demo model" \
+                env_same X4_CUDA_ROUTER_RED butterfly scatter 41 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
         # the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan, k_moe_group_scan)
         # against k_moe_group (ballot) through the forward (the `group` step compares their ints):
         # the same logits; 1,800 prompt tokens (9,000 pairs of 5 slots in one pass where the load
