@@ -572,64 +572,50 @@ for (k, n), m in per.items():
     print(f"{k:>5} {n:60} t={t / 1000:7.2f}us MB={b / 1e6:7.2f} GB/s={b / t if t else 0:6.0f} grid={m.get('launch__grid_size','?'):>6} blk={m.get('launch__block_size','?'):>5} regs={m.get('launch__registers_per_thread','?'):>4} act%={m.get('sm__warps_active.avg.pct_of_peak_sustained_active','?')}")
 PY
 fi
-if has gscan; then
-        # issue 12: the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan) against
-        # k_moe_group: the same logits bits (demo model, 1,800-token prompt labeled in one pass, chunks
-        # of 100, unlabeled chunks of 700, decodes), then prefill 4,096 / 512 and the router class
-        say "gscan: k_moe_group_scan vs k_moe_group"
-        "$build/kernels/cuda/x4-gpu-check" group "$build/kernels/cuda/xing4d-cuda.so" | tail -4
-        mkdir -p /tmp/gs
-        [ -f /tmp/gs/demo.gguf ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/gs/demo.gguf
-        prompt=$(awk 'BEGIN { s = 37; for (i = 0; i < 1800; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-        i=0
-        for shape in "--prompt-class --decode 9,99" "--prompt-class --chunk 100 --decode 9" "--chunk 700 --decode 9"; do
-                for v in ballot scan; do
+# ab_env NAME VAR A B SEED N SHAPE...: an opt-in kernel (VAR=B) against the default (VAR=A): the
+# demo model's logits bits for an N-token prompt (LCG SEED) in each x4-logits SHAPE (cmp), then
+# the full model's prefill 512 / 4,096 (3 repeats, JSON lines to $out/NAME.jsonl tagged with VAR)
+# and the router class of a 4,096-token prefill profile, with either
+ab_env() {
+        local name=$1 var=$2 a=$3 b=$4 seed=$5 n=$6 shape v i=0 prompt r
+        shift 6
+        mkdir -p "/tmp/$name"
+        [ -f "/tmp/$name/demo.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out "/tmp/$name/demo.gguf"
+        prompt=$(awk -v s="$seed" -v n="$n" 'BEGIN { for (i = 0; i < n; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+        for shape in "$@"; do
+                for v in "$a" "$b"; do
                         # shellcheck disable=SC2086
-                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-logits" --model /tmp/gs/demo.gguf --prompt "$prompt" $shape \
-                                --device cuda --out /tmp/gs/$i-$v.bin 2>&1 | tail -1
+                        env "$var=$v" "$build/tools/x4-logits" --model "/tmp/$name/demo.gguf" --prompt "$prompt" $shape \
+                                --device cuda --out "/tmp/$name/$i-$v.bin" 2>&1 | tail -1
                 done
-                if cmp /tmp/gs/$i-ballot.bin /tmp/gs/$i-scan.bin; then echo "gscan: identical logits ($shape)"
-                else echo "gscan: FAIL: different logits ($shape)"; fi
+                if cmp "/tmp/$name/$i-$a.bin" "/tmp/$name/$i-$b.bin"; then echo "$name: identical logits ($shape)"
+                else echo "$name: FAIL: different logits ($shape)"; fi
                 i=$((i + 1))
         done
-        if [ -f "$model" ]; then
-                for v in ballot scan; do
-                        r=$(X4_CUDA_MOE_GROUP=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
-                                --repeats 3 --json 2>&1 | sed "s/}\$/,\"moe_group\":\"$v\"}/" | tee -a "$out/gscan.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' ')
-                        echo "gscan $v: $r"
-                        X4_CUDA_MOE_GROUP=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
-                                --repeats 1 --profile 2>&1 | grep -E "^  router"
-                done
-        fi
+        [ -f "$model" ] || return 0
+        for v in "$a" "$b"; do
+                r=$(env "$var=$v" "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
+                        --repeats 3 --json 2>&1 | sed "s/}\$/,\"$var\":\"$v\"}/" | tee -a "$out/$name.jsonl" |
+                        grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' ')
+                echo "$name $var=$v: $r"
+                env "$var=$v" "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                        --repeats 1 --profile 2>&1 | grep -E "^  router"
+        done
+}
+if has gscan; then
+        # issue 12: the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan) against
+        # k_moe_group: their ints (x4-gpu-check group), then the logits (1,800-token prompt labeled
+        # in one pass, chunks of 100, unlabeled chunks of 700, decodes) and the rates
+        say "gscan: k_moe_group_scan vs k_moe_group"
+        "$build/kernels/cuda/x4-gpu-check" group "$build/kernels/cuda/xing4d-cuda.so" | tail -4
+        ab_env gscan X4_CUDA_MOE_GROUP ballot scan 37 1800 "--prompt-class --decode 9,99" \
+                "--prompt-class --chunk 100 --decode 9" "--chunk 700 --decode 9"
 fi
 if has rscat; then
         # issue 12: the router's 4-row blocks reducing by recursive halving (X4_CUDA_ROUTER_RED=scatter)
-        # against a butterfly a sum: the same logits bits (demo model, chunks of 100, a whole prompt
-        # labeled), then prefill 512 / 4,096 and the router class with either
+        # against a butterfly a sum: the logits (chunks of 100, a whole prompt labeled) and the rates
         say "rscat: router reduction, butterfly vs scatter"
-        mkdir -p /tmp/rs
-        [ -f /tmp/rs/demo.gguf ] || "$build/tools/x4-mkmodel" --preset demo --quiet --out /tmp/rs/demo.gguf
-        prompt=$(awk 'BEGIN { s = 41; for (i = 0; i < 1200; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-        i=0
-        for shape in "--chunk 100 --decode 9,99" "--prompt-class --decode 9"; do
-                for v in butterfly scatter; do
-                        # shellcheck disable=SC2086
-                        X4_CUDA_ROUTER_RED=$v "$build/tools/x4-logits" --model /tmp/rs/demo.gguf --prompt "$prompt" $shape \
-                                --device cuda --out /tmp/rs/$i-$v.bin 2>&1 | tail -1
-                done
-                if cmp /tmp/rs/$i-butterfly.bin /tmp/rs/$i-scatter.bin; then echo "rscat: identical logits ($shape)"
-                else echo "rscat: FAIL: different logits ($shape)"; fi
-                i=$((i + 1))
-        done
-        if [ -f "$model" ]; then
-                for v in butterfly scatter; do
-                        r=$(X4_CUDA_ROUTER_RED=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 --decode-ctx none \
-                                --repeats 3 --json 2>&1 | sed "s/}\$/,\"router_red\":\"$v\"}/" | tee -a "$out/rscat.jsonl" | grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' ')
-                        echo "rscat $v: $r"
-                        X4_CUDA_ROUTER_RED=$v "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
-                                --repeats 1 --profile 2>&1 | grep -E "^  router"
-                done
-        fi
+        ab_env rscat X4_CUDA_ROUTER_RED butterfly scatter 41 1200 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
 fi
 if has ncupre; then
         # issue 12: every kernel of a few layers of a 4,096-token prefill (one pass), with time and
