@@ -160,14 +160,21 @@ static_assert(ROUTER_RB * CU_ROUTE_TP == 32, "the scatter reduction (cu_warp_sum
  * recursive halving (cu_warp_sums32: the same bits in 31 shuffles a lane instead of 160; their
  * reductions were most of a thread's instructions, 3.5 products a sum each); =butterfly or unset:
  * a butterfly a sum. Opt-in until the GPU compares them. */
+/* Whether the environment variable `var` says `on` (read once by the caller); unset or `off`:
+ * false; anything else is named on stderr and taken as `off`. */
+static bool env_opt_in(const char *var, const char *on, const char *off) {
+        const char *e = getenv(var);
+        if (e && !strcmp(e, on))
+                return true;
+        if (e && *e && strcmp(e, off))
+                fprintf(stderr, "xing4d: %s=%s ignored: expected %s or %s\n", var, e, on, off);
+        return false;
+}
+
 static bool router_scatter(void) {
         static int on = -1;
-        if (on < 0) {
-                const char *e = getenv("X4_CUDA_ROUTER_RED");
-                on = e && !strcmp(e, "scatter");
-                if (e && *e && !on && strcmp(e, "butterfly"))
-                        fprintf(stderr, "xing4d: X4_CUDA_ROUTER_RED=%s ignored: expected scatter or butterfly\n", e);
-        }
+        if (on < 0)
+                on = env_opt_in("X4_CUDA_ROUTER_RED", "scatter", "butterfly");
         return on;
 }
 
@@ -429,16 +436,12 @@ done:
         return r;
 }
 
-/* X4_CUDA_MOE_GROUP=scan: k_moe_group_scan (the same ints; GPU step `group scan`); =ballot or
+/* X4_CUDA_MOE_GROUP=scan: k_moe_group_scan (the same ints: `x4-gpu-check group`); =ballot or
  * unset: k_moe_group. Anything else is named on stderr once. */
 static bool group_scan(void) {
         static int on = -1;
-        if (on < 0) {
-                const char *e = getenv("X4_CUDA_MOE_GROUP");
-                on = e && !strcmp(e, "scan");
-                if (e && *e && !on && strcmp(e, "ballot"))
-                        fprintf(stderr, "xing4d: X4_CUDA_MOE_GROUP=%s ignored: expected scan or ballot\n", e);
-        }
+        if (on < 0)
+                on = env_opt_in("X4_CUDA_MOE_GROUP", "scan", "ballot");
         return on;
 }
 

@@ -619,9 +619,10 @@ if has rscat; then
 fi
 if has ncupre; then
         # issue 12: every kernel of a few layers of a 4,096-token prefill (one pass), with time and
-        # DRAM bytes, the table behind the next prefill kernels (X4_NCU_PRE_SKIP launches skipped)
+        # DRAM bytes, the table behind the next prefill kernels (X4_NCU_PRE_SKIP launches skipped:
+        # 900 passes x4-bench's warm-up forward; 300 landed in it)
         say "ncu: the kernels of a few layers of a 4,096-token prefill"
-        ncu --clock-control none --launch-skip ${X4_NCU_PRE_SKIP:-300} --launch-count ${X4_NCU_PRE_COUNT:-60} \
+        ncu --clock-control none --launch-skip ${X4_NCU_PRE_SKIP:-900} --launch-count ${X4_NCU_PRE_COUNT:-45} \
                 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__throughput.avg.pct_of_peak_sustained_elapsed \
                 --csv "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
                 --repeats 1 --warmup 0 >"$out/ncu-pre.csv" 2>"$out/ncu-pre.err"

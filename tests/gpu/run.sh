@@ -540,12 +540,10 @@ if command -v compute-sanitizer >/dev/null; then
                 "$check" quick "$tiny"
         step "compute-sanitizer synccheck" compute-sanitizer --tool synccheck --error-exitcode 9 \
                 "$check" quick "$tiny"
-        step "compute-sanitizer racecheck, MoE groupings" env X4_GPU_GROUP_QUICK=1 compute-sanitizer --tool racecheck \
-                --error-exitcode 9 "$check" group "$build/kernels/cuda/xing4d-cuda.so"
-        step "compute-sanitizer synccheck, MoE groupings" env X4_GPU_GROUP_QUICK=1 compute-sanitizer --tool synccheck \
-                --error-exitcode 9 "$check" group "$build/kernels/cuda/xing4d-cuda.so"
-        step "compute-sanitizer memcheck, MoE groupings" env X4_GPU_GROUP_QUICK=1 compute-sanitizer --tool memcheck \
-                --error-exitcode 9 "$check" group "$build/kernels/cuda/xing4d-cuda.so"
+        for tool in racecheck synccheck memcheck; do
+                step "compute-sanitizer $tool, MoE groupings" env X4_GPU_GROUP_QUICK=1 compute-sanitizer --tool $tool \
+                        --error-exitcode 9 "$check" group "$build/kernels/cuda/xing4d-cuda.so"
+        done
         # prompt passes (X4_GPU_PROMPT=1: the quick mode's prompts labeled, so the prompt kernels run:
         # mha.cu's by default)
         step "compute-sanitizer memcheck, prompts labeled" env X4_GPU_PROMPT=1 compute-sanitizer --tool memcheck \
