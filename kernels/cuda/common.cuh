@@ -252,26 +252,7 @@ static __device__ __forceinline__ float cu_few_row(const uint8_t *w, const float
  * cu_few_row's chain (thread j takes values j, j + blockDim, ...; the warp sums added in warp
  * order), so the same bits; the inputs are read once for the RB rows. Thread tid < RB·TP gets
  * row tid / TP's sum with input tid % TP. Ends past a barrier. */
-/* The 32 warp sums of 32 values a lane (acc[i]: lane l's partial of sum i), lane l getting sum l:
- * recursive halving, at offset o = 16, 8, 4, 2, 1 a lane keeps the half of its sums its bit o
- * names and adds its partner's (l ^ o) partials of them. Each sum is the same tree as cu_warp_sum's
- * butterfly (level o adds lanes l and l ^ o), so the same bits, in 31 shuffles instead of 160. */
-static __device__ __forceinline__ float cu_warp_sums32(float (&acc)[32]) {
-        uint32_t lane = threadIdx.x % 32;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-                bool hi = lane & o;
-#pragma unroll
-                for (int i = 0; i < o; i++) {
-                        float send = hi ? acc[i] : acc[i + o];
-                        float keep = hi ? acc[i + o] : acc[i];
-                        acc[i] = keep + __shfl_xor_sync(CU_FULL_MASK, send, o);
-                }
-        }
-        return acc[0];
-}
-
-template <int TYPE, int TP, int RB, bool SCATTER = false>
+template <int TYPE, int TP, int RB>
 static __device__ __forceinline__ float cu_few_rows(const uint8_t *w, uint64_t row_bytes, const float *const *x,
                                                     uint32_t K, float (*part)[RB][TP]) {
         uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -295,23 +276,14 @@ static __device__ __forceinline__ float cu_few_rows(const uint8_t *w, uint64_t r
                                 acc[r][t] += wv * xv[t];
                 }
         }
-        if constexpr (SCATTER && RB * TP == 32) {
-                /* every warp sum at once, lane l's the l-th (row l / TP, input l % TP) */
-                float a32[32];
 #pragma unroll
-                for (int i = 0; i < 32; i++)
-                        a32[i] = acc[i / TP][i % TP];
-                part[warp][lane / TP][lane % TP] = cu_warp_sums32(a32);
-        } else {
+        for (int r = 0; r < RB; r++)
 #pragma unroll
-                for (int r = 0; r < RB; r++)
-#pragma unroll
-                        for (int t = 0; t < TP; t++) {
-                                float v = cu_warp_sum(acc[r][t]);
-                                if (lane == 0)
-                                        part[warp][r][t] = v;
-                        }
-        }
+                for (int t = 0; t < TP; t++) {
+                        float v = cu_warp_sum(acc[r][t]);
+                        if (lane == 0)
+                                part[warp][r][t] = v;
+                }
         __syncthreads();
         float v = 0.0f;
         if (tid < RB * TP)

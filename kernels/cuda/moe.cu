@@ -120,7 +120,7 @@ __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wou
  * that block) selects the tile's experts, a warp a token, with k_route's code: one launch instead
  * of two a MoE layer. RB > 1 (token tiles of many tokens) reads each token's input once for RB
  * rows instead of once a row. */
-template <int TYPE, int TP, int RB, bool SC = false>
+template <int TYPE, int TP, int RB>
 __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
         k_router_fused(struct cu_router a, const float *f, uint32_t T, int32_t *sel, float *wout) {
         cu_pdl_wait();
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < TP; t++)
                 x[t] = f + (uint64_t) (p0 + t < T ? p0 + t : p0) * a.H;
-        float v = cu_few_rows<TYPE, TP, RB, SC>(w, a.row_bytes, x, a.H, part);
+        float v = cu_few_rows<TYPE, TP, RB>(w, a.row_bytes, x, a.H, part);
         if (tid < RB * TP && p0 + tid % TP < T) {
                 a.z[(uint64_t) (p0 + tid % TP) * a.n_expert + r0 + tid / TP] = v;
                 __threadfence(); /* the logit is visible before this block's ticket */
@@ -154,29 +154,6 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
 
 /* rows a router block for token tiles of CU_ROUTE_TP (X4_CUDA_ROUTER_RB=1: one, the bits are the same) */
 #define ROUTER_RB 4
-static_assert(ROUTER_RB * CU_ROUTE_TP == 32, "the scatter reduction (cu_warp_sums32) takes 32 sums a warp");
-
-/* X4_CUDA_ROUTER_RED=scatter: the many-token router blocks reduce their 32 (row, token) warp sums by
- * recursive halving (cu_warp_sums32: the same bits in 31 shuffles a lane instead of 160; their
- * reductions were most of a thread's instructions, 3.5 products a sum each); =butterfly or unset:
- * a butterfly a sum. Opt-in until the GPU compares them. */
-/* Whether the environment variable `var` says `on` (read once by the caller); unset or `off`:
- * false; anything else is named on stderr and taken as `off`. */
-static bool env_opt_in(const char *var, const char *on, const char *off) {
-        const char *e = getenv(var);
-        if (e && !strcmp(e, on))
-                return true;
-        if (e && *e && strcmp(e, off))
-                fprintf(stderr, "xing4d: %s=%s ignored: expected %s or %s\n", var, e, on, off);
-        return false;
-}
-
-static bool router_scatter(void) {
-        static int on = -1;
-        if (on < 0)
-                on = env_opt_in("X4_CUDA_ROUTER_RED", "scatter", "butterfly");
-        return on;
-}
 
 extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel,
                          float *w, cudaStream_t s) {
@@ -203,8 +180,6 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                 cu_launches++;
                 if (a->type == CU_TYPE_F32 && T == 1)
                         cu_launch(k_router_fused<CU_TYPE_F32, 1, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
-                else if (a->type == CU_TYPE_F32 && multi && router_scatter())
-                        cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP, ROUTER_RB, true>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32 && multi)
                         cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP, ROUTER_RB>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32)
@@ -227,7 +202,6 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
 /* One block lays out the pairs by expert (the layout depends on sel alone): each id's pair
  * count, a serial prefix placing the ids, then each id's pairs in pair order and its tiles. */
 #define GROUP_IDS_MAX 288 /* ≥ ROUTER_MAX_EXPERTS + 1 ids */
-#define GROUP_MAX_PAIRS 4608 /* passes of 512 tokens × 9 slots, staged */
 
 extern "C" uint32_t cu_moe_group_ints(uint32_t P, uint32_t n_ids) {
         uint32_t tiles = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
@@ -272,33 +246,25 @@ static __device__ __forceinline__ void group_descs(uint32_t e, uint32_t n, uint3
         }
 }
 
-/* The pairs are scanned by warps: warp w takes ids w, w + 32, ..., and walks the pairs 32 at a
- * time, a ballot of those that name its id giving their count (first pass) and their ranks in pair
- * order (second pass). It replaced one thread an id scanning all P pairs twice serially (the same
- * ints, memcmp-tested on the GPU before that kernel went): the router class of a 512-token prefill
- * 6.6 -> 3.9 ms on the H200, prefill 8,130 -> 8,491 tok/s (512) and 5,131 -> 5,276 (4,096). */
-/* STAGED: the pairs' ids are copied to shared memory first (up to GROUP_MAX_PAIRS, the default
- * passes of 512 tokens); without, the scans read them from global memory (longer passes,
- * X4_CUDA_PASS_TOKENS). The same ints either way. */
+/* The reference grouping, kept for tests/gpu only (x4_cuda_group_compare): warp w takes ids w,
+ * w + 32, ..., and walks the pairs 32 at a time, a ballot of those that name its id giving their
+ * count (first pass) and their ranks in pair order (second pass). It was the production kernel until
+ * k_moe_group_scan below (the same ints, memcmp-compared on the H200 for 1 to 73,728 pairs) took
+ * over: this one scans all P pairs twice for every id on one SM (381 us a layer for the 20,480
+ * pairs of a 4,096-token pass of the full model); the scan made a 4,096-token prefill 11,630 ->
+ * 12,275 tok/s. */
 #define GROUP_PAR_THREADS 1024
-template <bool STAGED>
 __global__ void __launch_bounds__(GROUP_PAR_THREADS)
         k_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
         cu_pdl_wait();
         cu_pdl_trigger();
-        __shared__ int32_t staged[STAGED ? GROUP_MAX_PAIRS : 1];
         __shared__ uint32_t cnt[GROUP_IDS_MAX], first[GROUP_IDS_MAX], tile0[GROUP_IDS_MAX], wide0[GROUP_IDS_MAX];
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
         uint32_t tiles_max = (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
         int32_t *perm = groups + 1 + 3 * tiles_max;
         int32_t *wide = perm + P;
-        const int32_t *ss = STAGED ? staged : sel;
+        const int32_t *ss = sel;
 
-        if (STAGED) {
-                for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
-                        staged[i] = sel[i];
-                __syncthreads();
-        }
         for (uint32_t e = warp; e < n_ids; e += nw) {
                 uint32_t n = 0;
                 for (uint32_t c = 0; c < P; c += 32)
@@ -330,9 +296,9 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
  * lowest adds their number. Placement, chunk by chunk: each warp's count of each id into a table,
  * a scan of the table over the warps in order per id (carrying the id's running total across
  * chunks), then a pair's place is its id's first + the ids' pairs in earlier chunks and earlier
- * warps + its lanes below it naming the same id: pair order within an id, as k_moe_group. k_moe_group
- * scans all P pairs twice for each of its ids (381 µs a layer for the 20,480 pairs of a 4,096-token
- * pass of the full model, on one SM). Ids outside [0, n_ids) are skipped, as there. */
+ * warps + its lanes below it naming the same id: pair order within an id, as k_moe_group. Ids
+ * outside [0, n_ids) are skipped, as there. The grouping every MoE layer of a prompt pass or a large
+ * batch runs (cu_moe_group). */
 #define GSCAN_WARPS (GROUP_PAR_THREADS / 32)
 __global__ void __launch_bounds__(GROUP_PAR_THREADS)
         k_moe_group_scan(const int32_t *sel, uint32_t P, uint32_t n_ids, int32_t *groups) {
@@ -397,15 +363,15 @@ __global__ void __launch_bounds__(GROUP_PAR_THREADS)
 
 /* A test hook, exported for tests/gpu (`x4-gpu-check group`, found by dlsym; nothing else calls
  * it): P ids in [-2, n_ids + 2) from an LCG of `seed` (so some out of range), grouped by
- * k_moe_group (staged where P allows it, and unstaged) and by k_moe_group_scan, each into a buffer
- * filled with the same byte pattern first. 0: every buffer holds the same bytes; 1 + the first
- * differing kernel's index (1 unstaged, 2 scan) otherwise; -1 on bad arguments or a CUDA error. */
+ * k_moe_group (the reference) and by k_moe_group_scan (what cu_moe_group runs), each into a buffer
+ * filled with the same byte pattern first. 0: both buffers hold the same bytes; 2: they differ;
+ * -1 on bad arguments or a CUDA error. */
 extern "C" __attribute__((visibility("default"))) int x4_cuda_group_compare(uint32_t P, uint32_t n_ids,
                                                                            uint32_t seed) {
         if (P == 0 || n_ids == 0 || n_ids > GROUP_IDS_MAX)
                 return -1;
         size_t ints = cu_moe_group_ints(P, n_ids), bytes = ints * sizeof(int32_t);
-        int32_t *h = (int32_t *) malloc(P * sizeof(int32_t)), *out = (int32_t *) malloc(3 * bytes);
+        int32_t *h = (int32_t *) malloc(P * sizeof(int32_t)), *out = (int32_t *) malloc(2 * bytes);
         int32_t *d_sel = NULL, *d_g = NULL;
         int r = -1;
         if (!h || !out)
@@ -414,20 +380,16 @@ extern "C" __attribute__((visibility("default"))) int x4_cuda_group_compare(uint
                 seed = seed * 1103515245u + 12345u;
                 h[i] = (int32_t) ((seed >> 8) % (n_ids + 4)) - 2;
         }
-        if (cudaMalloc(&d_sel, P * sizeof(int32_t)) != cudaSuccess || cudaMalloc(&d_g, 3 * bytes) != cudaSuccess ||
+        if (cudaMalloc(&d_sel, P * sizeof(int32_t)) != cudaSuccess || cudaMalloc(&d_g, 2 * bytes) != cudaSuccess ||
             cudaMemcpy(d_sel, h, P * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess ||
-            cudaMemset(d_g, 0xa5, 3 * bytes) != cudaSuccess)
+            cudaMemset(d_g, 0xa5, 2 * bytes) != cudaSuccess)
                 goto done;
-        if (P <= GROUP_MAX_PAIRS)
-                k_moe_group<true><<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g);
-        else
-                k_moe_group<false><<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g);
-        k_moe_group<false><<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g + ints);
-        k_moe_group_scan<<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g + 2 * ints);
+        k_moe_group<<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g);
+        k_moe_group_scan<<<1, GROUP_PAR_THREADS>>>(d_sel, P, n_ids, d_g + ints);
         if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess ||
-            cudaMemcpy(out, d_g, 3 * bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+            cudaMemcpy(out, d_g, 2 * bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
                 goto done;
-        r = memcmp(out, out + ints, bytes) ? 2 : memcmp(out, out + 2 * ints, bytes) ? 3 : 0;
+        r = memcmp(out, out + ints, bytes) ? 2 : 0;
 done:
         cudaFree(d_sel);
         cudaFree(d_g);
@@ -436,25 +398,11 @@ done:
         return r;
 }
 
-/* X4_CUDA_MOE_GROUP=scan: k_moe_group_scan (the same ints: `x4-gpu-check group`); =ballot or
- * unset: k_moe_group. Anything else is named on stderr once. */
-static bool group_scan(void) {
-        static int on = -1;
-        if (on < 0)
-                on = env_opt_in("X4_CUDA_MOE_GROUP", "scan", "ballot");
-        return on;
-}
-
 extern "C" uint32_t cu_moe_group(const int32_t *sel, uint32_t P, uint32_t n_ids,
                                  int32_t *groups, cudaStream_t s) {
         if (P == 0 || n_ids > GROUP_IDS_MAX)
                 return 0;
         cu_launches++;
-        if (group_scan())
-                cu_launch(k_moe_group_scan, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
-        else if (P <= GROUP_MAX_PAIRS)
-                cu_launch(k_moe_group<true>, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
-        else
-                cu_launch(k_moe_group<false>, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
+        cu_launch(k_moe_group_scan, 1, GROUP_PAR_THREADS, 0, s, sel, P, n_ids, groups);
         return (P + CU_GROUP_TILE - 1) / CU_GROUP_TILE + n_ids;
 }
