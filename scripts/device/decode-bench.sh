@@ -575,7 +575,7 @@ fi
 # ab_env NAME VAR A B SEED N SHAPE...: an opt-in kernel (VAR=B) against the default (VAR=A): the
 # demo model's logits bits for an N-token prompt (LCG SEED) in each x4-logits SHAPE (cmp), then
 # the full model's prefill 512 / 4,096 (3 repeats, JSON lines to $out/NAME.jsonl tagged with VAR)
-# and the router class of a 4,096-token prefill profile, with either
+# and the kernel classes of a 4,096-token prefill profile matching AB_CLASS (default: router), with either
 ab_env() {
         local name=$1 var=$2 a=$3 b=$4 seed=$5 n=$6 shape v i=0 prompt r
         shift 6
@@ -599,23 +599,15 @@ ab_env() {
                         grep -o '"tokens":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' ')
                 echo "$name $var=$v: $r"
                 env "$var=$v" "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
-                        --repeats 1 --profile 2>&1 | grep -E "^  router"
+                        --repeats 1 --profile 2>&1 | grep -E "^  (${AB_CLASS:-router})"
         done
 }
-if has gscan; then
-        # issue 12: the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan) against
-        # k_moe_group: their ints (x4-gpu-check group), then the logits (1,800-token prompt labeled
-        # in one pass, chunks of 100, unlabeled chunks of 700, decodes) and the rates
-        say "gscan: k_moe_group_scan vs k_moe_group"
-        "$build/kernels/cuda/x4-gpu-check" group "$build/kernels/cuda/xing4d-cuda.so" | tail -4
-        ab_env gscan X4_CUDA_MOE_GROUP ballot scan 37 1800 "--prompt-class --decode 9,99" \
-                "--prompt-class --chunk 100 --decode 9" "--chunk 700 --decode 9"
-fi
-if has rscat; then
-        # issue 12: the router's 4-row blocks reducing by recursive halving (X4_CUDA_ROUTER_RED=scatter)
-        # against a butterfly a sum: the logits (chunks of 100, a whole prompt labeled) and the rates
-        say "rscat: router reduction, butterfly vs scatter"
-        ab_env rscat X4_CUDA_ROUTER_RED butterfly scatter 41 1200 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
+if has tcpb; then
+        # issue 12: the IQ4_NL prompt products (k_mm_tcp) sized for three blocks an SM (80
+        # registers, the default) against two (128): the logits bits and the rates
+        say "tcpb: k_mm_tcp IQ4_NL, two blocks an SM vs three"
+        AB_CLASS="experts|hc" ab_env tcpb X4_CUDA_TCP_BLOCKS 2 3 43 1200 "--prompt-class --decode 9,99" \
+                "--prompt-class --chunk 100 --decode 9"
 fi
 if has ncupre; then
         # issue 12: every kernel of a few layers of a 4,096-token prefill (one pass), with time and

@@ -90,8 +90,8 @@ step "batch invariance (16 seqs)" "$check" batch "$tiny"
 step "chunk invariance (1/7/64/512)" "$check" chunks "$tiny"
 step "refusal messages" "$check" errors "$tiny"
 step "quick prefill+decode" "$check" quick "$tiny"
-# the MoE groupings (k_moe_group staged and unstaged, k_moe_group_scan): the same ints, memcmp
-step "MoE groupings write the same ints (memcmp, 1 .. 73,728 pairs)" "$check" group "$build/kernels/cuda/xing4d-cuda.so"
+# the MoE grouping the forward runs (k_moe_group_scan) against the reference kernel: the same ints, memcmp
+step "MoE grouping writes the reference's ints (memcmp, 1 .. 73,728 pairs)" "$check" group "$build/kernels/cuda/xing4d-cuda.so"
 step "cache pages (snapshot, copy, n_pages from memory_limit)" "$check" pages "$tiny"
 step "fixture, f16 latent cache (rel <= 1e-2)" env X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
 step "chunk invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" chunks "$tiny"
@@ -404,18 +404,10 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # prompt classes
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
-        # the many-token router blocks' reduction by recursive halving (X4_CUDA_ROUTER_RED=scatter,
-        # cu_warp_sums32) against a butterfly a sum: the same tree, so the same logits (prompt
-        # chunks of 100 and a whole 300-token prompt take the 4-row blocks; decodes the 1-row ones)
-        step "router reduction by halving agrees bit for bit, demo model" \
-                env_same X4_CUDA_ROUTER_RED butterfly scatter 41 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
-        # the MoE grouping with work linear in the pairs (X4_CUDA_MOE_GROUP=scan, k_moe_group_scan)
-        # against k_moe_group (ballot) through the forward (the `group` step compares their ints):
-        # the same logits; 1,800 prompt tokens (9,000 pairs of 5 slots in one pass where the load
-        # takes passes of 2,048 or more: k_moe_group's unstaged instance), chunks of 100 (staged)
-        step "MoE grouping by a scan agrees bit for bit, demo model" \
-                env_same X4_CUDA_MOE_GROUP ballot scan 37:1800 "--prompt-class --decode 9,99" \
-                "--prompt-class --chunk 100 --decode 9" "--chunk 700 --decode 9"
+        # the IQ4_NL prompt products sized for two blocks an SM (X4_CUDA_TCP_BLOCKS=2, 128
+        # registers) and for three (the default, 80): the same chains, so the same logits
+        step "IQ4_NL prompt products two or three blocks an SM agree bit for bit, demo model" \
+                env_same X4_CUDA_TCP_BLOCKS 2 3 43 "--prompt-class --decode 9,99" "--prompt-class --chunk 100 --decode 9"
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
