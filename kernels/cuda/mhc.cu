@@ -144,6 +144,28 @@ static __device__ __forceinline__ uint32_t hcf_swz(uint32_t i) { /* float index 
         return ((((i >> 2) ^ ((i >> 5) & 1u)) << 2) | (i & 3u));
 }
 
+#define HCF_TILE_BLOCKS_SM 2 /* tiled blocks an SM counted on (and the registers sized for) */
+#define HCF_TILE_ROUND 2     /* tokens the tiled kernel takes a round */
+
+/* cu_block_sum of TB values at once: each value's sum is cu_block_sum's (its warp sums in lane
+ * order, then the warps' in warp order), the barriers shared. Ends past a barrier. */
+template <uint32_t TB>
+static __device__ __forceinline__ void hcf_block_sums(float (&v)[TB], float (*red)[32]) {
+        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+#pragma unroll
+        for (uint32_t k = 0; k < TB; k++)
+                v[k] = cu_warp_sum(v[k]);
+        __syncthreads(); /* red may still be read by a previous call */
+        if (lane == 0)
+#pragma unroll
+                for (uint32_t k = 0; k < TB; k++)
+                        red[k][warp] = v[k];
+        __syncthreads();
+#pragma unroll
+        for (uint32_t k = 0; k < TB; k++)
+                v[k] = cu_warp_sum(lane < nw ? red[k][lane] : 0.0f);
+}
+
 /* Positions 8·lane .. 8·lane + 7 of a swizzled shared-memory row of floats */
 static __device__ __forceinline__ void hcf_ld8(const float *row, uint32_t lane, float *v) {
         float4 a = *(const float4 *) (row + hcf_swz(8 * lane)), b = *(const float4 *) (row + hcf_swz(8 * lane + 4));
@@ -317,15 +339,16 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
  * the tokens), whose last block to finish a token runs hcf_finish; TILE true: tt tokens a block
  * (grid y the tiles), k_hc_tail finishing them. Every partial is the same sum either way. */
 template <int FT, bool TILE>
-__global__ void __launch_bounds__(HCF_THREADS)
+__global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out, uint32_t T,
                    uint32_t tt) {
+        constexpr uint32_t TB = TILE ? HCF_TILE_ROUND : 1; /* tokens a round */
         extern __shared__ __align__(16) float u[]; /* fused: the collapse; tiled: the weights */
-        __shared__ __align__(16) float zs[CU_HC_MAX][HCF_SLICE]; /* swizzled (hcf_swz) */
-        __shared__ float red[HCF_Q];
+        __shared__ __align__(16) float zs[TB][CU_HC_MAX][HCF_SLICE]; /* swizzled (hcf_swz) */
+        __shared__ float red[TB][HCF_Q];
         __shared__ float wsh[HCF_Q];
         __shared__ float g[CU_HCP_STRIDE];
-        __shared__ float red2[32];
+        __shared__ float red2[TB][32];
         __shared__ bool last;
         const uint32_t N = CU_HC_MAX;
         constexpr uint32_t NW = HCF_THREADS / 32, RPW = (HCF_ROWS + NW - 1) / NW;
@@ -374,43 +397,59 @@ __global__ void __launch_bounds__(HCF_THREADS)
         uint32_t t0 = TILE ? blockIdx.y * tt : blockIdx.y, t_end = TILE ? min(T, t0 + tt) : t0 + 1;
         uint32_t i = base + tid;
         bool post_on = i < H && post.y;
-        struct hc_post_in pin;
-        if (post_on && t0 < t_end)
-                hc_post_load(X, hcp + (uint64_t) t0 * CU_HCP_STRIDE, post, t0, i, H, n_hc, pin);
-        for (uint32_t t = t0; t < t_end; t++) {
-                const float *xt = X + (uint64_t) t * W;
-                float z[N];
-                if (post_on) {
-                        hc_post_apply(X, post, t, i, H, n_hc, pin, z);
-                        /* the next token's loads in flight during this token's sums */
-                        if (t + 1 < t_end)
-                                hc_post_load(X, hcp + (uint64_t) (t + 1) * CU_HCP_STRIDE, post, t + 1, i, H, n_hc, pin);
-                } else {
+        /* TB tokens a round (the tiled kernel: 2): each weight read from shared memory serves TB
+         * tokens and a round's barriers and butterflies are shared; every token's sums are the
+         * one-token chains as before */
+        struct hc_post_in pin[TB];
 #pragma unroll
-                        for (uint32_t s = 0; s < N; s++)
-                                z[s] = s < n_hc && i < H ? xt[(uint64_t) s * H + i] : 0.0f;
-                }
-                float ss = 0.0f;
+        for (uint32_t v = 0; v < TB; v++)
+                if (post_on && t0 + v < t_end)
+                        hc_post_load(X, hcp + (uint64_t) (t0 + v) * CU_HCP_STRIDE, post, t0 + v, i, H, n_hc, pin[v]);
+        for (uint32_t t = t0; t < t_end; t += TB) {
+                float ss[TB];
 #pragma unroll
-                for (uint32_t s = 0; s < N; s++) {
-                        zs[s][hcf_swz(tid)] = z[s];
-                        if (s < n_hc)
-                                ss += z[s] * z[s];
+                for (uint32_t v = 0; v < TB; v++) {
+                        uint32_t tv = t + v;
+                        float z[N];
+                        if (post_on && tv < t_end) {
+                                hc_post_apply(X, post, tv, i, H, n_hc, pin[v], z);
+                        } else {
+                                const float *xt = X + (uint64_t) tv * W;
+#pragma unroll
+                                for (uint32_t s = 0; s < N; s++)
+                                        z[s] = tv < t_end && s < n_hc && i < H ? xt[(uint64_t) s * H + i] : 0.0f;
+                        }
+                        ss[v] = 0.0f;
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++) {
+                                zs[v][s][hcf_swz(tid)] = z[s];
+                                if (s < n_hc)
+                                        ss[v] += z[s] * z[s];
+                        }
                 }
-                ss = cu_block_sum(ss, red2); /* its barriers publish zs (the previous token's
-                                              * reads of zs ended at its last barrier below,
-                                              * of red at this call's first one) */
+                /* the next round's loads in flight during this round's sums */
+#pragma unroll
+                for (uint32_t v = 0; v < TB; v++)
+                        if (post_on && t + TB + v < t_end)
+                                hc_post_load(X, hcp + (uint64_t) (t + TB + v) * CU_HCP_STRIDE, post, t + TB + v, i, H,
+                                             n_hc, pin[v]);
+                hcf_block_sums<TB>(ss, red2); /* its barriers publish zs (the previous round's
+                                               * reads of zs ended at its last barrier below,
+                                               * of red at this call's first one) */
 
                 /* rows warp, warp + NW, ...: lane sum over its eight positions (streams in order,
                  * positions in order), then the butterfly */
 #pragma unroll
                 for (uint32_t k = 0; k < RPW; k++) {
                         uint32_t r = warp + NW * k;
-                        float acc = 0.0f;
+                        float acc[TB];
+#pragma unroll
+                        for (uint32_t v = 0; v < TB; v++)
+                                acc[v] = 0.0f;
 #pragma unroll
                         for (uint32_t s = 0; s < N; s++)
                                 if (s < n_hc) {
-                                        float w8[8], z8[8];
+                                        float w8[8];
                                         if constexpr (TILE) {
                                                 constexpr uint32_t ES = FT == CU_TYPE_F32 ? 4 : 2;
                                                 const uint8_t *row = (const uint8_t *) u + ((uint64_t) r * N + s) * HCF_SLICE * ES;
@@ -423,21 +462,32 @@ __global__ void __launch_bounds__(HCF_THREADS)
                                                 for (int e = 0; e < 8; e++)
                                                         w8[e] = wv[k][s][e];
                                         }
-                                        hcf_ld8(zs[s], lane, z8);
 #pragma unroll
-                                        for (int e = 0; e < 8; e++)
-                                                acc += w8[e] * z8[e];
+                                        for (uint32_t v = 0; v < TB; v++) {
+                                                float z8[8];
+                                                hcf_ld8(zs[v][s], lane, z8);
+#pragma unroll
+                                                for (int e = 0; e < 8; e++)
+                                                        acc[v] += w8[e] * z8[e];
+                                        }
                                 }
-                        acc = cu_warp_sum(acc);
-                        if (lane == 0 && r < HCF_Q - 1)
-                                red[r] = r < n_rows ? acc : 0.0f;
+#pragma unroll
+                        for (uint32_t v = 0; v < TB; v++) {
+                                float sum = cu_warp_sum(acc[v]);
+                                if (lane == 0 && r < HCF_Q - 1)
+                                        red[v][r] = r < n_rows ? sum : 0.0f;
+                        }
                 }
                 if (tid == 0)
-                        red[HCF_Q - 1] = ss;
+#pragma unroll
+                        for (uint32_t v = 0; v < TB; v++)
+                                red[v][HCF_Q - 1] = ss[v];
                 __syncthreads();
-                float *part = a.hw + ((uint64_t) t * NB + b) * HCF_Q;
-                if (tid < HCF_Q)
-                        part[tid] = tid < n_rows || tid == HCF_Q - 1 ? red[tid] : 0.0f;
+#pragma unroll
+                for (uint32_t v = 0; v < TB; v++)
+                        if (tid < HCF_Q && t + v < t_end)
+                                a.hw[((uint64_t) (t + v) * NB + b) * HCF_Q + tid] =
+                                        tid < n_rows || tid == HCF_Q - 1 ? red[v][tid] : 0.0f;
         }
         if (TILE || (a.probe & 2))
                 return;
@@ -452,7 +502,7 @@ __global__ void __launch_bounds__(HCF_THREADS)
                 return;
         __threadfence();
 
-        hcf_finish<true>(a, t, NB, X, hcp, out, u, wsh, g, red2);
+        hcf_finish<true>(a, t, NB, X, hcp, out, u, wsh, g, red2[0]);
         if (tid == 0)
                 a.ticket[t] = 0;
 }
@@ -475,7 +525,6 @@ __global__ void __launch_bounds__(HCF_THREADS)
  * for every token count, =tiled takes the tiled pair for every count (measurements; the bits are
  * the same either way). */
 #define HCF_TILE_MAX 32
-#define HCF_TILE_BLOCKS_SM 2 /* tiled blocks an SM counted on (shared memory allows 2-4) */
 template <int FT>
 static size_t hc_tile_smem(void) {
         return (size_t) HCF_ROWS * CU_HC_MAX * HCF_SLICE * (FT == CU_TYPE_F32 ? 4 : 2);

@@ -763,10 +763,6 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
 #define MTP_NS 4      /* ring stages */
 #define MTP_THREADS 256
 #define MTP_XB 144    /* bytes a staged input row: 64 bf16 + 16 */
-/* Blocks an SM the register budget is sized for (MB): BF16's ring (110 KB a block) lets two share
- * an SM's shared memory, IQ4_NL's (61 KB) three: 80 registers a thread instead of 128 (a few
- * words spilled) for 24 warps an SM instead of 16. X4_CUDA_TCP_BLOCKS=2 keeps IQ4_NL at two (the
- * same bits: the instances differ only in registers). */
 static_assert(MTP_BN == CU_GROUP_WIDE, "a block takes one wide tile");
 
 template <int TYPE>
@@ -839,8 +835,8 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
                         mtd_mma(d[mt][j], af[mt], bf[j][0], bf[j][1]);
 }
 
-template <int TYPE, int NR, int MODE, int MB = 2>
-__global__ void __launch_bounds__(MTP_THREADS, MB) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp) {
+template <int TYPE, int NR, int MODE>
+__global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         constexpr uint32_t WB = mtp_wb<TYPE>(), STG = mtp_stage<TYPE>();
@@ -932,9 +928,11 @@ __global__ void __launch_bounds__(MTP_THREADS, MB) k_mm_tcp(struct cu_mv a, cons
                 const uint8_t *ws = mtp_smem + (it % MTP_NS) * STG;
                 if constexpr (IQ4) {
                         /* a block's two k16 steps per m-tile in turn (the B fragments of both
-                         * steps held for the two m-tiles): tmp is one m-tile's 4 × 4 values, so
-                         * the kernel fits MTP_MIN_BLOCKS blocks an SM without spilling; every
-                         * output's chain (its two mma from zero, then mt_scale_add) as before */
+                         * steps held for the two m-tiles): tmp is one m-tile's 4 × 4 values
+                         * (it spilled with both m-tiles' 32); every output's chain (its two mma
+                         * from zero, then mt_scale_add) as before. Sized for three blocks an SM
+                         * (80 registers) it was slower on the H200: experts 122.6 -> 134.1 ms of
+                         * a 4,096-token prefill. */
 #pragma unroll
                         for (uint32_t cc = 0; cc < MTP_KS / 32; cc++) {
                                 uint32_t bf[2][4][2];
@@ -996,37 +994,13 @@ __global__ void __launch_bounds__(MTP_THREADS, MB) k_mm_tcp(struct cu_mv a, cons
  * memory a block than a BF16 ring needs keeps BF16 products on k_mm_tc) */
 static bool mtp_smem_ok[2];
 
-template <int TYPE, int NR, int MB>
-static bool mtp_prepare_mb(void) {
-        int n = (int) (MTP_NS * mtp_stage<TYPE>());
-        bool ok = true;
-        auto one = [&](auto k) {
-                ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, n) == cudaSuccess;
-                if (MB > 2) /* room for MB rings (the carveout is a preference: failure is not fatal) */
-                        (void) cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-        };
-        one(k_mm_tcp<TYPE, NR, MT_DENSE, MB>);
-        one(k_mm_tcp<TYPE, NR, MT_GROUPED, MB>);
-        return ok;
-}
-
-/* X4_CUDA_TCP_BLOCKS=2: IQ4_NL products on the two-block instances (comparisons); 3 or unset: three */
-static int mtp_iq4_blocks(void) {
-        static int mb = 0;
-        if (!mb) {
-                const char *e = getenv("X4_CUDA_TCP_BLOCKS");
-                mb = e && !strcmp(e, "2") ? 2 : 3;
-                if (e && *e && strcmp(e, "2") && strcmp(e, "3"))
-                        fprintf(stderr, "xing4d: X4_CUDA_TCP_BLOCKS=%s ignored: expected 2 or 3\n", e);
-        }
-        return mb;
-}
-
 template <int TYPE, int NR>
 static bool mtp_prepare(void) {
-        if (TYPE == CU_TYPE_IQ4_NL && mtp_iq4_blocks() == 3)
-                return mtp_prepare_mb<TYPE, NR, 3>();
-        return mtp_prepare_mb<TYPE, NR, 2>();
+        int n = (int) (MTP_NS * mtp_stage<TYPE>());
+        return cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                       cudaSuccess &&
+               cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                       cudaSuccess;
 }
 
 static void mtp_setup(void) {
@@ -1061,16 +1035,9 @@ static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
         if (a->sel) {
                 uint32_t n_ids = a->n_groups_max - (a->P + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
                 uint32_t bx = (a->P + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE + n_ids;
-                if (IQ4 && mtp_iq4_blocks() == 3)
-                        cu_launch(k_mm_tcp<TYPE, NR, MT_GROUPED, 3>, dim3(bx, by), MTP_THREADS, smem, s, *a,
-                                  (const uint16_t *) mtp_xb, n_grp);
-                else
-                        cu_launch(k_mm_tcp<TYPE, NR, MT_GROUPED>, dim3(bx, by), MTP_THREADS, smem, s, *a,
-                                  (const uint16_t *) mtp_xb, n_grp);
-        } else if (IQ4 && mtp_iq4_blocks() == 3)
-                cu_launch(k_mm_tcp<TYPE, NR, MT_DENSE, 3>, dim3((a->P + MTP_BN - 1) / MTP_BN, by), MTP_THREADS, smem,
-                          s, *a, (const uint16_t *) mtp_xb, n_grp);
-        else
+                cu_launch(k_mm_tcp<TYPE, NR, MT_GROUPED>, dim3(bx, by), MTP_THREADS, smem, s, *a,
+                          (const uint16_t *) mtp_xb, n_grp);
+        } else
                 cu_launch(k_mm_tcp<TYPE, NR, MT_DENSE>, dim3((a->P + MTP_BN - 1) / MTP_BN, by), MTP_THREADS, smem, s,
                           *a, (const uint16_t *) mtp_xb, n_grp);
         return true;

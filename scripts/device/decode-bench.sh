@@ -602,13 +602,6 @@ ab_env() {
                         --repeats 1 --profile 2>&1 | grep -E "^  (${AB_CLASS:-router})"
         done
 }
-if has tcpb; then
-        # issue 12: the IQ4_NL prompt products (k_mm_tcp) sized for three blocks an SM (80
-        # registers, the default) against two (128): the logits bits and the rates
-        say "tcpb: k_mm_tcp IQ4_NL, two blocks an SM vs three"
-        AB_CLASS="experts|hc" ab_env tcpb X4_CUDA_TCP_BLOCKS 2 3 43 1200 "--prompt-class --decode 9,99" \
-                "--prompt-class --chunk 100 --decode 9"
-fi
 if has ncupre; then
         # issue 12: every kernel of a few layers of a 4,096-token prefill (one pass), with time and
         # DRAM bytes, the table behind the next prefill kernels (X4_NCU_PRE_SKIP launches skipped:

@@ -404,10 +404,6 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # prompt classes
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
-        # the IQ4_NL prompt products sized for two blocks an SM (X4_CUDA_TCP_BLOCKS=2, 128
-        # registers) and for three (the default, 80): the same chains, so the same logits
-        step "IQ4_NL prompt products two or three blocks an SM agree bit for bit, demo model" \
-                env_same X4_CUDA_TCP_BLOCKS 2 3 43 "--prompt-class --decode 9,99" "--prompt-class --chunk 100 --decode 9"
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
