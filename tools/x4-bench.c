@@ -40,7 +40,8 @@
  * set up, not the minutes of a 32K prefill (on the CPU backend, hours). The JSON line says which
  * way it was filled: "ctx_filled":"prefill" or "prefill+copy".
  *
- * The cache: --cache (f32 default; the CPU backend has only f32) is the backend's cache_type;
+ * The cache: --cache is the backend's cache_type; by default the daemon's choice, f16 on CUDA
+ * (its decode attention then runs on tensor cores) and f32 on the CPU (its only type);
  * batch 64 at 32K context needs f16 on a 141 GB card. x4-bench asks for exactly the pages its
  * measurements use: sequence 0 holds max(longest prefill, longest context + steps) tokens, the
  * max(batch) - 1 others the longest context + steps; a backend that cannot fit them refuses, and
@@ -1297,7 +1298,8 @@ static void usage(FILE *f) {
               "       x4-bench --model M.gguf --tokenize TEXT_FILE [--seconds 3]\n"
               "       x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]\n"
               "\n"
-              "  --cache f32|f16           the backend's latent cache type (default f32; cpu: f32 only)\n"
+              "  --cache f32|f16           the backend's latent cache type (default: the daemon's,\n"
+              "                            f16 on cuda, f32 on cpu: its only type)\n"
               "  --decode-prefill-max N    decode setup: prefill at most N tokens of the context\n"
               "                            (default 4096, at least 256 = one cache page); a longer\n"
               "                            context is N rounded down to whole pages, prefilled, and\n"
@@ -1364,6 +1366,7 @@ int main(int argc, char **argv) {
         size_t n_prefill = 2, n_ctx = 2, n_batch = 2;
         uint32_t threads = 0, steps = 32, repeats = 3, max_len = 1, max_batch = 1, max_ctx = 0;
         uint32_t cache_type = X4_CACHE_F32;
+        bool cache_given = false;
         const char *device = "cpu", *tokenize = NULL, *grammar = NULL;
         uint32_t grammar_seqs = 20;
         double seconds = 3;
@@ -1407,6 +1410,7 @@ int main(int argc, char **argv) {
                         B.json = true;
                         break;
                 case 'C':
+                        cache_given = true;
                         if (streq(optarg, "f32"))
                                 cache_type = X4_CACHE_F32, B.cache = "f32";
                         else if (streq(optarg, "f16"))
@@ -1533,6 +1537,9 @@ int main(int argc, char **argv) {
                 B.model_name[k] = 0;
         }
         r = x4_backend_get(device, &B.ops, NULL, 0);
+        /* the cache the daemon gives the backend unless told (daemon/main.c): f16 on CUDA */
+        if (r >= 0 && !cache_given && streq(B.ops->name, "cuda"))
+                cache_type = X4_CACHE_F16, B.cache = "f16";
         if (r < 0)
                 goto fail;
         /* Cache slots, exactly what the measurements use: sequence 0 runs every prefill and is the

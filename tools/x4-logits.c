@@ -35,7 +35,9 @@ static void usage(FILE *f) {
         fputs("usage: x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5]\n"
               "                 [--last N] [--device cpu|cuda] [--threads N] [--chunk N]\n"
               "                 [--assume-release-defaults] [--nextn-out G.bin] [--prompt-class]\n"
-              "                 --out F.bin\n",
+              "                 [--cache f32|f16] --out F.bin\n"
+              "  --cache f32|f16   the latent cache type (default f32, the exact path; cuda only: f16,\n"
+              "                    the daemon's, whose decode attention runs on tensor cores)\n",
               f);
 }
 
@@ -184,6 +186,7 @@ int main(int argc, char **argv) {
                 { "out", required_argument, NULL, 'o' },
                 { "nextn-out", required_argument, NULL, 'N' },
                 { "prompt-class", no_argument, NULL, 'P' },
+                { "cache", required_argument, NULL, 'C' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -198,6 +201,7 @@ int main(int argc, char **argv) {
         const char *nextn_path = NULL;
         const char *device = "cpu", *out_path = NULL, *prompt_s = NULL, *decode_s = "";
         uint32_t n_prompt = 0, n_decode = 0, last = 0, threads = 0, chunk = 0;
+        uint32_t cache_type = X4_CACHE_F32;
         bool have_last = false;
         struct run run = {};
         int c, r;
@@ -234,6 +238,15 @@ int main(int argc, char **argv) {
                         break;
                 case 'P':
                         run.prompt_class = true;
+                        break;
+                case 'C':
+                        if (streq(optarg, "f32"))
+                                cache_type = X4_CACHE_F32;
+                        else if (streq(optarg, "f16"))
+                                cache_type = X4_CACHE_F16;
+                        else
+                                r = log_error_errno(EINVAL, "--cache: '%s' is not a cache type; f32 or f16 expected",
+                                                    optarg);
                         break;
                 default:
                         return tool_usage_exit(c, usage);
@@ -288,7 +301,7 @@ int main(int argc, char **argv) {
                 .n_threads = threads,
                 .page_tokens = PAGE_TOKENS,
                 .n_pages = run.n_pages,
-                .cache_type = X4_CACHE_F32,
+                .cache_type = cache_type,
                 .log = x4_backend_params_default_log,
                 .mtp = nextn_path != NULL,
         };

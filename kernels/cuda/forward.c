@@ -872,7 +872,7 @@ static void mha_setup(struct x4_backend *b) {
 static bool mha_prepare(struct x4_backend *b, uint32_t T) {
         const struct x4_config *c = &b->cfg;
         /* the prompt kernels' part length (this is a prompt pass) */
-        uint32_t plen = cu_attn_part_len(c->kv_lora_rank + c->qk_rope);
+        uint32_t plen = cu_attn_part_len(c->kv_lora_rank + c->qk_rope, b->cache_type == X4_CACHE_F16);
         uint64_t slots = (uint64_t) b->part_slots * (c->kv_lora_rank + 2) / (c->v_head + 2);
         struct mha_plan *mp = &b->mha_plan;
 
@@ -1754,14 +1754,16 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
         int r;
 
         *p = (struct plan){0};
+        /* the part length of the pass's attention kernel (this pass class's: the caller set it) */
+        uint32_t plen = cu_attn_part_len(b->cfg.kv_lora_rank + b->cfg.qk_rope, b->cache_type == X4_CACHE_F16);
         for (uint32_t i = 0; i < n_seqs; i++) {
                 const struct x4_seq *sq = seqs[i];
                 uint64_t end = (uint64_t) sq->pos0 + sq->n_tokens;
                 uint64_t need = DIV_ROUND_UP(end, b->page_tokens);
-                if (end > UINT32_MAX - CU_ATTN_PART)
+                if (end > UINT32_MAX - CU_ATTN_PART_TC2)
                         return log_error_errno(E2BIG, "sequence %u: position %llu too large", i,
                                                (unsigned long long) end);
-                uint32_t parts = (uint32_t) ((end - 1) / CU_ATTN_PART + 1);
+                uint32_t parts = (uint32_t) ((end - 1) / plen + 1);
                 if (parts > b->part_slots)
                         return log_error_errno(E2BIG,
                                                "sequence %u: position %llu needs %u attention "
@@ -1819,7 +1821,6 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
         /* attention groups per pass: as many tokens as the part workspace holds, in parts of the
          * length the pass's attention kernel uses (this pass class's: the caller set it) */
         uint64_t n_att = 0;
-        uint32_t plen = cu_attn_part_len(b->cfg.kv_lora_rank + b->cfg.qk_rope);
         for (uint64_t p0 = 0; p0 < T_tot; p0 += b->T_max) {
                 uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, T_tot - p0);
                 uint32_t g0 = 0;

@@ -55,6 +55,13 @@ extern bool cu_pdl;
  * 32..CU_ATTN_PART_TC2) shortens it: the GPU tests run a prompt over several parts with it. */
 #define CU_ATTN_PART_TC2 1024
 
+/* Positions of a part of the decode attention kernel (k_attn_dtc: decode-class passes over the
+ * f16 cache, sm_80+), at multiples of it as every part: a 32K context is 128 blocks (one wave on
+ * the H200) and a 512-token one 2; the combine reads a part's 32 × 514 floats, so shorter parts
+ * would cost a long context's combine what they gain a short one. X4_CUDA_ATTN_DECODE_PART (a
+ * multiple of 32 up to it) shortens it, for tests and measurements. */
+#define CU_ATTN_PART_DEC 256
+
 /* y = W·x for P input vectors. Row r of the weight is dotted with the input slice
  *   x + (p / x_div)·x_pstride + (r / G)·x_gstride      (K values)
  * and written to
@@ -218,10 +225,11 @@ bool cu_attention_setup(uint32_t KV, uint32_t R);
 void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,
                   const struct cu_cache *c, uint32_t layer, float *sc, float *part, float *out,
                   cudaStream_t s);
-/* The part length cu_attention uses for the pass being launched (cache rows of D values):
- * CU_ATTN_PART, or the prompt kernel's (CU_ATTN_PART_TC2). A plan sizes its attention groups
+/* The part length cu_attention uses for the pass being launched (cache rows of D values, f16 or
+ * f32): CU_ATTN_PART, the prompt kernel's (CU_ATTN_PART_TC2) or the f16 cache's decode kernel's
+ * (CU_ATTN_PART_DEC). A plan sizes its attention groups
  * (max_parts) with it, under the same pass class as the launch. */
-uint32_t cu_attn_part_len(uint32_t D);
+uint32_t cu_attn_part_len(uint32_t D, bool f16);
 
 /* Prompt attention in the non-absorbed form (mha.cu); its jobs: mha_plan.h */
 struct cu_mha {

@@ -1589,7 +1589,162 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
         }
 }
 
+/* ---- decode attention on tensor cores (k_attn_dtc: decode-class passes with the f16 cache) -----
+ *
+ * k_attn_tc2's arithmetic for one token a block, shaped for decode: the same sub-parts of TC_SUB
+ * positions, the same f16 queries, scores, online softmax (max, p = f16(exp(s − m)), l by the
+ * lane butterfly, o and l rescaled by exp(m_old − m_new)) and p·v chains, so its [o | m | l] rows
+ * are k_attn_tc2's for the same part length, bit for bit (GPU test "decode attention on tensor
+ * cores equals k_attn_tc2"). What differs is the shape:
+ *   - parts of CU_ATTN_PART_DEC positions (X4_CUDA_ATTN_DECODE_PART shortens them): a 32K context
+ *     is 128 blocks, one wave on the H200, where k_attn_tc2's 1,024 gave 32;
+ *   - the cache rows go global → shared by cp.async through a ring of NS sub-parts (up to three
+ *     in flight while one computes) instead of a staging loop that waits for its loads;
+ *   - the row offsets are computed from the step's metadata before the PDL wait;
+ *   - three barriers a sub-part (copies landed; scores written; p written).
+ * It reads f16 rows only: an f32 cache keeps the fp32 kernels (the exact path, 1e-3 of float64). */
+#define DTC_NS_MAX 4
+
+/* Shared memory of k_attn_dtc with a ring of ns sub-parts: queries, scores, p, running state. */
+static size_t dtc_smem(uint32_t D, int ns) {
+        size_t rq = D + TC_PAD;
+        return (size_t) TC_HG * rq * 2 + (size_t) TC_HG * (TC_SUB + 4) * 4 + (size_t) TC_HG * (TC_SUB + TC_PAD) * 2 +
+               TC2_SMEM_STATE * 4 + (size_t) ns * TC_SUB * rq * 2;
+}
+
+template <int NS>
+__global__ void __launch_bounds__(TC_WARPS * 32, 1)
+        k_attn_dtc(struct cu_attn a, uint32_t t0, uint32_t max_parts, uint32_t plen, struct cu_cache c,
+                   uint32_t layer, float *part) {
+        static_assert(NS >= 2 && NS <= DTC_NS_MAX, "a sub-part computes while the next ones copy");
+        static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
+        extern __shared__ __align__(16) unsigned char tc_smem_raw[];
+        __shared__ uint64_t roff[CU_ATTN_PART_DEC];
+        uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
+        uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * TC_HG;
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
+        /* metadata (host-copied, never written by a kernel): before the wait */
+        uint32_t pos_q = c.tok_pos[t];
+        if (pi > pos_q / plen)
+                return;
+        uint32_t start = pi * plen, n = min(pos_q + 1 - start, plen), nsub = (n + TC_SUB - 1) / TC_SUB;
+        for (uint32_t j = tid; j < n; j += blockDim.x)
+                roff[j] = cu_cache_row(c, layer, t, start + j);
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        const uint32_t ss = TC_SUB + 4, ps = TC_SUB + TC_PAD;
+        __half *sQ = (__half *) tc_smem_raw;               /* [head][D + pad] */
+        float *sS = (float *) (sQ + (size_t) TC_HG * rq);  /* [head][TC_SUB + 4] scores */
+        __half *sP = (__half *) (sS + (size_t) TC_HG * ss); /* [head][TC_SUB + pad] p */
+        float *sM = (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG, *sA = sL + TC_HG;
+        __half *ring = (__half *) (sA + TC_HG);           /* NS × [position][D + pad] */
+        const size_t slot = (size_t) TC_SUB * rq;
+        const __half *cache = (const __half *) c.base;
+        const uint32_t cpr = D / 8; /* 16-byte copies a row */
+        __syncthreads();           /* roff written */
+
+        /* sub-part s into its ring slot (rows past n zero), one cp.async group (empty past the end) */
+        auto issue = [&](uint32_t s) {
+                if (s < nsub) {
+                        __half *dst = ring + (s % NS) * slot;
+                        uint32_t s0 = s * TC_SUB;
+                        for (uint32_t e = tid; e < TC_SUB * cpr; e += TC_WARPS * 32) {
+                                uint32_t j = e / cpr, k = e % cpr;
+                                bool v = s0 + j < n;
+                                fa_cp16(dst + (size_t) j * rq + 8 * k, cache + (v ? roff[s0 + j] : 0) + 8 * k, v);
+                        }
+                }
+                mtd_commit();
+        };
+#pragma unroll 1
+        for (uint32_t s = 0; s + 1 < (uint32_t) NS; s++)
+                issue(s);
+        /* the queries, rounded to f16 (rows of absent heads zero); the running statistics */
+        tc_stage_q(sQ, a, t, h0, D, rq);
+        if (tid < TC_HG) {
+                sM[tid] = -INFINITY;
+                sL[tid] = 0.0f;
+        }
+
+        uint32_t mt = warp % 2, nt = warp / 2, wq = warp / 2, ntiles = KV / 8;
+        float o[TC_NT_MAX][4];
+#pragma unroll
+        for (int i = 0; i < TC_NT_MAX; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                        o[i][e] = 0.0f;
+#pragma unroll 1
+        for (uint32_t s = 0; s < nsub; s++) {
+                mtd_wait(NS - 2);
+                __syncthreads(); /* sub-part s landed; the previous p·v done (its slot and p free) */
+                const __half *sK = ring + (s % NS) * slot;
+                uint32_t s0 = s * TC_SUB;
+                /* scores: warp w, the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2 */
+                {
+                        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        tc_score_tile(sQ, sK, mt, nt, D, rq, acc);
+                        uint32_t j0 = nt * 8 + 2 * cq;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                                uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), j = j0 + (e & 1);
+                                sS[h * ss + j] = s0 + j < n ? a.scale * acc[e] : -INFINITY;
+                        }
+                }
+                __syncthreads(); /* scores written; every warp is past the previous sub-part */
+                issue(s + NS - 1); /* into the slot of sub-part s − 1 */
+                /* the online softmax step, a warp per four heads, a lane per position */
+#pragma unroll
+                for (int x = 0; x < TC_HG / TC_WARPS; x++) {
+                        uint32_t h = warp * (TC_HG / TC_WARPS) + x;
+                        float sv = sS[h * ss + lane];
+                        float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
+                        float p = __half2float(__float2half_rn(expf(sv - m_new)));
+                        float ps_sum = cu_warp_sum(p);
+                        sP[h * ps + lane] = __float2half_rn(p);
+                        __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
+                        if (lane == 0) {
+                                float alpha = expf(m_old - m_new); /* 0 on the first step */
+                                sA[h] = alpha;
+                                sL[h] = sL[h] * alpha + ps_sum;
+                                sM[h] = m_new;
+                        }
+                }
+                __syncthreads(); /* p and the rescale factors written */
+                /* o = alpha·o + p·v: warp w, m-tile w % 2, the n-tiles (8 values) ≡ w / 2 (mod 4) */
+                float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
+#pragma unroll
+                for (int i = 0; i < TC_NT_MAX; i++) {
+                        o[i][0] *= a_lo, o[i][1] *= a_lo;
+                        o[i][2] *= a_hi, o[i][3] *= a_hi;
+                }
+#pragma unroll
+                for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
+                        const __half *pa = sP + (mt * 16 + g) * ps + ks + 2 * cq;
+                        uint32_t a0 = tc_ld32(pa), a1 = tc_ld32(pa + 8 * ps);
+                        uint32_t a2 = tc_ld32(pa + 8), a3 = tc_ld32(pa + 8 * ps + 8);
+#pragma unroll
+                        for (int i = 0; i < TC_NT_MAX; i++) {
+                                uint32_t nn = wq + 4 * i;
+                                if (nn >= ntiles)
+                                        break;
+                                uint32_t b0, b1;
+                                tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
+                                tc_mma(o[i], a0, a1, a2, a3, b0, b1);
+                        }
+                }
+        }
+        mtd_wait(0); /* no copy outlives the block (the groups past the end are empty) */
+        /* [o | m | l] of the part; d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: g + 8 */
+        float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
+        tc_store_o(out0, o, mt, wq, h0, n_head, KV);
+        if (tid < TC_HG && h0 + tid < n_head) {
+                out0[(uint64_t) (h0 + tid) * (KV + 2) + KV] = sM[tid];
+                out0[(uint64_t) (h0 + tid) * (KV + 2) + KV + 1] = sL[tid];
+        }
+}
+
 static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens a block */
+static int attn_dtc_ns; /* k_attn_dtc's ring (sub-parts) this device's shared memory holds; 0: not run */
 static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
 
@@ -1624,6 +1779,21 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
                         cudaFuncSetAttribute(k_attn_fa<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) fa32) == cudaSuccess;
         if (!attn_tc2_ready || !attn_tc22_ready || !attn_fa_ready)
                 cudaGetLastError();
+        /* the decode kernel: the deepest ring that fits (4 on sm_90's 227 KiB, 3 on sm_80's 163;
+         * none on 99 KiB cards, whose f16-cache decodes keep the fp32 kernels) */
+        attn_dtc_ns = 0;
+        for (int ns = DTC_NS_MAX; ns >= 2 && !attn_dtc_ns; ns--) {
+                size_t need = dtc_smem(D, ns);
+                if (need + CU_ATTN_PART_DEC * sizeof(uint64_t) > (size_t) smem_max)
+                        continue;
+                cudaError_t e = ns == 4 ? cudaFuncSetAttribute(k_attn_dtc<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
+                              : ns == 3 ? cudaFuncSetAttribute(k_attn_dtc<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
+                                        : cudaFuncSetAttribute(k_attn_dtc<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need);
+                if (e == cudaSuccess)
+                        attn_dtc_ns = ns;
+                else
+                        cudaGetLastError();
+        }
         return true;
 }
 
@@ -1677,6 +1847,20 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
         else
                 cu_launch(k_attn_fa<float>, grid, FA_WARPS * 32, fa_smem(c->D, false), s, *a, t0, n, max_parts, plen,
                           *c, layer, part);
+}
+
+/* k_attn_dtc for tokens [t0, t0 + n), parts of plen positions */
+static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
+                            const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
+        dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
+        size_t sm = dtc_smem(c->D, attn_dtc_ns);
+        cu_launches++;
+        if (attn_dtc_ns == 4)
+                cu_launch(k_attn_dtc<4>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+        else if (attn_dtc_ns == 3)
+                cu_launch(k_attn_dtc<3>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+        else
+                cu_launch(k_attn_dtc<2>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
@@ -1795,8 +1979,44 @@ static uint32_t attn_tc2_part(void) {
         return plen;
 }
 
-extern "C" uint32_t cu_attn_part_len(uint32_t D) {
-        return attn_tc2_chosen(D) ? attn_tc2_part() : CU_ATTN_PART;
+/* Whether the pass being launched takes k_attn_dtc: a decode-class pass (or every pass when the
+ * classes are off) over an f16 cache on a device that runs it, no kernel forced, and not
+ * X4_CUDA_DECODE_ATTN=fp32 (which keeps the fp32 kernels: the f16 cache's old decode path). The
+ * f32 cache never takes it: that cache is the exact path. */
+static bool attn_dtc_chosen(uint32_t D, bool f16) {
+        static int fp32 = -1;
+        if (fp32 < 0) {
+                const char *e = getenv("X4_CUDA_DECODE_ATTN");
+                fp32 = e && !strcmp(e, "fp32");
+                if (e && *e && !fp32 && strcmp(e, "tc"))
+                        fprintf(stderr, "xing4d: X4_CUDA_DECODE_ATTN=%s ignored: expected tc or fp32\n", e);
+        }
+        return f16 && !fp32 && attn_force() == 0 && attn_dtc_ns && D == attn_tc_D && !attn_tc2_chosen(D);
+}
+
+/* k_attn_dtc's part length: CU_ATTN_PART_DEC, or X4_CUDA_ATTN_DECODE_PART (a multiple of TC_SUB
+ * up to it; anything else is named on stderr once and the default kept). */
+static uint32_t attn_dtc_part(void) {
+        static uint32_t plen;
+        if (!plen) {
+                const char *e = getenv("X4_CUDA_ATTN_DECODE_PART");
+                uint32_t v = CU_ATTN_PART_DEC;
+                if (e) {
+                        char *end;
+                        unsigned long u = strtoul(e, &end, 10);
+                        if (*e && !*end && u >= TC_SUB && u <= CU_ATTN_PART_DEC && u % TC_SUB == 0)
+                                v = (uint32_t) u;
+                        else
+                                fprintf(stderr, "xing4d: X4_CUDA_ATTN_DECODE_PART=%s ignored: expected a multiple of %d "
+                                        "from %d to %d; using %d\n", e, TC_SUB, TC_SUB, CU_ATTN_PART_DEC, CU_ATTN_PART_DEC);
+                }
+                plen = v;
+        }
+        return plen;
+}
+
+extern "C" uint32_t cu_attn_part_len(uint32_t D, bool f16) {
+        return attn_tc2_chosen(D) ? attn_tc2_part() : attn_dtc_chosen(D, f16) ? attn_dtc_part() : CU_ATTN_PART;
 }
 
 extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
@@ -1825,6 +2045,12 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
                         attn_launch_fa(a, t0, n, max_parts, plen, c, layer, part, s);
                 else
                         attn_launch_tc2(a, t0, n, max_parts, plen, c, layer, part, cu_pass_prompt() ? 2 : 1, s);
+                attn_launch_combine(a, t0, n, max_parts, plen, c, part, out, s);
+                return;
+        }
+        if (attn_dtc_chosen(c->D, c->f16)) {
+                uint32_t plen = attn_dtc_part();
+                attn_launch_dtc(a, t0, n, max_parts, plen, c, layer, part, s);
                 attn_launch_combine(a, t0, n, max_parts, plen, c, part, out, s);
                 return;
         }

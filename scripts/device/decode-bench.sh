@@ -466,6 +466,35 @@ if has mile; then
                         --decode-tokens 16 --repeats 3 --json 2>&1 | tee -a "$out/mile.jsonl" | grep '"decode"' | cut -c1-120
         fi
 fi
+if has dtc; then
+        # issue 11: the decode rows with the f16 cache's tensor-core decode attention (k_attn_dtc,
+        # the default), with that cache's fp32 kernels (X4_CUDA_DECODE_ATTN=fp32: the path before
+        # it) and with the f32 cache (the exact path); parts of 128 and 64 at batch 1; decode
+        # profiles at batch 1 / 512 and / 32,768 and batch 64 / 4,096. Lines: $out/dtc-<mode>.jsonl
+        for mode in tc fp32 f32; do
+                cache=f16
+                dattn=$mode
+                [ $mode = f32 ] && cache=f32 dattn=tc
+                say "dtc: $mode: decode batch 1 / 16 / 64 at 512, 4,096; batch 1 at 32,768 (--cache $cache)"
+                X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
+                        --decode-ctx 512,4096 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 |
+                        tee -a "$out/dtc-$mode.jsonl" | grep '"decode"' | cut -c1-150
+                X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
+                        --decode-ctx 32768 --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 |
+                        tee -a "$out/dtc-$mode.jsonl" | grep '"decode"' | cut -c1-150
+        done
+        for part in ${X4_DTC_PARTS:-128 64}; do
+                say "dtc: parts of $part, batch 1"
+                X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx 512,4096,32768 --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 |
+                        tee -a "$out/dtc-part$part.jsonl" | grep '"decode"' | cut -c1-150
+        done
+        say "dtc: decode profiles (f16 cache, tensor-core decode attention)"
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512,32768 --batch 1 \
+                --decode-tokens 8 --repeats 1 --profile 2>&1 | tee "$out/dtc-profile-b1.txt" | grep -E '^decode|^  [a-z]'
+        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 4096 --batch 64 \
+                --decode-tokens 8 --repeats 1 --profile 2>&1 | tee "$out/dtc-profile-b64.txt" | grep -E '^decode|^  [a-z]'
+fi
 if has passes; then
         # issue 12: X4_CUDA_PASS_TOKENS (a measurement knob; passes of 512 by default). First the
         # same bits for any pass length: the demo model (3 slots a token, so passes of 2,048 run

@@ -93,8 +93,13 @@ step "quick prefill+decode" "$check" quick "$tiny"
 # the MoE grouping the forward runs (k_moe_group_scan) against the reference kernel: the same ints, memcmp
 step "MoE grouping writes the reference's ints (memcmp, 1 .. 73,728 pairs)" "$check" group "$build/kernels/cuda/xing4d-cuda.so"
 step "cache pages (snapshot, copy, n_pages from memory_limit)" "$check" pages "$tiny"
+# the f16 cache's decode-class attention runs on tensor cores (k_attn_dtc, sm_80+; the fp32
+# kernels with X4_CUDA_DECODE_ATTN=fp32): its bound against float64, and invariant by itself
 step "fixture, f16 latent cache (rel <= 1e-2)" env X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
 step "chunk invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" chunks "$tiny"
+step "batch invariance, f16 latent cache" env X4_GPU_CACHE=f16 "$check" batch "$tiny"
+step "fixture, f16 latent cache, fp32 decode attention (rel <= 1e-2)" env X4_GPU_CACHE=f16 X4_CUDA_DECODE_ATTN=fp32 \
+        "$check" fixture "$fixture" --no-cpu
 # the tensor-core attention (X4_CUDA_ATTN=tc: f16 inputs, its own bits) against the float64
 # reference at the f16 cache's tolerance, and invariant by itself
 step "fixture, tensor-core attention (rel <= 1e-2)" env X4_CUDA_ATTN=tc X4_GPU_CACHE=f16 "$check" fixture "$fixture" --no-cpu
@@ -172,6 +177,33 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "attention kernels split (7 launch shapes), dec2, dec4, part: identical logits ($(stat -c %s "$tmp/attn-split.bin") bytes)"
         }
         step "attention kernels agree bit for bit, demo model" attn_same
+        # k_attn_dtc (the f16 cache's decode attention) computes k_attn_tc2's arithmetic for one
+        # token: the same logits bit for bit with the same part length (x4-logits does not label
+        # prompts, so every token of a run takes the decode kernel: a 700-token prompt, three or
+        # eleven parts a query), and not the fp32 kernels' (so it did run)
+        dtc_same() {
+                local prompt part
+                prompt=$(awk 'BEGIN { s = 29; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for part in 256 64; do
+                        X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
+                                --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-$part.bin" || return 1
+                        X4_CUDA_ATTN=tc2 X4_CUDA_ATTN_PROMPT_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/tc2-$part.bin" || return 1
+                        cmp "$tmp/dtc-$part.bin" "$tmp/tc2-$part.bin" || { echo "k_attn_dtc differs from k_attn_tc2 (parts of $part)"; return 1; }
+                done
+                X4_CUDA_DECODE_ATTN=fp32 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
+                        --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-fp32.bin" || return 1
+                if cmp -s "$tmp/dtc-256.bin" "$tmp/dtc-fp32.bin"; then
+                        echo "X4_CUDA_DECODE_ATTN=fp32 gave k_attn_dtc's bits: the decode kernel did not run"
+                        return 1
+                fi
+                echo "k_attn_dtc = k_attn_tc2 (parts of 256 and 64): identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
+        }
+        step "decode attention on tensor cores equals k_attn_tc2 bit for bit, demo model" dtc_same
+        step "cuda (f16 cache) vs cpu, demo model, 512 + 64 greedy" env X4_GPU_CACHE=f16 "$check" parity "$tmp/demo.gguf" 512 64
+        step "batch invariance, demo model, f16 cache" env X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
+        step "chunk invariance, demo model, f16 cache, prompts labeled" env X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 \
+                "$check" chunks "$tmp/demo.gguf"
         # the many-input product kernel (k_mm) computes k_matvec's order: the same logits with it
         # turned off (a 700-token prompt at once: every BF16/IQ4_NL projection and the grouped
         # expert tiles go through k_mm; the decode steps through k_mv_small either way)
@@ -540,6 +572,17 @@ if command -v compute-sanitizer >/dev/null; then
                 --error-exitcode 9 "$check" quick "$tiny"
         step "compute-sanitizer synccheck, prompts labeled" env X4_GPU_PROMPT=1 compute-sanitizer --tool synccheck \
                 --error-exitcode 9 "$check" quick "$tiny"
+        # the f16 cache: its decode attention (k_attn_dtc), and a 300-token prompt through it (every
+        # token of an x4-logits run takes the decode kernel): ten sub-parts a part, the ring of
+        # copies wrapping around, two parts a query
+        long=$(awk 'BEGIN { s = 31; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 400 } }')
+        for tool in memcheck racecheck synccheck; do
+                step "compute-sanitizer $tool, f16 cache" env X4_GPU_CACHE=f16 compute-sanitizer --tool $tool \
+                        --error-exitcode 9 "$check" quick "$tiny"
+                step "compute-sanitizer $tool, f16 cache, 300-token prompt" compute-sanitizer --tool $tool \
+                        --error-exitcode 9 "$build/tools/x4-logits" --model "$tiny" --cache f16 --prompt "$long" \
+                        --decode 5,6 --device cuda --out "$tmp/san-long.bin"
+        done
         if [ -f "$nextn_tiny" ]; then
                 step "compute-sanitizer memcheck, nextn" compute-sanitizer --tool memcheck \
                         --error-exitcode 9 --leak-check full "$check" nextn "$nextn_tiny"
