@@ -495,6 +495,19 @@ if has dtc; then
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 4096 --batch 64 \
                 --decode-tokens 8 --repeats 1 --profile 2>&1 | tee "$out/dtc-profile-b64.txt" | grep -E '^decode|^  [a-z]'
 fi
+if has ncudtc; then
+        # ncu of the f16 cache's decode attention (k_attn_dtc) and its combine at batch 1, ctx 512
+        # and 32,768 (eager launches), full sections; then the per-kernel times of one step
+        for ctx in 512 32768; do
+                say "ncu: k_attn_dtc, k_attn_combine at ctx $ctx"
+                X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:'k_attn_(dtc|combine)' --launch-skip 80 \
+                        --launch-count 2 --set full "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx $ctx --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" \
+                        >"$out/ncu-dtc-$ctx.txt"
+                grep -E 'k_attn|Duration|Throughput|Registers|Achieved Occupancy|Stall|Warp Cycles|Issued|Shared Memory Configuration|Dynamic Shared' \
+                        "$out/ncu-dtc-$ctx.txt" | head -60
+        done
+fi
 if has passes; then
         # issue 12: X4_CUDA_PASS_TOKENS (a measurement knob; passes of 512 by default). First the
         # same bits for any pass length: the demo model (3 slots a token, so passes of 2,048 run

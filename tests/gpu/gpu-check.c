@@ -40,6 +40,8 @@
  *   With X4_CUDA_MM=tc (bf16-input tensor-core products) the bound is 1e-2 (TOL_BF16, 2e-2, in
  *   the nextn mode) and a near-tie is a CPU margin under ROUTE_NEAR_TIE_BF16; likewise with
  *   X4_GPU_PROMPT=1 (prompts labeled as prompts: the backend runs them on those products).
+ *   With X4_GPU_CACHE=f16 the bound is 1e-2 (TOL_F16_CACHE) and a near-tie is a CPU margin under
+ *   ROUTE_NEAR_TIE_F16 (the f16 rows, and the decode attention's f16 inputs on tensor cores).
  * Exit status: 0 when every check passed, 1 otherwise; every measured number is printed. */
 #include <dlfcn.h>
 #include <errno.h>
@@ -1830,7 +1832,8 @@ int main(int argc, char **argv) {
         if (cache && streq(cache, "f16")) {
                 cuda_cache = X4_CACHE_F16;
                 tol = TOL_F16_CACHE;
-                printf("CUDA latent cache: f16 (tolerance %g)\n", tol);
+                route_near_tie = ROUTE_NEAR_TIE_F16;
+                printf("CUDA latent cache: f16 (tolerance %g, routing near-tie %g)\n", tol, route_near_tie);
         }
         /* the tensor-core attention kernels round the queries and the cache rows to f16, with
          * either cache: the f16 cache's bound */
@@ -1845,7 +1848,7 @@ int main(int argc, char **argv) {
         if (mm && streq(mm, "tc")) {
                 /* the NextN rows' bound; the other modes keep 1e-2, which they meet */
                 tol = streq(argv[1], "nextn") ? TOL_BF16 : TOL_F16_CACHE;
-                route_near_tie = ROUTE_NEAR_TIE_BF16;
+                route_near_tie = fmax(route_near_tie, ROUTE_NEAR_TIE_BF16);
                 printf("CUDA products: tensor cores, bf16 inputs (tolerance %g, routing near-tie "
                        "%g)\n",
                        tol, route_near_tie);
@@ -1856,7 +1859,7 @@ int main(int argc, char **argv) {
                 /* prompts on the tensor-core products (bf16 inputs): their bound, for the prompt
                  * rows and the decode rows that attend to their cache rows */
                 tol = fmax(tol, TOL_F16_CACHE);
-                route_near_tie = ROUTE_NEAR_TIE_BF16;
+                route_near_tie = fmax(route_near_tie, ROUTE_NEAR_TIE_BF16);
                 printf("prompts labeled as prompts (tolerance %g, routing near-tie %g)\n", tol,
                        route_near_tie);
         }

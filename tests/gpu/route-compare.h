@@ -40,6 +40,14 @@
  * bias dropped) still moves scores by O(0.1), ten times more. */
 #define ROUTE_NEAR_TIE_BF16 1e-2
 
+/* The near-tie bound with the f16 latent cache (X4_GPU_CACHE=f16): the cache rows, and with the
+ * tensor-core decode attention the queries and p too, keep 11 significant bits, a rounding of up
+ * to 2^-11 = 4.9e-4 of each value; the router's scores (magnitude up to ~1.2) downstream of them
+ * may move by that relative amount in opposite directions, 2 x 1.2 x 4.9e-4 = 1.2e-3, hence 2e-3
+ * (the demo model's parity at 40fec86: flips at CPU margins 1.0e-4 and 1.4e-4, every per-position
+ * error median 3.5e-4). A real fault still moves scores by O(0.1). */
+#define ROUTE_NEAR_TIE_F16 2e-3
+
 /* What one backend routed: per position (the token's index in its sequence: prompt tokens first,
  * then decode steps via `offset`) and trunk layer, the n_expert ranked scores and the k ids. */
 struct route_trace {

@@ -317,15 +317,16 @@ static void test_fake_warmup_and_none(void **state) {
         assert_string_equal(err, "");
         slurp(T.trace, trace, sizeof trace);
         /* no warm-up: the two timed prefills only; no decode at all */
-        assert_string_equal(trace, "create pages=1 page_tokens=256 cache=0\n"
+        /* no --cache: the daemon's choice on the cuda backend, f16 */
+        assert_string_equal(trace, "create pages=1 page_tokens=256 cache=1\n"
                                    "fwd 0+1@0\n"
                                    "fwd 0+16@0\n" "fwd 0+16@0\n"
                                    "destroy\n");
         assert_non_null(strstr(out, "{\"what\":\"prefill\",\"tokens\":16,"));
         assert_null(strstr(out, "\"what\":\"decode\""));
 
-        assert_int_equal(bench(env, "--device cuda --prefill none --decode-ctx 300 --batch 1 --decode-tokens 1 "
-                                    "--warmup 0 --repeats 1 --json", out, sizeof out, err, sizeof err), 0);
+        assert_int_equal(bench(env, "--device cuda --cache f32 --prefill none --decode-ctx 300 --batch 1 "
+                                    "--decode-tokens 1 --warmup 0 --repeats 1 --json", out, sizeof out, err, sizeof err), 0);
         slurp(T.trace, trace, sizeof trace);
         /* decode setup, then one timed step (no warm-up step) */
         assert_string_equal(trace, "create pages=2 page_tokens=256 cache=0\n"
@@ -359,7 +360,7 @@ static void test_fake_decode_fill_edges(void **state) {
         slurp(T.trace, trace, sizeof trace);
         /* 1001 tokens (1000 + 1 step) = 4 pages for each of 3 sequences */
         snprintf(expect, sizeof expect,
-                 "create pages=12 page_tokens=256 cache=0\n"
+                 "create pages=12 page_tokens=256 cache=1\n"
                  "fwd 0+1@0\n" "fwd 0+16@0\n" "fwd 0+16@0\n"
                  /* 300 < 512: prefilled, 2 pages */
                  "fwd 0+300@0,1\n" "%s"
@@ -393,7 +394,7 @@ static void test_fake_decode_fill_edges(void **state) {
                                     "--repeats 1 --json", out, sizeof out, err, sizeof err), 0);
         slurp(T.trace, trace, sizeof trace);
         /* 4 pages for the 1000-token prefill + 2 for each batch-mate's 301 tokens */
-        assert_non_null(strstr(trace, "create pages=8 page_tokens=256 cache=0\n"));
+        assert_non_null(strstr(trace, "create pages=8 page_tokens=256 cache=1\n"));
         assert_non_null(strstr(trace, "fwd 0+1000@0,1,2,3\n"));
         assert_non_null(strstr(trace, "fwd 300+1@0,1 300+1@4,5 300+1@6,7\n"));
 }
