@@ -1643,16 +1643,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
         const uint32_t cpr = D / 8; /* 16-byte copies a row */
         __syncthreads();           /* roff written */
 
-        /* sub-part s into its ring slot (rows past n zero), one cp.async group (empty past the end) */
+        /* sub-part s into its ring slot (rows past n zero), one cp.async group (empty past the end):
+         * thread tid copies row tid / 8, the 16-byte pieces ≡ tid (mod 8) */
+        static_assert(TC_SUB * 8 == TC_WARPS * 32, "eight threads a row");
+        const uint32_t crow = tid / 8, ck0 = tid % 8;
         auto issue = [&](uint32_t s) {
                 if (s < nsub) {
-                        __half *dst = ring + (s % NS) * slot;
-                        uint32_t s0 = s * TC_SUB;
-                        for (uint32_t e = tid; e < TC_SUB * cpr; e += TC_WARPS * 32) {
-                                uint32_t j = e / cpr, k = e % cpr;
-                                bool v = s0 + j < n;
-                                fa_cp16(dst + (size_t) j * rq + 8 * k, cache + (v ? roff[s0 + j] : 0) + 8 * k, v);
-                        }
+                        uint32_t j = s * TC_SUB + crow;
+                        bool v = j < n;
+                        const __half *src = cache + (v ? roff[j] : 0);
+                        __half *dst = ring + (s % NS) * slot + (size_t) crow * rq;
+                        for (uint32_t k = ck0; k < cpr; k += 8)
+                                fa_cp16(dst + 8 * k, src + 8 * k, v);
                 }
                 mtd_commit();
         };
@@ -1679,10 +1681,29 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                 __syncthreads(); /* sub-part s landed; the previous p·v done (its slot and p free) */
                 const __half *sK = ring + (s % NS) * slot;
                 uint32_t s0 = s * TC_SUB;
-                /* scores: warp w, the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2 */
+                /* scores: warp w, the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2, over
+                 * D in 16-value steps (tc_score_tile's fragments, by ldmatrix: A four 8×8 tiles of
+                 * the queries a step, B two steps of the keys a load) */
                 {
                         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        tc_score_tile(sQ, sK, mt, nt, D, rq, acc);
+                        const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
+                        const __half *kb = sK + (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
+                        uint32_t k0 = 0;
+#pragma unroll 2
+                        for (; k0 + 32 <= D; k0 += 32) {
+                                uint32_t qf0[4], qf1[4], kf[4];
+                                mtp_ldm4(qf0, qa + k0);
+                                mtp_ldm4(qf1, qa + k0 + 16);
+                                mtp_ldm4(kf, kb + k0);
+                                tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                                tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+                        }
+                        for (; k0 < D; k0 += 16) {
+                                uint32_t qf[4];
+                                mtp_ldm4(qf, qa + k0);
+                                const __half *kr = sK + (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
+                                tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(kr), tc_ld32(kr + 8));
+                        }
                         uint32_t j0 = nt * 8 + 2 * cq;
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
@@ -1710,26 +1731,38 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                         }
                 }
                 __syncthreads(); /* p and the rescale factors written */
-                /* o = alpha·o + p·v: warp w, m-tile w % 2, the n-tiles (8 values) ≡ w / 2 (mod 4) */
+                /* o = alpha·o + p·v: warp w, m-tile w % 2, the n-tiles (8 values) ≡ w / 2 (mod 4).
+                 * A factor of 1 leaves o as it is (x·1 = x), so a warp whose 16 heads kept their max
+                 * skips the multiplies. */
                 float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
+                if (__any_sync(CU_FULL_MASK, a_lo != 1.0f || a_hi != 1.0f)) {
 #pragma unroll
-                for (int i = 0; i < TC_NT_MAX; i++) {
-                        o[i][0] *= a_lo, o[i][1] *= a_lo;
-                        o[i][2] *= a_hi, o[i][3] *= a_hi;
+                        for (int i = 0; i < TC_NT_MAX; i++) {
+                                o[i][0] *= a_lo, o[i][1] *= a_lo;
+                                o[i][2] *= a_hi, o[i][3] *= a_hi;
+                        }
                 }
 #pragma unroll
                 for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
-                        const __half *pa = sP + (mt * 16 + g) * ps + ks + 2 * cq;
-                        uint32_t a0 = tc_ld32(pa), a1 = tc_ld32(pa + 8 * ps);
-                        uint32_t a2 = tc_ld32(pa + 8), a3 = tc_ld32(pa + 8 * ps + 8);
+                        uint32_t pf[4];
+                        mtp_ldm4(pf, sP + (size_t) (mt * 16 + lane % 16) * ps + ks + (lane / 16) * 8);
+                        /* B of n-tiles nn (lanes 0-15's rows) and nn + 4 (lanes 16-31's), transposed */
+                        const __half *vb = sK + (size_t) (ks + lane % 16) * rq + (lane / 16) * 32 + wq * 8;
 #pragma unroll
-                        for (int i = 0; i < TC_NT_MAX; i++) {
+                        for (int i = 0; i < TC_NT_MAX; i += 2) {
                                 uint32_t nn = wq + 4 * i;
                                 if (nn >= ntiles)
                                         break;
-                                uint32_t b0, b1;
-                                tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
-                                tc_mma(o[i], a0, a1, a2, a3, b0, b1);
+                                if (nn + 4 < ntiles) {
+                                        uint32_t vf[4];
+                                        mtp_ldm4<true>(vf, vb + 32 * i);
+                                        tc_mma(o[i], pf[0], pf[1], pf[2], pf[3], vf[0], vf[1]);
+                                        tc_mma(o[i + 1], pf[0], pf[1], pf[2], pf[3], vf[2], vf[3]);
+                                } else {
+                                        uint32_t b0, b1;
+                                        tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
+                                        tc_mma(o[i], pf[0], pf[1], pf[2], pf[3], b0, b1);
+                                }
                         }
                 }
         }
@@ -1864,11 +1897,21 @@ static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
- * values), a thread per value (one fold chain a thread instead of two after each other). */
+ * values), a thread per value. For part i ≥ 1 the running max M_i = max(M_(i-1), m_i), the
+ * factors a_i = exp(M_(i-1) − M_i) and b_i = exp(m_i − M_i), then L = L·a_i + l_i·b_i and, per
+ * value, O = O·a_i + o_i·b_i; out = O / L. The max and the factors are the same for every value of
+ * a head: k_attn_combine stages the parts' m and l, runs the max chain (exact: fmaxf) and the L
+ * chain once, computes the factors a thread a part, and leaves each value thread one
+ * multiply-add chain with its loads in flight (a 32K context's 129 parts: ~46 µs a layer when
+ * every value thread ran both exponentials of every part). The arithmetic of every step is the
+ * same expression on the same inputs as k_attn_combine_ref (the per-value chains it replaced, kept
+ * for contexts of more than AC_PARTS_STAGED parts and as the GPU test's reference,
+ * X4_CUDA_COMBINE=ref), so the bits are the same. */
 #define AC_COMBINE 128
+#define AC_PARTS_STAGED 1024
 __global__ void __launch_bounds__(AC_COMBINE)
-        k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
-                       uint32_t KV, const uint32_t *tok_pos, float *out) {
+        k_attn_combine_ref(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
+                           uint32_t KV, const uint32_t *tok_pos, float *out) {
         uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
         uint32_t n_parts = tok_pos[t] / plen + 1; /* metadata: before the wait */
         cu_pdl_wait();
@@ -1890,14 +1933,76 @@ __global__ void __launch_bounds__(AC_COMBINE)
         }
 }
 
+__global__ void __launch_bounds__(AC_COMBINE)
+        k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
+                       uint32_t KV, const uint32_t *tok_pos, float *out) {
+        __shared__ float sm[AC_PARTS_STAGED], sl[AC_PARTS_STAGED], sa[AC_PARTS_STAGED], sb[AC_PARTS_STAGED];
+        __shared__ float sL;
+        uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl, tid = threadIdx.x;
+        uint32_t n_parts = tok_pos[t] / plen + 1; /* metadata: before the wait */
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
+        uint64_t stride = (uint64_t) n_head * (KV + 2);
+        for (uint32_t pi = tid; pi < n_parts; pi += blockDim.x) {
+                sm[pi] = p0[pi * stride + KV];
+                sl[pi] = p0[pi * stride + KV + 1];
+        }
+        __syncthreads();
+        if (tid == 0) { /* the running max, in place of the parts' own (each read before it is replaced) */
+                float M = sm[0];
+                for (uint32_t pi = 1; pi < n_parts; pi++) {
+                        float mq = sm[pi], Mn = fmaxf(M, mq);
+                        sb[pi] = mq; /* m_i, for b_i below */
+                        sm[pi] = Mn;
+                        M = Mn;
+                }
+        }
+        __syncthreads();
+        for (uint32_t pi = 1 + tid; pi < n_parts; pi += blockDim.x) {
+                float M = sm[pi - 1], Mn = sm[pi], mq = sb[pi];
+                sa[pi] = expf(M - Mn);
+                sb[pi] = expf(mq - Mn);
+        }
+        __syncthreads();
+        if (tid == 0) {
+                float L = sl[0];
+                for (uint32_t pi = 1; pi < n_parts; pi++) {
+                        float a = sa[pi], b = sb[pi];
+                        L = L * a + sl[pi] * b;
+                }
+                sL = L;
+        }
+        __syncthreads();
+        float L = sL;
+        for (uint32_t k = blockIdx.z * blockDim.x + tid; k < KV; k += gridDim.z * blockDim.x) {
+                float O = p0[k];
+#pragma unroll 8
+                for (uint32_t pi = 1; pi < n_parts; pi++) {
+                        const float *pp = p0 + pi * stride;
+                        float a = sa[pi], b = sb[pi];
+                        O = O * a + pp[k] * b;
+                }
+                out[((uint64_t) t * n_head + h) * KV + k] = O / L;
+        }
+}
+
 extern "C" void cu_attn_combine(const float *part, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                                 uint32_t n_head, uint32_t values, const uint32_t *tok_pos, float *out,
                                 cudaStream_t s) {
+        static int ref = -1; /* X4_CUDA_COMBINE=ref: the per-value chains (the GPU test's reference) */
+        if (ref < 0) {
+                const char *e = getenv("X4_CUDA_COMBINE");
+                ref = e && !strcmp(e, "ref");
+        }
         if (n == 0)
                 return;
         cu_launches++;
-        cu_launch(k_attn_combine, dim3(n, n_head, (values + AC_COMBINE - 1) / AC_COMBINE), AC_COMBINE, 0, s,
-                  part, t0, max_parts, plen, n_head, values, tok_pos, out);
+        dim3 grid(n, n_head, (values + AC_COMBINE - 1) / AC_COMBINE);
+        if (ref || max_parts > AC_PARTS_STAGED)
+                cu_launch(k_attn_combine_ref, grid, AC_COMBINE, 0, s, part, t0, max_parts, plen, n_head, values, tok_pos, out);
+        else
+                cu_launch(k_attn_combine, grid, AC_COMBINE, 0, s, part, t0, max_parts, plen, n_head, values, tok_pos, out);
 }
 
 static void attn_launch_combine(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts,

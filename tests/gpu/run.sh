@@ -166,6 +166,10 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 for k in dec2 dec4 part; do
                         cmp "$tmp/attn-split.bin" "$tmp/attn-$k.bin" || { echo "attention $k differs from split"; return 1; }
                 done
+                # the combine against its per-value reference (X4_CUDA_COMBINE=ref), six parts a query
+                X4_CUDA_COMBINE=ref X4_CUDA_ATTN=split "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                        --decode 9,99,999 --device cuda --out "$tmp/attn-ref.bin" || return 1
+                cmp "$tmp/attn-split.bin" "$tmp/attn-ref.bin" || { echo "the combine differs from its reference"; return 1; }
                 # the split path's launch shapes (heads a scores block; heads, values a P·c block)
                 for k in 8,32,64 16,16,64 8,16,64 16,32,32 8,16,32 16,16,32; do
                         X4_CUDA_ATTN=split X4_CUDA_SPLIT=$k "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
@@ -197,7 +201,12 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                         echo "X4_CUDA_DECODE_ATTN=fp32 gave k_attn_dtc's bits: the decode kernel did not run"
                         return 1
                 fi
-                echo "k_attn_dtc = k_attn_tc2 (parts of 256 and 64): identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
+                # the combine with its scale chains staged once a head (the default) against the per-value
+                # chains (X4_CUDA_COMBINE=ref): eleven parts a query at the end of the prompt
+                X4_CUDA_COMBINE=ref X4_CUDA_ATTN_DECODE_PART=64 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
+                        --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-ref.bin" || return 1
+                cmp "$tmp/dtc-64.bin" "$tmp/dtc-ref.bin" || { echo "the combine differs from its reference (f16 cache)"; return 1; }
+                echo "k_attn_dtc = k_attn_tc2 (parts of 256 and 64), combine = its reference: identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
         }
         step "decode attention on tensor cores equals k_attn_tc2 bit for bit, demo model" dtc_same
         step "cuda (f16 cache) vs cpu, demo model, 512 + 64 greedy" env X4_GPU_CACHE=f16 "$check" parity "$tmp/demo.gguf" 512 64
