@@ -873,6 +873,8 @@ static bool mha_prepare(struct x4_backend *b, uint32_t T) {
         const struct x4_config *c = &b->cfg;
         /* the prompt kernels' part length (this is a prompt pass) */
         uint32_t plen = cu_attn_part_len(c->kv_lora_rank + c->qk_rope, b->cache_type == X4_CACHE_F16);
+        if (plen == 0) /* the decode kernel's (parts by position): not a prompt pass's */
+                return false;
         uint64_t slots = (uint64_t) b->part_slots * (c->kv_lora_rank + 2) / (c->v_head + 2);
         struct mha_plan *mp = &b->mha_plan;
 
@@ -1754,8 +1756,9 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
         int r;
 
         *p = (struct plan){0};
-        /* the part length of the pass's attention kernel (this pass class's: the caller set it) */
-        uint32_t plen = cu_attn_part_len(b->cfg.kv_lora_rank + b->cfg.qk_rope, b->cache_type == X4_CACHE_F16);
+        /* the parts of the pass's attention kernel (this pass class's: the caller set it) */
+        uint32_t D = b->cfg.kv_lora_rank + b->cfg.qk_rope;
+        bool f16 = b->cache_type == X4_CACHE_F16;
         for (uint32_t i = 0; i < n_seqs; i++) {
                 const struct x4_seq *sq = seqs[i];
                 uint64_t end = (uint64_t) sq->pos0 + sq->n_tokens;
@@ -1763,7 +1766,7 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
                 if (end > UINT32_MAX - CU_ATTN_PART_TC2)
                         return log_error_errno(E2BIG, "sequence %u: position %llu too large", i,
                                                (unsigned long long) end);
-                uint32_t parts = (uint32_t) ((end - 1) / plen + 1);
+                uint32_t parts = cu_attn_parts(D, f16, (uint32_t) (end - 1));
                 if (parts > b->part_slots)
                         return log_error_errno(E2BIG,
                                                "sequence %u: position %llu needs %u attention "
@@ -1827,7 +1830,7 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
                 while (g0 < T) {
                         uint32_t maxp = 0, n = 0;
                         while (g0 + n < T) {
-                                uint32_t parts = pos[p0 + g0 + n] / plen + 1;
+                                uint32_t parts = cu_attn_parts(D, f16, pos[p0 + g0 + n]);
                                 uint32_t m = MAX(maxp, parts);
                                 if ((uint64_t) m * (n + 1) > b->part_slots)
                                         break;

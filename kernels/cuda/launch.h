@@ -62,6 +62,20 @@ extern bool cu_pdl;
  * multiple of 32 up to it) shortens it, for tests and measurements. */
 #define CU_ATTN_PART_DEC 256
 
+/* k_attn_dtc's part length for a query at position pos: a function of the position alone (so of
+ * the token alone: batch- and chunk-invariant), short where a context is short so that its few
+ * parts still spread over the card (a part's sub-parts run one after another in its block), long
+ * where a context is long so that the parts stay one wave and the combine's reads small. Full
+ * model, H200, batch 1, forced lengths (5f15019): 512 tokens 191.9 / 180.7 / 162.3 tok/s with
+ * parts of 64 / 128 / 256, 4,096 tokens 179.3 / 175.6 / 160.3, 32,768 85.8 / 113.2 / 137.2.
+ * forced (X4_CUDA_ATTN_DECODE_PART, 0 when unset) overrides it. Host and device. */
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+static inline uint32_t cu_dtc_plen(uint32_t pos, uint32_t forced) {
+        return forced ? forced : pos < 2048 ? 64u : pos < 8192 ? 128u : (uint32_t) CU_ATTN_PART_DEC;
+}
+
 /* y = W·x for P input vectors. Row r of the weight is dotted with the input slice
  *   x + (p / x_div)·x_pstride + (r / G)·x_gstride      (K values)
  * and written to
@@ -226,10 +240,12 @@ void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max
                   const struct cu_cache *c, uint32_t layer, float *sc, float *part, float *out,
                   cudaStream_t s);
 /* The part length cu_attention uses for the pass being launched (cache rows of D values, f16 or
- * f32): CU_ATTN_PART, the prompt kernel's (CU_ATTN_PART_TC2) or the f16 cache's decode kernel's
- * (CU_ATTN_PART_DEC). A plan sizes its attention groups
+ * f32): CU_ATTN_PART, the prompt kernel's (CU_ATTN_PART_TC2), or 0 for the f16 cache's decode
+ * kernel, whose parts follow the query's position (cu_dtc_plen). A plan sizes its attention groups
  * (max_parts) with it, under the same pass class as the launch. */
 uint32_t cu_attn_part_len(uint32_t D, bool f16);
+/* The parts of a query at position pos in the pass being launched (pos / its part length + 1). */
+uint32_t cu_attn_parts(uint32_t D, bool f16, uint32_t pos);
 
 /* Prompt attention in the non-absorbed form (mha.cu); its jobs: mha_plan.h */
 struct cu_mha {

@@ -1614,7 +1614,7 @@ static size_t dtc_smem(uint32_t D, int ns) {
 
 template <int NS>
 __global__ void __launch_bounds__(TC_WARPS * 32, 1)
-        k_attn_dtc(struct cu_attn a, uint32_t t0, uint32_t max_parts, uint32_t plen, struct cu_cache c,
+        k_attn_dtc(struct cu_attn a, uint32_t t0, uint32_t max_parts, uint32_t plen_forced, struct cu_cache c,
                    uint32_t layer, float *part) {
         static_assert(NS >= 2 && NS <= DTC_NS_MAX, "a sub-part computes while the next ones copy");
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
@@ -1624,7 +1624,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
         uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * TC_HG;
         uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
         /* metadata (host-copied, never written by a kernel): before the wait */
-        uint32_t pos_q = c.tok_pos[t];
+        uint32_t pos_q = c.tok_pos[t], plen = cu_dtc_plen(pos_q, plen_forced);
         if (pi > pos_q / plen)
                 return;
         uint32_t start = pi * plen, n = min(pos_q + 1 - start, plen), nsub = (n + TC_SUB - 1) / TC_SUB;
@@ -1661,8 +1661,37 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
 #pragma unroll 1
         for (uint32_t s = 0; s + 1 < (uint32_t) NS; s++)
                 issue(s);
-        /* the queries, rounded to f16 (rows of absent heads zero); the running statistics */
-        tc_stage_q(sQ, a, t, h0, D, rq);
+        /* the queries, rounded to f16 (rows of absent heads zero), as tc_stage_q: thread tid takes
+         * head tid / 8 and the 8-value pieces ≡ tid (mod 8), its loads issued before any store */
+        {
+                constexpr int QP = 12; /* pieces a thread at most in one round (D ≤ 768 in one) */
+                uint32_t h = tid / 8;
+                bool hv = h0 + h < n_head;
+                const float *qrow = a.qc + ((uint64_t) t * n_head + h0 + (hv ? h : 0)) * D;
+                for (uint32_t k1 = ck0; k1 < cpr; k1 += 8 * QP) {
+                        float4 v[QP][2];
+#pragma unroll
+                        for (int i = 0; i < QP; i++)
+                                if (hv && k1 + 8 * i < cpr) {
+                                        v[i][0] = ((const float4 *) (qrow + 8 * (k1 + 8 * i)))[0];
+                                        v[i][1] = ((const float4 *) (qrow + 8 * (k1 + 8 * i)))[1];
+                                }
+#pragma unroll
+                        for (int i = 0; i < QP; i++)
+                                if (k1 + 8 * i < cpr) {
+                                        uint4 u = make_uint4(0, 0, 0, 0);
+                                        if (hv) {
+                                                __half2 h0v = __floats2half2_rn(v[i][0].x, v[i][0].y);
+                                                __half2 h1v = __floats2half2_rn(v[i][0].z, v[i][0].w);
+                                                __half2 h2v = __floats2half2_rn(v[i][1].x, v[i][1].y);
+                                                __half2 h3v = __floats2half2_rn(v[i][1].z, v[i][1].w);
+                                                u = make_uint4(*(uint32_t *) &h0v, *(uint32_t *) &h1v, *(uint32_t *) &h2v,
+                                                               *(uint32_t *) &h3v);
+                                        }
+                                        *(uint4 *) &sQ[(size_t) h * rq + 8 * (k1 + 8 * i)] = u;
+                                }
+                }
+        }
         if (tid < TC_HG) {
                 sM[tid] = -INFINITY;
                 sL[tid] = 0.0f;
@@ -1882,7 +1911,7 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
                           *c, layer, part);
 }
 
-/* k_attn_dtc for tokens [t0, t0 + n), parts of plen positions */
+/* k_attn_dtc for tokens [t0, t0 + n), parts of cu_dtc_plen(position, plen) positions */
 static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                             const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
         dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
@@ -1913,7 +1942,7 @@ __global__ void __launch_bounds__(AC_COMBINE)
         k_attn_combine_ref(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
                            uint32_t KV, const uint32_t *tok_pos, float *out) {
         uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
-        uint32_t n_parts = tok_pos[t] / plen + 1; /* metadata: before the wait */
+        uint32_t pos = tok_pos[t], n_parts = pos / (plen ? plen : cu_dtc_plen(pos, 0)) + 1; /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
@@ -1939,7 +1968,7 @@ __global__ void __launch_bounds__(AC_COMBINE)
         __shared__ float sm[AC_PARTS_STAGED], sl[AC_PARTS_STAGED], sa[AC_PARTS_STAGED], sb[AC_PARTS_STAGED];
         __shared__ float sL;
         uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl, tid = threadIdx.x;
-        uint32_t n_parts = tok_pos[t] / plen + 1; /* metadata: before the wait */
+        uint32_t pos = tok_pos[t], n_parts = pos / (plen ? plen : cu_dtc_plen(pos, 0)) + 1; /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
@@ -2099,21 +2128,21 @@ static bool attn_dtc_chosen(uint32_t D, bool f16) {
         return f16 && !fp32 && attn_force() == 0 && attn_dtc_ns && D == attn_tc_D && !attn_tc2_chosen(D);
 }
 
-/* k_attn_dtc's part length: CU_ATTN_PART_DEC, or X4_CUDA_ATTN_DECODE_PART (a multiple of TC_SUB
- * up to it; anything else is named on stderr once and the default kept). */
+/* k_attn_dtc's forced part length: 0 (cu_dtc_plen's by position), or X4_CUDA_ATTN_DECODE_PART (a
+ * multiple of TC_SUB up to CU_ATTN_PART_DEC; anything else is named on stderr once and ignored). */
 static uint32_t attn_dtc_part(void) {
-        static uint32_t plen;
-        if (!plen) {
+        static uint32_t plen = UINT32_MAX;
+        if (plen == UINT32_MAX) {
                 const char *e = getenv("X4_CUDA_ATTN_DECODE_PART");
-                uint32_t v = CU_ATTN_PART_DEC;
-                if (e) {
+                uint32_t v = 0;
+                if (e && *e) {
                         char *end;
                         unsigned long u = strtoul(e, &end, 10);
                         if (*e && !*end && u >= TC_SUB && u <= CU_ATTN_PART_DEC && u % TC_SUB == 0)
                                 v = (uint32_t) u;
                         else
                                 fprintf(stderr, "xing4d: X4_CUDA_ATTN_DECODE_PART=%s ignored: expected a multiple of %d "
-                                        "from %d to %d; using %d\n", e, TC_SUB, TC_SUB, CU_ATTN_PART_DEC, CU_ATTN_PART_DEC);
+                                        "from %d to %d; parts follow the position\n", e, TC_SUB, TC_SUB, CU_ATTN_PART_DEC);
                 }
                 plen = v;
         }
@@ -2122,6 +2151,11 @@ static uint32_t attn_dtc_part(void) {
 
 extern "C" uint32_t cu_attn_part_len(uint32_t D, bool f16) {
         return attn_tc2_chosen(D) ? attn_tc2_part() : attn_dtc_chosen(D, f16) ? attn_dtc_part() : CU_ATTN_PART;
+}
+
+extern "C" uint32_t cu_attn_parts(uint32_t D, bool f16, uint32_t pos) {
+        uint32_t plen = cu_attn_part_len(D, f16);
+        return pos / (plen ? plen : cu_dtc_plen(pos, 0)) + 1;
 }
 
 extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,

@@ -469,25 +469,20 @@ fi
 if has dtc; then
         # issue 11: the decode rows with the f16 cache's tensor-core decode attention (k_attn_dtc,
         # the default), with that cache's fp32 kernels (X4_CUDA_DECODE_ATTN=fp32: the path before
-        # it) and with the f32 cache (the exact path); parts of 128 and 64 at batch 1; decode
-        # profiles at batch 1 / 512 and / 32,768 and batch 64 / 4,096. Lines: $out/dtc-<mode>.jsonl
-        for mode in tc fp32 f32; do
-                cache=f16
-                dattn=$mode
-                [ $mode = f32 ] && cache=f32 dattn=tc
+        # it), with the f32 cache (the exact path) and with forced part lengths; decode profiles at
+        # batch 1 / 512 and / 32,768 and batch 64 / 4,096. Lines: $out/dtc-<mode>.jsonl
+        # X4_DTC_MODES (default "tc fp32 f32"): tc the default, fp32 X4_CUDA_DECODE_ATTN=fp32, f32 the
+        # f32 cache, pN parts of N forced (X4_CUDA_ATTN_DECODE_PART=N)
+        for mode in ${X4_DTC_MODES:-tc fp32 f32 p128 p64}; do
+                cache=f16 dattn=tc part=
+                case $mode in f32) cache=f32 ;; fp32) dattn=fp32 ;; p*) part=${mode#p} ;; esac
                 say "dtc: $mode: decode batch 1 / 16 / 64 at 512, 4,096; batch 1 at 32,768 (--cache $cache)"
-                X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
-                        --decode-ctx 512,4096 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 |
+                X4_CUDA_ATTN_DECODE_PART=$part X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda \
+                        --cache $cache --prefill none --decode-ctx 512,4096 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 |
                         tee -a "$out/dtc-$mode.jsonl" | grep '"decode"' | cut -c1-150
-                X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda --cache $cache --prefill none \
-                        --decode-ctx 32768 --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 |
+                X4_CUDA_ATTN_DECODE_PART=$part X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda \
+                        --cache $cache --prefill none --decode-ctx 32768 --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 |
                         tee -a "$out/dtc-$mode.jsonl" | grep '"decode"' | cut -c1-150
-        done
-        for part in ${X4_DTC_PARTS:-128 64}; do
-                say "dtc: parts of $part, batch 1"
-                X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
-                        --decode-ctx 512,4096,32768 --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 |
-                        tee -a "$out/dtc-part$part.jsonl" | grep '"decode"' | cut -c1-150
         done
         say "dtc: decode profiles (f16 cache, tensor-core decode attention)"
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512,32768 --batch 1 \

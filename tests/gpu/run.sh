@@ -195,9 +195,13 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                                 --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/tc2-$part.bin" || return 1
                         cmp "$tmp/dtc-$part.bin" "$tmp/tc2-$part.bin" || { echo "k_attn_dtc differs from k_attn_tc2 (parts of $part)"; return 1; }
                 done
+                # by default the parts follow the position (cu_dtc_plen): 64 below 2,048
+                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 --prompt "$prompt" --decode 9,99,999 \
+                        --device cuda --out "$tmp/dtc-def.bin" || return 1
+                cmp "$tmp/dtc-64.bin" "$tmp/dtc-def.bin" || { echo "k_attn_dtc's default parts are not 64 below 2,048"; return 1; }
                 X4_CUDA_DECODE_ATTN=fp32 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-fp32.bin" || return 1
-                if cmp -s "$tmp/dtc-256.bin" "$tmp/dtc-fp32.bin"; then
+                if cmp -s "$tmp/dtc-def.bin" "$tmp/dtc-fp32.bin"; then
                         echo "X4_CUDA_DECODE_ATTN=fp32 gave k_attn_dtc's bits: the decode kernel did not run"
                         return 1
                 fi
