@@ -1145,6 +1145,25 @@ static __device__ __forceinline__ void tc_ldsm_x2_trans(const __half *row, uint3
 #endif
 }
 
+/* One online-softmax step of head h over a staged sub-part (k_attn_tc2 and k_attn_dtc), a lane a
+ * position: the running max m, p = f16(exp(s − m)) into sP, l = l·alpha + Σ p (the lane
+ * butterfly), alpha = exp(m_old − m_new) for o's rescale. */
+static __device__ __forceinline__ void tc_softmax_step(const float *sS, __half *sP, float *sM, float *sL, float *sA,
+                                                       uint32_t ss, uint32_t ps, uint32_t h, uint32_t lane) {
+        float sv = sS[h * ss + lane];
+        float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
+        float p = __half2float(__float2half_rn(expf(sv - m_new)));
+        float ps_sum = cu_warp_sum(p);
+        sP[h * ps + lane] = __float2half_rn(p);
+        __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
+        if (lane == 0) {
+                float alpha = expf(m_old - m_new); /* 0 on the first step */
+                sA[h] = alpha;
+                sL[h] = sL[h] * alpha + ps_sum;
+                sM[h] = m_new;
+        }
+}
+
 /* TOK tokens a block (2 for prompt passes, 1 with X4_CUDA_ATTN_TOK=1 and otherwise): each token's 8 warps do what one token's block
  * does, and two tokens of one sequence (the same page table) share each staged sub-part, which
  * halves the cache reads and f16 conversions of a prompt. A token's rows are computed exactly as
@@ -1250,21 +1269,8 @@ __global__ void __launch_bounds__(TOK * TC_WARPS * 32)
                         /* the online softmax step, a warp per four heads, a lane per position */
                         if (on) {
 #pragma unroll
-                                for (int x = 0; x < TC_HG / TC_WARPS; x++) {
-                                        uint32_t h = lw * (TC_HG / TC_WARPS) + x;
-                                        float sv = sS[h * ss + lane];
-                                        float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
-                                        float p = __half2float(__float2half_rn(expf(sv - m_new)));
-                                        float ps_sum = cu_warp_sum(p);
-                                        sP[h * ps + lane] = __float2half_rn(p);
-                                        __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
-                                        if (lane == 0) {
-                                                float alpha = expf(m_old - m_new); /* 0 on the first step */
-                                                sA[h] = alpha;
-                                                sL[h] = sL[h] * alpha + ps_sum;
-                                                sM[h] = m_new;
-                                        }
-                                }
+                                for (int x = 0; x < TC_HG / TC_WARPS; x++)
+                                        tc_softmax_step(sS, sP, sM, sL, sA, ss, ps, lw * (TC_HG / TC_WARPS) + x, lane);
                         }
                         __syncthreads();
                         if (!on)
@@ -1744,21 +1750,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                 issue(s + NS - 1); /* into the slot of sub-part s − 1 */
                 /* the online softmax step, a warp per four heads, a lane per position */
 #pragma unroll
-                for (int x = 0; x < TC_HG / TC_WARPS; x++) {
-                        uint32_t h = warp * (TC_HG / TC_WARPS) + x;
-                        float sv = sS[h * ss + lane];
-                        float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
-                        float p = __half2float(__float2half_rn(expf(sv - m_new)));
-                        float ps_sum = cu_warp_sum(p);
-                        sP[h * ps + lane] = __float2half_rn(p);
-                        __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
-                        if (lane == 0) {
-                                float alpha = expf(m_old - m_new); /* 0 on the first step */
-                                sA[h] = alpha;
-                                sL[h] = sL[h] * alpha + ps_sum;
-                                sM[h] = m_new;
-                        }
-                }
+                for (int x = 0; x < TC_HG / TC_WARPS; x++)
+                        tc_softmax_step(sS, sP, sM, sL, sA, ss, ps, warp * (TC_HG / TC_WARPS) + x, lane);
                 __syncthreads(); /* p and the rescale factors written */
                 /* o = alpha·o + p·v: warp w, m-tile w % 2, the n-tiles (8 values) ≡ w / 2 (mod 4).
                  * A factor of 1 leaves o as it is (x·1 = x), so a warp whose 16 heads kept their max
