@@ -1611,18 +1611,61 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
  * It reads f16 rows only: an f32 cache keeps the fp32 kernels (the exact path, 1e-3 of float64). */
 #define DTC_NS_MAX 4
 
-/* Shared memory of k_attn_dtc with a ring of ns sub-parts: queries, scores, p, running state. */
-static size_t dtc_smem(uint32_t D, int ns) {
+/* Shared memory of k_attn_dtc with a ring of ns sub-parts, g sub-parts a round: queries, scores,
+ * p, running state. */
+static size_t dtc_smem(uint32_t D, int ns, int g = 1) {
         size_t rq = D + TC_PAD;
-        return (size_t) TC_HG * rq * 2 + (size_t) TC_HG * (TC_SUB + 4) * 4 + (size_t) TC_HG * (TC_SUB + TC_PAD) * 2 +
-               TC2_SMEM_STATE * 4 + (size_t) ns * TC_SUB * rq * 2;
+        return (size_t) TC_HG * rq * 2 + (size_t) TC_HG * (g * TC_SUB + 4) * 4 + (size_t) TC_HG * (g * TC_SUB + TC_PAD) * 2 +
+               (size_t) (2 + g) * TC_HG * 4 + (size_t) ns * TC_SUB * rq * 2;
 }
 
-template <int NS>
+/* o = alpha·o + p·v over one staged sub-part (k_attn_dtc): warp w, m-tile w % 2, the n-tiles (8
+ * values) ≡ w / 2 (mod 4); p the sub-part's columns of sP (rows of ps halves), alpha its factors.
+ * A factor of 1 leaves o as it is (x·1 = x), so a warp whose 16 heads kept their max skips the
+ * multiplies. */
+static __device__ __forceinline__ void dtc_pv(float (*o)[4], const __half *sP, uint32_t ps, const float *sA,
+                                              const __half *sK, uint32_t rq, uint32_t mt, uint32_t wq,
+                                              uint32_t ntiles, uint32_t lane) {
+        uint32_t g = lane / 4;
+        float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
+        if (__any_sync(CU_FULL_MASK, a_lo != 1.0f || a_hi != 1.0f)) {
+#pragma unroll
+                for (int i = 0; i < TC_NT_MAX; i++) {
+                        o[i][0] *= a_lo, o[i][1] *= a_lo;
+                        o[i][2] *= a_hi, o[i][3] *= a_hi;
+                }
+        }
+#pragma unroll
+        for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
+                uint32_t pf[4];
+                mtp_ldm4(pf, sP + (size_t) (mt * 16 + lane % 16) * ps + ks + (lane / 16) * 8);
+                /* B of n-tiles nn (lanes 0-15's rows) and nn + 4 (lanes 16-31's), transposed */
+                const __half *vb = sK + (size_t) (ks + lane % 16) * rq + (lane / 16) * 32 + wq * 8;
+#pragma unroll
+                for (int i = 0; i < TC_NT_MAX; i += 2) {
+                        uint32_t nn = wq + 4 * i;
+                        if (nn >= ntiles)
+                                break;
+                        if (nn + 4 < ntiles) {
+                                uint32_t vf[4];
+                                mtp_ldm4<true>(vf, vb + 32 * i);
+                                tc_mma(o[i], pf[0], pf[1], pf[2], pf[3], vf[0], vf[1]);
+                                tc_mma(o[i + 1], pf[0], pf[1], pf[2], pf[3], vf[2], vf[3]);
+                        } else {
+                                uint32_t b0, b1;
+                                tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
+                                tc_mma(o[i], pf[0], pf[1], pf[2], pf[3], b0, b1);
+                        }
+                }
+        }
+}
+
+template <int NS, bool PAIR>
 __global__ void __launch_bounds__(TC_WARPS * 32, 1)
         k_attn_dtc(struct cu_attn a, uint32_t t0, uint32_t max_parts, uint32_t plen_forced, struct cu_cache c,
                    uint32_t layer, float *part) {
         static_assert(NS >= 2 && NS <= DTC_NS_MAX, "a sub-part computes while the next ones copy");
+        static_assert(!PAIR || NS == 4, "rounds of two sub-parts: two rounds in the ring");
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
         extern __shared__ __align__(16) unsigned char tc_smem_raw[];
         __shared__ uint64_t roff[CU_ATTN_PART_DEC];
@@ -1638,12 +1681,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                 roff[j] = cu_cache_row(c, layer, t, start + j);
         cu_pdl_wait();
         cu_pdl_trigger();
-        const uint32_t ss = TC_SUB + 4, ps = TC_SUB + TC_PAD;
+        constexpr uint32_t G = PAIR ? 2 : 1; /* sub-parts a round */
+        const uint32_t ss = G * TC_SUB + 4, ps = G * TC_SUB + TC_PAD;
         __half *sQ = (__half *) tc_smem_raw;               /* [head][D + pad] */
-        float *sS = (float *) (sQ + (size_t) TC_HG * rq);  /* [head][TC_SUB + 4] scores */
-        __half *sP = (__half *) (sS + (size_t) TC_HG * ss); /* [head][TC_SUB + pad] p */
-        float *sM = (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG, *sA = sL + TC_HG;
-        __half *ring = (__half *) (sA + TC_HG);           /* NS × [position][D + pad] */
+        float *sS = (float *) (sQ + (size_t) TC_HG * rq);  /* [head][G · TC_SUB + 4] scores */
+        __half *sP = (__half *) (sS + (size_t) TC_HG * ss); /* [head][G · TC_SUB + pad] p */
+        float *sM = (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG, *sA = sL + TC_HG; /* sA: G rows */
+        __half *ring = (__half *) (sA + G * TC_HG);       /* NS × [position][D + pad] */
         const size_t slot = (size_t) TC_SUB * rq;
         const __half *cache = (const __half *) c.base;
         const uint32_t cpr = D / 8; /* 16-byte copies a row */
@@ -1664,12 +1708,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                 }
                 mtd_commit();
         };
-#pragma unroll 1
-        for (uint32_t s = 0; s + 1 < (uint32_t) NS; s++)
-                issue(s);
         /* the queries, rounded to f16 (rows of absent heads zero), as tc_stage_q: thread tid takes
-         * head tid / 8 and the 8-value pieces ≡ tid (mod 8), its loads issued before any store */
-        {
+         * head tid / 8 and the 8-value pieces ≡ tid (mod 8), its loads issued before any store;
+         * the running statistics */
+        auto stage_q = [&]() {
                 constexpr int QP = 12; /* pieces a thread at most in one round (D ≤ 768 in one) */
                 uint32_t h = tid / 8;
                 bool hv = h0 + h < n_head;
@@ -1697,11 +1739,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                                         *(uint4 *) &sQ[(size_t) h * rq + 8 * (k1 + 8 * i)] = u;
                                 }
                 }
-        }
-        if (tid < TC_HG) {
-                sM[tid] = -INFINITY;
-                sL[tid] = 0.0f;
-        }
+                if (tid < TC_HG) {
+                        sM[tid] = -INFINITY;
+                        sL[tid] = 0.0f;
+                }
+        };
 
         uint32_t mt = warp % 2, nt = warp / 2, wq = warp / 2, ntiles = KV / 8;
         float o[TC_NT_MAX][4];
@@ -1710,6 +1752,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                         o[i][e] = 0.0f;
+        if constexpr (!PAIR) {
+#pragma unroll 1
+        for (uint32_t s = 0; s + 1 < (uint32_t) NS; s++)
+                issue(s);
+        stage_q();
 #pragma unroll 1
         for (uint32_t s = 0; s < nsub; s++) {
                 mtd_wait(NS - 2);
@@ -1753,39 +1800,72 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                 for (int x = 0; x < TC_HG / TC_WARPS; x++)
                         tc_softmax_step(sS, sP, sM, sL, sA, ss, ps, warp * (TC_HG / TC_WARPS) + x, lane);
                 __syncthreads(); /* p and the rescale factors written */
-                /* o = alpha·o + p·v: warp w, m-tile w % 2, the n-tiles (8 values) ≡ w / 2 (mod 4).
-                 * A factor of 1 leaves o as it is (x·1 = x), so a warp whose 16 heads kept their max
-                 * skips the multiplies. */
-                float a_lo = sA[mt * 16 + g], a_hi = sA[mt * 16 + g + 8];
-                if (__any_sync(CU_FULL_MASK, a_lo != 1.0f || a_hi != 1.0f)) {
+                dtc_pv(o, sP, ps, sA, sK, rq, mt, wq, ntiles, lane);
+        }
+        } else {
+                /* DTC_PAIR: rounds of two sub-parts (ring slots of the round before), each warp two
+                 * score tiles at once (two chains sharing the query fragments), three barriers a
+                 * round; every chain and step as above, in the same order */
+                issue(0);
+                issue(1);
+                stage_q();
+#pragma unroll 1
+                for (uint32_t sb = 0; sb < nsub; sb += 2) {
+                        bool two = sb + 1 < nsub;
+                        mtd_wait(0);
+                        __syncthreads(); /* the round landed; the previous round's p·v done */
+                        issue(sb + 2);   /* into the slots of the round before */
+                        issue(sb + 3);
+                        const __half *sK0 = ring + (sb % NS) * slot, *sK1 = ring + ((sb + 1) % NS) * slot;
+                        {
+                                float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
+                                size_t kro = (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
+                                uint32_t k0 = 0;
+#pragma unroll 2
+                                for (; k0 + 32 <= D; k0 += 32) {
+                                        uint32_t qf0[4], qf1[4], kf[4];
+                                        mtp_ldm4(qf0, qa + k0);
+                                        mtp_ldm4(qf1, qa + k0 + 16);
+                                        mtp_ldm4(kf, sK0 + kro + k0);
+                                        tc_mma(acc0, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                                        tc_mma(acc0, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+                                        if (two) {
+                                                mtp_ldm4(kf, sK1 + kro + k0);
+                                                tc_mma(acc1, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                                                tc_mma(acc1, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+                                        }
+                                }
+                                for (; k0 < D; k0 += 16) {
+                                        uint32_t qf[4];
+                                        mtp_ldm4(qf, qa + k0);
+                                        size_t ko = (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
+                                        tc_mma(acc0, qf[0], qf[1], qf[2], qf[3], tc_ld32(sK0 + ko), tc_ld32(sK0 + ko + 8));
+                                        if (two)
+                                                tc_mma(acc1, qf[0], qf[1], qf[2], qf[3], tc_ld32(sK1 + ko), tc_ld32(sK1 + ko + 8));
+                                }
+                                uint32_t j0 = nt * 8 + 2 * cq;
 #pragma unroll
-                        for (int i = 0; i < TC_NT_MAX; i++) {
-                                o[i][0] *= a_lo, o[i][1] *= a_lo;
-                                o[i][2] *= a_hi, o[i][3] *= a_hi;
-                        }
-                }
-#pragma unroll
-                for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
-                        uint32_t pf[4];
-                        mtp_ldm4(pf, sP + (size_t) (mt * 16 + lane % 16) * ps + ks + (lane / 16) * 8);
-                        /* B of n-tiles nn (lanes 0-15's rows) and nn + 4 (lanes 16-31's), transposed */
-                        const __half *vb = sK + (size_t) (ks + lane % 16) * rq + (lane / 16) * 32 + wq * 8;
-#pragma unroll
-                        for (int i = 0; i < TC_NT_MAX; i += 2) {
-                                uint32_t nn = wq + 4 * i;
-                                if (nn >= ntiles)
-                                        break;
-                                if (nn + 4 < ntiles) {
-                                        uint32_t vf[4];
-                                        mtp_ldm4<true>(vf, vb + 32 * i);
-                                        tc_mma(o[i], pf[0], pf[1], pf[2], pf[3], vf[0], vf[1]);
-                                        tc_mma(o[i + 1], pf[0], pf[1], pf[2], pf[3], vf[2], vf[3]);
-                                } else {
-                                        uint32_t b0, b1;
-                                        tc_ldsm_x2_trans(sK + (ks + lane % 16) * rq + nn * 8, &b0, &b1);
-                                        tc_mma(o[i], pf[0], pf[1], pf[2], pf[3], b0, b1);
+                                for (int e = 0; e < 4; e++) {
+                                        uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), j = j0 + (e & 1);
+                                        sS[h * ss + j] = sb * TC_SUB + j < n ? a.scale * acc0[e] : -INFINITY;
+                                        sS[h * ss + TC_SUB + j] = (sb + 1) * TC_SUB + j < n ? a.scale * acc1[e] : -INFINITY;
                                 }
                         }
+                        __syncthreads(); /* both sub-parts' scores written */
+#pragma unroll
+                        for (int x = 0; x < TC_HG / TC_WARPS; x++) {
+                                uint32_t h = warp * (TC_HG / TC_WARPS) + x;
+                                tc_softmax_step(sS, sP, sM, sL, sA, ss, ps, h, lane);
+                                if (two) {
+                                        __syncwarp(); /* lane 0's m and l of the first step */
+                                        tc_softmax_step(sS + TC_SUB, sP + TC_SUB, sM, sL, sA + TC_HG, ss, ps, h, lane);
+                                }
+                        }
+                        __syncthreads(); /* p and both steps' factors written */
+                        dtc_pv(o, sP, ps, sA, sK0, rq, mt, wq, ntiles, lane);
+                        if (two)
+                                dtc_pv(o, sP + TC_SUB, ps, sA + TC_HG, sK1, rq, mt, wq, ntiles, lane);
                 }
         }
         mtd_wait(0); /* no copy outlives the block (the groups past the end are empty) */
@@ -1800,6 +1880,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
 
 static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens a block */
 static int attn_dtc_ns; /* k_attn_dtc's ring (sub-parts) this device's shared memory holds; 0: not run */
+static bool attn_dtc_pair; /* X4_CUDA_DTC_PAIR=1 and the ring holds two rounds of two: k_attn_dtc<4, true> */
 static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
 
@@ -1841,13 +1922,23 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
                 size_t need = dtc_smem(D, ns);
                 if (need + CU_ATTN_PART_DEC * sizeof(uint64_t) > (size_t) smem_max)
                         continue;
-                cudaError_t e = ns == 4 ? cudaFuncSetAttribute(k_attn_dtc<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
-                              : ns == 3 ? cudaFuncSetAttribute(k_attn_dtc<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
-                                        : cudaFuncSetAttribute(k_attn_dtc<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need);
+                cudaError_t e = ns == 4 ? cudaFuncSetAttribute(k_attn_dtc<4, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
+                              : ns == 3 ? cudaFuncSetAttribute(k_attn_dtc<3, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need)
+                                        : cudaFuncSetAttribute(k_attn_dtc<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need);
                 if (e == cudaSuccess)
                         attn_dtc_ns = ns;
                 else
                         cudaGetLastError();
+        }
+        /* X4_CUDA_DTC_PAIR=1 (opt-in, not yet run on a GPU): rounds of two sub-parts, the same bits */
+        const char *pe = getenv("X4_CUDA_DTC_PAIR");
+        size_t need_pair = dtc_smem(D, 4, 2);
+        attn_dtc_pair = pe && !strcmp(pe, "1") && attn_dtc_ns == 4 &&
+                        need_pair + CU_ATTN_PART_DEC * sizeof(uint64_t) <= (size_t) smem_max &&
+                        cudaFuncSetAttribute(k_attn_dtc<4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_pair) == cudaSuccess;
+        if (pe && !strcmp(pe, "1") && !attn_dtc_pair) {
+                cudaGetLastError();
+                fprintf(stderr, "xing4d: X4_CUDA_DTC_PAIR=1: this device's shared memory cannot hold it; one sub-part a round\n");
         }
         return true;
 }
@@ -1908,14 +1999,16 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
 static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                             const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
         dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
-        size_t sm = dtc_smem(c->D, attn_dtc_ns);
+        size_t sm = dtc_smem(c->D, attn_dtc_ns, attn_dtc_pair ? 2 : 1);
         cu_launches++;
-        if (attn_dtc_ns == 4)
-                cu_launch(k_attn_dtc<4>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+        if (attn_dtc_pair)
+                cu_launch(k_attn_dtc<4, true>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+        else if (attn_dtc_ns == 4)
+                cu_launch(k_attn_dtc<4, false>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
         else if (attn_dtc_ns == 3)
-                cu_launch(k_attn_dtc<3>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+                cu_launch(k_attn_dtc<3, false>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
         else
-                cu_launch(k_attn_dtc<2>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+                cu_launch(k_attn_dtc<2, false>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
