@@ -289,6 +289,10 @@ int main(int argc, char **argv) {
         r = x4_backend_get(device, &run.ops, NULL, 0);
         if (r < 0)
                 goto fail;
+        if (cache_type == X4_CACHE_F16 && streq(run.ops->name, "cpu")) {
+                log_error("--cache f16: the cpu backend keeps an f32 cache only; --device cuda or --cache f32 expected");
+                goto fail;
+        }
         run.n_pages = DIV_ROUND_UP(n_prompt + n_decode, PAGE_TOKENS);
         pages = calloc(run.n_pages, sizeof *pages);
         if (!pages)

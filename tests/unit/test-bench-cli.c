@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* x4-bench, the built program, on a demo model that x4-mkmodel writes at test time:
+/* x4-bench (and x4-logits' --cache), the built programs, on a demo model that x4-mkmodel writes at
+ * test time:
  * - the CPU backend: a decode context longer than --decode-prefill-max is filled by prefill +
  *   page copies and the JSON line says so; --cache f16 is refused naming the cache and the
  *   measurements; --profile on a backend without the op says so once and the run succeeds; bad
@@ -463,8 +464,51 @@ static void test_cpu_mtp_prompt(void **state) {
         assert_null(strstr(out, "\"what\":\"generate"));
 }
 
+/* x4-logits --cache: f32 by default on either backend, f16 asked of the backend (the stand-in
+ * traces it), refused on the cpu and when misspelled, naming the option */
+static void test_logits_cache(void **state) {
+        const char *bdir = getenv("X4_BUILD_DIR");
+        char cmd[4096], err[4096], trace[16384], bin[192];
+        int status;
+
+        (void) state;
+        assert_non_null(bdir);
+        snprintf(bin, sizeof bin, "%s/logits.bin", T.dir);
+        /* cpu, the default f32: two rows of logits */
+        snprintf(cmd, sizeof cmd, "'%s/tools/x4-logits' --model '%s' --prompt 1,2 --out '%s' 2>'%s'", bdir, T.gguf, bin,
+                 T.err);
+        status = system(cmd);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        snprintf(cmd, sizeof cmd, "'%s/tools/x4-logits' --model '%s' --prompt 1,2 --cache f16 --out '%s' 2>'%s'", bdir,
+                 T.gguf, bin, T.err);
+        status = system(cmd);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+        slurp(T.err, err, sizeof err);
+        assert_non_null(strstr(err, "--cache f16: the cpu backend keeps an f32 cache only; --device cuda or --cache f32 expected"));
+        snprintf(cmd, sizeof cmd, "'%s/tools/x4-logits' --model '%s' --prompt 1,2 --cache f8 --out '%s' 2>'%s'", bdir,
+                 T.gguf, bin, T.err);
+        status = system(cmd);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+        slurp(T.err, err, sizeof err);
+        assert_non_null(strstr(err, "--cache: 'f8' is not a cache type; f32 or f16 expected"));
+        if (!T.have_module)
+                return;
+        /* the stand-in "cuda" backend is asked for the cache named, f32 unless told */
+        const char *caches[2][2] = {{"", "cache=0"}, {"--cache f16", "cache=1"}};
+        for (int i = 0; i < 2; i++) {
+                snprintf(cmd, sizeof cmd, "X4_CUDA_MODULE='%s' X4_FAKE_TRACE='%s' '%s/tools/x4-logits' --model '%s' "
+                         "--device cuda --prompt 1,2 %s --out '%s' 2>'%s'", T.module, T.trace, bdir, T.gguf, caches[i][0],
+                         bin, T.err);
+                status = system(cmd);
+                assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+                slurp(T.trace, trace, sizeof trace);
+                assert_non_null(strstr(trace, caches[i][1]));
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_logits_cache),
                 cmocka_unit_test(test_cpu_decode_prefill_copy),
                 cmocka_unit_test(test_cpu_refusals),
                 cmocka_unit_test(test_grammar_mask),
