@@ -41,7 +41,8 @@
  * way it was filled: "ctx_filled":"prefill" or "prefill+copy".
  *
  * The cache: --cache is the backend's cache_type; by default the daemon's choice, f16 on CUDA
- * (its decode attention then runs on tensor cores) and f32 on the CPU (its only type);
+ * (its decode attention then runs on tensor cores on sm_80 / sm_90) and f32 on the CPU (its only
+ * type);
  * batch 64 at 32K context needs f16 on a 141 GB card. x4-bench asks for exactly the pages its
  * measurements use: sequence 0 holds max(longest prefill, longest context + steps) tokens, the
  * max(batch) - 1 others the longest context + steps; a backend that cannot fit them refuses, and

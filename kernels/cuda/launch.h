@@ -55,11 +55,11 @@ extern bool cu_pdl;
  * 32..CU_ATTN_PART_TC2) shortens it: the GPU tests run a prompt over several parts with it. */
 #define CU_ATTN_PART_TC2 1024
 
-/* Positions of a part of the decode attention kernel (k_attn_dtc: decode-class passes over the
- * f16 cache, sm_80+), at multiples of it as every part: a 32K context is 128 blocks (one wave on
- * the H200) and a 512-token one 2; the combine reads a part's 32 × 514 floats, so shorter parts
- * would cost a long context's combine what they gain a short one. X4_CUDA_ATTN_DECODE_PART (a
- * multiple of 32 up to it) shortens it, for tests and measurements. */
+/* The longest part of the decode attention kernel (k_attn_dtc: decode-class passes over the f16
+ * cache, sm_80+; cu_dtc_plen below picks a query's part length): a 32K context is 128 blocks
+ * (one wave on the H200); the combine reads a part's 32 × 514 floats, so shorter parts there
+ * would cost the combine what they gain. It sizes the kernel's row offsets; X4_CUDA_ATTN_DECODE_PART
+ * (a multiple of 32 up to it) forces a length, for tests and measurements. */
 #define CU_ATTN_PART_DEC 256
 
 /* k_attn_dtc's part length for a query at position pos: a function of the position alone (so of

@@ -1602,8 +1602,9 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
  * lane butterfly, o and l rescaled by exp(m_old − m_new)) and p·v chains, so its [o | m | l] rows
  * are k_attn_tc2's for the same part length, bit for bit (GPU test "decode attention on tensor
  * cores equals k_attn_tc2"). What differs is the shape:
- *   - parts of CU_ATTN_PART_DEC positions (X4_CUDA_ATTN_DECODE_PART shortens them): a 32K context
- *     is 128 blocks, one wave on the H200, where k_attn_tc2's 1,024 gave 32;
+ *   - parts whose length follows the query's position (cu_dtc_plen: 64 to CU_ATTN_PART_DEC = 256;
+ *     X4_CUDA_ATTN_DECODE_PART forces one): a 32K context is 128 blocks, one wave on the H200,
+ *     where k_attn_tc2's 1,024 gave 32, and a 512-token one 9;
  *   - the cache rows go global → shared by cp.async through a ring of NS sub-parts (up to three
  *     in flight while one computes) instead of a staging loop that waits for its loads;
  *   - the row offsets are computed from the step's metadata before the PDL wait;

@@ -464,43 +464,41 @@ static void test_cpu_mtp_prompt(void **state) {
         assert_null(strstr(out, "\"what\":\"generate"));
 }
 
+/* Run `env x4-logits --model demo --prompt 1,2 args --out DIR/logits.bin`; stderr into err; the
+ * exit status. */
+static int logits(const char *env, const char *args, char *err, size_t err_size) {
+        const char *bdir = getenv("X4_BUILD_DIR");
+        char cmd[4096];
+        int status;
+
+        assert_non_null(bdir);
+        snprintf(cmd, sizeof cmd, "%s '%s/tools/x4-logits' --model '%s' --prompt 1,2 %s --out '%s/logits.bin' 2>'%s'",
+                 env ? env : "", bdir, T.gguf, args, T.dir, T.err);
+        status = system(cmd);
+        assert_true(WIFEXITED(status));
+        slurp(T.err, err, err_size);
+        return WEXITSTATUS(status);
+}
+
 /* x4-logits --cache: f32 by default on either backend, f16 asked of the backend (the stand-in
  * traces it), refused on the cpu and when misspelled, naming the option */
 static void test_logits_cache(void **state) {
-        const char *bdir = getenv("X4_BUILD_DIR");
-        char cmd[4096], err[4096], trace[16384], bin[192];
-        int status;
+        char err[4096], trace[16384], env[512];
 
         (void) state;
-        assert_non_null(bdir);
-        snprintf(bin, sizeof bin, "%s/logits.bin", T.dir);
-        /* cpu, the default f32: two rows of logits */
-        snprintf(cmd, sizeof cmd, "'%s/tools/x4-logits' --model '%s' --prompt 1,2 --out '%s' 2>'%s'", bdir, T.gguf, bin,
-                 T.err);
-        status = system(cmd);
-        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        snprintf(cmd, sizeof cmd, "'%s/tools/x4-logits' --model '%s' --prompt 1,2 --cache f16 --out '%s' 2>'%s'", bdir,
-                 T.gguf, bin, T.err);
-        status = system(cmd);
-        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
-        slurp(T.err, err, sizeof err);
+        /* cpu, the default f32 */
+        assert_int_equal(logits(NULL, "", err, sizeof err), 0);
+        assert_int_equal(logits(NULL, "--cache f16", err, sizeof err), 1);
         assert_non_null(strstr(err, "--cache f16: the cpu backend keeps an f32 cache only; --device cuda or --cache f32 expected"));
-        snprintf(cmd, sizeof cmd, "'%s/tools/x4-logits' --model '%s' --prompt 1,2 --cache f8 --out '%s' 2>'%s'", bdir,
-                 T.gguf, bin, T.err);
-        status = system(cmd);
-        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
-        slurp(T.err, err, sizeof err);
+        assert_int_equal(logits(NULL, "--cache f8", err, sizeof err), 1);
         assert_non_null(strstr(err, "--cache: 'f8' is not a cache type; f32 or f16 expected"));
         if (!T.have_module)
                 return;
         /* the stand-in "cuda" backend is asked for the cache named, f32 unless told */
-        const char *caches[2][2] = {{"", "cache=0"}, {"--cache f16", "cache=1"}};
+        const char *caches[2][2] = {{"--device cuda", "cache=0"}, {"--device cuda --cache f16", "cache=1"}};
+        snprintf(env, sizeof env, "X4_CUDA_MODULE='%s' X4_FAKE_TRACE='%s'", T.module, T.trace);
         for (int i = 0; i < 2; i++) {
-                snprintf(cmd, sizeof cmd, "X4_CUDA_MODULE='%s' X4_FAKE_TRACE='%s' '%s/tools/x4-logits' --model '%s' "
-                         "--device cuda --prompt 1,2 %s --out '%s' 2>'%s'", T.module, T.trace, bdir, T.gguf, caches[i][0],
-                         bin, T.err);
-                status = system(cmd);
-                assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+                assert_int_equal(logits(env, caches[i][0], err, sizeof err), 0);
                 slurp(T.trace, trace, sizeof trace);
                 assert_non_null(strstr(trace, caches[i][1]));
         }
