@@ -26,8 +26,8 @@
  * and B follows the same value indices. BF16 uses the plain mapping.
  *
  * Launches of at most MTD_P_MAX tokens (decode) take k_mm_tcd below instead: the same chains,
- * shaped for memory bandwidth (a warp per m-tile, cp.async rings); X4_CUDA_MMTC_DEC=0 keeps
- * k_mm_tc. Launches of more (prompts) take k_mm_tcp: the same chains again, shaped for the
+ * shaped for memory bandwidth (a warp per m-tile, cp.async rings); BF16 ones of at most 8 take
+ * k_mm_tcs (an m-tile's K parts over a block's warps); X4_CUDA_MMTC_DEC=0 keeps k_mm_tc. Launches of more (prompts) take k_mm_tcp: the same chains again, shaped for the
  * tensor cores (128 × 64 block tiles, both operands through a cp.async ring, ldmatrix, grouped
  * experts in tiles of 64 pairs); X4_CUDA_MMTC_PROMPT=0 keeps k_mm_tc. */
 #include <stdio.h>
@@ -42,12 +42,21 @@
 #define MT_KT 256                                /* input values staged at a time (8 chunks) */
 #define MT_XS (MT_KT + 8)                        /* bf16 per staged row: 132 words, 4g + t banks */
 #define MT_NT_DENSE 8                            /* n-tiles a block for plain products: 64 inputs */
+/* BF16 products sum K in parts of MT_KPART values: each part's mma chain starts from zero and the
+ * parts' sums are added to the output in part order in fp32 (tot = 0; tot += part 0; tot += part
+ * 1; ...). Every kernel here runs that chain, so which kernel runs stays invisible in the bits; it
+ * lets a decode launch spread one m-tile's parts over a block's warps (k_mm_tcs) instead of one
+ * warp streaming a whole 3,584- or 4,096-value row alone. IQ4_NL keeps its chain (block products
+ * scaled and added in block order from zero). */
+#define MT_KPART 256
+static_assert(MT_KPART == MT_KT, "k_mm_tc ends a part with each staged tile");
 
 enum { MT_DENSE, MT_GROUPED, MT_SEL };
 
 static bool mm_tc_ready;
 static bool mm_tc_pass; /* the forward pass being launched is a prompt-class pass (cu_mm_tc_pass) */
 static void mtd_setup(int dev);
+static void mts_setup(void);
 static void mtp_setup(void);
 
 /* X4_CUDA_MM=tc: every token on tensor cores. X4_CUDA_PROMPT=fp32: prompt tokens on the fp32
@@ -190,6 +199,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                                 acc[mt][j][e] = 0.0f;
+        float tot[MT_MT][NT][4] = {}; /* BF16: the parts' sums so far (acc: the current part's) */
 
         uint32_t n_chunks = a.K / CU_CHUNK;
         for (uint32_t k0 = 0; k0 < a.K; k0 += MT_KT) {
@@ -264,14 +274,24 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
                                 }
                         }
                 }
+                if constexpr (TYPE != CU_TYPE_IQ4_NL) /* a tile is a part (MT_KPART): its sum added */
+#pragma unroll
+                        for (int mt = 0; mt < MT_MT; mt++)
+#pragma unroll
+                                for (int j = 0; j < NT; j++)
+#pragma unroll
+                                        for (int e = 0; e < 4; e++) {
+                                                tot[mt][j][e] += acc[mt][j][e];
+                                                acc[mt][j][e] = 0.0f;
+                                        }
         }
         /* D fragment: rows g (e 0, 1) and g + 8 (e 2, 3), columns 2t and 2t + 1 of each n-tile */
 #pragma unroll
         for (int mt = 0; mt < MT_MT; mt++)
 #pragma unroll
                 for (int j = 0; j < NT; j++)
-                        mt_store<NR, MODE>(a, acc[mt][j], row0 + warp * MT_MT * 16 + mt * 16, j * 8, g, t,
-                                           n_rows, n_p, p0, perm, grp);
+                        mt_store<NR, MODE>(a, TYPE == CU_TYPE_IQ4_NL ? acc[mt][j] : tot[mt][j],
+                                           row0 + warp * MT_MT * 16 + mt * 16, j * 8, g, t, n_rows, n_p, p0, perm, grp);
 #else
         (void) a;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -495,6 +515,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                         acc[j][e] = 0.0f;
+        float tot[NT][4] = {}; /* BF16: the parts' sums so far (a stage is a part) */
         bool col_on[NT];
         uint32_t xrow[NT]; /* the staged input row lane g reads for n-tile j */
 #pragma unroll
@@ -601,6 +622,14 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
                                 step(f);
                         }
                 }
+                if constexpr (!IQ4)
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                                for (int e = 0; e < 4; e++) {
+                                        tot[j][e] += acc[j][e];
+                                        acc[j][e] = 0.0f;
+                                }
                 slot = slot + 1 == S ? 0 : slot + 1;
         }
         mtd_wait(0); /* the empty tail groups */
@@ -609,7 +638,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
          * written as k_mm_tc writes them */
 #pragma unroll
         for (int j = 0; j < NT; j++)
-                mt_store<NR, MODE>(a, acc[j], row0 + warp * 16, j * 8, g, t, n_rows, n_p, p0, perm, grp);
+                mt_store<NR, MODE>(a, IQ4 ? acc[j] : tot[j], row0 + warp * 16, j * 8, g, t, n_rows, n_p, p0, perm, grp);
 #else
         (void) a, (void) S, (void) n_x;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -649,6 +678,7 @@ static void mtd_setup(int dev) {
         mtd_prepare_type<CU_TYPE_BF16, 2>();
         mtd_prepare_type<CU_TYPE_IQ4_NL, 1>();
         mtd_prepare_type<CU_TYPE_IQ4_NL, 2>();
+        mts_setup();
 }
 
 /* k_mm_tcd for this product if it takes it (the token count, the rows' alignment), else false:
@@ -736,6 +766,188 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         return true;
 }
 
+/* ---- k_mm_tcs: BF16 products of at most 8 inputs (batch-1 decode), one m-tile a block ----
+ *
+ * k_mm_tc's BF16 chain (MT_KPART parts, each an mma chain from zero over its chunks in order, the
+ * parts' sums added in part order) with the parts spread over the block's W warps: warp w computes
+ * parts w, w + W, w + 2W, ... (a part is one k_mm_tcd stage: 16 rows × 256 values), each through
+ * the warp's own ring of S slots (cp.async, its lanes' copies only, so __syncwarp orders them),
+ * leaves each part's D fragment in shared memory, and warp 0 adds them in part order and stores as
+ * k_mm_tc does. With one warp per m-tile (k_mm_tcd) a 1,344 × 3,584 product had 84 warps on the
+ * whole card, each streaming 114 KB alone (26 µs against the CUDA-core kernel's 7.6); here those
+ * 84 blocks have their whole rows in flight at once. Same registers, same instructions in the same
+ * order for every output, so the same bits as k_mm_tc, k_mm_tcd and k_mm_tcp. */
+#define MTS_WARPS 8
+#define MTS_P_MAX 8 /* inputs: one n-tile */
+
+template <int NR>
+__global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        constexpr uint32_t RB = MTD_KC * 64 + 16; /* smem bytes a row a slot (k_mm_tcd's) */
+        constexpr uint32_t PR = MTD_KC * 64 / 16; /* 16-byte pieces a row a part */
+        extern __shared__ __align__(16) uint8_t mts_smem[];
+        __shared__ uint64_t xoff[MTS_P_MAX];
+        uint32_t W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t g = lane / 4, t = lane % 4;
+        uint32_t n_rows = a.N, row0 = blockIdx.y * 16, n_chunks = a.K / CU_CHUNK;
+        uint32_t n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
+        uint32_t slot_bytes = 16 * RB + n_x * MTD_XS * (uint32_t) sizeof(float);
+        uint8_t *ring = mts_smem + (size_t) warp * S * slot_bytes;
+        float *psum = (float *) (mts_smem + (size_t) W * S * slot_bytes); /* [part][lane][4] */
+        uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
+        const uint8_t *wbase = (const uint8_t *) a.w;
+
+        /* the warp's j-th part (warp + j·W) into slot j % S: rows past N are not loaded (only
+         * their own outputs, never stored, read them) */
+        auto load_w = [&](uint32_t j) {
+                uint32_t part = warp + j * W;
+                if (part >= n_parts)
+                        return;
+                uint32_t c0 = part * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * 4;
+                uint8_t *dst = ring + (size_t) (j % S) * slot_bytes;
+                for (uint32_t e = lane; e < 16 * PR; e += 32) {
+                        uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
+                        if (pc < np && r < n_rows)
+                                mtd_cp16(dst + rr * RB + pc * 16,
+                                         wbase + (uint64_t) r * a.row_bytes + (uint64_t) c0 * 64 + pc * 16);
+                }
+        };
+        auto load_x = [&](uint32_t j) {
+                uint32_t part = warp + j * W;
+                if (part >= n_parts)
+                        return;
+                uint32_t k0 = part * MTD_KV, nv4 = min((uint32_t) MTD_KV, a.K - k0) / 4;
+                float *dst = (float *) (ring + (size_t) (j % S) * slot_bytes + 16 * RB);
+                for (uint32_t e = lane; e < n_x * (MTD_KV / 4); e += 32) {
+                        uint32_t n = e / (MTD_KV / 4), i = e % (MTD_KV / 4);
+                        if (i < nv4)
+                                mtd_cp16(dst + n * MTD_XS + 4 * i, a.x + xoff[n] + k0 + 4 * i);
+                }
+        };
+
+        /* the weights no kernel writes: in flight before the previous kernel has finished */
+        for (uint32_t j = 0; j < S; j++)
+                load_w(j);
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        if (threadIdx.x < n_x)
+                xoff[threadIdx.x] = (uint64_t) (threadIdx.x / a.x_div) * a.x_pstride + (uint64_t) grp * a.x_gstride;
+        __syncthreads();
+        /* group j < S: part j's inputs (group 0 also the first S parts' weights); then one a part */
+        for (uint32_t j = 0; j < S; j++) {
+                load_x(j);
+                mtd_commit();
+        }
+        bool col_on = g < n_x;
+        uint32_t xrow = col_on ? g * MTD_XS : 0;
+        uint32_t my_parts = warp < n_parts ? (n_parts - warp + W - 1) / W : 0;
+        for (uint32_t j = 0; j < my_parts; j++) {
+                mtd_wait(S - 1); /* S + j groups committed: part j's complete */
+                __syncwarp();
+                const uint8_t *ws = ring + (size_t) (j % S) * slot_bytes;
+                const float *xs = (const float *) (ws + 16 * RB) + xrow;
+                uint32_t part = warp + j * W, nc = min((uint32_t) MTD_KC, n_chunks - part * MTD_KC);
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                /* chunk cc's two k16 steps: k_mm_tcd's BF16 fragments and instruction */
+                auto chunk_frags = [&](uint32_t cc, uint32_t (*af)[4], uint32_t (*bf)[2]) {
+                        const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
+                        const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
+#pragma unroll
+                        for (uint32_t s = 0; s < 2; s++) {
+                                af[s][0] = r0[8 * s + t];
+                                af[s][1] = r1[8 * s + t];
+                                af[s][2] = r0[8 * s + 4 + t];
+                                af[s][3] = r1[8 * s + 4 + t];
+                                bf[s][0] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 2 * t);
+                                bf[s][1] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 8 + 2 * t);
+                        }
+                };
+                if (nc == MTD_KC) {
+#pragma unroll
+                        for (uint32_t c0 = 0; c0 < MTD_KC; c0 += MTD_PF) {
+                                uint32_t af[MTD_PF][2][4], bf[MTD_PF][2][2];
+#pragma unroll
+                                for (uint32_t k = 0; k < MTD_PF; k++)
+                                        chunk_frags(c0 + k, af[k], bf[k]);
+#pragma unroll
+                                for (uint32_t k = 0; k < MTD_PF; k++)
+#pragma unroll
+                                        for (uint32_t s = 0; s < 2; s++)
+                                                mtd_mma(acc, af[k][s], bf[k][s][0], bf[k][s][1]);
+                        }
+                } else {
+                        for (uint32_t cc = 0; cc < nc; cc++) {
+                                uint32_t af[2][4], bf[2][2];
+                                chunk_frags(cc, af, bf);
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++)
+                                        mtd_mma(acc, af[s], bf[s][0], bf[s][1]);
+                        }
+                }
+                *(float4 *) (psum + ((size_t) part * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                __syncwarp(); /* every lane's reads of the slot done before it is refilled */
+                load_w(j + S);
+                load_x(j + S);
+                mtd_commit();
+        }
+        mtd_wait(0);
+        __syncthreads();
+        if (warp != 0)
+                return;
+        float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint32_t p = 0; p < n_parts; p++) {
+                float4 v = *(const float4 *) (psum + ((size_t) p * 32 + lane) * 4);
+                tot[0] += v.x;
+                tot[1] += v.y;
+                tot[2] += v.z;
+                tot[3] += v.w;
+        }
+        mt_store<NR, MT_DENSE>(a, tot, row0, 0, g, t, n_rows, n_x, 0, NULL, grp);
+#else
+        (void) a, (void) S, (void) n_x;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+static void mts_setup(void) {
+        (void) cudaFuncSetAttribute(k_mm_tcs<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcs<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
+}
+
+/* k_mm_tcs for this product if it takes it (BF16, dense, ≤ 8 inputs, 16-byte rows, a ring that
+ * fits), else false. X4_CUDA_MMTC_SPLIT=0 leaves these products on k_mm_tcd (comparisons: the
+ * bits are the same; measurements). */
+template <int NR>
+static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
+        constexpr uint32_t RB = MTD_KC * 64 + 16;
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_SPLIT");
+                on = !(e && !strcmp(e, "0"));
+        }
+        if (!on || !mtd_smem_blk || a->sel || a->P > MTS_P_MAX || a->P == 0 || (uintptr_t) a->w % 16 ||
+            a->row_bytes % 16 || (a->x_pstride % 4) || (a->x_gstride % 4) || (uintptr_t) a->x % 16)
+                return false;
+        uint32_t n_chunks = a->K / CU_CHUNK, n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
+        uint32_t W = min(n_parts, (uint32_t) MTS_WARPS), ppw = (n_parts + W - 1) / W;
+        uint64_t slot = 16 * RB + (uint64_t) a->P * MTD_XS * sizeof(float), sums = (uint64_t) n_parts * 32 * 16;
+        uint32_t S = min(ppw, 3u);
+        while (S > 1 && W * S * slot + sums > mtd_smem_blk)
+                S--;
+        if (W * S * slot + sums > mtd_smem_blk)
+                return false;
+        size_t smem = (size_t) (W * S * slot + sums);
+        uint32_t m_tiles = (a->N + 15) / 16;
+        if (mtd_log_left > 0) {
+                mtd_log_left--;
+                fprintf(stderr, "k_mm_tcs: type %u%s dense P %u N %u K %u grid 1x%u warps %u stages %u smem %zu\n",
+                        CU_TYPE_BF16, NR == 2 ? " swiglu" : "", a->P, a->N, a->K, m_tiles, W, S, smem);
+        }
+        cu_launches++;
+        cu_launch(k_mm_tcs<NR>, dim3(1, m_tiles), dim3(32 * W), smem, s, *a, S, a->P);
+        return true;
+}
+
 /* ---- k_mm_tcp: the same products for many inputs (prompts), shaped for the tensor cores ----
  *
  * k_mm_tc's arithmetic (every output element the same chain of mma.sync m16n8k16 over the same
@@ -764,6 +976,7 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
 #define MTP_THREADS 256
 #define MTP_XB 144    /* bytes a staged input row: 64 bf16 + 16 */
 static_assert(MTP_BN == CU_GROUP_WIDE, "a block takes one wide tile");
+static_assert(MT_KPART == MTD_KV && MT_KPART % MTP_KS == 0, "k_mm_tcd's stage is a part, k_mm_tcp's divides one");
 
 template <int TYPE>
 __host__ __device__ static constexpr uint32_t mtp_wb() { /* bytes a staged weight row */
@@ -909,6 +1122,7 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         if constexpr (IQ4)
                 mtd_codebook(tl, th);
         float acc[2][4][4] = {};
+        float tot[2][4][4] = {}; /* BF16: the parts' sums so far (MT_KPART / MTP_KS stages a part) */
         bool active = 32 * wn < n_p;
         /* ldmatrix row addresses (bytes in a stage): B of n-tiles 2jj, 2jj + 1 — lanes 0-7 and
          * 8-15 the first tile's inputs at columns +0 and +8 (BF16) / +16 (IQ4_NL's high nibbles),
@@ -973,6 +1187,16 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                                 mtp_b_frags(bf, ws + boff + ks * 32);
                                 mtp_mma_tile(acc, af, bf);
                         }
+                        if ((it + 1) % (MT_KPART / MTP_KS) == 0 || it + 1 == n_st) /* a part's end */
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+#pragma unroll
+                                                for (int e = 0; e < 4; e++) {
+                                                        tot[mt][j][e] += acc[mt][j][e];
+                                                        acc[mt][j][e] = 0.0f;
+                                                }
                 }
         }
         mtd_wait(0); /* the empty tail groups */
@@ -982,8 +1206,8 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                        mt_store<NR, MODE>(a, acc[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j, g, t, n_rows,
-                                           n_p, p0, perm, grp);
+                        mt_store<NR, MODE>(a, IQ4 ? acc[mt][j] : tot[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j,
+                                           g, t, n_rows, n_p, p0, perm, grp);
 #else
         (void) a, (void) xb, (void) n_grp;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -1055,6 +1279,8 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
                         mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
         }
         if (launch_tcp<TYPE, NR>(a, s))
+                return;
+        if (dec && TYPE == CU_TYPE_BF16 && launch_tcs<NR>(a, s))
                 return;
         if (!dec || !launch_tcd<TYPE, NR>(a, s))
                 launch_tc<TYPE, NR>(a, s);

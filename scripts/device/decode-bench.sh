@@ -473,20 +473,27 @@ if has dtc; then
         # batch 1 / 512 and / 32,768 and batch 64 / 4,096. Lines: $out/dtc-<mode>.jsonl
         # X4_DTC_MODES (default "tc fp32 f32 p128 p64"): tc the default, fp32 X4_CUDA_DECODE_ATTN=fp32,
         # f32 the f32 cache, pN parts of N forced (X4_CUDA_ATTN_DECODE_PART=N), pair X4_CUDA_DTC_PAIR=1
+        # e:VAR=VAL+VAR=VAL any settings (the file dtc-e-<n>.jsonl, n the mode's place)
+        n_mode=0
         for mode in ${X4_DTC_MODES:-tc fp32 f32 p128 p64}; do
-                cache=f16 dattn=tc part= pair=
-                case $mode in f32) cache=f32 ;; fp32) dattn=fp32 ;; pair) pair=1 ;; p*) part=${mode#p} ;; esac
+                cache=f16 dattn=tc part= pair= extra=() tag=$mode
+                n_mode=$((n_mode + 1))
+                case $mode in f32) cache=f32 ;; fp32) dattn=fp32 ;; pair) pair=1 ;; p*) part=${mode#p} ;;
+                e:*) IFS=+ read -r -a extra <<<"${mode#e:}"; tag=e-$n_mode ;; esac
                 export X4_CUDA_DTC_PAIR=$pair
                 say "dtc: $mode: decode batch 1 / 16 / 64 at 512, 4,096; batch 1 at 32,768 (--cache $cache)"
-                X4_CUDA_ATTN_DECODE_PART=$part X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda \
+                env ${extra[@]+"${extra[@]}"} X4_CUDA_ATTN_DECODE_PART=$part X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda \
                         --cache $cache --prefill none --decode-ctx 512,4096 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 |
-                        tee -a "$out/dtc-$mode.jsonl" | grep '"decode"' | cut -c1-150
-                X4_CUDA_ATTN_DECODE_PART=$part X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda \
+                        tee -a "$out/dtc-$tag.jsonl" | grep '"decode"' | cut -c1-150
+                env ${extra[@]+"${extra[@]}"} X4_CUDA_ATTN_DECODE_PART=$part X4_CUDA_DECODE_ATTN=$dattn "$build/tools/x4-bench" --model "$model" --device cuda \
                         --cache $cache --prefill none --decode-ctx 32768 --batch 1 --decode-tokens 16 --repeats 3 --json 2>&1 |
-                        tee -a "$out/dtc-$mode.jsonl" | grep '"decode"' | cut -c1-150
+                        tee -a "$out/dtc-$tag.jsonl" | grep '"decode"' | cut -c1-150
         done
         unset X4_CUDA_DTC_PAIR
-        say "dtc: decode profiles (f16 cache, tensor-core decode attention)"
+        say "dtc: decode profiles (f16 cache, tensor-core decode attention${X4_DTC_PROFILE_ENV:+, $X4_DTC_PROFILE_ENV})"
+        # X4_DTC_PROFILE_ENV="VAR=VAL ...": the profiles with those settings
+        # shellcheck disable=SC2086
+        [ -n "${X4_DTC_PROFILE_ENV:-}" ] && export $X4_DTC_PROFILE_ENV
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 512,32768 --batch 1 \
                 --decode-tokens 8 --repeats 1 --profile 2>&1 | tee "$out/dtc-profile-b1.txt" | grep -E '^decode|^  [a-z]'
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 4096 --batch 64 \

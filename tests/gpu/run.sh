@@ -20,7 +20,8 @@
 # daemon (X4_GPU_DAEMON_BUILD=DIR: a build with RPC; SKIP line otherwise). X4_GPU_FULL_MODEL=PATH adds
 # the CUDA vs CPU parity on that model (e.g. the real 20 GB GGUF; minutes on the CPU side), with
 # X4_GPU_CONFIG=config.json or X4_GPU_RELEASE_DEFAULTS=1 when no config.json sits beside it.
-# X4_GPU_BENCH=1 adds x4-bench on full-width synthetic models of 2 and 6 layers.
+# X4_GPU_BENCH=1 adds x4-bench on full-width synthetic models of 2 and 6 layers. X4_GPU_ONLY=REGEX
+# runs only the steps whose names match it.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -39,6 +40,11 @@ failed=0
 step() { # name, command...
         local name=$1 t0 rc
         shift
+        # X4_GPU_ONLY=REGEX: only the steps whose names match (a short device call; steps that
+        # make what later ones use, like "make demo model", must match too)
+        if [ -n "${X4_GPU_ONLY:-}" ] && ! [[ $name =~ $X4_GPU_ONLY ]]; then
+                return 0
+        fi
         t0=$(date +%s.%N)
         echo "=== $name: $*" >>"$log"
         "$@" >>"$log" 2>&1
@@ -287,6 +293,10 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                         --prompt 5,6,7 --decode 9 --device cuda --out "$tmp/tcd-log.bin" 2>"$tmp/tcd-log.txt" || return 1
                 grep -q '^k_mm_tcd: ' "$tmp/tcd-log.txt" || { echo "k_mm_tcd never launched"; return 1; }
+                # BF16 products of <= 8 inputs take k_mm_tcs (a row's 256-value parts over a
+                # block's warps: the demo's 512-value rows are two)
+                grep -q '^k_mm_tcs: .* K 512 .* warps 2 ' "$tmp/tcd-log.txt" ||
+                        { echo "k_mm_tcs never launched with two warps"; cat "$tmp/tcd-log.txt"; return 1; }
                 for dec in 0 1; do
                         for c in 0 1 7 16; do
                                 args=()
@@ -607,6 +617,17 @@ if command -v compute-sanitizer >/dev/null; then
                         X4_CUDA_ATTN_DECODE_PART=256 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tiny" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-long.bin"
         done
+        # the tensor-core products for every token count (X4_CUDA_MM=tc) on the demo model: an
+        # 18-token prompt on k_mm_tcp, then decodes on k_mm_tcs (its 512-value rows two parts, a
+        # warp each) and k_mm_tcd
+        if [ -f "$tmp/demo.gguf" ]; then
+                for tool in memcheck racecheck synccheck; do
+                        step "compute-sanitizer $tool, tensor-core products, demo model" env X4_CUDA_MM=tc \
+                                compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                                --model "$tmp/demo.gguf" --prompt 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22 \
+                                --decode 9,99 --device cuda --out "$tmp/san-tc.bin"
+                done
+        fi
         if [ -f "$nextn_tiny" ]; then
                 step "compute-sanitizer memcheck, nextn" compute-sanitizer --tool memcheck \
                         --error-exitcode 9 --leak-check full "$check" nextn "$nextn_tiny"
