@@ -42,12 +42,12 @@
 #define MT_KT 256                                /* input values staged at a time (8 chunks) */
 #define MT_XS (MT_KT + 8)                        /* bf16 per staged row: 132 words, 4g + t banks */
 #define MT_NT_DENSE 8                            /* n-tiles a block for plain products: 64 inputs */
-/* BF16 products sum K in parts of MT_KPART values: each part's mma chain starts from zero and the
- * parts' sums are added to the output in part order in fp32 (tot = 0; tot += part 0; tot += part
- * 1; ...). Every kernel here runs that chain, so which kernel runs stays invisible in the bits; it
- * lets a decode launch spread one m-tile's parts over a block's warps (k_mm_tcs) instead of one
- * warp streaming a whole 3,584- or 4,096-value row alone. IQ4_NL keeps its chain (block products
- * scaled and added in block order from zero). */
+/* Every product sums K in parts of MT_KPART values: each part's sum starts from zero (BF16: the
+ * part's mma chain; IQ4_NL: its blocks' k16 products scaled and added in block order by
+ * mt_scale_add) and the parts' sums are added to the output in part order in fp32 (tot = 0; tot +=
+ * part 0; tot += part 1; ...). Every kernel here runs that chain, so which kernel runs stays
+ * invisible in the bits; it lets a decode launch spread one m-tile's parts over a block's warps
+ * (k_mm_tcs) instead of one warp streaming a whole 3,584- or 4,096-value row alone. */
 #define MT_KPART 256
 static_assert(MT_KPART == MT_KT, "k_mm_tc ends a part with each staged tile");
 
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                                 acc[mt][j][e] = 0.0f;
-        float tot[MT_MT][NT][4] = {}; /* BF16: the parts' sums so far (acc: the current part's) */
+        float tot[MT_MT][NT][4] = {}; /* the parts' sums so far (acc: the current part's) */
 
         uint32_t n_chunks = a.K / CU_CHUNK;
         for (uint32_t k0 = 0; k0 < a.K; k0 += MT_KT) {
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
                                 }
                         }
                 }
-                if constexpr (TYPE != CU_TYPE_IQ4_NL) /* a tile is a part (MT_KPART): its sum added */
+                /* a tile is a part (MT_KPART): its sum added */
 #pragma unroll
                         for (int mt = 0; mt < MT_MT; mt++)
 #pragma unroll
@@ -290,8 +290,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32) k_mm_tc(struct cu_mv a) {
         for (int mt = 0; mt < MT_MT; mt++)
 #pragma unroll
                 for (int j = 0; j < NT; j++)
-                        mt_store<NR, MODE>(a, TYPE == CU_TYPE_IQ4_NL ? acc[mt][j] : tot[mt][j],
-                                           row0 + warp * MT_MT * 16 + mt * 16, j * 8, g, t, n_rows, n_p, p0, perm, grp);
+                        mt_store<NR, MODE>(a, tot[mt][j], row0 + warp * MT_MT * 16 + mt * 16, j * 8, g, t, n_rows,
+                                           n_p, p0, perm, grp);
 #else
         (void) a;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                         acc[j][e] = 0.0f;
-        float tot[NT][4] = {}; /* BF16: the parts' sums so far (a stage is a part) */
+        float tot[NT][4] = {}; /* the parts' sums so far (a stage is a part) */
         bool col_on[NT];
         uint32_t xrow[NT]; /* the staged input row lane g reads for n-tile j */
 #pragma unroll
@@ -622,14 +622,13 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
                                 step(f);
                         }
                 }
-                if constexpr (!IQ4)
 #pragma unroll
-                        for (int j = 0; j < NT; j++)
+                for (int j = 0; j < NT; j++) /* a stage is a part: its sum added */
 #pragma unroll
-                                for (int e = 0; e < 4; e++) {
-                                        tot[j][e] += acc[j][e];
-                                        acc[j][e] = 0.0f;
-                                }
+                        for (int e = 0; e < 4; e++) {
+                                tot[j][e] += acc[j][e];
+                                acc[j][e] = 0.0f;
+                        }
                 slot = slot + 1 == S ? 0 : slot + 1;
         }
         mtd_wait(0); /* the empty tail groups */
@@ -638,7 +637,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
          * written as k_mm_tc writes them */
 #pragma unroll
         for (int j = 0; j < NT; j++)
-                mt_store<NR, MODE>(a, IQ4 ? acc[j] : tot[j], row0 + warp * 16, j * 8, g, t, n_rows, n_p, p0, perm, grp);
+                mt_store<NR, MODE>(a, tot[j], row0 + warp * 16, j * 8, g, t, n_rows, n_p, p0, perm, grp);
 #else
         (void) a, (void) S, (void) n_x;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -766,25 +765,29 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         return true;
 }
 
-/* ---- k_mm_tcs: BF16 products of at most 8 inputs (batch-1 decode), one m-tile a block ----
+/* ---- k_mm_tcs: products of at most 8 inputs or one expert pair a block (decode), one m-tile a block ----
  *
- * k_mm_tc's BF16 chain (MT_KPART parts, each an mma chain from zero over its chunks in order, the
- * parts' sums added in part order) with the parts spread over the block's W warps: warp w computes
- * parts w, w + W, w + 2W, ... (a part is one k_mm_tcd stage: 16 rows × 256 values), each through
- * the warp's own ring of S slots (cp.async, its lanes' copies only, so __syncwarp orders them),
- * leaves each part's D fragment in shared memory, and warp 0 adds them in part order and stores as
- * k_mm_tc does. With one warp per m-tile (k_mm_tcd) a 1,344 × 3,584 product had 84 warps on the
- * whole card, each streaming 114 KB alone (26 µs against the CUDA-core kernel's 7.6); here those
- * 84 blocks have their whole rows in flight at once. Same registers, same instructions in the same
- * order for every output, so the same bits as k_mm_tc, k_mm_tcd and k_mm_tcp. */
+ * k_mm_tc's chains (MT_KPART parts, each summed from zero over its chunks in order: BF16 an mma
+ * chain, IQ4_NL the block products scaled by mt_scale_add; the parts' sums added in part order)
+ * with the parts spread over the block's W warps: warp w computes parts w, w + W, w + 2W, ... (a
+ * part is one k_mm_tcd stage: 16 rows × 256 values), each through the warp's own ring of S slots
+ * (cp.async, its lanes' copies only, so __syncwarp orders them), leaves each part's D fragment in
+ * shared memory, and warp 0 adds them in part order and stores as k_mm_tc does. With one warp an
+ * m-tile (k_mm_tcd) a 1,344 × 3,584 BF16 product had 84 warps on the whole card, each streaming
+ * 114 KB alone (26 µs against the CUDA-core kernel's 7.6), and an expert gate-up 640 warps at 1.2
+ * a scheduler (32 µs for 20.7 MB). Same registers and instructions in the same order for every
+ * output, so the same bits as k_mm_tc, k_mm_tcd and k_mm_tcp.
+ * MODE: MT_DENSE (≤ 8 inputs, one n-tile) or MT_SEL (one expert pair a block, grid x the pairs). */
 #define MTS_WARPS 8
-#define MTS_P_MAX 8 /* inputs: one n-tile */
+#define MTS_P_MAX 8 /* dense inputs: one n-tile */
 
-template <int NR>
+template <int TYPE, int NR, int MODE>
 __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        constexpr uint32_t RB = MTD_KC * 64 + 16; /* smem bytes a row a slot (k_mm_tcd's) */
-        constexpr uint32_t PR = MTD_KC * 64 / 16; /* 16-byte pieces a row a part */
+        constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr uint32_t CB = IQ4 ? 18 : 64;                        /* bytes a chunk of a row */
+        constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16; /* smem bytes a row a slot (k_mm_tcd's) */
+        constexpr uint32_t PR = MTD_KC * CB / 16;                     /* 16-byte pieces a row a part */
         extern __shared__ __align__(16) uint8_t mts_smem[];
         __shared__ uint64_t xoff[MTS_P_MAX];
         uint32_t W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -796,6 +799,7 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint3
         float *psum = (float *) (mts_smem + (size_t) W * S * slot_bytes); /* [part][lane][4] */
         uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
         const uint8_t *wbase = (const uint8_t *) a.w;
+        uint32_t p0 = MODE == MT_SEL ? blockIdx.x : 0; /* the block's pair (MT_SEL) */
 
         /* the warp's j-th part (warp + j·W) into slot j % S: rows past N are not loaded (only
          * their own outputs, never stored, read them) */
@@ -803,13 +807,13 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint3
                 uint32_t part = warp + j * W;
                 if (part >= n_parts)
                         return;
-                uint32_t c0 = part * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * 4;
+                uint32_t c0 = part * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * CB / 16;
                 uint8_t *dst = ring + (size_t) (j % S) * slot_bytes;
                 for (uint32_t e = lane; e < 16 * PR; e += 32) {
                         uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
                         if (pc < np && r < n_rows)
                                 mtd_cp16(dst + rr * RB + pc * 16,
-                                         wbase + (uint64_t) r * a.row_bytes + (uint64_t) c0 * 64 + pc * 16);
+                                         wbase + (uint64_t) r * a.row_bytes + (uint64_t) c0 * CB + pc * 16);
                 }
         };
         auto load_x = [&](uint32_t j) {
@@ -825,19 +829,34 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint3
                 }
         };
 
-        /* the weights no kernel writes: in flight before the previous kernel has finished */
-        for (uint32_t j = 0; j < S; j++)
-                load_w(j);
+        /* the weights no kernel writes: in flight before the previous kernel has finished (an
+         * expert pair's too when its router ran two kernels back: sel_ready, as k_mv_small reads it) */
+        bool early = MODE == MT_DENSE || a.sel_ready;
+        if (MODE == MT_SEL && a.sel_ready)
+                wbase += (uint64_t) __ldcg(a.sel + p0) * a.expert_bytes;
+        if (early)
+                for (uint32_t j = 0; j < S; j++)
+                        load_w(j);
         cu_pdl_wait();
         cu_pdl_trigger();
-        if (threadIdx.x < n_x)
-                xoff[threadIdx.x] = (uint64_t) (threadIdx.x / a.x_div) * a.x_pstride + (uint64_t) grp * a.x_gstride;
+        if (!early) {
+                wbase += (uint64_t) a.sel[p0] * a.expert_bytes;
+                for (uint32_t j = 0; j < S; j++)
+                        load_w(j);
+        }
+        if (threadIdx.x < n_x) {
+                uint32_t p = p0 + threadIdx.x;
+                xoff[threadIdx.x] = (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) grp * a.x_gstride;
+        }
         __syncthreads();
         /* group j < S: part j's inputs (group 0 also the first S parts' weights); then one a part */
         for (uint32_t j = 0; j < S; j++) {
                 load_x(j);
                 mtd_commit();
         }
+        uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
+        if constexpr (IQ4)
+                mtd_codebook(tl, th);
         bool col_on = g < n_x;
         uint32_t xrow = col_on ? g * MTD_XS : 0;
         uint32_t my_parts = warp < n_parts ? (n_parts - warp + W - 1) / W : 0;
@@ -848,40 +867,65 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint3
                 const float *xs = (const float *) (ws + 16 * RB) + xrow;
                 uint32_t part = warp + j * W, nc = min((uint32_t) MTD_KC, n_chunks - part * MTD_KC);
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                /* chunk cc's two k16 steps: k_mm_tcd's BF16 fragments and instruction */
-                auto chunk_frags = [&](uint32_t cc, uint32_t (*af)[4], uint32_t (*bf)[2]) {
-                        const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
-                        const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
+                /* chunk cc's fragments (k_mm_tcd's, read the same way) and its two k16 steps */
+                auto fetch = [&](uint32_t cc, mtd_frag<1> &f) {
+                        if constexpr (IQ4) {
+                                const uint8_t *b0 = ws + g * RB + 18 * cc, *b1 = b0 + 8 * RB;
+                                f.d0 = __half2float(*(const __half *) b0);
+                                f.d1 = __half2float(*(const __half *) b1);
 #pragma unroll
-                        for (uint32_t s = 0; s < 2; s++) {
-                                af[s][0] = r0[8 * s + t];
-                                af[s][1] = r1[8 * s + t];
-                                af[s][2] = r0[8 * s + 4 + t];
-                                af[s][3] = r1[8 * s + 4 + t];
-                                bf[s][0] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 2 * t);
-                                bf[s][1] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 8 + 2 * t);
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
+                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
+                                        mtd_iq4_pair(q0, tl, th, &f.a[s][0], &f.a[s][2]);
+                                        mtd_iq4_pair(q1, tl, th, &f.a[s][1], &f.a[s][3]);
+                                        f.b[0][s][0] = mtd_x2(xs + 32 * cc, col_on, 8 * s + 2 * t);
+                                        f.b[0][s][1] = mtd_x2(xs + 32 * cc, col_on, 16 + 8 * s + 2 * t);
+                                }
+                        } else {
+                                const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
+                                const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        f.a[s][0] = r0[8 * s + t];
+                                        f.a[s][1] = r1[8 * s + t];
+                                        f.a[s][2] = r0[8 * s + 4 + t];
+                                        f.a[s][3] = r1[8 * s + 4 + t];
+                                        f.b[0][s][0] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 2 * t);
+                                        f.b[0][s][1] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 8 + 2 * t);
+                                }
                         }
                 };
-                if (nc == MTD_KC) {
+                auto step = [&](const mtd_frag<1> &f) {
+                        if constexpr (IQ4) {
+                                float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++)
+                                        mtd_mma(tmp, f.a[s], f.b[0][s][0], f.b[0][s][1]);
+                                mt_scale_add(acc, f.d0, f.d1, tmp);
+                        } else {
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++)
+                                        mtd_mma(acc, f.a[s], f.b[0][s][0], f.b[0][s][1]);
+                        }
+                };
+                if (IQ4 || nc == MTD_KC) {
+                        /* a whole part (always for IQ4_NL: the host checks K % 256), unrolled */
 #pragma unroll
                         for (uint32_t c0 = 0; c0 < MTD_KC; c0 += MTD_PF) {
-                                uint32_t af[MTD_PF][2][4], bf[MTD_PF][2][2];
+                                mtd_frag<1> f[MTD_PF];
 #pragma unroll
                                 for (uint32_t k = 0; k < MTD_PF; k++)
-                                        chunk_frags(c0 + k, af[k], bf[k]);
+                                        fetch(c0 + k, f[k]);
 #pragma unroll
                                 for (uint32_t k = 0; k < MTD_PF; k++)
-#pragma unroll
-                                        for (uint32_t s = 0; s < 2; s++)
-                                                mtd_mma(acc, af[k][s], bf[k][s][0], bf[k][s][1]);
+                                        step(f[k]);
                         }
                 } else {
                         for (uint32_t cc = 0; cc < nc; cc++) {
-                                uint32_t af[2][4], bf[2][2];
-                                chunk_frags(cc, af, bf);
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++)
-                                        mtd_mma(acc, af[s], bf[s][0], bf[s][1]);
+                                mtd_frag<1> f;
+                                fetch(cc, f);
+                                step(f);
                         }
                 }
                 *(float4 *) (psum + ((size_t) part * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -902,49 +946,68 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint3
                 tot[2] += v.z;
                 tot[3] += v.w;
         }
-        mt_store<NR, MT_DENSE>(a, tot, row0, 0, g, t, n_rows, n_x, 0, NULL, grp);
+        mt_store<NR, MODE>(a, tot, row0, 0, g, t, n_rows, n_x, p0, NULL, grp);
 #else
         (void) a, (void) S, (void) n_x;
         __trap(); /* the host never picks this kernel below sm_80 */
 #endif
 }
 
-static void mts_setup(void) {
-        (void) cudaFuncSetAttribute(k_mm_tcs<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
-        (void) cudaFuncSetAttribute(k_mm_tcs<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
+template <int TYPE, int NR>
+static void mts_prepare(void) {
+        (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_SEL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) mtd_smem_blk);
 }
 
-/* k_mm_tcs for this product if it takes it (BF16, dense, ≤ 8 inputs, 16-byte rows, a ring that
- * fits), else false. X4_CUDA_MMTC_SPLIT=0 leaves these products on k_mm_tcd (comparisons: the
- * bits are the same; measurements). */
-template <int NR>
+static void mts_setup(void) {
+        mts_prepare<CU_TYPE_BF16, 1>();
+        mts_prepare<CU_TYPE_BF16, 2>();
+        mts_prepare<CU_TYPE_IQ4_NL, 1>();
+        mts_prepare<CU_TYPE_IQ4_NL, 2>();
+}
+
+/* k_mm_tcs for this product if it takes it (≤ 8 dense inputs or expert pairs one a block, rows
+ * and parts in 16-byte pieces, a ring that fits), else false. X4_CUDA_MMTC_SPLIT=0 leaves these
+ * products on k_mm_tcd (comparisons: the bits are the same; measurements). */
+template <int TYPE, int NR>
 static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
-        constexpr uint32_t RB = MTD_KC * 64 + 16;
+        constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16;
         static int on = -1;
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_MMTC_SPLIT");
                 on = !(e && !strcmp(e, "0"));
         }
-        if (!on || !mtd_smem_blk || a->sel || a->P > MTS_P_MAX || a->P == 0 || (uintptr_t) a->w % 16 ||
-            a->row_bytes % 16 || (a->x_pstride % 4) || (a->x_gstride % 4) || (uintptr_t) a->x % 16)
-                return false;
         uint32_t n_chunks = a->K / CU_CHUNK, n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
+        bool sel = a->sel != NULL;
+        if (!on || !mtd_smem_blk || a->P == 0 || (sel && a->groups) || (!sel && a->P > MTS_P_MAX) ||
+            (uintptr_t) a->w % 16 || a->row_bytes % 16 || (sel && a->expert_bytes % 16) ||
+            (IQ4 && n_chunks % MTD_KC) || a->x_pstride % 4 || a->x_gstride % 4 || (uintptr_t) a->x % 16)
+                return false;
+        uint32_t n_x = sel ? 1 : a->P, bx = sel ? a->P : 1, m_tiles = (a->N + 15) / 16;
         uint32_t W = min(n_parts, (uint32_t) MTS_WARPS), ppw = (n_parts + W - 1) / W;
-        uint64_t slot = 16 * RB + (uint64_t) a->P * MTD_XS * sizeof(float), sums = (uint64_t) n_parts * 32 * 16;
+        uint64_t slot = 16 * RB + (uint64_t) n_x * MTD_XS * sizeof(float), sums = (uint64_t) n_parts * 32 * 16;
+        /* a warp's parts in flight at once (up to 3), fewer while the blocks the card needs at
+         * once would not fit its SMs' shared memory, or a block's */
+        uint64_t per_sm = ((uint64_t) bx * m_tiles + mtd_sms - 1) / mtd_sms;
         uint32_t S = min(ppw, 3u);
-        while (S > 1 && W * S * slot + sums > mtd_smem_blk)
+        while (S > 1 && (W * S * slot + sums > mtd_smem_blk || per_sm * (W * S * slot + sums + 1024) > mtd_smem_sm))
                 S--;
         if (W * S * slot + sums > mtd_smem_blk)
                 return false;
         size_t smem = (size_t) (W * S * slot + sums);
-        uint32_t m_tiles = (a->N + 15) / 16;
         if (mtd_log_left > 0) {
                 mtd_log_left--;
-                fprintf(stderr, "k_mm_tcs: type %u%s dense P %u N %u K %u grid 1x%u warps %u stages %u smem %zu\n",
-                        CU_TYPE_BF16, NR == 2 ? " swiglu" : "", a->P, a->N, a->K, m_tiles, W, S, smem);
+                fprintf(stderr, "k_mm_tcs: type %u%s %s P %u N %u K %u grid %ux%u warps %u stages %u smem %zu\n", TYPE,
+                        NR == 2 ? " swiglu" : "", sel ? "pairs" : "dense", a->P, a->N, a->K, bx, m_tiles, W, S, smem);
         }
         cu_launches++;
-        cu_launch(k_mm_tcs<NR>, dim3(1, m_tiles), dim3(32 * W), smem, s, *a, S, a->P);
+        if (sel)
+                cu_launch(k_mm_tcs<TYPE, NR, MT_SEL>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
+        else
+                cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
         return true;
 }
 
@@ -1122,7 +1185,7 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         if constexpr (IQ4)
                 mtd_codebook(tl, th);
         float acc[2][4][4] = {};
-        float tot[2][4][4] = {}; /* BF16: the parts' sums so far (MT_KPART / MTP_KS stages a part) */
+        float tot[2][4][4] = {}; /* the parts' sums so far (MT_KPART / MTP_KS stages a part) */
         bool active = 32 * wn < n_p;
         /* ldmatrix row addresses (bytes in a stage): B of n-tiles 2jj, 2jj + 1 — lanes 0-7 and
          * 8-15 the first tile's inputs at columns +0 and +8 (BF16) / +16 (IQ4_NL's high nibbles),
@@ -1187,17 +1250,17 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                                 mtp_b_frags(bf, ws + boff + ks * 32);
                                 mtp_mma_tile(acc, af, bf);
                         }
-                        if ((it + 1) % (MT_KPART / MTP_KS) == 0 || it + 1 == n_st) /* a part's end */
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                        for (int j = 0; j < 4; j++)
-#pragma unroll
-                                                for (int e = 0; e < 4; e++) {
-                                                        tot[mt][j][e] += acc[mt][j][e];
-                                                        acc[mt][j][e] = 0.0f;
-                                                }
                 }
+                if ((it + 1) % (MT_KPART / MTP_KS) == 0 || it + 1 == n_st) /* a part's end */
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+#pragma unroll
+                                        for (int e = 0; e < 4; e++) {
+                                                tot[mt][j][e] += acc[mt][j][e];
+                                                acc[mt][j][e] = 0.0f;
+                                        }
         }
         mtd_wait(0); /* the empty tail groups */
         if (!active)
@@ -1206,7 +1269,7 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                        mt_store<NR, MODE>(a, IQ4 ? acc[mt][j] : tot[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j,
+                        mt_store<NR, MODE>(a, tot[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j,
                                            g, t, n_rows, n_p, p0, perm, grp);
 #else
         (void) a, (void) xb, (void) n_grp;
@@ -1280,7 +1343,7 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
         }
         if (launch_tcp<TYPE, NR>(a, s))
                 return;
-        if (dec && TYPE == CU_TYPE_BF16 && launch_tcs<NR>(a, s))
+        if (dec && launch_tcs<TYPE, NR>(a, s))
                 return;
         if (!dec || !launch_tcd<TYPE, NR>(a, s))
                 launch_tc<TYPE, NR>(a, s);
