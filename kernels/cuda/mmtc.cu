@@ -59,13 +59,16 @@ static void mtd_setup(int dev);
 static void mts_setup(void);
 static void mtp_setup(void);
 
-/* X4_CUDA_MM=tc: every token on tensor cores. X4_CUDA_PROMPT=fp32: prompt tokens on the fp32
- * products too (the tensor cores then serve nothing unless X4_CUDA_MM=tc). */
+/* Every token on tensor cores: the default on sm_80+ since k_mm_tcs made batch-1 decode as fast
+ * on them as on the CUDA-core products (H200, full model: 194.2 against 194.0 tok/s at 512, 178.9
+ * against 176.6 at 4,096) while batches gained (batch 64 at 512: 1,960 against 956). X4_CUDA_MM
+ * set to anything but tc (fp32, or k_mm's 0-3) puts generated tokens back on the CUDA-core
+ * products (matvec.cu: the fp32 numerics); X4_CUDA_PROMPT=fp32 then puts prompt tokens there too. */
 static bool mm_tc_all(void) {
         static int on = -1;
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_MM");
-                on = e && !strcmp(e, "tc");
+                on = !e || !*e || !strcmp(e, "tc");
         }
         return on;
 }
@@ -91,7 +94,9 @@ extern "C" void cu_mm_tc_setup(void) {
 }
 
 extern "C" bool cu_mm_tc_prompt_class(void) {
-        return mm_tc_ready && mm_tc_prompt() && !mm_tc_all();
+        /* prompt tokens take kernels of their own: the prompt attention (mha.cu, tc2) whatever the
+         * products, and the tensor-core products while generated tokens keep the fp32 ones */
+        return mm_tc_ready && (mm_tc_prompt() || mm_tc_all());
 }
 
 extern "C" void cu_mm_tc_pass(bool prompt) {
@@ -968,8 +973,10 @@ static void mts_setup(void) {
         mts_prepare<CU_TYPE_IQ4_NL, 2>();
 }
 
-/* k_mm_tcs for this product if it takes it (≤ 8 dense inputs or expert pairs one a block, rows
- * and parts in 16-byte pieces, a ring that fits), else false. X4_CUDA_MMTC_SPLIT=0 leaves these
+/* k_mm_tcs for this product if it takes it (≤ 8 dense inputs or ≤ 8 expert pairs one a block:
+ * batch 1's five; more pairs fill the card as k_mm_tcd's one-warp blocks, which were faster at
+ * batch 16: 621 against 588 tok/s at 512; rows and parts in 16-byte pieces, a ring that fits),
+ * else false. X4_CUDA_MMTC_SPLIT=0 leaves these
  * products on k_mm_tcd (comparisons: the bits are the same; measurements). */
 template <int TYPE, int NR>
 static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
@@ -982,7 +989,7 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         }
         uint32_t n_chunks = a->K / CU_CHUNK, n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
         bool sel = a->sel != NULL;
-        if (!on || !mtd_smem_blk || a->P == 0 || (sel && a->groups) || (!sel && a->P > MTS_P_MAX) ||
+        if (!on || !mtd_smem_blk || a->P == 0 || (sel && a->groups) || a->P > MTS_P_MAX ||
             (uintptr_t) a->w % 16 || a->row_bytes % 16 || (sel && a->expert_bytes % 16) ||
             (IQ4 && n_chunks % MTD_KC) || a->x_pstride % 4 || a->x_gstride % 4 || (uintptr_t) a->x % 16)
                 return false;

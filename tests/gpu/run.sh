@@ -24,6 +24,10 @@
 # runs only the steps whose names match it.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
+# The products' numerics a step runs: on sm_80+ the backend's default is every token on tensor
+# cores (bf16 inputs, kernels/cuda/mmtc.cu); the steps below are the exact path's (the CUDA-core
+# products, fp32: X4_CUDA_MM=fp32) unless they name X4_CUDA_MM=tc, which is the default's.
+export X4_CUDA_MM=${X4_CUDA_MM:-fp32}
 
 build=${X4_GPU_BUILD:-build-gpu}
 archs=${X4_GPU_ARCHS:-90}
@@ -120,8 +124,17 @@ step "chunk invariance, tensor-core attention tc2" env X4_CUDA_ATTN=tc2 "$check"
 step "fixture, tensor-core products (rel <= 1e-2)" env X4_CUDA_MM=tc "$check" fixture "$fixture" --no-cpu
 step "batch invariance, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tiny"
 step "chunk invariance, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tiny"
+# the default on sm_80+ (every token on the tensor-core products, the f16 cache, prompts labeled
+# as the daemon labels them and run in passes of their own for the prompt attention)
+step "fixture, tensor-core products, prompts labeled (rel <= 1e-2)" env X4_CUDA_MM=tc X4_GPU_PROMPT=1 \
+        "$check" fixture "$fixture" --no-cpu
+step "prompt and generated tokens, tensor-core products" env X4_CUDA_MM=tc "$check" classes "$tiny"
+step "batch invariance, tensor-core products, prompts labeled, f16 cache" env X4_CUDA_MM=tc X4_GPU_PROMPT=1 \
+        X4_GPU_CACHE=f16 "$check" batch "$tiny"
+step "chunk invariance, tensor-core products, prompts labeled, f16 cache" env X4_CUDA_MM=tc X4_GPU_PROMPT=1 \
+        X4_GPU_CACHE=f16 "$check" chunks "$tiny"
 # prompt tokens labeled as the daemon labels them (x4_seq.prompt_tokens): on sm_80+ they take the
-# tensor-core products in passes of their own, generated tokens the fp32 kernels
+# tensor-core products in passes of their own, generated tokens the fp32 kernels (X4_CUDA_MM=fp32)
 step "fixture, prompts labeled (rel <= 1e-2)" env X4_GPU_PROMPT=1 "$check" fixture "$fixture" --no-cpu
 step "prompt and generated tokens: chunks, a mixed batch, the bound between them" "$check" classes "$tiny"
 step "batch invariance, prompts labeled" env X4_GPU_PROMPT=1 "$check" batch "$tiny"
@@ -229,6 +242,11 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "decode attention on tensor cores equals k_attn_tc2 bit for bit, demo model" dtc_same
         step "cuda (f16 cache) vs cpu, demo model, 512 + 64 greedy" env X4_GPU_CACHE=f16 "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model, f16 cache" env X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
+        # the default on sm_80+: tensor-core products, the f16 cache, prompts labeled
+        step "cuda (defaults: tensor-core products, f16 cache, prompts labeled) vs cpu, demo model, 512 + 64 greedy" \
+                env X4_CUDA_MM=tc X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 "$check" parity "$tmp/demo.gguf" 512 64
+        step "batch invariance, demo model, defaults (tensor-core products, f16 cache)" env X4_CUDA_MM=tc \
+                X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, f16 cache, prompts labeled" env X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 \
                 "$check" chunks "$tmp/demo.gguf"
         # the many-input product kernel (k_mm) computes k_matvec's order: the same logits with it
