@@ -1881,7 +1881,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
 
 static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens a block */
 static int attn_dtc_ns; /* k_attn_dtc's ring (sub-parts) this device's shared memory holds; 0: not run */
-static bool attn_dtc_pair; /* X4_CUDA_DTC_PAIR=1 and the ring holds two rounds of two: k_attn_dtc<4, true> */
+static bool attn_dtc_pair; /* the ring holds two rounds of two (not X4_CUDA_DTC_PAIR=0): k_attn_dtc<4, true> */
 static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
 
@@ -1931,10 +1931,12 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
                 else
                         cudaGetLastError();
         }
-        /* X4_CUDA_DTC_PAIR=1 (opt-in, not yet run on a GPU): rounds of two sub-parts, the same bits */
+        /* rounds of two sub-parts where the ring holds them (the same bits: GPU step; H200, full
+         * model, 2026-12-04 third session call 1: batch 1 at 4,096 179.3 against 176.6 tok/s, at
+         * 32,768 140.5 against 138.5, at 512 equal); X4_CUDA_DTC_PAIR=0 takes one sub-part a round */
         const char *pe = getenv("X4_CUDA_DTC_PAIR");
         size_t need_pair = dtc_smem(D, 4, 2);
-        attn_dtc_pair = pe && !strcmp(pe, "1") && attn_dtc_ns == 4 &&
+        attn_dtc_pair = !(pe && !strcmp(pe, "0")) && attn_dtc_ns == 4 &&
                         need_pair + CU_ATTN_PART_DEC * sizeof(uint64_t) <= (size_t) smem_max &&
                         cudaFuncSetAttribute(k_attn_dtc<4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_pair) == cudaSuccess;
         if (pe && !strcmp(pe, "1") && !attn_dtc_pair) {

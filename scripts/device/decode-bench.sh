@@ -472,13 +472,13 @@ if has dtc; then
         # it), with the f32 cache (the exact path) and with forced part lengths; decode profiles at
         # batch 1 / 512 and / 32,768 and batch 64 / 4,096. Lines: $out/dtc-<mode>.jsonl
         # X4_DTC_MODES (default "tc fp32 f32 p128 p64"): tc the default, fp32 X4_CUDA_DECODE_ATTN=fp32,
-        # f32 the f32 cache, pN parts of N forced (X4_CUDA_ATTN_DECODE_PART=N), pair X4_CUDA_DTC_PAIR=1
+        # f32 the f32 cache, pN parts of N forced (X4_CUDA_ATTN_DECODE_PART=N), pair1 X4_CUDA_DTC_PAIR=0 (one sub-part a round; the default takes two)
         # e:VAR=VAL+VAR=VAL any settings (the file dtc-e-<n>.jsonl, n the mode's place)
         n_mode=0
         for mode in ${X4_DTC_MODES:-tc fp32 f32 p128 p64}; do
                 cache=f16 dattn=tc part= pair= extra=() tag=$mode
                 n_mode=$((n_mode + 1))
-                case $mode in f32) cache=f32 ;; fp32) dattn=fp32 ;; pair) pair=1 ;; p*) part=${mode#p} ;;
+                case $mode in f32) cache=f32 ;; fp32) dattn=fp32 ;; pair1) pair=0 ;; p*) part=${mode#p} ;;
                 e:*) IFS=+ read -r -a extra <<<"${mode#e:}"; tag=e-$n_mode ;; esac
                 export X4_CUDA_DTC_PAIR=$pair
                 say "dtc: $mode: decode batch 1 / 16 / 64 at 512, 4,096; batch 1 at 32,768 (--cache $cache)"

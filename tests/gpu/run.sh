@@ -218,13 +218,12 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/dtc-def.bin" || return 1
                 cmp "$tmp/dtc-64.bin" "$tmp/dtc-def.bin" || { echo "k_attn_dtc's default parts are not 64 below 2,048"; return 1; }
-                # rounds of two sub-parts (X4_CUDA_DTC_PAIR=1): the same chains, the same bits
+                # one sub-part a round (X4_CUDA_DTC_PAIR=0; the default takes two where the ring
+                # holds them): the same chains, the same bits
                 for part in 256 64; do
-                        X4_CUDA_DTC_PAIR=1 X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
-                                --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtcp-$part.bin" \
-                                2>"$tmp/dtcp.err" || return 1
-                        if [ -s "$tmp/dtcp.err" ]; then cat "$tmp/dtcp.err"; return 1; fi
-                        cmp "$tmp/dtc-$part.bin" "$tmp/dtcp-$part.bin" || { echo "X4_CUDA_DTC_PAIR=1 differs (parts of $part)"; return 1; }
+                        X4_CUDA_DTC_PAIR=0 X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtcp-$part.bin" || return 1
+                        cmp "$tmp/dtc-$part.bin" "$tmp/dtcp-$part.bin" || { echo "X4_CUDA_DTC_PAIR=0 differs (parts of $part)"; return 1; }
                 done
                 X4_CUDA_DECODE_ATTN=fp32 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-fp32.bin" || return 1
@@ -633,7 +632,7 @@ if command -v compute-sanitizer >/dev/null; then
                 step "compute-sanitizer $tool, f16 cache, 300-token prompt" compute-sanitizer --tool $tool \
                         --error-exitcode 9 "$build/tools/x4-logits" --model "$tiny" --cache f16 --prompt "$long" \
                         --decode 5,6 --device cuda --out "$tmp/san-long.bin"
-                step "compute-sanitizer $tool, f16 cache, 300-token prompt, two sub-parts a round" env X4_CUDA_DTC_PAIR=1 \
+                step "compute-sanitizer $tool, f16 cache, 300-token prompt, one sub-part a round" env X4_CUDA_DTC_PAIR=0 \
                         X4_CUDA_ATTN_DECODE_PART=256 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tiny" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-long.bin"
         done
