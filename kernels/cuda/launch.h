@@ -113,13 +113,15 @@ struct cu_mv {
         bool few_rows;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
-/* The tensor-core products (kernels/cuda/mmtc.cu, X4_CUDA_MM=tc, sm_80+): cu_matvec hands them
+/* The tensor-core products (kernels/cuda/mmtc.cu, sm_80+, the default; X4_CUDA_MM=fp32 for generated
+ * tokens on the CUDA-core ones): cu_matvec hands them
  * every product they take (true), its own paths the rest. Setup once per backend. */
 bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s);
 void cu_mm_tc_setup(void);
-/* Whether prompt tokens take the tensor-core products while generated tokens do not (an sm_80+
- * device, X4_CUDA_PROMPT not fp32, X4_CUDA_MM not tc): the backend then runs a batch's prompt
- * tokens and generated tokens in separate passes. */
+/* Whether prompt tokens take kernels of their own (an sm_80+ device with the tensor-core products
+ * for prompts or for every token: the prompt attention, and the tc products while generated tokens
+ * keep the fp32 ones): the backend then runs a batch's prompt tokens and generated tokens in
+ * separate passes. */
 bool cu_mm_tc_prompt_class(void);
 /* The bf16 input scratch of the many-input tensor-core products (values: its capacity; a product
  * whose inputs do not fit takes the older kernel, with the same bits); set before a pass. */

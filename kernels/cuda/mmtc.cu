@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* Tensor-core products (sm_80+; issue 12): the BF16 and IQ4_NL projections of prompt tokens
- * (x4_seq.prompt_tokens: the backend runs them in passes of their own, cu_mm_tc_pass), or of every
- * token with X4_CUDA_MM=tc, through mma.sync m16n8k16 with BF16 inputs and fp32 accumulation. Their own
+/* Tensor-core products (sm_80+; issues 11, 12): the BF16 and IQ4_NL projections of every token (the
+ * default; X4_CUDA_MM=fp32 leaves generated tokens on matvec.cu's CUDA-core products, prompt tokens
+ * then still here in passes of their own, cu_mm_tc_pass), through mma.sync m16n8k16 with BF16
+ * inputs and fp32 accumulation. Their own
  * numerics, not k_matvec's: the inputs are rounded to bf16 as they are staged; BF16 weights go in
  * as stored; IQ4_NL codebook values (small integers, exact in bf16) go in unscaled and each
  * 32-value block's two k16 products are scaled by the block's d in fp32 and added to the output in
@@ -1356,7 +1357,7 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
                 launch_tc<TYPE, NR>(a, s);
 }
 
-/* Whether tc runs this product (an sm_80+ device, a prompt-class pass or X4_CUDA_MM=tc, BF16 or
+/* Whether tc runs this product (an sm_80+ device, every token or a prompt-class pass, BF16 or
  * IQ4_NL rows, a block's rows within one input group); if so it is launched. Every token count of
  * a matrix and class takes the same answer, so invariance holds. */
 extern "C" bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s) {
