@@ -427,6 +427,81 @@ struct mtd_frag {
         float d0, d1;
 };
 
+/* chunk cc's fragments of a lane (k_mm_tcd and k_mm_tcs): A from the staged rows g, g + 8 of the
+ * warp's m-tile at ws (RB bytes a row), read and decoded as k_mm_tc reads them; B of n-tile j from
+ * the staged input row xs + xrow[j] (col_on[j] false: a padding column, zeros) */
+template <bool IQ4, int NT>
+[[maybe_unused]] static __device__ __forceinline__ void mtd_fetch(const uint8_t *ws, uint32_t RB, const float *xs,
+                                                                  const uint32_t *xrow, const bool *col_on,
+                                                                  uint32_t cc, uint32_t g, uint32_t t,
+                                                                  const uint32_t *tl, const uint32_t *th,
+                                                                  mtd_frag<NT> &f) {
+        if constexpr (IQ4) {
+                const uint8_t *b0 = ws + g * RB + 18 * cc, *b1 = b0 + 8 * RB;
+                f.d0 = __half2float(*(const __half *) b0);
+                f.d1 = __half2float(*(const __half *) b1);
+#pragma unroll
+                for (uint32_t s = 0; s < 2; s++) {
+                        /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8 */
+                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
+                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
+                        mtd_iq4_pair(q0, tl, th, &f.a[s][0], &f.a[s][2]);
+                        mtd_iq4_pair(q1, tl, th, &f.a[s][1], &f.a[s][3]);
+#pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                                const float *xr = xs + xrow[j] + 32 * cc;
+                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 8 * s + 2 * t);
+                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 16 + 8 * s + 2 * t);
+                        }
+                }
+        } else {
+                const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
+                const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
+#pragma unroll
+                for (uint32_t s = 0; s < 2; s++) {
+                        /* values 16s + 2t (+1) and 16s + 8 + 2t (+1): words 8s + t, 8s + 4 + t */
+                        f.a[s][0] = r0[8 * s + t];
+                        f.a[s][1] = r1[8 * s + t];
+                        f.a[s][2] = r0[8 * s + 4 + t];
+                        f.a[s][3] = r1[8 * s + 4 + t];
+#pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                                const float *xr = xs + xrow[j] + 32 * cc + 16 * s;
+                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 2 * t);
+                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 8 + 2 * t);
+                        }
+                }
+        }
+}
+
+/* chunk f's two k16 steps as k_mm_tc runs them: BF16 into acc's mma chains, IQ4_NL from zero and
+ * then scaled into acc by mt_scale_add */
+template <bool IQ4, int NT>
+[[maybe_unused]] static __device__ __forceinline__ void mtd_step(float (*acc)[4], const mtd_frag<NT> &f) {
+        if constexpr (IQ4) {
+                float tmp[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                                tmp[j][e] = 0.0f;
+#pragma unroll
+                for (uint32_t s = 0; s < 2; s++)
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+                                mtd_mma(tmp[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                        mt_scale_add(acc[j], f.d0, f.d1, tmp[j]);
+        } else {
+#pragma unroll
+                for (uint32_t s = 0; s < 2; s++)
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+                                mtd_mma(acc[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
+        }
+}
+
 /* S: ring stages; n_x: input rows a stage holds (≥ the block's inputs). Dynamic shared memory:
  * S × (16·W rows × RB bytes) of weights, then S × n_x × MTD_XS floats of inputs. */
 template <int TYPE, int NR, int MODE, int NT>
@@ -547,67 +622,9 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
                  * runs them (step): fetching MTD_PF chunks before stepping them lets their
                  * shared-memory reads and decodes overlap the mma chain */
                 auto fetch = [&](uint32_t cc, mtd_frag<NT> &f) {
-                        if constexpr (IQ4) {
-                                const uint8_t *b0 = ws + g * RB + 18 * cc, *b1 = b0 + 8 * RB;
-                                f.d0 = __half2float(*(const __half *) b0);
-                                f.d1 = __half2float(*(const __half *) b1);
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++) {
-                                        /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8 */
-                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
-                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
-                                        mtd_iq4_pair(q0, tl, th, &f.a[s][0], &f.a[s][2]);
-                                        mtd_iq4_pair(q1, tl, th, &f.a[s][1], &f.a[s][3]);
-#pragma unroll
-                                        for (int j = 0; j < NT; j++) {
-                                                const float *xr = xs + xrow[j] + 32 * cc;
-                                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 8 * s + 2 * t);
-                                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 16 + 8 * s + 2 * t);
-                                        }
-                                }
-                        } else {
-                                const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
-                                const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++) {
-                                        /* values 16s + 2t (+1) and 16s + 8 + 2t (+1): words 8s + t, 8s + 4 + t */
-                                        f.a[s][0] = r0[8 * s + t];
-                                        f.a[s][1] = r1[8 * s + t];
-                                        f.a[s][2] = r0[8 * s + 4 + t];
-                                        f.a[s][3] = r1[8 * s + 4 + t];
-#pragma unroll
-                                        for (int j = 0; j < NT; j++) {
-                                                const float *xr = xs + xrow[j] + 32 * cc + 16 * s;
-                                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 2 * t);
-                                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 8 + 2 * t);
-                                        }
-                                }
-                        }
+                        mtd_fetch<IQ4, NT>(ws, RB, xs, xrow, col_on, cc, g, t, tl, th, f);
                 };
-                auto step = [&](const mtd_frag<NT> &f) {
-                        if constexpr (IQ4) {
-                                float tmp[NT][4];
-#pragma unroll
-                                for (int j = 0; j < NT; j++)
-#pragma unroll
-                                        for (int e = 0; e < 4; e++)
-                                                tmp[j][e] = 0.0f;
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++)
-#pragma unroll
-                                        for (int j = 0; j < NT; j++)
-                                                mtd_mma(tmp[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
-#pragma unroll
-                                for (int j = 0; j < NT; j++)
-                                        mt_scale_add(acc[j], f.d0, f.d1, tmp[j]);
-                        } else {
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++)
-#pragma unroll
-                                        for (int j = 0; j < NT; j++)
-                                                mtd_mma(acc[j], f.a[s], f.b[j][s][0], f.b[j][s][1]);
-                        }
-                };
+                auto step = [&](const mtd_frag<NT> &f) { mtd_step<IQ4, NT>(acc, f); };
                 uint32_t nc = min((uint32_t) MTD_KC, n_chunks - i * MTD_KC);
                 if (IQ4 || nc == MTD_KC) {
                         /* a whole stage (always for IQ4_NL: the host checks K % 256), unrolled */
@@ -870,51 +887,14 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint3
                 mtd_wait(S - 1); /* S + j groups committed: part j's complete */
                 __syncwarp();
                 const uint8_t *ws = ring + (size_t) (j % S) * slot_bytes;
-                const float *xs = (const float *) (ws + 16 * RB) + xrow;
+                const float *xs = (const float *) (ws + 16 * RB);
                 uint32_t part = warp + j * W, nc = min((uint32_t) MTD_KC, n_chunks - part * MTD_KC);
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                /* chunk cc's fragments (k_mm_tcd's, read the same way) and its two k16 steps */
+                /* chunk cc's fragments and its two k16 steps: k_mm_tcd's (one n-tile) */
                 auto fetch = [&](uint32_t cc, mtd_frag<1> &f) {
-                        if constexpr (IQ4) {
-                                const uint8_t *b0 = ws + g * RB + 18 * cc, *b1 = b0 + 8 * RB;
-                                f.d0 = __half2float(*(const __half *) b0);
-                                f.d1 = __half2float(*(const __half *) b1);
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++) {
-                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
-                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
-                                        mtd_iq4_pair(q0, tl, th, &f.a[s][0], &f.a[s][2]);
-                                        mtd_iq4_pair(q1, tl, th, &f.a[s][1], &f.a[s][3]);
-                                        f.b[0][s][0] = mtd_x2(xs + 32 * cc, col_on, 8 * s + 2 * t);
-                                        f.b[0][s][1] = mtd_x2(xs + 32 * cc, col_on, 16 + 8 * s + 2 * t);
-                                }
-                        } else {
-                                const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
-                                const uint32_t *r1 = (const uint32_t *) (ws + (g + 8) * RB + 64 * cc);
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++) {
-                                        f.a[s][0] = r0[8 * s + t];
-                                        f.a[s][1] = r1[8 * s + t];
-                                        f.a[s][2] = r0[8 * s + 4 + t];
-                                        f.a[s][3] = r1[8 * s + 4 + t];
-                                        f.b[0][s][0] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 2 * t);
-                                        f.b[0][s][1] = mtd_x2(xs + 32 * cc + 16 * s, col_on, 8 + 2 * t);
-                                }
-                        }
+                        mtd_fetch<IQ4, 1>(ws, RB, xs, &xrow, &col_on, cc, g, t, tl, th, f);
                 };
-                auto step = [&](const mtd_frag<1> &f) {
-                        if constexpr (IQ4) {
-                                float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++)
-                                        mtd_mma(tmp, f.a[s], f.b[0][s][0], f.b[0][s][1]);
-                                mt_scale_add(acc, f.d0, f.d1, tmp);
-                        } else {
-#pragma unroll
-                                for (uint32_t s = 0; s < 2; s++)
-                                        mtd_mma(acc, f.a[s], f.b[0][s][0], f.b[0][s][1]);
-                        }
-                };
+                auto step = [&](const mtd_frag<1> &f) { mtd_step<IQ4, 1>(&acc, f); };
                 if (IQ4 || nc == MTD_KC) {
                         /* a whole part (always for IQ4_NL: the host checks K % 256), unrolled */
 #pragma unroll
