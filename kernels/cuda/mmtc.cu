@@ -502,6 +502,33 @@ template <bool IQ4, int NT>
         }
 }
 
+/* a stage's (or part's) nc chunks through fetch and step (k_mm_tcd, k_mm_tcs): a whole one (full:
+ * always for IQ4_NL, whose K the host checks is a multiple of 256) unrolled, MTD_PF chunks'
+ * fragments read and decoded before their steps so the shared-memory reads and decodes overlap
+ * the mma chain; a partial one chunk by chunk */
+template <int NT, typename Fetch, typename Step>
+[[maybe_unused]] static __device__ __forceinline__ void mtd_chunks(uint32_t nc, bool full, Fetch &&fetch,
+                                                                   Step &&step) {
+        if (full) {
+#pragma unroll
+                for (uint32_t c0 = 0; c0 < MTD_KC; c0 += MTD_PF) {
+                        mtd_frag<NT> f[MTD_PF];
+#pragma unroll
+                        for (uint32_t k = 0; k < MTD_PF; k++)
+                                fetch(c0 + k, f[k]);
+#pragma unroll
+                        for (uint32_t k = 0; k < MTD_PF; k++)
+                                step(f[k]);
+                }
+        } else {
+                for (uint32_t cc = 0; cc < nc; cc++) {
+                        mtd_frag<NT> f;
+                        fetch(cc, f);
+                        step(f);
+                }
+        }
+}
+
 /* S: ring stages; n_x: input rows a stage holds (≥ the block's inputs). Dynamic shared memory:
  * S × (16·W rows × RB bytes) of weights, then S × n_x × MTD_XS floats of inputs. */
 template <int TYPE, int NR, int MODE, int NT>
@@ -626,25 +653,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
                 };
                 auto step = [&](const mtd_frag<NT> &f) { mtd_step<IQ4, NT>(acc, f); };
                 uint32_t nc = min((uint32_t) MTD_KC, n_chunks - i * MTD_KC);
-                if (IQ4 || nc == MTD_KC) {
-                        /* a whole stage (always for IQ4_NL: the host checks K % 256), unrolled */
-#pragma unroll
-                        for (uint32_t c0 = 0; c0 < MTD_KC; c0 += MTD_PF) {
-                                mtd_frag<NT> f[MTD_PF];
-#pragma unroll
-                                for (uint32_t k = 0; k < MTD_PF; k++)
-                                        fetch(c0 + k, f[k]);
-#pragma unroll
-                                for (uint32_t k = 0; k < MTD_PF; k++)
-                                        step(f[k]);
-                        }
-                } else {
-                        for (uint32_t cc = 0; cc < nc; cc++) {
-                                mtd_frag<NT> f;
-                                fetch(cc, f);
-                                step(f);
-                        }
-                }
+                mtd_chunks<NT>(nc, IQ4 || nc == MTD_KC, fetch, step);
 #pragma unroll
                 for (int j = 0; j < NT; j++) /* a stage is a part: its sum added */
 #pragma unroll
@@ -895,25 +904,7 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint3
                         mtd_fetch<IQ4, 1>(ws, RB, xs, &xrow, &col_on, cc, g, t, tl, th, f);
                 };
                 auto step = [&](const mtd_frag<1> &f) { mtd_step<IQ4, 1>(&acc, f); };
-                if (IQ4 || nc == MTD_KC) {
-                        /* a whole part (always for IQ4_NL: the host checks K % 256), unrolled */
-#pragma unroll
-                        for (uint32_t c0 = 0; c0 < MTD_KC; c0 += MTD_PF) {
-                                mtd_frag<1> f[MTD_PF];
-#pragma unroll
-                                for (uint32_t k = 0; k < MTD_PF; k++)
-                                        fetch(c0 + k, f[k]);
-#pragma unroll
-                                for (uint32_t k = 0; k < MTD_PF; k++)
-                                        step(f[k]);
-                        }
-                } else {
-                        for (uint32_t cc = 0; cc < nc; cc++) {
-                                mtd_frag<1> f;
-                                fetch(cc, f);
-                                step(f);
-                        }
-                }
+                mtd_chunks<1>(nc, IQ4 || nc == MTD_KC, fetch, step);
                 *(float4 *) (psum + ((size_t) part * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
                 __syncwarp(); /* every lane's reads of the slot done before it is refilled */
                 load_w(j + S);
