@@ -429,9 +429,46 @@ __global__ void __launch_bounds__(MVS_WARPS * 32, MINB) k_mv_small(struct cu_mv 
 static_assert(MM_T == CU_GROUP_TILE, "one grouped expert tile per k_mm block");
 static_assert(MM_WARPS * 32 * 4 == MV_TILE_CHUNKS * CU_CHUNK, "one float4 per thread per input");
 
+/* Q6_K in k_mm (X4_CUDA_MM_Q6K=1: opt-in until a GPU has checked it against k_matvec): a chunk's
+ * 32 six-bit quants (the ql nibble | the qh pair << 4, as cu_dequant32 assembles them) a byte each
+ * in eight words, the same per-byte shifts and masks four at a time, and its two scales d·sc as
+ * cu_dequant32 forms them; mm_value then gives cu_dequant32's (d·sc)·(q − 32). 10 registers a row
+ * instead of the generic chunk's pointer, so a weight value, once decoded, serves MM_T inputs. */
+struct mm_q6k_chunk {
+        uint32_t v[8];
+        float ds0, ds1;
+        __device__ __forceinline__ void load(const uint8_t *row, uint32_t c) {
+                const uint8_t *b = row + 210 * (uint64_t) (c / 8); /* 2-byte aligned: 16-bit loads */
+                uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
+                const uint16_t *ql = (const uint16_t *) (b + 64 * n + ((q & 1) ? 32 : 0));
+                const uint16_t *qh = (const uint16_t *) (b + 128 + 32 * n);
+                const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
+                float d = cu_fp16(b + 208);
+                uint32_t shift_lo = (q & 2) ? 4 : 0, shift_hi = 2 * q;
+                ds0 = d * (float) sc[2 * q];
+                ds1 = d * (float) sc[1 + 2 * q];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                        uint32_t lo = (uint32_t) ql[2 * k] | (uint32_t) ql[2 * k + 1] << 16;
+                        uint32_t hi = (uint32_t) qh[2 * k] | (uint32_t) qh[2 * k + 1] << 16;
+                        v[k] = ((lo >> shift_lo) & 0x0F0F0F0Fu) | (((hi >> shift_hi) & 0x03030303u) << 4);
+                }
+        }
+};
+
+/* the chunk k_mm holds in registers: raw_chunk, Q6_K's own */
+template <int TYPE>
+struct mm_raw {
+        using type = raw_chunk<TYPE>;
+};
+template <>
+struct mm_raw<CU_TYPE_Q6_K> {
+        using type = mm_q6k_chunk;
+};
+
 /* value i (compile-time after unrolling) of a chunk held in registers, exactly as cu_dequant32 */
 template <int TYPE>
-static __device__ __forceinline__ float mm_value(const raw_chunk<TYPE> &r, int i, float d,
+static __device__ __forceinline__ float mm_value(const typename mm_raw<TYPE>::type &r, int i, float d,
                                                  const float *iq4);
 template <>
 __device__ __forceinline__ float mm_value<CU_TYPE_IQ4_NL>(const raw_chunk<CU_TYPE_IQ4_NL> &r,
@@ -446,6 +483,11 @@ __device__ __forceinline__ float mm_value<CU_TYPE_BF16>(const raw_chunk<CU_TYPE_
         const uint4 &v = r.v[i / 8];
         uint32_t wv = (i % 8) / 2 == 0 ? v.x : (i % 8) / 2 == 1 ? v.y : (i % 8) / 2 == 2 ? v.z : v.w;
         return __uint_as_float((i & 1) ? (wv & 0xffff0000u) : (wv << 16));
+}
+template <>
+__device__ __forceinline__ float mm_value<CU_TYPE_Q6_K>(const mm_q6k_chunk &r, int i, float, const float *) {
+        int v = (int) ((r.v[i / 4] >> (8 * (i % 4))) & 0xffu) - 32;
+        return (i < 16 ? r.ds0 : r.ds1) * (float) v;
 }
 
 template <int TYPE, int NR, bool GROUPED, int MM_R, int MINB>
@@ -497,7 +539,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, MINB) k_mm(struct cu_mv a) {
         for (uint32_t c0 = 0; c0 < n_chunks; c0 += MV_TILE_CHUNKS) {
                 uint32_t c = c0 + lane;
                 bool has = c < n_chunks;
-                raw_chunk<TYPE> raw[MM_R];
+                typename mm_raw<TYPE>::type raw[MM_R];
                 if (has)
 #pragma unroll
                         for (int r = 0; r < MM_R; r++)
@@ -602,7 +644,7 @@ static bool launch_mm(const struct cu_mv *a, cudaStream_t s) {
                 const char *e = getenv("X4_CUDA_MM");
                 cfg = e && *e >= '0' && *e <= '3' ? *e - '0' : 9;
         }
-        int c = cfg != 9 ? cfg : TYPE == CU_TYPE_IQ4_NL ? 2 : 3;
+        int c = cfg != 9 ? cfg : TYPE == CU_TYPE_IQ4_NL ? 2 : 3; /* Q6_K: 3 (its rows are 10 registers) */
         uint32_t R = c == 3 ? 2 : 4, rows_per_block = MM_WARPS * (R / NR);
         if (c == 0 || a->K / CU_CHUNK < MM_MIN_CHUNKS || (NR == 1 && a->G % rows_per_block != 0))
                 return false;
@@ -758,6 +800,19 @@ static void launch_few(const struct cu_mv *a, cudaStream_t s) {
                 cu_launch(k_matvec_few<TYPE, MV_TP>, dim3(a->N, (a->P + MV_TP - 1) / MV_TP), CU_FEW_WARPS * 32, 0, s, *a);
 }
 
+/* X4_CUDA_MM_Q6K=1: Q6_K products of many inputs (the head of a prompt's logits rows or of a
+ * batch of more than 16 sequences) on k_mm instead of k_matvec's 8-input tiles (the same order,
+ * so the same bits; opt-in until a GPU has compared them: tests/gpu/run.sh "many-input
+ * products" and the batch check with it set) */
+static bool mm_q6k_on(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_MM_Q6K");
+                on = e && !strcmp(e, "1");
+        }
+        return on;
+}
+
 /* Inputs per launch up to which the decode-shaped kernel runs (same bits either way). */
 #define MVS_P_MAX 16
 
@@ -774,6 +829,9 @@ static void launch_rows(const struct cu_mv *a, cudaStream_t s) {
                 }
                 if constexpr (TYPE == CU_TYPE_BF16 || TYPE == CU_TYPE_IQ4_NL)
                         if (aligned && launch_mm<TYPE, NR>(a, s))
+                                return;
+                if constexpr (TYPE == CU_TYPE_Q6_K)
+                        if (aligned && mm_q6k_on() && launch_mm<TYPE, NR>(a, s))
                                 return;
         }
         uint32_t n_out = a->N / NR;
