@@ -954,10 +954,16 @@ template <int TYPE, int NR>
 static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16;
+        /* X4_CUDA_MMTC_SPLIT=WxS (tests: W warps, a ring of S slots, so a warp walks several
+         * parts and reuses its slots, which the shapes of the demo model never make it do) */
         static int on = -1;
+        static uint32_t force_w, force_s;
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_MMTC_SPLIT");
                 on = !(e && !strcmp(e, "0"));
+                unsigned fw = 0, fs = 0;
+                if (e && sscanf(e, "%ux%u", &fw, &fs) == 2 && fw >= 1 && fw <= MTS_WARPS && fs >= 1 && fs <= 3)
+                        force_w = fw, force_s = fs;
         }
         uint32_t n_chunks = a->K / CU_CHUNK, n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
         bool sel = a->sel != NULL;
@@ -966,7 +972,7 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
             (IQ4 && n_chunks % MTD_KC) || a->x_pstride % 4 || a->x_gstride % 4 || (uintptr_t) a->x % 16)
                 return false;
         uint32_t n_x = sel ? 1 : a->P, bx = sel ? a->P : 1, m_tiles = (a->N + 15) / 16;
-        uint32_t W = min(n_parts, (uint32_t) MTS_WARPS), ppw = (n_parts + W - 1) / W;
+        uint32_t W = min(n_parts, force_w ? force_w : (uint32_t) MTS_WARPS), ppw = (n_parts + W - 1) / W;
         uint64_t slot = 16 * RB + (uint64_t) n_x * MTD_XS * sizeof(float), sums = (uint64_t) n_parts * 32 * 16;
         /* a warp's parts in flight at once (up to 3), fewer while the blocks the card needs at
          * once would not fit its SMs' shared memory, or a block's */
@@ -974,6 +980,8 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         uint32_t S = min(ppw, 3u);
         while (S > 1 && (W * S * slot + sums > mtd_smem_blk || per_sm * (W * S * slot + sums + 1024) > mtd_smem_sm))
                 S--;
+        if (force_s)
+                S = min(force_s, ppw);
         if (W * S * slot + sums > mtd_smem_blk)
                 return false;
         size_t smem = (size_t) (W * S * slot + sums);

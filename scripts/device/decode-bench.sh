@@ -227,8 +227,9 @@ if has mmsame; then
         # k_mm against k_matvec on the full shapes (K = 3584, 1024, 768, 512; grouped experts)
         say "k_mm on/off, full model, 600-token prompt"
         prompt=$(awk 'BEGIN { s = 5; for (i = 0; i < 600; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 100000 } }')
-        "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99 --device cuda --out /tmp/mm-on.bin 2>&1 | tail -1
+        X4_CUDA_MM=fp32 "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99 --device cuda --out /tmp/mm-on.bin 2>&1 | tail -1
         X4_CUDA_MM=0 "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99 --device cuda --out /tmp/mm-off.bin 2>&1 | tail -1
+        # (the default is the tensor-core products: k_mm is the fp32 path's, X4_CUDA_MM=fp32)
         cmp /tmp/mm-on.bin /tmp/mm-off.bin && echo "mmsame: identical ($(stat -c %s /tmp/mm-on.bin) bytes)"
         for cfg in 1 2 3; do
                 X4_CUDA_MM=$cfg "$build/tools/x4-logits" --model "$model" --prompt "$prompt" --decode 9,99 --device cuda \
@@ -944,7 +945,7 @@ if has hcbench; then
         for mm in ${X4_HCBENCH_MM:-default tc}; do
                 for hc in ${X4_HCBENCH_HC:-fused default}; do
                         say "mHC $hc, products $mm: prefill 512/4096, decode batch 1/16/64 at 512"
-                        X4_CUDA_HC=$([ $hc = fused ] && echo fused) X4_CUDA_MM=$([ $mm = tc ] && echo tc) \
+                        X4_CUDA_HC=$([ $hc = fused ] && echo fused) X4_CUDA_MM=$([ $mm = tc ] && echo tc || echo fp32) \
                                 "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 \
                                 --decode-ctx 512 --batch 1,16,64 --decode-tokens 16 --repeats 3 --json 2>&1 |
                                 sed "s/}\$/,\"hc\":\"$hc\",\"mm\":\"$mm\"}/" | tee -a "$out/hcbench.jsonl" |

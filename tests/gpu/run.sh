@@ -27,7 +27,7 @@ cd "$(dirname "$0")/../.." || exit 1
 # The products' numerics a step runs: on sm_80+ the backend's default is every token on tensor
 # cores (bf16 inputs, kernels/cuda/mmtc.cu); the steps below are the exact path's (the CUDA-core
 # products, fp32: X4_CUDA_MM=fp32) unless they name X4_CUDA_MM=tc, which is the default's.
-export X4_CUDA_MM=${X4_CUDA_MM:-fp32}
+export X4_CUDA_MM=fp32
 
 build=${X4_GPU_BUILD:-build-gpu}
 archs=${X4_GPU_ARCHS:-90}
@@ -44,9 +44,10 @@ failed=0
 step() { # name, command...
         local name=$1 t0 rc
         shift
-        # X4_GPU_ONLY=REGEX: only the steps whose names match (a short device call; steps that
-        # make what later ones use, like "make demo model", must match too)
-        if [ -n "${X4_GPU_ONLY:-}" ] && ! [[ $name =~ $X4_GPU_ONLY ]]; then
+        # X4_GPU_ONLY=REGEX: only the build and the steps whose names match (a short device call;
+        # steps that make what later ones use, like "make demo model", must match too)
+        if [ -n "${X4_GPU_ONLY:-}" ] && [ "$name" != "meson setup" ] && [ "$name" != build ] &&
+                ! [[ $name =~ $X4_GPU_ONLY ]]; then
                 return 0
         fi
         t0=$(date +%s.%N)
@@ -346,6 +347,14 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 done
                 for c in 0 1 7 16 batch; do
                         cmp "$tmp/tcd-0-$c.bin" "$tmp/tcd-1-$c.bin" || { echo "k_mm_tcd differs from k_mm_tc ($c)"; return 1; }
+                done
+                # k_mm_tcs with fewer warps and slots than parts (X4_CUDA_MMTC_SPLIT=WxS): a warp
+                # walks several parts and reuses its ring (1x1, 1x2: the dense FFN's 1,024-value
+                # rows are four parts on one warp; 2x1); the full model's shapes do this by default
+                for ws in 1x1 1x2 2x1; do
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_SPLIT=$ws "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --prompt "$prompt" --chunk 7 --decode 9,99,999 --device cuda --out "$tmp/tcs-$ws.bin" || return 1
+                        cmp "$tmp/tcd-0-7.bin" "$tmp/tcs-$ws.bin" || { echo "k_mm_tcs ($ws) differs from k_mm_tc"; return 1; }
                 done
                 echo "k_mm_tcd vs k_mm_tc: identical logits (whole, chunks 1/7/16, decode, batch 16)"
                 rm -f "$tmp"/tcd-*.bin
@@ -653,15 +662,20 @@ if command -v compute-sanitizer >/dev/null; then
                         X4_CUDA_ATTN_DECODE_PART=256 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tiny" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-long.bin"
         done
-        # the tensor-core products for every token count (X4_CUDA_MM=tc) on the demo model: an
-        # 18-token prompt on k_mm_tcp, then decodes on k_mm_tcs (its 512-value rows two parts, a
-        # warp each) and k_mm_tcd
+        # the tensor-core products for every token count (X4_CUDA_MM=tc) on the demo model: a
+        # 30-token prompt in chunks of 20 (k_mm_tcp, experts grouped) and 10 (k_mm_tcd, dense and
+        # pairs), then decodes on k_mm_tcs (its 512-value rows two parts, a warp each); and
+        # k_mm_tcs with one warp and a ring of two slots (X4_CUDA_MMTC_SPLIT=1x2: slots reused)
         if [ -f "$tmp/demo.gguf" ]; then
+                p30=$(seq -s, 5 34)
                 for tool in memcheck racecheck synccheck; do
                         step "compute-sanitizer $tool, tensor-core products, demo model" env X4_CUDA_MM=tc \
                                 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                                --model "$tmp/demo.gguf" --prompt 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22 \
+                                --model "$tmp/demo.gguf" --prompt "$p30" --chunk 20 \
                                 --decode 9,99 --device cuda --out "$tmp/san-tc.bin"
+                        step "compute-sanitizer $tool, tensor-core products, k_mm_tcs 1x2, demo model" env X4_CUDA_MM=tc \
+                                X4_CUDA_MMTC_SPLIT=1x2 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                                --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-tcs.bin"
                 done
         fi
         if [ -f "$nextn_tiny" ]; then
@@ -677,6 +691,10 @@ else
         failed=1
 fi
 
+if [ -n "${X4_GPU_ONLY:-}" ] && ! printf '%s\n' "${results[@]}" | grep -qvE '  (meson setup|build) \('; then
+        results+=("FAIL  X4_GPU_ONLY=$X4_GPU_ONLY matched no step")
+        failed=1
+fi
 grep -E '^(CUDA|prompts|classes|fixture|parity|batch|chunks|errors|pages|quick|nextn|x4-logits|\{"what":"generate"|FAIL)' "$log" | grep -v ' checks, ' || true
 echo
 printf '%s\n' "${results[@]}" | tee -a "$log"
