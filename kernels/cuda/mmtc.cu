@@ -1098,10 +1098,20 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
                         mtd_mma(d[mt][j], af[mt], bf[j][0], bf[j][1]);
 }
 
-template <int TYPE, int NR, int MODE>
+/* D1 (X4_CUDA_MMTCP_DEC1=1, IQ4_NL; opt-in, not yet run on a GPU): each stage's IQ4_NL weights
+ * decoded once a block into shared memory (MTP_D1_BYTES: a row's 64 codebook values as bf16, a k16
+ * step's A columns in the order the fragments take them: the low nibbles of quant bytes 8s .. 8s+7,
+ * then their high nibbles) and read by ldmatrix as BF16 rows are, instead of decoded by both of
+ * the block's input-column warps from the quant bytes (ncu: the gate-up product issue-bound, the
+ * ALU pipe the busiest). The same A registers, the same B, the same chains: the same bits. */
+#define MTP_D1_ROW 144 /* bytes a decoded row: 64 bf16 + 16 (BF16's staged row) */
+#define MTP_D1_BYTES (MTP_BM * MTP_D1_ROW)
+
+template <int TYPE, int NR, int MODE, bool D1 = false>
 __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr bool DEC1 = IQ4 && D1;
         constexpr uint32_t WB = mtp_wb<TYPE>(), STG = mtp_stage<TYPE>();
         constexpr uint32_t CPR = IQ4 ? MTP_KS / 32 * 18 / 4 : MTP_KS * 2 / 16; /* copies a row a stage: 9 / 8 */
         constexpr uint32_t WCP = (MTP_BM * CPR + MTP_THREADS - 1) / MTP_THREADS; /* a thread's: 5 / 4 */
@@ -1181,15 +1191,35 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         uint32_t boff = MTP_BM * WB + (32 * wn + (lane & 7) + (lane >> 4) * 8) * MTP_XB +
                         ((lane >> 3) & 1) * (IQ4 ? 32 : 16);
         uint32_t aoff = (32 * wm + (lane & 7) + ((lane >> 3) & 1) * 8) * WB + (lane >> 4) * 16;
+        uint32_t aoff_d1 = (32 * wm + (lane & 7) + ((lane >> 3) & 1) * 8) * MTP_D1_ROW + (lane >> 4) * 16;
+        (void) aoff_d1;
 
         for (uint32_t it = 0; it < n_st; it++) {
                 mtd_wait(MTP_NS - 2);
                 __syncthreads(); /* stage it visible to all; stage it − 1's slot read by all */
                 load(it + MTP_NS - 1);
                 mtd_commit();
+                const uint8_t *ws = mtp_smem + (it % MTP_NS) * STG;
+                if constexpr (DEC1) {
+                        /* thread: row tid % 128, block tid / 128 of the stage; both k16 steps */
+                        uint32_t dr = tid % MTP_BM, dc = tid / MTP_BM;
+                        const uint8_t *src = ws + dr * WB + 18 * dc;
+                        uint8_t *dst = mtp_smem + MTP_NS * STG + dr * MTP_D1_ROW + dc * 64;
+#pragma unroll
+                        for (uint32_t s = 0; s < 2; s++) {
+                                uint32_t lo[4], hi[4];
+#pragma unroll
+                                for (uint32_t tt = 0; tt < 4; tt++)
+                                        mtd_iq4_pair(*(const uint16_t *) (src + 2 + 8 * s + 2 * tt), tl, th, &lo[tt],
+                                                     &hi[tt]);
+                                *(uint4 *) (dst + 32 * s) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                                *(uint4 *) (dst + 32 * s + 16) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+                        }
+                        __syncthreads(); /* the stage's decoded rows written (the loop's first
+                                          * barrier keeps the next decode behind this stage's reads) */
+                }
                 if (!active)
                         continue;
-                const uint8_t *ws = mtp_smem + (it % MTP_NS) * STG;
                 if constexpr (IQ4) {
                         /* a block's two k16 steps per m-tile in turn (the B fragments of both
                          * steps held for the two m-tiles): tmp is one m-tile's 4 × 4 values
@@ -1212,12 +1242,18 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                                         float tmp[4][4] = {};
 #pragma unroll
                                         for (uint32_t s = 0; s < 2; s++) {
-                                                /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8 */
+                                                /* quant bytes 8s + 2t, 8s + 2t + 1 of rows g, g + 8
+                                                 * (D1: decoded by the block, read by ldmatrix) */
                                                 uint32_t af[4];
-                                                uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
-                                                uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
-                                                mtd_iq4_pair(q0, tl, th, &af[0], &af[2]);
-                                                mtd_iq4_pair(q1, tl, th, &af[1], &af[3]);
+                                                if constexpr (DEC1) {
+                                                        mtp_ldm4(af, mtp_smem + MTP_NS * STG + aoff_d1 +
+                                                                             mt * 16 * MTP_D1_ROW + (2 * cc + s) * 32);
+                                                } else {
+                                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
+                                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
+                                                        mtd_iq4_pair(q0, tl, th, &af[0], &af[2]);
+                                                        mtd_iq4_pair(q1, tl, th, &af[1], &af[3]);
+                                                }
 #pragma unroll
                                                 for (int j = 0; j < 4; j++)
                                                         mtd_mma(tmp[j], af, bf[s][j][0], bf[s][j][1]);
@@ -1266,20 +1302,32 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
 
 /* per type: the dynamic shared memory attributes are set (cu_mm_tc_setup; a card with less shared
  * memory a block than a BF16 ring needs keeps BF16 products on k_mm_tc) */
-static bool mtp_smem_ok[2];
+static bool mtp_smem_ok[2], mtp_d1_ok;
 
-template <int TYPE, int NR>
+template <int TYPE, int NR, bool D1 = false>
 static bool mtp_prepare(void) {
-        int n = (int) (MTP_NS * mtp_stage<TYPE>());
-        return cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+        int n = (int) (MTP_NS * mtp_stage<TYPE>() + (D1 ? MTP_D1_BYTES : 0));
+        return cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_DENSE, D1>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
                        cudaSuccess &&
-               cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
-                       cudaSuccess;
+               cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_GROUPED, D1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    n) == cudaSuccess;
+}
+
+/* X4_CUDA_MMTCP_DEC1=1: IQ4_NL stages decoded once a block (k_mm_tcp's D1; opt-in until a GPU has
+ * compared it with k_mm_tc and measured it) */
+static bool mtp_d1_on(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_MMTCP_DEC1");
+                on = e && !strcmp(e, "1");
+        }
+        return on;
 }
 
 static void mtp_setup(void) {
         mtp_smem_ok[0] = mtp_prepare<CU_TYPE_BF16, 1>() && mtp_prepare<CU_TYPE_BF16, 2>();
         mtp_smem_ok[1] = mtp_prepare<CU_TYPE_IQ4_NL, 1>() && mtp_prepare<CU_TYPE_IQ4_NL, 2>();
+        mtp_d1_ok = mtp_d1_on() && mtp_prepare<CU_TYPE_IQ4_NL, 1, true>() && mtp_prepare<CU_TYPE_IQ4_NL, 2, true>();
         (void) cudaGetLastError();
 }
 
@@ -1306,14 +1354,19 @@ static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
         cu_launch(k_x_bf16, rows * n_grp, 128, 0, s, a->x, a->x_pstride, a->x_gstride, n_grp, a->K, mtp_xb);
         uint32_t by = (a->N + MTP_BM - 1) / MTP_BM;
         size_t smem = MTP_NS * mtp_stage<TYPE>();
+        dim3 grid((a->P + MTP_BN - 1) / MTP_BN, by);
         if (a->sel) {
                 uint32_t n_ids = a->n_groups_max - (a->P + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
-                uint32_t bx = (a->P + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE + n_ids;
-                cu_launch(k_mm_tcp<TYPE, NR, MT_GROUPED>, dim3(bx, by), MTP_THREADS, smem, s, *a,
-                          (const uint16_t *) mtp_xb, n_grp);
-        } else
-                cu_launch(k_mm_tcp<TYPE, NR, MT_DENSE>, dim3((a->P + MTP_BN - 1) / MTP_BN, by), MTP_THREADS, smem, s,
-                          *a, (const uint16_t *) mtp_xb, n_grp);
+                grid.x = (a->P + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE + n_ids;
+        }
+        if constexpr (IQ4)
+                if (mtp_d1_ok) {
+                        cu_launch(a->sel ? k_mm_tcp<TYPE, NR, MT_GROUPED, true> : k_mm_tcp<TYPE, NR, MT_DENSE, true>,
+                                  grid, MTP_THREADS, smem + MTP_D1_BYTES, s, *a, (const uint16_t *) mtp_xb, n_grp);
+                        return true;
+                }
+        cu_launch(a->sel ? k_mm_tcp<TYPE, NR, MT_GROUPED> : k_mm_tcp<TYPE, NR, MT_DENSE>, grid, MTP_THREADS, smem, s,
+                  *a, (const uint16_t *) mtp_xb, n_grp);
         return true;
 }
 

@@ -500,6 +500,19 @@ if has dtc; then
         "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx 4096 --batch 64 \
                 --decode-tokens 8 --repeats 1 --profile 2>&1 | tee "$out/dtc-profile-b64.txt" | grep -E '^decode|^  [a-z]'
 fi
+if has pre; then
+        # prefill 512 / 4,096 with settings: X4_PRE_MODES="default e:VAR=VAL+VAR=VAL ..." (the file
+        # pre-<n>.jsonl, n the mode's place), e.g. "default e:X4_CUDA_MMTCP_DEC1=1"
+        n_mode=0
+        for mode in ${X4_PRE_MODES:-default}; do
+                n_mode=$((n_mode + 1))
+                extra=()
+                case $mode in e:*) IFS=+ read -r -a extra <<<"${mode#e:}" ;; esac
+                say "pre: $mode: prefill 512, 4,096"
+                env ${extra[@]+"${extra[@]}"} "$build/tools/x4-bench" --model "$model" --device cuda --prefill 512,4096 \
+                        --decode-ctx none --repeats 3 --json 2>&1 | tee -a "$out/pre-$n_mode.jsonl" | grep '"prefill"' | cut -c1-120
+        done
+fi
 if has ncudtc; then
         # ncu of the f16 cache's decode attention (k_attn_dtc) and its combine at batch 1, ctx 512
         # and 32,768 (eager launches), full sections; then the per-kernel times of one step

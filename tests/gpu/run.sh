@@ -385,6 +385,16 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                         cmp "$tmp/tcp-0-$c.bin" "$tmp/tcp-1-$c.bin" || { echo "k_mm_tcp differs from k_mm_tc (chunk $c)"; return 1; }
                 done
                 echo "k_mm_tcp vs k_mm_tc: identical logits (whole, chunks 64/100, decode)"
+                # IQ4_NL stages decoded once a block (X4_CUDA_MMTCP_DEC1=1): the same A registers
+                for c in 0 100; do
+                        args=()
+                        [ $c -gt 0 ] && args=(--chunk $c)
+                        X4_CUDA_MM=tc X4_CUDA_MMTCP_DEC1=1 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99 --device cuda \
+                                --out "$tmp/tcp-d1-$c.bin" || return 1
+                        cmp "$tmp/tcp-0-$c.bin" "$tmp/tcp-d1-$c.bin" || { echo "X4_CUDA_MMTCP_DEC1=1 differs from k_mm_tc (chunk $c)"; return 1; }
+                done
+                echo "k_mm_tcp decoding IQ4_NL once a block vs k_mm_tc: identical logits (whole, chunks of 100)"
                 rm -f "$tmp"/tcp-*.bin
         }
         step "prompt-shaped tensor-core kernel agrees bit for bit with k_mm_tc, demo model" tcp_same
@@ -673,6 +683,10 @@ if command -v compute-sanitizer >/dev/null; then
                                 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                                 --model "$tmp/demo.gguf" --prompt "$p30" --chunk 20 \
                                 --decode 9,99 --device cuda --out "$tmp/san-tc.bin"
+                        step "compute-sanitizer $tool, tensor-core products, IQ4_NL decoded once a block, demo model" \
+                                env X4_CUDA_MM=tc X4_CUDA_MMTCP_DEC1=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$p30" --decode 9 --device cuda \
+                                --out "$tmp/san-d1.bin"
                         step "compute-sanitizer $tool, tensor-core products, k_mm_tcs 1x2, demo model" env X4_CUDA_MM=tc \
                                 X4_CUDA_MMTC_SPLIT=1x2 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                                 --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-tcs.bin"
