@@ -61,8 +61,9 @@ static void mts_setup(void);
 static void mtp_setup(void);
 
 /* Every token on tensor cores: the default on sm_80+ since k_mm_tcs made batch-1 decode as fast
- * on them as on the CUDA-core products (H200, full model: 194.2 against 194.0 tok/s at 512, 178.9
- * against 176.6 at 4,096) while batches gained (batch 64 at 512: 1,960 against 956). X4_CUDA_MM
+ * on them as on the CUDA-core products (H200, full model, one call at bf56437: 192.5 against 191.6
+ * tok/s at 512, 177.8 against 174.7 at 4,096) while batches gained (batch 64 at 512: 1,917 against
+ * 944; bench/RESULTS.md). X4_CUDA_MM
  * set to anything but tc (fp32, or k_mm's 0-3) puts generated tokens back on the CUDA-core
  * products (matvec.cu: the fp32 numerics); X4_CUDA_PROMPT=fp32 then puts prompt tokens there too. */
 static bool mm_tc_all(void) {
