@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(MVS_WARPS * 32, MINB) k_mv_small(struct cu_mv 
 static_assert(MM_T == CU_GROUP_TILE, "one grouped expert tile per k_mm block");
 static_assert(MM_WARPS * 32 * 4 == MV_TILE_CHUNKS * CU_CHUNK, "one float4 per thread per input");
 
-/* Q6_K in k_mm (X4_CUDA_MM_Q6K=1: opt-in until a GPU has checked it against k_matvec): a chunk's
+/* Q6_K in k_mm (the default; X4_CUDA_MM_Q6K=0 keeps k_matvec's 8-input tiles): a chunk's
  * 32 six-bit quants (the ql nibble | the qh pair << 4, as cu_dequant32 assembles them) a byte each
  * in eight words, the same per-byte shifts and masks four at a time, and its two scales d·sc as
  * cu_dequant32 forms them; mm_value then gives cu_dequant32's (d·sc)·(q − 32). 10 registers a row
@@ -800,15 +800,16 @@ static void launch_few(const struct cu_mv *a, cudaStream_t s) {
                 cu_launch(k_matvec_few<TYPE, MV_TP>, dim3(a->N, (a->P + MV_TP - 1) / MV_TP), CU_FEW_WARPS * 32, 0, s, *a);
 }
 
-/* X4_CUDA_MM_Q6K=1: Q6_K products of many inputs (the head of a prompt's logits rows or of a
- * batch of more than 16 sequences) on k_mm instead of k_matvec's 8-input tiles (the same order,
- * so the same bits; opt-in until a GPU has compared them: tests/gpu/run.sh "many-input
- * products" and the batch check with it set) */
+/* Q6_K products of many inputs (the head of a prompt's logits rows or of a batch of more than 16
+ * sequences) on k_mm instead of k_matvec's 8-input tiles: the same order, so the same bits
+ * (tests/gpu/run.sh compares them on 700 prompt rows and across batches). The default since the
+ * 2026-12-04 fourth session's call 1: batch 64 at 512 1,989 -> 2,310 tok/s, at 4,096 1,395 ->
+ * 1,525 (the head was 10.4 of 46.6 ms a step there). X4_CUDA_MM_Q6K=0 keeps k_matvec. */
 static bool mm_q6k_on(void) {
         static int on = -1;
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_MM_Q6K");
-                on = e && !strcmp(e, "1");
+                on = !(e && !strcmp(e, "0"));
         }
         return on;
 }

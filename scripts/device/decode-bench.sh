@@ -513,6 +513,35 @@ if has pre; then
                         --decode-ctx none --repeats 3 --json 2>&1 | tee -a "$out/pre-$n_mode.jsonl" | grep '"prefill"' | cut -c1-120
         done
 fi
+if has b1env; then
+        # decode batch 1 at ctx 512 (three repeats) under settings: X4_B1_MODES="default e:VAR=VAL+VAR=VAL ..."
+        # (quick sweeps of a knob; lines tagged with the mode into $out/b1env.jsonl)
+        for mode in ${X4_B1_MODES:-default}; do
+                extra=()
+                case $mode in e:*) IFS=+ read -r -a extra <<<"${mode#e:}" ;; esac
+                printf '%-40s ' "$mode"
+                env ${extra[@]+"${extra[@]}"} "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx ${X4_B1_CTX:-512} --batch ${X4_B1_BATCH:-1} --decode-tokens 16 --repeats 3 --json 2>&1 |
+                        sed "s/}\$/,\"mode\":\"$mode\"}/" | tee -a "$out/b1env.jsonl" |
+                        grep -o '"ctx":[0-9]*,"batch":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' '
+                echo
+        done
+fi
+if has ncul; then
+        # ncu's sections for one MoE layer's decode kernels at batch 1 / 512 (X4_NCUL_SKIP, 16
+        # launches) and for the head's k_mv_small: why each takes its time
+        say "ncu: sections of one layer's decode kernels at batch 1, ctx 512"
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --launch-skip ${X4_NCUL_SKIP:-1400} --launch-count 16 \
+                --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+                --section MemoryWorkloadAnalysis --section SchedulerStats "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                --decode-ctx 512 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" >"$out/ncu-layer.txt"
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:k_mv_small --launch-skip 2 --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+                --section MemoryWorkloadAnalysis --section SchedulerStats "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                --decode-ctx 512 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" >"$out/ncu-head.txt"
+        grep -E "^  [a-z_ ]*k_|Duration|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|Waves Per SM" \
+                "$out/ncu-layer.txt" "$out/ncu-head.txt" | cut -c1-150 | head -150
+fi
 if has ncudtc; then
         # ncu of the f16 cache's decode attention (k_attn_dtc) and its combine at batch 1, ctx 512
         # and 32,768 (eager launches), full sections; then the per-kernel times of one step

@@ -263,21 +263,21 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "k_mm on/off: identical logits ($(stat -c %s "$tmp/mm-on.bin") bytes)"
         }
         step "many-input products agree bit for bit with k_matvec, demo model" mm_same
-        # the Q6_K head in k_mm (X4_CUDA_MM_Q6K=1, opt-in until this passes): the 700 prompt rows'
-        # logits through it against k_matvec's 8-input tiles; batch 64 against batch 1 (k_mv_small)
+        # the Q6_K head in k_mm (the default; X4_CUDA_MM_Q6K=0 keeps k_matvec): the 700 prompt
+        # rows' logits through it against k_matvec's 8-input tiles; batch 64 against batch 1 (k_mv_small)
         mm_q6k_same() {
                 local prompt
                 prompt=$(awk 'BEGIN { s = 11; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                X4_CUDA_MM=0 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                X4_CUDA_MM_Q6K=0 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
                         --decode 9,99,999 --device cuda --out "$tmp/q6-off.bin" || return 1
-                X4_CUDA_MM_Q6K=1 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
                         --decode 9,99,999 --device cuda --out "$tmp/q6-on.bin" || return 1
                 cmp "$tmp/q6-on.bin" "$tmp/q6-off.bin" || { echo "the Q6_K head in k_mm differs from k_matvec"; return 1; }
                 echo "Q6_K head, k_mm vs k_matvec: identical logits ($(stat -c %s "$tmp/q6-on.bin") bytes)"
-                X4_CUDA_MM_Q6K=1 "$check" batch "$tmp/demo.gguf"
+                "$check" batch "$tmp/demo.gguf"
         }
         step "Q6_K head in k_mm agrees bit for bit with k_matvec and across batches, demo model" mm_q6k_same
-        step "compute-sanitizer memcheck, Q6_K head in k_mm, demo model" env X4_CUDA_MM_Q6K=1 compute-sanitizer \
+        step "compute-sanitizer memcheck, Q6_K head in k_mm, demo model" compute-sanitizer \
                 --tool memcheck --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                 --prompt 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24 --decode 9 --device cuda --out "$tmp/san-q6.bin"
         # the mHC pre-mapping's two shapes (one fused kernel a token, or the token-tiled pair of
