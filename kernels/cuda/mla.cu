@@ -765,6 +765,9 @@ extern "C" bool cu_attention_setup(uint32_t KV, uint32_t R) {
             cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
                 return false;
+        int sms = 0; /* before attn_tc_setup: k_attn_dtc's launches read it too */
+        attn_sms = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0
+                           ? (uint32_t) sms : 132;
         attn_tc_setup(KV, R, smem_max, major);
         if (D % 4 || D == 0 || D > 24 * ATT_KC || KV % AC_KS)
                 return false;
@@ -773,9 +776,6 @@ extern "C" bool cu_attention_setup(uint32_t KV, uint32_t R) {
             attn_pv_smem(64, 32) > (size_t) smem_max)
                 return false;
         attn_shape = -1;
-        int sms = 0;
-        attn_sms = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0
-                           ? (uint32_t) sms : 132;
         if (const char *e = getenv("X4_CUDA_SPLIT")) {
                 int as = 0, ac = 0, ks = 0, found = -1;
                 if (sscanf(e, "%d,%d,%d", &as, &ac, &ks) == 3)
@@ -1147,13 +1147,18 @@ static __device__ __forceinline__ void tc_ldsm_x2_trans(const __half *row, uint3
 
 /* One online-softmax step of head h over a staged sub-part (k_attn_tc2 and k_attn_dtc), a lane a
  * position: the running max m, p = f16(exp(s − m)) into sP, l = l·alpha + Σ p (the lane
- * butterfly), alpha = exp(m_old − m_new) for o's rescale. */
+ * butterfly), alpha = exp(m_old − m_new) for o's rescale. ALIAS: sP's row h lies in sS's row h
+ * (k_attn_dtc's two-blocks-an-SM layout), so a lane's p may land on a score another lane of the
+ * warp has yet to read: the warp meets before the stores. */
+template <bool ALIAS = false>
 static __device__ __forceinline__ void tc_softmax_step(const float *sS, __half *sP, float *sM, float *sL, float *sA,
                                                        uint32_t ss, uint32_t ps, uint32_t h, uint32_t lane) {
         float sv = sS[h * ss + lane];
         float m_old = sM[h], m_new = fmaxf(m_old, cu_warp_max(sv));
         float p = __half2float(__float2half_rn(expf(sv - m_new)));
         float ps_sum = cu_warp_sum(p);
+        if constexpr (ALIAS)
+                __syncwarp(); /* every lane has read its score (racecheck) */
         sP[h * ps + lane] = __float2half_rn(p);
         __syncwarp(); /* every lane has read sM[h] and sL[h] (racecheck) */
         if (lane == 0) {
@@ -1609,8 +1614,21 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
  *     in flight while one computes) instead of a staging loop that waits for its loads;
  *   - the row offsets are computed from the step's metadata before the PDL wait;
  *   - three barriers a sub-part (copies landed; scores written; p written).
- * It reads f16 rows only: an f32 cache keeps the fp32 kernels (the exact path, 1e-3 of float64). */
+ * It reads f16 rows only: an f32 cache keeps the fp32 kernels (the exact path, 1e-3 of float64).
+ *
+ * LEAN (k_attn_dtc<2, false, true>, batch decode: grids of at least two blocks an SM, or
+ * X4_CUDA_DTC_2SM=1): the same chains in the same order in a layout small enough for two blocks
+ * an SM (the full model: 113,536 bytes + roff's 2,048 against the H200's 115,712 a block of two),
+ * so one block's barriers and copy waits hide behind the other's mma:
+ *   - one sub-part a round, a ring of two;
+ *   - a ring slot holds the c-part of its rows (the first KV values, the only ones p·v reads);
+ *     the rope keys (the last R) go to one buffer the slots share: only the score chains read
+ *     them, and those are done at the scores barrier, behind which the next copy is issued;
+ *   - p lives in the first half of the scores' rows (a row of 36 floats is 72 halves: 16-byte
+ *     aligned, conflict-free for ldmatrix): the softmax step reads a row's scores before any p
+ *     of that row lands (tc_softmax_step<true>), and the next scores come after p·v's barrier. */
 #define DTC_NS_MAX 4
+#define DTC_LEAN_NS 2 /* the lean layout's ring */
 
 /* Shared memory of k_attn_dtc with a ring of ns sub-parts, g sub-parts a round: queries, scores,
  * p, running state. */
@@ -1618,6 +1636,14 @@ static size_t dtc_smem(uint32_t D, int ns, int g = 1) {
         size_t rq = D + TC_PAD;
         return (size_t) TC_HG * rq * 2 + (size_t) TC_HG * (g * TC_SUB + 4) * 4 + (size_t) TC_HG * (g * TC_SUB + TC_PAD) * 2 +
                (size_t) (2 + g) * TC_HG * 4 + (size_t) ns * TC_SUB * rq * 2;
+}
+
+/* Shared memory of k_attn_dtc's lean layout (DTC_LEAN_NS c-parts of KV values a row, one rope-key
+ * buffer, p inside the scores): queries, scores, running state, rope keys, ring. */
+static size_t dtc_lean_smem(uint32_t D, uint32_t KV) {
+        size_t rq = D + TC_PAD;
+        return (size_t) TC_HG * rq * 2 + (size_t) TC_HG * (TC_SUB + 4) * 4 + (size_t) 3 * TC_HG * 4 +
+               (size_t) TC_SUB * (D - KV + TC_PAD) * 2 + (size_t) DTC_LEAN_NS * TC_SUB * (KV + TC_PAD) * 2;
 }
 
 /* o = alpha·o + p·v over one staged sub-part (k_attn_dtc): warp w, m-tile w % 2, the n-tiles (8
@@ -1661,12 +1687,13 @@ static __device__ __forceinline__ void dtc_pv(float (*o)[4], const __half *sP, u
         }
 }
 
-template <int NS, bool PAIR>
-__global__ void __launch_bounds__(TC_WARPS * 32, 1)
+template <int NS, bool PAIR, bool LEAN = false>
+__global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         k_attn_dtc(struct cu_attn a, uint32_t t0, uint32_t max_parts, uint32_t plen_forced, struct cu_cache c,
                    uint32_t layer, float *part) {
         static_assert(NS >= 2 && NS <= DTC_NS_MAX, "a sub-part computes while the next ones copy");
         static_assert(!PAIR || NS == 4, "rounds of two sub-parts: two rounds in the ring");
+        static_assert(!LEAN || (!PAIR && NS == DTC_LEAN_NS), "the lean layout: one sub-part a round, its own ring");
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
         extern __shared__ __align__(16) unsigned char tc_smem_raw[];
         __shared__ uint64_t roff[CU_ATTN_PART_DEC];
@@ -1683,13 +1710,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
         cu_pdl_wait();
         cu_pdl_trigger();
         constexpr uint32_t G = PAIR ? 2 : 1; /* sub-parts a round */
-        const uint32_t ss = G * TC_SUB + 4, ps = G * TC_SUB + TC_PAD;
+        /* LEAN: p in the scores' rows (ps = 2·ss halves), ring slots of KV values a row (rk) and
+         * the rope keys' buffer sR (rows of R + pad) */
+        const uint32_t ss = G * TC_SUB + 4, ps = LEAN ? 2 * ss : G * TC_SUB + TC_PAD;
+        const uint32_t rk = LEAN ? KV + TC_PAD : rq, rr = D - KV + TC_PAD;
         __half *sQ = (__half *) tc_smem_raw;               /* [head][D + pad] */
         float *sS = (float *) (sQ + (size_t) TC_HG * rq);  /* [head][G · TC_SUB + 4] scores */
-        __half *sP = (__half *) (sS + (size_t) TC_HG * ss); /* [head][G · TC_SUB + pad] p */
-        float *sM = (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG, *sA = sL + TC_HG; /* sA: G rows */
-        __half *ring = (__half *) (sA + G * TC_HG);       /* NS × [position][D + pad] */
-        const size_t slot = (size_t) TC_SUB * rq;
+        __half *sP = LEAN ? (__half *) sS : (__half *) (sS + (size_t) TC_HG * ss); /* [head][G · TC_SUB + pad] p */
+        float *sM = LEAN ? sS + (size_t) TC_HG * ss : (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG,
+              *sA = sL + TC_HG;                            /* sA: G rows */
+        __half *sR = (__half *) (sA + G * TC_HG);         /* LEAN: [position][R + pad] rope keys */
+        __half *ring = LEAN ? sR + (size_t) TC_SUB * rr : sR; /* NS × [position][D + pad] (LEAN: KV + pad) */
+        const size_t slot = (size_t) TC_SUB * rk;
         const __half *cache = (const __half *) c.base;
         const uint32_t cpr = D / 8; /* 16-byte copies a row */
         __syncthreads();           /* roff written */
@@ -1703,9 +1735,14 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                         uint32_t j = s * TC_SUB + crow;
                         bool v = j < n;
                         const __half *src = cache + (v ? roff[j] : 0);
-                        __half *dst = ring + (s % NS) * slot + (size_t) crow * rq;
-                        for (uint32_t k = ck0; k < cpr; k += 8)
-                                fa_cp16(dst + 8 * k, src + 8 * k, v);
+                        __half *dst = ring + (s % NS) * slot + (size_t) crow * rk;
+                        for (uint32_t k = ck0; k < cpr; k += 8) {
+                                __half *d = dst + 8 * k;
+                                if constexpr (LEAN)
+                                        if (8 * k >= KV) /* a rope key: the shared buffer */
+                                                d = sR + (size_t) crow * rr + (8 * k - KV);
+                                fa_cp16(d, src + 8 * k, v);
+                        }
                 }
                 mtd_commit();
         };
@@ -1770,22 +1807,50 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                 {
                         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
-                        const __half *kb = sK + (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
-                        uint32_t k0 = 0;
+                        if constexpr (LEAN) {
+                                /* the same steps: 32 values while they fit, then 16; the c-part's
+                                 * from the slot (KV % 32 = 0: no step straddles KV), the rope
+                                 * keys' from sR */
+                                const __half *kb = sK + (size_t) (nt * 8 + lane % 8) * rk + (lane / 8) * 8;
+                                const __half *rb = sR + (size_t) (nt * 8 + lane % 8) * rr + (lane / 8) * 8;
+                                auto step32 = [&](const __half *k, uint32_t k0) {
+                                        uint32_t qf0[4], qf1[4], kf[4];
+                                        mtp_ldm4(qf0, qa + k0);
+                                        mtp_ldm4(qf1, qa + k0 + 16);
+                                        mtp_ldm4(kf, k);
+                                        tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                                        tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+                                };
+                                uint32_t k0 = 0;
 #pragma unroll 2
-                        for (; k0 + 32 <= D; k0 += 32) {
-                                uint32_t qf0[4], qf1[4], kf[4];
-                                mtp_ldm4(qf0, qa + k0);
-                                mtp_ldm4(qf1, qa + k0 + 16);
-                                mtp_ldm4(kf, kb + k0);
-                                tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
-                                tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
-                        }
-                        for (; k0 < D; k0 += 16) {
-                                uint32_t qf[4];
-                                mtp_ldm4(qf, qa + k0);
-                                const __half *kr = sK + (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
-                                tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(kr), tc_ld32(kr + 8));
+                                for (; k0 < KV; k0 += 32)
+                                        step32(kb + k0, k0);
+                                for (; k0 + 32 <= D; k0 += 32)
+                                        step32(rb + (k0 - KV), k0);
+                                for (; k0 < D; k0 += 16) {
+                                        uint32_t qf[4];
+                                        mtp_ldm4(qf, qa + k0);
+                                        const __half *kr = sR + (size_t) (nt * 8 + g) * rr + 2 * cq + (k0 - KV);
+                                        tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(kr), tc_ld32(kr + 8));
+                                }
+                        } else {
+                                const __half *kb = sK + (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
+                                uint32_t k0 = 0;
+#pragma unroll 2
+                                for (; k0 + 32 <= D; k0 += 32) {
+                                        uint32_t qf0[4], qf1[4], kf[4];
+                                        mtp_ldm4(qf0, qa + k0);
+                                        mtp_ldm4(qf1, qa + k0 + 16);
+                                        mtp_ldm4(kf, kb + k0);
+                                        tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                                        tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+                                }
+                                for (; k0 < D; k0 += 16) {
+                                        uint32_t qf[4];
+                                        mtp_ldm4(qf, qa + k0);
+                                        const __half *kr = sK + (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
+                                        tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(kr), tc_ld32(kr + 8));
+                                }
                         }
                         uint32_t j0 = nt * 8 + 2 * cq;
 #pragma unroll
@@ -1795,13 +1860,15 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
                         }
                 }
                 __syncthreads(); /* scores written; every warp is past the previous sub-part */
-                issue(s + NS - 1); /* into the slot of sub-part s − 1 */
+                /* into the slot of sub-part s − 1 (LEAN: and sR, whose readers, this sub-part's
+                 * score chains, are done) */
+                issue(s + NS - 1);
                 /* the online softmax step, a warp per four heads, a lane per position */
 #pragma unroll
                 for (int x = 0; x < TC_HG / TC_WARPS; x++)
-                        tc_softmax_step(sS, sP, sM, sL, sA, ss, ps, warp * (TC_HG / TC_WARPS) + x, lane);
+                        tc_softmax_step<LEAN>(sS, sP, sM, sL, sA, ss, ps, warp * (TC_HG / TC_WARPS) + x, lane);
                 __syncthreads(); /* p and the rescale factors written */
-                dtc_pv(o, sP, ps, sA, sK, rq, mt, wq, ntiles, lane);
+                dtc_pv(o, sP, ps, sA, sK, rk, mt, wq, ntiles, lane);
         }
         } else {
                 /* DTC_PAIR: rounds of two sub-parts (ring slots of the round before), each warp two
@@ -1882,6 +1949,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1)
 static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens a block */
 static int attn_dtc_ns; /* k_attn_dtc's ring (sub-parts) this device's shared memory holds; 0: not run */
 static bool attn_dtc_pair; /* the ring holds two rounds of two (not X4_CUDA_DTC_PAIR=0): k_attn_dtc<4, true> */
+static bool attn_dtc_lean; /* k_attn_dtc<2, false, true> runs two blocks an SM on this device and shape */
+static int attn_dtc_2sm;   /* X4_CUDA_DTC_2SM: 1 the lean layout whenever it is ready, 0 never, -1 by the grid */
 static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
 
@@ -1943,6 +2012,33 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
                 (void) cudaGetLastError(); /* a refused attribute must not fail the first forward */
         if (pe && !strcmp(pe, "1") && !attn_dtc_pair)
                 fprintf(stderr, "xing4d: X4_CUDA_DTC_PAIR=1: this device's shared memory cannot hold it; one sub-part a round\n");
+        /* the lean layout (batch decode): only where two blocks fit an SM (the H200 at the full
+         * model, 115,584 bytes a block with roff; not sm_80's 164 KiB an SM), asked of the runtime
+         * with the carveout at its largest; X4_CUDA_DTC_2SM=1 takes it whenever it is ready, 0 never */
+        const char *le = getenv("X4_CUDA_DTC_2SM");
+        attn_dtc_2sm = -1;
+        if (le && *le) {
+                if (!strcmp(le, "0") || !strcmp(le, "1"))
+                        attn_dtc_2sm = le[0] - '0';
+                else
+                        fprintf(stderr, "xing4d: X4_CUDA_DTC_2SM=%s ignored: expected 0 or 1; the grid decides\n", le);
+        }
+        size_t need_lean = dtc_lean_smem(D, KV);
+        int lean_blocks = 0;
+        attn_dtc_lean = attn_dtc_2sm != 0 && attn_dtc_ns &&
+                        need_lean + CU_ATTN_PART_DEC * sizeof(uint64_t) <= (size_t) smem_max &&
+                        cudaFuncSetAttribute(k_attn_dtc<DTC_LEAN_NS, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int) need_lean) == cudaSuccess &&
+                        cudaFuncSetAttribute(k_attn_dtc<DTC_LEAN_NS, false, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared) == cudaSuccess &&
+                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lean_blocks, k_attn_dtc<DTC_LEAN_NS, false, true>,
+                                                                      TC_WARPS * 32, need_lean) == cudaSuccess &&
+                        lean_blocks >= 2;
+        if (!attn_dtc_lean)
+                (void) cudaGetLastError(); /* a refused attribute must not fail the first forward */
+        if (attn_dtc_2sm == 1 && !attn_dtc_lean)
+                fprintf(stderr, "xing4d: X4_CUDA_DTC_2SM=1: k_attn_dtc's lean layout cannot run two blocks an SM on this "
+                                "device or shape (%d); the default serves\n", lean_blocks);
         return true;
 }
 
@@ -1998,13 +2094,21 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
                           *c, layer, part);
 }
 
-/* k_attn_dtc for tokens [t0, t0 + n), parts of cu_dtc_plen(position, plen) positions */
+/* k_attn_dtc for tokens [t0, t0 + n), parts of cu_dtc_plen(position, plen) positions. The lean
+ * layout (two blocks an SM) where the grid fills two blocks an SM at least, or where
+ * X4_CUDA_DTC_2SM says; the same chains in the same order either way, so the choice never
+ * changes a bit (GPU test dtc_same) and batch invariance holds. */
 static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                             const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
         dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
         size_t sm = dtc_smem(c->D, attn_dtc_ns, attn_dtc_pair ? 2 : 1);
         cu_launches++;
-        if (attn_dtc_pair)
+        bool lean = attn_dtc_lean &&
+                    (attn_dtc_2sm == 1 || (uint64_t) grid.x * grid.y * grid.z >= 2 * (uint64_t) attn_sms);
+        if (lean)
+                cu_launch(k_attn_dtc<DTC_LEAN_NS, false, true>, grid, TC_WARPS * 32, dtc_lean_smem(c->D, a->KV), s, *a, t0,
+                          max_parts, plen, *c, layer, part);
+        else if (attn_dtc_pair)
                 cu_launch(k_attn_dtc<4, true>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
         else if (attn_dtc_ns == 4)
                 cu_launch(k_attn_dtc<4, false>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);

@@ -208,23 +208,37 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         dtc_same() {
                 local prompt part
                 prompt=$(awk 'BEGIN { s = 29; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                # (X4_CUDA_DTC_2SM=0: the kernels of one block an SM, which the 700-token passes' grids
+                # would otherwise leave for the lean layout below)
                 for part in 256 64; do
-                        X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
+                        X4_CUDA_DTC_2SM=0 X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                                 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-$part.bin" || return 1
                         X4_CUDA_ATTN=tc2 X4_CUDA_ATTN_PROMPT_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                                 --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/tc2-$part.bin" || return 1
                         cmp "$tmp/dtc-$part.bin" "$tmp/tc2-$part.bin" || { echo "k_attn_dtc differs from k_attn_tc2 (parts of $part)"; return 1; }
                 done
-                # by default the parts follow the position (cu_dtc_plen): 64 below 2,048
+                # by default the parts follow the position (cu_dtc_plen): 64 below 2,048 (and the
+                # layout follows the grid: X4_CUDA_DTC_2SM unset)
                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/dtc-def.bin" || return 1
                 cmp "$tmp/dtc-64.bin" "$tmp/dtc-def.bin" || { echo "k_attn_dtc's default parts are not 64 below 2,048"; return 1; }
                 # one sub-part a round (X4_CUDA_DTC_PAIR=0; the default takes two where the ring
                 # holds them): the same chains, the same bits
                 for part in 256 64; do
-                        X4_CUDA_DTC_PAIR=0 X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                        X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_PAIR=0 X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                                 --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtcp-$part.bin" || return 1
                         cmp "$tmp/dtc-$part.bin" "$tmp/dtcp-$part.bin" || { echo "X4_CUDA_DTC_PAIR=0 differs (parts of $part)"; return 1; }
+                done
+                # the lean layout, two blocks an SM (X4_CUDA_DTC_2SM=1: every launch; by default
+                # only grids of two blocks an SM): a ring of two, the rope keys in one buffer, p in
+                # the scores' rows; the same chains, the same bits. A device or shape it cannot
+                # run on says so on stderr (and the default runs): not this test
+                for part in 256 64; do
+                        X4_CUDA_DTC_2SM=1 X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtcl-$part.bin" \
+                                2>"$tmp/dtcl-$part.err" || { cat "$tmp/dtcl-$part.err"; return 1; }
+                        if grep -q "X4_CUDA_DTC_2SM" "$tmp/dtcl-$part.err"; then cat "$tmp/dtcl-$part.err"; return 1; fi
+                        cmp "$tmp/dtc-$part.bin" "$tmp/dtcl-$part.bin" || { echo "X4_CUDA_DTC_2SM=1 differs (parts of $part)"; return 1; }
                 done
                 X4_CUDA_DECODE_ATTN=fp32 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-fp32.bin" || return 1
@@ -237,7 +251,7 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 X4_CUDA_COMBINE=ref X4_CUDA_ATTN_DECODE_PART=64 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-ref.bin" || return 1
                 cmp "$tmp/dtc-64.bin" "$tmp/dtc-ref.bin" || { echo "the combine differs from its reference (f16 cache)"; return 1; }
-                echo "k_attn_dtc = k_attn_tc2 (parts of 256 and 64), combine = its reference: identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
+                echo "k_attn_dtc = k_attn_tc2 = k_attn_dtc two blocks an SM (parts of 256 and 64), combine = its reference: identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
         }
         step "decode attention on tensor cores equals k_attn_tc2 bit for bit, demo model" dtc_same
         step "cuda (f16 cache) vs cpu, demo model, 512 + 64 greedy" env X4_GPU_CACHE=f16 "$check" parity "$tmp/demo.gguf" 512 64
@@ -662,15 +676,27 @@ if command -v compute-sanitizer >/dev/null; then
         # token of an x4-logits run takes the decode kernel): ten sub-parts a part, the ring of
         # copies wrapping around, two parts a query
         long=$(awk 'BEGIN { s = 31; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 400 } }')
+        # the lean layout (X4_CUDA_DTC_2SM=1) on the tiny shapes (D = 80: the last 16-value
+        # step of the scores from the shared rope-key buffer): eight sub-parts a part through
+        # its ring of two, the rope-key buffer rewritten every sub-part, p over the scores;
+        # a refusal on stderr fails the step (the default would have run instead)
+        san_lean() {
+                X4_CUDA_DTC_2SM=1 X4_CUDA_ATTN_DECODE_PART=256 compute-sanitizer --tool "$1" --error-exitcode 9 \
+                        "$build/tools/x4-logits" --model "$tiny" --cache f16 --prompt "$long" --decode 5,6 \
+                        --device cuda --out "$tmp/san-lean.bin" 2>"$tmp/san-lean.err" || { cat "$tmp/san-lean.err"; return 1; }
+                cat "$tmp/san-lean.err"
+                if grep -q "X4_CUDA_DTC_2SM" "$tmp/san-lean.err"; then echo "the lean layout did not run"; return 1; fi
+        }
         for tool in memcheck racecheck synccheck; do
                 step "compute-sanitizer $tool, f16 cache" env X4_GPU_CACHE=f16 compute-sanitizer --tool $tool \
                         --error-exitcode 9 "$check" quick "$tiny"
-                step "compute-sanitizer $tool, f16 cache, 300-token prompt" compute-sanitizer --tool $tool \
+                step "compute-sanitizer $tool, f16 cache, 300-token prompt" env X4_CUDA_DTC_2SM=0 compute-sanitizer --tool $tool \
                         --error-exitcode 9 "$build/tools/x4-logits" --model "$tiny" --cache f16 --prompt "$long" \
                         --decode 5,6 --device cuda --out "$tmp/san-long.bin"
-                step "compute-sanitizer $tool, f16 cache, 300-token prompt, one sub-part a round" env X4_CUDA_DTC_PAIR=0 \
+                step "compute-sanitizer $tool, f16 cache, 300-token prompt, one sub-part a round" env X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_PAIR=0 \
                         X4_CUDA_ATTN_DECODE_PART=256 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tiny" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-long.bin"
+                step "compute-sanitizer $tool, f16 cache, 300-token prompt, two blocks an SM" san_lean $tool
         done
         # the tensor-core products for every token count (X4_CUDA_MM=tc) on the demo model: a
         # 30-token prompt in chunks of 20 (k_mm_tcp, experts grouped) and 10 (k_mm_tcd, dense and
