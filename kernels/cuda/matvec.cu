@@ -224,10 +224,91 @@ struct raw_chunk {
         }
 };
 
+/* Q6_K rows of whole tiles (the head at batch 1-16, k_mv_small with L = 32, RW = 1, NR = 1): a
+ * warp's tile of 32 chunks is 4 super-blocks, 840 contiguous bytes. Lane l loads words l, l + 32,
+ * ... of them (7 a lane, coalesced) ahead, as the other types' raw chunks are loaded, and stages
+ * them in shared memory with each super-block at a 4-byte boundary (212 bytes apart: the 210-byte
+ * blocks are 2-byte aligned in the row); a lane then decodes its own chunk there four six-bit
+ * quants a word (q6k_decode): the values cu_dequant32 gives, (d·sc)·(q − 32), exactly. Before,
+ * each lane's cu_dequant32 read its chunk straight from global memory in 2-byte loads and
+ * decoded it a value at a time: 439 us for the 385 MB head at batch 1 (18% of DRAM throughput,
+ * the L1 half busy), now 360 (ncu, H200, 2026-12-04: batch 1 at 512 195.1 -> 198.8 tok/s). It
+ * is issue-bound now (101 registers, two blocks an SM; compiled for three, 80 registers without
+ * spills, it was no faster: 199.5 against 200.3). */
+#define Q6T_WORDS 210 /* 4 super-blocks of 210 bytes, as loaded */
+#define Q6T_SB 212    /* bytes a staged super-block takes */
+struct q6k_tile {
+        uint32_t w[(Q6T_WORDS + 31) / 32];
+        /* tile `tile` of a row of n_chunks chunks (a multiple of 8: whole super-blocks) */
+        __device__ __forceinline__ void load(const uint8_t *row, uint32_t tile, uint32_t n_chunks, uint32_t lane) {
+                uint32_t nsb = min(4u, (n_chunks - tile * MV_TILE_CHUNKS) / 8), bytes = 210 * nsb;
+                const uint8_t *base = row + 840 * (uint64_t) tile;
+                bool al = ((uintptr_t) base & 3) == 0; /* 210-byte blocks: rows 2-byte aligned at least */
+#pragma unroll
+                for (int j = 0; j < (Q6T_WORDS + 31) / 32; j++) {
+                        uint32_t o = 4 * (lane + 32 * j), v = 0;
+                        if (o + 4 <= bytes)
+                                v = al ? *(const uint32_t *) (base + o)
+                                       : (uint32_t) *(const uint16_t *) (base + o) |
+                                                 (uint32_t) *(const uint16_t *) (base + o + 2) << 16;
+                        else if (o + 2 <= bytes)
+                                v = *(const uint16_t *) (base + o);
+                        w[j] = v;
+                }
+        }
+        /* into the warp's staging bytes s (4·Q6T_SB): the two 16-bit halves of a word each at its
+         * super-block's place (a half never straddles two blocks: 210 is even). All lanes; returns
+         * past a __syncwarp. */
+        __device__ __forceinline__ void stage(uint8_t *s, uint32_t lane) const {
+                __syncwarp(); /* the previous tile's decodes have read s */
+#pragma unroll
+                for (int j = 0; j < (Q6T_WORDS + 31) / 32; j++) {
+                        uint32_t o = 4 * (lane + 32 * j);
+                        if (o < 4 * Q6T_WORDS) {
+                                uint32_t b0 = o / 210, b1 = (o + 2) / 210;
+                                *(uint16_t *) (s + o + (Q6T_SB - 210) * b0) = (uint16_t) w[j];
+                                *(uint16_t *) (s + o + 2 + (Q6T_SB - 210) * b1) = (uint16_t) (w[j] >> 16);
+                        }
+                }
+                __syncwarp();
+        }
+};
+
+/* Chunk c (< 32) of a staged tile (q6k_tile::stage): cu_dequant32's values, four quants a word:
+ * the ql nibbles and qh pairs of values 4k .. 4k + 3 in one word each (docs/model.md §6), their
+ * byte e assembled as cu_dequant32 assembles it, then (d·sc)·(q − 32) with d·sc as it forms it. */
+static __device__ __forceinline__ void q6k_decode(const uint8_t *s, uint32_t c, float *out) {
+        const uint8_t *b = s + Q6T_SB * (c / 8);
+        uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
+        const uint32_t *ql = (const uint32_t *) (b + 64 * n + ((q & 1) ? 32 : 0));
+        const uint32_t *qh = (const uint32_t *) (b + 128 + 32 * n);
+        const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
+        float d = cu_fp16(b + 208);
+        uint32_t shift_lo = (q & 2) ? 4 : 0, shift_hi = 2 * q;
+        float ds0 = d * (float) sc[2 * q], ds1 = d * (float) sc[1 + 2 * q];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+                uint32_t v = ((ql[k] >> shift_lo) & 0x0F0F0F0Fu) | (((qh[k] >> shift_hi) & 0x03030303u) << 4);
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                        out[4 * k + e] = (k < 4 ? ds0 : ds1) * (float) ((int) ((v >> (8 * e)) & 0xffu) - 32);
+        }
+}
+template <int TYPE, bool Q6S>
+struct mvs_raw {
+        using type = raw_chunk<TYPE>;
+};
+template <>
+struct mvs_raw<CU_TYPE_Q6_K, true> {
+        using type = q6k_tile;
+};
+
 template <int TYPE, int TP, int NR, int L, bool GROUPED, int RW, bool FX = false, int MINB = 1>
 __global__ void __launch_bounds__(MVS_WARPS * 32, MINB) k_mv_small(struct cu_mv a) {
         static_assert(!FX || TP == 1, "the whole input staged at once: one input a block");
         __shared__ __align__(16) float xs[TP][(FX ? MVS_FX_CHUNKS : MV_TILE_CHUNKS) * MVS_XS];
+        constexpr bool Q6S = TYPE == CU_TYPE_Q6_K && L == 32 && RW == 1 && NR == 1 && !GROUPED;
+        __shared__ __align__(16) uint8_t q6s[Q6S ? MVS_WARPS : 1][Q6S ? 4 * Q6T_SB : 4];
         constexpr int RPW = 32 / L; /* rows per warp pass */
         constexpr int TB = MVS_BATCH / RW > 0 ? MVS_BATCH / RW : 1; /* tiles a lane loads ahead */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, sl = lane % L;
@@ -280,16 +361,21 @@ __global__ void __launch_bounds__(MVS_WARPS * 32, MINB) k_mv_small(struct cu_mv 
         uint32_t e4 = 4 * threadIdx.x;
         float4 xr[TP];
         for (uint32_t t0 = 0; t0 < n_tiles; t0 += TB) {
-                raw_chunk<TYPE> raw[RW][NR][TB];
+                typename mvs_raw<TYPE, Q6S>::type raw[RW][NR][TB];
 #pragma unroll
                 for (int b = 0; b < TB; b++) {
                         uint32_t c = (t0 + b) * MV_TILE_CHUNKS + sl;
+                        if constexpr (Q6S) {
+                                if (active[0] && t0 + b < n_tiles)
+                                        raw[0][0][b].load(w[0], t0 + b, n_chunks, lane);
+                        } else {
 #pragma unroll
-                        for (int k = 0; k < RW; k++)
-                                if (active[k] && c < n_chunks)
+                                for (int k = 0; k < RW; k++)
+                                        if (active[k] && c < n_chunks)
 #pragma unroll
-                                        for (int n = 0; n < NR; n++)
-                                                raw[k][n][b].load(w[k] + n * a.row_bytes, c);
+                                                for (int n = 0; n < NR; n++)
+                                                        raw[k][n][b].load(w[k] + n * a.row_bytes, c);
+                        }
                 }
                 if (t0 == 0) {
                         /* the first weights are in flight: now the inputs (written by the
@@ -345,6 +431,8 @@ __global__ void __launch_bounds__(MVS_WARPS * 32, MINB) k_mv_small(struct cu_mv 
                                                 xr[t] = *(const float4 *) (x[t] + nx);
                         }
                         uint32_t c = tile * MV_TILE_CHUNKS + sl;
+                        if constexpr (Q6S)
+                                raw[0][0][b].stage(q6s[warp], lane); /* the whole warp */
                         if (c >= n_chunks)
                                 continue;
                         uint32_t xc = FX ? c : sl; /* the chunk's place in xs */
@@ -357,7 +445,10 @@ __global__ void __launch_bounds__(MVS_WARPS * 32, MINB) k_mv_small(struct cu_mv 
                                         float wv[CU_CHUNK];
                                         /* no codebook table: IQ4_NL's chunks decode by
                                          * byte permutes, the other types use none */
-                                        raw[k][n][b].dequant(wv, cu_iq4nl_values);
+                                        if constexpr (Q6S)
+                                                q6k_decode(q6s[warp], sl, wv);
+                                        else
+                                                raw[k][n][b].dequant(wv, cu_iq4nl_values);
 #pragma unroll
                                         for (int t = 0; t < TP; t++) {
                                                 if ((uint32_t) t >= n_p)
