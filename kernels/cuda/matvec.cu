@@ -10,6 +10,7 @@
  * (many inputs: a register tile of rows × inputs per thread) and k_matvec (the rest). A
  * tensor-core path would need its own order for every token count (issue 12). */
 #include "common.cuh"
+#include <stdio.h>
 
 #define MV_WARPS 8
 #define MV_TP 8 /* input vectors per block: 8 × 4.2 KB of x tile in shared memory */
@@ -901,6 +902,8 @@ static bool mm_q6k_on(void) {
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_MM_Q6K");
                 on = !(e && !strcmp(e, "0"));
+                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MM_Q6K=%s: expected 0 or 1; taken as 1 (the default)\n", e);
         }
         return on;
 }

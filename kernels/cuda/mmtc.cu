@@ -71,6 +71,10 @@ static bool mm_tc_all(void) {
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_MM");
                 on = !e || !*e || !strcmp(e, "tc");
+                /* a misspelt value would silently mean fp32: say what it was taken as */
+                if (!on && strcmp(e, "fp32") && !(e[0] >= '0' && e[0] <= '3' && !e[1]))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MM=%s: expected tc, fp32 or 0-3; taken as fp32 "
+                                        "(generated tokens on the CUDA-core products)\n", e);
         }
         return on;
 }
@@ -963,8 +967,12 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
                 const char *e = getenv("X4_CUDA_MMTC_SPLIT");
                 on = !(e && !strcmp(e, "0"));
                 unsigned fw = 0, fs = 0;
-                if (e && sscanf(e, "%ux%u", &fw, &fs) == 2 && fw >= 1 && fw <= MTS_WARPS && fs >= 1 && fs <= 3)
+                char tail = 0;
+                if (e && sscanf(e, "%ux%u%c", &fw, &fs, &tail) == 2 && fw >= 1 && fw <= MTS_WARPS && fs >= 1 && fs <= 3)
                         force_w = fw, force_s = fs;
+                else if (e && *e && strcmp(e, "0"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_SPLIT=%s ignored: expected 0 or WxS (W warps 1-%d, S "
+                                        "stages 1-3)\n", e, MTS_WARPS);
         }
         uint32_t n_chunks = a->K / CU_CHUNK, n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
         bool sel = a->sel != NULL;
