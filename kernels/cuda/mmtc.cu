@@ -818,8 +818,10 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
 #define MTS_WARPS 8
 #define MTS_P_MAX 8 /* dense inputs: one n-tile */
 
-template <int TYPE, int NR, int MODE>
-__global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
+/* LBT, LBM: the launch bounds (threads a block, blocks an SM); only the expert pairs' one-wave
+ * builds (mts_onewave) set them: the same code, fewer registers */
+template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 1>
+__global__ void __launch_bounds__(LBT, LBM) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         constexpr uint32_t CB = IQ4 ? 18 : 64;                        /* bytes a chunk of a row */
@@ -943,11 +945,79 @@ static void mts_prepare(void) {
                                     (int) mtd_smem_blk);
 }
 
+/* X4_CUDA_MMTC_ONEWAVE (opt-in until a GPU has timed it: 1 by the grid, force for every launch
+ * of the shape, tests): batch 1's expert pairs in one wave. ncu put the gate-up (640 blocks of 8
+ * warps, 64 registers: 4 an SM) at 1.21 waves and the down (1,120 blocks of 4 warps: 8 an SM) at
+ * 1.06, the last blocks' loads issued only when the first wave's blocks end. Builds of the same
+ * kernel bounded to 5 blocks of 8 warps an SM (≤ 48 registers) or 9 of 4 (≤ 56) hold those grids
+ * at once; the same instructions on the same values, so the same bits (GPU step: logits `cmp`
+ * with it forced). */
+#define MTS_OW8 5 /* blocks of 8 warps an SM, the one-wave build */
+#define MTS_OW4 9 /* blocks of 4 warps */
+static int mts_onewave(void) {
+        static int v = -1;
+        if (v < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_ONEWAVE");
+                v = !e || !*e || !strcmp(e, "0") ? 0 : !strcmp(e, "1") ? 1 : !strcmp(e, "force") ? 2 : -2;
+                if (v == -2) {
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_ONEWAVE=%s ignored: expected 0, 1 or force\n", e);
+                        v = 0;
+                }
+        }
+        return v;
+}
+static bool mts_ow_ready[2][2]; /* [NR - 1][more than 4 warps]: the build took its shared memory attribute */
+
+template <int NR>
+static void mts_prepare_ow(void) {
+        mts_ow_ready[NR - 1][1] = cudaFuncSetAttribute(k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL, 256, MTS_OW8>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int) mtd_smem_blk) == cudaSuccess;
+        mts_ow_ready[NR - 1][0] = cudaFuncSetAttribute(k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL, 128, MTS_OW4>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int) mtd_smem_blk) == cudaSuccess;
+        (void) cudaGetLastError(); /* a refused attribute must not fail the first forward */
+}
+
 static void mts_setup(void) {
         mts_prepare<CU_TYPE_BF16, 1>();
         mts_prepare<CU_TYPE_BF16, 2>();
         mts_prepare<CU_TYPE_IQ4_NL, 1>();
         mts_prepare<CU_TYPE_IQ4_NL, 2>();
+        if (mts_onewave()) {
+                mts_prepare_ow<1>();
+                mts_prepare_ow<2>();
+        }
+}
+
+/* Launch an IQ4_NL expert-pair k_mm_tcs grid on the one-wave build when X4_CUDA_MMTC_ONEWAVE asks
+ * (blocks of 5-8 warps on the 256-thread build, 1-4 on the 128-thread one; 1: only a grid the
+ * default build would hold in more than one wave and this one holds in one, by the occupancy the
+ * runtime reports; force: every such launch, as the tests on the demo model's shapes need);
+ * false: the default build. */
+template <int NR>
+static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t smem, uint32_t S, uint32_t n_x,
+                          cudaStream_t s) {
+        int ow = mts_onewave();
+        if (!ow || W > 8 || !mts_ow_ready[NR - 1][W > 4])
+                return false;
+        auto kd = k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL>;
+        auto k8 = k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL, 256, MTS_OW8>;
+        auto k4 = k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL, 128, MTS_OW4>;
+        auto kw = W > 4 ? k8 : k4; /* bounds of 256 or 128 threads: any W up to them */
+        if (ow == 1) {
+                int nd = 0, nw = 0;
+                uint64_t blocks = (uint64_t) grid.x * grid.y;
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nd, kd, (int) (32 * W), smem) != cudaSuccess ||
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nw, kw, (int) (32 * W), smem) != cudaSuccess) {
+                        (void) cudaGetLastError();
+                        return false;
+                }
+                if (blocks <= (uint64_t) nd * mtd_sms || blocks > (uint64_t) nw * mtd_sms)
+                        return false;
+        }
+        cu_launch(kw, grid, dim3(32 * W), smem, s, *a, S, n_x);
+        return true;
 }
 
 /* k_mm_tcs for this product if it takes it (≤ 8 dense inputs or ≤ 8 expert pairs one a block:
@@ -1000,6 +1070,9 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
                         NR == 2 ? " swiglu" : "", sel ? "pairs" : "dense", a->P, a->N, a->K, bx, m_tiles, W, S, smem);
         }
         cu_launches++;
+        if constexpr (IQ4)
+                if (sel && mts_launch_ow<NR>(a, dim3(bx, m_tiles), W, smem, S, n_x, s))
+                        return true;
         if (sel)
                 cu_launch(k_mm_tcs<TYPE, NR, MT_SEL>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
         else

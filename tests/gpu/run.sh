@@ -370,6 +370,11 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                                 --prompt "$prompt" --chunk 7 --decode 9,99,999 --device cuda --out "$tmp/tcs-$ws.bin" || return 1
                         cmp "$tmp/tcd-0-7.bin" "$tmp/tcs-$ws.bin" || { echo "k_mm_tcs ($ws) differs from k_mm_tc"; return 1; }
                 done
+                # the expert pairs' one-wave builds (X4_CUDA_MMTC_ONEWAVE=force: bounded to 5 or 9
+                # blocks an SM, fewer registers): the same instructions, the same bits
+                X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                        --prompt "$prompt" --chunk 7 --decode 9,99,999 --device cuda --out "$tmp/tcs-ow.bin" || return 1
+                cmp "$tmp/tcd-0-7.bin" "$tmp/tcs-ow.bin" || { echo "k_mm_tcs's one-wave build differs from k_mm_tc"; return 1; }
                 echo "k_mm_tcd vs k_mm_tc: identical logits (whole, chunks 1/7/16, decode, batch 16)"
                 rm -f "$tmp"/tcd-*.bin
         }
@@ -715,6 +720,9 @@ if command -v compute-sanitizer >/dev/null; then
                                 --out "$tmp/san-d1.bin"
                         step "compute-sanitizer $tool, tensor-core products, k_mm_tcs 1x2, demo model" env X4_CUDA_MM=tc \
                                 X4_CUDA_MMTC_SPLIT=1x2 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                                --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-tcs.bin"
+                        step "compute-sanitizer $tool, tensor-core products, k_mm_tcs one-wave build, demo model" env X4_CUDA_MM=tc \
+                                X4_CUDA_MMTC_ONEWAVE=force compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                                 --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-tcs.bin"
                 done
         fi
