@@ -225,6 +225,24 @@ struct raw_chunk {
         }
 };
 
+/* Where quarter `sub` (0-7) of a Q6_K super-block b keeps its ql and qh bytes, its shifts and its two
+ * scales d·sc, as cu_dequant32 forms them (docs/model.md §6): k_mm's and k_mv_small's chunks */
+struct q6k_meta {
+        uint32_t ql, qh, shift_lo, shift_hi;
+        float ds0, ds1;
+        __device__ __forceinline__ q6k_meta(const uint8_t *b, uint32_t sub) {
+                uint32_t n = sub / 4, q = sub % 4;
+                const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
+                float d = cu_fp16(b + 208);
+                ql = 64 * n + ((q & 1) ? 32 : 0);
+                qh = 128 + 32 * n;
+                shift_lo = (q & 2) ? 4 : 0;
+                shift_hi = 2 * q;
+                ds0 = d * (float) sc[2 * q];
+                ds1 = d * (float) sc[1 + 2 * q];
+        }
+};
+
 /* Q6_K rows of whole tiles (the head at batch 1-16, k_mv_small with L = 32, RW = 1, NR = 1): a
  * warp's tile of 32 chunks is 4 super-blocks, 840 contiguous bytes. Lane l loads words l, l + 32,
  * ... of them (7 a lane, coalesced) ahead, as the other types' raw chunks are loaded, and stages
@@ -280,13 +298,10 @@ struct q6k_tile {
  * byte e assembled as cu_dequant32 assembles it, then (d·sc)·(q − 32) with d·sc as it forms it. */
 static __device__ __forceinline__ void q6k_decode(const uint8_t *s, uint32_t c, float *out) {
         const uint8_t *b = s + Q6T_SB * (c / 8);
-        uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
-        const uint32_t *ql = (const uint32_t *) (b + 64 * n + ((q & 1) ? 32 : 0));
-        const uint32_t *qh = (const uint32_t *) (b + 128 + 32 * n);
-        const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
-        float d = cu_fp16(b + 208);
-        uint32_t shift_lo = (q & 2) ? 4 : 0, shift_hi = 2 * q;
-        float ds0 = d * (float) sc[2 * q], ds1 = d * (float) sc[1 + 2 * q];
+        struct q6k_meta m(b, c % 8);
+        const uint32_t *ql = (const uint32_t *) (b + m.ql), *qh = (const uint32_t *) (b + m.qh);
+        uint32_t shift_lo = m.shift_lo, shift_hi = m.shift_hi;
+        float ds0 = m.ds0, ds1 = m.ds1;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
                 uint32_t v = ((ql[k] >> shift_lo) & 0x0F0F0F0Fu) | (((qh[k] >> shift_hi) & 0x03030303u) << 4);
@@ -531,14 +546,11 @@ struct mm_q6k_chunk {
         float ds0, ds1;
         __device__ __forceinline__ void load(const uint8_t *row, uint32_t c) {
                 const uint8_t *b = row + 210 * (uint64_t) (c / 8); /* 2-byte aligned: 16-bit loads */
-                uint32_t sub = c % 8, n = sub / 4, q = sub % 4;
-                const uint16_t *ql = (const uint16_t *) (b + 64 * n + ((q & 1) ? 32 : 0));
-                const uint16_t *qh = (const uint16_t *) (b + 128 + 32 * n);
-                const int8_t *sc = (const int8_t *) (b + 192) + 8 * n;
-                float d = cu_fp16(b + 208);
-                uint32_t shift_lo = (q & 2) ? 4 : 0, shift_hi = 2 * q;
-                ds0 = d * (float) sc[2 * q];
-                ds1 = d * (float) sc[1 + 2 * q];
+                struct q6k_meta m(b, c % 8);
+                const uint16_t *ql = (const uint16_t *) (b + m.ql), *qh = (const uint16_t *) (b + m.qh);
+                uint32_t shift_lo = m.shift_lo, shift_hi = m.shift_hi;
+                ds0 = m.ds0;
+                ds1 = m.ds1;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                         uint32_t lo = (uint32_t) ql[2 * k] | (uint32_t) ql[2 * k + 1] << 16;
