@@ -1016,6 +1016,10 @@ static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t s
                 if (blocks <= (uint64_t) nd * mtd_sms || blocks > (uint64_t) nw * mtd_sms)
                         return false;
         }
+        if (mtd_log_left > 0) {
+                mtd_log_left--;
+                fprintf(stderr, "k_mm_tcs: one-wave build, %u warps, %d blocks an SM\n", W, W > 4 ? MTS_OW8 : MTS_OW4);
+        }
         cu_launch(kw, grid, dim3(32 * W), smem, s, *a, S, n_x);
         return true;
 }

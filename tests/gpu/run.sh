@@ -379,6 +379,33 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 rm -f "$tmp"/tcd-*.bin
         }
         step "decode-shaped tensor-core kernel agrees bit for bit with k_mm_tc, demo model" tcd_same
+        # shapes the demo model's 512-wide rows never give (hidden 2,048, three layers): the Q6_K
+        # head's staged decode over two tiles of a row (k_mv_small, one row a warp) against the
+        # per-lane decode of two rows a warp (X4_CUDA_RW=2) and batch 64 (k_mm); the expert pairs'
+        # one-wave build of 8 warps a block (X4_CUDA_MMTC_ONEWAVE=force: the gate-up's 2,048
+        # values are 8 parts), which must say it ran (X4_CUDA_MMTC_DEC=log)
+        wide_same() {
+                local prompt
+                "$build/tools/x4-mkmodel" --preset demo --hidden 2048 --layers 3 --quiet --out "$tmp/wide.gguf" || return 1
+                prompt=$(awk 'BEGIN { s = 37; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" --decode 9,99,999 --device cuda \
+                        --out "$tmp/wide-rw1.bin" || return 1
+                X4_CUDA_RW=2 "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" --decode 9,99,999 \
+                        --device cuda --out "$tmp/wide-rw2.bin" || return 1
+                cmp "$tmp/wide-rw1.bin" "$tmp/wide-rw2.bin" || { echo "the Q6_K head's staged decode differs (hidden 2,048)"; return 1; }
+                "$check" batch "$tmp/wide.gguf" || return 1
+                X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" --decode 9,99,999 \
+                        --device cuda --out "$tmp/wide-tc.bin" || return 1
+                X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" \
+                        --decode 9,99,999 --device cuda --out "$tmp/wide-ow.bin" || return 1
+                cmp "$tmp/wide-tc.bin" "$tmp/wide-ow.bin" || { echo "the one-wave build differs (hidden 2,048)"; return 1; }
+                X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/wide.gguf" \
+                        --prompt 5 --decode 9 --device cuda --out "$tmp/wide-log.bin" 2>"$tmp/wide-log.txt" || return 1
+                grep -q '^k_mm_tcs: one-wave build, 8 warps' "$tmp/wide-log.txt" ||
+                        { echo "the one-wave build of 8 warps never ran"; cat "$tmp/wide-log.txt"; return 1; }
+                echo "hidden 2,048: the head's staged decode = two rows a warp = batch 64; one-wave build = default: identical logits"
+        }
+        step "wide shapes: the Q6_K head over several tiles and the one-wave expert build agree bit for bit" wide_same
         # the prompt-shaped tensor-core kernel (k_mm_tcp: launches of more than 16 tokens, 128 x 64
         # tiles through a cp.async ring, experts in tiles of 64 pairs) computes k_mm_tc's chains too:
         # the same logits with it off (X4_CUDA_MMTC_PROMPT=0), every token on tensor cores
@@ -724,6 +751,12 @@ if command -v compute-sanitizer >/dev/null; then
                         step "compute-sanitizer $tool, tensor-core products, k_mm_tcs one-wave build, demo model" env X4_CUDA_MM=tc \
                                 X4_CUDA_MMTC_ONEWAVE=force compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                                 --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-tcs.bin"
+                        # the wide shapes (wide_same's model): the head's staged decode over two
+                        # tiles and the 8-warp one-wave build
+                        [ -f "$tmp/wide.gguf" ] &&
+                                step "compute-sanitizer $tool, wide shapes (Q6_K head tiles, one-wave build of 8 warps)" env X4_CUDA_MM=tc \
+                                        X4_CUDA_MMTC_ONEWAVE=force compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                                        --model "$tmp/wide.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-wide.bin"
                 done
         fi
         if [ -f "$nextn_tiny" ]; then
