@@ -198,6 +198,37 @@ static __device__ __forceinline__ void hcf_w8(const uint8_t *row, uint32_t i, fl
         }
 }
 
+/* The weights of slice `base` for every projection row into shared memory (the token-tiled
+ * kernels): [HCF_ROWS][N][HCF_SLICE] values of the stored type, zeros past n_rows, n_hc and H.
+ * F32 rows are read eight floats a lane: swizzled (hcf_swz); a 16-bit row's eight values are one
+ * 16-byte unit a lane, conflict-free as they are. Threads tid of nt. */
+template <int FT>
+static __device__ __forceinline__ void hcf_stage_w(const struct cu_hc &a, uint32_t base, uint4 *wsm, uint32_t tid,
+                                                   uint32_t nt) {
+        constexpr uint32_t N = CU_HC_MAX, ES = FT == CU_TYPE_F32 ? 4 : 2, UPR = HCF_SLICE * ES / 16;
+        uint32_t H = a.H, n_hc = a.n_hc, n_rows = n_hc * (2 + n_hc);
+        for (uint32_t e = tid; e < HCF_ROWS * N * UPR; e += nt) {
+                uint32_t r = e / (N * UPR), st = (e / UPR) % N, un = e % UPR;
+                uint32_t pos = base + un * (16 / ES);
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (r < n_rows && st < n_hc && pos < H)
+                        v = *(const uint4 *) ((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes +
+                                              ((uint64_t) st * H + pos) * ES);
+                wsm[ES == 4 ? e - un + (hcf_swz(4 * un) >> 2) : e] = v;
+        }
+}
+
+/* Eight weights of row r, stream s of a slice staged by hcf_stage_w, at positions 8·lane .. +7 */
+template <int FT>
+static __device__ __forceinline__ void hcf_w8s(const float *u, uint32_t r, uint32_t s, uint32_t lane, float *w8) {
+        constexpr uint32_t ES = FT == CU_TYPE_F32 ? 4 : 2;
+        const uint8_t *row = (const uint8_t *) u + ((uint64_t) r * CU_HC_MAX + s) * HCF_SLICE * ES;
+        if constexpr (ES == 4)
+                hcf_ld8((const float *) row, lane, w8);
+        else
+                hcf_w8<FT>(row, 8 * lane, w8);
+}
+
 extern "C" uint32_t cu_hc_slices(uint32_t H) {
         return (H + HCF_SLICE - 1) / HCF_SLICE;
 }
@@ -364,19 +395,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         uint32_t iw = base + 8 * lane; /* this lane's eight positions */
         float wv[TILE ? 1 : RPW][N][8];
         if constexpr (TILE) {
-                constexpr uint32_t ES = FT == CU_TYPE_F32 ? 4 : 2, UPR = HCF_SLICE * ES / 16;
-                uint4 *wsm = (uint4 *) u; /* [HCF_ROWS][N][UPR] */
-                for (uint32_t e = tid; e < HCF_ROWS * N * UPR; e += HCF_THREADS) {
-                        uint32_t r = e / (N * UPR), st = (e / UPR) % N, un = e % UPR;
-                        uint32_t pos = base + un * (16 / ES);
-                        uint4 v = make_uint4(0, 0, 0, 0);
-                        if (r < n_rows && st < n_hc && pos < H)
-                                v = *(const uint4 *) ((const uint8_t *) a.fn + (uint64_t) r * a.fn_row_bytes +
-                                                      ((uint64_t) st * H + pos) * ES);
-                        /* F32 rows are read eight floats a lane: swizzled (hcf_swz); a 16-bit
-                         * row's eight values are one unit a lane, conflict-free as they are */
-                        wsm[ES == 4 ? e - un + (hcf_swz(4 * un) >> 2) : e] = v;
-                }
+                hcf_stage_w<FT>(a, base, (uint4 *) u, tid, HCF_THREADS);
         } else {
 #pragma unroll
                 for (uint32_t k = 0; k < RPW; k++)
@@ -451,12 +470,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
                                 if (s < n_hc) {
                                         float w8[8];
                                         if constexpr (TILE) {
-                                                constexpr uint32_t ES = FT == CU_TYPE_F32 ? 4 : 2;
-                                                const uint8_t *row = (const uint8_t *) u + ((uint64_t) r * N + s) * HCF_SLICE * ES;
-                                                if constexpr (ES == 4)
-                                                        hcf_ld8((const float *) row, lane, w8);
-                                                else
-                                                        hcf_w8<FT>(row, 8 * lane, w8);
+                                                hcf_w8s<FT>(u, r, s, lane, w8);
                                         } else {
 #pragma unroll
                                                 for (int e = 0; e < 8; e++)
@@ -519,6 +533,163 @@ __global__ void __launch_bounds__(HCF_THREADS)
         hcf_finish<false>(a, blockIdx.x, NB, X, hcp, out, u, wsh, g, red2);
 }
 
+/* ---- k_hc_wtok: the token-tiled first part, a warp a token ----
+ * k_hc_fused<FT, true>'s partial rows (the same sums in the same order, so the same bits) with
+ * the work laid out by token instead of by row. There, every warp takes three projection rows of
+ * every token, so each lane re-reads the token's post-mapped streams from shared memory for each
+ * of its rows (about 123 KB of shared-memory reads a token and slice) and the block meets at four
+ * barriers a round; ncu put it at 70% of the L1 throughput and a quarter of the card's bandwidth
+ * (1.4 ms of a 4,096-token prefill's layer). Here a warp takes a whole token of the slice:
+ *   - lane l post-maps positions 8l .. 8l + 7 (docs/model.md §3.1, hc_post_apply's expression
+ *     for each position) with 16-byte loads and keeps the four streams' values in registers;
+ *   - the square sum over the slice in cu_block_sum's order: each position's sum (streams in
+ *     order) goes to the warp's row of shared memory, then the eight 32-position groups are summed
+ *     as the eight warps of k_hc_fused sum theirs and the eight results as its block sum does;
+ *   - each projection row as k_hc_fused's lane sums it (streams in order, the lane's eight
+ *     positions in order, then cu_warp_sum), the weights read from shared memory once a row;
+ *   - no block barrier after the weights are staged, so a warp's loads for its next token go out
+ *     while other warps compute.
+ * k_hc_tail then finishes each token as it does after k_hc_fused<FT, true>. Needs H % 8 == 0 and
+ * 16-byte aligned stream and slot rows (the host checks). */
+#define HCW_WARPS 8
+template <int FT>
+__global__ void __launch_bounds__(HCW_WARPS * 32, HCF_TILE_BLOCKS_SM)
+        k_hc_wtok(struct cu_hc a, struct cu_post post, float *X, const float *hcp, uint32_t T, uint32_t tt) {
+        static_assert(HCF_Q == 32, "a lane a value of the partial row");
+        static_assert(HCF_THREADS == HCF_SLICE, "k_hc_fused's block sum: a thread a position");
+        constexpr uint32_t N = CU_HC_MAX, NG = HCF_SLICE / 32; /* 32-position groups: k_hc_fused's warps */
+        extern __shared__ __align__(16) float u[];            /* the slice's weights (hcf_stage_w) */
+        __shared__ __align__(16) float ssb[HCW_WARPS][HCF_SLICE]; /* a warp's token: each position's square sum */
+        uint32_t b = blockIdx.x, NB = gridDim.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+        uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
+        uint32_t base = b * HCF_SLICE, i0 = base + 8 * lane; /* the lane's eight positions */
+        bool on = i0 < H;                                      /* H % 8 == 0: all eight or none */
+        hcf_stage_w<FT>(a, base, (uint4 *) u, tid, HCW_WARPS * 32); /* weights: before the wait */
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        __syncthreads(); /* the weights staged */
+        uint32_t t_end = min(T, blockIdx.y * tt + tt);
+        for (uint32_t t = blockIdx.y * tt + warp; t < t_end; t += HCW_WARPS) {
+                float *xt = X + (uint64_t) t * W;
+                float z[N][8];
+                if (on && post.y) {
+                        /* the previous sublayer's post-mapping of the eight positions */
+                        float o[8];
+                        if (post.w) {
+#pragma unroll
+                                for (int e = 0; e < 8; e++)
+                                        o[e] = 0.0f;
+#pragma unroll
+                                for (uint32_t k = 0; k < CU_SLOTS_MAX; k++)
+                                        if (k < post.n_slots) {
+                                                float wk = post.w[(uint64_t) t * post.n_slots + k];
+                                                const float4 *yp = (const float4 *) (post.y + ((uint64_t) t * post.n_slots + k) *
+                                                                                              post.y_slot_stride + i0);
+                                                float4 y0 = yp[0], y1 = yp[1];
+                                                float yv[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+                                                for (int e = 0; e < 8; e++)
+                                                        o[e] += wk * yv[e];
+                                        }
+                        } else {
+                                const float4 *yp = (const float4 *) (post.y + (uint64_t) t * post.y_slot_stride + i0);
+                                float4 y0 = yp[0], y1 = yp[1];
+                                o[0] = y0.x, o[1] = y0.y, o[2] = y0.z, o[3] = y0.w;
+                                o[4] = y1.x, o[5] = y1.y, o[6] = y1.z, o[7] = y1.w;
+                        }
+                        float old[N][8];
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++) {
+                                float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                                if (s < n_hc) {
+                                        const float4 *xp = (const float4 *) (xt + (uint64_t) s * H + i0);
+                                        x0 = xp[0];
+                                        x1 = xp[1];
+                                }
+                                old[s][0] = x0.x, old[s][1] = x0.y, old[s][2] = x0.z, old[s][3] = x0.w;
+                                old[s][4] = x1.x, old[s][5] = x1.y, old[s][6] = x1.z, old[s][7] = x1.w;
+                        }
+                        const float *hp = hcp + (uint64_t) t * CU_HCP_STRIDE;
+#pragma unroll
+                        for (uint32_t d = 0; d < N; d++) {
+#pragma unroll
+                                for (int e = 0; e < 8; e++)
+                                        z[d][e] = 0.0f;
+                                if (d >= n_hc)
+                                        continue;
+                                float pd = hp[n_hc + d], C[N];
+#pragma unroll
+                                for (uint32_t s = 0; s < N; s++)
+                                        C[s] = s < n_hc ? hp[2 * n_hc + d * n_hc + s] : 0.0f;
+#pragma unroll
+                                for (int e = 0; e < 8; e++) {
+                                        float v = pd * o[e];
+#pragma unroll
+                                        for (uint32_t s = 0; s < N; s++)
+                                                if (s < n_hc)
+                                                        v += C[s] * old[s][e];
+                                        z[d][e] = v;
+                                }
+                                float4 *xo = (float4 *) (xt + (uint64_t) d * H + i0);
+                                xo[0] = make_float4(z[d][0], z[d][1], z[d][2], z[d][3]);
+                                xo[1] = make_float4(z[d][4], z[d][5], z[d][6], z[d][7]);
+                        }
+                } else {
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++)
+#pragma unroll
+                                for (int e = 0; e < 8; e++)
+                                        z[s][e] = on && s < n_hc ? xt[(uint64_t) s * H + i0 + e] : 0.0f;
+                }
+                /* the square sum: each position's over the streams in order, then cu_block_sum's
+                 * tree over the slice (k_hc_fused: thread tid = position base + tid) */
+                {
+                        float ss[8];
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+                                ss[e] = 0.0f;
+#pragma unroll
+                                for (uint32_t s = 0; s < N; s++)
+                                        if (s < n_hc)
+                                                ss[e] += z[s][e] * z[s][e];
+                        }
+                        float4 *sp = (float4 *) &ssb[warp][8 * lane];
+                        sp[0] = make_float4(ss[0], ss[1], ss[2], ss[3]);
+                        sp[1] = make_float4(ss[4], ss[5], ss[6], ss[7]);
+                }
+                __syncwarp();
+                float gmine = 0.0f;
+#pragma unroll
+                for (uint32_t w = 0; w < NG; w++) {
+                        float v = cu_warp_sum(ssb[warp][32 * w + lane]);
+                        if (lane == w)
+                                gmine = v;
+                }
+                float SS = cu_warp_sum(lane < NG ? gmine : 0.0f);
+                /* the projection rows: lane sums over its eight positions, then the butterfly;
+                 * lane r keeps row r's */
+                float rmine = 0.0f;
+#pragma unroll 4
+                for (uint32_t r = 0; r < n_rows; r++) {
+                        float acc = 0.0f;
+#pragma unroll
+                        for (uint32_t s = 0; s < N; s++)
+                                if (s < n_hc) {
+                                        float w8[8];
+                                        hcf_w8s<FT>(u, r, s, lane, w8);
+#pragma unroll
+                                        for (int e = 0; e < 8; e++)
+                                                acc += w8[e] * z[s][e];
+                                }
+                        float sum = cu_warp_sum(acc);
+                        if (lane == r)
+                                rmine = sum;
+                }
+                a.hw[((uint64_t) t * NB + b) * HCF_Q + lane] = lane < n_rows ? rmine : lane == HCF_Q - 1 ? SS : 0.0f;
+                __syncwarp(); /* the square sums read before the next token's land */
+        }
+}
+
 /* Tokens a block of the tiled first part takes: one (the fused kernel, one launch) for a single
  * token; for more, enough that the tiles fill the SMs about once (each block loads its slice's
  * weights once for all its tokens), at most HCF_TILE_MAX. X4_CUDA_HC=fused keeps the fused kernel
@@ -533,7 +704,7 @@ static size_t hc_tile_smem(void) {
 /* whether the tiled kernel's shared memory fits this device, by weight type (BF16, F16, F32:
  * 48, 48 and 96 KB, plus 4.4 KB of static arrays: the F32 one does not fit the 64-99 KB a block of
  * sm_75 and sm_86-sm_89 cards, which run the fused kernel for it) */
-static bool hc_tile_fits[3];
+static bool hc_tile_fits[3], hc_wtok_fits[3]; /* k_hc_wtok: the same weights and 8 KB of square sums */
 
 template <int FT>
 static bool hc_tile_attr(void) {
@@ -543,22 +714,44 @@ static bool hc_tile_attr(void) {
         return ok;
 }
 
+template <int FT>
+static bool hc_wtok_attr(void) {
+        bool ok = cudaFuncSetAttribute(k_hc_wtok<FT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int) hc_tile_smem<FT>()) == cudaSuccess;
+        (void) cudaGetLastError();
+        return ok;
+}
+
 extern "C" void cu_hc_setup(void) {
         hc_tile_fits[0] = hc_tile_attr<CU_TYPE_BF16>();
         hc_tile_fits[1] = hc_tile_attr<CU_TYPE_F16>();
         hc_tile_fits[2] = hc_tile_attr<CU_TYPE_F32>();
+        hc_wtok_fits[0] = hc_wtok_attr<CU_TYPE_BF16>();
+        hc_wtok_fits[1] = hc_wtok_attr<CU_TYPE_F16>();
+        hc_wtok_fits[2] = hc_wtok_attr<CU_TYPE_F32>();
+}
+
+/* X4_CUDA_HC: 0 unset (the default's choice), 1 fused, 2 tiled, 3 wtok (k_hc_wtok for more than
+ * one token; opt-in until a GPU has timed it); the SM count */
+static int hc_force = -1, hc_sms = 0;
+static void hc_env(void) {
+        if (hc_force >= 0)
+                return;
+        const char *e = getenv("X4_CUDA_HC");
+        hc_force = !e || !*e ? 0 : !strcmp(e, "fused") ? 1 : !strcmp(e, "tiled") ? 2 : !strcmp(e, "wtok") ? 3 : -1;
+        if (hc_force < 0) {
+                fprintf(stderr, "xing4d-cuda: X4_CUDA_HC=%s ignored: expected fused, tiled or wtok\n", e);
+                hc_force = 0;
+        }
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&hc_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || hc_sms < 1)
+                hc_sms = 1;
 }
 
 static uint32_t hc_tile(uint32_t T, uint32_t NB, bool fits) {
-        static int force = -1, sms = 0;
-        if (force < 0) {
-                const char *e = getenv("X4_CUDA_HC");
-                force = e && !strcmp(e, "fused") ? 1 : e && !strcmp(e, "tiled") ? 2 : 0;
-                int dev = 0;
-                if (cudaGetDevice(&dev) != cudaSuccess ||
-                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
-                        sms = 1;
-        }
+        hc_env();
+        int force = hc_force, sms = hc_sms;
         if (force == 2 && !fits) {
                 /* asked for (tests compare the two paths): say that it cannot be, once */
                 static bool said;
@@ -567,16 +760,55 @@ static uint32_t hc_tile(uint32_t T, uint32_t NB, bool fits) {
                                         "device for this weight type; the fused kernel runs\n");
                 said = true;
         }
-        if (!fits || force == 1 || (force == 0 && T == 1))
+        if (!fits || force == 1 || (force != 2 && T == 1))
                 return 0;
         uint64_t slots = (uint64_t) sms * HCF_TILE_BLOCKS_SM, tt = ((uint64_t) T * NB + slots - 1) / slots;
         return (uint32_t) (tt < 1 ? 1 : tt > HCF_TILE_MAX ? HCF_TILE_MAX : tt);
+}
+
+/* Tokens a k_hc_wtok block takes: a multiple of its warps, as few tiles as fill the SMs once at
+ * HCF_TILE_BLOCKS_SM blocks each (a block stages its slice's weights once for all its tokens) */
+static uint32_t hc_wtok_tile(uint32_t T, uint32_t NB) {
+        uint64_t slots = (uint64_t) hc_sms * HCF_TILE_BLOCKS_SM, tiles = slots / NB ? slots / NB : 1;
+        uint64_t tt = (T + tiles - 1) / tiles;
+        tt = (tt + HCW_WARPS - 1) / HCW_WARPS * HCW_WARPS;
+        return (uint32_t) tt;
+}
+
+/* Whether k_hc_wtok takes this launch: asked for (X4_CUDA_HC=wtok), more than one token, its
+ * shared memory fits, and the rows it reads 16 bytes at a time are aligned */
+static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const float *X, uint32_t T, bool fits) {
+        hc_env();
+        if (hc_force != 3 || T < 2)
+                return false;
+        bool ok = fits && a->H % 8 == 0 && (uintptr_t) X % 16 == 0 &&
+                  (!p->y || ((uintptr_t) p->y % 16 == 0 && p->y_slot_stride % 4 == 0));
+        if (!ok) {
+                /* asked for (tests compare the paths): say that it cannot be, once */
+                static bool said;
+                if (!said)
+                        fprintf(stderr, "X4_CUDA_HC=wtok: k_hc_wtok cannot take this launch (shared memory %s, "
+                                        "hidden %u, 16-byte rows %s); the tiled kernels run\n",
+                                fits ? "fits" : "does not fit", a->H, (uintptr_t) X % 16 ? "no" : "yes");
+                said = true;
+        }
+        return ok;
 }
 
 template <int FT>
 static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float *X, uint32_t T, float *hcp,
                           float *out, cudaStream_t s) {
         uint32_t NB = cu_hc_slices(a->H);
+        int fi = FT == CU_TYPE_BF16 ? 0 : FT == CU_TYPE_F16 ? 1 : 2;
+        if (hc_wtok_ok(a, p, X, T, hc_wtok_fits[fi])) {
+                uint32_t tw = hc_wtok_tile(T, NB);
+                cu_launches++;
+                cu_launch(k_hc_wtok<FT>, dim3(NB, (T + tw - 1) / tw), HCW_WARPS * 32, hc_tile_smem<FT>(), s, *a, *p, X,
+                          (const float *) hcp, T, tw);
+                cu_launches++;
+                cu_launch(k_hc_tail, dim3(T), HCF_THREADS, (size_t) a->H * sizeof(float), s, *a, X, hcp, out, NB);
+                return;
+        }
         uint32_t tt = hc_tile(T, NB, hc_tile_fits[FT == CU_TYPE_BF16 ? 0 : FT == CU_TYPE_F16 ? 1 : 2]);
         size_t smem = a->H * sizeof(float);
         cu_launches++;

@@ -513,6 +513,22 @@ if has pre; then
                         --decode-ctx none --repeats 3 --json 2>&1 | tee -a "$out/pre-$n_mode.jsonl" | grep '"prefill"' | cut -c1-120
         done
 fi
+if has hcw; then
+        # the mHC pre-mapping's first part a warp a token (X4_CUDA_HC=wtok, k_hc_wtok) against the
+        # default tiled kernel: ncu time and DRAM bytes of a 4,096-token prefill's mHC launches
+        # (both parts), then the prefill profile's classes with each
+        for hc in default wtok; do
+                say "hcw: mHC $hc: ncu of a 4,096-token prefill's mHC launches"
+                env X4_CUDA_HC=$([ $hc = wtok ] && echo wtok) ncu --clock-control none --kernel-name regex:'k_hc_' \
+                        --launch-skip 20 --launch-count 8 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__registers_per_thread \
+                        --csv "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
+                        --repeats 1 --warmup 0 2>/dev/null | grep '^"' >"$out/ncu-hcw-$hc.csv"
+                python3 scripts/device/ncu-table.py "$out/ncu-hcw-$hc.csv"
+                say "hcw: mHC $hc: prefill 4,096 profile"
+                env X4_CUDA_HC=$([ $hc = wtok ] && echo wtok) "$build/tools/x4-bench" --model "$model" --device cuda \
+                        --prefill 4096 --decode-ctx none --repeats 1 --profile 2>&1 | tee "$out/hcw-profile-$hc.txt" | tail -14
+        done
+fi
 if has b1env; then
         # decode batch 1 at ctx 512 (three repeats) under settings: X4_B1_MODES="default e:VAR=VAL+VAR=VAL ..."
         # (quick sweeps of a knob; lines tagged with the mode into $out/b1env.jsonl)
@@ -700,21 +716,7 @@ if has ncupre; then
                 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__throughput.avg.pct_of_peak_sustained_elapsed \
                 --csv "$build/tools/x4-bench" --model "$model" --device cuda --prefill 4096 --decode-ctx none \
                 --repeats 1 --warmup 0 >"$out/ncu-pre.csv" 2>"$out/ncu-pre.err"
-        python3 - "$out/ncu-pre.csv" <<'PY'
-import csv, sys, collections
-rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
-hdr = rows[0]; rows = rows[1:]
-ki, ni, mi, vi = hdr.index("ID"), hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
-per = collections.OrderedDict()
-for r in rows:
-    per.setdefault((r[ki], r[ni][:70]), {})[r[mi]] = r[vi]
-f = lambda m, k: float(m.get(k, '0').replace(',', ''))
-for (k, n), m in per.items():
-    t = f(m, 'gpu__time_duration.sum'); rd = f(m, 'dram__bytes_read.sum'); wr = f(m, 'dram__bytes_write.sum')
-    print(f"{k:>5} {n:70} t={t / 1000:8.1f}us rdMB={rd / 1e6:8.1f} wrMB={wr / 1e6:7.1f} GB/s={(rd + wr) / t if t else 0:6.0f} "
-          f"sm%={m.get('sm__throughput.avg.pct_of_peak_sustained_elapsed', '?'):>6} grid={m.get('launch__grid_size', '?'):>6} "
-          f"blk={m.get('launch__block_size', '?'):>4} regs={m.get('launch__registers_per_thread', '?'):>4}")
-PY
+        python3 scripts/device/ncu-table.py "$out/ncu-pre.csv"
 fi
 if has dprof; then
         # issues 11/12: where a decode step's time goes at batch 1 / 32,768 and batch 64 / 4,096

@@ -263,6 +263,15 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, f16 cache, prompts labeled" env X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 \
                 "$check" chunks "$tmp/demo.gguf"
+        # decode attention in token groups (X4_CUDA_ATTN_CHUNK: groups of 3 tokens, each group's
+        # attention and combine before the next reuses the part rows; graphs and eager steps)
+        step "batch invariance, demo model, defaults, attention in groups of 3 tokens" env X4_CUDA_ATTN_CHUNK=3 \
+                X4_CUDA_MM=tc X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
+        step "batch invariance, demo model, f32 cache, attention in groups of 3 tokens" env X4_CUDA_ATTN_CHUNK=3 \
+                "$check" batch "$tmp/demo.gguf"
+        step "compute-sanitizer memcheck, batch, attention in groups of 3 tokens" env X4_CUDA_ATTN_CHUNK=3 \
+                X4_GPU_CACHE=f16 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                "$check" batch "$tiny"
         # the many-input product kernel (k_mm) computes k_matvec's order: the same logits with it
         # turned off (a 700-token prompt at once: every BF16/IQ4_NL projection and the grouped
         # expert tiles go through k_mm; the decode steps through k_mv_small either way)
@@ -302,16 +311,39 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 prompt=$(awk 'BEGIN { s = 17; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/hc-default.bin" || return 1
-                for mode in fused tiled; do
+                for mode in fused tiled wtok; do
                         X4_CUDA_HC=$mode "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
                                 --decode 9,99,999 --device cuda --out "$tmp/hc-$mode.bin" 2>"$tmp/hc-$mode.err" || return 1
                         # a forced tiled kernel that cannot run says so (and the fused one runs): not this test
-                        if grep -q "X4_CUDA_HC=tiled" "$tmp/hc-$mode.err"; then cat "$tmp/hc-$mode.err"; return 1; fi
+                        if grep -q "X4_CUDA_HC=tiled\|X4_CUDA_HC=wtok" "$tmp/hc-$mode.err"; then cat "$tmp/hc-$mode.err"; return 1; fi
                         cmp "$tmp/hc-default.bin" "$tmp/hc-$mode.bin" || { echo "X4_CUDA_HC=$mode differs"; return 1; }
                 done
-                echo "mHC fused / tiled / default: identical logits ($(stat -c %s "$tmp/hc-default.bin") bytes)"
+                echo "mHC fused / tiled / a warp a token / default: identical logits ($(stat -c %s "$tmp/hc-default.bin") bytes)"
         }
         step "mHC fused and token-tiled kernels agree bit for bit, demo model" hc_same
+        # k_hc_wtok (X4_CUDA_HC=wtok: a warp a token of the slice) where the last slice is partial
+        # (hidden 288: 32 of its 256 positions, four lanes of a warp) and across batches
+        hc_wtok_same() {
+                local prompt
+                "$build/tools/x4-mkmodel" --preset demo --hidden 288 --layers 2 --output-type BF16 --quiet \
+                        --out "$tmp/h288.gguf" || return 1
+                prompt=$(awk 'BEGIN { s = 41; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                "$build/tools/x4-logits" --model "$tmp/h288.gguf" --prompt "$prompt" --decode 9,99,999 --device cuda \
+                        --out "$tmp/h288-default.bin" || return 1
+                X4_CUDA_HC=wtok "$build/tools/x4-logits" --model "$tmp/h288.gguf" --prompt "$prompt" --decode 9,99,999 \
+                        --device cuda --out "$tmp/h288-wtok.bin" 2>"$tmp/h288-wtok.err" || return 1
+                if grep -q "X4_CUDA_HC=wtok" "$tmp/h288-wtok.err"; then cat "$tmp/h288-wtok.err"; return 1; fi
+                cmp "$tmp/h288-default.bin" "$tmp/h288-wtok.bin" || { echo "X4_CUDA_HC=wtok differs (hidden 288)"; return 1; }
+                X4_CUDA_HC=wtok "$check" batch "$tmp/demo.gguf" || return 1
+                X4_CUDA_HC=wtok "$check" chunks "$tmp/demo.gguf" || return 1
+                echo "hidden 288: mHC a warp a token = default; batch and chunk invariance with it"
+        }
+        step "mHC a warp a token: a partial slice, batches and chunks, bit for bit" hc_wtok_same
+        for tool in memcheck racecheck synccheck; do
+                step "compute-sanitizer $tool, mHC a warp a token, demo model" env X4_CUDA_HC=wtok \
+                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --decode 9,99 --device cuda --out "$tmp/san-hcw.bin"
+        done
         # the one-input decode products (k_mv_small: a block per input at batch 1 and per expert
         # pair) give the same bits however many rows a warp takes (X4_CUDA_RW) and with the whole
         # input staged at once (X4_CUDA_FULLX=1) or compiled without the 4-blocks-an-SM bound (X4_CUDA_MINB=1):
