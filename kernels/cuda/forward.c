@@ -120,7 +120,7 @@ struct cu_prof {
 };
 
 struct cu_graph {
-        uint32_t T, R, RH, parts;
+        uint32_t T, R, RH, parts, chunk; /* chunk: tokens an attention group (att_chunk) */
         const void *meta; /* the metadata buffer its kernels read (a reallocation drops it) */
         cudaGraphExec_t exec;
         unsigned long long kernels;
@@ -174,6 +174,11 @@ struct x4_backend {
         struct cu_graph *graphs;
         uint32_t n_graphs, cap_graphs;
         bool graphs_off;
+        /* decode-class attention in token groups whose parts' partial rows stay in L2
+         * (X4_CUDA_ATTN_CHUNK, att_chunk): 0 off, UINT32_MAX auto, else tokens a group */
+        uint32_t att_chunk_mode;
+        uint32_t n_sms;
+        uint64_t l2_bytes;
         void (*route_trace)(uint32_t layer, uint32_t token, const float *scores,
                             uint32_t n_expert, const int32_t *selected, uint32_t k, void *userdata);
         void *route_trace_ud;
@@ -201,6 +206,8 @@ struct x4_backend {
                 _e == cudaSuccess ? 0 : log_error_errno((err), "CUDA backend: %s: %s", (what),     \
                                                         cudaGetErrorString(_e));                   \
         })
+
+static void att_chunk_setup(struct x4_backend *b, const struct cudaDeviceProp *prop);
 
 static uint64_t align_up(uint64_t v) {
         return (v + CUDA_ALIGN - 1) / CUDA_ALIGN * CUDA_ALIGN;
@@ -1061,6 +1068,7 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                 const char *gv = getenv("X4_CUDA_GRAPHS");
                 b->graphs_off = gv && streq(gv, "0");
         }
+        att_chunk_setup(b, &prop);
         b->n_slots_max = any_moe ? c->n_expert_used + (c->n_expert_shared ? 1 : 0) : 1;
         if (b->n_slots_max == 0)
                 b->n_slots_max = 1;
@@ -1734,12 +1742,77 @@ static void forward_head(struct x4_backend *b, const uint32_t *d_rows, uint32_t 
  * on (T, R, RH) alone, which the decode graphs' key holds. */
 struct plan {
         uint64_t T, R, RH, pt, n_att;
+        uint64_t n_att_whole; /* groups before att_chunk split them */
         size_t n_meta;
         uint64_t *row_tok, *hrow_tok; /* the batch token index of every logits / hidden row */
         uint32_t *att;
         const uint32_t *d_ids, *d_pos, *d_tokpt, *d_rows, *d_hrows, *d_pt;
         const uint32_t *h_pos, *h_tokpt; /* host copies (b->meta_h) */
 };
+
+/* Decode-class attention in token groups sized for L2 (X4_CUDA_ATTN_CHUNK; opt-in until a GPU
+ * has timed it). At batch 64 and 4,096 positions each token's parts write 32 × 32 heads × 514
+ * floats (2.1 MB) that the combine reads back at once: 135 MB a layer, as much traffic as the
+ * cache reads, through DRAM because one group holds all 64 tokens. In groups of about a dozen
+ * tokens (attention, then its combine, then the next group into the same part rows) the rows are
+ * rewritten and read while they are still in L2. Every token's kernels and arithmetic are the
+ * ones it has in any group (the kernels index tokens from the group's first), so the bits are the
+ * same (GPU step: batch invariance with tiny forced groups).
+ *   unset, "" or 0: off; "auto": groups of at most half the L2 of part rows, but never so small
+ *   that a group's grid drops under two blocks an SM (k_attn_dtc's lean layout); N: N tokens. */
+static void att_chunk_setup(struct x4_backend *b, const struct cudaDeviceProp *prop) {
+        const char *e = getenv("X4_CUDA_ATTN_CHUNK");
+        b->n_sms = prop->multiProcessorCount > 0 ? (uint32_t) prop->multiProcessorCount : 1;
+        b->l2_bytes = prop->l2CacheSize > 0 ? (uint64_t) prop->l2CacheSize : 0;
+        b->att_chunk_mode = 0;
+        if (!e || !*e || streq(e, "0"))
+                return;
+        if (streq(e, "auto")) {
+                b->att_chunk_mode = UINT32_MAX;
+                return;
+        }
+        char *end = NULL;
+        unsigned long v = strtoul(e, &end, 10);
+        if (end && !*end && v >= 1 && v < UINT32_MAX)
+                b->att_chunk_mode = (uint32_t) v;
+        else
+                log_warning("X4_CUDA_ATTN_CHUNK=%s ignored: expected 0, auto or a token count", e);
+}
+
+/* Tokens an attention group of n tokens with `parts` parts each (the group's grid width) takes
+ * (n or more: one group). */
+static uint32_t att_chunk(const struct x4_backend *b, uint32_t n, uint32_t parts) {
+        if (b->att_chunk_mode == 0 || n < 2 || parts == 0)
+                return n;
+        if (b->att_chunk_mode != UINT32_MAX)
+                return b->att_chunk_mode;
+        const struct x4_config *c = &b->cfg;
+        uint64_t per_tok = (uint64_t) parts * c->n_head * (c->kv_lora_rank + 2) * sizeof(float);
+        uint64_t budget = b->l2_bytes / 2, by_l2 = per_tok ? budget / per_tok : n;
+        uint64_t hg = DIV_ROUND_UP(c->n_head, 32u); /* k_attn_dtc's head groups */
+        uint64_t lean = DIV_ROUND_UP(2 * (uint64_t) b->n_sms, (uint64_t) parts * hg);
+        uint64_t groups = DIV_ROUND_UP(n, MAX(by_l2, 1));
+        groups = MIN(groups, MAX(n / MAX(lean, 1), 1));
+        return (uint32_t) DIV_ROUND_UP(n, groups);
+}
+
+/* Split attention group i of att (g0, n, maxp; room for at least n_att + n − 1 entries) into
+ * groups of at most `chunk` tokens, as even as they go; returns the groups it became. */
+static uint32_t att_split(uint32_t *att, uint64_t n_att, uint64_t i, uint32_t chunk) {
+        uint32_t g0 = att[3 * i], n = att[3 * i + 1], maxp = att[3 * i + 2];
+        if (chunk == 0 || n <= chunk)
+                return 1;
+        uint32_t k = DIV_ROUND_UP(n, chunk), q = n / k, extra = n % k;
+        memmove(att + 3 * (i + k), att + 3 * (i + 1), (size_t) (n_att - i - 1) * 3 * sizeof(uint32_t));
+        for (uint32_t j = 0, t = g0; j < k; j++) {
+                uint32_t m = q + (j < extra ? 1 : 0);
+                att[3 * (i + j)] = t;
+                att[3 * (i + j) + 1] = m;
+                att[3 * (i + j) + 2] = maxp;
+                t += m;
+        }
+        return k;
+}
 
 static void plan_free(struct plan *p) {
         free(p->row_tok);
@@ -1823,7 +1896,7 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
         }
         /* attention groups per pass: as many tokens as the part workspace holds, in parts of the
          * length the pass's attention kernel uses (this pass class's: the caller set it) */
-        uint64_t n_att = 0;
+        uint64_t n_att = 0, n_whole = 0;
         for (uint64_t p0 = 0; p0 < T_tot; p0 += b->T_max) {
                 uint32_t T = (uint32_t) MIN((uint64_t) b->T_max, T_tot - p0);
                 uint32_t g0 = 0;
@@ -1840,7 +1913,9 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
                         att[3 * n_att] = g0;
                         att[3 * n_att + 1] = n;
                         att[3 * n_att + 2] = maxp;
-                        n_att++;
+                        /* decode-class passes: groups whose part rows stay in L2 (att_chunk) */
+                        n_att += cu_pass_prompt() ? 1 : att_split(att, n_att + 1, n_att, att_chunk(b, n, maxp));
+                        n_whole++;
                         g0 += n;
                 }
         }
@@ -1859,6 +1934,7 @@ static int plan_batch(struct x4_backend *b, const struct x4_seq *const *seqs, ui
         p->RH = RH_tot;
         p->pt = pt_tot;
         p->n_att = n_att;
+        p->n_att_whole = n_whole;
         p->n_meta = n_meta;
         p->att = att;
         p->h_pos = pos;
@@ -1885,7 +1961,7 @@ static int graph_forward(struct x4_backend *b, const struct plan *p) {
 
         for (uint32_t i = 0; i < b->n_graphs; i++)
                 if (b->graphs[i].T == T && b->graphs[i].R == R && b->graphs[i].RH == RH &&
-                    b->graphs[i].parts == att[2]) {
+                    b->graphs[i].parts == att[2] && b->graphs[i].chunk == att[1]) {
                         g = &b->graphs[i];
                         break;
                 }
@@ -1907,7 +1983,7 @@ static int graph_forward(struct x4_backend *b, const struct plan *p) {
                 unsigned long long k0 = cu_launches;
                 cudaError_t e = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal);
                 if (e == cudaSuccess) {
-                        forward_pass(b, T, p->d_ids, p->d_pos, p->d_tokpt, p->d_pt, att, 1);
+                        forward_pass(b, T, p->d_ids, p->d_pos, p->d_tokpt, p->d_pt, att, (uint32_t) p->n_att);
                         if (RH > 0)
                                 pass_hidden(b, false, p->d_hrows, RH);
                         if (R > 0)
@@ -1927,7 +2003,7 @@ static int graph_forward(struct x4_backend *b, const struct plan *p) {
                         return 0;
                 }
                 g = &b->graphs[b->n_graphs++];
-                *g = (struct cu_graph){.T = T, .R = R, .RH = RH, .parts = att[2],
+                *g = (struct cu_graph){.T = T, .R = R, .RH = RH, .parts = att[2], .chunk = att[1],
                                        .meta = b->meta_d, .exec = exec,
                                        .kernels = cu_launches - k0};
                 cu_launches = k0;
@@ -2087,13 +2163,22 @@ static int forward_seqs(struct x4_backend *b, const struct x4_seq *seqs, uint32_
         int r = plan_strided(b, seqs, sizeof *seqs, n_seqs, &p);
         if (r >= 0 && p.T > 0) {
                 r = 0;
-                if (graphs && p.T <= CUDA_GRAPH_MAX_TOKENS && p.n_att == 1 && !b->graphs_off &&
+                if (graphs && p.T <= CUDA_GRAPH_MAX_TOKENS && p.n_att_whole == 1 && !b->graphs_off &&
                     !b->prof.on && !b->route_trace) {
-                        uint32_t parts = 1;
-                        while (parts < p.att[2])
+                        uint32_t parts = 1, maxp = 0;
+                        for (uint64_t i = 0; i < p.n_att; i++)
+                                maxp = MAX(maxp, p.att[3 * i + 2]);
+                        while (parts < maxp)
                                 parts *= 2;
                         if ((uint64_t) parts * p.T <= b->part_slots) {
-                                p.att[2] = parts; /* blocks past a token's own parts return at once */
+                                /* one group of every token, blocks past a token's own parts
+                                 * returning at once, split for L2 (att_chunk) into even groups:
+                                 * the graph's shape depends on (tokens, parts) alone (its key
+                                 * holds the first group's tokens) */
+                                p.att[0] = 0;
+                                p.att[1] = (uint32_t) p.T;
+                                p.att[2] = parts;
+                                p.n_att = att_split(p.att, 1, 0, att_chunk(b, (uint32_t) p.T, parts));
                                 int g = graph_forward(b, &p); /* 0: not captured, run eagerly */
                                 if (g != 0) {
                                         r = g < 0 ? g : forward_finish(b, logits, p.R, hidden, p.RH);
