@@ -88,6 +88,8 @@ static bool mm_tc_prompt(void) {
         return on;
 }
 
+static void q6tc_setup(void); /* the Q6_K head on tensor cores (below) */
+
 extern "C" void cu_mm_tc_setup(void) {
         int dev = 0, major = 0;
         mm_tc_ready = cudaGetDevice(&dev) == cudaSuccess &&
@@ -96,6 +98,7 @@ extern "C" void cu_mm_tc_setup(void) {
         if (mm_tc_ready && (mm_tc_all() || mm_tc_prompt())) {
                 mtd_setup(dev); /* only the kernels' attributes: nothing else changes */
                 mtp_setup();
+                q6tc_setup();
         }
 }
 
@@ -1475,12 +1478,194 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
                 launch_tc<TYPE, NR>(a, s);
 }
 
+/* ---- k_q6_tc: the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1; opt-in, not yet run on a GPU) ----
+ *
+ * The head (131,072 × 3,584 Q6_K, 385 MB) on CUDA cores keeps k_matvec's fp32 order for every
+ * batch (k_mv_small up to 16 inputs, k_mm beyond): at batch 64 that is 60 GFLOP of fp32 FMA, 5.5
+ * of a 36.6 ms step (H200, 4,096 positions). Here every input count runs one chain an output on
+ * mma.sync m16n8k16 (bf16 × bf16 → fp32), so batch invariance holds by construction:
+ *   - a Q6_K super-block's 16-value groups share a scale d·sc (docs/model.md §6, formed as
+ *     cu_dequant32 forms it), and a k16 step is one group: its quants q − 32 (|q − 32| ≤ 32, exact
+ *     in bf16) times the inputs rounded to bf16 (k_x_bf16), summed by the mma from zero;
+ *   - acc = fmaf(d·sc, that sum, acc), groups in K order, one chain from zero: no parts, no split.
+ * The numerics differ from k_matvec's (inputs rounded to bf16, as every tensor-core product's),
+ * so the logits do (the GPU steps hold them to the fixture's and the demo model's bounds); the bits
+ * never depend on the batch. Shape: a block of 4 warps, a warp 16 vocabulary rows (an m-tile) ×
+ * up to 8·NT inputs; each warp streams its rows through a ring of Q6TC_S stages of two
+ * super-blocks (420 bytes a row, 4-byte aligned in rows of K/256 · 210 bytes: K % 512 == 0) by
+ * 4-byte cp.async; each lane decodes its A fragments from the staged bytes (two 16-bit reads a
+ * row and k-pair, the ql nibbles and qh pairs as cu_dequant32 assembles them, q − 32 as a float
+ * by the 2^23 trick, its upper half the bf16). B fragments are 32-bit reads of the bf16 inputs. */
+#define Q6TC_WARPS 4
+#define Q6TC_ROWB 424 /* smem bytes a staged row (two super-blocks + pad: rows 106 words, 10 banks apart) */
+#define Q6TC_S 3      /* ring stages a warp */
+#define Q6TC_SMEM (Q6TC_WARPS * Q6TC_S * 16 * Q6TC_ROWB)
+
+/* two quants of a staged super-block row as a bf16 pair, the first in the low half: bytes at
+ * ql + o, o + 1 (nibble shift sl) and qh + o, o + 1 (2-bit shift sh) */
+[[maybe_unused]] static __device__ __forceinline__ uint32_t q6tc_pair(const uint8_t *ql, const uint8_t *qh, uint32_t sl,
+                                                                      uint32_t sh) {
+        uint32_t lo = *(const uint16_t *) ql, hi = *(const uint16_t *) qh;
+        uint32_t v = ((lo >> sl) & 0x0F0Fu) | (((hi >> sh) & 0x0303u) << 4);
+        float f0 = __int_as_float(0x4B000000 | (v & 0xFFu)) - 8388640.0f; /* (2^23 + q) − (2^23 + 32) */
+        float f1 = __int_as_float(0x4B000000 | (v >> 8)) - 8388640.0f;
+        return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632); /* the upper halves: exact bf16 */
+}
+
+template <int NT>
+__global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, const uint16_t *xb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        extern __shared__ __align__(16) uint8_t q6tc_smem[];
+        constexpr uint32_t WPR = 2 * 210 / 4; /* words a row a stage: 105 */
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        uint32_t row0 = (blockIdx.x * Q6TC_WARPS + warp) * 16, p0 = blockIdx.y * 8 * NT;
+        uint32_t n_st = a.K / 512; /* stages: two super-blocks each */
+        uint8_t *ring = q6tc_smem + (size_t) warp * Q6TC_S * 16 * Q6TC_ROWB;
+        const uint8_t *wb = (const uint8_t *) a.w;
+        /* weights no kernel writes: the first stages in flight before the wait */
+        auto load = [&](uint32_t st) {
+                if (st < n_st) {
+                        uint8_t *dst = ring + (size_t) (st % Q6TC_S) * 16 * Q6TC_ROWB;
+                        for (uint32_t e = lane; e < 16 * WPR; e += 32) {
+                                uint32_t rr = e / WPR, wd = e % WPR, r = row0 + rr;
+                                if (r < a.N)
+                                        mtd_cp<4>(dst + rr * Q6TC_ROWB + 4 * wd,
+                                                  wb + (uint64_t) r * a.row_bytes + (uint64_t) st * 420 + 4 * wd);
+                        }
+                }
+                mtd_commit();
+        };
+        for (uint32_t st = 0; st + 1 < Q6TC_S; st++)
+                load(st);
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        /* this lane's B columns: input p0 + 8j + g, its bf16 row in xb (K values) */
+        const uint32_t *xr[NT];
+        bool on[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+                uint32_t p = p0 + 8 * j + g;
+                on[j] = p < a.P;
+                xr[j] = (const uint32_t *) (xb + (uint64_t) (on[j] ? p : 0) * a.K);
+        }
+        float acc[NT][4] = {}; /* zeros */
+        for (uint32_t st = 0; st < n_st; st++) {
+                mtd_wait(Q6TC_S - 2);
+                __syncwarp(); /* every lane's copies of stage st landed */
+                const uint8_t *sbase = ring + (size_t) (st % Q6TC_S) * 16 * Q6TC_ROWB;
+#pragma unroll
+                for (uint32_t u = 0; u < 2; u++) {
+                        const uint8_t *b0 = sbase + g * Q6TC_ROWB + 210 * u, *b1 = b0 + 8 * Q6TC_ROWB;
+                        float d0 = __half2float(*(const __half *) (b0 + 208)), d1 = __half2float(*(const __half *) (b1 + 208));
+                        uint32_t k0w = (st * 512 + u * 256) / 2; /* the super-block's first input word */
+#pragma unroll
+                        for (uint32_t grp = 0; grp < 16; grp++) {
+                                /* group grp: chunk sub = grp / 2 of cu_dequant32 (half n, quarter q),
+                                 * its values 16·(grp % 2) .. + 15; this lane's k-pairs 2t and 2t + 8 */
+                                uint32_t sub = grp / 2, n = sub / 4, q = sub % 4;
+                                uint32_t l = 16 * (grp % 2) + 2 * t;
+                                uint32_t qlo = 64 * n + 32 * (q & 1) + l, qho = 128 + 32 * n + l;
+                                uint32_t sl = (q & 2) ? 4 : 0, sh = 2 * q;
+                                uint32_t A[4];
+                                A[0] = q6tc_pair(b0 + qlo, b0 + qho, sl, sh);
+                                A[1] = q6tc_pair(b1 + qlo, b1 + qho, sl, sh);
+                                A[2] = q6tc_pair(b0 + qlo + 8, b0 + qho + 8, sl, sh);
+                                A[3] = q6tc_pair(b1 + qlo + 8, b1 + qho + 8, sl, sh);
+                                uint32_t si = 192 + 8 * n + 2 * q + grp % 2;
+                                float ds0 = d0 * (float) *(const int8_t *) (b0 + si);
+                                float ds1 = d1 * (float) *(const int8_t *) (b1 + si);
+                                uint32_t kw = k0w + 8 * grp + t; /* input word of values 16·grp + 2t, +1 */
+#pragma unroll
+                                for (int j = 0; j < NT; j++) {
+                                        uint32_t bw0 = on[j] ? __ldg(xr[j] + kw) : 0u, bw1 = on[j] ? __ldg(xr[j] + kw + 4) : 0u;
+                                        float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                        mtd_mma(tmp, A, bw0, bw1);
+                                        acc[j][0] = __fmaf_rn(ds0, tmp[0], acc[j][0]);
+                                        acc[j][1] = __fmaf_rn(ds0, tmp[1], acc[j][1]);
+                                        acc[j][2] = __fmaf_rn(ds1, tmp[2], acc[j][2]);
+                                        acc[j][3] = __fmaf_rn(ds1, tmp[3], acc[j][3]);
+                                }
+                        }
+                }
+                __syncwarp(); /* every lane's reads of the slot done before it is refilled */
+                load(st + Q6TC_S - 1);
+        }
+        mtd_wait(0);
+        /* d0, d1: row g, inputs 2t, 2t + 1; d2, d3: row g + 8 */
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                        uint32_t r = row0 + g + (e >= 2 ? 8 : 0), p = p0 + 8 * j + 2 * t + (e & 1);
+                        if (r < a.N && p < a.P)
+                                a.y[(uint64_t) p * a.y_pstride + r] = acc[j][e];
+                }
+#else
+        (void) a, (void) xb;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+static bool q6tc_ready;
+static bool q6tc_on(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_MM_Q6TC");
+                on = e && !strcmp(e, "1");
+                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MM_Q6TC=%s ignored: expected 0 or 1\n", e);
+        }
+        return on;
+}
+
+static void q6tc_setup(void) {
+        q6tc_ready = q6tc_on() &&
+                     cudaFuncSetAttribute(k_q6_tc<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess &&
+                     cudaFuncSetAttribute(k_q6_tc<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess &&
+                     cudaFuncSetAttribute(k_q6_tc<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess &&
+                     cudaFuncSetAttribute(k_q6_tc<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess;
+        (void) cudaGetLastError();
+}
+
+/* k_q6_tc for a plain Q6_K product (K % 512 == 0, the inputs fit the bf16 scratch), else false.
+ * Whether it takes a product depends on the matrix alone (and the scratch, which holds a pass's
+ * rows), never on the input count, so every batch of a model takes the same answer. */
+static bool launch_q6tc(const struct cu_mv *a, cudaStream_t s) {
+        if (!q6tc_ready || !mtp_xb || a->sel || a->swiglu || a->G != a->N || a->K % 512 ||
+            a->row_bytes % 4 || (uintptr_t) a->w % 4 || (uint64_t) a->P * a->K > mtp_xb_cap)
+                return false;
+        uint32_t nt = a->P <= 8 ? 1 : a->P <= 16 ? 2 : a->P <= 32 ? 4 : 8;
+        dim3 grid((a->N + 16 * Q6TC_WARPS - 1) / (16 * Q6TC_WARPS), (a->P + 8 * nt - 1) / (8 * nt));
+        if (mtd_log_left < 0) { /* X4_CUDA_MMTC_DEC=log: the first launches' shapes (tests: that it ran) */
+                const char *e = getenv("X4_CUDA_MMTC_DEC");
+                mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
+        }
+        if (mtd_log_left > 0) {
+                mtd_log_left--;
+                fprintf(stderr, "k_q6_tc: P %u N %u K %u inputs a block %u\n", a->P, a->N, a->K, 8 * nt);
+        }
+        cu_launches += 2;
+        cu_launch(k_x_bf16, a->P, 128, 0, s, a->x, a->x_pstride, (uint64_t) 0, 1u, a->K, mtp_xb);
+        const uint16_t *xb = mtp_xb;
+        if (nt == 1)
+                cu_launch(k_q6_tc<1>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+        else if (nt == 2)
+                cu_launch(k_q6_tc<2>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+        else if (nt == 4)
+                cu_launch(k_q6_tc<4>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+        else
+                cu_launch(k_q6_tc<8>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+        return true;
+}
+
 /* Whether tc runs this product (an sm_80+ device, every token or a prompt-class pass, BF16 or
  * IQ4_NL rows, a block's rows within one input group); if so it is launched. Every token count of
  * a matrix and class takes the same answer, so invariance holds. */
 extern "C" bool cu_matvec_tc(const struct cu_mv *a, cudaStream_t s) {
         if (!(mm_tc_all() || (mm_tc_pass && mm_tc_prompt())) || !mm_tc_ready || a->few_rows)
                 return false;
+        if (a->type == CU_TYPE_Q6_K)
+                return launch_q6tc(a, s);
         if (a->type != CU_TYPE_BF16 && a->type != CU_TYPE_IQ4_NL)
                 return false;
         /* staged as float4; one input group per block; rows pair up for SwiGLU */

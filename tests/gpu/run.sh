@@ -438,6 +438,28 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "hidden 2,048: the head's staged decode = two rows a warp = batch 64; one-wave build = default: identical logits"
         }
         step "wide shapes: the Q6_K head over several tiles and the one-wave expert build agree bit for bit" wide_same
+        # the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1, k_q6_tc: one mma chain an output for
+        # every input count): it must run (its log line), stay within the parity bounds against
+        # the CPU, and keep batch and chunk invariance (the chunks' head launches take 1 to 512
+        # rows: every shape of the kernel)
+        q6tc_checks() {
+                local env=(X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16)
+                env "${env[@]}" X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 \
+                        --decode 9 --device cuda --out "$tmp/q6tc-log.bin" 2>"$tmp/q6tc-log.txt" || return 1
+                grep -q '^k_q6_tc: ' "$tmp/q6tc-log.txt" || { echo "k_q6_tc never ran"; cat "$tmp/q6tc-log.txt"; return 1; }
+                env "${env[@]}" X4_GPU_PROMPT=1 "$check" parity "$tmp/demo.gguf" 512 64 || return 1
+                env "${env[@]}" "$check" batch "$tmp/demo.gguf" || return 1
+                env "${env[@]}" X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf" || return 1
+                env "${env[@]}" "$check" classes "$tmp/demo.gguf" || return 1
+                if [ -f "$tmp/wide.gguf" ]; then env "${env[@]}" "$check" batch "$tmp/wide.gguf" || return 1; fi
+                echo "k_q6_tc: ran; parity, batch, chunk and class invariance hold"
+        }
+        step "the Q6_K head on tensor cores: parity with the CPU, batch and chunk invariance, demo model" q6tc_checks
+        for tool in memcheck racecheck synccheck; do
+                step "compute-sanitizer $tool, the Q6_K head on tensor cores, demo model" env X4_CUDA_MM=tc \
+                        X4_CUDA_MM_Q6TC=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --decode 9,99 --device cuda --out "$tmp/san-q6tc.bin"
+        done
         # the prompt-shaped tensor-core kernel (k_mm_tcp: launches of more than 16 tokens, 128 x 64
         # tiles through a cp.async ring, experts in tiles of 64 pairs) computes k_mm_tc's chains too:
         # the same logits with it off (X4_CUDA_MMTC_PROMPT=0), every token on tensor cores
