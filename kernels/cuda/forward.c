@@ -120,7 +120,7 @@ struct cu_prof {
 };
 
 struct cu_graph {
-        uint32_t T, R, RH, parts, chunk; /* chunk: tokens an attention group (att_chunk) */
+        uint32_t T, R, RH, parts, n_att; /* n_att: its even attention groups (att_chunk) */
         const void *meta; /* the metadata buffer its kernels read (a reallocation drops it) */
         cudaGraphExec_t exec;
         unsigned long long kernels;
@@ -1786,6 +1786,8 @@ static uint32_t att_chunk(const struct x4_backend *b, uint32_t n, uint32_t parts
                 return n;
         if (b->att_chunk_mode != UINT32_MAX)
                 return b->att_chunk_mode;
+        if (b->l2_bytes == 0)
+                return n; /* the device did not say: no groups */
         const struct x4_config *c = &b->cfg;
         uint64_t per_tok = (uint64_t) parts * c->n_head * (c->kv_lora_rank + 2) * sizeof(float);
         uint64_t budget = b->l2_bytes / 2, by_l2 = per_tok ? budget / per_tok : n;
@@ -1796,7 +1798,7 @@ static uint32_t att_chunk(const struct x4_backend *b, uint32_t n, uint32_t parts
         return (uint32_t) DIV_ROUND_UP(n, groups);
 }
 
-/* Split attention group i of att (g0, n, maxp; room for at least n_att + n − 1 entries) into
+/* Split attention group i of att (g0, n, maxp; room for the k − 1 groups it gains) into
  * groups of at most `chunk` tokens, as even as they go; returns the groups it became. */
 static uint32_t att_split(uint32_t *att, uint64_t n_att, uint64_t i, uint32_t chunk) {
         uint32_t g0 = att[3 * i], n = att[3 * i + 1], maxp = att[3 * i + 2];
@@ -1961,7 +1963,7 @@ static int graph_forward(struct x4_backend *b, const struct plan *p) {
 
         for (uint32_t i = 0; i < b->n_graphs; i++)
                 if (b->graphs[i].T == T && b->graphs[i].R == R && b->graphs[i].RH == RH &&
-                    b->graphs[i].parts == att[2] && b->graphs[i].chunk == att[1]) {
+                    b->graphs[i].parts == att[2] && b->graphs[i].n_att == p->n_att) {
                         g = &b->graphs[i];
                         break;
                 }
@@ -2003,7 +2005,7 @@ static int graph_forward(struct x4_backend *b, const struct plan *p) {
                         return 0;
                 }
                 g = &b->graphs[b->n_graphs++];
-                *g = (struct cu_graph){.T = T, .R = R, .RH = RH, .parts = att[2], .chunk = att[1],
+                *g = (struct cu_graph){.T = T, .R = R, .RH = RH, .parts = att[2], .n_att = (uint32_t) p->n_att,
                                        .meta = b->meta_d, .exec = exec,
                                        .kernels = cu_launches - k0};
                 cu_launches = k0;
@@ -2174,7 +2176,7 @@ static int forward_seqs(struct x4_backend *b, const struct x4_seq *seqs, uint32_
                                 /* one group of every token, blocks past a token's own parts
                                  * returning at once, split for L2 (att_chunk) into even groups:
                                  * the graph's shape depends on (tokens, parts) alone (its key
-                                 * holds the first group's tokens) */
+                                 * holds the number of groups) */
                                 p.att[0] = 0;
                                 p.att[1] = (uint32_t) p.T;
                                 p.att[2] = parts;

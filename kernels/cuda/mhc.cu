@@ -788,8 +788,12 @@ static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const flo
                 static bool said;
                 if (!said)
                         fprintf(stderr, "X4_CUDA_HC=wtok: k_hc_wtok cannot take this launch (shared memory %s, "
-                                        "hidden %u, 16-byte rows %s); the tiled kernels run\n",
-                                fits ? "fits" : "does not fit", a->H, (uintptr_t) X % 16 ? "no" : "yes");
+                                        "hidden %u, streams and slot rows 16-byte aligned: %s); the default's "
+                                        "kernels run\n",
+                                fits ? "fits" : "does not fit", a->H,
+                                (uintptr_t) X % 16 == 0 && (!p->y || ((uintptr_t) p->y % 16 == 0 && p->y_slot_stride % 4 == 0))
+                                        ? "yes"
+                                        : "no");
                 said = true;
         }
         return ok;

@@ -334,9 +334,22 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                         --device cuda --out "$tmp/h288-wtok.bin" 2>"$tmp/h288-wtok.err" || return 1
                 if grep -q "X4_CUDA_HC=wtok" "$tmp/h288-wtok.err"; then cat "$tmp/h288-wtok.err"; return 1; fi
                 cmp "$tmp/h288-default.bin" "$tmp/h288-wtok.bin" || { echo "X4_CUDA_HC=wtok differs (hidden 288)"; return 1; }
+                # the HC weights stored F32 (staged swizzled) and F16 (the mHC fn follows --attn-type)
+                local ty
+                for ty in F32 F16; do
+                        "$build/tools/x4-mkmodel" --preset demo --hidden 288 --layers 2 --output-type BF16 --attn-type $ty \
+                                --quiet --out "$tmp/h288-$ty.gguf" || return 1
+                        "$build/tools/x4-logits" --model "$tmp/h288-$ty.gguf" --prompt "$prompt" --decode 9,99 --device cuda \
+                                --out "$tmp/h288-$ty-default.bin" || return 1
+                        X4_CUDA_HC=wtok "$build/tools/x4-logits" --model "$tmp/h288-$ty.gguf" --prompt "$prompt" --decode 9,99 \
+                                --device cuda --out "$tmp/h288-$ty-wtok.bin" 2>"$tmp/h288-$ty-wtok.err" || return 1
+                        if grep -q "X4_CUDA_HC=wtok" "$tmp/h288-$ty-wtok.err"; then cat "$tmp/h288-$ty-wtok.err"; return 1; fi
+                        cmp "$tmp/h288-$ty-default.bin" "$tmp/h288-$ty-wtok.bin" ||
+                                { echo "X4_CUDA_HC=wtok differs (hidden 288, $ty HC weights)"; return 1; }
+                done
                 X4_CUDA_HC=wtok "$check" batch "$tmp/demo.gguf" || return 1
                 X4_CUDA_HC=wtok "$check" chunks "$tmp/demo.gguf" || return 1
-                echo "hidden 288: mHC a warp a token = default; batch and chunk invariance with it"
+                echo "hidden 288 (BF16, F32, F16 HC weights): mHC a warp a token = default; batch and chunk invariance with it"
         }
         step "mHC a warp a token: a partial slice, batches and chunks, bit for bit" hc_wtok_same
         for tool in memcheck racecheck synccheck; do
