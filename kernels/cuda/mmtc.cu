@@ -116,6 +116,15 @@ extern "C" bool cu_pass_prompt(void) {
         return mm_tc_pass && cu_mm_tc_prompt_class();
 }
 
+/* An opt-in switch (read once by its caller): NAME=1 on; unset, empty or 0 off; anything else off,
+ * said on stderr */
+static bool mt_env_on(const char *name) {
+        const char *e = getenv(name);
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                fprintf(stderr, "xing4d-cuda: %s=%s ignored: expected 0 or 1\n", name, e);
+        return e && !strcmp(e, "1");
+}
+
 /* two bf16 values in a word, the first in the low half */
 [[maybe_unused]] static __device__ __forceinline__ uint32_t mt_pack(uint16_t lo, uint16_t hi) {
         return (uint32_t) lo | ((uint32_t) hi << 16);
@@ -438,12 +447,11 @@ struct mtd_frag {
 /* chunk cc's fragments of a lane (k_mm_tcd and k_mm_tcs): A from the staged rows g, g + 8 of the
  * warp's m-tile at ws (RB bytes a row), read and decoded as k_mm_tc reads them; B of n-tile j from
  * the staged input row xs + xrow[j] (col_on[j] false: a padding column, zeros) */
+/* chunk cc's A fragments of a lane (and the two rows' d for IQ4_NL): mtd_fetch's, alone */
 template <bool IQ4, int NT>
-[[maybe_unused]] static __device__ __forceinline__ void mtd_fetch(const uint8_t *ws, uint32_t RB, const float *xs,
-                                                                  const uint32_t *xrow, const bool *col_on,
-                                                                  uint32_t cc, uint32_t g, uint32_t t,
-                                                                  const uint32_t *tl, const uint32_t *th,
-                                                                  mtd_frag<NT> &f) {
+[[maybe_unused]] static __device__ __forceinline__ void mtd_fetch_a(const uint8_t *ws, uint32_t RB, uint32_t cc,
+                                                                    uint32_t g, uint32_t t, const uint32_t *tl,
+                                                                    const uint32_t *th, mtd_frag<NT> &f) {
         if constexpr (IQ4) {
                 const uint8_t *b0 = ws + g * RB + 18 * cc, *b1 = b0 + 8 * RB;
                 f.d0 = __half2float(*(const __half *) b0);
@@ -455,12 +463,6 @@ template <bool IQ4, int NT>
                         uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
                         mtd_iq4_pair(q0, tl, th, &f.a[s][0], &f.a[s][2]);
                         mtd_iq4_pair(q1, tl, th, &f.a[s][1], &f.a[s][3]);
-#pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                                const float *xr = xs + xrow[j] + 32 * cc;
-                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 8 * s + 2 * t);
-                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 16 + 8 * s + 2 * t);
-                        }
                 }
         } else {
                 const uint32_t *r0 = (const uint32_t *) (ws + g * RB + 64 * cc);
@@ -472,14 +474,33 @@ template <bool IQ4, int NT>
                         f.a[s][1] = r1[8 * s + t];
                         f.a[s][2] = r0[8 * s + 4 + t];
                         f.a[s][3] = r1[8 * s + 4 + t];
-#pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                                const float *xr = xs + xrow[j] + 32 * cc + 16 * s;
-                                f.b[j][s][0] = mtd_x2(xr, col_on[j], 2 * t);
-                                f.b[j][s][1] = mtd_x2(xr, col_on[j], 8 + 2 * t);
-                        }
                 }
         }
+}
+
+/* The input values chunk cc's k16 step s of a lane takes (B rows 2t, 2t + 1 and 2t + 8, 2t + 9):
+ * IQ4_NL's quant bytes hold values v and v + 16, so its step s covers 8s + 2t .. and 16 + 8s + 2t;
+ * BF16's covers 16s + 2t and 16s + 8 + 2t. Offsets in the chunk's 32 values. */
+template <bool IQ4>
+[[maybe_unused]] static __device__ __forceinline__ uint32_t mtd_bk(uint32_t s, uint32_t t, uint32_t half) {
+        return IQ4 ? 16 * half + 8 * s + 2 * t : 16 * s + 8 * half + 2 * t;
+}
+
+template <bool IQ4, int NT>
+[[maybe_unused]] static __device__ __forceinline__ void mtd_fetch(const uint8_t *ws, uint32_t RB, const float *xs,
+                                                                  const uint32_t *xrow, const bool *col_on,
+                                                                  uint32_t cc, uint32_t g, uint32_t t,
+                                                                  const uint32_t *tl, const uint32_t *th,
+                                                                  mtd_frag<NT> &f) {
+        mtd_fetch_a<IQ4, NT>(ws, RB, cc, g, t, tl, th, f);
+#pragma unroll
+        for (uint32_t s = 0; s < 2; s++)
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                        const float *xr = xs + xrow[j] + 32 * cc;
+                        f.b[j][s][0] = mtd_x2(xr, col_on[j], mtd_bk<IQ4>(s, t, 0));
+                        f.b[j][s][1] = mtd_x2(xr, col_on[j], mtd_bk<IQ4>(s, t, 1));
+                }
 }
 
 /* chunk f's two k16 steps as k_mm_tc runs them: BF16 into acc's mma chains, IQ4_NL from zero and
@@ -805,6 +826,98 @@ static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         return true;
 }
 
+/* ---- k_mm_tcn: dense products of 17-64 inputs (batch decode), a warp an n-tile ----
+ *
+ * k_mm_tc's chains (k_mm_tcd's stages = MT_KPART parts, each from zero, added in part order into
+ * the warp's running sums) for a block of one m-tile (16 stored rows) × up to 8 n-tiles, a warp
+ * an n-tile: the block's warps share each staged stage of the 16 rows (a cp.async ring, one
+ * barrier a stage), each warp reads its 8 inputs' B fragments from the bf16 rows k_x_bf16 wrote
+ * (the rounding k_mm_tc's staging applies), so the same A and B registers and the same mma chain:
+ * the same bits as k_mm_tc, k_mm_tcd, k_mm_tcs and k_mm_tcp. At batch 64 those products took
+ * k_mm_tcp's 128-row tiles: 11 blocks for q_a‖kv_a, 28 for attn_output (5.8 of a 36.6 ms step at
+ * 4,096 for 2.5 GB of weights); here they are 84 and 224. X4_CUDA_MMTC_TCN=1 (opt-in until a GPU
+ * has timed it). */
+template <int TYPE>
+struct mtd_rows { /* k_mm_tcd's stage of a weight row: bytes a chunk, staged bytes (padded), 16-byte pieces */
+        static constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        static constexpr uint32_t CB = IQ4 ? 18 : 64, RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16, PR = MTD_KC * CB / 16;
+};
+
+template <int TYPE, int NR>
+__global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv a, const uint16_t *xb, uint32_t S,
+                                                                    uint32_t n_grp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        using MR = mtd_rows<TYPE>;
+        constexpr bool IQ4 = MR::IQ4;
+        constexpr uint32_t CB = MR::CB, RB = MR::RB, PR = MR::PR;
+        extern __shared__ __align__(16) uint8_t mtn_smem[];
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        uint32_t n_rows = a.N, row0 = blockIdx.y * 16, p0 = blockIdx.x * 64 + warp * 8;
+        uint32_t n_chunks = a.K / CU_CHUNK, n_st = (n_chunks + MTD_KC - 1) / MTD_KC;
+        const uint8_t *wbase = (const uint8_t *) a.w;
+        auto load_w = [&](uint32_t st, uint32_t slot) {
+                if (st >= n_st)
+                        return;
+                uint32_t c0 = st * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * CB / 16;
+                uint8_t *dst = mtn_smem + (size_t) slot * 16 * RB;
+                for (uint32_t e = threadIdx.x; e < 16 * PR; e += blockDim.x) {
+                        uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
+                        if (pc < np && r < n_rows)
+                                mtd_cp16(dst + rr * RB + pc * 16,
+                                         wbase + (uint64_t) r * a.row_bytes + (uint64_t) c0 * CB + pc * 16);
+                }
+        };
+        /* the weights no kernel writes: in flight before the previous kernel has finished */
+        for (uint32_t st = 0; st + 1 < S; st++) {
+                load_w(st, st);
+                mtd_commit();
+        }
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
+        uint32_t p = p0 + g; /* this lane's B column */
+        bool col_on = p < a.P;
+        const uint32_t *xr = (const uint32_t *) (xb + ((uint64_t) (col_on ? p : 0) * n_grp + grp) * a.K);
+        uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
+        if constexpr (IQ4)
+                mtd_codebook(tl, th);
+        float acc[1][4] = {}, tot[4] = {};
+        uint32_t slot = 0;
+        for (uint32_t i = 0; i < n_st; i++) {
+                mtd_wait(S - 2);
+                __syncthreads(); /* stage i visible to all; stage i − 1's slot read by all */
+                load_w(i + S - 1, slot == 0 ? S - 1 : slot - 1);
+                mtd_commit();
+                const uint8_t *ws = mtn_smem + (size_t) slot * 16 * RB;
+                uint32_t kw0 = i * MTD_KV / 2; /* the stage's first input word */
+                auto fetch = [&](uint32_t cc, mtd_frag<1> &f) {
+                        mtd_fetch_a<IQ4, 1>(ws, RB, cc, g, t, tl, th, f);
+#pragma unroll
+                        for (uint32_t s = 0; s < 2; s++) {
+                                uint32_t w0 = kw0 + 16 * cc + mtd_bk<IQ4>(s, t, 0) / 2;
+                                uint32_t w1 = kw0 + 16 * cc + mtd_bk<IQ4>(s, t, 1) / 2;
+                                f.b[0][s][0] = col_on ? __ldg(xr + w0) : 0u;
+                                f.b[0][s][1] = col_on ? __ldg(xr + w1) : 0u;
+                        }
+                };
+                auto step = [&](const mtd_frag<1> &f) { mtd_step<IQ4, 1>(acc, f); };
+                uint32_t nc = min((uint32_t) MTD_KC, n_chunks - i * MTD_KC);
+                mtd_chunks<1>(nc, IQ4 || nc == MTD_KC, fetch, step);
+#pragma unroll
+                for (int e = 0; e < 4; e++) { /* a stage is a part: its sum added */
+                        tot[e] += acc[0][e];
+                        acc[0][e] = 0.0f;
+                }
+                slot = slot + 1 == S ? 0 : slot + 1;
+        }
+        mtd_wait(0); /* the empty tail groups */
+        mt_store<NR, MT_DENSE>(a, tot, row0, 0, g, t, n_rows, a.P - min(p0, a.P), p0, NULL, grp);
+#else
+        (void) a, (void) xb, (void) S, (void) n_grp;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
 /* ---- k_mm_tcs: products of at most 8 inputs or one expert pair a block (decode), one m-tile a block ----
  *
  * k_mm_tc's chains (MT_KPART parts, each summed from zero over its chunks in order: BF16 an mma
@@ -983,6 +1096,12 @@ static void mts_prepare_ow(void) {
 }
 
 static void mts_setup(void) {
+        /* k_mm_tcn's ring (the same budget as k_mm_tcd's) */
+        (void) cudaFuncSetAttribute(k_mm_tcn<CU_TYPE_BF16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcn<CU_TYPE_BF16, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcn<CU_TYPE_IQ4_NL, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcn<CU_TYPE_IQ4_NL, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
+        (void) cudaGetLastError();
         mts_prepare<CU_TYPE_BF16, 1>();
         mts_prepare<CU_TYPE_BF16, 2>();
         mts_prepare<CU_TYPE_IQ4_NL, 1>();
@@ -1459,6 +1578,52 @@ static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
         return true;
 }
 
+/* X4_CUDA_MMTC_TCN=1: dense products of 17-64 inputs on k_mm_tcn (opt-in until a GPU has timed
+ * it; the bits are the same either way) */
+static bool mtn_on(void) {
+        static int on = -1;
+        if (on < 0)
+                on = mt_env_on("X4_CUDA_MMTC_TCN");
+        return on;
+}
+
+/* k_mm_tcn for this product if it takes it (dense, 17-64 inputs, 16-byte rows, the inputs fit the
+ * bf16 scratch), else false */
+template <int TYPE, int NR>
+static bool launch_tcn(const struct cu_mv *a, cudaStream_t s) {
+        constexpr bool IQ4 = mtd_rows<TYPE>::IQ4;
+        constexpr uint32_t RB = mtd_rows<TYPE>::RB;
+        uint32_t n_chunks = a->K / CU_CHUNK, n_st = (n_chunks + MTD_KC - 1) / MTD_KC;
+        if (!mtn_on() || !mtd_smem_blk || !mtp_xb || a->sel || a->x_div != 1 || a->P <= MTD_P_MAX || a->P > 64)
+                return false;
+        if ((uintptr_t) a->w % 16 || a->row_bytes % 16 || (IQ4 && n_chunks % MTD_KC))
+                return false;
+        bool grouped = NR == 1 && a->G != a->N;
+        if (grouped && a->G % 16) /* a block's 16 rows in one input group */
+                return false;
+        uint32_t n_grp = grouped ? a->N / a->G : 1;
+        if ((uint64_t) a->P * n_grp * a->K > mtp_xb_cap)
+                return false;
+        uint32_t m_tiles = (a->N + 15) / 16, W = (a->P + 7) / 8;
+        uint64_t stage = (uint64_t) 16 * RB;
+        uint32_t per_sm = (uint32_t) min(((uint64_t) m_tiles + mtd_sms - 1) / mtd_sms, (uint64_t) 16);
+        uint64_t S = (mtd_smem_sm - per_sm * 2048u) / per_sm / stage;
+        S = max(min(S, (uint64_t) min(MTD_S_MAX, n_st + 1)), (uint64_t) 2);
+        S = min(S, mtd_smem_blk / stage);
+        if (S < 2)
+                return false;
+        if (mtd_log_left > 0) {
+                mtd_log_left--;
+                fprintf(stderr, "k_mm_tcn: type %u%s P %u N %u K %u groups %u grid %u warps %u stages %u\n", TYPE,
+                        NR == 2 ? " swiglu" : "", a->P, a->N, a->K, n_grp, m_tiles, W, (uint32_t) S);
+        }
+        cu_launches += 2;
+        cu_launch(k_x_bf16, a->P * n_grp, 128, 0, s, a->x, a->x_pstride, a->x_gstride, n_grp, a->K, mtp_xb);
+        cu_launch(k_mm_tcn<TYPE, NR>, dim3(1, m_tiles), dim3(32 * W), (size_t) (S * stage), s, *a,
+                  (const uint16_t *) mtp_xb, (uint32_t) S, n_grp);
+        return true;
+}
+
 /* X4_CUDA_MMTC_DEC=0 keeps every token count on k_mm_tc (comparisons: the bits are the same);
  * =log also prints k_mm_tcd's first 64 launch shapes */
 template <int TYPE, int NR>
@@ -1470,7 +1635,7 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
                 if (mtd_log_left < 0)
                         mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
         }
-        if (launch_tcp<TYPE, NR>(a, s))
+        if (launch_tcn<TYPE, NR>(a, s) || launch_tcp<TYPE, NR>(a, s))
                 return;
         if (dec && launch_tcs<TYPE, NR>(a, s))
                 return;
@@ -1609,12 +1774,8 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
 static bool q6tc_ready;
 static bool q6tc_on(void) {
         static int on = -1;
-        if (on < 0) {
-                const char *e = getenv("X4_CUDA_MM_Q6TC");
-                on = e && !strcmp(e, "1");
-                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MM_Q6TC=%s ignored: expected 0 or 1\n", e);
-        }
+        if (on < 0)
+                on = mt_env_on("X4_CUDA_MM_Q6TC");
         return on;
 }
 

@@ -468,6 +468,32 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "k_q6_tc: ran; parity, batch, chunk and class invariance hold"
         }
         step "the Q6_K head on tensor cores: parity with the CPU, batch and chunk invariance, demo model" q6tc_checks
+        # dense products of 17-64 inputs a warp an n-tile (X4_CUDA_MMTC_TCN=1, k_mm_tcn): the same
+        # bits as k_mm_tcp (a 300-token prompt in chunks of 40 and 64, then decodes), batch and
+        # chunk invariance with it, and its log line (that it ran)
+        tcn_same() {
+                local prompt ch
+                prompt=$(awk 'BEGIN { s = 43; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for ch in 40 64; do
+                        X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --chunk $ch \
+                                --decode 9,99 --device cuda --out "$tmp/tcn-off-$ch.bin" || return 1
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --prompt "$prompt" --chunk $ch --decode 9,99 --device cuda --out "$tmp/tcn-on-$ch.bin" \
+                                2>"$tmp/tcn-$ch.log" || return 1
+                        grep -q '^k_mm_tcn: ' "$tmp/tcn-$ch.log" || { echo "k_mm_tcn never ran (chunks of $ch)"; return 1; }
+                        cmp "$tmp/tcn-off-$ch.bin" "$tmp/tcn-on-$ch.bin" || { echo "k_mm_tcn differs (chunks of $ch)"; return 1; }
+                done
+                X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf" || return 1
+                X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf" || return 1
+                if [ -f "$tmp/wide.gguf" ]; then X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 "$check" batch "$tmp/wide.gguf" || return 1; fi
+                echo "k_mm_tcn = k_mm_tcp (chunks of 40 and 64); batch and chunk invariance with it"
+        }
+        step "dense products a warp an n-tile agree bit for bit with k_mm_tcp, demo model" tcn_same
+        for tool in memcheck racecheck synccheck; do
+                step "compute-sanitizer $tool, dense products a warp an n-tile, demo model" env X4_CUDA_MM=tc \
+                        X4_CUDA_MMTC_TCN=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 --decode 9 --device cuda --out "$tmp/san-tcn.bin"
+        done
         for tool in memcheck racecheck synccheck; do
                 step "compute-sanitizer $tool, the Q6_K head on tensor cores, demo model" env X4_CUDA_MM=tc \
                         X4_CUDA_MM_Q6TC=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
