@@ -1683,7 +1683,8 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
         extern __shared__ __align__(16) uint8_t q6tc_smem[];
         constexpr uint32_t WPR = 2 * 210 / 4; /* words a row a stage: 105 */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        uint32_t row0 = (blockIdx.x * Q6TC_WARPS + warp) * 16, p0 = blockIdx.y * 8 * NT;
+        /* grid x the input tiles (blocks of the same rows run together: the rows leave DRAM once) */
+        uint32_t row0 = (blockIdx.y * Q6TC_WARPS + warp) * 16, p0 = blockIdx.x * 8 * NT;
         uint32_t n_st = a.K / 512; /* stages: two super-blocks each */
         uint8_t *ring = q6tc_smem + (size_t) warp * Q6TC_S * 16 * Q6TC_ROWB;
         const uint8_t *wb = (const uint8_t *) a.w;
@@ -1716,7 +1717,8 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
         float acc[NT][4] = {}; /* zeros */
         for (uint32_t st = 0; st < n_st; st++) {
                 mtd_wait(Q6TC_S - 2);
-                __syncwarp(); /* every lane's copies of stage st landed */
+                __syncwarp(); /* every lane's copies of stage st landed; its reads of stage st − 1 done */
+                load(st + Q6TC_S - 1); /* into stage st − 1's slot: two stages in flight during the math */
                 const uint8_t *sbase = ring + (size_t) (st % Q6TC_S) * 16 * Q6TC_ROWB;
 #pragma unroll
                 for (uint32_t u = 0; u < 2; u++) {
@@ -1752,8 +1754,6 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
                                 }
                         }
                 }
-                __syncwarp(); /* every lane's reads of the slot done before it is refilled */
-                load(st + Q6TC_S - 1);
         }
         mtd_wait(0);
         /* d0, d1: row g, inputs 2t, 2t + 1; d2, d3: row g + 8 */
@@ -1792,17 +1792,21 @@ static void q6tc_setup(void) {
  * Whether it takes a product depends on the matrix alone (and the scratch, which holds a pass's
  * rows), never on the input count, so every batch of a model takes the same answer. */
 static bool launch_q6tc(const struct cu_mv *a, cudaStream_t s) {
+        /* k_x_bf16 reads the inputs as float4, one row an input */
+        if (a->x_div != 1 || a->x_pstride % 4 || (uintptr_t) a->x % 16)
+                return false;
         if (!q6tc_ready || !mtp_xb || a->sel || a->swiglu || a->G != a->N || a->K % 512 ||
             a->row_bytes % 4 || (uintptr_t) a->w % 4 || (uint64_t) a->P * a->K > mtp_xb_cap)
                 return false;
         uint32_t nt = a->P <= 8 ? 1 : a->P <= 16 ? 2 : a->P <= 32 ? 4 : 8;
-        dim3 grid((a->N + 16 * Q6TC_WARPS - 1) / (16 * Q6TC_WARPS), (a->P + 8 * nt - 1) / (8 * nt));
-        if (mtd_log_left < 0) { /* X4_CUDA_MMTC_DEC=log: the first launches' shapes (tests: that it ran) */
+        dim3 grid((a->P + 8 * nt - 1) / (8 * nt), (a->N + 16 * Q6TC_WARPS - 1) / (16 * Q6TC_WARPS));
+        static int log_left = -1; /* X4_CUDA_MMTC_DEC=log: the first launches' shapes (tests: that it ran) */
+        if (log_left < 0) {
                 const char *e = getenv("X4_CUDA_MMTC_DEC");
-                mtd_log_left = e && !strcmp(e, "log") ? 64 : 0;
+                log_left = e && !strcmp(e, "log") ? 16 : 0;
         }
-        if (mtd_log_left > 0) {
-                mtd_log_left--;
+        if (log_left > 0) {
+                log_left--;
                 fprintf(stderr, "k_q6_tc: P %u N %u K %u inputs a block %u\n", a->P, a->N, a->K, 8 * nt);
         }
         cu_launches += 2;

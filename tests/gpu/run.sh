@@ -458,14 +458,20 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         q6tc_checks() {
                 local env=(X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16)
                 env "${env[@]}" X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 \
-                        --decode 9 --device cuda --out "$tmp/q6tc-log.bin" 2>"$tmp/q6tc-log.txt" || return 1
+                        --decode 9 --device cuda --out "$tmp/q6tc-log.bin" 2>"$tmp/q6tc-log.txt" ||
+                        { cat "$tmp/q6tc-log.txt"; return 1; }
                 grep -q '^k_q6_tc: ' "$tmp/q6tc-log.txt" || { echo "k_q6_tc never ran"; cat "$tmp/q6tc-log.txt"; return 1; }
                 env "${env[@]}" X4_GPU_PROMPT=1 "$check" parity "$tmp/demo.gguf" 512 64 || return 1
                 env "${env[@]}" "$check" batch "$tmp/demo.gguf" || return 1
                 env "${env[@]}" X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf" || return 1
                 env "${env[@]}" "$check" classes "$tmp/demo.gguf" || return 1
                 if [ -f "$tmp/wide.gguf" ]; then env "${env[@]}" "$check" batch "$tmp/wide.gguf" || return 1; fi
-                echo "k_q6_tc: ran; parity, batch, chunk and class invariance hold"
+                # a vocabulary that ends inside a block's rows (4,100: the last block's first warp
+                # holds 4 rows, its other three none)
+                "$build/tools/x4-mkmodel" --preset demo --vocab 4100 --layers 2 --quiet --out "$tmp/v4100.gguf" || return 1
+                env "${env[@]}" "$check" batch "$tmp/v4100.gguf" || return 1
+                env "${env[@]}" X4_GPU_PROMPT=1 "$check" chunks "$tmp/v4100.gguf" || return 1
+                echo "k_q6_tc: ran; parity, batch, chunk and class invariance hold (vocabulary 4,096 and 4,100)"
         }
         step "the Q6_K head on tensor cores: parity with the CPU, batch and chunk invariance, demo model" q6tc_checks
         # dense products of 17-64 inputs a warp an n-tile (X4_CUDA_MMTC_TCN=1, k_mm_tcn): the same
@@ -498,6 +504,11 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 step "compute-sanitizer $tool, the Q6_K head on tensor cores, demo model" env X4_CUDA_MM=tc \
                         X4_CUDA_MM_Q6TC=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --decode 9,99 --device cuda --out "$tmp/san-q6tc.bin"
+                # hidden 2,048: four stages, so each warp's ring of three wraps
+                [ -f "$tmp/wide.gguf" ] &&
+                        step "compute-sanitizer $tool, the Q6_K head on tensor cores, wide shapes" env X4_CUDA_MM=tc \
+                                X4_CUDA_MM_Q6TC=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                                --model "$tmp/wide.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-q6tc-w.bin"
         done
         # the prompt-shaped tensor-core kernel (k_mm_tcp: launches of more than 16 tokens, 128 x 64
         # tiles through a cp.async ring, experts in tiles of 64 pairs) computes k_mm_tc's chains too:
