@@ -152,6 +152,157 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
                 a.ticket[blockIdx.y] = 0;
 }
 
+/* ---- k_router_tiled: a prompt pass's router, every expert of 32 tokens a block (X4_CUDA_ROUTER_TILED=1;
+ * opt-in, not yet run on a GPU) ----
+ *
+ * k_router_fused's logits are cu_few_rows' sums: for value k the thread k % 1024 of a block of
+ * CU_FEW_WARPS warps, whose chain (one fmaf from zero a value) runs over k, k + 1024, ...; each
+ * warp's 32 chains summed by cu_warp_sum's xor butterfly; the 32 warp sums added in warp order
+ * from zero. Fine for one token (64 blocks spread a 0.9 MB matrix over the card) but a prompt
+ * pass's 4,096 tokens run 8,192 blocks of 1,024 threads whose butterflies and barriers outweigh
+ * their 112 multiply-adds a thread (the router was ~7% of a 4,096-token prefill). Here a thread
+ * computes whole logits, 8 experts of one token, in that same order: for warp slice w = 0 .. 31,
+ * each leaf (lane) l's chain over the values 32w + l + 1024s (s = 0 .. 3: K ≤ 4,096), the 32
+ * leaves combined as the butterfly combines them (l with l + 16, then with + 8, + 4, + 2, + 1:
+ * rt_tree, depth first so a few partial sums live at once), the slice's sum added to the logit.
+ * A block stages each slice's values of the 64 experts' rows and its 32 tokens' inputs (4-byte
+ * cp.async, two slices in flight), then writes its tokens' logits and selects their experts with
+ * k_route's code. The same sums, so the same bits as k_router_fused (GPU step: cmp). F32 rows,
+ * at most 64 experts, K a multiple of 32 up to 4,096. */
+#define RT_TOK 32
+#define RT_ROWS 64
+#define RT_THREADS 256                  /* 8 warps: 8 experts each, a lane a token */
+#define RT_NS 4                         /* values a chain: K ≤ 4 · 1,024 */
+#define RT_WS (RT_ROWS + 4)             /* floats a staged (slice, lane) row of the experts' weights */
+#define RT_XS (RT_NS * 32 + 1)          /* floats a staged token row (+1: the lanes' rows on distinct banks) */
+#define RT_STAGE (RT_NS * 32 * RT_WS + RT_TOK * RT_XS) /* floats a staged slice */
+static_assert(CU_FEW_WARPS == 32, "a warp slice of 32 values: cu_few_rows' block of 1,024 threads");
+
+/* V(J, M) of the butterfly's tree over one slice's 32 leaves, for a thread's 8 experts: V(0, l)
+ * = leaf l, V(J, M) = V(J − 1, M) + V(J − 1, M + 2^(5 − J)); V(5, 0) is what cu_warp_sum leaves
+ * in every lane. ws: the staged weights at the thread's first expert, xs: its token's row. */
+template <int J, int M>
+struct rt_tree {
+        static __device__ __forceinline__ void eval(const float *ws, const float *xs, uint32_t ns, float (&out)[8]) {
+                float a[8], b[8];
+                rt_tree<J - 1, M>::eval(ws, xs, ns, a);
+                rt_tree<J - 1, M + (1 << (5 - J))>::eval(ws, xs, ns, b);
+#pragma unroll
+                for (int p = 0; p < 8; p++)
+                        out[p] = a[p] + b[p];
+        }
+};
+template <int M>
+struct rt_tree<0, M> { /* leaf M: the chain of cu_few_rows' thread 32w + M */
+        static __device__ __forceinline__ void eval(const float *ws, const float *xs, uint32_t ns, float (&out)[8]) {
+#pragma unroll
+                for (int p = 0; p < 8; p++)
+                        out[p] = 0.0f;
+#pragma unroll
+                for (uint32_t s = 0; s < RT_NS; s++)
+                        if (s < ns) {
+                                float xv = xs[s * 32 + M];
+                                const float4 *wp = (const float4 *) (ws + (s * 32 + M) * RT_WS);
+                                float4 w0 = wp[0], w1 = wp[1];
+                                out[0] = __fmaf_rn(w0.x, xv, out[0]);
+                                out[1] = __fmaf_rn(w0.y, xv, out[1]);
+                                out[2] = __fmaf_rn(w0.z, xv, out[2]);
+                                out[3] = __fmaf_rn(w0.w, xv, out[3]);
+                                out[4] = __fmaf_rn(w1.x, xv, out[4]);
+                                out[5] = __fmaf_rn(w1.y, xv, out[5]);
+                                out[6] = __fmaf_rn(w1.z, xv, out[6]);
+                                out[7] = __fmaf_rn(w1.w, xv, out[7]);
+                        }
+        }
+};
+
+__global__ void __launch_bounds__(RT_THREADS) k_router_tiled(struct cu_router a, const float *f, uint32_t T, int32_t *sel,
+                                                            float *wout) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        extern __shared__ __align__(16) float rts[]; /* two stages: [slice value][expert], then [token][value] */
+        uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+        uint32_t t0 = blockIdx.x * RT_TOK, K = a.H, NE = a.n_expert;
+        /* slice w: values 32w + 1024s + l of every expert and token (past K or the tokens: not loaded,
+         * never read into a stored sum) */
+        auto stage = [&](uint32_t w) {
+                if (w < 32) {
+                        float *sw = rts + (w & 1) * RT_STAGE, *sx = sw + RT_NS * 32 * RT_WS;
+                        for (uint32_t e = tid; e < RT_NS * 32 * RT_ROWS; e += RT_THREADS) {
+                                uint32_t row = e % RT_ROWS, sl = e / RT_ROWS, k = 32 * w + 1024 * (sl / 32) + sl % 32;
+                                if (row < NE && k < K)
+                                        mtd_cp<4>(sw + sl * RT_WS + row,
+                                                  (const uint8_t *) a.w + (uint64_t) row * a.row_bytes + 4 * (uint64_t) k);
+                        }
+                        for (uint32_t e = tid; e < RT_TOK * RT_NS * 32; e += RT_THREADS) {
+                                uint32_t tt = e / (RT_NS * 32), sl = e % (RT_NS * 32), k = 32 * w + 1024 * (sl / 32) + sl % 32;
+                                if (t0 + tt < T && k < K)
+                                        mtd_cp<4>(sx + tt * RT_XS + sl, f + (uint64_t) (t0 + tt) * K + k);
+                        }
+                }
+                mtd_commit();
+        };
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        stage(0);
+        float v[8] = {}; /* the logits, from zero as cu_few_rows' v */
+        for (uint32_t w = 0; w < 32; w++) {
+                stage(w + 1); /* into the buffer slice w − 1 used (read before the last barrier) */
+                mtd_wait(1);
+                __syncthreads(); /* slice w landed for every thread */
+                const float *sw = rts + (w & 1) * RT_STAGE, *sx = sw + RT_NS * 32 * RT_WS;
+                uint32_t ns = 0; /* the chains' values in this slice: K % 32 == 0, so the same for every lane */
+                while (ns < RT_NS && 32 * w + 1024 * ns < K)
+                        ns++;
+                float sv[8];
+                rt_tree<5, 0>::eval(sw + 8 * warp, sx + lane * RT_XS, ns, sv);
+#pragma unroll
+                for (int p = 0; p < 8; p++)
+                        v[p] += sv[p];
+                __syncthreads(); /* every thread's reads of slice w done before stage(w + 2) refills it */
+        }
+        mtd_wait(0);
+        uint32_t t = t0 + lane;
+#pragma unroll
+        for (int p = 0; p < 8; p++) {
+                uint32_t r = 8 * warp + p;
+                if (t < T && r < NE)
+                        a.z[(uint64_t) t * NE + r] = v[p];
+        }
+        __syncthreads(); /* the block's logits written (global, visible to the block past the barrier) */
+        for (uint32_t tt = warp; tt < RT_TOK; tt += RT_THREADS / 32)
+                if (t0 + tt < T)
+                        route_token<false>(a, t0 + tt, lane, sel, wout);
+#else
+        (void) a, (void) f, (void) T, (void) sel, (void) wout;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+/* X4_CUDA_ROUTER_TILED=1 (=log: also its first launches on stderr, that it ran) and a shape it
+ * takes: a prompt pass's tokens (≥ 64), F32 rows, ≤ 64 experts, K a multiple of 32 up to 4,096,
+ * an sm_80+ device that gives it its shared memory */
+static int router_tiled_log;
+static bool router_tiled(const struct cu_router *a, uint32_t T) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_ROUTER_TILED");
+                on = 0;
+                if (e && (!strcmp(e, "1") || !strcmp(e, "log"))) {
+                        router_tiled_log = !strcmp(e, "log") ? 4 : 0;
+                        int dev = 0, major = 0;
+                        on = cudaGetDevice(&dev) == cudaSuccess &&
+                             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                             major >= 8 &&
+                             cudaFuncSetAttribute(k_router_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int) (2 * RT_STAGE * sizeof(float))) == cudaSuccess;
+                        (void) cudaGetLastError();
+                } else if (e && *e && strcmp(e, "0"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_ROUTER_TILED=%s ignored: expected 0, 1 or log\n", e);
+        }
+        return on && T >= 64 && a->type == CU_TYPE_F32 && a->n_expert <= RT_ROWS && a->H % 32 == 0 &&
+               a->H <= RT_NS * 1024 && a->row_bytes % 4 == 0 && (uintptr_t) a->w % 4 == 0;
+}
+
 /* rows a router block for token tiles of CU_ROUTE_TP (X4_CUDA_ROUTER_RB=1: one, the bits are the same) */
 #define ROUTER_RB 4
 
@@ -164,6 +315,16 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                 .N = a->n_expert, .G = a->n_expert, .x = f, .x_pstride = a->H, .x_div = 1,
                 .y = a->z, .y_pstride = a->n_expert, .P = T, .few_rows = true,
         };
+        if (router_tiled(a, T)) {
+                if (router_tiled_log > 0) {
+                        router_tiled_log--;
+                        fprintf(stderr, "k_router_tiled: T %u experts %u K %u\n", T, a->n_expert, a->H);
+                }
+                cu_launches++;
+                cu_launch(k_router_tiled, (T + RT_TOK - 1) / RT_TOK, RT_THREADS, 2 * RT_STAGE * sizeof(float), s, *a, f, T,
+                          sel, w);
+                return;
+        }
         if (a->ticket && a->n_expert <= ROUTER_MAX_EXPERTS &&
             (a->type == CU_TYPE_F32 || a->type == CU_TYPE_F16 || a->type == CU_TYPE_BF16)) {
                 static_assert(CU_ROUTE_TP <= CU_FEW_WARPS, "a warp a token of the tile");

@@ -672,6 +672,24 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # prompt classes
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
+        # a prompt pass's router a thread a logit (X4_CUDA_ROUTER_TILED=1, k_router_tiled: passes of
+        # 64 tokens or more) computes cu_few_rows' sums in their order: identical logits; chunk
+        # invariance with it (chunks of 1 and 7 take k_router_fused, of 64 and 512 the tiled one)
+        step "prompt router a thread a logit agrees bit for bit, demo model" \
+                env_same X4_CUDA_ROUTER_TILED 0 1 31 "--chunk 100 --decode 9,99" "--prompt-class --decode 9" "--chunk 64 --decode 9"
+        step "chunk invariance, demo model, prompt router a thread a logit" env X4_CUDA_ROUTER_TILED=1 \
+                "$check" chunks "$tmp/demo.gguf"
+        router_tiled_ran() {
+                X4_CUDA_ROUTER_TILED=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 104)" \
+                        --decode 9 --device cuda --out "$tmp/rt-log.bin" 2>"$tmp/rt-log.txt" || { cat "$tmp/rt-log.txt"; return 1; }
+                grep '^k_router_tiled: ' "$tmp/rt-log.txt" || { echo "k_router_tiled never ran"; cat "$tmp/rt-log.txt"; return 1; }
+        }
+        step "prompt router a thread a logit runs on a 100-token prompt" router_tiled_ran
+        for tool in memcheck racecheck synccheck; do
+                step "compute-sanitizer $tool, prompt router a thread a logit, demo model" env X4_CUDA_ROUTER_TILED=1 \
+                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                        --prompt "$(seq -s, 5 104)" --decode 9 --device cuda --out "$tmp/san-rt.bin"
+        done
 fi
 
 # ---- MTP: the NextN block on CUDA (issue 16) ----
