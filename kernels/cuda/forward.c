@@ -1187,6 +1187,7 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         mha_setup(b);
         cu_mm_tc_setup();
         cu_hc_setup();
+        cu_route_setup();
         /* the fused HC kernel's tickets start (and every launch leaves them) at zero */
         r = CU_TRY(cudaMemsetAsync(b->hc_ticket, 0, sizeof(uint32_t) * b->T_max, b->stream), EIO,
                    "clearing the workspace");

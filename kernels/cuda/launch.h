@@ -295,6 +295,8 @@ struct cu_router {
 #define CU_ROUTE_TP 8 /* tokens a router block computes (and its last block routes) */
 void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel, float *w,
               cudaStream_t s);
+/* Once a backend, before any forward: the router kernels' attributes (X4_CUDA_ROUTER_TILED). */
+void cu_route_setup(void);
 #ifdef __cplusplus
 }
 #endif

@@ -444,9 +444,6 @@ struct mtd_frag {
         float d0, d1;
 };
 
-/* chunk cc's fragments of a lane (k_mm_tcd and k_mm_tcs): A from the staged rows g, g + 8 of the
- * warp's m-tile at ws (RB bytes a row), read and decoded as k_mm_tc reads them; B of n-tile j from
- * the staged input row xs + xrow[j] (col_on[j] false: a padding column, zeros) */
 /* chunk cc's A fragments of a lane (and the two rows' d for IQ4_NL): mtd_fetch's, alone */
 template <bool IQ4, int NT>
 [[maybe_unused]] static __device__ __forceinline__ void mtd_fetch_a(const uint8_t *ws, uint32_t RB, uint32_t cc,
@@ -486,6 +483,9 @@ template <bool IQ4>
         return IQ4 ? 16 * half + 8 * s + 2 * t : 16 * s + 8 * half + 2 * t;
 }
 
+/* chunk cc's fragments of a lane (k_mm_tcd and k_mm_tcs): A from the staged rows g, g + 8 of the
+ * warp's m-tile at ws (RB bytes a row), read and decoded as k_mm_tc reads them; B of n-tile j from
+ * the staged input row xs + xrow[j] (col_on[j] false: a padding column, zeros) */
 template <bool IQ4, int NT>
 [[maybe_unused]] static __device__ __forceinline__ void mtd_fetch(const uint8_t *ws, uint32_t RB, const float *xs,
                                                                   const uint32_t *xrow, const bool *col_on,
@@ -896,8 +896,8 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
                         for (uint32_t s = 0; s < 2; s++) {
                                 uint32_t w0 = kw0 + 16 * cc + mtd_bk<IQ4>(s, t, 0) / 2;
                                 uint32_t w1 = kw0 + 16 * cc + mtd_bk<IQ4>(s, t, 1) / 2;
-                                f.b[0][s][0] = col_on ? __ldg(xr + w0) : 0u;
-                                f.b[0][s][1] = col_on ? __ldg(xr + w1) : 0u;
+                                f.b[0][s][0] = col_on ? __ldcg(xr + w0) : 0u; /* written by the previous kernel: past L1 */
+                                f.b[0][s][1] = col_on ? __ldcg(xr + w1) : 0u;
                         }
                 };
                 auto step = [&](const mtd_frag<1> &f) { mtd_step<IQ4, 1>(acc, f); };
@@ -1599,7 +1599,7 @@ static bool launch_tcn(const struct cu_mv *a, cudaStream_t s) {
         if ((uintptr_t) a->w % 16 || a->row_bytes % 16 || (IQ4 && n_chunks % MTD_KC))
                 return false;
         bool grouped = NR == 1 && a->G != a->N;
-        if (grouped && a->G % 16) /* a block's 16 rows in one input group */
+        if (grouped && (a->G % 16 || a->N % a->G)) /* a block's 16 rows in one input group */
                 return false;
         uint32_t n_grp = grouped ? a->N / a->G : 1;
         if ((uint64_t) a->P * n_grp * a->K > mtp_xb_cap)
@@ -1609,6 +1609,15 @@ static bool launch_tcn(const struct cu_mv *a, cudaStream_t s) {
         uint32_t per_sm = (uint32_t) min(((uint64_t) m_tiles + mtd_sms - 1) / mtd_sms, (uint64_t) 16);
         uint64_t S = (mtd_smem_sm - per_sm * 2048u) / per_sm / stage;
         S = max(min(S, (uint64_t) min(MTD_S_MAX, n_st + 1)), (uint64_t) 2);
+        /* X4_CUDA_MMTC_TCN_S=2..12: that ring (tests: the demo model's rows are a few stages, so the
+         * default ring never wraps there) */
+        static int force_s = -1;
+        if (force_s < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_TCN_S");
+                force_s = e && atoi(e) >= 2 && atoi(e) <= MTD_S_MAX ? atoi(e) : 0;
+        }
+        if (force_s)
+                S = (uint64_t) force_s;
         S = min(S, mtd_smem_blk / stage);
         if (S < 2)
                 return false;
@@ -1744,7 +1753,8 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
                                 uint32_t kw = k0w + 8 * grp + t; /* input word of values 16·grp + 2t, +1 */
 #pragma unroll
                                 for (int j = 0; j < NT; j++) {
-                                        uint32_t bw0 = on[j] ? __ldg(xr[j] + kw) : 0u, bw1 = on[j] ? __ldg(xr[j] + kw + 4) : 0u;
+                                        /* the previous kernel's rows: past L1 */
+                                        uint32_t bw0 = on[j] ? __ldcg(xr[j] + kw) : 0u, bw1 = on[j] ? __ldcg(xr[j] + kw + 4) : 0u;
                                         float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                                         mtd_mma(tmp, A, bw0, bw1);
                                         acc[j][0] = __fmaf_rn(ds0, tmp[0], acc[j][0]);

@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
 #define RT_ROWS 64
 #define RT_THREADS 256                  /* 8 warps: 8 experts each, a lane a token */
 #define RT_NS 4                         /* values a chain: K ≤ 4 · 1,024 */
-#define RT_WS (RT_ROWS + 4)             /* floats a staged (slice, lane) row of the experts' weights */
+#define RT_WS RT_ROWS                   /* floats a staged (slice, lane) row of the experts' weights (a warp's
+                                         * reads of it are broadcasts; 98,560 bytes in all fit sm_86's 99 KiB) */
 #define RT_XS (RT_NS * 32 + 1)          /* floats a staged token row (+1: the lanes' rows on distinct banks) */
 #define RT_STAGE (RT_NS * 32 * RT_WS + RT_TOK * RT_XS) /* floats a staged slice */
 static_assert(CU_FEW_WARPS == 32, "a warp slice of 32 values: cu_few_rows' block of 1,024 threads");
@@ -278,29 +279,40 @@ __global__ void __launch_bounds__(RT_THREADS) k_router_tiled(struct cu_router a,
 #endif
 }
 
-/* X4_CUDA_ROUTER_TILED=1 (=log: also its first launches on stderr, that it ran) and a shape it
- * takes: a prompt pass's tokens (≥ 64), F32 rows, ≤ 64 experts, K a multiple of 32 up to 4,096,
- * an sm_80+ device that gives it its shared memory */
-static int router_tiled_log;
+/* X4_CUDA_ROUTER_TILED=1 (=log: also its first launches on stderr, that it ran): whether an sm_80+
+ * device gave k_router_tiled its shared memory (cu_route_setup, at backend creation: not inside a
+ * graph capture) */
+static int router_tiled_on, router_tiled_log;
+
+extern "C" void cu_route_setup(void) {
+        const char *e = getenv("X4_CUDA_ROUTER_TILED");
+        router_tiled_on = 0;
+        if (e && (!strcmp(e, "1") || !strcmp(e, "log"))) {
+                router_tiled_log = !strcmp(e, "log") ? 4 : 0;
+                int dev = 0, major = 0;
+                router_tiled_on = cudaGetDevice(&dev) == cudaSuccess &&
+                                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                                  major >= 8 &&
+                                  cudaFuncSetAttribute(k_router_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int) (2 * RT_STAGE * sizeof(float))) == cudaSuccess;
+                (void) cudaGetLastError();
+                if (!router_tiled_on)
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_ROUTER_TILED: this device cannot run k_router_tiled "
+                                        "(sm_80+ and %zu bytes of shared memory a block); the fused router runs\n",
+                                (size_t) (2 * RT_STAGE * sizeof(float)));
+        } else if (e && *e && strcmp(e, "0"))
+                fprintf(stderr, "xing4d-cuda: X4_CUDA_ROUTER_TILED=%s ignored: expected 0, 1 or log\n", e);
+}
+
+/* Tokens from which a pass's router takes k_router_tiled: 32 tokens a block, so below this the
+ * grid leaves most SMs idle where k_router_fused spreads 64 row blocks a token tile over them */
+#define RT_MIN_TOKENS 1024
+
+/* k_router_tiled for this launch: on, enough tokens, F32 rows, ≤ 64 experts, K a multiple of 32 up
+ * to 4,096 */
 static bool router_tiled(const struct cu_router *a, uint32_t T) {
-        static int on = -1;
-        if (on < 0) {
-                const char *e = getenv("X4_CUDA_ROUTER_TILED");
-                on = 0;
-                if (e && (!strcmp(e, "1") || !strcmp(e, "log"))) {
-                        router_tiled_log = !strcmp(e, "log") ? 4 : 0;
-                        int dev = 0, major = 0;
-                        on = cudaGetDevice(&dev) == cudaSuccess &&
-                             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                             major >= 8 &&
-                             cudaFuncSetAttribute(k_router_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  (int) (2 * RT_STAGE * sizeof(float))) == cudaSuccess;
-                        (void) cudaGetLastError();
-                } else if (e && *e && strcmp(e, "0"))
-                        fprintf(stderr, "xing4d-cuda: X4_CUDA_ROUTER_TILED=%s ignored: expected 0, 1 or log\n", e);
-        }
-        return on && T >= 64 && a->type == CU_TYPE_F32 && a->n_expert <= RT_ROWS && a->H % 32 == 0 &&
-               a->H <= RT_NS * 1024 && a->row_bytes % 4 == 0 && (uintptr_t) a->w % 4 == 0;
+        return router_tiled_on && T >= RT_MIN_TOKENS && a->type == CU_TYPE_F32 && a->n_expert <= RT_ROWS &&
+               a->H % 32 == 0 && a->H <= RT_NS * 1024 && a->row_bytes % 4 == 0 && (uintptr_t) a->w % 4 == 0;
 }
 
 /* rows a router block for token tiles of CU_ROUTE_TP (X4_CUDA_ROUTER_RB=1: one, the bits are the same) */

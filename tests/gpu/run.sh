@@ -480,12 +480,15 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         tcn_same() {
                 local prompt ch
                 prompt=$(awk 'BEGIN { s = 43; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for ch in 40 64; do
-                        X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --chunk $ch \
-                                --decode 9,99 --device cuda --out "$tmp/tcn-off-$ch.bin" || return 1
-                        X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
-                                --prompt "$prompt" --chunk $ch --decode 9,99 --device cuda --out "$tmp/tcn-on-$ch.bin" \
-                                2>"$tmp/tcn-$ch.log" || return 1
+                for ch in 40 64 64s2; do
+                        # 64s2: a ring of two stages (X4_CUDA_MMTC_TCN_S=2), so it wraps on the demo's rows
+                        local S=0
+                        case $ch in *s2) S=2 ;; esac
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=0 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --chunk ${ch%s2} --decode 9,99 --device cuda --out "$tmp/tcn-off-$ch.bin" || return 1
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 X4_CUDA_MMTC_TCN_S=$S X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" \
+                                --model "$tmp/demo.gguf" --prompt "$prompt" --chunk ${ch%s2} --decode 9,99 --device cuda \
+                                --out "$tmp/tcn-on-$ch.bin" 2>"$tmp/tcn-$ch.log" || { cat "$tmp/tcn-$ch.log"; return 1; }
                         grep -q '^k_mm_tcn: ' "$tmp/tcn-$ch.log" || { echo "k_mm_tcn never ran (chunks of $ch)"; return 1; }
                         cmp "$tmp/tcn-off-$ch.bin" "$tmp/tcn-on-$ch.bin" || { echo "k_mm_tcn differs (chunks of $ch)"; return 1; }
                 done
@@ -497,7 +500,7 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "dense products a warp an n-tile agree bit for bit with k_mm_tcp, demo model" tcn_same
         for tool in memcheck racecheck synccheck; do
                 step "compute-sanitizer $tool, dense products a warp an n-tile, demo model" env X4_CUDA_MM=tc \
-                        X4_CUDA_MMTC_TCN=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        X4_CUDA_MMTC_TCN=1 X4_CUDA_MMTC_TCN_S=2 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 --decode 9 --device cuda --out "$tmp/san-tcn.bin"
         done
         for tool in memcheck racecheck synccheck; do
@@ -672,23 +675,21 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # prompt classes
         step "router rows a block agree bit for bit, demo model" \
                 env_same X4_CUDA_ROUTER_RB 1 4 29 "--chunk 100 --decode 9,99" "--prompt-class --decode 9"
-        # a prompt pass's router a thread a logit (X4_CUDA_ROUTER_TILED=1, k_router_tiled: passes of
-        # 64 tokens or more) computes cu_few_rows' sums in their order: identical logits; chunk
-        # invariance with it (chunks of 1 and 7 take k_router_fused, of 64 and 512 the tiled one)
-        step "prompt router a thread a logit agrees bit for bit, demo model" \
-                env_same X4_CUDA_ROUTER_TILED 0 1 31 "--chunk 100 --decode 9,99" "--prompt-class --decode 9" "--chunk 64 --decode 9"
-        step "chunk invariance, demo model, prompt router a thread a logit" env X4_CUDA_ROUTER_TILED=1 \
-                "$check" chunks "$tmp/demo.gguf"
+        # a long pass's router a thread a logit (X4_CUDA_ROUTER_TILED=1, k_router_tiled: passes of
+        # 1,024 tokens or more) computes cu_few_rows' sums in their order: identical logits for a
+        # 1,500-token prompt whole (labeled) and in chunks of 1,100 (the rest on k_router_fused)
+        step "long passes' router a thread a logit agrees bit for bit, demo model" \
+                env_same X4_CUDA_ROUTER_TILED 0 1 31:1500 "--prompt-class --decode 9" "--chunk 1100 --decode 9,99"
         router_tiled_ran() {
-                X4_CUDA_ROUTER_TILED=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 104)" \
+                X4_CUDA_ROUTER_TILED=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 1104)" \
                         --decode 9 --device cuda --out "$tmp/rt-log.bin" 2>"$tmp/rt-log.txt" || { cat "$tmp/rt-log.txt"; return 1; }
                 grep '^k_router_tiled: ' "$tmp/rt-log.txt" || { echo "k_router_tiled never ran"; cat "$tmp/rt-log.txt"; return 1; }
         }
-        step "prompt router a thread a logit runs on a 100-token prompt" router_tiled_ran
+        step "long passes' router a thread a logit runs on a 1,100-token prompt" router_tiled_ran
         for tool in memcheck racecheck synccheck; do
-                step "compute-sanitizer $tool, prompt router a thread a logit, demo model" env X4_CUDA_ROUTER_TILED=1 \
+                step "compute-sanitizer $tool, long passes' router a thread a logit, demo model" env X4_CUDA_ROUTER_TILED=1 \
                         compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
-                        --prompt "$(seq -s, 5 104)" --decode 9 --device cuda --out "$tmp/san-rt.bin"
+                        --prompt "$(seq -s, 5 1034)" --decode 9 --device cuda --out "$tmp/san-rt.bin"
         done
 fi
 
