@@ -790,7 +790,9 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->X, float, T * c->hc_mult * H);
         WS(b->a, float, T * H);
         WS(b->hcp, float, T * CU_HCP_STRIDE);
-        WS(b->hcw, float, T * cu_hc_slices((uint32_t) H) * CU_HCP_STRIDE);
+        /* two buffers of partial rows: an early pre-mapping (cu_hc_early) reads the previous one's
+         * while it writes its own */
+        WS(b->hcw, float, 2 * T * cu_hc_slices((uint32_t) H) * CU_HCP_STRIDE);
         WS(b->hc_ticket, uint32_t, T);
         WS(b->route_ticket, uint32_t, (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
         WS(b->zr, float, T * MAX(c->n_expert, 1u));
@@ -1618,21 +1620,34 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                  b->X, s);
         prof_mark(b, PC_EMBED);
 
+        /* X4_CUDA_HC_EARLY: every pre-mapping of the pass early (each leaves its post gates and
+         * Sinkhorn to the next post-mapping kernel) when every one of them takes the fused kernel */
+        bool early = true;
+        for (uint32_t l = 0; l < c->n_layer && early; l++)
+                early = cu_hc_early(T, b->layers[l].hc_attn_fn.type) && cu_hc_early(T, b->layers[l].hc_ffn_fn.type);
+        uint64_t hw_n = (uint64_t) b->T_max * cu_hc_slices(H) * CU_HCP_STRIDE;
+        uint32_t n_pre = 0; /* pre-mappings so far: partial rows alternate between the two buffers */
+        struct cu_hc hc = {
+                .ticket = b->hc_ticket, .H = H, .n_hc = n_hc, .iters = c->hc_sinkhorn_iters,
+                .rms_eps = c->rms_eps, .hc_eps = c->hc_eps, .clamp = c->hc_clamp, .early = early,
+        };
+        /* the next pre-mapping's hc: its weights, its partial rows' buffer, and (early, after a
+         * sublayer) the previous one's partials, base and scale */
+#define HC_NEXT(fn_, base_, scale_, norm_)                                                                \
+        do {                                                                                              \
+                const float *pb = hc.base, *ps = hc.scale, *pw = hc.hw;                                   \
+                hc.fn = (fn_).d, hc.fn_type = (fn_).type, hc.fn_row_bytes = (fn_).row_bytes;              \
+                hc.base = (base_), hc.scale = (scale_), hc.norm_w = (norm_);                              \
+                hc.hw = b->hcw + (n_pre % 2) * hw_n;                                                      \
+                hc.hw_prev = early && post.y ? pw : NULL, hc.prev_base = pb, hc.prev_scale = ps;          \
+                n_pre++;                                                                                  \
+        } while (0)
+
         for (uint32_t l = 0; l < c->n_layer; l++) {
                 const struct cu_layer *cl = &b->layers[l];
-                struct cu_hc hc = {
-                        .hw = b->hcw, .ticket = b->hc_ticket, .H = H, .n_hc = n_hc,
-                        .iters = c->hc_sinkhorn_iters,
-                        .rms_eps = c->rms_eps, .hc_eps = c->hc_eps, .clamp = c->hc_clamp,
-                };
 
                 /* docs/model.md §3.1: (post-mapping of the previous FFN) HC pre-mapping + attn_norm → a */
-                hc.fn = cl->hc_attn_fn.d;
-                hc.fn_type = cl->hc_attn_fn.type;
-                hc.fn_row_bytes = cl->hc_attn_fn.row_bytes;
-                hc.base = cl->hc_attn_base;
-                hc.scale = cl->hc_attn_scale;
-                hc.norm_w = cl->attn_norm;
+                HC_NEXT(cl->hc_attn_fn, cl->hc_attn_base, cl->hc_attn_scale, cl->attn_norm);
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
@@ -1640,20 +1655,21 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
 
                 /* docs/model.md §3.1: post-mapping of the attention, HC pre-mapping + ffn_norm → f (in a) */
                 post = (struct cu_post){.y = b->o, .y_slot_stride = H, .n_slots = 1};
-                hc.fn = cl->hc_ffn_fn.d;
-                hc.fn_type = cl->hc_ffn_fn.type;
-                hc.fn_row_bytes = cl->hc_ffn_fn.row_bytes;
-                hc.base = cl->hc_ffn_base;
-                hc.scale = cl->hc_ffn_scale;
-                hc.norm_w = cl->ffn_norm;
+                HC_NEXT(cl->hc_ffn_fn, cl->hc_ffn_base, cl->hc_ffn_scale, cl->ffn_norm);
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
                 /* the FFN's output, post-mapped by the next hc_pre */
                 ffn_sublayer(b, cl, l, T, &post);
         }
-        /* the last sublayer's post-mapping */
-        cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
+#undef HC_NEXT
+        /* the last sublayer's post-mapping (early: with the last pre-mapping's gates computed there) */
+        if (early && n_pre > 0) {
+                struct cu_hc last = hc;
+                last.hw_prev = hc.hw, last.prev_base = hc.base, last.prev_scale = hc.scale;
+                cu_hc_post_early(b->X, &last, &post, T, s);
+        } else
+                cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
         prof_mark(b, PC_HC);
         b->mha_pass = false;
 }

@@ -165,6 +165,13 @@ struct cu_hc {
         uint32_t *ticket;  /* T counters, zero between launches (each launch leaves them zero) */
         uint32_t H, n_hc, iters;
         float rms_eps, hc_eps, clamp;
+        /* X4_CUDA_HC_EARLY (cu_hc_early): early, this launch's post gates and Sinkhorn are left to
+         * the next kernel that post-maps, and hcp is not written; hw_prev (not NULL), the previous
+         * pre-mapping's partial rows (another buffer than hw), whose post gates and Sinkhorn this
+         * launch computes before its wait with that sublayer's prev_base and prev_scale instead of
+         * reading hcp. The same expressions on the same partials: the same bits. */
+        bool early;
+        const float *hw_prev, *prev_base, *prev_scale;
         /* measurement only (X4_HC_PROBE, mhc.cu): parts of the kernel left out, results wrong */
         uint32_t probe;
 };
@@ -189,6 +196,12 @@ void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint
 /* docs/model.md §3.1 post-mapping alone (after the last sublayer). */
 void cu_hc_post(float *X, const float *hcp, const struct cu_post *post, uint32_t T, uint32_t H,
                 uint32_t n_hc, cudaStream_t s);
+/* The same when the last pre-mapping was early (a: it, with hw_prev its partial rows): the post
+ * gates and Sinkhorn computed here from them. */
+void cu_hc_post_early(float *X, const struct cu_hc *a, const struct cu_post *post, uint32_t T, cudaStream_t s);
+/* Whether X4_CUDA_HC_EARLY asks for early pre-mappings and cu_hc_pre would take the fused kernel
+ * (the one that computes a previous launch's gates itself) for T tokens of weight type fn_type. */
+bool cu_hc_early(uint32_t T, uint32_t fn_type);
 /* docs/model.md §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w);
  * norm_w NULL: the mean itself, unnormed (the pre-norm hidden of MTP's U4 choice,
  * X4_MTP_H_POST_NORM false). With n_hc = 1 it is a plain row RMSNorm (the NextN block's head). */

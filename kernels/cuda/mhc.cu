@@ -233,6 +233,67 @@ extern "C" uint32_t cu_hc_slices(uint32_t H) {
         return (H + HCF_SLICE - 1) / HCF_SLICE;
 }
 
+/* A token's gates on one warp (lane = its lane) from its NB partial rows p0 (folded in slice order;
+ * read past L1: other blocks wrote them): g = [pre (n_hc) | post (n_hc) | C (n_hc²)], the pre and
+ * post gates sigmoids of the projections times the RMS factor, C the clamped, exponentiated and
+ * Sinkhorn-normalised residual matrix (docs/model.md §3.1), with the sublayer's base and scale.
+ * full false: the pre gates only (what the collapse needs). Ends past a __syncwarp. */
+static __device__ __forceinline__ void hcf_gates(const struct cu_hc &a, const float *p0, uint32_t NB, const float *base,
+                                                 const float *scale, bool full, float *wsh, float *g) {
+        const uint32_t N = CU_HC_MAX;
+        uint32_t lane = threadIdx.x % 32, n_hc = a.n_hc, W = n_hc * a.H;
+        /* the partials' loads issued HCF_FOLD_AHEAD at a time (a runtime loop of loads is a chain of
+         * L2 round trips), added in slice order */
+        float v = 0.0f;
+        for (uint32_t b0 = 0; b0 < NB; b0 += HCF_FOLD_AHEAD) {
+                float pv[HCF_FOLD_AHEAD];
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_FOLD_AHEAD; k++)
+                        pv[k] = b0 + k < NB ? __ldcg(p0 + (uint64_t) (b0 + k) * HCF_Q + lane) : 0.0f;
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_FOLD_AHEAD; k++)
+                        if (b0 + k < NB)
+                                v += pv[k];
+        }
+        wsh[lane] = v;
+        __syncwarp();
+        float rinv = 1.0f / sqrtf(wsh[HCF_Q - 1] / (float) W + a.rms_eps);
+        uint32_t d = (lane / N) % N, r = lane % N;
+        float s0 = scale[0], s1 = scale[1], s2 = scale[2];
+        if (lane < n_hc) {
+                g[lane] = 1.0f / (1.0f + expf(-(wsh[lane] * rinv * s0 + base[lane])));
+                if (full)
+                        g[n_hc + lane] = 2.0f / (1.0f + expf(-(wsh[n_hc + lane] * rinv * s1 + base[n_hc + lane])));
+        }
+        if (full) {
+                bool valid = d < n_hc && r < n_hc;
+                uint32_t i = 2 * n_hc + d * n_hc + r;
+                float L = valid ? fminf(fmaxf(wsh[i] * rinv * s2 + base[i], -a.clamp), a.clamp) : -INFINITY;
+                float m = -INFINITY;
+#pragma unroll
+                for (uint32_t rr = 0; rr < N; rr++)
+                        m = fmaxf(m, __shfl_sync(CU_FULL_MASK, L, d * N + rr));
+                float C = valid ? expf(L - m) : 0.0f;
+                for (uint32_t it = 0; it < a.iters; it++) {
+                        float sum = 0.0f;
+#pragma unroll
+                        for (uint32_t rr = 0; rr < N; rr++)
+                                sum += __shfl_sync(CU_FULL_MASK, C, d * N + rr);
+                        sum += a.hc_eps;
+                        C /= sum;
+                        sum = 0.0f;
+#pragma unroll
+                        for (uint32_t dd = 0; dd < N; dd++)
+                                sum += __shfl_sync(CU_FULL_MASK, C, dd * N + r);
+                        sum += a.hc_eps;
+                        C /= sum;
+                }
+                if (valid && lane < N * N)
+                        g[i] = C;
+        }
+        __syncwarp();
+}
+
 /* The tail of a token's pre-mapping, on one block of HCF_THREADS threads once every slice's
  * partial row is in a.hw: fold the slices in order, the gates and Sinkhorn on the first warp
  * (into g and hcp), then collapse u = Σ_s pre[s]·X[s] and the sublayer RMSNorm into out. The
@@ -260,58 +321,13 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
                 nw[k] = i < H ? a.norm_w[i] : 0.0f;
         }
         if (tid < 32) {
-                const float *p0 = a.hw + (uint64_t) t * NB * HCF_Q;
-                /* the partials' loads issued HCF_FOLD_AHEAD at a time (a runtime loop of
-                 * loads is a chain of L2 round trips), added in slice order as before */
-                float v = 0.0f;
-                for (uint32_t b0 = 0; b0 < NB; b0 += HCF_FOLD_AHEAD) {
-                        float pv[HCF_FOLD_AHEAD];
-#pragma unroll
-                        for (uint32_t k = 0; k < HCF_FOLD_AHEAD; k++)
-                                pv[k] = b0 + k < NB ? __ldcg(p0 + (uint64_t) (b0 + k) * HCF_Q + lane) : 0.0f;
-#pragma unroll
-                        for (uint32_t k = 0; k < HCF_FOLD_AHEAD; k++)
-                                if (b0 + k < NB)
-                                        v += pv[k];
-                }
-                wsh[lane] = v;
-                __syncwarp();
-                float rinv = 1.0f / sqrtf(wsh[HCF_Q - 1] / (float) W + a.rms_eps);
-                uint32_t d = (lane / N) % N, r = lane % N;
-                float s0 = a.scale[0], s1 = a.scale[1], s2 = a.scale[2];
-                if (lane < n_hc) {
-                        g[lane] = 1.0f / (1.0f + expf(-(wsh[lane] * rinv * s0 + a.base[lane])));
-                        g[n_hc + lane] = 2.0f / (1.0f + expf(-(wsh[n_hc + lane] * rinv * s1 +
-                                                               a.base[n_hc + lane])));
-                }
-                bool valid = d < n_hc && r < n_hc;
-                uint32_t i = 2 * n_hc + d * n_hc + r;
-                float L = valid ? fminf(fmaxf(wsh[i] * rinv * s2 + a.base[i], -a.clamp), a.clamp)
-                                : -INFINITY;
-                float m = -INFINITY;
-#pragma unroll
-                for (uint32_t rr = 0; rr < N; rr++)
-                        m = fmaxf(m, __shfl_sync(CU_FULL_MASK, L, d * N + rr));
-                float C = valid ? expf(L - m) : 0.0f;
-                for (uint32_t it = 0; it < a.iters; it++) {
-                        float sum = 0.0f;
-#pragma unroll
-                        for (uint32_t rr = 0; rr < N; rr++)
-                                sum += __shfl_sync(CU_FULL_MASK, C, d * N + rr);
-                        sum += a.hc_eps;
-                        C /= sum;
-                        sum = 0.0f;
-#pragma unroll
-                        for (uint32_t dd = 0; dd < N; dd++)
-                                sum += __shfl_sync(CU_FULL_MASK, C, dd * N + r);
-                        sum += a.hc_eps;
-                        C /= sum;
-                }
-                if (valid && lane < N * N)
-                        g[i] = C;
-                __syncwarp();
-                for (uint32_t k = lane; k < 2 * n_hc + n_hc * n_hc; k += 32)
-                        hcp[(uint64_t) t * CU_HCP_STRIDE + k] = g[k];
+                /* X4_CUDA_HC_EARLY (a.early): the collapse needs only the pre gates; the post
+                 * gates and Sinkhorn are left to the next kernel that post-maps (hcf_gates there,
+                 * before its wait, from these partials), and hcp is not written */
+                hcf_gates(a, a.hw + (uint64_t) t * NB * HCF_Q, NB, a.base, a.scale, !a.early, wsh, g);
+                if (!a.early)
+                        for (uint32_t k = lane; k < 2 * n_hc + n_hc * n_hc; k += 32)
+                                hcp[(uint64_t) t * CU_HCP_STRIDE + k] = g[k];
         }
         __syncthreads();
         if (a.probe & 4)
@@ -381,6 +397,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         __shared__ float g[CU_HCP_STRIDE];
         __shared__ float red2[TB][32];
         __shared__ bool last;
+        __shared__ float gprev[TILE ? 1 : CU_HCP_STRIDE]; /* early: the previous launch's gates */
         const uint32_t N = CU_HC_MAX;
         constexpr uint32_t NW = HCF_THREADS / 32, RPW = (HCF_ROWS + NW - 1) / NW;
         uint32_t b = blockIdx.x, NB = gridDim.x, tid = threadIdx.x;
@@ -411,9 +428,21 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
                         }
         }
 
+        /* early (the fused kernel only): the previous pre-mapping's post gates and Sinkhorn, from its
+         * partial rows, before the wait (they were written three kernels back or more, past the
+         * previous kernel's own wait: the step's order has them in memory; read past L1) */
+        uint32_t t0 = TILE ? blockIdx.y * tt : blockIdx.y, t_end = TILE ? min(T, t0 + tt) : t0 + 1;
+        const float *hp0 = hcp + (uint64_t) t0 * CU_HCP_STRIDE; /* token t's gates: hp0 + (t − t0)·stride */
+        if constexpr (!TILE)
+                if (a.hw_prev && post.y) {
+                        if (tid < 32)
+                                hcf_gates(a, a.hw_prev + (uint64_t) t0 * NB * HCF_Q, NB, a.prev_base, a.prev_scale, true,
+                                          wsh, gprev);
+                        __syncthreads();
+                        hp0 = gprev;
+                }
         cu_pdl_wait();
         cu_pdl_trigger();
-        uint32_t t0 = TILE ? blockIdx.y * tt : blockIdx.y, t_end = TILE ? min(T, t0 + tt) : t0 + 1;
         uint32_t i = base + tid;
         bool post_on = i < H && post.y;
         /* TB tokens a round (the tiled kernel: 2): each weight read from shared memory serves TB
@@ -423,7 +452,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
 #pragma unroll
         for (uint32_t v = 0; v < TB; v++)
                 if (post_on && t0 + v < t_end)
-                        hc_post_load(X, hcp + (uint64_t) (t0 + v) * CU_HCP_STRIDE, post, t0 + v, i, H, n_hc, pin[v]);
+                        hc_post_load(X, hp0 + (uint64_t) v * CU_HCP_STRIDE, post, t0 + v, i, H, n_hc, pin[v]);
         for (uint32_t t = t0; t < t_end; t += TB) {
                 float ss[TB];
 #pragma unroll
@@ -450,8 +479,8 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
 #pragma unroll
                 for (uint32_t v = 0; v < TB; v++)
                         if (post_on && t + TB + v < t_end)
-                                hc_post_load(X, hcp + (uint64_t) (t + TB + v) * CU_HCP_STRIDE, post, t + TB + v, i, H,
-                                             n_hc, pin[v]);
+                                hc_post_load(X, hp0 + (uint64_t) (t + TB + v - t0) * CU_HCP_STRIDE, post, t + TB + v, i,
+                                             H, n_hc, pin[v]);
                 hcf_block_sums<TB>(ss, red2); /* its barriers publish zs (the previous round's
                                                * reads of zs ended at its last barrier below,
                                                * of red at this call's first one) */
@@ -875,6 +904,51 @@ __global__ void k_hc_post(float *X, const float *hcp, struct cu_post post, uint3
         if (i >= H)
                 return;
         hc_post_elem(X, hcp + (uint64_t) t * CU_HCP_STRIDE, post, t, i, H, n_hc);
+}
+
+/* k_hc_post after an early pre-mapping: each block's warp 0 computes the token's post gates and
+ * Sinkhorn from that launch's partial rows (hcf_gates) before the wait, as the fused kernel does */
+__global__ void k_hc_post_early(float *X, struct cu_hc a, struct cu_post post, uint32_t NB) {
+        __shared__ float wsh[HCF_Q];
+        __shared__ float g[CU_HCP_STRIDE];
+        uint32_t t = blockIdx.y;
+        if (threadIdx.x < 32)
+                hcf_gates(a, a.hw_prev + (uint64_t) t * NB * HCF_Q, NB, a.prev_base, a.prev_scale, true, wsh, g);
+        __syncthreads();
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i >= a.H)
+                return;
+        hc_post_elem(X, g, post, t, i, a.H, a.n_hc);
+}
+
+extern "C" void cu_hc_post_early(float *X, const struct cu_hc *a, const struct cu_post *post, uint32_t T,
+                                 cudaStream_t s) {
+        if (T == 0)
+                return;
+        cu_launches++;
+        cu_launch(k_hc_post_early, dim3((a->H + 255) / 256, T), 256, 0, s, X, *a, *post, cu_hc_slices(a->H));
+}
+
+/* X4_CUDA_HC_EARLY=1 (opt-in until a GPU has timed it): batch-1 pre-mappings leave their post gates
+ * and Sinkhorn (20 rounds of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us)
+ * to the next post-mapping kernel, which runs them before its wait, behind the previous kernel */
+extern "C" bool cu_hc_early(uint32_t T, uint32_t fn_type) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_HC_EARLY");
+                on = e && !strcmp(e, "1");
+                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_HC_EARLY=%s ignored: expected 0 or 1\n", e);
+        }
+        if (!on || T == 0)
+                return false;
+        hc_env();
+        /* hc_pre_launch's choice of the fused kernel (k_hc_wtok, asked for, may take T ≥ 2: no) */
+        int fi = fn_type == CU_TYPE_BF16 ? 0 : fn_type == CU_TYPE_F16 ? 1 : 2;
+        bool fits = hc_tile_fits[fi];
+        return T == 1 ? hc_force != 2 || !fits : hc_force != 3 && (hc_force == 1 || !fits);
 }
 
 extern "C" void cu_hc_post(float *X, const float *hcp, const struct cu_post *post, uint32_t T,

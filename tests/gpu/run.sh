@@ -321,6 +321,32 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "mHC fused / tiled / a warp a token / default: identical logits ($(stat -c %s "$tmp/hc-default.bin") bytes)"
         }
         step "mHC fused and token-tiled kernels agree bit for bit, demo model" hc_same
+        # X4_CUDA_HC_EARLY=1: fused pre-mappings leave their post gates and Sinkhorn to the next
+        # post-mapping kernel (the next fused pre-mapping, or the last post-mapping), which computes
+        # them from the same partial rows before its wait: the same logits, for batch-1 decodes
+        # after a prompt (tiled passes) and with every pass fused (X4_CUDA_HC=fused)
+        hc_early_same() {
+                local prompt hc
+                prompt=$(awk 'BEGIN { s = 47; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for hc in default fused; do
+                        X4_CUDA_HC=$([ $hc = fused ] && echo fused) X4_CUDA_HC_EARLY=0 "$build/tools/x4-logits" \
+                                --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99,999 --device cuda \
+                                --out "$tmp/hce-off-$hc.bin" || return 1
+                        X4_CUDA_HC=$([ $hc = fused ] && echo fused) X4_CUDA_HC_EARLY=1 "$build/tools/x4-logits" \
+                                --model "$tmp/demo.gguf" --prompt "$prompt" --decode 9,99,999 --device cuda \
+                                --out "$tmp/hce-on-$hc.bin" || return 1
+                        cmp "$tmp/hce-off-$hc.bin" "$tmp/hce-on-$hc.bin" || { echo "X4_CUDA_HC_EARLY=1 differs ($hc)"; return 1; }
+                done
+                X4_CUDA_HC_EARLY=1 "$check" batch "$tmp/demo.gguf" || return 1
+                X4_CUDA_HC_EARLY=1 X4_CUDA_MM=tc X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf" || return 1
+                echo "mHC early gates: identical logits (decodes after tiled and fused passes); batch invariance"
+        }
+        step "mHC early gates agree bit for bit, demo model" hc_early_same
+        for tool in memcheck racecheck synccheck; do
+                step "compute-sanitizer $tool, mHC early gates, demo model" env X4_CUDA_HC_EARLY=1 X4_CUDA_HC=fused \
+                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        --model "$tmp/demo.gguf" --prompt 5,6,7,8,9 --decode 9,99 --device cuda --out "$tmp/san-hce.bin"
+        done
         # k_hc_wtok (X4_CUDA_HC=wtok: a warp a token of the slice) where the last slice is partial
         # (hidden 288: 32 of its 256 positions, four lanes of a warp) and across batches
         hc_wtok_same() {
