@@ -741,17 +741,36 @@ static void mtd_setup(int dev) {
         mts_setup();
 }
 
-/* k_mm_tcd for this product if it takes it (the token count, the rows' alignment), else false:
- * k_mm_tc then runs, with the same bits. */
 /* X4_CUDA_MMTC_DEC=log: the first launches' shapes on stderr (that k_mm_tcd runs at all) */
 static int mtd_log_left = -1;
 
+/* X4_CUDA_MMTC_PAIRS_TCD=N (opt-in until a GPU has timed it; 0, the default: none): grouped expert
+ * products of up to N pairs take k_mm_tcd's tiles of CU_GROUP_TILE pairs instead of k_mm_tcp's
+ * 64-pair tiles. At batch 64 an expert has ~5 of the 320 pairs, so k_mm_tcp's tiles compute 32-64
+ * columns for 5 and its 128-row blocks decode each weight for them; the bits are the same either
+ * way. */
+static uint32_t mt_pairs_tcd(void) {
+        static int v = -1;
+        if (v < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_PAIRS_TCD");
+                char *end = NULL;
+                long n = e && *e ? strtol(e, &end, 10) : 0;
+                v = e && *e && end && !*end && n >= 0 && n <= 1 << 20 ? (int) n : 0;
+                if (e && *e && v == 0 && strcmp(e, "0"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_PAIRS_TCD=%s ignored: expected a pair count\n", e);
+        }
+        return (uint32_t) v;
+}
+
+/* k_mm_tcd for this product if it takes it (the token count, the rows' alignment), else false:
+ * k_mm_tc then runs, with the same bits. */
 template <int TYPE, int NR>
 static bool launch_tcd(const struct cu_mv *a, cudaStream_t s) {
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16;
         uint32_t n_chunks = a->K / CU_CHUNK;
-        if (!mtd_smem_blk || a->P > (a->sel ? MTD_P_MAX * CU_SLOTS_MAX : MTD_P_MAX))
+        uint32_t sel_max = a->groups ? max((uint32_t) (MTD_P_MAX * CU_SLOTS_MAX), mt_pairs_tcd()) : MTD_P_MAX * CU_SLOTS_MAX;
+        if (!mtd_smem_blk || a->P > (a->sel ? sel_max : MTD_P_MAX))
                 return false;
         /* 16-byte copies: rows and each stage's stretch of them 16-byte aligned (IQ4_NL: 8 chunks
          * are 144 bytes, so K a multiple of 256) */
@@ -1545,7 +1564,7 @@ template <int TYPE, int NR>
 static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         if (!mtp_on() || !mtp_smem_ok[IQ4] || !mtp_xb || a->K % MTP_KS || (a->sel && !a->groups) ||
-            (!a->sel && a->P <= MTD_P_MAX))
+            (!a->sel && a->P <= MTD_P_MAX) || (a->sel && a->P <= mt_pairs_tcd()))
                 return false;
         if ((uintptr_t) a->w % 16 || a->row_bytes % (IQ4 ? 4 : 16) || (a->sel && a->expert_bytes % (IQ4 ? 4 : 16)))
                 return false;

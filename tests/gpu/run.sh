@@ -524,6 +524,27 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "k_mm_tcn = k_mm_tcp (chunks of 40 and 64); batch and chunk invariance with it"
         }
         step "dense products a warp an n-tile agree bit for bit with k_mm_tcp, demo model" tcn_same
+        # grouped expert products on k_mm_tcd's 8-pair tiles at any pair count
+        # (X4_CUDA_MMTC_PAIRS_TCD: for batch decode; here every prompt pass's pairs)
+        pairs_tcd_same() {
+                local prompt ch v
+                prompt=$(awk 'BEGIN { s = 53; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for ch in 0 64; do
+                        for v in 0 1000000; do
+                                local args=()
+                                [ $ch -gt 0 ] && args=(--chunk $ch)
+                                X4_CUDA_MM=tc X4_CUDA_MMTC_PAIRS_TCD=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                        --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99 --device cuda \
+                                        --out "$tmp/ptcd-$ch-$v.bin" || return 1
+                        done
+                        cmp "$tmp/ptcd-$ch-0.bin" "$tmp/ptcd-$ch-1000000.bin" ||
+                                { echo "X4_CUDA_MMTC_PAIRS_TCD differs (chunk $ch)"; return 1; }
+                done
+                echo "grouped expert products on k_mm_tcd's 8-pair tiles = k_mm_tcp: identical logits"
+        }
+        step "grouped expert products on 8-pair tiles agree bit for bit with k_mm_tcp, demo model" pairs_tcd_same
+        step "batch invariance, demo model, grouped expert products on 8-pair tiles" env X4_CUDA_MM=tc \
+                X4_CUDA_MMTC_PAIRS_TCD=1000000 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
         for tool in memcheck racecheck synccheck; do
                 step "compute-sanitizer $tool, dense products a warp an n-tile, demo model" env X4_CUDA_MM=tc \
                         X4_CUDA_MMTC_TCN=1 X4_CUDA_MMTC_TCN_S=2 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
