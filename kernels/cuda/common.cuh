@@ -6,6 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "launch.h"
 
@@ -21,7 +24,11 @@
  * weights, as the matvecs and the HC kernel do to have their weight loads in flight during the
  * previous kernel's tail, and the step's metadata (token positions, page tables: copied by the
  * host before the step's first kernel, never written by a kernel), as the attention kernels do
- * to have their cache row offsets ready. */
+ * to have their cache row offsets ready. One exception rests on that order: since every kernel
+ * waits before it triggers, kernel N starts only once kernel N − 2 has finished, so data written
+ * three kernels back or more is in memory before N's wait and may be read then, past L1 (__ldcg):
+ * the expert products' pair ids (sel_ready) and an early mHC pre-mapping's previous partial rows
+ * (X4_CUDA_HC_EARLY). A kernel that triggered before its wait would break it. */
 static __device__ __forceinline__ void cu_pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -31,6 +38,15 @@ static __device__ __forceinline__ void cu_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+/* An opt-in switch (read once by its caller): NAME=1 on; unset, empty or 0 off; anything else off,
+ * said on stderr */
+static inline bool cu_env_on(const char *name) {
+        const char *e = getenv(name);
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                fprintf(stderr, "xing4d-cuda: %s=%s ignored: expected 0 or 1\n", name, e);
+        return e && !strcmp(e, "1");
 }
 
 /* Launch `kernel` on `s`, with programmatic stream serialization when cu_pdl is on. */
@@ -332,6 +348,19 @@ static __device__ __forceinline__ void cu_rope_pair(float x0, float x1, uint32_t
         float c = (float) cs, s = (float) sn;
         *y0 = x0 * c - x1 * s;
         *y1 = x0 * s + x1 * c;
+}
+
+/* docs/model.md §4.1: rotation e (head e / (R/2), pair e % (R/2)) of token t's q_pe (rows of
+ * nope + R in q) into its absorbed row's last R values (rows of KV + R in qc) at position pos:
+ * k_q_rope's and the absorb product's side blocks' (X4_CUDA_ROPE_SIDE) */
+static __device__ __forceinline__ void cu_q_rope_one(const float *q, float *qc, uint32_t n_head, uint32_t nope,
+                                                     uint32_t R, uint32_t KV, const double *inv_freq, bool interleave,
+                                                     uint32_t t, uint32_t pos, uint32_t e) {
+        uint32_t half = R / 2, h = e / half, i = e % half;
+        const float *qp = q + ((uint64_t) t * n_head + h) * (nope + R) + nope;
+        float *dst = qc + ((uint64_t) t * n_head + h) * (KV + R) + KV;
+        uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + half;
+        cu_rope_pair(qp[i0], qp[i1], pos, inv_freq[i], &dst[i0], &dst[i1]);
 }
 
 /* cp.async and ldmatrix (sm_80+; no-ops below, where the host never picks their kernels): the

@@ -158,6 +158,7 @@ struct x4_backend {
         void *ws;
         uint64_t ws_bytes;
         uint32_t *hc_ticket, *route_ticket;
+        uint32_t hcw_bufs; /* buffers of mHC partial rows in hcw (ws_layout) */
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part, *sc;
         uint64_t sc_values; /* floats of sc (the split kernels' scores; mha.cu's scratch) */
@@ -790,9 +791,11 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->X, float, T * c->hc_mult * H);
         WS(b->a, float, T * H);
         WS(b->hcp, float, T * CU_HCP_STRIDE);
-        /* two buffers of partial rows: an early pre-mapping (cu_hc_early) reads the previous one's
-         * while it writes its own */
-        WS(b->hcw, float, 2 * T * cu_hc_slices((uint32_t) H) * CU_HCP_STRIDE);
+        /* partial rows; two buffers when X4_CUDA_HC_EARLY may make pre-mappings early (cu_hc_early:
+         * one reads the previous one's while it writes its own) */
+        const char *hce = getenv("X4_CUDA_HC_EARLY");
+        b->hcw_bufs = hce && (streq(hce, "1") || streq(hce, "log")) ? 2 : 1;
+        WS(b->hcw, float, b->hcw_bufs * T * cu_hc_slices((uint32_t) H) * CU_HCP_STRIDE);
         WS(b->hc_ticket, uint32_t, T);
         WS(b->route_ticket, uint32_t, (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
         WS(b->zr, float, T * MAX(c->n_expert, 1u));
@@ -1482,10 +1485,22 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
                 .x_div = 1, .y = b->qabs, .y_pstride = (uint64_t) nh * D,
                 .y_gstride = D, .P = T,
         };
-        cu_matvec(&kb, s);
-        prof_mark(b, PC_ATTN_PROJ);
-        cu_q_rope(attn, T, d_pos, s);
-        prof_mark(b, PC_MLA_PREP);
+        if (cu_rope_side_on()) {
+                /* X4_CUDA_ROPE_SIDE: the queries' RoPE in the absorb product's launch (extra blocks
+                 * where k_mm_tcs takes it, else cu_matvec's own kernel after it): one step fewer */
+                kb.rope = (struct cu_rope_side){
+                        .qc = attn->qc, .q = attn->q, .inv_freq = attn->inv_freq, .tok_pos = d_pos,
+                        .n_head = attn->n_head, .nope = attn->nope, .R = attn->R, .KV = attn->KV, .T = T,
+                        .interleave = attn->interleave,
+                };
+                cu_matvec(&kb, s);
+                prof_mark(b, PC_ATTN_PROJ);
+        } else {
+                cu_matvec(&kb, s);
+                prof_mark(b, PC_ATTN_PROJ);
+                cu_q_rope(attn, T, d_pos, s);
+                prof_mark(b, PC_MLA_PREP);
+        }
         /* attention over the cache, in token groups that fit the part workspace */
         for (uint32_t i = 0; i < n_att; i++)
                 cu_attention(attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], cache, l,
@@ -1622,7 +1637,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
 
         /* X4_CUDA_HC_EARLY: every pre-mapping of the pass early (each leaves its post gates and
          * Sinkhorn to the next post-mapping kernel) when every one of them takes the fused kernel */
-        bool early = true;
+        bool early = b->hcw_bufs == 2;
         for (uint32_t l = 0; l < c->n_layer && early; l++)
                 early = cu_hc_early(T, b->layers[l].hc_attn_fn.type) && cu_hc_early(T, b->layers[l].hc_ffn_fn.type);
         uint64_t hw_n = (uint64_t) b->T_max * cu_hc_slices(H) * CU_HCP_STRIDE;
@@ -1638,7 +1653,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 const float *pb = hc.base, *ps = hc.scale, *pw = hc.hw;                                   \
                 hc.fn = (fn_).d, hc.fn_type = (fn_).type, hc.fn_row_bytes = (fn_).row_bytes;              \
                 hc.base = (base_), hc.scale = (scale_), hc.norm_w = (norm_);                              \
-                hc.hw = b->hcw + (n_pre % 2) * hw_n;                                                      \
+                hc.hw = b->hcw + (n_pre % b->hcw_bufs) * hw_n;                                            \
                 hc.hw_prev = early && post.y ? pw : NULL, hc.prev_base = pb, hc.prev_scale = ps;          \
                 n_pre++;                                                                                  \
         } while (0)

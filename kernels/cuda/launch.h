@@ -84,6 +84,17 @@ static inline uint32_t cu_dtc_plen(uint32_t pos, uint32_t forced) {
  * G = N for a plain matvec; grouped (per-head) matrices like attn_k_b use G = rows per head.
  * With `swiglu` the rows come in (gate, up) pairs (interleaved at load) and output j of input p
  * is silu(row 2j · x)·(row 2j+1 · x), written to y + p·y_pstride + j (docs/model.md §5 SwiGLU fused). */
+/* RoPE of the queries' q_pe into their absorbed rows (cu_q_rope's job) run beside a product by
+ * extra blocks of its launch (X4_CUDA_ROPE_SIDE=1, cu_mv.rope): q NULL for none. */
+struct cu_rope_side {
+        float *qc;
+        const float *q;
+        const double *inv_freq;
+        const uint32_t *tok_pos;
+        uint32_t n_head, nope, R, KV, T;
+        bool interleave;
+};
+
 struct cu_mv {
         const void *w;
         uint32_t type;
@@ -111,6 +122,10 @@ struct cu_mv {
          * row, its 32 warps splitting the row and summed in warp order. F32/F16/BF16 only (others
          * take the normal path). Fixed per matrix, so batch invariance holds. */
         bool few_rows;
+        /* the queries' RoPE beside the absorb product (k_mm_tcs' extra blocks, rope_blocks of them,
+         * set by its launcher; cu_matvec runs cu_q_rope's kernel after any other) */
+        struct cu_rope_side rope;
+        uint32_t rope_blocks;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
 /* The tensor-core products (kernels/cuda/mmtc.cu, sm_80+, the default; X4_CUDA_MM=fp32 for generated
@@ -248,6 +263,12 @@ struct cu_attn {
         bool interleave;
 };
 void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos, cudaStream_t s);
+/* X4_CUDA_ROPE_SIDE=1: whether the absorb product should take the queries' RoPE as extra blocks
+ * (cu_mv.rope; opt-in until a GPU has timed it). */
+bool cu_rope_side_on(void);
+void cu_q_rope_side(const struct cu_rope_side *r, cudaStream_t s);
+/* Set by the product launcher that took a cu_mv's rope side job (cu_matvec resets and reads it). */
+extern bool cu_rope_side_done;
 /* Once per backend, before any forward: prepares the split attention path for rows of KV + R
  * values; false when this device or shape cannot run it (the other kernels serve). */
 bool cu_attention_setup(uint32_t KV, uint32_t R);

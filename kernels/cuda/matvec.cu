@@ -977,9 +977,19 @@ extern "C" bool cu_type_supported(uint32_t type) {
         }
 }
 
+static void matvec_any(const struct cu_mv *a, cudaStream_t s);
+
 extern "C" void cu_matvec(const struct cu_mv *a, cudaStream_t s) {
         if (a->P == 0 || a->N == 0)
                 return;
+        cu_rope_side_done = false;
+        matvec_any(a, s);
+        /* a rope side job no launcher took (X4_CUDA_ROPE_SIDE): its own kernel, after the product */
+        if (a->rope.q && !cu_rope_side_done)
+                cu_q_rope_side(&a->rope, s);
+}
+
+static void matvec_any(const struct cu_mv *a, cudaStream_t s) {
         if (cu_matvec_tc(a, s))
                 return;
         if (a->few_rows && !a->sel && !a->swiglu) {

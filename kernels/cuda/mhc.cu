@@ -935,12 +935,11 @@ extern "C" void cu_hc_post_early(float *X, const struct cu_hc *a, const struct c
  * and Sinkhorn (20 rounds of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us)
  * to the next post-mapping kernel, which runs them before its wait, behind the previous kernel */
 extern "C" bool cu_hc_early(uint32_t T, uint32_t fn_type) {
-        static int on = -1;
+        static int on = -1, log_left = 0;
         if (on < 0) {
-                const char *e = getenv("X4_CUDA_HC_EARLY");
-                on = e && !strcmp(e, "1");
-                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-                        fprintf(stderr, "xing4d-cuda: X4_CUDA_HC_EARLY=%s ignored: expected 0 or 1\n", e);
+                const char *e = getenv("X4_CUDA_HC_EARLY"); /* =log: on, and its first passes said (tests) */
+                log_left = e && !strcmp(e, "log") ? 4 : 0;
+                on = log_left ? 1 : cu_env_on("X4_CUDA_HC_EARLY");
         }
         if (!on || T == 0)
                 return false;
@@ -948,7 +947,12 @@ extern "C" bool cu_hc_early(uint32_t T, uint32_t fn_type) {
         /* hc_pre_launch's choice of the fused kernel (k_hc_wtok, asked for, may take T ≥ 2: no) */
         int fi = fn_type == CU_TYPE_BF16 ? 0 : fn_type == CU_TYPE_F16 ? 1 : 2;
         bool fits = hc_tile_fits[fi];
-        return T == 1 ? hc_force != 2 || !fits : hc_force != 3 && (hc_force == 1 || !fits);
+        bool early = T == 1 ? hc_force != 2 || !fits : hc_force != 3 && (hc_force == 1 || !fits);
+        if (early && log_left > 0) {
+                log_left--;
+                fprintf(stderr, "mHC early gates: %u token(s)\n", T);
+        }
+        return early;
 }
 
 extern "C" void cu_hc_post(float *X, const float *hcp, const struct cu_post *post, uint32_t T,

@@ -117,14 +117,22 @@ __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_
         cu_pdl_wait();
         cu_pdl_trigger();
 #pragma unroll 4
-        for (uint32_t e = blockIdx.y * blockDim.x + threadIdx.x; e < n_head * half;
-             e += gridDim.y * blockDim.x) {
-                uint32_t h = e / half, i = e % half;
-                const float *qp = q + ((uint64_t) t * n_head + h) * (nope + R) + nope;
-                float *dst = qc + ((uint64_t) t * n_head + h) * (KV + R) + KV;
-                uint32_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + half;
-                cu_rope_pair(qp[i0], qp[i1], pos, inv_freq[i], &dst[i0], &dst[i1]);
-        }
+        for (uint32_t e = blockIdx.y * blockDim.x + threadIdx.x; e < n_head * half; e += gridDim.y * blockDim.x)
+                cu_q_rope_one(q, qc, n_head, nope, R, KV, inv_freq, interleave, t, pos, e);
+}
+
+extern "C" bool cu_rope_side_on(void) {
+        static int on = -1;
+        if (on < 0)
+                on = cu_env_on("X4_CUDA_ROPE_SIDE");
+        return on;
+}
+
+/* cu_q_rope's kernel for a side job no product took (cu_matvec) */
+extern "C" void cu_q_rope_side(const struct cu_rope_side *r, cudaStream_t s) {
+        struct cu_attn a = {.qc = r->qc, .q = r->q, .n_head = r->n_head, .nope = r->nope, .R = r->R, .KV = r->KV,
+                            .inv_freq = r->inv_freq, .interleave = r->interleave};
+        cu_q_rope(&a, r->T, r->tok_pos, s);
 }
 
 extern "C" void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos,

@@ -90,6 +90,8 @@ static bool mm_tc_prompt(void) {
 
 static void q6tc_setup(void); /* the Q6_K head on tensor cores (below) */
 
+bool cu_rope_side_done;
+
 extern "C" void cu_mm_tc_setup(void) {
         int dev = 0, major = 0;
         mm_tc_ready = cudaGetDevice(&dev) == cudaSuccess &&
@@ -114,15 +116,6 @@ extern "C" void cu_mm_tc_pass(bool prompt) {
 
 extern "C" bool cu_pass_prompt(void) {
         return mm_tc_pass && cu_mm_tc_prompt_class();
-}
-
-/* An opt-in switch (read once by its caller): NAME=1 on; unset, empty or 0 off; anything else off,
- * said on stderr */
-static bool mt_env_on(const char *name) {
-        const char *e = getenv(name);
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-                fprintf(stderr, "xing4d-cuda: %s=%s ignored: expected 0 or 1\n", name, e);
-        return e && !strcmp(e, "1");
 }
 
 /* two bf16 values in a word, the first in the low half */
@@ -974,6 +967,20 @@ __global__ void __launch_bounds__(LBT, LBM) k_mm_tcs(struct cu_mv a, uint32_t S,
         uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
         const uint8_t *wbase = (const uint8_t *) a.w;
         uint32_t p0 = MODE == MT_SEL ? blockIdx.x : 0; /* the block's pair (MT_SEL) */
+        /* the side job's blocks (the absorb product's last rope_blocks rows of the grid): the
+         * queries' RoPE, k_q_rope's rotations, a thread each */
+        if constexpr (MODE == MT_DENSE)
+                if (a.rope_blocks && blockIdx.y >= gridDim.y - a.rope_blocks) {
+                        const struct cu_rope_side &r = a.rope;
+                        uint32_t sb = blockIdx.y - (gridDim.y - a.rope_blocks), per_tok = a.rope_blocks / r.T;
+                        uint32_t t = sb / per_tok, pos = r.tok_pos[t]; /* metadata: before the wait */
+                        cu_pdl_wait();
+                        cu_pdl_trigger();
+                        for (uint32_t e = (sb % per_tok) * blockDim.x + threadIdx.x; e < r.n_head * (r.R / 2);
+                             e += per_tok * blockDim.x)
+                                cu_q_rope_one(r.q, r.qc, r.n_head, r.nope, r.R, r.KV, r.inv_freq, r.interleave, t, pos, e);
+                        return;
+                }
 
         /* the warp's j-th part (warp + j·W) into slot j % S: rows past N are not loaded (only
          * their own outputs, never stored, read them) */
@@ -1218,10 +1225,18 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         if constexpr (IQ4)
                 if (sel && mts_launch_ow<NR>(a, dim3(bx, m_tiles), W, smem, S, n_x, s))
                         return true;
-        if (sel)
+        if (sel) {
                 cu_launch(k_mm_tcs<TYPE, NR, MT_SEL>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
-        else
-                cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
+                return true;
+        }
+        /* the queries' RoPE as extra blocks (cu_mv.rope): enough that each thread takes one rotation */
+        struct cu_mv am = *a;
+        if (a->rope.q && a->rope.T) {
+                uint32_t rot = a->rope.n_head * (a->rope.R / 2), per_tok = (rot + 32 * W - 1) / (32 * W);
+                am.rope_blocks = per_tok * a->rope.T;
+                cu_rope_side_done = true;
+        }
+        cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE>, dim3(bx, m_tiles + am.rope_blocks), dim3(32 * W), smem, s, am, S, n_x);
         return true;
 }
 
@@ -1602,7 +1617,7 @@ static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
 static bool mtn_on(void) {
         static int on = -1;
         if (on < 0)
-                on = mt_env_on("X4_CUDA_MMTC_TCN");
+                on = cu_env_on("X4_CUDA_MMTC_TCN");
         return on;
 }
 
@@ -1804,7 +1819,7 @@ static bool q6tc_ready;
 static bool q6tc_on(void) {
         static int on = -1;
         if (on < 0)
-                on = mt_env_on("X4_CUDA_MM_Q6TC");
+                on = cu_env_on("X4_CUDA_MM_Q6TC");
         return on;
 }
 

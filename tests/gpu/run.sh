@@ -337,11 +337,36 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                                 --out "$tmp/hce-on-$hc.bin" || return 1
                         cmp "$tmp/hce-off-$hc.bin" "$tmp/hce-on-$hc.bin" || { echo "X4_CUDA_HC_EARLY=1 differs ($hc)"; return 1; }
                 done
+                X4_CUDA_HC_EARLY=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9 \
+                        --device cuda --out "$tmp/hce-log.bin" 2>"$tmp/hce-log.txt" || { cat "$tmp/hce-log.txt"; return 1; }
+                grep -q '^mHC early gates: 1 token' "$tmp/hce-log.txt" || { echo "early gates never on"; cat "$tmp/hce-log.txt"; return 1; }
                 X4_CUDA_HC_EARLY=1 "$check" batch "$tmp/demo.gguf" || return 1
                 X4_CUDA_HC_EARLY=1 X4_CUDA_MM=tc X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf" || return 1
                 echo "mHC early gates: identical logits (decodes after tiled and fused passes); batch invariance"
         }
         step "mHC early gates agree bit for bit, demo model" hc_early_same
+        # X4_CUDA_ROPE_SIDE=1: the queries' RoPE as extra blocks of the absorb product (k_mm_tcs,
+        # up to 8 tokens; its own kernel after the product otherwise): the same logits for batch-1
+        # decodes after a prompt, and batch invariance (batches of 2-8 take the side blocks, 16 and
+        # 64 the separate kernel)
+        rope_side_same() {
+                local prompt v
+                prompt=$(awk 'BEGIN { s = 59; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for v in 0 1; do
+                        X4_CUDA_MM=tc X4_CUDA_ROPE_SIDE=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --chunk 5 --decode 9,99,999 --device cuda --out "$tmp/rs-$v.bin" || return 1
+                done
+                cmp "$tmp/rs-0.bin" "$tmp/rs-1.bin" || { echo "X4_CUDA_ROPE_SIDE=1 differs"; return 1; }
+                X4_CUDA_MM=tc X4_CUDA_ROPE_SIDE=1 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf" || return 1
+                X4_CUDA_ROPE_SIDE=1 "$check" batch "$tmp/demo.gguf" || return 1
+                echo "queries' RoPE beside the absorb product: identical logits; batch invariance"
+        }
+        step "queries' RoPE as side blocks agrees bit for bit, demo model" rope_side_same
+        for tool in memcheck racecheck synccheck; do
+                step "compute-sanitizer $tool, queries' RoPE as side blocks, demo model" env X4_CUDA_MM=tc X4_CUDA_ROPE_SIDE=1 \
+                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        --model "$tmp/demo.gguf" --prompt 5,6,7,8,9 --chunk 3 --decode 9,99 --device cuda --out "$tmp/san-rs.bin"
+        done
         for tool in memcheck racecheck synccheck; do
                 step "compute-sanitizer $tool, mHC early gates, demo model" env X4_CUDA_HC_EARLY=1 X4_CUDA_HC=fused \
                         compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
