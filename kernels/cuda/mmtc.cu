@@ -948,8 +948,17 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
 
 /* LBT, LBM: the launch bounds (threads a block, blocks an SM); only the expert pairs' one-wave
  * builds (mts_onewave) set them: the same code, fewer registers */
+/* The blocks an SM a launch bound asks for: sm_75 holds 1,024 threads an SM, where the one-wave
+ * builds' bounds (1,152 and 1,280 threads) are out of range, which ptxas reports (an error under
+ * the build's --Werror); their kernels never run below sm_80, so any bound does there. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define MT_MINB(n) 1
+#else
+#define MT_MINB(n) (n)
+#endif
+
 template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 1>
-__global__ void __launch_bounds__(LBT, LBM) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
+__global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         constexpr uint32_t CB = IQ4 ? 18 : 64;                        /* bytes a chunk of a row */
