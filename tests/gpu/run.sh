@@ -21,7 +21,7 @@
 # the CUDA vs CPU parity on that model (e.g. the real 20 GB GGUF; minutes on the CPU side), with
 # X4_GPU_CONFIG=config.json or X4_GPU_RELEASE_DEFAULTS=1 when no config.json sits beside it.
 # X4_GPU_BENCH=1 adds x4-bench on full-width synthetic models of 2 and 6 layers. X4_GPU_ONLY=REGEX
-# runs only the steps whose names match it.
+# runs only the steps whose names match it, X4_GPU_SKIP=REGEX all but those.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 # The products' numerics a step runs: on sm_80+ the backend's default is every token on tensor
@@ -48,6 +48,11 @@ step() { # name, command...
         # steps that make what later ones use, like "make demo model", must match too)
         if [ -n "${X4_GPU_ONLY:-}" ] && [ "$name" != "meson setup" ] && [ "$name" != build ] &&
                 ! [[ $name =~ $X4_GPU_ONLY ]]; then
+                return 0
+        fi
+        # X4_GPU_SKIP=REGEX: the steps whose names match left out (the suite split over two calls,
+        # e.g. X4_GPU_SKIP=compute-sanitizer, then X4_GPU_ONLY='make demo model|wide shapes|compute-sanitizer')
+        if [ -n "${X4_GPU_SKIP:-}" ] && [[ $name =~ $X4_GPU_SKIP ]]; then
                 return 0
         fi
         t0=$(date +%s.%N)
@@ -362,16 +367,6 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "queries' RoPE beside the absorb product: identical logits; batch invariance"
         }
         step "queries' RoPE as side blocks agrees bit for bit, demo model" rope_side_same
-        for tool in memcheck racecheck synccheck; do
-                step "compute-sanitizer $tool, queries' RoPE as side blocks, demo model" env X4_CUDA_MM=tc X4_CUDA_ROPE_SIDE=1 \
-                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                        --model "$tmp/demo.gguf" --prompt 5,6,7,8,9 --chunk 3 --decode 9,99 --device cuda --out "$tmp/san-rs.bin"
-        done
-        for tool in memcheck racecheck synccheck; do
-                step "compute-sanitizer $tool, mHC early gates, demo model" env X4_CUDA_HC_EARLY=1 X4_CUDA_HC=fused \
-                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                        --model "$tmp/demo.gguf" --prompt 5,6,7,8,9 --decode 9,99 --device cuda --out "$tmp/san-hce.bin"
-        done
         # k_hc_wtok (X4_CUDA_HC=wtok: a warp a token of the slice) where the last slice is partial
         # (hidden 288: 32 of its 256 positions, four lanes of a warp) and across batches
         hc_wtok_same() {
@@ -403,11 +398,6 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "hidden 288 (BF16, F32, F16 HC weights): mHC a warp a token = default; batch and chunk invariance with it"
         }
         step "mHC a warp a token: a partial slice, batches and chunks, bit for bit" hc_wtok_same
-        for tool in memcheck racecheck synccheck; do
-                step "compute-sanitizer $tool, mHC a warp a token, demo model" env X4_CUDA_HC=wtok \
-                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                        --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --decode 9,99 --device cuda --out "$tmp/san-hcw.bin"
-        done
         # the one-input decode products (k_mv_small: a block per input at batch 1 and per expert
         # pair) give the same bits however many rows a warp takes (X4_CUDA_RW) and with the whole
         # input staged at once (X4_CUDA_FULLX=1) or compiled without the 4-blocks-an-SM bound (X4_CUDA_MINB=1):
@@ -557,7 +547,7 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 for ch in 0 64; do
                         for v in 0 1000000; do
                                 local args=()
-                                [ $ch -gt 0 ] && args=(--chunk $ch)
+                                [ "$ch" -gt 0 ] && args=(--chunk "$ch")
                                 X4_CUDA_MM=tc X4_CUDA_MMTC_PAIRS_TCD=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                                         --prompt "$prompt" ${args[@]+"${args[@]}"} --decode 9,99 --device cuda \
                                         --out "$tmp/ptcd-$ch-$v.bin" || return 1
@@ -570,21 +560,6 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "grouped expert products on 8-pair tiles agree bit for bit with k_mm_tcp, demo model" pairs_tcd_same
         step "batch invariance, demo model, grouped expert products on 8-pair tiles" env X4_CUDA_MM=tc \
                 X4_CUDA_MMTC_PAIRS_TCD=1000000 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
-        for tool in memcheck racecheck synccheck; do
-                step "compute-sanitizer $tool, dense products a warp an n-tile, demo model" env X4_CUDA_MM=tc \
-                        X4_CUDA_MMTC_TCN=1 X4_CUDA_MMTC_TCN_S=2 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                        --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 --decode 9 --device cuda --out "$tmp/san-tcn.bin"
-        done
-        for tool in memcheck racecheck synccheck; do
-                step "compute-sanitizer $tool, the Q6_K head on tensor cores, demo model" env X4_CUDA_MM=tc \
-                        X4_CUDA_MM_Q6TC=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                        --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --decode 9,99 --device cuda --out "$tmp/san-q6tc.bin"
-                # hidden 2,048: four stages, so each warp's ring of three wraps
-                [ -f "$tmp/wide.gguf" ] &&
-                        step "compute-sanitizer $tool, the Q6_K head on tensor cores, wide shapes" env X4_CUDA_MM=tc \
-                                X4_CUDA_MM_Q6TC=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                                --model "$tmp/wide.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-q6tc-w.bin"
-        done
         # the prompt-shaped tensor-core kernel (k_mm_tcp: launches of more than 16 tokens, 128 x 64
         # tiles through a cp.async ring, experts in tiles of 64 pairs) computes k_mm_tc's chains too:
         # the same logits with it off (X4_CUDA_MMTC_PROMPT=0), every token on tensor cores
@@ -758,10 +733,26 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 grep '^k_router_tiled: ' "$tmp/rt-log.txt" || { echo "k_router_tiled never ran"; cat "$tmp/rt-log.txt"; return 1; }
         }
         step "long passes' router a thread a logit runs on a 1,100-token prompt" router_tiled_ran
+        # the fifth session's opt-ins under the three sanitizers, together (a run each is too long a
+        # GPU call): A, batch-1 and 40-token passes with the mHC early gates, the queries' RoPE as
+        # side blocks, the Q6_K head on tensor cores, k_mm_tcn on a ring of two and grouped pairs
+        # on 8-pair tiles (demo model; the head's ring wraps on the wide model); B, a 1,034-token
+        # pass with k_hc_wtok and the tiled router
+        opt_a=(X4_CUDA_MM=tc X4_CUDA_HC_EARLY=1 X4_CUDA_ROPE_SIDE=1 X4_CUDA_MM_Q6TC=1 X4_CUDA_MMTC_TCN=1
+                X4_CUDA_MMTC_TCN_S=2 X4_CUDA_MMTC_PAIRS_TCD=1000000)
         for tool in memcheck racecheck synccheck; do
-                step "compute-sanitizer $tool, long passes' router a thread a logit, demo model" env X4_CUDA_ROUTER_TILED=1 \
-                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
-                        --prompt "$(seq -s, 5 1034)" --decode 9 --device cuda --out "$tmp/san-rt.bin"
+                step "compute-sanitizer $tool, early gates + RoPE side blocks + Q6_K head on tensor cores + k_mm_tcn + 8-pair tiles, demo model" \
+                        env "${opt_a[@]}" compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 --decode 9,99 --device cuda \
+                        --out "$tmp/san-opt-a.bin"
+                [ -f "$tmp/wide.gguf" ] &&
+                        step "compute-sanitizer $tool, the same, wide shapes" env "${opt_a[@]}" compute-sanitizer --tool $tool \
+                                --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt 5,6,7 \
+                                --decode 9,99 --device cuda --out "$tmp/san-opt-aw.bin"
+                step "compute-sanitizer $tool, mHC a warp a token + tiled router, 1,034-token pass, demo model" \
+                        env X4_CUDA_HC=wtok X4_CUDA_ROUTER_TILED=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                        "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 1038)" --decode 9 \
+                        --device cuda --out "$tmp/san-opt-b.bin"
         done
 fi
 
