@@ -952,12 +952,14 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
  * builds' bounds (1,152 and 1,280 threads) are out of range, which ptxas reports (an error under
  * the build's --Werror); their kernels never run below sm_80, so any bound does there. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define MT_MINB(n) 1
+#define MT_MINB(n) 0
 #else
 #define MT_MINB(n) (n)
 #endif
 
-template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 1>
+/* LBM 0: no blocks-an-SM bound (the default build: the compiler's own register budget; a bound
+ * of 1 let it take up to 255 registers, 94 where it took 64, halving the blocks an SM holds) */
+template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 0>
 __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;

@@ -371,23 +371,25 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # (hidden 288: 32 of its 256 positions, four lanes of a warp) and across batches
         hc_wtok_same() {
                 local prompt
+                mkdir -p "$tmp/h288" # its own folder (config.json; see wide_same)
                 "$build/tools/x4-mkmodel" --preset demo --hidden 288 --layers 2 --output-type BF16 --quiet \
-                        --out "$tmp/h288.gguf" || return 1
+                        --out "$tmp/h288/h288.gguf" || return 1
                 prompt=$(awk 'BEGIN { s = 41; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                "$build/tools/x4-logits" --model "$tmp/h288.gguf" --prompt "$prompt" --decode 9,99,999 --device cuda \
+                "$build/tools/x4-logits" --model "$tmp/h288/h288.gguf" --prompt "$prompt" --decode 9,99,999 --device cuda \
                         --out "$tmp/h288-default.bin" || return 1
-                X4_CUDA_HC=wtok "$build/tools/x4-logits" --model "$tmp/h288.gguf" --prompt "$prompt" --decode 9,99,999 \
+                X4_CUDA_HC=wtok "$build/tools/x4-logits" --model "$tmp/h288/h288.gguf" --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/h288-wtok.bin" 2>"$tmp/h288-wtok.err" || return 1
                 if grep -q "X4_CUDA_HC=wtok" "$tmp/h288-wtok.err"; then cat "$tmp/h288-wtok.err"; return 1; fi
                 cmp "$tmp/h288-default.bin" "$tmp/h288-wtok.bin" || { echo "X4_CUDA_HC=wtok differs (hidden 288)"; return 1; }
                 # the HC weights stored F32 (staged swizzled) and F16 (the mHC fn follows --attn-type)
                 local ty
                 for ty in F32 F16; do
+                        mkdir -p "$tmp/h288-$ty"
                         "$build/tools/x4-mkmodel" --preset demo --hidden 288 --layers 2 --output-type BF16 --attn-type $ty \
-                                --quiet --out "$tmp/h288-$ty.gguf" || return 1
-                        "$build/tools/x4-logits" --model "$tmp/h288-$ty.gguf" --prompt "$prompt" --decode 9,99 --device cuda \
+                                --quiet --out "$tmp/h288-$ty/h288.gguf" || return 1
+                        "$build/tools/x4-logits" --model "$tmp/h288-$ty/h288.gguf" --prompt "$prompt" --decode 9,99 --device cuda \
                                 --out "$tmp/h288-$ty-default.bin" || return 1
-                        X4_CUDA_HC=wtok "$build/tools/x4-logits" --model "$tmp/h288-$ty.gguf" --prompt "$prompt" --decode 9,99 \
+                        X4_CUDA_HC=wtok "$build/tools/x4-logits" --model "$tmp/h288-$ty/h288.gguf" --prompt "$prompt" --decode 9,99 \
                                 --device cuda --out "$tmp/h288-$ty-wtok.bin" 2>"$tmp/h288-$ty-wtok.err" || return 1
                         if grep -q "X4_CUDA_HC=wtok" "$tmp/h288-$ty-wtok.err"; then cat "$tmp/h288-$ty-wtok.err"; return 1; fi
                         cmp "$tmp/h288-$ty-default.bin" "$tmp/h288-$ty-wtok.bin" ||
@@ -472,20 +474,25 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         # values are 8 parts), which must say it ran (X4_CUDA_MMTC_DEC=log)
         wide_same() {
                 local prompt
-                "$build/tools/x4-mkmodel" --preset demo --hidden 2048 --layers 3 --quiet --out "$tmp/wide.gguf" || return 1
+                # its own folder: x4-mkmodel writes config.json beside the model, and the loader
+                # checks it against the GGUF (beside demo.gguf it would break every demo step)
+                mkdir -p "$tmp/wide"
+                "$build/tools/x4-mkmodel" --preset demo --hidden 2048 --layers 3 --quiet --out "$tmp/wide/wide.gguf" || return 1
                 prompt=$(awk 'BEGIN { s = 37; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" --decode 9,99,999 --device cuda \
-                        --out "$tmp/wide-rw1.bin" || return 1
-                X4_CUDA_RW=2 "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" --decode 9,99,999 \
+                # one row a warp (X4_CUDA_RW=1): the staged decode, which hidden 2,048's two tiles a
+                # row would otherwise leave for two rows a warp by default
+                X4_CUDA_RW=1 "$build/tools/x4-logits" --model "$tmp/wide/wide.gguf" --prompt "$prompt" --decode 9,99,999 \
+                        --device cuda --out "$tmp/wide-rw1.bin" || return 1
+                X4_CUDA_RW=2 "$build/tools/x4-logits" --model "$tmp/wide/wide.gguf" --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/wide-rw2.bin" || return 1
                 cmp "$tmp/wide-rw1.bin" "$tmp/wide-rw2.bin" || { echo "the Q6_K head's staged decode differs (hidden 2,048)"; return 1; }
-                "$check" batch "$tmp/wide.gguf" || return 1
-                X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" --decode 9,99,999 \
+                "$check" batch "$tmp/wide/wide.gguf" || return 1
+                X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$tmp/wide/wide.gguf" --prompt "$prompt" --decode 9,99,999 \
                         --device cuda --out "$tmp/wide-tc.bin" || return 1
-                X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt "$prompt" \
+                X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force "$build/tools/x4-logits" --model "$tmp/wide/wide.gguf" --prompt "$prompt" \
                         --decode 9,99,999 --device cuda --out "$tmp/wide-ow.bin" || return 1
                 cmp "$tmp/wide-tc.bin" "$tmp/wide-ow.bin" || { echo "the one-wave build differs (hidden 2,048)"; return 1; }
-                X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/wide.gguf" \
+                X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/wide/wide.gguf" \
                         --prompt 5 --decode 9 --device cuda --out "$tmp/wide-log.bin" 2>"$tmp/wide-log.txt" || return 1
                 grep -q '^k_mm_tcs: one-wave build, 8 warps' "$tmp/wide-log.txt" ||
                         { echo "the one-wave build of 8 warps never ran"; cat "$tmp/wide-log.txt"; return 1; }
@@ -506,12 +513,13 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 env "${env[@]}" "$check" batch "$tmp/demo.gguf" || return 1
                 env "${env[@]}" X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf" || return 1
                 env "${env[@]}" "$check" classes "$tmp/demo.gguf" || return 1
-                if [ -f "$tmp/wide.gguf" ]; then env "${env[@]}" "$check" batch "$tmp/wide.gguf" || return 1; fi
+                if [ -f "$tmp/wide/wide.gguf" ]; then env "${env[@]}" "$check" batch "$tmp/wide/wide.gguf" || return 1; fi
                 # a vocabulary that ends inside a block's rows (4,100: the last block's first warp
                 # holds 4 rows, its other three none)
-                "$build/tools/x4-mkmodel" --preset demo --vocab 4100 --layers 2 --quiet --out "$tmp/v4100.gguf" || return 1
-                env "${env[@]}" "$check" batch "$tmp/v4100.gguf" || return 1
-                env "${env[@]}" X4_GPU_PROMPT=1 "$check" chunks "$tmp/v4100.gguf" || return 1
+                mkdir -p "$tmp/v4100" # its own folder (config.json; see wide_same)
+                "$build/tools/x4-mkmodel" --preset demo --vocab 4100 --layers 2 --quiet --out "$tmp/v4100/v4100.gguf" || return 1
+                env "${env[@]}" "$check" batch "$tmp/v4100/v4100.gguf" || return 1
+                env "${env[@]}" X4_GPU_PROMPT=1 "$check" chunks "$tmp/v4100/v4100.gguf" || return 1
                 echo "k_q6_tc: ran; parity, batch, chunk and class invariance hold (vocabulary 4,096 and 4,100)"
         }
         step "the Q6_K head on tensor cores: parity with the CPU, batch and chunk invariance, demo model" q6tc_checks
@@ -535,7 +543,7 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 done
                 X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf" || return 1
                 X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf" || return 1
-                if [ -f "$tmp/wide.gguf" ]; then X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 "$check" batch "$tmp/wide.gguf" || return 1; fi
+                if [ -f "$tmp/wide/wide.gguf" ]; then X4_CUDA_MM=tc X4_CUDA_MMTC_TCN=1 "$check" batch "$tmp/wide/wide.gguf" || return 1; fi
                 echo "k_mm_tcn = k_mm_tcp (chunks of 40 and 64); batch and chunk invariance with it"
         }
         step "dense products a warp an n-tile agree bit for bit with k_mm_tcp, demo model" tcn_same
@@ -745,9 +753,9 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                         env "${opt_a[@]}" compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 --decode 9,99 --device cuda \
                         --out "$tmp/san-opt-a.bin"
-                [ -f "$tmp/wide.gguf" ] &&
+                [ -f "$tmp/wide/wide.gguf" ] &&
                         step "compute-sanitizer $tool, the same, wide shapes" env "${opt_a[@]}" compute-sanitizer --tool $tool \
-                                --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/wide.gguf" --prompt 5,6,7 \
+                                --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/wide/wide.gguf" --prompt 5,6,7 \
                                 --decode 9,99 --device cuda --out "$tmp/san-opt-aw.bin"
                 step "compute-sanitizer $tool, mHC a warp a token + tiled router, 1,034-token pass, demo model" \
                         env X4_CUDA_HC=wtok X4_CUDA_ROUTER_TILED=1 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -939,10 +947,10 @@ if command -v compute-sanitizer >/dev/null; then
                                 --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-tcs.bin"
                         # the wide shapes (wide_same's model): the head's staged decode over two
                         # tiles and the 8-warp one-wave build
-                        [ -f "$tmp/wide.gguf" ] &&
+                        [ -f "$tmp/wide/wide.gguf" ] &&
                                 step "compute-sanitizer $tool, wide shapes (Q6_K head tiles, one-wave build of 8 warps)" env X4_CUDA_MM=tc \
-                                        X4_CUDA_MMTC_ONEWAVE=force compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                                        --model "$tmp/wide.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-wide.bin"
+                                        X4_CUDA_RW=1 X4_CUDA_MMTC_ONEWAVE=force compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                                        --model "$tmp/wide/wide.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-wide.bin"
                 done
         fi
         if [ -f "$nextn_tiny" ]; then
