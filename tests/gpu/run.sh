@@ -870,13 +870,14 @@ fi
 # preset full with --layers N): per-layer cost at the real shapes without the 20 GB file.
 if [ -n "${X4_GPU_BENCH:-}" ]; then
         for layers in 2 6; do
+                mkdir -p "$tmp/full$layers" # its own folder: config.json beside demo.gguf's would break it
                 if step "make full-width model, $layers layers" "$build/tools/x4-mkmodel" --preset full \
-                        --layers $layers --dense 1 --nextn 0 --quiet --out "$tmp/full$layers.gguf"; then
+                        --layers $layers --dense 1 --nextn 0 --quiet --out "$tmp/full$layers/full.gguf"; then
                         step "x4-bench cuda, full width, $layers layers" "$build/tools/x4-bench" \
-                                --model "$tmp/full$layers.gguf" --device cuda --prefill 512,4096 \
+                                --model "$tmp/full$layers/full.gguf" --device cuda --prefill 512,4096 \
                                 --decode-ctx 512,4096 --batch 1,16 --decode-tokens 16 --repeats 3
                 fi
-                rm -f "$tmp/full$layers.gguf"
+                rm -rf "$tmp/full$layers"
         done
 fi
 if command -v compute-sanitizer >/dev/null; then
