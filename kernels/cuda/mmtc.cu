@@ -959,7 +959,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
 
 /* LBM 0: no blocks-an-SM bound (the default build: the compiler's own register budget; a bound
  * of 1 let it take up to 255 registers, 94 where it took 64, halving the blocks an SM holds) */
-template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 0>
+template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 0, bool ROPE = false>
 __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
@@ -970,7 +970,8 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         __shared__ uint64_t xoff[MTS_P_MAX];
         uint32_t W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t g = lane / 4, t = lane % 4;
-        uint32_t n_rows = a.N, row0 = blockIdx.y * 16, n_chunks = a.K / CU_CHUNK;
+        /* ROPE: the grid's first rope_blocks rows are the side job's, the m-tiles after them */
+        uint32_t n_rows = a.N, row0 = (blockIdx.y - (ROPE ? a.rope_blocks : 0)) * 16, n_chunks = a.K / CU_CHUNK;
         uint32_t n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
         uint32_t slot_bytes = 16 * RB + n_x * MTD_XS * (uint32_t) sizeof(float);
         uint8_t *ring = mts_smem + (size_t) warp * S * slot_bytes;
@@ -978,12 +979,13 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
         const uint8_t *wbase = (const uint8_t *) a.w;
         uint32_t p0 = MODE == MT_SEL ? blockIdx.x : 0; /* the block's pair (MT_SEL) */
-        /* the side job's blocks (the absorb product's last rope_blocks rows of the grid): the
-         * queries' RoPE, k_q_rope's rotations, a thread each */
-        if constexpr (MODE == MT_DENSE)
-                if (a.rope_blocks && blockIdx.y >= gridDim.y - a.rope_blocks) {
+        /* ROPE (a build of its own, so the default's registers stay as they were): the side job's
+         * blocks, the grid's first rope_blocks rows (dispatched first: their double-precision
+         * angles are the longest chain): the queries' RoPE, k_q_rope's rotations, a thread each */
+        if constexpr (MODE == MT_DENSE && ROPE)
+                if (blockIdx.y < a.rope_blocks) {
                         const struct cu_rope_side &r = a.rope;
-                        uint32_t sb = blockIdx.y - (gridDim.y - a.rope_blocks), per_tok = a.rope_blocks / r.T;
+                        uint32_t sb = blockIdx.y, per_tok = a.rope_blocks / r.T;
                         uint32_t t = sb / per_tok, pos = r.tok_pos[t]; /* metadata: before the wait */
                         cu_pdl_wait();
                         cu_pdl_trigger();
@@ -1090,10 +1092,15 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
 #endif
 }
 
+static bool mts_rope_ready = true; /* every ROPE build took its shared memory attribute */
+
 template <int TYPE, int NR>
 static void mts_prepare(void) {
         (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int) mtd_smem_blk);
+        if (cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk) != cudaSuccess)
+                mts_rope_ready = false;
         (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_SEL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int) mtd_smem_blk);
 }
@@ -1240,14 +1247,26 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
                 cu_launch(k_mm_tcs<TYPE, NR, MT_SEL>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
                 return true;
         }
-        /* the queries' RoPE as extra blocks (cu_mv.rope): enough that each thread takes one rotation */
+        /* the queries' RoPE as extra blocks (cu_mv.rope; the ROPE build): enough that each thread
+         * takes one rotation */
         struct cu_mv am = *a;
-        if (a->rope.q && a->rope.T) {
+        am.rope_blocks = 0;
+        if (a->rope.q && a->rope.T && mts_rope_ready) {
                 uint32_t rot = a->rope.n_head * (a->rope.R / 2), per_tok = (rot + 32 * W - 1) / (32 * W);
                 am.rope_blocks = per_tok * a->rope.T;
-                cu_rope_side_done = true;
         }
-        cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE>, dim3(bx, m_tiles + am.rope_blocks), dim3(32 * W), smem, s, am, S, n_x);
+        if (am.rope_blocks && m_tiles + am.rope_blocks <= 65535) {
+                cu_rope_side_done = true;
+                if (mtd_log_left > 0) {
+                        mtd_log_left--;
+                        fprintf(stderr, "k_mm_tcs: rope side blocks %u beside %u m-tiles\n", am.rope_blocks, m_tiles);
+                }
+                cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, true>, dim3(bx, m_tiles + am.rope_blocks),
+                          dim3(32 * W), smem, s, am, S, n_x);
+                return true;
+        }
+        am.rope_blocks = 0;
+        cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE>, dim3(bx, m_tiles), dim3(32 * W), smem, s, am, S, n_x);
         return true;
 }
 

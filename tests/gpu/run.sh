@@ -351,16 +351,20 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         }
         step "mHC early gates agree bit for bit, demo model" hc_early_same
         # X4_CUDA_ROPE_SIDE=1: the queries' RoPE as extra blocks of the absorb product (k_mm_tcs,
-        # up to 8 tokens; its own kernel after the product otherwise): the same logits for batch-1
-        # decodes after a prompt, and batch invariance (batches of 2-8 take the side blocks, 16 and
-        # 64 the separate kernel)
+        # up to 8 tokens; its own kernel after the product otherwise): the same logits for a
+        # prompt in chunks of 5 and batch-1 decodes (its log line: that the side blocks ran), and
+        # batch invariance on tensor cores (the solo prefills of up to 8 tokens and the decodes
+        # take the side blocks, the batched passes the separate kernel) and on the fp32 products
+        # (the separate kernel)
         rope_side_same() {
                 local prompt v
                 prompt=$(awk 'BEGIN { s = 59; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 for v in 0 1; do
-                        X4_CUDA_MM=tc X4_CUDA_ROPE_SIDE=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
-                                --chunk 5 --decode 9,99,999 --device cuda --out "$tmp/rs-$v.bin" || return 1
+                        X4_CUDA_MM=tc X4_CUDA_ROPE_SIDE=$v X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --prompt "$prompt" --chunk 5 --decode 9,99,999 --device cuda --out "$tmp/rs-$v.bin" \
+                                2>"$tmp/rs-$v.log" || { cat "$tmp/rs-$v.log"; return 1; }
                 done
+                grep -q '^k_mm_tcs: rope side blocks' "$tmp/rs-1.log" || { echo "the rope side blocks never ran"; return 1; }
                 cmp "$tmp/rs-0.bin" "$tmp/rs-1.bin" || { echo "X4_CUDA_ROPE_SIDE=1 differs"; return 1; }
                 X4_CUDA_MM=tc X4_CUDA_ROPE_SIDE=1 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf" || return 1
                 X4_CUDA_ROPE_SIDE=1 "$check" batch "$tmp/demo.gguf" || return 1
