@@ -793,8 +793,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->hcp, float, T * CU_HCP_STRIDE);
         /* partial rows; two buffers when X4_CUDA_HC_EARLY may make pre-mappings early (cu_hc_early:
          * one reads the previous one's while it writes its own) */
-        const char *hce = getenv("X4_CUDA_HC_EARLY");
-        b->hcw_bufs = hce && (streq(hce, "1") || streq(hce, "log")) ? 2 : 1;
+        b->hcw_bufs = cu_hc_early_asked() ? 2 : 1;
         WS(b->hcw, float, b->hcw_bufs * T * cu_hc_slices((uint32_t) H) * CU_HCP_STRIDE);
         WS(b->hc_ticket, uint32_t, T);
         WS(b->route_ticket, uint32_t, (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);

@@ -217,6 +217,8 @@ void cu_hc_post_early(float *X, const struct cu_hc *a, const struct cu_post *pos
 /* Whether X4_CUDA_HC_EARLY asks for early pre-mappings and cu_hc_pre would take the fused kernel
  * (the one that computes a previous launch's gates itself) for T tokens of weight type fn_type. */
 bool cu_hc_early(uint32_t T, uint32_t fn_type);
+/* Whether X4_CUDA_HC_EARLY asks for it at all (the workspace's second buffer of partial rows). */
+bool cu_hc_early_asked(void);
 /* docs/model.md §3 steps 3-4 for the rows asked for: out[r] = RMSNorm(mean_s X[rows[r]][s], norm_w);
  * norm_w NULL: the mean itself, unnormed (the pre-norm hidden of MTP's U4 choice,
  * X4_MTP_H_POST_NORM false). With n_hc = 1 it is a plain row RMSNorm (the NextN block's head). */

@@ -810,8 +810,8 @@ static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const flo
         hc_env();
         if (hc_force != 3 || T < 2)
                 return false;
-        bool ok = fits && a->H % 8 == 0 && (uintptr_t) X % 16 == 0 &&
-                  (!p->y || ((uintptr_t) p->y % 16 == 0 && p->y_slot_stride % 4 == 0));
+        bool aligned = (uintptr_t) X % 16 == 0 && (!p->y || ((uintptr_t) p->y % 16 == 0 && p->y_slot_stride % 4 == 0));
+        bool ok = fits && a->H % 8 == 0 && aligned;
         if (!ok) {
                 /* asked for (tests compare the paths): say that it cannot be, once */
                 static bool said;
@@ -819,10 +819,7 @@ static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const flo
                         fprintf(stderr, "X4_CUDA_HC=wtok: k_hc_wtok cannot take this launch (shared memory %s, "
                                         "hidden %u, streams and slot rows 16-byte aligned: %s); the default's "
                                         "kernels run\n",
-                                fits ? "fits" : "does not fit", a->H,
-                                (uintptr_t) X % 16 == 0 && (!p->y || ((uintptr_t) p->y % 16 == 0 && p->y_slot_stride % 4 == 0))
-                                        ? "yes"
-                                        : "no");
+                                fits ? "fits" : "does not fit", a->H, aligned ? "yes" : "no");
                 said = true;
         }
         return ok;
@@ -842,7 +839,7 @@ static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                 cu_launch(k_hc_tail, dim3(T), HCF_THREADS, (size_t) a->H * sizeof(float), s, *a, X, hcp, out, NB);
                 return;
         }
-        uint32_t tt = hc_tile(T, NB, hc_tile_fits[FT == CU_TYPE_BF16 ? 0 : FT == CU_TYPE_F16 ? 1 : 2]);
+        uint32_t tt = hc_tile(T, NB, hc_tile_fits[fi]);
         size_t smem = a->H * sizeof(float);
         cu_launches++;
         if (tt == 0) {
@@ -934,22 +931,27 @@ extern "C" void cu_hc_post_early(float *X, const struct cu_hc *a, const struct c
 /* X4_CUDA_HC_EARLY=1 (opt-in until a GPU has timed it): batch-1 pre-mappings leave their post gates
  * and Sinkhorn (20 rounds of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us)
  * to the next post-mapping kernel, which runs them before its wait, behind the previous kernel */
-extern "C" bool cu_hc_early(uint32_t T, uint32_t fn_type) {
-        static int on = -1, log_left = 0;
+static int hc_early_log; /* X4_CUDA_HC_EARLY=log: on, and its first passes said (tests) */
+extern "C" bool cu_hc_early_asked(void) {
+        static int on = -1;
         if (on < 0) {
-                const char *e = getenv("X4_CUDA_HC_EARLY"); /* =log: on, and its first passes said (tests) */
-                log_left = e && !strcmp(e, "log") ? 4 : 0;
-                on = log_left ? 1 : cu_env_on("X4_CUDA_HC_EARLY");
+                const char *e = getenv("X4_CUDA_HC_EARLY");
+                hc_early_log = e && !strcmp(e, "log") ? 4 : 0;
+                on = hc_early_log ? 1 : cu_env_on("X4_CUDA_HC_EARLY");
         }
-        if (!on || T == 0)
+        return on;
+}
+
+extern "C" bool cu_hc_early(uint32_t T, uint32_t fn_type) {
+        if (!cu_hc_early_asked() || T == 0)
                 return false;
         hc_env();
         /* hc_pre_launch's choice of the fused kernel (k_hc_wtok, asked for, may take T ≥ 2: no) */
         int fi = fn_type == CU_TYPE_BF16 ? 0 : fn_type == CU_TYPE_F16 ? 1 : 2;
         bool fits = hc_tile_fits[fi];
         bool early = T == 1 ? hc_force != 2 || !fits : hc_force != 3 && (hc_force == 1 || !fits);
-        if (early && log_left > 0) {
-                log_left--;
+        if (early && hc_early_log > 0) {
+                hc_early_log--;
                 fprintf(stderr, "mHC early gates: %u token(s)\n", T);
         }
         return early;

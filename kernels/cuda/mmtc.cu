@@ -1679,6 +1679,8 @@ static bool launch_tcn(const struct cu_mv *a, cudaStream_t s) {
         if (force_s < 0) {
                 const char *e = getenv("X4_CUDA_MMTC_TCN_S");
                 force_s = e && atoi(e) >= 2 && atoi(e) <= MTD_S_MAX ? atoi(e) : 0;
+                if (e && *e && strcmp(e, "0") && !force_s)
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_TCN_S=%s ignored: expected 2-%d stages\n", e, MTD_S_MAX);
         }
         if (force_s)
                 S = (uint64_t) force_s;
