@@ -83,6 +83,7 @@ struct options {
         enum mtp_mode mtp;         /* MTP speculative decoding with the NextN block */
         uint32_t mtp_draft;        /* drafts per step, 1..SCHED_MTP_DRAFT_MAX */
         bool mtp_match;            /* --mtp-sampling match */
+        uint32_t cpu_math;         /* enum x4_cpu_math: the CPU backend's numerics */
         int log_level;
 };
 
@@ -190,6 +191,13 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         o->mtp = MTP_AUTO;
                 else
                         return log_error_errno(EINVAL, "%s: '%s', off, on or auto expected%s", where, v, sfx);
+        } else if (streq(key, "cpu-math")) {
+                if (streq(v, "fp32"))
+                        o->cpu_math = X4_CPU_MATH_FP32;
+                else if (streq(v, "fast"))
+                        o->cpu_math = X4_CPU_MATH_FAST;
+                else
+                        return log_error_errno(EINVAL, "%s: '%s', fp32 or fast expected%s", where, v, sfx);
         } else if (streq(key, "mtp-sampling")) {
                 if (streq(v, "rejection") || streq(v, "match"))
                         o->mtp_match = streq(v, "match");
@@ -350,6 +358,9 @@ static void help(void) {
                "  --mtp-sampling rejection|match  sampled requests: rejection sampling of the drafts\n"
                "                               (same distribution as --mtp off), or keep a draft only\n"
                "                               when it is the token drawn (same tokens per seed)\n"
+               "  --cpu-math fp32|fast         the CPU backend's numerics: the fp32 reference (default),\n"
+               "                               or BF16 products on bf16-rounded activations with the\n"
+               "                               CPU's BF16 dot (AVX512_BF16; elsewhere fp32), see xing4d(8)\n"
                "  --log-level LEVEL            err, warning, info, debug\n"
                "  --version\n");
 }
@@ -548,7 +559,7 @@ enum {
         OPT_GRACE, OPT_LOG_LEVEL, OPT_VERSION, OPT_OUTPUT_BUFFER, OPT_PREFIX_PAGES, OPT_HELLO_TIMEOUT,
         OPT_MAX_MESSAGES, OPT_MAX_SNAPSHOTS, OPT_MAX_SNAPSHOT_BYTES, OPT_SNAPSHOT_CHUNK, OPT_GPU_MEMORY,
         OPT_IDLE_TIMEOUT, OPT_MAX_PENDING, OPT_MAX_TOKENS_LIMIT, OPT_PREFILL_BUDGET, OPT_MTP,
-        OPT_MTP_DRAFT, OPT_MTP_SAMPLING,
+        OPT_MTP_DRAFT, OPT_MTP_SAMPLING, OPT_CPU_MATH,
 };
 
 static const struct option longopts[] = {
@@ -587,6 +598,7 @@ static const struct option longopts[] = {
         { "mtp", required_argument, NULL, OPT_MTP },
         { "mtp-draft", required_argument, NULL, OPT_MTP_DRAFT },
         { "mtp-sampling", required_argument, NULL, OPT_MTP_SAMPLING },
+        { "cpu-math", required_argument, NULL, OPT_CPU_MATH },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, OPT_VERSION },
         {}
@@ -800,6 +812,7 @@ int main(int argc, char **argv) {
                 .n_pages = o.cache_pages,
                 .cache_type = X4_CACHE_F32,
                 .memory_limit = o.memory_limit,
+                .cpu_math = o.cpu_math,
                 .progress = load_progress,
                 .progress_userdata = &ps,
                 .log = x4_backend_params_default_log,
@@ -875,8 +888,10 @@ int main(int argc, char **argv) {
         r = server_new(&sv, &server);
         if (r < 0)
                 goto out;
-        log_info("serving %s (%s) on %s: %u cache pages of %u tokens, context %u tokens", name,
-                 o.model, backend_name, caps.n_pages, caps.page_tokens, sched_context_limit(sched));
+        log_info("serving %s (%s) on %s%s: %u cache pages of %u tokens, context %u tokens", name,
+                 o.model, backend_name,
+                 streq(backend_name, "cpu") && o.cpu_math == X4_CPU_MATH_FAST ? " (fast numerics)" : "",
+                 caps.n_pages, caps.page_tokens, sched_context_limit(sched));
         (void) sd_notifyf(0, "READY=1\nSTATUS=serving %s on %s", name, backend_name);
         r = server_run(server);
         if (r >= 0)

@@ -24,6 +24,11 @@ enum x4_cache_type {
         X4_CACHE_F16 = 1,
 };
 
+enum x4_cpu_math {
+        X4_CPU_MATH_FP32 = 0, /* the reference: every product in fp32, one documented order */
+        X4_CPU_MATH_FAST = 1, /* BF16 products on bf16-rounded activations (vdpbf16ps) */
+};
+
 enum x4_logits_mode {
         X4_LOGITS_NONE = 0, /* prefill chunk that is not the last one */
         X4_LOGITS_LAST = 1, /* one row: the sequence's last new token */
@@ -106,6 +111,10 @@ struct x4_backend_params {
          * Refused (-EOPNOTSUPP) by a backend without NextN and for a model without the block.
          * false: the block is never read and pages are the trunk's alone. */
         bool mtp;
+        /* The CPU backend's numerics (enum x4_cpu_math; other backends ignore it): the fp32
+         * reference, or the fast mode that rounds BF16 products' activations to bf16 for the CPU's
+         * BF16 dot instruction where it has one (kernels/cpu/quant.h). */
+        uint32_t cpu_math;
 };
 
 /* What a backend spent its forwards on since profiling was switched on (x4-bench --profile). */

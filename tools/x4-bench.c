@@ -157,6 +157,7 @@ struct bench {
         float *logits;
         uint32_t prefill_max; /* --decode-prefill-max */
         const char *cache;    /* "f32", "f16" */
+        const char *cpu_math; /* "fp32", "fast" (the CPU backend's numerics) */
         bool json, profile, profile_unsupported, warmup;
         char device[128], model[256], commit[64];
         char model_name[256]; /* general.name, JSON-escaped ("" when absent) */
@@ -290,9 +291,9 @@ static void print_tail(const struct bench *B) {
         /* prompt_class: the backend runs prompt tokens (prefill, the decode runs' context) on
          * other kernels than generated ones (kernels/backend.h) */
         printf(",\"cache\":\"%s\",\"device\":\"%s\",\"prompt_class\":%s,\"pass_tokens\":%u,\"model\":\"%s\","
-               "\"model_name\":\"%s\",\"commit\":\"%s\"}\n",
+               "\"model_name\":\"%s\",\"commit\":\"%s\",\"cpu_math\":\"%s\"}\n",
                B->cache, B->device, B->prompt_class ? "true" : "false", B->pass_tokens, B->model,
-               B->model_name, B->commit);
+               B->model_name, B->commit, B->cpu_math);
         fflush(stdout);
 }
 
@@ -907,8 +908,8 @@ static int chat_prompts(struct bench *B, const struct x4_model *model) {
 }
 
 static void print_table(const struct bench *B) {
-        printf("\nx4-bench  model %s  device %s  cache %s  commit %s\n", B->model, B->device, B->cache,
-               B->commit);
+        printf("\nx4-bench  model %s  device %s  cache %s  commit %s%s\n", B->model, B->device,
+               B->cache, B->commit, streq(B->cpu_math, "fast") ? "  cpu-math fast" : "");
         printf("%-8s %-22s %12s %14s %14s\n", "what", "shape", "tok/s", "ms", "cpu ms");
         for (size_t i = 0; i < B->n_results; i++) {
                 const struct result *r = &B->results[i];
@@ -1291,7 +1292,7 @@ static int bench_grammar(const char *which, const char *model, uint32_t seqs, bo
 
 static void usage(FILE *f) {
         fputs("usage: x4-bench --model M.gguf [--config C.json] [--assume-release-defaults]\n"
-              "                [--device cpu|cuda] [--threads N] [--cache f32|f16]\n"
+              "                [--device cpu|cuda] [--threads N] [--cache f32|f16] [--cpu-math fp32|fast]\n"
               "                [--prefill 512,4096] [--decode-ctx 512,4096] [--batch 1,16]\n"
               "                [--decode-tokens 32] [--decode-prefill-max 4096] [--repeats 3]\n"
               "                [--warmup 0|1] [--profile] [--json] [--mtp off|on] [--mtp-draft N]\n"
@@ -1301,6 +1302,8 @@ static void usage(FILE *f) {
               "\n"
               "  --cache f32|f16           the backend's latent cache type (default: the daemon's,\n"
               "                            f16 on cuda, f32 on cpu: its only type)\n"
+              "  --cpu-math fp32|fast      the cpu backend's numerics (default fp32, the reference;\n"
+              "                            fast: BF16 products on bf16 activations, xing4d(8))\n"
               "  --decode-prefill-max N    decode setup: prefill at most N tokens of the context\n"
               "                            (default 4096, at least 256 = one cache page); a longer\n"
               "                            context is N rounded down to whole pages, prefilled, and\n"
@@ -1345,6 +1348,7 @@ int main(int argc, char **argv) {
                 { "decode-tokens", required_argument, NULL, 'n' },
                 { "repeats", required_argument, NULL, 'r' },
                 { "cache", required_argument, NULL, 'C' },
+                { "cpu-math", required_argument, NULL, 'K' },
                 { "decode-prefill-max", required_argument, NULL, 'P' },
                 { "profile", no_argument, NULL, 'F' },
                 { "warmup", required_argument, NULL, 'W' },
@@ -1375,6 +1379,7 @@ int main(int argc, char **argv) {
 
         log_set_max_level(LOG_CRIT);
         B.cache = "f32";
+        B.cpu_math = "fp32";
         B.prefill_max = 4096;
         B.mtp = -1;
         B.mtp_draft = 1;
@@ -1419,6 +1424,12 @@ int main(int argc, char **argv) {
                         else
                                 r = log_error_errno(EINVAL, "--cache: '%s' is not a cache type; f32 or f16 expected",
                                                     optarg);
+                        break;
+                case 'K':
+                        if (streq(optarg, "fp32") || streq(optarg, "fast"))
+                                B.cpu_math = streq(optarg, "fp32") ? "fp32" : "fast";
+                        else
+                                r = log_error_errno(EINVAL, "--cpu-math: '%s', fp32 or fast expected", optarg);
                         break;
                 case 'P':
                         /* at least one page: a longer context is prefilled in whole pages */
@@ -1582,6 +1593,7 @@ int main(int argc, char **argv) {
                 .cache_type = cache_type,
                 .log = x4_backend_params_default_log,
                 .mtp = B.mtp == 1,
+                .cpu_math = streq(B.cpu_math, "fast") ? X4_CPU_MATH_FAST : X4_CPU_MATH_FP32,
         };
         B.n_embd = cfg->n_embd;
         r = B.ops->create(model, &bp, &B.b, NULL, 0);

@@ -103,6 +103,8 @@ struct x4_backend {
         uint32_t n_pages, page_tokens;
         uint32_t row_width;  /* kv_lora + qk_rope = 576 on the release */
         bool mtp;            /* the NextN block runs; its layer (n_layer) is in every page */
+        bool fast_bf16;      /* X4_CPU_MATH_FAST with the BF16 dot: BF16 products on bf16 inputs */
+        bool fast_q8;        /* X4_CPU_MATH_FAST with AVX-512: quantized products on q8 inputs */
         uint32_t n_cache_layers; /* n_layer, + 1 with MTP */
         size_t page_floats;  /* n_cache_layers * page_tokens * row_width */
         float *cache;        /* [n_pages][n_cache_layers][page_tokens][row_width] */
@@ -181,7 +183,14 @@ struct matmul_job {
         size_t y_stride;        /* floats between tokens */
         size_t n_tokens;
         size_t start, n_rows;   /* this job's rows in the set's index space */
+        /* fast numerics: the inputs converted for the weights' kind of product, [group][token],
+         * xc_row bytes a row (NULL: the fp32 reference) */
+        const uint8_t *xc;
+        size_t xc_row;
+        uint8_t xc_kind;
 };
+
+enum { XC_NONE, XC_BF16, XC_Q8 };
 
 /* Rows dequantized at once: 8 rows of 512 values are 16 KB (L1); of 3584, 112 KB (L2). */
 #define MATMUL_PANEL 8
@@ -212,6 +221,31 @@ static bool matmul_rows_fused(const struct matmul_job *j, size_t begin, size_t e
 
 static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end, float *panel) {
         size_t tile = MAX((size_t) 4, MATMUL_TILE_BYTES / (j->k * sizeof(float)));
+
+        if (j->xc) { /* fast numerics: converted inputs, tiles of tokens of the same bytes */
+                size_t xtile = MAX((size_t) 4, MATMUL_TILE_BYTES / j->xc_row);
+
+                for (size_t t0 = 0; t0 < j->n_tokens; t0 += xtile) {
+                        size_t nt = MIN(xtile, j->n_tokens - t0);
+
+                        for (size_t n = begin; n < end;) {
+                                size_t g = n / j->rows_per_group;
+                                size_t n1 = MIN(end, (g + 1) * j->rows_per_group);
+                                const uint8_t *xc = j->xc + (g * j->n_tokens + t0) * j->xc_row;
+                                float *y = j->y + t0 * j->y_stride + n;
+
+                                if (j->xc_kind == XC_BF16)
+                                        quant_gemm_bf16(j->w + n * j->row_bytes, j->row_bytes, n1 - n,
+                                                        j->k, (const uint16_t *) xc, j->xc_row / 2, nt,
+                                                        y, j->y_stride);
+                                else
+                                        quant_gemm_q8(j->type, j->w + n * j->row_bytes, j->row_bytes,
+                                                      n1 - n, j->k, xc, j->xc_row, nt, y, j->y_stride);
+                                n = n1;
+                        }
+                }
+                return;
+        }
 
         if (j->n_tokens <= MATMUL_FUSED_MAX_TOKENS && matmul_rows_fused(j, begin, end))
                 return;
@@ -244,6 +278,22 @@ struct matmul_set {
         struct matmul_job jobs[MATMUL_MAX_JOBS];
         size_t n_jobs, n_rows;
         uint64_t work; /* multiply-adds queued */
+        /* the fast numerics (X4_CPU_MATH_FAST): the inputs of BF16 products rounded to bf16
+         * (with the CPU's BF16 dot) and of IQ4_NL / Q8_0 / Q6_K products to q8 blocks (with
+         * AVX-512), converted before the hand-off into xc_cap bytes (NULL: the reference) */
+        uint8_t *xc;
+        size_t xc_cap;
+        bool fast_bf16, fast_q8;
+        size_t xc_rows; /* input rows to convert in this set */
+        struct xc_conv {
+                const float *x;
+                size_t x_stride, group_stride, n_tokens, k, n_groups;
+                uint8_t kind;
+                uint8_t *dst;
+                size_t row;   /* bytes a converted row */
+                size_t first; /* its first row in the set's xc_rows */
+        } conv[MATMUL_MAX_JOBS];
+        size_t n_conv;
 };
 
 static void matmul_set_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
@@ -301,10 +351,96 @@ static uint64_t par_min_work(struct x4_backend *b) {
         return threadpool_handoff_cheap(b->pool) ? CPU_PARALLEL_MIN_WORK_SPIN : CPU_PARALLEL_MIN_WORK;
 }
 
+/* Fast numerics: convert the set's input rows [begin, end), in conv order. */
+static void matmul_convert_rows(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct matmul_set *s = ctx;
+
+        (void) thread;
+        for (size_t i = 0; i < s->n_conv && begin < end; i++) {
+                const struct xc_conv *c = &s->conv[i];
+
+                for (; begin < end && begin < c->first + c->n_groups * c->n_tokens; begin++) {
+                        size_t r = begin - c->first, g = r / c->n_tokens, t = r % c->n_tokens;
+                        const float *x = c->x + g * c->group_stride + t * c->x_stride;
+
+                        if (c->kind == XC_BF16)
+                                quant_round_bf16(x, c->k, (uint16_t *) (c->dst + r * c->row));
+                        else
+                                quant_q8_quantize(x, c->k, c->dst + r * c->row);
+                }
+        }
+}
+
+/* Fast numerics: the kind of product a job takes (XC_NONE: the fp32 reference). */
+static uint8_t matmul_fast_kind(const struct matmul_set *s, const struct matmul_job *j) {
+        if (s->fast_bf16 && j->type == GGML_TYPE_BF16)
+                return XC_BF16;
+        if (s->fast_q8 && quant_q8_supported(j->type) && j->k % 32 == 0 &&
+            (j->type != GGML_TYPE_Q6_K || j->k % QK_K == 0))
+                return XC_Q8;
+        return XC_NONE;
+}
+
+/* Fast numerics: give every job of a fast kind its converted inputs (a job with the previous
+ * one's inputs and kind, e.g. q_a and kv_a, gate and up, shares them), converted by the pool
+ * when there are many. */
+static void matmul_prepare_fast(struct x4_backend *b) {
+        struct matmul_set *s = b->mm;
+        const struct matmul_job *prev = NULL;
+        size_t used = 0, values = 0;
+
+        s->n_conv = s->xc_rows = 0;
+        for (size_t i = 0; i < s->n_jobs; i++) {
+                struct matmul_job *j = &s->jobs[i];
+                size_t n_groups = (j->n_rows + j->rows_per_group - 1) / j->rows_per_group;
+                uint8_t kind = matmul_fast_kind(s, j);
+
+                if (kind == XC_NONE)
+                        continue;
+                j->xc_kind = kind;
+                j->xc_row = kind == XC_BF16 ? j->k * sizeof(uint16_t) : quant_q8_row_bytes(j->k);
+                if (prev && prev->xc_kind == kind && prev->x == j->x &&
+                    prev->x_stride == j->x_stride && prev->n_tokens == j->n_tokens &&
+                    prev->k == j->k && prev->rows_per_group == j->rows_per_group &&
+                    prev->group_stride == j->group_stride && prev->n_rows == j->n_rows) {
+                        j->xc = prev->xc;
+                        prev = j;
+                        continue;
+                }
+                /* sized at create (work_alloc) for two of the largest workspace arrays */
+                assert(used + n_groups * j->n_tokens * j->xc_row <= s->xc_cap);
+                s->conv[s->n_conv++] = (struct xc_conv) {
+                        .x = j->x,
+                        .x_stride = j->x_stride,
+                        .group_stride = j->group_stride,
+                        .n_tokens = j->n_tokens,
+                        .k = j->k,
+                        .n_groups = n_groups,
+                        .kind = kind,
+                        .dst = s->xc + used,
+                        .row = j->xc_row,
+                        .first = s->xc_rows,
+                };
+                j->xc = s->xc + used;
+                used += n_groups * j->n_tokens * j->xc_row;
+                s->xc_rows += n_groups * j->n_tokens;
+                values += n_groups * j->n_tokens * j->k;
+                prev = j;
+        }
+        if (s->xc_rows == 0)
+                return;
+        if (values < par_min_work(b))
+                matmul_convert_rows(s, 0, s->xc_rows, 0);
+        else
+                threadpool_run(b->pool, s->xc_rows, matmul_convert_rows, s);
+}
+
 /* Run the queued products and empty the set. */
 static void matmul_run(struct x4_backend *b) {
         if (b->mm->n_rows == 0)
                 return;
+        if (b->mm->xc)
+                matmul_prepare_fast(b);
         if (b->mm->work < par_min_work(b))
                 matmul_set_rows(b->mm, 0, b->mm->n_rows, 0);
         else
@@ -1110,9 +1246,11 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         };
 
         *bytes = 0;
+        size_t largest = 0;
         for (size_t i = 0; i < ELEMENTSOF(f); i++) {
                 if (f[i].p == &w->gate || f[i].p == &w->up)
                         f[i].n = T * ff;
+                largest = MAX(largest, f[i].n);
                 if (f[i].n == 0)
                         continue;
                 *f[i].p = calloc(f[i].n, sizeof(float));
@@ -1133,6 +1271,19 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
                         return -ENOMEM;
         }
         b->mm->panel = w->panel;
+        if (b->fast_bf16 || b->fast_q8) {
+                /* a set's inputs are at most two workspace arrays (the routed experts' gathered
+                 * rows and the shared expert's input): room for two of the largest as bf16 (2
+                 * bytes a value; a q8 row takes 1 + 4/32 bytes a value, plus at most 63 of
+                 * padding: below 2 for the rows of 64 values and more that the model has) */
+                b->mm->fast_bf16 = b->fast_bf16;
+                b->mm->fast_q8 = b->fast_q8;
+                b->mm->xc_cap = 2 * largest * sizeof(uint16_t);
+                b->mm->xc = calloc(b->mm->xc_cap, 1);
+                if (!b->mm->xc)
+                        return -ENOMEM;
+                *bytes += b->mm->xc_cap;
+        }
         *bytes += (uint64_t) nt * MATMUL_PANEL * kmax * sizeof(float);
         for (unsigned i = 0; i < nt; i++) {
                 w->scores[i] = calloc(nh * ctx, sizeof(float));
@@ -1151,6 +1302,8 @@ static void cpu_destroy(struct x4_backend *b) {
                 work_free(&b->work, threadpool_size(b->pool));
         threadpool_free(b->pool);
         free(b->cache);
+        if (b->mm)
+                free(b->mm->xc);
         free(b->mm);
         free(b);
 }
@@ -1306,6 +1459,15 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
         b->route_trace_userdata = params->route_trace_userdata;
         b->row_width = c->kv_lora_rank + c->qk_rope;
         b->mtp = params->mtp;
+        if (params->cpu_math > X4_CPU_MATH_FAST)
+                return log_error_errno(EINVAL, "cpu backend: numerics %u unknown, %u (fp32) or %u (fast) expected",
+                                       params->cpu_math, X4_CPU_MATH_FP32, X4_CPU_MATH_FAST);
+        b->fast_bf16 = params->cpu_math == X4_CPU_MATH_FAST && quant_bf16_dot_available();
+        b->fast_q8 = params->cpu_math == X4_CPU_MATH_FAST && quant_q8_dot_available();
+        if (params->cpu_math == X4_CPU_MATH_FAST && !b->fast_bf16 && !b->fast_q8)
+                log_warning("cpu backend: fast numerics asked, but this CPU has no AVX-512: every product keeps the fp32 reference");
+        else if (params->cpu_math == X4_CPU_MATH_FAST && !b->fast_bf16)
+                log_info("cpu backend: fast numerics: this CPU has no BF16 dot instruction (AVX512_BF16), so BF16 products keep the fp32 reference");
         b->n_cache_layers = c->n_layer + (b->mtp ? 1u : 0u);
         b->page_floats = (size_t) b->n_cache_layers * b->page_tokens * b->row_width;
         page_bytes = b->page_floats * sizeof(float);

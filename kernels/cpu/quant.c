@@ -9,6 +9,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -845,6 +846,461 @@ AVX512_TARGET static void softmax_avx512(float *s, size_t n, float scale) {
         softmax_body(s, n, scale);
 }
 
+/* ---- the fast numerics' BF16 products (quant.h): vdpbf16ps, AVX512_BF16 only ---- */
+#define AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")))
+
+/* A register tile of NR rows × NT inputs; the k % 32 tail as zero-filled pairs (0·0 adds +0). */
+AVX512BF16_TARGET static inline __attribute__((always_inline)) void
+bf16_tile(const int NR, const int NT, const uint8_t *w, size_t rb, size_t k, const uint16_t *x,
+          size_t xs, float *y, size_t ys) {
+        __m512 acc[4][4];
+        const size_t kv = k - k % 32;
+
+        UNROLL for (int r = 0; r < NR; r++)
+                UNROLL for (int t = 0; t < NT; t++)
+                        acc[r][t] = _mm512_setzero_ps();
+        for (size_t i = 0; i < kv; i += 32) {
+                __m512i wv[4], xv[4];
+
+                UNROLL for (int r = 0; r < NR; r++) {
+                        const uint16_t *h = (const uint16_t *) (w + r * rb) + i;
+                        _mm_prefetch((const char *) h + GEMV_PREFETCH, _MM_HINT_T0);
+                        wv[r] = _mm512_loadu_si512(h);
+                }
+                UNROLL for (int t = 0; t < NT; t++)
+                        xv[t] = _mm512_loadu_si512(x + t * xs + i);
+                UNROLL for (int r = 0; r < NR; r++)
+                        UNROLL for (int t = 0; t < NT; t++)
+                                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh) wv[r], (__m512bh) xv[t]);
+        }
+        if (kv < k) {
+                const __mmask32 m = (__mmask32) ((1ull << (k - kv)) - 1);
+                __m512i wv[4], xv[4];
+
+                UNROLL for (int r = 0; r < NR; r++)
+                        wv[r] = _mm512_maskz_loadu_epi16(m, (const uint16_t *) (w + r * rb) + kv);
+                UNROLL for (int t = 0; t < NT; t++)
+                        xv[t] = _mm512_maskz_loadu_epi16(m, x + t * xs + kv);
+                UNROLL for (int r = 0; r < NR; r++)
+                        UNROLL for (int t = 0; t < NT; t++)
+                                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh) wv[r], (__m512bh) xv[t]);
+        }
+        UNROLL for (int r = 0; r < NR; r++)
+                UNROLL for (int t = 0; t < NT; t++) {
+                        float a[16];
+                        _mm512_storeu_ps(a, acc[r][t]);
+                        y[t * ys + r] = lanes_reduce(a);
+                }
+}
+
+/* Tiles of 4 rows × 4 inputs, rows outer; the edges in 4 × 1 and 1 × 4 (or 1 × 1) tiles, which
+ * never change an output's own order. */
+AVX512BF16_TARGET static void gemm_bf16_avx512(const void *w, size_t rb, size_t R, size_t k,
+                                               const uint16_t *x, size_t xs, size_t T, float *y,
+                                               size_t ys) {
+        for (size_t r = 0; r < R; r += 4) {
+                size_t nr = MIN((size_t) 4, R - r);
+                const uint8_t *wr = (const uint8_t *) w + r * rb;
+
+                for (size_t t = 0; t < T; t += 4) {
+                        size_t nt = MIN((size_t) 4, T - t);
+                        const uint16_t *xt = x + t * xs;
+                        float *yt = y + r + t * ys;
+
+                        if (nr == 4 && nt == 4)
+                                bf16_tile(4, 4, wr, rb, k, xt, xs, yt, ys);
+                        else if (nr == 4)
+                                for (size_t u = 0; u < nt; u++)
+                                        bf16_tile(4, 1, wr, rb, k, xt + u * xs, xs, yt + u * ys, ys);
+                        else
+                                for (size_t q = 0; q < nr; q++)
+                                        for (size_t u = 0; u < nt; u++)
+                                                bf16_tile(1, 1, wr + q * rb, rb, k, xt + u * xs, xs,
+                                                          yt + q + u * ys, ys);
+                }
+        }
+}
+
+static bool cpu_has_avx512_bf16(void);
+#endif
+
+static bool bf16_dot_off; /* quant_set_simd below level 2 */
+static bool q8_vnni_off;  /* tests: quant_q8_set_vnni(false) */
+
+bool quant_bf16_dot_available(void) {
+#ifdef HAVE_X86_SIMD
+        /* cpuid once (in a VM it traps: tens of microseconds); 0 unknown, 1 no, 2 yes */
+        static int has;
+        int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+
+        if (!h) {
+                h = cpu_has_avx512_bf16() ? 2 : 1;
+                __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+        }
+        return !__atomic_load_n(&bf16_dot_off, __ATOMIC_RELAXED) && h == 2;
+#else
+        return false;
+#endif
+}
+
+static void round_bf16_generic(const float *x, size_t n, uint16_t *xb) {
+        for (size_t i = 0; i < n; i++)
+                xb[i] = quant_f32_to_bf16(x[i]);
+}
+
+/* The instruction's arithmetic, portably (the definition; tests and CPUs without it): per lane
+ * and pair, the odd element's product is added first, then the even one's, each a fused
+ * multiply-add rounded to nearest even, with bf16 subnormal inputs read as zero and subnormal
+ * results flushed to zero (as vdpbf16ps does, whatever MXCSR says). */
+static inline float bf16_daz(uint16_t h) {
+        return (h & 0x7f80) == 0 ? 0.0f * bf16_to_f32(h) : bf16_to_f32(h);
+}
+
+static inline float f32_ftz(float f) {
+        uint32_t u = f32_bits(f);
+        return (u & 0x7f800000) == 0 ? f32_from_bits(u & 0x80000000) : f;
+}
+
+static float bf16_dot_ref(const uint16_t *w, const uint16_t *x, size_t k) {
+        float acc[16] = { 0 };
+
+        for (size_t c = 0; c < k; c += 32)
+                for (int l = 0; l < 16; l++)
+                        for (int e = 1; e >= 0; e--) {
+                                size_t i = c + 2 * (size_t) l + (size_t) e;
+                                if (i < k)
+                                        acc[l] = f32_ftz(fmaf(bf16_daz(w[i]), bf16_daz(x[i]), acc[l]));
+                                else /* the zero-filled tail: +0·+0 */
+                                        acc[l] = f32_ftz(acc[l] + 0.0f);
+                        }
+        return lanes_reduce(acc);
+}
+
+void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const uint16_t *xb,
+                     size_t xb_stride, size_t T, float *y, size_t y_stride) {
+#ifdef HAVE_X86_SIMD
+        if (quant_bf16_dot_available()) {
+                gemm_bf16_avx512(w, row_bytes, R, k, xb, xb_stride, T, y, y_stride);
+                return;
+        }
+#endif
+        for (size_t t = 0; t < T; t++)
+                for (size_t r = 0; r < R; r++)
+                        y[t * y_stride + r] = bf16_dot_ref(
+                                (const uint16_t *) ((const uint8_t *) w + r * row_bytes),
+                                xb + t * xb_stride, k);
+}
+
+/* ---- the fast numerics' integer products (quant.h): the portable definition ---- */
+bool quant_q8_supported(uint32_t type) {
+        return type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q6_K;
+}
+
+size_t quant_q8_row_bytes(size_t k) {
+        return (k + k / 32 * sizeof(float) + 63) & ~(size_t) 63;
+}
+
+static void q8_quantize_generic(const float *x, size_t k, void *row) {
+        int8_t *q = row;
+        float *dx = (float *) ((uint8_t *) row + k);
+
+        assert(k % 32 == 0);
+        for (size_t b = 0; b < k / 32; b++) {
+                const float *xb = x + 32 * b;
+                float amax = 0.0f;
+
+                for (int i = 0; i < 32; i++) {
+                        float a = xb[i] < 0 ? -xb[i] : xb[i];
+                        amax = a > amax ? a : amax;
+                }
+                float id = amax > 0 ? 127.0f / amax : 0.0f;
+                dx[b] = amax / 127.0f;
+                for (int i = 0; i < 32; i++) {
+                        float v = nearbyintf(xb[i] * id);
+                        q[32 * b + i] = (int8_t) (v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+                }
+        }
+}
+
+/* Block b (32 values) of a row: its integer weights, the 8 groups' integer scales, its scale d. */
+static void q8_block_ref(uint32_t type, const uint8_t *row, size_t b, int8_t w[32], int32_t sc[8],
+                         float *d) {
+        for (int g = 0; g < 8; g++)
+                sc[g] = 1;
+        switch (type) {
+        case GGML_TYPE_IQ4_NL: {
+                const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
+                *d = fp16_to_f32(blk->d);
+                for (int j = 0; j < 16; j++) {
+                        w[j] = quant_iq4nl_values[blk->qs[j] & 0xf];
+                        w[j + 16] = quant_iq4nl_values[blk->qs[j] >> 4];
+                }
+                break;
+        }
+        case GGML_TYPE_Q8_0: {
+                const struct block_q8_0 *blk = (const struct block_q8_0 *) row + b;
+                *d = fp16_to_f32(blk->d);
+                memcpy(w, blk->qs, 32);
+                break;
+        }
+        default: { /* Q6_K */
+                const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8;
+                int8_t q[QK_K];
+                size_t s0 = 2 * (b % 8);
+                q6k_unpack(blk, q);
+                memcpy(w, q + 32 * (b % 8), 32);
+                *d = fp16_to_f32(blk->d);
+                for (int g = 0; g < 8; g++)
+                        sc[g] = blk->scales[q6k_scale_index((int) (s0 + (size_t) g / 4))];
+                break;
+        }
+        }
+}
+
+static float q8_dot_ref(uint32_t type, const uint8_t *row, size_t k, const uint8_t *xq) {
+        const int8_t *q = (const int8_t *) xq;
+        const float *dx = (const float *) (xq + k);
+        float acc[16] = { 0 };
+
+        for (size_t b = 0; b < k / 32; b++) {
+                int8_t w[32];
+                int32_t sc[8];
+                float d;
+
+                q8_block_ref(type, row, b, w, sc, &d);
+                for (int g = 0; g < 8; g++) {
+                        int32_t L = 0;
+                        for (int i = 4 * g; i < 4 * g + 4; i++)
+                                L += (int32_t) w[i] * q[32 * b + i];
+                        float s = (d * (float) sc[g]) * dx[b];
+                        acc[(b % 2) * 8 + g] = fmaf((float) L, s, acc[(b % 2) * 8 + g]);
+                }
+        }
+        return lanes_reduce(acc);
+}
+
+static void gemm_q8_generic(uint32_t type, const void *w, size_t rb, size_t R, size_t k,
+                            const void *xq, size_t xs, size_t T, float *y, size_t ys) {
+        for (size_t t = 0; t < T; t++)
+                for (size_t r = 0; r < R; r++)
+                        y[t * ys + r] = q8_dot_ref(type, (const uint8_t *) w + r * rb, k,
+                                                   (const uint8_t *) xq + t * xs);
+}
+
+#ifdef HAVE_X86_SIMD
+/* The same sums with AVX-512: two blocks (64 values) a register. The integer products, exact
+ * either way: with VNNI, vpdpbusd on the weights + 128 as unsigned bytes, its accumulator started
+ * at -128·Σq of each group (one vpdpbusd a pair of blocks, shared by the rows); without, the sign
+ * trick (|w| times q with w's sign, maddubs then madd: pairs of at most 2·128·127 fit int16). Then
+ * per lane fma((float) L, (d·sc)·dx, acc) as in the portable definition. */
+#define Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
+#define Q8_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")))
+
+/* lanes 0-7 take element 0 of v, lanes 8-15 element 1 */
+#define Q8_PAIR_PS(v)                                                                              \
+        _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),    \
+                              _mm512_castps128_ps512(v))
+
+/* NR rows × NT inputs. Per pair of blocks and row: the weights (VNNI: w + 128; else |w| and the
+ * mask of w < 0) and the scales dsc = d·sc a lane; per input: q, its dx pair, (VNNI) the
+ * groups' -128·Σq, then per row the integer groups and one fma a lane. */
+#define Q8_TILE_BODY(VNNI)                                                                         \
+        const __m512i zero = _mm512_setzero_si512();                                               \
+        const __m512i ones = _mm512_set1_epi16(1);                                                 \
+        const __m512i b128 = _mm512_set1_epi8((char) 0x80);                                        \
+        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *) (VNNI ? q8_book_u8 : (const uint8_t *) quant_iq4nl_values))); \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                 \
+        const __m512i lohi = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);                           \
+        const __m512i grp4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);     \
+        const size_t nb = k / 32;                                                                  \
+        __m512 acc[4][4];                                                                          \
+        (void) ones, (void) b128, (void) zero;                                                     \
+                                                                                                   \
+        UNROLL for (int r = 0; r < NR; r++)                                                        \
+                UNROLL for (int t = 0; t < NT; t++)                                                \
+                        acc[r][t] = _mm512_setzero_ps();                                           \
+                                                                                                   \
+        __m256i v6[4][4]; /* Q6_K: the half super-block of each row, decoded once */            \
+        for (size_t b = 0; b < nb; b += 2) {                                                       \
+                const int has2 = b + 1 < nb;                                                       \
+                __m512i a[4];                                                                      \
+                __mmask64 neg[4];                                                                  \
+                __m512 dsc[4];                                                                     \
+                (void) neg;                                                                        \
+                UNROLL for (int r = 0; r < NR; r++) {                                              \
+                        const uint8_t *row = w + r * rb;                                           \
+                        __m512i wv;                                                                \
+                        if (type == GGML_TYPE_IQ4_NL) {                                            \
+                                const struct block_iq4_nl *b0 = (const struct block_iq4_nl *) row + b; \
+                                _mm_prefetch((const char *) b0 + GEMV_PREFETCH, _MM_HINT_T0);      \
+                                __m128i q0 = _mm_loadu_si128((const __m128i *) b0->qs);            \
+                                __m128i q1 = has2 ? _mm_loadu_si128((const __m128i *) b0[1].qs) : _mm_setzero_si128(); \
+                                __m256i q01 = _mm256_set_m128i(q1, q0);                            \
+                                __m256i lo = _mm256_and_si256(q01, m4);                            \
+                                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q01, 4), m4);      \
+                                wv = _mm512_shuffle_epi8(book, _mm512_permutex2var_epi64(          \
+                                        _mm512_castsi256_si512(lo), lohi, _mm512_castsi256_si512(hi))); \
+                                uint32_t dd = (uint32_t) b0->d | (has2 ? (uint32_t) b0[1].d << 16 : 0); \
+                                dsc[r] = Q8_PAIR_PS(_mm_cvtph_ps(_mm_cvtsi32_si128((int) dd)));    \
+                        } else if (type == GGML_TYPE_Q8_0) {                                       \
+                                const struct block_q8_0 *b0 = (const struct block_q8_0 *) row + b; \
+                                _mm_prefetch((const char *) b0 + GEMV_PREFETCH, _MM_HINT_T0);      \
+                                __m256i w0 = _mm256_loadu_si256((const __m256i *) b0->qs);         \
+                                __m256i w1 = has2 ? _mm256_loadu_si256((const __m256i *) b0[1].qs) : _mm256_setzero_si256(); \
+                                wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);        \
+                                if (VNNI)                                                          \
+                                        wv = _mm512_xor_si512(wv, b128);                           \
+                                uint32_t dd = (uint32_t) b0->d | (has2 ? (uint32_t) b0[1].d << 16 : 0); \
+                                dsc[r] = Q8_PAIR_PS(_mm_cvtph_ps(_mm_cvtsi32_si128((int) dd)));    \
+                        } else { /* Q6_K: blocks b, b + 1 are runs 2(b%8) .. 2(b%8) + 3 */         \
+                                const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8; \
+                                const int n = (int) (b % 8) / 4, jp = (int) (b % 4);               \
+                                int32_t s4;                                                        \
+                                if (b % 8 == 0)                                                    \
+                                        for (int c = 0; c < 4; c++)                                \
+                                                _mm_prefetch((const char *) blk + GEMV_PREFETCH + 64 * c, _MM_HINT_T0); \
+                                if (jp == 0)                                                       \
+                                        q6k_half_avx512(blk->ql + 64 * n, blk->qh + 32 * n, v6[r]);\
+                                wv = _mm512_inserti64x4(_mm512_castsi256_si512(v6[r][jp]), v6[r][jp + 1], 1); \
+                                if (VNNI)                                                          \
+                                        wv = _mm512_xor_si512(wv, b128);                           \
+                                memcpy(&s4, blk->scales + 8 * n + 2 * jp, 4);                      \
+                                dsc[r] = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(blk->d)),          \
+                                                       _mm512_cvtepi32_ps(_mm512_permutexvar_epi32( \
+                                                               grp4, _mm512_cvtepi8_epi32(_mm_cvtsi32_si128(s4))))); \
+                        }                                                                          \
+                        if (!has2) /* the missing block: weight 0 (VNNI: 0 + 128), scale 0 */      \
+                                wv = _mm512_mask_mov_epi8(wv, 0xffffffff00000000ull, VNNI ? b128 : zero); \
+                        if (VNNI) {                                                                \
+                                a[r] = wv; /* IQ4_NL's book is already + 128 */                    \
+                        } else {                                                                   \
+                                a[r] = _mm512_abs_epi8(wv);                                        \
+                                neg[r] = _mm512_movepi8_mask(wv);                                  \
+                        }                                                                          \
+                }                                                                                  \
+                UNROLL for (int t = 0; t < NT; t++) {                                              \
+                        const uint8_t *xr = xq + t * xs;                                           \
+                        const float *dxp = (const float *) (xr + k) + b;                           \
+                        __m512i xv = has2 ? _mm512_loadu_si512(xr + 32 * b) :                      \
+                                            _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *) (xr + 32 * b))); \
+                        __m512 dxv = Q8_PAIR_PS(has2 ? _mm_castpd_ps(_mm_load_sd((const double *) dxp)) : _mm_load_ss(dxp)); \
+                        __m512i corr = zero;                                                       \
+                        if (VNNI) /* -128·Σq a group */                                            \
+                                corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, b128, xv)); \
+                        UNROLL for (int r = 0; r < NR; r++) {                                      \
+                                __m512i p;                                                         \
+                                if (VNNI)                                                          \
+                                        p = _mm512_dpbusd_epi32(corr, a[r], xv);                   \
+                                else                                                               \
+                                        p = _mm512_madd_epi16(_mm512_maddubs_epi16(a[r],           \
+                                                _mm512_mask_sub_epi8(xv, neg[r], zero, xv)), ones); \
+                                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),                 \
+                                                            _mm512_mul_ps(dsc[r], dxv), acc[r][t]); \
+                        }                                                                          \
+                }                                                                                  \
+        }                                                                                          \
+        UNROLL for (int r = 0; r < NR; r++)                                                        \
+                UNROLL for (int t = 0; t < NT; t++) {                                              \
+                        float l[16];                                                               \
+                        _mm512_storeu_ps(l, acc[r][t]);                                            \
+                        y[t * ys + r] = lanes_reduce(l);                                           \
+                }
+
+/* the IQ4_NL codebook + 128, as unsigned bytes (VNNI's unsigned operand) */
+static const uint8_t q8_book_u8[16] = { 1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241 };
+
+Q8_TARGET static inline __attribute__((always_inline)) void
+q8_tile(const int NR, const int NT, uint32_t type, const uint8_t *w, size_t rb, size_t k,
+        const uint8_t *xq, size_t xs, float *y, size_t ys) {
+        Q8_TILE_BODY(0)
+}
+
+Q8_VNNI_TARGET static inline __attribute__((always_inline)) void
+q8_tile_vnni(const int NR, const int NT, uint32_t type, const uint8_t *w, size_t rb, size_t k,
+             const uint8_t *xq, size_t xs, float *y, size_t ys) {
+        Q8_TILE_BODY(1)
+}
+
+/* Decode (one input): 4 rows share it; batches: tiles of 2 rows × 4 inputs (edges 2 × 1, 1 × 4,
+ * 1 × 1), which never change an output's own order. */
+#define Q8_GEMM_BODY(TILE)                                                                         \
+        const uint8_t *W = w, *X = xq;                                                             \
+        if (T == 1) {                                                                              \
+                size_t r = 0;                                                                      \
+                for (; r + 4 <= R; r += 4)                                                         \
+                        TILE(4, 1, type, W + r * rb, rb, k, X, xs, y + r, ys);                     \
+                for (; r < R; r++)                                                                 \
+                        TILE(1, 1, type, W + r * rb, rb, k, X, xs, y + r, ys);                     \
+                return;                                                                            \
+        }                                                                                          \
+        for (size_t r = 0; r < R; r += 2) {                                                        \
+                size_t nr = MIN((size_t) 2, R - r);                                                \
+                for (size_t t = 0; t < T; t += 4) {                                                \
+                        size_t nt = MIN((size_t) 4, T - t);                                        \
+                        const uint8_t *xt = X + t * xs;                                            \
+                        float *yt = y + r + t * ys;                                                \
+                        if (nr == 2 && nt == 4)                                                    \
+                                TILE(2, 4, type, W + r * rb, rb, k, xt, xs, yt, ys);               \
+                        else if (nr == 2)                                                          \
+                                for (size_t u = 0; u < nt; u++)                                    \
+                                        TILE(2, 1, type, W + r * rb, rb, k, xt + u * xs, xs, yt + u * ys, ys); \
+                        else if (nt == 4)                                                          \
+                                TILE(1, 4, type, W + r * rb, rb, k, xt, xs, yt, ys);               \
+                        else                                                                       \
+                                for (size_t u = 0; u < nt; u++)                                    \
+                                        TILE(1, 1, type, W + r * rb, rb, k, xt + u * xs, xs, yt + u * ys, ys); \
+                }                                                                                  \
+        }
+
+Q8_TARGET static void gemm_q8_avx512(uint32_t type, const void *w, size_t rb, size_t R, size_t k,
+                                     const void *xq, size_t xs, size_t T, float *y, size_t ys) {
+        Q8_GEMM_BODY(q8_tile)
+}
+
+Q8_VNNI_TARGET static void gemm_q8_vnni(uint32_t type, const void *w, size_t rb, size_t R, size_t k,
+                                        const void *xq, size_t xs, size_t T, float *y, size_t ys) {
+        Q8_GEMM_BODY(q8_tile_vnni)
+}
+
+/* The conversions with AVX-512, the portable code's bits: round to nearest even on the bit
+ * pattern for bf16 (NaN kept quiet), and for q8 the same division, product and rounding
+ * (vcvtps2dq under the default round-to-nearest-even). */
+Q8_TARGET static void round_bf16_avx512(const float *x, size_t n, uint16_t *xb) {
+        const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+        const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+        size_t i = 0;
+
+        for (; i + 16 <= n; i += 16) {
+                __m512i u = _mm512_loadu_si512(x + i);
+                __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+                __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+                r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+                _mm256_storeu_si256((__m256i *) (xb + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+        }
+        for (; i < n; i++)
+                xb[i] = quant_f32_to_bf16(x[i]);
+}
+
+Q8_TARGET static void q8_quantize_avx512(const float *x, size_t k, void *row) {
+        int8_t *q = row;
+        float *dx = (float *) ((uint8_t *) row + k);
+        for (size_t b = 0; b < k / 32; b++) {
+                __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+                float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+                float id = amax > 0 ? 127.0f / amax : 0.0f;
+                __m512 idv = _mm512_set1_ps(id);
+                dx[b] = amax / 127.0f;
+                __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, idv)));
+                __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, idv)));
+                _mm_storeu_si128((__m128i *) (q + 32 * b), q0);
+                _mm_storeu_si128((__m128i *) (q + 32 * b + 16), q1);
+        }
+}
+
+static bool cpu_has_avx512_vnni(void);
+#endif
+
+#ifdef HAVE_X86_SIMD
 static const struct quant_impl impl_avx2 = { "avx2", dequant_rows_avx2, gemm_avx2,
                                              weighted_rows_avx2, NULL, softmax_avx2 };
 static const struct quant_impl impl_avx512 = { "avx512", dequant_rows_avx512, gemm_avx512,
@@ -861,6 +1317,14 @@ static bool cpu_has_avx2_f16c(void) {
 static bool cpu_has_avx512(void) {
         return cpu_has_avx2_f16c() && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+static bool cpu_has_avx512_bf16(void) {
+        return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
+static bool cpu_has_avx512_vnni(void) {
+        return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
 }
 #endif
 
@@ -949,5 +1413,61 @@ const char *quant_set_simd(int level) {
         const struct quant_impl *i = impl_best(level);
 
         __atomic_store_n(&impl_cur, i, __ATOMIC_RELAXED);
+        __atomic_store_n(&bf16_dot_off, level < 2, __ATOMIC_RELAXED);
         return i->name;
+}
+
+bool quant_q8_dot_available(void) {
+#ifdef HAVE_X86_SIMD
+        return impl_get() == &impl_avx512;
+#else
+        return false;
+#endif
+}
+
+void quant_gemm_q8(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+                   const void *xq, size_t xq_stride, size_t T, float *y, size_t y_stride) {
+        assert(quant_q8_supported(type) && k % 32 == 0 && (type != GGML_TYPE_Q6_K || k % QK_K == 0));
+#ifdef HAVE_X86_SIMD
+        if (quant_q8_dot_available()) {
+                /* cpuid once (it traps in a VM); 0 unknown, 1 no VNNI, 2 VNNI */
+                static int vnni;
+                int v = __atomic_load_n(&vnni, __ATOMIC_RELAXED);
+                if (!v) {
+                        v = cpu_has_avx512_vnni() ? 2 : 1;
+                        __atomic_store_n(&vnni, v, __ATOMIC_RELAXED);
+                }
+                if (v == 2 && !q8_vnni_off)
+                        gemm_q8_vnni(type, w, row_bytes, R, k, xq, xq_stride, T, y, y_stride);
+                else
+                        gemm_q8_avx512(type, w, row_bytes, R, k, xq, xq_stride, T, y, y_stride);
+                return;
+        }
+#endif
+        gemm_q8_generic(type, w, row_bytes, R, k, xq, xq_stride, T, y, y_stride);
+}
+
+void quant_q8_set_vnni(bool on) {
+        __atomic_store_n(&q8_vnni_off, !on, __ATOMIC_RELAXED);
+}
+
+void quant_round_bf16(const float *x, size_t n, uint16_t *xb) {
+#ifdef HAVE_X86_SIMD
+        if (impl_get() == &impl_avx512) {
+                round_bf16_avx512(x, n, xb);
+                return;
+        }
+#endif
+        round_bf16_generic(x, n, xb);
+}
+
+void quant_q8_quantize(const float *x, size_t k, void *row) {
+        assert(k % 32 == 0);
+#ifdef HAVE_X86_SIMD
+        if (impl_get() == &impl_avx512) {
+                q8_quantize_avx512(x, k, row);
+                return;
+        }
+#endif
+        q8_quantize_generic(x, k, row);
 }

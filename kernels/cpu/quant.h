@@ -84,6 +84,52 @@ float quant_dot_f32(const float *w, const float *x, size_t n);
  * checked at load; asserts otherwise). Same bits as dequantizing the row and quant_dot_f32. */
 float quant_dot_row(uint32_t type, const void *row, const float *x, size_t n);
 
+/* ---- The fast CPU numerics (x4_backend_params.cpu_math = X4_CPU_MATH_FAST, `--cpu-math fast`)
+ * BF16 weights times activations rounded to bf16 (round to nearest even), on the CPU's BF16 dot
+ * instruction (AVX512_BF16's vdpbf16ps: two bf16 products a lane, added to an fp32 lane with round
+ * to nearest even, denormals flushed). An output over k values has 16 lanes; lane l sums the pairs
+ * (32c + 2l, 32c + 2l + 1) for c ascending, the tail of k % 32 values in zero-filled pairs, and the
+ * lanes meet in the tree of the reference order. So the order depends only on k: never on threads,
+ * the batch or the tiling. Only where the instruction exists (quant_bf16_dot_available()): other
+ * CPUs keep the fp32 reference for every product. */
+bool quant_bf16_dot_available(void);
+
+/* xb[i] = x[i] rounded to bf16 (round to nearest even; quant_f32_to_bf16) for i < n. */
+void quant_round_bf16(const float *x, size_t n, uint16_t *xb);
+
+/* y[t·y_stride + r] = w[r] · xb[t] for r < R rows of a BF16 matrix (row_bytes apart, k values) and
+ * t < T bf16 inputs (xb_stride values apart), in the order above. Only when
+ * quant_bf16_dot_available(). */
+void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const uint16_t *xb,
+                     size_t xb_stride, size_t T, float *y, size_t y_stride);
+
+/* The fast numerics' integer products: IQ4_NL, Q8_0 and Q6_K weights times activations rounded
+ * to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
+ * values, then k/32 fp32 scales; block b's scale is dx_b = max|x| / 127 and q_i = x_i · (127 /
+ * max|x|) rounded to nearest even (0 for an all-zero block).
+ *
+ * An output w · x sums each 32-value block b in integers: 8 groups of 4 consecutive values, group
+ * g's value L = Σ w_i·q_i (w the block's integer weights: the IQ4_NL codebook entries, the Q8_0
+ * values, the Q6_K values less 32), exact in int32. Then lane (b mod 2)·8 + g becomes
+ * fma((float) L, (d_b·sc_g)·dx_b, lane) (d_b the block's fp16 scale, a Q6_K super-block's d; sc_g
+ * the Q6_K 16-value sub-block scale of the group, else 1; d_b·sc_g is exact; one fused multiply-add,
+ * rounded once), b ascending, and the 16 lanes meet in the tree of the reference order. The order
+ * depends only on k: every variant (portable, AVX-512 with or without VNNI) gives the same bits,
+ * for any thread count, batch or tiling. */
+bool quant_q8_supported(uint32_t type);
+size_t quant_q8_row_bytes(size_t k);
+void quant_q8_quantize(const float *x, size_t k, void *row);
+/* Whether the integer products have a SIMD kernel here (AVX-512BW): the fast numerics use them
+ * only then (the portable code is the definition, and for tests). */
+bool quant_q8_dot_available(void);
+/* y[t·y_stride + r] = w[r] · xq[t] for r < R rows of a stored matrix of a quant_q8_supported type
+ * (row_bytes apart, k values each) and t < T q8 rows (xq_stride bytes apart). */
+void quant_gemm_q8(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+                   const void *xq, size_t xq_stride, size_t T, float *y, size_t y_stride);
+/* Tests: false keeps the AVX-512 integer products off VNNI (the sign-trick variant) on a CPU
+ * that has it. */
+void quant_q8_set_vnni(bool on);
+
 /* Tests and benchmarks: 0 forces the portable kernels, 1 at most AVX2, 2 the best the CPU has.
  * Returns the name of the variant now in use ("portable", "avx2", "avx512"). Not for use while
  * other threads compute. */

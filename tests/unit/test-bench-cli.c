@@ -227,6 +227,25 @@ static void test_cpu_refusals(void **state) {
         assert_string_equal(err, "x4-bench: --decode-prefill-max: '255' is not an integer >= 256\n");
         assert_int_equal(bench(NULL, "--decode-prefill-max 4k", out, sizeof out, err, sizeof err), 1);
         assert_string_equal(err, "x4-bench: --decode-prefill-max: '4k' is not an integer >= 256\n");
+        assert_int_equal(bench(NULL, "--cpu-math q8", out, sizeof out, err, sizeof err), 1);
+        assert_string_equal(err, "x4-bench: --cpu-math: 'q8', fp32 or fast expected\n");
+}
+
+/* --cpu-math fast: the backend's fast numerics, named in every JSON line and the table header;
+ * the default (fp32) in the JSON lines only */
+static void test_cpu_math(void **state) {
+        char out[16384], err[4096];
+
+        (void) state;
+        assert_int_equal(bench(NULL, "--prefill 16 --decode-ctx 32 --batch 1 --decode-tokens 2 --repeats 1 --cpu-math fast",
+                               out, sizeof out, err, sizeof err), 0);
+        assert_non_null(strstr(out, "\"what\":\"prefill\",\"tokens\":16,"));
+        assert_non_null(strstr(out, "\"cpu_math\":\"fast\"}\n"));
+        assert_null(strstr(out, "\"cpu_math\":\"fp32\""));
+        assert_non_null(strstr(out, "  cpu-math fast\n"));
+        assert_int_equal(bench(NULL, "--prefill 16 --decode-ctx none --repeats 1", out, sizeof out, err, sizeof err), 0);
+        assert_non_null(strstr(out, "\"cpu_math\":\"fp32\"}\n"));
+        assert_null(strstr(out, "cpu-math fast"));
 }
 
 static void test_cpu_profile_unsupported(void **state) {
@@ -508,7 +527,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_logits_cache),
                 cmocka_unit_test(test_cpu_decode_prefill_copy),
-                cmocka_unit_test(test_cpu_refusals),
+                cmocka_unit_test(test_cpu_refusals), cmocka_unit_test(test_cpu_math),
                 cmocka_unit_test(test_grammar_mask),
                 cmocka_unit_test(test_cpu_mtp_prompt),
                 cmocka_unit_test(test_cpu_profile_unsupported),

@@ -5,7 +5,9 @@
  * the rows of a one-batch prefill (prefill and decode share one absorbed attention code path),
  * for a sequence continued from copied / written-back cache pages, and with each ISA variant of
  * the kernels (portable, AVX2, AVX-512; decode steps on the fused kernels). Plus the refusals,
- * asserted by their messages. Runs on the xing4-tiny-a fixture. */
+ * asserted by their messages. Runs on the xing4-tiny-a fixture, in the fp32 reference numerics or
+ * (X4_TEST_CPU_MATH=fast) the fast ones, whose portable definitions stand in for the AVX-512 and
+ * BF16-dot kernels in the ISA test. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -86,8 +88,13 @@ static int setup(void **state) {
         assert_int_equal(x4_model_open(&mp, &f->model, NULL, 0), 0);
         f->n_vocab = x4_model_config(f->model)->n_vocab;
         assert_int_equal(x4_backend_get("cpu", &f->ops, NULL, 0), 0);
+        /* X4_TEST_CPU_MATH=fast (meson's cpu-invariance-fast): the same bits contract for the
+         * fast numerics */
+        const char *math = getenv("X4_TEST_CPU_MATH");
         struct x4_backend_params bp = { .n_threads = 1, .page_tokens = PAGE_TOKENS,
-                                        .n_pages = N_PAGES, .cache_type = X4_CACHE_F32 };
+                                        .n_pages = N_PAGES, .cache_type = X4_CACHE_F32,
+                                        .cpu_math = math && !strcmp(math, "fast") ? X4_CPU_MATH_FAST :
+                                                                                    X4_CPU_MATH_FP32 };
         assert_int_equal(f->ops->create(f->model, &bp, &f->b1, NULL, 0), 0);
         bp.n_threads = 2;
         assert_int_equal(f->ops->create(f->model, &bp, &f->b2, NULL, 0), 0);

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include <cmocka.h>
 #include <errno.h>
 #include <float.h>
@@ -482,6 +483,227 @@ static void test_gemv(void **state) {
         free(panel);
 }
 
+/* The fast numerics' q8 activations: per 32-value block, dx = max|x| / 127 and q = x·127/max|x|
+ * rounded to nearest even; an all-zero block has dx 0 and q 0. */
+static void test_q8_quantize(void **state) {
+        float x[64];
+        _Alignas(64) uint8_t row[192];
+
+        (void) state;
+        assert_int_equal(quant_q8_row_bytes(64), 128);
+        assert_int_equal(quant_q8_row_bytes(3584), 4032);
+        for (int i = 0; i < 32; i++)
+                x[i] = (float) (i - 16) / 16.0f; /* max |x| = 1 */
+        for (int i = 32; i < 64; i++)
+                x[i] = 0.0f;
+        quant_q8_quantize(x, 64, row);
+        const int8_t *q = (const int8_t *) row;
+        const float *dx = (const float *) (row + 64);
+        assert_true(dx[0] == 1.0f / 127.0f);
+        assert_true(dx[1] == 0.0f);
+        for (int i = 0; i < 32; i++)
+                assert_int_equal(q[i], (int) rint((double) x[i] * 127.0));
+        for (int i = 32; i < 64; i++)
+                assert_int_equal(q[i], 0);
+
+        /* every variant converts to the same bytes: q8 rows (blocks of wide and tiny ranges) and
+         * bf16 (random bit patterns: NaN, infinities, subnormals, ties) */
+        enum { K = 1024 };
+        static float xs[K];
+        static uint8_t rows[2][4096];
+        static uint16_t bf[2][K + 7];
+        for (int i = 0; i < K; i++)
+                xs[i] = rndf() * ldexpf(1.0f, (int) (rnd() % 40) - 20);
+        for (int v = 0; v < 2; v++) {
+                quant_set_simd(v ? 2 : 0);
+                quant_q8_quantize(xs, K, rows[v]);
+        }
+        assert_memory_equal(rows[0], rows[1], quant_q8_row_bytes(K));
+        for (int i = 0; i < K; i++)
+                xs[i] = float_of((uint32_t) rnd());
+        for (int v = 0; v < 2; v++) {
+                quant_set_simd(v ? 2 : 0);
+                quant_round_bf16(xs, K - 3, bf[v]); /* a tail past the 16-value runs */
+        }
+        for (int i = 0; i < K - 3; i++)
+                assert_int_equal(bf[1][i], quant_f32_to_bf16(xs[i]));
+        assert_memory_equal(bf[0], bf[1], (K - 3) * sizeof(uint16_t));
+        quant_set_simd(2);
+}
+
+/* The documented q8 order (quant.h), written independently from dequantized weights: integer
+ * group sums of 4, one fma a group with (d·sc)·dx, lane (b mod 2)·8 + g, the tree. Weights: the
+ * dequantization's integers recovered as value / (d·sc) (exact: the dequantized value d·sc·q is
+ * exact in fp32 for these formats). */
+static float documented_q8_dot(uint32_t type, const void *row, size_t k, const uint8_t *xq) {
+        float *wf = malloc(k * sizeof *wf), acc[16] = { 0 }, s8[8], s4[4];
+        const int8_t *q = (const int8_t *) xq;
+        const float *dx = (const float *) (xq + k);
+
+        assert_int_equal(quant_dequantize_row(type, row, wf, k), 0);
+        for (size_t b = 0; b < k / 32; b++) {
+                float d;
+                if (type == GGML_TYPE_IQ4_NL)
+                        d = quant_fp16_to_f32(((const struct block_iq4_nl *) row)[b].d);
+                else if (type == GGML_TYPE_Q8_0)
+                        d = quant_fp16_to_f32(((const struct block_q8_0 *) row)[b].d);
+                else
+                        d = quant_fp16_to_f32(((const struct block_q6_k *) row)[b / 8].d);
+                for (int g = 0; g < 8; g++) {
+                        int32_t L = 0, sc = 1;
+                        if (type == GGML_TYPE_Q6_K) { /* the group's 16-value run scale */
+                                const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8;
+                                int run = (int) (2 * (b % 8)) + g / 4;
+                                sc = blk->scales[8 * (run / 8) + (run % 2) + 2 * ((run % 8) / 2)];
+                        }
+                        /* the integer weight: value / (d·sc), exact; with d·sc = 0 the group
+                         * adds ±0, which changes no lane (a lane starts at +0) */
+                        for (int i = 4 * g; i < 4 * g + 4 && (double) d * sc != 0; i++) {
+                                double wi = (double) wf[32 * b + i] / ((double) d * sc);
+                                assert_true(wi == rint(wi));
+                                L += (int32_t) wi * q[32 * b + i];
+                        }
+                        float sg = (d * (float) sc) * dx[b];
+                        acc[(b % 2) * 8 + g] = fmaf((float) L, sg, acc[(b % 2) * 8 + g]);
+                }
+        }
+        free(wf);
+        for (int i = 0; i < 8; i++)
+                s8[i] = acc[i] + acc[i + 8];
+        for (int i = 0; i < 4; i++)
+                s4[i] = s8[i] + s8[i + 4];
+        return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* The integer products: every variant (AVX-512 where the CPU has it, the portable code) gives
+ * the documented order's bits for every input of a batch of 1-6 (the tiles change, the order
+ * does not), odd block counts included; and the result is within a q8 bound of the fp32 product. */
+static void test_gemm_q8(void **state) {
+        static const uint32_t types[] = { GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K };
+        static const size_t ks[] = { 32, 96, 256, 512 };
+        const size_t R = 7, T = 6;
+
+        (void) state;
+        for (size_t ti = 0; ti < ELEMENTSOF(types); ti++)
+                for (size_t ki = 0; ki < ELEMENTSOF(ks); ki++) {
+                        const uint32_t type = types[ti];
+                        const size_t k = ks[ki], xs = quant_q8_row_bytes(k);
+                        if (type == GGML_TYPE_Q6_K && k % 256)
+                                continue;
+                        uint64_t rb = 0;
+                        assert_int_equal(ggml_row_bytes(type, k, &rb), 0);
+                        uint8_t *w = malloc(R * rb), *xq = malloc(T * xs);
+                        float *x = malloc(T * k * sizeof *x), *panel = malloc(R * k * sizeof *panel);
+                        float want[6][7], y[6 * 7], f32[6 * 7];
+                        for (size_t r = 0; r < R; r++) {
+                                void *row = random_row(type, k);
+                                memcpy(w + r * rb, row, rb);
+                                free(row);
+                        }
+                        for (size_t i = 0; i < T * k; i++)
+                                x[i] = rndf() * (float) (1 + i % 7);
+                        for (size_t t = 0; t < T; t++) {
+                                quant_q8_quantize(x + t * k, k, xq + t * xs);
+                                for (size_t r = 0; r < R; r++)
+                                        want[t][r] = documented_q8_dot(type, w + r * rb, k, xq + t * xs);
+                        }
+                        quant_dequantize_rows(type, w, rb, R, k, panel);
+                        quant_gemm_f32(panel, R, k, x, k, T, f32, R);
+                        for (size_t li = 0; li <= ELEMENTSOF(simd_levels); li++) {
+                                /* the last round: AVX-512 without VNNI where the CPU has it */
+                                const char *v = quant_set_simd(simd_levels[li % ELEMENTSOF(simd_levels)]);
+                                quant_q8_set_vnni(li < ELEMENTSOF(simd_levels));
+                                if (li == ELEMENTSOF(simd_levels))
+                                        v = quant_set_simd(2);
+                                for (size_t nt = 1; nt <= T; nt++) {
+                                        quant_gemm_q8(type, w, rb, R, k, xq, xs, nt, y, R);
+                                        for (size_t t = 0; t < nt; t++)
+                                                for (size_t r = 0; r < R; r++)
+                                                        if (bits_of(y[t * R + r]) != bits_of(want[t][r]))
+                                                                fail_msg("%s k %zu %s batch %zu: input %zu row %zu: %a, documented %a",
+                                                                         ggml_type_name(type), k, v, nt, t, r,
+                                                                         y[t * R + r], want[t][r]);
+                                }
+                        }
+                        quant_set_simd(2);
+                        quant_q8_set_vnni(true);
+                        /* q8 rounding: each product term is off by at most |w|·dx/2, so the sum by
+                         * at most Σ|w_i|·dx_b/2 (plus fp32 rounding): checked against that bound */
+                        for (size_t t = 0; t < T; t++)
+                                for (size_t r = 0; r < R; r++) {
+                                        double bound = 1e-5 * fabs(f32[t * R + r]);
+                                        const float *dx = (const float *) (xq + t * xs + k);
+                                        for (size_t i = 0; i < k; i++)
+                                                bound += fabs((double) panel[r * k + i]) * dx[i / 32] * 0.5;
+                                        assert_true(fabs((double) want[t][r] - f32[t * R + r]) <= bound);
+                                }
+                        free(w);
+                        free(xq);
+                        free(x);
+                        free(panel);
+                }
+}
+
+/* The BF16 products: the CPU's instruction (where it has one) and the portable definition give
+ * the same bits, on ordinary values and on random bit patterns (subnormals, huge values; no
+ * NaN), for k around the 32-value chunk, and every input of a batch the bits it has alone. */
+static void test_gemm_bf16(void **state) {
+        static const size_t ks[] = { 7, 32, 50, 96, 100, 512 };
+        const size_t R = 9, T = 5;
+        bool hw = (quant_set_simd(2), quant_bf16_dot_available());
+
+        (void) state;
+        for (size_t ki = 0; ki < ELEMENTSOF(ks); ki++)
+                for (int pattern = 0; pattern < 2; pattern++) {
+                        const size_t k = ks[ki];
+                        uint16_t *w = malloc(R * k * 2), *x = malloc(T * k * 2);
+                        float y[2][5 * 9], one[9];
+                        for (size_t i = 0; i < R * k; i++) {
+                                w[i] = pattern ? (uint16_t) rnd() : quant_f32_to_bf16(rndf());
+                                if ((w[i] & 0x7f80) == 0x7f80) /* no inf / NaN */
+                                        w[i] &= 0xbfff;
+                        }
+                        for (size_t i = 0; i < T * k; i++) {
+                                x[i] = pattern ? (uint16_t) rnd() : quant_f32_to_bf16(rndf());
+                                if ((x[i] & 0x7f80) == 0x7f80)
+                                        x[i] &= 0xbfff;
+                        }
+                        for (int level = 0; level < 2; level++) {
+                                quant_set_simd(level ? 2 : 0);
+                                quant_gemm_bf16(w, k * 2, R, k, x, k, T, y[level], R);
+                                for (size_t t = 0; t < T; t++) {
+                                        quant_gemm_bf16(w, k * 2, R, k, x + t * k, k, 1, one, 1);
+                                        for (size_t r = 0; r < R; r++)
+                                                if (bits_of(one[r]) != bits_of(y[level][t * R + r]) &&
+                                                    !(isnan(one[r]) && isnan(y[level][t * R + r])))
+                                                        fail_msg("k %zu input %zu row %zu: alone %a, in a batch %a",
+                                                                 k, t, r, one[r], y[level][t * R + r]);
+                                }
+                        }
+                        for (size_t i = 0; i < R * T; i++)
+                                if (bits_of(y[0][i]) != bits_of(y[1][i]) && !(isnan(y[0][i]) && isnan(y[1][i])))
+                                        fail_msg("k %zu pattern %d output %zu: portable %a, %s %a", k, pattern, i,
+                                                 y[0][i], hw ? "vdpbf16ps" : "portable", y[1][i]);
+                        if (!pattern) /* ordinary values: near the double-precision sum */
+                                for (size_t t = 0; t < T; t++)
+                                        for (size_t r = 0; r < R; r++) {
+                                                double ref = 0, mag = 0;
+                                                for (size_t i = 0; i < k; i++) {
+                                                        double p = (double) quant_bf16_to_f32(w[r * k + i]) *
+                                                                   quant_bf16_to_f32(x[t * k + i]);
+                                                        ref += p;
+                                                        mag += fabs(p);
+                                                }
+                                                assert_true(fabs(y[0][t * R + r] - ref) <= 1e-6 * mag + 1e-30);
+                                        }
+                        free(w);
+                        free(x);
+                }
+        quant_set_simd(2);
+        print_message("BF16 products: %s\n", hw ? "vdpbf16ps and the portable definition agree" :
+                                                  "no BF16 dot instruction here: the portable definition only");
+}
+
 /* Attention's softmax: within a few float ulp of the double-precision softmax (including the
  * scores far below the max), the same bits in every ISA variant, for lengths around the 16 lanes. */
 static void test_softmax(void **state) {
@@ -557,6 +779,8 @@ int main(void) {
                 cmocka_unit_test(test_bad_rows),    cmocka_unit_test(test_dot),
                 cmocka_unit_test(test_gemm),        cmocka_unit_test(test_weighted_rows),
                 cmocka_unit_test(test_gemv),        cmocka_unit_test(test_softmax),
+                cmocka_unit_test(test_q8_quantize), cmocka_unit_test(test_gemm_q8),
+                cmocka_unit_test(test_gemm_bf16),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
