@@ -19,6 +19,53 @@
 
 
 /* The text of a string or an array of text blocks; other block types are refused by name. */
+/* Blocks the model cannot read, as text it can: an image or a binary document becomes a note that
+ * it was there (clients resend the whole history, so refusing one screenshot a tool returned would
+ * fail every later turn of the conversation); a text document, a search result its text. 1 when
+ * the block was one of those (appended to out), 0 when not, -1 out of memory. */
+static int unreadable_block(json_t *b, const char *type, struct sbuf *out) {
+        json_t *src = json_object_get(b, "source");
+        const char *media = json_string_value(json_object_get(src, "media_type"));
+        const char *stype = json_string_value(json_object_get(src, "type"));
+        char note[160];
+        int n;
+
+        if (streq(type, "image") || streq(type, "document")) {
+                json_t *data = json_object_get(src, "data");
+                if (streq(type, "document") && streq(stype, "text") && json_is_string(data)) {
+                        if (out->len > 0 && sbuf_add(out, "\n", 1) < 0)
+                                return -1;
+                        return sbuf_add_text(out, json_string_value(data), json_string_length(data)) < 0 ? -1 : 1;
+                }
+                n = snprintf(note, sizeof note, "[%s omitted%s%.60s: this model reads text only]", type,
+                             media ? ": " : "", media ? media : "");
+        } else if (streq(type, "search_result")) {
+                const char *title = json_string_value(json_object_get(b, "title"));
+                json_t *c = json_object_get(b, "content"), *t;
+                size_t i;
+                if (title && ((out->len > 0 && sbuf_add(out, "\n", 1) < 0) ||
+                              sbuf_add_text(out, title, strlen(title)) < 0))
+                        return -1;
+                json_array_foreach(c, i, t) {
+                        json_t *tx = json_object_get(t, "text");
+                        if (json_is_string(tx) && ((out->len > 0 && sbuf_add(out, "\n", 1) < 0) ||
+                                                   sbuf_add_text(out, json_string_value(tx), json_string_length(tx)) < 0))
+                                return -1;
+                }
+                return 1;
+        } else if (streq(type, "container_upload")) {
+                n = snprintf(note, sizeof note, "[file upload omitted: this model reads text only]");
+        } else if (streq(type, "server_tool_use") || streq(type, "web_search_tool_result") ||
+                   streq(type, "web_fetch_tool_result") || streq(type, "code_execution_tool_result") ||
+                   streq(type, "mcp_tool_use") || streq(type, "mcp_tool_result")) {
+                return 1; /* another server's tool turn: nothing this model ran or can read */
+        } else
+                return 0;
+        if (out->len > 0 && sbuf_add(out, "\n", 1) < 0)
+                return -1;
+        return sbuf_add(out, note, (size_t) n) < 0 ? -1 : 1;
+}
+
 static int blocks_text(json_t *v, const char *param, struct sbuf *out, struct api_error *e) {
         if (json_is_string(v))
                 return sbuf_add_text(out, json_string_value(v), json_string_length(v)) < 0 ? OOM(e) : 0;
@@ -32,10 +79,16 @@ static int blocks_text(json_t *v, const char *param, struct sbuf *out, struct ap
                 const char *type = json_string_value(json_object_get(b, "type"));
                 if (!json_is_object(b) || !type)
                         return api_bad(e, p, "an object with a \"type\" expected");
-                if (!streq(type, "text"))
+                if (!streq(type, "text")) {
+                        int u = unreadable_block(b, type, out);
+                        if (u < 0)
+                                return OOM(e);
+                        if (u > 0)
+                                continue;
                         return api_fail(e, 400, "invalid_request_error", "unsupported_content_type", p,
                                         "%s: content block type \"%s\" is not supported here; the model reads "
-                                        "\"text\" blocks only", p, type);
+                                        "\"text\" blocks (images and documents become a note)", p, type);
+                }
                 json_t *t = json_object_get(b, "text");
                 if (!json_is_string(t))
                         return api_bad(e, p, "\"text\" must be a string");
@@ -63,15 +116,7 @@ static int conv_push(json_t *conv, const char *role, struct sbuf *text, const ch
         return json_array_append_new(conv, m);
 }
 
-static const char *const refused_blocks[] = { "image", "document", "search_result", "container_upload",
-                                              "server_tool_use", "web_search_tool_result" };
-
 static int refuse_block(const char *type, const char *p, struct api_error *e) {
-        for (size_t k = 0; k < ELEMENTSOF(refused_blocks); k++)
-                if (streq(type, refused_blocks[k]))
-                        return api_fail(e, 400, "invalid_request_error", "unsupported_content_type", p,
-                                        "%s: content block type \"%s\" is not supported; xing4d's model reads text "
-                                        "only (text, tool_use, tool_result and thinking blocks)", p, type);
         return api_bad(e, p, "unknown content block type \"%s\"", type);
 }
 
@@ -120,6 +165,13 @@ static int parse_user(json_t *content, size_t i, json_t *conv, json_t *names, st
                         if (conv_push(conv, "tool", &out, NULL, NULL, json_string_value(json_object_get(names, id))) < 0)
                                 return OOM(e);
                 } else {
+                        int u = unreadable_block(b, type, &text);
+                        if (u < 0) {
+                                free(text.s);
+                                return OOM(e);
+                        }
+                        if (u > 0)
+                                continue;
                         free(text.s);
                         return refuse_block(type, p, e);
                 }
@@ -151,12 +203,15 @@ static int parse_assistant(json_t *content, size_t i, json_t *conv, json_t *name
                                 ret = api_bad(e, p, "\"%s\" must be a string", th ? "thinking" : "text");
                                 break;
                         }
-                        if (sbuf_add_text(to, json_string_value(t), json_string_length(t)) < 0) {
+                        if ((to->len > 0 && sbuf_add(to, "\n", 1) < 0) ||
+                            sbuf_add_text(to, json_string_value(t), json_string_length(t)) < 0) {
                                 ret = OOM(e);
                                 break;
                         }
                 } else if (streq(type, "redacted_thinking")) {
                         continue; /* encrypted by another server: nothing this model can read */
+                } else if (unreadable_block(b, type, &text) != 0) {
+                        continue; /* a server tool's turn, or a note (out of memory: the text is short) */
                 } else if (streq(type, "tool_use")) {
                         const char *id = json_string_value(json_object_get(b, "id"));
                         const char *name = json_string_value(json_object_get(b, "name"));
@@ -333,8 +388,10 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                         if (!set)
                                 return api_bad(e, "thinking.budget_tokens", "required with \"type\": \"enabled\"");
                         x4_request_set_thinking_budget(r->req, (int32_t) iv);
+                } else if (streq(type, "adaptive")) {
+                        r->thinking = true; /* the model decides how long: no budget */
                 } else if (!streq(type, "disabled"))
-                        return api_bad(e, "thinking.type", "\"enabled\" or \"disabled\" expected");
+                        return api_bad(e, "thinking.type", "\"enabled\", \"adaptive\" or \"disabled\" expected");
         }
         x4_request_set_thinking(r->req, r->thinking);
 
@@ -399,15 +456,26 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                 return -1;
         /* structured outputs: {"type": "json_schema", "schema": {...}} */
         json_t *of = json_object_get(root, "output_format");
+        const char *of_name = "output_format";
+        json_t *oc = json_object_get(root, "output_config");
+        if (oc && !json_is_null(oc) && !json_is_object(oc))
+                return api_bad(e, "output_config", "an object expected, got %s", api_type_name(oc));
+        json_t *ocf = json_object_get(oc, "format");
+        if (ocf && !json_is_null(ocf)) { /* the released field; the beta one is output_format */
+                of = ocf;
+                of_name = "output_config.format";
+        }
         if (of && !json_is_null(of)) {
                 const char *type = json_string_value(json_object_get(of, "type"));
                 json_t *schema = json_object_get(of, "schema");
+                char sp[40];
+                snprintf(sp, sizeof sp, "%s.schema", of_name);
                 if (!json_is_object(of) || !streq(type, "json_schema"))
-                        return api_bad(e, "output_format", "{\"type\": \"json_schema\", \"schema\": {...}} expected");
+                        return api_bad(e, of_name, "{\"type\": \"json_schema\", \"schema\": {...}} expected");
                 if (!json_is_object(schema))
-                        return api_bad(e, "output_format.schema", "a JSON Schema object expected");
+                        return api_bad(e, sp, "a JSON Schema object expected");
                 if (r->forced_tool)
-                        return api_bad(e, "output_format", "a JSON answer cannot be combined with a forced tool call "
+                        return api_bad(e, of_name, "a JSON answer cannot be combined with a forced tool call "
                                        "(tool_choice)");
                 char *s = json_dumps(schema, JSON_COMPACT);
                 ret = !s || x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_SCHEMA, s) < 0 ? OOM(e) : 0;

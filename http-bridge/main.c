@@ -304,6 +304,8 @@ static void backend_readable(evutil_socket_t fd, short what, void *arg) {
         }
 }
 
+static void on_progress(uint64_t request_id, uint32_t done_tokens, uint32_t total_tokens, void *arg);
+
 /* Connect (and handshake) if not connected. A daemon that failed within the last second is not
  * retried, so a flood of requests to a dead socket does not stall the loop on connects. */
 static int backend_ensure(struct backend *be) {
@@ -316,6 +318,7 @@ static int backend_ensure(struct backend *be) {
         if (r < 0)
                 return r;
         x4_client_set_name(c, "xing4-http " BRIDGE_VERSION);
+        x4_client_set_progress_cb(c, on_progress);
         /* blocking calls here (health, stats, info) must not stall the loop for long */
         x4_client_set_timeouts(c, br.cfg.connect_timeout_ms, br.cfg.connect_timeout_ms);
         r = x4_client_connect(c, be->path);
@@ -533,11 +536,13 @@ static void stream_begin(struct job *j) {
         }
 }
 
-/* A streamed request's headers go out right away (SSE_HEADERS_MS: errors the daemon answers at
- * once still get their HTTP status), then a `: keep-alive` comment every sse-keepalive seconds
- * until the first token: a long prompt can prefill for minutes, and proxies drop a connection
- * that stays silent for 60-100 s. */
-#define SSE_HEADERS_MS 200
+/* A streamed request's 200 and its headers wait for a sign that the daemon took the prompt: its
+ * first chunk, or a prefill progress frame (the prompt was tokenized, fit the context and is
+ * being computed), so a refusal (a prompt over the context, a bad setting) keeps its HTTP status,
+ * which clients act on (OpenAI's 400 context_length_exceeded, Anthropic's "prompt is too long"),
+ * however long tokenizing took. Without either within sse-keepalive seconds (a request queued
+ * behind others) they go out anyway, with a `: keep-alive` comment then and every sse-keepalive
+ * seconds until the first token: proxies drop a connection that stays silent for 60-100 s. */
 static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
         struct job *j = arg;
         if (!j->req || j->got_first)
@@ -545,10 +550,20 @@ static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
         if (!j->headers_sent) {
                 sse_start(j->req);
                 j->headers_sent = true;
-        } else
-                sse_keepalive(j->req);
+        }
+        sse_keepalive(j->req);
         struct timeval tv = { br.cfg.sse_keepalive_s, 0 };
         evtimer_add(j->tick, &tv);
+}
+
+/* The daemon prefills the prompt: it was accepted, so a streamed request's headers can go. */
+static void on_progress(uint64_t request_id, uint32_t done_tokens, uint32_t total_tokens, void *arg) {
+        struct job *j = arg;
+        (void) request_id, (void) done_tokens, (void) total_tokens;
+        if (j && j->req && j->stream && !j->headers_sent && !j->got_first) {
+                sse_start(j->req);
+                j->headers_sent = true;
+        }
 }
 
 /* A finished tool call as OpenAI streams it: a first delta naming the call, then the arguments in
@@ -648,9 +663,21 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
 
 /* Messages, count_tokens and Responses. */
 static void ev_answer(struct job *j, const struct x4_done *d) {
-        if (d->status != X4_OK) {
+        /* Responses has a "cancelled" status for that; Messages none */
+        bool cancelled = d->finish_reason == X4_FINISH_CANCELLED && j->kind == API_MESSAGES;
+        if (d->status != X4_OK || cancelled) {
                 struct api_error e;
-                api_error_from_x4(&e, j->kind, d->status, d->error_message);
+                if (d->status != X4_OK)
+                        api_error_from_x4(&e, j->kind, d->status, d->error_message);
+                else
+                        /* cut short from elsewhere: an empty end_turn would read as "nothing to
+                         * say" to an agent, which then ends its turn; an error says the answer
+                         * is incomplete (499, as the OpenAI routes; SDKs do not retry it) */
+                        api_fail(&e, 499, "api_error", "request_cancelled", NULL,
+                                 "request %s: the generation was cancelled after %u tokens (by DELETE "
+                                 "/v1/requests/ID, x4ctl cancel or the daemon stopping); the answer is "
+                                 "incomplete",
+                                 j->idstr, d->completion_tokens);
                 if (j->headers_sent) {
                         struct evbuffer *b = evbuffer_new();
                         if (b) {
@@ -860,7 +887,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
                 return send_error(req, &e, endpoint);
         }
         if (j->stream && !j->done_early && (j->tick = evtimer_new(br.base, on_stream_tick, j))) {
-                struct timeval tv = { 0, SSE_HEADERS_MS * 1000 };
+                struct timeval tv = { br.cfg.sse_keepalive_s, 0 };
                 evtimer_add(j->tick, &tv);
         }
         j->be->inflight++;

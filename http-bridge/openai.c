@@ -128,12 +128,24 @@ void api_error_from_x4(struct api_error *e, enum api_kind kind, int st, const ch
         case X4_E_INVALID_ARGUMENT:
                 api_fail(e, 400, "invalid_request_error", param ? "invalid_value" : NULL, param, "%s", msg);
                 break;
-        case X4_E_TOO_LARGE:
+        case X4_E_TOO_LARGE: {
+                /* Anthropic's wording, which clients match to compact or trim a conversation
+                 * (Claude Code, LiteLLM): "prompt is too long: N tokens > M maximum" */
+                unsigned n, limit;
+                if ((kind == API_MESSAGES || kind == API_COUNT_TOKENS) &&
+                    sscanf(msg, "prompt of %u tokens leaves no room for output in the context limit of %u",
+                           &n, &limit) == 2 && limit > 0) {
+                        api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                                 "prompt is too long: %u tokens > %u maximum (the model's context is %u tokens, "
+                                 "at least one of them for the answer)", n, limit - 1, limit);
+                        break;
+                }
                 api_fail(e, 400, "invalid_request_error", "context_length_exceeded",
                          param ? param : kind == API_COMPLETION ? "prompt" : kind == API_RESPONSES ? "input"
                                                                                              : "messages",
                          "%s", msg);
                 break;
+        }
         case X4_E_RESOURCE_EXHAUSTED:
                 api_fail(e, 400, "invalid_request_error", "context_length_exceeded", param, "%s", msg);
                 break;

@@ -19,6 +19,9 @@ What it answers depends on the request:
   - last user message "error-internal": Error{INTERNAL} at once
   - last user message "error-invalid": Error{INVALID_ARGUMENT}
   - last user message "slow-N": nothing for N seconds (a long prefill), then as below
+  - last user message "late-invalid": after 1.5 s, Error{INVALID_ARGUMENT} "prompt of ... leaves no
+    room ..." (a long prompt's tokenization, then the context refusal)
+  - last user message "progress-2": a PrefillProgress frame, 2 s of silence, then as below
   - anything else: reasoning "Let me think.", content "Hello" + ", world", finish stop,
     usage 7 prompt / 3 cached / 3 completion / 1 reasoning
 Every GenerateRequest is appended (decoded) to --record as a JSON line.
@@ -36,7 +39,7 @@ import time
 # ---- protobuf wire format: the tests' one codec, tests/integration/x4wire.py -----------------------
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from x4wire import (CANCEL, CHUNK, DONE, ERROR, GENERATE, HEALTH, HEALTH_REPLY,  # noqa: E402,F401
+from x4wire import (CANCEL, CHUNK, DONE, ERROR, GENERATE, HEALTH, HEALTH_REPLY, PROGRESS,  # noqa: E402,F401
                     HELLO, HELLO_REPLY, INFO, INFO_REPLY, STATS, STATS_REPLY, parse, varint)
 from x4wire import field_bytes as fb  # noqa: E402
 from x4wire import field_varint as fv  # noqa: E402
@@ -48,7 +51,7 @@ def s(m, k, default=""):
 
 CONTENT, REASONING, TOOL_CALL = 0, 1, 2
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_TOOL_CALLS = 1, 2, 3, 4
-E_INVALID, E_INTERNAL = 1, 7
+E_INVALID, E_TOO_LARGE, E_INTERNAL = 1, 4, 7
 WAIT_CANCEL = "wait-cancel"  # script step: wait up to N s for a Cancel; one ends it with Done{CANCELLED}
 
 MODEL = fb(1, "xing4_0") + fb(2, "fake xing4d") + fb(3, "fake-fingerprint") + fv(4, 512) + fv(5, 4096)
@@ -219,6 +222,15 @@ class Conn(threading.Thread):
                     last = msgs[-1].get("content", "")
                     if isinstance(last, str) and last.startswith("slow-"):
                         time.sleep(float(last[5:]))
+                        req["messages"][-1]["content"] = "hi"
+                    if last == "late-invalid":
+                        time.sleep(1.5)
+                        self.send(rid, ERROR, error(E_TOO_LARGE, "prompt of 300000 tokens leaves no room for "
+                                                    "output in the context limit of 262144 tokens"))
+                        continue
+                    if last == "progress-2":
+                        self.send(rid, PROGRESS, fv(1, 100) + fv(2, 1000))
+                        time.sleep(2)
                         req["messages"][-1]["content"] = "hi"
                     for field, body in script(req):
                         if field == WAIT_CANCEL:

@@ -151,12 +151,9 @@ def test_output_format_json_schema(fake, fake_bridge):
     (msg(stop_sequences=[""]), "stop_sequences", "entry 0"),
     (msg(thinking={"type": "enabled"}), "thinking", "thinking.budget_tokens: required"),
     (msg(thinking={"type": "enabled", "budget_tokens": 0}), "thinking", "budget_tokens"),
-    (msg(thinking={"type": "sometimes"}), "thinking", "thinking.type"),
+    (msg(thinking={"type": "sometimes"}), "thinking", "thinking.type: \"enabled\", \"adaptive\" or \"disabled\""),
     (msg(system=5), "system", "system: a string or an array"),
-    (msg(system=[{"type": "image"}]), "system", "system[0]: content block type \"image\""),
-    (msg([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]),
-     "image", "messages[0].content[0]: content block type \"image\" is not supported"),
-    (msg([{"type": "document", "source": {}}]), "document", "\"document\" is not supported"),
+    (msg(system=[{"type": "hologram"}]), "system", "system[0]: content block type \"hologram\""),
     (msg([{"type": "hologram"}]), "unknown", "unknown content block type \"hologram\""),
     ({"model": "xing4", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "role",
      "messages[0].role: \"system\""),
@@ -167,6 +164,8 @@ def test_output_format_json_schema(fake, fake_bridge):
     (msg(tool_choice={"type": "any"}), "tool_choice", "needs a non-empty \"tools\""),
     (msg(tools=TOOLS, tool_choice={"type": "maybe"}), "tool_choice", "tool_choice.type"),
     (msg(output_format={"type": "json_schema"}), "output_format", "output_format.schema"),
+    (msg(output_config={"format": {"type": "nope"}}), "output_config", "output_config.format: {\"type\": \"json_schema\""),
+    (msg(output_config=3), "output_config", "output_config: an object expected"),
     (msg(metadata=[]), "metadata", "metadata: an object"),
 ])
 def test_bad_values_are_400_in_anthropic_shape(fake_bridge, body, field, part):
@@ -296,3 +295,49 @@ def test_message_start_reports_the_prompt_size(bridge):
         assert start["input_tokens"] == final["input_tokens"], (start, final)
         assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"], (start, final)
         assert start["output_tokens"] == 0
+
+
+def test_images_and_documents_become_notes(fake, fake_bridge):
+    """Clients resend the whole history: an image a tool returned (Claude Code's Read of a PNG) or
+    a pasted screenshot must not fail every later turn, so the model gets a note in its place; a
+    text document gets its text."""
+    img = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    content = [{"type": "text", "text": "look"}, img,
+               {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "doc body"}}]
+    body = {"model": "xing4", "max_tokens": 8, "messages": [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"p": "a.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "ok"}, img]}]}]}
+    st, _, out = post(fake_bridge, body)
+    assert st == 200, out
+    msgs = last_request(fake)["messages"]
+    assert msgs[0]["content"] == "look\n[image omitted: image/png: this model reads text only]\ndoc body"
+    assert msgs[2]["content"] == "ok\n[image omitted: image/png: this model reads text only]"
+
+
+def test_thinking_adaptive_and_output_config_format(fake, fake_bridge):
+    st, _, out = post(fake_bridge, msg(thinking={"type": "adaptive"}))
+    assert st == 200, out
+    r = last_request(fake)
+    assert r["enable_thinking"] is True and "thinking_budget" not in r, r
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    st, _, out = post(fake_bridge, msg("q", output_config={"format": {"type": "json_schema", "schema": schema}}))
+    assert st == 200, out
+    assert last_request(fake)["constraint"] == {"json_schema": schema}
+
+
+def test_a_generation_cancelled_elsewhere_is_an_error(fake_bridge):
+    """x4ctl cancel, DELETE /v1/requests/ID or the daemon stopping: not an empty end_turn (an agent
+    would end its turn on it) but an error in Anthropic's shape, also mid-stream."""
+    st, _, out = post(fake_bridge, msg("cancelled-elsewhere"))
+    assert_anthropic_error(st, out, 499, "api_error", "was cancelled after 1 tokens")
+    body = msg("cancelled-elsewhere")
+    body["stream"] = True
+    c = fake_bridge.conn()
+    c.request("POST", "/v1/messages", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    assert r.status == 200 and "event: error\n" in data, data
+    assert "message_stop" not in data and '"stop_reason":"end_turn"' not in data, data

@@ -350,8 +350,9 @@ def test_logprobs_without_alternatives_and_completions_logprobs(bridge):
         assert abs(max(top.values()) - lpv) < 1e-6
 
 
-def test_a_long_prefill_gets_headers_at_once_and_keep_alives(make_bridge, fake, tmp_path):
+def test_a_long_prefill_gets_headers_and_keep_alives(make_bridge, fake, tmp_path):
     # the fake daemon answers "slow-3" after 3 s of silence, as a long prompt's prefill would
+    # (sending no progress): the headers go out after sse-keepalive seconds with the first comment
     conf = tmp_path / "http.conf"
     conf.write_text("[xing4-http]\nsse-keepalive = 1\n")
     b = make_bridge([fake["socket"]], "--config", str(conf))
@@ -362,7 +363,7 @@ def test_a_long_prefill_gets_headers_at_once_and_keep_alives(make_bridge, fake, 
     r = c.getresponse()
     headers_s = time.monotonic() - t0
     assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
-    assert headers_s < 2, f"headers after {headers_s:.1f} s"
+    assert 0.8 < headers_s < 2, f"headers after {headers_s:.1f} s"
     data = r.read().decode()
     c.close()
     head, _, rest = data.partition("data: ")
@@ -395,3 +396,38 @@ def test_cancelled_non_streaming_request_is_an_error_not_finish_reason_cancelled
     st, _, body = out["r"]
     e = assert_openai_error(st, body, 499, "the generation was cancelled after ")
     assert e["code"] == "request_cancelled" and "the answer is incomplete" in e["message"], e
+
+
+def test_a_refusal_after_a_slow_tokenization_keeps_its_status(make_bridge, fake, tmp_path):
+    # "late-invalid": the daemon refuses the prompt after 1.5 s (a long prompt's tokenization, then
+    # "prompt of N tokens leaves no room"): a streamed request still gets the 400, not a 200 and an
+    # error event, since nothing said the prompt was taken
+    conf = tmp_path / "http.conf"
+    conf.write_text("[xing4-http]\nsse-keepalive = 5\n")
+    b = make_bridge([fake["socket"]], "--config", str(conf))
+    st, hdrs, body = b.post("/v1/chat/completions", chat("late-invalid", stream=True))
+    assert st == 400, (st, body)
+    assert body["error"]["code"] == "context_length_exceeded", body
+    st, hdrs, body = b.post("/v1/messages", {"model": "claude-x", "max_tokens": 8, "stream": True,
+                                             "messages": [{"role": "user", "content": "late-invalid"}]},
+                            headers={"anthropic-version": "2023-06-01"})
+    assert st == 400 and body["type"] == "error", (st, body)
+    assert body["error"]["message"].startswith("prompt is too long: "), body
+
+
+def test_prefill_progress_sends_the_headers(make_bridge, fake, tmp_path):
+    # "progress-2": a progress frame, then 2 s until the answer: the prompt was taken, so the
+    # headers go at the progress frame, well before sse-keepalive (5 s)
+    conf = tmp_path / "http.conf"
+    conf.write_text("[xing4-http]\nsse-keepalive = 5\n")
+    b = make_bridge([fake["socket"]], "--config", str(conf))
+    c = b.conn()
+    t0 = time.monotonic()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("progress-2", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    headers_s = time.monotonic() - t0
+    assert r.status == 200 and headers_s < 1.5, headers_s
+    data = r.read().decode()
+    c.close()
+    assert '"content":"Hello"' in data and data.endswith("data: [DONE]\n\n")

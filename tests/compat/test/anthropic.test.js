@@ -104,8 +104,8 @@ test('errors are the SDK\'s error classes with Anthropic\'s shape', async () => 
       && e.error.error.type === 'invalid_request_error' && /temperature: 3 is out of range/.test(e.message));
   await assert.rejects(
     client.messages.create({ model: 'claude-sonnet-4-5', max_tokens: 8,
-      messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }] }] }),
-    (e) => e instanceof Anthropic.BadRequestError && /"image" is not supported/.test(e.error.error.message));
+      messages: [{ role: 'user', content: [{ type: 'hologram' }] }] }),
+    (e) => e instanceof Anthropic.BadRequestError && /unknown content block type "hologram"/.test(e.error.error.message));
   await assert.rejects(
     client.messages.create({ model: 'gpt-4o', max_tokens: 8, messages: [{ role: 'user', content: 'x' }] }),
     (e) => e instanceof Anthropic.NotFoundError && e.error.error.type === 'not_found_error');
