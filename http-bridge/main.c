@@ -395,11 +395,36 @@ static void send_json(struct evhttp_request *req, int status, json_t *j, const c
         metrics_count_request(endpoint, status);
 }
 
-/* Which error shape the path answers in. */
+/* The request's path: the request-target up to '?' or '#'. Not evhttp's parsed path: it reads a
+ * target starting "//" ("//v1/chat/completions", what a base URL with a trailing slash joined to
+ * "/v1/..." gives) as an authority and drops the first segment. An absolute-form target
+ * ("http://host/v1/...") takes the parsed path. */
+static const char *request_path(struct evhttp_request *req, char *buf, size_t size) {
+        const char *raw = evhttp_request_get_uri(req);
+        if (!raw || raw[0] != '/') {
+                const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+                const char *p = uri ? evhttp_uri_get_path(uri) : NULL;
+                return p && *p ? p : "/";
+        }
+        size_t n = strcspn(raw, "?#");
+        if (n >= size)
+                n = size - 1;
+        memcpy(buf, raw, n);
+        buf[n] = 0;
+        return buf;
+}
+
+/* Which error shape the request answers in: Anthropic's on its paths, and for a client that says
+ * it speaks Anthropic's API (anthropic-version) on the shared ones (/v1/models). */
 static enum api_flavor flavor_of(struct evhttp_request *req) {
-        const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-        const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-        return path && strncmp(path, "/v1/messages", 12) == 0 ? FLAVOR_ANTHROPIC : FLAVOR_OPENAI;
+        char buf[512];
+        const char *path = request_path(req, buf, sizeof buf);
+        while (path[0] == '/' && path[1] == '/')
+                path++;
+        if (strncmp(path, "/v1/messages", 12) == 0)
+                return FLAVOR_ANTHROPIC;
+        return evhttp_find_header(evhttp_request_get_input_headers(req), "anthropic-version") ?
+                       FLAVOR_ANTHROPIC : FLAVOR_OPENAI;
 }
 
 static void send_error(struct evhttp_request *req, const struct api_error *e, const char *endpoint) {
@@ -1039,22 +1064,31 @@ static void handle_metrics(struct evhttp_request *req) {
 /* The index in api_keys of the key the request carries ("Authorization: Bearer KEY", or Anthropic's
  * "x-api-key: KEY"); 0 when no keys are configured, -1 when the key is missing or wrong. Every key
  * is compared, so the time does not say which one matched. */
+static int key_index(const char *key) {
+        int found = -1;
+        for (size_t i = 0; key && i < br.n_api_keys; i++)
+                if (secret_equal(br.api_keys[i], key))
+                        found = (int) i;
+        return found;
+}
+
+/* The index of the API key the request carries, in "Authorization: Bearer KEY" or "x-api-key:
+ * KEY" (either may hold it: the Anthropic SDK sends both when both of its variables are set), -1
+ * when neither does; 0 when no keys are configured. */
 static int authorized(struct evhttp_request *req) {
         if (br.n_api_keys == 0)
                 return 0;
         const struct evkeyvalq *in = evhttp_request_get_input_headers(req);
         const char *h = evhttp_find_header(in, "Authorization");
-        const char *key = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : evhttp_find_header(in, "x-api-key");
-        if (!key)
-                return -1;
-        /* RFC 9110: one or more spaces after the scheme */
-        if (h && key == h + 7)
-                while (*key == ' ')
-                        key++;
         int found = -1;
-        for (size_t i = 0; i < br.n_api_keys; i++)
-                if (secret_equal(br.api_keys[i], key))
-                        found = (int) i;
+        if (h && strncasecmp(h, "Bearer ", 7) == 0) {
+                const char *key = h + 7;
+                while (*key == ' ') /* RFC 9110: one or more spaces after the scheme */
+                        key++;
+                found = key_index(key);
+        }
+        if (found < 0)
+                found = key_index(evhttp_find_header(in, "x-api-key"));
         return found;
 }
 
@@ -1130,12 +1164,10 @@ static void handle_model(struct evhttp_request *req, const char *id) {
 }
 
 static void route(struct evhttp_request *req, void *arg) {
-        const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-        const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+        char pathbuf[2048];
+        const char *path = request_path(req, pathbuf, sizeof pathbuf);
         enum evhttp_cmd_type m = evhttp_request_get_command(req);
         struct api_error e;
-        if (!path)
-                path = "/";
         /* a base URL written with a trailing slash ("http://host:8000/v1/") joined by a client that
          * adds its own gives "/v1//chat/completions"; and "/v1/models/" is the same resource: repeated
          * slashes are collapsed and a trailing one dropped */

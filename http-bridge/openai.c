@@ -234,6 +234,13 @@ int api_get_sampling(json_t *o, const struct api_sampling_param *p, size_t n, x4
         for (size_t i = 0; i < n; i++) {
                 double v;
                 bool set;
+                json_t *x = json_object_get(o, p[i].key);
+                /* top_p 0 keeps only the most likely token (OpenAI and Anthropic accept [0, 1];
+                 * clients send 0 for greedy output): top_k 1 (an explicit top_k still wins) */
+                if (p[i].set == x4_request_set_top_p && json_is_number(x) && json_number_value(x) == 0) {
+                        x4_request_set_top_k(req, 1);
+                        continue;
+                }
                 if (api_get_number(o, p[i].key, p[i].lo, p[i].hi, p[i].lo_open, &v, &set, e) < 0)
                         return -1;
                 if (set)
@@ -375,13 +382,15 @@ static int content_text(json_t *content, size_t msg, struct sbuf *out, struct ap
                 const char *type = json_string_value(json_object_get(part, "type"));
                 if (!json_is_object(part) || !type)
                         return api_bad(e, param, "an object with a \"type\" expected");
-                if (strcmp(type, "text") != 0)
+                /* an assistant's refusal part (the SDKs replay it) is its text */
+                bool refusal = streq(type, "refusal");
+                if (strcmp(type, "text") != 0 && !refusal)
                         return api_fail(e, 400, "invalid_request_error", "unsupported_content_type", param,
                                         "%s: content part type \"%s\" is not supported; the model reads "
                                         "\"text\" parts only", param, type);
-                json_t *t = json_object_get(part, "text");
+                json_t *t = json_object_get(part, refusal ? "refusal" : "text");
                 if (!json_is_string(t))
-                        return api_bad(e, param, "\"text\" must be a string");
+                        return api_bad(e, param, "\"%s\" must be a string", refusal ? "refusal" : "text");
                 if (sbuf_add_text(out, json_string_value(t), json_string_length(t)) < 0)
                         return -1;
         }
@@ -740,6 +749,18 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                         return -1;
         }
         r->thinking = true; /* the daemon's default (docs/model.md §7: the generation prompt opens <think>) */
+        /* reasoning_effort: "none" / "minimal" turn the reasoning off (LiteLLM, Open WebUI and the
+         * SDKs send it for that); low to xhigh keep it, unbounded; chat_template_kwargs wins */
+        json_t *re = json_object_get(root, "reasoning_effort");
+        if (re && !json_is_null(re)) {
+                const char *v = json_string_value(re);
+                if (streq(v, "none") || streq(v, "minimal")) {
+                        r->thinking = false;
+                        x4_request_set_thinking(r->req, false);
+                } else if (!(streq(v, "low") || streq(v, "medium") || streq(v, "high") || streq(v, "xhigh")))
+                        return api_bad(e, "reasoning_effort", "\"none\", \"minimal\", \"low\", \"medium\", \"high\" or "
+                                       "\"xhigh\" expected");
+        }
         json_t *kw = json_object_get(root, "chat_template_kwargs");
         if (kw && !json_is_null(kw)) {
                 if (!json_is_object(kw))
@@ -789,7 +810,9 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
         if (!p)
                 return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "prompt",
                                 "prompt: required (a string)");
-        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        /* a batch of one prompt: ["text"] or [[ids]] (tiktoken-based clients send token lists) */
+        if (json_is_array(p) && json_array_size(p) == 1 &&
+            (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
                 p = json_array_get(p, 0);
         if (json_is_string(p)) {
                 struct sbuf text = { 0 };
@@ -831,8 +854,12 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
         if (echo)
                 return api_unsupported(e, "echo", "echoing the prompt");
         json_t *suffix = json_object_get(root, "suffix");
-        if (suffix && !json_is_null(suffix))
+        if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
                 return api_unsupported(e, "suffix", "a suffix (fill-in-the-middle)");
+        /* the legacy API's default output is 16 tokens, not the daemon's --max-tokens */
+        json_t *mt = json_object_get(root, "max_tokens"), *mct = json_object_get(root, "max_completion_tokens");
+        if ((!mt || json_is_null(mt)) && (!mct || json_is_null(mct)))
+                x4_request_set_max_tokens(r->req, 16);
         if (api_get_int(root, "best_of", 1, 1 << 20, &iv, &set, e) < 0)
                 return -1;
         if (set && iv != 1)

@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: MIT
+"""What real clients send that a strict reading of the API would refuse or mishandle (found by a
+black-box audit): a base URL with a trailing slash joined to "/v1/..." ("//v1/..."), reasoning
+effort on chat completions, top_p 0, the legacy completions defaults, a replayed refusal part, an
+SDK sending both auth headers, Anthropic clients on the shared /v1/models route."""
+import json
+
+from conftest import assert_openai_error, chat
+
+
+def last_request(fake):
+    return json.loads(fake["record"].read_text().splitlines()[-1])
+
+
+def test_a_double_slash_before_v1_is_the_same_route(fake_bridge):
+    for path in ("//v1/chat/completions", "/v1//chat/completions"):
+        st, _, body = fake_bridge.post(path, chat())
+        assert st == 200 and body["object"] == "chat.completion", (path, body)
+    st, _, body = fake_bridge.request("GET", "//v1/models")
+    assert st == 200 and body["object"] == "list", body
+    st, _, body = fake_bridge.post("//v1/nowhere", chat())
+    assert_openai_error(st, body, 404, "POST /v1/nowhere")
+
+
+def test_reasoning_effort_none_turns_reasoning_off(fake, fake_bridge):
+    for effort, thinking in (("none", False), ("minimal", False)):
+        st, _, body = fake_bridge.post("/v1/chat/completions", chat(reasoning_effort=effort))
+        assert st == 200, body
+        assert last_request(fake)["enable_thinking"] is thinking
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(reasoning_effort="high"))
+    assert st == 200 and last_request(fake).get("enable_thinking", True) is True
+    # an explicit chat_template_kwargs wins
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(reasoning_effort="none",
+                                                                chat_template_kwargs={"enable_thinking": True}))
+    assert st == 200 and last_request(fake)["enable_thinking"] is True
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(reasoning_effort="bogus"))
+    assert_openai_error(st, body, 400, "reasoning_effort", "reasoning_effort")
+
+
+def test_top_p_zero_is_greedy(fake, fake_bridge):
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(top_p=0))
+    assert st == 200, body
+    s = last_request(fake)["sampling"]
+    assert s.get("top_k") == 1 and "top_p" not in s, s
+    st, _, body = fake_bridge.post("/v1/messages", {"model": "claude-x", "max_tokens": 4, "top_p": 0,
+                                                    "messages": [{"role": "user", "content": "hi"}]},
+                                   headers={"anthropic-version": "2023-06-01"})
+    assert st == 200 and last_request(fake)["sampling"].get("top_k") == 1, body
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(top_p=-0.1))
+    assert_openai_error(st, body, 400, "top_p", "top_p")
+
+
+def test_legacy_completions_defaults(fake, fake_bridge):
+    st, _, body = fake_bridge.post("/v1/completions", {"model": "xing4", "prompt": "Once upon"})
+    assert st == 200, body
+    assert last_request(fake)["max_tokens"] == 16  # the legacy API's default, not the daemon's
+    st, _, body = fake_bridge.post("/v1/completions", {"model": "xing4", "prompt": "x", "max_tokens": 40,
+                                                       "suffix": ""})
+    assert st == 200 and last_request(fake)["max_tokens"] == 40, body
+    st, _, body = fake_bridge.post("/v1/completions", {"model": "xing4", "prompt": [[1, 2, 3]], "max_tokens": 2})
+    assert st == 200, body
+    st, _, body = fake_bridge.post("/v1/completions", {"model": "xing4", "prompt": "x", "suffix": "y"})
+    assert_openai_error(st, body, 400, "suffix", "suffix")
+
+
+def test_a_replayed_refusal_part_is_text(fake, fake_bridge):
+    msgs = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+            {"role": "user", "content": "Why?"}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(messages=msgs))
+    assert st == 200, body
+    assert last_request(fake)["messages"][1]["content"] == "I can't."
+
+
+def test_either_auth_header_may_hold_the_key(fake, make_bridge, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("sk-one\n")
+    b = make_bridge([fake["socket"]], "--api-key-file", str(keys))
+    st, _, _ = b.post("/v1/chat/completions", chat(), headers={"Authorization": "Bearer wrong", "x-api-key": "sk-one"})
+    assert st == 200
+    st, _, _ = b.post("/v1/chat/completions", chat(), headers={"Authorization": "Bearer sk-one", "x-api-key": "no"})
+    assert st == 200
+    st, _, _ = b.post("/v1/chat/completions", chat(), headers={"Authorization": "Bearer wrong", "x-api-key": "no"})
+    assert st == 401
+
+
+def test_anthropic_clients_get_their_error_shape_on_models(fake_bridge):
+    st, _, body = fake_bridge.request("GET", "/v1/models/gpt-4", headers={"anthropic-version": "2023-06-01"})
+    assert st == 404 and body["type"] == "error" and body["error"]["type"] == "not_found_error", body
+    st, _, body = fake_bridge.request("GET", "/v1/models/gpt-4")
+    assert_openai_error(st, body, 404, "gpt-4")
