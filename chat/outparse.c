@@ -617,7 +617,25 @@ int outparse_feed_text(struct outparse *p, const char *text, size_t len) {
 int outparse_finish(struct outparse *p, const char *finish_reason) {
         if (p->stopped)
                 return 0;
-        int r = flush_all(p);
+        int r;
+        /* cut by the output budget inside a call: a call complete in its JSON form is still
+         * one; the rest of an unfinished call is dropped, not shown as content (an API client
+         * would show the model's call syntax to its user, then send it back in the history) */
+        if (p->in_tool && finish_reason && streq(finish_reason, "length")) {
+                const char *s = p->tool.p ? p->tool.p : "", *e = s + p->tool.n, *b = skip_ws(s, e);
+                _cleanup_free_ char *name = NULL;
+                _cleanup_(json_freep) struct json_value *args = NULL;
+                if (b < e && *b == '{') {
+                        r = parse_json_call(s, e, &name, &args);
+                        if (r == -ENOMEM)
+                                return r;
+                }
+                if (!args) {
+                        p->in_tool = false;
+                        p->tool.n = 0;
+                }
+        }
+        r = flush_all(p);
         if (r != 0)
                 return r < 0 ? r : 0;
         return emit_stop(p, finish_reason ? finish_reason : "stop", -1, NULL);

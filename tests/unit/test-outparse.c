@@ -317,13 +317,35 @@ static void test_tool_call_malformed(void **state) {
         }
 
         struct seen s;
-        /* unterminated at the end of output: content, the closing marker was never written */
+        /* the output budget ran out inside a call: the unfinished call is dropped, not shown as
+         * content (an API client would show the call syntax and send it back in its history) */
         _cleanup_(outparse_freep) struct outparse *p = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        feed_model_text(p, "Let me check.");
         feed(p, ID_TOOL_CALL, "<tool_call>");
         feed_bytes(p, "{\"name\": \"f\", \"argu");
         assert_int_equal(outparse_finish(p, "length"), 0);
-        assert_string_equal(s.content, "<tool_call>{\"name\": \"f\", \"argu");
+        assert_string_equal(s.content, "Let me check.");
+        assert_int_equal(s.n_calls, 0);
         assert_string_equal(s.reason, "length");
+        /* cut there in the parameter form, too */
+        _cleanup_(outparse_freep) struct outparse *p2 = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        feed(p2, ID_TOOL_CALL, "<tool_call>");
+        feed_bytes(p2, "get_weather<param_key>city</param_key><param_value>Par");
+        assert_int_equal(outparse_finish(p2, "length"), 0);
+        assert_string_equal(s.content, "");
+        /* but a call whose JSON is complete is still one */
+        _cleanup_(outparse_freep) struct outparse *p3 = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        feed(p3, ID_TOOL_CALL, "<tool_call>");
+        feed_bytes(p3, "{\"name\": \"f\", \"arguments\": {\"a\": 1}}");
+        assert_int_equal(outparse_finish(p3, "length"), 0);
+        assert_int_equal(s.n_calls, 1);
+        assert_string_equal(s.reason, "length");
+        /* unterminated at the end of output for another reason (cancelled): content */
+        _cleanup_(outparse_freep) struct outparse *p4 = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        feed(p4, ID_TOOL_CALL, "<tool_call>");
+        feed_bytes(p4, "{\"name\": \"f\", \"argu");
+        assert_int_equal(outparse_finish(p4, "cancelled"), 0);
+        assert_string_equal(s.content, "<tool_call>{\"name\": \"f\", \"argu");
 
         /* unterminated but complete when the turn ends: still a call */
         _cleanup_(outparse_freep) struct outparse *q = new_parser(&s, false, -1, NULL, 0, NULL, 0);
