@@ -171,7 +171,8 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                         }
                         if (r->prompt == SCHED_PROMPT_CHAT && r->tools_json)
                                 bytes += strlen(r->tools_json);
-                        if (bytes > s->max_prompt_bytes)
+                        /* a count (count_only) tells how much too long: the frame limit bounds it */
+                        if (bytes > s->max_prompt_bytes && !r->count_only)
                                 return eng_verr(err, size, SCHED_ERR_TOO_LARGE,
                                             "prompt.%s: %llu bytes cannot fit the context limit of "
                                             "%u tokens (at most %llu bytes)",

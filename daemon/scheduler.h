@@ -105,6 +105,7 @@ struct sched_request {
         int32_t thinking_budget;
         bool ignore_eos;
         bool no_mtp;   /* no speculative decoding for this request (MTP on in the daemon) */
+        bool count_only; /* render and tokenize the prompt, report its size, generate nothing */
         bool echo_ids; /* fill token ids in CHUNK events */
         enum sched_constraint constraint;
         char *constraint_schema; /* JSON_SCHEMA: the schema's JSON text */

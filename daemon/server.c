@@ -365,6 +365,7 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
         r->thinking_budget = g->thinking_budget;
         r->ignore_eos = g->has_ignore_eos && g->ignore_eos;
         r->no_mtp = g->has_no_mtp && g->no_mtp;
+        r->count_only = g->has_count_only && g->count_only;
         if (g->constraint) { /* checked by sched_validate */
                 const Xing4__Constraint *k = g->constraint;
                 switch (k->kind_case) {

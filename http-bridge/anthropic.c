@@ -365,7 +365,10 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                         }
                 }
         } else {
-                /* the prompt's size is what the daemon reports once it has read it */
+                /* the prompt's size is what the daemon reports once it has rendered and tokenized
+                 * it (count_only, protocol 1.4: nothing generated, no context check); a 1.3
+                 * daemon ignores that and generates one token */
+                x4_request_set_count_only(r->req, true);
                 x4_request_set_max_tokens(r->req, 1);
                 x4_request_set_temperature(r->req, 0);
         }

@@ -132,12 +132,26 @@ void api_error_from_x4(struct api_error *e, enum api_kind kind, int st, const ch
                 /* Anthropic's wording, which clients match to compact or trim a conversation
                  * (Claude Code, LiteLLM): "prompt is too long: N tokens > M maximum" */
                 unsigned n, limit;
+                unsigned long long bytes, most;
+                char what[16];
                 if ((kind == API_MESSAGES || kind == API_COUNT_TOKENS) &&
                     sscanf(msg, "prompt of %u tokens leaves no room for output in the context limit of %u",
                            &n, &limit) == 2 && limit > 0) {
                         api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
                                  "prompt is too long: %u tokens > %u maximum (the model's context is %u tokens, "
                                  "at least one of them for the answer)", n, limit - 1, limit);
+                        break;
+                }
+                /* refused by its size before tokenizing: no token is longer than most / limit
+                 * bytes, so the prompt has at least bytes · limit / most tokens */
+                if ((kind == API_MESSAGES || kind == API_COUNT_TOKENS) &&
+                    sscanf(msg, "prompt.%15[a-z]: %llu bytes cannot fit the context limit of %u tokens (at most %llu",
+                           what, &bytes, &limit, &most) == 4 && limit > 0) {
+                        api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                                 "prompt is too long: %llu tokens > %u maximum (at least that many: %llu bytes, "
+                                 "at most %llu fit the model's context of %u tokens)",
+                                 most ? bytes * limit / most : (unsigned long long) limit, limit - 1, bytes,
+                                 most, limit);
                         break;
                 }
                 api_fail(e, 400, "invalid_request_error", "context_length_exceeded",

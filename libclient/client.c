@@ -66,6 +66,7 @@ struct x4_request {
         int32_t thinking_budget;
         int ignore_eos; /* -1 unset */
         bool no_mtp;
+        bool count_only;
         int constraint; /* enum x4_constraint */
         char *constraint_arg; /* the schema's JSON text, or the tool's name (NULL = any tool) */
 };
@@ -357,6 +358,13 @@ X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp) {
         if (!r)
                 return -EINVAL;
         r->no_mtp = no_mtp;
+        return 0;
+}
+
+X4_API int x4_request_set_count_only(x4_request *r, bool count_only) {
+        if (!r)
+                return -EINVAL;
+        r->count_only = count_only;
         return 0;
 }
 
@@ -1068,6 +1076,10 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
         g.logprobs = req->logprobs;
         g.has_thinking_budget = req->has_thinking_budget;
         g.thinking_budget = req->thinking_budget;
+        if (req->count_only) {
+                g.has_count_only = 1;
+                g.count_only = 1;
+        }
         if (req->no_mtp) {
                 g.has_no_mtp = 1;
                 g.no_mtp = 1;

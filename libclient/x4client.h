@@ -126,6 +126,10 @@ X4_API int x4_request_set_thinking_budget(x4_request *r, int32_t tokens);
 X4_API int x4_request_set_ignore_eos(x4_request *r, bool ignore);
 /* No speculative decoding (MTP) for this request (protocol 1.2; the output is the same). */
 X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp);
+/* Count the prompt only (protocol 1.4): the done's prompt_tokens is its size in tokens (a prompt
+ * over the context included), nothing is generated or cached. A 1.3 server ignores it: check
+ * x4_client_server_info's minor, or keep max_tokens small. */
+X4_API int x4_request_set_count_only(x4_request *r, bool count_only);
 
 /* Constrained decoding of the answer (GenerateRequest.constraint, protocol 1.1): after the
  * reasoning, when thinking is on, the output is any JSON object (X4_CONSTRAINT_JSON_OBJECT, arg

@@ -50,6 +50,7 @@ struct job {
         struct sched_request *r;
         enum job_state state;
         bool prepared, cancel, paused;
+        bool count_only; /* prepared: the prompt was counted, it ends without admission */
         bool chunked;  /* a chunk went out (the first one carries the prompt's size) */
         int32_t *seq; /* prompt + output */
         uint32_t n_seq, n_prompt, n_cached, max_tokens, n_out;

@@ -246,6 +246,12 @@ static bool prepare(struct sched *s, struct job *j) {
                 n += j->snap_n;
         }
         j->create = r->snapshot_create != NULL;
+        if (r->count_only) { /* the size is the answer: no context check, nothing admitted */
+                free(ids);
+                j->n_prompt = (uint32_t) MIN(n, (size_t) UINT32_MAX);
+                j->count_only = true;
+                return true;
+        }
         if (n >= s->ctx_limit) {
                 free(ids);
                 prep_fail(j, SCHED_ERR_TOO_LARGE,

@@ -40,6 +40,8 @@ static void take_inputs(struct sched *s) {
                                 eng_snapshot_done(s, j, &j->saved);
                 } else if (j->prep_code && !j->cancel)
                         eng_fail_job(s, j, j->prep_code, "%s", j->prep_msg ? j->prep_msg : "");
+                else if (j->count_only)
+                        eng_finish_job(s, j, SCHED_FINISH_STOP, NULL);
         }
 
         struct job **tail = &s->jobs;

@@ -93,6 +93,8 @@ def decode_generate(g):
         out["thinking_budget"] = v - (1 << 64) if v >= 1 << 63 else v
     if 11 in g:
         out["ignore_eos"] = bool(g[11][0])
+    if 15 in g:
+        out["count_only"] = bool(g[15][0])
     if 13 in g:
         # Constraint {json_object = 1 | json_schema = 2 | tool = 3 {name = 1}}
         c = parse(g[13][0])

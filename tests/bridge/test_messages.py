@@ -217,6 +217,7 @@ def test_count_tokens(fake, fake_bridge):
     assert st == 200 and out == {"input_tokens": 7}, out
     r = last_request(fake)
     assert r["max_tokens"] == 1 and r["messages"][0] == {"role": "system", "content": "s"}
+    assert r["count_only"] is True  # protocol 1.4; max_tokens 1 for a 1.3 daemon
     st, _, out = post(fake_bridge, {"model": "xing4", "messages": []}, path="/v1/messages/count_tokens")
     assert_anthropic_error(st, out, 400, "invalid_request_error", "messages: a non-empty array")
 
@@ -341,3 +342,23 @@ def test_a_generation_cancelled_elsewhere_is_an_error(fake_bridge):
     c.close()
     assert r.status == 200 and "event: error\n" in data, data
     assert "message_stop" not in data and '"stop_reason":"end_turn"' not in data, data
+
+
+def test_count_tokens_on_the_real_daemon_generates_nothing(bridge, daemon):
+    """Counting renders and tokenizes only: no generation, no slot, and a conversation over the
+    context is counted (clients count to learn that it no longer fits), where a generation of the
+    same prompt is refused in Anthropic's words."""
+    before = daemon.stats()
+    big = {"model": "claude-x", "messages": [{"role": "user", "content": "word " * 270000}]}
+    st, _, out = post(bridge, big, path="/v1/messages/count_tokens")
+    assert st == 200 and out["input_tokens"] > 262144, out
+    small = {"model": "claude-x", "system": "Be brief.", "messages": [{"role": "user", "content": "Hi there"}]}
+    st, _, out = post(bridge, small, path="/v1/messages/count_tokens")
+    assert st == 200, out
+    after = daemon.stats()
+    assert after["completion_tokens_total"] == before["completion_tokens_total"], (before, after)
+    assert after["prompt_tokens_total"] == before["prompt_tokens_total"], (before, after)
+    st, _, gen = post(bridge, {**small, "max_tokens": 1})
+    assert st == 200 and gen["usage"]["input_tokens"] + gen["usage"]["cache_read_input_tokens"] == out["input_tokens"]
+    st, _, err = post(bridge, {**big, "max_tokens": 4})
+    assert_anthropic_error(st, err, 400, "invalid_request_error", "prompt is too long: ")
