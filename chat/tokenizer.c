@@ -1187,6 +1187,17 @@ int tokenizer_stream_feed(struct tokenizer_stream *s, int32_t id, const char **r
         return 0;
 }
 
+void tokenizer_stream_after(struct tokenizer_stream *s, int32_t prev) {
+        const struct tokenizer *t = s->t;
+        if (prev < 0 || (size_t) prev >= t->n)
+                return;
+        s->run_start = t->special_of[prev] || t->type[prev] == TOKENIZER_PIECE_CONTROL;
+}
+
+bool tokenizer_stream_at_run_start(const struct tokenizer_stream *s) {
+        return s->run_start;
+}
+
 int tokenizer_stream_flush(struct tokenizer_stream *s, const char **ret_text, size_t *ret_len) {
         s->len = 0;
         int r = stream_drain(s, true);

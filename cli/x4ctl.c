@@ -89,6 +89,8 @@ static void connect_hint(const char *msg) {
                                 "(or pass --socket PATH / set $X4_SOCKET to where it listens)\n");
 }
 
+static void json_str(FILE *f, const char *s, size_t n);
+
 static int open_client(x4_client **ret) {
         x4_client *c;
         int e = x4_client_new(&c);
@@ -100,6 +102,13 @@ static int open_client(x4_client **ret) {
         x4_client_set_timeouts(c, arg.connect_ms, arg.response_ms);
         e = x4_client_connect(c, arg.socket);
         if (e < 0) {
+                if (arg.json) { /* --json: every failure is one error object on stdout too */
+                        const char *m = x4_client_last_error(c);
+                        printf("{\"type\":\"error\",\"code\":\"%s\",\"message\":", x4_strerror(e));
+                        json_str(stdout, m, strlen(m));
+                        printf("}\n");
+                        fflush(stdout);
+                }
                 int code = fail_client(c, e);
                 if (e == X4_E_CONNECT)
                         connect_hint(x4_client_last_error(c));
@@ -202,7 +211,7 @@ static int parse_ids(const char *s, int32_t **ret, size_t *n) {
         return 0;
 }
 
-static char *read_all(FILE *f) {
+static char *read_all(FILE *f, size_t *len) {
         size_t cap = 4096, n = 0;
         char *b = malloc(cap);
         if (!b)
@@ -222,6 +231,8 @@ static char *read_all(FILE *f) {
                         break;
         }
         b[n] = 0;
+        if (len)
+                *len = n;
         return b;
 }
 
@@ -229,7 +240,7 @@ static char *read_all(FILE *f) {
  * is argc; NULL when out of memory. */
 static char *prompt_text(int argc, char **argv, int first) {
         if (first >= argc)
-                return read_all(stdin);
+                return read_all(stdin, NULL);
         size_t len = 0;
         for (int i = first; i < argc; i++)
                 len += strlen(argv[i]) + 1;
@@ -240,6 +251,34 @@ static char *prompt_text(int argc, char **argv, int first) {
                 strcat(prompt, argv[i]);
         }
         return prompt;
+}
+
+/* PROMPT... or stdin into *ret: 0, or an exit status after saying why (no prompt, a NUL byte in
+ * it, out of memory). */
+static int read_prompt(int argc, char **argv, int first, char **ret) {
+        size_t n = 0;
+        char *p;
+        if (first >= argc) {
+                p = read_all(stdin, &n);
+                if (p && strlen(p) != n) {
+                        size_t at = strlen(p);
+                        free(p);
+                        char what[32];
+                        snprintf(what, sizeof what, "%zu", at);
+                        return usage_error("the prompt on stdin holds a NUL byte (at byte %s): text expected", what);
+                }
+        } else
+                p = prompt_text(argc, argv, first);
+        if (!p) {
+                fprintf(stderr, "x4ctl: out of memory\n");
+                return EXIT_FAIL;
+        }
+        if (!p[strspn(p, " \t\r\n")]) {
+                free(p);
+                return usage_error("%s", "no prompt: give it as arguments, or on stdin (which was empty)");
+        }
+        *ret = p;
+        return 0;
 }
 
 /* The prompt into req: as raw text, or as a user message after the optional system one. */
@@ -273,6 +312,7 @@ struct gen_opts {
         const char *tokens;
         bool raw;
         bool show_think;
+        bool json_schema; /* --json-schema: the answer must be complete to be valid */
         int thinking; /* -1 default */
 };
 
@@ -430,6 +470,7 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         int r = set_json_schema(o->req, optarg);
                         if (r)
                                 return r;
+                        o->json_schema = true;
                         break;
                 }
                 default:
@@ -446,6 +487,7 @@ struct gen_state {
         bool any_output;
         bool any_content;  /* an answer (content or a tool call) came */
         bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
+        bool json_schema;  /* --json-schema: an answer cut by the budget is not valid JSON */
         bool output_gone;  /* stdout is closed (x4ctl generate | head): the request is cancelled */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
@@ -669,6 +711,12 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                         d->completion_tokens);
                 return EXIT_NO_ANSWER;
         }
+        if (d->finish_reason == X4_FINISH_LENGTH && s->json_schema && s->any_content) {
+                fprintf(stderr, "x4ctl: the output budget (%u tokens) ran out before the JSON answer was "
+                                "complete: what was printed is not valid JSON. Raise --max-tokens\n",
+                        d->completion_tokens);
+                return EXIT_FAIL;
+        }
         return EXIT_OK;
 }
 
@@ -691,12 +739,19 @@ static int cmd_generate(int argc, char **argv) {
                         goto out;
         } else {
                 /* a lone "-" first reads stdin too */
-                prompt = prompt_text(argc, argv, optind < argc && strcmp(argv[optind], "-") == 0 ? argc : optind);
-                if (!prompt) {
-                        fprintf(stderr, "x4ctl: out of memory\n");
-                        r = EXIT_FAIL;
+                bool dash = optind < argc && strcmp(argv[optind], "-") == 0;
+                if (dash && optind + 1 < argc) {
+                        r = usage_error("generate: '-' (the prompt on stdin) and a prompt on the command line "
+                                        "('%s') exclude each other", argv[optind + 1]);
                         goto out;
                 }
+                if (o.raw && o.system) {
+                        r = usage_error("%s", "generate: --system needs the chat template; --raw sends the text as is");
+                        goto out;
+                }
+                r = read_prompt(argc, argv, dash ? argc : optind, &prompt);
+                if (r != 0)
+                        goto out;
                 request_prompt(o.req, prompt, o.raw, o.system);
                 if (!o.raw && o.thinking >= 0)
                         x4_request_set_thinking(o.req, o.thinking);
@@ -704,7 +759,8 @@ static int cmd_generate(int argc, char **argv) {
         r = open_client(&c);
         if (r != 0)
                 goto out;
-        struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0 };
+        struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0,
+                               .json_schema = o.json_schema };
         r = run_generate(c, o.req, &s);
         free(s.reply);
 out:
@@ -729,6 +785,11 @@ static int cmd_chat(int argc, char **argv) {
         if (optind < argc) {
                 r = usage_error("chat: unexpected argument '%s' (type the prompts on stdin)",
                                 argv[optind]);
+                goto out;
+        }
+        if (o.tokens || o.raw) {
+                r = usage_error("chat: %s is for generate: chat sends each line as a user turn through the "
+                                "chat template", o.tokens ? "--tokens" : "--raw");
                 goto out;
         }
         r = open_client(&c);
@@ -1102,19 +1163,22 @@ static int cmd_snapshot(int argc, char **argv) {
                 char *prompt = NULL;
                 if (!src)
                         return EXIT_FAIL;
-                if (tokens) {
+                if (tokens && optind < argc)
+                        r = usage_error("snapshot create: --tokens and a text prompt ('%s') exclude each other",
+                                        argv[optind]);
+                else if (raw && system)
+                        r = usage_error("%s", "snapshot create: --system needs the chat template; --raw sends "
+                                        "the text as is");
+                else if (tokens)
                         r = request_tokens(src, tokens);
-                        if (r != 0) {
-                                x4_request_free(src);
-                                return r;
-                        }
-                } else {
-                        prompt = prompt_text(argc, argv, optind);
-                        if (!prompt) {
-                                x4_request_free(src);
-                                return EXIT_FAIL;
-                        }
-                        request_prompt(src, prompt, raw, system);
+                else {
+                        r = read_prompt(argc, argv, optind, &prompt);
+                        if (r == 0)
+                                request_prompt(src, prompt, raw, system);
+                }
+                if (r != 0) {
+                        x4_request_free(src);
+                        return r;
                 }
                 r = open_client(&c);
                 if (r == 0) {
@@ -1208,7 +1272,8 @@ static void help(void) {
                "Global options:\n"
                "  --socket PATH                 daemon socket (default $X4_SOCKET, else " X4_DEFAULT_SOCKET ")\n"
                "  --connect-timeout MS          connect + handshake limit (default 30000; -1 = none)\n"
-               "  --timeout MS                  longest wait for the next reply frame (default 300000)\n"
+               "  --timeout MS                  longest wait for the next reply frame (default 300000;\n"
+               "                                0 or -1 = none)\n"
                "  --json                        machine-readable output (generate: one JSON object per line)\n\n"
                "Generate/chat options:\n"
                "  --system TEXT  --no-think  --show-think (reasoning to stderr)  --raw (no chat template)\n"
@@ -1256,7 +1321,7 @@ int main(int argc, char **argv) {
                 case OPT_TIMEOUT:
                         if (parse_i32(optarg, &ms) < 0 || ms < -1)
                                 return usage_error("--timeout: '%s' is not milliseconds", optarg);
-                        arg.response_ms = ms;
+                        arg.response_ms = ms == 0 ? -1 : ms; /* 0: no limit, as the daemon's timeouts */
                         break;
                 case OPT_JSON:
                         arg.json = true;

@@ -57,11 +57,11 @@ int parse_size(const char *s, uint64_t *ret) {
         unsigned shift = 0;
         if (*end == 'K' || *end == 'k')
                 shift = 10;
-        else if (*end == 'M')
+        else if (*end == 'M' || *end == 'm')
                 shift = 20;
-        else if (*end == 'G')
+        else if (*end == 'G' || *end == 'g')
                 shift = 30;
-        else if (*end == 'T')
+        else if (*end == 'T' || *end == 't')
                 shift = 40;
         else if (*end)
                 return -EINVAL;

@@ -255,6 +255,9 @@ static int load_config(struct options *o, const char *path, bool required) {
         char line[4096], where[PATH_MAX + 32];
         unsigned lineno = 0;
         bool ours = true;
+        /* the keys set so far and their lines: a second one is a mistake worth a word */
+        struct { char key[48]; unsigned line; } seen[128];
+        size_t n_seen = 0;
 
         if (!f) {
                 if (errno == ENOENT && !required)
@@ -273,7 +276,10 @@ static int load_config(struct options *o, const char *path, bool required) {
                                 return log_error_errno(E2BIG, "%s: line longer than %zu bytes", where,
                                                        sizeof line - 1);
                 }
-                char *s = strip(line);
+                char *s = line;
+                if (lineno == 1 && memcmp(s, "\xef\xbb\xbf", 3) == 0)
+                        s += 3; /* a UTF-8 byte order mark (some editors write one) */
+                s = strip(s);
                 if (!*s || *s == '#' || *s == ';')
                         continue;
                 if (*s == '[') {
@@ -294,13 +300,28 @@ static int load_config(struct options *o, const char *path, bool required) {
                 if (!eq)
                         return log_error_errno(EINVAL, "%s: 'key = value' expected, got '%s'", where, s);
                 *eq = 0;
-                char *key = strip(s), *val = strip(eq + 1);
+                char *key = strip(s), *val = eq + 1;
+                /* a comment after the value: '#' or ';' after a space ("threads = 4  # cores") */
+                for (char *c = val; *c; c++)
+                        if ((*c == '#' || *c == ';') && c > val && (c[-1] == ' ' || c[-1] == '\t')) {
+                                *c = 0;
+                                break;
+                        }
+                val = strip(val);
                 if (!ours)
                         continue;
                 /* underscores are accepted for dashes (max_running = max-running) */
                 for (char *p = key; *p; p++)
                         if (*p == '_')
                                 *p = '-';
+                for (size_t i = 0; i < n_seen; i++)
+                        if (streq(seen[i].key, key))
+                                log_warning("%s: '%s' is set again (line %u set it before): the later "
+                                            "value wins", where, key, seen[i].line);
+                if (n_seen < ELEMENTSOF(seen) && strlen(key) < sizeof seen[0].key) {
+                        snprintf(seen[n_seen].key, sizeof seen[0].key, "%s", key);
+                        seen[n_seen++].line = lineno;
+                }
                 int r = apply_option(o, key, val, where);
                 if (r < 0)
                         return r;
@@ -320,7 +341,7 @@ static void help(void) {
                "  --listen PATH                bind this socket (else take it from systemd)\n"
                "  --state-dir DIR              snapshots (default /var/lib/xing4d)\n"
                "  --max-running N              requests decoding at once (16)\n"
-               "  --max-waiting N              queued requests beyond that (256)\n"
+               "  --max-waiting N              queued requests beyond that (256; 0 = none)\n"
                "  --max-tokens N               output limit of a request that sets none (16384)\n"
                "  --max-tokens-limit N         ceiling on any request's max_tokens: above it the\n"
                "                               output is cut there, ending with 'length' (0 = none)\n"
@@ -435,8 +456,12 @@ static int check_listen_free(const char *path) {
                 char *slash = strrchr(dir, '/');
                 if (slash)
                         *(slash == dir ? slash + 1 : slash) = 0;
-                if (slash && (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)))
+                if (slash && stat(dir, &st) < 0)
                         return log_error_errno(ENOENT, "--listen %s: the folder %s does not exist", path, dir);
+                if (slash && !S_ISDIR(st.st_mode))
+                        return log_error_errno(ENOTDIR, "--listen %s: %s is not a folder", path, dir);
+                if (slash && access(dir, W_OK | X_OK) < 0)
+                        return log_error_errno(errno, "--listen %s: cannot create a socket in %s: %m", path, dir);
         }
         if (lstat(path, &st) < 0)
                 return 0;
@@ -455,6 +480,29 @@ static int check_listen_free(const char *path) {
                 return log_error_errno(EADDRINUSE, "--listen %s: another daemon is serving on this "
                                                    "socket; stop it first or choose another path",
                                        path);
+        return 0;
+}
+
+/* The snapshot folder, before the model load: created when missing (its parent must exist: a
+ * mistyped path is not built), refused when it is not a folder. Not creatable or not writable: a
+ * warning, since the daemon serves without snapshots (a user running it without --state-dir
+ * cannot write the packaged default), and a snapshot then fails with that reason. */
+static int check_state_dir(const char *dir) {
+        struct stat st;
+
+        if (stat(dir, &st) < 0) {
+                if (errno == ENOENT && mkdir(dir, 0750) == 0) {
+                        log_info("--state-dir %s: created (snapshots are kept there)", dir);
+                        return 0;
+                }
+                log_warning("--state-dir %s: %m: snapshots cannot be saved (--state-dir DIR names "
+                            "another folder)", dir);
+                return 0;
+        }
+        if (!S_ISDIR(st.st_mode))
+                return log_error_errno(ENOTDIR, "--state-dir %s: exists and is not a folder", dir);
+        if (access(dir, W_OK | X_OK) < 0)
+                log_warning("--state-dir %s: not writable (%m): snapshots cannot be saved", dir);
         return 0;
 }
 
@@ -732,7 +780,8 @@ static int start_backend(const struct x4_model *model, const char *device, enum 
 
 int main(int argc, char **argv) {
         struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256,
-                             .max_tokens = MAX_TOKENS_DEFAULT, .mtp_draft = 1, .log_level = LOG_INFO };
+                             .max_tokens = MAX_TOKENS_DEFAULT, .mtp_draft = 1, .log_level = LOG_INFO,
+                             .max_waiting = 256 };
         _cleanup_(x4_model_freep) struct x4_model *model = NULL;
         struct tokenizer *tok = NULL;
         const struct x4_backend_ops *ops = NULL;
@@ -779,8 +828,13 @@ int main(int argc, char **argv) {
         }
         if (o.listen && sd_listen_fds(0) <= 0 && check_listen_free(o.listen) < 0)
                 goto out;
+        if (check_state_dir(o.state_dir ? o.state_dir : "/var/lib/xing4d") < 0)
+                goto out;
         /* SIGTERM during the load: the default action (exit) is right, nothing is served yet.
-         * Once serving, libevent handles it (block it now so no signal is lost in between). */
+         * SIGHUP is logged and ignored once serving (libevent's handler); during the load (minutes
+         * for the release's file) its default action would end the daemon without a word, so it
+         * is ignored until then. */
+        (void) signal(SIGHUP, SIG_IGN);
         (void) sd_notifyf(0, "STATUS=loading %s", o.model);
         struct x4_model_params mp = {
                 .path = o.model,
@@ -830,7 +884,7 @@ int main(int argc, char **argv) {
                 .backend = backend,
                 .tokenizer = tok,
                 .max_running = o.max_running,
-                .max_waiting = o.max_waiting,
+                .max_waiting = o.max_waiting ? o.max_waiting : SCHED_NO_QUEUE, /* 0: no queue */
                 .max_tokens_default = o.max_tokens,
                 .max_tokens_limit = o.max_tokens_limit,
                 .prefill_budget = o.prefill_budget,

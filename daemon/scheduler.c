@@ -427,7 +427,9 @@ int sched_new(const struct sched_params *params, struct sched **ret) {
         s->p = *params;
         if (!s->p.max_running)
                 s->p.max_running = 16;
-        if (!s->p.max_waiting)
+        if (s->p.max_waiting == SCHED_NO_QUEUE)
+                s->p.max_waiting = 0;
+        else if (!s->p.max_waiting)
                 s->p.max_waiting = 256;
         if (!s->p.max_tokens_default)
                 s->p.max_tokens_default = 1024;

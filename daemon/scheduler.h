@@ -181,13 +181,16 @@ struct sched_event {
 
 void sched_event_free(struct sched_event *e); /* frees one event (not its next) */
 
+#define SCHED_NO_QUEUE UINT32_MAX
+
 struct sched_params {
         const struct x4_model *model;
         const struct x4_backend_ops *ops;
         struct x4_backend *backend;
         const struct tokenizer *tokenizer; /* NULL: token-id prompts only */
         uint32_t max_running;   /* requests decoding at once (default 16) */
-        uint32_t max_waiting;   /* queued beyond that before UNAVAILABLE (default 256) */
+        uint32_t max_waiting;   /* queued beyond that before UNAVAILABLE (0: the default 256;
+                                 * SCHED_NO_QUEUE: none, a request finds a free slot or is refused) */
         uint32_t max_tokens_default; /* when a request sets none (default 1024) */
         uint32_t max_tokens_limit;   /* ceiling on any request's max_tokens (0: none) */
         uint32_t prefill_chunk; /* most prompt tokens of one request per step (0: the backend's

@@ -647,7 +647,10 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                         api_result_add_call(&j->res, c->tool_name, c->tool_arguments_json);
                 else if (c->text_len && c->channel != X4_CHANNEL_TOOL_CALL)
                         api_result_add_text(&j->res, c->channel == X4_CHANNEL_REASONING, c->text, c->text_len);
-                if (j->res.logprobs || c->n_logprobs)
+                /* chat: logprobs.content covers the answer's tokens, as OpenAI's (reasoning and
+                 * tool-call tokens are not content) */
+                if ((j->res.logprobs || c->n_logprobs) &&
+                    (j->kind != API_CHAT || c->channel == X4_CHANNEL_CONTENT))
                         api_result_add_logprobs(&j->res, j->kind, c, j->top_logprobs);
                 return 0;
         }
@@ -658,7 +661,8 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                             evbuffer_get_length(bufferevent_get_output(bev)));
                 return 1;
         }
-        json_t *lp = api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res.text_offset);
+        json_t *lp = j->kind == API_CHAT && c->channel != X4_CHANNEL_CONTENT ? NULL :
+                     api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res.text_offset);
         if (!c->text_len && !call && !lp)
                 return 0;
         stream_begin(j);
@@ -873,6 +877,9 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->stream = ar.stream;
         j->include_usage = ar.include_usage;
         j->top_logprobs = ar.top_logprobs;
+        /* chat: logprobs asked for are a list, empty when no answer token came (all reasoning) */
+        if (kind == API_CHAT && ar.logprobs && !j->res.logprobs)
+                j->res.logprobs = json_array();
         j->created = time(NULL);
         j->t_start = now_s();
         snprintf(j->model, sizeof j->model, "%s", ar.model ? ar.model : br.served_model);

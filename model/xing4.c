@@ -515,8 +515,14 @@ static int find_and_read_config(struct x4_model *m, const struct x4_model_params
                 _cleanup_free_ char *copy = strdup(p->path);
                 if (!copy)
                         return -ENOMEM;
-                if (p->tokenizer_dir)
+                if (p->tokenizer_dir) {
+                        /* a folder asked for by name: a typo would fall back to the model's silently */
+                        struct stat st;
+                        if (stat(p->tokenizer_dir, &st) < 0 || !S_ISDIR(st.st_mode))
+                                return log_error_errno(ENOENT, "tokenizer path %s: no such folder (it should hold "
+                                                       "the model's config.json)", p->tokenizer_dir);
                         snprintf(tried[n_tried++], sizeof tried[0], "%s/config.json", p->tokenizer_dir);
+                }
                 snprintf(tried[n_tried], sizeof tried[0], "%s/config.json", dirname(copy));
                 if (n_tried == 0 || !streq(tried[0], tried[n_tried]))
                         n_tried++;

@@ -346,6 +346,9 @@ static bool prepare(struct sched *s, struct job *j) {
                         prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for the detokenizer");
                         return false;
                 }
+                /* the output continues the prompt: after a chat template's generation prompt (a
+                 * special) its first word has no space before it; after raw text it keeps it */
+                tokenizer_stream_after(j->ts, j->seq[j->n_prompt - 1]);
                 if (outparse_new(s->p.tokenizer, &oc, &j->op, err, sizeof err) < 0) {
                         prep_fail(j, SCHED_ERR_INTERNAL, "%s", err);
                         return false;

@@ -356,10 +356,23 @@ static bool sample_row(struct sched *s, struct job *j, float *l, const float *q,
                                                                          res.top[k].logprob };
                                 /* so clients show the alternative, not "<token N>" */
                                 if (s->p.tokenizer) {
-                                        size_t len;
+                                        size_t len, plen;
                                         if (tokenizer_decode(s->p.tokenizer, &res.top[k].token,
                                                              1, 0, &lp->top[k].text, &len) < 0)
                                                 lp->top[k].text = NULL;
+                                        /* as the token reads inside the output: decoding it alone
+                                         * drops a leading "▁" (the start of a text has no space
+                                         * before it), so " user" came back as "user" */
+                                        const char *piece = tokenizer_piece(s->p.tokenizer, res.top[k].token, &plen);
+                                        char *t = lp->top[k].text, *sp;
+                                        if (t && piece && plen >= 3 && memcmp(piece, "\xe2\x96\x81", 3) == 0 &&
+                                            t[0] != ' ' && !(j->ts && tokenizer_stream_at_run_start(j->ts)) &&
+                                            (sp = malloc(len + 2))) {
+                                                sp[0] = ' ';
+                                                memcpy(sp + 1, t, len + 1);
+                                                free(t);
+                                                lp->top[k].text = sp;
+                                        }
                                 }
                         }
                 } else if (lp) {

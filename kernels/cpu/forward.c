@@ -1475,8 +1475,15 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
         if (b->n_pages == 0) {
                 /* derive: the memory limit (default 1 GiB of cache) minus the mapped file */
                 uint64_t file = gguf_file_size(x4_model_gguf(model));
-                uint64_t budget = params->memory_limit > file ? params->memory_limit - file :
-                                  params->memory_limit ? 0 : (uint64_t) 1 << 30;
+                /* a limit the weights and one page cannot fit in is a mistake worth a refusal,
+                 * not a daemon with a one-page context */
+                if (params->memory_limit && params->memory_limit < file + page_bytes)
+                        return log_error_errno(ENOSPC, "cpu backend: the memory limit of %" PRIu64 " bytes (%.1f MiB) "
+                                               "cannot hold the model file (%" PRIu64 " bytes, %.1f MiB) and one cache "
+                                               "page (%" PRIu64 " bytes): at least %" PRIu64 " expected",
+                                               params->memory_limit, params->memory_limit / 1048576.0, file,
+                                               file / 1048576.0, page_bytes, file + page_bytes);
+                uint64_t budget = params->memory_limit > file ? params->memory_limit - file : (uint64_t) 1 << 30;
                 uint64_t max_pages = DIV_ROUND_UP((uint64_t) c->n_ctx_train, b->page_tokens);
 
                 b->n_pages = (uint32_t) MIN(MAX(budget / page_bytes, 1), max_pages);

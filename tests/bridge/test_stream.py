@@ -348,6 +348,9 @@ def test_logprobs_without_alternatives_and_completions_logprobs(bridge):
     # greedy: the chosen token is the most likely one
     for tok, lpv, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
         assert abs(max(top.values()) - lpv) < 1e-6
+        # the alternatives read as the token does in the text (a leading space kept)
+        assert tok in top, (tok, top)
+    assert "".join(lp["tokens"]) == body["choices"][0]["text"], (lp["tokens"], body["choices"][0]["text"])
 
 
 def test_a_long_prefill_gets_headers_and_keep_alives(make_bridge, fake, tmp_path):

@@ -185,3 +185,29 @@ def test_option_errors_name_x4ctl_and_the_command():
                        (["--bogus", "health"], "x4ctl: unrecognized option '--bogus'")):
         r = subprocess.run([str(X4CTL), *args], capture_output=True, text=True, timeout=10)
         assert r.returncode == 2 and r.stderr.startswith(want), (args, r.stderr)
+
+
+@pytest.mark.parametrize("args,stdin,needle", [
+    (["generate", "-", "extra"], "hi", "'-' (the prompt on stdin) and a prompt on the command line ('extra') exclude"),
+    (["generate", "--raw", "--system", "S", "hi"], None, "--system needs the chat template"),
+    (["generate"], "", "no prompt: give it as arguments, or on stdin (which was empty)"),
+    (["generate"], " \n\t", "no prompt"),
+    (["generate", "--raw"], "a\0b", "holds a NUL byte (at byte 1)"),
+    (["chat", "--raw"], "x\n", "chat: --raw is for generate"),
+    (["chat", "--tokens", "1,2"], "x\n", "chat: --tokens is for generate"),
+    (["snapshot", "create", "s", "--tokens", "1,2", "text"], None, "--tokens and a text prompt ('text') exclude"),
+    (["snapshot", "create", "s", "--raw", "--system", "S", "t"], None, "--system needs the chat template"),
+])
+def test_conflicting_or_empty_input_is_a_usage_error(fake, args, stdin, needle):
+    """Input x4ctl would otherwise drop without a word: refused before anything is sent."""
+    r = x4ctl(fake["socket"], *args, stdin=stdin)
+    assert r.returncode == 2 and needle in r.stderr, (r.returncode, r.stderr)
+
+
+def test_json_failures_are_json_and_timeout_zero_is_none(fake, tmp_path):
+    r = x4ctl(str(tmp_path / "missing.sock"), "--json", "generate", "hi")
+    assert r.returncode == 3
+    e = json.loads(r.stdout)
+    assert e["type"] == "error" and "cannot connect" in e["message"], r.stdout
+    r = x4ctl(fake["socket"], "--timeout", "0", "generate", "--no-think", "hi")
+    assert r.returncode == 0 and "Hello, world" in r.stdout, (r.stdout, r.stderr)
