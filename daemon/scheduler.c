@@ -235,9 +235,10 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                                     "expected");
                 /* compiled here for the error, again when the request is prepared */
                 struct grammar *g = NULL;
-                int k = grammar_compile_constraint((enum grammar_kind) r->constraint, r->constraint_schema,
-                                                   r->tools_json, r->constraint_tool, s->p.tokenizer,
-                                                   &g, err, size);
+                int k = grammar_compile_constraint_flags((enum grammar_kind) r->constraint, r->constraint_schema,
+                                                         r->tools_json, r->constraint_tool, s->p.tokenizer,
+                                                         r->constraint_lenient ? GRAMMAR_LENIENT : 0, &g, err,
+                                                         size);
                 grammar_free(g);
                 if (k < 0)
                         return k == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT;

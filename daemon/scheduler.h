@@ -110,6 +110,7 @@ struct sched_request {
         enum sched_constraint constraint;
         char *constraint_schema; /* JSON_SCHEMA: the schema's JSON text */
         char *constraint_tool;   /* TOOL: the function's name, NULL: any of tools_json */
+        bool constraint_lenient; /* Constraint.lenient: unenforceable keywords ignored */
         /* who asked, for stats */
         uint32_t peer_pid, peer_uid;
         char client[64];

@@ -387,6 +387,7 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
                         r->constraint = SCHED_CONSTRAINT_EMPTY;
                         break;
                 }
+                r->constraint_lenient = k->has_lenient && k->lenient;
         }
         *ret = TAKE_PTR(r);
         return 0;

@@ -285,9 +285,15 @@ int api_tool_named(json_t *tools, const char *name, const char *param, struct ap
         return found ? 0 : api_bad(e, param, "\"%s\" is not one of the request's tools", name);
 }
 
+/* A forced call: its arguments follow the tool's parameters schema in structure; the keywords
+ * the mask cannot enforce (bounds, pattern, formats: MCP and Pydantic schemas carry them, written
+ * for validation) are ignored rather than refused (lenient), as the client validates anyway. */
 int api_force_tool(struct api_request *r, const char *name, struct api_error *e) {
         r->forced_tool = true;
-        return x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ? OOM(e) : 0;
+        if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ||
+            x4_request_set_constraint_lenient(r->req, true) < 0)
+                return OOM(e);
+        return 0;
 }
 
 int api_get_messages(json_t *root, json_t **msgs, struct api_error *e) {
@@ -665,6 +671,11 @@ int api_parse_format(const char *type, json_t *fmt, json_t *js, const char *para
         _cleanup_free_ char *text = json_dumps(schema, JSON_COMPACT);
         if (!text || x4_request_set_constraint(r->req, X4_CONSTRAINT_JSON_SCHEMA, text) < 0)
                 return OOM(e);
+        /* strict: true asks for the schema exactly (an unenforceable keyword is refused by name);
+         * otherwise it is a hint, as OpenAI treats it: its structure is kept, keywords the mask
+         * cannot enforce are ignored */
+        if (!json_is_true(strict) && x4_request_set_constraint_lenient(r->req, true) < 0)
+                return OOM(e);
         return 0;
 }
 
@@ -722,8 +733,8 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                         else if (strcmp(c, "auto") != 0)
                                 return api_bad(e, "tool_choice", "\"%s\": \"none\", \"auto\", \"required\" or "
                                                "{\"type\": \"function\", \"function\": {\"name\": ...}} expected", c);
-                        if (forced && x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, NULL) < 0)
-                                return OOM(e);
+                        if (forced && api_force_tool(r, NULL, e) < 0)
+                                return -1;
                 } else if (json_is_object(choice)) {
                         const char *type = json_string_value(json_object_get(choice, "type"));
                         const char *name = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));

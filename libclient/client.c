@@ -69,6 +69,7 @@ struct x4_request {
         bool count_only;
         int constraint; /* enum x4_constraint */
         char *constraint_arg; /* the schema's JSON text, or the tool's name (NULL = any tool) */
+        bool constraint_lenient;
 };
 
 struct x4_client {
@@ -358,6 +359,13 @@ X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp) {
         if (!r)
                 return -EINVAL;
         r->no_mtp = no_mtp;
+        return 0;
+}
+
+X4_API int x4_request_set_constraint_lenient(x4_request *r, bool lenient) {
+        if (!r)
+                return -EINVAL;
+        r->constraint_lenient = lenient;
         return 0;
 }
 
@@ -1109,6 +1117,10 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
                 break;
         default:
                 break;
+        }
+        if (g.constraint && req->constraint_lenient) {
+                cons.has_lenient = 1;
+                cons.lenient = 1;
         }
         f.has_request_id = 1;
         f.request_id = p->id;

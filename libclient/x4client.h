@@ -144,6 +144,10 @@ enum x4_constraint {
         X4_CONSTRAINT_TOOL = 3,
 };
 X4_API int x4_request_set_constraint(x4_request *r, int kind, const char *arg);
+/* The constraint's schema keywords the mask cannot enforce (value bounds, pattern, formats, ...)
+ * are ignored instead of refused (protocol 1.4; Constraint.lenient): for schemas written to
+ * validate rather than to generate. A 1.3 server refuses them as before. */
+X4_API int x4_request_set_constraint_lenient(x4_request *r, bool lenient);
 
 /* ---- what comes back ------------------------------------------------------------------------ */
 

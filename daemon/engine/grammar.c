@@ -219,6 +219,10 @@ struct compiler {
         uint32_t n_defs, cap_defs;
         int32_t root_node; /* the node "#" refers to (reserved before compiling the root) */
         unsigned depth;
+        /* GRAMMAR_LENIENT: keywords the grammar cannot enforce (pattern, bounds, formats, not,
+         * if/then/else) are ignored rather than refused, oneOf is read as anyOf and allOf of
+         * several as its first: the output keeps the schema's structure */
+        bool lenient;
 };
 
 static int cerr(struct compiler *c, const char *path, const char *fmt, ...) _printf_(3, 4);
@@ -512,6 +516,8 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                         continue;
                 /* bounds every generated integer meets (at most MAX_INT_DIGITS digits): zod's
                  * .int() writes the safe-integer range ±(2^53 - 1) on every integer */
+                if (c->lenient)
+                        continue;
                 if (streq(k, "minimum") || streq(k, "maximum")) {
                         const struct json_value *ty = json_object_get(s, "type");
                         const struct json_value *b = json_object_value_at(s, i);
@@ -535,7 +541,7 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                 return compile_ref(c, json_string(v), path);
         }
         if ((v = json_object_get(s, "allOf"))) {
-                if (json_type(v) != JSON_ARRAY || json_count(v) != 1)
+                if (json_type(v) != JSON_ARRAY || json_count(v) == 0 || (json_count(v) != 1 && !c->lenient))
                         return cerr(c, path, "allOf is supported with exactly one schema");
                 subpath(sub, sizeof sub, path, "allOf[0]");
                 return compile_node(c, json_array_at(v, 0), sub);
@@ -575,7 +581,7 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                 free(t);
                 return id;
         }
-        if ((v = json_object_get(s, "anyOf"))) {
+        if ((v = json_object_get(s, "anyOf")) || (c->lenient && (v = json_object_get(s, "oneOf")))) {
                 if (json_type(v) != JSON_ARRAY || json_count(v) == 0)
                         return cerr(c, path, "anyOf must be a non-empty array of schemas");
                 if (json_count(v) > 256)
@@ -883,7 +889,8 @@ static int compile_root(struct compiler *c, const struct json_value *s, const ch
         return r;
 }
 
-int grammar_compile_schema(const char *json, size_t len, struct grammar **ret, char *err, size_t err_size) {
+static int compile_schema(const char *json, size_t len, unsigned flags, struct grammar **ret, char *err,
+                          size_t err_size) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
         _cleanup_(json_freep) struct json_value *s = NULL;
         int r;
@@ -896,7 +903,7 @@ int grammar_compile_schema(const char *json, size_t len, struct grammar **ret, c
         }
         if ((r = grammar_init(&g)) < 0)
                 return r;
-        struct compiler c = { .g = g, .err = err, .err_size = err_size };
+        struct compiler c = { .g = g, .err = err, .err_size = err_size, .lenient = flags & GRAMMAR_LENIENT };
         int32_t root = compile_root(&c, s, "");
         free(c.def_v);
         free(c.def_node);
@@ -912,6 +919,10 @@ int grammar_compile_schema(const char *json, size_t len, struct grammar **ret, c
         return 0;
 }
 
+int grammar_compile_schema(const char *json, size_t len, struct grammar **ret, char *err, size_t err_size) {
+        return compile_schema(json, len, 0, ret, err, err_size);
+}
+
 int grammar_compile_json_object(struct grammar **ret) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
         char err[64];
@@ -925,8 +936,8 @@ int grammar_compile_json_object(struct grammar **ret) {
         return 0;
 }
 
-int grammar_compile_tool(const char *tools_json, const char *name, const struct tokenizer *t,
-                         struct grammar **ret, char *err, size_t err_size) {
+static int compile_tool(const char *tools_json, const char *name, const struct tokenizer *t, unsigned flags,
+                        struct grammar **ret, char *err, size_t err_size) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
         _cleanup_(json_freep) struct json_value *tools = NULL;
         int r;
@@ -954,7 +965,7 @@ int grammar_compile_tool(const char *tools_json, const char *name, const struct 
         }
         if ((r = grammar_init(&g)) < 0)
                 return r;
-        struct compiler c = { .g = g, .err = err, .err_size = err_size };
+        struct compiler c = { .g = g, .err = err, .err_size = err_size, .lenient = flags & GRAMMAR_LENIENT };
         struct gstr names[256];
         int32_t args[256];
         uint32_t n = 0;
@@ -1093,9 +1104,20 @@ fail:
         return r == -ENOMEM ? r : -EINVAL;
 }
 
+int grammar_compile_tool(const char *tools_json, const char *name, const struct tokenizer *t,
+                         struct grammar **ret, char *err, size_t err_size) {
+        return compile_tool(tools_json, name, t, 0, ret, err, err_size);
+}
+
 int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
                                const char *tool_name, const struct tokenizer *t,
                                struct grammar **ret, char *err, size_t err_size) {
+        return grammar_compile_constraint_flags(kind, schema, tools_json, tool_name, t, 0, ret, err, err_size);
+}
+
+int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema, const char *tools_json,
+                                     const char *tool_name, const struct tokenizer *t, unsigned flags,
+                                     struct grammar **ret, char *err, size_t err_size) {
         char msg[512];
         int r;
         switch (kind) {
@@ -1109,12 +1131,12 @@ int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const
                         snprintf(err, err_size, "constraint.json_schema: empty, a JSON Schema expected");
                         return -EINVAL;
                 }
-                r = grammar_compile_schema(schema, strlen(schema), ret, msg, sizeof msg);
+                r = compile_schema(schema, strlen(schema), flags, ret, msg, sizeof msg);
                 if (r < 0)
                         snprintf(err, err_size, "constraint.json_schema: %s", msg);
                 return r;
         case GRAMMAR_TOOL:
-                r = grammar_compile_tool(tools_json, tool_name, t, ret, msg, sizeof msg);
+                r = compile_tool(tools_json, tool_name, t, flags, ret, msg, sizeof msg);
                 if (r < 0)
                         snprintf(err, err_size, "constraint.tool: %s", msg);
                 return r;

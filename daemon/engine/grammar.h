@@ -92,6 +92,14 @@ enum grammar_kind {
 int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
                                const char *tool_name, const struct tokenizer *t,
                                struct grammar **ret, char *err, size_t err_size);
+/* The same with flags: GRAMMAR_LENIENT ignores the keywords the grammar cannot enforce (value
+ * bounds, pattern, formats, not, if/then/else; oneOf read as anyOf, allOf of several as its
+ * first) instead of refusing them: the output has the schema's structure, its values may break
+ * those rules (OpenAI's non-strict schemas, a forced tool of an MCP client). */
+#define GRAMMAR_LENIENT 1u
+int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema, const char *tools_json,
+                                     const char *tool_name, const struct tokenizer *t, unsigned flags,
+                                     struct grammar **ret, char *err, size_t err_size);
 void grammar_free(struct grammar *g);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct grammar *, grammar_free);
 

@@ -106,6 +106,8 @@ def decode_generate(g):
             out["constraint"] = {"tool": s(parse(c[3][0]), 1, None)}
         else:
             out["constraint"] = {}
+        if 4 in c:
+            out["constraint_lenient"] = bool(c[4][0])
     return out
 
 

@@ -89,3 +89,29 @@ def test_anthropic_clients_get_their_error_shape_on_models(fake_bridge):
     assert st == 404 and body["type"] == "error" and body["error"]["type"] == "not_found_error", body
     st, _, body = fake_bridge.request("GET", "/v1/models/gpt-4")
     assert_openai_error(st, body, 404, "gpt-4")
+
+
+def test_schemas_written_for_validation_are_lenient_unless_strict(fake, fake_bridge):
+    """A forced tool call and a non-strict json_schema ask the daemon to ignore the keywords it
+    cannot enforce (Constraint.lenient) instead of refusing them: MCP and Pydantic schemas carry
+    pattern / minLength / minimum routinely. strict: true keeps the exact subset."""
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string", "pattern": "^/"}}}}}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("x", tools=tools, tool_choice="required"))
+    assert st == 200, body
+    assert last_request(fake).get("constraint_lenient") is True
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
+    for strict, lenient in ((False, True), (None, True), (True, None)):
+        js = {"name": "P", "schema": schema}
+        if strict is not None:
+            js["strict"] = strict
+        st, _, body = fake_bridge.post("/v1/chat/completions",
+                                       chat("x", response_format={"type": "json_schema", "json_schema": js}))
+        assert st == 200, body
+        assert last_request(fake).get("constraint_lenient") is lenient, (strict, last_request(fake))
+    st, _, body = fake_bridge.post("/v1/messages", {
+        "model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1}}}}],
+        "tool_choice": {"type": "tool", "name": "get_weather"}}, headers={"anthropic-version": "2023-06-01"})
+    assert st == 200 and last_request(fake).get("constraint_lenient") is True, body

@@ -292,3 +292,29 @@ def test_logprobs_are_of_the_masked_distribution(demo):
     assert tops[0][0] == 0.0 and len(tops[0][1]) == 1, tops[0]
     for chosen, alts in tops:
         assert chosen <= 0.0 and all(a > float("-inf") for a in alts), (chosen, alts)
+
+
+def test_lenient_constraints_keep_the_structure(demo):
+    """Constraint.lenient (protocol 1.4): keywords the mask cannot enforce are ignored instead of
+    refused, so a schema written for validation (MCP, Pydantic) still gets answers of its shape;
+    the same schema without the flag is refused, as above."""
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 2, "pattern": "^[A-Z]"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "kind": {"oneOf": [{"const": "cat"}, {"const": "dog"}]}},
+        "required": ["name", "age", "kind"], "additionalProperties": False}
+    lenient = w.field_varint(4, 1)
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string", "pattern": "^/"}}, "required": ["path"]}}}]
+    reqs = {700 + i: chat_request("Describe a pet.", json_schema(schema) + lenient, seed=7000 + i) for i in range(2)}
+    reqs[710] = chat_request("Read a file.", tool_choice("read") + lenient, seed=7100, tools=tools)
+    reqs[720] = chat_request("Describe a pet.", json_schema(schema), seed=7200)
+    res = run_all(demo, reqs)
+    for rid in (700, 701):
+        r = res[rid]
+        assert r["error"] is None, (rid, r["error"])
+        v = json.loads(r["content"])
+        assert set(v) == {"name", "age", "kind"} and isinstance(v["age"], int) and v["kind"] in ("cat", "dog"), v
+    assert res[710]["error"] is None and res[710]["calls"][0][0] == "read", res[710]
+    assert isinstance(json.loads(res[710]["calls"][0][1])["path"], str)
+    assert "keyword 'minLength' is not supported" in res[720]["error"][1], res[720]

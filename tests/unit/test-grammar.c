@@ -187,6 +187,34 @@ static void test_compile_errors(void **state) {
         grammar_free(g);
 }
 
+/* GRAMMAR_LENIENT (Constraint.lenient): the keywords refused above are ignored, the structure
+ * kept: a schema written for validation (an MCP tool's, a non-strict OpenAI one) still constrains
+ * the answer's shape; without the flag the same schema is refused as before. */
+static void test_lenient(void **state) {
+        const char *s = "{\"type\":\"object\",\"properties\":{"
+                        "\"path\":{\"type\":\"string\",\"pattern\":\"^/\",\"minLength\":1},"
+                        "\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9},"
+                        "\"mode\":{\"oneOf\":[{\"const\":\"r\"},{\"const\":\"w\"}]},"
+                        "\"both\":{\"allOf\":[{\"type\":\"boolean\"},{\"not\":{\"const\":false}}]}},"
+                        "\"required\":[\"path\",\"n\"],\"additionalProperties\":false}";
+        struct grammar *g = NULL;
+        char err[512];
+
+        (void) state;
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, s, NULL, NULL, NULL, 0, &g, err,
+                                                          sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "keyword 'pattern' is not supported"));
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, s, NULL, NULL, NULL,
+                                                          GRAMMAR_LENIENT, &g, err, sizeof err), 0);
+        ok_complete(g, "{\"path\":\"x\",\"n\":42,\"mode\":\"w\",\"both\":true}"); /* bounds not enforced */
+        rejected(g, "{\"path\":3");                 /* the structure is */
+        rejected(g, "{\"path\":\"x\",\"n\":1,\"mode\":\"x\""); /* oneOf read as anyOf */
+        rejected(g, "{\"path\":\"x\",\"n\":1,\"both\":1");       /* allOf's first schema */
+        rejected(g, "{\"path\":\"x\"}");           /* n is required */
+        rejected(g, "{\"path\":\"x\",\"n\":1,\"z\":1"); /* no other property */
+        grammar_free(g);
+}
+
 /* ---- matcher on bytes ------------------------------------------------------------------------ */
 
 static void test_matcher_object(void **state) {
@@ -617,6 +645,7 @@ static void test_mask_apply(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_compile_errors),
+                cmocka_unit_test(test_lenient),
                 cmocka_unit_test(test_matcher_object),
                 cmocka_unit_test(test_matcher_values),
                 cmocka_unit_test(test_mask_multibyte),
