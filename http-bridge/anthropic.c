@@ -251,6 +251,30 @@ static int parse_assistant(json_t *content, size_t i, json_t *conv, json_t *name
         return ret;
 }
 
+/* The input schemas Anthropic publishes for its client tools (bash_*, text_editor_*), which a
+ * request names by type alone; NULL for any other type. */
+static json_t *client_tool_schema(const char *type) {
+        if (strncmp(type, "bash_", 5) == 0)
+                return json_pack("{s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:s}}}}", "description",
+                                 "Run a command in a persistent bash shell; restart: true restarts the shell.",
+                                 "input_schema", "type", "object", "properties", "command", "type", "string",
+                                 "description", "The bash command to run", "restart", "type", "boolean",
+                                 "description", "Restart the shell");
+        if (strncmp(type, "text_editor_", 12) == 0)
+                return json_pack("{s:s, s:{s:s, s:{s:{s:s, s:[s,s,s,s,s]}, s:{s:s}, s:{s:s}, s:{s:s}, s:{s:s}, "
+                                 "s:{s:s}, s:{s:s, s:{s:s}}}, s:[s,s]}}",
+                                 "description",
+                                 "View, create and edit text files: view a file or folder (view_range: [start, "
+                                 "end] lines), create a file (file_text), replace old_str by new_str exactly once "
+                                 "(str_replace), insert new_str after line insert_line (insert), undo_edit.",
+                                 "input_schema", "type", "object", "properties", "command", "type", "string", "enum",
+                                 "view", "create", "str_replace", "insert", "undo_edit", "path", "type", "string",
+                                 "file_text", "type", "string", "old_str", "type", "string", "new_str", "type",
+                                 "string", "insert_line", "type", "integer", "view_range", "type", "array", "items",
+                                 "type", "integer", "required", "command", "path");
+        return NULL;
+}
+
 static int parse_tools(json_t *root, struct api_request *r, bool *send, json_t **out, struct api_error *e) {
         json_t *tools, *list;
         size_t i;
@@ -266,15 +290,25 @@ static int parse_tools(json_t *root, struct api_request *r, bool *send, json_t *
                 if (!json_is_object(t))
                         return api_bad(e, p, "an object expected");
                 const char *type = json_string_value(json_object_get(t, "type"));
-                if (type && !streq(type, "custom")) {
-                        snprintf(p, sizeof p, "tools[%zu].type", i);
-                        return api_fail(e, 400, "invalid_request_error", "unsupported_tool", p,
-                                        "%s: \"%s\" is a tool Anthropic's servers run; xing4d runs none (give the "
-                                        "model client tools: {name, description, input_schema})", p, type);
-                }
                 json_t *name = json_object_get(t, "name");
                 json_t *schema = json_object_get(t, "input_schema");
                 json_t *desc = json_object_get(t, "description");
+                _cleanup_(json_decrefp) json_t *builtin = NULL;
+                if (type && !streq(type, "custom")) {
+                        /* Anthropic-defined client tools (the client runs them; the API only
+                         * knows their schema): given to the model with that schema */
+                        builtin = client_tool_schema(type);
+                        snprintf(p, sizeof p, "tools[%zu].type", i);
+                        if (!builtin)
+                                return api_fail(e, 400, "invalid_request_error", "unsupported_tool", p,
+                                                "%s: \"%s\" is not a tool xing4d can offer: server tools (web search, "
+                                                "web fetch, code execution) run on Anthropic's servers and computer use "
+                                                "needs screenshots; client tools are {name, description, input_schema}, "
+                                                "and bash_* and text_editor_* are understood", p, type);
+                        schema = json_object_get(builtin, "input_schema");
+                        if (!desc || json_is_null(desc))
+                                desc = json_object_get(builtin, "description");
+                }
                 if (!json_is_string(name) || json_string_length(name) == 0) {
                         snprintf(p, sizeof p, "tools[%zu].name", i);
                         return api_bad(e, p, "required (a non-empty string)");
@@ -531,11 +565,24 @@ static json_t *input_of(const char *args) {
         return json_object();
 }
 
+/* A thinking block's signature: Anthropic's is an opaque token clients keep and send back (some
+ * treat a block without one as unusable); here a digest of the text (FNV-1a), which the bridge
+ * neither checks nor needs: thinking sent back is read as text. */
+static void thinking_signature(const char *text, size_t len, char out[40]) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < len; i++)
+                h = (h ^ (uint8_t) text[i]) * 0x100000001b3ull;
+        snprintf(out, 40, "xing4d-%016llx", (unsigned long long) h);
+}
+
 json_t *am_response_json(const char *id, const char *model, const struct api_result *res, const struct x4_done *d) {
         json_t *content = json_array();
-        if (res->reasoning)
+        if (res->reasoning) {
+                char sig[40];
+                thinking_signature(res->reasoning, res->reasoning_len, sig);
                 json_array_append_new(content, json_pack("{s:s, s:s%, s:s}", "type", "thinking", "thinking",
-                                                         res->reasoning, res->reasoning_len, "signature", ""));
+                                                         res->reasoning, res->reasoning_len, "signature", sig));
+        }
         if (res->content || (res->n_calls == 0 && !res->reasoning))
                 json_array_append_new(content, json_pack("{s:s, s:s%}", "type", "text", "text",
                                                          res->content ? res->content : "", res->content_len));
@@ -572,6 +619,16 @@ void am_stream_start(struct ev_stream *s, struct evbuffer *out) {
 static void close_block(struct ev_stream *s, struct evbuffer *out) {
         if (!s->open)
                 return;
+        if (s->open == 1) { /* thinking: its signature last, as Anthropic sends it */
+                char sig[40];
+                const char *t = s->res && s->res->reasoning ? s->res->reasoning + s->open_start : "";
+                size_t n = s->res && s->res->reasoning && s->res->reasoning_len >= s->open_start ?
+                                   s->res->reasoning_len - s->open_start : 0;
+                thinking_signature(t, n, sig);
+                ev(out, "content_block_delta",
+                   json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", (int) s->index,
+                             "delta", "type", "signature_delta", "signature", sig));
+        }
         ev(out, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", (int) s->index));
         s->index++;
         s->open = 0;
@@ -603,6 +660,9 @@ void am_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
         if (s->open != want) {
                 close_block(s, out);
                 s->open = want;
+                /* where this block's text starts in the result (the signature covers it) */
+                if (s->res)
+                        s->open_start = want == 1 ? s->res->reasoning_len - c->text_len : s->res->content_len - c->text_len;
                 ev(out, "content_block_start",
                    want == 1 ? json_pack("{s:s, s:i, s:{s:s, s:s, s:s}}", "type", "content_block_start", "index",
                                          (int) s->index, "content_block", "type", "thinking", "thinking", "",

@@ -690,23 +690,29 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
         return 0;
 }
 
+/* The error a failed or cancelled request answers with: the daemon's refusal, or for a cancel
+ * (from elsewhere: DELETE /v1/requests/ID, x4ctl cancel, the daemon stopping) a 499, which SDKs
+ * do not retry, saying the answer is incomplete. */
+static void done_error(struct api_error *e, const struct job *j, const struct x4_done *d) {
+        if (d->status != X4_OK)
+                api_error_from_x4(e, j->kind, d->status, d->error_message);
+        else
+                api_fail(e, 499, j->kind == API_MESSAGES ? "api_error" : "server_error", "request_cancelled",
+                         NULL,
+                         "request %s: the generation was cancelled after %u tokens (by DELETE "
+                         "/v1/requests/ID, x4ctl cancel or the daemon stopping); the answer is incomplete",
+                         j->idstr, d->completion_tokens);
+}
+
 /* Messages, count_tokens and Responses. */
 static void ev_answer(struct job *j, const struct x4_done *d) {
         /* Responses has a "cancelled" status for that; Messages none */
         bool cancelled = d->finish_reason == X4_FINISH_CANCELLED && j->kind == API_MESSAGES;
         if (d->status != X4_OK || cancelled) {
                 struct api_error e;
-                if (d->status != X4_OK)
-                        api_error_from_x4(&e, j->kind, d->status, d->error_message);
-                else
-                        /* cut short from elsewhere: an empty end_turn would read as "nothing to
-                         * say" to an agent, which then ends its turn; an error says the answer
-                         * is incomplete (499, as the OpenAI routes; SDKs do not retry it) */
-                        api_fail(&e, 499, "api_error", "request_cancelled", NULL,
-                                 "request %s: the generation was cancelled after %u tokens (by DELETE "
-                                 "/v1/requests/ID, x4ctl cancel or the daemon stopping); the answer is "
-                                 "incomplete",
-                                 j->idstr, d->completion_tokens);
+                /* cut short from elsewhere: an empty end_turn would read as "nothing to say" to
+                 * an agent, which then ends its turn */
+                done_error(&e, j, d);
                 if (j->headers_sent) {
                         struct evbuffer *b = evbuffer_new();
                         if (b) {
@@ -749,17 +755,9 @@ static void job_answer(struct job *j, const struct x4_done *d) {
                 return ev_answer(j, d);
         if (d->status != X4_OK || d->finish_reason == X4_FINISH_CANCELLED) {
                 struct api_error e;
-                if (d->status != X4_OK)
-                        api_error_from_x4(&e, j->kind, d->status, d->error_message);
-                else
-                        /* OpenAI's finish_reason has no "cancelled" (typed clients fail to parse
-                         * one) and no value that says "cut short by someone else": an error
-                         * (499, which SDKs do not retry) says the answer is incomplete */
-                        api_fail(&e, 499, "server_error", "request_cancelled", NULL,
-                                 "request %s: the generation was cancelled after %u tokens (by DELETE "
-                                 "/v1/requests/ID, x4ctl cancel or the daemon stopping); the answer is "
-                                 "incomplete",
-                                 j->idstr, d->completion_tokens);
+                /* OpenAI's finish_reason has no "cancelled" (typed clients fail to parse one) and
+                 * no value that says "cut short by someone else" */
+                done_error(&e, j, d);
                 if (j->headers_sent) {
                         /* too late for a status: an error event ends the stream */
                         sse_send_json(j->req, api_error_json(&e, FLAVOR_OPENAI));
@@ -924,6 +922,9 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         }
         j->be->inflight++;
         j->req = req;
+        /* Anthropic's SDKs show it as the request id (error.request_id, _request_id) */
+        if (kind == API_MESSAGES || kind == API_COUNT_TOKENS)
+                evhttp_add_header(evhttp_request_get_output_headers(req), "request-id", j->idstr);
         j->conn = evhttp_request_get_connection(req);
         evhttp_connection_set_closecb(j->conn, on_client_close, j);
         evhttp_request_set_on_complete_cb(req, on_reply_sent, NULL);

@@ -64,7 +64,10 @@ def test_stop_sequence_reported(fake_bridge):
 def test_thinking_budget_and_blocks(fake, fake_bridge):
     st, _, body = post(fake_bridge, msg("hi", thinking={"type": "enabled", "budget_tokens": 2048}))
     assert st == 200, body
-    assert body["content"][0] == {"type": "thinking", "thinking": "Let me think.", "signature": ""}
+    # a signature clients can keep and send back: the same as the stream's signature_delta
+    # (fixtures/messages-text.sse), a digest of the text
+    assert body["content"][0] == {"type": "thinking", "thinking": "Let me think.",
+                                  "signature": "xing4d-9acf7fade953e586"}
     r = last_request(fake)
     assert r["enable_thinking"] is True and r["thinking_budget"] == 2048
     st, _, body = post(fake_bridge, msg("think-long", thinking={"type": "enabled", "budget_tokens": 10}))
@@ -362,3 +365,23 @@ def test_count_tokens_on_the_real_daemon_generates_nothing(bridge, daemon):
     assert st == 200 and gen["usage"]["input_tokens"] + gen["usage"]["cache_read_input_tokens"] == out["input_tokens"]
     st, _, err = post(bridge, {**big, "max_tokens": 4})
     assert_anthropic_error(st, err, 400, "invalid_request_error", "prompt is too long: ")
+
+
+def test_request_id_header(fake_bridge):
+    st, hdrs, out = post(fake_bridge, msg())
+    assert st == 200 and hdrs.get("request-id") == out["id"], (hdrs, out["id"])
+
+
+def test_anthropic_client_tools_get_their_published_schemas(fake, fake_bridge):
+    """bash_* and text_editor_* are client tools named by type alone: the model gets them with
+    their schemas; server tools (web search) are refused naming what they are."""
+    st, _, out = post(fake_bridge, msg("list files", tools=[
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}]))
+    assert st == 200, out
+    tools = {t["function"]["name"]: t["function"] for t in last_request(fake)["tools"]}
+    assert tools["bash"]["parameters"]["properties"]["command"]["type"] == "string"
+    ed = tools["str_replace_based_edit_tool"]["parameters"]
+    assert "str_replace" in ed["properties"]["command"]["enum"] and ed["required"] == ["command", "path"]
+    st, _, out = post(fake_bridge, msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]))
+    assert_anthropic_error(st, out, 400, "invalid_request_error", "server tools (web search")
