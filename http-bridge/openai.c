@@ -228,9 +228,16 @@ const char *api_type_name(const json_t *v) {
 }
 
 /* A number field within [lo, hi]; absent or null: *set = false. */
+/* The member of o a key names: a dotted key ("stream_options.include_usage") is looked up by its
+ * last part in o (the sub-object) and named whole in errors. */
+static json_t *member(json_t *o, const char *key) {
+        const char *leaf = strrchr(key, '.');
+        return json_object_get(o, leaf ? leaf + 1 : key);
+}
+
 int api_get_number(json_t *o, const char *key, double lo, double hi, bool lo_open, double *v,
                       bool *set, struct api_error *e) {
-        json_t *x = json_object_get(o, key);
+        json_t *x = member(o, key);
         *set = false;
         if (!x || json_is_null(x))
                 return 0;
@@ -329,7 +336,7 @@ int api_get_top_k(json_t *o, x4_request *req, struct api_error *e) {
 
 int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *v, bool *set,
                    struct api_error *e) {
-        json_t *x = json_object_get(o, key);
+        json_t *x = member(o, key);
         *set = false;
         if (!x || json_is_null(x))
                 return 0;
@@ -344,7 +351,7 @@ int api_get_int(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_i
 }
 
 int api_get_bool(json_t *o, const char *key, bool *v, struct api_error *e) {
-        json_t *x = json_object_get(o, key);
+        json_t *x = member(o, key);
         if (!x || json_is_null(x))
                 return 0;
         if (!json_is_boolean(x))
@@ -798,7 +805,7 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                         x4_request_set_thinking(r->req, r->thinking);
                 }
                 json_int_t b;
-                if (api_get_int(kw, "thinking_budget", -1, INT32_MAX, &b, &set, e) < 0)
+                if (api_get_int(kw, "chat_template_kwargs.thinking_budget", -1, INT32_MAX, &b, &set, e) < 0)
                         return -1;
                 if (set)
                         x4_request_set_thinking_budget(r->req, (int32_t) b);
@@ -1011,7 +1018,7 @@ int api_parse_request(enum api_kind kind, const char *body, size_t len, const st
                         api_bad(e, "stream_options", "only allowed when \"stream\" is true");
                         goto out;
                 }
-                if (api_get_bool(so, "include_usage", &r->include_usage, e) < 0)
+                if (api_get_bool(so, "stream_options.include_usage", &r->include_usage, e) < 0)
                         goto out;
         }
         if (parse_sampling(root, r, e) < 0)

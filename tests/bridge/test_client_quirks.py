@@ -115,3 +115,11 @@ def test_schemas_written_for_validation_are_lenient_unless_strict(fake, fake_bri
             "city": {"type": "string", "minLength": 1}}}}],
         "tool_choice": {"type": "tool", "name": "get_weather"}}, headers={"anthropic-version": "2023-06-01"})
     assert st == 200 and last_request(fake).get("constraint_lenient") is True, body
+
+
+def test_nested_fields_are_named_whole(fake_bridge):
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(stream=True, stream_options={"include_usage": "yes"}))
+    assert_openai_error(st, body, 400, "stream_options.include_usage: true or false expected",
+                        "stream_options.include_usage")
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(chat_template_kwargs={"thinking_budget": "x"}))
+    assert_openai_error(st, body, 400, "chat_template_kwargs.thinking_budget", "chat_template_kwargs.thinking_budget")
