@@ -227,6 +227,7 @@ struct ev_stream {
         unsigned seq;                /* responses: sequence_number */
         size_t n_calls;
         bool started;
+        bool cut;                    /* responses: the output ended inside the open item */
         uint32_t prompt_tokens;      /* from the first chunk (protocol minor 3), for message_start */
         uint32_t cached_tokens;
         json_t *output;              /* responses: the finished output items */

@@ -568,14 +568,28 @@ static void stream_begin(struct job *j) {
  * however long tokenizing took. Without either within sse-keepalive seconds (a request queued
  * behind others) they go out anyway, with a `: keep-alive` comment then and every sse-keepalive
  * seconds until the first token: proxies drop a connection that stays silent for 60-100 s. */
+/* The headers (and for Responses its response.created: the client learns the response's id while
+ * the prompt is queued or prefilled, and can cancel it). */
+static void stream_headers(struct job *j) {
+        if (j->headers_sent)
+                return;
+        sse_start(j->req);
+        j->headers_sent = true;
+        if (j->kind == API_RESPONSES) {
+                struct evbuffer *b = evbuffer_new();
+                if (b) {
+                        ev_stream_start(&j->ev, b);
+                        sse_send_buffer(j->req, b);
+                        evbuffer_free(b);
+                }
+        }
+}
+
 static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
         struct job *j = arg;
         if (!j->req || j->got_first)
                 return;
-        if (!j->headers_sent) {
-                sse_start(j->req);
-                j->headers_sent = true;
-        }
+        stream_headers(j);
         sse_keepalive(j->req);
         struct timeval tv = { br.cfg.sse_keepalive_s, 0 };
         evtimer_add(j->tick, &tv);
@@ -585,10 +599,8 @@ static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
 static void on_progress(uint64_t request_id, uint32_t done_tokens, uint32_t total_tokens, void *arg) {
         struct job *j = arg;
         (void) request_id, (void) done_tokens, (void) total_tokens;
-        if (j && j->req && j->stream && !j->headers_sent && !j->got_first) {
-                sse_start(j->req);
-                j->headers_sent = true;
-        }
+        if (j && j->req && j->stream && !j->headers_sent && !j->got_first)
+                stream_headers(j);
 }
 
 /* A finished tool call as OpenAI streams it: a first delta naming the call, then the arguments in
@@ -706,8 +718,11 @@ static void done_error(struct api_error *e, const struct job *j, const struct x4
 
 /* Messages, count_tokens and Responses. */
 static void ev_answer(struct job *j, const struct x4_done *d) {
-        /* Responses has a "cancelled" status for that; Messages none */
-        bool cancelled = d->finish_reason == X4_FINISH_CANCELLED && j->kind == API_MESSAGES;
+        /* Messages has no status for it; a Responses stream would end with response.completed,
+         * which Codex and the Agents SDK take as a finished answer (a non-streamed response says
+         * "cancelled" in its status) */
+        bool cancelled = d->finish_reason == X4_FINISH_CANCELLED &&
+                         (j->kind == API_MESSAGES || (j->kind == API_RESPONSES && j->stream));
         if (d->status != X4_OK || cancelled) {
                 struct api_error e;
                 /* cut short from elsewhere: an empty end_turn would read as "nothing to say" to
@@ -922,9 +937,11 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         }
         j->be->inflight++;
         j->req = req;
-        /* Anthropic's SDKs show it as the request id (error.request_id, _request_id) */
-        if (kind == API_MESSAGES || kind == API_COUNT_TOKENS)
-                evhttp_add_header(evhttp_request_get_output_headers(req), "request-id", j->idstr);
+        /* the SDKs show it as the request id (Anthropic's request-id, OpenAI's x-request-id): the
+         * id DELETE /v1/requests/ID cancels */
+        evhttp_add_header(evhttp_request_get_output_headers(req),
+                          kind == API_MESSAGES || kind == API_COUNT_TOKENS ? "request-id" : "x-request-id",
+                          j->idstr);
         j->conn = evhttp_request_get_connection(req);
         evhttp_connection_set_closecb(j->conn, on_client_close, j);
         evhttp_request_set_on_complete_cb(req, on_reply_sent, NULL);

@@ -454,7 +454,8 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
         if (instr && !json_is_null(instr) && !json_is_string(instr))
                 return api_bad(e, "instructions", "a string expected, got %s", api_type_name(instr));
 
-        /* reasoning.effort "none" turns thinking off; any other effort leaves it on */
+        /* reasoning.effort "none" or "minimal" turns thinking off (as on chat completions); low to
+         * xhigh leave it on */
         r->thinking = true;
         json_t *reasoning = json_object_get(root, "reasoning");
         if (reasoning && !json_is_null(reasoning)) {
@@ -463,10 +464,10 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
                 json_t *effort = json_object_get(reasoning, "effort");
                 const char *ef = json_string_value(effort);
                 if (effort && !json_is_null(effort) && !streq(ef, "none") && !streq(ef, "minimal") &&
-                    !streq(ef, "low") && !streq(ef, "medium") && !streq(ef, "high"))
-                        return api_bad(e, "reasoning.effort", "\"none\", \"minimal\", \"low\", \"medium\" or "
-                                       "\"high\" expected");
-                if (streq(ef, "none")) {
+                    !streq(ef, "low") && !streq(ef, "medium") && !streq(ef, "high") && !streq(ef, "xhigh"))
+                        return api_bad(e, "reasoning.effort", "\"none\", \"minimal\", \"low\", \"medium\", \"high\" "
+                                       "or \"xhigh\" expected");
+                if (streq(ef, "none") || streq(ef, "minimal")) {
                         r->thinking = false;
                         x4_request_set_thinking(r->req, false);
                 }
@@ -633,6 +634,11 @@ json_t *rs_response_json(const char *id, int64_t created, const char *model, jso
                 api_call_id(cid, sizeof cid, "call_", id, i);
                 json_array_append_new(output, call_item(iid, cid, res->calls[i].name, res->calls[i].arguments, true));
         }
+        /* cut by max_output_tokens: the text that was being written is incomplete (a call is
+         * reported only whole) */
+        json_t *last = json_array_get(output, json_array_size(output) - 1);
+        if (d && d->finish_reason == X4_FINISH_LENGTH && res->n_calls == 0 && last)
+                json_object_set_new(last, "status", json_string("incomplete"));
         return response_object(id, created, model, echo, output, d);
 }
 
@@ -690,6 +696,8 @@ static void close_item(struct ev_stream *s, struct evbuffer *out) {
                              "part", text_part(text, len)));
                 item = message_item(iid, text, len, true);
         }
+        if (s->cut) /* the output ended inside it (max_output_tokens, a failure) */
+                json_object_set_new(item, "status", json_string("incomplete"));
         ev(s, out, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", (int) s->index, "item", item));
         json_array_append_new(s->output, item);
         s->index++;
@@ -763,14 +771,28 @@ void rs_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuf
                 s->open = 2;
                 s->open_start = s->res->content_len;
         }
+        s->cut = d->finish_reason == X4_FINISH_LENGTH;
         close_item(s, out);
         ev(s, out, d->finish_reason == X4_FINISH_LENGTH ? "response.incomplete" : "response.completed",
            json_pack("{s:o}", "response", response_object(s->id, s->created, s->model, s->echo,
                                                           json_deep_copy(s->output), d)));
 }
 
+/* A stream that fails after its headers: the error event (the SDKs raise on it), then the
+ * response failed, after its response.created if none went out yet (clients built on the events,
+ * Codex among them, read only response.failed, and the SDKs' stream helpers expect
+ * response.created first). An open item ends incomplete. */
 void rs_stream_error(struct ev_stream *s, const struct api_error *e, struct evbuffer *out) {
+        s->cut = true;
+        close_item(s, out);
         ev(s, out, "error",
            json_pack("{s:o, s:s, s:o}", "code", e->code ? json_string(e->code) : json_null(), "message", e->message,
                      "param", e->param[0] ? json_string(e->param) : json_null()));
+        json_t *r = response_object(s->id, s->created, s->model, s->echo, json_deep_copy(s->output), NULL);
+        if (r) {
+                json_object_set_new(r, "status", json_string("failed"));
+                json_object_set_new(r, "error", json_pack("{s:s, s:s}", "code", e->code ? e->code : "server_error",
+                                                          "message", e->message));
+        }
+        ev(s, out, "response.failed", json_pack("{s:o}", "response", r));
 }

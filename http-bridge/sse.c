@@ -129,6 +129,8 @@ void ev_stream_finish(struct ev_stream *s, const struct x4_done *d, struct evbuf
 void ev_stream_error(struct ev_stream *s, const struct api_error *e, struct evbuffer *out) {
         if (s->kind == API_MESSAGES)
                 am_stream_error(s, e, out);
-        else
+        else {
+                ev_stream_start(s, out); /* response.created first, then response.failed */
                 rs_stream_error(s, e, out);
+        }
 }

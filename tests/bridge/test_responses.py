@@ -270,3 +270,62 @@ def test_stored_responses_belong_to_their_api_key(fake, make_bridge, tmp_path):
     st, _, body = b.post("/v1/responses", resp("x", previous_response_id=first["id"]),
                          headers={"Authorization": "Bearer sk-b"})
     assert_openai_error(st, body, 400, "is not stored here", param="previous_response_id")
+
+
+def sse_events(data):
+    return [json.loads(b[len("data: "):]) for b in data.decode().split("\n") if b.startswith("data: {")]
+
+
+def stream_raw(bridge, body, conf=None):
+    c = bridge.conn()
+    t0 = time.monotonic()
+    c.request("POST", "/v1/responses", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    headers_s = time.monotonic() - t0
+    data = r.read()
+    c.close()
+    return r, headers_s, data
+
+
+def test_a_cancelled_stream_fails_instead_of_completing(fake_bridge):
+    """Cut short from elsewhere (x4ctl cancel, DELETE /v1/requests/ID): response.completed would
+    read as a finished answer to Codex and the Agents SDK; response.failed says it is not, and the
+    cut item is incomplete."""
+    r, _, data = stream_raw(fake_bridge, resp("cancelled-elsewhere", stream=True))
+    ev = sse_events(data)
+    types = [e["type"] for e in ev]
+    assert types[0] == "response.created" and types[-1] == "response.failed", types
+    assert "response.completed" not in types
+    fail = ev[-1]["response"]
+    assert fail["status"] == "failed" and fail["error"]["code"] == "request_cancelled", fail
+    assert fail["output"][0]["status"] == "incomplete", fail["output"]
+    assert r.getheader("x-request-id") == fail["id"]
+    # not streamed: the response itself says so
+    st, _, body = fake_bridge.post("/v1/responses", resp("cancelled-elsewhere"))
+    assert st == 200 and body["status"] == "cancelled", body
+
+
+def test_response_created_goes_out_with_the_headers(make_bridge, fake, tmp_path):
+    """A long prefill (the fake's progress frame, then 2 s): response.created comes at once, so the
+    client knows the id (and can cancel) before the first token."""
+    conf = tmp_path / "http.conf"
+    conf.write_text("[xing4-http]\nsse-keepalive = 5\n")
+    b = make_bridge([fake["socket"]], "--config", str(conf))
+    c = b.conn()
+    t0 = time.monotonic()
+    c.request("POST", "/v1/responses", body=json.dumps(resp("progress-2", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    first = r.readline() + r.readline()
+    created_s = time.monotonic() - t0
+    rest = r.read()
+    c.close()
+    assert created_s < 1.5 and b"response.created" in first, (created_s, first)
+    assert sse_events(first + rest)[-1]["type"] == "response.completed"
+
+
+def test_reasoning_effort_values(fake, fake_bridge):
+    for effort, thinking in (("xhigh", True), ("minimal", False), ("none", False)):
+        st, _, body = fake_bridge.post("/v1/responses", resp(reasoning={"effort": effort}))
+        assert st == 200, body
+        assert last_request(fake).get("enable_thinking", True) is thinking, effort
