@@ -258,7 +258,10 @@ void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s);
 /* The conversation stored under id by the same API key (borrowed), or NULL. */
 json_t *rs_store_get(const char *id, int key);
 /* Stores conv + the answer under id for key; steals nothing. */
-void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res);
+/* response: the answered response object, kept for GET /v1/responses/ID (the store takes it) */
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response);
+json_t *rs_store_response(const char *id, int key);
+bool rs_store_delete(const char *id, int key);
 void rs_store_clear(void);
 
 /* ---- Server-Sent Events -------------------------------------------------------------------------- */

@@ -745,7 +745,8 @@ static void ev_answer(struct job *j, const struct x4_done *d) {
                 return send_json(j->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t) d->prompt_tokens),
                                  j->endpoint);
         if (j->kind == API_RESPONSES && j->store && d->finish_reason != X4_FINISH_CANCELLED)
-                rs_store_put(j->idstr, j->key, j->conv, &j->res);
+                rs_store_put(j->idstr, j->key, j->conv, &j->res,
+                             rs_response_json(j->idstr, j->created, j->model, j->echo, &j->res, d));
         if (!j->stream) {
                 json_t *r = j->kind == API_MESSAGES ? am_response_json(j->idstr, j->model, &j->res, d)
                         : rs_response_json(j->idstr, j->created, j->model, j->echo, &j->res, d);
@@ -999,6 +1000,25 @@ static json_t *model_object(const char *id) {
                          "created_at", when);
 }
 
+/* GET /v1/responses/ID: the stored response (store: true, the default, kept --response-retention
+ * seconds); DELETE: drop it. Only the API key that made it sees it. */
+static void handle_stored_response(struct evhttp_request *req, enum evhttp_cmd_type m, const char *id, int key) {
+        struct api_error e;
+        if (m == EVHTTP_REQ_DELETE) {
+                if (rs_store_delete(id, key))
+                        return send_json(req, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response",
+                                                             "deleted", 1), "response");
+        } else {
+                json_t *r = rs_store_response(id, key);
+                if (r)
+                        return send_json(req, 200, json_incref(r), "response");
+        }
+        api_fail(&e, 404, "invalid_request_error", "not_found", NULL,
+                 "response %s: not found (not stored: store false, expired after --response-retention, "
+                 "deleted, or made with another API key)", id);
+        send_error(req, &e, "response");
+}
+
 static void handle_models(struct evhttp_request *req) {
         json_t *m = model_object(br.served_model);
         /* what the daemons actually load (general.name and fingerprint), for humans */
@@ -1248,6 +1268,8 @@ static void route(struct evhttp_request *req, void *arg) {
                 endpoint = "models", want = EVHTTP_REQ_GET;
         else if (strncmp(path, "/v1/requests/", 13) == 0 && path[13])
                 endpoint = "cancel", want = EVHTTP_REQ_DELETE;
+        else if (strncmp(path, "/v1/responses/", 14) == 0 && path[14] && !strchr(path + 14, '/'))
+                endpoint = "response", want = m == EVHTTP_REQ_DELETE ? EVHTTP_REQ_DELETE : EVHTTP_REQ_GET;
         if (!endpoint) {
                 api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %s",
                          m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE"
@@ -1279,6 +1301,8 @@ static void route(struct evhttp_request *req, void *arg) {
                 return path[10] == '/' ? handle_model(req, path + 11) : handle_models(req);
         if (streq(endpoint, "cancel"))
                 return handle_cancel(req, path + 13, key);
+        if (streq(endpoint, "response"))
+                return handle_stored_response(req, m, path + 14, key);
         handle_generate(req, kind, key, endpoint);
 }
 

@@ -29,6 +29,7 @@ struct stored {
         char id[64];
         int key;
         json_t *conv;
+        json_t *response; /* the response object as answered (GET /v1/responses/ID) */
         size_t bytes;
         time_t at;
 };
@@ -55,6 +56,7 @@ static void store_drop_oldest(void) {
         store.n--;
         store.bytes -= s->bytes;
         json_decref(s->conv);
+        json_decref(s->response);
         free(s);
 }
 
@@ -78,15 +80,46 @@ json_t *rs_store_get(const char *id, int key) {
         return NULL;
 }
 
-void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res) {
-        if (store.max_n == 0 || !conv)
+/* The stored response object of id (NULL: none for this key); NULL, 0 when deleted or not there. */
+json_t *rs_store_response(const char *id, int key) {
+        store_expire();
+        for (struct stored *s = store.head; s; s = s->next)
+                if (streq(s->id, id) && s->key == key)
+                        return s->response;
+        return NULL;
+}
+
+bool rs_store_delete(const char *id, int key) {
+        store_expire();
+        for (struct stored **p = &store.head, *prev = NULL; *p; prev = *p, p = &(*p)->next) {
+                struct stored *s = *p;
+                if (!streq(s->id, id) || s->key != key)
+                        continue;
+                *p = s->next;
+                if (store.tail == s)
+                        store.tail = prev;
+                store.n--;
+                store.bytes -= s->bytes;
+                json_decref(s->conv);
+                json_decref(s->response);
+                free(s);
+                return true;
+        }
+        return false;
+}
+
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response) {
+        if (store.max_n == 0 || !conv) {
+                json_decref(response);
                 return;
+        }
         json_t *c = json_deep_copy(conv);
         json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content", res->content ? res->content : "",
                               res->content_len);
         if (!c || !m) {
                 json_decref(c);
                 json_decref(m);
+                json_decref(response);
                 return;
         }
         if (res->reasoning)
@@ -104,15 +137,20 @@ void rs_store_put(const char *id, int key, json_t *conv, const struct api_result
         }
         json_array_append_new(c, m);
         char *dump = json_dumps(c, JSON_COMPACT);
+        char *rdump = response ? json_dumps(response, JSON_COMPACT) : NULL;
         struct stored *s = calloc(1, sizeof *s);
         if (!dump || !s) {
                 free(dump);
+                free(rdump);
                 free(s);
                 json_decref(c);
+                json_decref(response);
                 return;
         }
-        s->bytes = strlen(dump) + sizeof *s;
+        s->bytes = strlen(dump) + (rdump ? strlen(rdump) : 0) + sizeof *s;
         free(dump);
+        free(rdump);
+        s->response = response;
         snprintf(s->id, sizeof s->id, "%s", id);
         s->key = key;
         s->conv = c;

@@ -329,3 +329,23 @@ def test_reasoning_effort_values(fake, fake_bridge):
         st, _, body = fake_bridge.post("/v1/responses", resp(reasoning={"effort": effort}))
         assert st == 200, body
         assert last_request(fake).get("enable_thinking", True) is thinking, effort
+
+
+def test_stored_responses_can_be_retrieved_and_deleted(fake_bridge):
+    st, _, made = fake_bridge.post("/v1/responses", resp("hi"))
+    assert st == 200, made
+    st, _, got = fake_bridge.request("GET", f"/v1/responses/{made['id']}")
+    assert st == 200 and got == made, (got, made)
+    r, _, data = stream_raw(fake_bridge, resp("hi", stream=True))
+    done = sse_events(data)[-1]["response"]
+    st, _, got = fake_bridge.request("GET", f"/v1/responses/{done['id']}")
+    assert st == 200 and got["output"] == done["output"] and got["status"] == "completed", got
+    st, _, gone = fake_bridge.request("DELETE", f"/v1/responses/{made['id']}")
+    assert st == 200 and gone == {"id": made["id"], "object": "response", "deleted": True}, gone
+    for method in ("GET", "DELETE"):
+        st, _, body = fake_bridge.request(method, f"/v1/responses/{made['id']}")
+        assert_openai_error(st, body, 404, "not found", None)
+        assert body["error"]["code"] == "not_found"
+    st, _, unstored = fake_bridge.post("/v1/responses", resp("hi", store=False))
+    st, _, body = fake_bridge.request("GET", f"/v1/responses/{unstored['id']}")
+    assert st == 404, body
