@@ -618,10 +618,11 @@ int outparse_finish(struct outparse *p, const char *finish_reason) {
         if (p->stopped)
                 return 0;
         int r;
-        /* cut by the output budget inside a call: a call complete in its JSON form is still
-         * one; the rest of an unfinished call is dropped, not shown as content (an API client
-         * would show the model's call syntax to its user, then send it back in the history) */
-        if (p->in_tool && finish_reason && streq(finish_reason, "length")) {
+        /* cut by the output budget inside a call of a request that offered tools: a call
+         * complete in its JSON form is still one; the rest of an unfinished call is dropped, not
+         * shown as content (an API client would show the model's call syntax to its user, then
+         * send it back in the history). Raw text (no tools offered) keeps it as text. */
+        if (p->in_tool && finish_reason && streq(finish_reason, "length") && p->c.n_tool_names > 0) {
                 const char *s = p->tool.p ? p->tool.p : "", *e = s + p->tool.n, *b = skip_ws(s, e);
                 _cleanup_free_ char *name = NULL;
                 _cleanup_(json_freep) struct json_value *args = NULL;

@@ -97,8 +97,8 @@ int outparse_feed(struct outparse *p, int32_t id, const char *text, size_t len);
  * output (bytes of an unfinished character, as U+FFFD). Call it before outparse_finish(). */
 int outparse_feed_text(struct outparse *p, const char *text, size_t len);
 /* Generation ended for another reason (e.g. "length", "cancelled"): emit everything held back
- * (an unfinished tool call as content text; with "length", the output budget ran out inside it:
- * dropped unless its JSON form is complete) and a STOP event with this reason. No-op after a
+ * (an unfinished tool call as content text; with "length" in a request that offered tools, the
+ * output budget ran out inside it: dropped unless its JSON form is complete) and a STOP event with this reason. No-op after a
  * STOP. */
 int outparse_finish(struct outparse *p, const char *finish_reason);
 

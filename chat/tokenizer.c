@@ -1191,7 +1191,11 @@ void tokenizer_stream_after(struct tokenizer_stream *s, int32_t prev) {
         const struct tokenizer *t = s->t;
         if (prev < 0 || (size_t) prev >= t->n)
                 return;
-        s->run_start = t->special_of[prev] || t->type[prev] == TOKENIZER_PIECE_CONTROL;
+        /* a control piece decodes to nothing and leaves the run as it was (stream_piece) */
+        if (t->special_of[prev])
+                s->run_start = true;
+        else if (t->type[prev] != TOKENIZER_PIECE_CONTROL)
+                s->run_start = false;
 }
 
 bool tokenizer_stream_at_run_start(const struct tokenizer_stream *s) {

@@ -141,9 +141,9 @@ int tokenizer_stream_feed(struct tokenizer_stream *s, int32_t id, const char **r
 /* End of the ids: bytes still held (an unfinished byte sequence) come out as U+FFFD each.
  * The stream is then reset for a new sequence. */
 int tokenizer_stream_flush(struct tokenizer_stream *s, const char **ret_text, size_t *ret_len);
-/* The stream continues a text whose last token was prev (a prompt's): after a special or a
- * control token the next piece starts a run (its leading ▁ dropped, as sentencepiece decodes the
- * whole sequence); after text it keeps its space ("The cloud" + "▁told" is " told"). */
+/* The stream continues a text whose last token was prev (a prompt's): after a special the next
+ * piece starts a run (its leading ▁ dropped, as sentencepiece decodes the whole sequence); after
+ * text it keeps its space ("The cloud" + "▁told" is " told"); a control piece changes nothing. */
 void tokenizer_stream_after(struct tokenizer_stream *s, int32_t prev);
 /* Whether the next piece starts a run (its leading ▁ would be dropped). */
 bool tokenizer_stream_at_run_start(const struct tokenizer_stream *s);

@@ -255,7 +255,7 @@ static char *prompt_text(int argc, char **argv, int first) {
 
 /* PROMPT... or stdin into *ret: 0, or an exit status after saying why (no prompt, a NUL byte in
  * it, out of memory). */
-static int read_prompt(int argc, char **argv, int first, char **ret) {
+static int read_prompt(int argc, char **argv, int first, bool raw, char **ret) {
         size_t n = 0;
         char *p;
         if (first >= argc) {
@@ -273,9 +273,14 @@ static int read_prompt(int argc, char **argv, int first, char **ret) {
                 fprintf(stderr, "x4ctl: out of memory\n");
                 return EXIT_FAIL;
         }
-        if (!p[strspn(p, " \t\r\n")]) {
+        /* raw text is sent as it is, blanks included; a chat message needs words */
+        if (!p[0] || (!raw && !p[strspn(p, " \t\r\n")])) {
+                bool empty = !p[0];
                 free(p);
-                return usage_error("%s", "no prompt: give it as arguments, or on stdin (which was empty)");
+                if (first >= argc)
+                        return usage_error("no prompt: stdin %s (give the prompt as arguments or on stdin)",
+                                           empty ? "was empty" : "held only blanks");
+                return usage_error("%s", "no prompt: the prompt given is blank");
         }
         *ret = p;
         return 0;
@@ -749,7 +754,7 @@ static int cmd_generate(int argc, char **argv) {
                         r = usage_error("%s", "generate: --system needs the chat template; --raw sends the text as is");
                         goto out;
                 }
-                r = read_prompt(argc, argv, dash ? argc : optind, &prompt);
+                r = read_prompt(argc, argv, dash ? argc : optind, o.raw, &prompt);
                 if (r != 0)
                         goto out;
                 request_prompt(o.req, prompt, o.raw, o.system);
@@ -1172,7 +1177,7 @@ static int cmd_snapshot(int argc, char **argv) {
                 else if (tokens)
                         r = request_tokens(src, tokens);
                 else {
-                        r = read_prompt(argc, argv, optind, &prompt);
+                        r = read_prompt(argc, argv, optind, raw, &prompt);
                         if (r == 0)
                                 request_prompt(src, prompt, raw, system);
                 }

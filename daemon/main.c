@@ -301,9 +301,11 @@ static int load_config(struct options *o, const char *path, bool required) {
                         return log_error_errno(EINVAL, "%s: 'key = value' expected, got '%s'", where, s);
                 *eq = 0;
                 char *key = strip(s), *val = eq + 1;
-                /* a comment after the value: '#' or ';' after a space ("threads = 4  # cores") */
+                /* a comment after the value: '#' or ';' between spaces, or ending the line after one
+                 * ("threads = 4  # cores"); a path holding " #1" or " ;x" keeps them */
                 for (char *c = val; *c; c++)
-                        if ((*c == '#' || *c == ';') && c > val && (c[-1] == ' ' || c[-1] == '\t')) {
+                        if ((*c == '#' || *c == ';') && c > val && (c[-1] == ' ' || c[-1] == '\t') &&
+                            (c[1] == ' ' || c[1] == '\t' || c[1] == '\n' || c[1] == '\r' || !c[1])) {
                                 *c = 0;
                                 break;
                         }

@@ -200,7 +200,7 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                 return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                             "prompt: none given, text, tokens or chat expected");
         }
-        if (r->has_max_tokens && r->max_tokens == 0)
+        if (r->has_max_tokens && r->max_tokens == 0 && !r->count_only)
                 return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                             "max_tokens: 0, at least 1 expected");
         if (r->n_stop > s->p.max_stop)
@@ -224,7 +224,7 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                 return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                             "thinking_budget: %d, -1 (unlimited) or a token count expected",
                             r->thinking_budget);
-        if (r->constraint != SCHED_CONSTRAINT_NONE) {
+        if (r->constraint != SCHED_CONSTRAINT_NONE && !r->count_only) { /* a count generates nothing */
                 if (!s->p.tokenizer)
                         return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                                     "constraint: this model has no tokenizer, constrained decoding "
@@ -301,7 +301,8 @@ int sched_submit(struct sched *s, struct sched_request *r, uint64_t *ret_id) {
         pthread_mutex_lock(&s->lock);
         if (s->draining)
                 ret = -ESHUTDOWN;
-        else if (s->n_live >= (size_t) s->p.max_running + s->p.max_waiting)
+        /* a count takes no slot: it is tokenized on the prep thread and answered */
+        else if (s->n_live >= (size_t) s->p.max_running + s->p.max_waiting && !r->count_only)
                 ret = -EAGAIN;
         else if (eng_grow((void **) &s->live, &s->cap_live, s->n_live + 1, sizeof *s->live) < 0)
                 ret = -ENOMEM;

@@ -122,6 +122,7 @@ static int refuse_block(const char *type, const char *p, struct api_error *e) {
 
 static int parse_user(json_t *content, size_t i, json_t *conv, json_t *names, struct api_error *e) {
         struct sbuf text = { 0 };
+        bool pushed = false; /* a tool result went in as a turn of its own */
         size_t j;
         json_t *b;
         char p[96];
@@ -164,6 +165,7 @@ static int parse_user(json_t *content, size_t i, json_t *conv, json_t *names, st
                         }
                         if (conv_push(conv, "tool", &out, NULL, NULL, json_string_value(json_object_get(names, id))) < 0)
                                 return OOM(e);
+                        pushed = true;
                 } else {
                         int u = unreadable_block(b, type, &text);
                         if (u < 0) {
@@ -176,7 +178,9 @@ static int parse_user(json_t *content, size_t i, json_t *conv, json_t *names, st
                         return refuse_block(type, p, e);
                 }
         }
-        if ((text.s || json_array_size(content) == 0) && conv_push(conv, "user", &text, NULL, NULL, NULL) < 0)
+        /* a turn whose blocks all went (another server's tool results): still a user turn, so the
+         * answer is not taken as a continuation of the assistant's last message */
+        if ((text.s || !pushed) && conv_push(conv, "user", &text, NULL, NULL, NULL) < 0)
                 return OOM(e);
         return 0;
 }

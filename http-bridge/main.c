@@ -102,7 +102,8 @@ struct job {
         double t_start, t_last;
         bool got_first;
         int64_t created;
-        struct event *tick;             /* stream: headers, then keep-alives until the output */
+        struct event *tick;             /* stream: headers, then keep-alives while nothing is sent */
+        bool wrote;                     /* stream: bytes went out since the last tick */
 };
 
 #define MAX_API_KEYS 64
@@ -417,14 +418,19 @@ static const char *request_path(struct evhttp_request *req, char *buf, size_t si
 /* Which error shape the request answers in: Anthropic's on its paths, and for a client that says
  * it speaks Anthropic's API (anthropic-version) on the shared ones (/v1/models). */
 static enum api_flavor flavor_of(struct evhttp_request *req) {
-        char buf[512];
-        const char *path = request_path(req, buf, sizeof buf);
-        while (path[0] == '/' && path[1] == '/')
-                path++;
+        char buf[512], path[512];
+        const char *raw = request_path(req, buf, sizeof buf);
+        size_t n = 0;
+        for (const char *p = raw; *p && n < sizeof path - 1; p++) /* "/v1//messages" too */
+                if (!(*p == '/' && n > 0 && path[n - 1] == '/'))
+                        path[n++] = *p;
+        path[n] = 0;
         if (strncmp(path, "/v1/messages", 12) == 0)
                 return FLAVOR_ANTHROPIC;
-        return evhttp_find_header(evhttp_request_get_input_headers(req), "anthropic-version") ?
-                       FLAVOR_ANTHROPIC : FLAVOR_OPENAI;
+        if (strncmp(path, "/v1/models", 10) == 0 &&
+            evhttp_find_header(evhttp_request_get_input_headers(req), "anthropic-version"))
+                return FLAVOR_ANTHROPIC;
+        return FLAVOR_OPENAI;
 }
 
 static void send_error(struct evhttp_request *req, const struct api_error *e, const char *endpoint) {
@@ -543,6 +549,7 @@ static int ev_chunk(struct job *j, const struct x4_chunk *c) {
         if (!b)
                 return 0;
         ev_stream_chunk(&j->ev, c, b);
+        j->wrote = j->wrote || evbuffer_get_length(b) > 0;
         sse_send_buffer(j->req, b);
         evbuffer_free(b);
         return 0;
@@ -587,10 +594,16 @@ static void stream_headers(struct job *j) {
 
 static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
         struct job *j = arg;
-        if (!j->req || j->got_first)
+        if (!j->req)
                 return;
-        stream_headers(j);
-        sse_keepalive(j->req);
+        /* also while tokens come that show nothing yet (a tool call being written, a held-back
+         * stop-string prefix): minutes of silence for the client and its proxies otherwise */
+        if (!j->headers_sent) {
+                stream_headers(j);
+                sse_keepalive(j->req);
+        } else if (!j->wrote)
+                sse_keepalive(j->req);
+        j->wrote = false;
         struct timeval tv = { br.cfg.sse_keepalive_s, 0 };
         evtimer_add(j->tick, &tv);
 }
@@ -599,8 +612,10 @@ static void on_stream_tick(evutil_socket_t fd, short what, void *arg) {
 static void on_progress(uint64_t request_id, uint32_t done_tokens, uint32_t total_tokens, void *arg) {
         struct job *j = arg;
         (void) request_id, (void) done_tokens, (void) total_tokens;
-        if (j && j->req && j->stream && !j->headers_sent && !j->got_first)
+        if (j && j->req && j->stream && !j->headers_sent && !j->got_first) {
                 stream_headers(j);
+                j->wrote = true;
+        }
 }
 
 /* A finished tool call as OpenAI streams it: a first delta naming the call, then the arguments in
@@ -638,6 +653,11 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 j->t_last = t;
         }
         bool call = c->channel == X4_CHANNEL_TOOL_CALL && c->tool_name;
+        /* a token came: the prompt was taken, the headers may go (its text may be held back) */
+        if (j->stream && !j->headers_sent && c->n_token_ids > 0) {
+                stream_headers(j);
+                j->wrote = true;
+        }
         if (c->prompt_tokens) {
                 j->ev.prompt_tokens = c->prompt_tokens;
                 j->ev.cached_tokens = c->cached_tokens <= c->prompt_tokens ? c->cached_tokens : c->prompt_tokens;
@@ -678,6 +698,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
         if (!c->text_len && !call && !lp)
                 return 0;
         stream_begin(j);
+        j->wrote = true;
         if (j->kind == API_COMPLETION) {
                 sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model,
                                                      json_stringn(c->text, c->text_len), NULL, lp));
@@ -806,7 +827,7 @@ static void on_done(const struct x4_done *d, void *arg) {
                 j->early = *d;
                 return;
         }
-        if (d->status == X4_OK)
+        if (d->status == X4_OK && j->kind != API_COUNT_TOKENS) /* a count computes nothing */
                 metrics_add_tokens(d->prompt_tokens, d->completion_tokens, d->cached_tokens);
         if (d->finish_reason == X4_FINISH_CANCELLED)
                 metrics_count_cancelled();

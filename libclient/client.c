@@ -364,14 +364,14 @@ X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp) {
 
 X4_API int x4_request_set_constraint_lenient(x4_request *r, bool lenient) {
         if (!r)
-                return -EINVAL;
+                return X4_E_USAGE;
         r->constraint_lenient = lenient;
         return 0;
 }
 
 X4_API int x4_request_set_count_only(x4_request *r, bool count_only) {
         if (!r)
-                return -EINVAL;
+                return X4_E_USAGE;
         r->count_only = count_only;
         return 0;
 }

@@ -34,7 +34,7 @@ extern "C" {
 #define X4_API __attribute__((visibility("default")))
 
 #define X4_CLIENT_PROTO_MAJOR 1
-#define X4_CLIENT_PROTO_MINOR 3
+#define X4_CLIENT_PROTO_MINOR 4
 #define X4_DEFAULT_SOCKET "/run/xing4d/xing4d.sock"
 /* Environment variable naming the socket when none is given. */
 #define X4_SOCKET_ENV "X4_SOCKET"

@@ -535,12 +535,18 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                             "anyOf, $ref, $defs)", k);
         }
         const struct json_value *v;
+        /* lenient: beside a structure of its own (type, properties, items, enum, const), an allOf
+         * or a oneOf adds rules to it (if/then, `required` alternatives): ignored, not taken as
+         * the value's whole schema */
+        bool own = c->lenient && (json_object_get(s, "type") || json_object_get(s, "properties") ||
+                                  json_object_get(s, "items") || json_object_get(s, "enum") ||
+                                  json_object_get(s, "const"));
         if ((v = json_object_get(s, "$ref"))) {
                 if (json_type(v) != JSON_STRING)
                         return cerr(c, path, "$ref must be a string");
                 return compile_ref(c, json_string(v), path);
         }
-        if ((v = json_object_get(s, "allOf"))) {
+        if (!own && (v = json_object_get(s, "allOf"))) {
                 if (json_type(v) != JSON_ARRAY || json_count(v) == 0 || (json_count(v) != 1 && !c->lenient))
                         return cerr(c, path, "allOf is supported with exactly one schema");
                 subpath(sub, sizeof sub, path, "allOf[0]");
@@ -581,7 +587,7 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                 free(t);
                 return id;
         }
-        if ((v = json_object_get(s, "anyOf")) || (c->lenient && (v = json_object_get(s, "oneOf")))) {
+        if ((v = json_object_get(s, "anyOf")) || (c->lenient && !own && (v = json_object_get(s, "oneOf")))) {
                 if (json_type(v) != JSON_ARRAY || json_count(v) == 0)
                         return cerr(c, path, "anyOf must be a non-empty array of schemas");
                 if (json_count(v) > 256)

@@ -247,9 +247,10 @@ static bool prepare(struct sched *s, struct job *j) {
                 n += j->snap_n;
         }
         j->create = r->snapshot_create != NULL;
-        if (r->count_only) { /* the size is the answer: no context check, nothing admitted */
+        if (r->count_only) { /* the size is the answer: no context check, nothing admitted or cached */
                 free(ids);
                 j->n_prompt = (uint32_t) MIN(n, (size_t) UINT32_MAX);
+                j->snap_n = 0;
                 j->count_only = true;
                 return true;
         }

@@ -22,6 +22,7 @@ What it answers depends on the request:
   - last user message "late-invalid": after 1.5 s, Error{INVALID_ARGUMENT} "prompt of ... leaves no
     room ..." (a long prompt's tokenization, then the context refusal)
   - last user message "progress-2": a PrefillProgress frame, 2 s of silence, then as below
+  - last user message "call-slow": a tool-call token (no text), 2.5 s, then the call get_weather
   - anything else: reasoning "Let me think.", content "Hello" + ", world", finish stop,
     usage 7 prompt / 3 cached / 3 completion / 1 reasoning
 Every GenerateRequest is appended (decoded) to --record as a JSON line.
@@ -231,6 +232,12 @@ class Conn(threading.Thread):
                         time.sleep(1.5)
                         self.send(rid, ERROR, error(E_TOO_LARGE, "prompt of 300000 tokens leaves no room for "
                                                     "output in the context limit of 262144 tokens"))
+                        continue
+                    if last == "call-slow":
+                        self.send(rid, CHUNK, chunk("", TOOL_CALL, token=5))
+                        time.sleep(2.5)
+                        self.send(rid, CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6))
+                        self.send(rid, DONE, done(FINISH_TOOL_CALLS))
                         continue
                     if last == "progress-2":
                         self.send(rid, PROGRESS, fv(1, 100) + fv(2, 1000))

@@ -385,3 +385,34 @@ def test_anthropic_client_tools_get_their_published_schemas(fake, fake_bridge):
     assert "str_replace" in ed["properties"]["command"]["enum"] and ed["required"] == ["command", "path"]
     st, _, out = post(fake_bridge, msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]))
     assert_anthropic_error(st, out, 400, "invalid_request_error", "server tools (web search")
+
+
+def test_a_turn_of_dropped_blocks_is_still_a_user_turn(fake, fake_bridge):
+    body = {"model": "claude-x", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": [{"type": "web_search_tool_result", "tool_use_id": "x", "content": []}]}]}
+    st, _, out = post(fake_bridge, body)
+    assert st == 200, out
+    assert last_request(fake)["messages"][-1] == {"role": "user", "content": ""}
+
+
+def test_error_shapes_follow_the_route(fake_bridge):
+    st, _, out = fake_bridge.post("/v1//messages", {"model": "claude-x", "messages": []},
+                                  headers={"anthropic-version": "2023-06-01"})
+    assert st == 400 and out["type"] == "error", out
+    # an anthropic-version header (a proxy forwarding it) does not change the chat route's shape
+    st, _, out = fake_bridge.post("/v1/chat/completions", {"model": "xing4", "messages": []},
+                                  headers={"anthropic-version": "2023-06-01"})
+    assert st == 400 and "error" in out and "code" in out["error"], out
+
+
+def test_counting_adds_no_prompt_tokens_to_the_metrics(fake_bridge):
+    def prompt_total():
+        st, _, body = fake_bridge.request("GET", "/metrics")
+        text = body.decode() if isinstance(body, bytes) else str(body)
+        return [line for line in text.splitlines() if line.startswith("xing4_http_prompt_tokens_total")]
+    before = prompt_total()
+    st, _, out = post(fake_bridge, {"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]},
+                      path="/v1/messages/count_tokens")
+    assert st == 200
+    assert prompt_total() == before

@@ -434,3 +434,21 @@ def test_prefill_progress_sends_the_headers(make_bridge, fake, tmp_path):
     data = r.read().decode()
     c.close()
     assert '"content":"Hello"' in data and data.endswith("data: [DONE]\n\n")
+
+
+def test_a_tool_call_being_written_still_gets_headers_and_keep_alives(make_bridge, fake, tmp_path):
+    # "call-slow": a token of a call (no text to show) at once, the whole call 2.5 s later: the
+    # token says the prompt was taken (headers at once), and the silence gets keep-alives
+    conf = tmp_path / "http.conf"
+    conf.write_text("[xing4-http]\nsse-keepalive = 1\n")
+    b = make_bridge([fake["socket"]], "--config", str(conf))
+    c = b.conn()
+    t0 = time.monotonic()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("call-slow", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    headers_s = time.monotonic() - t0
+    data = r.read().decode()
+    c.close()
+    assert r.status == 200 and headers_s < 0.9, headers_s
+    assert data.count(": keep-alive\n\n") >= 1 and '"name":"get_weather"' in data, data

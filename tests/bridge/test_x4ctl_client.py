@@ -190,8 +190,9 @@ def test_option_errors_name_x4ctl_and_the_command():
 @pytest.mark.parametrize("args,stdin,needle", [
     (["generate", "-", "extra"], "hi", "'-' (the prompt on stdin) and a prompt on the command line ('extra') exclude"),
     (["generate", "--raw", "--system", "S", "hi"], None, "--system needs the chat template"),
-    (["generate"], "", "no prompt: give it as arguments, or on stdin (which was empty)"),
-    (["generate"], " \n\t", "no prompt"),
+    (["generate"], "", "no prompt: stdin was empty"),
+    (["generate"], " \n\t", "no prompt: stdin held only blanks"),
+    (["generate", " "], None, "no prompt: the prompt given is blank"),
     (["generate", "--raw"], "a\0b", "holds a NUL byte (at byte 1)"),
     (["chat", "--raw"], "x\n", "chat: --raw is for generate"),
     (["chat", "--tokens", "1,2"], "x\n", "chat: --tokens is for generate"),
@@ -211,3 +212,8 @@ def test_json_failures_are_json_and_timeout_zero_is_none(fake, tmp_path):
     assert e["type"] == "error" and "cannot connect" in e["message"], r.stdout
     r = x4ctl(fake["socket"], "--timeout", "0", "generate", "--no-think", "hi")
     assert r.returncode == 0 and "Hello, world" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_raw_blank_text_is_sent_as_it_is(fake):
+    r = x4ctl(fake["socket"], "generate", "--raw", " ")
+    assert r.returncode == 0, r.stderr

@@ -75,3 +75,8 @@ def test_config_file_details(tmp_path):
     assert f"{conf}:4: 'threads' is set again (line 2 set it before)" in r.stderr, r.stderr
     # the file was read past the comments: the bad value on line 5 is what stops it
     assert r.returncode == 1 and f"{conf}:5" in r.stderr and "'key = value' expected" not in r.stderr, r.stderr
+    # a path holding " #1" or " ;x" (no space after the mark) is a value, not a comment
+    conf.write_text(f"[xing4d]\nstate-dir = {tmp_path}/s #1\nmemory-limit = 1k  # too small: it stops\n")
+    r = run_xing4d("--config", str(conf), "--listen", str(tmp_path / "x.sock"))
+    assert r.returncode == 1 and "the memory limit of 1024 bytes" in r.stderr, r.stderr
+    assert (tmp_path / "s #1").is_dir(), r.stderr

@@ -213,6 +213,17 @@ static void test_lenient(void **state) {
         rejected(g, "{\"path\":\"x\"}");           /* n is required */
         rejected(g, "{\"path\":\"x\",\"n\":1,\"z\":1"); /* no other property */
         grammar_free(g);
+        /* beside a structure of their own, allOf (if/then) and oneOf (required alternatives) are
+         * rules on it, ignored: the object stays an object */
+        const char *s2 = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"integer\"}},"
+                         "\"required\":[\"a\"],\"allOf\":[{\"if\":{\"required\":[\"b\"]},\"then\":{}}],"
+                         "\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}";
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, s2, NULL, NULL, NULL,
+                                                          GRAMMAR_LENIENT, &g, err, sizeof err), 0);
+        ok_complete(g, "{\"a\":\"x\",\"b\":2}");
+        rejected(g, "0");
+        rejected(g, "{\"b\":2}");
+        grammar_free(g);
 }
 
 /* ---- matcher on bytes ------------------------------------------------------------------------ */

@@ -100,6 +100,16 @@ static struct outparse *new_parser(struct seen *s, bool thinking, int64_t budget
         return p;
 }
 
+/* A parser for a chat request that offered the tools f and get_weather. */
+static struct outparse *new_tool_parser(struct seen *s) {
+        static const char *const names[] = { "f", "get_weather" };
+        struct outparse *p = NULL;
+        memset(s, 0, sizeof(*s));
+        struct outparse_config c = { .tool_names = names, .n_tool_names = 2, .emit = collect, .userdata = s };
+        assert_int_equal(outparse_new(tok, &c, &p, NULL, 0), 0);
+        return p;
+}
+
 /* What the model would generate for this text: the tokenizer's ids, each with the streaming
  * detokenizer's text (many tokens, split wherever BPE split it). */
 static void feed_model_text(struct outparse *p, const char *text) {
@@ -317,9 +327,10 @@ static void test_tool_call_malformed(void **state) {
         }
 
         struct seen s;
-        /* the output budget ran out inside a call: the unfinished call is dropped, not shown as
-         * content (an API client would show the call syntax and send it back in its history) */
-        _cleanup_(outparse_freep) struct outparse *p = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        /* the output budget ran out inside a call of a request that offered tools: the unfinished
+         * call is dropped, not shown as content (an API client would show the call syntax and
+         * send it back in its history) */
+        _cleanup_(outparse_freep) struct outparse *p = new_tool_parser(&s);
         feed_model_text(p, "Let me check.");
         feed(p, ID_TOOL_CALL, "<tool_call>");
         feed_bytes(p, "{\"name\": \"f\", \"argu");
@@ -328,13 +339,13 @@ static void test_tool_call_malformed(void **state) {
         assert_int_equal(s.n_calls, 0);
         assert_string_equal(s.reason, "length");
         /* cut there in the parameter form, too */
-        _cleanup_(outparse_freep) struct outparse *p2 = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        _cleanup_(outparse_freep) struct outparse *p2 = new_tool_parser(&s);
         feed(p2, ID_TOOL_CALL, "<tool_call>");
         feed_bytes(p2, "get_weather<param_key>city</param_key><param_value>Par");
         assert_int_equal(outparse_finish(p2, "length"), 0);
         assert_string_equal(s.content, "");
         /* but a call whose JSON is complete is still one */
-        _cleanup_(outparse_freep) struct outparse *p3 = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        _cleanup_(outparse_freep) struct outparse *p3 = new_tool_parser(&s);
         feed(p3, ID_TOOL_CALL, "<tool_call>");
         feed_bytes(p3, "{\"name\": \"f\", \"arguments\": {\"a\": 1}}");
         assert_int_equal(outparse_finish(p3, "length"), 0);
@@ -345,6 +356,12 @@ static void test_tool_call_malformed(void **state) {
         feed(p4, ID_TOOL_CALL, "<tool_call>");
         feed_bytes(p4, "{\"name\": \"f\", \"argu");
         assert_int_equal(outparse_finish(p4, "cancelled"), 0);
+        assert_string_equal(s.content, "<tool_call>{\"name\": \"f\", \"argu");
+        /* raw text (no tools offered: a completion, x4ctl --raw): the text is the answer */
+        _cleanup_(outparse_freep) struct outparse *p5 = new_parser(&s, false, -1, NULL, 0, NULL, 0);
+        feed(p5, ID_TOOL_CALL, "<tool_call>");
+        feed_bytes(p5, "{\"name\": \"f\", \"argu");
+        assert_int_equal(outparse_finish(p5, "length"), 0);
         assert_string_equal(s.content, "<tool_call>{\"name\": \"f\", \"argu");
 
         /* unterminated but complete when the turn ends: still a call */
