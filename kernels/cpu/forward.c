@@ -387,7 +387,7 @@ static uint8_t matmul_fast_kind(const struct matmul_set *s, const struct matmul_
 static void matmul_prepare_fast(struct x4_backend *b) {
         struct matmul_set *s = b->mm;
         const struct matmul_job *prev = NULL;
-        size_t used = 0, values = 0;
+        size_t used = 0, values = 0, prev_groups = 0;
 
         s->n_conv = s->xc_rows = 0;
         for (size_t i = 0; i < s->n_jobs; i++) {
@@ -399,16 +399,18 @@ static void matmul_prepare_fast(struct x4_backend *b) {
                         continue;
                 j->xc_kind = kind;
                 j->xc_row = kind == XC_BF16 ? j->k * sizeof(uint16_t) : quant_q8_row_bytes(j->k);
+                /* the same inputs: the same x, stride, tokens, length and groups (q_a and kv_a
+                 * differ in rows, one group each) */
                 if (prev && prev->xc_kind == kind && prev->x == j->x &&
                     prev->x_stride == j->x_stride && prev->n_tokens == j->n_tokens &&
-                    prev->k == j->k && prev->rows_per_group == j->rows_per_group &&
-                    prev->group_stride == j->group_stride && prev->n_rows == j->n_rows) {
+                    prev->k == j->k && prev_groups == n_groups &&
+                    (n_groups == 1 || prev->group_stride == j->group_stride)) {
                         j->xc = prev->xc;
                         prev = j;
                         continue;
                 }
-                /* sized at create (work_alloc) for two of the largest workspace arrays */
-                assert(used + n_groups * j->n_tokens * j->xc_row <= s->xc_cap);
+                /* sized at create (work_alloc) for the worst a set can hold */
+                assert(used + n_groups * j->n_tokens * j->xc_row + 63 <= s->xc_cap);
                 s->conv[s->n_conv++] = (struct xc_conv) {
                         .x = j->x,
                         .x_stride = j->x_stride,
@@ -422,10 +424,11 @@ static void matmul_prepare_fast(struct x4_backend *b) {
                         .first = s->xc_rows,
                 };
                 j->xc = s->xc + used;
-                used += n_groups * j->n_tokens * j->xc_row;
+                used += (n_groups * j->n_tokens * j->xc_row + 63) & ~(size_t) 63; /* q8 scales aligned */
                 s->xc_rows += n_groups * j->n_tokens;
                 values += n_groups * j->n_tokens * j->k;
                 prev = j;
+                prev_groups = n_groups;
         }
         if (s->xc_rows == 0)
                 return;
@@ -1273,13 +1276,14 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
         b->mm->panel = w->panel;
         if (b->fast_bf16 || b->fast_q8) {
                 /* a set's inputs are at most two workspace arrays (the routed experts' gathered
-                 * rows and the shared expert's input): room for two of the largest as bf16 (2
-                 * bytes a value; a q8 row takes 1 + 4/32 bytes a value, plus at most 63 of
-                 * padding: below 2 for the rows of 64 values and more that the model has) */
+                 * rows and the shared expert's input), each converted at most for both kinds (a
+                 * file whose gate and up differ: BF16 and a quantized type), at most 2 bytes a
+                 * value each (bf16; a q8 row is 1 + 4/32 bytes a value, padded to 64 bytes: at
+                 * most 2 for rows of 32 values and more), plus 64 bytes of alignment a job */
                 b->mm->fast_bf16 = b->fast_bf16;
                 b->mm->fast_q8 = b->fast_q8;
-                b->mm->xc_cap = 2 * largest * sizeof(uint16_t);
-                b->mm->xc = calloc(b->mm->xc_cap, 1);
+                b->mm->xc_cap = 2 * 2 * largest * sizeof(uint16_t) + MATMUL_MAX_JOBS * 64;
+                b->mm->xc = aligned_alloc(64, (b->mm->xc_cap + 63) & ~(size_t) 63);
                 if (!b->mm->xc)
                         return -ENOMEM;
                 *bytes += b->mm->xc_cap;

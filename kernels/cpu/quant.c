@@ -1000,6 +1000,10 @@ size_t quant_q8_row_bytes(size_t k) {
         return (k + k / 32 * sizeof(float) + 63) & ~(size_t) 63;
 }
 
+/* Below this a block's values are 0 in q8 (127 / amax would overflow near 2^-121; nothing this
+ * small changes a product of the model's scale). */
+#define Q8_TINY 0x1p-96f
+
 static void q8_quantize_generic(const float *x, size_t k, void *row) {
         int8_t *q = row;
         float *dx = (float *) ((uint8_t *) row + k);
@@ -1008,12 +1012,19 @@ static void q8_quantize_generic(const float *x, size_t k, void *row) {
         for (size_t b = 0; b < k / 32; b++) {
                 const float *xb = x + 32 * b;
                 float amax = 0.0f;
+                bool finite = true;
 
                 for (int i = 0; i < 32; i++) {
                         float a = xb[i] < 0 ? -xb[i] : xb[i];
+                        finite = finite && isfinite(xb[i]);
                         amax = a > amax ? a : amax;
                 }
-                float id = amax > 0 ? 127.0f / amax : 0.0f;
+                if (!finite || amax < Q8_TINY) { /* quant.h: NaN scale, or a zero block */
+                        dx[b] = finite ? 0.0f : NAN;
+                        memset(q + 32 * b, 0, 32);
+                        continue;
+                }
+                float id = 127.0f / amax;
                 dx[b] = amax / 127.0f;
                 for (int i = 0; i < 32; i++) {
                         float v = nearbyintf(xb[i] * id);
@@ -1284,14 +1295,23 @@ Q8_TARGET static void round_bf16_avx512(const float *x, size_t n, uint16_t *xb) 
 Q8_TARGET static void q8_quantize_avx512(const float *x, size_t k, void *row) {
         int8_t *q = row;
         float *dx = (float *) ((uint8_t *) row + k);
+        const __m512 inf = _mm512_set1_ps(INFINITY);
+        const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
         for (size_t b = 0; b < k / 32; b++) {
                 __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-                float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-                float id = amax > 0 ? 127.0f / amax : 0.0f;
-                __m512 idv = _mm512_set1_ps(id);
+                __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1);
+                /* NaN (unordered) or infinite anywhere: a NaN scale and zeros, as the portable code */
+                __mmask16 bad = _mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ);
+                float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+                if (bad || amax < Q8_TINY) {
+                        dx[b] = bad ? NAN : 0.0f;
+                        memset(q + 32 * b, 0, 32);
+                        continue;
+                }
+                __m512 idv = _mm512_set1_ps(127.0f / amax);
                 dx[b] = amax / 127.0f;
-                __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, idv)));
-                __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, idv)));
+                __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x0, idv)))));
+                __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x1, idv)))));
                 _mm_storeu_si128((__m128i *) (q + 32 * b), q0);
                 _mm_storeu_si128((__m128i *) (q + 32 * b + 16), q1);
         }

@@ -106,7 +106,9 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
 /* The fast numerics' integer products: IQ4_NL, Q8_0 and Q6_K weights times activations rounded
  * to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
  * values, then k/32 fp32 scales; block b's scale is dx_b = max|x| / 127 and q_i = x_i · (127 /
- * max|x|) rounded to nearest even (0 for an all-zero block).
+ * max|x|) rounded to nearest even, in [-127, 127]. A block whose max|x| is below 2^-96 (zeros
+ * included) has dx 0 and q 0; one holding a NaN or an infinity has dx NaN and q 0, so the NaN
+ * reaches every output it takes part in.
  *
  * An output w · x sums each 32-value block b in integers: 8 groups of 4 consecutive values, group
  * g's value L = Σ w_i·q_i (w the block's integer weights: the IQ4_NL codebook entries, the Q8_0

@@ -528,6 +528,46 @@ static void test_q8_quantize(void **state) {
         for (int i = 0; i < K - 3; i++)
                 assert_int_equal(bf[1][i], quant_f32_to_bf16(xs[i]));
         assert_memory_equal(bf[0], bf[1], (K - 3) * sizeof(uint16_t));
+
+        /* blocks a q8 scale cannot hold: a NaN or an infinity (dx NaN, q 0: the NaN reaches the
+         * product, as in fp32), a maximum below 2^-96 (subnormals too: a zero block), in every
+         * variant alike, and no q of -128 anywhere */
+        float odd[4 * 32];
+        for (int i = 0; i < 4 * 32; i++)
+                odd[i] = rndf();
+        odd[5] = NAN;
+        odd[32 + 7] = -INFINITY;
+        for (int i = 64; i < 96; i++)
+                odd[i] = (i % 2 ? 1 : -1) * 0x1p-130f * (float) (i - 63); /* subnormal and tiny */
+        for (int v = 0; v < 2; v++) {
+                quant_set_simd(v ? 2 : 0);
+                quant_q8_quantize(odd, 4 * 32, rows[v]);
+        }
+        const int8_t *oq = (const int8_t *) rows[1];
+        const float *odx = (const float *) (rows[1] + 4 * 32);
+        assert_true(isnan(odx[0]) && isnan(odx[1]) && odx[2] == 0.0f && isfinite(odx[3]) && odx[3] > 0);
+        for (int i = 0; i < 96; i++)
+                assert_int_equal(oq[i], 0);
+        for (int i = 0; i < 4 * 32; i++)
+                assert_true(oq[i] >= -127);
+        assert_memory_equal(rows[0], rows[1], 4 * 32); /* the values; NaN scales compared above */
+        for (int v = 0; v < 2; v++) {
+                const float *d = (const float *) (rows[v] + 4 * 32);
+                assert_true(isnan(d[0]) && isnan(d[1]) && d[2] == 0.0f && d[3] == odx[3]);
+        }
+        /* a product with a NaN block is NaN in every variant */
+        void *w = random_row(GGML_TYPE_IQ4_NL, 4 * 32);
+        uint64_t rb = 0;
+        assert_int_equal(ggml_row_bytes(GGML_TYPE_IQ4_NL, 4 * 32, &rb), 0);
+        for (int v = 0; v < 3; v++) {
+                float y = 0;
+                quant_set_simd(v ? 2 : 0);
+                quant_q8_set_vnni(v != 2);
+                quant_gemm_q8(GGML_TYPE_IQ4_NL, w, rb, 1, 4 * 32, rows[1], quant_q8_row_bytes(4 * 32), 1, &y, 1);
+                assert_true(isnan(y));
+        }
+        free(w);
+        quant_q8_set_vnni(true);
         quant_set_simd(2);
 }
 
