@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -81,7 +82,12 @@ static void connect_hint(const char *msg) {
         const char *path = arg.socket ? arg.socket : getenv(X4_SOCKET_ENV);
         if (!path || !*path)
                 path = X4_DEFAULT_SOCKET;
-        if (strstr(msg, "Permission denied"))
+        struct stat st;
+        if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+                fprintf(stderr, "x4ctl: hint: %s is a %s, not a socket: pass --socket PATH with the path "
+                                "xing4d listens on (its --listen; the packaged one is %s)\n", path,
+                        S_ISDIR(st.st_mode) ? "folder" : "file", X4_DEFAULT_SOCKET);
+        else if (strstr(msg, "Permission denied"))
                 fprintf(stderr, "x4ctl: hint: %s is for members of the group xing4: sudo usermod -aG xing4 $USER, "
                                 "then log in again (or run x4ctl as a member)\n", path);
         else if (strstr(msg, "No such file") || strstr(msg, "Connection refused"))
@@ -1316,6 +1322,8 @@ int main(int argc, char **argv) {
         while ((c = getopt_long(argc, argv, "+hV", opts, NULL)) >= 0) {
                 switch (c) {
                 case OPT_SOCKET:
+                        if (!*optarg)
+                                return usage_error("%s", "--socket: an empty path; the daemon's socket path expected");
                         arg.socket = optarg;
                         break;
                 case OPT_CONNECT_TIMEOUT:

@@ -1489,8 +1489,12 @@ int main(int argc, char **argv) {
                         goto fail;
                 return 0;
         }
-        if (!mp.path || optind < argc) {
-                log_error(optind < argc ? "unexpected argument" : "--model is required");
+        if (optind < argc) {
+                log_error("unexpected argument '%s'", argv[optind]);
+                goto fail;
+        }
+        if (!mp.path) {
+                log_error("--model is required");
                 goto fail;
         }
         if (B.mtp_verify && B.mtp != 1) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "gguf/ggml.h"
 #include "model/mkmodel.h"
@@ -186,6 +187,12 @@ int main(int argc, char **argv) {
         if (!o.out) {
                 log_error("--out FILE.gguf is required");
                 usage(stderr);
+                return 2;
+        }
+        /* before writing gigabytes: a folder there would only show at the final rename */
+        struct stat st;
+        if (stat(o.out, &st) == 0 && S_ISDIR(st.st_mode)) {
+                log_error("--out %s: is a folder, a file path expected", o.out);
                 return 2;
         }
         r = x4_mkmodel_write(&s, &o);

@@ -42,6 +42,11 @@ static int read_file(const char *path, char **ret, size_t *ret_len) {
 
 int main(int argc, char **argv) {
         log_set_ident("x4-template");
+        if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+                printf("usage: x4-template FILE.jinja|-xing4 CONTEXT.json\n"
+                       "  renders the chat template (or the built-in Xing4 one) with the JSON context\n");
+                return 0;
+        }
         if (argc != 3) {
                 fprintf(stderr, "usage: x4-template FILE.jinja|-xing4 CONTEXT.json\n");
                 return 2;

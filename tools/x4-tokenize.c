@@ -17,7 +17,8 @@
 #include "tools/common.h"
 
 static void usage(FILE *f) {
-        fprintf(f, "usage: x4-tokenize --model M.gguf [--decode] [--raw] [--skip-specials] [--bench SECONDS]\n");
+        fprintf(f, "usage: x4-tokenize --model M.gguf [--decode] [--raw] [--skip-specials] [--bench SECONDS]\n"
+                   "  reads the text (or with --decode the ids) on stdin, one line at a time\n");
 }
 
 static int encode_lines(const struct tokenizer *t, unsigned flags) {
@@ -133,8 +134,12 @@ int main(int argc, char **argv) {
                         return tool_usage_exit(c, usage);
                 }
         }
-        if (!model || optind != argc) {
-                fprintf(stderr, "x4-tokenize: %s\n", !model ? "--model M.gguf is required" : "unexpected argument");
+        if (!model) {
+                fprintf(stderr, "x4-tokenize: --model M.gguf is required\n");
+                return 1;
+        }
+        if (optind != argc) {
+                fprintf(stderr, "x4-tokenize: unexpected argument '%s' (the text is read on stdin)\n", argv[optind]);
                 return 1;
         }
 

@@ -63,6 +63,8 @@ void eng_fail_job(struct sched *s, struct job *j, int code, const char *fmt, ...
         va_end(ap);
         eng_unlink_job(s, j);
         s->failed++;
+        if (!j->t_admit) /* refused before admission (a prompt over the context): counted, as failed */
+                s->total++;
         eng_job_release(s, j);
         if (e) {
                 e->kind = SCHED_EVENT_ERROR;

@@ -217,3 +217,10 @@ def test_json_failures_are_json_and_timeout_zero_is_none(fake, tmp_path):
 def test_raw_blank_text_is_sent_as_it_is(fake):
     r = x4ctl(fake["socket"], "generate", "--raw", " ")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_socket_path_that_is_no_socket_is_named(tmp_path):
+    r = x4ctl(str(tmp_path), "health")
+    assert r.returncode == 3 and f"{tmp_path} is a folder, not a socket" in r.stderr, r.stderr
+    r = x4ctl("", "health")
+    assert r.returncode == 2 and "--socket: an empty path" in r.stderr, r.stderr

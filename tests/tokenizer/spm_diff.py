@@ -174,6 +174,8 @@ def cli_errors(tool, gguf):
         (['--model', gguf, '--decode'], b'1\n303 8000\n',
          'x4-tokenize: stdin line 2: tokenizer: token id 8000 at position 1 out of range, 0..7999 expected\n'),
         ([], b'', 'x4-tokenize: --model M.gguf is required\n'),
+        (['--model', gguf, 'some text'], b'',
+         "x4-tokenize: unexpected argument 'some text' (the text is read on stdin)\n"),
     ]
     fails = 0
     for args, stdin, want in cases:
