@@ -876,10 +876,12 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
         bool set, echo = false;
         if (api_get_int(root, "logprobs", 0, 20, &iv, &set, e) < 0)
                 return -1;
-        if (set && iv > 0) {
+        /* logprobs: 0 still asks for the sampled tokens' (with empty alternatives), as OpenAI's;
+         * the daemon is asked for one alternative, which is then left out */
+        if (set) {
                 r->logprobs = true;
                 r->top_logprobs = (unsigned) iv;
-                x4_request_set_logprobs(r->req, (uint32_t) iv);
+                x4_request_set_logprobs(r->req, (uint32_t) (iv > 0 ? iv : 1));
         }
         if (api_get_bool(root, "echo", &echo, e) < 0)
                 return -1;
@@ -1135,12 +1137,18 @@ static void completion_logprobs_append(json_t *obj, const struct x4_chunk *c, un
                 json_array_append_new(tokens, json_string(t));
                 json_array_append_new(lps, json_real(lp->logprob));
                 json_t *top = json_object();
+                bool sampled = false;
                 for (size_t j = 0; j < lp->n_top && j < top_n; j++) {
                         char buf[32];
+                        sampled = sampled || lp->top[j].token_id == lp->token_id;
                         json_object_set_new(top, lp->top[j].token_id == lp->token_id ? token_text(lp, c)
                                                                                      : top_text(&lp->top[j], buf, sizeof buf),
                                             json_real(lp->top[j].logprob));
                 }
+                /* OpenAI's "up to logprobs + 1": the sampled token is there even when it is not among
+                 * the most likely */
+                if (top_n > 0 && !sampled)
+                        json_object_set_new(top, t, json_real(lp->logprob));
                 json_array_append_new(tops, top);
         }
         *text_offset = end;

@@ -123,3 +123,12 @@ def test_nested_fields_are_named_whole(fake_bridge):
                         "stream_options.include_usage")
     st, _, body = fake_bridge.post("/v1/chat/completions", chat(chat_template_kwargs={"thinking_budget": "x"}))
     assert_openai_error(st, body, 400, "chat_template_kwargs.thinking_budget", "chat_template_kwargs.thinking_budget")
+
+
+def test_completions_logprobs_zero_gives_the_sampled_tokens(bridge):
+    st, _, body = bridge.post("/v1/completions", {"model": "xing4", "prompt": "The cloud", "max_tokens": 3,
+                                                  "logprobs": 0, "temperature": 0})
+    assert st == 200, body
+    lp = body["choices"][0]["logprobs"]
+    n = body["usage"]["completion_tokens"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == n and all(t == {} for t in lp["top_logprobs"]), lp
