@@ -1296,7 +1296,7 @@ static void help(void) {
                "x4ctl COMMAND --help shows one command's usage.\n\n"
                "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect, 4 timeout,\n"
                "             5 not found, 6 daemon unavailable (draining/full), 7 the output budget ran out\n"
-               "             while thinking (nothing answered), 130 interrupted\n");
+               "             while thinking (nothing answered), 8 snapshot name taken, 130 interrupted\n");
 }
 
 int main(int argc, char **argv) {

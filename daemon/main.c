@@ -384,7 +384,7 @@ static void help(void) {
                "  --cpu-math fp32|fast         the CPU backend's numerics: the fp32 reference (default),\n"
                "                               or BF16 products on bf16-rounded activations with the\n"
                "                               CPU's BF16 dot (AVX512_BF16; elsewhere fp32), see xing4d(8)\n"
-               "  --log-level LEVEL            err, warning, info, debug\n"
+               "  --log-level LEVEL            err, warning, info, debug (also emerg, alert, crit, notice)\n"
                "  --version\n");
 }
 
