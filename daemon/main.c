@@ -485,14 +485,20 @@ static int check_listen_free(const char *path) {
         return 0;
 }
 
-/* The snapshot folder, before the model load: created when missing (its parent must exist: a
- * mistyped path is not built), refused when it is not a folder. Not creatable or not writable: a
- * warning, since the daemon serves without snapshots (a user running it without --state-dir
- * cannot write the packaged default), and a snapshot then fails with that reason. */
-static int check_state_dir(const char *dir) {
+/* The snapshot folder, before the model load: one asked for (--state-dir, the config) is created
+ * when missing (its parent must exist: a mistyped path is not built); the packaged default is
+ * systemd's to create (StateDirectory=), never made as a side effect of a run without it. Refused
+ * when it is not a folder. Not creatable or not writable: a warning, since the daemon serves
+ * without snapshots, and a snapshot then fails with that reason. */
+static int check_state_dir(const char *dir, bool asked) {
         struct stat st;
 
         if (stat(dir, &st) < 0) {
+                if (errno == ENOENT && !asked) {
+                        log_info("--state-dir %s: missing: snapshots cannot be saved until it exists "
+                                 "(--state-dir DIR names another folder)", dir);
+                        return 0;
+                }
                 if (errno == ENOENT && mkdir(dir, 0750) == 0) {
                         log_info("--state-dir %s: created (snapshots are kept there)", dir);
                         return 0;
@@ -830,7 +836,7 @@ int main(int argc, char **argv) {
         }
         if (o.listen && sd_listen_fds(0) <= 0 && check_listen_free(o.listen) < 0)
                 goto out;
-        if (check_state_dir(o.state_dir ? o.state_dir : "/var/lib/xing4d") < 0)
+        if (check_state_dir(o.state_dir ? o.state_dir : "/var/lib/xing4d", o.state_dir != NULL) < 0)
                 goto out;
         /* SIGTERM during the load: the default action (exit) is right, nothing is served yet.
          * SIGHUP is logged and ignored once serving (libevent's handler); during the load (minutes
