@@ -348,7 +348,7 @@ static int backend_ensure(struct backend *be) {
 }
 
 static uint64_t hash_bytes(const char *s, size_t n) {
-        uint64_t h = 1469598103934665603ull; /* FNV-1a */
+        uint64_t h = 14695981039346656037ull; /* FNV-1a */
         for (size_t i = 0; i < n; i++)
                 h = (h ^ (unsigned char) s[i]) * 1099511628211ull;
         return h;
@@ -555,6 +555,37 @@ static int ev_chunk(struct job *j, const struct x4_chunk *c) {
         return 0;
 }
 
+/* OpenAI's system_fingerprint: what answered, stable while that does. "fp_xing4d_" and 10 hex
+ * digits of an FNV-1a hash of the served model name and the daemon's model fingerprint (its
+ * file's identity, from Info; empty when the daemon did not say), so daemons serving the same
+ * file answer the same. */
+static void system_fingerprint(const struct job *j, char *buf, size_t size) {
+        char what[sizeof br.served_model + sizeof j->be->fingerprint + 1];
+        int n = snprintf(what, sizeof what, "%s\n%s", br.served_model, j->be ? j->be->fingerprint : "");
+        snprintf(buf, size, "fp_xing4d_%010llx",
+                 (unsigned long long) (hash_bytes(what, n > 0 ? (size_t) n : 0) & 0xFFFFFFFFFFull));
+}
+
+/* A chat or completions object as it goes out: with its system_fingerprint, and in a stream that
+ * ends with the usage chunk (stream_options.include_usage) "usage": null on every other chunk, as
+ * OpenAI's have. */
+static json_t *openai_object(const struct job *j, json_t *o) {
+        char fp[32];
+        if (!o)
+                return NULL;
+        system_fingerprint(j, fp, sizeof fp);
+        json_object_set_new(o, "system_fingerprint", json_string(fp));
+        if (j->stream && j->include_usage && !json_object_get(o, "usage"))
+                json_object_set_new(o, "usage", json_null());
+        return o;
+}
+
+/* One streamed chunk (chat or completions; steals delta and logprobs). */
+static void send_chunk(struct job *j, json_t *delta, const char *finish_reason, json_t *logprobs) {
+        sse_send_json(j->req, openai_object(j, api_chunk_json(j->kind, j->idstr, j->created, br.served_model, delta,
+                                                              finish_reason, logprobs)));
+}
+
 static void stream_begin(struct job *j) {
         if (!j->headers_sent) {
                 sse_start(j->req);
@@ -562,9 +593,7 @@ static void stream_begin(struct job *j) {
         }
         if (j->kind == API_CHAT && !j->role_sent) {
                 j->role_sent = true;
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model,
-                                                     json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
-                                                     NULL, NULL));
+                send_chunk(j, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL, NULL);
         }
 }
 
@@ -626,7 +655,7 @@ static void stream_tool_call(struct job *j, const char *name, const char *args) 
         api_call_id(cid, sizeof cid, "call_", j->idstr, idx);
         json_t *d = json_pack("{s:[{s:I, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", (json_int_t) idx, "id",
                               cid, "type", "function", "function", "name", name, "arguments", "");
-        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model, d, NULL, NULL));
+        send_chunk(j, d, NULL, NULL);
         size_t n = strlen(args), off = 0;
         while (off < n) {
                 size_t k = n - off < 24 ? n - off : 24;
@@ -634,7 +663,7 @@ static void stream_tool_call(struct job *j, const char *name, const char *args) 
                         k++; /* never split a UTF-8 sequence */
                 d = json_pack("{s:[{s:I, s:{s:s%}}]}", "tool_calls", "index", (json_int_t) idx, "function",
                               "arguments", args + off, k);
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model, d, NULL, NULL));
+                send_chunk(j, d, NULL, NULL);
                 off += k;
         }
 }
@@ -700,8 +729,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
         stream_begin(j);
         j->wrote = true;
         if (j->kind == API_COMPLETION) {
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model,
-                                                     json_stringn(c->text, c->text_len), NULL, lp));
+                send_chunk(j, json_stringn(c->text, c->text_len), NULL, lp);
                 return 0;
         }
         if (call) {
@@ -719,7 +747,7 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                               c->text_len);
         else
                 d = json_pack("{s:s%}", "content", c->text, c->text_len);
-        sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model, d, NULL, lp));
+        send_chunk(j, d, NULL, lp);
         return 0;
 }
 
@@ -807,15 +835,16 @@ static void job_answer(struct job *j, const struct x4_done *d) {
         bool had_calls = j->stream ? j->n_calls > 0 : j->res.n_calls > 0;
         if (j->stream) {
                 stream_begin(j);
-                sse_send_json(j->req, api_chunk_json(j->kind, j->idstr, j->created, br.served_model,
-                                                     j->kind == API_CHAT ? json_object() : json_string(""),
-                                                     api_finish_reason(d->finish_reason, had_calls), NULL));
+                send_chunk(j, j->kind == API_CHAT ? json_object() : json_string(""),
+                           api_finish_reason(d->finish_reason, had_calls), NULL);
                 if (j->include_usage)
-                        sse_send_json(j->req, api_usage_chunk_json(j->kind, j->idstr, j->created, br.served_model, d));
+                        sse_send_json(j->req, openai_object(j, api_usage_chunk_json(j->kind, j->idstr, j->created,
+                                                                                    br.served_model, d)));
                 sse_finish(j->req);
                 metrics_count_request(j->endpoint, 200);
         } else
-                send_json(j->req, 200, api_response_json(j->kind, j->idstr, j->created, br.served_model, &j->res, d),
+                send_json(j->req, 200,
+                          openai_object(j, api_response_json(j->kind, j->idstr, j->created, br.served_model, &j->res, d)),
                           j->endpoint);
 }
 

@@ -18,6 +18,15 @@ def raw_stream(bridge, body):
     return r, data
 
 
+def fingerprint(model="xing4", file_fingerprint="fake-fingerprint"):
+    """The system_fingerprint the bridge answers with: "fp_xing4d_" + 10 hex digits of FNV-1a over
+    the served name and the daemon's model fingerprint (the fake daemon's is "fake-fingerprint")."""
+    h = 0xcbf29ce484222325
+    for b in f"{model}\n{file_fingerprint}".encode():
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return "fp_xing4d_%010x" % (h & 0xFFFFFFFFFF)
+
+
 def test_sse_bytes_are_exact(fake_bridge):
     r, data = raw_stream(fake_bridge, chat("hi", stream=True, stream_options={"include_usage": True}))
     assert r.status == 200
@@ -27,8 +36,12 @@ def test_sse_bytes_are_exact(fake_bridge):
     cid, created = first["id"], first["created"]
     head = '{"id":"%s","object":"chat.completion.chunk","created":%d,"model":"xing4","choices":' % (cid, created)
 
+    # every chunk names the model's fingerprint; with include_usage each one before the usage chunk
+    # has "usage": null, as OpenAI's do
+    tail = ',"system_fingerprint":"%s"' % fingerprint()
+
     def ev(choices):
-        return "data: " + head + choices + "}\n\n"
+        return "data: " + head + choices + tail + ',"usage":null}\n\n'
     expected = (
         ev('[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]')
         + ev('[{"index":0,"delta":{"reasoning_content":"Let me think.","reasoning":"Let me think."},'
@@ -37,8 +50,8 @@ def test_sse_bytes_are_exact(fake_bridge):
         + ev('[{"index":0,"delta":{"content":", world"},"logprobs":null,"finish_reason":null}]')
         + ev('[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]')
         + "data: " + head + '[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,'
-        '"prompt_tokens_details":{"cached_tokens":3},"completion_tokens_details":{"reasoning_tokens":1}}}\n\n'
-        + "data: [DONE]\n\n")
+        '"prompt_tokens_details":{"cached_tokens":3},"completion_tokens_details":{"reasoning_tokens":1}}' + tail
+        + "}\n\n" + "data: [DONE]\n\n")
     assert data.decode() == expected
 
 
@@ -47,10 +60,20 @@ def test_completions_stream_bytes_are_exact(fake_bridge):
     first = json.loads(data.split(b"\n\n")[0][len(b"data: "):])
     head = '{"id":"%s","object":"text_completion","created":%d,"model":"xing4","choices":' % (
         first["id"], first["created"])
-    expected = "".join("data: " + head + '[{"text":%s,"index":0,"logprobs":null,"finish_reason":%s}]}\n\n' % (
-        json.dumps(t), f) for t, f in [("Let me think.", "null"), ("Hello", "null"), (", world", "null"),
+    # without include_usage no chunk has a usage field
+    expected = "".join("data: " + head + '[{"text":%s,"index":0,"logprobs":null,"finish_reason":%s}],'
+                       '"system_fingerprint":"%s"}\n\n' % (json.dumps(t), f, fingerprint()) for t, f in [("Let me think.", "null"), ("Hello", "null"), (", world", "null"),
                                        ("", '"stop"')]) + "data: [DONE]\n\n"
     assert data.decode() == expected
+
+
+def test_non_streaming_answers_carry_the_system_fingerprint(fake_bridge):
+    for path, body in (("/v1/chat/completions", chat("hi")), ("/v1/completions", {"model": "xing4", "prompt": "hi"})):
+        st, _, first = fake_bridge.post(path, body)
+        st2, _, second = fake_bridge.post(path, body)
+        assert st == st2 == 200, first
+        assert first["system_fingerprint"] == second["system_fingerprint"] == fingerprint()
+        assert "usage" in first and first["usage"] is not None
 
 
 def test_non_streaming_maps_reasoning_and_usage(fake_bridge):
