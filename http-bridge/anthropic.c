@@ -347,10 +347,12 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
         json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
         if (dp && !json_is_null(dp) && !json_is_boolean(dp))
                 return api_bad(e, "tool_choice.disable_parallel_tool_use", "true or false expected");
+        r->one_call = json_is_true(dp); /* at most one tool_use block (main.c:on_chunk) */
         if (streq(type, "auto"))
                 return 0;
         if (streq(type, "none")) {
-                *send = false;
+                /* the tools stay in the prompt, a call is answered as text (api_call_text) */
+                r->no_calls = true;
                 return 0;
         }
         if (!streq(type, "any") && !streq(type, "tool"))

@@ -73,6 +73,12 @@ struct api_request {
         unsigned top_logprobs;
         bool thinking;            /* reasoning channel expected */
         bool forced_tool;         /* the answer must be a tool call (tool_choice) */
+        /* parallel_tool_calls: false (Anthropic: tool_choice.disable_parallel_tool_use): the
+         * answer ends at its first complete call (main.c:on_chunk cancels the rest) */
+        bool one_call;
+        /* tool_choice "none": the tools stay in the prompt (as vLLM and Anthropic keep them), and
+         * a call the model writes anyway is answered as the text it stands for (api_call_text) */
+        bool no_calls;
         char *affinity_key;       /* the prompt's opening bytes, for prefix-affinity routing */
         size_t affinity_len;
         char *model;              /* the model name answered (messages, responses: as requested) */
@@ -166,6 +172,9 @@ int sbuf_add_text(struct sbuf *b, const char *s, size_t n);
 
 int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_error *e);
 int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e);
+/* A tool call written as text (tool_choice "none"): the JSON call syntax the model's parsers
+ * read (docs/model.md §7); malloc'ed, NULL when out of memory. */
+char *api_call_text(const char *name, const char *args);
 
 /* ---- the answer being built ---------------------------------------------------------------------- */
 

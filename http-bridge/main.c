@@ -104,6 +104,8 @@ struct job {
         int64_t created;
         struct event *tick;             /* stream: headers, then keep-alives while nothing is sent */
         bool wrote;                     /* stream: bytes went out since the last tick */
+        bool one_call, no_calls;        /* see struct api_request */
+        bool cut;                       /* one_call: the first call ended the answer (on_chunk) */
 };
 
 #define MAX_API_KEYS 64
@@ -668,10 +670,8 @@ static void stream_tool_call(struct job *j, const char *name, const char *args) 
         }
 }
 
-static int on_chunk(const struct x4_chunk *c, void *arg) {
-        struct job *j = arg;
-        if (!j->req)
-                return 1; /* client gone: make sure the daemon stops */
+/* One chunk to the client: an SSE event, or gathered for the whole answer. Nonzero: cancel. */
+static int chunk_out(struct job *j, const struct x4_chunk *c) {
         if (c->n_token_ids > 0) {
                 double t = now_s();
                 if (!j->got_first) {
@@ -749,6 +749,38 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 d = json_pack("{s:s%}", "content", c->text, c->text_len);
         send_chunk(j, d, NULL, lp);
         return 0;
+}
+
+/* parallel_tool_calls false: the answer ends with its first complete call. The daemon has no
+ * setting for it (a grammar for "one call, then the end of the turn" would have to know the
+ * model's call syntax), so the bridge cancels the generation there: nothing the model writes after
+ * the call reaches the client, the few tokens made before the Cancel arrives are not sent, and
+ * the answer ends as a call does (finish_reason tool_calls, stop_reason tool_use; on_done). */
+static int on_chunk(const struct x4_chunk *c, void *arg) {
+        struct job *j = arg;
+        if (!j->req)
+                return 1; /* client gone: make sure the daemon stops */
+        if (j->cut)
+                return 0; /* after the one call: its Cancel is on the way */
+        bool call = c->channel == X4_CHANNEL_TOOL_CALL && c->tool_name;
+        if (call && j->no_calls) {
+                /* tool_choice "none": the call as the text it stands for (api_call_text) */
+                _cleanup_free_ char *text = api_call_text(c->tool_name, c->tool_arguments_json);
+                if (!text)
+                        return 0;
+                struct x4_chunk t = *c;
+                t.channel = X4_CHANNEL_CONTENT;
+                t.text = text;
+                t.text_len = strlen(text);
+                t.tool_name = t.tool_arguments_json = NULL;
+                return chunk_out(j, &t);
+        }
+        int r = chunk_out(j, c);
+        if (r == 0 && call && j->one_call && j->kind != API_COUNT_TOKENS) {
+                j->cut = true;
+                return 1;
+        }
+        return r;
 }
 
 /* The error a failed or cancelled request answers with: the daemon's refusal, or for a cancel
@@ -848,14 +880,20 @@ static void job_answer(struct job *j, const struct x4_done *d) {
                           j->endpoint);
 }
 
-static void on_done(const struct x4_done *d, void *arg) {
+static void on_done(const struct x4_done *done, void *arg) {
         struct job *j = arg;
         if (j->submitting) {
                 /* the connection broke while sending: the submitter answers */
                 j->done_early = true;
-                j->early = *d;
+                j->early = *done;
                 return;
         }
+        struct x4_done dd = *done;
+        const struct x4_done *d = &dd;
+        if (j->cut && dd.status == X4_OK)
+                dd.finish_reason = X4_FINISH_TOOL_CALLS; /* ended by its one call (on_chunk) */
+        else if (j->no_calls && dd.finish_reason == X4_FINISH_TOOL_CALLS)
+                dd.finish_reason = X4_FINISH_STOP; /* its calls were answered as text */
         if (d->status == X4_OK && j->kind != API_COUNT_TOKENS) /* a count computes nothing */
                 metrics_add_tokens(d->prompt_tokens, d->completion_tokens, d->cached_tokens);
         if (d->finish_reason == X4_FINISH_CANCELLED)
@@ -951,6 +989,9 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->conv = TAKE_PTR(ar.conv);
         j->store = ar.store;
         ev_stream_init(&j->ev, kind, j->idstr, j->model, j->created, j->echo, &j->res);
+
+        j->one_call = ar.one_call;
+        j->no_calls = ar.no_calls;
 
         int r = X4_E_CONNECT;
         const char *why = "";

@@ -292,6 +292,22 @@ int api_tool_named(json_t *tools, const char *name, const char *param, struct ap
         return found ? 0 : api_bad(e, param, "\"%s\" is not one of the request's tools", name);
 }
 
+/* tool_choice "none" keeps the tools in the prompt (vLLM's default; Anthropic's prompt has them
+ * too): the model sees the same prompt in every turn, and the daemon's prefix cache serves it. The
+ * daemon still parses a call of an offered tool, so a call written anyway becomes this text, as
+ * a server that runs no tool parser for such a request answers it. */
+char *api_call_text(const char *name, const char *args) {
+        json_t *a = args ? json_loads(args, 0, NULL) : NULL;
+        json_t *call = json_pack("{s:s, s:o}", "name", name ? name : "", "arguments", a ? a : json_object());
+        char *body = call ? json_dumps(call, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        char *text = NULL;
+        json_decref(call);
+        if (body && asprintf(&text, "<tool_call>%s</tool_call>", body) < 0)
+                text = NULL;
+        free(body);
+        return text;
+}
+
 /* A forced call: its arguments follow the tool's parameters schema in structure; the keywords
  * the mask cannot enforce (bounds, pattern, formats: MCP and Pydantic schemas carry them, written
  * for validation) are ignored rather than refused (lenient), as the client validates anyway. */
@@ -734,7 +750,7 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                 const char *c = json_string_value(choice);
                 if (json_is_string(choice)) {
                         if (strcmp(c, "none") == 0)
-                                send_tools = false; /* the model is not told about them */
+                                r->no_calls = true;
                         else if (strcmp(c, "required") == 0)
                                 forced = r->forced_tool = true;
                         else if (strcmp(c, "auto") != 0)
@@ -760,6 +776,10 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
                 if (forced && (!send_tools || json_array_size(tools) == 0))
                         return api_bad(e, "tool_choice", "forcing a tool call needs a non-empty \"tools\"");
         }
+        bool parallel = true;
+        if (api_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
+                return -1;
+        r->one_call = !parallel;
         if (send_tools && json_array_size(tools) > 0) {
                 _cleanup_free_ char *s = json_dumps(tools, JSON_COMPACT);
                 if (!s || x4_request_set_tools_json(r->req, s) < 0)

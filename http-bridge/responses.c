@@ -429,7 +429,8 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
                 if (streq(c, "auto"))
                         return 0;
                 if (streq(c, "none")) {
-                        *send = false;
+                        /* the tools stay in the prompt, a call is answered as text (api_call_text) */
+                        r->no_calls = true;
                         return 0;
                 }
                 if (!streq(c, "required"))
@@ -485,6 +486,7 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
         bool parallel = true;
         if (api_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
                 return -1;
+        r->one_call = !parallel;
         json_t *md = json_object_get(root, "metadata");
         if (api_check_metadata(root, e) < 0)
                 return -1;

@@ -23,6 +23,9 @@ What it answers depends on the request:
     room ..." (a long prompt's tokenization, then the context refusal)
   - last user message "progress-2": a PrefillProgress frame, 2 s of silence, then as below
   - last user message "call-slow": a tool-call token (no text), 2.5 s, then the call get_weather
+  - chat with tools, last message "two-calls": calls get_weather {"city": "Paris"} and {"city":
+    "Rome"}, then waits up to 5 s for a Cancel (Done{CANCELLED}, 1 completion token) else a third
+    call (Tokyo) and Done{TOOL_CALLS}
   - anything else: reasoning "Let me think.", content "Hello" + ", world", finish stop,
     usage 7 prompt / 3 cached / 3 completion / 1 reasoning
 Every GenerateRequest is appended (decoded) to --record as a JSON line.
@@ -132,6 +135,13 @@ def script(req):
     """The list of (body field, body bytes) answering one GenerateRequest."""
     msgs = req.get("messages", [])
     last = msgs[-1] if msgs else {"role": "user", "content": req.get("text", "")}
+    if req.get("tools") and last["content"] == "two-calls":
+        return [(CHUNK, chunk("Two cities.", REASONING)),
+                (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
+                (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Rome"}'), token=7)),
+                (WAIT_CANCEL, 5.0),
+                (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Tokyo"}'), token=8)),
+                (DONE, done(FINISH_TOOL_CALLS))]
     if last["role"] == "tool":
         return [(CHUNK, chunk("It is sunny in Paris.")), (DONE, done(FINISH_STOP))]
     forced = req.get("constraint", {}).get("tool")

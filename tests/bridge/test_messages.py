@@ -132,9 +132,15 @@ def test_tool_choice_becomes_the_constraint(fake, fake_bridge, choice, want):
     assert r.get("constraint") == want
 
 
-def test_tool_choice_none_hides_tools(fake, fake_bridge):
+def test_tool_choice_none_keeps_tools_and_answers_a_call_as_text(fake, fake_bridge):
+    # the tools stay in the prompt (as Anthropic's and vLLM's do); the model may not call one: the
+    # call the fake daemon answers with comes back as its text
     st, _, body = post(fake_bridge, msg("hi", tools=TOOLS, tool_choice={"type": "none"}))
-    assert st == 200 and "tools" not in last_request(fake)
+    assert st == 200, body
+    assert [t["function"]["name"] for t in last_request(fake)["tools"]] == ["get_weather"]
+    assert [b["type"] for b in body["content"]] == ["thinking", "text"]
+    assert body["content"][1]["text"] == '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
+    assert body["stop_reason"] == "end_turn"
 
 
 def test_output_format_json_schema(fake, fake_bridge):
