@@ -62,6 +62,8 @@ struct api_config {
         char *const *aliases;       /* fnmatch(3) patterns of other names served by it */
         size_t n_aliases;
         int key;                    /* the API key the request came with (stored responses are its) */
+        size_t drop_units;          /* responses, truncation "auto": the oldest conversation units
+                                     * (rs_truncate_plan) left out of this attempt */
 };
 
 struct api_request {
@@ -86,6 +88,7 @@ struct api_request {
         json_t *conv;             /* the conversation so far (protocol-shaped messages) to store */
         json_t *echo;             /* the request's settings echoed in the response object */
         bool store;
+        bool truncate;            /* truncation "auto": a prompt over the context loses old units */
 };
 
 /* Caps on one chat request's shape, answered with a 400 naming them. A 4 MiB body could otherwise
@@ -171,7 +174,13 @@ int sbuf_add_text(struct sbuf *b, const char *s, size_t n);
 /* ---- Anthropic Messages (anthropic.c) and OpenAI Responses (responses.c) -------------------------- */
 
 int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_error *e);
-int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e);
+int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, struct api_error *e);
+/* truncation "auto": how many more of conv's oldest units (a message other than a system one,
+ * with the tool results after it) must go to shed about `excess` prompt bytes; at least 1, and
+ * 0 when only the last unit is left. */
+size_t rs_truncate_plan(json_t *conv, uint64_t excess);
+/* The text of one conversation message as the daemon counts a prompt's bytes. */
+uint64_t rs_message_bytes(json_t *m);
 /* A tool call written as text (tool_choice "none"): the JSON call syntax the model's parsers
  * read (docs/model.md §7); malloc'ed, NULL when out of memory. */
 char *api_call_text(const char *name, const char *args);

@@ -8,8 +8,9 @@
  * A client that goes away (evhttp's close callback) gets its request cancelled in the daemon.
  *
  * Job lifetime: a job is freed only in its on_done callback, which libx4client calls exactly once
- * per submitted request (also when the daemon connection breaks); the HTTP side just drops its
- * evhttp_request pointer when the reply is complete or the client is gone. */
+ * per submitted request (also when the daemon connection breaks), or, for a request sent again
+ * (truncation "auto"), in on_truncate_retry; the HTTP side just drops its evhttp_request pointer
+ * when the reply is complete or the client is gone. */
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -106,6 +107,11 @@ struct job {
         bool wrote;                     /* stream: bytes went out since the last tick */
         bool one_call, no_calls;        /* see struct api_request */
         bool cut;                       /* one_call: the first call ended the answer (on_chunk) */
+        /* responses, truncation "auto": the body, parsed again with more of the conversation left
+         * out after each refusal of a prompt too long (truncate_retry) */
+        char *body;
+        size_t body_len, drop;
+        unsigned attempts;
 };
 
 #define MAX_API_KEYS 64
@@ -475,6 +481,7 @@ static void job_unlink(struct job *j) {
 static void job_free(struct job *j) {
         if (j->tick)
                 event_free(j->tick);
+        free(j->body);
         api_result_done(&j->res);
         json_decref(j->echo);
         json_decref(j->conv);
@@ -797,6 +804,25 @@ static void done_error(struct api_error *e, const struct job *j, const struct x4
                          j->idstr, d->completion_tokens);
 }
 
+/* The answer of a request that failed: its HTTP status, or once a stream has started (too late for
+ * a status) an error event that ends it, in the API's form. */
+static void job_answer_error(struct job *j, const struct api_error *e) {
+        if (!j->headers_sent)
+                return send_error(j->req, e, j->endpoint);
+        if (j->kind == API_CHAT || j->kind == API_COMPLETION)
+                sse_send_json(j->req, api_error_json(e, FLAVOR_OPENAI));
+        else {
+                struct evbuffer *b = evbuffer_new();
+                if (b) {
+                        ev_stream_error(&j->ev, e, b);
+                        sse_send_buffer(j->req, b);
+                        evbuffer_free(b);
+                }
+        }
+        evhttp_send_reply_end(j->req);
+        metrics_count_request(j->endpoint, e->status);
+}
+
 /* Messages, count_tokens and Responses. */
 static void ev_answer(struct job *j, const struct x4_done *d) {
         /* Messages has no status for it; a Responses stream would end with response.completed,
@@ -809,18 +835,7 @@ static void ev_answer(struct job *j, const struct x4_done *d) {
                 /* cut short from elsewhere: an empty end_turn would read as "nothing to say" to
                  * an agent, which then ends its turn */
                 done_error(&e, j, d);
-                if (j->headers_sent) {
-                        struct evbuffer *b = evbuffer_new();
-                        if (b) {
-                                ev_stream_error(&j->ev, &e, b);
-                                sse_send_buffer(j->req, b);
-                                evbuffer_free(b);
-                        }
-                        evhttp_send_reply_end(j->req);
-                        metrics_count_request(j->endpoint, e.status);
-                } else
-                        send_error(j->req, &e, j->endpoint);
-                return;
+                return job_answer_error(j, &e);
         }
         if (j->kind == API_COUNT_TOKENS)
                 return send_json(j->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t) d->prompt_tokens),
@@ -855,14 +870,7 @@ static void job_answer(struct job *j, const struct x4_done *d) {
                 /* OpenAI's finish_reason has no "cancelled" (typed clients fail to parse one) and
                  * no value that says "cut short by someone else" */
                 done_error(&e, j, d);
-                if (j->headers_sent) {
-                        /* too late for a status: an error event ends the stream */
-                        sse_send_json(j->req, api_error_json(&e, FLAVOR_OPENAI));
-                        evhttp_send_reply_end(j->req);
-                        metrics_count_request(j->endpoint, e.status);
-                } else
-                        send_error(j->req, &e, j->endpoint);
-                return;
+                return job_answer_error(j, &e);
         }
         bool had_calls = j->stream ? j->n_calls > 0 : j->res.n_calls > 0;
         if (j->stream) {
@@ -880,6 +888,115 @@ static void job_answer(struct job *j, const struct x4_done *d) {
                           j->endpoint);
 }
 
+static void on_done(const struct x4_done *d, void *arg);
+
+/* Submit j's request to the least loaded daemon (a broken connection is dropped and tried once
+ * more); <0 with *why when it could not be sent. */
+static int job_submit(struct job *j, struct api_request *ar, const char **why) {
+        int r = X4_E_CONNECT;
+        *why = "";
+        for (int attempt = 0; attempt < 2; attempt++) {
+                struct backend *be = backend_pick(ar->affinity_key, ar->affinity_len);
+                j->be = be;
+                r = backend_ensure(be);
+                if (r < 0) {
+                        *why = be->last_error;
+                        continue;
+                }
+                j->submitting = true;
+                j->done_early = false;
+                r = x4_client_submit(be->c, ar->req, on_chunk, on_done, j, &j->rid);
+                j->submitting = false;
+                if (r >= 0)
+                        break;
+                *why = x4_client_last_error(be->c);
+                if (r == X4_E_TOO_LARGE || r == X4_E_NOMEM)
+                        break;
+                /* the connection is broken: drop it and try a fresh one */
+                snprintf(be->last_error, sizeof be->last_error, "%s", *why);
+                *why = be->last_error;
+                backend_drop(be);
+        }
+        return r;
+}
+
+/* truncation "auto": the prompt bytes to shed that a refusal of a prompt over the context says, 0
+ * when it is no such refusal. A refusal in tokens is turned into bytes at the conversation's
+ * average (instructions and tools counted), with a tenth to spare; one before tokenizing names
+ * the bytes. Later attempts shed twice as much each, so a poor estimate costs few attempts. */
+static uint64_t truncate_excess(const struct job *j, const char *msg, unsigned attempt) {
+        unsigned n, limit;
+        unsigned long long bytes, most;
+        char what[16];
+        uint64_t excess = 0;
+        if (!msg)
+                return 0;
+        if (sscanf(msg, "prompt of %u tokens leaves no room for output in the context limit of %u", &n, &limit) == 2 &&
+            n >= limit && n > 0) {
+                uint64_t total = json_string_length(json_object_get(j->echo, "instructions"));
+                size_t i;
+                json_t *m;
+                json_array_foreach(j->conv, i, m)
+                        total += rs_message_bytes(m);
+                _cleanup_free_ char *tools = json_dumps(json_object_get(j->echo, "tools"), JSON_COMPACT);
+                total += tools ? strlen(tools) : 0;
+                excess = (uint64_t) (n - limit + 1) * total / n * 11 / 10 + 1;
+        } else if (sscanf(msg, "prompt.%15[a-z]: %llu bytes cannot fit the context limit of %u tokens (at most %llu",
+                          what, &bytes, &limit, &most) == 4 && bytes > most)
+                excess = bytes - most;
+        return attempt > 2 && excess ? excess << (attempt > 12 ? 10 : attempt - 2) : excess;
+}
+
+static void on_truncate_retry(evutil_socket_t fd, short what, void *arg);
+
+/* A prompt over the context with truncation "auto": true when the request is being sent again with
+ * more of its oldest units left out (on_truncate_retry, from the loop: not from inside
+ * libx4client's callback); false when nothing is left to leave out, and the refusal is the answer. */
+static bool truncate_retry(struct job *j, const struct x4_done *d) {
+        if (!j->body || !j->req || d->status != X4_E_TOO_LARGE || j->got_first || j->res.n_calls ||
+            j->res.content_len || j->res.reasoning_len)
+                return false;
+        uint64_t excess = truncate_excess(j, d->error_message, j->attempts);
+        size_t more = excess ? rs_truncate_plan(j->conv, excess) : 0;
+        struct timeval now = { 0, 0 };
+        if (more == 0 || event_base_once(br.base, -1, EV_TIMEOUT, on_truncate_retry, j, &now) < 0)
+                return false;
+        log_info("%s: %s; truncation \"auto\": leaving out %zu more of the oldest conversation items", j->idstr,
+                 d->error_message, more);
+        j->drop += more;
+        j->attempts++;
+        j->be->inflight--;
+        return true;
+}
+
+static void on_truncate_retry(evutil_socket_t fd, short what, void *arg) {
+        struct job *j = arg;
+        struct api_error e = { 0 };
+        (void) fd, (void) what;
+        if (j->req) {
+                struct api_request ar;
+                struct api_config ac = { .model_id = br.served_model, .aliases = br.cfg.aliases,
+                                         .n_aliases = br.cfg.n_aliases, .key = j->key, .drop_units = j->drop };
+                if (api_parse_request(j->kind, j->body, j->body_len, &ac, &ar, &e) == 0) {
+                        const char *why;
+                        json_decref(j->conv);
+                        j->conv = TAKE_PTR(ar.conv); /* what is stored is what the model saw */
+                        int r = job_submit(j, &ar, &why);
+                        api_request_done(&ar);
+                        if (r >= 0) {
+                                j->be->inflight++;
+                                return;
+                        }
+                        api_error_from_x4(&e, j->kind, r, why);
+                }
+                job_answer_error(j, &e);
+                job_release_http(j);
+        }
+        job_unlink(j);
+        job_free(j);
+        maybe_exit_drained();
+}
+
 static void on_done(const struct x4_done *done, void *arg) {
         struct job *j = arg;
         if (j->submitting) {
@@ -894,6 +1011,8 @@ static void on_done(const struct x4_done *done, void *arg) {
                 dd.finish_reason = X4_FINISH_TOOL_CALLS; /* ended by its one call (on_chunk) */
         else if (j->no_calls && dd.finish_reason == X4_FINISH_TOOL_CALLS)
                 dd.finish_reason = X4_FINISH_STOP; /* its calls were answered as text */
+        if (truncate_retry(j, d))
+                return;
         if (d->status == X4_OK && j->kind != API_COUNT_TOKENS) /* a count computes nothing */
                 metrics_add_tokens(d->prompt_tokens, d->completion_tokens, d->cached_tokens);
         if (d->finish_reason == X4_FINISH_CANCELLED)
@@ -992,31 +1111,19 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
 
         j->one_call = ar.one_call;
         j->no_calls = ar.no_calls;
-
-        int r = X4_E_CONNECT;
-        const char *why = "";
-        for (int attempt = 0; attempt < 2; attempt++) {
-                struct backend *be = backend_pick(ar.affinity_key, ar.affinity_len);
-                j->be = be;
-                r = backend_ensure(be);
-                if (r < 0) {
-                        why = be->last_error;
-                        continue;
+        if (ar.truncate && kind == API_RESPONSES) {
+                if (!(j->body = malloc(len + 1))) {
+                        api_request_done(&ar);
+                        job_free(j);
+                        api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+                        return send_error(req, &e, endpoint);
                 }
-                j->submitting = true;
-                j->done_early = false;
-                r = x4_client_submit(be->c, ar.req, on_chunk, on_done, j, &j->rid);
-                j->submitting = false;
-                if (r >= 0)
-                        break;
-                why = x4_client_last_error(be->c);
-                if (r == X4_E_TOO_LARGE || r == X4_E_NOMEM)
-                        break;
-                /* the connection is broken: drop it and try a fresh one */
-                snprintf(be->last_error, sizeof be->last_error, "%s", why);
-                why = be->last_error;
-                backend_drop(be);
+                memcpy(j->body, body ? body : "", len);
+                j->body_len = len;
         }
+
+        const char *why;
+        int r = job_submit(j, &ar, &why);
         api_request_done(&ar);
         if (r < 0) {
                 api_error_from_x4(&e, kind, r, why);

@@ -1025,7 +1025,7 @@ int api_parse_request(enum api_kind kind, const char *body, size_t len, const st
                 goto out;
         }
         if (kind == API_RESPONSES) {
-                ret = rs_parse(root, cfg->key, r, e);
+                ret = rs_parse(root, cfg, r, e);
                 goto out;
         }
         if (api_get_bool(root, "stream", &r->stream, e) < 0)

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* OpenAI's Responses API (POST /v1/responses) ⇄ libx4client.
  *
- * The input (a string, or items: messages, function_call, function_call_output, reasoning)
- * becomes the protocol's chat; `instructions` its system text. previous_response_id continues a
+ * The input (a string, or items: messages, function_call, function_call_output,
+ * custom_tool_call, custom_tool_call_output, reasoning) becomes the protocol's chat; `instructions` its system text. previous_response_id continues a
  * conversation this bridge answered: it keeps each stored response's conversation (input items
  * and output, in the protocol's message shape) in a bounded store (entries, bytes, age), and sends
  * the whole conversation again; the daemon's prefix cache finds the pages of the earlier turns, so
@@ -10,8 +10,8 @@
  *
  * Streaming sends OpenAI's typed events (response.created, response.in_progress,
  * response.output_item.added, response.content_part.added, response.output_text.delta, ...,
- * response.function_call_arguments.delta/done, response.completed), each with its
- * sequence_number. */
+ * response.function_call_arguments.delta/done, response.custom_tool_call_input.delta/done,
+ * response.completed), each with its sequence_number. */
 #include <event2/buffer.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,14 +286,27 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                             (ret = conv_append(conv, msg_new(role, &text, streq(role, "assistant") ? &reasoning : NULL),
                                                e)) < 0)
                                 break;
-                } else if (streq(type, "function_call")) {
+                } else if (streq(type, "function_call") || streq(type, "custom_tool_call")) {
+                        /* a custom tool's call is the call of the function it was offered as
+                         * (custom_tool), with its input as the one argument */
+                        bool custom = streq(type, "custom_tool_call");
                         const char *call_id = json_string_value(json_object_get(it, "call_id"));
                         const char *name = json_string_value(json_object_get(it, "name"));
-                        json_t *args = json_object_get(it, "arguments");
+                        json_t *args = json_object_get(it, custom ? "input" : "arguments");
                         if (!call_id || !name || !json_is_string(args)) {
-                                ret = api_bad(e, p, "a function_call item needs \"call_id\", \"name\" and "
-                                              "\"arguments\" strings");
+                                ret = api_bad(e, p, "a %s item needs \"call_id\", \"name\" and \"%s\" strings", type,
+                                              custom ? "input" : "arguments");
                                 break;
+                        }
+                        _cleanup_(json_decrefp) json_t *wrapped = NULL;
+                        if (custom) {
+                                _cleanup_(json_decrefp) json_t *in = json_pack("{s:O}", "input", args);
+                                _cleanup_free_ char *text = in ? json_dumps(in, JSON_COMPACT) : NULL;
+                                if (!text || !(wrapped = json_string(text))) {
+                                        ret = OOM(e);
+                                        break;
+                                }
+                                args = wrapped;
                         }
                         json_t *m = open_assistant(conv);
                         if (!m || reasoning.s) {
@@ -314,7 +327,7 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                         json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:O}}", "id", call_id, "type",
                                                                "function", "function", "name", name, "arguments", args));
                         json_object_set_new(names, call_id, json_string(name));
-                } else if (streq(type, "function_call_output")) {
+                } else if (streq(type, "function_call_output") || streq(type, "custom_tool_call_output")) {
                         const char *call_id = json_string_value(json_object_get(it, "call_id"));
                         if (!call_id) {
                                 snprintf(q, sizeof q, "%s.call_id", p);
@@ -357,7 +370,8 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                         snprintf(q, sizeof q, "%s.type", p);
                         ret = api_fail(e, 400, "invalid_request_error", "unsupported_value", q,
                                        "%s: item type \"%s\" is not supported (message, function_call, "
-                                       "function_call_output and reasoning are)", q, type);
+                                       "function_call_output, custom_tool_call, custom_tool_call_output and "
+                                       "reasoning are)", q, type);
                         break;
                 }
         }
@@ -367,7 +381,117 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
 
 static const char *const hosted_tools[] = { "web_search", "file_search", "code_interpreter", "computer_use_preview",
                                              "computer_use", "image_generation", "mcp", "local_shell", "shell",
-                                             "apply_patch", "namespace", "custom" };
+                                             "apply_patch", "namespace" };
+
+/* tools[i].name, a non-empty string; NULL with e filled when it is not. */
+static json_t *tool_name(json_t *t, size_t i, struct api_error *e) {
+        char p[64];
+        json_t *name = json_object_get(t, "name");
+        if (json_is_string(name) && json_string_length(name) > 0)
+                return name;
+        snprintf(p, sizeof p, "tools[%zu].name", i);
+        api_bad(e, p, "required (a non-empty string)");
+        return NULL;
+}
+
+/* A custom tool (free-form text input, e.g. Codex's apply_patch) as the function the model is
+ * offered: one string argument, `input`; its grammar, when it has one, is told in the description
+ * (the mask does not enforce Lark or regex grammars). The call comes back as a custom_tool_call
+ * item carrying that string (custom_input). */
+static int custom_tool(json_t *t, size_t i, json_t *list, struct api_error *e) {
+        char p[64];
+        json_t *name = tool_name(t, i, e), *desc = json_object_get(t, "description");
+        json_t *fmt = json_object_get(t, "format");
+        if (!name)
+                return -1;
+        snprintf(p, sizeof p, "tools[%zu].description", i);
+        if (desc && !json_is_null(desc) && !json_is_string(desc))
+                return api_bad(e, p, "a string expected, got %s", api_type_name(desc));
+        const char *ftype = json_string_value(json_object_get(fmt, "type"));
+        json_t *def = json_object_get(fmt, "definition"), *syntax = json_object_get(fmt, "syntax");
+        snprintf(p, sizeof p, "tools[%zu].format", i);
+        if (fmt && !json_is_null(fmt) && (!json_is_object(fmt) || !(streq(ftype, "text") || streq(ftype, "grammar"))))
+                return api_bad(e, p, "{\"type\": \"text\"} or {\"type\": \"grammar\", \"syntax\", \"definition\"} expected");
+        snprintf(p, sizeof p, "tools[%zu].format.definition", i);
+        if (def && !json_is_null(def) && !json_is_string(def))
+                return api_bad(e, p, "a string expected, got %s", api_type_name(def));
+        snprintf(p, sizeof p, "tools[%zu].format.syntax", i);
+        if (syntax && !json_is_null(syntax) && !streq(json_string_value(syntax), "lark") &&
+            !streq(json_string_value(syntax), "regex"))
+                return api_bad(e, p, "\"lark\" or \"regex\" expected");
+        struct sbuf d = { 0 };
+        int ret = 0;
+        if (json_is_string(desc))
+                ret = sbuf_add(&d, json_string_value(desc), strlen(json_string_value(desc)));
+        if (ret == 0 && json_is_string(def)) {
+                char head[96];
+                int n = snprintf(head, sizeof head, "%sThe input follows this %s grammar:\n", d.len ? "\n\n" : "",
+                                 json_is_string(syntax) ? json_string_value(syntax) : "");
+                ret = sbuf_add(&d, head, (size_t) n) < 0 || sbuf_add(&d, json_string_value(def), strlen(json_string_value(def))) < 0
+                              ? -1 : 0;
+        }
+        json_t *fn = ret == 0 ? json_pack("{s:O, s:{s:s, s:{s:{s:s, s:s}}, s:[s], s:b}}", "name", name, "parameters",
+                                          "type", "object", "properties", "input", "type", "string", "description",
+                                          "The tool's whole input, as free-form text", "required", "input",
+                                          "additionalProperties", false)
+                              : NULL;
+        if (fn && d.s)
+                json_object_set_new(fn, "description", json_string(d.s));
+        free(d.s);
+        if (!fn || json_array_append_new(list, json_pack("{s:s, s:o}", "type", "function", "function", fn)) < 0)
+                return OOM(e);
+        return 0;
+}
+
+/* Whether `name` is one of the request's custom tools (echo: the request's settings, whose
+ * "tools" are the request's own): its calls are answered as custom_tool_call items. */
+static bool is_custom_tool(json_t *echo, const char *name) {
+        size_t i;
+        json_t *t;
+        json_array_foreach(json_object_get(echo, "tools"), i, t)
+                if (streq(json_string_value(json_object_get(t, "type")), "custom") &&
+                    streq(json_string_value(json_object_get(t, "name")), name))
+                        return true;
+        return false;
+}
+
+/* A custom tool call's input: the string argument `input` of the function it was offered as
+ * (custom_tool); another value, as its JSON text; none, the whole arguments text. Malloc'ed. */
+static char *custom_input(const char *args) {
+        json_t *a = args ? json_loads(args, 0, NULL) : NULL;
+        json_t *in = json_object_get(a, "input");
+        char *s = json_is_string(in) ? strdup(json_string_value(in))
+                : in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : strdup(args ? args : "");
+        json_decref(a);
+        return s;
+}
+
+/* A custom tool's calls are told from function calls by name: none may share one. */
+static int custom_names_unique(json_t *tools, struct api_error *e) {
+        _cleanup_(json_decrefp) json_t *seen = json_object(); /* name: the index of the first tool */
+        size_t i;
+        json_t *t;
+        if (!seen)
+                return OOM(e);
+        json_array_foreach(tools, i, t) {
+                const char *type = json_string_value(json_object_get(t, "type"));
+                const char *name = json_string_value(json_object_get(t, "name"));
+                if (!name || !(streq(type, "custom") || streq(type, "function")))
+                        continue;
+                json_t *first = json_object_get(seen, name);
+                if (first && (streq(type, "custom") ||
+                              streq(json_string_value(json_object_get(json_array_get(tools, (size_t) json_integer_value(first)),
+                                                                      "type")), "custom"))) {
+                        char p[64];
+                        snprintf(p, sizeof p, "tools[%zu].name", i);
+                        return api_bad(e, p, "\"%s\" is also the name of tools[%lld]; a custom tool's name must be its "
+                                       "own", name, (long long) json_integer_value(first));
+                }
+                if (!first && json_object_set_new(seen, name, json_integer((json_int_t) i)) < 0)
+                        return OOM(e);
+        }
+        return 0;
+}
 
 static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
         json_t *tools, *list;
@@ -384,11 +508,16 @@ static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
                 snprintf(p, sizeof p, "tools[%zu].type", i);
                 const char *type = json_string_value(json_object_get(t, "type"));
                 if (!json_is_object(t) || !type)
-                        return api_bad(e, p, "required (\"function\")");
+                        return api_bad(e, p, "required (\"function\" or \"custom\")");
+                if (streq(type, "custom")) {
+                        if (custom_tool(t, i, list, e) < 0)
+                                return -1;
+                        continue;
+                }
                 if (!streq(type, "function")) {
-                        /* tools OpenAI's servers run (or that need its namespaces and freeform
-                         * grammars): agents such as Codex always send some; the model is offered
-                         * the function tools only */
+                        /* tools OpenAI's servers run (or that need its namespaces): agents such
+                         * as Codex always send some; the model is offered the function and custom
+                         * tools only */
                         bool hosted = false;
                         for (size_t k = 0; k < ELEMENTSOF(hosted_tools); k++)
                                 hosted = hosted || streq(type, hosted_tools[k]) ||
@@ -396,15 +525,14 @@ static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
                         if (hosted)
                                 continue;
                         return api_fail(e, 400, "invalid_request_error", "unsupported_tool", p,
-                                        "%s: unknown tool type \"%s\"; function tools are offered to the model, "
-                                        "OpenAI-hosted ones (web_search, file_search, ...) are left out", p, type);
+                                        "%s: unknown tool type \"%s\"; function and custom tools are offered to the "
+                                        "model, OpenAI-hosted ones (web_search, file_search, ...) are left out", p, type);
                 }
-                json_t *name = json_object_get(t, "name");
+                json_t *name = tool_name(t, i, e);
                 json_t *params = json_object_get(t, "parameters");
                 json_t *desc = json_object_get(t, "description");
-                snprintf(p, sizeof p, "tools[%zu].name", i);
-                if (!json_is_string(name) || json_string_length(name) == 0)
-                        return api_bad(e, p, "required (a non-empty string)");
+                if (!name)
+                        return -1;
                 snprintf(p, sizeof p, "tools[%zu].parameters", i);
                 if (params && !json_is_null(params) && !json_is_object(params))
                         return api_bad(e, p, "a JSON Schema object expected, got %s", api_type_name(params));
@@ -416,7 +544,7 @@ static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
                 if (!fn || json_array_append_new(list, json_pack("{s:s, s:o}", "type", "function", "function", fn)) < 0)
                         return OOM(e);
         }
-        return 0;
+        return custom_names_unique(tools, e);
 }
 
 static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api_request *r, struct api_error *e) {
@@ -435,15 +563,19 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
                 }
                 if (!streq(c, "required"))
                         return api_bad(e, "tool_choice", "\"%s\": \"none\", \"auto\", \"required\" or "
-                                       "{\"type\": \"function\", \"name\": ...} expected", c);
+                                       "{\"type\": \"function\" or \"custom\", \"name\": ...} expected", c);
         } else if (json_is_object(tc)) {
-                if (!streq(json_string_value(json_object_get(tc, "type")), "function"))
-                        return api_bad(e, "tool_choice.type", "\"function\" expected");
+                const char *type = json_string_value(json_object_get(tc, "type"));
+                if (!streq(type, "function") && !streq(type, "custom"))
+                        return api_bad(e, "tool_choice.type", "\"function\" or \"custom\" expected");
                 name = json_string_value(json_object_get(tc, "name"));
                 if (!name || !*name)
                         return api_bad(e, "tool_choice.name", "the name of one of the request's tools expected");
                 if (api_tool_named(tools, name, "tool_choice.name", e) < 0)
                         return -1;
+                if (is_custom_tool(root, name) != streq(type, "custom"))
+                        return api_bad(e, "tool_choice.name", "\"%s\" is not one of the request's %s tools", name,
+                                       type);
         } else
                 return api_bad(e, "tool_choice", "a string or an object expected, got %s", api_type_name(tc));
         if (!*send)
@@ -451,7 +583,70 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
         return api_force_tool(r, name, e);
 }
 
-int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) {
+/* truncation "auto" (OpenAI: items are dropped from the beginning of the conversation until the
+ * input fits): the bridge has no tokenizer, so it learns that a prompt is too long from the
+ * daemon's refusal, which says by how much (tokens, or bytes before tokenizing). main.c then
+ * parses the request again with more of the oldest units left out (api_config.drop_units) and
+ * submits it again, until it fits or only the last unit is left. A unit is a message other than
+ * a system one with the tool results that follow it, so no result outlives its call; system
+ * messages (and instructions) always stay. */
+static bool unit_start(json_t *m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        return !streq(role, "system") && !streq(role, "tool");
+}
+
+uint64_t rs_message_bytes(json_t *m) {
+        json_t *calls = json_object_get(m, "tool_calls");
+        _cleanup_free_ char *dump = calls ? json_dumps(calls, JSON_COMPACT) : NULL;
+        return json_string_length(json_object_get(m, "content")) + json_string_length(json_object_get(m, "reasoning")) +
+               (dump ? strlen(dump) : 0);
+}
+
+size_t rs_truncate_plan(json_t *conv, uint64_t excess) {
+        size_t units = 0, i;
+        json_t *m;
+        json_array_foreach(conv, i, m)
+                units += unit_start(m);
+        size_t n = 0;
+        uint64_t shed = 0;
+        bool in_unit = false;
+        json_array_foreach(conv, i, m) {
+                if (unit_start(m)) {
+                        if (in_unit && shed >= excess)
+                                break;
+                        if (n + 1 >= units)
+                                break; /* the last unit stays */
+                        n++;
+                        in_unit = true;
+                }
+                if (in_unit && !streq(json_string_value(json_object_get(m, "role")), "system"))
+                        shed += rs_message_bytes(m);
+        }
+        return n;
+}
+
+/* conv without its first `drop` units (system messages stay where they are). */
+static int drop_units(json_t *conv, size_t drop, struct api_error *e) {
+        size_t i = 0, dropped = 0;
+        while (i < json_array_size(conv)) {
+                json_t *m = json_array_get(conv, i);
+                const char *role = json_string_value(json_object_get(m, "role"));
+                if (unit_start(m)) {
+                        if (dropped == drop)
+                                return 0;
+                        dropped++;
+                } else if (streq(role, "system") || dropped == 0) {
+                        i++; /* a system message, or a tool result before any unit */
+                        continue;
+                }
+                if (json_array_remove(conv, i) < 0)
+                        return OOM(e);
+        }
+        return 0;
+}
+
+int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, struct api_error *e) {
+        int key = cfg->key;
         json_int_t iv;
         bool set;
         if (api_get_bool(root, "stream", &r->stream, e) < 0)
@@ -487,6 +682,11 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
         if (api_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
                 return -1;
         r->one_call = !parallel;
+        json_t *trunc = json_object_get(root, "truncation");
+        if (trunc && !json_is_null(trunc) && !streq(json_string_value(trunc), "auto") &&
+            !streq(json_string_value(trunc), "disabled"))
+                return api_bad(e, "truncation", "\"auto\" or \"disabled\" expected");
+        r->truncate = streq(json_string_value(trunc), "auto");
         json_t *md = json_object_get(root, "metadata");
         if (api_check_metadata(root, e) < 0)
                 return -1;
@@ -542,6 +742,8 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
                 return -1;
         if (json_array_size(r->conv) == 0)
                 return api_bad(e, "input", "a non-empty array expected");
+        if (cfg->drop_units && drop_units(r->conv, cfg->drop_units, e) < 0)
+                return -1;
 
         _cleanup_(json_decrefp) json_t *tools = NULL;
         if (parse_tools(root, &tools, e) < 0)
@@ -601,7 +803,7 @@ int rs_parse(json_t *root, int key, struct api_request *r, struct api_error *e) 
                                                                      : json_pack("{s:s}", "type", "text"),
                             "tool_choice", tc && !json_is_null(tc) ? json_deep_copy(tc) : json_string("auto"),
                             "tools", json_is_array(tl) ? json_deep_copy(tl) : json_array(),
-                            "truncation", "disabled");
+                            "truncation", r->truncate ? "auto" : "disabled");
         if (!r->echo)
                 return OOM(e);
         json_object_set_new(r->echo, "metadata", json_is_object(md) ? json_deep_copy(md) : json_object());
@@ -642,6 +844,25 @@ static json_t *call_item(const char *id, const char *call_id, const char *name, 
                          done ? "completed" : "in_progress", "call_id", call_id, "name", name, "arguments", args);
 }
 
+static json_t *custom_call_item(const char *id, const char *call_id, const char *name, const char *input, bool done) {
+        return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "custom_tool_call", "status",
+                         done ? "completed" : "in_progress", "call_id", call_id, "name", name, "input", input);
+}
+
+/* The output item (at output_index `item`) of the answer's call number `call`: a function_call,
+ * or a custom_tool_call for a custom tool (its input: custom_input). */
+static json_t *output_call_item(const char *id, json_t *echo, unsigned item, size_t call, const char *name,
+                                const char *args) {
+        char iid[64], cid[64];
+        bool custom = is_custom_tool(echo, name);
+        item_id(iid, sizeof iid, custom ? "ctc_" : "fc_", id, item);
+        api_call_id(cid, sizeof cid, "call_", id, call);
+        if (!custom)
+                return call_item(iid, cid, name, args, true);
+        _cleanup_free_ char *input = custom_input(args);
+        return input ? custom_call_item(iid, cid, name, input, true) : NULL;
+}
+
 static json_t *response_object(const char *id, int64_t created, const char *model, json_t *echo, json_t *output,
                                const struct x4_done *d) {
         const char *status = !d ? "in_progress" : d->finish_reason == X4_FINISH_LENGTH ? "incomplete"
@@ -660,7 +881,7 @@ json_t *rs_response_json(const char *id, int64_t created, const char *model, jso
                          const struct api_result *res, const struct x4_done *d) {
         json_t *output = json_array();
         unsigned n = 0;
-        char iid[64], cid[64];
+        char iid[64];
         if (res->reasoning) {
                 item_id(iid, sizeof iid, "rs_", id, n++);
                 json_array_append_new(output, reasoning_item(iid, res->reasoning, res->reasoning_len, true));
@@ -669,11 +890,8 @@ json_t *rs_response_json(const char *id, int64_t created, const char *model, jso
                 item_id(iid, sizeof iid, "msg_", id, n++);
                 json_array_append_new(output, message_item(iid, res->content ? res->content : "", res->content_len, true));
         }
-        for (size_t i = 0; i < res->n_calls; i++) {
-                item_id(iid, sizeof iid, "fc_", id, n++);
-                api_call_id(cid, sizeof cid, "call_", id, i);
-                json_array_append_new(output, call_item(iid, cid, res->calls[i].name, res->calls[i].arguments, true));
-        }
+        for (size_t i = 0; i < res->n_calls; i++)
+                json_array_append_new(output, output_call_item(id, echo, n++, i, res->calls[i].name, res->calls[i].arguments));
         /* cut by max_output_tokens: the text that was being written is incomplete (a call is
          * reported only whole) */
         json_t *last = json_array_get(output, json_array_size(output) - 1);
@@ -745,23 +963,37 @@ static void close_item(struct ev_stream *s, struct evbuffer *out) {
 }
 
 void rs_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuffer *out) {
-        char iid[64], cid[64];
         if (c->channel == X4_CHANNEL_TOOL_CALL) {
                 if (!c->tool_name)
                         return;
                 close_item(s, out);
                 const char *args = c->tool_arguments_json ? c->tool_arguments_json : "{}";
-                item_id(iid, sizeof iid, "fc_", s->id, s->index);
-                api_call_id(cid, sizeof cid, "call_", s->id, s->n_calls++);
-                ev(s, out, "response.output_item.added",
-                   json_pack("{s:i, s:o}", "output_index", (int) s->index, "item",
-                             call_item(iid, cid, c->tool_name, "", false)));
-                ev(s, out, "response.function_call_arguments.delta",
-                   json_pack("{s:s, s:i, s:s}", "item_id", iid, "output_index", (int) s->index, "delta", args));
-                ev(s, out, "response.function_call_arguments.done",
-                   json_pack("{s:s, s:i, s:s, s:s}", "item_id", iid, "output_index", (int) s->index, "name",
-                             c->tool_name, "arguments", args));
-                json_t *item = call_item(iid, cid, c->tool_name, args, true);
+                json_t *item = output_call_item(s->id, s->echo, s->index, s->n_calls++, c->tool_name, args);
+                if (!item)
+                        return;
+                const char *iid = json_string_value(json_object_get(item, "id"));
+                if (streq(json_string_value(json_object_get(item, "type")), "custom_tool_call")) {
+                        /* OpenAI's events of a custom tool call: its input, whole, as one delta */
+                        json_t *input = json_object_get(item, "input");
+                        ev(s, out, "response.output_item.added",
+                           json_pack("{s:i, s:o}", "output_index", (int) s->index, "item",
+                                     custom_call_item(iid, json_string_value(json_object_get(item, "call_id")),
+                                                      c->tool_name, "", false)));
+                        ev(s, out, "response.custom_tool_call_input.delta",
+                           json_pack("{s:s, s:i, s:O}", "item_id", iid, "output_index", (int) s->index, "delta", input));
+                        ev(s, out, "response.custom_tool_call_input.done",
+                           json_pack("{s:s, s:i, s:O}", "item_id", iid, "output_index", (int) s->index, "input", input));
+                } else {
+                        ev(s, out, "response.output_item.added",
+                           json_pack("{s:i, s:o}", "output_index", (int) s->index, "item",
+                                     call_item(iid, json_string_value(json_object_get(item, "call_id")), c->tool_name,
+                                               "", false)));
+                        ev(s, out, "response.function_call_arguments.delta",
+                           json_pack("{s:s, s:i, s:s}", "item_id", iid, "output_index", (int) s->index, "delta", args));
+                        ev(s, out, "response.function_call_arguments.done",
+                           json_pack("{s:s, s:i, s:s, s:s}", "item_id", iid, "output_index", (int) s->index, "name",
+                                     c->tool_name, "arguments", args));
+                }
                 ev(s, out, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", (int) s->index, "item", item));
                 json_array_append_new(s->output, item);
                 s->index++;
@@ -769,6 +1001,7 @@ void rs_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
         }
         if (!c->text_len)
                 return;
+        char iid[64];
         int want = c->channel == X4_CHANNEL_REASONING ? 1 : 2;
         if (s->open != want) {
                 close_item(s, out);

@@ -26,6 +26,11 @@ What it answers depends on the request:
   - chat with tools, last message "two-calls": calls get_weather {"city": "Paris"} and {"city":
     "Rome"}, then waits up to 5 s for a Cancel (Done{CANCELLED}, 1 completion token) else a third
     call (Tokyo) and Done{TOOL_CALLS}
+  - chat with a tool named apply_patch, last message "patch-it": the call apply_patch
+    {"input": PATCH}
+  - a system message "fake-context-4000": a prompt whose messages hold more than 4000 bytes is
+    refused Error{TOO_LARGE} "prompt of N tokens leaves no room for output in the context limit of
+    4000 tokens" (N: those bytes), as xing4d refuses a prompt over its context
   - anything else: reasoning "Let me think.", content "Hello" + ", world", finish stop,
     usage 7 prompt / 3 cached / 3 completion / 1 reasoning
 Every GenerateRequest is appended (decoded) to --record as a JSON line.
@@ -131,10 +136,22 @@ def error(code, msg):
     return fv(1, code) + fb(2, msg)
 
 
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+Hello\n*** End Patch\n"
+
+
 def script(req):
     """The list of (body field, body bytes) answering one GenerateRequest."""
     msgs = req.get("messages", [])
     last = msgs[-1] if msgs else {"role": "user", "content": req.get("text", "")}
+    if any(m["role"] == "system" and m["content"] == "fake-context-4000" for m in msgs):
+        n = sum(len(m["content"].encode()) for m in msgs)
+        if n > 4000:
+            return [(ERROR, error(E_TOO_LARGE, f"prompt of {n} tokens leaves no room for output in the context "
+                                               "limit of 4000 tokens"))]
+    names = [t.get("function", {}).get("name") for t in req.get("tools", [])]
+    if "apply_patch" in names and last["content"] == "patch-it":
+        return [(CHUNK, chunk("", TOOL_CALL, ("apply_patch", json.dumps({"input": PATCH})), token=6)),
+                (DONE, done(FINISH_TOOL_CALLS))]
     if req.get("tools") and last["content"] == "two-calls":
         return [(CHUNK, chunk("Two cities.", REASONING)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),

@@ -77,8 +77,8 @@ def test_hosted_tools_are_left_out(fake, fake_bridge):
                      {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}]
     st, _, body = fake_bridge.post("/v1/responses", resp("weather?", tools=tools))
     assert st == 200, body
-    assert [t["function"]["name"] for t in last_request(fake)["tools"]] == ["get_weather"]
-    st, _, body = fake_bridge.post("/v1/responses", resp("hi", tools=tools[1:]))
+    assert [t["function"]["name"] for t in last_request(fake)["tools"]] == ["get_weather", "apply_patch"]
+    st, _, body = fake_bridge.post("/v1/responses", resp("hi", tools=tools[1:3]))
     assert st == 200 and "tools" not in last_request(fake)
 
 
