@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/escape.h"
 #include "common/frame.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -86,17 +89,57 @@ struct x4_client {
         char done_error[512]; /* error text of the last blocking generate */
         char done_stop[256];
         bool broken;
+        int broken_code;        /* why it broke (enum x4_error) */
+        char broken_error[512]; /* and the message said then */
         x4_progress_cb on_progress;
+        /* while connect waits for the HelloReply: the first bytes the peer sent, to tell a peer
+         * that does not speak the protocol from a xing4d that closed or refused */
+        bool handshaking;
+        uint8_t peer_head[16];
+        size_t n_peer_head;
+        size_t frames_in; /* frames decoded since connect */
 };
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
+/* The message of a call that had no client to keep it in (a NULL client, the x4_request_*
+ * functions): x4_client_last_error(NULL) returns it, per thread. */
+static _Thread_local char orphan_error[512] = "no client";
+
 _printf_(3, 4) static int fail(x4_client *c, int code, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+        if (c)
+                vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+        else
+                vsnprintf(orphan_error, sizeof orphan_error, fmt, ap);
         va_end(ap);
         return code;
+}
+
+/* A call refused for a NULL argument, named as the header names it: "x4_client_stats: ret is
+ * NULL, a struct x4_stats to fill expected". */
+static int null_arg(x4_client *c, const char *func, const char *name, const char *expected) {
+        return fail(c, X4_E_USAGE, "%s: %s is NULL, %s expected", func, name, expected);
+}
+
+/* Refuse the call (X4_E_USAGE, the message naming the function and the argument) when `arg` is
+ * NULL; `c` keeps the message (NULL: the thread's, see orphan_error). */
+#define REQUIRE(c, arg, expected)                                                                  \
+        do {                                                                                       \
+                if (!(arg))                                                                        \
+                        return null_arg((c), __func__, #arg, (expected));                         \
+        } while (0)
+#define REQUIRE_CLIENT(c) REQUIRE(NULL, c, "a client from x4_client_new()")
+#define REQUIRE_REQUEST(r) REQUIRE(NULL, r, "a request from x4_request_new()")
+
+/* The connection is not there to use: never made, or broken by an earlier failure (whose
+ * message is repeated, as last_error has moved on since). */
+static int not_connected(x4_client *c, const char *func) {
+        if (c->fd >= 0 && c->broken)
+                return fail(c, X4_E_USAGE, "%s: the connection to %s broke earlier (%s); "
+                            "x4_client_connect() again", func, c->path, c->broken_error);
+        return fail(c, X4_E_USAGE, "%s: not connected; x4_client_connect() first", func);
 }
 
 static char *strdup_or_null(const char *s) {
@@ -175,11 +218,11 @@ X4_API void x4_request_free(x4_request *r) {
 }
 
 X4_API int x4_request_set_text(x4_request *r, const char *text) {
-        if (!r || !text)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
+        REQUIRE(NULL, text, "the prompt's text");
         char *t = strdup(text);
         if (!t)
-                return X4_E_NOMEM;
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         free(r->text);
         r->text = t;
         r->prompt = 1;
@@ -187,11 +230,13 @@ X4_API int x4_request_set_text(x4_request *r, const char *text) {
 }
 
 X4_API int x4_request_set_tokens(x4_request *r, const int32_t *ids, size_t n) {
-        if (!r || (!ids && n > 0))
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
+        if (!ids && n > 0)
+                return fail(NULL, X4_E_USAGE, "%s: ids is NULL with n %zu, %zu token ids expected",
+                            __func__, n, n);
         int32_t *t = malloc(n ? n * sizeof *t : 1);
         if (!t)
-                return X4_E_NOMEM;
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         if (n)
                 memcpy(t, ids, n * sizeof *t);
         free(r->tokens);
@@ -236,8 +281,8 @@ X4_API int x4_request_add_message_ex(x4_request *r, const char *role, const char
         const char *vals[5] = { role, content ? content : "", reasoning, tool_calls_json, name };
         char ***arrays[5];
         char *made[5] = {};
-        if (!r || !role)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
+        REQUIRE(NULL, role, "\"system\", \"user\", \"assistant\" or \"tool\"");
         arrays[0] = &r->roles;
         arrays[1] = &r->contents;
         arrays[2] = &r->reasonings;
@@ -248,7 +293,7 @@ X4_API int x4_request_add_message_ex(x4_request *r, const char *role, const char
                         /* the arrays keep n_messages entries: drop what this call added */
                         for (size_t k = 0; k < i; k++)
                                 free(made[k]);
-                        return X4_E_NOMEM;
+                        return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
                 }
         r->n_messages++;
         r->prompt = 3;
@@ -256,40 +301,35 @@ X4_API int x4_request_add_message_ex(x4_request *r, const char *role, const char
 }
 
 X4_API int x4_request_add_message(x4_request *r, const char *role, const char *content) {
-        if (!content)
-                return X4_E_USAGE;
+        REQUIRE(NULL, content, "the message's text (x4_request_add_message_ex takes NULL as \"\")");
         return x4_request_add_message_ex(r, role, content, NULL, NULL, NULL);
 }
 
 X4_API int x4_request_set_tools_json(x4_request *r, const char *tools_json) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         char *t = strdup_or_null(tools_json);
         if (tools_json && !t)
-                return X4_E_NOMEM;
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         free(r->tools_json);
         r->tools_json = t;
         return 0;
 }
 
 X4_API int x4_request_set_thinking(x4_request *r, bool enable) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->thinking = enable;
         return 0;
 }
 
 X4_API int x4_request_set_add_generation_prompt(x4_request *r, bool add) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->add_generation_prompt = add;
         return 0;
 }
 
 #define SAMPLING_SETTER(field, type)                                                               \
         X4_API int x4_request_set_##field(x4_request *r, type v) {                                 \
-                if (!r)                                                                            \
-                        return X4_E_USAGE;                                                         \
+                REQUIRE_REQUEST(r);                                                                \
                 r->sampling.has_##field = 1;                                                       \
                 r->sampling.field = v;                                                             \
                 return 0;                                                                          \
@@ -304,92 +344,89 @@ SAMPLING_SETTER(presence_penalty, float)
 SAMPLING_SETTER(frequency_penalty, float)
 
 X4_API int x4_request_set_max_tokens(x4_request *r, uint32_t n) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->has_max_tokens = true;
         r->max_tokens = n;
         return 0;
 }
 
 X4_API int x4_request_add_stop(x4_request *r, const char *stop) {
-        if (!r || !stop)
-                return X4_E_USAGE;
-        return strv_push(&r->stops, &r->n_stops, stop);
+        REQUIRE_REQUEST(r);
+        REQUIRE(NULL, stop, "the stop string");
+        if (strv_push(&r->stops, &r->n_stops, stop) < 0)
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
+        return 0;
 }
 
 X4_API int x4_request_add_stop_id(x4_request *r, int32_t id) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         int32_t *n = realloc(r->stop_ids, (r->n_stop_ids + 1) * sizeof *n);
         if (!n)
-                return X4_E_NOMEM;
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         n[r->n_stop_ids++] = id;
         r->stop_ids = n;
         return 0;
 }
 
 X4_API int x4_request_set_snapshot(x4_request *r, const char *name) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         char *s = strdup_or_null(name);
         if (name && !s)
-                return X4_E_NOMEM;
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         free(r->snapshot);
         r->snapshot = s;
         return 0;
 }
 
 X4_API int x4_request_set_logprobs(x4_request *r, uint32_t top_n) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->has_logprobs = true;
         r->logprobs = top_n;
         return 0;
 }
 
 X4_API int x4_request_set_thinking_budget(x4_request *r, int32_t tokens) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->has_thinking_budget = true;
         r->thinking_budget = tokens;
         return 0;
 }
 
 X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp) {
-        if (!r)
-                return -EINVAL;
+        REQUIRE_REQUEST(r);
         r->no_mtp = no_mtp;
         return 0;
 }
 
 X4_API int x4_request_set_constraint_lenient(x4_request *r, bool lenient) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->constraint_lenient = lenient;
         return 0;
 }
 
 X4_API int x4_request_set_count_only(x4_request *r, bool count_only) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->count_only = count_only;
         return 0;
 }
 
 X4_API int x4_request_set_ignore_eos(x4_request *r, bool ignore) {
-        if (!r)
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
         r->ignore_eos = ignore;
         return 0;
 }
 
 X4_API int x4_request_set_constraint(x4_request *r, int kind, const char *arg) {
-        if (!r || kind < X4_CONSTRAINT_NONE || kind > X4_CONSTRAINT_TOOL ||
-            (kind == X4_CONSTRAINT_JSON_SCHEMA && !arg))
-                return X4_E_USAGE;
+        REQUIRE_REQUEST(r);
+        if (kind < X4_CONSTRAINT_NONE || kind > X4_CONSTRAINT_TOOL)
+                return fail(NULL, X4_E_USAGE, "%s: kind %d is not an enum x4_constraint (%d to %d)",
+                            __func__, kind, X4_CONSTRAINT_NONE, X4_CONSTRAINT_TOOL);
+        if (kind == X4_CONSTRAINT_JSON_SCHEMA && !arg)
+                return null_arg(NULL, __func__, "arg",
+                                "the JSON Schema's text with X4_CONSTRAINT_JSON_SCHEMA");
         char *a = NULL;
         if ((kind == X4_CONSTRAINT_JSON_SCHEMA || kind == X4_CONSTRAINT_TOOL) && arg && !(a = strdup(arg)))
-                return X4_E_NOMEM;
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         free(r->constraint_arg);
         r->constraint = kind;
         r->constraint_arg = a;
@@ -452,11 +489,10 @@ static void chat_view_done(struct chat_view *v) {
 /* ---- connection ----------------------------------------------------------------------------- */
 
 X4_API int x4_client_new(x4_client **ret) {
-        if (!ret)
-                return X4_E_USAGE;
+        REQUIRE(NULL, ret, "a place for the new client");
         x4_client *c = calloc(1, sizeof *c);
         if (!c)
-                return X4_E_NOMEM;
+                return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         c->fd = -1;
         c->connect_ms = 30000;
         c->response_ms = 300000;
@@ -525,9 +561,9 @@ static void fail_all(x4_client *c, int code) {
         }
 }
 
-X4_API void x4_client_free(x4_client *c) {
-        if (!c)
-                return;
+/* Close the socket and forget the connection's requests (a broken connection has ended them
+ * all already): the client is as x4_client_new() left it, its settings kept. */
+static void disconnect(x4_client *c) {
         while (c->pending) {
                 struct pending *p = c->pending;
                 c->pending = p->next;
@@ -535,34 +571,47 @@ X4_API void x4_client_free(x4_client *c) {
         }
         if (c->fd >= 0)
                 close(c->fd);
+        c->fd = -1;
         frame_decoder_free(c->decoder);
+        c->decoder = NULL;
+        c->broken = false;
+        c->handshaking = false;
+}
+
+X4_API void x4_client_free(x4_client *c) {
+        if (!c)
+                return;
+        disconnect(c);
         free(c);
 }
 
 X4_API int x4_client_set_timeouts(x4_client *c, int connect_ms, int response_ms) {
-        if (!c || connect_ms < -1 || response_ms < -1)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
+        if (connect_ms < -1 || response_ms < -1)
+                return fail(c, X4_E_USAGE, "%s: %s %d is out of range: milliseconds >= 0, or -1 "
+                            "for no limit, expected", __func__,
+                            connect_ms < -1 ? "connect_ms" : "response_ms",
+                            connect_ms < -1 ? connect_ms : response_ms);
         c->connect_ms = connect_ms;
         c->response_ms = response_ms;
         return 0;
 }
 
 X4_API int x4_client_set_progress_cb(x4_client *c, x4_progress_cb cb) {
-        if (!c)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
         c->on_progress = cb;
         return 0;
 }
 
 X4_API int x4_client_set_name(x4_client *c, const char *name) {
-        if (!c || !name)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, name, "the name to send in Hello");
         copy_str(c->name, sizeof c->name, name);
         return 0;
 }
 
 X4_API const char *x4_client_last_error(const x4_client *c) {
-        return c ? c->last_error : "no client";
+        return c ? c->last_error : orphan_error;
 }
 
 X4_API const char *x4_client_server_version(const x4_client *c) {
@@ -602,8 +651,51 @@ static int wait_fd(int fd, short events, int timeout_ms) {
 
 static int break_connection(x4_client *c, int code) {
         c->broken = true;
+        c->broken_code = code;
+        copy_str(c->broken_error, sizeof c->broken_error, c->last_error);
         fail_all(c, code);
         return code;
+}
+
+/* The peer's first bytes, as text for a message: 'HTTP/1.1 400 Bad'. */
+static const char *peer_head_text(const x4_client *c, char *buf, size_t size) {
+        char esc[96];
+        cescape((const char *) c->peer_head, c->n_peer_head, esc, sizeof esc);
+        snprintf(buf, size, "'%s'%s", esc, c->n_peer_head == sizeof c->peer_head ? "..." : "");
+        return buf;
+}
+
+/* The handshake failed on what the peer sent (bytes that are no xing4d frame, or a close after
+ * them): it is not xing4d. */
+static int not_xing4d(x4_client *c) {
+        char head[128];
+        bool http = c->n_peer_head >= 5 && memcmp(c->peer_head, "HTTP/", 5) == 0;
+        fail(c, X4_E_PROTOCOL, "%s: the peer does not speak the xing4d protocol: it answered the "
+             "Hello handshake with %s, not a xing4d frame%s", c->path,
+             peer_head_text(c, head, sizeof head),
+             http ? " (an HTTP server: is this the bridge's or another service's socket?)" : "");
+        return break_connection(c, X4_E_PROTOCOL);
+}
+
+/* The peer ended the connection: reset = closed before reading all we sent (ECONNRESET, EPIPE),
+ * else an orderly close. After the handshake that is the server's doing. During it, xing4d either
+ * answers Hello or says why it refuses: a peer that read the Hello and closed without a word does
+ * not speak the protocol; one that did not even read it may be xing4d exiting. */
+static int peer_closed(x4_client *c, bool reset) {
+        if (!c->handshaking || c->frames_in > 0)
+                fail(c, X4_E_CLOSED, "%s: server closed the connection", c->path);
+        else if (c->n_peer_head > 0)
+                return not_xing4d(c);
+        else if (!reset) {
+                fail(c, X4_E_PROTOCOL, "%s: the peer does not speak the xing4d protocol: it read the "
+                     "Hello handshake and closed the connection without answering (xing4d answers "
+                     "it, or says why it refuses)", c->path);
+                return break_connection(c, X4_E_PROTOCOL);
+        } else
+                fail(c, X4_E_CLOSED, "%s: the peer closed the connection without reading the Hello "
+                     "handshake: xing4d exiting, or a program that does not speak the xing4d "
+                     "protocol", c->path);
+        return break_connection(c, X4_E_CLOSED);
 }
 
 /* Send one frame; blocks (bounded by the response timeout) while the socket buffer is full. */
@@ -613,7 +705,7 @@ static int send_frame(x4_client *c, const Xing4__Frame *f) {
         size_t off = 0;
 
         if (c->fd < 0 || c->broken)
-                return fail(c, X4_E_USAGE, "not connected");
+                return not_connected(c, "send");
         if (c->max_frame && n > c->max_frame)
                 return fail(c, X4_E_TOO_LARGE,
                             "request of %zu bytes exceeds the server's frame limit of %u bytes", n,
@@ -646,10 +738,8 @@ static int send_frame(x4_client *c, const Xing4__Frame *f) {
                 }
                 int e = errno;
                 free(buf);
-                if (e == EPIPE || e == ECONNRESET) {
-                        fail(c, X4_E_CLOSED, "%s: server closed the connection", c->path);
-                        return break_connection(c, X4_E_CLOSED);
-                }
+                if (e == EPIPE || e == ECONNRESET)
+                        return peer_closed(c, true);
                 fail(c, X4_E_IO, "%s: write failed: %s", c->path, strerror(e));
                 return break_connection(c, X4_E_IO);
         }
@@ -796,21 +886,22 @@ static int read_some(x4_client *c) {
         int frames = 0;
 
         if (c->fd < 0 || c->broken)
-                return fail(c, X4_E_USAGE, "not connected");
+                return not_connected(c, "read");
         n = recv(c->fd, buf, sizeof buf, 0);
         if (n < 0) {
                 if (errno == EAGAIN || errno == EINTR)
                         return 0;
-                if (errno == ECONNRESET) {
-                        fail(c, X4_E_CLOSED, "%s: server closed the connection", c->path);
-                        return break_connection(c, X4_E_CLOSED);
-                }
+                if (errno == ECONNRESET)
+                        return peer_closed(c, true);
                 fail(c, X4_E_IO, "%s: read failed: %s", c->path, strerror(errno));
                 return break_connection(c, X4_E_IO);
         }
-        if (n == 0) {
-                fail(c, X4_E_CLOSED, "%s: server closed the connection", c->path);
-                return break_connection(c, X4_E_CLOSED);
+        if (n == 0)
+                return peer_closed(c, false);
+        if (c->handshaking && c->n_peer_head < sizeof c->peer_head) {
+                size_t k = MIN((size_t) n, sizeof c->peer_head - c->n_peer_head);
+                memcpy(c->peer_head + c->n_peer_head, buf, k);
+                c->n_peer_head += k;
         }
         for (size_t off = 0; off < (size_t) n;) {
                 size_t used;
@@ -819,6 +910,8 @@ static int read_some(x4_client *c) {
                                            sizeof err);
                 off += used;
                 if (r < 0) {
+                        if (c->handshaking && c->frames_in == 0)
+                                return not_xing4d(c);
                         fail(c, X4_E_PROTOCOL, "%s: %s", c->path, err);
                         return break_connection(c, X4_E_PROTOCOL);
                 }
@@ -829,11 +922,14 @@ static int read_some(x4_client *c) {
                 frame_decoder_payload(c->decoder, &payload, &len);
                 Xing4__Frame *f = xing4__frame__unpack(NULL, len, payload);
                 if (!f) {
+                        if (c->handshaking && c->frames_in == 0)
+                                return not_xing4d(c);
                         fail(c, X4_E_PROTOCOL, "%s: undecodable frame of %zu bytes from the server",
                              c->path, len);
                         return break_connection(c, X4_E_PROTOCOL);
                 }
                 frames++;
+                c->frames_in++;
                 r = handle_frame(c, f);
                 if (r < 0)
                         return r;
@@ -843,8 +939,9 @@ static int read_some(x4_client *c) {
 
 X4_API int x4_client_dispatch(x4_client *c) {
         int total = 0;
-        if (!c)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
+        if (c->fd < 0 || c->broken)
+                return not_connected(c, __func__);
         for (;;) {
                 int r = read_some(c);
                 if (r < 0)
@@ -891,14 +988,12 @@ static struct pending *pending_new(x4_client *c, enum pending_kind kind) {
 }
 
 /* Send a request frame and wait for its single reply; *ret owns the reply frame. */
-static int call(x4_client *c, Xing4__Frame *f, Xing4__Frame **ret) {
+static int call(x4_client *c, const char *func, Xing4__Frame *f, Xing4__Frame **ret) {
         struct pending *p;
         int r;
 
-        if (!c)
-                return X4_E_USAGE;
         if (c->fd < 0 || c->broken)
-                return fail(c, X4_E_USAGE, "not connected");
+                return not_connected(c, func);
         p = pending_new(c, PENDING_REPLY);
         if (!p)
                 return fail(c, X4_E_NOMEM, "out of memory");
@@ -907,9 +1002,9 @@ static int call(x4_client *c, Xing4__Frame *f, Xing4__Frame **ret) {
         r = send_frame(c, f);
         if (r >= 0)
                 r = wait_pending(c, p, c->response_ms);
-        if (r >= 0 && !p->reply)
-                r = c->broken ? fail(c, X4_E_CLOSED, "%s: server closed the connection", c->path)
-                              : fail(c, X4_E_PROTOCOL, "no reply");
+        if (r >= 0 && !p->reply) /* the connection broke: last_error says how */
+                r = c->broken ? c->broken_code
+                              : fail(c, X4_E_PROTOCOL, "%s: %s: no reply", c->path, func);
         if (r >= 0 && p->reply->body_case == XING4__FRAME__BODY_ERROR) {
                 const Xing4__Error *e = p->reply->error;
                 r = fail(c, error_from_code(e->has_code ? (int) e->code : 0), "%s",
@@ -924,14 +1019,32 @@ static int call(x4_client *c, Xing4__Frame *f, Xing4__Frame **ret) {
         return r;
 }
 
+/* No HelloReply within the connect timeout. A daemon still loading its model has not accepted the
+ * connection: the Hello waits unread in the socket. A peer that read it, or sent something
+ * else, is no xing4d (which answers at once). */
+static int handshake_timeout(x4_client *c) {
+        int unread = -1;
+        char head[128];
+        if (c->n_peer_head > 0)
+                return fail(c, X4_E_PROTOCOL, "%s: the peer does not speak the xing4d protocol: it "
+                            "answered the Hello handshake with %s, and no HelloReply within %d ms",
+                            c->path, peer_head_text(c, head, sizeof head), c->connect_ms);
+        if (ioctl(c->fd, SIOCOUTQ, &unread) == 0 && unread == 0)
+                return fail(c, X4_E_TIMEOUT, "%s: the peer read the Hello handshake but sent nothing "
+                            "back within %d ms: it does not speak the xing4d protocol (xing4d "
+                            "answers at once)", c->path, c->connect_ms);
+        return fail(c, X4_E_TIMEOUT, "%s: no handshake reply within %d ms (is the daemon still "
+                    "loading its model?)", c->path, c->connect_ms);
+}
+
 X4_API int x4_client_connect(x4_client *c, const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         int fd, r;
 
-        if (!c)
-                return X4_E_USAGE;
-        if (c->fd >= 0)
-                return fail(c, X4_E_USAGE, "already connected to %s", c->path);
+        REQUIRE_CLIENT(c);
+        if (c->fd >= 0 && !c->broken)
+                return fail(c, X4_E_USAGE, "%s: already connected to %s", __func__, c->path);
+        disconnect(c); /* a broken connection's socket; its requests have ended */
         if (!path)
                 path = getenv(X4_SOCKET_ENV);
         if (!path || !*path)
@@ -961,7 +1074,8 @@ X4_API int x4_client_connect(x4_client *c, const char *path) {
                 if (e == EAGAIN)
                         return fail(c, X4_E_TIMEOUT, "%s: server's listen queue stayed full for %d ms",
                                     path, c->connect_ms);
-                return fail(c, X4_E_CONNECT, "%s: cannot connect: %s", path, strerror(e));
+                return fail(c, X4_E_CONNECT, "%s: cannot connect: %s%s", path, strerror(e),
+                            e == EPROTOTYPE ? " (not a stream socket: xing4d listens on one)" : "");
         }
         r = frame_decoder_new(FRAME_MAX_LIMIT, &c->decoder);
         if (r < 0) {
@@ -969,7 +1083,8 @@ X4_API int x4_client_connect(x4_client *c, const char *path) {
                 return fail(c, X4_E_NOMEM, "out of memory");
         }
         c->fd = fd;
-        c->broken = false;
+        c->n_peer_head = 0;
+        c->frames_in = 0;
 
         Xing4__Hello hello = XING4__HELLO__INIT;
         hello.has_proto_major = hello.has_proto_minor = 1;
@@ -994,21 +1109,24 @@ X4_API int x4_client_connect(x4_client *c, const char *path) {
                 c->next_id--;
                 f.has_request_id = 1;
                 f.request_id = 0;
+                c->handshaking = true;
                 r = send_frame(c, &f);
                 if (r >= 0)
                         r = wait_pending(c, p, c->response_ms);
                 if (r == X4_E_TIMEOUT)
-                        fail(c, X4_E_TIMEOUT, "%s: no handshake reply within %d ms (is the daemon "
-                             "still loading its model?)", path, c->connect_ms);
-                if (r >= 0 && !p->reply)
-                        r = fail(c, X4_E_CLOSED, "%s: server closed the connection", path);
+                        r = handshake_timeout(c);
+                if (r >= 0 && !p->reply) /* the connection broke: last_error says how */
+                        r = c->broken ? c->broken_code
+                                      : fail(c, X4_E_PROTOCOL, "%s: no HelloReply", path);
                 if (r >= 0 && p->reply->body_case == XING4__FRAME__BODY_ERROR) {
                         const Xing4__Error *e = p->reply->error;
                         r = fail(c, error_from_code(e->has_code ? (int) e->code : 0), "%s",
                                  e->message ? e->message : "server error");
                 } else if (r >= 0 && p->reply->body_case != XING4__FRAME__BODY_HELLO_REPLY)
-                        r = fail(c, X4_E_PROTOCOL, "%s: server answered Hello with frame body %d",
-                                 path, (int) p->reply->body_case);
+                        r = fail(c, X4_E_PROTOCOL, "%s: the peer does not speak the xing4d protocol: "
+                                 "it answered the Hello handshake with frame body %d, not a "
+                                 "HelloReply", path, (int) p->reply->body_case);
+                c->handshaking = false;
                 if (r >= 0)
                         reply = TAKE_PTR(p->reply);
                 pending_unlink(c, p);
@@ -1016,10 +1134,7 @@ X4_API int x4_client_connect(x4_client *c, const char *path) {
         }
         c->response_ms = saved;
         if (r < 0) {
-                close(c->fd);
-                c->fd = -1;
-                frame_decoder_free(c->decoder);
-                c->decoder = NULL;
+                disconnect(c);
                 return r;
         }
         const Xing4__HelloReply *hr = reply->hello_reply;
@@ -1032,10 +1147,8 @@ X4_API int x4_client_connect(x4_client *c, const char *path) {
                          hr->proto_major, hr->proto_minor, X4_CLIENT_PROTO_MAJOR,
                          X4_CLIENT_PROTO_MINOR);
         xing4__frame__free_unpacked(reply, NULL);
-        if (r < 0) {
-                close(c->fd);
-                c->fd = -1;
-        }
+        if (r < 0)
+                disconnect(c);
         return r;
 }
 
@@ -1047,9 +1160,8 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
         struct chat_view v;
         int r;
 
-        if (req->prompt == 0) {
-                return fail(c, X4_E_USAGE, "request has no prompt: set text, tokens or messages");
-        }
+        if (req->prompt == 0)
+                return fail(c, X4_E_USAGE, "request has no prompt: set its text, tokens or messages");
         r = chat_view_init(&v, req);
         if (r < 0) {
                 chat_view_done(&v);
@@ -1136,10 +1248,10 @@ X4_API int x4_client_submit(x4_client *c, const x4_request *req, x4_chunk_cb on_
         struct pending *p;
         int r;
 
-        if (!c || !req)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, req, "a request from x4_request_new()");
         if (c->fd < 0 || c->broken)
-                return fail(c, X4_E_USAGE, "not connected");
+                return not_connected(c, __func__);
         p = pending_new(c, PENDING_GENERATE);
         if (!p)
                 return fail(c, X4_E_NOMEM, "out of memory");
@@ -1165,13 +1277,15 @@ X4_API int x4_client_generate(x4_client *c, const x4_request *req, x4_chunk_cb o
         struct pending *p;
         int r;
 
-        if (!c || !req)
-                return X4_E_USAGE;
         if (!done)
                 done = &local;
         memset(done, 0, sizeof *done);
+        if (!c)
+                return done->status = null_arg(NULL, __func__, "c", "a client from x4_client_new()");
+        if (!req)
+                return done->status = null_arg(c, __func__, "req", "a request from x4_request_new()");
         if (c->fd < 0 || c->broken)
-                return done->status = fail(c, X4_E_USAGE, "not connected");
+                return done->status = not_connected(c, __func__);
         p = pending_new(c, PENDING_GENERATE);
         if (!p)
                 return done->status = fail(c, X4_E_NOMEM, "out of memory");
@@ -1202,8 +1316,7 @@ X4_API int x4_client_generate(x4_client *c, const x4_request *req, x4_chunk_cb o
 
 X4_API int x4_client_cancel(x4_client *c, uint64_t request_id) {
         struct pending *p;
-        if (!c)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
         p = pending_find(c, request_id, NULL);
         if (!p || p->kind != PENDING_GENERATE || p->finished)
                 return fail(c, X4_E_NOT_FOUND, "request %llu is not in flight on this connection",
@@ -1234,7 +1347,7 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Xing4__Frame *, frame_unpacked_free);
  * `body_case` with `body` (the message of that case) goes out, the reply comes back (an Error
  * frame becomes the call's error, see call()) and must carry `want`. The reply is the caller's
  * to read and free: `_cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;`. */
-static int rpc(x4_client *c, Xing4__Frame__BodyCase body_case, void *body,
+static int rpc(x4_client *c, const char *func, Xing4__Frame__BodyCase body_case, void *body,
                Xing4__Frame__BodyCase want, Xing4__Frame **ret) {
         Xing4__Frame f = XING4__FRAME__INIT, *reply = NULL;
         int r;
@@ -1248,7 +1361,7 @@ static int rpc(x4_client *c, Xing4__Frame__BodyCase body_case, void *body,
         case XING4__FRAME__BODY_SNAPSHOT: f.snapshot = body; break;
         default: return fail(c, X4_E_USAGE, "frame body %d is not a request", (int) body_case);
         }
-        r = call(c, &f, &reply);
+        r = call(c, func, &f, &reply);
         if (r < 0)
                 return r;
         if (reply->body_case != want) {
@@ -1261,17 +1374,17 @@ static int rpc(x4_client *c, Xing4__Frame__BodyCase body_case, void *body,
         return 0;
 }
 
-static int stats_call(x4_client *c, Xing4__Frame **ret) {
+static int stats_call(x4_client *c, const char *func, Xing4__Frame **ret) {
         Xing4__StatsRequest req = XING4__STATS_REQUEST__INIT;
-        return rpc(c, XING4__FRAME__BODY_STATS, &req, XING4__FRAME__BODY_STATS_REPLY, ret);
+        return rpc(c, func, XING4__FRAME__BODY_STATS, &req, XING4__FRAME__BODY_STATS_REPLY, ret);
 }
 
 X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
-        if (!c || !ret)
-                return X4_E_USAGE;
-        int r = stats_call(c, &reply);
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, ret, "a struct x4_stats to fill");
+        int r = stats_call(c, __func__, &reply);
         if (r < 0)
                 return r;
         const Xing4__StatsReply *s = reply->stats_reply;
@@ -1307,9 +1420,10 @@ X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
 X4_API int x4_client_requests(x4_client *c, struct x4_request_state **ret, size_t *n) {
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
-        if (!c || !ret || !n)
-                return X4_E_USAGE;
-        int r = stats_call(c, &reply);
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, ret, "a place for the array of struct x4_request_state");
+        REQUIRE(c, n, "a place for the number of requests");
+        int r = stats_call(c, __func__, &reply);
         if (r < 0)
                 return r;
         const Xing4__StatsReply *s = reply->stats_reply;
@@ -1338,20 +1452,19 @@ X4_API int x4_client_cancel_server(x4_client *c, uint64_t server_request_id) {
         Xing4__Cancel cancel = XING4__CANCEL__INIT;
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
-        if (!c)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
         cancel.has_server_request_id = 1;
         cancel.server_request_id = server_request_id;
-        return rpc(c, XING4__FRAME__BODY_CANCEL, &cancel, XING4__FRAME__BODY_CANCEL, &reply);
+        return rpc(c, __func__, XING4__FRAME__BODY_CANCEL, &cancel, XING4__FRAME__BODY_CANCEL, &reply);
 }
 
 X4_API int x4_client_info(x4_client *c, struct x4_info *ret) {
         Xing4__InfoRequest req = XING4__INFO_REQUEST__INIT;
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
-        if (!c || !ret)
-                return X4_E_USAGE;
-        int r = rpc(c, XING4__FRAME__BODY_INFO, &req, XING4__FRAME__BODY_INFO_REPLY, &reply);
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, ret, "a struct x4_info to fill");
+        int r = rpc(c, __func__, XING4__FRAME__BODY_INFO, &req, XING4__FRAME__BODY_INFO_REPLY, &reply);
         if (r < 0)
                 return r;
         const Xing4__InfoReply *i = reply->info_reply;
@@ -1387,9 +1500,9 @@ X4_API int x4_client_health(x4_client *c, int *status, char *detail, size_t deta
         Xing4__HealthRequest req = XING4__HEALTH_REQUEST__INIT;
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
-        if (!c || !status)
-                return X4_E_USAGE;
-        int r = rpc(c, XING4__FRAME__BODY_HEALTH, &req, XING4__FRAME__BODY_HEALTH_REPLY, &reply);
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, status, "a place for the enum x4_health");
+        int r = rpc(c, __func__, XING4__FRAME__BODY_HEALTH, &req, XING4__FRAME__BODY_HEALTH_REPLY, &reply);
         if (r < 0)
                 return r;
         *status = reply->health_reply->has_status ? (int) reply->health_reply->status : 0;
@@ -1406,8 +1519,9 @@ static void snapshot_info_copy(struct x4_snapshot_info *d, const Xing4__Snapshot
         d->created_unix = s->created_unix;
 }
 
-static int snapshot_call(x4_client *c, Xing4__SnapshotRequest *sr, Xing4__Frame **ret) {
-        return rpc(c, XING4__FRAME__BODY_SNAPSHOT, sr, XING4__FRAME__BODY_SNAPSHOT_REPLY, ret);
+static int snapshot_call(x4_client *c, const char *func, Xing4__SnapshotRequest *sr,
+                         Xing4__Frame **ret) {
+        return rpc(c, func, XING4__FRAME__BODY_SNAPSHOT, sr, XING4__FRAME__BODY_SNAPSHOT_REPLY, ret);
 }
 
 X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_request *source,
@@ -1423,8 +1537,11 @@ X4_API int x4_client_snapshot_create_flags(x4_client *c, const char *name, const
         struct chat_view v = { 0 };
         int r;
 
-        if (!c || !name)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, name, "the snapshot's name");
+        if (flags & ~X4_SNAPSHOT_REPLACE)
+                return fail(c, X4_E_USAGE, "%s: flags 0x%x has bits other than X4_SNAPSHOT_REPLACE "
+                            "(0x%x)", __func__, flags, X4_SNAPSHOT_REPLACE);
         sr.has_op = 1;
         sr.op = XING4__SNAPSHOT_REQUEST__OP__OP_CREATE;
         sr.name = (char *) name;
@@ -1432,7 +1549,8 @@ X4_API int x4_client_snapshot_create_flags(x4_client *c, const char *name, const
                 sr.has_replace = sr.replace = 1;
         if (source) {
                 if (source->prompt == 0)
-                        return fail(c, X4_E_USAGE, "snapshot source has no prompt");
+                        return fail(c, X4_E_USAGE, "%s: source has no prompt: set its text, tokens "
+                                    "or messages (or pass NULL and a from_request)", __func__);
                 r = chat_view_init(&v, source);
                 if (r < 0) {
                         chat_view_done(&v);
@@ -1452,7 +1570,7 @@ X4_API int x4_client_snapshot_create_flags(x4_client *c, const char *name, const
                 sr.source_case = XING4__SNAPSHOT_REQUEST__SOURCE_FROM_REQUEST;
                 sr.from_request = from_request;
         }
-        r = snapshot_call(c, &sr, &reply);
+        r = snapshot_call(c, __func__, &sr, &reply);
         chat_view_done(&v);
         if (r < 0)
                 return r;
@@ -1468,11 +1586,12 @@ X4_API int x4_client_snapshot_list(x4_client *c, struct x4_snapshot_info **ret, 
         Xing4__SnapshotRequest sr = XING4__SNAPSHOT_REQUEST__INIT;
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
-        if (!c || !ret || !n)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, ret, "a place for the array of struct x4_snapshot_info");
+        REQUIRE(c, n, "a place for the number of snapshots");
         sr.has_op = 1;
         sr.op = XING4__SNAPSHOT_REQUEST__OP__OP_LIST;
-        int r = snapshot_call(c, &sr, &reply);
+        int r = snapshot_call(c, __func__, &sr, &reply);
         if (r < 0)
                 return r;
         size_t k = reply->snapshot_reply->n_snapshots;
@@ -1490,10 +1609,10 @@ X4_API int x4_client_snapshot_drop(x4_client *c, const char *name) {
         Xing4__SnapshotRequest sr = XING4__SNAPSHOT_REQUEST__INIT;
         _cleanup_(frame_unpacked_freep) Xing4__Frame *reply = NULL;
 
-        if (!c || !name)
-                return X4_E_USAGE;
+        REQUIRE_CLIENT(c);
+        REQUIRE(c, name, "the snapshot's name");
         sr.has_op = 1;
         sr.op = XING4__SNAPSHOT_REQUEST__OP__OP_DROP;
         sr.name = (char *) name;
-        return snapshot_call(c, &sr, &reply);
+        return snapshot_call(c, __func__, &sr, &reply);
 }

@@ -12,7 +12,10 @@
  *
  * Errors: functions return 0 (or a count) on success and a negative `enum x4_error` on failure;
  * x4_client_last_error() has the one-line message (the server's own text for server errors,
- * e.g. "sampling.top_p: 1.5 is out of range (0, 1]").
+ * e.g. "sampling.top_p: 1.5 is out of range (0, 1]"). A call refused before any I/O says which
+ * argument and what was expected ("x4_client_stats: ret is NULL, a struct x4_stats to fill
+ * expected"). Calls with no client to keep the message in (a NULL client, the x4_request_*
+ * functions) leave it for x4_client_last_error(NULL), per thread.
  *
  * Thread safety: an x4_client is NOT thread-safe. Use one per thread, or serialize every call on
  * one client with your own lock. Callbacks run on the thread that called generate()/dispatch()/a
@@ -46,7 +49,7 @@ enum x4_error {
         X4_E_NOT_FOUND = -2,
         X4_E_UNAVAILABLE = -3,
         X4_E_TOO_LARGE = -4,
-        X4_E_PROTOCOL = -5,
+        X4_E_PROTOCOL = -5, /* also from the client: the peer does not speak the protocol */
         X4_E_VERSION_MISMATCH = -6,
         X4_E_INTERNAL = -7,
         X4_E_RESOURCE_EXHAUSTED = -8,
@@ -56,7 +59,7 @@ enum x4_error {
         X4_E_CONNECT = -100,  /* socket missing, refused, or permission denied */
         X4_E_TIMEOUT = -101,  /* connect or response timeout passed */
         X4_E_IO = -102,       /* read/write failed */
-        X4_E_CLOSED = -103,   /* the server closed the connection */
+        X4_E_CLOSED = -103,   /* the server closed the connection (x4_client_connect() again) */
         X4_E_NOMEM = -104,
         X4_E_USAGE = -105,    /* the API was called wrongly (not connected, NULL argument, ...) */
 };
@@ -88,7 +91,9 @@ typedef struct x4_request x4_request;
 /* ---- one request ---------------------------------------------------------------------------- */
 
 /* NULL when out of memory. A request has one prompt: text, token ids, or chat messages (the last
- * setter called wins). Strings are copied. Setters return 0, X4_E_NOMEM or X4_E_USAGE. */
+ * setter called wins). Strings are copied. Setters return 0, X4_E_NOMEM or X4_E_USAGE (a NULL
+ * argument, or a value out of the enum; the request is left unchanged then), with the message in
+ * x4_client_last_error(NULL). */
 X4_API x4_request *x4_request_new(void);
 X4_API void x4_request_free(x4_request *r);
 X4_API int x4_request_set_text(x4_request *r, const char *text);
@@ -226,8 +231,15 @@ X4_API int x4_client_set_timeouts(x4_client *c, int connect_ms, int response_ms)
 X4_API int x4_client_set_progress_cb(x4_client *c, x4_progress_cb cb);
 /* Name sent in Hello, shown in the server's log ("x4ctl 0.1.0"). */
 X4_API int x4_client_set_name(x4_client *c, const char *name);
-/* path NULL: $X4_SOCKET, else X4_DEFAULT_SOCKET. Connects and does the Hello handshake. */
+/* path NULL: $X4_SOCKET, else X4_DEFAULT_SOCKET. Connects and does the Hello handshake. A peer
+ * that answers it with bytes that are no xing4d frame (an HTTP server, say), or reads it and
+ * closes without a word, is X4_E_PROTOCOL, its message saying the peer at the path does not speak
+ * the xing4d protocol; X4_E_CLOSED is left for a peer that closed without reading it (xing4d
+ * exiting, say). After the connection broke (X4_E_CLOSED, X4_E_IO, X4_E_PROTOCOL), it may be
+ * called again on the same client. */
 X4_API int x4_client_connect(x4_client *c, const char *path);
+/* The message of the client's last failed call. NULL: the last failed call on this thread that
+ * had no client to keep it ("no client" if none). */
 X4_API const char *x4_client_last_error(const x4_client *c);
 /* A short name for an enum x4_error ("invalid argument", "timeout"). */
 X4_API const char *x4_strerror(int error);
