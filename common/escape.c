@@ -39,6 +39,14 @@ static size_t utf8_seq(const uint8_t *p, size_t left) {
 }
 
 /* The escaped form of the character at p[i] into tmp (8 bytes); its input length in *ret_n. */
+size_t utf8_invalid_at(const char *s, size_t len) {
+        const uint8_t *p = (const uint8_t *) s;
+        size_t i = 0, n;
+        while (i < len && (n = utf8_seq(p + i, len - i)) > 0)
+                i += n;
+        return i;
+}
+
 static size_t escape_one(const uint8_t *p, size_t i, size_t len, char tmp[static 8], size_t *ret_n) {
         size_t n = utf8_seq(p + i, len - i), tn = 0;
 

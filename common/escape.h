@@ -11,3 +11,7 @@
  * control character (C0, DEL, C1) and every byte that is not part of valid UTF-8 becomes \xNN.
  * Out of room: cut at a character boundary and end with "...". Returns buf. */
 char *cescape(const char *s, size_t len, char *buf, size_t size);
+
+/* Offset of the first byte of s[0..len) that is not part of valid UTF-8 (RFC 3629), or len when
+ * all of it is. */
+size_t utf8_invalid_at(const char *s, size_t len);

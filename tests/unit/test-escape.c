@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* cescape: what a client sends can neither forge a log line nor put invalid UTF-8 in an Error. */
+/* cescape: what a client sends can neither forge a log line nor put invalid UTF-8 in an Error.
+ * utf8_invalid_at: where text stops being UTF-8 (x4ctl names that byte). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,12 +50,24 @@ static void test_truncation_keeps_characters_whole(void **state) {
         assert_string_equal(esc("abc", 3, 1), "");
 }
 
+static void test_utf8_invalid_at(void **state) {
+        assert_int_equal(utf8_invalid_at("", 0), 0);
+        assert_int_equal(utf8_invalid_at("caf\xc3\xa9 \xf0\x9f\x98\x80", 10), 10);
+        assert_int_equal(utf8_invalid_at("ab\xff", 3), 2);
+        assert_int_equal(utf8_invalid_at("caf\xe9", 4), 3);          /* Latin-1 */
+        assert_int_equal(utf8_invalid_at("x\xc3", 2), 1);            /* cut short */
+        assert_int_equal(utf8_invalid_at("\xc0\xaf", 2), 0);         /* overlong */
+        assert_int_equal(utf8_invalid_at("a\xed\xa0\x80", 4), 1);    /* a surrogate */
+        assert_int_equal(utf8_invalid_at("a\0b", 3), 3);             /* NUL is UTF-8 */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plain_text_and_utf8_pass),
                 cmocka_unit_test(test_controls_are_escaped),
                 cmocka_unit_test(test_invalid_utf8_is_escaped),
                 cmocka_unit_test(test_truncation_keeps_characters_whole),
+                cmocka_unit_test(test_utf8_invalid_at),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
