@@ -9,6 +9,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@
 #include <unistd.h>
 
 #include "x4client.h"
+#include "common/escape.h"
+#include "common/macro.h"
 #include "common/util.h"
 
 #define X4CTL_VERSION "0.1.0"
@@ -70,23 +73,40 @@ static int fail_client(x4_client *c, int e) {
         return exit_code_of(e);
 }
 
-static int usage_error(const char *fmt, const char *what) {
+_printf_(1, 2) static int usage_error(const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
         fprintf(stderr, "x4ctl: ");
-        fprintf(stderr, fmt, what);
+        vfprintf(stderr, fmt, ap);
         fprintf(stderr, " (see x4ctl --help)\n");
+        va_end(ap);
         return EXIT_USAGE;
 }
 
+/* Text for the daemon must be UTF-8 (the protocol's strings are): 0, or a usage error naming
+ * `what` and the first byte that is not. */
+static int check_utf8(const char *what, const char *s, size_t len) {
+        size_t at = utf8_invalid_at(s, len);
+        if (at == len)
+                return 0;
+        return usage_error("%s is not UTF-8 text (0x%02x at byte %zu; convert it first, e.g. with "
+                           "iconv -f latin1 -t utf-8)", what, (unsigned) (unsigned char) s[at], at);
+}
+
 /* What to do about a connection that failed, after the library's own message. */
-static void connect_hint(const char *msg) {
+static void connect_hint(int e, const char *msg) {
         const char *path = arg.socket ? arg.socket : getenv(X4_SOCKET_ENV);
         if (!path || !*path)
                 path = X4_DEFAULT_SOCKET;
         struct stat st;
+        const char *what = NULL;
         if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
-                fprintf(stderr, "x4ctl: hint: %s is a %s, not a socket: pass --socket PATH with the path "
-                                "xing4d listens on (its --listen; the packaged one is %s)\n", path,
-                        S_ISDIR(st.st_mode) ? "folder" : "file", X4_DEFAULT_SOCKET);
+                what = S_ISDIR(st.st_mode) ? "is a folder, not a socket" : "is a file, not a socket";
+        else if (e == X4_E_PROTOCOL)
+                what = "is another program's socket, not xing4d's";
+        if (what)
+                fprintf(stderr, "x4ctl: hint: %s %s: pass --socket PATH with the path xing4d listens on "
+                                "(its --listen; the packaged one is %s)\n", path, what, X4_DEFAULT_SOCKET);
         else if (strstr(msg, "Permission denied"))
                 fprintf(stderr, "x4ctl: hint: %s is for members of the group xing4: sudo usermod -aG xing4 $USER, "
                                 "then log in again (or run x4ctl as a member)\n", path);
@@ -116,8 +136,12 @@ static int open_client(x4_client **ret) {
                         fflush(stdout);
                 }
                 int code = fail_client(c, e);
-                if (e == X4_E_CONNECT)
-                        connect_hint(x4_client_last_error(c));
+                if (e == X4_E_CONNECT || e == X4_E_PROTOCOL)
+                        connect_hint(e, x4_client_last_error(c));
+                /* a peer that does not speak the protocol (the library says so): no daemon there
+                 * to talk to, as for a missing socket */
+                if (e == X4_E_PROTOCOL)
+                        code = EXIT_CONNECT;
                 x4_client_free(c);
                 return code;
         }
@@ -167,20 +191,34 @@ static const char *finish_name(int f) {
 
 /* ---- number parsing ------------------------------------------------------------------------- */
 
+/* A finite float: -EINVAL for no number, -EDOM for nan or inf, -ERANGE for one beyond a float's
+ * range (a value too small for one is taken as the float nearest to it). */
 static int parse_float(const char *s, float *ret) {
         char *end;
         errno = 0;
         if (!s || !*s)
                 return -EINVAL;
         float v = strtof(s, &end);
-        if (errno || *end || !isfinite(v))
+        if (end == s || *end)
                 return -EINVAL;
+        if (errno == ERANGE && isinf(v))
+                return -ERANGE;
+        if (!isfinite(v))
+                return -EDOM;
         *ret = v;
         return 0;
 }
 
-/* "1,2,3" or "1 2 3" */
-static int parse_ids(const char *s, int32_t **ret, size_t *n) {
+/* The message for a float option's value that parse_float refused with r. */
+static int float_error(const char *opt, const char *value, int r) {
+        return usage_error("%s: '%s' is %s", opt, value,
+                           r == -ERANGE ? "out of the range of a float (about 3.4e38)"
+                           : r == -EDOM ? "not a finite number"
+                                        : "not a number");
+}
+
+/* "1,2,3" or "1 2 3". -EINVAL: no ids, or *bad_item (1-based; 0 for none) is no token id. */
+static int parse_ids(const char *s, int32_t **ret, size_t *n, size_t *bad_item) {
         size_t cap = 16, k = 0;
         int32_t *a = malloc(cap * sizeof *a);
         char *copy = strdup(s), *save = NULL;
@@ -189,9 +227,11 @@ static int parse_ids(const char *s, int32_t **ret, size_t *n) {
                 free(copy);
                 return -ENOMEM;
         }
+        *bad_item = 0;
         for (char *t = strtok_r(copy, ", \t\n", &save); t; t = strtok_r(NULL, ", \t\n", &save)) {
                 int32_t v;
                 if (parse_i32(t, &v) < 0 || v < 0) {
+                        *bad_item = k + 1;
                         free(a);
                         free(copy);
                         return -EINVAL;
@@ -217,6 +257,8 @@ static int parse_ids(const char *s, int32_t **ret, size_t *n) {
         return 0;
 }
 
+/* All of f, NUL-terminated (its length in *len): NULL with errno set when reading failed (stdin
+ * closed, a folder) or memory ran out. */
 static char *read_all(FILE *f, size_t *len) {
         size_t cap = 4096, n = 0;
         char *b = malloc(cap);
@@ -235,6 +277,12 @@ static char *read_all(FILE *f, size_t *len) {
                 n += r;
                 if (r == 0)
                         break;
+        }
+        if (ferror(f)) {
+                int e = errno ? errno : EIO;
+                free(b);
+                errno = e;
+                return NULL;
         }
         b[n] = 0;
         if (len)
@@ -259,25 +307,36 @@ static char *prompt_text(int argc, char **argv, int first) {
         return prompt;
 }
 
-/* PROMPT... or stdin into *ret: 0, or an exit status after saying why (no prompt, a NUL byte in
- * it, out of memory). */
+/* PROMPT... or stdin into *ret: 0, or an exit status after saying why (no prompt, stdin
+ * unreadable, a NUL byte or bytes not UTF-8 in it, out of memory). */
 static int read_prompt(int argc, char **argv, int first, bool raw, char **ret) {
         size_t n = 0;
         char *p;
         if (first >= argc) {
+                errno = 0;
                 p = read_all(stdin, &n);
+                if (!p && errno == EINTR && interrupted)
+                        return EXIT_INTERRUPTED; /* Ctrl-C before the prompt was whole: nothing sent */
+                if (!p && errno != ENOMEM) {
+                        fprintf(stderr, "x4ctl: cannot read the prompt on stdin: %s (give the prompt as "
+                                        "arguments, or text on stdin)\n", strerror(errno));
+                        return EXIT_USAGE;
+                }
                 if (p && strlen(p) != n) {
                         size_t at = strlen(p);
                         free(p);
-                        char what[32];
-                        snprintf(what, sizeof what, "%zu", at);
-                        return usage_error("the prompt on stdin holds a NUL byte (at byte %s): text expected", what);
+                        return usage_error("the prompt on stdin holds a NUL byte (at byte %zu): text expected", at);
                 }
         } else
                 p = prompt_text(argc, argv, first);
         if (!p) {
                 fprintf(stderr, "x4ctl: out of memory\n");
                 return EXIT_FAIL;
+        }
+        int r = check_utf8(first >= argc ? "the prompt on stdin" : "the prompt", p, strlen(p));
+        if (r) {
+                free(p);
+                return r;
         }
         /* raw text is sent as it is, blanks included; a chat message needs words */
         if (!p[0] || (!raw && !p[strspn(p, " \t\r\n")])) {
@@ -306,9 +365,26 @@ static void request_prompt(x4_request *req, const char *prompt, bool raw, const 
 /* --tokens LIST into req: 0, or the usage error's exit status when LIST is not token ids. */
 static int request_tokens(x4_request *req, const char *tokens) {
         int32_t *ids;
-        size_t n;
-        if (parse_ids(tokens, &ids, &n) < 0)
-                return usage_error("--tokens: '%s' is not a list of token ids", tokens);
+        size_t n, bad;
+        int r = parse_ids(tokens, &ids, &n, &bad);
+        if (r == -ENOMEM) {
+                fprintf(stderr, "x4ctl: out of memory\n");
+                return EXIT_FAIL;
+        }
+        if (r < 0 && bad) {
+                const char *t = tokens;
+                for (size_t i = 1;; i++) { /* the bad item's text, for the message */
+                        t += strspn(t, ", \t\n");
+                        if (i == bad)
+                                break;
+                        t += strcspn(t, ", \t\n");
+                }
+                return usage_error("--tokens: item %zu, '%.*s', is not a token id (0 to %d; the list is "
+                                   "ids separated by commas or blanks)", bad, (int) MIN(strcspn(t, ", \t\n"), 64),
+                                   t, INT32_MAX);
+        }
+        if (r < 0)
+                return usage_error("--tokens: '%s' holds no token ids (1,2,3 expected)", tokens);
         x4_request_set_tokens(req, ids, n);
         free(ids);
         return 0;
@@ -366,6 +442,12 @@ static const struct option gen_longopts[] = {
  * object) so a typo in the file is named before anything is sent. */
 static int set_json_schema(x4_request *req, const char *path) {
         json_error_t je;
+        struct stat st;
+        /* jansson reads a folder as an empty file: "'[' or '{' expected near end of file" */
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+                fprintf(stderr, "x4ctl: --json-schema %s: a folder; a file holding a JSON Schema expected\n", path);
+                return EXIT_USAGE;
+        }
         json_t *schema = json_load_file(path, 0, &je);
         if (!schema) {
                 /* jansson has no position for a file it could not open or read (line -1) */
@@ -405,14 +487,15 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
         optind = 0; /* 0: GNU getopt re-initialises (permutation, not the "+" of the global pass) */
         while ((c = getopt_long(argc, argv, "", gen_longopts, NULL)) >= 0) {
                 float f;
+                int r;
                 uint32_t u;
                 uint64_t u64;
                 int32_t i;
                 switch (c) {
 #define FLOAT_OPT(ID, setter, name)                                                                \
         case ID:                                                                                   \
-                if (parse_float(optarg, &f) < 0)                                                   \
-                        return usage_error("--" name ": '%s' is not a number", optarg);            \
+                if ((r = parse_float(optarg, &f)) < 0)                                             \
+                        return float_error("--" name, optarg, r);                                  \
                 setter(o->req, f);                                                                 \
                 break;
                         FLOAT_OPT(OPT_TEMPERATURE, x4_request_set_temperature, "temperature")
@@ -429,25 +512,39 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         return usage_error("--" name ": '%s' is not " what, optarg);               \
                 setter(o->req, var);                                                               \
                 break;
-                        INT_OPT(OPT_TOP_K, parse_u32, u, x4_request_set_top_k, "top-k", "a count")
+                        INT_OPT(OPT_TOP_K, parse_u32, u, x4_request_set_top_k, "top-k",
+                                "a count from 0 to 4294967295")
                 case OPT_MAX_TOKENS: /* the daemon refuses 0 too; say so before connecting */
                         if (parse_u32(optarg, &u) < 0 || u == 0)
-                                return usage_error("--max-tokens: '%s' is not a count of at least 1", optarg);
+                                return usage_error("--max-tokens: '%s' is not a count from 1 to 4294967295", optarg);
                         x4_request_set_max_tokens(o->req, u);
                         break;
-                        INT_OPT(OPT_STOP_ID, parse_i32, i, x4_request_add_stop_id, "stop-id", "a token id")
-                        INT_OPT(OPT_LOGPROBS, parse_u32, u, x4_request_set_logprobs, "logprobs", "a count")
-                        INT_OPT(OPT_THINK_BUDGET, parse_i32, i, x4_request_set_thinking_budget, "thinking-budget",
-                                "a count")
+                case OPT_STOP_ID:
+                        if (parse_uint(optarg, 10, INT32_MAX, &u64) < 0)
+                                return usage_error("--stop-id: '%s' is not a token id from 0 to %d", optarg,
+                                                   INT32_MAX);
+                        x4_request_add_stop_id(o->req, (int32_t) u64);
+                        break;
+                        INT_OPT(OPT_LOGPROBS, parse_u32, u, x4_request_set_logprobs, "logprobs",
+                                "a count from 0 to 4294967295")
 #undef INT_OPT
+                case OPT_THINK_BUDGET: /* -1 is the daemon's "no limit"; below it is refused there too */
+                        if (parse_i32(optarg, &i) < 0 || i < -1)
+                                return usage_error("--thinking-budget: '%s' is not a token count from 0 to "
+                                                   "2147483647, or -1 for no limit", optarg);
+                        x4_request_set_thinking_budget(o->req, i);
+                        break;
                 case OPT_SEED:
                         if (parse_u64(optarg, &u64) < 0)
-                                return usage_error("--seed: '%s' is not an unsigned integer", optarg);
+                                return usage_error("--seed: '%s' is not an unsigned integer from 0 to "
+                                                   "18446744073709551615", optarg);
                         x4_request_set_seed(o->req, u64);
                         break;
                 case OPT_STOP:
                         if (!*optarg) /* it would match everywhere */
                                 return usage_error("--stop: %s", "an empty stop string would match everywhere");
+                        if ((r = check_utf8("--stop", optarg, strlen(optarg))))
+                                return r;
                         x4_request_add_stop(o->req, optarg);
                         break;
                 case OPT_SNAPSHOT:
@@ -460,6 +557,8 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         x4_request_set_no_mtp(o->req, true);
                         break;
                 case OPT_SYSTEM:
+                        if ((r = check_utf8("--system", optarg, strlen(optarg))))
+                                return r;
                         o->system = optarg;
                         break;
                 case OPT_NO_THINK:
@@ -477,19 +576,21 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                 case OPT_JSON:
                         arg.json = true;
                         break;
-                case OPT_JSON_SCHEMA: {
-                        int r = set_json_schema(o->req, optarg);
+                case OPT_JSON_SCHEMA:
+                        r = set_json_schema(o->req, optarg);
                         if (r)
                                 return r;
                         o->json_schema = true;
                         break;
-                }
                 default:
                         return EXIT_USAGE;
                 }
         }
         return 0;
 }
+
+/* What follows a chat answer cut by Ctrl-C in the history sent with the next turns. */
+#define CHAT_CUT_MARK "[interrupted by the user]"
 
 struct gen_state {
         bool show_think;
@@ -502,6 +603,8 @@ struct gen_state {
         bool output_gone;  /* stdout is closed (x4ctl generate | head): the request is cancelled */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
+        bool chat;      /* a chat turn: a cancelled answer stays in the history, marked */
+        bool cancelled; /* the request ended with finish_reason cancelled */
         bool progress_tty;   /* stderr is a terminal: show a long prefill's progress there */
         bool progress_shown; /* a progress line is on the terminal, to be cleared */
 };
@@ -709,23 +812,25 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 print_done(d);
         fflush(stdout);
         if (d->finish_reason == X4_FINISH_CANCELLED) {
-                fprintf(stderr, "x4ctl: cancelled after %u token%s%s\n", d->completion_tokens,
+                s->cancelled = true;
+                fprintf(stderr, "x4ctl: cancelled after %u token%s%s%s\n", d->completion_tokens,
                         d->completion_tokens == 1 ? "" : "s",
-                        interrupted ? " (Ctrl-C)" : " (by x4ctl cancel, or the daemon shutting down)");
+                        interrupted ? " (Ctrl-C)" : " (by x4ctl cancel, or the daemon shutting down)",
+                        s->chat ? "; the conversation keeps the answer so far, marked " CHAT_CUT_MARK : "");
                 /* cancelled from elsewhere: what came is the answer (exit 0), the note says why it is short */
                 return interrupted ? EXIT_INTERRUPTED : EXIT_OK;
         }
         if (d->finish_reason == X4_FINISH_LENGTH && !s->any_content && d->reasoning_tokens > 0 && !s->no_think) {
-                fprintf(stderr, "x4ctl: the output budget (%u tokens) ran out while the model was still thinking; "
+                fprintf(stderr, "x4ctl: the output budget (%u token%s) ran out while the model was still thinking; "
                                 "nothing was answered. Raise --max-tokens, cap the thinking with "
                                 "--thinking-budget N, or turn it off with --no-think (--show-think shows it)\n",
-                        d->completion_tokens);
+                        d->completion_tokens, d->completion_tokens == 1 ? "" : "s");
                 return EXIT_NO_ANSWER;
         }
         if (d->finish_reason == X4_FINISH_LENGTH && s->json_schema && s->any_content) {
-                fprintf(stderr, "x4ctl: the output budget (%u tokens) ran out before the JSON answer was "
+                fprintf(stderr, "x4ctl: the output budget (%u token%s) ran out before the JSON answer was "
                                 "complete: what was printed is not valid JSON. Raise --max-tokens\n",
-                        d->completion_tokens);
+                        d->completion_tokens, d->completion_tokens == 1 ? "" : "s");
                 return EXIT_FAIL;
         }
         return EXIT_OK;
@@ -783,13 +888,19 @@ out:
 
 /* Interactive chat: one line = one user turn. The request object accumulates the conversation
  * (the sampling options parsed into it stay), so each turn resends the history; the daemon's
- * prefix store makes the repeated part cheap. Ctrl-C stops the current answer; Ctrl-D ends. */
+ * prefix store makes the repeated part cheap. Ctrl-C stops the current answer; Ctrl-D ends.
+ *
+ * A cancelled answer (Ctrl-C) stays in the history as far as it came, followed by CHAT_CUT_MARK,
+ * so the next turn knows it was cut rather than complete ("shorter, please" still refers to it,
+ * and the model does not take the fragment for its whole answer). Ctrl-C at the prompt of a
+ * terminal only clears the line (an answer that ended just before the key must not end the
+ * chat); with stdin not a terminal it ends the chat, exit status 130. */
 static int cmd_chat(int argc, char **argv) {
         struct gen_opts o = {};
         int r = parse_gen_opts(argc, argv, &o);
         x4_client *c = NULL;
         char *line = NULL;
-        size_t cap = 0;
+        size_t cap = 0, lineno = 0;
 
         if (r != 0)
                 goto out;
@@ -812,16 +923,41 @@ static int cmd_chat(int argc, char **argv) {
                 x4_request_set_thinking(o.req, o.thinking);
         bool tty = isatty(STDIN_FILENO);
         for (;;) {
+                if (interrupted) { /* Ctrl-C at the prompt */
+                        interrupted = 0;
+                        if (!tty) {
+                                r = EXIT_INTERRUPTED;
+                                goto out;
+                        }
+                        fputs("\nx4ctl: Ctrl-D ends the chat; Ctrl-C only stops an answer\n", stderr);
+                }
                 if (tty) {
                         fputs("> ", stdout);
                         fflush(stdout);
                 }
                 ssize_t len = getline(&line, &cap, stdin);
+                if (len < 0 && interrupted) { /* EINTR, or an end of input with the signal */
+                        clearerr(stdin);
+                        continue;
+                }
                 if (len < 0)
                         break;
+                lineno++;
                 while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
                         line[--len] = 0;
                 if (len == 0)
+                        continue;
+                /* a line that is no text is not sent: on a terminal the chat goes on (type it
+                 * again), else it ends as any input x4ctl cannot use */
+                char what[64];
+                snprintf(what, sizeof what, tty ? "that line (not sent)" : "line %zu of stdin", lineno);
+                if (strlen(line) != (size_t) len)
+                        r = usage_error("%s holds a NUL byte (at byte %zu): text expected", what, strlen(line));
+                else
+                        r = check_utf8(what, line, (size_t) len);
+                if (r != 0 && !tty)
+                        goto out;
+                if (r != 0)
                         continue;
                 if (x4_request_add_message(o.req, "user", line) < 0) {
                         fprintf(stderr, "x4ctl: out of memory\n");
@@ -829,9 +965,24 @@ static int cmd_chat(int argc, char **argv) {
                         goto out;
                 }
                 interrupted = 0;
-                struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0 };
+                struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0,
+                                       .chat = true };
                 r = run_generate(c, o.req, &s);
-                x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "");
+                interrupted = 0; /* a Ctrl-C until now was for this answer */
+                if (s.cancelled) {
+                        char *marked = NULL;
+                        if (asprintf(&marked, "%s%s" CHAT_CUT_MARK, s.reply ? s.reply : "",
+                                     s.reply_len ? "\n" : "") < 0)
+                                marked = NULL;
+                        free(s.reply);
+                        s.reply = marked;
+                }
+                if (x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "") < 0) {
+                        fprintf(stderr, "x4ctl: out of memory\n");
+                        free(s.reply);
+                        r = EXIT_FAIL;
+                        goto out;
+                }
                 free(s.reply);
                 if (s.output_gone)
                         break;
@@ -923,6 +1074,7 @@ static int cmd_stats(int argc, char **argv) {
                 {}
         };
         double watch = 0;
+        bool watch_bare = false; /* --watch without =S */
         int c;
         x4_client *cl = NULL;
 
@@ -932,13 +1084,19 @@ static int cmd_stats(int argc, char **argv) {
                         arg.json = true;
                 else if (c == OPT_WATCH) {
                         float f = 1.0f;
-                        if (optarg && (parse_float(optarg, &f) < 0 || f < 0.1f))
-                                return usage_error("--watch: '%s' is not an interval >= 0.1 s",
+                        /* at most a day: a longer one is a typo, and beyond time_t's reach */
+                        if (optarg && (parse_float(optarg, &f) < 0 || f < 0.1f || f > 86400.0f))
+                                return usage_error("--watch: '%s' is not an interval from 0.1 to 86400 s",
                                                    optarg);
                         watch = f;
+                        watch_bare = !optarg;
                 } else
                         return EXIT_USAGE;
         }
+        float f;
+        if (optind < argc && watch_bare && parse_float(argv[optind], &f) == 0)
+                return usage_error("stats: unexpected argument '%s' (the interval goes with an '=': "
+                                   "--watch=%s)", argv[optind], argv[optind]);
         if (optind < argc)
                 return usage_error("stats: unexpected argument '%s'", argv[optind]);
         int r = open_client(&cl);
@@ -978,14 +1136,24 @@ static int cmd_stats(int argc, char **argv) {
         return r;
 }
 
+/* The arguments of a command that takes only --json (info, health): 0, or the usage error's exit
+ * status naming the first other one. */
+static int json_only_args(const char *cmd, int argc, char **argv) {
+        for (int i = 1; i < argc; i++) {
+                if (!streq_(argv[i], "--json"))
+                        return usage_error("%s: unexpected argument '%s' (only --json is taken)", cmd, argv[i]);
+                arg.json = true;
+        }
+        return 0;
+}
+
 static int cmd_info(int argc, char **argv) {
         x4_client *c;
         struct x4_info i;
-        if (argc > 1 && strcmp(argv[1], "--json") == 0)
-                arg.json = true;
-        else if (argc > 1)
-                return usage_error("info: unexpected argument '%s'", argv[1]);
-        int r = open_client(&c);
+        int r = json_only_args("info", argc, argv);
+        if (r != 0)
+                return r;
+        r = open_client(&c);
         if (r != 0)
                 return r;
         int e = x4_client_info(c, &i);
@@ -1042,11 +1210,10 @@ static int cmd_health(int argc, char **argv) {
         int status;
         char detail[256];
         /* --json after the command too, as info and stats take it */
-        if (argc == 2 && strcmp(argv[1], "--json") == 0)
-                arg.json = true;
-        else if (argc > 1)
-                return usage_error("health: unexpected argument '%s'", argv[1]);
-        int r = open_client(&c);
+        int r = json_only_args("health", argc, argv);
+        if (r != 0)
+                return r;
+        r = open_client(&c);
         if (r != 0)
                 return r;
         int e = x4_client_health(c, &status, detail, sizeof detail);
@@ -1219,7 +1386,7 @@ static const char *const gen_help =
         "  --no-think            no reasoning before the answer\n"
         "  --show-think          the reasoning to stderr as it comes\n"
         "  --max-tokens N        output budget, reasoning included\n"
-        "  --thinking-budget N   most reasoning tokens before the answer starts\n"
+        "  --thinking-budget N   most reasoning tokens before the answer starts (-1: no limit)\n"
         "  --json-schema FILE    the answer is JSON valid against the JSON Schema in FILE\n"
         "  --temperature T  --top-p P  --top-k K  --min-p P  --seed N\n"
         "  --repetition-penalty R  --presence-penalty P  --frequency-penalty F\n"
@@ -1245,7 +1412,10 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
         else if (streq_(cmd, "chat"))
                 printf("Usage: x4ctl chat [OPTIONS]\n"
                        "Interactive chat: each line on stdin is a user turn; the history is resent each turn.\n"
-                       "Ctrl-C stops the current answer, Ctrl-D ends.\n\n%s", gen_help);
+                       "Ctrl-C stops the current answer, Ctrl-D ends. A stopped answer stays in the history as\n"
+                       "far as it came, followed by " CHAT_CUT_MARK ", so the next turn knows it\n"
+                       "was cut. Ctrl-C at the prompt clears the line (stdin not a terminal: ends, exit 130).\n\n%s",
+                       gen_help);
         else if (streq_(cmd, "stats"))
                 printf("Usage: x4ctl stats [--json] [--watch[=SECONDS]]\n"
                        "The daemon's counters, cache use and the requests waiting or running.\n"
@@ -1294,7 +1464,7 @@ static void help(void) {
                "  --thinking-budget N  --ignore-eos  --no-mtp (no speculative decoding for this request)\n"
                "  --json-schema FILE (answer valid against a JSON Schema)\n\n"
                "x4ctl COMMAND --help shows one command's usage.\n\n"
-               "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect, 4 timeout,\n"
+               "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect (or not xing4d's socket), 4 timeout,\n"
                "             5 not found, 6 daemon unavailable (draining/full), 7 the output budget ran out\n"
                "             while thinking (nothing answered), 8 snapshot name taken, 130 interrupted\n");
 }
@@ -1328,12 +1498,14 @@ int main(int argc, char **argv) {
                         break;
                 case OPT_CONNECT_TIMEOUT:
                         if (parse_i32(optarg, &ms) < 0 || ms < -1)
-                                return usage_error("--connect-timeout: '%s' is not milliseconds", optarg);
+                                return usage_error("--connect-timeout: '%s' is not milliseconds from 0 to "
+                                                   "2147483647, or -1 for no limit", optarg);
                         arg.connect_ms = ms;
                         break;
                 case OPT_TIMEOUT:
                         if (parse_i32(optarg, &ms) < 0 || ms < -1)
-                                return usage_error("--timeout: '%s' is not milliseconds", optarg);
+                                return usage_error("--timeout: '%s' is not milliseconds from 0 to 2147483647 "
+                                                   "(0 or -1: no limit)", optarg);
                         arg.response_ms = ms == 0 ? -1 : ms; /* 0: no limit, as the daemon's timeouts */
                         break;
                 case OPT_JSON:

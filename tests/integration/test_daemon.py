@@ -170,7 +170,7 @@ def test_x4ctl_usage_and_connection_errors(daemon, tmp_path):
     assert r.returncode == 2 and "--top-p: 'abc' is not a number" in r.stderr
     # what the daemon would refuse anyway is a usage error before connecting (exit 2, not 1)
     r = daemon.x4ctl("generate", "--max-tokens", "0", "x")
-    assert r.returncode == 2 and "--max-tokens: '0' is not a count of at least 1" in r.stderr
+    assert r.returncode == 2 and "--max-tokens: '0' is not a count from 1 to 4294967295" in r.stderr
     r = daemon.x4ctl("generate", "--stop", "", "x")
     assert r.returncode == 2 and "--stop: an empty stop string would match everywhere" in r.stderr
     r = subprocess.run([str(daemon_x4ctl()), "--socket", str(tmp_path / "none.sock"), "health"],

@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: MIT
+"""x4ctl given what a new user gets wrong, against the daemon on the tiny fixture model: numbers
+out of range say the range (not "is not a number" for 1e40 or "not a count" for 99999999999),
+text that is not UTF-8 and stdin that cannot be read are named before anything is sent, extra
+arguments are named, and a socket whose peer is not xing4d is said as such (exit 3, a hint)."""
+import os
+import socket
+import subprocess
+import threading
+
+import pytest
+
+from conftest import X4CTL
+
+BAD_UTF8 = "convert it first, e.g. with iconv -f latin1 -t utf-8"
+
+
+def run(sock, *args, stdin=b"", **kw):
+    """x4ctl with bytes in and out: arguments may hold bytes that are not UTF-8."""
+    return subprocess.run([os.fsencode(str(X4CTL)), b"--socket", os.fsencode(sock),
+                           *[a if isinstance(a, bytes) else a.encode() for a in args]],
+                          input=stdin, capture_output=True, timeout=60, **kw)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["generate", "--max-tokens", "99999999999", "hi"],
+     "--max-tokens: '99999999999' is not a count from 1 to 4294967295"),
+    (["generate", "--temperature", "1e40", "hi"], "--temperature: '1e40' is out of the range of a float"),
+    (["generate", "--top-p", "nan", "hi"], "--top-p: 'nan' is not a finite number"),
+    (["generate", "--top-k", "99999999999", "hi"], "--top-k: '99999999999' is not a count from 0 to 4294967295"),
+    # the daemon refused it (exit 1); -1, its "no limit", is taken
+    (["generate", "--thinking-budget", "-5", "hi"],
+     "--thinking-budget: '-5' is not a token count from 0 to 2147483647, or -1 for no limit"),
+    # the daemon refused it (exit 1) naming stop_ids[0], not the option
+    (["generate", "--stop-id", "-1", "hi"], "--stop-id: '-1' is not a token id from 0 to 2147483647"),
+    (["generate", "--seed", "-1", "hi"], "--seed: '-1' is not an unsigned integer from 0 to 18446744073709551615"),
+    (["generate", "--tokens", "5,6,-3"], "--tokens: item 3, '-3', is not a token id (0 to 2147483647"),
+    (["generate", "--tokens", "5 99999999999"], "--tokens: item 2, '99999999999', is not a token id"),
+    (["generate", "--tokens", ", ,"], "--tokens: ', ,' holds no token ids (1,2,3 expected)"),
+    # accepted, then an interval beyond time_t's reach
+    (["stats", "--watch=1e30"], "--watch: '1e30' is not an interval from 0.1 to 86400 s"),
+    (["stats", "--watch", "2"], "stats: unexpected argument '2' (the interval goes with an '=': --watch=2)"),
+    # ignored
+    (["info", "--json", "extra"], "info: unexpected argument 'extra' (only --json is taken)"),
+    # named '--json', the one argument it takes
+    (["health", "--json", "extra"], "health: unexpected argument 'extra' (only --json is taken)"),
+    (["--connect-timeout", "99999999999", "health"],
+     "--connect-timeout: '99999999999' is not milliseconds from 0 to 2147483647, or -1 for no limit"),
+])
+def test_wrong_values_say_what_is_expected(daemon, args, message):
+    r = run(daemon.sock, *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    err = r.stderr.decode()
+    assert err.startswith(f"x4ctl: {message}") and err.endswith(" (see x4ctl --help)\n"), err
+    assert err.count("\n") == 1, err
+
+
+def test_a_tiny_float_is_a_number(daemon):
+    # underflow to the nearest float was refused as "is not a number"
+    r = run(daemon.sock, "generate", "--temperature", "1e-50", "--max-tokens", "1", "--raw", "hi")
+    assert r.returncode == 0, r.stderr
+
+
+def test_one_token_budget_is_said_in_the_singular(daemon):
+    # the fixture's template opens the reasoning: one token is all reasoning
+    r = run(daemon.sock, "generate", "--max-tokens", "1", "hi")
+    assert r.returncode == 7
+    assert b"the output budget (1 token) ran out while the model was still thinking" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,stdin,message", [
+    ([b"generate", b"\xff\xfe bad"], b"", "the prompt is not UTF-8 text (0xff at byte 0;"),
+    (["generate"], b"ab\xffcd", "the prompt on stdin is not UTF-8 text (0xff at byte 2;"),
+    (["generate", "--raw"], b"ab\xe9", "the prompt on stdin is not UTF-8 text (0xe9 at byte 2;"),
+    ([b"generate", b"--system", b"caf\xe9", b"hi"], b"", "--system is not UTF-8 text (0xe9 at byte 3;"),
+    ([b"generate", b"--stop", b"a\xff", b"hi"], b"", "--stop is not UTF-8 text (0xff at byte 1;"),
+    ([b"snapshot", b"create", b"s", b"\xc3"], b"", "the prompt is not UTF-8 text (0xc3 at byte 0;"),
+])
+def test_text_that_is_not_utf8_is_refused(daemon, args, stdin, message):
+    before = daemon.stats()["requests_total"]
+    r = run(daemon.sock, *args, stdin=stdin)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.decode() == f"x4ctl: {message} {BAD_UTF8}) (see x4ctl --help)\n"
+    assert daemon.stats()["requests_total"] == before  # nothing was sent
+
+
+def test_a_chat_line_that_is_not_text_ends_a_piped_chat(daemon):
+    r = run(daemon.sock, "chat", "--max-tokens", "1", stdin=b"hi\nab\xffcd\nnever sent\n")
+    assert r.returncode == 2
+    assert r.stderr.decode().endswith(f"x4ctl: line 2 of stdin is not UTF-8 text (0xff at byte 2; {BAD_UTF8}) "
+                                      "(see x4ctl --help)\n"), r.stderr
+    r = run(daemon.sock, "chat", "--max-tokens", "1", stdin=b"ab\0cd\n")
+    assert r.returncode == 2
+    assert r.stderr.decode() == "x4ctl: line 1 of stdin holds a NUL byte (at byte 2): text expected " \
+                                "(see x4ctl --help)\n"
+
+
+def test_stdin_that_cannot_be_read_is_not_empty(daemon, tmp_path):
+    # both were "no prompt: stdin was empty"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    r = subprocess.run([str(X4CTL), "--socket", daemon.sock, "generate"], stdin=fd, capture_output=True,
+                       text=True, timeout=30)
+    os.close(fd)
+    assert r.returncode == 2
+    assert r.stderr == "x4ctl: cannot read the prompt on stdin: Is a directory (give the prompt as " \
+                       "arguments, or text on stdin)\n"
+    r = subprocess.run([str(X4CTL), "--socket", daemon.sock, "generate"], stdin=subprocess.DEVNULL,
+                       preexec_fn=lambda: os.close(0), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "cannot read the prompt on stdin: Bad file descriptor" in r.stderr, r.stderr
+
+
+def test_json_schema_folder_is_named(daemon, tmp_path):
+    # it said "'[' or '{' expected near end of file (line 1, column 0)"
+    r = run(daemon.sock, "generate", "--json-schema", str(tmp_path), "hi")
+    assert r.returncode == 2
+    assert r.stderr.decode() == f"x4ctl: --json-schema {tmp_path}: a folder; a file holding a JSON Schema " \
+                                "expected\n"
+
+
+def serve_once(path, answer):
+    """A peer that is not xing4d: reads what comes, writes `answer` (b"": nothing), closes."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def one():
+        c, _ = srv.accept()
+        c.recv(4096)
+        if answer:
+            c.sendall(answer)
+        c.close()
+        srv.close()
+    t = threading.Thread(target=one, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("answer,said", [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+     "the peer does not speak the xing4d protocol: it answered the Hello handshake with 'HTTP/1.1 400 Bad'..., "
+     "not a xing4d frame (an HTTP server: is this the bridge's or another service's socket?)"),
+    (b"", "the peer does not speak the xing4d protocol: it read the Hello handshake and closed the connection "
+          "without answering (xing4d answers it, or says why it refuses)"),
+])
+def test_a_peer_that_is_not_xing4d(tmp_path, answer, said):
+    # both were "server closed the connection", exit 1
+    path = str(tmp_path / "other.sock")
+    t = serve_once(path, answer)
+    r = subprocess.run([str(X4CTL), "--socket", path, "health"], capture_output=True, text=True, timeout=30)
+    t.join(timeout=10)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr == (f"x4ctl: {path}: {said}\n"
+                        f"x4ctl: hint: {path} is another program's socket, not xing4d's: pass --socket PATH with "
+                        "the path xing4d listens on (its --listen; the packaged one is /run/xing4d/xing4d.sock)\n")
