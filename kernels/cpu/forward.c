@@ -105,7 +105,7 @@ struct x4_backend {
         uint32_t row_width;  /* kv_lora + qk_rope = 576 on the release */
         bool mtp;            /* the NextN block runs; its layer (n_layer) is in every page */
         bool fast_bf16;      /* X4_CPU_MATH_FAST with the BF16 dot: BF16 products on bf16 inputs */
-        bool fast_q8;        /* X4_CPU_MATH_FAST with AVX-512 VNNI: quantized products on q8 inputs */
+        bool fast_q8;        /* X4_CPU_MATH_FAST with AVX2 or AVX-512 VNNI: quantized products on q8 inputs */
         uint32_t n_cache_layers; /* n_layer, + 1 with MTP */
         size_t page_floats;  /* n_cache_layers * page_tokens * row_width */
         float *cache;        /* [n_pages][n_cache_layers][page_tokens][row_width] */
@@ -1601,7 +1601,7 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
         b->fast_bf16 = params->cpu_math == X4_CPU_MATH_FAST && quant_bf16_dot_available();
         b->fast_q8 = params->cpu_math == X4_CPU_MATH_FAST && quant_q8_dot_available();
         if (params->cpu_math == X4_CPU_MATH_FAST && !b->fast_bf16 && !b->fast_q8)
-                log_warning("cpu backend: fast numerics asked, but this CPU has neither AVX-512 VNNI nor AVX512_BF16: every product keeps the fp32 reference");
+                log_warning("cpu backend: fast numerics asked, but this CPU has neither AVX2 with FMA nor AVX-512: every product keeps the fp32 reference");
         else if (params->cpu_math == X4_CPU_MATH_FAST && !b->fast_bf16)
                 log_info("cpu backend: fast numerics: this CPU has no BF16 dot instruction (AVX512_BF16), so BF16 products keep the fp32 reference");
         b->n_cache_layers = c->n_layer + (b->mtp ? 1u : 0u);

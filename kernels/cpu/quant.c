@@ -1383,6 +1383,162 @@ Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, si
                                 y + (MAX(r0, full) - r0), ys);
 }
 
+/* The same sums with AVX2 (no AVX-512 VNNI), 8 rows a register: a 64-byte chunk's first 32
+ * bytes are rows 0-7 of the group, the last 32 rows 8-15, each half its own pass. Signed weights
+ * (IQ4_NL's codebook, Q8_0) take the sign trick (|w| times q with w's sign: vpmaddubsw pairs of at
+ * most 2·128·127 fit int16), Q6_K's six-bit numbers multiply directly (its offset as above);
+ * vpmaddwd with ones then gives the 4-value sums, all exact. */
+#define Q8_AVX2_TARGET __attribute__((target("avx2,f16c,fma")))
+
+#define Q8_BCAST256(p)                                                                             \
+        ({                                                                                         \
+                int32_t _v;                                                                        \
+                memcpy(&_v, (p), 4);                                                               \
+                _mm256_set1_epi32(_v);                                                             \
+        })
+
+/* Σ over 4-value groups of w·q, added to acc (w signed) */
+Q8_AVX2_TARGET static inline __m256i q8_dot_signed(__m256i acc, __m256i w, __m256i q) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w),
+                                                                             _mm256_sign_epi8(q, w)), ones));
+}
+
+/* w unsigned, below 128 */
+Q8_AVX2_TARGET static inline __m256i q8_dot_unsigned(__m256i acc, __m256i w, __m256i q) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones));
+}
+
+/* acc[t] (lanes: rows 8·half .. 8·half + 7 of the group) for NT <= 2 inputs */
+Q8_AVX2_TARGET static inline __attribute__((always_inline)) void
+q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int half,
+              const uint8_t *xq, size_t xs, __m256 acc[2]) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) quant_iq4nl_values));
+        const size_t ho = 32 * (size_t) half;
+
+        UNROLL for (int t = 0; t < NT; t++)
+                acc[t] = _mm256_setzero_ps();
+        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0) {
+                const size_t unit = type == GGML_TYPE_IQ4_NL ? Q8P_IQ4_UNIT : Q8P_Q8_UNIT;
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *U = G + b * unit;
+                        __m256 d;
+                        /* two chains an input (the integer sums are exact, so any split is) */
+                        __m256i a[2][2] = { { _mm256_setzero_si256(), _mm256_setzero_si256() },
+                                            { _mm256_setzero_si256(), _mm256_setzero_si256() } };
+                        for (size_t o = 0; o < unit; o += 64)
+                                _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
+                        if (type == GGML_TYPE_IQ4_NL) {
+                                for (int c = 0; c < 4; c++) {
+                                        __m256i v = _mm256_loadu_si256((const __m256i *) (U + 64 * c + ho));
+                                        __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
+                                        __m256i wh = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                                        UNROLL for (int t = 0; t < NT; t++) {
+                                                const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
+                                                a[t][0] = q8_dot_signed(a[t][0], wl, Q8_BCAST256(qb + 4 * c));
+                                                a[t][1] = q8_dot_signed(a[t][1], wh, Q8_BCAST256(qb + 16 + 4 * c));
+                                        }
+                                }
+                                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + 256 + 16 * half)));
+                        } else {
+                                for (int c = 0; c < 8; c++) {
+                                        __m256i wv = _mm256_loadu_si256((const __m256i *) (U + 64 * c + ho));
+                                        UNROLL for (int t = 0; t < NT; t++) {
+                                                const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
+                                                a[t][c % 2] = q8_dot_signed(a[t][c % 2], wv, Q8_BCAST256(qb + 4 * c));
+                                        }
+                                }
+                                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + 512 + 16 * half)));
+                        }
+                        UNROLL for (int t = 0; t < NT; t++)
+                                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[t][0], a[t][1])),
+                                                         _mm256_mul_ps(d, _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b])), acc[t]);
+                }
+                return;
+        }
+        for (size_t s = 0; s < k / QK_K; s++) { /* Q6_K */
+                const uint8_t *U = G + s * Q8P_Q6K_UNIT;
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_Q6K_D + 16 * half)));
+                for (int jb = 0; jb < 8; jb++) {
+                        const size_t b = 8 * s + (size_t) jb;
+                        __m256i L[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+                        for (int h = 0; h < 2; h++) {
+                                const int j = 2 * jb + h;
+                                const uint8_t *C = U + 192 * j;
+                                for (int o = 0; o < 192; o += 64)
+                                        _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
+                                __m256i l0 = _mm256_loadu_si256((const __m256i *) (C + ho));
+                                __m256i l1 = _mm256_loadu_si256((const __m256i *) (C + 64 + ho));
+                                __m256i hb = _mm256_loadu_si256((const __m256i *) (C + 128 + ho));
+                                __m256i w[4] = {
+                                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(hb, m30)),
+                                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+                                };
+                                __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (U + Q8P_Q6K_SC + 16 * j + 8 * half)));
+                                UNROLL for (int t = 0; t < NT; t++) {
+                                        const int8_t *qr = (const int8_t *) (xq + t * xs) + QK_K * s + 16 * (size_t) j;
+                                        __m256i a0 = _mm256_set1_epi32(-32 * Q8_SUMS(xq + t * xs, k)[16 * s + (size_t) j]);
+                                        __m256i a1 = _mm256_setzero_si256();
+                                        a0 = q8_dot_unsigned(a0, w[0], Q8_BCAST256(qr));
+                                        a1 = q8_dot_unsigned(a1, w[1], Q8_BCAST256(qr + 4));
+                                        a0 = q8_dot_unsigned(a0, w[2], Q8_BCAST256(qr + 8));
+                                        a1 = q8_dot_unsigned(a1, w[3], Q8_BCAST256(qr + 12));
+                                        L[t] = _mm256_add_epi32(L[t], _mm256_mullo_epi32(_mm256_add_epi32(a0, a1), sc));
+                                }
+                        }
+                        UNROLL for (int t = 0; t < NT; t++)
+                                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[t]),
+                                                         _mm256_mul_ps(d, _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b])), acc[t]);
+                }
+        }
+}
+
+#define Q8P_DRIVE_AVX2(TYPE)                                                                       \
+        for (size_t g = r0 - r0 % Q8P_ROWS; g < MIN(r1, full); g += Q8P_ROWS) {                    \
+                const uint8_t *G = P + g * prb;                                                    \
+                const size_t a = MAX(r0, g), e = MIN(r1, g + Q8P_ROWS);                            \
+                for (int half = 0; half < 2; half++) {                                             \
+                        const size_t h0 = g + 8 * (size_t) half;                                   \
+                        if (h0 + 8 <= a || h0 >= e)                                                \
+                                continue;                                                          \
+                        for (size_t t = 0; t < T; t += 2) {                                        \
+                                const size_t nt = MIN((size_t) 2, T - t);                          \
+                                __m256 acc[2];                                                     \
+                                if (nt == 2)                                                       \
+                                        q8p_half_avx2(2, TYPE, G, k, half, xq + t * xs, xs, acc);  \
+                                else                                                               \
+                                        q8p_half_avx2(1, TYPE, G, k, half, xq + t * xs, xs, acc);  \
+                                for (size_t u = 0; u < nt; u++) {                                  \
+                                        float l[8];                                                \
+                                        _mm256_storeu_ps(l, acc[u]);                               \
+                                        for (size_t r = MAX(a, h0); r < MIN(e, h0 + 8); r++)       \
+                                                y[(t + u) * ys + r - r0] = l[r - h0];              \
+                                }                                                                  \
+                        }                                                                          \
+                }                                                                                  \
+        }
+
+Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t R, size_t k,
+                                        size_t r0, size_t r1, const uint8_t *xq, size_t xs,
+                                        size_t T, float *y, size_t ys) {
+        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+
+        if (type == GGML_TYPE_IQ4_NL) {
+                Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_NL)
+        } else if (type == GGML_TYPE_Q8_0) {
+                Q8P_DRIVE_AVX2(GGML_TYPE_Q8_0)
+        } else {
+                Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K)
+        }
+        if (r1 > full)
+                gemm_q8_generic(type, P, R, k, MAX(r0, full), r1, xq, xs, T,
+                                y + (MAX(r0, full) - r0), ys);
+}
+
 /* The conversions with AVX-512, the portable code's bits: round to nearest even on the bit
  * pattern for bf16 (NaN kept quiet), and for q8 the same division, product and rounding
  * (vcvtps2dq under the default round-to-nearest-even). */
@@ -1551,20 +1707,27 @@ const char *quant_set_simd(int level) {
         return i->name;
 }
 
-bool quant_q8_dot_available(void) {
+/* which integer kernel this CPU takes: 0 unknown, 1 none, 2 AVX2 (+FMA), 3 AVX-512 VNNI; cpuid
+ * once (it traps in a VM) */
+static int q8_kernel(void) {
 #ifdef HAVE_X86_SIMD
-        /* cpuid once (it traps in a VM); 0 unknown, 1 no VNNI, 2 VNNI */
-        static int vnni;
-        int v = __atomic_load_n(&vnni, __ATOMIC_RELAXED);
+        static int best;
+        int v = __atomic_load_n(&best, __ATOMIC_RELAXED);
+        const struct quant_impl *im = impl_get();
 
         if (!v) {
-                v = cpu_has_avx512_vnni() ? 2 : 1;
-                __atomic_store_n(&vnni, v, __ATOMIC_RELAXED);
+                v = cpu_has_avx512_vnni() ? 3 : cpu_has_avx2_f16c() && __builtin_cpu_supports("fma") ? 2 : 1;
+                __atomic_store_n(&best, v, __ATOMIC_RELAXED);
         }
-        return impl_get() == &impl_avx512 && v == 2;
+        /* quant_set_simd's level caps it */
+        return im == &impl_avx512 ? v : im == &impl_avx2 ? MIN(v, 2) : 1;
 #else
-        return false;
+        return 1;
 #endif
+}
+
+bool quant_q8_dot_available(void) {
+        return q8_kernel() >= 2;
 }
 
 void quant_gemm_q8(uint32_t type, const void *packed, size_t R, size_t k, size_t r0, size_t r1,
@@ -1572,8 +1735,12 @@ void quant_gemm_q8(uint32_t type, const void *packed, size_t R, size_t k, size_t
         assert(quant_q8_supported(type) && k % 32 == 0 && (type != GGML_TYPE_Q6_K || k % QK_K == 0));
         assert(r0 <= r1 && r1 <= R);
 #ifdef HAVE_X86_SIMD
-        if (quant_q8_dot_available()) {
+        switch (q8_kernel()) {
+        case 3:
                 gemm_q8_vnni(type, packed, R, k, r0, r1, xq, xq_stride, T, y, y_stride);
+                return;
+        case 2:
+                gemm_q8_avx2(type, packed, R, k, r0, r1, xq, xq_stride, T, y, y_stride);
                 return;
         }
 #endif

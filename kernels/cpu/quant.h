@@ -126,8 +126,9 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
 bool quant_q8_supported(uint32_t type);
 size_t quant_q8_row_bytes(size_t k);
 void quant_q8_quantize(const float *x, size_t k, void *row);
-/* Whether the integer products have a SIMD kernel here (AVX-512 with VNNI): the fast numerics
- * use them only then (the portable code is the definition, and for tests). */
+/* Whether the integer products have a SIMD kernel here (AVX-512 with VNNI, 16 rows a
+ * register; else AVX2 with FMA, 8): the fast numerics use them only then (the portable code is
+ * the definition, and for tests). */
 bool quant_q8_dot_available(void);
 /* R rows of a stored matrix of a quant_q8_supported type (row_bytes apart, k values each, k a
  * whole number of blocks) into `packed`, R · row_bytes bytes (any alignment; 64 is best). */
