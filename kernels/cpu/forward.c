@@ -23,6 +23,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -1490,6 +1491,19 @@ static bool packable(const struct gguf_tensor *t) {
                (t->type != GGML_TYPE_Q6_K || t->ne[0] % QK_K == 0);
 }
 
+/* MemAvailable of /proc/meminfo in bytes (free memory and what the kernel can reclaim, the
+ * model file's page cache included), 0 when unknown */
+static uint64_t mem_available(void) {
+        _cleanup_fclose_ FILE *f = fopen("/proc/meminfo", "re");
+        char line[128];
+        uint64_t kb = 0;
+
+        while (f && fgets(line, sizeof line, f))
+                if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
+                        return kb * 1024;
+        return 0;
+}
+
 static int pack_weights(struct x4_backend *b, const struct x4_backend_params *params) {
         const struct x4_config *c = b->cfg;
         size_t cap = 4 + (size_t) b->n_cache_layers * 16, n = 0, total = 0, done = 0;
@@ -1531,6 +1545,15 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                 else
                         total -= b->packed[i].t->size;
         b->n_packed = u;
+        /* the copies are anonymous memory where the file's pages could be evicted and read again:
+         * a model larger than the memory the kernel can give keeps the reference for them */
+        uint64_t avail = mem_available();
+        if (avail && total > avail) {
+                log_warning("cpu backend: fast numerics: packing the quantized matrices needs %.1f GiB and %.1f GiB of memory is available, so their products keep the fp32 reference",
+                            total / 1073741824.0, avail / 1073741824.0);
+                b->n_packed = 0;
+                return 0;
+        }
 
         for (size_t i = 0; i < b->n_packed; i++) {
                 struct cpu_packed *pk = &b->packed[i];
@@ -1543,9 +1566,12 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                 };
                 void *m = mmap(NULL, t->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
-                if (m == MAP_FAILED)
-                        return log_error_errno(errno, "cpu backend: cannot allocate %" PRIu64 " bytes to pack %s for the fast numerics: %s",
-                                               t->size, t->name, strerror(errno));
+                if (m == MAP_FAILED) { /* the rest keep the reference (a product uses a copy only where one exists) */
+                        log_warning("cpu backend: fast numerics: cannot allocate %" PRIu64 " bytes to pack %s (%s): it and %zu more matrices keep the fp32 reference",
+                                    t->size, t->name, strerror(errno), b->n_packed - i - 1);
+                        b->n_packed = i;
+                        break;
+                }
                 pk->data = m;
                 pk->bytes = t->size;
                 (void) madvise(m, t->size, MADV_HUGEPAGE); /* streamed end to end every token */
@@ -1560,7 +1586,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
         }
         if (b->n_packed)
                 log_info("cpu backend: fast numerics: %zu matrices (%.1f MiB) packed for the integer products",
-                         b->n_packed, total / 1048576.0);
+                         b->n_packed, done / 1048576.0);
         return 0;
 }
 

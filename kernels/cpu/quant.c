@@ -1073,7 +1073,7 @@ void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, siz
         const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
         uint8_t *P = packed;
 
-        assert(quant_q8_supported(type) && row_bytes >= prb);
+        assert(quant_q8_supported(type) && row_bytes == prb);
         for (size_t r = full; r < R; r++)
                 memcpy(P + r * prb, (const uint8_t *) w + r * row_bytes, prb);
         for (size_t g = 0; g < full; g += Q8P_ROWS) {

@@ -117,7 +117,8 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
  * six-bit values less 32, sc the two 16-value runs' scales; exact), and
  * acc = fma((float) L_b, d_b·dx_b, acc) for b ascending from acc = +0 (d_b the block's fp16
  * scale, a Q6_K super-block's d; d_b·dx_b rounded once, the fma rounded once). The order depends
- * only on k: every variant gives the same bits, for any thread count, batch or tiling.
+ * only on k: every variant gives the same bits, for any thread count, batch or tiling (a NaN is a
+ * NaN in every variant; its payload, where both scales are NaN, may differ).
  *
  * The weights are multiplied in a packed copy (quant_q8_pack): 16 rows interleaved so that one
  * 64-byte register holds 4 consecutive weights of each of 16 rows, and one integer dot
@@ -130,8 +131,9 @@ void quant_q8_quantize(const float *x, size_t k, void *row);
  * register; else AVX2 with FMA, 8): the fast numerics use them only then (the portable code is
  * the definition, and for tests). */
 bool quant_q8_dot_available(void);
-/* R rows of a stored matrix of a quant_q8_supported type (row_bytes apart, k values each, k a
- * whole number of blocks) into `packed`, R · row_bytes bytes (any alignment; 64 is best). */
+/* R rows of a stored matrix of a quant_q8_supported type (k values each, k a whole number of
+ * blocks; row_bytes apart, which must be the type's row size for k: rows as a GGUF stores them)
+ * into `packed`, R · row_bytes bytes (any alignment; 64 is best). */
 void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
                    void *packed);
 /* y[t·y_stride + r − r0] = w[r] · xq[t] for rows r0 <= r < r1 of a packed matrix of R rows and

@@ -619,11 +619,30 @@ static float documented_q8_dot(uint32_t type, const void *row, size_t k, const u
         return acc;
 }
 
-/* The integer products: every variant (AVX-512 VNNI where the CPU has it, the portable code)
- * gives the documented order's bits for every input of a batch of 1-11 (passes of 8 or 4
- * inputs and their remainders) and every row range (whole
- * 16-row groups, groups cut at either end, the rows past the last group), odd block counts
- * included; and the result is within a q8 bound of the fp32 product. */
+/* A row at the integer products' limits: every weight at its most negative (low) or most
+ * positive value (Q8_0 -128 / 127, IQ4_NL's codebook ends, Q6_K 0 / 63 with every scale -128 /
+ * 127), the scales kept finite. */
+static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
+        for (size_t b = 0; b < k / 32; b++)
+                if (type == GGML_TYPE_Q8_0)
+                        memset(((struct block_q8_0 *) row)[b].qs, low ? 0x80 : 0x7f, 32);
+                else if (type == GGML_TYPE_IQ4_NL)
+                        memset(((struct block_iq4_nl *) row)[b].qs, low ? 0x00 : 0xff, 16);
+        if (type == GGML_TYPE_Q6_K)
+                for (size_t s = 0; s < k / 256; s++) {
+                        struct block_q6_k *blk = (struct block_q6_k *) row + s;
+                        memset(blk->ql, low ? 0x00 : 0xff, sizeof blk->ql);
+                        memset(blk->qh, low ? 0x00 : 0xff, sizeof blk->qh);
+                        memset(blk->scales, low ? 0x80 : 0x7f, sizeof blk->scales);
+                }
+}
+
+/* The integer products: every variant (AVX-512 VNNI and AVX2 where the CPU has them, the
+ * portable code) gives the documented order's bits for every input of a batch of 1-11 (passes of
+ * 8 or 4 inputs and their remainders) and every row range (whole 16-row groups, groups and
+ * 8-row halves cut at either end, the rows past the last group), odd block counts
+ * included, on random rows and on rows at the integer limits; and the result is within a q8
+ * bound of the fp32 product. */
 static void test_gemm_q8(void **state) {
         static const uint32_t types[] = { GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K };
         static const size_t ks[] = { 32, 96, 256, 512 };
@@ -631,6 +650,7 @@ static void test_gemm_q8(void **state) {
         const size_t R = 37, T = 11;
 
         (void) state;
+        for (int extreme = 0; extreme < 2; extreme++)
         for (size_t ti = 0; ti < ELEMENTSOF(types); ti++)
                 for (size_t ki = 0; ki < ELEMENTSOF(ks); ki++) {
                         const uint32_t type = types[ti];
@@ -646,10 +666,12 @@ static void test_gemm_q8(void **state) {
                                 void *row = random_row(type, k);
                                 memcpy(w + r * rb, row, rb);
                                 free(row);
+                                if (extreme && r % 4 < 2)
+                                        extreme_row(type, w + r * rb, k, r % 4 == 0);
                         }
                         quant_q8_pack(type, w, rb, R, k, pw);
-                        for (size_t i = 0; i < T * k; i++)
-                                x[i] = rndf() * (float) (1 + i % 7);
+                        for (size_t i = 0; i < T * k; i++) /* extreme: q of ±127 throughout */
+                                x[i] = extreme ? (i / k % 2 ? -1.0f : 1.0f) : rndf() * (float) (1 + i % 7);
                         for (size_t t = 0; t < T; t++) {
                                 quant_q8_quantize(x + t * k, k, xq + t * xs);
                                 for (size_t r = 0; r < R; r++)
