@@ -351,8 +351,8 @@ static void matmul_add_grouped(struct x4_backend *b, const struct gguf_tensor *W
                 return;
         assert(s->n_jobs < MATMUL_MAX_JOBS);
         s->jobs[s->n_jobs++] = (struct matmul_job) {
-                .w = (const uint8_t *) W->data + row0 * rb,
-                .packed = pk ? pk->data : NULL,
+                .w = (pk && W->type == GGML_TYPE_BF16 ? pk->data : (const uint8_t *) W->data) + row0 * rb,
+                .packed = pk && W->type != GGML_TYPE_BF16 ? pk->data : NULL,
                 .packed_rows = pk ? (size_t) (W->n_elements / W->ne[0]) : 0,
                 .row0 = row0,
                 .row_bytes = rb,
@@ -1467,10 +1467,11 @@ static int check_nextn(const struct x4_config *c, const struct x4_weights *W) {
         return check_layer(l, L, own, ELEMENTSOF(own));
 }
 
-/* Fast numerics: the quantized matrices the products read are packed for the integer kernels
- * (quant_q8_pack) once, here; the mapped file's pages of each are then dropped, so the copy
- * takes their place in memory rather than doubling it (memory_used counts the file once). A
- * matrix whose row length the kernels do not take keeps the fp32 reference. */
+/* Fast numerics: the matrices the products read are copied once, here, into memory of their own
+ * on huge pages, the quantized ones packed for the integer kernels (quant_q8_pack); the mapped
+ * file's pages of each are then dropped, so the copy takes their place in memory rather than
+ * doubling it (memory_used counts the file once). A quantized matrix whose row length the
+ * kernels do not take keeps the fp32 reference and the file's pages. */
 struct pack_task {
         const struct gguf_tensor *t;
         uint8_t *dst;
@@ -1482,12 +1483,20 @@ static void pack_units(void *ctx, size_t begin, size_t end, unsigned thread) {
         size_t r0 = begin * 16, r1 = MIN(end * 16, p->R);
 
         (void) thread;
-        quant_q8_pack(p->t->type, (const uint8_t *) p->t->data + r0 * p->rb, p->rb, r1 - r0, p->k,
-                      p->dst + r0 * p->rb);
+        if (p->t->type == GGML_TYPE_BF16) /* a plain copy, on huge pages */
+                memcpy(p->dst + r0 * p->rb, (const uint8_t *) p->t->data + r0 * p->rb, (r1 - r0) * p->rb);
+        else
+                quant_q8_pack(p->t->type, (const uint8_t *) p->t->data + r0 * p->rb, p->rb, r1 - r0,
+                              p->k, p->dst + r0 * p->rb);
 }
 
-static bool packable(const struct gguf_tensor *t) {
-        return t && quant_q8_supported(t->type) && t->ne[0] % 32 == 0 &&
+/* quantized matrices the integer kernels take are packed; BF16 ones are copied as they are (on
+ * huge pages: at the release's width the decode step read 17% faster from the copy than from
+ * the file's 4 KB pages, 2026-12-05, bench/RESULTS.md) */
+static bool packable(const struct x4_backend *b, const struct gguf_tensor *t) {
+        if (t && t->type == GGML_TYPE_BF16)
+                return true;
+        return t && b->fast_q8 && quant_q8_supported(t->type) && t->ne[0] % 32 == 0 &&
                (t->type != GGML_TYPE_Q6_K || t->ne[0] % QK_K == 0);
 }
 
@@ -1506,7 +1515,7 @@ static uint64_t mem_available(void) {
 
 static int pack_weights(struct x4_backend *b, const struct x4_backend_params *params) {
         const struct x4_config *c = b->cfg;
-        size_t cap = 4 + (size_t) b->n_cache_layers * 16, n = 0, total = 0, done = 0;
+        size_t cap = 4 + (size_t) b->n_cache_layers * 17, n = 0, total = 0, done = 0;
         _cleanup_free_ const struct gguf_tensor **list = calloc(cap, sizeof *list);
 
         if (!list)
@@ -1519,10 +1528,11 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
         for (uint32_t l = 0; l < b->n_cache_layers; l++) {
                 const struct x4_layer_weights *L = &b->w->layers[l];
                 const struct gguf_tensor *m[] = {
-                        L->attn_q_a,      L->attn_q_b,      L->attn_kv_a_mqa, L->attn_k_b,
-                        L->attn_v_b,      L->attn_output,   L->ffn_gate,      L->ffn_up,
-                        L->ffn_down,      L->ffn_gate_exps, L->ffn_up_exps,   L->ffn_down_exps,
-                        L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp,
+                        L->hc_attn_fn,    L->hc_ffn_fn,     L->attn_q_a,      L->attn_q_b,
+                        L->attn_kv_a_mqa, L->attn_k_b,      L->attn_v_b,      L->attn_output,
+                        L->ffn_gate,      L->ffn_up,        L->ffn_down,      L->ffn_gate_exps,
+                        L->ffn_up_exps,   L->ffn_down_exps, L->ffn_gate_shexp, L->ffn_up_shexp,
+                        L->ffn_down_shexp,
                 };
                 for (size_t i = 0; i < ELEMENTSOF(m); i++)
                         list[n++] = m[i];
@@ -1533,7 +1543,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
         if (!b->packed)
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++)
-                if (packable(list[i])) {
+                if (packable(b, list[i])) {
                         b->packed[b->n_packed++].t = list[i];
                         total += list[i]->size;
                 }
@@ -1549,7 +1559,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
          * a model larger than the memory the kernel can give keeps the reference for them */
         uint64_t avail = mem_available();
         if (avail && total > avail) {
-                log_warning("cpu backend: fast numerics: packing the quantized matrices needs %.1f GiB and %.1f GiB of memory is available, so their products keep the fp32 reference",
+                log_warning("cpu backend: fast numerics: copying the matrices needs %.1f GiB and %.1f GiB of memory is available, so they stay in the file's pages and the quantized ones keep the fp32 reference",
                             total / 1073741824.0, avail / 1073741824.0);
                 b->n_packed = 0;
                 return 0;
@@ -1567,7 +1577,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                 void *m = mmap(NULL, t->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
                 if (m == MAP_FAILED) { /* the rest keep the reference (a product uses a copy only where one exists) */
-                        log_warning("cpu backend: fast numerics: cannot allocate %" PRIu64 " bytes to pack %s (%s): it and %zu more matrices keep the fp32 reference",
+                        log_warning("cpu backend: fast numerics: cannot allocate %" PRIu64 " bytes to copy %s (%s): it and %zu more matrices stay in the file's pages (quantized ones on the fp32 reference)",
                                     t->size, t->name, strerror(errno), b->n_packed - i - 1);
                         b->n_packed = i;
                         break;
@@ -1585,7 +1595,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                                          params->progress_userdata);
         }
         if (b->n_packed)
-                log_info("cpu backend: fast numerics: %zu matrices (%.1f MiB) packed for the integer products",
+                log_info("cpu backend: fast numerics: %zu matrices (%.1f MiB) copied onto huge pages, the quantized ones packed for the integer products",
                          b->n_packed, done / 1048576.0);
         return 0;
 }
@@ -1677,7 +1687,7 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
         if (r < 0)
                 return log_error_errno(r, "cpu backend: cannot allocate the workspace for %u tokens",
                                        CPU_MICROBATCH);
-        if (b->fast_q8) {
+        if (b->fast_q8 || b->fast_bf16) {
                 r = pack_weights(b, params);
                 if (r < 0)
                         return log_error_errno(r, "cpu backend: cannot pack the weights for the fast numerics");
