@@ -1026,6 +1026,22 @@ uint64_t gguf_data_offset(const struct gguf_file *f) {
 uint64_t gguf_file_size(const struct gguf_file *f) {
         return f->size;
 }
+void gguf_drop_pages(const struct gguf_file *f, const void *p, size_t n) {
+        long page = sysconf(_SC_PAGESIZE);
+        uintptr_t a, e, lo, hi;
+
+        if (!f->map || page <= 0 || n == 0)
+                return;
+        lo = (uintptr_t) f->map;
+        hi = lo + f->map_size;
+        a = MAX((uintptr_t) p, lo);
+        e = MIN((uintptr_t) p + n, hi);
+        a = (a + (uintptr_t) page - 1) & ~((uintptr_t) page - 1);
+        e &= ~((uintptr_t) page - 1);
+        if (a < e) /* a read-only private mapping: its pages are clean, so this only forgets them */
+                (void) madvise((void *) a, e - a, MADV_DONTNEED);
+}
+
 const char *gguf_path(const struct gguf_file *f) {
         return f->path;
 }

@@ -95,6 +95,10 @@ uint64_t gguf_alignment(const struct gguf_file *f);
 uint64_t gguf_data_offset(const struct gguf_file *f); /* file offset of the data section */
 uint64_t gguf_file_size(const struct gguf_file *f);
 const char *gguf_path(const struct gguf_file *f); /* "<buffer>" for gguf_open_buffer */
+/* For a reader that keeps its own copy of some tensor data: the mapped file's whole pages within
+ * [p, p + n) leave this process's memory (they are read from the file again if touched). Nothing
+ * for a gguf_open_buffer handle. */
+void gguf_drop_pages(const struct gguf_file *f, const void *p, size_t n);
 
 size_t gguf_kv_count(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, size_t i);

@@ -23,8 +23,10 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -104,7 +106,7 @@ struct x4_backend {
         uint32_t row_width;  /* kv_lora + qk_rope = 576 on the release */
         bool mtp;            /* the NextN block runs; its layer (n_layer) is in every page */
         bool fast_bf16;      /* X4_CPU_MATH_FAST with the BF16 dot: BF16 products on bf16 inputs */
-        bool fast_q8;        /* X4_CPU_MATH_FAST with AVX-512: quantized products on q8 inputs */
+        bool fast_q8;        /* X4_CPU_MATH_FAST with AVX2 or AVX-512 VNNI: quantized products on q8 inputs */
         uint32_t n_cache_layers; /* n_layer, + 1 with MTP */
         size_t page_floats;  /* n_cache_layers * page_tokens * row_width */
         float *cache;        /* [n_pages][n_cache_layers][page_tokens][row_width] */
@@ -113,6 +115,14 @@ struct x4_backend {
         struct cpu_work work;
         struct cpu_token tokens[CPU_MICROBATCH];
         struct matmul_set *mm; /* products queued for one hand-off to the pool */
+        /* fast numerics: the packed copies of the quantized matrices (quant_q8_pack), sorted by
+         * tensor address */
+        struct cpu_packed {
+                const struct gguf_tensor *t;
+                uint8_t *data;
+                size_t bytes;
+        } *packed;
+        size_t n_packed;
         uint64_t memory_used;
 
         /* backend.h route_trace (diagnostics; NULL: not called) and, while a forward runs, the
@@ -172,6 +182,10 @@ static size_t tensor_row_bytes(const struct gguf_tensor *t) {
 
 struct matmul_job {
         const uint8_t *w; /* first row */
+        /* fast numerics: the tensor's packed copy (NULL: none), its rows, and this job's first
+         * row in it */
+        const uint8_t *packed;
+        size_t packed_rows, row0;
         size_t row_bytes;
         uint32_t type;
         size_t k;               /* row length */
@@ -239,8 +253,9 @@ static void matmul_rows(const struct matmul_job *j, size_t begin, size_t end, fl
                                                         j->k, (const uint16_t *) xc, j->xc_row / 2, nt,
                                                         y, j->y_stride);
                                 else
-                                        quant_gemm_q8(j->type, j->w + n * j->row_bytes, j->row_bytes,
-                                                      n1 - n, j->k, xc, j->xc_row, nt, y, j->y_stride);
+                                        quant_gemm_q8(j->type, j->packed, j->packed_rows, j->k,
+                                                      j->row0 + n, j->row0 + n1, xc, j->xc_row, nt, y,
+                                                      j->y_stride);
                                 n = n1;
                         }
                 }
@@ -310,6 +325,19 @@ static void matmul_set_rows(void *ctx, size_t begin, size_t end, unsigned thread
         }
 }
 
+static int packed_cmp(const void *a, const void *b) {
+        uintptr_t x = (uintptr_t) ((const struct cpu_packed *) a)->t;
+        uintptr_t y = (uintptr_t) ((const struct cpu_packed *) b)->t;
+
+        return x < y ? -1 : x > y;
+}
+
+static const struct cpu_packed *packed_find(const struct x4_backend *b, const struct gguf_tensor *W) {
+        struct cpu_packed key = { .t = W };
+
+        return b->n_packed ? bsearch(&key, b->packed, b->n_packed, sizeof key, packed_cmp) : NULL;
+}
+
 /* Queue y[t][n] = W[row0 + n] · x_{t, group(n)} for n < n_rows, t < T. */
 static void matmul_add_grouped(struct x4_backend *b, const struct gguf_tensor *W, size_t row0,
                                size_t n_rows, size_t rows_per_group, size_t group_stride,
@@ -317,12 +345,16 @@ static void matmul_add_grouped(struct x4_backend *b, const struct gguf_tensor *W
                                size_t T) {
         struct matmul_set *s = b->mm;
         size_t rb = tensor_row_bytes(W);
+        const struct cpu_packed *pk = packed_find(b, W);
 
         if (T == 0 || n_rows == 0)
                 return;
         assert(s->n_jobs < MATMUL_MAX_JOBS);
         s->jobs[s->n_jobs++] = (struct matmul_job) {
-                .w = (const uint8_t *) W->data + row0 * rb,
+                .w = (pk && W->type == GGML_TYPE_BF16 ? pk->data : (const uint8_t *) W->data) + row0 * rb,
+                .packed = pk && W->type != GGML_TYPE_BF16 ? pk->data : NULL,
+                .packed_rows = pk ? (size_t) (W->n_elements / W->ne[0]) : 0,
+                .row0 = row0,
                 .row_bytes = rb,
                 .type = W->type,
                 .k = W->ne[0],
@@ -375,8 +407,7 @@ static void matmul_convert_rows(void *ctx, size_t begin, size_t end, unsigned th
 static uint8_t matmul_fast_kind(const struct matmul_set *s, const struct matmul_job *j) {
         if (s->fast_bf16 && j->type == GGML_TYPE_BF16)
                 return XC_BF16;
-        if (s->fast_q8 && quant_q8_supported(j->type) && j->k % 32 == 0 &&
-            (j->type != GGML_TYPE_Q6_K || j->k % QK_K == 0))
+        if (s->fast_q8 && j->packed)
                 return XC_Q8;
         return XC_NONE;
 }
@@ -1278,7 +1309,7 @@ static int work_alloc(struct x4_backend *b, uint64_t *bytes) {
                 /* a set's inputs are at most two workspace arrays (the routed experts' gathered
                  * rows and the shared expert's input), each converted at most for both kinds (a
                  * file whose gate and up differ: BF16 and a quantized type), at most 2 bytes a
-                 * value each (bf16; a q8 row is 1 + 4/32 bytes a value, padded to 64 bytes: at
+                 * value each (bf16; a q8 row is 1 + 4/32 + 4/16 bytes a value, padded to 64 bytes: at
                  * most 2 for rows of 32 values and more), plus 64 bytes of alignment a job */
                 b->mm->fast_bf16 = b->fast_bf16;
                 b->mm->fast_q8 = b->fast_q8;
@@ -1306,6 +1337,10 @@ static void cpu_destroy(struct x4_backend *b) {
                 work_free(&b->work, threadpool_size(b->pool));
         threadpool_free(b->pool);
         free(b->cache);
+        for (size_t i = 0; i < b->n_packed; i++)
+                if (b->packed[i].data)
+                        munmap(b->packed[i].data, b->packed[i].bytes);
+        free(b->packed);
         if (b->mm)
                 free(b->mm->xc);
         free(b->mm);
@@ -1432,6 +1467,139 @@ static int check_nextn(const struct x4_config *c, const struct x4_weights *W) {
         return check_layer(l, L, own, ELEMENTSOF(own));
 }
 
+/* Fast numerics: the matrices the products read are copied once, here, into memory of their own
+ * on huge pages, the quantized ones packed for the integer kernels (quant_q8_pack); the mapped
+ * file's pages of each are then dropped, so the copy takes their place in memory rather than
+ * doubling it (memory_used counts the file once). A quantized matrix whose row length the
+ * kernels do not take keeps the fp32 reference and the file's pages. */
+struct pack_task {
+        const struct gguf_tensor *t;
+        uint8_t *dst;
+        size_t rb, k, R, units; /* units: 16-row groups, the last one possibly short */
+};
+
+static void pack_units(void *ctx, size_t begin, size_t end, unsigned thread) {
+        const struct pack_task *p = ctx;
+        size_t r0 = begin * 16, r1 = MIN(end * 16, p->R);
+
+        (void) thread;
+        if (p->t->type == GGML_TYPE_BF16) /* a plain copy, on huge pages */
+                memcpy(p->dst + r0 * p->rb, (const uint8_t *) p->t->data + r0 * p->rb, (r1 - r0) * p->rb);
+        else
+                quant_q8_pack(p->t->type, (const uint8_t *) p->t->data + r0 * p->rb, p->rb, r1 - r0,
+                              p->k, p->dst + r0 * p->rb);
+}
+
+/* quantized matrices the integer kernels take are packed; BF16 ones are copied as they are (on
+ * huge pages: at the release's width the decode step read 17% faster from the copy than from
+ * the file's 4 KB pages, 2026-12-05, bench/RESULTS.md) */
+static bool packable(const struct x4_backend *b, const struct gguf_tensor *t) {
+        if (t && t->type == GGML_TYPE_BF16)
+                return true;
+        return t && b->fast_q8 && quant_q8_supported(t->type) && t->ne[0] % 32 == 0 &&
+               (t->type != GGML_TYPE_Q6_K || t->ne[0] % QK_K == 0);
+}
+
+/* MemAvailable of /proc/meminfo in bytes (free memory and what the kernel can reclaim, the
+ * model file's page cache included), 0 when unknown */
+static uint64_t mem_available(void) {
+        _cleanup_fclose_ FILE *f = fopen("/proc/meminfo", "re");
+        char line[128];
+        uint64_t kb = 0;
+
+        while (f && fgets(line, sizeof line, f))
+                if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
+                        return kb * 1024;
+        return 0;
+}
+
+static int pack_weights(struct x4_backend *b, const struct x4_backend_params *params) {
+        const struct x4_config *c = b->cfg;
+        size_t cap = 4 + (size_t) b->n_cache_layers * 17, n = 0, total = 0, done = 0;
+        _cleanup_free_ const struct gguf_tensor **list = calloc(cap, sizeof *list);
+
+        if (!list)
+                return -ENOMEM;
+        list[n++] = b->w->output;
+        if (b->mtp) {
+                list[n++] = b->w->nextn.eh_proj;
+                list[n++] = b->w->nextn.shared_head_head;
+        }
+        for (uint32_t l = 0; l < b->n_cache_layers; l++) {
+                const struct x4_layer_weights *L = &b->w->layers[l];
+                const struct gguf_tensor *m[] = {
+                        L->hc_attn_fn,    L->hc_ffn_fn,     L->attn_q_a,      L->attn_q_b,
+                        L->attn_kv_a_mqa, L->attn_k_b,      L->attn_v_b,      L->attn_output,
+                        L->ffn_gate,      L->ffn_up,        L->ffn_down,      L->ffn_gate_exps,
+                        L->ffn_up_exps,   L->ffn_down_exps, L->ffn_gate_shexp, L->ffn_up_shexp,
+                        L->ffn_down_shexp,
+                };
+                for (size_t i = 0; i < ELEMENTSOF(m); i++)
+                        list[n++] = m[i];
+        }
+        assert(n <= cap);
+        (void) c;
+        b->packed = calloc(n, sizeof *b->packed);
+        if (!b->packed)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++)
+                if (packable(b, list[i])) {
+                        b->packed[b->n_packed++].t = list[i];
+                        total += list[i]->size;
+                }
+        qsort(b->packed, b->n_packed, sizeof *b->packed, packed_cmp);
+        size_t u = 0; /* a tensor listed twice (a tied head) is packed once */
+        for (size_t i = 0; i < b->n_packed; i++)
+                if (u == 0 || b->packed[u - 1].t != b->packed[i].t)
+                        b->packed[u++] = b->packed[i];
+                else
+                        total -= b->packed[i].t->size;
+        b->n_packed = u;
+        /* the copies are anonymous memory where the file's pages could be evicted and read again:
+         * a model larger than the memory the kernel can give keeps the reference for them */
+        uint64_t avail = mem_available();
+        if (avail && total > avail) {
+                log_warning("cpu backend: fast numerics: copying the matrices needs %.1f GiB and %.1f GiB of memory is available, so they stay in the file's pages and the quantized ones keep the fp32 reference",
+                            total / 1073741824.0, avail / 1073741824.0);
+                b->n_packed = 0;
+                return 0;
+        }
+
+        for (size_t i = 0; i < b->n_packed; i++) {
+                struct cpu_packed *pk = &b->packed[i];
+                const struct gguf_tensor *t = pk->t;
+                struct pack_task task = {
+                        .t = t,
+                        .rb = tensor_row_bytes(t),
+                        .k = t->ne[0],
+                        .R = t->n_elements / t->ne[0],
+                };
+                void *m = mmap(NULL, t->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+                if (m == MAP_FAILED) { /* the rest keep the reference (a product uses a copy only where one exists) */
+                        log_warning("cpu backend: fast numerics: cannot allocate %" PRIu64 " bytes to copy %s (%s): it and %zu more matrices stay in the file's pages (quantized ones on the fp32 reference)",
+                                    t->size, t->name, strerror(errno), b->n_packed - i - 1);
+                        b->n_packed = i;
+                        break;
+                }
+                pk->data = m;
+                pk->bytes = t->size;
+                (void) madvise(m, t->size, MADV_HUGEPAGE); /* streamed end to end every token */
+                task.dst = m;
+                task.units = DIV_ROUND_UP(task.R, 16);
+                threadpool_run(b->pool, task.units, pack_units, &task);
+                gguf_drop_pages(x4_model_gguf(b->model), t->data, t->size);
+                done += t->size;
+                if (params->progress && total)
+                        params->progress((double) done / (double) total, "cpu: packing weights for the fast numerics",
+                                         params->progress_userdata);
+        }
+        if (b->n_packed)
+                log_info("cpu backend: fast numerics: %zu matrices (%.1f MiB) copied onto huge pages, the quantized ones packed for the integer products",
+                         b->n_packed, done / 1048576.0);
+        return 0;
+}
+
 static int cpu_create_backend(const struct x4_model *model, const struct x4_backend_params *params,
                               struct x4_backend **ret) {
         _cleanup_(cpu_destroyp) struct x4_backend *b = NULL;
@@ -1469,7 +1637,7 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
         b->fast_bf16 = params->cpu_math == X4_CPU_MATH_FAST && quant_bf16_dot_available();
         b->fast_q8 = params->cpu_math == X4_CPU_MATH_FAST && quant_q8_dot_available();
         if (params->cpu_math == X4_CPU_MATH_FAST && !b->fast_bf16 && !b->fast_q8)
-                log_warning("cpu backend: fast numerics asked, but this CPU has no AVX-512: every product keeps the fp32 reference");
+                log_warning("cpu backend: fast numerics asked, but this CPU has neither AVX2 with FMA nor AVX-512: every product keeps the fp32 reference");
         else if (params->cpu_math == X4_CPU_MATH_FAST && !b->fast_bf16)
                 log_info("cpu backend: fast numerics: this CPU has no BF16 dot instruction (AVX512_BF16), so BF16 products keep the fp32 reference");
         b->n_cache_layers = c->n_layer + (b->mtp ? 1u : 0u);
@@ -1519,6 +1687,11 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
         if (r < 0)
                 return log_error_errno(r, "cpu backend: cannot allocate the workspace for %u tokens",
                                        CPU_MICROBATCH);
+        if (b->fast_q8 || b->fast_bf16) {
+                r = pack_weights(b, params);
+                if (r < 0)
+                        return log_error_errno(r, "cpu backend: cannot pack the weights for the fast numerics");
+        }
         b->memory_used = gguf_file_size(x4_model_gguf(model)) + cache_bytes + work_bytes;
         if (params->progress)
                 params->progress(1.0, "cpu: weights mapped", params->progress_userdata);

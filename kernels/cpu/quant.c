@@ -214,7 +214,7 @@ int quant_dequantize_row(uint32_t type, const void *row, float *out, size_t n) {
 typedef float v16f __attribute__((vector_size(64)));
 
 /* the tile loops have constant trip counts <= 4: unrolled, the accumulators live in registers */
-#define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* unaligned load (a macro: returning a 64-byte vector from a function changes the ABI on
  * targets without AVX-512) */
@@ -925,7 +925,6 @@ static bool cpu_has_avx512_bf16(void);
 #endif
 
 static bool bf16_dot_off; /* quant_set_simd below level 2 */
-static bool q8_vnni_off;  /* tests: quant_q8_set_vnni(false) */
 
 bool quant_bf16_dot_available(void) {
 #ifdef HAVE_X86_SIMD
@@ -997,16 +996,21 @@ bool quant_q8_supported(uint32_t type) {
 }
 
 size_t quant_q8_row_bytes(size_t k) {
-        return (k + k / 32 * sizeof(float) + 63) & ~(size_t) 63;
+        return (k + k / 32 * sizeof(float) + k / 16 * sizeof(int32_t) + 63) & ~(size_t) 63;
 }
 
 /* Below this a block's values are 0 in q8 (127 / amax would overflow near 2^-121; nothing this
  * small changes a product of the model's scale). */
 #define Q8_TINY 0x1p-96f
 
+/* a q8 row's parts (quant.h): the values, the block scales, the 16-value runs' sums */
+#define Q8_DX(row, k) ((const float *) ((const uint8_t *) (row) + (k)))
+#define Q8_SUMS(row, k) ((const int32_t *) ((const uint8_t *) (row) + (k) + (k) / 32 * sizeof(float)))
+
 static void q8_quantize_generic(const float *x, size_t k, void *row) {
         int8_t *q = row;
         float *dx = (float *) ((uint8_t *) row + k);
+        int32_t *sums = (int32_t *) (dx + k / 32);
 
         assert(k % 32 == 0);
         for (size_t b = 0; b < k / 32; b++) {
@@ -1022,261 +1026,523 @@ static void q8_quantize_generic(const float *x, size_t k, void *row) {
                 if (!finite || amax < Q8_TINY) { /* quant.h: NaN scale, or a zero block */
                         dx[b] = finite ? 0.0f : NAN;
                         memset(q + 32 * b, 0, 32);
-                        continue;
+                } else {
+                        float id = 127.0f / amax;
+                        dx[b] = amax / 127.0f;
+                        for (int i = 0; i < 32; i++) {
+                                float v = nearbyintf(xb[i] * id);
+                                q[32 * b + i] = (int8_t) (v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+                        }
                 }
-                float id = 127.0f / amax;
-                dx[b] = amax / 127.0f;
-                for (int i = 0; i < 32; i++) {
-                        float v = nearbyintf(xb[i] * id);
-                        q[32 * b + i] = (int8_t) (v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+                for (int h = 0; h < 2; h++) {
+                        int32_t s = 0;
+                        for (int i = 0; i < 16; i++)
+                                s += q[32 * b + 16 * h + i];
+                        sums[2 * b + h] = s;
                 }
         }
 }
 
-/* Block b (32 values) of a row: its integer weights, the 8 groups' integer scales, its scale d. */
-static void q8_block_ref(uint32_t type, const uint8_t *row, size_t b, int8_t w[32], int32_t sc[8],
-                         float *d) {
-        for (int g = 0; g < 8; g++)
-                sc[g] = 1;
+/* The packed copy (quant.h): rows in groups of 16; a group's bytes are those of its 16 stored
+ * rows, unit after unit (IQ4_NL and Q8_0: a 32-value block; Q6_K: a 256-value super-block):
+ * - IQ4_NL, 288 bytes a unit: 4 chunks of 64 bytes, chunk c holding bytes 4c..4c+3 of each
+ *   row's qs (row r at 4r: low nibbles are values 4c + i, high nibbles 16 + 4c + i), then the
+ *   16 rows' d.
+ * - Q8_0, 544 bytes: 8 chunks, chunk c values 4c..4c+3 of each row, then the 16 d.
+ * - Q6_K, 3360 bytes: for each 16-value run j (values 16j..16j+15, 0 <= u < 64 the stored
+ *   six-bit numbers): 3 chunks of 64 bytes, row r's 4 bytes at 4r, byte i of them: chunk 0 the
+ *   low 4 bits of u[16j + i] | those of u[16j + 4 + i] << 4, chunk 1 the same of 16j + 8 + i and
+ *   16j + 12 + i, chunk 2 the top 2 bits of the four at bits 0, 2, 4, 6; then the runs' scales
+ *   (run j's 16 rows at 16j), then the 16 d.
+ * Rows past the last whole group keep their stored bytes. */
+#define Q8P_ROWS 16
+
+static size_t q8p_row_bytes(uint32_t type, size_t k) {
         switch (type) {
-        case GGML_TYPE_IQ4_NL: {
-                const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
-                *d = fp16_to_f32(blk->d);
-                for (int j = 0; j < 16; j++) {
-                        w[j] = quant_iq4nl_values[blk->qs[j] & 0xf];
-                        w[j + 16] = quant_iq4nl_values[blk->qs[j] >> 4];
-                }
-                break;
-        }
-        case GGML_TYPE_Q8_0: {
-                const struct block_q8_0 *blk = (const struct block_q8_0 *) row + b;
-                *d = fp16_to_f32(blk->d);
-                memcpy(w, blk->qs, 32);
-                break;
-        }
-        default: { /* Q6_K */
-                const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8;
-                int8_t q[QK_K];
-                size_t s0 = 2 * (b % 8);
-                q6k_unpack(blk, q);
-                memcpy(w, q + 32 * (b % 8), 32);
-                *d = fp16_to_f32(blk->d);
-                for (int g = 0; g < 8; g++)
-                        sc[g] = blk->scales[q6k_scale_index((int) (s0 + (size_t) g / 4))];
-                break;
-        }
+        case GGML_TYPE_IQ4_NL: return k / QK4_NL * sizeof(struct block_iq4_nl);
+        case GGML_TYPE_Q8_0: return k / QK8_0 * sizeof(struct block_q8_0);
+        default: return k / QK_K * sizeof(struct block_q6_k);
         }
 }
 
-static float q8_dot_ref(uint32_t type, const uint8_t *row, size_t k, const uint8_t *xq) {
+enum { Q8P_IQ4_UNIT = 16 * 18, Q8P_Q8_UNIT = 16 * 34, Q8P_Q6K_UNIT = 16 * 210, Q8P_Q6K_SC = 3072,
+       Q8P_Q6K_D = 3328 };
+
+void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+                   void *packed) {
+        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+        uint8_t *P = packed;
+
+        assert(quant_q8_supported(type) && row_bytes == prb);
+        for (size_t r = full; r < R; r++)
+                memcpy(P + r * prb, (const uint8_t *) w + r * row_bytes, prb);
+        for (size_t g = 0; g < full; g += Q8P_ROWS) {
+                uint8_t *G = P + g * prb;
+                for (size_t lr = 0; lr < Q8P_ROWS; lr++) {
+                        const uint8_t *row = (const uint8_t *) w + (g + lr) * row_bytes;
+                        if (type == GGML_TYPE_IQ4_NL) {
+                                for (size_t b = 0; b < k / 32; b++) {
+                                        const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
+                                        uint8_t *U = G + b * Q8P_IQ4_UNIT;
+                                        for (int c = 0; c < 4; c++)
+                                                memcpy(U + 64 * c + 4 * lr, blk->qs + 4 * c, 4);
+                                        memcpy(U + 256 + 2 * lr, &blk->d, 2);
+                                }
+                        } else if (type == GGML_TYPE_Q8_0) {
+                                for (size_t b = 0; b < k / 32; b++) {
+                                        const struct block_q8_0 *blk = (const struct block_q8_0 *) row + b;
+                                        uint8_t *U = G + b * Q8P_Q8_UNIT;
+                                        for (int c = 0; c < 8; c++)
+                                                memcpy(U + 64 * c + 4 * lr, blk->qs + 4 * c, 4);
+                                        memcpy(U + 512 + 2 * lr, &blk->d, 2);
+                                }
+                        } else {
+                                for (size_t s = 0; s < k / QK_K; s++) {
+                                        const struct block_q6_k *blk = (const struct block_q6_k *) row + s;
+                                        uint8_t *U = G + s * Q8P_Q6K_UNIT;
+                                        int8_t q[QK_K];
+                                        q6k_unpack(blk, q);
+                                        for (int j = 0; j < 16; j++) {
+                                                const int8_t *v = q + 16 * j; /* u = v + 32 */
+                                                for (int i = 0; i < 4; i++) {
+                                                        unsigned u0 = (unsigned) (v[i] + 32), u1 = (unsigned) (v[4 + i] + 32);
+                                                        unsigned u2 = (unsigned) (v[8 + i] + 32), u3 = (unsigned) (v[12 + i] + 32);
+                                                        uint8_t *C = U + 192 * j + 4 * lr + i;
+                                                        C[0] = (uint8_t) ((u0 & 15) | (u1 & 15) << 4);
+                                                        C[64] = (uint8_t) ((u2 & 15) | (u3 & 15) << 4);
+                                                        C[128] = (uint8_t) (u0 >> 4 | (u1 >> 4) << 2 | (u2 >> 4) << 4 | (u3 >> 4) << 6);
+                                                }
+                                                U[Q8P_Q6K_SC + 16 * j + lr] = (uint8_t) blk->scales[q6k_scale_index(j)];
+                                        }
+                                        memcpy(U + Q8P_Q6K_D + 2 * lr, &blk->d, 2);
+                                }
+                        }
+                }
+        }
+}
+
+/* Block b of row r of a packed matrix of R rows: its 32 integer weights, its two runs' scales
+ * (1 but for Q6_K) and its d. */
+static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r, size_t b,
+                      int8_t w[32], int32_t sc[2], float *d) {
+        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+
+        sc[0] = sc[1] = 1;
+        if (r >= full) { /* as stored */
+                const uint8_t *row = P + r * prb;
+                if (type == GGML_TYPE_IQ4_NL) {
+                        const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
+                        *d = fp16_to_f32(blk->d);
+                        for (int j = 0; j < 16; j++) {
+                                w[j] = quant_iq4nl_values[blk->qs[j] & 0xf];
+                                w[j + 16] = quant_iq4nl_values[blk->qs[j] >> 4];
+                        }
+                } else if (type == GGML_TYPE_Q8_0) {
+                        const struct block_q8_0 *blk = (const struct block_q8_0 *) row + b;
+                        *d = fp16_to_f32(blk->d);
+                        memcpy(w, blk->qs, 32);
+                } else {
+                        const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8;
+                        int8_t q[QK_K];
+                        q6k_unpack(blk, q);
+                        memcpy(w, q + 32 * (b % 8), 32);
+                        *d = fp16_to_f32(blk->d);
+                        for (int h = 0; h < 2; h++)
+                                sc[h] = blk->scales[q6k_scale_index((int) (2 * (b % 8)) + h)];
+                }
+                return;
+        }
+        const uint8_t *G = P + (r - r % Q8P_ROWS) * prb;
+        const size_t lr = r % Q8P_ROWS;
+        uint16_t h16;
+        if (type == GGML_TYPE_IQ4_NL) {
+                const uint8_t *U = G + b * Q8P_IQ4_UNIT;
+                for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 4; i++) {
+                                uint8_t byte = U[64 * c + 4 * lr + i];
+                                w[4 * c + i] = quant_iq4nl_values[byte & 15];
+                                w[16 + 4 * c + i] = quant_iq4nl_values[byte >> 4];
+                        }
+                memcpy(&h16, U + 256 + 2 * lr, 2);
+        } else if (type == GGML_TYPE_Q8_0) {
+                const uint8_t *U = G + b * Q8P_Q8_UNIT;
+                for (int c = 0; c < 8; c++)
+                        memcpy(w + 4 * c, U + 64 * c + 4 * lr, 4);
+                memcpy(&h16, U + 512 + 2 * lr, 2);
+        } else {
+                const uint8_t *U = G + b / 8 * Q8P_Q6K_UNIT;
+                for (int h = 0; h < 2; h++) {
+                        const int j = (int) (2 * (b % 8)) + h;
+                        const uint8_t *C = U + 192 * j + 4 * lr;
+                        for (int i = 0; i < 4; i++) {
+                                unsigned l0 = C[i], l1 = C[64 + i], hb = C[128 + i];
+                                w[16 * h + i] = (int8_t) ((int) ((l0 & 15) | (hb & 3) << 4) - 32);
+                                w[16 * h + 4 + i] = (int8_t) ((int) ((l0 >> 4) | ((hb >> 2) & 3) << 4) - 32);
+                                w[16 * h + 8 + i] = (int8_t) ((int) ((l1 & 15) | ((hb >> 4) & 3) << 4) - 32);
+                                w[16 * h + 12 + i] = (int8_t) ((int) ((l1 >> 4) | (hb >> 6) << 4) - 32);
+                        }
+                        sc[h] = (int8_t) U[Q8P_Q6K_SC + 16 * j + lr];
+                }
+                memcpy(&h16, U + Q8P_Q6K_D + 2 * lr, 2);
+        }
+        *d = fp16_to_f32(h16);
+}
+
+static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r,
+                         const uint8_t *xq) {
         const int8_t *q = (const int8_t *) xq;
-        const float *dx = (const float *) (xq + k);
-        float acc[16] = { 0 };
+        const float *dx = Q8_DX(xq, k);
+        float acc = 0.0f;
 
         for (size_t b = 0; b < k / 32; b++) {
                 int8_t w[32];
-                int32_t sc[8];
+                int32_t sc[2], L[2] = { 0, 0 };
                 float d;
 
-                q8_block_ref(type, row, b, w, sc, &d);
-                for (int g = 0; g < 8; g++) {
-                        int32_t L = 0;
-                        for (int i = 4 * g; i < 4 * g + 4; i++)
-                                L += (int32_t) w[i] * q[32 * b + i];
-                        float s = (d * (float) sc[g]) * dx[b];
-                        acc[(b % 2) * 8 + g] = fmaf((float) L, s, acc[(b % 2) * 8 + g]);
-                }
+                q8p_block(type, P, R, k, r, b, w, sc, &d);
+                for (int i = 0; i < 32; i++)
+                        L[i / 16] += (int32_t) w[i] * q[32 * b + (size_t) i];
+                float s = d * dx[b];
+                acc = fmaf((float) (sc[0] * L[0] + sc[1] * L[1]), s, acc);
         }
-        return lanes_reduce(acc);
+        return acc;
 }
 
-static void gemm_q8_generic(uint32_t type, const void *w, size_t rb, size_t R, size_t k,
-                            const void *xq, size_t xs, size_t T, float *y, size_t ys) {
+static void gemm_q8_generic(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r0,
+                            size_t r1, const uint8_t *xq, size_t xs, size_t T, float *y,
+                            size_t ys) {
         for (size_t t = 0; t < T; t++)
-                for (size_t r = 0; r < R; r++)
-                        y[t * ys + r] = q8_dot_ref(type, (const uint8_t *) w + r * rb, k,
-                                                   (const uint8_t *) xq + t * xs);
+                for (size_t r = r0; r < r1; r++)
+                        y[t * ys + r - r0] = q8p_dot_ref(type, P, R, k, r, xq + t * xs);
 }
 
 #ifdef HAVE_X86_SIMD
-/* The same sums with AVX-512: two blocks (64 values) a register. The integer products, exact
- * either way: with VNNI, vpdpbusd on the weights + 128 as unsigned bytes, its accumulator started
- * at -128·Σq of each group (one vpdpbusd a pair of blocks, shared by the rows); without, the sign
- * trick (|w| times q with w's sign, maddubs then madd: pairs of at most 2·128·127 fit int16). Then
- * per lane fma((float) L, (d·sc)·dx, acc) as in the portable definition. */
-#define Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
-#define Q8_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")))
+/* The same sums with AVX-512 VNNI, 16 rows a register: one vpdpbusd multiplies 4 consecutive
+ * weights of each of the 16 rows (unsigned: IQ4_NL's codebook + 128, Q8_0's values + 128,
+ * Q6_K's six-bit numbers) with the same 4 q (signed, broadcast), its accumulator started at the
+ * offset's share (-128·Σq of the block, -32·Σq of the run), so each lane holds a row's exact
+ * integer sum. Then per row one fma a block, as in the portable definition. */
+#define Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")))
+/* the conversions: any AVX-512 CPU */
+#define Q8_CONV_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
 
-/* lanes 0-7 take element 0 of v, lanes 8-15 element 1 */
-#define Q8_PAIR_PS(v)                                                                              \
-        _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),    \
-                              _mm512_castps128_ps512(v))
-
-/* NR rows × NT inputs. Per pair of blocks and row: the weights (VNNI: w + 128; else |w| and the
- * mask of w < 0) and the scales dsc = d·sc a lane; per input: q, its dx pair, (VNNI) the
- * groups' -128·Σq, then per row the integer groups and one fma a lane. */
-#define Q8_TILE_BODY(VNNI)                                                                         \
-        const __m512i zero = _mm512_setzero_si512();                                               \
-        const __m512i ones = _mm512_set1_epi16(1);                                                 \
-        const __m512i b128 = _mm512_set1_epi8((char) 0x80);                                        \
-        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *) (VNNI ? q8_book_u8 : (const uint8_t *) quant_iq4nl_values))); \
-        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                 \
-        const __m512i lohi = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);                           \
-        const __m512i grp4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);     \
-        const size_t nb = k / 32;                                                                  \
-        __m512 acc[4][4];                                                                          \
-        (void) ones, (void) b128, (void) zero;                                                     \
-                                                                                                   \
-        UNROLL for (int r = 0; r < NR; r++)                                                        \
-                UNROLL for (int t = 0; t < NT; t++)                                                \
-                        acc[r][t] = _mm512_setzero_ps();                                           \
-                                                                                                   \
-        __m256i v6[4][4]; /* Q6_K: the half super-block of each row, decoded once */            \
-        for (size_t b = 0; b < nb; b += 2) {                                                       \
-                const int has2 = b + 1 < nb;                                                       \
-                __m512i a[4];                                                                      \
-                __mmask64 neg[4];                                                                  \
-                __m512 dsc[4];                                                                     \
-                (void) neg;                                                                        \
-                UNROLL for (int r = 0; r < NR; r++) {                                              \
-                        const uint8_t *row = w + r * rb;                                           \
-                        __m512i wv;                                                                \
-                        if (type == GGML_TYPE_IQ4_NL) {                                            \
-                                const struct block_iq4_nl *b0 = (const struct block_iq4_nl *) row + b; \
-                                _mm_prefetch((const char *) b0 + GEMV_PREFETCH, _MM_HINT_T0);      \
-                                __m128i q0 = _mm_loadu_si128((const __m128i *) b0->qs);            \
-                                __m128i q1 = has2 ? _mm_loadu_si128((const __m128i *) b0[1].qs) : _mm_setzero_si128(); \
-                                __m256i q01 = _mm256_set_m128i(q1, q0);                            \
-                                __m256i lo = _mm256_and_si256(q01, m4);                            \
-                                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q01, 4), m4);      \
-                                wv = _mm512_shuffle_epi8(book, _mm512_permutex2var_epi64(          \
-                                        _mm512_castsi256_si512(lo), lohi, _mm512_castsi256_si512(hi))); \
-                                uint32_t dd = (uint32_t) b0->d | (has2 ? (uint32_t) b0[1].d << 16 : 0); \
-                                dsc[r] = Q8_PAIR_PS(_mm_cvtph_ps(_mm_cvtsi32_si128((int) dd)));    \
-                        } else if (type == GGML_TYPE_Q8_0) {                                       \
-                                const struct block_q8_0 *b0 = (const struct block_q8_0 *) row + b; \
-                                _mm_prefetch((const char *) b0 + GEMV_PREFETCH, _MM_HINT_T0);      \
-                                __m256i w0 = _mm256_loadu_si256((const __m256i *) b0->qs);         \
-                                __m256i w1 = has2 ? _mm256_loadu_si256((const __m256i *) b0[1].qs) : _mm256_setzero_si256(); \
-                                wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);        \
-                                if (VNNI)                                                          \
-                                        wv = _mm512_xor_si512(wv, b128);                           \
-                                uint32_t dd = (uint32_t) b0->d | (has2 ? (uint32_t) b0[1].d << 16 : 0); \
-                                dsc[r] = Q8_PAIR_PS(_mm_cvtph_ps(_mm_cvtsi32_si128((int) dd)));    \
-                        } else { /* Q6_K: blocks b, b + 1 are runs 2(b%8) .. 2(b%8) + 3 */         \
-                                const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8; \
-                                const int n = (int) (b % 8) / 4, jp = (int) (b % 4);               \
-                                int32_t s4;                                                        \
-                                if (b % 8 == 0)                                                    \
-                                        for (int c = 0; c < 4; c++)                                \
-                                                _mm_prefetch((const char *) blk + GEMV_PREFETCH + 64 * c, _MM_HINT_T0); \
-                                if (jp == 0)                                                       \
-                                        q6k_half_avx512(blk->ql + 64 * n, blk->qh + 32 * n, v6[r]);\
-                                wv = _mm512_inserti64x4(_mm512_castsi256_si512(v6[r][jp]), v6[r][jp + 1], 1); \
-                                if (VNNI)                                                          \
-                                        wv = _mm512_xor_si512(wv, b128);                           \
-                                memcpy(&s4, blk->scales + 8 * n + 2 * jp, 4);                      \
-                                dsc[r] = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(blk->d)),          \
-                                                       _mm512_cvtepi32_ps(_mm512_permutexvar_epi32( \
-                                                               grp4, _mm512_cvtepi8_epi32(_mm_cvtsi32_si128(s4))))); \
-                        }                                                                          \
-                        if (!has2) /* the missing block: weight 0 (VNNI: 0 + 128), scale 0 */      \
-                                wv = _mm512_mask_mov_epi8(wv, 0xffffffff00000000ull, VNNI ? b128 : zero); \
-                        if (VNNI) {                                                                \
-                                a[r] = wv; /* IQ4_NL's book is already + 128 */                    \
-                        } else {                                                                   \
-                                a[r] = _mm512_abs_epi8(wv);                                        \
-                                neg[r] = _mm512_movepi8_mask(wv);                                  \
-                        }                                                                          \
-                }                                                                                  \
-                UNROLL for (int t = 0; t < NT; t++) {                                              \
-                        const uint8_t *xr = xq + t * xs;                                           \
-                        const float *dxp = (const float *) (xr + k) + b;                           \
-                        __m512i xv = has2 ? _mm512_loadu_si512(xr + 32 * b) :                      \
-                                            _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *) (xr + 32 * b))); \
-                        __m512 dxv = Q8_PAIR_PS(has2 ? _mm_castpd_ps(_mm_load_sd((const double *) dxp)) : _mm_load_ss(dxp)); \
-                        __m512i corr = zero;                                                       \
-                        if (VNNI) /* -128·Σq a group */                                            \
-                                corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, b128, xv)); \
-                        UNROLL for (int r = 0; r < NR; r++) {                                      \
-                                __m512i p;                                                         \
-                                if (VNNI)                                                          \
-                                        p = _mm512_dpbusd_epi32(corr, a[r], xv);                   \
-                                else                                                               \
-                                        p = _mm512_madd_epi16(_mm512_maddubs_epi16(a[r],           \
-                                                _mm512_mask_sub_epi8(xv, neg[r], zero, xv)), ones); \
-                                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),                 \
-                                                            _mm512_mul_ps(dsc[r], dxv), acc[r][t]); \
-                        }                                                                          \
-                }                                                                                  \
-        }                                                                                          \
-        UNROLL for (int r = 0; r < NR; r++)                                                        \
-                UNROLL for (int t = 0; t < NT; t++) {                                              \
-                        float l[16];                                                               \
-                        _mm512_storeu_ps(l, acc[r][t]);                                            \
-                        y[t * ys + r] = lanes_reduce(l);                                           \
-                }
-
-/* the IQ4_NL codebook + 128, as unsigned bytes (VNNI's unsigned operand) */
+/* the IQ4_NL codebook + 128, as unsigned bytes */
 static const uint8_t q8_book_u8[16] = { 1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241 };
 
+/* 4 q of input t's block run, broadcast */
+#define Q8_BCAST(p)                                                                                \
+        ({                                                                                         \
+                int32_t _v;                                                                        \
+                memcpy(&_v, (p), 4);                                                               \
+                _mm512_set1_epi32(_v);                                                             \
+        })
+
+/* acc[t] (lanes: the group's 16 rows) = the outputs of group G for NT inputs */
 Q8_TARGET static inline __attribute__((always_inline)) void
-q8_tile(const int NR, const int NT, uint32_t type, const uint8_t *w, size_t rb, size_t k,
-        const uint8_t *xq, size_t xs, float *y, size_t ys) {
-        Q8_TILE_BODY(0)
+q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const uint8_t *xq,
+          size_t xs, __m512 acc[8]) {
+        const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+        const __m512i b128 = _mm512_set1_epi8((char) 0x80);
+        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *) q8_book_u8));
+        const int8_t *q[8];
+        const float *dx[8];
+        const int32_t *sums[8];
+
+        UNROLL for (int t = 0; t < NT; t++) {
+                acc[t] = _mm512_setzero_ps();
+                q[t] = (const int8_t *) (xq + t * xs);
+                dx[t] = Q8_DX(xq + t * xs, k);
+                sums[t] = Q8_SUMS(xq + t * xs, k);
+        }
+        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0) {
+                const size_t unit = type == GGML_TYPE_IQ4_NL ? Q8P_IQ4_UNIT : Q8P_Q8_UNIT;
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *U = G + b * unit;
+                        __m512i w[8];
+                        __m512 d;
+                        for (size_t o = 0; o < unit; o += 64)
+                                _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
+                        if (type == GGML_TYPE_IQ4_NL) {
+                                UNROLL for (int c = 0; c < 4; c++) {
+                                        __m512i v = _mm512_loadu_si512(U + 64 * c);
+                                        w[c] = _mm512_shuffle_epi8(book, _mm512_and_si512(v, m4));
+                                        w[c + 4] = _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                                }
+                                d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + 256)));
+                        } else {
+                                _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
+                                        w[c] = _mm512_xor_si512(_mm512_loadu_si512(U + 64 * c), b128);
+                                d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + 512)));
+                        }
+                        UNROLL for (int t = 0; t < NT; t++) {
+                                const int8_t *qb = q[t] + 32 * b;
+                                __m512i a0 = _mm512_set1_epi32(-128 * (sums[t][2 * b] + sums[t][2 * b + 1]));
+                                __m512i a1 = _mm512_setzero_si512();
+                                a0 = _mm512_dpbusd_epi32(a0, w[0], Q8_BCAST(qb));
+                                a1 = _mm512_dpbusd_epi32(a1, w[1], Q8_BCAST(qb + 4));
+                                a0 = _mm512_dpbusd_epi32(a0, w[2], Q8_BCAST(qb + 8));
+                                a1 = _mm512_dpbusd_epi32(a1, w[3], Q8_BCAST(qb + 12));
+                                a0 = _mm512_dpbusd_epi32(a0, w[4], Q8_BCAST(qb + 16));
+                                a1 = _mm512_dpbusd_epi32(a1, w[5], Q8_BCAST(qb + 20));
+                                a0 = _mm512_dpbusd_epi32(a0, w[6], Q8_BCAST(qb + 24));
+                                a1 = _mm512_dpbusd_epi32(a1, w[7], Q8_BCAST(qb + 28));
+                                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)),
+                                                         _mm512_mul_ps(d, _mm512_set1_ps(dx[t][b])), acc[t]);
+                        }
+                }
+                return;
+        }
+        for (size_t s = 0; s < k / QK_K; s++) { /* Q6_K */
+                const uint8_t *U = G + s * Q8P_Q6K_UNIT;
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + Q8P_Q6K_D)));
+                for (int jb = 0; jb < 8; jb++) {
+                        const size_t b = 8 * s + (size_t) jb;
+                        __m512i L[8];
+                        UNROLL for (int t = 0; t < NT; t++)
+                                L[t] = _mm512_setzero_si512();
+                        for (int h = 0; h < 2; h++) {
+                                const int j = 2 * jb + h;
+                                const uint8_t *C = U + 192 * j;
+                                for (int o = 0; o < 192; o += 64)
+                                        _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
+                                __m512i l0 = _mm512_loadu_si512(C), l1 = _mm512_loadu_si512(C + 64);
+                                __m512i hb = _mm512_loadu_si512(C + 128);
+                                __m512i w0 = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30));
+                                __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30));
+                                __m512i w2 = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(hb, m30));
+                                __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
+                                __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (U + Q8P_Q6K_SC + 16 * j)));
+                                UNROLL for (int t = 0; t < NT; t++) {
+                                        const int8_t *qr = q[t] + QK_K * s + 16 * (size_t) j;
+                                        __m512i a0 = _mm512_set1_epi32(-32 * sums[t][16 * s + (size_t) j]);
+                                        __m512i a1 = _mm512_setzero_si512();
+                                        a0 = _mm512_dpbusd_epi32(a0, w0, Q8_BCAST(qr));
+                                        a1 = _mm512_dpbusd_epi32(a1, w1, Q8_BCAST(qr + 4));
+                                        a0 = _mm512_dpbusd_epi32(a0, w2, Q8_BCAST(qr + 8));
+                                        a1 = _mm512_dpbusd_epi32(a1, w3, Q8_BCAST(qr + 12));
+                                        L[t] = _mm512_add_epi32(L[t], _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
+                                }
+                        }
+                        UNROLL for (int t = 0; t < NT; t++)
+                                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L[t]),
+                                                         _mm512_mul_ps(d, _mm512_set1_ps(dx[t][b])), acc[t]);
+                }
+        }
 }
 
-Q8_VNNI_TARGET static inline __attribute__((always_inline)) void
-q8_tile_vnni(const int NR, const int NT, uint32_t type, const uint8_t *w, size_t rb, size_t k,
-             const uint8_t *xq, size_t xs, float *y, size_t ys) {
-        Q8_TILE_BODY(1)
-}
-
-/* Decode (one input): 4 rows share it; batches: tiles of 2 rows × 4 inputs (edges 2 × 1, 1 × 4,
- * 1 × 1), which never change an output's own order. */
-#define Q8_GEMM_BODY(TILE)                                                                         \
-        const uint8_t *W = w, *X = xq;                                                             \
-        if (T == 1) {                                                                              \
-                size_t r = 0;                                                                      \
-                for (; r + 4 <= R; r += 4)                                                         \
-                        TILE(4, 1, type, W + r * rb, rb, k, X, xs, y + r, ys);                     \
-                for (; r < R; r++)                                                                 \
-                        TILE(1, 1, type, W + r * rb, rb, k, X, xs, y + r, ys);                     \
-                return;                                                                            \
-        }                                                                                          \
-        for (size_t r = 0; r < R; r += 2) {                                                        \
-                size_t nr = MIN((size_t) 2, R - r);                                                \
-                for (size_t t = 0; t < T; t += 4) {                                                \
-                        size_t nt = MIN((size_t) 4, T - t);                                        \
-                        const uint8_t *xt = X + t * xs;                                            \
-                        float *yt = y + r + t * ys;                                                \
-                        if (nr == 2 && nt == 4)                                                    \
-                                TILE(2, 4, type, W + r * rb, rb, k, xt, xs, yt, ys);               \
-                        else if (nr == 2)                                                          \
-                                for (size_t u = 0; u < nt; u++)                                    \
-                                        TILE(2, 1, type, W + r * rb, rb, k, xt + u * xs, xs, yt + u * ys, ys); \
-                        else if (nt == 4)                                                          \
-                                TILE(1, 4, type, W + r * rb, rb, k, xt, xs, yt, ys);               \
-                        else                                                                       \
-                                for (size_t u = 0; u < nt; u++)                                    \
-                                        TILE(1, 1, type, W + r * rb, rb, k, xt + u * xs, xs, yt + u * ys, ys); \
+/* inputs a pass over a group's weights serves (Q8_0's 8 weight registers leave room for 4) */
+#define Q8P_NT(TYPE) ((TYPE) == GGML_TYPE_Q8_0 ? 4 : 8)
+/* rows [r0, r1): whole groups 16 rows a register, Q8P_NT inputs at a time (a group's weights
+ * are decoded once for them); a group cut by r0 or r1 is computed whole and stored in part */
+#define Q8P_DRIVE(TYPE)                                                                            \
+        for (size_t g = r0 - r0 % Q8P_ROWS; g < MIN(r1, full); g += Q8P_ROWS) {                    \
+                const uint8_t *G = P + g * prb;                                                    \
+                const size_t a = MAX(r0, g), e = MIN(r1, g + Q8P_ROWS);                            \
+                for (size_t t = 0; t < T; t += Q8P_NT(TYPE)) {                                     \
+                        const size_t nt = MIN((size_t) Q8P_NT(TYPE), T - t);                       \
+                        const uint8_t *xt = xq + t * xs;                                           \
+                        __m512 acc[8];                                                             \
+                        switch (nt) {                                                              \
+                        case 1: q8p_group(1, TYPE, G, k, xt, xs, acc); break;                      \
+                        case 2: q8p_group(2, TYPE, G, k, xt, xs, acc); break;                      \
+                        case 3: q8p_group(3, TYPE, G, k, xt, xs, acc); break;                      \
+                        case 4: q8p_group(4, TYPE, G, k, xt, xs, acc); break;                      \
+                        case 5: q8p_group(5, TYPE, G, k, xt, xs, acc); break;                      \
+                        case 6: q8p_group(6, TYPE, G, k, xt, xs, acc); break;                      \
+                        case 7: q8p_group(7, TYPE, G, k, xt, xs, acc); break;                      \
+                        default: q8p_group(8, TYPE, G, k, xt, xs, acc); break;                     \
+                        }                                                                          \
+                        for (size_t u = 0; u < nt; u++) {                                          \
+                                float *yo = y + (t + u) * ys;                                      \
+                                if (a == g && e == g + Q8P_ROWS) {                                 \
+                                        _mm512_storeu_ps(yo + (g - r0), acc[u]);                   \
+                                } else {                                                           \
+                                        float l[16];                                               \
+                                        _mm512_storeu_ps(l, acc[u]);                               \
+                                        for (size_t r = a; r < e; r++)                             \
+                                                yo[r - r0] = l[r - g];                             \
+                                }                                                                  \
+                        }                                                                          \
                 }                                                                                  \
         }
 
-Q8_TARGET static void gemm_q8_avx512(uint32_t type, const void *w, size_t rb, size_t R, size_t k,
-                                     const void *xq, size_t xs, size_t T, float *y, size_t ys) {
-        Q8_GEMM_BODY(q8_tile)
+Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r0,
+                                   size_t r1, const uint8_t *xq, size_t xs, size_t T, float *y,
+                                   size_t ys) {
+        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+
+        if (type == GGML_TYPE_IQ4_NL) {
+                Q8P_DRIVE(GGML_TYPE_IQ4_NL)
+        } else if (type == GGML_TYPE_Q8_0) {
+                Q8P_DRIVE(GGML_TYPE_Q8_0)
+        } else {
+                Q8P_DRIVE(GGML_TYPE_Q6_K)
+        }
+        if (r1 > full) /* the rows past the last whole group */
+                gemm_q8_generic(type, P, R, k, MAX(r0, full), r1, xq, xs, T,
+                                y + (MAX(r0, full) - r0), ys);
 }
 
-Q8_VNNI_TARGET static void gemm_q8_vnni(uint32_t type, const void *w, size_t rb, size_t R, size_t k,
-                                        const void *xq, size_t xs, size_t T, float *y, size_t ys) {
-        Q8_GEMM_BODY(q8_tile_vnni)
+/* The same sums with AVX2 (no AVX-512 VNNI), 8 rows a register: a 64-byte chunk's first 32
+ * bytes are rows 0-7 of the group, the last 32 rows 8-15, each half its own pass. Signed weights
+ * (IQ4_NL's codebook, Q8_0) take the sign trick (|w| times q with w's sign: vpmaddubsw pairs of at
+ * most 2·128·127 fit int16), Q6_K's six-bit numbers multiply directly (its offset as above);
+ * vpmaddwd with ones then gives the 4-value sums, all exact. */
+#define Q8_AVX2_TARGET __attribute__((target("avx2,f16c,fma")))
+
+#define Q8_BCAST256(p)                                                                             \
+        ({                                                                                         \
+                int32_t _v;                                                                        \
+                memcpy(&_v, (p), 4);                                                               \
+                _mm256_set1_epi32(_v);                                                             \
+        })
+
+/* Σ over 4-value groups of w·q, added to acc (w signed) */
+Q8_AVX2_TARGET static inline __m256i q8_dot_signed(__m256i acc, __m256i w, __m256i q) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w),
+                                                                             _mm256_sign_epi8(q, w)), ones));
+}
+
+/* w unsigned, below 128 */
+Q8_AVX2_TARGET static inline __m256i q8_dot_unsigned(__m256i acc, __m256i w, __m256i q) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones));
+}
+
+/* acc[t] (lanes: rows 8·half .. 8·half + 7 of the group) for NT <= 2 inputs */
+Q8_AVX2_TARGET static inline __attribute__((always_inline)) void
+q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int half,
+              const uint8_t *xq, size_t xs, __m256 acc[2]) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) quant_iq4nl_values));
+        const size_t ho = 32 * (size_t) half;
+
+        UNROLL for (int t = 0; t < NT; t++)
+                acc[t] = _mm256_setzero_ps();
+        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0) {
+                const size_t unit = type == GGML_TYPE_IQ4_NL ? Q8P_IQ4_UNIT : Q8P_Q8_UNIT;
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *U = G + b * unit;
+                        __m256 d;
+                        /* two chains an input (the integer sums are exact, so any split is) */
+                        __m256i a[2][2] = { { _mm256_setzero_si256(), _mm256_setzero_si256() },
+                                            { _mm256_setzero_si256(), _mm256_setzero_si256() } };
+                        for (size_t o = 0; o < unit; o += 64)
+                                _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
+                        if (type == GGML_TYPE_IQ4_NL) {
+                                for (int c = 0; c < 4; c++) {
+                                        __m256i v = _mm256_loadu_si256((const __m256i *) (U + 64 * c + ho));
+                                        __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
+                                        __m256i wh = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                                        UNROLL for (int t = 0; t < NT; t++) {
+                                                const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
+                                                a[t][0] = q8_dot_signed(a[t][0], wl, Q8_BCAST256(qb + 4 * c));
+                                                a[t][1] = q8_dot_signed(a[t][1], wh, Q8_BCAST256(qb + 16 + 4 * c));
+                                        }
+                                }
+                                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + 256 + 16 * half)));
+                        } else {
+                                for (int c = 0; c < 8; c++) {
+                                        __m256i wv = _mm256_loadu_si256((const __m256i *) (U + 64 * c + ho));
+                                        UNROLL for (int t = 0; t < NT; t++) {
+                                                const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
+                                                a[t][c % 2] = q8_dot_signed(a[t][c % 2], wv, Q8_BCAST256(qb + 4 * c));
+                                        }
+                                }
+                                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + 512 + 16 * half)));
+                        }
+                        UNROLL for (int t = 0; t < NT; t++)
+                                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[t][0], a[t][1])),
+                                                         _mm256_mul_ps(d, _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b])), acc[t]);
+                }
+                return;
+        }
+        for (size_t s = 0; s < k / QK_K; s++) { /* Q6_K */
+                const uint8_t *U = G + s * Q8P_Q6K_UNIT;
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_Q6K_D + 16 * half)));
+                for (int jb = 0; jb < 8; jb++) {
+                        const size_t b = 8 * s + (size_t) jb;
+                        __m256i L[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+                        for (int h = 0; h < 2; h++) {
+                                const int j = 2 * jb + h;
+                                const uint8_t *C = U + 192 * j;
+                                for (int o = 0; o < 192; o += 64)
+                                        _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
+                                __m256i l0 = _mm256_loadu_si256((const __m256i *) (C + ho));
+                                __m256i l1 = _mm256_loadu_si256((const __m256i *) (C + 64 + ho));
+                                __m256i hb = _mm256_loadu_si256((const __m256i *) (C + 128 + ho));
+                                __m256i w[4] = {
+                                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(hb, m30)),
+                                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+                                };
+                                __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (U + Q8P_Q6K_SC + 16 * j + 8 * half)));
+                                UNROLL for (int t = 0; t < NT; t++) {
+                                        const int8_t *qr = (const int8_t *) (xq + t * xs) + QK_K * s + 16 * (size_t) j;
+                                        __m256i a0 = _mm256_set1_epi32(-32 * Q8_SUMS(xq + t * xs, k)[16 * s + (size_t) j]);
+                                        __m256i a1 = _mm256_setzero_si256();
+                                        a0 = q8_dot_unsigned(a0, w[0], Q8_BCAST256(qr));
+                                        a1 = q8_dot_unsigned(a1, w[1], Q8_BCAST256(qr + 4));
+                                        a0 = q8_dot_unsigned(a0, w[2], Q8_BCAST256(qr + 8));
+                                        a1 = q8_dot_unsigned(a1, w[3], Q8_BCAST256(qr + 12));
+                                        L[t] = _mm256_add_epi32(L[t], _mm256_mullo_epi32(_mm256_add_epi32(a0, a1), sc));
+                                }
+                        }
+                        UNROLL for (int t = 0; t < NT; t++)
+                                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[t]),
+                                                         _mm256_mul_ps(d, _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b])), acc[t]);
+                }
+        }
+}
+
+#define Q8P_DRIVE_AVX2(TYPE)                                                                       \
+        for (size_t g = r0 - r0 % Q8P_ROWS; g < MIN(r1, full); g += Q8P_ROWS) {                    \
+                const uint8_t *G = P + g * prb;                                                    \
+                const size_t a = MAX(r0, g), e = MIN(r1, g + Q8P_ROWS);                            \
+                for (int half = 0; half < 2; half++) {                                             \
+                        const size_t h0 = g + 8 * (size_t) half;                                   \
+                        if (h0 + 8 <= a || h0 >= e)                                                \
+                                continue;                                                          \
+                        for (size_t t = 0; t < T; t += 2) {                                        \
+                                const size_t nt = MIN((size_t) 2, T - t);                          \
+                                __m256 acc[2];                                                     \
+                                if (nt == 2)                                                       \
+                                        q8p_half_avx2(2, TYPE, G, k, half, xq + t * xs, xs, acc);  \
+                                else                                                               \
+                                        q8p_half_avx2(1, TYPE, G, k, half, xq + t * xs, xs, acc);  \
+                                for (size_t u = 0; u < nt; u++) {                                  \
+                                        float l[8];                                                \
+                                        _mm256_storeu_ps(l, acc[u]);                               \
+                                        for (size_t r = MAX(a, h0); r < MIN(e, h0 + 8); r++)       \
+                                                y[(t + u) * ys + r - r0] = l[r - h0];              \
+                                }                                                                  \
+                        }                                                                          \
+                }                                                                                  \
+        }
+
+Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t R, size_t k,
+                                        size_t r0, size_t r1, const uint8_t *xq, size_t xs,
+                                        size_t T, float *y, size_t ys) {
+        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+
+        if (type == GGML_TYPE_IQ4_NL) {
+                Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_NL)
+        } else if (type == GGML_TYPE_Q8_0) {
+                Q8P_DRIVE_AVX2(GGML_TYPE_Q8_0)
+        } else {
+                Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K)
+        }
+        if (r1 > full)
+                gemm_q8_generic(type, P, R, k, MAX(r0, full), r1, xq, xs, T,
+                                y + (MAX(r0, full) - r0), ys);
 }
 
 /* The conversions with AVX-512, the portable code's bits: round to nearest even on the bit
  * pattern for bf16 (NaN kept quiet), and for q8 the same division, product and rounding
  * (vcvtps2dq under the default round-to-nearest-even). */
-Q8_TARGET static void round_bf16_avx512(const float *x, size_t n, uint16_t *xb) {
+Q8_CONV_TARGET static void round_bf16_avx512(const float *x, size_t n, uint16_t *xb) {
         const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
         const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
         size_t i = 0;
@@ -1292,9 +1558,10 @@ Q8_TARGET static void round_bf16_avx512(const float *x, size_t n, uint16_t *xb) 
                 xb[i] = quant_f32_to_bf16(x[i]);
 }
 
-Q8_TARGET static void q8_quantize_avx512(const float *x, size_t k, void *row) {
+Q8_CONV_TARGET static void q8_quantize_avx512(const float *x, size_t k, void *row) {
         int8_t *q = row;
         float *dx = (float *) ((uint8_t *) row + k);
+        int32_t *sums = (int32_t *) (dx + k / 32);
         const __m512 inf = _mm512_set1_ps(INFINITY);
         const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
         for (size_t b = 0; b < k / 32; b++) {
@@ -1306,14 +1573,17 @@ Q8_TARGET static void q8_quantize_avx512(const float *x, size_t k, void *row) {
                 if (bad || amax < Q8_TINY) {
                         dx[b] = bad ? NAN : 0.0f;
                         memset(q + 32 * b, 0, 32);
+                        sums[2 * b] = sums[2 * b + 1] = 0;
                         continue;
                 }
                 __m512 idv = _mm512_set1_ps(127.0f / amax);
                 dx[b] = amax / 127.0f;
-                __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x0, idv)))));
-                __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x1, idv)))));
-                _mm_storeu_si128((__m128i *) (q + 32 * b), q0);
-                _mm_storeu_si128((__m128i *) (q + 32 * b + 16), q1);
+                __m512i i0 = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x0, idv))));
+                __m512i i1 = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x1, idv))));
+                _mm_storeu_si128((__m128i *) (q + 32 * b), _mm512_cvtsepi32_epi8(i0));
+                _mm_storeu_si128((__m128i *) (q + 32 * b + 16), _mm512_cvtsepi32_epi8(i1));
+                sums[2 * b] = _mm512_reduce_add_epi32(i0);
+                sums[2 * b + 1] = _mm512_reduce_add_epi32(i1);
         }
 }
 
@@ -1437,38 +1707,44 @@ const char *quant_set_simd(int level) {
         return i->name;
 }
 
-bool quant_q8_dot_available(void) {
+/* which integer kernel this CPU takes: 0 unknown, 1 none, 2 AVX2 (+FMA), 3 AVX-512 VNNI; cpuid
+ * once (it traps in a VM) */
+static int q8_kernel(void) {
 #ifdef HAVE_X86_SIMD
-        return impl_get() == &impl_avx512;
+        static int best;
+        int v = __atomic_load_n(&best, __ATOMIC_RELAXED);
+        const struct quant_impl *im = impl_get();
+
+        if (!v) {
+                v = cpu_has_avx512_vnni() ? 3 : cpu_has_avx2_f16c() && __builtin_cpu_supports("fma") ? 2 : 1;
+                __atomic_store_n(&best, v, __ATOMIC_RELAXED);
+        }
+        /* quant_set_simd's level caps it */
+        return im == &impl_avx512 ? v : im == &impl_avx2 ? MIN(v, 2) : 1;
 #else
-        return false;
+        return 1;
 #endif
 }
 
-void quant_gemm_q8(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+bool quant_q8_dot_available(void) {
+        return q8_kernel() >= 2;
+}
+
+void quant_gemm_q8(uint32_t type, const void *packed, size_t R, size_t k, size_t r0, size_t r1,
                    const void *xq, size_t xq_stride, size_t T, float *y, size_t y_stride) {
         assert(quant_q8_supported(type) && k % 32 == 0 && (type != GGML_TYPE_Q6_K || k % QK_K == 0));
+        assert(r0 <= r1 && r1 <= R);
 #ifdef HAVE_X86_SIMD
-        if (quant_q8_dot_available()) {
-                /* cpuid once (it traps in a VM); 0 unknown, 1 no VNNI, 2 VNNI */
-                static int vnni;
-                int v = __atomic_load_n(&vnni, __ATOMIC_RELAXED);
-                if (!v) {
-                        v = cpu_has_avx512_vnni() ? 2 : 1;
-                        __atomic_store_n(&vnni, v, __ATOMIC_RELAXED);
-                }
-                if (v == 2 && !q8_vnni_off)
-                        gemm_q8_vnni(type, w, row_bytes, R, k, xq, xq_stride, T, y, y_stride);
-                else
-                        gemm_q8_avx512(type, w, row_bytes, R, k, xq, xq_stride, T, y, y_stride);
+        switch (q8_kernel()) {
+        case 3:
+                gemm_q8_vnni(type, packed, R, k, r0, r1, xq, xq_stride, T, y, y_stride);
+                return;
+        case 2:
+                gemm_q8_avx2(type, packed, R, k, r0, r1, xq, xq_stride, T, y, y_stride);
                 return;
         }
 #endif
-        gemm_q8_generic(type, w, row_bytes, R, k, xq, xq_stride, T, y, y_stride);
-}
-
-void quant_q8_set_vnni(bool on) {
-        __atomic_store_n(&q8_vnni_off, !on, __ATOMIC_RELAXED);
+        gemm_q8_generic(type, packed, R, k, r0, r1, xq, xq_stride, T, y, y_stride);
 }
 
 void quant_round_bf16(const float *x, size_t n, uint16_t *xb) {

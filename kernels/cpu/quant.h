@@ -105,32 +105,41 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
 
 /* The fast numerics' integer products: IQ4_NL, Q8_0 and Q6_K weights times activations rounded
  * to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
- * values, then k/32 fp32 scales; block b's scale is dx_b = max|x| / 127 and q_i = x_i · (127 /
- * max|x|) rounded to nearest even, in [-127, 127]. A block whose max|x| is below 2^-96 (zeros
- * included) has dx 0 and q 0; one holding a NaN or an infinity has dx NaN and q 0, so the NaN
- * reaches every output it takes part in.
+ * values, then k/32 fp32 scales, then k/16 int32 sums (Σq of each 16-value run, which the
+ * integer products use to undo the offsets of unsigned weights), padded to 64 bytes. Block b's
+ * scale is dx_b = max|x| / 127 and q_i = x_i · (127 / max|x|) rounded to nearest even, in [-127,
+ * 127]. A block whose max|x| is below 2^-96 (zeros included) has dx 0 and q 0; one holding a NaN
+ * or an infinity has dx NaN and q 0, so the NaN reaches every output it takes part in.
  *
- * An output w · x sums each 32-value block b in integers: 8 groups of 4 consecutive values, group
- * g's value L = Σ w_i·q_i (w the block's integer weights: the IQ4_NL codebook entries, the Q8_0
- * values, the Q6_K values less 32), exact in int32. Then lane (b mod 2)·8 + g becomes
- * fma((float) L, (d_b·sc_g)·dx_b, lane) (d_b the block's fp16 scale, a Q6_K super-block's d; sc_g
- * the Q6_K 16-value sub-block scale of the group, else 1; d_b·sc_g is exact; one fused multiply-add,
- * rounded once), b ascending, and the 16 lanes meet in the tree of the reference order. The order
- * depends only on k: every variant (portable, AVX-512 with or without VNNI) gives the same bits,
- * for any thread count, batch or tiling. */
+ * An output w · x is one fp32 chain over the 32-value blocks: block b's integer sum is
+ * L_b = Σ_i w_i·q_i (w the block's integer weights: the IQ4_NL codebook entries, the Q8_0
+ * values; exact in int32), for Q6_K L_b = sc_0·Σ_{i<16} w_i·q_i + sc_1·Σ_{i>=16} w_i·q_i (w the
+ * six-bit values less 32, sc the two 16-value runs' scales; exact), and
+ * acc = fma((float) L_b, d_b·dx_b, acc) for b ascending from acc = +0 (d_b the block's fp16
+ * scale, a Q6_K super-block's d; d_b·dx_b rounded once, the fma rounded once). The order depends
+ * only on k: every variant gives the same bits, for any thread count, batch or tiling (a NaN is a
+ * NaN in every variant; its payload, where both scales are NaN, may differ).
+ *
+ * The weights are multiplied in a packed copy (quant_q8_pack): 16 rows interleaved so that one
+ * 64-byte register holds 4 consecutive weights of each of 16 rows, and one integer dot
+ * instruction serves 16 outputs. The copy has the stored matrix's size (rows past the last whole
+ * 16 stay as stored). */
 bool quant_q8_supported(uint32_t type);
 size_t quant_q8_row_bytes(size_t k);
 void quant_q8_quantize(const float *x, size_t k, void *row);
-/* Whether the integer products have a SIMD kernel here (AVX-512BW): the fast numerics use them
- * only then (the portable code is the definition, and for tests). */
+/* Whether the integer products have a SIMD kernel here (AVX-512 with VNNI, 16 rows a
+ * register; else AVX2 with FMA, 8): the fast numerics use them only then (the portable code is
+ * the definition, and for tests). */
 bool quant_q8_dot_available(void);
-/* y[t·y_stride + r] = w[r] · xq[t] for r < R rows of a stored matrix of a quant_q8_supported type
- * (row_bytes apart, k values each) and t < T q8 rows (xq_stride bytes apart). */
-void quant_gemm_q8(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+/* R rows of a stored matrix of a quant_q8_supported type (k values each, k a whole number of
+ * blocks; row_bytes apart, which must be the type's row size for k: rows as a GGUF stores them)
+ * into `packed`, R · row_bytes bytes (any alignment; 64 is best). */
+void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
+                   void *packed);
+/* y[t·y_stride + r − r0] = w[r] · xq[t] for rows r0 <= r < r1 of a packed matrix of R rows and
+ * t < T q8 rows (xq_stride bytes apart). */
+void quant_gemm_q8(uint32_t type, const void *packed, size_t R, size_t k, size_t r0, size_t r1,
                    const void *xq, size_t xq_stride, size_t T, float *y, size_t y_stride);
-/* Tests: false keeps the AVX-512 integer products off VNNI (the sign-trick variant) on a CPU
- * that has it. */
-void quant_q8_set_vnni(bool on);
 
 /* Tests and benchmarks: 0 forces the portable kernels, 1 at most AVX2, 2 the best the CPU has.
  * Returns the name of the variant now in use ("portable", "avx2", "avx512"). Not for use while

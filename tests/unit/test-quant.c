@@ -491,7 +491,7 @@ static void test_q8_quantize(void **state) {
 
         (void) state;
         assert_int_equal(quant_q8_row_bytes(64), 128);
-        assert_int_equal(quant_q8_row_bytes(3584), 4032);
+        assert_int_equal(quant_q8_row_bytes(3584), 4928); /* 3584 q, 112 dx, 224 run sums */
         for (int i = 0; i < 32; i++)
                 x[i] = (float) (i - 16) / 16.0f; /* max |x| = 1 */
         for (int i = 32; i < 64; i++)
@@ -505,6 +505,13 @@ static void test_q8_quantize(void **state) {
                 assert_int_equal(q[i], (int) rint((double) x[i] * 127.0));
         for (int i = 32; i < 64; i++)
                 assert_int_equal(q[i], 0);
+        const int32_t *sums = (const int32_t *) (row + 64 + 2 * sizeof(float));
+        for (int h = 0; h < 4; h++) { /* Σq of each 16-value run */
+                int32_t want = 0;
+                for (int i = 16 * h; i < 16 * h + 16; i++)
+                        want += q[i];
+                assert_int_equal(sums[h], want);
+        }
 
         /* every variant converts to the same bytes: q8 rows (blocks of wide and tiny ranges) and
          * bf16 (random bit patterns: NaN, infinities, subnormals, ties) */
@@ -559,71 +566,91 @@ static void test_q8_quantize(void **state) {
         void *w = random_row(GGML_TYPE_IQ4_NL, 4 * 32);
         uint64_t rb = 0;
         assert_int_equal(ggml_row_bytes(GGML_TYPE_IQ4_NL, 4 * 32, &rb), 0);
-        for (int v = 0; v < 3; v++) {
+        void *pw = malloc(rb);
+        quant_q8_pack(GGML_TYPE_IQ4_NL, w, rb, 1, 4 * 32, pw);
+        for (int v = 0; v < 2; v++) {
                 float y = 0;
                 quant_set_simd(v ? 2 : 0);
-                quant_q8_set_vnni(v != 2);
-                quant_gemm_q8(GGML_TYPE_IQ4_NL, w, rb, 1, 4 * 32, rows[1], quant_q8_row_bytes(4 * 32), 1, &y, 1);
+                quant_gemm_q8(GGML_TYPE_IQ4_NL, pw, 1, 4 * 32, 0, 1, rows[1], quant_q8_row_bytes(4 * 32), 1, &y, 1);
                 assert_true(isnan(y));
         }
         free(w);
-        quant_q8_set_vnni(true);
+        free(pw);
         quant_set_simd(2);
 }
 
-/* The documented q8 order (quant.h), written independently from dequantized weights: integer
- * group sums of 4, one fma a group with (d·sc)·dx, lane (b mod 2)·8 + g, the tree. Weights: the
- * dequantization's integers recovered as value / (d·sc) (exact: the dequantized value d·sc·q is
- * exact in fp32 for these formats). */
+/* The documented q8 order (quant.h), written independently from dequantized weights: per block
+ * the integer sum (for Q6_K each 16-value run's sum times its scale), then one fma a block with
+ * d·dx, one chain. Weights: the dequantization's integers recovered as value / (d·sc) (exact: the
+ * dequantized value d·sc·q is exact in fp32 for these formats). */
 static float documented_q8_dot(uint32_t type, const void *row, size_t k, const uint8_t *xq) {
-        float *wf = malloc(k * sizeof *wf), acc[16] = { 0 }, s8[8], s4[4];
+        float *wf = malloc(k * sizeof *wf), acc = 0.0f;
         const int8_t *q = (const int8_t *) xq;
         const float *dx = (const float *) (xq + k);
 
         assert_int_equal(quant_dequantize_row(type, row, wf, k), 0);
         for (size_t b = 0; b < k / 32; b++) {
                 float d;
+                int32_t L = 0;
                 if (type == GGML_TYPE_IQ4_NL)
                         d = quant_fp16_to_f32(((const struct block_iq4_nl *) row)[b].d);
                 else if (type == GGML_TYPE_Q8_0)
                         d = quant_fp16_to_f32(((const struct block_q8_0 *) row)[b].d);
                 else
                         d = quant_fp16_to_f32(((const struct block_q6_k *) row)[b / 8].d);
-                for (int g = 0; g < 8; g++) {
-                        int32_t L = 0, sc = 1;
-                        if (type == GGML_TYPE_Q6_K) { /* the group's 16-value run scale */
+                for (int h = 0; h < 2; h++) {
+                        int32_t S = 0, sc = 1;
+                        if (type == GGML_TYPE_Q6_K) { /* the 16-value run's scale */
                                 const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8;
-                                int run = (int) (2 * (b % 8)) + g / 4;
+                                int run = (int) (2 * (b % 8)) + h;
                                 sc = blk->scales[8 * (run / 8) + (run % 2) + 2 * ((run % 8) / 2)];
                         }
-                        /* the integer weight: value / (d·sc), exact; with d·sc = 0 the group
-                         * adds ±0, which changes no lane (a lane starts at +0) */
-                        for (int i = 4 * g; i < 4 * g + 4 && (double) d * sc != 0; i++) {
+                        /* the integer weight: value / (d·sc), exact; with d·sc = 0 the run adds 0 */
+                        for (int i = 16 * h; i < 16 * h + 16 && (double) d * sc != 0; i++) {
                                 double wi = (double) wf[32 * b + i] / ((double) d * sc);
                                 assert_true(wi == rint(wi));
-                                L += (int32_t) wi * q[32 * b + i];
+                                S += (int32_t) wi * q[32 * b + i];
                         }
-                        float sg = (d * (float) sc) * dx[b];
-                        acc[(b % 2) * 8 + g] = fmaf((float) L, sg, acc[(b % 2) * 8 + g]);
+                        L += sc * S;
                 }
+                acc = fmaf((float) L, d * dx[b], acc);
         }
         free(wf);
-        for (int i = 0; i < 8; i++)
-                s8[i] = acc[i] + acc[i + 8];
-        for (int i = 0; i < 4; i++)
-                s4[i] = s8[i] + s8[i + 4];
-        return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+        return acc;
 }
 
-/* The integer products: every variant (AVX-512 where the CPU has it, the portable code) gives
- * the documented order's bits for every input of a batch of 1-6 (the tiles change, the order
- * does not), odd block counts included; and the result is within a q8 bound of the fp32 product. */
+/* A row at the integer products' limits: every weight at its most negative (low) or most
+ * positive value (Q8_0 -128 / 127, IQ4_NL's codebook ends, Q6_K 0 / 63 with every scale -128 /
+ * 127), the scales kept finite. */
+static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
+        for (size_t b = 0; b < k / 32; b++)
+                if (type == GGML_TYPE_Q8_0)
+                        memset(((struct block_q8_0 *) row)[b].qs, low ? 0x80 : 0x7f, 32);
+                else if (type == GGML_TYPE_IQ4_NL)
+                        memset(((struct block_iq4_nl *) row)[b].qs, low ? 0x00 : 0xff, 16);
+        if (type == GGML_TYPE_Q6_K)
+                for (size_t s = 0; s < k / 256; s++) {
+                        struct block_q6_k *blk = (struct block_q6_k *) row + s;
+                        memset(blk->ql, low ? 0x00 : 0xff, sizeof blk->ql);
+                        memset(blk->qh, low ? 0x00 : 0xff, sizeof blk->qh);
+                        memset(blk->scales, low ? 0x80 : 0x7f, sizeof blk->scales);
+                }
+}
+
+/* The integer products: every variant (AVX-512 VNNI and AVX2 where the CPU has them, the
+ * portable code) gives the documented order's bits for every input of a batch of 1-11 (passes of
+ * 8 or 4 inputs and their remainders) and every row range (whole 16-row groups, groups and
+ * 8-row halves cut at either end, the rows past the last group), odd block counts
+ * included, on random rows and on rows at the integer limits; and the result is within a q8
+ * bound of the fp32 product. */
 static void test_gemm_q8(void **state) {
         static const uint32_t types[] = { GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K };
         static const size_t ks[] = { 32, 96, 256, 512 };
-        const size_t R = 7, T = 6;
+        static const size_t ranges[][2] = { { 0, 37 }, { 3, 35 }, { 16, 32 }, { 0, 5 }, { 33, 37 }, { 31, 34 } };
+        const size_t R = 37, T = 11;
 
         (void) state;
+        for (int extreme = 0; extreme < 2; extreme++)
         for (size_t ti = 0; ti < ELEMENTSOF(types); ti++)
                 for (size_t ki = 0; ki < ELEMENTSOF(ks); ki++) {
                         const uint32_t type = types[ti];
@@ -632,16 +659,19 @@ static void test_gemm_q8(void **state) {
                                 continue;
                         uint64_t rb = 0;
                         assert_int_equal(ggml_row_bytes(type, k, &rb), 0);
-                        uint8_t *w = malloc(R * rb), *xq = malloc(T * xs);
+                        uint8_t *w = malloc(R * rb), *pw = malloc(R * rb), *xq = malloc(T * xs);
                         float *x = malloc(T * k * sizeof *x), *panel = malloc(R * k * sizeof *panel);
-                        float want[6][7], y[6 * 7], f32[6 * 7];
+                        float want[11][37], y[11 * 37], f32[11 * 37];
                         for (size_t r = 0; r < R; r++) {
                                 void *row = random_row(type, k);
                                 memcpy(w + r * rb, row, rb);
                                 free(row);
+                                if (extreme && r % 4 < 2)
+                                        extreme_row(type, w + r * rb, k, r % 4 == 0);
                         }
-                        for (size_t i = 0; i < T * k; i++)
-                                x[i] = rndf() * (float) (1 + i % 7);
+                        quant_q8_pack(type, w, rb, R, k, pw);
+                        for (size_t i = 0; i < T * k; i++) /* extreme: q of ±127 throughout */
+                                x[i] = extreme ? (i / k % 2 ? -1.0f : 1.0f) : rndf() * (float) (1 + i % 7);
                         for (size_t t = 0; t < T; t++) {
                                 quant_q8_quantize(x + t * k, k, xq + t * xs);
                                 for (size_t r = 0; r < R; r++)
@@ -649,24 +679,24 @@ static void test_gemm_q8(void **state) {
                         }
                         quant_dequantize_rows(type, w, rb, R, k, panel);
                         quant_gemm_f32(panel, R, k, x, k, T, f32, R);
-                        for (size_t li = 0; li <= ELEMENTSOF(simd_levels); li++) {
-                                /* the last round: AVX-512 without VNNI where the CPU has it */
-                                const char *v = quant_set_simd(simd_levels[li % ELEMENTSOF(simd_levels)]);
-                                quant_q8_set_vnni(li < ELEMENTSOF(simd_levels));
-                                if (li == ELEMENTSOF(simd_levels))
-                                        v = quant_set_simd(2);
-                                for (size_t nt = 1; nt <= T; nt++) {
-                                        quant_gemm_q8(type, w, rb, R, k, xq, xs, nt, y, R);
-                                        for (size_t t = 0; t < nt; t++)
-                                                for (size_t r = 0; r < R; r++)
-                                                        if (bits_of(y[t * R + r]) != bits_of(want[t][r]))
-                                                                fail_msg("%s k %zu %s batch %zu: input %zu row %zu: %a, documented %a",
-                                                                         ggml_type_name(type), k, v, nt, t, r,
-                                                                         y[t * R + r], want[t][r]);
-                                }
+                        for (size_t li = 0; li < ELEMENTSOF(simd_levels); li++) {
+                                const char *v = quant_set_simd(simd_levels[li]);
+                                for (size_t ri = 0; ri < ELEMENTSOF(ranges); ri++)
+                                        for (size_t nt = 1; nt <= T; nt++) {
+                                                const size_t r0 = ranges[ri][0], r1 = ranges[ri][1], n = r1 - r0;
+                                                for (size_t i = 0; i < ELEMENTSOF(y); i++)
+                                                        y[i] = -1.0f;
+                                                quant_gemm_q8(type, pw, R, k, r0, r1, xq, xs, nt, y, n);
+                                                for (size_t t = 0; t < nt; t++)
+                                                        for (size_t r = r0; r < r1; r++)
+                                                                if (bits_of(y[t * n + r - r0]) != bits_of(want[t][r]))
+                                                                        fail_msg("%s k %zu %s rows %zu-%zu batch %zu: input %zu row %zu: %a, documented %a",
+                                                                                 ggml_type_name(type), k, v, r0, r1, nt, t, r,
+                                                                                 y[t * n + r - r0], want[t][r]);
+                                                assert_true(nt * n >= ELEMENTSOF(y) || y[nt * n] == -1.0f); /* nothing past */
+                                        }
                         }
                         quant_set_simd(2);
-                        quant_q8_set_vnni(true);
                         /* q8 rounding: each product term is off by at most |w|·dx/2, so the sum by
                          * at most Σ|w_i|·dx_b/2 (plus fp32 rounding): checked against that bound */
                         for (size_t t = 0; t < T; t++)
@@ -678,6 +708,7 @@ static void test_gemm_q8(void **state) {
                                         assert_true(fabs((double) want[t][r] - f32[t * R + r]) <= bound);
                                 }
                         free(w);
+                        free(pw);
                         free(xq);
                         free(x);
                         free(panel);
