@@ -232,6 +232,43 @@ def test_unreachable_daemon_is_503_with_retry_after(make_bridge, tmp_path):
     assert b.request("GET", "/ready")[0] == 503
 
 
+def test_a_socket_that_is_not_xing4d_is_503_naming_it(make_bridge, tmp_path):
+    # the wrong path configured: the peer answers the handshake with HTTP. The library says the
+    # peer does not speak xing4d's protocol; the bridge answers as for an unreachable daemon (503,
+    # retry later) with that reason, not with an internal error
+    path = str(tmp_path / "web.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+    stop = threading.Event()
+
+    def serve():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            try:
+                c.recv(4096)
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            finally:
+                c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        b = make_bridge([path])
+        st, hdrs, body = b.post("/v1/chat/completions", chat())
+        e = assert_openai_error(st, body, 503, "xing4d is unreachable")
+        assert "web.sock" in e["message"] and "protocol" in e["message"], e
+        assert int(hdrs["retry-after"]) >= 1
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+
+
 def test_daemon_still_loading_is_503(make_bridge, tmp_path):
     # a socket that accepts into its backlog but never answers the handshake: what a client sees
     # while a socket-activated xing4d loads its model
