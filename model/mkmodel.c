@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <libgen.h>
 #include <math.h>
 #include <pthread.h>
@@ -648,8 +649,23 @@ static int plan_tensors(const struct x4_mkmodel_shape *s, struct plan *p) {
 /* ---- metadata (docs/model.md §2.2, §2.3) -------------------------------------------------- */
 
 static uint32_t file_type_of(uint32_t ffn_type) {
-        /* llama_ftype values: ALL_F32 0, MOSTLY_F16 1, Q8_0 7, Q6_K 18, IQ4_NL 25, BF16 32 */
+        /* llama_ftype values: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9,
+         * Q4_K_M 15, Q5_K_M 17, Q6_K 18, IQ4_NL 25, IQ4_XS 30, BF16 32 */
         switch (ffn_type) {
+        case GGML_TYPE_Q4_0:
+                return 2;
+        case GGML_TYPE_Q4_1:
+                return 3;
+        case GGML_TYPE_Q5_0:
+                return 8;
+        case GGML_TYPE_Q5_1:
+                return 9;
+        case GGML_TYPE_Q4_K:
+                return 15;
+        case GGML_TYPE_Q5_K:
+                return 17;
+        case GGML_TYPE_IQ4_XS:
+                return 30;
         case GGML_TYPE_F32:
                 return 0;
         case GGML_TYPE_F16:
@@ -913,6 +929,58 @@ static void fill_quant_blocks(struct rng *r, uint8_t *p, uint64_t size, uint32_t
                 store_u16(p + o + d_at, dtab[p[o + d_at]]);
 }
 
+/* The llama.cpp formats a user's quantization may hold (Q4_0 ... IQ4_XS), as random blocks of
+ * element std about `sd` and mean about 0: the fp16 scale set from the format's rms at unit
+ * scale, offsets (Q4_1 / Q5_1's m, Q4_K / Q5_K's dmin·m) set against the unsigned quants' mean. */
+static double iq4nl_rms(void);
+
+static void k_pack_scales(uint8_t q[12], const uint8_t sc[8], const uint8_t m[8]) {
+        for (int j = 0; j < 4; j++) {
+                q[j] = (uint8_t) ((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+                q[j + 4] = (uint8_t) ((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+                q[j + 8] = (uint8_t) ((sc[j + 4] & 0xf) | ((m[j + 4] & 0xf) << 4));
+        }
+}
+
+static void fill_other_blocks(struct rng *r, uint8_t *p, uint64_t size, uint32_t type, double sd) {
+        const struct ggml_type_info *t = ggml_type_get(type);
+        uint32_t bs = t->type_size;
+        /* rms of a value at d = 1: (q - 8), (q - 16), d·sc·(q - 7.5) with sc 1..8, (q - 15.5)
+         * with sc 1..4, (ls - 32)·book */
+        double rms = type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 ? 4.64 :
+                     type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 ? 9.25 :
+                     type == GGML_TYPE_Q4_K ? 23.3 : type == GGML_TYPE_Q5_K ? 25.3 : 18.5 * iq4nl_rms();
+
+        rng_fill(r, p, size);
+        for (uint64_t o = 0; o + bs <= size; o += bs) {
+                uint8_t *b = p + o;
+                float d = (float) (sd / rms * (0.75 + 0.5 * (b[0] / 255.0)));
+                uint16_t hd = quant_f32_to_fp16(d);
+                store_u16(b, hd);
+                switch (type) {
+                case GGML_TYPE_Q4_1:
+                case GGML_TYPE_Q5_1: /* m = −8·d or −16·d */
+                        store_u16(b + 2, quant_f32_to_fp16(-(type == GGML_TYPE_Q4_1 ? 8.0f : 16.0f) *
+                                                           quant_fp16_to_f32(hd)));
+                        break;
+                case GGML_TYPE_Q4_K:
+                case GGML_TYPE_Q5_K: { /* dmin = d, m = sc·7.5 (15.5) rounded */
+                        uint8_t sc[8], m[8];
+                        const bool five = type == GGML_TYPE_Q5_K;
+                        store_u16(b + 2, hd);
+                        for (int j = 0; j < 8; j++) {
+                                sc[j] = (uint8_t) (1 + b[4 + j] % (five ? 4 : 8));
+                                m[j] = (uint8_t) (sc[j] * (five ? 31 : 15) / 2 + (sc[j] % 2));
+                        }
+                        k_pack_scales(b + 4, sc, m);
+                        break;
+                }
+                default: /* Q4_0, Q5_0, IQ4_XS: d only */
+                        break;
+                }
+        }
+}
+
 static void fill_chunk(struct job *j, const struct chunk *c, uint8_t *p) {
         const struct init *in = &j->init[c->tensor];
         uint32_t type = gguf_writer_tensor_type(j->w, c->tensor);
@@ -964,7 +1032,7 @@ static void fill_chunk(struct job *j, const struct chunk *c, uint8_t *p) {
                                 }
                         return;
                 default:
-                        memset(p, 0, c->size); /* not reached: the CLI limits the types */
+                        fill_other_blocks(&r, p, c->size, type, sd);
                         return;
                 }
         }
@@ -1094,8 +1162,11 @@ static double iq4nl_rms(void) {
 /* ---- the whole file --------------------------------------------------------------------- */
 
 static int check_shape(const struct x4_mkmodel_shape *s) {
-        static const uint32_t allowed[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
-                                            GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL };
+        static const uint32_t allowed[] = { GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
+                                            GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL,
+                                            GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
+                                            GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
+                                            GGML_TYPE_IQ4_XS };
         const struct {
                 const char *what;
                 uint32_t v;
@@ -1130,7 +1201,8 @@ static int check_shape(const struct x4_mkmodel_shape *s) {
                 for (size_t i = 0; i < ELEMENTSOF(allowed); i++)
                         ok |= types[k] == allowed[i];
                 if (!ok)
-                        return log_error_errno(EINVAL, "mkmodel: type %s: one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL expected",
+                        return log_error_errno(EINVAL, "mkmodel: type %s: one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL, "
+                                               "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_XS expected",
                                                ggml_type_name(types[k]));
         }
         return 0;

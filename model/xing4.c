@@ -555,12 +555,16 @@ static int find_and_read_config(struct x4_model *m, const struct x4_model_params
 /* ---- docs/model.md §2.4: the tensor table -------------------------------------------------- */
 
 enum tclass {
-        TC_MATRIX, /* F32/F16/BF16/Q8_0/Q6_K/IQ4_NL: what the CPU backend computes */
+        TC_MATRIX, /* what the CPU backend computes: the release's types and the llama.cpp
+                    * quantizations a user may make of it (Q4_0 ... IQ4_XS, kernels/cpu/quant.c) */
         TC_F32,    /* norms, router, hc_base/scale, exp_probs_b: fp32 math (docs/model.md §5, §9) */
 };
 
 static const uint32_t matrix_types[] = { GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
-                                         GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL };
+                                         GGML_TYPE_Q8_0, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL,
+                                         GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
+                                         GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
+                                         GGML_TYPE_IQ4_XS };
 
 struct expect {
         char name[80];
@@ -749,7 +753,8 @@ static int validate_tensors(struct x4_model *m) {
                                                     e->name, ggml_type_name(t->type));
                         else
                                 r = log_error_errno(EOPNOTSUPP, "%s: tensor %s: type %s cannot be computed by "
-                                                    "this engine; expected one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL",
+                                                    "this engine; expected one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL, "
+                                                    "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_XS",
                                                     m->path, e->name, ggml_type_name(t->type));
                         goto out;
                 }

@@ -29,7 +29,8 @@ static void usage(FILE *f) {
               "  --hidden N --layers N (trunk) --dense N --nextn N --heads N --q-lora N --kv-lora N\n"
               "  --qk-nope N --qk-rope N --v-head N --ff N (dense FFN) --experts N --experts-used N\n"
               "  --shared-experts N --expert-ff N --vocab N --ctx N (multiple of 4096)\n"
-              "  --attn-type T --ffn-type T --output-type T   (F32 F16 BF16 Q8_0 Q6_K IQ4_NL)\n",
+              "  --attn-type T --ffn-type T --output-type T   (F32 F16 BF16 Q8_0 Q6_K IQ4_NL,\n"
+              "                       or Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K IQ4_XS as a user's quantization)\n",
               f);
 }
 
@@ -49,7 +50,8 @@ static int parse_type(const char *opt, const char *s, uint32_t *ret) {
                         return 0;
                 }
         }
-        return log_error_errno(EINVAL, "--%s: unknown type \"%s\"; F32, F16, BF16, Q8_0, Q6_K or IQ4_NL expected",
+        return log_error_errno(EINVAL, "--%s: unknown type \"%s\"; F32, F16, BF16, Q8_0, Q6_K, IQ4_NL, Q4_0, Q4_1, "
+                               "Q5_0, Q5_1, Q4_K, Q5_K or IQ4_XS expected",
                                opt, s);
 }
 

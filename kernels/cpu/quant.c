@@ -143,6 +143,124 @@ static void dequant_q6k_block(const struct block_q6_k *b, float *y) {
         }
 }
 
+/* The other llama.cpp quant formats a community quantization of the model may use (Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K, IQ4_XS; docs/model.md §6): dequantized by ggml's formulas, each value
+ * one float expression of exact parts (a product d·q of an fp16 and a small integer is exact,
+ * and a subtraction or addition of an offset rounds once), so there is one right answer. They
+ * take the fp32 products (the fast numerics' integer kernels do not cover them). */
+static inline uint16_t load_u16(const uint8_t *p) {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
+}
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes */
+static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+        if (j < 4) {
+                *sc = q[j] & 63;
+                *m = q[j + 4] & 63;
+        } else {
+                *sc = (uint8_t) ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+                *m = (uint8_t) ((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+}
+
+/* One block of `type` at b into y (block_size values); false for a type not handled here. */
+static bool dequant_other_block(uint32_t type, const uint8_t *b, float *y) {
+        switch (type) {
+        case GGML_TYPE_Q4_0: { /* d, qs[16]: (q - 8)·d */
+                float d = fp16_to_f32(load_u16(b));
+                for (int j = 0; j < 16; j++) {
+                        y[j] = (float) ((b[2 + j] & 0xf) - 8) * d;
+                        y[j + 16] = (float) ((b[2 + j] >> 4) - 8) * d;
+                }
+                return true;
+        }
+        case GGML_TYPE_Q4_1: { /* d, m, qs[16]: q·d + m */
+                float d = fp16_to_f32(load_u16(b)), m = fp16_to_f32(load_u16(b + 2));
+                for (int j = 0; j < 16; j++) {
+                        float v0 = (float) (b[4 + j] & 0xf) * d, v1 = (float) (b[4 + j] >> 4) * d;
+                        y[j] = v0 + m;
+                        y[j + 16] = v1 + m;
+                }
+                return true;
+        }
+        case GGML_TYPE_Q5_0:   /* d, qh[4], qs[16]: (q - 16)·d, q's 5th bit from qh */
+        case GGML_TYPE_Q5_1: { /* d, m, qh[4], qs[16]: q·d + m */
+                const bool one = type == GGML_TYPE_Q5_1;
+                const uint8_t *p = b + (one ? 4 : 2), *qs = p + 4;
+                float d = fp16_to_f32(load_u16(b)), m = one ? fp16_to_f32(load_u16(b + 2)) : 0.0f;
+                uint32_t qh;
+                memcpy(&qh, p, 4);
+                for (int j = 0; j < 16; j++) {
+                        int x0 = (qs[j] & 0xf) | (int) (((qh >> j) << 4) & 0x10);
+                        int x1 = (qs[j] >> 4) | (int) ((qh >> (j + 12)) & 0x10);
+                        if (one) {
+                                float v0 = (float) x0 * d, v1 = (float) x1 * d;
+                                y[j] = v0 + m;
+                                y[j + 16] = v1 + m;
+                        } else {
+                                y[j] = (float) (x0 - 16) * d;
+                                y[j + 16] = (float) (x1 - 16) * d;
+                        }
+                }
+                return true;
+        }
+        case GGML_TYPE_Q4_K:   /* d, dmin, scales[12], qs[128] */
+        case GGML_TYPE_Q5_K: { /* d, dmin, scales[12], qh[32], qs[128]: d·sc·q − dmin·m */
+                const bool five = type == GGML_TYPE_Q5_K;
+                float d = fp16_to_f32(load_u16(b)), dmin = fp16_to_f32(load_u16(b + 2));
+                const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + (five ? 48 : 16);
+                for (int j = 0, is = 0; j < QK_K; j += 64, is += 2) {
+                        uint8_t sc, m;
+                        k_scale_min(is, scales, &sc, &m);
+                        float d1 = d * (float) sc, m1 = dmin * (float) m;
+                        k_scale_min(is + 1, scales, &sc, &m);
+                        float d2 = d * (float) sc, m2 = dmin * (float) m;
+                        for (int l = 0; l < 32; l++) {
+                                int q0 = ql[l] & 0xf, q1 = ql[l] >> 4;
+                                if (five) {
+                                        q0 += ((qh[l] >> (j / 32)) & 1) ? 16 : 0;
+                                        q1 += ((qh[l] >> (j / 32 + 1)) & 1) ? 16 : 0;
+                                }
+                                float v0 = d1 * (float) q0, v1 = d2 * (float) q1;
+                                y[j + l] = v0 - m1;
+                                y[j + 32 + l] = v1 - m2;
+                        }
+                        ql += 32;
+                }
+                return true;
+        }
+        case GGML_TYPE_IQ4_XS: { /* d, scales_h, scales_l[4], qs[128]: d·(ls − 32)·book[q], IQ4_NL's book */
+                float d = fp16_to_f32(load_u16(b));
+                uint16_t sh = load_u16(b + 2);
+                const uint8_t *sl = b + 4, *qs = b + 8;
+                for (int ib = 0; ib < 8; ib++, qs += 16, y += 32) {
+                        int ls = ((sl[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((sh >> 2 * ib) & 3) << 4);
+                        float dl = d * (float) (ls - 32);
+                        for (int j = 0; j < 16; j++) {
+                                y[j] = dl * (float) quant_iq4nl_values[qs[j] & 0xf];
+                                y[j + 16] = dl * (float) quant_iq4nl_values[qs[j] >> 4];
+                        }
+                }
+                return true;
+        }
+        default:
+                return false;
+        }
+}
+
+/* n values (whole blocks) of a row of one of the types above; false for another type */
+static bool dequant_other_row(uint32_t type, const void *row, float *out, size_t n) {
+        const struct ggml_type_info *t = ggml_type_get(type);
+
+        for (size_t i = 0; t && i < n / t->block_size; i++)
+                if (!dequant_other_block(type, (const uint8_t *) row + i * t->type_size,
+                                         out + i * t->block_size))
+                        return false;
+        return t != NULL;
+}
+
 int quant_dequantize_row(uint32_t type, const void *row, float *out, size_t n) {
         const struct ggml_type_info *t = ggml_type_get(type);
 
@@ -189,8 +307,10 @@ int quant_dequantize_row(uint32_t type, const void *row, float *out, size_t n) {
                 break;
         }
         default:
-                return log_error_errno(EINVAL, "quant: type %s has no CPU dequantizer",
-                                       ggml_type_name(type));
+                if (!dequant_other_row(type, row, out, n))
+                        return log_error_errno(EINVAL, "quant: type %s has no CPU dequantizer",
+                                               ggml_type_name(type));
+                break;
         }
         return 0;
 }
@@ -471,8 +591,11 @@ ALWAYS_INLINE void dequant_rows_body(uint32_t type, const void *w, size_t row_by
                         for (size_t i = 0; i < k / QK4_NL; i++)
                                 dequant_iq4nl_block((const struct block_iq4_nl *) row + i, o + i * QK4_NL);
                         break;
-                default:
-                        assert(!"quant: unsupported type");
+                default: {
+                        bool ok = dequant_other_row(type, row, o, k);
+                        assert(ok && "quant: unsupported type");
+                        (void) ok;
+                }
                 }
         }
 }

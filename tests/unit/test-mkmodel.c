@@ -359,6 +359,82 @@ static void test_demo_loads_and_tokenizes(void **state) {
         tmp_remove(&t);
 }
 
+/* ---- a user's quantization: the llama.cpp formats beyond the release's ------------------------ */
+
+/* A demo-shaped model in the formats llama-quantize writes (Q4_K_M-like: Q4_K FFN and head; Q5_0
+ * attention; and the others) loads, its matrices have the generated statistics through the CPU's
+ * dequantization, and the CPU forward gives finite logits of the usual spread, in both numerics. */
+static void test_user_quant_types(void **state) {
+        static const uint32_t cfg[][3] = { /* attention, FFN, output */
+                { GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K },
+                { GGML_TYPE_Q4_1, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS },
+                { GGML_TYPE_Q5_1, GGML_TYPE_Q4_0, GGML_TYPE_Q5_K },
+        };
+
+        (void) state;
+        for (size_t ci = 0; ci < ELEMENTSOF(cfg); ci++) {
+                _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+                struct x4_mkmodel_shape s;
+                struct tmpdir t;
+                double mean, sd;
+
+                tmp_make(&t);
+                assert_int_equal(x4_mkmodel_preset("demo", &s), 0);
+                s.type_attn = cfg[ci][0], s.type_ffn = cfg[ci][1], s.type_output = cfg[ci][2];
+                struct x4_mkmodel_options o = { .out = t.gguf, .seed = 3, .threads = 2 };
+                assert_int_equal(x4_mkmodel_write(&s, &o), 0);
+                assert_int_equal(open_model(t.gguf, &m), 0);
+                const struct x4_weights *w = x4_model_weights(m);
+                const struct x4_layer_weights *L = &w->layers[1];
+                assert_int_equal(L->attn_q_a->type, cfg[ci][0]);
+                assert_int_equal(L->ffn_gate_exps->type, cfg[ci][1]);
+                assert_int_equal(w->output->type, cfg[ci][2]);
+                /* element std 1/sqrt(fan_in) within 25%, mean near 0 */
+                sd = tensor_std(L->attn_q_a, &mean, 1 << 20);
+                assert_float_equal(sd, 1 / sqrt(512.0), 0.25 / sqrt(512.0));
+                assert_true(fabs(mean) < 0.2 * sd);
+                sd = tensor_std(L->ffn_gate_exps, &mean, 1 << 20);
+                assert_float_equal(sd, 1 / sqrt(512.0), 0.25 / sqrt(512.0));
+                assert_true(fabs(mean) < 0.2 * sd);
+                sd = tensor_std(L->ffn_down_exps, &mean, 1 << 20); /* fan_in 256 */
+                assert_float_equal(sd, 1 / 16.0, 0.25 / 16.0);
+
+                for (unsigned cm = X4_CPU_MATH_FP32; cm <= X4_CPU_MATH_FAST; cm++) {
+                        const struct x4_backend_ops *ops = &x4_backend_cpu;
+                        struct x4_backend_params bp = { .n_threads = 2, .page_tokens = 16, .n_pages = 1,
+                                                        .cpu_math = cm };
+                        struct x4_backend *be = NULL;
+                        const uint32_t page = 0;
+                        int32_t prompt[8] = { 500, 1200, 77, 3000, 401, 402, 2048, 999 };
+                        float *logits = malloc(8 * 4096 * sizeof *logits);
+                        struct x4_seq seq = { .tokens = prompt, .n_tokens = 8, .pos0 = 0, .pages = &page,
+                                              .n_pages = 1, .logits = X4_LOGITS_ALL };
+                        struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
+
+                        assert_non_null(logits);
+                        assert_int_equal(ops->create(m, &bp, &be, NULL, 0), 0);
+                        assert_int_equal(ops->forward(be, &batch, logits, NULL, 0), 0);
+                        for (int row = 0; row < 8; row++) {
+                                double sum = 0, sum2 = 0;
+                                const float *l = logits + (size_t) row * 4096;
+                                for (int v = 0; v < 4096; v++) {
+                                        assert_true(isfinite(l[v]));
+                                        sum += l[v];
+                                        sum2 += (double) l[v] * l[v];
+                                }
+                                double rsd = sqrt(sum2 / 4096 - (sum / 4096) * (sum / 4096));
+                                if (!(rsd > 1.0 && rsd < 3.0))
+                                        fail_msg("%s/%s/%s numerics %u row %d: logit std %g, about 2 expected",
+                                                 ggml_type_name(cfg[ci][0]), ggml_type_name(cfg[ci][1]),
+                                                 ggml_type_name(cfg[ci][2]), cm, row, rsd);
+                        }
+                        ops->destroy(be);
+                        free(logits);
+                }
+                tmp_remove(&t);
+        }
+}
+
 /* ---- vocabulary invariants (docs/model.md §7) ------------------------------------------------ */
 
 static void check_vocab(uint32_t n_vocab) {
@@ -593,8 +669,11 @@ static void test_cli(void **state) {
         assert_non_null(strstr(out, "--hidden: \"12x\" is not an unsigned 32-bit integer"));
         assert_int_equal(run_cli("--ffn-type Q4_X --out /nonexistent/x.gguf", out, sizeof out), 2);
         assert_non_null(strstr(out, "--ffn-type: unknown type \"Q4_X\""));
+        assert_int_equal(run_cli("--ffn-type Q2_K --out /nonexistent/x.gguf", out, sizeof out), 1);
+        assert_non_null(strstr(out, "mkmodel: type Q2_K: one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL, Q4_0"));
+        /* the tiny preset's 64-value expert rows cannot hold 256-value blocks */
         assert_int_equal(run_cli("--ffn-type Q4_K --out /nonexistent/x.gguf", out, sizeof out), 1);
-        assert_non_null(strstr(out, "mkmodel: type Q4_K: one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL expected"));
+        assert_non_null(strstr(out, "tensor blk.1.ffn_down_exps.weight: rows of 64 values are not whole Q4_K blocks (256 values)"));
         assert_int_equal(run_cli("--out /nonexistent/x.gguf", out, sizeof out), 1);
         assert_non_null(strstr(out, "/nonexistent/x.gguf: cannot create: No such file or directory"));
         assert_int_equal(run_cli("--preset tiny", out, sizeof out), 2);
@@ -802,6 +881,7 @@ int main(void) {
                 cmocka_unit_test(test_deterministic),
                 cmocka_unit_test(test_weight_statistics),
                 cmocka_unit_test(test_demo_loads_and_tokenizes),
+                cmocka_unit_test(test_user_quant_types),
                 cmocka_unit_test(test_vocab),
                 cmocka_unit_test(test_full_header_only),
                 cmocka_unit_test(test_bad_shapes),

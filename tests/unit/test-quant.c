@@ -10,6 +10,7 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,8 +289,8 @@ static void test_bad_rows(void **state) {
         assert_int_equal(quant_dequantize_row(GGML_TYPE_Q6_K, b, y, 32), -EINVAL);
         assert_string_equal(log_last_error(),
                             "quant: a Q6_K row of 32 values is not a whole number of 256-value blocks");
-        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q4_0, b, y, 32), -EINVAL);
-        assert_string_equal(log_last_error(), "quant: type Q4_0 cannot be dequantized on the CPU");
+        assert_int_equal(quant_dequantize_row(GGML_TYPE_Q2_K, b, y, 256), -EINVAL);
+        assert_string_equal(log_last_error(), "quant: type Q2_K cannot be dequantized on the CPU");
         assert_int_equal(quant_dequantize_row(77, b, y, 32), -EINVAL);
         assert_string_equal(log_last_error(), "quant: type type#77 cannot be dequantized on the CPU");
         log_set_max_level(LOG_INFO);
@@ -481,6 +482,79 @@ static void test_gemv(void **state) {
         print_message("fused kernels for %d of 6 types\n", fused);
         free(x);
         free(panel);
+}
+
+/* The community quant formats (Q4_0 ... IQ4_XS): the dequantized values of rows of generated
+ * blocks equal, bit for bit, those of ggml's own dequantizers (libggml-base's to_float of the
+ * llama.cpp build that made tests/fixtures, run once on the same bytes: the FNV-1a hash of the
+ * 1024 values' bits, and the first and last value), in every ISA variant. */
+static uint64_t lcg_next(uint64_t *s) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        return *s >> 33;
+}
+
+static void test_other_formats(void **state) {
+        static const struct {
+                uint32_t type;
+                uint64_t hash;
+                float first, last;
+        } want[] = {
+                { GGML_TYPE_Q4_0, 0x18b622b3e49c9afbull, 0x0p+0f, -0x1.8a2p-5f },
+                { GGML_TYPE_Q4_1, 0xa01dc096ffbf56fcull, 0x1.44fp-5f, 0x1.cce8p-4f },
+                { GGML_TYPE_Q5_0, 0x0c2cf628541e2df8ull, 0x1.9aap-5f, 0x1.dacp-5f },
+                { GGML_TYPE_Q5_1, 0xbc199b948bbfebf5ull, 0x1.e86cp-3f, 0x1.3c0cp-3f },
+                { GGML_TYPE_Q4_K, 0x66b676f7a240415cull, -0x1.368p-5f, 0x1.1fc4p+1f },
+                { GGML_TYPE_Q5_K, 0xb7d2206ca1f2ca26ull, 0x1.52e42p+3f, 0x1.55ba4p+1f },
+                { GGML_TYPE_IQ4_XS, 0xc432985fb27c7096ull, 0x1.7b83p+4f, -0x1.6156p+3f },
+        };
+        enum { N = 1024 };
+
+        (void) state;
+        for (size_t ti = 0; ti < ELEMENTSOF(want); ti++) {
+                const uint32_t type = want[ti].type;
+                const struct ggml_type_info *t = ggml_type_get(type);
+                uint64_t bytes = 0, s = type;
+                _Alignas(64) uint8_t row[4096];
+                float out[N], panel[N];
+
+                assert_non_null(t);
+                assert_true(t->computable);
+                assert_int_equal(ggml_row_bytes(type, N, &bytes), 0);
+                for (uint64_t i = 0; i < bytes; i++)
+                        row[i] = (uint8_t) lcg_next(&s);
+                /* finite fp16 scales (and mins) about 2^-7: 0x2000 + 10 random bits */
+                bool two = type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q4_K ||
+                           type == GGML_TYPE_Q5_K;
+                for (size_t b = 0; b < N / t->block_size; b++)
+                        for (int h = 0; h < 1 + two; h++) {
+                                uint8_t *p = row + b * t->type_size + 2 * h;
+                                uint16_t v = (uint16_t) (0x2000 + (p[0] & 0x3ff));
+                                p[0] = (uint8_t) v;
+                                p[1] = (uint8_t) (v >> 8);
+                        }
+                assert_int_equal(quant_dequantize_row(type, row, out, N), 0);
+                uint64_t h = 1469598103934665603ull;
+                for (size_t i = 0; i < N; i++) {
+                        uint32_t x = bits_of(out[i]);
+                        for (int k = 0; k < 4; k++) {
+                                h ^= (x >> (8 * k)) & 255;
+                                h *= 1099511628211ull;
+                        }
+                }
+                if (h != want[ti].hash || bits_of(out[0]) != bits_of(want[ti].first) ||
+                    bits_of(out[N - 1]) != bits_of(want[ti].last))
+                        fail_msg("%s: hash %016" PRIx64 " (ggml %016" PRIx64 "), first %a (%a), last %a (%a)",
+                                 t->name, h, want[ti].hash, out[0], want[ti].first, out[N - 1], want[ti].last);
+                /* the panel the products use, in every variant */
+                for (size_t li = 0; li < ELEMENTSOF(simd_levels); li++) {
+                        quant_set_simd(simd_levels[li]);
+                        quant_dequantize_rows(type, row, (size_t) bytes, 1, N, panel);
+                        assert_memory_equal(panel, out, sizeof out);
+                }
+                quant_set_simd(2);
+                /* a ragged row is refused, naming the type */
+                assert_int_equal(quant_dequantize_row(type, row, out, t->block_size + 1), -EINVAL);
+        }
 }
 
 /* The fast numerics' q8 activations: per 32-value block, dx = max|x| / 127 and q = x·127/max|x|
@@ -850,6 +924,7 @@ int main(void) {
                 cmocka_unit_test(test_bad_rows),    cmocka_unit_test(test_dot),
                 cmocka_unit_test(test_gemm),        cmocka_unit_test(test_weighted_rows),
                 cmocka_unit_test(test_gemv),        cmocka_unit_test(test_softmax),
+                cmocka_unit_test(test_other_formats),
                 cmocka_unit_test(test_q8_quantize), cmocka_unit_test(test_gemm_q8),
                 cmocka_unit_test(test_gemm_bf16),
         };

@@ -387,9 +387,10 @@ static void test_wrong_type(void **state) {
         /* a matrix in a type the engine cannot compute */
         expect_refusal(&(struct edit){ .tensor = "blk.1.attn_k_b.weight", .type = GGML_TYPE_I16 },
                        "@: tensor blk.1.attn_k_b.weight: type I16 cannot be computed by this engine; "
-                       "expected one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL");
-        expect_refusal(&(struct edit){ .tensor = "blk.1.ffn_up_exps.weight", .type = GGML_TYPE_Q4_0 },
-                       "@: tensor blk.1.ffn_up_exps.weight: type Q4_0 cannot be computed");
+                       "expected one of F32, F16, BF16, Q8_0, Q6_K, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, "
+                       "Q5_K, IQ4_XS");
+        expect_refusal(&(struct edit){ .tensor = "blk.1.ffn_up_exps.weight", .type = GGML_TYPE_Q2_K },
+                       "@: tensor blk.1.ffn_up_exps.weight: type Q2_K cannot be computed");
         /* the router is fp32 math (docs/model.md §5) */
         expect_refusal(&(struct edit){ .tensor = "blk.2.ffn_gate_inp.weight", .type = GGML_TYPE_BF16 },
                        "@: tensor blk.2.ffn_gate_inp.weight: type BF16, F32 expected");
