@@ -166,7 +166,8 @@ static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
 }
 
 /* One block of `type` at b into y (block_size values); false for a type not handled here. */
-static bool dequant_other_block(uint32_t type, const uint8_t *b, float *y) {
+static inline __attribute__((always_inline)) bool dequant_other_block(uint32_t type, const uint8_t *b,
+                                                                     float *y) {
         switch (type) {
         case GGML_TYPE_Q4_0: { /* d, qs[16]: (q - 8)·d */
                 float d = fp16_to_f32(load_u16(b));
@@ -251,7 +252,8 @@ static bool dequant_other_block(uint32_t type, const uint8_t *b, float *y) {
 }
 
 /* n values (whole blocks) of a row of one of the types above; false for another type */
-static bool dequant_other_row(uint32_t type, const void *row, float *out, size_t n) {
+static inline __attribute__((always_inline)) bool dequant_other_row(uint32_t type, const void *row,
+                                                                   float *out, size_t n) {
         const struct ggml_type_info *t = ggml_type_get(type);
 
         for (size_t i = 0; t && i < n / t->block_size; i++)
