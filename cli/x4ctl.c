@@ -605,6 +605,10 @@ struct gen_state {
         size_t reply_len;
         bool chat;      /* a chat turn: a cancelled answer stays in the history, marked */
         bool cancelled; /* the request ended with finish_reason cancelled */
+        bool conn_lost; /* the connection broke (the daemon gone): nothing more can be sent */
+        bool refused;   /* the request alone failed (the daemon's Error for it, or too large to
+                         * send); the connection is still good for the next one */
+        int error;      /* the enum x4_error the request failed with, 0 if none */
         bool progress_tty;   /* stderr is a terminal: show a long prefill's progress there */
         bool progress_shown; /* a progress line is on the terminal, to be cleared */
 };
@@ -772,6 +776,7 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
         s->progress_tty = isatty(STDERR_FILENO);
         x4_client_set_progress_cb(c, ctx_progress);
         int e = x4_client_submit(c, req, ctx_chunk, ctx_done, &ctx, &rid);
+        bool sent = e >= 0;
         while (e >= 0 && !ctx.end.done) {
                 if (interrupted && !cancel_sent) {
                         (void) x4_client_cancel(c, rid); /* it still ends with a Done */
@@ -786,8 +791,10 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                         (void) x4_client_cancel(c, rid);
                         return EXIT_TIMEOUT;
                 }
-                if (r < 0 || x4_client_dispatch(c) < 0)
+                if (r < 0 || x4_client_dispatch(c) < 0) {
+                        s->conn_lost = true;
                         break; /* a broken connection has ended the request (ctx.end) */
+                }
         }
         if (e >= 0 && ctx.end.done)
                 e = ctx.end.d.status;
@@ -800,6 +807,10 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
         if (!s->json && s->any_output)
                 putchar('\n');
         if (e < 0) {
+                s->error = e;
+                /* sent: the daemon answered this request with an Error; not sent: a request over
+                 * the frame limit is refused here, any other failure is the connection's */
+                s->refused = sent ? !s->conn_lost : e == X4_E_TOO_LARGE;
                 if (s->json) {
                         printf("{\"type\":\"error\",\"code\":\"%s\",\"message\":", x4_strerror(e));
                         const char *m = x4_client_last_error(c);
@@ -886,6 +897,89 @@ out:
         return r;
 }
 
+/* The chat's finished turns, apart from the request (whose messages can only grow) so that a turn
+ * can be left out of the conversation: texts alternate user, assistant. */
+struct chat_history {
+        char **text;
+        size_t n;
+};
+
+static void chat_history_clear(struct chat_history *h) {
+        for (size_t i = 0; i < h->n; i++)
+                free(h->text[i]);
+        free(h->text);
+        *h = (struct chat_history) {};
+}
+
+static int chat_history_add(struct chat_history *h, const char *user, const char *assistant) {
+        char **n = realloc(h->text, (h->n + 2) * sizeof *n);
+        if (!n)
+                return -ENOMEM;
+        h->text = n;
+        char *u = strdup(user), *a = strdup(assistant);
+        if (!u || !a) {
+                free(u);
+                free(a);
+                return -ENOMEM;
+        }
+        n[h->n++] = u;
+        n[h->n++] = a;
+        return 0;
+}
+
+/* The conversation's start in o->req: the --system message and the thinking switch, then the
+ * history. Returns 0 or an exit code. */
+static int chat_fill(struct gen_opts *o, const struct chat_history *h) {
+        int e = 0;
+        if (o->system)
+                e = x4_request_add_message(o->req, "system", o->system);
+        if (e >= 0 && o->thinking >= 0)
+                e = x4_request_set_thinking(o->req, o->thinking);
+        for (size_t i = 0; e >= 0 && i < h->n; i++)
+                e = x4_request_add_message(o->req, i % 2 ? "assistant" : "user", h->text[i]);
+        if (e < 0) {
+                fprintf(stderr, "x4ctl: out of memory\n");
+                return EXIT_FAIL;
+        }
+        return 0;
+}
+
+/* A turn left out: o->req made again from the command line's options (their values were checked
+ * by the first parse) and the history, which does not hold the turn. */
+static int chat_rebuild(int argc, char **argv, struct gen_opts *o, const struct chat_history *h) {
+        struct gen_opts n = {};
+        int r = parse_gen_opts(argc, argv, &n);
+        if (r == 0)
+                r = chat_fill(&n, h);
+        if (r != 0) {
+                x4_request_free(n.req);
+                return r;
+        }
+        x4_request_free(o->req);
+        *o = n;
+        return 0;
+}
+
+/* Why a turn is left out of the conversation, and what to do (after the daemon's reason, or the
+ * note that the budget ran out while thinking: error 0). status: what the chat will exit with, 0
+ * on a terminal. */
+static void chat_left_out_note(int error, int status) {
+        if (error == X4_E_TOO_LARGE)
+                fputs("x4ctl: hint: the conversation no longer fits the model's context with this question: type "
+                      "/reset to start it over (the --system message stays), or ask something shorter\n", stderr);
+        else if (error == X4_E_INVALID_ARGUMENT || error == X4_E_NOT_FOUND || error == X4_E_UNIMPLEMENTED)
+                fputs("x4ctl: hint: a refusal of an option of this chat (--top-k, --snapshot, ...) comes again "
+                      "on every turn: start the chat again without it; /reset starts the conversation over\n",
+                      stderr);
+        else if (error == X4_E_UNAVAILABLE || error == X4_E_RESOURCE_EXHAUSTED)
+                fputs("x4ctl: hint: the daemon is busy: ask again in a while\n", stderr);
+        if (status)
+                fprintf(stderr, "x4ctl: the question is left out of the conversation; the chat goes on with the "
+                                "next line and ends with exit status %d\n", status);
+        else
+                fputs("x4ctl: the question is left out of the conversation\n", stderr);
+}
+
 /* Interactive chat: one line = one user turn. The request object accumulates the conversation
  * (the sampling options parsed into it stay), so each turn resends the history; the daemon's
  * prefix store makes the repeated part cheap. Ctrl-C stops the current answer; Ctrl-D ends.
@@ -894,13 +988,23 @@ out:
  * so the next turn knows it was cut rather than complete ("shorter, please" still refers to it,
  * and the model does not take the fragment for its whole answer). Ctrl-C at the prompt of a
  * terminal only clears the line (an answer that ended just before the key must not end the
- * chat); with stdin not a terminal it ends the chat, exit status 130. */
+ * chat); with stdin not a terminal it ends the chat, exit status 130.
+ *
+ * A turn that got no answer, because the daemon refused it (the conversation over the context, a
+ * parameter it does not take) or failed on it, or because the budget ran out while the model was
+ * thinking, is left out of the conversation, question and all (an empty answer would be taken for
+ * one, and a question alone leaves two user turns in a row), and the chat goes on: the next turn
+ * may fit (a shorter question, or after /reset). With stdin not a terminal the chat ends with the
+ * status of the first such turn, so a script learns that a line was not answered. A lost
+ * connection or a timeout ends the chat as before. */
 static int cmd_chat(int argc, char **argv) {
         struct gen_opts o = {};
         int r = parse_gen_opts(argc, argv, &o);
         x4_client *c = NULL;
         char *line = NULL;
         size_t cap = 0, lineno = 0;
+        struct chat_history hist = {};
+        int failed = EXIT_OK; /* stdin not a terminal: the status of the first turn left out */
 
         if (r != 0)
                 goto out;
@@ -917,10 +1021,9 @@ static int cmd_chat(int argc, char **argv) {
         r = open_client(&c);
         if (r != 0)
                 goto out;
-        if (o.system)
-                x4_request_add_message(o.req, "system", o.system);
-        if (o.thinking >= 0)
-                x4_request_set_thinking(o.req, o.thinking);
+        r = chat_fill(&o, &hist);
+        if (r != 0)
+                goto out;
         bool tty = isatty(STDIN_FILENO);
         for (;;) {
                 if (interrupted) { /* Ctrl-C at the prompt */
@@ -947,6 +1050,14 @@ static int cmd_chat(int argc, char **argv) {
                         line[--len] = 0;
                 if (len == 0)
                         continue;
+                if (streq_(line, "/reset")) {
+                        chat_history_clear(&hist);
+                        r = chat_rebuild(argc, argv, &o, &hist);
+                        if (r != 0)
+                                goto out;
+                        fputs("x4ctl: the conversation starts over (the --system message stays)\n", stderr);
+                        continue;
+                }
                 /* a line that is no text is not sent: on a terminal the chat goes on (type it
                  * again), else it ends as any input x4ctl cannot use */
                 char what[64];
@@ -969,6 +1080,16 @@ static int cmd_chat(int argc, char **argv) {
                                        .chat = true };
                 r = run_generate(c, o.req, &s);
                 interrupted = 0; /* a Ctrl-C until now was for this answer */
+                if (s.refused || r == EXIT_NO_ANSWER) {
+                        free(s.reply);
+                        if (!tty && failed == EXIT_OK)
+                                failed = r;
+                        chat_left_out_note(s.error, tty ? 0 : failed);
+                        r = chat_rebuild(argc, argv, &o, &hist);
+                        if (r != 0)
+                                goto out;
+                        continue;
+                }
                 if (s.cancelled) {
                         char *marked = NULL;
                         if (asprintf(&marked, "%s%s" CHAT_CUT_MARK, s.reply ? s.reply : "",
@@ -977,7 +1098,8 @@ static int cmd_chat(int argc, char **argv) {
                         free(s.reply);
                         s.reply = marked;
                 }
-                if (x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "") < 0) {
+                if (x4_request_add_message(o.req, "assistant", s.reply ? s.reply : "") < 0 ||
+                    chat_history_add(&hist, line, s.reply ? s.reply : "") < 0) {
                         fprintf(stderr, "x4ctl: out of memory\n");
                         free(s.reply);
                         r = EXIT_FAIL;
@@ -986,12 +1108,13 @@ static int cmd_chat(int argc, char **argv) {
                 free(s.reply);
                 if (s.output_gone)
                         break;
-                if (r != EXIT_OK && r != EXIT_INTERRUPTED && r != EXIT_NO_ANSWER)
+                if (r != EXIT_OK && r != EXIT_INTERRUPTED)
                         goto out;
         }
-        r = EXIT_OK;
+        r = failed;
 out:
         free(line);
+        chat_history_clear(&hist);
         x4_client_free(c);
         x4_request_free(o.req);
         return r;
@@ -1414,7 +1537,12 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
                        "Interactive chat: each line on stdin is a user turn; the history is resent each turn.\n"
                        "Ctrl-C stops the current answer, Ctrl-D ends. A stopped answer stays in the history as\n"
                        "far as it came, followed by " CHAT_CUT_MARK ", so the next turn knows it\n"
-                       "was cut. Ctrl-C at the prompt clears the line (stdin not a terminal: ends, exit 130).\n\n%s",
+                       "was cut. Ctrl-C at the prompt clears the line (stdin not a terminal: ends, exit 130).\n"
+                       "The line /reset starts the conversation over (the --system message stays).\n"
+                       "A turn the daemon refuses (the conversation over the context, ...) or that gets no\n"
+                       "answer (the budget spent thinking) is left out of the conversation and the chat goes\n"
+                       "on; with stdin not a terminal it then ends with the status of the first such turn.\n"
+                       "A lost connection ends the chat.\n\n%s",
                        gen_help);
         else if (streq_(cmd, "stats"))
                 printf("Usage: x4ctl stats [--json] [--watch[=SECONDS]]\n"

@@ -23,6 +23,7 @@ What it answers depends on the request:
     room ..." (a long prompt's tokenization, then the context refusal)
   - last user message "progress-2": a PrefillProgress frame, 2 s of silence, then as below
   - last user message "call-slow": a tool-call token (no text), 2.5 s, then the call get_weather
+  - last user message "hang-up": no answer, the connection closed (the daemon gone mid-request)
   - chat with tools, last message "two-calls": calls get_weather {"city": "Paris"} and {"city":
     "Rome"}, then waits up to 5 s for a Cancel (Done{CANCELLED}, 1 completion token) else a third
     call (Tokyo) and Done{TOOL_CALLS}
@@ -260,6 +261,8 @@ class Conn(threading.Thread):
                         self.send(rid, ERROR, error(E_TOO_LARGE, "prompt of 300000 tokens leaves no room for "
                                                     "output in the context limit of 262144 tokens"))
                         continue
+                    if last == "hang-up":
+                        return  # closes the connection (finally)
                     if last == "call-slow":
                         self.send(rid, CHUNK, chunk("", TOOL_CALL, token=5))
                         time.sleep(2.5)

@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: MIT
 """x4ctl chat when Ctrl-C cuts an answer: the cut answer stays in the history sent with the next
 turn, as far as it came and marked "[interrupted by the user]" (it was kept as if complete), and
-Ctrl-C at the prompt does not end the chat on a terminal. Against the scripted daemon of
-tests/bridge/fakedaemon.py (the exact history each turn sends) through a pseudo-terminal and a
-pipe, and against the real daemon."""
+Ctrl-C at the prompt does not end the chat on a terminal. A turn the daemon refuses (the
+conversation over the context, an invalid parameter, a failure after the first token) or that got
+no answer (the budget spent thinking) is left out of the history and the chat goes on (it used to
+end the chat, or keep an empty answer); /reset starts the conversation over; a lost connection
+still ends it. Against the scripted daemon of tests/bridge/fakedaemon.py (the exact history each
+turn sends) through a pseudo-terminal and a pipe, and against the real daemon."""
 import fcntl
 import json
 import os
@@ -150,3 +153,101 @@ def test_cut_turns_on_the_real_daemon(daemon):
     assert second > first + len("again"), (first, second)
     assert err.count(f"the conversation keeps the answer so far, marked {MARK}") == 2, err
     assert daemon.stats()["cache_pages_used"] == 0
+
+
+SYSTEM = {"role": "system", "content": "fake-context-4000"}
+ANSWER = "Hello, world"
+
+
+def turn(text):
+    return [{"role": "user", "content": text}, {"role": "assistant", "content": ANSWER}]
+
+
+def test_a_full_context_on_a_terminal_keeps_the_chat(fake):
+    # the fake refuses a conversation over 4000 bytes as xing4d one over its context (TOO_LARGE)
+    t = Pty("--socket", fake["socket"], "chat", "--system", "fake-context-4000")
+    for ch in "abc":
+        t.expect("> ")
+        t.send(ch * 1000 + "\n")
+        t.expect(ANSWER)
+    t.expect("> ")
+    t.send("d" * 1000 + "\n")  # 4053 bytes with the history: refused
+    t.expect("> ")              # the chat goes on
+    t.send("hi\n")              # a shorter question fits
+    t.expect(ANSWER)
+    t.expect("> ")
+    t.send("/reset\n")          # starts over (the --system message stays)
+    t.expect("> ")
+    t.send("hi\n")
+    t.expect(ANSWER)
+    t.expect("> ")
+    t.send("\x04")
+    rc, err = t.close()
+    assert rc == 0, err         # on a terminal the user saw the refusal and went on
+    assert "x4ctl: prompt of 4053 tokens leaves no room for output in the context limit of 4000 tokens\n" \
+           in err, err
+    assert "x4ctl: hint: the conversation no longer fits the model's context with this question: type " \
+           "/reset to start it over (the --system message stays), or ask something shorter\n" in err, err
+    assert "x4ctl: the question is left out of the conversation\n" in err, err
+    assert "x4ctl: the conversation starts over (the --system message stays)\n" in err, err
+    reqs = requests(fake)
+    assert len(reqs) == 6, reqs  # "/reset" is no turn
+    assert reqs[3]["messages"][-1] == {"role": "user", "content": "d" * 1000}
+    # the refused question is not in the history; the earlier turns are
+    assert reqs[4]["messages"] == [SYSTEM, *turn("a" * 1000), *turn("b" * 1000), *turn("c" * 1000),
+                                   {"role": "user", "content": "hi"}]
+    assert reqs[5]["messages"] == [SYSTEM, {"role": "user", "content": "hi"}]
+
+
+def test_refused_turns_in_a_script_go_on_and_fail_at_the_end(fake):
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], "--json", "chat"],
+                       input="hi\nerror-invalid\nerror-after-start\nagain\n", capture_output=True,
+                       text=True, timeout=30)
+    # every line was sent and answered in order; the status says that a turn failed (the first
+    # failed turn's: 1, a refusal)
+    assert p.returncode == 1, p.stderr
+    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    ends = [x for x in lines if x["type"] in ("done", "error")]
+    assert [x["type"] for x in ends] == ["done", "error", "error", "done"], lines
+    assert ends[1]["message"] == "sampling.top_k: scripted refusal"
+    assert ends[2]["message"] == "scripted failure after the first token"
+    assert "x4ctl: sampling.top_k: scripted refusal\n" in p.stderr, p.stderr
+    assert p.stderr.count("x4ctl: the question is left out of the conversation; the chat goes on with the "
+                          "next line and ends with exit status 1\n") == 2, p.stderr
+    reqs = requests(fake)
+    assert len(reqs) == 4, reqs
+    # neither the refused question nor the one whose answer failed half-way is kept
+    assert reqs[3]["messages"] == [*turn("hi"), {"role": "user", "content": "again"}]
+
+
+def test_reset_in_a_script(fake):
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], "chat"], input="hi\n/reset\nagain\n",
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == f"{ANSWER}\n{ANSWER}\n"
+    reqs = requests(fake)
+    assert [r["messages"] for r in reqs] == [[{"role": "user", "content": "hi"}],
+                                             [{"role": "user", "content": "again"}]]
+
+
+def test_a_lost_connection_still_ends_the_chat(fake):
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], "chat"], input="hi\nhang-up\nnever sent\n",
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1, p.stderr
+    assert "server closed the connection" in p.stderr, p.stderr
+    assert "left out of the conversation" not in p.stderr, p.stderr
+    assert len(requests(fake)) == 2
+
+
+def test_budget_spent_thinking_keeps_no_empty_answer(fake):
+    p = subprocess.run([str(X4CTL), "--socket", fake["socket"], "chat"], input="think-long\nhi\n",
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 7, p.stderr  # a script learns that a turn got no answer
+    assert p.stdout == f"{ANSWER}\n"
+    assert "x4ctl: the output budget (2 tokens) ran out while the model was still thinking; nothing was " \
+           "answered." in p.stderr, p.stderr
+    assert "x4ctl: the question is left out of the conversation; the chat goes on with the next line and " \
+           "ends with exit status 7\n" in p.stderr, p.stderr
+    reqs = requests(fake)
+    # no empty assistant turn, and no question left without its answer
+    assert reqs[1]["messages"] == [{"role": "user", "content": "hi"}]
