@@ -1542,11 +1542,20 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
         b->packed = calloc(n, sizeof *b->packed);
         if (!b->packed)
                 return -ENOMEM;
+        const struct gguf_tensor *ref = NULL; /* a quantized matrix left on the reference */
+        size_t n_ref = 0;
         for (size_t i = 0; i < n; i++)
                 if (packable(b, list[i])) {
                         b->packed[b->n_packed++].t = list[i];
                         total += list[i]->size;
+                } else if (list[i] && list[i]->type != GGML_TYPE_F32 && list[i]->type != GGML_TYPE_F16) {
+                        ref = ref ? ref : list[i];
+                        n_ref++;
                 }
+        if (ref) /* a user's quantization (Q4_K ...), or rows the kernels do not take */
+                log_info("cpu backend: fast numerics: %zu quantized matrices (e.g. %s, %s) keep the fp32 "
+                         "reference: the integer kernels take IQ4_NL, Q8_0 and Q6_K",
+                         n_ref, ref->name, ggml_type_name(ref->type));
         qsort(b->packed, b->n_packed, sizeof *b->packed, packed_cmp);
         size_t u = 0; /* a tensor listed twice (a tied head) is packed once */
         for (size_t i = 0; i < b->n_packed; i++)
