@@ -89,7 +89,14 @@ struct api_request {
         json_t *echo;             /* the request's settings echoed in the response object */
         bool store;
         bool truncate;            /* truncation "auto": a prompt over the context loses old units */
+        unsigned reasoning_out;   /* RS_SUMMARY | RS_ENCRYPTED: what the reasoning items carry */
 };
+
+/* Responses: what a reasoning output item carries besides its text (content): the text as its
+ * summary too (reasoning.summary; the bridge has no summarizer), and encrypted_content (include
+ * "reasoning.encrypted_content": the text, restorable from a later request's input). */
+#define RS_SUMMARY 1u
+#define RS_ENCRYPTED 2u
 
 /* Caps on one chat request's shape, answered with a 400 naming them. A 4 MiB body could otherwise
  * carry ~100k messages or calls; 4096 messages is far past any context the model has, and 256
@@ -227,7 +234,7 @@ json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigne
 
 /* The non-streaming answers of the other APIs. */
 json_t *am_response_json(const char *id, const char *model, const struct api_result *res, const struct x4_done *d);
-json_t *rs_response_json(const char *id, int64_t created, const char *model, json_t *echo,
+json_t *rs_response_json(const char *id, int64_t created, const char *model, json_t *echo, unsigned reasoning_out,
                          const struct api_result *res, const struct x4_done *d);
 
 /* A stream of named events (Anthropic Messages, OpenAI Responses): each chunk's events are
@@ -249,6 +256,7 @@ struct ev_stream {
         uint32_t prompt_tokens;      /* from the first chunk (protocol minor 3), for message_start */
         uint32_t cached_tokens;
         json_t *output;              /* responses: the finished output items */
+        unsigned reasoning_out;      /* responses: RS_SUMMARY | RS_ENCRYPTED */
 };
 void ev_stream_init(struct ev_stream *s, enum api_kind kind, const char *id, const char *model, int64_t created,
                     json_t *echo, struct api_result *res);

@@ -842,10 +842,12 @@ static void ev_answer(struct job *j, const struct x4_done *d) {
                                  j->endpoint);
         if (j->kind == API_RESPONSES && j->store && d->finish_reason != X4_FINISH_CANCELLED)
                 rs_store_put(j->idstr, j->key, j->conv, &j->res,
-                             rs_response_json(j->idstr, j->created, j->model, j->echo, &j->res, d));
+                             rs_response_json(j->idstr, j->created, j->model, j->echo, j->ev.reasoning_out, &j->res,
+                                              d));
         if (!j->stream) {
                 json_t *r = j->kind == API_MESSAGES ? am_response_json(j->idstr, j->model, &j->res, d)
-                        : rs_response_json(j->idstr, j->created, j->model, j->echo, &j->res, d);
+                        : rs_response_json(j->idstr, j->created, j->model, j->echo, j->ev.reasoning_out, &j->res,
+                                           d);
                 return send_json(j->req, 200, r, j->endpoint);
         }
         if (!j->headers_sent) {
@@ -1108,6 +1110,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->conv = TAKE_PTR(ar.conv);
         j->store = ar.store;
         ev_stream_init(&j->ev, kind, j->idstr, j->model, j->created, j->echo, &j->res);
+        j->ev.reasoning_out = ar.reasoning_out;
 
         j->one_call = ar.one_call;
         j->no_calls = ar.no_calls;

@@ -11,11 +11,20 @@
  * Streaming sends OpenAI's typed events (response.created, response.in_progress,
  * response.output_item.added, response.content_part.added, response.output_text.delta, ...,
  * response.function_call_arguments.delta/done, response.custom_tool_call_input.delta/done,
- * response.completed), each with its sequence_number. */
+ * response.completed), each with its sequence_number.
+ *
+ * Reasoning comes out as reasoning items whose content is the model's thinking (reasoning_text).
+ * reasoning.summary asks for a summary as well, which OpenAI's clients (Codex, the SDKs) show:
+ * the bridge has no summarizer, so the summary is that same text, one summary_text part (events
+ * response.reasoning_summary_part.added, response.reasoning_summary_text.delta/done,
+ * response.reasoning_summary_part.done). include "reasoning.encrypted_content" adds
+ * encrypted_content, the text in a form a later request's input restores it from (a client that
+ * keeps no server state, store false, sends the item back): not a secret, only a carrier. */
 #include <event2/buffer.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "bridge.h"
@@ -235,6 +244,90 @@ static json_t *open_assistant(json_t *conv) {
         return last && streq(json_string_value(json_object_get(last, "role")), "assistant") ? last : NULL;
 }
 
+/* ---- reasoning the client carries (include "reasoning.encrypted_content") ------------------------ */
+
+/* A reasoning item's encrypted_content as this bridge writes it: this prefix (the version of the
+ * form), then the item's text in base64. Anyone can read it back: it lets a client that keeps no
+ * state here (store false) send the reasoning with the next turn, as it does OpenAI's. */
+#define ENCRYPTED_PREFIX "xing4-reasoning-v1:"
+
+static const char b64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* text's encrypted_content (a new string; NULL when out of memory). */
+static json_t *encrypted_content(const char *text, size_t len) {
+        size_t pre = sizeof ENCRYPTED_PREFIX - 1;
+        _cleanup_free_ char *buf = malloc(pre + (len + 2) / 3 * 4 + 1);
+        if (!buf)
+                return NULL;
+        memcpy(buf, ENCRYPTED_PREFIX, pre);
+        char *o = buf + pre;
+        for (size_t i = 0; i < len; i += 3) {
+                uint32_t v = (uint32_t) (unsigned char) text[i] << 16;
+                if (i + 1 < len)
+                        v |= (uint32_t) (unsigned char) text[i + 1] << 8;
+                if (i + 2 < len)
+                        v |= (unsigned char) text[i + 2];
+                *o++ = b64_digits[v >> 18 & 63];
+                *o++ = b64_digits[v >> 12 & 63];
+                *o++ = i + 1 < len ? b64_digits[v >> 6 & 63] : '=';
+                *o++ = i + 2 < len ? b64_digits[v & 63] : '=';
+        }
+        return json_stringn(buf, (size_t) (o - buf));
+}
+
+static int b64_value(char c) {
+        const char *d = c ? strchr(b64_digits, c) : NULL;
+        return d ? (int) (d - b64_digits) : -1;
+}
+
+/* The bytes of base64 text s (n characters, padded) into out (room for n / 4 * 3); their number,
+ * or -1 when s is not base64. */
+static ssize_t b64_decode(const char *s, size_t n, unsigned char *out) {
+        size_t k = 0;
+        if (n % 4)
+                return -1;
+        for (size_t i = 0; i < n; i += 4) {
+                int a = b64_value(s[i]), b = b64_value(s[i + 1]), c = b64_value(s[i + 2]), d = b64_value(s[i + 3]);
+                bool last = i + 4 == n;
+                if (a < 0 || b < 0 || (c < 0 && !(last && s[i + 2] == '=' && s[i + 3] == '=')) ||
+                    (d < 0 && !(last && s[i + 3] == '=')))
+                        return -1;
+                out[k++] = (unsigned char) (a << 2 | b >> 4);
+                if (c >= 0)
+                        out[k++] = (unsigned char) ((b & 15) << 4 | c >> 2);
+                if (d >= 0)
+                        out[k++] = (unsigned char) ((c & 3) << 6 | d);
+        }
+        return (ssize_t) k;
+}
+
+/* The text of reasoning item `it` (named `p` in errors) from its encrypted_content, when that is
+ * one of ours, appended to *text (after a line break when there is text already): 1; 0 when it
+ * has none of ours; -1 with e filled when ours is damaged. */
+static int restore_reasoning(json_t *it, const char *p, struct sbuf *text, struct api_error *e) {
+        json_t *v = json_object_get(it, "encrypted_content");
+        const char *enc = json_string_value(v);
+        size_t pre = sizeof ENCRYPTED_PREFIX - 1;
+        if (!enc || strncmp(enc, ENCRYPTED_PREFIX, pre) != 0)
+                return 0;
+        size_t n = json_string_length(v) - pre;
+        _cleanup_free_ unsigned char *raw = malloc(n / 4 * 3 + 1);
+        if (!raw)
+                return OOM(e);
+        ssize_t len = b64_decode(enc + pre, n, raw);
+        /* the text goes to the daemon as a JSON string: it must be UTF-8 */
+        _cleanup_(json_decrefp) json_t *utf8 = len < 0 ? NULL : json_stringn((const char *) raw, (size_t) len);
+        if (!utf8) {
+                char q[96];
+                snprintf(q, sizeof q, "%s.encrypted_content", p);
+                return api_fail(e, 400, "invalid_request_error", "invalid_encrypted_content", q,
+                                "%s: damaged (\"" ENCRYPTED_PREFIX "\" then the base64 of UTF-8 text expected)", q);
+        }
+        if ((text->len && sbuf_add(text, "\n", 1) < 0) || sbuf_add_text(text, (const char *) raw, (size_t) len) < 0)
+                return OOM(e);
+        return 1;
+}
+
 static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
         struct sbuf reasoning = { 0 };
         _cleanup_(json_decrefp) json_t *names = json_object();
@@ -344,7 +437,15 @@ static int parse_input(json_t *input, json_t *conv, struct api_error *e) {
                         if ((ret = conv_append(conv, m, e)) < 0)
                                 break;
                 } else if (streq(type, "reasoning")) {
-                        /* its text (content), else its summary; encrypted_content is another server's */
+                        /* its text: from an encrypted_content of ours, else its content, else its
+                         * summary (another server's encrypted_content is not readable here) */
+                        int ours = restore_reasoning(it, p, &reasoning, e);
+                        if (ours < 0) {
+                                ret = -1;
+                                break;
+                        }
+                        if (ours)
+                                continue;
                         json_t *parts = json_object_get(it, "content");
                         if (!json_is_array(parts) || json_array_size(parts) == 0)
                                 parts = json_object_get(it, "summary");
@@ -645,6 +746,43 @@ static int drop_units(json_t *conv, size_t drop, struct api_error *e) {
         return 0;
 }
 
+/* include: what OpenAI's Responses API can add to an answer. reasoning.encrypted_content is
+ * answered (RS_ENCRYPTED); the others name what this bridge never answers (hosted tools' results,
+ * images) or, message.output_text.logprobs, what it does not give here: accepted, no effect. */
+static const char *const includables[] = { "reasoning.encrypted_content", "message.output_text.logprobs",
+                                           "message.input_image.image_url", "computer_call_output.output.image_url",
+                                           "file_search_call.results", "web_search_call.results",
+                                           "web_search_call.action.sources", "code_interpreter_call.outputs" };
+
+static int parse_include(json_t *root, struct api_request *r, struct api_error *e) {
+        json_t *include = json_object_get(root, "include");
+        if (!include || json_is_null(include))
+                return 0;
+        if (!json_is_array(include))
+                return api_bad(e, "include", "an array of strings expected, got %s", api_type_name(include));
+        size_t i;
+        json_t *v;
+        json_array_foreach(include, i, v) {
+                char p[64];
+                snprintf(p, sizeof p, "include[%zu]", i);
+                const char *name = json_string_value(v);
+                if (!name)
+                        return api_bad(e, p, "a string expected, got %s", api_type_name(v));
+                size_t k = 0;
+                while (k < ELEMENTSOF(includables) && !streq(name, includables[k]))
+                        k++;
+                if (k == ELEMENTSOF(includables))
+                        return api_bad(e, p, "\"%.64s\" is not a value include takes (reasoning.encrypted_content, "
+                                       "message.output_text.logprobs, message.input_image.image_url, "
+                                       "computer_call_output.output.image_url, file_search_call.results, "
+                                       "web_search_call.results, web_search_call.action.sources or "
+                                       "code_interpreter_call.outputs)", name);
+                if (streq(name, "reasoning.encrypted_content"))
+                        r->reasoning_out |= RS_ENCRYPTED;
+        }
+        return 0;
+}
+
 int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, struct api_error *e) {
         int key = cfg->key;
         json_int_t iv;
@@ -697,7 +835,7 @@ int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, 
         /* reasoning.effort "none" or "minimal" turns thinking off (as on chat completions); low to
          * xhigh leave it on */
         r->thinking = true;
-        json_t *reasoning = json_object_get(root, "reasoning");
+        json_t *reasoning = json_object_get(root, "reasoning"), *summary = NULL;
         if (reasoning && !json_is_null(reasoning)) {
                 if (!json_is_object(reasoning))
                         return api_bad(e, "reasoning", "an object {\"effort\": ...} expected");
@@ -711,7 +849,25 @@ int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, 
                         r->thinking = false;
                         x4_request_set_thinking(r->req, false);
                 }
+                /* summary (generate_summary, its deprecated name): the reasoning text itself */
+                for (size_t k = 0; k < 2; k++) {
+                        const char *key = k == 0 ? "summary" : "generate_summary";
+                        json_t *v = json_object_get(reasoning, key);
+                        const char *sv = json_string_value(v);
+                        if (!v || json_is_null(v))
+                                continue;
+                        if (!streq(sv, "auto") && !streq(sv, "concise") && !streq(sv, "detailed")) {
+                                char q[64];
+                                snprintf(q, sizeof q, "reasoning.%s", key);
+                                return api_bad(e, q, "\"auto\", \"concise\" or \"detailed\" expected");
+                        }
+                        if (!summary)
+                                summary = v;
+                        r->reasoning_out |= RS_SUMMARY;
+                }
         }
+        if (parse_include(root, r, e) < 0)
+                return -1;
 
         json_t *prev = json_object_get(root, "previous_response_id");
         if (!(r->conv = json_array()))
@@ -791,11 +947,12 @@ int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, 
         json_t *tl = json_object_get(root, "tools");
         json_t *mo = json_object_get(root, "max_output_tokens");
         json_t *temp = json_object_get(root, "temperature"), *top_p = json_object_get(root, "top_p");
-        r->echo = json_pack("{s:o, s:o, s:o, s:{s:o, s:n}, s:b, s:b, s:o, s:o, s:{s:o}, s:o, s:o, s:s}",
+        r->echo = json_pack("{s:o, s:o, s:o, s:{s:o, s:o}, s:b, s:b, s:o, s:o, s:{s:o}, s:o, s:o, s:s}",
                             "instructions", json_is_string(instr) ? json_copy(instr) : json_null(),
                             "max_output_tokens", json_is_integer(mo) ? json_copy(mo) : json_null(),
                             "previous_response_id", json_is_string(prev) ? json_copy(prev) : json_null(),
                             "reasoning", "effort", json_is_string(effort) ? json_copy(effort) : json_null(), "summary",
+                            summary ? json_copy(summary) : json_null(),
                             "store", r->store, "parallel_tool_calls", parallel,
                             "temperature", json_real(json_is_number(temp) ? json_number_value(temp) : 1.0),
                             "top_p", json_real(json_is_number(top_p) ? json_number_value(top_p) : 1.0),
@@ -824,9 +981,17 @@ static void item_id(char *buf, size_t size, const char *prefix, const char *id, 
         api_call_id(buf, size, prefix, id, index);
 }
 
-static json_t *reasoning_item(const char *id, const char *text, size_t len, bool done) {
-        return json_pack("{s:s, s:s, s:[], s:[{s:s, s:s%}], s:s}", "id", id, "type", "reasoning", "summary", "content",
-                         "type", "reasoning_text", "text", text, len, "status", done ? "completed" : "in_progress");
+/* A finished reasoning item; `out` (RS_SUMMARY, RS_ENCRYPTED) says what it carries besides its
+ * content. */
+static json_t *reasoning_item(const char *id, const char *text, size_t len, unsigned out) {
+        json_t *it = json_pack("{s:s, s:s, s:[], s:[{s:s, s:s%}], s:s}", "id", id, "type", "reasoning", "summary",
+                               "content", "type", "reasoning_text", "text", text, len, "status", "completed");
+        if (it && (out & RS_SUMMARY))
+                json_object_set_new(it, "summary",
+                                    json_pack("[{s:s, s:s%}]", "type", "summary_text", "text", text, len));
+        if (it && (out & RS_ENCRYPTED))
+                json_object_set_new(it, "encrypted_content", encrypted_content(text, len));
+        return it;
 }
 
 static json_t *text_part(const char *text, size_t len) {
@@ -877,14 +1042,14 @@ static json_t *response_object(const char *id, int64_t created, const char *mode
         return o;
 }
 
-json_t *rs_response_json(const char *id, int64_t created, const char *model, json_t *echo,
+json_t *rs_response_json(const char *id, int64_t created, const char *model, json_t *echo, unsigned reasoning_out,
                          const struct api_result *res, const struct x4_done *d) {
         json_t *output = json_array();
         unsigned n = 0;
         char iid[64];
         if (res->reasoning) {
                 item_id(iid, sizeof iid, "rs_", id, n++);
-                json_array_append_new(output, reasoning_item(iid, res->reasoning, res->reasoning_len, true));
+                json_array_append_new(output, reasoning_item(iid, res->reasoning, res->reasoning_len, reasoning_out));
         }
         if (res->content || (res->n_calls == 0 && !res->reasoning)) {
                 item_id(iid, sizeof iid, "msg_", id, n++);
@@ -938,13 +1103,21 @@ static void close_item(struct ev_stream *s, struct evbuffer *out) {
         item_id(iid, sizeof iid, s->open == 1 ? "rs_" : "msg_", s->id, s->index);
         json_t *item;
         if (s->open == 1) {
+                if (s->reasoning_out & RS_SUMMARY) {
+                        ev(s, out, "response.reasoning_summary_text.done",
+                           json_pack("{s:s, s:i, s:i, s:s%}", "item_id", iid, "output_index", (int) s->index,
+                                     "summary_index", 0, "text", text, len));
+                        ev(s, out, "response.reasoning_summary_part.done",
+                           json_pack("{s:s, s:i, s:i, s:{s:s, s:s%}}", "item_id", iid, "output_index", (int) s->index,
+                                     "summary_index", 0, "part", "type", "summary_text", "text", text, len));
+                }
                 ev(s, out, "response.reasoning_text.done",
                    json_pack("{s:s, s:i, s:i, s:s%}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
                              "text", text, len));
                 ev(s, out, "response.content_part.done",
                    json_pack("{s:s, s:i, s:i, s:{s:s, s:s%}}", "item_id", iid, "output_index", (int) s->index,
                              "content_index", 0, "part", "type", "reasoning_text", "text", text, len));
-                item = reasoning_item(iid, text, len, true);
+                item = reasoning_item(iid, text, len, s->reasoning_out);
         } else {
                 ev(s, out, "response.output_text.done",
                    json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", iid, "output_index", (int) s->index,
@@ -1014,12 +1187,20 @@ void rs_stream_chunk(struct ev_stream *s, const struct x4_chunk *c, struct evbuf
                              want == 1 ? json_pack("{s:s, s:s, s:[], s:[], s:s}", "id", iid, "type", "reasoning",
                                                    "summary", "content", "status", "in_progress")
                                        : message_item(iid, "", 0, false)));
+                if (want == 1 && (s->reasoning_out & RS_SUMMARY))
+                        ev(s, out, "response.reasoning_summary_part.added",
+                           json_pack("{s:s, s:i, s:i, s:{s:s, s:s}}", "item_id", iid, "output_index", (int) s->index,
+                                     "summary_index", 0, "part", "type", "summary_text", "text", ""));
                 ev(s, out, "response.content_part.added",
                    json_pack("{s:s, s:i, s:i, s:o}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
                              "part", want == 1 ? json_pack("{s:s, s:s}", "type", "reasoning_text", "text", "")
                                                : text_part("", 0)));
         }
         item_id(iid, sizeof iid, want == 1 ? "rs_" : "msg_", s->id, s->index);
+        if (want == 1 && (s->reasoning_out & RS_SUMMARY))
+                ev(s, out, "response.reasoning_summary_text.delta",
+                   json_pack("{s:s, s:i, s:i, s:s%}", "item_id", iid, "output_index", (int) s->index,
+                             "summary_index", 0, "delta", c->text, c->text_len));
         if (want == 1)
                 ev(s, out, "response.reasoning_text.delta",
                    json_pack("{s:s, s:i, s:i, s:s%}", "item_id", iid, "output_index", (int) s->index, "content_index", 0,
