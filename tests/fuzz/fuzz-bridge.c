@@ -53,7 +53,7 @@ static void answer(enum api_kind kind, struct api_request *r) {
         if (kind == API_MESSAGES)
                 j = am_response_json(id, r->model, &res, &d);
         else if (kind == API_RESPONSES)
-                j = rs_response_json(id, 0, r->model, r->echo, &res, &d);
+                j = rs_response_json(id, 0, r->model, r->echo, r->reasoning_out, &res, &d);
         else if (kind == API_CHAT || kind == API_COMPLETION)
                 j = api_response_json(kind, "chatcmpl-0123456789abcdef0123456789abcdef", 0, r->model, &res, &d);
         if (kind != API_COUNT_TOKENS && !j)
@@ -91,7 +91,7 @@ static void answer(enum api_kind kind, struct api_request *r) {
         if (kind == API_RESPONSES && r->store) {
                 /* stored with its response object, read back and, every other time, deleted */
                 static unsigned n_stored;
-                rs_store_put(id, 0, r->conv, &res, rs_response_json(id, 0, r->model, r->echo, &res, &d));
+                rs_store_put(id, 0, r->conv, &res, rs_response_json(id, 0, r->model, r->echo, r->reasoning_out, &res, &d));
                 json_t *back = rs_store_response(id, 0);
                 if (back && json_object_size(back) == 0)
                         __builtin_trap();
