@@ -115,8 +115,8 @@ struct x4_backend {
         struct cpu_work work;
         struct cpu_token tokens[CPU_MICROBATCH];
         struct matmul_set *mm; /* products queued for one hand-off to the pool */
-        /* fast numerics: the packed copies of the quantized matrices (quant_q8_pack), sorted by
-         * tensor address */
+        /* fast numerics: the copies of the matrices (BF16 as stored, quantized ones packed by
+         * quant_q8_pack; pack_weights), sorted by tensor address */
         struct cpu_packed {
                 const struct gguf_tensor *t;
                 uint8_t *data;
