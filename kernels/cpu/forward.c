@@ -294,7 +294,7 @@ struct matmul_set {
         size_t n_jobs, n_rows;
         uint64_t work; /* multiply-adds queued */
         /* the fast numerics (X4_CPU_MATH_FAST): the inputs of BF16 products rounded to bf16
-         * (with the CPU's BF16 dot) and of IQ4_NL / Q8_0 / Q6_K products to q8 blocks (with
+         * (with the CPU's BF16 dot) and of packed quantized products (quant_q8_supported) to q8 blocks (with
          * AVX-512), converted before the hand-off into xc_cap bytes (NULL: the reference) */
         uint8_t *xc;
         size_t xc_cap;
@@ -1496,8 +1496,7 @@ static void pack_units(void *ctx, size_t begin, size_t end, unsigned thread) {
 static bool packable(const struct x4_backend *b, const struct gguf_tensor *t) {
         if (t && t->type == GGML_TYPE_BF16)
                 return true;
-        return t && b->fast_q8 && quant_q8_supported(t->type) && t->ne[0] % 32 == 0 &&
-               (t->type != GGML_TYPE_Q6_K || t->ne[0] % QK_K == 0);
+        return t && b->fast_q8 && quant_q8_supported(t->type) && t->ne[0] % quant_q8_block_values(t->type) == 0;
 }
 
 /* MemAvailable of /proc/meminfo in bytes (free memory and what the kernel can reclaim, the
@@ -1552,9 +1551,9 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                         ref = ref ? ref : list[i];
                         n_ref++;
                 }
-        if (ref) /* a user's quantization (Q4_K ...), or rows the kernels do not take */
+        if (ref) /* a user's quantization (Q5_0, IQ4_XS ...), or rows the kernels do not take */
                 log_info("cpu backend: fast numerics: %zu quantized matrices (e.g. %s, %s) keep the fp32 "
-                         "reference: the integer kernels take IQ4_NL, Q8_0 and Q6_K",
+                         "reference: the integer kernels take IQ4_NL, Q4_0, Q8_0, Q4_K, Q5_K and Q6_K",
                          n_ref, ref->name, ggml_type_name(ref->type));
         qsort(b->packed, b->n_packed, sizeof *b->packed, packed_cmp);
         size_t u = 0; /* a tensor listed twice (a tied head) is packed once */

@@ -1117,7 +1117,12 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
 
 /* ---- the fast numerics' integer products (quant.h): the portable definition ---- */
 bool quant_q8_supported(uint32_t type) {
-        return type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q6_K;
+        return type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q6_K ||
+               type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
+}
+
+size_t quant_q8_block_values(uint32_t type) {
+        return type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ? QK_K : 32;
 }
 
 size_t quant_q8_row_bytes(size_t k) {
@@ -1169,29 +1174,83 @@ static void q8_quantize_generic(const float *x, size_t k, void *row) {
 }
 
 /* The packed copy (quant.h): rows in groups of 16; a group's bytes are those of its 16 stored
- * rows, unit after unit (IQ4_NL and Q8_0: a 32-value block; Q6_K: a 256-value super-block):
- * - IQ4_NL, 288 bytes a unit: 4 chunks of 64 bytes, chunk c holding bytes 4c..4c+3 of each
- *   row's qs (row r at 4r: low nibbles are values 4c + i, high nibbles 16 + 4c + i), then the
- *   16 rows' d.
+ * rows, unit after unit (IQ4_NL, Q4_0 and Q8_0: a 32-value block; the K formats: a 256-value
+ * super-block):
+ * - IQ4_NL and Q4_0, 288 bytes a unit: 4 chunks of 64 bytes, chunk c holding bytes 4c..4c+3 of
+ *   each row's qs (row r at 4r: low nibbles are values 4c + i, high nibbles 16 + 4c + i), then
+ *   the 16 rows' d.
  * - Q8_0, 544 bytes: 8 chunks, chunk c values 4c..4c+3 of each row, then the 16 d.
  * - Q6_K, 3360 bytes: for each 16-value run j (values 16j..16j+15, 0 <= u < 64 the stored
  *   six-bit numbers): 3 chunks of 64 bytes, row r's 4 bytes at 4r, byte i of them: chunk 0 the
  *   low 4 bits of u[16j + i] | those of u[16j + 4 + i] << 4, chunk 1 the same of 16j + 8 + i and
  *   16j + 12 + i, chunk 2 the top 2 bits of the four at bits 0, 2, 4, 6; then the runs' scales
  *   (run j's 16 rows at 16j), then the 16 d.
+ * - Q4_K, 2304 bytes, and Q5_K, 2816 (u the unsigned four- or five-bit numbers, sc / m the
+ *   32-value blocks' six-bit scales and mins): for each block j the IQ4_NL layout of the low 4
+ *   bits of u[32j..32j+31] (4 chunks of 64 bytes at 256j); Q5_K then, at 2048 + 64j, one chunk a
+ *   block: row r's byte i at 4r + i holds the fifth bits of u[32j + 4c + i] at bit c and of
+ *   u[32j + 16 + 4c + i] at bit 4 + c (c < 4); then 128 bytes of (sc_j & 15) | (m_j & 15) << 4
+ *   (block j's 16 rows at 16j), 64 bytes of the top 2 bits (row r's byte i at 4r + i:
+ *   sc_2i, m_2i, sc_2i+1, m_2i+1 at bits 0, 2, 4, 6), the 16 d and the 16 dmin.
  * Rows past the last whole group keep their stored bytes. */
 #define Q8P_ROWS 16
 
 static size_t q8p_row_bytes(uint32_t type, size_t k) {
         switch (type) {
-        case GGML_TYPE_IQ4_NL: return k / QK4_NL * sizeof(struct block_iq4_nl);
+        case GGML_TYPE_IQ4_NL:
+        case GGML_TYPE_Q4_0: return k / QK4_NL * sizeof(struct block_iq4_nl);
         case GGML_TYPE_Q8_0: return k / QK8_0 * sizeof(struct block_q8_0);
+        case GGML_TYPE_Q4_K: return k / QK_K * 144;
+        case GGML_TYPE_Q5_K: return k / QK_K * 176;
         default: return k / QK_K * sizeof(struct block_q6_k);
         }
 }
 
 enum { Q8P_IQ4_UNIT = 16 * 18, Q8P_Q8_UNIT = 16 * 34, Q8P_Q6K_UNIT = 16 * 210, Q8P_Q6K_SC = 3072,
        Q8P_Q6K_D = 3328 };
+
+/* the K formats' packed unit: its size, and where the fifth bits (Q5_K), the scales' low bits,
+ * their top bits, d and dmin start */
+#define Q8P_K_FIVE(type) ((type) == GGML_TYPE_Q5_K)
+#define Q8P_K_UNIT(type) (Q8P_K_FIVE(type) ? 16 * 176 : 16 * 144)
+#define Q8P_K_QH 2048
+#define Q8P_K_SC(type) (Q8P_K_FIVE(type) ? 2560 : 2048)
+#define Q8P_K_SCH(type) (Q8P_K_SC(type) + 128)
+#define Q8P_K_D(type) (Q8P_K_SC(type) + 192)
+#define Q8P_K_DMIN(type) (Q8P_K_SC(type) + 224)
+
+static bool q8_is_k(uint32_t type) {
+        return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
+}
+
+/* The book of a four-bit format (values the nibbles stand for): IQ4_NL's codebook, Q4_0's q − 8 */
+static const int8_t q4_0_values[16] = { -8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7 };
+static inline const int8_t *q8_book(uint32_t type) {
+        return type == GGML_TYPE_Q4_0 ? q4_0_values : quant_iq4nl_values;
+}
+
+/* A stored Q4_K / Q5_K super-block (docs/model.md §6): its 256 unsigned numbers in output order,
+ * the 8 blocks' six-bit scales and mins, d and dmin. */
+static void kq_unpack(uint32_t type, const uint8_t *b, uint8_t u[QK_K], uint8_t sc[8], uint8_t m[8],
+                      uint16_t *d, uint16_t *dmin) {
+        const bool five = type == GGML_TYPE_Q5_K;
+        const uint8_t *qh = b + 16, *ql = b + (five ? 48 : 16);
+
+        *d = load_u16(b);
+        *dmin = load_u16(b + 2);
+        for (int j = 0; j < 8; j++)
+                k_scale_min(j, b + 4, &sc[j], &m[j]);
+        for (int c = 0; c < 4; c++) /* 64 values a 32-byte run: low nibbles block 2c, high 2c + 1 */
+                for (int l = 0; l < 32; l++) {
+                        uint8_t q0 = ql[32 * c + l] & 15, q1 = ql[32 * c + l] >> 4;
+                        if (five) {
+                                q0 = (uint8_t) (q0 | ((qh[l] >> (2 * c)) & 1) << 4);
+                                q1 = (uint8_t) (q1 | ((qh[l] >> (2 * c + 1)) & 1) << 4);
+                        }
+                        u[64 * c + l] = q0;
+                        u[64 * c + 32 + l] = q1;
+                }
+}
 
 void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
                    void *packed) {
@@ -1205,7 +1264,33 @@ void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, siz
                 uint8_t *G = P + g * prb;
                 for (size_t lr = 0; lr < Q8P_ROWS; lr++) {
                         const uint8_t *row = (const uint8_t *) w + (g + lr) * row_bytes;
-                        if (type == GGML_TYPE_IQ4_NL) {
+                        if (q8_is_k(type)) {
+                                for (size_t s = 0; s < k / QK_K; s++) {
+                                        uint8_t *U = G + s * Q8P_K_UNIT(type), u[QK_K], sc[8], m[8];
+                                        uint16_t d, dmin;
+                                        kq_unpack(type, row + s * q8p_row_bytes(type, QK_K), u, sc, m, &d, &dmin);
+                                        if (Q8P_K_FIVE(type) && lr == 0) /* the fifth bits are or-ed in */
+                                                memset(U + Q8P_K_QH, 0, 512);
+                                        for (int j = 0; j < 8; j++) {
+                                                for (int c = 0; c < 4; c++)
+                                                        for (int i = 0; i < 4; i++) {
+                                                                unsigned lo = u[32 * j + 4 * c + i], hi = u[32 * j + 16 + 4 * c + i];
+                                                                U[256 * j + 64 * c + 4 * lr + (size_t) i] =
+                                                                        (uint8_t) ((lo & 15) | (hi & 15) << 4);
+                                                                if (Q8P_K_FIVE(type))
+                                                                        U[Q8P_K_QH + 64 * j + 4 * lr + (size_t) i] |=
+                                                                                (uint8_t) ((lo >> 4) << c | (hi >> 4) << (4 + c));
+                                                        }
+                                                U[Q8P_K_SC(type) + 16 * j + lr] = (uint8_t) ((sc[j] & 15) | (m[j] & 15) << 4);
+                                        }
+                                        for (int i = 0; i < 4; i++)
+                                                U[Q8P_K_SCH(type) + 4 * lr + (size_t) i] =
+                                                        (uint8_t) (sc[2 * i] >> 4 | (m[2 * i] >> 4) << 2 |
+                                                                   (sc[2 * i + 1] >> 4) << 4 | (m[2 * i + 1] >> 4) << 6);
+                                        memcpy(U + Q8P_K_D(type) + 2 * lr, &d, 2);
+                                        memcpy(U + Q8P_K_DMIN(type) + 2 * lr, &dmin, 2);
+                                }
+                        } else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
                                 for (size_t b = 0; b < k / 32; b++) {
                                         const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
                                         uint8_t *U = G + b * Q8P_IQ4_UNIT;
@@ -1255,12 +1340,12 @@ static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_
         sc[0] = sc[1] = 1;
         if (r >= full) { /* as stored */
                 const uint8_t *row = P + r * prb;
-                if (type == GGML_TYPE_IQ4_NL) {
+                if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
                         const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
                         *d = fp16_to_f32(blk->d);
                         for (int j = 0; j < 16; j++) {
-                                w[j] = quant_iq4nl_values[blk->qs[j] & 0xf];
-                                w[j + 16] = quant_iq4nl_values[blk->qs[j] >> 4];
+                                w[j] = q8_book(type)[blk->qs[j] & 0xf];
+                                w[j + 16] = q8_book(type)[blk->qs[j] >> 4];
                         }
                 } else if (type == GGML_TYPE_Q8_0) {
                         const struct block_q8_0 *blk = (const struct block_q8_0 *) row + b;
@@ -1280,13 +1365,13 @@ static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_
         const uint8_t *G = P + (r - r % Q8P_ROWS) * prb;
         const size_t lr = r % Q8P_ROWS;
         uint16_t h16;
-        if (type == GGML_TYPE_IQ4_NL) {
+        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
                 const uint8_t *U = G + b * Q8P_IQ4_UNIT;
                 for (int c = 0; c < 4; c++)
                         for (int i = 0; i < 4; i++) {
                                 uint8_t byte = U[64 * c + 4 * lr + i];
-                                w[4 * c + i] = quant_iq4nl_values[byte & 15];
-                                w[16 + 4 * c + i] = quant_iq4nl_values[byte >> 4];
+                                w[4 * c + i] = q8_book(type)[byte & 15];
+                                w[16 + 4 * c + i] = q8_book(type)[byte >> 4];
                         }
                 memcpy(&h16, U + 256 + 2 * lr, 2);
         } else if (type == GGML_TYPE_Q8_0) {
@@ -1313,12 +1398,59 @@ static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_
         *d = fp16_to_f32(h16);
 }
 
+/* Block b of row r of a packed Q4_K / Q5_K matrix: its 32 unsigned numbers, its scale and min,
+ * and its super-block's d and dmin. */
+static void q8p_kblock(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r, size_t b,
+                       uint8_t u[32], int32_t *sc, int32_t *m, float *d, float *dmin) {
+        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS, j = b % 8;
+        uint16_t h16, m16;
+
+        if (r >= full) { /* as stored */
+                uint8_t all[QK_K], scs[8], ms[8];
+                kq_unpack(type, P + r * prb + b / 8 * q8p_row_bytes(type, QK_K), all, scs, ms, &h16, &m16);
+                memcpy(u, all + 32 * j, 32);
+                *sc = scs[j];
+                *m = ms[j];
+        } else {
+                const uint8_t *U = P + (r - r % Q8P_ROWS) * prb + b / 8 * Q8P_K_UNIT(type);
+                const size_t lr = r % Q8P_ROWS;
+                for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 4; i++) {
+                                unsigned byte = U[256 * j + 64 * c + 4 * lr + (size_t) i];
+                                unsigned hb = Q8P_K_FIVE(type) ? U[Q8P_K_QH + 64 * j + 4 * lr + (size_t) i] : 0;
+                                u[4 * c + i] = (uint8_t) ((byte & 15) | ((hb >> c) & 1) << 4);
+                                u[16 + 4 * c + i] = (uint8_t) ((byte >> 4) | ((hb >> (4 + c)) & 1) << 4);
+                        }
+                unsigned lo = U[Q8P_K_SC(type) + 16 * j + lr], hi = U[Q8P_K_SCH(type) + 4 * lr + j / 2] >> (4 * (j % 2));
+                *sc = (int32_t) ((lo & 15) | (hi & 3) << 4);
+                *m = (int32_t) ((lo >> 4) | ((hi >> 2) & 3) << 4);
+                memcpy(&h16, U + Q8P_K_D(type) + 2 * lr, 2);
+                memcpy(&m16, U + Q8P_K_DMIN(type) + 2 * lr, 2);
+        }
+        *d = fp16_to_f32(h16);
+        *dmin = fp16_to_f32(m16);
+}
+
 static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r,
                          const uint8_t *xq) {
         const int8_t *q = (const int8_t *) xq;
         const float *dx = Q8_DX(xq, k);
+        const int32_t *sums = Q8_SUMS(xq, k);
         float acc = 0.0f;
 
+        if (q8_is_k(type)) { /* quant.h: the scale's fma, then the min's */
+                for (size_t b = 0; b < k / 32; b++) {
+                        uint8_t u[32];
+                        int32_t sc, m, S = 0;
+                        float d, dmin;
+                        q8p_kblock(type, P, R, k, r, b, u, &sc, &m, &d, &dmin);
+                        for (int i = 0; i < 32; i++)
+                                S += (int32_t) u[i] * q[32 * b + (size_t) i];
+                        acc = fmaf((float) (sc * S), d * dx[b], acc);
+                        acc = fmaf(-(float) (m * (sums[2 * b] + sums[2 * b + 1])), dmin * dx[b], acc);
+                }
+                return acc;
+        }
         for (size_t b = 0; b < k / 32; b++) {
                 int8_t w[32];
                 int32_t sc[2], L[2] = { 0, 0 };
@@ -1351,8 +1483,9 @@ static void gemm_q8_generic(uint32_t type, const uint8_t *P, size_t R, size_t k,
 /* the conversions: any AVX-512 CPU */
 #define Q8_CONV_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
 
-/* the IQ4_NL codebook + 128, as unsigned bytes */
+/* the IQ4_NL codebook + 128, as unsigned bytes; Q4_0's q − 8 + 128 */
 static const uint8_t q8_book_u8[16] = { 1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241 };
+static const uint8_t q8_q4_0_u8[16] = { 120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135 };
 
 /* 4 q of input t's block run, broadcast */
 #define Q8_BCAST(p)                                                                                \
@@ -1362,13 +1495,30 @@ static const uint8_t q8_book_u8[16] = { 1, 24, 45, 63, 79, 93, 106, 118, 129, 14
                 _mm512_set1_epi32(_v);                                                             \
         })
 
+/* a + Σ_i w_i·q_i over a block's 32 values for each of 16 rows (w: 8 registers of 4 consecutive
+ * unsigned weights a row, q the block's 32 signed q8 values), in two chains */
+Q8_TARGET static inline __attribute__((always_inline)) __m512i q8_dot32_vnni(__m512i a, const __m512i w[8],
+                                                                            const int8_t *qb) {
+        __m512i a1 = _mm512_setzero_si512();
+        a = _mm512_dpbusd_epi32(a, w[0], Q8_BCAST(qb));
+        a1 = _mm512_dpbusd_epi32(a1, w[1], Q8_BCAST(qb + 4));
+        a = _mm512_dpbusd_epi32(a, w[2], Q8_BCAST(qb + 8));
+        a1 = _mm512_dpbusd_epi32(a1, w[3], Q8_BCAST(qb + 12));
+        a = _mm512_dpbusd_epi32(a, w[4], Q8_BCAST(qb + 16));
+        a1 = _mm512_dpbusd_epi32(a1, w[5], Q8_BCAST(qb + 20));
+        a = _mm512_dpbusd_epi32(a, w[6], Q8_BCAST(qb + 24));
+        a1 = _mm512_dpbusd_epi32(a1, w[7], Q8_BCAST(qb + 28));
+        return _mm512_add_epi32(a, a1);
+}
+
 /* acc[t] (lanes: the group's 16 rows) = the outputs of group G for NT inputs */
 Q8_TARGET static inline __attribute__((always_inline)) void
 q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const uint8_t *xq,
           size_t xs, __m512 acc[8]) {
         const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
         const __m512i b128 = _mm512_set1_epi8((char) 0x80);
-        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *) q8_book_u8));
+        const __m512i book = _mm512_broadcast_i32x4(
+                _mm_loadu_si128((const __m128i *) (type == GGML_TYPE_Q4_0 ? q8_q4_0_u8 : q8_book_u8)));
         const int8_t *q[8];
         const float *dx[8];
         const int32_t *sums[8];
@@ -1379,15 +1529,15 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
                 dx[t] = Q8_DX(xq + t * xs, k);
                 sums[t] = Q8_SUMS(xq + t * xs, k);
         }
-        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0) {
-                const size_t unit = type == GGML_TYPE_IQ4_NL ? Q8P_IQ4_UNIT : Q8P_Q8_UNIT;
+        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) {
+                const size_t unit = type == GGML_TYPE_Q8_0 ? Q8P_Q8_UNIT : Q8P_IQ4_UNIT;
                 for (size_t b = 0; b < k / 32; b++) {
                         const uint8_t *U = G + b * unit;
                         __m512i w[8];
                         __m512 d;
                         for (size_t o = 0; o < unit; o += 64)
                                 _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
-                        if (type == GGML_TYPE_IQ4_NL) {
+                        if (type != GGML_TYPE_Q8_0) {
                                 UNROLL for (int c = 0; c < 4; c++) {
                                         __m512i v = _mm512_loadu_si512(U + 64 * c);
                                         w[c] = _mm512_shuffle_epi8(book, _mm512_and_si512(v, m4));
@@ -1400,19 +1550,56 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
                                 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + 512)));
                         }
                         UNROLL for (int t = 0; t < NT; t++) {
-                                const int8_t *qb = q[t] + 32 * b;
-                                __m512i a0 = _mm512_set1_epi32(-128 * (sums[t][2 * b] + sums[t][2 * b + 1]));
-                                __m512i a1 = _mm512_setzero_si512();
-                                a0 = _mm512_dpbusd_epi32(a0, w[0], Q8_BCAST(qb));
-                                a1 = _mm512_dpbusd_epi32(a1, w[1], Q8_BCAST(qb + 4));
-                                a0 = _mm512_dpbusd_epi32(a0, w[2], Q8_BCAST(qb + 8));
-                                a1 = _mm512_dpbusd_epi32(a1, w[3], Q8_BCAST(qb + 12));
-                                a0 = _mm512_dpbusd_epi32(a0, w[4], Q8_BCAST(qb + 16));
-                                a1 = _mm512_dpbusd_epi32(a1, w[5], Q8_BCAST(qb + 20));
-                                a0 = _mm512_dpbusd_epi32(a0, w[6], Q8_BCAST(qb + 24));
-                                a1 = _mm512_dpbusd_epi32(a1, w[7], Q8_BCAST(qb + 28));
-                                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)),
-                                                         _mm512_mul_ps(d, _mm512_set1_ps(dx[t][b])), acc[t]);
+                                __m512i L = q8_dot32_vnni(_mm512_set1_epi32(-128 * (sums[t][2 * b] + sums[t][2 * b + 1])),
+                                                          w, q[t] + 32 * b);
+                                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), _mm512_mul_ps(d, _mm512_set1_ps(dx[t][b])),
+                                                         acc[t]);
+                        }
+                }
+                return;
+        }
+        if (q8_is_k(type)) { /* unsigned numbers: no offset; the min's term from the runs' sums */
+                const __m512i m3 = _mm512_set1_epi32(3), m15 = _mm512_set1_epi32(15), b4 = _mm512_set1_epi8(0x10);
+                for (size_t s = 0; s < k / QK_K; s++) {
+                        const uint8_t *U = G + s * Q8P_K_UNIT(type);
+                        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + Q8P_K_D(type))));
+                        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + Q8P_K_DMIN(type))));
+                        const __m512i hi = _mm512_loadu_si512(U + Q8P_K_SCH(type));
+                        for (int j = 0; j < 8; j++) {
+                                const size_t b = 8 * s + (size_t) j;
+                                const uint8_t *C = U + 256 * j;
+                                __m512i w[8];
+                                for (int o = 0; o < 256; o += 64)
+                                        _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
+                                UNROLL for (int c = 0; c < 4; c++) {
+                                        __m512i v = _mm512_loadu_si512(C + 64 * c);
+                                        w[c] = _mm512_and_si512(v, m4);
+                                        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                                }
+                                if (Q8P_K_FIVE(type)) { /* bit c and 4 + c of a byte to bit 4 */
+                                        __m512i h = _mm512_loadu_si512(U + Q8P_K_QH + 64 * j);
+                                        w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), b4));
+                                        w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), b4));
+                                        w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), b4));
+                                        w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), b4));
+                                        w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, b4));
+                                        w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), b4));
+                                        w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), b4));
+                                        w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), b4));
+                                }
+                                const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *) (U + Q8P_K_SC(type) + 16 * j)));
+                                const __m512i top = _mm512_srl_epi32(hi, _mm_cvtsi32_si128(8 * (j / 2) + 4 * (j % 2)));
+                                const __m512i sc = _mm512_or_si512(_mm512_and_si512(lo, m15),
+                                                                   _mm512_slli_epi32(_mm512_and_si512(top, m3), 4));
+                                const __m512i mn = _mm512_or_si512(_mm512_srli_epi32(lo, 4),
+                                                                   _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(top, 2), m3), 4));
+                                UNROLL for (int t = 0; t < NT; t++) {
+                                        const __m512 x = _mm512_set1_ps(dx[t][b]);
+                                        __m512i L = _mm512_mullo_epi32(q8_dot32_vnni(_mm512_setzero_si512(), w, q[t] + 32 * b), sc);
+                                        __m512i M = _mm512_mullo_epi32(_mm512_set1_epi32(sums[t][2 * b] + sums[t][2 * b + 1]), mn);
+                                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), _mm512_mul_ps(d, x), acc[t]);
+                                        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dmin, x), acc[t]);
+                                }
                         }
                 }
                 return;
@@ -1496,12 +1683,13 @@ Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, si
                                    size_t ys) {
         const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
 
-        if (type == GGML_TYPE_IQ4_NL) {
-                Q8P_DRIVE(GGML_TYPE_IQ4_NL)
-        } else if (type == GGML_TYPE_Q8_0) {
-                Q8P_DRIVE(GGML_TYPE_Q8_0)
-        } else {
-                Q8P_DRIVE(GGML_TYPE_Q6_K)
+        switch (type) {
+        case GGML_TYPE_IQ4_NL: Q8P_DRIVE(GGML_TYPE_IQ4_NL) break;
+        case GGML_TYPE_Q4_0: Q8P_DRIVE(GGML_TYPE_Q4_0) break;
+        case GGML_TYPE_Q8_0: Q8P_DRIVE(GGML_TYPE_Q8_0) break;
+        case GGML_TYPE_Q4_K: Q8P_DRIVE(GGML_TYPE_Q4_K) break;
+        case GGML_TYPE_Q5_K: Q8P_DRIVE(GGML_TYPE_Q5_K) break;
+        default: Q8P_DRIVE(GGML_TYPE_Q6_K) break;
         }
         if (r1 > full) /* the rows past the last whole group */
                 gemm_q8_generic(type, P, R, k, MAX(r0, full), r1, xq, xs, T,
@@ -1540,13 +1728,13 @@ Q8_AVX2_TARGET static inline __attribute__((always_inline)) void
 q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int half,
               const uint8_t *xq, size_t xs, __m256 acc[2]) {
         const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) quant_iq4nl_values));
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) q8_book(type)));
         const size_t ho = 32 * (size_t) half;
 
         UNROLL for (int t = 0; t < NT; t++)
                 acc[t] = _mm256_setzero_ps();
-        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0) {
-                const size_t unit = type == GGML_TYPE_IQ4_NL ? Q8P_IQ4_UNIT : Q8P_Q8_UNIT;
+        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) {
+                const size_t unit = type == GGML_TYPE_Q8_0 ? Q8P_Q8_UNIT : Q8P_IQ4_UNIT;
                 for (size_t b = 0; b < k / 32; b++) {
                         const uint8_t *U = G + b * unit;
                         __m256 d;
@@ -1555,7 +1743,7 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
                                             { _mm256_setzero_si256(), _mm256_setzero_si256() } };
                         for (size_t o = 0; o < unit; o += 64)
                                 _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
-                        if (type == GGML_TYPE_IQ4_NL) {
+                        if (type != GGML_TYPE_Q8_0) {
                                 for (int c = 0; c < 4; c++) {
                                         __m256i v = _mm256_loadu_si256((const __m256i *) (U + 64 * c + ho));
                                         __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
@@ -1580,6 +1768,54 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
                         UNROLL for (int t = 0; t < NT; t++)
                                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[t][0], a[t][1])),
                                                          _mm256_mul_ps(d, _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b])), acc[t]);
+                }
+                return;
+        }
+        if (q8_is_k(type)) {
+                const __m256i m3 = _mm256_set1_epi32(3), m15 = _mm256_set1_epi32(15), b4 = _mm256_set1_epi8(0x10);
+                for (size_t s = 0; s < k / QK_K; s++) {
+                        const uint8_t *U = G + s * Q8P_K_UNIT(type);
+                        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_K_D(type) + 16 * half)));
+                        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_K_DMIN(type) + 16 * half)));
+                        const __m256i hi = _mm256_loadu_si256((const __m256i *) (U + Q8P_K_SCH(type) + ho));
+                        for (int j = 0; j < 8; j++) {
+                                const size_t b = 8 * s + (size_t) j;
+                                const uint8_t *C = U + 256 * j;
+                                __m256i a[2][2] = { { _mm256_setzero_si256(), _mm256_setzero_si256() },
+                                                    { _mm256_setzero_si256(), _mm256_setzero_si256() } };
+                                __m256i h = Q8P_K_FIVE(type) ? _mm256_loadu_si256((const __m256i *) (U + Q8P_K_QH + 64 * j + ho))
+                                                             : _mm256_setzero_si256();
+                                for (int o = 0; o < 256; o += 64)
+                                        _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
+                                UNROLL for (int c = 0; c < 4; c++) {
+                                        __m256i v = _mm256_loadu_si256((const __m256i *) (C + 64 * c + ho));
+                                        __m256i wl = _mm256_and_si256(v, m4);
+                                        __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                                        if (Q8P_K_FIVE(type)) { /* bit c to bit 4; bit 4 + c to bit 4 */
+                                                wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - c)), b4));
+                                                wh = _mm256_or_si256(wh, _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(c)), b4));
+                                        }
+                                        UNROLL for (int t = 0; t < NT; t++) {
+                                                const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
+                                                a[t][0] = q8_dot_unsigned(a[t][0], wl, Q8_BCAST256(qb + 4 * c));
+                                                a[t][1] = q8_dot_unsigned(a[t][1], wh, Q8_BCAST256(qb + 16 + 4 * c));
+                                        }
+                                }
+                                const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) (U + Q8P_K_SC(type) + 16 * j + 8 * half)));
+                                const __m256i top = _mm256_srl_epi32(hi, _mm_cvtsi32_si128(8 * (j / 2) + 4 * (j % 2)));
+                                const __m256i sc = _mm256_or_si256(_mm256_and_si256(lo, m15),
+                                                                   _mm256_slli_epi32(_mm256_and_si256(top, m3), 4));
+                                const __m256i mn = _mm256_or_si256(_mm256_srli_epi32(lo, 4),
+                                                                   _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(top, 2), m3), 4));
+                                UNROLL for (int t = 0; t < NT; t++) {
+                                        const int32_t *sums = Q8_SUMS(xq + t * xs, k);
+                                        const __m256 x = _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b]);
+                                        __m256i L = _mm256_mullo_epi32(_mm256_add_epi32(a[t][0], a[t][1]), sc);
+                                        __m256i M = _mm256_mullo_epi32(_mm256_set1_epi32(sums[2 * b] + sums[2 * b + 1]), mn);
+                                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_mul_ps(d, x), acc[t]);
+                                        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(dmin, x), acc[t]);
+                                }
+                        }
                 }
                 return;
         }
@@ -1652,12 +1888,13 @@ Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t 
                                         size_t T, float *y, size_t ys) {
         const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
 
-        if (type == GGML_TYPE_IQ4_NL) {
-                Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_NL)
-        } else if (type == GGML_TYPE_Q8_0) {
-                Q8P_DRIVE_AVX2(GGML_TYPE_Q8_0)
-        } else {
-                Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K)
+        switch (type) {
+        case GGML_TYPE_IQ4_NL: Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_NL) break;
+        case GGML_TYPE_Q4_0: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_0) break;
+        case GGML_TYPE_Q8_0: Q8P_DRIVE_AVX2(GGML_TYPE_Q8_0) break;
+        case GGML_TYPE_Q4_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_K) break;
+        case GGML_TYPE_Q5_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_K) break;
+        default: Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K) break;
         }
         if (r1 > full)
                 gemm_q8_generic(type, P, R, k, MAX(r0, full), r1, xq, xs, T,
@@ -1857,7 +2094,7 @@ bool quant_q8_dot_available(void) {
 
 void quant_gemm_q8(uint32_t type, const void *packed, size_t R, size_t k, size_t r0, size_t r1,
                    const void *xq, size_t xq_stride, size_t T, float *y, size_t y_stride) {
-        assert(quant_q8_supported(type) && k % 32 == 0 && (type != GGML_TYPE_Q6_K || k % QK_K == 0));
+        assert(quant_q8_supported(type) && k % quant_q8_block_values(type) == 0);
         assert(r0 <= r1 && r1 <= R);
 #ifdef HAVE_X86_SIMD
         switch (q8_kernel()) {

@@ -103,8 +103,8 @@ void quant_round_bf16(const float *x, size_t n, uint16_t *xb);
 void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const uint16_t *xb,
                      size_t xb_stride, size_t T, float *y, size_t y_stride);
 
-/* The fast numerics' integer products: IQ4_NL, Q8_0 and Q6_K weights times activations rounded
- * to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
+/* The fast numerics' integer products: IQ4_NL, Q4_0, Q8_0, Q4_K, Q5_K and Q6_K weights times
+ * activations rounded to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
  * values, then k/32 fp32 scales, then k/16 int32 sums (Σq of each 16-value run, which the
  * integer products use to undo the offsets of unsigned weights), padded to 64 bytes. Block b's
  * scale is dx_b = max|x| / 127 and q_i = x_i · (127 / max|x|) rounded to nearest even, in [-127,
@@ -113,18 +113,24 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
  *
  * An output w · x is one fp32 chain over the 32-value blocks: block b's integer sum is
  * L_b = Σ_i w_i·q_i (w the block's integer weights: the IQ4_NL codebook entries, the Q8_0
- * values; exact in int32), for Q6_K L_b = sc_0·Σ_{i<16} w_i·q_i + sc_1·Σ_{i>=16} w_i·q_i (w the
- * six-bit values less 32, sc the two 16-value runs' scales; exact), and
- * acc = fma((float) L_b, d_b·dx_b, acc) for b ascending from acc = +0 (d_b the block's fp16
- * scale, a Q6_K super-block's d; d_b·dx_b rounded once, the fma rounded once). The order depends
- * only on k: every variant gives the same bits, for any thread count, batch or tiling (a NaN is a
- * NaN in every variant; its payload, where both scales are NaN, may differ).
+ * values, Q4_0's q − 8; exact in int32), for Q6_K L_b = sc_0·Σ_{i<16} w_i·q_i +
+ * sc_1·Σ_{i>=16} w_i·q_i (w the six-bit values less 32, sc the two 16-value runs' scales; exact),
+ * and acc = fma((float) L_b, d_b·dx_b, acc) for b ascending from acc = +0 (d_b the block's fp16
+ * scale, a K super-block's d; d_b·dx_b rounded once, the fma rounded once). Q4_K and Q5_K (weight
+ * d·sc·u − dmin·m, u the unsigned four- or five-bit number, sc and m the block's six-bit scale
+ * and min): L_b = sc·Σ_i u_i·q_i and M_b = m·Σ_i q_i (the block's two run sums), both exact, and
+ * per block acc = fma((float) L_b, d·dx_b, acc), then acc = fma(−(float) M_b, dmin·dx_b, acc).
+ * The order depends only on k: every variant gives the same bits, for any thread count, batch or
+ * tiling (a NaN is a NaN in every variant; its payload, where both scales are NaN, may differ).
  *
  * The weights are multiplied in a packed copy (quant_q8_pack): 16 rows interleaved so that one
  * 64-byte register holds 4 consecutive weights of each of 16 rows, and one integer dot
  * instruction serves 16 outputs. The copy has the stored matrix's size (rows past the last whole
  * 16 stay as stored). */
 bool quant_q8_supported(uint32_t type);
+/* the values a row's length must be a multiple of for the type's integer products (32, or 256
+ * for the K formats) */
+size_t quant_q8_block_values(uint32_t type);
 size_t quant_q8_row_bytes(size_t k);
 void quant_q8_quantize(const float *x, size_t k, void *row);
 /* Whether the integer products have a SIMD kernel here (AVX-512 with VNNI, 16 rows a

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -361,23 +362,51 @@ static void test_demo_loads_and_tokenizes(void **state) {
 
 /* ---- a user's quantization: the llama.cpp formats beyond the release's ------------------------ */
 
+/* The routed experts a forward chose, per token and layer (the backend's route trace). */
+#define UQ_TOKENS 16u
+struct route_log {
+        int32_t sel[UQ_TOKENS][16][8]; /* [token][layer][rank] */
+};
+
+static void route_log_add(uint32_t layer, uint32_t token, const float *scores, uint32_t n_expert,
+                          const int32_t *selected, uint32_t k, void *userdata) {
+        struct route_log *r = userdata;
+
+        (void) scores, (void) n_expert;
+        if (token < UQ_TOKENS && layer < 16 && k <= 8)
+                memcpy(r->sel[token][layer], selected, k * sizeof *selected);
+}
+
 /* A demo-shaped model in the formats llama-quantize writes (Q4_K_M-like: Q4_K FFN and head; Q5_0
  * attention; and the others) loads, its matrices have the generated statistics through the CPU's
- * dequantization, and the CPU forward gives finite logits of the usual spread, in both numerics. */
+ * dequantization, and the CPU forward gives finite logits of the usual spread, in both numerics.
+ * The fast numerics (the integer products of Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 where the CPU has
+ * them, the other formats on the reference) stay within 3e-2 × max|logit| of the reference's for
+ * every one-token sequence both route to the same experts; a changed choice at a near tie moves a
+ * random model's logits by up to 20% (top-k routing, not the products), and at most a quarter of
+ * the 16 may differ so. */
 static void test_user_quant_types(void **state) {
         static const uint32_t cfg[][3] = { /* attention, FFN, output */
                 { GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K },
                 { GGML_TYPE_Q4_1, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS },
                 { GGML_TYPE_Q5_1, GGML_TYPE_Q4_0, GGML_TYPE_Q5_K },
+                { GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K },
         };
+        const size_t V = 4096;
 
         (void) state;
         for (size_t ci = 0; ci < ELEMENTSOF(cfg); ci++) {
+                const char *names[3] = { ggml_type_name(cfg[ci][0]), ggml_type_name(cfg[ci][1]),
+                                         ggml_type_name(cfg[ci][2]) };
                 _cleanup_(x4_model_freep) struct x4_model *m = NULL;
+                _cleanup_free_ float *logits = malloc(2 * UQ_TOKENS * V * sizeof *logits);
+                struct route_log routes[2];
                 struct x4_mkmodel_shape s;
                 struct tmpdir t;
                 double mean, sd;
 
+                assert_non_null(logits);
+                memset(routes, 0, sizeof routes);
                 tmp_make(&t);
                 assert_int_equal(x4_mkmodel_preset("demo", &s), 0);
                 s.type_attn = cfg[ci][0], s.type_ffn = cfg[ci][1], s.type_output = cfg[ci][2];
@@ -389,6 +418,8 @@ static void test_user_quant_types(void **state) {
                 assert_int_equal(L->attn_q_a->type, cfg[ci][0]);
                 assert_int_equal(L->ffn_gate_exps->type, cfg[ci][1]);
                 assert_int_equal(w->output->type, cfg[ci][2]);
+                assert_true(x4_model_config(m)->n_layer <= 16 && x4_model_config(m)->n_expert_used <= 8);
+                assert_int_equal(x4_model_config(m)->n_vocab, V);
                 /* element std 1/sqrt(fan_in) within 25%, mean near 0 */
                 sd = tensor_std(L->attn_q_a, &mean, 1 << 20);
                 assert_float_equal(sd, 1 / sqrt(512.0), 0.25 / sqrt(512.0));
@@ -401,37 +432,61 @@ static void test_user_quant_types(void **state) {
 
                 for (unsigned cm = X4_CPU_MATH_FP32; cm <= X4_CPU_MATH_FAST; cm++) {
                         const struct x4_backend_ops *ops = &x4_backend_cpu;
-                        struct x4_backend_params bp = { .n_threads = 2, .page_tokens = 16, .n_pages = 1,
-                                                        .cpu_math = cm };
+                        struct x4_backend_params bp = { .n_threads = 2, .page_tokens = 16, .n_pages = UQ_TOKENS,
+                                                        .cpu_math = cm, .route_trace = route_log_add,
+                                                        .route_trace_userdata = &routes[cm] };
                         struct x4_backend *be = NULL;
-                        const uint32_t page = 0;
-                        int32_t prompt[8] = { 500, 1200, 77, 3000, 401, 402, 2048, 999 };
-                        float *logits = malloc(8 * 4096 * sizeof *logits);
-                        struct x4_seq seq = { .tokens = prompt, .n_tokens = 8, .pos0 = 0, .pages = &page,
-                                              .n_pages = 1, .logits = X4_LOGITS_ALL };
-                        struct x4_batch batch = { .seqs = &seq, .n_seqs = 1 };
+                        int32_t tokens[UQ_TOKENS];
+                        uint32_t pages[UQ_TOKENS];
+                        struct x4_seq seqs[UQ_TOKENS];
+                        float *out = logits + cm * UQ_TOKENS * V;
 
-                        assert_non_null(logits);
+                        for (uint32_t i = 0; i < UQ_TOKENS; i++) {
+                                tokens[i] = (int32_t) (77 + 251 * i);
+                                pages[i] = i;
+                                seqs[i] = (struct x4_seq) { .tokens = tokens + i, .n_tokens = 1, .pages = pages + i,
+                                                            .n_pages = 1, .logits = X4_LOGITS_ALL };
+                        }
+                        struct x4_batch batch = { .seqs = seqs, .n_seqs = UQ_TOKENS };
                         assert_int_equal(ops->create(m, &bp, &be, NULL, 0), 0);
-                        assert_int_equal(ops->forward(be, &batch, logits, NULL, 0), 0);
-                        for (int row = 0; row < 8; row++) {
+                        assert_int_equal(ops->forward(be, &batch, out, NULL, 0), 0);
+                        ops->destroy(be);
+                        for (uint32_t row = 0; row < UQ_TOKENS; row++) {
                                 double sum = 0, sum2 = 0;
-                                const float *l = logits + (size_t) row * 4096;
-                                for (int v = 0; v < 4096; v++) {
+                                const float *l = out + (size_t) row * V;
+                                for (size_t v = 0; v < V; v++) {
                                         assert_true(isfinite(l[v]));
                                         sum += l[v];
                                         sum2 += (double) l[v] * l[v];
                                 }
-                                double rsd = sqrt(sum2 / 4096 - (sum / 4096) * (sum / 4096));
+                                double rsd = sqrt(sum2 / V - (sum / V) * (sum / V));
                                 if (!(rsd > 1.0 && rsd < 3.0))
-                                        fail_msg("%s/%s/%s numerics %u row %d: logit std %g, about 2 expected",
-                                                 ggml_type_name(cfg[ci][0]), ggml_type_name(cfg[ci][1]),
-                                                 ggml_type_name(cfg[ci][2]), cm, row, rsd);
+                                        fail_msg("%s/%s/%s numerics %u row %u: logit std %g, about 2 expected",
+                                                 names[0], names[1], names[2], cm, row, rsd);
                         }
-                        ops->destroy(be);
-                        free(logits);
                 }
                 tmp_remove(&t);
+                double amax = 0, dmax = 0;
+                uint32_t same = 0;
+                for (uint32_t row = 0; row < UQ_TOKENS; row++) {
+                        if (memcmp(routes[0].sel[row], routes[1].sel[row], sizeof routes[0].sel[row]) != 0)
+                                continue;
+                        same++;
+                        for (size_t v = 0; v < V; v++) {
+                                double r = logits[row * V + v], f = logits[(UQ_TOKENS + row) * V + v];
+                                amax = fmax(amax, fabs(r));
+                                dmax = fmax(dmax, fabs(f - r));
+                        }
+                }
+                if (getenv("X4_TEST_VERBOSE"))
+                        print_message("%s/%s/%s: %u of %u routed alike, fast - fp32 %.3g of max|logit| %.3g\n",
+                                      names[0], names[1], names[2], same, UQ_TOKENS, dmax, amax);
+                if (same < UQ_TOKENS * 3 / 4)
+                        fail_msg("%s/%s/%s: the fast numerics routed %u of %u tokens differently", names[0], names[1],
+                                 names[2], UQ_TOKENS - same, UQ_TOKENS);
+                if (!(dmax <= 3e-2 * amax))
+                        fail_msg("%s/%s/%s: the fast numerics are %g from the reference, max|logit| %g", names[0],
+                                 names[1], names[2], dmax, amax);
         }
 }
 

@@ -328,6 +328,19 @@ static void *random_row(uint32_t type, size_t n) {
                 for (size_t i = 0; i < n / 256; i++)
                         ((struct block_q6_k *) row)[i].d = quant_f32_to_fp16(0.001f * rndf());
                 break;
+        case GGML_TYPE_Q4_0: /* d, then the nibbles: IQ4_NL's layout */
+                for (size_t i = 0; i < n / 32; i++)
+                        ((struct block_iq4_nl *) row)[i].d = quant_f32_to_fp16(0.01f * rndf());
+                break;
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K: /* d, dmin first */
+                for (size_t i = 0; i < n / 256; i++) {
+                        uint16_t d = quant_f32_to_fp16(0.001f * rndf()), dmin = quant_f32_to_fp16(0.001f * rndf());
+                        uint8_t *blk = row + i * (bytes / (n / 256));
+                        memcpy(blk, &d, 2);
+                        memcpy(blk + 2, &dmin, 2);
+                }
+                break;
         }
         return row;
 }
@@ -657,16 +670,57 @@ static void test_q8_quantize(void **state) {
  * the integer sum (for Q6_K each 16-value run's sum times its scale), then one fma a block with
  * d·dx, one chain. Weights: the dequantization's integers recovered as value / (d·sc) (exact: the
  * dequantized value d·sc·q is exact in fp32 for these formats). */
+/* Q4_K / Q5_K from ggml's layout (d, dmin, 12 bytes of six-bit scales and mins, Q5_K's 32 bytes of
+ * fifth bits, 128 bytes of nibbles: 64 values a 32-byte run, low nibbles first), written here
+ * apart from the library: block j's scale, min, and its 32 unsigned numbers. */
+static void documented_k_block(uint32_t type, const uint8_t *blk, int j, int32_t *sc, int32_t *m,
+                               uint8_t u[32]) {
+        const uint8_t *s = blk + 4, *qh = blk + 16, *qs = blk + (type == GGML_TYPE_Q5_K ? 48 : 16);
+
+        if (j < 4) {
+                *sc = s[j] & 63;
+                *m = s[j + 4] & 63;
+        } else {
+                *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+                *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+        }
+        for (int i = 0; i < 32; i++) {
+                u[i] = (uint8_t) ((qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 15);
+                if (type == GGML_TYPE_Q5_K)
+                        u[i] = (uint8_t) (u[i] | ((qh[i] >> j) & 1) << 4);
+        }
+}
+
 static float documented_q8_dot(uint32_t type, const void *row, size_t k, const uint8_t *xq) {
         float *wf = malloc(k * sizeof *wf), acc = 0.0f;
         const int8_t *q = (const int8_t *) xq;
         const float *dx = (const float *) (xq + k);
 
+        if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) { /* the scale's fma, then the min's */
+                const size_t sb = type == GGML_TYPE_Q5_K ? 176 : 144;
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *blk = (const uint8_t *) row + b / 8 * sb;
+                        uint16_t h[2];
+                        int32_t sc, m, S = 0, Q = 0;
+                        uint8_t u[32];
+                        memcpy(h, blk, 4);
+                        documented_k_block(type, blk, (int) (b % 8), &sc, &m, u);
+                        for (int i = 0; i < 32; i++) {
+                                S += u[i] * q[32 * b + (size_t) i];
+                                Q += q[32 * b + (size_t) i];
+                        }
+                        acc = fmaf((float) (sc * S), quant_fp16_to_f32(h[0]) * dx[b], acc);
+                        acc = fmaf(-(float) (m * Q), quant_fp16_to_f32(h[1]) * dx[b], acc);
+                }
+                free(wf);
+                return acc;
+        }
+
         assert_int_equal(quant_dequantize_row(type, row, wf, k), 0);
         for (size_t b = 0; b < k / 32; b++) {
                 float d;
                 int32_t L = 0;
-                if (type == GGML_TYPE_IQ4_NL)
+                if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0)
                         d = quant_fp16_to_f32(((const struct block_iq4_nl *) row)[b].d);
                 else if (type == GGML_TYPE_Q8_0)
                         d = quant_fp16_to_f32(((const struct block_q8_0 *) row)[b].d);
@@ -694,14 +748,20 @@ static float documented_q8_dot(uint32_t type, const void *row, size_t k, const u
 }
 
 /* A row at the integer products' limits: every weight at its most negative (low) or most
- * positive value (Q8_0 -128 / 127, IQ4_NL's codebook ends, Q6_K 0 / 63 with every scale -128 /
- * 127), the scales kept finite. */
+ * positive value (Q8_0 -128 / 127, IQ4_NL's and Q4_0's codebook ends, Q6_K 0 / 63 with every
+ * scale -128 / 127, Q4_K / Q5_K 0 / 15 / 31 with every scale and min 63), the scales kept finite. */
 static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
         for (size_t b = 0; b < k / 32; b++)
                 if (type == GGML_TYPE_Q8_0)
                         memset(((struct block_q8_0 *) row)[b].qs, low ? 0x80 : 0x7f, 32);
-                else if (type == GGML_TYPE_IQ4_NL)
+                else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0)
                         memset(((struct block_iq4_nl *) row)[b].qs, low ? 0x00 : 0xff, 16);
+        if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) /* numbers 0 or the top, scales and mins 63 */
+                for (size_t s = 0; s < k / 256; s++) {
+                        uint8_t *blk = row + s * (type == GGML_TYPE_Q5_K ? 176 : 144);
+                        memset(blk + 4, 0xff, 12);
+                        memset(blk + 16, low ? 0x00 : 0xff, type == GGML_TYPE_Q5_K ? 160 : 128);
+                }
         if (type == GGML_TYPE_Q6_K)
                 for (size_t s = 0; s < k / 256; s++) {
                         struct block_q6_k *blk = (struct block_q6_k *) row + s;
@@ -718,7 +778,8 @@ static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
  * included, on random rows and on rows at the integer limits; and the result is within a q8
  * bound of the fp32 product. */
 static void test_gemm_q8(void **state) {
-        static const uint32_t types[] = { GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K };
+        static const uint32_t types[] = { GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K,
+                                          GGML_TYPE_Q4_0,  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K };
         static const size_t ks[] = { 32, 96, 256, 512 };
         static const size_t ranges[][2] = { { 0, 37 }, { 3, 35 }, { 16, 32 }, { 0, 5 }, { 33, 37 }, { 31, 34 } };
         const size_t R = 37, T = 11;
@@ -729,7 +790,7 @@ static void test_gemm_q8(void **state) {
                 for (size_t ki = 0; ki < ELEMENTSOF(ks); ki++) {
                         const uint32_t type = types[ti];
                         const size_t k = ks[ki], xs = quant_q8_row_bytes(k);
-                        if (type == GGML_TYPE_Q6_K && k % 256)
+                        if (k % quant_q8_block_values(type))
                                 continue;
                         uint64_t rb = 0;
                         assert_int_equal(ggml_row_bytes(type, k, &rb), 0);
