@@ -1118,11 +1118,15 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
 /* ---- the fast numerics' integer products (quant.h): the portable definition ---- */
 bool quant_q8_supported(uint32_t type) {
         return type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q6_K ||
-               type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
+               type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
+               type == GGML_TYPE_IQ4_XS;
 }
 
 size_t quant_q8_block_values(uint32_t type) {
-        return type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ? QK_K : 32;
+        return type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
+                               type == GGML_TYPE_IQ4_XS
+                       ? QK_K
+                       : 32;
 }
 
 size_t quant_q8_row_bytes(size_t k) {
@@ -1192,6 +1196,10 @@ static void q8_quantize_generic(const float *x, size_t k, void *row) {
  *   u[32j + 16 + 4c + i] at bit 4 + c (c < 4); then 128 bytes of (sc_j & 15) | (m_j & 15) << 4
  *   (block j's 16 rows at 16j), 64 bytes of the top 2 bits (row r's byte i at 4r + i:
  *   sc_2i, m_2i, sc_2i+1, m_2i+1 at bits 0, 2, 4, 6), the 16 d and the 16 dmin.
+ * - IQ4_XS, 2176 bytes (ls the 32-value blocks' six-bit scales, the block's factor ls − 32): for
+ *   each block j the IQ4_NL layout of its nibbles (4 chunks of 64 bytes at 256j); then 64 bytes,
+ *   row r's 4 bytes at 4r as a little-endian word holding the low 4 bits of ls_j at bits 4j; 32
+ *   bytes, row r's 2 at 2r a word holding the top 2 bits of ls_j at bits 2j; the 16 d.
  * Rows past the last whole group keep their stored bytes. */
 #define Q8P_ROWS 16
 
@@ -1202,6 +1210,7 @@ static size_t q8p_row_bytes(uint32_t type, size_t k) {
         case GGML_TYPE_Q8_0: return k / QK8_0 * sizeof(struct block_q8_0);
         case GGML_TYPE_Q4_K: return k / QK_K * 144;
         case GGML_TYPE_Q5_K: return k / QK_K * 176;
+        case GGML_TYPE_IQ4_XS: return k / QK_K * 136;
         default: return k / QK_K * sizeof(struct block_q6_k);
         }
 }
@@ -1218,6 +1227,14 @@ enum { Q8P_IQ4_UNIT = 16 * 18, Q8P_Q8_UNIT = 16 * 34, Q8P_Q6K_UNIT = 16 * 210, Q
 #define Q8P_K_SCH(type) (Q8P_K_SC(type) + 128)
 #define Q8P_K_D(type) (Q8P_K_SC(type) + 192)
 #define Q8P_K_DMIN(type) (Q8P_K_SC(type) + 224)
+
+/* IQ4_XS's packed unit: the scales' low bits, top bits, d */
+enum { Q8P_XS_UNIT = 16 * 136, Q8P_XS_SCL = 2048, Q8P_XS_SCH = 2112, Q8P_XS_D = 2144 };
+
+/* A stored IQ4_XS super-block (docs/model.md §6): block j's six-bit scale ls_j */
+static inline int xs_scale(const uint8_t *b, int j) {
+        return ((b[4 + j / 2] >> 4 * (j % 2)) & 15) | ((load_u16(b + 2) >> 2 * j) & 3) << 4;
+}
 
 static bool q8_is_k(uint32_t type) {
         return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
@@ -1264,7 +1281,23 @@ void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, siz
                 uint8_t *G = P + g * prb;
                 for (size_t lr = 0; lr < Q8P_ROWS; lr++) {
                         const uint8_t *row = (const uint8_t *) w + (g + lr) * row_bytes;
-                        if (q8_is_k(type)) {
+                        if (type == GGML_TYPE_IQ4_XS) {
+                                for (size_t s = 0; s < k / QK_K; s++) {
+                                        const uint8_t *blk = row + s * 136;
+                                        uint8_t *U = G + s * Q8P_XS_UNIT;
+                                        uint32_t lo = 0;
+                                        uint16_t hi = 0;
+                                        for (int j = 0; j < 8; j++) {
+                                                for (int c = 0; c < 4; c++)
+                                                        memcpy(U + 256 * j + 64 * c + 4 * lr, blk + 8 + 16 * j + 4 * c, 4);
+                                                lo |= (uint32_t) (xs_scale(blk, j) & 15) << 4 * j;
+                                                hi = (uint16_t) (hi | (xs_scale(blk, j) >> 4) << 2 * j);
+                                        }
+                                        memcpy(U + Q8P_XS_SCL + 4 * lr, &lo, 4);
+                                        memcpy(U + Q8P_XS_SCH + 2 * lr, &hi, 2);
+                                        memcpy(U + Q8P_XS_D + 2 * lr, blk, 2);
+                                }
+                        } else if (q8_is_k(type)) {
                                 for (size_t s = 0; s < k / QK_K; s++) {
                                         uint8_t *U = G + s * Q8P_K_UNIT(type), u[QK_K], sc[8], m[8];
                                         uint16_t d, dmin;
@@ -1340,7 +1373,15 @@ static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_
         sc[0] = sc[1] = 1;
         if (r >= full) { /* as stored */
                 const uint8_t *row = P + r * prb;
-                if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
+                if (type == GGML_TYPE_IQ4_XS) {
+                        const uint8_t *blk = row + b / 8 * 136, *qs = blk + 8 + 16 * (b % 8);
+                        *d = fp16_to_f32(load_u16(blk));
+                        sc[0] = sc[1] = xs_scale(blk, (int) (b % 8)) - 32;
+                        for (int j = 0; j < 16; j++) {
+                                w[j] = quant_iq4nl_values[qs[j] & 0xf];
+                                w[j + 16] = quant_iq4nl_values[qs[j] >> 4];
+                        }
+                } else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
                         const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
                         *d = fp16_to_f32(blk->d);
                         for (int j = 0; j < 16; j++) {
@@ -1365,7 +1406,22 @@ static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_
         const uint8_t *G = P + (r - r % Q8P_ROWS) * prb;
         const size_t lr = r % Q8P_ROWS;
         uint16_t h16;
-        if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
+        if (type == GGML_TYPE_IQ4_XS) {
+                const uint8_t *U = G + b / 8 * Q8P_XS_UNIT;
+                const size_t j = b % 8;
+                uint32_t lo;
+                uint16_t hi;
+                for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 4; i++) {
+                                uint8_t byte = U[256 * j + 64 * c + 4 * lr + (size_t) i];
+                                w[4 * c + i] = quant_iq4nl_values[byte & 15];
+                                w[16 + 4 * c + i] = quant_iq4nl_values[byte >> 4];
+                        }
+                memcpy(&lo, U + Q8P_XS_SCL + 4 * lr, 4);
+                memcpy(&hi, U + Q8P_XS_SCH + 2 * lr, 2);
+                sc[0] = sc[1] = (int32_t) (((lo >> 4 * j) & 15) | ((hi >> 2 * j) & 3u) << 4) - 32;
+                memcpy(&h16, U + Q8P_XS_D + 2 * lr, 2);
+        } else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
                 const uint8_t *U = G + b * Q8P_IQ4_UNIT;
                 for (int c = 0; c < 4; c++)
                         for (int i = 0; i < 4; i++) {
@@ -1511,6 +1567,24 @@ Q8_TARGET static inline __attribute__((always_inline)) __m512i q8_dot32_vnni(__m
         return _mm512_add_epi32(a, a1);
 }
 
+/* A block's 4 chunks of 16 rows' nibbles (the IQ4_NL layout at C): w[c] the low nibbles of chunk
+ * c, w[4 + c] the high ones, through the book (a pshufb table) or as they are */
+Q8_TARGET static inline __attribute__((always_inline)) void q8_nibbles_vnni(const uint8_t *C, bool through,
+                                                                           __m512i book, __m512i w[8]) {
+        const __m512i m4 = _mm512_set1_epi8(0x0f);
+        for (int o = 0; o < 256; o += 64)
+                _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
+        UNROLL for (int c = 0; c < 4; c++) {
+                __m512i v = _mm512_loadu_si512(C + 64 * c);
+                w[c] = _mm512_and_si512(v, m4);
+                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (through) {
+                        w[c] = _mm512_shuffle_epi8(book, w[c]);
+                        w[c + 4] = _mm512_shuffle_epi8(book, w[c + 4]);
+                }
+        }
+}
+
 /* acc[t] (lanes: the group's 16 rows) = the outputs of group G for NT inputs */
 Q8_TARGET static inline __attribute__((always_inline)) void
 q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const uint8_t *xq,
@@ -1558,6 +1632,31 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
                 }
                 return;
         }
+        if (type == GGML_TYPE_IQ4_XS) { /* IQ4_NL's sums, times the block's ls − 32 */
+                const __m512i m3 = _mm512_set1_epi32(3), m15 = _mm512_set1_epi32(15), o32 = _mm512_set1_epi32(32);
+                for (size_t s = 0; s < k / QK_K; s++) {
+                        const uint8_t *U = G + s * Q8P_XS_UNIT;
+                        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + Q8P_XS_D)));
+                        const __m512i lo = _mm512_loadu_si512(U + Q8P_XS_SCL);
+                        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *) (U + Q8P_XS_SCH)));
+                        for (int j = 0; j < 8; j++) {
+                                const size_t b = 8 * s + (size_t) j;
+                                __m512i w[8];
+                                q8_nibbles_vnni(U + 256 * j, true, book, w);
+                                const __m512i sc = _mm512_sub_epi32(
+                                        _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(lo, _mm_cvtsi32_si128(4 * j)), m15),
+                                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(hi, _mm_cvtsi32_si128(2 * j)), m3), 4)),
+                                        o32);
+                                UNROLL for (int t = 0; t < NT; t++) {
+                                        __m512i L = q8_dot32_vnni(_mm512_set1_epi32(-128 * (sums[t][2 * b] + sums[t][2 * b + 1])),
+                                                                  w, q[t] + 32 * b);
+                                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(L, sc)),
+                                                                 _mm512_mul_ps(d, _mm512_set1_ps(dx[t][b])), acc[t]);
+                                }
+                        }
+                }
+                return;
+        }
         if (q8_is_k(type)) { /* unsigned numbers: no offset; the min's term from the runs' sums */
                 const __m512i m3 = _mm512_set1_epi32(3), m15 = _mm512_set1_epi32(15), b4 = _mm512_set1_epi8(0x10);
                 for (size_t s = 0; s < k / QK_K; s++) {
@@ -1567,15 +1666,8 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
                         const __m512i hi = _mm512_loadu_si512(U + Q8P_K_SCH(type));
                         for (int j = 0; j < 8; j++) {
                                 const size_t b = 8 * s + (size_t) j;
-                                const uint8_t *C = U + 256 * j;
                                 __m512i w[8];
-                                for (int o = 0; o < 256; o += 64)
-                                        _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
-                                UNROLL for (int c = 0; c < 4; c++) {
-                                        __m512i v = _mm512_loadu_si512(C + 64 * c);
-                                        w[c] = _mm512_and_si512(v, m4);
-                                        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                                }
+                                q8_nibbles_vnni(U + 256 * j, false, book, w);
                                 if (Q8P_K_FIVE(type)) { /* bit c and 4 + c of a byte to bit 4 */
                                         __m512i h = _mm512_loadu_si512(U + Q8P_K_QH + 64 * j);
                                         w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), b4));
@@ -1689,6 +1781,7 @@ Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, si
         case GGML_TYPE_Q8_0: Q8P_DRIVE(GGML_TYPE_Q8_0) break;
         case GGML_TYPE_Q4_K: Q8P_DRIVE(GGML_TYPE_Q4_K) break;
         case GGML_TYPE_Q5_K: Q8P_DRIVE(GGML_TYPE_Q5_K) break;
+        case GGML_TYPE_IQ4_XS: Q8P_DRIVE(GGML_TYPE_IQ4_XS) break;
         default: Q8P_DRIVE(GGML_TYPE_Q6_K) break;
         }
         if (r1 > full) /* the rows past the last whole group */
@@ -1723,6 +1816,24 @@ Q8_AVX2_TARGET static inline __m256i q8_dot_unsigned(__m256i acc, __m256i w, __m
         return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones));
 }
 
+/* a[t][0] += Σ over block b's first 16 values of w·q, a[t][1] the last 16, for NT <= 2 inputs and
+ * 8 rows (C: their 4 chunks of nibbles, 64 bytes apart; w the book's entries, signed) */
+Q8_AVX2_TARGET static inline __attribute__((always_inline)) void
+q8_book_block_avx2(const int NT, const uint8_t *C, __m256i book, const uint8_t *xq, size_t xs, size_t b,
+                   __m256i a[2][2]) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *) (C + 64 * c));
+                __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
+                __m256i wh = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                UNROLL for (int t = 0; t < NT; t++) {
+                        const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
+                        a[t][0] = q8_dot_signed(a[t][0], wl, Q8_BCAST256(qb + 4 * c));
+                        a[t][1] = q8_dot_signed(a[t][1], wh, Q8_BCAST256(qb + 16 + 4 * c));
+                }
+        }
+}
+
 /* acc[t] (lanes: rows 8·half .. 8·half + 7 of the group) for NT <= 2 inputs */
 Q8_AVX2_TARGET static inline __attribute__((always_inline)) void
 q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int half,
@@ -1744,16 +1855,7 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
                         for (size_t o = 0; o < unit; o += 64)
                                 _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
                         if (type != GGML_TYPE_Q8_0) {
-                                for (int c = 0; c < 4; c++) {
-                                        __m256i v = _mm256_loadu_si256((const __m256i *) (U + 64 * c + ho));
-                                        __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
-                                        __m256i wh = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-                                        UNROLL for (int t = 0; t < NT; t++) {
-                                                const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
-                                                a[t][0] = q8_dot_signed(a[t][0], wl, Q8_BCAST256(qb + 4 * c));
-                                                a[t][1] = q8_dot_signed(a[t][1], wh, Q8_BCAST256(qb + 16 + 4 * c));
-                                        }
-                                }
+                                q8_book_block_avx2(NT, U + ho, book, xq, xs, b, a);
                                 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + 256 + 16 * half)));
                         } else {
                                 for (int c = 0; c < 8; c++) {
@@ -1768,6 +1870,34 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
                         UNROLL for (int t = 0; t < NT; t++)
                                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[t][0], a[t][1])),
                                                          _mm256_mul_ps(d, _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b])), acc[t]);
+                }
+                return;
+        }
+        if (type == GGML_TYPE_IQ4_XS) {
+                const __m256i m3 = _mm256_set1_epi32(3), m15 = _mm256_set1_epi32(15), o32 = _mm256_set1_epi32(32);
+                for (size_t s = 0; s < k / QK_K; s++) {
+                        const uint8_t *U = G + s * Q8P_XS_UNIT;
+                        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_XS_D + 16 * half)));
+                        const __m256i lo = _mm256_loadu_si256((const __m256i *) (U + Q8P_XS_SCL + ho));
+                        const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *) (U + Q8P_XS_SCH + 16 * half)));
+                        for (int j = 0; j < 8; j++) {
+                                const size_t b = 8 * s + (size_t) j;
+                                const uint8_t *C = U + 256 * j;
+                                __m256i a[2][2] = { { _mm256_setzero_si256(), _mm256_setzero_si256() },
+                                                    { _mm256_setzero_si256(), _mm256_setzero_si256() } };
+                                for (int o = 0; o < 256; o += 64)
+                                        _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
+                                q8_book_block_avx2(NT, C + ho, book, xq, xs, b, a);
+                                const __m256i sc = _mm256_sub_epi32(
+                                        _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(lo, _mm_cvtsi32_si128(4 * j)), m15),
+                                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * j)), m3), 4)),
+                                        o32);
+                                UNROLL for (int t = 0; t < NT; t++) {
+                                        __m256i L = _mm256_mullo_epi32(_mm256_add_epi32(a[t][0], a[t][1]), sc);
+                                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L),
+                                                                 _mm256_mul_ps(d, _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b])), acc[t]);
+                                }
+                        }
                 }
                 return;
         }
@@ -1894,6 +2024,7 @@ Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t 
         case GGML_TYPE_Q8_0: Q8P_DRIVE_AVX2(GGML_TYPE_Q8_0) break;
         case GGML_TYPE_Q4_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_K) break;
         case GGML_TYPE_Q5_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_K) break;
+        case GGML_TYPE_IQ4_XS: Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_XS) break;
         default: Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K) break;
         }
         if (r1 > full)

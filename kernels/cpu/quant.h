@@ -103,8 +103,8 @@ void quant_round_bf16(const float *x, size_t n, uint16_t *xb);
 void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const uint16_t *xb,
                      size_t xb_stride, size_t T, float *y, size_t y_stride);
 
-/* The fast numerics' integer products: IQ4_NL, Q4_0, Q8_0, Q4_K, Q5_K and Q6_K weights times
- * activations rounded to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
+/* The fast numerics' integer products: IQ4_NL, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS weights
+ * times activations rounded to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
  * values, then k/32 fp32 scales, then k/16 int32 sums (Σq of each 16-value run, which the
  * integer products use to undo the offsets of unsigned weights), padded to 64 bytes. Block b's
  * scale is dx_b = max|x| / 127 and q_i = x_i · (127 / max|x|) rounded to nearest even, in [-127,
@@ -115,7 +115,8 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
  * L_b = Σ_i w_i·q_i (w the block's integer weights: the IQ4_NL codebook entries, the Q8_0
  * values, Q4_0's q − 8; exact in int32), for Q6_K L_b = sc_0·Σ_{i<16} w_i·q_i +
  * sc_1·Σ_{i>=16} w_i·q_i (w the six-bit values less 32, sc the two 16-value runs' scales; exact),
- * and acc = fma((float) L_b, d_b·dx_b, acc) for b ascending from acc = +0 (d_b the block's fp16
+ * for IQ4_XS L_b = (ls_b − 32)·Σ_i w_i·q_i (w the codebook entries, ls_b the block's six-bit scale;
+ * exact), and acc = fma((float) L_b, d_b·dx_b, acc) for b ascending from acc = +0 (d_b the block's fp16
  * scale, a K super-block's d; d_b·dx_b rounded once, the fma rounded once). Q4_K and Q5_K (weight
  * d·sc·u − dmin·m, u the unsigned four- or five-bit number, sc and m the block's six-bit scale
  * and min): L_b = sc·Σ_i u_i·q_i and M_b = m·Σ_i q_i (the block's two run sums), both exact, and

@@ -380,8 +380,8 @@ static void route_log_add(uint32_t layer, uint32_t token, const float *scores, u
 /* A demo-shaped model in the formats llama-quantize writes (Q4_K_M-like: Q4_K FFN and head; Q5_0
  * attention; and the others) loads, its matrices have the generated statistics through the CPU's
  * dequantization, and the CPU forward gives finite logits of the usual spread, in both numerics.
- * The fast numerics (the integer products of Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 where the CPU has
- * them, the other formats on the reference) stay within 3e-2 × max|logit| of the reference's for
+ * The fast numerics (the integer products of Q4_0 / Q4_K / Q5_K / IQ4_XS / Q6_K / Q8_0 where the
+ * CPU has them, the other formats on the reference) stay within 3e-2 × max|logit| of the reference's for
  * every one-token sequence both route to the same experts; a changed choice at a near tie moves a
  * random model's logits by up to 20% (top-k routing, not the products), and at most a quarter of
  * the 16 may differ so. */

@@ -332,6 +332,12 @@ static void *random_row(uint32_t type, size_t n) {
                 for (size_t i = 0; i < n / 32; i++)
                         ((struct block_iq4_nl *) row)[i].d = quant_f32_to_fp16(0.01f * rndf());
                 break;
+        case GGML_TYPE_IQ4_XS: /* d first */
+                for (size_t i = 0; i < n / 256; i++) {
+                        uint16_t d = quant_f32_to_fp16(0.001f * rndf());
+                        memcpy(row + i * 136, &d, 2);
+                }
+                break;
         case GGML_TYPE_Q4_K:
         case GGML_TYPE_Q5_K: /* d, dmin first */
                 for (size_t i = 0; i < n / 256; i++) {
@@ -715,6 +721,24 @@ static float documented_q8_dot(uint32_t type, const void *row, size_t k, const u
                 free(wf);
                 return acc;
         }
+        if (type == GGML_TYPE_IQ4_XS) { /* d, u16 scales_h, u8 scales_l[4], then 8 blocks' nibbles */
+                static const int8_t book[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+                                                 1,    13,   25,  38,  53,  69,  89,  113 };
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *blk = (const uint8_t *) row + b / 8 * 136, *qs = blk + 8 + 16 * (b % 8);
+                        const int j = (int) (b % 8);
+                        uint16_t h, sh;
+                        int32_t S = 0;
+                        memcpy(&h, blk, 2);
+                        memcpy(&sh, blk + 2, 2);
+                        int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4;
+                        for (int i = 0; i < 16; i++)
+                                S += book[qs[i] & 15] * q[32 * b + (size_t) i] + book[qs[i] >> 4] * q[32 * b + 16 + (size_t) i];
+                        acc = fmaf((float) ((ls - 32) * S), quant_fp16_to_f32(h) * dx[b], acc);
+                }
+                free(wf);
+                return acc;
+        }
 
         assert_int_equal(quant_dequantize_row(type, row, wf, k), 0);
         for (size_t b = 0; b < k / 32; b++) {
@@ -749,13 +773,17 @@ static float documented_q8_dot(uint32_t type, const void *row, size_t k, const u
 
 /* A row at the integer products' limits: every weight at its most negative (low) or most
  * positive value (Q8_0 -128 / 127, IQ4_NL's and Q4_0's codebook ends, Q6_K 0 / 63 with every
- * scale -128 / 127, Q4_K / Q5_K 0 / 15 / 31 with every scale and min 63), the scales kept finite. */
+ * scale -128 / 127, Q4_K / Q5_K 0 / 15 / 31 with every scale and min 63, IQ4_XS's codebook ends
+ * with every scale -32 / 31), the scales kept finite. */
 static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
         for (size_t b = 0; b < k / 32; b++)
                 if (type == GGML_TYPE_Q8_0)
                         memset(((struct block_q8_0 *) row)[b].qs, low ? 0x80 : 0x7f, 32);
                 else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0)
                         memset(((struct block_iq4_nl *) row)[b].qs, low ? 0x00 : 0xff, 16);
+        if (type == GGML_TYPE_IQ4_XS) /* the codebook's ends, every scale -32 or 31 */
+                for (size_t s = 0; s < k / 256; s++)
+                        memset((uint8_t *) row + s * 136 + 2, low ? 0x00 : 0xff, 134);
         if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) /* numbers 0 or the top, scales and mins 63 */
                 for (size_t s = 0; s < k / 256; s++) {
                         uint8_t *blk = row + s * (type == GGML_TYPE_Q5_K ? 176 : 144);
@@ -779,7 +807,7 @@ static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
  * bound of the fp32 product. */
 static void test_gemm_q8(void **state) {
         static const uint32_t types[] = { GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K,
-                                          GGML_TYPE_Q4_0,  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K };
+                                          GGML_TYPE_Q4_0,  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS };
         static const size_t ks[] = { 32, 96, 256, 512 };
         static const size_t ranges[][2] = { { 0, 37 }, { 3, 35 }, { 16, 32 }, { 0, 5 }, { 33, 37 }, { 31, 34 } };
         const size_t R = 37, T = 11;
