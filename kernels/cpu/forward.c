@@ -1582,17 +1582,19 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                         .k = t->ne[0],
                         .R = t->n_elements / t->ne[0],
                 };
-                void *m = mmap(NULL, t->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                /* a packed copy's last group is padded to 16 rows */
+                const size_t bytes = t->type == GGML_TYPE_BF16 ? t->size : quant_q8_packed_bytes(t->type, task.R, task.k);
+                void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
                 if (m == MAP_FAILED) { /* the rest keep the reference (a product uses a copy only where one exists) */
                         log_warning("cpu backend: fast numerics: cannot allocate %" PRIu64 " bytes to copy %s (%s): it and %zu more matrices stay in the file's pages (quantized ones on the fp32 reference)",
-                                    t->size, t->name, strerror(errno), b->n_packed - i - 1);
+                                    (uint64_t) bytes, t->name, strerror(errno), b->n_packed - i - 1);
                         b->n_packed = i;
                         break;
                 }
                 pk->data = m;
-                pk->bytes = t->size;
-                (void) madvise(m, t->size, MADV_HUGEPAGE); /* streamed end to end every token */
+                pk->bytes = bytes;
+                (void) madvise(m, bytes, MADV_HUGEPAGE); /* streamed end to end every token */
                 task.dst = m;
                 task.units = DIV_ROUND_UP(task.R, 16);
                 threadpool_run(b->pool, task.units, pack_units, &task);

@@ -1200,7 +1200,9 @@ static void q8_quantize_generic(const float *x, size_t k, void *row) {
  *   each block j the IQ4_NL layout of its nibbles (4 chunks of 64 bytes at 256j); then 64 bytes,
  *   row r's 4 bytes at 4r as a little-endian word holding the low 4 bits of ls_j at bits 4j; 32
  *   bytes, row r's 2 at 2r a word holding the top 2 bits of ls_j at bits 2j; the 16 d.
- * Rows past the last whole group keep their stored bytes. */
+ * A last group of fewer than 16 rows is padded with zero bytes to a whole one, so every row
+ * takes the SIMD kernels (a 24-row mHC projection in a user's quantization left 8 rows a token
+ * to the portable code, and its prefill ran slower than the reference's). */
 #define Q8P_ROWS 16
 
 static size_t q8p_row_bytes(uint32_t type, size_t k) {
@@ -1213,6 +1215,10 @@ static size_t q8p_row_bytes(uint32_t type, size_t k) {
         case GGML_TYPE_IQ4_XS: return k / QK_K * 136;
         default: return k / QK_K * sizeof(struct block_q6_k);
         }
+}
+
+size_t quant_q8_packed_bytes(uint32_t type, size_t R, size_t k) {
+        return (R + Q8P_ROWS - 1) / Q8P_ROWS * Q8P_ROWS * q8p_row_bytes(type, k);
 }
 
 enum { Q8P_IQ4_UNIT = 16 * 18, Q8P_Q8_UNIT = 16 * 34, Q8P_Q6K_UNIT = 16 * 210, Q8P_Q6K_SC = 3072,
@@ -1271,15 +1277,15 @@ static void kq_unpack(uint32_t type, const uint8_t *b, uint8_t u[QK_K], uint8_t 
 
 void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
                    void *packed) {
-        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+        const size_t prb = q8p_row_bytes(type, k);
         uint8_t *P = packed;
 
         assert(quant_q8_supported(type) && row_bytes == prb);
-        for (size_t r = full; r < R; r++)
-                memcpy(P + r * prb, (const uint8_t *) w + r * row_bytes, prb);
-        for (size_t g = 0; g < full; g += Q8P_ROWS) {
+        for (size_t g = 0; g < R; g += Q8P_ROWS) {
                 uint8_t *G = P + g * prb;
-                for (size_t lr = 0; lr < Q8P_ROWS; lr++) {
+                if (R - g < Q8P_ROWS) /* the last group's missing rows: zeros (never stored) */
+                        memset(G, 0, Q8P_ROWS * prb);
+                for (size_t lr = 0; lr < MIN((size_t) Q8P_ROWS, R - g); lr++) {
                         const uint8_t *row = (const uint8_t *) w + (g + lr) * row_bytes;
                         if (type == GGML_TYPE_IQ4_XS) {
                                 for (size_t s = 0; s < k / QK_K; s++) {
@@ -1364,45 +1370,13 @@ void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, siz
         }
 }
 
-/* Block b of row r of a packed matrix of R rows: its 32 integer weights, its two runs' scales
- * (1 but for Q6_K) and its d. */
-static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r, size_t b,
-                      int8_t w[32], int32_t sc[2], float *d) {
-        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+/* Block b of row r of a packed matrix: its 32 integer weights, its two runs' scales (1 but for
+ * Q6_K and IQ4_XS) and its d. */
+static void q8p_block(uint32_t type, const uint8_t *P, size_t k, size_t r, size_t b, int8_t w[32],
+                      int32_t sc[2], float *d) {
+        const size_t prb = q8p_row_bytes(type, k);
 
         sc[0] = sc[1] = 1;
-        if (r >= full) { /* as stored */
-                const uint8_t *row = P + r * prb;
-                if (type == GGML_TYPE_IQ4_XS) {
-                        const uint8_t *blk = row + b / 8 * 136, *qs = blk + 8 + 16 * (b % 8);
-                        *d = fp16_to_f32(load_u16(blk));
-                        sc[0] = sc[1] = xs_scale(blk, (int) (b % 8)) - 32;
-                        for (int j = 0; j < 16; j++) {
-                                w[j] = quant_iq4nl_values[qs[j] & 0xf];
-                                w[j + 16] = quant_iq4nl_values[qs[j] >> 4];
-                        }
-                } else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
-                        const struct block_iq4_nl *blk = (const struct block_iq4_nl *) row + b;
-                        *d = fp16_to_f32(blk->d);
-                        for (int j = 0; j < 16; j++) {
-                                w[j] = q8_book(type)[blk->qs[j] & 0xf];
-                                w[j + 16] = q8_book(type)[blk->qs[j] >> 4];
-                        }
-                } else if (type == GGML_TYPE_Q8_0) {
-                        const struct block_q8_0 *blk = (const struct block_q8_0 *) row + b;
-                        *d = fp16_to_f32(blk->d);
-                        memcpy(w, blk->qs, 32);
-                } else {
-                        const struct block_q6_k *blk = (const struct block_q6_k *) row + b / 8;
-                        int8_t q[QK_K];
-                        q6k_unpack(blk, q);
-                        memcpy(w, q + 32 * (b % 8), 32);
-                        *d = fp16_to_f32(blk->d);
-                        for (int h = 0; h < 2; h++)
-                                sc[h] = blk->scales[q6k_scale_index((int) (2 * (b % 8)) + h)];
-                }
-                return;
-        }
         const uint8_t *G = P + (r - r % Q8P_ROWS) * prb;
         const size_t lr = r % Q8P_ROWS;
         uint16_t h16;
@@ -1456,38 +1430,29 @@ static void q8p_block(uint32_t type, const uint8_t *P, size_t R, size_t k, size_
 
 /* Block b of row r of a packed Q4_K / Q5_K matrix: its 32 unsigned numbers, its scale and min,
  * and its super-block's d and dmin. */
-static void q8p_kblock(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r, size_t b,
-                       uint8_t u[32], int32_t *sc, int32_t *m, float *d, float *dmin) {
-        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS, j = b % 8;
+static void q8p_kblock(uint32_t type, const uint8_t *P, size_t k, size_t r, size_t b, uint8_t u[32],
+                       int32_t *sc, int32_t *m, float *d, float *dmin) {
+        const size_t prb = q8p_row_bytes(type, k), j = b % 8, lr = r % Q8P_ROWS;
+        const uint8_t *U = P + (r - lr) * prb + b / 8 * Q8P_K_UNIT(type);
         uint16_t h16, m16;
 
-        if (r >= full) { /* as stored */
-                uint8_t all[QK_K], scs[8], ms[8];
-                kq_unpack(type, P + r * prb + b / 8 * q8p_row_bytes(type, QK_K), all, scs, ms, &h16, &m16);
-                memcpy(u, all + 32 * j, 32);
-                *sc = scs[j];
-                *m = ms[j];
-        } else {
-                const uint8_t *U = P + (r - r % Q8P_ROWS) * prb + b / 8 * Q8P_K_UNIT(type);
-                const size_t lr = r % Q8P_ROWS;
-                for (int c = 0; c < 4; c++)
-                        for (int i = 0; i < 4; i++) {
-                                unsigned byte = U[256 * j + 64 * c + 4 * lr + (size_t) i];
-                                unsigned hb = Q8P_K_FIVE(type) ? U[Q8P_K_QH + 64 * j + 4 * lr + (size_t) i] : 0;
-                                u[4 * c + i] = (uint8_t) ((byte & 15) | ((hb >> c) & 1) << 4);
-                                u[16 + 4 * c + i] = (uint8_t) ((byte >> 4) | ((hb >> (4 + c)) & 1) << 4);
-                        }
-                unsigned lo = U[Q8P_K_SC(type) + 16 * j + lr], hi = U[Q8P_K_SCH(type) + 4 * lr + j / 2] >> (4 * (j % 2));
-                *sc = (int32_t) ((lo & 15) | (hi & 3) << 4);
-                *m = (int32_t) ((lo >> 4) | ((hi >> 2) & 3) << 4);
-                memcpy(&h16, U + Q8P_K_D(type) + 2 * lr, 2);
-                memcpy(&m16, U + Q8P_K_DMIN(type) + 2 * lr, 2);
-        }
+        for (int c = 0; c < 4; c++)
+                for (int i = 0; i < 4; i++) {
+                        unsigned byte = U[256 * j + 64 * c + 4 * lr + (size_t) i];
+                        unsigned hb = Q8P_K_FIVE(type) ? U[Q8P_K_QH + 64 * j + 4 * lr + (size_t) i] : 0;
+                        u[4 * c + i] = (uint8_t) ((byte & 15) | ((hb >> c) & 1) << 4);
+                        u[16 + 4 * c + i] = (uint8_t) ((byte >> 4) | ((hb >> (4 + c)) & 1) << 4);
+                }
+        unsigned lo = U[Q8P_K_SC(type) + 16 * j + lr], hi = U[Q8P_K_SCH(type) + 4 * lr + j / 2] >> (4 * (j % 2));
+        *sc = (int32_t) ((lo & 15) | (hi & 3) << 4);
+        *m = (int32_t) ((lo >> 4) | ((hi >> 2) & 3) << 4);
+        memcpy(&h16, U + Q8P_K_D(type) + 2 * lr, 2);
+        memcpy(&m16, U + Q8P_K_DMIN(type) + 2 * lr, 2);
         *d = fp16_to_f32(h16);
         *dmin = fp16_to_f32(m16);
 }
 
-static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r,
+static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t k, size_t r,
                          const uint8_t *xq) {
         const int8_t *q = (const int8_t *) xq;
         const float *dx = Q8_DX(xq, k);
@@ -1499,7 +1464,7 @@ static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t R, size_t k, si
                         uint8_t u[32];
                         int32_t sc, m, S = 0;
                         float d, dmin;
-                        q8p_kblock(type, P, R, k, r, b, u, &sc, &m, &d, &dmin);
+                        q8p_kblock(type, P, k, r, b, u, &sc, &m, &d, &dmin);
                         for (int i = 0; i < 32; i++)
                                 S += (int32_t) u[i] * q[32 * b + (size_t) i];
                         acc = fmaf((float) (sc * S), d * dx[b], acc);
@@ -1512,7 +1477,7 @@ static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t R, size_t k, si
                 int32_t sc[2], L[2] = { 0, 0 };
                 float d;
 
-                q8p_block(type, P, R, k, r, b, w, sc, &d);
+                q8p_block(type, P, k, r, b, w, sc, &d);
                 for (int i = 0; i < 32; i++)
                         L[i / 16] += (int32_t) w[i] * q[32 * b + (size_t) i];
                 float s = d * dx[b];
@@ -1521,12 +1486,12 @@ static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t R, size_t k, si
         return acc;
 }
 
-static void gemm_q8_generic(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r0,
+static void gemm_q8_generic(uint32_t type, const uint8_t *P, size_t k, size_t r0,
                             size_t r1, const uint8_t *xq, size_t xs, size_t T, float *y,
                             size_t ys) {
         for (size_t t = 0; t < T; t++)
                 for (size_t r = r0; r < r1; r++)
-                        y[t * ys + r - r0] = q8p_dot_ref(type, P, R, k, r, xq + t * xs);
+                        y[t * ys + r - r0] = q8p_dot_ref(type, P, k, r, xq + t * xs);
 }
 
 #ifdef HAVE_X86_SIMD
@@ -1739,7 +1704,7 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
 /* rows [r0, r1): whole groups 16 rows a register, Q8P_NT inputs at a time (a group's weights
  * are decoded once for them); a group cut by r0 or r1 is computed whole and stored in part */
 #define Q8P_DRIVE(TYPE)                                                                            \
-        for (size_t g = r0 - r0 % Q8P_ROWS; g < MIN(r1, full); g += Q8P_ROWS) {                    \
+        for (size_t g = r0 - r0 % Q8P_ROWS; g < r1; g += Q8P_ROWS) {                               \
                 const uint8_t *G = P + g * prb;                                                    \
                 const size_t a = MAX(r0, g), e = MIN(r1, g + Q8P_ROWS);                            \
                 for (size_t t = 0; t < T; t += Q8P_NT(TYPE)) {                                     \
@@ -1773,7 +1738,10 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
 Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, size_t k, size_t r0,
                                    size_t r1, const uint8_t *xq, size_t xs, size_t T, float *y,
                                    size_t ys) {
-        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+        const size_t prb = q8p_row_bytes(type, k);
+
+        (void) R;
+        assert(r1 <= R); /* the last group padded (quant_q8_pack) */
 
         switch (type) {
         case GGML_TYPE_IQ4_NL: Q8P_DRIVE(GGML_TYPE_IQ4_NL) break;
@@ -1784,9 +1752,6 @@ Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, si
         case GGML_TYPE_IQ4_XS: Q8P_DRIVE(GGML_TYPE_IQ4_XS) break;
         default: Q8P_DRIVE(GGML_TYPE_Q6_K) break;
         }
-        if (r1 > full) /* the rows past the last whole group */
-                gemm_q8_generic(type, P, R, k, MAX(r0, full), r1, xq, xs, T,
-                                y + (MAX(r0, full) - r0), ys);
 }
 
 /* The same sums with AVX2 (no AVX-512 VNNI), 8 rows a register: a 64-byte chunk's first 32
@@ -1989,7 +1954,7 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
 }
 
 #define Q8P_DRIVE_AVX2(TYPE)                                                                       \
-        for (size_t g = r0 - r0 % Q8P_ROWS; g < MIN(r1, full); g += Q8P_ROWS) {                    \
+        for (size_t g = r0 - r0 % Q8P_ROWS; g < r1; g += Q8P_ROWS) {                               \
                 const uint8_t *G = P + g * prb;                                                    \
                 const size_t a = MAX(r0, g), e = MIN(r1, g + Q8P_ROWS);                            \
                 for (int half = 0; half < 2; half++) {                                             \
@@ -2016,7 +1981,10 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
 Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t R, size_t k,
                                         size_t r0, size_t r1, const uint8_t *xq, size_t xs,
                                         size_t T, float *y, size_t ys) {
-        const size_t prb = q8p_row_bytes(type, k), full = R - R % Q8P_ROWS;
+        const size_t prb = q8p_row_bytes(type, k);
+
+        (void) R;
+        assert(r1 <= R); /* the last group padded (quant_q8_pack) */
 
         switch (type) {
         case GGML_TYPE_IQ4_NL: Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_NL) break;
@@ -2027,9 +1995,6 @@ Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t 
         case GGML_TYPE_IQ4_XS: Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_XS) break;
         default: Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K) break;
         }
-        if (r1 > full)
-                gemm_q8_generic(type, P, R, k, MAX(r0, full), r1, xq, xs, T,
-                                y + (MAX(r0, full) - r0), ys);
 }
 
 /* The conversions with AVX-512, the portable code's bits: round to nearest even on the bit
@@ -2237,7 +2202,7 @@ void quant_gemm_q8(uint32_t type, const void *packed, size_t R, size_t k, size_t
                 return;
         }
 #endif
-        gemm_q8_generic(type, packed, R, k, r0, r1, xq, xq_stride, T, y, y_stride);
+        gemm_q8_generic(type, packed, k, r0, r1, xq, xq_stride, T, y, y_stride);
 }
 
 void quant_round_bf16(const float *x, size_t n, uint16_t *xb) {

@@ -126,8 +126,8 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
  *
  * The weights are multiplied in a packed copy (quant_q8_pack): 16 rows interleaved so that one
  * 64-byte register holds 4 consecutive weights of each of 16 rows, and one integer dot
- * instruction serves 16 outputs. The copy has the stored matrix's size (rows past the last whole
- * 16 stay as stored). */
+ * instruction serves 16 outputs. The copy has the stored matrix's size, the last group padded
+ * to 16 rows (quant_q8_packed_bytes). */
 bool quant_q8_supported(uint32_t type);
 /* the values a row's length must be a multiple of for the type's integer products (32, or 256
  * for the K formats) */
@@ -138,9 +138,11 @@ void quant_q8_quantize(const float *x, size_t k, void *row);
  * register; else AVX2 with FMA, 8): the fast numerics use them only then (the portable code is
  * the definition, and for tests). */
 bool quant_q8_dot_available(void);
+/* The bytes of the packed copy of R rows of k values: R rounded up to 16, times the row size. */
+size_t quant_q8_packed_bytes(uint32_t type, size_t R, size_t k);
 /* R rows of a stored matrix of a quant_q8_supported type (k values each, k a whole number of
  * blocks; row_bytes apart, which must be the type's row size for k: rows as a GGUF stores them)
- * into `packed`, R · row_bytes bytes (any alignment; 64 is best). */
+ * into `packed`, quant_q8_packed_bytes(type, R, k) bytes (any alignment; 64 is best). */
 void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, size_t k,
                    void *packed);
 /* y[t·y_stride + r − r0] = w[r] · xq[t] for rows r0 <= r < r1 of a packed matrix of R rows and

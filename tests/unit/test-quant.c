@@ -659,7 +659,7 @@ static void test_q8_quantize(void **state) {
         void *w = random_row(GGML_TYPE_IQ4_NL, 4 * 32);
         uint64_t rb = 0;
         assert_int_equal(ggml_row_bytes(GGML_TYPE_IQ4_NL, 4 * 32, &rb), 0);
-        void *pw = malloc(rb);
+        void *pw = malloc(quant_q8_packed_bytes(GGML_TYPE_IQ4_NL, 1, 4 * 32));
         quant_q8_pack(GGML_TYPE_IQ4_NL, w, rb, 1, 4 * 32, pw);
         for (int v = 0; v < 2; v++) {
                 float y = 0;
@@ -802,7 +802,7 @@ static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
 /* The integer products: every variant (AVX-512 VNNI and AVX2 where the CPU has them, the
  * portable code) gives the documented order's bits for every input of a batch of 1-11 (passes of
  * 8 or 4 inputs and their remainders) and every row range (whole 16-row groups, groups and
- * 8-row halves cut at either end, the rows past the last group), odd block counts
+ * 8-row halves cut at either end, the last group, padded to 16 rows), odd block counts
  * included, on random rows and on rows at the integer limits; and the result is within a q8
  * bound of the fp32 product. */
 static void test_gemm_q8(void **state) {
@@ -822,7 +822,7 @@ static void test_gemm_q8(void **state) {
                                 continue;
                         uint64_t rb = 0;
                         assert_int_equal(ggml_row_bytes(type, k, &rb), 0);
-                        uint8_t *w = malloc(R * rb), *pw = malloc(R * rb), *xq = malloc(T * xs);
+                        uint8_t *w = malloc(R * rb), *pw = malloc(quant_q8_packed_bytes(type, R, k)), *xq = malloc(T * xs);
                         float *x = malloc(T * k * sizeof *x), *panel = malloc(R * k * sizeof *panel);
                         float want[11][37], y[11 * 37], f32[11 * 37];
                         for (size_t r = 0; r < R; r++) {
@@ -832,6 +832,7 @@ static void test_gemm_q8(void **state) {
                                 if (extreme && r % 4 < 2)
                                         extreme_row(type, w + r * rb, k, r % 4 == 0);
                         }
+                        assert_int_equal(quant_q8_packed_bytes(type, R, k), 48 * rb); /* 37 rows: 3 groups */
                         quant_q8_pack(type, w, rb, R, k, pw);
                         for (size_t i = 0; i < T * k; i++) /* extreme: q of ±127 throughout */
                                 x[i] = extreme ? (i / k % 2 ? -1.0f : 1.0f) : rndf() * (float) (1 + i % 7);
