@@ -1551,9 +1551,9 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                         ref = ref ? ref : list[i];
                         n_ref++;
                 }
-        if (ref) /* a user's quantization (Q5_0, Q4_1 ...), or rows the kernels do not take */
+        if (ref) /* rows the kernels do not take */
                 log_info("cpu backend: fast numerics: %zu quantized matrices (e.g. %s, %s) keep the fp32 "
-                         "reference: the integer kernels take IQ4_NL, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS",
+                         "reference: their rows are not whole blocks of the integer kernels",
                          n_ref, ref->name, ggml_type_name(ref->type));
         qsort(b->packed, b->n_packed, sizeof *b->packed, packed_cmp);
         size_t u = 0; /* a tensor listed twice (a tied head) is packed once */

@@ -1119,7 +1119,8 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
 bool quant_q8_supported(uint32_t type) {
         return type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q6_K ||
                type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ||
-               type == GGML_TYPE_IQ4_XS;
+               type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 ||
+               type == GGML_TYPE_Q5_1;
 }
 
 size_t quant_q8_block_values(uint32_t type) {
@@ -1200,6 +1201,9 @@ static void q8_quantize_generic(const float *x, size_t k, void *row) {
  *   each block j the IQ4_NL layout of its nibbles (4 chunks of 64 bytes at 256j); then 64 bytes,
  *   row r's 4 bytes at 4r as a little-endian word holding the low 4 bits of ls_j at bits 4j; 32
  *   bytes, row r's 2 at 2r a word holding the top 2 bits of ls_j at bits 2j; the 16 d.
+ * - Q4_1 (320 bytes), Q5_0 (352) and Q5_1 (384), u the unsigned four- or five-bit numbers of a
+ *   32-value block: the IQ4_NL layout of their low 4 bits; Q5_0 / Q5_1 then one chunk of fifth
+ *   bits as Q5_K's; the 16 d; Q4_1 / Q5_1 then the 16 m.
  * A last group of fewer than 16 rows is padded with zero bytes to a whole one, so every row
  * takes the SIMD kernels (a 24-row mHC projection in a user's quantization left 8 rows a token
  * to the portable code, and its prefill ran slower than the reference's). */
@@ -1213,6 +1217,9 @@ static size_t q8p_row_bytes(uint32_t type, size_t k) {
         case GGML_TYPE_Q4_K: return k / QK_K * 144;
         case GGML_TYPE_Q5_K: return k / QK_K * 176;
         case GGML_TYPE_IQ4_XS: return k / QK_K * 136;
+        case GGML_TYPE_Q4_1: return k / 32 * 20;
+        case GGML_TYPE_Q5_0: return k / 32 * 22;
+        case GGML_TYPE_Q5_1: return k / 32 * 24;
         default: return k / QK_K * sizeof(struct block_q6_k);
         }
 }
@@ -1240,6 +1247,33 @@ enum { Q8P_XS_UNIT = 16 * 136, Q8P_XS_SCL = 2048, Q8P_XS_SCH = 2112, Q8P_XS_D = 
 /* A stored IQ4_XS super-block (docs/model.md §6): block j's six-bit scale ls_j */
 static inline int xs_scale(const uint8_t *b, int j) {
         return ((b[4 + j / 2] >> 4 * (j % 2)) & 15) | ((load_u16(b + 2) >> 2 * j) & 3) << 4;
+}
+
+/* Q4_1, Q5_0, Q5_1: a 32-value block of unsigned numbers u with d (and m): d·(u − 16) for Q5_0,
+ * d·u + m for the others. The packed unit: nibbles, fifth bits, d, m. */
+static bool q8_is_legacy(uint32_t type) {
+        return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1;
+}
+#define Q8P_L_FIVE(type) ((type) != GGML_TYPE_Q4_1)
+#define Q8P_L_MIN(type) ((type) != GGML_TYPE_Q5_0)
+#define Q8P_L_UNIT(type) ((type) == GGML_TYPE_Q4_1 ? 320 : (type) == GGML_TYPE_Q5_0 ? 352 : 384)
+#define Q8P_L_D(type) (Q8P_L_FIVE(type) ? 320 : 256)
+#define Q8P_L_M(type) (Q8P_L_D(type) + 32)
+
+/* A stored Q4_1 / Q5_0 / Q5_1 block (docs/model.md §6): its 32 unsigned numbers in output order,
+ * d and m (0 for Q5_0). */
+static void legacy_unpack(uint32_t type, const uint8_t *b, uint8_t u[32], uint16_t *d, uint16_t *m) {
+        const uint8_t *p = b + (Q8P_L_MIN(type) ? 4 : 2), *qs = p + (Q8P_L_FIVE(type) ? 4 : 0);
+        uint32_t qh = 0;
+
+        *d = load_u16(b);
+        *m = Q8P_L_MIN(type) ? load_u16(b + 2) : 0;
+        if (Q8P_L_FIVE(type))
+                memcpy(&qh, p, 4);
+        for (int j = 0; j < 16; j++) {
+                u[j] = (uint8_t) ((qs[j] & 15) | ((qh >> j) & 1) << 4);
+                u[j + 16] = (uint8_t) ((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+        }
 }
 
 static bool q8_is_k(uint32_t type) {
@@ -1287,7 +1321,27 @@ void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, siz
                         memset(G, 0, Q8P_ROWS * prb);
                 for (size_t lr = 0; lr < MIN((size_t) Q8P_ROWS, R - g); lr++) {
                         const uint8_t *row = (const uint8_t *) w + (g + lr) * row_bytes;
-                        if (type == GGML_TYPE_IQ4_XS) {
+                        if (q8_is_legacy(type)) {
+                                for (size_t b = 0; b < k / 32; b++) {
+                                        uint8_t *U = G + b * Q8P_L_UNIT(type), u[32];
+                                        uint16_t d, m;
+                                        legacy_unpack(type, row + b * (Q8P_L_UNIT(type) / 16), u, &d, &m);
+                                        for (int c = 0; c < 4; c++)
+                                                for (int i = 0; i < 4; i++) {
+                                                        unsigned lo = u[4 * c + i], hi = u[16 + 4 * c + i];
+                                                        U[64 * c + 4 * lr + (size_t) i] = (uint8_t) ((lo & 15) | (hi & 15) << 4);
+                                                }
+                                        for (int i = 0; Q8P_L_FIVE(type) && i < 4; i++) {
+                                                unsigned fifth = 0;
+                                                for (int c = 0; c < 4; c++)
+                                                        fifth |= (u[4 * c + i] >> 4) << c | (u[16 + 4 * c + i] >> 4) << (4 + c);
+                                                U[256 + 4 * lr + (size_t) i] = (uint8_t) fifth;
+                                        }
+                                        memcpy(U + Q8P_L_D(type) + 2 * lr, &d, 2);
+                                        if (Q8P_L_MIN(type))
+                                                memcpy(U + Q8P_L_M(type) + 2 * lr, &m, 2);
+                                }
+                        } else if (type == GGML_TYPE_IQ4_XS) {
                                 for (size_t s = 0; s < k / QK_K; s++) {
                                         const uint8_t *blk = row + s * 136;
                                         uint8_t *U = G + s * Q8P_XS_UNIT;
@@ -1370,6 +1424,27 @@ void quant_q8_pack(uint32_t type, const void *w, size_t row_bytes, size_t R, siz
         }
 }
 
+/* Block b of row r of a packed Q4_1 / Q5_0 / Q5_1 matrix: its 32 unsigned numbers, d and m. */
+static void q8p_lblock(uint32_t type, const uint8_t *P, size_t k, size_t r, size_t b, uint8_t u[32],
+                       float *d, float *m) {
+        const size_t lr = r % Q8P_ROWS;
+        const uint8_t *U = P + (r - lr) * q8p_row_bytes(type, k) + b * Q8P_L_UNIT(type);
+        uint16_t h16, m16 = 0;
+
+        for (int c = 0; c < 4; c++)
+                for (int i = 0; i < 4; i++) {
+                        unsigned byte = U[64 * c + 4 * lr + (size_t) i];
+                        unsigned hb = Q8P_L_FIVE(type) ? U[256 + 4 * lr + (size_t) i] : 0;
+                        u[4 * c + i] = (uint8_t) ((byte & 15) | ((hb >> c) & 1) << 4);
+                        u[16 + 4 * c + i] = (uint8_t) ((byte >> 4) | ((hb >> (4 + c)) & 1) << 4);
+                }
+        memcpy(&h16, U + Q8P_L_D(type) + 2 * lr, 2);
+        if (Q8P_L_MIN(type))
+                memcpy(&m16, U + Q8P_L_M(type) + 2 * lr, 2);
+        *d = fp16_to_f32(h16);
+        *m = fp16_to_f32(m16);
+}
+
 /* Block b of row r of a packed matrix: its 32 integer weights, its two runs' scales (1 but for
  * Q6_K and IQ4_XS) and its d. */
 static void q8p_block(uint32_t type, const uint8_t *P, size_t k, size_t r, size_t b, int8_t w[32],
@@ -1395,6 +1470,14 @@ static void q8p_block(uint32_t type, const uint8_t *P, size_t k, size_t r, size_
                 memcpy(&hi, U + Q8P_XS_SCH + 2 * lr, 2);
                 sc[0] = sc[1] = (int32_t) (((lo >> 4 * j) & 15) | ((hi >> 2 * j) & 3u) << 4) - 32;
                 memcpy(&h16, U + Q8P_XS_D + 2 * lr, 2);
+        } else if (type == GGML_TYPE_Q5_0) {
+                uint8_t u[32];
+                float dl, ml;
+                q8p_lblock(type, P, k, r, b, u, &dl, &ml);
+                for (int i = 0; i < 32; i++)
+                        w[i] = (int8_t) (u[i] - 16);
+                *d = dl;
+                return;
         } else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0) {
                 const uint8_t *U = G + b * Q8P_IQ4_UNIT;
                 for (int c = 0; c < 4; c++)
@@ -1459,6 +1542,19 @@ static float q8p_dot_ref(uint32_t type, const uint8_t *P, size_t k, size_t r,
         const int32_t *sums = Q8_SUMS(xq, k);
         float acc = 0.0f;
 
+        if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1) { /* quant.h: d's fma, then m's */
+                for (size_t b = 0; b < k / 32; b++) {
+                        uint8_t u[32];
+                        int32_t S = 0;
+                        float d, m;
+                        q8p_lblock(type, P, k, r, b, u, &d, &m);
+                        for (int i = 0; i < 32; i++)
+                                S += (int32_t) u[i] * q[32 * b + (size_t) i];
+                        acc = fmaf((float) S, d * dx[b], acc);
+                        acc = fmaf((float) (sums[2 * b] + sums[2 * b + 1]), m * dx[b], acc);
+                }
+                return acc;
+        }
         if (q8_is_k(type)) { /* quant.h: the scale's fma, then the min's */
                 for (size_t b = 0; b < k / 32; b++) {
                         uint8_t u[32];
@@ -1550,6 +1646,20 @@ Q8_TARGET static inline __attribute__((always_inline)) void q8_nibbles_vnni(cons
         }
 }
 
+/* The fifth bits of a block's 16 rows (a 64-byte chunk at H, row r's byte i at 4r + i: bit c for
+ * w[c]'s byte i, bit 4 + c for w[4 + c]'s) or-ed into bit 4 of the nibbles in w */
+Q8_TARGET static inline __attribute__((always_inline)) void q8_fifth_vnni(const uint8_t *H, __m512i w[8]) {
+        const __m512i b4 = _mm512_set1_epi8(0x10), h = _mm512_loadu_si512(H);
+        w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), b4));
+        w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), b4));
+        w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), b4));
+        w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), b4));
+        w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, b4));
+        w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), b4));
+        w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), b4));
+        w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), b4));
+}
+
 /* acc[t] (lanes: the group's 16 rows) = the outputs of group G for NT inputs */
 Q8_TARGET static inline __attribute__((always_inline)) void
 q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const uint8_t *xq,
@@ -1597,6 +1707,29 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
                 }
                 return;
         }
+        if (q8_is_legacy(type)) { /* unsigned numbers; Q5_0's offset 16, the others' m as its own term */
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *U = G + b * Q8P_L_UNIT(type);
+                        __m512i w[8];
+                        for (int o = 256; o < Q8P_L_UNIT(type); o += 64)
+                                _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
+                        q8_nibbles_vnni(U, false, book, w);
+                        if (Q8P_L_FIVE(type))
+                                q8_fifth_vnni(U + 256, w);
+                        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + Q8P_L_D(type))));
+                        const __m512 m = Q8P_L_MIN(type) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + Q8P_L_M(type))))
+                                                        : _mm512_setzero_ps();
+                        UNROLL for (int t = 0; t < NT; t++) {
+                                const int32_t S = sums[t][2 * b] + sums[t][2 * b + 1];
+                                const __m512 x = _mm512_set1_ps(dx[t][b]);
+                                __m512i L = q8_dot32_vnni(_mm512_set1_epi32(Q8P_L_MIN(type) ? 0 : -16 * S), w, q[t] + 32 * b);
+                                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), _mm512_mul_ps(d, x), acc[t]);
+                                if (Q8P_L_MIN(type))
+                                        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps((float) S), _mm512_mul_ps(m, x), acc[t]);
+                        }
+                }
+                return;
+        }
         if (type == GGML_TYPE_IQ4_XS) { /* IQ4_NL's sums, times the block's ls − 32 */
                 const __m512i m3 = _mm512_set1_epi32(3), m15 = _mm512_set1_epi32(15), o32 = _mm512_set1_epi32(32);
                 for (size_t s = 0; s < k / QK_K; s++) {
@@ -1623,7 +1756,7 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
                 return;
         }
         if (q8_is_k(type)) { /* unsigned numbers: no offset; the min's term from the runs' sums */
-                const __m512i m3 = _mm512_set1_epi32(3), m15 = _mm512_set1_epi32(15), b4 = _mm512_set1_epi8(0x10);
+                const __m512i m3 = _mm512_set1_epi32(3), m15 = _mm512_set1_epi32(15);
                 for (size_t s = 0; s < k / QK_K; s++) {
                         const uint8_t *U = G + s * Q8P_K_UNIT(type);
                         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (U + Q8P_K_D(type))));
@@ -1633,17 +1766,8 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
                                 const size_t b = 8 * s + (size_t) j;
                                 __m512i w[8];
                                 q8_nibbles_vnni(U + 256 * j, false, book, w);
-                                if (Q8P_K_FIVE(type)) { /* bit c and 4 + c of a byte to bit 4 */
-                                        __m512i h = _mm512_loadu_si512(U + Q8P_K_QH + 64 * j);
-                                        w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), b4));
-                                        w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), b4));
-                                        w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), b4));
-                                        w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), b4));
-                                        w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, b4));
-                                        w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), b4));
-                                        w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), b4));
-                                        w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), b4));
-                                }
+                                if (Q8P_K_FIVE(type))
+                                        q8_fifth_vnni(U + Q8P_K_QH + 64 * j, w);
                                 const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *) (U + Q8P_K_SC(type) + 16 * j)));
                                 const __m512i top = _mm512_srl_epi32(hi, _mm_cvtsi32_si128(8 * (j / 2) + 4 * (j % 2)));
                                 const __m512i sc = _mm512_or_si512(_mm512_and_si512(lo, m15),
@@ -1750,6 +1874,9 @@ Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, si
         case GGML_TYPE_Q4_K: Q8P_DRIVE(GGML_TYPE_Q4_K) break;
         case GGML_TYPE_Q5_K: Q8P_DRIVE(GGML_TYPE_Q5_K) break;
         case GGML_TYPE_IQ4_XS: Q8P_DRIVE(GGML_TYPE_IQ4_XS) break;
+        case GGML_TYPE_Q4_1: Q8P_DRIVE(GGML_TYPE_Q4_1) break;
+        case GGML_TYPE_Q5_0: Q8P_DRIVE(GGML_TYPE_Q5_0) break;
+        case GGML_TYPE_Q5_1: Q8P_DRIVE(GGML_TYPE_Q5_1) break;
         default: Q8P_DRIVE(GGML_TYPE_Q6_K) break;
         }
 }
@@ -1799,6 +1926,29 @@ q8_book_block_avx2(const int NT, const uint8_t *C, __m256i book, const uint8_t *
         }
 }
 
+/* The same for unsigned four- or five-bit numbers (H: their fifth bits as q8_fifth_vnni's, NULL
+ * for none) */
+Q8_AVX2_TARGET static inline __attribute__((always_inline)) void
+q8_unsigned_block_avx2(const int NT, const uint8_t *C, const uint8_t *H, const uint8_t *xq, size_t xs,
+                       size_t b, __m256i a[2][2]) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+        const __m256i h = H ? _mm256_loadu_si256((const __m256i *) H) : _mm256_setzero_si256();
+        UNROLL for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *) (C + 64 * c));
+                __m256i wl = _mm256_and_si256(v, m4);
+                __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (H) { /* bit c to bit 4; bit 4 + c to bit 4 */
+                        wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - c)), b4));
+                        wh = _mm256_or_si256(wh, _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(c)), b4));
+                }
+                UNROLL for (int t = 0; t < NT; t++) {
+                        const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
+                        a[t][0] = q8_dot_unsigned(a[t][0], wl, Q8_BCAST256(qb + 4 * c));
+                        a[t][1] = q8_dot_unsigned(a[t][1], wh, Q8_BCAST256(qb + 16 + 4 * c));
+                }
+        }
+}
+
 /* acc[t] (lanes: rows 8·half .. 8·half + 7 of the group) for NT <= 2 inputs */
 Q8_AVX2_TARGET static inline __attribute__((always_inline)) void
 q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int half,
@@ -1838,6 +1988,30 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
                 }
                 return;
         }
+        if (q8_is_legacy(type)) {
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *U = G + b * Q8P_L_UNIT(type);
+                        __m256i a[2][2] = { { _mm256_setzero_si256(), _mm256_setzero_si256() },
+                                            { _mm256_setzero_si256(), _mm256_setzero_si256() } };
+                        for (int o = 0; o < Q8P_L_UNIT(type); o += 64)
+                                _mm_prefetch((const char *) U + GEMV_PREFETCH + o, _MM_HINT_T0);
+                        q8_unsigned_block_avx2(NT, U + ho, Q8P_L_FIVE(type) ? U + 256 + ho : NULL, xq, xs, b, a);
+                        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_L_D(type) + 16 * half)));
+                        const __m256 m = Q8P_L_MIN(type) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_L_M(type) + 16 * half)))
+                                                        : _mm256_setzero_ps();
+                        UNROLL for (int t = 0; t < NT; t++) {
+                                const int32_t *sums = Q8_SUMS(xq + t * xs, k);
+                                const int32_t S = sums[2 * b] + sums[2 * b + 1];
+                                const __m256 x = _mm256_set1_ps(Q8_DX(xq + t * xs, k)[b]);
+                                __m256i L = _mm256_add_epi32(_mm256_add_epi32(a[t][0], a[t][1]),
+                                                             _mm256_set1_epi32(Q8P_L_MIN(type) ? 0 : -16 * S));
+                                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_mul_ps(d, x), acc[t]);
+                                if (Q8P_L_MIN(type))
+                                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps((float) S), _mm256_mul_ps(m, x), acc[t]);
+                        }
+                }
+                return;
+        }
         if (type == GGML_TYPE_IQ4_XS) {
                 const __m256i m3 = _mm256_set1_epi32(3), m15 = _mm256_set1_epi32(15), o32 = _mm256_set1_epi32(32);
                 for (size_t s = 0; s < k / QK_K; s++) {
@@ -1867,7 +2041,7 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
                 return;
         }
         if (q8_is_k(type)) {
-                const __m256i m3 = _mm256_set1_epi32(3), m15 = _mm256_set1_epi32(15), b4 = _mm256_set1_epi8(0x10);
+                const __m256i m3 = _mm256_set1_epi32(3), m15 = _mm256_set1_epi32(15);
                 for (size_t s = 0; s < k / QK_K; s++) {
                         const uint8_t *U = G + s * Q8P_K_UNIT(type);
                         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (U + Q8P_K_D(type) + 16 * half)));
@@ -1878,24 +2052,9 @@ q8p_half_avx2(const int NT, const uint32_t type, const uint8_t *G, size_t k, int
                                 const uint8_t *C = U + 256 * j;
                                 __m256i a[2][2] = { { _mm256_setzero_si256(), _mm256_setzero_si256() },
                                                     { _mm256_setzero_si256(), _mm256_setzero_si256() } };
-                                __m256i h = Q8P_K_FIVE(type) ? _mm256_loadu_si256((const __m256i *) (U + Q8P_K_QH + 64 * j + ho))
-                                                             : _mm256_setzero_si256();
                                 for (int o = 0; o < 256; o += 64)
                                         _mm_prefetch((const char *) C + GEMV_PREFETCH + o, _MM_HINT_T0);
-                                UNROLL for (int c = 0; c < 4; c++) {
-                                        __m256i v = _mm256_loadu_si256((const __m256i *) (C + 64 * c + ho));
-                                        __m256i wl = _mm256_and_si256(v, m4);
-                                        __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                                        if (Q8P_K_FIVE(type)) { /* bit c to bit 4; bit 4 + c to bit 4 */
-                                                wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - c)), b4));
-                                                wh = _mm256_or_si256(wh, _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(c)), b4));
-                                        }
-                                        UNROLL for (int t = 0; t < NT; t++) {
-                                                const int8_t *qb = (const int8_t *) (xq + t * xs) + 32 * b;
-                                                a[t][0] = q8_dot_unsigned(a[t][0], wl, Q8_BCAST256(qb + 4 * c));
-                                                a[t][1] = q8_dot_unsigned(a[t][1], wh, Q8_BCAST256(qb + 16 + 4 * c));
-                                        }
-                                }
+                                q8_unsigned_block_avx2(NT, C + ho, Q8P_K_FIVE(type) ? U + Q8P_K_QH + 64 * j + ho : NULL, xq, xs, b, a);
                                 const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) (U + Q8P_K_SC(type) + 16 * j + 8 * half)));
                                 const __m256i top = _mm256_srl_epi32(hi, _mm_cvtsi32_si128(8 * (j / 2) + 4 * (j % 2)));
                                 const __m256i sc = _mm256_or_si256(_mm256_and_si256(lo, m15),
@@ -1993,6 +2152,9 @@ Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t 
         case GGML_TYPE_Q4_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_K) break;
         case GGML_TYPE_Q5_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_K) break;
         case GGML_TYPE_IQ4_XS: Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_XS) break;
+        case GGML_TYPE_Q4_1: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_1) break;
+        case GGML_TYPE_Q5_0: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_0) break;
+        case GGML_TYPE_Q5_1: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_1) break;
         default: Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K) break;
         }
 }

@@ -103,8 +103,9 @@ void quant_round_bf16(const float *x, size_t n, uint16_t *xb);
 void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const uint16_t *xb,
                      size_t xb_stride, size_t T, float *y, size_t y_stride);
 
-/* The fast numerics' integer products: IQ4_NL, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS weights
- * times activations rounded to q8 blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
+/* The fast numerics' integer products: weights of every quantized format the CPU reads (IQ4_NL,
+ * Q8_0, Q6_K; a user's Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_XS) times activations rounded to q8
+ * blocks. A row of k inputs (k % 32 == 0) becomes quant_q8_row_bytes(k) bytes: k int8
  * values, then k/32 fp32 scales, then k/16 int32 sums (Σq of each 16-value run, which the
  * integer products use to undo the offsets of unsigned weights), padded to 64 bytes. Block b's
  * scale is dx_b = max|x| / 127 and q_i = x_i · (127 / max|x|) rounded to nearest even, in [-127,
@@ -113,7 +114,7 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
  *
  * An output w · x is one fp32 chain over the 32-value blocks: block b's integer sum is
  * L_b = Σ_i w_i·q_i (w the block's integer weights: the IQ4_NL codebook entries, the Q8_0
- * values, Q4_0's q − 8; exact in int32), for Q6_K L_b = sc_0·Σ_{i<16} w_i·q_i +
+ * values, Q4_0's q − 8, Q5_0's q − 16; exact in int32), for Q6_K L_b = sc_0·Σ_{i<16} w_i·q_i +
  * sc_1·Σ_{i>=16} w_i·q_i (w the six-bit values less 32, sc the two 16-value runs' scales; exact),
  * for IQ4_XS L_b = (ls_b − 32)·Σ_i w_i·q_i (w the codebook entries, ls_b the block's six-bit scale;
  * exact), and acc = fma((float) L_b, d_b·dx_b, acc) for b ascending from acc = +0 (d_b the block's fp16
@@ -121,6 +122,8 @@ void quant_gemm_bf16(const void *w, size_t row_bytes, size_t R, size_t k, const 
  * d·sc·u − dmin·m, u the unsigned four- or five-bit number, sc and m the block's six-bit scale
  * and min): L_b = sc·Σ_i u_i·q_i and M_b = m·Σ_i q_i (the block's two run sums), both exact, and
  * per block acc = fma((float) L_b, d·dx_b, acc), then acc = fma(−(float) M_b, dmin·dx_b, acc).
+ * Q4_1 and Q5_1 (weight d·u + m): L_b = Σ_i u_i·q_i, then acc = fma((float) L_b, d·dx_b, acc) and
+ * acc = fma((float) Σ_i q_i, m·dx_b, acc).
  * The order depends only on k: every variant gives the same bits, for any thread count, batch or
  * tiling (a NaN is a NaN in every variant; its payload, where both scales are NaN, may differ).
  *

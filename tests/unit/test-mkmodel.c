@@ -364,27 +364,38 @@ static void test_demo_loads_and_tokenizes(void **state) {
 
 /* The routed experts a forward chose, per token and layer (the backend's route trace). */
 #define UQ_TOKENS 16u
+#define UQ_TIE 0.02f /* the first flips seen: margins of 7e-4 to 1e-2 */
 struct route_log {
-        int32_t sel[UQ_TOKENS][16][8]; /* [token][layer][rank] */
+        uint64_t set[UQ_TOKENS][16];  /* [token][layer]: the chosen experts' bits */
+        float margin[UQ_TOKENS][16]; /* the last chosen score less the best of the others */
 };
 
 static void route_log_add(uint32_t layer, uint32_t token, const float *scores, uint32_t n_expert,
                           const int32_t *selected, uint32_t k, void *userdata) {
         struct route_log *r = userdata;
+        float last = INFINITY, other = -INFINITY;
+        uint64_t set = 0;
 
-        (void) scores, (void) n_expert;
-        if (token < UQ_TOKENS && layer < 16 && k <= 8)
-                memcpy(r->sel[token][layer], selected, k * sizeof *selected);
+        assert_true(token < UQ_TOKENS && layer < 16 && n_expert <= 64);
+        for (uint32_t i = 0; i < k; i++) {
+                set |= 1ull << selected[i];
+                last = fminf(last, scores[selected[i]]);
+        }
+        for (uint32_t e = 0; e < n_expert; e++)
+                if (!(set >> e & 1))
+                        other = fmaxf(other, scores[e]);
+        r->set[token][layer] = set;
+        r->margin[token][layer] = last - other;
 }
 
 /* A demo-shaped model in the formats llama-quantize writes (Q4_K_M-like: Q4_K FFN and head; Q5_0
  * attention; and the others) loads, its matrices have the generated statistics through the CPU's
  * dequantization, and the CPU forward gives finite logits of the usual spread, in both numerics.
- * The fast numerics (the integer products of Q4_0 / Q4_K / Q5_K / IQ4_XS / Q6_K / Q8_0 where the
- * CPU has them, the other formats on the reference) stay within 3e-2 × max|logit| of the reference's for
- * every one-token sequence both route to the same experts; a changed choice at a near tie moves a
- * random model's logits by up to 20% (top-k routing, not the products), and at most a quarter of
- * the 16 may differ so. */
+ * The fast numerics (the integer products of every quantized format, where the CPU has them) stay
+ * within 3e-2 × max|logit| of the reference's for every one-token sequence both route to the same
+ * experts. A changed choice moves a random model's logits by up to 20% (top-k routing, not the
+ * products), so it is allowed only at a near tie: where a sequence's routes first differ, the
+ * reference's last chosen score led the best other by less than UQ_TIE. */
 static void test_user_quant_types(void **state) {
         static const uint32_t cfg[][3] = { /* attention, FFN, output */
                 { GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K },
@@ -467,10 +478,21 @@ static void test_user_quant_types(void **state) {
                 }
                 tmp_remove(&t);
                 double amax = 0, dmax = 0;
-                uint32_t same = 0;
+                uint32_t same = 0, n_layer = x4_model_config(m)->n_layer;
                 for (uint32_t row = 0; row < UQ_TOKENS; row++) {
-                        if (memcmp(routes[0].sel[row], routes[1].sel[row], sizeof routes[0].sel[row]) != 0)
+                        uint32_t l = 0;
+                        while (l < n_layer && routes[0].set[row][l] == routes[1].set[row][l])
+                                l++;
+                        if (l < n_layer) { /* routed differently from layer l on: a near tie there */
+                                if (getenv("X4_TEST_VERBOSE"))
+                                        print_message("  token %u: layer %u routed differently, margin %.3g\n", row, l,
+                                                      routes[0].margin[row][l]);
+                                if (!(routes[0].margin[row][l] < UQ_TIE))
+                                        fail_msg("%s/%s/%s token %u: the fast numerics chose other experts at layer %u, "
+                                                 "where the reference's margin was %g",
+                                                 names[0], names[1], names[2], row, l, routes[0].margin[row][l]);
                                 continue;
+                        }
                         same++;
                         for (size_t v = 0; v < V; v++) {
                                 double r = logits[row * V + v], f = logits[(UQ_TOKENS + row) * V + v];
@@ -481,9 +503,9 @@ static void test_user_quant_types(void **state) {
                 if (getenv("X4_TEST_VERBOSE"))
                         print_message("%s/%s/%s: %u of %u routed alike, fast - fp32 %.3g of max|logit| %.3g\n",
                                       names[0], names[1], names[2], same, UQ_TOKENS, dmax, amax);
-                if (same < UQ_TOKENS * 3 / 4)
-                        fail_msg("%s/%s/%s: the fast numerics routed %u of %u tokens differently", names[0], names[1],
-                                 names[2], UQ_TOKENS - same, UQ_TOKENS);
+                if (same < UQ_TOKENS / 4)
+                        fail_msg("%s/%s/%s: only %u of %u tokens routed alike: too few to compare", names[0], names[1],
+                                 names[2], same, UQ_TOKENS);
                 if (!(dmax <= 3e-2 * amax))
                         fail_msg("%s/%s/%s: the fast numerics are %g from the reference, max|logit| %g", names[0],
                                  names[1], names[2], dmax, amax);

@@ -332,6 +332,18 @@ static void *random_row(uint32_t type, size_t n) {
                 for (size_t i = 0; i < n / 32; i++)
                         ((struct block_iq4_nl *) row)[i].d = quant_f32_to_fp16(0.01f * rndf());
                 break;
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1: { /* d (and m) first */
+                const size_t bb = bytes / (n / 32);
+                for (size_t i = 0; i < n / 32; i++) {
+                        uint16_t d = quant_f32_to_fp16(0.01f * rndf()), m = quant_f32_to_fp16(0.05f * rndf());
+                        memcpy(row + i * bb, &d, 2);
+                        if (type != GGML_TYPE_Q5_0)
+                                memcpy(row + i * bb + 2, &m, 2);
+                }
+                break;
+        }
         case GGML_TYPE_IQ4_XS: /* d first */
                 for (size_t i = 0; i < n / 256; i++) {
                         uint16_t d = quant_f32_to_fp16(0.001f * rndf());
@@ -721,6 +733,36 @@ static float documented_q8_dot(uint32_t type, const void *row, size_t k, const u
                 free(wf);
                 return acc;
         }
+        if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) {
+                /* ggml's blocks: d, m (not Q5_0), the fifth bits as a little-endian word (not Q4_1:
+                 * bit j for value j, bit j + 16 for value j + 16), 16 bytes of nibbles (low: value
+                 * j, high: j + 16); Q5_0 is d·(u − 16), the others d·u + m (d's fma, then m's) */
+                const bool has_m = type != GGML_TYPE_Q5_0, has_h = type != GGML_TYPE_Q4_1;
+                const size_t bb = 2 + (has_m ? 2 : 0) + (has_h ? 4 : 0) + 16;
+                for (size_t b = 0; b < k / 32; b++) {
+                        const uint8_t *blk = (const uint8_t *) row + b * bb;
+                        const uint8_t *qs = blk + bb - 16;
+                        uint16_t h, mm = 0;
+                        uint32_t qh = 0;
+                        int32_t S = 0, Q = 0;
+                        memcpy(&h, blk, 2);
+                        if (has_m)
+                                memcpy(&mm, blk + 2, 2);
+                        if (has_h)
+                                memcpy(&qh, blk + (has_m ? 4 : 2), 4);
+                        for (int i = 0; i < 32; i++) {
+                                int u = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
+                                u |= (int) ((qh >> i) & 1) << 4;
+                                S += (has_m ? u : u - 16) * q[32 * b + (size_t) i];
+                                Q += q[32 * b + (size_t) i];
+                        }
+                        acc = fmaf((float) S, quant_fp16_to_f32(h) * dx[b], acc);
+                        if (has_m)
+                                acc = fmaf((float) Q, quant_fp16_to_f32(mm) * dx[b], acc);
+                }
+                free(wf);
+                return acc;
+        }
         if (type == GGML_TYPE_IQ4_XS) { /* d, u16 scales_h, u8 scales_l[4], then 8 blocks' nibbles */
                 static const int8_t book[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
                                                  1,    13,   25,  38,  53,  69,  89,  113 };
@@ -774,13 +816,19 @@ static float documented_q8_dot(uint32_t type, const void *row, size_t k, const u
 /* A row at the integer products' limits: every weight at its most negative (low) or most
  * positive value (Q8_0 -128 / 127, IQ4_NL's and Q4_0's codebook ends, Q6_K 0 / 63 with every
  * scale -128 / 127, Q4_K / Q5_K 0 / 15 / 31 with every scale and min 63, IQ4_XS's codebook ends
- * with every scale -32 / 31), the scales kept finite. */
+ * with every scale -32 / 31, Q4_1 / Q5_0 / Q5_1 0 or the top), the scales kept finite. */
 static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
         for (size_t b = 0; b < k / 32; b++)
                 if (type == GGML_TYPE_Q8_0)
                         memset(((struct block_q8_0 *) row)[b].qs, low ? 0x80 : 0x7f, 32);
                 else if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_Q4_0)
                         memset(((struct block_iq4_nl *) row)[b].qs, low ? 0x00 : 0xff, 16);
+        if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) { /* u 0 or the top */
+                const size_t bb = type == GGML_TYPE_Q4_1 ? 20 : type == GGML_TYPE_Q5_0 ? 22 : 24;
+                const size_t head = type == GGML_TYPE_Q5_0 ? 2 : 4;
+                for (size_t b = 0; b < k / 32; b++)
+                        memset((uint8_t *) row + b * bb + head, low ? 0x00 : 0xff, bb - head);
+        }
         if (type == GGML_TYPE_IQ4_XS) /* the codebook's ends, every scale -32 or 31 */
                 for (size_t s = 0; s < k / 256; s++)
                         memset((uint8_t *) row + s * 136 + 2, low ? 0x00 : 0xff, 134);
@@ -807,7 +855,8 @@ static void extreme_row(uint32_t type, uint8_t *row, size_t k, bool low) {
  * bound of the fp32 product. */
 static void test_gemm_q8(void **state) {
         static const uint32_t types[] = { GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0, GGML_TYPE_Q6_K,
-                                          GGML_TYPE_Q4_0,  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS };
+                                          GGML_TYPE_Q4_0,  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS,
+                                          GGML_TYPE_Q4_1,  GGML_TYPE_Q5_0, GGML_TYPE_Q5_1 };
         static const size_t ks[] = { 32, 96, 256, 512 };
         static const size_t ranges[][2] = { { 0, 37 }, { 3, 35 }, { 16, 32 }, { 0, 5 }, { 33, 37 }, { 31, 34 } };
         const size_t R = 37, T = 11;
