@@ -8,7 +8,14 @@
  *   - llama.cpp's logits (*.logits.f32.bin): rms(ours - llama) / rms(llama) <= 3e-2 per case
  *     (llama.cpp rounds activations to bf16/q8; the README measures 0.016 for the reference).
  * The measured errors are printed per case. With X4_TEST_CPU_MATH=fast the fast numerics are held
- * to FAST_REF_BOUND against the float64 reference instead, and to the same llama.cpp bound. */
+ * to FAST_REF_BOUND against the float64 reference instead, and to the same llama.cpp bound.
+ * X4_TEST_FIXTURE names another fixture folder: xing4-tiny-a-q4km is the same model requantized
+ * by llama.cpp to Q4_K_M (Q4_K, Q5_0, Q5_1, Q8_0, Q6_K), with llama.cpp's logits and no float64
+ * reference. A case without one is held to llama.cpp's logits row by row: the median row's rms
+ * difference at most ROW_MEDIAN_BOUND and the argmax the same in 3 rows of 4. Its prompts were
+ * chosen for the release's model, not for this one: some rows sit at a near tie of the expert
+ * choice (a top-k margin of 1e-3), where llama.cpp's q8 activations choose another expert and
+ * the row moves by up to 65% (the fixture's README). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,6 +37,15 @@
 /* X4_TEST_CPU_MATH=fast (meson's cpu-parity-fast): the fast numerics round activations to bf16
  * and q8 (kernels/cpu/quant.h), as llama.cpp does; their bound against the float64 reference */
 #define FAST_REF_BOUND 3e-2
+/* a case without a float64 reference: its median row against llama.cpp (on xing4-tiny-a-q4km the
+ * medians were 2.3e-2 to 2.7e-2 with the reference numerics, 3.2e-2 to 3.3e-2 with the fast ones;
+ * a misread format moves every row by tens of percent) */
+#define ROW_MEDIAN_BOUND 4e-2
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+        return x < y ? -1 : x > y;
+}
 
 static char fixture_dir[4096];
 
@@ -78,6 +94,7 @@ static void run_case(const struct x4_backend_ops *ops, struct x4_backend *b, uin
         uint32_t n_pages = (uint32_t) ((n_prompt + n_decode + PAGE_TOKENS - 1) / PAGE_TOKENS);
         double max_err = 0, max_ref = 0, se = 0, sl = 0;
         size_t argmax_agree = 0;
+        _cleanup_free_ double *row_rms = NULL;
 
         pages = calloc(n_pages, sizeof *pages);
         all = malloc((n_prompt + n_decode) * n_vocab * sizeof(float));
@@ -106,33 +123,57 @@ static void run_case(const struct x4_backend_ops *ops, struct x4_backend *b, uin
                        n_vocab * sizeof(float));
         }
 
-        ref = read_rows(json_string(json_object_get(cs, "reference_f64_logits_file")), n_rows, n_vocab);
+        const char *ref_file = json_string(json_object_get(cs, "reference_f64_logits_file"));
         llama = read_rows(json_string(json_object_get(cs, "logits_file")), n_rows, n_vocab);
+        ref = ref_file ? read_rows(ref_file, n_rows, n_vocab) : NULL;
+        row_rms = calloc(n_rows, sizeof *row_rms);
+        assert_non_null(row_rms);
         for (size_t r = 0; r < n_rows; r++) {
                 size_t am_o = 0, am_r = 0;
+                double rse = 0, rsl = 0;
 
                 for (size_t v = 0; v < n_vocab; v++) {
                         size_t i = r * n_vocab + v;
 
+                        const float *cmp = ref ? ref : llama; /* argmax against the f64 reference, else llama.cpp */
+
                         assert_true(isfinite(ours[i]));
-                        max_err = fmax(max_err, fabs((double) ours[i] - ref[i]));
-                        max_ref = fmax(max_ref, fabs((double) ref[i]));
-                        se += ((double) ours[i] - llama[i]) * ((double) ours[i] - llama[i]);
-                        sl += (double) llama[i] * llama[i];
+                        if (ref) {
+                                max_err = fmax(max_err, fabs((double) ours[i] - ref[i]));
+                                max_ref = fmax(max_ref, fabs((double) ref[i]));
+                        }
+                        rse += ((double) ours[i] - llama[i]) * ((double) ours[i] - llama[i]);
+                        rsl += (double) llama[i] * llama[i];
                         if (ours[i] > ours[r * n_vocab + am_o])
                                 am_o = v;
-                        if (ref[i] > ref[r * n_vocab + am_r])
+                        if (cmp[i] > cmp[r * n_vocab + am_r])
                                 am_r = v;
                 }
                 argmax_agree += am_o == am_r;
+                se += rse;
+                sl += rsl;
+                row_rms[r] = sqrt(rse / rsl);
         }
-        double rel = max_err / max_ref, rms_rel = sqrt(se / sl);
+        double rel = ref ? max_err / max_ref : 0, rms_rel = sqrt(se / sl);
 
-        print_message("%-16s rows %2zu  vs f64 ref: max abs %.3g (max |ref| %.3g, rel %.3g <= %g)"
-                      "  argmax %zu/%zu  vs llama.cpp: rms rel %.4f (<= 3e-2)\n",
-                      id, n_rows, max_err, max_ref, rel, ref_bound, argmax_agree, n_rows, rms_rel);
-        assert_true(rel <= ref_bound);
-        assert_true(rms_rel <= 3e-2);
+        if (ref)
+                print_message("%-16s rows %2zu  vs f64 ref: max abs %.3g (max |ref| %.3g, rel %.3g <= %g)"
+                              "  argmax %zu/%zu  vs llama.cpp: rms rel %.4f (<= 3e-2)\n",
+                              id, n_rows, max_err, max_ref, rel, ref_bound, argmax_agree, n_rows, rms_rel);
+        if (ref) {
+                assert_true(rel <= ref_bound);
+                assert_true(rms_rel <= 3e-2);
+                return;
+        }
+        for (size_t r = 0; r < n_rows; r++)
+                print_message("%-16s row %2zu (position %d) vs llama.cpp: rms rel %.4f\n", id, r, positions[r], row_rms[r]);
+        qsort(row_rms, n_rows, sizeof *row_rms, cmp_double);
+        double median = n_rows % 2 ? row_rms[n_rows / 2] : (row_rms[n_rows / 2 - 1] + row_rms[n_rows / 2]) / 2;
+        print_message("%-16s rows %2zu  no f64 ref  vs llama.cpp: median row rms rel %.4f (<= %g), argmax %zu/%zu "
+                      "(>= 3/4)\n",
+                      id, n_rows, median, ROW_MEDIAN_BOUND, argmax_agree, n_rows);
+        assert_true(median <= ROW_MEDIAN_BOUND);
+        assert_true(4 * argmax_agree >= 3 * n_rows);
 }
 
 static void test_fixture_cases(void **state) {
@@ -178,12 +219,13 @@ static void test_fixture_cases(void **state) {
 }
 
 int main(void) {
-        const char *env = getenv("X4_FIXTURES");
+        const char *env = getenv("X4_FIXTURES"), *name = getenv("X4_TEST_FIXTURE");
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_fixture_cases),
         };
 
-        snprintf(fixture_dir, sizeof fixture_dir, "%s/xing4-tiny-a", env && *env ? env : X4_FIXTURES);
+        snprintf(fixture_dir, sizeof fixture_dir, "%s/%s", env && *env ? env : X4_FIXTURES,
+                 name && *name ? name : "xing4-tiny-a");
         log_set_max_level(LOG_WARNING);
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
