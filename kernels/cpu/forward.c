@@ -1610,6 +1610,21 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
         return 0;
 }
 
+/* A matrix of the trunk in a format the release does not use (a user's llama.cpp quantization:
+ * Q4_K, Q5_0 ...), or NULL. */
+static const struct gguf_tensor *user_format_matrix(const struct x4_backend *b) {
+        for (uint32_t l = 0; l < b->cfg->n_layer; l++) {
+                const struct x4_layer_weights *L = &b->w->layers[l];
+                const struct gguf_tensor *m[] = { L->attn_q_a, L->attn_output, L->ffn_up, L->ffn_up_exps, L->ffn_down_exps };
+                for (size_t i = 0; i < ELEMENTSOF(m); i++)
+                        if (m[i] && m[i]->type != GGML_TYPE_F32 && m[i]->type != GGML_TYPE_F16 &&
+                            m[i]->type != GGML_TYPE_BF16 && m[i]->type != GGML_TYPE_Q8_0 &&
+                            m[i]->type != GGML_TYPE_Q6_K && m[i]->type != GGML_TYPE_IQ4_NL)
+                                return m[i];
+        }
+        return NULL;
+}
+
 static int cpu_create_backend(const struct x4_model *model, const struct x4_backend_params *params,
                               struct x4_backend **ret) {
         _cleanup_(cpu_destroyp) struct x4_backend *b = NULL;
@@ -1701,6 +1716,12 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
                 r = pack_weights(b, params);
                 if (r < 0)
                         return log_error_errno(r, "cpu backend: cannot pack the weights for the fast numerics");
+        } else if (params->cpu_math == X4_CPU_MATH_FP32 && quant_q8_dot_available()) {
+                const struct gguf_tensor *u = user_format_matrix(b);
+                if (u) /* a user's quantization: the reference has no fused one-token kernels for it */
+                        log_info("cpu backend: %s is %s, which the fp32 reference dequantizes each step; --cpu-math fast "
+                                 "multiplies it in integers, several times faster (xing4d(8), --cpu-math)",
+                                 u->name, ggml_type_name(u->type));
         }
         b->memory_used = gguf_file_size(x4_model_gguf(model)) + cache_bytes + work_bytes;
         if (params->progress)
