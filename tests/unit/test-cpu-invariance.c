@@ -5,7 +5,9 @@
  * the rows of a one-batch prefill (prefill and decode share one absorbed attention code path),
  * for a sequence continued from copied / written-back cache pages, and with each ISA variant of
  * the kernels (portable, AVX2, AVX-512; decode steps on the fused kernels). Plus the refusals,
- * asserted by their messages. Runs on the xing4-tiny-a fixture, in the fp32 reference numerics or
+ * asserted by their messages. Runs on the xing4-tiny-a fixture (X4_TEST_FIXTURE names another
+ * folder: xing4-tiny-a-q4km, the same model requantized to Q4_K_M by llama.cpp, puts the user
+ * formats' kernels under the same contract), in the fp32 reference numerics or
  * (X4_TEST_CPU_MATH=fast) the fast ones, whose portable definitions stand in for the AVX-512 and
  * BF16-dot kernels in the ISA test. */
 #include <setjmp.h>
@@ -78,12 +80,13 @@ static void assert_rows_identical(const struct fixture *f, const float *a, const
 
 static int setup(void **state) {
         struct fixture *f = calloc(1, sizeof *f);
-        const char *env = getenv("X4_FIXTURES");
+        const char *env = getenv("X4_FIXTURES"), *name = getenv("X4_TEST_FIXTURE");
         char path[4096];
         uint32_t rng = 12345;
 
         assert_non_null(f);
-        snprintf(path, sizeof path, "%s/xing4-tiny-a/model.gguf", env && *env ? env : X4_FIXTURES);
+        snprintf(path, sizeof path, "%s/%s/model.gguf", env && *env ? env : X4_FIXTURES,
+                 name && *name ? name : "xing4-tiny-a");
         struct x4_model_params mp = { .path = path };
         assert_int_equal(x4_model_open(&mp, &f->model, NULL, 0), 0);
         f->n_vocab = x4_model_config(f->model)->n_vocab;
