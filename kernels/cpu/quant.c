@@ -1827,6 +1827,19 @@ q8p_group(const int NT, const uint32_t type, const uint8_t *G, size_t k, const u
 #define Q8P_NT(TYPE) ((TYPE) == GGML_TYPE_Q8_0 ? 4 : 8)
 /* rows [r0, r1): whole groups 16 rows a register, Q8P_NT inputs at a time (a group's weights
  * are decoded once for them); a group cut by r0 or r1 is computed whole and stored in part */
+/* The packed formats but Q6_K (each kernel's default case), as switch cases of DRIVE(type): one
+ * list, so a format added to the packing reaches the VNNI and the AVX2 kernels alike */
+#define Q8P_EACH_TYPE(DRIVE)                                                                       \
+        case GGML_TYPE_IQ4_NL: DRIVE(GGML_TYPE_IQ4_NL) break;                                      \
+        case GGML_TYPE_Q4_0: DRIVE(GGML_TYPE_Q4_0) break;                                          \
+        case GGML_TYPE_Q8_0: DRIVE(GGML_TYPE_Q8_0) break;                                          \
+        case GGML_TYPE_Q4_K: DRIVE(GGML_TYPE_Q4_K) break;                                          \
+        case GGML_TYPE_Q5_K: DRIVE(GGML_TYPE_Q5_K) break;                                          \
+        case GGML_TYPE_IQ4_XS: DRIVE(GGML_TYPE_IQ4_XS) break;                                      \
+        case GGML_TYPE_Q4_1: DRIVE(GGML_TYPE_Q4_1) break;                                          \
+        case GGML_TYPE_Q5_0: DRIVE(GGML_TYPE_Q5_0) break;                                          \
+        case GGML_TYPE_Q5_1: DRIVE(GGML_TYPE_Q5_1) break;
+
 #define Q8P_DRIVE(TYPE)                                                                            \
         for (size_t g = r0 - r0 % Q8P_ROWS; g < r1; g += Q8P_ROWS) {                               \
                 const uint8_t *G = P + g * prb;                                                    \
@@ -1868,15 +1881,7 @@ Q8_TARGET static void gemm_q8_vnni(uint32_t type, const uint8_t *P, size_t R, si
         assert(r1 <= R); /* the last group padded (quant_q8_pack) */
 
         switch (type) {
-        case GGML_TYPE_IQ4_NL: Q8P_DRIVE(GGML_TYPE_IQ4_NL) break;
-        case GGML_TYPE_Q4_0: Q8P_DRIVE(GGML_TYPE_Q4_0) break;
-        case GGML_TYPE_Q8_0: Q8P_DRIVE(GGML_TYPE_Q8_0) break;
-        case GGML_TYPE_Q4_K: Q8P_DRIVE(GGML_TYPE_Q4_K) break;
-        case GGML_TYPE_Q5_K: Q8P_DRIVE(GGML_TYPE_Q5_K) break;
-        case GGML_TYPE_IQ4_XS: Q8P_DRIVE(GGML_TYPE_IQ4_XS) break;
-        case GGML_TYPE_Q4_1: Q8P_DRIVE(GGML_TYPE_Q4_1) break;
-        case GGML_TYPE_Q5_0: Q8P_DRIVE(GGML_TYPE_Q5_0) break;
-        case GGML_TYPE_Q5_1: Q8P_DRIVE(GGML_TYPE_Q5_1) break;
+                Q8P_EACH_TYPE(Q8P_DRIVE)
         default: Q8P_DRIVE(GGML_TYPE_Q6_K) break;
         }
 }
@@ -2146,15 +2151,7 @@ Q8_AVX2_TARGET static void gemm_q8_avx2(uint32_t type, const uint8_t *P, size_t 
         assert(r1 <= R); /* the last group padded (quant_q8_pack) */
 
         switch (type) {
-        case GGML_TYPE_IQ4_NL: Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_NL) break;
-        case GGML_TYPE_Q4_0: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_0) break;
-        case GGML_TYPE_Q8_0: Q8P_DRIVE_AVX2(GGML_TYPE_Q8_0) break;
-        case GGML_TYPE_Q4_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_K) break;
-        case GGML_TYPE_Q5_K: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_K) break;
-        case GGML_TYPE_IQ4_XS: Q8P_DRIVE_AVX2(GGML_TYPE_IQ4_XS) break;
-        case GGML_TYPE_Q4_1: Q8P_DRIVE_AVX2(GGML_TYPE_Q4_1) break;
-        case GGML_TYPE_Q5_0: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_0) break;
-        case GGML_TYPE_Q5_1: Q8P_DRIVE_AVX2(GGML_TYPE_Q5_1) break;
+                Q8P_EACH_TYPE(Q8P_DRIVE_AVX2)
         default: Q8P_DRIVE_AVX2(GGML_TYPE_Q6_K) break;
         }
 }
