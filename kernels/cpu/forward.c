@@ -1512,6 +1512,13 @@ static uint64_t mem_available(void) {
         return 0;
 }
 
+/* the bytes of a matrix's packed copy: a BF16 one as in the file, a quantized one in the integer
+ * kernels' layout with its last group padded to 16 rows */
+static size_t packed_copy_bytes(const struct gguf_tensor *t) {
+        const size_t k = t->ne[0], R = t->n_elements / t->ne[0];
+        return t->type == GGML_TYPE_BF16 ? t->size : quant_q8_packed_bytes(t->type, R, k);
+}
+
 static int pack_weights(struct x4_backend *b, const struct x4_backend_params *params) {
         const struct x4_config *c = b->cfg;
         size_t cap = 4 + (size_t) b->n_cache_layers * 17, n = 0, total = 0, done = 0;
@@ -1546,7 +1553,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
         for (size_t i = 0; i < n; i++)
                 if (packable(b, list[i])) {
                         b->packed[b->n_packed++].t = list[i];
-                        total += list[i]->size;
+                        total += packed_copy_bytes(list[i]);
                 } else if (list[i] && list[i]->type != GGML_TYPE_F32 && list[i]->type != GGML_TYPE_F16) {
                         ref = ref ? ref : list[i];
                         n_ref++;
@@ -1561,7 +1568,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                 if (u == 0 || b->packed[u - 1].t != b->packed[i].t)
                         b->packed[u++] = b->packed[i];
                 else
-                        total -= b->packed[i].t->size;
+                        total -= packed_copy_bytes(b->packed[i].t);
         b->n_packed = u;
         /* the copies are anonymous memory where the file's pages could be evicted and read again:
          * a model larger than the memory the kernel can give keeps the reference for them */
@@ -1582,8 +1589,7 @@ static int pack_weights(struct x4_backend *b, const struct x4_backend_params *pa
                         .k = t->ne[0],
                         .R = t->n_elements / t->ne[0],
                 };
-                /* a packed copy's last group is padded to 16 rows */
-                const size_t bytes = t->type == GGML_TYPE_BF16 ? t->size : quant_q8_packed_bytes(t->type, task.R, task.k);
+                const size_t bytes = packed_copy_bytes(t);
                 void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
                 if (m == MAP_FAILED) { /* the rest keep the reference (a product uses a copy only where one exists) */
