@@ -709,74 +709,97 @@ static void documented_k_block(uint32_t type, const uint8_t *blk, int j, int32_t
         }
 }
 
+/* Block b (32 values) of a Q4_K / Q5_K / Q4_1 / Q5_0 / Q5_1 / IQ4_XS row, from ggml's layouts as
+ * written here: value i = (d·sc)·u[i] + ms·(dm·m) in fp32, u the block's integers (Q5_0's less 16,
+ * IQ4_XS's from the codebook), sc the block's integer scale (1 where none), m its integer min
+ * and ms the min's sign (no min term at all where !has_m: Q5_0, IQ4_XS). False for another
+ * type. */
+struct documented_block {
+        int32_t u[32], sc, m, ms;
+        float d, dm;
+        bool has_m;
+};
+
+static bool documented_block(uint32_t type, const void *row, size_t b, struct documented_block *o) {
+        uint16_t h[2] = { 0, 0 };
+
+        o->sc = 1;
+        o->m = 0;
+        o->ms = 1;
+        o->has_m = false;
+        if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
+                const uint8_t *blk = (const uint8_t *) row + b / 8 * (type == GGML_TYPE_Q5_K ? 176 : 144);
+                uint8_t u[32];
+                memcpy(h, blk, 4);
+                documented_k_block(type, blk, (int) (b % 8), &o->sc, &o->m, u);
+                for (int i = 0; i < 32; i++)
+                        o->u[i] = u[i];
+                o->ms = -1;
+                o->has_m = true;
+        } else if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) {
+                /* ggml's blocks: d, m (not Q5_0), the fifth bits as a little-endian word (not Q4_1:
+                 * bit j for value j, bit j + 16 for value j + 16), 16 bytes of nibbles (low: value
+                 * j, high: j + 16); Q5_0 is d·(u − 16), the others d·u + m */
+                const bool has_m = type != GGML_TYPE_Q5_0, has_h = type != GGML_TYPE_Q4_1;
+                const size_t bb = 2 + (has_m ? 2 : 0) + (has_h ? 4 : 0) + 16;
+                const uint8_t *blk = (const uint8_t *) row + b * bb, *qs = blk + bb - 16;
+                uint32_t qh = 0;
+                memcpy(h, blk, has_m ? 4 : 2);
+                if (has_h)
+                        memcpy(&qh, blk + (has_m ? 4 : 2), 4);
+                for (int i = 0; i < 32; i++) {
+                        int u = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
+                        u |= (int) ((qh >> i) & 1) << 4;
+                        o->u[i] = has_m ? u : u - 16;
+                }
+                o->m = has_m;
+                o->has_m = has_m;
+        } else if (type == GGML_TYPE_IQ4_XS) { /* d, u16 scales_h, u8 scales_l[4], then 8 blocks' nibbles */
+                static const int8_t book[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+                                                 1,    13,   25,  38,  53,  69,  89,  113 };
+                const uint8_t *blk = (const uint8_t *) row + b / 8 * 136, *qs = blk + 8 + 16 * (b % 8);
+                const int j = (int) (b % 8);
+                uint16_t sh;
+                memcpy(h, blk, 2);
+                memcpy(&sh, blk + 2, 2);
+                o->sc = (((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
+                for (int i = 0; i < 16; i++) {
+                        o->u[i] = book[qs[i] & 15];
+                        o->u[i + 16] = book[qs[i] >> 4];
+                }
+        } else
+                return false;
+        o->d = quant_fp16_to_f32(h[0]);
+        o->dm = quant_fp16_to_f32(h[1]);
+        return true;
+}
+
 static float documented_q8_dot(uint32_t type, const void *row, size_t k, const uint8_t *xq) {
         float *wf = malloc(k * sizeof *wf), acc = 0.0f;
         const int8_t *q = (const int8_t *) xq;
         const float *dx = (const float *) (xq + k);
+        struct documented_block db;
 
-        if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) { /* the scale's fma, then the min's */
-                const size_t sb = type == GGML_TYPE_Q5_K ? 176 : 144;
+        if (documented_block(type, row, 0, &db)) { /* quant.h: the scale's fma, then the min's */
+                assert_int_equal(quant_dequantize_row(type, row, wf, k), 0);
                 for (size_t b = 0; b < k / 32; b++) {
-                        const uint8_t *blk = (const uint8_t *) row + b / 8 * sb;
-                        uint16_t h[2];
-                        int32_t sc, m, S = 0, Q = 0;
-                        uint8_t u[32];
-                        memcpy(h, blk, 4);
-                        documented_k_block(type, blk, (int) (b % 8), &sc, &m, u);
-                        for (int i = 0; i < 32; i++) {
-                                S += u[i] * q[32 * b + (size_t) i];
-                                Q += q[32 * b + (size_t) i];
-                        }
-                        acc = fmaf((float) (sc * S), quant_fp16_to_f32(h[0]) * dx[b], acc);
-                        acc = fmaf(-(float) (m * Q), quant_fp16_to_f32(h[1]) * dx[b], acc);
-                }
-                free(wf);
-                return acc;
-        }
-        if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) {
-                /* ggml's blocks: d, m (not Q5_0), the fifth bits as a little-endian word (not Q4_1:
-                 * bit j for value j, bit j + 16 for value j + 16), 16 bytes of nibbles (low: value
-                 * j, high: j + 16); Q5_0 is d·(u − 16), the others d·u + m (d's fma, then m's) */
-                const bool has_m = type != GGML_TYPE_Q5_0, has_h = type != GGML_TYPE_Q4_1;
-                const size_t bb = 2 + (has_m ? 2 : 0) + (has_h ? 4 : 0) + 16;
-                for (size_t b = 0; b < k / 32; b++) {
-                        const uint8_t *blk = (const uint8_t *) row + b * bb;
-                        const uint8_t *qs = blk + bb - 16;
-                        uint16_t h, mm = 0;
-                        uint32_t qh = 0;
                         int32_t S = 0, Q = 0;
-                        memcpy(&h, blk, 2);
-                        if (has_m)
-                                memcpy(&mm, blk + 2, 2);
-                        if (has_h)
-                                memcpy(&qh, blk + (has_m ? 4 : 2), 4);
+                        documented_block(type, row, b, &db);
+                        /* the decoder above is the library's dequantization, bit for bit */
+                        float wd[32];
                         for (int i = 0; i < 32; i++) {
-                                int u = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
-                                u |= (int) ((qh >> i) & 1) << 4;
-                                S += (has_m ? u : u - 16) * q[32 * b + (size_t) i];
+                                wd[i] = db.d * (float) db.sc * (float) db.u[i];
+                                if (db.has_m)
+                                        wd[i] = db.ms > 0 ? wd[i] + db.dm * (float) db.m : wd[i] - db.dm * (float) db.m;
+                        }
+                        assert_memory_equal(wd, wf + 32 * b, sizeof wd);
+                        for (int i = 0; i < 32; i++) {
+                                S += db.u[i] * q[32 * b + (size_t) i];
                                 Q += q[32 * b + (size_t) i];
                         }
-                        acc = fmaf((float) S, quant_fp16_to_f32(h) * dx[b], acc);
-                        if (has_m)
-                                acc = fmaf((float) Q, quant_fp16_to_f32(mm) * dx[b], acc);
-                }
-                free(wf);
-                return acc;
-        }
-        if (type == GGML_TYPE_IQ4_XS) { /* d, u16 scales_h, u8 scales_l[4], then 8 blocks' nibbles */
-                static const int8_t book[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
-                                                 1,    13,   25,  38,  53,  69,  89,  113 };
-                for (size_t b = 0; b < k / 32; b++) {
-                        const uint8_t *blk = (const uint8_t *) row + b / 8 * 136, *qs = blk + 8 + 16 * (b % 8);
-                        const int j = (int) (b % 8);
-                        uint16_t h, sh;
-                        int32_t S = 0;
-                        memcpy(&h, blk, 2);
-                        memcpy(&sh, blk + 2, 2);
-                        int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4;
-                        for (int i = 0; i < 16; i++)
-                                S += book[qs[i] & 15] * q[32 * b + (size_t) i] + book[qs[i] >> 4] * q[32 * b + 16 + (size_t) i];
-                        acc = fmaf((float) ((ls - 32) * S), quant_fp16_to_f32(h) * dx[b], acc);
+                        acc = fmaf((float) (db.sc * S), db.d * dx[b], acc);
+                        if (db.has_m)
+                                acc = fmaf((float) (db.ms * db.m * Q), db.dm * dx[b], acc);
                 }
                 free(wf);
                 return acc;
