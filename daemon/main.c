@@ -381,9 +381,9 @@ static void help(void) {
                "  --mtp-sampling rejection|match  sampled requests: rejection sampling of the drafts\n"
                "                               (same distribution as --mtp off), or keep a draft only\n"
                "                               when it is the token drawn (same tokens per seed)\n"
-               "  --cpu-math fp32|fast         the CPU backend's numerics: the fp32 reference (default),\n"
-               "                               or BF16 products on bf16-rounded activations with the\n"
-               "                               CPU's BF16 dot (AVX512_BF16; elsewhere fp32), see xing4d(8)\n"
+               "  --cpu-math fast|fp32         the CPU backend's numerics: fast (default: integer and BF16\n"
+               "                               products on rounded activations, packed weights), or the\n"
+               "                               fp32 reference the parity tests hold to; see xing4d(8)\n"
                "  --log-level LEVEL            err, warning, info, debug (also emerg, alert, crit, notice)\n"
                "  --version\n");
 }
@@ -789,7 +789,7 @@ static int start_backend(const struct x4_model *model, const char *device, enum 
 int main(int argc, char **argv) {
         struct options o = { .grace_s = 30.0, .hello_timeout_s = 10.0, .idle_timeout_s = 600.0, .page_tokens = 256,
                              .max_tokens = MAX_TOKENS_DEFAULT, .mtp_draft = 1, .log_level = LOG_INFO,
-                             .max_waiting = 256 };
+                             .max_waiting = 256, .cpu_math = X4_CPU_MATH_FAST };
         _cleanup_(x4_model_freep) struct x4_model *model = NULL;
         struct tokenizer *tok = NULL;
         const struct x4_backend_ops *ops = NULL;

@@ -7,6 +7,7 @@ AVX-512 the fast numerics fall back to the reference and the same assertions hol
 import json
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,31 @@ def test_bad_cpu_math_names_the_flag(tmp_path, value):
                         "--cpu-math", value], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert f"--cpu-math: '{value}', fp32 or fast expected" in r.stderr, r.stderr
+
+
+def _serving_line(d):
+    deadline = time.monotonic() + 10  # the log reader thread may trail READY=1
+    while time.monotonic() < deadline:
+        lines = [x for x in d.log if "serving " in x and " cache pages of " in x]
+        if lines:
+            return lines[0]
+        time.sleep(0.05)
+    pytest.fail(f"no 'serving' line in the log: {d.log[-20:]}")
+
+
+def test_fast_is_the_default_and_fp32_is_asked_for(tmp_path):
+    """Serving defaults to the fast numerics (issue 18: the default for serving where it is
+    faster); --cpu-math fp32 gives the reference, and the log says which one runs."""
+    if DEVICE != "cpu":
+        pytest.skip("--cpu-math is the CPU backend's setting")
+    d = Daemon(tmp_path / "default", DEFAULT_CONF)
+    try:
+        assert "(fast numerics)" in _serving_line(d)
+    finally:
+        d.close()
+    d = Daemon(tmp_path / "fp32", DEFAULT_CONF, args=("--cpu-math", "fp32"))
+    try:
+        line = _serving_line(d)
+        assert " on cpu" in line and "(fast numerics)" not in line, line
+    finally:
+        d.close()
