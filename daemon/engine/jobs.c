@@ -282,11 +282,13 @@ bool eng_accept_token(struct sched *s, struct job *j, int32_t t, struct sched_lo
                 j->cur_tok = t;
                 j->cur_lp = lp;
                 j->cur_sent = false;
+                /* `</think>` belongs to the reasoning it closes (its logprob is not the answer's) */
+                int ch = t == outparse_end_think_id(j->op) ? channel_of(outparse_channel(j->op)) : -1;
                 /* ignore_eos (benchmarks): a turn-ending special is just another token */
                 if (!(j->r->ignore_eos && is_turn_end(s, t)))
                         (void) outparse_feed(j->op, t, len ? text : "", len);
                 if (!j->cur_sent) /* no text for this token (held back, or a special) */
-                        emit_chunk(s, j, channel_of(outparse_channel(j->op)), "", 0, &t,
+                        emit_chunk(s, j, ch >= 0 ? ch : channel_of(outparse_channel(j->op)), "", 0, &t,
                                    TAKE_PTR(j->cur_lp), NULL, NULL);
                 j->cur_sent = true;
                 if (j->op_stopped) {

@@ -95,6 +95,42 @@ def test_demo_model_weather_tool_call(demo_bridge):
     assert args.get("city") == "Lisbon", args
 
 
+def test_logprobs_cover_the_answer_only(demo_bridge):
+    """OpenAI's logprobs.content covers the tokens of message.content: with thinking on, neither
+    the reasoning nor the `</think>` that closes it is an entry, so the entries' tokens join to the
+    answer (streamed and not); the turn-ending token, sampled like any other, keeps its entry
+    last (its text is the special's, e.g. `<_end>`)."""
+    body = {"model": "xing4", "temperature": 0, "max_tokens": 120, "logprobs": True, "top_logprobs": 2,
+            "messages": [{"role": "user", "content": "What does tar do?"}]}
+    req = urllib.request.Request(demo_bridge + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    msg = json.loads(urllib.request.urlopen(req, timeout=300).read())["choices"][0]
+    content = msg["message"]["content"]
+    assert msg["message"].get("reasoning_content"), "the demo model thinks first; no reasoning came"
+    entries = msg["logprobs"]["content"]
+    assert content and entries, msg
+    assert all("think>" not in e["token"] for e in entries), entries[:3]
+    if entries[-1]["token"].startswith("<_"):
+        entries = entries[:-1]
+    assert "".join(e["token"] for e in entries) == content
+    req = urllib.request.Request(demo_bridge + "/v1/chat/completions",
+                                 data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    streamed, text = [], ""
+    for line in urllib.request.urlopen(req, timeout=300):
+        line = line.decode().strip()
+        if not line.startswith("data: {"):
+            continue
+        ch = json.loads(line[6:])["choices"]
+        if ch and ch[0].get("logprobs"):
+            streamed += ch[0]["logprobs"]["content"]
+        if ch:
+            text += ch[0]["delta"].get("content") or ""
+    assert [e["token"] for e in streamed][:len(entries)] == [e["token"] for e in entries]
+    assert len(streamed) - len(entries) in (0, 1), streamed[len(entries):]
+    assert text == content
+
+
 def test_no_model_configured_names_both(tmp_path):
     """Neither --model nor model= in the config: xing4d serves the default (the xing4d-demo-model
     package's file under the build's prefix) or, where that is missing, refuses and names both the
