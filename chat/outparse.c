@@ -566,7 +566,9 @@ int outparse_feed(struct outparse *p, int32_t id, const char *text, size_t len) 
                 p->n_reasoning++;
                 if (id == p->id_think)
                         return 0;
-                r = channel_text(p, text, len);
+                /* stop strings end the answer, not the thinking before it (a ReAct client's
+                 * "\nObservation:" in the reasoning would otherwise leave an empty answer) */
+                r = downstream(p, text, len);
                 return r < 0 ? r : 0;
         }
 

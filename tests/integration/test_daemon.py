@@ -549,9 +549,10 @@ def test_thinking_budget_forces_the_end_of_reasoning(daemon):
     chunks = [x for x in lines if x["type"] == "chunk"]
     channels = [x["channel"] for x in chunks]
     # chat with thinking on: the answer starts in reasoning; after 3 reasoning tokens the server
-    # feeds </think> itself and the rest is content
-    assert channels[:3] == ["reasoning"] * 3
-    assert set(channels[3:]) == {"content"}
+    # feeds </think> itself (a chunk of no text on the channel it closes) and the rest is content
+    assert channels[:4] == ["reasoning"] * 4
+    assert chunks[3]["text"] == "" and len(chunks[3]["token_ids"]) == 1, chunks[3]
+    assert set(channels[4:]) == {"content"}
     assert lines[-1]["usage"]["reasoning_tokens"] == 3
     # a prompt that does not end inside <think> starts in content
     r, lines = gen_json(daemon, "--raw", "--temperature", "0", "--max-tokens", "5", "hi")

@@ -450,15 +450,22 @@ static void test_stop_strings(void **state) {
         assert_string_equal(s.content, "x STOPx\n\nUs"); /* the end releases a held prefix */
         assert_int_equal(s.n_stops, 1);
 
-        /* in reasoning, and the text before the match goes out */
+        /* not in reasoning: stop strings end the answer (a ReAct client's "\nObservation:" in
+         * the thinking must not leave an empty answer); the answer after it still stops */
         _cleanup_(outparse_freep) struct outparse *r = new_parser(&s, true, -1, stops, 2, NULL, 0);
         feed_model_text(r, "think STOP! more");
-        assert_string_equal(s.reasoning, "think ");
+        assert_string_equal(s.reasoning, "think STOP! more");
+        assert_int_equal(s.n_stops, 0);
+        feed(r, ID_END_THINK, "</think>");
+        feed(r, ID_TEXT, "answer STOP! tail");
+        assert_string_equal(s.content, "answer ");
         assert_string_equal(s.stop_string, "STOP!");
+        assert_int_equal(s.n_stops, 1);
 
-        /* a held prefix is released when </think> ends the channel */
+        /* a stop string does not span </think>: "STO" in the reasoning, "P!" in the answer */
         _cleanup_(outparse_freep) struct outparse *u = new_parser(&s, true, -1, stops, 2, NULL, 0);
         feed(u, ID_TEXT, "a STO");
+        assert_string_equal(s.reasoning, "a STO");
         feed(u, ID_END_THINK, "</think>");
         feed(u, ID_TEXT, "P!");
         assert_string_equal(s.reasoning, "a STO");
