@@ -969,8 +969,40 @@ static int encode_chunk(const struct tokenizer *t, struct work *w, const char *t
         return 0;
 }
 
+/* The registered special whose text starts at text[i] (the longest), -1 for none. */
+static int special_at(const struct tokenizer *t, const char *text, size_t len, size_t i, size_t *ret_len) {
+        int best = -1;
+        size_t best_len = 0;
+        for (int s = 0; s < _TOKENIZER_SPECIAL_MAX; s++) {
+                if (t->special_id[s] < 0)
+                        continue;
+                size_t sl = t->len[t->special_id[s]];
+                if (sl > best_len && sl <= len - i && memcmp(text + i, TOKENIZER_REGISTERED_SPECIALS[s], sl) == 0) {
+                        best = s;
+                        best_len = sl;
+                }
+        }
+        *ret_len = best_len;
+        return best;
+}
+
+bool tokenizer_text_has_special(const struct tokenizer *t, const char *text, size_t len) {
+        size_t sl;
+        for (size_t i = 0; t->has_specials && i < len; i++) {
+                const char *lt = memchr(text + i, '<', len - i);
+                if (!lt)
+                        return false;
+                i = (size_t) (lt - text);
+                if (special_at(t, text, len, i, &sl) >= 0)
+                        return true;
+        }
+        return false;
+}
+
+/* plain[0..n_plain): sorted, disjoint byte ranges of text where a special's text is text */
 static int encode_into(const struct tokenizer *t, struct work *w, const char *text, size_t len,
-                       unsigned flags, struct tokenizer_ids *out, char *err, size_t err_size) {
+                       unsigned flags, const struct tokenizer_span *plain, size_t n_plain,
+                       struct tokenizer_ids *out, char *err, size_t err_size) {
         int r;
         if (flags & TOKENIZER_ENCODE_BOS) {
                 if (t->bos_id < 0)
@@ -985,24 +1017,18 @@ static int encode_into(const struct tokenizer *t, struct work *w, const char *te
         } else {
                 /* docs/model.md §7: split on the registered specials only; every chunk gets its own dummy
                  * prefix. All registered specials start with '<'. */
-                size_t chunk = 0, i = 0;
+                size_t chunk = 0, i = 0, pi = 0;
                 while (i < len) {
                         const char *lt = memchr(text + i, '<', len - i);
                         if (!lt)
                                 break;
                         i = (size_t) (lt - text);
-                        int best = -1;
-                        size_t best_len = 0;
-                        for (int s = 0; s < _TOKENIZER_SPECIAL_MAX; s++) {
-                                if (t->special_id[s] < 0)
-                                        continue;
-                                size_t sl = t->len[t->special_id[s]];
-                                if (sl > best_len && sl <= len - i &&
-                                    memcmp(text + i, TOKENIZER_REGISTERED_SPECIALS[s], sl) == 0) {
-                                        best = s;
-                                        best_len = sl;
-                                }
-                        }
+                        size_t best_len;
+                        int best = special_at(t, text, len, i, &best_len);
+                        while (pi < n_plain && plain[pi].end <= i)
+                                pi++;
+                        if (best >= 0 && pi < n_plain && plain[pi].start <= i)
+                                best = -1; /* in a plain span: its text is text */
                         if (best < 0) {
                                 i++;
                                 continue;
@@ -1032,7 +1058,7 @@ int tokenizer_encode_append(const struct tokenizer *t, const char *text, size_t 
         struct work w = {};
         size_t n0 = out->n;
         /* the named failures say so themselves; the rest are allocations */
-        int r = encode_into(t, &w, text, len, flags, out, err, err_size);
+        int r = encode_into(t, &w, text, len, flags, NULL, 0, out, err, err_size);
         work_done(&w);
         if (r == -ENOMEM)
                 r = error_set(err, err_size, ENOMEM, "tokenizer: out of memory for %zu bytes of text", len);
@@ -1054,6 +1080,28 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, un
         *ret_ids = ids.ids;
         *ret_n = ids.n;
         return 0;
+}
+
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len,
+                           const struct tokenizer_span *plain, size_t n_plain, int32_t **ret_ids,
+                           size_t *ret_n, char *err, size_t err_size) {
+        struct tokenizer_ids ids = {};
+        struct work w = {};
+        for (size_t k = 0; k < n_plain; k++)
+                if (plain[k].start > plain[k].end || plain[k].end > len || (k && plain[k].start < plain[k - 1].end))
+                        return error_set(err, err_size, EINVAL, "tokenizer: plain span %zu is out of order or "
+                                         "past the text's %zu bytes", k, len);
+        int r = encode_into(t, &w, text, len, 0, plain, n_plain, &ids, err, err_size);
+        work_done(&w);
+        if (r == -ENOMEM)
+                r = error_set(err, err_size, ENOMEM, "tokenizer: out of memory for %zu bytes of text", len);
+        if (r < 0) {
+                tokenizer_ids_done(&ids);
+                return r;
+        }
+        *ret_ids = ids.ids ? ids.ids : malloc(sizeof(int32_t));
+        *ret_n = ids.n;
+        return *ret_ids ? 0 : error_set(err, err_size, ENOMEM, "tokenizer: out of memory");
 }
 
 /* ---- decode ---------------------------------------------------------------------------- */
@@ -1247,7 +1295,7 @@ int tokenizer_bench(const struct tokenizer *t, const char *text, size_t len, dou
         int r = 0;
 
         /* one warm-up pass grows the scratch buffers, then timed passes */
-        r = encode_into(t, &w, text, len, 0, &ids, NULL, 0);
+        r = encode_into(t, &w, text, len, 0, NULL, 0, &ids, NULL, 0);
         if (ret_n_ids)
                 *ret_n_ids = ids.n;
         /* thread CPU time: "one core" on a machine other jobs share (wall time measured the
@@ -1255,7 +1303,7 @@ int tokenizer_bench(const struct tokenizer *t, const char *text, size_t len, dou
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
         while (r >= 0 && elapsed < seconds) {
                 ids.n = 0;
-                r = encode_into(t, &w, text, len, 0, &ids, NULL, 0);
+                r = encode_into(t, &w, text, len, 0, NULL, 0, &ids, NULL, 0);
                 bytes += len;
                 clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
                 elapsed = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) * 1e-9;

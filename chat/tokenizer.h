@@ -120,6 +120,20 @@ int tokenizer_encode_append(const struct tokenizer *t, const char *text, size_t 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
                      int32_t **ret_ids, size_t *ret_n, char *err, size_t err_size);
 
+/* A byte range [start, end) of a text. */
+struct tokenizer_span {
+        size_t start, end;
+};
+/* tokenizer_encode (flags 0) where, inside the spans plain[0..n_plain) (sorted, disjoint), the
+ * text of a registered special is text (the chat prompt's message contents: a user typing
+ * `<_bot>` does not write a role marker); outside them, and for a text with no special's text in
+ * the spans, the ids are tokenizer_encode's. */
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len,
+                           const struct tokenizer_span *plain, size_t n_plain, int32_t **ret_ids,
+                           size_t *ret_n, char *err, size_t err_size);
+/* Whether text holds the text of a registered special the vocabulary has. */
+bool tokenizer_text_has_special(const struct tokenizer *t, const char *text, size_t len);
+
 /* Decode flags. */
 #define TOKENIZER_DECODE_SKIP_SPECIALS 1u /* registered specials produce no text */
 

@@ -71,6 +71,79 @@ static bool prepare_constraint(struct sched *s, struct job *j) {
         return true;
 }
 
+#define PLAIN_MARK "\x02x4d-plain-5f1c-"
+
+/* The rendered chat prompt with each plain marker (PLAIN_MARK, a message index, \x03) replaced by
+ * that message's content, and the spans those contents take (with cont, the continued final
+ * message's text at the end is left as it is); false when out of memory. A marker the template dropped leaves no
+ * span; one it repeated gives a span each time. */
+static bool plain_spans(struct sched *s, const struct sched_request *r, bool cont, char **rendered,
+                        struct tokenizer_span **ret, size_t *ret_n) {
+        const char *in = *rendered, *end = in + strlen(in);
+        size_t cap = 8, n = 0, len = 0, alloc = strlen(in) + 1;
+        struct tokenizer_span *sp = malloc(cap * sizeof *sp);
+        char *out = malloc(alloc);
+        size_t cont_len = cont ? strlen(r->messages[r->n_messages - 1].content) : 0;
+        const char *cont_at = cont ? end - cont_len : NULL; /* the continued text ends the prompt */
+
+        if (!sp || !out)
+                goto oom;
+        while (in < end) {
+                const char *mk = cont_at && cont_at < end ? memmem(in, (size_t) (cont_at - in), PLAIN_MARK, strlen(PLAIN_MARK))
+                                                          : strstr(in, PLAIN_MARK);
+                char *ep = NULL;
+                unsigned long k = mk ? strtoul(mk + strlen(PLAIN_MARK), &ep, 10) : 0;
+                bool ok = mk && ep && *ep == '\x03' && k < r->n_messages && r->messages[k].content;
+                const char *upto = mk ? mk : cont_at ? cont_at : end;
+                const char *put = ok ? r->messages[k].content : NULL;
+                size_t put_len = put ? strlen(put) : 0, keep = (size_t) (upto - in) + (mk && !ok ? 1 : 0);
+                if (len + keep + put_len + 1 > alloc) {
+                        char *o = realloc(out, alloc = 2 * (len + keep + put_len + 1));
+                        if (!o)
+                                goto oom;
+                        out = o;
+                }
+                memcpy(out + len, in, keep);
+                len += keep;
+                in += keep;
+                if (!mk)
+                        break;
+                if (!ok)
+                        continue; /* not one of ours: its first byte went out as text */
+                if (n == cap) {
+                        struct tokenizer_span *q = realloc(sp, (cap *= 2) * sizeof *sp);
+                        if (!q)
+                                goto oom;
+                        sp = q;
+                }
+                sp[n++] = (struct tokenizer_span) { len, len + put_len };
+                memcpy(out + len, put, put_len);
+                len += put_len;
+                in = ep + 1;
+        }
+        if (cont_at && in < end) { /* the continued final message (the assistant's: no span) */
+                if (len + (size_t) (end - in) + 1 > alloc) {
+                        char *o = realloc(out, alloc = len + (size_t) (end - in) + 1);
+                        if (!o)
+                                goto oom;
+                        out = o;
+                }
+                memcpy(out + len, in, (size_t) (end - in));
+                len += (size_t) (end - in);
+        }
+        out[len] = 0;
+        free(*rendered);
+        *rendered = out;
+        *ret = sp;
+        *ret_n = n;
+        (void) s;
+        return true;
+oom:
+        free(sp);
+        free(out);
+        return false;
+}
+
 /* A chat prompt: the messages and tools as one JSON context (chat_context_build, which also turns
  * OpenAI's tool-call arguments into objects), rendered by the model's template or the built-in
  * Xing4 one, then tokenized into *ids, *n. On failure the error is recorded in the job: false. */
@@ -85,6 +158,13 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
          * after a message (`<_end>`, a newline) is found and cut, then the text is put back in
          * the marker's place. */
         static const char marker[] = "\x02x4d-continue-final-message-5f1c\x03";
+        /* A user, system or tool message whose content holds the text of a registered special
+         * (`<_bot>`, `</think>`, `<tool_call>` typed by a user or returned by a tool) is rendered
+         * as a marker too, then put back as a plain span: its specials' text is tokenized as
+         * text, so such a message cannot write a role marker or end a turn (the template's own
+         * specials are unchanged). The assistant's own turns keep theirs: a client may send back
+         * `<think>…</think>` inline for the template to take apart. */
+        size_t n_plain = 0;
         const struct sched_message *last = r->n_messages ? &r->messages[r->n_messages - 1] : NULL;
         bool cont = r->no_generation_prompt && last && streq(last->role, "assistant") && last->content &&
                     last->content[0] && !last->tool_calls_json; /* its calls come after the text */
@@ -104,6 +184,13 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
                         break;
                 }
                 const char *content = cont && m == last ? marker : m->content ? m->content : "";
+                char mk[64];
+                if (content == m->content && !streq(m->role, "assistant") &&
+                    tokenizer_text_has_special(s->p.tokenizer, m->content, strlen(m->content))) {
+                        snprintf(mk, sizeof mk, PLAIN_MARK "%zu\x03", i);
+                        content = mk;
+                        n_plain++;
+                }
                 ok = json_object_set(o, "role", json_new_string(m->role, strlen(m->role))) == 0 &&
                      json_object_set(o, "content", json_new_string(content, strlen(content))) == 0;
                 if (ok && m->name)
@@ -177,9 +264,17 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
                 free(rendered);
                 rendered = cut;
         }
+        _cleanup_free_ struct tokenizer_span *spans = NULL;
+        size_t n_spans = 0;
+        if (ret >= 0 && n_plain) {
+                if (!plain_spans(s, r, cont, &rendered, &spans, &n_spans)) {
+                        prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat prompt");
+                        return false;
+                }
+        }
         if (ret >= 0)
-                ret = tokenizer_encode(s->p.tokenizer, rendered, strlen(rendered), 0, ids, n,
-                                       err, sizeof err);
+                ret = tokenizer_encode_spans(s->p.tokenizer, rendered, strlen(rendered), spans, n_spans, ids, n,
+                                             err, sizeof err);
         if (ret < 0) {
                 prep_fail(j, SCHED_ERR_INVALID_ARGUMENT, "prompt.chat: %s", err);
                 return false;

@@ -141,6 +141,64 @@ static void test_encode_specials(void **state) {
         EXPECT("a", TOKENIZER_ENCODE_BOS | TOKENIZER_ENCODE_EOS, 1, 303, 2);
 }
 
+/* Plain spans (the chat prompt's user and tool contents): inside them a special's text is text,
+ * outside them and without specials inside, the ids are tokenizer_encode's. */
+static void encode_both(const char *text, const struct tokenizer_span *sp, size_t n_sp, int32_t **a, size_t *na,
+                        int32_t **b, size_t *nb) {
+        assert_int_equal(tokenizer_encode(fixture, text, strlen(text), 0, a, na, NULL, 0), 0);
+        assert_int_equal(tokenizer_encode_spans(fixture, text, strlen(text), sp, n_sp, b, nb, NULL, 0), 0);
+}
+
+static size_t count_id(const int32_t *ids, size_t n, int32_t id) {
+        size_t c = 0;
+        for (size_t i = 0; i < n; i++)
+                c += ids[i] == id;
+        return c;
+}
+
+static void test_encode_plain_spans(void **state) {
+        (void) state;
+        const char *text = "<_user>say <_bot> and </think><_bot>";
+        int32_t *a, *b;
+        size_t na, nb;
+        /* no span, and a span with no special inside: the same ids */
+        const struct tokenizer_span none[] = { { 7, 11 } };
+        encode_both(text, NULL, 0, &a, &na, &b, &nb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na * sizeof *a);
+        free(a);
+        free(b);
+        encode_both(text, none, 1, &a, &na, &b, &nb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na * sizeof *a);
+        free(a);
+        free(b);
+        /* the content "say <_bot> and </think>" as a span: its two specials are text, the
+         * template's <_user> and final <_bot> stay specials; decoding gives the text back */
+        const struct tokenizer_span content[] = { { 7, 30 } };
+        encode_both(text, content, 1, &a, &na, &b, &nb);
+        assert_int_equal(count_id(a, na, 5), 2); /* <_bot> */
+        assert_int_equal(count_id(a, na, 10), 1); /* </think> */
+        assert_int_equal(count_id(b, nb, 5), 1);
+        assert_int_equal(count_id(b, nb, 10), 0);
+        assert_int_equal(b[0], 4);
+        assert_int_equal(b[nb - 1], 5);
+        assert_true(nb > na);
+        _cleanup_free_ char *back = NULL;
+        assert_int_equal(tokenizer_decode(fixture, b, nb, 0, &back, NULL), 0);
+        assert_string_equal(back, text);
+        free(a);
+        free(b);
+        /* spans out of order or past the end are refused by name */
+        char why[160];
+        const struct tokenizer_span bad[] = { { 9, 12 }, { 3, 5 } }, past[] = { { 30, 99 } };
+        assert_int_equal(tokenizer_encode_spans(fixture, text, strlen(text), bad, 2, &b, &nb, why, sizeof why), -EINVAL);
+        assert_string_equal(why, "tokenizer: plain span 1 is out of order or past the text's 36 bytes");
+        assert_int_equal(tokenizer_encode_spans(fixture, text, strlen(text), past, 1, &b, &nb, why, sizeof why), -EINVAL);
+        assert_true(tokenizer_text_has_special(fixture, "x </think>", 10));
+        assert_false(tokenizer_text_has_special(fixture, "x <_sep> <think", 15));
+}
+
 static void test_decode_rules(void **state) {
         int32_t a = P("▁a"), sp = P("▁"), sp2 = P("▁▁");
         EXPECT_DECODE("a a", 0, a, a);
@@ -444,6 +502,7 @@ int main(void) {
                 cmocka_unit_test(test_encode_sentencepiece),
                 cmocka_unit_test(test_encode_invalid_utf8),
                 cmocka_unit_test(test_encode_specials),
+                cmocka_unit_test(test_encode_plain_spans),
                 cmocka_unit_test(test_decode_rules),
                 cmocka_unit_test(test_round_trip),
                 cmocka_unit_test(test_stream),
