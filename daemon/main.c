@@ -335,7 +335,7 @@ static void help(void) {
         printf("xing4d [OPTIONS]  -- serve a Xing4 (xing4_0) GGUF model over a Unix socket\n\n"
                "  --config PATH                INI config (default " DEFAULT_CONFIG "); flags override it\n"
                "  --model PATH                 the .gguf\n"
-               "  --config-json PATH           the model's config.json\n"
+               "  --config-json PATH           the model's config.json, or the folder holding it\n"
                "  --tokenizer-path DIR         folder holding config.json\n"
                "  --assume-release-defaults    no config.json: use the release's values (docs/model.md §2.2)\n"
                "  --device cpu|cuda|auto       backend (default auto: cuda if it loads, else cpu)\n"

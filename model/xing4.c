@@ -508,9 +508,17 @@ static int find_and_read_config(struct x4_model *m, const struct x4_model_params
         m->cfg.hc_clamp = p->assume_release_defaults ? X4_RELEASE_HC_CLAMP : 0;
 
         if (p->config_path) {
-                if (!file_exists(p->config_path))
+                struct stat st;
+                /* the file, or a folder holding it (packaging/deb/xing4d.conf says both) */
+                if (stat(p->config_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+                        snprintf(tried[n_tried++], sizeof tried[0], "%s/config.json", p->config_path);
+                        if (!file_exists(tried[0]))
+                                return log_error_errno(ENOENT, "config.json: the folder %s holds no config.json",
+                                                       p->config_path);
+                } else if (!file_exists(p->config_path))
                         return log_error_errno(ENOENT, "config.json %s: no such file", p->config_path);
-                snprintf(tried[n_tried++], sizeof tried[0], "%s", p->config_path);
+                else
+                        snprintf(tried[n_tried++], sizeof tried[0], "%s", p->config_path);
         } else {
                 _cleanup_free_ char *copy = strdup(p->path);
                 if (!copy)

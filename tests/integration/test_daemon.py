@@ -743,6 +743,20 @@ def test_empty_path_settings_mean_the_default(fresh_daemon, tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("serving"), r.stderr
 
 
+def test_config_json_may_name_its_folder(fresh_daemon, tmp_path):
+    """--config-json takes the file or the folder holding it (the packaged xing4d.conf says so); a
+    folder without one is named as such."""
+    from conftest import DEFAULT_CONF, FIXTURES
+    folder = FIXTURES / "xing4-tiny-a"
+    d = fresh_daemon(conf=DEFAULT_CONF, args=("--config-json", str(folder)))
+    assert d.x4ctl("health").returncode == 0
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    r = run_xing4d("--config", "/dev/null", "--config-json", str(empty), "--listen", str(tmp_path / "s.sock"),
+                   "--state-dir", str(tmp_path))
+    assert r.returncode == 1 and f"config.json: the folder {empty} holds no config.json" in r.stderr, r.stderr
+
+
 def test_config_errors_name_the_line(tmp_path):
     conf = tmp_path / "bad.conf"
     conf.write_text("[xing4d]\nthreads = 1\nfrobnicate = yes\n")
