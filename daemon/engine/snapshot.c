@@ -417,17 +417,27 @@ int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_sn
                             s->p.state_dir);
         if (code)
                 return code;
+        char file[96];
+        snprintf(file, sizeof file, "%s.x4snap", name);
         code = snap_open(s, dfd, name, &h, &fd, err, size);
+        if (code == SCHED_ERR_INTERNAL && fstatat(dfd, file, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode)) {
+                /* a regular file under the name that is not a snapshot (truncated, overwritten):
+                 * it can be dropped too, or the name could never be used again */
+                memset(&h, 0, sizeof h);
+                code = 0;
+                fd = -1;
+        }
         if (code) {
                 close(dfd);
                 return code;
         }
-        if (fstat(fd, &st) < 0)
-                st.st_size = 0;
-        close(fd);
+        if (fd >= 0) {
+                if (fstat(fd, &st) < 0)
+                        st.st_size = 0;
+                close(fd);
+        }
         snap_path(s, name, path, sizeof path, "");
-        char file[96];
-        snprintf(file, sizeof file, "%s.x4snap", name);
         int u = unlinkat(dfd, file, 0) < 0 ? errno : 0;
         close(dfd);
         if (u)

@@ -260,6 +260,20 @@ def test_snapshot_symlinks_are_not_followed(fresh_daemon, tmp_path):
     assert not (d.state / "other.x4snap.tmp").exists()
 
 
+def test_a_file_that_is_not_a_snapshot_can_be_dropped(fresh_daemon):
+    """A truncated or overwritten NAME.x4snap is refused when read, named as not a snapshot, and
+    drop removes it (else the name could never be used again but with --replace)."""
+    d = fresh_daemon()
+    (d.state / "bad.x4snap").write_text("garbage\n")
+    r = d.x4ctl("generate", "--tokens", "13", "--snapshot", "bad")
+    assert r.returncode != 0 and "not a version 1 xing4d snapshot file" in r.stderr, r.stderr
+    r = d.x4ctl("snapshot", "drop", "bad")
+    assert r.returncode == 0, r.stderr
+    assert not (d.state / "bad.x4snap").exists()
+    r = d.x4ctl("snapshot", "create", "bad", "--tokens", "5,6,7,8")
+    assert r.returncode == 0, r.stderr
+
+
 def test_snapshot_quota(fresh_daemon):
     d = fresh_daemon(args=("--max-snapshots", "2"))
     for name in ("a", "b"):
