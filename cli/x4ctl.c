@@ -38,7 +38,7 @@ enum {
         EXIT_TIMEOUT = 4,
         EXIT_NOT_FOUND = 5,   /* snapshot / request id unknown */
         EXIT_UNAVAILABLE = 6, /* daemon draining or full */
-        EXIT_NO_ANSWER = 7,   /* the output budget ran out while the model was thinking */
+        EXIT_NO_ANSWER = 7,   /* no answer: the output budget ran out, or the turn ended, while the model was thinking */
         EXIT_EXISTS = 8,      /* snapshot create: the name is taken (no --replace) */
         EXIT_INTERRUPTED = 130,
 };
@@ -838,6 +838,14 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                         d->completion_tokens, d->completion_tokens == 1 ? "" : "s");
                 return EXIT_NO_ANSWER;
         }
+        if (d->finish_reason == X4_FINISH_STOP && !s->any_content && d->reasoning_tokens > 0 &&
+            !s->no_think && !d->stop) {
+                fprintf(stderr, "x4ctl: the model ended its turn while still thinking (%u token%s); nothing was "
+                                "answered. Ask again (another --seed), or turn the thinking off with --no-think "
+                                "(--show-think shows it)\n",
+                        d->reasoning_tokens, d->reasoning_tokens == 1 ? "" : "s");
+                return EXIT_NO_ANSWER;
+        }
         if (d->finish_reason == X4_FINISH_LENGTH && s->json_schema && s->any_content) {
                 fprintf(stderr, "x4ctl: the output budget (%u token%s) ran out before the JSON answer was "
                                 "complete: what was printed is not valid JSON. Raise --max-tokens\n",
@@ -1593,8 +1601,9 @@ static void help(void) {
                "  --json-schema FILE (answer valid against a JSON Schema)\n\n"
                "x4ctl COMMAND --help shows one command's usage.\n\n"
                "Exit status: 0 ok, 1 request failed, 2 usage, 3 cannot connect (or not xing4d's socket), 4 timeout,\n"
-               "             5 not found, 6 daemon unavailable (draining/full), 7 the output budget ran out\n"
-               "             while thinking (nothing answered), 8 snapshot name taken, 130 interrupted\n");
+               "             5 not found, 6 daemon unavailable (draining/full), 7 nothing answered (the\n"
+               "             budget ran out, or the turn ended, while thinking), 8 snapshot name taken,\n"
+               "             130 interrupted\n");
 }
 
 int main(int argc, char **argv) {

@@ -577,6 +577,18 @@ def test_specials_typed_in_a_message_are_text(daemon):
     assert prompt_tokens("--raw", "<_user>hello there<_bot><_end><_bot><think>\n") == raw + 2
 
 
+def test_a_turn_that_ends_while_thinking_is_no_answer(daemon):
+    """The turn ending before the model answered (here a stop id met while it thinks) prints
+    nothing on stdout, so x4ctl says why on stderr and exits 7, as for a budget spent thinking."""
+    args = ("--temperature", "0", "--max-tokens", "8", "--ignore-eos", "hi")
+    r, lines = gen_json(daemon, *args)
+    ids = [t for x in lines if x["type"] == "chunk" and x["channel"] == "reasoning" for t in x["token_ids"]]
+    k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
+    r = daemon.x4ctl("generate", "--temperature", "0", "--max-tokens", "8", "--stop-id", str(ids[k]), "hi")
+    assert r.returncode == 7 and r.stdout.strip() == "", (r.stdout, r.stderr)
+    assert f"the model ended its turn while still thinking ({k} tokens)" in r.stderr, r.stderr
+
+
 def test_chat_uses_the_models_own_template(daemon):
     # the fixture's tokenizer.chat_template renders a user turn as <_user>{content} and always
     # ends with the generation prompt <_bot><think>\n (it ignores enable_thinking)
