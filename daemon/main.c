@@ -150,6 +150,12 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 if (parse_size(v, &o->snapshot_chunk) < 0 || o->snapshot_chunk < 4096 ||
                     o->snapshot_chunk > ((uint64_t) 1 << 32))
                         return log_error_errno(EINVAL, "%s: '%s' is not a size in [4K, 4G]%s", where, v, sfx);
+        } else if (streq(key, "max-frame")) { /* bytes, or a size like the other byte settings */
+                uint64_t b;
+                if (parse_size(v, &b) < 0 || b < 1024 || b > FRAME_MAX_LIMIT)
+                        return log_error_errno(EINVAL, "%s: '%s' is not a size in [1K, %uM]%s", where, v,
+                                               (unsigned) (FRAME_MAX_LIMIT >> 20), sfx);
+                o->max_frame = (uint32_t) b;
         } else if (streq(key, "output-buffer")) {
                 if (parse_size(v, &o->output_buffer) < 0 || o->output_buffer < 1024 ||
                     o->output_buffer > (1u << 30))
@@ -222,7 +228,6 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                         { "max-tokens", offsetof(struct options, max_tokens), 1, 1u << 24 },
                         { "max-tokens-limit", offsetof(struct options, max_tokens_limit), 0, 1u << 24 },
                         { "prefill-budget", offsetof(struct options, prefill_budget), 0, 1u << 20 },
-                        { "max-frame", offsetof(struct options, max_frame), 1024, FRAME_MAX_LIMIT },
                         { "max-connections", offsetof(struct options, max_connections), 1, 1u << 20 },
                         { "page-tokens", offsetof(struct options, page_tokens), 1, 65536 },
                         { "cache-pages", offsetof(struct options, cache_pages), 0, 1u << 24 },
@@ -347,7 +352,7 @@ static void help(void) {
                "  --max-tokens N               output limit of a request that sets none (16384)\n"
                "  --max-tokens-limit N         ceiling on any request's max_tokens: above it the\n"
                "                               output is cut there, ending with 'length' (0 = none)\n"
-               "  --max-frame BYTES            largest accepted frame (16 MiB)\n"
+               "  --max-frame SIZE             largest accepted frame (16M; bytes, or K/M/G)\n"
                "  --max-connections N          (1024; kept below the open file limit)\n"
                "  --max-messages N             chat messages per request (4096)\n"
                "  --max-snapshots N            snapshot files in the state dir (64)\n"

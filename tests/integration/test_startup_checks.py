@@ -38,7 +38,11 @@ def test_a_memory_limit_below_the_model_is_refused(tmp_path):
     # suffixes in either case
     r = run_xing4d("--config", "/dev/null", "--listen", str(tmp_path / "x.sock"), "--state-dir", str(tmp_path),
                    "--memory-limit", "1t", "--max-frame", "abc")
-    assert "is not a size" not in r.stderr and "--max-frame" in r.stderr, r.stderr
+    assert "--memory-limit" not in r.stderr and "--max-frame: 'abc' is not a size" in r.stderr, r.stderr
+    # max-frame takes a size too (the packaged file's comment says 16 MiB)
+    r = run_xing4d("--config", "/dev/null", "--listen", str(tmp_path / "x.sock"), "--state-dir", str(tmp_path),
+                   "--memory-limit", "1k", "--max-frame", "16M")
+    assert "--max-frame" not in r.stderr and "the memory limit of 1024 bytes" in r.stderr, r.stderr
 
 
 def test_the_state_dir_is_made_or_said_at_start(tmp_path):
