@@ -1695,10 +1695,13 @@ static int cpu_create_backend(const struct x4_model *model, const struct x4_back
                 return log_error_errno(EOVERFLOW, "cpu backend: %u pages of %" PRIu64 " bytes overflow",
                                        b->n_pages, page_bytes);
 
-        if (n_threads == 0) {
-                long n = sysconf(_SC_NPROCESSORS_ONLN);
-                n_threads = n > 0 ? (unsigned) n : 1;
-        }
+        long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        if (n_threads == 0)
+                n_threads = n_cpus > 0 ? (unsigned) n_cpus : 1;
+        else if (n_cpus > 0 && n_threads > (unsigned long) n_cpus)
+                log_warning("cpu backend: %u threads on %ld CPUs: more threads than CPUs only wait on each "
+                            "other (every product waits for its slowest thread); 0 (the default) takes one a CPU",
+                            n_threads, n_cpus);
         r = threadpool_new(n_threads, &b->pool);
         if (r < 0)
                 return r;

@@ -84,3 +84,18 @@ def test_config_file_details(tmp_path):
     r = run_xing4d("--config", str(conf), "--listen", str(tmp_path / "x.sock"))
     assert r.returncode == 1 and "the memory limit of 1024 bytes" in r.stderr, r.stderr
     assert (tmp_path / "s #1").is_dir(), r.stderr
+
+
+def test_more_threads_than_cpus_is_warned(tmp_path):
+    """--threads above the CPU count serves (correctly, as the invariance tests show) but slowly:
+    every product waits for its slowest thread. The log says so at start."""
+    import os
+    d = Daemon(tmp_path / "d", DEFAULT_CONF, args=("--threads", str(os.cpu_count() + 3)))
+    try:
+        deadline = time.monotonic() + 10
+        while not any("more threads than CPUs" in x for x in d.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(f"{os.cpu_count() + 3} threads on" in x and "more threads than CPUs" in x for x in d.log), d.log
+        assert d.x4ctl("health").returncode == 0
+    finally:
+        d.close()
