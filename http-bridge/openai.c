@@ -926,8 +926,14 @@ json_t *api_load_body(const char *body, size_t len, struct api_error *e) {
         /* \u0000 is valid JSON; the text it sits in is mended where it goes to the model */
         json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je);
         if (!root) {
-                api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
-                         "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+                if (strstr(je.text, "too big integer")) /* valid JSON, past what a 64-bit field holds */
+                        api_fail(e, 400, "invalid_request_error", "integer_out_of_range", NULL,
+                                 "request body: the integer at line %d, column %d is out of range: integers "
+                                 "(a seed, max_tokens) must lie in [-2^63, 2^63)", je.line, je.column);
+                else
+                        api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
+                                 "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
+                                 je.column);
                 return NULL;
         }
         if (!json_is_object(root)) {

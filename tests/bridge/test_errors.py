@@ -20,6 +20,15 @@ def test_invalid_json_is_400_with_position(bridge):
     assert "line 1" in e["message"] and e["type"] == "invalid_request_error"
 
 
+def test_an_integer_past_64_bits_is_said_to_be_one(bridge):
+    """A seed of 2^63 is valid JSON: the error says the integer is out of range, not that the body
+    is not JSON."""
+    st, _, body = bridge.post("/v1/chat/completions",
+                              b'{"model": "xing4", "seed": 9223372036854775808, "messages": []}')
+    e = assert_openai_error(st, body, 400, "the integer at line 1, column")
+    assert "out of range" in e["message"] and "not valid JSON" not in e["message"], e
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("top_p", 1.5, "top_p: 1.5 is out of range (0, 1]"),
     ("temperature", -1, "temperature: -1 is out of range [0, 2]"),
