@@ -126,6 +126,9 @@ static int read_gguf_config(struct gguf_file *f, const char *path, struct x4_con
         if (!streq(s, ARCH))
                 return log_error_errno(EMEDIUMTYPE, "%s: general.architecture is \"%s\", \"" ARCH
                                        "\" expected (this daemon serves Xing4.0 models only)", path, s);
+        if (gguf_tensor_count(f) == 0) /* e.g. a tokenizer-only file (vocabulary, no weights) */
+                return log_error_errno(EMEDIUMTYPE, "%s: holds no tensors (a vocabulary or metadata-only GGUF?): "
+                                       "a Xing4.0 model file with its weights expected", path);
 
         struct {
                 const char *key;

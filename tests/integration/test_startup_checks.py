@@ -99,3 +99,13 @@ def test_more_threads_than_cpus_is_warned(tmp_path):
         assert d.x4ctl("health").returncode == 0
     finally:
         d.close()
+
+
+def test_a_gguf_without_weights_is_named_as_such(tmp_path):
+    """A vocabulary-only GGUF (the tokenizer tests' file) is not a model: said so, not a missing key."""
+    from conftest import SRC
+    vocab = SRC / "tests" / "tokenizer" / "spm-bpe8k.gguf"
+    r = run_xing4d("--config", "/dev/null", "--model", str(vocab), "--listen", str(tmp_path / "x.sock"),
+                   "--state-dir", str(tmp_path))
+    assert r.returncode == 1
+    assert f"{vocab}: holds no tensors" in r.stderr and "with its weights expected" in r.stderr, r.stderr
