@@ -400,6 +400,7 @@ struct gen_opts {
         bool raw;
         bool show_think;
         bool json_schema; /* --json-schema: the answer must be complete to be valid */
+        bool logprobs;    /* --logprobs N > 0 */
         int thinking; /* -1 default */
 };
 
@@ -525,8 +526,12 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                                                    INT32_MAX);
                         x4_request_add_stop_id(o->req, (int32_t) u64);
                         break;
-                        INT_OPT(OPT_LOGPROBS, parse_u32, u, x4_request_set_logprobs, "logprobs",
-                                "a count from 0 to 4294967295")
+                case OPT_LOGPROBS:
+                        if (parse_u32(optarg, &u) < 0)
+                                return usage_error("--logprobs: '%s' is not a count from 0 to 4294967295", optarg);
+                        x4_request_set_logprobs(o->req, u);
+                        o->logprobs = u > 0;
+                        break;
 #undef INT_OPT
                 case OPT_THINK_BUDGET: /* -1 is the daemon's "no limit"; below it is refused there too */
                         if (parse_i32(optarg, &i) < 0 || i < -1)
@@ -898,6 +903,9 @@ static int cmd_generate(int argc, char **argv) {
                                .json_schema = o.json_schema };
         r = run_generate(c, o.req, &s);
         free(s.reply);
+        if (r == EXIT_OK && o.logprobs && !arg.json) /* the text output has no place for them */
+                fputs("x4ctl: --logprobs: the log probabilities are shown only with --json (an object a line)\n",
+                      stderr);
 out:
         x4_client_free(c);
         x4_request_free(o.req);

@@ -577,6 +577,14 @@ def test_specials_typed_in_a_message_are_text(daemon):
     assert prompt_tokens("--raw", "<_user>hello there<_bot><_end><_bot><think>\n") == raw + 2
 
 
+def test_logprobs_without_json_say_where_they_are(daemon):
+    """The text output has no place for log probabilities: x4ctl says they come with --json."""
+    r = daemon.x4ctl("generate", "--tokens", "5,6,7", "--max-tokens", "2", "--logprobs", "2")
+    assert r.returncode == 0 and "--logprobs: the log probabilities are shown only with --json" in r.stderr
+    r = daemon.x4ctl("--json", "generate", "--tokens", "5,6,7", "--max-tokens", "2", "--logprobs", "2")
+    assert r.returncode == 0 and r.stderr == "" and '"logprobs"' in r.stdout, (r.stdout, r.stderr)
+
+
 def test_a_turn_that_ends_while_thinking_is_no_answer(daemon):
     """The turn ending before the model answered (here a stop id met while it thinks) prints
     nothing on stdout, so x4ctl says why on stderr and exits 7, as for a budget spent thinking."""
