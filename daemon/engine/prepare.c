@@ -78,15 +78,16 @@ static bool prepare_constraint(struct sched *s, struct job *j) {
  * message's text at the end is left as it is); false when out of memory. A marker the template dropped leaves no
  * span; one it repeated gives a span each time. */
 static bool plain_spans(struct sched *s, const struct sched_request *r, bool cont, char **rendered,
-                        struct tokenizer_span **ret, size_t *ret_n) {
+                        struct tokenizer_span **ret, size_t *ret_n, bool *complete) {
         const char *in = *rendered, *end = in + strlen(in);
         size_t cap = 8, n = 0, len = 0, alloc = strlen(in) + 1;
         struct tokenizer_span *sp = malloc(cap * sizeof *sp);
         char *out = malloc(alloc);
+        _cleanup_free_ bool *seen = calloc(r->n_messages + 1, sizeof *seen);
         size_t cont_len = cont ? strlen(r->messages[r->n_messages - 1].content) : 0;
         const char *cont_at = cont ? end - cont_len : NULL; /* the continued text ends the prompt */
 
-        if (!sp || !out)
+        if (!sp || !out || !seen)
                 goto oom;
         while (in < end) {
                 const char *mk = cont_at && cont_at < end ? memmem(in, (size_t) (cont_at - in), PLAIN_MARK, strlen(PLAIN_MARK))
@@ -116,6 +117,7 @@ static bool plain_spans(struct sched *s, const struct sched_request *r, bool con
                                 goto oom;
                         sp = q;
                 }
+                seen[k] = true;
                 sp[n++] = (struct tokenizer_span) { len, len + put_len };
                 memcpy(out + len, put, put_len);
                 len += put_len;
@@ -132,11 +134,17 @@ static bool plain_spans(struct sched *s, const struct sched_request *r, bool con
                 len += (size_t) (end - in);
         }
         out[len] = 0;
+        /* every marked message put back, and no marker left in another form (a template that
+         * writes messages through tojson escapes the marker's control bytes) */
+        *complete = strstr(out, PLAIN_MARK + 1) == NULL;
+        for (size_t i = 0; i < r->n_messages && *complete; i++)
+                if (!seen[i] && r->messages[i].content && !streq(r->messages[i].role, "assistant") &&
+                    tokenizer_text_has_special(s->p.tokenizer, r->messages[i].content, strlen(r->messages[i].content)))
+                        *complete = false;
         free(*rendered);
         *rendered = out;
         *ret = sp;
         *ret_n = n;
-        (void) s;
         return true;
 oom:
         free(sp);
@@ -147,7 +155,8 @@ oom:
 /* A chat prompt: the messages and tools as one JSON context (chat_context_build, which also turns
  * OpenAI's tool-call arguments into objects), rendered by the model's template or the built-in
  * Xing4 one, then tokenized into *ids, *n. On failure the error is recorded in the job: false. */
-static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *n) {
+static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, size_t *n, bool plain,
+                              bool *plain_lost) {
         const struct sched_request *r = j->r;
         char err[1024];
         int ret;
@@ -185,7 +194,7 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
                 }
                 const char *content = cont && m == last ? marker : m->content ? m->content : "";
                 char mk[64];
-                if (content == m->content && !streq(m->role, "assistant") &&
+                if (plain && content == m->content && !streq(m->role, "assistant") &&
                     tokenizer_text_has_special(s->p.tokenizer, m->content, strlen(m->content))) {
                         snprintf(mk, sizeof mk, PLAIN_MARK "%zu\x03", i);
                         content = mk;
@@ -267,8 +276,13 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
         _cleanup_free_ struct tokenizer_span *spans = NULL;
         size_t n_spans = 0;
         if (ret >= 0 && n_plain) {
-                if (!plain_spans(s, r, cont, &rendered, &spans, &n_spans)) {
+                bool complete = false;
+                if (!plain_spans(s, r, cont, &rendered, &spans, &n_spans, &complete)) {
                         prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat prompt");
+                        return false;
+                }
+                if (!complete) { /* the template changed or dropped a marker: render as given */
+                        *plain_lost = true;
                         return false;
                 }
         }
@@ -280,6 +294,17 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
                 return false;
         }
         return true;
+}
+
+static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *n) {
+        bool lost = false;
+        if (prepare_chat_once(s, j, ids, n, true, &lost))
+                return true;
+        if (!lost)
+                return false; /* failed, and said why (prep_fail) */
+        log_debug("request %llu: the chat template does not render message contents as given; a special's "
+                  "text in them stays special", (unsigned long long) j->r->id);
+        return prepare_chat_once(s, j, ids, n, false, &lost);
 }
 
 /* Text, tokens or chat → token ids, a snapshot's file read, the sampler and output parser. Runs
