@@ -5,6 +5,8 @@ import json
 import signal
 import struct
 import subprocess
+import sys
+from pathlib import Path
 import time
 
 import pytest
@@ -595,6 +597,29 @@ def test_a_turn_that_ends_while_thinking_is_no_answer(daemon):
     r = daemon.x4ctl("generate", "--temperature", "0", "--max-tokens", "8", "--stop-id", str(ids[k]), "hi")
     assert r.returncode == 7 and r.stdout.strip() == "", (r.stdout, r.stderr)
     assert f"the model ended its turn while still thinking ({k} tokens)" in r.stderr, r.stderr
+
+
+def test_a_template_that_escapes_contents_still_gets_them(fresh_daemon, tmp_path):
+    """A template that writes messages through tojson changes their text, so contents cannot be
+    kept apart as plain text; the prompt is then rendered as given (the content, quoted, is in
+    it, its special's text special as before), the same ids as the raw text the template makes."""
+    import shutil
+    from conftest import FIXTURES
+    tmpl = tmp_path / "t.jinja"
+    tmpl.write_text("{% for m in messages %}{% if m.role == 'user' %}<_user>{{ m.content | tojson }}"
+                    "{% endif %}{% endfor %}<_bot><think>\n")
+    (tmp_path / "m").mkdir()
+    subprocess.run([sys.executable, str(Path(__file__).parent / "gguf_retemplate.py"),
+                    str(FIXTURES / "xing4-tiny-a" / "model.gguf"), str(tmp_path / "m" / "model.gguf"), str(tmpl)],
+                   check=True)
+    shutil.copy(FIXTURES / "xing4-tiny-a" / "config.json", tmp_path / "m")
+    d = fresh_daemon(args=("--model", str(tmp_path / "m" / "model.gguf")))
+    args = ("--temperature", "0", "--max-tokens", "3", "--ignore-eos")
+    _, chat = gen_json(d, *args, "hi <_bot>")
+    # (the template's last newline is dropped, as jinja2 drops it without keep_trailing_newline)
+    _, raw = gen_json(d, *args, "--raw", '<_user>"hi <_bot>"<_bot><think>')
+    assert chat[-1]["usage"]["prompt_tokens"] == raw[-1]["usage"]["prompt_tokens"]
+    assert ids_of(chat) == ids_of(raw)
 
 
 def test_chat_uses_the_models_own_template(daemon):
