@@ -3,9 +3,11 @@
 # module and the tools there took 50-75 s of every call's device time (of 30 minutes a session).
 # nvcc 13.0 is the same on both machines and the binaries need only glibc, libstdc++ and the CUDA
 # runtime there, so the release build of the five programs the device scripts run is made here
-# (build-dev, ignored) and copied to .devcarry/prebuilt (ignored; carry it) with a stamp of the
+# (build-dev, ignored) and copied to .devcarry/prebuilt (ignored) with a stamp of the
 # sources it was built from. On the GPU machine decode-bench.sh and tests/gpu/run.sh use it only
-# when the stamp matches the tree they run on, and build as before otherwise.
+# when the stamp matches the tree they run on, and build as before otherwise. A call carries
+# .devcarry/pbx (the folder as one xz archive, which x4_prebuilt_ok unpacks): the tree (the demo
+# model included) and the folder (the fatbin) together are over the 64 MiB a call may carry.
 #
 # Usage here:   bash scripts/device/prebuilt.sh          (build, then copy; ninja rebuilds only
 #                                                         what changed)
@@ -28,9 +30,13 @@ x4_src_stamp() {
                 LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
 }
 
-# 0 when DIR holds the five programs built from this tree
+# 0 when DIR holds the five programs built from this tree (DIR absent but DIR/../pbx/pb.tar.xz
+# there, the archive a call carries, unpacked first: the tree and the folder are over 64 MiB)
 x4_prebuilt_ok() {
         local dir=$1 t
+        if [ ! -d "$dir" ] && [ -f "$(dirname "$dir")/pbx/pb.tar.xz" ]; then
+                tar -xJf "$(dirname "$dir")/pbx/pb.tar.xz" -C "$(dirname "$dir")" || return 1
+        fi
         [ -f "$dir/STAMP" ] || return 1
         for t in $X4_PREBUILT_TARGETS; do [ -x "$dir/$t" ] || [ -f "$dir/$t" ] || return 1; done
         [ "$(head -1 "$dir/STAMP")" = "$(x4_src_stamp)" ]
@@ -51,5 +57,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
                 mkdir -p "$dst/$(dirname "$t")" && cp "$bd/$t" "$dst/$t" || exit 1
         done
         { echo "$stamp"; echo "built $(date -u +%FT%TZ) from $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' + changes')"; } >"$dst/STAMP"
-        echo "prebuilt: $dst ($(du -sh "$dst" | cut -f1), stamp $stamp): carry it"
+        # the call's carry limit (64 MiB with the tree): the folder as one archive, unpacked there
+        mkdir -p .devcarry/pbx && tar -cJf .devcarry/pbx/pb.tar.xz -C .devcarry prebuilt || exit 1
+        echo "prebuilt: $dst ($(du -sh "$dst" | cut -f1), stamp $stamp), as .devcarry/pbx/pb.tar.xz ($(du -sh .devcarry/pbx/pb.tar.xz | cut -f1)): carry .devcarry/pbx"
 fi
