@@ -136,7 +136,7 @@ static bool plain_spans(struct sched *s, const struct sched_request *r, bool con
         out[len] = 0;
         /* every marked message put back, and no marker left in another form (a template that
          * writes messages through tojson escapes the marker's control bytes) */
-        *complete = strstr(out, PLAIN_MARK + 1) == NULL;
+        *complete = strstr(out, &PLAIN_MARK[1]) == NULL; /* the marker past its control byte */
         for (size_t i = 0; i < r->n_messages && *complete; i++)
                 if (!seen[i] && r->messages[i].content && !streq(r->messages[i].role, "assistant") &&
                     tokenizer_text_has_special(s->p.tokenizer, r->messages[i].content, strlen(r->messages[i].content)))
