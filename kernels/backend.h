@@ -26,7 +26,8 @@ enum x4_cache_type {
 
 enum x4_cpu_math {
         X4_CPU_MATH_FP32 = 0, /* the reference: every product in fp32, one documented order */
-        X4_CPU_MATH_FAST = 1, /* BF16 products on bf16-rounded activations (vdpbf16ps) */
+        X4_CPU_MATH_FAST = 1, /* BF16 products on bf16-rounded activations (vdpbf16ps), quantized
+                               * ones in integers on q8-rounded activations (kernels/cpu/quant.h) */
 };
 
 enum x4_logits_mode {
@@ -112,8 +113,9 @@ struct x4_backend_params {
          * false: the block is never read and pages are the trunk's alone. */
         bool mtp;
         /* The CPU backend's numerics (enum x4_cpu_math; other backends ignore it): the fp32
-         * reference, or the fast mode that rounds BF16 products' activations to bf16 for the CPU's
-         * BF16 dot instruction where it has one (kernels/cpu/quant.h). */
+         * reference (0, what the developer tools and parity tests use), or the fast mode the daemon
+         * serves with by default: activations rounded to bf16 for BF16 products and to q8 blocks
+         * for quantized ones, on the CPU's dot instructions where it has them (kernels/cpu/quant.h). */
         uint32_t cpu_math;
 };
 

@@ -73,11 +73,12 @@ static bool prepare_constraint(struct sched *s, struct job *j) {
 
 #define PLAIN_MARK "\x02x4d-plain-5f1c-"
 
-/* The rendered chat prompt with each plain marker (PLAIN_MARK, a message index, \x03) replaced by
- * that message's content, and the spans those contents take (with cont, the continued final
- * message's text at the end is left as it is); false when out of memory. A marker the template dropped leaves no
- * span; one it repeated gives a span each time. */
-static bool plain_spans(struct sched *s, const struct sched_request *r, bool cont, char **rendered,
+/* The rendered chat prompt with each plain marker (PLAIN_MARK, the index of a message marked[],
+ * \x03) replaced by that message's content, and the spans those contents take (with cont, the
+ * continued final message's text at the end is left as it is); false when out of memory. A marker
+ * the template repeated gives a span each time; *complete is false when one it dropped or changed
+ * leaves a marked message out. */
+static bool plain_spans(const struct sched_request *r, const bool *marked, bool cont, char **rendered,
                         struct tokenizer_span **ret, size_t *ret_n, bool *complete) {
         const char *in = *rendered, *end = in + strlen(in);
         size_t cap = 8, n = 0, len = 0, alloc = strlen(in) + 1;
@@ -94,7 +95,7 @@ static bool plain_spans(struct sched *s, const struct sched_request *r, bool con
                                                           : strstr(in, PLAIN_MARK);
                 char *ep = NULL;
                 unsigned long k = mk ? strtoul(mk + strlen(PLAIN_MARK), &ep, 10) : 0;
-                bool ok = mk && ep && *ep == '\x03' && k < r->n_messages && r->messages[k].content;
+                bool ok = mk && ep && *ep == '\x03' && k < r->n_messages && marked[k];
                 const char *upto = mk ? mk : cont_at ? cont_at : end;
                 const char *put = ok ? r->messages[k].content : NULL;
                 size_t put_len = put ? strlen(put) : 0, keep = (size_t) (upto - in) + (mk && !ok ? 1 : 0);
@@ -138,8 +139,7 @@ static bool plain_spans(struct sched *s, const struct sched_request *r, bool con
          * writes messages through tojson escapes the marker's control bytes) */
         *complete = strstr(out, &PLAIN_MARK[1]) == NULL; /* the marker past its control byte */
         for (size_t i = 0; i < r->n_messages && *complete; i++)
-                if (!seen[i] && r->messages[i].content && !streq(r->messages[i].role, "assistant") &&
-                    tokenizer_text_has_special(s->p.tokenizer, r->messages[i].content, strlen(r->messages[i].content)))
+                if (marked[i] && !seen[i])
                         *complete = false;
         free(*rendered);
         *rendered = out;
@@ -174,6 +174,11 @@ static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, siz
          * specials are unchanged). The assistant's own turns keep theirs: a client may send back
          * `<think>…</think>` inline for the template to take apart. */
         size_t n_plain = 0;
+        _cleanup_free_ bool *marked = calloc(r->n_messages + 1, sizeof *marked);
+        if (!marked) {
+                prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat prompt");
+                return false;
+        }
         const struct sched_message *last = r->n_messages ? &r->messages[r->n_messages - 1] : NULL;
         bool cont = r->no_generation_prompt && last && streq(last->role, "assistant") && last->content &&
                     last->content[0] && !last->tool_calls_json; /* its calls come after the text */
@@ -198,6 +203,7 @@ static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, siz
                     tokenizer_text_has_special(s->p.tokenizer, m->content, strlen(m->content))) {
                         snprintf(mk, sizeof mk, PLAIN_MARK "%zu\x03", i);
                         content = mk;
+                        marked[i] = true;
                         n_plain++;
                 }
                 ok = json_object_set(o, "role", json_new_string(m->role, strlen(m->role))) == 0 &&
@@ -277,7 +283,7 @@ static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, siz
         size_t n_spans = 0;
         if (ret >= 0 && n_plain) {
                 bool complete = false;
-                if (!plain_spans(s, r, cont, &rendered, &spans, &n_spans, &complete)) {
+                if (!plain_spans(r, marked, cont, &rendered, &spans, &n_spans, &complete)) {
                         prep_fail(j, SCHED_ERR_INTERNAL, "out of memory building the chat prompt");
                         return false;
                 }
