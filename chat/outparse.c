@@ -612,7 +612,8 @@ int outparse_feed_text(struct outparse *p, const char *text, size_t len) {
                 return 0;
         if (p->in_tool)
                 return buf_put(&p->tool, text, len);
-        r = channel_text(p, text, len);
+        /* as outparse_feed: stop strings are matched in the answer only */
+        r = p->channel == OUTPARSE_REASONING ? downstream(p, text, len) : channel_text(p, text, len);
         return r < 0 ? r : 0;
 }
 

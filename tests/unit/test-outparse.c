@@ -456,6 +456,9 @@ static void test_stop_strings(void **state) {
         feed_model_text(r, "think STOP! more");
         assert_string_equal(s.reasoning, "think STOP! more");
         assert_int_equal(s.n_stops, 0);
+        assert_int_equal(outparse_feed_text(r, " STOP!", 6), 0); /* held-back bytes flushed, too */
+        assert_string_equal(s.reasoning, "think STOP! more STOP!");
+        assert_int_equal(s.n_stops, 0);
         feed(r, ID_END_THINK, "</think>");
         feed(r, ID_TEXT, "answer STOP! tail");
         assert_string_equal(s.content, "answer ");
