@@ -217,37 +217,51 @@ static int float_error(const char *opt, const char *value, int r) {
                                         : "not a number");
 }
 
-/* "1,2,3" or "1 2 3". -EINVAL: no ids, or *bad_item (1-based; 0 for none) is no token id. */
+/* "1,2,3" or "1 2 3" (blanks around a comma allowed). -EINVAL: no ids, or *bad_item (1-based; 0
+ * for none) is no token id; -ENODATA: item *bad_item is empty (two commas in a row, or a comma at
+ * either end: a typo more likely than a list meant that way). */
 static int parse_ids(const char *s, int32_t **ret, size_t *n, size_t *bad_item) {
         size_t cap = 16, k = 0;
         int32_t *a = malloc(cap * sizeof *a);
-        char *copy = strdup(s), *save = NULL;
-        if (!a || !copy) {
-                free(a);
-                free(copy);
+        bool after_comma = true; /* the list's start counts as one: a leading comma is an empty item */
+        if (!a)
                 return -ENOMEM;
-        }
         *bad_item = 0;
-        for (char *t = strtok_r(copy, ", \t\n", &save); t; t = strtok_r(NULL, ", \t\n", &save)) {
+        for (const char *p = s[strspn(s, ", \t\n")] ? s : "";;) { /* only separators: no ids */
+                p += strspn(p, " \t\n");
+                if (*p == ',' || (!*p && after_comma && k)) {
+                        if (after_comma) {
+                                *bad_item = k + 1;
+                                free(a);
+                                return -ENODATA;
+                        }
+                        after_comma = true;
+                        p++;
+                        continue;
+                }
+                if (!*p)
+                        break;
+                size_t len = strcspn(p, ", \t\n");
+                char item[32];
                 int32_t v;
-                if (parse_i32(t, &v) < 0 || v < 0) {
+                snprintf(item, sizeof item, "%.*s", (int) MIN(len, sizeof item - 1), p);
+                if (len >= sizeof item || parse_i32(item, &v) < 0 || v < 0) {
                         *bad_item = k + 1;
                         free(a);
-                        free(copy);
                         return -EINVAL;
                 }
                 if (k == cap) {
                         int32_t *b = realloc(a, (cap *= 2) * sizeof *a);
                         if (!b) {
                                 free(a);
-                                free(copy);
                                 return -ENOMEM;
                         }
                         a = b;
                 }
                 a[k++] = v;
+                after_comma = false;
+                p += len;
         }
-        free(copy);
         if (k == 0) {
                 free(a);
                 return -EINVAL;
@@ -371,6 +385,9 @@ static int request_tokens(x4_request *req, const char *tokens) {
                 fprintf(stderr, "x4ctl: out of memory\n");
                 return EXIT_FAIL;
         }
+        if (r == -ENODATA)
+                return usage_error("--tokens: item %zu is empty (two commas in a row, or a comma at the "
+                                   "start or end of the list)", bad);
         if (r < 0 && bad) {
                 const char *t = tokens;
                 for (size_t i = 1;; i++) { /* the bad item's text, for the message */
@@ -1450,9 +1467,10 @@ static int cmd_snapshot(int argc, char **argv) {
                                        a[i].n_tokens, a[i].bytes, a[i].created_unix);
                         }
                         printf("]\n");
+                } else if (!n) {
+                        printf("no snapshots (x4ctl snapshot create NAME PROMPT... makes one)\n");
                 } else {
-                        if (n)
-                                printf("%-32s %10s %12s\n", "NAME", "TOKENS", "BYTES");
+                        printf("%-32s %10s %12s\n", "NAME", "TOKENS", "BYTES");
                         for (size_t i = 0; i < n; i++)
                                 printf("%-32s %10u %12" PRIu64 "\n", a[i].name, a[i].n_tokens,
                                        a[i].bytes);

@@ -667,6 +667,15 @@ def ids_of(lines):
     return [i for x in lines if x["type"] == "chunk" for i in x["token_ids"]]
 
 
+def test_an_empty_snapshot_list_says_so(daemon):
+    # it printed nothing at all: a user could not tell an empty folder from a failure
+    for x in json.loads(daemon.x4ctl("snapshot", "list", "--json").stdout):
+        daemon.x4ctl("snapshot", "drop", x["name"])
+    r = daemon.x4ctl("snapshot", "list")
+    assert (r.returncode, r.stdout) == (0, "no snapshots (x4ctl snapshot create NAME PROMPT... makes one)\n")
+    assert daemon.x4ctl("snapshot", "list", "--json").stdout == "[]\n"
+
+
 def test_snapshot_resume_equals_the_full_prompt(daemon):
     r = daemon.x4ctl("snapshot", "create", "sys1", "--tokens", PROMPT)
     assert r.returncode == 0, r.stderr

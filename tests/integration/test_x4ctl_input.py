@@ -37,6 +37,10 @@ def run(sock, *args, stdin=b"", **kw):
     (["generate", "--tokens", "5,6,-3"], "--tokens: item 3, '-3', is not a token id (0 to 2147483647"),
     (["generate", "--tokens", "5 99999999999"], "--tokens: item 2, '99999999999', is not a token id"),
     (["generate", "--tokens", ", ,"], "--tokens: ', ,' holds no token ids (1,2,3 expected)"),
+    # an empty item is a typo more likely than a list meant that way (it was taken as "1,2")
+    (["generate", "--tokens", "1,,2"], "--tokens: item 2 is empty (two commas in a row"),
+    (["generate", "--tokens", "1, 2,"], "--tokens: item 3 is empty (two commas in a row"),
+    (["generate", "--tokens", ",1"], "--tokens: item 1 is empty (two commas in a row"),
     # accepted, then an interval beyond time_t's reach
     (["stats", "--watch=1e30"], "--watch: '1e30' is not an interval from 0.1 to 86400 s"),
     (["stats", "--watch", "2"], "stats: unexpected argument '2' (the interval goes with an '=': --watch=2)"),
