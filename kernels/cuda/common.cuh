@@ -49,6 +49,19 @@ static inline bool cu_env_on(const char *name) {
         return e && !strcmp(e, "1");
 }
 
+/* A default-on switch whose default may depend on the caller's state: NAME=1 on, NAME=0 off, unset
+ * or empty `dflt`; anything else `dflt`, said on stderr */
+static inline bool cu_env_or(const char *name, bool dflt) {
+        const char *e = getenv(name);
+        if (!e || !*e)
+                return dflt;
+        if (strcmp(e, "0") && strcmp(e, "1")) {
+                fprintf(stderr, "xing4d-cuda: %s=%s ignored: expected 0 or 1\n", name, e);
+                return dflt;
+        }
+        return !strcmp(e, "1");
+}
+
 /* Launch `kernel` on `s`, with programmatic stream serialization when cu_pdl is on. */
 template <typename... KArgs, typename... Args>
 static void cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,

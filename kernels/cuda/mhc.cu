@@ -95,7 +95,10 @@ static __device__ __forceinline__ void hc_post_apply(float *X, const struct cu_p
                 xnew[d] = 0.0f;
                 if (d >= n_hc)
                         continue;
-                float v = in.post[d] * o;
+                /* __fmul_rn: never contracted, so v + C·old is one fma chain from here on in
+                 * every kernel that post-maps (a plain product beside the first C·old left nvcc
+                 * free to fuse either one: k_hc_wtok's copy of this expression got other bits) */
+                float v = __fmul_rn(in.post[d], o);
 #pragma unroll
                 for (uint32_t s = 0; s < CU_HC_MAX; s++)
                         if (s < n_hc)
@@ -652,7 +655,7 @@ __global__ void __launch_bounds__(HCW_WARPS * 32, HCF_TILE_BLOCKS_SM)
                                         C[s] = s < n_hc ? hp[2 * n_hc + d * n_hc + s] : 0.0f;
 #pragma unroll
                                 for (int e = 0; e < 8; e++) {
-                                        float v = pd * o[e];
+                                        float v = __fmul_rn(pd, o[e]); /* hc_post_apply's chain */
 #pragma unroll
                                         for (uint32_t s = 0; s < N; s++)
                                                 if (s < n_hc)

@@ -1847,11 +1847,16 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
 #endif
 }
 
+/* The Q6_K head on tensor cores (k_q6_tc) for every input count: the default when every token
+ * takes the tensor-core products (H200, full model, 72ecf98: batch 64 2,417 -> 2,871 tok/s at
+ * 512 and 1,755 -> 1,966 at 4,096, batch 16 +9%, batch 1 195.6 -> 194.9, within noise;
+ * bench/RESULTS.md). X4_CUDA_MM_Q6TC=0 keeps the head on k_mm / k_matvec (fp32 inputs);
+ * =1 puts it there also when generated tokens take the CUDA-core products. */
 static bool q6tc_ready;
 static bool q6tc_on(void) {
         static int on = -1;
         if (on < 0)
-                on = cu_env_on("X4_CUDA_MM_Q6TC");
+                on = cu_env_or("X4_CUDA_MM_Q6TC", mm_tc_all());
         return on;
 }
 

@@ -279,16 +279,22 @@ __global__ void __launch_bounds__(RT_THREADS) k_router_tiled(struct cu_router a,
 #endif
 }
 
-/* X4_CUDA_ROUTER_TILED=1 (=log: also its first launches on stderr, that it ran): whether an sm_80+
- * device gave k_router_tiled its shared memory (cu_route_setup, at backend creation: not inside a
- * graph capture) */
+/* k_router_tiled for passes of RT_MIN_TOKENS tokens or more: the default on sm_80+ (the same bits
+ * as k_router_fused, tests/gpu/run.sh; H200, full model, 72ecf98: prefill 4,096 12,370 -> 12,485
+ * tok/s alone, 12,933 -> 13,070 beside X4_CUDA_HC=wtok; bench/RESULTS.md). X4_CUDA_ROUTER_TILED=0
+ * keeps k_router_fused; =log also says its first launches on stderr (that it ran); =1 says when
+ * the device cannot run it. Whether the device gave it its shared memory is settled here
+ * (cu_route_setup, at backend creation: not inside a graph capture). */
 static int router_tiled_on, router_tiled_log;
 
 extern "C" void cu_route_setup(void) {
         const char *e = getenv("X4_CUDA_ROUTER_TILED");
+        bool asked = e && (!strcmp(e, "1") || !strcmp(e, "log"));
+        if (e && *e && !asked && strcmp(e, "0"))
+                fprintf(stderr, "xing4d-cuda: X4_CUDA_ROUTER_TILED=%s ignored: expected 0, 1 or log\n", e);
         router_tiled_on = 0;
-        if (e && (!strcmp(e, "1") || !strcmp(e, "log"))) {
-                router_tiled_log = !strcmp(e, "log") ? 4 : 0;
+        if (!(e && !strcmp(e, "0"))) {
+                router_tiled_log = e && !strcmp(e, "log") ? 4 : 0;
                 int dev = 0, major = 0;
                 router_tiled_on = cudaGetDevice(&dev) == cudaSuccess &&
                                   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
@@ -296,12 +302,11 @@ extern "C" void cu_route_setup(void) {
                                   cudaFuncSetAttribute(k_router_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        (int) (2 * RT_STAGE * sizeof(float))) == cudaSuccess;
                 (void) cudaGetLastError();
-                if (!router_tiled_on)
+                if (!router_tiled_on && asked)
                         fprintf(stderr, "xing4d-cuda: X4_CUDA_ROUTER_TILED: this device cannot run k_router_tiled "
                                         "(sm_80+ and %zu bytes of shared memory a block); the fused router runs\n",
                                 (size_t) (2 * RT_STAGE * sizeof(float)));
-        } else if (e && *e && strcmp(e, "0"))
-                fprintf(stderr, "xing4d-cuda: X4_CUDA_ROUTER_TILED=%s ignored: expected 0, 1 or log\n", e);
+        }
 }
 
 /* Tokens from which a pass's router takes k_router_tiled: 32 tokens a block, so below this the

@@ -27,7 +27,10 @@ cd "$(dirname "$0")/../.." || exit 1
 # The products' numerics a step runs: on sm_80+ the backend's default is every token on tensor
 # cores (bf16 inputs, kernels/cuda/mmtc.cu); the steps below are the exact path's (the CUDA-core
 # products, fp32: X4_CUDA_MM=fp32) unless they name X4_CUDA_MM=tc, which is the default's.
-export X4_CUDA_MM=fp32
+# The Q6_K head on tensor cores (k_q6_tc, the default beside X4_CUDA_MM=tc since 72ecf98's
+# measurements) is off unless a step names X4_CUDA_MM_Q6TC=1 (the steps below that say "defaults",
+# and q6tc_checks): the other steps compare the head's other kernels, as they did before.
+export X4_CUDA_MM=fp32 X4_CUDA_MM_Q6TC=0
 
 build=${X4_GPU_BUILD:-build-gpu}
 archs=${X4_GPU_ARCHS:-90}
@@ -265,15 +268,15 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "batch invariance, demo model, f16 cache" env X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
         # the default on sm_80+: tensor-core products, the f16 cache, prompts labeled
         step "cuda (defaults: tensor-core products, f16 cache, prompts labeled) vs cpu, demo model, 512 + 64 greedy" \
-                env X4_CUDA_MM=tc X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 "$check" parity "$tmp/demo.gguf" 512 64
+                env X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model, defaults (tensor-core products, f16 cache)" env X4_CUDA_MM=tc \
-                X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
+                X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, f16 cache, prompts labeled" env X4_GPU_CACHE=f16 X4_GPU_PROMPT=1 \
                 "$check" chunks "$tmp/demo.gguf"
         # decode attention in token groups (X4_CUDA_ATTN_CHUNK: groups of 3 tokens, each group's
         # attention and combine before the next reuses the part rows; graphs and eager steps)
         step "batch invariance, demo model, defaults, attention in groups of 3 tokens" env X4_CUDA_ATTN_CHUNK=3 \
-                X4_CUDA_MM=tc X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
+                X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16 "$check" batch "$tmp/demo.gguf"
         step "batch invariance, demo model, f32 cache, attention in groups of 3 tokens" env X4_CUDA_ATTN_CHUNK=3 \
                 "$check" batch "$tmp/demo.gguf"
         step "compute-sanitizer memcheck, batch, attention in groups of 3 tokens" env X4_CUDA_ATTN_CHUNK=3 \
