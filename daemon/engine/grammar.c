@@ -40,7 +40,21 @@ enum gkind {
         GK_LITERAL, /* one of a sorted set of JSON texts */
         GK_ANYOF,
         GK_REF,     /* resolved when pushed */
+        /* the forced tool call in the model's own syntax (docs/model.md §7):
+         * NAME<param_key>K</param_key><param_value>V</param_value>… */
+        GK_CALL,    /* the name (a literal pushed above it), then the frame becomes its GK_PARAMS */
+        GK_PARAMS,  /* one tool's key / value pairs */
+        GK_RAW,     /* raw text up to its end marker (a string value, a free key), marker included */
 };
+
+/* The native call's markup: plain text pieces (user-defined in the release's vocabulary), so the
+ * matcher takes them byte by byte like any text. */
+#define PARAM_KEY "<param_key>"
+#define PARAM_KEY_END "</param_key>"
+#define PARAM_VALUE "<param_value>"
+#define PARAM_VALUE_END "</param_value>"
+/* GK_RAW's end marker, by its node's `a`: a value's, or a free key's (then the value opens) */
+static const char *const RAW_END[2] = { PARAM_VALUE_END, PARAM_KEY_END PARAM_VALUE };
 
 /* builtin nodes, at these indices of every grammar */
 enum {
@@ -63,15 +77,21 @@ struct gstr {
 struct gnode {
         uint8_t kind;
         bool ordered;   /* object: properties in declaration order (the tool call) */
-        uint32_t a, n;  /* object: keys[a..a+n) sorted; literal: lits[a..a+n); anyOf: list[a..a+n) */
-        uint64_t required; /* object: bit k = the k-th declared property is required */
-        int32_t extra;  /* object without properties: node of the values of free keys, -1: closed */
+        bool native;    /* a native call's value that ends with its own `</param_value>` (raw
+                         * text, a literal of raw strings); other values are JSON, the marker after */
+        uint32_t a, n;  /* object, params: keys[a..a+n) sorted; literal: lits[a..a+n); anyOf:
+                         * list[a..a+n); raw: its end marker is RAW_END[a] */
+        uint64_t required; /* object: bit k = the k-th declared property is required; params: the
+                            * k-th key in sorted order */
+        int32_t extra;  /* object without properties (and params): node of the values of free keys,
+                         * -1: closed */
         uint32_t decl;  /* object: list[decl..decl+n) = sorted index of the i-th declared key */
-        uint32_t tools; /* object with a tool switch: list[tools + k] = arguments node of name k */
+        uint32_t tools; /* object with a tool switch: list[tools + k] = arguments node of name k;
+                         * call: list[tools + k] = GK_PARAMS node of name k */
         int32_t tool_name_prop; /* sorted index of "name" in a tool switch, -1 none */
         int32_t tool_args_prop; /* sorted index of "arguments" */
-        int32_t items;          /* array */
-        uint32_t min_items, max_items;
+        int32_t items;          /* array; call: the names' literal; params: the free keys' GK_RAW */
+        uint32_t min_items, max_items; /* raw: min_items = bytes of text at least */
         int32_t target;         /* ref */
         uint32_t min_len;       /* bytes of the shortest value */
         uint32_t best;          /* anyOf: the branch that gave min_len first (no cycle through it) */
@@ -92,6 +112,7 @@ struct grammar {
         int32_t pre[2], post[2]; /* special tokens around the JSON (tool call), -1 none */
         uint32_t n_pre, n_post;
         uint32_t max_min_len;    /* largest min_len of any node, for the closing margin */
+        int32_t raw_value;       /* native call: the GK_RAW node of a string value */
 };
 
 static int grow_array(void **p, uint32_t *cap, uint32_t need, size_t elem) {
@@ -193,6 +214,7 @@ static int grammar_init(struct grammar **ret) {
         if (!g)
                 return -ENOMEM;
         g->pre[0] = g->pre[1] = g->post[0] = g->post[1] = -1;
+        g->raw_value = -1;
         static const enum gkind kinds[] = { GK_ANY, GK_OBJECT, GK_ARRAY, GK_STRING, GK_NUMBER };
         for (size_t i = 0; i < ELEMENTSOF(kinds); i++)
                 if (node_new(g, kinds[i]) < 0)
@@ -678,6 +700,12 @@ static uint32_t add_len(uint32_t a, uint32_t b) {
         return a >= INF_LEN || b >= INF_LEN || a + b >= INF_LEN ? INF_LEN : a + b;
 }
 
+/* A native call parameter's value: its own end marker, or `</param_value>` after the JSON. */
+static uint32_t value_len(const struct grammar *g, int32_t id) {
+        const struct gnode *v = &g->nodes[resolve(g, id)];
+        return add_len(v->min_len, v->native ? 0 : (uint32_t) strlen(PARAM_VALUE_END));
+}
+
 /* min_len of every node, to a fixpoint (recursive schemas) */
 static void compute_min_len(struct grammar *g) {
         for (uint32_t i = 0; i < g->n_nodes; i++)
@@ -718,6 +746,23 @@ static void compute_min_len(struct grammar *g) {
                                         l = add_len(l, add_len(it, k > 0));
                                 break;
                         }
+                        case GK_RAW:
+                                l = (uint32_t) strlen(RAW_END[n->a]) + n->min_items;
+                                break;
+                        case GK_PARAMS:
+                                l = 0;
+                                for (uint32_t k = 0; k < n->n; k++)
+                                        if (n->required >> k & 1)
+                                                l = add_len(l, add_len(g->keys[n->a + k].len,
+                                                                       value_len(g, g->key_node[n->a + k])));
+                                break;
+                        case GK_CALL: {
+                                const struct gnode *names = &g->nodes[n->items];
+                                for (uint32_t k = 0; k < names->n; k++)
+                                        l = MIN(l, add_len(g->lits[names->a + k].len,
+                                                           g->nodes[g->list[n->tools + k]].min_len));
+                                break;
+                        }
                         case GK_OBJECT:
                                 l = 2;
                                 for (uint32_t k = 0, m = 0; k < n->n; k++) {
@@ -755,7 +800,19 @@ static void compute_min_len(struct grammar *g) {
                         case GK_INTEGER:
                         case GK_STRING:
                         case GK_LITERAL:
+                        case GK_RAW:
                                 d = 1;
+                                break;
+                        case GK_PARAMS:
+                                d = 1;
+                                for (uint32_t k = 0; k < n->n; k++)
+                                        if (n->required >> k & 1)
+                                                d = MAX(d, add_len(g->nodes[g->key_node[n->a + k]].min_depth, 1));
+                                break;
+                        case GK_CALL:
+                                d = 2; /* the name's literal above the call */
+                                for (uint32_t k = 0; k < g->nodes[n->items].n; k++)
+                                        d = MAX(d, g->nodes[g->list[n->tools + k]].min_depth);
                                 break;
                         case GK_ANYOF:
                                 for (uint32_t k = 0; k < n->n; k++)
@@ -854,6 +911,130 @@ static int flatten_anyof(struct grammar *g, char *err, size_t err_size) {
         return 0;
 }
 
+/* Does the literal hold a string value? */
+static bool literal_has_string(const struct grammar *g, const struct gnode *n) {
+        for (uint32_t k = 0; k < n->n; k++)
+                if (g->lits[n->a + k].s[0] == '"')
+                        return true;
+        return false;
+}
+
+/* The values of literal nodes lit[0..n) as a native literal: a string as its raw characters,
+ * anything else as its JSON text (the template's `tojson`), each followed by `</param_value>`. */
+static int32_t native_literal(struct grammar *g, const uint32_t *lit, uint32_t n, const char *where,
+                              char *err, size_t err_size) {
+        uint32_t total = 0;
+        for (uint32_t i = 0; i < n; i++)
+                total += g->nodes[lit[i]].n;
+        struct gstr *t = calloc(total, sizeof *t);
+        if (!t)
+                return -ENOMEM;
+        uint32_t m = 0;
+        int r = 0;
+        for (uint32_t i = 0; i < n && r >= 0; i++)
+                for (uint32_t k = 0; k < g->nodes[lit[i]].n && r >= 0; k++) {
+                        const struct gstr *l = &g->lits[g->nodes[lit[i]].a + k];
+                        _cleanup_(json_freep) struct json_value *v = NULL;
+                        const char *text = l->s;
+                        size_t len = l->len;
+                        if (l->s[0] == '"') {
+                                if (json_parse(l->s, l->len, "enum value", &v, NULL, 0) < 0) {
+                                        r = -ENOMEM; /* our own json_dump: only memory can fail it */
+                                        break;
+                                }
+                                text = json_string(v);
+                                len = json_string_len(v);
+                                if (strlen(text) != len || strstr(text, PARAM_VALUE_END)) {
+                                        snprintf(err, err_size, "%s: the value %s cannot be written in the "
+                                                 "model's tool-call syntax (it holds a NUL or '"
+                                                 PARAM_VALUE_END "')", where, l->s);
+                                        r = -EINVAL;
+                                        break;
+                                }
+                        }
+                        if (asprintf(&t[m].s, "%.*s" PARAM_VALUE_END, (int) len, text) < 0) {
+                                t[m].s = NULL;
+                                r = -ENOMEM;
+                                break;
+                        }
+                        t[m++].len = (uint32_t) (len + strlen(PARAM_VALUE_END));
+                }
+        if (r < 0) {
+                for (uint32_t k = 0; k < m; k++)
+                        free(t[k].s);
+                free(t);
+                return r;
+        }
+        int32_t id = literal_node(g, t, m);
+        free(t);
+        if (id >= 0)
+                g->nodes[id].native = true;
+        return id;
+}
+
+/* A parameter's value in the native call: raw text where the schema allows any string (a string
+ * value is written raw, so nothing tells "1" from 1; the output parser types it by the schema),
+ * a native literal for enum / const (and an anyOf of them), its JSON value otherwise (then
+ * `</param_value>`). An anyOf that mixes string literals with other schemas takes raw text. */
+static int32_t native_value(struct grammar *g, int32_t id, const char *where, char *err, size_t err_size) {
+        uint32_t r = resolve(g, id);
+        const struct gnode n = g->nodes[r]; /* a copy: node_new moves the nodes */
+        bool lits_only = true, strings = false;
+        switch (n.kind) {
+        case GK_STRING:
+        case GK_ANY:
+                return g->raw_value;
+        case GK_LITERAL:
+                return native_literal(g, &r, 1, where, err, err_size);
+        case GK_ANYOF:
+                for (uint32_t k = 0; k < n.n; k++) {
+                        const struct gnode *b = &g->nodes[g->list[n.a + k]];
+                        if (b->kind == GK_STRING || b->kind == GK_ANY)
+                                return g->raw_value;
+                        if (b->kind != GK_LITERAL)
+                                lits_only = false;
+                        else if (literal_has_string(g, b))
+                                strings = true;
+                }
+                if (lits_only)
+                        return native_literal(g, g->list + n.a, n.n, where, err, err_size);
+                return strings ? g->raw_value : id;
+        default:
+                return id;
+        }
+}
+
+/* The native call's values, once the anyOfs are flat (compile_tool built them as JSON nodes). */
+static int native_values(struct grammar *g, char *err, size_t err_size) {
+        if (g->nodes[g->root].kind != GK_CALL)
+                return 0;
+        const uint32_t names = (uint32_t) g->nodes[g->root].items, tools = g->nodes[g->root].tools;
+        for (uint32_t t = 0; t < g->nodes[names].n; t++) {
+                const uint32_t p = g->list[tools + t];
+                const struct gstr *name = &g->lits[g->nodes[names].a + t];
+                char where[512];
+                for (uint32_t k = 0; k < g->nodes[p].n; k++) {
+                        const struct gstr *key = &g->keys[g->nodes[p].a + k];
+                        /* the key text between `<param_key>` and `</param_key>` */
+                        size_t kl = key->len - strlen(PARAM_KEY PARAM_KEY_END PARAM_VALUE);
+                        snprintf(where, sizeof where, "tool '%.*s' parameter '%.*s'", (int) name->len, name->s,
+                                 (int) kl, key->s + strlen(PARAM_KEY));
+                        int32_t v = native_value(g, g->key_node[g->nodes[p].a + k], where, err, err_size);
+                        if (v < 0)
+                                return v;
+                        g->key_node[g->nodes[p].a + k] = v;
+                }
+                if (g->nodes[p].extra >= 0) {
+                        snprintf(where, sizeof where, "tool '%.*s' additionalProperties", (int) name->len, name->s);
+                        int32_t v = native_value(g, g->nodes[p].extra, where, err, err_size);
+                        if (v < 0)
+                                return v;
+                        g->nodes[p].extra = v;
+                }
+        }
+        return 0;
+}
+
 static int finish_grammar(struct grammar *g, char *err, size_t err_size) {
         for (uint32_t i = 0; i < g->n_nodes; i++)
                 if (g->nodes[i].kind == GK_REF) {
@@ -866,7 +1047,7 @@ static int finish_grammar(struct grammar *g, char *err, size_t err_size) {
                         }
                 }
         int r = flatten_anyof(g, err, err_size);
-        if (r < 0)
+        if (r < 0 || (r = native_values(g, err, err_size)) < 0)
                 return r;
         compute_min_len(g);
         if (g->nodes[g->root].min_len >= INF_LEN) {
@@ -942,6 +1123,93 @@ int grammar_compile_json_object(struct grammar **ret) {
         return 0;
 }
 
+/* Why a tool name cannot be written in the native call syntax, NULL if it can: the output parser
+ * (chat/outparse.c) reads the name as the text before `<param_key>`, trimmed, without markup or a
+ * line break, and a body starting with `{` as the JSON form. */
+static const char *native_name_problem(const char *s) {
+        size_t l = strlen(s);
+        if (s[0] == '{')
+                return "it starts with '{', which reads as the JSON form";
+        if (s[0] == ' ' || s[l - 1] == ' ')
+                return "it starts or ends with a space";
+        for (size_t i = 0; i < l; i++)
+                if (s[i] == '<' || s[i] == '>' || (uint8_t) s[i] < 0x20)
+                        return "it holds '<', '>' or a control character";
+        return NULL;
+}
+
+/* The GK_PARAMS node of one tool from its compiled arguments object (properties, or free keys):
+ * keys as `<param_key>K</param_key><param_value>`, sorted; the values stay the properties' JSON
+ * nodes until native_values() makes them native (the anyOfs must be flat first). */
+static int32_t params_node(struct compiler *c, int32_t args, const char *path) {
+        struct grammar *g = c->g;
+        const struct gnode o = g->nodes[resolve(g, args)]; /* a copy: node_new moves the nodes */
+        int32_t id = node_new(g, GK_PARAMS);
+        if (id < 0 || o.n == 0) {
+                if (id < 0 || o.extra < 0)
+                        return id;
+                /* free keys: raw text without '<', then the value of additionalProperties */
+                int32_t rk = node_new(g, GK_RAW);
+                if (rk < 0)
+                        return rk;
+                g->nodes[rk].a = 1;
+                g->nodes[rk].min_items = 1;
+                g->nodes[rk].native = true;
+                g->nodes[id].items = rk;
+                g->nodes[id].extra = o.extra;
+                return id;
+        }
+        struct { struct gstr k; int32_t node; bool required; } tmp[GRAMMAR_MAX_PROPERTIES] = { 0 };
+        int r = 0;
+        for (uint32_t s = 0; s < o.n && r >= 0; s++) {
+                _cleanup_(json_freep) struct json_value *kv = NULL;
+                if (json_parse(g->keys[o.a + s].s, g->keys[o.a + s].len, "property name", &kv, NULL, 0) < 0) {
+                        r = -ENOMEM; /* our own json_dump of a string: only memory can fail it */
+                        break;
+                }
+                const char *k = json_string(kv);
+                size_t kl = json_string_len(kv);
+                if (kl == 0 || strlen(k) != kl || strstr(k, PARAM_KEY_END))
+                        r = cerr(c, path, "property %s cannot be written in the model's tool-call syntax "
+                                 "(an empty name, or one holding a NUL or '" PARAM_KEY_END "')",
+                                 g->keys[o.a + s].s);
+                else if (asprintf(&tmp[s].k.s, PARAM_KEY "%s" PARAM_KEY_END PARAM_VALUE, k) < 0) {
+                        tmp[s].k.s = NULL;
+                        r = -ENOMEM;
+                } else {
+                        tmp[s].k.len = (uint32_t) strlen(tmp[s].k.s);
+                        tmp[s].node = g->key_node[o.a + s];
+                }
+        }
+        for (uint32_t k = 0; k < o.n; k++)
+                if (o.required >> k & 1)
+                        tmp[g->list[o.decl + k]].required = true;
+        /* sort (insertion: at most 64) */
+        for (uint32_t i = 1; i < o.n && r >= 0; i++)
+                for (uint32_t k = i; k > 0 && gstr_cmp(&tmp[k - 1].k, &tmp[k].k) > 0; k--) {
+                        __typeof__(*tmp) x = tmp[k];
+                        tmp[k] = tmp[k - 1];
+                        tmp[k - 1] = x;
+                }
+        if (r >= 0 && (grow_array((void **) &g->keys, &g->cap_keys, g->n_keys + o.n, sizeof *g->keys) < 0 ||
+                       !(g->key_node = realloc(g->key_node, (size_t) g->cap_keys * sizeof *g->key_node))))
+                r = -ENOMEM;
+        if (r < 0) {
+                for (uint32_t s = 0; s < o.n; s++)
+                        free(tmp[s].k.s);
+                return r;
+        }
+        g->nodes[id].a = g->n_keys;
+        g->nodes[id].n = o.n;
+        for (uint32_t s = 0; s < o.n; s++) {
+                g->keys[g->n_keys] = tmp[s].k;
+                g->key_node[g->n_keys++] = tmp[s].node;
+                if (tmp[s].required)
+                        g->nodes[id].required |= 1ull << s;
+        }
+        return id;
+}
+
 static int compile_tool(const char *tools_json, const char *name, const struct tokenizer *t, unsigned flags,
                         struct grammar **ret, char *err, size_t err_size) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
@@ -971,6 +1239,10 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         }
         if ((r = grammar_init(&g)) < 0)
                 return r;
+        /* a string value: raw text up to `</param_value>` */
+        if ((g->raw_value = node_new(g, GK_RAW)) < 0)
+                return g->raw_value;
+        g->nodes[g->raw_value].native = true;
         struct compiler c = { .g = g, .err = err, .err_size = err_size, .lenient = flags & GRAMMAR_LENIENT };
         struct gstr names[256];
         int32_t args[256];
@@ -997,6 +1269,12 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                         r = cerr(&c, "", "more than %zu tools", ELEMENTSOF(names));
                         goto fail;
                 }
+                const char *bad = native_name_problem(tn);
+                if (bad) {
+                        r = cerr(&c, "", "tools[%zu]: the name '%s' cannot be written in the model's "
+                                 "tool-call syntax: %s", i, tn, bad);
+                        goto fail;
+                }
                 snprintf(path, sizeof path, "tools[%zu].parameters", i);
                 const struct json_value *params = json_object_get(fn, "parameters");
                 c.root = params;
@@ -1017,13 +1295,13 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                                         a = N_ANY_OBJECT;
                         }
                 }
+                if (a >= 0)
+                        a = params_node(&c, a, path);
                 if (a < 0) {
                         r = a;
                         goto fail;
                 }
-                struct json_value *sv = json_new_string(tn, strlen(tn));
-                names[n].s = sv ? json_dump(sv, JSON_COMPACT, 0) : NULL;
-                json_free(sv);
+                names[n].s = strdup(tn);
                 if (!names[n].s) {
                         r = -ENOMEM;
                         goto fail;
@@ -1039,7 +1317,7 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         free(c.def_node);
         c.def_v = NULL;
         c.def_node = NULL;
-        /* the name literal's sorted order decides which arguments node goes with which name */
+        /* the name literal's sorted order decides which parameters go with which name */
         struct gstr sorted[256];
         uint32_t order[256];
         for (uint32_t i = 0; i < n; i++)
@@ -1052,7 +1330,6 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                 }
         for (uint32_t i = 0; i < n; i++)
                 sorted[i] = names[order[i]];
-        uint32_t n_names = n;
         for (uint32_t i = 1; i < n; i++)
                 if (gstr_cmp(&sorted[i - 1], &sorted[i]) == 0) {
                         r = cerr(&c, "", "prompt.chat.tools_json names '%s' twice", names[order[i]].s);
@@ -1063,35 +1340,16 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         int32_t name_node = literal_node(g, sorted, n);
         if (name_node < 0)
                 return name_node;
-        /* {"name": NAME, "arguments": ARGS}: both required, in this order */
-        int32_t obj = node_new(g, GK_OBJECT);
-        if (obj < 0)
-                return obj;
-        static const char *const keys[2] = { "\"arguments\"", "\"name\"" }; /* sorted */
-        if (grow_array((void **) &g->keys, &g->cap_keys, g->n_keys + 2, sizeof *g->keys) < 0 ||
-            !(g->key_node = realloc(g->key_node, (size_t) g->cap_keys * sizeof *g->key_node)))
-                return -ENOMEM;
-        struct gnode *o = &g->nodes[obj];
-        o->a = g->n_keys;
-        o->n = 2;
-        for (int i = 0; i < 2; i++) {
-                g->keys[g->n_keys] = (struct gstr){ strdup(keys[i]), (uint32_t) strlen(keys[i]) };
-                if (!g->keys[g->n_keys].s)
-                        return -ENOMEM;
-                g->key_node[g->n_keys++] = i == 0 ? N_ANY_OBJECT : name_node;
-        }
-        o->ordered = true;
-        o->required = 3;
-        o->tool_name_prop = 1;
-        o->tool_args_prop = 0;
-        o->decl = g->n_list;
-        if (list_push(g, 1) < 0 || list_push(g, 0) < 0)
-                return -ENOMEM;
-        g->nodes[obj].tools = g->n_list;
-        for (uint32_t i = 0; i < n_names; i++)
+        /* NAME, then that tool's parameters */
+        int32_t call = node_new(g, GK_CALL);
+        if (call < 0)
+                return call;
+        g->nodes[call].items = name_node;
+        g->nodes[call].tools = g->n_list;
+        for (uint32_t i = 0; i < n; i++)
                 if (list_push(g, (uint32_t) args[order[i]]) < 0)
                         return -ENOMEM;
-        g->root = obj;
+        g->root = call;
         g->pre[0] = open;
         g->n_pre = 1;
         g->post[0] = close;
@@ -1165,6 +1423,14 @@ enum {
         O_OPEN = 1, O_KEY, O_FKEY, O_COLON, O_VAL, O_AFTER, O_COMMA,
         /* array */
         A_OPEN = 1, A_VAL, A_AFTER, A_COMMA,
+        /* native call: the name's literal is open above it */
+        C_NAME = 1,
+        /* native call's parameters: before a key (or the end), inside a key, inside `<param_key>`
+         * of a free key, a free key's raw text open above, a free key's value next, a value open
+         * above, inside the `</param_value>` after a JSON value */
+        P_NEXT = 1, P_KEY, P_FKEY_OPEN, P_FKEY, P_FVAL, P_VAL, P_VEND,
+        /* raw text */
+        R_BODY = 1,
 };
 
 #define MAX_INT_DIGITS 15 /* also INT_DIGITS_BOUND */
@@ -1176,10 +1442,11 @@ struct gframe {
         uint8_t st;
         uint8_t need;   /* string: UTF-8 continuation bytes still due */
         uint8_t lo8, hi8; /* string: range of the next continuation byte; \u: flags */
-        uint16_t pos;   /* literal / key: bytes matched; number: digits in the part; \u digits */
+        uint16_t pos;   /* literal / key: bytes matched; number: digits in the part; \u digits;
+                         * raw, params: bytes of the end marker / markup matched */
         uint16_t lo, hi; /* literal / key: candidate range (sorted index); object: property */
-        uint32_t n;     /* array: items; tool switch: the name chosen */
-        uint64_t seen;  /* object: properties written (sorted index) */
+        uint32_t n;     /* array: items; tool switch: the name chosen; raw: 1 once it has text */
+        uint64_t seen;  /* object, params: properties written (sorted index) */
 };
 
 struct gthread {
@@ -1238,6 +1505,16 @@ static void pop_done(const struct grammar *g, struct gthread *t) {
         } else if (pn->kind == GK_ARRAY) {
                 p->n++;
                 p->st = A_AFTER;
+        } else if (pn->kind == GK_CALL) {
+                /* the name: the frame goes on as that tool's parameters */
+                p->node = g->list[pn->tools + child.lo];
+                p->st = P_NEXT;
+        } else if (pn->kind == GK_PARAMS) {
+                if (p->st == P_FKEY)
+                        p->st = P_FVAL;
+                else
+                        p->st = g->nodes[child.node].native ? P_NEXT : P_VEND;
+                p->pos = 0;
         }
 }
 
@@ -1323,6 +1600,42 @@ static bool obj_key_begin(const struct grammar *g, struct gthread *t, struct gfr
  * or literal ended before it; an array item begins with it). */
 enum step_result { STEP_DEAD, STEP_LIVE, STEP_AGAIN };
 
+/* Text byte c in a string or raw frame at a character boundary: ASCII, or the lead byte of a
+ * valid UTF-8 character (its continuation bytes are then due: need, lo8..hi8). */
+static enum step_result utf8_step(struct gframe *f, uint8_t c) {
+        if (c < 0x80)
+                return STEP_LIVE;
+        f->lo8 = 0x80;
+        f->hi8 = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf)
+                f->need = 1;
+        else if (c >= 0xe0 && c <= 0xef) {
+                f->need = 2;
+                if (c == 0xe0)
+                        f->lo8 = 0xa0;
+                if (c == 0xed)
+                        f->hi8 = 0x9f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+                f->need = 3;
+                if (c == 0xf0)
+                        f->lo8 = 0x90;
+                if (c == 0xf4)
+                        f->hi8 = 0x8f;
+        } else
+                return STEP_DEAD;
+        return STEP_LIVE;
+}
+
+/* A continuation byte of the character begun (string and raw frames). */
+static enum step_result utf8_continue(struct gframe *f, uint8_t c) {
+        if (c < f->lo8 || c > f->hi8)
+                return STEP_DEAD;
+        f->need--;
+        f->lo8 = 0x80;
+        f->hi8 = 0xbf;
+        return STEP_LIVE;
+}
+
 static enum step_result step_string(const struct grammar *g, struct gthread *t, struct gframe *f,
                                    const struct gnode *n, uint8_t c) {
         switch (f->st) {
@@ -1332,14 +1645,8 @@ static enum step_result step_string(const struct grammar *g, struct gthread *t, 
                 f->st = S_BODY;
                 return STEP_LIVE;
         case S_BODY:
-                if (f->need) {
-                        if (c < f->lo8 || c > f->hi8)
-                                return STEP_DEAD;
-                        f->need--;
-                        f->lo8 = 0x80;
-                        f->hi8 = 0xbf;
-                        return STEP_LIVE;
-                }
+                if (f->need)
+                        return utf8_continue(f, c);
                 if (c == '"') {
                         pop_done(g, t);
                         return STEP_LIVE;
@@ -1350,27 +1657,7 @@ static enum step_result step_string(const struct grammar *g, struct gthread *t, 
                 }
                 if (c < 0x20)
                         return STEP_DEAD;
-                if (c < 0x80)
-                        return STEP_LIVE;
-                f->lo8 = 0x80;
-                f->hi8 = 0xbf;
-                if (c >= 0xc2 && c <= 0xdf)
-                        f->need = 1;
-                else if (c >= 0xe0 && c <= 0xef) {
-                        f->need = 2;
-                        if (c == 0xe0)
-                                f->lo8 = 0xa0;
-                        if (c == 0xed)
-                                f->hi8 = 0x9f;
-                } else if (c >= 0xf0 && c <= 0xf4) {
-                        f->need = 3;
-                        if (c == 0xf0)
-                                f->lo8 = 0x90;
-                        if (c == 0xf4)
-                                f->hi8 = 0x8f;
-                } else
-                        return STEP_DEAD;
-                return STEP_LIVE;
+                return utf8_step(f, c);
         case S_ESC:
                 if (c == 'u') {
                         f->st = S_U;
@@ -1625,6 +1912,112 @@ static enum step_result step_array(const struct grammar *g, struct gthread *t, s
         }
 }
 
+/* Raw text (valid UTF-8, no NUL) up to its end marker, which ends the frame. A value's text may
+ * hold '<' (the marker's only '<' is its first byte, so a '<' that does not go on into the marker
+ * was text); a free key's may not. */
+static enum step_result step_raw(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                 const struct gnode *n, uint8_t c) {
+        const char *end = RAW_END[n->a];
+        f->st = R_BODY;
+        if (f->need)
+                return utf8_continue(f, c);
+        if (f->pos) {
+                if (c == (uint8_t) end[f->pos]) {
+                        if (!end[++f->pos])
+                                pop_done(g, t);
+                        return STEP_LIVE;
+                }
+                if (n->a)
+                        return STEP_DEAD;
+                f->pos = 0; /* what matched was text; c is taken afresh */
+                f->n = 1;
+        }
+        if (c == '<') {
+                if (f->n < n->min_items)
+                        return STEP_DEAD;
+                f->pos = 1;
+                return STEP_LIVE;
+        }
+        if (c == 0)
+                return STEP_DEAD;
+        f->n = 1;
+        return utf8_step(f, c);
+}
+
+/* The native call before its name: the name's literal takes the byte. */
+static enum step_result step_call(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                  const struct gnode *n, uint8_t c) {
+        if (f->st != ST_START)
+                return STEP_DEAD;
+        f->st = C_NAME;
+        return push(g, t, n->items) ? STEP_AGAIN : STEP_DEAD;
+}
+
+/* Markup byte c at position f->pos of text: STEP_LIVE, and true in *done at its last byte. */
+static enum step_result markup_byte(struct gframe *f, const char *text, uint8_t c, bool *done) {
+        if (c != (uint8_t) text[f->pos])
+                return STEP_DEAD;
+        *done = !text[++f->pos];
+        return STEP_LIVE;
+}
+
+/* A tool's parameters: `<param_key>K</param_key><param_value>` (a listed key once each, or any
+ * free key), the value, again, until the call closes (grammar_matcher_can_end: every required
+ * key written). */
+static enum step_result step_params(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                    const struct gnode *n, uint8_t c) {
+        bool done = false;
+        switch (f->st) {
+        case P_NEXT:
+                if (!n->n) {
+                        if (n->extra < 0 || !fits(g, t->depth, n->extra) || c != '<')
+                                return STEP_DEAD;
+                        f->st = P_FKEY_OPEN;
+                        f->pos = 1;
+                        return STEP_LIVE;
+                }
+                f->st = P_KEY;
+                f->lo = 0;
+                f->hi = (uint16_t) n->n;
+                f->pos = 0; /* c is the key's first byte */
+                /* fall through */
+        case P_KEY: {
+                uint16_t lo = f->lo, hi = f->hi;
+                if (!narrow(g->keys + n->a, &lo, &hi, f->pos, c) || !obj_any_unseen(g, n, f, t->depth, lo, hi))
+                        return STEP_DEAD;
+                f->lo = lo;
+                f->hi = hi;
+                /* the keys end in the same markup, so none is a prefix of another */
+                if (g->keys[n->a + lo].len != ++f->pos)
+                        return STEP_LIVE;
+                f->seen |= 1ull << lo;
+                f->st = P_VAL;
+                return push(g, t, g->key_node[n->a + lo]) ? STEP_LIVE : STEP_DEAD;
+        }
+        case P_FKEY_OPEN:
+                if (markup_byte(f, PARAM_KEY, c, &done) == STEP_DEAD)
+                        return STEP_DEAD;
+                if (done) {
+                        f->st = P_FKEY;
+                        return push(g, t, n->items) ? STEP_LIVE : STEP_DEAD;
+                }
+                return STEP_LIVE;
+        case P_FVAL:
+                f->st = P_VAL;
+                return push(g, t, n->extra) ? STEP_AGAIN : STEP_DEAD;
+        case P_VEND:
+                if (markup_byte(f, PARAM_VALUE_END, c, &done) == STEP_DEAD)
+                        return STEP_DEAD;
+                if (done) {
+                        f->st = P_NEXT;
+                        f->pos = 0;
+                }
+                return STEP_LIVE;
+        default:
+                return STEP_DEAD;
+        }
+}
+
 static void feed(const struct grammar *g, struct gthread *t, uint8_t c, struct tset *out);
 
 /* One byte for one thread. Returns true if t lives on (the caller keeps it); forks add their own
@@ -1637,7 +2030,8 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                 const struct gnode *n = &g->nodes[f->node];
                 bool ws = is_ws(c);
 
-                if (f->st == ST_START && ws)
+                /* whitespace before a JSON value or the call's name; raw text keeps its own */
+                if (f->st == ST_START && ws && !n->native)
                         return take_ws(t) == STEP_LIVE;
                 if (!ws)
                         t->ws = 0;
@@ -1678,6 +2072,15 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                 case GK_ARRAY:
                         r = step_array(g, t, f, n, c);
                         break;
+                case GK_CALL:
+                        r = step_call(g, t, f, n, c);
+                        break;
+                case GK_PARAMS:
+                        r = step_params(g, t, f, n, c);
+                        break;
+                case GK_RAW:
+                        r = step_raw(g, t, f, n, c);
+                        break;
                 default:
                         return false;
                 }
@@ -1706,10 +2109,19 @@ static void tset_feed(const struct grammar *g, const struct tset *in, uint8_t c,
 static bool thread_can_end(const struct grammar *g, const struct gthread *t) {
         if (t->done)
                 return true;
-        if (t->depth != 1)
-                return false;
         const struct gframe *f = &t->f[0];
         const struct gnode *n = &g->nodes[f->node];
+        if (n->kind == GK_CALL && t->depth == 2) {
+                /* a whole name that a longer one could still continue, of a tool that needs no
+                 * parameter */
+                const struct gframe *nf = &t->f[1];
+                return nf->st == L_IN && g->lits[g->nodes[nf->node].a + nf->lo].len == nf->pos &&
+                       g->nodes[g->list[n->tools + nf->lo]].required == 0;
+        }
+        if (t->depth != 1)
+                return false;
+        if (n->kind == GK_PARAMS)
+                return f->st == P_NEXT && (n->required & ~f->seen) == 0;
         if (n->kind == GK_NUMBER || n->kind == GK_INTEGER)
                 return f->st == NB_ZERO || f->st == NB_INT || f->st == NB_FRAC || f->st == NB_EXP;
         if (n->kind == GK_LITERAL)
@@ -1792,6 +2204,32 @@ static uint32_t tool_best(const struct grammar *g, const struct gnode *n) {
         return best;
 }
 
+/* A native parameter's shortest value, with `</param_value>` after a JSON one. */
+static void emit_value(const struct grammar *g, int32_t id, struct sbuf *b, unsigned depth) {
+        emit_min(g, id, b, depth + 1);
+        if (!g->nodes[resolve(g, id)].native)
+                sb_put(b, PARAM_VALUE_END, strlen(PARAM_VALUE_END));
+}
+
+/* A native call's parameters from state: the required keys not yet written, with values. */
+static void emit_params_rest(const struct grammar *g, const struct gnode *n, uint64_t seen, struct sbuf *b,
+                             unsigned depth) {
+        for (uint32_t k = 0; k < n->n; k++)
+                if ((n->required >> k & 1) && !(seen >> k & 1)) {
+                        sb_put(b, g->keys[n->a + k].s, g->keys[n->a + k].len);
+                        emit_value(g, g->key_node[n->a + k], b, depth);
+                }
+}
+
+/* The shortest of the literal's candidates lo..hi (the first of equals). */
+static uint32_t literal_best(const struct grammar *g, const struct gnode *n, uint32_t lo, uint32_t hi) {
+        uint32_t best = lo;
+        for (uint32_t k = lo; k < hi; k++)
+                if (g->lits[n->a + k].len < g->lits[n->a + best].len)
+                        best = k;
+        return best;
+}
+
 static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsigned depth) {
         const struct gnode *n = &g->nodes[resolve(g, id)];
         if (depth > 2 * GRAMMAR_MAX_DEPTH)
@@ -1806,11 +2244,31 @@ static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsign
                 sb_put(b, "\"\"", 2);
                 return;
         case GK_LITERAL: {
-                uint32_t best = 0;
-                for (uint32_t k = 1; k < n->n; k++)
-                        if (g->lits[n->a + k].len < g->lits[n->a + best].len)
-                                best = k;
+                uint32_t best = literal_best(g, n, 0, n->n);
                 sb_put(b, g->lits[n->a + best].s, g->lits[n->a + best].len);
+                return;
+        }
+        case GK_RAW:
+                if (n->min_items)
+                        sb_put(b, "a", 1);
+                sb_put(b, RAW_END[n->a], strlen(RAW_END[n->a]));
+                return;
+        case GK_PARAMS:
+                emit_params_rest(g, n, 0, b, depth);
+                return;
+        case GK_CALL: {
+                /* the tool whose call is shortest */
+                const struct gnode *names = &g->nodes[n->items];
+                uint32_t best = 0, bl = INF_LEN;
+                for (uint32_t k = 0; k < names->n; k++) {
+                        uint32_t l = add_len(g->lits[names->a + k].len, g->nodes[g->list[n->tools + k]].min_len);
+                        if (l < bl) {
+                                bl = l;
+                                best = k;
+                        }
+                }
+                sb_put(b, g->lits[names->a + best].s, g->lits[names->a + best].len);
+                emit_min(g, (int32_t) g->list[n->tools + best], b, depth + 1);
                 return;
         }
         case GK_ANYOF:
@@ -1871,11 +2329,57 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                 sb_put(b, "0", 1);
                         break;
                 case GK_LITERAL: {
-                        uint32_t best = f->lo;
-                        for (uint32_t k = f->lo; k < f->hi; k++)
-                                if (g->lits[n->a + k].len < g->lits[n->a + best].len)
-                                        best = k;
+                        uint32_t best = literal_best(g, n, f->lo, f->hi);
                         sb_put(b, g->lits[n->a + best].s + f->pos, g->lits[n->a + best].len - f->pos);
+                        break;
+                }
+                case GK_RAW:
+                        if (st == R_BODY && f->need)
+                                for (unsigned k = 0; k < f->need; k++) {
+                                        char x = (char) (k == 0 ? f->lo8 : 0x80);
+                                        sb_put(b, &x, 1);
+                                }
+                        else if (!f->pos && f->n < n->min_items)
+                                sb_put(b, "a", 1);
+                        sb_put(b, RAW_END[n->a] + f->pos, strlen(RAW_END[n->a]) - f->pos);
+                        break;
+                case GK_CALL: {
+                        /* C_NAME: the name's literal above finishes as its shortest candidate */
+                        const struct gframe *nf = &t->f[i + 1];
+                        uint32_t best = literal_best(g, &g->nodes[nf->node], nf->lo, nf->hi);
+                        emit_min(g, (int32_t) g->list[n->tools + best], b, 0);
+                        break;
+                }
+                case GK_PARAMS: {
+                        uint64_t seen = f->seen;
+                        if (st == P_KEY) {
+                                /* finish this key: a required candidate if any, else the shortest */
+                                uint32_t best = UINT32_MAX;
+                                for (uint32_t k = f->lo; k < f->hi; k++) {
+                                        if (seen >> k & 1)
+                                                continue;
+                                        bool req = n->required >> k & 1;
+                                        if (best == UINT32_MAX || (req && !(n->required >> best & 1)) ||
+                                            (req == (bool) (n->required >> best & 1) &&
+                                             g->keys[n->a + k].len < g->keys[n->a + best].len))
+                                                best = k;
+                                }
+                                if (best == UINT32_MAX)
+                                        break;
+                                sb_put(b, g->keys[n->a + best].s + f->pos, g->keys[n->a + best].len - f->pos);
+                                emit_value(g, g->key_node[n->a + best], b, 0);
+                                seen |= 1ull << best;
+                        } else if (st == P_FKEY_OPEN) {
+                                sb_put(b, PARAM_KEY + f->pos, strlen(PARAM_KEY) - f->pos);
+                                emit_min(g, n->items, b, 0);
+                                emit_value(g, n->extra, b, 0);
+                        } else if (st == P_FKEY || st == P_FVAL) /* P_FKEY: its key's frame finished above */
+                                emit_value(g, n->extra, b, 0);
+                        else if (st == P_VAL && !g->nodes[t->f[i + 1].node].native)
+                                sb_put(b, PARAM_VALUE_END, strlen(PARAM_VALUE_END));
+                        else if (st == P_VEND)
+                                sb_put(b, PARAM_VALUE_END + f->pos, strlen(PARAM_VALUE_END) - f->pos);
+                        emit_params_rest(g, n, seen, b, 0);
                         break;
                 }
                 case GK_ARRAY: {
