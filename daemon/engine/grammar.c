@@ -2,7 +2,7 @@
 /* Constrained decoding (what is allowed: grammar.h).
  *
  * The schema becomes a graph of nodes (object, array, string, number, literal set, anyOf, any
- * value). A matcher thread is a stack of frames, one per open value; a byte moves the top frame
+ * value; for a forced tool call in the model's syntax: the call, a tool's parameters, raw text). A matcher thread is a stack of frames, one per open value; a byte moves the top frame
  * or pushes / pops one. anyOf forks threads at the first byte of the value; the matcher state is
  * the set of live threads (deduplicated).
  *
@@ -76,7 +76,6 @@ struct gstr {
 
 struct gnode {
         uint8_t kind;
-        bool ordered;   /* object: properties in declaration order (the tool call) */
         bool native;    /* a native call's value that ends with its own `</param_value>` (raw
                          * text, a literal of raw strings); other values are JSON, the marker after */
         uint32_t a, n;  /* object, params: keys[a..a+n) sorted; literal: lits[a..a+n); anyOf:
@@ -86,10 +85,7 @@ struct gnode {
         int32_t extra;  /* object without properties (and params): node of the values of free keys,
                          * -1: closed */
         uint32_t decl;  /* object: list[decl..decl+n) = sorted index of the i-th declared key */
-        uint32_t tools; /* object with a tool switch: list[tools + k] = arguments node of name k;
-                         * call: list[tools + k] = GK_PARAMS node of name k */
-        int32_t tool_name_prop; /* sorted index of "name" in a tool switch, -1 none */
-        int32_t tool_args_prop; /* sorted index of "arguments" */
+        uint32_t tools; /* call: list[tools + k] = GK_PARAMS node of name k */
         int32_t items;          /* array; call: the names' literal; params: the free keys' GK_RAW */
         uint32_t min_items, max_items; /* raw: min_items = bytes of text at least */
         int32_t target;         /* ref */
@@ -131,7 +127,6 @@ static int32_t node_new(struct grammar *g, enum gkind kind) {
         if (g->n_nodes >= 1u << 24 || grow_array((void **) &g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes) < 0)
                 return -ENOMEM;
         g->nodes[g->n_nodes] = (struct gnode){ .kind = kind, .extra = -1, .items = -1, .target = -1,
-                                               .tool_name_prop = -1, .tool_args_prop = -1,
                                                .max_items = UINT32_MAX };
         return (int32_t) g->n_nodes++;
 }
@@ -770,11 +765,6 @@ static void compute_min_len(struct grammar *g) {
                                         if (!(n->required >> k & 1))
                                                 continue;
                                         uint32_t v = g->nodes[g->key_node[n->a + s]].min_len;
-                                        if (n->tools && s == (uint32_t) n->tool_args_prop) {
-                                                v = INF_LEN;
-                                                for (uint32_t t = 0; t < g->nodes[g->key_node[n->a + (uint32_t) n->tool_name_prop]].n; t++)
-                                                        v = MIN(v, g->nodes[g->list[n->tools + t]].min_len);
-                                        }
                                         l = add_len(l, add_len(g->keys[n->a + s].len + 1 + (m++ > 0), v));
                                 }
                                 break;
@@ -829,11 +819,6 @@ static void compute_min_len(struct grammar *g) {
                                 for (uint32_t k = 0; k < n->n; k++) {
                                         uint32_t s = g->list[n->decl + k];
                                         uint32_t v = g->nodes[g->key_node[n->a + s]].min_depth;
-                                        if (n->tools && s == (uint32_t) n->tool_args_prop) {
-                                                v = 0;
-                                                for (uint32_t t = 0; t < g->nodes[g->key_node[n->a + (uint32_t) n->tool_name_prop]].n; t++)
-                                                        v = MAX(v, g->nodes[g->list[n->tools + t]].min_depth);
-                                        }
                                         if (n->required >> k & 1)
                                                 d = MAX(d, add_len(v, 1));
                                 }
@@ -1445,7 +1430,7 @@ struct gframe {
         uint16_t pos;   /* literal / key: bytes matched; number: digits in the part; \u digits;
                          * raw, params: bytes of the end marker / markup matched */
         uint16_t lo, hi; /* literal / key: candidate range (sorted index); object: property */
-        uint32_t n;     /* array: items; tool switch: the name chosen; raw: 1 once it has text */
+        uint32_t n;     /* array: items; raw: 1 once it has text */
         uint64_t seen;  /* object, params: properties written (sorted index) */
 };
 
@@ -1495,13 +1480,7 @@ static void pop_done(const struct grammar *g, struct gthread *t) {
         struct gframe *p = &t->f[t->depth - 1];
         const struct gnode *pn = &g->nodes[p->node];
         if (pn->kind == GK_OBJECT) {
-                if (p->st == O_FKEY)
-                        p->st = O_COLON;
-                else {
-                        if (pn->tools && p->lo == (uint16_t) pn->tool_name_prop)
-                                p->n = child.lo; /* the tool's name: its arguments follow */
-                        p->st = O_AFTER;
-                }
+                p->st = p->st == O_FKEY ? O_COLON : O_AFTER;
         } else if (pn->kind == GK_ARRAY) {
                 p->n++;
                 p->st = A_AFTER;
@@ -1559,7 +1538,7 @@ static inline bool fits(const struct grammar *g, uint32_t depth, int32_t id) {
 static bool obj_any_unseen(const struct grammar *g, const struct gnode *n, const struct gframe *f,
                            uint32_t depth, uint32_t lo, uint32_t hi) {
         for (uint32_t k = lo; k < hi; k++)
-                if (!(f->seen >> k & 1) && (n->tools || fits(g, depth, g->key_node[n->a + k])))
+                if (!(f->seen >> k & 1) && fits(g, depth, g->key_node[n->a + k]))
                         return true;
         return false;
 }
@@ -1581,16 +1560,8 @@ static bool obj_key_begin(const struct grammar *g, struct gthread *t, struct gfr
                 t->f[t->depth - 1].st = S_BODY;
                 return true;
         }
-        if (n->ordered) {
-                uint32_t k = (uint32_t) __builtin_popcountll(f->seen);
-                if (k >= n->n)
-                        return false;
-                f->lo = (uint16_t) g->list[n->decl + k];
-                f->hi = f->lo + 1;
-        } else {
-                f->lo = 0;
-                f->hi = (uint16_t) n->n;
-        }
+        f->lo = 0;
+        f->hi = (uint16_t) n->n;
         f->pos = 1; /* every key starts with its quote */
         f->st = O_KEY;
         return obj_any_unseen(g, n, f, t->depth, f->lo, f->hi);
@@ -1836,9 +1807,7 @@ static enum step_result step_object(const struct grammar *g, struct gthread *t, 
                 }
                 if (c == ',' && f->st == O_AFTER) {
                         /* only when a property can follow */
-                        if (n->n ? n->ordered ? (uint32_t) __builtin_popcountll(f->seen) >= n->n
-                                              : !obj_any_unseen(g, n, f, t->depth, 0, n->n)
-                                 : !fits(g, t->depth, n->extra))
+                        if (n->n ? !obj_any_unseen(g, n, f, t->depth, 0, n->n) : !fits(g, t->depth, n->extra))
                                 return STEP_DEAD;
                         f->st = O_COMMA;
                         return STEP_LIVE;
@@ -1864,10 +1833,8 @@ static enum step_result step_object(const struct grammar *g, struct gthread *t, 
                         return take_ws(t);
                 if (c != ':')
                         return STEP_DEAD;
-                /* the value: the property's, a free key's, or the chosen tool's arguments */
+                /* the value: the property's or a free key's */
                 int32_t vn = n->n ? g->key_node[n->a + f->lo] : n->extra;
-                if (n->tools && f->lo == (uint16_t) n->tool_args_prop)
-                        vn = (int32_t) g->list[n->tools + f->n];
                 f->st = O_VAL;
                 return push(g, t, vn) ? STEP_LIVE : STEP_DEAD;
         default:
@@ -2157,27 +2124,17 @@ static void sb_put(struct sbuf *b, const char *s, size_t n) {
 
 static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsigned depth);
 
-static uint32_t tool_args_node(const struct grammar *g, const struct gnode *n, uint32_t name_k) {
-        return g->list[n->tools + name_k];
-}
-
-static void emit_prop(const struct grammar *g, const struct gnode *n, uint32_t s, uint32_t tool_k,
-                      struct sbuf *b, unsigned depth) {
+static void emit_prop(const struct grammar *g, const struct gnode *n, uint32_t s, struct sbuf *b,
+                      unsigned depth) {
         sb_put(b, g->keys[n->a + s].s, g->keys[n->a + s].len);
         sb_put(b, ":", 1);
-        if (n->tools && s == (uint32_t) n->tool_args_prop)
-                emit_min(g, (int32_t) tool_args_node(g, n, tool_k), b, depth + 1);
-        else if (n->tools && s == (uint32_t) n->tool_name_prop) {
-                const struct gstr *L = g->lits + g->nodes[g->key_node[n->a + s]].a;
-                sb_put(b, L[tool_k].s, L[tool_k].len);
-        } else
-                emit_min(g, g->key_node[n->a + s], b, depth + 1);
+        emit_min(g, g->key_node[n->a + s], b, depth + 1);
 }
 
 /* Object from state: properties still required (seen given), then `}`; `first` = no comma
  * before the next property. */
 static void emit_obj_rest(const struct grammar *g, const struct gnode *n, uint64_t seen, bool first,
-                          uint32_t tool_k, struct sbuf *b, unsigned depth) {
+                          struct sbuf *b, unsigned depth) {
         for (uint32_t k = 0; k < n->n; k++) {
                 uint32_t s = g->list[n->decl + k];
                 if (!(n->required >> k & 1) || (seen >> s & 1))
@@ -2185,23 +2142,9 @@ static void emit_obj_rest(const struct grammar *g, const struct gnode *n, uint64
                 if (!first)
                         sb_put(b, ",", 1);
                 first = false;
-                emit_prop(g, n, s, tool_k, b, depth);
+                emit_prop(g, n, s, b, depth);
         }
         sb_put(b, "}", 1);
-}
-
-static uint32_t tool_best(const struct grammar *g, const struct gnode *n) {
-        /* the name whose call is shortest */
-        uint32_t best = 0, bl = INF_LEN;
-        const struct gnode *nn = &g->nodes[g->key_node[n->a + (uint32_t) n->tool_name_prop]];
-        for (uint32_t k = 0; k < nn->n; k++) {
-                uint32_t l = add_len(g->lits[nn->a + k].len, g->nodes[tool_args_node(g, n, k)].min_len);
-                if (l < bl) {
-                        bl = l;
-                        best = k;
-                }
-        }
-        return best;
 }
 
 /* A native parameter's shortest value, with `</param_value>` after a JSON one. */
@@ -2287,7 +2230,7 @@ static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsign
                 return;
         case GK_OBJECT:
                 sb_put(b, "{", 1);
-                emit_obj_rest(g, n, 0, true, n->tools ? tool_best(g, n) : 0, b, depth);
+                emit_obj_rest(g, n, 0, true, b, depth);
                 return;
         default:
                 return;
@@ -2404,9 +2347,6 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                 }
                 case GK_OBJECT: {
                         uint64_t seen = f->seen;
-                        uint32_t tk = f->n;
-                        if (n->tools && !(seen >> (uint32_t) n->tool_name_prop & 1))
-                                tk = tool_best(g, n);
                         if (st == O_FKEY && !top)
                                 st = O_COLON;
                         if (st == O_VAL && !top)
@@ -2431,26 +2371,12 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                         break;
                                 sb_put(b, g->keys[n->a + best].s + f->pos, g->keys[n->a + best].len - f->pos);
                                 sb_put(b, ":", 1);
-                                if (n->tools && best == (uint32_t) n->tool_args_prop)
-                                        emit_min(g, (int32_t) tool_args_node(g, n, tk), b, 0);
-                                else if (n->tools && best == (uint32_t) n->tool_name_prop) {
-                                        const struct gstr *L = g->lits + g->nodes[g->key_node[n->a + best]].a;
-                                        sb_put(b, L[tk].s, L[tk].len);
-                                } else
-                                        emit_min(g, g->key_node[n->a + best], b, 0);
+                                emit_min(g, g->key_node[n->a + best], b, 0);
                                 seen |= 1ull << best;
                                 st = O_AFTER;
                         } else if (st == O_COLON) {
                                 sb_put(b, ":", 1);
-                                if (n->n == 0)
-                                        emit_min(g, n->extra, b, 0);
-                                else if (n->tools && f->lo == (uint16_t) n->tool_args_prop)
-                                        emit_min(g, (int32_t) tool_args_node(g, n, tk), b, 0);
-                                else if (n->tools && f->lo == (uint16_t) n->tool_name_prop) {
-                                        const struct gstr *L = g->lits + g->nodes[g->key_node[n->a + f->lo]].a;
-                                        sb_put(b, L[tk].s, L[tk].len);
-                                } else
-                                        emit_min(g, g->key_node[n->a + f->lo], b, 0);
+                                emit_min(g, n->n == 0 ? n->extra : g->key_node[n->a + f->lo], b, 0);
                                 st = O_AFTER;
                         }
                         if (st == O_COMMA) {
@@ -2467,23 +2393,22 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                 } else if (!any) {
                                         uint32_t best = UINT32_MAX, bl = INF_LEN;
                                         for (uint32_t k = 0; k < n->n; k++) {
-                                                uint32_t s = n->ordered ? g->list[n->decl + (uint32_t) __builtin_popcountll(seen)] : k;
-                                                uint32_t l = add_len(g->keys[n->a + s].len, g->nodes[g->key_node[n->a + s]].min_len);
-                                                if (!(seen >> s & 1) && l < bl) {
+                                                uint32_t l = add_len(g->keys[n->a + k].len, g->nodes[g->key_node[n->a + k]].min_len);
+                                                if (!(seen >> k & 1) && l < bl) {
                                                         bl = l;
-                                                        best = s;
+                                                        best = k;
                                                 }
                                         }
                                         if (best != UINT32_MAX) {
-                                                emit_prop(g, n, best, tk, b, 0);
+                                                emit_prop(g, n, best, b, 0);
                                                 seen |= 1ull << best;
                                         }
                                 }
-                                emit_obj_rest(g, n, seen, any, tk, b, 0);
+                                emit_obj_rest(g, n, seen, any, b, 0);
                         } else if (st == O_OPEN)
-                                emit_obj_rest(g, n, seen, true, tk, b, 0);
+                                emit_obj_rest(g, n, seen, true, b, 0);
                         else if (st == O_AFTER)
-                                emit_obj_rest(g, n, seen, false, tk, b, 0);
+                                emit_obj_rest(g, n, seen, false, b, 0);
                         break;
                 }
                 default:
