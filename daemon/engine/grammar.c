@@ -1430,7 +1430,7 @@ struct gframe {
         uint16_t pos;   /* literal / key: bytes matched; number: digits in the part; \u digits;
                          * raw, params: bytes of the end marker / markup matched */
         uint16_t lo, hi; /* literal / key: candidate range (sorted index); object: property */
-        uint32_t n;     /* array: items; raw: 1 once it has text */
+        uint32_t n;     /* array: items; raw with a minimum: 1 once it has text */
         uint64_t seen;  /* object, params: properties written (sorted index) */
 };
 
@@ -1897,7 +1897,7 @@ static enum step_result step_raw(const struct grammar *g, struct gthread *t, str
                 if (n->a)
                         return STEP_DEAD;
                 f->pos = 0; /* what matched was text; c is taken afresh */
-                f->n = 1;
+                f->n = n->min_items > 0;
         }
         if (c == '<') {
                 if (f->n < n->min_items)
@@ -1907,7 +1907,7 @@ static enum step_result step_raw(const struct grammar *g, struct gthread *t, str
         }
         if (c == 0)
                 return STEP_DEAD;
-        f->n = 1;
+        f->n = n->min_items > 0; /* counted only where a minimum needs it: text keeps the state */
         return utf8_step(f, c);
 }
 
@@ -2445,6 +2445,11 @@ struct grammar_vocab {
          * only on that suffix, the part before leaves the string as it was. A trie of those
          * suffixes, its entries mapped to token ids. */
         struct grammar_vocab *suffix;
+        /* the same for raw text (a native call's string value): tokens valid UTF-8 without '<' or
+         * NUL leave raw text at rest as it was; the others act by their text from the first such
+         * byte */
+        uint64_t *raw_clean;
+        struct grammar_vocab *raw_suffix;
         int32_t *ids;       /* suffix trie: entry -> token id */
         bool shared_bytes;
 };
@@ -2453,6 +2458,8 @@ void grammar_vocab_free(struct grammar_vocab *v) {
         if (!v)
                 return;
         grammar_vocab_free(v->suffix);
+        grammar_vocab_free(v->raw_suffix);
+        free(v->raw_clean);
         free(v->ids);
         free(v->nodes);
         free(v->order);
@@ -2511,10 +2518,20 @@ static bool utf8_valid(const uint8_t *s, size_t n) {
         return true;
 }
 
-/* index of the last byte a string body refuses (`"`, `\`, control), -1 if none */
-static int last_unsafe(const uint8_t *s, size_t n) {
+/* A byte a JSON string body does not take as a character of its own (`"`, `\`, control). */
+static bool json_refused(uint8_t c) {
+        return c == '"' || c == '\\' || c < 0x20;
+}
+
+/* A byte raw text does not take as plain text: '<' may begin its end marker, NUL is refused. */
+static bool raw_refused(uint8_t c) {
+        return c == '<' || c == 0;
+}
+
+/* index of the last byte `refused` refuses, -1 if none */
+static int last_refused(const uint8_t *s, size_t n, bool (*refused)(uint8_t)) {
         for (size_t i = n; i > 0; i--)
-                if (s[i - 1] == '"' || s[i - 1] == '\\' || s[i - 1] < 0x20)
+                if (refused(s[i - 1]))
                         return (int) (i - 1);
         return -1;
 }
@@ -2579,14 +2596,28 @@ static int build_node(struct grammar_vocab *v, uint32_t id, uint32_t lo, uint32_
         return 0;
 }
 
-static int first_unsafe(const uint8_t *p, size_t n) {
+static int first_refused(const uint8_t *p, size_t n, bool (*refused)(uint8_t)) {
         for (size_t i = 0; i < n; i++)
-                if (p[i] == '"' || p[i] == '\\' || p[i] < 0x20)
+                if (refused(p[i]))
                         return (int) i;
         return -1;
 }
 
-static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_t n) {
+/* The clean tokens of a text body (valid UTF-8, no byte `refused` refuses) as a bitset, and the
+ * trie of the others' suffixes from their first refused byte (the whole text when not valid). */
+static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, bool (*refused)(uint8_t),
+                             uint64_t **ret_clean, struct grammar_vocab **ret) {
+        _cleanup_free_ uint64_t *clean = calloc(v->n_words, sizeof *clean);
+        if (!clean)
+                return -ENOMEM;
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < v->n_text; i++) {
+                int32_t id = v->order[i];
+                if (valid[id] && first_refused(v->bytes + v->off[id], v->len[id], refused) < 0)
+                        clean[(uint32_t) id >> 6] |= 1ull << ((uint32_t) id & 63);
+                else
+                        n++;
+        }
         _cleanup_(grammar_vocab_freep) struct grammar_vocab *sv = calloc(1, sizeof *sv);
         if (!sv)
                 return -ENOMEM;
@@ -2605,7 +2636,7 @@ static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_
         for (uint32_t i = 0; i < v->n_text; i++) {
                 int32_t id = v->order[i];
                 const uint8_t *p = v->bytes + v->off[id];
-                int u = valid[id] ? first_unsafe(p, v->len[id]) : 0;
+                int u = valid[id] ? first_refused(p, v->len[id], refused) : 0;
                 if (u < 0)
                         continue; /* clean */
                 uint32_t e = sv->n_text++;
@@ -2613,7 +2644,7 @@ static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_
                 sv->len[e] = (uint16_t) (v->len[id] - u);
                 sv->ids[e] = id;
                 sv->order[e] = (int32_t) e;
-                unsafe[e] = last_unsafe(p + u, sv->len[e]);
+                unsafe[e] = last_refused(p + u, sv->len[e], refused);
                 val[e] = utf8_valid(p + u, sv->len[e]);
                 sv->max_len = MAX(sv->max_len, sv->len[e]);
         }
@@ -2627,7 +2658,8 @@ static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_
         int r = build_node(sv, 0, 0, sv->n_text, 0, unsafe, val, &br);
         if (r < 0)
                 return r;
-        v->suffix = TAKE_PTR(sv);
+        *ret_clean = TAKE_PTR(clean);
+        *ret = TAKE_PTR(sv);
         return 0;
 }
 
@@ -2684,7 +2716,7 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
                 v->off[i] = (uint32_t) start;
                 v->len[i] = (uint16_t) (pos - start);
                 v->max_len = MAX(v->max_len, v->len[i]);
-                unsafe[i] = last_unsafe(v->bytes + start, pos - start);
+                unsafe[i] = last_refused(v->bytes + start, pos - start, json_refused);
                 valid[i] = utf8_valid(v->bytes + start, pos - start);
                 v->order[v->n_text++] = (int32_t) i;
         }
@@ -2698,18 +2730,8 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
         int r = build_node(v, 0, 0, v->n_text, 0, unsafe, valid, &br);
         if (r < 0)
                 return r;
-        v->clean = calloc(v->n_words, sizeof *v->clean);
-        if (!v->clean)
-                return -ENOMEM;
-        uint32_t n_dirty_tokens = 0;
-        for (uint32_t i = 0; i < v->n_text; i++) {
-                int32_t id = v->order[i];
-                if (valid[id] && unsafe[id] < 0)
-                        v->clean[(uint32_t) id >> 6] |= 1ull << ((uint32_t) id & 63);
-                else
-                        n_dirty_tokens++;
-        }
-        if ((r = build_suffix_trie(v, valid, n_dirty_tokens)) < 0)
+        if ((r = build_suffix_trie(v, valid, json_refused, &v->clean, &v->suffix)) < 0 ||
+            (r = build_suffix_trie(v, valid, raw_refused, &v->raw_clean, &v->raw_suffix)) < 0)
                 return r;
         *ret = TAKE_PTR(v);
         return 0;
@@ -2832,6 +2854,21 @@ static bool all_in_string_body(const struct grammar *g, const struct tset *s) {
         return s->n > 0;
 }
 
+/* Every thread is in raw text that a clean token (valid UTF-8, no '<', no NUL) leaves exactly as
+ * it is: at a character boundary, no end marker begun, its minimum of text met. */
+static bool all_raw_at_rest(const struct grammar *g, const struct tset *s) {
+        for (uint32_t i = 0; i < s->n; i++) {
+                const struct gthread *t = &s->t[i];
+                if (t->done || t->depth == 0)
+                        return false;
+                const struct gframe *f = &t->f[t->depth - 1];
+                const struct gnode *n = &g->nodes[f->node];
+                if (n->kind != GK_RAW || f->need || f->pos || f->n < n->min_items)
+                        return false;
+        }
+        return s->n > 0;
+}
+
 /* Visit the children of trie node `node` (depth bytes in), the threads being `in`. */
 static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth, const struct tset *in);
 
@@ -2876,11 +2913,11 @@ static uint64_t fnv(const uint8_t *p, size_t n) {
         return h;
 }
 
-/* The matcher state as bytes (the cache key). */
-static size_t state_key(struct grammar_matcher *m) {
+/* A thread set as bytes (the cache key). */
+static size_t state_key(struct grammar_matcher *m, const struct tset *set) {
         size_t need = sizeof(uint32_t);
-        for (uint32_t i = 0; i < m->cur.n; i++)
-                need += THREAD_BYTES(&m->cur.t[i]);
+        for (uint32_t i = 0; i < set->n; i++)
+                need += THREAD_BYTES(&set->t[i]);
         if (need > m->key_cap) {
                 uint8_t *k = realloc(m->key, need);
                 if (!k)
@@ -2889,11 +2926,11 @@ static size_t state_key(struct grammar_matcher *m) {
                 m->key_cap = need;
         }
         size_t p = 0;
-        memcpy(m->key, &m->cur.n, sizeof(uint32_t));
+        memcpy(m->key, &set->n, sizeof(uint32_t));
         p += sizeof(uint32_t);
-        for (uint32_t i = 0; i < m->cur.n; i++) {
-                size_t b = THREAD_BYTES(&m->cur.t[i]);
-                memcpy(m->key + p, &m->cur.t[i], b);
+        for (uint32_t i = 0; i < set->n; i++) {
+                size_t b = THREAD_BYTES(&set->t[i]);
+                memcpy(m->key + p, &set->t[i], b);
                 p += b;
         }
         return p;
@@ -2939,6 +2976,109 @@ static uint32_t closing_margin(const struct grammar_matcher *m) {
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m) {
         const struct grammar *g = m->g;
         return MIN(g->nodes[g->root].min_len, 4096u) + g->n_pre + g->n_post + 1 + closing_margin(m);
+}
+
+/* A value's raw text with its end marker begun (`<`, `</pa`, ...), one thread: a token whose first
+ * byte does not go on into the marker acts as from the same text at rest (the bytes matched were
+ * text), so only the tokens that begin with the marker's next byte need a walk from here. The
+ * frame, or NULL. */
+static const struct gframe *raw_marker_begun(const struct grammar *g, const struct tset *s) {
+        if (s->n != 1 || s->t[0].done || s->t[0].depth == 0)
+                return NULL;
+        const struct gframe *f = &s->t[0].f[s->t[0].depth - 1];
+        const struct gnode *n = &g->nodes[f->node];
+        return n->kind == GK_RAW && n->a == 0 && f->pos && !f->need ? f : NULL;
+}
+
+/* The mask of a thread set (mask zeroed), from the cache or a trie walk; cached. */
+static int mask_of_set(struct grammar_matcher *m, const struct tset *set, uint64_t *mask) {
+        const struct grammar *g = m->g;
+        const struct grammar_vocab *v = m->v;
+        size_t klen = m->no_cache ? 0 : state_key(m, set);
+        uint64_t h = klen ? fnv(m->key, klen) : 0;
+        for (int i = 0; klen && i < CACHE_SLOTS; i++) {
+                struct cache_slot *s = &m->cache[i];
+                if (s->mask && s->hash == h && s->key_len == klen && memcmp(s->key, m->key, klen) == 0) {
+                        memcpy(mask, s->mask, v->n_words * sizeof *mask);
+                        return s->count;
+                }
+        }
+        const struct gframe *rf = raw_marker_begun(g, set);
+        if (rf) {
+                struct tset *rest = malloc(sizeof *rest);
+                if (!rest)
+                        return -ENOMEM;
+                memcpy(rest, set, sizeof *rest);
+                rest->t[0].f[rest->t[0].depth - 1].pos = 0;
+                int r = mask_of_set(m, rest, mask);
+                free(rest);
+                if (r < 0)
+                        return r;
+                if (klen) /* the key buffer held the rest's */
+                        h = fnv(m->key, klen = state_key(m, set));
+                const struct tnode *root = &v->nodes[0];
+                uint8_t next = (uint8_t) RAW_END[0][rf->pos];
+                for (uint32_t k = 0; k < root->n_child; k++) {
+                        const struct tnode *c = &v->nodes[root->child + k];
+                        if (c->byte != next)
+                                continue;
+                        for (uint32_t i = c->lo; i < c->hi; i++)
+                                mask[(uint32_t) v->order[i] >> 6] &= ~(1ull << ((uint32_t) v->order[i] & 63));
+                        m->level[0] = *set;
+                        m->walk_free = false;
+                        m->mask_out = mask;
+                        m->wv = v;
+                        walk_child(m, root->child + k, 0, &m->level[0], false, false);
+                }
+        } else {
+                m->level[0] = *set;
+                m->walk_free = true;
+                for (uint32_t i = 0; i < set->n; i++) {
+                        const struct gthread *t = &set->t[i];
+                        if (t->depth && t->f[t->depth - 1].need)
+                                m->walk_free = false; /* inside a character: tokens must continue it */
+                }
+                m->mask_out = mask;
+                m->wv = v;
+                if (all_raw_at_rest(g, set) && v->raw_suffix) {
+                        /* raw text at rest: the clean tokens keep it so, the others act by their suffix */
+                        memcpy(mask, v->raw_clean, v->n_words * sizeof *mask);
+                        m->wv = v->raw_suffix;
+                } else if (m->walk_free && all_in_string_body(g, set) && v->suffix) {
+                        /* a string body at a character boundary: the clean tokens stay in it; the
+                         * others act by their suffix from the first refused byte */
+                        memcpy(mask, v->clean, v->n_words * sizeof *mask);
+                        m->wv = v->suffix;
+                }
+                walk(m, 0, 0, &m->level[0]);
+        }
+        if (set_can_end(g, set)) {
+                if (g->n_post)
+                        set_bit(mask, g->post[0]);
+                else
+                        mask_ends(m, mask);
+        }
+        int cnt = count_bits(mask, v->n_words);
+        if (klen) {
+                struct cache_slot *s = &m->cache[m->cache_next];
+                m->cache_next = (m->cache_next + 1) % CACHE_SLOTS;
+                if (!s->mask)
+                        s->mask = malloc(v->n_words * sizeof *s->mask);
+                uint8_t *k = realloc(s->key, klen);
+                if (k)
+                        s->key = k;
+                if (s->mask && k) {
+                        memcpy(s->mask, mask, v->n_words * sizeof *mask);
+                        memcpy(s->key, m->key, klen);
+                        s->key_len = (uint32_t) klen;
+                        s->hash = h;
+                        s->count = cnt;
+                } else {
+                        free(s->mask);
+                        s->mask = NULL;
+                }
+        }
+        return cnt;
 }
 
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
@@ -2992,59 +3132,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 /* the vocabulary cannot spell the completion: fall back to the full mask */
         }
 
-        size_t klen = m->no_cache ? 0 : state_key(m);
-        uint64_t h = klen ? fnv(m->key, klen) : 0;
-        for (int i = 0; klen && i < CACHE_SLOTS; i++) {
-                struct cache_slot *s = &m->cache[i];
-                if (s->mask && s->hash == h && s->key_len == klen && memcmp(s->key, m->key, klen) == 0) {
-                        memcpy(mask, s->mask, v->n_words * sizeof *mask);
-                        return s->count;
-                }
-        }
-        m->level[0] = m->cur;
-        m->walk_free = true;
-        for (uint32_t i = 0; i < m->cur.n; i++) {
-                const struct gthread *t = &m->cur.t[i];
-                if (t->depth && t->f[t->depth - 1].need)
-                        m->walk_free = false; /* inside a character: tokens must continue it */
-        }
-        m->mask_out = mask;
-        /* in a string body from the start: the clean tokens at once, the walk for the others */
-        m->wv = v;
-        if (m->walk_free && all_in_string_body(g, &m->cur) && v->suffix) {
-                /* a string body at a character boundary: the clean tokens stay in it; the others
-                 * act by their suffix from the first refused byte */
-                memcpy(mask, v->clean, v->n_words * sizeof *mask);
-                m->wv = v->suffix;
-        }
-        walk(m, 0, 0, &m->level[0]);
-        if (can_end) {
-                if (g->n_post)
-                        set_bit(mask, g->post[0]);
-                else
-                        mask_ends(m, mask);
-        }
-        int cnt = count_bits(mask, v->n_words);
-        if (klen) {
-                struct cache_slot *s = &m->cache[m->cache_next];
-                m->cache_next = (m->cache_next + 1) % CACHE_SLOTS;
-                if (!s->mask)
-                        s->mask = malloc(v->n_words * sizeof *s->mask);
-                uint8_t *k = realloc(s->key, klen);
-                if (k)
-                        s->key = k;
-                if (s->mask && k) {
-                        memcpy(s->mask, mask, v->n_words * sizeof *mask);
-                        memcpy(s->key, m->key, klen);
-                        s->key_len = (uint32_t) klen;
-                        s->hash = h;
-                        s->count = cnt;
-                } else {
-                        free(s->mask);
-                        s->mask = NULL;
-                }
-        }
-        return cnt;
+        return mask_of_set(m, &m->cur, mask);
 }
 
 static int feed_bytes(struct grammar_matcher *m, const uint8_t *p, size_t n) {

@@ -737,6 +737,17 @@ static void test_tool_call_tokens(void **state) {
                 h[n] = id_of(hist[n - 1]);
                 check_mask(g, h, n + 1, 1000, mask);
         }
+        grammar_free(g);
+        /* any tool: a free key (raw text with a minimum), a value's marker begun twice over */
+        g = tool(TOOLS, NULL);
+        static const char *const free_hist[] = { "f", "r", "e", "e", "<param_key>", "a", "</param_key>",
+                                                 "<param_value>", "x", "<", "/", "p", "<", "</param_value>", NULL };
+        for (n = 1; free_hist[n - 1]; n++) {
+                /* single characters as byte pieces, but for "<" */
+                const char *p = free_hist[n - 1];
+                h[n] = strlen(p) == 1 && p[0] != '<' ? BYTE_ID((uint8_t) p[0]) : id_of(p);
+                check_mask(g, h, n + 1, 1000, mask);
+        }
         free(mask);
         grammar_free(g);
 }
