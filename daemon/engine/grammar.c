@@ -1128,7 +1128,9 @@ static const char *native_name_problem(const char *s) {
  * nodes until native_values() makes them native (the anyOfs must be flat first). */
 static int32_t params_node(struct compiler *c, int32_t args, const char *path) {
         struct grammar *g = c->g;
-        const struct gnode o = g->nodes[resolve(g, args)]; /* a copy: node_new moves the nodes */
+        uint32_t r0 = resolve(g, args);
+        /* a schema of any value (`true`): any arguments object */
+        const struct gnode o = g->nodes[g->nodes[r0].kind == GK_ANY ? N_ANY_OBJECT : r0]; /* a copy: node_new moves the nodes */
         int32_t id = node_new(g, GK_PARAMS);
         if (id < 0 || o.n == 0) {
                 if (id < 0 || o.extra < 0)
@@ -2122,6 +2124,11 @@ static void sb_put(struct sbuf *b, const char *s, size_t n) {
         b->p[b->n] = 0;
 }
 
+/* text from byte `from` on (the rest of markup begun) */
+static void sb_rest(struct sbuf *b, const char *text, size_t from) {
+        sb_put(b, &text[from], strlen(text) - from);
+}
+
 static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsigned depth);
 
 static void emit_prop(const struct grammar *g, const struct gnode *n, uint32_t s, struct sbuf *b,
@@ -2284,7 +2291,7 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                 }
                         else if (!f->pos && f->n < n->min_items)
                                 sb_put(b, "a", 1);
-                        sb_put(b, RAW_END[n->a] + f->pos, strlen(RAW_END[n->a]) - f->pos);
+                        sb_rest(b, RAW_END[n->a], f->pos);
                         break;
                 case GK_CALL: {
                         /* C_NAME: the name's literal above finishes as its shortest candidate */
@@ -2313,7 +2320,7 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                 emit_value(g, g->key_node[n->a + best], b, 0);
                                 seen |= 1ull << best;
                         } else if (st == P_FKEY_OPEN) {
-                                sb_put(b, PARAM_KEY + f->pos, strlen(PARAM_KEY) - f->pos);
+                                sb_rest(b, PARAM_KEY, f->pos);
                                 emit_min(g, n->items, b, 0);
                                 emit_value(g, n->extra, b, 0);
                         } else if (st == P_FKEY || st == P_FVAL) /* P_FKEY: its key's frame finished above */
@@ -2321,7 +2328,7 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                         else if (st == P_VAL && !g->nodes[t->f[i + 1].node].native)
                                 sb_put(b, PARAM_VALUE_END, strlen(PARAM_VALUE_END));
                         else if (st == P_VEND)
-                                sb_put(b, PARAM_VALUE_END + f->pos, strlen(PARAM_VALUE_END) - f->pos);
+                                sb_rest(b, PARAM_VALUE_END, f->pos);
                         emit_params_rest(g, n, seen, b, 0);
                         break;
                 }

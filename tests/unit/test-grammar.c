@@ -682,6 +682,13 @@ static void test_tool_call_native(void **state) {
         call_rejected(g, "free<param_key></param_key>");
         call_rejected(g, "free<param_key>a<b");
         grammar_free(g);
+        /* parameters `true` (any value): any keys too; additionalProperties false: none */
+        g = tool("[{\"name\":\"t\",\"parameters\":true},{\"name\":\"c\",\"parameters\":{\"type\":\"object\","
+                 "\"additionalProperties\":false}}]", NULL);
+        call_complete(g, "t" K("k") "[1]" V);
+        call_complete(g, "c");
+        call_rejected(g, "c<");
+        grammar_free(g);
 }
 
 /* The token sequence: `<tool_call>`, the call in any mix of pieces (the markup's user-defined ones,
