@@ -43,6 +43,7 @@ struct outparse {
         struct outparse_config c;
         char **stop_strings; /* copies */
         char **tool_names;   /* copies, c.n_tool_names of them */
+        struct json_value **tool_params; /* copies of c.tool_parameters (entries may be NULL) */
         int32_t *stop_ids;
         size_t max_stop_len;
 
@@ -65,9 +66,12 @@ void outparse_free(struct outparse *p) {
         for (size_t i = 0; i < p->c.n_stop_strings; i++)
                 free(p->stop_strings[i]);
         free(p->stop_strings);
-        for (size_t i = 0; i < p->c.n_tool_names; i++)
+        for (size_t i = 0; i < p->c.n_tool_names; i++) {
                 free(p->tool_names[i]);
+                json_free(p->tool_params ? p->tool_params[i] : NULL);
+        }
         free(p->tool_names);
+        free(p->tool_params);
         free(p->stop_ids);
         free(p->pending.p);
         free(p->tool.p);
@@ -104,15 +108,24 @@ int outparse_new(const struct tokenizer *t, const struct outparse_config *c, str
         p->c.stop_ids = NULL;
         p->c.n_tool_names = 0;
         p->c.tool_names = NULL;
+        p->c.tool_parameters = NULL;
         if (c->n_tool_names) {
                 p->tool_names = calloc(c->n_tool_names, sizeof(char *));
-                if (!p->tool_names)
+                p->tool_params = calloc(c->n_tool_names, sizeof(struct json_value *));
+                if (!p->tool_names || !p->tool_params)
                         return error_set(err, err_size, ENOMEM, "output parser: out of memory");
                 for (size_t i = 0; i < c->n_tool_names; i++) {
                         p->tool_names[i] = strdup(c->tool_names[i] ? c->tool_names[i] : "");
                         if (!p->tool_names[i])
                                 return error_set(err, err_size, ENOMEM, "output parser: out of memory");
                         p->c.n_tool_names = i + 1;
+                        const struct json_value *sv = c->tool_parameters ? c->tool_parameters[i] : NULL;
+                        if (!sv)
+                                continue;
+                        /* a copy (json.h has none): through its text */
+                        _cleanup_free_ char *txt = json_dump(sv, JSON_COMPACT, 0);
+                        if (!txt || json_parse(txt, strlen(txt), "tool parameters", &p->tool_params[i], NULL, 0) < 0)
+                                return error_set(err, err_size, ENOMEM, "output parser: out of memory");
                 }
         }
 
@@ -376,8 +389,101 @@ static bool starts(const char *s, const char *e, const char *prefix) {
         return (size_t) (e - s) >= l && memcmp(s, prefix, l) == 0;
 }
 
-/* `NAME<param_key>K</param_key><param_value>V</param_value>…` → name, arguments object. */
-static int parse_param_call(const char *s, const char *e, char **ret_name, struct json_value **ret_args) {
+static bool schema_allows(const struct json_value *root, const struct json_value *s, const struct json_value *v,
+                          unsigned depth);
+
+/* v's JSON type is type name `name` (an integer is a number too). */
+static bool type_is(const char *name, const struct json_value *v) {
+        static const char *const names[] = {
+                [JSON_NULL] = "null", [JSON_BOOL] = "boolean", [JSON_INT] = "integer", [JSON_DOUBLE] = "number",
+                [JSON_STRING] = "string", [JSON_ARRAY] = "array", [JSON_OBJECT] = "object",
+        };
+        enum json_type t = json_type(v);
+        return name && (streq(name, names[t]) || (t == JSON_INT && streq(name, "number")));
+}
+
+/* x and v are of one JSON type (numbers all one). */
+static bool same_type(const struct json_value *x, const struct json_value *v) {
+        enum json_type a = json_type(x), b = json_type(v);
+        return a == b || ((a == JSON_INT || a == JSON_DOUBLE) && (b == JSON_INT || b == JSON_DOUBLE));
+}
+
+static bool any_allows(const struct json_value *root, const struct json_value *list, const struct json_value *v,
+                       unsigned depth) {
+        for (size_t i = 0; i < json_count(list); i++)
+                if (schema_allows(root, json_array_at(list, i), v, depth + 1))
+                        return true;
+        return false;
+}
+
+/* The schema s (in the document root) allows a value of v's JSON type: by type, enum, const,
+ * anyOf / oneOf / allOf, $ref and nullable; values and bounds are not checked. What it does not
+ * say (no type, an unknown $ref) allows any type. */
+static bool schema_allows(const struct json_value *root, const struct json_value *s, const struct json_value *v,
+                          unsigned depth) {
+        const struct json_value *x;
+        if (depth > 32 || !s || json_type(s) != JSON_OBJECT)
+                return true;
+        if (json_type(v) == JSON_NULL && (x = json_object_get(s, "nullable")) && json_type(x) == JSON_BOOL &&
+            json_bool(x))
+                return true;
+        if ((x = json_object_get(s, "$ref")) && json_string(x)) {
+                const char *ref = json_string(x);
+                if (streq(ref, "#"))
+                        return schema_allows(root, root, v, depth + 1);
+                if (strncmp(ref, "#/$defs/", 8) == 0)
+                        return schema_allows(root, json_object_get(json_object_get(root, "$defs"), ref + 8), v, depth + 1);
+                if (strncmp(ref, "#/definitions/", 14) == 0)
+                        return schema_allows(root, json_object_get(json_object_get(root, "definitions"), ref + 14),
+                                             v, depth + 1);
+                return true;
+        }
+        if ((x = json_object_get(s, "const")))
+                return same_type(x, v);
+        if ((x = json_object_get(s, "enum")) && json_type(x) == JSON_ARRAY) {
+                for (size_t i = 0; i < json_count(x); i++)
+                        if (same_type(json_array_at(x, i), v))
+                                return true;
+                return false;
+        }
+        if ((x = json_object_get(s, "anyOf")) || (x = json_object_get(s, "oneOf")))
+                if (!any_allows(root, x, v, depth))
+                        return false;
+        if ((x = json_object_get(s, "allOf")))
+                for (size_t i = 0; i < json_count(x); i++)
+                        if (!schema_allows(root, json_array_at(x, i), v, depth + 1))
+                                return false;
+        if ((x = json_object_get(s, "type"))) {
+                if (json_type(x) == JSON_STRING)
+                        return type_is(json_string(x), v);
+                for (size_t i = 0; i < json_count(x); i++)
+                        if (type_is(json_string(json_array_at(x, i)), v))
+                                return true;
+                return json_type(x) != JSON_ARRAY;
+        }
+        if (json_object_get(s, "properties") || json_object_get(s, "additionalProperties") ||
+            json_object_get(s, "required"))
+                return json_type(v) == JSON_OBJECT;
+        if (json_object_get(s, "items"))
+                return json_type(v) == JSON_ARRAY;
+        return true;
+}
+
+/* The schema of property key in a tool's parameters (NULL: not known, any type goes). */
+static const struct json_value *param_schema(const struct json_value *params, const char *key) {
+        const struct json_value *o = params, *ref = json_object_get(params, "$ref");
+        if (json_string(ref) && strncmp(json_string(ref), "#/$defs/", 8) == 0)
+                o = json_object_get(json_object_get(params, "$defs"), json_string(ref) + 8);
+        else if (json_string(ref) && strncmp(json_string(ref), "#/definitions/", 14) == 0)
+                o = json_object_get(json_object_get(params, "definitions"), json_string(ref) + 14);
+        const struct json_value *s = json_object_get(json_object_get(o, "properties"), key);
+        return s ? s : json_object_get(o, "additionalProperties");
+}
+
+/* `NAME<param_key>K</param_key><param_value>V</param_value>…` → name, arguments object, the
+ * values typed by the tool's parameters schema when p has it. */
+static int parse_param_call(const struct outparse *p, const char *s, const char *e, char **ret_name,
+                            struct json_value **ret_args) {
         const char *k = find(s, e, "<param_key>");
         const char *ne = k ? k : e;
         const char *ns = skip_ws(s, ne);
@@ -387,6 +493,13 @@ static int parse_param_call(const char *s, const char *e, char **ret_name, struc
             memchr(ns, '\n', (size_t) (ne - ns)) || memchr(ns, '\0', (size_t) (ne - ns)))
                 return -EBADMSG;
 
+        *ret_name = strndup(ns, (size_t) (ne - ns));
+        if (!*ret_name)
+                return -ENOMEM;
+        const struct json_value *params = NULL;
+        for (size_t i = 0; i < p->c.n_tool_names; i++)
+                if (streq(p->tool_names[i], *ret_name))
+                        params = p->tool_params[i];
         _cleanup_(json_freep) struct json_value *args = json_new_object();
         if (!args)
                 return -ENOMEM;
@@ -411,9 +524,11 @@ static int parse_param_call(const char *s, const char *e, char **ret_name, struc
                 const char *ve = find(s, e, "</param_value>");
                 if (!ve)
                         return -EBADMSG;
-                /* typed when it is JSON other than a string; else the raw text is the string */
+                /* typed when it is JSON other than a string of a type the schema allows; else the
+                 * raw text is the string */
                 struct json_value *v = parse_json_quiet(s, (size_t) (ve - s));
-                if (v && json_type(v) == JSON_STRING) {
+                if (v && (json_type(v) == JSON_STRING ||
+                          (params && !schema_allows(params, param_schema(params, key), v, 0)))) {
                         json_free(v);
                         v = NULL;
                 }
@@ -426,9 +541,6 @@ static int parse_param_call(const char *s, const char *e, char **ret_name, struc
                         return r;
                 s = ve + strlen("</param_value>");
         }
-        *ret_name = strndup(ns, (size_t) (ne - ns));
-        if (!*ret_name)
-                return -ENOMEM;
         *ret_args = TAKE_PTR(args);
         return 0;
 }
@@ -480,7 +592,7 @@ static int finish_tool(struct outparse *p, bool closed) {
         if (b < e && *b == '{')
                 r = parse_json_call(s, e, &name, &args);
         else
-                r = closed ? parse_param_call(s, e, &name, &args) : -EBADMSG;
+                r = closed ? parse_param_call(p, s, e, &name, &args) : -EBADMSG;
         if (r == -ENOMEM)
                 return r;
         if (r >= 0 && p->c.n_tool_names) {

@@ -11,7 +11,9 @@
  *   emitted yet) enters reasoning; elsewhere it is ignored, as is a `</think>` in content.
  * - tool calls (content channel only): `<tool_call>NAME<param_key>K</param_key><param_value>V
  *   </param_value>…</tool_call>` (a value that parses as a JSON number, bool, null, object or
- *   array is typed, anything else is the raw string) or `<tool_call>{"name": …, "arguments":
+ *   array is typed when the tool's schema for K allows that type (tool_parameters; no schema:
+ *   always), anything else is the raw string: a string property's "42" stays "42") or
+ *   `<tool_call>{"name": …, "arguments":
  *   {…}}</tool_call>`. Back to back calls are separate events. A call that does not parse, or
  *   names a tool the caller did not offer (tool_names), is content text (its markers included),
  *   never an error. A call cut off by the end of the turn
@@ -35,6 +37,7 @@
 #include "common/macro.h"
 
 struct tokenizer;
+struct json_value;
 
 enum outparse_channel {
         OUTPARSE_REASONING,
@@ -76,6 +79,9 @@ struct outparse_config {
          * not given) */
         const char *const *tool_names;
         size_t n_tool_names;
+        /* NULL, or n_tool_names entries (each NULL or a tool's `parameters` JSON Schema, copied):
+         * what types the values of a native call of that tool take */
+        const struct json_value *const *tool_parameters;
         outparse_emit_t emit;
         void *userdata;
 };

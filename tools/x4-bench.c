@@ -10,7 +10,9 @@
  *   x4-bench --grammar dense|full|model [--model M.gguf] [--grammar-seqs 20] [--json]
  *
  * --grammar: the constrained-decoding mask cost per token (engine/grammar.h) on one core, for
- * three schemas (a flat object, a nested one with anyOf and $ref, any JSON object). The
+ * three schemas (a flat object, a nested one with anyOf and $ref, any JSON object) and a forced
+ * call of one of two tools in the model's native syntax (raw string values, an integer, an
+ * enum). The
  * vocabulary: "dense" 131,072 text pieces shaped like a multilingual SentencePiece vocabulary
  * (byte pieces, ASCII, JSON punctuation runs, digit runs, 20,000 CJK pieces, Latin words with and
  * without `▁`, pieces holding quotes and backslashes; generated from a fixed seed), "full" the
@@ -1155,7 +1157,7 @@ static double pct(double *v, size_t n, double p) {
 static int bench_grammar(const char *which, const char *model, uint32_t seqs, bool json,
                          const char *commit) {
         static const struct {
-                const char *name, *schema;
+                const char *name, *schema, *tools; /* tools: a forced call of them (native syntax) */
         } schemas[] = {
                 { "flat", "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
                           "\"age\":{\"type\":\"integer\"},\"email\":{\"type\":[\"string\",\"null\"]},"
@@ -1170,7 +1172,12 @@ static int bench_grammar(const char *which, const char *model, uint32_t seqs, bo
                             "{\"$ref\":\"#/$defs/item\"},\"minItems\":1},\"paid\":{\"type\":\"boolean\"}},"
                             "\"required\":[\"items\",\"paid\"],\"additionalProperties\":false}},\"required\":"
                             "[\"order\"],\"additionalProperties\":false}" },
-                { "json_object", NULL },
+                { "json_object", NULL, NULL },
+                { "tool_call", NULL, "[{\"name\":\"search\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                                     "{\"query\":{\"type\":\"string\"},\"limit\":{\"type\":\"integer\"},"
+                                     "\"lang\":{\"enum\":[\"en\",\"de\",\"fr\"]}},\"required\":[\"query\","
+                                     "\"limit\"]}},{\"name\":\"read_file\",\"parameters\":{\"type\":\"object\","
+                                     "\"properties\":{\"path\":{\"type\":\"string\"}},\"required\":[\"path\"]}}]" },
         };
         _cleanup_(tokenizer_freep) struct tokenizer *t = NULL;
         _cleanup_(grammar_vocab_freep) struct grammar_vocab *v = NULL;
@@ -1223,8 +1230,9 @@ static int bench_grammar(const char *which, const char *model, uint32_t seqs, bo
         for (size_t s = 0; s < ELEMENTSOF(schemas); s++) {
                 _cleanup_(grammar_freep) struct grammar *g = NULL;
                 char err[256];
-                r = schemas[s].schema ? grammar_compile_schema(schemas[s].schema, strlen(schemas[s].schema), &g, err, sizeof err)
-                                      : grammar_compile_json_object(&g);
+                r = schemas[s].tools  ? grammar_compile_tool(schemas[s].tools, NULL, t, &g, err, sizeof err)
+                    : schemas[s].schema ? grammar_compile_schema(schemas[s].schema, strlen(schemas[s].schema), &g, err, sizeof err)
+                                        : grammar_compile_json_object(&g);
                 if (r < 0)
                         return log_error_errno(r, "--grammar: schema %s: %s", schemas[s].name, err);
                 size_t n = 0, done = 0;

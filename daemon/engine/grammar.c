@@ -2,7 +2,7 @@
 /* Constrained decoding (what is allowed: grammar.h).
  *
  * The schema becomes a graph of nodes (object, array, string, number, literal set, anyOf, any
- * value). A matcher thread is a stack of frames, one per open value; a byte moves the top frame
+ * value; for a forced tool call in the model's syntax: the call, a tool's parameters, raw text). A matcher thread is a stack of frames, one per open value; a byte moves the top frame
  * or pushes / pops one. anyOf forks threads at the first byte of the value; the matcher state is
  * the set of live threads (deduplicated).
  *
@@ -40,7 +40,21 @@ enum gkind {
         GK_LITERAL, /* one of a sorted set of JSON texts */
         GK_ANYOF,
         GK_REF,     /* resolved when pushed */
+        /* the forced tool call in the model's own syntax (docs/model.md §7):
+         * NAME<param_key>K</param_key><param_value>V</param_value>… */
+        GK_CALL,    /* the name (a literal pushed above it), then the frame becomes its GK_PARAMS */
+        GK_PARAMS,  /* one tool's key / value pairs */
+        GK_RAW,     /* raw text up to its end marker (a string value, a free key), marker included */
 };
+
+/* The native call's markup: plain text pieces (user-defined in the release's vocabulary), so the
+ * matcher takes them byte by byte like any text. */
+#define PARAM_KEY "<param_key>"
+#define PARAM_KEY_END "</param_key>"
+#define PARAM_VALUE "<param_value>"
+#define PARAM_VALUE_END "</param_value>"
+/* GK_RAW's end marker, by its node's `a`: a value's, or a free key's (then the value opens) */
+static const char *const RAW_END[2] = { PARAM_VALUE_END, PARAM_KEY_END PARAM_VALUE };
 
 /* builtin nodes, at these indices of every grammar */
 enum {
@@ -62,16 +76,18 @@ struct gstr {
 
 struct gnode {
         uint8_t kind;
-        bool ordered;   /* object: properties in declaration order (the tool call) */
-        uint32_t a, n;  /* object: keys[a..a+n) sorted; literal: lits[a..a+n); anyOf: list[a..a+n) */
-        uint64_t required; /* object: bit k = the k-th declared property is required */
-        int32_t extra;  /* object without properties: node of the values of free keys, -1: closed */
+        bool native;    /* a native call's value that ends with its own `</param_value>` (raw
+                         * text, a literal of raw strings); other values are JSON, the marker after */
+        uint32_t a, n;  /* object, params: keys[a..a+n) sorted; literal: lits[a..a+n); anyOf:
+                         * list[a..a+n); raw: its end marker is RAW_END[a] */
+        uint64_t required; /* object: bit k = the k-th declared property is required; params: the
+                            * k-th key in sorted order */
+        int32_t extra;  /* object without properties (and params): node of the values of free keys,
+                         * -1: closed */
         uint32_t decl;  /* object: list[decl..decl+n) = sorted index of the i-th declared key */
-        uint32_t tools; /* object with a tool switch: list[tools + k] = arguments node of name k */
-        int32_t tool_name_prop; /* sorted index of "name" in a tool switch, -1 none */
-        int32_t tool_args_prop; /* sorted index of "arguments" */
-        int32_t items;          /* array */
-        uint32_t min_items, max_items;
+        uint32_t tools; /* call: list[tools + k] = GK_PARAMS node of name k */
+        int32_t items;          /* array; call: the names' literal; params: the free keys' GK_RAW */
+        uint32_t min_items, max_items; /* raw: min_items = bytes of text at least */
         int32_t target;         /* ref */
         uint32_t min_len;       /* bytes of the shortest value */
         uint32_t best;          /* anyOf: the branch that gave min_len first (no cycle through it) */
@@ -92,6 +108,7 @@ struct grammar {
         int32_t pre[2], post[2]; /* special tokens around the JSON (tool call), -1 none */
         uint32_t n_pre, n_post;
         uint32_t max_min_len;    /* largest min_len of any node, for the closing margin */
+        int32_t raw_value;       /* native call: the GK_RAW node of a string value */
 };
 
 static int grow_array(void **p, uint32_t *cap, uint32_t need, size_t elem) {
@@ -110,7 +127,6 @@ static int32_t node_new(struct grammar *g, enum gkind kind) {
         if (g->n_nodes >= 1u << 24 || grow_array((void **) &g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes) < 0)
                 return -ENOMEM;
         g->nodes[g->n_nodes] = (struct gnode){ .kind = kind, .extra = -1, .items = -1, .target = -1,
-                                               .tool_name_prop = -1, .tool_args_prop = -1,
                                                .max_items = UINT32_MAX };
         return (int32_t) g->n_nodes++;
 }
@@ -193,6 +209,7 @@ static int grammar_init(struct grammar **ret) {
         if (!g)
                 return -ENOMEM;
         g->pre[0] = g->pre[1] = g->post[0] = g->post[1] = -1;
+        g->raw_value = -1;
         static const enum gkind kinds[] = { GK_ANY, GK_OBJECT, GK_ARRAY, GK_STRING, GK_NUMBER };
         for (size_t i = 0; i < ELEMENTSOF(kinds); i++)
                 if (node_new(g, kinds[i]) < 0)
@@ -678,6 +695,12 @@ static uint32_t add_len(uint32_t a, uint32_t b) {
         return a >= INF_LEN || b >= INF_LEN || a + b >= INF_LEN ? INF_LEN : a + b;
 }
 
+/* A native call parameter's value: its own end marker, or `</param_value>` after the JSON. */
+static uint32_t value_len(const struct grammar *g, int32_t id) {
+        const struct gnode *v = &g->nodes[resolve(g, id)];
+        return add_len(v->min_len, v->native ? 0 : (uint32_t) strlen(PARAM_VALUE_END));
+}
+
 /* min_len of every node, to a fixpoint (recursive schemas) */
 static void compute_min_len(struct grammar *g) {
         for (uint32_t i = 0; i < g->n_nodes; i++)
@@ -718,6 +741,23 @@ static void compute_min_len(struct grammar *g) {
                                         l = add_len(l, add_len(it, k > 0));
                                 break;
                         }
+                        case GK_RAW:
+                                l = (uint32_t) strlen(RAW_END[n->a]) + n->min_items;
+                                break;
+                        case GK_PARAMS:
+                                l = 0;
+                                for (uint32_t k = 0; k < n->n; k++)
+                                        if (n->required >> k & 1)
+                                                l = add_len(l, add_len(g->keys[n->a + k].len,
+                                                                       value_len(g, g->key_node[n->a + k])));
+                                break;
+                        case GK_CALL: {
+                                const struct gnode *names = &g->nodes[n->items];
+                                for (uint32_t k = 0; k < names->n; k++)
+                                        l = MIN(l, add_len(g->lits[names->a + k].len,
+                                                           g->nodes[g->list[n->tools + k]].min_len));
+                                break;
+                        }
                         case GK_OBJECT:
                                 l = 2;
                                 for (uint32_t k = 0, m = 0; k < n->n; k++) {
@@ -725,11 +765,6 @@ static void compute_min_len(struct grammar *g) {
                                         if (!(n->required >> k & 1))
                                                 continue;
                                         uint32_t v = g->nodes[g->key_node[n->a + s]].min_len;
-                                        if (n->tools && s == (uint32_t) n->tool_args_prop) {
-                                                v = INF_LEN;
-                                                for (uint32_t t = 0; t < g->nodes[g->key_node[n->a + (uint32_t) n->tool_name_prop]].n; t++)
-                                                        v = MIN(v, g->nodes[g->list[n->tools + t]].min_len);
-                                        }
                                         l = add_len(l, add_len(g->keys[n->a + s].len + 1 + (m++ > 0), v));
                                 }
                                 break;
@@ -755,7 +790,19 @@ static void compute_min_len(struct grammar *g) {
                         case GK_INTEGER:
                         case GK_STRING:
                         case GK_LITERAL:
+                        case GK_RAW:
                                 d = 1;
+                                break;
+                        case GK_PARAMS:
+                                d = 1;
+                                for (uint32_t k = 0; k < n->n; k++)
+                                        if (n->required >> k & 1)
+                                                d = MAX(d, add_len(g->nodes[g->key_node[n->a + k]].min_depth, 1));
+                                break;
+                        case GK_CALL:
+                                d = 2; /* the name's literal above the call */
+                                for (uint32_t k = 0; k < g->nodes[n->items].n; k++)
+                                        d = MAX(d, g->nodes[g->list[n->tools + k]].min_depth);
                                 break;
                         case GK_ANYOF:
                                 for (uint32_t k = 0; k < n->n; k++)
@@ -772,11 +819,6 @@ static void compute_min_len(struct grammar *g) {
                                 for (uint32_t k = 0; k < n->n; k++) {
                                         uint32_t s = g->list[n->decl + k];
                                         uint32_t v = g->nodes[g->key_node[n->a + s]].min_depth;
-                                        if (n->tools && s == (uint32_t) n->tool_args_prop) {
-                                                v = 0;
-                                                for (uint32_t t = 0; t < g->nodes[g->key_node[n->a + (uint32_t) n->tool_name_prop]].n; t++)
-                                                        v = MAX(v, g->nodes[g->list[n->tools + t]].min_depth);
-                                        }
                                         if (n->required >> k & 1)
                                                 d = MAX(d, add_len(v, 1));
                                 }
@@ -854,6 +896,130 @@ static int flatten_anyof(struct grammar *g, char *err, size_t err_size) {
         return 0;
 }
 
+/* Does the literal hold a string value? */
+static bool literal_has_string(const struct grammar *g, const struct gnode *n) {
+        for (uint32_t k = 0; k < n->n; k++)
+                if (g->lits[n->a + k].s[0] == '"')
+                        return true;
+        return false;
+}
+
+/* The values of literal nodes lit[0..n) as a native literal: a string as its raw characters,
+ * anything else as its JSON text (the template's `tojson`), each followed by `</param_value>`. */
+static int32_t native_literal(struct grammar *g, const uint32_t *lit, uint32_t n, const char *where,
+                              char *err, size_t err_size) {
+        uint32_t total = 0;
+        for (uint32_t i = 0; i < n; i++)
+                total += g->nodes[lit[i]].n;
+        struct gstr *t = calloc(total, sizeof *t);
+        if (!t)
+                return -ENOMEM;
+        uint32_t m = 0;
+        int r = 0;
+        for (uint32_t i = 0; i < n && r >= 0; i++)
+                for (uint32_t k = 0; k < g->nodes[lit[i]].n && r >= 0; k++) {
+                        const struct gstr *l = &g->lits[g->nodes[lit[i]].a + k];
+                        _cleanup_(json_freep) struct json_value *v = NULL;
+                        const char *text = l->s;
+                        size_t len = l->len;
+                        if (l->s[0] == '"') {
+                                if (json_parse(l->s, l->len, "enum value", &v, NULL, 0) < 0) {
+                                        r = -ENOMEM; /* our own json_dump: only memory can fail it */
+                                        break;
+                                }
+                                text = json_string(v);
+                                len = json_string_len(v);
+                                if (strlen(text) != len || strstr(text, PARAM_VALUE_END)) {
+                                        snprintf(err, err_size, "%s: the value %s cannot be written in the "
+                                                 "model's tool-call syntax (it holds a NUL or '"
+                                                 PARAM_VALUE_END "')", where, l->s);
+                                        r = -EINVAL;
+                                        break;
+                                }
+                        }
+                        if (asprintf(&t[m].s, "%.*s" PARAM_VALUE_END, (int) len, text) < 0) {
+                                t[m].s = NULL;
+                                r = -ENOMEM;
+                                break;
+                        }
+                        t[m++].len = (uint32_t) (len + strlen(PARAM_VALUE_END));
+                }
+        if (r < 0) {
+                for (uint32_t k = 0; k < m; k++)
+                        free(t[k].s);
+                free(t);
+                return r;
+        }
+        int32_t id = literal_node(g, t, m);
+        free(t);
+        if (id >= 0)
+                g->nodes[id].native = true;
+        return id;
+}
+
+/* A parameter's value in the native call: raw text where the schema allows any string (a string
+ * value is written raw, so nothing tells "1" from 1; the output parser types it by the schema),
+ * a native literal for enum / const (and an anyOf of them), its JSON value otherwise (then
+ * `</param_value>`). An anyOf that mixes string literals with other schemas takes raw text. */
+static int32_t native_value(struct grammar *g, int32_t id, const char *where, char *err, size_t err_size) {
+        uint32_t r = resolve(g, id);
+        const struct gnode n = g->nodes[r]; /* a copy: node_new moves the nodes */
+        bool lits_only = true, strings = false;
+        switch (n.kind) {
+        case GK_STRING:
+        case GK_ANY:
+                return g->raw_value;
+        case GK_LITERAL:
+                return native_literal(g, &r, 1, where, err, err_size);
+        case GK_ANYOF:
+                for (uint32_t k = 0; k < n.n; k++) {
+                        const struct gnode *b = &g->nodes[g->list[n.a + k]];
+                        if (b->kind == GK_STRING || b->kind == GK_ANY)
+                                return g->raw_value;
+                        if (b->kind != GK_LITERAL)
+                                lits_only = false;
+                        else if (literal_has_string(g, b))
+                                strings = true;
+                }
+                if (lits_only)
+                        return native_literal(g, g->list + n.a, n.n, where, err, err_size);
+                return strings ? g->raw_value : id;
+        default:
+                return id;
+        }
+}
+
+/* The native call's values, once the anyOfs are flat (compile_tool built them as JSON nodes). */
+static int native_values(struct grammar *g, char *err, size_t err_size) {
+        if (g->nodes[g->root].kind != GK_CALL)
+                return 0;
+        const uint32_t names = (uint32_t) g->nodes[g->root].items, tools = g->nodes[g->root].tools;
+        for (uint32_t t = 0; t < g->nodes[names].n; t++) {
+                const uint32_t p = g->list[tools + t];
+                const struct gstr *name = &g->lits[g->nodes[names].a + t];
+                char where[512];
+                for (uint32_t k = 0; k < g->nodes[p].n; k++) {
+                        const struct gstr *key = &g->keys[g->nodes[p].a + k];
+                        /* the key text between `<param_key>` and `</param_key>` */
+                        size_t kl = key->len - strlen(PARAM_KEY PARAM_KEY_END PARAM_VALUE);
+                        snprintf(where, sizeof where, "tool '%.*s' parameter '%.*s'", (int) name->len, name->s,
+                                 (int) kl, key->s + strlen(PARAM_KEY));
+                        int32_t v = native_value(g, g->key_node[g->nodes[p].a + k], where, err, err_size);
+                        if (v < 0)
+                                return v;
+                        g->key_node[g->nodes[p].a + k] = v;
+                }
+                if (g->nodes[p].extra >= 0) {
+                        snprintf(where, sizeof where, "tool '%.*s' additionalProperties", (int) name->len, name->s);
+                        int32_t v = native_value(g, g->nodes[p].extra, where, err, err_size);
+                        if (v < 0)
+                                return v;
+                        g->nodes[p].extra = v;
+                }
+        }
+        return 0;
+}
+
 static int finish_grammar(struct grammar *g, char *err, size_t err_size) {
         for (uint32_t i = 0; i < g->n_nodes; i++)
                 if (g->nodes[i].kind == GK_REF) {
@@ -866,7 +1032,7 @@ static int finish_grammar(struct grammar *g, char *err, size_t err_size) {
                         }
                 }
         int r = flatten_anyof(g, err, err_size);
-        if (r < 0)
+        if (r < 0 || (r = native_values(g, err, err_size)) < 0)
                 return r;
         compute_min_len(g);
         if (g->nodes[g->root].min_len >= INF_LEN) {
@@ -942,6 +1108,95 @@ int grammar_compile_json_object(struct grammar **ret) {
         return 0;
 }
 
+/* Why a tool name cannot be written in the native call syntax, NULL if it can: the output parser
+ * (chat/outparse.c) reads the name as the text before `<param_key>`, trimmed, without markup or a
+ * line break, and a body starting with `{` as the JSON form. */
+static const char *native_name_problem(const char *s) {
+        size_t l = strlen(s);
+        if (s[0] == '{')
+                return "it starts with '{', which reads as the JSON form";
+        if (s[0] == ' ' || s[l - 1] == ' ')
+                return "it starts or ends with a space";
+        for (size_t i = 0; i < l; i++)
+                if (s[i] == '<' || s[i] == '>' || (uint8_t) s[i] < 0x20)
+                        return "it holds '<', '>' or a control character";
+        return NULL;
+}
+
+/* The GK_PARAMS node of one tool from its compiled arguments object (properties, or free keys):
+ * keys as `<param_key>K</param_key><param_value>`, sorted; the values stay the properties' JSON
+ * nodes until native_values() makes them native (the anyOfs must be flat first). */
+static int32_t params_node(struct compiler *c, int32_t args, const char *path) {
+        struct grammar *g = c->g;
+        uint32_t r0 = resolve(g, args);
+        /* a schema of any value (`true`): any arguments object */
+        const struct gnode o = g->nodes[g->nodes[r0].kind == GK_ANY ? N_ANY_OBJECT : r0]; /* a copy: node_new moves the nodes */
+        int32_t id = node_new(g, GK_PARAMS);
+        if (id < 0 || o.n == 0) {
+                if (id < 0 || o.extra < 0)
+                        return id;
+                /* free keys: raw text without '<', then the value of additionalProperties */
+                int32_t rk = node_new(g, GK_RAW);
+                if (rk < 0)
+                        return rk;
+                g->nodes[rk].a = 1;
+                g->nodes[rk].min_items = 1;
+                g->nodes[rk].native = true;
+                g->nodes[id].items = rk;
+                g->nodes[id].extra = o.extra;
+                return id;
+        }
+        struct { struct gstr k; int32_t node; bool required; } tmp[GRAMMAR_MAX_PROPERTIES] = { 0 };
+        int r = 0;
+        for (uint32_t s = 0; s < o.n && r >= 0; s++) {
+                _cleanup_(json_freep) struct json_value *kv = NULL;
+                if (json_parse(g->keys[o.a + s].s, g->keys[o.a + s].len, "property name", &kv, NULL, 0) < 0) {
+                        r = -ENOMEM; /* our own json_dump of a string: only memory can fail it */
+                        break;
+                }
+                const char *k = json_string(kv);
+                size_t kl = json_string_len(kv);
+                if (kl == 0 || strlen(k) != kl || strstr(k, PARAM_KEY_END))
+                        r = cerr(c, path, "property %s cannot be written in the model's tool-call syntax "
+                                 "(an empty name, or one holding a NUL or '" PARAM_KEY_END "')",
+                                 g->keys[o.a + s].s);
+                else if (asprintf(&tmp[s].k.s, PARAM_KEY "%s" PARAM_KEY_END PARAM_VALUE, k) < 0) {
+                        tmp[s].k.s = NULL;
+                        r = -ENOMEM;
+                } else {
+                        tmp[s].k.len = (uint32_t) strlen(tmp[s].k.s);
+                        tmp[s].node = g->key_node[o.a + s];
+                }
+        }
+        for (uint32_t k = 0; k < o.n; k++)
+                if (o.required >> k & 1)
+                        tmp[g->list[o.decl + k]].required = true;
+        /* sort (insertion: at most 64) */
+        for (uint32_t i = 1; i < o.n && r >= 0; i++)
+                for (uint32_t k = i; k > 0 && gstr_cmp(&tmp[k - 1].k, &tmp[k].k) > 0; k--) {
+                        __typeof__(*tmp) x = tmp[k];
+                        tmp[k] = tmp[k - 1];
+                        tmp[k - 1] = x;
+                }
+        if (r >= 0 && (grow_array((void **) &g->keys, &g->cap_keys, g->n_keys + o.n, sizeof *g->keys) < 0 ||
+                       !(g->key_node = realloc(g->key_node, (size_t) g->cap_keys * sizeof *g->key_node))))
+                r = -ENOMEM;
+        if (r < 0) {
+                for (uint32_t s = 0; s < o.n; s++)
+                        free(tmp[s].k.s);
+                return r;
+        }
+        g->nodes[id].a = g->n_keys;
+        g->nodes[id].n = o.n;
+        for (uint32_t s = 0; s < o.n; s++) {
+                g->keys[g->n_keys] = tmp[s].k;
+                g->key_node[g->n_keys++] = tmp[s].node;
+                if (tmp[s].required)
+                        g->nodes[id].required |= 1ull << s;
+        }
+        return id;
+}
+
 static int compile_tool(const char *tools_json, const char *name, const struct tokenizer *t, unsigned flags,
                         struct grammar **ret, char *err, size_t err_size) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
@@ -971,6 +1226,10 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         }
         if ((r = grammar_init(&g)) < 0)
                 return r;
+        /* a string value: raw text up to `</param_value>` */
+        if ((g->raw_value = node_new(g, GK_RAW)) < 0)
+                return g->raw_value;
+        g->nodes[g->raw_value].native = true;
         struct compiler c = { .g = g, .err = err, .err_size = err_size, .lenient = flags & GRAMMAR_LENIENT };
         struct gstr names[256];
         int32_t args[256];
@@ -997,6 +1256,12 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                         r = cerr(&c, "", "more than %zu tools", ELEMENTSOF(names));
                         goto fail;
                 }
+                const char *bad = native_name_problem(tn);
+                if (bad) {
+                        r = cerr(&c, "", "tools[%zu]: the name '%s' cannot be written in the model's "
+                                 "tool-call syntax: %s", i, tn, bad);
+                        goto fail;
+                }
                 snprintf(path, sizeof path, "tools[%zu].parameters", i);
                 const struct json_value *params = json_object_get(fn, "parameters");
                 c.root = params;
@@ -1017,13 +1282,13 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                                         a = N_ANY_OBJECT;
                         }
                 }
+                if (a >= 0)
+                        a = params_node(&c, a, path);
                 if (a < 0) {
                         r = a;
                         goto fail;
                 }
-                struct json_value *sv = json_new_string(tn, strlen(tn));
-                names[n].s = sv ? json_dump(sv, JSON_COMPACT, 0) : NULL;
-                json_free(sv);
+                names[n].s = strdup(tn);
                 if (!names[n].s) {
                         r = -ENOMEM;
                         goto fail;
@@ -1039,7 +1304,7 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         free(c.def_node);
         c.def_v = NULL;
         c.def_node = NULL;
-        /* the name literal's sorted order decides which arguments node goes with which name */
+        /* the name literal's sorted order decides which parameters go with which name */
         struct gstr sorted[256];
         uint32_t order[256];
         for (uint32_t i = 0; i < n; i++)
@@ -1052,7 +1317,6 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                 }
         for (uint32_t i = 0; i < n; i++)
                 sorted[i] = names[order[i]];
-        uint32_t n_names = n;
         for (uint32_t i = 1; i < n; i++)
                 if (gstr_cmp(&sorted[i - 1], &sorted[i]) == 0) {
                         r = cerr(&c, "", "prompt.chat.tools_json names '%s' twice", names[order[i]].s);
@@ -1063,35 +1327,16 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         int32_t name_node = literal_node(g, sorted, n);
         if (name_node < 0)
                 return name_node;
-        /* {"name": NAME, "arguments": ARGS}: both required, in this order */
-        int32_t obj = node_new(g, GK_OBJECT);
-        if (obj < 0)
-                return obj;
-        static const char *const keys[2] = { "\"arguments\"", "\"name\"" }; /* sorted */
-        if (grow_array((void **) &g->keys, &g->cap_keys, g->n_keys + 2, sizeof *g->keys) < 0 ||
-            !(g->key_node = realloc(g->key_node, (size_t) g->cap_keys * sizeof *g->key_node)))
-                return -ENOMEM;
-        struct gnode *o = &g->nodes[obj];
-        o->a = g->n_keys;
-        o->n = 2;
-        for (int i = 0; i < 2; i++) {
-                g->keys[g->n_keys] = (struct gstr){ strdup(keys[i]), (uint32_t) strlen(keys[i]) };
-                if (!g->keys[g->n_keys].s)
-                        return -ENOMEM;
-                g->key_node[g->n_keys++] = i == 0 ? N_ANY_OBJECT : name_node;
-        }
-        o->ordered = true;
-        o->required = 3;
-        o->tool_name_prop = 1;
-        o->tool_args_prop = 0;
-        o->decl = g->n_list;
-        if (list_push(g, 1) < 0 || list_push(g, 0) < 0)
-                return -ENOMEM;
-        g->nodes[obj].tools = g->n_list;
-        for (uint32_t i = 0; i < n_names; i++)
+        /* NAME, then that tool's parameters */
+        int32_t call = node_new(g, GK_CALL);
+        if (call < 0)
+                return call;
+        g->nodes[call].items = name_node;
+        g->nodes[call].tools = g->n_list;
+        for (uint32_t i = 0; i < n; i++)
                 if (list_push(g, (uint32_t) args[order[i]]) < 0)
                         return -ENOMEM;
-        g->root = obj;
+        g->root = call;
         g->pre[0] = open;
         g->n_pre = 1;
         g->post[0] = close;
@@ -1165,6 +1410,14 @@ enum {
         O_OPEN = 1, O_KEY, O_FKEY, O_COLON, O_VAL, O_AFTER, O_COMMA,
         /* array */
         A_OPEN = 1, A_VAL, A_AFTER, A_COMMA,
+        /* native call: the name's literal is open above it */
+        C_NAME = 1,
+        /* native call's parameters: before a key (or the end), inside a key, inside `<param_key>`
+         * of a free key, a free key's raw text open above, a free key's value next, a value open
+         * above, inside the `</param_value>` after a JSON value */
+        P_NEXT = 1, P_KEY, P_FKEY_OPEN, P_FKEY, P_FVAL, P_VAL, P_VEND,
+        /* raw text */
+        R_BODY = 1,
 };
 
 #define MAX_INT_DIGITS 15 /* also INT_DIGITS_BOUND */
@@ -1176,10 +1429,11 @@ struct gframe {
         uint8_t st;
         uint8_t need;   /* string: UTF-8 continuation bytes still due */
         uint8_t lo8, hi8; /* string: range of the next continuation byte; \u: flags */
-        uint16_t pos;   /* literal / key: bytes matched; number: digits in the part; \u digits */
+        uint16_t pos;   /* literal / key: bytes matched; number: digits in the part; \u digits;
+                         * raw, params: bytes of the end marker / markup matched */
         uint16_t lo, hi; /* literal / key: candidate range (sorted index); object: property */
-        uint32_t n;     /* array: items; tool switch: the name chosen */
-        uint64_t seen;  /* object: properties written (sorted index) */
+        uint32_t n;     /* array: items; raw with a minimum: 1 once it has text */
+        uint64_t seen;  /* object, params: properties written (sorted index) */
 };
 
 struct gthread {
@@ -1228,16 +1482,20 @@ static void pop_done(const struct grammar *g, struct gthread *t) {
         struct gframe *p = &t->f[t->depth - 1];
         const struct gnode *pn = &g->nodes[p->node];
         if (pn->kind == GK_OBJECT) {
-                if (p->st == O_FKEY)
-                        p->st = O_COLON;
-                else {
-                        if (pn->tools && p->lo == (uint16_t) pn->tool_name_prop)
-                                p->n = child.lo; /* the tool's name: its arguments follow */
-                        p->st = O_AFTER;
-                }
+                p->st = p->st == O_FKEY ? O_COLON : O_AFTER;
         } else if (pn->kind == GK_ARRAY) {
                 p->n++;
                 p->st = A_AFTER;
+        } else if (pn->kind == GK_CALL) {
+                /* the name: the frame goes on as that tool's parameters */
+                p->node = g->list[pn->tools + child.lo];
+                p->st = P_NEXT;
+        } else if (pn->kind == GK_PARAMS) {
+                if (p->st == P_FKEY)
+                        p->st = P_FVAL;
+                else
+                        p->st = g->nodes[child.node].native ? P_NEXT : P_VEND;
+                p->pos = 0;
         }
 }
 
@@ -1282,7 +1540,7 @@ static inline bool fits(const struct grammar *g, uint32_t depth, int32_t id) {
 static bool obj_any_unseen(const struct grammar *g, const struct gnode *n, const struct gframe *f,
                            uint32_t depth, uint32_t lo, uint32_t hi) {
         for (uint32_t k = lo; k < hi; k++)
-                if (!(f->seen >> k & 1) && (n->tools || fits(g, depth, g->key_node[n->a + k])))
+                if (!(f->seen >> k & 1) && fits(g, depth, g->key_node[n->a + k]))
                         return true;
         return false;
 }
@@ -1304,16 +1562,8 @@ static bool obj_key_begin(const struct grammar *g, struct gthread *t, struct gfr
                 t->f[t->depth - 1].st = S_BODY;
                 return true;
         }
-        if (n->ordered) {
-                uint32_t k = (uint32_t) __builtin_popcountll(f->seen);
-                if (k >= n->n)
-                        return false;
-                f->lo = (uint16_t) g->list[n->decl + k];
-                f->hi = f->lo + 1;
-        } else {
-                f->lo = 0;
-                f->hi = (uint16_t) n->n;
-        }
+        f->lo = 0;
+        f->hi = (uint16_t) n->n;
         f->pos = 1; /* every key starts with its quote */
         f->st = O_KEY;
         return obj_any_unseen(g, n, f, t->depth, f->lo, f->hi);
@@ -1322,6 +1572,42 @@ static bool obj_key_begin(const struct grammar *g, struct gthread *t, struct gfr
 /* What one byte did to a thread: refused, taken, or to be given to the new top frame (a number
  * or literal ended before it; an array item begins with it). */
 enum step_result { STEP_DEAD, STEP_LIVE, STEP_AGAIN };
+
+/* Text byte c in a string or raw frame at a character boundary: ASCII, or the lead byte of a
+ * valid UTF-8 character (its continuation bytes are then due: need, lo8..hi8). */
+static enum step_result utf8_step(struct gframe *f, uint8_t c) {
+        if (c < 0x80)
+                return STEP_LIVE;
+        f->lo8 = 0x80;
+        f->hi8 = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf)
+                f->need = 1;
+        else if (c >= 0xe0 && c <= 0xef) {
+                f->need = 2;
+                if (c == 0xe0)
+                        f->lo8 = 0xa0;
+                if (c == 0xed)
+                        f->hi8 = 0x9f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+                f->need = 3;
+                if (c == 0xf0)
+                        f->lo8 = 0x90;
+                if (c == 0xf4)
+                        f->hi8 = 0x8f;
+        } else
+                return STEP_DEAD;
+        return STEP_LIVE;
+}
+
+/* A continuation byte of the character begun (string and raw frames). */
+static enum step_result utf8_continue(struct gframe *f, uint8_t c) {
+        if (c < f->lo8 || c > f->hi8)
+                return STEP_DEAD;
+        f->need--;
+        f->lo8 = 0x80;
+        f->hi8 = 0xbf;
+        return STEP_LIVE;
+}
 
 static enum step_result step_string(const struct grammar *g, struct gthread *t, struct gframe *f,
                                    const struct gnode *n, uint8_t c) {
@@ -1332,14 +1618,8 @@ static enum step_result step_string(const struct grammar *g, struct gthread *t, 
                 f->st = S_BODY;
                 return STEP_LIVE;
         case S_BODY:
-                if (f->need) {
-                        if (c < f->lo8 || c > f->hi8)
-                                return STEP_DEAD;
-                        f->need--;
-                        f->lo8 = 0x80;
-                        f->hi8 = 0xbf;
-                        return STEP_LIVE;
-                }
+                if (f->need)
+                        return utf8_continue(f, c);
                 if (c == '"') {
                         pop_done(g, t);
                         return STEP_LIVE;
@@ -1350,27 +1630,7 @@ static enum step_result step_string(const struct grammar *g, struct gthread *t, 
                 }
                 if (c < 0x20)
                         return STEP_DEAD;
-                if (c < 0x80)
-                        return STEP_LIVE;
-                f->lo8 = 0x80;
-                f->hi8 = 0xbf;
-                if (c >= 0xc2 && c <= 0xdf)
-                        f->need = 1;
-                else if (c >= 0xe0 && c <= 0xef) {
-                        f->need = 2;
-                        if (c == 0xe0)
-                                f->lo8 = 0xa0;
-                        if (c == 0xed)
-                                f->hi8 = 0x9f;
-                } else if (c >= 0xf0 && c <= 0xf4) {
-                        f->need = 3;
-                        if (c == 0xf0)
-                                f->lo8 = 0x90;
-                        if (c == 0xf4)
-                                f->hi8 = 0x8f;
-                } else
-                        return STEP_DEAD;
-                return STEP_LIVE;
+                return utf8_step(f, c);
         case S_ESC:
                 if (c == 'u') {
                         f->st = S_U;
@@ -1549,9 +1809,7 @@ static enum step_result step_object(const struct grammar *g, struct gthread *t, 
                 }
                 if (c == ',' && f->st == O_AFTER) {
                         /* only when a property can follow */
-                        if (n->n ? n->ordered ? (uint32_t) __builtin_popcountll(f->seen) >= n->n
-                                              : !obj_any_unseen(g, n, f, t->depth, 0, n->n)
-                                 : !fits(g, t->depth, n->extra))
+                        if (n->n ? !obj_any_unseen(g, n, f, t->depth, 0, n->n) : !fits(g, t->depth, n->extra))
                                 return STEP_DEAD;
                         f->st = O_COMMA;
                         return STEP_LIVE;
@@ -1577,10 +1835,8 @@ static enum step_result step_object(const struct grammar *g, struct gthread *t, 
                         return take_ws(t);
                 if (c != ':')
                         return STEP_DEAD;
-                /* the value: the property's, a free key's, or the chosen tool's arguments */
+                /* the value: the property's or a free key's */
                 int32_t vn = n->n ? g->key_node[n->a + f->lo] : n->extra;
-                if (n->tools && f->lo == (uint16_t) n->tool_args_prop)
-                        vn = (int32_t) g->list[n->tools + f->n];
                 f->st = O_VAL;
                 return push(g, t, vn) ? STEP_LIVE : STEP_DEAD;
         default:
@@ -1625,6 +1881,112 @@ static enum step_result step_array(const struct grammar *g, struct gthread *t, s
         }
 }
 
+/* Raw text (valid UTF-8, no NUL) up to its end marker, which ends the frame. A value's text may
+ * hold '<' (the marker's only '<' is its first byte, so a '<' that does not go on into the marker
+ * was text); a free key's may not. */
+static enum step_result step_raw(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                 const struct gnode *n, uint8_t c) {
+        const char *end = RAW_END[n->a];
+        f->st = R_BODY;
+        if (f->need)
+                return utf8_continue(f, c);
+        if (f->pos) {
+                if (c == (uint8_t) end[f->pos]) {
+                        if (!end[++f->pos])
+                                pop_done(g, t);
+                        return STEP_LIVE;
+                }
+                if (n->a)
+                        return STEP_DEAD;
+                f->pos = 0; /* what matched was text; c is taken afresh */
+                f->n = n->min_items > 0;
+        }
+        if (c == '<') {
+                if (f->n < n->min_items)
+                        return STEP_DEAD;
+                f->pos = 1;
+                return STEP_LIVE;
+        }
+        if (c == 0)
+                return STEP_DEAD;
+        f->n = n->min_items > 0; /* counted only where a minimum needs it: text keeps the state */
+        return utf8_step(f, c);
+}
+
+/* The native call before its name: the name's literal takes the byte. */
+static enum step_result step_call(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                  const struct gnode *n, uint8_t c) {
+        if (f->st != ST_START)
+                return STEP_DEAD;
+        f->st = C_NAME;
+        return push(g, t, n->items) ? STEP_AGAIN : STEP_DEAD;
+}
+
+/* Markup byte c at position f->pos of text: STEP_LIVE, and true in *done at its last byte. */
+static enum step_result markup_byte(struct gframe *f, const char *text, uint8_t c, bool *done) {
+        if (c != (uint8_t) text[f->pos])
+                return STEP_DEAD;
+        *done = !text[++f->pos];
+        return STEP_LIVE;
+}
+
+/* A tool's parameters: `<param_key>K</param_key><param_value>` (a listed key once each, or any
+ * free key), the value, again, until the call closes (grammar_matcher_can_end: every required
+ * key written). */
+static enum step_result step_params(const struct grammar *g, struct gthread *t, struct gframe *f,
+                                    const struct gnode *n, uint8_t c) {
+        bool done = false;
+        switch (f->st) {
+        case P_NEXT:
+                if (!n->n) {
+                        if (n->extra < 0 || !fits(g, t->depth, n->extra) || c != '<')
+                                return STEP_DEAD;
+                        f->st = P_FKEY_OPEN;
+                        f->pos = 1;
+                        return STEP_LIVE;
+                }
+                f->st = P_KEY;
+                f->lo = 0;
+                f->hi = (uint16_t) n->n;
+                f->pos = 0; /* c is the key's first byte */
+                /* fall through */
+        case P_KEY: {
+                uint16_t lo = f->lo, hi = f->hi;
+                if (!narrow(g->keys + n->a, &lo, &hi, f->pos, c) || !obj_any_unseen(g, n, f, t->depth, lo, hi))
+                        return STEP_DEAD;
+                f->lo = lo;
+                f->hi = hi;
+                /* the keys end in the same markup, so none is a prefix of another */
+                if (g->keys[n->a + lo].len != ++f->pos)
+                        return STEP_LIVE;
+                f->seen |= 1ull << lo;
+                f->st = P_VAL;
+                return push(g, t, g->key_node[n->a + lo]) ? STEP_LIVE : STEP_DEAD;
+        }
+        case P_FKEY_OPEN:
+                if (markup_byte(f, PARAM_KEY, c, &done) == STEP_DEAD)
+                        return STEP_DEAD;
+                if (done) {
+                        f->st = P_FKEY;
+                        return push(g, t, n->items) ? STEP_LIVE : STEP_DEAD;
+                }
+                return STEP_LIVE;
+        case P_FVAL:
+                f->st = P_VAL;
+                return push(g, t, n->extra) ? STEP_AGAIN : STEP_DEAD;
+        case P_VEND:
+                if (markup_byte(f, PARAM_VALUE_END, c, &done) == STEP_DEAD)
+                        return STEP_DEAD;
+                if (done) {
+                        f->st = P_NEXT;
+                        f->pos = 0;
+                }
+                return STEP_LIVE;
+        default:
+                return STEP_DEAD;
+        }
+}
+
 static void feed(const struct grammar *g, struct gthread *t, uint8_t c, struct tset *out);
 
 /* One byte for one thread. Returns true if t lives on (the caller keeps it); forks add their own
@@ -1637,7 +1999,8 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                 const struct gnode *n = &g->nodes[f->node];
                 bool ws = is_ws(c);
 
-                if (f->st == ST_START && ws)
+                /* whitespace before a JSON value or the call's name; raw text keeps its own */
+                if (f->st == ST_START && ws && !n->native)
                         return take_ws(t) == STEP_LIVE;
                 if (!ws)
                         t->ws = 0;
@@ -1678,6 +2041,15 @@ static bool step(const struct grammar *g, struct gthread *t, uint8_t c, struct t
                 case GK_ARRAY:
                         r = step_array(g, t, f, n, c);
                         break;
+                case GK_CALL:
+                        r = step_call(g, t, f, n, c);
+                        break;
+                case GK_PARAMS:
+                        r = step_params(g, t, f, n, c);
+                        break;
+                case GK_RAW:
+                        r = step_raw(g, t, f, n, c);
+                        break;
                 default:
                         return false;
                 }
@@ -1706,10 +2078,19 @@ static void tset_feed(const struct grammar *g, const struct tset *in, uint8_t c,
 static bool thread_can_end(const struct grammar *g, const struct gthread *t) {
         if (t->done)
                 return true;
-        if (t->depth != 1)
-                return false;
         const struct gframe *f = &t->f[0];
         const struct gnode *n = &g->nodes[f->node];
+        if (n->kind == GK_CALL && t->depth == 2) {
+                /* a whole name that a longer one could still continue, of a tool that needs no
+                 * parameter */
+                const struct gframe *nf = &t->f[1];
+                return nf->st == L_IN && g->lits[g->nodes[nf->node].a + nf->lo].len == nf->pos &&
+                       g->nodes[g->list[n->tools + nf->lo]].required == 0;
+        }
+        if (t->depth != 1)
+                return false;
+        if (n->kind == GK_PARAMS)
+                return f->st == P_NEXT && (n->required & ~f->seen) == 0;
         if (n->kind == GK_NUMBER || n->kind == GK_INTEGER)
                 return f->st == NB_ZERO || f->st == NB_INT || f->st == NB_FRAC || f->st == NB_EXP;
         if (n->kind == GK_LITERAL)
@@ -1743,29 +2124,24 @@ static void sb_put(struct sbuf *b, const char *s, size_t n) {
         b->p[b->n] = 0;
 }
 
-static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsigned depth);
-
-static uint32_t tool_args_node(const struct grammar *g, const struct gnode *n, uint32_t name_k) {
-        return g->list[n->tools + name_k];
+/* text from byte `from` on (the rest of markup begun) */
+static void sb_rest(struct sbuf *b, const char *text, size_t from) {
+        sb_put(b, &text[from], strlen(text) - from);
 }
 
-static void emit_prop(const struct grammar *g, const struct gnode *n, uint32_t s, uint32_t tool_k,
-                      struct sbuf *b, unsigned depth) {
+static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsigned depth);
+
+static void emit_prop(const struct grammar *g, const struct gnode *n, uint32_t s, struct sbuf *b,
+                      unsigned depth) {
         sb_put(b, g->keys[n->a + s].s, g->keys[n->a + s].len);
         sb_put(b, ":", 1);
-        if (n->tools && s == (uint32_t) n->tool_args_prop)
-                emit_min(g, (int32_t) tool_args_node(g, n, tool_k), b, depth + 1);
-        else if (n->tools && s == (uint32_t) n->tool_name_prop) {
-                const struct gstr *L = g->lits + g->nodes[g->key_node[n->a + s]].a;
-                sb_put(b, L[tool_k].s, L[tool_k].len);
-        } else
-                emit_min(g, g->key_node[n->a + s], b, depth + 1);
+        emit_min(g, g->key_node[n->a + s], b, depth + 1);
 }
 
 /* Object from state: properties still required (seen given), then `}`; `first` = no comma
  * before the next property. */
 static void emit_obj_rest(const struct grammar *g, const struct gnode *n, uint64_t seen, bool first,
-                          uint32_t tool_k, struct sbuf *b, unsigned depth) {
+                          struct sbuf *b, unsigned depth) {
         for (uint32_t k = 0; k < n->n; k++) {
                 uint32_t s = g->list[n->decl + k];
                 if (!(n->required >> k & 1) || (seen >> s & 1))
@@ -1773,22 +2149,34 @@ static void emit_obj_rest(const struct grammar *g, const struct gnode *n, uint64
                 if (!first)
                         sb_put(b, ",", 1);
                 first = false;
-                emit_prop(g, n, s, tool_k, b, depth);
+                emit_prop(g, n, s, b, depth);
         }
         sb_put(b, "}", 1);
 }
 
-static uint32_t tool_best(const struct grammar *g, const struct gnode *n) {
-        /* the name whose call is shortest */
-        uint32_t best = 0, bl = INF_LEN;
-        const struct gnode *nn = &g->nodes[g->key_node[n->a + (uint32_t) n->tool_name_prop]];
-        for (uint32_t k = 0; k < nn->n; k++) {
-                uint32_t l = add_len(g->lits[nn->a + k].len, g->nodes[tool_args_node(g, n, k)].min_len);
-                if (l < bl) {
-                        bl = l;
-                        best = k;
+/* A native parameter's shortest value, with `</param_value>` after a JSON one. */
+static void emit_value(const struct grammar *g, int32_t id, struct sbuf *b, unsigned depth) {
+        emit_min(g, id, b, depth + 1);
+        if (!g->nodes[resolve(g, id)].native)
+                sb_put(b, PARAM_VALUE_END, strlen(PARAM_VALUE_END));
+}
+
+/* A native call's parameters from state: the required keys not yet written, with values. */
+static void emit_params_rest(const struct grammar *g, const struct gnode *n, uint64_t seen, struct sbuf *b,
+                             unsigned depth) {
+        for (uint32_t k = 0; k < n->n; k++)
+                if ((n->required >> k & 1) && !(seen >> k & 1)) {
+                        sb_put(b, g->keys[n->a + k].s, g->keys[n->a + k].len);
+                        emit_value(g, g->key_node[n->a + k], b, depth);
                 }
-        }
+}
+
+/* The shortest of the literal's candidates lo..hi (the first of equals). */
+static uint32_t literal_best(const struct grammar *g, const struct gnode *n, uint32_t lo, uint32_t hi) {
+        uint32_t best = lo;
+        for (uint32_t k = lo; k < hi; k++)
+                if (g->lits[n->a + k].len < g->lits[n->a + best].len)
+                        best = k;
         return best;
 }
 
@@ -1806,11 +2194,31 @@ static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsign
                 sb_put(b, "\"\"", 2);
                 return;
         case GK_LITERAL: {
-                uint32_t best = 0;
-                for (uint32_t k = 1; k < n->n; k++)
-                        if (g->lits[n->a + k].len < g->lits[n->a + best].len)
-                                best = k;
+                uint32_t best = literal_best(g, n, 0, n->n);
                 sb_put(b, g->lits[n->a + best].s, g->lits[n->a + best].len);
+                return;
+        }
+        case GK_RAW:
+                if (n->min_items)
+                        sb_put(b, "a", 1);
+                sb_put(b, RAW_END[n->a], strlen(RAW_END[n->a]));
+                return;
+        case GK_PARAMS:
+                emit_params_rest(g, n, 0, b, depth);
+                return;
+        case GK_CALL: {
+                /* the tool whose call is shortest */
+                const struct gnode *names = &g->nodes[n->items];
+                uint32_t best = 0, bl = INF_LEN;
+                for (uint32_t k = 0; k < names->n; k++) {
+                        uint32_t l = add_len(g->lits[names->a + k].len, g->nodes[g->list[n->tools + k]].min_len);
+                        if (l < bl) {
+                                bl = l;
+                                best = k;
+                        }
+                }
+                sb_put(b, g->lits[names->a + best].s, g->lits[names->a + best].len);
+                emit_min(g, (int32_t) g->list[n->tools + best], b, depth + 1);
                 return;
         }
         case GK_ANYOF:
@@ -1829,7 +2237,7 @@ static void emit_min(const struct grammar *g, int32_t id, struct sbuf *b, unsign
                 return;
         case GK_OBJECT:
                 sb_put(b, "{", 1);
-                emit_obj_rest(g, n, 0, true, n->tools ? tool_best(g, n) : 0, b, depth);
+                emit_obj_rest(g, n, 0, true, b, depth);
                 return;
         default:
                 return;
@@ -1871,11 +2279,57 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                 sb_put(b, "0", 1);
                         break;
                 case GK_LITERAL: {
-                        uint32_t best = f->lo;
-                        for (uint32_t k = f->lo; k < f->hi; k++)
-                                if (g->lits[n->a + k].len < g->lits[n->a + best].len)
-                                        best = k;
+                        uint32_t best = literal_best(g, n, f->lo, f->hi);
                         sb_put(b, g->lits[n->a + best].s + f->pos, g->lits[n->a + best].len - f->pos);
+                        break;
+                }
+                case GK_RAW:
+                        if (st == R_BODY && f->need)
+                                for (unsigned k = 0; k < f->need; k++) {
+                                        char x = (char) (k == 0 ? f->lo8 : 0x80);
+                                        sb_put(b, &x, 1);
+                                }
+                        else if (!f->pos && f->n < n->min_items)
+                                sb_put(b, "a", 1);
+                        sb_rest(b, RAW_END[n->a], f->pos);
+                        break;
+                case GK_CALL: {
+                        /* C_NAME: the name's literal above finishes as its shortest candidate */
+                        const struct gframe *nf = &t->f[i + 1];
+                        uint32_t best = literal_best(g, &g->nodes[nf->node], nf->lo, nf->hi);
+                        emit_min(g, (int32_t) g->list[n->tools + best], b, 0);
+                        break;
+                }
+                case GK_PARAMS: {
+                        uint64_t seen = f->seen;
+                        if (st == P_KEY) {
+                                /* finish this key: a required candidate if any, else the shortest */
+                                uint32_t best = UINT32_MAX;
+                                for (uint32_t k = f->lo; k < f->hi; k++) {
+                                        if (seen >> k & 1)
+                                                continue;
+                                        bool req = n->required >> k & 1;
+                                        if (best == UINT32_MAX || (req && !(n->required >> best & 1)) ||
+                                            (req == (bool) (n->required >> best & 1) &&
+                                             g->keys[n->a + k].len < g->keys[n->a + best].len))
+                                                best = k;
+                                }
+                                if (best == UINT32_MAX)
+                                        break;
+                                sb_put(b, g->keys[n->a + best].s + f->pos, g->keys[n->a + best].len - f->pos);
+                                emit_value(g, g->key_node[n->a + best], b, 0);
+                                seen |= 1ull << best;
+                        } else if (st == P_FKEY_OPEN) {
+                                sb_rest(b, PARAM_KEY, f->pos);
+                                emit_min(g, n->items, b, 0);
+                                emit_value(g, n->extra, b, 0);
+                        } else if (st == P_FKEY || st == P_FVAL) /* P_FKEY: its key's frame finished above */
+                                emit_value(g, n->extra, b, 0);
+                        else if (st == P_VAL && !g->nodes[t->f[i + 1].node].native)
+                                sb_put(b, PARAM_VALUE_END, strlen(PARAM_VALUE_END));
+                        else if (st == P_VEND)
+                                sb_rest(b, PARAM_VALUE_END, f->pos);
+                        emit_params_rest(g, n, seen, b, 0);
                         break;
                 }
                 case GK_ARRAY: {
@@ -1900,9 +2354,6 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                 }
                 case GK_OBJECT: {
                         uint64_t seen = f->seen;
-                        uint32_t tk = f->n;
-                        if (n->tools && !(seen >> (uint32_t) n->tool_name_prop & 1))
-                                tk = tool_best(g, n);
                         if (st == O_FKEY && !top)
                                 st = O_COLON;
                         if (st == O_VAL && !top)
@@ -1927,26 +2378,12 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                         break;
                                 sb_put(b, g->keys[n->a + best].s + f->pos, g->keys[n->a + best].len - f->pos);
                                 sb_put(b, ":", 1);
-                                if (n->tools && best == (uint32_t) n->tool_args_prop)
-                                        emit_min(g, (int32_t) tool_args_node(g, n, tk), b, 0);
-                                else if (n->tools && best == (uint32_t) n->tool_name_prop) {
-                                        const struct gstr *L = g->lits + g->nodes[g->key_node[n->a + best]].a;
-                                        sb_put(b, L[tk].s, L[tk].len);
-                                } else
-                                        emit_min(g, g->key_node[n->a + best], b, 0);
+                                emit_min(g, g->key_node[n->a + best], b, 0);
                                 seen |= 1ull << best;
                                 st = O_AFTER;
                         } else if (st == O_COLON) {
                                 sb_put(b, ":", 1);
-                                if (n->n == 0)
-                                        emit_min(g, n->extra, b, 0);
-                                else if (n->tools && f->lo == (uint16_t) n->tool_args_prop)
-                                        emit_min(g, (int32_t) tool_args_node(g, n, tk), b, 0);
-                                else if (n->tools && f->lo == (uint16_t) n->tool_name_prop) {
-                                        const struct gstr *L = g->lits + g->nodes[g->key_node[n->a + f->lo]].a;
-                                        sb_put(b, L[tk].s, L[tk].len);
-                                } else
-                                        emit_min(g, g->key_node[n->a + f->lo], b, 0);
+                                emit_min(g, n->n == 0 ? n->extra : g->key_node[n->a + f->lo], b, 0);
                                 st = O_AFTER;
                         }
                         if (st == O_COMMA) {
@@ -1963,23 +2400,22 @@ static void thread_completion(const struct grammar *g, const struct gthread *t, 
                                 } else if (!any) {
                                         uint32_t best = UINT32_MAX, bl = INF_LEN;
                                         for (uint32_t k = 0; k < n->n; k++) {
-                                                uint32_t s = n->ordered ? g->list[n->decl + (uint32_t) __builtin_popcountll(seen)] : k;
-                                                uint32_t l = add_len(g->keys[n->a + s].len, g->nodes[g->key_node[n->a + s]].min_len);
-                                                if (!(seen >> s & 1) && l < bl) {
+                                                uint32_t l = add_len(g->keys[n->a + k].len, g->nodes[g->key_node[n->a + k]].min_len);
+                                                if (!(seen >> k & 1) && l < bl) {
                                                         bl = l;
-                                                        best = s;
+                                                        best = k;
                                                 }
                                         }
                                         if (best != UINT32_MAX) {
-                                                emit_prop(g, n, best, tk, b, 0);
+                                                emit_prop(g, n, best, b, 0);
                                                 seen |= 1ull << best;
                                         }
                                 }
-                                emit_obj_rest(g, n, seen, any, tk, b, 0);
+                                emit_obj_rest(g, n, seen, any, b, 0);
                         } else if (st == O_OPEN)
-                                emit_obj_rest(g, n, seen, true, tk, b, 0);
+                                emit_obj_rest(g, n, seen, true, b, 0);
                         else if (st == O_AFTER)
-                                emit_obj_rest(g, n, seen, false, tk, b, 0);
+                                emit_obj_rest(g, n, seen, false, b, 0);
                         break;
                 }
                 default:
@@ -2016,6 +2452,11 @@ struct grammar_vocab {
          * only on that suffix, the part before leaves the string as it was. A trie of those
          * suffixes, its entries mapped to token ids. */
         struct grammar_vocab *suffix;
+        /* the same for raw text (a native call's string value): tokens valid UTF-8 without '<' or
+         * NUL leave raw text at rest as it was; the others act by their text from the first such
+         * byte */
+        uint64_t *raw_clean;
+        struct grammar_vocab *raw_suffix;
         int32_t *ids;       /* suffix trie: entry -> token id */
         bool shared_bytes;
 };
@@ -2024,6 +2465,8 @@ void grammar_vocab_free(struct grammar_vocab *v) {
         if (!v)
                 return;
         grammar_vocab_free(v->suffix);
+        grammar_vocab_free(v->raw_suffix);
+        free(v->raw_clean);
         free(v->ids);
         free(v->nodes);
         free(v->order);
@@ -2082,10 +2525,20 @@ static bool utf8_valid(const uint8_t *s, size_t n) {
         return true;
 }
 
-/* index of the last byte a string body refuses (`"`, `\`, control), -1 if none */
-static int last_unsafe(const uint8_t *s, size_t n) {
+/* A byte a JSON string body does not take as a character of its own (`"`, `\`, control). */
+static bool json_refused(uint8_t c) {
+        return c == '"' || c == '\\' || c < 0x20;
+}
+
+/* A byte raw text does not take as plain text: '<' may begin its end marker, NUL is refused. */
+static bool raw_refused(uint8_t c) {
+        return c == '<' || c == 0;
+}
+
+/* index of the last byte `refused` refuses, -1 if none */
+static int last_refused(const uint8_t *s, size_t n, bool (*refused)(uint8_t)) {
         for (size_t i = n; i > 0; i--)
-                if (s[i - 1] == '"' || s[i - 1] == '\\' || s[i - 1] < 0x20)
+                if (refused(s[i - 1]))
                         return (int) (i - 1);
         return -1;
 }
@@ -2150,14 +2603,28 @@ static int build_node(struct grammar_vocab *v, uint32_t id, uint32_t lo, uint32_
         return 0;
 }
 
-static int first_unsafe(const uint8_t *p, size_t n) {
+static int first_refused(const uint8_t *p, size_t n, bool (*refused)(uint8_t)) {
         for (size_t i = 0; i < n; i++)
-                if (p[i] == '"' || p[i] == '\\' || p[i] < 0x20)
+                if (refused(p[i]))
                         return (int) i;
         return -1;
 }
 
-static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_t n) {
+/* The clean tokens of a text body (valid UTF-8, no byte `refused` refuses) as a bitset, and the
+ * trie of the others' suffixes from their first refused byte (the whole text when not valid). */
+static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, bool (*refused)(uint8_t),
+                             uint64_t **ret_clean, struct grammar_vocab **ret) {
+        _cleanup_free_ uint64_t *clean = calloc(v->n_words, sizeof *clean);
+        if (!clean)
+                return -ENOMEM;
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < v->n_text; i++) {
+                int32_t id = v->order[i];
+                if (valid[id] && first_refused(v->bytes + v->off[id], v->len[id], refused) < 0)
+                        clean[(uint32_t) id >> 6] |= 1ull << ((uint32_t) id & 63);
+                else
+                        n++;
+        }
         _cleanup_(grammar_vocab_freep) struct grammar_vocab *sv = calloc(1, sizeof *sv);
         if (!sv)
                 return -ENOMEM;
@@ -2176,7 +2643,7 @@ static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_
         for (uint32_t i = 0; i < v->n_text; i++) {
                 int32_t id = v->order[i];
                 const uint8_t *p = v->bytes + v->off[id];
-                int u = valid[id] ? first_unsafe(p, v->len[id]) : 0;
+                int u = valid[id] ? first_refused(p, v->len[id], refused) : 0;
                 if (u < 0)
                         continue; /* clean */
                 uint32_t e = sv->n_text++;
@@ -2184,7 +2651,7 @@ static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_
                 sv->len[e] = (uint16_t) (v->len[id] - u);
                 sv->ids[e] = id;
                 sv->order[e] = (int32_t) e;
-                unsafe[e] = last_unsafe(p + u, sv->len[e]);
+                unsafe[e] = last_refused(p + u, sv->len[e], refused);
                 val[e] = utf8_valid(p + u, sv->len[e]);
                 sv->max_len = MAX(sv->max_len, sv->len[e]);
         }
@@ -2198,7 +2665,8 @@ static int build_suffix_trie(struct grammar_vocab *v, const bool *valid, uint32_
         int r = build_node(sv, 0, 0, sv->n_text, 0, unsafe, val, &br);
         if (r < 0)
                 return r;
-        v->suffix = TAKE_PTR(sv);
+        *ret_clean = TAKE_PTR(clean);
+        *ret = TAKE_PTR(sv);
         return 0;
 }
 
@@ -2255,7 +2723,7 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
                 v->off[i] = (uint32_t) start;
                 v->len[i] = (uint16_t) (pos - start);
                 v->max_len = MAX(v->max_len, v->len[i]);
-                unsafe[i] = last_unsafe(v->bytes + start, pos - start);
+                unsafe[i] = last_refused(v->bytes + start, pos - start, json_refused);
                 valid[i] = utf8_valid(v->bytes + start, pos - start);
                 v->order[v->n_text++] = (int32_t) i;
         }
@@ -2269,18 +2737,8 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
         int r = build_node(v, 0, 0, v->n_text, 0, unsafe, valid, &br);
         if (r < 0)
                 return r;
-        v->clean = calloc(v->n_words, sizeof *v->clean);
-        if (!v->clean)
-                return -ENOMEM;
-        uint32_t n_dirty_tokens = 0;
-        for (uint32_t i = 0; i < v->n_text; i++) {
-                int32_t id = v->order[i];
-                if (valid[id] && unsafe[id] < 0)
-                        v->clean[(uint32_t) id >> 6] |= 1ull << ((uint32_t) id & 63);
-                else
-                        n_dirty_tokens++;
-        }
-        if ((r = build_suffix_trie(v, valid, n_dirty_tokens)) < 0)
+        if ((r = build_suffix_trie(v, valid, json_refused, &v->clean, &v->suffix)) < 0 ||
+            (r = build_suffix_trie(v, valid, raw_refused, &v->raw_clean, &v->raw_suffix)) < 0)
                 return r;
         *ret = TAKE_PTR(v);
         return 0;
@@ -2403,6 +2861,21 @@ static bool all_in_string_body(const struct grammar *g, const struct tset *s) {
         return s->n > 0;
 }
 
+/* Every thread is in raw text that a clean token (valid UTF-8, no '<', no NUL) leaves exactly as
+ * it is: at a character boundary, no end marker begun, its minimum of text met. */
+static bool all_raw_at_rest(const struct grammar *g, const struct tset *s) {
+        for (uint32_t i = 0; i < s->n; i++) {
+                const struct gthread *t = &s->t[i];
+                if (t->done || t->depth == 0)
+                        return false;
+                const struct gframe *f = &t->f[t->depth - 1];
+                const struct gnode *n = &g->nodes[f->node];
+                if (n->kind != GK_RAW || f->need || f->pos || f->n < n->min_items)
+                        return false;
+        }
+        return s->n > 0;
+}
+
 /* Visit the children of trie node `node` (depth bytes in), the threads being `in`. */
 static void walk(struct grammar_matcher *m, uint32_t node, uint32_t depth, const struct tset *in);
 
@@ -2447,11 +2920,11 @@ static uint64_t fnv(const uint8_t *p, size_t n) {
         return h;
 }
 
-/* The matcher state as bytes (the cache key). */
-static size_t state_key(struct grammar_matcher *m) {
+/* A thread set as bytes (the cache key). */
+static size_t state_key(struct grammar_matcher *m, const struct tset *set) {
         size_t need = sizeof(uint32_t);
-        for (uint32_t i = 0; i < m->cur.n; i++)
-                need += THREAD_BYTES(&m->cur.t[i]);
+        for (uint32_t i = 0; i < set->n; i++)
+                need += THREAD_BYTES(&set->t[i]);
         if (need > m->key_cap) {
                 uint8_t *k = realloc(m->key, need);
                 if (!k)
@@ -2460,11 +2933,11 @@ static size_t state_key(struct grammar_matcher *m) {
                 m->key_cap = need;
         }
         size_t p = 0;
-        memcpy(m->key, &m->cur.n, sizeof(uint32_t));
+        memcpy(m->key, &set->n, sizeof(uint32_t));
         p += sizeof(uint32_t);
-        for (uint32_t i = 0; i < m->cur.n; i++) {
-                size_t b = THREAD_BYTES(&m->cur.t[i]);
-                memcpy(m->key + p, &m->cur.t[i], b);
+        for (uint32_t i = 0; i < set->n; i++) {
+                size_t b = THREAD_BYTES(&set->t[i]);
+                memcpy(m->key + p, &set->t[i], b);
                 p += b;
         }
         return p;
@@ -2510,6 +2983,109 @@ static uint32_t closing_margin(const struct grammar_matcher *m) {
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m) {
         const struct grammar *g = m->g;
         return MIN(g->nodes[g->root].min_len, 4096u) + g->n_pre + g->n_post + 1 + closing_margin(m);
+}
+
+/* A value's raw text with its end marker begun (`<`, `</pa`, ...), one thread: a token whose first
+ * byte does not go on into the marker acts as from the same text at rest (the bytes matched were
+ * text), so only the tokens that begin with the marker's next byte need a walk from here. The
+ * frame, or NULL. */
+static const struct gframe *raw_marker_begun(const struct grammar *g, const struct tset *s) {
+        if (s->n != 1 || s->t[0].done || s->t[0].depth == 0)
+                return NULL;
+        const struct gframe *f = &s->t[0].f[s->t[0].depth - 1];
+        const struct gnode *n = &g->nodes[f->node];
+        return n->kind == GK_RAW && n->a == 0 && f->pos && !f->need ? f : NULL;
+}
+
+/* The mask of a thread set (mask zeroed), from the cache or a trie walk; cached. */
+static int mask_of_set(struct grammar_matcher *m, const struct tset *set, uint64_t *mask) {
+        const struct grammar *g = m->g;
+        const struct grammar_vocab *v = m->v;
+        size_t klen = m->no_cache ? 0 : state_key(m, set);
+        uint64_t h = klen ? fnv(m->key, klen) : 0;
+        for (int i = 0; klen && i < CACHE_SLOTS; i++) {
+                struct cache_slot *s = &m->cache[i];
+                if (s->mask && s->hash == h && s->key_len == klen && memcmp(s->key, m->key, klen) == 0) {
+                        memcpy(mask, s->mask, v->n_words * sizeof *mask);
+                        return s->count;
+                }
+        }
+        const struct gframe *rf = raw_marker_begun(g, set);
+        if (rf) {
+                struct tset *rest = malloc(sizeof *rest);
+                if (!rest)
+                        return -ENOMEM;
+                memcpy(rest, set, sizeof *rest);
+                rest->t[0].f[rest->t[0].depth - 1].pos = 0;
+                int r = mask_of_set(m, rest, mask);
+                free(rest);
+                if (r < 0)
+                        return r;
+                if (klen) /* the key buffer held the rest's */
+                        h = fnv(m->key, klen = state_key(m, set));
+                const struct tnode *root = &v->nodes[0];
+                uint8_t next = (uint8_t) RAW_END[0][rf->pos];
+                for (uint32_t k = 0; k < root->n_child; k++) {
+                        const struct tnode *c = &v->nodes[root->child + k];
+                        if (c->byte != next)
+                                continue;
+                        for (uint32_t i = c->lo; i < c->hi; i++)
+                                mask[(uint32_t) v->order[i] >> 6] &= ~(1ull << ((uint32_t) v->order[i] & 63));
+                        m->level[0] = *set;
+                        m->walk_free = false;
+                        m->mask_out = mask;
+                        m->wv = v;
+                        walk_child(m, root->child + k, 0, &m->level[0], false, false);
+                }
+        } else {
+                m->level[0] = *set;
+                m->walk_free = true;
+                for (uint32_t i = 0; i < set->n; i++) {
+                        const struct gthread *t = &set->t[i];
+                        if (t->depth && t->f[t->depth - 1].need)
+                                m->walk_free = false; /* inside a character: tokens must continue it */
+                }
+                m->mask_out = mask;
+                m->wv = v;
+                if (all_raw_at_rest(g, set) && v->raw_suffix) {
+                        /* raw text at rest: the clean tokens keep it so, the others act by their suffix */
+                        memcpy(mask, v->raw_clean, v->n_words * sizeof *mask);
+                        m->wv = v->raw_suffix;
+                } else if (m->walk_free && all_in_string_body(g, set) && v->suffix) {
+                        /* a string body at a character boundary: the clean tokens stay in it; the
+                         * others act by their suffix from the first refused byte */
+                        memcpy(mask, v->clean, v->n_words * sizeof *mask);
+                        m->wv = v->suffix;
+                }
+                walk(m, 0, 0, &m->level[0]);
+        }
+        if (set_can_end(g, set)) {
+                if (g->n_post)
+                        set_bit(mask, g->post[0]);
+                else
+                        mask_ends(m, mask);
+        }
+        int cnt = count_bits(mask, v->n_words);
+        if (klen) {
+                struct cache_slot *s = &m->cache[m->cache_next];
+                m->cache_next = (m->cache_next + 1) % CACHE_SLOTS;
+                if (!s->mask)
+                        s->mask = malloc(v->n_words * sizeof *s->mask);
+                uint8_t *k = realloc(s->key, klen);
+                if (k)
+                        s->key = k;
+                if (s->mask && k) {
+                        memcpy(s->mask, mask, v->n_words * sizeof *mask);
+                        memcpy(s->key, m->key, klen);
+                        s->key_len = (uint32_t) klen;
+                        s->hash = h;
+                        s->count = cnt;
+                } else {
+                        free(s->mask);
+                        s->mask = NULL;
+                }
+        }
+        return cnt;
 }
 
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
@@ -2563,59 +3139,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 /* the vocabulary cannot spell the completion: fall back to the full mask */
         }
 
-        size_t klen = m->no_cache ? 0 : state_key(m);
-        uint64_t h = klen ? fnv(m->key, klen) : 0;
-        for (int i = 0; klen && i < CACHE_SLOTS; i++) {
-                struct cache_slot *s = &m->cache[i];
-                if (s->mask && s->hash == h && s->key_len == klen && memcmp(s->key, m->key, klen) == 0) {
-                        memcpy(mask, s->mask, v->n_words * sizeof *mask);
-                        return s->count;
-                }
-        }
-        m->level[0] = m->cur;
-        m->walk_free = true;
-        for (uint32_t i = 0; i < m->cur.n; i++) {
-                const struct gthread *t = &m->cur.t[i];
-                if (t->depth && t->f[t->depth - 1].need)
-                        m->walk_free = false; /* inside a character: tokens must continue it */
-        }
-        m->mask_out = mask;
-        /* in a string body from the start: the clean tokens at once, the walk for the others */
-        m->wv = v;
-        if (m->walk_free && all_in_string_body(g, &m->cur) && v->suffix) {
-                /* a string body at a character boundary: the clean tokens stay in it; the others
-                 * act by their suffix from the first refused byte */
-                memcpy(mask, v->clean, v->n_words * sizeof *mask);
-                m->wv = v->suffix;
-        }
-        walk(m, 0, 0, &m->level[0]);
-        if (can_end) {
-                if (g->n_post)
-                        set_bit(mask, g->post[0]);
-                else
-                        mask_ends(m, mask);
-        }
-        int cnt = count_bits(mask, v->n_words);
-        if (klen) {
-                struct cache_slot *s = &m->cache[m->cache_next];
-                m->cache_next = (m->cache_next + 1) % CACHE_SLOTS;
-                if (!s->mask)
-                        s->mask = malloc(v->n_words * sizeof *s->mask);
-                uint8_t *k = realloc(s->key, klen);
-                if (k)
-                        s->key = k;
-                if (s->mask && k) {
-                        memcpy(s->mask, mask, v->n_words * sizeof *mask);
-                        memcpy(s->key, m->key, klen);
-                        s->key_len = (uint32_t) klen;
-                        s->hash = h;
-                        s->count = cnt;
-                } else {
-                        free(s->mask);
-                        s->mask = NULL;
-                }
-        }
-        return cnt;
+        return mask_of_set(m, &m->cur, mask);
 }
 
 static int feed_bytes(struct grammar_matcher *m, const uint8_t *p, size_t n) {

@@ -38,15 +38,34 @@
  *     expands to at most GRAMMAR_MAX_ALTERNATIVES values with nested anyOfs and $refs followed
  *     (an alternative that refers back to the anyOf adds nothing).
  *
- * Forced tool call: `<tool_call>{"name": NAME, "arguments": ARGS}</tool_call>` then the end of
- * the turn, with `<tool_call>` / `</tool_call>` as the model's special tokens, NAME one of the
- * chosen tools' names and ARGS constrained by that tool's `parameters` (chat/outparse.h:
- * the JSON form of a call, which the output parser takes as a tool call). "name" comes first.
+ * Forced tool call, in the model's own syntax (docs/model.md §7; chat/outparse.h reads it back):
+ * `<tool_call>NAME<param_key>K</param_key><param_value>V</param_value>…</tool_call>` then the end
+ * of the turn, `<tool_call>` / `</tool_call>` being the model's special tokens and the rest text
+ * (the markup is matched byte by byte, as its user-defined pieces or any split of it):
+ *   - NAME: one of the chosen tools' names (whitespace before it allowed, as before a JSON
+ *     value); a name the output parser could not read back ('<', '>', a control character, a
+ *     leading '{', a space at either end) is refused by name;
+ *   - K: a property the tool's `parameters` lists, each at most once, in any order, no
+ *     whitespace around the markup; `</tool_call>` only once every required one is written. A
+ *     schema without properties takes free keys (raw text without '<', not empty; a key may then
+ *     repeat), none with additionalProperties false; a tool without `parameters` takes none;
+ *   - V, where the property's schema allows any string (type string, no type, an anyOf with a
+ *     string branch): raw text, valid UTF-8 without NUL, anything but `</param_value>` ('<' and
+ *     markup-like text included); format is not enforced, pattern / minLength / maxLength are
+ *     refused as elsewhere (ignored with GRAMMAR_LENIENT). enum / const (and an anyOf of them):
+ *     one of the values literally, a string raw, any other value in its compact JSON form; an
+ *     anyOf mixing string enum values with other schemas takes any raw text. Otherwise the
+ *     value's JSON, constrained as above (whitespace before it, none after), then the marker.
+ * The JSON form of a call (`{"name":…,"arguments":{…}}`), which the output parser also reads, is
+ * not allowed: a model trained on the native form writes junk in it. The markup counts as bytes
+ * in the budget (below) like any text: on a vocabulary without its pieces a call needs more
+ * tokens than one with them.
  *
  * The text a token stands for is its decoded piece (`▁` as ' ', byte pieces as their byte);
  * control, unknown and registered special pieces are never part of the JSON. The decoder drops
  * one leading `▁` of the first piece after a special or at the start of the output: the matcher
- * counts it as whitespace before the value, which the JSON allows there either way. */
+ * counts it as whitespace before the value (or a tool's name), which is allowed there either
+ * way. */
 #pragma once
 
 #include <stdbool.h>
@@ -77,8 +96,9 @@ int grammar_compile_schema(const char *json, size_t len, struct grammar **ret, c
 int grammar_compile_json_object(struct grammar **ret);
 /* A call of one of the tools in tools_json (an array of OpenAI-style definitions,
  * {"type":"function","function":{"name","parameters"}} or {"name","parameters"}): the named one,
- * or any of them when name is NULL or empty. The tokenizer gives the ids of `<tool_call>` and
- * `</tool_call>`. -EINVAL with a message in err for unknown names, bad definitions or schemas. */
+ * or any of them when name is NULL or empty, in the native syntax above. The tokenizer gives the
+ * ids of `<tool_call>` and `</tool_call>`. -EINVAL with a message in err for unknown names, bad
+ * definitions or schemas, and names, keys or enum values the native syntax cannot carry. */
 int grammar_compile_tool(const char *tools_json, const char *name, const struct tokenizer *t,
                          struct grammar **ret, char *err, size_t err_size);
 /* What GenerateRequest.constraint asks for (values = enum sched_constraint). */

@@ -448,13 +448,15 @@ static bool prepare(struct sched *s, struct job *j) {
                  * offered: `<tool_call>` is text), as an OpenAI or Anthropic client expects */
                 _cleanup_(json_freep) struct json_value *tools = NULL;
                 _cleanup_free_ const char **names = NULL;
+                _cleanup_free_ const struct json_value **params = NULL;
                 if (r->prompt == SCHED_PROMPT_CHAT) {
                         size_t n = 0;
                         if (r->tools_json && r->tools_json[0] &&
                             json_parse(r->tools_json, strlen(r->tools_json), "tools_json", &tools, NULL, 0) >= 0 &&
                             json_type(tools) == JSON_ARRAY && json_count(tools) > 0) {
                                 names = calloc(json_count(tools), sizeof *names);
-                                if (!names) {
+                                params = calloc(json_count(tools), sizeof *params);
+                                if (!names || !params) {
                                         prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for the tool names");
                                         return false;
                                 }
@@ -462,12 +464,16 @@ static bool prepare(struct sched *s, struct job *j) {
                                         const struct json_value *tv = json_array_at(tools, i);
                                         const struct json_value *fn = json_object_get(tv, "function") ?: tv;
                                         const char *tn = json_string(json_object_get(fn, "name"));
-                                        if (tn && tn[0])
+                                        if (tn && tn[0]) {
+                                                /* a native call's values are typed by these */
+                                                params[n] = json_object_get(fn, "parameters");
                                                 names[n++] = tn;
+                                        }
                                 }
                         }
                         oc.tool_names = names;
                         oc.n_tool_names = n;
+                        oc.tool_parameters = params;
                         oc.no_tool_calls = n == 0;
                 }
                 if (tokenizer_stream_new(s->p.tokenizer, TOKENIZER_DECODE_SKIP_SPECIALS, &j->ts) < 0) {

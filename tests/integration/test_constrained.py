@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Constrained decoding (GenerateRequest.constraint) on the random-weight demo model: whatever the
 weights say, a seeded sampled answer must parse and validate against its JSON Schema, a forced
-tool call must name a requested tool with arguments valid against its parameters, and bad
+tool call (in the model's native syntax, which the daemon's output parser turns into a call) must
+name a requested tool with arguments valid against its parameters, and bad
 constraints are refused naming the field. Raw frames (x4wire), so this needs no client support."""
 import json
 import struct
@@ -201,11 +202,14 @@ def test_forced_tool_calls_validate(demo):
     # 50 calls; under the sanitizer (conftest.sized) the first 12 of them, 4 for each of the three
     # choices (any tool, get_weather, search), still all in flight at once: the 50 took 3 minutes
     # under ASan, and 12 take the same grammar, masking and tool-call parsing code
+    # The call is in the model's own syntax: get_weather's shortest is 120 bytes of markup and
+    # values, and this vocabulary has no pieces for the markup, so closing in time (a byte a token
+    # at worst) needs more than MAX_TOKENS
     reqs = {}
     for i in range(sized(50, 12)):
         name = [None, "get_weather", "search"][i % 3]
         reqs[100 + i] = chat_request(f"Task {i}: use a tool.", tool_choice(name), seed=2000 + i,
-                                     tools=TOOLS)
+                                     tools=TOOLS, max_tokens=2 * MAX_TOKENS)
     res = run_all(demo, reqs)
     for rid, r in res.items():
         want = [None, "get_weather", "search"][(rid - 100) % 3]

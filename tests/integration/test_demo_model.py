@@ -95,6 +95,52 @@ def test_demo_model_weather_tool_call(demo_bridge):
     assert args.get("city") == "Lisbon", args
 
 
+FORECAST_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather forecast for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "the city name"},
+        "days": {"type": "integer", "description": "how many days of forecast"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "days"]}}}
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=300).read())
+
+
+def test_demo_model_forced_tool_call(demo_bridge):
+    """A forced call (OpenAI tool_choice "required", Anthropic {"type": "tool"}) is constrained to
+    the model's own syntax, `<tool_call>NAME<param_key>K</param_key><param_value>V</param_value>`,
+    the one it was trained on: greedy, the demo model names the city of the question (in the JSON
+    form it was held to before, it wrote junk there), and the call comes back with the required
+    keys, typed by the schema (days an integer, unit one of the enum)."""
+    for city in ("Lisbon", "Paris"):
+        resp = post(demo_bridge + "/v1/chat/completions", {
+            "model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [FORECAST_TOOL],
+            "tool_choice": "required",
+            "messages": [{"role": "user", "content": f"What is the weather in {city}?"}]})
+        choice = resp["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", json.dumps(choice)[:1000]
+        calls = choice["message"]["tool_calls"]
+        assert len(calls) == 1 and calls[0]["function"]["name"] == "get_weather", calls
+        args = json.loads(calls[0]["function"]["arguments"])
+        assert isinstance(args, dict) and {"city", "days"} <= set(args), args
+        assert args["city"] == city, args
+        assert isinstance(args["days"], int) and not isinstance(args["days"], bool), args
+        assert args.get("unit", "celsius") in ("celsius", "fahrenheit"), args
+    params = FORECAST_TOOL["function"]["parameters"]
+    msg = post(demo_bridge + "/v1/messages", {
+        "model": "xing4", "max_tokens": 256, "temperature": 0,
+        "tools": [{"name": "get_weather", "description": "Get the weather forecast", "input_schema": params}],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}]})
+    assert msg["stop_reason"] == "tool_use", msg
+    use = [b for b in msg["content"] if b["type"] == "tool_use"]
+    assert len(use) == 1 and use[0]["name"] == "get_weather", msg
+    assert use[0]["input"]["city"] == "Lisbon" and isinstance(use[0]["input"]["days"], int), use
+
+
 def test_logprobs_cover_the_answer_only(demo_bridge):
     """OpenAI's logprobs.content covers the tokens of message.content: with thinking on, neither
     the reasoning nor the `</think>` that closes it is an entry, so the entries' tokens join to the

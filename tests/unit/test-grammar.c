@@ -43,7 +43,19 @@ static const char *const TEXT[] = {
         "caf\xc3\xa9",             /* café */
         "\xe2\x96\x81\xe2\x96\x81", "\n", "\t", "age", "\"age\"", "tags", "\"]", "]}", "\"],",
         "<reserve0>",
+        /* the native tool call's markup: user-defined pieces, as in the release's vocabulary */
+        "<param_key>", "</param_key>", "<param_value>", "</param_value>", "<", "get", "_weather", "city",
+        "Paris", "days",
 };
+
+static bool user_defined(const char *piece) {
+        static const char *const UD[] = { "<reserve0>", "<param_key>", "</param_key>", "<param_value>",
+                                          "</param_value>" };
+        for (size_t i = 0; i < ELEMENTSOF(UD); i++)
+                if (strcmp(piece, UD[i]) == 0)
+                        return true;
+        return false;
+}
 
 static struct tokenizer *tok;
 static struct grammar_vocab *voc;
@@ -68,8 +80,7 @@ static int setup(void **state) {
         }
         for (size_t i = 0; i < ELEMENTSOF(TEXT); i++, k++) {
                 pieces[k] = strdup(TEXT[i]);
-                types[k] = strcmp(TEXT[i], "<reserve0>") == 0 ? TOKENIZER_PIECE_USER_DEFINED
-                                                               : TOKENIZER_PIECE_NORMAL;
+                types[k] = user_defined(TEXT[i]) ? TOKENIZER_PIECE_USER_DEFINED : TOKENIZER_PIECE_NORMAL;
                 scores[k] = -(float) i;
         }
         for (size_t i = 0; i < n; i++)
@@ -121,33 +132,41 @@ static void refused(const char *json, const char *want) {
         assert_null(g);
 }
 
-/* accepts(g, text, complete): text is a prefix the matcher takes; complete: it can end there */
-static int feed_text(const struct grammar *g, const char *text, bool *can_end) {
+/* Feed text to a fresh matcher (a forced call's after its `<tool_call>`): 0 or -EINVAL;
+ * *can_end: the output can end there (a call's: `</tool_call>` may follow, then it can). */
+static int feed_text(const struct grammar *g, bool call, const char *text, bool *can_end) {
         struct grammar_matcher *m = NULL;
         assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        if (call)
+                assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
         int r = grammar_matcher_accept_bytes(m, text, strlen(text));
         *can_end = grammar_matcher_can_end(m);
+        if (call) {
+                assert_false(*can_end); /* not before `</tool_call>` */
+                *can_end = r == 0 && grammar_matcher_accept(m, ID_END_TOOL_CALL) == 0;
+                if (*can_end)
+                        assert_true(grammar_matcher_can_end(m));
+        }
         grammar_matcher_free(m);
         return r;
 }
 
-static void ok_complete(const struct grammar *g, const char *text) {
+enum want { COMPLETE, PREFIX, REFUSED };
+
+static void expect(const struct grammar *g, bool call, const char *text, enum want want) {
+        static const char *const what[] = { "a complete value", "an unfinished prefix", "refused" };
         bool e;
-        if (feed_text(g, text, &e) < 0 || !e)
-                fail_msg("'%s' should be a complete value", text);
+        int r = feed_text(g, call, text, &e);
+        if (want == REFUSED ? r != -EINVAL : r < 0 || e != (want == COMPLETE))
+                fail_msg("'%s' should be %s", text, what[want]);
 }
 
-static void ok_prefix(const struct grammar *g, const char *text) {
-        bool e;
-        if (feed_text(g, text, &e) < 0 || e)
-                fail_msg("'%s' should be an unfinished prefix", text);
-}
-
-static void rejected(const struct grammar *g, const char *text) {
-        bool e;
-        if (feed_text(g, text, &e) != -EINVAL)
-                fail_msg("'%s' should be refused", text);
-}
+#define ok_complete(g, text) expect(g, false, text, COMPLETE)
+#define ok_prefix(g, text) expect(g, false, text, PREFIX)
+#define rejected(g, text) expect(g, false, text, REFUSED)
+#define call_complete(g, text) expect(g, true, text, COMPLETE)
+#define call_prefix(g, text) expect(g, true, text, PREFIX)
+#define call_rejected(g, text) expect(g, true, text, REFUSED)
 
 /* ---- schema compiler ------------------------------------------------------------------------- */
 
@@ -571,23 +590,111 @@ static void test_depth_cap(void **state) {
         refused(big, "nests deeper than 32 levels");
 }
 
-static void test_tool_call(void **state) {
-        static const char *tools =
-                "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
-                "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}}},"
-                "{\"name\":\"noop\"}]";
+static const char *const TOOLS =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},"
+        "\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]},"
+        "\"loud\":{\"type\":[\"boolean\",\"null\"]},\"note\":{\"type\":[\"string\",\"null\"]},"
+        "\"at\":{\"type\":\"object\",\"properties\":{\"lat\":{\"type\":\"number\"}},\"required\":[\"lat\"]}},"
+        "\"required\":[\"city\",\"days\"]}}},"
+        "{\"name\":\"noop\"},"
+        "{\"name\":\"get\",\"parameters\":{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"string\"}}}},"
+        "{\"name\":\"free\",\"parameters\":{\"type\":\"object\"}}]";
+
+static struct grammar *tool(const char *tools, const char *name) {
         struct grammar *g = NULL;
         char err[256];
-        assert_int_equal(grammar_compile_tool(tools, "nope", tok, &g, err, sizeof err), -EINVAL);
-        assert_non_null(strstr(err, "tool 'nope' is not among the request's tools (get_weather, noop)"));
-        assert_int_equal(grammar_compile_tool(NULL, NULL, tok, &g, err, sizeof err), -EINVAL);
-        assert_non_null(strstr(err, "no tools"));
-        assert_int_equal(grammar_compile_tool("[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
-                                              "\"properties\":{\"a\":{\"pattern\":\"x\"}}}}]",
-                                              NULL, tok, &g, err, sizeof err), -EINVAL);
-        assert_non_null(strstr(err, "tools[0].parameters.properties.a: keyword 'pattern' is not supported"));
+        if (grammar_compile_tool(tools, name, tok, &g, err, sizeof err) < 0)
+                fail_msg("tools %s: %s", tools, err);
+        return g;
+}
 
-        assert_int_equal(grammar_compile_tool(tools, "get_weather", tok, &g, err, sizeof err), 0);
+static void tool_refused(const char *tools, const char *name, const char *want) {
+        struct grammar *g = NULL;
+        char err[256];
+        int r = grammar_compile_tool(tools, name, tok, &g, err, sizeof err);
+        if (r != -EINVAL || !strstr(err, want))
+                fail_msg("tools %s: r=%d err '%s', '%s' expected", tools, r, err, want);
+        assert_null(g);
+}
+
+#define K(k) "<param_key>" k "</param_key><param_value>"
+#define V "</param_value>"
+
+static void test_tool_call_errors(void **state) {
+        tool_refused(TOOLS, "nope", "tool 'nope' is not among the request's tools (get_weather, noop, get, free)");
+        tool_refused(NULL, NULL, "no tools");
+        tool_refused("[{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"pattern\":\"x\"}}}}]",
+                     NULL, "tools[0].parameters.properties.a: keyword 'pattern' is not supported");
+        /* what the native syntax cannot carry, by name */
+        tool_refused("[{\"name\":\"a<b\"}]", NULL,
+                     "tools[0]: the name 'a<b' cannot be written in the model's tool-call syntax: it holds '<'");
+        tool_refused("[{\"name\":\"{x\"}]", NULL, "it starts with '{'");
+        tool_refused("[{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a</param_key>\":{}}}}]",
+                     NULL, "tools[0].parameters: property \"a</param_key>\" cannot be written");
+        tool_refused("[{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[\"x</param_value>\"]}}}}]",
+                     NULL, "tool 'f' parameter 'a': the value \"x</param_value>\" cannot be written");
+        tool_refused("[{\"name\":\"f\"},{\"name\":\"f\"}]", NULL, "names 'f' twice");
+}
+
+/* The forced call in the model's own syntax: NAME, then <param_key>K</param_key><param_value>V
+ * </param_value> pairs, strings raw, other values JSON. */
+static void test_tool_call_native(void **state) {
+        struct grammar *g = tool(TOOLS, "get_weather");
+        call_complete(g, "get_weather" K("city") "Paris" V K("days") "3" V);
+        call_complete(g, " get_weather" K("days") " -2" V K("city") "" V); /* the decoder's space before */
+        /* a raw string holds anything but its end marker: '<', markup-like text, quotes, lines */
+        call_complete(g, "get_weather" K("city") "a<b </param_valu <param_key>\"x\"\n\\" V K("days") "0" V);
+        call_complete(g, "get_weather" K("city") "caf\xc3\xa9" V K("days") "1" V K("unit") "celsius" V
+                      K("loud") "null" V K("note") "null" V K("at") "{\"lat\": 1.5}" V);
+        call_complete(g, "get_weather" K("note") "12" V K("loud") "true" V K("city") "x" V K("days") "1" V);
+        call_prefix(g, "get_weather" K("city") "Paris" V);            /* days is required */
+        call_prefix(g, "get_weather" K("city") "Paris</param_value");
+        call_prefix(g, "get_weath");
+        call_rejected(g, "get_weather" K("town"));                     /* not a property */
+        call_rejected(g, "get_weather" K("city") "x" V K("city"));    /* twice */
+        call_rejected(g, "get_weather" K("days") "x");                 /* an integer */
+        call_rejected(g, "get_weather" K("days") "1.5");
+        call_rejected(g, "get_weather" K("days") "1 " V);              /* nothing after the value */
+        call_rejected(g, "get_weather" K("unit") "kelvin");            /* the enum, literally */
+        call_rejected(g, "get_weather" K("unit") " celsius");
+        call_rejected(g, "get_weather" K("unit") "celsius2");
+        call_rejected(g, "get_weather" K("loud") "yes");
+        call_rejected(g, "get_weather" K("at") "{\"lon\"");           /* a JSON value's schema */
+        call_rejected(g, "get_weather" K("at") "{}" V);                /* lat is required */
+        call_rejected(g, "get_weather" K("city") "\xc3\x28");          /* bad UTF-8 */
+        call_rejected(g, "noop");                                      /* not the tool asked for */
+        call_rejected(g, "{\"name\"");                                 /* the JSON form is not taken */
+        call_rejected(g, "get_weather " K("city"));                    /* no space in the markup */
+        call_rejected(g, "get_weather" K("city") "x" V " ");
+        grammar_free(g);
+
+        /* any tool: a name of the set, one a prefix of another */
+        g = tool(TOOLS, NULL);
+        call_complete(g, "noop");
+        call_complete(g, "get");                                       /* its q is optional */
+        call_complete(g, "get" K("q") "x" V);
+        call_prefix(g, "get_weather" K("city") "x" V);
+        call_rejected(g, "got");
+        call_rejected(g, "noop" K("x"));                               /* no parameters */
+        /* free keys: raw, non-empty, without '<'; values any text */
+        call_complete(g, "free" K("any key") "v" V K("n") "1" V);
+        call_rejected(g, "free<param_key></param_key>");
+        call_rejected(g, "free<param_key>a<b");
+        grammar_free(g);
+        /* parameters `true` (any value): any keys too; additionalProperties false: none */
+        g = tool("[{\"name\":\"t\",\"parameters\":true},{\"name\":\"c\",\"parameters\":{\"type\":\"object\","
+                 "\"additionalProperties\":false}}]", NULL);
+        call_complete(g, "t" K("k") "[1]" V);
+        call_complete(g, "c");
+        call_rejected(g, "c<");
+        grammar_free(g);
+}
+
+/* The token sequence: `<tool_call>`, the call in any mix of pieces (the markup's user-defined ones,
+ * byte pieces across it), `</tool_call>` once complete, then the end. */
+static void test_tool_call_tokens(void **state) {
+        struct grammar *g = tool(TOOLS, "get_weather");
         struct grammar_matcher *m = NULL;
         uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
         assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
@@ -595,47 +702,129 @@ static void test_tool_call(void **state) {
         assert_true(grammar_mask_test(mask, ID_TOOL_CALL));
         assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL);
         assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
-        const char *body = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"";
-        assert_int_equal(grammar_matcher_accept_bytes(m, "{\"arguments\"", 12), -EINVAL); /* name first */
-        assert_int_equal(grammar_matcher_accept_bytes(m, body, strlen(body)), 0);
-        assert_false(grammar_matcher_can_end(m));
-        assert_int_equal(grammar_matcher_accept_bytes(m, "}}", 2), 0);
-        assert_int_equal(grammar_matcher_mask(m, 100, mask), 1);
+        static const char *const seq[] = { "get", "_weather", "<param_key>", "city", "</param_key>", "<param_value>",
+                                           "Paris", "<", "b", "</param_value>", "<", "param_key>", NULL };
+        for (size_t i = 0; seq[i]; i++) {
+                const char *p = seq[i];
+                int32_t id = strcmp(p, "param_key>") == 0 ? -1 : id_of(p);
+                if (id < 0) /* no such piece: byte pieces */
+                        for (; *p; p++)
+                                assert_int_equal(grammar_matcher_accept(m, BYTE_ID((uint8_t) *p)), 0);
+                else
+                        assert_int_equal(grammar_matcher_accept(m, id), 0);
+        }
+        assert_int_equal(grammar_matcher_accept_bytes(m, "days</param_key><param_value>", 29), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), -EINVAL);
+        assert_int_equal(grammar_matcher_accept(m, id_of("12")), 0);
+        assert_int_equal(grammar_matcher_accept(m, id_of("</param_value>")), 0);
+        /* `</tool_call>`, or another key: its markup piece, "<" and the byte piece of '<' */
+        assert_int_equal(grammar_matcher_mask(m, 1000, mask), 4);
+        assert_true(grammar_mask_test(mask, ID_END_TOOL_CALL));
+        assert_true(grammar_mask_test(mask, id_of("<param_key>")));
+        assert_true(grammar_mask_test(mask, BYTE_ID('<')));
+        /* near the budget, only the close */
+        assert_int_equal(grammar_matcher_mask(m, 3, mask), 1);
         assert_true(grammar_mask_test(mask, ID_END_TOOL_CALL));
         assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
         assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
-        assert_true(grammar_matcher_can_end(m));
         assert_int_equal(grammar_matcher_mask(m, 100, mask), 1);
         assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
         assert_true(grammar_matcher_ended(m));
         grammar_matcher_free(m);
-        grammar_free(g);
 
-        /* any tool: random walks give a call of one of them, with valid arguments */
-        assert_int_equal(grammar_compile_tool(tools, NULL, tok, &g, err, sizeof err), 0);
-        for (int rep = 0; rep < 20; rep++) {
+        /* the mask against the brute force along a call, in the states of every kind of value */
+        static const char *const hist[] = { "get", "_weather", "<param_key>", "city", "</param_key>",
+                                            "<param_value>", "Paris", "<", "</param_value>", "<param_key>",
+                                            "days", "</param_key>", "<param_value>", "1", "</param_value>",
+                                            NULL };
+        int32_t h[24] = { ID_TOOL_CALL };
+        size_t n = 1;
+        check_mask(g, h, n, 1000, mask);
+        for (; hist[n - 1]; n++) {
+                h[n] = id_of(hist[n - 1]);
+                check_mask(g, h, n + 1, 1000, mask);
+        }
+        grammar_free(g);
+        /* any tool: a free key (raw text with a minimum), a value's marker begun twice over */
+        g = tool(TOOLS, NULL);
+        static const char *const free_hist[] = { "f", "r", "e", "e", "<param_key>", "a", "</param_key>",
+                                                 "<param_value>", "x", "<", "/", "p", "<", "</param_value>", NULL };
+        for (n = 1; free_hist[n - 1]; n++) {
+                /* single characters as byte pieces, but for "<" */
+                const char *p = free_hist[n - 1];
+                h[n] = strlen(p) == 1 && p[0] != '<' ? BYTE_ID((uint8_t) p[0]) : id_of(p);
+                check_mask(g, h, n + 1, 1000, mask);
+        }
+        free(mask);
+        grammar_free(g);
+}
+
+/* A native call as the output parser reads it: NAME, then key / value pairs; checks the name is
+ * one of names[] and returns the number of pairs, -1 if it does not parse. */
+static int parse_native(const char *s, const char *const *names, size_t n_names, char keys[][32], char vals[][64]) {
+        const char *k = strstr(s, "<param_key>");
+        size_t nl = k ? (size_t) (k - s) : strlen(s);
+        bool named = false;
+        while (nl && strchr(" \t\n\r", *s))
+                s++, nl--;
+        for (size_t i = 0; i < n_names; i++)
+                named |= strlen(names[i]) == nl && strncmp(s, names[i], nl) == 0;
+        if (!named)
+                return -1;
+        int n = 0;
+        for (s += nl; *s; n++) {
+                const char *ke = strstr(s, "</param_key><param_value>"), *ve = ke ? strstr(ke, V) : NULL;
+                if (strncmp(s, "<param_key>", 11) != 0 || !ve || ke - s - 11 >= 32 || ve - ke - 25 >= 64)
+                        return -1;
+                snprintf(keys[n], 32, "%.*s", (int) (ke - s - 11), s + 11);
+                snprintf(vals[n], 64, "%.*s", (int) (ve - ke - 25), ke + 25);
+                s = ve + strlen(V);
+        }
+        return n;
+}
+
+/* Random walks: any allowed token; the call closes within the budget, names a tool, and its
+ * values have their schema's type. */
+static void test_tool_call_walks(void **state) {
+        static const char *const names[] = { "get_weather", "noop", "get", "free" };
+        for (int rep = 0; rep < 60; rep++) {
+                /* any tool, then get_weather alone (two required keys to fill before the budget) */
+                struct grammar *g = tool(TOOLS, rep < 40 ? NULL : "get_weather");
                 bool ended;
-                char *out = random_walk(g, 80, &ended);
-                assert_true(ended);
+                /* get_weather's shortest call is 112 bytes, which a walk may pick byte by byte */
+                uint32_t budget = (rep < 40 ? 40 : 120) + (uint32_t) (xorshift() % 120);
+                char *out = random_walk(g, budget, &ended);
+                if (!ended)
+                        fail_msg("no end within %u tokens: %s", budget, out);
                 assert_true(strncmp(out, "<tool_call>", 11) == 0);
                 char *e = strstr(out, "</tool_call>");
                 assert_non_null(e);
                 assert_string_equal(e, "</tool_call>");
-                struct json_value *v = NULL;
-                if (json_parse(out + 11, (size_t) (e - out - 11), "call", &v, NULL, 0) < 0)
-                        fail_msg("not JSON: %s", out);
-                const char *name = json_string(json_object_get(v, "name"));
-                struct json_value *args = json_object_get(v, "arguments");
-                assert_int_equal(json_type(args), JSON_OBJECT);
-                if (streq(name, "get_weather"))
-                        assert_int_equal(json_type(json_object_get(args, "city")), JSON_STRING);
-                else
-                        assert_string_equal(name, "noop");
-                json_free(v);
+                *e = 0;
+                char keys[16][32], vals[16][64];
+                int n = parse_native(out + 11, names, ELEMENTSOF(names), keys, vals), required = 0;
+                if (n < 0)
+                        fail_msg("not a native call: %s", out);
+                for (int i = 0; i < n; i++) {
+                        required += strcmp(keys[i], "city") == 0 || strcmp(keys[i], "days") == 0;
+                        struct json_value *v = NULL;
+                        if (strcmp(keys[i], "days") == 0) {
+                                assert_int_equal(json_parse(vals[i], strlen(vals[i]), "days", &v, NULL, 0), 0);
+                                assert_int_equal(json_type(v), JSON_INT);
+                        } else if (strcmp(keys[i], "unit") == 0)
+                                assert_true(strcmp(vals[i], "celsius") == 0 || strcmp(vals[i], "fahrenheit") == 0);
+                        else if (strcmp(keys[i], "at") == 0) {
+                                assert_int_equal(json_parse(vals[i], strlen(vals[i]), "at", &v, NULL, 0), 0);
+                                assert_int_equal(json_type(json_object_get(v, "lat")) == JSON_INT ||
+                                                 json_type(json_object_get(v, "lat")) == JSON_DOUBLE, 1);
+                        }
+                        json_free(v);
+                }
+                if (rep >= 40 && required != 2)
+                        fail_msg("city and days are required: %s", out);
                 free(out);
+                grammar_free(g);
         }
-        grammar_free(g);
-        free(mask);
 }
 
 static void test_mask_apply(void **state) {
@@ -663,7 +852,10 @@ int main(void) {
                 cmocka_unit_test(test_mask_values),
                 cmocka_unit_test(test_random_walks_close),
                 cmocka_unit_test(test_depth_cap),
-                cmocka_unit_test(test_tool_call),
+                cmocka_unit_test(test_tool_call_errors),
+                cmocka_unit_test(test_tool_call_native),
+                cmocka_unit_test(test_tool_call_tokens),
+                cmocka_unit_test(test_tool_call_walks),
                 cmocka_unit_test(test_mask_apply),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

@@ -12,6 +12,7 @@
 
 #include "chat/outparse.h"
 #include "chat/tokenizer.h"
+#include "common/json.h"
 #include "common/log.h"
 
 static struct tokenizer *tok;
@@ -418,6 +419,54 @@ static void test_tool_call_offered_names(void **state) {
         outparse_free(p);
 }
 
+/* A native call's values are typed by the tool's parameters schema (tool_parameters): a raw
+ * string that reads as JSON stays a string where the schema wants a string; other values take the
+ * JSON type the schema allows; a tool without a schema, or a key it does not list, types any JSON. */
+static void test_tool_call_typed_by_schema(void **state) {
+        static const char *const names[] = { "get_weather", "free" };
+        const char *schema = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+                             "\"days\":{\"type\":\"integer\"},\"code\":{\"enum\":[\"1\",\"2\"]},"
+                             "\"note\":{\"type\":[\"string\",\"null\"]},\"at\":{\"$ref\":\"#/$defs/pt\"},"
+                             "\"any\":{}},\"$defs\":{\"pt\":{\"type\":\"object\"}}}";
+        struct json_value *params = NULL;
+        assert_int_equal(json_parse(schema, strlen(schema), "schema", &params, NULL, 0), 0);
+        const struct json_value *tp[2] = { params, NULL };
+        struct seen s;
+        struct outparse *p = NULL;
+
+        memset(&s, 0, sizeof s);
+        struct outparse_config c = { .tool_names = names, .n_tool_names = 2, .tool_parameters = tp,
+                                     .emit = collect, .userdata = &s };
+        assert_int_equal(outparse_new(tok, &c, &p, NULL, 0), 0);
+        json_free(params); /* the parser keeps its own copy */
+        feed_model_text(p, "<tool_call>get_weather<param_key>city</param_key><param_value>42</param_value>"
+                           "<param_key>days</param_key><param_value>3</param_value>"
+                           "<param_key>code</param_key><param_value>1</param_value>"
+                           "<param_key>note</param_key><param_value>null</param_value>"
+                           "<param_key>at</param_key><param_value>{\"x\": 1}</param_value>"
+                           "<param_key>any</param_key><param_value>true</param_value>"
+                           "<param_key>extra</param_key><param_value>[1]</param_value></tool_call>"
+                           "<tool_call>free<param_key>n</param_key><param_value>7</param_value></tool_call><_end>");
+        assert_int_equal(s.n_calls, 2);
+        assert_string_equal(s.names[0], "get_weather");
+        assert_string_equal(s.args[0], "{\"city\": \"42\", \"days\": 3, \"code\": \"1\", \"note\": null, "
+                                       "\"at\": {\"x\": 1}, \"any\": true, \"extra\": [1]}");
+        assert_string_equal(s.args[1], "{\"n\": 7}");
+        outparse_free(p);
+
+        /* a value of a type the schema does not allow stays the text the model wrote */
+        memset(&s, 0, sizeof s);
+        params = NULL;
+        const char *ints = "{\"properties\":{\"d\":{\"type\":\"integer\"}}}";
+        assert_int_equal(json_parse(ints, strlen(ints), "schema", &params, NULL, 0), 0);
+        tp[0] = params;
+        assert_int_equal(outparse_new(tok, &c, &p, NULL, 0), 0);
+        json_free(params);
+        feed_model_text(p, "<tool_call>get_weather<param_key>d</param_key><param_value>true</param_value></tool_call>");
+        assert_string_equal(s.args[0], "{\"d\": \"true\"}");
+        outparse_free(p);
+}
+
 static void test_stop_strings(void **state) {
         static const char *stops[] = { "STOP!", "\n\nUser:" };
         struct seen s;
@@ -517,6 +566,7 @@ int main(void) {
                 cmocka_unit_test(test_tool_call_json_back_to_back),
                 cmocka_unit_test(test_tool_call_malformed),
                 cmocka_unit_test(test_tool_call_offered_names),
+                cmocka_unit_test(test_tool_call_typed_by_schema),
                 cmocka_unit_test(test_stop_strings),
                 cmocka_unit_test(test_stop_ids_and_turn_end),
         };
