@@ -204,6 +204,9 @@ void eng_job_release(struct sched *s, struct job *j);
 int eng_on_outparse(const struct outparse_event *ev, void *userdata);
 void eng_unlink_job(struct sched *s, struct job *j);
 
+/* n messages and the strings they hold, then the array */
+void eng_messages_free(struct sched_message *m, size_t n);
+
 /* daemon/engine/snapshot.c (snapshot files) */
 void eng_finish_snapshot(struct sched *s, struct job *j);
 void eng_snap_abandon(struct job *j);
