@@ -1583,6 +1583,11 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
                        "       x4ctl snapshot list\n"
                        "       x4ctl snapshot drop NAME\n"
                        "Keep the cache state after a prompt under NAME; generate --snapshot NAME resumes it.\n"
+                       "Without --tokens or --raw it is a chat snapshot: the start of a conversation (the\n"
+                       "--system message, the PROMPT as the user's, no generation prompt; --system alone is\n"
+                       "a system prompt cached once). A chat request on it continues that conversation: its\n"
+                       "own --system may be left out or be the same. A --tokens or --raw snapshot's tokens\n"
+                       "come before any request's whole prompt.\n"
                        "An existing NAME is refused (exit 8) unless --replace is given.\n");
         else if (streq_(cmd, "info"))
                 printf("Usage: x4ctl info [--json]\nThe model, the backend and the daemon's limits.\n");
