@@ -390,7 +390,7 @@ static bool chat_on_snapshot(struct job *j) {
         struct sched_message *all = calloc(ns + r->n_messages + 1, sizeof *all);
         if (!all)
                 return prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
-        for (size_t i = 0; i < ns; i++)
+        for (size_t i = 0; i < ns; i++) {
                 for (size_t k = 0; k < ELEMENTSOF(msg_fields); k++) {
                         const char *v = json_string(json_object_get(json_array_at(sm, i), msg_fields[k].key));
                         if (v && !(*msg_field(&all[i], k) = strdup(v))) {
@@ -398,6 +398,13 @@ static bool chat_on_snapshot(struct job *j) {
                                 return prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
                         }
                 }
+                if (!all[i].role) { /* a damaged file: what a request is refused for */
+                        eng_messages_free(all, ns);
+                        return prep_fail(j, SCHED_ERR_INTERNAL,
+                                         "snapshot '%s': its conversation does not read back (message %zu "
+                                         "has no role)", name, i);
+                }
+        }
         /* a client that sends the whole history each time: the snapshot's part is not repeated */
         while (skip < ns && skip < r->n_messages && msg_equal(&all[skip], &r->messages[skip]))
                 skip++;

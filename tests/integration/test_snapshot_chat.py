@@ -174,3 +174,63 @@ def test_a_template_whose_rendering_is_not_a_prefix_is_refused(tmp_path):
         assert d.x4ctl("health").returncode == 0
     finally:
         d.close()
+
+
+def test_a_damaged_conversation_is_refused_naming_the_snapshot(daemon):
+    """A chat snapshot whose conversation (version 2: after the token ids, before the pages) does
+    not read back is refused by name, and the daemon goes on serving."""
+    n = create(daemon, "dmg", "--system", SYSTEM)
+    path = daemon.state / "dmg.x4snap"
+    data = path.read_bytes()
+    head, ext = 104, 32
+    kind, meta_bytes = struct.unpack_from("<II", data, head)
+    at = head + ext + 4 * n
+    assert kind == 1 and json.loads(data[at:at + meta_bytes]) == {"messages": [{"role": "system", "content": SYSTEM}]}
+    for meta, says in ((b'{"messages":[{}]}', "message 0 has no role"), (b"[1,", "does not read back")):
+        bad = bytearray(data[:at] + meta + data[at + meta_bytes:])
+        bad[head + 4:head + 8] = struct.pack("<I", len(meta))
+        path.write_bytes(bytes(bad))
+        r = daemon.x4ctl("generate", *GEN, "--snapshot", "dmg", "hi", stdin=subprocess.DEVNULL)
+        assert r.returncode == 1 and "snapshot 'dmg': its conversation does not read back" in r.stderr, r.stderr
+        assert says in r.stderr, r.stderr
+    assert daemon.x4ctl("health").returncode == 0
+
+
+def wire_chat(messages, tools=None):
+    body = b"".join(w.field_bytes(1, w.field_bytes(1, role) + w.field_bytes(2, text)) for role, text in messages)
+    return body + (w.field_bytes(2, tools) if tools is not None else b"")
+
+
+def wire_generate(c, rid, chat, snapshot):
+    """Done fields or (code, message) of an Error for one chat request on a snapshot."""
+    c.send(w.frame(rid, w.GENERATE, w.field_bytes(3, chat) + w.field_bytes(8, snapshot) + w.field_varint(5, 1)))
+    while True:
+        f = c.recv()
+        if w.ERROR in f:
+            return w.error_of(f)
+        if w.DONE in f:
+            return w.parse(f[w.DONE][0])
+
+
+def test_the_snapshots_tools_are_the_conversations(daemon):
+    """A chat snapshot keeps its tools: a request may leave them out or send the same ones (the
+    JSON's spacing aside); other tools, or tools on a snapshot made without, are refused."""
+    tools = '[{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]'
+    c = w.Conn(daemon.sock)
+    c.hello()
+    for rid, name, t in ((1, "withtools", tools), (2, "notools", None)):
+        c.send(w.frame(rid, w.SNAPSHOT, w.field_varint(1, 1) + w.field_bytes(2, name) + w.field_bytes(6, wire_chat([("system", SYSTEM)], t))))
+        f = c.recv()
+        assert w.SNAPSHOT_REPLY in f, f
+    hi = [("user", "hi")]
+    done = wire_generate(c, 3, wire_chat(hi), "withtools")
+    assert isinstance(done, dict), done
+    same = wire_generate(c, 4, wire_chat(hi, json.dumps(json.loads(tools), separators=(",", ":"))), "withtools")
+    usage = [{k: w.parse(d[2][0])[k] for k in (1, 2)} for d in (done, same)]  # prompt, cached tokens
+    assert usage[0] == usage[1], usage
+    code, msg = wire_generate(c, 5, wire_chat(hi, tools.replace("now", "later")), "withtools")
+    assert code == "INVALID_ARGUMENT" and msg.startswith(
+        "prompt.chat.tools_json: differs from the tools snapshot 'withtools' was made with"), msg
+    code, msg = wire_generate(c, 6, wire_chat(hi, tools), "notools")
+    assert code == "INVALID_ARGUMENT" and "snapshot 'notools' was made without tools" in msg, msg
+    c.close()
