@@ -322,8 +322,9 @@ static char *prompt_text(int argc, char **argv, int first) {
 }
 
 /* PROMPT... or stdin into *ret: 0, or an exit status after saying why (no prompt, stdin
- * unreadable, a NUL byte or bytes not UTF-8 in it, out of memory). */
-static int read_prompt(int argc, char **argv, int first, bool raw, char **ret) {
+ * unreadable, a NUL byte or bytes not UTF-8 in it, out of memory). optional: an empty or blank
+ * stdin is no prompt (0 with *ret NULL). */
+static int read_prompt(int argc, char **argv, int first, bool raw, bool optional, char **ret) {
         size_t n = 0;
         char *p;
         if (first >= argc) {
@@ -356,6 +357,10 @@ static int read_prompt(int argc, char **argv, int first, bool raw, char **ret) {
         if (!p[0] || (!raw && !p[strspn(p, " \t\r\n")])) {
                 bool empty = !p[0];
                 free(p);
+                if (optional && first >= argc) {
+                        *ret = NULL;
+                        return 0;
+                }
                 if (first >= argc)
                         return usage_error("no prompt: stdin %s (give the prompt as arguments or on stdin)",
                                            empty ? "was empty" : "held only blanks");
@@ -372,7 +377,8 @@ static void request_prompt(x4_request *req, const char *prompt, bool raw, const 
         else {
                 if (system)
                         x4_request_add_message(req, "system", system);
-                x4_request_add_message(req, "user", prompt);
+                if (prompt) /* NULL: a system-only conversation (snapshot create --system) */
+                        x4_request_add_message(req, "user", prompt);
         }
 }
 
@@ -906,7 +912,7 @@ static int cmd_generate(int argc, char **argv) {
                         r = usage_error("%s", "generate: --system needs the chat template; --raw sends the text as is");
                         goto out;
                 }
-                r = read_prompt(argc, argv, dash ? argc : optind, o.raw, &prompt);
+                r = read_prompt(argc, argv, dash ? argc : optind, o.raw, false, &prompt);
                 if (r != 0)
                         goto out;
                 request_prompt(o.req, prompt, o.raw, o.system);
@@ -1506,8 +1512,12 @@ static int cmd_snapshot(int argc, char **argv) {
                                         "the text as is");
                 else if (tokens)
                         r = request_tokens(src, tokens);
-                else {
-                        r = read_prompt(argc, argv, optind, raw, &prompt);
+                else if (system && optind >= argc && isatty(STDIN_FILENO)) {
+                        request_prompt(src, NULL, false, system); /* a system prompt cached once */
+                        r = 0;
+                } else {
+                        /* with --system the user message is optional: a system-only conversation */
+                        r = read_prompt(argc, argv, optind, raw, system != NULL, &prompt);
                         if (r == 0)
                                 request_prompt(src, prompt, raw, system);
                 }
@@ -1591,6 +1601,11 @@ static bool cmd_help(const char *cmd, int argc, char **argv) {
                        "       x4ctl snapshot list\n"
                        "       x4ctl snapshot drop NAME\n"
                        "Keep the cache state after a prompt under NAME; generate --snapshot NAME resumes it.\n"
+                       "Without --tokens or --raw it is a chat snapshot: the start of a conversation (the\n"
+                       "--system message, the PROMPT as the user's, no generation prompt; --system alone is\n"
+                       "a system prompt cached once). A chat request on it continues that conversation: its\n"
+                       "own --system may be left out or be the same. A --tokens or --raw snapshot's tokens\n"
+                       "come before any request's whole prompt.\n"
                        "An existing NAME is refused (exit 8) unless --replace is given.\n");
         else if (streq_(cmd, "info"))
                 printf("Usage: x4ctl info [--json]\nThe model, the backend and the daemon's limits.\n");

@@ -9,19 +9,23 @@
 
 /* ---- requests and events -------------------------------------------------------------------- */
 
+void eng_messages_free(struct sched_message *m, size_t n) {
+        for (size_t i = 0; m && i < n; i++) {
+                free(m[i].role);
+                free(m[i].content);
+                free(m[i].reasoning);
+                free(m[i].tool_calls_json);
+                free(m[i].name);
+        }
+        free(m);
+}
+
 void sched_request_free(struct sched_request *r) {
         if (!r)
                 return;
         free(r->tokens);
         free(r->text);
-        for (size_t i = 0; i < r->n_messages; i++) {
-                free(r->messages[i].role);
-                free(r->messages[i].content);
-                free(r->messages[i].reasoning);
-                free(r->messages[i].tool_calls_json);
-                free(r->messages[i].name);
-        }
-        free(r->messages);
+        eng_messages_free(r->messages, r->n_messages);
         free(r->tools_json);
         for (size_t i = 0; i < r->n_stop; i++)
                 free(r->stop[i]);

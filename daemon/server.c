@@ -761,6 +761,15 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                         g.tokens = q->tokens ? q->tokens : &ids;
                         break;
                 case XING4__SNAPSHOT_REQUEST__SOURCE_CHAT:
+                        /* a chat snapshot is the start of a later conversation: rendered without
+                         * the generation prompt, which the request on it adds */
+                        if (q->chat && q->chat->has_add_generation_prompt && q->chat->add_generation_prompt) {
+                                send_error(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
+                                           "SnapshotRequest.chat.add_generation_prompt: true, but a chat "
+                                           "snapshot is its conversation without the generation prompt (a "
+                                           "chat request on it adds its own); leave it unset");
+                                return;
+                        }
                         g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_CHAT;
                         g.chat = q->chat;
                         break;

@@ -355,7 +355,12 @@ X4_API int x4_client_health(x4_client *c, int *status, char *detail, size_t deta
 
 /* Snapshots (the cache state after a prompt, resumed by x4_request_set_snapshot()). The source is
  * the prompt of `source` (text, tokens or chat), or, when source is NULL, the finished request
- * from_request of this connection (its prompt + output). */
+ * from_request of this connection (its prompt + output). A chat source (protocol 1.5) makes a
+ * conversation prefix: its messages (a system message alone will do) rendered without the
+ * generation prompt (x4_request_set_add_generation_prompt(source, true) is refused); a chat
+ * request on it is rendered as the snapshot's messages followed by its own, whose system message
+ * must be absent or the same. Text and tokens make a token prefix that any request's prompt
+ * follows (proto/README.md, "snapshot"). */
 X4_API int x4_client_snapshot_create(x4_client *c, const char *name, const x4_request *source,
                                      uint64_t from_request, struct x4_snapshot_info *ret);
 /* The same with flags: X4_SNAPSHOT_REPLACE replaces a snapshot of that name; without it an

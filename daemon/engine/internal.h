@@ -86,6 +86,9 @@ struct job {
         uint32_t snap_n;      /* tokens the snapshot holds: cached at admission */
         uint8_t *snap_data;   /* snap_pages pages of page_bytes */
         uint32_t snap_pages;
+        /* a chat snapshot's conversation (JSON: "messages", "tools_json"; NULL: a raw one): read
+         * with the file when resuming, rendered by prepare() when creating one from chat */
+        char *snap_meta;
         /* snapshot creation: the file is written by the prep thread in chunks of at most
          * SNAP_CHUNK_BYTES copied out of the cache by the engine thread, one chunk in flight */
         int snap_fd, snap_dfd;    /* the .tmp file and the state directory (-1: not open) */
@@ -201,9 +204,14 @@ void eng_job_release(struct sched *s, struct job *j);
 int eng_on_outparse(const struct outparse_event *ev, void *userdata);
 void eng_unlink_job(struct sched *s, struct job *j);
 
+/* n messages and the strings they hold, then the array */
+void eng_messages_free(struct sched_message *m, size_t n);
+
 /* daemon/engine/snapshot.c (snapshot files) */
 void eng_finish_snapshot(struct sched *s, struct job *j);
 void eng_snap_abandon(struct job *j);
+/* j->r->snapshot's tokens (*ret_tokens, j->snap_n of them), pages (j->snap_data) and, for a chat
+ * snapshot, its conversation (j->snap_meta). */
 int eng_snap_load(struct sched *s, struct job *j, int32_t **ret_tokens, char *err, size_t size);
 int eng_snap_write_chunk(struct sched *s, struct job *j, char *err, size_t size);
 /* 0 when no snapshot (file or anything else) is at NAME.x4snap, else SCHED_ERR_ALREADY_EXISTS

@@ -35,6 +35,7 @@ void eng_job_free(struct sched *s, struct job *j) {
         outparse_free(j->op);
         free(j->op_stop_string);
         free(j->snap_data);
+        free(j->snap_meta);
         free(j->prep_msg);
         eng_logprob_free(j->cur_lp);
         tokenizer_stream_free(j->ts);

@@ -2,6 +2,7 @@
 /* Prompt preparation on the prep thread: text, tokens or chat to token ids, snapshot reads, the
  * sampler, output parser and grammar of a request; and the prep thread itself. */
 #include "engine/internal.h"
+#include "common/escape.h"
 
 /* The last `<think>` among the prompt's final tokens, followed only by whitespace. */
 static bool prompt_ends_in_think(const struct sched *s, const int32_t *ids, size_t n) {
@@ -180,7 +181,10 @@ static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, siz
                 return false;
         }
         const struct sched_message *last = r->n_messages ? &r->messages[r->n_messages - 1] : NULL;
-        bool cont = r->no_generation_prompt && last && streq(last->role, "assistant") && last->content &&
+        /* a chat snapshot is its conversation as the start of a longer one: no generation prompt,
+         * and a final assistant message closed as the template closes it */
+        bool gen = !r->no_generation_prompt && !r->snapshot_create;
+        bool cont = !gen && !r->snapshot_create && last && streq(last->role, "assistant") && last->content &&
                     last->content[0] && !last->tool_calls_json; /* its calls come after the text */
 
         _cleanup_(json_freep) struct json_value *ctx = json_new_object();
@@ -235,7 +239,7 @@ static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, siz
                 ok = json_object_set(ctx, "tools", tools) == 0;
         }
         if (ok)
-                ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(!r->no_generation_prompt)) == 0;
+                ok = json_object_set(ctx, "add_generation_prompt", json_new_bool(gen)) == 0;
         if (ok && r->enable_thinking >= 0)
                 ok = json_object_set(ctx, "enable_thinking",
                                      json_new_bool(r->enable_thinking)) == 0;
@@ -248,7 +252,7 @@ static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, siz
          * renders them as <param_key>/<param_value> pairs, not as the JSON fallback */
         _cleanup_(json_freep) struct json_value *full = NULL;
         ret = chat_context_build(json_object_get(ctx, "messages"),
-                                 json_object_get(ctx, "tools"), !r->no_generation_prompt, r->enable_thinking,
+                                 json_object_get(ctx, "tools"), gen, r->enable_thinking,
                                  s->bos_text, s->eos_text, &full, err, sizeof err);
         if (ret >= 0) {
                 if (s->tmpl) /* the model's own template (docs/model.md §7 best practice) */
@@ -302,6 +306,160 @@ static bool prepare_chat_once(struct sched *s, struct job *j, int32_t **ids, siz
         return true;
 }
 
+/* ---- chat snapshots: conversation prefixes ---------------------------------------------------- */
+
+/* The fields of a message a chat snapshot keeps (its JSON's keys: the protocol's names). */
+static const struct {
+        const char *key;
+        size_t off;
+} msg_fields[] = {
+        { "role", offsetof(struct sched_message, role) },
+        { "content", offsetof(struct sched_message, content) },
+        { "reasoning", offsetof(struct sched_message, reasoning) },
+        { "tool_calls_json", offsetof(struct sched_message, tool_calls_json) },
+        { "name", offsetof(struct sched_message, name) },
+};
+
+static char **msg_field(struct sched_message *m, size_t k) {
+        return (char **) ((char *) m + msg_fields[k].off);
+}
+
+/* What a snapshot created from chat keeps besides its tokens: {"messages": [...], "tools_json":
+ * "..."}, so a chat request on it can be rendered as one conversation (NULL when out of memory). */
+static char *chat_snapshot_meta(const struct sched_request *r) {
+        _cleanup_(json_freep) struct json_value *o = json_new_object();
+        struct json_value *msgs = json_new_array();
+        if (!o) {
+                json_free(msgs);
+                return NULL;
+        }
+        if (json_object_set(o, "messages", msgs) < 0) /* msgs is o's (or NULL) */
+                return NULL;
+        for (size_t i = 0; i < r->n_messages; i++) {
+                struct json_value *m = json_new_object();
+                if (json_array_append(msgs, m) < 0)
+                        return NULL;
+                for (size_t k = 0; k < ELEMENTSOF(msg_fields); k++) {
+                        const char *v = *msg_field(&r->messages[i], k);
+                        if (v && json_object_set(m, msg_fields[k].key, json_new_string(v, strlen(v))) < 0)
+                                return NULL;
+                }
+        }
+        if (r->tools_json && r->tools_json[0] &&
+            json_object_set(o, "tools_json", json_new_string(r->tools_json, strlen(r->tools_json))) < 0)
+                return NULL;
+        return json_dump(o, JSON_COMPACT, 0);
+}
+
+static bool msg_equal(struct sched_message *a, struct sched_message *b) {
+        for (size_t k = 0; k < ELEMENTSOF(msg_fields); k++) {
+                const char *x = *msg_field(a, k), *y = *msg_field(b, k);
+                if (!streq(x ? x : "", y ? y : ""))
+                        return false;
+        }
+        return true;
+}
+
+/* Two tools_json texts that parse to the same JSON (spacing aside). */
+static bool same_tools(const char *a, const char *b) {
+        _cleanup_(json_freep) struct json_value *x = NULL, *y = NULL;
+        if (json_parse(a, strlen(a), "tools_json", &x, NULL, 0) < 0 ||
+            json_parse(b, strlen(b), "tools_json", &y, NULL, 0) < 0)
+                return streq(a, b);
+        _cleanup_free_ char *dx = json_dump(x, JSON_COMPACT, 0), *dy = json_dump(y, JSON_COMPACT, 0);
+        return dx && dy && streq(dx, dy);
+}
+
+/* A chat request on a chat snapshot becomes the whole conversation: the snapshot's messages, then
+ * the request's (those that repeat the snapshot's whole conversation, or its system message, left
+ * out), with the snapshot's tools unless the request sends the same ones. Rendered once, so there is
+ * one BOS and one system turn. On failure the error is recorded in the job: false. */
+static bool chat_on_snapshot(struct job *j) {
+        struct sched_request *r = j->r;
+        const char *name = r->snapshot;
+        _cleanup_(json_freep) struct json_value *meta = NULL;
+        char err[512], a[96], b[96];
+
+        if (json_parse(j->snap_meta, strlen(j->snap_meta), "snapshot", &meta, err, sizeof err) < 0 ||
+            json_type(json_object_get(meta, "messages")) != JSON_ARRAY)
+                return prep_fail(j, SCHED_ERR_INTERNAL, "snapshot '%s': its conversation does not read back (%s)",
+                                 name, json_type(meta) == JSON_OBJECT ? "no messages" : err);
+        const struct json_value *sm = json_object_get(meta, "messages");
+        const char *tools = json_string(json_object_get(meta, "tools_json"));
+        size_t ns = json_count(sm), skip = 0;
+        struct sched_message *all = calloc(ns + r->n_messages + 1, sizeof *all);
+        if (!all)
+                return prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
+        for (size_t i = 0; i < ns; i++) {
+                for (size_t k = 0; k < ELEMENTSOF(msg_fields); k++) {
+                        const char *v = json_string(json_object_get(json_array_at(sm, i), msg_fields[k].key));
+                        if (v && !(*msg_field(&all[i], k) = strdup(v))) {
+                                eng_messages_free(all, ns);
+                                return prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
+                        }
+                }
+                if (!all[i].role) { /* a damaged file: what a request is refused for */
+                        eng_messages_free(all, ns);
+                        return prep_fail(j, SCHED_ERR_INTERNAL,
+                                         "snapshot '%s': its conversation does not read back (message %zu "
+                                         "has no role)", name, i);
+                }
+        }
+        /* a client that sends the whole history each time: the snapshot's part is not repeated */
+        while (skip < ns && skip < r->n_messages && msg_equal(&all[skip], &r->messages[skip]))
+                skip++;
+        if (skip < ns)
+                skip = 0;
+        if (!skip && r->n_messages && streq(r->messages[0].role, "system")) {
+                const char *mine = r->messages[0].content ? r->messages[0].content : "";
+                const char *theirs = ns && all[0].role && streq(all[0].role, "system") ? all[0].content : NULL;
+                cescape(mine, strlen(mine), a, sizeof a);
+                if (!theirs) {
+                        eng_messages_free(all, ns);
+                        return prep_fail(j, SCHED_ERR_INVALID_ARGUMENT,
+                                         "prompt.chat.messages[0]: a system message (\"%s\"), but snapshot '%s' "
+                                         "starts its conversation without one, and a system message cannot "
+                                         "follow it; leave it out, or create the snapshot with it "
+                                         "(x4ctl snapshot create --system)", a, name);
+                }
+                if (!streq(mine, theirs)) {
+                        cescape(theirs, strlen(theirs), b, sizeof b);
+                        eng_messages_free(all, ns);
+                        return prep_fail(j, SCHED_ERR_INVALID_ARGUMENT,
+                                         "prompt.chat.messages[0]: the system message \"%s\" differs from "
+                                         "snapshot '%s''s system message \"%s\"; leave it out (the snapshot's "
+                                         "is used) or send the same text", a, name, b);
+                }
+                skip = 1;
+        }
+        if (r->tools_json && r->tools_json[0] && !(tools && same_tools(r->tools_json, tools))) {
+                eng_messages_free(all, ns);
+                return prep_fail(j, SCHED_ERR_INVALID_ARGUMENT,
+                                 tools ? "prompt.chat.tools_json: differs from the tools snapshot '%s' was made "
+                                         "with; leave it out (the snapshot's are used) or send the same tools"
+                                       : "prompt.chat.tools_json: snapshot '%s' was made without tools, and a "
+                                         "template renders them before the conversation; create the snapshot "
+                                         "with these tools",
+                                 name);
+        }
+        if (tools && !(r->tools_json && r->tools_json[0])) {
+                char *t = strdup(tools);
+                if (!t) {
+                        eng_messages_free(all, ns);
+                        return prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
+                }
+                free(r->tools_json);
+                r->tools_json = t; /* also the tools whose calls the output is parsed for */
+        }
+        /* the request's own messages move over (the prep thread owns the request meanwhile) */
+        memcpy(all + ns, r->messages + skip, (r->n_messages - skip) * sizeof *all);
+        memset(r->messages + skip, 0, (r->n_messages - skip) * sizeof *all);
+        eng_messages_free(r->messages, r->n_messages);
+        r->messages = all;
+        r->n_messages = ns + r->n_messages - skip;
+        return true;
+}
+
 static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *n) {
         bool lost = false;
         if (prepare_chat_once(s, j, ids, n, true, &lost))
@@ -320,10 +478,24 @@ static bool prepare_chat(struct sched *s, struct job *j, int32_t **ids, size_t *
 static bool prepare(struct sched *s, struct job *j) {
         struct sched_request *r = j->r;
         int32_t *ids = NULL;
+        _cleanup_free_ int32_t *prefix = NULL; /* the snapshot's tokens */
         size_t n = 0;
         char err[1024]; /* what a failing call says, for the client (error_set, common/log.h) */
         int ret;
 
+        if (r->snapshot) {
+                /* read first: a chat snapshot's conversation is part of a chat request's */
+                int code = eng_snap_load(s, j, &prefix, err, sizeof err);
+                if (code)
+                        return prep_fail(j, code, "%s", err);
+        }
+        /* a chat request on a chat snapshot is rendered as one conversation that starts with the
+         * snapshot's; any other request's prompt is prepared on its own and follows its tokens */
+        bool conv = r->snapshot && j->snap_meta && r->prompt == SCHED_PROMPT_CHAT;
+        if (conv && !chat_on_snapshot(j))
+                return false;
+        if (r->snapshot_create && r->prompt == SCHED_PROMPT_CHAT && !(j->snap_meta = chat_snapshot_meta(r)))
+                return prep_fail(j, SCHED_ERR_INTERNAL, "out of memory for the snapshot's conversation");
         if (r->prompt == SCHED_PROMPT_TOKENS) {
                 ids = malloc(r->n_tokens * sizeof *ids);
                 if (!ids) {
@@ -349,25 +521,40 @@ static bool prepare(struct sched *s, struct job *j) {
         /* a prompt ending in `<think>` or `<think>\n` (the generation prompt with thinking on,
          * whatever rendered it) makes the output start in the reasoning channel */
         j->thinking = prompt_ends_in_think(s, ids, n);
-        if (r->snapshot) {
-                /* the snapshot's tokens come first; they are cached once admitted */
-                int32_t *prefix = NULL;
-                int code = eng_snap_load(s, j, &prefix, err, sizeof err);
-                if (code) {
+        if (conv) {
+                /* the snapshot's tokens must start the rendering: their cache rows are reused */
+                size_t at = 0;
+                while (at < j->snap_n && at < n && ids[at] == prefix[at])
+                        at++;
+                if (at < j->snap_n) {
                         free(ids);
-                        prep_fail(j, code, "%s", err);
-                        return false;
+                        return prep_fail(j, SCHED_ERR_INVALID_ARGUMENT,
+                                         "snapshot '%s': this conversation's rendering does not start with the "
+                                         "snapshot's %u tokens (they differ at token %zu of %zu): the chat "
+                                         "template renders the snapshot's messages otherwise once more follow "
+                                         "(or with this request's options), so its cache cannot be used here; "
+                                         "send the conversation without the snapshot",
+                                         r->snapshot, j->snap_n, at, n);
                 }
+                if (n == j->snap_n) {
+                        free(ids);
+                        return prep_fail(j, SCHED_ERR_INVALID_ARGUMENT,
+                                         "prompt: adds no tokens to snapshot '%s' (%u tokens); at least "
+                                         "one expected (a message, or the generation prompt)",
+                                         r->snapshot, j->snap_n);
+                }
+                log_debug("request %llu: a chat on snapshot '%s': %u of its %zu prompt tokens from the "
+                          "snapshot", (unsigned long long) r->id, r->snapshot, j->snap_n, n);
+        } else if (r->snapshot) {
+                /* the snapshot's tokens come first; they are cached once admitted */
                 int32_t *all = malloc(((size_t) j->snap_n + n) * sizeof *all);
                 if (!all) {
                         free(ids);
-                        free(prefix);
                         prep_fail(j, SCHED_ERR_INTERNAL, "out of memory");
                         return false;
                 }
                 memcpy(all, prefix, (size_t) j->snap_n * sizeof *all);
                 memcpy(all + j->snap_n, ids, n * sizeof *all);
-                free(prefix);
                 free(ids);
                 ids = all;
                 n += j->snap_n;

@@ -7,8 +7,13 @@
 
 /* state_dir/NAME.x4snap: this header, the token ids, then the cache pages as the backend's
  * page_read() gives them. Native byte order: a snapshot belongs to the daemon build and model
- * (fingerprint) that wrote it. */
+ * (fingerprint) that wrote it.
+ *
+ * Version 2 (chat snapshots) puts struct snap_header_v2 right after the header, and its
+ * meta_bytes of JSON after the token ids, before the pages. A version 1 file (written before) is
+ * read as a raw snapshot: its tokens precede any request's prompt, as they always did. */
 #define SNAP_MAGIC "X4SNAP1\n"
+#define SNAP_VERSION 2u
 struct snap_header {
         char magic[8];
         uint32_t version;
@@ -19,6 +24,21 @@ struct snap_header {
         uint64_t created_unix;
         char fingerprint[64];
 };
+
+enum snap_kind {
+        SNAP_RAW = 0,  /* text or token ids (or a finished request): a token prefix */
+        SNAP_CHAT = 1, /* chat messages rendered without the generation prompt: a conversation
+                        * prefix; the JSON holds {"messages": [...], "tools_json": "..."} */
+};
+
+struct snap_header_v2 {
+        uint32_t kind;       /* enum snap_kind */
+        uint32_t meta_bytes; /* SNAP_CHAT: the conversation's JSON (no NUL); SNAP_RAW: 0 */
+        uint64_t reserved[3];
+};
+
+/* the most JSON a snapshot's conversation may take (the frame limit bounds what a client sends) */
+#define SNAP_META_MAX ((uint32_t) 256 << 20)
 
 static void snap_path(const struct sched *s, const char *name, char *buf, size_t size,
                       const char *suffix) {
@@ -68,7 +88,7 @@ static int snap_dir_open(const struct sched *s, int *ret, char *err, size_t size
 }
 
 static int snap_open(const struct sched *s, int dfd, const char *name, struct snap_header *h,
-                     int *ret_fd, char *err, size_t size) {
+                     struct snap_header_v2 *x, int *ret_fd, char *err, size_t size) {
         char path[4096], file[96];
         snap_path(s, name, path, sizeof path, "");
         snprintf(file, sizeof file, "%s.x4snap", name);
@@ -103,11 +123,21 @@ static int snap_open(const struct sched *s, int dfd, const char *name, struct sn
                 return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                             "snapshot %s: not a regular file", path);
         }
+        memset(x, 0, sizeof *x); /* version 1: a raw snapshot */
         if (read_full(fd, h, sizeof *h) < 0 || memcmp(h->magic, SNAP_MAGIC, 8) != 0 ||
-            h->version != 1) {
+            h->version < 1 || h->version > SNAP_VERSION ||
+            (h->version >= 2 && read_full(fd, x, sizeof *x) < 0)) {
                 close(fd);
                 return eng_verr(err, size, SCHED_ERR_INTERNAL,
-                            "snapshot %s: not a version 1 xing4d snapshot file", path);
+                            "snapshot %s: not a version 1 or 2 xing4d snapshot file", path);
+        }
+        if (x->kind > SNAP_CHAT || (x->kind == SNAP_CHAT) != (x->meta_bytes > 0) ||
+            x->meta_bytes > SNAP_META_MAX) {
+                close(fd);
+                return eng_verr(err, size, SCHED_ERR_INTERNAL,
+                            "snapshot %s: kind %u with %u bytes of conversation, a raw snapshot (0) "
+                            "without or a chat one (1) with at most %u expected", path, x->kind,
+                            x->meta_bytes, SNAP_META_MAX);
         }
         h->fingerprint[sizeof h->fingerprint - 1] = 0;
         *ret_fd = fd;
@@ -118,10 +148,11 @@ static int snap_open(const struct sched *s, int dfd, const char *name, struct sn
 int eng_snap_load(struct sched *s, struct job *j, int32_t **ret_tokens, char *err, size_t size) {
         const char *name = j->r->snapshot;
         struct snap_header h;
+        struct snap_header_v2 x;
         int fd, code;
         size_t pb = s->p.ops->page_bytes(s->p.backend);
 
-        code = snap_open(s, -1, name, &h, &fd, err, size);
+        code = snap_open(s, -1, name, &h, &x, &fd, err, size);
         if (code)
                 return code;
         if (strcmp(h.fingerprint, x4_model_fingerprint(s->p.model)) != 0) {
@@ -146,18 +177,26 @@ int eng_snap_load(struct sched *s, struct job *j, int32_t **ret_tokens, char *er
         }
         int32_t *tokens = malloc((size_t) h.n_tokens * sizeof *tokens);
         uint8_t *data = malloc((size_t) h.n_pages * pb);
-        if (!tokens || !data || read_full(fd, tokens, (size_t) h.n_tokens * sizeof *tokens) < 0 ||
+        char *meta = x.meta_bytes ? malloc((size_t) x.meta_bytes + 1) : NULL;
+        if (!tokens || !data || (x.meta_bytes && !meta) ||
+            read_full(fd, tokens, (size_t) h.n_tokens * sizeof *tokens) < 0 ||
+            (meta && read_full(fd, meta, x.meta_bytes) < 0) ||
             read_full(fd, data, (size_t) h.n_pages * pb) < 0) {
                 free(tokens);
                 free(data);
+                free(meta);
                 close(fd);
                 return eng_verr(err, size, SCHED_ERR_INTERNAL, "snapshot '%s': truncated or unreadable",
                             name);
         }
         close(fd);
+        if (meta)
+                meta[x.meta_bytes] = 0;
         j->snap_n = h.n_tokens;
         j->snap_data = data;
         j->snap_pages = h.n_pages;
+        free(j->snap_meta);
+        j->snap_meta = meta;
         *ret_tokens = tokens;
         return 0;
 }
@@ -234,6 +273,14 @@ static int snap_publish(int dfd, const char *tmpfile, const char *file, bool rep
         return 0;
 }
 
+/* The size of the file a create job writes. */
+static uint64_t snap_file_bytes(const struct sched *s, const struct job *j) {
+        size_t pb = s->p.ops->page_bytes(s->p.backend);
+        return sizeof(struct snap_header) + sizeof(struct snap_header_v2) +
+               (uint64_t) j->n_prompt * sizeof *j->seq + (j->snap_meta ? strlen(j->snap_meta) : 0) +
+               (uint64_t) kvcache_pages_for(s->kv, j->n_prompt) * pb;
+}
+
 /* j (a create job) has prefilled its whole prompt: write its pages. */
 static void snap_tmpfile(const struct job *j, char *buf, size_t size) {
         snprintf(buf, size, "%s.x4snap.tmp", j->r->snapshot_create);
@@ -257,17 +304,23 @@ static int snap_begin(struct sched *s, struct job *j, char *err, size_t size) {
         char tmp[4096], tmpfile[100];
         size_t pb = s->p.ops->page_bytes(s->p.backend);
         uint32_t n_pages = kvcache_pages_for(s->kv, j->n_prompt);
-        struct snap_header h = { .version = 1, .page_tokens = kvcache_page_tokens(s->kv),
+        struct snap_header h = { .version = SNAP_VERSION, .page_tokens = kvcache_page_tokens(s->kv),
                                  .page_bytes = pb, .n_tokens = j->n_prompt, .n_pages = n_pages,
                                  .created_unix = (uint64_t) time(NULL) };
+        size_t meta_bytes = j->snap_meta ? strlen(j->snap_meta) : 0;
+        struct snap_header_v2 x = { .kind = j->snap_meta ? SNAP_CHAT : SNAP_RAW,
+                                    .meta_bytes = (uint32_t) meta_bytes };
         const char *name = j->r->snapshot_create;
 
         memcpy(h.magic, SNAP_MAGIC, 8);
         snprintf(h.fingerprint, sizeof h.fingerprint, "%s", x4_model_fingerprint(s->p.model));
         snap_path(s, name, tmp, sizeof tmp, ".tmp");
         snap_tmpfile(j, tmpfile, sizeof tmpfile);
-        uint64_t bytes = sizeof h + (uint64_t) j->n_prompt * sizeof *j->seq + (uint64_t) n_pages * pb;
-        int code = snap_check_quota(s, name, bytes, err, size);
+        if (meta_bytes > SNAP_META_MAX)
+                return eng_verr(err, size, SCHED_ERR_TOO_LARGE,
+                            "snapshot '%s': a conversation of %zu bytes, at most %u can be kept", name,
+                            meta_bytes, SNAP_META_MAX);
+        int code = snap_check_quota(s, name, snap_file_bytes(s, j), err, size);
         if (code)
                 return code;
         int dfd = -1; /* set by snap_dir_open on success; gcc 12 -O3 cannot see it */
@@ -292,7 +345,11 @@ static int snap_begin(struct sched *s, struct job *j, char *err, size_t size) {
         j->snap_written = 0;
         int r = write_full(fd, &h, sizeof h);
         if (r >= 0)
+                r = write_full(fd, &x, sizeof x);
+        if (r >= 0)
                 r = write_full(fd, j->seq, (size_t) j->n_prompt * sizeof *j->seq);
+        if (r >= 0 && meta_bytes)
+                r = write_full(fd, j->snap_meta, meta_bytes);
         if (r < 0) {
                 eng_snap_abandon(j);
                 return eng_verr(err, size, SCHED_ERR_INTERNAL, "snapshot %s: %s", tmp, strerror(-r));
@@ -340,8 +397,7 @@ int eng_snap_write_chunk(struct sched *s, struct job *j, char *err, size_t size)
         memset(&j->saved, 0, sizeof j->saved);
         snprintf(j->saved.name, sizeof j->saved.name, "%s", name);
         j->saved.n_tokens = j->n_prompt;
-        j->saved.bytes = sizeof(struct snap_header) + (uint64_t) j->n_prompt * sizeof *j->seq +
-                         (uint64_t) n_pages * pb;
+        j->saved.bytes = snap_file_bytes(s, j);
         j->saved.created_unix = (uint64_t) time(NULL);
         return 0;
 }
@@ -366,6 +422,7 @@ int sched_snapshot_list(const struct sched *s, struct sched_snapshot_info **ret,
                 size_t len = strlen(de->d_name);
                 char name[72], e2[8];
                 struct snap_header h;
+                struct snap_header_v2 x;
                 int fd;
                 struct stat st;
                 if (len <= 7 || strcmp(de->d_name + len - 7, ".x4snap") != 0 || len - 7 >= sizeof name)
@@ -373,7 +430,7 @@ int sched_snapshot_list(const struct sched *s, struct sched_snapshot_info **ret,
                 memcpy(name, de->d_name, len - 7);
                 name[len - 7] = 0;
                 if (sched_snapshot_check_name(name, e2, sizeof e2) != 0 ||
-                    snap_open(s, dirfd(d), name, &h, &fd, e2, sizeof e2) != 0)
+                    snap_open(s, dirfd(d), name, &h, &x, &fd, e2, sizeof e2) != 0)
                         continue;
                 if (fstat(fd, &st) < 0)
                         st.st_size = 0;
@@ -401,6 +458,7 @@ int sched_snapshot_list(const struct sched *s, struct sched_snapshot_info **ret,
 int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_snapshot_info *ret,
                         char *err, size_t size) {
         struct snap_header h;
+        struct snap_header_v2 x;
         struct stat st;
         char path[4096];
         int fd, code;
@@ -419,7 +477,7 @@ int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_sn
                 return code;
         char file[96];
         snprintf(file, sizeof file, "%s.x4snap", name);
-        code = snap_open(s, dfd, name, &h, &fd, err, size);
+        code = snap_open(s, dfd, name, &h, &x, &fd, err, size);
         if (code == SCHED_ERR_INTERNAL && fstatat(dfd, file, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
             S_ISREG(st.st_mode)) {
                 /* a regular file under the name that is not a snapshot (truncated, overwritten):
@@ -451,8 +509,9 @@ int sched_snapshot_drop(const struct sched *s, const char *name, struct sched_sn
 }
 
 void eng_snapshot_done(struct sched *s, struct job *j, const struct sched_snapshot_info *info) {
-        log_info("snapshot '%s': %u tokens saved (%llu bytes)", info->name, info->n_tokens,
-                 (unsigned long long) info->bytes);
+        log_info("snapshot '%s': %u tokens saved (%llu bytes, %s)", info->name, info->n_tokens,
+                 (unsigned long long) info->bytes,
+                 j->snap_meta ? "a chat conversation" : "raw tokens");
         eng_unlink_job(s, j);
         eng_job_release(s, j);
         struct sched_event *e = calloc(1, sizeof *e);

@@ -266,7 +266,7 @@ def test_a_file_that_is_not_a_snapshot_can_be_dropped(fresh_daemon):
     d = fresh_daemon()
     (d.state / "bad.x4snap").write_text("garbage\n")
     r = d.x4ctl("generate", "--tokens", "13", "--snapshot", "bad")
-    assert r.returncode != 0 and "not a version 1 xing4d snapshot file" in r.stderr, r.stderr
+    assert r.returncode != 0 and "not a version 1 or 2 xing4d snapshot file" in r.stderr, r.stderr
     r = d.x4ctl("snapshot", "drop", "bad")
     assert r.returncode == 0, r.stderr
     assert not (d.state / "bad.x4snap").exists()
