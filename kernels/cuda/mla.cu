@@ -121,10 +121,13 @@ __global__ void k_q_rope(const float *q, uint32_t n_head, uint32_t nope, uint32_
                 cu_q_rope_one(q, qc, n_head, nope, R, KV, inv_freq, interleave, t, pos, e);
 }
 
+/* The queries' RoPE as extra blocks of the absorb product: the default (the same bits, one kernel
+ * a layer fewer: 562 -> 522 a batch-1 step; H200, full model, 72ecf98: 196.6 -> 198.7 tok/s at
+ * 512; bench/RESULTS.md). X4_CUDA_ROPE_SIDE=0 keeps k_q_rope after the product. */
 extern "C" bool cu_rope_side_on(void) {
         static int on = -1;
         if (on < 0)
-                on = cu_env_on("X4_CUDA_ROPE_SIDE");
+                on = cu_env_or("X4_CUDA_ROPE_SIDE", true);
         return on;
 }
 
