@@ -195,10 +195,12 @@ static void test_grammar_mask(void **state) {
         (void) state;
         assert_int_equal(bench(NULL, "--grammar model --grammar-seqs 2 --json", out, sizeof out, err, sizeof err), 0);
         assert_string_equal(err, "");
-        assert_int_equal(count_substr(out, "\n"), 3);
-        assert_int_equal(count_substr(out, "\"what\":\"grammar_mask\",\"vocab\":\"model\",\"n_vocab\":4096"), 3);
-        assert_int_equal(count_substr(out, "\"sequences\":2,\"ended\":2,"), 3);
+        assert_int_equal(count_substr(out, "\n"), 4);
+        assert_int_equal(count_substr(out, "\"what\":\"grammar_mask\",\"vocab\":\"model\",\"n_vocab\":4096"), 4);
+        assert_int_equal(count_substr(out, "\"sequences\":2,\"ended\":2,"), 4);
         assert_non_null(strstr(out, "\"schema\":\"json_object\""));
+        /* a forced call in the model's own syntax: raw string values, the markup byte by byte */
+        assert_non_null(strstr(out, "\"schema\":\"tool_call\""));
         assert_int_equal(bench(NULL, "--grammar words", out, sizeof out, err, sizeof err), 1);
         assert_string_equal(err, "x4-bench: --grammar: 'words' is not a vocabulary; dense, full or model expected\n");
         assert_int_equal(bench(NULL, "--grammar model --grammar-seqs 0", out, sizeof out, err, sizeof err), 1);
