@@ -1161,10 +1161,20 @@ out:
 
 /* ---- stats / info / health / cancel / snapshot ---------------------------------------------- */
 
+/* The requests that ended with Done: the rest of requests_total (x4client.h says how they add
+ * up; 0 from a server older than 1.6, which counted only admitted requests in the total). */
+static uint64_t requests_completed(const struct x4_stats *s) {
+        uint64_t other = s->requests_failed + s->requests_cancelled + s->requests_refused +
+                         s->requests_in_flight;
+        return s->requests_total > other ? s->requests_total - other : 0;
+}
+
 static void print_stats_json(const struct x4_stats *s, const struct x4_request_state *q, size_t n) {
         printf("{\"uptime_ms\":%" PRIu64 ",\"connections\":%u,\"requests_running\":%u,"
-               "\"requests_waiting\":%u,\"requests_total\":%" PRIu64 ",\"requests_failed\":%" PRIu64
-               ",\"requests_cancelled\":%" PRIu64 ",\"prompt_tokens_total\":%" PRIu64
+               "\"requests_waiting\":%u,\"requests_total\":%" PRIu64 ",\"requests_completed\":%" PRIu64
+               ",\"requests_failed\":%" PRIu64 ",\"requests_cancelled\":%" PRIu64
+               ",\"requests_refused\":%" PRIu64 ",\"requests_queue_full\":%u"
+               ",\"requests_in_flight\":%u,\"prompt_tokens_total\":%" PRIu64
                ",\"completion_tokens_total\":%" PRIu64 ",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,"
                "\"cache_pages_total\":%u,\"cache_pages_used\":%u,\"cache_page_tokens\":%u,"
                "\"memory_used\":%" PRIu64 ",\"memory_total\":%" PRIu64 ",\"prefix_hits\":%" PRIu64
@@ -1173,7 +1183,8 @@ static void print_stats_json(const struct x4_stats *s, const struct x4_request_s
                ",\"batch_max\":%u,\"mtp_drafted_tokens\":%" PRIu64 ",\"mtp_accepted_tokens\":%" PRIu64
                ",\"requests\":[",
                s->uptime_ms, s->connections, s->requests_running, s->requests_waiting,
-               s->requests_total, s->requests_failed, s->requests_cancelled,
+               s->requests_total, requests_completed(s), s->requests_failed, s->requests_cancelled,
+               s->requests_refused, s->requests_queue_full, s->requests_in_flight,
                s->prompt_tokens_total, s->completion_tokens_total, s->prefill_tok_s,
                s->decode_tok_s, s->cache_pages_total, s->cache_pages_used, s->cache_page_tokens,
                s->memory_used, s->memory_total, s->prefix_hits, s->prefix_tokens_reused,
@@ -1197,10 +1208,13 @@ static void print_stats_table(const struct x4_stats *s, const struct x4_request_
         double mib = 1024.0 * 1024.0;
         printf("uptime          %.1f s\n", s->uptime_ms / 1000.0);
         printf("connections     %u\n", s->connections);
-        printf("requests        %u running, %u waiting, %" PRIu64 " total, %" PRIu64
-               " failed, %" PRIu64 " cancelled\n",
-               s->requests_running, s->requests_waiting, s->requests_total, s->requests_failed,
-               s->requests_cancelled);
+        printf("requests        %u running, %u waiting\n", s->requests_running, s->requests_waiting);
+        /* total = completed + failed + cancelled + refused + in flight (x4ctl(1) says what each
+         * counts) */
+        printf("received        %" PRIu64 ": %" PRIu64 " completed, %" PRIu64 " failed, %" PRIu64
+               " cancelled, %" PRIu64 " refused (%u queue full), %u in flight\n",
+               s->requests_total, requests_completed(s), s->requests_failed, s->requests_cancelled,
+               s->requests_refused, s->requests_queue_full, s->requests_in_flight);
         printf("tokens          %" PRIu64 " prompt, %" PRIu64 " completion\n",
                s->prompt_tokens_total, s->completion_tokens_total);
         printf("rates           %.1f tok/s prefill, %.1f tok/s decode\n", s->prefill_tok_s,
