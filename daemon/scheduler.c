@@ -263,6 +263,23 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                         return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                                     "constraint.tool: a chat prompt with tools (prompt.chat.tools_json) "
                                     "expected");
+                /* a schema nested deeper than the JSON parser reads may well be valid JSON: say
+                 * it is too deep, not (as the grammar would) that it is not JSON */
+                if (r->constraint == SCHED_CONSTRAINT_JSON_SCHEMA && r->constraint_schema) {
+                        struct json_value *v = NULL;
+                        char why[256];
+                        int k = json_parse(r->constraint_schema, strlen(r->constraint_schema), "json_schema",
+                                           &v, why, sizeof why);
+                        json_free(v);
+                        const char *at = strstr(why, "line ");
+                        if (k == -E2BIG)
+                                return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                                "constraint.json_schema: too deeply nested for the daemon: its "
+                                                "arrays and objects nest more than %d levels deep (%.*s), %d at "
+                                                "most",
+                                                JSON_DEPTH_MAX, at ? (int) strcspn(at, ":") : 0, at ? at : "",
+                                                JSON_DEPTH_MAX);
+                }
                 /* compiled here for the error, again when the request is prepared */
                 struct grammar *g = NULL;
                 int k = grammar_compile_constraint_flags((enum grammar_kind) r->constraint, r->constraint_schema,
