@@ -423,6 +423,7 @@ struct gen_opts {
         bool raw;
         bool show_think;
         bool json_schema; /* --json-schema: the answer must be complete to be valid */
+        const char *json_schema_path; /* its FILE, to name it in the daemon's errors */
         bool logprobs;    /* --logprobs N > 0 */
         int thinking; /* -1 default */
 };
@@ -516,18 +517,28 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                 uint64_t u64;
                 int32_t i;
                 switch (c) {
-#define FLOAT_OPT(ID, setter, name)                                                                \
+/* a float option in the daemon's range (proto/xing4.proto SamplingParams), checked here so a
+ * value out of it is a usage error naming the option, as for the other numbers */
+#define FLOAT_OPT(ID, setter, name, in_range, what)                                                \
         case ID:                                                                                   \
                 if ((r = parse_float(optarg, &f)) < 0)                                             \
                         return float_error("--" name, optarg, r);                                  \
+                if (!(in_range))                                                                   \
+                        return usage_error("--" name ": '%s' is not " what, optarg);               \
                 setter(o->req, f);                                                                 \
                 break;
-                        FLOAT_OPT(OPT_TEMPERATURE, x4_request_set_temperature, "temperature")
-                        FLOAT_OPT(OPT_TOP_P, x4_request_set_top_p, "top-p")
-                        FLOAT_OPT(OPT_MIN_P, x4_request_set_min_p, "min-p")
-                        FLOAT_OPT(OPT_REP, x4_request_set_repetition_penalty, "repetition-penalty")
-                        FLOAT_OPT(OPT_PRES, x4_request_set_presence_penalty, "presence-penalty")
-                        FLOAT_OPT(OPT_FREQ, x4_request_set_frequency_penalty, "frequency-penalty")
+                        FLOAT_OPT(OPT_TEMPERATURE, x4_request_set_temperature, "temperature",
+                                  f >= 0 && f <= 100, "a temperature from 0 (greedy) to 100")
+                        FLOAT_OPT(OPT_TOP_P, x4_request_set_top_p, "top-p", f > 0 && f <= 1,
+                                  "a probability above 0 and at most 1")
+                        FLOAT_OPT(OPT_MIN_P, x4_request_set_min_p, "min-p", f >= 0 && f < 1,
+                                  "a probability from 0 to below 1")
+                        FLOAT_OPT(OPT_REP, x4_request_set_repetition_penalty, "repetition-penalty",
+                                  f > 0 && f <= 10, "a factor above 0 and at most 10 (1: off)")
+                        FLOAT_OPT(OPT_PRES, x4_request_set_presence_penalty, "presence-penalty",
+                                  f >= -2 && f <= 2, "a penalty from -2 to 2")
+                        FLOAT_OPT(OPT_FREQ, x4_request_set_frequency_penalty, "frequency-penalty",
+                                  f >= -2 && f <= 2, "a penalty from -2 to 2")
 #undef FLOAT_OPT
 /* an integer option: parse_fn into var, then setter; what the value is, for the message */
 #define INT_OPT(ID, parse_fn, var, setter, name, what)                                             \
@@ -609,6 +620,7 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         if (r)
                                 return r;
                         o->json_schema = true;
+                        o->json_schema_path = optarg;
                         break;
                 default:
                         return EXIT_USAGE;
@@ -628,6 +640,7 @@ struct gen_state {
         bool any_content;  /* an answer (content or a tool call) came */
         bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
         bool json_schema;  /* --json-schema: an answer cut by the budget is not valid JSON */
+        const char *json_schema_path; /* --json-schema FILE */
         bool output_gone;  /* stdout is closed (x4ctl generate | head): the request is cancelled */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
@@ -758,6 +771,81 @@ static void print_done(const struct x4_done *d) {
         printf("}\n");
 }
 
+/* The daemon names a field of the protocol in its errors ("sampling.temperature: -1 is out of
+ * range [0, 100]"), which API clients rely on; x4ctl's user set it with an option, so x4ctl says
+ * the option. Fields one option fills (an index into a list an option builds is said as the
+ * option's count: "--stop number 2", "--tokens: item 2"); others are left as they are. */
+static const struct {
+        const char *field, *option;
+} option_fields[] = {
+        { "sampling.temperature", "--temperature" },
+        { "sampling.top_p", "--top-p" },
+        { "sampling.top_k", "--top-k" },
+        { "sampling.min_p", "--min-p" },
+        { "sampling.seed", "--seed" },
+        { "sampling.repetition_penalty", "--repetition-penalty" },
+        { "sampling.presence_penalty", "--presence-penalty" },
+        { "sampling.frequency_penalty", "--frequency-penalty" },
+        { "max_tokens", "--max-tokens" },
+        { "logprobs", "--logprobs" },
+        { "thinking_budget", "--thinking-budget" },
+        { "stop", "--stop" },
+        { "stop_ids", "--stop-id" }, /* its message names the id: no index needed */
+        { "prompt.tokens", "--tokens" },
+};
+
+static bool field_is(const char *msg, size_t n, const char *field) {
+        return strlen(field) == n && strncmp(msg, field, n) == 0;
+}
+
+/* msg said with x4ctl's names for what the daemon names by field, malloc'ed; NULL when msg names
+ * no field x4ctl filled from its command line (or out of memory: msg is shown as it is then).
+ * schema_path: --json-schema's FILE (NULL: none sent); chat: the prompt is x4ctl chat's
+ * conversation. */
+static char *option_message(const char *msg, const char *schema_path, bool chat) {
+        size_t n = strspn(msg, "abcdefghijklmnopqrstuvwxyz_.");
+        const char *rest = msg + n;
+        unsigned long index = 0;
+        bool indexed = false;
+        char *out = NULL;
+
+        if (n == 0)
+                return NULL;
+        if (*rest == '[') { /* FIELD[N]: */
+                char *end;
+                errno = 0;
+                index = strtoul(rest + 1, &end, 10);
+                if (end == rest + 1 || *end != ']' || errno)
+                        return NULL;
+                indexed = true;
+                rest = end + 1;
+        }
+        if (*rest != ':')
+                return NULL;
+        rest++;
+        const char *option = NULL;
+        for (size_t i = 0; i < ELEMENTSOF(option_fields); i++)
+                if (field_is(msg, n, option_fields[i].field))
+                        option = option_fields[i].option;
+        if (option && indexed && streq_(option, "--tokens"))
+                return asprintf(&out, "--tokens: item %lu,%s", index + 1, rest) < 0 ? NULL : out;
+        if (option && indexed && streq_(option, "--stop"))
+                return asprintf(&out, "--stop number %lu:%s", index + 1, rest) < 0 ? NULL : out;
+        if (option)
+                return asprintf(&out, "%s:%s", option, rest) < 0 ? NULL : out;
+        if (indexed)
+                return NULL;
+        /* the prompt x4ctl built: its text, or the chat of --system and the prompt (x4ctl chat:
+         * the conversation so far) */
+        if (field_is(msg, n, "prompt") || field_is(msg, n, "prompt.text") || field_is(msg, n, "prompt.chat") ||
+            field_is(msg, n, "prompt.chat.messages"))
+                return asprintf(&out, "%s:%s", chat ? "the conversation" : "the prompt", rest) < 0 ? NULL
+                                                                                                : out;
+        if (schema_path && (field_is(msg, n, "constraint") || field_is(msg, n, "constraint.json_schema")))
+                return asprintf(&out, "--json-schema %s:%s", schema_path, rest) < 0 ? NULL : out;
+        return NULL;
+}
+
 /* How a submitted request ended (copied out of the done callback). */
 struct run_end {
         bool done;
@@ -839,13 +927,18 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 /* sent: the daemon answered this request with an Error; not sent: a request over
                  * the frame limit is refused here, any other failure is the connection's */
                 s->refused = sent ? !s->conn_lost : e == X4_E_TOO_LARGE;
+                /* the daemon's refusal of a field x4ctl filled from an option: said as the option */
+                _cleanup_free_ char *said = s->refused && sent ? option_message(x4_client_last_error(c),
+                                                                              s->json_schema_path, s->chat)
+                                                             : NULL;
+                const char *m = said ? said : x4_client_last_error(c);
                 if (s->json) {
                         printf("{\"type\":\"error\",\"code\":\"%s\",\"message\":", x4_strerror(e));
-                        const char *m = x4_client_last_error(c);
                         json_str(stdout, m, strlen(m));
                         printf("}\n");
                 }
-                return fail_client(c, e);
+                fprintf(stderr, "x4ctl: %s\n", m);
+                return exit_code_of(e);
         }
         if (s->json)
                 print_done(d);
@@ -923,7 +1016,7 @@ static int cmd_generate(int argc, char **argv) {
         if (r != 0)
                 goto out;
         struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0,
-                               .json_schema = o.json_schema };
+                               .json_schema = o.json_schema, .json_schema_path = o.json_schema_path };
         r = run_generate(c, o.req, &s);
         free(s.reply);
         if (r == EXIT_OK && o.logprobs && !arg.json) /* the text output has no place for them */
@@ -1421,7 +1514,12 @@ static int cmd_cancel(int argc, char **argv) {
         if (r != 0)
                 return r;
         int e = x4_client_cancel_server(c, id);
-        if (e < 0)
+        const char *m = e < 0 ? x4_client_last_error(c) : "";
+        const char *field = "Cancel.server_request_id: "; /* the protocol's name for ID */
+        if (e < 0 && strncmp(m, field, strlen(field)) == 0) {
+                fprintf(stderr, "x4ctl: cancel: %s\n", m + strlen(field));
+                r = exit_code_of(e);
+        } else if (e < 0)
                 r = fail_client(c, e);
         x4_client_free(c);
         return r;
@@ -1544,7 +1642,11 @@ static int cmd_snapshot(int argc, char **argv) {
                         struct x4_snapshot_info info;
                         e = x4_client_snapshot_create_flags(c, name, src, 0,
                                                             replace ? X4_SNAPSHOT_REPLACE : 0, &info);
-                        if (e < 0)
+                        _cleanup_free_ char *said = NULL;
+                        if (e < 0 && (said = option_message(x4_client_last_error(c), NULL, false))) {
+                                fprintf(stderr, "x4ctl: %s\n", said); /* the prompt, not prompt.text */
+                                r = exit_code_of(e);
+                        } else if (e < 0)
                                 r = fail_client(c, e);
                         else if (arg.json)
                                 printf("{\"name\":\"%s\",\"n_tokens\":%u,\"bytes\":%" PRIu64 "}\n",

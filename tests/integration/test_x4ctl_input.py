@@ -28,6 +28,17 @@ def run(sock, *args, stdin=b"", **kw):
     (["generate", "--temperature", "1e40", "hi"], "--temperature: '1e40' is out of the range of a float"),
     (["generate", "--top-p", "nan", "hi"], "--top-p: 'nan' is not a finite number"),
     (["generate", "--top-k", "99999999999", "hi"], "--top-k: '99999999999' is not a count from 0 to 4294967295"),
+    # the daemon's ranges, said by x4ctl (it was the daemon's "sampling.temperature: ...", exit 1)
+    (["generate", "--temperature", "-1", "hi"], "--temperature: '-1' is not a temperature from 0 (greedy) to 100"),
+    (["generate", "--temperature", "101", "hi"], "--temperature: '101' is not a temperature from 0 (greedy) to 100"),
+    (["generate", "--top-p", "0", "hi"], "--top-p: '0' is not a probability above 0 and at most 1"),
+    (["generate", "--top-p", "1.5", "hi"], "--top-p: '1.5' is not a probability above 0 and at most 1"),
+    (["generate", "--min-p", "1", "hi"], "--min-p: '1' is not a probability from 0 to below 1"),
+    (["generate", "--repetition-penalty", "0", "hi"],
+     "--repetition-penalty: '0' is not a factor above 0 and at most 10 (1: off)"),
+    (["generate", "--presence-penalty", "2.5", "hi"], "--presence-penalty: '2.5' is not a penalty from -2 to 2"),
+    (["generate", "--frequency-penalty", "-3", "hi"], "--frequency-penalty: '-3' is not a penalty from -2 to 2"),
+    (["chat", "--temperature", "-1"], "--temperature: '-1' is not a temperature from 0 (greedy) to 100"),
     # the daemon refused it (exit 1); -1, its "no limit", is taken
     (["generate", "--thinking-budget", "-5", "hi"],
      "--thinking-budget: '-5' is not a token count from 0 to 2147483647, or -1 for no limit"),
@@ -156,3 +167,24 @@ def test_a_peer_that_is_not_xing4d(tmp_path, answer, said):
     assert r.stderr == (f"x4ctl: {path}: {said}\n"
                         f"x4ctl: hint: {path} is another program's socket, not xing4d's: pass --socket PATH with "
                         "the path xing4d listens on (its --listen; the packaged one is /run/xing4d/xing4d.sock)\n")
+
+
+def test_daemon_refusals_of_json_schema_name_the_file(daemon, tmp_path):
+    # the daemon names constraint.json_schema; x4ctl's user gave --json-schema FILE
+    import json
+    s = {"type": "string"}
+    for _ in range(130):  # valid JSON, 260 levels deep: more than the daemon's parser takes
+        s = {"type": "object", "properties": {"a": s}}
+    f = tmp_path / "deep.json"
+    f.write_text(json.dumps(s))
+    r = run(daemon.sock, "generate", "--json-schema", str(f), "hi")
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.decode()
+    assert err.startswith(f"x4ctl: --json-schema {f}: too deeply nested for the daemon: its arrays and "
+                          "objects nest more than 256 levels deep (line 1 column "), err
+    assert err.endswith("), 256 at most\n") and "not valid JSON" not in err, err
+    f.write_text(json.dumps({"type": "string", "minLength": 2}))
+    r = run(daemon.sock, "generate", "--json-schema", str(f), "hi")
+    assert r.returncode == 1
+    assert r.stderr.decode().startswith(f"x4ctl: --json-schema {f}: keyword 'minLength' is not supported"), \
+        r.stderr
