@@ -3,11 +3,13 @@
  * it is also the reference for what the public API can do. */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <jansson.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -93,6 +95,87 @@ static int check_utf8(const char *what, const char *s, size_t len) {
                            "iconv -f latin1 -t utf-8)", what, (unsigned) (unsigned char) s[at], at);
 }
 
+/* May the caller (effective ids, supplementary groups) do `want` (S_IW or S_IX as a bit of the
+ * "other" triple: 2 or 1) to a file of this owner, group and mode? Root may unless nobody may
+ * search (x). */
+static bool may_access(const struct stat *st, unsigned want, uid_t uid, gid_t gid, const gid_t *groups,
+                       int n_groups) {
+        unsigned mode = (unsigned) st->st_mode;
+        if (uid == 0)
+                return want != 1 || (mode & 0111);
+        if (uid == st->st_uid)
+                return (mode >> 6) & want;
+        bool member = gid == st->st_gid;
+        for (int i = 0; !member && i < n_groups; i++)
+                member = groups[i] == st->st_gid;
+        return member ? (mode >> 3) & want : mode & want;
+}
+
+/* A user's or group's name, or "uid N" / "gid N" when it has none. */
+static const char *id_name(bool group, unsigned id, char *buf, size_t size) {
+        struct passwd *pw = group ? NULL : getpwuid((uid_t) id);
+        struct group *gr = group ? getgrgid((gid_t) id) : NULL;
+        const char *name = pw ? pw->pw_name : gr ? gr->gr_name : NULL;
+        if (name)
+                snprintf(buf, size, "%s", name);
+        else
+                snprintf(buf, size, "%s %u", group ? "gid" : "uid", id);
+        return buf;
+}
+
+/* Connecting to path was refused (EACCES): who may connect, from what stat() says of the socket
+ * and the folders above it, and how to become one of them. Connecting needs search (x) on every
+ * folder of the path and write on the socket. */
+static void permission_hint(const char *path) {
+        uid_t uid = geteuid();
+        gid_t gid = getegid(), groups[256];
+        int n_groups = getgroups(ELEMENTSOF(groups), groups);
+        char u[64], g[64], me[64];
+        struct stat st;
+
+        if (n_groups < 0)
+                n_groups = 0;
+        id_name(false, uid, me, sizeof me);
+        /* a folder on the way that the caller may not search */
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", path);
+        for (char *p = dir + 1; (p = strchr(p, '/')); p++) {
+                *p = 0;
+                bool closed = stat(dir, &st) == 0 && S_ISDIR(st.st_mode) &&
+                              !may_access(&st, 1, uid, gid, groups, n_groups);
+                if (closed) {
+                        fprintf(stderr, "x4ctl: hint: the folder %s (owner %s, group %s, mode %04o) is closed to "
+                                        "%s, so the socket %s in it is out of reach: run x4ctl as %s, or have "
+                                        "xing4d listen in a folder open to you (the packaged socket is %s)\n",
+                                dir, id_name(false, st.st_uid, u, sizeof u), id_name(true, st.st_gid, g, sizeof g),
+                                (unsigned) (st.st_mode & 07777), me, path, u, X4_DEFAULT_SOCKET);
+                        return;
+                }
+                *p = '/';
+        }
+        if (stat(path, &st) < 0 || may_access(&st, 2, uid, gid, groups, n_groups)) {
+                /* the permissions allow it: a security module (AppArmor, SELinux) said no */
+                fprintf(stderr, "x4ctl: hint: %s's permissions let %s connect, so something else refused it "
+                                "(a security module such as AppArmor or SELinux? see the system log)\n",
+                        path, me);
+                return;
+        }
+        id_name(false, st.st_uid, u, sizeof u);
+        id_name(true, st.st_gid, g, sizeof g);
+        if (st.st_mode & S_IWGRP)
+                fprintf(stderr, "x4ctl: hint: %s (owner %s, group %s, mode %04o) is for members of the group %s: "
+                                "sudo usermod -aG %s %s, then log in again (or run x4ctl as a member)\n",
+                        path, u, g, (unsigned) (st.st_mode & 07777), g, g, me);
+        else
+                /* xing4d --listen has no option for the socket's mode: it follows xing4d's umask */
+                fprintf(stderr, "x4ctl: hint: %s is owned by %s (group %s), mode %04o: only %s can connect. Run "
+                                "x4ctl as %s, or open the socket to a group: the packaged xing4d.socket makes it "
+                                "group xing4, mode 0660 (its SocketGroup=, SocketMode=); a socket of xing4d "
+                                "--listen takes xing4d's umask (e.g. umask 007 before starting it, or chgrp GROUP "
+                                "and chmod 0660 the socket once it listens)\n",
+                        path, u, g, (unsigned) (st.st_mode & 07777), u, u);
+}
+
 /* What to do about a connection that failed, after the library's own message. */
 static void connect_hint(int e, const char *msg) {
         const char *path = arg.socket ? arg.socket : getenv(X4_SOCKET_ENV);
@@ -108,8 +191,7 @@ static void connect_hint(int e, const char *msg) {
                 fprintf(stderr, "x4ctl: hint: %s %s: pass --socket PATH with the path xing4d listens on "
                                 "(its --listen; the packaged one is %s)\n", path, what, X4_DEFAULT_SOCKET);
         else if (strstr(msg, "Permission denied"))
-                fprintf(stderr, "x4ctl: hint: %s is for members of the group xing4: sudo usermod -aG xing4 $USER, "
-                                "then log in again (or run x4ctl as a member)\n", path);
+                permission_hint(path);
         else if (strstr(msg, "No such file") || strstr(msg, "Connection refused"))
                 fprintf(stderr, "x4ctl: hint: is xing4d running? Start it with: sudo systemctl start xing4d.socket "
                                 "(or pass --socket PATH / set $X4_SOCKET to where it listens)\n");

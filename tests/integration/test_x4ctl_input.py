@@ -188,3 +188,75 @@ def test_daemon_refusals_of_json_schema_name_the_file(daemon, tmp_path):
     assert r.returncode == 1
     assert r.stderr.decode().startswith(f"x4ctl: --json-schema {f}: keyword 'minLength' is not supported"), \
         r.stderr
+
+
+# ---- permission denied: the hint says who may connect, from the socket's owner, group and mode ----
+
+def as_nobody(sock, *args):
+    """x4ctl run as nobody (uid/gid 65534, no other group): the side of a user the socket is not
+    open to. Needs root (to change ids) and setpriv."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run x4ctl as another user")
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(X4CTL),
+                           "--socket", sock, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def open_dir():
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="x4perm", dir="/tmp")  # pytest's tmp_path is closed to others
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+def bound_socket(path, uid, gid, mode):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.listen(1)
+    os.chown(path, uid, gid)
+    os.chmod(path, mode)
+    return s
+
+
+def test_a_socket_only_its_owner_may_use_says_so(open_dir):
+    # what xing4d --listen makes as root under umask 022: root:root 0755 (it said "is for members
+    # of the group xing4: sudo usermod -aG xing4 ..." whatever the socket was)
+    path = os.path.join(open_dir, "s.sock")
+    s = bound_socket(path, 0, 0, 0o755)
+    r = as_nobody(path, "health")
+    s.close()
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == f"x4ctl: {path}: cannot connect: Permission denied", r.stderr
+    assert lines[1].startswith(f"x4ctl: hint: {path} is owned by root (group root), mode 0755: only root can "
+                               "connect. Run x4ctl as root, or open the socket to a group: "), r.stderr
+    assert "umask" in lines[1] and "xing4" not in lines[1].split("packaged")[0], r.stderr
+
+
+def test_a_group_socket_names_its_group(open_dir):
+    import grp
+    g = grp.getgrgid(1).gr_name  # "daemon" on Debian: any group but the caller's
+    path = os.path.join(open_dir, "s.sock")
+    s = bound_socket(path, 0, 1, 0o660)
+    r = as_nobody(path, "health")
+    s.close()
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines()[1] == (
+        f"x4ctl: hint: {path} (owner root, group {g}, mode 0660) is for members of the group {g}: "
+        f"sudo usermod -aG {g} nobody, then log in again (or run x4ctl as a member)"), r.stderr
+
+
+def test_a_closed_folder_is_named(open_dir):
+    inner = os.path.join(open_dir, "private")
+    os.mkdir(inner, 0o700)
+    path = os.path.join(inner, "s.sock")
+    s = bound_socket(path, 0, 0, 0o666)
+    r = as_nobody(path, "health")
+    s.close()
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines()[1].startswith(
+        f"x4ctl: hint: the folder {inner} (owner root, group root, mode 0700) is closed to nobody, so the "
+        f"socket {path} in it is out of reach: run x4ctl as root"), r.stderr
