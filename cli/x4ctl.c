@@ -3,11 +3,13 @@
  * it is also the reference for what the public API can do. */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <jansson.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -93,6 +95,87 @@ static int check_utf8(const char *what, const char *s, size_t len) {
                            "iconv -f latin1 -t utf-8)", what, (unsigned) (unsigned char) s[at], at);
 }
 
+/* May the caller (effective ids, supplementary groups) do `want` (S_IW or S_IX as a bit of the
+ * "other" triple: 2 or 1) to a file of this owner, group and mode? Root may unless nobody may
+ * search (x). */
+static bool may_access(const struct stat *st, unsigned want, uid_t uid, gid_t gid, const gid_t *groups,
+                       int n_groups) {
+        unsigned mode = (unsigned) st->st_mode;
+        if (uid == 0)
+                return want != 1 || (mode & 0111);
+        if (uid == st->st_uid)
+                return (mode >> 6) & want;
+        bool member = gid == st->st_gid;
+        for (int i = 0; !member && i < n_groups; i++)
+                member = groups[i] == st->st_gid;
+        return member ? (mode >> 3) & want : mode & want;
+}
+
+/* A user's or group's name, or "uid N" / "gid N" when it has none. */
+static const char *id_name(bool group, unsigned id, char *buf, size_t size) {
+        struct passwd *pw = group ? NULL : getpwuid((uid_t) id);
+        struct group *gr = group ? getgrgid((gid_t) id) : NULL;
+        const char *name = pw ? pw->pw_name : gr ? gr->gr_name : NULL;
+        if (name)
+                snprintf(buf, size, "%s", name);
+        else
+                snprintf(buf, size, "%s %u", group ? "gid" : "uid", id);
+        return buf;
+}
+
+/* Connecting to path was refused (EACCES): who may connect, from what stat() says of the socket
+ * and the folders above it, and how to become one of them. Connecting needs search (x) on every
+ * folder of the path and write on the socket. */
+static void permission_hint(const char *path) {
+        uid_t uid = geteuid();
+        gid_t gid = getegid(), groups[256];
+        int n_groups = getgroups(ELEMENTSOF(groups), groups);
+        char u[64], g[64], me[64];
+        struct stat st;
+
+        if (n_groups < 0)
+                n_groups = 0;
+        id_name(false, uid, me, sizeof me);
+        /* a folder on the way that the caller may not search */
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", path);
+        for (char *p = dir + 1; (p = strchr(p, '/')); p++) {
+                *p = 0;
+                bool closed = stat(dir, &st) == 0 && S_ISDIR(st.st_mode) &&
+                              !may_access(&st, 1, uid, gid, groups, n_groups);
+                if (closed) {
+                        fprintf(stderr, "x4ctl: hint: the folder %s (owner %s, group %s, mode %04o) is closed to "
+                                        "%s, so the socket %s in it is out of reach: run x4ctl as %s, or have "
+                                        "xing4d listen in a folder open to you (the packaged socket is %s)\n",
+                                dir, id_name(false, st.st_uid, u, sizeof u), id_name(true, st.st_gid, g, sizeof g),
+                                (unsigned) (st.st_mode & 07777), me, path, u, X4_DEFAULT_SOCKET);
+                        return;
+                }
+                *p = '/';
+        }
+        if (stat(path, &st) < 0 || may_access(&st, 2, uid, gid, groups, n_groups)) {
+                /* the permissions allow it: a security module (AppArmor, SELinux) said no */
+                fprintf(stderr, "x4ctl: hint: %s's permissions let %s connect, so something else refused it "
+                                "(a security module such as AppArmor or SELinux? see the system log)\n",
+                        path, me);
+                return;
+        }
+        id_name(false, st.st_uid, u, sizeof u);
+        id_name(true, st.st_gid, g, sizeof g);
+        if (st.st_mode & S_IWGRP)
+                fprintf(stderr, "x4ctl: hint: %s (owner %s, group %s, mode %04o) is for members of the group %s: "
+                                "sudo usermod -aG %s %s, then log in again (or run x4ctl as a member)\n",
+                        path, u, g, (unsigned) (st.st_mode & 07777), g, g, me);
+        else
+                /* xing4d --listen has no option for the socket's mode: it follows xing4d's umask */
+                fprintf(stderr, "x4ctl: hint: %s is owned by %s (group %s), mode %04o: only %s can connect. Run "
+                                "x4ctl as %s, or open the socket to a group: the packaged xing4d.socket makes it "
+                                "group xing4, mode 0660 (its SocketGroup=, SocketMode=); a socket of xing4d "
+                                "--listen takes xing4d's umask (e.g. umask 007 before starting it, or chgrp GROUP "
+                                "and chmod 0660 the socket once it listens)\n",
+                        path, u, g, (unsigned) (st.st_mode & 07777), u, u);
+}
+
 /* What to do about a connection that failed, after the library's own message. */
 static void connect_hint(int e, const char *msg) {
         const char *path = arg.socket ? arg.socket : getenv(X4_SOCKET_ENV);
@@ -108,8 +191,7 @@ static void connect_hint(int e, const char *msg) {
                 fprintf(stderr, "x4ctl: hint: %s %s: pass --socket PATH with the path xing4d listens on "
                                 "(its --listen; the packaged one is %s)\n", path, what, X4_DEFAULT_SOCKET);
         else if (strstr(msg, "Permission denied"))
-                fprintf(stderr, "x4ctl: hint: %s is for members of the group xing4: sudo usermod -aG xing4 $USER, "
-                                "then log in again (or run x4ctl as a member)\n", path);
+                permission_hint(path);
         else if (strstr(msg, "No such file") || strstr(msg, "Connection refused"))
                 fprintf(stderr, "x4ctl: hint: is xing4d running? Start it with: sudo systemctl start xing4d.socket "
                                 "(or pass --socket PATH / set $X4_SOCKET to where it listens)\n");
@@ -423,6 +505,7 @@ struct gen_opts {
         bool raw;
         bool show_think;
         bool json_schema; /* --json-schema: the answer must be complete to be valid */
+        const char *json_schema_path; /* its FILE, to name it in the daemon's errors */
         bool logprobs;    /* --logprobs N > 0 */
         int thinking; /* -1 default */
 };
@@ -516,18 +599,28 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                 uint64_t u64;
                 int32_t i;
                 switch (c) {
-#define FLOAT_OPT(ID, setter, name)                                                                \
+/* a float option in the daemon's range (proto/xing4.proto SamplingParams), checked here so a
+ * value out of it is a usage error naming the option, as for the other numbers */
+#define FLOAT_OPT(ID, setter, name, in_range, what)                                                \
         case ID:                                                                                   \
                 if ((r = parse_float(optarg, &f)) < 0)                                             \
                         return float_error("--" name, optarg, r);                                  \
+                if (!(in_range))                                                                   \
+                        return usage_error("--" name ": '%s' is not " what, optarg);               \
                 setter(o->req, f);                                                                 \
                 break;
-                        FLOAT_OPT(OPT_TEMPERATURE, x4_request_set_temperature, "temperature")
-                        FLOAT_OPT(OPT_TOP_P, x4_request_set_top_p, "top-p")
-                        FLOAT_OPT(OPT_MIN_P, x4_request_set_min_p, "min-p")
-                        FLOAT_OPT(OPT_REP, x4_request_set_repetition_penalty, "repetition-penalty")
-                        FLOAT_OPT(OPT_PRES, x4_request_set_presence_penalty, "presence-penalty")
-                        FLOAT_OPT(OPT_FREQ, x4_request_set_frequency_penalty, "frequency-penalty")
+                        FLOAT_OPT(OPT_TEMPERATURE, x4_request_set_temperature, "temperature",
+                                  f >= 0 && f <= 100, "a temperature from 0 (greedy) to 100")
+                        FLOAT_OPT(OPT_TOP_P, x4_request_set_top_p, "top-p", f > 0 && f <= 1,
+                                  "a probability above 0 and at most 1")
+                        FLOAT_OPT(OPT_MIN_P, x4_request_set_min_p, "min-p", f >= 0 && f < 1,
+                                  "a probability from 0 to below 1")
+                        FLOAT_OPT(OPT_REP, x4_request_set_repetition_penalty, "repetition-penalty",
+                                  f > 0 && f <= 10, "a factor above 0 and at most 10 (1: off)")
+                        FLOAT_OPT(OPT_PRES, x4_request_set_presence_penalty, "presence-penalty",
+                                  f >= -2 && f <= 2, "a penalty from -2 to 2")
+                        FLOAT_OPT(OPT_FREQ, x4_request_set_frequency_penalty, "frequency-penalty",
+                                  f >= -2 && f <= 2, "a penalty from -2 to 2")
 #undef FLOAT_OPT
 /* an integer option: parse_fn into var, then setter; what the value is, for the message */
 #define INT_OPT(ID, parse_fn, var, setter, name, what)                                             \
@@ -609,6 +702,7 @@ static int parse_gen_opts(int argc, char **argv, struct gen_opts *o) {
                         if (r)
                                 return r;
                         o->json_schema = true;
+                        o->json_schema_path = optarg;
                         break;
                 default:
                         return EXIT_USAGE;
@@ -628,6 +722,7 @@ struct gen_state {
         bool any_content;  /* an answer (content or a tool call) came */
         bool no_think;     /* --no-think: reasoning the model emits anyway is not a budget problem */
         bool json_schema;  /* --json-schema: an answer cut by the budget is not valid JSON */
+        const char *json_schema_path; /* --json-schema FILE */
         bool output_gone;  /* stdout is closed (x4ctl generate | head): the request is cancelled */
         char *reply;   /* chat: the assistant's content, for the history */
         size_t reply_len;
@@ -758,6 +853,81 @@ static void print_done(const struct x4_done *d) {
         printf("}\n");
 }
 
+/* The daemon names a field of the protocol in its errors ("sampling.temperature: -1 is out of
+ * range [0, 100]"), which API clients rely on; x4ctl's user set it with an option, so x4ctl says
+ * the option. Fields one option fills (an index into a list an option builds is said as the
+ * option's count: "--stop number 2", "--tokens: item 2"); others are left as they are. */
+static const struct {
+        const char *field, *option;
+} option_fields[] = {
+        { "sampling.temperature", "--temperature" },
+        { "sampling.top_p", "--top-p" },
+        { "sampling.top_k", "--top-k" },
+        { "sampling.min_p", "--min-p" },
+        { "sampling.seed", "--seed" },
+        { "sampling.repetition_penalty", "--repetition-penalty" },
+        { "sampling.presence_penalty", "--presence-penalty" },
+        { "sampling.frequency_penalty", "--frequency-penalty" },
+        { "max_tokens", "--max-tokens" },
+        { "logprobs", "--logprobs" },
+        { "thinking_budget", "--thinking-budget" },
+        { "stop", "--stop" },
+        { "stop_ids", "--stop-id" }, /* its message names the id: no index needed */
+        { "prompt.tokens", "--tokens" },
+};
+
+static bool field_is(const char *msg, size_t n, const char *field) {
+        return strlen(field) == n && strncmp(msg, field, n) == 0;
+}
+
+/* msg said with x4ctl's names for what the daemon names by field, malloc'ed; NULL when msg names
+ * no field x4ctl filled from its command line (or out of memory: msg is shown as it is then).
+ * schema_path: --json-schema's FILE (NULL: none sent); chat: the prompt is x4ctl chat's
+ * conversation. */
+static char *option_message(const char *msg, const char *schema_path, bool chat) {
+        size_t n = strspn(msg, "abcdefghijklmnopqrstuvwxyz_.");
+        const char *rest = msg + n;
+        unsigned long index = 0;
+        bool indexed = false;
+        char *out = NULL;
+
+        if (n == 0)
+                return NULL;
+        if (*rest == '[') { /* FIELD[N]: */
+                char *end;
+                errno = 0;
+                index = strtoul(rest + 1, &end, 10);
+                if (end == rest + 1 || *end != ']' || errno)
+                        return NULL;
+                indexed = true;
+                rest = end + 1;
+        }
+        if (*rest != ':')
+                return NULL;
+        rest++;
+        const char *option = NULL;
+        for (size_t i = 0; i < ELEMENTSOF(option_fields); i++)
+                if (field_is(msg, n, option_fields[i].field))
+                        option = option_fields[i].option;
+        if (option && indexed && streq_(option, "--tokens"))
+                return asprintf(&out, "--tokens: item %lu,%s", index + 1, rest) < 0 ? NULL : out;
+        if (option && indexed && streq_(option, "--stop"))
+                return asprintf(&out, "--stop number %lu:%s", index + 1, rest) < 0 ? NULL : out;
+        if (option)
+                return asprintf(&out, "%s:%s", option, rest) < 0 ? NULL : out;
+        if (indexed)
+                return NULL;
+        /* the prompt x4ctl built: its text, or the chat of --system and the prompt (x4ctl chat:
+         * the conversation so far) */
+        if (field_is(msg, n, "prompt") || field_is(msg, n, "prompt.text") || field_is(msg, n, "prompt.chat") ||
+            field_is(msg, n, "prompt.chat.messages"))
+                return asprintf(&out, "%s:%s", chat ? "the conversation" : "the prompt", rest) < 0 ? NULL
+                                                                                                : out;
+        if (schema_path && (field_is(msg, n, "constraint") || field_is(msg, n, "constraint.json_schema")))
+                return asprintf(&out, "--json-schema %s:%s", schema_path, rest) < 0 ? NULL : out;
+        return NULL;
+}
+
 /* How a submitted request ended (copied out of the done callback). */
 struct run_end {
         bool done;
@@ -839,13 +1009,18 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                 /* sent: the daemon answered this request with an Error; not sent: a request over
                  * the frame limit is refused here, any other failure is the connection's */
                 s->refused = sent ? !s->conn_lost : e == X4_E_TOO_LARGE;
+                /* the daemon's refusal of a field x4ctl filled from an option: said as the option */
+                _cleanup_free_ char *said = s->refused && sent ? option_message(x4_client_last_error(c),
+                                                                              s->json_schema_path, s->chat)
+                                                             : NULL;
+                const char *m = said ? said : x4_client_last_error(c);
                 if (s->json) {
                         printf("{\"type\":\"error\",\"code\":\"%s\",\"message\":", x4_strerror(e));
-                        const char *m = x4_client_last_error(c);
                         json_str(stdout, m, strlen(m));
                         printf("}\n");
                 }
-                return fail_client(c, e);
+                fprintf(stderr, "x4ctl: %s\n", m);
+                return exit_code_of(e);
         }
         if (s->json)
                 print_done(d);
@@ -923,7 +1098,7 @@ static int cmd_generate(int argc, char **argv) {
         if (r != 0)
                 goto out;
         struct gen_state s = { .show_think = o.show_think, .json = arg.json, .no_think = o.thinking == 0,
-                               .json_schema = o.json_schema };
+                               .json_schema = o.json_schema, .json_schema_path = o.json_schema_path };
         r = run_generate(c, o.req, &s);
         free(s.reply);
         if (r == EXIT_OK && o.logprobs && !arg.json) /* the text output has no place for them */
@@ -1161,10 +1336,20 @@ out:
 
 /* ---- stats / info / health / cancel / snapshot ---------------------------------------------- */
 
+/* The requests that ended with Done: the rest of requests_total (x4client.h says how they add
+ * up; 0 from a server older than 1.6, which counted only admitted requests in the total). */
+static uint64_t requests_completed(const struct x4_stats *s) {
+        uint64_t other = s->requests_failed + s->requests_cancelled + s->requests_refused +
+                         s->requests_in_flight;
+        return s->requests_total > other ? s->requests_total - other : 0;
+}
+
 static void print_stats_json(const struct x4_stats *s, const struct x4_request_state *q, size_t n) {
         printf("{\"uptime_ms\":%" PRIu64 ",\"connections\":%u,\"requests_running\":%u,"
-               "\"requests_waiting\":%u,\"requests_total\":%" PRIu64 ",\"requests_failed\":%" PRIu64
-               ",\"requests_cancelled\":%" PRIu64 ",\"prompt_tokens_total\":%" PRIu64
+               "\"requests_waiting\":%u,\"requests_total\":%" PRIu64 ",\"requests_completed\":%" PRIu64
+               ",\"requests_failed\":%" PRIu64 ",\"requests_cancelled\":%" PRIu64
+               ",\"requests_refused\":%" PRIu64 ",\"requests_queue_full\":%u"
+               ",\"requests_in_flight\":%u,\"prompt_tokens_total\":%" PRIu64
                ",\"completion_tokens_total\":%" PRIu64 ",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,"
                "\"cache_pages_total\":%u,\"cache_pages_used\":%u,\"cache_page_tokens\":%u,"
                "\"memory_used\":%" PRIu64 ",\"memory_total\":%" PRIu64 ",\"prefix_hits\":%" PRIu64
@@ -1173,7 +1358,8 @@ static void print_stats_json(const struct x4_stats *s, const struct x4_request_s
                ",\"batch_max\":%u,\"mtp_drafted_tokens\":%" PRIu64 ",\"mtp_accepted_tokens\":%" PRIu64
                ",\"requests\":[",
                s->uptime_ms, s->connections, s->requests_running, s->requests_waiting,
-               s->requests_total, s->requests_failed, s->requests_cancelled,
+               s->requests_total, requests_completed(s), s->requests_failed, s->requests_cancelled,
+               s->requests_refused, s->requests_queue_full, s->requests_in_flight,
                s->prompt_tokens_total, s->completion_tokens_total, s->prefill_tok_s,
                s->decode_tok_s, s->cache_pages_total, s->cache_pages_used, s->cache_page_tokens,
                s->memory_used, s->memory_total, s->prefix_hits, s->prefix_tokens_reused,
@@ -1197,10 +1383,13 @@ static void print_stats_table(const struct x4_stats *s, const struct x4_request_
         double mib = 1024.0 * 1024.0;
         printf("uptime          %.1f s\n", s->uptime_ms / 1000.0);
         printf("connections     %u\n", s->connections);
-        printf("requests        %u running, %u waiting, %" PRIu64 " total, %" PRIu64
-               " failed, %" PRIu64 " cancelled\n",
-               s->requests_running, s->requests_waiting, s->requests_total, s->requests_failed,
-               s->requests_cancelled);
+        printf("requests        %u running, %u waiting\n", s->requests_running, s->requests_waiting);
+        /* total = completed + failed + cancelled + refused + in flight (x4ctl(1) says what each
+         * counts) */
+        printf("received        %" PRIu64 ": %" PRIu64 " completed, %" PRIu64 " failed, %" PRIu64
+               " cancelled, %" PRIu64 " refused (%u queue full), %u in flight\n",
+               s->requests_total, requests_completed(s), s->requests_failed, s->requests_cancelled,
+               s->requests_refused, s->requests_queue_full, s->requests_in_flight);
         printf("tokens          %" PRIu64 " prompt, %" PRIu64 " completion\n",
                s->prompt_tokens_total, s->completion_tokens_total);
         printf("rates           %.1f tok/s prefill, %.1f tok/s decode\n", s->prefill_tok_s,
@@ -1407,7 +1596,12 @@ static int cmd_cancel(int argc, char **argv) {
         if (r != 0)
                 return r;
         int e = x4_client_cancel_server(c, id);
-        if (e < 0)
+        const char *m = e < 0 ? x4_client_last_error(c) : "";
+        const char *field = "Cancel.server_request_id: "; /* the protocol's name for ID */
+        if (e < 0 && strncmp(m, field, strlen(field)) == 0) {
+                fprintf(stderr, "x4ctl: cancel: %s\n", m + strlen(field));
+                r = exit_code_of(e);
+        } else if (e < 0)
                 r = fail_client(c, e);
         x4_client_free(c);
         return r;
@@ -1530,7 +1724,11 @@ static int cmd_snapshot(int argc, char **argv) {
                         struct x4_snapshot_info info;
                         e = x4_client_snapshot_create_flags(c, name, src, 0,
                                                             replace ? X4_SNAPSHOT_REPLACE : 0, &info);
-                        if (e < 0)
+                        _cleanup_free_ char *said = NULL;
+                        if (e < 0 && (said = option_message(x4_client_last_error(c), NULL, false))) {
+                                fprintf(stderr, "x4ctl: %s\n", said); /* the prompt, not prompt.text */
+                                r = exit_code_of(e);
+                        } else if (e < 0)
                                 r = fail_client(c, e);
                         else if (arg.json)
                                 printf("{\"name\":\"%s\",\"n_tokens\":%u,\"bytes\":%" PRIu64 "}\n",

@@ -15,7 +15,6 @@
 
 #include "common/log.h"
 
-#define JSON_DEPTH_MAX 256
 
 struct json_member {
         char *key;
@@ -694,9 +693,10 @@ static int parse_value(struct parser *p, unsigned depth, struct json_value **ret
         switch (c) {
         case '{':
         case '[':
-                if (depth >= JSON_DEPTH_MAX)
-                        return parse_error(p, p->pos, "nesting deeper than %d levels",
-                                           JSON_DEPTH_MAX);
+                if (depth >= JSON_DEPTH_MAX) { /* valid JSON perhaps, but more than we take */
+                        (void) parse_error(p, p->pos, "nesting deeper than %d levels", JSON_DEPTH_MAX);
+                        return -E2BIG;
+                }
                 return c == '{' ? parse_object(p, depth + 1, ret) : parse_array(p, depth + 1, ret);
         case '"': {
                 char *s;

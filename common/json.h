@@ -22,10 +22,13 @@ enum json_type {
 
 struct json_value;
 
+#define JSON_DEPTH_MAX 256
+
 /* Parse UTF-8 text (must be valid UTF-8; surrogate escapes paired). On error returns -EBADMSG
  * and writes "<what>: line L column C: <why>" into err (error_set(), common/log.h; what = name, e.g. the path; columns count characters,
- * both 1-based). Depth limited to 256. Strict RFC 8259: no NaN/Infinity literals, no trailing
- * commas, no comments; a leading UTF-8 BOM is skipped. Integers outside int64 and numbers with a
+ * both 1-based). Depth limited to JSON_DEPTH_MAX: deeper arrays and objects are refused with
+ * -E2BIG, same message (the text may be valid JSON; it is more than this parser takes).
+ * Strict RFC 8259: no NaN/Infinity literals, no trailing commas, no comments; a leading UTF-8 BOM is skipped. Integers outside int64 and numbers with a
  * fraction or exponent become JSON_DOUBLE (strtod in the C locale; overflow gives ±inf like
  * Python's float()). Duplicate keys: the last value wins at the first key's position.
  * json_parse_file says "<path>: cannot open: <strerror>" and returns -errno when it can't read. */

@@ -66,6 +66,31 @@ void sched_event_free(struct sched_event *e) {
         free(e);
 }
 
+/* A request's final event: how it ended, in the counters (with s->lock held). */
+static void count_end(struct sched *s, const struct sched_event *e) {
+        switch (e->kind) {
+        case SCHED_EVENT_DONE:
+                if (e->finish_reason == SCHED_FINISH_CANCELLED)
+                        s->n_cancelled++;
+                else
+                        s->n_completed++;
+                break;
+        case SCHED_EVENT_SNAPSHOT:
+                s->n_completed++;
+                break;
+        case SCHED_EVENT_ERROR:
+                if (e->cancelled)
+                        s->n_cancelled++;
+                else if (e->code == SCHED_ERR_INTERNAL)
+                        s->n_failed++;
+                else
+                        s->n_refused++;
+                break;
+        default:
+                break;
+        }
+}
+
 void eng_push_event(struct sched *s, struct sched_event *e, bool final) {
         uint64_t one = 1;
         pthread_mutex_lock(&s->lock);
@@ -78,6 +103,7 @@ void eng_push_event(struct sched *s, struct sched_event *e, bool final) {
                 for (size_t i = 0; i < s->n_live; i++)
                         if (s->live[i] == e->id) {
                                 s->live[i] = s->live[--s->n_live];
+                                count_end(s, e);
                                 break;
                         }
         pthread_mutex_unlock(&s->lock);
@@ -237,6 +263,23 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                         return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                                     "constraint.tool: a chat prompt with tools (prompt.chat.tools_json) "
                                     "expected");
+                /* a schema nested deeper than the JSON parser reads may well be valid JSON: say
+                 * it is too deep, not (as the grammar would) that it is not JSON */
+                if (r->constraint == SCHED_CONSTRAINT_JSON_SCHEMA && r->constraint_schema) {
+                        struct json_value *v = NULL;
+                        char why[256];
+                        int k = json_parse(r->constraint_schema, strlen(r->constraint_schema), "json_schema",
+                                           &v, why, sizeof why);
+                        json_free(v);
+                        const char *at = strstr(why, "line ");
+                        if (k == -E2BIG)
+                                return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                                "constraint.json_schema: too deeply nested for the daemon: its "
+                                                "arrays and objects nest more than %d levels deep (%.*s), %d at "
+                                                "most",
+                                                JSON_DEPTH_MAX, at ? (int) strcspn(at, ":") : 0, at ? at : "",
+                                                JSON_DEPTH_MAX);
+                }
                 /* compiled here for the error, again when the request is prepared */
                 struct grammar *g = NULL;
                 int k = grammar_compile_constraint_flags((enum grammar_kind) r->constraint, r->constraint_schema,
@@ -295,14 +338,27 @@ int eng_grow(void **p, size_t *cap, size_t need, size_t elem) {
         return 0;
 }
 
+void sched_count_unsubmitted(struct sched *s, int code) {
+        pthread_mutex_lock(&s->lock);
+        s->n_total++;
+        if (code == SCHED_ERR_INTERNAL)
+                s->n_failed++;
+        else
+                s->n_refused++;
+        pthread_mutex_unlock(&s->lock);
+}
+
 int sched_submit(struct sched *s, struct sched_request *r, uint64_t *ret_id) {
         struct job *j = calloc(1, sizeof *j);
         int ret = 0;
 
-        if (!j)
+        if (!j) {
+                sched_count_unsubmitted(s, SCHED_ERR_INTERNAL);
                 return -ENOMEM;
+        }
         j->snap_fd = j->snap_dfd = -1;
         pthread_mutex_lock(&s->lock);
+        s->n_total++;
         if (s->draining)
                 ret = -ESHUTDOWN;
         /* a count takes no slot: it is tokenized on the prep thread and answered */
@@ -323,6 +379,11 @@ int sched_submit(struct sched *s, struct sched_request *r, uint64_t *ret_id) {
                         s->in_head = j;
                 s->in_tail = j;
                 pthread_cond_signal(&s->wake);
+        } else if (ret == -ENOMEM)
+                s->n_failed++;
+        else {
+                s->n_refused++;
+                s->n_queue_full += ret == -EAGAIN;
         }
         pthread_mutex_unlock(&s->lock);
         if (ret < 0)
@@ -399,6 +460,14 @@ uint32_t sched_max_running(const struct sched *s) {
 void sched_get_stats(struct sched *s, struct sched_stats *ret) {
         pthread_mutex_lock(&s->lock);
         *ret = s->stats;
+        /* the request counters as of now (the rest is what the engine published last) */
+        ret->total = s->n_total;
+        ret->completed = s->n_completed;
+        ret->failed = s->n_failed;
+        ret->cancelled = s->n_cancelled;
+        ret->refused = s->n_refused;
+        ret->queue_full = s->n_queue_full;
+        ret->in_flight = (uint32_t) s->n_live;
         pthread_mutex_unlock(&s->lock);
 }
 

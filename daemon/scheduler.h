@@ -174,6 +174,7 @@ struct sched_event {
         /* ERROR */
         int code; /* enum sched_error */
         char *message;
+        bool cancelled; /* the request was cancelled (a snapshot create ends with an Error then) */
         /* SNAPSHOT */
         struct sched_snapshot_info snapshot;
         /* PROGRESS */
@@ -222,10 +223,20 @@ struct sched_params {
 #define SCHED_PREFILL_CHUNK_MIN 256u
 #define SCHED_PREFILL_CHUNK_MAX 4096u
 
-/* The numbers a StatsReply carries (engine side). */
+/* The numbers a StatsReply carries. */
 struct sched_stats {
         uint32_t running, waiting;
-        uint64_t total, failed, cancelled;
+        /* Requests (generations and snapshot creates), counted under one lock so that every
+         * snapshot of them adds up: total = completed + failed + cancelled + refused + in_flight.
+         * total: every request received, taken or not; completed: ended with Done (stop,
+         * length, tool calls; a count; a snapshot saved); cancelled: ended by a cancel or the
+         * shutdown, before or after it started; refused: answered with an Error that is not the
+         * daemon's fault (invalid, too large, not found, the queue full, draining), before or
+         * after it was queued; failed: ended with ERROR_INTERNAL (out of memory, a backend or
+         * disk error); queue_full: of the refused, those refused because the queue was full;
+         * in_flight: taken, not ended yet (waiting or running, or between the threads) */
+        uint64_t total, completed, failed, cancelled, refused, queue_full;
+        uint32_t in_flight;
         uint64_t prompt_tokens, completion_tokens;
         double prefill_tok_s, decode_tok_s;
         uint32_t pages_total, pages_used, page_tokens; /* used: by requests (not counting pages
@@ -270,8 +281,12 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
 
 /* Hand a validated request to the engine. On success the scheduler owns r (it may already be
  * freed when this returns: do not touch it) and *ret_id (may be NULL) is its server id. Returns
- * -EAGAIN (queue full) or -ESHUTDOWN (draining) without taking it. */
+ * -EAGAIN (queue full), -ESHUTDOWN (draining) or -ENOMEM without taking it. Either way the
+ * request is counted (sched_stats): taken, or refused / failed. */
 int sched_submit(struct sched *s, struct sched_request *r, uint64_t *ret_id);
+/* Count a request its caller answered with an Error before sched_submit (code an enum
+ * sched_error): in total, and in failed for SCHED_ERR_INTERNAL, else in refused. */
+void sched_count_unsubmitted(struct sched *s, int code);
 /* Cancel by server id: the request ends with DONE{CANCELLED} at the next step boundary.
  * -ENOENT if it is not waiting or running. */
 int sched_cancel(struct sched *s, uint64_t id);

@@ -162,13 +162,14 @@ static void send_reply(struct conn *c, uint64_t request_id, Xing4__Frame__BodyCa
         send_frame(c, &f);
 }
 
-_printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int code,
-                                       const char *fmt, ...) {
-        char raw[1024], msg[1024];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(raw, sizeof raw, fmt, ap);
-        va_end(ap);
+/* An Error frame for the client's request_id (0: about the connection), logged. In the log
+ * "request N" is always the server's id (the one x4ctl stats shows and x4ctl cancel takes); a
+ * client's own id is "client request N on connection C", so the two never read alike.
+ * server_id: the request's, once the scheduler took it (0: it never got one); how = "refused",
+ * "failed" or "cancelled", what became of it. */
+static void error_reply(struct conn *c, uint64_t client_id, uint64_t server_id, int code,
+                        const char *how, const char *raw) {
+        char msg[1024];
         /* messages quote what the client sent (names, roles, stop strings): escaped once here,
          * for the log (no forged lines) and the wire (Error.message must be valid UTF-8) */
         cescape(raw, strlen(raw), msg, sizeof msg);
@@ -177,9 +178,41 @@ _printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int c
         e.has_code = 1;
         e.code = (Xing4__ErrorCode) code;
         e.message = msg;
-        log_info("connection %u (pid %d): request %llu refused: %s", c->id, (int) c->pid,
-                 (unsigned long long) request_id, msg);
-        send_reply(c, request_id, XING4__FRAME__BODY_ERROR, &e);
+        if (server_id)
+                log_info("request %llu (client request %llu on connection %u, pid %d) %s: %s",
+                         (unsigned long long) server_id, (unsigned long long) client_id, c->id,
+                         (int) c->pid, how, msg);
+        else if (client_id)
+                log_info("client request %llu on connection %u (pid %d) %s: %s",
+                         (unsigned long long) client_id, c->id, (int) c->pid, how, msg);
+        else
+                log_info("connection %u (pid %d): error: %s", c->id, (int) c->pid, msg);
+        send_reply(c, client_id, XING4__FRAME__BODY_ERROR, &e);
+}
+
+_printf_(4, 5) static void send_error(struct conn *c, uint64_t request_id, int code,
+                                       const char *fmt, ...) {
+        char raw[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(raw, sizeof raw, fmt, ap);
+        va_end(ap);
+        error_reply(c, request_id, 0, code, "refused", raw);
+}
+
+/* The Error for a request (GenerateRequest, SnapshotRequest OP_CREATE) refused before it is
+ * handed to the scheduler, which counts it (refused; failed for ERROR_INTERNAL): every request
+ * received is in the stats. The protocol's ErrorCode values are enum sched_error's. */
+_printf_(4, 5) static void refuse(struct conn *c, uint64_t request_id, int code, const char *fmt,
+                                   ...) {
+        char raw[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(raw, sizeof raw, fmt, ap);
+        va_end(ap);
+        sched_count_unsubmitted(c->server->p.sched, code);
+        error_reply(c, request_id, 0, code,
+                    code == XING4__ERROR_CODE__ERROR_INTERNAL ? "failed" : "refused", raw);
 }
 
 /* An Error frame written straight to a socket that has no connection (refused at accept): it
@@ -453,23 +486,23 @@ static void handle_hello(struct conn *c, uint64_t id, const Xing4__Hello *h) {
         send_reply(c, id, XING4__FRAME__BODY_HELLO_REPLY, &hr);
 }
 
-/* Checks shared by everything that becomes a scheduler request. */
+/* Checks shared by everything that becomes a scheduler request (a refusal is counted). */
 static bool check_new_request(struct conn *c, uint64_t id, const char *what) {
         if (id == 0) {
-                send_error(c, 0, XING4__ERROR_CODE__ERROR_PROTOCOL,
-                           "%s: request_id 0 is reserved for connection frames, choose a nonzero id",
-                           what);
+                refuse(c, 0, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                       "%s: request_id 0 is reserved for connection frames, choose a nonzero id",
+                       what);
                 return false;
         }
         if (conn_find(c, id)) {
-                send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
-                           "%s: request_id %llu is already in flight on this connection", what,
-                           (unsigned long long) id);
+                refuse(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
+                       "%s: request_id %llu is already in flight on this connection", what,
+                       (unsigned long long) id);
                 return false;
         }
         if (c->server->draining) {
-                send_error(c, id, XING4__ERROR_CODE__ERROR_UNAVAILABLE,
-                           "the daemon is shutting down and accepts no new requests");
+                refuse(c, id, XING4__ERROR_CODE__ERROR_UNAVAILABLE,
+                       "the daemon is shutting down and accepts no new requests");
                 return false;
         }
         return true;
@@ -483,7 +516,7 @@ static void handle_generate(struct conn *c, uint64_t id, const Xing4__GenerateRe
         if (!check_new_request(c, id, "GenerateRequest"))
                 return;
         if (convert_generate(g, &r) < 0) {
-                send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+                refuse(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
                 return;
         }
         submit_request(c, id, r);
@@ -497,13 +530,13 @@ static void submit_request(struct conn *c, uint64_t id, struct sched_request *r)
 
         code = sched_validate(s->p.sched, r, err, sizeof err);
         if (code != 0) {
-                send_error(c, id, code, "%s", err);
+                refuse(c, id, code, "%s", err);
                 sched_request_free(r);
                 return;
         }
         struct sreq *q = calloc(1, sizeof *q);
         if (!q) {
-                send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+                refuse(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
                 sched_request_free(r);
                 return;
         }
@@ -513,7 +546,7 @@ static void submit_request(struct conn *c, uint64_t id, struct sched_request *r)
         memcpy(r->client, c->client, sizeof r->client);
         uint64_t server_id;
         ret = sched_submit(s->p.sched, r, &server_id);
-        if (ret < 0) {
+        if (ret < 0) { /* counted by sched_submit */
                 free(q);
                 sched_request_free(r);
                 if (ret == -ESHUTDOWN)
@@ -588,6 +621,12 @@ static void handle_stats(struct conn *c, uint64_t id) {
         r.requests_total = st.total;
         r.requests_failed = st.failed;
         r.requests_cancelled = st.cancelled;
+        r.has_requests_completed = r.has_requests_refused = r.has_requests_queue_full = 1;
+        r.has_requests_in_flight = 1;
+        r.requests_completed = st.completed;
+        r.requests_refused = st.refused;
+        r.requests_queue_full = st.queue_full;
+        r.requests_in_flight = st.in_flight;
         r.prompt_tokens_total = st.prompt_tokens;
         r.completion_tokens_total = st.completion_tokens;
         r.prefill_tok_s = st.prefill_tok_s;
@@ -748,7 +787,7 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                         return;
                 code = sched_snapshot_check_name(q->name, err, sizeof err);
                 if (code) {
-                        send_error(c, id, code, "%s", err);
+                        refuse(c, id, code, "%s", err);
                         return;
                 }
                 switch (q->source_case) {
@@ -764,10 +803,10 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                         /* a chat snapshot is the start of a later conversation: rendered without
                          * the generation prompt, which the request on it adds */
                         if (q->chat && q->chat->has_add_generation_prompt && q->chat->add_generation_prompt) {
-                                send_error(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
-                                           "SnapshotRequest.chat.add_generation_prompt: true, but a chat "
-                                           "snapshot is its conversation without the generation prompt (a "
-                                           "chat request on it adds its own); leave it unset");
+                                refuse(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
+                                       "SnapshotRequest.chat.add_generation_prompt: true, but a chat "
+                                       "snapshot is its conversation without the generation prompt (a "
+                                       "chat request on it adds its own); leave it unset");
                                 return;
                         }
                         g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_CHAT;
@@ -781,10 +820,10 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                                     c->finished[i].client_id == q->from_request)
                                         fin = &c->finished[i];
                         if (!fin) {
-                                send_error(c, id, XING4__ERROR_CODE__ERROR_NOT_FOUND,
-                                           "SnapshotRequest.from_request: request %llu is not one "
-                                           "of the last %d finished on this connection",
-                                           (unsigned long long) q->from_request, FINISHED_KEPT);
+                                refuse(c, id, XING4__ERROR_CODE__ERROR_NOT_FOUND,
+                                       "SnapshotRequest.from_request: request %llu is not one "
+                                       "of the last %d finished on this connection",
+                                       (unsigned long long) q->from_request, FINISHED_KEPT);
                                 return;
                         }
                         g.prompt_case = XING4__GENERATE_REQUEST__PROMPT_TOKENS;
@@ -794,14 +833,14 @@ static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRe
                         break;
                 }
                 default:
-                        send_error(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
-                                   "SnapshotRequest.source: none given, text, tokens or chat "
-                                   "expected");
+                        refuse(c, id, XING4__ERROR_CODE__ERROR_INVALID_ARGUMENT,
+                               "SnapshotRequest.source: none given, text, tokens or chat "
+                               "expected");
                         return;
                 }
                 if (convert_generate(&g, &r) < 0 || !(r->snapshot_create = strdup(q->name))) {
                         sched_request_free(r);
-                        send_error(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
+                        refuse(c, id, XING4__ERROR_CODE__ERROR_INTERNAL, "out of memory");
                         return;
                 }
                 r->snapshot_replace = q->has_replace && q->replace;
@@ -1251,7 +1290,11 @@ static void deliver(struct server *s, struct sched_event *e) {
                 } else if (e->kind == SCHED_EVENT_SNAPSHOT) {
                         send_snapshot_reply(c, q->client_id, &e->snapshot, 1);
                 } else {
-                        send_error(c, q->client_id, e->code, "%s", e->message ? e->message : "");
+                        const char *how = e->cancelled ? "cancelled"
+                                          : e->code == XING4__ERROR_CODE__ERROR_INTERNAL ? "failed"
+                                                                                         : "refused";
+                        error_reply(c, q->client_id, q->server_id, e->code, how,
+                                    e->message ? e->message : "");
                 }
                 if (!final && !c->paused &&
                     evbuffer_get_length(bufferevent_get_output(c->bev)) > s->p.output_high_water)

@@ -1414,6 +1414,9 @@ X4_API int x4_client_stats(x4_client *c, struct x4_stats *ret) {
         ret->batch_max = s->batch_max;
         ret->mtp_drafted_tokens = s->mtp_drafted_tokens;
         ret->mtp_accepted_tokens = s->mtp_accepted_tokens;
+        ret->requests_refused = s->requests_refused;
+        ret->requests_in_flight = s->requests_in_flight;
+        ret->requests_queue_full = (uint32_t) MIN(s->requests_queue_full, (uint64_t) UINT32_MAX);
         return 0;
 }
 

@@ -302,7 +302,16 @@ struct x4_stats {
         /* since 1.2, taken from reserved[]: MTP draft tokens verified, and accepted */
         uint64_t mtp_drafted_tokens;
         uint64_t mtp_accepted_tokens;
-        uint64_t reserved[2];
+        /* since 1.6, taken from reserved[] (0 from an older server): requests refused (an Error
+         * other than internal: invalid, too large, not found, the queue full, draining); those
+         * taken and not ended yet; of the refused, those the full queue refused (saturates at
+         * UINT32_MAX; the protocol's field is 64-bit). The request counters add up:
+         *   requests_total = completed + requests_failed + requests_cancelled + requests_refused
+         *                    + requests_in_flight,
+         * which gives the requests that ended with Done (completed); x4ctl stats shows it. */
+        uint64_t requests_refused;
+        uint32_t requests_in_flight;
+        uint32_t requests_queue_full;
 };
 
 struct x4_info {

@@ -50,6 +50,7 @@ struct job {
         struct sched_request *r;
         enum job_state state;
         bool prepared, cancel, paused;
+        bool end_cancelled; /* its Error (eng_fail_job) ends a cancelled request */
         bool count_only; /* prepared: the prompt was counted, it ends without admission */
         bool chunked;  /* a chunk went out (the first one carries the prompt's size) */
         int32_t *seq; /* prompt + output */
@@ -158,6 +159,9 @@ struct sched {
         size_t n_pauses, cap_pauses;
         uint64_t *live; /* ids submitted whose final event is not pushed yet */
         size_t n_live, cap_live;
+        /* requests received and how they ended (struct sched_stats says what each counts);
+         * counted with live, so they add up with n_live */
+        uint64_t n_total, n_completed, n_failed, n_cancelled, n_refused, n_queue_full;
         struct sched_event *ev_head, *ev_tail;
         uint64_t next_id;
         struct sched_stats stats;
@@ -168,7 +172,7 @@ struct sched {
         struct job *jobs; /* waiting and running, FIFO */
         float *logits;
         size_t logits_cap;
-        uint64_t total, failed, cancelled, prompt_total, completion_total;
+        uint64_t prompt_total, completion_total;
         double prefill_rate, decode_rate;
         uint64_t steps, steps_multi; /* forwards; those holding more than one request */
         uint32_t batch_max;          /* most requests in one forward */

@@ -63,15 +63,13 @@ void eng_fail_job(struct sched *s, struct job *j, int code, const char *fmt, ...
         vsnprintf(buf, sizeof buf, fmt, ap);
         va_end(ap);
         eng_unlink_job(s, j);
-        s->failed++;
-        if (!j->t_admit) /* refused before admission (a prompt over the context): counted, as failed */
-                s->total++;
         eng_job_release(s, j);
         if (e) {
                 e->kind = SCHED_EVENT_ERROR;
                 e->cookie = j->r->cookie;
                 e->id = j->r->id;
                 e->code = code;
+                e->cancelled = j->end_cancelled;
                 e->message = strdup(buf);
                 eng_push_event(s, e, true);
         } else
@@ -193,8 +191,6 @@ void eng_finish_job(struct sched *s, struct job *j, int reason, const char *stop
         if (reason == SCHED_FINISH_STOP && j->tool_call_seen)
                 reason = SCHED_FINISH_TOOL_CALLS;
         eng_unlink_job(s, j);
-        if (reason == SCHED_FINISH_CANCELLED)
-                s->cancelled++;
         s->completion_total += j->n_out;
         eng_job_release(s, j);
         e = calloc(1, sizeof *e);

@@ -65,8 +65,7 @@ static void take_inputs(struct sched *s) {
                 if (j->cancel && j->r->snapshot_create) {
                         /* a snapshot request ends with a SnapshotReply or an Error, never a
                          * bare Done: say nothing was saved */
-                        s->cancelled++;
-                        s->failed--; /* eng_fail_job counts it failed; it was cancelled */
+                        j->end_cancelled = true; /* counted as cancelled, not refused */
                         eng_fail_job(s, j, SCHED_ERR_UNAVAILABLE,
                                  "snapshot '%s': cancelled before it was saved (nothing written)",
                                  j->r->snapshot_create);
@@ -174,7 +173,6 @@ void eng_admit(struct sched *s) {
                 if (first) {
                         j->t_admit = now_ms();
                         s->prompt_total += j->n_prompt;
-                        s->total++;
                 } else
                         log_debug("request %llu resumed: %u tokens to recompute, %u from the store",
                                   (unsigned long long) j->r->id, fill - MIN(fill, j->n_cached),
@@ -681,9 +679,6 @@ static void step(struct sched *s) {
 
 void eng_publish_stats(struct sched *s) {
         struct sched_stats st = {
-                .total = s->total,
-                .failed = s->failed,
-                .cancelled = s->cancelled,
                 .prompt_tokens = s->prompt_total,
                 .completion_tokens = s->completion_total,
                 .prefill_tok_s = s->prefill_rate,

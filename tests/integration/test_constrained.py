@@ -252,12 +252,26 @@ def test_forced_tool_call_after_reasoning(demo):
         assert r["finish"] == 4, (rid, r["finish"])
 
 
+def deep_schema(levels):
+    s = {"type": "string"}
+    for _ in range(levels):  # two JSON levels each: the schema, its properties
+        s = {"type": "object", "properties": {"a": s}}
+    return s
+
+
+DEEP = deep_schema(130)
+
+
 @pytest.mark.parametrize("constraint,prompt_tools,want", [
     (json_schema({"type": "string", "minLength": 2}), None,
      "constraint.json_schema: keyword 'minLength' is not supported"),
     (json_schema({"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}), None,
      "constraint.json_schema: properties.n: keyword 'maximum' is supported only on an integer and only as loose as"),
     (json_schema("{\"type\": "), None, "constraint.json_schema: not valid JSON"),
+    # valid JSON, deeper than the daemon's parser goes: said as such, not "not valid JSON"
+    (json_schema(json.dumps(DEEP)), None,
+     "constraint.json_schema: too deeply nested for the daemon: its arrays and objects nest more "
+     "than 256 levels deep (line 1 column "),
     (json_schema({"type": "strng"}), None, "constraint.json_schema: type 'strng' is not one of"),
     (tool_choice("nope"), TOOLS,
      "constraint.tool: tool 'nope' is not among the request's tools (get_weather, search)"),

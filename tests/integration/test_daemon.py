@@ -132,12 +132,14 @@ def test_stop_id_ends_generation(daemon):
 
 # ---- bad input: each refused with a message naming the problem ------------------------------------
 
+# x4ctl says the option it filled a field from, not the protocol's name for the field
+# (sampling ranges are x4ctl's own usage errors: test_x4ctl_input.py)
 @pytest.mark.parametrize("args,message", [
-    (["--tokens", PROMPT, "--top-p", "1.5"], "sampling.top_p: 1.5 is out of range (0, 1]"),
-    (["--tokens", PROMPT, "--temperature", "-1"], "sampling.temperature: -1 is out of range [0, 100]"),
-    (["--tokens", "5,99999"], f"prompt.tokens[1]: id 99999 is out of range [0, {N_VOCAB})"),
-    (["--tokens", PROMPT, "--logprobs", "21"], "logprobs: 21, at most 20 supported"),
-    (["--tokens", PROMPT, "--stop-id", "600"], f"stop_ids[0]: id 600 is out of range [0, {N_VOCAB})"),
+    (["--tokens", "5,99999"], f"--tokens: item 2, id 99999 is out of range [0, {N_VOCAB})"),
+    (["--tokens", PROMPT, "--logprobs", "21"], "--logprobs: 21, at most 20 supported"),
+    (["--tokens", PROMPT, "--stop-id", "600"], f"--stop-id: id 600 is out of range [0, {N_VOCAB})"),
+    (["--tokens", PROMPT, "--stop", "a", "--stop", "b" * 300],
+     "--stop number 2: 300 bytes, 1..256 expected"),
     (["--tokens", PROMPT, "--snapshot", "no/such"],
      "snapshot name 'no/such': character 3 is not one of A-Z a-z 0-9 . _ -"),
 ])
@@ -155,6 +157,18 @@ def test_prompt_longer_than_the_context_is_too_large(daemon):
     assert r.returncode == 1
     assert r.stderr == ("x4ctl: prompt of 16384 tokens leaves no room for output in the context "
                         "limit of 16384 tokens\n")
+
+
+def test_the_protocol_names_fields_not_options(daemon):
+    # API clients (the bridge) rely on the field's name: only x4ctl says its options' names
+    c = w.Conn(daemon.sock)
+    c.hello()
+    c.send(w.frame(1, w.GENERATE, w.generate_tokens([5, 6, 7], temperature=-1.0)))
+    assert w.error_of(c.recv()) == ("INVALID_ARGUMENT", "sampling.temperature: -1 is out of range [0, 100]")
+    c.send(w.frame(2, w.GENERATE, w.generate_tokens([5, 99999])))
+    assert w.error_of(c.recv()) == ("INVALID_ARGUMENT",
+                                    f"prompt.tokens[1]: id 99999 is out of range [0, {N_VOCAB})")
+    c.close()
 
 
 def test_max_tokens_zero_is_refused_by_the_daemon(daemon):
@@ -183,7 +197,7 @@ def test_x4ctl_usage_and_connection_errors(daemon, tmp_path):
         r.stderr
     r = daemon.x4ctl("cancel", "999999")
     assert r.returncode == 5
-    assert r.stderr == "x4ctl: Cancel.server_request_id: request 999999 is not waiting or running\n"
+    assert r.stderr == "x4ctl: cancel: request 999999 is not waiting or running\n"
 
 
 def daemon_x4ctl():
@@ -235,7 +249,7 @@ def test_protocol_major_mismatch(daemon):
     c = w.Conn(daemon.sock)
     c.send(w.frame(0, w.HELLO, w.hello(major=2)))
     assert w.error_of(c.recv()) == ("VERSION_MISMATCH",
-                                    "Hello.proto_major: 2, this server speaks protocol 1.5")
+                                    "Hello.proto_major: 2, this server speaks protocol 1.6")
     assert c.closed_by_server()
 
 

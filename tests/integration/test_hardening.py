@@ -205,6 +205,16 @@ def test_a_text_prompt_that_cannot_fit_is_refused_before_tokenizing(fresh_daemon
     assert w.error_of(c.recv()) == (
         "TOO_LARGE", f"prompt.chat: {limit + 1} bytes cannot fit the context limit of 32 tokens "
                      f"(at most {limit} bytes)")
+    # x4ctl says what its user gave, the prompt (the field is the protocol's name for it)
+    for args in ((), ("--raw",)):
+        r = d.x4ctl("generate", *args, input="b" * (limit + 1))
+        assert r.returncode == 1, r.stderr
+        assert r.stderr == (f"x4ctl: the prompt: {limit + 1} bytes cannot fit the context limit of 32 "
+                            f"tokens (at most {limit} bytes)\n"), r.stderr
+    # x4ctl chat: the conversation so far, this line included
+    r = d.x4ctl("chat", input="b" * (limit + 1) + "\n")
+    assert r.returncode == 1, r.stderr
+    assert f"x4ctl: the conversation: {limit + 1} bytes cannot fit the context limit" in r.stderr, r.stderr
 
 
 def test_the_number_of_chat_messages_is_capped(fresh_daemon):

@@ -209,9 +209,10 @@ def test_refused_turns_in_a_script_go_on_and_fail_at_the_end(fake):
     lines = [json.loads(x) for x in p.stdout.splitlines()]
     ends = [x for x in lines if x["type"] in ("done", "error")]
     assert [x["type"] for x in ends] == ["done", "error", "error", "done"], lines
-    assert ends[1]["message"] == "sampling.top_k: scripted refusal"
+    # the field the daemon names (sampling.top_k) is said as the option that sets it
+    assert ends[1]["message"] == "--top-k: scripted refusal"
     assert ends[2]["message"] == "scripted failure after the first token"
-    assert "x4ctl: sampling.top_k: scripted refusal\n" in p.stderr, p.stderr
+    assert "x4ctl: --top-k: scripted refusal\n" in p.stderr, p.stderr
     assert p.stderr.count("x4ctl: the question is left out of the conversation; the chat goes on with the "
                           "next line and ends with exit status 1\n") == 2, p.stderr
     reqs = requests(fake)

@@ -28,6 +28,17 @@ def run(sock, *args, stdin=b"", **kw):
     (["generate", "--temperature", "1e40", "hi"], "--temperature: '1e40' is out of the range of a float"),
     (["generate", "--top-p", "nan", "hi"], "--top-p: 'nan' is not a finite number"),
     (["generate", "--top-k", "99999999999", "hi"], "--top-k: '99999999999' is not a count from 0 to 4294967295"),
+    # the daemon's ranges, said by x4ctl (it was the daemon's "sampling.temperature: ...", exit 1)
+    (["generate", "--temperature", "-1", "hi"], "--temperature: '-1' is not a temperature from 0 (greedy) to 100"),
+    (["generate", "--temperature", "101", "hi"], "--temperature: '101' is not a temperature from 0 (greedy) to 100"),
+    (["generate", "--top-p", "0", "hi"], "--top-p: '0' is not a probability above 0 and at most 1"),
+    (["generate", "--top-p", "1.5", "hi"], "--top-p: '1.5' is not a probability above 0 and at most 1"),
+    (["generate", "--min-p", "1", "hi"], "--min-p: '1' is not a probability from 0 to below 1"),
+    (["generate", "--repetition-penalty", "0", "hi"],
+     "--repetition-penalty: '0' is not a factor above 0 and at most 10 (1: off)"),
+    (["generate", "--presence-penalty", "2.5", "hi"], "--presence-penalty: '2.5' is not a penalty from -2 to 2"),
+    (["generate", "--frequency-penalty", "-3", "hi"], "--frequency-penalty: '-3' is not a penalty from -2 to 2"),
+    (["chat", "--temperature", "-1"], "--temperature: '-1' is not a temperature from 0 (greedy) to 100"),
     # the daemon refused it (exit 1); -1, its "no limit", is taken
     (["generate", "--thinking-budget", "-5", "hi"],
      "--thinking-budget: '-5' is not a token count from 0 to 2147483647, or -1 for no limit"),
@@ -156,3 +167,96 @@ def test_a_peer_that_is_not_xing4d(tmp_path, answer, said):
     assert r.stderr == (f"x4ctl: {path}: {said}\n"
                         f"x4ctl: hint: {path} is another program's socket, not xing4d's: pass --socket PATH with "
                         "the path xing4d listens on (its --listen; the packaged one is /run/xing4d/xing4d.sock)\n")
+
+
+def test_daemon_refusals_of_json_schema_name_the_file(daemon, tmp_path):
+    # the daemon names constraint.json_schema; x4ctl's user gave --json-schema FILE
+    import json
+    s = {"type": "string"}
+    for _ in range(130):  # valid JSON, 260 levels deep: more than the daemon's parser takes
+        s = {"type": "object", "properties": {"a": s}}
+    f = tmp_path / "deep.json"
+    f.write_text(json.dumps(s))
+    r = run(daemon.sock, "generate", "--json-schema", str(f), "hi")
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.decode()
+    assert err.startswith(f"x4ctl: --json-schema {f}: too deeply nested for the daemon: its arrays and "
+                          "objects nest more than 256 levels deep (line 1 column "), err
+    assert err.endswith("), 256 at most\n") and "not valid JSON" not in err, err
+    f.write_text(json.dumps({"type": "string", "minLength": 2}))
+    r = run(daemon.sock, "generate", "--json-schema", str(f), "hi")
+    assert r.returncode == 1
+    assert r.stderr.decode().startswith(f"x4ctl: --json-schema {f}: keyword 'minLength' is not supported"), \
+        r.stderr
+
+
+# ---- permission denied: the hint says who may connect, from the socket's owner, group and mode ----
+
+def as_nobody(sock, *args):
+    """x4ctl run as nobody (uid/gid 65534, no other group): the side of a user the socket is not
+    open to. Needs root (to change ids) and setpriv."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run x4ctl as another user")
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(X4CTL),
+                           "--socket", sock, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def open_dir():
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="x4perm", dir="/tmp")  # pytest's tmp_path is closed to others
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+def bound_socket(path, uid, gid, mode):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.listen(1)
+    os.chown(path, uid, gid)
+    os.chmod(path, mode)
+    return s
+
+
+def test_a_socket_only_its_owner_may_use_says_so(open_dir):
+    # what xing4d --listen makes as root under umask 022: root:root 0755 (it said "is for members
+    # of the group xing4: sudo usermod -aG xing4 ..." whatever the socket was)
+    path = os.path.join(open_dir, "s.sock")
+    s = bound_socket(path, 0, 0, 0o755)
+    r = as_nobody(path, "health")
+    s.close()
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == f"x4ctl: {path}: cannot connect: Permission denied", r.stderr
+    assert lines[1].startswith(f"x4ctl: hint: {path} is owned by root (group root), mode 0755: only root can "
+                               "connect. Run x4ctl as root, or open the socket to a group: "), r.stderr
+    assert "umask" in lines[1] and "xing4" not in lines[1].split("packaged")[0], r.stderr
+
+
+def test_a_group_socket_names_its_group(open_dir):
+    import grp
+    g = grp.getgrgid(1).gr_name  # "daemon" on Debian: any group but the caller's
+    path = os.path.join(open_dir, "s.sock")
+    s = bound_socket(path, 0, 1, 0o660)
+    r = as_nobody(path, "health")
+    s.close()
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines()[1] == (
+        f"x4ctl: hint: {path} (owner root, group {g}, mode 0660) is for members of the group {g}: "
+        f"sudo usermod -aG {g} nobody, then log in again (or run x4ctl as a member)"), r.stderr
+
+
+def test_a_closed_folder_is_named(open_dir):
+    inner = os.path.join(open_dir, "private")
+    os.mkdir(inner, 0o700)
+    path = os.path.join(inner, "s.sock")
+    s = bound_socket(path, 0, 0, 0o666)
+    r = as_nobody(path, "health")
+    s.close()
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines()[1].startswith(
+        f"x4ctl: hint: the folder {inner} (owner root, group root, mode 0700) is closed to nobody, so the "
+        f"socket {path} in it is out of reach: run x4ctl as root"), r.stderr

@@ -350,7 +350,8 @@ static void test_depth_limit(void **state) {
         assert_int_equal(json_type(v), JSON_ARRAY);
         struct json_value *w = NULL;
         log_set_max_level(LOG_CRIT);
-        assert_int_equal(json_parse(deep, strlen(deep), "deep", &w, NULL, 0), -EBADMSG);
+        /* told apart from a syntax error: the text may be valid, it is too deep for us */
+        assert_int_equal(json_parse(deep, strlen(deep), "deep", &w, NULL, 0), -E2BIG);
         assert_string_equal(log_last_error(), "deep: line 1 column 257: nesting deeper than 256 levels");
         log_set_max_level(LOG_INFO);
 }

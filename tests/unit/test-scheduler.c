@@ -392,6 +392,48 @@ static void test_stored_pages_give_way_to_admission(void **state) {
         assert_true(st.prefix_pages <= 4);
 }
 
+/* Every request is counted once in total and once in how it ended (refused, failed, cancelled,
+ * completed) or in flight: the sum holds in every snapshot, and a refusal for a full queue is
+ * counted (it was counted nowhere; requests_total counted only admitted requests). */
+static void expect_counts(struct sched *s, uint64_t total, uint64_t completed, uint64_t failed,
+                          uint64_t cancelled, uint64_t refused, uint64_t queue_full, uint32_t in_flight) {
+        struct sched_stats st;
+        sched_get_stats(s, &st);
+        assert_int_equal(st.total, st.completed + st.failed + st.cancelled + st.refused + st.in_flight);
+        assert_int_equal(st.total, total);
+        assert_int_equal(st.completed, completed);
+        assert_int_equal(st.failed, failed);
+        assert_int_equal(st.cancelled, cancelled);
+        assert_int_equal(st.refused, refused);
+        assert_int_equal(st.queue_full, queue_full);
+        assert_int_equal(st.in_flight, in_flight);
+}
+
+static void test_request_counts_add_up(void **state) {
+        struct env *e = *state; /* 4 running, 4 waiting */
+        struct outcome o[9];
+        uint64_t ids[8];
+
+        memset(o, 0, sizeof o);
+        for (int i = 0; i < 8; i++)
+                assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 200, &o[i]), &ids[i]), 0);
+        struct sched_request *full = tokens_request(prompt, 11, 200, &o[8]);
+        assert_int_equal(sched_submit(e->sched, full, NULL), -EAGAIN);
+        sched_request_free(full);
+        sched_count_unsubmitted(e->sched, SCHED_ERR_INVALID_ARGUMENT); /* refused by validation */
+        sched_count_unsubmitted(e->sched, SCHED_ERR_INTERNAL);         /* out of memory */
+        expect_counts(e->sched, 11, 0, 1, 0, 2, 1, 8);
+        for (int i = 0; i < 8; i++) /* running or still waiting: cancelled either way */
+                assert_int_equal(sched_cancel(e->sched, ids[i]), 0);
+        run_until_final(e->sched, o, 8);
+        expect_counts(e->sched, 11, 0, 1, 8, 2, 1, 0);
+        struct outcome one;
+        memset(&one, 0, sizeof one);
+        assert_int_equal(sched_submit(e->sched, tokens_request(prompt, 11, 2, &one), NULL), 0);
+        run_until_final(e->sched, &one, 1);
+        expect_counts(e->sched, 12, 1, 1, 8, 2, 1, 0);
+}
+
 static void test_drain_refuses_new_work(void **state) {
         struct env *e = *state;
         struct sched_request *r = tokens_request(prompt, 11, 4, NULL);
@@ -399,6 +441,7 @@ static void test_drain_refuses_new_work(void **state) {
         sched_drain(e->sched, false);
         assert_int_equal(sched_submit(e->sched, r, NULL), -ESHUTDOWN);
         sched_request_free(r);
+        expect_counts(e->sched, 1, 0, 0, 0, 1, 0, 0); /* counted, as refused */
 }
 
 int main(void) {
@@ -407,6 +450,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_cancel_frees_pages, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_page_budget, setup_small, teardown),
                 cmocka_unit_test_setup_teardown(test_validation_messages, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_request_counts_add_up, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_drain_refuses_new_work, setup, teardown),
                 cmocka_unit_test(test_default_prefill_chunk_follows_the_pass),
                 cmocka_unit_test_setup_teardown(test_prefix_reuse_gives_identical_tokens, setup,
