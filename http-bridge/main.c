@@ -17,6 +17,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 #include <fnmatch.h>
 #include <getopt.h>
 #include <limits.h>
@@ -137,6 +138,11 @@ static struct bridge {
         /* generation replies handed to evhttp but not yet written out: exiting earlier would cut
          * them */
         unsigned replies_unsent;
+        /* accept() failing (EMFILE...): the listener is off until accept_resume fires */
+        struct evconnlistener *listener;
+        struct event *accept_resume;
+        double accept_warned_ms;        /* the last warning about it (now_ms) */
+        unsigned accept_failures;       /* failures since that warning */
 } br = {
         .cfg = {
                 .listen = "127.0.0.1:8000",
@@ -1548,6 +1554,39 @@ __attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_requ
 
 /* ---- main ---------------------------------------------------------------------------------------- */
 
+/* accept() failed (EMFILE at the descriptor limit, ENFILE, ENOBUFS): the listening socket stays
+ * readable, so libevent would call accept() again at once, spinning the loop and logging each
+ * failure. As xing4d (daemon/server.c:accept_error_cb) and nginx do: stop accepting for a while
+ * (pending clients wait in the backlog; connections that close meanwhile free descriptors), and
+ * say so at most once a minute with the count of failures since. */
+#define ACCEPT_PAUSE_MS 500
+#define ACCEPT_WARN_MS 60000
+static void on_accept_error(struct evconnlistener *l, void *arg) {
+        int err = EVUTIL_SOCKET_ERROR();
+        (void) arg;
+        br.accept_failures++;
+        if (!br.accept_warned_ms || now_ms() - br.accept_warned_ms >= ACCEPT_WARN_MS) {
+                struct rlimit rl;
+                char limit[32] = "?";
+                if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+                        snprintf(limit, sizeof limit, "%llu", (unsigned long long) rl.rlim_cur);
+                log_warning("accept() failed: %s (descriptor limit %s, %u generations in flight, %u failures); "
+                            "not accepting connections for %d ms at a time until it succeeds", strerror(err),
+                            limit, br.n_jobs, br.accept_failures, ACCEPT_PAUSE_MS);
+                br.accept_warned_ms = now_ms();
+                br.accept_failures = 0;
+        }
+        struct timeval tv = { 0, ACCEPT_PAUSE_MS * 1000 };
+        if (br.accept_resume && evconnlistener_disable(l) == 0)
+                evtimer_add(br.accept_resume, &tv);
+}
+
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg) {
+        (void) fd, (void) what, (void) arg;
+        if (br.listener)
+                (void) evconnlistener_enable(br.listener);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
         if (br.draining || (br.n_jobs == 0 && br.replies_unsent == 0)) {
                 log_info("signal %d: stopping", (int) sig);
@@ -1742,6 +1781,10 @@ int main(int argc, char **argv) {
                           errno ? strerror(errno) : "the host does not resolve to a local address");
                 return 1;
         }
+        br.listener = evhttp_bound_socket_get_listener(bs);
+        br.accept_resume = evtimer_new(br.base, on_accept_resume, NULL);
+        if (br.listener)
+                evconnlistener_set_error_cb(br.listener, on_accept_error);
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         int bound_port = (int) port;
@@ -1768,6 +1811,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < br.n_backends; i++)
                 backend_drop(&br.backends[i]);
         evhttp_free(http);
+        if (br.accept_resume)
+                event_free(br.accept_resume);
         event_free(sigint);
         event_free(sigterm);
         event_free(sighup);
