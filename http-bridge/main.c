@@ -16,6 +16,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
 #include <fnmatch.h>
@@ -391,6 +392,21 @@ static struct backend *backend_pick(const char *key, size_t key_len) {
 
 /* ---- HTTP helpers -------------------------------------------------------------------------------- */
 
+/* The reply to a HEAD request: the GET's headers with the Content-Length its body would have, and
+ * no body (RFC 9110 9.3.2). libevent 2.1 sends the body of a HEAD reply without a Content-Length,
+ * which a keep-alive client reads as the start of its next response. */
+static void head_strip(struct evhttp_request *req) {
+        if (evhttp_request_get_command(req) != EVHTTP_REQ_HEAD)
+                return;
+        struct evbuffer *b = evhttp_request_get_output_buffer(req);
+        char v[24];
+        snprintf(v, sizeof v, "%zu", evbuffer_get_length(b));
+        struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+        evhttp_remove_header(out, "Content-Length");
+        evhttp_add_header(out, "Content-Length", v);
+        evbuffer_drain(b, evbuffer_get_length(b));
+}
+
 static void send_json(struct evhttp_request *req, int status, json_t *j, const char *endpoint) {
         char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
         json_decref(j);
@@ -406,6 +422,7 @@ static void send_json(struct evhttp_request *req, int status, json_t *j, const c
                 : status == 413 ? "Payload Too Large" : status == 415 ? "Unsupported Media Type"
                 : status == 429 ? "Too Many Requests" : status == 499 ? "Request Cancelled"
                 : status == 503 ? "Service Unavailable" : "Error";
+        head_strip(req);
         evhttp_send_reply(req, status, reason, NULL);
         metrics_count_request(endpoint, status);
 }
@@ -1309,6 +1326,7 @@ static void handle_metrics(struct evhttp_request *req) {
         }
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                           "text/plain; version=0.0.4; charset=utf-8");
+        head_strip(req);
         evhttp_send_reply(req, 200, "OK", NULL);
         metrics_count_request("metrics", 200);
 }
@@ -1434,6 +1452,21 @@ static void route(struct evhttp_request *req, void *arg) {
                 norm[n] = 0;
                 path = norm;
         }
+        /* RFC 9112 6.3: Content-Length headers that disagree make the message's length unknowable
+         * (libevent reads the first one): a request smuggled behind it must not be served */
+        const char *clen = NULL;
+        for (struct evkeyval *h = evhttp_request_get_input_headers(req)->tqh_first; h; h = h->next.tqe_next) {
+                if (strcasecmp(h->key, "Content-Length") != 0)
+                        continue;
+                if (clen && !streq(clen, h->value)) {
+                        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+                        api_fail(&e, 400, "invalid_request_error", "invalid_request", NULL,
+                                 "Content-Length headers disagree (\"%.20s\" and \"%.20s\"): send one", clen,
+                                 h->value);
+                        return send_error(req, &e, "other");
+                }
+                clen = h->value;
+        }
         if (cors(req, m))
                 return;
         /* HEAD is GET without the body (libevent leaves it out): load balancers and uptime checks
@@ -1546,6 +1579,12 @@ __attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_requ
         struct evkeyvalq *out = evhttp_request_get_output_headers(req);
         evhttp_add_header(out, "Connection", "close");
         evhttp_add_header(out, "Content-Type", "application/json");
+        /* a request line that did not parse leaves the version 0.0, which libevent would echo in the
+         * status line ("HTTP/0.0 400"): answer in the version this server speaks */
+        if (req->major != 1 || req->minor > 1) {
+                req->major = 1;
+                req->minor = 1;
+        }
         evhttp_send_reply(req, error, error == 413 ? "Payload Too Large" : reason ? reason : "Bad Request", b);
         if (b)
                 evbuffer_free(b);
