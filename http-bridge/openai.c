@@ -2,6 +2,7 @@
 /* OpenAI's JSON ⇄ libx4client. Requests are checked here with OpenAI's parameter names, so a bad
  * value is answered as `{"error":{"param":"top_p",...}}` the way the SDKs expect, before anything
  * reaches the daemon (which checks again, with its own field names). */
+#include <errno.h>
 #include <event2/buffer.h>
 #include <fnmatch.h>
 #include <math.h>
@@ -921,15 +922,90 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
         return 0;
 }
 
+/* The integer that ends at or before byte `pos` of body (where jansson stopped on "too big
+ * integer"): its start and length, when it is the value of the top-level object's "seed" (the one
+ * field that takes the whole uint64 range). */
+static bool big_seed_at(const char *body, size_t len, size_t pos, size_t *start, size_t *n) {
+        size_t end = pos < len ? pos : len, depth = 0;
+        while (end > 0 && !(body[end - 1] >= '0' && body[end - 1] <= '9'))
+                end--;
+        size_t b = end;
+        while (b > 0 && body[b - 1] >= '0' && body[b - 1] <= '9')
+                b--;
+        if (b == end)
+                return false;
+        /* the depth there: only a top-level key (strings skipped, escapes included) */
+        bool in_str = false;
+        for (size_t i = 0; i < b; i++) {
+                char c = body[i];
+                if (in_str) {
+                        if (c == '\\')
+                                i++;
+                        else if (c == '"')
+                                in_str = false;
+                } else if (c == '"')
+                        in_str = true;
+                else if (c == '{' || c == '[')
+                        depth++;
+                else if (c == '}' || c == ']')
+                        depth--;
+        }
+        size_t k = b;
+        while (k > 0 && body[k - 1] && strchr(" \t\r\n", body[k - 1]))
+                k--;
+        if (depth != 1 || k == 0 || body[k - 1] != ':')
+                return false;
+        k--;
+        while (k > 0 && body[k - 1] && strchr(" \t\r\n", body[k - 1]))
+                k--;
+        if (k < 6 || memcmp(body + k - 6, "\"seed\"", 6) != 0)
+                return false;
+        *start = b;
+        *n = end - b;
+        return true;
+}
+
 json_t *api_load_body(const char *body, size_t len, struct api_error *e) {
         json_error_t je;
         /* \u0000 is valid JSON; the text it sits in is mended where it goes to the model */
         json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je);
+        size_t start, n;
+        if (!root && strstr(je.text, "too big integer") && big_seed_at(body, len, (size_t) je.position, &start, &n)) {
+                /* a seed in [2^63, 2^64) (jansson's integers are signed 64-bit): parsed again with it
+                 * written as the int64 of the same bits, which the seed's cast gives back */
+                char digits[32];
+                unsigned long long v = 0;
+                if (n < sizeof digits) {
+                        memcpy(digits, body + start, n);
+                        digits[n] = 0;
+                        errno = 0;
+                        v = strtoull(digits, NULL, 10);
+                }
+                if (n >= sizeof digits || errno == ERANGE) {
+                        api_fail(e, 400, "invalid_request_error", "integer_out_of_range", "seed",
+                                 "seed: %.*s%s is out of range: an integer from -9223372036854775808 to "
+                                 "18446744073709551615 expected", (int) (n > 40 ? 40 : n), body + start,
+                                 n > 40 ? "..." : "");
+                        return NULL;
+                }
+                char wrapped[32];
+                int w = snprintf(wrapped, sizeof wrapped, "%lld", (long long) v);
+                struct sbuf b = { 0 };
+                if (sbuf_add(&b, body, start) < 0 || sbuf_add(&b, wrapped, (size_t) w) < 0 ||
+                    sbuf_add(&b, body + start + n, len - start - n) < 0) {
+                        free(b.s);
+                        OOM(e);
+                        return NULL;
+                }
+                root = json_loadb(b.s, b.len, JSON_ALLOW_NUL, &je);
+                free(b.s);
+        }
         if (!root) {
                 if (strstr(je.text, "too big integer")) /* valid JSON, past what a 64-bit field holds */
                         api_fail(e, 400, "invalid_request_error", "integer_out_of_range", NULL,
                                  "request body: the integer at line %d, column %d is out of range: integers "
-                                 "(a seed, max_tokens) must lie in [-2^63, 2^63)", je.line, je.column);
+                                 "(max_tokens, ...) must lie in [-2^63, 2^63), a seed in [-2^63, 2^64)",
+                                 je.line, je.column);
                 else
                         api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
                                  "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
