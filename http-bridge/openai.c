@@ -637,6 +637,13 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
         json_t *lb = json_object_get(root, "logit_bias");
         if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
                 return api_unsupported(e, "logit_bias", "biasing token logits");
+        /* web search is a tool OpenAI's servers run (refused by name in tools too); even {} turns it
+         * on, so only null passes */
+        json_t *ws = json_object_get(root, "web_search_options");
+        if (ws && !json_is_null(ws))
+                return api_unsupported(e, "web_search_options",
+                                       "web search (it runs on OpenAI's servers; offer a search function in "
+                                       "tools instead)");
         json_t *user = json_object_get(root, "user");
         if (user && !json_is_null(user) && !json_is_string(user))
                 return api_bad(e, "user", "a string expected, got %s", api_type_name(user));

@@ -48,6 +48,17 @@ def test_a_seed_past_uint64_names_its_range(fake_bridge):
     assert "18446744073709551615" in e["message"] and e["code"] == "integer_out_of_range", e
 
 
+@pytest.mark.parametrize("value", [{}, {"search_context_size": "low"}])
+def test_web_search_options_are_refused_by_name(fake_bridge, value):
+    """Web search runs on OpenAI's servers: refused like a web_search tool, not silently ignored
+    (even {} turns it on)."""
+    st, _, out = fake_bridge.post("/v1/chat/completions", chat(web_search_options=value))
+    e = assert_openai_error(st, out, 400, "web_search_options: web search", param="web_search_options")
+    assert e["code"] == "unsupported_parameter", e
+    st, _, out = fake_bridge.post("/v1/chat/completions", chat(web_search_options=None))
+    assert st == 200, out
+
+
 def test_a_big_seed_inside_something_else_stays_out_of_range(fake_bridge):
     body = b'{"model": "xing4", "messages": [{"role": "user", "content": "hi"}], "metadata": {"seed": ' \
         b'18446744073709551615}}'
