@@ -109,6 +109,7 @@ struct server {
         unsigned n_conns, next_conn_id;
         unsigned n_reqs; /* sreqs alive, orphans included */
         bool draining, exiting;
+        bool cancelling_all; /* the grace period is over: requests end cancelled by the shutdown */
         double t_start;
 };
 
@@ -1232,6 +1233,9 @@ static void deliver(struct server *s, struct sched_event *e) {
                         d.usage = &u;
                         d.timings = &t;
                         d.stop = e->stop;
+                        /* cut short by the shutdown, not by a Cancel: clients may retry elsewhere */
+                        d.has_server_shutdown = d.server_shutdown =
+                                s->cancelling_all && e->finish_reason == SCHED_FINISH_CANCELLED;
                         d.has_server_request_id = 1;
                         d.server_request_id = e->id;
                         send_reply(c, q->client_id, XING4__FRAME__BODY_DONE, &d);
@@ -1311,6 +1315,7 @@ static void grace_cb(evutil_socket_t fd, short what, void *userdata) {
         struct server *s = userdata;
         log_info("grace period of %.1f s over: cancelling %u running requests", s->p.grace_s,
                  s->n_reqs);
+        s->cancelling_all = true;
         sched_drain(s->p.sched, true);
 }
 
@@ -1327,6 +1332,7 @@ static void term_cb(evutil_socket_t sig, short what, void *userdata) {
 
         if (s->draining) {
                 /* a second signal: do not wait for the grace period */
+                s->cancelling_all = true;
                 sched_drain(s->p.sched, true);
                 return;
         }

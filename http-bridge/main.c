@@ -813,17 +813,30 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
         return r;
 }
 
-/* The error a failed or cancelled request answers with: the daemon's refusal, or for a cancel
- * (from elsewhere: DELETE /v1/requests/ID, x4ctl cancel, the daemon stopping) a 499, which SDKs
- * do not retry, saying the answer is incomplete. */
+/* A generation cut short by a shutdown (the daemon's grace period, or this bridge's drain window,
+ * ran out): 503 with Retry-After, which the SDKs retry, since the request itself was fine. */
+static void shutdown_error(struct api_error *e, const struct job *j, const char *who, uint32_t tokens) {
+        api_fail(e, 503, "server_error", "shutting_down", NULL,
+                 "request %s: the generation was cut short after %u tokens because %s is shutting down (its "
+                 "grace period for requests in flight ran out); the answer is incomplete: retry it", j->idstr,
+                 tokens, who);
+        e->retry_after = br.cfg.retry_after_s;
+}
+
+/* The error a failed or cancelled request answers with: the daemon's refusal; for a cancel by the
+ * daemon shutting down a 503 (shutdown_error); for a cancel from elsewhere (DELETE
+ * /v1/requests/ID, x4ctl cancel) a 499, which SDKs do not retry, saying the answer is incomplete.
+ * A daemon that does not tell the two cancels apart (Done.server_shutdown) gets the 499. */
 static void done_error(struct api_error *e, const struct job *j, const struct x4_done *d) {
         if (d->status != X4_OK)
                 api_error_from_x4(e, j->kind, d->status, d->error_message);
+        else if (d->server_shutdown)
+                shutdown_error(e, j, "the daemon", d->completion_tokens);
         else
                 api_fail(e, 499, j->kind == API_MESSAGES ? "api_error" : "server_error", "request_cancelled",
                          NULL,
                          "request %s: the generation was cancelled after %u tokens (by DELETE "
-                         "/v1/requests/ID, x4ctl cancel or the daemon stopping); the answer is incomplete",
+                         "/v1/requests/ID or x4ctl cancel); the answer is incomplete",
                          j->idstr, d->completion_tokens);
 }
 

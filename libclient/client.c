@@ -843,6 +843,7 @@ static int handle_frame(x4_client *c, Xing4__Frame *f) {
                 d.finish_reason = dn->has_finish_reason ? (int) dn->finish_reason : X4_FINISH_STOP;
                 d.stop = dn->stop;
                 d.server_request_id = dn->server_request_id;
+                d.server_shutdown = dn->has_server_shutdown && dn->server_shutdown;
                 if (dn->usage) {
                         d.prompt_tokens = dn->usage->prompt_tokens;
                         d.cached_tokens = dn->usage->cached_tokens;

@@ -203,7 +203,12 @@ struct x4_done {
         uint32_t reasoning_tokens;
         double queue_ms, prefill_ms, decode_ms, total_ms;
         uint64_t server_request_id; /* the id `x4ctl stats` shows and `x4ctl cancel` takes */
-        uint64_t reserved[8];
+        /* taken from reserved[] (same offsets before): finish_reason X4_FINISH_CANCELLED by the server shutting
+         * down (its grace period over), not by a Cancel: worth sending again elsewhere or later.
+         * Always false from servers that do not say (Done.server_shutdown). */
+        uint32_t server_shutdown;
+        uint32_t reserved_pad;
+        uint64_t reserved[7];
 };
 
 /* Return nonzero to cancel the request (a Cancel is sent; the request still ends with a done). */

@@ -13,6 +13,8 @@ What it answers depends on the request:
   - last message "say-nothing": no chunk, finish stop (the turn ended before any text)
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
   - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
+  - last message "cancelled-by-shutdown": the same with Done.server_shutdown (the daemon's grace
+    period ran out)
   - last message "slow": one chunk, then waits up to 5 s for a Cancel (Done{CANCELLED}) else ends
   - last message "silent": the same wait before any chunk (a long prefill)
   - last user message "error-after-start": one content chunk, then Error{INTERNAL}
@@ -128,9 +130,10 @@ def chunk(text, channel=CONTENT, tool=None, token=1):
     return body
 
 
-def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42, stop=None):
+def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42, stop=None, shutdown=False):
     usage = fv(1, prompt) + fv(2, cached) + fv(3, completion) + fv(4, reasoning)
-    return fv(1, finish) + fb(2, usage) + (fb(4, stop) if stop else b"") + fv(5, srid)
+    return (fv(1, finish) + fb(2, usage) + (fb(4, stop) if stop else b"") + fv(5, srid) +
+            (fv(6, 1) if shutdown else b""))
 
 
 def error(code, msg):
@@ -173,6 +176,8 @@ def script(req):
                 (DONE, done(FINISH_TOOL_CALLS))]
     if last["content"] == "cancelled-elsewhere":
         return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1))]
+    if last["content"] == "cancelled-by-shutdown":
+        return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1, shutdown=True))]
     if last["content"] == "silent":
         return [(WAIT_CANCEL, 5.0), (CHUNK, chunk("Late")), (DONE, done(FINISH_STOP, completion=1))]
     if last["content"] == "slow":

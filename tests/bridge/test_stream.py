@@ -399,22 +399,29 @@ def test_a_long_prefill_gets_headers_and_keep_alives(make_bridge, fake, tmp_path
     assert '"content":"Hello"' in rest
 
 
-def test_cancelled_non_streaming_request_is_an_error_not_finish_reason_cancelled(bridge, daemon):
-    # x4ctl cancel (or the daemon stopping) ends a request whose client still waits: the answer
-    # is incomplete, and OpenAI's finish_reason has no value for that ("cancelled" breaks typed
-    # clients), so it is a 499 error that SDKs do not retry
-    import subprocess
-    from conftest import X4CTL
+def post_running(bridge, daemon, max_tokens):
+    """A non-streamed chat request posted from a thread, once the daemon runs it: (thread, {"r":
+    the (status, headers, body) once it is answered})."""
     out = {}
 
     def call():
-        out["r"] = bridge.post("/v1/chat/completions", chat("go on", max_tokens=4000, ignore_eos=True))
+        out["r"] = bridge.post("/v1/chat/completions", chat("go on", max_tokens=max_tokens, ignore_eos=True))
     t = threading.Thread(target=call)
     t.start()
     deadline = time.monotonic() + 30
     while not daemon.stats()["requests"]:
         assert time.monotonic() < deadline, "the request never reached the daemon"
         time.sleep(0.02)
+    return t, out
+
+
+def test_cancelled_non_streaming_request_is_an_error_not_finish_reason_cancelled(bridge, daemon):
+    # x4ctl cancel (or the daemon stopping) ends a request whose client still waits: the answer
+    # is incomplete, and OpenAI's finish_reason has no value for that ("cancelled" breaks typed
+    # clients), so it is a 499 error that SDKs do not retry
+    import subprocess
+    from conftest import X4CTL
+    t, out = post_running(bridge, daemon, 4000)
     sid = daemon.stats()["requests"][0]["server_request_id"]
     r = subprocess.run([str(X4CTL), "--socket", daemon.sock, "cancel", str(sid)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -475,3 +482,44 @@ def test_a_tool_call_being_written_still_gets_headers_and_keep_alives(make_bridg
     c.close()
     assert r.status == 200 and headers_s < 0.9, headers_s
     assert data.count(": keep-alive\n\n") >= 1 and '"name":"get_weather"' in data, data
+
+
+def test_a_cancel_by_the_daemon_shutting_down_is_a_503_to_retry(fake_bridge):
+    """Done.server_shutdown (the daemon's grace period ran out): the request was fine, so it is a
+    503 with Retry-After, which the SDKs retry, not the 499 of a client's own cancel."""
+    st, hdrs, body = fake_bridge.post("/v1/chat/completions", chat("cancelled-by-shutdown"))
+    e = assert_openai_error(st, body, 503, "because the daemon is shutting down")
+    assert e["code"] == "shutting_down" and "retry" in e["message"], e
+    assert int(hdrs["retry-after"]) >= 1, hdrs
+    st, hdrs, body = fake_bridge.post("/v1/messages", {"model": "claude-x", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "cancelled-by-shutdown"}]}, headers={"anthropic-version": "2023-06-01"})
+    assert st == 503 and body["error"]["type"] == "overloaded_error", body
+    assert "retry-after" in hdrs
+    # streamed: the error event says the same
+    c = fake_bridge.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("cancelled-by-shutdown", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    assert '"code":"shutting_down"' in data and "[DONE]" not in data, data
+    # a cancel from elsewhere stays a 499
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("cancelled-elsewhere"))
+    assert st == 499 and body["error"]["code"] == "request_cancelled", body
+
+
+def test_daemon_grace_period_over_is_a_503(demo_model, make_bridge, tmp_path):
+    """The real daemon says which cancels are its shutdown's: SIGTERM with a 1 s grace period while
+    a non-streamed request runs gives its client a 503 to retry."""
+    import signal
+    from conftest import Daemon, DAEMON_CONF
+    d = Daemon(tmp_path, demo_model, conf=DAEMON_CONF + "grace = 1\n")
+    try:
+        t, out = post_running(make_bridge([d.sock]), d, 100000)
+        d.proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        st, hdrs, body = out["r"]
+        e = assert_openai_error(st, body, 503, "because the daemon is shutting down")
+        assert e["code"] == "shutting_down" and "retry-after" in hdrs, (e, hdrs)
+    finally:
+        d.close()
