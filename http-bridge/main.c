@@ -65,6 +65,7 @@ struct config {
         size_t store_entries, store_bytes;
         int store_retention_s;
         int sse_keepalive_s;            /* stream: a keep-alive comment this often until output */
+        int drain_timeout_s;            /* SIGTERM: the time generations in flight get to finish */
 };
 
 struct backend {
@@ -104,6 +105,7 @@ struct job {
         struct ev_stream ev;            /* messages, responses: the event stream's state */
         double t_start, t_last;
         bool got_first;
+        uint32_t tokens;                /* tokens generated so far */
         int64_t created;
         struct event *tick;             /* stream: headers, then keep-alives while nothing is sent */
         bool wrote;                     /* stream: bytes went out since the last tick */
@@ -117,7 +119,6 @@ struct job {
 };
 
 #define MAX_API_KEYS 64
-#define DRAIN_GRACE_S 30
 
 /* The bridge's state, all of it: one instance, read and written on the one libevent thread. */
 static struct bridge {
@@ -156,6 +157,7 @@ static struct bridge {
                 .store_bytes = 64u << 20,
                 .store_retention_s = 3600,
                 .sse_keepalive_s = 10,
+                .drain_timeout_s = 30,
         },
         .served_model = "xing4",
 };
@@ -204,7 +206,7 @@ static int config_set(const char *key, const char *value, const char *where) {
                 static const char *const numeric[] = { "max-body-bytes", "max-concurrent", "timeout",
                                                        "connect-timeout-ms", "retry-after", "response-store",
                                                        "response-store-bytes", "response-retention",
-                                                       "sse-keepalive" };
+                                                       "sse-keepalive", "drain-timeout" };
                 bool known = false;
                 for (size_t i = 0; i < ELEMENTSOF(numeric); i++)
                         known = known || streq(key, numeric[i]);
@@ -234,6 +236,8 @@ static int config_set(const char *key, const char *value, const char *where) {
                         br.cfg.store_retention_s = (int) v;
                 else if (streq(key, "sse-keepalive"))
                         br.cfg.sse_keepalive_s = (int) v;
+                else if (streq(key, "drain-timeout"))
+                        br.cfg.drain_timeout_s = (int) v;
                 else
                         return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
         }
@@ -702,6 +706,7 @@ static void stream_tool_call(struct job *j, const char *name, const char *args) 
 
 /* One chunk to the client: an SSE event, or gathered for the whole answer. Nonzero: cancel. */
 static int chunk_out(struct job *j, const struct x4_chunk *c) {
+        j->tokens += c->n_token_ids;
         if (c->n_token_ids > 0) {
                 double t = now_s();
                 if (!j->got_first) {
@@ -1639,6 +1644,33 @@ static void on_accept_resume(evutil_socket_t fd, short what, void *arg) {
                 (void) evconnlistener_enable(br.listener);
 }
 
+/* The drain window is over: the generations still in flight end with the error of a shutdown (an
+ * error event, then the end of the chunked body, for a stream; a 503 otherwise) rather than being
+ * cut mid-transfer, and are cancelled in the daemon; the loop ends once those answers are out. */
+static void on_drain_over(evutil_socket_t fd, short what, void *arg) {
+        struct job *next;
+        (void) fd, (void) what, (void) arg;
+        log_warning("shutdown: the drain window of %d s is over; ending %u generation%s in flight with a "
+                    "shutdown error", br.cfg.drain_timeout_s, br.n_jobs, br.n_jobs == 1 ? "" : "s");
+        for (struct job *j = br.jobs; j; j = next) {
+                next = j->next;
+                if (j->req) {
+                        struct api_error e;
+                        shutdown_error(&e, j, "xing4-http", j->tokens);
+                        log_info("%s: shutdown: answered with an error after %u tokens", j->idstr, j->tokens);
+                        job_answer_error(j, &e);
+                        job_release_http(j);
+                }
+                if (j->be->c)
+                        (void) x4_client_cancel(j->be->c, j->rid); /* may free j */
+        }
+        /* the answers are written out before maybe_exit_drained() ends the loop; a client that
+         * does not read them gets a few seconds */
+        struct timeval last = { 5, 0 };
+        event_base_loopexit(br.base, &last);
+        maybe_exit_drained();
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
         if (br.draining || (br.n_jobs == 0 && br.replies_unsent == 0)) {
                 log_info("signal %d: stopping", (int) sig);
@@ -1648,9 +1680,10 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
         /* let the generations in flight finish (a second signal stops at once) */
         br.draining = true;
         log_info("signal %d: draining %u request%s (at most %d s)", (int) sig, br.n_jobs, br.n_jobs == 1 ? "" : "s",
-                 DRAIN_GRACE_S);
-        struct timeval grace = { DRAIN_GRACE_S, 0 };
-        event_base_loopexit(br.base, &grace);
+                 br.cfg.drain_timeout_s);
+        struct timeval grace = { br.cfg.drain_timeout_s, 0 };
+        if (event_base_once(br.base, -1, EV_TIMEOUT, on_drain_over, NULL, &grace) < 0)
+                event_base_loopexit(br.base, &grace);
 }
 
 /* SIGHUP ("reload", or the terminal closed) would kill the bridge mid-stream by default; nothing is

@@ -523,3 +523,26 @@ def test_daemon_grace_period_over_is_a_503(demo_model, make_bridge, tmp_path):
         assert e["code"] == "shutting_down" and "retry-after" in hdrs, (e, hdrs)
     finally:
         d.close()
+
+
+def test_drain_window_over_ends_streams_with_a_shutdown_error(fake, make_bridge, tmp_path):
+    """SIGTERM, then the drain window (drain-timeout) runs out mid-stream: the stream gets an error
+    event saying so and a proper end of its chunked body (not a cut connection), and the log says
+    it was the shutdown, not the client going away."""
+    import signal
+    conf = tmp_path / "http.conf"
+    conf.write_text("[xing4-http]\ndrain-timeout = 1\n")
+    b = make_bridge([fake["socket"]], "--config", str(conf))
+    c = b.conn(timeout=20)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("slow", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200  # the stream is under way: its headers follow the first token
+    b.proc.send_signal(signal.SIGTERM)
+    data = r.read().decode()  # http.client raises IncompleteRead on a cut chunked body
+    c.close()
+    assert '"code":"shutting_down"' in data and "xing4-http is shutting down" in data, data
+    assert "[DONE]" not in data
+    assert b.proc.wait(timeout=15) == 0
+    log = "".join(b.log)
+    assert "drain window of 1 s is over" in log and "client went away" not in log, log
