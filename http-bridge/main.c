@@ -94,6 +94,7 @@ struct job {
         enum api_kind kind;
         bool stream, include_usage;
         unsigned top_logprobs;
+        bool logprobs;                  /* asked for */
         bool headers_sent, role_sent;
         bool submitting, done_early;
         struct x4_done early;           /* on_done that ran inside x4_client_submit() */
@@ -744,7 +745,7 @@ static int chunk_out(struct job *j, const struct x4_chunk *c) {
                 else if (c->text_len && c->channel != X4_CHANNEL_TOOL_CALL)
                         api_result_add_text(&j->res, c->channel == X4_CHANNEL_REASONING, c->text, c->text_len);
                 /* chat: logprobs.content covers the answer's tokens, as OpenAI's (reasoning and
-                 * tool-call tokens are not content) */
+                 * tool-call tokens are not content, nor are special ones: api_chunk_logprobs) */
                 if ((j->res.logprobs || c->n_logprobs) &&
                     (j->kind != API_CHAT || c->channel == X4_CHANNEL_CONTENT))
                         api_result_add_logprobs(&j->res, j->kind, c, j->top_logprobs);
@@ -757,8 +758,8 @@ static int chunk_out(struct job *j, const struct x4_chunk *c) {
                             evbuffer_get_length(bufferevent_get_output(bev)));
                 return 1;
         }
-        json_t *lp = j->kind == API_CHAT && c->channel != X4_CHANNEL_CONTENT ? NULL :
-                     api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res.text_offset);
+        json_t *lp = j->kind == API_CHAT && (c->channel != X4_CHANNEL_CONTENT || !j->logprobs) ? NULL :
+                     api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res);
         if (!c->text_len && !call && !lp)
                 return 0;
         stream_begin(j);
@@ -1141,6 +1142,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->stream = ar.stream;
         j->include_usage = ar.include_usage;
         j->top_logprobs = ar.top_logprobs;
+        j->logprobs = ar.logprobs;
         /* chat: logprobs asked for are a list, empty when no answer token came (all reasoning) */
         if (kind == API_CHAT && ar.logprobs && !j->res.logprobs)
                 j->res.logprobs = json_array();

@@ -1155,6 +1155,7 @@ void api_result_done(struct api_result *r) {
         }
         free(r->calls);
         json_decref(r->logprobs);
+        json_decref(r->lp_pending);
         memset(r, 0, sizeof *r);
 }
 
@@ -1268,34 +1269,87 @@ static json_t *completion_logprobs_new(void) {
                          "text_offset");
 }
 
+/* Whether the tokens of entries [from, end) join to exactly text. */
+static bool entries_spell(json_t *entries, size_t from, const char *text, size_t len) {
+        size_t at = 0;
+        for (size_t i = from; i < json_array_size(entries); i++) {
+                json_t *t = json_object_get(json_array_get(entries, i), "token");
+                size_t n = json_string_length(t);
+                if (at + n > len || memcmp(text + at, json_string_value(t), n) != 0)
+                        return false;
+                at += n;
+        }
+        return at == len;
+}
+
+#define LP_PENDING_MAX 64
+
+/* Chat: the entries of logprobs.content a content chunk adds (api_chunk_logprobs); NULL for
+ * none. */
+static json_t *chat_content_entries(struct api_result *r, const struct x4_chunk *c, unsigned top_n) {
+        if (c->channel != X4_CHANNEL_CONTENT || (c->n_logprobs == 0 && !c->text_len))
+                return NULL;
+        if (!r->lp_pending && !(r->lp_pending = json_array()))
+                return NULL;
+        json_t *entries = chat_logprob_entries(c, top_n);
+        json_array_extend(r->lp_pending, entries);
+        json_decref(entries);
+        size_t n = json_array_size(r->lp_pending);
+        if (!c->text_len) {
+                /* no text yet: a special token or text held back; bounded, oldest dropped */
+                while (json_array_size(r->lp_pending) > LP_PENDING_MAX)
+                        json_array_remove(r->lp_pending, 0);
+                return NULL;
+        }
+        /* the longest run of the latest tokens that spells the text (the earlier ones made no text:
+         * </think> and the like); none: all of them, as the daemon gave them */
+        size_t from = 0;
+        while (from < n && !entries_spell(r->lp_pending, from, c->text, c->text_len))
+                from++;
+        if (from == n)
+                from = 0;
+        json_t *out = json_array();
+        for (size_t i = from; i < n; i++)
+                json_array_append(out, json_array_get(r->lp_pending, i));
+        json_array_clear(r->lp_pending);
+        return out;
+}
+
 void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c,
                              unsigned top_n) {
         if (kind == API_COMPLETION && c->n_logprobs == 0)
                 r->text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
-        if (c->n_logprobs == 0)
-                return;
         if (kind == API_CHAT) {
+                json_t *entries = chat_content_entries(r, c, top_n);
                 if (!r->logprobs)
                         r->logprobs = json_array();
-                json_t *entries = chat_logprob_entries(c, top_n);
-                json_array_extend(r->logprobs, entries);
+                if (entries)
+                        json_array_extend(r->logprobs, entries);
                 json_decref(entries);
-        } else {
-                if (!r->logprobs)
-                        r->logprobs = completion_logprobs_new();
-                completion_logprobs_append(r->logprobs, c, top_n, &r->text_offset);
+                return;
         }
+        if (c->n_logprobs == 0)
+                return;
+        if (!r->logprobs)
+                r->logprobs = completion_logprobs_new();
+        completion_logprobs_append(r->logprobs, c, top_n, &r->text_offset);
 }
 
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, size_t *text_offset) {
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, struct api_result *r) {
         if (kind == API_COMPLETION && c->n_logprobs == 0)
-                *text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
+                r->text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
+        if (kind == API_CHAT) {
+                json_t *entries = chat_content_entries(r, c, top_n);
+                if (entries && json_array_size(entries) == 0) {
+                        json_decref(entries);
+                        entries = NULL;
+                }
+                return entries ? json_pack("{s:o}", "content", entries) : NULL;
+        }
         if (c->n_logprobs == 0)
                 return NULL;
-        if (kind == API_CHAT)
-                return json_pack("{s:o}", "content", chat_logprob_entries(c, top_n));
         json_t *o = completion_logprobs_new();
-        completion_logprobs_append(o, c, top_n, text_offset);
+        completion_logprobs_append(o, c, top_n, &r->text_offset);
         return o;
 }
 

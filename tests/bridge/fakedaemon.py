@@ -12,6 +12,10 @@ What it answers depends on the request:
   - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
   - last message "say-nothing": no chunk, finish stop (the turn ended before any text)
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
+  - last message "logprob-specials": chunks with logprobs: reasoning, </think> (no text), "Hel",
+    "lo", " wor" held back then " world" with "ld", <_end> (no text)
+  - chat with tools, last message "call-specials": </think>, the call get_weather, <_end>, with
+    logprobs
   - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
   - last message "cancelled-by-shutdown": the same with Done.server_shutdown (the daemon's grace
     period ran out)
@@ -123,8 +127,12 @@ def decode_generate(g):
     return out
 
 
-def chunk(text, channel=CONTENT, tool=None, token=1):
+def chunk(text, channel=CONTENT, tool=None, token=1, lp=None):
+    """lp: the token's text, for a logprob (-0.5) whose one alternative is the token itself."""
     body = fb(1, text) + fb(2, varint(token)) + fv(3, channel)
+    if lp is not None:
+        f = b"\x15" + struct.pack("<f", -0.5)
+        body += fb(4, fv(1, token) + f + fb(3, fv(1, token) + f + fb(3, lp)))
     if tool:
         body += fb(5, fb(1, tool[0]) + fb(2, tool[1]))
     return body
@@ -156,6 +164,10 @@ def script(req):
     if "apply_patch" in names and last["content"] == "patch-it":
         return [(CHUNK, chunk("", TOOL_CALL, ("apply_patch", json.dumps({"input": PATCH})), token=6)),
                 (DONE, done(FINISH_TOOL_CALLS))]
+    if req.get("tools") and last["content"] == "call-specials":
+        return [(CHUNK, chunk("", token=11, lp="</think>")),
+                (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6, lp="}")),
+                (CHUNK, chunk("", token=16, lp="<_end>")), (DONE, done(FINISH_TOOL_CALLS))]
     if req.get("tools") and last["content"] == "two-calls":
         return [(CHUNK, chunk("Two cities.", REASONING)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
@@ -174,6 +186,14 @@ def script(req):
                 (CHUNK, chunk("", TOOL_CALL, token=5)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
                 (DONE, done(FINISH_TOOL_CALLS))]
+    if last["content"] == "logprob-specials":
+        # each token with its logprob: </think> and <_end> make no text, " wor" is held back (a
+        # possible stop string) until "ld" comes
+        return [(CHUNK, chunk("Hmm", REASONING, token=10, lp="Hmm")),
+                (CHUNK, chunk("", token=11, lp="</think>")),
+                (CHUNK, chunk("Hel", token=12, lp="Hel")), (CHUNK, chunk("lo", token=13, lp="lo")),
+                (CHUNK, chunk("", token=14, lp=" wor")), (CHUNK, chunk(" world", token=15, lp="ld")),
+                (CHUNK, chunk("", token=16, lp="<_end>")), (DONE, done(FINISH_STOP, completion=7))]
     if last["content"] == "cancelled-elsewhere":
         return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1))]
     if last["content"] == "cancelled-by-shutdown":

@@ -546,3 +546,39 @@ def test_drain_window_over_ends_streams_with_a_shutdown_error(fake, make_bridge,
     assert b.proc.wait(timeout=15) == 0
     log = "".join(b.log)
     assert "drain window of 1 s is over" in log and "client went away" not in log, log
+
+
+def test_logprobs_cover_exactly_the_content(fake_bridge):
+    """As OpenAI's: the tokens of logprobs.content join to the content; special tokens (</think>,
+    <_end>) and reasoning tokens are left out, and a token whose text was held back comes with the
+    text it turned out to be."""
+    want = ["Hel", "lo", " wor", "ld"]
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("logprob-specials", logprobs=True, top_logprobs=1))
+    assert st == 200, body
+    m = body["choices"][0]
+    tokens = [e["token"] for e in m["logprobs"]["content"]]
+    assert tokens == want and "".join(tokens) == m["message"]["content"], (tokens, m)
+    c = fake_bridge.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("logprob-specials", logprobs=True, stream=True)),
+              headers={"Content-Type": "application/json"})
+    data = c.getresponse().read().decode()
+    c.close()
+    streamed, text = [], ""
+    for line in data.splitlines():
+        if line.startswith("data: {"):
+            ch = json.loads(line[6:])["choices"]
+            if ch:
+                text += ch[0]["delta"].get("content") or ""
+                streamed += [e["token"] for e in (ch[0].get("logprobs") or {}).get("content") or []]
+    assert streamed == want and text == "Hello world", (streamed, data)
+
+
+def test_a_forced_call_has_no_content_logprobs(fake_bridge):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(
+        "call-specials", tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        logprobs=True))
+    assert st == 200, body
+    m = body["choices"][0]
+    assert m["message"]["content"] is None and m["message"]["tool_calls"], m
+    assert m["logprobs"]["content"] == [], m["logprobs"]
