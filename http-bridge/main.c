@@ -41,8 +41,14 @@
 #define BRIDGE_VERSION "0.1.0"
 #define MAX_SOCKETS 16
 #define DEFAULT_CONFIG "/etc/xing4d/xing4-http.conf"
-/* unsent SSE bytes of one client before its generation is cancelled (~30k chunks of ~250 B) */
+/* unsent SSE bytes of one client before its generation is cancelled (~30k chunks of ~250 B): a
+ * daemon older than protocol 1.6 cannot pause it (STREAM_PAUSE_HIGH) */
 #define STREAM_BACKLOG_MAX (8u << 20)
+/* Back-pressure: a stream's generation is paused in the daemon (x4_client_pause) while more than
+ * STREAM_PAUSE_HIGH bytes wait for its client, and resumed once they drain to STREAM_PAUSE_LOW.
+ * The daemon connection is shared by every request, so it is not the socket that stops. */
+#define STREAM_PAUSE_HIGH (256u << 10)
+#define STREAM_PAUSE_LOW (64u << 10)
 
 /* ---- configuration ------------------------------------------------------------------------------- */
 
@@ -110,6 +116,9 @@ struct job {
         int64_t created;
         struct event *tick;             /* stream: headers, then keep-alives while nothing is sent */
         bool wrote;                     /* stream: bytes went out since the last tick */
+        bool paused;                    /* stream: paused in the daemon until its client reads */
+        struct evbuffer *drain_buf;     /* stream: the client's output, watched (on_client_drain) */
+        struct evbuffer_cb_entry *drain_cb;
         bool one_call, no_calls;        /* see struct api_request */
         bool cut;                       /* one_call: the first call ended the answer (on_chunk) */
         /* responses, truncation "auto": the body, parsed again with more of the conversation left
@@ -525,8 +534,17 @@ static void job_unwatch(struct job *j) {
         }
 }
 
+static void job_undrain(struct job *j) {
+        if (j->drain_cb) {
+                evbuffer_remove_cb_entry(j->drain_buf, j->drain_cb);
+                j->drain_cb = NULL;
+                j->drain_buf = NULL;
+        }
+}
+
 static void job_release_http(struct job *j) {
         job_unwatch(j);
+        job_undrain(j);
         if (j->conn)
                 evhttp_connection_set_closecb(j->conn, NULL, NULL);
         j->req = NULL;
@@ -536,6 +554,7 @@ static void job_release_http(struct job *j) {
 static void on_client_close(struct evhttp_connection *conn, void *arg) {
         struct job *j = arg;
         job_unwatch(j);
+        job_undrain(j);
         j->req = NULL;
         j->conn = NULL;
         br.replies_unsent--; /* its reply will never be sent */
@@ -787,6 +806,38 @@ static int chunk_out(struct job *j, const struct x4_chunk *c) {
         return 0;
 }
 
+/* The client's output drained: a paused generation goes on once it is down to STREAM_PAUSE_LOW. */
+static void on_client_drain(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg) {
+        struct job *j = arg;
+        if (!j->paused || info->n_deleted == 0 || evbuffer_get_length(buf) > STREAM_PAUSE_LOW)
+                return;
+        j->paused = false;
+        log_debug("%s: the client reads again, resuming its generation", j->idstr);
+        if (j->be->c)
+                (void) x4_client_pause(j->be->c, j->rid, false);
+}
+
+/* After a chunk of a stream went out: pause the generation while its client does not keep up, so
+ * neither the bridge nor the daemon buffers the rest of the answer. */
+static void stream_backpressure(struct job *j) {
+        if (!j->stream || j->paused || !j->conn || !j->be->c)
+                return;
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(j->conn);
+        struct evbuffer *out = bev ? bufferevent_get_output(bev) : NULL;
+        if (!out || evbuffer_get_length(out) <= STREAM_PAUSE_HIGH)
+                return;
+        if (!j->drain_cb) {
+                if (!(j->drain_cb = evbuffer_add_cb(out, on_client_drain, j)))
+                        return;
+                j->drain_buf = out;
+        }
+        if (x4_client_pause(j->be->c, j->rid, true) == 0) {
+                j->paused = true;
+                log_debug("%s: client is not keeping up (%zu bytes unsent), pausing its generation", j->idstr,
+                          evbuffer_get_length(out));
+        }
+}
+
 /* parallel_tool_calls false: the answer ends with its first complete call. The daemon has no
  * setting for it (a grammar for "one call, then the end of the turn" would have to know the
  * model's call syntax), so the bridge cancels the generation there: nothing the model writes after
@@ -812,6 +863,8 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 return chunk_out(j, &t);
         }
         int r = chunk_out(j, c);
+        if (r == 0 && j->req)
+                stream_backpressure(j);
         if (r == 0 && call && j->one_call && j->kind != API_COUNT_TOKENS) {
                 j->cut = true;
                 return 1;

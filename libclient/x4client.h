@@ -275,6 +275,12 @@ X4_API size_t x4_client_pending(const x4_client *c);
 /* Ask the server to stop a request of this client. It ends with finish_reason CANCELLED (or
  * normally, if it finished first). X4_E_NOT_FOUND if the id is not pending here. */
 X4_API int x4_client_cancel(x4_client *c, uint64_t request_id);
+/* Pause (paused true) or resume a request submitted on this client: the server makes no decode
+ * steps for it meanwhile (its cache pages are kept), as it does itself to every request of a client
+ * that does not read. For a client relaying the output to a slower reader of its own, without
+ * holding up its other requests. May be called from a callback. X4_E_UNIMPLEMENTED from a server
+ * older than protocol 1.6; X4_E_NOT_FOUND when the request is not in flight. */
+X4_API int x4_client_pause(x4_client *c, uint64_t request_id, bool paused);
 
 /* ---- server state --------------------------------------------------------------------------- */
 

@@ -16,6 +16,9 @@ What it answers depends on the request:
     "lo", " wor" held back then " world" with "ld", <_end> (no text)
   - chat with tools, last message "call-specials": </think>, the call get_weather, <_end>, with
     logprobs
+  - last user message "flood-N": N content chunks of 1000 characters ("0000xxx...", "0001xxx..."),
+    each sent only while the request is not paused by a Pause frame; each Pause is recorded as
+    {"pause": true|false}
   - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
   - last message "cancelled-by-shutdown": the same with Done.server_shutdown (the daemon's grace
     period ran out)
@@ -59,6 +62,9 @@ from x4wire import (CANCEL, CHUNK, DONE, ERROR, GENERATE, HEALTH, HEALTH_REPLY, 
                     HELLO, HELLO_REPLY, INFO, INFO_REPLY, STATS, STATS_REPLY, parse, varint)
 from x4wire import field_bytes as fb  # noqa: E402
 from x4wire import field_varint as fv  # noqa: E402
+
+
+PAUSE = 26  # Frame.pause (protocol minor 6)
 
 
 def s(m, k, default=""):
@@ -250,6 +256,42 @@ class Conn(threading.Thread):
                         return buf, True
         return buf, False
 
+    def note(self, what):
+        if self.record:
+            with open(self.record, "a") as out:
+                out.write(json.dumps(what) + "\n")
+
+    def flood(self, rid, buf, n):
+        """n chunks of 1000 characters, each sent only while the request is not paused (Pause
+        frames read between them; each recorded as {"pause": bool})."""
+        import select
+        paused = False
+        i = 0
+        while i < n:
+            while select.select([self.sock], [], [], 20.0 if paused else 0)[0]:
+                d = self.sock.recv(65536)
+                if not d:
+                    return buf
+                buf += d
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                    k = struct.unpack(">I", buf[:4])[0]
+                    f, buf = parse(buf[4:4 + k]), buf[4 + k:]
+                    if PAUSE in f:
+                        p = parse(f[PAUSE][0])
+                        paused = bool(p.get(1, [0])[0])
+                        self.note({"pause": paused})
+                    elif CANCEL in f:
+                        self.send(rid, DONE, done(FINISH_CANCELLED, completion=i))
+                        return buf
+                if not paused:
+                    break
+            if paused:
+                continue
+            self.send(rid, CHUNK, chunk("%04d" % i + "x" * 996, token=100 + i))
+            i += 1
+        self.send(rid, DONE, done(FINISH_STOP, completion=n))
+        return buf
+
     def run(self):
         buf = b""
         try:
@@ -263,7 +305,7 @@ class Conn(threading.Thread):
                 f, buf = parse(buf[4:4 + n]), buf[4 + n:]
                 rid = f.get(1, [0])[0]
                 if HELLO in f:
-                    self.send(0, HELLO_REPLY, fv(1, 1) + fv(2, 0) + fb(3, "xing4d 0.1.0 (fake)") +
+                    self.send(0, HELLO_REPLY, fv(1, 1) + fv(2, 6) + fb(3, "xing4d 0.1.0 (fake)") +
                               fb(4, MODEL) + fv(5, 16 << 20) + fb(6, "fake"))
                 elif INFO in f:
                     self.send(rid, INFO_REPLY, fb(1, "xing4d 0.1.0 (fake)") + fb(2, MODEL) + fb(3, "fake"))
@@ -288,6 +330,9 @@ class Conn(threading.Thread):
                         continue
                     if last == "hang-up":
                         return  # closes the connection (finally)
+                    if isinstance(last, str) and last.startswith("flood-"):
+                        buf = self.flood(rid, buf, int(last[6:]))
+                        continue
                     if last == "call-slow":
                         self.send(rid, CHUNK, chunk("", TOOL_CALL, token=5))
                         time.sleep(2.5)
