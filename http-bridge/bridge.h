@@ -87,6 +87,7 @@ struct api_request {
         /* responses: */
         json_t *conv;             /* the conversation so far (protocol-shaped messages) to store */
         json_t *echo;             /* the request's settings echoed in the response object */
+        json_t *input;            /* the request's input, as sent (GET /v1/responses/ID/input_items) */
         bool store;
         bool truncate;            /* truncation "auto": a prompt over the context loses old units */
         unsigned reasoning_out;   /* RS_SUMMARY | RS_ENCRYPTED: what the reasoning items carry */
@@ -289,9 +290,13 @@ void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s);
 /* The conversation stored under id by the same API key (borrowed), or NULL. */
 json_t *rs_store_get(const char *id, int key);
 /* Stores conv + the answer under id for key; steals nothing. */
-/* response: the answered response object, kept for GET /v1/responses/ID (the store takes it) */
-void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response);
+/* response: the answered response object, kept for GET /v1/responses/ID (the store takes it);
+ * input: the request's input as sent (a string or an array of items; borrowed) */
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response,
+                  json_t *input);
 json_t *rs_store_response(const char *id, int key);
+/* The input items of a stored response, OpenAI's items with ids (borrowed), or NULL. */
+json_t *rs_store_input(const char *id, int key);
 bool rs_store_delete(const char *id, int key);
 void rs_store_clear(void);
 

@@ -108,6 +108,7 @@ struct job {
         size_t n_calls;
         char model[128];                /* the model name answered */
         json_t *echo, *conv;            /* responses: the request's settings, its conversation */
+        json_t *input;                  /* responses: its input as sent (stored for input_items) */
         bool store;
         struct ev_stream ev;            /* messages, responses: the event stream's state */
         double t_start, t_last;
@@ -522,6 +523,7 @@ static void job_free(struct job *j) {
         api_result_done(&j->res);
         json_decref(j->echo);
         json_decref(j->conv);
+        json_decref(j->input);
         ev_stream_done(&j->ev);
         free(j);
 }
@@ -938,7 +940,7 @@ static void ev_answer(struct job *j, const struct x4_done *d) {
         if (j->kind == API_RESPONSES && j->store && d->finish_reason != X4_FINISH_CANCELLED)
                 rs_store_put(j->idstr, j->key, j->conv, &j->res,
                              rs_response_json(j->idstr, j->created, j->model, j->echo, j->ev.reasoning_out, &j->res,
-                                              d));
+                                              d), j->input);
         if (!j->stream) {
                 json_t *r = j->kind == API_MESSAGES ? am_response_json(j->idstr, j->model, &j->res, d)
                         : rs_response_json(j->idstr, j->created, j->model, j->echo, j->ev.reasoning_out, &j->res,
@@ -1204,6 +1206,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         snprintf(j->model, sizeof j->model, "%s", ar.model ? ar.model : br.served_model);
         j->echo = TAKE_PTR(ar.echo);
         j->conv = TAKE_PTR(ar.conv);
+        j->input = TAKE_PTR(ar.input);
         j->store = ar.store;
         ev_stream_init(&j->ev, kind, j->idstr, j->model, j->created, j->echo, &j->res);
         j->ev.reasoning_out = ar.reasoning_out;
@@ -1314,6 +1317,63 @@ static void handle_stored_response(struct evhttp_request *req, enum evhttp_cmd_t
                  "response %s: not found (not stored: store false, expired after --response-retention, "
                  "deleted, or made with another API key)", id);
         send_error(req, &e, "response");
+}
+
+/* GET /v1/responses/ID/input_items: the stored response's input items (as sent, with ids), a list
+ * page as OpenAI's: ?order=desc (the default, newest first) or asc, ?limit=1..100 (20), ?after=ITEM
+ * (the items past that one). */
+static void handle_input_items(struct evhttp_request *req, const char *id, int key) {
+        struct api_error e;
+        json_t *items = rs_store_input(id, key);
+        if (!items) {
+                api_fail(&e, 404, "invalid_request_error", "not_found", NULL,
+                         "response %s: not found (not stored: store false, expired after --response-retention, "
+                         "deleted, or made with another API key)", id);
+                return send_error(req, &e, "response");
+        }
+        struct evkeyvalq q = { 0 }; /* empty; evhttp_parse_query_str() sets it up */
+        const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
+        if (query && evhttp_parse_query_str(query, &q) < 0) {
+                api_fail(&e, 400, "invalid_request_error", "invalid_value", NULL, "the query string does not parse");
+                return send_error(req, &e, "response");
+        }
+        const char *order = evhttp_find_header(&q, "order"), *limit_s = evhttp_find_header(&q, "limit");
+        const char *after = evhttp_find_header(&q, "after");
+        char *end = NULL;
+        long limit = limit_s ? strtol(limit_s, &end, 10) : 20;
+        if (order && !streq(order, "asc") && !streq(order, "desc"))
+                api_fail(&e, 400, "invalid_request_error", "invalid_value", "order",
+                         "order: \"asc\" or \"desc\" expected, got \"%.40s\"", order);
+        else if (limit_s && (!*limit_s || *end || limit < 1 || limit > 100))
+                api_fail(&e, 400, "invalid_request_error", "invalid_value", "limit",
+                         "limit: an integer from 1 to 100 expected, got \"%.40s\"", limit_s);
+        else
+                e.status = 0;
+        if (e.status) {
+                evhttp_clear_headers(&q);
+                return send_error(req, &e, "response");
+        }
+        bool asc = order && streq(order, "asc");
+        size_t n = json_array_size(items), start = 0;
+        json_t *data = json_array();
+        /* position k of the page order is item asc ? k : n - 1 - k */
+        for (size_t k = 0; after && k < n; k++) {
+                const char *iid = json_string_value(json_object_get(json_array_get(items, asc ? k : n - 1 - k), "id"));
+                if (iid && streq(iid, after)) {
+                        start = k + 1;
+                        break;
+                }
+        }
+        for (size_t k = start; k < n && json_array_size(data) < (size_t) limit; k++)
+                json_array_append(data, json_array_get(items, asc ? k : n - 1 - k));
+        size_t got = json_array_size(data);
+        json_t *first = got ? json_object_get(json_array_get(data, 0), "id") : NULL;
+        json_t *last = got ? json_object_get(json_array_get(data, got - 1), "id") : NULL;
+        evhttp_clear_headers(&q);
+        send_json(req, 200,
+                  json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", data, "first_id", first, "last_id",
+                            last, "has_more", start + got < n),
+                  "response");
 }
 
 static void handle_models(struct evhttp_request *req) {
@@ -1583,6 +1643,9 @@ static void route(struct evhttp_request *req, void *arg) {
                 endpoint = "cancel", want = EVHTTP_REQ_DELETE;
         else if (strncmp(path, "/v1/responses/", 14) == 0 && path[14] && !strchr(path + 14, '/'))
                 endpoint = "response", want = m == EVHTTP_REQ_DELETE ? EVHTTP_REQ_DELETE : EVHTTP_REQ_GET;
+        else if (strncmp(path, "/v1/responses/", 14) == 0 && path[14] != '/' && strchr(path + 14, '/') &&
+                 streq(strchr(path + 14, '/'), "/input_items"))
+                endpoint = "input_items", want = EVHTTP_REQ_GET;
         if (!endpoint) {
                 api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %s",
                          m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE"
@@ -1616,6 +1679,11 @@ static void route(struct evhttp_request *req, void *arg) {
                 return handle_cancel(req, path + 13, key);
         if (streq(endpoint, "response"))
                 return handle_stored_response(req, m, path + 14, key);
+        if (streq(endpoint, "input_items")) {
+                char id[128];
+                snprintf(id, sizeof id, "%.*s", (int) (strchr(path + 14, '/') - (path + 14)), path + 14);
+                return handle_input_items(req, id, key);
+        }
         handle_generate(req, kind, key, endpoint);
 }
 

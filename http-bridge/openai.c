@@ -195,10 +195,11 @@ void api_request_done(struct api_request *r) {
         free(r->model);
         json_decref(r->conv);
         json_decref(r->echo);
+        json_decref(r->input);
         r->req = NULL;
         r->affinity_key = NULL;
         r->model = NULL;
-        r->conv = r->echo = NULL;
+        r->conv = r->echo = r->input = NULL;
 }
 
 int api_bad(struct api_error *e, const char *param, const char *fmt, ...) {
