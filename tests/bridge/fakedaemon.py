@@ -64,7 +64,7 @@ from x4wire import field_bytes as fb  # noqa: E402
 from x4wire import field_varint as fv  # noqa: E402
 
 
-PAUSE = 26  # Frame.pause (protocol minor 6)
+from x4wire import PAUSE  # noqa: E402
 
 
 def s(m, k, default=""):
