@@ -1602,7 +1602,7 @@ static void route(struct evhttp_request *req, void *arg) {
         }
         if (cors(req, m))
                 return;
-        /* HEAD is GET without the body (libevent leaves it out): load balancers and uptime checks
+        /* HEAD is GET without the body (head_strip leaves it out): load balancers and uptime checks
          * probe with it, and RFC 9110 asks every GET resource to answer it */
         if (streq(path, "/health") || streq(path, "/ready") || streq(path, "/metrics")) {
                 if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
