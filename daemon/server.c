@@ -47,6 +47,7 @@ struct sreq {
         struct conn *conn;
         uint64_t client_id;
         uint64_t server_id;
+        bool client_paused; /* paused by its client (Pause), whatever the connection's output */
 };
 
 /* A finished request's token sequence, kept for SnapshotRequest.from_request. */
@@ -109,6 +110,7 @@ struct server {
         unsigned n_conns, next_conn_id;
         unsigned n_reqs; /* sreqs alive, orphans included */
         bool draining, exiting;
+        bool cancelling_all; /* the grace period is over: requests end cancelled by the shutdown */
         double t_start;
 };
 
@@ -748,6 +750,19 @@ static void send_snapshot_reply(struct conn *c, uint64_t id, const struct sched_
         free(ptrs);
 }
 
+/* Pause: the client's own back-pressure on one request (proto/xing4.proto). */
+static void handle_pause(struct conn *c, uint64_t id, const Xing4__Pause *p) {
+        struct sreq *q = conn_find(c, id);
+        bool paused = p->has_paused && p->paused;
+        if (!q || q->client_paused == paused)
+                return; /* finished meanwhile, or nothing changes */
+        q->client_paused = paused;
+        if (!c->paused)
+                (void) sched_pause(c->server->p.sched, q->server_id, paused);
+        log_debug("connection %u: request %llu %s by its client", c->id, (unsigned long long) q->server_id,
+                  paused ? "paused" : "resumed");
+}
+
 static void handle_snapshot(struct conn *c, uint64_t id, const Xing4__SnapshotRequest *q) {
         struct server *s = c->server;
         char err[1024];
@@ -871,6 +886,7 @@ static const char *body_name(Xing4__Frame__BodyCase b) {
         case XING4__FRAME__BODY_HEALTH: return "health";
         case XING4__FRAME__BODY_HEALTH_REPLY: return "health_reply";
         case XING4__FRAME__BODY_ERROR: return "error";
+        case XING4__FRAME__BODY_PAUSE: return "pause";
         default: return "none";
         }
 }
@@ -913,6 +929,9 @@ static void handle_payload(struct conn *c, const uint8_t *data, size_t len) {
                 break;
         case XING4__FRAME__BODY_SNAPSHOT:
                 handle_snapshot(c, id, f->snapshot);
+                break;
+        case XING4__FRAME__BODY_PAUSE:
+                handle_pause(c, id, f->pause);
                 break;
         case XING4__FRAME__BODY__NOT_SET:
                 send_error(c, id, XING4__ERROR_CODE__ERROR_PROTOCOL,
@@ -1016,7 +1035,7 @@ static void conn_read_cb(struct bufferevent *bev, void *userdata) {
 static void conn_set_paused(struct conn *c, bool paused) {
         c->paused = paused;
         for (struct sreq *r = c->reqs; r; r = r->next)
-                (void) sched_pause(c->server->p.sched, r->server_id, paused);
+                (void) sched_pause(c->server->p.sched, r->server_id, paused || r->client_paused);
         log_debug("connection %u: requests %s (%zu bytes queued)", c->id,
                   paused ? "paused" : "resumed",
                   evbuffer_get_length(bufferevent_get_output(c->bev)));
@@ -1271,6 +1290,9 @@ static void deliver(struct server *s, struct sched_event *e) {
                         d.usage = &u;
                         d.timings = &t;
                         d.stop = e->stop;
+                        /* cut short by the shutdown, not by a Cancel: clients may retry elsewhere */
+                        d.has_server_shutdown = d.server_shutdown =
+                                s->cancelling_all && e->finish_reason == SCHED_FINISH_CANCELLED;
                         d.has_server_request_id = 1;
                         d.server_request_id = e->id;
                         send_reply(c, q->client_id, XING4__FRAME__BODY_DONE, &d);
@@ -1354,6 +1376,7 @@ static void grace_cb(evutil_socket_t fd, short what, void *userdata) {
         struct server *s = userdata;
         log_info("grace period of %.1f s over: cancelling %u running requests", s->p.grace_s,
                  s->n_reqs);
+        s->cancelling_all = true;
         sched_drain(s->p.sched, true);
 }
 
@@ -1370,6 +1393,7 @@ static void term_cb(evutil_socket_t sig, short what, void *userdata) {
 
         if (s->draining) {
                 /* a second signal: do not wait for the grace period */
+                s->cancelling_all = true;
                 sched_drain(s->p.sched, true);
                 return;
         }

@@ -373,6 +373,14 @@ static int parse_tool_choice(json_t *root, json_t *tools, bool *send, struct api
 int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_error *e) {
         json_int_t iv;
         bool set;
+        /* MCP servers Anthropic's API connects to (the mcp-client beta) are server tools like web
+         * search, refused by name too: ignoring them would answer without the tools asked for */
+        json_t *mcp = json_object_get(root, "mcp_servers");
+        if (mcp && !json_is_null(mcp) && !(json_is_array(mcp) && json_array_size(mcp) == 0))
+                return api_fail(e, 400, "invalid_request_error", "unsupported_parameter", "mcp_servers",
+                                "mcp_servers: remote MCP servers are connected by Anthropic's servers and are not "
+                                "supported by xing4d; run the MCP client on your side and pass its tools as "
+                                "client tools {name, description, input_schema}");
         if (!count_only) {
                 if (api_get_bool(root, "stream", &r->stream, e) < 0)
                         return -1;

@@ -87,6 +87,7 @@ struct api_request {
         /* responses: */
         json_t *conv;             /* the conversation so far (protocol-shaped messages) to store */
         json_t *echo;             /* the request's settings echoed in the response object */
+        json_t *input;            /* the request's input, as sent (GET /v1/responses/ID/input_items) */
         bool store;
         bool truncate;            /* truncation "auto": a prompt over the context loses old units */
         unsigned reasoning_out;   /* RS_SUMMARY | RS_ENCRYPTED: what the reasoning items carry */
@@ -207,13 +208,15 @@ struct api_result {
         size_t n_calls;
         json_t *logprobs;         /* chat: array of token entries; completions: the object */
         size_t text_offset;       /* completions: characters of output so far (logprobs.text_offset) */
+        json_t *lp_pending;       /* chat: entries of content tokens no text has shown yet */
 };
 
 void api_result_done(struct api_result *r);
 int api_result_add_text(struct api_result *r, bool reasoning, const char *text, size_t len);
 int api_result_add_call(struct api_result *r, const char *name, const char *args);
 /* Append the logprobs of one chunk (chat shape or completion shape), top_n alternatives each (the
- * daemon is asked for at least one, to learn each token's text). */
+ * daemon is asked for at least one, to learn each token's text). Chat: only the content's tokens
+ * (api_chunk_logprobs). */
 void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c,
                              unsigned top_n);
 
@@ -228,9 +231,12 @@ json_t *api_chunk_json(enum api_kind kind, const char *id, int64_t created, cons
 /* The usage-only chunk (stream_options.include_usage): empty choices. */
 json_t *api_usage_chunk_json(enum api_kind kind, const char *id, int64_t created, const char *model,
                              const struct x4_done *d);
-/* The logprobs value of one chunk in streaming form (NULL when none); *text_offset: characters of
- * output before the chunk (completions' text_offset), advanced past it. */
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, size_t *text_offset);
+/* The logprobs value of one chunk in streaming form (NULL when none); r->text_offset: characters
+ * of output before the chunk (completions' text_offset), advanced past it. Chat: as OpenAI's, the
+ * tokens of logprobs.content join to exactly the content: a content chunk's tokens without text
+ * (special tokens such as </think>, text held back as a possible stop string) wait in
+ * r->lp_pending, and go out with the chunk whose text they turn out to be part of. */
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, struct api_result *r);
 
 /* The non-streaming answers of the other APIs. */
 json_t *am_response_json(const char *id, const char *model, const struct api_result *res, const struct x4_done *d);
@@ -284,9 +290,13 @@ void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s);
 /* The conversation stored under id by the same API key (borrowed), or NULL. */
 json_t *rs_store_get(const char *id, int key);
 /* Stores conv + the answer under id for key; steals nothing. */
-/* response: the answered response object, kept for GET /v1/responses/ID (the store takes it) */
-void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response);
+/* response: the answered response object, kept for GET /v1/responses/ID (the store takes it);
+ * input: the request's input as sent (a string or an array of items; borrowed) */
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response,
+                  json_t *input);
 json_t *rs_store_response(const char *id, int key);
+/* The input items of a stored response, OpenAI's items with ids (borrowed), or NULL. */
+json_t *rs_store_input(const char *id, int key);
 bool rs_store_delete(const char *id, int key);
 void rs_store_clear(void);
 

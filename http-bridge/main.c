@@ -16,7 +16,9 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 #include <fnmatch.h>
 #include <getopt.h>
 #include <limits.h>
@@ -39,8 +41,14 @@
 #define BRIDGE_VERSION "0.1.0"
 #define MAX_SOCKETS 16
 #define DEFAULT_CONFIG "/etc/xing4d/xing4-http.conf"
-/* unsent SSE bytes of one client before its generation is cancelled (~30k chunks of ~250 B) */
+/* unsent SSE bytes of one client before its generation is cancelled (~30k chunks of ~250 B): a
+ * daemon older than protocol 1.6 cannot pause it (STREAM_PAUSE_HIGH) */
 #define STREAM_BACKLOG_MAX (8u << 20)
+/* Back-pressure: a stream's generation is paused in the daemon (x4_client_pause) while more than
+ * STREAM_PAUSE_HIGH bytes wait for its client, and resumed once they drain to STREAM_PAUSE_LOW.
+ * The daemon connection is shared by every request, so it is not the socket that stops. */
+#define STREAM_PAUSE_HIGH (256u << 10)
+#define STREAM_PAUSE_LOW (64u << 10)
 
 /* ---- configuration ------------------------------------------------------------------------------- */
 
@@ -63,6 +71,7 @@ struct config {
         size_t store_entries, store_bytes;
         int store_retention_s;
         int sse_keepalive_s;            /* stream: a keep-alive comment this often until output */
+        int drain_timeout_s;            /* SIGTERM: the time generations in flight get to finish */
 };
 
 struct backend {
@@ -91,6 +100,7 @@ struct job {
         enum api_kind kind;
         bool stream, include_usage;
         unsigned top_logprobs;
+        bool logprobs;                  /* asked for */
         bool headers_sent, role_sent;
         bool submitting, done_early;
         struct x4_done early;           /* on_done that ran inside x4_client_submit() */
@@ -98,13 +108,18 @@ struct job {
         size_t n_calls;
         char model[128];                /* the model name answered */
         json_t *echo, *conv;            /* responses: the request's settings, its conversation */
+        json_t *input;                  /* responses: its input as sent (stored for input_items) */
         bool store;
         struct ev_stream ev;            /* messages, responses: the event stream's state */
         double t_start, t_last;
         bool got_first;
+        uint32_t tokens;                /* tokens generated so far */
         int64_t created;
         struct event *tick;             /* stream: headers, then keep-alives while nothing is sent */
         bool wrote;                     /* stream: bytes went out since the last tick */
+        bool paused;                    /* stream: paused in the daemon until its client reads */
+        struct evbuffer *drain_buf;     /* stream: the client's output, watched (on_client_drain) */
+        struct evbuffer_cb_entry *drain_cb;
         bool one_call, no_calls;        /* see struct api_request */
         bool cut;                       /* one_call: the first call ended the answer (on_chunk) */
         /* responses, truncation "auto": the body, parsed again with more of the conversation left
@@ -115,7 +130,6 @@ struct job {
 };
 
 #define MAX_API_KEYS 64
-#define DRAIN_GRACE_S 30
 
 /* The bridge's state, all of it: one instance, read and written on the one libevent thread. */
 static struct bridge {
@@ -137,6 +151,11 @@ static struct bridge {
         /* generation replies handed to evhttp but not yet written out: exiting earlier would cut
          * them */
         unsigned replies_unsent;
+        /* accept() failing (EMFILE...): the listener is off until accept_resume fires */
+        struct evconnlistener *listener;
+        struct event *accept_resume;
+        double accept_warned_ms;        /* the last warning about it (now_ms) */
+        unsigned accept_failures;       /* failures since that warning */
 } br = {
         .cfg = {
                 .listen = "127.0.0.1:8000",
@@ -149,6 +168,7 @@ static struct bridge {
                 .store_bytes = 64u << 20,
                 .store_retention_s = 3600,
                 .sse_keepalive_s = 10,
+                .drain_timeout_s = 30,
         },
         .served_model = "xing4",
 };
@@ -197,7 +217,7 @@ static int config_set(const char *key, const char *value, const char *where) {
                 static const char *const numeric[] = { "max-body-bytes", "max-concurrent", "timeout",
                                                        "connect-timeout-ms", "retry-after", "response-store",
                                                        "response-store-bytes", "response-retention",
-                                                       "sse-keepalive" };
+                                                       "sse-keepalive", "drain-timeout" };
                 bool known = false;
                 for (size_t i = 0; i < ELEMENTSOF(numeric); i++)
                         known = known || streq(key, numeric[i]);
@@ -227,6 +247,8 @@ static int config_set(const char *key, const char *value, const char *where) {
                         br.cfg.store_retention_s = (int) v;
                 else if (streq(key, "sse-keepalive"))
                         br.cfg.sse_keepalive_s = (int) v;
+                else if (streq(key, "drain-timeout"))
+                        br.cfg.drain_timeout_s = (int) v;
                 else
                         return log_error_errno(EINVAL, "%s: unknown setting \"%s\"", where, key);
         }
@@ -385,6 +407,21 @@ static struct backend *backend_pick(const char *key, size_t key_len) {
 
 /* ---- HTTP helpers -------------------------------------------------------------------------------- */
 
+/* The reply to a HEAD request: the GET's headers with the Content-Length its body would have, and
+ * no body (RFC 9110 9.3.2). libevent 2.1 sends the body of a HEAD reply without a Content-Length,
+ * which a keep-alive client reads as the start of its next response. */
+static void head_strip(struct evhttp_request *req) {
+        if (evhttp_request_get_command(req) != EVHTTP_REQ_HEAD)
+                return;
+        struct evbuffer *b = evhttp_request_get_output_buffer(req);
+        char v[24];
+        snprintf(v, sizeof v, "%zu", evbuffer_get_length(b));
+        struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+        evhttp_remove_header(out, "Content-Length");
+        evhttp_add_header(out, "Content-Length", v);
+        evbuffer_drain(b, evbuffer_get_length(b));
+}
+
 static void send_json(struct evhttp_request *req, int status, json_t *j, const char *endpoint) {
         char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
         json_decref(j);
@@ -400,6 +437,7 @@ static void send_json(struct evhttp_request *req, int status, json_t *j, const c
                 : status == 413 ? "Payload Too Large" : status == 415 ? "Unsupported Media Type"
                 : status == 429 ? "Too Many Requests" : status == 499 ? "Request Cancelled"
                 : status == 503 ? "Service Unavailable" : "Error";
+        head_strip(req);
         evhttp_send_reply(req, status, reason, NULL);
         metrics_count_request(endpoint, status);
 }
@@ -485,6 +523,7 @@ static void job_free(struct job *j) {
         api_result_done(&j->res);
         json_decref(j->echo);
         json_decref(j->conv);
+        json_decref(j->input);
         ev_stream_done(&j->ev);
         free(j);
 }
@@ -497,8 +536,17 @@ static void job_unwatch(struct job *j) {
         }
 }
 
+static void job_undrain(struct job *j) {
+        if (j->drain_cb) {
+                evbuffer_remove_cb_entry(j->drain_buf, j->drain_cb);
+                j->drain_cb = NULL;
+                j->drain_buf = NULL;
+        }
+}
+
 static void job_release_http(struct job *j) {
         job_unwatch(j);
+        job_undrain(j);
         if (j->conn)
                 evhttp_connection_set_closecb(j->conn, NULL, NULL);
         j->req = NULL;
@@ -508,6 +556,7 @@ static void job_release_http(struct job *j) {
 static void on_client_close(struct evhttp_connection *conn, void *arg) {
         struct job *j = arg;
         job_unwatch(j);
+        job_undrain(j);
         j->req = NULL;
         j->conn = NULL;
         br.replies_unsent--; /* its reply will never be sent */
@@ -679,6 +728,7 @@ static void stream_tool_call(struct job *j, const char *name, const char *args) 
 
 /* One chunk to the client: an SSE event, or gathered for the whole answer. Nonzero: cancel. */
 static int chunk_out(struct job *j, const struct x4_chunk *c) {
+        j->tokens += c->n_token_ids;
         if (c->n_token_ids > 0) {
                 double t = now_s();
                 if (!j->got_first) {
@@ -716,7 +766,7 @@ static int chunk_out(struct job *j, const struct x4_chunk *c) {
                 else if (c->text_len && c->channel != X4_CHANNEL_TOOL_CALL)
                         api_result_add_text(&j->res, c->channel == X4_CHANNEL_REASONING, c->text, c->text_len);
                 /* chat: logprobs.content covers the answer's tokens, as OpenAI's (reasoning and
-                 * tool-call tokens are not content) */
+                 * tool-call tokens are not content, nor are special ones: api_chunk_logprobs) */
                 if ((j->res.logprobs || c->n_logprobs) &&
                     (j->kind != API_CHAT || c->channel == X4_CHANNEL_CONTENT))
                         api_result_add_logprobs(&j->res, j->kind, c, j->top_logprobs);
@@ -729,8 +779,8 @@ static int chunk_out(struct job *j, const struct x4_chunk *c) {
                             evbuffer_get_length(bufferevent_get_output(bev)));
                 return 1;
         }
-        json_t *lp = j->kind == API_CHAT && c->channel != X4_CHANNEL_CONTENT ? NULL :
-                     api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res.text_offset);
+        json_t *lp = j->kind == API_CHAT && (c->channel != X4_CHANNEL_CONTENT || !j->logprobs) ? NULL :
+                     api_chunk_logprobs(j->kind, c, j->top_logprobs, &j->res);
         if (!c->text_len && !call && !lp)
                 return 0;
         stream_begin(j);
@@ -758,6 +808,38 @@ static int chunk_out(struct job *j, const struct x4_chunk *c) {
         return 0;
 }
 
+/* The client's output drained: a paused generation goes on once it is down to STREAM_PAUSE_LOW. */
+static void on_client_drain(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg) {
+        struct job *j = arg;
+        if (!j->paused || info->n_deleted == 0 || evbuffer_get_length(buf) > STREAM_PAUSE_LOW)
+                return;
+        j->paused = false;
+        log_debug("%s: the client reads again, resuming its generation", j->idstr);
+        if (j->be->c)
+                (void) x4_client_pause(j->be->c, j->rid, false);
+}
+
+/* After a chunk of a stream went out: pause the generation while its client does not keep up, so
+ * neither the bridge nor the daemon buffers the rest of the answer. */
+static void stream_backpressure(struct job *j) {
+        if (!j->stream || j->paused || !j->conn || !j->be->c)
+                return;
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(j->conn);
+        struct evbuffer *out = bev ? bufferevent_get_output(bev) : NULL;
+        if (!out || evbuffer_get_length(out) <= STREAM_PAUSE_HIGH)
+                return;
+        if (!j->drain_cb) {
+                if (!(j->drain_cb = evbuffer_add_cb(out, on_client_drain, j)))
+                        return;
+                j->drain_buf = out;
+        }
+        if (x4_client_pause(j->be->c, j->rid, true) == 0) {
+                j->paused = true;
+                log_debug("%s: client is not keeping up (%zu bytes unsent), pausing its generation", j->idstr,
+                          evbuffer_get_length(out));
+        }
+}
+
 /* parallel_tool_calls false: the answer ends with its first complete call. The daemon has no
  * setting for it (a grammar for "one call, then the end of the turn" would have to know the
  * model's call syntax), so the bridge cancels the generation there: nothing the model writes after
@@ -783,6 +865,8 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
                 return chunk_out(j, &t);
         }
         int r = chunk_out(j, c);
+        if (r == 0 && j->req)
+                stream_backpressure(j);
         if (r == 0 && call && j->one_call && j->kind != API_COUNT_TOKENS) {
                 j->cut = true;
                 return 1;
@@ -790,17 +874,30 @@ static int on_chunk(const struct x4_chunk *c, void *arg) {
         return r;
 }
 
-/* The error a failed or cancelled request answers with: the daemon's refusal, or for a cancel
- * (from elsewhere: DELETE /v1/requests/ID, x4ctl cancel, the daemon stopping) a 499, which SDKs
- * do not retry, saying the answer is incomplete. */
+/* A generation cut short by a shutdown (the daemon's grace period, or this bridge's drain window,
+ * ran out): 503 with Retry-After, which the SDKs retry, since the request itself was fine. */
+static void shutdown_error(struct api_error *e, const struct job *j, const char *who, uint32_t tokens) {
+        api_fail(e, 503, "server_error", "shutting_down", NULL,
+                 "request %s: the generation was cut short after %u tokens because %s is shutting down (its "
+                 "grace period for requests in flight ran out); the answer is incomplete: retry it", j->idstr,
+                 tokens, who);
+        e->retry_after = br.cfg.retry_after_s;
+}
+
+/* The error a failed or cancelled request answers with: the daemon's refusal; for a cancel by the
+ * daemon shutting down a 503 (shutdown_error); for a cancel from elsewhere (DELETE
+ * /v1/requests/ID, x4ctl cancel) a 499, which SDKs do not retry, saying the answer is incomplete.
+ * A daemon that does not tell the two cancels apart (Done.server_shutdown) gets the 499. */
 static void done_error(struct api_error *e, const struct job *j, const struct x4_done *d) {
         if (d->status != X4_OK)
                 api_error_from_x4(e, j->kind, d->status, d->error_message);
+        else if (d->server_shutdown)
+                shutdown_error(e, j, "the daemon", d->completion_tokens);
         else
                 api_fail(e, 499, j->kind == API_MESSAGES ? "api_error" : "server_error", "request_cancelled",
                          NULL,
                          "request %s: the generation was cancelled after %u tokens (by DELETE "
-                         "/v1/requests/ID, x4ctl cancel or the daemon stopping); the answer is incomplete",
+                         "/v1/requests/ID or x4ctl cancel); the answer is incomplete",
                          j->idstr, d->completion_tokens);
 }
 
@@ -843,7 +940,7 @@ static void ev_answer(struct job *j, const struct x4_done *d) {
         if (j->kind == API_RESPONSES && j->store && d->finish_reason != X4_FINISH_CANCELLED)
                 rs_store_put(j->idstr, j->key, j->conv, &j->res,
                              rs_response_json(j->idstr, j->created, j->model, j->echo, j->ev.reasoning_out, &j->res,
-                                              d));
+                                              d), j->input);
         if (!j->stream) {
                 json_t *r = j->kind == API_MESSAGES ? am_response_json(j->idstr, j->model, &j->res, d)
                         : rs_response_json(j->idstr, j->created, j->model, j->echo, j->ev.reasoning_out, &j->res,
@@ -1100,6 +1197,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         j->stream = ar.stream;
         j->include_usage = ar.include_usage;
         j->top_logprobs = ar.top_logprobs;
+        j->logprobs = ar.logprobs;
         /* chat: logprobs asked for are a list, empty when no answer token came (all reasoning) */
         if (kind == API_CHAT && ar.logprobs && !j->res.logprobs)
                 j->res.logprobs = json_array();
@@ -1108,6 +1206,7 @@ static void handle_generate(struct evhttp_request *req, enum api_kind kind, int 
         snprintf(j->model, sizeof j->model, "%s", ar.model ? ar.model : br.served_model);
         j->echo = TAKE_PTR(ar.echo);
         j->conv = TAKE_PTR(ar.conv);
+        j->input = TAKE_PTR(ar.input);
         j->store = ar.store;
         ev_stream_init(&j->ev, kind, j->idstr, j->model, j->created, j->echo, &j->res);
         j->ev.reasoning_out = ar.reasoning_out;
@@ -1220,6 +1319,63 @@ static void handle_stored_response(struct evhttp_request *req, enum evhttp_cmd_t
         send_error(req, &e, "response");
 }
 
+/* GET /v1/responses/ID/input_items: the stored response's input items (as sent, with ids), a list
+ * page as OpenAI's: ?order=desc (the default, newest first) or asc, ?limit=1..100 (20), ?after=ITEM
+ * (the items past that one). */
+static void handle_input_items(struct evhttp_request *req, const char *id, int key) {
+        struct api_error e;
+        json_t *items = rs_store_input(id, key);
+        if (!items) {
+                api_fail(&e, 404, "invalid_request_error", "not_found", NULL,
+                         "response %s: not found (not stored: store false, expired after --response-retention, "
+                         "deleted, or made with another API key)", id);
+                return send_error(req, &e, "response");
+        }
+        struct evkeyvalq q = { 0 }; /* empty; evhttp_parse_query_str() sets it up */
+        const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
+        if (query && evhttp_parse_query_str(query, &q) < 0) {
+                api_fail(&e, 400, "invalid_request_error", "invalid_value", NULL, "the query string does not parse");
+                return send_error(req, &e, "response");
+        }
+        const char *order = evhttp_find_header(&q, "order"), *limit_s = evhttp_find_header(&q, "limit");
+        const char *after = evhttp_find_header(&q, "after");
+        char *end = NULL;
+        long limit = limit_s ? strtol(limit_s, &end, 10) : 20;
+        if (order && !streq(order, "asc") && !streq(order, "desc"))
+                api_fail(&e, 400, "invalid_request_error", "invalid_value", "order",
+                         "order: \"asc\" or \"desc\" expected, got \"%.40s\"", order);
+        else if (limit_s && (!*limit_s || *end || limit < 1 || limit > 100))
+                api_fail(&e, 400, "invalid_request_error", "invalid_value", "limit",
+                         "limit: an integer from 1 to 100 expected, got \"%.40s\"", limit_s);
+        else
+                e.status = 0;
+        if (e.status) {
+                evhttp_clear_headers(&q);
+                return send_error(req, &e, "response");
+        }
+        bool asc = order && streq(order, "asc");
+        size_t n = json_array_size(items), start = 0;
+        json_t *data = json_array();
+        /* position k of the page order is item asc ? k : n - 1 - k */
+        for (size_t k = 0; after && k < n; k++) {
+                const char *iid = json_string_value(json_object_get(json_array_get(items, asc ? k : n - 1 - k), "id"));
+                if (iid && streq(iid, after)) {
+                        start = k + 1;
+                        break;
+                }
+        }
+        for (size_t k = start; k < n && json_array_size(data) < (size_t) limit; k++)
+                json_array_append(data, json_array_get(items, asc ? k : n - 1 - k));
+        size_t got = json_array_size(data);
+        json_t *first = got ? json_object_get(json_array_get(data, 0), "id") : NULL;
+        json_t *last = got ? json_object_get(json_array_get(data, got - 1), "id") : NULL;
+        evhttp_clear_headers(&q);
+        send_json(req, 200,
+                  json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", data, "first_id", first, "last_id",
+                            last, "has_more", start + got < n),
+                  "response");
+}
+
 static void handle_models(struct evhttp_request *req) {
         json_t *m = model_object(br.served_model);
         /* what the daemons actually load (general.name and fingerprint), for humans */
@@ -1303,6 +1459,7 @@ static void handle_metrics(struct evhttp_request *req) {
         }
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                           "text/plain; version=0.0.4; charset=utf-8");
+        head_strip(req);
         evhttp_send_reply(req, 200, "OK", NULL);
         metrics_count_request("metrics", 200);
 }
@@ -1428,9 +1585,24 @@ static void route(struct evhttp_request *req, void *arg) {
                 norm[n] = 0;
                 path = norm;
         }
+        /* RFC 9112 6.3: Content-Length headers that disagree make the message's length unknowable
+         * (libevent reads the first one): a request smuggled behind it must not be served */
+        const char *clen = NULL;
+        for (struct evkeyval *h = evhttp_request_get_input_headers(req)->tqh_first; h; h = h->next.tqe_next) {
+                if (strcasecmp(h->key, "Content-Length") != 0)
+                        continue;
+                if (clen && !streq(clen, h->value)) {
+                        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+                        api_fail(&e, 400, "invalid_request_error", "invalid_request", NULL,
+                                 "Content-Length headers disagree (\"%.20s\" and \"%.20s\"): send one", clen,
+                                 h->value);
+                        return send_error(req, &e, "other");
+                }
+                clen = h->value;
+        }
         if (cors(req, m))
                 return;
-        /* HEAD is GET without the body (libevent leaves it out): load balancers and uptime checks
+        /* HEAD is GET without the body (head_strip leaves it out): load balancers and uptime checks
          * probe with it, and RFC 9110 asks every GET resource to answer it */
         if (streq(path, "/health") || streq(path, "/ready") || streq(path, "/metrics")) {
                 if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
@@ -1471,6 +1643,9 @@ static void route(struct evhttp_request *req, void *arg) {
                 endpoint = "cancel", want = EVHTTP_REQ_DELETE;
         else if (strncmp(path, "/v1/responses/", 14) == 0 && path[14] && !strchr(path + 14, '/'))
                 endpoint = "response", want = m == EVHTTP_REQ_DELETE ? EVHTTP_REQ_DELETE : EVHTTP_REQ_GET;
+        else if (strncmp(path, "/v1/responses/", 14) == 0 && path[14] != '/' && strchr(path + 14, '/') &&
+                 streq(strchr(path + 14, '/'), "/input_items"))
+                endpoint = "input_items", want = EVHTTP_REQ_GET;
         if (!endpoint) {
                 api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %s",
                          m == EVHTTP_REQ_GET ? "GET" : m == EVHTTP_REQ_POST ? "POST" : m == EVHTTP_REQ_DELETE ? "DELETE"
@@ -1504,6 +1679,11 @@ static void route(struct evhttp_request *req, void *arg) {
                 return handle_cancel(req, path + 13, key);
         if (streq(endpoint, "response"))
                 return handle_stored_response(req, m, path + 14, key);
+        if (streq(endpoint, "input_items")) {
+                char id[128];
+                snprintf(id, sizeof id, "%.*s", (int) (strchr(path + 14, '/') - (path + 14)), path + 14);
+                return handle_input_items(req, id, key);
+        }
         handle_generate(req, kind, key, endpoint);
 }
 
@@ -1540,6 +1720,12 @@ __attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_requ
         struct evkeyvalq *out = evhttp_request_get_output_headers(req);
         evhttp_add_header(out, "Connection", "close");
         evhttp_add_header(out, "Content-Type", "application/json");
+        /* a request line that did not parse leaves the version 0.0, which libevent would echo in the
+         * status line ("HTTP/0.0 400"): answer in the version this server speaks */
+        if (req->major != 1 || req->minor > 1) {
+                req->major = 1;
+                req->minor = 1;
+        }
         evhttp_send_reply(req, error, error == 413 ? "Payload Too Large" : reason ? reason : "Bad Request", b);
         if (b)
                 evbuffer_free(b);
@@ -1547,6 +1733,66 @@ __attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_requ
 }
 
 /* ---- main ---------------------------------------------------------------------------------------- */
+
+/* accept() failed (EMFILE at the descriptor limit, ENFILE, ENOBUFS): the listening socket stays
+ * readable, so libevent would call accept() again at once, spinning the loop and logging each
+ * failure. As xing4d (daemon/server.c:accept_error_cb) and nginx do: stop accepting for a while
+ * (pending clients wait in the backlog; connections that close meanwhile free descriptors), and
+ * say so at most once a minute with the count of failures since. */
+#define ACCEPT_PAUSE_MS 500
+#define ACCEPT_WARN_MS 60000
+static void on_accept_error(struct evconnlistener *l, void *arg) {
+        int err = EVUTIL_SOCKET_ERROR();
+        (void) arg;
+        br.accept_failures++;
+        if (!br.accept_warned_ms || now_ms() - br.accept_warned_ms >= ACCEPT_WARN_MS) {
+                struct rlimit rl;
+                char limit[32] = "?";
+                if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+                        snprintf(limit, sizeof limit, "%llu", (unsigned long long) rl.rlim_cur);
+                log_warning("accept() failed: %s (descriptor limit %s, %u generations in flight, %u failures); "
+                            "not accepting connections for %d ms at a time until it succeeds", strerror(err),
+                            limit, br.n_jobs, br.accept_failures, ACCEPT_PAUSE_MS);
+                br.accept_warned_ms = now_ms();
+                br.accept_failures = 0;
+        }
+        struct timeval tv = { 0, ACCEPT_PAUSE_MS * 1000 };
+        if (br.accept_resume && evconnlistener_disable(l) == 0)
+                evtimer_add(br.accept_resume, &tv);
+}
+
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg) {
+        (void) fd, (void) what, (void) arg;
+        if (br.listener)
+                (void) evconnlistener_enable(br.listener);
+}
+
+/* The drain window is over: the generations still in flight end with the error of a shutdown (an
+ * error event, then the end of the chunked body, for a stream; a 503 otherwise) rather than being
+ * cut mid-transfer, and are cancelled in the daemon; the loop ends once those answers are out. */
+static void on_drain_over(evutil_socket_t fd, short what, void *arg) {
+        struct job *next;
+        (void) fd, (void) what, (void) arg;
+        log_warning("shutdown: the drain window of %d s is over; ending %u generation%s in flight with a "
+                    "shutdown error", br.cfg.drain_timeout_s, br.n_jobs, br.n_jobs == 1 ? "" : "s");
+        for (struct job *j = br.jobs; j; j = next) {
+                next = j->next;
+                if (j->req) {
+                        struct api_error e;
+                        shutdown_error(&e, j, "xing4-http", j->tokens);
+                        log_info("%s: shutdown: answered with an error after %u tokens", j->idstr, j->tokens);
+                        job_answer_error(j, &e);
+                        job_release_http(j);
+                }
+                if (j->be->c)
+                        (void) x4_client_cancel(j->be->c, j->rid); /* may free j */
+        }
+        /* the answers are written out before maybe_exit_drained() ends the loop; a client that
+         * does not read them gets a few seconds */
+        struct timeval last = { 5, 0 };
+        event_base_loopexit(br.base, &last);
+        maybe_exit_drained();
+}
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
         if (br.draining || (br.n_jobs == 0 && br.replies_unsent == 0)) {
@@ -1557,9 +1803,10 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
         /* let the generations in flight finish (a second signal stops at once) */
         br.draining = true;
         log_info("signal %d: draining %u request%s (at most %d s)", (int) sig, br.n_jobs, br.n_jobs == 1 ? "" : "s",
-                 DRAIN_GRACE_S);
-        struct timeval grace = { DRAIN_GRACE_S, 0 };
-        event_base_loopexit(br.base, &grace);
+                 br.cfg.drain_timeout_s);
+        struct timeval grace = { br.cfg.drain_timeout_s, 0 };
+        if (event_base_once(br.base, -1, EV_TIMEOUT, on_drain_over, NULL, &grace) < 0)
+                event_base_loopexit(br.base, &grace);
 }
 
 /* SIGHUP ("reload", or the terminal closed) would kill the bridge mid-stream by default; nothing is
@@ -1742,6 +1989,10 @@ int main(int argc, char **argv) {
                           errno ? strerror(errno) : "the host does not resolve to a local address");
                 return 1;
         }
+        br.listener = evhttp_bound_socket_get_listener(bs);
+        br.accept_resume = evtimer_new(br.base, on_accept_resume, NULL);
+        if (br.listener)
+                evconnlistener_set_error_cb(br.listener, on_accept_error);
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         int bound_port = (int) port;
@@ -1768,6 +2019,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < br.n_backends; i++)
                 backend_drop(&br.backends[i]);
         evhttp_free(http);
+        if (br.accept_resume)
+                event_free(br.accept_resume);
         event_free(sigint);
         event_free(sigterm);
         event_free(sighup);

@@ -2,6 +2,7 @@
 /* OpenAI's JSON ⇄ libx4client. Requests are checked here with OpenAI's parameter names, so a bad
  * value is answered as `{"error":{"param":"top_p",...}}` the way the SDKs expect, before anything
  * reaches the daemon (which checks again, with its own field names). */
+#include <errno.h>
 #include <event2/buffer.h>
 #include <fnmatch.h>
 #include <math.h>
@@ -194,10 +195,11 @@ void api_request_done(struct api_request *r) {
         free(r->model);
         json_decref(r->conv);
         json_decref(r->echo);
+        json_decref(r->input);
         r->req = NULL;
         r->affinity_key = NULL;
         r->model = NULL;
-        r->conv = r->echo = NULL;
+        r->conv = r->echo = r->input = NULL;
 }
 
 int api_bad(struct api_error *e, const char *param, const char *fmt, ...) {
@@ -636,6 +638,13 @@ static int parse_sampling(json_t *root, struct api_request *r, struct api_error 
         json_t *lb = json_object_get(root, "logit_bias");
         if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
                 return api_unsupported(e, "logit_bias", "biasing token logits");
+        /* web search is a tool OpenAI's servers run (refused by name in tools too); even {} turns it
+         * on, so only null passes */
+        json_t *ws = json_object_get(root, "web_search_options");
+        if (ws && !json_is_null(ws))
+                return api_unsupported(e, "web_search_options",
+                                       "web search (it runs on OpenAI's servers; offer a search function in "
+                                       "tools instead)");
         json_t *user = json_object_get(root, "user");
         if (user && !json_is_null(user) && !json_is_string(user))
                 return api_bad(e, "user", "a string expected, got %s", api_type_name(user));
@@ -921,15 +930,90 @@ static int parse_completion(json_t *root, struct api_request *r, struct api_erro
         return 0;
 }
 
+/* The integer that ends at or before byte `pos` of body (where jansson stopped on "too big
+ * integer"): its start and length, when it is the value of the top-level object's "seed" (the one
+ * field that takes the whole uint64 range). */
+static bool big_seed_at(const char *body, size_t len, size_t pos, size_t *start, size_t *n) {
+        size_t end = pos < len ? pos : len, depth = 0;
+        while (end > 0 && !(body[end - 1] >= '0' && body[end - 1] <= '9'))
+                end--;
+        size_t b = end;
+        while (b > 0 && body[b - 1] >= '0' && body[b - 1] <= '9')
+                b--;
+        if (b == end)
+                return false;
+        /* the depth there: only a top-level key (strings skipped, escapes included) */
+        bool in_str = false;
+        for (size_t i = 0; i < b; i++) {
+                char c = body[i];
+                if (in_str) {
+                        if (c == '\\')
+                                i++;
+                        else if (c == '"')
+                                in_str = false;
+                } else if (c == '"')
+                        in_str = true;
+                else if (c == '{' || c == '[')
+                        depth++;
+                else if (c == '}' || c == ']')
+                        depth--;
+        }
+        size_t k = b;
+        while (k > 0 && body[k - 1] && strchr(" \t\r\n", body[k - 1]))
+                k--;
+        if (depth != 1 || k == 0 || body[k - 1] != ':')
+                return false;
+        k--;
+        while (k > 0 && body[k - 1] && strchr(" \t\r\n", body[k - 1]))
+                k--;
+        if (k < 6 || memcmp(body + k - 6, "\"seed\"", 6) != 0)
+                return false;
+        *start = b;
+        *n = end - b;
+        return true;
+}
+
 json_t *api_load_body(const char *body, size_t len, struct api_error *e) {
         json_error_t je;
         /* \u0000 is valid JSON; the text it sits in is mended where it goes to the model */
         json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je);
+        size_t start, n;
+        if (!root && strstr(je.text, "too big integer") && big_seed_at(body, len, (size_t) je.position, &start, &n)) {
+                /* a seed in [2^63, 2^64) (jansson's integers are signed 64-bit): parsed again with it
+                 * written as the int64 of the same bits, which the seed's cast gives back */
+                char digits[32];
+                unsigned long long v = 0;
+                if (n < sizeof digits) {
+                        memcpy(digits, body + start, n);
+                        digits[n] = 0;
+                        errno = 0;
+                        v = strtoull(digits, NULL, 10);
+                }
+                if (n >= sizeof digits || errno == ERANGE) {
+                        api_fail(e, 400, "invalid_request_error", "integer_out_of_range", "seed",
+                                 "seed: %.*s%s is out of range: an integer from -9223372036854775808 to "
+                                 "18446744073709551615 expected", (int) (n > 40 ? 40 : n), body + start,
+                                 n > 40 ? "..." : "");
+                        return NULL;
+                }
+                char wrapped[32];
+                int w = snprintf(wrapped, sizeof wrapped, "%lld", (long long) v);
+                struct sbuf b = { 0 };
+                if (sbuf_add(&b, body, start) < 0 || sbuf_add(&b, wrapped, (size_t) w) < 0 ||
+                    sbuf_add(&b, body + start + n, len - start - n) < 0) {
+                        free(b.s);
+                        OOM(e);
+                        return NULL;
+                }
+                root = json_loadb(b.s, b.len, JSON_ALLOW_NUL, &je);
+                free(b.s);
+        }
         if (!root) {
                 if (strstr(je.text, "too big integer")) /* valid JSON, past what a 64-bit field holds */
                         api_fail(e, 400, "invalid_request_error", "integer_out_of_range", NULL,
                                  "request body: the integer at line %d, column %d is out of range: integers "
-                                 "(a seed, max_tokens) must lie in [-2^63, 2^63)", je.line, je.column);
+                                 "(max_tokens, ...) must lie in [-2^63, 2^63), a seed in [-2^63, 2^64)",
+                                 je.line, je.column);
                 else
                         api_fail(e, 400, "invalid_request_error", "invalid_json", NULL,
                                  "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
@@ -1072,6 +1156,7 @@ void api_result_done(struct api_result *r) {
         }
         free(r->calls);
         json_decref(r->logprobs);
+        json_decref(r->lp_pending);
         memset(r, 0, sizeof *r);
 }
 
@@ -1185,34 +1270,87 @@ static json_t *completion_logprobs_new(void) {
                          "text_offset");
 }
 
+/* Whether the tokens of entries [from, end) join to exactly text. */
+static bool entries_spell(json_t *entries, size_t from, const char *text, size_t len) {
+        size_t at = 0;
+        for (size_t i = from; i < json_array_size(entries); i++) {
+                json_t *t = json_object_get(json_array_get(entries, i), "token");
+                size_t n = json_string_length(t);
+                if (at + n > len || memcmp(text + at, json_string_value(t), n) != 0)
+                        return false;
+                at += n;
+        }
+        return at == len;
+}
+
+#define LP_PENDING_MAX 64
+
+/* Chat: the entries of logprobs.content a content chunk adds (api_chunk_logprobs); NULL for
+ * none. */
+static json_t *chat_content_entries(struct api_result *r, const struct x4_chunk *c, unsigned top_n) {
+        if (c->channel != X4_CHANNEL_CONTENT || (c->n_logprobs == 0 && !c->text_len))
+                return NULL;
+        if (!r->lp_pending && !(r->lp_pending = json_array()))
+                return NULL;
+        json_t *entries = chat_logprob_entries(c, top_n);
+        json_array_extend(r->lp_pending, entries);
+        json_decref(entries);
+        size_t n = json_array_size(r->lp_pending);
+        if (!c->text_len) {
+                /* no text yet: a special token or text held back; bounded, oldest dropped */
+                while (json_array_size(r->lp_pending) > LP_PENDING_MAX)
+                        json_array_remove(r->lp_pending, 0);
+                return NULL;
+        }
+        /* the longest run of the latest tokens that spells the text (the earlier ones made no text:
+         * </think> and the like); none: all of them, as the daemon gave them */
+        size_t from = 0;
+        while (from < n && !entries_spell(r->lp_pending, from, c->text, c->text_len))
+                from++;
+        if (from == n)
+                from = 0;
+        json_t *out = json_array();
+        for (size_t i = from; i < n; i++)
+                json_array_append(out, json_array_get(r->lp_pending, i));
+        json_array_clear(r->lp_pending);
+        return out;
+}
+
 void api_result_add_logprobs(struct api_result *r, enum api_kind kind, const struct x4_chunk *c,
                              unsigned top_n) {
         if (kind == API_COMPLETION && c->n_logprobs == 0)
                 r->text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
-        if (c->n_logprobs == 0)
-                return;
         if (kind == API_CHAT) {
+                json_t *entries = chat_content_entries(r, c, top_n);
                 if (!r->logprobs)
                         r->logprobs = json_array();
-                json_t *entries = chat_logprob_entries(c, top_n);
-                json_array_extend(r->logprobs, entries);
+                if (entries)
+                        json_array_extend(r->logprobs, entries);
                 json_decref(entries);
-        } else {
-                if (!r->logprobs)
-                        r->logprobs = completion_logprobs_new();
-                completion_logprobs_append(r->logprobs, c, top_n, &r->text_offset);
+                return;
         }
+        if (c->n_logprobs == 0)
+                return;
+        if (!r->logprobs)
+                r->logprobs = completion_logprobs_new();
+        completion_logprobs_append(r->logprobs, c, top_n, &r->text_offset);
 }
 
-json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, size_t *text_offset) {
+json_t *api_chunk_logprobs(enum api_kind kind, const struct x4_chunk *c, unsigned top_n, struct api_result *r) {
         if (kind == API_COMPLETION && c->n_logprobs == 0)
-                *text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
+                r->text_offset += utf8_chars(c->text ? c->text : "", c->text_len);
+        if (kind == API_CHAT) {
+                json_t *entries = chat_content_entries(r, c, top_n);
+                if (entries && json_array_size(entries) == 0) {
+                        json_decref(entries);
+                        entries = NULL;
+                }
+                return entries ? json_pack("{s:o}", "content", entries) : NULL;
+        }
         if (c->n_logprobs == 0)
                 return NULL;
-        if (kind == API_CHAT)
-                return json_pack("{s:o}", "content", chat_logprob_entries(c, top_n));
         json_t *o = completion_logprobs_new();
-        completion_logprobs_append(o, c, top_n, text_offset);
+        completion_logprobs_append(o, c, top_n, &r->text_offset);
         return o;
 }
 

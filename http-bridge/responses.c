@@ -39,6 +39,7 @@ struct stored {
         int key;
         json_t *conv;
         json_t *response; /* the response object as answered (GET /v1/responses/ID) */
+        json_t *input;    /* its input items (GET /v1/responses/ID/input_items) */
         size_t bytes;
         time_t at;
 };
@@ -66,6 +67,7 @@ static void store_drop_oldest(void) {
         store.bytes -= s->bytes;
         json_decref(s->conv);
         json_decref(s->response);
+        json_decref(s->input);
         free(s);
 }
 
@@ -81,21 +83,66 @@ void rs_store_clear(void) {
                 store_drop_oldest();
 }
 
-json_t *rs_store_get(const char *id, int key) {
+/* The entry stored under id for key, or NULL. */
+static struct stored *store_find(const char *id, int key) {
         store_expire();
         for (struct stored *s = store.head; s; s = s->next)
                 if (streq(s->id, id) && s->key == key)
-                        return s->conv;
+                        return s;
         return NULL;
+}
+
+json_t *rs_store_get(const char *id, int key) {
+        struct stored *s = store_find(id, key);
+        return s ? s->conv : NULL;
 }
 
 /* The stored response object of id (NULL: none for this key); NULL, 0 when deleted or not there. */
 json_t *rs_store_response(const char *id, int key) {
-        store_expire();
-        for (struct stored *s = store.head; s; s = s->next)
-                if (streq(s->id, id) && s->key == key)
-                        return s->response;
-        return NULL;
+        struct stored *s = store_find(id, key);
+        return s ? s->response : NULL;
+}
+
+json_t *rs_store_input(const char *id, int key) {
+        struct stored *s = store_find(id, key);
+        return s ? s->input : NULL;
+}
+
+/* A request's input as the input_items list shows it: a string is one user message; a message's
+ * string content becomes one input_text (output_text for the assistant's) part; every item gets
+ * an id (msg_ and the response's random part, then its index) unless it has one. */
+static json_t *input_items(json_t *input, const char *id) {
+        json_t *items = json_is_string(input) ? json_pack("[{s:s, s:O}]", "role", "user", "content", input)
+                                              : json_deep_copy(input);
+        const char *rnd = strchr(id, '_') ? strchr(id, '_') + 1 : id;
+        size_t i;
+        json_t *it;
+        if (!json_is_array(items)) {
+                json_decref(items);
+                return NULL;
+        }
+        json_array_foreach(items, i, it) {
+                if (!json_is_object(it))
+                        continue;
+                json_t *type = json_object_get(it, "type");
+                const char *role = json_string_value(json_object_get(it, "role"));
+                json_t *content = json_object_get(it, "content");
+                if (!type && role)
+                        json_object_set_new(it, "type", json_string("message"));
+                if (role && json_is_string(content))
+                        json_object_set_new(it, "content",
+                                            json_pack("[{s:s, s:O}]", "type",
+                                                      streq(role, "assistant") ? "output_text" : "input_text",
+                                                      "text", content));
+                if (!json_is_string(json_object_get(it, "id"))) {
+                        char iid[96];
+                        snprintf(iid, sizeof iid, "%s_%.32s_%zu", role ? "msg" : "item", rnd, i);
+                        json_object_set_new(it, "id", json_string(iid));
+                }
+                if (role && !json_object_get(it, "status"))
+                        json_object_set_new(it, "status", json_string("completed"));
+        }
+        return items;
 }
 
 bool rs_store_delete(const char *id, int key) {
@@ -117,7 +164,8 @@ bool rs_store_delete(const char *id, int key) {
         return false;
 }
 
-void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response) {
+void rs_store_put(const char *id, int key, json_t *conv, const struct api_result *res, json_t *response,
+                  json_t *input) {
         if (store.max_n == 0 || !conv) {
                 json_decref(response);
                 return;
@@ -147,19 +195,25 @@ void rs_store_put(const char *id, int key, json_t *conv, const struct api_result
         json_array_append_new(c, m);
         char *dump = json_dumps(c, JSON_COMPACT);
         char *rdump = response ? json_dumps(response, JSON_COMPACT) : NULL;
+        json_t *items = input ? input_items(input, id) : NULL;
+        char *idump = items ? json_dumps(items, JSON_COMPACT) : NULL;
         struct stored *s = calloc(1, sizeof *s);
         if (!dump || !s) {
                 free(dump);
                 free(rdump);
+                free(idump);
                 free(s);
                 json_decref(c);
                 json_decref(response);
+                json_decref(items);
                 return;
         }
-        s->bytes = strlen(dump) + (rdump ? strlen(rdump) : 0) + sizeof *s;
+        s->bytes = strlen(dump) + (rdump ? strlen(rdump) : 0) + (idump ? strlen(idump) : 0) + sizeof *s;
         free(dump);
         free(rdump);
+        free(idump);
         s->response = response;
+        s->input = items;
         snprintf(s->id, sizeof s->id, "%s", id);
         s->key = key;
         s->conv = c;
@@ -894,6 +948,7 @@ int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, 
         if (!input)
                 return api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "input",
                                 "input: required (a string or an array of input items)");
+        r->input = json_incref(input);
         if (parse_input(input, r->conv, e) < 0)
                 return -1;
         if (json_array_size(r->conv) == 0)

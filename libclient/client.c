@@ -85,6 +85,7 @@ struct x4_client {
         uint64_t next_id;
         struct pending *pending;
         char server_version[64];
+        uint32_t server_minor;  /* HelloReply.proto_minor */
         char last_error[512];
         char done_error[512]; /* error text of the last blocking generate */
         char done_stop[256];
@@ -843,6 +844,7 @@ static int handle_frame(x4_client *c, Xing4__Frame *f) {
                 d.finish_reason = dn->has_finish_reason ? (int) dn->finish_reason : X4_FINISH_STOP;
                 d.stop = dn->stop;
                 d.server_request_id = dn->server_request_id;
+                d.server_shutdown = dn->has_server_shutdown && dn->server_shutdown;
                 if (dn->usage) {
                         d.prompt_tokens = dn->usage->prompt_tokens;
                         d.cached_tokens = dn->usage->cached_tokens;
@@ -1140,6 +1142,7 @@ X4_API int x4_client_connect(x4_client *c, const char *path) {
         const Xing4__HelloReply *hr = reply->hello_reply;
         copy_str(c->server_version, sizeof c->server_version, hr->server_version);
         c->max_frame = hr->has_max_frame ? hr->max_frame : FRAME_MAX_DEFAULT;
+        c->server_minor = hr->has_proto_minor ? hr->proto_minor : 0;
         r = 0;
         if (hr->has_proto_major && hr->proto_major != X4_CLIENT_PROTO_MAJOR)
                 r = fail(c, X4_E_VERSION_MISMATCH,
@@ -1314,13 +1317,22 @@ X4_API int x4_client_generate(x4_client *c, const x4_request *req, x4_chunk_cb o
         return r < 0 ? r : X4_OK;
 }
 
+/* The generate request request_id in flight on c, or NULL with X4_E_NOT_FOUND said. */
+static struct pending *generate_in_flight(x4_client *c, uint64_t request_id) {
+        struct pending *p = pending_find(c, request_id, NULL);
+        if (!p || p->kind != PENDING_GENERATE || p->finished) {
+                (void) fail(c, X4_E_NOT_FOUND, "request %llu is not in flight on this connection",
+                            (unsigned long long) request_id);
+                return NULL;
+        }
+        return p;
+}
+
 X4_API int x4_client_cancel(x4_client *c, uint64_t request_id) {
         struct pending *p;
         REQUIRE_CLIENT(c);
-        p = pending_find(c, request_id, NULL);
-        if (!p || p->kind != PENDING_GENERATE || p->finished)
-                return fail(c, X4_E_NOT_FOUND, "request %llu is not in flight on this connection",
-                            (unsigned long long) request_id);
+        if (!(p = generate_in_flight(c, request_id)))
+                return X4_E_NOT_FOUND;
         if (p->cancel_sent)
                 return 0;
         Xing4__Cancel cancel = XING4__CANCEL__INIT;
@@ -1333,6 +1345,24 @@ X4_API int x4_client_cancel(x4_client *c, uint64_t request_id) {
         if (r >= 0)
                 p->cancel_sent = true;
         return r;
+}
+
+X4_API int x4_client_pause(x4_client *c, uint64_t request_id, bool paused) {
+        REQUIRE_CLIENT(c);
+        if (!generate_in_flight(c, request_id))
+                return X4_E_NOT_FOUND;
+        if (c->server_minor < 6)
+                return fail(c, X4_E_UNIMPLEMENTED, "x4_client_pause: the server speaks protocol 1.%u; pausing "
+                            "one request needs 1.6", c->server_minor);
+        Xing4__Pause pause = XING4__PAUSE__INIT;
+        Xing4__Frame f = XING4__FRAME__INIT;
+        f.has_request_id = 1;
+        f.request_id = request_id;
+        f.body_case = XING4__FRAME__BODY_PAUSE;
+        pause.has_paused = 1;
+        pause.paused = paused;
+        f.pause = &pause;
+        return send_frame(c, &f);
 }
 
 /* ---- stats, info, health, snapshots --------------------------------------------------------- */

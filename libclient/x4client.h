@@ -203,7 +203,12 @@ struct x4_done {
         uint32_t reasoning_tokens;
         double queue_ms, prefill_ms, decode_ms, total_ms;
         uint64_t server_request_id; /* the id `x4ctl stats` shows and `x4ctl cancel` takes */
-        uint64_t reserved[8];
+        /* taken from reserved[] (same offsets before): finish_reason X4_FINISH_CANCELLED by the server shutting
+         * down (its grace period over), not by a Cancel: worth sending again elsewhere or later.
+         * Always false from servers that do not say (Done.server_shutdown). */
+        uint32_t server_shutdown;
+        uint32_t reserved_pad;
+        uint64_t reserved[7];
 };
 
 /* Return nonzero to cancel the request (a Cancel is sent; the request still ends with a done). */
@@ -270,6 +275,12 @@ X4_API size_t x4_client_pending(const x4_client *c);
 /* Ask the server to stop a request of this client. It ends with finish_reason CANCELLED (or
  * normally, if it finished first). X4_E_NOT_FOUND if the id is not pending here. */
 X4_API int x4_client_cancel(x4_client *c, uint64_t request_id);
+/* Pause (paused true) or resume a request submitted on this client: the server makes no decode
+ * steps for it meanwhile (its cache pages are kept), as it does itself to every request of a client
+ * that does not read. For a client relaying the output to a slower reader of its own, without
+ * holding up its other requests. May be called from a callback. X4_E_UNIMPLEMENTED from a server
+ * older than protocol 1.6; X4_E_NOT_FOUND when the request is not in flight. */
+X4_API int x4_client_pause(x4_client *c, uint64_t request_id, bool paused);
 
 /* ---- server state --------------------------------------------------------------------------- */
 

@@ -84,13 +84,13 @@ class Daemon:
 
 
 class Bridge:
-    def __init__(self, sockets, *args):
+    def __init__(self, sockets, *args, preexec_fn=None):
         need(HTTP)
         cmd = [str(HTTP), "--config", "/dev/null", "--listen", "127.0.0.1:0", *args]
         for s in sockets:
             cmd += ["--socket", s]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
         self.log = []
         self.port = None
         deadline = time.monotonic() + 30
@@ -174,8 +174,8 @@ def bridge(daemon):
 def make_bridge():
     made = []
 
-    def make(sockets, *args):
-        b = Bridge(sockets, *args)
+    def make(sockets, *args, **kw):
+        b = Bridge(sockets, *args, **kw)
         made.append(b)
         return b
     yield make

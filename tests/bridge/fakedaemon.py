@@ -12,7 +12,16 @@ What it answers depends on the request:
   - last message "think-long": two reasoning chunks, finish length (the budget ran out thinking)
   - last message "say-nothing": no chunk, finish stop (the turn ended before any text)
   - a JSON constraint (json_object / json_schema): content {"answer": "yes"} in two chunks
+  - last message "logprob-specials": chunks with logprobs: reasoning, </think> (no text), "Hel",
+    "lo", " wor" held back then " world" with "ld", <_end> (no text)
+  - chat with tools, last message "call-specials": </think>, the call get_weather, <_end>, with
+    logprobs
+  - last user message "flood-N": N content chunks of 1000 characters ("0000xxx...", "0001xxx..."),
+    each sent only while the request is not paused by a Pause frame; each Pause is recorded as
+    {"pause": true|false}
   - last message "cancelled-elsewhere": one chunk, then Done{CANCELLED}
+  - last message "cancelled-by-shutdown": the same with Done.server_shutdown (the daemon's grace
+    period ran out)
   - last message "slow": one chunk, then waits up to 5 s for a Cancel (Done{CANCELLED}) else ends
   - last message "silent": the same wait before any chunk (a long prefill)
   - last user message "error-after-start": one content chunk, then Error{INTERNAL}
@@ -53,6 +62,9 @@ from x4wire import (CANCEL, CHUNK, DONE, ERROR, GENERATE, HEALTH, HEALTH_REPLY, 
                     HELLO, HELLO_REPLY, INFO, INFO_REPLY, STATS, STATS_REPLY, parse, varint)
 from x4wire import field_bytes as fb  # noqa: E402
 from x4wire import field_varint as fv  # noqa: E402
+
+
+from x4wire import PAUSE  # noqa: E402
 
 
 def s(m, k, default=""):
@@ -121,16 +133,21 @@ def decode_generate(g):
     return out
 
 
-def chunk(text, channel=CONTENT, tool=None, token=1):
+def chunk(text, channel=CONTENT, tool=None, token=1, lp=None):
+    """lp: the token's text, for a logprob (-0.5) whose one alternative is the token itself."""
     body = fb(1, text) + fb(2, varint(token)) + fv(3, channel)
+    if lp is not None:
+        f = b"\x15" + struct.pack("<f", -0.5)
+        body += fb(4, fv(1, token) + f + fb(3, fv(1, token) + f + fb(3, lp)))
     if tool:
         body += fb(5, fb(1, tool[0]) + fb(2, tool[1]))
     return body
 
 
-def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42, stop=None):
+def done(finish, prompt=7, cached=3, completion=3, reasoning=1, srid=42, stop=None, shutdown=False):
     usage = fv(1, prompt) + fv(2, cached) + fv(3, completion) + fv(4, reasoning)
-    return fv(1, finish) + fb(2, usage) + (fb(4, stop) if stop else b"") + fv(5, srid)
+    return (fv(1, finish) + fb(2, usage) + (fb(4, stop) if stop else b"") + fv(5, srid) +
+            (fv(6, 1) if shutdown else b""))
 
 
 def error(code, msg):
@@ -153,6 +170,10 @@ def script(req):
     if "apply_patch" in names and last["content"] == "patch-it":
         return [(CHUNK, chunk("", TOOL_CALL, ("apply_patch", json.dumps({"input": PATCH})), token=6)),
                 (DONE, done(FINISH_TOOL_CALLS))]
+    if req.get("tools") and last["content"] == "call-specials":
+        return [(CHUNK, chunk("", token=11, lp="</think>")),
+                (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6, lp="}")),
+                (CHUNK, chunk("", token=16, lp="<_end>")), (DONE, done(FINISH_TOOL_CALLS))]
     if req.get("tools") and last["content"] == "two-calls":
         return [(CHUNK, chunk("Two cities.", REASONING)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
@@ -171,8 +192,18 @@ def script(req):
                 (CHUNK, chunk("", TOOL_CALL, token=5)),
                 (CHUNK, chunk("", TOOL_CALL, ("get_weather", '{"city": "Paris"}'), token=6)),
                 (DONE, done(FINISH_TOOL_CALLS))]
+    if last["content"] == "logprob-specials":
+        # each token with its logprob: </think> and <_end> make no text, " wor" is held back (a
+        # possible stop string) until "ld" comes
+        return [(CHUNK, chunk("Hmm", REASONING, token=10, lp="Hmm")),
+                (CHUNK, chunk("", token=11, lp="</think>")),
+                (CHUNK, chunk("Hel", token=12, lp="Hel")), (CHUNK, chunk("lo", token=13, lp="lo")),
+                (CHUNK, chunk("", token=14, lp=" wor")), (CHUNK, chunk(" world", token=15, lp="ld")),
+                (CHUNK, chunk("", token=16, lp="<_end>")), (DONE, done(FINISH_STOP, completion=7))]
     if last["content"] == "cancelled-elsewhere":
         return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1))]
+    if last["content"] == "cancelled-by-shutdown":
+        return [(CHUNK, chunk("Half")), (DONE, done(FINISH_CANCELLED, completion=1, shutdown=True))]
     if last["content"] == "silent":
         return [(WAIT_CANCEL, 5.0), (CHUNK, chunk("Late")), (DONE, done(FINISH_STOP, completion=1))]
     if last["content"] == "slow":
@@ -225,6 +256,42 @@ class Conn(threading.Thread):
                         return buf, True
         return buf, False
 
+    def note(self, what):
+        if self.record:
+            with open(self.record, "a") as out:
+                out.write(json.dumps(what) + "\n")
+
+    def flood(self, rid, buf, n):
+        """n chunks of 1000 characters, each sent only while the request is not paused (Pause
+        frames read between them; each recorded as {"pause": bool})."""
+        import select
+        paused = False
+        i = 0
+        while i < n:
+            while select.select([self.sock], [], [], 20.0 if paused else 0)[0]:
+                d = self.sock.recv(65536)
+                if not d:
+                    return buf
+                buf += d
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                    k = struct.unpack(">I", buf[:4])[0]
+                    f, buf = parse(buf[4:4 + k]), buf[4 + k:]
+                    if PAUSE in f:
+                        p = parse(f[PAUSE][0])
+                        paused = bool(p.get(1, [0])[0])
+                        self.note({"pause": paused})
+                    elif CANCEL in f:
+                        self.send(rid, DONE, done(FINISH_CANCELLED, completion=i))
+                        return buf
+                if not paused:
+                    break
+            if paused:
+                continue
+            self.send(rid, CHUNK, chunk("%04d" % i + "x" * 996, token=100 + i))
+            i += 1
+        self.send(rid, DONE, done(FINISH_STOP, completion=n))
+        return buf
+
     def run(self):
         buf = b""
         try:
@@ -238,7 +305,7 @@ class Conn(threading.Thread):
                 f, buf = parse(buf[4:4 + n]), buf[4 + n:]
                 rid = f.get(1, [0])[0]
                 if HELLO in f:
-                    self.send(0, HELLO_REPLY, fv(1, 1) + fv(2, 0) + fb(3, "xing4d 0.1.0 (fake)") +
+                    self.send(0, HELLO_REPLY, fv(1, 1) + fv(2, 6) + fb(3, "xing4d 0.1.0 (fake)") +
                               fb(4, MODEL) + fv(5, 16 << 20) + fb(6, "fake"))
                 elif INFO in f:
                     self.send(rid, INFO_REPLY, fb(1, "xing4d 0.1.0 (fake)") + fb(2, MODEL) + fb(3, "fake"))
@@ -263,6 +330,9 @@ class Conn(threading.Thread):
                         continue
                     if last == "hang-up":
                         return  # closes the connection (finally)
+                    if isinstance(last, str) and last.startswith("flood-"):
+                        buf = self.flood(rid, buf, int(last[6:]))
+                        continue
                     if last == "call-slow":
                         self.send(rid, CHUNK, chunk("", TOOL_CALL, token=5))
                         time.sleep(2.5)

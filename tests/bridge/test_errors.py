@@ -21,12 +21,49 @@ def test_invalid_json_is_400_with_position(bridge):
 
 
 def test_an_integer_past_64_bits_is_said_to_be_one(bridge):
-    """A seed of 2^63 is valid JSON: the error says the integer is out of range, not that the body
-    is not JSON."""
+    """A max_tokens of 2^63 is valid JSON: the error says the integer is out of range, not that the
+    body is not JSON."""
     st, _, body = bridge.post("/v1/chat/completions",
-                              b'{"model": "xing4", "seed": 9223372036854775808, "messages": []}')
+                              b'{"model": "xing4", "max_tokens": 9223372036854775808, "messages": []}')
     e = assert_openai_error(st, body, 400, "the integer at line 1, column")
     assert "out of range" in e["message"] and "not valid JSON" not in e["message"], e
+
+
+@pytest.mark.parametrize("seed", ["18446744073709551615", "9223372036854775808", "9223372036854775807", "0"])
+def test_a_seed_takes_the_whole_uint64_range(fake_bridge, fake, seed):
+    """The protocol's seed is a uint64: seeds past 2^63 (beyond jansson's int64) reach the daemon as
+    sent."""
+    body = b'{"model": "xing4", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "seed": ' + \
+        seed.encode() + b'}'
+    st, _, out = fake_bridge.post("/v1/chat/completions", body)
+    assert st == 200, out
+    sent = json.loads(fake["record"].read_text().splitlines()[-1])
+    assert sent["sampling"]["seed"] == int(seed), sent
+
+
+def test_a_seed_past_uint64_names_its_range(fake_bridge):
+    body = b'{"model": "xing4", "messages": [{"role": "user", "content": "hi"}], "seed": 18446744073709551616}'
+    st, _, out = fake_bridge.post("/v1/chat/completions", body)
+    e = assert_openai_error(st, out, 400, "seed: 18446744073709551616 is out of range", param="seed")
+    assert "18446744073709551615" in e["message"] and e["code"] == "integer_out_of_range", e
+
+
+@pytest.mark.parametrize("value", [{}, {"search_context_size": "low"}])
+def test_web_search_options_are_refused_by_name(fake_bridge, value):
+    """Web search runs on OpenAI's servers: refused like a web_search tool, not silently ignored
+    (even {} turns it on)."""
+    st, _, out = fake_bridge.post("/v1/chat/completions", chat(web_search_options=value))
+    e = assert_openai_error(st, out, 400, "web_search_options: web search", param="web_search_options")
+    assert e["code"] == "unsupported_parameter", e
+    st, _, out = fake_bridge.post("/v1/chat/completions", chat(web_search_options=None))
+    assert st == 200, out
+
+
+def test_a_big_seed_inside_something_else_stays_out_of_range(fake_bridge):
+    body = b'{"model": "xing4", "messages": [{"role": "user", "content": "hi"}], "metadata": {"seed": ' \
+        b'18446744073709551615}}'
+    st, _, out = fake_bridge.post("/v1/chat/completions", body)
+    assert_openai_error(st, out, 400, "the integer at line 1, column")
 
 
 @pytest.mark.parametrize("field,value,message", [

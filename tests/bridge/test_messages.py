@@ -176,10 +176,18 @@ def test_output_format_json_schema(fake, fake_bridge):
     (msg(output_config={"format": {"type": "nope"}}), "output_config", "output_config.format: {\"type\": \"json_schema\""),
     (msg(output_config=3), "output_config", "output_config: an object expected"),
     (msg(metadata=[]), "metadata", "metadata: an object"),
+    (msg(mcp_servers=[{"type": "url", "url": "https://mcp.example/sse", "name": "ex"}]), "mcp_servers",
+     "mcp_servers: remote MCP servers"),
 ])
 def test_bad_values_are_400_in_anthropic_shape(fake_bridge, body, field, part):
     st, _, out = post(fake_bridge, body)
     assert_anthropic_error(st, out, 400, "invalid_request_error", part)
+
+
+@pytest.mark.parametrize("value", [None, []])
+def test_no_mcp_servers_is_fine(fake_bridge, value):
+    st, _, out = post(fake_bridge, msg(mcp_servers=value))
+    assert st == 200, out
 
 
 def test_unknown_model_and_other_errors_in_anthropic_shape(fake, fake_bridge, make_bridge, tmp_path):

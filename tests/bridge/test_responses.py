@@ -349,3 +349,33 @@ def test_stored_responses_can_be_retrieved_and_deleted(fake_bridge):
     st, _, unstored = fake_bridge.post("/v1/responses", resp("hi", store=False))
     st, _, body = fake_bridge.request("GET", f"/v1/responses/{unstored['id']}")
     assert st == 404, body
+
+
+def test_input_items_of_a_stored_response(fake_bridge):
+    """GET /v1/responses/ID/input_items (the SDK's responses.inputItems.list): the input as sent,
+    as items with ids, newest first by default, paged by limit and after."""
+    st, _, made = fake_bridge.post("/v1/responses", resp("hi"))
+    assert st == 200, made
+    st, _, page = fake_bridge.request("GET", f"/v1/responses/{made['id']}/input_items")
+    assert st == 200, page
+    assert page["object"] == "list" and page["has_more"] is False, page
+    (item,) = page["data"]
+    assert item["type"] == "message" and item["role"] == "user", item
+    assert item["content"] == [{"type": "input_text", "text": "hi"}] and item["id"], item
+    assert page["first_id"] == page["last_id"] == item["id"]
+    items = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "one"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]}]
+    st, _, made = fake_bridge.post("/v1/responses", resp(items))
+    assert st == 200, made
+    url = f"/v1/responses/{made['id']}/input_items"
+    st, _, page = fake_bridge.request("GET", url)
+    texts = [i["content"][0]["text"] for i in page["data"]]
+    assert texts == ["two", "one", "Be brief."], page
+    st, _, page = fake_bridge.request("GET", url + "?order=asc&limit=2")
+    assert [i["content"][0]["text"] for i in page["data"]] == ["Be brief.", "one"] and page["has_more"], page
+    st, _, page = fake_bridge.request("GET", url + f"?order=asc&after={page['last_id']}")
+    assert [i["content"][0]["text"] for i in page["data"]] == ["two"] and not page["has_more"], page
+    st, _, body = fake_bridge.request("GET", url + "?limit=0")
+    assert_openai_error(st, body, 400, "limit: an integer from 1 to 100", "limit")
+    st, _, body = fake_bridge.request("GET", "/v1/responses/resp_nope/input_items")
+    assert_openai_error(st, body, 404, "not found", None)

@@ -399,22 +399,29 @@ def test_a_long_prefill_gets_headers_and_keep_alives(make_bridge, fake, tmp_path
     assert '"content":"Hello"' in rest
 
 
-def test_cancelled_non_streaming_request_is_an_error_not_finish_reason_cancelled(bridge, daemon):
-    # x4ctl cancel (or the daemon stopping) ends a request whose client still waits: the answer
-    # is incomplete, and OpenAI's finish_reason has no value for that ("cancelled" breaks typed
-    # clients), so it is a 499 error that SDKs do not retry
-    import subprocess
-    from conftest import X4CTL
+def post_running(bridge, daemon, max_tokens):
+    """A non-streamed chat request posted from a thread, once the daemon runs it: (thread, {"r":
+    the (status, headers, body) once it is answered})."""
     out = {}
 
     def call():
-        out["r"] = bridge.post("/v1/chat/completions", chat("go on", max_tokens=4000, ignore_eos=True))
+        out["r"] = bridge.post("/v1/chat/completions", chat("go on", max_tokens=max_tokens, ignore_eos=True))
     t = threading.Thread(target=call)
     t.start()
     deadline = time.monotonic() + 30
     while not daemon.stats()["requests"]:
         assert time.monotonic() < deadline, "the request never reached the daemon"
         time.sleep(0.02)
+    return t, out
+
+
+def test_cancelled_non_streaming_request_is_an_error_not_finish_reason_cancelled(bridge, daemon):
+    # x4ctl cancel (or the daemon stopping) ends a request whose client still waits: the answer
+    # is incomplete, and OpenAI's finish_reason has no value for that ("cancelled" breaks typed
+    # clients), so it is a 499 error that SDKs do not retry
+    import subprocess
+    from conftest import X4CTL
+    t, out = post_running(bridge, daemon, 4000)
     sid = daemon.stats()["requests"][0]["server_request_id"]
     r = subprocess.run([str(X4CTL), "--socket", daemon.sock, "cancel", str(sid)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -475,3 +482,103 @@ def test_a_tool_call_being_written_still_gets_headers_and_keep_alives(make_bridg
     c.close()
     assert r.status == 200 and headers_s < 0.9, headers_s
     assert data.count(": keep-alive\n\n") >= 1 and '"name":"get_weather"' in data, data
+
+
+def test_a_cancel_by_the_daemon_shutting_down_is_a_503_to_retry(fake_bridge):
+    """Done.server_shutdown (the daemon's grace period ran out): the request was fine, so it is a
+    503 with Retry-After, which the SDKs retry, not the 499 of a client's own cancel."""
+    st, hdrs, body = fake_bridge.post("/v1/chat/completions", chat("cancelled-by-shutdown"))
+    e = assert_openai_error(st, body, 503, "because the daemon is shutting down")
+    assert e["code"] == "shutting_down" and "retry" in e["message"], e
+    assert int(hdrs["retry-after"]) >= 1, hdrs
+    st, hdrs, body = fake_bridge.post("/v1/messages", {"model": "claude-x", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "cancelled-by-shutdown"}]}, headers={"anthropic-version": "2023-06-01"})
+    assert st == 503 and body["error"]["type"] == "overloaded_error", body
+    assert "retry-after" in hdrs
+    # streamed: the error event says the same
+    c = fake_bridge.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("cancelled-by-shutdown", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    assert '"code":"shutting_down"' in data and "[DONE]" not in data, data
+    # a cancel from elsewhere stays a 499
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("cancelled-elsewhere"))
+    assert st == 499 and body["error"]["code"] == "request_cancelled", body
+
+
+def test_daemon_grace_period_over_is_a_503(demo_model, make_bridge, tmp_path):
+    """The real daemon says which cancels are its shutdown's: SIGTERM with a 1 s grace period while
+    a non-streamed request runs gives its client a 503 to retry."""
+    import signal
+    from conftest import Daemon, DAEMON_CONF
+    d = Daemon(tmp_path, demo_model, conf=DAEMON_CONF + "grace = 1\n")
+    try:
+        t, out = post_running(make_bridge([d.sock]), d, 100000)
+        d.proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        st, hdrs, body = out["r"]
+        e = assert_openai_error(st, body, 503, "because the daemon is shutting down")
+        assert e["code"] == "shutting_down" and "retry-after" in hdrs, (e, hdrs)
+    finally:
+        d.close()
+
+
+def test_drain_window_over_ends_streams_with_a_shutdown_error(fake, make_bridge, tmp_path):
+    """SIGTERM, then the drain window (drain-timeout) runs out mid-stream: the stream gets an error
+    event saying so and a proper end of its chunked body (not a cut connection), and the log says
+    it was the shutdown, not the client going away."""
+    import signal
+    conf = tmp_path / "http.conf"
+    conf.write_text("[xing4-http]\ndrain-timeout = 1\n")
+    b = make_bridge([fake["socket"]], "--config", str(conf))
+    c = b.conn(timeout=20)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("slow", stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200  # the stream is under way: its headers follow the first token
+    b.proc.send_signal(signal.SIGTERM)
+    data = r.read().decode()  # http.client raises IncompleteRead on a cut chunked body
+    c.close()
+    assert '"code":"shutting_down"' in data and "xing4-http is shutting down" in data, data
+    assert "[DONE]" not in data
+    assert b.proc.wait(timeout=15) == 0
+    log = "".join(b.log)
+    assert "drain window of 1 s is over" in log and "client went away" not in log, log
+
+
+def test_logprobs_cover_exactly_the_content(fake_bridge):
+    """As OpenAI's: the tokens of logprobs.content join to the content; special tokens (</think>,
+    <_end>) and reasoning tokens are left out, and a token whose text was held back comes with the
+    text it turned out to be."""
+    want = ["Hel", "lo", " wor", "ld"]
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("logprob-specials", logprobs=True, top_logprobs=1))
+    assert st == 200, body
+    m = body["choices"][0]
+    tokens = [e["token"] for e in m["logprobs"]["content"]]
+    assert tokens == want and "".join(tokens) == m["message"]["content"], (tokens, m)
+    c = fake_bridge.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat("logprob-specials", logprobs=True, stream=True)),
+              headers={"Content-Type": "application/json"})
+    data = c.getresponse().read().decode()
+    c.close()
+    streamed, text = [], ""
+    for line in data.splitlines():
+        if line.startswith("data: {"):
+            ch = json.loads(line[6:])["choices"]
+            if ch:
+                text += ch[0]["delta"].get("content") or ""
+                streamed += [e["token"] for e in (ch[0].get("logprobs") or {}).get("content") or []]
+    assert streamed == want and text == "Hello world", (streamed, data)
+
+
+def test_a_forced_call_has_no_content_logprobs(fake_bridge):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat(
+        "call-specials", tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        logprobs=True))
+    assert st == 200, body
+    m = body["choices"][0]
+    assert m["message"]["content"] is None and m["message"]["tool_calls"], m
+    assert m["logprobs"]["content"] == [], m["logprobs"]

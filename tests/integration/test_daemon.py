@@ -924,6 +924,40 @@ def test_a_client_that_does_not_read_is_paused_not_buffered(fresh_daemon):
     assert d.stats()["cache_pages_used"] == 0
 
 
+def test_a_client_pauses_one_request_and_not_the_others(fresh_daemon):
+    # Pause (protocol 1.6): the client's own back-pressure on one request, as a bridge relaying
+    # many clients over one connection needs; its other requests go on
+    d = fresh_daemon()
+    c = w.Conn(d.sock)
+    c.hello()
+    req = w.generate_tokens([5, 6, 7], max_tokens=100000, temperature=0.0, ignore_eos=True)
+    c.send(w.frame(1, w.GENERATE, req))
+    d.wait_stats(lambda s: s["requests"] and s["requests"][0]["completion_tokens"] > 0,
+                 what="the request running")
+    c.send(w.frame(1, w.PAUSE, w.field_varint(1, 1)))
+    s = d.wait_stats(lambda s: s["requests"][0]["paused"], what="the request paused")
+    n1 = s["requests"][0]["completion_tokens"]
+    time.sleep(0.3)
+    assert d.stats()["requests"][0]["completion_tokens"] == n1  # no decode steps while paused
+    # another request on the same connection runs to its end meanwhile
+    c.send(w.frame(2, w.GENERATE, w.generate_tokens([8, 9], max_tokens=4, ignore_eos=True)))
+    while True:
+        f = c.recv()
+        if w.DONE in f and f[1] == [2]:
+            break
+    c.send(w.frame(1, w.PAUSE, w.field_varint(1, 0)))
+    s = d.wait_stats(lambda s: not s["requests"][0]["paused"] and s["requests"][0]["completion_tokens"] > n1,
+                     what="the request resumed")
+    # an unknown request is ignored, not an error: the connection goes on
+    c.send(w.frame(77, w.PAUSE, w.field_varint(1, 1)))
+    c.send(w.frame(1, w.CANCEL))
+    while True:
+        f = c.recv()
+        assert w.ERROR not in f, f
+        if w.DONE in f and f[1] == [1]:
+            break
+
+
 def test_c_client_snapshots_a_finished_request(daemon, client_test):
     r, f = run_client(client_test, daemon, "snapshot-from", "conv1")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -11,6 +11,7 @@ HELLO, HELLO_REPLY, GENERATE, CHUNK, DONE, CANCEL = 10, 11, 12, 13, 14, 15
 SNAPSHOT, SNAPSHOT_REPLY = 16, 17
 STATS, STATS_REPLY, INFO, INFO_REPLY, HEALTH, HEALTH_REPLY, ERROR = 18, 19, 20, 21, 22, 23, 24
 PROGRESS = 25  # PrefillProgress (server -> client during a long prefill)
+PAUSE = 26  # Pause (client -> server: one request's back-pressure; minor 6)
 
 ERROR_NAMES = {1: "INVALID_ARGUMENT", 2: "NOT_FOUND", 3: "UNAVAILABLE", 4: "TOO_LARGE",
                5: "PROTOCOL", 6: "VERSION_MISMATCH", 7: "INTERNAL", 8: "RESOURCE_EXHAUSTED",
