@@ -763,8 +763,8 @@ extern "C" void cu_hc_setup(void) {
         hc_wtok_fits[2] = hc_wtok_attr<CU_TYPE_F32>();
 }
 
-/* X4_CUDA_HC: 0 unset (the default's choice), 1 fused, 2 tiled, 3 wtok (k_hc_wtok for more than
- * one token; opt-in until a GPU has timed it); the SM count */
+/* X4_CUDA_HC: 0 unset (the default's choice: k_hc_wtok from HCW_DEFAULT_MIN tokens), 1 fused,
+ * 2 tiled, 3 wtok (k_hc_wtok for every count over one token); the SM count */
 static int hc_force = -1, hc_sms = 0;
 static void hc_env(void) {
         if (hc_force >= 0)
@@ -807,15 +807,23 @@ static uint32_t hc_wtok_tile(uint32_t T, uint32_t NB) {
         return (uint32_t) tt;
 }
 
-/* Whether k_hc_wtok takes this launch: asked for (X4_CUDA_HC=wtok), more than one token, its
- * shared memory fits, and the rows it reads 16 bytes at a time are aligned */
+/* Passes from which k_hc_wtok is the default: prompt chunks (H200 and H100, full model: prefill
+ * 4,096 12,370 -> 12,933 and 12,346 -> 12,850 tok/s, 512 +1.4-1.7%); decode batches of 16 and 64
+ * keep the tiled kernel, which was as fast or faster there (-0.7 to -1.4% with wtok). The bits
+ * are the same either way (tests/gpu/run.sh compares them with cmp). */
+#define HCW_DEFAULT_MIN 128
+
+/* Whether k_hc_wtok takes this launch: asked for (X4_CUDA_HC=wtok, more than one token) or the
+ * default's choice (HCW_DEFAULT_MIN tokens or more), its shared memory fits, and the rows it reads
+ * 16 bytes at a time are aligned */
 static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const float *X, uint32_t T, bool fits) {
         hc_env();
-        if (hc_force != 3 || T < 2)
+        bool asked = hc_force == 3;
+        if (T < 2 || !(asked || (hc_force == 0 && T >= HCW_DEFAULT_MIN)))
                 return false;
         bool aligned = (uintptr_t) X % 16 == 0 && (!p->y || ((uintptr_t) p->y % 16 == 0 && p->y_slot_stride % 4 == 0));
         bool ok = fits && a->H % 8 == 0 && aligned;
-        if (!ok) {
+        if (!ok && asked) {
                 /* asked for (tests compare the paths): say that it cannot be, once */
                 static bool said;
                 if (!said)
