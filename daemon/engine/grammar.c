@@ -2778,6 +2778,10 @@ struct grammar_matcher {
         uint32_t cache_next;
         bool no_cache;
         struct sbuf comp;
+        uint32_t *comp_tok;     /* comp_tok[i]: fewest tokens that spell comp.p[i..], INF_LEN none */
+        size_t comp_tok_cap;
+        uint32_t root_tokens;   /* fewest tokens of the shortest complete output */
+        uint32_t margin_tokens; /* closing_margin() in tokens */
 };
 
 void grammar_matcher_set_cache(struct grammar_matcher *m, bool on) {
@@ -2794,7 +2798,73 @@ void grammar_matcher_free(struct grammar_matcher *m) {
         free(m->level);
         free(m->key);
         free(m->comp.p);
+        free(m->comp_tok);
         free(m);
+}
+
+/* The child of trie node `node` by byte c, UINT32_MAX if none. */
+static uint32_t trie_child(const struct grammar_vocab *v, uint32_t node, uint8_t c) {
+        const struct tnode *nd = &v->nodes[node];
+        for (uint32_t k = 0; k < nd->n_child; k++)
+                if (v->nodes[nd->child + k].byte == c)
+                        return nd->child + k;
+        return UINT32_MAX;
+}
+
+/* The fewest tokens of the vocabulary that spell s[i..n), for every i, in dp[0..n] (dp[n] = 0;
+ * INF_LEN where no sequence of text tokens does). The budget counts tokens, the completions are
+ * bytes: markup like `<param_key>` is one user-defined piece of the release's vocabulary, a
+ * word a few bytes each. */
+static void spell_tokens(const struct grammar_vocab *v, const char *s, size_t n, uint32_t *dp) {
+        dp[n] = 0;
+        for (size_t i = n; i-- > 0;) {
+                uint32_t node = 0, best = INF_LEN;
+                for (size_t d = i; d < n; d++) {
+                        if ((node = trie_child(v, node, (uint8_t) s[d])) == UINT32_MAX)
+                                break;
+                        if (v->nodes[node].n_end && dp[d + 1] < INF_LEN)
+                                best = MIN(best, dp[d + 1] + 1);
+                }
+                dp[i] = best;
+        }
+}
+
+/* Tokens of a text: the fewest that spell it, one a byte when none does. */
+static uint32_t text_tokens(struct grammar_matcher *m, const char *s, size_t n) {
+        if (n + 1 > m->comp_tok_cap) {
+                uint32_t *p = realloc(m->comp_tok, (n + 1) * sizeof *p);
+                if (!p)
+                        return (uint32_t) MIN(n, (size_t) INF_LEN);
+                m->comp_tok = p;
+                m->comp_tok_cap = n + 1;
+        }
+        spell_tokens(m->v, s, n, m->comp_tok);
+        return m->comp_tok[0] < INF_LEN ? m->comp_tok[0] : (uint32_t) MIN(n, (size_t) INF_LEN);
+}
+
+/* The shortest complete output and the closing margin in tokens (a node's shortest value
+ * spelled by the vocabulary: only nodes whose shortest value has more bytes than the largest
+ * count so far can give more tokens). */
+static int count_tokens(struct grammar_matcher *m) {
+        const struct grammar *g = m->g;
+        struct sbuf b = { 0 };
+        uint32_t most = 0;
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+                if (g->nodes[i].min_len >= INF_LEN || g->nodes[i].min_len <= most)
+                        continue;
+                b.n = 0;
+                emit_min(g, (int32_t) i, &b, 0);
+                if (b.oom)
+                        break;
+                most = MAX(most, text_tokens(m, b.p ? b.p : "", b.n));
+        }
+        b.n = 0;
+        emit_min(g, g->root, &b, 0);
+        m->root_tokens = b.oom ? MIN(g->nodes[g->root].min_len, 4096u) : MIN(text_tokens(m, b.p ? b.p : "", b.n), 4096u);
+        m->margin_tokens = MIN(most, 256u) + 2;
+        bool oom = b.oom;
+        free(b.p);
+        return oom ? -ENOMEM : 0;
 }
 
 int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v, const int32_t *end_ids,
@@ -2813,7 +2883,7 @@ int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v, 
         push(g, &m->cur.t[0], g->root);
         m->n_level = v->max_len + 2;
         m->level = malloc((size_t) m->n_level * sizeof *m->level);
-        if (!m->level)
+        if (!m->level || count_tokens(m) < 0)
                 return -ENOMEM;
         *ret = TAKE_PTR(m);
         return 0;
@@ -2975,14 +3045,20 @@ static uint32_t best_completion(struct grammar_matcher *m) {
 
 /* Tokens kept beyond the shortest completion before closing starts: one token can open values
  * whose shortest completions add up to about this (a key of a long optional property, an anyOf
- * branch, a nested object), so closing still fits after it. */
+ * branch, a nested object), so closing still fits after it. Counted in tokens of the vocabulary,
+ * as the budget is: the largest shortest value of any node, spelled in the fewest tokens. */
 static uint32_t closing_margin(const struct grammar_matcher *m) {
-        return MIN(m->g->max_min_len, 256u) + MIN(m->v->max_len, 64u);
+        return m->margin_tokens;
 }
 
+/* What a reasoning before the output leaves it: the shortest complete output in tokens with the
+ * special tokens around it and the end, the closing margin, and as much again for the values to
+ * be more than their shortest (a forced call that starts closing writes empty strings). A byte
+ * a token would reserve the markup of a native call several times over (`<param_key>` is one
+ * piece): the reasoning of a 256-token request was cut after a token. */
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m) {
         const struct grammar *g = m->g;
-        return MIN(g->nodes[g->root].min_len, 4096u) + g->n_pre + g->n_post + 1 + closing_margin(m);
+        return m->root_tokens + g->n_pre + g->n_post + 1 + 2 * closing_margin(m);
 }
 
 /* A value's raw text with its end marker begun (`<`, `</pa`, ...), one thread: a token whose first
@@ -3088,6 +3164,20 @@ static int mask_of_set(struct grammar_matcher *m, const struct tset *set, uint64
         return cnt;
 }
 
+/* The tokens along the shortest completion m->comp; with a limit, only those after which the
+ * rest takes at most limit - 1 tokens (m->comp_tok counted). Returns how many. */
+static int mask_along(struct grammar_matcher *m, uint64_t *mask, uint64_t limit) {
+        const struct grammar_vocab *v = m->v;
+        uint32_t node = 0;
+        for (size_t d = 0; d < m->comp.n; d++) {
+                if ((node = trie_child(v, node, (uint8_t) m->comp.p[d])) == UINT32_MAX)
+                        break;
+                if (limit == UINT64_MAX || (m->comp_tok[d + 1] < INF_LEN && 1 + (uint64_t) m->comp_tok[d + 1] <= limit))
+                        set_range(v, mask, v->nodes[node].lo, v->nodes[node].lo + v->nodes[node].n_end);
+        }
+        return count_bits(mask, v->n_words);
+}
+
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
         const struct grammar *g = m->g;
         const struct grammar_vocab *v = m->v;
@@ -3111,7 +3201,15 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 return -ENOMEM;
         uint64_t after = (uint64_t) g->n_post + 1; /* `</tool_call>`, EOS */
         uint64_t margin = closing_margin(m);
-        if ((uint64_t) budget <= m->comp.n + after + margin && (m->comp.n > 0 || can_end)) {
+        /* the completion in tokens (never more than its bytes when every byte is a piece): only
+         * counted when the budget could be close */
+        uint64_t comp_tokens = m->comp.n;
+        bool counted = false;
+        if ((uint64_t) budget <= m->comp.n + after + margin && m->comp.n > 0) {
+                comp_tokens = text_tokens(m, m->comp.p, m->comp.n);
+                counted = m->comp_tok_cap > m->comp.n; /* else out of memory: bytes, an upper bound */
+        }
+        if ((uint64_t) budget <= comp_tokens + after + margin && (m->comp.n > 0 || can_end)) {
                 if (m->comp.n == 0) {
                         if (g->n_post)
                                 set_bit(mask, g->post[0]);
@@ -3119,21 +3217,12 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                                 mask_ends(m, mask);
                         return count_bits(mask, v->n_words);
                 }
-                uint32_t node = 0;
-                for (size_t d = 0; d < m->comp.n; d++) {
-                        const struct tnode *nd = &v->nodes[node];
-                        uint32_t next = UINT32_MAX;
-                        for (uint32_t k = 0; k < nd->n_child; k++)
-                                if (v->nodes[nd->child + k].byte == (uint8_t) m->comp.p[d]) {
-                                        next = nd->child + k;
-                                        break;
-                                }
-                        if (next == UINT32_MAX)
-                                break;
-                        node = next;
-                        set_range(v, mask, v->nodes[node].lo, v->nodes[node].lo + v->nodes[node].n_end);
-                }
-                int cnt = count_bits(mask, v->n_words);
+                /* a token after which the rest can still be spelled within the budget (byte
+                 * pieces all along would not fit where the markup's pieces do); when none does,
+                 * any along the completion, the shortest way not being enough anyway */
+                int cnt = mask_along(m, mask, counted ? (uint64_t) budget - MIN(after, budget) : UINT64_MAX);
+                if (cnt == 0 && counted)
+                        cnt = mask_along(m, mask, UINT64_MAX);
                 if (cnt > 0)
                         return cnt;
                 /* the vocabulary cannot spell the completion: fall back to the full mask */

@@ -57,9 +57,9 @@
  *     anyOf mixing string enum values with other schemas takes any raw text. Otherwise the
  *     value's JSON, constrained as above (whitespace before it, none after), then the marker.
  * The JSON form of a call (`{"name":…,"arguments":{…}}`), which the output parser also reads, is
- * not allowed: a model trained on the native form writes junk in it. The markup counts as bytes
- * in the budget (below) like any text: on a vocabulary without its pieces a call needs more
- * tokens than one with them.
+ * not allowed: a model trained on the native form writes junk in it. The budget (below) counts
+ * tokens of the vocabulary: the markup is one piece each where the vocabulary has it as a
+ * user-defined piece (the release's does), its bytes otherwise.
  *
  * The text a token stands for is its decoded piece (`▁` as ' ', byte pieces as their byte);
  * control, unknown and registered special pieces are never part of the JSON. The decoder drops
@@ -138,11 +138,14 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct grammar_matcher *, grammar_matcher_free);
 
 /* The allowed tokens now, as a bitset of DIV_ROUND_UP(n_vocab, 64) words (bit id % 64 of word
  * id / 64). budget: the tokens the request may still generate, this one included; when it gets
- * close to what the shortest completion needs, only tokens along that completion are allowed
- * (so the output closes before max_tokens; "close" keeps a margin of the longest token plus the
- * longest shortest-value of any schema node, which covers what one token can open; a budget
- * smaller than the shortest complete output cannot close and ends by length). Returns the number of allowed tokens (0: the
- * vocabulary cannot continue the output). Masks of states seen before come from a cache. */
+ * close to what the shortest completion needs, only tokens along that completion are allowed,
+ * and of those only the ones after which the rest can still be spelled within the budget (so
+ * the output closes before max_tokens). Lengths are tokens: a completion counts the fewest
+ * tokens of the vocabulary that spell it; "close" keeps a margin of the longest shortest-value of
+ * any schema node, so counted, which covers what one token can open; a budget smaller than the
+ * shortest complete output cannot close and ends by length. Returns the number of allowed
+ * tokens (0: the vocabulary cannot continue the output). Masks of states seen before come from a
+ * cache. */
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask);
 /* Advance by a generated token: 0, or -EINVAL (state unchanged) if the constraint forbids it. */
 int grammar_matcher_accept(struct grammar_matcher *m, int32_t id);
@@ -153,7 +156,8 @@ bool grammar_matcher_can_end(const struct grammar_matcher *m);
 /* An end token was accepted: nothing more is allowed but end tokens. */
 bool grammar_matcher_ended(const struct grammar_matcher *m);
 /* Tokens to keep for the constrained output when something unconstrained comes first (the
- * reasoning): the shortest complete output plus a margin. */
+ * reasoning): the shortest complete output in tokens, its special tokens and the end, and twice
+ * the closing margin (room for values longer than their shortest). */
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m);
 
 /* Benchmarks: off, every mask is computed (the trie walk) instead of taken from the cache. */

@@ -141,6 +141,26 @@ def test_demo_model_forced_tool_call(demo_bridge):
     assert use[0]["input"]["city"] == "Lisbon" and isinstance(use[0]["input"]["days"], int), use
 
 
+def test_forced_call_leaves_the_reasoning_room(demo_bridge):
+    """Thinking on (the default), a forced call and max_tokens 256: the reserve kept for the call
+    is counted in tokens of the vocabulary (its markup is one piece each), not a token a byte of its
+    ~120-byte shortest form, so the reasoning runs more than a few tokens before `</think>` is
+    forced, and the call still comes, valid."""
+    resp = post(demo_bridge + "/v1/chat/completions", {
+        "model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [FORECAST_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}]})
+    choice = resp["choices"][0]
+    reasoning = resp["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    assert reasoning >= 8, (reasoning, choice["message"].get("reasoning_content"))
+    assert choice["finish_reason"] == "tool_calls", json.dumps(choice)[:1000]
+    calls = choice["message"]["tool_calls"]
+    assert len(calls) == 1 and calls[0]["function"]["name"] == "get_weather", calls
+    args = json.loads(calls[0]["function"]["arguments"])
+    assert isinstance(args.get("city"), str) and isinstance(args.get("days"), int), args
+    assert args.get("unit", "celsius") in ("celsius", "fahrenheit"), args
+
+
 def test_logprobs_cover_the_answer_only(demo_bridge):
     """OpenAI's logprobs.content covers the tokens of message.content: with thinking on, neither
     the reasoning nor the `</think>` that closes it is an entry, so the entries' tokens join to the

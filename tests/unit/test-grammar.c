@@ -759,9 +759,14 @@ static void test_tool_call_tokens(void **state) {
         grammar_free(g);
 }
 
+/* a walk is free until the budget is close in tokens: a free key or value may take a few hundred
+ * byte pieces */
+#define KEY_MAX 512
+#define VAL_MAX 1024
+
 /* A native call as the output parser reads it: NAME, then key / value pairs; checks the name is
  * one of names[] and returns the number of pairs, -1 if it does not parse. */
-static int parse_native(const char *s, const char *const *names, size_t n_names, char keys[][32], char vals[][64]) {
+static int parse_native(const char *s, const char *const *names, size_t n_names, char keys[][KEY_MAX], char vals[][VAL_MAX]) {
         const char *k = strstr(s, "<param_key>");
         size_t nl = k ? (size_t) (k - s) : strlen(s);
         bool named = false;
@@ -774,10 +779,10 @@ static int parse_native(const char *s, const char *const *names, size_t n_names,
         int n = 0;
         for (s += nl; *s; n++) {
                 const char *ke = strstr(s, "</param_key><param_value>"), *ve = ke ? strstr(ke, V) : NULL;
-                if (strncmp(s, "<param_key>", 11) != 0 || !ve || ke - s - 11 >= 32 || ve - ke - 25 >= 64)
+                if (strncmp(s, "<param_key>", 11) != 0 || !ve || ke - s - 11 >= KEY_MAX || ve - ke - 25 >= VAL_MAX)
                         return -1;
-                snprintf(keys[n], 32, "%.*s", (int) (ke - s - 11), s + 11);
-                snprintf(vals[n], 64, "%.*s", (int) (ve - ke - 25), ke + 25);
+                snprintf(keys[n], KEY_MAX, "%.*s", (int) (ke - s - 11), s + 11);
+                snprintf(vals[n], VAL_MAX, "%.*s", (int) (ve - ke - 25), ke + 25);
                 s = ve + strlen(V);
         }
         return n;
@@ -801,7 +806,7 @@ static void test_tool_call_walks(void **state) {
                 assert_non_null(e);
                 assert_string_equal(e, "</tool_call>");
                 *e = 0;
-                char keys[16][32], vals[16][64];
+                char keys[16][KEY_MAX], vals[16][VAL_MAX];
                 int n = parse_native(out + 11, names, ELEMENTSOF(names), keys, vals), required = 0;
                 if (n < 0)
                         fail_msg("not a native call: %s", out);
@@ -825,6 +830,28 @@ static void test_tool_call_walks(void **state) {
                 free(out);
                 grammar_free(g);
         }
+}
+
+/* The reserve a reasoning leaves the call is counted in tokens: get_weather's shortest call is 120
+ * bytes but 13 tokens here (`get` `_weather`, the markup one piece each, `0`); walks that start
+ * with just the reserve still close. */
+static void test_tool_call_reserve(void **state) {
+        struct grammar *g = tool(TOOLS, "get_weather");
+        struct grammar_matcher *m = NULL;
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        uint32_t reserve = grammar_matcher_reserve(m);
+        /* 13 tokens, `<tool_call>`, `</tool_call>`, the end, twice the margin (the call's 13 + 2) */
+        assert_int_equal(reserve, 13 + 3 + 2 * 15);
+        grammar_matcher_free(m);
+        for (int rep = 0; rep < 40; rep++) {
+                bool ended;
+                char *out = random_walk(g, reserve, &ended);
+                if (!ended)
+                        fail_msg("no end within the reserve of %u tokens: %s", reserve, out);
+                assert_true(strncmp(out, "<tool_call>", 11) == 0 && strstr(out, "get_weather<param_key>"));
+                free(out);
+        }
+        grammar_free(g);
 }
 
 static void test_mask_apply(void **state) {
@@ -856,6 +883,7 @@ int main(void) {
                 cmocka_unit_test(test_tool_call_native),
                 cmocka_unit_test(test_tool_call_tokens),
                 cmocka_unit_test(test_tool_call_walks),
+                cmocka_unit_test(test_tool_call_reserve),
                 cmocka_unit_test(test_mask_apply),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
