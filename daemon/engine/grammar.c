@@ -269,7 +269,7 @@ static void subpath(char *buf, size_t size, const char *path, const char *fmt, .
 
 static const char *const IGNORED[] = {
         "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-        "readOnly", "writeOnly", "format", "$defs", "definitions", "strict",
+        "readOnly", "writeOnly", "$defs", "definitions", "strict",
 };
 static const char *const HANDLED[] = {
         "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
@@ -547,6 +547,14 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                                     "loose as %s%.0f (which every generated integer meets); a tighter "
                                     "bound is not enforced", k, streq(k, "minimum") ? "-" : "", lim);
                 }
+                /* a format's grammar (email, date-time, uri, uuid, ...) is not in the mask: a strict
+                 * schema's answer could break it, as it could a pattern */
+                if (streq(k, "format"))
+                        return cerr(c, path, "keyword 'format' (\"%s\") is not enforced: the answer "
+                                    "could break it; leave it out, or send the schema as non-strict "
+                                    "(Constraint.lenient) to have it ignored",
+                                    json_type(json_object_value_at(s, i)) == JSON_STRING
+                                            ? json_string(json_object_value_at(s, i)) : "?");
                 return cerr(c, path, "keyword '%s' is not supported (supported: type, properties, "
                             "required, additionalProperties, items, minItems, maxItems, enum, const, "
                             "anyOf, $ref, $defs)", k);

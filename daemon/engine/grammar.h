@@ -13,9 +13,9 @@
  *   minItems, maxItems; enum, const; anyOf; allOf with one member; nullable (OpenAPI); $ref to
  *   "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed, nesting capped at
  *   GRAMMAR_MAX_DEPTH); a schema without type, enum, const, anyOf or $ref is any JSON value.
- *   Ignored (annotations, or loose): title, description, default, examples, $schema, $id,
- *   $comment, deprecated, readOnly, writeOnly, format (not enforced), and x-* keys.
- *   Refused with INVALID_ARGUMENT naming the keyword: every other keyword (minimum, maximum,
+ *   Ignored (annotations): title, description, default, examples, $schema, $id, $comment,
+ *   deprecated, readOnly, writeOnly, and x-* keys.
+ *   Refused with INVALID_ARGUMENT naming the keyword: every other keyword (format, minimum, maximum,
  *   exclusiveMinimum, exclusiveMaximum, multipleOf, minLength, maxLength, pattern, oneOf, not,
  *   if/then/else, patternProperties, propertyNames, minProperties, maxProperties, uniqueItems,
  *   prefixItems, contains, ...): the output could break them.
@@ -51,7 +51,7 @@
  *     repeat), none with additionalProperties false; a tool without `parameters` takes none;
  *   - V, where the property's schema allows any string (type string, no type, an anyOf with a
  *     string branch): raw text, valid UTF-8 without NUL, anything but `</param_value>` ('<' and
- *     markup-like text included); format is not enforced, pattern / minLength / maxLength are
+ *     markup-like text included); format, pattern, minLength and maxLength are
  *     refused as elsewhere (ignored with GRAMMAR_LENIENT). enum / const (and an anyOf of them):
  *     one of the values literally, a string raw, any other value in its compact JSON form; an
  *     anyOf mixing string enum values with other schemas takes any raw text. Otherwise the

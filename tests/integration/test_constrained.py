@@ -257,6 +257,8 @@ def test_forced_tool_call_after_reasoning(demo):
      "constraint.json_schema: keyword 'minLength' is not supported"),
     (json_schema({"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}), None,
      "constraint.json_schema: properties.n: keyword 'maximum' is supported only on an integer and only as loose as"),
+    (json_schema({"type": "object", "properties": {"to": {"type": "string", "format": "email"}}}), None,
+     "constraint.json_schema: properties.to: keyword 'format' (\"email\") is not enforced"),
     (json_schema("{\"type\": "), None, "constraint.json_schema: not valid JSON"),
     (json_schema({"type": "strng"}), None, "constraint.json_schema: type 'strng' is not one of"),
     (tool_choice("nope"), TOOLS,
@@ -303,7 +305,7 @@ def test_lenient_constraints_keep_the_structure(demo):
     refused, so a schema written for validation (MCP, Pydantic) still gets answers of its shape;
     the same schema without the flag is refused, as above."""
     schema = {"type": "object", "properties": {
-        "name": {"type": "string", "minLength": 2, "pattern": "^[A-Z]"},
+        "name": {"type": "string", "minLength": 2, "pattern": "^[A-Z]", "format": "hostname"},
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "kind": {"oneOf": [{"const": "cat"}, {"const": "dog"}]}},
         "required": ["name", "age", "kind"], "additionalProperties": False}

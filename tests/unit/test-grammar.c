@@ -200,8 +200,11 @@ static void test_compile_errors(void **state) {
                 "every alternative refers back to the anyOf");
         refused("{\"enum\": [1, 1e999]}", "enum holds a number out of the double range");
         refused("{\"items\": [{}, {}]}", "tuple arrays");
-        /* annotations and format are ignored */
-        struct grammar *g = schema("{\"type\":\"string\",\"format\":\"date\",\"description\":\"d\","
+        /* a format is not enforced: refused by name (GRAMMAR_LENIENT ignores it: test_lenient) */
+        refused("{\"type\":\"object\",\"properties\":{\"at\":{\"type\":\"string\",\"format\":\"date-time\"}}}",
+                "properties.at: keyword 'format' (\"date-time\") is not enforced");
+        /* annotations are ignored */
+        struct grammar *g = schema("{\"type\":\"string\",\"description\":\"d\","
                                    "\"title\":\"t\",\"x-extra\":1}");
         grammar_free(g);
 }
@@ -211,7 +214,7 @@ static void test_compile_errors(void **state) {
  * the answer's shape; without the flag the same schema is refused as before. */
 static void test_lenient(void **state) {
         const char *s = "{\"type\":\"object\",\"properties\":{"
-                        "\"path\":{\"type\":\"string\",\"pattern\":\"^/\",\"minLength\":1},"
+                        "\"path\":{\"type\":\"string\",\"pattern\":\"^/\",\"minLength\":1,\"format\":\"uri\"},"
                         "\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9},"
                         "\"mode\":{\"oneOf\":[{\"const\":\"r\"},{\"const\":\"w\"}]},"
                         "\"both\":{\"allOf\":[{\"type\":\"boolean\"},{\"not\":{\"const\":false}}]}},"
