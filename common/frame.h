@@ -14,7 +14,7 @@
 #include "common/macro.h"
 
 #define X4_PROTO_MAJOR 1u
-#define X4_PROTO_MINOR 5u
+#define X4_PROTO_MINOR 6u
 
 #define FRAME_HEADER_SIZE 4u
 /* Default cap: a 262,144-token prompt as packed varints is < 1 MiB; chat text a few MiB. */

@@ -233,10 +233,11 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                         return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                                     "constraint: this model has no tokenizer, constrained decoding "
                                     "needs one");
-                if (r->constraint == SCHED_CONSTRAINT_TOOL && r->prompt != SCHED_PROMPT_CHAT)
+                if ((r->constraint == SCHED_CONSTRAINT_TOOL || r->constraint == SCHED_CONSTRAINT_TOOL_CALLS) &&
+                    r->prompt != SCHED_PROMPT_CHAT)
                         return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
-                                    "constraint.tool: a chat prompt with tools (prompt.chat.tools_json) "
-                                    "expected");
+                                    "constraint.%s: a chat prompt with tools (prompt.chat.tools_json) "
+                                    "expected", r->constraint == SCHED_CONSTRAINT_TOOL ? "tool" : "tool_calls");
                 /* compiled here for the error, again when the request is prepared */
                 struct grammar *g = NULL;
                 int k = grammar_compile_constraint_flags((enum grammar_kind) r->constraint, r->constraint_schema,

@@ -147,6 +147,10 @@ enum x4_constraint {
         X4_CONSTRAINT_JSON_OBJECT = 1,
         X4_CONSTRAINT_JSON_SCHEMA = 2,
         X4_CONSTRAINT_TOOL = 3,
+        /* the answer is free; each call the model begins is held to the named tool's (arg) or
+         * any tool's native syntax up to its end, any number of calls (protocol 1.6; an older
+         * server refuses the request) */
+        X4_CONSTRAINT_TOOL_CALLS = 4,
 };
 X4_API int x4_request_set_constraint(x4_request *r, int kind, const char *arg);
 /* The constraint's schema keywords the mask cannot enforce (value bounds, pattern, formats, ...)

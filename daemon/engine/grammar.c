@@ -109,6 +109,8 @@ struct grammar {
         uint32_t n_pre, n_post;
         uint32_t max_min_len;    /* largest min_len of any node, for the closing margin */
         int32_t raw_value;       /* native call: the GK_RAW node of a string value */
+        bool lazy;               /* GRAMMAR_TOOL_CALLS: free output, each call from `<tool_call>` on
+                                  * held to the grammar */
 };
 
 static int grow_array(void **p, uint32_t *cap, uint32_t need, size_t elem) {
@@ -1272,6 +1274,14 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                 }
                 snprintf(path, sizeof path, "tools[%zu].parameters", i);
                 const struct json_value *params = json_object_get(fn, "parameters");
+                /* a tool marked strict (OpenAI's "strict": true) is held to its schema exactly:
+                 * lenient or not, a keyword the mask cannot enforce is refused by name */
+                const struct json_value *st = json_object_get(fn, "strict") ? json_object_get(fn, "strict")
+                                                                           : json_object_get(tv, "strict");
+                bool strict = st && json_type(st) == JSON_BOOL && json_bool(st);
+                c.lenient = (flags & GRAMMAR_LENIENT) && !strict;
+                if (strict)
+                        snprintf(path, sizeof path, "tools[%zu].parameters (strict)", i);
                 c.root = params;
                 c.root_node = -1;
                 int32_t a;
@@ -1395,12 +1405,15 @@ int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema,
                         snprintf(err, err_size, "constraint.json_schema: %s", msg);
                 return r;
         case GRAMMAR_TOOL:
+        case GRAMMAR_TOOL_CALLS:
                 r = compile_tool(tools_json, tool_name, t, flags, ret, msg, sizeof msg);
                 if (r < 0)
-                        snprintf(err, err_size, "constraint.tool: %s", msg);
+                        snprintf(err, err_size, "constraint.%s: %s", kind == GRAMMAR_TOOL ? "tool" : "tool_calls", msg);
+                else
+                        (*ret)->lazy = kind == GRAMMAR_TOOL_CALLS;
                 return r;
         }
-        snprintf(err, err_size, "constraint: none of json_object, json_schema, tool is set");
+        snprintf(err, err_size, "constraint: none of json_object, json_schema, tool, tool_calls is set");
         return -EINVAL;
 }
 
@@ -2754,7 +2767,9 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
 
 /* ---- matcher --------------------------------------------------------------------------------- */
 
-enum { PH_PRE, PH_JSON, PH_POST, PH_END };
+/* PH_FREE (lazy grammars): outside a call, any token; `<tool_call>` starts one (PH_JSON), its
+ * `</tool_call>` comes back here */
+enum { PH_PRE, PH_JSON, PH_POST, PH_END, PH_FREE };
 
 #define CACHE_SLOTS 16
 
@@ -2808,6 +2823,13 @@ void grammar_matcher_free(struct grammar_matcher *m) {
         free(m->comp.p);
         free(m->comp_tok);
         free(m);
+}
+
+/* The threads at the start of the constrained output (or of a lazy grammar's next call). */
+static void matcher_restart(struct grammar_matcher *m) {
+        m->cur.n = 1;
+        memset(&m->cur.t[0], 0, sizeof m->cur.t[0]);
+        push(m->g, &m->cur.t[0], m->g->root);
 }
 
 /* The child of trie node `node` by byte c, UINT32_MAX if none. */
@@ -2885,10 +2907,8 @@ int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v, 
         for (size_t i = 0; i < n_end && m->n_end < ELEMENTSOF(m->end_ids); i++)
                 if (end_ids[i] >= 0 && (uint32_t) end_ids[i] < v->n_vocab)
                         m->end_ids[m->n_end++] = end_ids[i];
-        m->phase = g->n_pre ? PH_PRE : PH_JSON;
-        m->cur.n = 1;
-        memset(&m->cur.t[0], 0, sizeof m->cur.t[0]);
-        push(g, &m->cur.t[0], g->root);
+        m->phase = g->lazy ? PH_FREE : g->n_pre ? PH_PRE : PH_JSON;
+        matcher_restart(m);
         m->n_level = v->max_len + 2;
         m->level = malloc((size_t) m->n_level * sizeof *m->level);
         if (!m->level || count_tokens(m) < 0)
@@ -2905,9 +2925,13 @@ static bool set_can_end(const struct grammar *g, const struct tset *s) {
 }
 
 bool grammar_matcher_can_end(const struct grammar_matcher *m) {
-        if (m->phase == PH_END)
+        if (m->phase == PH_END || m->phase == PH_FREE)
                 return true;
         return m->phase == PH_JSON && m->g->n_post == 0 && set_can_end(m->g, &m->cur);
+}
+
+bool grammar_matcher_lazy(const struct grammar_matcher *m) {
+        return m->g->lazy;
 }
 
 bool grammar_matcher_ended(const struct grammar_matcher *m) {
@@ -3066,6 +3090,8 @@ static uint32_t closing_margin(const struct grammar_matcher *m) {
  * piece): the reasoning of a 256-token request was cut after a token. */
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m) {
         const struct grammar *g = m->g;
+        if (g->lazy) /* the output may be free text: nothing to keep */
+                return 0;
         return m->root_tokens + g->n_pre + g->n_post + 1 + 2 * closing_margin(m);
 }
 
@@ -3202,6 +3228,15 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 mask_ends(m, mask);
                 return count_bits(mask, v->n_words);
         }
+        if (m->phase == PH_FREE) {
+                /* any token; `<tool_call>` only while a whole call still fits */
+                memset(mask, 0xff, v->n_words * sizeof *mask);
+                if (v->n_vocab % 64)
+                        mask[v->n_words - 1] = (1ull << (v->n_vocab % 64)) - 1;
+                if ((uint64_t) budget < 1 + (uint64_t) m->root_tokens + g->n_post + 1)
+                        mask[(uint32_t) g->pre[0] >> 6] &= ~(1ull << ((uint32_t) g->pre[0] & 63));
+                return count_bits(mask, v->n_words);
+        }
         bool can_end = set_can_end(g, &m->cur);
         /* closing: near the budget, only along the shortest completion */
         best_completion(m);
@@ -3292,12 +3327,19 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id) {
                         return -EINVAL;
                 m->ended = true;
                 return 0;
+        case PH_FREE:
+                if (id == g->pre[0]) { /* a call begins: held to the grammar to its end */
+                        m->phase = PH_JSON;
+                        matcher_restart(m);
+                } else if (is_end(m, id))
+                        m->ended = true;
+                return 0;
         default:
                 break;
         }
         if (set_can_end(g, &m->cur)) {
                 if (g->n_post && id == g->post[0]) {
-                        m->phase = g->n_post > 1 ? PH_POST : PH_END;
+                        m->phase = g->lazy ? PH_FREE : g->n_post > 1 ? PH_POST : PH_END;
                         m->idx = 1;
                         return 0;
                 }

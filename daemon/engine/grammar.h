@@ -56,6 +56,13 @@
  *     one of the values literally, a string raw, any other value in its compact JSON form; an
  *     anyOf mixing string enum values with other schemas takes any raw text. Otherwise the
  *     value's JSON, constrained as above (whitespace before it, none after), then the marker.
+ * A tool whose definition says "strict": true (in `function` or beside it) is compiled without
+ * GRAMMAR_LENIENT whatever the flags: a keyword the mask cannot enforce is refused naming it.
+ * Lazy (GRAMMAR_TOOL_CALLS, tool_choice auto): the output is free (every token, nothing
+ * reserved) until the model's `<tool_call>`, held to the call above up to its `</tool_call>`,
+ * then free again, any number of calls; `<tool_call>` is left out of the mask while the budget
+ * cannot hold a whole call. The caller keeps the matcher off while the model is in its reasoning
+ * (calls are content-channel only: chat/outparse.h).
  * The JSON form of a call (`{"name":…,"arguments":{…}}`), which the output parser also reads, is
  * not allowed: a model trained on the native form writes junk in it. The budget (below) counts
  * tokens of the vocabulary: the markup is one piece each where the vocabulary has it as a
@@ -106,8 +113,12 @@ enum grammar_kind {
         GRAMMAR_JSON_OBJECT = 1,
         GRAMMAR_JSON_SCHEMA = 2,
         GRAMMAR_TOOL = 3,
+        /* lazy tool calls: the output is free; each call the model begins with `<tool_call>` is
+         * held to the native syntax of one of the tools (as GRAMMAR_TOOL) up to its
+         * `</tool_call>`, then the output is free again (any number of calls) */
+        GRAMMAR_TOOL_CALLS = 5,
 };
-/* One of the three above, with the message in err naming the request field at fault
+/* One of the above, with the message in err naming the request field at fault
  * ("constraint.json_schema: properties.age: keyword 'minimum' is not supported"). */
 int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
                                const char *tool_name, const struct tokenizer *t,
@@ -153,6 +164,8 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id);
 int grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *s, size_t n);
 /* The constrained output is complete: the JSON value can end here (and a tool call is closed). */
 bool grammar_matcher_can_end(const struct grammar_matcher *m);
+/* A lazy grammar (GRAMMAR_TOOL_CALLS): free output between calls. */
+bool grammar_matcher_lazy(const struct grammar_matcher *m);
 /* An end token was accepted: nothing more is allowed but end tokens. */
 bool grammar_matcher_ended(const struct grammar_matcher *m);
 /* Tokens to keep for the constrained output when something unconstrained comes first (the

@@ -37,7 +37,8 @@ _printf_(3, 4) static bool prep_fail(struct job *j, int code, const char *fmt, .
 
 _Static_assert((int) SCHED_CONSTRAINT_JSON_OBJECT == (int) GRAMMAR_JSON_OBJECT &&
                        (int) SCHED_CONSTRAINT_JSON_SCHEMA == (int) GRAMMAR_JSON_SCHEMA &&
-                       (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL,
+                       (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL &&
+                       (int) SCHED_CONSTRAINT_TOOL_CALLS == (int) GRAMMAR_TOOL_CALLS,
                "enum sched_constraint mirrors enum grammar_kind");
 
 /* The grammar and matcher of a constrained request (on the prep thread, as part of prepare(); the

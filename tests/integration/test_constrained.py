@@ -133,6 +133,11 @@ def tool_choice(name=None):
     return w.field_bytes(3, w.field_bytes(1, name) if name else b"")
 
 
+def tool_calls(name=None):
+    """Constraint.tool_calls (minor 6): free output, each call the model begins held to the tools."""
+    return w.field_bytes(5, w.field_bytes(1, name) if name else b"")
+
+
 def run_all(conn, reqs):
     """Send every request multiplexed on one connection; return {id: result}."""
     out = {}
@@ -264,7 +269,11 @@ def test_forced_tool_call_after_reasoning(demo):
     (tool_choice("nope"), TOOLS,
      "constraint.tool: tool 'nope' is not among the request's tools (get_weather, search)"),
     (tool_choice(), None, "constraint.tool: the request has no tools"),
-    (b"", None, "constraint: none of json_object, json_schema, tool is set"),
+    (tool_calls(), None, "constraint.tool_calls: the request has no tools"),
+    (tool_calls() + w.field_varint(4, 1), [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}],
+     "constraint.tool_calls: tools[0].parameters (strict).properties.a: keyword 'format' (\"email\") is not enforced"),
+    (b"", None, "constraint: none of json_object, json_schema, tool, tool_calls is set"),
 ])
 def test_bad_constraints_are_refused(demo, constraint, prompt_tools, want):
     demo.send(w.frame(900, w.GENERATE, chat_request("x", constraint, seed=1, tools=prompt_tools)))
@@ -275,6 +284,18 @@ def test_bad_constraints_are_refused(demo, constraint, prompt_tools, want):
     # the daemon keeps serving
     res = run_all(demo, {901: chat_request("ok", w.field_varint(1, 1), seed=5)})
     assert res[901]["error"] is None
+
+
+def test_lazy_tool_calls_are_free_text_or_valid_calls(demo):
+    """Constraint.tool_calls: nothing is reserved (the answer may be text, thinking is not cut),
+    and whatever calls come are valid against their tool's parameters."""
+    reqs = {600 + i: chat_request("Call a tool or answer.", tool_calls(), seed=6000 + i, tools=TOOLS,
+                                  thinking=i % 2 == 1, max_tokens=160) for i in range(4)}
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        assert r["error"] is None, (rid, r["error"])
+        for name, args in r["calls"]:
+            validate(json.loads(args), TOOL_PARAMS[name])
 
 
 def test_logprobs_are_of_the_masked_distribution(demo):

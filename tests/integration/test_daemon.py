@@ -235,7 +235,7 @@ def test_protocol_major_mismatch(daemon):
     c = w.Conn(daemon.sock)
     c.send(w.frame(0, w.HELLO, w.hello(major=2)))
     assert w.error_of(c.recv()) == ("VERSION_MISMATCH",
-                                    "Hello.proto_major: 2, this server speaks protocol 1.5")
+                                    "Hello.proto_major: 2, this server speaks protocol 1.6")
     assert c.closed_by_server()
 
 

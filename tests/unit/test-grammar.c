@@ -857,6 +857,72 @@ static void test_tool_call_reserve(void **state) {
         grammar_free(g);
 }
 
+/* GRAMMAR_TOOL_CALLS (tool_choice auto): the output is free until the model's `<tool_call>`,
+ * the call is held to the tools' native syntax up to its `</tool_call>`, then free again, any
+ * number of times; nothing is reserved from a reasoning. */
+static void test_tool_calls_lazy(void **state) {
+        struct grammar *g = NULL;
+        struct grammar_matcher *m = NULL;
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        char err[512];
+
+        (void) state;
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_TOOL_CALLS, NULL, TOOLS, NULL, tok, 0, &g, err,
+                                                          sizeof err), 0);
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_int_equal(grammar_matcher_reserve(m), 0);
+        /* free: every token, the end and the call's markers included */
+        assert_int_equal(grammar_matcher_mask(m, 1000, mask), (int) NV);
+        assert_true(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_accept(m, id_of("abc")), 0);
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0); /* a stray close is text */
+        /* too little budget left for a whole call: `<tool_call>` is not offered */
+        assert_int_equal(grammar_matcher_mask(m, 3, mask), (int) NV - 1);
+        assert_false(grammar_mask_test(mask, ID_TOOL_CALL));
+        /* a call: held to the grammar */
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        assert_false(grammar_matcher_can_end(m));
+        grammar_matcher_mask(m, 1000, mask);
+        assert_true(grammar_mask_test(mask, id_of("get")));
+        assert_false(grammar_mask_test(mask, id_of("{\"")));  /* the JSON form is not taken */
+        assert_false(grammar_mask_test(mask, ID_END));
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "get_weather" K("city") "Paris" V, 70), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), -EINVAL); /* days is required */
+        assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
+        assert_int_equal(grammar_matcher_accept_bytes(m, K("days") "x", 41), -EINVAL); /* an integer */
+        assert_int_equal(grammar_matcher_accept_bytes(m, K("days") "3" V, 55), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        /* free again, and a second call */
+        assert_true(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_mask(m, 1000, mask), (int) NV);
+        assert_int_equal(grammar_matcher_accept(m, id_of("abc")), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "noop", 4), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
+        assert_true(grammar_matcher_ended(m));
+        grammar_matcher_free(m);
+        grammar_free(g);
+        free(mask);
+
+        /* a tool marked strict is held to its schema exactly, lenient or not; the others are
+         * lenient */
+        static const char *const pat = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}";
+        char tools[512];
+        snprintf(tools, sizeof tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,"
+                 "\"parameters\":%s}}]", pat);
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_TOOL_CALLS, NULL, tools, NULL, tok, GRAMMAR_LENIENT,
+                                                          &g, err, sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "constraint.tool_calls: tools[0].parameters (strict).properties.a: "
+                                    "keyword 'pattern' is not supported"));
+        snprintf(tools, sizeof tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":%s}}]", pat);
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_TOOL_CALLS, NULL, tools, NULL, tok, GRAMMAR_LENIENT,
+                                                          &g, err, sizeof err), 0);
+        grammar_free(g);
+}
+
 static void test_mask_apply(void **state) {
         float l[130];
         uint64_t mask[3] = { 0 };
@@ -887,6 +953,7 @@ int main(void) {
                 cmocka_unit_test(test_tool_call_tokens),
                 cmocka_unit_test(test_tool_call_walks),
                 cmocka_unit_test(test_tool_call_reserve),
+                cmocka_unit_test(test_tool_calls_lazy),
                 cmocka_unit_test(test_mask_apply),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
