@@ -319,6 +319,18 @@ int api_force_tool(struct api_request *r, const char *name, struct api_error *e)
         return 0;
 }
 
+int api_auto_tools(struct api_request *r, const char *json_param, struct api_error *e) {
+        if (json_param)
+                return api_bad(e, json_param, "a JSON answer cannot be combined with \"tools\" under tool_choice "
+                               "\"auto\": the answer would have to be either a tool call or that JSON, which xing4d "
+                               "cannot hold it to; send tool_choice \"none\" for the JSON answer (the tools stay in "
+                               "the prompt), or leave %s out for tool calls", json_param);
+        if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL_CALLS, NULL) < 0 ||
+            x4_request_set_constraint_lenient(r->req, true) < 0)
+                return OOM(e);
+        return 0;
+}
+
 int api_get_messages(json_t *root, json_t **msgs, struct api_error *e) {
         json_t *m = json_object_get(root, "messages");
         if (!m)
@@ -854,6 +866,12 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
         }
         if (cont || !agp)
                 x4_request_set_add_generation_prompt(r->req, false);
+        /* tool_choice auto (the default with tools): calls the model makes are held to the tools'
+         * syntax; not after a prefill, which may have begun a call the mask did not see */
+        const char *rft = json_string_value(json_object_get(rf, "type"));
+        if (send_tools && json_array_size(tools) > 0 && !forced && !r->no_calls && !cont &&
+            api_auto_tools(r, rft && !streq(rft, "text") ? "response_format" : NULL, e) < 0)
+                return -1;
         return 0;
 }
 

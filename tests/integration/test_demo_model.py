@@ -161,6 +161,41 @@ def test_forced_call_leaves_the_reasoning_room(demo_bridge):
     assert args.get("unit", "celsius") in ("celsius", "fahrenheit"), args
 
 
+STRICT_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city", "strict": True,
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "the city name"},
+        "tz": {"type": "string", "enum": ["utc", "local"], "description": "the time zone of the report"}},
+        "required": ["city", "tz"], "additionalProperties": False}}}
+
+
+def test_auto_strict_tool_call_validates(demo_bridge):
+    """tool_choice auto with a strict tool (a black-box review: the demo model wrote arguments
+    outside the schema, which the openai SDK's parse() refuses): the answer is free, but the call
+    the model begins is held to the tool's schema from its `<tool_call>` on, so its arguments
+    have exactly the schema's keys and an enum value, in the chat and the Anthropic API."""
+    for city in ("Lisbon", "Paris"):
+        resp = post(demo_bridge + "/v1/chat/completions", {
+            "model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [STRICT_TOOL], "tool_choice": "auto",
+            "messages": [{"role": "user", "content": f"What is the weather in {city}?"}]})
+        choice = resp["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", json.dumps(choice)[:1000]
+        for call in choice["message"]["tool_calls"]:
+            assert call["function"]["name"] == "get_weather", call
+            args = json.loads(call["function"]["arguments"])
+            assert set(args) == {"city", "tz"}, args
+            assert isinstance(args["city"], str) and args["tz"] in ("utc", "local"), args
+    fn = STRICT_TOOL["function"]
+    msg = post(demo_bridge + "/v1/messages", {
+        "model": "xing4", "max_tokens": 256, "temperature": 0,
+        "tools": [{"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"],
+                   "strict": True}],
+        "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}]})
+    assert msg["stop_reason"] == "tool_use", msg
+    for use in (b for b in msg["content"] if b["type"] == "tool_use"):
+        assert set(use["input"]) == {"city", "tz"} and use["input"]["tz"] in ("utc", "local"), use
+
+
 def test_logprobs_cover_the_answer_only(demo_bridge):
     """OpenAI's logprobs.content covers the tokens of message.content: with thinking on, neither
     the reasoning nor the `</think>` that closes it is an entry, so the entries' tokens join to the
