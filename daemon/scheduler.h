@@ -112,6 +112,7 @@ struct sched_request {
         char *constraint_schema; /* JSON_SCHEMA: the schema's JSON text */
         char *constraint_tool;   /* TOOL, TOOL_CALLS: the function's name, NULL: any of tools_json */
         bool constraint_lenient; /* Constraint.lenient: unenforceable keywords ignored */
+        bool constraint_or_calls; /* Constraint.or_tool_calls: the JSON or tool calls */
         /* who asked, for stats */
         uint32_t peer_pid, peer_uid;
         char client[64];

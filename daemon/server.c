@@ -391,6 +391,7 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
                         break;
                 }
                 r->constraint_lenient = k->has_lenient && k->lenient;
+                r->constraint_or_calls = k->has_or_tool_calls && k->or_tool_calls;
         }
         *ret = TAKE_PTR(r);
         return 0;

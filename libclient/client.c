@@ -73,6 +73,7 @@ struct x4_request {
         int constraint; /* enum x4_constraint */
         char *constraint_arg; /* the schema's JSON text, or the tool's name (NULL = any tool) */
         bool constraint_lenient;
+        bool constraint_or_calls;
 };
 
 struct x4_client {
@@ -401,6 +402,12 @@ X4_API int x4_request_set_no_mtp(x4_request *r, bool no_mtp) {
 X4_API int x4_request_set_constraint_lenient(x4_request *r, bool lenient) {
         REQUIRE_REQUEST(r);
         r->constraint_lenient = lenient;
+        return 0;
+}
+
+X4_API int x4_request_set_constraint_or_tool_calls(x4_request *r, bool on) {
+        REQUIRE_REQUEST(r);
+        r->constraint_or_calls = on;
         return 0;
 }
 
@@ -1240,6 +1247,10 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
         if (g.constraint && req->constraint_lenient) {
                 cons.has_lenient = 1;
                 cons.lenient = 1;
+        }
+        if (g.constraint && req->constraint_or_calls) {
+                cons.has_or_tool_calls = 1;
+                cons.or_tool_calls = 1;
         }
         f.has_request_id = 1;
         f.request_id = p->id;

@@ -111,6 +111,8 @@ struct grammar {
         int32_t raw_value;       /* native call: the GK_RAW node of a string value */
         bool lazy;               /* GRAMMAR_TOOL_CALLS: free output, each call from `<tool_call>` on
                                   * held to the grammar */
+        int32_t answer;          /* GRAMMAR_OR_TOOL_CALLS: the JSON answer's root, the alternative
+                                  * to calls (root) at the output's first token; -1 none */
 };
 
 static int grow_array(void **p, uint32_t *cap, uint32_t need, size_t elem) {
@@ -212,6 +214,7 @@ static int grammar_init(struct grammar **ret) {
                 return -ENOMEM;
         g->pre[0] = g->pre[1] = g->post[0] = g->post[1] = -1;
         g->raw_value = -1;
+        g->answer = -1;
         static const enum gkind kinds[] = { GK_ANY, GK_OBJECT, GK_ARRAY, GK_STRING, GK_NUMBER };
         for (size_t i = 0; i < ELEMENTSOF(kinds); i++)
                 if (node_new(g, kinds[i]) < 0)
@@ -1207,8 +1210,10 @@ static int32_t params_node(struct compiler *c, int32_t args, const char *path) {
         return id;
 }
 
+/* answer: with GRAMMAR_OR_TOOL_CALLS, the JSON answer's schema (NULL: any object), compiled into
+ * the same grammar as g->answer (already checked on its own: its errors name the schema). */
 static int compile_tool(const char *tools_json, const char *name, const struct tokenizer *t, unsigned flags,
-                        struct grammar **ret, char *err, size_t err_size) {
+                        const char *answer, struct grammar **ret, char *err, size_t err_size) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
         _cleanup_(json_freep) struct json_value *tools = NULL;
         int r;
@@ -1279,7 +1284,9 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                 const struct json_value *st = json_object_get(fn, "strict") ? json_object_get(fn, "strict")
                                                                            : json_object_get(tv, "strict");
                 bool strict = st && json_type(st) == JSON_BOOL && json_bool(st);
-                c.lenient = (flags & GRAMMAR_LENIENT) && !strict;
+                /* beside a JSON answer, lenient is the answer's schema's: tools not marked strict
+                 * are lenient, as under tool_choice auto */
+                c.lenient = ((flags & GRAMMAR_LENIENT) || (flags & GRAMMAR_OR_TOOL_CALLS)) && !strict;
                 if (strict)
                         snprintf(path, sizeof path, "tools[%zu].parameters (strict)", i);
                 c.root = params;
@@ -1322,6 +1329,29 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         free(c.def_node);
         c.def_v = NULL;
         c.def_node = NULL;
+        c.n_defs = c.cap_defs = 0;
+        if (flags & GRAMMAR_OR_TOOL_CALLS) {
+                _cleanup_(json_freep) struct json_value *av = NULL;
+                g->answer = N_ANY_OBJECT;
+                if (answer && json_parse(answer, strlen(answer), "json_schema", &av, NULL, 0) < 0) {
+                        r = cerr(&c, "", "constraint.json_schema: not valid JSON");
+                        goto fail;
+                }
+                if (av) {
+                        c.lenient = flags & GRAMMAR_LENIENT;
+                        c.root_node = -1;
+                        g->answer = compile_root(&c, av, "");
+                        c.root = NULL;
+                        free(c.def_v);
+                        free(c.def_node);
+                        c.def_v = NULL;
+                        c.def_node = NULL;
+                        if (g->answer < 0) {
+                                r = g->answer;
+                                goto fail;
+                        }
+                }
+        }
         /* the name literal's sorted order decides which parameters go with which name */
         struct gstr sorted[256];
         uint32_t order[256];
@@ -1375,7 +1405,7 @@ fail:
 
 int grammar_compile_tool(const char *tools_json, const char *name, const struct tokenizer *t,
                          struct grammar **ret, char *err, size_t err_size) {
-        return compile_tool(tools_json, name, t, 0, ret, err, err_size);
+        return compile_tool(tools_json, name, t, 0, NULL, ret, err, err_size);
 }
 
 int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
@@ -1389,6 +1419,20 @@ int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema,
                                      struct grammar **ret, char *err, size_t err_size) {
         char msg[512];
         int r;
+        if ((flags & GRAMMAR_OR_TOOL_CALLS) && (kind == GRAMMAR_JSON_OBJECT || kind == GRAMMAR_JSON_SCHEMA)) {
+                /* the answer's schema on its own first, for its errors; then with the tools */
+                struct grammar *alone = NULL;
+                r = grammar_compile_constraint_flags(kind, schema, NULL, NULL, t, flags & ~GRAMMAR_OR_TOOL_CALLS,
+                                                     &alone, err, err_size);
+                grammar_free(alone);
+                if (r < 0)
+                        return r;
+                r = compile_tool(tools_json, NULL, t, flags, kind == GRAMMAR_JSON_SCHEMA ? schema : NULL, ret, msg,
+                                 sizeof msg);
+                if (r < 0)
+                        snprintf(err, err_size, "constraint.or_tool_calls: %s", msg);
+                return r;
+        }
         switch (kind) {
         case GRAMMAR_JSON_OBJECT:
                 r = grammar_compile_json_object(ret);
@@ -1406,7 +1450,7 @@ int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema,
                 return r;
         case GRAMMAR_TOOL:
         case GRAMMAR_TOOL_CALLS:
-                r = compile_tool(tools_json, tool_name, t, flags, ret, msg, sizeof msg);
+                r = compile_tool(tools_json, tool_name, t, flags & ~GRAMMAR_OR_TOOL_CALLS, NULL, ret, msg, sizeof msg);
                 if (r < 0)
                         snprintf(err, err_size, "constraint.%s: %s", kind == GRAMMAR_TOOL ? "tool" : "tool_calls", msg);
                 else
@@ -2803,7 +2847,9 @@ struct grammar_matcher {
         struct sbuf comp;
         uint32_t *comp_tok;     /* comp_tok[i]: fewest tokens that spell comp.p[i..], INF_LEN none */
         size_t comp_tok_cap;
-        uint32_t root_tokens;   /* fewest tokens of the shortest complete output */
+        uint32_t root_tokens;   /* fewest tokens of the shortest complete output (a call's) */
+        uint32_t answer_tokens; /* the same for the JSON answer beside calls */
+        bool in_call;           /* the threads are a tool call's (GRAMMAR_TOOL*), else JSON */
         uint32_t margin_tokens; /* closing_margin() in tokens */
 };
 
@@ -2829,7 +2875,23 @@ void grammar_matcher_free(struct grammar_matcher *m) {
 static void matcher_restart(struct grammar_matcher *m) {
         m->cur.n = 1;
         memset(&m->cur.t[0], 0, sizeof m->cur.t[0]);
-        push(m->g, &m->cur.t[0], m->g->root);
+        push(m->g, &m->cur.t[0], m->in_call || m->g->answer < 0 ? m->g->root : m->g->answer);
+}
+
+/* The special tokens after the current threads' output: a call's `</tool_call>`, none after JSON. */
+static uint32_t post_of(const struct grammar_matcher *m) {
+        return m->in_call ? m->g->n_post : 0;
+}
+
+/* A JSON answer beside calls that has not begun (whitespace at most): `<tool_call>` may still
+ * come instead. */
+static bool answer_open(const struct grammar_matcher *m) {
+        if (m->g->answer < 0 || m->in_call || m->phase != PH_JSON)
+                return false;
+        for (uint32_t i = 0; i < m->cur.n; i++)
+                if (m->cur.t[i].done || m->cur.t[i].depth != 1 || m->cur.t[i].f[0].st != ST_START)
+                        return false;
+        return true;
 }
 
 /* The child of trie node `node` by byte c, UINT32_MAX if none. */
@@ -2891,6 +2953,12 @@ static int count_tokens(struct grammar_matcher *m) {
         b.n = 0;
         emit_min(g, g->root, &b, 0);
         m->root_tokens = b.oom ? MIN(g->nodes[g->root].min_len, 4096u) : MIN(text_tokens(m, b.p ? b.p : "", b.n), 4096u);
+        if (g->answer >= 0) {
+                b.n = 0;
+                emit_min(g, g->answer, &b, 0);
+                m->answer_tokens = b.oom ? MIN(g->nodes[g->answer].min_len, 4096u)
+                                         : MIN(text_tokens(m, b.p ? b.p : "", b.n), 4096u);
+        }
         m->margin_tokens = MIN(most, 256u) + 2;
         bool oom = b.oom;
         free(b.p);
@@ -2907,7 +2975,8 @@ int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v, 
         for (size_t i = 0; i < n_end && m->n_end < ELEMENTSOF(m->end_ids); i++)
                 if (end_ids[i] >= 0 && (uint32_t) end_ids[i] < v->n_vocab)
                         m->end_ids[m->n_end++] = end_ids[i];
-        m->phase = g->lazy ? PH_FREE : g->n_pre ? PH_PRE : PH_JSON;
+        m->phase = g->lazy ? PH_FREE : g->n_pre && g->answer < 0 ? PH_PRE : PH_JSON;
+        m->in_call = g->n_pre && g->answer < 0;
         matcher_restart(m);
         m->n_level = v->max_len + 2;
         m->level = malloc((size_t) m->n_level * sizeof *m->level);
@@ -2927,7 +2996,7 @@ static bool set_can_end(const struct grammar *g, const struct tset *s) {
 bool grammar_matcher_can_end(const struct grammar_matcher *m) {
         if (m->phase == PH_END || m->phase == PH_FREE)
                 return true;
-        return m->phase == PH_JSON && m->g->n_post == 0 && set_can_end(m->g, &m->cur);
+        return m->phase == PH_JSON && post_of(m) == 0 && set_can_end(m->g, &m->cur);
 }
 
 bool grammar_matcher_lazy(const struct grammar_matcher *m) {
@@ -3092,7 +3161,10 @@ uint32_t grammar_matcher_reserve(const struct grammar_matcher *m) {
         const struct grammar *g = m->g;
         if (g->lazy) /* the output may be free text: nothing to keep */
                 return 0;
-        return m->root_tokens + g->n_pre + g->n_post + 1 + 2 * closing_margin(m);
+        uint32_t out = m->root_tokens + (g->n_pre ? g->n_pre + g->n_post : 0);
+        if (g->answer >= 0) /* a call or the JSON: room for either */
+                out = MAX(out, m->answer_tokens);
+        return out + 1 + 2 * closing_margin(m);
 }
 
 /* A value's raw text with its end marker begun (`<`, `</pa`, ...), one thread: a token whose first
@@ -3170,7 +3242,7 @@ static int mask_of_set(struct grammar_matcher *m, const struct tset *set, uint64
                 walk(m, 0, 0, &m->level[0]);
         }
         if (set_can_end(g, set)) {
-                if (g->n_post)
+                if (post_of(m))
                         set_bit(mask, g->post[0]);
                 else
                         mask_ends(m, mask);
@@ -3212,7 +3284,25 @@ static int mask_along(struct grammar_matcher *m, uint64_t *mask, uint64_t limit)
         return count_bits(mask, v->n_words);
 }
 
+/* A whole call (`<tool_call>`, its shortest form, `</tool_call>`, the end) fits the budget. */
+static bool call_fits(const struct grammar_matcher *m, uint32_t budget) {
+        return (uint64_t) budget >= 1 + (uint64_t) m->root_tokens + m->g->n_post + 1;
+}
+
+static int mask_now(struct grammar_matcher *m, uint32_t budget, uint64_t *mask);
+
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
+        int n = mask_now(m, budget, mask);
+        /* beside a JSON answer: a call instead of it (or after a call, another) */
+        if (n >= 0 && (answer_open(m) || (m->g->answer >= 0 && m->phase == PH_END && !m->ended)) &&
+            call_fits(m, budget) && !grammar_mask_test(mask, m->g->pre[0])) {
+                set_bit(mask, m->g->pre[0]);
+                n++;
+        }
+        return n;
+}
+
+static int mask_now(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
         const struct grammar *g = m->g;
         const struct grammar_vocab *v = m->v;
         memset(mask, 0, v->n_words * sizeof *mask);
@@ -3233,7 +3323,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 memset(mask, 0xff, v->n_words * sizeof *mask);
                 if (v->n_vocab % 64)
                         mask[v->n_words - 1] = (1ull << (v->n_vocab % 64)) - 1;
-                if ((uint64_t) budget < 1 + (uint64_t) m->root_tokens + g->n_post + 1)
+                if (!call_fits(m, budget))
                         mask[(uint32_t) g->pre[0] >> 6] &= ~(1ull << ((uint32_t) g->pre[0] & 63));
                 return count_bits(mask, v->n_words);
         }
@@ -3242,7 +3332,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
         best_completion(m);
         if (m->comp.oom)
                 return -ENOMEM;
-        uint64_t after = (uint64_t) g->n_post + 1; /* `</tool_call>`, EOS */
+        uint64_t after = (uint64_t) post_of(m) + 1; /* `</tool_call>`, EOS */
         uint64_t margin = closing_margin(m);
         /* the completion in tokens (never more than its bytes when every byte is a piece): only
          * counted when the budget could be close */
@@ -3254,7 +3344,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
         }
         if ((uint64_t) budget <= comp_tokens + after + margin && (m->comp.n > 0 || can_end)) {
                 if (m->comp.n == 0) {
-                        if (g->n_post)
+                        if (post_of(m))
                                 set_bit(mask, g->post[0]);
                         else
                                 mask_ends(m, mask);
@@ -3323,6 +3413,11 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id) {
                         m->phase = PH_END;
                 return 0;
         case PH_END:
+                if (g->answer >= 0 && id == g->pre[0] && !m->ended) { /* another call */
+                        m->phase = PH_JSON;
+                        matcher_restart(m);
+                        return 0;
+                }
                 if (!is_end(m, id))
                         return -EINVAL;
                 m->ended = true;
@@ -3337,13 +3432,18 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id) {
         default:
                 break;
         }
+        if (answer_open(m) && id == g->pre[0]) { /* a call instead of the JSON answer */
+                m->in_call = true;
+                matcher_restart(m);
+                return 0;
+        }
         if (set_can_end(g, &m->cur)) {
-                if (g->n_post && id == g->post[0]) {
+                if (post_of(m) && id == g->post[0]) {
                         m->phase = g->lazy ? PH_FREE : g->n_post > 1 ? PH_POST : PH_END;
                         m->idx = 1;
                         return 0;
                 }
-                if (!g->n_post && is_end(m, id)) {
+                if (!post_of(m) && is_end(m, id)) {
                         m->phase = PH_END;
                         m->ended = true;
                         return 0;

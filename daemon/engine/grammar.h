@@ -62,7 +62,9 @@
  * reserved) until the model's `<tool_call>`, held to the call above up to its `</tool_call>`,
  * then free again, any number of calls; `<tool_call>` is left out of the mask while the budget
  * cannot hold a whole call. The caller keeps the matcher off while the model is in its reasoning
- * (calls are content-channel only: chat/outparse.h).
+ * (calls are content-channel only: chat/outparse.h). Beside a JSON answer (GRAMMAR_OR_TOOL_CALLS,
+ * below): the output's first token, after whitespace, is `<tool_call>` or the JSON's; after a
+ * call, another `<tool_call>` or the end; the reserve is room for the longer of the two.
  * The JSON form of a call (`{"name":…,"arguments":{…}}`), which the output parser also reads, is
  * not allowed: a model trained on the native form writes junk in it. The budget (below) counts
  * tokens of the vocabulary: the markup is one piece each where the vocabulary has it as a
@@ -128,6 +130,12 @@ int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const
  * first) instead of refusing them: the output has the schema's structure, its values may break
  * those rules (OpenAI's non-strict schemas, a forced tool of an MCP client). */
 #define GRAMMAR_LENIENT 1u
+/* With GRAMMAR_JSON_OBJECT / GRAMMAR_JSON_SCHEMA: the output is either that JSON or tool calls
+ * of tools_json (response_format beside tools under tool_choice auto): at its first token (after
+ * whitespace) `<tool_call>` or the JSON's first; a call is held as in GRAMMAR_TOOL and may be
+ * followed by more calls or the end, the JSON ends the output. Tools not marked strict are
+ * lenient; GRAMMAR_LENIENT is the JSON schema's. */
+#define GRAMMAR_OR_TOOL_CALLS 2u
 int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema, const char *tools_json,
                                      const char *tool_name, const struct tokenizer *t, unsigned flags,
                                      struct grammar **ret, char *err, size_t err_size);

@@ -56,7 +56,9 @@ static bool prepare_constraint(struct sched *s, struct job *j) {
         }
         ret = grammar_compile_constraint_flags((enum grammar_kind) r->constraint, r->constraint_schema,
                                                r->tools_json, r->constraint_tool, s->p.tokenizer,
-                                               r->constraint_lenient ? GRAMMAR_LENIENT : 0, &j->grammar,
+                                               (r->constraint_lenient ? GRAMMAR_LENIENT : 0) |
+                                                       (r->constraint_or_calls ? GRAMMAR_OR_TOOL_CALLS : 0),
+                                               &j->grammar,
                                                err, sizeof err);
         if (ret < 0) {
                 prep_fail(j, ret == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT, "%s", err);

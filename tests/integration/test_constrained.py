@@ -270,6 +270,8 @@ def test_forced_tool_call_after_reasoning(demo):
      "constraint.tool: tool 'nope' is not among the request's tools (get_weather, search)"),
     (tool_choice(), None, "constraint.tool: the request has no tools"),
     (tool_calls(), None, "constraint.tool_calls: the request has no tools"),
+    (json_schema(SCHEMAS[0]) + w.field_varint(6, 1), None, "constraint.or_tool_calls: the request has no tools"),
+    (tool_choice() + w.field_varint(6, 1), TOOLS, "constraint.or_tool_calls: an alternative to a JSON answer"),
     (tool_calls() + w.field_varint(4, 1), [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}],
      "constraint.tool_calls: tools[0].parameters (strict).properties.a: keyword 'format' (\"email\") is not enforced"),
@@ -296,6 +298,22 @@ def test_lazy_tool_calls_are_free_text_or_valid_calls(demo):
         assert r["error"] is None, (rid, r["error"])
         for name, args in r["calls"]:
             validate(json.loads(args), TOOL_PARAMS[name])
+
+
+def test_json_or_tool_calls(demo):
+    """Constraint.or_tool_calls beside json_schema: the answer is the JSON, valid, or calls,
+    valid; never free text."""
+    schema = SCHEMAS[0]
+    reqs = {650 + i: chat_request("JSON or a call.", json_schema(schema) + w.field_varint(6, 1), seed=6500 + i,
+                                  tools=TOOLS, thinking=i % 2 == 1, max_tokens=160) for i in range(4)}
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        assert r["error"] is None, (rid, r["error"])
+        if r["calls"]:
+            for name, args in r["calls"]:
+                validate(json.loads(args), TOOL_PARAMS[name])
+        else:
+            validate(json.loads(r["content"]), schema)
 
 
 def test_logprobs_are_of_the_masked_distribution(demo):

@@ -857,6 +857,15 @@ static void test_tool_call_reserve(void **state) {
         grammar_free(g);
 }
 
+/* A call of noop (no parameters), then the end of the turn. */
+static void last_call_noop(struct grammar_matcher *m) {
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "noop", 4), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
+        assert_true(grammar_matcher_ended(m));
+}
+
 /* GRAMMAR_TOOL_CALLS (tool_choice auto): the output is free until the model's `<tool_call>`,
  * the call is held to the tools' native syntax up to its `</tool_call>`, then free again, any
  * number of times; nothing is reserved from a reasoning. */
@@ -898,11 +907,7 @@ static void test_tool_calls_lazy(void **state) {
         assert_true(grammar_matcher_can_end(m));
         assert_int_equal(grammar_matcher_mask(m, 1000, mask), (int) NV);
         assert_int_equal(grammar_matcher_accept(m, id_of("abc")), 0);
-        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
-        assert_int_equal(grammar_matcher_accept_bytes(m, "noop", 4), 0);
-        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
-        assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
-        assert_true(grammar_matcher_ended(m));
+        last_call_noop(m);
         grammar_matcher_free(m);
         grammar_free(g);
         free(mask);
@@ -921,6 +926,95 @@ static void test_tool_calls_lazy(void **state) {
         assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_TOOL_CALLS, NULL, tools, NULL, tok, GRAMMAR_LENIENT,
                                                           &g, err, sizeof err), 0);
         grammar_free(g);
+}
+
+/* GRAMMAR_OR_TOOL_CALLS (response_format beside tools under auto): the output's first token is
+ * `<tool_call>` or the JSON's; calls may follow each other, then the end; the JSON ends it. */
+static void test_json_or_tool_calls(void **state) {
+        static const char *const schema = "{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\"}},"
+                                          "\"required\":[\"age\"],\"additionalProperties\":false}";
+        char err[512];
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        struct grammar_matcher *m = NULL;
+        struct grammar *g = NULL;
+
+        (void) state;
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, schema, TOOLS, NULL, tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), 0);
+        /* the JSON */
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_true(grammar_matcher_reserve(m) > 0);
+        grammar_matcher_mask(m, 1000, mask);
+        assert_true(grammar_mask_test(mask, ID_TOOL_CALL));
+        assert_true(grammar_mask_test(mask, id_of("{\"")));
+        assert_false(grammar_mask_test(mask, id_of("abc")));
+        assert_false(grammar_mask_test(mask, ID_END));
+        assert_int_equal(grammar_matcher_accept(m, id_of("\n")), 0);  /* whitespace: still either */
+        grammar_matcher_mask(m, 1000, mask);
+        assert_true(grammar_mask_test(mask, ID_TOOL_CALL));
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), 0);
+        grammar_matcher_mask(m, 1000, mask);
+        assert_false(grammar_mask_test(mask, ID_TOOL_CALL));       /* the JSON has begun */
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), -EINVAL);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "age\":3", 6), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
+        assert_int_equal(grammar_matcher_accept(m, id_of("}")), 0);
+        assert_true(grammar_matcher_can_end(m));
+        grammar_matcher_mask(m, 1000, mask);
+        assert_false(grammar_mask_test(mask, ID_END_TOOL_CALL));
+        assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
+        assert_true(grammar_matcher_ended(m));
+        grammar_matcher_free(m);
+        /* calls instead, two of them, then the end */
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        assert_false(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL); /* a call, not JSON */
+        assert_int_equal(grammar_matcher_accept_bytes(m, "get_weather" K("city") "Paris" V K("days") "3" V, 125), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_mask(m, 1000, mask), 2); /* the end, or another call */
+        assert_true(grammar_mask_test(mask, ID_TOOL_CALL) && grammar_mask_test(mask, ID_END));
+        assert_int_equal(grammar_matcher_mask(m, 2, mask), 1);    /* no room for another call */
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL);
+        last_call_noop(m);
+        grammar_matcher_free(m);
+        grammar_free(g);
+        /* random walks: a call or the JSON, closed within the budget either way */
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, schema, TOOLS, "", tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), 0);
+        for (int rep = 0; rep < 40; rep++) {
+                bool ended;
+                uint32_t budget = 60 + (uint32_t) (xorshift() % 120);
+                char *out = random_walk(g, budget, &ended);
+                if (!ended)
+                        fail_msg("no end within %u tokens: %s", budget, out);
+                /* whitespace before either is allowed (the JSON's, as before a value) */
+                if (strncmp(out + strspn(out, " \t\n"), "<tool_call>", 11) != 0) {
+                        struct json_value *v = NULL;
+                        if (json_parse(out, strlen(out), "walk", &v, NULL, 0) < 0 || !json_object_get(v, "age"))
+                                fail_msg("neither a call nor the JSON (budget %u): [%s] %zu", budget, out, strlen(out));
+                        json_free(v);
+                }
+                free(out);
+        }
+        grammar_free(g);
+        /* json_object beside calls; the schema's errors name it */
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_OBJECT, NULL, TOOLS, NULL, tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), 0);
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "{}", 2), 0);
+        assert_true(grammar_matcher_can_end(m));
+        grammar_matcher_free(m);
+        grammar_free(g);
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"x\"}",
+                                                          TOOLS, NULL, tok, GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err),
+                         -EINVAL);
+        assert_non_null(strstr(err, "constraint.json_schema: keyword 'pattern' is not supported"));
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, schema, NULL, NULL, tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "constraint.or_tool_calls: the request has no tools"));
+        free(mask);
 }
 
 static void test_mask_apply(void **state) {
@@ -954,6 +1048,7 @@ int main(void) {
                 cmocka_unit_test(test_tool_call_walks),
                 cmocka_unit_test(test_tool_call_reserve),
                 cmocka_unit_test(test_tool_calls_lazy),
+                cmocka_unit_test(test_json_or_tool_calls),
                 cmocka_unit_test(test_mask_apply),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
