@@ -545,7 +545,7 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
         /* tool_choice auto (the default with tools): calls the model makes are held to the tools'
          * syntax; not after a prefill, which may have begun a call the mask did not see */
         if (send && !r->forced_tool && !r->no_calls && !prefill &&
-            api_auto_tools(r, of && !json_is_null(of) ? of_name : NULL, e) < 0)
+            api_auto_tools(r, of && !json_is_null(of), e) < 0)
                 return -1;
         return api_add_conversation(r, conv, e);
 }

@@ -144,9 +144,10 @@ int api_tool_named(json_t *tools, const char *name, const char *param, struct ap
 int api_force_tool(struct api_request *r, const char *name, struct api_error *e);
 /* Tools offered under tool_choice auto: the answer is free, each call the model begins is held
  * to the native syntax of one of the tools (constraint.tool_calls; lenient, but the daemon holds
- * a tool marked "strict": true to its schema exactly). A JSON answer (json_param: the API's
- * name of its format parameter, set) cannot be had with it: -1 with a 400 naming both; 0. */
-int api_auto_tools(struct api_request *r, const char *json_param, struct api_error *e);
+ * a tool marked "strict": true to its schema exactly). With a JSON answer (response_format, its
+ * constraint already set): that JSON or tool calls (constraint.or_tool_calls). 0, or -1 with e
+ * filled. */
+int api_auto_tools(struct api_request *r, bool json_answer, struct api_error *e);
 /* The body's "messages": 0 with *msgs a non-empty array of at most API_MAX_MESSAGES entries
  * (not yet checked one by one), or -1 with e filled. */
 int api_get_messages(json_t *root, json_t **msgs, struct api_error *e);

@@ -319,12 +319,11 @@ int api_force_tool(struct api_request *r, const char *name, struct api_error *e)
         return 0;
 }
 
-int api_auto_tools(struct api_request *r, const char *json_param, struct api_error *e) {
-        if (json_param)
-                return api_bad(e, json_param, "a JSON answer cannot be combined with \"tools\" under tool_choice "
-                               "\"auto\": the answer would have to be either a tool call or that JSON, which xing4d "
-                               "cannot hold it to; send tool_choice \"none\" for the JSON answer (the tools stay in "
-                               "the prompt), or leave %s out for tool calls", json_param);
+int api_auto_tools(struct api_request *r, bool json_answer, struct api_error *e) {
+        /* beside a JSON answer: that JSON or tool calls, chosen at the answer's first token (the
+         * format's own constraint and strictness stay; non-strict tools are lenient) */
+        if (json_answer)
+                return x4_request_set_constraint_or_tool_calls(r->req, true) < 0 ? OOM(e) : 0;
         if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL_CALLS, NULL) < 0 ||
             x4_request_set_constraint_lenient(r->req, true) < 0)
                 return OOM(e);
@@ -870,7 +869,7 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
          * syntax; not after a prefill, which may have begun a call the mask did not see */
         const char *rft = json_string_value(json_object_get(rf, "type"));
         if (send_tools && json_array_size(tools) > 0 && !forced && !r->no_calls && !cont &&
-            api_auto_tools(r, rft && !streq(rft, "text") ? "response_format" : NULL, e) < 0)
+            api_auto_tools(r, rft && !streq(rft, "text"), e) < 0)
                 return -1;
         return 0;
 }

@@ -939,7 +939,7 @@ int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, 
          * syntax */
         const char *ft = json_string_value(json_object_get(format, "type"));
         if (send && !r->forced_tool && !r->no_calls &&
-            api_auto_tools(r, ft && !streq(ft, "text") ? "text.format" : NULL, e) < 0)
+            api_auto_tools(r, ft && !streq(ft, "text"), e) < 0)
                 return -1;
 
         /* the system text first, then the conversation */

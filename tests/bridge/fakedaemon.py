@@ -120,6 +120,8 @@ def decode_generate(g):
             out["constraint"] = {}
         if 4 in c:
             out["constraint_lenient"] = bool(c[4][0])
+        if 6 in c:
+            out["constraint_or_tool_calls"] = bool(c[6][0])
     return out
 
 

@@ -60,23 +60,26 @@ def test_auto_tools_are_lenient_and_carry_strict(fake, fake_bridge):
     assert r["tools"][0]["function"]["strict"] is True, r["tools"]
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/chat/completions", chat("q", tools=TOOLS, response_format={"type": "json_object"}), "response_format"),
+@pytest.mark.parametrize("path,body,want", [
+    ("/v1/chat/completions", chat("q", tools=TOOLS, response_format={"type": "json_object"}), {"json_object": True}),
     ("/v1/chat/completions", chat("q", tools=TOOLS, tool_choice="auto", response_format={
-        "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}), "response_format"),
+        "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}), {"json_schema": SCHEMA}),
     ("/v1/responses", {"model": "xing4", "input": "q", "tools": [{"type": "function", "name": "f"}],
-                       "text": {"format": {"type": "json_object"}}}, "text.format"),
+                       "text": {"format": {"type": "json_object"}}}, {"json_object": True}),
     ("/v1/messages", {"model": "xing4", "max_tokens": 64, "messages": [{"role": "user", "content": "q"}],
                       "tools": [{"name": "f", "input_schema": {"type": "object"}}],
-                      "output_format": {"type": "json_schema", "schema": SCHEMA}}, "output_format"),
+                      "output_format": {"type": "json_schema", "schema": SCHEMA}}, {"json_schema": SCHEMA}),
 ])
-def test_tools_under_auto_with_a_json_answer_are_refused(fake, fake_bridge, path, body, param):
-    """tools under tool_choice auto and a JSON answer: the answer would have to be a call or the
-    JSON, which the daemon cannot hold it to; a 400 naming both, never tools silently dropped."""
+def test_tools_under_auto_with_a_json_answer_are_either(fake, fake_bridge, path, body, want):
+    """tools under tool_choice auto and a JSON answer: the answer is that JSON or tool calls,
+    chosen at its first token (Constraint.or_tool_calls beside the format's own constraint),
+    never tools silently dropped; the format's strictness is kept (strict: no lenient)."""
     st, _, resp = fake_bridge.post(path, body)
-    assert st == 400, resp
-    text = json.dumps(resp)
-    assert param in text and "tools" in text and "tool_choice" in text, resp
+    assert st == 200, resp
+    r = last_request(fake)
+    assert r["constraint"] == want and r.get("constraint_or_tool_calls") is True, r
+    if path == "/v1/chat/completions" and want != {"json_object": True}:
+        assert r.get("constraint_lenient") is None, r
 
 
 def test_tool_choice_none_with_a_json_answer_is_the_schema(fake, fake_bridge):
@@ -84,6 +87,7 @@ def test_tool_choice_none_with_a_json_answer_is_the_schema(fake, fake_bridge):
         "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}))
     assert st == 200, body
     assert last_request(fake)["constraint"] == {"json_schema": SCHEMA}
+    assert "constraint_or_tool_calls" not in last_request(fake)
 
 
 def test_json_answer_comes_back_as_content(fake_bridge):

@@ -196,6 +196,30 @@ def test_auto_strict_tool_call_validates(demo_bridge):
         assert set(use["input"]) == {"city", "tz"} and use["input"]["tz"] in ("utc", "local"), use
 
 
+def test_auto_tools_beside_a_json_answer(demo_bridge):
+    """tools under tool_choice auto beside response_format json_schema: the answer is either a
+    call (held to the tool's schema) or the JSON (valid against the format's schema), never the
+    tools silently dropped. Asked for the weather, the demo model calls the tool."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+        "additionalProperties": False}}}
+    for question in ("What is the weather in Paris?", "What does tar do?"):
+        resp = post(demo_bridge + "/v1/chat/completions", {
+            "model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [STRICT_TOOL],
+            "response_format": fmt, "messages": [{"role": "user", "content": question}]})
+        choice = resp["choices"][0]
+        calls = choice["message"].get("tool_calls")
+        if "weather" in question:
+            assert calls and choice["finish_reason"] == "tool_calls", json.dumps(choice)[:1000]
+        if calls:
+            for call in calls:
+                args = json.loads(call["function"]["arguments"])
+                assert set(args) == {"city", "tz"} and args["tz"] in ("utc", "local"), args
+        else:
+            value = json.loads(choice["message"]["content"])
+            assert set(value) == {"answer"} and isinstance(value["answer"], str), value
+
+
 def test_logprobs_cover_the_answer_only(demo_bridge):
     """OpenAI's logprobs.content covers the tokens of message.content: with thinking on, neither
     the reasoning nor the `</think>` that closes it is an entry, so the entries' tokens join to the
