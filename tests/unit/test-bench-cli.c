@@ -187,18 +187,20 @@ static void test_cpu_decode_prefill_copy(void **state) {
         assert_non_null(strstr(out, "\"ctx_filled\":\"prefill\",\"ctx_prefilled\":300,"));
 }
 
-/* --grammar model: the mask cost on the demo model's vocabulary, one JSON line per schema, and
- * every sequence ends (the budget closes what the random choices left open). */
+/* --grammar model: the mask cost on the demo model's vocabulary, one JSON line per schema (the
+ * three JSON ones and the native tool call), and every sequence ends (the budget closes what
+ * the random choices left open). */
 static void test_grammar_mask(void **state) {
         char out[16384], err[4096];
 
         (void) state;
         assert_int_equal(bench(NULL, "--grammar model --grammar-seqs 2 --json", out, sizeof out, err, sizeof err), 0);
         assert_string_equal(err, "");
-        assert_int_equal(count_substr(out, "\n"), 3);
-        assert_int_equal(count_substr(out, "\"what\":\"grammar_mask\",\"vocab\":\"model\",\"n_vocab\":4096"), 3);
-        assert_int_equal(count_substr(out, "\"sequences\":2,\"ended\":2,"), 3);
+        assert_int_equal(count_substr(out, "\n"), 4);
+        assert_int_equal(count_substr(out, "\"what\":\"grammar_mask\",\"vocab\":\"model\",\"n_vocab\":4096"), 4);
+        assert_int_equal(count_substr(out, "\"sequences\":2,\"ended\":2,"), 4);
         assert_non_null(strstr(out, "\"schema\":\"json_object\""));
+        assert_non_null(strstr(out, "\"schema\":\"tool_call\""));
         assert_int_equal(bench(NULL, "--grammar words", out, sizeof out, err, sizeof err), 1);
         assert_string_equal(err, "x4-bench: --grammar: 'words' is not a vocabulary; dense, full or model expected\n");
         assert_int_equal(bench(NULL, "--grammar model --grammar-seqs 0", out, sizeof out, err, sizeof err), 1);
