@@ -310,7 +310,8 @@ char *api_call_text(const char *name, const char *args) {
 
 /* A forced call: its arguments follow the tool's parameters schema in structure; the keywords
  * the mask cannot enforce (bounds, pattern, formats: MCP and Pydantic schemas carry them, written
- * for validation) are ignored rather than refused (lenient), as the client validates anyway. */
+ * for validation) are ignored rather than refused (lenient), as the client validates anyway; the
+ * daemon holds a tool marked "strict": true to its schema exactly all the same. */
 int api_force_tool(struct api_request *r, const char *name, struct api_error *e) {
         r->forced_tool = true;
         if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ||
