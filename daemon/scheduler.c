@@ -259,10 +259,16 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                         return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
                                     "constraint: this model has no tokenizer, constrained decoding "
                                     "needs one");
-                if (r->constraint == SCHED_CONSTRAINT_TOOL && r->prompt != SCHED_PROMPT_CHAT)
+                if (r->constraint_or_calls && r->constraint != SCHED_CONSTRAINT_JSON_OBJECT &&
+                    r->constraint != SCHED_CONSTRAINT_JSON_SCHEMA)
                         return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
-                                    "constraint.tool: a chat prompt with tools (prompt.chat.tools_json) "
-                                    "expected");
+                                    "constraint.or_tool_calls: an alternative to a JSON answer, set only with "
+                                    "json_object or json_schema");
+                if ((r->constraint == SCHED_CONSTRAINT_TOOL || r->constraint == SCHED_CONSTRAINT_TOOL_CALLS ||
+                     r->constraint_or_calls) && r->prompt != SCHED_PROMPT_CHAT)
+                        return eng_verr(err, size, SCHED_ERR_INVALID_ARGUMENT,
+                                    "constraint.%s: a chat prompt with tools (prompt.chat.tools_json) "
+                                    "expected", r->constraint == SCHED_CONSTRAINT_TOOL ? "tool" : "tool_calls");
                 /* a schema nested deeper than the JSON parser reads may well be valid JSON: say
                  * it is too deep, not (as the grammar would) that it is not JSON */
                 if (r->constraint == SCHED_CONSTRAINT_JSON_SCHEMA && r->constraint_schema) {
@@ -284,7 +290,9 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                 struct grammar *g = NULL;
                 int k = grammar_compile_constraint_flags((enum grammar_kind) r->constraint, r->constraint_schema,
                                                          r->tools_json, r->constraint_tool, s->p.tokenizer,
-                                                         r->constraint_lenient ? GRAMMAR_LENIENT : 0, &g, err,
+                                                         (r->constraint_lenient ? GRAMMAR_LENIENT : 0) |
+                                                                 (r->constraint_or_calls ? GRAMMAR_OR_TOOL_CALLS : 0),
+                                                         &g, err,
                                                          size);
                 grammar_free(g);
                 if (k < 0)

@@ -61,6 +61,7 @@ enum sched_constraint {
         SCHED_CONSTRAINT_JSON_SCHEMA = 2,
         SCHED_CONSTRAINT_TOOL = 3,
         SCHED_CONSTRAINT_EMPTY = 4, /* a Constraint message with no kind set: refused */
+        SCHED_CONSTRAINT_TOOL_CALLS = 5, /* free output, each call the model begins held to the tools */
 };
 
 struct sched_message {
@@ -109,8 +110,9 @@ struct sched_request {
         bool echo_ids; /* fill token ids in CHUNK events */
         enum sched_constraint constraint;
         char *constraint_schema; /* JSON_SCHEMA: the schema's JSON text */
-        char *constraint_tool;   /* TOOL: the function's name, NULL: any of tools_json */
+        char *constraint_tool;   /* TOOL, TOOL_CALLS: the function's name, NULL: any of tools_json */
         bool constraint_lenient; /* Constraint.lenient: unenforceable keywords ignored */
+        bool constraint_or_calls; /* Constraint.or_tool_calls: the JSON or tool calls */
         /* who asked, for stats */
         uint32_t peer_pid, peer_uid;
         char client[64];

@@ -413,16 +413,20 @@ static int convert_generate(const Xing4__GenerateRequest *g, struct sched_reques
                                 return -ENOMEM;
                         break;
                 case XING4__CONSTRAINT__KIND_TOOL:
-                        r->constraint = SCHED_CONSTRAINT_TOOL;
-                        if (k->tool && k->tool->name && k->tool->name[0] &&
-                            !(r->constraint_tool = strdup(k->tool->name)))
+                case XING4__CONSTRAINT__KIND_TOOL_CALLS: {
+                        bool forced = k->kind_case == XING4__CONSTRAINT__KIND_TOOL;
+                        const Xing4__ToolChoice *tc = forced ? k->tool : k->tool_calls;
+                        r->constraint = forced ? SCHED_CONSTRAINT_TOOL : SCHED_CONSTRAINT_TOOL_CALLS;
+                        if (tc && tc->name && tc->name[0] && !(r->constraint_tool = strdup(tc->name)))
                                 return -ENOMEM;
                         break;
+                }
                 default:
                         r->constraint = SCHED_CONSTRAINT_EMPTY;
                         break;
                 }
                 r->constraint_lenient = k->has_lenient && k->lenient;
+                r->constraint_or_calls = k->has_or_tool_calls && k->or_tool_calls;
         }
         *ret = TAKE_PTR(r);
         return 0;

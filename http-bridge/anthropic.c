@@ -328,6 +328,9 @@ static int parse_tools(json_t *root, struct api_request *r, bool *send, json_t *
                 json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
                 if (fn && json_is_string(desc))
                         json_object_set(fn, "description", desc);
+                /* strict (structured outputs): the daemon holds the input to the schema exactly */
+                if (fn && json_is_true(json_object_get(t, "strict")))
+                        json_object_set_new(fn, "strict", json_true());
                 if (!fn || json_array_append_new(list, json_pack("{s:s, s:o}", "type", "function", "function", fn)) < 0)
                         return OOM(e);
         }
@@ -537,8 +540,9 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
         /* an assistant message with text last is a prefill: the answer continues it, and holds
          * only the new text (the daemon leaves that message open, with no generation prompt) */
         json_t *fin = json_array_get(conv, json_array_size(conv) - 1);
-        if (fin && streq(json_string_value(json_object_get(fin, "role")), "assistant") &&
-            !json_object_get(fin, "tool_calls") && json_string_length(json_object_get(fin, "content")) > 0) {
+        bool prefill = fin && streq(json_string_value(json_object_get(fin, "role")), "assistant") &&
+                       !json_object_get(fin, "tool_calls") && json_string_length(json_object_get(fin, "content")) > 0;
+        if (prefill) {
                 /* a constrained answer is checked from its first token: after a prefill it would
                  * have to start over (a second "{") */
                 if (r->forced_tool || (of && !json_is_null(of)))
@@ -546,6 +550,11 @@ int am_parse(json_t *root, bool count_only, struct api_request *r, struct api_er
                                        "%s", r->forced_tool ? "a forced tool call (tool_choice)" : "output_format");
                 x4_request_set_add_generation_prompt(r->req, false);
         }
+        /* tool_choice auto (the default with tools): calls the model makes are held to the tools'
+         * syntax; not after a prefill, which may have begun a call the mask did not see */
+        if (send && !r->forced_tool && !r->no_calls && !prefill &&
+            api_auto_tools(r, of && !json_is_null(of), e) < 0)
+                return -1;
         return api_add_conversation(r, conv, e);
 }
 

@@ -143,6 +143,12 @@ int api_tool_named(json_t *tools, const char *name, const char *param, struct ap
 /* A tool_choice that forces a call: marks the request and constrains it to a call of `name` (any
  * tool when NULL); 0, or -1 with e filled. */
 int api_force_tool(struct api_request *r, const char *name, struct api_error *e);
+/* Tools offered under tool_choice auto: the answer is free, each call the model begins is held
+ * to the native syntax of one of the tools (constraint.tool_calls; lenient, but the daemon holds
+ * a tool marked "strict": true to its schema exactly). With a JSON answer (response_format, its
+ * constraint already set): that JSON or tool calls (constraint.or_tool_calls). 0, or -1 with e
+ * filled. */
+int api_auto_tools(struct api_request *r, bool json_answer, struct api_error *e);
 /* The body's "messages": 0 with *msgs a non-empty array of at most API_MAX_MESSAGES entries
  * (not yet checked one by one), or -1 with e filled. */
 int api_get_messages(json_t *root, json_t **msgs, struct api_error *e);

@@ -312,10 +312,22 @@ char *api_call_text(const char *name, const char *args) {
 
 /* A forced call: its arguments follow the tool's parameters schema in structure; the keywords
  * the mask cannot enforce (bounds, pattern, formats: MCP and Pydantic schemas carry them, written
- * for validation) are ignored rather than refused (lenient), as the client validates anyway. */
+ * for validation) are ignored rather than refused (lenient), as the client validates anyway; the
+ * daemon holds a tool marked "strict": true to its schema exactly all the same. */
 int api_force_tool(struct api_request *r, const char *name, struct api_error *e) {
         r->forced_tool = true;
         if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL, name) < 0 ||
+            x4_request_set_constraint_lenient(r->req, true) < 0)
+                return OOM(e);
+        return 0;
+}
+
+int api_auto_tools(struct api_request *r, bool json_answer, struct api_error *e) {
+        /* beside a JSON answer: that JSON or tool calls, chosen at the answer's first token (the
+         * format's own constraint and strictness stay; non-strict tools are lenient) */
+        if (json_answer)
+                return x4_request_set_constraint_or_tool_calls(r->req, true) < 0 ? OOM(e) : 0;
+        if (x4_request_set_constraint(r->req, X4_CONSTRAINT_TOOL_CALLS, NULL) < 0 ||
             x4_request_set_constraint_lenient(r->req, true) < 0)
                 return OOM(e);
         return 0;
@@ -863,6 +875,12 @@ static int parse_chat(json_t *root, struct api_request *r, struct api_error *e) 
         }
         if (cont || !agp)
                 x4_request_set_add_generation_prompt(r->req, false);
+        /* tool_choice auto (the default with tools): calls the model makes are held to the tools'
+         * syntax; not after a prefill, which may have begun a call the mask did not see */
+        const char *rft = json_string_value(json_object_get(rf, "type"));
+        if (send_tools && json_array_size(tools) > 0 && !forced && !r->no_calls && !cont &&
+            api_auto_tools(r, rft && !streq(rft, "text"), e) < 0)
+                return -1;
         return 0;
 }
 

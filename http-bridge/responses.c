@@ -696,6 +696,10 @@ static int parse_tools(json_t *root, json_t **out, struct api_error *e) {
                         json_object_set(fn, "parameters", params);
                 if (fn && json_is_string(desc))
                         json_object_set(fn, "description", desc);
+                /* "strict": true said outright (the API's default is not taken: agents send
+                 * schemas written for validation without it): held to the schema exactly */
+                if (fn && json_is_true(json_object_get(t, "strict")))
+                        json_object_set_new(fn, "strict", json_true());
                 if (!fn || json_array_append_new(list, json_pack("{s:s, s:o}", "type", "function", "function", fn)) < 0)
                         return OOM(e);
         }
@@ -986,6 +990,12 @@ int rs_parse(json_t *root, const struct api_config *cfg, struct api_request *r, 
                                 return -1;
                 }
         }
+        /* tool_choice auto (the default with tools): calls the model makes are held to the tools'
+         * syntax */
+        const char *ft = json_string_value(json_object_get(format, "type"));
+        if (send && !r->forced_tool && !r->no_calls &&
+            api_auto_tools(r, ft && !streq(ft, "text"), e) < 0)
+                return -1;
 
         /* the system text first, then the conversation */
         if (json_is_string(instr) && json_string_length(instr) > 0) {

@@ -73,6 +73,7 @@ struct x4_request {
         int constraint; /* enum x4_constraint */
         char *constraint_arg; /* the schema's JSON text, or the tool's name (NULL = any tool) */
         bool constraint_lenient;
+        bool constraint_or_calls;
 };
 
 struct x4_client {
@@ -405,6 +406,12 @@ X4_API int x4_request_set_constraint_lenient(x4_request *r, bool lenient) {
         return 0;
 }
 
+X4_API int x4_request_set_constraint_or_tool_calls(x4_request *r, bool on) {
+        REQUIRE_REQUEST(r);
+        r->constraint_or_calls = on;
+        return 0;
+}
+
 X4_API int x4_request_set_count_only(x4_request *r, bool count_only) {
         REQUIRE_REQUEST(r);
         r->count_only = count_only;
@@ -419,14 +426,15 @@ X4_API int x4_request_set_ignore_eos(x4_request *r, bool ignore) {
 
 X4_API int x4_request_set_constraint(x4_request *r, int kind, const char *arg) {
         REQUIRE_REQUEST(r);
-        if (kind < X4_CONSTRAINT_NONE || kind > X4_CONSTRAINT_TOOL)
+        if (kind < X4_CONSTRAINT_NONE || kind > X4_CONSTRAINT_TOOL_CALLS)
                 return fail(NULL, X4_E_USAGE, "%s: kind %d is not an enum x4_constraint (%d to %d)",
-                            __func__, kind, X4_CONSTRAINT_NONE, X4_CONSTRAINT_TOOL);
+                            __func__, kind, X4_CONSTRAINT_NONE, X4_CONSTRAINT_TOOL_CALLS);
         if (kind == X4_CONSTRAINT_JSON_SCHEMA && !arg)
                 return null_arg(NULL, __func__, "arg",
                                 "the JSON Schema's text with X4_CONSTRAINT_JSON_SCHEMA");
         char *a = NULL;
-        if ((kind == X4_CONSTRAINT_JSON_SCHEMA || kind == X4_CONSTRAINT_TOOL) && arg && !(a = strdup(arg)))
+        if ((kind == X4_CONSTRAINT_JSON_SCHEMA || kind == X4_CONSTRAINT_TOOL || kind == X4_CONSTRAINT_TOOL_CALLS) &&
+            arg && !(a = strdup(arg)))
                 return fail(NULL, X4_E_NOMEM, "%s: out of memory", __func__);
         free(r->constraint_arg);
         r->constraint = kind;
@@ -1225,9 +1233,15 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
                 g.constraint = &cons;
                 break;
         case X4_CONSTRAINT_TOOL:
-                cons.kind_case = XING4__CONSTRAINT__KIND_TOOL;
+        case X4_CONSTRAINT_TOOL_CALLS:
                 tool.name = req->constraint_arg;
-                cons.tool = &tool;
+                if (req->constraint == X4_CONSTRAINT_TOOL) {
+                        cons.kind_case = XING4__CONSTRAINT__KIND_TOOL;
+                        cons.tool = &tool;
+                } else {
+                        cons.kind_case = XING4__CONSTRAINT__KIND_TOOL_CALLS;
+                        cons.tool_calls = &tool;
+                }
                 g.constraint = &cons;
                 break;
         default:
@@ -1236,6 +1250,10 @@ static int send_generate(x4_client *c, const x4_request *req, struct pending *p)
         if (g.constraint && req->constraint_lenient) {
                 cons.has_lenient = 1;
                 cons.lenient = 1;
+        }
+        if (g.constraint && req->constraint_or_calls) {
+                cons.has_or_tool_calls = 1;
+                cons.or_tool_calls = 1;
         }
         f.has_request_id = 1;
         f.request_id = p->id;

@@ -147,12 +147,20 @@ enum x4_constraint {
         X4_CONSTRAINT_JSON_OBJECT = 1,
         X4_CONSTRAINT_JSON_SCHEMA = 2,
         X4_CONSTRAINT_TOOL = 3,
+        /* the answer is free; each call the model begins is held to the named tool's (arg) or
+         * any tool's native syntax up to its end, any number of calls (protocol 1.6; an older
+         * server refuses the request) */
+        X4_CONSTRAINT_TOOL_CALLS = 4,
 };
 X4_API int x4_request_set_constraint(x4_request *r, int kind, const char *arg);
 /* The constraint's schema keywords the mask cannot enforce (value bounds, pattern, formats, ...)
  * are ignored instead of refused (protocol 1.4; Constraint.lenient): for schemas written to
  * validate rather than to generate. A 1.3 server refuses them as before. */
 X4_API int x4_request_set_constraint_lenient(x4_request *r, bool lenient);
+/* With X4_CONSTRAINT_JSON_OBJECT / _JSON_SCHEMA: the answer may instead be tool calls of the
+ * request's tools, chosen at its first token (protocol 1.6; Constraint.or_tool_calls). A 1.5
+ * server ignores it and gives the JSON. */
+X4_API int x4_request_set_constraint_or_tool_calls(x4_request *r, bool on);
 
 /* ---- what comes back ------------------------------------------------------------------------ */
 

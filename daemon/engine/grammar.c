@@ -109,6 +109,10 @@ struct grammar {
         uint32_t n_pre, n_post;
         uint32_t max_min_len;    /* largest min_len of any node, for the closing margin */
         int32_t raw_value;       /* native call: the GK_RAW node of a string value */
+        bool lazy;               /* GRAMMAR_TOOL_CALLS: free output, each call from `<tool_call>` on
+                                  * held to the grammar */
+        int32_t answer;          /* GRAMMAR_OR_TOOL_CALLS: the JSON answer's root, the alternative
+                                  * to calls (root) at the output's first token; -1 none */
 };
 
 static int grow_array(void **p, uint32_t *cap, uint32_t need, size_t elem) {
@@ -210,6 +214,7 @@ static int grammar_init(struct grammar **ret) {
                 return -ENOMEM;
         g->pre[0] = g->pre[1] = g->post[0] = g->post[1] = -1;
         g->raw_value = -1;
+        g->answer = -1;
         static const enum gkind kinds[] = { GK_ANY, GK_OBJECT, GK_ARRAY, GK_STRING, GK_NUMBER };
         for (size_t i = 0; i < ELEMENTSOF(kinds); i++)
                 if (node_new(g, kinds[i]) < 0)
@@ -269,7 +274,7 @@ static void subpath(char *buf, size_t size, const char *path, const char *fmt, .
 
 static const char *const IGNORED[] = {
         "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-        "readOnly", "writeOnly", "format", "$defs", "definitions", "strict",
+        "readOnly", "writeOnly", "$defs", "definitions", "strict",
 };
 static const char *const HANDLED[] = {
         "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
@@ -547,6 +552,14 @@ static int32_t compile_inner(struct compiler *c, const struct json_value *s, con
                                     "loose as %s%.0f (which every generated integer meets); a tighter "
                                     "bound is not enforced", k, streq(k, "minimum") ? "-" : "", lim);
                 }
+                /* a format's grammar (email, date-time, uri, uuid, ...) is not in the mask: a strict
+                 * schema's answer could break it, as it could a pattern */
+                if (streq(k, "format"))
+                        return cerr(c, path, "keyword 'format' (\"%s\") is not enforced: the answer "
+                                    "could break it; leave it out, or send the schema as non-strict "
+                                    "(Constraint.lenient) to have it ignored",
+                                    json_type(json_object_value_at(s, i)) == JSON_STRING
+                                            ? json_string(json_object_value_at(s, i)) : "?");
                 return cerr(c, path, "keyword '%s' is not supported (supported: type, properties, "
                             "required, additionalProperties, items, minItems, maxItems, enum, const, "
                             "anyOf, $ref, $defs)", k);
@@ -1197,8 +1210,10 @@ static int32_t params_node(struct compiler *c, int32_t args, const char *path) {
         return id;
 }
 
+/* answer: with GRAMMAR_OR_TOOL_CALLS, the JSON answer's schema (NULL: any object), compiled into
+ * the same grammar as g->answer (already checked on its own: its errors name the schema). */
 static int compile_tool(const char *tools_json, const char *name, const struct tokenizer *t, unsigned flags,
-                        struct grammar **ret, char *err, size_t err_size) {
+                        const char *answer, struct grammar **ret, char *err, size_t err_size) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
         _cleanup_(json_freep) struct json_value *tools = NULL;
         int r;
@@ -1264,6 +1279,16 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                 }
                 snprintf(path, sizeof path, "tools[%zu].parameters", i);
                 const struct json_value *params = json_object_get(fn, "parameters");
+                /* a tool marked strict (OpenAI's "strict": true) is held to its schema exactly:
+                 * lenient or not, a keyword the mask cannot enforce is refused by name */
+                const struct json_value *st = json_object_get(fn, "strict") ? json_object_get(fn, "strict")
+                                                                           : json_object_get(tv, "strict");
+                bool strict = st && json_type(st) == JSON_BOOL && json_bool(st);
+                /* beside a JSON answer, lenient is the answer's schema's: tools not marked strict
+                 * are lenient, as under tool_choice auto */
+                c.lenient = ((flags & GRAMMAR_LENIENT) || (flags & GRAMMAR_OR_TOOL_CALLS)) && !strict;
+                if (strict)
+                        snprintf(path, sizeof path, "tools[%zu].parameters (strict)", i);
                 c.root = params;
                 c.root_node = -1;
                 int32_t a;
@@ -1304,6 +1329,29 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
         free(c.def_node);
         c.def_v = NULL;
         c.def_node = NULL;
+        c.n_defs = c.cap_defs = 0;
+        if (flags & GRAMMAR_OR_TOOL_CALLS) {
+                _cleanup_(json_freep) struct json_value *av = NULL;
+                g->answer = N_ANY_OBJECT;
+                if (answer && json_parse(answer, strlen(answer), "json_schema", &av, NULL, 0) < 0) {
+                        r = cerr(&c, "", "constraint.json_schema: not valid JSON");
+                        goto fail;
+                }
+                if (av) {
+                        c.lenient = flags & GRAMMAR_LENIENT;
+                        c.root_node = -1;
+                        g->answer = compile_root(&c, av, "");
+                        c.root = NULL;
+                        free(c.def_v);
+                        free(c.def_node);
+                        c.def_v = NULL;
+                        c.def_node = NULL;
+                        if (g->answer < 0) {
+                                r = g->answer;
+                                goto fail;
+                        }
+                }
+        }
         /* the name literal's sorted order decides which parameters go with which name */
         struct gstr sorted[256];
         uint32_t order[256];
@@ -1357,7 +1405,7 @@ fail:
 
 int grammar_compile_tool(const char *tools_json, const char *name, const struct tokenizer *t,
                          struct grammar **ret, char *err, size_t err_size) {
-        return compile_tool(tools_json, name, t, 0, ret, err, err_size);
+        return compile_tool(tools_json, name, t, 0, NULL, ret, err, err_size);
 }
 
 int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
@@ -1371,6 +1419,20 @@ int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema,
                                      struct grammar **ret, char *err, size_t err_size) {
         char msg[512];
         int r;
+        if ((flags & GRAMMAR_OR_TOOL_CALLS) && (kind == GRAMMAR_JSON_OBJECT || kind == GRAMMAR_JSON_SCHEMA)) {
+                /* the answer's schema on its own first, for its errors; then with the tools */
+                struct grammar *alone = NULL;
+                r = grammar_compile_constraint_flags(kind, schema, NULL, NULL, t, flags & ~GRAMMAR_OR_TOOL_CALLS,
+                                                     &alone, err, err_size);
+                grammar_free(alone);
+                if (r < 0)
+                        return r;
+                r = compile_tool(tools_json, NULL, t, flags, kind == GRAMMAR_JSON_SCHEMA ? schema : NULL, ret, msg,
+                                 sizeof msg);
+                if (r < 0)
+                        snprintf(err, err_size, "constraint.or_tool_calls: %s", msg);
+                return r;
+        }
         switch (kind) {
         case GRAMMAR_JSON_OBJECT:
                 r = grammar_compile_json_object(ret);
@@ -1387,12 +1449,15 @@ int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema,
                         snprintf(err, err_size, "constraint.json_schema: %s", msg);
                 return r;
         case GRAMMAR_TOOL:
-                r = compile_tool(tools_json, tool_name, t, flags, ret, msg, sizeof msg);
+        case GRAMMAR_TOOL_CALLS:
+                r = compile_tool(tools_json, tool_name, t, flags & ~GRAMMAR_OR_TOOL_CALLS, NULL, ret, msg, sizeof msg);
                 if (r < 0)
-                        snprintf(err, err_size, "constraint.tool: %s", msg);
+                        snprintf(err, err_size, "constraint.%s: %s", kind == GRAMMAR_TOOL ? "tool" : "tool_calls", msg);
+                else
+                        (*ret)->lazy = kind == GRAMMAR_TOOL_CALLS;
                 return r;
         }
-        snprintf(err, err_size, "constraint: none of json_object, json_schema, tool is set");
+        snprintf(err, err_size, "constraint: none of json_object, json_schema, tool, tool_calls is set");
         return -EINVAL;
 }
 
@@ -2746,7 +2811,9 @@ int grammar_vocab_new(const struct tokenizer *t, struct grammar_vocab **ret) {
 
 /* ---- matcher --------------------------------------------------------------------------------- */
 
-enum { PH_PRE, PH_JSON, PH_POST, PH_END };
+/* PH_FREE (lazy grammars): outside a call, any token; `<tool_call>` starts one (PH_JSON), its
+ * `</tool_call>` comes back here */
+enum { PH_PRE, PH_JSON, PH_POST, PH_END, PH_FREE };
 
 #define CACHE_SLOTS 16
 
@@ -2778,6 +2845,12 @@ struct grammar_matcher {
         uint32_t cache_next;
         bool no_cache;
         struct sbuf comp;
+        uint32_t *comp_tok;     /* comp_tok[i]: fewest tokens that spell comp.p[i..], INF_LEN none */
+        size_t comp_tok_cap;
+        uint32_t root_tokens;   /* fewest tokens of the shortest complete output (a call's) */
+        uint32_t answer_tokens; /* the same for the JSON answer beside calls */
+        bool in_call;           /* the threads are a tool call's (GRAMMAR_TOOL*), else JSON */
+        uint32_t margin_tokens; /* closing_margin() in tokens */
 };
 
 void grammar_matcher_set_cache(struct grammar_matcher *m, bool on) {
@@ -2794,7 +2867,102 @@ void grammar_matcher_free(struct grammar_matcher *m) {
         free(m->level);
         free(m->key);
         free(m->comp.p);
+        free(m->comp_tok);
         free(m);
+}
+
+/* The threads at the start of the constrained output (or of a lazy grammar's next call). */
+static void matcher_restart(struct grammar_matcher *m) {
+        m->cur.n = 1;
+        memset(&m->cur.t[0], 0, sizeof m->cur.t[0]);
+        push(m->g, &m->cur.t[0], m->in_call || m->g->answer < 0 ? m->g->root : m->g->answer);
+}
+
+/* The special tokens after the current threads' output: a call's `</tool_call>`, none after JSON. */
+static uint32_t post_of(const struct grammar_matcher *m) {
+        return m->in_call ? m->g->n_post : 0;
+}
+
+/* A JSON answer beside calls that has not begun (whitespace at most): `<tool_call>` may still
+ * come instead. */
+static bool answer_open(const struct grammar_matcher *m) {
+        if (m->g->answer < 0 || m->in_call || m->phase != PH_JSON)
+                return false;
+        for (uint32_t i = 0; i < m->cur.n; i++)
+                if (m->cur.t[i].done || m->cur.t[i].depth != 1 || m->cur.t[i].f[0].st != ST_START)
+                        return false;
+        return true;
+}
+
+/* The child of trie node `node` by byte c, UINT32_MAX if none. */
+static uint32_t trie_child(const struct grammar_vocab *v, uint32_t node, uint8_t c) {
+        const struct tnode *nd = &v->nodes[node];
+        for (uint32_t k = 0; k < nd->n_child; k++)
+                if (v->nodes[nd->child + k].byte == c)
+                        return nd->child + k;
+        return UINT32_MAX;
+}
+
+/* The fewest tokens of the vocabulary that spell s[i..n), for every i, in dp[0..n] (dp[n] = 0;
+ * INF_LEN where no sequence of text tokens does). The budget counts tokens, the completions are
+ * bytes: markup like `<param_key>` is one user-defined piece of the release's vocabulary, a
+ * word a few bytes each. */
+static void spell_tokens(const struct grammar_vocab *v, const char *s, size_t n, uint32_t *dp) {
+        dp[n] = 0;
+        for (size_t i = n; i-- > 0;) {
+                uint32_t node = 0, best = INF_LEN;
+                for (size_t d = i; d < n; d++) {
+                        if ((node = trie_child(v, node, (uint8_t) s[d])) == UINT32_MAX)
+                                break;
+                        if (v->nodes[node].n_end && dp[d + 1] < INF_LEN)
+                                best = MIN(best, dp[d + 1] + 1);
+                }
+                dp[i] = best;
+        }
+}
+
+/* Tokens of a text: the fewest that spell it, one a byte when none does. */
+static uint32_t text_tokens(struct grammar_matcher *m, const char *s, size_t n) {
+        if (n + 1 > m->comp_tok_cap) {
+                uint32_t *p = realloc(m->comp_tok, (n + 1) * sizeof *p);
+                if (!p)
+                        return (uint32_t) MIN(n, (size_t) INF_LEN);
+                m->comp_tok = p;
+                m->comp_tok_cap = n + 1;
+        }
+        spell_tokens(m->v, s, n, m->comp_tok);
+        return m->comp_tok[0] < INF_LEN ? m->comp_tok[0] : (uint32_t) MIN(n, (size_t) INF_LEN);
+}
+
+/* The shortest complete output and the closing margin in tokens (a node's shortest value
+ * spelled by the vocabulary: only nodes whose shortest value has more bytes than the largest
+ * count so far can give more tokens). */
+static int count_tokens(struct grammar_matcher *m) {
+        const struct grammar *g = m->g;
+        struct sbuf b = { 0 };
+        uint32_t most = 0;
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+                if (g->nodes[i].min_len >= INF_LEN || g->nodes[i].min_len <= most)
+                        continue;
+                b.n = 0;
+                emit_min(g, (int32_t) i, &b, 0);
+                if (b.oom)
+                        break;
+                most = MAX(most, text_tokens(m, b.p ? b.p : "", b.n));
+        }
+        b.n = 0;
+        emit_min(g, g->root, &b, 0);
+        m->root_tokens = b.oom ? MIN(g->nodes[g->root].min_len, 4096u) : MIN(text_tokens(m, b.p ? b.p : "", b.n), 4096u);
+        if (g->answer >= 0) {
+                b.n = 0;
+                emit_min(g, g->answer, &b, 0);
+                m->answer_tokens = b.oom ? MIN(g->nodes[g->answer].min_len, 4096u)
+                                         : MIN(text_tokens(m, b.p ? b.p : "", b.n), 4096u);
+        }
+        m->margin_tokens = MIN(most, 256u) + 2;
+        bool oom = b.oom;
+        free(b.p);
+        return oom ? -ENOMEM : 0;
 }
 
 int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v, const int32_t *end_ids,
@@ -2807,13 +2975,12 @@ int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v, 
         for (size_t i = 0; i < n_end && m->n_end < ELEMENTSOF(m->end_ids); i++)
                 if (end_ids[i] >= 0 && (uint32_t) end_ids[i] < v->n_vocab)
                         m->end_ids[m->n_end++] = end_ids[i];
-        m->phase = g->n_pre ? PH_PRE : PH_JSON;
-        m->cur.n = 1;
-        memset(&m->cur.t[0], 0, sizeof m->cur.t[0]);
-        push(g, &m->cur.t[0], g->root);
+        m->phase = g->lazy ? PH_FREE : g->n_pre && g->answer < 0 ? PH_PRE : PH_JSON;
+        m->in_call = g->n_pre && g->answer < 0;
+        matcher_restart(m);
         m->n_level = v->max_len + 2;
         m->level = malloc((size_t) m->n_level * sizeof *m->level);
-        if (!m->level)
+        if (!m->level || count_tokens(m) < 0)
                 return -ENOMEM;
         *ret = TAKE_PTR(m);
         return 0;
@@ -2827,9 +2994,13 @@ static bool set_can_end(const struct grammar *g, const struct tset *s) {
 }
 
 bool grammar_matcher_can_end(const struct grammar_matcher *m) {
-        if (m->phase == PH_END)
+        if (m->phase == PH_END || m->phase == PH_FREE)
                 return true;
-        return m->phase == PH_JSON && m->g->n_post == 0 && set_can_end(m->g, &m->cur);
+        return m->phase == PH_JSON && post_of(m) == 0 && set_can_end(m->g, &m->cur);
+}
+
+bool grammar_matcher_lazy(const struct grammar_matcher *m) {
+        return m->g->lazy;
 }
 
 bool grammar_matcher_ended(const struct grammar_matcher *m) {
@@ -2975,14 +3146,25 @@ static uint32_t best_completion(struct grammar_matcher *m) {
 
 /* Tokens kept beyond the shortest completion before closing starts: one token can open values
  * whose shortest completions add up to about this (a key of a long optional property, an anyOf
- * branch, a nested object), so closing still fits after it. */
+ * branch, a nested object), so closing still fits after it. Counted in tokens of the vocabulary,
+ * as the budget is: the largest shortest value of any node, spelled in the fewest tokens. */
 static uint32_t closing_margin(const struct grammar_matcher *m) {
-        return MIN(m->g->max_min_len, 256u) + MIN(m->v->max_len, 64u);
+        return m->margin_tokens;
 }
 
+/* What a reasoning before the output leaves it: the shortest complete output in tokens with the
+ * special tokens around it and the end, the closing margin, and as much again for the values to
+ * be more than their shortest (a forced call that starts closing writes empty strings). A byte
+ * a token would reserve the markup of a native call several times over (`<param_key>` is one
+ * piece): the reasoning of a 256-token request was cut after a token. */
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m) {
         const struct grammar *g = m->g;
-        return MIN(g->nodes[g->root].min_len, 4096u) + g->n_pre + g->n_post + 1 + closing_margin(m);
+        if (g->lazy) /* the output may be free text: nothing to keep */
+                return 0;
+        uint32_t out = m->root_tokens + (g->n_pre ? g->n_pre + g->n_post : 0);
+        if (g->answer >= 0) /* a call or the JSON: room for either */
+                out = MAX(out, m->answer_tokens);
+        return out + 1 + 2 * closing_margin(m);
 }
 
 /* A value's raw text with its end marker begun (`<`, `</pa`, ...), one thread: a token whose first
@@ -3060,7 +3242,7 @@ static int mask_of_set(struct grammar_matcher *m, const struct tset *set, uint64
                 walk(m, 0, 0, &m->level[0]);
         }
         if (set_can_end(g, set)) {
-                if (g->n_post)
+                if (post_of(m))
                         set_bit(mask, g->post[0]);
                 else
                         mask_ends(m, mask);
@@ -3088,7 +3270,39 @@ static int mask_of_set(struct grammar_matcher *m, const struct tset *set, uint64
         return cnt;
 }
 
+/* The tokens along the shortest completion m->comp; with a limit, only those after which the
+ * rest takes at most limit - 1 tokens (m->comp_tok counted). Returns how many. */
+static int mask_along(struct grammar_matcher *m, uint64_t *mask, uint64_t limit) {
+        const struct grammar_vocab *v = m->v;
+        uint32_t node = 0;
+        for (size_t d = 0; d < m->comp.n; d++) {
+                if ((node = trie_child(v, node, (uint8_t) m->comp.p[d])) == UINT32_MAX)
+                        break;
+                if (limit == UINT64_MAX || (m->comp_tok[d + 1] < INF_LEN && 1 + (uint64_t) m->comp_tok[d + 1] <= limit))
+                        set_range(v, mask, v->nodes[node].lo, v->nodes[node].lo + v->nodes[node].n_end);
+        }
+        return count_bits(mask, v->n_words);
+}
+
+/* A whole call (`<tool_call>`, its shortest form, `</tool_call>`, the end) fits the budget. */
+static bool call_fits(const struct grammar_matcher *m, uint32_t budget) {
+        return (uint64_t) budget >= 1 + (uint64_t) m->root_tokens + m->g->n_post + 1;
+}
+
+static int mask_now(struct grammar_matcher *m, uint32_t budget, uint64_t *mask);
+
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
+        int n = mask_now(m, budget, mask);
+        /* beside a JSON answer: a call instead of it (or after a call, another) */
+        if (n >= 0 && (answer_open(m) || (m->g->answer >= 0 && m->phase == PH_END && !m->ended)) &&
+            call_fits(m, budget) && !grammar_mask_test(mask, m->g->pre[0])) {
+                set_bit(mask, m->g->pre[0]);
+                n++;
+        }
+        return n;
+}
+
+static int mask_now(struct grammar_matcher *m, uint32_t budget, uint64_t *mask) {
         const struct grammar *g = m->g;
         const struct grammar_vocab *v = m->v;
         memset(mask, 0, v->n_words * sizeof *mask);
@@ -3104,36 +3318,44 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *m
                 mask_ends(m, mask);
                 return count_bits(mask, v->n_words);
         }
+        if (m->phase == PH_FREE) {
+                /* any token; `<tool_call>` only while a whole call still fits */
+                memset(mask, 0xff, v->n_words * sizeof *mask);
+                if (v->n_vocab % 64)
+                        mask[v->n_words - 1] = (1ull << (v->n_vocab % 64)) - 1;
+                if (!call_fits(m, budget))
+                        mask[(uint32_t) g->pre[0] >> 6] &= ~(1ull << ((uint32_t) g->pre[0] & 63));
+                return count_bits(mask, v->n_words);
+        }
         bool can_end = set_can_end(g, &m->cur);
         /* closing: near the budget, only along the shortest completion */
         best_completion(m);
         if (m->comp.oom)
                 return -ENOMEM;
-        uint64_t after = (uint64_t) g->n_post + 1; /* `</tool_call>`, EOS */
+        uint64_t after = (uint64_t) post_of(m) + 1; /* `</tool_call>`, EOS */
         uint64_t margin = closing_margin(m);
-        if ((uint64_t) budget <= m->comp.n + after + margin && (m->comp.n > 0 || can_end)) {
+        /* the completion in tokens (never more than its bytes when every byte is a piece): only
+         * counted when the budget could be close */
+        uint64_t comp_tokens = m->comp.n;
+        bool counted = false;
+        if ((uint64_t) budget <= m->comp.n + after + margin && m->comp.n > 0) {
+                comp_tokens = text_tokens(m, m->comp.p, m->comp.n);
+                counted = m->comp_tok_cap > m->comp.n; /* else out of memory: bytes, an upper bound */
+        }
+        if ((uint64_t) budget <= comp_tokens + after + margin && (m->comp.n > 0 || can_end)) {
                 if (m->comp.n == 0) {
-                        if (g->n_post)
+                        if (post_of(m))
                                 set_bit(mask, g->post[0]);
                         else
                                 mask_ends(m, mask);
                         return count_bits(mask, v->n_words);
                 }
-                uint32_t node = 0;
-                for (size_t d = 0; d < m->comp.n; d++) {
-                        const struct tnode *nd = &v->nodes[node];
-                        uint32_t next = UINT32_MAX;
-                        for (uint32_t k = 0; k < nd->n_child; k++)
-                                if (v->nodes[nd->child + k].byte == (uint8_t) m->comp.p[d]) {
-                                        next = nd->child + k;
-                                        break;
-                                }
-                        if (next == UINT32_MAX)
-                                break;
-                        node = next;
-                        set_range(v, mask, v->nodes[node].lo, v->nodes[node].lo + v->nodes[node].n_end);
-                }
-                int cnt = count_bits(mask, v->n_words);
+                /* a token after which the rest can still be spelled within the budget (byte
+                 * pieces all along would not fit where the markup's pieces do); when none does,
+                 * any along the completion, the shortest way not being enough anyway */
+                int cnt = mask_along(m, mask, counted ? (uint64_t) budget - MIN(after, budget) : UINT64_MAX);
+                if (cnt == 0 && counted)
+                        cnt = mask_along(m, mask, UINT64_MAX);
                 if (cnt > 0)
                         return cnt;
                 /* the vocabulary cannot spell the completion: fall back to the full mask */
@@ -3191,20 +3413,37 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id) {
                         m->phase = PH_END;
                 return 0;
         case PH_END:
+                if (g->answer >= 0 && id == g->pre[0] && !m->ended) { /* another call */
+                        m->phase = PH_JSON;
+                        matcher_restart(m);
+                        return 0;
+                }
                 if (!is_end(m, id))
                         return -EINVAL;
                 m->ended = true;
                 return 0;
+        case PH_FREE:
+                if (id == g->pre[0]) { /* a call begins: held to the grammar to its end */
+                        m->phase = PH_JSON;
+                        matcher_restart(m);
+                } else if (is_end(m, id))
+                        m->ended = true;
+                return 0;
         default:
                 break;
         }
+        if (answer_open(m) && id == g->pre[0]) { /* a call instead of the JSON answer */
+                m->in_call = true;
+                matcher_restart(m);
+                return 0;
+        }
         if (set_can_end(g, &m->cur)) {
-                if (g->n_post && id == g->post[0]) {
-                        m->phase = g->n_post > 1 ? PH_POST : PH_END;
+                if (post_of(m) && id == g->post[0]) {
+                        m->phase = g->lazy ? PH_FREE : g->n_post > 1 ? PH_POST : PH_END;
                         m->idx = 1;
                         return 0;
                 }
-                if (!g->n_post && is_end(m, id)) {
+                if (!post_of(m) && is_end(m, id)) {
                         m->phase = PH_END;
                         m->ended = true;
                         return 0;

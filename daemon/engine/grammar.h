@@ -13,9 +13,9 @@
  *   minItems, maxItems; enum, const; anyOf; allOf with one member; nullable (OpenAPI); $ref to
  *   "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed, nesting capped at
  *   GRAMMAR_MAX_DEPTH); a schema without type, enum, const, anyOf or $ref is any JSON value.
- *   Ignored (annotations, or loose): title, description, default, examples, $schema, $id,
- *   $comment, deprecated, readOnly, writeOnly, format (not enforced), and x-* keys.
- *   Refused with INVALID_ARGUMENT naming the keyword: every other keyword (minimum, maximum,
+ *   Ignored (annotations): title, description, default, examples, $schema, $id, $comment,
+ *   deprecated, readOnly, writeOnly, and x-* keys.
+ *   Refused with INVALID_ARGUMENT naming the keyword: every other keyword (format, minimum, maximum,
  *   exclusiveMinimum, exclusiveMaximum, multipleOf, minLength, maxLength, pattern, oneOf, not,
  *   if/then/else, patternProperties, propertyNames, minProperties, maxProperties, uniqueItems,
  *   prefixItems, contains, ...): the output could break them.
@@ -51,15 +51,24 @@
  *     repeat), none with additionalProperties false; a tool without `parameters` takes none;
  *   - V, where the property's schema allows any string (type string, no type, an anyOf with a
  *     string branch): raw text, valid UTF-8 without NUL, anything but `</param_value>` ('<' and
- *     markup-like text included); format is not enforced, pattern / minLength / maxLength are
+ *     markup-like text included); format, pattern, minLength and maxLength are
  *     refused as elsewhere (ignored with GRAMMAR_LENIENT). enum / const (and an anyOf of them):
  *     one of the values literally, a string raw, any other value in its compact JSON form; an
  *     anyOf mixing string enum values with other schemas takes any raw text. Otherwise the
  *     value's JSON, constrained as above (whitespace before it, none after), then the marker.
+ * A tool whose definition says "strict": true (in `function` or beside it) is compiled without
+ * GRAMMAR_LENIENT whatever the flags: a keyword the mask cannot enforce is refused naming it.
+ * Lazy (GRAMMAR_TOOL_CALLS, tool_choice auto): the output is free (every token, nothing
+ * reserved) until the model's `<tool_call>`, held to the call above up to its `</tool_call>`,
+ * then free again, any number of calls; `<tool_call>` is left out of the mask while the budget
+ * cannot hold a whole call. The caller keeps the matcher off while the model is in its reasoning
+ * (calls are content-channel only: chat/outparse.h). Beside a JSON answer (GRAMMAR_OR_TOOL_CALLS,
+ * below): the output's first token, after whitespace, is `<tool_call>` or the JSON's; after a
+ * call, another `<tool_call>` or the end; the reserve is room for the longer of the two.
  * The JSON form of a call (`{"name":…,"arguments":{…}}`), which the output parser also reads, is
- * not allowed: a model trained on the native form writes junk in it. The markup counts as bytes
- * in the budget (below) like any text: on a vocabulary without its pieces a call needs more
- * tokens than one with them.
+ * not allowed: a model trained on the native form writes junk in it. The budget (below) counts
+ * tokens of the vocabulary: the markup is one piece each where the vocabulary has it as a
+ * user-defined piece (the release's does), its bytes otherwise.
  *
  * The text a token stands for is its decoded piece (`▁` as ' ', byte pieces as their byte);
  * control, unknown and registered special pieces are never part of the JSON. The decoder drops
@@ -106,8 +115,12 @@ enum grammar_kind {
         GRAMMAR_JSON_OBJECT = 1,
         GRAMMAR_JSON_SCHEMA = 2,
         GRAMMAR_TOOL = 3,
+        /* lazy tool calls: the output is free; each call the model begins with `<tool_call>` is
+         * held to the native syntax of one of the tools (as GRAMMAR_TOOL) up to its
+         * `</tool_call>`, then the output is free again (any number of calls) */
+        GRAMMAR_TOOL_CALLS = 5,
 };
-/* One of the three above, with the message in err naming the request field at fault
+/* One of the above, with the message in err naming the request field at fault
  * ("constraint.json_schema: properties.age: keyword 'minimum' is not supported"). */
 int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const char *tools_json,
                                const char *tool_name, const struct tokenizer *t,
@@ -117,6 +130,12 @@ int grammar_compile_constraint(enum grammar_kind kind, const char *schema, const
  * first) instead of refusing them: the output has the schema's structure, its values may break
  * those rules (OpenAI's non-strict schemas, a forced tool of an MCP client). */
 #define GRAMMAR_LENIENT 1u
+/* With GRAMMAR_JSON_OBJECT / GRAMMAR_JSON_SCHEMA: the output is either that JSON or tool calls
+ * of tools_json (response_format beside tools under tool_choice auto): at its first token (after
+ * whitespace) `<tool_call>` or the JSON's first; a call is held as in GRAMMAR_TOOL and may be
+ * followed by more calls or the end, the JSON ends the output. Tools not marked strict are
+ * lenient; GRAMMAR_LENIENT is the JSON schema's. */
+#define GRAMMAR_OR_TOOL_CALLS 2u
 int grammar_compile_constraint_flags(enum grammar_kind kind, const char *schema, const char *tools_json,
                                      const char *tool_name, const struct tokenizer *t, unsigned flags,
                                      struct grammar **ret, char *err, size_t err_size);
@@ -138,11 +157,14 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct grammar_matcher *, grammar_matcher_free);
 
 /* The allowed tokens now, as a bitset of DIV_ROUND_UP(n_vocab, 64) words (bit id % 64 of word
  * id / 64). budget: the tokens the request may still generate, this one included; when it gets
- * close to what the shortest completion needs, only tokens along that completion are allowed
- * (so the output closes before max_tokens; "close" keeps a margin of the longest token plus the
- * longest shortest-value of any schema node, which covers what one token can open; a budget
- * smaller than the shortest complete output cannot close and ends by length). Returns the number of allowed tokens (0: the
- * vocabulary cannot continue the output). Masks of states seen before come from a cache. */
+ * close to what the shortest completion needs, only tokens along that completion are allowed,
+ * and of those only the ones after which the rest can still be spelled within the budget (so
+ * the output closes before max_tokens). Lengths are tokens: a completion counts the fewest
+ * tokens of the vocabulary that spell it; "close" keeps a margin of the longest shortest-value of
+ * any schema node, so counted, which covers what one token can open; a budget smaller than the
+ * shortest complete output cannot close and ends by length. Returns the number of allowed
+ * tokens (0: the vocabulary cannot continue the output). Masks of states seen before come from a
+ * cache. */
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t budget, uint64_t *mask);
 /* Advance by a generated token: 0, or -EINVAL (state unchanged) if the constraint forbids it. */
 int grammar_matcher_accept(struct grammar_matcher *m, int32_t id);
@@ -150,10 +172,13 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id);
 int grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *s, size_t n);
 /* The constrained output is complete: the JSON value can end here (and a tool call is closed). */
 bool grammar_matcher_can_end(const struct grammar_matcher *m);
+/* A lazy grammar (GRAMMAR_TOOL_CALLS): free output between calls. */
+bool grammar_matcher_lazy(const struct grammar_matcher *m);
 /* An end token was accepted: nothing more is allowed but end tokens. */
 bool grammar_matcher_ended(const struct grammar_matcher *m);
 /* Tokens to keep for the constrained output when something unconstrained comes first (the
- * reasoning): the shortest complete output plus a margin. */
+ * reasoning): the shortest complete output in tokens, its special tokens and the end, and twice
+ * the closing margin (room for values longer than their shortest). */
 uint32_t grammar_matcher_reserve(const struct grammar_matcher *m);
 
 /* Benchmarks: off, every mask is computed (the trie walk) instead of taken from the cache. */

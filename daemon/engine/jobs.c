@@ -233,9 +233,15 @@ static bool is_turn_end(const struct sched *s, int32_t t) {
 }
 
 /* The mask starts when the reasoning ends; the reasoning is cut (`</think>` forced) when only
- * the tokens the constrained answer needs are left. */
+ * the tokens the constrained answer needs are left. Lazy tool calls need nothing kept; their
+ * mask is off in any reasoning (a `<think>` the model opens itself too), where `<tool_call>` is
+ * text. */
 static void constraint_after_token(struct job *j) {
         bool reasoning = outparse_channel(j->op) == OUTPARSE_REASONING;
+        if (grammar_matcher_lazy(j->gm)) {
+                j->gm_on = !reasoning;
+                return;
+        }
         if (!j->gm_on && !reasoning)
                 j->gm_on = true;
         if (!j->gm_on && reasoning && outparse_end_think_id(j->op) >= 0 &&

@@ -37,7 +37,8 @@ _printf_(3, 4) static bool prep_fail(struct job *j, int code, const char *fmt, .
 
 _Static_assert((int) SCHED_CONSTRAINT_JSON_OBJECT == (int) GRAMMAR_JSON_OBJECT &&
                        (int) SCHED_CONSTRAINT_JSON_SCHEMA == (int) GRAMMAR_JSON_SCHEMA &&
-                       (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL,
+                       (int) SCHED_CONSTRAINT_TOOL == (int) GRAMMAR_TOOL &&
+                       (int) SCHED_CONSTRAINT_TOOL_CALLS == (int) GRAMMAR_TOOL_CALLS,
                "enum sched_constraint mirrors enum grammar_kind");
 
 /* The grammar and matcher of a constrained request (on the prep thread, as part of prepare(); the
@@ -55,7 +56,9 @@ static bool prepare_constraint(struct sched *s, struct job *j) {
         }
         ret = grammar_compile_constraint_flags((enum grammar_kind) r->constraint, r->constraint_schema,
                                                r->tools_json, r->constraint_tool, s->p.tokenizer,
-                                               r->constraint_lenient ? GRAMMAR_LENIENT : 0, &j->grammar,
+                                               (r->constraint_lenient ? GRAMMAR_LENIENT : 0) |
+                                                       (r->constraint_or_calls ? GRAMMAR_OR_TOOL_CALLS : 0),
+                                               &j->grammar,
                                                err, sizeof err);
         if (ret < 0) {
                 prep_fail(j, ret == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT, "%s", err);

@@ -118,7 +118,7 @@ def decode_generate(g):
     if 15 in g:
         out["count_only"] = bool(g[15][0])
     if 13 in g:
-        # Constraint {json_object = 1 | json_schema = 2 | tool = 3 {name = 1}}
+        # Constraint {json_object = 1 | json_schema = 2 | tool = 3 {name = 1} | tool_calls = 5 {name = 1}}
         c = parse(g[13][0])
         if 1 in c:
             out["constraint"] = {"json_object": bool(c[1][0])}
@@ -126,10 +126,14 @@ def decode_generate(g):
             out["constraint"] = {"json_schema": json.loads(s(c, 2))}
         elif 3 in c:
             out["constraint"] = {"tool": s(parse(c[3][0]), 1, None)}
+        elif 5 in c:
+            out["constraint"] = {"tool_calls": s(parse(c[5][0]), 1, None)}
         else:
             out["constraint"] = {}
         if 4 in c:
             out["constraint_lenient"] = bool(c[4][0])
+        if 6 in c:
+            out["constraint_or_tool_calls"] = bool(c[6][0])
     return out
 
 

@@ -27,12 +27,67 @@ def last_request(fake):
     ({"response_format": {"type": "text"}}, None),
     ({"tools": TOOLS, "tool_choice": "required"}, {"tool": None}),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, {"tool": "get_time"}),
-    ({"tools": TOOLS, "tool_choice": "auto"}, None),
+    # auto (the default with tools): free, each call the model begins held to the tools' syntax
+    ({"tools": TOOLS, "tool_choice": "auto"}, {"tool_calls": None}),
+    ({"tools": TOOLS}, {"tool_calls": None}),
+    ({"tools": TOOLS, "tool_choice": "none"}, None),
 ])
 def test_constraint_reaches_the_daemon(fake, fake_bridge, kw, want):
     st, _, body = fake_bridge.post("/v1/chat/completions", chat("q", **kw))
     assert st == 200, body
     assert last_request(fake).get("constraint") == want
+
+
+def test_auto_tools_are_lenient_and_carry_strict(fake, fake_bridge):
+    """tool_choice auto: constraint.tool_calls, lenient (keywords the mask cannot enforce are
+    ignored), and the tools go as given, so a tool's "strict": true reaches the daemon, which holds
+    that tool's arguments to its schema exactly (grammar.h)."""
+    strict = [{"type": "function", "function": {
+        "name": "get_weather", "strict": True, "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}, "tz": {"enum": ["utc", "local"]}},
+            "required": ["city", "tz"], "additionalProperties": False}}}]
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("q", tools=strict, tool_choice="auto"))
+    assert st == 200, body
+    r = last_request(fake)
+    assert r["constraint"] == {"tool_calls": None} and r["constraint_lenient"] is True, r
+    assert r["tools"][0]["function"]["strict"] is True, r["tools"]
+    # Responses: "strict": true said outright is carried (flattened function tools)
+    st, _, body = fake_bridge.post("/v1/responses", {"model": "xing4", "input": "q", "tools": [
+        {"type": "function", "name": "f", "strict": True, "parameters": {"type": "object"}}]})
+    assert st == 200, body
+    r = last_request(fake)
+    assert r["constraint"] == {"tool_calls": None}, r
+    assert r["tools"][0]["function"]["strict"] is True, r["tools"]
+
+
+@pytest.mark.parametrize("path,body,want", [
+    ("/v1/chat/completions", chat("q", tools=TOOLS, response_format={"type": "json_object"}), {"json_object": True}),
+    ("/v1/chat/completions", chat("q", tools=TOOLS, tool_choice="auto", response_format={
+        "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}), {"json_schema": SCHEMA}),
+    ("/v1/responses", {"model": "xing4", "input": "q", "tools": [{"type": "function", "name": "f"}],
+                       "text": {"format": {"type": "json_object"}}}, {"json_object": True}),
+    ("/v1/messages", {"model": "xing4", "max_tokens": 64, "messages": [{"role": "user", "content": "q"}],
+                      "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                      "output_format": {"type": "json_schema", "schema": SCHEMA}}, {"json_schema": SCHEMA}),
+])
+def test_tools_under_auto_with_a_json_answer_are_either(fake, fake_bridge, path, body, want):
+    """tools under tool_choice auto and a JSON answer: the answer is that JSON or tool calls,
+    chosen at its first token (Constraint.or_tool_calls beside the format's own constraint),
+    never tools silently dropped; the format's strictness is kept (strict: no lenient)."""
+    st, _, resp = fake_bridge.post(path, body)
+    assert st == 200, resp
+    r = last_request(fake)
+    assert r["constraint"] == want and r.get("constraint_or_tool_calls") is True, r
+    if path == "/v1/chat/completions" and want != {"json_object": True}:
+        assert r.get("constraint_lenient") is None, r
+
+
+def test_tool_choice_none_with_a_json_answer_is_the_schema(fake, fake_bridge):
+    st, _, body = fake_bridge.post("/v1/chat/completions", chat("q", tools=TOOLS, tool_choice="none", response_format={
+        "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}))
+    assert st == 200, body
+    assert last_request(fake)["constraint"] == {"json_schema": SCHEMA}
+    assert "constraint_or_tool_calls" not in last_request(fake)
 
 
 def test_json_answer_comes_back_as_content(fake_bridge):

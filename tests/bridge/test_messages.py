@@ -119,12 +119,13 @@ def test_tools_and_tool_use_answer(fake, fake_bridge):
     r = last_request(fake)
     assert r["tools"] == [{"type": "function", "function": {
         "name": "get_weather", "parameters": TOOLS[0]["input_schema"], "description": "Weather of a city"}}]
-    assert "constraint" not in r
+    assert r["constraint"] == {"tool_calls": None}  # auto: each call held to the tools' syntax
 
 
 @pytest.mark.parametrize("choice,want", [({"type": "any"}, {"tool": None}),
                                          ({"type": "tool", "name": "get_weather"}, {"tool": "get_weather"}),
-                                         ({"type": "auto"}, None)])
+                                         ({"type": "auto"}, {"tool_calls": None}),
+                                         ({"type": "none"}, None)])
 def test_tool_choice_becomes_the_constraint(fake, fake_bridge, choice, want):
     st, _, body = post(fake_bridge, msg("weather?", tools=TOOLS, tool_choice=choice))
     assert st == 200, body

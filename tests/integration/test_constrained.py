@@ -133,6 +133,11 @@ def tool_choice(name=None):
     return w.field_bytes(3, w.field_bytes(1, name) if name else b"")
 
 
+def tool_calls(name=None):
+    """Constraint.tool_calls (minor 6): free output, each call the model begins held to the tools."""
+    return w.field_bytes(5, w.field_bytes(1, name) if name else b"")
+
+
 def run_all(conn, reqs):
     """Send every request multiplexed on one connection; return {id: result}."""
     out = {}
@@ -267,6 +272,8 @@ DEEP = deep_schema(130)
      "constraint.json_schema: keyword 'minLength' is not supported"),
     (json_schema({"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}), None,
      "constraint.json_schema: properties.n: keyword 'maximum' is supported only on an integer and only as loose as"),
+    (json_schema({"type": "object", "properties": {"to": {"type": "string", "format": "email"}}}), None,
+     "constraint.json_schema: properties.to: keyword 'format' (\"email\") is not enforced"),
     (json_schema("{\"type\": "), None, "constraint.json_schema: not valid JSON"),
     # valid JSON, deeper than the daemon's parser goes: said as such, not "not valid JSON"
     (json_schema(json.dumps(DEEP)), None,
@@ -276,7 +283,13 @@ DEEP = deep_schema(130)
     (tool_choice("nope"), TOOLS,
      "constraint.tool: tool 'nope' is not among the request's tools (get_weather, search)"),
     (tool_choice(), None, "constraint.tool: the request has no tools"),
-    (b"", None, "constraint: none of json_object, json_schema, tool is set"),
+    (tool_calls(), None, "constraint.tool_calls: the request has no tools"),
+    (json_schema(SCHEMAS[0]) + w.field_varint(6, 1), None, "constraint.or_tool_calls: the request has no tools"),
+    (tool_choice() + w.field_varint(6, 1), TOOLS, "constraint.or_tool_calls: an alternative to a JSON answer"),
+    (tool_calls() + w.field_varint(4, 1), [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}],
+     "constraint.tool_calls: tools[0].parameters (strict).properties.a: keyword 'format' (\"email\") is not enforced"),
+    (b"", None, "constraint: none of json_object, json_schema, tool, tool_calls is set"),
 ])
 def test_bad_constraints_are_refused(demo, constraint, prompt_tools, want):
     demo.send(w.frame(900, w.GENERATE, chat_request("x", constraint, seed=1, tools=prompt_tools)))
@@ -287,6 +300,34 @@ def test_bad_constraints_are_refused(demo, constraint, prompt_tools, want):
     # the daemon keeps serving
     res = run_all(demo, {901: chat_request("ok", w.field_varint(1, 1), seed=5)})
     assert res[901]["error"] is None
+
+
+def test_lazy_tool_calls_are_free_text_or_valid_calls(demo):
+    """Constraint.tool_calls: nothing is reserved (the answer may be text, thinking is not cut),
+    and whatever calls come are valid against their tool's parameters."""
+    reqs = {600 + i: chat_request("Call a tool or answer.", tool_calls(), seed=6000 + i, tools=TOOLS,
+                                  thinking=i % 2 == 1, max_tokens=160) for i in range(4)}
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        assert r["error"] is None, (rid, r["error"])
+        for name, args in r["calls"]:
+            validate(json.loads(args), TOOL_PARAMS[name])
+
+
+def test_json_or_tool_calls(demo):
+    """Constraint.or_tool_calls beside json_schema: the answer is the JSON, valid, or calls,
+    valid; never free text."""
+    schema = SCHEMAS[0]
+    reqs = {650 + i: chat_request("JSON or a call.", json_schema(schema) + w.field_varint(6, 1), seed=6500 + i,
+                                  tools=TOOLS, thinking=i % 2 == 1, max_tokens=160) for i in range(4)}
+    res = run_all(demo, reqs)
+    for rid, r in res.items():
+        assert r["error"] is None, (rid, r["error"])
+        if r["calls"]:
+            for name, args in r["calls"]:
+                validate(json.loads(args), TOOL_PARAMS[name])
+        else:
+            validate(json.loads(r["content"]), schema)
 
 
 def test_logprobs_are_of_the_masked_distribution(demo):
@@ -317,7 +358,7 @@ def test_lenient_constraints_keep_the_structure(demo):
     refused, so a schema written for validation (MCP, Pydantic) still gets answers of its shape;
     the same schema without the flag is refused, as above."""
     schema = {"type": "object", "properties": {
-        "name": {"type": "string", "minLength": 2, "pattern": "^[A-Z]"},
+        "name": {"type": "string", "minLength": 2, "pattern": "^[A-Z]", "format": "hostname"},
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "kind": {"oneOf": [{"const": "cat"}, {"const": "dog"}]}},
         "required": ["name", "age", "kind"], "additionalProperties": False}

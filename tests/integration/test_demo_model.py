@@ -141,6 +141,85 @@ def test_demo_model_forced_tool_call(demo_bridge):
     assert use[0]["input"]["city"] == "Lisbon" and isinstance(use[0]["input"]["days"], int), use
 
 
+def test_forced_call_leaves_the_reasoning_room(demo_bridge):
+    """Thinking on (the default), a forced call and max_tokens 256: the reserve kept for the call
+    is counted in tokens of the vocabulary (its markup is one piece each), not a token a byte of its
+    ~120-byte shortest form, so the reasoning runs more than a few tokens before `</think>` is
+    forced, and the call still comes, valid."""
+    resp = post(demo_bridge + "/v1/chat/completions", {
+        "model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [FORECAST_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}]})
+    choice = resp["choices"][0]
+    reasoning = resp["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    assert reasoning >= 8, (reasoning, choice["message"].get("reasoning_content"))
+    assert choice["finish_reason"] == "tool_calls", json.dumps(choice)[:1000]
+    calls = choice["message"]["tool_calls"]
+    assert len(calls) == 1 and calls[0]["function"]["name"] == "get_weather", calls
+    args = json.loads(calls[0]["function"]["arguments"])
+    assert isinstance(args.get("city"), str) and isinstance(args.get("days"), int), args
+    assert args.get("unit", "celsius") in ("celsius", "fahrenheit"), args
+
+
+STRICT_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city", "strict": True,
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "the city name"},
+        "tz": {"type": "string", "enum": ["utc", "local"], "description": "the time zone of the report"}},
+        "required": ["city", "tz"], "additionalProperties": False}}}
+
+
+def test_auto_strict_tool_call_validates(demo_bridge):
+    """tool_choice auto with a strict tool (a black-box review: the demo model wrote arguments
+    outside the schema, which the openai SDK's parse() refuses): the answer is free, but the call
+    the model begins is held to the tool's schema from its `<tool_call>` on, so its arguments
+    have exactly the schema's keys and an enum value, in the chat and the Anthropic API."""
+    for city in ("Lisbon", "Paris"):
+        resp = post(demo_bridge + "/v1/chat/completions", {
+            "model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [STRICT_TOOL], "tool_choice": "auto",
+            "messages": [{"role": "user", "content": f"What is the weather in {city}?"}]})
+        choice = resp["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", json.dumps(choice)[:1000]
+        for call in choice["message"]["tool_calls"]:
+            assert call["function"]["name"] == "get_weather", call
+            args = json.loads(call["function"]["arguments"])
+            assert set(args) == {"city", "tz"}, args
+            assert isinstance(args["city"], str) and args["tz"] in ("utc", "local"), args
+    fn = STRICT_TOOL["function"]
+    msg = post(demo_bridge + "/v1/messages", {
+        "model": "xing4", "max_tokens": 256, "temperature": 0,
+        "tools": [{"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"],
+                   "strict": True}],
+        "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}]})
+    assert msg["stop_reason"] == "tool_use", msg
+    for use in (b for b in msg["content"] if b["type"] == "tool_use"):
+        assert set(use["input"]) == {"city", "tz"} and use["input"]["tz"] in ("utc", "local"), use
+
+
+def test_auto_tools_beside_a_json_answer(demo_bridge):
+    """tools under tool_choice auto beside response_format json_schema: the answer is either a
+    call (held to the tool's schema) or the JSON (valid against the format's schema), never the
+    tools silently dropped. Asked for the weather, the demo model calls the tool."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+        "additionalProperties": False}}}
+    for question in ("What is the weather in Paris?", "What does tar do?"):
+        resp = post(demo_bridge + "/v1/chat/completions", {
+            "model": "xing4", "temperature": 0, "max_tokens": 256, "tools": [STRICT_TOOL],
+            "response_format": fmt, "messages": [{"role": "user", "content": question}]})
+        choice = resp["choices"][0]
+        calls = choice["message"].get("tool_calls")
+        if "weather" in question:
+            assert calls and choice["finish_reason"] == "tool_calls", json.dumps(choice)[:1000]
+        if calls:
+            for call in calls:
+                args = json.loads(call["function"]["arguments"])
+                assert set(args) == {"city", "tz"} and args["tz"] in ("utc", "local"), args
+        else:
+            value = json.loads(choice["message"]["content"])
+            assert set(value) == {"answer"} and isinstance(value["answer"], str), value
+
+
 def test_logprobs_cover_the_answer_only(demo_bridge):
     """OpenAI's logprobs.content covers the tokens of message.content: with thinking on, neither
     the reasoning nor the `</think>` that closes it is an entry, so the entries' tokens join to the

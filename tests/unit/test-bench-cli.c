@@ -187,8 +187,9 @@ static void test_cpu_decode_prefill_copy(void **state) {
         assert_non_null(strstr(out, "\"ctx_filled\":\"prefill\",\"ctx_prefilled\":300,"));
 }
 
-/* --grammar model: the mask cost on the demo model's vocabulary, one JSON line per schema, and
- * every sequence ends (the budget closes what the random choices left open). */
+/* --grammar model: the mask cost on the demo model's vocabulary, one JSON line per schema (the
+ * three JSON ones and the native tool call), and every sequence ends (the budget closes what
+ * the random choices left open). */
 static void test_grammar_mask(void **state) {
         char out[16384], err[4096];
 

@@ -55,7 +55,7 @@ static void test_request_setters_name_the_argument(void **state) {
         assert_contains(x4_client_last_error(NULL), "x4_request_set_no_mtp: r is NULL");
         assert_int_equal(x4_request_set_constraint(r, 7, NULL), X4_E_USAGE);
         assert_contains(x4_client_last_error(NULL),
-                        "x4_request_set_constraint: kind 7 is not an enum x4_constraint (0 to 3)");
+                        "x4_request_set_constraint: kind 7 is not an enum x4_constraint (0 to 4)");
         assert_int_equal(x4_request_set_constraint(r, X4_CONSTRAINT_JSON_SCHEMA, NULL), X4_E_USAGE);
         assert_contains(x4_client_last_error(NULL), "x4_request_set_constraint: arg is NULL, the JSON Schema");
         /* what succeeds is not refused */

@@ -200,8 +200,11 @@ static void test_compile_errors(void **state) {
                 "every alternative refers back to the anyOf");
         refused("{\"enum\": [1, 1e999]}", "enum holds a number out of the double range");
         refused("{\"items\": [{}, {}]}", "tuple arrays");
-        /* annotations and format are ignored */
-        struct grammar *g = schema("{\"type\":\"string\",\"format\":\"date\",\"description\":\"d\","
+        /* a format is not enforced: refused by name (GRAMMAR_LENIENT ignores it: test_lenient) */
+        refused("{\"type\":\"object\",\"properties\":{\"at\":{\"type\":\"string\",\"format\":\"date-time\"}}}",
+                "properties.at: keyword 'format' (\"date-time\") is not enforced");
+        /* annotations are ignored */
+        struct grammar *g = schema("{\"type\":\"string\",\"description\":\"d\","
                                    "\"title\":\"t\",\"x-extra\":1}");
         grammar_free(g);
 }
@@ -211,7 +214,7 @@ static void test_compile_errors(void **state) {
  * the answer's shape; without the flag the same schema is refused as before. */
 static void test_lenient(void **state) {
         const char *s = "{\"type\":\"object\",\"properties\":{"
-                        "\"path\":{\"type\":\"string\",\"pattern\":\"^/\",\"minLength\":1},"
+                        "\"path\":{\"type\":\"string\",\"pattern\":\"^/\",\"minLength\":1,\"format\":\"uri\"},"
                         "\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9},"
                         "\"mode\":{\"oneOf\":[{\"const\":\"r\"},{\"const\":\"w\"}]},"
                         "\"both\":{\"allOf\":[{\"type\":\"boolean\"},{\"not\":{\"const\":false}}]}},"
@@ -759,9 +762,14 @@ static void test_tool_call_tokens(void **state) {
         grammar_free(g);
 }
 
+/* a walk is free until the budget is close in tokens: a free key or value may take a few hundred
+ * byte pieces */
+#define KEY_MAX 512
+#define VAL_MAX 1024
+
 /* A native call as the output parser reads it: NAME, then key / value pairs; checks the name is
  * one of names[] and returns the number of pairs, -1 if it does not parse. */
-static int parse_native(const char *s, const char *const *names, size_t n_names, char keys[][32], char vals[][64]) {
+static int parse_native(const char *s, const char *const *names, size_t n_names, char keys[][KEY_MAX], char vals[][VAL_MAX]) {
         const char *k = strstr(s, "<param_key>");
         size_t nl = k ? (size_t) (k - s) : strlen(s);
         bool named = false;
@@ -774,10 +782,10 @@ static int parse_native(const char *s, const char *const *names, size_t n_names,
         int n = 0;
         for (s += nl; *s; n++) {
                 const char *ke = strstr(s, "</param_key><param_value>"), *ve = ke ? strstr(ke, V) : NULL;
-                if (strncmp(s, "<param_key>", 11) != 0 || !ve || ke - s - 11 >= 32 || ve - ke - 25 >= 64)
+                if (strncmp(s, "<param_key>", 11) != 0 || !ve || ke - s - 11 >= KEY_MAX || ve - ke - 25 >= VAL_MAX)
                         return -1;
-                snprintf(keys[n], 32, "%.*s", (int) (ke - s - 11), s + 11);
-                snprintf(vals[n], 64, "%.*s", (int) (ve - ke - 25), ke + 25);
+                snprintf(keys[n], KEY_MAX, "%.*s", (int) (ke - s - 11), s + 11);
+                snprintf(vals[n], VAL_MAX, "%.*s", (int) (ve - ke - 25), ke + 25);
                 s = ve + strlen(V);
         }
         return n;
@@ -801,7 +809,7 @@ static void test_tool_call_walks(void **state) {
                 assert_non_null(e);
                 assert_string_equal(e, "</tool_call>");
                 *e = 0;
-                char keys[16][32], vals[16][64];
+                char keys[16][KEY_MAX], vals[16][VAL_MAX];
                 int n = parse_native(out + 11, names, ELEMENTSOF(names), keys, vals), required = 0;
                 if (n < 0)
                         fail_msg("not a native call: %s", out);
@@ -825,6 +833,188 @@ static void test_tool_call_walks(void **state) {
                 free(out);
                 grammar_free(g);
         }
+}
+
+/* The reserve a reasoning leaves the call is counted in tokens: get_weather's shortest call is 120
+ * bytes but 13 tokens here (`get` `_weather`, the markup one piece each, `0`); walks that start
+ * with just the reserve still close. */
+static void test_tool_call_reserve(void **state) {
+        struct grammar *g = tool(TOOLS, "get_weather");
+        struct grammar_matcher *m = NULL;
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        uint32_t reserve = grammar_matcher_reserve(m);
+        /* 13 tokens, `<tool_call>`, `</tool_call>`, the end, twice the margin (the call's 13 + 2) */
+        assert_int_equal(reserve, 13 + 3 + 2 * 15);
+        grammar_matcher_free(m);
+        for (int rep = 0; rep < 40; rep++) {
+                bool ended;
+                char *out = random_walk(g, reserve, &ended);
+                if (!ended)
+                        fail_msg("no end within the reserve of %u tokens: %s", reserve, out);
+                assert_true(strncmp(out, "<tool_call>", 11) == 0 && strstr(out, "get_weather<param_key>"));
+                free(out);
+        }
+        grammar_free(g);
+}
+
+/* A call of noop (no parameters), then the end of the turn. */
+static void last_call_noop(struct grammar_matcher *m) {
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "noop", 4), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
+        assert_true(grammar_matcher_ended(m));
+}
+
+/* GRAMMAR_TOOL_CALLS (tool_choice auto): the output is free until the model's `<tool_call>`,
+ * the call is held to the tools' native syntax up to its `</tool_call>`, then free again, any
+ * number of times; nothing is reserved from a reasoning. */
+static void test_tool_calls_lazy(void **state) {
+        struct grammar *g = NULL;
+        struct grammar_matcher *m = NULL;
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        char err[512];
+
+        (void) state;
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_TOOL_CALLS, NULL, TOOLS, NULL, tok, 0, &g, err,
+                                                          sizeof err), 0);
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_int_equal(grammar_matcher_reserve(m), 0);
+        /* free: every token, the end and the call's markers included */
+        assert_int_equal(grammar_matcher_mask(m, 1000, mask), (int) NV);
+        assert_true(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_accept(m, id_of("abc")), 0);
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0); /* a stray close is text */
+        /* too little budget left for a whole call: `<tool_call>` is not offered */
+        assert_int_equal(grammar_matcher_mask(m, 3, mask), (int) NV - 1);
+        assert_false(grammar_mask_test(mask, ID_TOOL_CALL));
+        /* a call: held to the grammar */
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        assert_false(grammar_matcher_can_end(m));
+        grammar_matcher_mask(m, 1000, mask);
+        assert_true(grammar_mask_test(mask, id_of("get")));
+        assert_false(grammar_mask_test(mask, id_of("{\"")));  /* the JSON form is not taken */
+        assert_false(grammar_mask_test(mask, ID_END));
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "get_weather" K("city") "Paris" V, 70), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), -EINVAL); /* days is required */
+        assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
+        assert_int_equal(grammar_matcher_accept_bytes(m, K("days") "x", 41), -EINVAL); /* an integer */
+        assert_int_equal(grammar_matcher_accept_bytes(m, K("days") "3" V, 55), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        /* free again, and a second call */
+        assert_true(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_mask(m, 1000, mask), (int) NV);
+        assert_int_equal(grammar_matcher_accept(m, id_of("abc")), 0);
+        last_call_noop(m);
+        grammar_matcher_free(m);
+        grammar_free(g);
+        free(mask);
+
+        /* a tool marked strict is held to its schema exactly, lenient or not; the others are
+         * lenient */
+        static const char *const pat = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}";
+        char tools[512];
+        snprintf(tools, sizeof tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,"
+                 "\"parameters\":%s}}]", pat);
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_TOOL_CALLS, NULL, tools, NULL, tok, GRAMMAR_LENIENT,
+                                                          &g, err, sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "constraint.tool_calls: tools[0].parameters (strict).properties.a: "
+                                    "keyword 'pattern' is not supported"));
+        snprintf(tools, sizeof tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":%s}}]", pat);
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_TOOL_CALLS, NULL, tools, NULL, tok, GRAMMAR_LENIENT,
+                                                          &g, err, sizeof err), 0);
+        grammar_free(g);
+}
+
+/* GRAMMAR_OR_TOOL_CALLS (response_format beside tools under auto): the output's first token is
+ * `<tool_call>` or the JSON's; calls may follow each other, then the end; the JSON ends it. */
+static void test_json_or_tool_calls(void **state) {
+        static const char *const schema = "{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\"}},"
+                                          "\"required\":[\"age\"],\"additionalProperties\":false}";
+        char err[512];
+        uint64_t *mask = calloc(DIV_ROUND_UP(NV, 64), 8);
+        struct grammar_matcher *m = NULL;
+        struct grammar *g = NULL;
+
+        (void) state;
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, schema, TOOLS, NULL, tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), 0);
+        /* the JSON */
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_true(grammar_matcher_reserve(m) > 0);
+        grammar_matcher_mask(m, 1000, mask);
+        assert_true(grammar_mask_test(mask, ID_TOOL_CALL));
+        assert_true(grammar_mask_test(mask, id_of("{\"")));
+        assert_false(grammar_mask_test(mask, id_of("abc")));
+        assert_false(grammar_mask_test(mask, ID_END));
+        assert_int_equal(grammar_matcher_accept(m, id_of("\n")), 0);  /* whitespace: still either */
+        grammar_matcher_mask(m, 1000, mask);
+        assert_true(grammar_mask_test(mask, ID_TOOL_CALL));
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), 0);
+        grammar_matcher_mask(m, 1000, mask);
+        assert_false(grammar_mask_test(mask, ID_TOOL_CALL));       /* the JSON has begun */
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), -EINVAL);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "age\":3", 6), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
+        assert_int_equal(grammar_matcher_accept(m, id_of("}")), 0);
+        assert_true(grammar_matcher_can_end(m));
+        grammar_matcher_mask(m, 1000, mask);
+        assert_false(grammar_mask_test(mask, ID_END_TOOL_CALL));
+        assert_int_equal(grammar_matcher_accept(m, ID_END), 0);
+        assert_true(grammar_matcher_ended(m));
+        grammar_matcher_free(m);
+        /* calls instead, two of them, then the end */
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_TOOL_CALL), 0);
+        assert_false(grammar_matcher_can_end(m));
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL); /* a call, not JSON */
+        assert_int_equal(grammar_matcher_accept_bytes(m, "get_weather" K("city") "Paris" V K("days") "3" V, 125), 0);
+        assert_int_equal(grammar_matcher_accept(m, ID_END), -EINVAL);
+        assert_int_equal(grammar_matcher_accept(m, ID_END_TOOL_CALL), 0);
+        assert_int_equal(grammar_matcher_mask(m, 1000, mask), 2); /* the end, or another call */
+        assert_true(grammar_mask_test(mask, ID_TOOL_CALL) && grammar_mask_test(mask, ID_END));
+        assert_int_equal(grammar_matcher_mask(m, 2, mask), 1);    /* no room for another call */
+        assert_int_equal(grammar_matcher_accept(m, id_of("{\"")), -EINVAL);
+        last_call_noop(m);
+        grammar_matcher_free(m);
+        grammar_free(g);
+        /* random walks: a call or the JSON, closed within the budget either way */
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, schema, TOOLS, "", tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), 0);
+        for (int rep = 0; rep < 40; rep++) {
+                bool ended;
+                uint32_t budget = 60 + (uint32_t) (xorshift() % 120);
+                char *out = random_walk(g, budget, &ended);
+                if (!ended)
+                        fail_msg("no end within %u tokens: %s", budget, out);
+                /* whitespace before either is allowed (the JSON's, as before a value) */
+                if (strncmp(out + strspn(out, " \t\n"), "<tool_call>", 11) != 0) {
+                        struct json_value *v = NULL;
+                        if (json_parse(out, strlen(out), "walk", &v, NULL, 0) < 0 || !json_object_get(v, "age"))
+                                fail_msg("neither a call nor the JSON (budget %u): [%s] %zu", budget, out, strlen(out));
+                        json_free(v);
+                }
+                free(out);
+        }
+        grammar_free(g);
+        /* json_object beside calls; the schema's errors name it */
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_OBJECT, NULL, TOOLS, NULL, tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), 0);
+        assert_int_equal(grammar_matcher_new(g, voc, END_IDS, 1, &m), 0);
+        assert_int_equal(grammar_matcher_accept_bytes(m, "{}", 2), 0);
+        assert_true(grammar_matcher_can_end(m));
+        grammar_matcher_free(m);
+        grammar_free(g);
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"x\"}",
+                                                          TOOLS, NULL, tok, GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err),
+                         -EINVAL);
+        assert_non_null(strstr(err, "constraint.json_schema: keyword 'pattern' is not supported"));
+        assert_int_equal(grammar_compile_constraint_flags(GRAMMAR_JSON_SCHEMA, schema, NULL, NULL, tok,
+                                                          GRAMMAR_OR_TOOL_CALLS, &g, err, sizeof err), -EINVAL);
+        assert_non_null(strstr(err, "constraint.or_tool_calls: the request has no tools"));
+        free(mask);
 }
 
 static void test_mask_apply(void **state) {
@@ -856,6 +1046,9 @@ int main(void) {
                 cmocka_unit_test(test_tool_call_native),
                 cmocka_unit_test(test_tool_call_tokens),
                 cmocka_unit_test(test_tool_call_walks),
+                cmocka_unit_test(test_tool_call_reserve),
+                cmocka_unit_test(test_tool_calls_lazy),
+                cmocka_unit_test(test_json_or_tool_calls),
                 cmocka_unit_test(test_mask_apply),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
