@@ -295,6 +295,13 @@ int sched_validate(const struct sched *s, const struct sched_request *r, char *e
                                                          &g, err,
                                                          size);
                 grammar_free(g);
+                /* tool_choice auto: tools the mask cannot hold leave their calls free, unless a
+                 * tool asked to be held exactly (prepare_constraint says so in the log) */
+                if (k == -EINVAL && r->constraint == SCHED_CONSTRAINT_TOOL_CALLS &&
+                    grammar_tools_strict(r->tools_json) == 0) {
+                        err[0] = 0;
+                        k = 0;
+                }
                 if (k < 0)
                         return k == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT;
         }

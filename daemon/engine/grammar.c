@@ -1212,6 +1212,13 @@ static int32_t params_node(struct compiler *c, int32_t args, const char *path) {
 
 /* answer: with GRAMMAR_OR_TOOL_CALLS, the JSON answer's schema (NULL: any object), compiled into
  * the same grammar as g->answer (already checked on its own: its errors name the schema). */
+/* A tool marked strict (OpenAI's "strict": true, in `function` or beside it) */
+static bool tool_marked_strict(const struct json_value *tv, const struct json_value *fn) {
+        const struct json_value *st = json_object_get(fn, "strict") ? json_object_get(fn, "strict")
+                                                                   : json_object_get(tv, "strict");
+        return st && json_type(st) == JSON_BOOL && json_bool(st);
+}
+
 static int compile_tool(const char *tools_json, const char *name, const struct tokenizer *t, unsigned flags,
                         const char *answer, struct grammar **ret, char *err, size_t err_size) {
         _cleanup_(grammar_freep) struct grammar *g = NULL;
@@ -1281,9 +1288,7 @@ static int compile_tool(const char *tools_json, const char *name, const struct t
                 const struct json_value *params = json_object_get(fn, "parameters");
                 /* a tool marked strict (OpenAI's "strict": true) is held to its schema exactly:
                  * lenient or not, a keyword the mask cannot enforce is refused by name */
-                const struct json_value *st = json_object_get(fn, "strict") ? json_object_get(fn, "strict")
-                                                                           : json_object_get(tv, "strict");
-                bool strict = st && json_type(st) == JSON_BOOL && json_bool(st);
+                bool strict = tool_marked_strict(tv, fn);
                 /* beside a JSON answer, lenient is the answer's schema's: tools not marked strict
                  * are lenient, as under tool_choice auto */
                 c.lenient = ((flags & GRAMMAR_LENIENT) || (flags & GRAMMAR_OR_TOOL_CALLS)) && !strict;
@@ -1401,6 +1406,20 @@ fail:
         if (r == -ENOMEM)
                 snprintf(err, err_size, "out of memory");
         return r == -ENOMEM ? r : -EINVAL;
+}
+
+int grammar_tools_strict(const char *tools_json) {
+        _cleanup_(json_freep) struct json_value *tools = NULL;
+        char why[64];
+        if (!tools_json || json_parse(tools_json, strlen(tools_json), "tools_json", &tools, why, sizeof why) < 0 ||
+            json_type(tools) != JSON_ARRAY || json_count(tools) == 0)
+                return -EINVAL;
+        for (size_t i = 0; i < json_count(tools); i++) {
+                const struct json_value *tv = json_array_at(tools, i);
+                if (tool_marked_strict(tv, json_object_get(tv, "function") ? json_object_get(tv, "function") : tv))
+                        return 1;
+        }
+        return 0;
 }
 
 int grammar_compile_tool(const char *tools_json, const char *name, const struct tokenizer *t,

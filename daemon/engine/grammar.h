@@ -172,6 +172,11 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id);
 int grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *s, size_t n);
 /* The constrained output is complete: the JSON value can end here (and a tool call is closed). */
 bool grammar_matcher_can_end(const struct grammar_matcher *m);
+/* Whether tools_json (the request's tools) marks a tool "strict": true (in `function` or beside
+ * it): 1 some tool, 0 none, -EINVAL no tools (absent, not JSON, not a non-empty array). Lazy tool
+ * calls whose tools cannot be compiled run unconstrained when it is 0 (the daemon's choice:
+ * tool_choice auto is "the model may call", not "refuse the request"). */
+int grammar_tools_strict(const char *tools_json);
 /* A lazy grammar (GRAMMAR_TOOL_CALLS): free output between calls. */
 bool grammar_matcher_lazy(const struct grammar_matcher *m);
 /* An end token was accepted: nothing more is allowed but end tokens. */

@@ -60,6 +60,13 @@ static bool prepare_constraint(struct sched *s, struct job *j) {
                                                        (r->constraint_or_calls ? GRAMMAR_OR_TOOL_CALLS : 0),
                                                &j->grammar,
                                                err, sizeof err);
+        if (ret == -EINVAL && r->constraint == SCHED_CONSTRAINT_TOOL_CALLS && grammar_tools_strict(r->tools_json) == 0) {
+                /* tool_choice auto, no tool marked strict: the calls go unconstrained, as before
+                 * lazy calls existed, rather than the request refused */
+                log_warning("request %llu: its tool calls are not held to the tools' schemas: %s",
+                            (unsigned long long) r->id, err);
+                return true;
+        }
         if (ret < 0) {
                 prep_fail(j, ret == -ENOMEM ? SCHED_ERR_INTERNAL : SCHED_ERR_INVALID_ARGUMENT, "%s", err);
                 return false;

@@ -314,6 +314,20 @@ def test_lazy_tool_calls_are_free_text_or_valid_calls(demo):
             validate(json.loads(args), TOOL_PARAMS[name])
 
 
+def test_lazy_tool_calls_over_tools_the_mask_cannot_hold(demo):
+    """tool_choice auto whose tools the grammar cannot compile (here a name the native syntax
+    cannot write): the request runs with its calls unconstrained, as before lazy calls existed,
+    unless a tool is marked strict, which asks for exactness and is refused naming the tool."""
+    odd = {"type": "function", "function": {"name": "look<up", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}}}
+    res = run_all(demo, {680: chat_request("Look it up.", tool_calls(), seed=680, tools=[odd], max_tokens=24)})
+    assert res[680]["error"] is None, res[680]["error"]
+    strict = {"type": "function", "function": dict(odd["function"], strict=True)}
+    demo.send(w.frame(681, w.GENERATE, chat_request("Look it up.", tool_calls(), seed=681, tools=[strict])))
+    code, msg = w.error_of(demo.recv())
+    assert code == "INVALID_ARGUMENT" and "the name 'look<up' cannot be written" in msg, msg
+
+
 def test_json_or_tool_calls(demo):
     """Constraint.or_tool_calls beside json_schema: the answer is the JSON, valid, or calls,
     valid; never free text."""
