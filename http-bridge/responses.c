@@ -58,17 +58,22 @@ void rs_store_configure(size_t max_entries, size_t max_bytes, int retention_s) {
         store.retention = retention_s;
 }
 
-static void store_drop_oldest(void) {
-        struct stored *s = store.head;
-        store.head = s->next;
-        if (!store.head)
-                store.tail = NULL;
+/* An entry already unlinked: its size off the store's count, then freed with what it holds */
+static void stored_free(struct stored *s) {
         store.n--;
         store.bytes -= s->bytes;
         json_decref(s->conv);
         json_decref(s->response);
         json_decref(s->input);
         free(s);
+}
+
+static void store_drop_oldest(void) {
+        struct stored *s = store.head;
+        store.head = s->next;
+        if (!store.head)
+                store.tail = NULL;
+        stored_free(s);
 }
 
 static void store_expire(void) {
@@ -154,11 +159,7 @@ bool rs_store_delete(const char *id, int key) {
                 *p = s->next;
                 if (store.tail == s)
                         store.tail = prev;
-                store.n--;
-                store.bytes -= s->bytes;
-                json_decref(s->conv);
-                json_decref(s->response);
-                free(s);
+                stored_free(s); /* the input items too (they leaked here) */
                 return true;
         }
         return false;

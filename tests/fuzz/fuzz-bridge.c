@@ -91,9 +91,13 @@ static void answer(enum api_kind kind, struct api_request *r) {
         if (kind == API_RESPONSES && r->store) {
                 /* stored with its response object, read back and, every other time, deleted */
                 static unsigned n_stored;
-                rs_store_put(id, 0, r->conv, &res, rs_response_json(id, 0, r->model, r->echo, r->reasoning_out, &res, &d));
+                rs_store_put(id, 0, r->conv, &res, rs_response_json(id, 0, r->model, r->echo, r->reasoning_out, &res, &d),
+                             r->input);
                 json_t *back = rs_store_response(id, 0);
                 if (back && json_object_size(back) == 0)
+                        __builtin_trap();
+                json_t *items = rs_store_input(id, 0); /* GET /v1/responses/ID/input_items */
+                if (items && !json_is_array(items))
                         __builtin_trap();
                 if (++n_stored & 1)
                         (void) rs_store_delete(id, 0);
