@@ -671,10 +671,10 @@ void sched_free(struct sched *s) {
         free(s->pauses);
         free(s->live);
         free(s->states);
-        free(s->logits);
-        free(s->hidden);
-        free(s->mtp_logits);
-        free(s->mtp_hid);
+        x4_host_free(s->p.ops, s->p.backend, s->logits); /* before the backend goes */
+        x4_host_free(s->p.ops, s->p.backend, s->hidden);
+        x4_host_free(s->p.ops, s->p.backend, s->mtp_logits);
+        x4_host_free(s->p.ops, s->p.backend, s->mtp_hid);
         free(s->mtp_p);
         prefix_free(s->prefix);
         kvcache_free(s->kv);

@@ -3,7 +3,9 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -121,6 +123,37 @@ int x4_nextn_check(const struct x4_nextn_batch *batch, const float *logits,
         return 0;
 }
 #undef REFUSE
+
+void *x4_host_alloc(const struct x4_backend_ops *ops, struct x4_backend *b, size_t bytes) {
+        if (ops && ops->host_alloc && ops->host_free)
+                return ops->host_alloc(b, bytes);
+        return malloc(bytes ? bytes : 1);
+}
+
+void x4_host_free(const struct x4_backend_ops *ops, struct x4_backend *b, void *p) {
+        if (!p)
+                return;
+        if (ops && ops->host_alloc && ops->host_free)
+                ops->host_free(b, p);
+        else
+                free(p);
+}
+
+float *x4_host_grow(const struct x4_backend_ops *ops, struct x4_backend *b, float **p, size_t *cap, size_t n) {
+        if (n <= *cap && *p)
+                return *p;
+        if (n > SIZE_MAX / sizeof(float))
+                return NULL;
+        float *q = x4_host_alloc(ops, b, n * sizeof *q);
+        if (!q)
+                return NULL;
+        if (*p && *cap)
+                memcpy(q, *p, *cap * sizeof *q);
+        x4_host_free(ops, b, *p);
+        *p = q;
+        *cap = n;
+        return q;
+}
 
 int x4_page_check(uint32_t page, uint32_t n_pages, const char *what, char *msg, size_t msg_size) {
         if (page < n_pages)

@@ -1633,7 +1633,11 @@ int main(int argc, char **argv) {
         uint32_t n_tokens = MAX(MAX(MAX(max_len, MIN(max_ctx, B.prefill_max)), max_batch), MTP_PROMPT);
         B.pages = calloc(bp.n_pages, sizeof *B.pages);
         B.tokens = calloc(n_tokens, sizeof *B.tokens);
-        B.logits = calloc(max_batch, (size_t) B.n_vocab * sizeof(float));
+        /* the backend's host memory, as the daemon's (page-locked on CUDA: the logits copy runs at
+         * the bus's rate) */
+        B.logits = x4_host_alloc(B.ops, B.b, (size_t) max_batch * B.n_vocab * sizeof(float));
+        if (B.logits)
+                memset(B.logits, 0, (size_t) max_batch * B.n_vocab * sizeof(float));
         if (!B.pages || !B.tokens || !B.logits) {
                 log_error("out of memory");
                 goto fail_b;
@@ -1661,10 +1665,12 @@ int main(int argc, char **argv) {
                 goto fail_b;
         if (!B.json)
                 print_table(&B);
+        x4_host_free(B.ops, B.b, B.logits);
         B.ops->destroy(B.b);
         return 0;
 
 fail_b:
+        x4_host_free(B.ops, B.b, B.logits);
         B.ops->destroy(B.b);
 fail:
         return tool_fail("x4-bench");

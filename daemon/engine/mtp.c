@@ -145,8 +145,9 @@ static int run_nextn(struct sched *s, struct x4_nextn_seq *ns, struct job **who,
         uint32_t rows = x4_nextn_logits_rows(&nb), hrows = x4_nextn_hidden_rows(&nb);
         char msg[1024] = ""; /* what a failing NextN forward says (errors as values) */
 
-        if (!eng_mtp_grow(&s->mtp_logits, &s->mtp_logits_cap, MAX(rows, 1u) * V) ||
-            !eng_mtp_grow(&s->mtp_hid, &s->mtp_hid_cap, MAX(hrows, 1u) * H)) {
+        /* the backend's output buffers: its x4_host_alloc memory (page-locked on CUDA) */
+        if (!x4_host_grow(s->p.ops, s->p.backend, &s->mtp_logits, &s->mtp_logits_cap, MAX(rows, 1u) * V) ||
+            !x4_host_grow(s->p.ops, s->p.backend, &s->mtp_hid, &s->mtp_hid_cap, MAX(hrows, 1u) * H)) {
                 log_warning("MTP: out of memory for %u draft rows: this step decodes without drafts", rows);
                 goto fail;
         }

@@ -718,10 +718,22 @@ if has ncupre; then
                 --repeats 1 --warmup 0 >"$out/ncu-pre.csv" 2>"$out/ncu-pre.err"
         python3 scripts/device/ncu-table.py "$out/ncu-pre.csv"
 fi
+if has ncub; then
+        # every kernel of a few layers of a decode step at batch X4_NCUB_BATCH (16), ctx 512, eager:
+        # time and DRAM bytes, then the sum by kernel name
+        say "ncu: decode batch ${X4_NCUB_BATCH:-16}, ctx ${X4_NCUB_CTX:-512}"
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --launch-skip ${X4_NCUB_SKIP:-3000} --launch-count ${X4_NCUB_COUNT:-120} \
+                --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+                --csv "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx ${X4_NCUB_CTX:-512} \
+                --batch ${X4_NCUB_BATCH:-16} --decode-tokens 8 --repeats 1 --warmup 0 >"$out/ncub.csv" 2>"$out/ncub.err"
+        python3 scripts/device/ncu-table.py "$out/ncub.csv" >"$out/ncub.txt"
+        python3 scripts/device/ncu-table.py "$out/ncub.csv" --sum | head -25
+fi
 if has dprof; then
         # issues 11/12: where a decode step's time goes at batch 1 / 32,768 and batch 64 / 4,096
-        for cb in "32768 1" "4096 64" "512 64"; do
-                set -- $cb
+        # X4_DPROF="CTX/BATCH ..." (default: 32768/1 4096/64 512/64)
+        for cb in ${X4_DPROF:-32768/1 4096/64 512/64}; do
+                set -- ${cb/\// }
                 say "decode profile: ctx $1, batch $2"
                 "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx $1 --batch $2 \
                         --decode-tokens 8 --repeats 1 --profile 2>&1 | tee "$out/dprof-$1-$2.txt" | grep -E '^decode|^  [a-z]'

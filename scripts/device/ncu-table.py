@@ -5,6 +5,7 @@ import collections
 import csv
 import sys
 
+by_name = len(sys.argv) > 2 and sys.argv[2] == "--sum"  # one line per kernel name: launches, total time
 rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
 if not rows:
     sys.exit(f"{sys.argv[1]}: no ncu rows")
@@ -18,6 +19,17 @@ for r in rows:
 def f(m, k):
     return float(m.get(k, "0").replace(",", ""))
 
+
+if by_name:
+    tot = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for (k, n), m in per.items():
+        e = tot[n.split("(")[0]]
+        e[0] += 1
+        e[1] += f(m, "gpu__time_duration.sum") / 1000
+        e[2] += (f(m, "dram__bytes_read.sum") + f(m, "dram__bytes_write.sum")) / 1e6
+    for n, (c, t, mb) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
+        print(f"{t:10.1f}us {c:5d} launches {t / c:8.1f}us each {mb:9.1f}MB {mb * 1e3 / t if t else 0:6.0f}GB/s  {n}")
+    sys.exit(0)
 
 for (k, n), m in per.items():
     t = f(m, "gpu__time_duration.sum")
