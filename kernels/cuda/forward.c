@@ -65,6 +65,8 @@
  * matvec is bound by its shared-memory reads of the inputs, so grouping saves the weight reads and
  * dequantization only: 12% of the expert time of a 512-token prefill (H200, 6-layer model). */
 #define CUDA_GROUP_MIN_PAIRS_PER_ID 4
+/* pairs k_mm_tcs takes one a block (its MTS_P_MAX): batch 1's five */
+#define CUDA_SEL_PAIRS_MAX 8
 #define CUDA_STAGING_BYTES (32u << 20)
 /* Batches of at most this many tokens (decode steps) run as replayed CUDA graphs
  * (X4_CUDA_GRAPHS=0 turns them off, for comparison). */
@@ -1556,11 +1558,11 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
         };
         cu_route(&ra, b->a, T, b->sel, b->gw, s);
         /* many pairs: group them by expert, so each dequantized weight chunk serves up to
-         * CU_GROUP_TILE pairs (same bits as one pair per block) */
-        uint32_t n_groups = T * S >= CUDA_GROUP_MIN_PAIRS_PER_ID * (c->n_expert + 1)
-                                    ? cu_moe_group(b->sel, T * S, c->n_expert + 1,
-                                                   b->groups, s)
-                                    : 0;
+         * CU_GROUP_TILE pairs (same bits as one pair per block); on the tensor-core products also
+         * a batch's 9 or more (k_mm_tcs's group tiles read each expert once for its pairs) */
+        uint32_t P = T * S, tcs_max = cu_mm_tcs_grouped_max();
+        bool group = P >= CUDA_GROUP_MIN_PAIRS_PER_ID * (c->n_expert + 1) || (P > CUDA_SEL_PAIRS_MAX && P <= tcs_max);
+        uint32_t n_groups = group ? cu_moe_group(b->sel, P, c->n_expert + 1, b->groups, s) : 0;
         prof_mark(b, PC_ROUTER);
         if (b->route_trace)
                 route_trace_layer(b, l, T, cl->router_bias);

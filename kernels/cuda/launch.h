@@ -145,6 +145,9 @@ void cu_mm_tc_scratch(void *p, uint64_t values);
 void cu_mm_tc_pass(bool prompt);
 /* Whether the pass being launched is a prompt-class pass (classes on and cu_mm_tc_pass(true)). */
 bool cu_pass_prompt(void);
+/* Grouped expert products up to this many pairs run on k_mm_tcs's group tiles; the forward groups
+ * a MoE layer's pairs from MTS_P_MAX + 1 (9) up to it (0: no such grouping). */
+uint32_t cu_mm_tcs_grouped_max(void);
 /* The tiled mHC kernels' shared-memory limit (mhc.cu), once at backend creation. */
 void cu_hc_setup(void);
 

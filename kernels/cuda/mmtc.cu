@@ -942,7 +942,10 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
  * 114 KB alone (26 µs against the CUDA-core kernel's 7.6), and an expert gate-up 640 warps at 1.2
  * a scheduler (32 µs for 20.7 MB). Same registers and instructions in the same order for every
  * output, so the same bits as k_mm_tc, k_mm_tcd and k_mm_tcp.
- * MODE: MT_DENSE (≤ 8 inputs, one n-tile) or MT_SEL (one expert pair a block, grid x the pairs). */
+ * MODE: MT_DENSE (≤ 8 inputs, one n-tile), MT_SEL (one expert pair a block, grid x the pairs) or
+ * MT_GROUPED (one tile of up to CU_GROUP_TILE pairs of one expert a block, grid x the tiles of
+ * cu_moe_group: each expert's rows read once for its pairs, where MT_SEL reads them once a pair;
+ * batches of 2-51 tokens, whose pairs went one a block on k_mm_tcs or k_mm_tcd). */
 #define MTS_WARPS 8
 #define MTS_P_MAX 8 /* dense inputs: one n-tile */
 
@@ -968,6 +971,7 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         constexpr uint32_t PR = MTD_KC * CB / 16;                     /* 16-byte pieces a row a part */
         extern __shared__ __align__(16) uint8_t mts_smem[];
         __shared__ uint64_t xoff[MTS_P_MAX];
+        static_assert(CU_GROUP_TILE <= MTS_P_MAX, "a group tile's pairs: one n-tile");
         uint32_t W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t g = lane / 4, t = lane % 4;
         /* ROPE: the grid's first rope_blocks rows are the side job's, the m-tiles after them */
@@ -979,6 +983,8 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
         const uint8_t *wbase = (const uint8_t *) a.w;
         uint32_t p0 = MODE == MT_SEL ? blockIdx.x : 0; /* the block's pair (MT_SEL) */
+        uint32_t n_in = n_x;                              /* inputs staged (MT_GROUPED: the tile's pairs) */
+        const int32_t *perm = NULL;                       /* MT_GROUPED: the tile's pairs */
         /* ROPE (a build of its own, so the default's registers stay as they were): the side job's
          * blocks, the grid's first rope_blocks rows (dispatched first: their double-precision
          * angles are the longest chain): the queries' RoPE, k_q_rope's rotations, a thread each */
@@ -1016,7 +1022,7 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                         return;
                 uint32_t k0 = part * MTD_KV, nv4 = min((uint32_t) MTD_KV, a.K - k0) / 4;
                 float *dst = (float *) (ring + (size_t) (j % S) * slot_bytes + 16 * RB);
-                for (uint32_t e = lane; e < n_x * (MTD_KV / 4); e += 32) {
+                for (uint32_t e = lane; e < n_in * (MTD_KV / 4); e += 32) {
                         uint32_t n = e / (MTD_KV / 4), i = e % (MTD_KV / 4);
                         if (i < nv4)
                                 mtd_cp16(dst + n * MTD_XS + 4 * i, a.x + xoff[n] + k0 + 4 * i);
@@ -1026,20 +1032,38 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         /* the weights no kernel writes: in flight before the previous kernel has finished (an
          * expert pair's too when its router ran two kernels back: sel_ready, as k_mv_small reads it) */
         bool early = MODE == MT_DENSE || a.sel_ready;
+        /* MT_GROUPED: the block's tile (its expert, first pair and count; read past L1: the
+         * grouping kernel wrote them, two kernels back when early); no tile, nothing to do */
+        auto tile = [&]() -> bool {
+                if (blockIdx.x >= (uint32_t) __ldcg(a.groups))
+                        return false;
+                const int32_t *td = a.groups + 1 + 3 * blockIdx.x;
+                wbase += (uint64_t) __ldcg(td) * a.expert_bytes;
+                perm = a.groups + 1 + 3 * a.n_groups_max + __ldcg(td + 1);
+                n_in = (uint32_t) __ldcg(td + 2);
+                return true;
+        };
         if (MODE == MT_SEL && a.sel_ready)
                 wbase += (uint64_t) __ldcg(a.sel + p0) * a.expert_bytes;
+        if (MODE == MT_GROUPED && a.sel_ready && !tile())
+                return;
         if (early)
                 for (uint32_t j = 0; j < S; j++)
                         load_w(j);
         cu_pdl_wait();
         cu_pdl_trigger();
         if (!early) {
-                wbase += (uint64_t) a.sel[p0] * a.expert_bytes;
+                if constexpr (MODE == MT_GROUPED) {
+                        if (!tile())
+                                return;
+                } else {
+                        wbase += (uint64_t) a.sel[p0] * a.expert_bytes;
+                }
                 for (uint32_t j = 0; j < S; j++)
                         load_w(j);
         }
-        if (threadIdx.x < n_x) {
-                uint32_t p = p0 + threadIdx.x;
+        if (threadIdx.x < n_in) {
+                uint32_t p = MODE == MT_GROUPED ? (uint32_t) __ldcg(perm + threadIdx.x) : p0 + threadIdx.x;
                 xoff[threadIdx.x] = (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) grp * a.x_gstride;
         }
         __syncthreads();
@@ -1051,7 +1075,7 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
         if constexpr (IQ4)
                 mtd_codebook(tl, th);
-        bool col_on = g < n_x;
+        bool col_on = g < n_in;
         uint32_t xrow = col_on ? g * MTD_XS : 0;
         uint32_t my_parts = warp < n_parts ? (n_parts - warp + W - 1) / W : 0;
         for (uint32_t j = 0; j < my_parts; j++) {
@@ -1085,7 +1109,7 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                 tot[2] += v.z;
                 tot[3] += v.w;
         }
-        mt_store<NR, MODE>(a, tot, row0, 0, g, t, n_rows, n_x, p0, NULL, grp);
+        mt_store<NR, MODE>(a, tot, row0, 0, g, t, n_rows, n_in, p0, perm, grp);
 #else
         (void) a, (void) S, (void) n_x;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -1102,6 +1126,8 @@ static void mts_prepare(void) {
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk) != cudaSuccess)
                 mts_rope_ready = false;
         (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_SEL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int) mtd_smem_blk);
 }
 
@@ -1190,11 +1216,41 @@ static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t s
         return true;
 }
 
-/* k_mm_tcs for this product if it takes it (≤ 8 dense inputs or ≤ 8 expert pairs one a block:
- * batch 1's five; more pairs fill the card as k_mm_tcd's one-warp blocks, which were faster at
- * batch 16: 621 against 588 tok/s at 512; rows and parts in 16-byte pieces, a ring that fits),
- * else false. X4_CUDA_MMTC_SPLIT=0 leaves these
- * products on k_mm_tcd (comparisons: the bits are the same; measurements). */
+/* Grouped expert products of at most this many pairs take k_mm_tcs's tiles of CU_GROUP_TILE
+ * pairs (MT_GROUPED), more k_mm_tcp's 64-pair tiles; the forward groups the pairs of a batch of
+ * more than MTS_P_MAX of them up to this count (cu_mm_tcs_grouped_max). Batch 16 (80 pairs) ran
+ * its pairs one a block on k_mm_tcd, at ~100 GB/s: the experts were 51% of its step (H100,
+ * 12.9 of 23.4 ms). X4_CUDA_MMTC_TCS_GROUPED=N sets the count (0: none; the bits are the same
+ * either way). */
+#define MTS_GROUPED_MAX_DEFAULT 256
+static uint32_t mts_grouped_max(void) {
+        static int v = -1;
+        if (v < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_TCS_GROUPED");
+                char *end = NULL;
+                long n = e && *e ? strtol(e, &end, 10) : MTS_GROUPED_MAX_DEFAULT;
+                v = e && *e && !(end && !*end && n >= 0 && n <= 1 << 20) ? -2 : (int) n;
+                if (v == -2) {
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_TCS_GROUPED=%s ignored: expected a pair count\n", e);
+                        v = MTS_GROUPED_MAX_DEFAULT;
+                }
+        }
+        return (uint32_t) v;
+}
+
+/* The pair counts the forward groups for k_mm_tcs (MT_GROUPED): more than MTS_P_MAX (fewer go one
+ * a block) up to this; 0 where the tensor-core products do not run every token (the fp32 path
+ * keeps its own grouping rule). */
+extern "C" uint32_t cu_mm_tcs_grouped_max(void) {
+        return mm_tc_ready && mm_tc_all() && mtd_smem_blk ? mts_grouped_max() : 0;
+}
+
+/* k_mm_tcs for this product if it takes it (≤ 8 dense inputs; ≤ 8 expert pairs one a block:
+ * batch 1's five; grouped pairs up to mts_grouped_max, a tile a block; rows and parts in 16-byte
+ * pieces, a ring that fits), else false. Ungrouped, more pairs fill the card as k_mm_tcd's
+ * one-warp blocks (faster than k_mm_tcs a pair a block at batch 16: 621 against 588 tok/s at
+ * 512). X4_CUDA_MMTC_SPLIT=0 leaves these products on k_mm_tcd (comparisons: the bits are the
+ * same; measurements). */
 template <int TYPE, int NR>
 static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
@@ -1215,12 +1271,15 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
                                         "stages 1-3)\n", e, MTS_WARPS);
         }
         uint32_t n_chunks = a->K / CU_CHUNK, n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
-        bool sel = a->sel != NULL;
-        if (!on || !mtd_smem_blk || a->P == 0 || (sel && a->groups) || a->P > MTS_P_MAX ||
+        bool sel = a->sel != NULL, grouped = sel && a->groups;
+        if (grouped && a->P > mts_grouped_max())
+                return false;
+        if (!on || !mtd_smem_blk || a->P == 0 || (!grouped && a->P > MTS_P_MAX) ||
             (uintptr_t) a->w % 16 || a->row_bytes % 16 || (sel && a->expert_bytes % 16) ||
             (IQ4 && n_chunks % MTD_KC) || a->x_pstride % 4 || a->x_gstride % 4 || (uintptr_t) a->x % 16)
                 return false;
-        uint32_t n_x = sel ? 1 : a->P, bx = sel ? a->P : 1, m_tiles = (a->N + 15) / 16;
+        uint32_t n_x = grouped ? CU_GROUP_TILE : sel ? 1 : a->P, m_tiles = (a->N + 15) / 16;
+        uint32_t bx = grouped ? a->n_groups_max : sel ? a->P : 1;
         uint32_t W = min(n_parts, force_w ? force_w : (uint32_t) MTS_WARPS), ppw = (n_parts + W - 1) / W;
         uint64_t slot = 16 * RB + (uint64_t) n_x * MTD_XS * sizeof(float), sums = (uint64_t) n_parts * 32 * 16;
         /* a warp's parts in flight at once (up to 3), fewer while the blocks the card needs at
@@ -1237,9 +1296,14 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         if (mtd_log_left > 0) {
                 mtd_log_left--;
                 fprintf(stderr, "k_mm_tcs: type %u%s %s P %u N %u K %u grid %ux%u warps %u stages %u smem %zu\n", TYPE,
-                        NR == 2 ? " swiglu" : "", sel ? "pairs" : "dense", a->P, a->N, a->K, bx, m_tiles, W, S, smem);
+                        NR == 2 ? " swiglu" : "", grouped ? "grouped" : sel ? "pairs" : "dense", a->P, a->N, a->K, bx,
+                        m_tiles, W, S, smem);
         }
         cu_launches++;
+        if (grouped) {
+                cu_launch(k_mm_tcs<TYPE, NR, MT_GROUPED>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
+                return true;
+        }
         if constexpr (IQ4)
                 if (sel && mts_launch_ow<NR>(a, dim3(bx, m_tiles), W, smem, S, n_x, s))
                         return true;
@@ -1608,6 +1672,8 @@ static void mtp_setup(void) {
 template <int TYPE, int NR>
 static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        if (a->sel && a->groups && a->P <= mts_grouped_max() && mtd_smem_blk)
+                return false; /* k_mm_tcs's group tiles */
         if (!mtp_on() || !mtp_smem_ok[IQ4] || !mtp_xb || a->K % MTP_KS || (a->sel && !a->groups) ||
             (!a->sel && a->P <= MTD_P_MAX) || (a->sel && a->P <= mt_pairs_tcd()))
                 return false;

@@ -313,9 +313,10 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "compute-sanitizer memcheck, Q6_K head in k_mm, demo model" compute-sanitizer \
                 --tool memcheck --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                 --prompt 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24 --decode 9 --device cuda --out "$tmp/san-q6.bin"
-        # the mHC pre-mapping's two shapes (one fused kernel a token, or the token-tiled pair of
-        # kernels the default takes for more than one token) compute the same sums: the same
-        # logits with every launch forced to either (a 700-token prompt, then batch-1 decodes)
+        # the mHC pre-mapping's three shapes (one fused kernel a token; the token-tiled pair the
+        # default takes for batches of 2-127 tokens; k_hc_wtok and the tail, its choice for passes
+        # of 128 or more) compute the same sums: the same logits with every launch forced to each
+        # (a 700-token prompt, then batch-1 decodes)
         hc_same() {
                 local prompt mode
                 prompt=$(awk 'BEGIN { s = 17; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
@@ -467,12 +468,25 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                                 --prompt "$prompt" --chunk 7 --decode 9,99,999 --device cuda --out "$tmp/tcs-$ws.bin" || return 1
                         cmp "$tmp/tcd-0-7.bin" "$tmp/tcs-$ws.bin" || { echo "k_mm_tcs ($ws) differs from k_mm_tc"; return 1; }
                 done
+                # a batch's pairs grouped by expert on k_mm_tcs's tiles of 8 (MT_GROUPED: chunks of 7
+                # and 16, the batch test's 16-sequence steps) against the same pairs one a block
+                # (X4_CUDA_MMTC_TCS_GROUPED=0: ungrouped below the prefill rule, k_mm_tcd), and it
+                # must say it ran
+                grep -q '^k_mm_tcs: type 20 swiglu grouped ' "$tmp/tcd-log.txt" ||
+                        { echo "k_mm_tcs never launched on group tiles"; cat "$tmp/tcd-log.txt"; return 1; }
+                for c in 7 16; do
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_TCS_GROUPED=0 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --prompt "$prompt" --chunk $c --decode 9,99,999 --device cuda --out "$tmp/tcs-g0-$c.bin" || return 1
+                        cmp "$tmp/tcd-1-$c.bin" "$tmp/tcs-g0-$c.bin" || { echo "k_mm_tcs's group tiles differ (chunk $c)"; return 1; }
+                done
+                X4_CUDA_MM=tc X4_CUDA_MMTC_TCS_GROUPED=0 X4_GPU_BATCH_DUMP="$tmp/tcs-g0-batch.bin" "$check" batch "$tmp/demo.gguf" || return 1
+                cmp "$tmp/tcd-1-batch.bin" "$tmp/tcs-g0-batch.bin" || { echo "k_mm_tcs's group tiles differ (batch)"; return 1; }
                 # the expert pairs' one-wave builds (X4_CUDA_MMTC_ONEWAVE=force: bounded to 5 or 9
                 # blocks an SM, fewer registers): the same instructions, the same bits
                 X4_CUDA_MM=tc X4_CUDA_MMTC_ONEWAVE=force "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                         --prompt "$prompt" --chunk 7 --decode 9,99,999 --device cuda --out "$tmp/tcs-ow.bin" || return 1
                 cmp "$tmp/tcd-0-7.bin" "$tmp/tcs-ow.bin" || { echo "k_mm_tcs's one-wave build differs from k_mm_tc"; return 1; }
-                echo "k_mm_tcd vs k_mm_tc: identical logits (whole, chunks 1/7/16, decode, batch 16)"
+                echo "k_mm_tcd vs k_mm_tc, group tiles vs pairs: identical logits (whole, chunks 1/7/16, decode, batch 16)"
                 rm -f "$tmp"/tcd-*.bin
         }
         step "decode-shaped tensor-core kernel agrees bit for bit with k_mm_tc, demo model" tcd_same
