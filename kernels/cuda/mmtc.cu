@@ -962,7 +962,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
 
 /* LBM 0: no blocks-an-SM bound (the default build: the compiler's own register budget; a bound
  * of 1 let it take up to 255 registers, 94 where it took 64, halving the blocks an SM holds) */
-template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 0, bool ROPE = false>
+template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 0, bool ROPE = false, int NT = 1>
 __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
@@ -970,8 +970,9 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16; /* smem bytes a row a slot (k_mm_tcd's) */
         constexpr uint32_t PR = MTD_KC * CB / 16;                     /* 16-byte pieces a row a part */
         extern __shared__ __align__(16) uint8_t mts_smem[];
-        __shared__ uint64_t xoff[MTS_P_MAX];
+        __shared__ uint64_t xoff[MTS_P_MAX * NT];
         static_assert(CU_GROUP_TILE <= MTS_P_MAX, "a group tile's pairs: one n-tile");
+        static_assert(NT == 1 || MODE == MT_DENSE, "two n-tiles: dense inputs only");
         uint32_t W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t g = lane / 4, t = lane % 4;
         /* ROPE: the grid's first rope_blocks rows are the side job's, the m-tiles after them */
@@ -979,7 +980,7 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         uint32_t n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
         uint32_t slot_bytes = 16 * RB + n_x * MTD_XS * (uint32_t) sizeof(float);
         uint8_t *ring = mts_smem + (size_t) warp * S * slot_bytes;
-        float *psum = (float *) (mts_smem + (size_t) W * S * slot_bytes); /* [part][lane][4] */
+        float *psum = (float *) (mts_smem + (size_t) W * S * slot_bytes); /* [part][n-tile][lane][4] */
         uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
         const uint8_t *wbase = (const uint8_t *) a.w;
         uint32_t p0 = MODE == MT_SEL ? blockIdx.x : 0; /* the block's pair (MT_SEL) */
@@ -1075,8 +1076,13 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
         if constexpr (IQ4)
                 mtd_codebook(tl, th);
-        bool col_on = g < n_in;
-        uint32_t xrow = col_on ? g * MTD_XS : 0;
+        bool col_on[NT];
+        uint32_t xrow[NT]; /* the staged input row lane g reads for n-tile j */
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+                col_on[j] = (uint32_t) j * 8 + g < n_in;
+                xrow[j] = col_on[j] ? (j * 8 + g) * MTD_XS : 0;
+        }
         uint32_t my_parts = warp < n_parts ? (n_parts - warp + W - 1) / W : 0;
         for (uint32_t j = 0; j < my_parts; j++) {
                 mtd_wait(S - 1); /* S + j groups committed: part j's complete */
@@ -1084,14 +1090,17 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                 const uint8_t *ws = ring + (size_t) (j % S) * slot_bytes;
                 const float *xs = (const float *) (ws + 16 * RB);
                 uint32_t part = warp + j * W, nc = min((uint32_t) MTD_KC, n_chunks - part * MTD_KC);
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                /* chunk cc's fragments and its two k16 steps: k_mm_tcd's (one n-tile) */
-                auto fetch = [&](uint32_t cc, mtd_frag<1> &f) {
-                        mtd_fetch<IQ4, 1>(ws, RB, xs, &xrow, &col_on, cc, g, t, tl, th, f);
+                float acc[NT][4] = {};
+                /* chunk cc's fragments and its two k16 steps: k_mm_tcd's (NT n-tiles) */
+                auto fetch = [&](uint32_t cc, mtd_frag<NT> &f) {
+                        mtd_fetch<IQ4, NT>(ws, RB, xs, xrow, col_on, cc, g, t, tl, th, f);
                 };
-                auto step = [&](const mtd_frag<1> &f) { mtd_step<IQ4, 1>(&acc, f); };
-                mtd_chunks<1>(nc, IQ4 || nc == MTD_KC, fetch, step);
-                *(float4 *) (psum + ((size_t) part * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                auto step = [&](const mtd_frag<NT> &f) { mtd_step<IQ4, NT>(acc, f); };
+                mtd_chunks<NT>(nc, IQ4 || nc == MTD_KC, fetch, step);
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                        *(float4 *) (psum + (((size_t) part * NT + n) * 32 + lane) * 4) =
+                                make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
                 __syncwarp(); /* every lane's reads of the slot done before it is refilled */
                 load_w(j + S);
                 load_x(j + S);
@@ -1101,15 +1110,18 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         __syncthreads();
         if (warp != 0)
                 return;
-        float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (uint32_t p = 0; p < n_parts; p++) {
-                float4 v = *(const float4 *) (psum + ((size_t) p * 32 + lane) * 4);
-                tot[0] += v.x;
-                tot[1] += v.y;
-                tot[2] += v.z;
-                tot[3] += v.w;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+                float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (uint32_t p = 0; p < n_parts; p++) {
+                        float4 v = *(const float4 *) (psum + (((size_t) p * NT + j) * 32 + lane) * 4);
+                        tot[0] += v.x;
+                        tot[1] += v.y;
+                        tot[2] += v.z;
+                        tot[3] += v.w;
+                }
+                mt_store<NR, MODE>(a, tot, row0, j * 8, g, t, n_rows, n_in, p0, perm, grp);
         }
-        mt_store<NR, MODE>(a, tot, row0, 0, g, t, n_rows, n_in, p0, perm, grp);
 #else
         (void) a, (void) S, (void) n_x;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -1122,7 +1134,11 @@ template <int TYPE, int NR>
 static void mts_prepare(void) {
         (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, false, 2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk);
         if (cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk) != cudaSuccess ||
+            cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, true, 2>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mtd_smem_blk) != cudaSuccess)
                 mts_rope_ready = false;
         (void) cudaFuncSetAttribute(k_mm_tcs<TYPE, NR, MT_SEL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1238,6 +1254,21 @@ static uint32_t mts_grouped_max(void) {
         return (uint32_t) v;
 }
 
+/* Dense products of at most this many inputs take k_mm_tcs: 8 (one n-tile) or 16 (two, NT 2: a
+ * warp's weight fragments serve both; batch 16's attention projections ran on k_mm_tcd at ~360
+ * GB/s, 40% of its step). X4_CUDA_MMTC_TCS_DENSE=8 keeps 9-16 inputs on k_mm_tcd (the bits are
+ * the same either way). */
+static uint32_t mts_dense_max(void) {
+        static int v = -1;
+        if (v < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_TCS_DENSE");
+                v = e && !strcmp(e, "8") ? MTS_P_MAX : 2 * MTS_P_MAX;
+                if (e && *e && strcmp(e, "8") && strcmp(e, "16"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_TCS_DENSE=%s ignored: expected 8 or 16\n", e);
+        }
+        return (uint32_t) v;
+}
+
 /* The pair counts the forward groups for k_mm_tcs (MT_GROUPED): more than MTS_P_MAX (fewer go one
  * a block) up to this; 0 where the tensor-core products do not run every token (the fp32 path
  * keeps its own grouping rule). */
@@ -1274,14 +1305,16 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         bool sel = a->sel != NULL, grouped = sel && a->groups;
         if (grouped && a->P > mts_grouped_max())
                 return false;
-        if (!on || !mtd_smem_blk || a->P == 0 || (!grouped && a->P > MTS_P_MAX) ||
+        if (!on || !mtd_smem_blk || a->P == 0 || (sel && !grouped && a->P > MTS_P_MAX) ||
+            (!sel && a->P > mts_dense_max()) ||
             (uintptr_t) a->w % 16 || a->row_bytes % 16 || (sel && a->expert_bytes % 16) ||
             (IQ4 && n_chunks % MTD_KC) || a->x_pstride % 4 || a->x_gstride % 4 || (uintptr_t) a->x % 16)
                 return false;
         uint32_t n_x = grouped ? CU_GROUP_TILE : sel ? 1 : a->P, m_tiles = (a->N + 15) / 16;
         uint32_t bx = grouped ? a->n_groups_max : sel ? a->P : 1;
         uint32_t W = min(n_parts, force_w ? force_w : (uint32_t) MTS_WARPS), ppw = (n_parts + W - 1) / W;
-        uint64_t slot = 16 * RB + (uint64_t) n_x * MTD_XS * sizeof(float), sums = (uint64_t) n_parts * 32 * 16;
+        uint32_t nt = !sel && a->P > MTS_P_MAX ? 2 : 1; /* dense 9-16 inputs: two n-tiles */
+        uint64_t slot = 16 * RB + (uint64_t) n_x * MTD_XS * sizeof(float), sums = (uint64_t) n_parts * nt * 32 * 16;
         /* a warp's parts in flight at once (up to 3), fewer while the blocks the card needs at
          * once would not fit its SMs' shared memory, or a block's */
         uint64_t per_sm = ((uint64_t) bx * m_tiles + mtd_sms - 1) / mtd_sms;
@@ -1295,9 +1328,9 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         size_t smem = (size_t) (W * S * slot + sums);
         if (mtd_log_left > 0) {
                 mtd_log_left--;
-                fprintf(stderr, "k_mm_tcs: type %u%s %s P %u N %u K %u grid %ux%u warps %u stages %u smem %zu\n", TYPE,
-                        NR == 2 ? " swiglu" : "", grouped ? "grouped" : sel ? "pairs" : "dense", a->P, a->N, a->K, bx,
-                        m_tiles, W, S, smem);
+                fprintf(stderr, "k_mm_tcs: type %u%s %s P %u N %u K %u grid %ux%u warps %u stages %u smem %zu n-tiles %u\n",
+                        TYPE, NR == 2 ? " swiglu" : "", grouped ? "grouped" : sel ? "pairs" : "dense", a->P, a->N, a->K,
+                        bx, m_tiles, W, S, smem, nt);
         }
         cu_launches++;
         if (grouped) {
@@ -1325,12 +1358,14 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
                         mtd_log_left--;
                         fprintf(stderr, "k_mm_tcs: rope side blocks %u beside %u m-tiles\n", am.rope_blocks, m_tiles);
                 }
-                cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, true>, dim3(bx, m_tiles + am.rope_blocks),
-                          dim3(32 * W), smem, s, am, S, n_x);
+                cu_launch(nt == 2 ? k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, true, 2>
+                                  : k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, true>,
+                          dim3(bx, m_tiles + am.rope_blocks), dim3(32 * W), smem, s, am, S, n_x);
                 return true;
         }
         am.rope_blocks = 0;
-        cu_launch(k_mm_tcs<TYPE, NR, MT_DENSE>, dim3(bx, m_tiles), dim3(32 * W), smem, s, am, S, n_x);
+        cu_launch(nt == 2 ? k_mm_tcs<TYPE, NR, MT_DENSE, MTS_WARPS * 32, 0, false, 2> : k_mm_tcs<TYPE, NR, MT_DENSE>,
+                  dim3(bx, m_tiles), dim3(32 * W), smem, s, am, S, n_x);
         return true;
 }
 

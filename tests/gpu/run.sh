@@ -437,10 +437,18 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         tcd_same() {
                 local prompt dec c args
                 prompt=$(awk 'BEGIN { s = 13; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                # (dense launches of 9-16 inputs take k_mm_tcs's two n-tiles by default; =8 leaves
+                # them to k_mm_tcd, which must then run)
+                X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=log X4_CUDA_MMTC_TCS_DENSE=8 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                        --prompt 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --decode 9 --device cuda \
+                        --out "$tmp/tcd-log8.bin" 2>"$tmp/tcd-log8.txt" || return 1
+                grep -q '^k_mm_tcd: ' "$tmp/tcd-log8.txt" || { echo "k_mm_tcd never launched"; return 1; }
                 X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
                         --prompt 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --decode 9 --device cuda \
                         --out "$tmp/tcd-log.bin" 2>"$tmp/tcd-log.txt" || return 1
-                grep -q '^k_mm_tcd: ' "$tmp/tcd-log.txt" || { echo "k_mm_tcd never launched"; return 1; }
+                grep -q '^k_mm_tcs: type 30 dense P 16 .* n-tiles 2$' "$tmp/tcd-log.txt" ||
+                        { echo "k_mm_tcs never launched with two n-tiles"; cat "$tmp/tcd-log.txt"; return 1; }
+                cmp "$tmp/tcd-log8.bin" "$tmp/tcd-log.bin" || { echo "k_mm_tcs's two n-tiles differ from k_mm_tcd"; return 1; }
                 # products of <= 8 inputs and expert pairs one a block take k_mm_tcs (a row's
                 # 256-value parts over a block's warps: the demo's 512-value rows are two)
                 grep -q '^k_mm_tcs: type 30 dense .* K 512 .* warps 2 ' "$tmp/tcd-log.txt" &&
