@@ -154,11 +154,78 @@ static void test_cpu_backend_agrees(void **state) {
         free(out);
 }
 
+/* x4_host_alloc / x4_host_grow: a backend's own host allocator serves the output buffers when it
+ * has one (the CUDA backend's page-locked memory), malloc when it has none (the CPU backend);
+ * growing keeps the rows already written and frees through the same allocator. */
+struct fake_host {
+        unsigned allocs, frees;
+};
+static struct fake_host fake_host_state;
+
+static void *fake_host_alloc(struct x4_backend *b, size_t bytes) {
+        (void) b;
+        fake_host_state.allocs++;
+        return malloc(bytes);
+}
+
+static void fake_host_free(struct x4_backend *b, void *p) {
+        (void) b;
+        fake_host_state.frees++;
+        free(p);
+}
+
+static void test_host_buffers(void **state) {
+        (void) state;
+        /* no allocator: malloc, and x4_host_free of NULL is nothing */
+        float *p = NULL;
+        size_t cap = 0;
+        float *r = x4_host_grow(&x4_backend_cpu, NULL, &p, &cap, 4);
+        assert_non_null(p);
+        assert_ptr_equal(r, p);
+        assert_int_equal(cap, 4);
+        for (int i = 0; i < 4; i++)
+                p[i] = (float) i + 0.5f;
+        float *kept = p;
+        assert_ptr_equal(x4_host_grow(&x4_backend_cpu, NULL, &p, &cap, 3), kept); /* big enough: kept */
+        assert_int_equal(cap, 4);
+        assert_non_null(x4_host_grow(&x4_backend_cpu, NULL, &p, &cap, 1000));
+        assert_int_equal(cap, 1000);
+        for (int i = 0; i < 4; i++)
+                assert_true(p[i] == (float) i + 0.5f);
+        x4_host_free(&x4_backend_cpu, NULL, p);
+        x4_host_free(&x4_backend_cpu, NULL, NULL);
+        /* an impossible size is refused and leaves the buffer as it was */
+        p = NULL;
+        cap = 0;
+        assert_null(x4_host_grow(&x4_backend_cpu, NULL, &p, &cap, SIZE_MAX / 2));
+        assert_null(p);
+        assert_int_equal(cap, 0);
+
+        /* a backend's own allocator: every buffer from it and back to it */
+        struct x4_backend_ops ops = x4_backend_cpu;
+        ops.host_alloc = fake_host_alloc;
+        ops.host_free = fake_host_free;
+        fake_host_state = (struct fake_host){ 0 };
+        assert_non_null(x4_host_grow(&ops, NULL, &p, &cap, 8));
+        p[7] = 7.0f;
+        assert_non_null(x4_host_grow(&ops, NULL, &p, &cap, 64));
+        assert_true(p[7] == 7.0f);
+        x4_host_free(&ops, NULL, p);
+        assert_int_equal(fake_host_state.allocs, 2);
+        assert_int_equal(fake_host_state.frees, 2);
+        void *q = x4_host_alloc(&ops, NULL, 16);
+        assert_non_null(q);
+        x4_host_free(&ops, NULL, q);
+        assert_int_equal(fake_host_state.allocs, 3);
+        assert_int_equal(fake_host_state.frees, 3);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_batch_check_table),
                 cmocka_unit_test(test_page_check),
                 cmocka_unit_test(test_cpu_backend_agrees),
+                cmocka_unit_test(test_host_buffers),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
