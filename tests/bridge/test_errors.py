@@ -259,7 +259,8 @@ def test_concurrency_cap_is_429_with_retry_after(daemon, make_bridge):
     c = b.conn()
     c.request("POST", "/v1/chat/completions",
               body='{"model":"xing4","messages":[{"role":"user","content":"long"}],"max_tokens":4000,'
-                   '"stream":true}', headers={"Content-Type": "application/json"})
+                   '"ignore_eos":true,"stream":true}',  # in flight until closed, whatever it samples
+              headers={"Content-Type": "application/json"})
     r = c.getresponse()  # headers come with the first token: the request is in flight now
     assert r.status == 200
     st, hdrs, body = b.post("/v1/chat/completions", chat(max_tokens=2))

@@ -294,10 +294,12 @@ def test_stats_rates_match_what_a_request_saw(fresh_daemon):
     seen_prefill = 200 * 1e3 / t["prefill_ms"]
     seen_decode = 23 * 1e3 / t["decode_ms"]
     s = d.stats()
-    # prefill_ms also holds the first token's sampling and the reply, decode_ms the replies:
-    # the step times inside them are close, not equal
-    assert 0.5 * seen_prefill <= s["prefill_tok_s"] <= 2.0 * seen_prefill, (s, t)
-    assert 0.4 * seen_decode <= s["decode_tok_s"] <= 2.5 * seen_decode, (s, t)
+    # prefill_ms also holds the first token's sampling and the reply, decode_ms the replies and
+    # the engine's waits between steps: the stats (step times only) are never much slower than
+    # what the request saw (an average started from zero showed a fraction of it), and may be
+    # several times faster on a loaded machine (CI's two cores: 7x seen), never a unit off (1000x)
+    assert 0.5 * seen_prefill <= s["prefill_tok_s"] <= 25 * seen_prefill, (s, t)
+    assert 0.4 * seen_decode <= s["decode_tok_s"] <= 25 * seen_decode, (s, t)
 
 
 # ---- cancellation ----------------------------------------------------------------------------------
