@@ -12,6 +12,7 @@
  * (truncation "auto"), in on_truncate_retry; the HTTP side just drops its evhttp_request pointer
  * when the reply is complete or the client is gone. */
 #include <errno.h>
+#include <fcntl.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -156,6 +157,8 @@ static struct bridge {
         struct event *accept_resume;
         double accept_warned_ms;        /* the last warning about it (now_ms) */
         unsigned accept_failures;       /* failures since that warning */
+        unsigned accept_shed;           /* connections answered 503 and closed since that warning */
+        int spare_fd;                   /* held open to be given up at the descriptor limit (shed_pending) */
 } br = {
         .cfg = {
                 .listen = "127.0.0.1:8000",
@@ -171,6 +174,7 @@ static struct bridge {
                 .drain_timeout_s = 30,
         },
         .served_model = "xing4",
+        .spare_fd = -1,
 };
 
 /* Agents send their own model names (Claude Code: claude-sonnet-4-5, claude-haiku-...): served by
@@ -1741,20 +1745,58 @@ __attribute__((visibility("default"))) void evhttp_send_error(struct evhttp_requ
  * say so at most once a minute with the count of failures since. */
 #define ACCEPT_PAUSE_MS 500
 #define ACCEPT_WARN_MS 60000
+#define SHED_MAX 256 /* connections shed at one failure at most */
+
+/* At the descriptor limit the clients waiting in the backlog would wait there unanswered (a
+ * health check too, whose connect succeeds and whose request then hangs): give up the spare
+ * descriptor, accept them one at a time and answer each a 503 with Retry-After (the OpenAI error
+ * shape, "Connection: close"), then take the spare again. Their requests, if already sent, are
+ * read and dropped first so the close is not a reset that could discard the answer. */
+static void shed_pending(evutil_socket_t lfd) {
+        static const char body[] = "{\"error\":{\"message\":\"xing4-http is at its limit of open connections "
+                                   "(descriptors); retry later\",\"type\":\"server_error\",\"param\":null,"
+                                   "\"code\":\"too_many_connections\"}}\n";
+        char reply[512];
+        int n = snprintf(reply, sizeof reply,
+                         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: %d\r\n"
+                         "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
+                         br.cfg.retry_after_s, sizeof body - 1, body);
+        if (br.spare_fd < 0)
+                return;
+        close(br.spare_fd);
+        br.spare_fd = -1;
+        for (int i = 0; i < SHED_MAX; i++) {
+                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0)
+                        break;
+                char drain[4096];
+                (void) recv(fd, drain, sizeof drain, MSG_DONTWAIT);
+                (void) send(fd, reply, (size_t) n, MSG_NOSIGNAL | MSG_DONTWAIT);
+                (void) shutdown(fd, SHUT_WR);
+                close(fd);
+                br.accept_shed++;
+        }
+        br.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
 static void on_accept_error(struct evconnlistener *l, void *arg) {
         int err = EVUTIL_SOCKET_ERROR();
         (void) arg;
         br.accept_failures++;
+        if (err == EMFILE || err == ENFILE)
+                shed_pending(evconnlistener_get_fd(l));
         if (!br.accept_warned_ms || now_ms() - br.accept_warned_ms >= ACCEPT_WARN_MS) {
                 struct rlimit rl;
                 char limit[32] = "?";
                 if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
                         snprintf(limit, sizeof limit, "%llu", (unsigned long long) rl.rlim_cur);
                 log_warning("accept() failed: %s (descriptor limit %s, %u generations in flight, %u failures); "
-                            "not accepting connections for %d ms at a time until it succeeds", strerror(err),
-                            limit, br.n_jobs, br.accept_failures, ACCEPT_PAUSE_MS);
+                            "answering waiting clients 503 (%u so far) and not accepting connections for %d ms at "
+                            "a time until it succeeds", strerror(err), limit, br.n_jobs, br.accept_failures,
+                            br.accept_shed, ACCEPT_PAUSE_MS);
                 br.accept_warned_ms = now_ms();
                 br.accept_failures = 0;
+                br.accept_shed = 0;
         }
         struct timeval tv = { 0, ACCEPT_PAUSE_MS * 1000 };
         if (br.accept_resume && evconnlistener_disable(l) == 0)
@@ -1991,6 +2033,7 @@ int main(int argc, char **argv) {
         }
         br.listener = evhttp_bound_socket_get_listener(bs);
         br.accept_resume = evtimer_new(br.base, on_accept_resume, NULL);
+        br.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (br.listener)
                 evconnlistener_set_error_cb(br.listener, on_accept_error);
         struct sockaddr_storage ss;

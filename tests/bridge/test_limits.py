@@ -14,7 +14,8 @@ def cpu_seconds(pid):
 
 def test_descriptor_limit_does_not_spin(fake, make_bridge):
     """At its descriptor limit the bridge stops accepting for a while (one warning, no busy loop),
-    and serves again once connections close."""
+    answers the clients still waiting in its backlog a 503 with Retry-After instead of leaving them
+    hanging, and serves again once connections close."""
     b = make_bridge([fake["socket"]], "--timeout", "3",
                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
     held = []
@@ -30,6 +31,21 @@ def test_descriptor_limit_does_not_spin(fake, make_bridge):
     warnings = [x for x in b.log if "accept" in x]
     assert 1 <= len(warnings) <= 2, warnings[:5]
     assert "Too many open files" in warnings[0] and "not accepting" in warnings[0], warnings[0]
+    # those past the limit were answered and closed: a 503 that says why and when to retry
+    shed = []
+    for s in held:
+        s.settimeout(0.05)
+        try:
+            got = s.recv(4096)
+        except OSError:
+            continue
+        if got:
+            shed.append(got)
+    assert shed, "no waiting client was answered at the descriptor limit"
+    head, _, body = shed[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in head, shed[0]
+    err = __import__("json").loads(body)["error"]
+    assert err["code"] == "too_many_connections" and "retry later" in err["message"], err
     for s in held:
         s.close()
     deadline = time.monotonic() + 10
