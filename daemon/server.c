@@ -102,6 +102,8 @@ struct server {
         struct evconnlistener *listener;
         struct event *ev_sched, *ev_term, *ev_int, *ev_hup, *ev_grace, *ev_watchdog;
         struct event *ev_accept_resume; /* re-enables the listener after accept() failed */
+        int spare_fd;                   /* given up at the descriptor limit to answer waiting clients */
+        unsigned shed;                  /* clients answered so since the last accept() warning */
         struct ratelimit rl_refused, rl_accept, rl_evicted, rl_pending;
         struct event *ev_idle; /* the idle-timeout sweep */
         uint64_t pending_bytes; /* sum of conn.held */
@@ -1205,15 +1207,45 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
  * Stop listening for a second instead (pending clients wait in the backlog) and say so at most
  * once per RATELIMIT_MS. */
 #define ACCEPT_PAUSE_MS 1000
+#define SHED_MAX 256 /* clients answered at one failure at most */
+
+/* At the descriptor limit the clients waiting in the backlog would wait there with no answer: give
+ * up the spare descriptor, accept them one at a time and answer each RESOURCE_EXHAUSTED (as a
+ * connection over --max-connections is), then take the spare again. */
+static void shed_pending(struct server *s, evutil_socket_t lfd) {
+        if (s->spare_fd < 0)
+                return;
+        close(s->spare_fd);
+        s->spare_fd = -1;
+        char msg[160];
+        snprintf(msg, sizeof msg, "the daemon is at its open file limit (%u connections open); retry later",
+                 s->n_conns);
+        for (int i = 0; i < SHED_MAX; i++) {
+                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0)
+                        break;
+                send_error_fd(fd, XING4__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED, msg);
+                char junk[4096]; /* a Hello already sent: read, so the close is no reset */
+                for (int k = 0; k < 16 && recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0; k++)
+                        ;
+                close(fd);
+                s->shed++;
+        }
+        s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
 static void accept_error_cb(struct evconnlistener *l, void *userdata) {
         struct server *s = userdata;
         int err = EVUTIL_SOCKET_ERROR();
 
+        if (err == EMFILE || err == ENFILE)
+                shed_pending(s, evconnlistener_get_fd(l));
         if (ratelimit_pass(&s->rl_accept, now_ms())) {
                 log_warning("accept() failed: %s (%u connections open, %u more failures since the "
-                            "last warning); not accepting for %d ms",
-                            strerror(err), s->n_conns, s->rl_accept.suppressed, ACCEPT_PAUSE_MS);
+                            "last warning, %u waiting clients told so); not accepting for %d ms",
+                            strerror(err), s->n_conns, s->rl_accept.suppressed, s->shed, ACCEPT_PAUSE_MS);
                 s->rl_accept.suppressed = 0;
+                s->shed = 0;
         }
         struct timeval tv = { ACCEPT_PAUSE_MS / 1000, (ACCEPT_PAUSE_MS % 1000) * 1000 };
         if (evconnlistener_disable(l) == 0 && s->ev_accept_resume)
@@ -1426,6 +1458,7 @@ int server_new(const struct server_params *params, struct server **ret) {
 
         if (!s)
                 return log_error_errno(ENOMEM, "server: out of memory");
+        s->spare_fd = -1;
         s->p = *params;
         if (!s->p.output_high_water)
                 s->p.output_high_water = OUTPUT_HIGH_WATER_DEFAULT;
@@ -1458,6 +1491,7 @@ int server_new(const struct server_params *params, struct server **ret) {
                 }
         }
         s->ev_accept_resume = evtimer_new(s->base, accept_resume_cb, s);
+        s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         s->ev_sched = event_new(s->base, sched_event_fd(s->p.sched), EV_READ | EV_PERSIST,
                                 sched_cb, s);
         s->ev_term = evsignal_new(s->base, SIGTERM, term_cb, s);
@@ -1506,6 +1540,8 @@ void server_free(struct server *s) {
                 event_free(s->ev_watchdog);
         if (s->ev_accept_resume)
                 event_free(s->ev_accept_resume);
+        if (s->spare_fd >= 0)
+                close(s->spare_fd);
         if (s->ev_idle)
                 event_free(s->ev_idle);
         if (s->listener)

@@ -358,6 +358,19 @@ def test_out_of_descriptors_pauses_accepting_instead_of_spinning(fresh_daemon):
         d.proc.poll()
     used = cpu_seconds(d.proc.pid) - cpu0
     assert used < 0.5, f"the daemon used {used:.2f} s of CPU in 2 s while out of descriptors"
+    # the clients it could not take were told so (not left waiting in the backlog)
+    told = []
+    for c in conns:
+        c.s.settimeout(2)
+        try:
+            f = c.recv()
+        except OSError:
+            continue
+        if f is not None and w.ERROR in f:
+            told.append(w.error_of(f))
+    assert told, "no waiting client was answered at the open file limit"
+    code, msg = told[0]
+    assert code == "RESOURCE_EXHAUSTED" and "open file limit" in msg and "retry later" in msg, told[0]
     for c in conns:
         c.close()
     assert serves_a_new_client(d)
