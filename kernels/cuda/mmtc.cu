@@ -496,6 +496,18 @@ template <bool IQ4, int NT>
                 }
 }
 
+/* Lane group g's column in each of NT n-tiles (j·8 + g): whether it is one of the n inputs, and the
+ * staged input row it reads (a padding column reads row 0, its products never stored) */
+template <int NT>
+[[maybe_unused]] static __device__ __forceinline__ void mtd_columns(uint32_t g, uint32_t n, bool *col_on,
+                                                                    uint32_t *xrow) {
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+                col_on[j] = (uint32_t) j * 8 + g < n;
+                xrow[j] = col_on[j] ? (j * 8 + g) * MTD_XS : 0;
+        }
+}
+
 /* chunk f's two k16 steps as k_mm_tc runs them: BF16 into acc's mma chains, IQ4_NL from zero and
  * then scaled into acc by mt_scale_add */
 template <bool IQ4, int NT>
@@ -647,12 +659,8 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 32) k_mm_tcd(struct cu_mv a, u
                         acc[j][e] = 0.0f;
         float tot[NT][4] = {}; /* the parts' sums so far (a stage is a part) */
         bool col_on[NT];
-        uint32_t xrow[NT]; /* the staged input row lane g reads for n-tile j */
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-                col_on[j] = (uint32_t) j * 8 + g < n_p;
-                xrow[j] = col_on[j] ? (j * 8 + g) * MTD_XS : 0;
-        }
+        uint32_t xrow[NT];
+        mtd_columns<NT>(g, n_p, col_on, xrow);
 
         /* Groups committed so far: 2(S − 1) (weights, then inputs, of stages 0 .. S − 2), then one
          * a step. Stage i is complete once groups 0 .. S − 1 + i are: at most S − 2 pending. */
@@ -1077,12 +1085,8 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         if constexpr (IQ4)
                 mtd_codebook(tl, th);
         bool col_on[NT];
-        uint32_t xrow[NT]; /* the staged input row lane g reads for n-tile j */
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-                col_on[j] = (uint32_t) j * 8 + g < n_in;
-                xrow[j] = col_on[j] ? (j * 8 + g) * MTD_XS : 0;
-        }
+        uint32_t xrow[NT];
+        mtd_columns<NT>(g, n_in, col_on, xrow);
         uint32_t my_parts = warp < n_parts ? (n_parts - warp + W - 1) / W : 0;
         for (uint32_t j = 0; j < my_parts; j++) {
                 mtd_wait(S - 1); /* S + j groups committed: part j's complete */
