@@ -487,6 +487,22 @@ static int decode_steps(struct bench *B, struct x4_seq *seqs, uint32_t batch, ui
 
 /* --mtp-verify at one decode shape (seqs: bench_decode's, their pages holding context ctx):
  * median ms per step of the NextN draft forward and of verify steps of k = 1..3 drafts. */
+/* An output buffer from the backend's host memory (x4_host_alloc: page-locked on CUDA, as the
+ * daemon's), freed at the end of its scope. */
+struct hostbuf {
+        const struct bench *B;
+        float *p;
+};
+
+static void hostbuf_free(struct hostbuf *h) {
+        if (h->B)
+                x4_host_free(h->B->ops, h->B->b, h->p);
+}
+
+static struct hostbuf hostbuf_new(const struct bench *B, size_t floats) {
+        return (struct hostbuf){ B, x4_host_alloc(B->ops, B->b, floats * sizeof(float)) };
+}
+
 static int bench_verify(struct bench *B, const struct x4_seq *dec, uint32_t ctx, uint32_t batch,
                         uint32_t steps, uint32_t repeats, double decode_ms) {
         const size_t V = B->n_vocab, H = B->n_embd;
@@ -494,8 +510,9 @@ static int bench_verify(struct bench *B, const struct x4_seq *dec, uint32_t ctx,
         _cleanup_free_ struct x4_seq *seqs = calloc(batch, sizeof *seqs);
         _cleanup_free_ struct x4_nextn_seq *ns = calloc(batch, sizeof *ns);
         _cleanup_free_ int32_t *toks = calloc((size_t) batch * (K + 1), sizeof *toks);
-        _cleanup_free_ float *lg = malloc((size_t) batch * (K + 1) * V * sizeof(float));
-        _cleanup_free_ float *hid = malloc((size_t) batch * (K + 1) * H * sizeof(float));
+        _cleanup_(hostbuf_free) struct hostbuf lgb = hostbuf_new(B, (size_t) batch * (K + 1) * V);
+        _cleanup_(hostbuf_free) struct hostbuf hidb = hostbuf_new(B, (size_t) batch * (K + 1) * H);
+        float *lg = lgb.p, *hid = hidb.p;
         _cleanup_free_ float *h = malloc((size_t) batch * H * sizeof(float));
         _cleanup_free_ double *t = calloc(repeats, sizeof *t);
         double ms[4];
@@ -657,8 +674,9 @@ static int generate_once(struct bench *B, const int32_t *prompt, uint32_t P, uin
                          int32_t *out, uint32_t *ret_n, bool *ret_end, uint64_t *drafted, uint64_t *accepted) {
         const size_t V = B->n_vocab, H = B->n_embd;
         _cleanup_free_ int32_t *ids = calloc(P + steps + 8, sizeof *ids);
-        _cleanup_free_ float *hid = malloc((size_t) (P + 8) * H * sizeof(float));
-        _cleanup_free_ float *lg = malloc((size_t) (1 + draft) * V * sizeof(float));
+        _cleanup_(hostbuf_free) struct hostbuf hidb = hostbuf_new(B, (size_t) (P + 8) * H);
+        _cleanup_(hostbuf_free) struct hostbuf lgb = hostbuf_new(B, (size_t) (1 + draft) * V);
+        float *hid = hidb.p, *lg = lgb.p;
         _cleanup_free_ float *dh = malloc(H * sizeof(float)), *dl = malloc(V * sizeof(float));
         _cleanup_(outparse_freep) struct outparse *op = NULL;
         bool mtp = draft > 0, end = false;
