@@ -485,8 +485,6 @@ static int decode_steps(struct bench *B, struct x4_seq *seqs, uint32_t batch, ui
         return 0;
 }
 
-/* --mtp-verify at one decode shape (seqs: bench_decode's, their pages holding context ctx):
- * median ms per step of the NextN draft forward and of verify steps of k = 1..3 drafts. */
 /* An output buffer from the backend's host memory (x4_host_alloc: page-locked on CUDA, as the
  * daemon's), freed at the end of its scope. */
 struct hostbuf {
@@ -503,6 +501,8 @@ static struct hostbuf hostbuf_new(const struct bench *B, size_t floats) {
         return (struct hostbuf){ B, x4_host_alloc(B->ops, B->b, floats * sizeof(float)) };
 }
 
+/* --mtp-verify at one decode shape (seqs: bench_decode's, their pages holding context ctx):
+ * median ms per step of the NextN draft forward and of verify steps of k = 1..3 drafts. */
 static int bench_verify(struct bench *B, const struct x4_seq *dec, uint32_t ctx, uint32_t batch,
                         uint32_t steps, uint32_t repeats, double decode_ms) {
         const size_t V = B->n_vocab, H = B->n_embd;

@@ -13,7 +13,10 @@
  * the NextN rows whose next id it has just made known, as the engine does. With --prompt-class the
  * prompt's tokens are labeled as prompt tokens (x4_seq.prompt_tokens, as the daemon labels a
  * request's prompt: the CUDA backend then runs them on its prompt-class kernels); the decode ids
- * stay generated tokens. Any error: one line on stderr, exit status 1. */
+ * stay generated tokens. With --experts, stdout gets a line per MoE layer: how many distinct
+ * routed experts the run's tokens selected, of how many (the synthetic models' deep layers send
+ * every token to the same few; a trained model's spread over most). Any error: one line on stderr,
+ * exit status 1. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -30,12 +33,48 @@
 #include "tools/common.h"
 
 #define PAGE_TOKENS 256u
+#define EXPERTS_MAX_LAYERS 256
+#define EXPERTS_MAX 1024
+
+/* --experts: the routed experts each MoE layer's tokens selected (route_trace) */
+struct expert_use {
+        uint32_t n_expert, n_layers, tokens[EXPERTS_MAX_LAYERS];
+        uint8_t used[EXPERTS_MAX_LAYERS][EXPERTS_MAX];
+        bool layer_seen[EXPERTS_MAX_LAYERS];
+};
+
+static void expert_use_add(uint32_t layer, uint32_t token, const float *scores, uint32_t n_expert,
+                           const int32_t *selected, uint32_t k, void *userdata) {
+        struct expert_use *u = userdata;
+        (void) token, (void) scores;
+        if (layer >= EXPERTS_MAX_LAYERS || n_expert > EXPERTS_MAX)
+                return;
+        u->n_expert = n_expert;
+        u->layer_seen[layer] = true;
+        u->n_layers = MAX(u->n_layers, layer + 1);
+        u->tokens[layer]++;
+        for (uint32_t i = 0; i < k; i++)
+                if (selected[i] >= 0 && (uint32_t) selected[i] < n_expert)
+                        u->used[layer][selected[i]] = 1;
+}
+
+static void expert_use_print(const struct expert_use *u) {
+        for (uint32_t l = 0; l < u->n_layers; l++) {
+                if (!u->layer_seen[l])
+                        continue;
+                uint32_t n = 0;
+                for (uint32_t e = 0; e < u->n_expert; e++)
+                        n += u->used[l][e];
+                printf("layer %3u: %3u of %u routed experts selected by %u tokens\n", l, n, u->n_expert, u->tokens[l]);
+        }
+}
 
 static void usage(FILE *f) {
         fputs("usage: x4-logits --model M.gguf [--config C.json] --prompt 1,7,3 [--decode 4,5]\n"
               "                 [--last N] [--device cpu|cuda] [--threads N] [--chunk N]\n"
               "                 [--assume-release-defaults] [--nextn-out G.bin] [--prompt-class]\n"
-              "                 [--cache f32|f16] --out F.bin\n"
+              "                 [--cache f32|f16] [--experts] --out F.bin\n"
+              "  --experts         print each MoE layer's count of distinct routed experts selected\n"
               "  --cache f32|f16   the latent cache type (default f32, the exact path; cuda only: f16,\n"
               "                    the daemon's, whose decode attention runs on tensor cores)\n",
               f);
@@ -187,6 +226,7 @@ int main(int argc, char **argv) {
                 { "nextn-out", required_argument, NULL, 'N' },
                 { "prompt-class", no_argument, NULL, 'P' },
                 { "cache", required_argument, NULL, 'C' },
+                { "experts", no_argument, NULL, 'E' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -198,6 +238,7 @@ int main(int argc, char **argv) {
         _cleanup_fclose_ FILE *out = NULL, *nextn_out = NULL;
         _cleanup_free_ int32_t *all_ids = NULL;
         _cleanup_free_ float *hidden = NULL;
+        _cleanup_free_ struct expert_use *experts = NULL; /* --experts */
         const char *nextn_path = NULL;
         const char *device = "cpu", *out_path = NULL, *prompt_s = NULL, *decode_s = "";
         uint32_t n_prompt = 0, n_decode = 0, last = 0, threads = 0, chunk = 0;
@@ -238,6 +279,11 @@ int main(int argc, char **argv) {
                         break;
                 case 'P':
                         run.prompt_class = true;
+                        break;
+                case 'E':
+                        experts = calloc(1, sizeof *experts);
+                        if (!experts)
+                                goto oom;
                         break;
                 case 'C':
                         if (streq(optarg, "f32"))
@@ -308,6 +354,8 @@ int main(int argc, char **argv) {
                 .cache_type = cache_type,
                 .log = x4_backend_params_default_log,
                 .mtp = nextn_path != NULL,
+                .route_trace = experts ? expert_use_add : NULL,
+                .route_trace_userdata = experts,
         };
         r = run.ops->create(model, &bp, &run.b, NULL, 0);
         if (r < 0)
@@ -370,6 +418,8 @@ int main(int argc, char **argv) {
                 goto fail_b;
         }
         backend_destroy(&run);
+        if (experts)
+                expert_use_print(experts);
         return 0;
 
 oom_b:

@@ -1522,6 +1522,19 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
 /* The FFN sublayer of block l after its input norm (input b->a): docs/model.md §5, dense or MoE.
  * Its output is left in b->dn as *post describes it (the next hc_pre post-maps it in the trunk;
  * cu_residual adds it in the NextN block). */
+/* X4_CUDA_ROUTE_SPREAD=1 (cu_route_spread: measurements only, said once in the log) */
+static bool route_spread(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_ROUTE_SPREAD");
+                on = e && !strcmp(e, "1");
+                if (on)
+                        log_warning("X4_CUDA_ROUTE_SPREAD=1: each token's experts are moved for a measurement "
+                                    "of real weights' expert spread; every result is wrong");
+        }
+        return on;
+}
+
 static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32_t l, uint32_t T,
                          struct cu_post *post) {
         const struct x4_config *c = &b->cfg;
@@ -1557,6 +1570,8 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
                 .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
         };
         cu_route(&ra, b->a, T, b->sel, b->gw, s);
+        if (route_spread())
+                cu_route_spread(b->sel, T, S, c->n_expert_used, c->n_expert, l, s);
         /* many pairs: group them by expert, so each dequantized weight chunk serves up to
          * CU_GROUP_TILE pairs (same bits as one pair per block); on the tensor-core products also
          * a batch's 9 or more (k_mm_tcs's group tiles read each expert once for its pairs) */

@@ -334,6 +334,13 @@ struct cu_router {
 #define CU_ROUTE_TP 8 /* tokens a router block computes (and its last block routes) */
 void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *sel, float *w,
               cudaStream_t s);
+/* X4_CUDA_ROUTE_SPREAD=1 (a measurement of batch decode with real weights' expert spread; every
+ * result is wrong): each token's k routed experts moved by a per-(token, layer) offset modulo
+ * the expert count (still k distinct, the gate weights kept), so a batch's tokens spread over the
+ * experts as a trained model's do, where the synthetic models' deep layers send every token to the
+ * same four. sel: T rows of S slots, the first k routed. */
+void cu_route_spread(int32_t *sel, uint32_t T, uint32_t S, uint32_t k, uint32_t n_expert, uint32_t layer,
+                     cudaStream_t s);
 /* Once a backend, before any forward: the router kernels' attributes (X4_CUDA_ROUTER_TILED). */
 void cu_route_setup(void);
 #ifdef __cplusplus

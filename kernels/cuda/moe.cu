@@ -377,6 +377,28 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
         cu_launch(k_route, (T + 7) / 8, 256, 0, s, *a, T, sel, w); /* 8 tokens (warps) a block */
 }
 
+__global__ void k_route_spread(int32_t *sel, uint32_t T, uint32_t S, uint32_t k, uint32_t n_expert, uint32_t layer) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+        if (t >= T)
+                return;
+        uint32_t off = (t * 2654435761u + (layer + 1) * 40503u) % n_expert;
+        for (uint32_t j = 0; j < k; j++) {
+                int32_t e = sel[(uint64_t) t * S + j];
+                if (e >= 0 && (uint32_t) e < n_expert)
+                        sel[(uint64_t) t * S + j] = (int32_t) (((uint32_t) e + off) % n_expert);
+        }
+}
+
+extern "C" void cu_route_spread(int32_t *sel, uint32_t T, uint32_t S, uint32_t k, uint32_t n_expert, uint32_t layer,
+                                cudaStream_t s) {
+        if (T == 0 || n_expert == 0)
+                return;
+        cu_launches++;
+        cu_launch(k_route_spread, (T + 127) / 128, 128, 0, s, sel, T, S, k, n_expert, layer);
+}
+
 /* One block lays out the pairs by expert (the layout depends on sel alone): each id's pair
  * count, a serial prefix placing the ids, then each id's pairs in pair order and its tiles. */
 #define GROUP_IDS_MAX 288 /* ≥ ROUTER_MAX_EXPERTS + 1 ids */

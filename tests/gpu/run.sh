@@ -182,6 +182,26 @@ fi
 if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out "$tmp/demo.gguf"; then
         step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
+        # x4-logits --experts on the CUDA backend (route_trace) and the measurement knob that
+        # spreads each token's experts (X4_CUDA_ROUTE_SPREAD=1): it says its results are wrong, and
+        # both runs report every MoE layer with at least its k experts (the demo's 16 experts are
+        # about all taken by 64 tokens either way: the counts themselves are printed, not compared)
+        route_spread() {
+                local p64 n0 n1
+                p64=$(awk 'BEGIN { for (i = 0; i < 64; i++) printf "%s%d", i ? "," : "", 5 + 61 * i }')
+                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$p64" --device cuda --experts \
+                        --out "$tmp/rs0.bin" >"$tmp/rs0.txt" || return 1
+                X4_CUDA_ROUTE_SPREAD=1 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$p64" --device cuda \
+                        --experts --out "$tmp/rs1.bin" >"$tmp/rs1.txt" 2>"$tmp/rs1.err" || return 1
+                grep -q "X4_CUDA_ROUTE_SPREAD=1: .*every result is wrong" "$tmp/rs1.err" || { cat "$tmp/rs1.err"; return 1; }
+                cat "$tmp/rs0.txt" "$tmp/rs1.txt"
+                n0=$(grep -c 'routed experts selected by 64 tokens' "$tmp/rs0.txt")
+                n1=$(grep -c 'routed experts selected by 64 tokens' "$tmp/rs1.txt")
+                [ "$n0" -gt 0 ] && [ "$n0" -eq "$n1" ] || { echo "MoE layers reported: $n0 without, $n1 with the spread"; return 1; }
+                ! awk '$3 < 4 { bad = 1 } END { exit !bad }' "$tmp/rs0.txt" "$tmp/rs1.txt" ||
+                        { echo "a layer reported fewer than 4 experts"; return 1; }
+        }
+        step "x4-logits --experts on cuda; the expert-spread measurement knob runs, demo model" route_spread
         step "chunk invariance, demo model" "$check" chunks "$tmp/demo.gguf"
         step "prompt and generated tokens, demo model" "$check" classes "$tmp/demo.gguf"
         # every attention kernel computes in the one canonical order (kernels/cuda/mla.cu): the

@@ -526,8 +526,41 @@ static void test_logits_cache(void **state) {
         }
 }
 
+/* x4-logits --experts: a line per MoE layer, the distinct routed experts its tokens selected (at
+ * least k = the model's experts per token, at most all of them); without it, no such line */
+static void test_logits_experts(void **state) {
+        const char *bdir = getenv("X4_BUILD_DIR");
+        char cmd[4096], out[16384], path[600];
+        (void) state;
+        assert_non_null(bdir);
+        snprintf(path, sizeof path, "%s/experts.txt", T.dir);
+        for (int with = 0; with < 2; with++) {
+                snprintf(cmd, sizeof cmd,
+                         "'%s/tools/x4-logits' --model '%s' --prompt 1,2,3,4,5,6,7,8,9,10,11,12 %s --out '%s/logits.bin' "
+                         ">'%s' 2>'%s'",
+                         bdir, T.gguf, with ? "--experts" : "", T.dir, path, T.err);
+                int status = system(cmd);
+                assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+                slurp(path, out, sizeof out);
+                unsigned lines = 0;
+                for (const char *p = out; (p = strstr(p, "layer ")); p++) {
+                        unsigned layer, n, e, toks;
+                        assert_int_equal(sscanf(p, "layer %u: %u of %u routed experts selected by %u tokens", &layer, &n,
+                                                &e, &toks), 4);
+                        assert_int_equal(toks, 12);
+                        assert_true(n >= 2 && n <= e);
+                        lines++;
+                }
+                if (with)
+                        assert_true(lines >= 1);
+                else
+                        assert_int_equal(lines, 0);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_logits_experts),
                 cmocka_unit_test(test_logits_cache),
                 cmocka_unit_test(test_cpu_decode_prefill_copy),
                 cmocka_unit_test(test_cpu_refusals), cmocka_unit_test(test_cpu_math),
