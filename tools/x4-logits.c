@@ -38,6 +38,7 @@
 
 /* --experts: the routed experts each MoE layer's tokens selected (route_trace) */
 struct expert_use {
+        bool past_table; /* a layer or an expert id beyond the table: said, not counted */
         uint32_t n_expert, n_layers, tokens[EXPERTS_MAX_LAYERS];
         uint8_t used[EXPERTS_MAX_LAYERS][EXPERTS_MAX];
         bool layer_seen[EXPERTS_MAX_LAYERS];
@@ -47,8 +48,10 @@ static void expert_use_add(uint32_t layer, uint32_t token, const float *scores, 
                            const int32_t *selected, uint32_t k, void *userdata) {
         struct expert_use *u = userdata;
         (void) token, (void) scores;
-        if (layer >= EXPERTS_MAX_LAYERS || n_expert > EXPERTS_MAX)
+        if (layer >= EXPERTS_MAX_LAYERS || n_expert > EXPERTS_MAX) {
+                u->past_table = true;
                 return;
+        }
         u->n_expert = n_expert;
         u->layer_seen[layer] = true;
         u->n_layers = MAX(u->n_layers, layer + 1);
@@ -67,6 +70,9 @@ static void expert_use_print(const struct expert_use *u) {
                         n += u->used[l][e];
                 printf("layer %3u: %3u of %u routed experts selected by %u tokens\n", l, n, u->n_expert, u->tokens[l]);
         }
+        if (u->past_table)
+                fprintf(stderr, "x4-logits: --experts counts layers below %d of models of at most %d experts; the "
+                                "rest were not counted\n", EXPERTS_MAX_LAYERS, EXPERTS_MAX);
 }
 
 static void usage(FILE *f) {
@@ -281,8 +287,7 @@ int main(int argc, char **argv) {
                         run.prompt_class = true;
                         break;
                 case 'E':
-                        experts = calloc(1, sizeof *experts);
-                        if (!experts)
+                        if (!experts && !(experts = calloc(1, sizeof *experts)))
                                 goto oom;
                         break;
                 case 'C':

@@ -1519,9 +1519,6 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
         prof_mark(b, PC_ATTN_PROJ);
 }
 
-/* The FFN sublayer of block l after its input norm (input b->a): docs/model.md §5, dense or MoE.
- * Its output is left in b->dn as *post describes it (the next hc_pre post-maps it in the trunk;
- * cu_residual adds it in the NextN block). */
 /* X4_CUDA_ROUTE_SPREAD=1 (cu_route_spread: measurements only, said once in the log) */
 static bool route_spread(void) {
         static int on = -1;
@@ -1535,6 +1532,9 @@ static bool route_spread(void) {
         return on;
 }
 
+/* The FFN sublayer of block l after its input norm (input b->a): docs/model.md §5, dense or MoE.
+ * Its output is left in b->dn as *post describes it (the next hc_pre post-maps it in the trunk;
+ * cu_residual adds it in the NextN block). */
 static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32_t l, uint32_t T,
                          struct cu_post *post) {
         const struct x4_config *c = &b->cfg;

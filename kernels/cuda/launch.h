@@ -338,7 +338,7 @@ void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *se
  * result is wrong): each token's k routed experts moved by a per-(token, layer) offset modulo
  * the expert count (still k distinct, the gate weights kept), so a batch's tokens spread over the
  * experts as a trained model's do, where the synthetic models' deep layers send every token to the
- * same four. sel: T rows of S slots, the first k routed. */
+ * same few. sel: T rows of S slots, the first k routed. */
 void cu_route_spread(int32_t *sel, uint32_t T, uint32_t S, uint32_t k, uint32_t n_expert, uint32_t layer,
                      cudaStream_t s);
 /* Once a backend, before any forward: the router kernels' attributes (X4_CUDA_ROUTER_TILED). */

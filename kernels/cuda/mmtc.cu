@@ -950,7 +950,7 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
  * 114 KB alone (26 µs against the CUDA-core kernel's 7.6), and an expert gate-up 640 warps at 1.2
  * a scheduler (32 µs for 20.7 MB). Same registers and instructions in the same order for every
  * output, so the same bits as k_mm_tc, k_mm_tcd and k_mm_tcp.
- * MODE: MT_DENSE (≤ 8 inputs, one n-tile), MT_SEL (one expert pair a block, grid x the pairs) or
+ * MODE: MT_DENSE (≤ 8 inputs on one n-tile; NT 2: 9-16 on two), MT_SEL (one expert pair a block, grid x the pairs) or
  * MT_GROUPED (one tile of up to CU_GROUP_TILE pairs of one expert a block, grid x the tiles of
  * cu_moe_group: each expert's rows read once for its pairs, where MT_SEL reads them once a pair;
  * batches of 2-51 tokens, whose pairs went one a block on k_mm_tcs or k_mm_tcd). */
@@ -1280,7 +1280,7 @@ extern "C" uint32_t cu_mm_tcs_grouped_max(void) {
         return mm_tc_ready && mm_tc_all() && mtd_smem_blk ? mts_grouped_max() : 0;
 }
 
-/* k_mm_tcs for this product if it takes it (≤ 8 dense inputs; ≤ 8 expert pairs one a block:
+/* k_mm_tcs for this product if it takes it (≤ 16 dense inputs; ≤ 8 expert pairs one a block:
  * batch 1's five; grouped pairs up to mts_grouped_max, a tile a block; rows and parts in 16-byte
  * pieces, a ring that fits), else false. Ungrouped, more pairs fill the card as k_mm_tcd's
  * one-warp blocks (faster than k_mm_tcs a pair a block at batch 16: 621 against 588 tok/s at
