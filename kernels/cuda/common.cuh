@@ -40,6 +40,50 @@ static __device__ __forceinline__ void cu_pdl_wait() {
 #endif
 }
 
+/* X4_CUDA_L2PF (launch.h struct cu_pf): ask the L2 for [p, p + n) before the wait, spread over a
+ * grid: chunk c of CU_PF_CHUNK bytes by block c % nb, thread (c / nb) % nt, so every SM of the
+ * grid issues some. sm_90: one bulk prefetch a chunk (the copy engine walks it); sm_80-89: a
+ * prefetch instruction a 128-byte line; older: nothing. A prefetch reads nothing into registers
+ * and writes nothing, so no result depends on it. */
+#define CU_PF_CHUNK 16384u
+static __device__ __forceinline__ void cu_l2_prefetch_range(const void *p, uint64_t n, uint32_t blk, uint32_t nb,
+                                                            uint32_t tid, uint32_t nt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (!p || ((uintptr_t) p & 15))
+                return;
+        uint64_t nch = (n + CU_PF_CHUNK - 1) / CU_PF_CHUNK, me = (uint64_t) tid * nb + blk, all = (uint64_t) nb * nt;
+        for (uint64_t c = me; c < nch; c += all) {
+                uint64_t off = c * CU_PF_CHUNK;
+                uint32_t len = (uint32_t) (n - off < CU_PF_CHUNK ? n - off : CU_PF_CHUNK) & ~15u;
+                if (len)
+                        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *) p + off), "r"(len)
+                                     : "memory");
+        }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        if (!p)
+                return;
+        uint64_t me = (uint64_t) tid * nb + blk, all = (uint64_t) nb * nt;
+        for (uint64_t off = me * 128; off < n; off += all * 128)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *) p + off));
+#else
+        (void) p, (void) n, (void) blk, (void) nb, (void) tid, (void) nt;
+#endif
+}
+static __device__ __forceinline__ void cu_l2_prefetch(const struct cu_pf &pf, uint32_t blk, uint32_t nb, uint32_t tid,
+                                                      uint32_t nt) {
+#pragma unroll
+        for (int r = 0; r < CU_PF_MAX; r++)
+                if (pf.n[r])
+                        cu_l2_prefetch_range(pf.p[r], pf.n[r], blk, nb, tid, nt);
+}
+/* the calling grid's flat block index and block count */
+static __device__ __forceinline__ uint32_t cu_block_flat() {
+        return (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+}
+static __device__ __forceinline__ uint32_t cu_blocks() {
+        return gridDim.x * gridDim.y * gridDim.z;
+}
+
 /* An opt-in switch (read once by its caller): NAME=1 on; unset, empty or 0 off; anything else off,
  * said on stderr */
 static inline bool cu_env_on(const char *name) {

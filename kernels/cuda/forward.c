@@ -67,6 +67,10 @@
 #define CUDA_GROUP_MIN_PAIRS_PER_ID 4
 /* pairs k_mm_tcs takes one a block (its MTS_P_MAX): batch 1's five */
 #define CUDA_SEL_PAIRS_MAX 8
+/* X4_CUDA_L2PF: passes of up to this many tokens (decode steps) have their latency-bound kernels
+ * (the mHC pre-mappings, the decode attention) and the expert gate-up ask the L2 for the weights
+ * of the products after them (launch.h struct cu_pf) */
+#define CUDA_L2PF_MAX_T 64
 #define CUDA_STAGING_BYTES (32u << 20)
 /* Batches of at most this many tokens (decode steps) run as replayed CUDA graphs
  * (X4_CUDA_GRAPHS=0 turns them off, for comparison). */
@@ -194,6 +198,7 @@ struct x4_backend {
          * this device, shape and the k_b / v_b types allow it, the expansion scratch (in b->sc,
          * which only the split decode kernels use), and the pass's jobs (mha_prepare) */
         bool mha_ok, mha_pass;
+        bool l2pf_pass; /* this pass asks the L2 for the next products' weights (l2pf_wanted) */
         uint16_t *mha_kx, *mha_vx;
         uint32_t mha_rows_cap, mha_plen, mha_bn;
         bool mha_small;
@@ -1411,6 +1416,23 @@ static int meta_reserve(struct x4_backend *b, size_t n) {
         return 0;
 }
 
+/* X4_CUDA_L2PF=0 off, 1 on (read once) */
+static bool l2pf_wanted(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_L2PF");
+                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                        log_warning("X4_CUDA_L2PF=%s ignored: expected 0 or 1", e);
+                on = e && !strcmp(e, "1");
+        }
+        return on;
+}
+
+/* The bytes of a stored matrix (all its rows). */
+static uint64_t w_bytes(const struct cu_w *w) {
+        return (uint64_t) w->N * w->row_bytes;
+}
+
 static void mv(struct x4_backend *b, const struct cu_w *w, const float *x, uint64_t x_pstride,
                float *y, uint64_t y_pstride, uint32_t P) {
         struct cu_mv a = {
@@ -1502,10 +1524,15 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
                 cu_q_rope(attn, T, d_pos, s);
                 prof_mark(b, PC_MLA_PREP);
         }
-        /* attention over the cache, in token groups that fit the part workspace */
-        for (uint32_t i = 0; i < n_att; i++)
-                cu_attention(attn, att[3 * i], att[3 * i + 1], att[3 * i + 2], cache, l,
-                             b->sc, b->part, b->lat, s);
+        /* attention over the cache, in token groups that fit the part workspace (X4_CUDA_L2PF:
+         * the first group's kernel asks the L2 for v_b and W_o) */
+        struct cu_attn at = *attn;
+        if (b->l2pf_pass)
+                at.pf = (struct cu_pf){.p = {cl->v_b.d, cl->o.d}, .n = {w_bytes(&cl->v_b), w_bytes(&cl->o)}};
+        for (uint32_t i = 0; i < n_att; i++) {
+                cu_attention(&at, att[3 * i], att[3 * i + 1], att[3 * i + 2], cache, l, b->sc, b->part, b->lat, s);
+                at.pf = (struct cu_pf){0};
+        }
         prof_mark(b, PC_ATTENTION);
         /* o[h] = Vb[h] · ô[h]; out = W_o · o */
         struct cu_mv vb = {
@@ -1587,6 +1614,7 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
                 .K = H, .N = 2 * F, .G = F, .x = b->a, .x_pstride = H, .x_div = S,
                 .y = b->act, .y_pstride = F, .sel = b->sel, .P = T * S, .swiglu = true,
                 .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
+                .pf_next = b->l2pf_pass ? cl->down.d : NULL, .pf_next_eb = cl->down.expert_bytes,
         };
         cu_matvec(&gu, s);
         struct cu_mv dn = {
@@ -1640,6 +1668,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         /* prompt passes (never captured: graphs hold generated-class steps) may take the
          * non-absorbed attention; its jobs are built once for the pass's 40 layers */
         b->mha_pass = b->mha_ok && cu_pass_prompt() && mha_prepare(b, T);
+        b->l2pf_pass = l2pf_wanted() && !cu_pass_prompt() && T <= CUDA_L2PF_MAX_T;
         cudaStream_t s = b->stream;
         struct cu_cache cache = pass_cache(b, d_pos, d_tokpt, d_pt);
         struct cu_attn attn = pass_attn(b);
@@ -1679,6 +1708,10 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
 
                 /* docs/model.md §3.1: (post-mapping of the previous FFN) HC pre-mapping + attn_norm → a */
                 HC_NEXT(cl->hc_attn_fn, cl->hc_attn_base, cl->hc_attn_scale, cl->attn_norm);
+                /* X4_CUDA_L2PF: the attention's first three products */
+                if (b->l2pf_pass)
+                        hc.pf = (struct cu_pf){.p = {cl->qkv_a.d, cl->q_b.d, cl->k_b.d},
+                                               .n = {w_bytes(&cl->qkv_a), w_bytes(&cl->q_b), w_bytes(&cl->k_b)}};
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
@@ -1687,7 +1720,17 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 /* docs/model.md §3.1: post-mapping of the attention, HC pre-mapping + ffn_norm → f (in a) */
                 post = (struct cu_post){.y = b->o, .y_slot_stride = H, .n_slots = 1};
                 HC_NEXT(cl->hc_ffn_fn, cl->hc_ffn_base, cl->hc_ffn_scale, cl->ffn_norm);
+                /* X4_CUDA_L2PF: the router and the shared expert's gate-up (the routed experts are
+                 * known only after the router; the gate-up product asks for their down rows) */
+                hc.pf = (struct cu_pf){0};
+                if (b->l2pf_pass && cl->moe) {
+                        hc.pf.p[0] = cl->router.d, hc.pf.n[0] = w_bytes(&cl->router);
+                        if (c->n_expert_shared)
+                                hc.pf.p[1] = (const uint8_t *) cl->gateup.d + (uint64_t) c->n_expert * cl->gateup.expert_bytes,
+                                hc.pf.n[1] = cl->gateup.expert_bytes;
+                }
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
+                hc.pf = (struct cu_pf){0};
                 prof_mark(b, PC_HC);
 
                 /* the FFN's output, post-mapped by the next hc_pre */
@@ -1703,6 +1746,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 cu_hc_post(b->X, b->hcp, &post, T, H, n_hc, s);
         prof_mark(b, PC_HC);
         b->mha_pass = false;
+        b->l2pf_pass = false;
 }
 
 /* U5 (docs/model.md §8, model/xing4.h): the kernels rope a row at the position of its cache slot

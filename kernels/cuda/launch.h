@@ -95,6 +95,15 @@ struct cu_rope_side {
         bool interleave;
 };
 
+/* X4_CUDA_L2PF: byte ranges of weights (never written by a kernel) that a latency-bound kernel
+ * asks the L2 to fetch before its wait, so the products after it read them from the L2 instead
+ * of memory (common.cuh cu_l2_prefetch; numbers unchanged: a prefetch moves no value). n 0: none. */
+#define CU_PF_MAX 4
+struct cu_pf {
+        const void *p[CU_PF_MAX];
+        uint64_t n[CU_PF_MAX];
+};
+
 struct cu_mv {
         const void *w;
         uint32_t type;
@@ -126,6 +135,11 @@ struct cu_mv {
          * set by its launcher; cu_matvec runs cu_q_rope's kernel after any other) */
         struct cu_rope_side rope;
         uint32_t rope_blocks;
+        /* X4_CUDA_L2PF, expert products on k_mm_tcs: the same expert's rows of the next product
+         * (base, bytes an expert; NULL none), each block asking the L2 for its share once it knows
+         * its expert (the down rows while gate-up runs) */
+        const void *pf_next;
+        uint64_t pf_next_eb;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
 /* The tensor-core products (kernels/cuda/mmtc.cu, sm_80+, the default; X4_CUDA_MM=fp32 for generated
@@ -192,6 +206,7 @@ struct cu_hc {
         const float *hw_prev, *prev_base, *prev_scale;
         /* measurement only (X4_HC_PROBE, mhc.cu): parts of the kernel left out, results wrong */
         uint32_t probe;
+        struct cu_pf pf; /* X4_CUDA_L2PF: the next products' weights, asked of the L2 first */
 };
 /* Slices of a token's positions the fused pre-mapping kernel splits over (partials per token). */
 uint32_t cu_hc_slices(uint32_t H);
@@ -266,6 +281,7 @@ struct cu_attn {
         float scale;
         const double *inv_freq;
         bool interleave;
+        struct cu_pf pf; /* X4_CUDA_L2PF: the decode attention kernel asks the L2 for these first */
 };
 void cu_q_rope(const struct cu_attn *a, uint32_t T, const uint32_t *tok_pos, cudaStream_t s);
 /* X4_CUDA_ROPE_SIDE=1: whether the absorb product should take the queries' RoPE as extra blocks

@@ -407,6 +407,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         uint32_t lane = tid % 32, warp = tid / 32;
         uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
         uint32_t base = b * HCF_SLICE;
+        cu_l2_prefetch(a.pf, cu_block_flat(), cu_blocks(), tid, HCF_THREADS); /* X4_CUDA_L2PF */
 
         /* the weights first, before the wait for the previous kernel (they overlap its tail):
          * the fused kernel holds them in registers (a lane's loads all in flight before the first
@@ -596,6 +597,7 @@ __global__ void __launch_bounds__(HCW_WARPS * 32, HCF_TILE_BLOCKS_SM)
         uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
         uint32_t base = b * HCF_SLICE, i0 = base + 8 * lane; /* the lane's eight positions */
         bool on = i0 < H;                                      /* H % 8 == 0: all eight or none */
+        cu_l2_prefetch(a.pf, cu_block_flat(), cu_blocks(), tid, HCW_WARPS * 32); /* X4_CUDA_L2PF */
         hcf_stage_w<FT>(a, base, (uint4 *) u, tid, HCW_WARPS * 32); /* weights: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();

@@ -1711,6 +1711,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
         uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * TC_HG;
         uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
+        /* X4_CUDA_L2PF: every block of the grid, those past the query's parts too */
+        cu_l2_prefetch(a.pf, cu_block_flat(), cu_blocks(), tid, TC_WARPS * 32);
         /* metadata (host-copied, never written by a kernel): before the wait */
         uint32_t pos_q = c.tok_pos[t], plen = cu_dtc_plen(pos_q, plen_forced);
         if (pi > pos_q / plen)

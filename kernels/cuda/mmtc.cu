@@ -1043,17 +1043,21 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         bool early = MODE == MT_DENSE || a.sel_ready;
         /* MT_GROUPED: the block's tile (its expert, first pair and count; read past L1: the
          * grouping kernel wrote them, two kernels back when early); no tile, nothing to do */
+        int32_t ex = -1; /* the block's expert (X4_CUDA_L2PF: its rows of the next product) */
         auto tile = [&]() -> bool {
                 if (blockIdx.x >= (uint32_t) __ldcg(a.groups))
                         return false;
                 const int32_t *td = a.groups + 1 + 3 * blockIdx.x;
-                wbase += (uint64_t) __ldcg(td) * a.expert_bytes;
+                ex = __ldcg(td);
+                wbase += (uint64_t) ex * a.expert_bytes;
                 perm = a.groups + 1 + 3 * a.n_groups_max + __ldcg(td + 1);
                 n_in = (uint32_t) __ldcg(td + 2);
                 return true;
         };
-        if (MODE == MT_SEL && a.sel_ready)
-                wbase += (uint64_t) __ldcg(a.sel + p0) * a.expert_bytes;
+        if (MODE == MT_SEL && a.sel_ready) {
+                ex = __ldcg(a.sel + p0);
+                wbase += (uint64_t) ex * a.expert_bytes;
+        }
         if (MODE == MT_GROUPED && a.sel_ready && !tile())
                 return;
         if (early)
@@ -1065,12 +1069,16 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                 if constexpr (MODE == MT_GROUPED) {
                         if (!tile())
                                 return;
-                } else {
-                        wbase += (uint64_t) a.sel[p0] * a.expert_bytes;
+                } else if constexpr (MODE == MT_SEL) {
+                        ex = a.sel[p0];
+                        wbase += (uint64_t) ex * a.expert_bytes;
                 }
                 for (uint32_t j = 0; j < S; j++)
                         load_w(j);
         }
+        if (MODE != MT_DENSE && a.pf_next && ex >= 0) /* this m-tile's share of the expert's next rows */
+                cu_l2_prefetch_range((const uint8_t *) a.pf_next + (uint64_t) ex * a.pf_next_eb, a.pf_next_eb,
+                                     blockIdx.y, gridDim.y, threadIdx.x, blockDim.x);
         if (threadIdx.x < n_in) {
                 uint32_t p = MODE == MT_GROUPED ? (uint32_t) __ldcg(perm + threadIdx.x) : p0 + threadIdx.x;
                 xoff[threadIdx.x] = (uint64_t) (p / a.x_div) * a.x_pstride + (uint64_t) grp * a.x_gstride;

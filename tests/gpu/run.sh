@@ -447,6 +447,23 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "k_mv_small rows a warp 1/2/4, whole-x staging, no blocks-an-SM bound, default: identical logits ($(stat -c %s "$tmp/rw-default.bin") bytes)"
         }
         step "one-input decode products agree bit for bit whatever rows a warp and x staging, demo model" rw_same
+        # X4_CUDA_L2PF=1: the mHC pre-mappings, the decode attention and the expert gate-up ask the
+        # L2 for the next products' weights (cp.async.bulk.prefetch on sm_90): no value moves, so
+        # batch-1 decodes after a 300-token prompt and the batch test's 16-sequence steps give the
+        # same logits bit for bit
+        l2pf_same() {
+                local prompt v
+                prompt=$(awk 'BEGIN { s = 31; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for v in 0 1; do
+                        X4_CUDA_L2PF=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --chunk 64 \
+                                --decode 9,99,999 --device cuda --out "$tmp/l2pf-$v.bin" || return 1
+                        X4_CUDA_L2PF=$v X4_GPU_BATCH_DUMP="$tmp/l2pf-$v-batch.bin" "$check" batch "$tmp/demo.gguf" || return 1
+                done
+                cmp "$tmp/l2pf-0.bin" "$tmp/l2pf-1.bin" || { echo "X4_CUDA_L2PF=1 changed the decode logits"; return 1; }
+                cmp "$tmp/l2pf-0-batch.bin" "$tmp/l2pf-1-batch.bin" || { echo "X4_CUDA_L2PF=1 changed the batch logits"; return 1; }
+                echo "L2 prefetch on and off: identical logits ($(stat -c %s "$tmp/l2pf-0.bin") and $(stat -c %s "$tmp/l2pf-0-batch.bin") bytes)"
+        }
+        step "L2 prefetch of the next products' weights leaves every logit as it was, demo model" l2pf_same
         step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tmp/demo.gguf"
         # the decode-shaped tensor-core kernel (k_mm_tcd, launches of <= 16 tokens) computes
