@@ -720,9 +720,10 @@ if has ncupre; then
 fi
 if has ncub; then
         # every kernel of a few layers of a decode step at batch X4_NCUB_BATCH (16), ctx 512, eager:
-        # time and DRAM bytes, then the sum by kernel name
+        # time and DRAM bytes, then the sum by kernel name (X4_NCU_CACHE=none: the L2 kept between
+        # kernels, as X4_CUDA_L2PF needs; ncu flushes it by default)
         say "ncu: decode batch ${X4_NCUB_BATCH:-16}, ctx ${X4_NCUB_CTX:-512}"
-        X4_CUDA_GRAPHS=0 ncu --clock-control none --launch-skip ${X4_NCUB_SKIP:-3000} --launch-count ${X4_NCUB_COUNT:-120} \
+        X4_CUDA_GRAPHS=0 ncu --clock-control none --cache-control ${X4_NCU_CACHE:-all} --launch-skip ${X4_NCUB_SKIP:-3000} --launch-count ${X4_NCUB_COUNT:-120} \
                 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__throughput.avg.pct_of_peak_sustained_elapsed \
                 --csv "$build/tools/x4-bench" --model "$model" --device cuda --prefill none --decode-ctx ${X4_NCUB_CTX:-512} \
                 --batch ${X4_NCUB_BATCH:-16} --decode-tokens 8 --repeats 1 --warmup 0 >"$out/ncub.csv" 2>"$out/ncub.err"
