@@ -1433,6 +1433,30 @@ static uint64_t w_bytes(const struct cu_w *w) {
         return (uint64_t) w->N * w->row_bytes;
 }
 
+/* X4_CUDA_L2PF_MB=N (a measurement of how much the L2 holds for the products, with
+ * X4_CUDA_L2PF=1): each kernel's ranges cut to N MiB in all, the first ranges first; unset, no cut */
+static struct cu_pf l2pf_cut(struct cu_pf pf) {
+        static int64_t cap = -2;
+        if (cap == -2) {
+                const char *e = getenv("X4_CUDA_L2PF_MB");
+                char *end = NULL;
+                long v = e && *e ? strtol(e, &end, 10) : -1;
+                if (e && *e && (*end || v < 0)) {
+                        log_warning("X4_CUDA_L2PF_MB=%s ignored: expected a whole number of MiB", e);
+                        v = -1;
+                }
+                cap = v < 0 ? -1 : (int64_t) v << 20;
+        }
+        if (cap < 0)
+                return pf;
+        uint64_t left = (uint64_t) cap;
+        for (int r = 0; r < CU_PF_MAX; r++) {
+                pf.n[r] = pf.n[r] < left ? pf.n[r] : left;
+                left -= pf.n[r];
+        }
+        return pf;
+}
+
 static void mv(struct x4_backend *b, const struct cu_w *w, const float *x, uint64_t x_pstride,
                float *y, uint64_t y_pstride, uint32_t P) {
         struct cu_mv a = {
@@ -1528,7 +1552,7 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
          * the first group's kernel asks the L2 for v_b and W_o) */
         struct cu_attn at = *attn;
         if (b->l2pf_pass)
-                at.pf = (struct cu_pf){.p = {cl->v_b.d, cl->o.d}, .n = {w_bytes(&cl->v_b), w_bytes(&cl->o)}};
+                at.pf = l2pf_cut((struct cu_pf){.p = {cl->v_b.d, cl->o.d}, .n = {w_bytes(&cl->v_b), w_bytes(&cl->o)}});
         for (uint32_t i = 0; i < n_att; i++) {
                 cu_attention(&at, att[3 * i], att[3 * i + 1], att[3 * i + 2], cache, l, b->sc, b->part, b->lat, s);
                 at.pf = (struct cu_pf){0};
@@ -1710,8 +1734,8 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 HC_NEXT(cl->hc_attn_fn, cl->hc_attn_base, cl->hc_attn_scale, cl->attn_norm);
                 /* X4_CUDA_L2PF: the attention's first three products */
                 if (b->l2pf_pass)
-                        hc.pf = (struct cu_pf){.p = {cl->qkv_a.d, cl->q_b.d, cl->k_b.d},
-                                               .n = {w_bytes(&cl->qkv_a), w_bytes(&cl->q_b), w_bytes(&cl->k_b)}};
+                        hc.pf = l2pf_cut((struct cu_pf){.p = {cl->qkv_a.d, cl->q_b.d, cl->k_b.d},
+                                                        .n = {w_bytes(&cl->qkv_a), w_bytes(&cl->q_b), w_bytes(&cl->k_b)}});
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
@@ -1728,6 +1752,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                         if (c->n_expert_shared)
                                 hc.pf.p[1] = (const uint8_t *) cl->gateup.d + (uint64_t) c->n_expert * cl->gateup.expert_bytes,
                                 hc.pf.n[1] = cl->gateup.expert_bytes;
+                        hc.pf = l2pf_cut(hc.pf);
                 }
                 cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 hc.pf = (struct cu_pf){0};
