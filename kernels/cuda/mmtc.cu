@@ -1481,7 +1481,8 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
                         mtd_mma(d[mt][j], af[mt], bf[j][0], bf[j][1]);
 }
 
-/* D1 (X4_CUDA_MMTCP_DEC1=1, IQ4_NL; opt-in, not yet run on a GPU): each stage's IQ4_NL weights
+/* D1 (X4_CUDA_MMTCP_DEC1=1, IQ4_NL; opt-in: timed on the H200 on 2026-12-04, prefill 4,096 12,416
+ * against 12,372 tok/s and 512 9,882 against 10,079, so not the default): each stage's IQ4_NL weights
  * decoded once a block into shared memory (MTP_D1_BYTES: a row's 64 codebook values as bf16, a k16
  * step's A columns in the order the fragments take them: the low nibbles of quant bytes 8s .. 8s+7,
  * then their high nibbles) and read by ldmatrix as BF16 rows are, instead of decoded by both of
@@ -1696,8 +1697,8 @@ static bool mtp_prepare(void) {
                                     n) == cudaSuccess;
 }
 
-/* X4_CUDA_MMTCP_DEC1=1: IQ4_NL stages decoded once a block (k_mm_tcp's D1; opt-in until a GPU has
- * compared it with k_mm_tc and measured it) */
+/* X4_CUDA_MMTCP_DEC1=1: IQ4_NL stages decoded once a block (k_mm_tcp's D1; opt-in: no faster when
+ * timed, see above) */
 static bool mtp_d1_on(void) {
         static int on = -1;
         if (on < 0) {
@@ -1831,7 +1832,8 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
                 launch_tc<TYPE, NR>(a, s);
 }
 
-/* ---- k_q6_tc: the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1; opt-in, not yet run on a GPU) ----
+/* ---- k_q6_tc: the Q6_K head on tensor cores (the default where every token takes the tensor-core
+ * products since 2026-12-05; X4_CUDA_MM_Q6TC=0 keeps the CUDA-core head) ----
  *
  * The head (131,072 × 3,584 Q6_K, 385 MB) on CUDA cores keeps k_matvec's fp32 order for every
  * batch (k_mv_small up to 16 inputs, k_mm beyond): at batch 64 that is 60 GFLOP of fp32 FMA, 5.5

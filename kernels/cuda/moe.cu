@@ -152,8 +152,9 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
                 a.ticket[blockIdx.y] = 0;
 }
 
-/* ---- k_router_tiled: a prompt pass's router, every expert of 32 tokens a block (X4_CUDA_ROUTER_TILED=1;
- * opt-in, not yet run on a GPU) ----
+/* ---- k_router_tiled: a prompt pass's router, every expert of 32 tokens a block (the default for
+ * passes of RT_MIN_TOKENS or more on sm_80+ since 2026-12-05; X4_CUDA_ROUTER_TILED=0 keeps
+ * k_router_fused) ----
  *
  * k_router_fused's logits are cu_few_rows' sums: for value k the thread k % 1024 of a block of
  * CU_FEW_WARPS warps, whose chain (one fmaf from zero a value) runs over k, k + 1024, ...; each
