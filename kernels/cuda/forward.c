@@ -1424,6 +1424,9 @@ static bool l2pf_wanted(void) {
                 if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
                         log_warning("X4_CUDA_L2PF=%s ignored: expected 0 or 1", e);
                 on = e && !strcmp(e, "1");
+                if (on)
+                        log_warning("X4_CUDA_L2PF=1: decode passes of up to %d tokens ask the L2 for the next products' "
+                                    "weights (a measurement; the results are the same)", CUDA_L2PF_MAX_T);
         }
         return on;
 }

@@ -449,16 +449,27 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
         step "one-input decode products agree bit for bit whatever rows a warp and x staging, demo model" rw_same
         # X4_CUDA_L2PF=1: the mHC pre-mappings, the decode attention and the expert gate-up ask the
         # L2 for the next products' weights (cp.async.bulk.prefetch on sm_90): no value moves, so
+        # with the defaults' kernels (tensor-core products, the f16 cache's decode attention)
         # batch-1 decodes after a 300-token prompt and the batch test's 16-sequence steps give the
-        # same logits bit for bit
+        # same logits bit for bit, also with each kernel's prefetch cut to 1 MiB (X4_CUDA_L2PF_MB)
         l2pf_same() {
                 local prompt v
+                local env=(X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16)
                 prompt=$(awk 'BEGIN { s = 31; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for v in 0 1; do
-                        X4_CUDA_L2PF=$v "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --chunk 64 \
-                                --decode 9,99,999 --device cuda --out "$tmp/l2pf-$v.bin" || return 1
-                        X4_CUDA_L2PF=$v X4_GPU_BATCH_DUMP="$tmp/l2pf-$v-batch.bin" "$check" batch "$tmp/demo.gguf" || return 1
+                for v in 0 1 1mb; do
+                        local pf=(X4_CUDA_L2PF=${v%mb})
+                        [ "$v" = 1mb ] && pf=(X4_CUDA_L2PF=1 X4_CUDA_L2PF_MB=1)
+                        env "${env[@]}" "${pf[@]}" "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
+                                --chunk 64 --cache f16 --decode 9,99,999 --device cuda --out "$tmp/l2pf-$v.bin" \
+                                2>"$tmp/l2pf-$v.err" || { cat "$tmp/l2pf-$v.err"; return 1; }
+                        if [ "$v" != 0 ] && ! grep -q "X4_CUDA_L2PF=1: decode passes" "$tmp/l2pf-$v.err"; then
+                                echo "X4_CUDA_L2PF=1 was not taken"; cat "$tmp/l2pf-$v.err"; return 1
+                        fi
+                        env "${env[@]}" "${pf[@]}" X4_GPU_BATCH_DUMP="$tmp/l2pf-$v-batch.bin" "$check" batch "$tmp/demo.gguf" ||
+                                return 1
                 done
+                cmp "$tmp/l2pf-0.bin" "$tmp/l2pf-1mb.bin" || { echo "X4_CUDA_L2PF_MB=1 changed the decode logits"; return 1; }
+                cmp "$tmp/l2pf-0-batch.bin" "$tmp/l2pf-1mb-batch.bin" || { echo "X4_CUDA_L2PF_MB=1 changed the batch logits"; return 1; }
                 cmp "$tmp/l2pf-0.bin" "$tmp/l2pf-1.bin" || { echo "X4_CUDA_L2PF=1 changed the decode logits"; return 1; }
                 cmp "$tmp/l2pf-0-batch.bin" "$tmp/l2pf-1-batch.bin" || { echo "X4_CUDA_L2PF=1 changed the batch logits"; return 1; }
                 echo "L2 prefetch on and off: identical logits ($(stat -c %s "$tmp/l2pf-0.bin") and $(stat -c %s "$tmp/l2pf-0-batch.bin") bytes)"
