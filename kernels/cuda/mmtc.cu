@@ -1867,9 +1867,20 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
         return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632); /* the upper halves: exact bf16 */
 }
 
-template <int NT>
+/* XS (X4_CUDA_Q6TC_XS=1, opt-in until timed; launches of up to Q6TC_XS_MAX inputs): the block's
+ * inputs copied once into shared memory after the wait (rows of K/2 + 4 words: the eight inputs
+ * of a fragment's lanes on distinct banks), the inner loop's B words read there instead of from
+ * the L2 (two __ldcg a group a lane, each an L2 round trip: with two warps a scheduler, the
+ * batch-1 head reads 385 MB at ~1.1 TB/s). The same words into the same mma: the same bits. */
+#define Q6TC_XS_MAX 2
+static __host__ __device__ inline uint32_t q6tc_xs_words(uint32_t K) {
+        return K / 2 + 4;
+}
+
+template <int NT, bool XS = false>
 __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, const uint16_t *xb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        static_assert(!XS || NT == 1, "staged inputs: one n-tile");
         extern __shared__ __align__(16) uint8_t q6tc_smem[];
         constexpr uint32_t WPR = 2 * 210 / 4; /* words a row a stage: 105 */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -1895,14 +1906,25 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
                 load(st);
         cu_pdl_wait();
         cu_pdl_trigger();
-        /* this lane's B columns: input p0 + 8j + g, its bf16 row in xb (K values) */
+        /* this lane's B columns: input p0 + 8j + g, its bf16 row in xb (K values); XS: its row of
+         * the staged copy (past the ring), which every thread helps fill (16-byte pieces) */
         const uint32_t *xr[NT];
         bool on[NT];
+        uint32_t *xs = (uint32_t *) (q6tc_smem + Q6TC_SMEM);
+        if constexpr (XS) {
+                uint32_t xw = q6tc_xs_words(a.K), n_in = min((uint32_t) Q6TC_XS_MAX, a.P - p0), pieces = a.K / 8;
+                for (uint32_t e = threadIdx.x; e < n_in * pieces; e += blockDim.x) {
+                        uint32_t p = e / pieces, k = e % pieces;
+                        *(uint4 *) (xs + p * xw + 4 * k) = __ldcg((const uint4 *) (xb + (uint64_t) (p0 + p) * a.K) + k);
+                }
+                __syncthreads();
+        }
 #pragma unroll
         for (int j = 0; j < NT; j++) {
                 uint32_t p = p0 + 8 * j + g;
-                on[j] = p < a.P;
-                xr[j] = (const uint32_t *) (xb + (uint64_t) (on[j] ? p : 0) * a.K);
+                on[j] = p < a.P && (!XS || g < Q6TC_XS_MAX);
+                xr[j] = XS ? xs + (on[j] ? g : 0) * q6tc_xs_words(a.K)
+                           : (const uint32_t *) (xb + (uint64_t) (on[j] ? p : 0) * a.K);
         }
         float acc[NT][4] = {}; /* zeros */
         for (uint32_t st = 0; st < n_st; st++) {
@@ -1934,8 +1956,15 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
                                 uint32_t kw = k0w + 8 * grp + t; /* input word of values 16·grp + 2t, +1 */
 #pragma unroll
                                 for (int j = 0; j < NT; j++) {
-                                        /* the previous kernel's rows: past L1 */
-                                        uint32_t bw0 = on[j] ? __ldcg(xr[j] + kw) : 0u, bw1 = on[j] ? __ldcg(xr[j] + kw + 4) : 0u;
+                                        /* the previous kernel's rows: past L1 (XS: the staged copy) */
+                                        uint32_t bw0 = 0u, bw1 = 0u;
+                                        if (on[j]) {
+                                                if constexpr (XS) {
+                                                        bw0 = xr[j][kw], bw1 = xr[j][kw + 4];
+                                                } else {
+                                                        bw0 = __ldcg(xr[j] + kw), bw1 = __ldcg(xr[j] + kw + 4);
+                                                }
+                                        }
                                         float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                                         mtd_mma(tmp, A, bw0, bw1);
                                         acc[j][0] = __fmaf_rn(ds0, tmp[0], acc[j][0]);
@@ -1967,7 +1996,8 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
  * 512 and 1,755 -> 1,966 at 4,096, batch 16 +9%, batch 1 195.6 -> 194.9, within noise;
  * bench/RESULTS.md). X4_CUDA_MM_Q6TC=0 keeps the head on k_mm / k_matvec (fp32 inputs);
  * =1 puts it there also when generated tokens take the CUDA-core products. */
-static bool q6tc_ready;
+static bool q6tc_ready, q6tc_xs_ready;
+static uint32_t q6tc_xs_k; /* the K its shared memory was sized for (the head's) */
 static bool q6tc_on(void) {
         static int on = -1;
         if (on < 0)
@@ -1981,6 +2011,12 @@ static void q6tc_setup(void) {
                      cudaFuncSetAttribute(k_q6_tc<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess &&
                      cudaFuncSetAttribute(k_q6_tc<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess &&
                      cudaFuncSetAttribute(k_q6_tc<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess;
+        (void) cudaGetLastError();
+        /* X4_CUDA_Q6TC_XS=1: sized for K up to 4,096 (the release's head: 3,584) */
+        q6tc_xs_k = 4096;
+        q6tc_xs_ready = q6tc_ready && cu_env_on("X4_CUDA_Q6TC_XS") &&
+                        cudaFuncSetAttribute(k_q6_tc<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int) (Q6TC_SMEM + Q6TC_XS_MAX * q6tc_xs_words(q6tc_xs_k) * 4)) == cudaSuccess;
         (void) cudaGetLastError();
 }
 
@@ -2001,14 +2037,18 @@ static bool launch_q6tc(const struct cu_mv *a, cudaStream_t s) {
                 const char *e = getenv("X4_CUDA_MMTC_DEC");
                 log_left = e && !strcmp(e, "log") ? 16 : 0;
         }
+        bool xs = q6tc_xs_ready && a->P <= Q6TC_XS_MAX && a->K <= q6tc_xs_k;
         if (log_left > 0) {
                 log_left--;
-                fprintf(stderr, "k_q6_tc: P %u N %u K %u inputs a block %u\n", a->P, a->N, a->K, 8 * nt);
+                fprintf(stderr, "k_q6_tc: P %u N %u K %u inputs a block %u%s\n", a->P, a->N, a->K, 8 * nt,
+                        xs ? " inputs staged" : "");
         }
         cu_launches += 2;
         cu_launch(k_x_bf16, a->P, 128, 0, s, a->x, a->x_pstride, (uint64_t) 0, 1u, a->K, mtp_xb);
         const uint16_t *xb = mtp_xb;
-        if (nt == 1)
+        if (xs)
+                cu_launch(k_q6_tc<1, true>, grid, Q6TC_WARPS * 32, Q6TC_SMEM + a->P * q6tc_xs_words(a->K) * 4, s, *a, xb);
+        else if (nt == 1)
                 cu_launch(k_q6_tc<1>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
         else if (nt == 2)
                 cu_launch(k_q6_tc<2>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);

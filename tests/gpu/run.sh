@@ -602,6 +602,27 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                 echo "k_q6_tc: ran; parity, batch, chunk and class invariance hold (vocabulary 4,096 and 4,100)"
         }
         step "the Q6_K head on tensor cores: parity with the CPU, batch and chunk invariance, demo model" q6tc_checks
+        # X4_CUDA_Q6TC_XS=1: the head's inputs staged in shared memory for launches of 1-2 inputs
+        # (the same words into the same mma): batch-1 decodes after a 300-token prompt and the batch
+        # test give the same logits as without it, and its log line says it ran
+        q6tc_xs_same() {
+                local prompt v
+                local env=(X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16)
+                prompt=$(awk 'BEGIN { s = 37; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for v in 0 1; do
+                        env "${env[@]}" X4_CUDA_Q6TC_XS=$v X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --prompt "$prompt" --chunk 64 --cache f16 --decode 9,99,999 --device cuda \
+                                --out "$tmp/q6xs-$v.bin" 2>"$tmp/q6xs-$v.err" || { cat "$tmp/q6xs-$v.err"; return 1; }
+                        env "${env[@]}" X4_CUDA_Q6TC_XS=$v X4_GPU_BATCH_DUMP="$tmp/q6xs-$v-batch.bin" "$check" batch "$tmp/demo.gguf" ||
+                                return 1
+                done
+                grep -q '^k_q6_tc: P 1 .* inputs staged$' "$tmp/q6xs-1.err" ||
+                        { echo "k_q6_tc never ran with its inputs staged"; cat "$tmp/q6xs-1.err"; return 1; }
+                cmp "$tmp/q6xs-0.bin" "$tmp/q6xs-1.bin" || { echo "X4_CUDA_Q6TC_XS=1 changed the decode logits"; return 1; }
+                cmp "$tmp/q6xs-0-batch.bin" "$tmp/q6xs-1-batch.bin" || { echo "X4_CUDA_Q6TC_XS=1 changed the batch logits"; return 1; }
+                echo "k_q6_tc with staged inputs: ran, identical logits"
+        }
+        step "the Q6_K head with its inputs in shared memory agrees bit for bit, demo model" q6tc_xs_same
         # dense products of 17-64 inputs a warp an n-tile (X4_CUDA_MMTC_TCN=1, k_mm_tcn): the same
         # bits as k_mm_tcp (a 300-token prompt in chunks of 40 and 64, then decodes), batch and
         # chunk invariance with it, and its log line (that it ran)
