@@ -559,16 +559,24 @@ if has ncul; then
                 "$out/ncu-layer.txt" "$out/ncu-head.txt" | cut -c1-150 | head -150
 fi
 if has ncudtc; then
-        # ncu of the f16 cache's decode attention (k_attn_dtc) and its combine at batch 1, ctx 512
-        # and 32,768 (eager launches), full sections; then the per-kernel times of one step
-        for ctx in 512 32768; do
-                say "ncu: k_attn_dtc, k_attn_combine at ctx $ctx"
+        # ncu of the f16 cache's decode attention (k_attn_dtc) and its combine (eager launches),
+        # full sections, at X4_NCUDTC="CTX/BATCH ..." (default 512/1 32768/1); X4_NCUDTC_SRC=1 adds
+        # the source counters (the stall reasons by instruction: ncu-dtc-CTX-BATCH-src.txt)
+        for cb in ${X4_NCUDTC:-512/1 32768/1}; do
+                set -- ${cb/\// }
+                say "ncu: k_attn_dtc, k_attn_combine at ctx $1, batch $2"
                 X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:'k_attn_(dtc|combine)' --launch-skip 80 \
-                        --launch-count 2 --set full "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
-                        --decode-ctx $ctx --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" \
-                        >"$out/ncu-dtc-$ctx.txt"
+                        --launch-count 2 --set full ${X4_NCUDTC_SRC:+--import-source yes --section SourceCounters -o "$out/ncu-dtc-$1-$2"} \
+                        "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx $1 --batch $2 --decode-tokens 4 --repeats 1 --warmup 0 2>&1 | grep -v "^{" \
+                        >"$out/ncu-dtc-$1-$2.txt"
+                if [ -n "${X4_NCUDTC_SRC:-}" ] && [ -f "$out/ncu-dtc-$1-$2.ncu-rep" ]; then
+                        ncu --import "$out/ncu-dtc-$1-$2.ncu-rep" --page source --csv --print-source sass \
+                                >"$out/ncu-dtc-$1-$2-src.txt" 2>&1
+                        ncu --import "$out/ncu-dtc-$1-$2.ncu-rep" --page details >"$out/ncu-dtc-$1-$2.txt" 2>&1
+                fi
                 grep -E 'k_attn|Duration|Throughput|Registers|Achieved Occupancy|Stall|Warp Cycles|Issued|Shared Memory Configuration|Dynamic Shared' \
-                        "$out/ncu-dtc-$ctx.txt" | head -60
+                        "$out/ncu-dtc-$1-$2.txt" | head -60
         done
 fi
 if has passes; then
