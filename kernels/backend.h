@@ -129,6 +129,10 @@ struct x4_backend_profile {
                 const char *name; /* "attention", "hc", "experts", ... (static strings) */
                 uint64_t kernels;
                 double ms;        /* device time, summed */
+                /* bytes the class's kernels had to move at least once (weights, cache rows, the
+                 * residual streams, logits; the backend's count of what the forwards needed, not a
+                 * measurement of the traffic); 0: not counted. bytes / ms is its achieved bandwidth */
+                uint64_t bytes;
         } classes[X4_PROFILE_MAX_CLASSES];
 };
 

@@ -53,7 +53,9 @@
  * --profile: after each measurement (never inside a timed run) the backend's profiling is
  * switched on for one more run of the same shape (--decode-tokens steps; one prefill forward),
  * then reported: kernels launched per decode step (per prefill) and, per kernel class, kernels,
- * device ms and share of the summed class time; a JSON line {"what":"profile",...} each and a
+ * device ms, share of the summed class time, and the MB the class had to move with its achieved
+ * bandwidth (GB/s; the backend's count of weights, cache rows, streams and logits, "-" where it
+ * counts none); a JSON line {"what":"profile",...} each and a
  * block per shape in the table, classes sorted by time. A backend without the optional profile
  * op says so once on stderr and the run goes on without profiles.
  *
@@ -141,8 +143,14 @@ struct profile_result {
         struct {
                 const char *name;
                 double kernels, ms;
+                double mb; /* MB it had to move (the backend's count; 0: not counted) */
         } classes[X4_PROFILE_MAX_CLASSES]; /* sorted by ms, largest first */
 };
+
+/* A class's achieved bandwidth in GB/s (bytes it had to move / its device time), 0 when either is 0. */
+static double class_gbs(double mb, double ms) {
+        return mb > 0 && ms > 0 ? mb / ms : 0; /* MB / ms = GB/s */
+}
 
 #define MTP_PROMPT 64u
 #define MAX_PROMPTS 64
@@ -412,6 +420,7 @@ static int profile_end(struct bench *B, bool prefill, uint32_t len, uint32_t ctx
                 pr.classes[k].name = p.classes[i].name ? p.classes[i].name : "?";
                 pr.classes[k].kernels = (double) p.classes[i].kernels / per;
                 pr.classes[k].ms = p.classes[i].ms / per;
+                pr.classes[k].mb = (double) p.classes[i].bytes / per / 1e6;
         }
 
         if (prefill)
@@ -421,9 +430,10 @@ static int profile_end(struct bench *B, bool prefill, uint32_t len, uint32_t ctx
                        pr.kernels);
         printf(",\"ms_sum\":%.4f,\"classes\":[", sum_ms / per);
         for (uint32_t k = 0; k < pr.n_classes; k++)
-                printf("%s{\"name\":\"%s\",\"kernels\":%.1f,\"ms\":%.4f,\"share\":%.4f}", k ? "," : "",
-                       pr.classes[k].name, pr.classes[k].kernels, pr.classes[k].ms,
-                       sum_ms > 0 ? pr.classes[k].ms * per / sum_ms : 0);
+                printf("%s{\"name\":\"%s\",\"kernels\":%.1f,\"ms\":%.4f,\"share\":%.4f,\"mb\":%.3f,\"gb_s\":%.1f}",
+                       k ? "," : "", pr.classes[k].name, pr.classes[k].kernels, pr.classes[k].ms,
+                       sum_ms > 0 ? pr.classes[k].ms * per / sum_ms : 0, pr.classes[k].mb,
+                       class_gbs(pr.classes[k].mb, pr.classes[k].ms));
         printf("]");
         print_tail(B);
         if (B->n_profiles < MAX_PROFILES)
@@ -962,10 +972,15 @@ static void print_table(const struct bench *B) {
                 else
                         printf("\nprofile  decode ctx %u batch %u: %.1f kernels, %.3f ms of kernel time per step\n",
                                p->ctx, p->batch, p->kernels, sum);
-                printf("  %-20s %12s %12s %8s\n", "class", "kernels", "ms", "share");
-                for (uint32_t k = 0; k < p->n_classes; k++)
-                        printf("  %-20s %12.1f %12.4f %7.1f%%\n", p->classes[k].name, p->classes[k].kernels,
+                printf("  %-24s %9s %10s %7s %10s %8s\n", "class", "kernels", "ms", "share", "MB", "GB/s");
+                for (uint32_t k = 0; k < p->n_classes; k++) {
+                        printf("  %-24s %9.1f %10.4f %6.1f%%", p->classes[k].name, p->classes[k].kernels,
                                p->classes[k].ms, sum > 0 ? 100 * p->classes[k].ms / sum : 0);
+                        if (p->classes[k].mb > 0)
+                                printf(" %10.2f %8.0f\n", p->classes[k].mb, class_gbs(p->classes[k].mb, p->classes[k].ms));
+                        else
+                                printf(" %10s %8s\n", "-", "-");
+                }
         }
         for (size_t i = 0; i < B->n_gen; i++) {
                 const struct gen_result *g = &B->gen[i];

@@ -123,6 +123,7 @@ struct cu_prof {
         uint64_t forwards, kernels;
         uint64_t class_kernels[PC_N];
         double class_ms[PC_N];
+        uint64_t class_bytes[PC_N]; /* prof_bytes: what each class had to move (x4_backend_profile) */
 };
 
 struct cu_graph {
@@ -1298,6 +1299,12 @@ static void prof_mark(struct x4_backend *b, int cls) {
         p->n++;
 }
 
+/* --profile's byte counts (x4_backend_profile.classes[].bytes): what class cls had to move. */
+static void prof_bytes(struct x4_backend *b, int cls, uint64_t n) {
+        if (b->prof.on && !b->prof.failed)
+                b->prof.class_bytes[cls] += n;
+}
+
 /* After the forward's synchronization: fold the marks into the class totals. */
 static void prof_collect(struct x4_backend *b) {
         struct cu_prof *p = &b->prof;
@@ -1328,6 +1335,7 @@ static int cuda_profile(struct x4_backend *b, bool on, struct x4_backend_profile
                         ret->classes[ret->n_classes].name = prof_names[c];
                         ret->classes[ret->n_classes].kernels = p->class_kernels[c];
                         ret->classes[ret->n_classes].ms = p->class_ms[c];
+                        ret->classes[ret->n_classes].bytes = p->class_bytes[c];
                         ret->n_classes++;
                 }
         }
@@ -1335,6 +1343,7 @@ static int cuda_profile(struct x4_backend *b, bool on, struct x4_backend_profile
                 p->forwards = p->kernels = 0;
                 memset(p->class_kernels, 0, sizeof p->class_kernels);
                 memset(p->class_ms, 0, sizeof p->class_ms);
+                memset(p->class_bytes, 0, sizeof p->class_bytes);
         }
         p->n = 0;
         p->on = on;
@@ -1686,6 +1695,49 @@ static struct cu_attn pass_attn(const struct x4_backend *b) {
  *   matvec gate‖up+SwiGLU · matvec down
  * The single-block fused HC kernel (12 kernels per layer) ran at 270 µs per call at full width
  * (one SM reading 0.7 MB); a captured graph will make the extra launches cheap. */
+/* --profile: what a trunk pass of T tokens had to move, by class (prof_bytes): every weight it
+ * reads once; the residual streams (read and written by each pre-mapping, with the sublayer output
+ * it post-maps and the normed row it writes); the cache rows each token's attention reads (the
+ * pass's host positions); the MLA prep's rows and cache writes; the embedding rows. Expert bytes
+ * count min(T·k, n_expert) routed experts and the shared one: exact at one token, an upper bound
+ * for a batch whose tokens share experts. The products' activations are not counted. */
+static void prof_pass_bytes(struct x4_backend *b, uint32_t T) {
+        if (!b->prof.on)
+                return;
+        const struct x4_config *c = &b->cfg;
+        uint64_t H = c->n_embd, n_hc = c->hc_mult, D = (uint64_t) c->kv_lora_rank + c->qk_rope;
+        uint64_t QL = c->q_lora_rank, es = b->cache_type == X4_CACHE_F16 ? 2 : 4;
+        uint64_t S = c->n_expert_used + (c->n_expert_shared ? 1 : 0);
+        uint64_t rows = 0; /* cache rows the pass's attention reads, each layer */
+        for (uint32_t t = 0; b->pass_pos_h && t < T; t++)
+                rows += (uint64_t) b->pass_pos_h[t] + 1;
+        prof_bytes(b, PC_EMBED, T * (b->embd.row_bytes + n_hc * H * 4));
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+                const struct cu_layer *cl = &b->layers[l];
+                /* two pre-mappings: the streams read and written, the output post-mapped (the
+                 * previous FFN's S slots, or one after a dense FFN; the attention's one row), the
+                 * normed row */
+                uint64_t attn_post = l ? (b->layers[l - 1].moe ? S : 1) : 0;
+                prof_bytes(b, PC_HC, w_bytes(&cl->hc_attn_fn) + T * 4 * (2 * n_hc * H + attn_post * H + H));
+                prof_bytes(b, PC_HC, w_bytes(&cl->hc_ffn_fn) + T * 4 * (2 * n_hc * H + H + H));
+                prof_bytes(b, PC_ATTN_PROJ, w_bytes(&cl->qkv_a) + w_bytes(&cl->q_b) + w_bytes(&cl->k_b) +
+                                                    w_bytes(&cl->v_b) + w_bytes(&cl->o));
+                prof_bytes(b, PC_MLA_PREP, T * ((QL + D) * 4 * 2 + D * es));
+                prof_bytes(b, PC_ATTENTION, rows * D * es);
+                if (cl->moe) {
+                        uint64_t routed = MIN((uint64_t) T * c->n_expert_used, (uint64_t) c->n_expert);
+                        prof_bytes(b, PC_ROUTER, w_bytes(&cl->router));
+                        prof_bytes(b, PC_EXPERTS, (routed + (c->n_expert_shared ? 1 : 0)) *
+                                                          (cl->gateup.expert_bytes + cl->down.expert_bytes));
+                } else {
+                        prof_bytes(b, PC_DENSE_FFN, w_bytes(&cl->gateup) + w_bytes(&cl->down));
+                }
+        }
+        /* the last post-mapping: the streams and the last FFN's slots */
+        if (c->n_layer)
+                prof_bytes(b, PC_HC, T * 4 * (2 * n_hc * H + (b->layers[c->n_layer - 1].moe ? S : 1) * H));
+}
+
 static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
                          const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                          const uint32_t *att, uint32_t n_att) {
@@ -1696,6 +1748,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
          * non-absorbed attention; its jobs are built once for the pass's 40 layers */
         b->mha_pass = b->mha_ok && cu_pass_prompt() && mha_prepare(b, T);
         b->l2pf_pass = l2pf_wanted() && !cu_pass_prompt() && T <= CUDA_L2PF_MAX_T;
+        prof_pass_bytes(b, T);
         cudaStream_t s = b->stream;
         struct cu_cache cache = pass_cache(b, d_pos, d_tokpt, d_pt);
         struct cu_attn attn = pass_attn(b);
@@ -1854,6 +1907,7 @@ static void forward_head(struct x4_backend *b, const uint32_t *d_rows, uint32_t 
                      c->rms_eps, b->hn, b->stream);
         mv(b, &b->output, b->hn, c->n_embd, b->logits, c->n_vocab, R);
         prof_mark(b, PC_HEAD);
+        prof_bytes(b, PC_HEAD, w_bytes(&b->output) + (uint64_t) R * c->n_vocab * 4);
 }
 
 /* A batch laid out for the device, uploaded at once: per token its id, position and page-table
@@ -2243,6 +2297,7 @@ static int run_passes(struct x4_backend *b, const struct plan *p, const struct x
                         if (r < 0)
                                 return r;
                         prof_mark(b, PC_COPY);
+                        prof_bytes(b, PC_COPY, (uint64_t) R * c->n_vocab * sizeof(float));
                 }
                 r0 = r1;
         }

@@ -202,6 +202,28 @@ if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out 
                         { echo "a layer reported fewer than 4 experts"; return 1; }
         }
         step "x4-logits --experts on cuda; the expert-spread measurement knob runs, demo model" route_spread
+        # x4-bench --profile's bytes and bandwidth a class (the backend's count of what a step had to
+        # move): at batch 1 every weight class reports MB and GB/s, and a step's MB stay under the
+        # file's size plus the logits (batch 1 reads k of the routed experts and one embedding row)
+        profile_bytes() {
+                "$build/tools/x4-bench" --model "$tmp/demo.gguf" --device cuda --prefill none --decode-ctx 64 --batch 1 \
+                        --decode-tokens 4 --repeats 1 --profile --json >"$tmp/prof.jsonl" || return 1
+                python3 - "$tmp/prof.jsonl" "$(stat -c %s "$tmp/demo.gguf")" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+prof = [r for r in rows if r.get("what") == "profile"]
+assert prof, "no profile line"
+cl = {c["name"]: c for c in prof[0]["classes"]}
+for name in ("attention projections", "experts (MoE)", "head", "hc (mHC pre/post)", "attention", "router"):
+    assert name in cl, f"class {name} missing: {sorted(cl)}"
+    assert cl[name]["mb"] > 0 and cl[name]["gb_s"] > 0, f"{name}: {cl[name]}"
+total = sum(c["mb"] for c in cl.values() if c["name"] != "copies")
+assert 0 < total * 1e6 < int(sys.argv[2]) + 8192 * 4 * 2, f"{total} MB against a {sys.argv[2]}-byte file"
+for c in sorted(cl.values(), key=lambda c: -c["ms"]):
+    print(f"  {c['name']:24s} {c['ms']:8.4f} ms {c['mb']:9.3f} MB {c['gb_s']:8.1f} GB/s")
+PY
+        }
+        step "x4-bench --profile: MB and GB/s a class at batch 1, demo model" profile_bytes
         step "chunk invariance, demo model" "$check" chunks "$tmp/demo.gguf"
         step "prompt and generated tokens, demo model" "$check" classes "$tmp/demo.gguf"
         # every attention kernel computes in the one canonical order (kernels/cuda/mla.cu): the

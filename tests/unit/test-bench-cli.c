@@ -310,8 +310,9 @@ static void test_fake_profile_and_layout(void **state) {
         assert_non_null(strstr(out, "\"ctx_filled\":\"prefill+copy\",\"ctx_prefilled\":256,"));
         assert_non_null(strstr(out,
                 "{\"what\":\"profile\",\"ctx\":600,\"batch\":2,\"kernels_per_step\":10.0,\"ms_sum\":2.0000,"
-                "\"classes\":[{\"name\":\"experts\",\"kernels\":8.0,\"ms\":1.5000,\"share\":0.7500},"
-                "{\"name\":\"attention\",\"kernels\":2.0,\"ms\":0.5000,\"share\":0.2500}],"
+                "\"classes\":[{\"name\":\"experts\",\"kernels\":8.0,\"ms\":1.5000,\"share\":0.7500,"
+                "\"mb\":3000.000,\"gb_s\":2000.0},"
+                "{\"name\":\"attention\",\"kernels\":2.0,\"ms\":0.5000,\"share\":0.2500,\"mb\":0.000,\"gb_s\":0.0}],"
                 "\"cache\":\"f16\",\"device\":\"cuda:fake\","));
         assert_non_null(strstr(out,
                 "{\"what\":\"profile\",\"tokens\":16,\"kernels_per_prefill\":10.0,\"ms_sum\":2.0000,"
@@ -322,8 +323,11 @@ static void test_fake_profile_and_layout(void **state) {
         assert_int_equal(bench(env, "--device cuda --prefill 16 --decode-ctx 600 --batch 2 --decode-tokens 2 "
                                     "--repeats 1 --profile", out, sizeof out, err, sizeof err), 0);
         assert_non_null(strstr(out, "\nprofile  decode ctx 600 batch 2: 10.0 kernels, 2.000 ms of kernel time per step\n"));
-        assert_non_null(strstr(out, "  experts                       8.0       1.5000    75.0%\n"
-                                    "  attention                     2.0       0.5000    25.0%\n"));
+        /* MB and GB/s where the backend counted bytes (the fake's experts: 3 GB a step in 1.5 ms),
+         * "-" where it did not */
+        assert_non_null(strstr(out, "  class                      kernels         ms   share         MB     GB/s\n"));
+        assert_non_null(strstr(out, "  experts                        8.0     1.5000   75.0%    3000.00     2000\n"
+                                    "  attention                      2.0     0.5000   25.0%          -        -\n"));
         assert_non_null(strstr(out, "\nprofile  prefill 16 tokens: 10.0 kernels, 2.000 ms of kernel time per prefill\n"));
 }
 
