@@ -1651,6 +1651,7 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
                 .y = b->act, .y_pstride = F, .sel = b->sel, .P = T * S, .swiglu = true,
                 .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
                 .pf_next = b->l2pf_pass ? cl->down.d : NULL, .pf_next_eb = cl->down.expert_bytes,
+                .pf_tile = b->l2pf_pass,
         };
         cu_matvec(&gu, s);
         struct cu_mv dn = {

@@ -140,6 +140,10 @@ struct cu_mv {
          * its expert (the down rows while gate-up runs) */
         const void *pf_next;
         uint64_t pf_next_eb;
+        /* X4_CUDA_L2PF, k_mm_tcs: each block asks the L2 for its whole m-tile (16 rows) as soon as
+         * it knows its weights, so the parts its warps load after their first (rings of one slot:
+         * batch 1's expert gate-up) come from the L2 */
+        bool pf_tile;
 };
 void cu_matvec(const struct cu_mv *a, cudaStream_t s);
 /* The tensor-core products (kernels/cuda/mmtc.cu, sm_80+, the default; X4_CUDA_MM=fp32 for generated

@@ -1076,6 +1076,9 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                 for (uint32_t j = 0; j < S; j++)
                         load_w(j);
         }
+        if (a.pf_tile && threadIdx.x == 0 && row0 < n_rows) /* the block's 16 rows, whole */
+                cu_l2_prefetch_range(wbase + (uint64_t) row0 * a.row_bytes, (uint64_t) min(16u, n_rows - row0) * a.row_bytes,
+                                     0, 1, 0, 1);
         if (MODE != MT_DENSE && a.pf_next && ex >= 0) /* this m-tile's share of the expert's next rows */
                 cu_l2_prefetch_range((const uint8_t *) a.pf_next + (uint64_t) ex * a.pf_next_eb, a.pf_next_eb,
                                      blockIdx.y, gridDim.y, threadIdx.x, blockDim.x);
