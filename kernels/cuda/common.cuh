@@ -110,6 +110,23 @@ static inline bool cu_env_or(const char *name, bool dflt) {
 template <typename... KArgs, typename... Args>
 static void cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t s, Args &&...args) {
+        if (cu_carveout_max) {
+                /* X4_CUDA_CARVEOUT_MAX (launch.h): once a kernel (this file's launches) */
+                static const void *done[256];
+                static unsigned n_done;
+                bool seen = false;
+                cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+                for (unsigned i = 0; i < n_done && !seen; i++)
+                        seen = done[i] == (const void *) kernel;
+                /* never inside a graph capture (a kernel's first launch is an eager one) */
+                if (!seen && cudaStreamIsCapturing(s, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone) {
+                        if (n_done < 256)
+                                done[n_done++] = (const void *) kernel;
+                        (void) cudaFuncSetAttribute((const void *) kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                    (int) cudaSharedmemCarveoutMaxShared);
+                        (void) cudaGetLastError();
+                }
+        }
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[1];
         cfg.gridDim = grid;

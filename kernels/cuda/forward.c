@@ -1053,6 +1053,14 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
         {
                 const char *pv = getenv("X4_CUDA_PDL");
                 cu_pdl = prop.major >= 9 && !(pv && streq(pv, "0"));
+                /* X4_CUDA_CARVEOUT_MAX=1: every kernel the largest shared-memory carveout (launch.h) */
+                const char *cv = getenv("X4_CUDA_CARVEOUT_MAX");
+                if (cv && *cv && !streq(cv, "0") && !streq(cv, "1"))
+                        log_warning("X4_CUDA_CARVEOUT_MAX=%s ignored: expected 0 or 1", cv);
+                cu_carveout_max = cv && streq(cv, "1");
+                if (cu_carveout_max)
+                        log_warning("X4_CUDA_CARVEOUT_MAX=1: every kernel asks for the largest shared-memory carveout "
+                                    "(a measurement; the results are the same)");
         }
         r = CU_TRY(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), EIO,
                    "creating a stream");

@@ -34,6 +34,13 @@ bool cu_type_supported(uint32_t type);
 extern unsigned long long cu_launches;
 /* Launch kernels with programmatic dependent launch (sm_90 and newer; the backend sets it). */
 extern bool cu_pdl;
+/* X4_CUDA_CARVEOUT_MAX=1 (a measurement; the backend sets it): every kernel's preferred
+ * shared-memory carveout the largest, set at its first launch (cu_launch). Unset, the driver
+ * picks each kernel's split of L1 and shared memory from its own needs, so consecutive kernels of
+ * a step mostly ask for different splits, and an SM must drain before it takes a kernel with
+ * another split: the next kernel's blocks cannot start their weight loads beside the previous
+ * kernel's tail, which is what programmatic dependent launch is for. */
+extern bool cu_carveout_max;
 
 /* (token, expert) pairs per token the kernels hold in registers (top-8 + shared at most). */
 #define CU_SLOTS_MAX 9

@@ -11,7 +11,7 @@
 #include "common.cuh"
 
 unsigned long long cu_launches;
-bool cu_pdl;
+bool cu_pdl, cu_carveout_max;
 
 template <typename CT>
 static __device__ __forceinline__ float cu_ld(const CT *p);

@@ -470,33 +470,39 @@ PY
         }
         step "one-input decode products agree bit for bit whatever rows a warp and x staging, demo model" rw_same
         # X4_CUDA_L2PF=1: the mHC pre-mappings, the decode attention and the expert gate-up ask the
-        # L2 for the next products' weights (cp.async.bulk.prefetch on sm_90): no value moves, so
-        # with the defaults' kernels (tensor-core products, the f16 cache's decode attention)
-        # batch-1 decodes after a 300-token prompt and the batch test's 16-sequence steps give the
-        # same logits bit for bit, also with each kernel's prefetch cut to 1 MiB (X4_CUDA_L2PF_MB)
+        # L2 for the next products' weights (cp.async.bulk.prefetch on sm_90); X4_CUDA_CARVEOUT_MAX=1:
+        # every kernel the largest shared-memory carveout. Neither moves a value, so with the
+        # defaults' kernels (tensor-core products, the f16 cache's decode attention) batch-1 decodes
+        # after a 300-token prompt and the batch test's 16-sequence steps give the same logits bit
+        # for bit, also with each kernel's prefetch cut to 1 MiB (X4_CUDA_L2PF_MB); each knob's log
+        # line says it was taken
         l2pf_same() {
                 local prompt v
                 local env=(X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16)
                 prompt=$(awk 'BEGIN { s = 31; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for v in 0 1 1mb; do
-                        local pf=(X4_CUDA_L2PF=${v%mb})
-                        [ "$v" = 1mb ] && pf=(X4_CUDA_L2PF=1 X4_CUDA_L2PF_MB=1)
+                for v in 0 1 1mb co; do
+                        local pf=(X4_CUDA_L2PF=0) want=""
+                        case $v in
+                        1) pf=(X4_CUDA_L2PF=1) want="X4_CUDA_L2PF=1: decode passes" ;;
+                        1mb) pf=(X4_CUDA_L2PF=1 X4_CUDA_L2PF_MB=1) want="X4_CUDA_L2PF=1: decode passes" ;;
+                        co) pf=(X4_CUDA_CARVEOUT_MAX=1) want="X4_CUDA_CARVEOUT_MAX=1: every kernel" ;;
+                        esac
                         env "${env[@]}" "${pf[@]}" "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" \
                                 --chunk 64 --cache f16 --decode 9,99,999 --device cuda --out "$tmp/l2pf-$v.bin" \
                                 2>"$tmp/l2pf-$v.err" || { cat "$tmp/l2pf-$v.err"; return 1; }
-                        if [ "$v" != 0 ] && ! grep -q "X4_CUDA_L2PF=1: decode passes" "$tmp/l2pf-$v.err"; then
-                                echo "X4_CUDA_L2PF=1 was not taken"; cat "$tmp/l2pf-$v.err"; return 1
+                        if [ -n "$want" ] && ! grep -q "$want" "$tmp/l2pf-$v.err"; then
+                                echo "${pf[*]} was not taken"; cat "$tmp/l2pf-$v.err"; return 1
                         fi
                         env "${env[@]}" "${pf[@]}" X4_GPU_BATCH_DUMP="$tmp/l2pf-$v-batch.bin" "$check" batch "$tmp/demo.gguf" ||
                                 return 1
                 done
-                cmp "$tmp/l2pf-0.bin" "$tmp/l2pf-1mb.bin" || { echo "X4_CUDA_L2PF_MB=1 changed the decode logits"; return 1; }
-                cmp "$tmp/l2pf-0-batch.bin" "$tmp/l2pf-1mb-batch.bin" || { echo "X4_CUDA_L2PF_MB=1 changed the batch logits"; return 1; }
-                cmp "$tmp/l2pf-0.bin" "$tmp/l2pf-1.bin" || { echo "X4_CUDA_L2PF=1 changed the decode logits"; return 1; }
-                cmp "$tmp/l2pf-0-batch.bin" "$tmp/l2pf-1-batch.bin" || { echo "X4_CUDA_L2PF=1 changed the batch logits"; return 1; }
-                echo "L2 prefetch on and off: identical logits ($(stat -c %s "$tmp/l2pf-0.bin") and $(stat -c %s "$tmp/l2pf-0-batch.bin") bytes)"
+                for v in 1 1mb co; do
+                        cmp "$tmp/l2pf-0.bin" "$tmp/l2pf-$v.bin" || { echo "mode $v changed the decode logits"; return 1; }
+                        cmp "$tmp/l2pf-0-batch.bin" "$tmp/l2pf-$v-batch.bin" || { echo "mode $v changed the batch logits"; return 1; }
+                done
+                echo "L2 prefetch (whole, cut to 1 MiB) and the largest carveout: identical logits ($(stat -c %s "$tmp/l2pf-0.bin") and $(stat -c %s "$tmp/l2pf-0-batch.bin") bytes)"
         }
-        step "L2 prefetch of the next products' weights leaves every logit as it was, demo model" l2pf_same
+        step "L2 prefetch and the largest carveout leave every logit as it was, demo model" l2pf_same
         step "batch invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" batch "$tmp/demo.gguf"
         step "chunk invariance, demo model, tensor-core products" env X4_CUDA_MM=tc "$check" chunks "$tmp/demo.gguf"
         # the decode-shaped tensor-core kernel (k_mm_tcd, launches of <= 16 tokens) computes
