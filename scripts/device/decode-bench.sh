@@ -738,6 +738,28 @@ if has ncub; then
         python3 scripts/device/ncu-table.py "$out/ncub.csv" >"$out/ncub.txt"
         python3 scripts/device/ncu-table.py "$out/ncub.csv" --sum | head -25
 fi
+if has nsys; then
+        # issue 11: a replayed decode step's timeline, each graph node a row (nsys --cuda-graph-trace
+        # node): the time between kernels against the time they run, by kernel name
+        # (scripts/device/nsys-gaps.py), at X4_NSYS="CTX/BATCH ..." (default 512/1 4096/16); env
+        # settings pass through (e.g. X4_CUDA_L2PF=1)
+        if command -v nsys >/dev/null 2>&1; then
+                for cb in ${X4_NSYS:-512/1 4096/16}; do
+                        set -- ${cb/\// }
+                        say "nsys: decode ctx $1, batch $2, graphs replayed"
+                        nsys profile --cuda-graph-trace=node -t cuda --sample=none --cpuctxsw=none -f true \
+                                -o "$out/nsys-$1-$2" "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                                --decode-ctx $1 --batch $2 --decode-tokens 16 --repeats 1 >"$out/nsys-$1-$2.log" 2>&1
+                        nsys stats -r cuda_gpu_trace -f csv -o "$out/nsys-$1-$2" "$out/nsys-$1-$2.nsys-rep" \
+                                >>"$out/nsys-$1-$2.log" 2>&1
+                        python3 scripts/device/nsys-gaps.py "$out/nsys-$1-$2_cuda_gpu_trace.csv" 2>&1 |
+                                tee "$out/nsys-$1-$2.txt" | head -30
+                        rm -f "$out/nsys-$1-$2.nsys-rep" "$out/nsys-$1-$2.sqlite"
+                done
+        else
+                say "nsys: not on this machine"
+        fi
+fi
 if has dprof; then
         # issues 11/12: where a decode step's time goes at batch 1 / 32,768 and batch 64 / 4,096
         # X4_DPROF="CTX/BATCH ..." (default: 32768/1 4096/64 512/64)
