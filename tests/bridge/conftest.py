@@ -105,7 +105,8 @@ class Bridge:
         if not self.port:
             self.proc.kill()
             pytest.fail(f"xing4-http did not start: {''.join(self.log)}")
-        threading.Thread(target=lambda: [self.log.append(x) for x in self.proc.stderr], daemon=True).start()
+        self.reader = threading.Thread(target=lambda: [self.log.append(x) for x in self.proc.stderr], daemon=True)
+        self.reader.start()
         self.base = f"http://127.0.0.1:{self.port}"
 
     def conn(self, timeout=60):
@@ -129,6 +130,12 @@ class Bridge:
 
     def post(self, path, body, **kw):
         return self.request("POST", path, body, **kw)
+
+    def exited_log(self, timeout=10):
+        """The whole stderr of a bridge that has exited: the reader thread runs to the end of the
+        pipe first (a line written just before the exit may not have been read when wait() returns)."""
+        self.reader.join(timeout)
+        return "".join(self.log)
 
     def rss_kib(self):
         for line in open(f"/proc/{self.proc.pid}/status"):

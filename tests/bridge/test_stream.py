@@ -544,7 +544,7 @@ def test_drain_window_over_ends_streams_with_a_shutdown_error(fake, make_bridge,
     assert '"code":"shutting_down"' in data and "xing4-http is shutting down" in data, data
     assert "[DONE]" not in data
     assert b.proc.wait(timeout=15) == 0
-    log = "".join(b.log)
+    log = b.exited_log()
     assert "drain window of 1 s is over" in log and "client went away" not in log, log
 
 
