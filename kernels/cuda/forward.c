@@ -1695,15 +1695,6 @@ static struct cu_attn pass_attn(const struct x4_backend *b) {
         };
 }
 
-/* One pass of ≤ T_max consecutive tokens of the batch through the trunk: per MoE layer 18
- * kernels (spec step in brackets) and no host synchronization.
- *   hc_pre = post of the previous sublayer + projection matvec + gates/Sinkhorn/collapse/norm
- *   [§3.1] · matvec q_a‖kv_a [§4.1-2] · mla_prep [norms, RoPE k_pe, cache store] · matvec q_b ·
- *   matvec k_b [absorb] · attention part + combine [§4 absorbed, split over the context] ·
- *   matvec v_b · matvec o · hc_pre [+ ffn_norm] · router = matvec + top-k [§5] ·
- *   matvec gate‖up+SwiGLU · matvec down
- * The single-block fused HC kernel (12 kernels per layer) ran at 270 µs per call at full width
- * (one SM reading 0.7 MB); a captured graph will make the extra launches cheap. */
 /* --profile: what a trunk pass of T tokens had to move, by class (prof_bytes): every weight it
  * reads once; the residual streams (read and written by each pre-mapping, with the sublayer output
  * it post-maps and the normed row it writes); the cache rows each token's attention reads (the
@@ -1747,6 +1738,15 @@ static void prof_pass_bytes(struct x4_backend *b, uint32_t T) {
                 prof_bytes(b, PC_HC, T * 4 * (2 * n_hc * H + (b->layers[c->n_layer - 1].moe ? S : 1) * H));
 }
 
+/* One pass of ≤ T_max consecutive tokens of the batch through the trunk: per MoE layer 18
+ * kernels (spec step in brackets) and no host synchronization.
+ *   hc_pre = post of the previous sublayer + projection matvec + gates/Sinkhorn/collapse/norm
+ *   [§3.1] · matvec q_a‖kv_a [§4.1-2] · mla_prep [norms, RoPE k_pe, cache store] · matvec q_b ·
+ *   matvec k_b [absorb] · attention part + combine [§4 absorbed, split over the context] ·
+ *   matvec v_b · matvec o · hc_pre [+ ffn_norm] · router = matvec + top-k [§5] ·
+ *   matvec gate‖up+SwiGLU · matvec down
+ * The single-block fused HC kernel (12 kernels per layer) ran at 270 µs per call at full width
+ * (one SM reading 0.7 MB); a captured graph will make the extra launches cheap. */
 static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
                          const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                          const uint32_t *att, uint32_t n_att) {

@@ -1876,6 +1876,7 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
  * the L2 (two __ldcg a group a lane, each an L2 round trip: with two warps a scheduler, the
  * batch-1 head reads 385 MB at ~1.1 TB/s). The same words into the same mma: the same bits. */
 #define Q6TC_XS_MAX 2
+#define Q6TC_XS_K_MAX 4096 /* the K its shared memory is sized for (the release's head: 3,584) */
 static __host__ __device__ inline uint32_t q6tc_xs_words(uint32_t K) {
         return K / 2 + 4;
 }
@@ -2000,7 +2001,6 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
  * bench/RESULTS.md). X4_CUDA_MM_Q6TC=0 keeps the head on k_mm / k_matvec (fp32 inputs);
  * =1 puts it there also when generated tokens take the CUDA-core products. */
 static bool q6tc_ready, q6tc_xs_ready;
-static uint32_t q6tc_xs_k; /* the K its shared memory was sized for (the head's) */
 static bool q6tc_on(void) {
         static int on = -1;
         if (on < 0)
@@ -2015,11 +2015,10 @@ static void q6tc_setup(void) {
                      cudaFuncSetAttribute(k_q6_tc<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess &&
                      cudaFuncSetAttribute(k_q6_tc<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess;
         (void) cudaGetLastError();
-        /* X4_CUDA_Q6TC_XS=1: sized for K up to 4,096 (the release's head: 3,584) */
-        q6tc_xs_k = 4096;
+        /* X4_CUDA_Q6TC_XS=1: sized for K up to Q6TC_XS_K_MAX */
         q6tc_xs_ready = q6tc_ready && cu_env_on("X4_CUDA_Q6TC_XS") &&
                         cudaFuncSetAttribute(k_q6_tc<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int) (Q6TC_SMEM + Q6TC_XS_MAX * q6tc_xs_words(q6tc_xs_k) * 4)) == cudaSuccess;
+                                             (int) (Q6TC_SMEM + Q6TC_XS_MAX * q6tc_xs_words(Q6TC_XS_K_MAX) * 4)) == cudaSuccess;
         (void) cudaGetLastError();
 }
 
@@ -2040,7 +2039,7 @@ static bool launch_q6tc(const struct cu_mv *a, cudaStream_t s) {
                 const char *e = getenv("X4_CUDA_MMTC_DEC");
                 log_left = e && !strcmp(e, "log") ? 16 : 0;
         }
-        bool xs = q6tc_xs_ready && a->P <= Q6TC_XS_MAX && a->K <= q6tc_xs_k;
+        bool xs = q6tc_xs_ready && a->P <= Q6TC_XS_MAX && a->K <= Q6TC_XS_K_MAX;
         if (log_left > 0) {
                 log_left--;
                 fprintf(stderr, "k_q6_tc: P %u N %u K %u inputs a block %u%s\n", a->P, a->N, a->K, 8 * nt,
