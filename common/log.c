@@ -20,6 +20,25 @@ int log_get_max_level(void) {
         return max_level;
 }
 
+int log_level_from_string(const char *s) {
+        static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug" };
+        for (int i = 0; s && i < 8; i++)
+                if (strcmp(s, names[i]) == 0)
+                        return i;
+        return -EINVAL;
+}
+
+void log_max_level_from_env(void) {
+        const char *e = getenv("X4_LOG_LEVEL");
+        if (!e || !*e)
+                return;
+        int level = log_level_from_string(e);
+        if (level < 0)
+                fprintf(stderr, "X4_LOG_LEVEL=%s ignored: one of err, warning, notice, info, debug expected\n", e);
+        else
+                max_level = level;
+}
+
 void log_set_sink(log_sink_t s, void *userdata) {
         sink = s;
         sink_userdata = userdata;

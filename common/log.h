@@ -14,6 +14,13 @@ typedef void (*log_sink_t)(int level, const char *message, void *userdata);
 /* Messages above max_level (numerically) are dropped; default LOG_INFO. */
 void log_set_max_level(int level);
 int log_get_max_level(void);
+/* A level's syslog name (emerg, alert, crit, err, warning, notice, info, debug) as its number;
+ * -EINVAL for anything else. */
+int log_level_from_string(const char *s);
+/* X4_LOG_LEVEL=NAME, when set, replaces the max level (the tools keep their own messages to one
+ * error line by default; this shows the library's and the backend's warnings, e.g. which knobs a
+ * measurement took). An unknown name is said on stderr and ignored. */
+void log_max_level_from_env(void);
 /* Replace the stderr sink (NULL restores it). Used by tests to capture messages. */
 void log_set_sink(log_sink_t sink, void *userdata);
 /* Prefix every line with this name ("xing4d"); NULL for none. */

@@ -210,12 +210,7 @@ static int apply_option(struct options *o, const char *key, const char *v, const
                 else
                         return log_error_errno(EINVAL, "%s: '%s', rejection or match expected%s", where, v, sfx);
         } else if (streq(key, "log-level")) {
-                static const char *names[] = { "emerg", "alert", "crit", "err", "warning", "notice",
-                                               "info", "debug" };
-                int lvl = -1;
-                for (int i = 0; i < 8; i++)
-                        if (streq(v, names[i]))
-                                lvl = i;
+                int lvl = log_level_from_string(v);
                 if (lvl < 0)
                         return log_error_errno(EINVAL, "%s: log level '%s', one of err, warning, "
                                                        "info, debug expected%s", where, v, sfx);

@@ -1419,6 +1419,7 @@ int main(int argc, char **argv) {
         int c, r = 0;
 
         log_set_max_level(LOG_CRIT);
+        log_max_level_from_env(); /* X4_LOG_LEVEL=warning: the backend's warnings too */
         B.cache = "f32";
         B.cpu_math = "fp32";
         B.prefill_max = 4096;

@@ -255,6 +255,7 @@ int main(int argc, char **argv) {
 
         /* errors are printed once, by main, as one line */
         log_set_max_level(LOG_CRIT);
+        log_max_level_from_env(); /* X4_LOG_LEVEL=warning: the backend's warnings too */
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 r = 0;

@@ -1870,8 +1870,8 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
         return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632); /* the upper halves: exact bf16 */
 }
 
-/* XS (X4_CUDA_Q6TC_XS=1, opt-in until timed; launches of up to Q6TC_XS_MAX inputs): the block's
- * inputs copied once into shared memory after the wait (rows of K/2 + 4 words: the eight inputs
+/* XS (the default, X4_CUDA_Q6TC_XS=0 off: +1.7% at batch 1 on an H100, 2026-12-05; launches of
+ * up to Q6TC_XS_MAX inputs): the block's inputs copied once into shared memory after the wait (rows of K/2 + 4 words: the eight inputs
  * of a fragment's lanes on distinct banks), the inner loop's B words read there instead of from
  * the L2 (two __ldcg a group a lane, each an L2 round trip: with two warps a scheduler, the
  * batch-1 head reads 385 MB at ~1.1 TB/s). The same words into the same mma: the same bits. */
@@ -2015,8 +2015,8 @@ static void q6tc_setup(void) {
                      cudaFuncSetAttribute(k_q6_tc<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess &&
                      cudaFuncSetAttribute(k_q6_tc<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess;
         (void) cudaGetLastError();
-        /* X4_CUDA_Q6TC_XS=1: sized for K up to Q6TC_XS_K_MAX */
-        q6tc_xs_ready = q6tc_ready && cu_env_on("X4_CUDA_Q6TC_XS") &&
+        /* XS unless X4_CUDA_Q6TC_XS=0: sized for K up to Q6TC_XS_K_MAX */
+        q6tc_xs_ready = q6tc_ready && cu_env_or("X4_CUDA_Q6TC_XS", true) &&
                         cudaFuncSetAttribute(k_q6_tc<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int) (Q6TC_SMEM + Q6TC_XS_MAX * q6tc_xs_words(Q6TC_XS_K_MAX) * 4)) == cudaSuccess;
         (void) cudaGetLastError();

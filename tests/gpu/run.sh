@@ -38,6 +38,9 @@ outdir=${OUT:-$build}
 mkdir -p "$outdir"
 log=$outdir/gpu-tests.log
 : >"$log"
+# the tools keep their log to one error line unless told (X4_LOG_LEVEL): the steps that check a
+# knob was taken (its warning) or was not refused (no warning naming it) read the warnings
+export X4_LOG_LEVEL=warning
 fixture=tests/fixtures/xing4-tiny-a
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
