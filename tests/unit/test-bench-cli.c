@@ -562,8 +562,26 @@ static void test_logits_experts(void **state) {
         }
 }
 
+/* X4_LOG_LEVEL: the tools keep their log to one error line, and the variable lifts that (the
+ * GPU steps read a knob's warning this way); debug shows the model loader's line, an unknown
+ * level is named on stderr and the run goes on */
+static void test_logits_log_level(void **state) {
+        char err[4096];
+
+        (void) state;
+        assert_int_equal(logits(NULL, "", err, sizeof err), 0);
+        assert_null(strstr(err, "debug:"));
+        assert_int_equal(logits("X4_LOG_LEVEL=debug", "", err, sizeof err), 0);
+        assert_non_null(strstr(err, "debug: "));
+        assert_non_null(strstr(err, "trunk blocks"));
+        assert_int_equal(logits("X4_LOG_LEVEL=loud", "", err, sizeof err), 0);
+        assert_non_null(strstr(err, "X4_LOG_LEVEL=loud ignored: one of err, warning, notice, info, debug expected"));
+        assert_null(strstr(err, "debug:"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_logits_log_level),
                 cmocka_unit_test(test_logits_experts),
                 cmocka_unit_test(test_logits_cache),
                 cmocka_unit_test(test_cpu_decode_prefill_copy),
