@@ -153,12 +153,27 @@ step "fixture, prompts labeled (rel <= 1e-2)" env X4_GPU_PROMPT=1 "$check" fixtu
 step "prompt and generated tokens: chunks, a mixed batch, the bound between them" "$check" classes "$tiny"
 step "batch invariance, prompts labeled" env X4_GPU_PROMPT=1 "$check" batch "$tiny"
 step "chunk invariance, prompts labeled" env X4_GPU_PROMPT=1 "$check" chunks "$tiny"
-# mha.cu with the f16 latent cache (opt-in there: X4_CUDA_ATTN_PROMPT=mha)
+# unrefused PATTERN COMMAND...: the command's output passed on; it fails when its stderr names
+# PATTERN (a knob the backend refused, so the default ran and the step would pass vacuously)
+unrefused() {
+        local pat=$1 rc
+        shift
+        "$@" 2>"$tmp/unrefused.err"
+        rc=$?
+        cat "$tmp/unrefused.err" >&2
+        [ $rc -eq 0 ] || return $rc
+        if grep -q -- "$pat" "$tmp/unrefused.err"; then echo "refused: $pat"; return 1; fi
+}
+# mha.cu with the f16 latent cache (opt-in there: X4_CUDA_ATTN_PROMPT=mha; the backend says on its
+# log when it cannot take it)
 step "fixture, f16 latent cache, prompts labeled, mha.cu (rel <= 1e-2)" \
+        unrefused "X4_CUDA_ATTN_PROMPT=mha" \
         env X4_GPU_PROMPT=1 X4_GPU_CACHE=f16 X4_CUDA_ATTN_PROMPT=mha "$check" fixture "$fixture" --no-cpu
 step "chunk invariance, f16 latent cache, prompts labeled, mha.cu" \
+        unrefused "X4_CUDA_ATTN_PROMPT=mha" \
         env X4_GPU_PROMPT=1 X4_GPU_CACHE=f16 X4_CUDA_ATTN_PROMPT=mha "$check" chunks "$tiny"
 step "batch invariance, f16 latent cache, prompts labeled, mha.cu" \
+        unrefused "X4_CUDA_ATTN_PROMPT=mha" \
         env X4_GPU_PROMPT=1 X4_GPU_CACHE=f16 X4_CUDA_ATTN_PROMPT=mha "$check" batch "$tiny"
 
 # x4-logits --device cuda (the tool users run) on fixture case1 vs the f64 reference and the CPU
