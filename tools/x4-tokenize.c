@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
 
         /* errors are printed once, by us, as one line */
         log_set_max_level(LOG_CRIT);
-        log_max_level_from_env(); /* X4_LOG_LEVEL=warning: the backend's warnings too */
+        log_max_level_from_env(); /* X4_LOG_LEVEL=warning: the library's warnings too */
         _cleanup_(tokenizer_freep) struct tokenizer *t = NULL;
         r = tokenizer_load(model, &t);
         if (r < 0) {

@@ -1871,10 +1871,11 @@ static void launch_any(const struct cu_mv *a, cudaStream_t s) {
 }
 
 /* XS (the default, X4_CUDA_Q6TC_XS=0 off: +1.7% at batch 1 on an H100, 2026-12-05; launches of
- * up to Q6TC_XS_MAX inputs): the block's inputs copied once into shared memory after the wait (rows of K/2 + 4 words: the eight inputs
- * of a fragment's lanes on distinct banks), the inner loop's B words read there instead of from
- * the L2 (two __ldcg a group a lane, each an L2 round trip: with two warps a scheduler, the
- * batch-1 head reads 385 MB at ~1.1 TB/s). The same words into the same mma: the same bits. */
+ * up to Q6TC_XS_MAX inputs): the block's inputs copied once into shared memory after the wait
+ * (rows of K/2 + 4 words: the eight inputs of a fragment's lanes on distinct banks), the inner
+ * loop's B words read there instead of from the L2 (two __ldcg a group a lane, each an L2 round
+ * trip: with two warps a scheduler, the batch-1 head read 385 MB at ~1.1 TB/s). The same words
+ * into the same mma: the same bits. */
 #define Q6TC_XS_MAX 2
 #define Q6TC_XS_K_MAX 4096 /* the K its shared memory is sized for (the release's head: 3,584) */
 static __host__ __device__ inline uint32_t q6tc_xs_words(uint32_t K) {
