@@ -965,13 +965,15 @@ static __device__ __forceinline__ void tc_score_tile(const __half *sQ, const __h
                        tc_ld32(qa + 8 * rq + k0 + 8), tc_ld32(kb + k0), tc_ld32(kb + k0 + 8));
 }
 
-/* A warp's o tiles (m-tile mt, n-tiles wq, wq + 4, ...) into the part's rows. */
+/* A warp's o tiles (m-tile mt, n-tiles wq, wq + SW, ...) into the part's rows (SW 8: k_attn_dtc's
+ * half head groups, whose eight warps share one m-tile). */
+template <uint32_t SW = 4>
 static __device__ __forceinline__ void tc_store_o(float *out0, const float (*o)[4], uint32_t mt,
                                                   uint32_t wq, uint32_t h0, uint32_t n_head, uint32_t KV) {
         uint32_t lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
         for (int i = 0; i < TC_NT_MAX; i++) {
-                uint32_t nn = wq + 4 * i;
+                uint32_t nn = wq + SW * i;
                 if (nn >= KV / 8)
                         break;
 #pragma unroll
@@ -1637,16 +1639,22 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
  *     them, and those are done at the scores barrier, behind which the next copy is issued;
  *   - p lives in the first half of the scores' rows (a row of 36 floats is 72 halves: 16-byte
  *     aligned, conflict-free for ldmatrix): the softmax step reads a row's scores before any p
- *     of that row lands (tc_softmax_step<true>), and the next scores come after p·v's barrier. */
+ *     of that row lands (tc_softmax_step<true>), and the next scores come after p·v's barrier.
+ *
+ * HG = 16 (half head groups, small grids: X4_CUDA_DTC_HALF): a block of 16 heads, one m-tile,
+ * twice the blocks where a batch-1 step's few parts leave most SMs idle. The eight warps share the
+ * m-tile: the scores' four n-tiles on warps 0-3 (in rounds of two sub-parts, warps 4-7 take the
+ * second sub-part's), o's 64 n-tiles eight a warp. Every score, p and o value is the same chain
+ * as in a block of 32 heads (rows of an mma never mix), so the choice never changes a bit. */
 #define DTC_NS_MAX 4
 #define DTC_LEAN_NS 2 /* the lean layout's ring */
 
-/* Shared memory of k_attn_dtc with a ring of ns sub-parts, g sub-parts a round: queries, scores,
- * p, running state. */
-static size_t dtc_smem(uint32_t D, int ns, int g = 1) {
+/* Shared memory of k_attn_dtc with a ring of ns sub-parts, g sub-parts a round, hg heads a block:
+ * queries, scores, p, running state. */
+static size_t dtc_smem(uint32_t D, int ns, int g = 1, size_t hg = TC_HG) {
         size_t rq = D + TC_PAD;
-        return (size_t) TC_HG * rq * 2 + (size_t) TC_HG * (g * TC_SUB + 4) * 4 + (size_t) TC_HG * (g * TC_SUB + TC_PAD) * 2 +
-               (size_t) (2 + g) * TC_HG * 4 + (size_t) ns * TC_SUB * rq * 2;
+        return hg * rq * 2 + hg * (g * TC_SUB + 4) * 4 + hg * (g * TC_SUB + TC_PAD) * 2 + (size_t) (2 + g) * hg * 4 +
+               (size_t) ns * TC_SUB * rq * 2;
 }
 
 /* Shared memory of k_attn_dtc's lean layout (DTC_LEAN_NS c-parts of KV values a row, one rope-key
@@ -1657,10 +1665,12 @@ static size_t dtc_lean_smem(uint32_t D, uint32_t KV) {
                (size_t) TC_SUB * (D - KV + TC_PAD) * 2 + (size_t) DTC_LEAN_NS * TC_SUB * (KV + TC_PAD) * 2;
 }
 
-/* o = alpha·o + p·v over one staged sub-part (k_attn_dtc): warp w, m-tile w % 2, the n-tiles (8
- * values) ≡ w / 2 (mod 4); p the sub-part's columns of sP (rows of ps halves), alpha its factors.
- * A factor of 1 leaves o as it is (x·1 = x), so a warp whose 16 heads kept their max skips the
- * multiplies. */
+/* o = alpha·o + p·v over one staged sub-part (k_attn_dtc): warp w, m-tile mt, the n-tiles (8
+ * values) wq, wq + SW, ... (a block of 32 heads: mt = w % 2, wq = w / 2, SW 4; of 16: mt 0, wq = w,
+ * SW 8); p the sub-part's columns of sP (rows of ps halves), alpha its factors. A factor of 1 leaves
+ * o as it is (x·1 = x), so a warp whose 16 heads kept their max skips the multiplies. Each o value
+ * is the same chain whichever warp holds it. */
+template <uint32_t SW = 4>
 static __device__ __forceinline__ void dtc_pv(float (*o)[4], const __half *sP, uint32_t ps, const float *sA,
                                               const __half *sK, uint32_t rq, uint32_t mt, uint32_t wq,
                                               uint32_t ntiles, uint32_t lane) {
@@ -1677,16 +1687,16 @@ static __device__ __forceinline__ void dtc_pv(float (*o)[4], const __half *sP, u
         for (uint32_t ks = 0; ks < TC_SUB; ks += 16) {
                 uint32_t pf[4];
                 mtp_ldm4(pf, sP + (size_t) (mt * 16 + lane % 16) * ps + ks + (lane / 16) * 8);
-                /* B of n-tiles nn (lanes 0-15's rows) and nn + 4 (lanes 16-31's), transposed */
-                const __half *vb = sK + (size_t) (ks + lane % 16) * rq + (lane / 16) * 32 + wq * 8;
+                /* B of n-tiles nn (lanes 0-15's rows) and nn + SW (lanes 16-31's), transposed */
+                const __half *vb = sK + (size_t) (ks + lane % 16) * rq + (lane / 16) * (8 * SW) + wq * 8;
 #pragma unroll
                 for (int i = 0; i < TC_NT_MAX; i += 2) {
-                        uint32_t nn = wq + 4 * i;
+                        uint32_t nn = wq + SW * i;
                         if (nn >= ntiles)
                                 break;
-                        if (nn + 4 < ntiles) {
+                        if (nn + SW < ntiles) {
                                 uint32_t vf[4];
-                                mtp_ldm4<true>(vf, vb + 32 * i);
+                                mtp_ldm4<true>(vf, vb + 8 * SW * i);
                                 tc_mma(o[i], pf[0], pf[1], pf[2], pf[3], vf[0], vf[1]);
                                 tc_mma(o[i + 1], pf[0], pf[1], pf[2], pf[3], vf[2], vf[3]);
                         } else {
@@ -1698,7 +1708,7 @@ static __device__ __forceinline__ void dtc_pv(float (*o)[4], const __half *sP, u
         }
 }
 
-template <int NS, bool PAIR, bool LEAN = false>
+template <int NS, bool PAIR, bool LEAN = false, int HG = TC_HG>
 __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         k_attn_dtc(struct cu_attn a, uint32_t t0, uint32_t max_parts, uint32_t plen_forced, struct cu_cache c,
                    uint32_t layer, float *part) {
@@ -1706,10 +1716,12 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         static_assert(!PAIR || NS == 4, "rounds of two sub-parts: two rounds in the ring");
         static_assert(!LEAN || (!PAIR && NS == DTC_LEAN_NS), "the lean layout: one sub-part a round, its own ring");
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
+        static_assert(HG == TC_HG || (HG == 16 && !LEAN), "half head groups: one m-tile, not the lean layout");
+        constexpr bool HALF = HG < TC_HG; /* 16 heads a block: one m-tile the eight warps share */
         extern __shared__ __align__(16) unsigned char tc_smem_raw[];
         __shared__ uint64_t roff[CU_ATTN_PART_DEC];
         uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
-        uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * TC_HG;
+        uint32_t pi = blockIdx.x, tl = blockIdx.z, t = t0 + tl, h0 = blockIdx.y * HG;
         uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, cq = lane % 4;
         /* X4_CUDA_L2PF: every block of the grid, those past the query's parts too */
         cu_l2_prefetch(a.pf, cu_block_flat(), cu_blocks(), tid, TC_WARPS * 32);
@@ -1728,11 +1740,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         const uint32_t ss = G * TC_SUB + 4, ps = LEAN ? 2 * ss : G * TC_SUB + TC_PAD;
         const uint32_t rk = LEAN ? KV + TC_PAD : rq, rr = D - KV + TC_PAD;
         __half *sQ = (__half *) tc_smem_raw;               /* [head][D + pad] */
-        float *sS = (float *) (sQ + (size_t) TC_HG * rq);  /* [head][G · TC_SUB + 4] scores */
-        __half *sP = LEAN ? (__half *) sS : (__half *) (sS + (size_t) TC_HG * ss); /* [head][G · TC_SUB + pad] p */
-        float *sM = LEAN ? sS + (size_t) TC_HG * ss : (float *) (sP + (size_t) TC_HG * ps), *sL = sM + TC_HG,
-              *sA = sL + TC_HG;                            /* sA: G rows */
-        __half *sR = (__half *) (sA + G * TC_HG);         /* LEAN: [position][R + pad] rope keys */
+        float *sS = (float *) (sQ + (size_t) HG * rq);     /* [head][G · TC_SUB + 4] scores */
+        __half *sP = LEAN ? (__half *) sS : (__half *) (sS + (size_t) HG * ss); /* [head][G · TC_SUB + pad] p */
+        float *sM = LEAN ? sS + (size_t) HG * ss : (float *) (sP + (size_t) HG * ps), *sL = sM + HG,
+              *sA = sL + HG;                               /* sA: G rows */
+        __half *sR = (__half *) (sA + G * HG);            /* LEAN: [position][R + pad] rope keys */
         __half *ring = LEAN ? sR + (size_t) TC_SUB * rr : sR; /* NS × [position][D + pad] (LEAN: KV + pad) */
         const size_t slot = (size_t) TC_SUB * rk;
         const __half *cache = (const __half *) c.base;
@@ -1765,6 +1777,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         auto stage_q = [&]() {
                 constexpr int QP = 12; /* pieces a thread at most in one round (D ≤ 768 in one) */
                 uint32_t h = tid / 8;
+                if (h >= (uint32_t) HG) /* HALF: the first 128 threads */
+                        return;
                 bool hv = h0 + h < n_head;
                 const float *qrow = a.qc + ((uint64_t) t * n_head + h0 + (hv ? h : 0)) * D;
                 for (uint32_t k1 = ck0; k1 < cpr; k1 += 8 * QP) {
@@ -1790,13 +1804,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                                         *(uint4 *) &sQ[(size_t) h * rq + 8 * (k1 + 8 * i)] = u;
                                 }
                 }
-                if (tid < TC_HG) {
+                if (tid < (uint32_t) HG) {
                         sM[tid] = -INFINITY;
                         sL[tid] = 0.0f;
                 }
         };
 
-        uint32_t mt = warp % 2, nt = warp / 2, wq = warp / 2, ntiles = KV / 8;
+        /* warp roles: 32 heads, m-tile w % 2 and n-tile w / 2 of the scores, o's n-tiles ≡ w / 2
+         * (mod 4); HALF, 16 heads: m-tile 0, n-tile w % 4 of the scores (warps 4-7: of a round's
+         * second sub-part, or none), o's n-tiles ≡ w (mod 8) */
+        constexpr uint32_t SW = HALF ? 8 : 4;
+        uint32_t mt = HALF ? 0 : warp % 2, nt = HALF ? warp % 4 : warp / 2, wq = HALF ? warp : warp / 2,
+                 ntiles = KV / 8;
         float o[TC_NT_MAX][4];
 #pragma unroll
         for (int i = 0; i < TC_NT_MAX; i++)
@@ -1814,10 +1833,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                 __syncthreads(); /* sub-part s landed; the previous p·v done (its slot and p free) */
                 const __half *sK = ring + (s % NS) * slot;
                 uint32_t s0 = s * TC_SUB;
-                /* scores: warp w, the 16 heads of m-tile w % 2 × the 8 positions of n-tile w / 2, over
+                /* scores: warp w, the 16 heads of m-tile mt × the 8 positions of n-tile nt, over
                  * D in 16-value steps (tc_score_tile's fragments, by ldmatrix: A four 8×8 tiles of
-                 * the queries a step, B two steps of the keys a load) */
-                {
+                 * the queries a step, B two steps of the keys a load); HALF: warps 0-3 */
+                if (!HALF || warp < 4) {
                         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
                         /* a 32-value step of the chain: keys k (values k0 .. k0 + 31 of the rows) */
@@ -1873,10 +1892,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                 issue(s + NS - 1);
                 /* the online softmax step, a warp per four heads, a lane per position */
 #pragma unroll
-                for (int x = 0; x < TC_HG / TC_WARPS; x++)
-                        tc_softmax_step<LEAN>(sS, sP, sM, sL, sA, ss, ps, warp * (TC_HG / TC_WARPS) + x, lane);
+                for (int x = 0; x < HG / TC_WARPS; x++)
+                        tc_softmax_step<LEAN>(sS, sP, sM, sL, sA, ss, ps, warp * (HG / TC_WARPS) + x, lane);
                 __syncthreads(); /* p and the rescale factors written */
-                dtc_pv(o, sP, ps, sA, sK, rk, mt, wq, ntiles, lane);
+                dtc_pv<SW>(o, sP, ps, sA, sK, rk, mt, wq, ntiles, lane);
         }
         } else {
                 /* DTC_PAIR: rounds of two sub-parts (ring slots of the round before), each warp two
@@ -1893,7 +1912,40 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                         issue(sb + 2);   /* into the slots of the round before */
                         issue(sb + 3);
                         const __half *sK0 = ring + (sb % NS) * slot, *sK1 = ring + ((sb + 1) % NS) * slot;
-                        {
+                        if constexpr (HALF) {
+                                /* warp w: n-tile w % 4 of sub-part sb + w / 4, one chain (acc0's
+                                 * below, step for step) */
+                                uint32_t sel = warp / 4;
+                                if (sel == 0 || two) {
+                                        const __half *sKx = sel ? sK1 : sK0;
+                                        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                        const __half *qa = sQ + (size_t) (lane % 16) * rq + (lane / 16) * 8;
+                                        size_t kro = (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
+                                        uint32_t k0 = 0;
+#pragma unroll 2
+                                        for (; k0 + 32 <= D; k0 += 32) {
+                                                uint32_t qf0[4], qf1[4], kf[4];
+                                                mtp_ldm4(qf0, qa + k0);
+                                                mtp_ldm4(qf1, qa + k0 + 16);
+                                                mtp_ldm4(kf, sKx + kro + k0);
+                                                tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                                                tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+                                        }
+                                        for (; k0 < D; k0 += 16) {
+                                                uint32_t qf[4];
+                                                mtp_ldm4(qf, qa + k0);
+                                                size_t ko = (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
+                                                tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(sKx + ko), tc_ld32(sKx + ko + 8));
+                                        }
+                                        uint32_t j0 = nt * 8 + 2 * cq;
+#pragma unroll
+                                        for (int e = 0; e < 4; e++) {
+                                                uint32_t h = g + (e >= 2 ? 8 : 0), j = j0 + (e & 1);
+                                                sS[h * ss + sel * TC_SUB + j] =
+                                                        (sb + sel) * TC_SUB + j < n ? a.scale * acc[e] : -INFINITY;
+                                        }
+                                }
+                        } else {
                                 float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                                 const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
                                 size_t kro = (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
@@ -1930,25 +1982,25 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                         }
                         __syncthreads(); /* both sub-parts' scores written */
 #pragma unroll
-                        for (int x = 0; x < TC_HG / TC_WARPS; x++) {
-                                uint32_t h = warp * (TC_HG / TC_WARPS) + x;
+                        for (int x = 0; x < HG / TC_WARPS; x++) {
+                                uint32_t h = warp * (HG / TC_WARPS) + x;
                                 tc_softmax_step(sS, sP, sM, sL, sA, ss, ps, h, lane);
                                 if (two) {
                                         __syncwarp(); /* lane 0's m and l of the first step */
-                                        tc_softmax_step(sS + TC_SUB, sP + TC_SUB, sM, sL, sA + TC_HG, ss, ps, h, lane);
+                                        tc_softmax_step(sS + TC_SUB, sP + TC_SUB, sM, sL, sA + HG, ss, ps, h, lane);
                                 }
                         }
                         __syncthreads(); /* p and both steps' factors written */
-                        dtc_pv(o, sP, ps, sA, sK0, rq, mt, wq, ntiles, lane);
+                        dtc_pv<SW>(o, sP, ps, sA, sK0, rq, mt, wq, ntiles, lane);
                         if (two)
-                                dtc_pv(o, sP + TC_SUB, ps, sA + TC_HG, sK1, rq, mt, wq, ntiles, lane);
+                                dtc_pv<SW>(o, sP + TC_SUB, ps, sA + HG, sK1, rq, mt, wq, ntiles, lane);
                 }
         }
         mtd_wait(0); /* no copy outlives the block (the groups past the end are empty) */
         /* [o | m | l] of the part; d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: g + 8 */
         float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
-        tc_store_o(out0, o, mt, wq, h0, n_head, KV);
-        if (tid < TC_HG && h0 + tid < n_head) {
+        tc_store_o<SW>(out0, o, mt, wq, h0, n_head, KV);
+        if (tid < (uint32_t) HG && h0 + tid < n_head) {
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV] = sM[tid];
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV + 1] = sL[tid];
         }
@@ -1958,6 +2010,8 @@ static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens 
 static int attn_dtc_ns; /* k_attn_dtc's ring (sub-parts) this device's shared memory holds; 0: not run */
 static bool attn_dtc_pair; /* the ring holds two rounds of two (not X4_CUDA_DTC_PAIR=0): k_attn_dtc<4, true> */
 static bool attn_dtc_lean; /* k_attn_dtc<2, false, true> runs two blocks an SM on this device and shape */
+static bool attn_dtc_half; /* k_attn_dtc<.., 16> (16 heads a block) is ready for the ring and rounds above */
+static int attn_dtc_half_mode; /* X4_CUDA_DTC_HALF: 1 whenever ready (not the lean layout), 0 never, -1 by the grid */
 static int attn_dtc_2sm;   /* X4_CUDA_DTC_2SM: 1 the lean layout whenever it is ready, 0 never, -1 by the grid */
 static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
@@ -2047,6 +2101,36 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
         if (attn_dtc_2sm == 1 && !attn_dtc_lean)
                 fprintf(stderr, "xing4d: X4_CUDA_DTC_2SM=1: k_attn_dtc's lean layout cannot run two blocks an SM on this "
                                 "device or shape (%d); the default serves\n", lean_blocks);
+        /* half head groups (16 heads a block, the same ring and rounds): where a grid of 32-head
+         * blocks leaves SMs idle (a short context at batch 1), twice the blocks; every head's chains
+         * are the ones it has in a block of 32, so the choice never changes a bit */
+        const char *he = getenv("X4_CUDA_DTC_HALF");
+        attn_dtc_half_mode = -1;
+        if (he && *he) {
+                if (!strcmp(he, "0") || !strcmp(he, "1"))
+                        attn_dtc_half_mode = he[0] - '0';
+                else
+                        fprintf(stderr, "xing4d: X4_CUDA_DTC_HALF=%s ignored: expected 0 or 1; the grid decides\n", he);
+        }
+        int hns = attn_dtc_pair ? 4 : attn_dtc_ns, hg = attn_dtc_pair ? 2 : 1;
+        size_t need_half = dtc_smem(D, hns, hg, 16);
+        attn_dtc_half = false;
+        if (attn_dtc_half_mode != 0 && attn_dtc_ns && need_half + CU_ATTN_PART_DEC * sizeof(uint64_t) <= (size_t) smem_max) {
+                cudaError_t e = attn_dtc_pair ? cudaFuncSetAttribute(k_attn_dtc<4, true, false, 16>,
+                                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half)
+                                : hns == 4 ? cudaFuncSetAttribute(k_attn_dtc<4, false, false, 16>,
+                                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half)
+                                : hns == 3 ? cudaFuncSetAttribute(k_attn_dtc<3, false, false, 16>,
+                                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half)
+                                           : cudaFuncSetAttribute(k_attn_dtc<2, false, false, 16>,
+                                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half);
+                attn_dtc_half = e == cudaSuccess;
+        }
+        if (!attn_dtc_half)
+                (void) cudaGetLastError(); /* a refused attribute must not fail the first forward */
+        if (attn_dtc_half_mode == 1 && !attn_dtc_half)
+                fprintf(stderr, "xing4d: X4_CUDA_DTC_HALF=1: k_attn_dtc's half head groups cannot run on this device or "
+                                "shape; the default serves\n");
         return true;
 }
 
@@ -2104,7 +2188,8 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
 
 /* k_attn_dtc for tokens [t0, t0 + n), parts of cu_dtc_plen(position, plen) positions. The lean
  * layout (two blocks an SM) where the grid fills two blocks an SM at least, or where
- * X4_CUDA_DTC_2SM says; the same chains in the same order either way, so the choice never
+ * X4_CUDA_DTC_2SM says; half head groups where blocks of 16 heads still fit one wave, or where
+ * X4_CUDA_DTC_HALF says; the same chains in the same order every way, so the choice never
  * changes a bit (GPU test dtc_same) and batch invariance holds. */
 static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                             const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
@@ -2113,7 +2198,27 @@ static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
         cu_launches++;
         bool lean = attn_dtc_lean &&
                     (attn_dtc_2sm == 1 || (uint64_t) grid.x * grid.y * grid.z >= 2 * (uint64_t) attn_sms);
-        if (lean)
+        /* half head groups: where 16-head blocks still fit one wave and there are more of them */
+        uint32_t hg16 = (a->n_head + 15) / 16;
+        bool half = !lean && attn_dtc_half &&
+                    (attn_dtc_half_mode == 1 ||
+                     (attn_dtc_half_mode == -1 && hg16 > grid.y && (uint64_t) grid.x * hg16 * grid.z <= (uint64_t) attn_sms));
+        if (half) {
+                dim3 gh(max_parts, hg16, n);
+                size_t smh = dtc_smem(c->D, attn_dtc_pair ? 4 : attn_dtc_ns, attn_dtc_pair ? 2 : 1, 16);
+                if (attn_dtc_pair)
+                        cu_launch(k_attn_dtc<4, true, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
+                                  part);
+                else if (attn_dtc_ns == 4)
+                        cu_launch(k_attn_dtc<4, false, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
+                                  part);
+                else if (attn_dtc_ns == 3)
+                        cu_launch(k_attn_dtc<3, false, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
+                                  part);
+                else
+                        cu_launch(k_attn_dtc<2, false, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
+                                  part);
+        } else if (lean)
                 cu_launch(k_attn_dtc<DTC_LEAN_NS, false, true>, grid, TC_WARPS * 32, dtc_lean_smem(c->D, a->KV), s, *a, t0,
                           max_parts, plen, *c, layer, part);
         else if (attn_dtc_pair)

@@ -197,6 +197,11 @@ if step "x4-logits --device cuda" "$build/tools/x4-logits" --model "$tiny" --pro
                 failed=1
         fi
 fi
+# the demo's shapes with 40 heads and 2 layers: k_attn_dtc's head groups of 16 (16, 16, 8) and of
+# 32 (32, 8) both end in a partial block (dtc_same, the sanitizers' half head groups)
+mkdir -p "$tmp/h40"
+step "make demo model with 40 heads" "$build/tools/x4-mkmodel" --preset demo --heads 40 --layers 2 --quiet \
+        --out "$tmp/h40/h40.gguf"
 if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out "$tmp/demo.gguf"; then
         step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
@@ -310,6 +315,32 @@ PY
                         if grep -q "X4_CUDA_DTC_2SM" "$tmp/dtcl-$part.err"; then cat "$tmp/dtcl-$part.err"; return 1; fi
                         cmp "$tmp/dtc-$part.bin" "$tmp/dtcl-$part.bin" || { echo "X4_CUDA_DTC_2SM=1 differs (parts of $part)"; return 1; }
                 done
+                # half head groups (X4_CUDA_DTC_HALF=1: 16 heads a block, every launch; by default only
+                # grids that still fit one wave): the same chains, the same bits, in rounds of two
+                # sub-parts and of one. The demo model's 8 heads fill half a block (rows 8-15 absent);
+                # a 40-head model (blocks of 16, 16 and 8 against 32 and 8) below
+                for part in 256 64; do
+                        for pair in 1 0; do
+                                X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_HALF=1 X4_CUDA_DTC_PAIR=$pair X4_CUDA_ATTN_DECODE_PART=$part \
+                                        "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 --prompt "$prompt" \
+                                        --decode 9,99,999 --device cuda --out "$tmp/dtch-$part.bin" 2>"$tmp/dtch.err" ||
+                                        { cat "$tmp/dtch.err"; return 1; }
+                                if grep -q "X4_CUDA_DTC_HALF" "$tmp/dtch.err"; then cat "$tmp/dtch.err"; return 1; fi
+                                cmp "$tmp/dtc-$part.bin" "$tmp/dtch-$part.bin" ||
+                                        { echo "X4_CUDA_DTC_HALF=1 differs (parts of $part, X4_CUDA_DTC_PAIR=$pair)"; return 1; }
+                        done
+                done
+                for half in 0 1; do
+                        X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_HALF=$half X4_CUDA_ATTN_DECODE_PART=64 "$build/tools/x4-logits" \
+                                --model "$tmp/h40/h40.gguf" --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda \
+                                --out "$tmp/h40/half$half.bin" 2>"$tmp/dtch.err" || { cat "$tmp/dtch.err"; return 1; }
+                        if grep -q "X4_CUDA_DTC_HALF" "$tmp/dtch.err"; then cat "$tmp/dtch.err"; return 1; fi
+                done
+                cmp "$tmp/h40/half0.bin" "$tmp/h40/half1.bin" || { echo "X4_CUDA_DTC_HALF=1 differs, 40 heads"; return 1; }
+                # and against k_attn_tc2 (the same arithmetic in blocks of 32 heads)
+                X4_CUDA_ATTN=tc2 X4_CUDA_ATTN_PROMPT_PART=64 "$build/tools/x4-logits" --model "$tmp/h40/h40.gguf" --cache f16 \
+                        --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/h40/tc2.bin" || return 1
+                cmp "$tmp/h40/half1.bin" "$tmp/h40/tc2.bin" || { echo "X4_CUDA_DTC_HALF=1 differs from k_attn_tc2, 40 heads"; return 1; }
                 X4_CUDA_DECODE_ATTN=fp32 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-fp32.bin" || return 1
                 if cmp -s "$tmp/dtc-def.bin" "$tmp/dtc-fp32.bin"; then
@@ -321,7 +352,7 @@ PY
                 X4_CUDA_COMBINE=ref X4_CUDA_ATTN_DECODE_PART=64 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-ref.bin" || return 1
                 cmp "$tmp/dtc-64.bin" "$tmp/dtc-ref.bin" || { echo "the combine differs from its reference (f16 cache)"; return 1; }
-                echo "k_attn_dtc = k_attn_tc2 = k_attn_dtc two blocks an SM (parts of 256 and 64), combine = its reference: identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
+                echo "k_attn_dtc = k_attn_tc2 = k_attn_dtc two blocks an SM = half head groups (parts of 256 and 64; 40 heads), combine = its reference: identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
         }
         step "decode attention on tensor cores equals k_attn_tc2 bit for bit, demo model" dtc_same
         step "cuda (f16 cache) vs cpu, demo model, 512 + 64 greedy" env X4_GPU_CACHE=f16 "$check" parity "$tmp/demo.gguf" 512 64
@@ -1081,6 +1112,9 @@ if command -v compute-sanitizer >/dev/null; then
                         X4_CUDA_ATTN_DECODE_PART=256 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tiny" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-long.bin"
                 step "compute-sanitizer $tool, f16 cache, 300-token prompt, two blocks an SM" san_lean $tool
+                step "compute-sanitizer $tool, f16 cache, 300-token prompt, half head groups" env X4_CUDA_DTC_2SM=0 \
+                        X4_CUDA_DTC_HALF=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                        --model "$tmp/h40/h40.gguf" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-half.bin"
         done
         # the tensor-core products for every token count (X4_CUDA_MM=tc) on the demo model: a
         # 30-token prompt in chunks of 20 (k_mm_tcp, experts grouped) and 10 (k_mm_tcd, dense and
