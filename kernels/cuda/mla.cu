@@ -965,9 +965,10 @@ static __device__ __forceinline__ void tc_score_tile(const __half *sQ, const __h
                        tc_ld32(qa + 8 * rq + k0 + 8), tc_ld32(kb + k0), tc_ld32(kb + k0 + 8));
 }
 
-/* A warp's o tiles (m-tile mt, n-tiles wq, wq + SW, ...) into the part's rows (SW 8: k_attn_dtc's
- * half head groups, whose eight warps share one m-tile). */
-template <uint32_t SW = 4>
+/* A warp's o tiles (m-tile mt, n-tiles wq, wq + SW, ...) into the part's rows: the block's first
+ * HB heads (SW 8: k_attn_dtc's blocks of 16 or 8 heads, whose eight warps share one m-tile; of 8,
+ * rows 8-15 of the tile are not heads of the block). */
+template <uint32_t SW = 4, uint32_t HB = 32>
 static __device__ __forceinline__ void tc_store_o(float *out0, const float (*o)[4], uint32_t mt,
                                                   uint32_t wq, uint32_t h0, uint32_t n_head, uint32_t KV) {
         uint32_t lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
@@ -979,7 +980,7 @@ static __device__ __forceinline__ void tc_store_o(float *out0, const float (*o)[
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                         uint32_t h = mt * 16 + g + (e >= 2 ? 8 : 0), k = nn * 8 + 2 * cq + (e & 1);
-                        if (h0 + h < n_head)
+                        if (h < HB && h0 + h < n_head)
                                 out0[(uint64_t) (h0 + h) * (KV + 2) + k] = o[i][e];
                 }
         }
@@ -1641,11 +1642,12 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1)
  *     aligned, conflict-free for ldmatrix): the softmax step reads a row's scores before any p
  *     of that row lands (tc_softmax_step<true>), and the next scores come after p·v's barrier.
  *
- * HG = 16 (half head groups, small grids: X4_CUDA_DTC_HALF): a block of 16 heads, one m-tile,
- * twice the blocks where a batch-1 step's few parts leave most SMs idle. The eight warps share the
- * m-tile: the scores' four n-tiles on warps 0-3 (in rounds of two sub-parts, warps 4-7 take the
- * second sub-part's), o's 64 n-tiles eight a warp. Every score, p and o value is the same chain
- * as in a block of 32 heads (rows of an mma never mix), so the choice never changes a bit. */
+ * HG = 16 or 8 (small head groups, small grids: X4_CUDA_DTC_HG): a block of 16 or 8 heads, one
+ * m-tile, two or four times the blocks where a batch-1 step's few parts leave most SMs idle. The
+ * eight warps share the m-tile: the scores' four n-tiles on warps 0-3 (in rounds of two sub-parts,
+ * warps 4-7 take the second sub-part's), o's 64 n-tiles eight a warp; of 8 heads, the tile's rows
+ * 8-15 are zero queries with p 0, never stored. Every score, p and o value is the same chain as
+ * in a block of 32 heads (rows of an mma never mix), so the choice never changes a bit. */
 #define DTC_NS_MAX 4
 #define DTC_LEAN_NS 2 /* the lean layout's ring */
 
@@ -1663,6 +1665,33 @@ static size_t dtc_lean_smem(uint32_t D, uint32_t KV) {
         size_t rq = D + TC_PAD;
         return (size_t) TC_HG * rq * 2 + (size_t) TC_HG * (TC_SUB + 4) * 4 + (size_t) 3 * TC_HG * 4 +
                (size_t) TC_SUB * (D - KV + TC_PAD) * 2 + (size_t) DTC_LEAN_NS * TC_SUB * (KV + TC_PAD) * 2;
+}
+
+/* One score chain of k_attn_dtc's full layout: acc = the 16 heads of m-tile mt of sQ × the 8
+ * positions of n-tile nt of the staged sub-part sK, over D in 16-value steps (tc_score_tile's
+ * fragments, by ldmatrix: A four 8×8 tiles of the queries a step, B two steps of the keys a load;
+ * 32 values a step while they fit, then 16). */
+static __device__ __forceinline__ void dtc_score(float *acc, const __half *sQ, const __half *sK, uint32_t mt, uint32_t nt,
+                                                 uint32_t D, uint32_t rq, uint32_t lane) {
+        uint32_t g = lane / 4, cq = lane % 4;
+        const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
+        const __half *kb = sK + (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
+        uint32_t k0 = 0;
+#pragma unroll 2
+        for (; k0 + 32 <= D; k0 += 32) {
+                uint32_t qf0[4], qf1[4], kf[4];
+                mtp_ldm4(qf0, qa + k0);
+                mtp_ldm4(qf1, qa + k0 + 16);
+                mtp_ldm4(kf, kb + k0);
+                tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+        }
+        for (; k0 < D; k0 += 16) {
+                uint32_t qf[4];
+                mtp_ldm4(qf, qa + k0);
+                const __half *kr = sK + (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
+                tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(kr), tc_ld32(kr + 8));
+        }
 }
 
 /* o = alpha·o + p·v over one staged sub-part (k_attn_dtc): warp w, m-tile mt, the n-tiles (8
@@ -1716,8 +1745,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         static_assert(!PAIR || NS == 4, "rounds of two sub-parts: two rounds in the ring");
         static_assert(!LEAN || (!PAIR && NS == DTC_LEAN_NS), "the lean layout: one sub-part a round, its own ring");
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
-        static_assert(HG == TC_HG || (HG == 16 && !LEAN), "half head groups: one m-tile, not the lean layout");
-        constexpr bool HALF = HG < TC_HG; /* 16 heads a block: one m-tile the eight warps share */
+        static_assert(HG == TC_HG || ((HG == 16 || HG == 8) && !LEAN), "small head groups: one m-tile, not LEAN");
+        /* HG 16 or 8: one m-tile the eight warps share, MR rows of queries, scores, p and state (of
+         * 8 heads: rows 8-15 zero queries, p and factors of 1, never stored) */
+        constexpr bool ONE_MT = HG < TC_HG;
+        constexpr uint32_t MR = HG < 16 ? 16 : HG;
         extern __shared__ __align__(16) unsigned char tc_smem_raw[];
         __shared__ uint64_t roff[CU_ATTN_PART_DEC];
         uint32_t D = c.D, KV = a.KV, n_head = a.n_head, rq = D + TC_PAD;
@@ -1740,11 +1772,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         const uint32_t ss = G * TC_SUB + 4, ps = LEAN ? 2 * ss : G * TC_SUB + TC_PAD;
         const uint32_t rk = LEAN ? KV + TC_PAD : rq, rr = D - KV + TC_PAD;
         __half *sQ = (__half *) tc_smem_raw;               /* [head][D + pad] */
-        float *sS = (float *) (sQ + (size_t) HG * rq);     /* [head][G · TC_SUB + 4] scores */
-        __half *sP = LEAN ? (__half *) sS : (__half *) (sS + (size_t) HG * ss); /* [head][G · TC_SUB + pad] p */
-        float *sM = LEAN ? sS + (size_t) HG * ss : (float *) (sP + (size_t) HG * ps), *sL = sM + HG,
-              *sA = sL + HG;                               /* sA: G rows */
-        __half *sR = (__half *) (sA + G * HG);            /* LEAN: [position][R + pad] rope keys */
+        float *sS = (float *) (sQ + (size_t) MR * rq);     /* [head][G · TC_SUB + 4] scores */
+        __half *sP = LEAN ? (__half *) sS : (__half *) (sS + (size_t) MR * ss); /* [head][G · TC_SUB + pad] p */
+        float *sM = LEAN ? sS + (size_t) MR * ss : (float *) (sP + (size_t) MR * ps), *sL = sM + MR,
+              *sA = sL + MR;                               /* sA: G rows */
+        __half *sR = (__half *) (sA + G * MR);            /* LEAN: [position][R + pad] rope keys */
         __half *ring = LEAN ? sR + (size_t) TC_SUB * rr : sR; /* NS × [position][D + pad] (LEAN: KV + pad) */
         const size_t slot = (size_t) TC_SUB * rk;
         const __half *cache = (const __half *) c.base;
@@ -1777,9 +1809,9 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         auto stage_q = [&]() {
                 constexpr int QP = 12; /* pieces a thread at most in one round (D ≤ 768 in one) */
                 uint32_t h = tid / 8;
-                if (h >= (uint32_t) HG) /* HALF: the first 128 threads */
+                if (h >= MR) /* ONE_MT: the first 128 threads */
                         return;
-                bool hv = h0 + h < n_head;
+                bool hv = h < (uint32_t) HG && h0 + h < n_head;
                 const float *qrow = a.qc + ((uint64_t) t * n_head + h0 + (hv ? h : 0)) * D;
                 for (uint32_t k1 = ck0; k1 < cpr; k1 += 8 * QP) {
                         float4 v[QP][2];
@@ -1804,17 +1836,24 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                                         *(uint4 *) &sQ[(size_t) h * rq + 8 * (k1 + 8 * i)] = u;
                                 }
                 }
-                if (tid < (uint32_t) HG) {
+                if (tid < MR) {
                         sM[tid] = -INFINITY;
                         sL[tid] = 0.0f;
+                }
+                /* 8 heads: the tile's other rows p 0 and factors 1 (no softmax step writes them) */
+                if (HG < MR && tid >= HG && tid < MR) {
+                        for (uint32_t j = 0; j < ps; j++)
+                                sP[tid * ps + j] = __float2half_rn(0.0f);
+                        for (uint32_t r = 0; r < G; r++)
+                                sA[r * MR + tid] = 1.0f;
                 }
         };
 
         /* warp roles: 32 heads, m-tile w % 2 and n-tile w / 2 of the scores, o's n-tiles ≡ w / 2
-         * (mod 4); HALF, 16 heads: m-tile 0, n-tile w % 4 of the scores (warps 4-7: of a round's
-         * second sub-part, or none), o's n-tiles ≡ w (mod 8) */
-        constexpr uint32_t SW = HALF ? 8 : 4;
-        uint32_t mt = HALF ? 0 : warp % 2, nt = HALF ? warp % 4 : warp / 2, wq = HALF ? warp : warp / 2,
+         * (mod 4); ONE_MT: m-tile 0, n-tile w % 4 of the scores (warps 4-7: of a round's second
+         * sub-part, or none), o's n-tiles ≡ w (mod 8) */
+        constexpr uint32_t SW = ONE_MT ? 8 : 4;
+        uint32_t mt = ONE_MT ? 0 : warp % 2, nt = ONE_MT ? warp % 4 : warp / 2, wq = ONE_MT ? warp : warp / 2,
                  ntiles = KV / 8;
         float o[TC_NT_MAX][4];
 #pragma unroll
@@ -1835,8 +1874,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                 uint32_t s0 = s * TC_SUB;
                 /* scores: warp w, the 16 heads of m-tile mt × the 8 positions of n-tile nt, over
                  * D in 16-value steps (tc_score_tile's fragments, by ldmatrix: A four 8×8 tiles of
-                 * the queries a step, B two steps of the keys a load); HALF: warps 0-3 */
-                if (!HALF || warp < 4) {
+                 * the queries a step, B two steps of the keys a load); ONE_MT: warps 0-3 */
+                if (!ONE_MT || warp < 4) {
                         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
                         /* a 32-value step of the chain: keys k (values k0 .. k0 + 31 of the rows) */
@@ -1867,17 +1906,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                                         tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(kr), tc_ld32(kr + 8));
                                 }
                         } else {
-                                const __half *kb = sK + (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
-                                uint32_t k0 = 0;
-#pragma unroll 2
-                                for (; k0 + 32 <= D; k0 += 32)
-                                        step32(kb + k0, k0);
-                                for (; k0 < D; k0 += 16) {
-                                        uint32_t qf[4];
-                                        mtp_ldm4(qf, qa + k0);
-                                        const __half *kr = sK + (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
-                                        tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(kr), tc_ld32(kr + 8));
-                                }
+                                dtc_score(acc, sQ, sK, mt, nt, D, rq, lane);
                         }
                         uint32_t j0 = nt * 8 + 2 * cq;
 #pragma unroll
@@ -1912,31 +1941,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                         issue(sb + 2);   /* into the slots of the round before */
                         issue(sb + 3);
                         const __half *sK0 = ring + (sb % NS) * slot, *sK1 = ring + ((sb + 1) % NS) * slot;
-                        if constexpr (HALF) {
+                        if constexpr (ONE_MT) {
                                 /* warp w: n-tile w % 4 of sub-part sb + w / 4, one chain (acc0's
                                  * below, step for step) */
                                 uint32_t sel = warp / 4;
                                 if (sel == 0 || two) {
-                                        const __half *sKx = sel ? sK1 : sK0;
                                         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                                        const __half *qa = sQ + (size_t) (lane % 16) * rq + (lane / 16) * 8;
-                                        size_t kro = (size_t) (nt * 8 + lane % 8) * rq + (lane / 8) * 8;
-                                        uint32_t k0 = 0;
-#pragma unroll 2
-                                        for (; k0 + 32 <= D; k0 += 32) {
-                                                uint32_t qf0[4], qf1[4], kf[4];
-                                                mtp_ldm4(qf0, qa + k0);
-                                                mtp_ldm4(qf1, qa + k0 + 16);
-                                                mtp_ldm4(kf, sKx + kro + k0);
-                                                tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
-                                                tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
-                                        }
-                                        for (; k0 < D; k0 += 16) {
-                                                uint32_t qf[4];
-                                                mtp_ldm4(qf, qa + k0);
-                                                size_t ko = (size_t) (nt * 8 + g) * rq + 2 * cq + k0;
-                                                tc_mma(acc, qf[0], qf[1], qf[2], qf[3], tc_ld32(sKx + ko), tc_ld32(sKx + ko + 8));
-                                        }
+                                        dtc_score(acc, sQ, sel ? sK1 : sK0, 0, nt, D, rq, lane);
                                         uint32_t j0 = nt * 8 + 2 * cq;
 #pragma unroll
                                         for (int e = 0; e < 4; e++) {
@@ -1987,19 +1998,19 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                                 tc_softmax_step(sS, sP, sM, sL, sA, ss, ps, h, lane);
                                 if (two) {
                                         __syncwarp(); /* lane 0's m and l of the first step */
-                                        tc_softmax_step(sS + TC_SUB, sP + TC_SUB, sM, sL, sA + HG, ss, ps, h, lane);
+                                        tc_softmax_step(sS + TC_SUB, sP + TC_SUB, sM, sL, sA + MR, ss, ps, h, lane);
                                 }
                         }
                         __syncthreads(); /* p and both steps' factors written */
                         dtc_pv<SW>(o, sP, ps, sA, sK0, rq, mt, wq, ntiles, lane);
                         if (two)
-                                dtc_pv<SW>(o, sP + TC_SUB, ps, sA + HG, sK1, rq, mt, wq, ntiles, lane);
+                                dtc_pv<SW>(o, sP + TC_SUB, ps, sA + MR, sK1, rq, mt, wq, ntiles, lane);
                 }
         }
         mtd_wait(0); /* no copy outlives the block (the groups past the end are empty) */
         /* [o | m | l] of the part; d0, d1: head g, values 2cq, 2cq+1 of the n-tile; d2, d3: g + 8 */
         float *out0 = part + (((uint64_t) tl * max_parts + pi) * n_head) * (KV + 2);
-        tc_store_o<SW>(out0, o, mt, wq, h0, n_head, KV);
+        tc_store_o<SW, HG>(out0, o, mt, wq, h0, n_head, KV);
         if (tid < (uint32_t) HG && h0 + tid < n_head) {
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV] = sM[tid];
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV + 1] = sL[tid];
@@ -2010,8 +2021,8 @@ static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens 
 static int attn_dtc_ns; /* k_attn_dtc's ring (sub-parts) this device's shared memory holds; 0: not run */
 static bool attn_dtc_pair; /* the ring holds two rounds of two (not X4_CUDA_DTC_PAIR=0): k_attn_dtc<4, true> */
 static bool attn_dtc_lean; /* k_attn_dtc<2, false, true> runs two blocks an SM on this device and shape */
-static bool attn_dtc_half; /* k_attn_dtc<.., 16> (16 heads a block) is ready for the ring and rounds above */
-static int attn_dtc_half_mode; /* X4_CUDA_DTC_HALF: 1 whenever ready (not the lean layout), 0 never, -1 by the grid */
+static bool attn_dtc_hg_ready[2]; /* k_attn_dtc<.., 16> and <.., 8> are ready for the ring and rounds above */
+static uint32_t attn_dtc_hg; /* X4_CUDA_DTC_HG: heads a block forced (32, 16 or 8; not the lean layout), 0 by the grid */
 static int attn_dtc_2sm;   /* X4_CUDA_DTC_2SM: 1 the lean layout whenever it is ready, 0 never, -1 by the grid */
 static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
@@ -2101,36 +2112,40 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
         if (attn_dtc_2sm == 1 && !attn_dtc_lean)
                 fprintf(stderr, "xing4d: X4_CUDA_DTC_2SM=1: k_attn_dtc's lean layout cannot run two blocks an SM on this "
                                 "device or shape (%d); the default serves\n", lean_blocks);
-        /* half head groups (16 heads a block, the same ring and rounds): where a grid of 32-head
-         * blocks leaves SMs idle (a short context at batch 1), twice the blocks; every head's chains
-         * are the ones it has in a block of 32, so the choice never changes a bit */
-        const char *he = getenv("X4_CUDA_DTC_HALF");
-        attn_dtc_half_mode = -1;
+        /* small head groups (16 or 8 heads a block, the same ring and rounds): where a grid of
+         * 32-head blocks leaves SMs idle (a short context at batch 1), two or four times the blocks;
+         * every head's chains are the ones it has in a block of 32, so the choice never changes a bit */
+        const char *he = getenv("X4_CUDA_DTC_HG");
+        attn_dtc_hg = 0;
         if (he && *he) {
-                if (!strcmp(he, "0") || !strcmp(he, "1"))
-                        attn_dtc_half_mode = he[0] - '0';
+                if (!strcmp(he, "32") || !strcmp(he, "16") || !strcmp(he, "8"))
+                        attn_dtc_hg = (uint32_t) atoi(he);
                 else
-                        fprintf(stderr, "xing4d: X4_CUDA_DTC_HALF=%s ignored: expected 0 or 1; the grid decides\n", he);
+                        fprintf(stderr, "xing4d: X4_CUDA_DTC_HG=%s ignored: expected 32, 16 or 8; the grid decides\n", he);
         }
-        int hns = attn_dtc_pair ? 4 : attn_dtc_ns, hg = attn_dtc_pair ? 2 : 1;
-        size_t need_half = dtc_smem(D, hns, hg, 16);
-        attn_dtc_half = false;
-        if (attn_dtc_half_mode != 0 && attn_dtc_ns && need_half + CU_ATTN_PART_DEC * sizeof(uint64_t) <= (size_t) smem_max) {
-                cudaError_t e = attn_dtc_pair ? cudaFuncSetAttribute(k_attn_dtc<4, true, false, 16>,
-                                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half)
-                                : hns == 4 ? cudaFuncSetAttribute(k_attn_dtc<4, false, false, 16>,
-                                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half)
-                                : hns == 3 ? cudaFuncSetAttribute(k_attn_dtc<3, false, false, 16>,
-                                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half)
-                                           : cudaFuncSetAttribute(k_attn_dtc<2, false, false, 16>,
-                                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int) need_half);
-                attn_dtc_half = e == cudaSuccess;
+        int hns = attn_dtc_pair ? 4 : attn_dtc_ns, hr = attn_dtc_pair ? 2 : 1;
+        size_t need_small = dtc_smem(D, hns, hr, 16); /* either size: 16 rows */
+        for (int i = 0; i < 2; i++) {
+                cudaError_t e = cudaErrorInvalidValue;
+                if (attn_dtc_ns && need_small + CU_ATTN_PART_DEC * sizeof(uint64_t) <= (size_t) smem_max) {
+                        int sz = (int) need_small;
+                        auto set = [sz](auto f) { return cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sz); };
+                        if (i == 0)
+                                e = attn_dtc_pair ? set(k_attn_dtc<4, true, false, 16>) : hns == 4 ? set(k_attn_dtc<4, false, false, 16>)
+                                    : hns == 3 ? set(k_attn_dtc<3, false, false, 16>) : set(k_attn_dtc<2, false, false, 16>);
+                        else
+                                e = attn_dtc_pair ? set(k_attn_dtc<4, true, false, 8>) : hns == 4 ? set(k_attn_dtc<4, false, false, 8>)
+                                    : hns == 3 ? set(k_attn_dtc<3, false, false, 8>) : set(k_attn_dtc<2, false, false, 8>);
+                }
+                attn_dtc_hg_ready[i] = e == cudaSuccess;
+                if (e != cudaSuccess)
+                        (void) cudaGetLastError(); /* a refused attribute must not fail the first forward */
         }
-        if (!attn_dtc_half)
-                (void) cudaGetLastError(); /* a refused attribute must not fail the first forward */
-        if (attn_dtc_half_mode == 1 && !attn_dtc_half)
-                fprintf(stderr, "xing4d: X4_CUDA_DTC_HALF=1: k_attn_dtc's half head groups cannot run on this device or "
-                                "shape; the default serves\n");
+        if ((attn_dtc_hg == 16 && !attn_dtc_hg_ready[0]) || (attn_dtc_hg == 8 && !attn_dtc_hg_ready[1])) {
+                fprintf(stderr, "xing4d: X4_CUDA_DTC_HG=%u: k_attn_dtc's blocks of %u heads cannot run on this device or "
+                                "shape; the grid decides\n", attn_dtc_hg, attn_dtc_hg);
+                attn_dtc_hg = 0;
+        }
         return true;
 }
 
@@ -2186,10 +2201,29 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
                           *c, layer, part);
 }
 
+/* The smallest head group the grid rule takes: 16 (H100, full model, batch 1: +5% at 512, +7% at
+ * 4,096, +10% at 8,192 against blocks of 32); 8 is taken only when X4_CUDA_DTC_HG=8 forces it
+ * until a GPU has timed it against 16 */
+#define DTC_HG_AUTO_MIN 16
+
+/* k_attn_dtc in blocks of HG (16 or 8) heads, the ring and rounds the device took */
+template <int HG>
+static void attn_launch_dtc_small(dim3 grid, size_t sm, const struct cu_attn *a, uint32_t t0, uint32_t max_parts,
+                                  uint32_t plen, const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
+        if (attn_dtc_pair)
+                cu_launch(k_attn_dtc<4, true, false, HG>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+        else if (attn_dtc_ns == 4)
+                cu_launch(k_attn_dtc<4, false, false, HG>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+        else if (attn_dtc_ns == 3)
+                cu_launch(k_attn_dtc<3, false, false, HG>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+        else
+                cu_launch(k_attn_dtc<2, false, false, HG>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
+}
+
 /* k_attn_dtc for tokens [t0, t0 + n), parts of cu_dtc_plen(position, plen) positions. The lean
  * layout (two blocks an SM) where the grid fills two blocks an SM at least, or where
- * X4_CUDA_DTC_2SM says; half head groups where blocks of 16 heads still fit one wave, or where
- * X4_CUDA_DTC_HALF says; the same chains in the same order every way, so the choice never
+ * X4_CUDA_DTC_2SM says; small head groups where blocks of 8 or 16 heads still fit one wave, or
+ * where X4_CUDA_DTC_HG says; the same chains in the same order every way, so the choice never
  * changes a bit (GPU test dtc_same) and batch invariance holds. */
 static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                             const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
@@ -2198,26 +2232,25 @@ static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
         cu_launches++;
         bool lean = attn_dtc_lean &&
                     (attn_dtc_2sm == 1 || (uint64_t) grid.x * grid.y * grid.z >= 2 * (uint64_t) attn_sms);
-        /* half head groups: where 16-head blocks still fit one wave and there are more of them */
-        uint32_t hg16 = (a->n_head + 15) / 16;
-        bool half = !lean && attn_dtc_half &&
-                    (attn_dtc_half_mode == 1 ||
-                     (attn_dtc_half_mode == -1 && hg16 > grid.y && (uint64_t) grid.x * hg16 * grid.z <= (uint64_t) attn_sms));
-        if (half) {
-                dim3 gh(max_parts, hg16, n);
+        /* heads a block: forced, or the fewest (from DTC_HG_AUTO_MIN) whose blocks still fit one
+         * wave where there are more of them than of 32-head blocks; the lean layout keeps 32 */
+        uint32_t hg = 32;
+        if (!lean && attn_dtc_hg)
+                hg = attn_dtc_hg;
+        else if (!lean)
+                for (uint32_t h = DTC_HG_AUTO_MIN; h < 32 && hg == 32; h *= 2) {
+                        uint32_t gy = (a->n_head + h - 1) / h;
+                        if (attn_dtc_hg_ready[h == 16 ? 0 : 1] && gy > grid.y &&
+                            (uint64_t) grid.x * gy * grid.z <= (uint64_t) attn_sms)
+                                hg = h;
+                }
+        if (hg < 32) {
+                dim3 gh(max_parts, (a->n_head + hg - 1) / hg, n);
                 size_t smh = dtc_smem(c->D, attn_dtc_pair ? 4 : attn_dtc_ns, attn_dtc_pair ? 2 : 1, 16);
-                if (attn_dtc_pair)
-                        cu_launch(k_attn_dtc<4, true, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
-                                  part);
-                else if (attn_dtc_ns == 4)
-                        cu_launch(k_attn_dtc<4, false, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
-                                  part);
-                else if (attn_dtc_ns == 3)
-                        cu_launch(k_attn_dtc<3, false, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
-                                  part);
+                if (hg == 16)
+                        attn_launch_dtc_small<16>(gh, smh, a, t0, max_parts, plen, c, layer, part, s);
                 else
-                        cu_launch(k_attn_dtc<2, false, false, 16>, gh, TC_WARPS * 32, smh, s, *a, t0, max_parts, plen, *c, layer,
-                                  part);
+                        attn_launch_dtc_small<8>(gh, smh, a, t0, max_parts, plen, c, layer, part, s);
         } else if (lean)
                 cu_launch(k_attn_dtc<DTC_LEAN_NS, false, true>, grid, TC_WARPS * 32, dtc_lean_smem(c->D, a->KV), s, *a, t0,
                           max_parts, plen, *c, layer, part);

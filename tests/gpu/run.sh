@@ -315,32 +315,35 @@ PY
                         if grep -q "X4_CUDA_DTC_2SM" "$tmp/dtcl-$part.err"; then cat "$tmp/dtcl-$part.err"; return 1; fi
                         cmp "$tmp/dtc-$part.bin" "$tmp/dtcl-$part.bin" || { echo "X4_CUDA_DTC_2SM=1 differs (parts of $part)"; return 1; }
                 done
-                # half head groups (X4_CUDA_DTC_HALF=1: 16 heads a block, every launch; by default only
-                # grids that still fit one wave): the same chains, the same bits, in rounds of two
-                # sub-parts and of one. The demo model's 8 heads fill half a block (rows 8-15 absent);
-                # a 40-head model (blocks of 16, 16 and 8 against 32 and 8) below
+                # small head groups (X4_CUDA_DTC_HG=16|8: 16 or 8 heads a block, every launch; by
+                # default only grids that still fit one wave): the same chains, the same bits, in
+                # rounds of two sub-parts and of one. The demo model's 8 heads fill half a block of
+                # 16; a 40-head model (blocks of 16, 16, 8 and of 8 against 32, 8) below
                 for part in 256 64; do
                         for pair in 1 0; do
-                                X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_HALF=1 X4_CUDA_DTC_PAIR=$pair X4_CUDA_ATTN_DECODE_PART=$part \
-                                        "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 --prompt "$prompt" \
-                                        --decode 9,99,999 --device cuda --out "$tmp/dtch-$part.bin" 2>"$tmp/dtch.err" ||
-                                        { cat "$tmp/dtch.err"; return 1; }
-                                if grep -q "X4_CUDA_DTC_HALF" "$tmp/dtch.err"; then cat "$tmp/dtch.err"; return 1; fi
-                                cmp "$tmp/dtc-$part.bin" "$tmp/dtch-$part.bin" ||
-                                        { echo "X4_CUDA_DTC_HALF=1 differs (parts of $part, X4_CUDA_DTC_PAIR=$pair)"; return 1; }
+                                for hg in 16 8; do
+                                        X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_HG=$hg X4_CUDA_DTC_PAIR=$pair X4_CUDA_ATTN_DECODE_PART=$part \
+                                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 --prompt "$prompt" \
+                                                --decode 9,99,999 --device cuda --out "$tmp/dtch-$part.bin" 2>"$tmp/dtch.err" ||
+                                                { cat "$tmp/dtch.err"; return 1; }
+                                        if grep -q "X4_CUDA_DTC_HG" "$tmp/dtch.err"; then cat "$tmp/dtch.err"; return 1; fi
+                                        cmp "$tmp/dtc-$part.bin" "$tmp/dtch-$part.bin" || { echo "X4_CUDA_DTC_HG=$hg differs" \
+                                                "(parts of $part, X4_CUDA_DTC_PAIR=$pair)"; return 1; }
+                                done
                         done
                 done
-                for half in 0 1; do
-                        X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_HALF=$half X4_CUDA_ATTN_DECODE_PART=64 "$build/tools/x4-logits" \
+                for hg in 32 16 8; do
+                        X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_HG=$hg X4_CUDA_ATTN_DECODE_PART=64 "$build/tools/x4-logits" \
                                 --model "$tmp/h40/h40.gguf" --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda \
-                                --out "$tmp/h40/half$half.bin" 2>"$tmp/dtch.err" || { cat "$tmp/dtch.err"; return 1; }
-                        if grep -q "X4_CUDA_DTC_HALF" "$tmp/dtch.err"; then cat "$tmp/dtch.err"; return 1; fi
+                                --out "$tmp/h40/hg$hg.bin" 2>"$tmp/dtch.err" || { cat "$tmp/dtch.err"; return 1; }
+                        if grep -q "X4_CUDA_DTC_HG" "$tmp/dtch.err"; then cat "$tmp/dtch.err"; return 1; fi
                 done
-                cmp "$tmp/h40/half0.bin" "$tmp/h40/half1.bin" || { echo "X4_CUDA_DTC_HALF=1 differs, 40 heads"; return 1; }
                 # and against k_attn_tc2 (the same arithmetic in blocks of 32 heads)
                 X4_CUDA_ATTN=tc2 X4_CUDA_ATTN_PROMPT_PART=64 "$build/tools/x4-logits" --model "$tmp/h40/h40.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/h40/tc2.bin" || return 1
-                cmp "$tmp/h40/half1.bin" "$tmp/h40/tc2.bin" || { echo "X4_CUDA_DTC_HALF=1 differs from k_attn_tc2, 40 heads"; return 1; }
+                for hg in 32 16 8; do
+                        cmp "$tmp/h40/hg$hg.bin" "$tmp/h40/tc2.bin" || { echo "X4_CUDA_DTC_HG=$hg differs from k_attn_tc2, 40 heads"; return 1; }
+                done
                 X4_CUDA_DECODE_ATTN=fp32 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-fp32.bin" || return 1
                 if cmp -s "$tmp/dtc-def.bin" "$tmp/dtc-fp32.bin"; then
@@ -352,7 +355,7 @@ PY
                 X4_CUDA_COMBINE=ref X4_CUDA_ATTN_DECODE_PART=64 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f16 \
                         --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/dtc-ref.bin" || return 1
                 cmp "$tmp/dtc-64.bin" "$tmp/dtc-ref.bin" || { echo "the combine differs from its reference (f16 cache)"; return 1; }
-                echo "k_attn_dtc = k_attn_tc2 = k_attn_dtc two blocks an SM = half head groups (parts of 256 and 64; 40 heads), combine = its reference: identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
+                echo "k_attn_dtc = k_attn_tc2 = k_attn_dtc two blocks an SM = blocks of 16 and 8 heads (parts of 256 and 64; 40 heads), combine = its reference: identical logits ($(stat -c %s "$tmp/dtc-256.bin") bytes)"
         }
         step "decode attention on tensor cores equals k_attn_tc2 bit for bit, demo model" dtc_same
         step "cuda (f16 cache) vs cpu, demo model, 512 + 64 greedy" env X4_GPU_CACHE=f16 "$check" parity "$tmp/demo.gguf" 512 64
@@ -1112,9 +1115,12 @@ if command -v compute-sanitizer >/dev/null; then
                         X4_CUDA_ATTN_DECODE_PART=256 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                         --model "$tiny" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-long.bin"
                 step "compute-sanitizer $tool, f16 cache, 300-token prompt, two blocks an SM" san_lean $tool
-                step "compute-sanitizer $tool, f16 cache, 300-token prompt, half head groups" env X4_CUDA_DTC_2SM=0 \
-                        X4_CUDA_DTC_HALF=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                        --model "$tmp/h40/h40.gguf" --cache f16 --prompt "$long" --decode 5,6 --device cuda --out "$tmp/san-half.bin"
+                for hg in 16 8; do
+                        step "compute-sanitizer $tool, f16 cache, 300-token prompt, blocks of $hg heads" env X4_CUDA_DTC_2SM=0 \
+                                X4_CUDA_DTC_HG=$hg compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
+                                --model "$tmp/h40/h40.gguf" --cache f16 --prompt "$long" --decode 5,6 --device cuda \
+                                --out "$tmp/san-hg.bin"
+                done
         done
         # the tensor-core products for every token count (X4_CUDA_MM=tc) on the demo model: a
         # 30-token prompt in chunks of 20 (k_mm_tcp, experts grouped) and 10 (k_mm_tcd, dense and
