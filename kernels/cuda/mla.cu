@@ -1877,20 +1877,20 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                  * the queries a step, B two steps of the keys a load); ONE_MT: warps 0-3 */
                 if (!ONE_MT || warp < 4) {
                         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
-                        /* a 32-value step of the chain: keys k (values k0 .. k0 + 31 of the rows) */
-                        auto step32 = [&](const __half *k, uint32_t k0) {
-                                uint32_t qf0[4], qf1[4], kf[4];
-                                mtp_ldm4(qf0, qa + k0);
-                                mtp_ldm4(qf1, qa + k0 + 16);
-                                mtp_ldm4(kf, k);
-                                tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
-                                tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
-                        };
                         if constexpr (LEAN) {
-                                /* the same steps: 32 values while they fit, then 16; the c-part's
-                                 * from the slot (KV % 32 = 0: no step straddles KV), the rope
-                                 * keys' from sR */
+                                const __half *qa = sQ + (size_t) (mt * 16 + lane % 16) * rq + (lane / 16) * 8;
+                                /* a 32-value step: keys k (values k0 .. k0 + 31 of the rows) */
+                                auto step32 = [&](const __half *k, uint32_t k0) {
+                                        uint32_t qf0[4], qf1[4], kf[4];
+                                        mtp_ldm4(qf0, qa + k0);
+                                        mtp_ldm4(qf1, qa + k0 + 16);
+                                        mtp_ldm4(kf, k);
+                                        tc_mma(acc, qf0[0], qf0[1], qf0[2], qf0[3], kf[0], kf[1]);
+                                        tc_mma(acc, qf1[0], qf1[1], qf1[2], qf1[3], kf[2], kf[3]);
+                                };
+                                /* dtc_score's steps: 32 values while they fit, then 16; the
+                                 * c-part's from the slot (KV % 32 = 0: no step straddles KV), the
+                                 * rope keys' from sR */
                                 const __half *kb = sK + (size_t) (nt * 8 + lane % 8) * rk + (lane / 8) * 8;
                                 const __half *rb = sR + (size_t) (nt * 8 + lane % 8) * rr + (lane / 8) * 8;
                                 uint32_t k0 = 0;
@@ -1919,7 +1919,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                 /* into the slot of sub-part s − 1 (LEAN: and sR, whose readers, this sub-part's
                  * score chains, are done) */
                 issue(s + NS - 1);
-                /* the online softmax step, a warp per four heads, a lane per position */
+                /* the online softmax step, a warp per HG / 8 heads, a lane per position */
 #pragma unroll
                 for (int x = 0; x < HG / TC_WARPS; x++)
                         tc_softmax_step<LEAN>(sS, sP, sM, sL, sA, ss, ps, warp * (HG / TC_WARPS) + x, lane);

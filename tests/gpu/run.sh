@@ -198,7 +198,8 @@ if step "x4-logits --device cuda" "$build/tools/x4-logits" --model "$tiny" --pro
         fi
 fi
 # the demo's shapes with 40 heads and 2 layers: k_attn_dtc's head groups of 16 (16, 16, 8) and of
-# 32 (32, 8) both end in a partial block (dtc_same, the sanitizers' half head groups)
+# 32 (32, 8) both end in a partial block, of 8 in five (dtc_same, the sanitizers' blocks of 16 and
+# 8 heads)
 mkdir -p "$tmp/h40"
 step "make demo model with 40 heads" "$build/tools/x4-mkmodel" --preset demo --heads 40 --layers 2 --quiet \
         --out "$tmp/h40/h40.gguf"
