@@ -1041,12 +1041,17 @@ static int run_generate(x4_client *c, x4_request *req, struct gen_state *s) {
                         d->completion_tokens, d->completion_tokens == 1 ? "" : "s");
                 return EXIT_NO_ANSWER;
         }
-        if (d->finish_reason == X4_FINISH_STOP && !s->any_content && d->reasoning_tokens > 0 &&
-            !s->no_think && !d->stop) {
-                fprintf(stderr, "x4ctl: the model ended its turn while still thinking (%u token%s); nothing was "
-                                "answered. Ask again (another --seed), or turn the thinking off with --no-think "
-                                "(--show-think shows it)\n",
-                        d->reasoning_tokens, d->reasoning_tokens == 1 ? "" : "s");
+        /* the template opened the thinking and the model ended its turn at once (its first token a
+         * turn end): no reasoning token was counted, but the answer is as missing as after 100 */
+        bool thought = d->reasoning_tokens > 0 || s->last_channel == X4_CHANNEL_REASONING;
+        if (d->finish_reason == X4_FINISH_STOP && !s->any_content && thought && !s->no_think && !d->stop) {
+                if (d->reasoning_tokens)
+                        fprintf(stderr, "x4ctl: the model ended its turn while still thinking (%u token%s); ",
+                                d->reasoning_tokens, d->reasoning_tokens == 1 ? "" : "s");
+                else
+                        fprintf(stderr, "x4ctl: the model ended its turn at once, before thinking or answering; ");
+                fprintf(stderr, "nothing was answered. Ask again (another --seed), or turn the thinking off "
+                                "with --no-think (--show-think shows it)\n");
                 return EXIT_NO_ANSWER;
         }
         if (d->finish_reason == X4_FINISH_LENGTH && s->json_schema && s->any_content) {
