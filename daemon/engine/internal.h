@@ -201,6 +201,7 @@ _printf_(4, 5) int eng_verr(char *err, size_t size, int code, const char *fmt, .
 /* daemon/engine/jobs.c (jobs and their output) */
 bool eng_accept_token(struct sched *s, struct job *j, int32_t t, struct sched_logprob *lp);
 bool eng_constrain_logits(struct sched *s, struct job *j, float *l);
+void eng_keep_turn_open(struct sched *s, struct job *j, float *l);
 _printf_(4, 5) void eng_fail_job(struct sched *s, struct job *j, int code, const char *fmt, ...);
 void eng_finish_job(struct sched *s, struct job *j, int reason, const char *stop);
 void eng_job_free(struct sched *s, struct job *j);

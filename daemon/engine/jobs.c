@@ -262,6 +262,19 @@ bool eng_constrain_logits(struct sched *s, struct job *j, float *l) {
         return true;
 }
 
+/* A required answer (a JSON schema, json_object, a forced tool call: a constraint that is not
+ * lazy) after a reasoning: until the reasoning ends, the tokens that end the turn are masked, so
+ * the turn cannot end inside the reasoning with no answer at all (the demo model did so in 2 of 6
+ * json_object requests with thinking on). The reasoning is otherwise free; its end is forced when
+ * only the answer's room is left (constraint_after_token). */
+void eng_keep_turn_open(struct sched *s, struct job *j, float *l) {
+        if (!j->gm || j->gm_on || grammar_matcher_lazy(j->gm) || j->r->ignore_eos)
+                return;
+        for (size_t i = 0; i < s->n_turn_end_ids; i++)
+                if (s->turn_end_ids[i] >= 0 && (uint32_t) s->turn_end_ids[i] < s->cfg->n_vocab)
+                        l[s->turn_end_ids[i]] = -INFINITY;
+}
+
 /* A token was sampled (or forced) for j. Returns true if j ended (and was freed). */
 bool eng_accept_token(struct sched *s, struct job *j, int32_t t, struct sched_logprob *lp) {
         double now = now_ms();

@@ -322,6 +322,7 @@ static bool sample_row(struct sched *s, struct job *j, float *l, const float *q,
                 char err[256] = "";
                 if (j->gm && j->gm_on && !eng_constrain_logits(s, j, l))
                         return false;
+                eng_keep_turn_open(s, j, l);
                 if (q) {
                         bool ok = false;
                         float *p = eng_mtp_grow(&s->mtp_p, &s->mtp_p_cap, s->cfg->n_vocab);
