@@ -37,10 +37,13 @@ done
 "$build/cli/x4ctl" --socket "$tmp/xing4d.sock" health >/dev/null || { cat "$tmp/xing4d.log"; exit 1; }
 
 # the trained demo model (models/xing4-demo, in the tree): the agent CLIs against a real model that
-# ends its turns (test/agents.test.js); absent in a tree without it, those tests say so and skip
+# ends its turns (test/agents.test.js); absent in a tree without it, those tests say so and skip.
+# --max-tokens 1024: the output limit of a request that sets none (Codex), so that a try the model
+# writes on and on ends in seconds (that test retries it), not when the context is full
 trained="$src/models/xing4-demo/model.gguf"
 if [ -f "$trained" ]; then
         "$build/daemon/xing4d" --config "$tmp/xing4d.conf" --model "$trained" --device cpu --threads 1 \
+                --max-tokens 1024 \
                 --listen "$tmp/trained.sock" --state-dir "$tmp/trained-state" 2>"$tmp/trained.log" &
         pids+=($!)
         for _ in $(seq 1 600); do
