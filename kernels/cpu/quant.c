@@ -323,7 +323,8 @@ int quant_dequantize_row(uint32_t type, const void *row, float *out, size_t n) {
  * the baseline ISA, for AVX2 (+F16C) and for AVX-512F (+AVX2, F16C), one of which is picked at
  * the first call from what the CPU has (an explicit pick rather than target_clones: ifunc
  * resolvers run before sanitizer runtimes start). The arithmetic is lane-wise (GNU vector
- * extension, 16 floats; AVX2 holds one in two registers, the baseline in four) with a separate
+ * extension, 16 floats; AVX2 holds one in two registers, the baseline in four; the AVX2 panel
+ * product and weighted rows spell the two halves out, see gemm_tile_avx2) with a separate
  * multiply and add (ISO C11: gcc does not contract a*b+c; the clang pragma below says the same),
  * and the dequantization is exact, so the three variants give the same bits. */
 
@@ -357,14 +358,18 @@ ALWAYS_INLINE float lanes_reduce(const float a[16]) {
         return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-/* One output: the vector lanes, plus the n % 16 tail continuing lane = index mod 16. */
+/* One output from its 16 lane sums a: plus the n % 16 tail continuing lane = index mod 16. */
+ALWAYS_INLINE float lanes_finish_sums(float a[16], const float *w, const float *x, size_t rem) {
+        for (size_t j = 0; j < rem; j++)
+                a[j] = a[j] + w[j] * x[j];
+        return lanes_reduce(a);
+}
+
 ALWAYS_INLINE float lanes_finish(const v16f *acc, const float *w, const float *x, size_t rem) {
         float a[16];
 
         memcpy(a, acc, sizeof a);
-        for (size_t j = 0; j < rem; j++)
-                a[j] = a[j] + w[j] * x[j];
-        return lanes_reduce(a);
+        return lanes_finish_sums(a, w, x, rem);
 }
 
 /* A register tile: y[t·ys + r] for r < NR rows of w (ws floats apart), t < NT inputs (xs apart).
@@ -398,34 +403,43 @@ ALWAYS_INLINE void gemm_tile(const int NR, const int NT, const float *w, size_t 
 
 /* y[t·ys + r] = w[r] · x[t] for r < R, t < T: register tiles of TR rows × TT inputs, the rows
  * outer (they stay in L1) and the inputs streaming past. Edges take TR × 1 and 1 × TT tiles.
- * The tiling never changes an output's own order. */
+ * The tiling never changes an output's own order. GEMM_BODY_TILED is the loop for any tile
+ * function of gemm_tile's arguments (the AVX2 variant has its own, below). */
+#define GEMM_BODY_TILED(TILE, TR, TT, w, R, k, x, xs, T, y, ys)                                    \
+        do {                                                                                       \
+                for (size_t r_ = 0; r_ < (R); r_ += (TR)) {                                        \
+                        size_t nr_ = MIN((size_t) (TR), (R) - r_);                                 \
+                        const float *wr_ = (w) + r_ * (k);                                         \
+                        float *yr_ = (y) + r_;                                                     \
+                                                                                                   \
+                        for (size_t t_ = 0; t_ < (T); t_ += (TT)) {                                \
+                                size_t nt_ = MIN((size_t) (TT), (T) - t_);                         \
+                                const float *xt_ = (x) + t_ * (xs);                                \
+                                float *yt_ = yr_ + t_ * (ys);                                      \
+                                                                                                   \
+                                if (nr_ == (size_t) (TR) && nt_ == (size_t) (TT))                  \
+                                        TILE((TR), (TT), wr_, (k), xt_, (xs), yt_, (ys), (k));     \
+                                else if (nr_ == (size_t) (TR))                                     \
+                                        for (size_t u_ = 0; u_ < nt_; u_++)                        \
+                                                TILE((TR), 1, wr_, (k), xt_ + u_ * (xs), (xs),     \
+                                                     yt_ + u_ * (ys), (ys), (k));                  \
+                                else if (nt_ == (size_t) (TT))                                     \
+                                        for (size_t q_ = 0; q_ < nr_; q_++)                        \
+                                                TILE(1, (TT), wr_ + q_ * (k), (k), xt_, (xs),      \
+                                                     yt_ + q_, (ys), (k));                         \
+                                else                                                               \
+                                        for (size_t q_ = 0; q_ < nr_; q_++)                        \
+                                                for (size_t u_ = 0; u_ < nt_; u_++)                \
+                                                        TILE(1, 1, wr_ + q_ * (k), (k),            \
+                                                             xt_ + u_ * (xs), (xs),                \
+                                                             yt_ + q_ + u_ * (ys), (ys), (k));     \
+                        }                                                                          \
+                }                                                                                  \
+        } while (0)
+
 ALWAYS_INLINE void gemm_body(const int TR, const int TT, const float *w, size_t R, size_t k,
                              const float *x, size_t xs, size_t T, float *y, size_t ys) {
-        for (size_t r = 0; r < R; r += TR) {
-                size_t nr = MIN((size_t) TR, R - r);
-                const float *wr = w + r * k;
-                float *yr = y + r;
-
-                for (size_t t = 0; t < T; t += TT) {
-                        size_t nt = MIN((size_t) TT, T - t);
-                        const float *xt = x + t * xs;
-                        float *yt = yr + t * ys;
-
-                        if (nr == (size_t) TR && nt == (size_t) TT)
-                                gemm_tile(TR, TT, wr, k, xt, xs, yt, ys, k);
-                        else if (nr == (size_t) TR)
-                                for (size_t u = 0; u < nt; u++)
-                                        gemm_tile(TR, 1, wr, k, xt + u * xs, xs, yt + u * ys, ys, k);
-                        else if (nt == (size_t) TT)
-                                for (size_t q = 0; q < nr; q++)
-                                        gemm_tile(1, TT, wr + q * k, k, xt, xs, yt + q, ys, k);
-                        else
-                                for (size_t q = 0; q < nr; q++)
-                                        for (size_t u = 0; u < nt; u++)
-                                                gemm_tile(1, 1, wr + q * k, k, xt + u * xs, xs,
-                                                          yt + q + u * ys, ys, k);
-                }
-        }
+        GEMM_BODY_TILED(gemm_tile, TR, TT, w, R, k, x, xs, T, y, ys);
 }
 
 /* ---- softmax ----
@@ -515,6 +529,20 @@ ALWAYS_INLINE void softmax_body(float *s, size_t n, float scale) {
                 s[i] = s[i] * inv;
 }
 
+/* out[h][j] += P[h][r]·rows[r][j], r ascending, for the columns j0 <= j < k one at a time (the
+ * k % 16 tail of the vector loops) */
+ALWAYS_INLINE void weighted_columns(const int NH, const float *rows, size_t row_stride,
+                                    size_t n_rows, size_t j0, size_t k, const float *P,
+                                    size_t p_stride, float *out, size_t out_stride) {
+        for (int h = 0; h < NH; h++)
+                for (size_t j = j0; j < k; j++) {
+                        float o = out[h * out_stride + j];
+                        for (size_t r = 0; r < n_rows; r++)
+                                o = o + P[h * p_stride + r] * rows[r * row_stride + j];
+                        out[h * out_stride + j] = o;
+                }
+}
+
 /* out[h][j] = out[h][j] + P[h][r]·rows[r][j] for r ascending (a multiply, then an add): every
  * element's own order is r, whatever the vector width. NH heads at a time keep their 16-value
  * column chunk in registers while the rows pass. */
@@ -540,26 +568,27 @@ ALWAYS_INLINE void weighted_heads(const int NH, const float *rows, size_t row_st
                 UNROLL for (int h = 0; h < NH; h++)
                         memcpy(out + h * out_stride + j, &acc[h], sizeof acc[h]);
         }
-        for (int h = 0; h < NH; h++)
-                for (size_t j = kv; j < k; j++) {
-                        float o = out[h * out_stride + j];
-                        for (size_t r = 0; r < n_rows; r++)
-                                o = o + P[h * p_stride + r] * rows[r * row_stride + j];
-                        out[h * out_stride + j] = o;
-                }
+        weighted_columns(NH, rows, row_stride, n_rows, kv, k, P, p_stride, out, out_stride);
 }
+
+/* The H heads by HEADS (a function of weighted_heads' arguments): groups of 4, then one by one */
+#define WEIGHTED_ROWS_BY_HEADS(HEADS, rows, row_stride, n_rows, k, P, p_stride, H, out, os)        \
+        do {                                                                                       \
+                size_t h_ = 0;                                                                     \
+                                                                                                   \
+                for (; h_ + 4 <= (H); h_ += 4)                                                     \
+                        HEADS(4, (rows), (row_stride), (n_rows), (k), (P) + h_ * (p_stride),       \
+                              (p_stride), (out) + h_ * (os), (os));                                \
+                for (; h_ < (H); h_++)                                                             \
+                        HEADS(1, (rows), (row_stride), (n_rows), (k), (P) + h_ * (p_stride),       \
+                              (p_stride), (out) + h_ * (os), (os));                                \
+        } while (0)
 
 ALWAYS_INLINE void weighted_rows_body(const float *rows, size_t row_stride, size_t n_rows,
                                       size_t k, const float *P, size_t p_stride, size_t H,
                                       float *out, size_t out_stride) {
-        size_t h = 0;
-
-        for (; h + 4 <= H; h += 4)
-                weighted_heads(4, rows, row_stride, n_rows, k, P + h * p_stride, p_stride,
-                               out + h * out_stride, out_stride);
-        for (; h < H; h++)
-                weighted_heads(1, rows, row_stride, n_rows, k, P + h * p_stride, p_stride,
-                               out + h * out_stride, out_stride);
+        WEIGHTED_ROWS_BY_HEADS(weighted_heads, rows, row_stride, n_rows, k, P, p_stride, H, out,
+                               out_stride);
 }
 
 /* Rows [0, R) of a stored matrix (row_bytes apart, k values each) as fp32, exactly (docs/model.md §6). */
@@ -940,9 +969,81 @@ AVX512_TARGET static bool gemv_avx512(uint32_t type, const void *w, size_t rb, s
         return true;
 }
 
+/* The AVX2 tile and weighted rows hold each 16-lane vector as two explicit 8-lane halves: gcc
+ * keeps a 64-byte GNU vector in memory where the widest register is 32 bytes, and so the generic
+ * bodies ran with every accumulator spilled (the attention's dots at ~3 G multiply-adds a second
+ * on an AVX2 EPYC). Lane l is lane l % 8 of half l / 8, and each lane sees the same operations in
+ * the same order (a multiply, then an add, the index ascending; no FMA in this target), so the
+ * bits are the generic body's. */
+AVX2_TARGET ALWAYS_INLINE void gemm_tile_avx2(const int NR, const int NT, const float *w,
+                                              size_t ws, const float *x, size_t xs, float *y,
+                                              size_t ys, size_t k) {
+        __m256 acc[4][4][2];
+        size_t kv = k - k % 16;
+
+        UNROLL for (int r = 0; r < NR; r++)
+                UNROLL for (int t = 0; t < NT; t++)
+                        acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+        for (size_t i = 0; i < kv; i += 16)
+                UNROLL for (int hf = 0; hf < 2; hf++) {
+                        __m256 wv[4], xv[4];
+
+                        UNROLL for (int r = 0; r < NR; r++)
+                                wv[r] = _mm256_loadu_ps(w + r * ws + i + 8 * hf);
+                        UNROLL for (int t = 0; t < NT; t++)
+                                xv[t] = _mm256_loadu_ps(x + t * xs + i + 8 * hf);
+                        UNROLL for (int r = 0; r < NR; r++)
+                                UNROLL for (int t = 0; t < NT; t++)
+                                        acc[r][t][hf] = _mm256_add_ps(acc[r][t][hf],
+                                                                      _mm256_mul_ps(wv[r], xv[t]));
+                }
+        UNROLL for (int r = 0; r < NR; r++)
+                UNROLL for (int t = 0; t < NT; t++) {
+                        float a[16];
+
+                        _mm256_storeu_ps(a, acc[r][t][0]);
+                        _mm256_storeu_ps(a + 8, acc[r][t][1]);
+                        y[t * ys + r] = lanes_finish_sums(a, w + r * ws + kv, x + t * xs + kv,
+                                                          k - kv);
+                }
+}
+
 AVX2_TARGET static void gemm_avx2(const float *w, size_t R, size_t k, const float *x, size_t xs,
                                   size_t T, float *y, size_t ys) {
-        gemm_body(2, 2, w, R, k, x, xs, T, y, ys); /* 2 × 2 × (2 ymm) accumulators: 8 of 16 */
+        /* 2 × 2 × 2 ymm accumulators, 4 + 4 loaded halves at most: 16 registers */
+        GEMM_BODY_TILED(gemm_tile_avx2, 2, 2, w, R, k, x, xs, T, y, ys);
+}
+
+/* weighted_heads (above) with two ymm halves per head's 16-value chunk */
+AVX2_TARGET ALWAYS_INLINE void weighted_heads_avx2(const int NH, const float *rows,
+                                                   size_t row_stride, size_t n_rows, size_t k,
+                                                   const float *P, size_t p_stride, float *out,
+                                                   size_t out_stride) {
+        size_t kv = k - k % 16;
+
+        for (size_t j = 0; j < kv; j += 16) {
+                __m256 acc[4][2];
+
+                UNROLL for (int h = 0; h < NH; h++) {
+                        acc[h][0] = _mm256_loadu_ps(out + h * out_stride + j);
+                        acc[h][1] = _mm256_loadu_ps(out + h * out_stride + j + 8);
+                }
+                for (size_t r = 0; r < n_rows; r++) {
+                        __m256 v0 = _mm256_loadu_ps(rows + r * row_stride + j);
+                        __m256 v1 = _mm256_loadu_ps(rows + r * row_stride + j + 8);
+
+                        UNROLL for (int h = 0; h < NH; h++) {
+                                __m256 p = _mm256_set1_ps(P[h * p_stride + r]);
+                                acc[h][0] = _mm256_add_ps(acc[h][0], _mm256_mul_ps(p, v0));
+                                acc[h][1] = _mm256_add_ps(acc[h][1], _mm256_mul_ps(p, v1));
+                        }
+                }
+                UNROLL for (int h = 0; h < NH; h++) {
+                        _mm256_storeu_ps(out + h * out_stride + j, acc[h][0]);
+                        _mm256_storeu_ps(out + h * out_stride + j + 8, acc[h][1]);
+                }
+        }
+        weighted_columns(NH, rows, row_stride, n_rows, kv, k, P, p_stride, out, out_stride);
 }
 
 AVX512_TARGET static void gemm_avx512(const float *w, size_t R, size_t k, const float *x,
@@ -953,7 +1054,8 @@ AVX512_TARGET static void gemm_avx512(const float *w, size_t R, size_t k, const 
 AVX2_TARGET static void weighted_rows_avx2(const float *rows, size_t row_stride, size_t n_rows,
                                            size_t k, const float *P, size_t p_stride, size_t H,
                                            float *out, size_t out_stride) {
-        weighted_rows_body(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
+        WEIGHTED_ROWS_BY_HEADS(weighted_heads_avx2, rows, row_stride, n_rows, k, P, p_stride, H,
+                               out, out_stride);
 }
 
 AVX512_TARGET static void weighted_rows_avx512(const float *rows, size_t row_stride,
