@@ -1065,8 +1065,94 @@ AVX512_TARGET static void weighted_rows_avx512(const float *rows, size_t row_str
         weighted_rows_body(rows, row_stride, n_rows, k, P, p_stride, H, out, out_stride);
 }
 
+/* exp16 (above) on 8 lanes: the same operations in the same order, so the same bits */
+AVX2_TARGET ALWAYS_INLINE __m256 exp8_avx2(__m256 x) {
+        const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
+        const __m256 magic = _mm256_set1_ps(12582912.0f);
+        __m256 fx, n, r, p, y;
+
+        x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+        x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+        fx = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+        n = _mm256_add_ps(fx, magic);
+        n = _mm256_sub_ps(n, magic);
+        r = _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f));
+        r = _mm256_sub_ps(x, r);
+        p = _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f));
+        r = _mm256_sub_ps(r, p);
+        p = _mm256_mul_ps(r, _mm256_set1_ps(1.9875691500e-4f));
+        p = _mm256_add_ps(p, _mm256_set1_ps(1.3981999507e-3f));
+        p = _mm256_mul_ps(p, r);
+        p = _mm256_add_ps(p, _mm256_set1_ps(8.3334519073e-3f));
+        p = _mm256_mul_ps(p, r);
+        p = _mm256_add_ps(p, _mm256_set1_ps(4.1665795894e-2f));
+        p = _mm256_mul_ps(p, r);
+        p = _mm256_add_ps(p, _mm256_set1_ps(1.6666665459e-1f));
+        p = _mm256_mul_ps(p, r);
+        p = _mm256_add_ps(p, _mm256_set1_ps(5.0000001201e-1f));
+        y = _mm256_mul_ps(r, r);
+        y = _mm256_mul_ps(p, y);
+        y = _mm256_add_ps(y, r);
+        y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+        __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
+
+        e = _mm256_slli_epi32(e, 23);
+        return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* softmax_body with the 16 lanes as two ymm halves (its generic form spilled them, as the panel
+ * product did): the same maxima, the same exps and the same lane sums, so the same bits */
 AVX2_TARGET static void softmax_avx2(float *s, size_t n, float scale) {
-        softmax_body(s, n, scale);
+        size_t nv = n - n % 16, rem = n - nv;
+        const __m256 sc = _mm256_set1_ps(scale);
+        __m256 mxv[2], acc[2];
+        float t[16], a[16], mx = -__builtin_inff(), inv;
+
+        mxv[0] = mxv[1] = _mm256_set1_ps(-__builtin_inff());
+        acc[0] = acc[1] = _mm256_setzero_ps();
+        for (size_t i = 0; i < nv; i += 16)
+                for (int hf = 0; hf < 2; hf++) {
+                        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + i + 8 * hf), sc);
+                        __m256 gt = _mm256_cmp_ps(v, mxv[hf], _CMP_GT_OQ);
+
+                        mxv[hf] = _mm256_blendv_ps(mxv[hf], v, gt);
+                        _mm256_storeu_ps(s + i + 8 * hf, v);
+                }
+        _mm256_storeu_ps(a, mxv[0]);
+        _mm256_storeu_ps(a + 8, mxv[1]);
+        for (int l = 0; l < 16; l++)
+                mx = a[l] > mx ? a[l] : mx;
+        for (size_t i = nv; i < n; i++) {
+                s[i] = s[i] * scale;
+                mx = s[i] > mx ? s[i] : mx;
+        }
+        const __m256 mxb = _mm256_set1_ps(mx);
+        for (size_t i = 0; i < nv; i += 16)
+                for (int hf = 0; hf < 2; hf++) {
+                        __m256 e = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i + 8 * hf), mxb));
+                        acc[hf] = _mm256_add_ps(acc[hf], e);
+                        _mm256_storeu_ps(s + i + 8 * hf, e);
+                }
+        /* the tail through the same vector code, padded; its values continue the lanes */
+        for (int l = 0; l < 16; l++)
+                t[l] = (size_t) l < rem ? s[nv + l] : mx;
+        for (int hf = 0; hf < 2; hf++) {
+                __m256 e = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(t + 8 * hf), mxb));
+
+                _mm256_storeu_ps(t + 8 * hf, e);
+        }
+        _mm256_storeu_ps(a, acc[0]);
+        _mm256_storeu_ps(a + 8, acc[1]);
+        for (size_t l = 0; l < rem; l++) {
+                s[nv + l] = t[l];
+                a[l] = a[l] + t[l];
+        }
+        inv = 1.0f / lanes_reduce(a);
+        const __m256 invb = _mm256_set1_ps(inv);
+        for (size_t i = 0; i < nv; i += 8)
+                _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_loadu_ps(s + i), invb));
+        for (size_t i = nv; i < n; i++)
+                s[i] = s[i] * inv;
 }
 
 AVX512_TARGET static void softmax_avx512(float *s, size_t n, float scale) {
