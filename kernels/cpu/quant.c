@@ -324,7 +324,7 @@ int quant_dequantize_row(uint32_t type, const void *row, float *out, size_t n) {
  * the first call from what the CPU has (an explicit pick rather than target_clones: ifunc
  * resolvers run before sanitizer runtimes start). The arithmetic is lane-wise (GNU vector
  * extension, 16 floats; AVX2 holds one in two registers, the baseline in four; the AVX2 panel
- * product and weighted rows spell the two halves out, see gemm_tile_avx2) with a separate
+ * product, weighted rows and softmax spell the two halves out, see gemm_tile_avx2) with a separate
  * multiply and add (ISO C11: gcc does not contract a*b+c; the clang pragma below says the same),
  * and the dequantization is exact, so the three variants give the same bits. */
 
@@ -2363,6 +2363,20 @@ Q8_CONV_TARGET static void round_bf16_avx512(const float *x, size_t n, uint16_t 
                 xb[i] = quant_f32_to_bf16(x[i]);
 }
 
+/* A q8 block's scale (quant.h): dx = max|x| / 127, and the factor 127 / max|x| returned; for a
+ * block with a NaN or an infinity (bad: dx NaN) or a maximum below Q8_TINY (dx 0), zero q and
+ * sums written and 0 returned */
+static inline float q8_block_scale(bool bad, float amax, float *dx, int8_t *q, int32_t *sums) {
+        if (bad || amax < Q8_TINY) {
+                *dx = bad ? NAN : 0.0f;
+                memset(q, 0, 32);
+                sums[0] = sums[1] = 0;
+                return 0.0f;
+        }
+        *dx = amax / 127.0f;
+        return 127.0f / amax;
+}
+
 Q8_CONV_TARGET static void q8_quantize_avx512(const float *x, size_t k, void *row) {
         int8_t *q = row;
         float *dx = (float *) ((uint8_t *) row + k);
@@ -2375,20 +2389,69 @@ Q8_CONV_TARGET static void q8_quantize_avx512(const float *x, size_t k, void *ro
                 /* NaN (unordered) or infinite anywhere: a NaN scale and zeros, as the portable code */
                 __mmask16 bad = _mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ);
                 float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-                if (bad || amax < Q8_TINY) {
-                        dx[b] = bad ? NAN : 0.0f;
-                        memset(q + 32 * b, 0, 32);
-                        sums[2 * b] = sums[2 * b + 1] = 0;
+                float id = q8_block_scale(bad, amax, dx + b, q + 32 * b, sums + 2 * b);
+                if (id == 0.0f)
                         continue;
-                }
-                __m512 idv = _mm512_set1_ps(127.0f / amax);
-                dx[b] = amax / 127.0f;
+                __m512 idv = _mm512_set1_ps(id);
                 __m512i i0 = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x0, idv))));
                 __m512i i1 = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(x1, idv))));
                 _mm_storeu_si128((__m128i *) (q + 32 * b), _mm512_cvtsepi32_epi8(i0));
                 _mm_storeu_si128((__m128i *) (q + 32 * b + 16), _mm512_cvtsepi32_epi8(i1));
                 sums[2 * b] = _mm512_reduce_add_epi32(i0);
                 sums[2 * b + 1] = _mm512_reduce_add_epi32(i1);
+        }
+}
+
+/* The same q8 row with AVX2: each 32-value block as four ymm registers, rounded by the same
+ * conversion (nearest even), clamped and packed to bytes in order (the packs interleave the
+ * 128-bit lanes; one permutation puts the 4-byte groups back) */
+AVX2_TARGET static void q8_quantize_avx2(const float *x, size_t k, void *row) {
+        int8_t *q = row;
+        float *dx = (float *) ((uint8_t *) row + k);
+        int32_t *sums = (int32_t *) (dx + k / 32);
+        const __m256 inf = _mm256_set1_ps(INFINITY), sign = _mm256_set1_ps(-0.0f);
+        const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+
+        for (size_t b = 0; b < k / 32; b++) {
+                __m256 xv[4], m = _mm256_setzero_ps();
+                __m256i iv[4];
+                float mm[8], amax = 0.0f;
+                int32_t is[8];
+                int bad = 0;
+
+                for (int j = 0; j < 4; j++) {
+                        xv[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
+                        __m256 a = _mm256_andnot_ps(sign, xv[j]);
+                        /* NaN (unordered) or infinite: a NaN scale and zeros (the portable code) */
+                        bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+                        m = _mm256_max_ps(m, a);
+                }
+                _mm256_storeu_ps(mm, m);
+                for (int l = 0; l < 8; l++)
+                        amax = mm[l] > amax ? mm[l] : amax;
+                float id = q8_block_scale(bad, amax, dx + b, q + 32 * b, sums + 2 * b);
+                if (id == 0.0f)
+                        continue;
+                __m256 idv = _mm256_set1_ps(id);
+                for (int j = 0; j < 4; j++) {
+                        __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(xv[j], idv));
+
+                        iv[j] = _mm256_max_epi32(lo, _mm256_min_epi32(hi, r));
+                }
+                __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
+                                               _mm256_packs_epi32(iv[2], iv[3]));
+                w = _mm256_permutevar8x32_epi32(w, order);
+                _mm256_storeu_si256((__m256i *) (q + 32 * b), w);
+                for (int h = 0; h < 2; h++) {
+                        __m256i pair = _mm256_add_epi32(iv[2 * h], iv[2 * h + 1]);
+                        int32_t sum = 0;
+
+                        _mm256_storeu_si256((__m256i *) is, pair);
+                        for (int l = 0; l < 8; l++)
+                                sum += is[l];
+                        sums[2 * b + h] = sum;
+                }
         }
 }
 
@@ -2567,6 +2630,10 @@ void quant_q8_quantize(const float *x, size_t k, void *row) {
 #ifdef HAVE_X86_SIMD
         if (impl_get() == &impl_avx512) {
                 q8_quantize_avx512(x, k, row);
+                return;
+        }
+        if (impl_get() == &impl_avx2) {
+                q8_quantize_avx2(x, k, row);
                 return;
         }
 #endif
