@@ -265,8 +265,8 @@ bool eng_constrain_logits(struct sched *s, struct job *j, float *l) {
 /* A required answer (a JSON schema, json_object, a forced tool call: a constraint that is not
  * lazy) after a reasoning: until the reasoning ends, the tokens that end the turn are masked, so
  * the turn cannot end inside the reasoning with no answer at all (the demo model did so in 2 of
- * test_json_object_and_thinking's 3 requests with thinking on). The reasoning is otherwise free; its end is forced when
- * only the answer's room is left (constraint_after_token). */
+ * test_json_object_and_thinking's 3 requests with thinking on). The reasoning is otherwise free;
+ * its end is forced when only the answer's room is left (constraint_after_token). */
 void eng_keep_turn_open(struct sched *s, struct job *j, float *l) {
         if (!j->gm || j->gm_on || grammar_matcher_lazy(j->gm) || j->r->ignore_eos)
                 return;

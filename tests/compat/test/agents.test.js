@@ -136,12 +136,13 @@ test('Claude Code finishes a turn on the trained demo model', {
 // Codex against the same real daemon, like Claude Code above with short instructions of its own
 // and almost no tools: its config turns off the shell, subagent, goal, image and web-search tools
 // and the skills and environment blocks, leaving request_user_input (always sent) and ~1,600
-// tokens (its whole request runs against the scripted daemon, above). With
-// Codex's whole default request (~7,600 tokens of instructions and 9 tools) the trained model is
-// far outside the 512-token windows it learned from: on a CI machine like ours (2 cores, AVX2) its
-// prefill alone took ~200 s on the one thread, a CI run that finished took 236 s and one was cut
-// at 300 s still writing. Codex sends no output limit and no temperature, so the daemon's own
-// limit applies (run.sh starts this daemon with --max-tokens 1024) and the model samples at 1:
+// tokens (its whole request runs against the scripted daemon, above). With Codex's whole default
+// request (~7,600 tokens of instructions and 9 tools) the trained model is far outside the
+// 512-token windows it learned from, and on a CI machine like ours (2 cores, AVX2, before the
+// AVX2 attention kernels kept their sums in registers) its prefill alone took ~200 s on the one
+// thread: a CI run that finished took 236 s, one was cut at 300 s still writing. Codex sends no
+// output limit and no temperature, so the daemon's own limit applies (run.sh starts this daemon
+// with --max-tokens 1024) and the model samples at 1:
 // by hand on such a machine, 11 of 20 runs ended their turn in 2-11 s (some after calling
 // request_user_input, which Codex answers with an error: the loop runs), the other 9 ended
 // "Incomplete response returned, reason: max_output_tokens" (exit 1) after 14-18 s. That answer is
