@@ -558,6 +558,25 @@ if has ncul; then
         grep -E "^  [a-z_ ]*k_|Duration|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|Waves Per SM" \
                 "$out/ncu-layer.txt" "$out/ncu-head.txt" | cut -c1-150 | head -150
 fi
+if has ncusrc; then
+        # ncu's full sections and source counters (the stall reasons by SASS instruction) for the
+        # eager batch-1 launches of the kernels X4_NCUSRC_K (names or regexes; default the
+        # tensor-core products and the mHC pre-mapping) at ctx 512: X4_NCUSRC_N launches of each
+        # after X4_NCUSRC_SKIP (one layer's k_mm_tcs launches are its projections and experts)
+        for k in ${X4_NCUSRC_K:-k_mm_tcs k_hc_fused}; do
+                say "ncu source: $k"
+                X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:"$k" --launch-skip ${X4_NCUSRC_SKIP:-70} \
+                        --launch-count ${X4_NCUSRC_N:-8} --set full --import-source yes --section SourceCounters \
+                        -o "$out/ncusrc-$k" "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
+                        --decode-ctx 512 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 >"$out/ncusrc-$k.log" 2>&1
+                [ -f "$out/ncusrc-$k.ncu-rep" ] || { tail -5 "$out/ncusrc-$k.log"; continue; }
+                ncu --import "$out/ncusrc-$k.ncu-rep" --page source --csv --print-source sass \
+                        >"$out/ncusrc-$k-src.csv" 2>&1
+                ncu --import "$out/ncusrc-$k.ncu-rep" --page details >"$out/ncusrc-$k.txt" 2>&1
+                grep -E "^  [a-z_ ]*k_|Duration|DRAM Throughput|Achieved Occupancy|No Eligible|Waves Per SM|Registers Per" \
+                        "$out/ncusrc-$k.txt" | cut -c1-150 | head -80
+        done
+fi
 if has ncudtc; then
         # ncu of the f16 cache's decode attention (k_attn_dtc) and its combine (eager launches),
         # full sections, at X4_NCUDTC="CTX/BATCH ..." (default 512/1 32768/1); X4_NCUDTC_SRC=1 adds
