@@ -58,6 +58,8 @@ static bool mm_tc_ready;
 static bool mm_tc_pass; /* the forward pass being launched is a prompt-class pass (cu_mm_tc_pass) */
 static void mtd_setup(int dev);
 static void mts_setup(void);
+template <int TYPE, int NR>
+static void mtp1_prepare(void);
 static void mtp_setup(void);
 
 /* Every token on tensor cores: the default on sm_80+ since k_mm_tcs made batch-1 decode as fast
@@ -1207,6 +1209,10 @@ static void mts_setup(void) {
         mts_prepare<CU_TYPE_BF16, 2>();
         mts_prepare<CU_TYPE_IQ4_NL, 1>();
         mts_prepare<CU_TYPE_IQ4_NL, 2>();
+        mtp1_prepare<CU_TYPE_BF16, 1>();
+        mtp1_prepare<CU_TYPE_BF16, 2>();
+        mtp1_prepare<CU_TYPE_IQ4_NL, 1>();
+        mtp1_prepare<CU_TYPE_IQ4_NL, 2>();
         if (mts_onewave()) {
                 mts_prepare_ow<1>();
                 mts_prepare_ow<2>();
@@ -1244,6 +1250,246 @@ static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t s
                 fprintf(stderr, "k_mm_tcs: one-wave build, %u warps, %d blocks an SM\n", W, W > 4 ? MTS_OW8 : MTS_OW4);
         }
         cu_launch(kw, grid, dim3(32 * W), smem, s, *a, S, n_x);
+        return true;
+}
+
+/* ---- k_mm_tcp1: k_mm_tcs's m-tiles, several a block (batch 1's expert pairs and long products) ----
+ *
+ * A grid of k_mm_tcs blocks, one m-tile each, that the card holds in more than one wave (batch 1's
+ * expert gate-up: 640 blocks of 8 warps at 4 an SM, ncu 1.21 waves; the down 1,120 of 4 warps,
+ * 1.06) runs its last blocks' loads only when the first wave's blocks end, and every block's
+ * loads start from an empty ring: ncu put both at 19% of the DRAM throughput (23.0 and 13.8 us for
+ * 20.7 and 10.4 MB on the H200). Here a grid the card holds at once walks the m-tiles (block b
+ * takes tiles b, b + G, b + 2G, ...; a tile is (pair, m-tile) for expert pairs, pair-major), each
+ * warp's ring running on from one tile's parts into the next's, so the loads of a block's next
+ * tile are in flight while it computes this one. A tile's parts, its warps' D fragments and warp
+ * 0's sum in part order are k_mm_tcs's (mtd_chunks, mtd_step, mt_store: the same instructions on
+ * the same values), so the same bits; the partial sums alternate between two buffers so warp 0
+ * adds a tile's while the other warps start the next. MODE: MT_DENSE (one n-tile, no RoPE side
+ * blocks) or MT_SEL. X4_CUDA_MMTC_PST=0 keeps k_mm_tcs; =force takes this kernel for every launch
+ * it can run, on a third of the tiles' blocks (tests: the demo model's grids fit one wave). */
+#define MTP1_TILES_MAX 64 /* tiles a block at most (the host checks) */
+
+template <int TYPE, int NR, int MODE>
+__global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcp1(struct cu_mv a, uint32_t S, uint32_t n_x, uint32_t m_tiles,
+                                                           uint32_t n_tiles) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr uint32_t CB = IQ4 ? 18 : 64;
+        constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16;
+        constexpr uint32_t PR = MTD_KC * CB / 16;
+        static_assert(MODE == MT_DENSE || MODE == MT_SEL, "k_mm_tcp1: dense inputs or expert pairs");
+        extern __shared__ __align__(16) uint8_t mtp1_smem[];
+        __shared__ uint64_t tw[MTP1_TILES_MAX]; /* a tile's weight bytes from a.w (its expert's) */
+        uint32_t W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t g = lane / 4, t = lane % 4;
+        uint32_t n_rows = a.N, n_chunks = a.K / CU_CHUNK, n_parts = (n_chunks + MTD_KC - 1) / MTD_KC;
+        uint32_t slot_bytes = 16 * RB + n_x * MTD_XS * (uint32_t) sizeof(float);
+        uint8_t *ring = mtp1_smem + (size_t) warp * S * slot_bytes;
+        float *psum = (float *) (mtp1_smem + (size_t) W * S * slot_bytes); /* [buffer][part][lane][4] */
+        uint32_t G = gridDim.x, b = blockIdx.x;
+        uint32_t my_tiles = b < n_tiles ? (n_tiles - b + G - 1) / G : 0;
+        uint32_t my_parts = warp < n_parts ? (n_parts - warp + W - 1) / W : 0;
+        uint32_t n_items = my_tiles * my_parts; /* the warp's (tile, part) items, tile-major */
+        uint32_t n_in = MODE == MT_SEL ? 1 : n_x;
+        const uint8_t *wbase = (const uint8_t *) a.w;
+        /* tile i of the block: its m-tile's first row, its pair (MT_SEL) and its input group */
+        auto row0_of = [&](uint32_t i) { return (b + i * G) % m_tiles * 16; };
+        auto pair_of = [&](uint32_t i) { return MODE == MT_SEL ? (b + i * G) / m_tiles : 0u; };
+        auto grp_of = [&](uint32_t i) { return NR == 1 && a.G != a.N ? row0_of(i) / a.G : 0u; };
+        /* input n of tile i: k_mm_tcs's xoff */
+        auto xoff_of = [&](uint32_t i, uint32_t n) {
+                return (uint64_t) ((pair_of(i) + n) / a.x_div) * a.x_pstride + (uint64_t) grp_of(i) * a.x_gstride;
+        };
+        auto load_w = [&](uint32_t q) {
+                if (q >= n_items)
+                        return;
+                uint32_t i = q / my_parts, part = warp + q % my_parts * W, row0 = row0_of(i);
+                uint32_t c0 = part * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * CB / 16;
+                uint8_t *dst = ring + (size_t) (q % S) * slot_bytes;
+                const uint8_t *wt = wbase + tw[i];
+                for (uint32_t e = lane; e < 16 * PR; e += 32) {
+                        uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
+                        if (pc < np && r < n_rows)
+                                mtd_cp16(dst + rr * RB + pc * 16, wt + (uint64_t) r * a.row_bytes + (uint64_t) c0 * CB + pc * 16);
+                }
+        };
+        auto load_x = [&](uint32_t q) {
+                if (q >= n_items)
+                        return;
+                uint32_t i = q / my_parts, part = warp + q % my_parts * W;
+                uint32_t k0 = part * MTD_KV, nv4 = min((uint32_t) MTD_KV, a.K - k0) / 4;
+                float *dst = (float *) (ring + (size_t) (q % S) * slot_bytes + 16 * RB);
+                for (uint32_t e = lane; e < n_in * (MTD_KV / 4); e += 32) {
+                        uint32_t n = e / (MTD_KV / 4), k = e % (MTD_KV / 4);
+                        if (k < nv4)
+                                mtd_cp16(dst + n * MTD_XS + 4 * k, a.x + xoff_of(i, n) + k0 + 4 * k);
+                }
+        };
+        /* the tiles' weight offsets (an expert pair's from sel: before the wait when the router
+         * ran two kernels back, as k_mm_tcs reads it), then the weights no kernel writes in
+         * flight before the previous kernel has finished */
+        bool early = MODE == MT_DENSE || a.sel_ready;
+        auto offsets = [&]() {
+                for (uint32_t i = threadIdx.x; i < my_tiles; i += blockDim.x)
+                        tw[i] = MODE == MT_SEL ? (uint64_t) __ldcg(a.sel + pair_of(i)) * a.expert_bytes : 0;
+                __syncthreads();
+        };
+        if (early) {
+                offsets();
+                for (uint32_t q = 0; q < S; q++)
+                        load_w(q);
+        }
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        if (!early) {
+                offsets();
+                for (uint32_t q = 0; q < S; q++)
+                        load_w(q);
+        }
+        /* group q < S: item q's inputs (group 0 also the first S items' weights); then one an item */
+        for (uint32_t q = 0; q < S; q++) {
+                load_x(q);
+                mtd_commit();
+        }
+        uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};
+        if constexpr (IQ4)
+                mtd_codebook(tl, th);
+        bool col_on[1];
+        uint32_t xrow[1];
+        mtd_columns<1>(g, n_in, col_on, xrow);
+        uint32_t q = 0;
+        for (uint32_t i = 0; i < my_tiles; i++) {
+                float *ps = psum + (size_t) (i & 1) * n_parts * 32 * 4;
+                for (uint32_t j = 0; j < my_parts; j++, q++) {
+                        mtd_wait(S - 1); /* S + q groups committed: item q's complete */
+                        __syncwarp();
+                        const uint8_t *ws = ring + (size_t) (q % S) * slot_bytes;
+                        const float *xs = (const float *) (ws + 16 * RB);
+                        uint32_t part = warp + j * W, nc = min((uint32_t) MTD_KC, n_chunks - part * MTD_KC);
+                        float acc[1][4] = {};
+                        auto fetch = [&](uint32_t cc, mtd_frag<1> &f) {
+                                mtd_fetch<IQ4, 1>(ws, RB, xs, xrow, col_on, cc, g, t, tl, th, f);
+                        };
+                        auto step = [&](const mtd_frag<1> &f) { mtd_step<IQ4, 1>(acc, f); };
+                        mtd_chunks<1>(nc, IQ4 || nc == MTD_KC, fetch, step);
+                        *(float4 *) (ps + ((size_t) part * 32 + lane) * 4) =
+                                make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+                        __syncwarp(); /* every lane's reads of the slot done before it is refilled */
+                        load_w(q + S);
+                        load_x(q + S);
+                        mtd_commit();
+                }
+                /* tile i's parts all in ps; warp 0 adds them in part order and stores, while the
+                 * other warps go on to tile i + 1 (into the other buffer: warp 0 is done with this
+                 * one before it reaches the next barrier, which tile i + 2's writes come after) */
+                __syncthreads();
+                if (warp == 0) {
+                        float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        for (uint32_t p = 0; p < n_parts; p++) {
+                                float4 v = *(const float4 *) (ps + ((size_t) p * 32 + lane) * 4);
+                                tot[0] += v.x;
+                                tot[1] += v.y;
+                                tot[2] += v.z;
+                                tot[3] += v.w;
+                        }
+                        mt_store<NR, MODE>(a, tot, row0_of(i), 0, g, t, n_rows, n_in, pair_of(i), NULL, grp_of(i));
+                }
+        }
+        mtd_wait(0);
+#else
+        (void) a, (void) S, (void) n_x, (void) m_tiles, (void) n_tiles;
+        __trap(); /* the host never picks this kernel below sm_80 */
+#endif
+}
+
+/* X4_CUDA_MMTC_PST: 1 (unset: the default) k_mm_tcp1 for a k_mm_tcs launch the card would hold in
+ * more than one wave, 0 never, force for every launch it can run (tests) */
+static int mtp1_mode(void) {
+        static int v = -1;
+        if (v < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_PST");
+                v = !e || !*e || !strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : !strcmp(e, "force") ? 2 : -2;
+                if (v == -2) {
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_PST=%s ignored: expected 0, 1 or force\n", e);
+                        v = 1;
+                }
+        }
+        return v;
+}
+
+/* blocks of `threads` an SM the runtime says `k` runs with `smem` bytes (0: it cannot say),
+ * remembered: the launches of a step ask again and again */
+static int mtp1_blocks_sm(const void *k, int threads, size_t smem) {
+        static struct {
+                const void *k;
+                int threads;
+                size_t smem;
+                int n;
+        } memo[32];
+        static unsigned n_memo;
+        for (unsigned i = 0; i < n_memo; i++)
+                if (memo[i].k == k && memo[i].threads == threads && memo[i].smem == smem)
+                        return memo[i].n;
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem) != cudaSuccess) {
+                (void) cudaGetLastError();
+                n = 0;
+        }
+        if (n_memo < 32)
+                memo[n_memo++] = {k, threads, smem, n};
+        return n;
+}
+
+template <int TYPE, int NR>
+static void mtp1_prepare(void) {
+        (void) cudaFuncSetAttribute(k_mm_tcp1<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) mtd_smem_blk);
+        (void) cudaFuncSetAttribute(k_mm_tcp1<TYPE, NR, MT_SEL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) mtd_smem_blk);
+        (void) cudaGetLastError();
+}
+
+/* Launch a k_mm_tcs product (dense inputs on one n-tile or expert pairs one a block; W warps, its
+ * k_mm_tcs launch's smem_tcs) as k_mm_tcp1 when X4_CUDA_MMTC_PST takes it: a ring of two slots a
+ * warp and two buffers of part sums, a grid the card holds at once (by the runtime's occupancy),
+ * each block at most MTP1_TILES_MAX tiles; false: k_mm_tcs. */
+template <int TYPE, int NR>
+static bool mtp1_launch(const struct cu_mv *a, bool sel, uint32_t bx, uint32_t m_tiles, uint32_t W, uint32_t n_x,
+                        uint64_t slot, uint64_t sums, size_t smem_tcs, cudaStream_t s) {
+        int mode = mtp1_mode();
+        if (!mode)
+                return false;
+        auto k = sel ? k_mm_tcp1<TYPE, NR, MT_SEL> : k_mm_tcp1<TYPE, NR, MT_DENSE>;
+        auto kt = sel ? k_mm_tcs<TYPE, NR, MT_SEL> : k_mm_tcs<TYPE, NR, MT_DENSE>;
+        uint32_t n_tiles = bx * m_tiles, S = 2;
+        if (W * S * slot + 2 * sums > mtd_smem_blk)
+                S = 1;
+        size_t smem = (size_t) (W * S * slot + 2 * sums);
+        if (smem > mtd_smem_blk)
+                return false;
+        int bps = mtp1_blocks_sm((const void *) k, (int) (32 * W), smem);
+        if (bps < 1)
+                return false;
+        uint64_t G = (uint64_t) bps * mtd_sms;
+        if (mode == 2) {
+                G = min(G, (uint64_t) max(1u, n_tiles / 3));
+        } else {
+                /* k_mm_tcs's grid in one wave: nothing to gain */
+                int bps_tcs = mtp1_blocks_sm((const void *) kt, (int) (32 * W), smem_tcs);
+                if (bps_tcs < 1 || n_tiles <= (uint64_t) bps_tcs * mtd_sms || n_tiles <= G)
+                        return false;
+        }
+        if ((n_tiles + G - 1) / G > MTP1_TILES_MAX)
+                return false;
+        if (mtd_log_left > 0) {
+                mtd_log_left--;
+                fprintf(stderr, "k_mm_tcp1: type %u%s %s N %u K %u tiles %u on %llu blocks (%d an SM) warps %u stages %u smem %zu\n",
+                        TYPE, NR == 2 ? " swiglu" : "", sel ? "pairs" : "dense", a->N, a->K, n_tiles,
+                        (unsigned long long) G, bps, W, S, smem);
+        }
+        cu_launches++;
+        cu_launch(k, dim3((uint32_t) G), dim3(32 * W), smem, s, *a, S, n_x, m_tiles, n_tiles);
         return true;
 }
 
@@ -1355,6 +1601,10 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
         if constexpr (IQ4)
                 if (sel && mts_launch_ow<NR>(a, dim3(bx, m_tiles), W, smem, S, n_x, s))
                         return true;
+        /* several m-tiles a block (k_mm_tcp1): not with the RoPE side blocks or the L2 prefetches */
+        if (nt == 1 && !a->pf_next && !a->pf_tile && (sel || !(a->rope.q && a->rope.T && mts_rope_ready)) &&
+            mtp1_launch<TYPE, NR>(a, sel, bx, m_tiles, W, n_x, slot, sums, smem, s))
+                return true;
         if (sel) {
                 cu_launch(k_mm_tcs<TYPE, NR, MT_SEL>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
                 return true;

@@ -659,6 +659,33 @@ PY
                 echo "hidden 2,048: the head's staged decode = two rows a warp = batch 64; one-wave build = default: identical logits"
         }
         step "wide shapes: the Q6_K head over several tiles and the one-wave expert build agree bit for bit" wide_same
+        # several m-tiles a block (k_mm_tcp1: the default for grids over one wave, which the full
+        # model's expert products are and these models' are not; force takes it for every launch
+        # it can run, on a third of the tiles' blocks): the same logits as k_mm_tcs at batch 1
+        # (expert pairs and dense inputs), batch invariance with it, and it must have run
+        pst_same() {
+                local prompt m n=0
+                prompt=$(awk 'BEGIN { s = 41; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf"; do
+                        [ -f "$m" ] || continue
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_PST=0 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --decode 9,99,999 --device cuda --out "$tmp/pst-0.bin" || return 1
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_PST=force "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --decode 9,99,999 --device cuda --out "$tmp/pst-f.bin" || return 1
+                        cmp "$tmp/pst-0.bin" "$tmp/pst-f.bin" || { echo "k_mm_tcp1 differs from k_mm_tcs ($m)"; return 1; }
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_PST=force X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$m" \
+                                --prompt 5 --decode 9 --device cuda --out "$tmp/pst-log.bin" 2>"$tmp/pst-log.txt" || return 1
+                        for kind in pairs dense; do
+                                grep -q "^k_mm_tcp1: .* $kind " "$tmp/pst-log.txt" ||
+                                        { echo "k_mm_tcp1 never ran on $kind ($m)"; cat "$tmp/pst-log.txt"; return 1; }
+                        done
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_PST=force "$check" batch "$m" || return 1
+                        n=$((n + 1))
+                done
+                [ $n -gt 0 ] || { echo "no model to check"; return 1; }
+                echo "k_mm_tcp1 = k_mm_tcs: identical logits ($n models); batch invariance holds with it"
+        }
+        step "several m-tiles a block (k_mm_tcp1) agree bit for bit with k_mm_tcs" pst_same
         # the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1, k_q6_tc: one mma chain an output for
         # every input count): it must run (its log line), stay within the parity bounds against
         # the CPU, and keep batch and chunk invariance (the chunks' head launches take 1 to 512
@@ -1144,6 +1171,10 @@ if command -v compute-sanitizer >/dev/null; then
                         step "compute-sanitizer $tool, tensor-core products, k_mm_tcs one-wave build, demo model" env X4_CUDA_MM=tc \
                                 X4_CUDA_MMTC_ONEWAVE=force compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
                                 --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda --out "$tmp/san-tcs.bin"
+                        step "compute-sanitizer $tool, tensor-core products, several m-tiles a block (k_mm_tcp1), demo model" \
+                                env X4_CUDA_MM=tc X4_CUDA_MMTC_PST=force compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda \
+                                --out "$tmp/san-pst.bin"
                         # the wide shapes (wide_same's model): the head's staged decode over two
                         # tiles and the 8-warp one-wave build
                         [ -f "$tmp/wide/wide.gguf" ] &&
