@@ -941,16 +941,18 @@ extern "C" void cu_hc_post_early(float *X, const struct cu_hc *a, const struct c
         cu_launch(k_hc_post_early, dim3((a->H + 255) / 256, T), 256, 0, s, X, *a, *post, cu_hc_slices(a->H));
 }
 
-/* X4_CUDA_HC_EARLY=1 (opt-in until a GPU has timed it): batch-1 pre-mappings leave their post gates
- * and Sinkhorn (20 rounds of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us)
- * to the next post-mapping kernel, which runs them before its wait, behind the previous kernel */
+/* X4_CUDA_HC_EARLY (the default; =0 off): batch-1 pre-mappings leave their post gates and Sinkhorn
+ * (20 rounds of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us) to the next
+ * post-mapping kernel, which runs them before its wait, behind the previous kernel. Same bits (GPU
+ * step hc_early). Batch 1: +1.4% on the H200 (2026-12-05, fifth session), +4.8% at 512 on the
+ * H100 (2026-12-06, twelfth session, call 1). */
 static int hc_early_log; /* X4_CUDA_HC_EARLY=log: on, and its first passes said (tests) */
 extern "C" bool cu_hc_early_asked(void) {
         static int on = -1;
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_HC_EARLY");
                 hc_early_log = e && !strcmp(e, "log") ? 4 : 0;
-                on = hc_early_log ? 1 : cu_env_on("X4_CUDA_HC_EARLY");
+                on = hc_early_log ? 1 : cu_env_or("X4_CUDA_HC_EARLY", true);
         }
         return on;
 }

@@ -1270,8 +1270,10 @@ static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t s
  * it can run, on a third of the tiles' blocks (tests: the demo model's grids fit one wave). */
 #define MTP1_TILES_MAX 64 /* tiles a block at most (the host checks) */
 
+/* four blocks of 8 warps an SM (at most 64 registers, k_mm_tcs's own count): without the bound the
+ * build took 80 and held three (H100, ncu: gate-up 30.7 us against k_mm_tcs's 23) */
 template <int TYPE, int NR, int MODE>
-__global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcp1(struct cu_mv a, uint32_t S, uint32_t n_x, uint32_t m_tiles,
+__global__ void __launch_bounds__(MTS_WARPS * 32, MT_MINB(4)) k_mm_tcp1(struct cu_mv a, uint32_t S, uint32_t n_x, uint32_t m_tiles,
                                                            uint32_t n_tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
@@ -1403,16 +1405,17 @@ __global__ void __launch_bounds__(MTS_WARPS * 32) k_mm_tcp1(struct cu_mv a, uint
 #endif
 }
 
-/* X4_CUDA_MMTC_PST: 1 (unset: the default) k_mm_tcp1 for a k_mm_tcs launch the card would hold in
- * more than one wave, 0 never, force for every launch it can run (tests) */
+/* X4_CUDA_MMTC_PST (opt-in: slower where measured, see k_mm_tcp1): 1 k_mm_tcp1 for a k_mm_tcs
+ * launch the card would hold in more than one wave, 0 (unset) never, force for every launch it can
+ * run (tests) */
 static int mtp1_mode(void) {
         static int v = -1;
         if (v < 0) {
                 const char *e = getenv("X4_CUDA_MMTC_PST");
-                v = !e || !*e || !strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : !strcmp(e, "force") ? 2 : -2;
+                v = !e || !*e || !strcmp(e, "0") ? 0 : !strcmp(e, "1") ? 1 : !strcmp(e, "force") ? 2 : -2;
                 if (v == -2) {
                         fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_PST=%s ignored: expected 0, 1 or force\n", e);
-                        v = 1;
+                        v = 0;
                 }
         }
         return v;
@@ -1462,9 +1465,16 @@ static bool mtp1_launch(const struct cu_mv *a, bool sel, uint32_t bx, uint32_t m
                 return false;
         auto k = sel ? k_mm_tcp1<TYPE, NR, MT_SEL> : k_mm_tcp1<TYPE, NR, MT_DENSE>;
         auto kt = sel ? k_mm_tcs<TYPE, NR, MT_SEL> : k_mm_tcs<TYPE, NR, MT_DENSE>;
-        uint32_t n_tiles = bx * m_tiles, S = 2;
-        if (W * S * slot + 2 * sums > mtd_smem_blk)
-                S = 1;
+        /* X4_CUDA_MMTC_PST_S: the ring's slots a warp (1-3; 2 unset): more blocks an SM or more
+         * loads in flight a warp (measurements) */
+        static uint32_t s_env = 0;
+        if (!s_env) {
+                const char *e = getenv("X4_CUDA_MMTC_PST_S");
+                s_env = e && *e >= '1' && *e <= '3' && !e[1] ? (uint32_t) (*e - '0') : 2;
+        }
+        uint32_t n_tiles = bx * m_tiles, S = s_env;
+        while (S > 1 && W * S * slot + 2 * sums > mtd_smem_blk)
+                S--;
         size_t smem = (size_t) (W * S * slot + 2 * sums);
         if (smem > mtd_smem_blk)
                 return false;
@@ -1488,7 +1498,6 @@ static bool mtp1_launch(const struct cu_mv *a, bool sel, uint32_t bx, uint32_t m
                         TYPE, NR == 2 ? " swiglu" : "", sel ? "pairs" : "dense", a->N, a->K, n_tiles,
                         (unsigned long long) G, bps, W, S, smem);
         }
-        cu_launches++;
         cu_launch(k, dim3((uint32_t) G), dim3(32 * W), smem, s, *a, S, n_x, m_tiles, n_tiles);
         return true;
 }
