@@ -944,8 +944,8 @@ extern "C" void cu_hc_post_early(float *X, const struct cu_hc *a, const struct c
 /* X4_CUDA_HC_EARLY (the default; =0 off): batch-1 pre-mappings leave their post gates and Sinkhorn
  * (20 rounds of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us) to the next
  * post-mapping kernel, which runs them before its wait, behind the previous kernel. Same bits (GPU
- * step hc_early). Batch 1: +1.4% on the H200 (2026-12-05, fifth session), +4.8% at 512 on the
- * H100 (2026-12-06, twelfth session, call 1). */
+ * step hc_early). Batch 1: +1.4% on the H200 (2026-12-05, fifth session); on the H100 +2.6% at
+ * 512 and +2.8% at 4,096 against the same build with it off (2026-12-06, twelfth session). */
 static int hc_early_log; /* X4_CUDA_HC_EARLY=log: on, and its first passes said (tests) */
 extern "C" bool cu_hc_early_asked(void) {
         static int on = -1;

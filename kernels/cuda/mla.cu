@@ -2202,8 +2202,9 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
 }
 
 /* The smallest head group the grid rule takes: 8. Blocks of 16 heads gained +5% at 512, +7% at
- * 4,096, +10% at 8,192 against blocks of 32 (H100, full model, batch 1); blocks of 8 another +1.7%
- * at 512 and +1.2% at 4,096 against 16 (H100, 2026-12-06 twelfth session, call 1) */
+ * 4,096, +10% at 8,192 against blocks of 32 (H100, full model, batch 1); blocks of 8 against 16
+ * +1.7% / +1.2% at 512 / 4,096 in one call and +0.7% / -0.3% in the next (H100, 2026-12-06,
+ * twelfth session): within a run's spread, never behind by more */
 #define DTC_HG_AUTO_MIN 8
 
 /* k_attn_dtc in blocks of HG (16 or 8) heads, the ring and rounds the device took */

@@ -1266,8 +1266,11 @@ static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t s
  * 0's sum in part order are k_mm_tcs's (mtd_chunks, mtd_step, mt_store: the same instructions on
  * the same values), so the same bits; the partial sums alternate between two buffers so warp 0
  * adds a tile's while the other warps start the next. MODE: MT_DENSE (one n-tile, no RoPE side
- * blocks) or MT_SEL. X4_CUDA_MMTC_PST=0 keeps k_mm_tcs; =force takes this kernel for every launch
- * it can run, on a third of the tiles' blocks (tests: the demo model's grids fit one wave). */
+ * blocks) or MT_SEL. Opt-in (X4_CUDA_MMTC_PST=1): on the H100 it lost 6% at batch 1 (2026-12-06,
+ * twelfth session): these products are bound by instruction issue (ncu: ~143 warp instructions a
+ * 16-row chunk, 46% of issue slots busy), and this kernel issues as many on fewer warps. =force
+ * takes it for every launch it can run, on a third of the tiles' blocks (tests: the demo model's
+ * grids fit one wave). */
 #define MTP1_TILES_MAX 64 /* tiles a block at most (the host checks) */
 
 /* four blocks of 8 warps an SM (at most 64 registers, k_mm_tcs's own count): without the bound the
