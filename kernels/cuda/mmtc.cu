@@ -940,38 +940,6 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
 #endif
 }
 
-/* One part's 16 rows into a ring slot (k_mm_tcs, k_mm_tcp1): np 16-byte pieces of each row
- * (PR a whole part); rows past n_rows are not loaded (only their own outputs, never stored, read
- * them). IQ4_NL (PR 9) takes two lanes a row, lane 2·row + h its pieces h, h + 2, ..., so a lane
- * works out its row's address once instead of a division by 9 a piece: ncu put ~112 of a warp's
- * instructions a part there, of ~820 (batch 1's expert gate-up is bound by instruction issue).
- * BF16 (PR 32) keeps a row an iteration (LANES false: the loop of pieces for any PR). The same
- * bytes land in the same places either way. */
-template <bool LANES, uint32_t PR, uint32_t RB, uint32_t CB>
-[[maybe_unused]] static __device__ __forceinline__ void mts_load_part(uint8_t *dst, const uint8_t *w, uint64_t row_bytes,
-                                                                      uint32_t row0, uint32_t n_rows, uint32_t c0,
-                                                                      uint32_t np, uint32_t lane) {
-        if constexpr (LANES) {
-                uint32_t rr = lane >> 1, r = row0 + rr;
-                if (r >= n_rows)
-                        return;
-                const uint8_t *src = w + (uint64_t) r * row_bytes + (uint64_t) c0 * CB;
-                uint8_t *d = dst + rr * RB;
-#pragma unroll
-                for (uint32_t k = 0; k < (PR + 1) / 2; k++) {
-                        uint32_t pc = (lane & 1) + 2 * k;
-                        if (pc < np)
-                                mtd_cp16(d + pc * 16, src + pc * 16);
-                }
-        } else {
-                for (uint32_t e = lane; e < 16 * PR; e += 32) {
-                        uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
-                        if (pc < np && r < n_rows)
-                                mtd_cp16(dst + rr * RB + pc * 16, w + (uint64_t) r * row_bytes + (uint64_t) c0 * CB + pc * 16);
-                }
-        }
-}
-
 /* ---- k_mm_tcs: products of at most 8 inputs or one expert pair a block (decode), one m-tile a block ----
  *
  * k_mm_tc's chains (MT_KPART parts, each summed from zero over its chunks in order: BF16 an mma
@@ -1051,9 +1019,13 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                 if (part >= n_parts)
                         return;
                 uint32_t c0 = part * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * CB / 16;
-                /* the grouped build keeps the loop of pieces: two lanes a row cost it a spilled register */
-                mts_load_part<IQ4 && MODE != MT_GROUPED, PR, RB, CB>(ring + (size_t) (j % S) * slot_bytes, wbase, a.row_bytes,
-                                                                     row0, n_rows, c0, np, lane);
+                uint8_t *dst = ring + (size_t) (j % S) * slot_bytes;
+                for (uint32_t e = lane; e < 16 * PR; e += 32) {
+                        uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
+                        if (pc < np && r < n_rows)
+                                mtd_cp16(dst + rr * RB + pc * 16,
+                                         wbase + (uint64_t) r * a.row_bytes + (uint64_t) c0 * CB + pc * 16);
+                }
         };
         auto load_x = [&](uint32_t j) {
                 uint32_t part = warp + j * W;
@@ -1339,8 +1311,13 @@ __global__ void __launch_bounds__(MTS_WARPS * 32, MT_MINB(4)) k_mm_tcp1(struct c
                         return;
                 uint32_t i = q / my_parts, part = warp + q % my_parts * W, row0 = row0_of(i);
                 uint32_t c0 = part * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * CB / 16;
-                mts_load_part<IQ4, PR, RB, CB>(ring + (size_t) (q % S) * slot_bytes, wbase + tw[i], a.row_bytes, row0,
-                                               n_rows, c0, np, lane);
+                uint8_t *dst = ring + (size_t) (q % S) * slot_bytes;
+                const uint8_t *wt = wbase + tw[i];
+                for (uint32_t e = lane; e < 16 * PR; e += 32) {
+                        uint32_t rr = e / PR, pc = e % PR, r = row0 + rr;
+                        if (pc < np && r < n_rows)
+                                mtd_cp16(dst + rr * RB + pc * 16, wt + (uint64_t) r * a.row_bytes + (uint64_t) c0 * CB + pc * 16);
+                }
         };
         auto load_x = [&](uint32_t q) {
                 if (q >= n_items)
