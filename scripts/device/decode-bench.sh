@@ -538,7 +538,7 @@ if has b1env; then
                 printf '%-40s ' "$mode"
                 env ${extra[@]+"${extra[@]}"} "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
                         --decode-ctx ${X4_B1_CTX:-512} --batch ${X4_B1_BATCH:-1} --decode-tokens 16 --repeats 3 --json 2>&1 |
-                        sed "s/}\$/,\"mode\":\"$mode\"}/" | tee -a "$out/b1env.jsonl" |
+                        sed "s|}\$|,\"mode\":\"$mode\"}|" | tee -a "$out/b1env.jsonl" |
                         grep -o '"ctx":[0-9]*,"batch":[0-9]*,"tok_s":[0-9.]*' | tr '\n' ' '
                 echo
         done
