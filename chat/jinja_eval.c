@@ -102,11 +102,19 @@ struct sbuf {
         size_t len, cap;
 };
 
+/* How deep a value's repr, equality and tojson go: past it, an error rather than the process's
+ * stack (a template can build a list or dict that holds itself, ns.a = ns, l.append(l)). */
+#define VALUE_MAX_NESTING 512u
+_Static_assert(VALUE_MAX_NESTING > JSON_DEPTH_MAX, "a request's JSON must print and compare");
+
 struct rstate {
         struct arena *arena;
         const struct jinja_limits *lim;
         uint64_t steps;
         unsigned depth, nesting;
+        /* the lists and dicts whose repr is being printed, outermost first (put_repr) */
+        const void *repr_open[VALUE_MAX_NESTING];
+        unsigned n_repr_open;
         struct sbuf *out;
         struct jdict globals;
         struct frame *root;
@@ -441,6 +449,18 @@ static void put_str(struct rstate *st, struct sbuf *b, jv v) {
         }
 }
 
+/* Whether the list or dict c is being printed by an enclosing put_repr; else notes it as open
+ * (put_repr_close ends it). Python prints a container inside itself as [...] or {...}. */
+static bool put_repr_open(struct rstate *st, const void *c) {
+        for (unsigned i = 0; i < st->n_repr_open; i++)
+                if (st->repr_open[i] == c)
+                        return true;
+        if (st->n_repr_open == VALUE_MAX_NESTING)
+                fail(st, "printing a value nested more than %u deep", VALUE_MAX_NESTING);
+        st->repr_open[st->n_repr_open++] = c;
+        return false;
+}
+
 static void put_repr(struct rstate *st, struct sbuf *b, jv v) {
         char buf[32];
         step(st, 1);
@@ -467,6 +487,10 @@ static void put_repr(struct rstate *st, struct sbuf *b, jv v) {
         case V_TUPLE:
                 if (v.l->gen)
                         fail(st, "unsupported construct: printing a generator (add '|list')");
+                if (put_repr_open(st, v.l)) {
+                        sb_puts(st, b, v.t == V_LIST ? "[...]" : "(...)");
+                        return;
+                }
                 sb_puts(st, b, v.t == V_LIST ? "[" : "(");
                 for (size_t i = 0; i < v.l->n; i++) {
                         if (i)
@@ -476,9 +500,14 @@ static void put_repr(struct rstate *st, struct sbuf *b, jv v) {
                 if (v.t == V_TUPLE && v.l->n == 1)
                         sb_puts(st, b, ",");
                 sb_puts(st, b, v.t == V_LIST ? "]" : ")");
+                st->n_repr_open--;
                 return;
         case V_DICT:
         case V_NS:
+                if (put_repr_open(st, v.d)) {
+                        sb_puts(st, b, v.t == V_NS ? "<Namespace {...}>" : "{...}");
+                        return;
+                }
                 sb_puts(st, b, v.t == V_NS ? "<Namespace {" : "{");
                 for (size_t i = 0; i < v.d->n; i++) {
                         if (i)
@@ -488,6 +517,7 @@ static void put_repr(struct rstate *st, struct sbuf *b, jv v) {
                         put_repr(st, b, v.d->v[i]);
                 }
                 sb_puts(st, b, v.t == V_NS ? "}>" : "}");
+                st->n_repr_open--;
                 return;
         case V_MACRO:
                 sb_puts(st, b, "<Macro '");
@@ -543,9 +573,21 @@ static int64_t num_i(jv v) {
         return v.t == V_INT ? v.i : (int64_t) v.b;
 }
 
-static bool dict_find(struct jdict *d, jv k, size_t *idx);
+static bool dict_find(struct rstate *st, struct jdict *d, jv k, size_t *idx);
 
-static bool jv_eq(jv a, jv b) {
+static bool jv_eq_in(struct rstate *st, jv a, jv b, unsigned depth);
+static bool jv_eq(struct rstate *st, jv a, jv b) {
+        return jv_eq_in(st, a, b, 0);
+}
+
+/* Python's ==: containers equal element by element, an element identical to its counterpart
+ * equal without a look inside (so a list that holds itself equals itself, as in Python); two
+ * distinct structures that hold themselves recurse without end in Python (RecursionError) and
+ * here end in an error past VALUE_MAX_NESTING. */
+static bool jv_eq_in(struct rstate *st, jv a, jv b, unsigned depth) {
+        if (depth > VALUE_MAX_NESTING)
+                fail(st, "comparing values nested more than %u deep (a list or dict that holds itself?)",
+                     VALUE_MAX_NESTING);
         if (is_num(a) && is_num(b)) {
                 if (a.t != V_FLOAT && b.t != V_FLOAT)
                         return num_i(a) == num_i(b);
@@ -564,18 +606,24 @@ static bool jv_eq(jv a, jv b) {
         case V_TUPLE:
                 if (a.l->gen || b.l->gen)
                         return a.l == b.l;
+                if (a.l == b.l)
+                        return true;
                 if (a.l->n != b.l->n)
                         return false;
+                step(st, 1);
                 for (size_t i = 0; i < a.l->n; i++)
-                        if (!jv_eq(a.l->v[i], b.l->v[i]))
+                        if (!jv_eq_in(st, a.l->v[i], b.l->v[i], depth + 1))
                                 return false;
                 return true;
         case V_DICT:
+                if (a.d == b.d)
+                        return true;
                 if (a.d->n != b.d->n)
                         return false;
+                step(st, 1);
                 for (size_t i = 0; i < a.d->n; i++) {
                         size_t j;
-                        if (!dict_find(b.d, a.d->k[i], &j) || !jv_eq(a.d->v[i], b.d->v[j]))
+                        if (!dict_find(st, b.d, a.d->k[i], &j) || !jv_eq_in(st, a.d->v[i], b.d->v[j], depth + 1))
                                 return false;
                 }
                 return true;
@@ -606,7 +654,7 @@ static int jv_cmp(struct rstate *st, jv a, jv b, const char *op) {
         }
         if (a.t == b.t && is_seq(a)) {
                 for (size_t i = 0; i < MIN(a.l->n, b.l->n); i++)
-                        if (!jv_eq(a.l->v[i], b.l->v[i]))
+                        if (!jv_eq(st, a.l->v[i], b.l->v[i]))
                                 return jv_cmp(st, a.l->v[i], b.l->v[i], op);
                 return (a.l->n > b.l->n) - (a.l->n < b.l->n);
         }
@@ -619,9 +667,9 @@ static int jv_cmp(struct rstate *st, jv a, jv b, const char *op) {
 
 /* ---- dicts ---- */
 
-static bool dict_find(struct jdict *d, jv k, size_t *idx) {
+static bool dict_find(struct rstate *st, struct jdict *d, jv k, size_t *idx) {
         for (size_t i = 0; i < d->n; i++)
-                if (jv_eq(d->k[i], k)) {
+                if (jv_eq(st, d->k[i], k)) {
                         *idx = i;
                         return true;
                 }
@@ -638,7 +686,7 @@ static bool dict_get_c(struct jdict *d, const char *key, jv *ret) {
 }
 static void dict_set(struct rstate *st, struct jdict *d, jv k, jv v) {
         size_t i;
-        if (dict_find(d, k, &i)) {
+        if (dict_find(st, d, k, &i)) {
                 d->v[i] = v;
                 return;
         }
@@ -696,8 +744,9 @@ static jv from_json(struct rstate *st, const struct json_value *j) {
 
 static void check_jsonable(struct rstate *st, jv v, unsigned depth) {
         step(st, 1);
-        if (depth > 200)
-                fail(st, "tojson: value nested too deeply");
+        if (depth > VALUE_MAX_NESTING)
+                fail(st, "tojson: value nested more than %u deep (a list or dict that holds itself?)",
+                     VALUE_MAX_NESTING);
         switch (v.t) {
         case V_NONE:
         case V_BOOL:
@@ -967,7 +1016,7 @@ static jv get_item(struct rstate *st, jv obj, jv key) {
                 fail_undefined(st, obj);
         case V_DICT:
         case V_NS:
-                if (dict_find(obj.d, key, &idx))
+                if (dict_find(st, obj.d, key, &idx))
                         return obj.d->v[idx];
                 break;
         case V_LIST:
@@ -1263,13 +1312,13 @@ static bool contains(struct rstate *st, jv hay, jv needle) {
         case V_TUPLE:
                 step(st, hay.l->n);
                 for (size_t i = 0; i < hay.l->n; i++)
-                        if (jv_eq(hay.l->v[i], needle))
+                        if (jv_eq(st, hay.l->v[i], needle))
                                 return true;
                 return false;
         case V_DICT: {
                 size_t i;
                 step(st, hay.d->n);
-                return dict_find(hay.d, needle, &i);
+                return dict_find(st, hay.d, needle, &i);
         }
         case V_UNDEF:
                 return false;
@@ -1655,7 +1704,7 @@ static jv m_dict_get(struct rstate *st, const char *name, jv self, const struct 
         if (!given(p[0]))
                 fail(st, "get expected at least 1 argument, got 0");
         size_t i;
-        if (dict_find(self.d, p[0], &i))
+        if (dict_find(st, self.d, p[0], &i))
                 return self.d->v[i];
         return given(p[1]) ? p[1] : NONE;
 }
@@ -1676,7 +1725,7 @@ static jv m_seq_find(struct rstate *st, const char *name, jv self, const struct 
         bind(st, what, a, ps, 1, p);
         int64_t cnt = 0;
         for (size_t i = 0; i < self.l->n; i++)
-                if (jv_eq(self.l->v[i], p[0])) {
+                if (jv_eq(st, self.l->v[i], p[0])) {
                         if (name[0] == 'i')
                                 return mkint((int64_t) i);
                         cnt++;
@@ -2182,10 +2231,10 @@ static jv eval_node(struct rstate *st, struct frame *f, const struct jnode *n) {
                         bool ok;
                         switch (n->ops[i - 1]) {
                         case JC_EQ:
-                                ok = jv_eq(l, r);
+                                ok = jv_eq(st, l, r);
                                 break;
                         case JC_NE:
-                                ok = !jv_eq(l, r);
+                                ok = !jv_eq(st, l, r);
                                 break;
                         case JC_LT:
                                 ok = jv_cmp(st, l, r, "<") < 0;
@@ -3122,7 +3171,7 @@ static bool apply_test(struct rstate *st, const char *name, jv v, const struct a
                 if (v.t != V_STR)
                         fail(st, "test '%s': expected a string, got %s", name, type_name(v));
                 jv x = str_case(st, v.s, name[0]);
-                return jv_eq(x, v);
+                return jv_eq(st, x, v);
         }
         if (streq(name, "odd") || streq(name, "even") || streq(name, "divisibleby")) {
                 if (v.t != V_INT && v.t != V_BOOL)
@@ -3142,7 +3191,7 @@ static bool apply_test(struct rstate *st, const char *name, jv v, const struct a
         static const char *const ps[] = {"other"};
         if (streq(name, "eq") || streq(name, "equalto") || streq(name, "==") || streq(name, "ne") || streq(name, "!=")) {
                 bind(st, what, a, ps, 1, p);
-                bool eq = jv_eq(v, p[0]);
+                bool eq = jv_eq(st, v, p[0]);
                 return name[0] == 'n' || name[0] == '!' ? !eq : eq;
         }
         if (streq(name, "sameas")) {
@@ -3167,7 +3216,7 @@ static bool apply_test(struct rstate *st, const char *name, jv v, const struct a
                 case V_NS:
                         return v.d == o.d;
                 default:
-                        return jv_eq(v, o);
+                        return jv_eq(st, v, o);
                 }
         }
         if (streq(name, "lt") || streq(name, "lessthan") || streq(name, "<") || streq(name, "le") || streq(name, "<=") ||

@@ -252,6 +252,34 @@ static void test_errors(void **state) {
         assert_fails("{{ 'a' + 1 }}", NULL, -EINVAL, "unsupported operand type(s) for +: 'str' and 'int'");
         assert_fails("{{ x.append(1) }}", "{\"x\": []}", -EINVAL, "access to attribute 'append' of 'list' object is unsafe");
         assert_fails("{{ [1] | map('upper') | tojson }}", NULL, -EINVAL, "Object of type generator is not JSON serializable");
+        /* a namespace that holds itself prints as Python prints it, not by recursing without end */
+        assert_renders("{%- set ns = namespace(a=1, b=[1, 2]) -%}{%- set ns.a = ns -%}{{ ns.a }}|{{ ns == ns.a }}",
+                       NULL, "<Namespace {'a': <Namespace {...}>, 'b': [1, 2]}>|True");
+        assert_renders("{%- set ns = namespace(l=[]) -%}{%- set ns.l = [ns, {'n': ns}] -%}{{ ns.l }}", NULL,
+                       "[<Namespace {'l': [...]}>, {'n': <Namespace {'l': [...]}>}]");
+        assert_fails("{%- set ns = namespace() -%}{%- set ns.a = [ns] -%}{{ ns.a|tojson }}", NULL, -EINVAL,
+                     "Object of type Namespace is not JSON serializable");
+        /* values as deep as a request's JSON may be print and compare; deeper ones are an error */
+        {
+                char *json = malloc(8 * JSON_DEPTH_MAX + 64), *tmpl = malloc(16 * 600 + 64);
+                assert_non_null(json);
+                assert_non_null(tmpl);
+                strcpy(json, "{\"x\": ");
+                for (int i = 0; i < JSON_DEPTH_MAX - 1; i++)
+                        strcat(json, "[");
+                for (int i = 0; i < JSON_DEPTH_MAX - 1; i++)
+                        strcat(json, "]");
+                strcat(json, "}");
+                assert_renders("{{ (x|string)|length }} {{ x == x[0:] }}", json, "510 True");
+                strcpy(tmpl, "{% set ns = namespace(v=1) %}{% for i in range(600) %}{% set ns.v = [ns.v] %}{% endfor %}"
+                             "{{ ns.v }}");
+                assert_fails(tmpl, NULL, -EINVAL, "printing a value nested more than 512 deep");
+                strcpy(tmpl, "{% set ns = namespace(v=1, w=1) %}{% for i in range(600) %}{% set ns.v = [ns.v] %}"
+                             "{% set ns.w = [ns.w] %}{% endfor %}{{ ns.v == ns.w }}");
+                assert_fails(tmpl, NULL, -EINVAL, "comparing values nested more than 512 deep");
+                free(json);
+                free(tmpl);
+        }
         /* not silently skipped: an unrendered unknown filter is fine, as in Jinja2 3.x */
         assert_renders("{% if false %}{{ x | from_json }}{% endif %}ok", NULL, "ok");
         log_set_max_level(LOG_INFO);
