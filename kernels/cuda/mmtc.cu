@@ -1219,6 +1219,29 @@ static void mts_setup(void) {
         }
 }
 
+/* blocks of `threads` an SM the runtime says `k` runs with `smem` bytes (0: it cannot say),
+ * remembered: the launches of a step ask again and again */
+static int mts_blocks_sm(const void *k, int threads, size_t smem) {
+        static struct {
+                const void *k;
+                int threads;
+                size_t smem;
+                int n;
+        } memo[32];
+        static unsigned n_memo;
+        for (unsigned i = 0; i < n_memo; i++)
+                if (memo[i].k == k && memo[i].threads == threads && memo[i].smem == smem)
+                        return memo[i].n;
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem) != cudaSuccess) {
+                (void) cudaGetLastError();
+                n = 0;
+        }
+        if (n_memo < 32)
+                memo[n_memo++] = {k, threads, smem, n};
+        return n;
+}
+
 /* Launch an IQ4_NL expert-pair k_mm_tcs grid on the one-wave build when X4_CUDA_MMTC_ONEWAVE asks
  * (blocks of 5-8 warps on the 256-thread build, 1-4 on the 128-thread one; 1: only a grid the
  * default build would hold in more than one wave and this one holds in one, by the occupancy the
@@ -1235,13 +1258,11 @@ static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t s
         auto k4 = k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL, 128, MTS_OW4>;
         auto kw = W > 4 ? k8 : k4; /* bounds of 256 or 128 threads: any W up to them */
         if (ow == 1) {
-                int nd = 0, nw = 0;
                 uint64_t blocks = (uint64_t) grid.x * grid.y;
-                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nd, kd, (int) (32 * W), smem) != cudaSuccess ||
-                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nw, kw, (int) (32 * W), smem) != cudaSuccess) {
-                        (void) cudaGetLastError();
+                int nd = mts_blocks_sm((const void *) kd, (int) (32 * W), smem);
+                int nw = mts_blocks_sm((const void *) kw, (int) (32 * W), smem);
+                if (nd < 1 || nw < 1)
                         return false;
-                }
                 if (blocks <= (uint64_t) nd * mtd_sms || blocks > (uint64_t) nw * mtd_sms)
                         return false;
         }
@@ -1267,8 +1288,9 @@ static bool mts_launch_ow(const struct cu_mv *a, dim3 grid, uint32_t W, size_t s
  * the same values), so the same bits; the partial sums alternate between two buffers so warp 0
  * adds a tile's while the other warps start the next. MODE: MT_DENSE (one n-tile, no RoPE side
  * blocks) or MT_SEL. Opt-in (X4_CUDA_MMTC_PST=1): on the H100 it lost 6% at batch 1 (2026-12-06,
- * twelfth session): these products are bound by instruction issue (ncu: ~143 warp instructions a
- * 16-row chunk, 46% of issue slots busy), and this kernel issues as many on fewer warps. =force
+ * twelfth session): these products are held by their instructions (ncu: ~143 warp instructions a
+ * 16-row chunk, 46% of issue slots busy) and their loads' latency, not by waves, and this kernel
+ * issues as many on fewer warps. =force
  * takes it for every launch it can run, on a third of the tiles' blocks (tests: the demo model's
  * grids fit one wave). */
 #define MTP1_TILES_MAX 64 /* tiles a block at most (the host checks) */
@@ -1424,29 +1446,6 @@ static int mtp1_mode(void) {
         return v;
 }
 
-/* blocks of `threads` an SM the runtime says `k` runs with `smem` bytes (0: it cannot say),
- * remembered: the launches of a step ask again and again */
-static int mtp1_blocks_sm(const void *k, int threads, size_t smem) {
-        static struct {
-                const void *k;
-                int threads;
-                size_t smem;
-                int n;
-        } memo[32];
-        static unsigned n_memo;
-        for (unsigned i = 0; i < n_memo; i++)
-                if (memo[i].k == k && memo[i].threads == threads && memo[i].smem == smem)
-                        return memo[i].n;
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem) != cudaSuccess) {
-                (void) cudaGetLastError();
-                n = 0;
-        }
-        if (n_memo < 32)
-                memo[n_memo++] = {k, threads, smem, n};
-        return n;
-}
-
 template <int TYPE, int NR>
 static void mtp1_prepare(void) {
         (void) cudaFuncSetAttribute(k_mm_tcp1<TYPE, NR, MT_DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1474,6 +1473,8 @@ static bool mtp1_launch(const struct cu_mv *a, bool sel, uint32_t bx, uint32_t m
         if (!s_env) {
                 const char *e = getenv("X4_CUDA_MMTC_PST_S");
                 s_env = e && *e >= '1' && *e <= '3' && !e[1] ? (uint32_t) (*e - '0') : 2;
+                if (e && *e && s_env == 2 && strcmp(e, "2") != 0)
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_PST_S=%s ignored: expected 1, 2 or 3\n", e);
         }
         uint32_t n_tiles = bx * m_tiles, S = s_env;
         while (S > 1 && W * S * slot + 2 * sums > mtd_smem_blk)
@@ -1481,7 +1482,7 @@ static bool mtp1_launch(const struct cu_mv *a, bool sel, uint32_t bx, uint32_t m
         size_t smem = (size_t) (W * S * slot + 2 * sums);
         if (smem > mtd_smem_blk)
                 return false;
-        int bps = mtp1_blocks_sm((const void *) k, (int) (32 * W), smem);
+        int bps = mts_blocks_sm((const void *) k, (int) (32 * W), smem);
         if (bps < 1)
                 return false;
         uint64_t G = (uint64_t) bps * mtd_sms;
@@ -1489,7 +1490,7 @@ static bool mtp1_launch(const struct cu_mv *a, bool sel, uint32_t bx, uint32_t m
                 G = min(G, (uint64_t) max(1u, n_tiles / 3));
         } else {
                 /* k_mm_tcs's grid in one wave: nothing to gain */
-                int bps_tcs = mtp1_blocks_sm((const void *) kt, (int) (32 * W), smem_tcs);
+                int bps_tcs = mts_blocks_sm((const void *) kt, (int) (32 * W), smem_tcs);
                 if (bps_tcs < 1 || n_tiles <= (uint64_t) bps_tcs * mtd_sms || n_tiles <= G)
                         return false;
         }

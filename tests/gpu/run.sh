@@ -659,9 +659,9 @@ PY
                 echo "hidden 2,048: the head's staged decode = two rows a warp = batch 64; one-wave build = default: identical logits"
         }
         step "wide shapes: the Q6_K head over several tiles and the one-wave expert build agree bit for bit" wide_same
-        # several m-tiles a block (k_mm_tcp1: the default for grids over one wave, which the full
-        # model's expert products are and these models' are not; force takes it for every launch
-        # it can run, on a third of the tiles' blocks): the same logits as k_mm_tcs at batch 1
+        # several m-tiles a block (k_mm_tcp1, opt-in with X4_CUDA_MMTC_PST=1 for grids over one
+        # wave, which the full model's expert products are and these models' are not; force takes
+        # it for every launch it can run, on a third of the tiles' blocks): the same logits as k_mm_tcs at batch 1
         # (expert pairs and dense inputs), batch invariance with it, and it must have run
         pst_same() {
                 local prompt m n=0
