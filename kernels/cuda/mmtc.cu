@@ -970,12 +970,27 @@ __global__ void __launch_bounds__(MTD_WARPS_MAX * 2 * 32) k_mm_tcn(struct cu_mv 
 #define MT_MINB(n) (n)
 #endif
 
+/* VAR (X4_CUDA_MMTC_VAR, opt-in until a GPU has timed it; IQ4_NL expert pairs, MT_SEL, only):
+ * batch 1's expert products issue ~143 warp instructions a 16-row chunk (ncu, 2026-12-06), and
+ * two parts of that can go without moving a byte. MTS_VAR_HOIST: a lane's five 16-byte copies of
+ * a part (k_mm_tcs's load_w pattern: piece e = lane + 32i of the 144, row e / 9, piece e % 9)
+ * have their offsets worked out once a block, not a division and a 64-bit product a piece a part;
+ * the same copies in the same order. MTS_VAR_XB: the part's one input row rounded to bf16 pairs
+ * once a warp (in its slot, in place) where every lane rounded its own 32 pairs a part; padding
+ * columns then read column 0's values instead of zeros (their products are never stored). The
+ * same operands into the same mma chains: the same bits. */
+#define MTS_VAR_HOIST 1
+#define MTS_VAR_XB 2
+
 /* LBM 0: no blocks-an-SM bound (the default build: the compiler's own register budget; a bound
  * of 1 let it take up to 255 registers, 94 where it took 64, halving the blocks an SM holds) */
-template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 0, bool ROPE = false, int NT = 1>
+template <int TYPE, int NR, int MODE, int LBT = MTS_WARPS * 32, int LBM = 0, bool ROPE = false, int NT = 1, int VAR = 0>
 __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, uint32_t S, uint32_t n_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr bool HOIST = IQ4 && MODE == MT_SEL && (VAR & MTS_VAR_HOIST);
+        constexpr bool XB = IQ4 && MODE == MT_SEL && (VAR & MTS_VAR_XB);
+        static_assert(!XB || MTD_KV == 8 * 32, "MTS_VAR_XB: a part's inputs are eight floats a lane");
         constexpr uint32_t CB = IQ4 ? 18 : 64;                        /* bytes a chunk of a row */
         constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16; /* smem bytes a row a slot (k_mm_tcd's) */
         constexpr uint32_t PR = MTD_KC * CB / 16;                     /* 16-byte pieces a row a part */
@@ -1012,12 +1027,36 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                         return;
                 }
 
+        /* HOIST: the lane's pieces e = lane + 32i of a part's 16 rows × PR (IQ4_NL parts are whole:
+         * the host checks K), their offsets from the m-tile's first row and whether their row is
+         * one of the N */
+        constexpr uint32_t HI = HOIST ? (16 * PR + 31) / 32 : 1;
+        uint32_t hoff[HI], hmask = 0;
+        if constexpr (HOIST) {
+#pragma unroll
+                for (uint32_t i = 0; i < HI; i++) {
+                        uint32_t e = lane + 32 * i, rr = e / PR, pc = e % PR;
+                        hoff[i] = rr * a.row_bytes + pc * 16;
+                        if (e < 16 * PR && row0 + rr < n_rows)
+                                hmask |= 1u << i;
+                }
+        }
         /* the warp's j-th part (warp + j·W) into slot j % S: rows past N are not loaded (only
          * their own outputs, never stored, read them) */
         auto load_w = [&](uint32_t j) {
                 uint32_t part = warp + j * W;
                 if (part >= n_parts)
                         return;
+                if constexpr (HOIST) {
+                        static_assert(RB == 16 * PR, "HOIST: a piece's place in the slot is 16·e");
+                        const uint8_t *src = wbase + (uint64_t) row0 * a.row_bytes + (uint64_t) part * MTD_KC * CB;
+                        uint8_t *dst = ring + (size_t) (j % S) * slot_bytes + 16 * lane;
+#pragma unroll
+                        for (uint32_t i = 0; i < HI; i++)
+                                if (hmask & (1u << i))
+                                        mtd_cp16(dst + 512 * i, src + hoff[i]);
+                        return;
+                }
                 uint32_t c0 = part * MTD_KC, np = min((uint32_t) MTD_KC, n_chunks - c0) * CB / 16;
                 uint8_t *dst = ring + (size_t) (j % S) * slot_bytes;
                 for (uint32_t e = lane; e < 16 * PR; e += 32) {
@@ -1107,10 +1146,32 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                 const uint8_t *ws = ring + (size_t) (j % S) * slot_bytes;
                 const float *xs = (const float *) (ws + 16 * RB);
                 uint32_t part = warp + j * W, nc = min((uint32_t) MTD_KC, n_chunks - part * MTD_KC);
+                if constexpr (XB) {
+                        /* the part's input row as bf16 pairs over its first half (mtd_x2's rounding:
+                         * the even value in the low half), every lane's floats read first */
+                        float4 v0 = *(const float4 *) (xs + 8 * lane), v1 = *(const float4 *) (xs + 8 * lane + 4);
+                        __syncwarp();
+                        __nv_bfloat162 h0 = __floats2bfloat162_rn(v0.x, v0.y), h1 = __floats2bfloat162_rn(v0.z, v0.w);
+                        __nv_bfloat162 h2 = __floats2bfloat162_rn(v1.x, v1.y), h3 = __floats2bfloat162_rn(v1.z, v1.w);
+                        *(uint4 *) ((uint32_t *) xs + 4 * lane) =
+                                make_uint4(*(const uint32_t *) &h0, *(const uint32_t *) &h1, *(const uint32_t *) &h2,
+                                           *(const uint32_t *) &h3);
+                        __syncwarp();
+                }
                 float acc[NT][4] = {};
                 /* chunk cc's fragments and its two k16 steps: k_mm_tcd's (NT n-tiles) */
                 auto fetch = [&](uint32_t cc, mtd_frag<NT> &f) {
-                        mtd_fetch<IQ4, NT>(ws, RB, xs, xrow, col_on, cc, g, t, tl, th, f);
+                        if constexpr (XB) {
+                                const uint32_t *xw = (const uint32_t *) xs + 16 * cc;
+                                mtd_fetch_a<IQ4, NT>(ws, RB, cc, g, t, tl, th, f);
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        f.b[0][s][0] = xw[mtd_bk<IQ4>(s, t, 0) / 2];
+                                        f.b[0][s][1] = xw[mtd_bk<IQ4>(s, t, 1) / 2];
+                                }
+                        } else {
+                                mtd_fetch<IQ4, NT>(ws, RB, xs, xrow, col_on, cc, g, t, tl, th, f);
+                        }
                 };
                 auto step = [&](const mtd_frag<NT> &f) { mtd_step<IQ4, NT>(acc, f); };
                 mtd_chunks<NT>(nc, IQ4 || nc == MTD_KC, fetch, step);
@@ -1187,6 +1248,28 @@ static int mts_onewave(void) {
 }
 static bool mts_ow_ready[2][2]; /* [NR - 1][more than 4 warps]: the build took its shared memory attribute */
 
+/* X4_CUDA_MMTC_VAR: 0 (unset), 1 (MTS_VAR_HOIST), 2 (MTS_VAR_XB) or 3 (both) for batch 1's IQ4_NL
+ * expert pairs (k_mm_tcs MT_SEL) */
+static int mts_var(void) {
+        static int v = -1;
+        if (v < 0) {
+                const char *e = getenv("X4_CUDA_MMTC_VAR");
+                v = e && *e >= '0' && *e <= '3' && !e[1] ? *e - '0' : 0;
+                if (e && *e && (*e < '0' || *e > '3' || e[1]))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTC_VAR=%s ignored: expected 0, 1, 2 or 3\n", e);
+        }
+        return v;
+}
+static bool mts_var_ready[2][4]; /* [NR - 1][VAR]: the build took its shared memory attribute */
+
+template <int NR, int VAR>
+static void mts_prepare_var(void) {
+        mts_var_ready[NR - 1][VAR] = cudaFuncSetAttribute(k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL, MTS_WARPS * 32, 0, false, 1, VAR>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int) mtd_smem_blk) == cudaSuccess;
+        (void) cudaGetLastError();
+}
+
 template <int NR>
 static void mts_prepare_ow(void) {
         mts_ow_ready[NR - 1][1] = cudaFuncSetAttribute(k_mm_tcs<CU_TYPE_IQ4_NL, NR, MT_SEL, 256, MTS_OW8>,
@@ -1216,6 +1299,14 @@ static void mts_setup(void) {
         if (mts_onewave()) {
                 mts_prepare_ow<1>();
                 mts_prepare_ow<2>();
+        }
+        if (mts_var()) {
+                mts_prepare_var<1, 1>();
+                mts_prepare_var<1, 2>();
+                mts_prepare_var<1, 3>();
+                mts_prepare_var<2, 1>();
+                mts_prepare_var<2, 2>();
+                mts_prepare_var<2, 3>();
         }
 }
 
@@ -1619,6 +1710,20 @@ static bool launch_tcs(const struct cu_mv *a, cudaStream_t s) {
             mtp1_launch<TYPE, NR>(a, sel, bx, m_tiles, W, n_x, slot, sums, smem, s))
                 return true;
         if (sel) {
+                if constexpr (IQ4) {
+                        int v = mts_var();
+                        if (v && mts_var_ready[NR - 1][v]) {
+                                if (mtd_log_left > 0) {
+                                        mtd_log_left--;
+                                        fprintf(stderr, "k_mm_tcs: variant %d\n", v);
+                                }
+                                auto k = v == 1   ? k_mm_tcs<TYPE, NR, MT_SEL, MTS_WARPS * 32, 0, false, 1, 1>
+                                         : v == 2 ? k_mm_tcs<TYPE, NR, MT_SEL, MTS_WARPS * 32, 0, false, 1, 2>
+                                                  : k_mm_tcs<TYPE, NR, MT_SEL, MTS_WARPS * 32, 0, false, 1, 3>;
+                                cu_launch(k, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
+                                return true;
+                        }
+                }
                 cu_launch(k_mm_tcs<TYPE, NR, MT_SEL>, dim3(bx, m_tiles), dim3(32 * W), smem, s, *a, S, n_x);
                 return true;
         }
