@@ -990,7 +990,7 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         constexpr bool HOIST = IQ4 && MODE == MT_SEL && (VAR & MTS_VAR_HOIST);
         constexpr bool XB = IQ4 && MODE == MT_SEL && (VAR & MTS_VAR_XB);
-        static_assert(!XB || MTD_KV == 8 * 32, "MTS_VAR_XB: a part's inputs are eight floats a lane");
+        static_assert(!XB || MTD_KV == 8 * 32, "MTS_VAR_XB: a part's inputs are two float4 a lane");
         constexpr uint32_t CB = IQ4 ? 18 : 64;                        /* bytes a chunk of a row */
         constexpr uint32_t RB = IQ4 ? MTD_KC * 18 : MTD_KC * 64 + 16; /* smem bytes a row a slot (k_mm_tcd's) */
         constexpr uint32_t PR = MTD_KC * CB / 16;                     /* 16-byte pieces a row a part */
@@ -1148,14 +1148,15 @@ __global__ void __launch_bounds__(LBT, MT_MINB(LBM)) k_mm_tcs(struct cu_mv a, ui
                 uint32_t part = warp + j * W, nc = min((uint32_t) MTD_KC, n_chunks - part * MTD_KC);
                 if constexpr (XB) {
                         /* the part's input row as bf16 pairs over its first half (mtd_x2's rounding:
-                         * the even value in the low half), every lane's floats read first */
-                        float4 v0 = *(const float4 *) (xs + 8 * lane), v1 = *(const float4 *) (xs + 8 * lane + 4);
+                         * the even value in the low half), every lane's floats read first; a lane
+                         * takes values 4·lane.. and 128 + 4·lane.. (16-byte steps: no bank conflict) */
+                        float4 v0 = *(const float4 *) (xs + 4 * lane), v1 = *(const float4 *) (xs + 128 + 4 * lane);
                         __syncwarp();
                         __nv_bfloat162 h0 = __floats2bfloat162_rn(v0.x, v0.y), h1 = __floats2bfloat162_rn(v0.z, v0.w);
                         __nv_bfloat162 h2 = __floats2bfloat162_rn(v1.x, v1.y), h3 = __floats2bfloat162_rn(v1.z, v1.w);
-                        *(uint4 *) ((uint32_t *) xs + 4 * lane) =
-                                make_uint4(*(const uint32_t *) &h0, *(const uint32_t *) &h1, *(const uint32_t *) &h2,
-                                           *(const uint32_t *) &h3);
+                        uint32_t *xw = (uint32_t *) xs;
+                        *(uint2 *) (xw + 2 * lane) = make_uint2(*(const uint32_t *) &h0, *(const uint32_t *) &h1);
+                        *(uint2 *) (xw + 64 + 2 * lane) = make_uint2(*(const uint32_t *) &h2, *(const uint32_t *) &h3);
                         __syncwarp();
                 }
                 float acc[NT][4] = {};

@@ -688,7 +688,8 @@ PY
         step "several m-tiles a block (k_mm_tcp1) agree bit for bit with k_mm_tcs" pst_same
         # batch 1's expert pairs with their copies' offsets worked out once (X4_CUDA_MMTC_VAR=1),
         # the input rounded to bf16 once a part (2), both (3): the same logits as the default
-        # k_mm_tcs at batch 1, the variant must have run, and batch invariance holds with it
+        # k_mm_tcs at batch 1 (3 also on a ring of one slot), the variant must have run, and
+        # batch invariance holds with it
         var_same() {
                 local prompt m v n=0
                 prompt=$(awk 'BEGIN { s = 43; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
@@ -705,6 +706,11 @@ PY
                                 grep -q "^k_mm_tcs: variant $v" "$tmp/var-log.txt" ||
                                         { echo "k_mm_tcs variant $v never ran ($m)"; cat "$tmp/var-log.txt"; return 1; }
                         done
+                        # one warp and one slot: every part after the first refills the slot the
+                        # in-place rounding wrote (the demo's gate-up has two parts)
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=3 X4_CUDA_MMTC_SPLIT=1x1 "$build/tools/x4-logits" --model "$m" \
+                                --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/var-3s.bin" || return 1
+                        cmp "$tmp/var-0.bin" "$tmp/var-3s.bin" || { echo "k_mm_tcs variant 3 on one slot differs ($m)"; return 1; }
                         X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=3 "$check" batch "$m" || return 1
                         n=$((n + 1))
                 done
@@ -1202,7 +1208,7 @@ if command -v compute-sanitizer >/dev/null; then
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda \
                                 --out "$tmp/san-pst.bin"
                         step "compute-sanitizer $tool, tensor-core products, k_mm_tcs variant 3 (offsets once, inputs rounded once), demo model" \
-                                env X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=3 X4_CUDA_MMTC_SPLIT=1x2 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                env X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=3 X4_CUDA_MMTC_SPLIT=1x1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda \
                                 --out "$tmp/san-var.bin"
                         # the wide shapes (wide_same's model): the head's staged decode over two
