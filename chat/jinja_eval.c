@@ -103,7 +103,8 @@ struct sbuf {
 };
 
 /* How deep a value's repr, equality and tojson go: past it, an error rather than the process's
- * stack (a template can build a list or dict that holds itself, ns.a = ns, l.append(l)). */
+ * stack (a template can nest a value as deep as its loops go, and a namespace can hold itself:
+ * ns.a = ns; lists and dicts cannot, their mutating methods are refused). */
 #define VALUE_MAX_NESTING 512u
 _Static_assert(VALUE_MAX_NESTING > JSON_DEPTH_MAX, "a request's JSON must print and compare");
 
@@ -450,7 +451,7 @@ static void put_str(struct rstate *st, struct sbuf *b, jv v) {
 }
 
 /* Whether the list or dict c is being printed by an enclosing put_repr; else notes it as open
- * (put_repr_close ends it). Python prints a container inside itself as [...] or {...}. */
+ * (put_repr drops it when printed). Python prints a container inside itself as [...] or {...}. */
 static bool put_repr_open(struct rstate *st, const void *c) {
         for (unsigned i = 0; i < st->n_repr_open; i++)
                 if (st->repr_open[i] == c)
@@ -580,14 +581,13 @@ static bool jv_eq(struct rstate *st, jv a, jv b) {
         return jv_eq_in(st, a, b, 0);
 }
 
-/* Python's ==: containers equal element by element, an element identical to its counterpart
- * equal without a look inside (so a list that holds itself equals itself, as in Python); two
- * distinct structures that hold themselves recurse without end in Python (RecursionError) and
- * here end in an error past VALUE_MAX_NESTING. */
+/* Python's ==: containers equal element by element, a container identical to its counterpart
+ * equal without a look inside (Python's identity shortcut); namespaces compare by identity, so
+ * only deep values recurse, and past VALUE_MAX_NESTING that is an error (Python: RecursionError
+ * past its own limit). */
 static bool jv_eq_in(struct rstate *st, jv a, jv b, unsigned depth) {
         if (depth > VALUE_MAX_NESTING)
-                fail(st, "comparing values nested more than %u deep (a list or dict that holds itself?)",
-                     VALUE_MAX_NESTING);
+                fail(st, "comparing values nested more than %u deep", VALUE_MAX_NESTING);
         if (is_num(a) && is_num(b)) {
                 if (a.t != V_FLOAT && b.t != V_FLOAT)
                         return num_i(a) == num_i(b);
@@ -745,8 +745,7 @@ static jv from_json(struct rstate *st, const struct json_value *j) {
 static void check_jsonable(struct rstate *st, jv v, unsigned depth) {
         step(st, 1);
         if (depth > VALUE_MAX_NESTING)
-                fail(st, "tojson: value nested more than %u deep (a list or dict that holds itself?)",
-                     VALUE_MAX_NESTING);
+                fail(st, "tojson: value nested more than %u deep", VALUE_MAX_NESTING);
         switch (v.t) {
         case V_NONE:
         case V_BOOL:

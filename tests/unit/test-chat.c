@@ -261,9 +261,8 @@ static void test_errors(void **state) {
                      "Object of type Namespace is not JSON serializable");
         /* values as deep as a request's JSON may be print and compare; deeper ones are an error */
         {
-                char *json = malloc(8 * JSON_DEPTH_MAX + 64), *tmpl = malloc(16 * 600 + 64);
+                char *json = malloc(2 * JSON_DEPTH_MAX + 16);
                 assert_non_null(json);
-                assert_non_null(tmpl);
                 strcpy(json, "{\"x\": ");
                 for (int i = 0; i < JSON_DEPTH_MAX - 1; i++)
                         strcat(json, "[");
@@ -271,14 +270,13 @@ static void test_errors(void **state) {
                         strcat(json, "]");
                 strcat(json, "}");
                 assert_renders("{{ (x|string)|length }} {{ x == x[0:] }}", json, "510 True");
-                strcpy(tmpl, "{% set ns = namespace(v=1) %}{% for i in range(600) %}{% set ns.v = [ns.v] %}{% endfor %}"
-                             "{{ ns.v }}");
-                assert_fails(tmpl, NULL, -EINVAL, "printing a value nested more than 512 deep");
-                strcpy(tmpl, "{% set ns = namespace(v=1, w=1) %}{% for i in range(600) %}{% set ns.v = [ns.v] %}"
-                             "{% set ns.w = [ns.w] %}{% endfor %}{{ ns.v == ns.w }}");
-                assert_fails(tmpl, NULL, -EINVAL, "comparing values nested more than 512 deep");
                 free(json);
-                free(tmpl);
+                assert_fails("{% set ns = namespace(v=1) %}{% for i in range(600) %}{% set ns.v = [ns.v] %}{% endfor %}"
+                             "{{ ns.v }}",
+                             NULL, -EINVAL, "printing a value nested more than 512 deep");
+                assert_fails("{% set ns = namespace(v=1, w=1) %}{% for i in range(600) %}{% set ns.v = [ns.v] %}"
+                             "{% set ns.w = [ns.w] %}{% endfor %}{{ ns.v == ns.w }}",
+                             NULL, -EINVAL, "comparing values nested more than 512 deep");
         }
         /* not silently skipped: an unrendered unknown filter is fine, as in Jinja2 3.x */
         assert_renders("{% if false %}{{ x | from_json }}{% endif %}ok", NULL, "ok");
