@@ -686,38 +686,39 @@ PY
                 echo "k_mm_tcp1 = k_mm_tcs: identical logits ($n models); batch invariance holds with it"
         }
         step "several m-tiles a block (k_mm_tcp1) agree bit for bit with k_mm_tcs" pst_same
-        # batch 1's expert pairs with their copies' offsets worked out once (X4_CUDA_MMTC_VAR=1),
-        # the input rounded to bf16 once a part (2), both (3): the same logits as the default
-        # k_mm_tcs at batch 1 (3 also on a ring of one slot), the variant must have run, and
-        # batch invariance holds with it
+        # batch 1's expert pairs (the default since 2026-12-06: their copies' offsets worked out
+        # once a block and the input rounded to bf16 once a part, k_mm_tcs variant 3): the same
+        # logits as the former k_mm_tcs (X4_CUDA_MMTC_VAR=0), also on a ring of one slot, and the
+        # variant must be what ran by default
         var_same() {
-                local prompt m v n=0
+                local prompt m n=0
                 prompt=$(awk 'BEGIN { s = 43; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf"; do
                         [ -f "$m" ] || continue
-                        X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=0 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
                                 --decode 9,99,999 --device cuda --out "$tmp/var-0.bin" || return 1
-                        for v in 1 2 3; do
-                                X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=$v "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
-                                        --decode 9,99,999 --device cuda --out "$tmp/var-$v.bin" || return 1
-                                cmp "$tmp/var-0.bin" "$tmp/var-$v.bin" || { echo "k_mm_tcs variant $v differs ($m)"; return 1; }
-                                X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=$v X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$m" \
-                                        --prompt 5 --decode 9 --device cuda --out "$tmp/var-log.bin" 2>"$tmp/var-log.txt" || return 1
-                                grep -q "^k_mm_tcs: variant $v" "$tmp/var-log.txt" ||
-                                        { echo "k_mm_tcs variant $v never ran ($m)"; cat "$tmp/var-log.txt"; return 1; }
-                        done
+                        X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --decode 9,99,999 --device cuda --out "$tmp/var-3.bin" || return 1
+                        cmp "$tmp/var-0.bin" "$tmp/var-3.bin" || { echo "k_mm_tcs variant 3 differs from the former ($m)"; return 1; }
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$m" \
+                                --prompt 5 --decode 9 --device cuda --out "$tmp/var-log.bin" 2>"$tmp/var-log.txt" || return 1
+                        grep -q "^k_mm_tcs: variant 3" "$tmp/var-log.txt" ||
+                                { echo "k_mm_tcs variant 3 is not the default ($m)"; cat "$tmp/var-log.txt"; return 1; }
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=0 X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$m" \
+                                --prompt 5 --decode 9 --device cuda --out "$tmp/var-log.bin" 2>"$tmp/var-log.txt" || return 1
+                        ! grep -q "^k_mm_tcs: variant" "$tmp/var-log.txt" ||
+                                { echo "X4_CUDA_MMTC_VAR=0 still ran the variant ($m)"; return 1; }
                         # one warp and one slot: every part after the first refills the slot the
                         # in-place rounding wrote (the demo's gate-up has two parts)
-                        X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=3 X4_CUDA_MMTC_SPLIT=1x1 "$build/tools/x4-logits" --model "$m" \
+                        X4_CUDA_MM=tc X4_CUDA_MMTC_SPLIT=1x1 "$build/tools/x4-logits" --model "$m" \
                                 --prompt "$prompt" --decode 9,99,999 --device cuda --out "$tmp/var-3s.bin" || return 1
                         cmp "$tmp/var-0.bin" "$tmp/var-3s.bin" || { echo "k_mm_tcs variant 3 on one slot differs ($m)"; return 1; }
-                        X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=3 "$check" batch "$m" || return 1
                         n=$((n + 1))
                 done
                 [ $n -gt 0 ] || { echo "no model to check"; return 1; }
-                echo "k_mm_tcs variants 1-3 = k_mm_tcs: identical logits ($n models); batch invariance holds with 3"
+                echo "k_mm_tcs variant 3 (the default) = the former k_mm_tcs: identical logits ($n models), one slot too"
         }
-        step "batch 1's expert pairs, offsets once and inputs rounded once (X4_CUDA_MMTC_VAR), agree bit for bit" var_same
+        step "batch 1's expert pairs, offsets once and inputs rounded once (the default), agree bit for bit with the former" var_same
         # the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1, k_q6_tc: one mma chain an output for
         # every input count): it must run (its log line), stay within the parity bounds against
         # the CPU, and keep batch and chunk invariance (the chunks' head launches take 1 to 512
@@ -1207,8 +1208,8 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_MM=tc X4_CUDA_MMTC_PST=force compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda \
                                 --out "$tmp/san-pst.bin"
-                        step "compute-sanitizer $tool, tensor-core products, k_mm_tcs variant 3 (offsets once, inputs rounded once), demo model" \
-                                env X4_CUDA_MM=tc X4_CUDA_MMTC_VAR=3 X4_CUDA_MMTC_SPLIT=1x1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                        step "compute-sanitizer $tool, tensor-core products, k_mm_tcs variant 3 on a ring of one slot, demo model" \
+                                env X4_CUDA_MM=tc X4_CUDA_MMTC_SPLIT=1x1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda \
                                 --out "$tmp/san-var.bin"
                         # the wide shapes (wide_same's model): the head's staged decode over two
