@@ -236,14 +236,12 @@ extern "C" uint32_t cu_hc_slices(uint32_t H) {
         return (H + HCF_SLICE - 1) / HCF_SLICE;
 }
 
-/* A token's gates on one warp (lane = its lane) from its NB partial rows p0 (folded in slice order;
- * read past L1: other blocks wrote them): g = [pre (n_hc) | post (n_hc) | C (n_hc²)], the pre and
- * post gates sigmoids of the projections times the RMS factor, C the clamped, exponentiated and
- * Sinkhorn-normalised residual matrix (docs/model.md §3.1), with the sublayer's base and scale.
- * full false: the pre gates only (what the collapse needs). Ends past a __syncwarp. */
-static __device__ __forceinline__ void hcf_gates(const struct cu_hc &a, const float *p0, uint32_t NB, const float *base,
-                                                 const float *scale, bool full, float *wsh, float *g) {
-        const uint32_t N = CU_HC_MAX;
+/* A token's pre gates on one warp (lane = its lane) from its NB partial rows p0 (folded in slice
+ * order; read past L1: other blocks wrote them) into wsh (the folded row) and g[0, n_hc): sigmoids
+ * of the projections times the RMS factor, with the sublayer's base and scale (docs/model.md
+ * §3.1). What the collapse needs. Ends past a __syncwarp. */
+static __device__ __forceinline__ void hcf_gates_pre(const struct cu_hc &a, const float *p0, uint32_t NB, const float *base,
+                                                     const float *scale, float *wsh, float *g) {
         uint32_t lane = threadIdx.x % 32, n_hc = a.n_hc, W = n_hc * a.H;
         /* the partials' loads issued HCF_FOLD_AHEAD at a time (a runtime loop of loads is a chain of
          * L2 round trips), added in slice order */
@@ -261,40 +259,57 @@ static __device__ __forceinline__ void hcf_gates(const struct cu_hc &a, const fl
         wsh[lane] = v;
         __syncwarp();
         float rinv = 1.0f / sqrtf(wsh[HCF_Q - 1] / (float) W + a.rms_eps);
+        if (lane < n_hc)
+                g[lane] = 1.0f / (1.0f + expf(-(wsh[lane] * rinv * scale[0] + base[lane])));
+        __syncwarp();
+}
+
+/* The rest of a token's gates on the warp that ran hcf_gates_pre (wsh its folded row): g[n_hc,
+ * 2·n_hc) the post gates, g[2·n_hc, ..) the clamped, exponentiated and Sinkhorn-normalised
+ * residual matrix C (docs/model.md §3.1). Ends past a __syncwarp. */
+static __device__ __forceinline__ void hcf_gates_rest(const struct cu_hc &a, const float *base, const float *scale,
+                                                      const float *wsh, float *g) {
+        const uint32_t N = CU_HC_MAX;
+        uint32_t lane = threadIdx.x % 32, n_hc = a.n_hc, W = n_hc * a.H;
+        float rinv = 1.0f / sqrtf(wsh[HCF_Q - 1] / (float) W + a.rms_eps); /* hcf_gates_pre's */
         uint32_t d = (lane / N) % N, r = lane % N;
-        float s0 = scale[0], s1 = scale[1], s2 = scale[2];
-        if (lane < n_hc) {
-                g[lane] = 1.0f / (1.0f + expf(-(wsh[lane] * rinv * s0 + base[lane])));
-                if (full)
-                        g[n_hc + lane] = 2.0f / (1.0f + expf(-(wsh[n_hc + lane] * rinv * s1 + base[n_hc + lane])));
-        }
-        if (full) {
-                bool valid = d < n_hc && r < n_hc;
-                uint32_t i = 2 * n_hc + d * n_hc + r;
-                float L = valid ? fminf(fmaxf(wsh[i] * rinv * s2 + base[i], -a.clamp), a.clamp) : -INFINITY;
-                float m = -INFINITY;
+        float s1 = scale[1], s2 = scale[2];
+        if (lane < n_hc)
+                g[n_hc + lane] = 2.0f / (1.0f + expf(-(wsh[n_hc + lane] * rinv * s1 + base[n_hc + lane])));
+        bool valid = d < n_hc && r < n_hc;
+        uint32_t i = 2 * n_hc + d * n_hc + r;
+        float L = valid ? fminf(fmaxf(wsh[i] * rinv * s2 + base[i], -a.clamp), a.clamp) : -INFINITY;
+        float m = -INFINITY;
+#pragma unroll
+        for (uint32_t rr = 0; rr < N; rr++)
+                m = fmaxf(m, __shfl_sync(CU_FULL_MASK, L, d * N + rr));
+        float C = valid ? expf(L - m) : 0.0f;
+        for (uint32_t it = 0; it < a.iters; it++) {
+                float sum = 0.0f;
 #pragma unroll
                 for (uint32_t rr = 0; rr < N; rr++)
-                        m = fmaxf(m, __shfl_sync(CU_FULL_MASK, L, d * N + rr));
-                float C = valid ? expf(L - m) : 0.0f;
-                for (uint32_t it = 0; it < a.iters; it++) {
-                        float sum = 0.0f;
+                        sum += __shfl_sync(CU_FULL_MASK, C, d * N + rr);
+                sum += a.hc_eps;
+                C /= sum;
+                sum = 0.0f;
 #pragma unroll
-                        for (uint32_t rr = 0; rr < N; rr++)
-                                sum += __shfl_sync(CU_FULL_MASK, C, d * N + rr);
-                        sum += a.hc_eps;
-                        C /= sum;
-                        sum = 0.0f;
-#pragma unroll
-                        for (uint32_t dd = 0; dd < N; dd++)
-                                sum += __shfl_sync(CU_FULL_MASK, C, dd * N + r);
-                        sum += a.hc_eps;
-                        C /= sum;
-                }
-                if (valid && lane < N * N)
-                        g[i] = C;
+                for (uint32_t dd = 0; dd < N; dd++)
+                        sum += __shfl_sync(CU_FULL_MASK, C, dd * N + r);
+                sum += a.hc_eps;
+                C /= sum;
         }
+        if (valid && lane < N * N)
+                g[i] = C;
         __syncwarp();
+}
+
+/* A token's gates on one warp: g = [pre (n_hc) | post (n_hc) | C (n_hc²)]; full false: the pre
+ * gates only. Ends past a __syncwarp. */
+static __device__ __forceinline__ void hcf_gates(const struct cu_hc &a, const float *p0, uint32_t NB, const float *base,
+                                                 const float *scale, bool full, float *wsh, float *g) {
+        hcf_gates_pre(a, p0, NB, base, scale, wsh, g);
+        if (full)
+                hcf_gates_rest(a, base, scale, wsh, g);
 }
 
 /* The tail of a token's pre-mapping, on one block of HCF_THREADS threads once every slice's
@@ -323,16 +338,19 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
                         xv0[k][s] = s < n_hc && i < H ? __ldcg(xt + (uint64_t) s * H + i) : 0.0f;
                 nw[k] = i < H ? a.norm_w[i] : 0.0f;
         }
-        if (tid < 32) {
-                /* X4_CUDA_HC_EARLY (a.early): the collapse needs only the pre gates; the post
-                 * gates and Sinkhorn are left to the next kernel that post-maps (hcf_gates there,
-                 * before its wait, from these partials), and hcp is not written */
-                hcf_gates(a, a.hw + (uint64_t) t * NB * HCF_Q, NB, a.base, a.scale, !a.early, wsh, g);
-                if (!a.early)
-                        for (uint32_t k = lane; k < 2 * n_hc + n_hc * n_hc; k += 32)
-                                hcp[(uint64_t) t * CU_HCP_STRIDE + k] = g[k];
-        }
+        /* the collapse needs only the pre gates: they go first, and the post gates and Sinkhorn
+         * (into g past the pre gates, and hcp) run on warp 0 while the block collapses, warp 0's
+         * own positions after them. X4_CUDA_HC_EARLY (a.early): those are left to the next kernel
+         * that post-maps (hcf_gates there, before its wait, from these partials), and hcp is not
+         * written */
+        if (tid < 32)
+                hcf_gates_pre(a, a.hw + (uint64_t) t * NB * HCF_Q, NB, a.base, a.scale, wsh, g);
         __syncthreads();
+        if (tid < 32 && !a.early) {
+                hcf_gates_rest(a, a.base, a.scale, wsh, g);
+                for (uint32_t k = lane; k < 2 * n_hc + n_hc * n_hc; k += 32)
+                        hcp[(uint64_t) t * CU_HCP_STRIDE + k] = g[k];
+        }
         if (a.probe & 4)
                 return;
 
@@ -941,18 +959,21 @@ extern "C" void cu_hc_post_early(float *X, const struct cu_hc *a, const struct c
         cu_launch(k_hc_post_early, dim3((a->H + 255) / 256, T), 256, 0, s, X, *a, *post, cu_hc_slices(a->H));
 }
 
-/* X4_CUDA_HC_EARLY (the default; =0 off): batch-1 pre-mappings leave their post gates and Sinkhorn
- * (20 rounds of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us) to the next
- * post-mapping kernel, which runs them before its wait, behind the previous kernel. Same bits (GPU
- * step hc_early). Batch 1: +1.4% on the H200 (2026-12-05, fifth session); on the H100 +2.6% at
- * 512 and +2.8% at 4,096 against the same build with it off (2026-12-06, twelfth session). */
+/* X4_CUDA_HC_EARLY=1 (opt-in): batch-1 pre-mappings leave their post gates and Sinkhorn (20 rounds
+ * of shuffles and divisions on one warp, ~2 of the fused kernel's 14 us) to the next post-mapping
+ * kernel, which runs them before its wait. Same bits (GPU step hc_early). It was the default from
+ * the twelfth session (+2.6% at 512 and +2.8% at 4,096 on the H100 against the tail that ran the
+ * Sinkhorn before its collapse) until the tail ran the Sinkhorn on warp 0 while the block
+ * collapses (hcf_finish): off, +1.4% / +0.7% at 512 and +1.1% / +1.2% at 4,096 over it, two runs
+ * each (H100, 2026-12-06, fourteenth session). The next wait did not hide the rounds: without
+ * them a step was 0.13 ms (2.7%) shorter. */
 static int hc_early_log; /* X4_CUDA_HC_EARLY=log: on, and its first passes said (tests) */
 extern "C" bool cu_hc_early_asked(void) {
         static int on = -1;
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_HC_EARLY");
                 hc_early_log = e && !strcmp(e, "log") ? 4 : 0;
-                on = hc_early_log ? 1 : cu_env_or("X4_CUDA_HC_EARLY", true);
+                on = hc_early_log ? 1 : cu_env_or("X4_CUDA_HC_EARLY", false);
         }
         return on;
 }
