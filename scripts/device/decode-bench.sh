@@ -565,13 +565,17 @@ if has ncusrc; then
         # after X4_NCUSRC_SKIP (one layer's k_mm_tcs launches are its projections and experts)
         for k in ${X4_NCUSRC_K:-k_mm_tcs k_hc_fused}; do
                 say "ncu source: $k"
+                # X4_NCUSRC_SI: ncu's --warp-sampling-interval (0 samples every 32 cycles: enough
+                # samples for a short kernel; the csv is then cut to the instructions sampled)
                 X4_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:"$k" --launch-skip ${X4_NCUSRC_SKIP:-70} \
                         --launch-count ${X4_NCUSRC_N:-8} --set full --import-source yes --section SourceCounters \
+                        ${X4_NCUSRC_SI:+--warp-sampling-interval "$X4_NCUSRC_SI"} \
                         -o "$out/ncusrc-$k" "$build/tools/x4-bench" --model "$model" --device cuda --prefill none \
                         --decode-ctx 512 --batch 1 --decode-tokens 4 --repeats 1 --warmup 0 >"$out/ncusrc-$k.log" 2>&1
                 [ -f "$out/ncusrc-$k.ncu-rep" ] || { tail -5 "$out/ncusrc-$k.log"; continue; }
                 ncu --import "$out/ncusrc-$k.ncu-rep" --page source --csv --print-source sass \
-                        >"$out/ncusrc-$k-src.csv" 2>&1
+                        >"/tmp/ncusrc-$k-src.csv" 2>&1
+                python3 scripts/device/ncu-src-filter.py "/tmp/ncusrc-$k-src.csv" >"$out/ncusrc-$k-src.csv"
                 ncu --import "$out/ncusrc-$k.ncu-rep" --page details >"$out/ncusrc-$k.txt" 2>&1
                 grep -E "^  [a-z_ ]*k_|Duration|DRAM Throughput|Achieved Occupancy|No Eligible|Waves Per SM|Registers Per" \
                         "$out/ncusrc-$k.txt" | cut -c1-150 | head -80
