@@ -313,8 +313,9 @@ static __device__ __forceinline__ void hcf_gates(const struct cu_hc &a, const fl
 }
 
 /* The tail of a token's pre-mapping, on one block of HCF_THREADS threads once every slice's
- * partial row is in a.hw: fold the slices in order, the gates and Sinkhorn on the first warp
- * (into g and hcp), then collapse u = Σ_s pre[s]·X[s] and the sublayer RMSNorm into out. The
+ * partial row is in a.hw: fold the slices in order and the pre gates on the first warp, then
+ * collapse u = Σ_s pre[s]·X[s] and the sublayer RMSNorm into out while the first warp runs the
+ * post gates and Sinkhorn (into g and hcp) before its own positions. The
  * fused kernel's last block and k_hc_tail both run it, so their bits are the same. */
 template <bool PF>
 static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_t t, uint32_t NB, const float *X,
