@@ -164,7 +164,8 @@ struct x4_backend {
         uint64_t xbf_cap;  /* its values */
         void *ws;
         uint64_t ws_bytes;
-        uint32_t *hc_ticket, *route_ticket;
+        uint32_t *hc_ticket, *route_ticket, *ks_ticket;
+        float *ksb; /* k_mm_tcp's split-K parts (cu_mm_tc_ksplit) */
         uint32_t hcw_bufs; /* buffers of mHC partial rows in hcw (ws_layout) */
         float *X, *a, *hcp, *hcw, *zr, *qkv, *q, *qabs, *lat, *ao, *o, *gw, *act, *dn, *hn, *logits,
                 *part, *sc;
@@ -829,6 +830,8 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
          * HC and NextN inputs, q_b's heads */
         b->xbf_cap = T * MAX(MAX(nh * KV, b->hw), MAX((uint64_t) c->hc_mult * H, MAX(2 * H, nh * (c->qk_nope + R))));
         WS(b->xbf, uint16_t, b->xbf_cap);
+        WS(b->ksb, float, CU_KS_FLOATS);
+        WS(b->ks_ticket, uint32_t, CU_KS_TICKETS);
 #undef WS
         return off;
 }
@@ -1216,6 +1219,9 @@ static int cuda_create_backend(const struct x4_model *model, const struct x4_bac
                 r = CU_TRY(cudaMemsetAsync(b->route_ticket, 0,
                                            sizeof(uint32_t) * ((b->T_max + CU_ROUTE_TP - 1) / CU_ROUTE_TP), b->stream),
                            EIO, "clearing the workspace");
+        if (r >= 0)
+                r = CU_TRY(cudaMemsetAsync(b->ks_ticket, 0, sizeof(uint32_t) * CU_KS_TICKETS, b->stream), EIO,
+                           "clearing the workspace");
         if (r >= 0)
                 r = CU_TRY(cudaMalloc(&b->cache, (uint64_t) b->n_pages * b->page_bytes), ENOMEM,
                    "allocating the latent cache");
@@ -1751,6 +1757,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                          const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                          const uint32_t *att, uint32_t n_att) {
         cu_mm_tc_scratch(b->xbf, b->xbf_cap);
+        cu_mm_tc_ksplit(b->ksb, CU_KS_FLOATS, b->ks_ticket, CU_KS_TICKETS);
         const struct x4_config *c = &b->cfg;
         uint32_t H = c->n_embd, n_hc = c->hc_mult;
         /* prompt passes (never captured: graphs hold generated-class steps) may take the
@@ -1851,6 +1858,7 @@ static void nextn_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
                        const uint32_t *d_pos, const uint32_t *d_tokpt, const uint32_t *d_pt,
                        const uint32_t *att, uint32_t n_att) {
         cu_mm_tc_scratch(b->xbf, b->xbf_cap);
+        cu_mm_tc_ksplit(b->ksb, CU_KS_FLOATS, b->ks_ticket, CU_KS_TICKETS);
         const struct x4_config *c = &b->cfg;
         const uint32_t l = c->n_layer, H = c->n_embd;
         const struct cu_layer *cl = &b->layers[l];

@@ -166,6 +166,11 @@ bool cu_mm_tc_prompt_class(void);
 /* The bf16 input scratch of the many-input tensor-core products (values: its capacity; a product
  * whose inputs do not fit takes the older kernel, with the same bits); set before a pass. */
 void cu_mm_tc_scratch(void *p, uint64_t values);
+/* k_mm_tcp's split-K scratch (forward.c's workspace): parts' sums (floats) and a ticket a tile,
+ * the tickets zero at setup (each launch leaves them zero) */
+void cu_mm_tc_ksplit(float *buf, uint64_t floats, uint32_t *tickets, uint32_t n_tickets);
+#define CU_KS_FLOATS (4u << 20) /* 16 MiB: 512 stored parts of a 128 × 64 tile */
+#define CU_KS_TICKETS 1024u
 /* The class of the passes launched from now on (true: prompt tokens). */
 void cu_mm_tc_pass(bool prompt);
 /* Whether the pass being launched is a prompt-class pass (classes on and cu_mm_tc_pass(true)). */

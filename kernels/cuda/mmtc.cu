@@ -1861,8 +1861,29 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
 #define MTP_D1_ROW 144 /* bytes a decoded row: 64 bf16 + 16 (BF16's staged row) */
 #define MTP_D1_BYTES (MTP_BM * MTP_D1_ROW)
 
-template <int TYPE, int NR, int MODE, bool D1 = false>
-__global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp) {
+/* KS (dense products whose tiles leave the card half idle: batch decode's attention projections,
+ * a prompt's short last pass): the K parts split over blockIdx.z, pps parts a block. Every output
+ * is still the one chain ((0 + p0) + p1) + ... of its parts' sums in part order: the block of
+ * parts 0 .. pps − 1 stores its running sum, every other block each of its parts' sums (from zero,
+ * as ever), into the backend's scratch (cu_mm_tc_ksplit), and the tile's last block to finish
+ * (a ticket a tile, left at zero) adds them in part order before the store. The same A and B
+ * registers into the same mma chains: the same bits as the unsplit kernel (GPU step ks_same). */
+#define MTP_KS_ENTRY (MTP_BM * MTP_BN) /* floats a stored part of a tile */
+static float *mtp_ks_buf;               /* the scratch: entries of MTP_KS_ENTRY floats */
+static uint32_t *mtp_ks_ticket;
+static uint64_t mtp_ks_entries;
+static uint32_t mtp_ks_tickets;
+
+extern "C" void cu_mm_tc_ksplit(float *buf, uint64_t floats, uint32_t *tickets, uint32_t n_tickets) {
+        mtp_ks_buf = buf;
+        mtp_ks_entries = floats / MTP_KS_ENTRY;
+        mtp_ks_ticket = tickets;
+        mtp_ks_tickets = n_tickets;
+}
+
+template <int TYPE, int NR, int MODE, bool D1 = false, bool KS = false>
+__global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp,
+                                                          float *ksb, uint32_t *kst, uint32_t pps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
         constexpr bool DEC1 = IQ4 && D1;
@@ -1875,9 +1896,16 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         uint32_t n_rows = a.N, row0 = blockIdx.y * MTP_BM, K = a.K, n_st = K / MTP_KS;
         uint32_t grp = NR == 1 && a.G != a.N ? row0 / a.G : 0;
         const uint8_t *wbase = (const uint8_t *) a.w;
+        static_assert(!KS || MODE == MT_DENSE, "split K: dense products");
+        constexpr uint32_t SPP = MT_KPART / MTP_KS; /* stages a part */
+        /* KS: this block's stages [st0, st1), parts [st0 / SPP, ..) */
+        uint32_t st0 = KS ? blockIdx.z * pps * SPP : 0, st1 = KS ? min(n_st, st0 + pps * SPP) : n_st;
 
-        cu_pdl_wait();
-        cu_pdl_trigger();
+        /* dense: the weights no kernel writes go out before the wait (below) */
+        if (MODE != MT_DENSE) {
+                cu_pdl_wait();
+                cu_pdl_trigger();
+        }
         uint32_t p0 = blockIdx.x * MTP_BN, n_p;
         const int32_t *perm = NULL;
         if (MODE == MT_GROUPED) {
@@ -1910,10 +1938,11 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                 uint32_t p = MODE == MT_GROUPED ? (uint32_t) perm[n] : p0 + n;
                 xsrc[i] = xb + ((uint64_t) (p / a.x_div) * n_grp + grp) * K + (tid % 8) * 8;
         }
-        auto load = [&](uint32_t st) {
-                if (st >= n_st)
+        /* stage st into ring slot (st − st0) % MTP_NS: its weights, its inputs */
+        auto load_w = [&](uint32_t st) {
+                if (st >= st1)
                         return;
-                uint8_t *ws = mtp_smem + (st % MTP_NS) * STG;
+                uint8_t *ws = mtp_smem + ((st - st0) % MTP_NS) * STG;
 #pragma unroll
                 for (uint32_t i = 0; i < WCP; i++)
                         if (wdst[i] != ~0u) {
@@ -1922,13 +1951,27 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                                 else
                                         mtd_cp16(ws + wdst[i], wsrc[i] + (uint64_t) st * (MTP_KS * 2));
                         }
-                uint8_t *xs = ws + MTP_BM * WB;
+        };
+        auto load_x = [&](uint32_t st) {
+                if (st >= st1)
+                        return;
+                uint8_t *xs = mtp_smem + ((st - st0) % MTP_NS) * STG + MTP_BM * WB;
 #pragma unroll
                 for (uint32_t i = 0; i < 2; i++)
                         mtd_cp16(xs + (tid / 8 + 32 * i) * MTP_XB + (tid % 8) * 16, xsrc[i] + (uint64_t) st * MTP_KS);
         };
+        /* the first stages: dense weights before the wait (in the first group with stage st0's
+         * inputs, so each stage's wait below still finds its weights complete), the rest after */
+        if (MODE == MT_DENSE) {
+                for (uint32_t st = 0; st + 1 < MTP_NS; st++)
+                        load_w(st0 + st);
+                cu_pdl_wait();
+                cu_pdl_trigger();
+        }
         for (uint32_t st = 0; st + 1 < MTP_NS; st++) {
-                load(st);
+                if (MODE != MT_DENSE)
+                        load_w(st0 + st);
+                load_x(st0 + st);
                 mtd_commit();
         }
 
@@ -1948,12 +1991,13 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         uint32_t aoff_d1 = (32 * wm + (lane & 7) + ((lane >> 3) & 1) * 8) * MTP_D1_ROW + (lane >> 4) * 16;
         (void) aoff_d1;
 
-        for (uint32_t it = 0; it < n_st; it++) {
+        for (uint32_t it = st0; it < st1; it++) {
                 mtd_wait(MTP_NS - 2);
                 __syncthreads(); /* stage it visible to all; stage it − 1's slot read by all */
-                load(it + MTP_NS - 1);
+                load_w(it + MTP_NS - 1);
+                load_x(it + MTP_NS - 1);
                 mtd_commit();
-                const uint8_t *ws = mtp_smem + (it % MTP_NS) * STG;
+                const uint8_t *ws = mtp_smem + ((it - st0) % MTP_NS) * STG;
                 if constexpr (DEC1) {
                         /* thread: row tid % 128, block tid / 128 of the stage; both k16 steps */
                         uint32_t dr = tid % MTP_BM, dc = tid / MTP_BM;
@@ -2028,18 +2072,84 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                                 mtp_mma_tile(acc, af, bf);
                         }
                 }
-                if ((it + 1) % (MT_KPART / MTP_KS) == 0 || it + 1 == n_st) /* a part's end */
+                if ((it + 1) % SPP == 0 || it + 1 == n_st) { /* a part's end */
+                        if (KS && blockIdx.z > 0) {
+                                /* a later block's part: its own sum, stored (entry = the part) */
+                                float4 *e4 = (float4 *) (ksb + ((uint64_t) (blockIdx.y * gridDim.x + blockIdx.x) *
+                                                                        ((n_st + SPP - 1) / SPP) + it / SPP) * MTP_KS_ENTRY);
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                        for (int j = 0; j < 4; j++) {
+                                                e4[(mt * 4 + j) * MTP_THREADS + tid] =
+                                                        make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+#pragma unroll
+                                                for (int e = 0; e < 4; e++)
+                                                        acc[mt][j][e] = 0.0f;
+                                        }
+                        } else {
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+#pragma unroll
+                                                for (int e = 0; e < 4; e++) {
+                                                        tot[mt][j][e] += acc[mt][j][e];
+                                                        acc[mt][j][e] = 0.0f;
+                                                }
+                        }
+                }
+        }
+        mtd_wait(0); /* the empty tail groups */
+        if constexpr (KS) {
+                __shared__ bool ks_last;
+                uint32_t tile = blockIdx.y * gridDim.x + blockIdx.x, n_parts = (n_st + SPP - 1) / SPP;
+                float4 *tb = (float4 *) (ksb + (uint64_t) tile * n_parts * MTP_KS_ENTRY);
+                if (blockIdx.z == 0 && active) /* the first parts' running sum: entry 0 */
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                                 for (int j = 0; j < 4; j++)
+                                        tb[(mt * 4 + j) * MTP_THREADS + tid] =
+                                                make_float4(tot[mt][j][0], tot[mt][j][1], tot[mt][j][2], tot[mt][j][3]);
+                __threadfence(); /* this thread's entries before the ticket */
+                __syncthreads();
+                if (tid == 0)
+                        ks_last = atomicAdd(kst + tile, 1u) == gridDim.z - 1;
+                __syncthreads();
+                if (!ks_last)
+                        return;
+                __threadfence(); /* the other blocks' entries after their tickets */
+                if (tid == 0)
+                        kst[tile] = 0; /* for the next launch (stream order) */
+                if (!active)
+                        return;
+                /* entry 0, then the later blocks' parts in part order (read past L1) */
 #pragma unroll
-                                        for (int e = 0; e < 4; e++) {
-                                                tot[mt][j][e] += acc[mt][j][e];
-                                                acc[mt][j][e] = 0.0f;
-                                        }
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                                float4 v = __ldcg(tb + (mt * 4 + j) * MTP_THREADS + tid);
+                                tot[mt][j][0] = v.x, tot[mt][j][1] = v.y, tot[mt][j][2] = v.z, tot[mt][j][3] = v.w;
+                        }
+                for (uint32_t p = pps; p < n_parts; p++) {
+                        const float4 *pb = tb + (uint64_t) p * (MTP_KS_ENTRY / 4);
+                        float4 v[8];
+#pragma unroll
+                        for (int q = 0; q < 8; q++)
+                                v[q] = __ldcg(pb + q * MTP_THREADS + tid);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int j = 0; j < 4; j++) {
+                                        const float4 &w = v[mt * 4 + j];
+                                        tot[mt][j][0] += w.x;
+                                        tot[mt][j][1] += w.y;
+                                        tot[mt][j][2] += w.z;
+                                        tot[mt][j][3] += w.w;
+                                }
+                }
         }
-        mtd_wait(0); /* the empty tail groups */
         if (!active)
                 return;
 #pragma unroll
@@ -2049,7 +2159,7 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                         mt_store<NR, MODE>(a, tot[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j,
                                            g, t, n_rows, n_p, p0, perm, grp);
 #else
-        (void) a, (void) xb, (void) n_grp;
+        (void) a, (void) xb, (void) n_grp, (void) ksb, (void) kst, (void) pps;
         __trap(); /* the host never picks this kernel below sm_80 */
 #endif
 }
@@ -2067,6 +2177,52 @@ static bool mtp_prepare(void) {
                                     n) == cudaSuccess;
 }
 
+/* the split-K build's attribute (per type; false: products stay unsplit) */
+static bool mtp_ks_ok[2];
+template <int TYPE, int NR>
+static bool mtp_prepare_ks(void) {
+        return cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_DENSE, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) (MTP_NS * mtp_stage<TYPE>())) == cudaSuccess;
+}
+
+/* X4_CUDA_MMTCP_KS: 0 never splits K; N (1-64) splits every dense k_mm_tcp product of two or
+ * more parts into blocks of N parts (tests: the demo model's grids never need it); unset, the grid
+ * decides (mtp_ks_pps) */
+static int mtp_ks_env(void) {
+        static int v = -2;
+        if (v == -2) {
+                const char *e = getenv("X4_CUDA_MMTCP_KS");
+                char *end = NULL;
+                long n = e && *e ? strtol(e, &end, 10) : -1;
+                v = !e || !*e ? -1 : (*end || n < 0 || n > 64) ? -3 : (int) n;
+                if (v == -3) {
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTCP_KS=%s ignored: expected 0 (never split K) or 1-64 "
+                                        "(parts a block)\n", e);
+                        v = -1;
+                }
+        }
+        return v;
+}
+
+/* Parts a block for a dense product of `tiles` blocks and n_parts parts: 0 (no split) where the
+ * tiles alone fill two blocks an SM, or the split is not set up; else the fewest parts a block
+ * that fill about two blocks an SM (batch 64's q_a‖kv_a: 11 tiles of 14 parts, 154 blocks of one
+ * part; attn_output 28 tiles of 16, 224 of two). */
+static uint32_t mtp_ks_pps(uint64_t tiles, uint32_t n_parts, bool ready) {
+        int e = mtp_ks_env();
+        if (e == 0 || n_parts < 2 || !ready || !mtp_ks_buf || tiles > mtp_ks_tickets ||
+            tiles * n_parts > mtp_ks_entries)
+                return 0;
+        if (e > 0)
+                return (uint32_t) e < n_parts ? (uint32_t) e : 0;
+        uint64_t want = 2ull * mtd_sms;
+        if (tiles * 2 > want) /* at least half the blocks the card holds at once: as it is */
+                return 0;
+        uint32_t slices = (uint32_t) min((uint64_t) n_parts, (want + tiles - 1) / tiles);
+        uint32_t pps = (n_parts + slices - 1) / slices;
+        return pps < n_parts ? pps : 0;
+}
+
 /* X4_CUDA_MMTCP_DEC1=1: IQ4_NL stages decoded once a block (k_mm_tcp's D1; opt-in: no faster when
  * timed, see above) */
 static bool mtp_d1_on(void) {
@@ -2082,6 +2238,8 @@ static void mtp_setup(void) {
         mtp_smem_ok[0] = mtp_prepare<CU_TYPE_BF16, 1>() && mtp_prepare<CU_TYPE_BF16, 2>();
         mtp_smem_ok[1] = mtp_prepare<CU_TYPE_IQ4_NL, 1>() && mtp_prepare<CU_TYPE_IQ4_NL, 2>();
         mtp_d1_ok = mtp_d1_on() && mtp_prepare<CU_TYPE_IQ4_NL, 1, true>() && mtp_prepare<CU_TYPE_IQ4_NL, 2, true>();
+        mtp_ks_ok[0] = mtp_prepare_ks<CU_TYPE_BF16, 1>() && mtp_prepare_ks<CU_TYPE_BF16, 2>();
+        mtp_ks_ok[1] = mtp_prepare_ks<CU_TYPE_IQ4_NL, 1>() && mtp_prepare_ks<CU_TYPE_IQ4_NL, 2>();
         (void) cudaGetLastError();
 }
 
@@ -2115,14 +2273,30 @@ static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
                 uint32_t n_ids = a->n_groups_max - (a->P + CU_GROUP_TILE - 1) / CU_GROUP_TILE;
                 grid.x = (a->P + CU_GROUP_WIDE - 1) / CU_GROUP_WIDE + n_ids;
         }
+        if (!a->sel) {
+                uint32_t n_parts = (a->K + MT_KPART - 1) / MT_KPART;
+                uint32_t pps = mtp_ks_pps((uint64_t) grid.x * grid.y, n_parts, mtp_ks_ok[IQ4]);
+                if (pps) {
+                        grid.z = (n_parts + pps - 1) / pps;
+                        if (mtp_log_left > 0) {
+                                mtp_log_left--;
+                                fprintf(stderr, "k_mm_tcp: split K: %u tiles x %u blocks of %u parts\n", grid.x * grid.y,
+                                        grid.z, pps);
+                        }
+                        cu_launch(k_mm_tcp<TYPE, NR, MT_DENSE, false, true>, grid, MTP_THREADS, smem, s, *a,
+                                  (const uint16_t *) mtp_xb, n_grp, mtp_ks_buf, mtp_ks_ticket, pps);
+                        return true;
+                }
+        }
         if constexpr (IQ4)
                 if (mtp_d1_ok) {
                         cu_launch(a->sel ? k_mm_tcp<TYPE, NR, MT_GROUPED, true> : k_mm_tcp<TYPE, NR, MT_DENSE, true>,
-                                  grid, MTP_THREADS, smem + MTP_D1_BYTES, s, *a, (const uint16_t *) mtp_xb, n_grp);
+                                  grid, MTP_THREADS, smem + MTP_D1_BYTES, s, *a, (const uint16_t *) mtp_xb, n_grp,
+                                  (float *) NULL, (uint32_t *) NULL, 0u);
                         return true;
                 }
         cu_launch(a->sel ? k_mm_tcp<TYPE, NR, MT_GROUPED> : k_mm_tcp<TYPE, NR, MT_DENSE>, grid, MTP_THREADS, smem, s,
-                  *a, (const uint16_t *) mtp_xb, n_grp);
+                  *a, (const uint16_t *) mtp_xb, n_grp, (float *) NULL, (uint32_t *) NULL, 0u);
         return true;
 }
 

@@ -719,6 +719,39 @@ PY
                 echo "k_mm_tcs variant 3 (the default) = the former k_mm_tcs: identical logits ($n models), one slot too"
         }
         step "batch 1's expert pairs, offsets once and inputs rounded once (the default), agree bit for bit with the former" var_same
+        # dense k_mm_tcp products with K split over blocks (X4_CUDA_MMTCP_KS: by default where the
+        # tiles alone leave the card half idle, batch decode's attention projections; =1 one part a
+        # block, =0 never): the same logits as the unsplit kernel on passes of 40, 64 and 300 tokens
+        # and decodes, that it ran (its log line), batch and chunk invariance with it
+        ks_same() {
+                local prompt m ch v n=0
+                prompt=$(awk 'BEGIN { s = 47; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf"; do
+                        [ -f "$m" ] || continue
+                        for ch in 40 64 300; do
+                                X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=0 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                        --chunk $ch --decode 9,99 --device cuda --out "$tmp/ks-off.bin" || return 1
+                                for v in "" 1 2; do
+                                        X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=$v X4_CUDA_MMTC_PROMPT=log "$build/tools/x4-logits" \
+                                                --model "$m" --prompt "$prompt" --chunk $ch --decode 9,99 --device cuda \
+                                                --out "$tmp/ks-on.bin" 2>"$tmp/ks-log.txt" || { cat "$tmp/ks-log.txt"; return 1; }
+                                        grep -q '^k_mm_tcp: split K: ' "$tmp/ks-log.txt" ||
+                                                { echo "k_mm_tcp never split K (X4_CUDA_MMTCP_KS=$v, chunks of $ch, $m)"; return 1; }
+                                        cmp "$tmp/ks-off.bin" "$tmp/ks-on.bin" ||
+                                                { echo "split K differs (X4_CUDA_MMTCP_KS=$v, chunks of $ch, $m)"; return 1; }
+                                done
+                        done
+                        X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=0 X4_CUDA_MMTC_PROMPT=log "$build/tools/x4-logits" --model "$m" \
+                                --prompt "$prompt" --chunk 40 --decode 9 --device cuda --out "$tmp/ks-on.bin" 2>"$tmp/ks-log.txt" || return 1
+                        ! grep -q '^k_mm_tcp: split K' "$tmp/ks-log.txt" || { echo "X4_CUDA_MMTCP_KS=0 still split K ($m)"; return 1; }
+                        X4_CUDA_MMTCP_KS=1 X4_GPU_CACHE=f16 "$check" batch "$m" || return 1
+                        n=$((n + 1))
+                done
+                [ $n -gt 0 ] || { echo "no model to check"; return 1; }
+                X4_CUDA_MMTCP_KS=1 X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf" || return 1
+                echo "split K = unsplit k_mm_tcp: identical logits ($n models, passes of 40 / 64 / 300, one and two parts a block and the default); batch and chunk invariance with one part a block"
+        }
+        step "dense products with K split over blocks agree bit for bit with the unsplit kernel" ks_same
         # the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1, k_q6_tc: one mma chain an output for
         # every input count): it must run (its log line), stay within the parity bounds against
         # the CPU, and keep batch and chunk invariance (the chunks' head launches take 1 to 512
@@ -1212,6 +1245,10 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_MM=tc X4_CUDA_MMTC_SPLIT=1x1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda \
                                 --out "$tmp/san-var.bin"
+                        step "compute-sanitizer $tool, tensor-core products, K split one part a block, demo model" \
+                                env X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 \
+                                --decode 9,99 --device cuda --out "$tmp/san-ks.bin"
                         # the wide shapes (wide_same's model): the head's staged decode over two
                         # tiles and the 8-warp one-wave build
                         [ -f "$tmp/wide/wide.gguf" ] &&
