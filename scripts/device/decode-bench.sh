@@ -543,6 +543,31 @@ if has b1env; then
                 echo
         done
 fi
+if has modab; then
+        # the tree's CUDA module against another (X4_MODAB_OTHER, a carried xing4d-cuda.so or .so.xz:
+        # the last commit's, built with prebuilt.sh's options) on the same x4-bench lines, the two
+        # alternating, X4_MODAB_ROUNDS times (2): X4_MODAB="ARGS;ARGS;..." (default batch 64 and 16
+        # at 512 / 4,096, batch 1 at 512, prefill 512 / 4,096); lines tagged with "module" (tree or
+        # other) and "round" into $out/modab.jsonl
+        other=${X4_MODAB_OTHER:-.devcarry/head/xing4d-cuda.so.xz}
+        case $other in *.xz) xz -dc "$other" >/tmp/modab-other.so && other=/tmp/modab-other.so ;; esac
+        IFS=';' read -r -a ablines <<<"${X4_MODAB:---prefill none --decode-ctx 512,4096 --batch 64,16;--prefill none --decode-ctx 512 --batch 1;--prefill 512,4096 --decode-ctx none}"
+        for r in $(seq 1 "${X4_MODAB_ROUNDS:-2}"); do
+                for args in "${ablines[@]}"; do
+                        for m in tree other; do
+                                mod=$X4_CUDA_MODULE
+                                [ $m = other ] && mod=$other
+                                printf '%-6s %-56s ' "$m" "$args"
+                                # shellcheck disable=SC2086
+                                X4_CUDA_MODULE=$mod "$build/tools/x4-bench" --model "$model" --device cuda $args \
+                                        --decode-tokens 16 --repeats 3 --json 2>&1 | grep '^{' |
+                                        sed "s|}\$|,\"module\":\"$m\",\"round\":$r}|" | tee -a "$out/modab.jsonl" |
+                                        grep -o '"\(ctx\|tokens\)":[0-9]*,\("batch":[0-9]*,\)\?"tok_s":[0-9.]*' | tr '\n' ' '
+                                echo
+                        done
+                done
+        done
+fi
 if has ncul; then
         # ncu's sections for one MoE layer's decode kernels at batch 1 / 512 (X4_NCUL_SKIP, 16
         # launches) and for the head's k_mv_small: why each takes its time
