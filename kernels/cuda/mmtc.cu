@@ -2186,8 +2186,8 @@ static bool mtp_prepare_ks(void) {
 }
 
 /* X4_CUDA_MMTCP_KS: 0 never splits K; N (1-64) splits every dense k_mm_tcp product of two or
- * more parts into blocks of N parts (tests: the demo model's grids never need it); unset, the grid
- * decides (mtp_ks_pps) */
+ * more parts into blocks of N parts (tests: GPU step ks_same compares both with 0, and with the
+ * default rule, which splits on the demo model's grids too); unset, the grid decides (mtp_ks_pps) */
 static int mtp_ks_env(void) {
         static int v = -2;
         if (v == -2) {
@@ -2205,7 +2205,7 @@ static int mtp_ks_env(void) {
 }
 
 /* Parts a block for a dense product of `tiles` blocks and n_parts parts: 0 (no split) where the
- * tiles alone fill two blocks an SM, or the split is not set up; else the fewest parts a block
+ * tiles alone are more than one block an SM, or the split is not set up; else the fewest parts a block
  * that fill about two blocks an SM (batch 64's q_a‖kv_a: 11 tiles of 14 parts, 154 blocks of one
  * part; attn_output 28 tiles of 16, 224 of two). */
 static uint32_t mtp_ks_pps(uint64_t tiles, uint32_t n_parts, bool ready) {

@@ -550,6 +550,11 @@ if has modab; then
         # at 512 / 4,096, batch 1 at 512, prefill 512 / 4,096); lines tagged with "module" (tree or
         # other) and "round" into $out/modab.jsonl
         other=${X4_MODAB_OTHER:-.devcarry/head/xing4d-cuda.so.xz}
+        if [ ! -f "$other" ]; then
+                echo "modab: the module to compare against, $other, is not here: carry it (X4_MODAB_OTHER," \
+                        "default .devcarry/head/xing4d-cuda.so.xz, built from the last commit)" >&2
+                exit 1
+        fi
         case $other in *.xz) xz -dc "$other" >/tmp/modab-other.so && other=/tmp/modab-other.so ;; esac
         IFS=';' read -r -a ablines <<<"${X4_MODAB:---prefill none --decode-ctx 512,4096 --batch 64,16;--prefill none --decode-ctx 512 --batch 1;--prefill 512,4096 --decode-ctx none}"
         for r in $(seq 1 "${X4_MODAB_ROUNDS:-2}"); do
