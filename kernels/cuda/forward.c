@@ -818,7 +818,7 @@ static uint64_t ws_layout(struct x4_backend *b, uint8_t *base) {
         WS(b->gw, float, T * S);
         WS(b->act, float, T * b->hw);
         WS(b->dn, float, T * S * H);
-        WS(b->hn, float, T * H);
+        WS(b->hn, float, T * H); /* the head's normed rows; in the trunk, the mHC kernel's scratch (cu_hc.ug) */
         WS(b->logits, float, (uint64_t) b->logit_rows * c->n_vocab);
         WS(b->hid, float, T * H);
         WS(b->eh, float, b->mtp ? T * 2 * H : 0);
@@ -1786,6 +1786,7 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
         struct cu_hc hc = {
                 .ticket = b->hc_ticket, .H = H, .n_hc = n_hc, .iters = c->hc_sinkhorn_iters,
                 .rms_eps = c->rms_eps, .hc_eps = c->hc_eps, .clamp = c->hc_clamp, .early = early,
+                .ug = b->hn, /* idle until the head */
         };
         /* the next pre-mapping's hc: its weights, its partial rows' buffer, and (early, after a
          * sublayer) the previous one's partials, base and scale */

@@ -222,6 +222,11 @@ struct cu_hc {
         const float *hw_prev, *prev_base, *prev_scale;
         /* measurement only (X4_HC_PROBE, mhc.cu): parts of the kernel left out, results wrong */
         uint32_t probe;
+        /* scratch of T × H floats (idle during the trunk) for the one-launch kernel's spread tail:
+         * each block's collapsed slice, which every block of the token reads for the norm's square
+         * sum (mhc.cu, hcf_grid_tail). NULL: that tail is not taken. Set by cu_hc_pre: grid. */
+        float *ug;
+        bool grid;
         struct cu_pf pf; /* X4_CUDA_L2PF: the next products' weights, asked of the L2 first */
 };
 /* Slices of a token's positions the fused pre-mapping kernel splits over (partials per token). */

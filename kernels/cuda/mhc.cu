@@ -400,6 +400,98 @@ static __device__ __forceinline__ void hcf_finish(const struct cu_hc &a, uint32_
         }
 }
 
+/* The one-launch kernel's tail spread over the token's NB blocks (cu_hc.grid: the host has
+ * checked that the launch's blocks are all resident at once, so a block may wait for the others).
+ * hcf_finish ran it on the last block alone: the collapse read the four streams' 57 KB (H 3,584)
+ * on one SM, ~3.6 us of a launch's ~18 (X4_HC_PROBE=4). Here, past a barrier over the token's
+ * blocks (every partial row written), each block folds the partials and runs the pre gates on
+ * warp 0 (hcf_gates_pre: the same sums, so the same gates in every block), block NB − 1 also the
+ * post gates and Sinkhorn into hcp; each block collapses its own slice from the streams it
+ * post-mapped (zs, still in shared memory) into ug; past a second barrier each block sums the
+ * squares of all H collapsed values in hcf_finish's order (thread tid: positions tid, tid + 256, ..
+ * in order, then cu_block_sum) and norms its slice. Every value is hcf_finish's expression on the
+ * same operands: the same bits as the ticket path and k_hc_tail (GPU step hc_grid_same). The
+ * counter a.ticket[t] counts three rounds of arrivals (the barriers at NB and 2·NB, the exits) and
+ * the last exit sets it back to zero. Opt-in (X4_CUDA_HC_GRID=1) until timed. */
+static __device__ __forceinline__ uint32_t hcf_ld_acquire(const uint32_t *p) {
+        uint32_t v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        return v;
+}
+
+/* every block of the token past this point once all NB have reached it (round r: target r·NB);
+ * what each block wrote before it is visible to the others' L2 reads after it */
+static __device__ __forceinline__ void hcf_grid_barrier(uint32_t *ctr, uint32_t target) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+                __threadfence();
+                atomicAdd(ctr, 1u);
+                while (hcf_ld_acquire(ctr) < target)
+                        ;
+        }
+        __syncthreads();
+        __threadfence();
+}
+
+static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint32_t t, uint32_t b, uint32_t NB,
+                                                     const float (*zs)[HCF_SLICE], float *hcp, float *out, float *wsh,
+                                                     float *g, float *red2) {
+        const uint32_t N = CU_HC_MAX;
+        uint32_t tid = threadIdx.x, lane = tid % 32;
+        uint32_t H = a.H, n_hc = a.n_hc;
+        uint32_t i = b * HCF_SLICE + tid;
+        float nw = i < H ? a.norm_w[i] : 0.0f; /* no kernel writes it: before the barrier */
+        hcf_grid_barrier(a.ticket + t, NB);
+        if (tid < 32)
+                hcf_gates_pre(a, a.hw + (uint64_t) t * NB * HCF_Q, NB, a.base, a.scale, wsh, g);
+        __syncthreads();
+        if (tid < 32 && !a.early && b == NB - 1) {
+                hcf_gates_rest(a, a.base, a.scale, wsh, g);
+                for (uint32_t k = lane; k < 2 * n_hc + n_hc * n_hc; k += 32)
+                        hcp[(uint64_t) t * CU_HCP_STRIDE + k] = g[k];
+        }
+        /* the collapse of this block's positions (hcf_finish's expression) */
+        float *ut = a.ug + (uint64_t) t * H;
+        float v = 0.0f;
+        if (i < H) {
+                float xv[N];
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        xv[s] = zs[s][hcf_swz(tid)];
+#pragma unroll
+                for (uint32_t s = 0; s < N; s++)
+                        if (s < n_hc)
+                                v += g[s] * xv[s];
+                ut[i] = v;
+        }
+        hcf_grid_barrier(a.ticket + t, 2 * NB);
+        /* the square sum of all H values: thread tid's chain over positions tid + 256·j in order
+         * (hcf_finish's), HCF_PT loads in flight at a time */
+        float ss2 = 0.0f;
+        for (uint32_t i0 = 0; i0 < H; i0 += HCF_PT * HCF_THREADS) {
+                float uv[HCF_PT];
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t ii = i0 + tid + k * HCF_THREADS;
+                        uv[k] = ii < H ? __ldcg(ut + ii) : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t ii = i0 + tid + k * HCF_THREADS;
+                        if (ii >= H)
+                                break;
+                        ss2 += uv[k] * uv[k];
+                }
+        }
+        ss2 = cu_block_sum(ss2, red2);
+        float rinv2 = 1.0f / sqrtf(ss2 / (float) H + a.rms_eps);
+        if (i < H)
+                out[(uint64_t) t * H + i] = nw * (v * rinv2);
+        /* the third round: the last block out sets the counter back to zero for the next launch */
+        if (tid == 0 && atomicAdd(a.ticket + t, 1u) == 3 * NB - 1)
+                a.ticket[t] = 0;
+}
+
 /* The pre-mapping's first part for block (slice b, token tile): the weights of the slice's
  * positions for every projection row into registers (once for all the tokens of the tile), then
  * for each token t of the tile: the previous sublayer's post-mapping of position base + tid
@@ -558,6 +650,10 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         if (TILE || (a.probe & 2))
                 return;
         uint32_t t = t0;
+        if (a.grid) {
+                hcf_grid_tail(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0]);
+                return;
+        }
         __syncthreads();
         if (tid == 0) {
                 __threadfence();
@@ -857,6 +953,45 @@ static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const flo
         return ok;
 }
 
+/* X4_CUDA_HC_GRID=1 (opt-in until it has been timed: written on 2026-12-07, when no GPU could be
+ * had): the one-launch kernel takes the spread tail (hcf_grid_tail) where its blocks fit the card
+ * at once; =log: the same, and the first 8 launches that take it on stderr (tests: that it ran);
+ * unset or 0: the ticket tail (hcf_finish on the last block). The bits are the same either way. */
+static int hc_grid_log;
+static bool hc_grid_on(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_HC_GRID");
+                bool known = !e || !*e || !strcmp(e, "0") || !strcmp(e, "1") || !strcmp(e, "log");
+                if (!known)
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_HC_GRID=%s ignored: expected 0 (the ticket tail), 1 or log\n",
+                                e);
+                on = known && e && (!strcmp(e, "1") || !strcmp(e, "log"));
+                hc_grid_log = on && !strcmp(e, "log") ? 8 : 0;
+        }
+        return on;
+}
+
+/* Whether the one-launch kernel's blocks (NB a token, T tokens) are all resident at once on this
+ * device, as the spread tail's barriers need: blocks an SM (the occupancy API, for the launch's
+ * shared memory) times the SMs, computed once a type and size. Anything else on the card only
+ * delays blocks (every kernel before this one ends without it; the next ones start past its end or
+ * past every block's trigger), so a grid within that count cannot wait on a block never placed. */
+template <int FT>
+static bool hc_grid_fits(uint64_t blocks, size_t smem) {
+        static size_t smem_seen = (size_t) -1;
+        static int per_sm = 0;
+        if (smem != smem_seen) {
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_hc_fused<FT, false>, HCF_THREADS, smem) !=
+                    cudaSuccess)
+                        per_sm = 0;
+                (void) cudaGetLastError();
+                smem_seen = smem;
+        }
+        hc_env();
+        return blocks <= (uint64_t) per_sm * (uint64_t) hc_sms;
+}
+
 template <int FT>
 static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float *X, uint32_t T, float *hcp,
                           float *out, cudaStream_t s) {
@@ -875,7 +1010,13 @@ static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
         size_t smem = a->H * sizeof(float);
         cu_launches++;
         if (tt == 0) {
-                cu_launch(k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s, *a, *p, X, hcp, out, T, 1u);
+                struct cu_hc ag = *a;
+                ag.grid = a->ug && !a->probe && hc_grid_on() && hc_grid_fits<FT>((uint64_t) NB * T, smem);
+                if (ag.grid && hc_grid_log > 0) {
+                        hc_grid_log--;
+                        fprintf(stderr, "mHC: spread tail, %u blocks a token, %u tokens\n", NB, T);
+                }
+                cu_launch(k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s, ag, *p, X, hcp, out, T, 1u);
                 return;
         }
         cu_launch(k_hc_fused<FT, true>, dim3(NB, (T + tt - 1) / tt), HCF_THREADS, hc_tile_smem<FT>(), s, *a, *p, X,
