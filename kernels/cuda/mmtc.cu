@@ -1881,11 +1881,22 @@ extern "C" void cu_mm_tc_ksplit(float *buf, uint64_t floats, uint32_t *tickets, 
         mtp_ks_tickets = n_tickets;
 }
 
-template <int TYPE, int NR, int MODE, bool D1 = false, bool KS = false>
+/* NW (grouped IQ4_NL expert products; opt-in until timed, X4_CUDA_MMTCP_NARROW=1): the block's 8
+ * warps as 8 (rows) × 1: warp w owns rows 16w .. 16w + 15 and the tile's n-tiles of 8 inputs up to
+ * its pair count, nj = ⌈n_p / 8⌉ (warp-uniform: the others' products are not issued). In the
+ * 4 × 2 layout a decode batch's tiles (batch 64: 320 pairs on 65 experts, ~5 a tile) left the
+ * four warps of inputs 32-63 idle, and each of the other four decoded two m-tiles of IQ4_NL and ran
+ * the mma of all four of its n-tiles for one n-tile of inputs; a full tile's m-tiles were decoded
+ * twice (once for each column of warps). Each output's chain is the same: its two k16 mma of a
+ * block from zero (k16 steps in order), mt_scale_add, the parts' sums in order; the same A and B
+ * values, so the same bits (GPU step narrow_same). */
+template <int TYPE, int NR, int MODE, bool D1 = false, bool KS = false, bool NW = false>
 __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const uint16_t *xb, uint32_t n_grp,
                                                           float *ksb, uint32_t *kst, uint32_t pps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         constexpr bool IQ4 = TYPE == CU_TYPE_IQ4_NL;
+        constexpr bool NARROW = NW && IQ4 && MODE == MT_GROUPED && !D1;
+        static_assert(!NW || NARROW, "the narrow layout: grouped IQ4_NL products, decoded by the warps");
         constexpr bool DEC1 = IQ4 && D1;
         constexpr uint32_t WB = mtp_wb<TYPE>(), STG = mtp_stage<TYPE>();
         constexpr uint32_t CPR = IQ4 ? MTP_KS / 32 * 18 / 4 : MTP_KS * 2 / 16; /* copies a row a stage: 9 / 8 */
@@ -1979,13 +1990,16 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         if constexpr (IQ4)
                 mtd_codebook(tl, th);
         float acc[2][4][4] = {};
-        float tot[2][4][4] = {}; /* the parts' sums so far (MT_KPART / MTP_KS stages a part) */
-        bool active = 32 * wn < n_p;
+        float tot[2][4][4] = {}; /* the parts' sums so far (MT_KPART / MTP_KS stages a part);
+                                  * NARROW: n-tile j in [j / 4][j % 4] */
+        bool active = NARROW || 32 * wn < n_p;
+        uint32_t nj = min(8u, (n_p + 7) / 8); /* NARROW: the warp's n-tiles with inputs */
+        (void) nj;
         /* ldmatrix row addresses (bytes in a stage): B of n-tiles 2jj, 2jj + 1 — lanes 0-7 and
          * 8-15 the first tile's inputs at columns +0 and +8 (BF16) / +16 (IQ4_NL's high nibbles),
          * lanes 16-31 the second's; A (BF16) of an m-tile — lanes 0-7 rows 0-7, 8-15 rows 8-15,
          * 16-31 the same rows 8 columns on */
-        uint32_t boff = MTP_BM * WB + (32 * wn + (lane & 7) + (lane >> 4) * 8) * MTP_XB +
+        uint32_t boff = MTP_BM * WB + ((NARROW ? 0 : 32 * wn) + (lane & 7) + (lane >> 4) * 8) * MTP_XB +
                         ((lane >> 3) & 1) * (IQ4 ? 32 : 16);
         uint32_t aoff = (32 * wm + (lane & 7) + ((lane >> 3) & 1) * 8) * WB + (lane >> 4) * 16;
         uint32_t aoff_d1 = (32 * wm + (lane & 7) + ((lane >> 3) & 1) * 8) * MTP_D1_ROW + (lane >> 4) * 16;
@@ -2018,7 +2032,43 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
                 }
                 if (!active)
                         continue;
-                if constexpr (IQ4) {
+                if constexpr (NARROW) {
+                        /* the warp's m-tile: both k16 steps' A decoded once, then the n-tiles in
+                         * pairs (one ldmatrix.x4 a pair and step), each from zero over the two
+                         * steps and mt_scale_add, as below */
+#pragma unroll
+                        for (uint32_t cc = 0; cc < MTP_KS / 32; cc++) {
+                                const uint8_t *b0 = ws + (16 * warp + g) * WB + 18 * cc;
+                                const uint8_t *b1 = b0 + 8 * WB;
+                                float d0 = __half2float(*(const __half *) b0);
+                                float d1 = __half2float(*(const __half *) b1);
+                                uint32_t af[2][4];
+#pragma unroll
+                                for (uint32_t s = 0; s < 2; s++) {
+                                        uint32_t q0 = *(const uint16_t *) (b0 + 2 + 8 * s + 2 * t);
+                                        uint32_t q1 = *(const uint16_t *) (b1 + 2 + 8 * s + 2 * t);
+                                        mtd_iq4_pair(q0, tl, th, &af[s][0], &af[s][2]);
+                                        mtd_iq4_pair(q1, tl, th, &af[s][1], &af[s][3]);
+                                }
+#pragma unroll
+                                for (uint32_t jj = 0; jj < 4; jj++) {
+                                        if (2 * jj >= nj)
+                                                break;
+                                        uint32_t bf[2][4];
+#pragma unroll
+                                        for (uint32_t s = 0; s < 2; s++)
+                                                mtp_ldm4(bf[s], ws + boff + jj * 16 * MTP_XB + (32 * cc + 8 * s) * 2);
+#pragma unroll
+                                        for (uint32_t h = 0; h < 2; h++) {
+                                                float tmp[4] = {};
+#pragma unroll
+                                                for (uint32_t s = 0; s < 2; s++)
+                                                        mtd_mma(tmp, af[s], bf[s][2 * h], bf[s][2 * h + 1]);
+                                                mt_scale_add(acc[jj / 2][(2 * jj + h) % 4], d0, d1, tmp);
+                                        }
+                                }
+                        }
+                } else if constexpr (IQ4) {
                         /* a block's two k16 steps per m-tile in turn (the B fragments of both
                          * steps held for the two m-tiles): tmp is one m-tile's 4 × 4 values
                          * (it spilled with both m-tiles' 32); every output's chain (its two mma
@@ -2152,12 +2202,20 @@ __global__ void __launch_bounds__(MTP_THREADS, 2) k_mm_tcp(struct cu_mv a, const
         }
         if (!active)
                 return;
+        if constexpr (NARROW) {
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+                for (uint32_t j = 0; j < 8; j++)
+                        if (j < nj)
+                                mt_store<NR, MODE>(a, tot[j / 4][j % 4], row0 + 16 * warp, 8 * j, g, t, n_rows, n_p,
+                                                   p0, perm, grp);
+        } else {
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                        mt_store<NR, MODE>(a, tot[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j,
-                                           g, t, n_rows, n_p, p0, perm, grp);
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                                mt_store<NR, MODE>(a, tot[mt][j], row0 + 32 * wm + 16 * mt, 32 * wn + 8 * j,
+                                                   g, t, n_rows, n_p, p0, perm, grp);
+        }
 #else
         (void) a, (void) xb, (void) n_grp, (void) ksb, (void) kst, (void) pps;
         __trap(); /* the host never picks this kernel below sm_80 */
@@ -2175,6 +2233,29 @@ static bool mtp_prepare(void) {
                        cudaSuccess &&
                cudaFuncSetAttribute(k_mm_tcp<TYPE, NR, MT_GROUPED, D1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     n) == cudaSuccess;
+}
+
+/* the narrow grouped build's attribute (IQ4_NL; false: the 4 × 2 layout) */
+static bool mtp_nw_ok;
+template <int NR>
+static bool mtp_prepare_nw(void) {
+        return cudaFuncSetAttribute(k_mm_tcp<CU_TYPE_IQ4_NL, NR, MT_GROUPED, false, false, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) (MTP_NS * mtp_stage<CU_TYPE_IQ4_NL>())) == cudaSuccess;
+}
+
+/* X4_CUDA_MMTCP_NARROW=1 (opt-in until it has been timed: written on 2026-12-07, when no GPU could
+ * be had): grouped IQ4_NL products take k_mm_tcp's narrow warp layout (NW) instead of the 4 × 2
+ * one; the same bits either way */
+static bool mtp_nw_on(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_MMTCP_NARROW");
+                on = e && !strcmp(e, "1");
+                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTCP_NARROW=%s ignored: expected 0 or 1\n", e);
+        }
+        return on;
 }
 
 /* the split-K build's attribute (per type; false: products stay unsplit) */
@@ -2240,6 +2321,7 @@ static void mtp_setup(void) {
         mtp_d1_ok = mtp_d1_on() && mtp_prepare<CU_TYPE_IQ4_NL, 1, true>() && mtp_prepare<CU_TYPE_IQ4_NL, 2, true>();
         mtp_ks_ok[0] = mtp_prepare_ks<CU_TYPE_BF16, 1>() && mtp_prepare_ks<CU_TYPE_BF16, 2>();
         mtp_ks_ok[1] = mtp_prepare_ks<CU_TYPE_IQ4_NL, 1>() && mtp_prepare_ks<CU_TYPE_IQ4_NL, 2>();
+        mtp_nw_ok = mtp_prepare_nw<1>() && mtp_prepare_nw<2>();
         (void) cudaGetLastError();
 }
 
@@ -2293,6 +2375,16 @@ static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
                         cu_launch(a->sel ? k_mm_tcp<TYPE, NR, MT_GROUPED, true> : k_mm_tcp<TYPE, NR, MT_DENSE, true>,
                                   grid, MTP_THREADS, smem + MTP_D1_BYTES, s, *a, (const uint16_t *) mtp_xb, n_grp,
                                   (float *) NULL, (uint32_t *) NULL, 0u);
+                        return true;
+                }
+        if constexpr (IQ4)
+                if (a->sel && mtp_nw_ok && mtp_nw_on()) {
+                        if (mtp_log_left > 0) {
+                                mtp_log_left--;
+                                fprintf(stderr, "k_mm_tcp: narrow grouped layout, P %u N %u\n", a->P, a->N);
+                        }
+                        cu_launch(k_mm_tcp<TYPE, NR, MT_GROUPED, false, false, true>, grid, MTP_THREADS, smem, s, *a,
+                                  (const uint16_t *) mtp_xb, n_grp, (float *) NULL, (uint32_t *) NULL, 0u);
                         return true;
                 }
         cu_launch(a->sel ? k_mm_tcp<TYPE, NR, MT_GROUPED> : k_mm_tcp<TYPE, NR, MT_DENSE>, grid, MTP_THREADS, smem, s,
