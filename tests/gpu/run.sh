@@ -719,39 +719,110 @@ PY
                 echo "k_mm_tcs variant 3 (the default) = the former k_mm_tcs: identical logits ($n models), one slot too"
         }
         step "batch 1's expert pairs, offsets once and inputs rounded once (the default), agree bit for bit with the former" var_same
+        # passes_same TAG SEED CHUNKS LOG OFF ON...: on the demo and wide models, a 300-token
+        # prompt (awk seed SEED) in chunks of each of CHUNKS and decodes 9, 99 (X4_CUDA_MM=tc):
+        # the logits under each ON setting cmp-equal to those under OFF (VAR=VALUE each), and each
+        # ON run's stderr (X4_CUDA_MMTC_PROMPT=log) holds a line matching LOG; n_models: the models
+        # it found
+        passes_same() {
+                local tag=$1 seed=$2 chunks=$3 want=$4 off=$5 prompt m ch on
+                shift 5
+                prompt=$(awk -v s="$seed" 'BEGIN { for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                n_models=0
+                for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf"; do
+                        [ -f "$m" ] || continue
+                        for ch in $chunks; do
+                                env X4_CUDA_MM=tc "$off" "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                        --chunk "$ch" --decode 9,99 --device cuda --out "$tmp/$tag-off.bin" || return 1
+                                for on in "$@"; do
+                                        env X4_CUDA_MM=tc "$on" X4_CUDA_MMTC_PROMPT=log "$build/tools/x4-logits" --model "$m" \
+                                                --prompt "$prompt" --chunk "$ch" --decode 9,99 --device cuda \
+                                                --out "$tmp/$tag-on.bin" 2>"$tmp/$tag-log.txt" || { cat "$tmp/$tag-log.txt"; return 1; }
+                                        grep -q "$want" "$tmp/$tag-log.txt" ||
+                                                { echo "$tag: $on never ran (chunks of $ch, $m)"; cat "$tmp/$tag-log.txt"; return 1; }
+                                        cmp "$tmp/$tag-off.bin" "$tmp/$tag-on.bin" ||
+                                                { echo "$tag: $on differs from $off (chunks of $ch, $m)"; return 1; }
+                                done
+                        done
+                        n_models=$((n_models + 1))
+                done
+                [ $n_models -gt 0 ] || { echo "$tag: no model to check"; return 1; }
+        }
+        # invariant_with VAR=VALUE: batch invariance (f16 cache) on the demo and wide models and
+        # chunk invariance (prompts labeled) on the demo model under that setting
+        invariant_with() {
+                local m
+                for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf"; do
+                        [ -f "$m" ] || continue
+                        env "$1" X4_GPU_CACHE=f16 "$check" batch "$m" || return 1
+                done
+                env "$1" X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf"
+        }
         # dense k_mm_tcp products with K split over blocks (X4_CUDA_MMTCP_KS: by default where the
         # tiles alone leave the card half idle, batch decode's attention projections; =1 one part a
         # block, =0 never): the same logits as the unsplit kernel on passes of 40, 64 and 300 tokens
         # and decodes, that it ran (its log line), batch and chunk invariance with it
         ks_same() {
-                local prompt m ch v n=0
-                prompt=$(awk 'BEGIN { s = 47; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                local m
+                passes_same ks 47 "40 64 300" '^k_mm_tcp: split K: ' X4_CUDA_MMTCP_KS=0 \
+                        X4_CUDA_MMTCP_KS= X4_CUDA_MMTCP_KS=1 X4_CUDA_MMTCP_KS=2 || return 1
                 for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf"; do
                         [ -f "$m" ] || continue
-                        for ch in 40 64 300; do
-                                X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=0 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
-                                        --chunk $ch --decode 9,99 --device cuda --out "$tmp/ks-off.bin" || return 1
-                                for v in "" 1 2; do
-                                        X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=$v X4_CUDA_MMTC_PROMPT=log "$build/tools/x4-logits" \
-                                                --model "$m" --prompt "$prompt" --chunk $ch --decode 9,99 --device cuda \
-                                                --out "$tmp/ks-on.bin" 2>"$tmp/ks-log.txt" || { cat "$tmp/ks-log.txt"; return 1; }
-                                        grep -q '^k_mm_tcp: split K: ' "$tmp/ks-log.txt" ||
-                                                { echo "k_mm_tcp never split K (X4_CUDA_MMTCP_KS=$v, chunks of $ch, $m)"; return 1; }
-                                        cmp "$tmp/ks-off.bin" "$tmp/ks-on.bin" ||
-                                                { echo "split K differs (X4_CUDA_MMTCP_KS=$v, chunks of $ch, $m)"; return 1; }
-                                done
-                        done
                         X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=0 X4_CUDA_MMTC_PROMPT=log "$build/tools/x4-logits" --model "$m" \
-                                --prompt "$prompt" --chunk 40 --decode 9 --device cuda --out "$tmp/ks-on.bin" 2>"$tmp/ks-log.txt" || return 1
+                                --prompt "$(seq -s, 5 304)" --chunk 40 --decode 9 --device cuda --out "$tmp/ks-on.bin" 2>"$tmp/ks-log.txt" || return 1
                         ! grep -q '^k_mm_tcp: split K' "$tmp/ks-log.txt" || { echo "X4_CUDA_MMTCP_KS=0 still split K ($m)"; return 1; }
-                        X4_CUDA_MMTCP_KS=1 X4_GPU_CACHE=f16 "$check" batch "$m" || return 1
+                done
+                invariant_with X4_CUDA_MMTCP_KS=1 || return 1
+                echo "split K = unsplit k_mm_tcp: identical logits ($n_models models, passes of 40 / 64 / 300, one and two parts a block and the default); batch and chunk invariance with one part a block"
+        }
+        step "dense products with K split over blocks agree bit for bit with the unsplit kernel" ks_same
+        # grouped IQ4_NL expert products in the narrow warp layout (k_mm_tcp's NW, opt-in until
+        # timed: X4_CUDA_MMTCP_NARROW=1; 0 or unset the 4 × 2 layout): the same logits on passes of
+        # 20 / 64 / 300 tokens and decodes, that it ran (its log line), batch and chunk invariance
+        # with it
+        narrow_same() {
+                passes_same nw 59 "20 64 300" '^k_mm_tcp: narrow grouped layout' X4_CUDA_MMTCP_NARROW=0 \
+                        X4_CUDA_MMTCP_NARROW=1 || return 1
+                invariant_with X4_CUDA_MMTCP_NARROW=1 || return 1
+                echo "narrow grouped layout = 4 x 2 layout: identical logits ($n_models models, passes of 20 / 64 / 300); batch and chunk invariance with it"
+        }
+        step "grouped expert products in the narrow warp layout agree bit for bit with the 4 x 2 layout" narrow_same
+        # the one-launch mHC kernel's tail spread over the token's blocks (X4_CUDA_HC_GRID=1 or
+        # log, opt-in until timed, where the launch's blocks fit the card at once; 0 or unset the
+        # ticket tail on the last block): the same logits as the ticket tail and as the tiled kernels at batch 1, and with
+        # the one-launch kernel forced for every pass (X4_CUDA_HC=fused: chunks of 5 tokens take
+        # the spread tail, of 40 the ticket one where they do not fit), that it ran (its log line),
+        # batch invariance with it
+        hc_grid_same() {
+                local prompt m ch n=0
+                prompt=$(awk 'BEGIN { s = 53; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf"; do
+                        [ -f "$m" ] || continue
+                        X4_CUDA_HC_GRID=0 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" --decode 9,99,999 \
+                                --device cuda --out "$tmp/hcg-0.bin" || return 1
+                        X4_CUDA_HC_GRID=log "$build/tools/x4-logits" --model "$m" --prompt "$prompt" --decode 9,99,999 \
+                                --device cuda --out "$tmp/hcg-1.bin" 2>"$tmp/hcg-log.txt" || { cat "$tmp/hcg-log.txt"; return 1; }
+                        grep -q '^mHC: spread tail, [0-9]* blocks a token, 1 tokens' "$tmp/hcg-log.txt" ||
+                                { echo "the spread tail never ran ($m)"; cat "$tmp/hcg-log.txt"; return 1; }
+                        cmp "$tmp/hcg-0.bin" "$tmp/hcg-1.bin" || { echo "the spread tail differs from the ticket tail ($m)"; return 1; }
+                        for ch in 5 40; do
+                                X4_CUDA_HC=fused X4_CUDA_HC_GRID=log "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                        --chunk $ch --decode 9,99,999 --device cuda --out "$tmp/hcg-f.bin" 2>"$tmp/hcg-log.txt" ||
+                                        { cat "$tmp/hcg-log.txt"; return 1; }
+                                cmp "$tmp/hcg-0.bin" "$tmp/hcg-f.bin" ||
+                                        { echo "the one-launch kernel on chunks of $ch differs ($m)"; return 1; }
+                        done
+                        X4_CUDA_HC=fused X4_CUDA_HC_GRID=log "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --chunk 5 --decode 9 --device cuda --out "$tmp/hcg-f.bin" 2>"$tmp/hcg-log.txt" || return 1
+                        grep -q '^mHC: spread tail, [0-9]* blocks a token, 5 tokens' "$tmp/hcg-log.txt" ||
+                                { echo "the spread tail never took a chunk of 5 ($m)"; cat "$tmp/hcg-log.txt"; return 1; }
+                        X4_CUDA_HC=fused X4_CUDA_HC_GRID=1 "$check" batch "$m" || return 1
                         n=$((n + 1))
                 done
                 [ $n -gt 0 ] || { echo "no model to check"; return 1; }
-                X4_CUDA_MMTCP_KS=1 X4_GPU_PROMPT=1 "$check" chunks "$tmp/demo.gguf" || return 1
-                echo "split K = unsplit k_mm_tcp: identical logits ($n models, passes of 40 / 64 / 300, one and two parts a block and the default); batch and chunk invariance with one part a block"
+                echo "spread mHC tail = ticket tail = tiled kernels: identical logits ($n models, decodes and chunks of 5 / 40 on the one-launch kernel); batch invariance with it"
         }
-        step "dense products with K split over blocks agree bit for bit with the unsplit kernel" ks_same
+        step "the mHC kernel's tail spread over its blocks agrees bit for bit with the ticket tail" hc_grid_same
         # the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1, k_q6_tc: one mma chain an output for
         # every input count): it must run (its log line), stay within the parity bounds against
         # the CPU, and keep batch and chunk invariance (the chunks' head launches take 1 to 512
@@ -1245,6 +1316,14 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_MM=tc X4_CUDA_MMTC_SPLIT=1x1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt 5,6,7 --decode 9,99 --device cuda \
                                 --out "$tmp/san-var.bin"
+                        step "compute-sanitizer $tool, the mHC kernel's spread tail on chunks of 5, demo model" \
+                                env X4_CUDA_HC=fused X4_CUDA_HC_GRID=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
+                                --decode 9,99 --device cuda --out "$tmp/san-hcg.bin"
+                        step "compute-sanitizer $tool, tensor-core products, narrow grouped layout, demo model" \
+                                env X4_CUDA_MM=tc X4_CUDA_MMTCP_NARROW=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$p30" --chunk 20 \
+                                --decode 9,99 --device cuda --out "$tmp/san-nw.bin"
                         step "compute-sanitizer $tool, tensor-core products, K split one part a block, demo model" \
                                 env X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 \
