@@ -224,7 +224,8 @@ struct cu_hc {
         uint32_t probe;
         /* scratch of T × H floats (idle during the trunk) for the one-launch kernel's spread tail:
          * each block's collapsed slice, which every block of the token reads for the norm's square
-         * sum (mhc.cu, hcf_grid_tail). NULL: that tail is not taken. Set by cu_hc_pre: grid. */
+         * sum (mhc.cu, hcf_grid_tail). NULL: that tail is not taken. grid: whether this launch takes
+         * it (cu_hc_pre sets it; callers leave it false). */
         float *ug;
         bool grid;
         struct cu_pf pf; /* X4_CUDA_L2PF: the next products' weights, asked of the L2 first */

@@ -555,7 +555,12 @@ if has modab; then
                         "default .devcarry/head/xing4d-cuda.so.xz, built from the last commit)" >&2
                 exit 1
         fi
-        case $other in *.xz) xz -dc "$other" >/tmp/modab-other.so && other=/tmp/modab-other.so ;; esac
+        case $other in
+        *.xz)
+                xz -dc "$other" >/tmp/modab-other.so || { echo "modab: $other does not unpack (xz)" >&2; exit 1; }
+                other=/tmp/modab-other.so
+                ;;
+        esac
         IFS=';' read -r -a ablines <<<"${X4_MODAB:---prefill none --decode-ctx 512,4096 --batch 64,16;--prefill none --decode-ctx 512 --batch 1;--prefill 512,4096 --decode-ctx none}"
         for r in $(seq 1 "${X4_MODAB_ROUNDS:-2}"); do
                 for args in "${ablines[@]}"; do
