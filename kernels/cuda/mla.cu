@@ -2302,21 +2302,55 @@ __global__ void __launch_bounds__(AC_COMBINE)
         }
 }
 
-__global__ void __launch_bounds__(AC_COMBINE)
-        k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
-                       uint32_t KV, const uint32_t *tok_pos, float *out) {
-        __shared__ float sm[AC_PARTS_STAGED], sl[AC_PARTS_STAGED], sa[AC_PARTS_STAGED], sb[AC_PARTS_STAGED];
-        __shared__ float sL;
-        uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl, tid = threadIdx.x;
+/* The steps k_attn_combine and k_attn_combine_deep share: the parts' m and l into shared memory
+ * (ac_stage, after the PDL wait: it returns the token's part count, its first part row and the
+ * rows' stride; the block's threads, before a barrier), the factors a_i = exp(M_(i-1) − M_i) and
+ * b_i = exp(m_i − M_i) from the running maxima in sm and the parts' maxima in sb (ac_factors, in
+ * place of m_i), and the L chain in part order on one thread (ac_L). */
+static __device__ __forceinline__ uint32_t ac_stage(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen,
+                                                    uint32_t n_head, uint32_t KV, const uint32_t *tok_pos, float *sm,
+                                                    float *sl, const float **p0_out, uint64_t *stride_out) {
+        uint32_t tl = blockIdx.x, h = blockIdx.y, t = t0 + tl;
         uint32_t pos = tok_pos[t], n_parts = pos / (plen ? plen : cu_dtc_plen(pos, 0)) + 1; /* metadata: before the wait */
         cu_pdl_wait();
         cu_pdl_trigger();
         const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
         uint64_t stride = (uint64_t) n_head * (KV + 2);
-        for (uint32_t pi = tid; pi < n_parts; pi += blockDim.x) {
+        for (uint32_t pi = threadIdx.x; pi < n_parts; pi += blockDim.x) {
                 sm[pi] = p0[pi * stride + KV];
                 sl[pi] = p0[pi * stride + KV + 1];
         }
+        *p0_out = p0;
+        *stride_out = stride;
+        return n_parts;
+}
+
+static __device__ __forceinline__ void ac_factors(const float *sm, float *sa, float *sb, uint32_t n_parts) {
+        for (uint32_t pi = 1 + threadIdx.x; pi < n_parts; pi += blockDim.x) {
+                float M = sm[pi - 1], Mn = sm[pi], mq = sb[pi];
+                sa[pi] = expf(M - Mn);
+                sb[pi] = expf(mq - Mn);
+        }
+}
+
+static __device__ __forceinline__ float ac_L(const float *sl, const float *sa, const float *sb, uint32_t n_parts) {
+        float L = sl[0];
+        for (uint32_t pi = 1; pi < n_parts; pi++) {
+                float a = sa[pi], b = sb[pi];
+                L = L * a + sl[pi] * b;
+        }
+        return L;
+}
+
+__global__ void __launch_bounds__(AC_COMBINE)
+        k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
+                       uint32_t KV, const uint32_t *tok_pos, float *out) {
+        __shared__ float sm[AC_PARTS_STAGED], sl[AC_PARTS_STAGED], sa[AC_PARTS_STAGED], sb[AC_PARTS_STAGED];
+        __shared__ float sL;
+        uint32_t t = t0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+        const float *p0;
+        uint64_t stride;
+        uint32_t n_parts = ac_stage(part, t0, max_parts, plen, n_head, KV, tok_pos, sm, sl, &p0, &stride);
         __syncthreads();
         if (tid == 0) { /* the running max, in place of the parts' own (each read before it is replaced) */
                 float M = sm[0];
@@ -2328,20 +2362,10 @@ __global__ void __launch_bounds__(AC_COMBINE)
                 }
         }
         __syncthreads();
-        for (uint32_t pi = 1 + tid; pi < n_parts; pi += blockDim.x) {
-                float M = sm[pi - 1], Mn = sm[pi], mq = sb[pi];
-                sa[pi] = expf(M - Mn);
-                sb[pi] = expf(mq - Mn);
-        }
+        ac_factors(sm, sa, sb, n_parts);
         __syncthreads();
-        if (tid == 0) {
-                float L = sl[0];
-                for (uint32_t pi = 1; pi < n_parts; pi++) {
-                        float a = sa[pi], b = sb[pi];
-                        L = L * a + sl[pi] * b;
-                }
-                sL = L;
-        }
+        if (tid == 0)
+                sL = ac_L(sl, sa, sb, n_parts);
         __syncthreads();
         float L = sL;
         for (uint32_t k = blockIdx.z * blockDim.x + tid; k < KV; k += gridDim.z * blockDim.x) {
@@ -2356,21 +2380,121 @@ __global__ void __launch_bounds__(AC_COMBINE)
         }
 }
 
+/* k_attn_combine's arithmetic with its latency chains shortened (X4_CUDA_COMBINE=deep, opt-in until
+ * timed). ncu put k_attn_combine at 28 us a layer at 32K (129 parts; k_attn_dtc itself 52): about
+ * 1.1 ms of a 7 ms batch-1 step. Three chains made it long, and each is shorter here:
+ *   - the running max M_i = max(M_(i-1), m_i): a scan over the block (each warp scans 32 parts by
+ *     shuffles, then the warps' maxima and the previous rounds' carry) instead of one thread
+ *     walking the parts. fmaxf is exact and a max over a set of numbers is the same value in any
+ *     order, so every M_i is the same (parts past n_parts enter as −inf, which changes no max);
+ *   - the L chain (L = L·a_i + l_i·b_i, the same expression in the same order, on thread 0) runs
+ *     while the value threads run their chains; they meet at a barrier before the division;
+ *   - each value's chain (O = O·a_i + o_i·b_i in part order) has AC_DEEP parts' loads in flight at
+ *     once where k_attn_combine's unrolled loop had eight: 129 parts were 16 rounds of L2 latency.
+ * The same expressions on the same inputs in the same order: the same bits as k_attn_combine and
+ * k_attn_combine_ref (GPU steps compare the logits, memcmp). */
+#define AC_DEEP 32
+__global__ void __launch_bounds__(AC_COMBINE)
+        k_attn_combine_deep(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
+                            uint32_t KV, const uint32_t *tok_pos, float *out) {
+        __shared__ float sm[AC_PARTS_STAGED], sl[AC_PARTS_STAGED], sa[AC_PARTS_STAGED], sb[AC_PARTS_STAGED];
+        __shared__ float wmax[AC_COMBINE / 32];
+        __shared__ float sL;
+        uint32_t t = t0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+        uint32_t lane = tid % 32, warp = tid / 32, nw = blockDim.x / 32;
+        const float *p0;
+        uint64_t stride;
+        uint32_t n_parts = ac_stage(part, t0, max_parts, plen, n_head, KV, tok_pos, sm, sl, &p0, &stride);
+        __syncthreads();
+        /* the running max, rounds of blockDim.x parts: sb[pi] = m_pi (for b_i), sm[pi] = M_pi */
+        float carry = 0.0f; /* the max of the rounds before (from the second round) */
+        for (uint32_t r0 = 0; r0 < n_parts; r0 += blockDim.x) {
+                uint32_t pi = r0 + tid;
+                float mq = pi < n_parts ? sm[pi] : -INFINITY, M = mq;
+#pragma unroll
+                for (uint32_t d = 1; d < 32; d *= 2) {
+                        float o = __shfl_up_sync(CU_FULL_MASK, M, d);
+                        if (lane >= d)
+                                M = fmaxf(M, o);
+                }
+                if (lane == 31)
+                        wmax[warp] = M;
+                __syncthreads();
+                for (uint32_t w = 0; w < warp; w++)
+                        M = fmaxf(M, wmax[w]);
+                float tot = wmax[0];
+                for (uint32_t w = 1; w < nw; w++)
+                        tot = fmaxf(tot, wmax[w]);
+                if (r0) {
+                        M = fmaxf(M, carry);
+                        tot = fmaxf(tot, carry);
+                }
+                carry = tot;
+                if (pi < n_parts) {
+                        sb[pi] = mq;
+                        sm[pi] = M;
+                }
+                __syncthreads(); /* wmax is rewritten by the next round */
+        }
+        ac_factors(sm, sa, sb, n_parts);
+        __syncthreads();
+        if (tid == 0)
+                sL = ac_L(sl, sa, sb, n_parts);
+        /* the value's chain (a value a thread: the grid's z covers KV), AC_DEEP parts' loads at a
+         * time; sL is read past the barrier below */
+        uint32_t k = blockIdx.z * blockDim.x + tid;
+        float O = 0.0f;
+        if (k < KV) {
+                O = p0[k];
+                for (uint32_t pb = 1; pb < n_parts; pb += AC_DEEP) {
+                        float ov[AC_DEEP];
+#pragma unroll
+                        for (uint32_t j = 0; j < AC_DEEP; j++)
+                                ov[j] = pb + j < n_parts ? p0[(pb + j) * stride + k] : 0.0f;
+#pragma unroll
+                        for (uint32_t j = 0; j < AC_DEEP; j++)
+                                if (pb + j < n_parts) {
+                                        float a = sa[pb + j], b = sb[pb + j];
+                                        O = O * a + ov[j] * b;
+                                }
+                }
+        }
+        __syncthreads();
+        if (k < KV)
+                out[((uint64_t) t * n_head + h) * KV + k] = O / sL;
+}
+
 extern "C" void cu_attn_combine(const float *part, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                                 uint32_t n_head, uint32_t values, const uint32_t *tok_pos, float *out,
                                 cudaStream_t s) {
-        static int ref = -1; /* X4_CUDA_COMBINE=ref: the per-value chains (the GPU test's reference) */
-        if (ref < 0) {
+        /* X4_CUDA_COMBINE=ref: the per-value chains (the GPU test's reference); deep:
+         * k_attn_combine_deep (opt-in until timed), log: deep, saying so on stderr whenever a
+         * launch folds more parts than any before (the GPU test's proof that it ran); unset or
+         * staged: k_attn_combine */
+        static int mode = -1;
+        static uint32_t logged_parts;
+        if (mode < 0) {
                 const char *e = getenv("X4_CUDA_COMBINE");
-                ref = e && !strcmp(e, "ref");
+                mode = !e || !*e || !strcmp(e, "staged") ? 0 : !strcmp(e, "ref") ? 1 : !strcmp(e, "deep") ? 2
+                        : !strcmp(e, "log") ? 3 : 4;
+                if (mode == 4) {
+                        fprintf(stderr, "xing4d: X4_CUDA_COMBINE=%s ignored: expected staged, deep, log or ref\n", e);
+                        mode = 0;
+                }
         }
         if (n == 0)
                 return;
         cu_launches++;
         dim3 grid(n, n_head, (values + AC_COMBINE - 1) / AC_COMBINE);
-        if (ref || max_parts > AC_PARTS_STAGED)
+        if (mode == 1 || max_parts > AC_PARTS_STAGED)
                 cu_launch(k_attn_combine_ref, grid, AC_COMBINE, 0, s, part, t0, max_parts, plen, n_head, values, tok_pos, out);
-        else
+        else if (mode >= 2) {
+                if (mode == 3 && max_parts > logged_parts) {
+                        logged_parts = max_parts;
+                        fprintf(stderr, "attention combine: deep chains, up to %u parts, %u tokens\n", max_parts, n);
+                }
+                cu_launch(k_attn_combine_deep, grid, AC_COMBINE, 0, s, part, t0, max_parts, plen, n_head, values, tok_pos, out);
+        } else
                 cu_launch(k_attn_combine, grid, AC_COMBINE, 0, s, part, t0, max_parts, plen, n_head, values, tok_pos, out);
 }
 
