@@ -823,6 +823,35 @@ PY
                 echo "spread mHC tail = ticket tail = tiled kernels: identical logits ($n models, decodes and chunks of 5 / 40 on the one-launch kernel); batch invariance with it"
         }
         step "the mHC kernel's tail spread over its blocks agrees bit for bit with the ticket tail" hc_grid_same
+        # the attention combine with its latency chains shortened (X4_CUDA_COMBINE=deep or log,
+        # k_attn_combine_deep, opt-in until timed): the same logits as the per-value reference and
+        # the staged kernel over 4,200 positions in parts of 32 (up to 132 parts a query: two
+        # rounds of the running max's scan) on the f16 cache, and on a 700-token prompt over the
+        # f32 cache's kernels (parts of 128); that it ran (its log line); batch and chunk
+        # invariance with it
+        combine_deep_same() {
+                local long p700 c
+                [ -f "$tmp/demo.gguf" ] || { echo "no demo model"; return 1; }
+                long=$(awk 'BEGIN { s = 61; for (i = 0; i < 4200; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                p700=$(awk 'BEGIN { s = 67; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for c in ref staged log; do
+                        X4_CUDA_COMBINE=$c X4_CUDA_ATTN_DECODE_PART=32 X4_CUDA_ATTN_PROMPT_PART=32 "$build/tools/x4-logits" \
+                                --model "$tmp/demo.gguf" --cache f16 --prompt "$long" --decode 9,99 --device cuda \
+                                --out "$tmp/cd-$c.bin" 2>"$tmp/cd-log.txt" || { cat "$tmp/cd-log.txt"; return 1; }
+                done
+                grep -q '^attention combine: deep chains, up to 1[3-9][0-9] parts' "$tmp/cd-log.txt" ||
+                        { echo "the deep combine never folded 130 parts or more"; cat "$tmp/cd-log.txt"; return 1; }
+                cmp "$tmp/cd-ref.bin" "$tmp/cd-staged.bin" || { echo "the staged combine differs from its reference (132 parts)"; return 1; }
+                cmp "$tmp/cd-ref.bin" "$tmp/cd-log.bin" || { echo "the deep combine differs from the reference (132 parts)"; return 1; }
+                for c in ref deep; do
+                        X4_CUDA_COMBINE=$c "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f32 --prompt "$p700" \
+                                --decode 9,99,999 --device cuda --out "$tmp/cd32-$c.bin" || return 1
+                done
+                cmp "$tmp/cd32-ref.bin" "$tmp/cd32-deep.bin" || { echo "the deep combine differs from the reference (f32 cache)"; return 1; }
+                invariant_with X4_CUDA_COMBINE=deep || return 1
+                echo "deep combine = staged combine = per-value reference: identical logits (132 parts on the f16 cache, 6 on the f32 cache's kernels); batch and chunk invariance with it"
+        }
+        step "the attention combine's deep chains agree bit for bit with its reference" combine_deep_same
         # the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1, k_q6_tc: one mma chain an output for
         # every input count): it must run (its log line), stay within the parity bounds against
         # the CPU, and keep batch and chunk invariance (the chunks' head launches take 1 to 512
@@ -1320,6 +1349,10 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_HC=fused X4_CUDA_HC_GRID=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
                                 --decode 9,99 --device cuda --out "$tmp/san-hcg.bin"
+                        step "compute-sanitizer $tool, the attention combine's deep chains (parts of 32), demo model" \
+                                env X4_CUDA_COMBINE=deep X4_CUDA_ATTN_DECODE_PART=32 X4_CUDA_ATTN_PROMPT_PART=32 \
+                                compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
+                                --cache f16 --prompt "$(seq -s, 5 304)" --decode 9,99 --device cuda --out "$tmp/san-cd.bin"
                         step "compute-sanitizer $tool, tensor-core products, narrow grouped layout, demo model" \
                                 env X4_CUDA_MM=tc X4_CUDA_MMTCP_NARROW=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$p30" --chunk 20 \
