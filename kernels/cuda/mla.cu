@@ -2394,7 +2394,11 @@ __global__ void __launch_bounds__(AC_COMBINE)
  * The same expressions on the same inputs in the same order: the same bits as k_attn_combine and
  * k_attn_combine_ref (GPU steps compare the logits, memcmp). */
 #define AC_DEEP 32
-__global__ void __launch_bounds__(AC_COMBINE)
+/* blocks an SM the deep kernel is built for: without a minimum ptxas aims at full occupancy (32
+ * registers) and interleaves the loads with their uses, so few are in flight; with 4 it may take
+ * up to 128 and issues a round's loads together */
+#define AC_DEEP_MINB 4
+__global__ void __launch_bounds__(AC_COMBINE, AC_DEEP_MINB)
         k_attn_combine_deep(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
                             uint32_t KV, const uint32_t *tok_pos, float *out) {
         __shared__ float sm[AC_PARTS_STAGED], sl[AC_PARTS_STAGED], sa[AC_PARTS_STAGED], sb[AC_PARTS_STAGED];
@@ -2446,11 +2450,27 @@ __global__ void __launch_bounds__(AC_COMBINE)
         float O = 0.0f;
         if (k < KV) {
                 O = p0[k];
-                for (uint32_t pb = 1; pb < n_parts; pb += AC_DEEP) {
+                /* whole rounds of AC_DEEP parts: no guard, so the loads go out together (a
+                 * guarded load compiles to a branch around it, and ptxas keeps few in flight) */
+                uint32_t pb = 1;
+                for (; pb + AC_DEEP <= n_parts; pb += AC_DEEP) {
                         float ov[AC_DEEP];
 #pragma unroll
                         for (uint32_t j = 0; j < AC_DEEP; j++)
-                                ov[j] = pb + j < n_parts ? p0[(pb + j) * stride + k] : 0.0f;
+                                ov[j] = p0[(pb + j) * stride + k];
+#pragma unroll
+                        for (uint32_t j = 0; j < AC_DEEP; j++) {
+                                float a = sa[pb + j], b = sb[pb + j];
+                                O = O * a + ov[j] * b;
+                        }
+                }
+                /* the last parts: loads of rows up to the last part (that row again past it,
+                 * never used) */
+                if (pb < n_parts) {
+                        float ov[AC_DEEP];
+#pragma unroll
+                        for (uint32_t j = 0; j < AC_DEEP; j++)
+                                ov[j] = p0[min(pb + j, n_parts - 1) * stride + k];
 #pragma unroll
                         for (uint32_t j = 0; j < AC_DEEP; j++)
                                 if (pb + j < n_parts) {
