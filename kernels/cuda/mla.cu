@@ -2380,9 +2380,9 @@ __global__ void __launch_bounds__(AC_COMBINE)
         }
 }
 
-/* k_attn_combine's arithmetic with its latency chains shortened (X4_CUDA_COMBINE=deep, opt-in until
- * timed). ncu put k_attn_combine at 28 us a layer at 32K (129 parts; k_attn_dtc itself 52): about
- * 1.1 ms of a 7 ms batch-1 step. Three chains made it long, and each is shorter here:
+/* k_attn_combine's arithmetic with its latency chains shortened (taken where a launch's blocks fit
+ * one wave of it: X4_CUDA_COMBINE, cu_attn_combine). ncu put k_attn_combine at 28 us a layer at
+ * 32K (129 parts; k_attn_dtc itself 52): about 1.1 ms of a 7 ms batch-1 step. Three chains made it long, and each is shorter here:
  *   - the running max M_i = max(M_(i-1), m_i): a scan over the block (each warp scans 32 parts by
  *     shuffles, then the warps' maxima and the previous rounds' carry) instead of one thread
  *     walking the parts. fmaxf is exact and a max over a set of numbers is the same value in any
@@ -2487,29 +2487,39 @@ __global__ void __launch_bounds__(AC_COMBINE, AC_DEEP_MINB)
 extern "C" void cu_attn_combine(const float *part, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
                                 uint32_t n_head, uint32_t values, const uint32_t *tok_pos, float *out,
                                 cudaStream_t s) {
-        /* X4_CUDA_COMBINE=ref: the per-value chains (the GPU test's reference); deep:
-         * k_attn_combine_deep (opt-in until timed), log: deep, saying so on stderr whenever a
-         * launch folds more parts than any before (the GPU test's proof that it ran); unset or
-         * staged: k_attn_combine */
+        /* X4_CUDA_COMBINE unset or auto: k_attn_combine_deep where the launch's blocks fit one wave
+         * of it (AC_DEEP_MINB an SM: the latency-bound launches of small batches), else
+         * k_attn_combine; staged: k_attn_combine always; deep: k_attn_combine_deep always; log:
+         * deep, saying so on stderr whenever a launch folds more parts than any before (the GPU
+         * test's proof that it ran); ref: the per-value chains (the GPU test's reference). The
+         * same bits every way. Auto since 2026-12-07's eighteenth session (H100, full model, batch
+         * 1: 144.2-144.4 tok/s at 32,768 against 135.2-135.5, 187.0 at 4,096 against 183.3-183.8;
+         * ncu 10.1 us a layer's combine at 32K against 28.9; but batch 64, always deep: 3,119 /
+         * 2,054 at 512 / 4,096 against 3,202-3,205 / 2,071-2,073) */
+        enum { AC_AUTO, AC_REF, AC_DEEP_ALWAYS, AC_LOG, AC_STAGED };
         static int mode = -1;
         static uint32_t logged_parts;
         if (mode < 0) {
                 const char *e = getenv("X4_CUDA_COMBINE");
-                mode = !e || !*e || !strcmp(e, "staged") ? 0 : !strcmp(e, "ref") ? 1 : !strcmp(e, "deep") ? 2
-                        : !strcmp(e, "log") ? 3 : 4;
-                if (mode == 4) {
-                        fprintf(stderr, "xing4d: X4_CUDA_COMBINE=%s ignored: expected staged, deep, log or ref\n", e);
-                        mode = 0;
+                mode = !e || !*e || !strcmp(e, "auto") ? AC_AUTO : !strcmp(e, "ref") ? AC_REF
+                        : !strcmp(e, "deep") ? AC_DEEP_ALWAYS : !strcmp(e, "log") ? AC_LOG
+                        : !strcmp(e, "staged") ? AC_STAGED : -2;
+                if (mode == -2) {
+                        fprintf(stderr, "xing4d: X4_CUDA_COMBINE=%s ignored: expected auto, staged, deep, log or ref\n", e);
+                        mode = AC_AUTO;
                 }
         }
         if (n == 0)
                 return;
         cu_launches++;
         dim3 grid(n, n_head, (values + AC_COMBINE - 1) / AC_COMBINE);
-        if (mode == 1 || max_parts > AC_PARTS_STAGED)
+        uint64_t blocks = (uint64_t) grid.x * grid.y * grid.z;
+        bool deep = mode == AC_DEEP_ALWAYS || mode == AC_LOG ||
+                    (mode == AC_AUTO && blocks <= (uint64_t) attn_sms * AC_DEEP_MINB);
+        if (mode == AC_REF || max_parts > AC_PARTS_STAGED)
                 cu_launch(k_attn_combine_ref, grid, AC_COMBINE, 0, s, part, t0, max_parts, plen, n_head, values, tok_pos, out);
-        else if (mode >= 2) {
-                if (mode == 3 && max_parts > logged_parts) {
+        else if (deep) {
+                if (mode == AC_LOG && max_parts > logged_parts) {
                         logged_parts = max_parts;
                         fprintf(stderr, "attention combine: deep chains, up to %u parts, %u tokens\n", max_parts, n);
                 }

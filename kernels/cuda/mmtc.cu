@@ -1881,7 +1881,7 @@ extern "C" void cu_mm_tc_ksplit(float *buf, uint64_t floats, uint32_t *tickets, 
         mtp_ks_tickets = n_tickets;
 }
 
-/* NW (grouped IQ4_NL expert products; opt-in until timed, X4_CUDA_MMTCP_NARROW=1): the block's 8
+/* NW (grouped IQ4_NL expert products; the default, X4_CUDA_MMTCP_NARROW=0 the 4 × 2 layout): the block's 8
  * warps as 8 (rows) × 1: warp w owns rows 16w .. 16w + 15 and the tile's n-tiles of 8 inputs up to
  * its pair count, nj = ⌈n_p / 8⌉ (warp-uniform: the others' products are not issued). In the
  * 4 × 2 layout a decode batch's tiles (batch 64: 320 pairs on 65 experts, ~5 a tile) left the
@@ -2244,16 +2244,21 @@ static bool mtp_prepare_nw(void) {
                                     (int) (MTP_NS * mtp_stage<CU_TYPE_IQ4_NL>())) == cudaSuccess;
 }
 
-/* X4_CUDA_MMTCP_NARROW=1 (opt-in until it has been timed: written on 2026-12-07, when no GPU could
- * be had): grouped IQ4_NL products take k_mm_tcp's narrow warp layout (NW) instead of the 4 × 2
- * one; the same bits either way */
+/* X4_CUDA_MMTCP_NARROW: grouped IQ4_NL products take k_mm_tcp's narrow warp layout (NW) unless it
+ * is 0 (the 4 × 2 layout); =log: narrow, and its first 8 launches on stderr (the GPU test's proof
+ * that it ran). The same bits either way. The default since 2026-12-07's eighteenth session: on
+ * the H100, full model, batch 64 3,356 / 2,129 tok/s at 512 / 4,096 against 3,202-3,205 /
+ * 2,071-2,073, prefill 11,033-11,093 / 13,846 against 10,287-10,436 / 12,957. */
+static int mtp_nw_log;
 static bool mtp_nw_on(void) {
         static int on = -1;
         if (on < 0) {
                 const char *e = getenv("X4_CUDA_MMTCP_NARROW");
-                on = e && !strcmp(e, "1");
-                if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTCP_NARROW=%s ignored: expected 0 or 1\n", e);
+                bool known = !e || !*e || !strcmp(e, "0") || !strcmp(e, "1") || !strcmp(e, "log");
+                if (!known)
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_MMTCP_NARROW=%s ignored: expected 0 (the 4 x 2 layout), 1 or log\n", e);
+                on = !(known && e && !strcmp(e, "0"));
+                mtp_nw_log = known && e && !strcmp(e, "log") ? 8 : 0;
         }
         return on;
 }
@@ -2379,8 +2384,8 @@ static bool launch_tcp(const struct cu_mv *a, cudaStream_t s) {
                 }
         if constexpr (IQ4)
                 if (a->sel && mtp_nw_ok && mtp_nw_on()) {
-                        if (mtp_log_left > 0) {
-                                mtp_log_left--;
+                        if (mtp_nw_log > 0) {
+                                mtp_nw_log--;
                                 fprintf(stderr, "k_mm_tcp: narrow grouped layout, P %u N %u\n", a->P, a->N);
                         }
                         cu_launch(k_mm_tcp<TYPE, NR, MT_GROUPED, false, false, true>, grid, MTP_THREADS, smem, s, *a,

@@ -776,20 +776,32 @@ PY
                 echo "split K = unsplit k_mm_tcp: identical logits ($n_models models, passes of 40 / 64 / 300, one and two parts a block and the default); batch and chunk invariance with one part a block"
         }
         step "dense products with K split over blocks agree bit for bit with the unsplit kernel" ks_same
-        # grouped IQ4_NL expert products in the narrow warp layout (k_mm_tcp's NW, opt-in until
-        # timed: X4_CUDA_MMTCP_NARROW=1; 0 or unset the 4 × 2 layout): the same logits on passes of
-        # 20 / 64 / 300 tokens and decodes, that it ran (its log line), batch and chunk invariance
-        # with it
+        # grouped IQ4_NL expert products in the narrow warp layout (k_mm_tcp's NW, the default;
+        # X4_CUDA_MMTCP_NARROW=0 the 4 × 2 layout, =log narrow with its launches on stderr): the
+        # same logits on passes of 64 / 100 / 300 tokens (320 pairs and more with the shared expert:
+        # k_mm_tcp's grouped tiles take products of more than 256 pairs; passes of 20 never reach
+        # them) and decodes, that it ran (its own log line), the default the same bits, batch and
+        # chunk invariance with it
         narrow_same() {
-                passes_same nw 59 "20 64 300" '^k_mm_tcp: narrow grouped layout' X4_CUDA_MMTCP_NARROW=0 \
-                        X4_CUDA_MMTCP_NARROW=1 || return 1
+                passes_same nw 59 "64 100 300" '^k_mm_tcp: narrow grouped layout' X4_CUDA_MMTCP_NARROW=0 \
+                        X4_CUDA_MMTCP_NARROW=log || return 1
+                # the default (unset) against the 4 x 2 layout, demo model, passes of 64
+                local prompt v
+                prompt=$(seq -s, 7 306)
+                for v in 0 default; do
+                        local set=("X4_CUDA_MMTCP_NARROW=$v")
+                        [ $v = default ] && set=(-u X4_CUDA_MMTCP_NARROW)
+                        env "${set[@]}" X4_CUDA_MM=tc "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$prompt" --chunk 64 \
+                                --decode 9,99 --device cuda --out "$tmp/nw-$v.bin" || return 1
+                done
+                cmp "$tmp/nw-0.bin" "$tmp/nw-default.bin" || { echo "nw: the default differs from the 4 x 2 layout"; return 1; }
                 invariant_with X4_CUDA_MMTCP_NARROW=1 || return 1
-                echo "narrow grouped layout = 4 x 2 layout: identical logits ($n_models models, passes of 20 / 64 / 300); batch and chunk invariance with it"
+                echo "narrow grouped layout = 4 x 2 layout: identical logits ($n_models models, passes of 64 / 100 / 300); batch and chunk invariance with it"
         }
         step "grouped expert products in the narrow warp layout agree bit for bit with the 4 x 2 layout" narrow_same
-        # the one-launch mHC kernel's tail spread over the token's blocks (X4_CUDA_HC_GRID=1 or
-        # log, opt-in until timed, where the launch's blocks fit the card at once; 0 or unset the
-        # ticket tail on the last block): the same logits as the ticket tail and as the tiled kernels at batch 1, and with
+        # the one-launch mHC kernel's tail spread over the token's blocks (the default where the
+        # launch's blocks fit the card at once; X4_CUDA_HC_GRID=log the same with its launches on
+        # stderr, 0 the ticket tail on the last block): the same logits as the ticket tail and as the tiled kernels at batch 1, and with
         # the one-launch kernel forced for every pass (X4_CUDA_HC=fused: chunks of 5 tokens take
         # the spread tail, of 40 the ticket one where they do not fit), that it ran (its log line),
         # batch invariance with it
@@ -823,9 +835,9 @@ PY
                 echo "spread mHC tail = ticket tail = tiled kernels: identical logits ($n models, decodes and chunks of 5 / 40 on the one-launch kernel); batch invariance with it"
         }
         step "the mHC kernel's tail spread over its blocks agrees bit for bit with the ticket tail" hc_grid_same
-        # the attention combine with its latency chains shortened (X4_CUDA_COMBINE=deep or log,
-        # k_attn_combine_deep, opt-in until timed): the same logits as the per-value reference and
-        # the staged kernel over 4,200 positions in parts of 32 (up to 132 parts a query: two
+        # the attention combine with its latency chains shortened (k_attn_combine_deep: by default
+        # where a launch's blocks fit one wave of it, X4_CUDA_COMBINE=deep or log always): the same
+        # logits as the per-value reference, the staged kernel and the default over 4,200 positions in parts of 32 (up to 132 parts a query: two
         # rounds of the running max's scan) on the f16 cache, and on a 700-token prompt over the
         # f32 cache's kernels (parts of 128); that it ran (its log line); batch and chunk
         # invariance with it
@@ -834,7 +846,7 @@ PY
                 [ -f "$tmp/demo.gguf" ] || { echo "no demo model"; return 1; }
                 long=$(awk 'BEGIN { s = 61; for (i = 0; i < 4200; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
                 p700=$(awk 'BEGIN { s = 67; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for c in ref staged log; do
+                for c in ref staged auto log; do
                         X4_CUDA_COMBINE=$c X4_CUDA_ATTN_DECODE_PART=32 X4_CUDA_ATTN_PROMPT_PART=32 "$build/tools/x4-logits" \
                                 --model "$tmp/demo.gguf" --cache f16 --prompt "$long" --decode 9,99 --device cuda \
                                 --out "$tmp/cd-$c.bin" 2>"$tmp/cd-log.txt" || { cat "$tmp/cd-log.txt"; return 1; }
@@ -843,6 +855,7 @@ PY
                         { echo "the deep combine never folded 130 parts or more"; cat "$tmp/cd-log.txt"; return 1; }
                 cmp "$tmp/cd-ref.bin" "$tmp/cd-staged.bin" || { echo "the staged combine differs from its reference (132 parts)"; return 1; }
                 cmp "$tmp/cd-ref.bin" "$tmp/cd-log.bin" || { echo "the deep combine differs from the reference (132 parts)"; return 1; }
+                cmp "$tmp/cd-ref.bin" "$tmp/cd-auto.bin" || { echo "the default combine (auto) differs from the reference (132 parts)"; return 1; }
                 for c in ref deep; do
                         X4_CUDA_COMBINE=$c "$build/tools/x4-logits" --model "$tmp/demo.gguf" --cache f32 --prompt "$p700" \
                                 --decode 9,99,999 --device cuda --out "$tmp/cd32-$c.bin" || return 1
