@@ -499,7 +499,7 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
  * and the slice's partial row into a.hw. TILE false: the fused kernel (one token a block, grid y
  * the tokens), whose last block to finish a token runs hcf_finish; TILE true: tt tokens a block
  * (grid y the tiles), k_hc_tail finishing them. Every partial is the same sum either way. */
-template <int FT, bool TILE>
+template <int FT, bool TILE, bool GRID = false>
 __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out, uint32_t T,
                    uint32_t tt) {
@@ -650,7 +650,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         if (TILE || (a.probe & 2))
                 return;
         uint32_t t = t0;
-        if (a.grid) {
+        if constexpr (GRID) {
                 hcf_grid_tail(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0]);
                 return;
         }
@@ -983,7 +983,7 @@ static bool hc_grid_fits(uint64_t blocks, size_t smem) {
         static size_t smem_seen = (size_t) -1;
         static int per_sm = 0;
         if (smem != smem_seen) {
-                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_hc_fused<FT, false>, HCF_THREADS, smem) !=
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_hc_fused<FT, false, true>, HCF_THREADS, smem) !=
                     cudaSuccess)
                         per_sm = 0;
                 (void) cudaGetLastError();
@@ -1017,7 +1017,11 @@ static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                         hc_grid_log--;
                         fprintf(stderr, "mHC: spread tail, %u blocks a token, %u tokens\n", NB, T);
                 }
-                cu_launch(k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s, ag, *p, X, hcp, out, T, 1u);
+                /* the spread tail its own build: in one build with the ticket tail, the ticket
+                 * path's batch-1 step ran 198-199 tok/s at 512 where the build before the spread
+                 * tail ran 211-212 (H100, the same machine) */
+                cu_launch(ag.grid ? k_hc_fused<FT, false, true> : k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s,
+                          ag, *p, X, hcp, out, T, 1u);
                 return;
         }
         cu_launch(k_hc_fused<FT, true>, dim3(NB, (T + tt - 1) / tt), HCF_THREADS, hc_tile_smem<FT>(), s, *a, *p, X,
