@@ -957,7 +957,8 @@ static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const flo
  * the card at once, unless it is 0 (the ticket tail: hcf_finish on the last block); =log: spread,
  * and the first 8 launches that take it on stderr (tests: that it ran). The bits are the same
  * either way. The default since 2026-12-07's eighteenth session: on the H100, full model, batch 1
- * 220.3-220.6 / 200.6-201.3 tok/s at 512 / 4,096 against 197.5-198.1 / 182.8-183.6. */
+ * 221.8-222.4 / 203.4-206.5 tok/s at 512 / 4,096 against the ticket tail's 212.7-213.0 /
+ * 196.4-197.9 (each tail its own build; bench/RESULTS.md). */
 static int hc_grid_log;
 static bool hc_grid_on(void) {
         static int on = -1;
