@@ -1737,29 +1737,15 @@ static __device__ __forceinline__ void dtc_pv(float (*o)[4], const __half *sP, u
         }
 }
 
-/* the most parts k_attn_combine stages (more: k_attn_combine_ref), and the folded combine too */
-#define AC_PARTS_STAGED 1024
-static __device__ void dtc_fold(const struct cu_attn &a, const float *part, float *out, uint32_t t, uint32_t tl,
-                                uint32_t h0, uint32_t h_end, uint32_t max_parts, uint32_t n_parts, float *fs);
-
-/* the folded combine's output and tickets (X4_CUDA_DTC_FOLD): k_attn_dtc's one trailing argument
- * where FOLD, none otherwise (so the other builds keep their parameters) */
-struct cu_fold {
-        float *out;
-        uint32_t *ticket;
-};
-
-template <int NS, bool PAIR, bool LEAN = false, int HG = TC_HG, bool FOLD = false, typename... F>
+template <int NS, bool PAIR, bool LEAN = false, int HG = TC_HG>
 __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
         k_attn_dtc(struct cu_attn a, uint32_t t0, uint32_t max_parts, uint32_t plen_forced, struct cu_cache c,
-                   uint32_t layer, float *part, F... fold) {
+                   uint32_t layer, float *part) {
         static_assert(NS >= 2 && NS <= DTC_NS_MAX, "a sub-part computes while the next ones copy");
         static_assert(!PAIR || NS == 4, "rounds of two sub-parts: two rounds in the ring");
         static_assert(!LEAN || (!PAIR && NS == DTC_LEAN_NS), "the lean layout: one sub-part a round, its own ring");
         static_assert(TC_SUB == 32, "a lane a position of the sub-part in the softmax step");
         static_assert(HG == TC_HG || ((HG == 16 || HG == 8) && !LEAN), "small head groups: one m-tile, not LEAN");
-        static_assert(!FOLD || HG < TC_HG, "the folded combine: small head groups (blocks that fit one wave)");
-        static_assert(sizeof...(F) == (FOLD ? 1 : 0), "a struct cu_fold where FOLD, nothing otherwise");
         /* HG 16 or 8: one m-tile the eight warps share, MR rows of queries, scores, p and state (of
          * 8 heads: rows 8-15 zero queries, p and factors of 1, never stored) */
         constexpr bool ONE_MT = HG < TC_HG;
@@ -2029,27 +2015,6 @@ __global__ void __launch_bounds__(TC_WARPS * 32, LEAN ? 2 : 1)
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV] = sM[tid];
                 out0[(uint64_t) (h0 + tid) * (KV + 2) + KV + 1] = sL[tid];
         }
-        if constexpr (FOLD) {
-                /* the last block of the (token, head group) to store its part folds the group's
-                 * heads (the parts' rows through the L2: other SMs wrote them) */
-                __shared__ bool fold_last;
-                const struct cu_fold fd = (fold, ...);
-                uint32_t n_parts = pos_q / plen + 1;
-                uint32_t *tk = fd.ticket + (uint64_t) tl * gridDim.y + blockIdx.y;
-                __syncthreads(); /* every thread's stores issued */
-                if (tid == 0) {
-                        __threadfence();
-                        fold_last = atomicAdd(tk, 1u) == n_parts - 1;
-                }
-                __syncthreads();
-                if (!fold_last)
-                        return;
-                __threadfence();
-                dtc_fold(a, part, fd.out, t, tl, h0, min(h0 + (uint32_t) HG, n_head), max_parts, n_parts,
-                         (float *) tc_smem_raw);
-                if (tid == 0)
-                        *tk = 0;
-        }
 }
 
 static bool attn_tc_ready, attn_tc2_ready, attn_tc22_ready; /* tc22: two tokens a block */
@@ -2061,29 +2026,6 @@ static uint32_t attn_dtc_hg; /* X4_CUDA_DTC_HG: heads a block forced (32, 16 or 
 static int attn_dtc_2sm;   /* X4_CUDA_DTC_2SM: 1 the lean layout whenever it is ready, 0 never, -1 by the grid */
 static bool attn_fa_ready; /* k_attn_fa could be configured (X4_CUDA_ATTN_PROMPT=fa) */
 static uint32_t attn_tc_D;
-
-/* X4_CUDA_DTC_FOLD=1 (opt-in until a GPU has timed it: written on 2026-12-07, eighteenth session):
- * where k_attn_dtc runs in small head groups (a grid that fits one wave: batch 1 below ~16K of
- * context) with two rounds of two sub-parts, the last block of each (token, head group) folds the
- * group's heads itself (dtc_fold) and no combine is launched: 40 launches fewer a batch-1 step.
- * =log: the same, and the first 8 launches that fold on stderr (tests: that it ran). The bits are
- * the same either way (GPU step fold_same). */
-static int attn_fold_log;
-static uint32_t *attn_fold_ticket; /* attn_fold_cap zeroed tickets; each folding block sets its own back */
-static uint32_t attn_fold_cap;
-static bool attn_fold_ready[2]; /* k_attn_dtc<4, true, false, 16 | 8, true> configured */
-static bool attn_fold_on(void) {
-        static int on = -1;
-        if (on < 0) {
-                const char *e = getenv("X4_CUDA_DTC_FOLD");
-                bool known = !e || !*e || !strcmp(e, "0") || !strcmp(e, "1") || !strcmp(e, "log");
-                if (!known)
-                        fprintf(stderr, "xing4d: X4_CUDA_DTC_FOLD=%s ignored: expected 0, 1 or log\n", e);
-                on = known && e && (!strcmp(e, "1") || !strcmp(e, "log"));
-                attn_fold_log = on && !strcmp(e, "log") ? 8 : 0;
-        }
-        return on;
-}
 
 /* Once per backend (cu_attention_setup): whether this device and shape can run k_attn_tc. */
 static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
@@ -2199,30 +2141,6 @@ static bool attn_tc_setup(uint32_t KV, uint32_t R, int smem_max, int major) {
                 if (e != cudaSuccess)
                         (void) cudaGetLastError(); /* a refused attribute must not fail the first forward */
         }
-        /* the folded combine (X4_CUDA_DTC_FOLD): its two builds' shared memory, and tickets for a
-         * grid of one wave (a ticket a block at most); only where asked for */
-        attn_fold_ready[0] = attn_fold_ready[1] = false;
-        if (attn_fold_on() && attn_dtc_pair && need_small + CU_ATTN_PART_DEC * sizeof(uint64_t) <= (size_t) smem_max) {
-                int sz = (int) need_small;
-                attn_fold_ready[0] = cudaFuncSetAttribute(k_attn_dtc<4, true, false, 16, true, struct cu_fold>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, sz) == cudaSuccess;
-                attn_fold_ready[1] = cudaFuncSetAttribute(k_attn_dtc<4, true, false, 8, true, struct cu_fold>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, sz) == cudaSuccess;
-                if (!attn_fold_ticket) {
-                        uint32_t cap = attn_sms ? attn_sms : 132;
-                        if (cudaMalloc((void **) &attn_fold_ticket, cap * sizeof(uint32_t)) == cudaSuccess &&
-                            cudaMemset(attn_fold_ticket, 0, cap * sizeof(uint32_t)) == cudaSuccess)
-                                attn_fold_cap = cap;
-                        else {
-                                cudaFree(attn_fold_ticket);
-                                attn_fold_ticket = NULL;
-                        }
-                }
-                (void) cudaGetLastError();
-                if (!attn_fold_ready[0] || !attn_fold_ready[1] || !attn_fold_ticket)
-                        fprintf(stderr, "xing4d: X4_CUDA_DTC_FOLD: the folded combine cannot run on this device or shape; "
-                                        "the combine kernel serves\n");
-        }
         if ((attn_dtc_hg == 16 && !attn_dtc_hg_ready[0]) || (attn_dtc_hg == 8 && !attn_dtc_hg_ready[1])) {
                 fprintf(stderr, "xing4d: X4_CUDA_DTC_HG=%u: k_attn_dtc's blocks of %u heads cannot run on this device or "
                                 "shape; the grid decides\n", attn_dtc_hg, attn_dtc_hg);
@@ -2289,16 +2207,11 @@ static void attn_launch_fa(const struct cu_attn *a, uint32_t t0, uint32_t n, uin
  * twelfth session): within a run's spread, never behind by more */
 #define DTC_HG_AUTO_MIN 8
 
-/* k_attn_dtc in blocks of HG (16 or 8) heads, the ring and rounds the device took; FOLD: with
- * the combine folded in (two rounds of two sub-parts only) */
-template <int HG, bool FOLD = false>
+/* k_attn_dtc in blocks of HG (16 or 8) heads, the ring and rounds the device took */
+template <int HG>
 static void attn_launch_dtc_small(dim3 grid, size_t sm, const struct cu_attn *a, uint32_t t0, uint32_t max_parts,
-                                  uint32_t plen, const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s,
-                                  float *out = NULL) {
-        if constexpr (FOLD)
-                cu_launch(k_attn_dtc<4, true, false, HG, true, struct cu_fold>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts,
-                          plen, *c, layer, part, cu_fold{out, attn_fold_ticket});
-        else if (attn_dtc_pair)
+                                  uint32_t plen, const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
+        if (attn_dtc_pair)
                 cu_launch(k_attn_dtc<4, true, false, HG>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
         else if (attn_dtc_ns == 4)
                 cu_launch(k_attn_dtc<4, false, false, HG>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
@@ -2313,8 +2226,8 @@ static void attn_launch_dtc_small(dim3 grid, size_t sm, const struct cu_attn *a,
  * X4_CUDA_DTC_2SM says; small head groups where blocks of 8 or 16 heads still fit one wave, or
  * where X4_CUDA_DTC_HG says; the same chains in the same order every way, so the choice never
  * changes a bit (GPU test dtc_same) and batch invariance holds. */
-static bool attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
-                            const struct cu_cache *c, uint32_t layer, float *part, float *out, cudaStream_t s) {
+static void attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, uint32_t max_parts, uint32_t plen,
+                            const struct cu_cache *c, uint32_t layer, float *part, cudaStream_t s) {
         dim3 grid(max_parts, (a->n_head + TC_HG - 1) / TC_HG, n);
         size_t sm = dtc_smem(c->D, attn_dtc_ns, attn_dtc_pair ? 2 : 1);
         cu_launches++;
@@ -2335,22 +2248,6 @@ static bool attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
         if (hg < 32) {
                 dim3 gh(max_parts, (a->n_head + hg - 1) / hg, n);
                 size_t smh = dtc_smem(c->D, attn_dtc_pair ? 4 : attn_dtc_ns, attn_dtc_pair ? 2 : 1, 16);
-                /* the folded combine: its tickets, its staging in the kernel's shared memory, the
-                 * combine's staged path (max_parts within AC_PARTS_STAGED) */
-                if (attn_fold_on() && attn_dtc_pair && attn_fold_ready[hg == 16 ? 0 : 1] && attn_fold_ticket &&
-                    (uint64_t) gh.y * gh.z <= attn_fold_cap && max_parts <= AC_PARTS_STAGED &&
-                    (4 * (size_t) max_parts + 1) * sizeof(float) <= smh) {
-                        if (attn_fold_log > 0) {
-                                attn_fold_log--;
-                                fprintf(stderr, "attention: combine folded into k_attn_dtc, %u heads a block, up to %u parts, %u tokens\n",
-                                        hg, max_parts, n);
-                        }
-                        if (hg == 16)
-                                attn_launch_dtc_small<16, true>(gh, smh, a, t0, max_parts, plen, c, layer, part, s, out);
-                        else
-                                attn_launch_dtc_small<8, true>(gh, smh, a, t0, max_parts, plen, c, layer, part, s, out);
-                        return true;
-                }
                 if (hg == 16)
                         attn_launch_dtc_small<16>(gh, smh, a, t0, max_parts, plen, c, layer, part, s);
                 else
@@ -2366,7 +2263,6 @@ static bool attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
                 cu_launch(k_attn_dtc<3, false>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
         else
                 cu_launch(k_attn_dtc<2, false>, grid, TC_WARPS * 32, sm, s, *a, t0, max_parts, plen, *c, layer, part);
-        return false;
 }
 
 /* Fold the parts of each (token, head) in part order: a block per (token, head, AC_COMBINE
@@ -2381,6 +2277,7 @@ static bool attn_launch_dtc(const struct cu_attn *a, uint32_t t0, uint32_t n, ui
  * for contexts of more than AC_PARTS_STAGED parts and as the GPU test's reference,
  * X4_CUDA_COMBINE=ref), so the bits are the same. */
 #define AC_COMBINE 128
+#define AC_PARTS_STAGED 1024
 __global__ void __launch_bounds__(AC_COMBINE)
         k_attn_combine_ref(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
                            uint32_t KV, const uint32_t *tok_pos, float *out) {
@@ -2428,18 +2325,6 @@ static __device__ __forceinline__ uint32_t ac_stage(const float *part, uint32_t 
         return n_parts;
 }
 
-/* the running max in part order on one thread, in place of the parts' own maxima in sm (each read
- * before it is replaced; m_i kept in sb for b_i) */
-static __device__ __forceinline__ void ac_running_max(float *sm, float *sb, uint32_t n_parts) {
-        float M = sm[0];
-        for (uint32_t pi = 1; pi < n_parts; pi++) {
-                float mq = sm[pi], Mn = fmaxf(M, mq);
-                sb[pi] = mq;
-                sm[pi] = Mn;
-                M = Mn;
-        }
-}
-
 static __device__ __forceinline__ void ac_factors(const float *sm, float *sa, float *sb, uint32_t n_parts) {
         for (uint32_t pi = 1 + threadIdx.x; pi < n_parts; pi += blockDim.x) {
                 float M = sm[pi - 1], Mn = sm[pi], mq = sb[pi];
@@ -2457,21 +2342,6 @@ static __device__ __forceinline__ float ac_L(const float *sl, const float *sa, c
         return L;
 }
 
-/* k_attn_combine's staged scales, past the barrier after ac_stage: the running max and the L chain
- * on thread 0, the factors a thread a part (barriers between); every thread gets L (through *sL) */
-static __device__ __forceinline__ float ac_scales(float *sm, float *sl, float *sa, float *sb, uint32_t n_parts,
-                                                  float *sL) {
-        if (threadIdx.x == 0)
-                ac_running_max(sm, sb, n_parts);
-        __syncthreads();
-        ac_factors(sm, sa, sb, n_parts);
-        __syncthreads();
-        if (threadIdx.x == 0)
-                *sL = ac_L(sl, sa, sb, n_parts);
-        __syncthreads();
-        return *sL;
-}
-
 __global__ void __launch_bounds__(AC_COMBINE)
         k_attn_combine(const float *part, uint32_t t0, uint32_t max_parts, uint32_t plen, uint32_t n_head,
                        uint32_t KV, const uint32_t *tok_pos, float *out) {
@@ -2482,7 +2352,22 @@ __global__ void __launch_bounds__(AC_COMBINE)
         uint64_t stride;
         uint32_t n_parts = ac_stage(part, t0, max_parts, plen, n_head, KV, tok_pos, sm, sl, &p0, &stride);
         __syncthreads();
-        float L = ac_scales(sm, sl, sa, sb, n_parts, &sL);
+        if (tid == 0) { /* the running max, in place of the parts' own (each read before it is replaced) */
+                float M = sm[0];
+                for (uint32_t pi = 1; pi < n_parts; pi++) {
+                        float mq = sm[pi], Mn = fmaxf(M, mq);
+                        sb[pi] = mq; /* m_i, for b_i below */
+                        sm[pi] = Mn;
+                        M = Mn;
+                }
+        }
+        __syncthreads();
+        ac_factors(sm, sa, sb, n_parts);
+        __syncthreads();
+        if (tid == 0)
+                sL = ac_L(sl, sa, sb, n_parts);
+        __syncthreads();
+        float L = sL;
         for (uint32_t k = blockIdx.z * blockDim.x + tid; k < KV; k += gridDim.z * blockDim.x) {
                 float O = p0[k];
 #pragma unroll 8
@@ -2492,39 +2377,6 @@ __global__ void __launch_bounds__(AC_COMBINE)
                         O = O * a + pp[k] * b;
                 }
                 out[((uint64_t) t * n_head + h) * KV + k] = O / L;
-        }
-}
-
-/* k_attn_combine for heads [h0, h_end) of token t (tl in the launch), on the block that runs it
- * (k_attn_dtc's last block of the head group, X4_CUDA_DTC_FOLD): a head at a time, the same steps
- * as k_attn_combine in the same order (the parts' m and l staged, the running max and L chains on
- * thread 0, the factors a thread a part, each value's chain in part order), so the same bits. fs:
- * 4 · n_parts + 1 floats of the kernel's shared memory (its own use of it is over). The parts'
- * rows are read with ld.global.cg: other blocks wrote them, past the ticket's fences. */
-static __device__ void dtc_fold(const struct cu_attn &a, const float *part, float *out, uint32_t t, uint32_t tl,
-                                uint32_t h0, uint32_t h_end, uint32_t max_parts, uint32_t n_parts, float *fs) {
-        uint32_t KV = a.KV, n_head = a.n_head, tid = threadIdx.x;
-        float *sm = fs, *sl = sm + n_parts, *sa = sl + n_parts, *sb = sa + n_parts, *sL = sb + n_parts;
-        uint64_t stride = (uint64_t) n_head * (KV + 2);
-        __syncthreads(); /* the kernel's last reads of its shared memory are over */
-        for (uint32_t h = h0; h < h_end; h++) {
-                const float *p0 = part + ((uint64_t) tl * max_parts * n_head + h) * (KV + 2);
-                for (uint32_t pi = tid; pi < n_parts; pi += blockDim.x) {
-                        sm[pi] = __ldcg(p0 + pi * stride + KV);
-                        sl[pi] = __ldcg(p0 + pi * stride + KV + 1);
-                }
-                __syncthreads();
-                float L = ac_scales(sm, sl, sa, sb, n_parts, sL);
-                for (uint32_t k = tid; k < KV; k += blockDim.x) {
-                        float O = __ldcg(p0 + k);
-#pragma unroll 8
-                        for (uint32_t pi = 1; pi < n_parts; pi++) {
-                                float pa = sa[pi], pb = sb[pi];
-                                O = O * pa + __ldcg(p0 + pi * stride + k) * pb;
-                        }
-                        out[((uint64_t) t * n_head + h) * KV + k] = O / L;
-                }
-                __syncthreads(); /* sm .. sL are the next head's */
         }
 }
 
@@ -2831,8 +2683,8 @@ extern "C" void cu_attention(const struct cu_attn *a, uint32_t t0, uint32_t n,
         }
         if (attn_dtc_chosen(c->D, c->f16)) {
                 uint32_t plen = attn_dtc_part();
-                if (!attn_launch_dtc(a, t0, n, max_parts, plen, c, layer, part, out, s)) /* true: folded */
-                        attn_launch_combine(a, t0, n, max_parts, plen, c, part, out, s);
+                attn_launch_dtc(a, t0, n, max_parts, plen, c, layer, part, s);
+                attn_launch_combine(a, t0, n, max_parts, plen, c, part, out, s);
                 return;
         }
         if (force == 6 && attn_tc_ready && c->D == attn_tc_D) {

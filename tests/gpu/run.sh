@@ -865,49 +865,6 @@ PY
                 echo "deep combine = staged combine = per-value reference: identical logits (132 parts on the f16 cache, 6 on the f32 cache's kernels); batch and chunk invariance with it"
         }
         step "the attention combine's deep chains agree bit for bit with its reference" combine_deep_same
-        # the combine folded into k_attn_dtc's last block of each (token, head group)
-        # (X4_CUDA_DTC_FOLD=1 or log, opt-in until timed; taken where the decode kernel runs in
-        # blocks of 16 or 8 heads): the same logits as the combine kernel and its per-value
-        # reference, in passes of 3 tokens (every token of x4-logits' passes takes the decode
-        # kernel: a ticket a token and head group) and of 700 (too many blocks to fold: the combine
-        # kernel) and decodes; forced groups of 16 and 8 on the demo model, and the groups the
-        # grid picks on the 40-head model (8 heads: five blocks a part, the last one a partial
-        # group); parts of 64 and 256; that it ran (its log line); batch and chunk invariance
-        fold_same() {
-                local prompt m hg part n=0
-                prompt=$(awk 'BEGIN { s = 71; for (i = 0; i < 700; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
-                for m in "$tmp/demo.gguf" "$tmp/h40/h40.gguf"; do
-                        [ -f "$m" ] || continue
-                        for part in 64 256; do
-                                X4_CUDA_DTC_2SM=0 X4_CUDA_COMBINE=ref X4_CUDA_ATTN_DECODE_PART=$part "$build/tools/x4-logits" \
-                                        --model "$m" --cache f16 --prompt "$prompt" --decode 9,99,999 --device cuda \
-                                        --out "$tmp/fold-ref.bin" || return 1
-                                for hg in 16 8 auto; do
-                                        local set=("X4_CUDA_DTC_HG=$hg")
-                                        [ $hg = auto ] && set=(-u X4_CUDA_DTC_HG)
-                                        [ $hg = auto ] && [ "$m" = "$tmp/demo.gguf" ] && continue # 8 heads: blocks of 32
-                                        env "${set[@]}" X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_FOLD=log X4_CUDA_ATTN_DECODE_PART=$part \
-                                                "$build/tools/x4-logits" --model "$m" --cache f16 --prompt "$prompt" --chunk 3 \
-                                                --decode 9,99,999 --device cuda --out "$tmp/fold-on.bin" 2>"$tmp/fold-log.txt" ||
-                                                { cat "$tmp/fold-log.txt"; return 1; }
-                                        grep -q '^attention: combine folded into k_attn_dtc, \(16\|8\) heads a block' "$tmp/fold-log.txt" ||
-                                                { echo "the folded combine never ran ($m, groups $hg, parts of $part)"; cat "$tmp/fold-log.txt"; return 1; }
-                                        cmp "$tmp/fold-ref.bin" "$tmp/fold-on.bin" ||
-                                                { echo "the folded combine differs from the reference ($m, groups $hg, parts of $part)"; return 1; }
-                                        env "${set[@]}" X4_CUDA_DTC_2SM=0 X4_CUDA_DTC_FOLD=1 X4_CUDA_ATTN_DECODE_PART=$part \
-                                                "$build/tools/x4-logits" --model "$m" --cache f16 --prompt "$prompt" \
-                                                --decode 9,99,999 --device cuda --out "$tmp/fold-whole.bin" || return 1
-                                        cmp "$tmp/fold-ref.bin" "$tmp/fold-whole.bin" ||
-                                                { echo "the folded combine differs in one pass ($m, groups $hg, parts of $part)"; return 1; }
-                                done
-                        done
-                        n=$((n + 1))
-                done
-                [ $n -gt 0 ] || { echo "no model to check"; return 1; }
-                (export X4_CUDA_DTC_HG=8; invariant_with X4_CUDA_DTC_FOLD=1) || return 1
-                echo "folded combine = combine kernel = per-value reference: identical logits ($n models, passes of 3 and 700 tokens, groups of 16 / 8 / the grid's, parts of 64 / 256); batch and chunk invariance with it"
-        }
-        step "the combine folded into the decode attention kernel agrees bit for bit with its reference" fold_same
         # the Q6_K head on tensor cores (X4_CUDA_MM_Q6TC=1, k_q6_tc: one mma chain an output for
         # every input count): it must run (its log line), stay within the parity bounds against
         # the CPU, and keep batch and chunk invariance (the chunks' head launches take 1 to 512
@@ -1414,12 +1371,6 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_MM=tc X4_CUDA_MMTCP_NARROW=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 74)" --chunk 64 \
                                 --decode 9,99 --device cuda --out "$tmp/san-nw.bin"
-                        [ -f "$tmp/h40/h40.gguf" ] &&
-                                step "compute-sanitizer $tool, the combine folded into the decode attention (blocks of 8 heads, passes of 3), 40 heads" \
-                                        env X4_CUDA_DTC_FOLD=1 X4_CUDA_DTC_HG=8 X4_CUDA_DTC_2SM=0 X4_CUDA_ATTN_DECODE_PART=32 \
-                                        compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" \
-                                        --model "$tmp/h40/h40.gguf" --cache f16 --prompt "$(seq -s, 5 64)" --chunk 3 \
-                                        --decode 9,99 --device cuda --out "$tmp/san-fold.bin"
                         step "compute-sanitizer $tool, tensor-core products, K split one part a block, demo model" \
                                 env X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 \
