@@ -1828,6 +1828,22 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
         }
 }
 
+/* k_x_bf16 for k_q6_tc's 16-byte input loads (B16, X4_CUDA_Q6TC_B16=1): one row an input (no
+ * groups), and within each run of 16 words (32 values, K % 32 == 0) word 4i + t stored at 4t + i,
+ * so lane t of a warp finds the words of two groups' B fragments (t, t + 4, 8 + t, 12 + t of the
+ * run) side by side. The same bf16 words as k_x_bf16's. */
+__global__ void __launch_bounds__(128) k_x_bf16_q6p(const float *x, uint64_t x_pstride, uint32_t K, uint16_t *out) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+        const float *src = x + (uint64_t) blockIdx.x * x_pstride;
+        uint32_t *dst = (uint32_t *) (out + (uint64_t) blockIdx.x * K);
+        for (uint32_t k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
+                float4 v = *(const float4 *) (src + k);
+                uint32_t w = k / 2, b = w & ~15u, s = w & 15u; /* s even: words s, s + 1 of the run */
+                dst[b + 4 * (s % 4) + s / 4] = mt_pack(mt_bf16(v.x), mt_bf16(v.y));
+                dst[b + 4 * ((s + 1) % 4) + (s + 1) / 4] = mt_pack(mt_bf16(v.z), mt_bf16(v.w));
+        }
+}
 
 /* The B fragments of a warp's four n-tiles at one k16 step: two ldmatrix.x4 from the lanes'
  * row addresses (p: n-tiles 0, 1; 16 staged rows on: 2, 3) */
@@ -2520,10 +2536,17 @@ static __host__ __device__ inline uint32_t q6tc_xs_words(uint32_t K) {
         return K / 2 + 4;
 }
 
-template <int NT, bool XS = false>
+/* B16 (X4_CUDA_Q6TC_B16=1, opt-in until a GPU has timed it: written on 2026-12-07, eighteenth
+ * session): the inputs from k_x_bf16_q6p, each lane's B words of two groups as one 16-byte __ldcg
+ * at the even group instead of four 4-byte ones. At batch 64 the head ran at ~225 GB/s (1.87 ms
+ * of a 20.5 ms step, H100): a lane's two 4-byte loads of a group touched the same 32-byte sector
+ * of its input row, so the L2 served every sector twice and issued 16 loads a group a lane with
+ * eight n-tiles. The same words into the same mma, so the same bits (GPU step q6tc_b16_same). */
+template <int NT, bool XS = false, bool B16 = false>
 __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, const uint16_t *xb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         static_assert(!XS || NT == 1, "staged inputs: one n-tile");
+        static_assert(!(XS && B16), "the staged copy keeps k_x_bf16's order");
         extern __shared__ __align__(16) uint8_t q6tc_smem[];
         constexpr uint32_t WPR = 2 * 210 / 4; /* words a row a stage: 105 */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -2580,6 +2603,7 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
                         const uint8_t *b0 = sbase + g * Q6TC_ROWB + 210 * u, *b1 = b0 + 8 * Q6TC_ROWB;
                         float d0 = __half2float(*(const __half *) (b0 + 208)), d1 = __half2float(*(const __half *) (b1 + 208));
                         uint32_t k0w = (st * 512 + u * 256) / 2; /* the super-block's first input word */
+                        uint4 b4[NT]; /* B16: the words of groups grp, grp + 1 (grp even) */
 #pragma unroll
                         for (uint32_t grp = 0; grp < 16; grp++) {
                                 /* group grp: chunk sub = grp / 2 of cu_dequant32 (half n, quarter q),
@@ -2597,11 +2621,22 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
                                 float ds0 = d0 * (float) *(const int8_t *) (b0 + si);
                                 float ds1 = d1 * (float) *(const int8_t *) (b1 + si);
                                 uint32_t kw = k0w + 8 * grp + t; /* input word of values 16·grp + 2t, +1 */
+                                if constexpr (B16) {
+                                        if (grp % 2 == 0) {
+#pragma unroll
+                                                for (int j = 0; j < NT; j++)
+                                                        b4[j] = on[j] ? __ldcg((const uint4 *) (xr[j] + kw - t) + t)
+                                                                      : make_uint4(0u, 0u, 0u, 0u);
+                                        }
+                                }
 #pragma unroll
                                 for (int j = 0; j < NT; j++) {
                                         /* the previous kernel's rows: past L1 (XS: the staged copy) */
                                         uint32_t bw0 = 0u, bw1 = 0u;
-                                        if (on[j]) {
+                                        if constexpr (B16) {
+                                                bw0 = grp % 2 ? b4[j].z : b4[j].x;
+                                                bw1 = grp % 2 ? b4[j].w : b4[j].y;
+                                        } else if (on[j]) {
                                                 if constexpr (XS) {
                                                         bw0 = xr[j][kw], bw1 = xr[j][kw + 4];
                                                 } else {
@@ -2639,7 +2674,7 @@ __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, co
  * 512 and 1,755 -> 1,966 at 4,096, batch 16 +9%, batch 1 195.6 -> 194.9, within noise;
  * bench/RESULTS.md). X4_CUDA_MM_Q6TC=0 keeps the head on k_mm / k_matvec (fp32 inputs);
  * =1 puts it there also when generated tokens take the CUDA-core products. */
-static bool q6tc_ready, q6tc_xs_ready;
+static bool q6tc_ready, q6tc_xs_ready, q6tc_b16_ready;
 static bool q6tc_on(void) {
         static int on = -1;
         if (on < 0)
@@ -2658,6 +2693,13 @@ static void q6tc_setup(void) {
         q6tc_xs_ready = q6tc_ready && cu_env_or("X4_CUDA_Q6TC_XS", true) &&
                         cudaFuncSetAttribute(k_q6_tc<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int) (Q6TC_SMEM + Q6TC_XS_MAX * q6tc_xs_words(Q6TC_XS_K_MAX) * 4)) == cudaSuccess;
+        (void) cudaGetLastError();
+        /* B16 where asked for (X4_CUDA_Q6TC_B16=1): launches the staged copy does not take */
+        auto set = [](auto f) {
+                return cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess;
+        };
+        q6tc_b16_ready = q6tc_ready && cu_env_or("X4_CUDA_Q6TC_B16", false) && set(k_q6_tc<1, false, true>) &&
+                         set(k_q6_tc<2, false, true>) && set(k_q6_tc<4, false, true>) && set(k_q6_tc<8, false, true>);
         (void) cudaGetLastError();
 }
 
@@ -2679,14 +2721,27 @@ static bool launch_q6tc(const struct cu_mv *a, cudaStream_t s) {
                 log_left = e && !strcmp(e, "log") ? 16 : 0;
         }
         bool xs = q6tc_xs_ready && a->P <= Q6TC_XS_MAX && a->K <= Q6TC_XS_K_MAX;
+        bool b16 = !xs && q6tc_b16_ready;
         if (log_left > 0) {
                 log_left--;
                 fprintf(stderr, "k_q6_tc: P %u N %u K %u inputs a block %u%s\n", a->P, a->N, a->K, 8 * nt,
-                        xs ? " inputs staged" : "");
+                        xs ? " inputs staged" : b16 ? " inputs permuted, 16-byte loads" : "");
         }
         cu_launches += 2;
-        cu_launch(k_x_bf16, a->P, 128, 0, s, a->x, a->x_pstride, (uint64_t) 0, 1u, a->K, mtp_xb);
         const uint16_t *xb = mtp_xb;
+        if (b16) {
+                cu_launch(k_x_bf16_q6p, a->P, 128, 0, s, a->x, a->x_pstride, a->K, mtp_xb);
+                if (nt == 1)
+                        cu_launch(k_q6_tc<1, false, true>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+                else if (nt == 2)
+                        cu_launch(k_q6_tc<2, false, true>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+                else if (nt == 4)
+                        cu_launch(k_q6_tc<4, false, true>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+                else
+                        cu_launch(k_q6_tc<8, false, true>, grid, Q6TC_WARPS * 32, Q6TC_SMEM, s, *a, xb);
+                return true;
+        }
+        cu_launch(k_x_bf16, a->P, 128, 0, s, a->x, a->x_pstride, (uint64_t) 0, 1u, a->K, mtp_xb);
         if (xs)
                 cu_launch(k_q6_tc<1, true>, grid, Q6TC_WARPS * 32, Q6TC_SMEM + a->P * q6tc_xs_words(a->K) * 4, s, *a, xb);
         else if (nt == 1)

@@ -910,6 +910,40 @@ PY
                 echo "k_q6_tc with staged inputs: ran, identical logits"
         }
         step "the Q6_K head with its inputs in shared memory agrees bit for bit, demo model" q6tc_xs_same
+        # the Q6_K head's inputs permuted for 16-byte loads (X4_CUDA_Q6TC_B16=1, opt-in until
+        # timed; launches of more than two inputs): the same logits as without, on passes of 5, 12,
+        # 20 and 64 tokens (one, two, four and eight n-tiles a warp: every build) with decodes, and
+        # in the batch test (16 inputs), on the demo, wide and 4,100-word models (a last block of
+        # rows partly past the vocabulary); its log line (that it ran)
+        q6tc_b16_same() {
+                local prompt v ch m n=0
+                local env=(X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16)
+                prompt=$(awk 'BEGIN { s = 79; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
+                for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf" "$tmp/v4100/v4100.gguf"; do
+                        [ -f "$m" ] || continue
+                        for ch in 5 12 20 64; do
+                                for v in 0 1; do
+                                        env "${env[@]}" X4_CUDA_Q6TC_B16=$v X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$m" \
+                                                --prompt "$prompt" --chunk $ch --cache f16 --decode 9,99 --device cuda \
+                                                --out "$tmp/q6b16-$v.bin" 2>"$tmp/q6b16-$v.err" || { cat "$tmp/q6b16-$v.err"; return 1; }
+                                done
+                                grep -q '^k_q6_tc: .* inputs permuted, 16-byte loads$' "$tmp/q6b16-1.err" ||
+                                        { echo "k_q6_tc never took 16-byte loads ($m, chunks of $ch)"; cat "$tmp/q6b16-1.err"; return 1; }
+                                cmp "$tmp/q6b16-0.bin" "$tmp/q6b16-1.bin" ||
+                                        { echo "X4_CUDA_Q6TC_B16=1 changed the logits ($m, chunks of $ch)"; return 1; }
+                        done
+                        for v in 0 1; do
+                                env "${env[@]}" X4_CUDA_Q6TC_B16=$v X4_GPU_BATCH_DUMP="$tmp/q6b16-$v-batch.bin" "$check" batch "$m" ||
+                                        return 1
+                        done
+                        cmp "$tmp/q6b16-0-batch.bin" "$tmp/q6b16-1-batch.bin" ||
+                                { echo "X4_CUDA_Q6TC_B16=1 changed the batch logits ($m)"; return 1; }
+                        n=$((n + 1))
+                done
+                [ $n -gt 0 ] || { echo "no model to check"; return 1; }
+                echo "k_q6_tc with 16-byte input loads: ran, identical logits ($n models, passes of 5 / 12 / 20 / 64 and decodes, batch 16)"
+        }
+        step "the Q6_K head with 16-byte input loads agrees bit for bit" q6tc_b16_same
         # dense products of 17-64 inputs a warp an n-tile (X4_CUDA_MMTC_TCN=1, k_mm_tcn): the same
         # bits as k_mm_tcp (a 300-token prompt in chunks of 40 and 64, then decodes), batch and
         # chunk invariance with it, and its log line (that it ran)
@@ -1371,6 +1405,10 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_MM=tc X4_CUDA_MMTCP_NARROW=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 74)" --chunk 64 \
                                 --decode 9,99 --device cuda --out "$tmp/san-nw.bin"
+                        step "compute-sanitizer $tool, the Q6_K head with 16-byte input loads (passes of 64 and 6), demo model" \
+                                env X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_CUDA_Q6TC_B16=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 74)" --chunk 64 \
+                                --decode 9,99 --device cuda --out "$tmp/san-q6b16.bin"
                         step "compute-sanitizer $tool, tensor-core products, K split one part a block, demo model" \
                                 env X4_CUDA_MM=tc X4_CUDA_MMTCP_KS=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 44)" --chunk 40 \
