@@ -1019,8 +1019,8 @@ static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                         fprintf(stderr, "mHC: spread tail, %u blocks a token, %u tokens\n", NB, T);
                 }
                 /* the spread tail its own build: in one build with the ticket tail, the ticket
-                 * path's batch-1 step ran 198-199 tok/s at 512 where the build before the spread
-                 * tail ran 211-212 (H100, the same machine) */
+                 * path's batch-1 step ran 198.6-199.8 tok/s at 512 where the build before the
+                 * spread tail ran 211.5-212.2 (H100, the same machine) */
                 cu_launch(ag.grid ? k_hc_fused<FT, false, true> : k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s,
                           ag, *p, X, hcp, out, T, 1u);
                 return;

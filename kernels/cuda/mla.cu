@@ -2382,7 +2382,8 @@ __global__ void __launch_bounds__(AC_COMBINE)
 
 /* k_attn_combine's arithmetic with its latency chains shortened (taken where a launch's blocks fit
  * one wave of it: X4_CUDA_COMBINE, cu_attn_combine). ncu put k_attn_combine at 28 us a layer at
- * 32K (129 parts; k_attn_dtc itself 52): about 1.1 ms of a 7 ms batch-1 step. Three chains made it long, and each is shorter here:
+ * 32K (129 parts; k_attn_dtc itself 52): about 1.1 ms of a 7 ms batch-1 step. Three chains made
+ * it long, and each is shorter here:
  *   - the running max M_i = max(M_(i-1), m_i): a scan over the block (each warp scans 32 parts by
  *     shuffles, then the warps' maxima and the previous rounds' carry) instead of one thread
  *     walking the parts. fmaxf is exact and a max over a set of numbers is the same value in any

@@ -801,8 +801,8 @@ PY
         step "grouped expert products in the narrow warp layout agree bit for bit with the 4 x 2 layout" narrow_same
         # the one-launch mHC kernel's tail spread over the token's blocks (the default where the
         # launch's blocks fit the card at once; X4_CUDA_HC_GRID=log the same with its launches on
-        # stderr, 0 the ticket tail on the last block): the same logits as the ticket tail and as the tiled kernels at batch 1, and with
-        # the one-launch kernel forced for every pass (X4_CUDA_HC=fused: chunks of 5 tokens take
+        # stderr, 0 the ticket tail on the last block): the same logits as the ticket tail and as
+        # the tiled kernels at batch 1, and with the one-launch kernel forced for every pass (X4_CUDA_HC=fused: chunks of 5 tokens take
         # the spread tail, of 40 the ticket one where they do not fit), that it ran (its log line),
         # batch invariance with it
         hc_grid_same() {
@@ -837,8 +837,9 @@ PY
         step "the mHC kernel's tail spread over its blocks agrees bit for bit with the ticket tail" hc_grid_same
         # the attention combine with its latency chains shortened (k_attn_combine_deep: by default
         # where a launch's blocks fit one wave of it, X4_CUDA_COMBINE=deep or log always): the same
-        # logits as the per-value reference, the staged kernel and the default over 4,200 positions in parts of 32 (up to 132 parts a query: two
-        # rounds of the running max's scan) on the f16 cache, and on a 700-token prompt over the
+        # logits as the per-value reference, the staged kernel and the default over 4,200
+        # positions in parts of 32 (up to 132 parts a query: two rounds of the running max's scan)
+        # on the f16 cache, and on a 700-token prompt over the
         # f32 cache's kernels (parts of 128); that it ran (its log line); batch and chunk
         # invariance with it
         combine_deep_same() {
