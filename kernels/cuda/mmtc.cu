@@ -2536,12 +2536,14 @@ static __host__ __device__ inline uint32_t q6tc_xs_words(uint32_t K) {
         return K / 2 + 4;
 }
 
-/* B16 (X4_CUDA_Q6TC_B16=1, opt-in until a GPU has timed it: written on 2026-12-07, eighteenth
- * session): the inputs from k_x_bf16_q6p, each lane's B words of two groups as one 16-byte __ldcg
+/* B16 (the default since 2026-12-07's nineteenth session; X4_CUDA_Q6TC_B16=0 keeps the 4-byte
+ * loads): the inputs from k_x_bf16_q6p, each lane's B words of two groups as one 16-byte __ldcg
  * at the even group instead of four 4-byte ones. At batch 64 the head ran at ~225 GB/s (1.87 ms
  * of a 20.5 ms step, H100): a lane's two 4-byte loads of a group touched the same 32-byte sector
  * of its input row, so the L2 served every sector twice and issued 16 loads a group a lane with
- * eight n-tiles. The same words into the same mma, so the same bits (GPU step q6tc_b16_same). */
+ * eight n-tiles. The same words into the same mma, so the same bits (GPU step q6tc_b16_same).
+ * H100, full model: batch 64 3,555-3,557 / 2,206-2,209 tok/s at 512 / 4,096 against 3,351-3,355 /
+ * 2,122-2,124, batch 16 1,408 / 1,137-1,142 against 1,381-1,384 / 1,121-1,124. */
 template <int NT, bool XS = false, bool B16 = false>
 __global__ void __launch_bounds__(Q6TC_WARPS * 32, 2) k_q6_tc(struct cu_mv a, const uint16_t *xb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -2694,11 +2696,11 @@ static void q6tc_setup(void) {
                         cudaFuncSetAttribute(k_q6_tc<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int) (Q6TC_SMEM + Q6TC_XS_MAX * q6tc_xs_words(Q6TC_XS_K_MAX) * 4)) == cudaSuccess;
         (void) cudaGetLastError();
-        /* B16 where asked for (X4_CUDA_Q6TC_B16=1): launches the staged copy does not take */
+        /* B16 unless X4_CUDA_Q6TC_B16=0: launches the staged copy does not take */
         auto set = [](auto f) {
                 return cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, Q6TC_SMEM) == cudaSuccess;
         };
-        q6tc_b16_ready = q6tc_ready && cu_env_or("X4_CUDA_Q6TC_B16", false) && set(k_q6_tc<1, false, true>) &&
+        q6tc_b16_ready = q6tc_ready && cu_env_or("X4_CUDA_Q6TC_B16", true) && set(k_q6_tc<1, false, true>) &&
                          set(k_q6_tc<2, false, true>) && set(k_q6_tc<4, false, true>) && set(k_q6_tc<8, false, true>);
         (void) cudaGetLastError();
 }

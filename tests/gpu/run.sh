@@ -911,11 +911,12 @@ PY
                 echo "k_q6_tc with staged inputs: ran, identical logits"
         }
         step "the Q6_K head with its inputs in shared memory agrees bit for bit, demo model" q6tc_xs_same
-        # the Q6_K head's inputs permuted for 16-byte loads (X4_CUDA_Q6TC_B16=1, opt-in until
-        # timed; launches of more than two inputs): the same logits as without, on passes of 5, 12,
-        # 20 and 64 tokens (one, two, four and eight n-tiles a warp: every build) with decodes, and
-        # in the batch test (16 inputs), on the demo, wide and 4,100-word models (a last block of
-        # rows partly past the vocabulary); its log line (that it ran)
+        # the Q6_K head's inputs permuted for 16-byte loads (the default since 2026-12-07's
+        # nineteenth session, X4_CUDA_Q6TC_B16=0 the 4-byte loads; launches of more than two
+        # inputs): the same logits as without, on passes of 5, 12, 20 and 64 tokens (one, two, four
+        # and eight n-tiles a warp: every build) with decodes, and in the batch test (16 inputs), on
+        # the demo, wide and 4,100-word models (a last block of rows partly past the vocabulary);
+        # its log line (that it ran), and with the knob unset (the default) too
         q6tc_b16_same() {
                 local prompt v ch m n=0
                 local env=(X4_CUDA_MM=tc X4_CUDA_MM_Q6TC=1 X4_GPU_CACHE=f16)
@@ -933,6 +934,13 @@ PY
                                 cmp "$tmp/q6b16-0.bin" "$tmp/q6b16-1.bin" ||
                                         { echo "X4_CUDA_Q6TC_B16=1 changed the logits ($m, chunks of $ch)"; return 1; }
                         done
+                        env "${env[@]}" X4_CUDA_MMTC_DEC=log "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --chunk 64 --cache f16 --decode 9,99 --device cuda --out "$tmp/q6b16-d.bin" 2>"$tmp/q6b16-d.err" ||
+                                { cat "$tmp/q6b16-d.err"; return 1; }
+                        grep -q '^k_q6_tc: .* inputs permuted, 16-byte loads$' "$tmp/q6b16-d.err" ||
+                                { echo "the default never took 16-byte loads ($m)"; return 1; }
+                        cmp "$tmp/q6b16-0.bin" "$tmp/q6b16-d.bin" ||
+                                { echo "the default changed the logits ($m, chunks of 64)"; return 1; }
                         for v in 0 1; do
                                 env "${env[@]}" X4_CUDA_Q6TC_B16=$v X4_GPU_BATCH_DUMP="$tmp/q6b16-$v-batch.bin" "$check" batch "$m" ||
                                         return 1
