@@ -1454,6 +1454,43 @@ static bool l2pf_wanted(void) {
         return on;
 }
 
+/* X4_PROBE_SKIP=NAME,NAME,... (measurements only; every result is wrong, said once in the log):
+ * the trunk's launches of those kinds are left out, so a decode step's time without them says
+ * what each costs inside the replayed, PDL-overlapped step, which a profile of eager launches
+ * (--profile, ncu) cannot: hc_attn, qkv_a, mla_prep, q_b, k_b (with the RoPE side blocks),
+ * q_rope, attn (the attention and its combine), v_b, o, hc_ffn, router, gateup, down. The
+ * buffers they would write keep what they held, so the step runs on stale, finite values. */
+enum {
+        PS_HC_ATTN = 1u << 0, PS_QKV_A = 1u << 1, PS_MLA_PREP = 1u << 2, PS_Q_B = 1u << 3,
+        PS_K_B = 1u << 4, PS_Q_ROPE = 1u << 5, PS_ATTN = 1u << 6, PS_V_B = 1u << 7, PS_O = 1u << 8,
+        PS_HC_FFN = 1u << 9, PS_ROUTER = 1u << 10, PS_GATEUP = 1u << 11, PS_DOWN = 1u << 12,
+};
+static bool probe_skip(uint32_t what) {
+        static const char *const names[] = {"hc_attn", "qkv_a", "mla_prep", "q_b", "k_b", "q_rope", "attn",
+                                            "v_b", "o", "hc_ffn", "router", "gateup", "down"};
+        static int64_t mask = -1;
+        if (mask < 0) {
+                mask = 0;
+                const char *e = getenv("X4_PROBE_SKIP");
+                for (const char *p = e; p && *p;) {
+                        size_t n = strcspn(p, ",");
+                        uint32_t i = 0;
+                        while (i < sizeof names / sizeof names[0] && !(strlen(names[i]) == n && !strncmp(p, names[i], n)))
+                                i++;
+                        if (i < sizeof names / sizeof names[0])
+                                mask |= 1 << i;
+                        else
+                                log_warning("X4_PROBE_SKIP: '%.*s' ignored: expected hc_attn, qkv_a, mla_prep, q_b, "
+                                            "k_b, q_rope, attn, v_b, o, hc_ffn, router, gateup or down", (int) n, p);
+                        p += n + (p[n] == ',');
+                }
+                if (mask)
+                        log_warning("X4_PROBE_SKIP=%s: those launches are left out of every trunk pass, for a "
+                                    "measurement; every result is wrong", e);
+        }
+        return (mask & what) != 0;
+}
+
 /* The bytes of a stored matrix (all its rows). */
 static uint64_t w_bytes(const struct cu_w *w) {
         return (uint64_t) w->N * w->row_bytes;
@@ -1506,13 +1543,16 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
         cudaStream_t s = b->stream;
 
         /* docs/model.md §4 steps 1-2: [q_a | latent | k_pe] = W_qa‖W_kva · a, norms, rope, store */
-        mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
+        if (!probe_skip(PS_QKV_A))
+                mv(b, &cl->qkv_a, b->a, H, b->qkv, QL + D, T);
         prof_mark(b, PC_ATTN_PROJ);
-        cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
-                    b->inv_freq, c->rope_interleave, cache, l, s);
+        if (!probe_skip(PS_MLA_PREP))
+                cu_mla_prep(b->qkv, T, QL, KV, R, cl->q_a_norm, cl->kv_a_norm, c->rms_eps,
+                            b->inv_freq, c->rope_interleave, cache, l, s);
         prof_mark(b, PC_MLA_PREP);
         /* q = W_qb · qa */
-        mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
+        if (!probe_skip(PS_Q_B))
+                mv(b, &cl->q_b, b->qkv, QL + D, b->q, (uint64_t) nh * (nope + R), T);
         if (b->mha_pass) {
                 /* the non-absorbed form (mha.cu): RoPE of q_pe in place; each part's keys and values
                  * expanded from the cache, attention, the parts folded into the per-head value rows
@@ -1566,12 +1606,15 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
                         .n_head = attn->n_head, .nope = attn->nope, .R = attn->R, .KV = attn->KV, .T = T,
                         .interleave = attn->interleave,
                 };
-                cu_matvec(&kb, s);
+                if (!probe_skip(PS_K_B))
+                        cu_matvec(&kb, s);
                 prof_mark(b, PC_ATTN_PROJ);
         } else {
-                cu_matvec(&kb, s);
+                if (!probe_skip(PS_K_B))
+                        cu_matvec(&kb, s);
                 prof_mark(b, PC_ATTN_PROJ);
-                cu_q_rope(attn, T, d_pos, s);
+                if (!probe_skip(PS_Q_ROPE))
+                        cu_q_rope(attn, T, d_pos, s);
                 prof_mark(b, PC_MLA_PREP);
         }
         /* attention over the cache, in token groups that fit the part workspace (X4_CUDA_L2PF:
@@ -1579,7 +1622,7 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
         struct cu_attn at = *attn;
         if (b->l2pf_pass)
                 at.pf = l2pf_cut((struct cu_pf){.p = {cl->v_b.d, cl->o.d}, .n = {w_bytes(&cl->v_b), w_bytes(&cl->o)}});
-        for (uint32_t i = 0; i < n_att; i++) {
+        for (uint32_t i = 0; i < n_att && !probe_skip(PS_ATTN); i++) {
                 cu_attention(&at, att[3 * i], att[3 * i + 1], att[3 * i + 2], cache, l, b->sc, b->part, b->lat, s);
                 at.pf = (struct cu_pf){0};
         }
@@ -1591,8 +1634,10 @@ static void attn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint3
                 .x_pstride = (uint64_t) nh * KV, .x_gstride = KV, .x_div = 1,
                 .y = b->ao, .y_pstride = (uint64_t) nh * V, .y_gstride = V, .P = T,
         };
-        cu_matvec(&vb, s);
-        mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
+        if (!probe_skip(PS_V_B))
+                cu_matvec(&vb, s);
+        if (!probe_skip(PS_O))
+                mv(b, &cl->o, b->ao, (uint64_t) nh * V, b->o, H, T);
         prof_mark(b, PC_ATTN_PROJ);
 }
 
@@ -1609,11 +1654,26 @@ static bool route_spread(void) {
         return on;
 }
 
+/* The router of MoE block cl (docs/model.md §5) as cu_route takes it. */
+static struct cu_router router_of(const struct x4_backend *b, const struct cu_layer *cl) {
+        const struct x4_config *c = &b->cfg;
+        return (struct cu_router){
+                .w = cl->router.d, .type = cl->router.type,
+                .row_bytes = cl->router.row_bytes, .bias = cl->router_bias, .z = b->zr,
+                .ticket = b->route_ticket,
+                .H = c->n_embd,
+                .n_expert = c->n_expert, .k = c->n_expert_used,
+                .shared = c->n_expert_shared > 0, .sigmoid = c->expert_gating == 2,
+                .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
+        };
+}
+
 /* The FFN sublayer of block l after its input norm (input b->a): docs/model.md §5, dense or MoE.
  * Its output is left in b->dn as *post describes it (the next hc_pre post-maps it in the trunk;
- * cu_residual adds it in the NextN block). */
+ * cu_residual adds it in the NextN block). routed: the pre-mapping has already routed the rows
+ * (cu_hc_pre_route), b->sel and b->gw hold the selection. */
 static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32_t l, uint32_t T,
-                         struct cu_post *post) {
+                         struct cu_post *post, bool routed) {
         const struct x4_config *c = &b->cfg;
         uint32_t H = c->n_embd;
         cudaStream_t s = b->stream;
@@ -1637,16 +1697,9 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
         /* docs/model.md §5 MoE: router, then the token's k routed experts and the shared one as
          * (token, slot) pairs */
         uint32_t F = c->n_ff_exp, S = c->n_expert_used + (c->n_expert_shared ? 1 : 0);
-        struct cu_router ra = {
-                .w = cl->router.d, .type = cl->router.type,
-                .row_bytes = cl->router.row_bytes, .bias = cl->router_bias, .z = b->zr,
-                .ticket = b->route_ticket,
-                .H = H,
-                .n_expert = c->n_expert, .k = c->n_expert_used,
-                .shared = c->n_expert_shared > 0, .sigmoid = c->expert_gating == 2,
-                .norm = c->expert_weights_norm, .scale = c->expert_weights_scale,
-        };
-        cu_route(&ra, b->a, T, b->sel, b->gw, s);
+        struct cu_router ra = router_of(b, cl);
+        if (!routed && !probe_skip(PS_ROUTER))
+                cu_route(&ra, b->a, T, b->sel, b->gw, s);
         if (route_spread())
                 cu_route_spread(b->sel, T, S, c->n_expert_used, c->n_expert, l, s);
         /* many pairs: group them by expert, so each dequantized weight chunk serves up to
@@ -1667,7 +1720,8 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
                 .pf_next = b->l2pf_pass ? cl->down.d : NULL, .pf_next_eb = cl->down.expert_bytes,
                 .pf_tile = b->l2pf_pass,
         };
-        cu_matvec(&gu, s);
+        if (!probe_skip(PS_GATEUP))
+                cu_matvec(&gu, s);
         struct cu_mv dn = {
                 .w = cl->down.d, .type = cl->down.type, .row_bytes = cl->down.row_bytes,
                 .expert_bytes = cl->down.expert_bytes, .K = F, .N = H, .G = H,
@@ -1675,7 +1729,8 @@ static void ffn_sublayer(struct x4_backend *b, const struct cu_layer *cl, uint32
                 .sel = b->sel, .sel_ready = true, .P = T * S,
                 .groups = n_groups ? b->groups : NULL, .n_groups_max = n_groups,
         };
-        cu_matvec(&dn, s);
+        if (!probe_skip(PS_DOWN))
+                cu_matvec(&dn, s);
         prof_mark(b, PC_EXPERTS);
         /* y = Σ_k g_k·Down_k + shared (slot order fixed) */
         *post = (struct cu_post){.y = b->dn, .y_slot_stride = H, .n_slots = S, .w = b->gw};
@@ -1809,7 +1864,8 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                 if (b->l2pf_pass)
                         hc.pf = l2pf_cut((struct cu_pf){.p = {cl->qkv_a.d, cl->q_b.d, cl->k_b.d},
                                                         .n = {w_bytes(&cl->qkv_a), w_bytes(&cl->q_b), w_bytes(&cl->k_b)}});
-                cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
+                if (!probe_skip(PS_HC_ATTN))
+                        cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
                 prof_mark(b, PC_HC);
 
                 attn_sublayer(b, cl, l, T, d_pos, &cache, &attn, att, n_att);
@@ -1827,12 +1883,21 @@ static void forward_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids
                                 hc.pf.n[1] = cl->gateup.expert_bytes;
                         hc.pf = l2pf_cut(hc.pf);
                 }
-                cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
+                /* a MoE block's pre-mapping routes its rows too where it can (X4_CUDA_HC_ROUTE) */
+                bool routed = false;
+                if (!probe_skip(PS_HC_FFN)) {
+                        if (cl->moe && !probe_skip(PS_ROUTER)) {
+                                struct cu_router ra = router_of(b, cl);
+                                routed = cu_hc_pre_route(&hc, &post, b->X, T, b->hcp, b->a, &ra, b->sel, b->gw, s);
+                        } else {
+                                cu_hc_pre(&hc, &post, b->X, T, b->hcp, b->a, s);
+                        }
+                }
                 hc.pf = (struct cu_pf){0};
                 prof_mark(b, PC_HC);
 
                 /* the FFN's output, post-mapped by the next hc_pre */
-                ffn_sublayer(b, cl, l, T, &post);
+                ffn_sublayer(b, cl, l, T, &post, routed);
         }
 #undef HC_NEXT
         /* the last sublayer's post-mapping (early: with the last pre-mapping's gates computed there) */
@@ -1888,7 +1953,7 @@ static void nextn_pass(struct x4_backend *b, uint32_t T, const uint32_t *d_ids,
         cu_residual(b->X, &post, T, H, s);
         cu_rmsnorm(b->X, H, NULL, T, H, cl->ffn_norm, c->rms_eps, b->a, H, s);
         prof_mark(b, PC_HC);
-        ffn_sublayer(b, cl, l, T, &post);
+        ffn_sublayer(b, cl, l, T, &post, false);
         cu_residual(b->X, &post, T, H, s);
         prof_mark(b, PC_HC);
 }

@@ -379,6 +379,11 @@ void cu_route(const struct cu_router *a, const float *f, uint32_t T, int32_t *se
  * same few. sel: T rows of S slots, the first k routed. */
 void cu_route_spread(int32_t *sel, uint32_t T, uint32_t S, uint32_t k, uint32_t n_expert, uint32_t layer,
                      cudaStream_t s);
+/* cu_hc_pre that also routes the pre-mapped rows (the FFN's: cu_route's arguments r, sel, w) in
+ * the same launch where X4_CUDA_HC_ROUTE asks for it and the launch can (mhc.cu, struct
+ * hc_route): true if it did, false if the caller still has to call cu_route. */
+bool cu_hc_pre_route(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp, float *out,
+                     const struct cu_router *r, int32_t *sel, float *w, cudaStream_t s);
 /* Once a backend, before any forward: the router kernels' attributes (X4_CUDA_ROUTER_TILED). */
 void cu_route_setup(void);
 #ifdef __cplusplus

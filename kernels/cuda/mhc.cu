@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "route.cuh"
 
 
 
@@ -433,14 +434,58 @@ static __device__ __forceinline__ void hcf_grid_barrier(uint32_t *ctr, uint32_t 
         __threadfence();
 }
 
+/* X4_CUDA_HC_ROUTE (opt-in; cu_hc_pre_route): the FFN's one-launch pre-mapping also routes its
+ * token, in the spread tail, instead of k_router_fused's launch after it (that launch took 9.1-9.5
+ * us a layer of a batch-1 step, H100, X4_PROBE_SKIP; a dependent launch costs ~4 us even for no
+ * work). Block b computes router rows b·rpb .. b·rpb + rpb − 1 over the whole normed row, which
+ * every block can form once it has the square sum: thread tid holds positions tid + 256·j (the
+ * square sum's loads), so it holds every value of cu_few_rows' four chains tid + 256·q (q =
+ * 0..3; positions tid + 256·q + 1024·m, m in order, one fmaf each from zero); each chain is lane
+ * tid % 32 of warp slice tid / 32 + 8·q, summed by cu_warp_sum's butterfly, and the 32 slice
+ * sums are added in slice order from zero: the sums k_router_fused forms with its 1,024 threads,
+ * so the same logits. The last block out selects the experts with route_token (k_router_fused's
+ * last block's code). The rows are asked of the L2 before the wait and loaded into registers past
+ * the last barrier (untimed). Two other layouts gave the same logits (GPU step hc_route_same, the
+ * full model by cmp) and were slower (2026-12-07, nineteenth session; H100, full model, batch 1
+ * at 512 / 4,096): the rows staged in shared memory before the wait (~77 KB a block, so its blocks
+ * no longer fit an SM beside the attention output product's) 217.9-218.1 / 202.0-202.4 tok/s
+ * against 220.1-220.9 / 204.9-205.1; the rows loaded into registers before the first barrier
+ * (whose fences may wait for them) 205.3-205.5 / 191.2-192.9 against 218.9-219.8 / 202.4-205.0. */
+#define HCR_RPB_MAX 5 /* router rows a block at most (in registers: the release's 64 over 14 blocks) */
+struct hc_route {
+        struct cu_router r; /* F32 rows of H floats (row_bytes 4·H), 16-byte aligned */
+        int32_t *sel;
+        float *wout;
+        uint32_t rpb; /* rows a block */
+};
+static __device__ __forceinline__ const struct hc_route *hcr_ptr() {
+        return nullptr;
+}
+static __device__ __forceinline__ const struct hc_route *hcr_ptr(const struct hc_route &rt) {
+        return &rt;
+}
+
+template <bool ROUTE = false>
 static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint32_t t, uint32_t b, uint32_t NB,
                                                      const float (*zs)[HCF_SLICE], float *hcp, float *out, float *wsh,
-                                                     float *g, float *red2) {
+                                                     float *g, float *red2, const struct hc_route *rt = nullptr) {
         const uint32_t N = CU_HC_MAX;
         uint32_t tid = threadIdx.x, lane = tid % 32;
         uint32_t H = a.H, n_hc = a.n_hc;
         uint32_t i = b * HCF_SLICE + tid;
         float nw = i < H ? a.norm_w[i] : 0.0f; /* no kernel writes it: before the barrier */
+        /* ROUTE: the norm weights at all the thread's positions (H ≤ HCF_PT · HCF_THREADS) */
+        float nwall[ROUTE ? HCF_PT : 1], rw[ROUTE ? HCR_RPB_MAX : 1][ROUTE ? HCF_PT : 1];
+        uint32_t r0 = 0, nr = 0;
+        if constexpr (ROUTE) {
+                uint32_t E = rt->r.n_expert;
+                r0 = b * rt->rpb, nr = r0 < E ? min(rt->rpb, E - r0) : 0;
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t ii = tid + k * HCF_THREADS;
+                        nwall[k] = ii < H ? a.norm_w[ii] : 0.0f;
+                }
+        }
         hcf_grid_barrier(a.ticket + t, NB);
         if (tid < 32)
                 hcf_gates_pre(a, a.hw + (uint64_t) t * NB * HCF_Q, NB, a.base, a.scale, wsh, g);
@@ -468,28 +513,111 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
         /* the square sum of all H values: thread tid's chain over positions tid + 256·j in order
          * (hcf_finish's), HCF_PT loads in flight at a time */
         float ss2 = 0.0f;
-        for (uint32_t i0 = 0; i0 < H; i0 += HCF_PT * HCF_THREADS) {
-                float uv[HCF_PT];
+        float uall[ROUTE ? HCF_PT : 1]; /* ROUTE: the one group's values, kept for the router */
+        if constexpr (ROUTE) {
+                /* the block's router rows at the thread's positions (asked of the L2 before the
+                 * wait), loaded past the last barrier: a load in flight at a barrier's fence
+                 * holds the block there until it lands */
+                const float *w0 = (const float *) rt->r.w + (uint64_t) r0 * H;
+#pragma unroll
+                for (uint32_t rr = 0; rr < HCR_RPB_MAX; rr++)
+#pragma unroll
+                        for (uint32_t k = 0; k < HCF_PT; k++) {
+                                uint32_t ii = tid + k * HCF_THREADS;
+                                rw[rr][k] = rr < nr && ii < H ? __ldg(w0 + (uint64_t) rr * H + ii) : 0.0f;
+                        }
+                /* H ≤ HCF_PT · HCF_THREADS (the host checks): the loop below's one group */
 #pragma unroll
                 for (uint32_t k = 0; k < HCF_PT; k++) {
-                        uint32_t ii = i0 + tid + k * HCF_THREADS;
-                        uv[k] = ii < H ? __ldcg(ut + ii) : 0.0f;
+                        uint32_t ii = tid + k * HCF_THREADS;
+                        uall[k] = ii < H ? __ldcg(ut + ii) : 0.0f;
                 }
 #pragma unroll
                 for (uint32_t k = 0; k < HCF_PT; k++) {
-                        uint32_t ii = i0 + tid + k * HCF_THREADS;
+                        uint32_t ii = tid + k * HCF_THREADS;
                         if (ii >= H)
                                 break;
-                        ss2 += uv[k] * uv[k];
+                        ss2 += uall[k] * uall[k];
+                }
+        } else {
+                for (uint32_t i0 = 0; i0 < H; i0 += HCF_PT * HCF_THREADS) {
+                        float uv[HCF_PT];
+#pragma unroll
+                        for (uint32_t k = 0; k < HCF_PT; k++) {
+                                uint32_t ii = i0 + tid + k * HCF_THREADS;
+                                uv[k] = ii < H ? __ldcg(ut + ii) : 0.0f;
+                        }
+#pragma unroll
+                        for (uint32_t k = 0; k < HCF_PT; k++) {
+                                uint32_t ii = i0 + tid + k * HCF_THREADS;
+                                if (ii >= H)
+                                        break;
+                                ss2 += uv[k] * uv[k];
+                        }
                 }
         }
         ss2 = cu_block_sum(ss2, red2);
         float rinv2 = 1.0f / sqrtf(ss2 / (float) H + a.rms_eps);
         if (i < H)
                 out[(uint64_t) t * H + i] = nw * (v * rinv2);
-        /* the third round: the last block out sets the counter back to zero for the next launch */
-        if (tid == 0 && atomicAdd(a.ticket + t, 1u) == 3 * NB - 1)
-                a.ticket[t] = 0;
+        if constexpr (!ROUTE) {
+                /* the third round: the last block out sets the counter back to zero for the next launch */
+                if (tid == 0 && atomicAdd(a.ticket + t, 1u) == 3 * NB - 1)
+                        a.ticket[t] = 0;
+                return;
+        } else {
+                static_assert(CU_FEW_WARPS * 32 == 4 * HCF_THREADS, "cu_few_rows' chains: four a thread");
+                __shared__ float hcr_part[HCR_RPB_MAX][32];
+                __shared__ bool hcr_last;
+                const struct cu_router &r = rt->r;
+                uint32_t warp = tid / 32, E = r.n_expert;
+                /* the normed values at the thread's positions: out's expression */
+                float av[HCF_PT];
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t ii = tid + k * HCF_THREADS;
+                        av[k] = ii < H ? nwall[k] * (uall[k] * rinv2) : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t rr = 0; rr < HCR_RPB_MAX; rr++) {
+                        if (rr >= nr)
+                                break;
+#pragma unroll
+                        for (uint32_t q = 0; q < 4; q++) {
+                                float acc = 0.0f;
+#pragma unroll
+                                for (uint32_t k = q; k < HCF_PT; k += 4) {
+                                        uint32_t ii = tid + k * HCF_THREADS;
+                                        if (ii < H)
+                                                acc = __fmaf_rn(rw[rr][k], av[k], acc);
+                                }
+                                acc = cu_warp_sum(acc);
+                                if (lane == 0)
+                                        hcr_part[rr][warp + 8 * q] = acc;
+                        }
+                }
+                __syncthreads();
+                if (tid < nr) {
+                        float z = 0.0f;
+                        for (uint32_t w = 0; w < CU_FEW_WARPS; w++)
+                                z += hcr_part[tid][w];
+                        r.z[(uint64_t) t * E + r0 + tid] = z;
+                        __threadfence(); /* the logit is visible before this block's arrival */
+                }
+                __syncthreads();
+                /* the third round: the last block out selects the token's experts and sets the
+                 * counter back to zero for the next launch */
+                if (tid == 0)
+                        hcr_last = atomicAdd(a.ticket + t, 1u) == 3 * NB - 1;
+                __syncthreads();
+                if (!hcr_last)
+                        return;
+                __threadfence();
+                if (tid < 32)
+                        route_token<true>(r, t, lane, rt->sel, rt->wout);
+                if (tid == 0)
+                        a.ticket[t] = 0;
+        }
 }
 
 /* The pre-mapping's first part for block (slice b, token tile): the weights of the slice's
@@ -499,10 +627,14 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
  * and the slice's partial row into a.hw. TILE false: the fused kernel (one token a block, grid y
  * the tokens), whose last block to finish a token runs hcf_finish; TILE true: tt tokens a block
  * (grid y the tiles), k_hc_tail finishing them. Every partial is the same sum either way. */
-template <int FT, bool TILE, bool GRID = false>
+template <int FT, bool TILE, bool GRID = false, typename... RP>
 __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out, uint32_t T,
-                   uint32_t tt) {
+                   uint32_t tt, RP... rp) {
+        /* RP: one struct hc_route (the spread tail's build that routes, X4_CUDA_HC_ROUTE) or none */
+        constexpr bool ROUTE = sizeof...(RP) == 1;
+        static_assert(!ROUTE || (GRID && !TILE), "routing: the spread tail's build");
+        [[maybe_unused]] const struct hc_route *rt = hcr_ptr(rp...);
         constexpr uint32_t TB = TILE ? HCF_TILE_ROUND : 1; /* tokens a round */
         extern __shared__ __align__(16) float u[]; /* fused: the collapse; tiled: the weights */
         __shared__ __align__(16) float zs[TB][CU_HC_MAX][HCF_SLICE]; /* swizzled (hcf_swz) */
@@ -519,6 +651,13 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         uint32_t H = a.H, n_hc = a.n_hc, W = n_hc * H, n_rows = n_hc * (2 + n_hc);
         uint32_t base = b * HCF_SLICE;
         cu_l2_prefetch(a.pf, cu_block_flat(), cu_blocks(), tid, HCF_THREADS); /* X4_CUDA_L2PF */
+        if constexpr (ROUTE) {
+                /* the block's router rows (no kernel writes them) asked of the L2 before the wait;
+                 * the tail loads them into registers past the projection */
+                uint32_t E = rt->r.n_expert, r0 = b * rt->rpb, nr = r0 < E ? min(rt->rpb, E - r0) : 0;
+                cu_l2_prefetch_range((const float *) rt->r.w + (uint64_t) r0 * H, (uint64_t) nr * H * sizeof(float), 0, 1,
+                                     tid, HCF_THREADS);
+        }
 
         /* the weights first, before the wait for the previous kernel (they overlap its tail):
          * the fused kernel holds them in registers (a lane's loads all in flight before the first
@@ -651,7 +790,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
                 return;
         uint32_t t = t0;
         if constexpr (GRID) {
-                hcf_grid_tail(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0]);
+                hcf_grid_tail<ROUTE>(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0], rt);
                 return;
         }
         __syncthreads();
@@ -994,9 +1133,60 @@ static bool hc_grid_fits(uint64_t blocks, size_t smem) {
         return blocks <= (uint64_t) per_sm * (uint64_t) hc_sms;
 }
 
+/* X4_CUDA_HC_ROUTE: 1 the FFN's one-launch pre-mapping routes its token where it can (struct
+ * hc_route), 0 (unset) never; =log: 1, and the first 8 launches that route on stderr (tests: that
+ * it ran). Opt-in: two layouts of it measured slower, this one is untimed (hcf_grid_tail). The
+ * bits are the same either way. */
+static int hc_route_log;
+static bool hc_route_on(void) {
+        static int on = -1;
+        if (on < 0) {
+                const char *e = getenv("X4_CUDA_HC_ROUTE");
+                bool known = !e || !*e || !strcmp(e, "0") || !strcmp(e, "1") || !strcmp(e, "log");
+                if (!known)
+                        fprintf(stderr, "xing4d-cuda: X4_CUDA_HC_ROUTE=%s ignored: expected 0, 1 or log\n", e);
+                on = known && e && (!strcmp(e, "1") || !strcmp(e, "log"));
+                hc_route_log = on && !strcmp(e, "log") ? 8 : 0;
+        }
+        return on;
+}
+
+/* Whether the routing build takes token routing for this launch (NB blocks a token, T tokens):
+ * the router's shapes fit it (F32 rows of exactly H floats, 16-byte aligned, H ≤ 4,096, at most
+ * HCR_RPB_MAX rows a block, route_token's expert count) and its blocks are all resident at once
+ * (the spread tail's barriers). Fills *rt. */
 template <int FT>
-static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float *X, uint32_t T, float *hcp,
-                          float *out, cudaStream_t s) {
+static bool hcr_fits(const struct cu_hc *a, const struct hc_route *want, uint32_t NB, uint32_t T, struct hc_route *rt,
+                     size_t *smem) {
+        const struct cu_router *r = &want->r;
+        int fi = FT == CU_TYPE_BF16 ? 0 : FT == CU_TYPE_F16 ? 1 : 2;
+        uint32_t E = r->n_expert, rpb = NB ? (E + NB - 1) / NB : 0;
+        if (r->type != CU_TYPE_F32 || !r->z || E == 0 || E > ROUTER_MAX_EXPERTS || r->k > E ||
+            r->H != a->H || a->H % 4 || a->H > HCF_PT * HCF_THREADS || r->row_bytes != (uint64_t) a->H * 4 ||
+            (uintptr_t) r->w % 16 || rpb > HCR_RPB_MAX)
+                return false;
+        size_t sm = a->H * sizeof(float);
+        static size_t smem_seen[3] = {(size_t) -1, (size_t) -1, (size_t) -1};
+        static int per_sm[3];
+        if (sm != smem_seen[fi]) {
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[fi], k_hc_fused<FT, false, true, struct hc_route>,
+                                                                  HCF_THREADS, sm) != cudaSuccess)
+                        per_sm[fi] = 0;
+                (void) cudaGetLastError();
+                smem_seen[fi] = sm;
+        }
+        hc_env();
+        if ((uint64_t) NB * T > (uint64_t) per_sm[fi] * (uint64_t) hc_sms)
+                return false;
+        *rt = *want;
+        rt->rpb = rpb;
+        *smem = sm;
+        return true;
+}
+
+template <int FT>
+static bool hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float *X, uint32_t T, float *hcp,
+                          float *out, const struct hc_route *want, cudaStream_t s) {
         uint32_t NB = cu_hc_slices(a->H);
         int fi = FT == CU_TYPE_BF16 ? 0 : FT == CU_TYPE_F16 ? 1 : 2;
         if (hc_wtok_ok(a, p, X, T, hc_wtok_fits[fi])) {
@@ -1006,7 +1196,7 @@ static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                           (const float *) hcp, T, tw);
                 cu_launches++;
                 cu_launch(k_hc_tail, dim3(T), HCF_THREADS, (size_t) a->H * sizeof(float), s, *a, X, hcp, out, NB);
-                return;
+                return false;
         }
         uint32_t tt = hc_tile(T, NB, hc_tile_fits[fi]);
         size_t smem = a->H * sizeof(float);
@@ -1018,23 +1208,50 @@ static void hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                         hc_grid_log--;
                         fprintf(stderr, "mHC: spread tail, %u blocks a token, %u tokens\n", NB, T);
                 }
+                struct hc_route rt;
+                size_t rsmem = 0;
+                if (ag.grid && want && hcr_fits<FT>(a, want, NB, T, &rt, &rsmem)) {
+                        if (hc_route_log > 0) {
+                                hc_route_log--;
+                                fprintf(stderr, "mHC: spread tail routes, %u blocks a token, %u router rows a block, "
+                                                "%u tokens\n", NB, rt.rpb, T);
+                        }
+                        cu_launch(k_hc_fused<FT, false, true, struct hc_route>, dim3(NB, T), HCF_THREADS, rsmem, s, ag, *p,
+                                  X, hcp, out, T, 1u, rt);
+                        return true;
+                }
                 /* the spread tail its own build: in one build with the ticket tail, the ticket
                  * path's batch-1 step ran 198.6-199.8 tok/s at 512 where the build before the
                  * spread tail ran 211.5-212.2 (H100, the same machine) */
                 cu_launch(ag.grid ? k_hc_fused<FT, false, true> : k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s,
                           ag, *p, X, hcp, out, T, 1u);
-                return;
+                return false;
         }
         cu_launch(k_hc_fused<FT, true>, dim3(NB, (T + tt - 1) / tt), HCF_THREADS, hc_tile_smem<FT>(), s, *a, *p, X,
                   hcp, out, T, tt);
         cu_launches++;
         cu_launch(k_hc_tail, dim3(T), HCF_THREADS, smem, s, *a, X, hcp, out, NB);
+        return false;
 }
+
+static bool hc_pre_any(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp, float *out,
+                       const struct hc_route *want, cudaStream_t s);
 
 extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T,
                           float *hcp, float *out, cudaStream_t s) {
+        (void) hc_pre_any(a, post, X, T, hcp, out, NULL, s);
+}
+
+extern "C" bool cu_hc_pre_route(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp,
+                                float *out, const struct cu_router *r, int32_t *sel, float *w, cudaStream_t s) {
+        struct hc_route want = {.r = *r, .sel = sel, .wout = w, .rpb = 0};
+        return hc_pre_any(a, post, X, T, hcp, out, r && hc_route_on() ? &want : NULL, s);
+}
+
+static bool hc_pre_any(const struct cu_hc *a, const struct cu_post *post, float *X, uint32_t T, float *hcp, float *out,
+                       const struct hc_route *want, cudaStream_t s) {
         if (T == 0)
-                return;
+                return false;
         struct cu_post none = {0};
         const struct cu_post *p = post && post->y ? post : &none;
         /* X4_HC_PROBE (a measurement of where the kernel's time goes; its results are wrong):
@@ -1060,14 +1277,11 @@ extern "C" void cu_hc_pre(const struct cu_hc *a, const struct cu_post *post, flo
         }
         switch (a->fn_type) {
         case CU_TYPE_BF16:
-                hc_pre_launch<CU_TYPE_BF16>(a, p, X, T, hcp, out, s);
-                break;
+                return hc_pre_launch<CU_TYPE_BF16>(a, p, X, T, hcp, out, want, s);
         case CU_TYPE_F16:
-                hc_pre_launch<CU_TYPE_F16>(a, p, X, T, hcp, out, s);
-                break;
+                return hc_pre_launch<CU_TYPE_F16>(a, p, X, T, hcp, out, want, s);
         default:
-                hc_pre_launch<CU_TYPE_F32>(a, p, X, T, hcp, out, s);
-                break;
+                return hc_pre_launch<CU_TYPE_F32>(a, p, X, T, hcp, out, want, s);
         }
 }
 

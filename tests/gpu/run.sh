@@ -835,6 +835,48 @@ PY
                 echo "spread mHC tail = ticket tail = tiled kernels: identical logits ($n models, decodes and chunks of 5 / 40 on the one-launch kernel); batch invariance with it"
         }
         step "the mHC kernel's tail spread over its blocks agrees bit for bit with the ticket tail" hc_grid_same
+        # the FFN's spread-tail pre-mapping also routing its token (X4_CUDA_HC_ROUTE=1, opt-in until
+        # timed): the same logits as the router's own launch on decodes and on chunks of 1 and 5
+        # (the one-launch kernel, 5 tokens a launch) over the wide model (2,048: eight blocks of 2
+        # router rows) and a demo model 1,280 wide (five blocks of 4 rows over positions that end
+        # a quarter into the router's last 1,024-value round); that it ran (its log line); batch
+        # invariance with it (each sequence alone routes in the mHC kernel, the batch of 16 in the
+        # router's: the same bits expected). The demo model and the fixture (8 rows a block, more
+        # than the kernel holds) keep the router's launch: their other steps cover that
+        hc_route_same() {
+                local prompt m ch n=0
+                prompt=$(awk 'BEGIN { s = 59; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 500 } }')
+                mkdir -p "$tmp/hcr"
+                [ -f "$tmp/hcr/h1280.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --hidden 1280 --layers 3 --quiet \
+                        --out "$tmp/hcr/h1280.gguf" || return 1
+                for m in "$tmp/wide/wide.gguf" "$tmp/hcr/h1280.gguf"; do
+                        [ -f "$m" ] || continue
+                        for ch in 0 1; do
+                                local chunk=()
+                                [ "$ch" -gt 0 ] && chunk=(--chunk "$ch")
+                                X4_CUDA_HC_ROUTE=0 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                        "${chunk[@]}" --decode 9,99,333 --device cuda --out "$tmp/hcr-0.bin" || return 1
+                                X4_CUDA_HC_ROUTE=log "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                        "${chunk[@]}" --decode 9,99,333 --device cuda --out "$tmp/hcr-1.bin" \
+                                        2>"$tmp/hcr-log.txt" || { cat "$tmp/hcr-log.txt"; return 1; }
+                                grep -q '^mHC: spread tail routes, [0-9]* blocks a token, [0-9]* router rows a block, 1 tokens' \
+                                        "$tmp/hcr-log.txt" || { echo "the mHC kernel never routed ($m)"; cat "$tmp/hcr-log.txt"; return 1; }
+                                cmp "$tmp/hcr-0.bin" "$tmp/hcr-1.bin" ||
+                                        { echo "routing in the mHC kernel changed the logits ($m, chunks of $ch)"; return 1; }
+                        done
+                        X4_CUDA_HC=fused X4_CUDA_HC_ROUTE=log "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --chunk 5 --decode 9,99,333 --device cuda --out "$tmp/hcr-5.bin" 2>"$tmp/hcr-log.txt" ||
+                                { cat "$tmp/hcr-log.txt"; return 1; }
+                        grep -q 'router rows a block, 5 tokens' "$tmp/hcr-log.txt" ||
+                                { echo "the mHC kernel never routed a chunk of 5 ($m)"; cat "$tmp/hcr-log.txt"; return 1; }
+                        cmp "$tmp/hcr-0.bin" "$tmp/hcr-5.bin" || { echo "routing 5 tokens a launch changed the logits ($m)"; return 1; }
+                        X4_CUDA_HC_ROUTE=1 "$check" batch "$m" || return 1
+                        n=$((n + 1))
+                done
+                [ $n -gt 0 ] || { echo "no model to check"; return 1; }
+                echo "routing in the mHC kernel = the router's launch: identical logits ($n models, decodes, chunks of 1 and 5); batch invariance with it"
+        }
+        step "the FFN's mHC kernel routing its token agrees bit for bit with the router's launch" hc_route_same
         # the attention combine with its latency chains shortened (k_attn_combine_deep: by default
         # where a launch's blocks fit one wave of it, X4_CUDA_COMBINE=deep or log always): the same
         # logits as the per-value reference, the staged kernel and the default over 4,200
@@ -1405,6 +1447,13 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_HC=fused X4_CUDA_HC_GRID=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
                                 --decode 9,99 --device cuda --out "$tmp/san-hcg.bin"
+                        mkdir -p "$tmp/hcr"
+                        [ -f "$tmp/hcr/h1280.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --hidden 1280 --layers 3 \
+                                --quiet --out "$tmp/hcr/h1280.gguf"
+                        step "compute-sanitizer $tool, the FFN's mHC kernel routing its token (chunks of 5 and 1), 1,280 wide" \
+                                env X4_CUDA_HC=fused X4_CUDA_HC_ROUTE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/hcr/h1280.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
+                                --decode 9,99 --device cuda --out "$tmp/san-hcr.bin"
                         step "compute-sanitizer $tool, the attention combine's deep chains (parts of 32), demo model" \
                                 env X4_CUDA_COMBINE=deep X4_CUDA_ATTN_DECODE_PART=32 X4_CUDA_ATTN_PROMPT_PART=32 \
                                 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
