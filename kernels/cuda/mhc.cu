@@ -421,17 +421,29 @@ static __device__ __forceinline__ uint32_t hcf_ld_acquire(const uint32_t *p) {
 }
 
 /* every block of the token past this point once all NB have reached it (round r: target r·NB);
- * what each block wrote before it is visible to the others' L2 reads after it */
+ * what each block wrote before it is visible to the others' L2 reads after it.
+ * REL (X4_CUDA_HC_RELEASE=1, opt-in until a GPU has timed it): thread 0 arrives with a release
+ * reduction and waits with acquire loads, and the block's barriers order its other threads' writes
+ * before the release and their reads after the acquire (the PTX model's causality order through
+ * bar.sync; CUTLASS's generic barrier has the same shape), so neither the arriving thread's
+ * __threadfence nor every thread's after the wait: two sequentially consistent fences of the
+ * critical path a barrier, four a launch. Synchronization only: the same bits. */
+template <bool REL = false>
 static __device__ __forceinline__ void hcf_grid_barrier(uint32_t *ctr, uint32_t target) {
         __syncthreads();
         if (threadIdx.x == 0) {
-                __threadfence();
-                atomicAdd(ctr, 1u);
+                if constexpr (REL) {
+                        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+                } else {
+                        __threadfence();
+                        atomicAdd(ctr, 1u);
+                }
                 while (hcf_ld_acquire(ctr) < target)
                         ;
         }
         __syncthreads();
-        __threadfence();
+        if constexpr (!REL)
+                __threadfence();
 }
 
 /* X4_CUDA_HC_ROUTE (opt-in; cu_hc_pre_route): the FFN's one-launch pre-mapping also routes its
@@ -465,7 +477,7 @@ static __device__ __forceinline__ const struct hc_route *hcr_ptr(const struct hc
         return &rt;
 }
 
-template <bool ROUTE = false>
+template <bool ROUTE = false, bool REL = false>
 static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint32_t t, uint32_t b, uint32_t NB,
                                                      const float (*zs)[HCF_SLICE], float *hcp, float *out, float *wsh,
                                                      float *g, float *red2, const struct hc_route *rt = nullptr) {
@@ -486,7 +498,7 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
                         nwall[k] = ii < H ? a.norm_w[ii] : 0.0f;
                 }
         }
-        hcf_grid_barrier(a.ticket + t, NB);
+        hcf_grid_barrier<REL>(a.ticket + t, NB);
         if (tid < 32)
                 hcf_gates_pre(a, a.hw + (uint64_t) t * NB * HCF_Q, NB, a.base, a.scale, wsh, g);
         __syncthreads();
@@ -509,7 +521,7 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
                                 v += g[s] * xv[s];
                 ut[i] = v;
         }
-        hcf_grid_barrier(a.ticket + t, 2 * NB);
+        hcf_grid_barrier<REL>(a.ticket + t, 2 * NB);
         /* the square sum of all H values: thread tid's chain over positions tid + 256·j in order
          * (hcf_finish's), HCF_PT loads in flight at a time */
         float ss2 = 0.0f;
@@ -627,13 +639,15 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
  * and the slice's partial row into a.hw. TILE false: the fused kernel (one token a block, grid y
  * the tokens), whose last block to finish a token runs hcf_finish; TILE true: tt tokens a block
  * (grid y the tiles), k_hc_tail finishing them. Every partial is the same sum either way. */
-template <int FT, bool TILE, bool GRID = false, typename... RP>
+template <int FT, bool TILE, int GRID = 0, typename... RP>
 __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
         k_hc_fused(struct cu_hc a, struct cu_post post, float *X, float *hcp, float *out, uint32_t T,
                    uint32_t tt, RP... rp) {
         /* RP: one struct hc_route (the spread tail's build that routes, X4_CUDA_HC_ROUTE) or none */
         constexpr bool ROUTE = sizeof...(RP) == 1;
         static_assert(!ROUTE || (GRID && !TILE), "routing: the spread tail's build");
+        /* GRID: 0 the ticket tail (hcf_finish), 1 the spread tail, 2 the spread tail with
+         * release / acquire barriers (hcf_grid_barrier's REL) */
         [[maybe_unused]] const struct hc_route *rt = hcr_ptr(rp...);
         constexpr uint32_t TB = TILE ? HCF_TILE_ROUND : 1; /* tokens a round */
         extern __shared__ __align__(16) float u[]; /* fused: the collapse; tiled: the weights */
@@ -790,7 +804,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
                 return;
         uint32_t t = t0;
         if constexpr (GRID) {
-                hcf_grid_tail<ROUTE>(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0], rt);
+                hcf_grid_tail<ROUTE, GRID == 2>(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0], rt);
                 return;
         }
         __syncthreads();
@@ -1098,6 +1112,15 @@ static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const flo
  * either way. The default since 2026-12-07's eighteenth session: on the H100, full model, batch 1
  * 221.8-222.4 / 203.4-206.5 tok/s at 512 / 4,096 against the ticket tail's 212.7-213.0 /
  * 196.4-197.9 (each tail its own build; bench/RESULTS.md). */
+/* X4_CUDA_HC_RELEASE=1: the spread tail's barriers by release / acquire (the build GRID 2,
+ * hcf_grid_barrier's REL); opt-in until a GPU has timed it; the bits are the same either way */
+static bool hc_release_on(void) {
+        static int on = -1;
+        if (on < 0)
+                on = cu_env_on("X4_CUDA_HC_RELEASE");
+        return on;
+}
+
 static int hc_grid_log;
 static bool hc_grid_on(void) {
         static int on = -1;
@@ -1123,8 +1146,8 @@ static bool hc_grid_fits(uint64_t blocks, size_t smem) {
         static size_t smem_seen = (size_t) -1;
         static int per_sm = 0;
         if (smem != smem_seen) {
-                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_hc_fused<FT, false, true>, HCF_THREADS, smem) !=
-                    cudaSuccess)
+                auto k = hc_release_on() ? k_hc_fused<FT, false, 2> : k_hc_fused<FT, false, 1>;
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, HCF_THREADS, smem) != cudaSuccess)
                         per_sm = 0;
                 (void) cudaGetLastError();
                 smem_seen = smem;
@@ -1169,8 +1192,8 @@ static bool hcr_fits(const struct cu_hc *a, const struct hc_route *want, uint32_
         static size_t smem_seen[3] = {(size_t) -1, (size_t) -1, (size_t) -1};
         static int per_sm[3];
         if (sm != smem_seen[fi]) {
-                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[fi], k_hc_fused<FT, false, true, struct hc_route>,
-                                                                  HCF_THREADS, sm) != cudaSuccess)
+                auto k = hc_release_on() ? k_hc_fused<FT, false, 2, struct hc_route> : k_hc_fused<FT, false, 1, struct hc_route>;
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[fi], k, HCF_THREADS, sm) != cudaSuccess)
                         per_sm[fi] = 0;
                 (void) cudaGetLastError();
                 smem_seen[fi] = sm;
@@ -1206,7 +1229,8 @@ static bool hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                 ag.grid = a->ug && !a->probe && hc_grid_on() && hc_grid_fits<FT>((uint64_t) NB * T, smem);
                 if (ag.grid && hc_grid_log > 0) {
                         hc_grid_log--;
-                        fprintf(stderr, "mHC: spread tail, %u blocks a token, %u tokens\n", NB, T);
+                        fprintf(stderr, "mHC: spread tail, %u blocks a token, %u tokens%s\n", NB, T,
+                                hc_release_on() ? ", release barriers" : "");
                 }
                 struct hc_route rt;
                 size_t rsmem = 0;
@@ -1216,15 +1240,18 @@ static bool hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                                 fprintf(stderr, "mHC: spread tail routes, %u blocks a token, %u router rows a block, "
                                                 "%u tokens\n", NB, rt.rpb, T);
                         }
-                        cu_launch(k_hc_fused<FT, false, true, struct hc_route>, dim3(NB, T), HCF_THREADS, rsmem, s, ag, *p,
-                                  X, hcp, out, T, 1u, rt);
+                        cu_launch(hc_release_on() ? k_hc_fused<FT, false, 2, struct hc_route>
+                                                  : k_hc_fused<FT, false, 1, struct hc_route>,
+                                  dim3(NB, T), HCF_THREADS, rsmem, s, ag, *p, X, hcp, out, T, 1u, rt);
                         return true;
                 }
                 /* the spread tail its own build: in one build with the ticket tail, the ticket
                  * path's batch-1 step ran 198.6-199.8 tok/s at 512 where the build before the
                  * spread tail ran 211.5-212.2 (H100, the same machine) */
-                cu_launch(ag.grid ? k_hc_fused<FT, false, true> : k_hc_fused<FT, false>, dim3(NB, T), HCF_THREADS, smem, s,
-                          ag, *p, X, hcp, out, T, 1u);
+                cu_launch(!ag.grid ? k_hc_fused<FT, false>
+                          : hc_release_on() ? k_hc_fused<FT, false, 2>
+                                            : k_hc_fused<FT, false, 1>,
+                          dim3(NB, T), HCF_THREADS, smem, s, ag, *p, X, hcp, out, T, 1u);
                 return false;
         }
         cu_launch(k_hc_fused<FT, true>, dim3(NB, (T + tt - 1) / tt), HCF_THREADS, hc_tile_smem<FT>(), s, *a, *p, X,

@@ -835,6 +835,41 @@ PY
                 echo "spread mHC tail = ticket tail = tiled kernels: identical logits ($n models, decodes and chunks of 5 / 40 on the one-launch kernel); batch invariance with it"
         }
         step "the mHC kernel's tail spread over its blocks agrees bit for bit with the ticket tail" hc_grid_same
+        # the spread tail's barriers by release / acquire (X4_CUDA_HC_RELEASE=1, opt-in until timed;
+        # synchronization only): the same logits as the default on decodes and on chunks of 5 (the
+        # one-launch kernel, 5 tokens a launch) over the demo and wide models, with the routing
+        # build too on a 1,280-wide model; that it ran (its log line); batch invariance with it
+        hc_release_same() {
+                local prompt m n=0
+                prompt=$(awk 'BEGIN { s = 67; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 500 } }')
+                mkdir -p "$tmp/hcr"
+                [ -f "$tmp/hcr/h1280.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --hidden 1280 --layers 3 --quiet \
+                        --out "$tmp/hcr/h1280.gguf" || return 1
+                for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf" "$tmp/hcr/h1280.gguf"; do
+                        [ -f "$m" ] || continue
+                        "$build/tools/x4-logits" --model "$m" --prompt "$prompt" --decode 9,99,333 --device cuda \
+                                --out "$tmp/hcrel-0.bin" || return 1
+                        X4_CUDA_HC_RELEASE=1 X4_CUDA_HC_GRID=log "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --decode 9,99,333 --device cuda --out "$tmp/hcrel-1.bin" 2>"$tmp/hcrel-log.txt" ||
+                                { cat "$tmp/hcrel-log.txt"; return 1; }
+                        grep -q '^mHC: spread tail, [0-9]* blocks a token, 1 tokens, release barriers' "$tmp/hcrel-log.txt" ||
+                                { echo "the release barriers never ran ($m)"; cat "$tmp/hcrel-log.txt"; return 1; }
+                        cmp "$tmp/hcrel-0.bin" "$tmp/hcrel-1.bin" || { echo "the release barriers changed the logits ($m)"; return 1; }
+                        X4_CUDA_HC=fused X4_CUDA_HC_RELEASE=1 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --chunk 5 --decode 9,99,333 --device cuda --out "$tmp/hcrel-5.bin" || return 1
+                        cmp "$tmp/hcrel-0.bin" "$tmp/hcrel-5.bin" ||
+                                { echo "the release barriers on chunks of 5 changed the logits ($m)"; return 1; }
+                        X4_CUDA_HC_RELEASE=1 X4_CUDA_HC_ROUTE=1 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --decode 9,99,333 --device cuda --out "$tmp/hcrel-r.bin" || return 1
+                        cmp "$tmp/hcrel-0.bin" "$tmp/hcrel-r.bin" ||
+                                { echo "the release barriers with routing changed the logits ($m)"; return 1; }
+                        X4_CUDA_HC_RELEASE=1 "$check" batch "$m" || return 1
+                        n=$((n + 1))
+                done
+                [ $n -gt 0 ] || { echo "no model to check"; return 1; }
+                echo "the spread tail's release / acquire barriers: identical logits ($n models, decodes and chunks of 5, with routing too); batch invariance with them"
+        }
+        step "the spread mHC tail's release / acquire barriers agree bit for bit" hc_release_same
         # the FFN's spread-tail pre-mapping also routing its token (X4_CUDA_HC_ROUTE=1, opt-in until
         # timed): the same logits as the router's own launch on decodes and on chunks of 1 and 5
         # (the one-launch kernel, 5 tokens a launch) over the wide model (2,048: eight blocks of 2
@@ -1454,6 +1489,10 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_HC=fused X4_CUDA_HC_ROUTE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/hcr/h1280.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
                                 --decode 9,99 --device cuda --out "$tmp/san-hcr.bin"
+                        step "compute-sanitizer $tool, the spread mHC tail's release barriers (chunks of 5 and 1), demo model" \
+                                env X4_CUDA_HC=fused X4_CUDA_HC_RELEASE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                                "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
+                                --decode 9,99 --device cuda --out "$tmp/san-hcrel.bin"
                         step "compute-sanitizer $tool, the attention combine's deep chains (parts of 32), demo model" \
                                 env X4_CUDA_COMBINE=deep X4_CUDA_ATTN_DECODE_PART=32 X4_CUDA_ATTN_PROMPT_PART=32 \
                                 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tools/x4-logits" --model "$tmp/demo.gguf" \
