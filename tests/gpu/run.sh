@@ -203,6 +203,13 @@ fi
 mkdir -p "$tmp/h40"
 step "make demo model with 40 heads" "$build/tools/x4-mkmodel" --preset demo --heads 40 --layers 2 --quiet \
         --out "$tmp/h40/h40.gguf"
+# a demo model 1,280 wide (five mHC blocks a token: 4 router rows each), made once where a step
+# needs it
+h1280_model() {
+        mkdir -p "$tmp/hcr"
+        [ -f "$tmp/hcr/h1280.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --hidden 1280 --layers 3 --quiet \
+                --out "$tmp/hcr/h1280.gguf"
+}
 if step "make demo model" "$build/tools/x4-mkmodel" --preset demo --quiet --out "$tmp/demo.gguf"; then
         step "cuda vs cpu, demo model, 512 + 64 greedy" "$check" parity "$tmp/demo.gguf" 512 64
         step "batch invariance, demo model" "$check" batch "$tmp/demo.gguf"
@@ -842,9 +849,7 @@ PY
         hc_release_same() {
                 local prompt m n=0
                 prompt=$(awk 'BEGIN { s = 67; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 500 } }')
-                mkdir -p "$tmp/hcr"
-                [ -f "$tmp/hcr/h1280.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --hidden 1280 --layers 3 --quiet \
-                        --out "$tmp/hcr/h1280.gguf" || return 1
+                h1280_model || return 1
                 for m in "$tmp/demo.gguf" "$tmp/wide/wide.gguf" "$tmp/hcr/h1280.gguf"; do
                         [ -f "$m" ] || continue
                         "$build/tools/x4-logits" --model "$m" --prompt "$prompt" --decode 9,99,333 --device cuda \
@@ -881,9 +886,7 @@ PY
         hc_route_same() {
                 local prompt m ch n=0
                 prompt=$(awk 'BEGIN { s = 59; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 500 } }')
-                mkdir -p "$tmp/hcr"
-                [ -f "$tmp/hcr/h1280.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --hidden 1280 --layers 3 --quiet \
-                        --out "$tmp/hcr/h1280.gguf" || return 1
+                h1280_model || return 1
                 for m in "$tmp/wide/wide.gguf" "$tmp/hcr/h1280.gguf"; do
                         [ -f "$m" ] || continue
                         for ch in 0 1; do
@@ -1482,9 +1485,7 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_HC=fused X4_CUDA_HC_GRID=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
                                 --decode 9,99 --device cuda --out "$tmp/san-hcg.bin"
-                        mkdir -p "$tmp/hcr"
-                        [ -f "$tmp/hcr/h1280.gguf" ] || "$build/tools/x4-mkmodel" --preset demo --hidden 1280 --layers 3 \
-                                --quiet --out "$tmp/hcr/h1280.gguf"
+                        h1280_model
                         step "compute-sanitizer $tool, the FFN's mHC kernel routing its token (chunks of 5 and 1), 1,280 wide" \
                                 env X4_CUDA_HC=fused X4_CUDA_HC_ROUTE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/hcr/h1280.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
