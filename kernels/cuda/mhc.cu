@@ -614,17 +614,20 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
                         for (uint32_t w = 0; w < CU_FEW_WARPS; w++)
                                 z += hcr_part[tid][w];
                         r.z[(uint64_t) t * E + r0 + tid] = z;
-                        __threadfence(); /* the logit is visible before this block's arrival */
+                        if constexpr (!REL)
+                                __threadfence(); /* the logit is visible before this block's arrival */
                 }
                 __syncthreads();
                 /* the third round: the last block out selects the token's experts and sets the
-                 * counter back to zero for the next launch */
+                 * counter back to zero for the next launch (REL: an acquire-release ticket instead
+                 * of the two fences) */
                 if (tid == 0)
-                        hcr_last = atomicAdd(a.ticket + t, 1u) == 3 * NB - 1;
+                        hcr_last = (REL ? cu_ticket_acq_rel(a.ticket + t) : atomicAdd(a.ticket + t, 1u)) == 3 * NB - 1;
                 __syncthreads();
                 if (!hcr_last)
                         return;
-                __threadfence();
+                if constexpr (!REL)
+                        __threadfence();
                 if (tid < 32)
                         route_token<true>(r, t, lane, rt->sel, rt->wout);
                 if (tid == 0)

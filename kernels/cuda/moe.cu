@@ -22,8 +22,10 @@ __global__ void k_route(struct cu_router a, uint32_t T, int32_t *sel, float *wou
  * the same bits for any RB), and the last row block of a tile to finish (an atomic ticket, reset by
  * that block) selects the tile's experts, a warp a token, with k_route's code: one launch instead
  * of two a MoE layer. RB > 1 (token tiles of many tokens) reads each token's input once for RB
- * rows instead of once a row. */
-template <int TYPE, int TP, int RB>
+ * rows instead of once a row. REL (X4_CUDA_ROUTER_RELEASE=1, batch 1's build only; opt-in until a
+ * GPU has timed it): the ticket by cu_ticket_acq_rel instead of two __threadfence (the logits'
+ * writers' and the last block's) on the step's critical path; synchronization only, the same bits. */
+template <int TYPE, int TP, int RB, bool REL = false>
 __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
         k_router_fused(struct cu_router a, const float *f, uint32_t T, int32_t *sel, float *wout) {
         cu_pdl_wait();
@@ -40,15 +42,18 @@ __global__ void __launch_bounds__(CU_FEW_WARPS * 32)
         float v = cu_few_rows<TYPE, TP, RB>(w, a.row_bytes, x, a.H, part);
         if (tid < RB * TP && p0 + tid % TP < T) {
                 a.z[(uint64_t) (p0 + tid % TP) * a.n_expert + r0 + tid / TP] = v;
-                __threadfence(); /* the logit is visible before this block's ticket */
+                if constexpr (!REL)
+                        __threadfence(); /* the logit is visible before this block's ticket */
         }
         __syncthreads();
         if (tid == 0)
-                last = atomicAdd(&a.ticket[blockIdx.y], 1u) == gridDim.x - 1;
+                last = (REL ? cu_ticket_acq_rel(&a.ticket[blockIdx.y]) : atomicAdd(&a.ticket[blockIdx.y], 1u)) ==
+                       gridDim.x - 1;
         __syncthreads();
         if (!last)
                 return;
-        __threadfence();
+        if constexpr (!REL)
+                __threadfence();
         if (warp < TP && p0 + warp < T)
                 route_token<true>(a, p0 + warp, lane, sel, wout);
         if (tid == 0)
@@ -224,6 +229,14 @@ static bool router_tiled(const struct cu_router *a, uint32_t T) {
                a->H % 32 == 0 && a->H <= RT_NS * 1024 && a->row_bytes % 4 == 0 && (uintptr_t) a->w % 4 == 0;
 }
 
+/* X4_CUDA_ROUTER_RELEASE=1 (k_router_fused's REL), read once */
+static bool cu_env_on_once_router_rel(void) {
+        static int on = -1;
+        if (on < 0)
+                on = cu_env_on("X4_CUDA_ROUTER_RELEASE");
+        return on;
+}
+
 /* rows a router block for token tiles of CU_ROUTE_TP (X4_CUDA_ROUTER_RB=1: one, the bits are the same) */
 #define ROUTER_RB 4
 
@@ -261,7 +274,9 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                 dim3 grid(a->n_expert / (multi ? ROUTER_RB : 1), (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
                 cu_launches++;
                 if (a->type == CU_TYPE_F32 && T == 1)
-                        cu_launch(k_router_fused<CU_TYPE_F32, 1, 1>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
+                        cu_launch(cu_env_on_once_router_rel() ? k_router_fused<CU_TYPE_F32, 1, 1, true>
+                                                              : k_router_fused<CU_TYPE_F32, 1, 1>,
+                                  grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32 && multi)
                         cu_launch(k_router_fused<CU_TYPE_F32, CU_ROUTE_TP, ROUTER_RB>, grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32)

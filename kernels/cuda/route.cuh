@@ -7,6 +7,16 @@
 
 #define ROUTER_MAX_EXPERTS 256
 
+/* A ticket taken with acquire-release semantics at GPU scope: its release publishes what the
+ * block wrote before the __syncthreads ahead of it, its acquire (in the block that draws the last
+ * ticket) lets the block read, past the __syncthreads after it, what every block published: the
+ * two __threadfence a ticket needs otherwise (X4_CUDA_ROUTER_RELEASE, X4_CUDA_HC_RELEASE). */
+static __device__ __forceinline__ uint32_t cu_ticket_acq_rel(uint32_t *p) {
+        uint32_t old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+        return old;
+}
+
 /* Selection for one token per warp from the router logits z (cu_matvec): lane l holds experts
  * l, l+32, ...; each of the k rounds is a butterfly argmax (highest score + bias, ties to the
  * lower id), so the choice does not depend on the order of the reduction. */

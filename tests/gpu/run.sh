@@ -845,7 +845,8 @@ PY
         # the spread tail's barriers by release / acquire (X4_CUDA_HC_RELEASE=1, opt-in until timed;
         # synchronization only): the same logits as the default on decodes and on chunks of 5 (the
         # one-launch kernel, 5 tokens a launch) over the demo and wide models, with the routing
-        # build too on a 1,280-wide model; that it ran (its log line); batch invariance with it
+        # build too on a 1,280-wide model; that it ran (its log line); the batch-1 router's
+        # acquire-release ticket (X4_CUDA_ROUTER_RELEASE=1) on the decodes; batch invariance with both
         hc_release_same() {
                 local prompt m n=0
                 prompt=$(awk 'BEGIN { s = 67; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 500 } }')
@@ -868,13 +869,17 @@ PY
                                 --decode 9,99,333 --device cuda --out "$tmp/hcrel-r.bin" || return 1
                         cmp "$tmp/hcrel-0.bin" "$tmp/hcrel-r.bin" ||
                                 { echo "the release barriers with routing changed the logits ($m)"; return 1; }
-                        X4_CUDA_HC_RELEASE=1 "$check" batch "$m" || return 1
+                        X4_CUDA_ROUTER_RELEASE=1 "$build/tools/x4-logits" --model "$m" --prompt "$prompt" \
+                                --decode 9,99,333 --device cuda --out "$tmp/hcrel-k.bin" || return 1
+                        cmp "$tmp/hcrel-0.bin" "$tmp/hcrel-k.bin" ||
+                                { echo "the router's acquire-release ticket changed the logits ($m)"; return 1; }
+                        X4_CUDA_HC_RELEASE=1 X4_CUDA_ROUTER_RELEASE=1 "$check" batch "$m" || return 1
                         n=$((n + 1))
                 done
                 [ $n -gt 0 ] || { echo "no model to check"; return 1; }
-                echo "the spread tail's release / acquire barriers: identical logits ($n models, decodes and chunks of 5, with routing too); batch invariance with them"
+                echo "release / acquire barriers and tickets: identical logits ($n models, decodes and chunks of 5, with routing too); batch invariance with them"
         }
-        step "the spread mHC tail's release / acquire barriers agree bit for bit" hc_release_same
+        step "the spread mHC tail's release / acquire barriers and the router's ticket agree bit for bit" hc_release_same
         # the FFN's spread-tail pre-mapping also routing its token (X4_CUDA_HC_ROUTE=1, opt-in until
         # timed): the same logits as the router's own launch on decodes and on chunks of 1 and 5
         # (the one-launch kernel, 5 tokens a launch) over the wide model (2,048: eight blocks of 2
@@ -1490,8 +1495,9 @@ if command -v compute-sanitizer >/dev/null; then
                                 env X4_CUDA_HC=fused X4_CUDA_HC_ROUTE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/hcr/h1280.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
                                 --decode 9,99 --device cuda --out "$tmp/san-hcr.bin"
-                        step "compute-sanitizer $tool, the spread mHC tail's release barriers (chunks of 5 and 1), demo model" \
-                                env X4_CUDA_HC=fused X4_CUDA_HC_RELEASE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                        step "compute-sanitizer $tool, the spread mHC tail's release barriers and the router's ticket (chunks of 5 and 1), demo model" \
+                                env X4_CUDA_HC=fused X4_CUDA_HC_RELEASE=1 X4_CUDA_ROUTER_RELEASE=1 \
+                                compute-sanitizer --tool $tool --error-exitcode 9 \
                                 "$build/tools/x4-logits" --model "$tmp/demo.gguf" --prompt "$(seq -s, 5 14)" --chunk 5 \
                                 --decode 9,99 --device cuda --out "$tmp/san-hcrel.bin"
                         step "compute-sanitizer $tool, the attention combine's deep chains (parts of 32), demo model" \
