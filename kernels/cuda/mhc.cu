@@ -427,7 +427,9 @@ static __device__ __forceinline__ uint32_t hcf_ld_acquire(const uint32_t *p) {
  * before the release and their reads after the acquire (the PTX model's causality order through
  * bar.sync; CUTLASS's generic barrier has the same shape), so neither the arriving thread's
  * __threadfence nor every thread's after the wait: two sequentially consistent fences of the
- * critical path a barrier, four a launch. Synchronization only: the same bits. */
+ * critical path a barrier, four a launch; and its norm weight is loaded before the kernel's wait
+ * (k_hc_fused's nw_pre), where the default loads it just ahead of the first barrier, whose fence
+ * may wait for it. Synchronization and load order only: the same bits. */
 template <bool REL = false>
 static __device__ __forceinline__ void hcf_grid_barrier(uint32_t *ctr, uint32_t target) {
         __syncthreads();
@@ -480,23 +482,20 @@ static __device__ __forceinline__ const struct hc_route *hcr_ptr(const struct hc
 template <bool ROUTE = false, bool REL = false>
 static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint32_t t, uint32_t b, uint32_t NB,
                                                      const float (*zs)[HCF_SLICE], float *hcp, float *out, float *wsh,
-                                                     float *g, float *red2, const struct hc_route *rt = nullptr) {
+                                                     float *g, float *red2, const struct hc_route *rt = nullptr,
+                                                     float nw_pre = 0.0f) {
         const uint32_t N = CU_HC_MAX;
         uint32_t tid = threadIdx.x, lane = tid % 32;
         uint32_t H = a.H, n_hc = a.n_hc;
         uint32_t i = b * HCF_SLICE + tid;
-        float nw = i < H ? a.norm_w[i] : 0.0f; /* no kernel writes it: before the barrier */
-        /* ROUTE: the norm weights at all the thread's positions (H ≤ HCF_PT · HCF_THREADS) */
+        /* no kernel writes it: before the barrier (REL: loaded before the kernel's wait, nw_pre,
+         * so no load of it is in flight at the barrier's release) */
+        float nw = REL ? nw_pre : i < H ? a.norm_w[i] : 0.0f;
         float nwall[ROUTE ? HCF_PT : 1], rw[ROUTE ? HCR_RPB_MAX : 1][ROUTE ? HCF_PT : 1];
         uint32_t r0 = 0, nr = 0;
         if constexpr (ROUTE) {
                 uint32_t E = rt->r.n_expert;
                 r0 = b * rt->rpb, nr = r0 < E ? min(rt->rpb, E - r0) : 0;
-#pragma unroll
-                for (uint32_t k = 0; k < HCF_PT; k++) {
-                        uint32_t ii = tid + k * HCF_THREADS;
-                        nwall[k] = ii < H ? a.norm_w[ii] : 0.0f;
-                }
         }
         hcf_grid_barrier<REL>(a.ticket + t, NB);
         if (tid < 32)
@@ -527,10 +526,16 @@ static __device__ __forceinline__ void hcf_grid_tail(const struct cu_hc &a, uint
         float ss2 = 0.0f;
         float uall[ROUTE ? HCF_PT : 1]; /* ROUTE: the one group's values, kept for the router */
         if constexpr (ROUTE) {
-                /* the block's router rows at the thread's positions (asked of the L2 before the
-                 * wait), loaded past the last barrier: a load in flight at a barrier's fence
-                 * holds the block there until it lands */
+                /* the block's router rows and the norm weights at the thread's positions (H ≤
+                 * HCF_PT · HCF_THREADS; the rows asked of the L2 before the wait), loaded past the
+                 * last barrier: a load in flight at a barrier's fence may hold the block there
+                 * until it lands */
                 const float *w0 = (const float *) rt->r.w + (uint64_t) r0 * H;
+#pragma unroll
+                for (uint32_t k = 0; k < HCF_PT; k++) {
+                        uint32_t ii = tid + k * HCF_THREADS;
+                        nwall[k] = ii < H ? a.norm_w[ii] : 0.0f;
+                }
 #pragma unroll
                 for (uint32_t rr = 0; rr < HCR_RPB_MAX; rr++)
 #pragma unroll
@@ -712,6 +717,10 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
                         __syncthreads();
                         hp0 = gprev;
                 }
+        /* GRID 2: the spread tail's norm weight of this position (no kernel writes it) */
+        [[maybe_unused]] float nw_pre = 0.0f;
+        if constexpr (GRID == 2)
+                nw_pre = base + tid < H ? a.norm_w[base + tid] : 0.0f;
         cu_pdl_wait();
         cu_pdl_trigger();
         uint32_t i = base + tid;
@@ -807,7 +816,7 @@ __global__ void __launch_bounds__(HCF_THREADS, TILE ? HCF_TILE_BLOCKS_SM : 1)
                 return;
         uint32_t t = t0;
         if constexpr (GRID) {
-                hcf_grid_tail<ROUTE, GRID == 2>(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0], rt);
+                hcf_grid_tail<ROUTE, GRID == 2>(a, t, b, NB, zs[0], hcp, out, wsh, g, red2[0], rt, nw_pre);
                 return;
         }
         __syncthreads();
