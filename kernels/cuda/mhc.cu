@@ -1118,12 +1118,6 @@ static bool hc_wtok_ok(const struct cu_hc *a, const struct cu_post *p, const flo
         return ok;
 }
 
-/* X4_CUDA_HC_GRID: the one-launch kernel takes the spread tail (hcf_grid_tail) where its blocks fit
- * the card at once, unless it is 0 (the ticket tail: hcf_finish on the last block); =log: spread,
- * and the first 8 launches that take it on stderr (tests: that it ran). The bits are the same
- * either way. The default since 2026-12-07's eighteenth session: on the H100, full model, batch 1
- * 221.8-222.4 / 203.4-206.5 tok/s at 512 / 4,096 against the ticket tail's 212.7-213.0 /
- * 196.4-197.9 (each tail its own build; bench/RESULTS.md). */
 /* X4_CUDA_HC_RELEASE=1: the spread tail's barriers by release / acquire (the build GRID 2,
  * hcf_grid_barrier's REL); opt-in until a GPU has timed it; the bits are the same either way */
 static bool hc_release_on(void) {
@@ -1133,6 +1127,12 @@ static bool hc_release_on(void) {
         return on;
 }
 
+/* X4_CUDA_HC_GRID: the one-launch kernel takes the spread tail (hcf_grid_tail) where its blocks fit
+ * the card at once, unless it is 0 (the ticket tail: hcf_finish on the last block); =log: spread,
+ * and the first 8 launches that take it on stderr (tests: that it ran). The bits are the same
+ * either way. The default since 2026-12-07's eighteenth session: on the H100, full model, batch 1
+ * 221.8-222.4 / 203.4-206.5 tok/s at 512 / 4,096 against the ticket tail's 212.7-213.0 /
+ * 196.4-197.9 (each tail its own build; bench/RESULTS.md). */
 static int hc_grid_log;
 static bool hc_grid_on(void) {
         static int on = -1;
@@ -1153,13 +1153,21 @@ static bool hc_grid_on(void) {
  * shared memory) times the SMs, computed once a type and size. Anything else on the card only
  * delays blocks (every kernel before this one ends without it; the next ones start past its end or
  * past every block's trigger), so a grid within that count cannot wait on a block never placed. */
-template <int FT>
+template <int FT, bool ROUTE = false>
 static bool hc_grid_fits(uint64_t blocks, size_t smem) {
         static size_t smem_seen = (size_t) -1;
         static int per_sm = 0;
         if (smem != smem_seen) {
-                auto k = hc_release_on() ? k_hc_fused<FT, false, 2> : k_hc_fused<FT, false, 1>;
-                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, HCF_THREADS, smem) != cudaSuccess)
+                /* the build that runs (ROUTE: the routing one) */
+                cudaError_t e;
+                if constexpr (ROUTE) {
+                        auto k = hc_release_on() ? k_hc_fused<FT, false, 2, struct hc_route> : k_hc_fused<FT, false, 1, struct hc_route>;
+                        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, HCF_THREADS, smem);
+                } else {
+                        auto k = hc_release_on() ? k_hc_fused<FT, false, 2> : k_hc_fused<FT, false, 1>;
+                        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, HCF_THREADS, smem);
+                }
+                if (e != cudaSuccess)
                         per_sm = 0;
                 (void) cudaGetLastError();
                 smem_seen = smem;
@@ -1186,36 +1194,21 @@ static bool hc_route_on(void) {
         return on;
 }
 
-/* Whether the routing build takes token routing for this launch (NB blocks a token, T tokens):
- * the router's shapes fit it (F32 rows of exactly H floats, 16-byte aligned, H ≤ 4,096, at most
- * HCR_RPB_MAX rows a block, route_token's expert count) and its blocks are all resident at once
- * (the spread tail's barriers). Fills *rt. */
+/* Whether the routing build takes token routing for this launch (NB blocks a token, T tokens,
+ * smem the launch's shared memory): the router's shapes fit it (F32 rows of exactly H floats,
+ * 16-byte aligned, H ≤ 4,096, at most HCR_RPB_MAX rows a block, route_token's expert count) and
+ * its blocks are all resident at once (the spread tail's barriers). Fills *rt. */
 template <int FT>
-static bool hcr_fits(const struct cu_hc *a, const struct hc_route *want, uint32_t NB, uint32_t T, struct hc_route *rt,
-                     size_t *smem) {
+static bool hcr_fits(const struct cu_hc *a, const struct hc_route *want, uint32_t NB, uint32_t T, size_t smem,
+                     struct hc_route *rt) {
         const struct cu_router *r = &want->r;
-        int fi = FT == CU_TYPE_BF16 ? 0 : FT == CU_TYPE_F16 ? 1 : 2;
         uint32_t E = r->n_expert, rpb = NB ? (E + NB - 1) / NB : 0;
         if (r->type != CU_TYPE_F32 || !r->z || E == 0 || E > ROUTER_MAX_EXPERTS || r->k > E ||
             r->H != a->H || a->H % 4 || a->H > HCF_PT * HCF_THREADS || r->row_bytes != (uint64_t) a->H * 4 ||
-            (uintptr_t) r->w % 16 || rpb > HCR_RPB_MAX)
-                return false;
-        size_t sm = a->H * sizeof(float);
-        static size_t smem_seen[3] = {(size_t) -1, (size_t) -1, (size_t) -1};
-        static int per_sm[3];
-        if (sm != smem_seen[fi]) {
-                auto k = hc_release_on() ? k_hc_fused<FT, false, 2, struct hc_route> : k_hc_fused<FT, false, 1, struct hc_route>;
-                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[fi], k, HCF_THREADS, sm) != cudaSuccess)
-                        per_sm[fi] = 0;
-                (void) cudaGetLastError();
-                smem_seen[fi] = sm;
-        }
-        hc_env();
-        if ((uint64_t) NB * T > (uint64_t) per_sm[fi] * (uint64_t) hc_sms)
+            (uintptr_t) r->w % 16 || rpb > HCR_RPB_MAX || !hc_grid_fits<FT, true>((uint64_t) NB * T, smem))
                 return false;
         *rt = *want;
         rt->rpb = rpb;
-        *smem = sm;
         return true;
 }
 
@@ -1245,8 +1238,7 @@ static bool hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                                 hc_release_on() ? ", release barriers" : "");
                 }
                 struct hc_route rt;
-                size_t rsmem = 0;
-                if (ag.grid && want && hcr_fits<FT>(a, want, NB, T, &rt, &rsmem)) {
+                if (ag.grid && want && hcr_fits<FT>(a, want, NB, T, smem, &rt)) {
                         if (hc_route_log > 0) {
                                 hc_route_log--;
                                 fprintf(stderr, "mHC: spread tail routes, %u blocks a token, %u router rows a block, "
@@ -1254,7 +1246,7 @@ static bool hc_pre_launch(const struct cu_hc *a, const struct cu_post *p, float 
                         }
                         cu_launch(hc_release_on() ? k_hc_fused<FT, false, 2, struct hc_route>
                                                   : k_hc_fused<FT, false, 1, struct hc_route>,
-                                  dim3(NB, T), HCF_THREADS, rsmem, s, ag, *p, X, hcp, out, T, 1u, rt);
+                                  dim3(NB, T), HCF_THREADS, smem, s, ag, *p, X, hcp, out, T, 1u, rt);
                         return true;
                 }
                 /* the spread tail its own build: in one build with the ticket tail, the ticket

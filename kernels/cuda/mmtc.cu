@@ -1828,7 +1828,7 @@ __global__ void __launch_bounds__(128) k_x_bf16(const float *x, uint64_t x_pstri
         }
 }
 
-/* k_x_bf16 for k_q6_tc's 16-byte input loads (B16, X4_CUDA_Q6TC_B16=1): one row an input (no
+/* k_x_bf16 for k_q6_tc's 16-byte input loads (B16, the default; X4_CUDA_Q6TC_B16=0 off): one row an input (no
  * groups), and within each run of 16 words (32 values, K % 32 == 0) word 4i + t stored at 4t + i,
  * so lane t of a warp finds the words of two groups' B fragments (t, t + 4, 8 + t, 12 + t of the
  * run) side by side. The same bf16 words as k_x_bf16's. */

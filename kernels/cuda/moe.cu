@@ -230,7 +230,7 @@ static bool router_tiled(const struct cu_router *a, uint32_t T) {
 }
 
 /* X4_CUDA_ROUTER_RELEASE=1 (k_router_fused's REL), read once */
-static bool cu_env_on_once_router_rel(void) {
+static bool router_release_on(void) {
         static int on = -1;
         if (on < 0)
                 on = cu_env_on("X4_CUDA_ROUTER_RELEASE");
@@ -274,7 +274,7 @@ extern "C" void cu_route(const struct cu_router *a, const float *f, uint32_t T, 
                 dim3 grid(a->n_expert / (multi ? ROUTER_RB : 1), (T + CU_ROUTE_TP - 1) / CU_ROUTE_TP);
                 cu_launches++;
                 if (a->type == CU_TYPE_F32 && T == 1)
-                        cu_launch(cu_env_on_once_router_rel() ? k_router_fused<CU_TYPE_F32, 1, 1, true>
+                        cu_launch(router_release_on() ? k_router_fused<CU_TYPE_F32, 1, 1, true>
                                                               : k_router_fused<CU_TYPE_F32, 1, 1>,
                                   grid, CU_FEW_WARPS * 32, 0, s, *a, f, T, sel, w);
                 else if (a->type == CU_TYPE_F32 && multi)

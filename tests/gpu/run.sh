@@ -809,9 +809,9 @@ PY
         # the one-launch mHC kernel's tail spread over the token's blocks (the default where the
         # launch's blocks fit the card at once; X4_CUDA_HC_GRID=log the same with its launches on
         # stderr, 0 the ticket tail on the last block): the same logits as the ticket tail and as
-        # the tiled kernels at batch 1, and with the one-launch kernel forced for every pass (X4_CUDA_HC=fused: chunks of 5 tokens take
-        # the spread tail, of 40 the ticket one where they do not fit), that it ran (its log line),
-        # batch invariance with it
+        # the tiled kernels at batch 1, and with the one-launch kernel forced for every pass
+        # (X4_CUDA_HC=fused: chunks of 5 tokens take the spread tail, of 40 the ticket one where
+        # they do not fit), that it ran (its log line), batch invariance with it
         hc_grid_same() {
                 local prompt m ch n=0
                 prompt=$(awk 'BEGIN { s = 53; for (i = 0; i < 40; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? "," : "", 4 + s % 4000 } }')
